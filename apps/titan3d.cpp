@@ -1,0 +1,141 @@
+// titan3d: the command line. Thin: parses arguments, calls into runtime/, maps failures to exit
+// codes (0 ok, 1 internal error, 2 user error, 3 watchdog abort, 4 not implemented yet).
+#include <spdlog/spdlog.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "kernels/check.h"
+#include "runtime/job.h"
+#include "runtime/launch.h"
+#include "runtime/recipe.h"
+
+namespace {
+
+using namespace t3d;
+
+constexpr int kExitNotImplemented = 4;
+
+struct Options {
+  std::string recipe;
+  std::vector<std::string> sets;
+  std::string log_level;
+  int np = 0;
+};
+
+std::vector<runtime::Override> overrides(const Options& o) {
+  std::vector<runtime::Override> out;
+  for (const auto& s : o.sets) out.push_back(runtime::parse_override(s));
+  return out;
+}
+
+// Before MPI exists, only the process that will be rank 0 (or the lone launcher) speaks.
+bool speaks_before_mpi() {
+  const auto env = runtime::detect_launch_env();
+  return env.launcher == runtime::Launcher::none || env.rank <= 0;
+}
+
+int not_implemented(const char* verb, const char* issue) {
+  if (speaks_before_mpi())
+    std::fprintf(stderr,
+                 "titan3d %s: not implemented yet (planned in issue %s). Nothing was done.\n",
+                 verb, issue);
+  return kExitNotImplemented;
+}
+
+int train(const Options& o, const std::vector<std::string>& argv) {
+  runtime::Recipe recipe = runtime::load_recipe(o.recipe, overrides(o));
+  runtime::check_inputs(recipe);
+  runtime::spawn_if_needed(recipe, argv, o.np);  // returns only inside a launcher
+
+  runtime::MpiRuntime mpi;
+  runtime::Job job = runtime::join_world(std::move(recipe), o.log_level);
+  runtime::report_mesh(job);
+  const int groups = runtime::verify_mesh_groups(*job.mesh);
+  spdlog::info("communicators verified: {} groups per rank (pp, dp, cp, tp), run directory {}",
+               groups, job.run_dir);
+  job.mesh->world().barrier();
+  if (job.mesh->rank() == 0)
+    std::fprintf(stderr,
+                 "titan3d train: the training loop is not implemented yet (issue 3); the mesh and "
+                 "its communicators above are ready.\n");
+  return kExitNotImplemented;
+}
+
+int print_keys() {
+  const auto cell = [](std::string s) {  // a '|' would end a Markdown table cell
+    for (size_t i = 0; (i = s.find('|', i)) != std::string::npos; i += 2) s.insert(i, "\\");
+    return s;
+  };
+  std::printf("| key | type | default | meaning |\n|---|---|---|---|\n");
+  for (const auto& k : runtime::recipe_key_docs())
+    std::printf("| `%s` | %s | `%s` | %s |\n", k.key.c_str(), k.type.c_str(),
+                k.default_value.c_str(), cell(k.meaning).c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "titan3d: 3D-parallel (data × tensor × pipeline) training of LLaMA-style transformers over "
+      "MPI"};
+  app.require_subcommand(1);
+  Options o;
+  app.add_option("--log-level", o.log_level, "trace | debug | info | warn | error")
+      ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
+
+  auto add_sets = [&](CLI::App* cmd) {
+    cmd->add_option("--set", o.sets, "Override a recipe key: --set parallel.tp=2 (repeatable)")
+        ->type_name("KEY=VALUE");
+  };
+  auto* train_cmd = app.add_subcommand("train", "Train the model a recipe describes");
+  train_cmd->add_option("recipe", o.recipe, "Recipe TOML file")->required();
+  add_sets(train_cmd);
+  train_cmd->add_option("--np", o.np,
+                        "Ranks to spawn when titan3d launches itself and parallel.dp = -1");
+
+  std::string snapshot;
+  auto* resume_cmd = app.add_subcommand("resume", "Continue a run from an HDF5 snapshot");
+  resume_cmd->add_option("snapshot", snapshot, "Snapshot file (.h5)")->required();
+  add_sets(resume_cmd);
+
+  bool json = false;
+  auto* selfcheck_cmd =
+      app.add_subcommand("selfcheck", "Diagnose ranks and groups: collectives, P2P, bandwidth");
+  selfcheck_cmd->add_option("recipe", o.recipe, "Recipe TOML file (its mesh is checked)");
+  add_sets(selfcheck_cmd);
+  selfcheck_cmd->add_flag("--json", json, "Also write the report as JSON");
+
+  auto* plan_cmd = app.add_subcommand("plan", "Choose DP×TP×PP for a model and a cluster");
+  plan_cmd->add_option("recipe", o.recipe, "Recipe TOML file")->required();
+  add_sets(plan_cmd);
+
+  auto* keys_cmd = app.add_subcommand("keys", "Print every recipe key: type, default, meaning");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+
+  const std::vector<std::string> args(argv, argv + argc);
+  try {
+    if (train_cmd->parsed()) return train(o, args);
+    if (keys_cmd->parsed()) return print_keys();
+    if (resume_cmd->parsed()) return not_implemented("resume", "5");
+    if (selfcheck_cmd->parsed()) return not_implemented("selfcheck", "6");
+    if (plan_cmd->parsed()) return not_implemented("plan", "7");
+  } catch (const runtime::AgreedFailure& f) {
+    return f.exit_code;  // already reported once, by the lowest failing rank
+  } catch (const UserError& e) {
+    if (speaks_before_mpi()) std::fprintf(stderr, "titan3d: %s\n", e.what());
+    return 2;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "titan3d: internal error: %s\n", e.what());
+    return 1;
+  }
+  return 1;
+}

@@ -1,0 +1,187 @@
+#include "parallel/comm.h"
+
+#include <sched.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "kernels/check.h"
+
+namespace t3d::parallel {
+
+namespace detail {
+void check_mpi(int code, const char* call, const char* file, int line) {
+  if (code == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(code, text, &len);
+  throw InternalError(std::string(file) + ":" + std::to_string(line) + ": " + call + " failed: " +
+                      std::string(text, len));
+}
+}  // namespace detail
+
+namespace {
+MPI_Op to_mpi(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return MPI_SUM;
+    case ReduceOp::max: return MPI_MAX;
+    case ReduceOp::min: return MPI_MIN;
+  }
+  return MPI_SUM;
+}
+
+int checked_count(size_t count) {
+  T3D_ASSERT(count <= static_cast<size_t>(INT32_MAX), "message of ", count,
+             " elements exceeds MPI's int count");
+  return static_cast<int>(count);
+}
+}  // namespace
+
+Comm Comm::world(double timeout_s) {
+  Comm c;
+  T3D_MPI(MPI_Comm_dup(MPI_COMM_WORLD, &c.comm_));
+  T3D_MPI(MPI_Comm_set_errhandler(c.comm_, MPI_ERRORS_RETURN));
+  T3D_MPI(MPI_Comm_rank(c.comm_, &c.rank_));
+  T3D_MPI(MPI_Comm_size(c.comm_, &c.size_));
+  c.name_ = "world";
+  c.timeout_s_ = timeout_s;
+  c.world_ranks_.resize(c.size_);
+  for (int i = 0; i < c.size_; ++i) c.world_ranks_[i] = i;
+  return c;
+}
+
+Comm::~Comm() { reset(); }
+
+void Comm::reset() noexcept {
+  if (comm_ != MPI_COMM_NULL) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Comm_free(&comm_);
+    comm_ = MPI_COMM_NULL;
+  }
+}
+
+Comm::Comm(Comm&& o) noexcept { *this = std::move(o); }
+
+Comm& Comm::operator=(Comm&& o) noexcept {
+  if (this != &o) {
+    reset();
+    comm_ = o.comm_;
+    rank_ = o.rank_;
+    size_ = o.size_;
+    name_ = std::move(o.name_);
+    world_ranks_ = std::move(o.world_ranks_);
+    timeout_s_ = o.timeout_s_;
+    o.comm_ = MPI_COMM_NULL;
+  }
+  return *this;
+}
+
+Comm Comm::split(int colour, int key, std::string name) const {
+  Comm c;
+  T3D_MPI(MPI_Comm_split(comm_, colour, key, &c.comm_));
+  T3D_MPI(MPI_Comm_set_errhandler(c.comm_, MPI_ERRORS_RETURN));
+  T3D_MPI(MPI_Comm_rank(c.comm_, &c.rank_));
+  T3D_MPI(MPI_Comm_size(c.comm_, &c.size_));
+  c.name_ = std::move(name);
+  c.timeout_s_ = timeout_s_;
+  // Members' world ranks, for watchdog messages that name peers.
+  const int mine = world_ranks_.at(rank_);
+  c.world_ranks_.resize(c.size_);
+  T3D_MPI(MPI_Allgather(&mine, 1, MPI_INT, c.world_ranks_.data(), 1, MPI_INT, c.comm_));
+  return c;
+}
+
+void Comm::wait(MPI_Request& request, const char* what, int peer) const {
+  using Clock = std::chrono::steady_clock;
+  const auto start = Clock::now();
+  int done = 0;
+  for (long polls = 0;; ++polls) {
+    T3D_MPI(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    // Yield first (latency), then sleep briefly: ranks are often oversubscribed on few cores and a
+    // spinning waiter would steal the core its peer needs to finish computing.
+    if (polls < 2000)
+      sched_yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    if ((polls & 255) == 0 &&
+        std::chrono::duration<double>(Clock::now() - start).count() > timeout_s_) {
+      std::string peers;
+      if (peer >= 0) {
+        peers = "peer world rank " + std::to_string(world_ranks_.at(peer));
+      } else {
+        for (size_t i = 0; i < world_ranks_.size(); ++i)
+          peers += (i ? "," : "") + std::to_string(world_ranks_[i]);
+        peers = "members world ranks {" + peers + "}";
+      }
+      const std::string msg = "watchdog: world rank " + std::to_string(world_ranks_.at(rank_)) +
+                              " waited more than " + std::to_string(static_cast<int>(timeout_s_)) +
+                              " s (parallel.timeout_s) in " + what + " on group `" + name_ +
+                              "` (" + peers + "); a peer is stuck or dead. Aborting the job.";
+      spdlog::critical(msg);
+      std::fprintf(stderr, "%s\n", msg.c_str());
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 3);
+    }
+  }
+}
+
+void Comm::all_reduce_raw(void* data, size_t count, MPI_Datatype type, ReduceOp op) const {
+  MPI_Request r;
+  T3D_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, checked_count(count), type, to_mpi(op), comm_, &r));
+  wait(r, "all_reduce");
+}
+
+void Comm::all_gather_raw(const void* send, void* recv, size_t count, MPI_Datatype type) const {
+  MPI_Request r;
+  const int n = checked_count(count);
+  T3D_MPI(MPI_Iallgather(send, n, type, recv, n, type, comm_, &r));
+  wait(r, "all_gather");
+}
+
+void Comm::reduce_scatter_raw(const void* send, void* recv, size_t count,
+                              MPI_Datatype type) const {
+  MPI_Request r;
+  T3D_MPI(MPI_Ireduce_scatter_block(send, recv, checked_count(count), type, MPI_SUM, comm_, &r));
+  wait(r, "reduce_scatter");
+}
+
+void Comm::broadcast_raw(void* data, size_t count, MPI_Datatype type, int root) const {
+  MPI_Request r;
+  T3D_MPI(MPI_Ibcast(data, checked_count(count), type, root, comm_, &r));
+  wait(r, "broadcast", root);
+}
+
+void Comm::send_raw(const void* data, size_t count, MPI_Datatype type, int peer, int tag) const {
+  MPI_Request r;
+  T3D_MPI(MPI_Isend(data, checked_count(count), type, peer, tag, comm_, &r));
+  wait(r, "send", peer);
+}
+
+void Comm::recv_raw(void* data, size_t count, MPI_Datatype type, int peer, int tag) const {
+  MPI_Request r;
+  T3D_MPI(MPI_Irecv(data, checked_count(count), type, peer, tag, comm_, &r));
+  wait(r, "recv", peer);
+}
+
+void Comm::barrier() const {
+  MPI_Request r;
+  T3D_MPI(MPI_Ibarrier(comm_, &r));
+  wait(r, "barrier");
+}
+
+Mesh::Mesh(const MeshShape& shape, Comm world)
+    : shape_(shape), world_(std::move(world)), coord_(shape_.coord_of(world_.rank())) {
+  T3D_ASSERT(shape_.world() == world_.size(), "mesh of ", shape_.world(), " ranks on a world of ",
+             world_.size());
+  for (Dim d : kDims) {
+    // Key = coordinate along d, so a group's rank equals the rank's coordinate in that dimension.
+    groups_[static_cast<int>(d)] =
+        world_.split(shape_.group_index(d, rank()), coord_[d], dim_name(d));
+  }
+}
+
+}  // namespace t3d::parallel

@@ -1,0 +1,126 @@
+// A thin RAII wrapper over MPI communicators: typed collectives, checked return codes, and a
+// watchdog on every wait. No global communicators: a Mesh object is passed explicitly.
+//
+// Every blocking operation is issued non-blocking and then waited on with a deadline
+// (parallel.timeout_s): a rank stuck past it logs the operation, group and peers it waits on and
+// aborts the whole job, so no rank hangs forever (Open MPI never detects a hang by itself).
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallel/mesh.h"
+
+namespace t3d::parallel {
+
+// Checks an MPI return code; throws InternalError with the call, file and line.
+#define T3D_MPI(call) ::t3d::parallel::detail::check_mpi((call), #call, __FILE__, __LINE__)
+namespace detail {
+void check_mpi(int code, const char* call, const char* file, int line);
+}
+
+template <typename T>
+MPI_Datatype mpi_type();
+template <> inline MPI_Datatype mpi_type<float>() { return MPI_FLOAT; }
+template <> inline MPI_Datatype mpi_type<double>() { return MPI_DOUBLE; }
+template <> inline MPI_Datatype mpi_type<int32_t>() { return MPI_INT32_T; }
+template <> inline MPI_Datatype mpi_type<int64_t>() { return MPI_INT64_T; }
+template <> inline MPI_Datatype mpi_type<uint64_t>() { return MPI_UINT64_T; }
+template <> inline MPI_Datatype mpi_type<uint16_t>() { return MPI_UINT16_T; }
+template <> inline MPI_Datatype mpi_type<char>() { return MPI_CHAR; }
+
+enum class ReduceOp { sum, max, min };
+
+class Comm {
+ public:
+  Comm() = default;  // null communicator
+  // Duplicates MPI_COMM_WORLD so titan3d's traffic never mixes with anyone else's.
+  static Comm world(double timeout_s);
+  ~Comm();
+  Comm(Comm&&) noexcept;
+  Comm& operator=(Comm&&) noexcept;
+  Comm(const Comm&) = delete;
+  Comm& operator=(const Comm&) = delete;
+
+  // Collective over this communicator: ranks with equal colour form a new group named `name`.
+  Comm split(int colour, int key, std::string name) const;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const std::string& name() const { return name_; }
+  MPI_Comm handle() const { return comm_; }
+  // World ranks of this group's members, by group rank (for messages naming peers).
+  const std::vector<int>& world_ranks() const { return world_ranks_; }
+
+  template <typename T>
+  void all_reduce(T* data, size_t count, ReduceOp op = ReduceOp::sum) const {
+    all_reduce_raw(data, count, mpi_type<T>(), op);
+  }
+  // send: count elements per rank; recv: count·size elements, rank-major.
+  template <typename T>
+  void all_gather(const T* send, T* recv, size_t count) const {
+    all_gather_raw(send, recv, count, mpi_type<T>());
+  }
+  // send: count·size elements, rank-major; recv: this rank's count-element block of the sum.
+  template <typename T>
+  void reduce_scatter(const T* send, T* recv, size_t count) const {
+    reduce_scatter_raw(send, recv, count, mpi_type<T>());
+  }
+  template <typename T>
+  void broadcast(T* data, size_t count, int root) const {
+    broadcast_raw(data, count, mpi_type<T>(), root);
+  }
+  template <typename T>
+  void send(const T* data, size_t count, int peer, int tag) const {
+    send_raw(data, count, mpi_type<T>(), peer, tag);
+  }
+  template <typename T>
+  void recv(T* data, size_t count, int peer, int tag) const {
+    recv_raw(data, count, mpi_type<T>(), peer, tag);
+  }
+  void barrier() const;
+
+  double timeout_s() const { return timeout_s_; }
+
+ private:
+  void all_reduce_raw(void* data, size_t count, MPI_Datatype type, ReduceOp op) const;
+  void all_gather_raw(const void* send, void* recv, size_t count, MPI_Datatype type) const;
+  void reduce_scatter_raw(const void* send, void* recv, size_t count, MPI_Datatype type) const;
+  void broadcast_raw(void* data, size_t count, MPI_Datatype type, int root) const;
+  void send_raw(const void* data, size_t count, MPI_Datatype type, int peer, int tag) const;
+  void recv_raw(void* data, size_t count, MPI_Datatype type, int peer, int tag) const;
+  // Waits with the watchdog deadline; on expiry logs `what` and the peers, then MPI_Abort.
+  void wait(MPI_Request& request, const char* what, int peer = -1) const;
+  void reset() noexcept;
+
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = -1;
+  int size_ = 0;
+  std::string name_;
+  std::vector<int> world_ranks_;
+  double timeout_s_ = 300.0;
+};
+
+// This rank's view of the mesh: its coordinates and one communicator per dimension.
+class Mesh {
+ public:
+  Mesh(const MeshShape& shape, Comm world);
+  const MeshShape& shape() const { return shape_; }
+  int rank() const { return world_.rank(); }
+  const Coord& coord() const { return coord_; }
+  const Comm& world() const { return world_; }
+  const Comm& group(Dim d) const { return groups_[static_cast<int>(d)]; }
+  std::string label() const { return shape_.label(rank()); }
+
+ private:
+  MeshShape shape_;
+  Comm world_;
+  Coord coord_;
+  std::array<Comm, 4> groups_;
+};
+
+}  // namespace t3d::parallel

@@ -1,0 +1,147 @@
+#include "runtime/job.h"
+
+#include <unistd.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "kernels/check.h"
+#include "runtime/logging.h"
+
+namespace t3d::runtime {
+
+namespace fs = std::filesystem;
+
+MpiRuntime::MpiRuntime() {
+  int provided = 0;
+  // SERIALIZED: the snapshot writer thread never calls MPI, but the watchdog may abort from it.
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided);
+}
+
+MpiRuntime::~MpiRuntime() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+void check_inputs(const Recipe& r) {
+  for (const auto& [key, path] : {std::pair<std::string, std::string>{"data.path", r.data.path},
+                                  {"data.val_path", r.data.val_path}}) {
+    if (path.empty()) continue;
+    T3D_USER_CHECK(fs::is_regular_file(path), "recipe error: ", r.origin(key), ": `", key,
+                   "`: file `", path, "` does not exist (relative paths start at ",
+                   fs::current_path().string(),
+                   "). For the default corpus run `bash scripts/get_data.sh`.");
+  }
+}
+
+void spawn_if_needed(const Recipe& recipe, const std::vector<std::string>& argv, int np_override) {
+  if (detect_launch_env().launcher != Launcher::none) return;
+  SpawnPlan plan;
+  plan.ranks = static_cast<int>(recipe.world_size());
+  if (np_override > 0) {
+    Recipe resolved = recipe;
+    resolved.resolve_world(np_override);  // names the keys if --np does not fit the recipe
+    plan.ranks = np_override;
+  }
+  plan.cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  plan.as_root = geteuid() == 0;
+  plan.argv = argv;
+  const int threads = threads_per_rank(static_cast<int>(recipe.hardware.threads_per_rank),
+                                       plan.cores, plan.ranks);
+  plan.env.emplace_back("OPENBLAS_NUM_THREADS", std::to_string(threads));
+  plan.env.emplace_back("OMP_NUM_THREADS", std::to_string(threads));
+  // Passive OpenMP waiting: a spinning OpenMP pool fights OpenBLAS's over the same cores.
+  plan.env.emplace_back("OMP_WAIT_POLICY", "PASSIVE");
+  exec_mpirun(plan);
+}
+
+void agree_on(const parallel::Comm& world, const std::function<void()>& setup) {
+  std::string error;
+  int code = 0;
+  try {
+    setup();
+  } catch (const UserError& e) {
+    error = e.what(), code = 2;
+  } catch (const std::exception& e) {
+    error = std::string("internal error: ") + e.what(), code = 1;
+  }
+  // Lowest failing rank, or size() if none: that rank alone prints.
+  int first = code ? world.rank() : world.size();
+  world.all_reduce(&first, 1, parallel::ReduceOp::min);
+  if (first == world.size()) return;
+  int agreed = code;
+  world.broadcast(&agreed, 1, first);
+  if (world.rank() == first) {
+    std::fprintf(stderr, "titan3d: %s%s\n",
+                 first ? ("rank " + std::to_string(first) + ": ").c_str() : "", error.c_str());
+    std::fflush(stderr);
+  }
+  throw AgreedFailure{agreed};
+}
+
+Job join_world(Recipe recipe, const std::string& log_level_override, bool needs_data) {
+  Job job;
+  job.env = detect_launch_env();
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  job.hostname = host;
+  auto world = parallel::Comm::world(recipe.parallel.timeout_s);
+  agree_on(world, [&] {
+    recipe.resolve_world(world.size());
+    if (needs_data) check_inputs(recipe);
+  });
+  job.recipe = std::move(recipe);
+  const auto& p = job.recipe.parallel;
+  parallel::MeshShape shape(static_cast<int>(p.pp), static_cast<int>(p.dp), static_cast<int>(p.cp),
+                            static_cast<int>(p.tp));
+  job.run_dir = job.recipe.run.dir;
+  const int rank = world.rank();
+  agree_on(world, [&] {
+    std::error_code ec;
+    fs::create_directories(job.run_dir + "/logs", ec);
+    T3D_USER_CHECK(fs::is_directory(job.run_dir + "/logs"), "cannot create run directory `",
+                   job.run_dir, "` (run.dir): ", ec.message());
+  });
+  const std::string level =
+      log_level_override.empty() ? job.recipe.run.log_level : log_level_override;
+  setup_logging(shape.label(rank), job.run_dir + "/logs/rank" + std::to_string(rank) + ".log",
+                rank == 0, level);
+  job.mesh = std::make_unique<parallel::Mesh>(shape, std::move(world));
+  return job;
+}
+
+int verify_mesh_groups(const parallel::Mesh& mesh) {
+  int checked = 0;
+  for (parallel::Dim d : parallel::kDims) {
+    int64_t sum = mesh.rank();
+    mesh.group(d).all_reduce(&sum, 1);
+    int64_t expected = 0;
+    for (int member : mesh.shape().group(d, mesh.rank())) expected += member;
+    T3D_ASSERT(sum == expected, "group ", parallel::dim_name(d), " of rank ", mesh.rank(),
+               ": all-reduce of world ranks gave ", sum, ", expected ", expected);
+    ++checked;
+  }
+  return checked;
+}
+
+void report_mesh(const Job& job) {
+  const auto& mesh = *job.mesh;
+  constexpr size_t kLine = 256;
+  char mine[kLine] = {};
+  std::snprintf(mine, kLine, "rank %3d %-16s host %s", mesh.rank(), mesh.label().c_str(),
+                job.hostname.c_str());
+  spdlog::debug("{}", mine);
+  std::vector<char> all(kLine * mesh.world().size());
+  mesh.world().all_gather(mine, all.data(), kLine);
+  const auto& s = mesh.shape();
+  spdlog::info("mesh pp={} dp={} cp={} tp={} = {} ranks, launcher: {}", s.size(parallel::Dim::pp),
+               s.size(parallel::Dim::dp), s.size(parallel::Dim::cp), s.size(parallel::Dim::tp),
+               s.world(), launcher_name(job.env.launcher));
+  for (int r = 0; r < mesh.world().size(); ++r) spdlog::info("  {}", all.data() + r * kLine);
+}
+
+}  // namespace t3d::runtime

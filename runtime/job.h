@@ -1,0 +1,59 @@
+// A verb's life inside its world: spawn or join, MPI up, mesh and communicators built, run
+// directory and logs in place. apps/ calls this and then the capability (trainer, selfcheck...).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallel/comm.h"
+#include "runtime/launch.h"
+#include "runtime/recipe.h"
+
+namespace t3d::runtime {
+
+// MPI_Init_thread / MPI_Finalize as an RAII pair.
+class MpiRuntime {
+ public:
+  MpiRuntime();
+  ~MpiRuntime();
+  MpiRuntime(const MpiRuntime&) = delete;
+  MpiRuntime& operator=(const MpiRuntime&) = delete;
+};
+
+// Checks the recipe's inputs exist (data files) so the user hears it before any rank starts.
+void check_inputs(const Recipe& recipe);
+
+// Outside a launcher, never returns: re-executes argv under mpirun with the recipe's rank count
+// (`np_override` > 0 replaces it when dp = -1) and the ranks' environment (OpenBLAS core type and
+// threads). Inside a launcher, returns immediately.
+void spawn_if_needed(const Recipe& recipe, const std::vector<std::string>& argv, int np_override);
+
+struct Job {
+  Recipe recipe;
+  LaunchEnv env;
+  std::unique_ptr<parallel::Mesh> mesh;
+  std::string run_dir;
+  std::string hostname;
+};
+
+// Inside the world: resolves dp = -1, builds the mesh and its communicators, the run directory and
+// per-rank logs. Collective; a failure on any rank is agreed on and reported once.
+Job join_world(Recipe recipe, const std::string& log_level_override, bool needs_data = true);
+
+// Runs `setup` on every rank, then agrees: if any rank threw, the lowest such rank prints its error
+// (only that one copy reaches the console) and every rank throws AgreedFailure with its exit code.
+struct AgreedFailure {
+  int exit_code;
+};
+void agree_on(const parallel::Comm& world, const std::function<void()>& setup);
+
+// Every group's all-reduce of world ranks equals the sum over the expected members: the
+// communicators were built right. Returns the number of groups checked; throws on a mismatch.
+int verify_mesh_groups(const parallel::Mesh& mesh);
+
+// Rank 0 logs the mesh: one line per rank with host and coordinates (gathered from all ranks).
+void report_mesh(const Job& job);
+
+}  // namespace t3d::runtime

@@ -1,0 +1,562 @@
+#include "runtime/recipe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+#include <toml.hpp>
+
+#include "kernels/check.h"
+
+namespace t3d::runtime {
+namespace {
+
+// ---- Located errors -------------------------------------------------------------------------
+
+// Where each key's value came from ("recipe.toml:12" or "--set parallel.tp=3"), for messages
+// raised after parsing (combinations, world size).
+using Origins = std::map<std::string, std::string>;
+
+std::string where(const toml::value& v) {
+  const auto loc = v.location();
+  std::ostringstream os;
+  os << loc.file_name();
+  if (loc.line() > 0 && loc.file_name().rfind("--set", 0) != 0) os << ":" << loc.line();
+  return os.str();
+}
+
+[[noreturn]] void fail(const std::string& origin, const std::string& key, const std::string& msg) {
+  throw UserError("recipe error: " + origin + ": `" + key + "`: " + msg);
+}
+
+// ---- The schema: every key, declared once ------------------------------------------------------
+
+using Check = std::function<std::string(const Recipe&)>;  // "" when fine, else the complaint
+
+struct Field {
+  std::string section, key, type, meaning;
+  std::function<void(Recipe&, const toml::value&)> read;  // throws UserError on a wrong type
+  std::function<std::string(const Recipe&)> write;        // value as a TOML literal
+  std::string full() const { return section + "." + key; }
+};
+
+template <typename T>
+struct TomlType;
+template <>
+struct TomlType<int64_t> {
+  static constexpr const char* name = "integer";
+  static int64_t get(const toml::value& v, bool& ok) {
+    ok = v.is_integer();
+    return ok ? v.as_integer() : 0;
+  }
+  static std::string put(int64_t x) { return std::to_string(x); }
+};
+template <>
+struct TomlType<double> {
+  static constexpr const char* name = "float";
+  static double get(const toml::value& v, bool& ok) {
+    ok = v.is_floating() || v.is_integer();  // `lr = 1` is a fine float
+    return v.is_floating() ? v.as_floating() : ok ? static_cast<double>(v.as_integer()) : 0.0;
+  }
+  static std::string put(double x) {
+    std::ostringstream os;
+    os.precision(17);
+    os << x;
+    std::string s = os.str();
+    if (s.find_first_of(".eE") == std::string::npos && s.find("inf") == std::string::npos &&
+        s.find("nan") == std::string::npos)
+      s += ".0";
+    return s;
+  }
+};
+template <>
+struct TomlType<bool> {
+  static constexpr const char* name = "boolean";
+  static bool get(const toml::value& v, bool& ok) {
+    ok = v.is_boolean();
+    return ok && v.as_boolean();
+  }
+  static std::string put(bool x) { return x ? "true" : "false"; }
+};
+template <>
+struct TomlType<std::string> {
+  static constexpr const char* name = "string";
+  static std::string get(const toml::value& v, bool& ok) {
+    ok = v.is_string();
+    return ok ? v.as_string().str : std::string();
+  }
+  static std::string put(const std::string& x) {
+    std::string out = "\"";
+    for (char c : x) {
+      if (c == '"' || c == '\\') out += '\\';
+      out += c;
+    }
+    return out + "\"";
+  }
+};
+template <>
+struct TomlType<std::vector<int64_t>> {
+  static constexpr const char* name = "array of integers";
+  static std::vector<int64_t> get(const toml::value& v, bool& ok) {
+    std::vector<int64_t> out;
+    ok = v.is_array();
+    if (!ok) return out;
+    for (const auto& e : v.as_array()) {
+      if (!e.is_integer()) {
+        ok = false;
+        return {};
+      }
+      out.push_back(e.as_integer());
+    }
+    return out;
+  }
+  static std::string put(const std::vector<int64_t>& x) {
+    std::string s = "[";
+    for (size_t i = 0; i < x.size(); ++i) s += (i ? ", " : "") + std::to_string(x[i]);
+    return s + "]";
+  }
+};
+
+template <typename S, typename T>
+Field field(const char* section, const char* key, S Recipe::*sect, T S::*member,
+            const char* meaning) {
+  Field f;
+  f.section = section;
+  f.key = key;
+  f.type = TomlType<T>::name;
+  f.meaning = meaning;
+  const std::string full = std::string(section) + "." + key;
+  f.read = [=](Recipe& r, const toml::value& v) {
+    bool ok = false;
+    T x = TomlType<T>::get(v, ok);
+    if (!ok)
+      fail(where(v), full,
+           std::string("expected ") + TomlType<T>::name + ", got " + toml::format(v) +
+               "\n    " + v.location().line_str());
+    (r.*sect).*member = std::move(x);
+  };
+  f.write = [=](const Recipe& r) { return TomlType<T>::put((r.*sect).*member); };
+  return f;
+}
+
+const std::vector<Field>& schema() {
+  using R = Recipe;
+  static const std::vector<Field> fields = {
+      field("run", "name", &R::run, &RunConfig::name, "Run name; names the default run directory."),
+      field("run", "dir", &R::run, &RunConfig::dir,
+            "Run directory for logs, metrics, traces and snapshots. Empty: `runs/<run.name>`."),
+      field("run", "log_level", &R::run, &RunConfig::log_level,
+            "trace | debug | info | warn | error. `--log-level` overrides it."),
+      field("run", "trace", &R::run, &RunConfig::trace,
+            "Write a Chrome trace-event JSON per rank into the run directory."),
+
+      field("model", "vocab_size", &R::model, &ModelConfig::vocab_size,
+            "Vocabulary size (256 for the byte-level tokenizer)."),
+      field("model", "dim", &R::model, &ModelConfig::dim, "Hidden size."),
+      field("model", "n_layers", &R::model, &ModelConfig::n_layers, "Transformer blocks."),
+      field("model", "n_heads", &R::model, &ModelConfig::n_heads, "Attention (query) heads."),
+      field("model", "n_kv_heads", &R::model, &ModelConfig::n_kv_heads,
+            "Key/value heads for grouped-query attention; 0 means n_heads."),
+      field("model", "ffn_dim", &R::model, &ModelConfig::ffn_dim,
+            "SwiGLU hidden size; 0 means LLaMA's rule: 8/3·dim rounded up to a multiple of 64."),
+      field("model", "seq_len", &R::model, &ModelConfig::seq_len, "Tokens per sequence."),
+      field("model", "rope_theta", &R::model, &ModelConfig::rope_theta, "RoPE base frequency."),
+      field("model", "norm_eps", &R::model, &ModelConfig::norm_eps, "RMSNorm epsilon."),
+      field("model", "tie_embeddings", &R::model, &ModelConfig::tie_embeddings,
+            "Share the token embedding with the LM head."),
+
+      field("parallel", "pp", &R::parallel, &ParallelConfig::pp, "Pipeline-parallel stages."),
+      field("parallel", "dp", &R::parallel, &ParallelConfig::dp,
+            "Data-parallel replicas; -1 means the rest of the world (world / (pp·cp·tp))."),
+      field("parallel", "cp", &R::parallel, &ParallelConfig::cp,
+            "Context-parallel ranks (must be 1: context-parallel training is not implemented)."),
+      field("parallel", "tp", &R::parallel, &ParallelConfig::tp,
+            "Tensor-parallel ranks (innermost: contiguous ranks, keep inside a node)."),
+      field("parallel", "sequence_parallel", &R::parallel, &ParallelConfig::sequence_parallel,
+            "Megatron sequence parallelism inside the tp group."),
+      field("parallel", "schedule", &R::parallel, &ParallelConfig::schedule,
+            "Pipeline schedule: gpipe | 1f1b | interleaved_1f1b | zb_h1."),
+      field("parallel", "virtual_stages", &R::parallel, &ParallelConfig::virtual_stages,
+            "Model chunks per pipeline stage (interleaved_1f1b needs > 1)."),
+      field("parallel", "pipeline_split", &R::parallel, &ParallelConfig::pipeline_split,
+            "First layer of stages 1..pp-1, strictly increasing; empty: balanced."),
+      field("parallel", "zero", &R::parallel, &ParallelConfig::zero,
+            "ZeRO stage: 0 none, 1 optimizer state sharded over dp, 2 also gradients, 3 also "
+            "parameters."),
+      field("parallel", "timeout_s", &R::parallel, &ParallelConfig::timeout_s,
+            "A collective or P2P waiting longer than this aborts the job, naming the operation."),
+
+      field("train", "steps", &R::train, &TrainConfig::steps, "Optimizer steps."),
+      field("train", "global_batch", &R::train, &TrainConfig::global_batch,
+            "Sequences per optimizer step over all dp ranks; divisible by dp·micro_batches."),
+      field("train", "micro_batches", &R::train, &TrainConfig::micro_batches,
+            "Micro-batches per dp rank and step (gradient accumulation / pipeline depth)."),
+      field("train", "lr", &R::train, &TrainConfig::lr, "Peak learning rate."),
+      field("train", "min_lr", &R::train, &TrainConfig::min_lr, "Floor of the cosine decay."),
+      field("train", "warmup_steps", &R::train, &TrainConfig::warmup_steps,
+            "Linear warm-up steps before cosine decay."),
+      field("train", "weight_decay", &R::train, &TrainConfig::weight_decay,
+            "AdamW decoupled weight decay (not applied to norms)."),
+      field("train", "beta1", &R::train, &TrainConfig::beta1, "AdamW beta1."),
+      field("train", "beta2", &R::train, &TrainConfig::beta2, "AdamW beta2."),
+      field("train", "eps", &R::train, &TrainConfig::eps, "AdamW epsilon."),
+      field("train", "grad_clip", &R::train, &TrainConfig::grad_clip,
+            "Global gradient-norm clip; 0 disables."),
+      field("train", "seed", &R::train, &TrainConfig::seed,
+            "Seed for initialisation and data sampling."),
+      field("train", "precision", &R::train, &TrainConfig::precision,
+            "fp32 | bf16 (fp32 master weights, bf16 activations and TP/PP traffic)."),
+      field("train", "activation_checkpoint", &R::train, &TrainConfig::activation_checkpoint,
+            "none | full | every:K (recompute every K-th layer inside a stage)."),
+      field("train", "dynamic_loss_scale", &R::train, &TrainConfig::dynamic_loss_scale,
+            "Skip steps with non-finite gradients and adapt a loss scale instead of stopping."),
+      field("train", "val_every", &R::train, &TrainConfig::val_every,
+            "Validation loss every N steps; 0 never."),
+      field("train", "val_batches", &R::train, &TrainConfig::val_batches,
+            "Global batches per validation."),
+      field("train", "log_every", &R::train, &TrainConfig::log_every,
+            "Console line every N steps (metrics.jsonl gets every step)."),
+
+      field("data", "path", &R::data, &DataConfig::path,
+            "Training data: a text file (byte tokenizer) or a uint16 token .bin file."),
+      field("data", "format", &R::data, &DataConfig::format,
+            "auto | text | bin (auto: .bin files are tokens, anything else text)."),
+      field("data", "val_path", &R::data, &DataConfig::val_path,
+            "Validation data; empty: hold out the last val_fraction of data.path."),
+      field("data", "val_fraction", &R::data, &DataConfig::val_fraction,
+            "Fraction of data.path held out for validation when val_path is empty."),
+      field("data", "sampler", &R::data, &DataConfig::sampler,
+            "random | sequential (batch i, row r starts at token (i·B + r)·T)."),
+
+      field("snapshot", "every", &R::snapshot, &SnapshotConfig::every,
+            "Snapshot every N steps; 0 disables."),
+      field("snapshot", "dir", &R::snapshot, &SnapshotConfig::dir,
+            "Snapshot directory; empty: <run.dir>/snapshots."),
+      field("snapshot", "keep", &R::snapshot, &SnapshotConfig::keep,
+            "Snapshots to retain (bases they depend on are kept too)."),
+      field("snapshot", "full_every", &R::snapshot, &SnapshotConfig::full_every,
+            "Every K-th snapshot is a full base; the others are incremental."),
+      field("snapshot", "async", &R::snapshot, &SnapshotConfig::async,
+            "Write snapshots on a background thread while training continues."),
+      field("snapshot", "resume", &R::snapshot, &SnapshotConfig::resume,
+            "Empty: fresh start; `latest`: newest complete snapshot in snapshot.dir; or a path."),
+
+      field("hardware", "hbm_gib", &R::hardware, &HardwareConfig::hbm_gib,
+            "Device-memory (arena) budget per rank, GiB."),
+      field("hardware", "threads_per_rank", &R::hardware, &HardwareConfig::threads_per_rank,
+            "BLAS threads per rank; 0: cores on this host / ranks on this host, at least 1."),
+      field("hardware", "openblas_coretype", &R::hardware, &HardwareConfig::openblas_coretype,
+            "auto: detect the CPU and set OPENBLAS_CORETYPE for the ranks; or a core name."),
+  };
+  return fields;
+}
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+// ---- Validation of values and combinations ------------------------------------------------------
+
+class Validator {
+ public:
+  explicit Validator(const Recipe& r) : r_(r) {}
+
+  void require(bool ok, const std::string& key, const std::string& msg) const {
+    if (!ok) fail(origin(key), key, msg);
+  }
+  std::string origin(const std::string& key) const { return r_.origin(key); }
+  void one_of(const std::string& key, const std::string& value,
+              std::initializer_list<const char*> allowed) const {
+    std::string list;
+    for (const char* a : allowed) {
+      if (value == a) return;
+      list += list.empty() ? a : std::string(", ") + a;
+    }
+    fail(origin(key), key, "\"" + value + "\" is not one of: " + list);
+  }
+
+ private:
+  const Recipe& r_;
+};
+
+void validate(const Recipe& r) {
+  const Validator v(r);
+  const auto& m = r.model;
+  const auto& p = r.parallel;
+  const auto& t = r.train;
+  const auto is = [](auto x) { return std::to_string(x); };
+
+  v.require(m.vocab_size >= 2, "model.vocab_size", "must be at least 2, got " + is(m.vocab_size));
+  v.require(m.dim >= 1, "model.dim", "must be positive, got " + is(m.dim));
+  v.require(m.n_layers >= 1, "model.n_layers", "must be positive, got " + is(m.n_layers));
+  v.require(m.n_heads >= 1, "model.n_heads", "must be positive, got " + is(m.n_heads));
+  v.require(m.n_kv_heads >= 0, "model.n_kv_heads", "must be ≥ 0 (0 means n_heads)");
+  v.require(m.dim % m.n_heads == 0, "model.n_heads",
+            "model.dim = " + is(m.dim) + " is not divisible by n_heads = " + is(m.n_heads));
+  v.require(m.head_dim() % 2 == 0, "model.n_heads",
+            "head_dim = dim / n_heads = " + is(m.head_dim()) + " must be even for RoPE");
+  v.require(m.n_heads % m.n_kv_heads == 0, "model.n_kv_heads",
+            "n_heads = " + is(m.n_heads) + " must be a multiple of n_kv_heads = " +
+                is(m.n_kv_heads));
+  v.require(m.ffn_dim >= 1, "model.ffn_dim", "must be positive (0 means the LLaMA rule)");
+  v.require(m.seq_len >= 1, "model.seq_len", "must be positive, got " + is(m.seq_len));
+  v.require(m.rope_theta > 0, "model.rope_theta", "must be positive");
+  v.require(m.norm_eps > 0, "model.norm_eps", "must be positive");
+
+  v.require(p.pp >= 1, "parallel.pp", "must be ≥ 1, got " + is(p.pp));
+  v.require(p.tp >= 1, "parallel.tp", "must be ≥ 1, got " + is(p.tp));
+  v.require(p.cp >= 1, "parallel.cp", "must be ≥ 1, got " + is(p.cp));
+  v.require(p.dp >= 1 || p.dp == -1, "parallel.dp",
+            "must be ≥ 1, or -1 for the rest of the world; got " + is(p.dp));
+  v.require(p.cp == 1, "parallel.cp",
+            "context-parallel training is not implemented yet; set parallel.cp = 1 (the mesh "
+            "already has the dimension)");
+  v.require(m.n_heads % p.tp == 0, "parallel.tp",
+            "model.n_heads = " + is(m.n_heads) + " is not divisible by tp = " + is(p.tp) +
+                "; each tp rank must hold whole heads");
+  v.require(m.n_kv_heads % p.tp == 0, "parallel.tp",
+            "model.n_kv_heads = " + is(m.n_kv_heads) + " is not divisible by tp = " + is(p.tp));
+  v.require(m.vocab_size % p.tp == 0, "parallel.tp",
+            "model.vocab_size = " + is(m.vocab_size) + " is not divisible by tp = " + is(p.tp) +
+                " (vocab-parallel embedding and loss)");
+  v.require(m.ffn_dim % p.tp == 0, "parallel.tp",
+            "model.ffn_dim = " + is(m.ffn_dim) + " is not divisible by tp = " + is(p.tp));
+  v.one_of("parallel.schedule", p.schedule, {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1"});
+  v.require(p.virtual_stages >= 1, "parallel.virtual_stages", "must be ≥ 1");
+  v.require(p.virtual_stages == 1 || p.schedule == "interleaved_1f1b", "parallel.virtual_stages",
+            "virtual_stages > 1 needs parallel.schedule = \"interleaved_1f1b\"");
+  v.require(m.n_layers >= p.pp * p.virtual_stages, "parallel.pp",
+            "model.n_layers = " + is(m.n_layers) + " is fewer than pp·virtual_stages = " +
+                is(p.pp * p.virtual_stages) + " pipeline chunks");
+  if (!p.pipeline_split.empty()) {
+    v.require(static_cast<int64_t>(p.pipeline_split.size()) == p.pp * p.virtual_stages - 1,
+              "parallel.pipeline_split",
+              "needs pp·virtual_stages - 1 = " + is(p.pp * p.virtual_stages - 1) +
+                  " split points, got " + is(p.pipeline_split.size()));
+    int64_t prev = 0;
+    for (int64_t s : p.pipeline_split) {
+      v.require(s > prev && s < m.n_layers, "parallel.pipeline_split",
+                "split points must increase strictly within (0, n_layers = " + is(m.n_layers) +
+                    "); got " + is(s));
+      prev = s;
+    }
+  }
+  v.require(p.zero >= 0 && p.zero <= 3, "parallel.zero", "must be 0, 1, 2 or 3");
+  v.require(p.timeout_s > 0, "parallel.timeout_s", "must be positive seconds");
+
+  v.require(t.steps >= 0, "train.steps", "must be ≥ 0");
+  v.require(t.global_batch >= 1, "train.global_batch", "must be positive");
+  v.require(t.micro_batches >= 1, "train.micro_batches", "must be positive");
+  if (p.dp >= 1)
+    v.require(t.global_batch % (p.dp * t.micro_batches) == 0, "train.global_batch",
+              "global_batch = " + is(t.global_batch) + " is not divisible by dp·micro_batches = " +
+                  is(p.dp) + "·" + is(t.micro_batches));
+  v.require(t.lr > 0 && std::isfinite(t.lr), "train.lr", "must be a positive number");
+  v.require(t.min_lr >= 0 && t.min_lr <= t.lr, "train.min_lr", "must lie in [0, train.lr]");
+  v.require(t.warmup_steps >= 0, "train.warmup_steps", "must be ≥ 0");
+  v.require(t.weight_decay >= 0, "train.weight_decay", "must be ≥ 0");
+  v.require(t.beta1 >= 0 && t.beta1 < 1, "train.beta1", "must lie in [0, 1)");
+  v.require(t.beta2 >= 0 && t.beta2 < 1, "train.beta2", "must lie in [0, 1)");
+  v.require(t.eps > 0, "train.eps", "must be positive");
+  v.require(t.grad_clip >= 0, "train.grad_clip", "must be ≥ 0 (0 disables clipping)");
+  v.one_of("train.precision", t.precision, {"fp32", "bf16"});
+  {
+    const auto& ac = t.activation_checkpoint;
+    bool ok = ac == "none" || ac == "full";
+    if (ac.rfind("every:", 0) == 0) {
+      const std::string k = ac.substr(6);
+      ok = !k.empty() && std::all_of(k.begin(), k.end(), ::isdigit) && std::stoll(k) >= 1;
+    }
+    v.require(ok, "train.activation_checkpoint",
+              "\"" + ac + "\" is not one of: none, full, every:K (K ≥ 1)");
+  }
+  v.require(t.val_every >= 0, "train.val_every", "must be ≥ 0 (0: never)");
+  v.require(t.val_batches >= 1, "train.val_batches", "must be positive");
+  v.require(t.log_every >= 1, "train.log_every", "must be positive");
+
+  v.one_of("data.format", r.data.format, {"auto", "text", "bin"});
+  v.one_of("data.sampler", r.data.sampler, {"random", "sequential"});
+  v.require(r.data.val_fraction >= 0 && r.data.val_fraction < 1, "data.val_fraction",
+            "must lie in [0, 1)");
+  v.require(!r.data.path.empty(), "data.path", "must name a file");
+
+  v.require(r.snapshot.every >= 0, "snapshot.every", "must be ≥ 0 (0: off)");
+  v.require(r.snapshot.keep >= 1, "snapshot.keep", "must keep at least 1");
+  v.require(r.snapshot.full_every >= 1, "snapshot.full_every", "must be ≥ 1");
+
+  v.one_of("run.log_level", r.run.log_level, {"trace", "debug", "info", "warn", "error"});
+  v.require(r.hardware.hbm_gib > 0, "hardware.hbm_gib", "must be positive");
+  v.require(r.hardware.threads_per_rank >= 0, "hardware.threads_per_rank", "must be ≥ 0");
+}
+
+// ---- Parsing --------------------------------------------------------------------------------
+
+toml::value parse_toml(std::istream& in, const std::string& name) {
+  try {
+    return toml::parse(in, name);
+  } catch (const toml::syntax_error& e) {
+    throw UserError(std::string("recipe error: not valid TOML:\n") + e.what());
+  }
+}
+
+void apply_override(toml::value& root, const Override& o) {
+  const auto dot = o.key.find('.');
+  const std::string label = "--set " + o.key + "=" + o.value;
+  T3D_USER_CHECK(dot != std::string::npos && dot > 0 && dot + 1 < o.key.size(),
+                 "recipe error: ", label, ": the key must be section.key, e.g. parallel.tp");
+  const std::string section = o.key.substr(0, dot), key = o.key.substr(dot + 1);
+  toml::value value;
+  try {
+    std::istringstream in("v = " + o.value);
+    value = toml::parse(in, label).as_table().at("v");
+  } catch (const std::exception&) {
+    // Not a TOML literal: take it as a bare string (`--set run.dir=/tmp/x`).
+    std::istringstream in("v = " + TomlType<std::string>::put(o.value));
+    value = toml::parse(in, label).as_table().at("v");
+  }
+  auto& table = root.as_table();
+  if (!table.count(section)) table[section] = toml::table{};
+  T3D_USER_CHECK(table[section].is_table(), "recipe error: ", label, ": `", section,
+                 "` is not a table in the recipe");
+  table[section].as_table()[key] = value;
+}
+
+}  // namespace
+
+Override parse_override(const std::string& text) {
+  const auto eq = text.find('=');
+  T3D_USER_CHECK(eq != std::string::npos && eq > 0, "--set ", text,
+                 ": expected section.key=value, e.g. --set parallel.tp=2");
+  return {text.substr(0, eq), text.substr(eq + 1)};
+}
+
+std::string closest_key(const std::string& unknown) {
+  std::string best;
+  size_t best_d = std::string::npos;
+  for (const auto& f : schema()) {
+    const size_t d = edit_distance(unknown, f.full());
+    if (d < best_d) best_d = d, best = f.full();
+  }
+  return best_d <= std::max<size_t>(2, unknown.size() / 3) ? best : "";
+}
+
+Recipe parse_recipe(const std::string& toml_text, const std::string& source_name,
+                    const std::vector<Override>& overrides) {
+  std::istringstream in(toml_text);
+  toml::value root = parse_toml(in, source_name);
+  for (const auto& o : overrides) apply_override(root, o);
+
+  Recipe r;
+  r.source = source_name;
+  Origins origins;
+  std::set<std::string> known;
+  for (const auto& f : schema()) known.insert(f.full());
+
+  // Unknown sections and keys first: a typo must not silently leave a default in place.
+  for (const auto& [section, body] : root.as_table()) {
+    if (!body.is_table()) {
+      const std::string hint = closest_key(section);
+      fail(where(body), section,
+           "top-level keys are not allowed; put it in a section such as [run]" +
+               (hint.empty() ? "" : ". Did you mean `" + hint + "`?"));
+    }
+    for (const auto& [key, value] : body.as_table()) {
+      const std::string full = section + "." + key;
+      if (known.count(full)) continue;
+      const std::string hint = closest_key(full);
+      fail(where(value), full,
+           "unknown key" + (hint.empty() ? std::string(". See docs/recipe.md for every key")
+                                         : ". Did you mean `" + hint + "`?"));
+    }
+  }
+  for (const auto& f : schema()) {
+    const auto& table = root.as_table();
+    auto s = table.find(f.section);
+    if (s == table.end()) continue;
+    auto k = s->second.as_table().find(f.key);
+    if (k == s->second.as_table().end()) continue;
+    f.read(r, k->second);
+    origins[f.full()] = where(k->second);
+  }
+  // Derived defaults.
+  if (r.model.n_kv_heads == 0) r.model.n_kv_heads = r.model.n_heads;
+  if (r.model.ffn_dim == 0) r.model.ffn_dim = (8 * r.model.dim / 3 + 63) / 64 * 64;
+  if (r.run.dir.empty()) r.run.dir = "runs/" + r.run.name;
+  if (r.snapshot.dir.empty()) r.snapshot.dir = r.run.dir + "/snapshots";
+  r.key_origins = std::move(origins);
+  validate(r);
+  return r;
+}
+
+Recipe load_recipe(const std::string& path, const std::vector<Override>& overrides) {
+  std::ifstream in(path);
+  T3D_USER_CHECK(in.good(), "recipe error: cannot open recipe file `", path,
+                 "`: check the path (it is relative to the current directory)");
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_recipe(text.str(), path, overrides);
+}
+
+std::string Recipe::origin(const std::string& key) const {
+  auto it = key_origins.find(key);
+  return it != key_origins.end() ? it->second : source + " (default value)";
+}
+
+int64_t Recipe::world_size() const {
+  return parallel.pp * std::max<int64_t>(parallel.dp, 1) * parallel.cp * parallel.tp;
+}
+
+void Recipe::resolve_world(int64_t world) {
+  const int64_t fixed = parallel.pp * parallel.cp * parallel.tp;
+  const std::string layout = "pp·cp·tp = " + std::to_string(parallel.pp) + "·" +
+                             std::to_string(parallel.cp) + "·" + std::to_string(parallel.tp);
+  if (parallel.dp == -1) {
+    T3D_USER_CHECK(world % fixed == 0, "recipe error: ", origin("parallel.dp"),
+                   ": `parallel.dp` = -1: the world of ",
+                   world, " ranks is not divisible by ", layout, "; launch a multiple of ", fixed,
+                   " ranks");
+    parallel.dp = world / fixed;
+    T3D_USER_CHECK(train.global_batch % (parallel.dp * train.micro_batches) == 0,
+                   "recipe error: ", origin("train.global_batch"),
+                   ": `train.global_batch` = ", train.global_batch,
+                   " is not divisible by dp·micro_batches = ", parallel.dp, "·",
+                   train.micro_batches, " (dp = -1 resolved from a world of ", world, ")");
+  }
+  T3D_USER_CHECK(world_size() == world, "recipe error: ", origin("parallel.dp"),
+                 ": `parallel`: the recipe asks for pp·dp·cp·tp = ", parallel.pp, "·", parallel.dp,
+                 "·", parallel.cp, "·", parallel.tp, " = ", world_size(),
+                 " ranks but the launcher started ", world,
+                 "; launch that many ranks, or set parallel.dp = -1 to use the whole world");
+}
+
+std::string Recipe::to_toml() const {
+  std::string out, section;
+  for (const auto& f : schema()) {
+    if (f.section != section) {
+      out += (section.empty() ? "[" : "\n[") + f.section + "]\n";
+      section = f.section;
+    }
+    out += f.key + " = " + f.write(*this) + "\n";
+  }
+  return out;
+}
+
+std::vector<KeyDoc> recipe_key_docs() {
+  const Recipe defaults;
+  std::vector<KeyDoc> docs;
+  for (const auto& f : schema()) docs.push_back({f.full(), f.type, f.write(defaults), f.meaning});
+  return docs;
+}
+
+}  // namespace t3d::runtime

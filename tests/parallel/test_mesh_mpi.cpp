@@ -1,0 +1,61 @@
+// 8 ranks: each group's all-reduce of the world rank equals the sum over exactly the expected
+// members, for pp2×dp2×tp2 and for pp1×dp2×cp2×tp2. Run by ctest under mpirun -np 8.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include "parallel/comm.h"
+
+using namespace t3d::parallel;
+
+namespace {
+void check_groups(const MeshShape& shape) {
+  Mesh mesh(shape, Comm::world(60.0));
+  for (Dim d : kDims) {
+    const Comm& g = mesh.group(d);
+    EXPECT_EQ(g.size(), shape.size(d)) << dim_name(d);
+    EXPECT_EQ(g.rank(), mesh.coord()[d]) << dim_name(d);
+    int64_t sum = mesh.rank();
+    g.all_reduce(&sum, 1);
+    int64_t expected = 0;
+    for (int member : shape.group(d, mesh.rank())) expected += member;
+    EXPECT_EQ(sum, expected) << "group " << dim_name(d) << " of rank " << mesh.rank();
+    // Members by world rank, gathered, equal the pure function's table.
+    std::vector<int> members(g.size());
+    const int me = mesh.rank();
+    g.all_gather(&me, members.data(), 1);
+    EXPECT_EQ(members, shape.group(d, mesh.rank()));
+    EXPECT_EQ(g.world_ranks(), shape.group(d, mesh.rank()));
+  }
+}
+}  // namespace
+
+TEST(MeshMpi, Pp2Dp2Tp2GroupsHoldExactlyTheExpectedMembers) { check_groups(MeshShape(2, 2, 1, 2)); }
+
+TEST(MeshMpi, Dp2Cp2Tp2GroupsHoldExactlyTheExpectedMembers) { check_groups(MeshShape(1, 2, 2, 2)); }
+
+TEST(MeshMpi, CollectivesComputeTheRightValues) {
+  Mesh mesh(MeshShape(2, 2, 1, 2), Comm::world(60.0));
+  const Comm& w = mesh.world();
+  // reduce_scatter: rank r contributes (r+1)·(i+1) to block i; block r sums to (i+1)·Σ(r+1).
+  std::vector<float> send(w.size() * 3), recv(3);
+  for (int i = 0; i < w.size(); ++i)
+    for (int k = 0; k < 3; ++k) send[i * 3 + k] = float((w.rank() + 1) * (i + 1) + k);
+  w.reduce_scatter(send.data(), recv.data(), 3);
+  const float ranks_sum = w.size() * (w.size() + 1) / 2.0f;
+  for (int k = 0; k < 3; ++k)
+    EXPECT_FLOAT_EQ(recv[k], ranks_sum * (w.rank() + 1) + k * w.size());
+  double mx = w.rank();
+  w.all_reduce(&mx, 1, ReduceOp::max);
+  EXPECT_EQ(mx, w.size() - 1);
+  int64_t value = w.rank() == 3 ? 42 : -1;
+  w.broadcast(&value, 1, 3);
+  EXPECT_EQ(value, 42);
+  // P2P along the pipeline: stage 0 sends its world rank to stage 1.
+  const Comm& pp = mesh.group(Dim::pp);
+  int token = mesh.rank();
+  if (pp.rank() == 0) pp.send(&token, 1, 1, 7);
+  else {
+    pp.recv(&token, 1, 0, 7);
+    EXPECT_EQ(token, mesh.rank() - 4);
+  }
+}

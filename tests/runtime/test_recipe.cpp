@@ -1,0 +1,133 @@
+// Recipe parsing and validation: defaults, overrides, located errors, suggestions, round trip.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "kernels/check.h"
+#include "runtime/recipe.h"
+
+using namespace t3d::runtime;
+namespace fs = std::filesystem;
+
+namespace {
+// The UserError message of parsing `text`, or "" if it parsed.
+std::string error_of(const std::string& text, const std::vector<Override>& sets = {}) {
+  try {
+    parse_recipe(text, "r.toml", sets);
+  } catch (const t3d::UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+}  // namespace
+
+TEST(Recipe, EveryShippedRecipeParses) {
+  int count = 0;
+  for (const auto& entry : fs::directory_iterator(T3D_SOURCE_DIR "/recipes")) {
+    if (entry.path().extension() != ".toml") continue;
+    SCOPED_TRACE(entry.path().string());
+    EXPECT_NO_THROW(load_recipe(entry.path().string()));
+    ++count;
+  }
+  EXPECT_GE(count, 3);
+}
+
+TEST(Recipe, DefaultsAndDerivedValues) {
+  const Recipe r = parse_recipe("[model]\ndim = 96\nn_heads = 6\n", "r.toml");
+  EXPECT_EQ(r.model.n_kv_heads, 6);
+  EXPECT_EQ(r.model.ffn_dim, 256);  // 8/3·96 = 256, already a multiple of 64
+  EXPECT_EQ(r.run.dir, "runs/titan3d");
+  EXPECT_EQ(r.snapshot.dir, "runs/titan3d/snapshots");
+  EXPECT_EQ(r.world_size(), 1);
+}
+
+TEST(Recipe, OverridesReplaceFileValuesAndCreateSections) {
+  const Recipe r = parse_recipe("[parallel]\ntp = 1\n", "r.toml",
+                                {parse_override("parallel.tp=2"), parse_override("train.steps=20"),
+                                 parse_override("run.dir=/tmp/x y"),
+                                 parse_override("train.lr=1e-3")});
+  EXPECT_EQ(r.parallel.tp, 2);
+  EXPECT_EQ(r.train.steps, 20);
+  EXPECT_EQ(r.run.dir, "/tmp/x y");
+  EXPECT_DOUBLE_EQ(r.train.lr, 1e-3);
+  EXPECT_NE(error_of("", {parse_override("parallel.tp=3")}).find("--set parallel.tp=3"),
+            std::string::npos);
+  EXPECT_THROW(parse_override("parallel.tp"), t3d::UserError);
+}
+
+TEST(Recipe, UnknownKeysAreErrorsWithSuggestions) {
+  EXPECT_NE(error_of("[paralel]\ntp = 2\n").find("Did you mean `parallel.tp`"), std::string::npos);
+  EXPECT_NE(error_of("[train]\nstesp = 2\n").find("Did you mean `train.steps`"), std::string::npos);
+  EXPECT_NE(error_of("[train]\nzzzzzzzz = 2\n").find("unknown key"), std::string::npos);
+  EXPECT_EQ(closest_key("model.n_layer"), "model.n_layers");
+  EXPECT_EQ(closest_key("completely.unrelated.thing"), "");
+}
+
+TEST(Recipe, ErrorsNameFileLineAndKey) {
+  const std::string e = error_of("[model]\ndim = 64\n\n[parallel]\ntp = 3\n");
+  EXPECT_NE(e.find("r.toml:5"), std::string::npos) << e;
+  EXPECT_NE(e.find("`parallel.tp`"), std::string::npos) << e;
+  const std::string t = error_of("[train]\nlr = \"fast\"\n");
+  EXPECT_NE(t.find("r.toml:2"), std::string::npos) << t;
+  EXPECT_NE(t.find("expected float"), std::string::npos) << t;
+}
+
+TEST(Recipe, ImpossibleCombinationsAreRejected) {
+  EXPECT_NE(error_of("[model]\nn_layers = 2\n[parallel]\npp = 3\n").find("parallel.pp"),
+            std::string::npos);
+  EXPECT_NE(error_of("[model]\nn_heads = 8\nn_kv_heads = 3\n").find("model.n_kv_heads"),
+            std::string::npos);
+  EXPECT_NE(error_of("[train]\nglobal_batch = 6\nmicro_batches = 4\n").find("train.global_batch"),
+            std::string::npos);
+  EXPECT_NE(error_of("[parallel]\nvirtual_stages = 2\n").find("interleaved_1f1b"),
+            std::string::npos);
+  EXPECT_NE(error_of("[parallel]\npp = 2\npipeline_split = [3, 1]\n").find("pipeline_split"),
+            std::string::npos);
+  EXPECT_NE(error_of("[parallel]\ncp = 2\n").find("parallel.cp"), std::string::npos);
+  EXPECT_NE(error_of("[train]\nactivation_checkpoint = \"every:0\"\n").find("every:K"),
+            std::string::npos);
+  EXPECT_NE(error_of("[train]\nprecision = \"fp16\"\n").find("fp32, bf16"), std::string::npos);
+  EXPECT_EQ(error_of("[train]\nactivation_checkpoint = \"every:2\"\n"), "");
+}
+
+TEST(Recipe, WorldResolution) {
+  Recipe r = parse_recipe("[parallel]\npp = 2\ndp = -1\ntp = 2\n[train]\nglobal_batch = 12\n",
+                          "r.toml");
+  r.resolve_world(12);
+  EXPECT_EQ(r.parallel.dp, 3);
+  Recipe bad = parse_recipe("[parallel]\npp = 2\ndp = -1\ntp = 2\n", "r.toml");
+  EXPECT_THROW(bad.resolve_world(6), t3d::UserError);  // 6 is not a multiple of pp·tp = 4
+  Recipe fixed = parse_recipe("[parallel]\npp = 2\ndp = 2\ntp = 2\n", "r.toml");
+  try {
+    fixed.resolve_world(4);
+    FAIL() << "world of 4 accepted for an 8-rank recipe";
+  } catch (const t3d::UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("= 8 ranks but the launcher started 4"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Recipe, ToTomlRoundTripsEveryKey) {
+  const Recipe r = parse_recipe(
+      "[model]\ndim = 128\nn_heads = 4\nrope_theta = 500000.0\n[parallel]\npp = 2\n"
+      "pipeline_split = [1]\n[run]\nname = \"a \\\"quoted\\\" name\"\n[train]\nlr = 0.1\n",
+      "r.toml");
+  const Recipe again = parse_recipe(r.to_toml(), "round-trip.toml");
+  EXPECT_EQ(again.to_toml(), r.to_toml());
+  EXPECT_EQ(again.run.name, "a \"quoted\" name");
+  EXPECT_EQ(again.parallel.pipeline_split, std::vector<int64_t>{1});
+  EXPECT_DOUBLE_EQ(again.train.lr, 0.1);
+}
+
+TEST(Recipe, DocsListEveryKey) {
+  std::ifstream in(T3D_SOURCE_DIR "/docs/recipe.md");
+  ASSERT_TRUE(in.good()) << "docs/recipe.md is missing";
+  std::stringstream text;
+  text << in.rdbuf();
+  for (const auto& doc : recipe_key_docs())
+    EXPECT_NE(text.str().find("`" + doc.key + "`"), std::string::npos)
+        << doc.key << " is not documented in docs/recipe.md";
+}
