@@ -1,0 +1,33 @@
+// Which layers each pipeline chunk holds. Pure: tested without MPI, shared by the model, the
+// planner and the simulator.
+//
+// With pp stages and v virtual stages there are pp·v chunks in model order; chunk k lives on stage
+// k % pp (Megatron's interleaving), so with v = 1 chunk k is simply stage k.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace t3d::parallel {
+
+struct LayerRange {
+  int64_t begin = 0, end = 0;  // [begin, end) of the transformer blocks
+  bool first = false;          // holds the token embedding
+  bool last = false;           // holds the final norm, the LM head and the loss
+  int64_t size() const { return end - begin; }
+};
+
+// `split` (pp·v − 1 increasing first-layers) when given, otherwise balanced: the cost of a chunk is
+// its layers plus `head_cost` layers' worth for the LM head on the last chunk, and the split
+// minimises the largest chunk cost (the pipeline's critical path), every chunk at least one layer.
+std::vector<LayerRange> split_layers(int64_t n_layers, int64_t chunks, double head_cost,
+                                     const std::vector<int64_t>& split = {});
+
+// The LM head's cost in transformer layers: its FLOPs V·C against a block's 4·C² (attention
+// projections at full kv) + 3·C·F (SwiGLU). Attention scores are left out of both.
+double head_cost_in_layers(int64_t vocab, int64_t dim, int64_t ffn_dim);
+
+// Chunks held by `stage`, in model order: k = stage, stage + pp, ...
+std::vector<int64_t> chunks_of_stage(int64_t stage, int64_t pp, int64_t virtual_stages);
+
+}  // namespace t3d::parallel

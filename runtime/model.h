@@ -1,0 +1,127 @@
+// A LLaMA-style decoder, as the part one rank holds: some pipeline chunks (contiguous layer
+// ranges; the first holds the embedding, the last the final norm, LM head and loss), each weight
+// sharded over the tp group Megatron-style. With pp = tp = 1 it is the whole model on one rank.
+//
+// Tensor parallelism lives in four places, each a conjugate pair (Megatron's mappings):
+//   - q/k/v and gate/up are column-parallel: forward needs no communication ("copy"); the
+//     gradient of their shared input is a partial sum, all-reduced in backward;
+//   - o_proj and down_proj are row-parallel: their output is a partial sum, all-reduced in forward
+//     ("reduce"), before it joins the residual stream; backward needs no communication;
+//   - the embedding is vocab-parallel: each rank looks up the ids it owns, rows are all-reduced;
+//   - the LM head is vocab-parallel and the cross-entropy runs on vocab slices (max, sum-exp and
+//     target logit all-reduced): no rank ever holds the full logits.
+// So the residual stream, norms and their weights are replicated and identical across tp ranks.
+//
+// Memory: parameters, gradients and AdamW moments are four regions of the rank's arena (one
+// layout); activations live in `slots`, one per micro-batch in flight, allocated once when the
+// model is built, so a step never allocates and a too-small budget fails at build time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/arena.h"
+#include "parallel/comm.h"
+#include "parallel/pipeline_split.h"
+#include "runtime/recipe.h"
+
+namespace t3d::runtime {
+
+// One row of the parameter table: the global (Hugging Face) tensor and how it is sharded.
+struct ParamInfo {
+  std::string name;
+  std::vector<int64_t> global_shape;
+  int split_dim = -1;  // -1 replicated over tp; 0 rows (column-parallel, vocab); 1 columns
+  bool decay = true;   // AdamW weight decay (norm weights: no)
+};
+
+struct ModelOptions {
+  int64_t micro_rows = 1;  // sequences per micro-batch
+  int64_t slots = 1;       // micro-batches whose activations are alive at once, per chunk
+  bool with_optimizer = true;
+};
+
+class Model {
+ public:
+  // `chunks`: this rank's layer ranges; `tp`: its tensor-parallel group (size 1: no sharding).
+  Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks,
+        const parallel::Comm& tp, kernels::Arena& arena, const ModelOptions& options);
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelConfig& config() const { return config_; }
+  const std::vector<parallel::LayerRange>& chunks() const { return chunks_; }
+  const kernels::ParamLayout& layout() const { return layout_; }
+  const std::vector<ParamInfo>& params() const { return params_; }  // layout order
+  kernels::ModelState& state() { return state_; }
+  int64_t rows() const { return rows_; }  // tokens per micro-batch: micro_rows · seq_len
+  int tp_rank() const { return tp_.rank(); }
+  int tp_size() const { return tp_.size(); }
+
+  // Deterministic and layout-independent: element g of a global tensor is drawn from a counter
+  // hash of (seed, name, g), so every layout starts from the same global model.
+  void init(uint64_t seed);
+
+  // Forward of `chunk` for the micro-batch in `slot`. The first chunk reads `tokens` (rows); other
+  // chunks read input(chunk, slot), filled by the caller (pipeline receive). The last chunk also
+  // takes `targets` and returns the summed loss over the micro-batch's tokens; with `training` it
+  // computes the loss gradient scaled by `grad_scale` right away (no logits kept per slot).
+  // Returns 0 for chunks that are not last.
+  double forward(int chunk, int slot, const int32_t* tokens, const int32_t* targets,
+                 float grad_scale, bool training);
+  // Backward of `chunk`: `dout` is the gradient of its output (nullptr for the last chunk, which
+  // starts from its loss). Parameter gradients accumulate; the first chunk stops at the
+  // embedding, others leave the gradient of their input in input_grad(chunk).
+  void backward(int chunk, int slot, const float* dout);
+
+  float* input(int chunk, int slot);              // (rows, C): activations from the previous chunk
+  const float* output(int chunk, int slot) const;  // (rows, C): activations for the next chunk
+  const float* input_grad(int chunk) const;        // (rows, C)
+
+  // Sum of squared gradients this rank owns for the global norm: tp-replicated tensors count on
+  // tp rank 0 only, so an all-reduce over tp and pp groups gives the global sum exactly.
+  double grad_sum_of_squares() const;
+
+  // Memory this model took from the arena at build time, by kind.
+  struct Footprint {
+    size_t params = 0, grads = 0, optimizer = 0, activations = 0, scratch = 0;
+  };
+  const Footprint& footprint() const { return footprint_; }
+
+  // FLOPs of one forward+backward of this rank's chunks per token (6·params-style count plus
+  // attention), for MFU.
+  double train_flops_per_token() const;
+
+ private:
+  struct LayerActs;
+  struct ChunkActs;
+  struct Scratch;
+
+  void build_param_table();
+  void forward_layer(int64_t layer, LayerActs& a, const float* x_in, float* x_out);
+  void backward_layer(int64_t layer, LayerActs& a, const float* x_in, float* dx_io);
+  double forward_head(ChunkActs& c, const int32_t* targets, float grad_scale, bool training);
+  float* w(const std::string& name) const;
+  float* g(const std::string& name) const;
+  std::string layer_name(int64_t layer, const char* suffix) const;
+  void tp_sum(float* data, int64_t n) const;
+
+  ModelConfig config_;
+  std::vector<parallel::LayerRange> chunks_;
+  const parallel::Comm& tp_;
+  kernels::Arena& arena_;
+  ModelOptions options_;
+  int64_t rows_ = 0;
+  int64_t heads_ = 0, kv_heads_ = 0, ffn_ = 0, vocab_ = 0, vocab_start_ = 0;  // local to tp rank
+  std::vector<ParamInfo> params_;
+  kernels::ParamLayout layout_;
+  kernels::ModelState state_;
+  std::vector<std::vector<std::unique_ptr<ChunkActs>>> acts_;  // [chunk][slot]
+  std::unique_ptr<Scratch> scratch_;
+  Footprint footprint_;
+};
+
+}  // namespace t3d::runtime
