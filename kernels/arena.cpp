@@ -1,0 +1,149 @@
+#include "kernels/arena.h"
+
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
+#include "kernels/check.h"
+
+namespace t3d::kernels {
+namespace {
+
+std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
+
+}  // namespace
+
+std::string format_bytes(std::size_t bytes) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[64];
+  std::snprintf(buf, sizeof buf, u == 0 ? "%.0f %s" : "%.1f %s", v, kUnits[u]);
+  return buf;
+}
+
+Arena::Arena(std::size_t capacity_bytes) : capacity_(round_up(capacity_bytes, kAlignment)) {
+  if (capacity_ == 0) return;
+  // MAP_NORESERVE: reserve address space only. Physical pages arrive on first touch, so several
+  // oversubscribed ranks with large budgets can coexist on a small machine until they really use
+  // the memory. mmap memory is page-aligned, hence kAlignment-aligned.
+  void* p = mmap(nullptr, capacity_, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  T3D_USER_CHECK(p != MAP_FAILED, "cannot reserve a device arena of ", format_bytes(capacity_),
+                 " (", capacity_, " bytes): ", std::strerror(errno),
+                 "; lower hardware.hbm_gib or run fewer ranks per node");
+  base_ = static_cast<std::byte*>(p);
+}
+
+Arena::~Arena() {
+  if (base_) munmap(base_, capacity_);
+}
+
+void* Arena::alloc_bytes(std::string_view name, std::size_t bytes) {
+  const std::size_t rounded = round_up(std::max<std::size_t>(bytes, 1), kAlignment);
+  if (rounded > available()) {
+    // Name the largest holders: the usual fix is obvious once you see what fills the budget.
+    std::vector<Live> top = live_;
+    std::sort(top.begin(), top.end(), [](const Live& a, const Live& b) { return a.bytes > b.bytes; });
+    std::string holders;
+    for (std::size_t i = 0; i < std::min<std::size_t>(top.size(), 4); ++i) {
+      holders += (i ? ", " : "") + top[i].name + " " + format_bytes(top[i].bytes);
+    }
+    throw UserError(detail::concat(
+        "device memory exhausted allocating '", name, "': asked ", format_bytes(bytes), " (",
+        bytes, " bytes), ", format_bytes(available()), " (", available(), " bytes) left of ",
+        format_bytes(capacity_), " (peak so far ", format_bytes(peak_), ")",
+        holders.empty() ? "" : "; largest allocations: ", holders,
+        ". Raise hardware.hbm_gib, or shard the model further (more tp or pp), or use smaller "
+        "micro-batches"));
+  }
+  void* p = base_ + used_;
+  used_ += rounded;
+  peak_ = std::max(peak_, used_);
+  live_.push_back({std::string(name), rounded});
+  return p;
+}
+
+void Arena::reset(Mark m) {
+  T3D_ASSERT(m.offset <= used_ && m.live_count <= live_.size(),
+             "reset to a mark above the current top (mark ", m.offset, ", used ", used_, ")");
+  used_ = m.offset;
+  live_.resize(m.live_count);
+}
+
+bool Arena::owns(const void* p) const {
+  auto* b = static_cast<const std::byte*>(p);
+  return base_ && b >= base_ && b < base_ + capacity_;
+}
+
+std::int64_t numel(const std::vector<std::int64_t>& shape) {
+  std::int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+ParamLayout::ParamLayout(std::vector<TensorSpec> table) {
+  entries_.reserve(table.size());
+  std::int64_t offset = 0;
+  for (auto& spec : table) {
+    for (auto d : spec.shape) {
+      T3D_USER_CHECK(d > 0, "parameter '", spec.name, "' has a non-positive dimension ", d);
+    }
+    const std::int64_t n = numel(spec.shape);
+    const auto [it, inserted] = index_.emplace(spec.name, entries_.size());
+    T3D_USER_CHECK(inserted, "parameter '", spec.name, "' appears twice in the parameter table");
+    entries_.push_back({std::move(spec), offset, n});
+    total_params_ += n;
+    offset += static_cast<std::int64_t>(round_up(static_cast<std::size_t>(n), kAlignmentFloats));
+  }
+  total_floats_ = offset;
+}
+
+bool ParamLayout::contains(std::string_view name) const {
+  return index_.count(std::string(name)) != 0;
+}
+
+const ParamLayout::Entry& ParamLayout::at(std::string_view name) const {
+  auto it = index_.find(std::string(name));
+  if (it == index_.end()) {
+    std::string some;
+    for (std::size_t i = 0; i < std::min<std::size_t>(entries_.size(), 3); ++i) {
+      some += (i ? ", " : "") + entries_[i].spec.name;
+    }
+    throw UserError(detail::concat("no parameter named '", name, "' in the parameter table (",
+                                   entries_.size(), " entries, e.g. ", some, ")"));
+  }
+  return entries_[it->second];
+}
+
+TensorView Region::view(std::string_view name) const {
+  const auto& e = layout_->at(name);
+  return {data_ + e.offset, &e.spec.shape, e.numel};
+}
+
+void Region::zero() const {
+  if (data_) std::memset(data_, 0, static_cast<std::size_t>(size()) * sizeof(float));
+}
+
+ModelState ModelState::allocate(Arena& arena, const ParamLayout& layout, bool with_optimizer) {
+  const auto n = static_cast<std::size_t>(layout.total_floats());
+  ModelState s;
+  s.params = Region(arena.alloc_floats("parameters", n), &layout);
+  s.grads = Region(arena.alloc_floats("gradients", n), &layout);
+  if (with_optimizer) {
+    s.adam_m = Region(arena.alloc_floats("optimizer.exp_avg", n), &layout);
+    s.adam_v = Region(arena.alloc_floats("optimizer.exp_avg_sq", n), &layout);
+  }
+  // The arena may have been used and reset before; padding must be zero (see ParamLayout).
+  for (const Region* r : {&s.params, &s.grads, &s.adam_m, &s.adam_v}) r->zero();
+  return s;
+}
+
+}  // namespace t3d::kernels

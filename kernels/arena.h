@@ -1,0 +1,151 @@
+// The device memory of one rank: a single arena whose capacity is the rank's HBM budget.
+//
+// Layout (llm.c style): parameters, gradients and the AdamW moments m and v each live in ONE
+// contiguous region, so zeroing, the optimizer step, checkpoint I/O and ZeRO slicing are each one
+// operation over a float range. Named views into a region come from a `{name, shape}` table
+// (`ParamLayout`), never from parallel arrays kept in order by hand.
+//
+// The arena is a stack (bump) allocator: persistent regions are allocated first, then each step
+// takes `mark()`, allocates its activations and scratch, and `reset()`s to the mark at the end.
+// Nothing is allocated from the OS inside a step.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace t3d::kernels {
+
+// Every allocation starts on a 64-byte boundary (one cache line, one AVX-512 register).
+inline constexpr std::size_t kAlignment = 64;
+inline constexpr std::size_t kAlignmentFloats = kAlignment / sizeof(float);
+
+// Bytes -> "12.0 MiB" for messages.
+std::string format_bytes(std::size_t bytes);
+
+class Arena {
+ public:
+  // Reserves `capacity_bytes` of address space. Pages are committed lazily by the OS as they
+  // are first touched, so an 80 GiB budget on a smaller test machine costs nothing until used.
+  explicit Arena(std::size_t capacity_bytes);
+  ~Arena();
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+
+  // Allocates `bytes` (rounded up to kAlignment) for the tensor called `name`. Throws UserError
+  // naming the tensor, the bytes asked and the bytes left when the budget is exceeded.
+  // Memory is not zeroed (it is after construction, but not after a reset()).
+  void* alloc_bytes(std::string_view name, std::size_t bytes);
+  float* alloc_floats(std::string_view name, std::size_t count) {
+    return static_cast<float*>(alloc_bytes(name, count * sizeof(float)));
+  }
+
+  // Step-scoped allocation: everything allocated after mark() is released by reset(mark).
+  struct Mark {
+    std::size_t offset;
+    std::size_t live_count;
+  };
+  Mark mark() const { return {used_, live_.size()}; }
+  void reset(Mark m);
+
+  std::size_t capacity() const { return capacity_; }
+  std::size_t used() const { return used_; }
+  std::size_t available() const { return capacity_ - used_; }
+  std::size_t peak() const { return peak_; }
+  void reset_peak() { peak_ = used_; }
+
+  // Does `p` point into this arena's memory? (For assertions in callers.)
+  bool owns(const void* p) const;
+
+ private:
+  struct Live {
+    std::string name;
+    std::size_t bytes;
+  };
+  std::byte* base_ = nullptr;
+  std::size_t capacity_ = 0;
+  std::size_t used_ = 0;
+  std::size_t peak_ = 0;
+  std::vector<Live> live_;  // for the OOM message: what is holding the memory
+};
+
+// One entry of a parameter table: a Hugging Face name and its (global or local) shape, e.g.
+// {"model.layers.3.self_attn.q_proj.weight", {4096, 4096}} stored [out, in] row-major.
+struct TensorSpec {
+  std::string name;
+  std::vector<std::int64_t> shape;
+};
+
+std::int64_t numel(const std::vector<std::int64_t>& shape);
+
+// A view into a flat region: pointer plus shape. Does not own memory.
+struct TensorView {
+  float* data = nullptr;
+  const std::vector<std::int64_t>* shape = nullptr;
+  std::int64_t numel = 0;
+  std::int64_t dim(int i) const { return (*shape)[static_cast<std::size_t>(i)]; }
+};
+
+// Lays a `{name, shape}` table out as offsets in one flat float region, in table order. Each
+// tensor starts on a kAlignment boundary; the padding floats between tensors stay zero (they are
+// zeroed with the region and neither gradients nor the optimizer make them non-zero), so
+// range operations over the whole region (AdamW, norms) are unaffected by them.
+class ParamLayout {
+ public:
+  struct Entry {
+    TensorSpec spec;
+    std::int64_t offset = 0;  // in floats from the start of the region
+    std::int64_t numel = 0;
+  };
+
+  ParamLayout() = default;
+  explicit ParamLayout(std::vector<TensorSpec> table);
+
+  const std::vector<Entry>& entries() const { return entries_; }
+  const Entry& at(std::string_view name) const;  // UserError listing a few names if absent
+  bool contains(std::string_view name) const;
+  std::int64_t total_floats() const { return total_floats_; }  // including alignment padding
+  std::int64_t total_params() const { return total_params_; }  // excluding padding
+
+ private:
+  std::vector<Entry> entries_;
+  std::unordered_map<std::string, std::size_t> index_;
+  std::int64_t total_floats_ = 0;
+  std::int64_t total_params_ = 0;
+};
+
+// A contiguous float region laid out by a ParamLayout.
+class Region {
+ public:
+  Region() = default;
+  Region(float* data, const ParamLayout* layout) : data_(data), layout_(layout) {}
+
+  float* data() const { return data_; }
+  std::int64_t size() const { return layout_ ? layout_->total_floats() : 0; }
+  const ParamLayout& layout() const { return *layout_; }
+  TensorView view(std::string_view name) const;
+  void zero() const;
+
+ private:
+  float* data_ = nullptr;
+  const ParamLayout* layout_ = nullptr;
+};
+
+// The persistent training state of one rank: four regions with one layout. The layout must
+// outlive the state. Optimizer moments are optional (inference, or ZeRO keeping only a shard,
+// which the caller then allocates as a plain float range).
+struct ModelState {
+  Region params;
+  Region grads;
+  Region adam_m;
+  Region adam_v;
+
+  // Allocates the regions named "parameters", "gradients", "optimizer.exp_avg",
+  // "optimizer.exp_avg_sq" from `arena`, all zeroed.
+  static ModelState allocate(Arena& arena, const ParamLayout& layout, bool with_optimizer);
+};
+
+}  // namespace t3d::kernels

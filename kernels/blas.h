@@ -1,0 +1,59 @@
+// The BLAS backend: the only code in titan3d that calls cblas_* (ggml-blas style, thin).
+//
+// Matrices are row-major. Callers express transposes with flags and leading dimensions and never
+// copy: a strided sub-matrix (one head of q, a tile of k) is just a pointer and an ld.
+//
+// OpenBLAS chooses its kernels when libopenblas is loaded, from OPENBLAS_CORETYPE or its own CPU
+// detection. Debian's 0.3.21 does not recognise recent Xeons and falls back to Prescott (SSE3)
+// kernels, ~5x slower. The core type cannot be changed in-process, so the launcher calls
+// recommended_openblas_coretype() and exports OPENBLAS_CORETYPE before ranks start;
+// openblas_config_string() reports what actually loaded and verify_gemm() checks the result.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace t3d::kernels {
+
+enum class Trans : bool { kNo = false, kYes = true };
+
+// C (M, N) = alpha * op(A) (M, K) * op(B) (K, N) + beta * C.
+// op(A) is A (M, K) with leading dimension lda, or A^T with A stored (K, M); likewise B.
+void sgemm(Trans trans_a, Trans trans_b, std::int64_t M, std::int64_t N, std::int64_t K,
+           float alpha, const float* A, std::int64_t lda, const float* B, std::int64_t ldb,
+           float beta, float* C, std::int64_t ldc);
+
+// Same, with packed (contiguous) matrices: leading dimensions follow from the shapes.
+void sgemm(Trans trans_a, Trans trans_b, std::int64_t M, std::int64_t N, std::int64_t K,
+           float alpha, const float* A, const float* B, float beta, float* C);
+
+// Threads of OpenBLAS's own pool for this process. Keep threads per rank x ranks <= cores.
+void set_blas_threads(int n);
+int blas_threads();
+
+struct CpuFeatures {
+  bool avx2 = false, fma = false;
+  bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
+};
+CpuFeatures detect_cpu_features();
+
+// The best OPENBLAS_CORETYPE for a CPU: "SkylakeX" (AVX-512 F/BW/VL/DQ), "Haswell" (AVX2+FMA),
+// or "" (leave OpenBLAS's own detection alone).
+std::string recommended_openblas_coretype(const CpuFeatures& f);
+std::string recommended_openblas_coretype();  // for this CPU
+
+// What OpenBLAS actually loaded, e.g. "OpenBLAS 0.3.21 DYNAMIC_ARCH ... core=SkylakeX threads=2".
+std::string openblas_config_string();
+std::string openblas_corename();  // e.g. "SkylakeX", "Prescott"
+
+// Runs GEMMs of a few odd shapes, all four transpose combinations, against a naive
+// double-precision reference. Throws UserError if the relative error is too large (a broken or
+// mis-dispatched BLAS would silently corrupt training).
+void verify_gemm();
+
+// Median GFLOP/s of C = A B (M, N, K) over `repeats` runs with `threads` BLAS threads (restored
+// afterwards). Allocates; call outside the step loop.
+double measure_sgemm_gflops(std::int64_t M, std::int64_t N, std::int64_t K, int threads,
+                            int repeats = 5);
+
+}  // namespace t3d::kernels

@@ -1,0 +1,216 @@
+// Forward and backward operators of a LLaMA-style transformer, fp32, row-major, CPU.
+//
+// Accumulation contract (the same for every op below):
+//   - parameter gradients are ACCUMULATED:   dweight += ...  (micro-batches add up; the caller
+//     zeroes the gradient region once per step),
+//   - activation gradients are WRITTEN:      dinp = ...      (no stale values can leak in),
+//   - the residual stream is ACCUMULATED:    x += f(x)       (add_inplace, or linear_forward
+//     with Out::kAccumulate for the projection that feeds it).
+// Backward of a residual add is the identity: the caller adds a branch's dinp into the residual
+// gradient with add_inplace.
+//
+// Shapes are in comments on every pointer: B batch, T sequence, C model dim, V vocab (or this
+// rank's vocab slice), F feed-forward dim, N = B*T rows, H query heads, Hkv key/value heads,
+// D head dim. Pointers never alias unless a comment says so.
+//
+// Threading: GEMMs run on OpenBLAS's pool (set_blas_threads). The element-wise ops are
+// single-threaded on purpose: ranks are usually oversubscribed on few cores, and a second
+// spinning pool (OpenMP) next to OpenBLAS's fights it for the same cores.
+//
+// No op allocates: scratch memory comes from the caller (the arena).
+#pragma once
+
+#include <cstdint>
+
+namespace t3d::kernels {
+
+// ---- element-wise helpers (ops_optim.cpp) ------------------------------------------------------
+
+void zero(float* x, std::int64_t n);                              // x (n) = 0
+void add_inplace(float* x, const float* y, std::int64_t n);       // x (n) += y (n): residual
+void scale(float* x, std::int64_t n, float factor);               // x (n) *= factor
+// sum of x^2 over a range, accumulated in double. Global-norm clipping: each rank sums its
+// ranges, the caller all-reduces the partial sums, then calls scale() with min(1, max/norm).
+double sum_of_squares(const float* x, std::int64_t n);            // x (n)
+
+// ---- token embedding (ops_embedding.cpp) ---------------------------------------------------------
+
+// Rows of a vocab slice [vocab_start, vocab_end) (the whole vocab on one rank). Token ids outside
+// the slice produce zero rows in forward and no gradient in backward: with a vocab-parallel
+// embedding the owning rank supplies them and an all-reduce sums the rows.
+void embedding_forward(float* out,              // out (N, C)
+                       const std::int32_t* tokens,  // tokens (N)
+                       const float* wte,        // wte (vocab_end - vocab_start, C)
+                       std::int64_t N, std::int64_t C, std::int64_t vocab_start,
+                       std::int64_t vocab_end);
+void embedding_backward(float* dwte,            // dwte (vocab_end - vocab_start, C) +=
+                        const float* dout,      // dout (N, C)
+                        const std::int32_t* tokens,  // tokens (N)
+                        std::int64_t N, std::int64_t C, std::int64_t vocab_start,
+                        std::int64_t vocab_end);
+// UserError naming the first token id outside [0, vocab_size) (bad tokenizer or data file).
+void check_token_ids(const std::int32_t* tokens, std::int64_t N, std::int64_t vocab_size);
+
+// ---- RMSNorm (ops_norm.cpp) ------------------------------------------------------------------------
+
+// out = inp / sqrt(mean(inp^2) + eps) * weight; saves rstd = 1 / sqrt(mean(inp^2) + eps).
+void rmsnorm_forward(float* out,          // out (N, C)
+                     float* rstd,         // rstd (N)
+                     const float* inp,    // inp (N, C)
+                     const float* weight, // weight (C)
+                     std::int64_t N, std::int64_t C, float eps);
+void rmsnorm_backward(float* dinp,          // dinp (N, C) =
+                      float* dweight,       // dweight (C) +=
+                      const float* dout,    // dout (N, C)
+                      const float* inp,     // inp (N, C)
+                      const float* weight,  // weight (C)
+                      const float* rstd,    // rstd (N) from forward
+                      std::int64_t N, std::int64_t C);
+
+// ---- rotary position embedding (ops_rope.cpp) -------------------------------------------------------
+
+// Hugging Face LLaMA convention ("rotate half"): for i < D/2 the pair is (x[i], x[i + D/2]),
+// rotated by angle pos * theta^(-2i/D). Computed once per run into a table:
+void rope_table(float* table,  // table (max_pos, D): [cos(angle_0..D/2-1) | sin(angle_0..D/2-1)]
+                std::int64_t max_pos, std::int64_t D, double theta);
+// Position of row t is pos_offset + t (a later sequence chunk, or KV-cached decoding).
+// In place is allowed (out == inp).
+void rope_forward(float* out,          // out (B, T, n_heads * D)
+                  const float* inp,    // inp (B, T, n_heads * D)
+                  const float* table,  // table (max_pos, D), max_pos >= pos_offset + T
+                  std::int64_t B, std::int64_t T, std::int64_t n_heads, std::int64_t D,
+                  std::int64_t pos_offset);
+// The rotation is orthogonal, so the gradient is the inverse rotation of dout. dinp == dout ok.
+void rope_backward(float* dinp,         // dinp (B, T, n_heads * D) =
+                   const float* dout,   // dout (B, T, n_heads * D)
+                   const float* table,  // table (max_pos, D)
+                   std::int64_t B, std::int64_t T, std::int64_t n_heads, std::int64_t D,
+                   std::int64_t pos_offset);
+
+// ---- causal grouped-query attention (ops_attention.cpp) -----------------------------------------
+
+struct AttentionShape {
+  std::int64_t B = 0, T = 0;
+  std::int64_t n_heads = 0;     // H query heads
+  std::int64_t n_kv_heads = 0;  // Hkv; H % Hkv == 0, query head h reads kv head h / (H / Hkv)
+  std::int64_t head_dim = 0;    // D
+  std::int64_t tile = 64;       // query and key tile length; memory is O(tile^2), not O(T^2)
+};
+
+// Floats of scratch the forward/backward need; independent of T (that is the point of tiling).
+std::int64_t attention_scratch_floats(const AttentionShape& s);
+
+// out = softmax(q k^T / sqrt(D) + causal mask) v per head, computed tile by tile with an online
+// softmax. Saves only out and the per-row logsumexp of the scaled scores.
+void attention_forward(float* out,        // out (B, T, H * D)
+                       float* lse,        // lse (B, H, T)
+                       const float* q,    // q (B, T, H * D)   (after RoPE)
+                       const float* k,    // k (B, T, Hkv * D) (after RoPE)
+                       const float* v,    // v (B, T, Hkv * D)
+                       float* scratch,    // scratch (attention_scratch_floats)
+                       const AttentionShape& s);
+// Recomputes the scores tile by tile from q, k and lse (flash-attention 2 backward).
+void attention_backward(float* dq,          // dq (B, T, H * D) =
+                        float* dk,          // dk (B, T, Hkv * D) =
+                        float* dv,          // dv (B, T, Hkv * D) =
+                        const float* dout,  // dout (B, T, H * D)
+                        const float* q,     // q (B, T, H * D)
+                        const float* k,     // k (B, T, Hkv * D)
+                        const float* v,     // v (B, T, Hkv * D)
+                        const float* out,   // out (B, T, H * D) from forward
+                        const float* lse,   // lse (B, H, T) from forward
+                        float* scratch,     // scratch (attention_scratch_floats)
+                        const AttentionShape& s);
+
+// ---- linear and SwiGLU (ops_mlp.cpp) -----------------------------------------------------------------
+
+enum class Out { kWrite, kAccumulate };  // y = ... or y += ... (residual stream)
+
+// y = x W^T with W stored [out, in] row-major (Hugging Face layout). No bias (LLaMA has none).
+void linear_forward(float* y,        // y (N, out) = or +=
+                    const float* x,  // x (N, in)
+                    const float* w,  // w (out, in)
+                    std::int64_t N, std::int64_t in, std::int64_t out, Out mode = Out::kWrite);
+// The backward is split in two so that zero-bubble pipeline schedules can run the input
+// gradient (B) now and the weight gradient (W) later.
+void linear_backward_input(float* dx,        // dx (N, in) =
+                           const float* dy,  // dy (N, out)
+                           const float* w,   // w (out, in)
+                           std::int64_t N, std::int64_t in, std::int64_t out);
+void linear_backward_weight(float* dw,        // dw (out, in) +=
+                            const float* dy,  // dy (N, out)
+                            const float* x,   // x (N, in)
+                            std::int64_t N, std::int64_t in, std::int64_t out);
+
+// h = silu(gate) * up, silu(x) = x * sigmoid(x). gate and up are the two projection outputs.
+void swiglu_forward(float* h,           // h (N, F)
+                    const float* gate,  // gate (N, F)
+                    const float* up,    // up (N, F)
+                    std::int64_t n);    // n = N * F
+void swiglu_backward(float* dgate,        // dgate (N, F) =
+                     float* dup,          // dup (N, F) =
+                     const float* dh,     // dh (N, F)
+                     const float* gate,   // gate (N, F)
+                     const float* up,     // up (N, F)
+                     std::int64_t n);
+
+// ---- softmax cross-entropy (ops_loss.cpp) --------------------------------------------------------
+
+// Targets equal to kIgnoreIndex (Hugging Face's -100) contribute no loss and no gradient.
+inline constexpr std::int32_t kIgnoreIndex = -100;
+
+// Fused loss and gradient for the whole vocabulary on one rank: losses[i] = -log softmax(i)[t_i],
+// and logits are overwritten with dlogits = (softmax - onehot(t)) * grad_scale (for a mean loss,
+// grad_scale = 1 / number of non-ignored targets).
+void cross_entropy_fused(float* logits,               // logits (N, V) in, dlogits (N, V) out
+                         float* losses,               // losses (N)
+                         const std::int32_t* targets, // targets (N)
+                         std::int64_t N, std::int64_t V, float grad_scale);
+
+// The same, in pieces, for a vocab-parallel LM head where this rank holds columns
+// [vocab_start, vocab_start + V) of the logits:
+//   1. ce_local_max            -> all-reduce MAX   -> row_max
+//   2. ce_local_sum_exp(row_max) -> all-reduce SUM -> sum_exp
+//   3. ce_local_target_logit   -> all-reduce SUM   -> target_logit (zero on ranks not owning it)
+//   4. ce_loss_and_grad(row_max, sum_exp, target_logit) on every rank.
+void ce_local_max(float* row_max,        // row_max (N)
+                  const float* logits,   // logits (N, V)
+                  std::int64_t N, std::int64_t V);
+void ce_local_sum_exp(float* sum_exp,        // sum_exp (N): sum_j exp(logit_j - row_max)
+                      const float* logits,   // logits (N, V)
+                      const float* row_max,  // row_max (N), global
+                      std::int64_t N, std::int64_t V);
+void ce_local_target_logit(float* target_logit,         // target_logit (N)
+                           const float* logits,         // logits (N, V)
+                           const std::int32_t* targets, // targets (N), global ids
+                           std::int64_t N, std::int64_t V, std::int64_t vocab_start);
+void ce_loss_and_grad(float* logits,                // logits (N, V) in, dlogits (N, V) out
+                      float* losses,                // losses (N)
+                      const std::int32_t* targets,  // targets (N), global ids
+                      const float* row_max,         // row_max (N), global
+                      const float* sum_exp,         // sum_exp (N), global
+                      const float* target_logit,    // target_logit (N), global
+                      std::int64_t N, std::int64_t V, std::int64_t vocab_start, float grad_scale);
+
+// ---- optimizer (ops_optim.cpp) -------------------------------------------------------------------
+
+struct AdamWConfig {
+  float lr = 3e-4f;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;  // decoupled: p -= lr * wd * p
+};
+
+// One AdamW step over a flat range, same order of operations as torch.optim.AdamW:
+//   p -= lr * wd * p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
+//   p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
+// `step` is t, counted from 1. No-decay parameters (norms): call again on their range with
+// weight_decay = 0.
+void adamw_step(float* params,       // params (n)
+                const float* grads,  // grads (n)
+                float* m,            // m (n), first moment
+                float* v,            // v (n), second moment
+                std::int64_t n, const AdamWConfig& cfg, std::int64_t step);
+
+}  // namespace t3d::kernels

@@ -1,0 +1,59 @@
+// Element-wise range operations: residual add, scaling, norms, AdamW. They run over whole flat
+// regions (all parameters at once), which is why the regions are contiguous.
+#include <cmath>
+#include <cstring>
+
+#include "kernels/check.h"
+#include "kernels/ops.h"
+
+namespace t3d::kernels {
+
+void zero(float* x, std::int64_t n) {
+  if (n > 0) std::memset(x, 0, static_cast<std::size_t>(n) * sizeof(float));
+}
+
+void add_inplace(float* x, const float* y, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+void scale(float* x, std::int64_t n, float factor) {
+  for (std::int64_t i = 0; i < n; ++i) x[i] *= factor;
+}
+
+double sum_of_squares(const float* x, std::int64_t n) {
+  // Double accumulation: ~1e9 squared gradients summed in fp32 would lose the small ones.
+  // Four partial sums break the dependency chain so the loop is not latency-bound.
+  double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+  std::int64_t i = 0;
+  for (; i + 4 <= n; i += 4) {
+    s0 += static_cast<double>(x[i]) * x[i];
+    s1 += static_cast<double>(x[i + 1]) * x[i + 1];
+    s2 += static_cast<double>(x[i + 2]) * x[i + 2];
+    s3 += static_cast<double>(x[i + 3]) * x[i + 3];
+  }
+  for (; i < n; ++i) s0 += static_cast<double>(x[i]) * x[i];
+  return (s0 + s1) + (s2 + s3);
+}
+
+void adamw_step(float* params, const float* grads, float* m, float* v, std::int64_t n,
+                const AdamWConfig& cfg, std::int64_t step) {
+  T3D_ASSERT(step >= 1, "AdamW step counts from 1, got ", step);
+  // Bias corrections in double: beta2^t with beta2 = 0.999 and large t needs the precision.
+  const double bc1 = 1.0 - std::pow(static_cast<double>(cfg.beta1), static_cast<double>(step));
+  const double bc2 = 1.0 - std::pow(static_cast<double>(cfg.beta2), static_cast<double>(step));
+  const float step_size = static_cast<float>(cfg.lr / bc1);
+  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
+  const float decay = 1.0f - cfg.lr * cfg.weight_decay;
+  const float b1 = cfg.beta1, b2 = cfg.beta2, eps = cfg.eps;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float g = grads[i];
+    const float mi = b1 * m[i] + (1.0f - b1) * g;
+    const float vi = b2 * v[i] + (1.0f - b2) * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    // Same algebra as torch: p - lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps).
+    params[i] = params[i] * decay - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
+  }
+}
+
+}  // namespace t3d::kernels

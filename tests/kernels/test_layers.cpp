@@ -1,0 +1,165 @@
+// Embedding, RMSNorm, RoPE, linear and SwiGLU: forward against the double reference, backward
+// against central differences of that reference for L = sum(out * r).
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "kernels/check.h"
+#include "kernels/ops.h"
+#include "reference.h"
+
+namespace t3d::kernels {
+namespace {
+
+using ref::Vec;
+
+TEST(kernels_embedding, ForwardBackwardWithVocabSlice) {
+  const int N = 6, C = 5, V = 8;
+  const std::vector<std::int32_t> tokens = {0, 3, 7, 3, 5, 2};
+  auto wte_full = ref::random_floats(V * C, 10);
+  // A shard holding rows [3, 6): tokens 3, 3 and 5 are its own, the rest give zeros.
+  const int start = 3, end = 6;
+  std::vector<float> shard(wte_full.begin() + start * C, wte_full.begin() + end * C);
+  std::vector<float> out(N * C, -1.0f);
+  embedding_forward(out.data(), tokens.data(), shard.data(), N, C, start, end);
+  Vec expected(N * C, 0.0);
+  for (int i = 0; i < N; ++i)
+    if (tokens[i] >= start && tokens[i] < end)
+      for (int c = 0; c < C; ++c) expected[i * C + c] = wte_full[tokens[i] * C + c];
+  ref::expect_close(out, expected, 0, 0, "out");  // a copy: exact
+
+  // Backward accumulates (+=) into the shard gradient; repeated token 3 gets two rows.
+  auto dout = ref::random_floats(N * C, 11);
+  std::vector<float> dwte(shard.size(), 1.0f);
+  embedding_backward(dwte.data(), dout.data(), tokens.data(), N, C, start, end);
+  Vec dexp(shard.size(), 1.0);
+  for (int i = 0; i < N; ++i)
+    if (tokens[i] >= start && tokens[i] < end)
+      for (int c = 0; c < C; ++c) dexp[(tokens[i] - start) * C + c] += dout[i * C + c];
+  ref::expect_close(dwte, dexp, 1e-6, 1e-6, "dwte");
+}
+
+TEST(kernels_embedding, CheckTokenIdsNamesTheBadId) {
+  const std::vector<std::int32_t> tokens = {1, 2, 50, 3};
+  EXPECT_NO_THROW(check_token_ids(tokens.data(), 2, 10));
+  try {
+    check_token_ids(tokens.data(), 4, 10);
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("token id 50 at position 2"), std::string::npos);
+  }
+}
+
+// Tolerance: fp32 forward of O(1) values, 1e-5 relative; backward 1e-4 (fp32 vs exact).
+TEST(kernels_rmsnorm, ForwardAndGradients) {
+  const int N = 4, C = 33;
+  const float eps = 1e-5f;
+  auto x = ref::random_floats(N * C, 20, -2, 2);
+  auto w = ref::random_floats(C, 21, 0.5, 1.5);
+  std::vector<float> out(N * C), rstd(N);
+  rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, eps);
+  ref::expect_close(out, ref::rmsnorm(ref::to_double(x), ref::to_double(w), N, C, eps), 1e-5,
+                    1e-6, "out");
+
+  const auto r = ref::to_double(ref::random_floats(N * C, 22));
+  std::vector<float> dout(r.begin(), r.end()), dx(N * C, 99.0f), dw(C, 0.5f);
+  rmsnorm_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), rstd.data(), N, C);
+  const auto xd = ref::to_double(x), wd = ref::to_double(w);
+  const Vec gx = ref::numeric_grad([&](const Vec& xx) { return ref::rmsnorm(xx, wd, N, C, eps); },
+                                   xd, r);
+  Vec gw = ref::numeric_grad([&](const Vec& ww) { return ref::rmsnorm(xd, ww, N, C, eps); }, wd, r);
+  for (auto& g : gw) g += 0.5;  // parameter gradient accumulates onto the old value
+  ref::expect_close(dx, gx, 1e-4, 1e-5, "dinp");
+  ref::expect_close(dw, gw, 1e-4, 1e-5, "dweight");
+}
+
+TEST(kernels_rope, ForwardMatchesHfFormulaWithOffsetAndBackwardIsInverse) {
+  const int B = 2, T = 5, H = 3, D = 8, offset = 11;
+  const double theta = 10000.0;
+  std::vector<float> table((offset + T) * D);
+  rope_table(table.data(), offset + T, D, theta);
+  auto x = ref::random_floats(B * T * H * D, 30);
+  std::vector<float> out(x.size());
+  rope_forward(out.data(), x.data(), table.data(), B, T, H, D, offset);
+  const auto fwd = [&](const Vec& xx) { return ref::rope(xx, B, T, H, D, offset, theta); };
+  ref::expect_close(out, fwd(ref::to_double(x)), 1e-5, 1e-6, "out");
+  // Offset matters: position 0 would be the identity, position 11 is not.
+  std::vector<float> no_offset(x.size());
+  rope_forward(no_offset.data(), x.data(), table.data(), B, T, H, D, 0);
+  EXPECT_EQ(no_offset[3], x[3]);  // t = 0, angle 0
+  EXPECT_NE(out[3], x[3]);
+
+  // In place, as the model will call it.
+  std::vector<float> inplace = x;
+  rope_forward(inplace.data(), inplace.data(), table.data(), B, T, H, D, offset);
+  EXPECT_EQ(inplace, out);
+
+  const auto r = ref::to_double(ref::random_floats(x.size(), 31));
+  std::vector<float> dout(r.begin(), r.end()), dx(x.size());
+  rope_backward(dx.data(), dout.data(), table.data(), B, T, H, D, offset);
+  ref::expect_close(dx, ref::numeric_grad(fwd, ref::to_double(x), r), 1e-4, 1e-6, "dinp");
+}
+
+TEST(kernels_rope, RejectsOddHeadDim) {
+  std::vector<float> table(10 * 3);
+  EXPECT_THROW(rope_table(table.data(), 10, 3, 10000.0), UserError);
+}
+
+TEST(kernels_linear, ForwardAccumulateAndSplitBackward) {
+  const int N = 7, in = 13, out = 5;
+  auto x = ref::random_floats(N * in, 40);
+  auto w = ref::random_floats(out * in, 41);  // [out, in] as Hugging Face stores it
+  std::vector<float> y(N * out, 123.0f);      // overwritten in kWrite mode
+  linear_forward(y.data(), x.data(), w.data(), N, in, out);
+  const auto xd = ref::to_double(x), wd = ref::to_double(w);
+  const Vec yref = ref::linear(xd, wd, N, in, out);
+  ref::expect_close(y, yref, 1e-5, 1e-5, "y");
+
+  std::vector<float> resid(N * out, 1.0f);  // residual stream: +=
+  linear_forward(resid.data(), x.data(), w.data(), N, in, out, Out::kAccumulate);
+  Vec rexp = yref;
+  for (auto& v : rexp) v += 1.0;
+  ref::expect_close(resid, rexp, 1e-5, 1e-5, "residual");
+
+  const auto r = ref::to_double(ref::random_floats(N * out, 42));
+  std::vector<float> dy(r.begin(), r.end()), dx(N * in, 99.0f), dw(out * in, 0.25f);
+  linear_backward_input(dx.data(), dy.data(), w.data(), N, in, out);
+  linear_backward_weight(dw.data(), dy.data(), x.data(), N, in, out);
+  Vec gw = ref::numeric_grad([&](const Vec& ww) { return ref::linear(xd, ww, N, in, out); }, wd, r);
+  for (auto& g : gw) g += 0.25;
+  ref::expect_close(
+      dx, ref::numeric_grad([&](const Vec& xx) { return ref::linear(xx, wd, N, in, out); }, xd, r),
+      1e-4, 1e-5, "dx");
+  ref::expect_close(dw, gw, 1e-4, 1e-5, "dw");
+}
+
+TEST(kernels_swiglu, ForwardAndGradients) {
+  const int n = 97;
+  auto gate = ref::random_floats(n, 50, -6, 6), up = ref::random_floats(n, 51, -2, 2);
+  std::vector<float> h(n);
+  swiglu_forward(h.data(), gate.data(), up.data(), n);
+  const auto gd = ref::to_double(gate), ud = ref::to_double(up);
+  ref::expect_close(h, ref::swiglu(gd, ud), 1e-5, 1e-6, "h");
+
+  const auto r = ref::to_double(ref::random_floats(n, 52));
+  std::vector<float> dh(r.begin(), r.end()), dgate(n), dup(n);
+  swiglu_backward(dgate.data(), dup.data(), dh.data(), gate.data(), up.data(), n);
+  ref::expect_close(dgate,
+                    ref::numeric_grad([&](const Vec& g) { return ref::swiglu(g, ud); }, gd, r),
+                    1e-4, 1e-5, "dgate");
+  ref::expect_close(dup, ref::numeric_grad([&](const Vec& u) { return ref::swiglu(gd, u); }, ud, r),
+                    1e-4, 1e-5, "dup");
+}
+
+TEST(kernels_elementwise, AddScaleZero) {
+  std::vector<float> x = {1, 2, 3}, y = {10, 20, 30};
+  add_inplace(x.data(), y.data(), 3);
+  EXPECT_EQ(x, (std::vector<float>{11, 22, 33}));
+  scale(x.data(), 3, 0.5f);
+  EXPECT_EQ(x, (std::vector<float>{5.5f, 11, 16.5f}));
+  zero(x.data(), 2);
+  EXPECT_EQ(x, (std::vector<float>{0, 0, 16.5f}));
+}
+
+}  // namespace
+}  // namespace t3d::kernels

@@ -1,0 +1,183 @@
+// Cross-entropy (fused and vocab-parallel pieces), AdamW, gradient-norm pieces, bf16 conversion.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "kernels/check.h"
+#include "kernels/ops.h"
+#include "kernels/precision.h"
+#include "reference.h"
+
+namespace t3d::kernels {
+namespace {
+
+using ref::Vec;
+
+constexpr int kN = 5, kV = 11;
+const std::vector<std::int32_t> kTargets = {3, 0, kIgnoreIndex, 10, 7};
+
+// Tolerance: losses 1e-5 relative; gradients 1e-4 relative + 1e-6 absolute.
+TEST(kernels_cross_entropy, FusedLossAndGradient) {
+  auto logits = ref::random_floats(kN * kV, 70, -4, 4);
+  const Vec ld = ref::to_double(logits);
+  const float grad_scale = 1.0f / 4;  // 4 non-ignored targets: mean loss
+  std::vector<float> losses(kN, 99.0f);
+  cross_entropy_fused(logits.data(), losses.data(), kTargets.data(), kN, kV, grad_scale);
+  ref::expect_close(losses, ref::cross_entropy(ld, kTargets, kN, kV), 1e-5, 1e-6, "losses");
+  // dlogits = d(grad_scale * sum(losses)) / dlogits; the ignored row is all zeros.
+  const Vec r(kN, grad_scale);
+  ref::expect_close(
+      logits,
+      ref::numeric_grad([&](const Vec& x) { return ref::cross_entropy(x, kTargets, kN, kV); }, ld,
+                        r),
+      1e-4, 1e-6, "dlogits");
+}
+
+TEST(kernels_cross_entropy, StableForLargeLogits) {
+  std::vector<float> logits = {1000.0f, 0.0f, -1000.0f};
+  const std::int32_t t = 1;
+  float loss = 0;
+  cross_entropy_fused(logits.data(), &loss, &t, 1, 3, 1.0f);
+  EXPECT_FLOAT_EQ(loss, 1000.0f);
+  EXPECT_FLOAT_EQ(logits[0], 1.0f);
+  EXPECT_FLOAT_EQ(logits[1], -1.0f);
+  EXPECT_EQ(logits[2], 0.0f);
+}
+
+TEST(kernels_cross_entropy, OutOfRangeTargetIsUserError) {
+  std::vector<float> logits(4, 0.0f);
+  const std::int32_t t = 4;
+  float loss;
+  EXPECT_THROW(cross_entropy_fused(logits.data(), &loss, &t, 1, 4, 1.0f), UserError);
+}
+
+// Two "ranks" holding vocab columns [0, 6) and [6, 11): the pieces plus hand-made all-reduces
+// must give the fused result (loss on every rank, gradient columns on their owners).
+TEST(kernels_cross_entropy, VocabParallelPiecesComposeToFused) {
+  const auto logits = ref::random_floats(kN * kV, 71, -4, 4);
+  const float grad_scale = 0.25f;
+  std::vector<float> fused = logits, fused_loss(kN);
+  cross_entropy_fused(fused.data(), fused_loss.data(), kTargets.data(), kN, kV, grad_scale);
+
+  const int split = 6, widths[2] = {split, kV - split}, starts[2] = {0, split};
+  std::vector<float> shard[2];
+  for (int r = 0; r < 2; ++r)
+    for (int i = 0; i < kN; ++i)
+      shard[r].insert(shard[r].end(), logits.begin() + i * kV + starts[r],
+                      logits.begin() + i * kV + starts[r] + widths[r]);
+  std::vector<float> part[2] = {std::vector<float>(kN), std::vector<float>(kN)};
+  std::vector<float> row_max(kN), sum_exp(kN, 0.0f), target(kN, 0.0f);
+  for (int r = 0; r < 2; ++r) ce_local_max(part[r].data(), shard[r].data(), kN, widths[r]);
+  for (int i = 0; i < kN; ++i) row_max[i] = std::max(part[0][i], part[1][i]);  // all-reduce MAX
+  for (int r = 0; r < 2; ++r) {
+    ce_local_sum_exp(part[r].data(), shard[r].data(), row_max.data(), kN, widths[r]);
+    for (int i = 0; i < kN; ++i) sum_exp[i] += part[r][i];  // all-reduce SUM
+  }
+  for (int r = 0; r < 2; ++r) {
+    ce_local_target_logit(part[r].data(), shard[r].data(), kTargets.data(), kN, widths[r],
+                          starts[r]);
+    for (int i = 0; i < kN; ++i) target[i] += part[r][i];  // all-reduce SUM
+  }
+  for (int r = 0; r < 2; ++r) {
+    std::vector<float> loss(kN);
+    ce_loss_and_grad(shard[r].data(), loss.data(), kTargets.data(), row_max.data(),
+                     sum_exp.data(), target.data(), kN, widths[r], starts[r], grad_scale);
+    ref::expect_close(loss, Vec(fused_loss.begin(), fused_loss.end()), 1e-6, 1e-6, "loss");
+    for (int i = 0; i < kN; ++i)
+      for (int j = 0; j < widths[r]; ++j)
+        EXPECT_NEAR(shard[r][i * widths[r] + j], fused[i * kV + starts[r] + j], 1e-7)
+            << "rank " << r << " row " << i << " col " << j;
+  }
+}
+
+// AdamW against the formula written out by hand in double, several steps, with weight decay.
+TEST(kernels_adamw, MatchesHandDerivedStepsWithDecoupledDecay) {
+  const int n = 37, steps = 5;
+  AdamWConfig cfg{1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f};
+  auto p = ref::random_floats(n, 80);
+  std::vector<float> m(n, 0.0f), v(n, 0.0f);
+  Vec pe = ref::to_double(p), me(n, 0.0), ve(n, 0.0);
+  for (int t = 1; t <= steps; ++t) {
+    const auto g = ref::random_floats(n, 81 + t);
+    adamw_step(p.data(), g.data(), m.data(), v.data(), n, cfg, t);
+    for (int i = 0; i < n; ++i) {
+      pe[i] *= 1.0 - 1e-2 * 0.1;  // decoupled decay, applied before the update (as torch)
+      me[i] = 0.9 * me[i] + 0.1 * g[i];
+      ve[i] = 0.95 * ve[i] + 0.05 * (double)g[i] * g[i];
+      const double mhat = me[i] / (1 - std::pow(0.9, t)), vhat = ve[i] / (1 - std::pow(0.95, t));
+      pe[i] -= 1e-2 * mhat / (std::sqrt(vhat) + 1e-8);
+    }
+    ref::expect_close(p, pe, 1e-5, 1e-6, "params");
+    ref::expect_close(m, me, 1e-5, 1e-7, "m");
+    ref::expect_close(v, ve, 1e-5, 1e-8, "v");
+  }
+}
+
+TEST(kernels_adamw, FirstStepMovesEachParameterByLrAgainstTheGradientSign) {
+  // Bias correction makes step 1 exactly p -= lr * g / (|g| + eps): a classic sanity check.
+  std::vector<float> p = {1.0f, 1.0f, 1.0f}, g = {0.5f, -2.0f, 1e-3f}, m(3, 0), v(3, 0);
+  adamw_step(p.data(), g.data(), m.data(), v.data(), 3, {0.1f, 0.9f, 0.999f, 1e-8f, 0.0f}, 1);
+  EXPECT_NEAR(p[0], 0.9f, 1e-6);
+  EXPECT_NEAR(p[1], 1.1f, 1e-6);
+  EXPECT_NEAR(p[2], 0.9f, 1e-5);
+  EXPECT_THROW(adamw_step(p.data(), g.data(), m.data(), v.data(), 3, {}, 0), InternalError);
+}
+
+TEST(kernels_grad_clip, SumOfSquaresAndScale) {
+  const int n = 1003;  // not a multiple of the 4-way unrolling
+  auto g = ref::random_floats(n, 90);
+  double expected = 0;
+  for (float x : g) expected += (double)x * x;
+  EXPECT_NEAR(sum_of_squares(g.data(), n), expected, 1e-12 * expected);
+  // Partial sums over two ranges add up (what an all-reduce of per-rank partials relies on).
+  EXPECT_NEAR(sum_of_squares(g.data(), 500) + sum_of_squares(g.data() + 500, n - 500), expected,
+              1e-12 * expected);
+  const double norm = std::sqrt(expected), max_norm = 1.0;
+  scale(g.data(), n, static_cast<float>(max_norm / norm));
+  EXPECT_NEAR(std::sqrt(sum_of_squares(g.data(), n)), max_norm, 1e-6);
+}
+
+std::uint32_t bits(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+}
+float from_bits(std::uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+TEST(kernels_bf16, RoundsToNearestEven) {
+  EXPECT_EQ(float_to_bf16(1.0f), 0x3F80);
+  EXPECT_EQ(float_to_bf16(from_bits(0x3F808000)), 0x3F80);  // tie, even below
+  EXPECT_EQ(float_to_bf16(from_bits(0x3F818000)), 0x3F82);  // tie, even above
+  EXPECT_EQ(float_to_bf16(from_bits(0x3F808001)), 0x3F81);  // just above the tie
+  EXPECT_EQ(float_to_bf16(from_bits(0x3F807FFF)), 0x3F80);  // just below
+  EXPECT_EQ(float_to_bf16(-2.0f), 0xC000);
+  EXPECT_EQ(float_to_bf16(std::numeric_limits<float>::infinity()), 0x7F80);
+  EXPECT_EQ(float_to_bf16(std::numeric_limits<float>::max()), 0x7F80);  // overflows to inf
+  const bf16 nan = float_to_bf16(from_bits(0x7FFFFFFF));  // would round into inf without care
+  EXPECT_TRUE(std::isnan(bf16_to_float(nan)));
+  EXPECT_TRUE(std::isnan(bf16_to_float(float_to_bf16(from_bits(0x7F800001)))));  // sNaN payload
+}
+
+TEST(kernels_bf16, ArrayConversionRoundTripsAndIsWithinHalfUlp) {
+  const auto x = ref::random_floats(257, 95, -100, 100);
+  std::vector<bf16> h(x.size());
+  std::vector<float> back(x.size());
+  float_to_bf16(h.data(), x.data(), (std::int64_t)x.size());
+  bf16_to_float(back.data(), h.data(), (std::int64_t)x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    // bf16 keeps 8 significant bits: rounding error <= half an ulp <= 2^-8 relative.
+    EXPECT_LE(std::abs(back[i] - x[i]), std::abs(x[i]) * (1.0f / 256)) << i;
+    EXPECT_EQ(float_to_bf16(back[i]), h[i]) << i;  // bf16 values convert exactly
+    EXPECT_EQ(bits(back[i]) & 0xFFFF, 0u);
+  }
+}
+
+}  // namespace
+}  // namespace t3d::kernels
