@@ -11,10 +11,14 @@ namespace t3d::parallel {
 
 std::string to_string(Op op) {
   switch (op) {
-    case Op::kF: return "F";
-    case Op::kB: return "B";
-    case Op::kW: return "W";
-    case Op::kBW: return "BW";
+    case Op::kF:
+      return "F";
+    case Op::kB:
+      return "B";
+    case Op::kW:
+      return "W";
+    case Op::kBW:
+      return "BW";
   }
   return "?";
 }
@@ -28,16 +32,21 @@ ScheduleKind parse_schedule_kind(std::string_view text, std::string_view key) {
   if (text == "1f1b") return ScheduleKind::k1F1B;
   if (text == "interleaved" || text == "interleaved-1f1b") return ScheduleKind::kInterleaved1F1B;
   if (text == "zb-h1" || text == "zbh1") return ScheduleKind::kZBH1;
-  throw UserError(detail::concat(key, " = '", text, "' is not a pipeline schedule; use one of "
+  throw UserError(detail::concat(key, " = '", text,
+                                 "' is not a pipeline schedule; use one of "
                                  "gpipe, 1f1b, interleaved, zb-h1"));
 }
 
 std::string_view to_string(ScheduleKind kind) {
   switch (kind) {
-    case ScheduleKind::kGPipe: return "gpipe";
-    case ScheduleKind::k1F1B: return "1f1b";
-    case ScheduleKind::kInterleaved1F1B: return "interleaved";
-    case ScheduleKind::kZBH1: return "zb-h1";
+    case ScheduleKind::kGPipe:
+      return "gpipe";
+    case ScheduleKind::k1F1B:
+      return "1f1b";
+    case ScheduleKind::kInterleaved1F1B:
+      return "interleaved";
+    case ScheduleKind::kZBH1:
+      return "zb-h1";
   }
   return "?";
 }
@@ -156,14 +165,18 @@ Schedule make_zb_h1(int pp, int n_micro) {
 }
 
 Schedule make_schedule(ScheduleKind kind, int pp, int n_micro, int v) {
-  T3D_USER_CHECK(v == 1 || kind == ScheduleKind::kInterleaved1F1B,
-                 "parallel.virtual_stages = ", v, " needs the interleaved schedule; the ",
-                 to_string(kind), " schedule has one chunk per stage (set it to 1)");
+  T3D_USER_CHECK(v == 1 || kind == ScheduleKind::kInterleaved1F1B, "parallel.virtual_stages = ", v,
+                 " needs the interleaved schedule; the ", to_string(kind),
+                 " schedule has one chunk per stage (set it to 1)");
   switch (kind) {
-    case ScheduleKind::kGPipe: return make_gpipe(pp, n_micro);
-    case ScheduleKind::k1F1B: return make_1f1b(pp, n_micro);
-    case ScheduleKind::kInterleaved1F1B: return make_interleaved_1f1b(pp, n_micro, v);
-    case ScheduleKind::kZBH1: return make_zb_h1(pp, n_micro);
+    case ScheduleKind::kGPipe:
+      return make_gpipe(pp, n_micro);
+    case ScheduleKind::k1F1B:
+      return make_1f1b(pp, n_micro);
+    case ScheduleKind::kInterleaved1F1B:
+      return make_interleaved_1f1b(pp, n_micro, v);
+    case ScheduleKind::kZBH1:
+      return make_zb_h1(pp, n_micro);
   }
   T3D_ASSERT(false, "unknown schedule kind");
 }
@@ -182,11 +195,14 @@ std::vector<int> peak_in_flight(const Schedule& s) {
 
 int promised_in_flight(const Schedule& s, int stage) {
   switch (s.kind) {
-    case ScheduleKind::kGPipe: return s.n_micro;
-    case ScheduleKind::k1F1B: return std::min(s.pp - stage, s.n_micro);
+    case ScheduleKind::kGPipe:
+      return s.n_micro;
+    case ScheduleKind::k1F1B:
+      return std::min(s.pp - stage, s.n_micro);
     case ScheduleKind::kInterleaved1F1B:
       return std::min(s.v * s.n_micro, 2 * (s.pp - stage - 1) + (s.v - 1) * s.pp + 1);
-    case ScheduleKind::kZBH1: return std::min(s.pp, s.n_micro);
+    case ScheduleKind::kZBH1:
+      return std::min(s.pp, s.n_micro);
   }
   T3D_ASSERT(false, "unknown schedule kind");
 }

@@ -54,9 +54,9 @@ struct Schedule {
   ScheduleKind kind = ScheduleKind::k1F1B;
   int pp = 1;
   int n_micro = 1;
-  int v = 1;                                // chunks per stage
-  std::vector<int> chunk_stage;             // chunk k -> stage holding it, size pp * v
-  std::vector<std::vector<Action>> ranks;   // ranks[stage]: actions in execution order
+  int v = 1;                               // chunks per stage
+  std::vector<int> chunk_stage;            // chunk k -> stage holding it, size pp * v
+  std::vector<std::vector<Action>> ranks;  // ranks[stage]: actions in execution order
 
   int num_chunks() const { return pp * v; }
 };

@@ -15,10 +15,14 @@ namespace {
 
 double duration(const Action& a, const Costs& c, int v) {
   switch (a.op) {
-    case Op::kF: return c.f / v;
-    case Op::kB: return c.b / v;
-    case Op::kW: return c.w / v;
-    case Op::kBW: return (c.b + c.w) / v;
+    case Op::kF:
+      return c.f / v;
+    case Op::kB:
+      return c.b / v;
+    case Op::kW:
+      return c.w / v;
+    case Op::kBW:
+      return (c.b + c.w) / v;
   }
   return 0.0;
 }
@@ -40,7 +44,7 @@ struct Progress {
 struct Dep {
   const char* what;  // for stall reports
   int mb, chunk;
-  double end;        // kNotDone while missing
+  double end;  // kNotDone while missing
 };
 
 // The (at most two) inputs of an action.
@@ -119,8 +123,8 @@ std::string simulate_or_stall(const Schedule& s, const Costs& costs, Timeline* o
                             to_string(a), " (action ", next[r], ")");
     for (int i = 0; i < n; ++i) {
       if (deps[i].end == kNotDone)
-        stall += detail::concat(" waiting for ", deps[i].what, "(", deps[i].mb, ",",
-                                deps[i].chunk, ") on rank ", s.chunk_stage[deps[i].chunk]);
+        stall += detail::concat(" waiting for ", deps[i].what, "(", deps[i].mb, ",", deps[i].chunk,
+                                ") on rank ", s.chunk_stage[deps[i].chunk]);
     }
   }
   if (!stall.empty()) return stall;
@@ -134,8 +138,8 @@ std::string simulate_or_stall(const Schedule& s, const Costs& costs, Timeline* o
 Timeline simulate(const Schedule& s, const Costs& costs) {
   Timeline t;
   const std::string stall = simulate_or_stall(s, costs, &t);
-  T3D_ASSERT(stall.empty(), to_string(s.kind), " schedule pp=", s.pp, " m=", s.n_micro,
-             " v=", s.v, ": ", stall);
+  T3D_ASSERT(stall.empty(), to_string(s.kind), " schedule pp=", s.pp, " m=", s.n_micro, " v=", s.v,
+             ": ", stall);
   return t;
 }
 
@@ -145,8 +149,10 @@ std::optional<double> textbook_bubble_fraction(ScheduleKind kind, int pp, int n_
   const double p = pp, m = n_micro;
   switch (kind) {
     case ScheduleKind::kGPipe:
-    case ScheduleKind::k1F1B: return (p - 1) / (m + p - 1);
-    case ScheduleKind::kInterleaved1F1B: return (p - 1) / (v * m + p - 1);
+    case ScheduleKind::k1F1B:
+      return (p - 1) / (m + p - 1);
+    case ScheduleKind::kInterleaved1F1B:
+      return (p - 1) / (v * m + p - 1);
     case ScheduleKind::kZBH1: {
       // Steady state needs as many micro-batches as stages.
       if (c.w > c.f + c.b || n_micro < pp) return std::nullopt;
@@ -186,8 +192,8 @@ std::string format_summary(const ScheduleSummary& s) {
   };
   std::string out = detail::concat(
       "schedule        ", to_string(s.kind), " (pp=", s.pp, ", micro-batches=", s.n_micro,
-      ", chunks/stage=", s.v, ", ", s.actions, " actions)\n", "costs per stage t_F=",
-      fmt(s.costs.f), " t_B=", fmt(s.costs.b), " t_W=", fmt(s.costs.w),
+      ", chunks/stage=", s.v, ", ", s.actions, " actions)\n",
+      "costs per stage t_F=", fmt(s.costs.f), " t_B=", fmt(s.costs.b), " t_W=", fmt(s.costs.w),
       " t_comm=", fmt(s.costs.comm), "\n", "makespan        ", fmt(s.makespan), "\n",
       "bubble          ", pct(s.bubble_fraction));
   if (s.textbook_bubble) out += detail::concat(" (formula ", pct(*s.textbook_bubble), ")");
@@ -223,7 +229,8 @@ std::string render_text(const Timeline& t, double cell) {
     std::snprintf(label, sizeof(label), "rank %2zu |", r);
     out += label + row + "|\n";
   }
-  out += detail::concat("one column = ", cell, " time units; F forward, B backward (BW = B+W "
+  out += detail::concat("one column = ", cell,
+                        " time units; F forward, B backward (BW = B+W "
                         "fused, twice as long), W weight-grad; digit = micro-batch mod 10; lower "
                         "case = odd chunk round; . idle\n");
   return out;
@@ -235,8 +242,8 @@ void write_svg(const Timeline& t, const std::filesystem::path& path) {
   std::ofstream out(path);
   T3D_USER_CHECK(out.good(), "cannot write the schedule picture '", path.string(),
                  "'; check that the directory exists and is writable");
-  out << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\""
-      << height << "\" font-family=\"monospace\" font-size=\"12\">\n";
+  out << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
+      << "\" font-family=\"monospace\" font-size=\"12\">\n";
   char title[160];
   std::snprintf(title, sizeof(title), "%s  pp=%d  m=%d  v=%d  makespan %g  bubble %.1f%%",
                 std::string(to_string(t.kind)).c_str(), t.pp, t.n_micro, t.v, t.makespan,
@@ -250,17 +257,18 @@ void write_svg(const Timeline& t, const std::filesystem::path& path) {
     for (const TimedAction& ta : t.ranks[r]) {
       const Action& a = ta.action;
       // Colours by kind; odd chunk rounds drawn lighter.
-      const char* fill = a.op == Op::kF ? "#4e79a7" : a.op == Op::kB ? "#59a14f"
-                         : a.op == Op::kW ? "#edc948" : "#76b7b2";
+      const char* fill = a.op == Op::kF   ? "#4e79a7"
+                         : a.op == Op::kB ? "#59a14f"
+                         : a.op == Op::kW ? "#edc948"
+                                          : "#76b7b2";
       const double opacity = (a.chunk / t.pp) % 2 ? 0.6 : 1.0;
       const double x = kLeft + ta.start * kScale, w = (ta.end - ta.start) * kScale;
-      out << "<rect x=\"" << x << "\" y=\"" << y << "\" width=\"" << w << "\" height=\""
-          << kRow - 4 << "\" fill=\"" << fill << "\" fill-opacity=\"" << opacity
+      out << "<rect x=\"" << x << "\" y=\"" << y << "\" width=\"" << w << "\" height=\"" << kRow - 4
+          << "\" fill=\"" << fill << "\" fill-opacity=\"" << opacity
           << "\" stroke=\"white\"><title>" << to_string(a) << " [" << ta.start << ", " << ta.end
           << ")</title></rect>\n";
       out << "<text x=\"" << x + w / 2 << "\" y=\"" << y + 15
-          << "\" text-anchor=\"middle\" fill=\"black\">" << to_string(a.op) << a.mb
-          << "</text>\n";
+          << "\" text-anchor=\"middle\" fill=\"black\">" << to_string(a.op) << a.mb << "</text>\n";
     }
   }
   out << "</svg>\n";

@@ -13,7 +13,8 @@
 namespace t3d::runtime {
 
 // Both layouts are little-endian on disk; reading them raw is only right on such a host.
-static_assert(std::endian::native == std::endian::little, "token files assume a little-endian host");
+static_assert(std::endian::native == std::endian::little,
+              "token files assume a little-endian host");
 
 namespace {
 
@@ -61,7 +62,8 @@ TokenStream read_token_file(const std::filesystem::path& path, int vocab_size) {
                    count, " tokens (", expected, " bytes) but the file has ", size,
                    " bytes; regenerate it");
     T3D_USER_CHECK(size == expected, "token file '", name, "' has ", size - expected,
-                   " bytes after the ", count, " tokens its header announces; the file is "
+                   " bytes after the ", count,
+                   " tokens its header announces; the file is "
                    "corrupt or not in the llm.c layout");
   } else {
     // Headerless nanoGPT layout: nothing to check but whole uint16s.
@@ -76,10 +78,11 @@ TokenStream read_token_file(const std::filesystem::path& path, int vocab_size) {
   std::memcpy(out.tokens.data(), bytes.data() + offset, static_cast<size_t>(count) * 2);
   if (vocab_size > 0) {
     for (int64_t i = 0; i < count; ++i) {
-      T3D_USER_CHECK(out.tokens[i] < vocab_size, "token file '", name, "': token ",
-                     out.tokens[i], " at position ", i, " is >= vocab_size ", vocab_size,
+      T3D_USER_CHECK(out.tokens[i] < vocab_size, "token file '", name, "': token ", out.tokens[i],
+                     " at position ", i, " is >= vocab_size ", vocab_size,
                      "; the file was made with a larger vocabulary, set model.vocab_size to at "
-                     "least ", out.tokens[i] + 1, " or re-tokenize");
+                     "least ",
+                     out.tokens[i] + 1, " or re-tokenize");
     }
   }
   return out;
@@ -110,9 +113,10 @@ TokenStream read_text_file(const std::filesystem::path& path) {
 
 TokenStream load_corpus(const std::filesystem::path& path, int vocab_size) {
   if (path.extension() == ".txt") {
-    T3D_USER_CHECK(vocab_size <= 0 || vocab_size >= ByteTokenizer::kVocabSize, "'",
-                   path.string(), "' is text, read with the byte tokenizer (256 tokens), but "
-                   "model.vocab_size is ", vocab_size, "; set it to at least 256");
+    T3D_USER_CHECK(vocab_size <= 0 || vocab_size >= ByteTokenizer::kVocabSize, "'", path.string(),
+                   "' is text, read with the byte tokenizer (256 tokens), but "
+                   "model.vocab_size is ",
+                   vocab_size, "; set it to at least 256");
     return read_text_file(path);
   }
   return read_token_file(path, vocab_size);
@@ -125,7 +129,8 @@ TrainValSplit split_train_val(const TokenStream& all, double val_fraction, int64
   const int64_t n_val = std::max<int64_t>(min_tokens, static_cast<int64_t>(val_fraction * n));
   T3D_USER_CHECK(n_val < n && n - n_val >= min_tokens, "'", all.source, "' has ", n,
                  " tokens, too few to hold out ", n_val, " for validation and keep at least ",
-                 min_tokens, " for training; use a larger corpus or a smaller data.val_fraction "
+                 min_tokens,
+                 " for training; use a larger corpus or a smaller data.val_fraction "
                  "/ sequence length");
   const auto cut = all.tokens.begin() + (n - n_val);
   return {TokenStream{all.source + " [train]", {all.tokens.begin(), cut}},

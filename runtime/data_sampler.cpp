@@ -7,7 +7,8 @@ namespace t3d::runtime {
 SampleMode parse_sample_mode(std::string_view text, std::string_view key) {
   if (text == "random") return SampleMode::kRandom;
   if (text == "sequential") return SampleMode::kSequential;
-  throw UserError(detail::concat(key, " = '", text, "' is not a sampler; use 'random' or "
+  throw UserError(detail::concat(key, " = '", text,
+                                 "' is not a sampler; use 'random' or "
                                  "'sequential'"));
 }
 
@@ -44,9 +45,9 @@ Sampler::Sampler(std::span<const uint16_t> tokens, std::string source, SamplerCo
 int64_t Sampler::rows_per_micro(int dp_size, int n_micro) const {
   T3D_ASSERT(dp_size > 0 && n_micro > 0);
   const int64_t parts = int64_t{dp_size} * n_micro;
-  T3D_USER_CHECK(config_.global_batch % parts == 0, "training.global_batch = ",
-                 config_.global_batch, " does not split into dp (", dp_size,
-                 ") x micro-batches (", n_micro, ") = ", parts,
+  T3D_USER_CHECK(config_.global_batch % parts == 0,
+                 "training.global_batch = ", config_.global_batch, " does not split into dp (",
+                 dp_size, ") x micro-batches (", n_micro, ") = ", parts,
                  " equal parts; make global_batch a multiple of ", parts);
   return config_.global_batch / parts;
 }
@@ -68,8 +69,8 @@ int64_t Sampler::row_offset(int64_t step, int64_t row) const {
 
 Batch Sampler::sample(int64_t step, int dp_rank, int dp_size, int micro, int n_micro,
                       std::span<int32_t> tokens_buf, std::span<int32_t> targets_buf) const {
-  T3D_ASSERT(dp_rank >= 0 && dp_rank < dp_size && micro >= 0 && micro < n_micro,
-             "dp_rank ", dp_rank, "/", dp_size, " micro ", micro, "/", n_micro);
+  T3D_ASSERT(dp_rank >= 0 && dp_rank < dp_size && micro >= 0 && micro < n_micro, "dp_rank ",
+             dp_rank, "/", dp_size, " micro ", micro, "/", n_micro);
   const int64_t rows = rows_per_micro(dp_size, n_micro);
   const int64_t t = config_.seq_len;
   T3D_ASSERT(static_cast<int64_t>(tokens_buf.size()) >= rows * t &&

@@ -17,7 +17,8 @@ std::string decode_impl(std::span<const T> tokens) {
   for (size_t i = 0; i < tokens.size(); ++i) {
     const auto t = static_cast<int64_t>(tokens[i]);
     T3D_USER_CHECK(t >= 0 && t < ByteTokenizer::kVocabSize, "byte tokenizer: token ", t,
-                   " at position ", i, " is outside [0, 256); the ids come from another vocabulary");
+                   " at position ", i,
+                   " is outside [0, 256); the ids come from another vocabulary");
     out[i] = static_cast<char>(static_cast<unsigned char>(t));
   }
   return out;

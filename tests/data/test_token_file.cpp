@@ -1,13 +1,13 @@
 // Token files, text, the byte tokenizer, the train/val split and the entropy helper.
 // Suite names start with `data_` so `ctest -R data` selects them.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <numeric>
-#include <unistd.h>
 
 #include "kernels/check.h"
 #include "runtime/data.h"
@@ -23,8 +23,8 @@ class data_TokenFile : public ::testing::Test {
  protected:
   void SetUp() override {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() / (std::string("t3d_data_") + info->name() + "_" +
-                                        std::to_string(::getpid()));
+    dir_ = fs::temp_directory_path() /
+           (std::string("t3d_data_") + info->name() + "_" + std::to_string(::getpid()));
     fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }

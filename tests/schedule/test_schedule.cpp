@@ -110,8 +110,8 @@ TEST(schedule_Generators, ParseKind) {
   EXPECT_EQ(parse_schedule_kind("interleaved"), ScheduleKind::kInterleaved1F1B);
   EXPECT_EQ(parse_schedule_kind("zb-h1"), ScheduleKind::kZBH1);
   EXPECT_THROW(parse_schedule_kind("zb-v"), UserError);
-  for (ScheduleKind k : {ScheduleKind::kGPipe, ScheduleKind::k1F1B,
-                         ScheduleKind::kInterleaved1F1B, ScheduleKind::kZBH1})
+  for (ScheduleKind k : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved1F1B,
+                         ScheduleKind::kZBH1})
     EXPECT_EQ(parse_schedule_kind(to_string(k)), k);
 }
 

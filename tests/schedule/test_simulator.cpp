@@ -81,7 +81,8 @@ TEST(schedule_Simulate, CommDelaysOnlyCrossRankEdges) {
   // pp = 1: everything is local, comm never counts.
   EXPECT_DOUBLE_EQ(simulate(make_1f1b(1, 4), Costs{1, 1, 1, 5}).makespan, 12.0);
   // GPipe pp = 2, m = 1: F0 | comm | F1, BW1 | comm | BW0.
-  EXPECT_DOUBLE_EQ(simulate(make_gpipe(2, 1), Costs{1, 1, 1, 0.5}).makespan, 1 + 0.5 + 1 + 2 + 0.5 + 2);
+  EXPECT_DOUBLE_EQ(simulate(make_gpipe(2, 1), Costs{1, 1, 1, 0.5}).makespan,
+                   1 + 0.5 + 1 + 2 + 0.5 + 2);
   EXPECT_FALSE(textbook_bubble_fraction(ScheduleKind::k1F1B, 2, 2, 1, Costs{1, 1, 1, 0.5}));
 }
 
