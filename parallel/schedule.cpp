@@ -1,0 +1,253 @@
+#include "parallel/schedule.h"
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include "kernels/check.h"
+#include "parallel/simulator.h"
+
+namespace t3d::parallel {
+
+std::string to_string(Op op) {
+  switch (op) {
+    case Op::kF:
+      return "F";
+    case Op::kB:
+      return "B";
+    case Op::kW:
+      return "W";
+    case Op::kBW:
+      return "BW";
+  }
+  return "?";
+}
+
+std::string to_string(const Action& a) {
+  return detail::concat(to_string(a.op), "(", a.mb, ",", a.chunk, ")");
+}
+
+ScheduleKind parse_schedule_kind(std::string_view text, std::string_view key) {
+  if (text == "gpipe") return ScheduleKind::kGPipe;
+  if (text == "1f1b") return ScheduleKind::k1F1B;
+  if (text == "interleaved" || text == "interleaved-1f1b") return ScheduleKind::kInterleaved1F1B;
+  if (text == "zb-h1" || text == "zbh1") return ScheduleKind::kZBH1;
+  throw UserError(detail::concat(key, " = '", text,
+                                 "' is not a pipeline schedule; use one of "
+                                 "gpipe, 1f1b, interleaved, zb-h1"));
+}
+
+std::string_view to_string(ScheduleKind kind) {
+  switch (kind) {
+    case ScheduleKind::kGPipe:
+      return "gpipe";
+    case ScheduleKind::k1F1B:
+      return "1f1b";
+    case ScheduleKind::kInterleaved1F1B:
+      return "interleaved";
+    case ScheduleKind::kZBH1:
+      return "zb-h1";
+  }
+  return "?";
+}
+
+namespace {
+
+Schedule empty_schedule(ScheduleKind kind, int pp, int n_micro, int v) {
+  T3D_USER_CHECK(pp >= 1, "parallel.pp = ", pp, " must be >= 1");
+  T3D_USER_CHECK(n_micro >= 1, "training.micro_batches = ", n_micro, " must be >= 1");
+  T3D_USER_CHECK(v >= 1, "parallel.virtual_stages = ", v, " must be >= 1");
+  Schedule s;
+  s.kind = kind;
+  s.pp = pp;
+  s.n_micro = n_micro;
+  s.v = v;
+  s.chunk_stage.resize(static_cast<size_t>(pp * v));
+  for (int k = 0; k < pp * v; ++k) s.chunk_stage[k] = k % pp;
+  s.ranks.resize(static_cast<size_t>(pp));
+  return s;
+}
+
+Action F(int mb, int k) { return {Op::kF, mb, k}; }
+Action B(int mb, int k) { return {Op::kB, mb, k}; }
+Action W(int mb, int k) { return {Op::kW, mb, k}; }
+Action BW(int mb, int k) { return {Op::kBW, mb, k}; }
+
+}  // namespace
+
+Schedule make_gpipe(int pp, int n_micro) {
+  Schedule s = empty_schedule(ScheduleKind::kGPipe, pp, n_micro, 1);
+  for (int st = 0; st < pp; ++st) {
+    auto& r = s.ranks[st];
+    for (int mb = 0; mb < n_micro; ++mb) r.push_back(F(mb, st));
+    for (int mb = 0; mb < n_micro; ++mb) r.push_back(BW(mb, st));
+  }
+  return s;
+}
+
+// Megatron's non-interleaved schedule: warm-up, steady one-forward-one-backward, cool-down.
+Schedule make_1f1b(int pp, int n_micro) {
+  Schedule s = empty_schedule(ScheduleKind::k1F1B, pp, n_micro, 1);
+  for (int st = 0; st < pp; ++st) {
+    auto& r = s.ranks[st];
+    // Enough forwards in flight that the first backward arrives just as the last one ends.
+    const int warmup = std::min(pp - st - 1, n_micro);
+    for (int mb = 0; mb < warmup; ++mb) r.push_back(F(mb, st));
+    for (int i = 0; i < n_micro - warmup; ++i) {
+      r.push_back(F(warmup + i, st));
+      r.push_back(BW(i, st));
+    }
+    for (int mb = n_micro - warmup; mb < n_micro; ++mb) r.push_back(BW(mb, st));
+  }
+  return s;
+}
+
+// Megatron's interleaved schedule. Forward "virtual micro-steps" walk groups of pp micro-batches
+// through the local chunks in order (chunk 0 for mb 0..pp-1, then chunk 1 for the same mbs, ...);
+// backward steps walk them in reverse chunk order. Warm-up is longer than 1F1B's so that the
+// first backward of the last chunk finds its input ready.
+Schedule make_interleaved_1f1b(int pp, int n_micro, int v) {
+  Schedule s = empty_schedule(ScheduleKind::kInterleaved1F1B, pp, n_micro, v);
+  T3D_USER_CHECK(n_micro % pp == 0, "interleaved 1F1B needs training.micro_batches (", n_micro,
+                 ") to be a multiple of parallel.pp (", pp, "), as in Megatron; use ",
+                 (n_micro / pp + 1) * pp, " micro-batches or the 1f1b schedule");
+  const int total = n_micro * v;  // (mb, local chunk) steps per rank
+  const int group = pp * v;
+  for (int st = 0; st < pp; ++st) {
+    auto& r = s.ranks[st];
+    // Micro-step i -> (micro-batch, local chunk); local chunk j on this stage is global j*pp+st.
+    auto mb_of = [&](int i) { return (i / group) * pp + i % pp; };
+    auto fwd = [&](int i) { return F(mb_of(i), ((i % group) / pp) * pp + st); };
+    auto bwd = [&](int i) { return BW(mb_of(i), (v - 1 - (i % group) / pp) * pp + st); };
+    const int warmup = std::min(total, 2 * (pp - st - 1) + (v - 1) * pp);
+    for (int i = 0; i < warmup; ++i) r.push_back(fwd(i));
+    for (int i = 0; i < total - warmup; ++i) {
+      r.push_back(fwd(warmup + i));
+      r.push_back(bwd(i));
+    }
+    for (int i = total - warmup; i < total; ++i) r.push_back(bwd(i));
+  }
+  return s;
+}
+
+// ZB-H1 (Qi et al. 2023, "Zero Bubble Pipeline Parallelism", handcrafted schedule 1).
+// 1F1B's order with the backward split: B (input gradient) stays where 1F1B has its backward,
+// so gradients travel upstream as early as possible, and W (weight gradient) is deferred while
+// memory allows. Memory: under 1F1B stage s holds at most pp - s micro-batches, so the pipeline
+// already pays for pp on stage 0; ZB-H1 lets every stage hold up to pp (a micro-batch is held
+// from F until its W), which lets stage s defer s W's. The deferred W's run in the cool-down,
+// filling the bubbles there, one after each B and the rest at the end.
+Schedule make_zb_h1(int pp, int n_micro) {
+  Schedule s = empty_schedule(ScheduleKind::kZBH1, pp, n_micro, 1);
+  const int limit = std::min(pp, n_micro);
+  for (int st = 0; st < pp; ++st) {
+    auto& r = s.ranks[st];
+    int next_f = 0, next_b = 0, next_w = 0;
+    auto held = [&] { return next_f - next_w; };
+    auto forward = [&] {
+      if (held() == limit) r.push_back(W(next_w++, st));  // make room first
+      r.push_back(F(next_f++, st));
+    };
+    const int warmup = std::min(pp - st - 1, n_micro);
+    for (int i = 0; i < warmup; ++i) forward();
+    while (next_f < n_micro) {
+      forward();
+      r.push_back(B(next_b++, st));
+    }
+    while (next_b < n_micro) {
+      // Cool-down: each B waits for the gradient from downstream; one W fills that wait.
+      if (next_w < next_b) r.push_back(W(next_w++, st));
+      r.push_back(B(next_b++, st));
+    }
+    while (next_w < n_micro) r.push_back(W(next_w++, st));
+  }
+  return s;
+}
+
+Schedule make_schedule(ScheduleKind kind, int pp, int n_micro, int v) {
+  T3D_USER_CHECK(v == 1 || kind == ScheduleKind::kInterleaved1F1B, "parallel.virtual_stages = ", v,
+                 " needs the interleaved schedule; the ", to_string(kind),
+                 " schedule has one chunk per stage (set it to 1)");
+  switch (kind) {
+    case ScheduleKind::kGPipe:
+      return make_gpipe(pp, n_micro);
+    case ScheduleKind::k1F1B:
+      return make_1f1b(pp, n_micro);
+    case ScheduleKind::kInterleaved1F1B:
+      return make_interleaved_1f1b(pp, n_micro, v);
+    case ScheduleKind::kZBH1:
+      return make_zb_h1(pp, n_micro);
+  }
+  T3D_ASSERT(false, "unknown schedule kind");
+}
+
+std::vector<int> peak_in_flight(const Schedule& s) {
+  std::vector<int> peak(s.ranks.size(), 0);
+  for (size_t st = 0; st < s.ranks.size(); ++st) {
+    int held = 0;
+    for (const Action& a : s.ranks[st]) {
+      if (a.op == Op::kF) peak[st] = std::max(peak[st], ++held);
+      if (a.op == Op::kBW || a.op == Op::kW) --held;
+    }
+  }
+  return peak;
+}
+
+int promised_in_flight(const Schedule& s, int stage) {
+  switch (s.kind) {
+    case ScheduleKind::kGPipe:
+      return s.n_micro;
+    case ScheduleKind::k1F1B:
+      return std::min(s.pp - stage, s.n_micro);
+    case ScheduleKind::kInterleaved1F1B:
+      return std::min(s.v * s.n_micro, 2 * (s.pp - stage - 1) + (s.v - 1) * s.pp + 1);
+    case ScheduleKind::kZBH1:
+      return std::min(s.pp, s.n_micro);
+  }
+  T3D_ASSERT(false, "unknown schedule kind");
+}
+
+std::vector<std::string> validate(const Schedule& s) {
+  std::vector<std::string> problems;
+  const int K = s.num_chunks();
+  if (static_cast<int>(s.chunk_stage.size()) != K || static_cast<int>(s.ranks.size()) != s.pp) {
+    problems.push_back(detail::concat("shape: ", s.chunk_stage.size(), " chunk placements and ",
+                                      s.ranks.size(), " rank lists for pp=", s.pp, " v=", s.v));
+    return problems;
+  }
+  // Count each (op, mb, chunk) and check it sits on the rank holding its chunk.
+  std::map<std::tuple<Op, int, int>, int> seen;
+  for (int st = 0; st < s.pp; ++st) {
+    for (const Action& a : s.ranks[st]) {
+      if (a.mb < 0 || a.mb >= s.n_micro || a.chunk < 0 || a.chunk >= K) {
+        problems.push_back(detail::concat("rank ", st, ": ", to_string(a), " is out of range"));
+        continue;
+      }
+      if (s.chunk_stage[a.chunk] != st)
+        problems.push_back(detail::concat("rank ", st, ": ", to_string(a), " belongs on rank ",
+                                          s.chunk_stage[a.chunk]));
+      ++seen[{a.op, a.mb, a.chunk}];
+    }
+  }
+  for (int mb = 0; mb < s.n_micro; ++mb) {
+    for (int k = 0; k < K; ++k) {
+      auto count = [&](Op op) {
+        auto it = seen.find({op, mb, k});
+        return it == seen.end() ? 0 : it->second;
+      };
+      const int f = count(Op::kF), b = count(Op::kB), w = count(Op::kW), bw = count(Op::kBW);
+      const bool ok = f == 1 && ((bw == 1 && b == 0 && w == 0) || (bw == 0 && b == 1 && w == 1));
+      if (!ok)
+        problems.push_back(detail::concat("micro-batch ", mb, " chunk ", k, ": ", f, " F, ", b,
+                                          " B, ", w, " W, ", bw,
+                                          " BW; want 1 F and either 1 BW or 1 B + 1 W"));
+    }
+  }
+  if (!problems.empty()) return problems;  // the simulation assumes a well-formed table
+  Timeline timeline;
+  std::string stall = simulate_or_stall(s, Costs{}, &timeline);
+  if (!stall.empty()) problems.push_back(std::move(stall));
+  return problems;
+}
+
+}  // namespace t3d::parallel
