@@ -30,11 +30,11 @@ std::string to_string(const Action& a) {
 ScheduleKind parse_schedule_kind(std::string_view text, std::string_view key) {
   if (text == "gpipe") return ScheduleKind::kGPipe;
   if (text == "1f1b") return ScheduleKind::k1F1B;
-  if (text == "interleaved" || text == "interleaved-1f1b") return ScheduleKind::kInterleaved1F1B;
-  if (text == "zb-h1" || text == "zbh1") return ScheduleKind::kZBH1;
+  if (text == "interleaved_1f1b") return ScheduleKind::kInterleaved1F1B;
+  if (text == "zb_h1") return ScheduleKind::kZBH1;
   throw UserError(detail::concat(key, " = '", text,
                                  "' is not a pipeline schedule; use one of "
-                                 "gpipe, 1f1b, interleaved, zb-h1"));
+                                 "gpipe, 1f1b, interleaved_1f1b, zb_h1"));
 }
 
 std::string_view to_string(ScheduleKind kind) {
@@ -44,9 +44,9 @@ std::string_view to_string(ScheduleKind kind) {
     case ScheduleKind::k1F1B:
       return "1f1b";
     case ScheduleKind::kInterleaved1F1B:
-      return "interleaved";
+      return "interleaved_1f1b";
     case ScheduleKind::kZBH1:
-      return "zb-h1";
+      return "zb_h1";
   }
   return "?";
 }
@@ -55,7 +55,7 @@ namespace {
 
 Schedule empty_schedule(ScheduleKind kind, int pp, int n_micro, int v) {
   T3D_USER_CHECK(pp >= 1, "parallel.pp = ", pp, " must be >= 1");
-  T3D_USER_CHECK(n_micro >= 1, "training.micro_batches = ", n_micro, " must be >= 1");
+  T3D_USER_CHECK(n_micro >= 1, "train.micro_batches = ", n_micro, " must be >= 1");
   T3D_USER_CHECK(v >= 1, "parallel.virtual_stages = ", v, " must be >= 1");
   Schedule s;
   s.kind = kind;
@@ -108,7 +108,7 @@ Schedule make_1f1b(int pp, int n_micro) {
 // first backward of the last chunk finds its input ready.
 Schedule make_interleaved_1f1b(int pp, int n_micro, int v) {
   Schedule s = empty_schedule(ScheduleKind::kInterleaved1F1B, pp, n_micro, v);
-  T3D_USER_CHECK(n_micro % pp == 0, "interleaved 1F1B needs training.micro_batches (", n_micro,
+  T3D_USER_CHECK(n_micro % pp == 0, "interleaved 1F1B needs train.micro_batches (", n_micro,
                  ") to be a multiple of parallel.pp (", pp, "), as in Megatron; use ",
                  (n_micro / pp + 1) * pp, " micro-batches or the 1f1b schedule");
   const int total = n_micro * v;  // (mb, local chunk) steps per rank

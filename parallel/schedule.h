@@ -45,9 +45,9 @@ std::string to_string(const Action& a);  // e.g. "F(3,1)", "BW(0,2)"
 
 enum class ScheduleKind { kGPipe, k1F1B, kInterleaved1F1B, kZBH1 };
 
-// "gpipe" | "1f1b" | "interleaved" | "zb-h1"; UserError naming `key` otherwise.
+// "gpipe" | "1f1b" | "interleaved_1f1b" | "zb_h1" (the recipe's parallel.schedule); UserError otherwise.
 ScheduleKind parse_schedule_kind(std::string_view text,
-                                 std::string_view key = "parallel.pp_schedule");
+                                 std::string_view key = "parallel.schedule");
 std::string_view to_string(ScheduleKind kind);
 
 struct Schedule {

@@ -33,7 +33,7 @@ uint64_t sample_hash(uint64_t seed, uint64_t step, uint64_t row) {
 Sampler::Sampler(std::span<const uint16_t> tokens, std::string source, SamplerConfig config)
     : tokens_(tokens), source_(std::move(source)), config_(config) {
   T3D_USER_CHECK(config_.seq_len > 0, "model.seq_len is ", config_.seq_len, "; it must be > 0");
-  T3D_USER_CHECK(config_.global_batch > 0, "training.global_batch is ", config_.global_batch,
+  T3D_USER_CHECK(config_.global_batch > 0, "train.global_batch is ", config_.global_batch,
                  "; it must be > 0");
   const int64_t n = static_cast<int64_t>(tokens_.size());
   T3D_USER_CHECK(n >= config_.seq_len + 1, "'", source_, "' has ", n,
@@ -46,7 +46,7 @@ int64_t Sampler::rows_per_micro(int dp_size, int n_micro) const {
   T3D_ASSERT(dp_size > 0 && n_micro > 0);
   const int64_t parts = int64_t{dp_size} * n_micro;
   T3D_USER_CHECK(config_.global_batch % parts == 0,
-                 "training.global_batch = ", config_.global_batch, " does not split into dp (",
+                 "train.global_batch = ", config_.global_batch, " does not split into dp (",
                  dp_size, ") x micro-batches (", n_micro, ") = ", parts,
                  " equal parts; make global_batch a multiple of ", parts);
   return config_.global_batch / parts;

@@ -107,8 +107,8 @@ TEST(schedule_Generators, InterleavedRejectsIndivisibleMicroBatches) {
 TEST(schedule_Generators, ParseKind) {
   EXPECT_EQ(parse_schedule_kind("gpipe"), ScheduleKind::kGPipe);
   EXPECT_EQ(parse_schedule_kind("1f1b"), ScheduleKind::k1F1B);
-  EXPECT_EQ(parse_schedule_kind("interleaved"), ScheduleKind::kInterleaved1F1B);
-  EXPECT_EQ(parse_schedule_kind("zb-h1"), ScheduleKind::kZBH1);
+  EXPECT_EQ(parse_schedule_kind("interleaved_1f1b"), ScheduleKind::kInterleaved1F1B);
+  EXPECT_EQ(parse_schedule_kind("zb_h1"), ScheduleKind::kZBH1);
   EXPECT_THROW(parse_schedule_kind("zb-v"), UserError);
   for (ScheduleKind k : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved1F1B,
                          ScheduleKind::kZBH1})
