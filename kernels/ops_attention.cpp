@@ -102,8 +102,7 @@ void check_shape(const AttentionShape& s) {
 HeadView head_view(const AttentionShape& s, std::int64_t b, std::int64_t h) {
   const std::int64_t group = s.n_heads / s.n_kv_heads;
   const std::int64_t ld_q = s.n_heads * s.head_dim, ld_kv = s.n_kv_heads * s.head_dim;
-  return {b * s.T * ld_q + h * s.head_dim, b * s.T * ld_kv + (h / group) * s.head_dim, ld_q,
-          ld_kv};
+  return {b * s.T * ld_q + h * s.head_dim, b * s.T * ld_kv + (h / group) * s.head_dim, ld_q, ld_kv};
 }
 
 }  // namespace
@@ -118,16 +117,16 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
   check_shape(s);
   const std::int64_t T = s.T, D = s.head_dim, tile = s.tile;
   const float sm_scale = 1.0f / std::sqrt(static_cast<float>(D));
-  float* S = scratch;               // S (tile, tile): scores, then probabilities
-  float* m = S + tile * tile;       // m (tile): running row max
-  float* l = m + tile;              // l (tile): running row sum of exp(S - m)
+  float* S = scratch;          // S (tile, tile): scores, then probabilities
+  float* m = S + tile * tile;  // m (tile): running row max
+  float* l = m + tile;         // l (tile): running row sum of exp(S - m)
   for (std::int64_t b = 0; b < s.B; ++b) {
     for (std::int64_t h = 0; h < s.n_heads; ++h) {
       const HeadView hv = head_view(s, b, h);
-      const float* qh = q + hv.q_off;    // qh (T, D), row stride ld_q
-      const float* kh = k + hv.kv_off;   // kh (T, D), row stride ld_kv
-      const float* vh = v + hv.kv_off;   // vh (T, D), row stride ld_kv
-      float* oh = out + hv.q_off;        // oh (T, D), row stride ld_q
+      const float* qh = q + hv.q_off;                // qh (T, D), row stride ld_q
+      const float* kh = k + hv.kv_off;               // kh (T, D), row stride ld_kv
+      const float* vh = v + hv.kv_off;               // vh (T, D), row stride ld_kv
+      float* oh = out + hv.q_off;                    // oh (T, D), row stride ld_q
       float* lse_h = lse + (b * s.n_heads + h) * T;  // lse_h (T)
       for (std::int64_t i0 = 0; i0 < T; i0 += tile) {
         const std::int64_t nq = std::min(tile, T - i0);
@@ -157,8 +156,8 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
             l[r] += sum;
           }
           // o_i (nq, D) += P (nq, nk) v_j (nk, D)
-          sgemm(Trans::kNo, Trans::kNo, nq, D, nk, 1.0f, S, nk, vh + j0 * hv.ld_kv, hv.ld_kv,
-                1.0f, oh + i0 * hv.ld_q, hv.ld_q);
+          sgemm(Trans::kNo, Trans::kNo, nq, D, nk, 1.0f, S, nk, vh + j0 * hv.ld_kv, hv.ld_kv, 1.0f,
+                oh + i0 * hv.ld_q, hv.ld_q);
         }
         for (std::int64_t r = 0; r < nq; ++r) {
           const float inv = 1.0f / l[r];
@@ -172,7 +171,8 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
 }
 
 // With P = softmax(S), O = P V and S = scale q k^T:
-//   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(dO * O)),  dQ = scale dS K,  dK = scale dS^T Q.
+//   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(dO * O)),  dQ = scale dS K,  dK = scale dS^T
+//   Q.
 // Query heads of one group share k and v, so their dK, dV accumulate into the same rows.
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
                         const float* k, const float* v, const float* out, const float* lse,
@@ -184,20 +184,20 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   zero(dq, s.B * T * s.n_heads * D);
   zero(dk, s.B * T * s.n_kv_heads * D);
   zero(dv, s.B * T * s.n_kv_heads * D);
-  float* P = scratch;             // P (tile, tile)
-  float* dP = P + tile * tile;    // dP (tile, tile), becomes dS
-  float* Dvec = dP + tile * tile; // Dvec (tile): rowsum(dO * O)
+  float* P = scratch;              // P (tile, tile)
+  float* dP = P + tile * tile;     // dP (tile, tile), becomes dS
+  float* Dvec = dP + tile * tile;  // Dvec (tile): rowsum(dO * O)
   for (std::int64_t b = 0; b < s.B; ++b) {
     for (std::int64_t h = 0; h < s.n_heads; ++h) {
       const HeadView hv = head_view(s, b, h);
-      const float* qh = q + hv.q_off;      // (T, D) stride ld_q
-      const float* kh = k + hv.kv_off;     // (T, D) stride ld_kv
-      const float* vh = v + hv.kv_off;     // (T, D) stride ld_kv
-      const float* oh = out + hv.q_off;    // (T, D) stride ld_q
-      const float* doh = dout + hv.q_off;  // (T, D) stride ld_q
-      float* dqh = dq + hv.q_off;          // (T, D) stride ld_q
-      float* dkh = dk + hv.kv_off;         // (T, D) stride ld_kv
-      float* dvh = dv + hv.kv_off;         // (T, D) stride ld_kv
+      const float* qh = q + hv.q_off;                      // (T, D) stride ld_q
+      const float* kh = k + hv.kv_off;                     // (T, D) stride ld_kv
+      const float* vh = v + hv.kv_off;                     // (T, D) stride ld_kv
+      const float* oh = out + hv.q_off;                    // (T, D) stride ld_q
+      const float* doh = dout + hv.q_off;                  // (T, D) stride ld_q
+      float* dqh = dq + hv.q_off;                          // (T, D) stride ld_q
+      float* dkh = dk + hv.kv_off;                         // (T, D) stride ld_kv
+      float* dvh = dv + hv.kv_off;                         // (T, D) stride ld_kv
       const float* lse_h = lse + (b * s.n_heads + h) * T;  // (T)
       for (std::int64_t i0 = 0; i0 < T; i0 += tile) {
         const std::int64_t nq = std::min(tile, T - i0);
@@ -225,8 +225,7 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
           sgemm(Trans::kYes, Trans::kNo, nk, D, nq, 1.0f, P, nk, doi, hv.ld_q, 1.0f,
                 dvh + j0 * hv.ld_kv, hv.ld_kv);
           // dP (nq, nk) = do_i (nq, D) v_j^T (D, nk)
-          sgemm(Trans::kNo, Trans::kYes, nq, nk, D, 1.0f, doi, hv.ld_q, vj, hv.ld_kv, 0.0f, dP,
-                nk);
+          sgemm(Trans::kNo, Trans::kYes, nq, nk, D, 1.0f, doi, hv.ld_q, vj, hv.ld_kv, 0.0f, dP, nk);
           for (std::int64_t r = 0; r < nq; ++r) {  // dS = P * (dP - Dvec); masked P are 0
             softmax_grad_row(dP + r * nk, P + r * nk, nk, Dvec[r]);
           }

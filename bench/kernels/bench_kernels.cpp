@@ -54,8 +54,8 @@ void bench_attention(int B, int T, int H, int Hkv, int D, int tile, int repeats)
   const double gemm = 2.0 * B * H * (double)T * T / 2 * D;
   const double fwd = median_seconds(
       [&] {
-        k::attention_forward(out.data(), lse.data(), q.data(), kk.data(), v.data(),
-                             scratch.data(), s);
+        k::attention_forward(out.data(), lse.data(), q.data(), kk.data(), v.data(), scratch.data(),
+                             s);
       },
       repeats);
   const double bwd = median_seconds(
@@ -64,10 +64,10 @@ void bench_attention(int B, int T, int H, int Hkv, int D, int tile, int repeats)
                               v.data(), out.data(), lse.data(), scratch.data(), s);
       },
       repeats);
-  std::printf("  attention B=%d T=%5d H=%d Hkv=%d D=%d tile=%3d  fwd %6.1f GFLOP/s (%.1f ms)"
-              "  bwd %6.1f GFLOP/s (%.1f ms)\n",
-              B, T, H, Hkv, D, tile, 2 * gemm / fwd * 1e-9, fwd * 1e3, 5 * gemm / bwd * 1e-9,
-              bwd * 1e3);
+  std::printf(
+      "  attention B=%d T=%5d H=%d Hkv=%d D=%d tile=%3d  fwd %6.1f GFLOP/s (%.1f ms)"
+      "  bwd %6.1f GFLOP/s (%.1f ms)\n",
+      B, T, H, Hkv, D, tile, 2 * gemm / fwd * 1e-9, fwd * 1e3, 5 * gemm / bwd * 1e-9, bwd * 1e3);
 }
 
 }  // namespace
