@@ -34,7 +34,6 @@ void scale(float* x, std::int64_t n, float factor);          // x (n) *= factor
 double sum_of_squares(const float* x, std::int64_t n);  // x (n)
 
 // ---- token embedding (ops_embedding.cpp) --------------------------------------------------------
-// ---------------------------------------------------------
 
 // Rows of a vocab slice [vocab_start, vocab_end) (the whole vocab on one rank). Token ids outside
 // the slice produce zero rows in forward and no gradient in backward: with a vocab-parallel
@@ -53,7 +52,6 @@ void embedding_backward(float* dwte,                 // dwte (vocab_end - vocab_
 void check_token_ids(const std::int32_t* tokens, std::int64_t N, std::int64_t vocab_size);
 
 // ---- RMSNorm (ops_norm.cpp) ---------------------------------------------------------------------
-// ------------------------------------------------------------------------
 
 // out = inp / sqrt(mean(inp^2) + eps) * weight; saves rstd = 1 / sqrt(mean(inp^2) + eps).
 void rmsnorm_forward(float* out,           // out (N, C)
@@ -70,7 +68,6 @@ void rmsnorm_backward(float* dinp,          // dinp (N, C) =
                       std::int64_t N, std::int64_t C);
 
 // ---- rotary position embedding (ops_rope.cpp) ---------------------------------------------------
-// -------------------------------------------------------
 
 // Hugging Face LLaMA convention ("rotate half"): for i < D/2 the pair is (x[i], x[i + D/2]),
 // rotated by angle pos * theta^(-2i/D). Computed once per run into a table:
@@ -126,7 +123,6 @@ void attention_backward(float* dq,          // dq (B, T, H * D) =
                         const AttentionShape& s);
 
 // ---- linear and SwiGLU (ops_mlp.cpp) ------------------------------------------------------------
-// -----------------------------------------------------------------
 
 enum class Out { kWrite, kAccumulate };  // y = ... or y += ... (residual stream)
 
@@ -159,7 +155,6 @@ void swiglu_backward(float* dgate,       // dgate (N, F) =
                      std::int64_t n);
 
 // ---- softmax cross-entropy (ops_loss.cpp) -------------------------------------------------------
-// --------------------------------------------------------
 
 // Targets equal to kIgnoreIndex (Hugging Face's -100) contribute no loss and no gradient.
 inline constexpr std::int32_t kIgnoreIndex = -100;
@@ -198,7 +193,6 @@ void ce_loss_and_grad(float* logits,                // logits (N, V) in, dlogits
                       std::int64_t N, std::int64_t V, std::int64_t vocab_start, float grad_scale);
 
 // ---- optimizer (ops_optim.cpp) ------------------------------------------------------------------
-// -------------------------------------------------------------------
 
 struct AdamWConfig {
   float lr = 3e-4f;
