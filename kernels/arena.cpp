@@ -51,14 +51,15 @@ void* Arena::alloc_bytes(std::string_view name, std::size_t bytes) {
   if (rounded > available()) {
     // Name the largest holders: the usual fix is obvious once you see what fills the budget.
     std::vector<Live> top = live_;
-    std::sort(top.begin(), top.end(), [](const Live& a, const Live& b) { return a.bytes > b.bytes; });
+    std::sort(top.begin(), top.end(),
+              [](const Live& a, const Live& b) { return a.bytes > b.bytes; });
     std::string holders;
     for (std::size_t i = 0; i < std::min<std::size_t>(top.size(), 4); ++i) {
       holders += (i ? ", " : "") + top[i].name + " " + format_bytes(top[i].bytes);
     }
     throw UserError(detail::concat(
-        "device memory exhausted allocating '", name, "': asked ", format_bytes(bytes), " (",
-        bytes, " bytes), ", format_bytes(available()), " (", available(), " bytes) left of ",
+        "device memory exhausted allocating '", name, "': asked ", format_bytes(bytes), " (", bytes,
+        " bytes), ", format_bytes(available()), " (", available(), " bytes) left of ",
         format_bytes(capacity_), " (peak so far ", format_bytes(peak_), ")",
         holders.empty() ? "" : "; largest allocations: ", holders,
         ". Raise hardware.hbm_gib, or shard the model further (more tp or pp), or use smaller "

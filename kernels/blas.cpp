@@ -147,12 +147,12 @@ void verify_gemm() {
 
 double measure_sgemm_gflops(std::int64_t M, std::int64_t N, std::int64_t K, int threads,
                             int repeats) {
-  T3D_USER_CHECK(M > 0 && N > 0 && K > 0 && repeats > 0, "bad sgemm benchmark shape ", M, "x",
-                 N, "x", K, " repeats ", repeats);
+  T3D_USER_CHECK(M > 0 && N > 0 && K > 0 && repeats > 0, "bad sgemm benchmark shape ", M, "x", N,
+                 "x", K, " repeats ", repeats);
   const int saved = blas_threads();
   set_blas_threads(threads);
-  std::vector<float> A(static_cast<std::size_t>(M * K), 0.5f), B(static_cast<std::size_t>(K * N), 0.25f),
-      C(static_cast<std::size_t>(M * N));
+  std::vector<float> A(static_cast<std::size_t>(M * K), 0.5f),
+      B(static_cast<std::size_t>(K * N), 0.25f), C(static_cast<std::size_t>(M * N));
   sgemm(Trans::kNo, Trans::kNo, M, N, K, 1.0f, A.data(), B.data(), 0.0f, C.data());  // warm-up
   std::vector<double> rates;
   for (int r = 0; r < repeats; ++r) {

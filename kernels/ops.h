@@ -24,40 +24,40 @@
 
 namespace t3d::kernels {
 
-// ---- element-wise helpers (ops_optim.cpp) ------------------------------------------------------
+// ---- element-wise helpers (ops_optim.cpp) -------------------------------------------------------
 
-void zero(float* x, std::int64_t n);                              // x (n) = 0
-void add_inplace(float* x, const float* y, std::int64_t n);       // x (n) += y (n): residual
-void scale(float* x, std::int64_t n, float factor);               // x (n) *= factor
+void zero(float* x, std::int64_t n);                         // x (n) = 0
+void add_inplace(float* x, const float* y, std::int64_t n);  // x (n) += y (n): residual
+void scale(float* x, std::int64_t n, float factor);          // x (n) *= factor
 // sum of x^2 over a range, accumulated in double. Global-norm clipping: each rank sums its
 // ranges, the caller all-reduces the partial sums, then calls scale() with min(1, max/norm).
-double sum_of_squares(const float* x, std::int64_t n);            // x (n)
+double sum_of_squares(const float* x, std::int64_t n);  // x (n)
 
-// ---- token embedding (ops_embedding.cpp) ---------------------------------------------------------
+// ---- token embedding (ops_embedding.cpp) --------------------------------------------------------
 
 // Rows of a vocab slice [vocab_start, vocab_end) (the whole vocab on one rank). Token ids outside
 // the slice produce zero rows in forward and no gradient in backward: with a vocab-parallel
 // embedding the owning rank supplies them and an all-reduce sums the rows.
-void embedding_forward(float* out,              // out (N, C)
+void embedding_forward(float* out,                  // out (N, C)
                        const std::int32_t* tokens,  // tokens (N)
-                       const float* wte,        // wte (vocab_end - vocab_start, C)
+                       const float* wte,            // wte (vocab_end - vocab_start, C)
                        std::int64_t N, std::int64_t C, std::int64_t vocab_start,
                        std::int64_t vocab_end);
-void embedding_backward(float* dwte,            // dwte (vocab_end - vocab_start, C) +=
-                        const float* dout,      // dout (N, C)
+void embedding_backward(float* dwte,                 // dwte (vocab_end - vocab_start, C) +=
+                        const float* dout,           // dout (N, C)
                         const std::int32_t* tokens,  // tokens (N)
                         std::int64_t N, std::int64_t C, std::int64_t vocab_start,
                         std::int64_t vocab_end);
 // UserError naming the first token id outside [0, vocab_size) (bad tokenizer or data file).
 void check_token_ids(const std::int32_t* tokens, std::int64_t N, std::int64_t vocab_size);
 
-// ---- RMSNorm (ops_norm.cpp) ------------------------------------------------------------------------
+// ---- RMSNorm (ops_norm.cpp) ---------------------------------------------------------------------
 
 // out = inp / sqrt(mean(inp^2) + eps) * weight; saves rstd = 1 / sqrt(mean(inp^2) + eps).
-void rmsnorm_forward(float* out,          // out (N, C)
-                     float* rstd,         // rstd (N)
-                     const float* inp,    // inp (N, C)
-                     const float* weight, // weight (C)
+void rmsnorm_forward(float* out,           // out (N, C)
+                     float* rstd,          // rstd (N)
+                     const float* inp,     // inp (N, C)
+                     const float* weight,  // weight (C)
                      std::int64_t N, std::int64_t C, float eps);
 void rmsnorm_backward(float* dinp,          // dinp (N, C) =
                       float* dweight,       // dweight (C) +=
@@ -67,7 +67,7 @@ void rmsnorm_backward(float* dinp,          // dinp (N, C) =
                       const float* rstd,    // rstd (N) from forward
                       std::int64_t N, std::int64_t C);
 
-// ---- rotary position embedding (ops_rope.cpp) -------------------------------------------------------
+// ---- rotary position embedding (ops_rope.cpp) ---------------------------------------------------
 
 // Hugging Face LLaMA convention ("rotate half"): for i < D/2 the pair is (x[i], x[i + D/2]),
 // rotated by angle pos * theta^(-2i/D). Computed once per run into a table:
@@ -102,12 +102,12 @@ std::int64_t attention_scratch_floats(const AttentionShape& s);
 
 // out = softmax(q k^T / sqrt(D) + causal mask) v per head, computed tile by tile with an online
 // softmax. Saves only out and the per-row logsumexp of the scaled scores.
-void attention_forward(float* out,        // out (B, T, H * D)
-                       float* lse,        // lse (B, H, T)
-                       const float* q,    // q (B, T, H * D)   (after RoPE)
-                       const float* k,    // k (B, T, Hkv * D) (after RoPE)
-                       const float* v,    // v (B, T, Hkv * D)
-                       float* scratch,    // scratch (attention_scratch_floats)
+void attention_forward(float* out,      // out (B, T, H * D)
+                       float* lse,      // lse (B, H, T)
+                       const float* q,  // q (B, T, H * D)   (after RoPE)
+                       const float* k,  // k (B, T, Hkv * D) (after RoPE)
+                       const float* v,  // v (B, T, Hkv * D)
+                       float* scratch,  // scratch (attention_scratch_floats)
                        const AttentionShape& s);
 // Recomputes the scores tile by tile from q, k and lse (flash-attention 2 backward).
 void attention_backward(float* dq,          // dq (B, T, H * D) =
@@ -122,7 +122,7 @@ void attention_backward(float* dq,          // dq (B, T, H * D) =
                         float* scratch,     // scratch (attention_scratch_floats)
                         const AttentionShape& s);
 
-// ---- linear and SwiGLU (ops_mlp.cpp) -----------------------------------------------------------------
+// ---- linear and SwiGLU (ops_mlp.cpp) ------------------------------------------------------------
 
 enum class Out { kWrite, kAccumulate };  // y = ... or y += ... (residual stream)
 
@@ -143,18 +143,18 @@ void linear_backward_weight(float* dw,        // dw (out, in) +=
                             std::int64_t N, std::int64_t in, std::int64_t out);
 
 // h = silu(gate) * up, silu(x) = x * sigmoid(x). gate and up are the two projection outputs.
-void swiglu_forward(float* h,           // h (N, F)
-                    const float* gate,  // gate (N, F)
-                    const float* up,    // up (N, F)
-                    std::int64_t n);    // n = N * F
-void swiglu_backward(float* dgate,        // dgate (N, F) =
-                     float* dup,          // dup (N, F) =
-                     const float* dh,     // dh (N, F)
-                     const float* gate,   // gate (N, F)
-                     const float* up,     // up (N, F)
+void swiglu_forward(float* h,            // h (N, F)
+                    const float* gate,   // gate (N, F)
+                    const float* up,     // up (N, F)
+                    std::int64_t n);     // n = N * F
+void swiglu_backward(float* dgate,       // dgate (N, F) =
+                     float* dup,         // dup (N, F) =
+                     const float* dh,    // dh (N, F)
+                     const float* gate,  // gate (N, F)
+                     const float* up,    // up (N, F)
                      std::int64_t n);
 
-// ---- softmax cross-entropy (ops_loss.cpp) --------------------------------------------------------
+// ---- softmax cross-entropy (ops_loss.cpp) -------------------------------------------------------
 
 // Targets equal to kIgnoreIndex (Hugging Face's -100) contribute no loss and no gradient.
 inline constexpr std::int32_t kIgnoreIndex = -100;
@@ -162,9 +162,9 @@ inline constexpr std::int32_t kIgnoreIndex = -100;
 // Fused loss and gradient for the whole vocabulary on one rank: losses[i] = -log softmax(i)[t_i],
 // and logits are overwritten with dlogits = (softmax - onehot(t)) * grad_scale (for a mean loss,
 // grad_scale = 1 / number of non-ignored targets).
-void cross_entropy_fused(float* logits,               // logits (N, V) in, dlogits (N, V) out
-                         float* losses,               // losses (N)
-                         const std::int32_t* targets, // targets (N)
+void cross_entropy_fused(float* logits,                // logits (N, V) in, dlogits (N, V) out
+                         float* losses,                // losses (N)
+                         const std::int32_t* targets,  // targets (N)
                          std::int64_t N, std::int64_t V, float grad_scale);
 
 // The same, in pieces, for a vocab-parallel LM head where this rank holds columns
@@ -173,16 +173,16 @@ void cross_entropy_fused(float* logits,               // logits (N, V) in, dlogi
 //   2. ce_local_sum_exp(row_max) -> all-reduce SUM -> sum_exp
 //   3. ce_local_target_logit   -> all-reduce SUM   -> target_logit (zero on ranks not owning it)
 //   4. ce_loss_and_grad(row_max, sum_exp, target_logit) on every rank.
-void ce_local_max(float* row_max,        // row_max (N)
-                  const float* logits,   // logits (N, V)
+void ce_local_max(float* row_max,       // row_max (N)
+                  const float* logits,  // logits (N, V)
                   std::int64_t N, std::int64_t V);
 void ce_local_sum_exp(float* sum_exp,        // sum_exp (N): sum_j exp(logit_j - row_max)
                       const float* logits,   // logits (N, V)
                       const float* row_max,  // row_max (N), global
                       std::int64_t N, std::int64_t V);
-void ce_local_target_logit(float* target_logit,         // target_logit (N)
-                           const float* logits,         // logits (N, V)
-                           const std::int32_t* targets, // targets (N), global ids
+void ce_local_target_logit(float* target_logit,          // target_logit (N)
+                           const float* logits,          // logits (N, V)
+                           const std::int32_t* targets,  // targets (N), global ids
                            std::int64_t N, std::int64_t V, std::int64_t vocab_start);
 void ce_loss_and_grad(float* logits,                // logits (N, V) in, dlogits (N, V) out
                       float* losses,                // losses (N)
@@ -192,7 +192,7 @@ void ce_loss_and_grad(float* logits,                // logits (N, V) in, dlogits
                       const float* target_logit,    // target_logit (N), global
                       std::int64_t N, std::int64_t V, std::int64_t vocab_start, float grad_scale);
 
-// ---- optimizer (ops_optim.cpp) -------------------------------------------------------------------
+// ---- optimizer (ops_optim.cpp) ------------------------------------------------------------------
 
 struct AdamWConfig {
   float lr = 3e-4f;

@@ -21,9 +21,8 @@ void embedding_forward(float* out, const std::int32_t* tokens, const float* wte,
   }
 }
 
-void embedding_backward(float* dwte, const float* dout, const std::int32_t* tokens,
-                        std::int64_t N, std::int64_t C, std::int64_t vocab_start,
-                        std::int64_t vocab_end) {
+void embedding_backward(float* dwte, const float* dout, const std::int32_t* tokens, std::int64_t N,
+                        std::int64_t C, std::int64_t vocab_start, std::int64_t vocab_end) {
   for (std::int64_t i = 0; i < N; ++i) {
     const std::int64_t t = tokens[i];
     if (t < vocab_start || t >= vocab_end) continue;

@@ -38,8 +38,8 @@ void zero_row(float* x, std::int64_t V) {
 
 }  // namespace
 
-void cross_entropy_fused(float* logits, float* losses, const std::int32_t* targets,
-                         std::int64_t N, std::int64_t V, float grad_scale) {
+void cross_entropy_fused(float* logits, float* losses, const std::int32_t* targets, std::int64_t N,
+                         std::int64_t V, float grad_scale) {
   // Row by row: the three passes (max, sum-exp, gradient) stay in cache.
   for (std::int64_t i = 0; i < N; ++i) {
     float* x = logits + i * V;
@@ -66,14 +66,13 @@ void ce_local_sum_exp(float* sum_exp, const float* logits, const float* row_max,
   for (std::int64_t i = 0; i < N; ++i) sum_exp[i] = row_sum_exp(logits + i * V, V, row_max[i]);
 }
 
-void ce_local_target_logit(float* target_logit, const float* logits,
-                           const std::int32_t* targets, std::int64_t N, std::int64_t V,
-                           std::int64_t vocab_start) {
+void ce_local_target_logit(float* target_logit, const float* logits, const std::int32_t* targets,
+                           std::int64_t N, std::int64_t V, std::int64_t vocab_start) {
   for (std::int64_t i = 0; i < N; ++i) {
     const std::int64_t local = static_cast<std::int64_t>(targets[i]) - vocab_start;
     // Zero on ranks that do not own the target, so an all-reduce SUM yields the value.
-    target_logit[i] = (targets[i] != kIgnoreIndex && local >= 0 && local < V) ? logits[i * V + local]
-                                                                              : 0.0f;
+    target_logit[i] =
+        (targets[i] != kIgnoreIndex && local >= 0 && local < V) ? logits[i * V + local] : 0.0f;
   }
 }
 

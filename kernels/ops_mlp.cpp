@@ -9,8 +9,7 @@ namespace t3d::kernels {
 void linear_forward(float* y, const float* x, const float* w, std::int64_t N, std::int64_t in,
                     std::int64_t out, Out mode) {
   // y (N, out) = x (N, in) . w^T (in, out): w is [out, in], read transposed in place.
-  sgemm(Trans::kNo, Trans::kYes, N, out, in, 1.0f, x, w, mode == Out::kAccumulate ? 1.0f : 0.0f,
-        y);
+  sgemm(Trans::kNo, Trans::kYes, N, out, in, 1.0f, x, w, mode == Out::kAccumulate ? 1.0f : 0.0f, y);
 }
 
 void linear_backward_input(float* dx, const float* dy, const float* w, std::int64_t N,
@@ -33,8 +32,8 @@ void swiglu_forward(float* h, const float* gate, const float* up, std::int64_t n
 }
 
 // h = g s(g) u with s the sigmoid: dh/du = g s(g), dh/dg = u s(g) (1 + g (1 - s(g))).
-void swiglu_backward(float* dgate, float* dup, const float* dh, const float* gate,
-                     const float* up, std::int64_t n) {
+void swiglu_backward(float* dgate, float* dup, const float* dh, const float* gate, const float* up,
+                     std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) {
     const float g = gate[i];
     const float s = 1.0f / (1.0f + std::exp(-g));

@@ -4,8 +4,8 @@
 
 namespace t3d::kernels {
 
-void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight,
-                     std::int64_t N, std::int64_t C, float eps) {
+void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, std::int64_t N,
+                     std::int64_t C, float eps) {
   for (std::int64_t i = 0; i < N; ++i) {
     const float* x = inp + i * C;
     float* y = out + i * C;

@@ -40,7 +40,8 @@ void rope_table(float* table, std::int64_t max_pos, std::int64_t D, double theta
   // Angles in double: at position 100k an fp32 angle is off by ~0.004 rad.
   for (std::int64_t p = 0; p < max_pos; ++p) {
     for (std::int64_t i = 0; i < half; ++i) {
-      const double inv_freq = std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(D));
+      const double inv_freq =
+          std::pow(theta, -2.0 * static_cast<double>(i) / static_cast<double>(D));
       const double a = static_cast<double>(p) * inv_freq;
       table[p * D + i] = static_cast<float>(std::cos(a));
       table[p * D + half + i] = static_cast<float>(std::sin(a));
@@ -48,8 +49,8 @@ void rope_table(float* table, std::int64_t max_pos, std::int64_t D, double theta
   }
 }
 
-void rope_forward(float* out, const float* inp, const float* table, std::int64_t B,
-                  std::int64_t T, std::int64_t n_heads, std::int64_t D, std::int64_t pos_offset) {
+void rope_forward(float* out, const float* inp, const float* table, std::int64_t B, std::int64_t T,
+                  std::int64_t n_heads, std::int64_t D, std::int64_t pos_offset) {
   rope_apply(out, inp, table, B, T, n_heads, D, pos_offset, 1.0f);
 }
 

@@ -95,8 +95,8 @@ inline Vec rope(const Vec& x, int B, int T, int H, int D, int pos_offset, double
 }
 
 // Full T x T causal softmax attention in double. q (B,T,H*D), k/v (B,T,Hkv*D) -> out, lse.
-inline void attention(const Vec& q, const Vec& k, const Vec& v, int B, int T, int H, int Hkv,
-                      int D, Vec* out, Vec* lse) {
+inline void attention(const Vec& q, const Vec& k, const Vec& v, int B, int T, int H, int Hkv, int D,
+                      Vec* out, Vec* lse) {
   out->assign((std::size_t)B * T * H * D, 0.0);
   if (lse) lse->assign((std::size_t)B * H * T, 0.0);
   const int group = H / Hkv;

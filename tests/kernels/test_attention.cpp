@@ -76,12 +76,12 @@ TEST_P(kernels_attention, BackwardMatchesFiniteDifferences) {
     ref::attention(qq, kk, vv, c.B, c.T, c.H, c.Hkv, c.D, &o, nullptr);
     return o;
   };
-  ref::expect_close(dq, ref::numeric_grad([&](const Vec& x) { return f(x, kd, vd); }, qd, r),
-                    1e-4, 2e-5, "dq");
-  ref::expect_close(dk, ref::numeric_grad([&](const Vec& x) { return f(qd, x, vd); }, kd, r),
-                    1e-4, 2e-5, "dk");
-  ref::expect_close(dv, ref::numeric_grad([&](const Vec& x) { return f(qd, kd, x); }, vd, r),
-                    1e-4, 2e-5, "dv");
+  ref::expect_close(dq, ref::numeric_grad([&](const Vec& x) { return f(x, kd, vd); }, qd, r), 1e-4,
+                    2e-5, "dq");
+  ref::expect_close(dk, ref::numeric_grad([&](const Vec& x) { return f(qd, x, vd); }, kd, r), 1e-4,
+                    2e-5, "dk");
+  ref::expect_close(dv, ref::numeric_grad([&](const Vec& x) { return f(qd, kd, x); }, vd, r), 1e-4,
+                    2e-5, "dv");
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -58,15 +58,15 @@ TEST(kernels_rmsnorm, ForwardAndGradients) {
   auto w = ref::random_floats(C, 21, 0.5, 1.5);
   std::vector<float> out(N * C), rstd(N);
   rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, eps);
-  ref::expect_close(out, ref::rmsnorm(ref::to_double(x), ref::to_double(w), N, C, eps), 1e-5,
-                    1e-6, "out");
+  ref::expect_close(out, ref::rmsnorm(ref::to_double(x), ref::to_double(w), N, C, eps), 1e-5, 1e-6,
+                    "out");
 
   const auto r = ref::to_double(ref::random_floats(N * C, 22));
   std::vector<float> dout(r.begin(), r.end()), dx(N * C, 99.0f), dw(C, 0.5f);
   rmsnorm_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), rstd.data(), N, C);
   const auto xd = ref::to_double(x), wd = ref::to_double(w);
-  const Vec gx = ref::numeric_grad([&](const Vec& xx) { return ref::rmsnorm(xx, wd, N, C, eps); },
-                                   xd, r);
+  const Vec gx =
+      ref::numeric_grad([&](const Vec& xx) { return ref::rmsnorm(xx, wd, N, C, eps); }, xd, r);
   Vec gw = ref::numeric_grad([&](const Vec& ww) { return ref::rmsnorm(xd, ww, N, C, eps); }, wd, r);
   for (auto& g : gw) g += 0.5;  // parameter gradient accumulates onto the old value
   ref::expect_close(dx, gx, 1e-4, 1e-5, "dinp");

@@ -83,8 +83,8 @@ TEST(kernels_cross_entropy, VocabParallelPiecesComposeToFused) {
   }
   for (int r = 0; r < 2; ++r) {
     std::vector<float> loss(kN);
-    ce_loss_and_grad(shard[r].data(), loss.data(), kTargets.data(), row_max.data(),
-                     sum_exp.data(), target.data(), kN, widths[r], starts[r], grad_scale);
+    ce_loss_and_grad(shard[r].data(), loss.data(), kTargets.data(), row_max.data(), sum_exp.data(),
+                     target.data(), kN, widths[r], starts[r], grad_scale);
     ref::expect_close(loss, Vec(fused_loss.begin(), fused_loss.end()), 1e-6, 1e-6, "loss");
     for (int i = 0; i < kN; ++i)
       for (int j = 0; j < widths[r]; ++j)
