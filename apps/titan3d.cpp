@@ -11,6 +11,7 @@
 #include "runtime/job.h"
 #include "runtime/launch.h"
 #include "runtime/recipe.h"
+#include "runtime/trainer.h"
 
 namespace {
 
@@ -56,12 +57,18 @@ int train(const Options& o, const std::vector<std::string>& argv) {
   const int groups = runtime::verify_mesh_groups(*job.mesh);
   spdlog::info("communicators verified: {} groups per rank (pp, dp, cp, tp), run directory {}",
                groups, job.run_dir);
-  job.mesh->world().barrier();
-  if (job.mesh->rank() == 0)
-    std::fprintf(stderr,
-                 "titan3d train: the training loop is not implemented yet (issue 3); the mesh and "
-                 "its communicators above are ready.\n");
-  return kExitNotImplemented;
+  runtime::Trainer trainer(job);
+  const runtime::TrainSummary summary = trainer.run();
+  if (job.mesh->rank() == 0 && !summary.steps.empty()) {
+    const auto& first = summary.steps.front();
+    const auto& last = summary.steps.back();
+    spdlog::info("done: {} steps, loss {:.4f} -> {:.4f}{} (unigram entropy {:.4f}); metrics in "
+                 "{}/metrics.jsonl",
+                 last.step, first.loss, last.loss,
+                 last.val_loss >= 0 ? fmt::format(", validation {:.4f}", last.val_loss) : "",
+                 summary.unigram_entropy_nats, job.run_dir);
+  }
+  return 0;
 }
 
 int print_keys() {

@@ -161,6 +161,13 @@ void Comm::send_raw(const void* data, size_t count, MPI_Datatype type, int peer,
   wait(r, "send", peer);
 }
 
+MPI_Request Comm::isend_raw(const void* data, size_t count, MPI_Datatype type, int peer,
+                           int tag) const {
+  MPI_Request r;
+  T3D_MPI(MPI_Isend(data, checked_count(count), type, peer, tag, comm_, &r));
+  return r;
+}
+
 void Comm::recv_raw(void* data, size_t count, MPI_Datatype type, int peer, int tag) const {
   MPI_Request r;
   T3D_MPI(MPI_Irecv(data, checked_count(count), type, peer, tag, comm_, &r));

@@ -82,6 +82,13 @@ class Comm {
   void recv(T* data, size_t count, int peer, int tag) const {
     recv_raw(data, count, mpi_type<T>(), peer, tag);
   }
+  // Non-blocking send: the buffer must stay untouched until wait() on the returned request.
+  template <typename T>
+  MPI_Request isend(const T* data, size_t count, int peer, int tag) const {
+    return isend_raw(data, count, mpi_type<T>(), peer, tag);
+  }
+  // Waits with the watchdog deadline; on expiry logs `what` and the peers, then MPI_Abort.
+  void wait(MPI_Request& request, const char* what, int peer = -1) const;
   void barrier() const;
 
   double timeout_s() const { return timeout_s_; }
@@ -93,8 +100,8 @@ class Comm {
   void broadcast_raw(void* data, size_t count, MPI_Datatype type, int root) const;
   void send_raw(const void* data, size_t count, MPI_Datatype type, int peer, int tag) const;
   void recv_raw(void* data, size_t count, MPI_Datatype type, int peer, int tag) const;
-  // Waits with the watchdog deadline; on expiry logs `what` and the peers, then MPI_Abort.
-  void wait(MPI_Request& request, const char* what, int peer = -1) const;
+  MPI_Request isend_raw(const void* data, size_t count, MPI_Datatype type, int peer,
+                        int tag) const;
   void reset() noexcept;
 
   MPI_Comm comm_ = MPI_COMM_NULL;

@@ -4,10 +4,12 @@
 #include <spdlog/spdlog.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <thread>
 
+#include "kernels/blas.h"
 #include "kernels/check.h"
 #include "runtime/logging.h"
 
@@ -53,6 +55,12 @@ void spawn_if_needed(const Recipe& recipe, const std::vector<std::string>& argv,
   const int threads = threads_per_rank(static_cast<int>(recipe.hardware.threads_per_rank),
                                        plan.cores, plan.ranks);
   plan.env.emplace_back("OPENBLAS_NUM_THREADS", std::to_string(threads));
+  // OpenBLAS reads its core type only when it loads: choose it now, for the ranks. The user's
+  // environment wins, then the recipe; otherwise the best kernels this CPU supports.
+  std::string coretype = recipe.hardware.openblas_coretype;
+  if (const char* user = std::getenv("OPENBLAS_CORETYPE")) coretype = user;
+  if (coretype == "auto") coretype = kernels::recommended_openblas_coretype();
+  if (!coretype.empty()) plan.env.emplace_back("OPENBLAS_CORETYPE", coretype);
   plan.env.emplace_back("OMP_NUM_THREADS", std::to_string(threads));
   // Passive OpenMP waiting: a spinning OpenMP pool fights OpenBLAS's over the same cores.
   plan.env.emplace_back("OMP_WAIT_POLICY", "PASSIVE");

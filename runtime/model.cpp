@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "kernels/check.h"
 #include "kernels/ops.h"
@@ -412,17 +413,27 @@ double Model::grad_sum_of_squares() const {
   return sum;
 }
 
-double Model::train_flops_per_token() const {
-  const double C = config_.dim, D = config_.head_dim(), T = config_.seq_len;
-  double matmul = 0, attention = 0;
-  for (const auto& range : chunks_) {
-    const double layers = static_cast<double>(range.size());
-    matmul += layers * (C * heads_ * D * 2 + 2 * C * kv_heads_ * D + 3 * C * ffn_);
-    // QK^T and AV, forward and backward, counted over the full T×T as PaLM's MFU does.
-    attention += layers * 12.0 * heads_ * D * T;
-    if (range.last) matmul += C * vocab_;
+int64_t Model::first_nonfinite_layer(int slot) const {
+  const auto finite = [&](const float* x) {
+    for (int64_t i = 0; i < rows_ * config_.dim; ++i)
+      if (!std::isfinite(x[i])) return false;
+    return true;
+  };
+  for (size_t ci = 0; ci < chunks_.size(); ++ci) {
+    const auto& range = chunks_[ci];
+    const auto& a = *acts_[ci].at(slot);
+    if (range.first && !finite(a.x[0])) return -1;
+    for (int64_t l = range.begin; l < range.end; ++l)
+      if (!finite(a.x[l - range.begin + 1])) return l;
   }
-  return 6.0 * matmul + attention;
+  return INT64_MAX;
+}
+
+double model_train_flops_per_token(const ModelConfig& m) {
+  const double C = m.dim, D = m.head_dim(), T = m.seq_len, L = m.n_layers;
+  const double per_layer = C * m.n_heads * D * 2 + 2 * C * m.n_kv_heads * D + 3 * C * m.ffn_dim;
+  const double matmul = L * per_layer + C * m.vocab_size;  // + LM head; the embedding is a lookup
+  return 6.0 * matmul + 12.0 * L * m.n_heads * D * T;
 }
 
 }  // namespace t3d::runtime

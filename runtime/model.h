@@ -43,6 +43,10 @@ struct ModelOptions {
   bool with_optimizer = true;
 };
 
+// FLOPs of one training step (forward + backward) per token of the whole model, PaLM's count:
+// 6 per matmul weight plus 12·layers·heads·head_dim·seq_len for attention scores (full T×T).
+double model_train_flops_per_token(const ModelConfig& config);
+
 class Model {
  public:
   // `chunks`: this rank's layer ranges; `tp`: its tensor-parallel group (size 1: no sharding).
@@ -91,9 +95,9 @@ class Model {
   };
   const Footprint& footprint() const { return footprint_; }
 
-  // FLOPs of one forward+backward of this rank's chunks per token (6·params-style count plus
-  // attention), for MFU.
-  double train_flops_per_token() const;
+  // Non-finite values in the stored activations of `slot`: the global index of the first block
+  // whose output has one (-1: the embedding output), or INT64_MAX when all are finite.
+  int64_t first_nonfinite_layer(int slot) const;
 
  private:
   struct LayerActs;

@@ -336,6 +336,11 @@ void validate(const Recipe& r) {
   v.require(p.virtual_stages >= 1, "parallel.virtual_stages", "must be ≥ 1");
   v.require(p.virtual_stages == 1 || p.schedule == "interleaved_1f1b", "parallel.virtual_stages",
             "virtual_stages > 1 needs parallel.schedule = \"interleaved_1f1b\"");
+  v.require(p.virtual_stages == 1 || p.pp > 1, "parallel.virtual_stages",
+            "virtual stages interleave chunks over pipeline stages; they need parallel.pp > 1");
+  v.require(p.schedule != "interleaved_1f1b" || t.micro_batches % p.pp == 0, "train.micro_batches",
+            "interleaved_1f1b needs micro_batches (" + is(t.micro_batches) +
+                ") to be a multiple of pp (" + is(p.pp) + "), as Megatron does");
   v.require(m.n_layers >= p.pp * p.virtual_stages, "parallel.pp",
             "model.n_layers = " + is(m.n_layers) + " is fewer than pp·virtual_stages = " +
                 is(p.pp * p.virtual_stages) + " pipeline chunks");

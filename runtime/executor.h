@@ -1,0 +1,46 @@
+// Runs one rank's action list of a pipeline schedule (parallel/schedule.h) over its model chunks:
+// forwards, backwards, and the point-to-point traffic the table implies. The same executor runs
+// every schedule, and pp = 1 is just the one-stage table (F, BW per micro-batch).
+//
+// Zero-bubble tables split the backward into B and W; the model's backward computes both at B
+// for now and W is a no-op, so ZB-H1 runs correctly with 1F1B's timing, not yet its smaller bubble.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "parallel/comm.h"
+#include "parallel/schedule.h"
+#include "runtime/model.h"
+
+namespace t3d::runtime {
+
+// Micro-batch data for the first chunk (tokens) and the last (targets); rows·seq_len each.
+using MicroBatchSource =
+    std::function<void(int micro, const int32_t** tokens, const int32_t** targets)>;
+
+class PipelineExecutor {
+ public:
+  // `schedule` is the whole table; this rank runs ranks[pp.rank()].
+  PipelineExecutor(parallel::Schedule schedule, const parallel::Comm& pp);
+
+  // Activation slots each local chunk needs (peak micro-batches alive on it), index = local chunk.
+  const std::vector<int>& slots_per_chunk() const { return slots_; }
+  int max_slots() const;
+
+  // One step: every action of this rank. Returns the summed loss over the micro-batches of the
+  // last chunk (0 on ranks without it). `training` false runs forwards only (validation).
+  double run(Model& model, const MicroBatchSource& source, float grad_scale, bool training);
+
+ private:
+  int local_chunk(int global_chunk) const;
+
+  parallel::Schedule schedule_;
+  const parallel::Comm& pp_;
+  std::vector<int> local_of_global_;  // global chunk -> index in model.chunks(), or -1
+  std::vector<int> slots_;
+  std::vector<float> grad_in_;  // (rows, C) gradient received for the chunk being backpropagated
+};
+
+}  // namespace t3d::runtime

@@ -1,0 +1,30 @@
+// metrics.jsonl: one JSON object per line, written by rank 0 into the run directory, flushed per
+// line so a crashed run keeps what it logged.
+#pragma once
+
+#include <cstdio>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace t3d::runtime {
+
+class MetricsWriter {
+ public:
+  MetricsWriter() = default;
+  explicit MetricsWriter(const std::string& path);  // UserError if it cannot be opened
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+
+  // Fields in the given order; numbers printed with full precision, non-finite as null.
+  void write(const std::vector<std::pair<std::string, double>>& fields);
+
+ private:
+  std::FILE* file_ = nullptr;
+};
+
+// "1m23s" / "45s" for progress lines.
+std::string format_duration(double seconds);
+
+}  // namespace t3d::runtime

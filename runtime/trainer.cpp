@@ -1,0 +1,328 @@
+#include "runtime/trainer.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include "kernels/arena.h"
+#include "kernels/blas.h"
+#include "kernels/check.h"
+#include "kernels/ops.h"
+#include "parallel/pipeline_split.h"
+#include "parallel/schedule.h"
+#include "runtime/data.h"
+#include "runtime/data_sampler.h"
+#include "runtime/executor.h"
+#include "runtime/metrics.h"
+#include "runtime/model.h"
+
+namespace t3d::runtime {
+
+namespace fs = std::filesystem;
+using parallel::Dim;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Linear warm-up to lr, then cosine decay to min_lr at the last step.
+double learning_rate(const TrainConfig& t, int64_t step /* 0-based */) {
+  if (step < t.warmup_steps) return t.lr * static_cast<double>(step + 1) / t.warmup_steps;
+  const double span = std::max<int64_t>(1, t.steps - t.warmup_steps);
+  const double progress = std::min(1.0, (step - t.warmup_steps) / span);
+  return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + std::cos(M_PI * progress));
+}
+
+TokenStream load_stream(const std::string& path, const std::string& format, int vocab) {
+  if (format == "text") return read_text_file(path);
+  if (format == "bin") return read_token_file(path, vocab);
+  return load_corpus(path, vocab);
+}
+
+// The host's sgemm peak at the model's main GEMM shape, measured once per machine and cached in
+// ~/.cache/titan3d (a measurement takes a second; every run's MFU needs it).
+double host_peak_gflops(int64_t M, int64_t N, int64_t K, int threads) {
+  const char* home = std::getenv("HOME");
+  const fs::path cache = fs::path(home ? home : "/tmp") / ".cache/titan3d/sgemm_peak.txt";
+  std::ostringstream key;
+  key << kernels::openblas_corename() << "/t" << threads << "/" << M << "x" << N << "x" << K;
+  {
+    std::ifstream in(cache);
+    std::string k;
+    double v;
+    while (in >> k >> v)
+      if (k == key.str()) return v;
+  }
+  const double gflops = kernels::measure_sgemm_gflops(M, N, K, threads, 7);
+  std::error_code ec;
+  fs::create_directories(cache.parent_path(), ec);
+  std::ofstream(cache, std::ios::app) << key.str() << " " << gflops << "\n";
+  return gflops;
+}
+
+}  // namespace
+
+struct Trainer::Impl {
+  const Job& job;
+  const Recipe& r;
+  const parallel::Mesh& mesh;
+  int dp_rank = 0, dp = 1, n_micro = 1;
+  int64_t rows = 0, T = 0;
+  TokenStream train_tokens, val_tokens;
+  std::optional<Sampler> train_sampler, val_sampler;
+  std::unique_ptr<kernels::Arena> arena;
+  std::unique_ptr<PipelineExecutor> executor;
+  std::unique_ptr<Model> model;
+  std::vector<int32_t> tokens_buf, targets_buf;  // (n_micro, rows·T) each
+  std::unique_ptr<MetricsWriter> metrics;
+  bool holds_loss = false;  // last pipeline stage and tp rank 0: contributes the loss once
+  double flops_per_token = 0, peak_gflops = 0;
+  int hosts = 1;
+  double unigram_nats = 0;
+
+  Impl(const Job& j) : job(j), r(j.recipe), mesh(*j.mesh) {}
+
+  void build() {
+    const auto& p = r.parallel;
+    const auto& t = r.train;
+    dp = mesh.shape().size(Dim::dp);
+    dp_rank = mesh.coord().dp;
+    n_micro = static_cast<int>(t.micro_batches);
+    T = r.model.seq_len;
+
+    // BLAS: threads share this host's cores among its ranks; refuse a BLAS that computes wrong.
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int local = std::max(1, job.env.local_size);
+    hosts = std::max(1, mesh.world().size() / local);
+    kernels::set_blas_threads(
+        threads_per_rank(static_cast<int>(r.hardware.threads_per_rank), cores, local));
+    kernels::verify_gemm();
+
+    // Data: every rank reads the corpus (megabytes) and samples only its own rows.
+    const auto all = load_stream(r.data.path, r.data.format, static_cast<int>(r.model.vocab_size));
+    if (!r.data.val_path.empty()) {
+      train_tokens = all;
+      val_tokens = load_stream(r.data.val_path, r.data.format, static_cast<int>(r.model.vocab_size));
+    } else if (r.data.val_fraction > 0) {
+      auto split = split_train_val(all, r.data.val_fraction, T + 1);
+      train_tokens = std::move(split.train);
+      val_tokens = std::move(split.val);
+    } else {
+      train_tokens = all;
+    }
+    unigram_nats = unigram_entropy_nats(train_tokens.tokens);
+    const auto seed = static_cast<uint64_t>(t.seed);
+    train_sampler.emplace(train_tokens.tokens, train_tokens.source,
+                          SamplerConfig{parse_sample_mode(r.data.sampler), seed, t.global_batch, T});
+    rows = train_sampler->rows_per_micro(dp, n_micro);
+    if (!val_tokens.tokens.empty())
+      val_sampler.emplace(val_tokens.tokens, val_tokens.source + " (validation)",
+                          SamplerConfig{SampleMode::kSequential, seed, t.global_batch, T});
+
+    // Pipeline: the schedule's table for this stage, the layer ranges of its chunks.
+    const int pp = mesh.shape().size(Dim::pp);
+    const int v = static_cast<int>(p.virtual_stages);
+    auto schedule =
+        parallel::make_schedule(parallel::parse_schedule_kind(p.schedule), pp, n_micro, v);
+    const auto all_chunks = parallel::split_layers(
+        r.model.n_layers, pp * v,
+        parallel::head_cost_in_layers(r.model.vocab_size, r.model.dim, r.model.ffn_dim),
+        p.pipeline_split);
+    std::vector<parallel::LayerRange> mine;
+    for (int64_t k : parallel::chunks_of_stage(mesh.coord().pp, pp, v)) mine.push_back(all_chunks[k]);
+    executor = std::make_unique<PipelineExecutor>(std::move(schedule), mesh.group(Dim::pp));
+
+    arena = std::make_unique<kernels::Arena>(
+        static_cast<size_t>(r.hardware.hbm_gib * 1024.0 * 1024.0 * 1024.0));
+    model = std::make_unique<Model>(r.model, mine, mesh.group(Dim::tp), *arena,
+                                    ModelOptions{rows, executor->max_slots(), true});
+    model->init(seed);
+    tokens_buf.resize(static_cast<size_t>(n_micro * rows * T));
+    targets_buf.resize(tokens_buf.size());
+    holds_loss = mine.back().last && mesh.coord().tp == 0;
+    flops_per_token = model_train_flops_per_token(r.model);
+    if (mesh.rank() == 0)
+      metrics = std::make_unique<MetricsWriter>(job.run_dir + "/metrics.jsonl");
+  }
+
+  void describe() {
+    const auto& fp = model->footprint();
+    const auto gib = [](size_t b) { return b / double(1 << 30); };
+    std::string ranges;
+    for (const auto& c : model->chunks())
+      ranges += (ranges.empty() ? "" : ", ") + std::string("layers ") + std::to_string(c.begin) +
+                "-" + std::to_string(c.end - 1) + (c.first ? " +embedding" : "") +
+                (c.last ? " +head" : "");
+    spdlog::debug("holds {}; {} params; arena: params {:.3f} GiB, grads {:.3f}, optimizer {:.3f}, "
+                  "activations {:.3f} ({} slots), scratch {:.3f}; peak {:.3f} of {:.3f} GiB",
+                  ranges, model->layout().total_params(), gib(fp.params), gib(fp.grads),
+                  gib(fp.optimizer), gib(fp.activations), executor->max_slots(), gib(fp.scratch),
+                  gib(arena->peak()), gib(arena->capacity()));
+    if (mesh.rank() != 0) return;
+    spdlog::info("{}", kernels::openblas_config_string());
+    spdlog::info("model: {} layers, dim {}, {} heads ({} kv), ffn {}, vocab {}, seq {}; {:.2f} M "
+                 "parameters in all",
+                 r.model.n_layers, r.model.dim, r.model.n_heads, r.model.n_kv_heads,
+                 r.model.ffn_dim, r.model.vocab_size, r.model.seq_len,
+                 flops_per_token_params() / 1e6);
+    spdlog::info("data: {} train tokens, {} validation; unigram entropy {:.3f} nats/token (the loss "
+                 "to beat); global batch {} × {} tokens, {} micro-batch(es) of {} rows per dp rank",
+                 train_tokens.size(), val_tokens.size(), unigram_nats, r.train.global_batch, T,
+                 n_micro, rows);
+    spdlog::info("rank 0 holds {}; arena peak {:.3f} GiB of {:.3f} (hardware.hbm_gib)", ranges,
+                 gib(arena->peak()), gib(arena->capacity()));
+  }
+
+  // Parameters of the whole model (not this rank's share), for the log.
+  double flops_per_token_params() const {
+    const auto& m = r.model;
+    const double per_layer = 2.0 * m.dim + m.dim * m.head_dim() * (2 * m.n_heads + 2 * m.n_kv_heads) +
+                             3.0 * m.dim * m.ffn_dim;
+    return m.n_layers * per_layer + m.dim + m.vocab_size * m.dim * (m.tie_embeddings ? 1 : 2);
+  }
+
+  MicroBatchSource source(const Sampler& sampler, int64_t step) {
+    return [this, &sampler, step](int mb, const int32_t** tokens, const int32_t** targets) {
+      const size_t off = static_cast<size_t>(mb * rows * T);
+      const std::span<int32_t> tok(tokens_buf.data() + off, rows * T);
+      const std::span<int32_t> tgt(targets_buf.data() + off, rows * T);
+      sampler.sample(step, dp_rank, dp, mb, n_micro, tok, tgt);
+      *tokens = tok.data();
+      *targets = tgt.data();
+    };
+  }
+
+  double validate() {
+    const float scale = 0;  // forward only
+    double sum = 0;
+    for (int64_t b = 0; b < r.train.val_batches; ++b)
+      sum += executor->run(*model, source(*val_sampler, b), scale, false);
+    double contribution = holds_loss ? sum : 0.0;
+    mesh.world().all_reduce(&contribution, 1);
+    return contribution / static_cast<double>(r.train.val_batches * r.train.global_batch * T);
+  }
+
+  [[noreturn]] void stop_non_finite(int64_t step, double loss, double norm) {
+    int64_t layer = model->first_nonfinite_layer(executor->max_slots() - 1);
+    mesh.world().all_reduce(&layer, 1, parallel::ReduceOp::min);
+    const std::string where = layer == INT64_MAX ? "no stored activation (only the gradients)"
+                              : layer < 0        ? "model.embed_tokens"
+                                                 : "model.layers." + std::to_string(layer);
+    throw UserError("training diverged at step " + std::to_string(step) + ": loss " +
+                    std::to_string(loss) + ", gradient norm " + std::to_string(norm) +
+                    "; the first non-finite output is " + where +
+                    ". Lower train.lr, keep train.grad_clip on, or set "
+                    "train.dynamic_loss_scale = true to skip such steps.");
+  }
+
+  TrainSummary run() {
+    const auto& t = r.train;
+    TrainSummary summary;
+    summary.unigram_entropy_nats = unigram_nats;
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    if (mesh.rank() == 0)
+      peak_gflops = host_peak_gflops(rows * T, r.model.ffn_dim / mesh.shape().size(Dim::tp),
+                                     r.model.dim, cores);
+    mesh.world().broadcast(&peak_gflops, 1, 0);
+    summary.peak_gflops = peak_gflops;
+    describe();
+
+    auto& state = model->state();
+    const auto& params = model->params();
+    const auto& layout = model->layout();
+    const double tokens_per_step = static_cast<double>(t.global_batch * T);
+    const float grad_scale = static_cast<float>(1.0 / tokens_per_step);
+    const auto run_start = Clock::now();
+    for (int64_t step = 0; step < t.steps; ++step) {
+      const auto t0 = Clock::now();
+      state.grads.zero();
+      const double loss_sum = executor->run(*model, source(*train_sampler, step), grad_scale, true);
+      // Data parallel: the gradients are means over the global batch once summed over dp.
+      if (dp > 1) mesh.group(Dim::dp).all_reduce(state.grads.data(), state.grads.size());
+      // One all-reduce for the loss and the exact global gradient norm (replicas count once).
+      double sums[2] = {holds_loss ? loss_sum : 0.0,
+                        dp_rank == 0 ? model->grad_sum_of_squares() : 0.0};
+      mesh.world().all_reduce(sums, 2);
+      const double loss = sums[0] / tokens_per_step, norm = std::sqrt(sums[1]);
+      StepRecord rec;
+      rec.step = step + 1;
+      rec.loss = loss;
+      rec.grad_norm = norm;
+      rec.lr = learning_rate(t, step);
+      if (!std::isfinite(loss) || !std::isfinite(norm)) {
+        if (!t.dynamic_loss_scale) stop_non_finite(step + 1, loss, norm);
+        rec.skipped = true;
+        spdlog::warn("step {}: non-finite loss or gradients; skipped (train.dynamic_loss_scale)",
+                     step + 1);
+      } else {
+        if (t.grad_clip > 0 && norm > t.grad_clip)
+          kernels::scale(state.grads.data(), state.grads.size(),
+                         static_cast<float>(t.grad_clip / norm));
+        kernels::AdamWConfig cfg{static_cast<float>(rec.lr), static_cast<float>(t.beta1),
+                                 static_cast<float>(t.beta2), static_cast<float>(t.eps), 0.0f};
+        for (const auto& p : params) {
+          const auto& e = layout.at(p.name);
+          cfg.weight_decay = p.decay ? static_cast<float>(t.weight_decay) : 0.0f;
+          kernels::adamw_step(state.params.data() + e.offset, state.grads.data() + e.offset,
+                              state.adam_m.data() + e.offset, state.adam_v.data() + e.offset,
+                              e.numel, cfg, step + 1);
+        }
+      }
+      const bool last = step + 1 == t.steps;
+      if (val_sampler && t.val_every > 0 && ((step + 1) % t.val_every == 0 || last))
+        rec.val_loss = validate();
+      rec.step_s = seconds_since(t0);
+      rec.tokens_per_s = tokens_per_step / rec.step_s;
+      rec.mfu = flops_per_token * rec.tokens_per_s / (hosts * peak_gflops * 1e9);
+      summary.steps.push_back(rec);
+      report(rec, seconds_since(run_start));
+    }
+    summary.peak_arena_bytes = arena->peak();
+    return summary;
+  }
+
+  void report(const StepRecord& rec, double elapsed) {
+    if (mesh.rank() != 0) return;
+    const double peak_gib = arena->peak() / double(1 << 30);
+    metrics->write({{"step", double(rec.step)},
+                    {"loss", rec.loss},
+                    {"lr", rec.lr},
+                    {"grad_norm", rec.grad_norm},
+                    {"tokens_per_s", rec.tokens_per_s},
+                    {"mfu", rec.mfu},
+                    {"step_time_s", rec.step_s},
+                    {"peak_mem_gib", peak_gib},
+                    {"val_loss", rec.val_loss >= 0 ? rec.val_loss : NAN},
+                    {"skipped", rec.skipped ? 1.0 : 0.0}});
+    const int64_t steps = r.train.steps;
+    if (rec.step % r.train.log_every != 0 && rec.step != steps && rec.val_loss < 0) return;
+    const double eta = elapsed / rec.step * (steps - rec.step);
+    std::string val = rec.val_loss >= 0 ? fmt::format(" | val {:.4f}", rec.val_loss) : "";
+    spdlog::info("step {:>{}}/{} {:3.0f}% | loss {:.4f}{} | lr {:.2e} | gnorm {:.3f} | {:.0f} tok/s "
+                 "| MFU {:.1f}% | mem {:.3f} GiB | eta {}",
+                 rec.step, std::to_string(steps).size(), steps, 100.0 * rec.step / steps, rec.loss,
+                 val, rec.lr, rec.grad_norm, rec.tokens_per_s, 100 * rec.mfu, peak_gib,
+                 format_duration(eta));
+  }
+};
+
+Trainer::Trainer(const Job& job) : impl_(std::make_unique<Impl>(job)) {
+  agree_on(job.mesh->world(), [&] { impl_->build(); });
+}
+
+Trainer::~Trainer() = default;
+
+TrainSummary Trainer::run() { return impl_->run(); }
+
+}  // namespace t3d::runtime

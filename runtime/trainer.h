@@ -1,0 +1,40 @@
+// The training loop: data → pipeline executor (forward/backward, TP inside the model, P2P between
+// stages) → data-parallel gradient all-reduce → exact global-norm clipping → AdamW with warm-up
+// and cosine decay → metrics. Every rank runs it; rank 0 speaks.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "runtime/job.h"
+
+namespace t3d::runtime {
+
+struct StepRecord {
+  int64_t step = 0;  // 1-based: the number of optimizer steps taken
+  double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0, mfu = 0, step_s = 0;
+  double val_loss = -1;  // < 0: not measured at this step
+  bool skipped = false;  // dynamic loss scaling skipped a non-finite step
+};
+
+struct TrainSummary {
+  std::vector<StepRecord> steps;
+  double unigram_entropy_nats = 0;  // of the training split: the loss to beat
+  size_t peak_arena_bytes = 0;
+  double peak_gflops = 0;  // measured sgemm peak of this host, the MFU denominator
+};
+
+class Trainer {
+ public:
+  // Builds everything (data, schedule, arena, model); failures are agreed on across ranks.
+  explicit Trainer(const Job& job);
+  ~Trainer();
+  TrainSummary run();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace t3d::runtime
