@@ -1,7 +1,6 @@
 #include "runtime/executor.h"
 
 #include <algorithm>
-#include <map>
 
 #include "kernels/check.h"
 
@@ -51,67 +50,96 @@ int PipelineExecutor::local_chunk(int global_chunk) const {
 
 double PipelineExecutor::run(Model& model, const MicroBatchSource& source, float grad_scale,
                              bool training) {
+  if (!training) return run_forward_only(model, source);
   const int K = schedule_.num_chunks();
   const int stage = pp_.rank();
   const size_t n = static_cast<size_t>(model.rows() * model.config().dim);
   if (grad_in_.size() < n) grad_in_.resize(n);
-  // Slot of each (micro-batch, local chunk) while it is alive.
-  std::map<std::pair<int, int>, int> slot_of;
-  std::vector<std::vector<int>> free_slots(slots_.size());
-  for (size_t c = 0; c < slots_.size(); ++c)
-    for (int s = slots_[c] - 1; s >= 0; --s) free_slots[c].push_back(s);
-  // Sends in flight, completed before their buffer is written again and at the end of the step.
-  std::vector<MPI_Request> pending;
-  auto flush_sends = [&] {
-    for (auto& r : pending) pp_.wait(r, "pipeline send");
-    pending.clear();
+  const size_t chunks = slots_.size();
+  // Slot of each (micro-batch, local chunk) while it is alive, and free slots per chunk.
+  slot_of_.assign(static_cast<size_t>(schedule_.n_micro) * chunks, -1);
+  free_.resize(chunks);
+  sends_.resize(chunks);
+  for (size_t c = 0; c < chunks; ++c) {
+    free_[c].clear();
+    for (int s = slots_[c] - 1; s >= 0; --s) free_[c].push_back(s);
+    sends_[c].assign(static_cast<size_t>(slots_[c]), {MPI_REQUEST_NULL, MPI_REQUEST_NULL});
+  }
+  // A slot's two buffers that leave by isend (its output, its input gradient) are waited for only
+  // when the slot is taken again: sends never block the schedule, as its validator assumes.
+  auto take_slot = [&](int c, int mb) {
+    T3D_ASSERT(!free_[c].empty(), "no free activation slot for micro-batch ", mb);
+    const int slot = free_[c].back();
+    free_[c].pop_back();
+    for (auto& r : sends_[c][slot]) pp_.wait(r, "pipeline send");
+    slot_of_[mb * chunks + c] = slot;
+    return slot;
   };
 
   double loss = 0;
   for (const auto& a : schedule_.ranks[stage]) {
-    if (!training && a.op != Op::kF) continue;
     const int c = local_chunk(a.chunk);
     const auto& range = model.chunks()[c];
     if (a.op == Op::kF) {
-      T3D_ASSERT(!free_slots[c].empty(), "no free activation slot for ", to_string(a));
-      const int slot = free_slots[c].back();
-      free_slots[c].pop_back();
-      slot_of[{a.mb, c}] = slot;
+      const int slot = take_slot(c, a.mb);
       const int32_t* tokens = nullptr;
       const int32_t* targets = nullptr;
       if (range.first || range.last) source(a.mb, &tokens, &targets);
-      if (!range.first) {
+      if (!range.first)
         pp_.recv(model.input(c, slot), n, schedule_.chunk_stage[a.chunk - 1],
                  tag_of(a.mb, a.chunk, K, false));
-      }
-      loss += model.forward(c, slot, tokens, targets, grad_scale, training);
+      loss += model.forward(c, slot, tokens, targets, grad_scale, true);
       if (!range.last)
-        pending.push_back(pp_.isend(model.output(c, slot), n, schedule_.chunk_stage[a.chunk + 1],
-                                    tag_of(a.mb, a.chunk + 1, K, false)));
-      if (!training) {  // forward-only: the slot is free again once its output has left
-        flush_sends();
-        free_slots[c].push_back(slot);
-        slot_of.erase({a.mb, c});
-      }
+        sends_[c][slot][0] = pp_.isend(model.output(c, slot), n,
+                                       schedule_.chunk_stage[a.chunk + 1],
+                                       tag_of(a.mb, a.chunk + 1, K, false));
       continue;
     }
     if (a.op == Op::kW) continue;  // B already computed the weight gradients (see executor.h)
-    const int slot = slot_of.at({a.mb, c});
+    const int slot = slot_of_[a.mb * chunks + c];
+    T3D_ASSERT(slot >= 0, to_string(a), " before its forward");
     const float* dout = nullptr;
     if (!range.last) {
       pp_.recv(grad_in_.data(), n, schedule_.chunk_stage[a.chunk + 1],
                tag_of(a.mb, a.chunk, K, true));
       dout = grad_in_.data();
     }
-    flush_sends();  // input_grad(c) and this slot's output may still be in flight
     model.backward(c, slot, dout);
     if (!range.first)
-      pending.push_back(pp_.isend(model.input_grad(c), n, schedule_.chunk_stage[a.chunk - 1],
-                                  tag_of(a.mb, a.chunk - 1, K, true)));
-    free_slots[c].push_back(slot);
-    slot_of.erase({a.mb, c});
+      sends_[c][slot][1] = pp_.isend(model.input_grad(c, slot), n,
+                                     schedule_.chunk_stage[a.chunk - 1],
+                                     tag_of(a.mb, a.chunk - 1, K, true));
+    free_[c].push_back(slot);
+    slot_of_[a.mb * chunks + c] = -1;
   }
-  flush_sends();
+  for (auto& per_chunk : sends_)
+    for (auto& pair : per_chunk)
+      for (auto& r : pair) pp_.wait(r, "pipeline send");
+  return loss;
+}
+
+double PipelineExecutor::run_forward_only(Model& model, const MicroBatchSource& source) {
+  // Micro-batch by micro-batch through the chunks in model order, on slot 0, each send completed
+  // at once. Slower than a schedule but deadlock-free for any placement: every wait is on a rank
+  // further along the same micro-batch's path, so waits never form a cycle.
+  const int K = schedule_.num_chunks();
+  const int stage = pp_.rank();
+  const size_t n = static_cast<size_t>(model.rows() * model.config().dim);
+  double loss = 0;
+  for (int mb = 0; mb < schedule_.n_micro; ++mb)
+    for (int k = 0; k < K; ++k) {
+      if (schedule_.chunk_stage[k] != stage) continue;
+      const int c = local_chunk(k);
+      const auto& range = model.chunks()[c];
+      const int32_t* tokens = nullptr;
+      const int32_t* targets = nullptr;
+      if (range.first || range.last) source(mb, &tokens, &targets);
+      if (!range.first)
+        pp_.recv(model.input(c, 0), n, schedule_.chunk_stage[k - 1], tag_of(mb, k, K, false));
+      loss += model.forward(c, 0, tokens, targets, 0.0f, false);
+      if (!range.last)
+        pp_.send(model.output(c, 0), n, schedule_.chunk_stage[k + 1], tag_of(mb, k + 1, K, false));
+    }
   return loss;
 }
 

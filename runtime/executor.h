@@ -6,6 +6,7 @@
 // for now and W is a no-op, so ZB-H1 runs correctly with 1F1B's timing, not yet its smaller bubble.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -35,12 +36,17 @@ class PipelineExecutor {
 
  private:
   int local_chunk(int global_chunk) const;
+  double run_forward_only(Model& model, const MicroBatchSource& source);
 
   parallel::Schedule schedule_;
   const parallel::Comm& pp_;
   std::vector<int> local_of_global_;  // global chunk -> index in model.chunks(), or -1
   std::vector<int> slots_;
   std::vector<float> grad_in_;  // (rows, C) gradient received for the chunk being backpropagated
+  // Per-step bookkeeping, kept between steps so a step does not allocate.
+  std::vector<int> slot_of_;                                   // [mb · chunks + c] -> slot or -1
+  std::vector<std::vector<int>> free_;                         // [c] free slots
+  std::vector<std::vector<std::array<MPI_Request, 2>>> sends_;  // [c][slot] output, input grad
 };
 
 }  // namespace t3d::runtime

@@ -35,6 +35,7 @@ struct Model::ChunkActs {
   float* xf = nullptr;        // (N, C) last chunk: model.norm output
   float* rstdf = nullptr;     // (N)
   float* dx_last = nullptr;   // (N, C) last chunk: gradient of x[L] from the loss
+  float* dx_in = nullptr;     // (N, C) other than the first chunk: gradient of x[0]
 };
 
 // Per-rank buffers shared by every chunk and slot: only one forward or backward runs at a time.
@@ -57,7 +58,6 @@ struct Model::Scratch {
   float* sum_exp;  // (N)
   float* target;   // (N)
   float* rope;     // (T, D)
-  std::vector<float*> input_grad;  // per chunk (N, C)
 };
 
 namespace {
@@ -151,6 +151,7 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
         a->rstdf = alloc(p + ".final_rstd", N);
         a->dx_last = alloc(p + ".loss_grad", N * C);
       }
+      if (!range.first) a->dx_in = alloc(p + ".input_grad", N * C);
       acts_[ci].push_back(std::move(a));
     }
   }
@@ -181,10 +182,6 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
   }
   s.rope = alloc("scratch.rope_table", T * D);
   k::rope_table(s.rope, T, D, config_.rope_theta);
-  for (size_t ci = 0; ci < chunks_.size(); ++ci)
-    s.input_grad.push_back(chunks_[ci].first ? nullptr
-                                             : alloc("scratch.input_grad" + std::to_string(ci),
-                                                     N * C));
   footprint_.scratch = arena_.used() - before;
 }
 
@@ -260,7 +257,9 @@ float* Model::input(int chunk, int slot) { return acts_.at(chunk).at(slot)->x[0]
 const float* Model::output(int chunk, int slot) const {
   return acts_.at(chunk).at(slot)->x.back();
 }
-const float* Model::input_grad(int chunk) const { return scratch_->input_grad.at(chunk); }
+const float* Model::input_grad(int chunk, int slot) const {
+  return acts_.at(chunk).at(slot)->dx_in;
+}
 
 void Model::forward_layer(int64_t l, LayerActs& a, const float* x_in, float* x_out) {
   const int64_t N = rows_, C = config_.dim, D = config_.head_dim();
@@ -394,7 +393,7 @@ void Model::backward(int chunk, int slot, const float* dout) {
   const auto& range = chunks_.at(chunk);
   ChunkActs& a = *acts_.at(chunk).at(slot);
   const int64_t N = rows_, C = config_.dim;
-  float* dx = range.first ? scratch_->dx : scratch_->input_grad[chunk];
+  float* dx = range.first ? scratch_->dx : a.dx_in;
   std::memcpy(dx, range.last ? a.dx_last : dout, sizeof(float) * N * C);
   for (int64_t l = range.end - 1; l >= range.begin; --l)
     backward_layer(l, a.layers[l - range.begin], a.x[l - range.begin], dx);

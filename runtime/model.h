@@ -83,7 +83,9 @@ class Model {
 
   float* input(int chunk, int slot);              // (rows, C): activations from the previous chunk
   const float* output(int chunk, int slot) const;  // (rows, C): activations for the next chunk
-  const float* input_grad(int chunk) const;        // (rows, C)
+  // (rows, C): gradient of the chunk's input, per slot so a send can still be in flight while the
+  // next micro-batch's backward runs.
+  const float* input_grad(int chunk, int slot) const;
 
   // Sum of squared gradients this rank owns for the global norm: tp-replicated tensors count on
   // tp rank 0 only, so an all-reduce over tp and pp groups gives the global sum exactly.

@@ -1,0 +1,17 @@
+# Helpers for the end-to-end tests (sourced).
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+corpus=$repo/data/fortunes.txt
+require_corpus() {
+  [ -s "$corpus" ] || { echo "FAIL: $corpus is missing: run scripts/get_data.sh (scripts/test.sh does)"; exit 1; }
+}
+# losses FILE: the per-step training losses of a metrics.jsonl, one per line.
+losses() { sed -n 's/.*"loss": \([^,]*\),.*/\1/p' "$1"; }
+# compare_losses A B RTOL: every step's loss agrees within RTOL relative; prints the worst.
+compare_losses() {
+  paste <(losses "$1") <(losses "$2") | awk -v rtol="$3" -v a="$1" -v b="$2" '
+    { n++; d = ($1 - $2); if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > worst) worst = r;
+      if (r > rtol) bad++ }
+    END { if (n == 0) { print "FAIL: no losses in " a " or " b; exit 1 }
+          printf "%d steps, worst relative difference %.2e (tolerance %g)\n", n, worst, rtol;
+          exit bad > 0 }'
+}
