@@ -5,4 +5,5 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 bash scripts/build.sh
+bash scripts/get_data.sh   # the e2e tests train on the real corpus
 ctest --test-dir build --output-on-failure --timeout 600 "$@"
