@@ -104,6 +104,10 @@ Cluster parse_cluster(const std::string& toml_text, const std::string& source_na
       fail(where(source_name, body), section,
            "top-level keys are not allowed; put it in [cluster], [device] or [network]" +
                suggestion(section));
+    const bool known_section = section == "cluster" || section == "device" || section == "network";
+    if (!known_section)
+      fail(where(source_name, body), section,
+           "unknown section; the sections are [cluster], [device] and [network]");
     for (const auto& [key, value] : body.as_table()) {
       const std::string full = section + "." + key;
       if (full == "cluster.name") {
