@@ -42,11 +42,10 @@ const std::vector<Key>& schema() {
       {"network", "intra_node_latency_us", "Latency of one message inside a node, µs (default 1).",
        false, false, member(&Cluster::intra_node_latency_us)},
       {"network", "inter_node_gbps",
-       "Bandwidth between nodes, GB/s one direction per node (all its NICs together).", true,
-       false, member(&Cluster::inter_node_gbps)},
-      {"network", "inter_node_latency_us",
-       "Latency of one message between nodes, µs (default 5).", false, false,
-       member(&Cluster::inter_node_latency_us)},
+       "Bandwidth between nodes, GB/s one direction per node (all its NICs together).", true, false,
+       member(&Cluster::inter_node_gbps)},
+      {"network", "inter_node_latency_us", "Latency of one message between nodes, µs (default 5).",
+       false, false, member(&Cluster::inter_node_latency_us)},
   };
   return keys;
 }
@@ -117,7 +116,8 @@ Cluster parse_cluster(const std::string& toml_text, const std::string& source_na
       }
       auto k = std::find_if(schema().begin(), schema().end(),
                             [&](const Key& s) { return s.full() == full; });
-      if (k == schema().end()) fail(where(source_name, value), full, "unknown key" + suggestion(full));
+      if (k == schema().end())
+        fail(where(source_name, value), full, "unknown key" + suggestion(full));
       double x = 0;
       if (value.is_integer()) {
         x = static_cast<double>(value.as_integer());

@@ -33,8 +33,8 @@ std::vector<int64_t> divisors(int64_t n) {
 class ScheduleCache {
  public:
   const parallel::Schedule& get(const Layout& l) {
-    const auto key = std::make_tuple(static_cast<int>(l.schedule), l.pp, l.micro_batches,
-                                     l.virtual_stages);
+    const auto key =
+        std::make_tuple(static_cast<int>(l.schedule), l.pp, l.micro_batches, l.virtual_stages);
     auto it = cache_.find(key);
     if (it == cache_.end())
       it = cache_.emplace(key, std::make_unique<parallel::Schedule>(make_layout_schedule(l))).first;
@@ -158,7 +158,8 @@ Plan make_plan(const PlanProblem& p, const PlanSpace& space) {
 std::string format_ranked(const PlanProblem& p, const Plan& plan, int64_t top) {
   std::string out = fmt::format(
       "{} layouts evaluated, {} fit in {} GiB. Best {}:\n"
-      "   #    dp  tp  pp  schedule             micro  zero  ckpt    memory  step     compute  tp    "
+      "   #    dp  tp  pp  schedule             micro  zero  ckpt    memory  step     compute  tp  "
+      "  "
       "dp    pp    bubble  tokens/s/device\n",
       plan.evaluated, plan.ranked.size(), p.cluster.hbm_gib,
       std::min<int64_t>(top, static_cast<int64_t>(plan.ranked.size())));
@@ -174,8 +175,9 @@ std::string format_ranked(const PlanProblem& p, const Plan& plan, int64_t top) {
         pct(t.tp, t.total), pct(t.dp, t.total), pct(t.pp, t.total), pct(t.bubble, t.total),
         thousands(t.tokens_per_s_per_device));
   }
-  out += "memory in GiB per device (the stage needing most); compute .. bubble: shares of the "
-         "step; micro: micro-batches per dp rank.\n";
+  out +=
+      "memory in GiB per device (the stage needing most); compute .. bubble: shares of the "
+      "step; micro: micro-batches per dp rank.\n";
   return out;
 }
 
@@ -199,8 +201,8 @@ std::string explain(const PlanProblem& p, const Layout& l) {
   T3D_USER_CHECK(why.empty(), "plan: layout ", l.label(), " cannot run: ", why);
   const parallel::Schedule s = make_layout_schedule(l);
   std::ostringstream os;
-  os << "Layout " << l.label() << ": " << micro_rows(p, l) << " sequences of "
-     << p.model.seq_len << " tokens per micro-batch\n";
+  os << "Layout " << l.label() << ": " << micro_rows(p, l) << " sequence(s) of " << p.model.seq_len
+     << " tokens per micro-batch\n";
   const Memory m = peak_memory(p, l, s, &os);
   os << (m.total() <= p.cluster.hbm_gib * kGiB ? "  fits\n" : "  OUT OF MEMORY\n");
   step_time(p, l, s, &os);
@@ -252,7 +254,8 @@ Cluster local_cluster(const Recipe& r, bool calibrate) {
   c.peak_tflops = 0.18;
   c.compute_efficiency = 160.0 / 180.0;
   if (calibrate) {
-    const int threads = r.hardware.threads_per_rank > 0 ? static_cast<int>(r.hardware.threads_per_rank) : 1;
+    const int threads =
+        r.hardware.threads_per_rank > 0 ? static_cast<int>(r.hardware.threads_per_rank) : 1;
     c.peak_tflops = kernels::measure_sgemm_gflops(1024, 1024, 1024, threads) / 1e3;
     c.compute_efficiency = 1.0;  // measured: already what GEMMs reach
   }
@@ -281,11 +284,13 @@ int run_plan(const PlanOptions& o) {
       cluster.inter_node_gbps);
   if (o.calibrate) {
     const int threads = recipe.hardware.threads_per_rank > 0
-                            ? static_cast<int>(recipe.hardware.threads_per_rank) : 1;
-    std::printf("calibrate: sgemm 1024³ here: %.1f GFLOP/s with %d thread(s)%s; collective "
-                "speeds are not measured yet (docs/planner.md)\n",
-                kernels::measure_sgemm_gflops(1024, 1024, 1024, threads), threads,
-                o.cluster.empty() ? " (used as this machine's peak)" : "");
+                            ? static_cast<int>(recipe.hardware.threads_per_rank)
+                            : 1;
+    std::printf(
+        "calibrate: sgemm 1024³ here: %.1f GFLOP/s with %d thread(s)%s; collective "
+        "speeds are not measured yet (docs/planner.md)\n",
+        kernels::measure_sgemm_gflops(1024, 1024, 1024, threads), threads,
+        o.cluster.empty() ? " (used as this machine's peak)" : "");
   }
 
   if (o.schedule) {
@@ -320,17 +325,17 @@ int run_plan(const PlanOptions& o) {
   const std::string own_invalid = invalid_reason(p, own);
   if (own_invalid.empty()) {
     const Candidate c = evaluate(p, own);
-    auto it = std::find_if(plan.ranked.begin(), plan.ranked.end(), [&](const Candidate& x) {
-      return x.layout.label() == own.label();
-    });
+    auto it = std::find_if(plan.ranked.begin(), plan.ranked.end(),
+                           [&](const Candidate& x) { return x.layout.label() == own.label(); });
     std::printf("\nThe recipe's own layout %s: %s\n", own.label().c_str(),
                 !c.fits ? fmt::format("OOM ({:.1f} GiB)", c.memory.total() / kGiB).c_str()
                 : it != plan.ranked.end()
-                    ? fmt::format("rank {} of {}, {} tokens/s/device",
-                                  it - plan.ranked.begin() + 1, plan.ranked.size(),
-                                  thousands(c.time.tokens_per_s_per_device)).c_str()
+                    ? fmt::format("rank {} of {}, {} tokens/s/device", it - plan.ranked.begin() + 1,
+                                  plan.ranked.size(), thousands(c.time.tokens_per_s_per_device))
+                          .c_str()
                     : fmt::format("{} tokens/s/device (outside the searched space)",
-                                  thousands(c.time.tokens_per_s_per_device)).c_str());
+                                  thousands(c.time.tokens_per_s_per_device))
+                          .c_str());
   } else {
     std::printf("\nThe recipe's own layout %s cannot run here: %s\n", own.label().c_str(),
                 own_invalid.c_str());

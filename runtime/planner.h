@@ -65,14 +65,14 @@ Cluster local_cluster(const Recipe& recipe, bool calibrate);
 struct PlanOptions {
   std::string recipe;
   std::vector<Override> overrides;
-  std::string cluster;               // empty: local_cluster()
+  std::string cluster;  // empty: local_cluster()
   int64_t top = 10;
-  int64_t explain = -1;              // -1 none; 0 the recipe's own layout; N row N of the table
-  std::string write_recipe;          // write the best layout as a recipe here
-  bool schedule = false;             // print the recipe layout's simulated timeline
-  std::string svg;                   // ... and draw it here
+  int64_t explain = -1;      // -1 none; 0 the recipe's own layout; N row N of the table
+  std::string write_recipe;  // write the best layout as a recipe here
+  bool schedule = false;     // print the recipe layout's simulated timeline
+  std::string svg;           // ... and draw it here
   bool calibrate = false;
-  std::vector<int64_t> zero;         // ZeRO stages to try; empty: all
+  std::vector<int64_t> zero;  // ZeRO stages to try; empty: all
 };
 
 // Runs the verb, printing to stdout. UserError for bad input (apps/ maps it to exit 2).

@@ -25,17 +25,18 @@ struct Shard {
 };
 
 Shard shard_of(const ModelConfig& m, int64_t tp) {
-  return {double(m.dim),         double(m.head_dim()),     double(m.n_heads / tp),
-          double(m.n_kv_heads / tp), double(m.ffn_dim / tp), double(m.vocab_size / tp),
+  return {double(m.dim),          double(m.head_dim()),
+          double(m.n_heads / tp), double(m.n_kv_heads / tp),
+          double(m.ffn_dim / tp), double(m.vocab_size / tp),
           double(m.seq_len)};
 }
 
 // Parameter elements of one block on one tp rank, as build_param_table lays them out.
 double layer_param_elems(const Shard& s) {
-  return 2 * padded(s.C)                              // two RMSNorm weights, replicated
-         + 2 * padded(s.H * s.D * s.C)                // q_proj, o_proj
-         + 2 * padded(s.Hkv * s.D * s.C)              // k_proj, v_proj
-         + 3 * padded(s.F * s.C);                     // gate, up, down
+  return 2 * padded(s.C)                  // two RMSNorm weights, replicated
+         + 2 * padded(s.H * s.D * s.C)    // q_proj, o_proj
+         + 2 * padded(s.Hkv * s.D * s.C)  // k_proj, v_proj
+         + 3 * padded(s.F * s.C);         // gate, up, down
 }
 
 double chunk_param_elems(const ModelConfig& m, const Shard& s, const parallel::LayerRange& r) {
@@ -49,12 +50,12 @@ double chunk_param_elems(const ModelConfig& m, const Shard& s, const parallel::L
 // Per-row statistics (rstd, logsumexp) stay fp32 whatever the activation precision.
 double layer_act_bytes(const Shard& s, double B, double a) {
   const double N = B * s.T;
-  return 2 * aligned(4 * N)                    // rstd1, rstd2
-         + 3 * aligned(a * N * s.C)            // xn1, xmid, xn2
-         + 2 * aligned(a * N * s.H * s.D)      // q, attention output
-         + 2 * aligned(a * N * s.Hkv * s.D)    // k, v
-         + aligned(4 * B * s.H * s.T)          // logsumexp
-         + 3 * aligned(a * N * s.F);           // gate, up, silu(gate)·up
+  return 2 * aligned(4 * N)                  // rstd1, rstd2
+         + 3 * aligned(a * N * s.C)          // xn1, xmid, xn2
+         + 2 * aligned(a * N * s.H * s.D)    // q, attention output
+         + 2 * aligned(a * N * s.Hkv * s.D)  // k, v
+         + aligned(4 * B * s.H * s.T)        // logsumexp
+         + 3 * aligned(a * N * s.F);         // gate, up, silu(gate)·up
 }
 
 int64_t checkpointed_layers(int64_t layers, int64_t every) {
@@ -68,7 +69,7 @@ double chunk_act_bytes(const Shard& s, const parallel::LayerRange& r, double B, 
   const double N = B * s.T;
   const int64_t stored = r.size() - checkpointed_layers(r.size(), checkpoint_every);
   double bytes = (r.size() + 1) * aligned(a * N * s.C) + stored * layer_act_bytes(s, B, a);
-  if (r.first) bytes += aligned(4 * N);  // token ids
+  if (r.first) bytes += aligned(4 * N);                            // token ids
   if (r.last) bytes += 2 * aligned(a * N * s.C) + aligned(4 * N);  // final norm, loss grad, rstd
   return bytes;
 }
@@ -82,12 +83,12 @@ double workspace_bytes(const Shard& s, const std::vector<parallel::LayerRange>& 
   shape.B = static_cast<int64_t>(B), shape.T = static_cast<int64_t>(s.T);
   shape.n_heads = static_cast<int64_t>(s.H), shape.n_kv_heads = static_cast<int64_t>(s.Hkv);
   shape.head_dim = static_cast<int64_t>(s.D);
-  double bytes = 4 * aligned(a * N * s.C)          // tmp, dx, dtmp, dxn
-                 + 2 * aligned(a * N * s.H * s.D)  // datt, dq
+  double bytes = 4 * aligned(a * N * s.C)            // tmp, dx, dtmp, dxn
+                 + 2 * aligned(a * N * s.H * s.D)    // datt, dq
                  + 2 * aligned(a * N * s.Hkv * s.D)  // dk, dv
                  + 3 * aligned(a * N * s.F)          // dh, dgate, dup
-                 + aligned(4.0 * kernels::attention_scratch_floats(shape))
-                 + aligned(4 * s.T * s.D);  // RoPE table
+                 + aligned(4.0 * kernels::attention_scratch_floats(shape)) +
+                 aligned(4 * s.T * s.D);  // RoPE table
   bool last = false;
   for (const auto& r : ranges) {
     last |= r.last;
@@ -111,7 +112,8 @@ std::vector<parallel::LayerRange> layer_split(const ModelConfig& m, const Layout
 std::vector<parallel::LayerRange> ranges_of_stage(const std::vector<parallel::LayerRange>& split,
                                                   const Layout& l, int64_t stage) {
   std::vector<parallel::LayerRange> out;
-  for (int64_t k : parallel::chunks_of_stage(stage, l.pp, l.virtual_stages)) out.push_back(split[k]);
+  for (int64_t k : parallel::chunks_of_stage(stage, l.pp, l.virtual_stages))
+    out.push_back(split[k]);
   return out;
 }
 
@@ -219,11 +221,11 @@ std::string invalid_reason(const PlanProblem& p, const Layout& l) {
   if (m.n_heads % l.tp || m.n_kv_heads % l.tp || m.ffn_dim % l.tp || m.vocab_size % l.tp)
     return fmt::format("tp = {} does not divide heads / kv heads / ffn_dim / vocab", l.tp);
   if (m.n_layers % (l.pp * l.virtual_stages))
-    return fmt::format("pp·virtual_stages = {} does not divide {} layers",
-                       l.pp * l.virtual_stages, m.n_layers);
+    return fmt::format("pp·virtual_stages = {} does not divide {} layers", l.pp * l.virtual_stages,
+                       m.n_layers);
   if (p.global_batch % (l.dp * l.micro_batches))
-    return fmt::format("global_batch {} is not divisible by dp·micro_batches = {}",
-                       p.global_batch, l.dp * l.micro_batches);
+    return fmt::format("global_batch {} is not divisible by dp·micro_batches = {}", p.global_batch,
+                       l.dp * l.micro_batches);
   if (l.virtual_stages > 1 && l.schedule != parallel::ScheduleKind::kInterleaved1F1B)
     return "virtual_stages > 1 needs interleaved_1f1b";
   if (l.schedule == parallel::ScheduleKind::kInterleaved1F1B &&
@@ -287,7 +289,7 @@ Memory stage_memory(const PlanProblem& p, const Layout& l, const parallel::Sched
         "  gradients   {} × {} B{} = {}\n"
         "  optimizer   {} × ({} B master + 2 × {} B AdamW moments){} = {}\n"
         "  activations {} slots (micro-batches in flight per chunk, from the schedule) × {} per "
-        "micro-batch of {} sequences ({}) = {}\n"
+        "micro-batch of {} sequence(s) ({}) = {}\n"
         "  workspace   backward scratch, attention tiles, logits{}{} = {}\n"
         "  total       {} of {} GiB\n",
         stage, layers, ranges.front().first ? ", embedding" : "",
@@ -387,9 +389,15 @@ StepTime step_time(const PlanProblem& p, const Layout& l, const parallel::Schedu
   double traffic = 0, window = 0;
   const double backward = t.costs.b + t.costs.w;
   switch (l.zero) {
-    case 0: traffic = 2 * rs, window = backward; break;       // all-reduce once per step
-    case 1: traffic = rs + ag, window = backward; break;      // + all-gather updated weights
-    case 2: traffic = m * rs + ag, window = m * backward; break;  // reduce-scatter per micro-batch
+    case 0:
+      traffic = 2 * rs, window = backward;
+      break;  // all-reduce once per step
+    case 1:
+      traffic = rs + ag, window = backward;
+      break;  // + all-gather updated weights
+    case 2:
+      traffic = m * rs + ag, window = m * backward;
+      break;  // reduce-scatter per micro-batch
     default:  // gather weights for forward and backward, reduce-scatter grads, per micro-batch
       traffic = m * (2 * ag + rs), window = m * (t.costs.f + backward);
   }
@@ -403,22 +411,22 @@ StepTime step_time(const PlanProblem& p, const Layout& l, const parallel::Schedu
     *why << fmt::format(
         "  pp: {} B activations per transfer, {} each ({})\n"
         "  dp: {} gradient elements on {} ranks ({}, {:.1f} GB/s): ZeRO-{} traffic {} per step, "
-        "{} of it hidden behind backward compute, {} exposed\n"
+        "{} of it hidden behind compute, {} exposed\n"
         "pipeline ({}, {} micro-batches, simulated): makespan {} = busy {} + bubble {} + "
         "transfers {} (bubble fraction {:.1f}%)\n"
         "step {} = compute {} + tp {} + dp {} + pp {} + bubble {}\n"
         "tokens/s/device = {} · {} / {} / {} = {:.0f}\n",
         num(micro_rows(p, l) * p.model.seq_len * p.model.dim * p.precision.activation),
         sec(t.costs.comm),
-        l.pp == 1 ? "no pipeline" : (group_link(p.cluster, l.tp * l.dp, l.pp).inter_node
-                                         ? "between nodes"
-                                         : "inside a node"),
+        l.pp == 1 ? "no pipeline"
+                  : (group_link(p.cluster, l.tp * l.dp, l.pp).inter_node ? "between nodes"
+                                                                         : "inside a node"),
         num(elems), l.dp, dp_link.inter_node ? "between nodes" : "inside a node",
-        dp_link.bytes_per_s / 1e9, l.zero, sec(traffic), sec(std::min(traffic, window)),
-        sec(t.dp), parallel::to_string(l.schedule), l.micro_batches, sec(with.makespan),
-        sec(busy), sec(t.bubble), sec(t.pp), 100 * t.bubble_fraction, sec(t.total), sec(t.compute),
-        sec(t.tp), sec(t.dp), sec(t.pp), sec(t.bubble), p.global_batch, p.model.seq_len,
-        sec(t.total), l.world(), t.tokens_per_s_per_device);
+        dp_link.bytes_per_s / 1e9, l.zero, sec(traffic), sec(std::min(traffic, window)), sec(t.dp),
+        parallel::to_string(l.schedule), l.micro_batches, sec(with.makespan), sec(busy),
+        sec(t.bubble), sec(t.pp), 100 * t.bubble_fraction, sec(t.total), sec(t.compute), sec(t.tp),
+        sec(t.dp), sec(t.pp), sec(t.bubble), p.global_batch, p.model.seq_len, sec(t.total),
+        l.world(), t.tokens_per_s_per_device);
   return t;
 }
 

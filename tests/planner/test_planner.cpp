@@ -72,8 +72,8 @@ TEST(Planner13B, RecipeLayoutFitsAndIsRanked) {
     ASSERT_GE(plan.ranked[i - 1].time.tokens_per_s_per_device,
               plan.ranked[i].time.tokens_per_s_per_device);
   for (const Candidate& c : plan.ranked) ASSERT_LE(c.memory.total(), 32 * kGiB);
-  const Layout own = layout_of_recipe(load_recipe(T3D_SOURCE_DIR "/recipes/llama13b_64npu.toml"),
-                                      p.cluster);
+  const Layout own =
+      layout_of_recipe(load_recipe(T3D_SOURCE_DIR "/recipes/llama13b_64npu.toml"), p.cluster);
   EXPECT_EQ(own.label(), "dp8 tp4 pp2 1f1b m8 z0 ckpt:none");
   EXPECT_TRUE(evaluate(p, own).fits);
 }
@@ -185,13 +185,13 @@ TEST(Planner, WrittenRecipeRoundTrips) {
 
 TEST(Planner, InvalidLayoutsAreExplained) {
   const PlanProblem p = llama13b();
-  EXPECT_NE(invalid_reason(p, {8, 8, 2, 8}), "");                              // 128 ≠ 64 devices
+  EXPECT_NE(invalid_reason(p, {8, 8, 2, 8}), "");  // 128 ≠ 64 devices
   EXPECT_NE(invalid_reason(p, {2, 16, 2, 8}).find("node"), std::string::npos);  // tp spans nodes
   EXPECT_NE(invalid_reason(p, {16, 1, 4, 3}).find("global_batch"), std::string::npos);
   EXPECT_THROW(explain(p, {16, 1, 4, 3}), UserError);
   const std::string text = explain(p, {8, 4, 2, 8});
-  for (const char* part : {"weights", "optimizer", "activations", "tp: all-reduce", "pipeline",
-                           "tokens/s/device"})
+  for (const char* part :
+       {"weights", "optimizer", "activations", "tp: all-reduce", "pipeline", "tokens/s/device"})
     EXPECT_NE(text.find(part), std::string::npos) << part << " missing from:\n" << text;
 }
 
