@@ -131,7 +131,7 @@ StageCost cost_of_stage(const PlanProblem& p, const Layout& l,
   const double flops_s = p.cluster.peak_tflops * 1e12 * p.cluster.compute_efficiency;
   // Per token of one block (tp-local): each weight element is one multiply-add (2 FLOPs) in the
   // forward, in the input gradient and in the weight gradient; attention scores and their use
-  // (QK^T, AV) over the full T×T as Model::train_flops_per_token counts them.
+  // (QK^T, AV) over the full T×T as model_train_flops_per_token counts them.
   const double mm = 2 * (2 * s.H * s.D * s.C + 2 * s.Hkv * s.D * s.C + 3 * s.F * s.C);
   const double att = 4 * s.H * s.D * s.T;
   const Link tp_link = group_link(p.cluster, 1, l.tp);
