@@ -10,6 +10,7 @@
 #include "kernels/check.h"
 #include "runtime/job.h"
 #include "runtime/launch.h"
+#include "runtime/planner.h"
 #include "runtime/recipe.h"
 #include "runtime/trainer.h"
 
@@ -116,9 +117,24 @@ int main(int argc, char** argv) {
   add_sets(selfcheck_cmd);
   selfcheck_cmd->add_flag("--json", json, "Also write the report as JSON");
 
+  // `plan` (issue 7): options go straight into runtime::PlanOptions; see docs/planner.md.
+  runtime::PlanOptions plan;
   auto* plan_cmd = app.add_subcommand("plan", "Choose DP×TP×PP for a model and a cluster");
-  plan_cmd->add_option("recipe", o.recipe, "Recipe TOML file")->required();
+  plan_cmd->add_option("recipe", o.recipe, "Recipe TOML file (model and training shape)")
+      ->required();
   add_sets(plan_cmd);
+  plan_cmd->add_option("--cluster", plan.cluster,
+                       "Cluster TOML file (recipes/clusters/); default: this machine");
+  plan_cmd->add_option("--top", plan.top, "Rows of the ranked table")->capture_default_str();
+  plan_cmd->add_option("--explain", plan.explain,
+                       "Show the arithmetic of table row N (0: the recipe's own layout)");
+  plan_cmd->add_option("--write-recipe", plan.write_recipe, "Write the best layout as a recipe");
+  plan_cmd->add_flag("--schedule", plan.schedule,
+                     "Simulate the recipe's own layout: timeline and summary");
+  plan_cmd->add_option("--svg", plan.svg, "With --schedule: also draw the timeline as SVG");
+  plan_cmd->add_flag("--calibrate", plan.calibrate, "Measure GEMM speed on this machine");
+  plan_cmd->add_option("--zero", plan.zero, "ZeRO stages to try, e.g. --zero 0,1 (default: all)")
+      ->delimiter(',');
 
   auto* keys_cmd = app.add_subcommand("keys", "Print every recipe key: type, default, meaning");
 
@@ -134,7 +150,11 @@ int main(int argc, char** argv) {
     if (keys_cmd->parsed()) return print_keys();
     if (resume_cmd->parsed()) return not_implemented("resume", "5");
     if (selfcheck_cmd->parsed()) return not_implemented("selfcheck", "6");
-    if (plan_cmd->parsed()) return not_implemented("plan", "7");
+    if (plan_cmd->parsed()) {
+      plan.recipe = o.recipe;
+      plan.overrides = overrides(o);
+      return runtime::run_plan(plan);
+    }
   } catch (const runtime::AgreedFailure& f) {
     return f.exit_code;  // already reported once, by the lowest failing rank
   } catch (const UserError& e) {

@@ -1,0 +1,34 @@
+#!/bin/bash
+# `titan3d plan` from the command line: the ranked table, --explain, --write-recipe (a recipe the
+# planner accepts again), --schedule with --svg, and exit code 2 with a named key on a bad cluster.
+set -euo pipefail
+bin=$1
+src=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+
+plan13=("$bin" plan "$src/recipes/llama13b_64npu.toml" --cluster "$src/recipes/clusters/npu64.toml")
+
+out=$("${plan13[@]}" --zero 0 --top 3 --explain 1 --write-recipe "$tmp/best.toml")
+grep -q "layouts evaluated" <<<"$out" || fail "no table: $out"
+grep -Eq "^ +64 +1 +1 +OOM" <<<"$out" || fail "DP=64 not OOM: $out"
+grep -Eq "^ +16 +4 +1 +OOM" <<<"$out" || fail "TP=4 DP=16 not OOM: $out"
+grep -Eq "^ +8 +4 +2 +fits" <<<"$out" || fail "TP=4 PP=2 DP=8 does not fit: $out"
+grep -q "tokens/s/device = " <<<"$out" || fail "--explain printed no arithmetic: $out"
+grep -q '^tp = ' "$tmp/best.toml" || fail "written recipe has no parallel.tp"
+"$bin" plan "$tmp/best.toml" --cluster "$src/recipes/clusters/npu64.toml" --top 1 >/dev/null \
+  || fail "the written recipe is not accepted back"
+
+out=$("${plan13[@]}" --schedule --svg "$tmp/timeline.svg")
+grep -q "bubble" <<<"$out" || fail "--schedule printed no summary: $out"
+grep -q "<svg" "$tmp/timeline.svg" || fail "no SVG written"
+
+printf '[cluster]\nnodes = 8\ndevices_per_node = 8\n[device]\nhbm_gb = 32\n' >"$tmp/bad.toml"
+set +e
+err=$("$bin" plan "$src/recipes/llama13b_64npu.toml" --cluster "$tmp/bad.toml" 2>&1)
+rc=$?
+set -e
+[ "$rc" -eq 2 ] || fail "bad cluster: exit $rc, expected 2: $err"
+grep -q "device.hbm_gib" <<<"$err" || fail "bad cluster: no suggestion: $err"
+echo OK

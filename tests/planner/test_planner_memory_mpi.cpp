@@ -1,0 +1,77 @@
+// The planner's memory model is the arena's: for fp32 without checkpointing, every region the
+// real runtime::Model takes from its arena (parameters, gradients, AdamW moments, activation
+// slots, scratch) has exactly the bytes the planner predicts. Two ranks: tp = 1 (each rank
+// alone) and tp = 2 (both), for first, middle and last pipeline stages.
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include "kernels/arena.h"
+#include "parallel/comm.h"
+#include "parallel/pipeline_split.h"
+#include "runtime/model.h"
+#include "runtime/planner_cost.h"
+
+namespace t3d::runtime {
+namespace {
+
+ModelConfig small_model() {
+  ModelConfig m;
+  m.vocab_size = 96;
+  m.dim = 64;
+  m.n_layers = 6;
+  m.n_heads = 4;
+  m.n_kv_heads = 2;
+  m.ffn_dim = 176;
+  m.seq_len = 32;
+  return m;
+}
+
+void expect_arena_matches(const parallel::Comm& tp, int64_t pp, int64_t v,
+                          parallel::ScheduleKind kind, int64_t micro_batches) {
+  PlanProblem p;
+  p.model = small_model();
+  p.global_batch = 2 * micro_batches * 3;  // dp 3, two sequences per micro-batch
+  p.precision = Precision::from_recipe("fp32");
+  p.cluster.nodes = 3 * pp;
+  p.cluster.devices_per_node = tp.size();
+  Layout l{3, tp.size(), pp, micro_batches, kind, v, 0, 0};
+  ASSERT_EQ(invalid_reason(p, l), "");
+  const auto schedule = make_layout_schedule(l);
+  const auto split = parallel::split_layers(
+      p.model.n_layers, pp * v,
+      parallel::head_cost_in_layers(p.model.vocab_size, p.model.dim, p.model.ffn_dim));
+  for (int64_t stage = 0; stage < pp; ++stage) {
+    SCOPED_TRACE(l.label() + " stage " + std::to_string(stage) + " tp rank " +
+                 std::to_string(tp.rank()));
+    const Memory predicted = stage_memory(p, l, schedule, stage);
+    std::vector<parallel::LayerRange> chunks;
+    for (int64_t k : parallel::chunks_of_stage(stage, pp, v)) chunks.push_back(split[k]);
+    kernels::Arena arena(size_t{256} << 20);
+    ModelOptions options;
+    options.micro_rows = micro_rows(p, l);
+    options.slots = predicted.slots;
+    Model model(p.model, chunks, tp, arena, options);
+    const auto& f = model.footprint();
+    EXPECT_EQ(static_cast<double>(f.params), predicted.params);
+    EXPECT_EQ(static_cast<double>(f.grads), predicted.grads);
+    EXPECT_EQ(static_cast<double>(f.optimizer), predicted.optimizer);
+    EXPECT_EQ(static_cast<double>(f.activations), predicted.activations);
+    EXPECT_EQ(static_cast<double>(f.scratch), predicted.workspace);
+    EXPECT_EQ(static_cast<double>(arena.used()), predicted.total());
+  }
+}
+
+TEST(PlannerMemory, MatchesTheArenaExactly) {
+  parallel::Comm world = parallel::Comm::world(60.0);
+  ASSERT_EQ(world.size(), 2);
+  const parallel::Comm alone = world.split(world.rank(), 0, "alone");
+  for (const parallel::Comm* tp : {&alone, static_cast<const parallel::Comm*>(&world)}) {
+    expect_arena_matches(*tp, 1, 1, parallel::ScheduleKind::k1F1B, 2);
+    expect_arena_matches(*tp, 3, 1, parallel::ScheduleKind::k1F1B, 4);
+    expect_arena_matches(*tp, 3, 1, parallel::ScheduleKind::kGPipe, 2);
+    expect_arena_matches(*tp, 3, 2, parallel::ScheduleKind::kInterleaved1F1B, 3);
+  }
+}
+
+}  // namespace
+}  // namespace t3d::runtime
