@@ -74,6 +74,7 @@ Comm& Comm::operator=(Comm&& o) noexcept {
     name_ = std::move(o.name_);
     world_ranks_ = std::move(o.world_ranks_);
     timeout_s_ = o.timeout_s_;
+    counters_ = o.counters_;
     o.comm_ = MPI_COMM_NULL;
   }
   return *this;
@@ -87,6 +88,7 @@ Comm Comm::split(int colour, int key, std::string name) const {
   T3D_MPI(MPI_Comm_size(c.comm_, &c.size_));
   c.name_ = std::move(name);
   c.timeout_s_ = timeout_s_;
+  c.counters_ = {};
   // Members' world ranks, for watchdog messages that name peers.
   const int mine = world_ranks_.at(rank_);
   c.world_ranks_.resize(c.size_);
@@ -100,7 +102,10 @@ void Comm::wait(MPI_Request& request, const char* what, int peer) const {
   int done = 0;
   for (long polls = 0;; ++polls) {
     T3D_MPI(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
-    if (done) return;
+    if (done) {
+      counters_.wait_s += std::chrono::duration<double>(Clock::now() - start).count();
+      return;
+    }
     // Yield first (latency), then sleep briefly: ranks are often oversubscribed on few cores and a
     // spinning waiter would steal the core its peer needs to finish computing.
     if (polls < 2000)
@@ -129,13 +134,23 @@ void Comm::wait(MPI_Request& request, const char* what, int peer) const {
   }
 }
 
+namespace {
+uint64_t bytes_of(size_t count, MPI_Datatype type) {
+  int size = 0;
+  MPI_Type_size(type, &size);
+  return static_cast<uint64_t>(count) * static_cast<uint64_t>(size);
+}
+}  // namespace
+
 void Comm::all_reduce_raw(void* data, size_t count, MPI_Datatype type, ReduceOp op) const {
+  counters_.bytes += bytes_of(count, type);
   MPI_Request r;
   T3D_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, checked_count(count), type, to_mpi(op), comm_, &r));
   wait(r, "all_reduce");
 }
 
 void Comm::all_gather_raw(const void* send, void* recv, size_t count, MPI_Datatype type) const {
+  counters_.bytes += bytes_of(count, type);
   MPI_Request r;
   const int n = checked_count(count);
   T3D_MPI(MPI_Iallgather(send, n, type, recv, n, type, comm_, &r));
@@ -144,6 +159,7 @@ void Comm::all_gather_raw(const void* send, void* recv, size_t count, MPI_Dataty
 
 void Comm::reduce_scatter_raw(const void* send, void* recv, size_t count,
                               MPI_Datatype type) const {
+  counters_.bytes += bytes_of(count * size_, type);
   MPI_Request r;
   T3D_MPI(MPI_Ireduce_scatter_block(send, recv, checked_count(count), type, MPI_SUM, comm_, &r));
   wait(r, "reduce_scatter");
@@ -156,6 +172,7 @@ void Comm::broadcast_raw(void* data, size_t count, MPI_Datatype type, int root) 
 }
 
 void Comm::send_raw(const void* data, size_t count, MPI_Datatype type, int peer, int tag) const {
+  counters_.bytes += bytes_of(count, type);
   MPI_Request r;
   T3D_MPI(MPI_Isend(data, checked_count(count), type, peer, tag, comm_, &r));
   wait(r, "send", peer);
@@ -163,6 +180,7 @@ void Comm::send_raw(const void* data, size_t count, MPI_Datatype type, int peer,
 
 MPI_Request Comm::isend_raw(const void* data, size_t count, MPI_Datatype type, int peer,
                            int tag) const {
+  counters_.bytes += bytes_of(count, type);
   MPI_Request r;
   T3D_MPI(MPI_Isend(data, checked_count(count), type, peer, tag, comm_, &r));
   return r;

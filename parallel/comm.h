@@ -93,6 +93,14 @@ class Comm {
 
   double timeout_s() const { return timeout_s_; }
 
+  // Cumulative time this rank spent waiting on this group's operations, and bytes it sent or
+  // contributed: per-step differences give the communication share of each dimension.
+  struct Counters {
+    double wait_s = 0;
+    uint64_t bytes = 0;
+  };
+  const Counters& counters() const { return counters_; }
+
  private:
   void all_reduce_raw(void* data, size_t count, MPI_Datatype type, ReduceOp op) const;
   void all_gather_raw(const void* send, void* recv, size_t count, MPI_Datatype type) const;
@@ -110,6 +118,7 @@ class Comm {
   std::string name_;
   std::vector<int> world_ranks_;
   double timeout_s_ = 300.0;
+  mutable Counters counters_;
 };
 
 // This rank's view of the mesh: its coordinates and one communicator per dimension.
