@@ -71,6 +71,7 @@ double chunk_act_bytes(const Shard& s, const parallel::LayerRange& r, double B, 
   double bytes = (r.size() + 1) * aligned(a * N * s.C) + stored * layer_act_bytes(s, B, a);
   if (r.first) bytes += aligned(4 * N);                            // token ids
   if (r.last) bytes += 2 * aligned(a * N * s.C) + aligned(4 * N);  // final norm, loss grad, rstd
+  if (!r.first) bytes += aligned(a * N * s.C);  // input gradient, per slot: its send may be in flight
   return bytes;
 }
 
@@ -90,10 +91,7 @@ double workspace_bytes(const Shard& s, const std::vector<parallel::LayerRange>& 
                  + aligned(4.0 * kernels::attention_scratch_floats(shape)) +
                  aligned(4 * s.T * s.D);  // RoPE table
   bool last = false;
-  for (const auto& r : ranges) {
-    last |= r.last;
-    if (!r.first) bytes += aligned(a * N * s.C);  // input gradient per non-first chunk
-  }
+  for (const auto& r : ranges) last |= r.last;
   if (last) bytes += aligned(4 * N * s.V) + 4 * aligned(4 * N);  // logits, loss, CE statistics
   return bytes;
 }

@@ -22,7 +22,7 @@ out=$("$titan3d" train "$here/../../recipes/tiny.toml" --set model.n_heads=3 2>&
 rc=$?
 if [ $rc -ne 2 ] || ! grep -qF -- '--set model.n_heads=3' <<<"$out"; then echo "FAIL --set: rc=$rc $out"; fail=1; else echo "ok   --set override named"; fi
 # Verbs still to come say so and exit non-zero.
-for verb in "resume x.h5" "selfcheck" "plan x.toml"; do
+for verb in "resume x.h5" "selfcheck"; do
   out=$("$titan3d" $verb 2>&1); rc=$?
   if [ $rc -eq 0 ] || ! grep -q "not implemented yet" <<<"$out"; then echo "FAIL $verb: rc=$rc $out"; fail=1; else echo "ok   $verb: $out"; fi
 done
