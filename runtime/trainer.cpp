@@ -255,8 +255,12 @@ struct Trainer::Impl {
     const double tokens_per_step = static_cast<double>(t.global_batch * T);
     const float grad_scale = static_cast<float>(1.0 / tokens_per_step);
     const auto run_start = Clock::now();
+    const parallel::Comm* groups[3] = {&mesh.group(Dim::tp), &mesh.group(Dim::dp),
+                                       &mesh.group(Dim::pp)};
     for (int64_t step = 0; step < t.steps; ++step) {
       const auto t0 = Clock::now();
+      double waited[3];
+      for (int i = 0; i < 3; ++i) waited[i] = groups[i]->counters().wait_s;
       state.grads.zero();
       const double loss_sum = executor->run(*model, source(*train_sampler, step), grad_scale, true);
       // Data parallel: the gradients are means over the global batch once summed over dp.
@@ -294,6 +298,14 @@ struct Trainer::Impl {
       if (val_sampler && t.val_every > 0 && ((step + 1) % t.val_every == 0 || last))
         rec.val_loss = validate();
       rec.step_s = seconds_since(t0);
+      // Communication shares (mean over ranks) and the largest arena peak: one small all-reduce.
+      double shares[3];
+      for (int i = 0; i < 3; ++i)
+        shares[i] = (groups[i]->counters().wait_s - waited[i]) / rec.step_s / mesh.world().size();
+      mesh.world().all_reduce(shares, 3);
+      rec.tp_share = shares[0], rec.dp_share = shares[1], rec.pp_share = shares[2];
+      rec.peak_mem_gib = arena->peak() / double(1 << 30);
+      mesh.world().all_reduce(&rec.peak_mem_gib, 1, parallel::ReduceOp::max);
       rec.tokens_per_s = tokens_per_step / rec.step_s;
       rec.mfu = flops_per_token * rec.tokens_per_s / (hosts * peak_gflops * 1e9);
       summary.steps.push_back(rec);
@@ -305,7 +317,7 @@ struct Trainer::Impl {
 
   void report(const StepRecord& rec, double elapsed) {
     if (mesh.rank() != 0) return;
-    const double peak_gib = arena->peak() / double(1 << 30);
+    const double peak_gib = rec.peak_mem_gib;
     metrics->write({{"step", double(rec.step)},
                     {"loss", rec.loss},
                     {"lr", rec.lr},
@@ -314,6 +326,9 @@ struct Trainer::Impl {
                     {"mfu", rec.mfu},
                     {"step_time_s", rec.step_s},
                     {"peak_mem_gib", peak_gib},
+                    {"tp_comm_share", rec.tp_share},
+                    {"dp_comm_share", rec.dp_share},
+                    {"pp_wait_share", rec.pp_share},
                     {"val_loss", rec.val_loss >= 0 ? rec.val_loss : NAN},
                     {"skipped", rec.skipped ? 1.0 : 0.0}});
     const int64_t steps = r.train.steps;
@@ -321,9 +336,10 @@ struct Trainer::Impl {
     const double eta = elapsed / rec.step * (steps - rec.step);
     std::string val = rec.val_loss >= 0 ? fmt::format(" | val {:.4f}", rec.val_loss) : "";
     spdlog::info("step {:>{}}/{} {:3.0f}% | loss {:.4f}{} | lr {:.2e} | gnorm {:.3f} | {:.0f} tok/s "
-                 "| MFU {:.1f}% | mem {:.3f} GiB | eta {}",
+                 "| MFU {:.1f}% | comm tp {:.0f}% dp {:.0f}% pp {:.0f}% | mem {:.3f} GiB | eta {}",
                  rec.step, std::to_string(steps).size(), steps, 100.0 * rec.step / steps, rec.loss,
-                 val, rec.lr, rec.grad_norm, rec.tokens_per_s, 100 * rec.mfu, peak_gib,
+                 val, rec.lr, rec.grad_norm, rec.tokens_per_s, 100 * rec.mfu, 100 * rec.tp_share,
+                 100 * rec.dp_share, 100 * rec.pp_share, peak_gib,
                  format_duration(eta));
   }
 };
