@@ -142,11 +142,6 @@ struct Snapshotter::Impl {
     if (pending) commit();  // training waits for the previous snapshot: part of the stall
     auto& st = model.state();
     const size_t n = static_cast<size_t>(st.params.size());
-    if (staging.empty()) {
-      staging.resize(3 * n);
-      const float* const base[3] = {staging.data(), staging.data() + n, staging.data() + 2 * n};
-      mine = slices(base, true);
-    }
     std::memcpy(staging.data(), st.params.data(), n * sizeof(float));
     std::memcpy(staging.data() + n, st.adam_m.data(), n * sizeof(float));
     std::memcpy(staging.data() + 2 * n, st.adam_v.data(), n * sizeof(float));
@@ -265,7 +260,14 @@ struct Snapshotter::Impl {
 
 Snapshotter::Snapshotter(const Job& job, Model& model, MetricsWriter* metrics)
     : impl_(std::make_unique<Impl>(job, model, metrics)) {
-  impl_->io = std::make_unique<ck::IoThread>();
+  auto& m = *impl_;
+  m.io = std::make_unique<ck::IoThread>();
+  if (m.r.snapshot.every <= 0) return;
+  // Staging is allocated and touched now, so the first snapshot's stall is a plain copy.
+  const size_t n = static_cast<size_t>(model.state().params.size());
+  m.staging.assign(3 * n, 0.0f);
+  const float* const base[3] = {m.staging.data(), m.staging.data() + n, m.staging.data() + 2 * n};
+  m.mine = m.slices(base, true);
 }
 
 Snapshotter::~Snapshotter() = default;
