@@ -76,8 +76,8 @@ namespace {
 void write_attr_raw(hid_t obj, const std::string& name, hid_t file_type, hid_t mem_type,
                     const std::vector<int64_t>& dims, const void* data) {
   if (H5Aexists(obj, name.c_str()) > 0) T3D_H5(H5Adelete(obj, name.c_str()), name);
-  const Handle space = dims.empty() ? Handle(T3D_H5(H5Screate(H5S_SCALAR), name), H5Sclose)
-                                    : simple_space(dims);
+  const Handle space =
+      dims.empty() ? Handle(T3D_H5(H5Screate(H5S_SCALAR), name), H5Sclose) : simple_space(dims);
   const Handle attr(
       T3D_H5(H5Acreate2(obj, name.c_str(), file_type, space, H5P_DEFAULT, H5P_DEFAULT), name),
       H5Aclose);
@@ -118,8 +118,8 @@ void write_attr(hid_t obj, const std::string& name, const std::vector<int64_t>& 
 }
 void write_attr(hid_t obj, const std::string& name, const std::vector<uint64_t>& values) {
   T3D_ASSERT(!values.empty(), "empty attribute ", name);
-  write_attr_raw(obj, name, H5T_STD_U64LE, H5T_NATIVE_UINT64,
-                 {static_cast<int64_t>(values.size())}, values.data());
+  write_attr_raw(obj, name, H5T_STD_U64LE, H5T_NATIVE_UINT64, {static_cast<int64_t>(values.size())},
+                 values.data());
 }
 
 bool has_attr(hid_t obj, const std::string& name) { return H5Aexists(obj, name.c_str()) > 0; }
@@ -127,8 +127,8 @@ bool has_attr(hid_t obj, const std::string& name) { return H5Aexists(obj, name.c
 std::string read_string_attr(hid_t obj, const std::string& name, const std::string& what) {
   const Handle attr = open_attr(obj, name, what);
   const Handle type(T3D_H5(H5Aget_type(attr), what), H5Tclose);
-  T3D_USER_CHECK(H5Tget_class(type) == H5T_STRING && H5Tis_variable_str(type) == 0, "`", what,
-                 "@", name, "` is not a fixed-length string");
+  T3D_USER_CHECK(H5Tget_class(type) == H5T_STRING && H5Tis_variable_str(type) == 0, "`", what, "@",
+                 name, "` is not a fixed-length string");
   std::string value(H5Tget_size(type), '\0');
   T3D_H5(H5Aread(attr, type, value.data()), what + "@" + name);
   while (!value.empty() && value.back() == '\0') value.pop_back();
@@ -148,8 +148,7 @@ std::vector<int64_t> read_ints_attr(hid_t obj, const std::string& name, const st
   return v;
 }
 
-std::vector<uint64_t> read_uints_attr(hid_t obj, const std::string& name,
-                                      const std::string& what) {
+std::vector<uint64_t> read_uints_attr(hid_t obj, const std::string& name, const std::string& what) {
   const Handle attr = open_attr(obj, name, what);
   std::vector<uint64_t> v(static_cast<size_t>(attr_elements(attr, what)));
   T3D_H5(H5Aread(attr, H5T_NATIVE_UINT64, v.data()), what + "@" + name);

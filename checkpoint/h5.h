@@ -69,7 +69,6 @@ bool has_attr(hid_t obj, const std::string& name);
 std::string read_string_attr(hid_t obj, const std::string& name, const std::string& what);
 int64_t read_int_attr(hid_t obj, const std::string& name, const std::string& what);
 std::vector<int64_t> read_ints_attr(hid_t obj, const std::string& name, const std::string& what);
-std::vector<uint64_t> read_uints_attr(hid_t obj, const std::string& name,
-                                      const std::string& what);
+std::vector<uint64_t> read_uints_attr(hid_t obj, const std::string& name, const std::string& what);
 
 }  // namespace t3d::checkpoint::h5

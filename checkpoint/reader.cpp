@@ -69,11 +69,12 @@ struct SnapshotReader::Impl {
     check_index_file(path);
     const h5::Handle f = h5::open_file(path);
     T3D_USER_CHECK(h5::has_attr(f, "complete") && h5::read_int_attr(f, "complete", path) == 1,
-                   "snapshot `", path, "` is incomplete (no `complete` mark): it was never "
+                   "snapshot `", path,
+                   "` is incomplete (no `complete` mark): it was never "
                    "committed. Resume from an older snapshot.");
     const int64_t version = h5::read_int_attr(f, "format_version", path);
-    T3D_USER_CHECK(version == kFormatVersion, "snapshot `", path, "` has format version ",
-                   version, "; this titan3d reads version ", kFormatVersion);
+    T3D_USER_CHECK(version == kFormatVersion, "snapshot `", path, "` has format version ", version,
+                   "; this titan3d reads version ", kFormatVersion);
     T3D_USER_CHECK(h5::read_string_attr(f, "parent", path).empty(), "snapshot `", path,
                    "` is incremental; this titan3d reads full snapshots only");
     info.step = h5::read_int_attr(f, "step", path);
@@ -88,8 +89,7 @@ struct SnapshotReader::Impl {
                      "`: shard lists disagree");
       info.shards.push_back({file, static_cast<uint64_t>(bytes[i]), hashes[i]});
     }
-    const h5::Handle state(T3D_H5(H5Gopen2(f, "state", H5P_DEFAULT), path + ":/state"),
-                           H5Gclose);
+    const h5::Handle state(T3D_H5(H5Gopen2(f, "state", H5P_DEFAULT), path + ":/state"), H5Gclose);
     H5O_info_t oinfo;
     T3D_H5(H5Oget_info2(state, &oinfo, H5O_INFO_NUM_ATTRS), path + ":/state");
     for (hsize_t i = 0; i < oinfo.num_attrs; ++i) {
@@ -155,11 +155,11 @@ struct SnapshotReader::Impl {
     const std::string full = dir + "/" + file;
     T3D_USER_CHECK(entry != info.shards.end(), "snapshot `", path, "` maps a tensor to `", full,
                    "`, which its shard list does not name");
-    T3D_USER_CHECK(fs::exists(full), "snapshot `", path, "`: shard file `", full,
-                   "` is missing");
+    T3D_USER_CHECK(fs::exists(full), "snapshot `", path, "`: shard file `", full, "` is missing");
     const FileDigest d = digest_file(full);
     T3D_USER_CHECK(d.bytes == entry->bytes, "snapshot shard `", full, "` has ", d.bytes,
-                   " bytes, the index recorded ", entry->bytes, ": the file is truncated or "
+                   " bytes, the index recorded ", entry->bytes,
+                   ": the file is truncated or "
                    "was replaced. Resume from another snapshot.");
     T3D_USER_CHECK(d.hash == entry->hash, "snapshot shard `", full, "` is damaged: its hash ",
                    to_hex(d.hash), " differs from the index's ", to_hex(entry->hash),
@@ -238,7 +238,8 @@ std::string read_recipe(const std::string& index_path) {
   check_index_file(index_path);
   const h5::Handle f = h5::open_file(index_path);
   T3D_USER_CHECK(h5::has_attr(f, "complete") && h5::read_int_attr(f, "complete", index_path) == 1,
-                 "snapshot `", index_path, "` is incomplete (no `complete` mark): it was never "
+                 "snapshot `", index_path,
+                 "` is incomplete (no `complete` mark): it was never "
                  "committed. Resume from an older snapshot.");
   return h5::read_string_attr(f, "recipe", index_path);
 }

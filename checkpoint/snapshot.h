@@ -61,8 +61,8 @@ struct ShardEntry {
 
 struct IndexInfo {
   int64_t step = 0;
-  std::string recipe;  // effective recipe, TOML
-  std::string layout;  // e.g. "pp=2 dp=2 cp=1 tp=2", informational
+  std::string recipe;                       // effective recipe, TOML
+  std::string layout;                       // e.g. "pp=2 dp=2 cp=1 tp=2", informational
   std::map<std::string, int64_t> counters;  // step, sampler seed/position, AdamW step...
   std::vector<ShardEntry> shards;
 };

@@ -63,8 +63,8 @@ void rename_durably(const std::string& from, const std::string& to) {
 }
 
 void write_slice(hid_t file, hid_t lcpl, const Slice& s, const std::string& where) {
-  T3D_ASSERT(s.shape.size() == s.offset.size() && s.shape.size() == s.global_shape.size(),
-             "slice ", s.path, " has inconsistent ranks");
+  T3D_ASSERT(s.shape.size() == s.offset.size() && s.shape.size() == s.global_shape.size(), "slice ",
+             s.path, " has inconsistent ranks");
   const h5::Handle space = h5::simple_space(s.shape);
   const h5::Handle dset(T3D_H5(H5Dcreate2(file, s.path.c_str(), H5T_IEEE_F32LE, space, lcpl,
                                           H5P_DEFAULT, H5P_DEFAULT),
@@ -145,8 +145,11 @@ void write_virtual_datasets(hid_t index, const std::string& dir, const IndexInfo
     std::istringstream names(h5::read_string_attr(f, "tensors", shard_file));
     for (std::string path; std::getline(names, path);) {
       const h5::Handle d = h5::open_dataset(f, path, shard_file);
-      Piece p{shard.file, path, h5::read_ints_attr(d, "global_shape", shard_file + ":" + path),
-              h5::read_ints_attr(d, "offset", shard_file + ":" + path), {}};
+      Piece p{shard.file,
+              path,
+              h5::read_ints_attr(d, "global_shape", shard_file + ":" + path),
+              h5::read_ints_attr(d, "offset", shard_file + ":" + path),
+              {}};
       const h5::Handle space(T3D_H5(H5Dget_space(d), shard_file), H5Sclose);
       std::vector<hsize_t> dims(p.offset.size());
       T3D_H5(H5Sget_simple_extent_dims(space, dims.data(), nullptr), shard_file);
@@ -159,21 +162,23 @@ void write_virtual_datasets(hid_t index, const std::string& dir, const IndexInfo
     const h5::Handle dcpl(T3D_H5(H5Pcreate(H5P_DATASET_CREATE), where), H5Pclose);
     const h5::Handle vspace = h5::simple_space(pieces.front().global_shape);
     for (const auto& p : pieces) {
-      T3D_USER_CHECK(p.global_shape == pieces.front().global_shape, "shards disagree on the "
-                     "shape of ", path, " (", p.file, ")");
+      T3D_USER_CHECK(p.global_shape == pieces.front().global_shape,
+                     "shards disagree on the "
+                     "shape of ",
+                     path, " (", p.file, ")");
       const std::vector<hsize_t> start(p.offset.begin(), p.offset.end());
       const std::vector<hsize_t> count(p.shape.begin(), p.shape.end());
-      T3D_H5(H5Sselect_hyperslab(vspace, H5S_SELECT_SET, start.data(), nullptr, count.data(),
-                                 nullptr),
-             where);
+      T3D_H5(
+          H5Sselect_hyperslab(vspace, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr),
+          where);
       const h5::Handle src = h5::simple_space(p.shape);
       T3D_H5(H5Pset_virtual(dcpl, vspace, p.file.c_str(), p.path.c_str(), src), where);
     }
     T3D_H5(H5Sselect_all(vspace), where);
-    const h5::Handle d(T3D_H5(H5Dcreate2(index, path.c_str(), H5T_IEEE_F32LE, vspace, lcpl, dcpl,
-                                         H5P_DEFAULT),
-                              where + ":" + path),
-                       H5Dclose);
+    const h5::Handle d(
+        T3D_H5(H5Dcreate2(index, path.c_str(), H5T_IEEE_F32LE, vspace, lcpl, dcpl, H5P_DEFAULT),
+               where + ":" + path),
+        H5Dclose);
   }
 }
 

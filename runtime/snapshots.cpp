@@ -36,9 +36,12 @@ void check_same_model(const std::string& saved_toml, const Recipe& now, const st
   const auto& a = saved.model;
   const auto& b = now.model;
   const std::pair<const char*, std::pair<int64_t, int64_t>> keys[] = {
-      {"vocab_size", {a.vocab_size, b.vocab_size}},   {"dim", {a.dim, b.dim}},
-      {"n_layers", {a.n_layers, b.n_layers}},         {"n_heads", {a.n_heads, b.n_heads}},
-      {"n_kv_heads", {a.n_kv_heads, b.n_kv_heads}},   {"ffn_dim", {a.ffn_dim, b.ffn_dim}},
+      {"vocab_size", {a.vocab_size, b.vocab_size}},
+      {"dim", {a.dim, b.dim}},
+      {"n_layers", {a.n_layers, b.n_layers}},
+      {"n_heads", {a.n_heads, b.n_heads}},
+      {"n_kv_heads", {a.n_kv_heads, b.n_kv_heads}},
+      {"ffn_dim", {a.ffn_dim, b.ffn_dim}},
       {"tie_embeddings", {a.tie_embeddings, b.tie_embeddings}}};
   for (const auto& [key, v] : keys)
     T3D_USER_CHECK(v.first == v.second, "cannot resume from `", path, "`: model.", key, " is ",
@@ -64,8 +67,8 @@ struct Snapshotter::Impl {
   MetricsWriter* metrics;
   std::string dir;
   std::unique_ptr<ck::IoThread> io;
-  std::vector<float> staging;    // params | exp_avg | exp_avg_sq, each one region's size
-  std::vector<ck::Slice> mine;   // the boxes this rank writes, pointing into `staging`
+  std::vector<float> staging;   // params | exp_avg | exp_avg_sq, each one region's size
+  std::vector<ck::Slice> mine;  // the boxes this rank writes, pointing into `staging`
 
   struct Pending {
     int64_t step = 0;
@@ -87,14 +90,15 @@ struct Snapshotter::Impl {
     for (int s = 0; s < 3; ++s) {
       for (size_t i = 0; i < params.size(); ++i) {
         const auto& p = params[i];
-        if (only_owned && (static_cast<int>(i % dp) != dp_rank ||
-                           (p.split_dim < 0 && model.tp_rank() != 0)))
+        if (only_owned &&
+            (static_cast<int>(i % dp) != dp_rank || (p.split_dim < 0 && model.tp_rank() != 0)))
           continue;
         const auto& e = model.layout().at(p.name);
         ck::Slice slice{kSections[s] + p.name, p.global_shape,
                         std::vector<int64_t>(p.global_shape.size(), 0), e.spec.shape,
                         const_cast<float*>(base[s]) + e.offset};
-        if (p.split_dim >= 0) slice.offset[p.split_dim] = model.tp_rank() * e.spec.shape[p.split_dim];
+        if (p.split_dim >= 0)
+          slice.offset[p.split_dim] = model.tp_rank() * e.spec.shape[p.split_dim];
         out.push_back(std::move(slice));
       }
     }
@@ -131,8 +135,9 @@ struct Snapshotter::Impl {
     });
     if (mesh.rank() == 0)
       spdlog::info("resumed from {} after step {}{}", path, step,
-                   layout == layout_of(r) ? "" : fmt::format(" (resharded: {} -> {})", layout,
-                                                             layout_of(r)));
+                   layout == layout_of(r)
+                       ? ""
+                       : fmt::format(" (resharded: {} -> {})", layout, layout_of(r)));
     last_good = path;
     return step;
   }
@@ -222,20 +227,22 @@ struct Snapshotter::Impl {
         deleted = ck::retain(dir, r.snapshot.keep);
       });
     } catch (const std::exception& e) {
-      spdlog::error("snapshot at step {}: writing the index failed: {}; it is not committed, {} "
-                    "stays the last good one", p.step, e.what(),
-                    last_good.empty() ? "none" : last_good);
+      spdlog::error(
+          "snapshot at step {}: writing the index failed: {}; it is not committed, {} "
+          "stays the last good one",
+          p.step, e.what(), last_good.empty() ? "none" : last_good);
       if (metrics) metrics->write({{"snapshot_step", double(p.step)}, {"snapshot_ok", 0}});
       return;
     }
     last_good = ck::index_path(dir, p.step);
     // Synchronous snapshots: training also waited for the whole write.
     const double stall = r.snapshot.async ? times[0] : times[0] + times[1];
-    spdlog::info("snapshot step {}: {} in {} shard(s), stall {:.1f} ms, write {:.1f} ms (slowest "
-                 "rank), index {:.1f} ms -> {}{}",
-                 p.step, kernels::format_bytes(bytes), info.shards.size(), 1e3 * stall,
-                 1e3 * times[1], 1e3 * seconds_since(i0), last_good,
-                 deleted.empty() ? "" : "; removed " + fmt::format("{}", fmt::join(deleted, ", ")));
+    spdlog::info(
+        "snapshot step {}: {} in {} shard(s), stall {:.1f} ms, write {:.1f} ms (slowest "
+        "rank), index {:.1f} ms -> {}{}",
+        p.step, kernels::format_bytes(bytes), info.shards.size(), 1e3 * stall, 1e3 * times[1],
+        1e3 * seconds_since(i0), last_good,
+        deleted.empty() ? "" : "; removed " + fmt::format("{}", fmt::join(deleted, ", ")));
     if (metrics)
       metrics->write({{"snapshot_step", double(p.step)},
                       {"snapshot_ok", 1},
@@ -251,9 +258,10 @@ struct Snapshotter::Impl {
     if (mesh.rank() == first_failed) std::snprintf(message, sizeof(message), "%s", error.c_str());
     mesh.world().broadcast(message, sizeof(message), first_failed);
     if (mesh.rank() != 0) return;
-    spdlog::error("snapshot at step {} failed on rank {}: {}. It was not committed; the last "
-                  "good snapshot is {}. Training continues.",
-                  p.step, first_failed, message, last_good.empty() ? "none" : last_good);
+    spdlog::error(
+        "snapshot at step {} failed on rank {}: {}. It was not committed; the last "
+        "good snapshot is {}. Training continues.",
+        p.step, first_failed, message, last_good.empty() ? "none" : last_good);
     if (metrics) metrics->write({{"snapshot_step", double(p.step)}, {"snapshot_ok", 0}});
   }
 };
