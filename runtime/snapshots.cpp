@@ -278,7 +278,8 @@ Snapshotter::Snapshotter(const Job& job, Model& model, MetricsWriter* metrics)
   m.mine = m.slices(base, true);
 }
 
-Snapshotter::~Snapshotter() = default;
+// The I/O thread goes first: a write still running uses `staging`, `mine` and `pending`.
+Snapshotter::~Snapshotter() { impl_->io.reset(); }
 
 int64_t Snapshotter::restore() { return impl_->restore(); }
 
