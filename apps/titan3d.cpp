@@ -12,6 +12,7 @@
 #include "runtime/launch.h"
 #include "runtime/planner.h"
 #include "runtime/recipe.h"
+#include "runtime/snapshots.h"
 #include "runtime/trainer.h"
 
 namespace {
@@ -47,8 +48,8 @@ int not_implemented(const char* verb, const char* issue) {
   return kExitNotImplemented;
 }
 
-int train(const Options& o, const std::vector<std::string>& argv) {
-  runtime::Recipe recipe = runtime::load_recipe(o.recipe, overrides(o));
+// `train` and `resume` differ only in where the recipe comes from.
+int run_training(runtime::Recipe recipe, const Options& o, const std::vector<std::string>& argv) {
   runtime::check_inputs(recipe);
   runtime::spawn_if_needed(recipe, argv, o.np);  // returns only inside a launcher
 
@@ -70,6 +71,15 @@ int train(const Options& o, const std::vector<std::string>& argv) {
                  summary.unigram_entropy_nats, job.run_dir);
   }
   return 0;
+}
+
+int train(const Options& o, const std::vector<std::string>& argv) {
+  return run_training(runtime::load_recipe(o.recipe, overrides(o)), o, argv);
+}
+
+// The snapshot's own recipe, --set overrides applied, continued from the snapshot.
+int resume(const std::string& snapshot, const Options& o, const std::vector<std::string>& argv) {
+  return run_training(runtime::load_resume_recipe(snapshot, overrides(o)), o, argv);
 }
 
 int print_keys() {
@@ -148,7 +158,7 @@ int main(int argc, char** argv) {
   try {
     if (train_cmd->parsed()) return train(o, args);
     if (keys_cmd->parsed()) return print_keys();
-    if (resume_cmd->parsed()) return not_implemented("resume", "5");
+    if (resume_cmd->parsed()) return resume(snapshot, o, args);
     if (selfcheck_cmd->parsed()) return not_implemented("selfcheck", "6");
     if (plan_cmd->parsed()) {
       plan.recipe = o.recipe;

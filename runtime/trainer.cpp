@@ -24,6 +24,7 @@
 #include "runtime/executor.h"
 #include "runtime/metrics.h"
 #include "runtime/model.h"
+#include "runtime/snapshots.h"
 
 namespace t3d::runtime {
 
@@ -97,6 +98,8 @@ struct Trainer::Impl {
   std::unique_ptr<Model> model;
   std::vector<int32_t> tokens_buf, targets_buf;  // (n_micro, rows·T) each
   std::unique_ptr<MetricsWriter> metrics;
+  std::unique_ptr<Snapshotter> snapshots;
+  int64_t first_step = 0;  // > 0 when resumed from a snapshot
   bool holds_loss = false;  // last pipeline stage and tp rank 0: contributes the loss once
   double flops_per_token = 0, peak_gflops = 0;
   int hosts = 1;
@@ -165,6 +168,8 @@ struct Trainer::Impl {
     flops_per_token = model_train_flops_per_token(r.model);
     if (mesh.rank() == 0)
       metrics = std::make_unique<MetricsWriter>(job.run_dir + "/metrics.jsonl");
+    snapshots = std::make_unique<Snapshotter>(job, *model, metrics.get());
+    first_step = snapshots->restore();
   }
 
   void describe() {
@@ -257,7 +262,7 @@ struct Trainer::Impl {
     const auto run_start = Clock::now();
     const parallel::Comm* groups[3] = {&mesh.group(Dim::tp), &mesh.group(Dim::dp),
                                        &mesh.group(Dim::pp)};
-    for (int64_t step = 0; step < t.steps; ++step) {
+    for (int64_t step = first_step; step < t.steps; ++step) {
       const auto t0 = Clock::now();
       double waited[3];
       for (int i = 0; i < 3; ++i) waited[i] = groups[i]->counters().wait_s;
@@ -310,7 +315,9 @@ struct Trainer::Impl {
       rec.mfu = flops_per_token * rec.tokens_per_s / (hosts * peak_gflops * 1e9);
       summary.steps.push_back(rec);
       report(rec, seconds_since(run_start));
+      snapshots->after_step(step + 1, last);
     }
+    snapshots->finish();
     summary.peak_arena_bytes = arena->peak();
     return summary;
   }
@@ -333,7 +340,7 @@ struct Trainer::Impl {
                     {"skipped", rec.skipped ? 1.0 : 0.0}});
     const int64_t steps = r.train.steps;
     if (rec.step % r.train.log_every != 0 && rec.step != steps && rec.val_loss < 0) return;
-    const double eta = elapsed / rec.step * (steps - rec.step);
+    const double eta = elapsed / (rec.step - first_step) * (steps - rec.step);
     std::string val = rec.val_loss >= 0 ? fmt::format(" | val {:.4f}", rec.val_loss) : "";
     spdlog::info("step {:>{}}/{} {:3.0f}% | loss {:.4f}{} | lr {:.2e} | gnorm {:.3f} | {:.0f} tok/s "
                  "| MFU {:.1f}% | comm tp {:.0f}% dp {:.0f}% pp {:.0f}% | mem {:.3f} GiB | eta {}",

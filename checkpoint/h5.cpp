@@ -1,0 +1,158 @@
+#include "checkpoint/h5.h"
+
+#include "kernels/check.h"
+
+namespace t3d::checkpoint::h5 {
+
+namespace {
+
+// The innermost (first-pushed) message of HDF5's current error stack: the most specific one.
+std::string innermost_error() {
+  std::string message;
+  H5Ewalk2(
+      H5E_DEFAULT, H5E_WALK_UPWARD,
+      [](unsigned n, const H5E_error2_t* e, void* out) -> herr_t {
+        if (n == 0 && e->desc) *static_cast<std::string*>(out) = e->desc;
+        return 0;
+      },
+      &message);
+  H5Eclear2(H5E_DEFAULT);
+  return message.empty() ? "no detail from HDF5" : message;
+}
+
+}  // namespace
+
+int64_t check(int64_t ret, const char* call, const std::string& what, const char* file, int line) {
+  if (ret >= 0) return ret;
+  throw UserError(detail::concat("HDF5 failed on `", what, "`: ", innermost_error(), " (", call,
+                                 " at ", file, ":", line, ")"));
+}
+
+void silence_errors() { H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr); }
+
+void Handle::close(const std::string& what) {
+  const hid_t id = id_;
+  id_ = H5I_INVALID_HID;
+  if (id >= 0 && close_) T3D_H5(close_(id), what);
+}
+
+namespace {
+Handle file_access() {
+  Handle fapl(T3D_H5(H5Pcreate(H5P_FILE_ACCESS), "file access list"), H5Pclose);
+  T3D_H5(H5Pset_libver_bounds(fapl, H5F_LIBVER_V110, H5F_LIBVER_V110), "file access list");
+  return fapl;
+}
+}  // namespace
+
+Handle create_file(const std::string& path) {
+  silence_errors();
+  const Handle fapl = file_access();
+  return {T3D_H5(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), path), H5Fclose};
+}
+
+Handle open_file(const std::string& path) {
+  silence_errors();
+  const Handle fapl = file_access();
+  return {T3D_H5(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl), path), H5Fclose};
+}
+
+Handle open_dataset(hid_t file, const std::string& path, const std::string& what) {
+  return {T3D_H5(H5Dopen2(file, path.c_str(), H5P_DEFAULT), what + ":" + path), H5Dclose};
+}
+
+Handle simple_space(const std::vector<int64_t>& dims) {
+  std::vector<hsize_t> d(dims.begin(), dims.end());
+  return {T3D_H5(H5Screate_simple(static_cast<int>(d.size()), d.data(), nullptr), "dataspace"),
+          H5Sclose};
+}
+
+Handle intermediate_groups() {
+  Handle lcpl(T3D_H5(H5Pcreate(H5P_LINK_CREATE), "link list"), H5Pclose);
+  T3D_H5(H5Pset_create_intermediate_group(lcpl, 1), "link list");
+  return lcpl;
+}
+
+namespace {
+void write_attr_raw(hid_t obj, const std::string& name, hid_t file_type, hid_t mem_type,
+                    const std::vector<int64_t>& dims, const void* data) {
+  if (H5Aexists(obj, name.c_str()) > 0) T3D_H5(H5Adelete(obj, name.c_str()), name);
+  const Handle space =
+      dims.empty() ? Handle(T3D_H5(H5Screate(H5S_SCALAR), name), H5Sclose) : simple_space(dims);
+  const Handle attr(
+      T3D_H5(H5Acreate2(obj, name.c_str(), file_type, space, H5P_DEFAULT, H5P_DEFAULT), name),
+      H5Aclose);
+  T3D_H5(H5Awrite(attr, mem_type, data), name);
+}
+
+Handle string_type(size_t size) {
+  Handle type(T3D_H5(H5Tcopy(H5T_C_S1), "string type"), H5Tclose);
+  T3D_H5(H5Tset_size(type, std::max<size_t>(1, size)), "string type");
+  T3D_H5(H5Tset_cset(type, H5T_CSET_UTF8), "string type");
+  return type;
+}
+
+Handle open_attr(hid_t obj, const std::string& name, const std::string& what) {
+  T3D_USER_CHECK(H5Aexists(obj, name.c_str()) > 0, "`", what, "` has no attribute `", name,
+                 "`: not a titan3d snapshot, or written by an incompatible version");
+  return {T3D_H5(H5Aopen(obj, name.c_str(), H5P_DEFAULT), what + "@" + name), H5Aclose};
+}
+
+int64_t attr_elements(hid_t attr, const std::string& what) {
+  const Handle space(T3D_H5(H5Aget_space(attr), what), H5Sclose);
+  return T3D_H5(H5Sget_simple_extent_npoints(space), what);
+}
+}  // namespace
+
+// Fixed-length strings: h5py reads them as bytes, h5dump prints them verbatim.
+void write_attr(hid_t obj, const std::string& name, const std::string& value) {
+  const Handle type = string_type(value.size());
+  write_attr_raw(obj, name, type, type, {}, value.data());
+}
+void write_attr(hid_t obj, const std::string& name, int64_t value) {
+  write_attr_raw(obj, name, H5T_STD_I64LE, H5T_NATIVE_INT64, {}, &value);
+}
+void write_attr(hid_t obj, const std::string& name, const std::vector<int64_t>& values) {
+  write_attr_raw(obj, name, H5T_STD_I64LE, H5T_NATIVE_INT64,
+                 {static_cast<int64_t>(std::max<size_t>(1, values.size()))},
+                 values.empty() ? std::vector<int64_t>{0}.data() : values.data());
+}
+void write_attr(hid_t obj, const std::string& name, const std::vector<uint64_t>& values) {
+  T3D_ASSERT(!values.empty(), "empty attribute ", name);
+  write_attr_raw(obj, name, H5T_STD_U64LE, H5T_NATIVE_UINT64, {static_cast<int64_t>(values.size())},
+                 values.data());
+}
+
+bool has_attr(hid_t obj, const std::string& name) { return H5Aexists(obj, name.c_str()) > 0; }
+
+std::string read_string_attr(hid_t obj, const std::string& name, const std::string& what) {
+  const Handle attr = open_attr(obj, name, what);
+  const Handle type(T3D_H5(H5Aget_type(attr), what), H5Tclose);
+  T3D_USER_CHECK(H5Tget_class(type) == H5T_STRING && H5Tis_variable_str(type) == 0, "`", what, "@",
+                 name, "` is not a fixed-length string");
+  std::string value(H5Tget_size(type), '\0');
+  T3D_H5(H5Aread(attr, type, value.data()), what + "@" + name);
+  while (!value.empty() && value.back() == '\0') value.pop_back();
+  return value;
+}
+
+int64_t read_int_attr(hid_t obj, const std::string& name, const std::string& what) {
+  const auto v = read_ints_attr(obj, name, what);
+  T3D_USER_CHECK(v.size() == 1, "`", what, "@", name, "` should be one integer");
+  return v[0];
+}
+
+std::vector<int64_t> read_ints_attr(hid_t obj, const std::string& name, const std::string& what) {
+  const Handle attr = open_attr(obj, name, what);
+  std::vector<int64_t> v(static_cast<size_t>(attr_elements(attr, what)));
+  T3D_H5(H5Aread(attr, H5T_NATIVE_INT64, v.data()), what + "@" + name);
+  return v;
+}
+
+std::vector<uint64_t> read_uints_attr(hid_t obj, const std::string& name, const std::string& what) {
+  const Handle attr = open_attr(obj, name, what);
+  std::vector<uint64_t> v(static_cast<size_t>(attr_elements(attr, what)));
+  T3D_H5(H5Aread(attr, H5T_NATIVE_UINT64, v.data()), what + "@" + name);
+  return v;
+}
+
+}  // namespace t3d::checkpoint::h5

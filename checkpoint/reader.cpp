@@ -1,0 +1,262 @@
+// Reading side of snapshots: verification, the piece catalog and resharded reads.
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <set>
+#include <sstream>
+
+#include "checkpoint/h5.h"
+#include "checkpoint/snapshot.h"
+#include "kernels/check.h"
+
+namespace t3d::checkpoint {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+int64_t volume(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// A box as (rows, cols): 1-D tensors are one row; copies below work on this view.
+struct Box2 {
+  int64_t r0, c0, rows, cols;
+};
+Box2 as_2d(const std::vector<int64_t>& offset, const std::vector<int64_t>& shape) {
+  if (shape.size() == 1) return {0, offset[0], 1, shape[0]};
+  return {offset[0], offset[1], shape[0], shape[1]};
+}
+
+// Checks an index file exists and is a committed titan3d snapshot; explains what is missing.
+void check_index_file(const std::string& path) {
+  if (fs::exists(path)) return;
+  std::string hint = ".";
+  const fs::path p(path);
+  if (p.extension() == ".h5" && fs::is_directory(p.parent_path() / p.stem()))
+    hint = ": its shard directory `" + (p.parent_path() / p.stem()).string() +
+           "` exists but the index does not, so the snapshot was never committed (a crash or a "
+           "failed write while it was taken). Resume from an older snapshot, or use "
+           "snapshot.resume = \"latest\".";
+  throw UserError("snapshot `" + path + "` does not exist" + hint);
+}
+
+}  // namespace
+
+struct SnapshotReader::Impl {
+  struct Piece {
+    std::string file, path;
+    std::vector<int64_t> offset, shape;
+  };
+  struct Tensor {
+    std::vector<int64_t> global_shape;
+    std::vector<Piece> pieces;
+  };
+  std::string path, dir;
+  IndexInfo info;
+  std::map<std::string, Tensor> tensors;
+  std::map<std::string, h5::Handle> open_shards;  // verified shard files, by relative name
+
+  void load_index() {
+    check_index_file(path);
+    const h5::Handle f = h5::open_file(path);
+    T3D_USER_CHECK(h5::has_attr(f, "complete") && h5::read_int_attr(f, "complete", path) == 1,
+                   "snapshot `", path,
+                   "` is incomplete (no `complete` mark): it was never "
+                   "committed. Resume from an older snapshot.");
+    const int64_t version = h5::read_int_attr(f, "format_version", path);
+    T3D_USER_CHECK(version == kFormatVersion, "snapshot `", path, "` has format version ", version,
+                   "; this titan3d reads version ", kFormatVersion);
+    T3D_USER_CHECK(h5::read_string_attr(f, "parent", path).empty(), "snapshot `", path,
+                   "` is incremental; this titan3d reads full snapshots only");
+    info.step = h5::read_int_attr(f, "step", path);
+    info.recipe = h5::read_string_attr(f, "recipe", path);
+    info.layout = h5::read_string_attr(f, "layout", path);
+    std::istringstream files(h5::read_string_attr(f, "shard_files", path));
+    const auto bytes = h5::read_ints_attr(f, "shard_bytes", path);
+    const auto hashes = h5::read_uints_attr(f, "shard_hash", path);
+    for (std::string file; std::getline(files, file);) {
+      const size_t i = info.shards.size();
+      T3D_USER_CHECK(i < bytes.size() && i < hashes.size(), "snapshot `", path,
+                     "`: shard lists disagree");
+      info.shards.push_back({file, static_cast<uint64_t>(bytes[i]), hashes[i]});
+    }
+    const h5::Handle state(T3D_H5(H5Gopen2(f, "state", H5P_DEFAULT), path + ":/state"), H5Gclose);
+    H5O_info_t oinfo;
+    T3D_H5(H5Oget_info2(state, &oinfo, H5O_INFO_NUM_ATTRS), path + ":/state");
+    for (hsize_t i = 0; i < oinfo.num_attrs; ++i) {
+      char name[256] = {};
+      T3D_H5(H5Aget_name_by_idx(state, ".", H5_INDEX_NAME, H5_ITER_INC, i, name, sizeof(name),
+                                H5P_DEFAULT),
+             path + ":/state");
+      info.counters[name] = h5::read_int_attr(state, name, path + ":/state");
+    }
+    load_catalog(f);
+  }
+
+  // The virtual datasets' mappings: which shard dataset holds which box of each tensor.
+  void load_catalog(hid_t f) {
+    std::vector<std::string> names;
+    H5Ovisit2(
+        f, H5_INDEX_NAME, H5_ITER_INC,
+        [](hid_t, const char* name, const H5O_info_t* oi, void* out) -> herr_t {
+          if (oi->type == H5O_TYPE_DATASET)
+            static_cast<std::vector<std::string>*>(out)->push_back(name);
+          return 0;
+        },
+        &names, H5O_INFO_BASIC);
+    for (const auto& name : names) {
+      const h5::Handle d = h5::open_dataset(f, name, path);
+      const h5::Handle dcpl(T3D_H5(H5Dget_create_plist(d), path + ":" + name), H5Pclose);
+      T3D_USER_CHECK(H5Pget_layout(dcpl) == H5D_VIRTUAL, "snapshot `", path, "`: `", name,
+                     "` is not a virtual dataset");
+      Tensor t;
+      const h5::Handle space(T3D_H5(H5Dget_space(d), path), H5Sclose);
+      const int rank = H5Sget_simple_extent_ndims(space);
+      std::vector<hsize_t> dims(static_cast<size_t>(std::max(rank, 0)));
+      T3D_H5(H5Sget_simple_extent_dims(space, dims.data(), nullptr), path + ":" + name);
+      t.global_shape.assign(dims.begin(), dims.end());
+      size_t count = 0;
+      T3D_H5(H5Pget_virtual_count(dcpl, &count), path + ":" + name);
+      for (size_t i = 0; i < count; ++i) {
+        Piece p;
+        p.file.resize(static_cast<size_t>(H5Pget_virtual_filename(dcpl, i, nullptr, 0)));
+        H5Pget_virtual_filename(dcpl, i, p.file.data(), p.file.size() + 1);
+        p.path.resize(static_cast<size_t>(H5Pget_virtual_dsetname(dcpl, i, nullptr, 0)));
+        H5Pget_virtual_dsetname(dcpl, i, p.path.data(), p.path.size() + 1);
+        const h5::Handle vs(T3D_H5(H5Pget_virtual_vspace(dcpl, i), path + ":" + name), H5Sclose);
+        std::vector<hsize_t> start(dims.size()), stride(dims.size()), cnt(dims.size()),
+            block(dims.size());
+        T3D_H5(H5Sget_regular_hyperslab(vs, start.data(), stride.data(), cnt.data(), block.data()),
+               path + ":" + name);
+        for (size_t k = 0; k < dims.size(); ++k) {
+          p.offset.push_back(static_cast<int64_t>(start[k]));
+          p.shape.push_back(static_cast<int64_t>(cnt[k] * block[k]));
+        }
+        t.pieces.push_back(std::move(p));
+      }
+      tensors[name] = std::move(t);
+    }
+  }
+
+  // Opens a shard file after checking its size and hash against the index.
+  hid_t shard(const std::string& file) {
+    if (auto it = open_shards.find(file); it != open_shards.end()) return it->second;
+    const auto entry = std::find_if(info.shards.begin(), info.shards.end(),
+                                    [&](const ShardEntry& s) { return s.file == file; });
+    const std::string full = dir + "/" + file;
+    T3D_USER_CHECK(entry != info.shards.end(), "snapshot `", path, "` maps a tensor to `", full,
+                   "`, which its shard list does not name");
+    T3D_USER_CHECK(fs::exists(full), "snapshot `", path, "`: shard file `", full, "` is missing");
+    const FileDigest d = digest_file(full);
+    T3D_USER_CHECK(d.bytes == entry->bytes, "snapshot shard `", full, "` has ", d.bytes,
+                   " bytes, the index recorded ", entry->bytes,
+                   ": the file is truncated or "
+                   "was replaced. Resume from another snapshot.");
+    T3D_USER_CHECK(d.hash == entry->hash, "snapshot shard `", full, "` is damaged: its hash ",
+                   to_hex(d.hash), " differs from the index's ", to_hex(entry->hash),
+                   " (a flipped or overwritten byte). Resume from another snapshot.");
+    return open_shards.emplace(file, h5::open_file(full)).first->second;
+  }
+
+  // Reads one whole piece and checks every chunk's content hash.
+  std::vector<float> read_piece(const Piece& p) {
+    const std::string full = dir + "/" + p.file;
+    const h5::Handle d = h5::open_dataset(shard(p.file), p.path, full);
+    std::vector<float> data(static_cast<size_t>(volume(p.shape)));
+    T3D_H5(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()),
+           full + ":" + p.path);
+    const int64_t chunk = h5::read_int_attr(d, "chunk_elems", full + ":" + p.path);
+    const auto hashes = h5::read_uints_attr(d, "chunk_hash", full + ":" + p.path);
+    const auto n = static_cast<int64_t>(data.size());
+    for (int64_t c = 0; c * chunk < std::max<int64_t>(n, 1); ++c) {
+      const int64_t len = std::min(chunk, n - c * chunk);
+      T3D_USER_CHECK(static_cast<size_t>(c) < hashes.size() &&
+                         hash64(data.data() + c * chunk, static_cast<size_t>(len) * 4) ==
+                             hashes[static_cast<size_t>(c)],
+                     "snapshot shard `", full, "`: chunk ", c, " of `", p.path,
+                     "` fails its content hash. Resume from another snapshot.");
+    }
+    return data;
+  }
+};
+
+SnapshotReader::SnapshotReader(const std::string& index_path) : impl_(std::make_unique<Impl>()) {
+  impl_->path = index_path;
+  impl_->dir = fs::path(index_path).parent_path().string();
+  if (impl_->dir.empty()) impl_->dir = ".";
+  impl_->load_index();
+}
+
+SnapshotReader::~SnapshotReader() = default;
+const IndexInfo& SnapshotReader::info() const { return impl_->info; }
+const std::string& SnapshotReader::path() const { return impl_->path; }
+
+void SnapshotReader::verify() {
+  for (const auto& s : impl_->info.shards) impl_->shard(s.file);
+}
+
+void SnapshotReader::read(const Slice& want) {
+  auto& m = *impl_;
+  const auto it = m.tensors.find(want.path);
+  T3D_USER_CHECK(it != m.tensors.end(), "snapshot `", m.path, "` has no tensor `", want.path,
+                 "`: the model's structure differs from the one snapshotted");
+  const auto& t = it->second;
+  T3D_USER_CHECK(t.global_shape == want.global_shape, "snapshot `", m.path, "`: `", want.path,
+                 "` has shape ", shape_str(t.global_shape), ", the model needs ",
+                 shape_str(want.global_shape), ": the model's size differs");
+  T3D_ASSERT(want.shape.size() <= 2 && !want.shape.empty(), "only 1-D and 2-D tensors");
+  const Box2 w = as_2d(want.offset, want.shape);
+  int64_t covered = 0;
+  for (const auto& p : t.pieces) {
+    const Box2 b = as_2d(p.offset, p.shape);
+    const int64_t r0 = std::max(w.r0, b.r0), r1 = std::min(w.r0 + w.rows, b.r0 + b.rows);
+    const int64_t c0 = std::max(w.c0, b.c0), c1 = std::min(w.c0 + w.cols, b.c0 + b.cols);
+    if (r0 >= r1 || c0 >= c1) continue;
+    const std::vector<float> data = m.read_piece(p);
+    for (int64_t r = r0; r < r1; ++r)
+      std::memcpy(want.data + (r - w.r0) * w.cols + (c0 - w.c0),
+                  data.data() + (r - b.r0) * b.cols + (c0 - b.c0),
+                  static_cast<size_t>(c1 - c0) * sizeof(float));
+    covered += (r1 - r0) * (c1 - c0);
+  }
+  // Pieces never overlap (each box has one writer), so the areas add up exactly when covered.
+  T3D_USER_CHECK(covered == volume(want.shape), "snapshot `", m.path, "` covers only ", covered,
+                 " of the ", volume(want.shape), " elements of `", want.path, "` needed at ",
+                 shape_str(want.offset), ": shards are missing");
+}
+
+std::string read_recipe(const std::string& index_path) {
+  check_index_file(index_path);
+  const h5::Handle f = h5::open_file(index_path);
+  T3D_USER_CHECK(h5::has_attr(f, "complete") && h5::read_int_attr(f, "complete", index_path) == 1,
+                 "snapshot `", index_path,
+                 "` is incomplete (no `complete` mark): it was never "
+                 "committed. Resume from an older snapshot.");
+  return h5::read_string_attr(f, "recipe", index_path);
+}
+
+std::string find_latest(const std::string& dir, std::vector<std::string>* skipped) {
+  auto steps = committed_steps(dir);
+  for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    const std::string path = index_path(dir, *it);
+    try {
+      SnapshotReader reader(path);
+      reader.verify();
+      return path;
+    } catch (const UserError& e) {
+      if (skipped) skipped->push_back(e.what());
+    }
+  }
+  return "";
+}
+
+}  // namespace t3d::checkpoint

@@ -1,0 +1,113 @@
+// HDF5 snapshots of training state: per-rank shard files of global logical tensors, joined by a
+// small index file that is the commit record. The format is documented in docs/snapshot-format.md.
+//
+//   <dir>/step_00000010.h5              index: recipe, layout, counters, shard digests, and one
+//                                       virtual dataset per global tensor mapping its pieces
+//   <dir>/step_00000010/rank00003.h5    shard: the slices rank 3 wrote, with global offsets
+//   <dir>/latest                        name of the newest committed index (a convenience)
+//
+// This layer knows tensors and files, not the trainer or MPI: runtime/snapshots.cpp decides who
+// writes what and agrees across ranks before anything is published. Every function here calls
+// HDF5 and so must run on the process's IoThread.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "checkpoint/hash.h"
+
+namespace t3d::checkpoint {
+
+inline constexpr int64_t kFormatVersion = 1;
+// Elements per content hash: 1 MiB of fp32, small enough that a damaged chunk is located.
+inline constexpr int64_t kChunkElems = 1 << 18;
+
+// A box of a global tensor (fp32, row-major, at most 2-D) and the memory holding it.
+struct Slice {
+  std::string path;  // dataset path, e.g. "model/model.norm.weight", "optim/exp_avg/lm_head.weight"
+  std::vector<int64_t> global_shape;
+  std::vector<int64_t> offset;  // of the box in the global tensor, per dimension
+  std::vector<int64_t> shape;   // of the box; `data` holds prod(shape) floats
+  float* data = nullptr;
+};
+
+// File names inside a snapshot directory.
+std::string snapshot_name(int64_t step);  // "step_00000010"
+std::string index_path(const std::string& dir, int64_t step);
+std::string shard_path(const std::string& dir, int64_t step, int rank);
+std::string temp_path(const std::string& path);  // where a file is written before its rename
+
+// Test-only fault injection, read from T3D_SNAPSHOT_FAULT="kill|fail:STEP:RANK": that rank, in
+// that step's shard write, SIGKILLs itself (a crash mid-write) or fails like a full disk.
+struct Fault {
+  bool kill = false, fail = false;
+};
+Fault fault_from_env(int64_t step, int rank);
+
+// Writes one rank's shard to temp_path(path), closes and fsyncs it. Returns the file's digest.
+FileDigest write_shard(const std::string& path, int rank, const std::vector<Slice>& slices,
+                       Fault fault = {});
+// Renames temp_path(path) to `path` and fsyncs its directory. Removes the temporary on failure.
+void publish(const std::string& path);
+void discard(const std::string& path);  // removes temp_path(path) if it exists; never throws
+
+struct ShardEntry {
+  std::string file;  // relative to the snapshot directory
+  uint64_t bytes = 0, hash = 0;
+};
+
+struct IndexInfo {
+  int64_t step = 0;
+  std::string recipe;                       // effective recipe, TOML
+  std::string layout;                       // e.g. "pp=2 dp=2 cp=1 tp=2", informational
+  std::map<std::string, int64_t> counters;  // step, sampler seed/position, AdamW step...
+  std::vector<ShardEntry> shards;
+};
+
+// Writes the index under a temporary name with `complete` set last, fsyncs, renames it into
+// place, then points <dir>/latest at it. Shards must already be published.
+void write_index(const std::string& dir, const IndexInfo& info);
+
+// Steps of the committed snapshots (an index file exists) in `dir`, ascending. Not verified.
+std::vector<int64_t> committed_steps(const std::string& dir);
+
+// Deletes all but the newest `keep` committed snapshots (index first, so a half-deleted one is
+// never taken for complete), and shard directories without an index older than the newest
+// committed one (left by crashes). Returns the names deleted.
+std::vector<std::string> retain(const std::string& dir, int64_t keep);
+
+// A committed snapshot, opened for reading. The constructor checks the index (complete mark,
+// format version); each shard file is checked against the index's size and hash the first
+// time a read needs it, and every chunk against its content hash. Any mismatch is a UserError
+// naming the file and what is wrong: a snapshot is never loaded silently.
+class SnapshotReader {
+ public:
+  explicit SnapshotReader(const std::string& index_path);
+  ~SnapshotReader();
+  SnapshotReader(const SnapshotReader&) = delete;
+  SnapshotReader& operator=(const SnapshotReader&) = delete;
+
+  const IndexInfo& info() const;
+  const std::string& path() const;
+  // Fills slice.data with the box slice.offset/shape of the global tensor slice.path, gathered
+  // from whichever pieces cover it (any writer layout: this is resharding).
+  void read(const Slice& slice);
+  // Checks every shard file against the index now, rather than when first read.
+  void verify();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Reads only the recipe text of a snapshot (cheap; for `titan3d resume` before ranks start).
+std::string read_recipe(const std::string& index_path);
+
+// The newest snapshot in `dir` whose index and shards verify, or "" when there is none. Broken
+// ones are skipped, each with its reason appended to `skipped`.
+std::string find_latest(const std::string& dir, std::vector<std::string>* skipped);
+
+}  // namespace t3d::checkpoint

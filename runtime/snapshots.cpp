@@ -1,0 +1,308 @@
+#include "runtime/snapshots.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <future>
+#include <optional>
+
+#include "checkpoint/io_thread.h"
+#include "checkpoint/snapshot.h"
+#include "kernels/check.h"
+#include "runtime/metrics.h"
+#include "runtime/model.h"
+
+namespace t3d::runtime {
+
+namespace fs = std::filesystem;
+namespace ck = checkpoint;
+using Clock = std::chrono::steady_clock;
+using parallel::Dim;
+
+namespace {
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// The sections of the state a snapshot holds, as dataset-path prefixes.
+constexpr const char* kSections[] = {"model/", "optim/exp_avg/", "optim/exp_avg_sq/"};
+
+// A snapshot cannot change the shape of the model; other keys (steps, layout, lr...) may change.
+void check_same_model(const std::string& saved_toml, const Recipe& now, const std::string& path) {
+  const Recipe saved = parse_recipe(saved_toml, path + " (recipe)");
+  const auto& a = saved.model;
+  const auto& b = now.model;
+  const std::pair<const char*, std::pair<int64_t, int64_t>> keys[] = {
+      {"vocab_size", {a.vocab_size, b.vocab_size}},
+      {"dim", {a.dim, b.dim}},
+      {"n_layers", {a.n_layers, b.n_layers}},
+      {"n_heads", {a.n_heads, b.n_heads}},
+      {"n_kv_heads", {a.n_kv_heads, b.n_kv_heads}},
+      {"ffn_dim", {a.ffn_dim, b.ffn_dim}},
+      {"tie_embeddings", {a.tie_embeddings, b.tie_embeddings}}};
+  for (const auto& [key, v] : keys)
+    T3D_USER_CHECK(v.first == v.second, "cannot resume from `", path, "`: model.", key, " is ",
+                   v.first, " in the snapshot but ", v.second, " in this run (",
+                   now.origin(std::string("model.") + key),
+                   "). A snapshot restores the same model; only training, parallel and snapshot "
+                   "keys may change.");
+}
+
+std::string layout_of(const Recipe& r) {
+  const auto& p = r.parallel;
+  return fmt::format("pp={} dp={} cp={} tp={} schedule={} virtual_stages={}", p.pp, p.dp, p.cp,
+                     p.tp, p.schedule, p.virtual_stages);
+}
+
+}  // namespace
+
+struct Snapshotter::Impl {
+  const Job& job;
+  const Recipe& r;
+  const parallel::Mesh& mesh;
+  Model& model;
+  MetricsWriter* metrics;
+  std::string dir;
+  std::unique_ptr<ck::IoThread> io;
+  std::vector<float> staging;   // params | exp_avg | exp_avg_sq, each one region's size
+  std::vector<ck::Slice> mine;  // the boxes this rank writes, pointing into `staging`
+
+  struct Pending {
+    int64_t step = 0;
+    std::future<void> done;
+    ck::FileDigest digest;  // set by the write job
+    double stall_s = 0, write_s = 0;
+  };
+  std::optional<Pending> pending;
+  std::string last_good;  // index of the newest committed snapshot, for messages
+
+  Impl(const Job& j, Model& m, MetricsWriter* w)
+      : job(j), r(j.recipe), mesh(*j.mesh), model(m), metrics(w), dir(r.snapshot.dir) {}
+
+  // This rank's slices of every tensor, over the sections of `base` (3 regions of `stride`).
+  std::vector<ck::Slice> slices(const float* const base[3], bool only_owned) const {
+    const int dp = mesh.shape().size(Dim::dp), dp_rank = mesh.coord().dp;
+    std::vector<ck::Slice> out;
+    const auto& params = model.params();
+    for (int s = 0; s < 3; ++s) {
+      for (size_t i = 0; i < params.size(); ++i) {
+        const auto& p = params[i];
+        if (only_owned &&
+            (static_cast<int>(i % dp) != dp_rank || (p.split_dim < 0 && model.tp_rank() != 0)))
+          continue;
+        const auto& e = model.layout().at(p.name);
+        ck::Slice slice{kSections[s] + p.name, p.global_shape,
+                        std::vector<int64_t>(p.global_shape.size(), 0), e.spec.shape,
+                        const_cast<float*>(base[s]) + e.offset};
+        if (p.split_dim >= 0)
+          slice.offset[p.split_dim] = model.tp_rank() * e.spec.shape[p.split_dim];
+        out.push_back(std::move(slice));
+      }
+    }
+    return out;
+  }
+
+  int64_t restore() {
+    std::string path = r.snapshot.resume;
+    if (path.empty()) return 0;
+    if (path == "latest") {
+      std::vector<std::string> skipped;
+      io->run([&] { path = ck::find_latest(dir, &skipped); });
+      for (const auto& why : skipped)
+        if (mesh.rank() == 0) spdlog::warn("snapshot.resume = latest: skipping {}", why);
+      if (path.empty()) {
+        if (mesh.rank() == 0)
+          spdlog::info("snapshot.resume = latest: no complete snapshot in {}; starting fresh", dir);
+        return 0;
+      }
+    }
+    auto& st = model.state();
+    T3D_USER_CHECK(st.adam_m.data(), "resume needs the optimizer state in the arena");
+    const float* const base[3] = {st.params.data(), st.adam_m.data(), st.adam_v.data()};
+    int64_t step = 0;
+    std::string layout;
+    io->run([&] {
+      ck::SnapshotReader reader(path);
+      check_same_model(reader.info().recipe, r, path);
+      for (const auto& s : slices(base, false)) reader.read(s);
+      const auto& c = reader.info().counters;
+      T3D_USER_CHECK(c.count("step"), "snapshot `", path, "` has no step counter");
+      step = c.at("step");
+      layout = reader.info().layout;
+    });
+    if (mesh.rank() == 0)
+      spdlog::info("resumed from {} after step {}{}", path, step,
+                   layout == layout_of(r)
+                       ? ""
+                       : fmt::format(" (resharded: {} -> {})", layout, layout_of(r)));
+    last_good = path;
+    return step;
+  }
+
+  void start(int64_t step) {
+    const auto t0 = Clock::now();
+    if (pending) commit();  // training waits for the previous snapshot: part of the stall
+    auto& st = model.state();
+    const size_t n = static_cast<size_t>(st.params.size());
+    std::memcpy(staging.data(), st.params.data(), n * sizeof(float));
+    std::memcpy(staging.data() + n, st.adam_m.data(), n * sizeof(float));
+    std::memcpy(staging.data() + 2 * n, st.adam_v.data(), n * sizeof(float));
+    pending.emplace();
+    pending->step = step;
+    const std::string shard = ck::shard_path(dir, step, mesh.rank());
+    const ck::Fault fault = ck::fault_from_env(step, mesh.rank());
+    Pending* p = &*pending;
+    p->done = io->submit([this, p, shard, fault] {
+      const auto w0 = Clock::now();
+      if (!mine.empty()) p->digest = ck::write_shard(shard, mesh.rank(), mine, fault);
+      p->write_s = seconds_since(w0);
+    });
+    p->stall_s = seconds_since(t0);
+    if (!r.snapshot.async) commit();
+  }
+
+  bool all_ranks_done() {
+    int done = pending->done.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+    mesh.world().all_reduce(&done, 1, parallel::ReduceOp::min);
+    return done == 1;
+  }
+
+  void commit() {
+    pending->done.wait();  // the job writes into *pending: finish before moving it
+    Pending p = std::move(*pending);
+    pending.reset();
+    std::string error;
+    try {
+      p.done.get();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    const auto& world = mesh.world();
+    const std::string shard = ck::shard_path(dir, p.step, mesh.rank());
+    // Agree that every write succeeded before anything becomes visible.
+    int first_failed = error.empty() ? world.size() : world.rank();
+    world.all_reduce(&first_failed, 1, parallel::ReduceOp::min);
+    if (first_failed == world.size() && !mine.empty()) {
+      try {
+        ck::publish(shard);
+      } catch (const std::exception& e) {
+        error = e.what();
+        first_failed = world.rank();
+      }
+      world.all_reduce(&first_failed, 1, parallel::ReduceOp::min);
+    }
+    if (first_failed != world.size()) return fail(p, first_failed, error, shard);
+
+    const uint64_t report[3] = {mine.empty() ? 0u : 1u, p.digest.bytes, p.digest.hash};
+    std::vector<uint64_t> reports(3 * static_cast<size_t>(world.size()));
+    world.all_gather(report, reports.data(), 3);
+    double times[2] = {p.stall_s, p.write_s};
+    world.all_reduce(times, 2, parallel::ReduceOp::max);
+    if (world.rank() != 0) return;
+
+    ck::IndexInfo info;
+    info.step = p.step;
+    info.recipe = r.to_toml();
+    info.layout = layout_of(r);
+    info.counters = {{"step", p.step},
+                     {"adamw_step", p.step},
+                     {"sampler_seed", r.train.seed},
+                     {"sampler_step", p.step}};
+    uint64_t bytes = 0;
+    for (int k = 0; k < world.size(); ++k) {
+      const uint64_t* rep = &reports[3 * static_cast<size_t>(k)];
+      if (!rep[0]) continue;
+      const auto rel = fs::path(ck::shard_path(dir, p.step, k)).lexically_relative(dir);
+      info.shards.push_back({rel.string(), rep[1], rep[2]});
+      bytes += rep[1];
+    }
+    const auto i0 = Clock::now();
+    std::vector<std::string> deleted;
+    try {
+      io->run([&] {
+        ck::write_index(dir, info);
+        deleted = ck::retain(dir, r.snapshot.keep);
+      });
+    } catch (const std::exception& e) {
+      spdlog::error(
+          "snapshot at step {}: writing the index failed: {}; it is not committed, {} "
+          "stays the last good one",
+          p.step, e.what(), last_good.empty() ? "none" : last_good);
+      if (metrics) metrics->write({{"snapshot_step", double(p.step)}, {"snapshot_ok", 0}});
+      return;
+    }
+    last_good = ck::index_path(dir, p.step);
+    // Synchronous snapshots: training also waited for the whole write.
+    const double stall = r.snapshot.async ? times[0] : times[0] + times[1];
+    spdlog::info(
+        "snapshot step {}: {} in {} shard(s), stall {:.1f} ms, write {:.1f} ms (slowest "
+        "rank), index {:.1f} ms -> {}{}",
+        p.step, kernels::format_bytes(bytes), info.shards.size(), 1e3 * stall, 1e3 * times[1],
+        1e3 * seconds_since(i0), last_good,
+        deleted.empty() ? "" : "; removed " + fmt::format("{}", fmt::join(deleted, ", ")));
+    if (metrics)
+      metrics->write({{"snapshot_step", double(p.step)},
+                      {"snapshot_ok", 1},
+                      {"snapshot_stall_s", stall},
+                      {"snapshot_write_s", times[1]},
+                      {"snapshot_bytes", double(bytes)}});
+  }
+
+  void fail(const Pending& p, int first_failed, const std::string& error,
+            const std::string& shard) {
+    ck::discard(shard);
+    char message[1024] = {};
+    if (mesh.rank() == first_failed) std::snprintf(message, sizeof(message), "%s", error.c_str());
+    mesh.world().broadcast(message, sizeof(message), first_failed);
+    if (mesh.rank() != 0) return;
+    spdlog::error(
+        "snapshot at step {} failed on rank {}: {}. It was not committed; the last "
+        "good snapshot is {}. Training continues.",
+        p.step, first_failed, message, last_good.empty() ? "none" : last_good);
+    if (metrics) metrics->write({{"snapshot_step", double(p.step)}, {"snapshot_ok", 0}});
+  }
+};
+
+Snapshotter::Snapshotter(const Job& job, Model& model, MetricsWriter* metrics)
+    : impl_(std::make_unique<Impl>(job, model, metrics)) {
+  auto& m = *impl_;
+  m.io = std::make_unique<ck::IoThread>();
+  if (m.r.snapshot.every <= 0) return;
+  // Staging is allocated and touched now, so the first snapshot's stall is a plain copy.
+  const size_t n = static_cast<size_t>(model.state().params.size());
+  m.staging.assign(3 * n, 0.0f);
+  const float* const base[3] = {m.staging.data(), m.staging.data() + n, m.staging.data() + 2 * n};
+  m.mine = m.slices(base, true);
+}
+
+// The I/O thread goes first: a write still running uses `staging`, `mine` and `pending`.
+Snapshotter::~Snapshotter() { impl_->io.reset(); }
+
+int64_t Snapshotter::restore() { return impl_->restore(); }
+
+void Snapshotter::after_step(int64_t steps_done, bool last) {
+  auto& m = *impl_;
+  const int64_t every = m.r.snapshot.every;
+  if (every <= 0) return;
+  const bool due = steps_done % every == 0 || last;
+  if (m.pending && !due && m.all_ranks_done()) m.commit();
+  if (due) m.start(steps_done);
+}
+
+void Snapshotter::finish() {
+  if (impl_->pending) impl_->commit();
+}
+
+Recipe load_resume_recipe(const std::string& snapshot, const std::vector<Override>& overrides) {
+  // Before any I/O thread exists (the launcher, or a rank before its trainer): HDF5 is still
+  // touched by one thread at a time.
+  const std::string text = ck::read_recipe(snapshot);
+  auto all = overrides;
+  all.push_back({"snapshot.resume", "'" + snapshot + "'"});  // a TOML literal string
+  return parse_recipe(text, snapshot + " (recipe)", all);
+}
+
+}  // namespace t3d::runtime
