@@ -100,8 +100,12 @@ TEST(Planner, EnumerationRespectsTheConstraints) {
     ASSERT_EQ(p.model.n_heads % l.tp, 0) << l.label();
     ASSERT_EQ(p.model.n_layers % l.pp, 0) << l.label();
     ASSERT_EQ(p.global_batch % (l.dp * l.micro_batches), 0) << l.label();
-    if (l.dp == 1) ASSERT_EQ(l.zero, 0);
-    if (l.schedule == ScheduleKind::kInterleaved1F1B) ASSERT_EQ(l.micro_batches % l.pp, 0);
+    if (l.dp == 1) {
+      ASSERT_EQ(l.zero, 0);
+    }
+    if (l.schedule == ScheduleKind::kInterleaved1F1B) {
+      ASSERT_EQ(l.micro_batches % l.pp, 0);
+    }
   }
 }
 
