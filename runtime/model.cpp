@@ -1,5 +1,6 @@
 #include "runtime/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -366,6 +367,7 @@ double Model::forward_head(ChunkActs& c, const int32_t* targets, float grad_scal
     tp_sum(s.dxn, N * C);
     k::rmsnorm_backward(c.dx_last, g("model.norm.weight"), s.dxn, x_last, w("model.norm.weight"),
                         c.rstdf, N, C);
+    if (grad_hook_) grad_hook_(config_.n_layers);
   }
   return loss_sum;
 }
@@ -395,21 +397,44 @@ void Model::backward(int chunk, int slot, const float* dout) {
   const int64_t N = rows_, C = config_.dim;
   float* dx = range.first ? scratch_->dx : a.dx_in;
   std::memcpy(dx, range.last ? a.dx_last : dout, sizeof(float) * N * C);
-  for (int64_t l = range.end - 1; l >= range.begin; --l)
+  for (int64_t l = range.end - 1; l >= range.begin; --l) {
     backward_layer(l, a.layers[l - range.begin], a.x[l - range.begin], dx);
-  if (range.first)
+    if (grad_hook_) grad_hook_(l);
+  }
+  if (range.first) {
     k::embedding_backward(g("model.embed_tokens.weight"), dx, a.tokens, N, C, vocab_start_,
                           vocab_start_ + vocab_);
+    if (grad_hook_) grad_hook_(-1);
+  }
 }
 
-double Model::grad_sum_of_squares() const {
+double Model::grad_sum_of_squares(const std::vector<parallel::FloatRange>& ranges) const {
   double sum = 0;
+  const float* grads = state_.grads.data();
   for (const auto& p : params_) {
     if (p.split_dim < 0 && tp_.rank() != 0) continue;  // replicated: identical on every tp rank
-    const auto v = state_.grads.view(p.name);
-    sum += k::sum_of_squares(v.data, v.numel);
+    const auto& e = layout_.at(p.name);
+    for (const auto& r : ranges) {
+      const int64_t lo = std::max(r.begin, e.offset), hi = std::min(r.end, e.offset + e.numel);
+      if (lo < hi) sum += k::sum_of_squares(grads + lo, hi - lo);
+    }
   }
   return sum;
+}
+
+std::vector<Model::GradUnit> Model::grad_units() const {
+  std::vector<GradUnit> units;
+  for (const auto& p : params_) {
+    int64_t unit = config_.n_layers;  // model.norm, lm_head
+    if (p.name == "model.embed_tokens.weight") unit = -1;
+    else if (p.name.rfind("model.layers.", 0) == 0) unit = std::stoll(p.name.substr(13));
+    const auto& e = layout_.at(p.name);
+    if (units.empty() || units.back().unit != unit)
+      units.push_back({unit, {e.offset, e.offset + e.numel}});
+    else
+      units.back().range.end = e.offset + e.numel;
+  }
+  return units;
 }
 
 int64_t Model::first_nonfinite_layer(int slot) const {

@@ -32,6 +32,11 @@ check pp2_zb_h1 --set parallel.pp=2 --set parallel.schedule=zb_h1
 check pp2_interleaved_v2 --set parallel.pp=2 --set parallel.schedule=interleaved_1f1b \
       --set parallel.virtual_stages=2
 check pp2_dp2_tp2 --set parallel.pp=2 --set parallel.dp=2 --set parallel.tp=2
+check dp2_zero1 --set parallel.dp=2 --set parallel.zero=1
+check pp2_dp2_zero2_gpipe --set parallel.pp=2 --set parallel.dp=2 --set parallel.zero=2 \
+      --set parallel.schedule=gpipe
+check dp2_tp2_zero1_small_buckets --set parallel.dp=2 --set parallel.tp=2 --set parallel.zero=1 \
+      --set parallel.bucket_mb=0.01
 check pp2_split_at_1 --set parallel.pp=2 --set "parallel.pipeline_split=[1]"
 # Validation losses agree too (forward-only pipeline path).
 vr=$(sed -n 's/.*"val_loss": \([0-9.]*\).*/\1/p' "$work/reference/metrics.jsonl" | tail -1)
