@@ -118,6 +118,23 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
   auto alloc = [&](const std::string& name, int64_t floats) {
     return arena_.alloc_floats(name, static_cast<size_t>(floats));
   };
+  auto alloc_layer = [&](const std::string& lp) {
+    LayerActs la;
+    la.rstd1 = alloc(lp + ".rstd1", N);
+    la.xn1 = alloc(lp + ".xn1", N * C);
+    la.q = alloc(lp + ".q", N * heads_ * D);
+    la.kk = alloc(lp + ".k", N * kv_heads_ * D);
+    la.v = alloc(lp + ".v", N * kv_heads_ * D);
+    la.att = alloc(lp + ".attn", N * heads_ * D);
+    la.lse = alloc(lp + ".lse", B * heads_ * T);
+    la.xmid = alloc(lp + ".xmid", N * C);
+    la.rstd2 = alloc(lp + ".rstd2", N);
+    la.xn2 = alloc(lp + ".xn2", N * C);
+    la.gate = alloc(lp + ".gate", N * ffn_);
+    la.up = alloc(lp + ".up", N * ffn_);
+    la.h = alloc(lp + ".h", N * ffn_);
+    return la;
+  };
   acts_.resize(chunks_.size());
   for (size_t ci = 0; ci < chunks_.size(); ++ci) {
     const auto& range = chunks_[ci];
@@ -126,24 +143,10 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
       const std::string p = "activations.chunk" + std::to_string(ci) + ".slot" + std::to_string(s);
       for (int64_t l = 0; l <= range.size(); ++l)
         a->x.push_back(alloc(p + ".residual" + std::to_string(l), N * C));
-      for (int64_t l = range.begin; l < range.end; ++l) {
-        const std::string lp = p + ".layer" + std::to_string(l);
-        LayerActs la;
-        la.rstd1 = alloc(lp + ".rstd1", N);
-        la.xn1 = alloc(lp + ".xn1", N * C);
-        la.q = alloc(lp + ".q", N * heads_ * D);
-        la.kk = alloc(lp + ".k", N * kv_heads_ * D);
-        la.v = alloc(lp + ".v", N * kv_heads_ * D);
-        la.att = alloc(lp + ".attn", N * heads_ * D);
-        la.lse = alloc(lp + ".lse", B * heads_ * T);
-        la.xmid = alloc(lp + ".xmid", N * C);
-        la.rstd2 = alloc(lp + ".rstd2", N);
-        la.xn2 = alloc(lp + ".xn2", N * C);
-        la.gate = alloc(lp + ".gate", N * ffn_);
-        la.up = alloc(lp + ".up", N * ffn_);
-        la.h = alloc(lp + ".h", N * ffn_);
-        a->layers.push_back(la);
-      }
+      for (int64_t l = range.begin; l < range.end; ++l)
+        a->layers.push_back(recomputed(l - range.begin)
+                                ? LayerActs{}  // filled in below: the shared recompute buffers
+                                : alloc_layer(p + ".layer" + std::to_string(l)));
       if (range.first)
         a->tokens = static_cast<int32_t*>(
             arena_.alloc_bytes(p + ".tokens", static_cast<size_t>(N) * sizeof(int32_t)));
@@ -182,6 +185,15 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
     s.target = alloc("scratch.ce_target_logit", N);
   }
   s.rope = alloc("scratch.rope_table", T * D);
+  if (options_.checkpoint_every > 0) {
+    // One block's activations, shared by every recomputed block: written by its forward (and
+    // overwritten by the next), rebuilt by the recompute right before its backward.
+    const LayerActs shared = alloc_layer("scratch.recompute_layer");
+    for (size_t ci = 0; ci < chunks_.size(); ++ci)
+      for (auto& slot : acts_[ci])
+        for (int64_t i = 0; i < chunks_[ci].size(); ++i)
+          if (recomputed(i)) slot->layers[i] = shared;
+  }
   k::rope_table(s.rope, T, D, config_.rope_theta);
   footprint_.scratch = arena_.used() - before;
 }
@@ -398,7 +410,11 @@ void Model::backward(int chunk, int slot, const float* dout) {
   float* dx = range.first ? scratch_->dx : a.dx_in;
   std::memcpy(dx, range.last ? a.dx_last : dout, sizeof(float) * N * C);
   for (int64_t l = range.end - 1; l >= range.begin; --l) {
-    backward_layer(l, a.layers[l - range.begin], a.x[l - range.begin], dx);
+    const int64_t i = l - range.begin;
+    // Recompute: the same forward on the same input gives the same bits, so rewriting x[i + 1]
+    // (already consumed by the blocks above) is harmless and needs no extra buffer.
+    if (recomputed(i)) forward_layer(l, a.layers[i], a.x[i], a.x[i + 1]);
+    backward_layer(l, a.layers[i], a.x[i], dx);
     if (grad_hook_) grad_hook_(l);
   }
   if (range.first) {

@@ -43,6 +43,9 @@ struct ModelOptions {
   int64_t micro_rows = 1;  // sequences per micro-batch
   int64_t slots = 1;       // micro-batches whose activations are alive at once, per chunk
   bool with_optimizer = true;
+  // Activation checkpointing: 0 none; K recomputes blocks 0, K, 2K, ... of each chunk in the
+  // backward instead of keeping their activations (K = 1: every block, "full").
+  int64_t checkpoint_every = 0;
 };
 
 // FLOPs of one training step (forward + backward) per token of the whole model, PaLM's count:
@@ -129,6 +132,9 @@ class Model {
   struct LayerActs;
   struct ChunkActs;
   struct Scratch;
+  bool recomputed(int64_t local_layer) const {
+    return options_.checkpoint_every > 0 && local_layer % options_.checkpoint_every == 0;
+  }
 
   void build_param_table();
   void forward_layer(int64_t layer, LayerActs& a, const float* x_in, float* x_out);

@@ -47,6 +47,13 @@ double learning_rate(const TrainConfig& t, int64_t step /* 0-based */) {
   return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 
+// "none" -> 0, "full" -> 1, "every:K" -> K (the recipe validated the text).
+int64_t checkpoint_every(const std::string& text) {
+  if (text == "none") return 0;
+  if (text == "full") return 1;
+  return std::stoll(text.substr(6));
+}
+
 TokenStream load_stream(const std::string& path, const std::string& format, int vocab) {
   if (format == "text") return read_text_file(path);
   if (format == "bin") return read_token_file(path, vocab);
@@ -165,7 +172,8 @@ struct Trainer::Impl {
     arena = std::make_unique<kernels::Arena>(
         static_cast<size_t>(r.hardware.hbm_gib * 1024.0 * 1024.0 * 1024.0));
     model = std::make_unique<Model>(r.model, mine, mesh.group(Dim::tp), *arena,
-                                    ModelOptions{rows, executor->max_slots(), p.zero == 0});
+                                    ModelOptions{rows, executor->max_slots(), p.zero == 0,
+                                                 checkpoint_every(t.activation_checkpoint)});
     model->init(seed);
     build_reducer();
     tokens_buf.resize(static_cast<size_t>(n_micro * rows * T));

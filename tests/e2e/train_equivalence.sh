@@ -37,6 +37,10 @@ check pp2_dp2_zero2_gpipe --set parallel.pp=2 --set parallel.dp=2 --set parallel
       --set parallel.schedule=gpipe
 check dp2_tp2_zero1_small_buckets --set parallel.dp=2 --set parallel.tp=2 --set parallel.zero=1 \
       --set parallel.bucket_mb=0.01
+check pp2_tp2_ckpt_full --set parallel.pp=2 --set parallel.tp=2 \
+      --set train.activation_checkpoint=full
+check pp2_zb_h1_ckpt_every2 --set parallel.pp=2 --set parallel.schedule=zb_h1 \
+      --set train.activation_checkpoint=every:2
 check pp2_split_at_1 --set parallel.pp=2 --set "parallel.pipeline_split=[1]"
 # Validation losses agree too (forward-only pipeline path).
 vr=$(sed -n 's/.*"val_loss": \([0-9.]*\).*/\1/p' "$work/reference/metrics.jsonl" | tail -1)
