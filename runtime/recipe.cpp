@@ -384,6 +384,11 @@ void validate(const Recipe& r) {
   v.require(t.eps > 0, "train.eps", "must be positive");
   v.require(t.grad_clip >= 0, "train.grad_clip", "must be ≥ 0 (0 disables clipping)");
   v.one_of("train.precision", t.precision, {"fp32", "bf16"});
+  // Keys whose capability is still being built refuse to run rather than run something else.
+  v.require(t.precision == "fp32", "train.precision",
+            "bf16 mixed precision is not implemented yet; use \"fp32\"");
+  v.require(!p.sequence_parallel, "parallel.sequence_parallel",
+            "sequence parallelism is not implemented yet; set it to false");
   {
     const auto& ac = t.activation_checkpoint;
     bool ok = ac == "none" || ac == "full";

@@ -90,6 +90,10 @@ TEST(Recipe, ImpossibleCombinationsAreRejected) {
             std::string::npos);
   EXPECT_NE(error_of("[train]\nprecision = \"fp16\"\n").find("fp32, bf16"), std::string::npos);
   EXPECT_EQ(error_of("[train]\nactivation_checkpoint = \"every:2\"\n"), "");
+  // Not built yet: refused by name instead of silently training something else.
+  EXPECT_NE(error_of("[train]\nprecision = \"bf16\"\n").find("not implemented"), std::string::npos);
+  EXPECT_NE(error_of("[parallel]\nsequence_parallel = true\n").find("not implemented"),
+            std::string::npos);
 }
 
 TEST(Recipe, WorldResolution) {

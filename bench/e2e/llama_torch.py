@@ -1,0 +1,144 @@
+#!/usr/bin/env python3
+"""The titan3d model in plain PyTorch, for side-by-side speed (bench_vs_pytorch.sh) and, later,
+numerical cross-checks. Same architecture as runtime/model.cpp: LLaMA blocks with RMSNorm,
+rotate-half RoPE, grouped-query causal attention, SwiGLU, untied LM head; AdamW with titan3d's
+decay split (no decay on norm weights), warm-up + cosine LR, global-norm clipping."""
+import argparse
+import json
+import math
+import os
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim, eps):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+def rope_tables(T, D, theta):
+    inv = theta ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    ang = torch.outer(torch.arange(T, dtype=torch.float64), inv)
+    return torch.cos(ang).float(), torch.sin(ang).float()  # (T, D/2)
+
+
+def apply_rope(x, cos, sin):  # x (B, H, T, D), rotate-half convention
+    h = x.shape[-1] // 2
+    x1, x2 = x[..., :h], x[..., h:]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+class Block(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.c = c
+        D = c.dim // c.n_heads
+        self.input_layernorm = RMSNorm(c.dim, c.norm_eps)
+        self.q_proj = nn.Linear(c.dim, c.n_heads * D, bias=False)
+        self.k_proj = nn.Linear(c.dim, c.n_kv_heads * D, bias=False)
+        self.v_proj = nn.Linear(c.dim, c.n_kv_heads * D, bias=False)
+        self.o_proj = nn.Linear(c.n_heads * D, c.dim, bias=False)
+        self.post_attention_layernorm = RMSNorm(c.dim, c.norm_eps)
+        self.gate_proj = nn.Linear(c.dim, c.ffn_dim, bias=False)
+        self.up_proj = nn.Linear(c.dim, c.ffn_dim, bias=False)
+        self.down_proj = nn.Linear(c.ffn_dim, c.dim, bias=False)
+
+    def forward(self, x, cos, sin, mask):
+        c = self.c
+        B, T, C = x.shape
+        D = C // c.n_heads
+        h = self.input_layernorm(x)
+        q = self.q_proj(h).view(B, T, c.n_heads, D).transpose(1, 2)
+        k = self.k_proj(h).view(B, T, c.n_kv_heads, D).transpose(1, 2)
+        v = self.v_proj(h).view(B, T, c.n_kv_heads, D).transpose(1, 2)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        rep = c.n_heads // c.n_kv_heads
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        att = (q @ k.transpose(-2, -1)) / math.sqrt(D) + mask
+        y = F.softmax(att, dim=-1) @ v
+        x = x + self.o_proj(y.transpose(1, 2).reshape(B, T, C))
+        h = self.post_attention_layernorm(x)
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+class Llama(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.c = c
+        self.embed_tokens = nn.Embedding(c.vocab_size, c.dim)
+        self.layers = nn.ModuleList([Block(c) for _ in range(c.n_layers)])
+        self.norm = RMSNorm(c.dim, c.norm_eps)
+        self.lm_head = nn.Linear(c.dim, c.vocab_size, bias=False)
+        cos, sin = rope_tables(c.seq_len, c.dim // c.n_heads, c.rope_theta)
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
+        mask = torch.full((c.seq_len, c.seq_len), float("-inf")).triu(1)
+        self.register_buffer("mask", mask, persistent=False)
+        std, out_std = 0.02, 0.02 / math.sqrt(2 * c.n_layers)
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, std=out_std if ("o_proj" in name or "down_proj" in name) else std)
+
+    def forward(self, idx, targets):
+        x = self.embed_tokens(idx)
+        for layer in self.layers:
+            x = layer(x, self.cos, self.sin, self.mask)
+        logits = self.lm_head(self.norm(x))
+        return F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    for k, v in dict(vocab_size=256, dim=512, n_layers=8, n_heads=8, n_kv_heads=8, ffn_dim=0,
+                     seq_len=256, batch=8, steps=12, warmup=2, threads=2).items():
+        ap.add_argument("--" + k, type=int, default=v)
+    ap.add_argument("--lr", type=float, default=3e-4)
+    ap.add_argument("--data", default="data/fortunes_train.bin")
+    ap.add_argument("--seed", type=int, default=1234)
+    c = ap.parse_args()
+    c.rope_theta, c.norm_eps = 10000.0, 1e-5
+    if c.ffn_dim == 0:
+        c.ffn_dim = (8 * c.dim // 3 + 63) // 64 * 64
+    torch.set_num_threads(c.threads)
+    torch.manual_seed(c.seed)
+    raw = open(c.data, "rb").read()
+    header = 256 * 4 if int.from_bytes(raw[:4], "little") == 20240520 else 0
+    tokens = torch.frombuffer(bytearray(raw[header:]), dtype=torch.int16).to(torch.int64) & 0xFFFF
+    model = Llama(c)
+    decay = [p for n, p in model.named_parameters() if p.dim() == 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": no_decay, "weight_decay": 0.0}],
+                            lr=c.lr, betas=(0.9, 0.95), eps=1e-8)
+    g = torch.Generator().manual_seed(c.seed)
+    times, losses = [], []
+    for step in range(c.steps):
+        starts = torch.randint(0, len(tokens) - c.seq_len - 1, (c.batch,), generator=g)
+        x = torch.stack([tokens[s:s + c.seq_len] for s in starts])
+        y = torch.stack([tokens[s + 1:s + 1 + c.seq_len] for s in starts])
+        t0 = time.perf_counter()
+        loss = model(x, y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        times.append(time.perf_counter() - t0)
+        losses.append(loss.item())
+    steady = sorted(times[c.warmup:])
+    median = steady[len(steady) // 2]
+    print(json.dumps({"tokens_per_s": c.batch * c.seq_len / median, "step_s": median,
+                      "first_loss": losses[0], "last_loss": losses[-1],
+                      "threads": torch.get_num_threads(), "torch": torch.__version__,
+                      "blas": torch.__config__.show().count("OpenBLAS") > 0}))
+
+
+if __name__ == "__main__":
+    main()
