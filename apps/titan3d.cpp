@@ -50,6 +50,7 @@ int not_implemented(const char* verb, const char* issue) {
 
 // `train` and `resume` differ only in where the recipe comes from.
 int run_training(runtime::Recipe recipe, const Options& o, const std::vector<std::string>& argv) {
+  recipe.check_trainable();
   runtime::check_inputs(recipe);
   runtime::spawn_if_needed(recipe, argv, o.np);  // returns only inside a launcher
 
