@@ -40,6 +40,13 @@ PipelineExecutor::PipelineExecutor(parallel::Schedule schedule, const parallel::
                "consecutive chunks on one stage (pp = 1 with virtual stages)");
 }
 
+bool PipelineExecutor::splits_backward() const {
+  for (const auto& rank : schedule_.ranks)
+    for (const auto& a : rank)
+      if (a.op == Op::kB) return true;
+  return false;
+}
+
 int PipelineExecutor::max_slots() const { return *std::max_element(slots_.begin(), slots_.end()); }
 
 int PipelineExecutor::local_chunk(int global_chunk) const {
@@ -95,22 +102,32 @@ double PipelineExecutor::run(Model& model, const MicroBatchSource& source, float
                                        tag_of(a.mb, a.chunk + 1, K, false));
       continue;
     }
-    if (a.op == Op::kW) continue;  // B already computed the weight gradients (see executor.h)
     const int slot = slot_of_[a.mb * chunks + c];
     T3D_ASSERT(slot >= 0, to_string(a), " before its forward");
+    if (a.op == Op::kW) {  // the deferred weight gradients; the slot is free afterwards
+      model.backward_weight(c, slot);
+      free_[c].push_back(slot);
+      slot_of_[a.mb * chunks + c] = -1;
+      continue;
+    }
     const float* dout = nullptr;
     if (!range.last) {
       pp_.recv(grad_in_.data(), n, schedule_.chunk_stage[a.chunk + 1],
                tag_of(a.mb, a.chunk, K, true));
       dout = grad_in_.data();
     }
-    model.backward(c, slot, dout);
+    if (a.op == Op::kB)
+      model.backward_input(c, slot, dout);
+    else
+      model.backward(c, slot, dout);
     if (!range.first)
       sends_[c][slot][1] = pp_.isend(model.input_grad(c, slot), n,
                                      schedule_.chunk_stage[a.chunk - 1],
                                      tag_of(a.mb, a.chunk - 1, K, true));
-    free_[c].push_back(slot);
-    slot_of_[a.mb * chunks + c] = -1;
+    if (a.op == Op::kBW) {
+      free_[c].push_back(slot);
+      slot_of_[a.mb * chunks + c] = -1;
+    }
   }
   for (auto& per_chunk : sends_)
     for (auto& pair : per_chunk)

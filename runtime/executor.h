@@ -2,8 +2,8 @@
 // forwards, backwards, and the point-to-point traffic the table implies. The same executor runs
 // every schedule, and pp = 1 is just the one-stage table (F, BW per micro-batch).
 //
-// Zero-bubble tables split the backward into B and W; the model's backward computes both at B
-// for now and W is a no-op, so ZB-H1 runs correctly with 1F1B's timing, not yet its smaller bubble.
+// Zero-bubble tables split the backward into B (input gradients, sent upstream at once) and W
+// (weight gradients, deferred into what would be bubble); a slot stays taken until its W.
 #pragma once
 
 #include <array>
@@ -28,6 +28,8 @@ class PipelineExecutor {
 
   // Activation slots each local chunk needs (peak micro-batches alive on it), index = local chunk.
   const std::vector<int>& slots_per_chunk() const { return slots_; }
+  // Does the table split backwards into B and W (the model must keep W's inputs)?
+  bool splits_backward() const;
   int max_slots() const;
 
   // One step: every action of this rank. Returns the summed loss over the micro-batches of the

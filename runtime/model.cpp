@@ -29,9 +29,21 @@ struct Model::LayerActs {
   float* h;      // (N, Fl) silu(gate)·up
 };
 
+// Output gradients a block's deferred weight-gradient pass (W) needs, for one micro-batch.
+struct Model::LayerGrads {
+  float* dy_down = nullptr;  // (N, C) gradient of the block output
+  float* dgate = nullptr;    // (N, Fl)
+  float* dup = nullptr;      // (N, Fl)
+  float* dy_o = nullptr;     // (N, C) gradient of xmid
+  float* dq = nullptr;       // (N, Hl·D) before RoPE
+  float* dk = nullptr;       // (N, Hkvl·D)
+  float* dv = nullptr;       // (N, Hkvl·D)
+};
+
 struct Model::ChunkActs {
   std::vector<float*> x;  // L+1 residual streams (N, C): x[0] the chunk's input, x[L] its output
   std::vector<LayerActs> layers;
+  std::vector<LayerGrads> wgrads;  // split backward only; empty pointers for recomputed blocks
   int32_t* tokens = nullptr;  // (N) first chunk: ids, kept for the embedding backward
   float* xf = nullptr;        // (N, C) last chunk: model.norm output
   float* rstdf = nullptr;     // (N)
@@ -147,6 +159,20 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
         a->layers.push_back(recomputed(l - range.begin)
                                 ? LayerActs{}  // filled in below: the shared recompute buffers
                                 : alloc_layer(p + ".layer" + std::to_string(l)));
+      for (int64_t l = range.begin; options_.split_backward && l < range.end; ++l) {
+        LayerGrads lg;
+        if (!recomputed(l - range.begin)) {
+          const std::string lp = p + ".layer" + std::to_string(l) + ".wgrad";
+          lg.dy_down = alloc(lp + ".dy_down", N * C);
+          lg.dgate = alloc(lp + ".dgate", N * ffn_);
+          lg.dup = alloc(lp + ".dup", N * ffn_);
+          lg.dy_o = alloc(lp + ".dy_o", N * C);
+          lg.dq = alloc(lp + ".dq", N * heads_ * D);
+          lg.dk = alloc(lp + ".dk", N * kv_heads_ * D);
+          lg.dv = alloc(lp + ".dv", N * kv_heads_ * D);
+        }
+        a->wgrads.push_back(lg);
+      }
       if (range.first)
         a->tokens = static_cast<int32_t*>(
             arena_.alloc_bytes(p + ".tokens", static_cast<size_t>(N) * sizeof(int32_t)));
@@ -303,8 +329,10 @@ void Model::forward_layer(int64_t l, LayerActs& a, const float* x_in, float* x_o
   k::add_inplace(x_out, s.tmp, N * C);
 }
 
-void Model::backward_layer(int64_t l, LayerActs& a, const float* x_in, float* dx) {
-  // dx (N, C): gradient of the block's output on entry, of its input on return.
+void Model::backward_layer(int64_t l, LayerActs& a, const float* x_in, float* dx,
+                           const LayerGrads* keep) {
+  // dx (N, C): gradient of the block's output on entry, of its input on return. With `keep` the
+  // projections' weight gradients are left to backward_layer_weights (W), their inputs kept.
   const int64_t N = rows_, C = config_.dim, D = config_.head_dim();
   const int64_t B = options_.micro_rows, T = config_.seq_len;
   const int64_t qd = heads_ * D, kvd = kv_heads_ * D;
@@ -313,14 +341,22 @@ void Model::backward_layer(int64_t l, LayerActs& a, const float* x_in, float* dx
   const std::string gate = layer_name(l, "mlp.gate_proj.weight");
   const std::string up = layer_name(l, "mlp.up_proj.weight");
   const std::string ln2 = layer_name(l, "post_attention_layernorm.weight");
+  float* dgate = keep ? keep->dgate : s.dgate;
+  float* dup = keep ? keep->dup : s.dup;
+  float* dq = keep ? keep->dq : s.dq;
+  float* dk = keep ? keep->dk : s.dk;
+  float* dv = keep ? keep->dv : s.dv;
+  if (keep) std::memcpy(keep->dy_down, dx, sizeof(float) * N * C);
   k::linear_backward_input(s.dh, dx, w(down), N, ffn_, C);
-  k::linear_backward_weight(g(down), dx, a.h, N, ffn_, C);
-  k::swiglu_backward(s.dgate, s.dup, s.dh, a.gate, a.up, N * ffn_);
-  k::linear_backward_input(s.dxn, s.dgate, w(gate), N, C, ffn_);
-  k::linear_backward_input(s.dtmp, s.dup, w(up), N, C, ffn_);
+  if (!keep) k::linear_backward_weight(g(down), dx, a.h, N, ffn_, C);
+  k::swiglu_backward(dgate, dup, s.dh, a.gate, a.up, N * ffn_);
+  k::linear_backward_input(s.dxn, dgate, w(gate), N, C, ffn_);
+  k::linear_backward_input(s.dtmp, dup, w(up), N, C, ffn_);
   k::add_inplace(s.dxn, s.dtmp, N * C);
-  k::linear_backward_weight(g(gate), s.dgate, a.xn2, N, C, ffn_);
-  k::linear_backward_weight(g(up), s.dup, a.xn2, N, C, ffn_);
+  if (!keep) {
+    k::linear_backward_weight(g(gate), dgate, a.xn2, N, C, ffn_);
+    k::linear_backward_weight(g(up), dup, a.xn2, N, C, ffn_);
+  }
   tp_sum(s.dxn, N * C);  // column-parallel: the shared input's gradient is a partial sum
   k::rmsnorm_backward(s.dtmp, g(ln2), s.dxn, a.xmid, w(ln2), a.rstd2, N, C);
   k::add_inplace(dx, s.dtmp, N * C);  // dx is now d xmid
@@ -330,23 +366,38 @@ void Model::backward_layer(int64_t l, LayerActs& a, const float* x_in, float* dx
   const std::string kn = layer_name(l, "self_attn.k_proj.weight");
   const std::string v = layer_name(l, "self_attn.v_proj.weight");
   const std::string ln1 = layer_name(l, "input_layernorm.weight");
+  if (keep) std::memcpy(keep->dy_o, dx, sizeof(float) * N * C);
   k::linear_backward_input(s.datt, dx, w(o), N, qd, C);
-  k::linear_backward_weight(g(o), dx, a.att, N, qd, C);
-  k::attention_backward(s.dq, s.dk, s.dv, s.datt, a.q, a.kk, a.v, a.att, a.lse, s.attn,
+  if (!keep) k::linear_backward_weight(g(o), dx, a.att, N, qd, C);
+  k::attention_backward(dq, dk, dv, s.datt, a.q, a.kk, a.v, a.att, a.lse, s.attn,
                         {B, T, heads_, kv_heads_, D});
-  k::rope_backward(s.dq, s.dq, s.rope, B, T, heads_, D, 0);
-  k::rope_backward(s.dk, s.dk, s.rope, B, T, kv_heads_, D, 0);
-  k::linear_backward_input(s.dxn, s.dq, w(q), N, C, qd);
-  k::linear_backward_input(s.dtmp, s.dk, w(kn), N, C, kvd);
+  k::rope_backward(dq, dq, s.rope, B, T, heads_, D, 0);
+  k::rope_backward(dk, dk, s.rope, B, T, kv_heads_, D, 0);
+  k::linear_backward_input(s.dxn, dq, w(q), N, C, qd);
+  k::linear_backward_input(s.dtmp, dk, w(kn), N, C, kvd);
   k::add_inplace(s.dxn, s.dtmp, N * C);
-  k::linear_backward_input(s.dtmp, s.dv, w(v), N, C, kvd);
+  k::linear_backward_input(s.dtmp, dv, w(v), N, C, kvd);
   k::add_inplace(s.dxn, s.dtmp, N * C);
-  k::linear_backward_weight(g(q), s.dq, a.xn1, N, C, qd);
-  k::linear_backward_weight(g(kn), s.dk, a.xn1, N, C, kvd);
-  k::linear_backward_weight(g(v), s.dv, a.xn1, N, C, kvd);
+  if (!keep) {
+    k::linear_backward_weight(g(q), dq, a.xn1, N, C, qd);
+    k::linear_backward_weight(g(kn), dk, a.xn1, N, C, kvd);
+    k::linear_backward_weight(g(v), dv, a.xn1, N, C, kvd);
+  }
   tp_sum(s.dxn, N * C);
   k::rmsnorm_backward(s.dtmp, g(ln1), s.dxn, x_in, w(ln1), a.rstd1, N, C);
   k::add_inplace(dx, s.dtmp, N * C);  // dx is now d x_in
+}
+
+void Model::backward_layer_weights(int64_t l, const LayerActs& a, const LayerGrads& kg) {
+  const int64_t N = rows_, C = config_.dim, qd = heads_ * config_.head_dim();
+  const int64_t kvd = kv_heads_ * config_.head_dim();
+  k::linear_backward_weight(g(layer_name(l, "mlp.down_proj.weight")), kg.dy_down, a.h, N, ffn_, C);
+  k::linear_backward_weight(g(layer_name(l, "mlp.gate_proj.weight")), kg.dgate, a.xn2, N, C, ffn_);
+  k::linear_backward_weight(g(layer_name(l, "mlp.up_proj.weight")), kg.dup, a.xn2, N, C, ffn_);
+  k::linear_backward_weight(g(layer_name(l, "self_attn.o_proj.weight")), kg.dy_o, a.att, N, qd, C);
+  k::linear_backward_weight(g(layer_name(l, "self_attn.q_proj.weight")), kg.dq, a.xn1, N, C, qd);
+  k::linear_backward_weight(g(layer_name(l, "self_attn.k_proj.weight")), kg.dk, a.xn1, N, C, kvd);
+  k::linear_backward_weight(g(layer_name(l, "self_attn.v_proj.weight")), kg.dv, a.xn1, N, C, kvd);
 }
 
 double Model::forward_head(ChunkActs& c, const int32_t* targets, float grad_scale,
@@ -404,6 +455,26 @@ double Model::forward(int chunk, int slot, const int32_t* tokens, const int32_t*
 }
 
 void Model::backward(int chunk, int slot, const float* dout) {
+  backward_impl(chunk, slot, dout, false);
+}
+
+void Model::backward_input(int chunk, int slot, const float* dout) {
+  T3D_ASSERT(options_.split_backward, "backward_input needs ModelOptions::split_backward");
+  backward_impl(chunk, slot, dout, true);
+}
+
+void Model::backward_weight(int chunk, int slot) {
+  const auto& range = chunks_.at(chunk);
+  ChunkActs& a = *acts_.at(chunk).at(slot);
+  for (int64_t l = range.end - 1; l >= range.begin; --l) {
+    const int64_t i = l - range.begin;
+    if (recomputed(i)) continue;  // done in B
+    backward_layer_weights(l, a.layers[i], a.wgrads[i]);
+    if (grad_hook_) grad_hook_(l);
+  }
+}
+
+void Model::backward_impl(int chunk, int slot, const float* dout, bool defer_weights) {
   const auto& range = chunks_.at(chunk);
   ChunkActs& a = *acts_.at(chunk).at(slot);
   const int64_t N = rows_, C = config_.dim;
@@ -414,8 +485,9 @@ void Model::backward(int chunk, int slot, const float* dout) {
     // Recompute: the same forward on the same input gives the same bits, so rewriting x[i + 1]
     // (already consumed by the blocks above) is harmless and needs no extra buffer.
     if (recomputed(i)) forward_layer(l, a.layers[i], a.x[i], a.x[i + 1]);
-    backward_layer(l, a.layers[i], a.x[i], dx);
-    if (grad_hook_) grad_hook_(l);
+    const bool defer = defer_weights && !recomputed(i);
+    backward_layer(l, a.layers[i], a.x[i], dx, defer ? &a.wgrads[i] : nullptr);
+    if (!defer && grad_hook_) grad_hook_(l);
   }
   if (range.first) {
     k::embedding_backward(g("model.embed_tokens.weight"), dx, a.tokens, N, C, vocab_start_,

@@ -46,6 +46,9 @@ struct ModelOptions {
   // Activation checkpointing: 0 none; K recomputes blocks 0, K, 2K, ... of each chunk in the
   // backward instead of keeping their activations (K = 1: every block, "full").
   int64_t checkpoint_every = 0;
+  // Zero-bubble schedules run the backward as B (input gradients) then, later, W (weight
+  // gradients): keep per slot the output gradients W needs.
+  bool split_backward = false;
 };
 
 // FLOPs of one training step (forward + backward) per token of the whole model, PaLM's count:
@@ -85,6 +88,12 @@ class Model {
   // starts from its loss). Parameter gradients accumulate; the first chunk stops at the
   // embedding, others leave the gradient of their input in input_grad(chunk).
   void backward(int chunk, int slot, const float* dout);
+  // The same backward in two parts (ModelOptions::split_backward): B computes the input gradient
+  // (and the cheap norm and embedding weight gradients) and keeps what W needs; W, run later,
+  // computes the projections' weight gradients. Recomputed blocks do all of it in B, since their
+  // activations live in a buffer the next recompute overwrites.
+  void backward_input(int chunk, int slot, const float* dout);
+  void backward_weight(int chunk, int slot);
 
   float* input(int chunk, int slot);              // (rows, C): activations from the previous chunk
   const float* output(int chunk, int slot) const;  // (rows, C): activations for the next chunk
@@ -130,6 +139,7 @@ class Model {
 
  private:
   struct LayerActs;
+  struct LayerGrads;
   struct ChunkActs;
   struct Scratch;
   bool recomputed(int64_t local_layer) const {
@@ -138,7 +148,10 @@ class Model {
 
   void build_param_table();
   void forward_layer(int64_t layer, LayerActs& a, const float* x_in, float* x_out);
-  void backward_layer(int64_t layer, LayerActs& a, const float* x_in, float* dx_io);
+  void backward_layer(int64_t layer, LayerActs& a, const float* x_in, float* dx_io,
+                      const LayerGrads* keep);
+  void backward_layer_weights(int64_t layer, const LayerActs& a, const LayerGrads& keep);
+  void backward_impl(int chunk, int slot, const float* dout, bool defer_weights);
   double forward_head(ChunkActs& c, const int32_t* targets, float grad_scale, bool training);
   float* w(const std::string& name) const;
   float* g(const std::string& name) const;

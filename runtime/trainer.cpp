@@ -173,7 +173,8 @@ struct Trainer::Impl {
         static_cast<size_t>(r.hardware.hbm_gib * 1024.0 * 1024.0 * 1024.0));
     model = std::make_unique<Model>(r.model, mine, mesh.group(Dim::tp), *arena,
                                     ModelOptions{rows, executor->max_slots(), p.zero == 0,
-                                                 checkpoint_every(t.activation_checkpoint)});
+                                                 checkpoint_every(t.activation_checkpoint),
+                                                 executor->splits_backward()});
     model->init(seed);
     build_reducer();
     tokens_buf.resize(static_cast<size_t>(n_micro * rows * T));
