@@ -65,10 +65,14 @@ int64_t checkpointed_layers(int64_t layers, int64_t every) {
 // Bytes a chunk keeps per micro-batch in flight (Model::ChunkActs): the L+1 residual streams,
 // the blocks that are not recomputed, and the first / last chunk's extras.
 double chunk_act_bytes(const Shard& s, const parallel::LayerRange& r, double B, double a,
-                       int64_t checkpoint_every) {
+                       int64_t checkpoint_every, bool split_backward) {
   const double N = B * s.T;
   const int64_t stored = r.size() - checkpointed_layers(r.size(), checkpoint_every);
   double bytes = (r.size() + 1) * aligned(a * N * s.C) + stored * layer_act_bytes(s, B, a);
+  // Zero-bubble (Model::LayerGrads): W's inputs, the output gradients of the seven projections.
+  if (split_backward)
+    bytes += stored * (2 * aligned(a * N * s.C) + 2 * aligned(a * N * s.F) +
+                       aligned(a * N * s.H * s.D) + 2 * aligned(a * N * s.Hkv * s.D));
   if (r.first) bytes += aligned(4 * N);                            // token ids
   if (r.last) bytes += 2 * aligned(a * N * s.C) + aligned(4 * N);  // final norm, loss grad, rstd
   if (!r.first) bytes += aligned(a * N * s.C);  // input gradient, per slot: its send may be in flight
@@ -264,11 +268,15 @@ Memory stage_memory(const PlanProblem& p, const Layout& l, const parallel::Sched
   Memory mem;
   mem.stage = stage;
   mem.params = (l.zero >= 3 ? sharded : elems) * pr.weight;
-  mem.grads = (l.zero >= 2 ? sharded : elems) * pr.grad;
+  // titan3d's ZeRO-2 reduce-scatters the gradients but still accumulates micro-batches in a full
+  // gradient buffer, so only ZeRO-3 (planned) shards gradient memory.
+  mem.grads = (l.zero >= 3 ? sharded : elems) * pr.grad;
   mem.optimizer = (l.zero >= 1 ? sharded : elems) * pr.optimizer();
   mem.slots = activation_slots(schedule, stage);
   double per_slot = 0;
-  for (const auto& r : ranges) per_slot += chunk_act_bytes(s, r, B, a, l.checkpoint_every);
+  const bool split_backward = l.schedule == parallel::ScheduleKind::kZBH1;
+  for (const auto& r : ranges)
+    per_slot += chunk_act_bytes(s, r, B, a, l.checkpoint_every, split_backward);
   mem.activations = mem.slots * per_slot;
   mem.workspace = workspace_bytes(s, ranges, B, a);
   const bool recompute = l.checkpoint_every > 0;

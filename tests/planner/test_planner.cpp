@@ -126,11 +126,16 @@ TEST(Planner, ZeroAndCheckpointingSaveWhatTheyShould) {
   const PlanProblem p = llama13b();
   Layout l{8, 8, 1, 8, ScheduleKind::k1F1B, 1, 0, 0};
   const auto s = make_layout_schedule(l);
+  // Each stage shrinks memory, except ZeRO-2, which titan3d implements as a reduce-scatter that
+  // still accumulates into a full gradient buffer: same memory as ZeRO-1.
   double previous = 1e300;
   for (int64_t z = 0; z <= 3; ++z) {
     l.zero = z;
     const double total = peak_memory(p, l, s).total();
-    EXPECT_LT(total, previous) << "ZeRO-" << z;
+    if (z == 2)
+      EXPECT_EQ(total, previous) << "ZeRO-2";
+    else
+      EXPECT_LT(total, previous) << "ZeRO-" << z;
     previous = total;
   }
   l.zero = 0;
