@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "kernels/check.h"
+#include "kernels/precision.h"
 
 namespace t3d::parallel {
 
@@ -147,6 +148,32 @@ void Comm::all_reduce_raw(void* data, size_t count, MPI_Datatype type, ReduceOp 
   MPI_Request r;
   T3D_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, checked_count(count), type, to_mpi(op), comm_, &r));
   wait(r, "all_reduce");
+}
+
+namespace {
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i)
+    b[i] = kernels::float_to_bf16(kernels::bf16_to_float(a[i]) + kernels::bf16_to_float(b[i]));
+}
+
+MPI_Op bf16_sum_op() {
+  static MPI_Op op = [] {
+    MPI_Op o;
+    T3D_MPI(MPI_Op_create(&bf16_sum, /*commute=*/1, &o));
+    return o;
+  }();
+  return op;
+}
+}  // namespace
+
+void Comm::all_reduce_bf16(uint16_t* data, size_t count) const {
+  counters_.bytes += count * sizeof(uint16_t);
+  MPI_Request r;
+  T3D_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, checked_count(count), MPI_UINT16_T, bf16_sum_op(),
+                         comm_, &r));
+  wait(r, "all_reduce (bf16)");
 }
 
 void Comm::all_gather_raw(const void* send, void* recv, size_t count, MPI_Datatype type) const {

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "kernels/check.h"
+#include "kernels/precision.h"
 
 namespace t3d::runtime {
 
@@ -93,13 +94,13 @@ double PipelineExecutor::run(Model& model, const MicroBatchSource& source, float
       const int32_t* targets = nullptr;
       if (range.first || range.last) source(a.mb, &tokens, &targets);
       if (!range.first)
-        pp_.recv(model.input(c, slot), n, schedule_.chunk_stage[a.chunk - 1],
-                 tag_of(a.mb, a.chunk, K, false));
+        receive(model, model.input(c, slot), schedule_.chunk_stage[a.chunk - 1],
+                tag_of(a.mb, a.chunk, K, false));
       loss += model.forward(c, slot, tokens, targets, grad_scale, true);
       if (!range.last)
-        sends_[c][slot][0] = pp_.isend(model.output(c, slot), n,
-                                       schedule_.chunk_stage[a.chunk + 1],
-                                       tag_of(a.mb, a.chunk + 1, K, false));
+        sends_[c][slot][0] = send(model, model.output(c, slot), model.send16(c, slot, false),
+                                  schedule_.chunk_stage[a.chunk + 1],
+                                  tag_of(a.mb, a.chunk + 1, K, false));
       continue;
     }
     const int slot = slot_of_[a.mb * chunks + c];
@@ -112,8 +113,8 @@ double PipelineExecutor::run(Model& model, const MicroBatchSource& source, float
     }
     const float* dout = nullptr;
     if (!range.last) {
-      pp_.recv(grad_in_.data(), n, schedule_.chunk_stage[a.chunk + 1],
-               tag_of(a.mb, a.chunk, K, true));
+      receive(model, grad_in_.data(), schedule_.chunk_stage[a.chunk + 1],
+              tag_of(a.mb, a.chunk, K, true));
       dout = grad_in_.data();
     }
     if (a.op == Op::kB)
@@ -121,9 +122,9 @@ double PipelineExecutor::run(Model& model, const MicroBatchSource& source, float
     else
       model.backward(c, slot, dout);
     if (!range.first)
-      sends_[c][slot][1] = pp_.isend(model.input_grad(c, slot), n,
-                                     schedule_.chunk_stage[a.chunk - 1],
-                                     tag_of(a.mb, a.chunk - 1, K, true));
+      sends_[c][slot][1] = send(model, model.input_grad(c, slot), model.send16(c, slot, true),
+                                schedule_.chunk_stage[a.chunk - 1],
+                                tag_of(a.mb, a.chunk - 1, K, true));
     if (a.op == Op::kBW) {
       free_[c].push_back(slot);
       slot_of_[a.mb * chunks + c] = -1;
@@ -133,6 +134,21 @@ double PipelineExecutor::run(Model& model, const MicroBatchSource& source, float
     for (auto& pair : per_chunk)
       for (auto& r : pair) pp_.wait(r, "pipeline send");
   return loss;
+}
+
+MPI_Request PipelineExecutor::send(Model& model, const float* data, uint16_t* staging, int peer,
+                                   int tag) {
+  const size_t n = static_cast<size_t>(model.rows() * model.config().dim);
+  if (!model.bf16()) return pp_.isend(data, n, peer, tag);
+  kernels::float_to_bf16(staging, data, static_cast<int64_t>(n));  // half the bytes on the wire
+  return pp_.isend(staging, n, peer, tag);
+}
+
+void PipelineExecutor::receive(Model& model, float* data, int peer, int tag) {
+  const size_t n = static_cast<size_t>(model.rows() * model.config().dim);
+  if (!model.bf16()) return pp_.recv(data, n, peer, tag);
+  pp_.recv(model.recv16(), n, peer, tag);
+  kernels::bf16_to_float(data, model.recv16(), static_cast<int64_t>(n));
 }
 
 double PipelineExecutor::run_forward_only(Model& model, const MicroBatchSource& source) {
@@ -152,10 +168,13 @@ double PipelineExecutor::run_forward_only(Model& model, const MicroBatchSource& 
       const int32_t* targets = nullptr;
       if (range.first || range.last) source(mb, &tokens, &targets);
       if (!range.first)
-        pp_.recv(model.input(c, 0), n, schedule_.chunk_stage[k - 1], tag_of(mb, k, K, false));
+        receive(model, model.input(c, 0), schedule_.chunk_stage[k - 1], tag_of(mb, k, K, false));
       loss += model.forward(c, 0, tokens, targets, 0.0f, false);
-      if (!range.last)
-        pp_.send(model.output(c, 0), n, schedule_.chunk_stage[k + 1], tag_of(mb, k + 1, K, false));
+      if (!range.last) {
+        MPI_Request r = send(model, model.output(c, 0), model.send16(c, 0, false),
+                             schedule_.chunk_stage[k + 1], tag_of(mb, k + 1, K, false));
+        pp_.wait(r, "pipeline send");
+      }
     }
   return loss;
 }

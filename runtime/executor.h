@@ -39,6 +39,10 @@ class PipelineExecutor {
  private:
   int local_chunk(int global_chunk) const;
   double run_forward_only(Model& model, const MicroBatchSource& source);
+  // Point-to-point in the model's wire precision (bf16 goes through `staging`, kept until the
+  // send completes, and the model's receive buffer).
+  MPI_Request send(Model& model, const float* data, uint16_t* staging, int peer, int tag);
+  void receive(Model& model, float* data, int peer, int tag);
 
   parallel::Schedule schedule_;
   const parallel::Comm& pp_;

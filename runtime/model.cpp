@@ -7,6 +7,7 @@
 
 #include "kernels/check.h"
 #include "kernels/ops.h"
+#include "kernels/precision.h"
 
 namespace t3d::runtime {
 
@@ -29,6 +30,13 @@ struct Model::LayerActs {
   float* h;      // (N, Fl) silu(gate)·up
 };
 
+// bf16 copies of the large tensors of a LayerActs (precision = bf16); the per-row statistics
+// stay fp32. The block computes in fp32 buffers shared by all blocks, then stores here.
+struct Model::LayerActs16 {
+  uint16_t *xn1, *q, *kk, *v, *att, *xmid, *xn2, *gate, *up, *h;
+  float *rstd1, *rstd2, *lse;
+};
+
 // Output gradients a block's deferred weight-gradient pass (W) needs, for one micro-batch.
 struct Model::LayerGrads {
   float* dy_down = nullptr;  // (N, C) gradient of the block output
@@ -44,6 +52,9 @@ struct Model::ChunkActs {
   std::vector<float*> x;  // L+1 residual streams (N, C): x[0] the chunk's input, x[L] its output
   std::vector<LayerActs> layers;
   std::vector<LayerGrads> wgrads;  // split backward only; empty pointers for recomputed blocks
+  std::vector<LayerActs16> layers16;  // bf16 only: the stored copies (blocks not recomputed)
+  uint16_t* out16 = nullptr;          // bf16 only: (N, C) staging of x[L] for its send
+  uint16_t* dx16 = nullptr;           // bf16 only: (N, C) staging of dx_in for its send
   int32_t* tokens = nullptr;  // (N) first chunk: ids, kept for the embedding backward
   float* xf = nullptr;        // (N, C) last chunk: model.norm output
   float* rstdf = nullptr;     // (N)
@@ -71,6 +82,8 @@ struct Model::Scratch {
   float* sum_exp;  // (N)
   float* target;   // (N)
   float* rope;     // (T, D)
+  uint16_t* tp16 = nullptr;    // (N, C) bf16 TP all-reduce buffer
+  uint16_t* recv16 = nullptr;  // (N, C) bf16 pipeline receives
 };
 
 namespace {
@@ -155,10 +168,37 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
       const std::string p = "activations.chunk" + std::to_string(ci) + ".slot" + std::to_string(s);
       for (int64_t l = 0; l <= range.size(); ++l)
         a->x.push_back(alloc(p + ".residual" + std::to_string(l), N * C));
-      for (int64_t l = range.begin; l < range.end; ++l)
-        a->layers.push_back(recomputed(l - range.begin)
-                                ? LayerActs{}  // filled in below: the shared recompute buffers
-                                : alloc_layer(p + ".layer" + std::to_string(l)));
+      auto alloc16 = [&](const std::string& name, int64_t n) {
+        return static_cast<uint16_t*>(arena_.alloc_bytes(name, static_cast<size_t>(n) * 2));
+      };
+      for (int64_t l = range.begin; l < range.end; ++l) {
+        const int64_t i = l - range.begin;
+        const std::string lp = p + ".layer" + std::to_string(l);
+        // Recomputed and bf16-stored blocks work in the shared fp32 buffers (filled in below).
+        a->layers.push_back(recomputed(i) || stored16(i) ? LayerActs{} : alloc_layer(lp));
+        if (!options_.bf16) continue;
+        LayerActs16 s16{};
+        if (stored16(i)) {
+          s16.xn1 = alloc16(lp + ".xn1.bf16", N * C);
+          s16.q = alloc16(lp + ".q.bf16", N * heads_ * D);
+          s16.kk = alloc16(lp + ".k.bf16", N * kv_heads_ * D);
+          s16.v = alloc16(lp + ".v.bf16", N * kv_heads_ * D);
+          s16.att = alloc16(lp + ".attn.bf16", N * heads_ * D);
+          s16.xmid = alloc16(lp + ".xmid.bf16", N * C);
+          s16.xn2 = alloc16(lp + ".xn2.bf16", N * C);
+          s16.gate = alloc16(lp + ".gate.bf16", N * ffn_);
+          s16.up = alloc16(lp + ".up.bf16", N * ffn_);
+          s16.h = alloc16(lp + ".h.bf16", N * ffn_);
+          s16.rstd1 = alloc(lp + ".rstd1", N);
+          s16.rstd2 = alloc(lp + ".rstd2", N);
+          s16.lse = alloc(lp + ".lse", B * heads_ * T);
+        }
+        a->layers16.push_back(s16);
+      }
+      if (options_.bf16) {
+        if (!range.last) a->out16 = alloc16(p + ".send_activations.bf16", N * C);
+        if (!range.first) a->dx16 = alloc16(p + ".send_input_grad.bf16", N * C);
+      }
       for (int64_t l = range.begin; options_.split_backward && l < range.end; ++l) {
         LayerGrads lg;
         if (!recomputed(l - range.begin)) {
@@ -211,14 +251,18 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
     s.target = alloc("scratch.ce_target_logit", N);
   }
   s.rope = alloc("scratch.rope_table", T * D);
-  if (options_.checkpoint_every > 0) {
-    // One block's activations, shared by every recomputed block: written by its forward (and
-    // overwritten by the next), rebuilt by the recompute right before its backward.
-    const LayerActs shared = alloc_layer("scratch.recompute_layer");
+  if (options_.checkpoint_every > 0 || options_.bf16) {
+    // One block's fp32 activations, shared by every recomputed or bf16-stored block: written by
+    // its forward (then stored in bf16, or dropped), rebuilt right before its backward.
+    const LayerActs shared = alloc_layer("scratch.layer_work");
     for (size_t ci = 0; ci < chunks_.size(); ++ci)
       for (auto& slot : acts_[ci])
         for (int64_t i = 0; i < chunks_[ci].size(); ++i)
-          if (recomputed(i)) slot->layers[i] = shared;
+          if (recomputed(i) || stored16(i)) slot->layers[i] = shared;
+  }
+  if (options_.bf16) {
+    s.tp16 = static_cast<uint16_t*>(arena_.alloc_bytes("scratch.tp_bf16", N * C * 2));
+    s.recv16 = static_cast<uint16_t*>(arena_.alloc_bytes("scratch.recv_bf16", N * C * 2));
   }
   k::rope_table(s.rope, T, D, config_.rope_theta);
   footprint_.scratch = arena_.used() - before;
@@ -264,8 +308,54 @@ float* Model::w(const std::string& name) const { return state_.params.view(name)
 float* Model::g(const std::string& name) const { return state_.grads.view(name).data; }
 
 void Model::tp_sum(float* data, int64_t n) const {
-  if (tp_.size() > 1) tp_.all_reduce(data, static_cast<size_t>(n));
+  if (tp_.size() == 1) return;
+  if (!options_.bf16) return tp_.all_reduce(data, static_cast<size_t>(n));
+  // bf16 on the wire: half the bytes; each partial sum is rounded to bf16 once per hop.
+  k::float_to_bf16(scratch_->tp16, data, n);
+  tp_.all_reduce_bf16(scratch_->tp16, static_cast<size_t>(n));
+  k::bf16_to_float(data, scratch_->tp16, n);
 }
+
+void Model::encode16(const LayerActs& f, const LayerActs16& t) const {
+  const int64_t N = rows_, C = config_.dim, D = config_.head_dim();
+  k::float_to_bf16(t.xn1, f.xn1, N * C);
+  k::float_to_bf16(t.q, f.q, N * heads_ * D);
+  k::float_to_bf16(t.kk, f.kk, N * kv_heads_ * D);
+  k::float_to_bf16(t.v, f.v, N * kv_heads_ * D);
+  k::float_to_bf16(t.att, f.att, N * heads_ * D);
+  k::float_to_bf16(t.xmid, f.xmid, N * C);
+  k::float_to_bf16(t.xn2, f.xn2, N * C);
+  k::float_to_bf16(t.gate, f.gate, N * ffn_);
+  k::float_to_bf16(t.up, f.up, N * ffn_);
+  k::float_to_bf16(t.h, f.h, N * ffn_);
+  std::memcpy(t.rstd1, f.rstd1, sizeof(float) * N);
+  std::memcpy(t.rstd2, f.rstd2, sizeof(float) * N);
+  std::memcpy(t.lse, f.lse, sizeof(float) * options_.micro_rows * heads_ * config_.seq_len);
+}
+
+void Model::decode16(const LayerActs16& f, const LayerActs& t) const {
+  const int64_t N = rows_, C = config_.dim, D = config_.head_dim();
+  k::bf16_to_float(t.xn1, f.xn1, N * C);
+  k::bf16_to_float(t.q, f.q, N * heads_ * D);
+  k::bf16_to_float(t.kk, f.kk, N * kv_heads_ * D);
+  k::bf16_to_float(t.v, f.v, N * kv_heads_ * D);
+  k::bf16_to_float(t.att, f.att, N * heads_ * D);
+  k::bf16_to_float(t.xmid, f.xmid, N * C);
+  k::bf16_to_float(t.xn2, f.xn2, N * C);
+  k::bf16_to_float(t.gate, f.gate, N * ffn_);
+  k::bf16_to_float(t.up, f.up, N * ffn_);
+  k::bf16_to_float(t.h, f.h, N * ffn_);
+  std::memcpy(t.rstd1, f.rstd1, sizeof(float) * N);
+  std::memcpy(t.rstd2, f.rstd2, sizeof(float) * N);
+  std::memcpy(t.lse, f.lse, sizeof(float) * options_.micro_rows * heads_ * config_.seq_len);
+}
+
+uint16_t* Model::send16(int chunk, int slot, bool gradient) {
+  auto& a = *acts_.at(chunk).at(slot);
+  return gradient ? a.dx16 : a.out16;
+}
+
+uint16_t* Model::recv16() { return scratch_->recv16; }
 
 void Model::init(uint64_t seed) {
   const double base_std = 0.02;
@@ -450,6 +540,7 @@ double Model::forward(int chunk, int slot, const int32_t* tokens, const int32_t*
   for (int64_t l = range.begin; l < range.end; ++l) {
     const int64_t i = l - range.begin;
     forward_layer(l, a.layers[i], a.x[i], a.x[i + 1]);
+    if (stored16(i)) encode16(a.layers[i], a.layers16[i]);
   }
   return range.last ? forward_head(a, targets, grad_scale, training) : 0.0;
 }
@@ -469,6 +560,7 @@ void Model::backward_weight(int chunk, int slot) {
   for (int64_t l = range.end - 1; l >= range.begin; --l) {
     const int64_t i = l - range.begin;
     if (recomputed(i)) continue;  // done in B
+    if (stored16(i)) decode16(a.layers16[i], a.layers[i]);
     backward_layer_weights(l, a.layers[i], a.wgrads[i]);
     if (grad_hook_) grad_hook_(l);
   }
@@ -485,6 +577,7 @@ void Model::backward_impl(int chunk, int slot, const float* dout, bool defer_wei
     // Recompute: the same forward on the same input gives the same bits, so rewriting x[i + 1]
     // (already consumed by the blocks above) is harmless and needs no extra buffer.
     if (recomputed(i)) forward_layer(l, a.layers[i], a.x[i], a.x[i + 1]);
+    if (stored16(i)) decode16(a.layers16[i], a.layers[i]);
     const bool defer = defer_weights && !recomputed(i);
     backward_layer(l, a.layers[i], a.x[i], dx, defer ? &a.wgrads[i] : nullptr);
     if (!defer && grad_hook_) grad_hook_(l);

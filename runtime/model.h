@@ -49,6 +49,10 @@ struct ModelOptions {
   // Zero-bubble schedules run the backward as B (input gradients) then, later, W (weight
   // gradients): keep per slot the output gradients W needs.
   bool split_backward = false;
+  // Mixed precision (train.precision = "bf16"): saved activations are stored in bf16 and TP / PP
+  // traffic travels in bf16; master weights, GEMMs and accumulation stay fp32 (bf16 arithmetic is
+  // not faster than fp32 on the CPUs titan3d runs on, see bench/README.md).
+  bool bf16 = false;
 };
 
 // FLOPs of one training step (forward + backward) per token of the whole model, PaLM's count:
@@ -100,6 +104,11 @@ class Model {
   // (rows, C): gradient of the chunk's input, per slot so a send can still be in flight while the
   // next micro-batch's backward runs.
   const float* input_grad(int chunk, int slot) const;
+  // bf16 mode: per-slot staging for the bf16 copies of output() and input_grad() while their sends
+  // are in flight, and one buffer receives land in. (rows, C) each.
+  uint16_t* send16(int chunk, int slot, bool gradient);
+  uint16_t* recv16();
+  bool bf16() const { return options_.bf16; }
 
   // Sum of squared gradients over the float ranges given (of the gradient region) for the global
   // norm: tp-replicated tensors count on tp rank 0 only, so summing the ranges' partition over
@@ -139,9 +148,13 @@ class Model {
 
  private:
   struct LayerActs;
+  struct LayerActs16;
   struct LayerGrads;
   struct ChunkActs;
   struct Scratch;
+  bool stored16(int64_t local_layer) const { return options_.bf16 && !recomputed(local_layer); }
+  void encode16(const LayerActs& from, const LayerActs16& to) const;
+  void decode16(const LayerActs16& from, const LayerActs& to) const;
   bool recomputed(int64_t local_layer) const {
     return options_.checkpoint_every > 0 && local_layer % options_.checkpoint_every == 0;
   }

@@ -532,9 +532,6 @@ void Recipe::check_trainable() const {
   const auto refuse = [&](const std::string& key, const std::string& msg) {
     throw UserError("recipe error: " + origin(key) + ": `" + key + "`: " + msg);
   };
-  if (train.precision != "fp32")
-    refuse("train.precision", "bf16 mixed-precision training is not implemented yet (titan3d plan "
-                              "can price it); use \"fp32\" to train");
   if (parallel.sequence_parallel)
     refuse("parallel.sequence_parallel",
            "sequence-parallel training is not implemented yet; set it to false to train");

@@ -174,7 +174,8 @@ struct Trainer::Impl {
     model = std::make_unique<Model>(r.model, mine, mesh.group(Dim::tp), *arena,
                                     ModelOptions{rows, executor->max_slots(), p.zero == 0,
                                                  checkpoint_every(t.activation_checkpoint),
-                                                 executor->splits_backward()});
+                                                 executor->splits_backward(),
+                                                 t.precision == "bf16"});
     model->init(seed);
     build_reducer();
     tokens_buf.resize(static_cast<size_t>(n_micro * rows * T));
