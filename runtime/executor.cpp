@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "kernels/check.h"
+#include "parallel/trace.h"
 
 namespace t3d::runtime {
 
@@ -88,6 +89,8 @@ double PipelineExecutor::run(Model& model, const MicroBatchSource& source, float
       if (!range.first)
         pp_.recv(model.input(c, slot), n, schedule_.chunk_stage[a.chunk - 1],
                  tag_of(a.mb, a.chunk, K, false));
+      parallel::trace::Span span("forward", "compute");
+      span.arg("mb", a.mb).arg("chunk", a.chunk);
       loss += model.forward(c, slot, tokens, targets, grad_scale, true);
       if (!range.last)
         sends_[c][slot][0] = pp_.isend(model.output(c, slot), n,
@@ -104,6 +107,8 @@ double PipelineExecutor::run(Model& model, const MicroBatchSource& source, float
                tag_of(a.mb, a.chunk, K, true));
       dout = grad_in_.data();
     }
+    parallel::trace::Span span("backward", "compute");  // input and weight gradients (see .h)
+    span.arg("mb", a.mb).arg("chunk", a.chunk);
     model.backward(c, slot, dout);
     if (!range.first)
       sends_[c][slot][1] = pp_.isend(model.input_grad(c, slot), n,
@@ -136,6 +141,8 @@ double PipelineExecutor::run_forward_only(Model& model, const MicroBatchSource& 
       if (range.first || range.last) source(mb, &tokens, &targets);
       if (!range.first)
         pp_.recv(model.input(c, 0), n, schedule_.chunk_stage[k - 1], tag_of(mb, k, K, false));
+      parallel::trace::Span span("forward (validation)", "compute");
+      span.arg("mb", mb).arg("chunk", k);
       loss += model.forward(c, 0, tokens, targets, 0.0f, false);
       if (!range.last)
         pp_.send(model.output(c, 0), n, schedule_.chunk_stage[k + 1], tag_of(mb, k + 1, K, false));
