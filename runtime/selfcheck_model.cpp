@@ -72,7 +72,8 @@ std::string cpu_list() {
     if (!CPU_ISSET(c, &set)) continue;
     int end = c;
     while (end + 1 < CPU_SETSIZE && CPU_ISSET(end + 1, &set)) ++end;
-    out += (out.empty() ? "" : ",") + (end > c ? fmt::format("{}-{}", c, end) : std::to_string(c));
+    if (!out.empty()) out += ',';
+    out += end > c ? fmt::format("{}-{}", c, end) : std::to_string(c);
     c = end;
   }
   return out;
