@@ -1,5 +1,6 @@
 // titan3d: the command line. Thin: parses arguments, calls into runtime/, maps failures to exit
-// codes (0 ok, 1 internal error, 2 user error, 3 watchdog abort, 4 not implemented yet).
+// codes (0 ok, 1 internal error, 2 user error, 3 watchdog abort, 4 not implemented yet,
+// 5 selfcheck found a fault).
 #include <spdlog/spdlog.h>
 
 #include <CLI/CLI.hpp>
@@ -9,9 +10,12 @@
 
 #include "kernels/check.h"
 #include "runtime/job.h"
+#include "parallel/trace.h"
 #include "runtime/launch.h"
+#include "runtime/perf_report.h"
 #include "runtime/planner.h"
 #include "runtime/recipe.h"
+#include "runtime/selfcheck.h"
 #include "runtime/snapshots.h"
 #include "runtime/trainer.h"
 
@@ -20,17 +24,20 @@ namespace {
 using namespace t3d;
 
 constexpr int kExitNotImplemented = 4;
+constexpr int kExitSelfcheckFailed = 5;
 
 struct Options {
   std::string recipe;
   std::vector<std::string> sets;
   std::string log_level;
   int np = 0;
+  bool trace = false;  // --trace: same as run.trace = true
 };
 
 std::vector<runtime::Override> overrides(const Options& o) {
   std::vector<runtime::Override> out;
   for (const auto& s : o.sets) out.push_back(runtime::parse_override(s));
+  if (o.trace) out.push_back(runtime::parse_override("run.trace=true"));
   return out;
 }
 
@@ -38,14 +45,6 @@ std::vector<runtime::Override> overrides(const Options& o) {
 bool speaks_before_mpi() {
   const auto env = runtime::detect_launch_env();
   return env.launcher == runtime::Launcher::none || env.rank <= 0;
-}
-
-int not_implemented(const char* verb, const char* issue) {
-  if (speaks_before_mpi())
-    std::fprintf(stderr,
-                 "titan3d %s: not implemented yet (planned in issue %s). Nothing was done.\n",
-                 verb, issue);
-  return kExitNotImplemented;
 }
 
 // `train` and `resume` differ only in where the recipe comes from.
@@ -60,8 +59,17 @@ int run_training(runtime::Recipe recipe, const Options& o, const std::vector<std
   const int groups = runtime::verify_mesh_groups(*job.mesh);
   spdlog::info("communicators verified: {} groups per rank (pp, dp, cp, tp), run directory {}",
                groups, job.run_dir);
+  if (job.recipe.run.trace) parallel::trace::enable(job.mesh->world(), job.mesh->label());
   runtime::Trainer trainer(job);
   const runtime::TrainSummary summary = trainer.run();
+  if (job.recipe.run.trace) {
+    const std::string merged = job.run_dir + "/trace.json";
+    const size_t events = parallel::trace::write(job.mesh->world(), job.run_dir + "/trace", merged);
+    if (job.mesh->rank() == 0)
+      spdlog::info("trace: {} spans of {} ranks in {} (open in https://ui.perfetto.dev)", events,
+                   job.mesh->world().size(), merged);
+  }
+  runtime::report_performance(job, summary);
   if (job.mesh->rank() == 0 && !summary.steps.empty()) {
     const auto& first = summary.steps.front();
     const auto& last = summary.steps.back();
@@ -81,6 +89,32 @@ int train(const Options& o, const std::vector<std::string>& argv) {
 // The snapshot's own recipe, --set overrides applied, continued from the snapshot.
 int resume(const std::string& snapshot, const Options& o, const std::vector<std::string>& argv) {
   return run_training(runtime::load_resume_recipe(snapshot, overrides(o)), o, argv);
+}
+
+// `selfcheck`: no recipe means the default model on a mesh of the whole world (dp = world).
+int selfcheck(const Options& o, const runtime::SelfcheckOptions& options, const std::string& json,
+              const std::vector<std::string>& argv) {
+  runtime::Recipe recipe =
+      o.recipe.empty()
+          ? runtime::parse_recipe("[run]\nname = \"selfcheck\"\n[parallel]\ndp = -1\n",
+                                  "(selfcheck default)", overrides(o))
+          : runtime::load_recipe(o.recipe, overrides(o));
+  runtime::spawn_if_needed(recipe, argv, o.np > 0 || !o.recipe.empty() ? o.np : 2);
+
+  runtime::MpiRuntime mpi;
+  runtime::Job job = runtime::join_world(std::move(recipe), o.log_level, /*needs_data=*/false);
+  const runtime::SelfcheckReport report = runtime::run_selfcheck(job, options);
+  if (job.mesh->rank() == 0) {
+    std::fputs(report.table().c_str(), stdout);
+    std::fflush(stdout);
+    if (!json.empty()) {
+      std::FILE* f = std::fopen(json.c_str(), "w");
+      T3D_USER_CHECK(f, "cannot write `", json, "` (--json)");
+      std::fputs(report.json().c_str(), f);
+      std::fclose(f);
+    }
+  }
+  return report.ok() ? 0 : kExitSelfcheckFailed;
 }
 
 int print_keys() {
@@ -115,18 +149,27 @@ int main(int argc, char** argv) {
   add_sets(train_cmd);
   train_cmd->add_option("--np", o.np,
                         "Ranks to spawn when titan3d launches itself and parallel.dp = -1");
+  train_cmd->add_flag("--trace", o.trace,
+                      "Write a Chrome trace (trace.json in the run directory; run.trace = true)");
 
   std::string snapshot;
   auto* resume_cmd = app.add_subcommand("resume", "Continue a run from an HDF5 snapshot");
   resume_cmd->add_option("snapshot", snapshot, "Snapshot file (.h5)")->required();
   add_sets(resume_cmd);
 
-  bool json = false;
-  auto* selfcheck_cmd =
-      app.add_subcommand("selfcheck", "Diagnose ranks and groups: collectives, P2P, bandwidth");
-  selfcheck_cmd->add_option("recipe", o.recipe, "Recipe TOML file (its mesh is checked)");
+  std::string json;
+  runtime::SelfcheckOptions check;
+  auto* selfcheck_cmd = app.add_subcommand(
+      "selfcheck", "Diagnose ranks and groups: collectives, P2P, replicas, bandwidth, GEMM speed");
+  selfcheck_cmd->add_option("recipe", o.recipe,
+                            "Recipe TOML file (its mesh and model are checked); default: the "
+                            "default model on dp = all ranks");
   add_sets(selfcheck_cmd);
-  selfcheck_cmd->add_flag("--json", json, "Also write the report as JSON");
+  selfcheck_cmd->add_option("--json", json, "Also write the report as JSON to this file");
+  selfcheck_cmd->add_flag("--quick", check.quick, "Fewer message sizes and iterations");
+  selfcheck_cmd->add_option("--np", o.np,
+                            "Ranks to spawn when titan3d launches itself and parallel.dp = -1 "
+                            "(default 2 without a recipe)");
 
   // `plan` (issue 7): options go straight into runtime::PlanOptions; see docs/planner.md.
   runtime::PlanOptions plan;
@@ -160,7 +203,7 @@ int main(int argc, char** argv) {
     if (train_cmd->parsed()) return train(o, args);
     if (keys_cmd->parsed()) return print_keys();
     if (resume_cmd->parsed()) return resume(snapshot, o, args);
-    if (selfcheck_cmd->parsed()) return not_implemented("selfcheck", "6");
+    if (selfcheck_cmd->parsed()) return selfcheck(o, check, json, args);
     if (plan_cmd->parsed()) {
       plan.recipe = o.recipe;
       plan.overrides = overrides(o);

@@ -9,6 +9,8 @@
 
 #include "kernels/check.h"
 #include "kernels/precision.h"
+#include "parallel/fault.h"
+#include "parallel/trace.h"
 
 namespace t3d::parallel {
 
@@ -144,7 +146,11 @@ uint64_t bytes_of(size_t count, MPI_Datatype type) {
 }  // namespace
 
 void Comm::all_reduce_raw(void* data, size_t count, MPI_Datatype type, ReduceOp op) const {
+  if (fault::skip_operation(name_, world_ranks_[rank_])) return;  // test-only (fault.h)
+  trace::Span span("all_reduce", "comm");
+  span.arg("group", name_).arg("bytes", static_cast<int64_t>(bytes_of(count, type)));
   counters_.bytes += bytes_of(count, type);
+  if (op == ReduceOp::sum) fault::corrupt_contribution(data, count, type, world_ranks_[rank_]);
   MPI_Request r;
   T3D_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, checked_count(count), type, to_mpi(op), comm_, &r));
   wait(r, "all_reduce");
@@ -169,6 +175,9 @@ MPI_Op bf16_sum_op() {
 }  // namespace
 
 void Comm::all_reduce_bf16(uint16_t* data, size_t count) const {
+  if (fault::skip_operation(name_, world_ranks_[rank_])) return;  // test-only (fault.h)
+  trace::Span span("all_reduce (bf16)", "comm");
+  span.arg("group", name_).arg("bytes", static_cast<int64_t>(count * sizeof(uint16_t)));
   counters_.bytes += count * sizeof(uint16_t);
   MPI_Request r;
   T3D_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, checked_count(count), MPI_UINT16_T, bf16_sum_op(),
@@ -177,6 +186,9 @@ void Comm::all_reduce_bf16(uint16_t* data, size_t count) const {
 }
 
 void Comm::all_gather_raw(const void* send, void* recv, size_t count, MPI_Datatype type) const {
+  if (fault::skip_operation(name_, world_ranks_[rank_])) return;  // test-only (fault.h)
+  trace::Span span("all_gather", "comm");
+  span.arg("group", name_).arg("bytes", static_cast<int64_t>(bytes_of(count, type)));
   counters_.bytes += bytes_of(count, type);
   MPI_Request r;
   const int n = checked_count(count);
@@ -186,6 +198,9 @@ void Comm::all_gather_raw(const void* send, void* recv, size_t count, MPI_Dataty
 
 void Comm::reduce_scatter_raw(const void* send, void* recv, size_t count,
                               MPI_Datatype type) const {
+  if (fault::skip_operation(name_, world_ranks_[rank_])) return;  // test-only (fault.h)
+  trace::Span span("reduce_scatter", "comm");
+  span.arg("group", name_).arg("bytes", static_cast<int64_t>(bytes_of(count * size_, type)));
   counters_.bytes += bytes_of(count * size_, type);
   MPI_Request r;
   T3D_MPI(MPI_Ireduce_scatter_block(send, recv, checked_count(count), type, MPI_SUM, comm_, &r));
@@ -193,13 +208,20 @@ void Comm::reduce_scatter_raw(const void* send, void* recv, size_t count,
 }
 
 void Comm::broadcast_raw(void* data, size_t count, MPI_Datatype type, int root) const {
+  if (fault::skip_operation(name_, world_ranks_[rank_])) return;  // test-only (fault.h)
+  trace::Span span("broadcast", "comm");
+  span.arg("group", name_).arg("bytes", static_cast<int64_t>(bytes_of(count, type)));
   MPI_Request r;
   T3D_MPI(MPI_Ibcast(data, checked_count(count), type, root, comm_, &r));
   wait(r, "broadcast", root);
 }
 
 void Comm::send_raw(const void* data, size_t count, MPI_Datatype type, int peer, int tag) const {
+  if (fault::skip_operation(name_, world_ranks_[rank_])) return;  // test-only (fault.h)
+  trace::Span span("send", "comm");
+  span.arg("group", name_).arg("bytes", static_cast<int64_t>(bytes_of(count, type)));
   counters_.bytes += bytes_of(count, type);
+  if (fault::drop_send(world_ranks_[rank_])) return;
   MPI_Request r;
   T3D_MPI(MPI_Isend(data, checked_count(count), type, peer, tag, comm_, &r));
   wait(r, "send", peer);
@@ -207,19 +229,29 @@ void Comm::send_raw(const void* data, size_t count, MPI_Datatype type, int peer,
 
 MPI_Request Comm::isend_raw(const void* data, size_t count, MPI_Datatype type, int peer,
                            int tag) const {
+  if (fault::skip_operation(name_, world_ranks_[rank_])) return MPI_REQUEST_NULL;  // test-only
+  trace::Span span("isend", "comm");
+  span.arg("group", name_).arg("bytes", static_cast<int64_t>(bytes_of(count, type)));
   counters_.bytes += bytes_of(count, type);
+  if (fault::drop_send(world_ranks_[rank_])) return MPI_REQUEST_NULL;
   MPI_Request r;
   T3D_MPI(MPI_Isend(data, checked_count(count), type, peer, tag, comm_, &r));
   return r;
 }
 
 void Comm::recv_raw(void* data, size_t count, MPI_Datatype type, int peer, int tag) const {
+  if (fault::skip_operation(name_, world_ranks_[rank_])) return;  // test-only (fault.h)
+  trace::Span span("recv", "comm");
+  span.arg("group", name_).arg("bytes", static_cast<int64_t>(bytes_of(count, type)));
   MPI_Request r;
   T3D_MPI(MPI_Irecv(data, checked_count(count), type, peer, tag, comm_, &r));
   wait(r, "recv", peer);
 }
 
 void Comm::barrier() const {
+  if (fault::skip_operation(name_, world_ranks_[rank_])) return;  // test-only (fault.h)
+  trace::Span span("barrier", "comm");
+  span.arg("group", name_);
   MPI_Request r;
   T3D_MPI(MPI_Ibarrier(comm_, &r));
   wait(r, "barrier");

@@ -3,6 +3,8 @@
 #include <cstring>
 
 #include "kernels/check.h"
+#include "parallel/fault.h"
+#include "parallel/trace.h"
 
 namespace t3d::parallel {
 
@@ -40,6 +42,11 @@ void GradReducer::ready(int b, float* grads) {
   T3D_ASSERT(!started_.at(b), "bucket ", b, " made ready twice in one step");
   started_[b] = 1;
   if (dp_.size() == 1) return;
+  // Through the same test-only fault switch and trace spans as Comm's own collectives.
+  if (fault::skip_operation(dp_.name(), dp_.world_ranks()[dp_.rank()])) return;
+  trace::Span span(zero_ < 2 ? "all_reduce (gradient bucket)" : "reduce_scatter (gradient bucket)",
+                   "comm");
+  span.arg("group", dp_.name()).arg("bytes", buckets_[b].size() * 4).arg("bucket", b);
   float* data = grads + buckets_[b].begin;
   if (zero_ < 2) {
     T3D_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(buckets_[b].size()), MPI_FLOAT,

@@ -4,6 +4,7 @@
 
 #include "kernels/check.h"
 #include "kernels/precision.h"
+#include "parallel/trace.h"
 
 namespace t3d::runtime {
 
@@ -96,6 +97,8 @@ double PipelineExecutor::run(Model& model, const MicroBatchSource& source, float
       if (!range.first)
         receive(model, model.input(c, slot), schedule_.chunk_stage[a.chunk - 1],
                 tag_of(a.mb, a.chunk, K, false));
+      parallel::trace::Span span("forward", "compute");
+      span.arg("mb", a.mb).arg("chunk", a.chunk);
       loss += model.forward(c, slot, tokens, targets, grad_scale, true);
       if (!range.last)
         sends_[c][slot][0] = send(model, model.output(c, slot), model.send16(c, slot, false),
@@ -106,6 +109,8 @@ double PipelineExecutor::run(Model& model, const MicroBatchSource& source, float
     const int slot = slot_of_[a.mb * chunks + c];
     T3D_ASSERT(slot >= 0, to_string(a), " before its forward");
     if (a.op == Op::kW) {  // the deferred weight gradients; the slot is free afterwards
+      parallel::trace::Span span("backward (weight grads)", "compute");
+      span.arg("mb", a.mb).arg("chunk", a.chunk);
       model.backward_weight(c, slot);
       free_[c].push_back(slot);
       slot_of_[a.mb * chunks + c] = -1;
@@ -117,6 +122,8 @@ double PipelineExecutor::run(Model& model, const MicroBatchSource& source, float
               tag_of(a.mb, a.chunk, K, true));
       dout = grad_in_.data();
     }
+    parallel::trace::Span span(a.op == Op::kB ? "backward (input grads)" : "backward", "compute");
+    span.arg("mb", a.mb).arg("chunk", a.chunk);
     if (a.op == Op::kB)
       model.backward_input(c, slot, dout);
     else
@@ -157,7 +164,6 @@ double PipelineExecutor::run_forward_only(Model& model, const MicroBatchSource& 
   // further along the same micro-batch's path, so waits never form a cycle.
   const int K = schedule_.num_chunks();
   const int stage = pp_.rank();
-  const size_t n = static_cast<size_t>(model.rows() * model.config().dim);
   double loss = 0;
   for (int mb = 0; mb < schedule_.n_micro; ++mb)
     for (int k = 0; k < K; ++k) {
@@ -169,6 +175,8 @@ double PipelineExecutor::run_forward_only(Model& model, const MicroBatchSource& 
       if (range.first || range.last) source(mb, &tokens, &targets);
       if (!range.first)
         receive(model, model.input(c, 0), schedule_.chunk_stage[k - 1], tag_of(mb, k, K, false));
+      parallel::trace::Span span("forward (validation)", "compute");
+      span.arg("mb", mb).arg("chunk", k);
       loss += model.forward(c, 0, tokens, targets, 0.0f, false);
       if (!range.last) {
         MPI_Request r = send(model, model.output(c, 0), model.send16(c, 0, false),

@@ -52,6 +52,7 @@ void spawn_if_needed(const Recipe& recipe, const std::vector<std::string>& argv,
   plan.cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   plan.as_root = geteuid() == 0;
   plan.argv = argv;
+  plan.log_dir = recipe.run.dir + "/logs";
   const int threads = threads_per_rank(static_cast<int>(recipe.hardware.threads_per_rank),
                                        plan.cores, plan.ranks);
   plan.env.emplace_back("OPENBLAS_NUM_THREADS", std::to_string(threads));

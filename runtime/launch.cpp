@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "kernels/check.h"
+#include "runtime/mpirun_watch.h"
 
 extern char** environ;
 
@@ -77,8 +78,8 @@ std::vector<std::string> mpirun_command(const SpawnPlan& plan, const std::string
   // Without this Open MPI refuses more ranks than cores ("not enough slots").
   if (plan.ranks > plan.cores) cmd.push_back("--oversubscribe");
   if (plan.as_root) cmd.push_back("--allow-run-as-root");
-  // Quiet: our ranks report their own errors; mpirun's help banners would repeat them.
-  cmd.push_back("--quiet");
+  // Not --quiet: it also hides which rank died. The parent filters mpirun's banners instead
+  // (mpirun_watch.h): a dead rank is named, banners that repeat the ranks' own errors dropped.
   for (const auto& [k, v] : plan.env) {
     cmd.push_back("-x");
     cmd.push_back(k + "=" + v);
@@ -93,14 +94,8 @@ void exec_mpirun(const SpawnPlan& plan) {
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   T3D_ASSERT(n > 0, "cannot resolve /proc/self/exe");
   self[n] = '\0';
-  const auto cmd = mpirun_command(plan, self);
-  std::vector<char*> args;
-  for (const auto& a : cmd) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-  execvp(args[0], args.data());
-  throw UserError(std::string("cannot start mpirun: ") + std::strerror(errno) +
-                  ". Install Open MPI (`apt-get install openmpi-bin`) or launch titan3d under "
-                  "mpirun / srun yourself");
+  std::fflush(nullptr);
+  std::_Exit(run_mpirun_watched(mpirun_command(plan, self), plan.log_dir));
 }
 
 }  // namespace t3d::runtime

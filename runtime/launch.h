@@ -29,10 +29,12 @@ struct SpawnPlan {
   bool as_root = false;
   std::vector<std::pair<std::string, std::string>> env;  // exported to every rank
   std::vector<std::string> argv;                         // titan3d's own argv, argv[0] first
+  std::string log_dir;  // where the ranks' logs go, for the message naming a dead rank
 };
 // The mpirun command line that re-executes titan3d as `ranks` ranks.
 std::vector<std::string> mpirun_command(const SpawnPlan& plan, const std::string& self_exe);
-// Replaces this process with mpirun (streams the ranks' output; returns only on failure).
+// Runs mpirun as a child (the ranks' output streams through; Open MPI's banners are filtered and a
+// dead rank named, see mpirun_watch.h), then exits with its exit code.
 [[noreturn]] void exec_mpirun(const SpawnPlan& plan);
 
 // BLAS threads for each rank: the recipe's choice, or this host's cores shared among its ranks.

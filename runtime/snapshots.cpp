@@ -11,6 +11,7 @@
 #include "checkpoint/io_thread.h"
 #include "checkpoint/snapshot.h"
 #include "kernels/check.h"
+#include "parallel/trace.h"
 #include "runtime/metrics.h"
 #include "runtime/model.h"
 
@@ -144,6 +145,7 @@ struct Snapshotter::Impl {
 
   void start(int64_t step) {
     const auto t0 = Clock::now();
+    parallel::trace::Span span("snapshot staging", "io");
     if (pending) commit();  // training waits for the previous snapshot: part of the stall
     auto& st = model.state();
     const size_t n = static_cast<size_t>(st.params.size());
@@ -157,6 +159,7 @@ struct Snapshotter::Impl {
     Pending* p = &*pending;
     p->done = io->submit([this, p, shard, fault] {
       const auto w0 = Clock::now();
+      parallel::trace::Span write_span("snapshot write", "io");
       if (!mine.empty()) p->digest = ck::write_shard(shard, mesh.rank(), mine, fault);
       p->write_s = seconds_since(w0);
     });

@@ -20,6 +20,7 @@
 #include "parallel/grad_reducer.h"
 #include "parallel/pipeline_split.h"
 #include "parallel/schedule.h"
+#include "parallel/trace.h"
 #include "runtime/data.h"
 #include "runtime/data_sampler.h"
 #include "runtime/executor.h"
@@ -340,6 +341,8 @@ struct Trainer::Impl {
                                        &mesh.group(Dim::pp)};
     for (int64_t step = first_step; step < t.steps; ++step) {
       const auto t0 = Clock::now();
+      parallel::trace::Span step_span("step", "train");
+      step_span.arg("step", step + 1);
       double waited[3];
       for (int i = 0; i < 3; ++i) waited[i] = groups[i]->counters().wait_s;
       state.grads.zero();
@@ -365,6 +368,7 @@ struct Trainer::Impl {
         spdlog::warn("step {}: non-finite loss or gradients; skipped (train.dynamic_loss_scale)",
                      step + 1);
       } else {
+        parallel::trace::Span optimizer_span("optimizer", "compute");
         if (t.grad_clip > 0 && norm > t.grad_clip)
           for (const auto& range : reducer->owned())
             kernels::scale(state.grads.data() + range.begin, range.size(),

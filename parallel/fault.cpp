@@ -1,0 +1,97 @@
+#include "parallel/fault.h"
+
+#include <spdlog/spdlog.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <sstream>
+#include <vector>
+
+#include "kernels/check.h"
+
+namespace t3d::parallel::fault::detail {
+
+namespace {
+
+enum class Kind { none, skip, die, corrupt, nosend };
+
+struct Spec {
+  Kind kind = Kind::none;
+  int rank = -1;
+  std::string group = "*";
+  long n = 0;
+};
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> parts;
+  std::stringstream in(s);
+  for (std::string p; std::getline(in, p, sep);) parts.push_back(p);
+  return parts;
+}
+
+Spec parse(const char* text) {
+  Spec s;
+  if (!text || !*text) return s;
+  const auto parts = split(text, ':');
+  const auto bad = [&] {
+    return UserError(std::string("T3D_FAULT=`") + text +
+                     "` is malformed: expected skip:RANK:GROUP:N, die:RANK:GROUP:N, corrupt:RANK "
+                     "or nosend:RANK (test-only; see parallel/fault.h)");
+  };
+  const std::map<std::string, Kind> kinds = {
+      {"skip", Kind::skip}, {"die", Kind::die}, {"corrupt", Kind::corrupt}, {"nosend", Kind::nosend}};
+  if (parts.size() < 2 || !kinds.count(parts[0])) throw bad();
+  s.kind = kinds.at(parts[0]);
+  const bool counted = s.kind == Kind::skip || s.kind == Kind::die;
+  if (parts.size() != (counted ? 4u : 2u)) throw bad();
+  try {
+    s.rank = std::stoi(parts[1]);
+    if (counted) s.group = parts[2], s.n = std::stol(parts[3]);
+  } catch (const std::exception&) {
+    throw bad();
+  }
+  if (s.rank < 0 || (counted && s.n < 1)) throw bad();
+  return s;
+}
+
+const Spec& spec() {
+  static const Spec s = parse(std::getenv("T3D_FAULT"));
+  return s;
+}
+
+template <typename T>
+void double_all(void* data, size_t count) {
+  T* x = static_cast<T*>(data);
+  for (size_t i = 0; i < count; ++i) x[i] += x[i];
+}
+
+}  // namespace
+
+bool active() { return spec().kind != Kind::none; }
+
+bool before_operation(const std::string& group, int world_rank) {
+  const Spec& s = spec();
+  if ((s.kind != Kind::skip && s.kind != Kind::die) || s.rank != world_rank) return false;
+  if (s.group != "*" && s.group != group) return false;
+  static std::map<std::string, long> seen;  // operations per group on this process
+  if (++seen[s.group == "*" ? "*" : group] != s.n) return false;
+  const char* what = s.kind == Kind::die ? "dies" : "skips it";
+  spdlog::warn("T3D_FAULT: world rank {} at its operation {} on group `{}`: {}", world_rank, s.n,
+               group, what);
+  if (s.kind == Kind::die) std::raise(SIGKILL);
+  return true;
+}
+
+void corrupt_sum(void* data, size_t count, MPI_Datatype type, int world_rank) {
+  if (spec().kind != Kind::corrupt || spec().rank != world_rank) return;
+  if (type == MPI_FLOAT) double_all<float>(data, count);
+  if (type == MPI_DOUBLE) double_all<double>(data, count);
+}
+
+bool drop_send(int world_rank) {
+  return spec().kind == Kind::nosend && spec().rank == world_rank;
+}
+
+}  // namespace t3d::parallel::fault::detail

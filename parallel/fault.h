@@ -1,0 +1,42 @@
+// Test-only fault injection for the communicator, read once from the environment variable
+// T3D_FAULT. It exists so tests can prove that the watchdog and `titan3d selfcheck` name the
+// culprit; nothing in a real run sets it, and with it unset every hook is one predictable branch.
+//
+//   T3D_FAULT=skip:RANK:GROUP:N     world rank RANK returns from its N-th operation (1-based:
+//                                   collective, send or receive) on group GROUP without taking
+//                                   part, as a rank with a bug that misses a collective would
+//   T3D_FAULT=die:RANK:GROUP:N      ... SIGKILLs itself at that operation instead (a crashed rank)
+//   T3D_FAULT=corrupt:RANK          RANK's contributions to floating-point sum all-reduces arrive
+//                                   doubled (one flipped exponent bit per element: bad memory or
+//                                   a bad link)
+//   T3D_FAULT=nosend:RANK           RANK's point-to-point sends are dropped (a rank that never
+//                                   sends)
+//
+// GROUP is a group name (tp, dp, cp, pp, world) or `*` for any. A malformed value is a UserError.
+#pragma once
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <string>
+
+namespace t3d::parallel::fault {
+
+namespace detail {
+bool active();  // T3D_FAULT is set (parsed on first use)
+bool before_operation(const std::string& group, int world_rank);
+void corrupt_sum(void* data, size_t count, MPI_Datatype type, int world_rank);
+bool drop_send(int world_rank);
+}  // namespace detail
+
+// Before each operation on `group`: true means "skip it"; may not return at all (die).
+inline bool skip_operation(const std::string& group, int world_rank) {
+  return detail::active() && detail::before_operation(group, world_rank);
+}
+// Before a sum all-reduce's contribution leaves this rank.
+inline void corrupt_contribution(void* data, size_t count, MPI_Datatype type, int world_rank) {
+  if (detail::active()) detail::corrupt_sum(data, count, type, world_rank);
+}
+inline bool drop_send(int world_rank) { return detail::active() && detail::drop_send(world_rank); }
+
+}  // namespace t3d::parallel::fault

@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# `titan3d selfcheck --quick` passes on 1, 2, 4 and 8 ranks (the 8 as pp2×dp2×tp2) with a valid
+# JSON report, and fails naming the culprit under injected faults (parallel/fault.h): a rank whose
+# all-reduce contribution arrives corrupted, and a rank that never sends.
+set -u
+titan3d=$1
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail=0
+check() {  # check CONDITION DESCRIPTION
+  if eval "$1"; then echo "ok   $2"; else echo "FAIL $2"; fail=1; fi
+}
+valid_json() { python3 -c 'import json,sys; r=json.load(open(sys.argv[1])); sys.exit(0 if r["rows"] else 1)' "$1"; }
+
+for np in 1 2 4; do
+  out=$("$titan3d" selfcheck --quick --np $np --set run.dir="$work/np$np" --json "$work/np$np.json" 2>&1); rc=$?
+  check "[ $rc -eq 0 ] && grep -q '^OK: ' <<<\"\$out\" && grep -q 'mesh pp=1 dp=$np cp=1 tp=1' <<<\"\$out\"" \
+    "$np rank(s), default model: $(tail -1 <<<"$out")" || echo "$out"
+  check "valid_json $work/np$np.json" "$np rank(s): --json is valid JSON"
+done
+
+recipe=$repo/recipes/3d_pp2_dp2_tp2.toml
+out=$("$titan3d" selfcheck "$recipe" --quick --set run.dir="$work/3d" --json "$work/3d.json" 2>&1); rc=$?
+check "[ $rc -eq 0 ] && grep -q '^OK: ' <<<\"\$out\" && grep -q '^p2p .* OK' <<<\"\$out\" && grep -q '^replica .* OK' <<<\"\$out\"" \
+  "pp2×dp2×tp2: $(tail -1 <<<"$out")" || echo "$out"
+check "valid_json $work/3d.json && grep -q '\"ok\": true' $work/3d.json" "pp2×dp2×tp2: JSON says ok"
+
+out=$(T3D_FAULT=corrupt:5 "$titan3d" selfcheck "$recipe" --quick --set run.dir="$work/corrupt" \
+      --json "$work/corrupt.json" 2>&1); rc=$?
+check "[ $rc -eq 5 ] && grep -q '^FAILED: .*all_reduce on tp (world rank 5)' <<<\"\$out\" && grep -q '^all_gather .* OK' <<<\"\$out\"" \
+  "corrupted contribution of rank 5: rc $rc, $(tail -1 <<<"$out" | cut -c1-120)..." || echo "$out"
+check "grep -q '\"ok\": false' $work/corrupt.json && grep -q '\"culprits\": \[5\]' $work/corrupt.json" \
+  "corrupted contribution: the JSON names rank 5"
+
+out=$(T3D_FAULT=nosend:4 "$titan3d" selfcheck "$recipe" --quick --set run.dir="$work/nosend" \
+      --set parallel.timeout_s=4 2>&1); rc=$?
+check "[ $rc -eq 5 ] && grep -q '^FAILED: 1 of .*p2p on pp (world rank 4)' <<<\"\$out\" && grep -q 'nothing from world rank 4' <<<\"\$out\"" \
+  "rank 4 never sends: rc $rc, $(tail -1 <<<"$out")" || echo "$out"
+exit $fail
