@@ -79,6 +79,7 @@ struct SnapshotConfig {
   std::string dir;    // empty: <run.dir>/snapshots
   int64_t keep = 3;
   int64_t full_every = 4;
+  int64_t deflate = 1;  // zlib level after HDF5's shuffle filter; 0: stored uncompressed
   bool async = true;
   std::string resume;  // empty | latest | path
 };

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <future>
 #include <optional>
+#include <random>
 
 #include "checkpoint/io_thread.h"
 #include "checkpoint/snapshot.h"
@@ -67,13 +68,29 @@ struct Snapshotter::Impl {
   MetricsWriter* metrics;
   std::string dir;
   std::unique_ptr<ck::IoThread> io;
-  std::vector<float> staging;   // params | exp_avg | exp_avg_sq, each one region's size
-  std::vector<ck::Slice> mine;  // the boxes this rank writes, pointing into `staging`
+  // Host staging memory, params | exp_avg | exp_avg_sq, and the boxes this rank writes pointing
+  // into it. Two of each when snapshots are incremental: buffer `cur` takes the next snapshot,
+  // the other holds the last committed one, the parent its XOR delta is taken against.
+  std::vector<float> staging[2];
+  std::vector<ck::Slice> mine[2];
+  int cur = 0;
+
+  // The last committed snapshot of this process, parent of the next incremental one. After a
+  // start or resume there is none: the first snapshot is always a full base (it may go to
+  // another directory, with another layout).
+  struct Parent {
+    std::string name;  // index file name
+    uint64_t id = 0;
+    std::vector<std::vector<uint64_t>> hashes;  // chunk hashes of each of mine[] boxes
+    int64_t deltas = 0;                         // incremental snapshots since its full base
+  };
+  std::optional<Parent> parent;
 
   struct Pending {
     int64_t step = 0;
+    bool incremental = false;
     std::future<void> done;
-    ck::FileDigest digest;  // set by the write job
+    ck::ShardResult result;  // set by the write job
     double stall_s = 0, write_s = 0;
   };
   std::optional<Pending> pending;
@@ -147,17 +164,25 @@ struct Snapshotter::Impl {
     if (pending) commit();  // training waits for the previous snapshot: part of the stall
     auto& st = model.state();
     const size_t n = static_cast<size_t>(st.params.size());
-    std::memcpy(staging.data(), st.params.data(), n * sizeof(float));
-    std::memcpy(staging.data() + n, st.adam_m.data(), n * sizeof(float));
-    std::memcpy(staging.data() + 2 * n, st.adam_v.data(), n * sizeof(float));
+    float* dst = staging[cur].data();
+    std::memcpy(dst, st.params.data(), n * sizeof(float));
+    std::memcpy(dst + n, st.adam_m.data(), n * sizeof(float));
+    std::memcpy(dst + 2 * n, st.adam_v.data(), n * sizeof(float));
     pending.emplace();
     pending->step = step;
+    // Every rank decides alike: `parent` changes only on commits, which all ranks agree on.
+    pending->incremental = parent && parent->deltas + 1 < r.snapshot.full_every;
     const std::string shard = ck::shard_path(dir, step, mesh.rank());
-    const ck::Fault fault = ck::fault_from_env(step, mesh.rank());
+    ck::WriteOptions opt;
+    opt.deflate = static_cast<int>(r.snapshot.deflate);
+    opt.fault = ck::fault_from_env(step, mesh.rank());
+    if (pending->incremental) opt.parent = &mine[1 - cur], opt.parent_hashes = &parent->hashes;
     Pending* p = &*pending;
-    p->done = io->submit([this, p, shard, fault] {
+    const std::vector<ck::Slice>* boxes = &mine[cur];
+    // The job reads the parent's buffer and hashes: both change only in commit(), after it ends.
+    p->done = io->submit([this, p, shard, opt, boxes] {
       const auto w0 = Clock::now();
-      if (!mine.empty()) p->digest = ck::write_shard(shard, mesh.rank(), mine, fault);
+      if (!boxes->empty()) p->result = ck::write_shard(shard, mesh.rank(), *boxes, opt);
       p->write_s = seconds_since(w0);
     });
     p->stall_s = seconds_since(t0);
@@ -185,7 +210,8 @@ struct Snapshotter::Impl {
     // Agree that every write succeeded before anything becomes visible.
     int first_failed = error.empty() ? world.size() : world.rank();
     world.all_reduce(&first_failed, 1, parallel::ReduceOp::min);
-    if (first_failed == world.size() && !mine.empty()) {
+    const bool writes = !mine[0].empty();
+    if (first_failed == world.size() && writes) {
       try {
         ck::publish(shard);
       } catch (const std::exception& e) {
@@ -196,59 +222,93 @@ struct Snapshotter::Impl {
     }
     if (first_failed != world.size()) return fail(p, first_failed, error, shard);
 
-    const uint64_t report[3] = {mine.empty() ? 0u : 1u, p.digest.bytes, p.digest.hash};
-    std::vector<uint64_t> reports(3 * static_cast<size_t>(world.size()));
-    world.all_gather(report, reports.data(), 3);
+    constexpr size_t kReport = 6;
+    const ck::ShardResult& res = p.result;
+    const uint64_t report[kReport] = {writes ? 1u : 0u,      res.digest.bytes,
+                                      res.digest.hash,       res.raw_bytes,
+                                      uint64_t(res.chunks), uint64_t(res.chunks_written)};
+    std::vector<uint64_t> reports(kReport * static_cast<size_t>(world.size()));
+    world.all_gather(report, reports.data(), kReport);
     double times[2] = {p.stall_s, p.write_s};
     world.all_reduce(times, 2, parallel::ReduceOp::max);
-    if (world.rank() != 0) return;
 
+    // Rank 0 writes the index; all ranks learn whether it committed, because the next
+    // snapshot's parent (and whether it may be incremental) depends on it.
     ck::IndexInfo info;
-    info.step = p.step;
-    info.recipe = r.to_toml();
-    info.layout = layout_of(r);
-    info.counters = {{"step", p.step},
-                     {"adamw_step", p.step},
-                     {"sampler_seed", r.train.seed},
-                     {"sampler_step", p.step}};
-    uint64_t bytes = 0;
-    for (int k = 0; k < world.size(); ++k) {
-      const uint64_t* rep = &reports[3 * static_cast<size_t>(k)];
-      if (!rep[0]) continue;
-      const auto rel = fs::path(ck::shard_path(dir, p.step, k)).lexically_relative(dir);
-      info.shards.push_back({rel.string(), rep[1], rep[2]});
-      bytes += rep[1];
-    }
-    const auto i0 = Clock::now();
     std::vector<std::string> deleted;
-    try {
-      io->run([&] {
-        ck::write_index(dir, info);
-        deleted = ck::retain(dir, r.snapshot.keep);
-      });
-    } catch (const std::exception& e) {
-      spdlog::error(
-          "snapshot at step {}: writing the index failed: {}; it is not committed, {} "
-          "stays the last good one",
-          p.step, e.what(), last_good.empty() ? "none" : last_good);
-      if (metrics) metrics->write({{"snapshot_step", double(p.step)}, {"snapshot_ok", 0}});
-      return;
+    uint64_t bytes = 0, raw = 0, chunks = 0, written = 0;
+    double index_s = 0;
+    int committed = 0;
+    if (world.rank() == 0) {
+      info.step = p.step;
+      info.id = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32) ^
+                uint64_t(p.step);
+      if (p.incremental) info.parent = parent->name, info.parent_id = parent->id;
+      info.recipe = r.to_toml();
+      info.layout = layout_of(r);
+      info.counters = {{"step", p.step},
+                       {"adamw_step", p.step},
+                       {"sampler_seed", r.train.seed},
+                       {"sampler_step", p.step}};
+      for (int k = 0; k < world.size(); ++k) {
+        const uint64_t* rep = &reports[kReport * static_cast<size_t>(k)];
+        if (!rep[0]) continue;
+        const auto rel = fs::path(ck::shard_path(dir, p.step, k)).lexically_relative(dir);
+        info.shards.push_back({rel.string(), rep[1], rep[2]});
+        bytes += rep[1], raw += rep[3], chunks += rep[4], written += rep[5];
+      }
+      const auto i0 = Clock::now();
+      try {
+        io->run([&] {
+          ck::write_index(dir, info);
+          deleted = ck::retain(dir, r.snapshot.keep);
+        });
+        committed = 1;
+      } catch (const std::exception& e) {
+        spdlog::error(
+            "snapshot at step {}: writing the index failed: {}; it is not committed, {} "
+            "stays the last good one",
+            p.step, e.what(), last_good.empty() ? "none" : last_good);
+        if (metrics) metrics->write({{"snapshot_step", double(p.step)}, {"snapshot_ok", 0}});
+      }
+      index_s = seconds_since(i0);
     }
+    world.broadcast(&committed, 1, 0);
+    uint64_t id = info.id;
+    world.broadcast(&id, 1, 0);
+    if (!committed) return;
+
     last_good = ck::index_path(dir, p.step);
+    if (r.snapshot.full_every > 1) {
+      // This snapshot's buffer becomes the parent; the old parent's takes the next snapshot.
+      const int64_t deltas = p.incremental ? parent->deltas + 1 : 0;
+      parent = Parent{fs::path(last_good).filename().string(), id, std::move(p.result.hashes),
+                      deltas};
+      cur = 1 - cur;
+    }
+    if (world.rank() != 0) return;
     // Synchronous snapshots: training also waited for the whole write.
     const double stall = r.snapshot.async ? times[0] : times[0] + times[1];
+    const double share = raw ? double(bytes) / double(raw) : 0.0;
     spdlog::info(
-        "snapshot step {}: {} in {} shard(s), stall {:.1f} ms, write {:.1f} ms (slowest "
-        "rank), index {:.1f} ms -> {}{}",
-        p.step, kernels::format_bytes(bytes), info.shards.size(), 1e3 * stall, 1e3 * times[1],
-        1e3 * seconds_since(i0), last_good,
+        "snapshot step {} ({}): {} in {} shard(s), {:.1f}% of the {} a full uncompressed one "
+        "takes; stall {:.1f} ms, write {:.1f} ms (slowest rank), index {:.1f} ms -> {}{}",
+        p.step,
+        p.incremental ? fmt::format("incremental on {}, {}/{} chunks changed", info.parent,
+                                    written, chunks)
+                      : std::string("full"),
+        kernels::format_bytes(bytes), info.shards.size(), 100 * share,
+        kernels::format_bytes(raw), 1e3 * stall, 1e3 * times[1], 1e3 * index_s, last_good,
         deleted.empty() ? "" : "; removed " + fmt::format("{}", fmt::join(deleted, ", ")));
     if (metrics)
       metrics->write({{"snapshot_step", double(p.step)},
                       {"snapshot_ok", 1},
+                      {"snapshot_incremental", p.incremental ? 1.0 : 0.0},
                       {"snapshot_stall_s", stall},
                       {"snapshot_write_s", times[1]},
-                      {"snapshot_bytes", double(bytes)}});
+                      {"snapshot_bytes", double(bytes)},
+                      {"snapshot_raw_bytes", double(raw)},
+                      {"snapshot_share", share}});
   }
 
   void fail(const Pending& p, int first_failed, const std::string& error,
@@ -271,11 +331,15 @@ Snapshotter::Snapshotter(const Job& job, Model& model, MetricsWriter* metrics)
   auto& m = *impl_;
   m.io = std::make_unique<ck::IoThread>();
   if (m.r.snapshot.every <= 0) return;
+  if (m.r.snapshot.deflate > 0) m.io->run(ck::require_deflate);
   // Staging is allocated and touched now, so the first snapshot's stall is a plain copy.
   const size_t n = static_cast<size_t>(model.state().params.size());
-  m.staging.assign(3 * n, 0.0f);
-  const float* const base[3] = {m.staging.data(), m.staging.data() + n, m.staging.data() + 2 * n};
-  m.mine = m.slices(base, true);
+  for (int b = 0; b < (m.r.snapshot.full_every > 1 ? 2 : 1); ++b) {
+    m.staging[b].assign(3 * n, 0.0f);
+    float* s = m.staging[b].data();
+    const float* const base[3] = {s, s + n, s + 2 * n};
+    m.mine[b] = m.slices(base, true);
+  }
 }
 
 // The I/O thread goes first: a write still running uses `staging`, `mine` and `pending`.

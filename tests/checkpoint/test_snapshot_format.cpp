@@ -33,7 +33,7 @@ class SnapshotFormat : public ::testing::Test {
     for (int rank = 0; rank < 2; ++rank) {
       Slice s{"model/w", {6, 5}, {3 * rank, 0}, {3, 5}, global_.data() + 15 * rank};
       const std::string path = shard_path(dir_, 7, rank);
-      const FileDigest d = write_shard(path, rank, {s});
+      const FileDigest d = write_shard(path, rank, {s}).digest;
       publish(path);
       info.shards.push_back({fs::path(path).lexically_relative(dir_).string(), d.bytes, d.hash});
     }
@@ -90,7 +90,7 @@ TEST_F(SnapshotFormat, RetentionKeepsNewest) {
       IndexInfo info{step, "", "", {{"step", step}}, {}};
       Slice s{"model/w", {6, 5}, {0, 0}, {6, 5}, global_.data()};
       const std::string path = shard_path(dir_, step, 0);
-      const FileDigest d = write_shard(path, 0, {s});
+      const FileDigest d = write_shard(path, 0, {s}).digest;
       publish(path);
       info.shards.push_back({fs::path(path).lexically_relative(dir_).string(), d.bytes, d.hash});
       write_index(dir_, info);
