@@ -1,5 +1,6 @@
 #include "runtime/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -117,6 +118,23 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
   auto alloc = [&](const std::string& name, int64_t floats) {
     return arena_.alloc_floats(name, static_cast<size_t>(floats));
   };
+  auto alloc_layer = [&](const std::string& lp) {
+    LayerActs la;
+    la.rstd1 = alloc(lp + ".rstd1", N);
+    la.xn1 = alloc(lp + ".xn1", N * C);
+    la.q = alloc(lp + ".q", N * heads_ * D);
+    la.kk = alloc(lp + ".k", N * kv_heads_ * D);
+    la.v = alloc(lp + ".v", N * kv_heads_ * D);
+    la.att = alloc(lp + ".attn", N * heads_ * D);
+    la.lse = alloc(lp + ".lse", B * heads_ * T);
+    la.xmid = alloc(lp + ".xmid", N * C);
+    la.rstd2 = alloc(lp + ".rstd2", N);
+    la.xn2 = alloc(lp + ".xn2", N * C);
+    la.gate = alloc(lp + ".gate", N * ffn_);
+    la.up = alloc(lp + ".up", N * ffn_);
+    la.h = alloc(lp + ".h", N * ffn_);
+    return la;
+  };
   acts_.resize(chunks_.size());
   for (size_t ci = 0; ci < chunks_.size(); ++ci) {
     const auto& range = chunks_[ci];
@@ -125,24 +143,10 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
       const std::string p = "activations.chunk" + std::to_string(ci) + ".slot" + std::to_string(s);
       for (int64_t l = 0; l <= range.size(); ++l)
         a->x.push_back(alloc(p + ".residual" + std::to_string(l), N * C));
-      for (int64_t l = range.begin; l < range.end; ++l) {
-        const std::string lp = p + ".layer" + std::to_string(l);
-        LayerActs la;
-        la.rstd1 = alloc(lp + ".rstd1", N);
-        la.xn1 = alloc(lp + ".xn1", N * C);
-        la.q = alloc(lp + ".q", N * heads_ * D);
-        la.kk = alloc(lp + ".k", N * kv_heads_ * D);
-        la.v = alloc(lp + ".v", N * kv_heads_ * D);
-        la.att = alloc(lp + ".attn", N * heads_ * D);
-        la.lse = alloc(lp + ".lse", B * heads_ * T);
-        la.xmid = alloc(lp + ".xmid", N * C);
-        la.rstd2 = alloc(lp + ".rstd2", N);
-        la.xn2 = alloc(lp + ".xn2", N * C);
-        la.gate = alloc(lp + ".gate", N * ffn_);
-        la.up = alloc(lp + ".up", N * ffn_);
-        la.h = alloc(lp + ".h", N * ffn_);
-        a->layers.push_back(la);
-      }
+      for (int64_t l = range.begin; l < range.end; ++l)
+        a->layers.push_back(recomputed(l - range.begin)
+                                ? LayerActs{}  // filled in below: the shared recompute buffers
+                                : alloc_layer(p + ".layer" + std::to_string(l)));
       if (range.first)
         a->tokens = static_cast<int32_t*>(
             arena_.alloc_bytes(p + ".tokens", static_cast<size_t>(N) * sizeof(int32_t)));
@@ -181,6 +185,15 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
     s.target = alloc("scratch.ce_target_logit", N);
   }
   s.rope = alloc("scratch.rope_table", T * D);
+  if (options_.checkpoint_every > 0) {
+    // One block's activations, shared by every recomputed block: written by its forward (and
+    // overwritten by the next), rebuilt by the recompute right before its backward.
+    const LayerActs shared = alloc_layer("scratch.recompute_layer");
+    for (size_t ci = 0; ci < chunks_.size(); ++ci)
+      for (auto& slot : acts_[ci])
+        for (int64_t i = 0; i < chunks_[ci].size(); ++i)
+          if (recomputed(i)) slot->layers[i] = shared;
+  }
   k::rope_table(s.rope, T, D, config_.rope_theta);
   footprint_.scratch = arena_.used() - before;
 }
@@ -366,6 +379,7 @@ double Model::forward_head(ChunkActs& c, const int32_t* targets, float grad_scal
     tp_sum(s.dxn, N * C);
     k::rmsnorm_backward(c.dx_last, g("model.norm.weight"), s.dxn, x_last, w("model.norm.weight"),
                         c.rstdf, N, C);
+    if (grad_hook_) grad_hook_(config_.n_layers);
   }
   return loss_sum;
 }
@@ -395,21 +409,48 @@ void Model::backward(int chunk, int slot, const float* dout) {
   const int64_t N = rows_, C = config_.dim;
   float* dx = range.first ? scratch_->dx : a.dx_in;
   std::memcpy(dx, range.last ? a.dx_last : dout, sizeof(float) * N * C);
-  for (int64_t l = range.end - 1; l >= range.begin; --l)
-    backward_layer(l, a.layers[l - range.begin], a.x[l - range.begin], dx);
-  if (range.first)
+  for (int64_t l = range.end - 1; l >= range.begin; --l) {
+    const int64_t i = l - range.begin;
+    // Recompute: the same forward on the same input gives the same bits, so rewriting x[i + 1]
+    // (already consumed by the blocks above) is harmless and needs no extra buffer.
+    if (recomputed(i)) forward_layer(l, a.layers[i], a.x[i], a.x[i + 1]);
+    backward_layer(l, a.layers[i], a.x[i], dx);
+    if (grad_hook_) grad_hook_(l);
+  }
+  if (range.first) {
     k::embedding_backward(g("model.embed_tokens.weight"), dx, a.tokens, N, C, vocab_start_,
                           vocab_start_ + vocab_);
+    if (grad_hook_) grad_hook_(-1);
+  }
 }
 
-double Model::grad_sum_of_squares() const {
+double Model::grad_sum_of_squares(const std::vector<parallel::FloatRange>& ranges) const {
   double sum = 0;
+  const float* grads = state_.grads.data();
   for (const auto& p : params_) {
     if (p.split_dim < 0 && tp_.rank() != 0) continue;  // replicated: identical on every tp rank
-    const auto v = state_.grads.view(p.name);
-    sum += k::sum_of_squares(v.data, v.numel);
+    const auto& e = layout_.at(p.name);
+    for (const auto& r : ranges) {
+      const int64_t lo = std::max(r.begin, e.offset), hi = std::min(r.end, e.offset + e.numel);
+      if (lo < hi) sum += k::sum_of_squares(grads + lo, hi - lo);
+    }
   }
   return sum;
+}
+
+std::vector<Model::GradUnit> Model::grad_units() const {
+  std::vector<GradUnit> units;
+  for (const auto& p : params_) {
+    int64_t unit = config_.n_layers;  // model.norm, lm_head
+    if (p.name == "model.embed_tokens.weight") unit = -1;
+    else if (p.name.rfind("model.layers.", 0) == 0) unit = std::stoll(p.name.substr(13));
+    const auto& e = layout_.at(p.name);
+    if (units.empty() || units.back().unit != unit)
+      units.push_back({unit, {e.offset, e.offset + e.numel}});
+    else
+      units.back().range.end = e.offset + e.numel;
+  }
+  return units;
 }
 
 int64_t Model::first_nonfinite_layer(int slot) const {

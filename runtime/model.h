@@ -18,12 +18,14 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "kernels/arena.h"
 #include "parallel/comm.h"
+#include "parallel/grad_reducer.h"
 #include "parallel/pipeline_split.h"
 #include "runtime/recipe.h"
 
@@ -41,6 +43,9 @@ struct ModelOptions {
   int64_t micro_rows = 1;  // sequences per micro-batch
   int64_t slots = 1;       // micro-batches whose activations are alive at once, per chunk
   bool with_optimizer = true;
+  // Activation checkpointing: 0 none; K recomputes blocks 0, K, 2K, ... of each chunk in the
+  // backward instead of keeping their activations (K = 1: every block, "full").
+  int64_t checkpoint_every = 0;
 };
 
 // FLOPs of one training step (forward + backward) per token of the whole model, PaLM's count:
@@ -87,9 +92,31 @@ class Model {
   // next micro-batch's backward runs.
   const float* input_grad(int chunk, int slot) const;
 
-  // Sum of squared gradients this rank owns for the global norm: tp-replicated tensors count on
-  // tp rank 0 only, so an all-reduce over tp and pp groups gives the global sum exactly.
-  double grad_sum_of_squares() const;
+  // Sum of squared gradients over the float ranges given (of the gradient region) for the global
+  // norm: tp-replicated tensors count on tp rank 0 only, so summing the ranges' partition over
+  // dp and the result over tp and pp gives the global sum exactly.
+  double grad_sum_of_squares(const std::vector<parallel::FloatRange>& ranges) const;
+
+  // Gradient units: float ranges of the gradient region that become final together. Unit -1 is
+  // the embedding, l a transformer block, n_layers the final norm and LM head. In region order.
+  struct GradUnit {
+    int64_t unit;
+    parallel::FloatRange range;
+  };
+  std::vector<GradUnit> grad_units() const;
+  // Called with a unit id each time a micro-batch has added its gradient to that unit (the data
+  // parallel reducer starts a bucket once all micro-batches have).
+  void set_grad_hook(std::function<void(int64_t unit)> hook) { grad_hook_ = std::move(hook); }
+
+  // AdamW moments for part of the parameter region (ZeRO shards them over dp): `m` and `v` hold
+  // the given ranges back to back. Empty ranges: the moments are state().adam_m / adam_v whole.
+  struct MomentShard {
+    std::vector<parallel::FloatRange> ranges;
+    float* m = nullptr;
+    float* v = nullptr;
+  };
+  const MomentShard& moment_shard() const { return moment_shard_; }
+  void set_moment_shard(MomentShard shard) { moment_shard_ = std::move(shard); }
 
   // Memory this model took from the arena at build time, by kind.
   struct Footprint {
@@ -105,6 +132,9 @@ class Model {
   struct LayerActs;
   struct ChunkActs;
   struct Scratch;
+  bool recomputed(int64_t local_layer) const {
+    return options_.checkpoint_every > 0 && local_layer % options_.checkpoint_every == 0;
+  }
 
   void build_param_table();
   void forward_layer(int64_t layer, LayerActs& a, const float* x_in, float* x_out);
@@ -128,6 +158,8 @@ class Model {
   std::vector<std::vector<std::unique_ptr<ChunkActs>>> acts_;  // [chunk][slot]
   std::unique_ptr<Scratch> scratch_;
   Footprint footprint_;
+  std::function<void(int64_t)> grad_hook_;
+  MomentShard moment_shard_;
 };
 
 }  // namespace t3d::runtime

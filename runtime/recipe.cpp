@@ -184,8 +184,11 @@ const std::vector<Field>& schema() {
       field("parallel", "pipeline_split", &R::parallel, &ParallelConfig::pipeline_split,
             "First layer of stages 1..pp-1, strictly increasing; empty: balanced."),
       field("parallel", "zero", &R::parallel, &ParallelConfig::zero,
-            "ZeRO stage: 0 none, 1 optimizer state sharded over dp, 2 also gradients, 3 also "
-            "parameters."),
+            "ZeRO stage: 0 none, 1 optimizer state sharded over dp, 2 gradients reduce-scattered "
+            "too (3, parameters sharded, is planned: `titan3d plan` prices it)."),
+      field("parallel", "bucket_mb", &R::parallel, &ParallelConfig::bucket_mb,
+            "Data-parallel gradient bucket size in MiB: a bucket's reduction starts as soon as its "
+            "layers' gradients are final, overlapping the rest of the backward."),
       field("parallel", "timeout_s", &R::parallel, &ParallelConfig::timeout_s,
             "A collective or P2P waiting longer than this aborts the job, naming the operation."),
 
@@ -359,7 +362,12 @@ void validate(const Recipe& r) {
       prev = s;
     }
   }
-  v.require(p.zero >= 0 && p.zero <= 3, "parallel.zero", "must be 0, 1, 2 or 3");
+  v.require(p.zero >= 0 && p.zero <= 2, "parallel.zero",
+            "must be 0, 1 or 2 (ZeRO-3 is not implemented for training yet), got " + is(p.zero));
+  v.require(p.bucket_mb > 0, "parallel.bucket_mb", "must be positive");
+  v.require(p.zero == 0 || (r.snapshot.every == 0 && r.snapshot.resume.empty()), "parallel.zero",
+            "snapshots of ZeRO-sharded optimizer state are not implemented yet; use "
+            "parallel.zero = 0 with [snapshot]");
   v.require(p.timeout_s > 0, "parallel.timeout_s", "must be positive seconds");
 
   v.require(t.steps >= 0, "train.steps", "must be ≥ 0");

@@ -17,6 +17,7 @@
 #include "kernels/blas.h"
 #include "kernels/check.h"
 #include "kernels/ops.h"
+#include "parallel/grad_reducer.h"
 #include "parallel/pipeline_split.h"
 #include "parallel/schedule.h"
 #include "runtime/data.h"
@@ -44,6 +45,13 @@ double learning_rate(const TrainConfig& t, int64_t step /* 0-based */) {
   const double span = std::max<int64_t>(1, t.steps - t.warmup_steps);
   const double progress = std::min(1.0, (step - t.warmup_steps) / span);
   return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + std::cos(M_PI * progress));
+}
+
+// "none" -> 0, "full" -> 1, "every:K" -> K (the recipe validated the text).
+int64_t checkpoint_every(const std::string& text) {
+  if (text == "none") return 0;
+  if (text == "full") return 1;
+  return std::stoll(text.substr(6));
 }
 
 TokenStream load_stream(const std::string& path, const std::string& format, int vocab) {
@@ -96,6 +104,10 @@ struct Trainer::Impl {
   std::unique_ptr<kernels::Arena> arena;
   std::unique_ptr<PipelineExecutor> executor;
   std::unique_ptr<Model> model;
+  std::unique_ptr<parallel::GradReducer> reducer;
+  std::vector<int> bucket_of;  // [unit + 1] -> bucket
+  std::vector<int> units_in;   // [bucket] -> gradient units in it
+  std::vector<int> pending;    // [bucket] -> unit-micro-batch contributions still to come
   std::vector<int32_t> tokens_buf, targets_buf;  // (n_micro, rows·T) each
   std::unique_ptr<MetricsWriter> metrics;
   std::unique_ptr<Snapshotter> snapshots;
@@ -160,8 +172,10 @@ struct Trainer::Impl {
     arena = std::make_unique<kernels::Arena>(
         static_cast<size_t>(r.hardware.hbm_gib * 1024.0 * 1024.0 * 1024.0));
     model = std::make_unique<Model>(r.model, mine, mesh.group(Dim::tp), *arena,
-                                    ModelOptions{rows, executor->max_slots(), true});
+                                    ModelOptions{rows, executor->max_slots(), p.zero == 0,
+                                                 checkpoint_every(t.activation_checkpoint)});
     model->init(seed);
+    build_reducer();
     tokens_buf.resize(static_cast<size_t>(n_micro * rows * T));
     targets_buf.resize(tokens_buf.size());
     holds_loss = mine.back().last && mesh.coord().tp == 0;
@@ -172,6 +186,66 @@ struct Trainer::Impl {
     first_step = snapshots->restore();
   }
 
+  // Buckets: consecutive gradient units (layers, embedding, head) merged up to parallel.bucket_mb.
+  // A bucket is reduced once every micro-batch has added to all of its units.
+  void build_reducer() {
+    const auto& p = r.parallel;
+    const int64_t bucket_floats = std::max<int64_t>(1, static_cast<int64_t>(p.bucket_mb * (1 << 18)));
+    std::vector<parallel::FloatRange> buckets;
+    bucket_of.assign(static_cast<size_t>(r.model.n_layers + 2), -1);
+    units_in.clear();
+    for (const auto& u : model->grad_units()) {
+      if (buckets.empty() || buckets.back().size() >= bucket_floats) {
+        buckets.push_back(u.range);
+        units_in.push_back(0);
+      }
+      buckets.back().end = u.range.end;
+      bucket_of[static_cast<size_t>(u.unit + 1)] = static_cast<int>(buckets.size()) - 1;
+      ++units_in.back();
+    }
+    reducer = std::make_unique<parallel::GradReducer>(mesh.group(Dim::dp), static_cast<int>(p.zero),
+                                                      std::move(buckets));
+    pending.resize(units_in.size());
+    float* grads = model->state().grads.data();
+    model->set_grad_hook([this, grads](int64_t unit) {
+      const int b = bucket_of[static_cast<size_t>(unit + 1)];
+      if (--pending[b] == 0) reducer->ready(b, grads);
+      else reducer->progress();
+    });
+    if (p.zero > 0) {  // moments only for what this dp rank owns
+      const auto n = static_cast<size_t>(reducer->owned_floats());
+      Model::MomentShard shard{reducer->owned(), arena->alloc_floats("optimizer.exp_avg (ZeRO shard)", n),
+                               arena->alloc_floats("optimizer.exp_avg_sq (ZeRO shard)", n)};
+      std::fill(shard.m, shard.m + n, 0.0f);
+      std::fill(shard.v, shard.v + n, 0.0f);
+      model->set_moment_shard(std::move(shard));
+    }
+  }
+
+  // AdamW over what this rank owns, each piece with its tensor's weight decay.
+  void optimizer_step(double lr, int64_t step) {
+    const auto& t = r.train;
+    auto& state = model->state();
+    const auto& shard = model->moment_shard();
+    kernels::AdamWConfig cfg{static_cast<float>(lr), static_cast<float>(t.beta1),
+                             static_cast<float>(t.beta2), static_cast<float>(t.eps), 0.0f};
+    int64_t compact = 0;  // offset of the current range in the ZeRO moment arrays
+    for (const auto& range : reducer->owned()) {
+      for (const auto& p : model->params()) {
+        const auto& e = model->layout().at(p.name);
+        const int64_t lo = std::max(range.begin, e.offset), hi = std::min(range.end, e.offset + e.numel);
+        if (lo >= hi) continue;
+        float* m = shard.m ? shard.m + compact + (lo - range.begin) : state.adam_m.data() + lo;
+        float* v = shard.v ? shard.v + compact + (lo - range.begin) : state.adam_v.data() + lo;
+        cfg.weight_decay = p.decay ? static_cast<float>(t.weight_decay) : 0.0f;
+        kernels::adamw_step(state.params.data() + lo, state.grads.data() + lo, m, v, hi - lo, cfg,
+                            step);
+      }
+      compact += range.size();
+    }
+    reducer->gather_params(state.params.data());
+  }
+
   void describe() {
     const auto& fp = model->footprint();
     const auto gib = [](size_t b) { return b / double(1 << 30); };
@@ -180,11 +254,13 @@ struct Trainer::Impl {
       ranges += (ranges.empty() ? "" : ", ") + std::string("layers ") + std::to_string(c.begin) +
                 "-" + std::to_string(c.end - 1) + (c.first ? " +embedding" : "") +
                 (c.last ? " +head" : "");
-    spdlog::debug("holds {}; {} params; arena: params {:.3f} GiB, grads {:.3f}, optimizer {:.3f}, "
-                  "activations {:.3f} ({} slots), scratch {:.3f}; peak {:.3f} of {:.3f} GiB",
-                  ranges, model->layout().total_params(), gib(fp.params), gib(fp.grads),
-                  gib(fp.optimizer), gib(fp.activations), executor->max_slots(), gib(fp.scratch),
-                  gib(arena->peak()), gib(arena->capacity()));
+    const size_t optimizer =
+        r.parallel.zero > 0 ? 2 * sizeof(float) * reducer->owned_floats() : fp.optimizer;
+    // Every rank's own log gets its footprint (tests read it: tp, pp and ZeRO must shrink it).
+    spdlog::info("memory bytes: params {} grads {} optimizer {} activations {} scratch {} peak {} "
+                 "capacity {}; holds {}, {} activation slot(s)",
+                 fp.params, fp.grads, optimizer, fp.activations, fp.scratch, arena->peak(),
+                 arena->capacity(), ranges, executor->max_slots());
     if (mesh.rank() != 0) return;
     spdlog::info("{}", kernels::openblas_config_string());
     spdlog::info("model: {} layers, dim {}, {} heads ({} kv), ffn {}, vocab {}, seq {}; {:.2f} M "
@@ -196,8 +272,8 @@ struct Trainer::Impl {
                  "to beat); global batch {} × {} tokens, {} micro-batch(es) of {} rows per dp rank",
                  train_tokens.size(), val_tokens.size(), unigram_nats, r.train.global_batch, T,
                  n_micro, rows);
-    spdlog::info("rank 0 holds {}; arena peak {:.3f} GiB of {:.3f} (hardware.hbm_gib)", ranges,
-                 gib(arena->peak()), gib(arena->capacity()));
+    spdlog::info("arena peak {:.3f} GiB of {:.3f} (hardware.hbm_gib)", gib(arena->peak()),
+                 gib(arena->capacity()));
   }
 
   // Parameters of the whole model (not this rank's share), for the log.
@@ -255,8 +331,6 @@ struct Trainer::Impl {
     describe();
 
     auto& state = model->state();
-    const auto& params = model->params();
-    const auto& layout = model->layout();
     const double tokens_per_step = static_cast<double>(t.global_batch * T);
     const float grad_scale = static_cast<float>(1.0 / tokens_per_step);
     const auto run_start = Clock::now();
@@ -267,12 +341,15 @@ struct Trainer::Impl {
       double waited[3];
       for (int i = 0; i < 3; ++i) waited[i] = groups[i]->counters().wait_s;
       state.grads.zero();
+      for (size_t b = 0; b < pending.size(); ++b) pending[b] = units_in[b] * n_micro;
       const double loss_sum = executor->run(*model, source(*train_sampler, step), grad_scale, true);
-      // Data parallel: the gradients are means over the global batch once summed over dp.
-      if (dp > 1) mesh.group(Dim::dp).all_reduce(state.grads.data(), state.grads.size());
-      // One all-reduce for the loss and the exact global gradient norm (replicas count once).
+      // Data parallel: buckets were reduced during the backward; the gradients are means over the
+      // global batch once summed over dp.
+      reducer->finish(state.grads.data());
+      // One all-reduce for the loss and the exact global gradient norm (each dp rank sums its
+      // partition, so every element counts once).
       double sums[2] = {holds_loss ? loss_sum : 0.0,
-                        dp_rank == 0 ? model->grad_sum_of_squares() : 0.0};
+                        model->grad_sum_of_squares(reducer->partition())};
       mesh.world().all_reduce(sums, 2);
       const double loss = sums[0] / tokens_per_step, norm = std::sqrt(sums[1]);
       StepRecord rec;
@@ -287,17 +364,10 @@ struct Trainer::Impl {
                      step + 1);
       } else {
         if (t.grad_clip > 0 && norm > t.grad_clip)
-          kernels::scale(state.grads.data(), state.grads.size(),
-                         static_cast<float>(t.grad_clip / norm));
-        kernels::AdamWConfig cfg{static_cast<float>(rec.lr), static_cast<float>(t.beta1),
-                                 static_cast<float>(t.beta2), static_cast<float>(t.eps), 0.0f};
-        for (const auto& p : params) {
-          const auto& e = layout.at(p.name);
-          cfg.weight_decay = p.decay ? static_cast<float>(t.weight_decay) : 0.0f;
-          kernels::adamw_step(state.params.data() + e.offset, state.grads.data() + e.offset,
-                              state.adam_m.data() + e.offset, state.adam_v.data() + e.offset,
-                              e.numel, cfg, step + 1);
-        }
+          for (const auto& range : reducer->owned())
+            kernels::scale(state.grads.data() + range.begin, range.size(),
+                           static_cast<float>(t.grad_clip / norm));
+        optimizer_step(rec.lr, step + 1);
       }
       const bool last = step + 1 == t.steps;
       if (val_sampler && t.val_every > 0 && ((step + 1) % t.val_every == 0 || last))

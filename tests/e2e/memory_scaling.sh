@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Each dimension cuts what it promises, as each rank reports it (logs/rank<N>.log, "memory bytes"):
+# tp = 2 halves the parameters per rank, pp = 2 halves them per stage, ZeRO-1 over dp = 2 halves
+# the optimizer state, full activation checkpointing keeps a fraction of the activations. "Half" allows the pieces that are not split (norm weights, the uneven
+# embedding/head split of the pipeline): between 0.45 and 0.60 of one rank's figure.
+set -u
+titan3d=$1
+source "$(dirname "$0")/lib.sh"
+require_corpus
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+common=(--set data.path="$corpus" --set model.dim=128 --set model.n_layers=4 --set model.n_heads=4
+        --set model.seq_len=32 --set train.global_batch=4 --set train.steps=1 --set train.val_every=0)
+run() {
+  local name=$1; shift
+  "$titan3d" train "$repo/recipes/tiny.toml" "${common[@]}" --set run.dir="$work/$name" "$@" \
+    > "$work/$name.log" 2>&1 || { echo "FAIL: $name exited $?"; tail -5 "$work/$name.log"; exit 1; }
+}
+# field RUN KIND: the largest value of KIND over the run's ranks.
+field() {
+  cat "$work/$1"/logs/rank*.log | sed -n "s/.*memory bytes: .*\\b$2 \\([0-9]*\\).*/\\1/p" | sort -n | tail -1
+}
+run one
+run tp2 --set parallel.tp=2
+run pp2 --set parallel.pp=2
+run zero1 --set parallel.dp=2 --set parallel.zero=1
+run zero0 --set parallel.dp=2
+run ckpt --set train.activation_checkpoint=full
+fail=0
+ratio() {  # ratio NAME VALUE BASE LO HI
+  awk -v n="$1" -v v="$2" -v b="$3" -v lo="$4" -v hi="$5" 'BEGIN {
+    r = v / b; printf "%-34s %10d / %10d = %.3f (expected %.2f..%.2f)\n", n, v, b, r, lo, hi;
+    exit !(r >= lo && r <= hi) }' || fail=1
+}
+ratio "params per rank, tp=2" "$(field tp2 params)" "$(field one params)" 0.45 0.60
+ratio "params per rank, pp=2 (largest stage)" "$(field pp2 params)" "$(field one params)" 0.45 0.60
+ratio "optimizer per rank, ZeRO-1 dp=2" "$(field zero1 optimizer)" "$(field one optimizer)" 0.45 0.55
+ratio "optimizer per rank, ZeRO-0 dp=2" "$(field zero0 optimizer)" "$(field one optimizer)" 0.99 1.01
+# Full checkpointing keeps only the residual stream per block (1 of its ~12 tensors of N×C-ish).
+ratio "activations, checkpoint full" "$(field ckpt activations)" "$(field one activations)" 0.05 0.30
+exit $fail
