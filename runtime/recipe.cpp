@@ -365,9 +365,6 @@ void validate(const Recipe& r) {
   v.require(p.zero >= 0 && p.zero <= 2, "parallel.zero",
             "must be 0, 1 or 2 (ZeRO-3 is not implemented for training yet), got " + is(p.zero));
   v.require(p.bucket_mb > 0, "parallel.bucket_mb", "must be positive");
-  v.require(p.zero == 0 || (r.snapshot.every == 0 && r.snapshot.resume.empty()), "parallel.zero",
-            "snapshots of ZeRO-sharded optimizer state are not implemented yet; use "
-            "parallel.zero = 0 with [snapshot]");
   v.require(p.timeout_s > 0, "parallel.timeout_s", "must be positive seconds");
 
   v.require(t.steps >= 0, "train.steps", "must be ≥ 0");

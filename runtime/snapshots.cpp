@@ -54,8 +54,29 @@ void check_same_model(const std::string& saved_toml, const Recipe& now, const st
 
 std::string layout_of(const Recipe& r) {
   const auto& p = r.parallel;
-  return fmt::format("pp={} dp={} cp={} tp={} schedule={} virtual_stages={}", p.pp, p.dp, p.cp,
-                     p.tp, p.schedule, p.virtual_stages);
+  return fmt::format("pp={} dp={} cp={} tp={} zero={} schedule={} virtual_stages={}", p.pp, p.dp,
+                     p.cp, p.tp, p.zero, p.schedule, p.virtual_stages);
+}
+
+// Boxes of a row-major [rows, cols] (or 1-D) box covering its flat elements [a, b): a partial
+// first row, whole rows, a partial last row. Each is contiguous in flat order, so its data is
+// one span of a flat array. Returns (offset, shape) pairs in flat order.
+std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> flat_boxes(
+    const std::vector<int64_t>& shape, int64_t a, int64_t b) {
+  if (shape.size() == 1) return {{{a}, {b - a}}};
+  const int64_t cols = shape[1];
+  std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> out;
+  if (a % cols != 0) {
+    const int64_t end = std::min(b, (a / cols + 1) * cols);
+    out.push_back({{a / cols, a % cols}, {1, end - a}});
+    a = end;
+  }
+  if (b / cols > a / cols) {
+    out.push_back({{a / cols, 0}, {b / cols - a / cols, cols}});
+    a = b / cols * cols;
+  }
+  if (a < b) out.push_back({{a / cols, 0}, {1, b - a}});
+  return out;
 }
 
 }  // namespace
@@ -71,7 +92,7 @@ struct Snapshotter::Impl {
   // Host staging memory, params | exp_avg | exp_avg_sq, and the boxes this rank writes pointing
   // into it. Two of each when snapshots are incremental: buffer `cur` takes the next snapshot,
   // the other holds the last committed one, the parent its XOR delta is taken against.
-  std::vector<float> staging[2];
+  std::vector<float> staging[2];  // params | exp_avg | exp_avg_sq (this rank's moments only)
   std::vector<ck::Slice> mine[2];
   int cur = 0;
 
@@ -99,24 +120,76 @@ struct Snapshotter::Impl {
   Impl(const Job& j, Model& m, MetricsWriter* w)
       : job(j), r(j.recipe), mesh(*j.mesh), model(m), metrics(w), dir(r.snapshot.dir) {}
 
-  // This rank's slices of every tensor, over the sections of `base` (3 regions of `stride`).
-  std::vector<ck::Slice> slices(const float* const base[3], bool only_owned) const {
+  // This rank's AdamW moments: compact arrays holding `ranges` of the flat parameter region back
+  // to back. ZeRO >= 1 keeps only the dp rank's own ranges (GradReducer::owned()); otherwise
+  // one range, the whole region, in the arena.
+  struct Moments {
+    std::vector<parallel::FloatRange> ranges;
+    float *m = nullptr, *v = nullptr;
+    int64_t floats = 0;
+    bool sharded = false;
+  };
+  Moments moments() const {
+    const auto& shard = model.moment_shard();
+    auto& st = model.state();
+    if (shard.ranges.empty())
+      return {{{0, static_cast<int64_t>(st.params.size())}}, st.adam_m.data(), st.adam_v.data(),
+              static_cast<int64_t>(st.params.size()), false};
+    int64_t floats = 0;
+    for (const auto& r : shard.ranges) floats += r.size();
+    return {shard.ranges, shard.m, shard.v, floats, true};
+  }
+
+  // This rank's slices of every global tensor: parameters from `params`, moments from the
+  // compact arrays `m` and `v` (laid out as moments().ranges). Writing (`only_owned`), every
+  // box gets exactly one writer: parameter i and unsharded moments by dp rank i mod dp, ZeRO
+  // moments by the dp rank that owns them, tp-replicated tensors by tp rank 0. Reading, a rank
+  // asks for everything it holds, whatever layout wrote the snapshot.
+  std::vector<ck::Slice> slices(const float* params, const float* m, const float* v,
+                                bool only_owned) const {
     const int dp = mesh.shape().size(Dim::dp), dp_rank = mesh.coord().dp;
+    const Moments mo = moments();
     std::vector<ck::Slice> out;
-    const auto& params = model.params();
-    for (int s = 0; s < 3; ++s) {
-      for (size_t i = 0; i < params.size(); ++i) {
-        const auto& p = params[i];
-        if (only_owned &&
-            (static_cast<int>(i % dp) != dp_rank || (p.split_dim < 0 && model.tp_rank() != 0)))
-          continue;
+    const auto& table = model.params();
+    // `flat` is the box's first element within the local tensor; `data` holds the box.
+    const auto add = [&](const std::string& section, const ParamInfo& p,
+                         std::vector<int64_t> offset, std::vector<int64_t> shape,
+                         const float* data) {
+      const auto& e = model.layout().at(p.name);
+      if (p.split_dim >= 0) offset[p.split_dim] += model.tp_rank() * e.spec.shape[p.split_dim];
+      out.push_back({section + p.name, p.global_shape, std::move(offset), std::move(shape),
+                     const_cast<float*>(data)});
+    };
+    for (size_t i = 0; i < table.size(); ++i) {
+      const auto& p = table[i];
+      const auto& e = model.layout().at(p.name);
+      if (only_owned && (static_cast<int>(i % dp) != dp_rank || (p.split_dim < 0 && model.tp_rank() != 0)))
+        continue;
+      add(kSections[0], p, std::vector<int64_t>(e.spec.shape.size(), 0), e.spec.shape,
+          params + e.offset);
+    }
+    for (int s = 1; s < 3; ++s) {
+      const float* base = s == 1 ? m : v;
+      for (size_t i = 0; i < table.size(); ++i) {
+        const auto& p = table[i];
         const auto& e = model.layout().at(p.name);
-        ck::Slice slice{kSections[s] + p.name, p.global_shape,
-                        std::vector<int64_t>(p.global_shape.size(), 0), e.spec.shape,
-                        const_cast<float*>(base[s]) + e.offset};
-        if (p.split_dim >= 0)
-          slice.offset[p.split_dim] = model.tp_rank() * e.spec.shape[p.split_dim];
-        out.push_back(std::move(slice));
+        if (only_owned && ((!mo.sharded && static_cast<int>(i % dp) != dp_rank) ||
+                           (p.split_dim < 0 && model.tp_rank() != 0)))
+          continue;
+        int64_t compact = 0;  // offset of the current range in the moment arrays
+        for (const auto& range : mo.ranges) {
+          const int64_t lo = std::max(range.begin, e.offset);
+          const int64_t hi = std::min(range.end, e.offset + e.numel);
+          if (lo < hi) {
+            const float* at = base + compact + (lo - range.begin);
+            for (auto& [off, shape] : flat_boxes(e.spec.shape, lo - e.offset, hi - e.offset)) {
+              int64_t first = off.back();  // flat index of the box's first element
+              if (off.size() == 2) first += off[0] * e.spec.shape[1];
+              add(kSections[s], p, off, shape, at + (first - (lo - e.offset)));
+            }
+          }
+          compact += range.size();
+        }
       }
     }
     return out;
@@ -136,15 +209,14 @@ struct Snapshotter::Impl {
         return 0;
       }
     }
-    auto& st = model.state();
-    T3D_USER_CHECK(st.adam_m.data(), "resume needs the optimizer state in the arena");
-    const float* const base[3] = {st.params.data(), st.adam_m.data(), st.adam_v.data()};
+    const Moments mo = moments();
+    T3D_USER_CHECK(mo.m && mo.v, "resume needs the optimizer state");
     int64_t step = 0;
     std::string layout;
     io->run([&] {
       ck::SnapshotReader reader(path);
       check_same_model(reader.info().recipe, r, path);
-      for (const auto& s : slices(base, false)) reader.read(s);
+      for (const auto& s : slices(model.state().params.data(), mo.m, mo.v, false)) reader.read(s);
       const auto& c = reader.info().counters;
       T3D_USER_CHECK(c.count("step"), "snapshot `", path, "` has no step counter");
       step = c.at("step");
@@ -164,10 +236,12 @@ struct Snapshotter::Impl {
     if (pending) commit();  // training waits for the previous snapshot: part of the stall
     auto& st = model.state();
     const size_t n = static_cast<size_t>(st.params.size());
+    const Moments mo = moments();
+    const auto k = static_cast<size_t>(mo.floats);
     float* dst = staging[cur].data();
     std::memcpy(dst, st.params.data(), n * sizeof(float));
-    std::memcpy(dst + n, st.adam_m.data(), n * sizeof(float));
-    std::memcpy(dst + 2 * n, st.adam_v.data(), n * sizeof(float));
+    std::memcpy(dst + n, mo.m, k * sizeof(float));
+    std::memcpy(dst + n + k, mo.v, k * sizeof(float));
     pending.emplace();
     pending->step = step;
     // Every rank decides alike: `parent` changes only on commits, which all ranks agree on.
@@ -334,11 +408,11 @@ Snapshotter::Snapshotter(const Job& job, Model& model, MetricsWriter* metrics)
   if (m.r.snapshot.deflate > 0) m.io->run(ck::require_deflate);
   // Staging is allocated and touched now, so the first snapshot's stall is a plain copy.
   const size_t n = static_cast<size_t>(model.state().params.size());
+  const auto k = static_cast<size_t>(m.moments().floats);
   for (int b = 0; b < (m.r.snapshot.full_every > 1 ? 2 : 1); ++b) {
-    m.staging[b].assign(3 * n, 0.0f);
+    m.staging[b].assign(n + 2 * k, 0.0f);
     float* s = m.staging[b].data();
-    const float* const base[3] = {s, s + n, s + 2 * n};
-    m.mine[b] = m.slices(base, true);
+    m.mine[b] = m.slices(s, s + n, s + n + k, true);
   }
 }
 

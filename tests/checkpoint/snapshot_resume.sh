@@ -40,6 +40,19 @@ check "grep -q 'resharded' $work/to1.log && close_losses $work/mesh/metrics.json
 check "grep -q 'resharded' $work/topp.log && close_losses $work/one/metrics.jsonl $work/topp/metrics.jsonl 1e-5 $((half + 1))" \
   "1 rank -> tp2×pp2 continues with the same losses (rel 1e-5)" || cat "$work/topp.log"
 
+# ZeRO-1: each dp rank writes its own share of the moments as boxes of the global tensors; a
+# resume re-slices them for any dp and ZeRO stage (dp2 ZeRO-1 -> 1 rank, 1 rank -> dp2 ZeRO-2).
+zero=(--set parallel.pp=1 --set parallel.tp=1 --set parallel.dp=2)
+run_pair zero1 "${zero[@]}" --set parallel.zero=1
+"$titan3d" resume "$work/zero1/snapshots/step_00000006.h5" "${common[@]}" "${one[@]}" --set parallel.zero=0 \
+  --set run.dir="$work/zto1" --set snapshot.dir="$work/zto1/snapshots" --set run.log_level=info >"$work/zto1.log" 2>&1
+check "grep -q 'resharded' $work/zto1.log && close_losses $work/zero1/metrics.jsonl $work/zto1/metrics.jsonl 1e-5 $((half + 1))" \
+  "dp2 ZeRO-1 -> 1 rank continues with the same losses (rel 1e-5)" || cat "$work/zto1.log"
+"$titan3d" resume "$work/one/snapshots/step_00000006.h5" "${common[@]}" "${zero[@]}" --set parallel.zero=2 \
+  --set run.dir="$work/toz2" --set snapshot.dir="$work/toz2/snapshots" --set run.log_level=info >"$work/toz2.log" 2>&1
+check "grep -q 'resharded' $work/toz2.log && close_losses $work/one/metrics.jsonl $work/toz2/metrics.jsonl 1e-5 $((half + 1))" \
+  "1 rank -> dp2 ZeRO-2 continues with the same losses (rel 1e-5)" || cat "$work/toz2.log"
+
 # snapshot.resume = latest picks the newest complete snapshot and, here, has nothing left to do.
 out=$("$titan3d" train "$recipe" "${common[@]}" "${one[@]}" "${snap[@]}" --set train.steps=10 \
       --set run.dir="$work/one" --set snapshot.resume=latest --set run.log_level=info 2>&1)
