@@ -49,9 +49,9 @@ void check_index_file(const std::string& path) {
   throw UserError("snapshot `" + path + "` does not exist" + hint);
 }
 
-}  // namespace
-
-struct SnapshotReader::Impl {
+// One snapshot: its index, catalog and shard files. SnapshotReader chains these for incremental
+// snapshots.
+struct Level {
   struct Piece {
     std::string file, path;
     std::vector<int64_t> offset, shape;
@@ -75,9 +75,11 @@ struct SnapshotReader::Impl {
     const int64_t version = h5::read_int_attr(f, "format_version", path);
     T3D_USER_CHECK(version == kFormatVersion, "snapshot `", path, "` has format version ", version,
                    "; this titan3d reads version ", kFormatVersion);
-    T3D_USER_CHECK(h5::read_string_attr(f, "parent", path).empty(), "snapshot `", path,
-                   "` is incremental; this titan3d reads full snapshots only");
     info.step = h5::read_int_attr(f, "step", path);
+    info.parent = h5::read_string_attr(f, "parent", path);
+    if (h5::has_attr(f, "id")) info.id = h5::read_uints_attr(f, "id", path).at(0);
+    if (!info.parent.empty())
+      info.parent_id = h5::read_uints_attr(f, "parent_id", path).at(0);
     info.recipe = h5::read_string_attr(f, "recipe", path);
     info.layout = h5::read_string_attr(f, "layout", path);
     std::istringstream files(h5::read_string_attr(f, "shard_files", path));
@@ -143,7 +145,13 @@ struct SnapshotReader::Impl {
         }
         t.pieces.push_back(std::move(p));
       }
-      tensors[name] = std::move(t);
+      // An incremental snapshot's datasets are XOR masks, kept apart under /xor/ so that no
+      // tool takes them for values; the catalog is keyed by the tensor they rebuild.
+      const bool masks = !info.parent.empty();
+      T3D_USER_CHECK(masks == (name.rfind("xor/", 0) == 0), "snapshot `", path, "`: dataset `",
+                     name, masks ? "` is not under /xor/ in an incremental snapshot"
+                                 : "` is under /xor/ in a full snapshot");
+      tensors[masks ? name.substr(4) : name] = std::move(t);
     }
   }
 
@@ -167,45 +175,159 @@ struct SnapshotReader::Impl {
     return open_shards.emplace(file, h5::open_file(full)).first->second;
   }
 
-  // Reads one whole piece and checks every chunk's content hash.
-  std::vector<float> read_piece(const Piece& p) {
+  // The piece of tensor `name` with exactly this box: a chain shares one writer layout.
+  const Piece& piece(const std::string& name, const Piece& like, const std::string& child) const {
+    const auto it = tensors.find(name);
+    if (it != tensors.end())
+      for (const auto& p : it->second.pieces)
+        if (p.offset == like.offset && p.shape == like.shape) return p;
+    throw UserError("snapshot `" + child + "` cannot be rebuilt from its ancestor `" + path +
+                    "`: the ancestor has no box " + shape_str(like.shape) + " at " +
+                    shape_str(like.offset) + " of `" + name + "` (a different writer layout)");
+  }
+
+  // Reads one whole piece as stored: values, or an XOR mask in an incremental snapshot.
+  std::vector<float> read_data(const Piece& p) {
     const std::string full = dir + "/" + p.file;
     const h5::Handle d = h5::open_dataset(shard(p.file), p.path, full);
     std::vector<float> data(static_cast<size_t>(volume(p.shape)));
     T3D_H5(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()),
            full + ":" + p.path);
+    return data;
+  }
+
+  // Checks every chunk of a piece's content (rebuilt, for an incremental snapshot).
+  void check_hashes(const Piece& p, const std::vector<float>& data) {
+    const std::string full = dir + "/" + p.file;
+    const h5::Handle d = h5::open_dataset(shard(p.file), p.path, full);
     const int64_t chunk = h5::read_int_attr(d, "chunk_elems", full + ":" + p.path);
     const auto hashes = h5::read_uints_attr(d, "chunk_hash", full + ":" + p.path);
     const auto n = static_cast<int64_t>(data.size());
+    T3D_USER_CHECK(chunk > 0, "snapshot shard `", full, "`: `", p.path, "` has chunk_elems ", chunk);
     for (int64_t c = 0; c * chunk < std::max<int64_t>(n, 1); ++c) {
       const int64_t len = std::min(chunk, n - c * chunk);
       T3D_USER_CHECK(static_cast<size_t>(c) < hashes.size() &&
                          hash64(data.data() + c * chunk, static_cast<size_t>(len) * 4) ==
                              hashes[static_cast<size_t>(c)],
                      "snapshot shard `", full, "`: chunk ", c, " of `", p.path,
-                     "` fails its content hash. Resume from another snapshot.");
+                     "` fails its content hash",
+                     info.parent.empty() ? "" : " after rebuilding it from the parent chain",
+                     ". Resume from another snapshot.");
+    }
+  }
+};
+
+void xor_into(float* data, const float* mask, size_t n) {
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t a, b;
+    std::memcpy(&a, data + i, 4);
+    std::memcpy(&b, mask + i, 4);
+    a ^= b;
+    std::memcpy(data + i, &a, 4);
+  }
+}
+
+// Runs `f`; a UserError raised while working on an ancestor gets the snapshot asked for as
+// context, so the message says both what is broken and why it was needed.
+template <typename F>
+void for_ancestor(const Level& lv, const Level& top, F&& f) {
+  if (&lv == &top) return f();
+  try {
+    f();
+  } catch (const UserError& e) {
+    throw UserError("snapshot `" + top.path + "` is incremental and needs its ancestor `" +
+                    lv.path + "`, which is unusable: " + e.what());
+  }
+}
+
+}  // namespace
+
+struct SnapshotReader::Impl {
+  std::vector<std::unique_ptr<Level>> chain;  // full base first, the snapshot asked for last
+  Level& top() { return *chain.back(); }
+
+  // Loads the index at `path` and, for an incremental snapshot, each ancestor's.
+  void load(const std::string& path) {
+    std::vector<std::unique_ptr<Level>> rev;
+    rev.push_back(open_level(path));
+    while (!rev.back()->info.parent.empty()) {
+      const Level& child = *rev.back();
+      const std::string parent = child.dir + "/" + child.info.parent;
+      T3D_USER_CHECK(rev.size() < 10000, "snapshot `", path, "`: its parent chain does not end");
+      T3D_USER_CHECK(fs::exists(parent), "snapshot `", path, "` is incremental and needs ",
+                     &child == rev.front().get() ? "its parent" : "its ancestor", " `", parent,
+                     "`, which is missing (deleted, or not copied along). Resume from a "
+                     "snapshot whose chain is complete, or from a full one (empty `parent`).");
+      std::unique_ptr<Level> lv;
+      try {
+        lv = open_level(parent);
+      } catch (const UserError& e) {
+        throw UserError("snapshot `" + path + "` is incremental and needs its ancestor `" +
+                        parent + "`, which is unusable: " + e.what());
+      }
+      T3D_USER_CHECK(lv->info.id == child.info.parent_id && lv->info.step < child.info.step,
+                     "snapshot `", child.path, "` was taken against another `", parent,
+                     "` than the one there now (snapshot id ", to_hex(lv->info.id), ", expected ",
+                     to_hex(child.info.parent_id),
+                     "): a later run overwrote that step. The chain is broken; resume from a "
+                     "full snapshot.");
+      rev.push_back(std::move(lv));
+    }
+    chain.assign(std::make_move_iterator(rev.rbegin()), std::make_move_iterator(rev.rend()));
+  }
+
+  static std::unique_ptr<Level> open_level(const std::string& path) {
+    auto lv = std::make_unique<Level>();
+    lv->path = path;
+    lv->dir = fs::path(path).parent_path().string();
+    if (lv->dir.empty()) lv->dir = ".";
+    lv->load_index();
+    return lv;
+  }
+
+  // The content of the top snapshot's piece `p` of tensor `name`: the base's values with every
+  // delta of the chain XORed in, each level's chunk hashes checked on the way.
+  std::vector<float> rebuild(const std::string& name, const Level::Piece& p) {
+    std::vector<float> data;
+    for (auto& lv : chain) {
+      for_ancestor(*lv, top(), [&] {
+        const Level::Piece& q = lv.get() == &top() ? p : lv->piece(name, p, top().path);
+        if (data.empty()) {
+          data = lv->read_data(q);
+        } else {
+          const std::vector<float> mask = lv->read_data(q);
+          xor_into(data.data(), mask.data(), data.size());
+        }
+        lv->check_hashes(q, data);
+      });
     }
     return data;
   }
 };
 
 SnapshotReader::SnapshotReader(const std::string& index_path) : impl_(std::make_unique<Impl>()) {
-  impl_->path = index_path;
-  impl_->dir = fs::path(index_path).parent_path().string();
-  if (impl_->dir.empty()) impl_->dir = ".";
-  impl_->load_index();
+  impl_->load(index_path);
 }
 
 SnapshotReader::~SnapshotReader() = default;
-const IndexInfo& SnapshotReader::info() const { return impl_->info; }
-const std::string& SnapshotReader::path() const { return impl_->path; }
+const IndexInfo& SnapshotReader::info() const { return impl_->top().info; }
+const std::string& SnapshotReader::path() const { return impl_->top().path; }
+
+std::vector<std::string> SnapshotReader::chain() const {
+  std::vector<std::string> paths;
+  for (const auto& lv : impl_->chain) paths.push_back(lv->path);
+  return paths;
+}
 
 void SnapshotReader::verify() {
-  for (const auto& s : impl_->info.shards) impl_->shard(s.file);
+  for (auto& lv : impl_->chain)
+    for_ancestor(*lv, impl_->top(), [&] {
+      for (const auto& s : lv->info.shards) lv->shard(s.file);
+    });
 }
 
 void SnapshotReader::read(const Slice& want) {
-  auto& m = *impl_;
+  auto& m = impl_->top();
   const auto it = m.tensors.find(want.path);
   T3D_USER_CHECK(it != m.tensors.end(), "snapshot `", m.path, "` has no tensor `", want.path,
                  "`: the model's structure differs from the one snapshotted");
@@ -221,7 +343,7 @@ void SnapshotReader::read(const Slice& want) {
     const int64_t r0 = std::max(w.r0, b.r0), r1 = std::min(w.r0 + w.rows, b.r0 + b.rows);
     const int64_t c0 = std::max(w.c0, b.c0), c1 = std::min(w.c0 + w.cols, b.c0 + b.cols);
     if (r0 >= r1 || c0 >= c1) continue;
-    const std::vector<float> data = m.read_piece(p);
+    const std::vector<float> data = impl_->rebuild(want.path, p);
     for (int64_t r = r0; r < r1; ++r)
       std::memcpy(want.data + (r - w.r0) * w.cols + (c0 - w.c0),
                   data.data() + (r - b.r0) * b.cols + (c0 - b.c0),

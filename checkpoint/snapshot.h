@@ -6,6 +6,13 @@
 //   <dir>/step_00000010/rank00003.h5    shard: the slices rank 3 wrote, with global offsets
 //   <dir>/latest                        name of the newest committed index (a convenience)
 //
+// Incremental snapshots: every tensor box is cut into fixed-size chunks with a content hash each.
+// An incremental snapshot names its parent (the previous snapshot of the same run) and stores,
+// under /xor/..., only the chunks whose hash changed, as new XOR parent bytes, shuffled and
+// deflated by HDF5's filters; chunks never written read as zeros, the XOR identity. Restore
+// follows the chain to its full base and XORs the deltas in, checking every chunk's content hash
+// on the way, so it is bit-exact or refused.
+//
 // This layer knows tensors and files, not the trainer or MPI: runtime/snapshots.cpp decides who
 // writes what and agrees across ranks before anything is published. Every function here calls
 // HDF5 and so must run on the process's IoThread.
@@ -22,7 +29,8 @@
 namespace t3d::checkpoint {
 
 inline constexpr int64_t kFormatVersion = 1;
-// Elements per content hash: 1 MiB of fp32, small enough that a damaged chunk is located.
+// Elements per content hash (at most; see chunk_elems): 1 MiB of fp32, small enough that a
+// damaged chunk is located and an unchanged one skipped, large enough for deflate.
 inline constexpr int64_t kChunkElems = 1 << 18;
 
 // A box of a global tensor (fp32, row-major, at most 2-D) and the memory holding it.
@@ -33,6 +41,11 @@ struct Slice {
   std::vector<int64_t> shape;   // of the box; `data` holds prod(shape) floats
   float* data = nullptr;
 };
+
+// Elements per chunk of a box: whole rows of a 2-D box (about kChunkElems), so that a chunk of the
+// flat box is also a rectangular HDF5 chunk of the dataset, which is what lets an incremental
+// snapshot write, compress and skip exactly the chunks the hashes describe.
+int64_t chunk_elems(const std::vector<int64_t>& shape);
 
 // File names inside a snapshot directory.
 std::string snapshot_name(int64_t step);  // "step_00000010"
@@ -47,9 +60,28 @@ struct Fault {
 };
 Fault fault_from_env(int64_t step, int rank);
 
-// Writes one rank's shard to temp_path(path), closes and fsyncs it. Returns the file's digest.
-FileDigest write_shard(const std::string& path, int rank, const std::vector<Slice>& slices,
-                       Fault fault = {});
+// Fails (UserError) unless HDF5 can encode with the shuffle and deflate filters.
+void require_deflate();
+
+struct WriteOptions {
+  int deflate = 0;  // zlib level 1-9 after the shuffle filter; 0: stored as is
+  // Incremental: the parent snapshot's content of the same boxes (same order) and the content
+  // hashes of its chunks. Null: a full snapshot.
+  const std::vector<Slice>* parent = nullptr;
+  const std::vector<std::vector<uint64_t>>* parent_hashes = nullptr;
+  Fault fault;
+};
+
+struct ShardResult {
+  FileDigest digest;                         // of the file written
+  std::vector<std::vector<uint64_t>> hashes;  // content hash of every chunk, per slice
+  uint64_t raw_bytes = 0;                    // of the state the shard holds (4 per element)
+  int64_t chunks = 0, chunks_written = 0;    // an incremental shard skips unchanged chunks
+};
+
+// Writes one rank's shard to temp_path(path), closes and fsyncs it.
+ShardResult write_shard(const std::string& path, int rank, const std::vector<Slice>& slices,
+                        const WriteOptions& options = {});
 // Renames temp_path(path) to `path` and fsyncs its directory. Removes the temporary on failure.
 void publish(const std::string& path);
 void discard(const std::string& path);  // removes temp_path(path) if it exists; never throws
@@ -65,6 +97,10 @@ struct IndexInfo {
   std::string layout;                       // e.g. "pp=2 dp=2 cp=1 tp=2", informational
   std::map<std::string, int64_t> counters;  // step, sampler seed/position, AdamW step...
   std::vector<ShardEntry> shards;
+  std::string parent;  // index file name in the same directory; "" for a full snapshot
+  // Unique per snapshot; a child records its parent's, so that a parent replaced by another
+  // snapshot of the same step (a later run in the same directory) is not taken for it.
+  uint64_t id = 0, parent_id = 0;
 };
 
 // Writes the index under a temporary name with `complete` set last, fsyncs, renames it into
@@ -74,15 +110,16 @@ void write_index(const std::string& dir, const IndexInfo& info);
 // Steps of the committed snapshots (an index file exists) in `dir`, ascending. Not verified.
 std::vector<int64_t> committed_steps(const std::string& dir);
 
-// Deletes all but the newest `keep` committed snapshots (index first, so a half-deleted one is
-// never taken for complete), and shard directories without an index older than the newest
-// committed one (left by crashes). Returns the names deleted.
+// Deletes all but the newest `keep` committed snapshots and the ancestors they need (index
+// first, so a half-deleted one is never taken for complete), and shard directories without an
+// index older than the newest committed one (left by crashes). Returns the names deleted.
 std::vector<std::string> retain(const std::string& dir, int64_t keep);
 
 // A committed snapshot, opened for reading. The constructor checks the index (complete mark,
-// format version); each shard file is checked against the index's size and hash the first
-// time a read needs it, and every chunk against its content hash. Any mismatch is a UserError
-// naming the file and what is wrong: a snapshot is never loaded silently.
+// format version) and those of its ancestors (present, the very parent recorded); each shard
+// file is checked against its index's size and hash the first time a read needs it, and every
+// chunk, rebuilt along the chain, against its content hash. Any mismatch is a UserError naming
+// the file and what is wrong: a snapshot is never loaded silently.
 class SnapshotReader {
  public:
   explicit SnapshotReader(const std::string& index_path);
@@ -95,8 +132,10 @@ class SnapshotReader {
   // Fills slice.data with the box slice.offset/shape of the global tensor slice.path, gathered
   // from whichever pieces cover it (any writer layout: this is resharding).
   void read(const Slice& slice);
-  // Checks every shard file against the index now, rather than when first read.
+  // Checks every shard file of the snapshot and its ancestors now, rather than when first read.
   void verify();
+  // Index paths of the chain, full base first, this snapshot last.
+  std::vector<std::string> chain() const;
 
  private:
   struct Impl;

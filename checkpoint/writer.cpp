@@ -8,7 +8,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include "checkpoint/h5.h"
@@ -33,6 +35,14 @@ std::string shard_path(const std::string& dir, int64_t step, int rank) {
   return dir + "/" + snapshot_name(step) + "/" + s;
 }
 std::string temp_path(const std::string& path) { return path + ".tmp"; }
+
+int64_t chunk_elems(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  if (shape.size() < 2) return std::clamp<int64_t>(n, 1, kChunkElems);
+  const int64_t cols = std::max<int64_t>(1, shape[1]);
+  return std::clamp<int64_t>(kChunkElems / cols, 1, std::max<int64_t>(1, shape[0])) * cols;
+}
 
 Fault fault_from_env(int64_t step, int rank) {
   const char* env = std::getenv("T3D_SNAPSHOT_FAULT");
@@ -62,33 +72,117 @@ void rename_durably(const std::string& from, const std::string& to) {
   fsync_path(fs::path(to).parent_path().string(), true);
 }
 
-void write_slice(hid_t file, hid_t lcpl, const Slice& s, const std::string& where) {
-  T3D_ASSERT(s.shape.size() == s.offset.size() && s.shape.size() == s.global_shape.size(), "slice ",
-             s.path, " has inconsistent ranks");
-  const h5::Handle space = h5::simple_space(s.shape);
-  const h5::Handle dset(T3D_H5(H5Dcreate2(file, s.path.c_str(), H5T_IEEE_F32LE, space, lcpl,
-                                          H5P_DEFAULT, H5P_DEFAULT),
-                               where + ":" + s.path),
-                        H5Dclose);
-  T3D_H5(H5Dwrite(dset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, s.data),
-         where + ":" + s.path);
+int64_t volume(const std::vector<int64_t>& shape) {
   int64_t n = 1;
-  for (int64_t d : s.shape) n *= d;
-  std::vector<uint64_t> hashes;
-  for (int64_t c = 0; c < std::max<int64_t>(1, (n + kChunkElems - 1) / kChunkElems); ++c) {
-    const int64_t len = std::min(kChunkElems, n - c * kChunkElems);
-    hashes.push_back(hash64(s.data + c * kChunkElems, static_cast<size_t>(len) * sizeof(float)));
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+// XOR of the bit patterns: the delta is lossless whatever the floats are (NaN, -0, denormals).
+void xor_floats(const float* a, const float* b, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t x, y;
+    std::memcpy(&x, a + i, 4);
+    std::memcpy(&y, b + i, 4);
+    x ^= y;
+    std::memcpy(out + i, &x, 4);
+  }
+}
+
+// Chunked layout (the chunks the hashes describe), shuffle + deflate when asked, fill value 0 so
+// that a chunk an incremental snapshot skipped reads as an all-zero XOR mask.
+h5::Handle create_plist(const Slice& s, int64_t chunk, int deflate, bool chunked,
+                        const std::string& where) {
+  h5::Handle dcpl(T3D_H5(H5Pcreate(H5P_DATASET_CREATE), where), H5Pclose);
+  if (!chunked) return dcpl;
+  std::vector<hsize_t> dims(s.shape.begin(), s.shape.end());
+  if (dims.size() == 1) dims[0] = static_cast<hsize_t>(chunk);
+  else dims[0] = static_cast<hsize_t>(chunk / s.shape[1]);
+  T3D_H5(H5Pset_chunk(dcpl, static_cast<int>(dims.size()), dims.data()), where);
+  const float zero = 0.0f;
+  T3D_H5(H5Pset_fill_value(dcpl, H5T_NATIVE_FLOAT, &zero), where);
+  if (deflate > 0) {
+    T3D_H5(H5Pset_shuffle(dcpl), where);
+    T3D_H5(H5Pset_deflate(dcpl, static_cast<unsigned>(deflate)), where);
+  }
+  return dcpl;
+}
+
+// Writes slice `i`: whole, or (incremental) only its changed chunks as XOR against the parent.
+void write_slice(hid_t file, hid_t lcpl, const std::vector<Slice>& slices, size_t i,
+                 const WriteOptions& opt, ShardResult& result, const std::string& where) {
+  const Slice& s = slices[i];
+  T3D_ASSERT(s.shape.size() == s.offset.size() && s.shape.size() == s.global_shape.size() &&
+                 !s.shape.empty() && s.shape.size() <= 2,
+             "slice ", s.path, " has inconsistent ranks");
+  const int64_t n = volume(s.shape), chunk = chunk_elems(s.shape);
+  const int64_t chunks = std::max<int64_t>(1, (n + chunk - 1) / chunk);
+  std::vector<uint64_t> hashes(static_cast<size_t>(chunks));
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t len = std::min(chunk, n - c * chunk);
+    hashes[c] = hash64(s.data + c * chunk, static_cast<size_t>(len) * sizeof(float));
+  }
+  const bool incremental = opt.parent != nullptr;
+  const std::string name = (incremental ? "xor/" : "") + s.path;
+  const std::string what = where + ":" + name;
+  const h5::Handle space = h5::simple_space(s.shape);
+  const h5::Handle dcpl = create_plist(s, chunk, opt.deflate, incremental || opt.deflate > 0, what);
+  const h5::Handle dset(
+      T3D_H5(H5Dcreate2(file, name.c_str(), H5T_IEEE_F32LE, space, lcpl, dcpl, H5P_DEFAULT), what),
+      H5Dclose);
+  int64_t written = chunks;
+  if (!incremental) {
+    T3D_H5(H5Dwrite(dset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, s.data), what);
+  } else {
+    const Slice& p = (*opt.parent)[i];
+    const auto& old = (*opt.parent_hashes)[i];
+    T3D_ASSERT(p.path == s.path && p.shape == s.shape && p.offset == s.offset &&
+                   old.size() == hashes.size(),
+               "incremental snapshot: parent box of ", s.path, " differs");
+    std::vector<float> delta(static_cast<size_t>(std::min(chunk, n)));
+    written = 0;
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t len = std::min(chunk, n - c * chunk);
+      const float* now = s.data + c * chunk;
+      const float* before = p.data + c * chunk;
+      // The hash rules out most unchanged chunks cheaply; memcmp makes "unchanged" exact.
+      if (hashes[c] == old[c] && std::memcmp(now, before, static_cast<size_t>(len) * 4) == 0)
+        continue;
+      xor_floats(now, before, delta.data(), len);
+      std::vector<hsize_t> start(s.shape.size(), 0), count(s.shape.begin(), s.shape.end());
+      if (s.shape.size() == 1) {
+        start[0] = static_cast<hsize_t>(c * chunk), count[0] = static_cast<hsize_t>(len);
+      } else {
+        start[0] = static_cast<hsize_t>(c * chunk / s.shape[1]);
+        count[0] = static_cast<hsize_t>(len / s.shape[1]);
+      }
+      const h5::Handle fspace(T3D_H5(H5Dget_space(dset), what), H5Sclose);
+      T3D_H5(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start.data(), nullptr, count.data(),
+                                 nullptr),
+             what);
+      const h5::Handle mspace = h5::simple_space({len});
+      T3D_H5(H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fspace, H5P_DEFAULT, delta.data()), what);
+      ++written;
+    }
   }
   h5::write_attr(dset, "global_shape", s.global_shape);
   h5::write_attr(dset, "offset", s.offset);
-  h5::write_attr(dset, "chunk_elems", kChunkElems);
+  h5::write_attr(dset, "chunk_elems", chunk);
+  // Hashes of the content, not of the delta: restore checks each chunk after rebuilding it.
   h5::write_attr(dset, "chunk_hash", hashes);
+  result.hashes.push_back(std::move(hashes));
+  result.raw_bytes += static_cast<uint64_t>(n) * sizeof(float);
+  result.chunks += chunks;
+  result.chunks_written += written;
 }
 
 }  // namespace
 
-FileDigest write_shard(const std::string& path, int rank, const std::vector<Slice>& slices,
-                       Fault fault) {
+ShardResult write_shard(const std::string& path, int rank, const std::vector<Slice>& slices,
+                        const WriteOptions& opt) {
+  T3D_ASSERT(!opt.parent || (opt.parent->size() == slices.size() && opt.parent_hashes &&
+                             opt.parent_hashes->size() == slices.size()),
+             "incremental snapshot without its parent's slices");
   const std::string tmp = temp_path(path);
   std::error_code ec;
   fs::create_directories(fs::path(path).parent_path(), ec);
@@ -97,20 +191,37 @@ FileDigest write_shard(const std::string& path, int rank, const std::vector<Slic
                  "`: ", ec ? ec.message() : "a file of that name is in the way");
   h5::Handle file = h5::create_file(tmp);
   const h5::Handle lcpl = h5::intermediate_groups();
+  ShardResult result;
   std::string names;
   for (size_t i = 0; i < slices.size(); ++i) {
-    if (i == slices.size() / 2 && fault.kill) std::raise(SIGKILL);
-    T3D_USER_CHECK(!(i == slices.size() / 2 && fault.fail), "cannot write `", tmp,
+    if (i == slices.size() / 2 && opt.fault.kill) std::raise(SIGKILL);
+    T3D_USER_CHECK(!(i == slices.size() / 2 && opt.fault.fail), "cannot write `", tmp,
                    "`: injected write failure (T3D_SNAPSHOT_FAULT)");
-    write_slice(file, lcpl, slices[i], tmp);
-    names += (i ? "\n" : "") + slices[i].path;
+    write_slice(file, lcpl, slices, i, opt, result, tmp);
+    if (i) names += '\n';
+    if (opt.parent) names += "xor/";
+    names += slices[i].path;
   }
   h5::write_attr(file, "format_version", kFormatVersion);
   h5::write_attr(file, "rank", static_cast<int64_t>(rank));
   h5::write_attr(file, "tensors", names);
   file.close(tmp);  // flushes: a full disk fails here at the latest
   fsync_path(tmp, false);
-  return digest_file(tmp);
+  result.digest = digest_file(tmp);
+  return result;
+}
+
+void require_deflate() {
+  const std::pair<H5Z_filter_t, const char*> filters[] = {{H5Z_FILTER_SHUFFLE, "shuffle"},
+                                                          {H5Z_FILTER_DEFLATE, "deflate"}};
+  for (const auto& [filter, name] : filters) {
+    unsigned config = 0;
+    const bool ok = H5Zfilter_avail(filter) > 0 && H5Zget_filter_info(filter, &config) >= 0 &&
+                    (config & H5Z_FILTER_CONFIG_ENCODE_ENABLED);
+    T3D_USER_CHECK(ok, "snapshot.deflate > 0 needs HDF5's ", name,
+                   " filter, which this HDF5 library (", H5_VERS_INFO,
+                   ") cannot encode with: use an HDF5 built with zlib, or set snapshot.deflate = 0");
+  }
 }
 
 void publish(const std::string& path) {
@@ -192,7 +303,9 @@ void write_index(const std::string& dir, const IndexInfo& info) {
     h5::write_attr(f, "step", info.step);
     h5::write_attr(f, "recipe", info.recipe);
     h5::write_attr(f, "layout", info.layout);
-    h5::write_attr(f, "parent", std::string());  // incremental snapshots: not yet
+    h5::write_attr(f, "id", std::vector<uint64_t>{info.id});
+    h5::write_attr(f, "parent", info.parent);
+    if (!info.parent.empty()) h5::write_attr(f, "parent_id", std::vector<uint64_t>{info.parent_id});
     std::string files;
     std::vector<int64_t> bytes;
     std::vector<uint64_t> hashes;
@@ -238,12 +351,45 @@ std::vector<int64_t> committed_steps(const std::string& dir) {
   return steps;
 }
 
+namespace {
+
+// Step of the parent of the committed snapshot at `step`; -1 for a full one; nullopt when its
+// index cannot be read (then what it depends on is unknown).
+std::optional<int64_t> parent_step(const std::string& dir, int64_t step) {
+  static const std::regex kIndex(R"(step_(\d{8})\.h5)");
+  try {
+    const std::string path = index_path(dir, step);
+    const h5::Handle f = h5::open_file(path);
+    const std::string parent = h5::read_string_attr(f, "parent", path);
+    std::smatch m;
+    if (parent.empty()) return -1;
+    if (std::regex_match(parent, m, kIndex)) return std::stoll(m[1]);
+  } catch (const UserError&) {
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::vector<std::string> retain(const std::string& dir, int64_t keep) {
   std::vector<std::string> deleted;
   const auto steps = committed_steps(dir);
   std::error_code ec;
   const int64_t drop = std::max<int64_t>(0, static_cast<int64_t>(steps.size()) - keep);
+  // The kept snapshots and every ancestor they are rebuilt from. An index that cannot be read
+  // protects everything older: deleting what it might need could lose the snapshot.
+  std::set<int64_t> needed(steps.begin() + drop, steps.end());
+  int64_t protect_below = -1;
+  for (auto it = steps.begin() + drop; it != steps.end(); ++it) {
+    for (std::optional<int64_t> s = *it; s && *s >= 0 && *s > protect_below;) {
+      needed.insert(*s);
+      const auto p = parent_step(dir, *s);
+      if (!p) protect_below = std::max(protect_below, *s);
+      s = p;
+    }
+  }
   for (int64_t i = 0; i < drop; ++i) {
+    if (needed.count(steps[i]) || steps[i] < protect_below) continue;
     fs::remove(index_path(dir, steps[i]), ec);  // first: from here on it is not a snapshot
     fs::remove_all(dir + "/" + snapshot_name(steps[i]), ec);
     deleted.push_back(snapshot_name(steps[i]));

@@ -242,6 +242,8 @@ const std::vector<Field>& schema() {
             "Snapshots to retain (bases they depend on are kept too)."),
       field("snapshot", "full_every", &R::snapshot, &SnapshotConfig::full_every,
             "Every K-th snapshot is a full base; the others are incremental."),
+      field("snapshot", "deflate", &R::snapshot, &SnapshotConfig::deflate,
+            "zlib level 1-9 (after byte shuffle) for snapshot data; 0: uncompressed."),
       field("snapshot", "async", &R::snapshot, &SnapshotConfig::async,
             "Write snapshots on a background thread while training continues."),
       field("snapshot", "resume", &R::snapshot, &SnapshotConfig::resume,
@@ -363,9 +365,6 @@ void validate(const Recipe& r) {
   v.require(p.zero >= 0 && p.zero <= 2, "parallel.zero",
             "must be 0, 1 or 2 (ZeRO-3 is not implemented for training yet), got " + is(p.zero));
   v.require(p.bucket_mb > 0, "parallel.bucket_mb", "must be positive");
-  v.require(p.zero == 0 || (r.snapshot.every == 0 && r.snapshot.resume.empty()), "parallel.zero",
-            "snapshots of ZeRO-sharded optimizer state are not implemented yet; use "
-            "parallel.zero = 0 with [snapshot]");
   v.require(p.timeout_s > 0, "parallel.timeout_s", "must be positive seconds");
 
   v.require(t.steps >= 0, "train.steps", "must be ≥ 0");
@@ -408,6 +407,8 @@ void validate(const Recipe& r) {
   v.require(r.snapshot.every >= 0, "snapshot.every", "must be ≥ 0 (0: off)");
   v.require(r.snapshot.keep >= 1, "snapshot.keep", "must keep at least 1");
   v.require(r.snapshot.full_every >= 1, "snapshot.full_every", "must be ≥ 1");
+  v.require(r.snapshot.deflate >= 0 && r.snapshot.deflate <= 9, "snapshot.deflate",
+            "must be a zlib level 0-9 (0: uncompressed)");
 
   v.one_of("run.log_level", r.run.log_level, {"trace", "debug", "info", "warn", "error"});
   v.require(r.hardware.hbm_gib > 0, "hardware.hbm_gib", "must be positive");

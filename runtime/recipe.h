@@ -80,6 +80,7 @@ struct SnapshotConfig {
   std::string dir;    // empty: <run.dir>/snapshots
   int64_t keep = 3;
   int64_t full_every = 4;
+  int64_t deflate = 0;  // zlib level after HDF5 shuffle; 0: uncompressed (docs/snapshot-format.md)
   bool async = true;
   std::string resume;  // empty | latest | path
 };

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <future>
 #include <optional>
+#include <random>
 
 #include "checkpoint/io_thread.h"
 #include "checkpoint/snapshot.h"
@@ -54,8 +55,29 @@ void check_same_model(const std::string& saved_toml, const Recipe& now, const st
 
 std::string layout_of(const Recipe& r) {
   const auto& p = r.parallel;
-  return fmt::format("pp={} dp={} cp={} tp={} schedule={} virtual_stages={}", p.pp, p.dp, p.cp,
-                     p.tp, p.schedule, p.virtual_stages);
+  return fmt::format("pp={} dp={} cp={} tp={} zero={} schedule={} virtual_stages={}", p.pp, p.dp,
+                     p.cp, p.tp, p.zero, p.schedule, p.virtual_stages);
+}
+
+// Boxes of a row-major [rows, cols] (or 1-D) box covering its flat elements [a, b): a partial
+// first row, whole rows, a partial last row. Each is contiguous in flat order, so its data is
+// one span of a flat array. Returns (offset, shape) pairs in flat order.
+std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> flat_boxes(
+    const std::vector<int64_t>& shape, int64_t a, int64_t b) {
+  if (shape.size() == 1) return {{{a}, {b - a}}};
+  const int64_t cols = shape[1];
+  std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> out;
+  if (a % cols != 0) {
+    const int64_t end = std::min(b, (a / cols + 1) * cols);
+    out.push_back({{a / cols, a % cols}, {1, end - a}});
+    a = end;
+  }
+  if (b / cols > a / cols) {
+    out.push_back({{a / cols, 0}, {b / cols - a / cols, cols}});
+    a = b / cols * cols;
+  }
+  if (a < b) out.push_back({{a / cols, 0}, {1, b - a}});
+  return out;
 }
 
 }  // namespace
@@ -68,13 +90,29 @@ struct Snapshotter::Impl {
   MetricsWriter* metrics;
   std::string dir;
   std::unique_ptr<ck::IoThread> io;
-  std::vector<float> staging;   // params | exp_avg | exp_avg_sq, each one region's size
-  std::vector<ck::Slice> mine;  // the boxes this rank writes, pointing into `staging`
+  // Host staging memory, params | exp_avg | exp_avg_sq, and the boxes this rank writes pointing
+  // into it. Two of each when snapshots are incremental: buffer `cur` takes the next snapshot,
+  // the other holds the last committed one, the parent its XOR delta is taken against.
+  std::vector<float> staging[2];  // params | exp_avg | exp_avg_sq (this rank's moments only)
+  std::vector<ck::Slice> mine[2];
+  int cur = 0;
+
+  // The last committed snapshot of this process, parent of the next incremental one. After a
+  // start or resume there is none: the first snapshot is always a full base (it may go to
+  // another directory, with another layout).
+  struct Parent {
+    std::string name;  // index file name
+    uint64_t id = 0;
+    std::vector<std::vector<uint64_t>> hashes;  // chunk hashes of each of mine[] boxes
+    int64_t deltas = 0;                         // incremental snapshots since its full base
+  };
+  std::optional<Parent> parent;
 
   struct Pending {
     int64_t step = 0;
+    bool incremental = false;
     std::future<void> done;
-    ck::FileDigest digest;  // set by the write job
+    ck::ShardResult result;  // set by the write job
     double stall_s = 0, write_s = 0;
   };
   std::optional<Pending> pending;
@@ -83,24 +121,76 @@ struct Snapshotter::Impl {
   Impl(const Job& j, Model& m, MetricsWriter* w)
       : job(j), r(j.recipe), mesh(*j.mesh), model(m), metrics(w), dir(r.snapshot.dir) {}
 
-  // This rank's slices of every tensor, over the sections of `base` (3 regions of `stride`).
-  std::vector<ck::Slice> slices(const float* const base[3], bool only_owned) const {
+  // This rank's AdamW moments: compact arrays holding `ranges` of the flat parameter region back
+  // to back. ZeRO >= 1 keeps only the dp rank's own ranges (GradReducer::owned()); otherwise
+  // one range, the whole region, in the arena.
+  struct Moments {
+    std::vector<parallel::FloatRange> ranges;
+    float *m = nullptr, *v = nullptr;
+    int64_t floats = 0;
+    bool sharded = false;
+  };
+  Moments moments() const {
+    const auto& shard = model.moment_shard();
+    auto& st = model.state();
+    if (shard.ranges.empty())
+      return {{{0, static_cast<int64_t>(st.params.size())}}, st.adam_m.data(), st.adam_v.data(),
+              static_cast<int64_t>(st.params.size()), false};
+    int64_t floats = 0;
+    for (const auto& r : shard.ranges) floats += r.size();
+    return {shard.ranges, shard.m, shard.v, floats, true};
+  }
+
+  // This rank's slices of every global tensor: parameters from `params`, moments from the
+  // compact arrays `m` and `v` (laid out as moments().ranges). Writing (`only_owned`), every
+  // box gets exactly one writer: parameter i and unsharded moments by dp rank i mod dp, ZeRO
+  // moments by the dp rank that owns them, tp-replicated tensors by tp rank 0. Reading, a rank
+  // asks for everything it holds, whatever layout wrote the snapshot.
+  std::vector<ck::Slice> slices(const float* params, const float* m, const float* v,
+                                bool only_owned) const {
     const int dp = mesh.shape().size(Dim::dp), dp_rank = mesh.coord().dp;
+    const Moments mo = moments();
     std::vector<ck::Slice> out;
-    const auto& params = model.params();
-    for (int s = 0; s < 3; ++s) {
-      for (size_t i = 0; i < params.size(); ++i) {
-        const auto& p = params[i];
-        if (only_owned &&
-            (static_cast<int>(i % dp) != dp_rank || (p.split_dim < 0 && model.tp_rank() != 0)))
-          continue;
+    const auto& table = model.params();
+    // `flat` is the box's first element within the local tensor; `data` holds the box.
+    const auto add = [&](const std::string& section, const ParamInfo& p,
+                         std::vector<int64_t> offset, std::vector<int64_t> shape,
+                         const float* data) {
+      const auto& e = model.layout().at(p.name);
+      if (p.split_dim >= 0) offset[p.split_dim] += model.tp_rank() * e.spec.shape[p.split_dim];
+      out.push_back({section + p.name, p.global_shape, std::move(offset), std::move(shape),
+                     const_cast<float*>(data)});
+    };
+    for (size_t i = 0; i < table.size(); ++i) {
+      const auto& p = table[i];
+      const auto& e = model.layout().at(p.name);
+      if (only_owned && (static_cast<int>(i % dp) != dp_rank || (p.split_dim < 0 && model.tp_rank() != 0)))
+        continue;
+      add(kSections[0], p, std::vector<int64_t>(e.spec.shape.size(), 0), e.spec.shape,
+          params + e.offset);
+    }
+    for (int s = 1; s < 3; ++s) {
+      const float* base = s == 1 ? m : v;
+      for (size_t i = 0; i < table.size(); ++i) {
+        const auto& p = table[i];
         const auto& e = model.layout().at(p.name);
-        ck::Slice slice{kSections[s] + p.name, p.global_shape,
-                        std::vector<int64_t>(p.global_shape.size(), 0), e.spec.shape,
-                        const_cast<float*>(base[s]) + e.offset};
-        if (p.split_dim >= 0)
-          slice.offset[p.split_dim] = model.tp_rank() * e.spec.shape[p.split_dim];
-        out.push_back(std::move(slice));
+        if (only_owned && ((!mo.sharded && static_cast<int>(i % dp) != dp_rank) ||
+                           (p.split_dim < 0 && model.tp_rank() != 0)))
+          continue;
+        int64_t compact = 0;  // offset of the current range in the moment arrays
+        for (const auto& range : mo.ranges) {
+          const int64_t lo = std::max(range.begin, e.offset);
+          const int64_t hi = std::min(range.end, e.offset + e.numel);
+          if (lo < hi) {
+            const float* at = base + compact + (lo - range.begin);
+            for (auto& [off, shape] : flat_boxes(e.spec.shape, lo - e.offset, hi - e.offset)) {
+              int64_t first = off.back();  // flat index of the box's first element
+              if (off.size() == 2) first += off[0] * e.spec.shape[1];
+              add(kSections[s], p, off, shape, at + (first - (lo - e.offset)));
+            }
+          }
+          compact += range.size();
+        }
       }
     }
     return out;
@@ -120,15 +210,14 @@ struct Snapshotter::Impl {
         return 0;
       }
     }
-    auto& st = model.state();
-    T3D_USER_CHECK(st.adam_m.data(), "resume needs the optimizer state in the arena");
-    const float* const base[3] = {st.params.data(), st.adam_m.data(), st.adam_v.data()};
+    const Moments mo = moments();
+    T3D_USER_CHECK(mo.m && mo.v, "resume needs the optimizer state");
     int64_t step = 0;
     std::string layout;
     io->run([&] {
       ck::SnapshotReader reader(path);
       check_same_model(reader.info().recipe, r, path);
-      for (const auto& s : slices(base, false)) reader.read(s);
+      for (const auto& s : slices(model.state().params.data(), mo.m, mo.v, false)) reader.read(s);
       const auto& c = reader.info().counters;
       T3D_USER_CHECK(c.count("step"), "snapshot `", path, "` has no step counter");
       step = c.at("step");
@@ -149,18 +238,28 @@ struct Snapshotter::Impl {
     if (pending) commit();  // training waits for the previous snapshot: part of the stall
     auto& st = model.state();
     const size_t n = static_cast<size_t>(st.params.size());
-    std::memcpy(staging.data(), st.params.data(), n * sizeof(float));
-    std::memcpy(staging.data() + n, st.adam_m.data(), n * sizeof(float));
-    std::memcpy(staging.data() + 2 * n, st.adam_v.data(), n * sizeof(float));
+    const Moments mo = moments();
+    const auto k = static_cast<size_t>(mo.floats);
+    float* dst = staging[cur].data();
+    std::memcpy(dst, st.params.data(), n * sizeof(float));
+    std::memcpy(dst + n, mo.m, k * sizeof(float));
+    std::memcpy(dst + n + k, mo.v, k * sizeof(float));
     pending.emplace();
     pending->step = step;
+    // Every rank decides alike: `parent` changes only on commits, which all ranks agree on.
+    pending->incremental = parent && parent->deltas + 1 < r.snapshot.full_every;
     const std::string shard = ck::shard_path(dir, step, mesh.rank());
-    const ck::Fault fault = ck::fault_from_env(step, mesh.rank());
+    ck::WriteOptions opt;
+    opt.deflate = static_cast<int>(r.snapshot.deflate);
+    opt.fault = ck::fault_from_env(step, mesh.rank());
+    if (pending->incremental) opt.parent = &mine[1 - cur], opt.parent_hashes = &parent->hashes;
     Pending* p = &*pending;
-    p->done = io->submit([this, p, shard, fault] {
+    const std::vector<ck::Slice>* boxes = &mine[cur];
+    // The job reads the parent's buffer and hashes: both change only in commit(), after it ends.
+    p->done = io->submit([this, p, shard, opt, boxes] {
       const auto w0 = Clock::now();
       parallel::trace::Span write_span("snapshot write", "io");
-      if (!mine.empty()) p->digest = ck::write_shard(shard, mesh.rank(), mine, fault);
+      if (!boxes->empty()) p->result = ck::write_shard(shard, mesh.rank(), *boxes, opt);
       p->write_s = seconds_since(w0);
     });
     p->stall_s = seconds_since(t0);
@@ -188,7 +287,8 @@ struct Snapshotter::Impl {
     // Agree that every write succeeded before anything becomes visible.
     int first_failed = error.empty() ? world.size() : world.rank();
     world.all_reduce(&first_failed, 1, parallel::ReduceOp::min);
-    if (first_failed == world.size() && !mine.empty()) {
+    const bool writes = !mine[0].empty();
+    if (first_failed == world.size() && writes) {
       try {
         ck::publish(shard);
       } catch (const std::exception& e) {
@@ -199,59 +299,93 @@ struct Snapshotter::Impl {
     }
     if (first_failed != world.size()) return fail(p, first_failed, error, shard);
 
-    const uint64_t report[3] = {mine.empty() ? 0u : 1u, p.digest.bytes, p.digest.hash};
-    std::vector<uint64_t> reports(3 * static_cast<size_t>(world.size()));
-    world.all_gather(report, reports.data(), 3);
+    constexpr size_t kReport = 6;
+    const ck::ShardResult& res = p.result;
+    const uint64_t report[kReport] = {writes ? 1u : 0u,      res.digest.bytes,
+                                      res.digest.hash,       res.raw_bytes,
+                                      uint64_t(res.chunks), uint64_t(res.chunks_written)};
+    std::vector<uint64_t> reports(kReport * static_cast<size_t>(world.size()));
+    world.all_gather(report, reports.data(), kReport);
     double times[2] = {p.stall_s, p.write_s};
     world.all_reduce(times, 2, parallel::ReduceOp::max);
-    if (world.rank() != 0) return;
 
+    // Rank 0 writes the index; all ranks learn whether it committed, because the next
+    // snapshot's parent (and whether it may be incremental) depends on it.
     ck::IndexInfo info;
-    info.step = p.step;
-    info.recipe = r.to_toml();
-    info.layout = layout_of(r);
-    info.counters = {{"step", p.step},
-                     {"adamw_step", p.step},
-                     {"sampler_seed", r.train.seed},
-                     {"sampler_step", p.step}};
-    uint64_t bytes = 0;
-    for (int k = 0; k < world.size(); ++k) {
-      const uint64_t* rep = &reports[3 * static_cast<size_t>(k)];
-      if (!rep[0]) continue;
-      const auto rel = fs::path(ck::shard_path(dir, p.step, k)).lexically_relative(dir);
-      info.shards.push_back({rel.string(), rep[1], rep[2]});
-      bytes += rep[1];
-    }
-    const auto i0 = Clock::now();
     std::vector<std::string> deleted;
-    try {
-      io->run([&] {
-        ck::write_index(dir, info);
-        deleted = ck::retain(dir, r.snapshot.keep);
-      });
-    } catch (const std::exception& e) {
-      spdlog::error(
-          "snapshot at step {}: writing the index failed: {}; it is not committed, {} "
-          "stays the last good one",
-          p.step, e.what(), last_good.empty() ? "none" : last_good);
-      if (metrics) metrics->write({{"snapshot_step", double(p.step)}, {"snapshot_ok", 0}});
-      return;
+    uint64_t bytes = 0, raw = 0, chunks = 0, written = 0;
+    double index_s = 0;
+    int committed = 0;
+    if (world.rank() == 0) {
+      info.step = p.step;
+      info.id = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32) ^
+                uint64_t(p.step);
+      if (p.incremental) info.parent = parent->name, info.parent_id = parent->id;
+      info.recipe = r.to_toml();
+      info.layout = layout_of(r);
+      info.counters = {{"step", p.step},
+                       {"adamw_step", p.step},
+                       {"sampler_seed", r.train.seed},
+                       {"sampler_step", p.step}};
+      for (int k = 0; k < world.size(); ++k) {
+        const uint64_t* rep = &reports[kReport * static_cast<size_t>(k)];
+        if (!rep[0]) continue;
+        const auto rel = fs::path(ck::shard_path(dir, p.step, k)).lexically_relative(dir);
+        info.shards.push_back({rel.string(), rep[1], rep[2]});
+        bytes += rep[1], raw += rep[3], chunks += rep[4], written += rep[5];
+      }
+      const auto i0 = Clock::now();
+      try {
+        io->run([&] {
+          ck::write_index(dir, info);
+          deleted = ck::retain(dir, r.snapshot.keep);
+        });
+        committed = 1;
+      } catch (const std::exception& e) {
+        spdlog::error(
+            "snapshot at step {}: writing the index failed: {}; it is not committed, {} "
+            "stays the last good one",
+            p.step, e.what(), last_good.empty() ? "none" : last_good);
+        if (metrics) metrics->write({{"snapshot_step", double(p.step)}, {"snapshot_ok", 0}});
+      }
+      index_s = seconds_since(i0);
     }
+    world.broadcast(&committed, 1, 0);
+    uint64_t id = info.id;
+    world.broadcast(&id, 1, 0);
+    if (!committed) return;
+
     last_good = ck::index_path(dir, p.step);
+    if (r.snapshot.full_every > 1) {
+      // This snapshot's buffer becomes the parent; the old parent's takes the next snapshot.
+      const int64_t deltas = p.incremental ? parent->deltas + 1 : 0;
+      parent = Parent{fs::path(last_good).filename().string(), id, std::move(p.result.hashes),
+                      deltas};
+      cur = 1 - cur;
+    }
+    if (world.rank() != 0) return;
     // Synchronous snapshots: training also waited for the whole write.
     const double stall = r.snapshot.async ? times[0] : times[0] + times[1];
+    const double share = raw ? double(bytes) / double(raw) : 0.0;
     spdlog::info(
-        "snapshot step {}: {} in {} shard(s), stall {:.1f} ms, write {:.1f} ms (slowest "
-        "rank), index {:.1f} ms -> {}{}",
-        p.step, kernels::format_bytes(bytes), info.shards.size(), 1e3 * stall, 1e3 * times[1],
-        1e3 * seconds_since(i0), last_good,
+        "snapshot step {} ({}): {} in {} shard(s), {:.1f}% of the {} a full uncompressed one "
+        "takes; stall {:.1f} ms, write {:.1f} ms (slowest rank), index {:.1f} ms -> {}{}",
+        p.step,
+        p.incremental ? fmt::format("incremental on {}, {}/{} chunks changed", info.parent,
+                                    written, chunks)
+                      : std::string("full"),
+        kernels::format_bytes(bytes), info.shards.size(), 100 * share,
+        kernels::format_bytes(raw), 1e3 * stall, 1e3 * times[1], 1e3 * index_s, last_good,
         deleted.empty() ? "" : "; removed " + fmt::format("{}", fmt::join(deleted, ", ")));
     if (metrics)
       metrics->write({{"snapshot_step", double(p.step)},
                       {"snapshot_ok", 1},
+                      {"snapshot_incremental", p.incremental ? 1.0 : 0.0},
                       {"snapshot_stall_s", stall},
                       {"snapshot_write_s", times[1]},
-                      {"snapshot_bytes", double(bytes)}});
+                      {"snapshot_bytes", double(bytes)},
+                      {"snapshot_raw_bytes", double(raw)},
+                      {"snapshot_share", share}});
   }
 
   void fail(const Pending& p, int first_failed, const std::string& error,
@@ -274,11 +408,15 @@ Snapshotter::Snapshotter(const Job& job, Model& model, MetricsWriter* metrics)
   auto& m = *impl_;
   m.io = std::make_unique<ck::IoThread>();
   if (m.r.snapshot.every <= 0) return;
+  if (m.r.snapshot.deflate > 0) m.io->run(ck::require_deflate);
   // Staging is allocated and touched now, so the first snapshot's stall is a plain copy.
   const size_t n = static_cast<size_t>(model.state().params.size());
-  m.staging.assign(3 * n, 0.0f);
-  const float* const base[3] = {m.staging.data(), m.staging.data() + n, m.staging.data() + 2 * n};
-  m.mine = m.slices(base, true);
+  const auto k = static_cast<size_t>(m.moments().floats);
+  for (int b = 0; b < (m.r.snapshot.full_every > 1 ? 2 : 1); ++b) {
+    m.staging[b].assign(n + 2 * k, 0.0f);
+    float* s = m.staging[b].data();
+    m.mine[b] = m.slices(s, s + n, s + n + k, true);
+  }
 }
 
 // The I/O thread goes first: a write still running uses `staging`, `mine` and `pending`.

@@ -12,7 +12,13 @@
 //
 // Who writes what: tensor i of a (pp, tp) position is written by dp rank i mod dp, and
 // tp-replicated tensors (norm weights) by tp rank 0 only, so every box of every global tensor
-// has exactly one writer and the write load is spread over the dp replicas.
+// has exactly one writer and the write load is spread over the dp replicas. With ZeRO each dp
+// rank writes the moments it owns, as boxes of the global tensors; restore re-slices them.
+//
+// Incremental snapshots (snapshot.full_every > 1): every rank keeps the last committed
+// snapshot's staging buffer and chunk hashes, the parent the next one is XORed against; the
+// decision full/incremental depends only on commits, which all ranks agree on, so it is alike
+// everywhere. The first snapshot after a start or resume is full.
 #pragma once
 
 #include <cstdint>

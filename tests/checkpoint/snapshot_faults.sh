@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Damaged and missing snapshots are refused with a message naming the file; a rank killed
-# mid-write and a failing write both leave the previous snapshot complete and resumable.
+# Damaged and missing snapshots are refused with a message naming the file, and so is an
+# incremental one whose parent is missing; a rank killed mid-write and a failing write both leave
+# the previous snapshot complete and resumable; retention keeps the bases kept snapshots need.
 set -u
 source "$(dirname "$0")/common.sh"
 one=(--set parallel.pp=1 --set parallel.dp=1 --set parallel.tp=1)
+# Snapshot 2 is full, 4 incremental on 2 (full_every = 4 by default).
 base=(train "$recipe" "${common[@]}" "${one[@]}" --set train.steps=4 --set snapshot.every=2)
 
 "$titan3d" "${base[@]}" --set run.dir="$work/good" >/dev/null 2>&1
@@ -29,6 +31,10 @@ off=$(( $(stat -c %s "$shard") / 2 ))
 byte=$(od -An -tu1 -j $off -N1 "$shard" | tr -d ' ')
 printf "$(printf '\\%03o' $(( byte ^ 0x10 )))" | dd of="$shard" bs=1 seek=$off conv=notrunc status=none
 refused flipped "rank00000.h5.*damaged"
+
+damaged parentless
+rm "$work/parentless/snapshots/step_00000002.h5"  # retention gone wrong, or a partial copy
+refused parentless "step_00000004.h5. is incremental and needs its parent .*step_00000002.h5.*missing"
 
 damaged incomplete
 rm "$work/incomplete/snapshots/step_00000004.h5"  # as if rank 0 died before the commit record
@@ -68,10 +74,11 @@ out=$("$titan3d" resume "$work/failed/snapshots/step_00000002.h5" "${common[@]}"
       --set run.dir="$work/failed.r" --set snapshot.dir="$work/failed.r/snapshots" 2>&1); rc=$?
 check "[ $rc -eq 0 ] && diff <(losses_from $work/good/metrics.jsonl 3) <(losses $work/failed.r/metrics.jsonl) >/dev/null" \
   "the kept snapshot resumes exactly" || echo "$out"
-# Retention: keep = 2 leaves the newest two, and removes the never-committed leftovers above.
+# Retention: resumed at 2, snapshots 3 (full) 4 5 6 (incremental) 7 (full) 8 (incremental on 7).
+# keep = 1 leaves the newest and the base it needs, and removes the never-committed leftovers.
 rm "$work/blocked/snapshots/step_00000004"  # the blocking file
 "$titan3d" "${base[@]}" --set run.dir="$work/blocked" --set train.steps=8 --set snapshot.every=1 \
-  --set snapshot.keep=2 --set snapshot.resume=latest >/dev/null 2>&1
+  --set snapshot.keep=1 --set snapshot.resume=latest >/dev/null 2>&1
 check "[ \"\$(cd $work/blocked/snapshots && echo step_*)\" = 'step_00000007 step_00000007.h5 step_00000008 step_00000008.h5' ]" \
-  "snapshot.keep = 2 retains steps 7 and 8 only" || ls "$work/blocked/snapshots"
+  "snapshot.keep = 1 retains step 8 and its base, step 7" || ls "$work/blocked/snapshots"
 exit $fail

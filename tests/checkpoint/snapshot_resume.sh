@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Snapshot + resume end to end: N steps straight vs N/2 + snapshot + `titan3d resume` give
-# bit-identical per-step losses and final state, on 1 rank and on pp2×dp2×tp2; resharded
-# resumes (pp2×dp2×tp2 -> 1 rank, 1 rank -> tp2×pp2) match within fp32 tolerance; h5py reads
-# the global tensors.
+# Snapshot + resume end to end: N steps straight vs resuming a snapshot taken on the way give
+# bit-identical per-step losses and final state, on 1 rank and on pp2×dp2×tp2. The snapshot
+# resumed is incremental: full at step 2, incremental at 4 and 6 (full_every = 3), resumed at 6
+# through the chain 6 -> 4 -> 2. Resharded resumes (pp2×dp2×tp2 -> 1 rank, 1 rank -> tp2×pp2)
+# match within fp32 tolerance; h5py reads the global tensors.
 set -u
 source "$(dirname "$0")/common.sh"
-steps=6 half=3
-snap=(--set train.steps=$steps --set snapshot.every=$half)
+steps=8 half=6
+snap=(--set train.steps=$steps --set snapshot.every=2 --set snapshot.full_every=3 --set snapshot.deflate=1)
 
 run_pair() {  # name, extra args for both runs
   local name=$1; shift
@@ -19,36 +20,59 @@ run_pair() {  # name, extra args for both runs
     "$name: resumed losses bit-identical to the straight run"
   check "h5diff $work/$name/snapshots/step_0000000$steps.h5 $work/$name.r/snapshots/step_0000000$steps.h5 /model /model >/dev/null && h5diff $work/$name/snapshots/step_0000000$steps.h5 $work/$name.r/snapshots/step_0000000$steps.h5 /optim /optim >/dev/null" \
     "$name: final parameters and optimizer state bit-identical"
+  check "[ \"\$(grep -o '\"snapshot_incremental\": [01]' $work/$name/metrics.jsonl | tr -dc 01)\" = 0110 ]" \
+    "$name: snapshots 2, 4, 6, 8 are full, incremental, incremental, full"
 }
 
 one=(--set parallel.pp=1 --set parallel.dp=1 --set parallel.tp=1)
 run_pair one "${one[@]}"
 run_pair mesh
-check "grep -q 'latest' <(ls $work/mesh/snapshots) && [ \$(ls $work/mesh/snapshots/step_00000003 | wc -l) -eq 8 ]" \
+check "grep -q 'latest' <(ls $work/mesh/snapshots) && [ \$(ls $work/mesh/snapshots/step_00000006 | wc -l) -eq 8 ]" \
   "pp2×dp2×tp2 snapshot: 8 shard files and a latest pointer"
 
 # Resharding: fp32 reductions run in another order, so equal within a tolerance.
-"$titan3d" resume "$work/mesh/snapshots/step_00000003.h5" "${common[@]}" "${one[@]}" \
+"$titan3d" resume "$work/mesh/snapshots/step_00000006.h5" "${common[@]}" "${one[@]}" \
   --set run.dir="$work/to1" --set snapshot.dir="$work/to1/snapshots" --set run.log_level=info >"$work/to1.log" 2>&1
 check "grep -q 'resharded' $work/to1.log && close_losses $work/mesh/metrics.jsonl $work/to1/metrics.jsonl 1e-5 $((half + 1))" \
   "pp2×dp2×tp2 -> 1 rank continues with the same losses (rel 1e-5)" || cat "$work/to1.log"
-"$titan3d" resume "$work/one/snapshots/step_00000003.h5" "${common[@]}" --set parallel.pp=2 \
+"$titan3d" resume "$work/one/snapshots/step_00000006.h5" "${common[@]}" --set parallel.pp=2 \
   --set parallel.tp=2 --set run.dir="$work/topp" --set snapshot.dir="$work/topp/snapshots" --set run.log_level=info >"$work/topp.log" 2>&1
 check "grep -q 'resharded' $work/topp.log && close_losses $work/one/metrics.jsonl $work/topp/metrics.jsonl 1e-5 $((half + 1))" \
   "1 rank -> tp2×pp2 continues with the same losses (rel 1e-5)" || cat "$work/topp.log"
 
+# ZeRO-1: each dp rank writes its own share of the moments as boxes of the global tensors; a
+# resume re-slices them for any dp and ZeRO stage (dp2 ZeRO-1 -> 1 rank, 1 rank -> dp2 ZeRO-2).
+zero=(--set parallel.pp=1 --set parallel.tp=1 --set parallel.dp=2)
+run_pair zero1 "${zero[@]}" --set parallel.zero=1
+"$titan3d" resume "$work/zero1/snapshots/step_00000006.h5" "${common[@]}" "${one[@]}" --set parallel.zero=0 \
+  --set run.dir="$work/zto1" --set snapshot.dir="$work/zto1/snapshots" --set run.log_level=info >"$work/zto1.log" 2>&1
+check "grep -q 'resharded' $work/zto1.log && close_losses $work/zero1/metrics.jsonl $work/zto1/metrics.jsonl 1e-5 $((half + 1))" \
+  "dp2 ZeRO-1 -> 1 rank continues with the same losses (rel 1e-5)" || cat "$work/zto1.log"
+"$titan3d" resume "$work/one/snapshots/step_00000006.h5" "${common[@]}" "${zero[@]}" --set parallel.zero=2 \
+  --set run.dir="$work/toz2" --set snapshot.dir="$work/toz2/snapshots" --set run.log_level=info >"$work/toz2.log" 2>&1
+check "grep -q 'resharded' $work/toz2.log && close_losses $work/one/metrics.jsonl $work/toz2/metrics.jsonl 1e-5 $((half + 1))" \
+  "1 rank -> dp2 ZeRO-2 continues with the same losses (rel 1e-5)" || cat "$work/toz2.log"
+
 # snapshot.resume = latest picks the newest complete snapshot and, here, has nothing left to do.
-out=$("$titan3d" train "$recipe" "${common[@]}" "${one[@]}" "${snap[@]}" --set train.steps=8 \
+out=$("$titan3d" train "$recipe" "${common[@]}" "${one[@]}" "${snap[@]}" --set train.steps=10 \
       --set run.dir="$work/one" --set snapshot.resume=latest --set run.log_level=info 2>&1)
-check "grep -q 'resumed from .*step_00000006.h5 after step 6' <<<\"\$out\" && [ \$(losses $work/one/metrics.jsonl | wc -l) -eq 8 ]" \
-  "snapshot.resume = latest continues from the newest snapshot (steps 7-8)"
+check "grep -q 'resumed from .*step_00000008.h5 after step 8' <<<\"\$out\" && [ \$(losses $work/one/metrics.jsonl | wc -l) -eq 10 ]" \
+  "snapshot.resume = latest continues from the newest snapshot (steps 9-10)"
+
+# Async: training waits for the copy to staging memory, not for the write (which deflates).
+stall_vs_write() {
+  grep '"snapshot_ok": 1' "$1" | sed -E 's/.*"snapshot_stall_s": ([^,]+),.*"snapshot_write_s": ([^,]+),.*/\1 \2/' |
+    awk '{ s += $1; w += $2 } END { printf "stall %.1f ms, write %.1f ms in all\n", 1e3 * s, 1e3 * w; exit !(s < w / 2) }'
+}
+check "stall_vs_write $work/one/metrics.jsonl" "async snapshots stall training for less than half their write time" ||
+  stall_vs_write $work/one/metrics.jsonl
 
 # The index is readable by the standard tools: h5ls lists global tensors, h5py reads them.
-check "h5ls -r $work/mesh/snapshots/step_00000006.h5 | grep -q 'model/model.embed_tokens.weight Dataset {256, 128}'" \
+check "h5ls -r $work/mesh/snapshots/step_00000008.h5 | grep -q 'model/model.embed_tokens.weight Dataset {256, 128}'" \
   "h5ls shows global tensors"
 py=/usr/bin/python3
 if "$py" -c 'import h5py' 2>/dev/null; then
-  check "(cd / && $py -c \"import h5py, numpy as np; f = h5py.File('$work/mesh/snapshots/step_00000006.h5'); g = h5py.File('$work/one/snapshots/step_00000006.h5'); w = f['model/model.layers.1.self_attn.q_proj.weight'][:]; assert w.shape == (128, 128) and np.isfinite(w).all() and (w != 0).all(); assert f.attrs['complete'] == 1 and f['state'].attrs['step'] == 6; assert np.allclose(w, g['model/model.layers.1.self_attn.q_proj.weight'][:], atol=1e-5)\")" \
+  check "(cd / && $py -c \"import h5py, numpy as np; f = h5py.File('$work/mesh/snapshots/step_00000008.h5'); g = h5py.File('$work/one/snapshots/step_00000008.h5'); w = f['model/model.layers.1.self_attn.q_proj.weight'][:]; assert w.shape == (128, 128) and np.isfinite(w).all() and (w != 0).all(); assert f.attrs['complete'] == 1 and f['state'].attrs['step'] == 8; assert np.allclose(w, g['model/model.layers.1.self_attn.q_proj.weight'][:], atol=1e-5)\")" \
     "h5py reads the global tensors of an 8-rank snapshot (from another directory)"
 else
   echo "SKIPPED (loudly): h5py is not installed for $py; apt-get install python3-h5py to run the h5py check"
