@@ -49,7 +49,6 @@ bool speaks_before_mpi() {
 
 // `train` and `resume` differ only in where the recipe comes from.
 int run_training(runtime::Recipe recipe, const Options& o, const std::vector<std::string>& argv) {
-  recipe.check_trainable();
   runtime::check_inputs(recipe);
   runtime::spawn_if_needed(recipe, argv, o.np);  // returns only inside a launcher
 

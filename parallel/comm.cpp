@@ -185,6 +185,17 @@ void Comm::all_reduce_bf16(uint16_t* data, size_t count) const {
   wait(r, "all_reduce (bf16)");
 }
 
+void Comm::reduce_scatter_bf16(const uint16_t* send, uint16_t* recv, size_t count) const {
+  if (fault::skip_operation(name_, world_ranks_[rank_])) return;  // test-only (fault.h)
+  trace::Span span("reduce_scatter (bf16)", "comm");
+  span.arg("group", name_).arg("bytes", static_cast<int64_t>(count * size_ * sizeof(uint16_t)));
+  counters_.bytes += count * size_ * sizeof(uint16_t);
+  MPI_Request r;
+  T3D_MPI(MPI_Ireduce_scatter_block(send, recv, checked_count(count), MPI_UINT16_T, bf16_sum_op(),
+                                    comm_, &r));
+  wait(r, "reduce_scatter (bf16)");
+}
+
 void Comm::all_gather_raw(const void* send, void* recv, size_t count, MPI_Datatype type) const {
   if (fault::skip_operation(name_, world_ranks_[rank_])) return;  // test-only (fault.h)
   trace::Span span("all_gather", "comm");

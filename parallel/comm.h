@@ -63,6 +63,8 @@ class Comm {
   // Sum of bf16 values (raw uint16 bits): each pairwise sum is computed in fp32 and rounded to
   // bf16, so the result may differ from an fp32 sum by a few bf16 ulps.
   void all_reduce_bf16(uint16_t* data, size_t count) const;
+  // The same sum as a reduce-scatter: send count·size bf16 values, rank-major; recv count.
+  void reduce_scatter_bf16(const uint16_t* send, uint16_t* recv, size_t count) const;
   // send: count elements per rank; recv: count·size elements, rank-major.
   template <typename T>
   void all_gather(const T* send, T* recv, size_t count) const {
@@ -103,6 +105,8 @@ class Comm {
     uint64_t bytes = 0;
   };
   const Counters& counters() const { return counters_; }
+  // For collectives issued on handle() by other code (the gradient reducer).
+  void count_bytes(uint64_t bytes) const { counters_.bytes += bytes; }
 
  private:
   void all_reduce_raw(void* data, size_t count, MPI_Datatype type, ReduceOp op) const;

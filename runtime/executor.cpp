@@ -62,7 +62,7 @@ double PipelineExecutor::run(Model& model, const MicroBatchSource& source, float
   if (!training) return run_forward_only(model, source);
   const int K = schedule_.num_chunks();
   const int stage = pp_.rank();
-  const size_t n = static_cast<size_t>(model.rows() * model.config().dim);
+  const size_t n = static_cast<size_t>(model.io_floats());
   if (grad_in_.size() < n) grad_in_.resize(n);
   const size_t chunks = slots_.size();
   // Slot of each (micro-batch, local chunk) while it is alive, and free slots per chunk.
@@ -145,14 +145,14 @@ double PipelineExecutor::run(Model& model, const MicroBatchSource& source, float
 
 MPI_Request PipelineExecutor::send(Model& model, const float* data, uint16_t* staging, int peer,
                                    int tag) {
-  const size_t n = static_cast<size_t>(model.rows() * model.config().dim);
+  const size_t n = static_cast<size_t>(model.io_floats());
   if (!model.bf16()) return pp_.isend(data, n, peer, tag);
   kernels::float_to_bf16(staging, data, static_cast<int64_t>(n));  // half the bytes on the wire
   return pp_.isend(staging, n, peer, tag);
 }
 
 void PipelineExecutor::receive(Model& model, float* data, int peer, int tag) {
-  const size_t n = static_cast<size_t>(model.rows() * model.config().dim);
+  const size_t n = static_cast<size_t>(model.io_floats());
   if (!model.bf16()) return pp_.recv(data, n, peer, tag);
   pp_.recv(model.recv16(), n, peer, tag);
   kernels::bf16_to_float(data, model.recv16(), static_cast<int64_t>(n));

@@ -528,16 +528,6 @@ std::string Recipe::origin(const std::string& key) const {
   return it != key_origins.end() ? it->second : source + " (default value)";
 }
 
-void Recipe::check_trainable() const {
-  // Keys the planner prices but training cannot run yet: refused rather than silently ignored.
-  const auto refuse = [&](const std::string& key, const std::string& msg) {
-    throw UserError("recipe error: " + origin(key) + ": `" + key + "`: " + msg);
-  };
-  if (parallel.sequence_parallel)
-    refuse("parallel.sequence_parallel",
-           "sequence-parallel training is not implemented yet; set it to false to train");
-}
-
 int64_t Recipe::world_size() const {
   return parallel.pp * std::max<int64_t>(parallel.dp, 1) * parallel.cp * parallel.tp;
 }
