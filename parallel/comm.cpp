@@ -145,6 +145,13 @@ uint64_t bytes_of(size_t count, MPI_Datatype type) {
 }
 }  // namespace
 
+bool Comm::test(MPI_Request& request) const {
+  if (request == MPI_REQUEST_NULL) return true;
+  int done = 0;
+  T3D_MPI(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+  return done != 0;
+}
+
 void Comm::all_reduce_raw(void* data, size_t count, MPI_Datatype type, ReduceOp op) const {
   if (fault::skip_operation(name_, world_ranks_[rank_])) return;  // test-only (fault.h)
   trace::Span span("all_reduce", "comm");

@@ -94,6 +94,8 @@ class Comm {
   }
   // Waits with the watchdog deadline; on expiry logs `what` and the peers, then MPI_Abort.
   void wait(MPI_Request& request, const char* what, int peer = -1) const;
+  // Has the request completed (and been released)? Never blocks.
+  bool test(MPI_Request& request) const;
   void barrier() const;
 
   double timeout_s() const { return timeout_s_; }

@@ -53,8 +53,6 @@ struct Model::ChunkActs {
   std::vector<LayerActs> layers;
   std::vector<LayerGrads> wgrads;  // split backward only; empty pointers for recomputed blocks
   std::vector<LayerActs16> layers16;  // bf16 only: the stored copies (blocks not recomputed)
-  uint16_t* out16 = nullptr;          // bf16 only: (N, C) staging of x[L] for its send
-  uint16_t* dx16 = nullptr;           // bf16 only: (N, C) staging of dx_in for its send
   int32_t* tokens = nullptr;  // (N) first chunk: ids, kept for the embedding backward
   float* xf = nullptr;        // (N, C) last chunk: model.norm output
   float* rstdf = nullptr;     // (N)
@@ -203,10 +201,7 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
         }
         a->layers16.push_back(s16);
       }
-      if (options_.bf16) {
-        if (!range.last) a->out16 = alloc16(p + ".send_activations.bf16", Nl * C);
-        if (!range.first) a->dx16 = alloc16(p + ".send_input_grad.bf16", Nl * C);
-      }
+
       for (int64_t l = range.begin; options_.split_backward && l < range.end; ++l) {
         LayerGrads lg;
         if (!recomputed(l - range.begin)) {
@@ -406,11 +401,6 @@ void Model::decode16(const LayerActs16& f, const LayerActs& t) const {
   std::memcpy(t.rstd1, f.rstd1, sizeof(float) * rows_local_);
   std::memcpy(t.rstd2, f.rstd2, sizeof(float) * rows_local_);
   std::memcpy(t.lse, f.lse, sizeof(float) * options_.micro_rows * heads_ * config_.seq_len);
-}
-
-uint16_t* Model::send16(int chunk, int slot, bool gradient) {
-  auto& a = *acts_.at(chunk).at(slot);
-  return gradient ? a.dx16 : a.out16;
 }
 
 uint16_t* Model::recv16() { return scratch_->recv16; }

@@ -113,9 +113,7 @@ class Model {
   // (rows, C): gradient of the chunk's input, per slot so a send can still be in flight while the
   // next micro-batch's backward runs.
   const float* input_grad(int chunk, int slot) const;
-  // bf16 mode: per-slot staging for the bf16 copies of output() and input_grad() while their sends
-  // are in flight, and one buffer receives land in. (rows, C) each.
-  uint16_t* send16(int chunk, int slot, bool gradient);
+  // bf16 mode: the (rows, C) buffer pipeline receives land in.
   uint16_t* recv16();
   bool bf16() const { return options_.bf16; }
 

@@ -38,6 +38,10 @@ check pp2_gpipe --set parallel.pp=2 --set parallel.schedule=gpipe
 check pp2_zb_h1 --set parallel.pp=2 --set parallel.schedule=zb_h1
 check pp2_interleaved_v2 --set parallel.pp=2 --set parallel.schedule=interleaved_1f1b \
       --set parallel.virtual_stages=2
+# 8 micro-batches: interleaved stages feed each other both ways; a sender waiting for its receiver
+# before reusing a buffer deadlocked here once.
+check pp2_interleaved_v2_m8 --set parallel.pp=2 --set parallel.schedule=interleaved_1f1b \
+      --set parallel.virtual_stages=2 --set train.micro_batches=8 --set parallel.timeout_s=60
 check pp2_dp2_tp2 --set parallel.pp=2 --set parallel.dp=2 --set parallel.tp=2 --set snapshot.every=6
 check dp2_zero1 --set parallel.dp=2 --set parallel.zero=1
 check pp2_dp2_zero2_gpipe --set parallel.pp=2 --set parallel.dp=2 --set parallel.zero=2 \
