@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "kernels/check.h"
+#include "kernels/hash.h"
 #include "kernels/ops.h"
 #include "kernels/precision.h"
 
@@ -89,22 +90,11 @@ struct Model::Scratch {
 
 namespace {
 
-uint64_t mix(uint64_t x) {  // splitmix64 finaliser
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
+using k::splitmix64;
 
 // Standard normal from a counter: Box-Muller on two hashed uniforms in (0, 1].
 float normal_at(uint64_t key, uint64_t index) {
-  const uint64_t a = mix(key ^ mix(2 * index)), b = mix(key ^ mix(2 * index + 1));
+  const uint64_t a = splitmix64(key ^ splitmix64(2 * index)), b = splitmix64(key ^ splitmix64(2 * index + 1));
   const double u1 = (static_cast<double>(a >> 11) + 1.0) * 0x1.0p-53;
   const double u2 = static_cast<double>(b >> 11) * 0x1.0p-53;
   return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
@@ -419,7 +409,7 @@ void Model::init(uint64_t seed) {
     const bool residual_out = p.name.find("o_proj") != std::string::npos ||
                               p.name.find("down_proj") != std::string::npos;
     const float std = static_cast<float>(residual_out ? out_std : base_std);
-    const uint64_t key = mix(static_cast<uint64_t>(seed) ^ fnv1a(p.name));
+    const uint64_t key = splitmix64(static_cast<uint64_t>(seed) ^ k::fnv1a64(p.name));
     const int64_t rows = e.spec.shape[0], cols = e.spec.shape[1], global_cols = p.global_shape[1];
     const int64_t row0 = p.split_dim == 0 ? rows * tp_.rank() : 0;
     const int64_t col0 = p.split_dim == 1 ? cols * tp_.rank() : 0;

@@ -130,6 +130,9 @@ struct KeyDoc {
 };
 std::vector<KeyDoc> recipe_key_docs();
 
+// Levenshtein distance (for "did you mean" suggestions, here and in the cluster file).
+size_t edit_distance(const std::string& a, const std::string& b);
+
 // Levenshtein-closest known key, or "" when nothing is reasonably close.
 std::string closest_key(const std::string& unknown);
 
