@@ -3,6 +3,7 @@
 #include <spdlog/fmt/fmt.h>
 
 #include <algorithm>
+#include <thread>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -259,6 +260,9 @@ Cluster local_cluster(const Recipe& r, bool calibrate) {
     c.peak_tflops = kernels::measure_sgemm_gflops(1024, 1024, 1024, threads) / 1e3;
     c.compute_efficiency = 1.0;  // measured: already what GEMMs reach
   }
+  // More ranks than cores share them: each "device" gets its share of a core.
+  const double cores = std::max(1u, std::thread::hardware_concurrency());
+  c.peak_tflops *= std::min(1.0, cores / static_cast<double>(c.devices_per_node));
   c.intra_node_gbps = 5.0;
   c.inter_node_gbps = 5.0;
   c.intra_node_latency_us = c.inter_node_latency_us = 2.0;
