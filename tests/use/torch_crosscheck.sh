@@ -5,12 +5,12 @@
 # titan3d trained. The snapshot comes from a tp2×pp2 run (resharded into whole tensors) and is
 # incremental (a chain of two). Skips loudly (exit 77) when Debian's python3-torch is missing.
 set -u
-source "$(dirname "$0")/common.sh"
 py=/usr/bin/python3
 if ! "$py" -c 'import torch' 2>/dev/null; then
   echo "SKIPPED (loudly): torch is not installed for $py; apt-get install python3-torch to run this check"
   exit 77
 fi
+source "$(dirname "$0")/common.sh"
 "$titan3d" train "${tiny[@]}" --set parallel.tp=2 --set parallel.pp=2 --set train.steps=20 \
   --set train.val_every=0 --set snapshot.every=10 --set snapshot.full_every=2 \
   --set run.dir="$work/run" >"$work/train.log" 2>&1
