@@ -14,8 +14,8 @@ void attention_decode(float* out, const float* q, const float* k_cache, const fl
   const std::int64_t kv_row = Hkv * D, group = H / Hkv;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   for (std::int64_t h = 0; h < H; ++h) {
-    const float* qh = q + h * D;                  // (D)
-    const std::int64_t kv = (h / group) * D;      // column of this head's kv head in the cache
+    const float* qh = q + h * D;              // (D)
+    const std::int64_t kv = (h / group) * D;  // column of this head's kv head in the cache
     float max = -INFINITY;
     for (std::int64_t j = 0; j < n; ++j) {
       const float* kj = k_cache + j * kv_row + kv;  // (D)

@@ -41,8 +41,8 @@ TokenStream recipe_validation(const Recipe& r) {
   if (!r.data.val_path.empty()) return load_stream(r.data.val_path, r.data.format, vocab);
   T3D_USER_CHECK(r.data.val_fraction > 0, "the snapshot's recipe has no validation data ",
                  "(data.val_path is empty and data.val_fraction = 0); pass --data FILE");
-  auto split = split_train_val(load_stream(r.data.path, r.data.format, vocab),
-                               r.data.val_fraction, r.model.seq_len + 1);
+  auto split = split_train_val(load_stream(r.data.path, r.data.format, vocab), r.data.val_fraction,
+                               r.model.seq_len + 1);
   return std::move(split.val);
 }
 
@@ -101,20 +101,21 @@ EvalResult run_eval(const Job& job, const std::string& snapshot, const EvalOptio
   bool holds_loss = false;
   agree_on(mesh.world(), [&] {
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    kernels::set_blas_threads(threads_per_rank(static_cast<int>(r.hardware.threads_per_rank),
-                                               cores, std::max(1, job.env.local_size)));
+    kernels::set_blas_threads(threads_per_rank(static_cast<int>(r.hardware.threads_per_rank), cores,
+                                               std::max(1, job.env.local_size)));
     kernels::verify_gemm();
     stream = options.data.empty()
                  ? recipe_validation(r)
                  : load_stream(options.data, r.data.format, static_cast<int>(r.model.vocab_size));
     res.data = options.data.empty() ? stream.source : options.data;
-    sampler.emplace(stream.tokens, res.data,
-                    SamplerConfig{SampleMode::kSequential, static_cast<uint64_t>(r.train.seed), B,
-                                  T});
+    sampler.emplace(
+        stream.tokens, res.data,
+        SamplerConfig{SampleMode::kSequential, static_cast<uint64_t>(r.train.seed), B, T});
     rows = sampler->rows_per_micro(dp, n_micro);
     // Scored rows: every window once, or `batches` whole batches as the trainer's validation.
-    const int64_t batches =
-        options.batches > 0 ? options.batches : options.data.empty() ? r.train.val_batches : 0;
+    const int64_t batches = options.batches > 0    ? options.batches
+                            : options.data.empty() ? r.train.val_batches
+                                                   : 0;
     res.windows = batches > 0 ? batches * B : sampler->num_windows();
     res.batches = (res.windows + B - 1) / B;
     res.tokens = res.windows * T;
@@ -129,8 +130,7 @@ EvalResult run_eval(const Job& job, const std::string& snapshot, const EvalOptio
     for (int64_t k : parallel::chunks_of_stage(mesh.coord().pp, pp, v))
       mine.push_back(all_chunks[k]);
     executor = std::make_unique<PipelineExecutor>(
-        parallel::make_schedule(parallel::parse_schedule_kind(r.parallel.schedule), pp, n_micro,
-                                v),
+        parallel::make_schedule(parallel::parse_schedule_kind(r.parallel.schedule), pp, n_micro, v),
         mesh.group(Dim::pp));
     arena = std::make_unique<kernels::Arena>(
         static_cast<size_t>(r.hardware.hbm_gib * 1024.0 * 1024.0 * 1024.0));
@@ -138,7 +138,8 @@ EvalResult run_eval(const Job& job, const std::string& snapshot, const EvalOptio
     mo.micro_rows = rows;
     mo.slots = 1;
     mo.with_optimizer = false;
-    mo.bf16 = r.train.precision == "bf16";  // bf16 changes the TP and PP traffic, so the values
+    // bf16 rounds the TP all-reduces and PP messages: the trainer's validation did too.
+    mo.bf16 = r.train.precision == "bf16";
     model = std::make_unique<Model>(r.model, mine, mesh.group(Dim::tp), *arena, mo);
     holds_loss = mine.back().last && mesh.coord().tp == 0;
 

@@ -91,8 +91,8 @@ std::string llama_config_json(const ModelConfig& m) {
       "  \"eos_token_id\": null,\n"
       "  \"torch_dtype\": \"float32\"\n"
       "}}\n",
-      m.vocab_size, m.dim, m.ffn_dim, m.n_layers, m.n_heads, m.n_kv_heads, m.head_dim(),
-      m.seq_len, m.norm_eps, m.rope_theta, m.tie_embeddings ? "true" : "false");
+      m.vocab_size, m.dim, m.ffn_dim, m.n_layers, m.n_heads, m.n_kv_heads, m.head_dim(), m.seq_len,
+      m.norm_eps, m.rope_theta, m.tie_embeddings ? "true" : "false");
 }
 
 ExportSummary export_snapshot(const std::string& snapshot, const std::string& out_dir) {

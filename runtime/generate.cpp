@@ -20,11 +20,17 @@ Decoder::Decoder(const SnapshotWeights& w) : config_(w.recipe.model) {
   head_ = m.tie_embeddings ? embed_ : at("lm_head.weight");
   for (int64_t l = 0; l < m.n_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    Layer L{at(p + "input_layernorm.weight"), at(p + "self_attn.q_proj.weight"),
-            at(p + "self_attn.k_proj.weight"), at(p + "self_attn.v_proj.weight"),
-            at(p + "self_attn.o_proj.weight"), at(p + "post_attention_layernorm.weight"),
-            at(p + "mlp.gate_proj.weight"),    at(p + "mlp.up_proj.weight"),
-            at(p + "mlp.down_proj.weight"),    {}, {}};
+    Layer L{at(p + "input_layernorm.weight"),
+            at(p + "self_attn.q_proj.weight"),
+            at(p + "self_attn.k_proj.weight"),
+            at(p + "self_attn.v_proj.weight"),
+            at(p + "self_attn.o_proj.weight"),
+            at(p + "post_attention_layernorm.weight"),
+            at(p + "mlp.gate_proj.weight"),
+            at(p + "mlp.up_proj.weight"),
+            at(p + "mlp.down_proj.weight"),
+            {},
+            {}};
     L.k_cache.assign(static_cast<size_t>(T * m.n_kv_heads * D), 0.0f);
     L.v_cache.assign(L.k_cache.size(), 0.0f);
     layers_.push_back(std::move(L));
@@ -61,8 +67,8 @@ std::span<const float> Decoder::step(int32_t token) {
     k::linear_forward(vc, xn_.data(), L.v, 1, C, Hkv * D);
     k::rope_forward(q_.data(), q_.data(), rope_.data(), 1, 1, H, D, pos_);
     k::rope_forward(kc, kc, rope_.data(), 1, 1, Hkv, D, pos_);
-    k::attention_decode(att_.data(), q_.data(), L.k_cache.data(), L.v_cache.data(),
-                        scores_.data(), pos_ + 1, H, Hkv, D);
+    k::attention_decode(att_.data(), q_.data(), L.k_cache.data(), L.v_cache.data(), scores_.data(),
+                        pos_ + 1, H, Hkv, D);
     k::linear_forward(x_.data(), att_.data(), L.o, 1, H * D, C, k::Out::kAccumulate);
     k::rmsnorm_forward(xn_.data(), &rstd_, x_.data(), L.ln2, 1, C, eps);
     k::linear_forward(gate_.data(), xn_.data(), L.gate, 1, C, F);
@@ -111,9 +117,8 @@ int32_t pick_token(std::span<const float> logits, int64_t vocab_limit,
   return static_cast<int32_t>(last);  // u rounded up to sum
 }
 
-std::vector<int32_t> generate(Decoder& decoder, std::span<const int32_t> prompt,
-                              int64_t max_tokens, int64_t vocab_limit,
-                              const SamplingOptions& options,
+std::vector<int32_t> generate(Decoder& decoder, std::span<const int32_t> prompt, int64_t max_tokens,
+                              int64_t vocab_limit, const SamplingOptions& options,
                               const std::function<void(int32_t)>& emit) {
   T3D_USER_CHECK(!prompt.empty(), "the prompt is empty; give at least one character (--prompt)");
   const int64_t context = decoder.context();

@@ -61,9 +61,8 @@ int32_t pick_token(std::span<const float> logits, int64_t vocab_limit,
 // Feeds `prompt` and samples up to `max_tokens` more, calling `emit` with each as it comes.
 // When the context is full, the cache is rebuilt from the last half of the tokens so far (RoPE
 // positions restart at 0), so generation can run past model.seq_len. Returns the new tokens.
-std::vector<int32_t> generate(Decoder& decoder, std::span<const int32_t> prompt,
-                              int64_t max_tokens, int64_t vocab_limit,
-                              const SamplingOptions& options,
+std::vector<int32_t> generate(Decoder& decoder, std::span<const int32_t> prompt, int64_t max_tokens,
+                              int64_t vocab_limit, const SamplingOptions& options,
                               const std::function<void(int32_t)>& emit = {});
 
 }  // namespace t3d::runtime

@@ -25,16 +25,16 @@ TEST(use_decode, attention_decode_matches_reference_at_every_position) {
   const auto kk = k::ref::random_floats(size_t(T) * Hkv * D, 2, -2, 2);
   const auto v = k::ref::random_floats(size_t(T) * Hkv * D, 3);
   Vec expected;
-  k::ref::attention(k::ref::to_double(q), k::ref::to_double(kk), k::ref::to_double(v), 1, T, H,
-                    Hkv, D, &expected, nullptr);
+  k::ref::attention(k::ref::to_double(q), k::ref::to_double(kk), k::ref::to_double(v), 1, T, H, Hkv,
+                    D, &expected, nullptr);
   std::vector<float> out(size_t(H) * D), scores(T);
   for (int t = 0; t < T; ++t) {
     // Row t of causal attention is one query over the first t + 1 keys: the cache at step t.
     k::attention_decode(out.data(), q.data() + size_t(t) * H * D, kk.data(), v.data(),
                         scores.data(), t + 1, H, Hkv, D);
-    k::ref::expect_close(out, Vec(expected.begin() + size_t(t) * H * D,
-                                  expected.begin() + size_t(t + 1) * H * D),
-                         1e-5, 1e-6, "attention_decode row");
+    k::ref::expect_close(
+        out, Vec(expected.begin() + size_t(t) * H * D, expected.begin() + size_t(t + 1) * H * D),
+        1e-5, 1e-6, "attention_decode row");
   }
 }
 

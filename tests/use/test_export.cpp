@@ -104,7 +104,8 @@ class JsonParser {
     }
     if (c == '"') return Json{string()};
     for (const auto& [word, j] : {std::pair<const char*, Json>{"null", Json{nullptr}},
-                                  {"true", Json{true}}, {"false", Json{false}}})
+                                  {"true", Json{true}},
+                                  {"false", Json{false}}})
       if (s_.compare(i_, std::strlen(word), word) == 0) return i_ += std::strlen(word), j;
     size_t used = 0;
     const double d = std::stod(s_.substr(i_), &used);
@@ -164,7 +165,10 @@ TEST_F(use_export, safetensors_round_trip_is_bit_exact) {
         continue;
       }
       const int64_t half = t.shape[0] / 2;
-      mine.push_back({"model/" + t.name, t.shape, {half * rank, 0}, {half, t.shape[1]},
+      mine.push_back({"model/" + t.name,
+                      t.shape,
+                      {half * rank, 0},
+                      {half, t.shape[1]},
                       t.data.data() + half * rank * t.shape[1]});
     }
     const std::string path = ck::shard_path(dir_, 12, rank);
