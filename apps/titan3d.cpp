@@ -130,7 +130,6 @@ int selfcheck(const Options& o, const runtime::SelfcheckOptions& options, const 
 int eval(const std::string& snapshot, const runtime::EvalOptions& options, const Options& o,
          const std::vector<std::string>& argv) {
   runtime::Recipe recipe = runtime::load_eval_recipe(snapshot, overrides(o));
-  recipe.check_trainable();
   runtime::check_eval_inputs(recipe, options);  // before any rank starts
   runtime::spawn_if_needed(recipe, argv, 0);
 

@@ -138,8 +138,10 @@ EvalResult run_eval(const Job& job, const std::string& snapshot, const EvalOptio
     mo.micro_rows = rows;
     mo.slots = 1;
     mo.with_optimizer = false;
-    // bf16 rounds the TP all-reduces and PP messages: the trainer's validation did too.
+    // As the trainer builds it: bf16 rounds the TP and PP traffic, sequence parallelism changes
+    // where the norms run, so both can change the last bits of the loss.
     mo.bf16 = r.train.precision == "bf16";
+    mo.sequence_parallel = r.parallel.sequence_parallel;
     model = std::make_unique<Model>(r.model, mine, mesh.group(Dim::tp), *arena, mo);
     holds_loss = mine.back().last && mesh.coord().tp == 0;
 

@@ -2,7 +2,7 @@
 # `titan3d eval / generate / export` end to end on tiny models trained on the corpus:
 #  - eval of a snapshot (the recipe's validation data) equals the val_loss the trainer logged at
 #    that step: on 1 rank, and on tp2×pp2 for a tp2×pp2 run (the trainer prints 9 digits);
-#  - eval agrees across layouts (1 rank vs tp2×pp2, dp2) within fp32 tolerance, on incremental
+#  - eval agrees across layouts (1 rank vs tp2×pp2, dp2, tp2 + SP) within fp32 tolerance, on incremental
 #    snapshots, on a whole --data file whose last batch is partial;
 #  - greedy generate is deterministic and writes only characters of the corpus; seeded sampling
 #    repeats itself;
@@ -24,7 +24,8 @@ done
 check "[ \$? -eq 0 ] && rel_close \$(json_loss $work/e60tp.json) \$(json_loss $work/e60.json) 1e-5" \
   "eval of the 1-rank snapshot on tp2×pp2 agrees (rel 1e-5)" || cat "$work/e60tp.log"
 
-# A tp2×pp2 run: eval on its own layout repeats its validation; on 1 rank and on dp2 it agrees.
+# A tp2×pp2 run: eval on its own layout repeats its validation; on 1 rank, on dp2 and on tp2 with
+# sequence parallelism it agrees.
 "$titan3d" train "${tiny[@]}" --set parallel.tp=2 --set parallel.pp=2 --set train.steps=8 \
   --set train.val_every=8 --set snapshot.every=8 --set run.dir="$work/mesh" >"$work/mesh.log" 2>&1
 check "[ \$? -eq 0 ]" "train tiny on tp2×pp2" || cat "$work/mesh.log"
@@ -32,7 +33,7 @@ msnap=$work/mesh/snapshots/step_00000008.h5
 "$titan3d" eval "$msnap" --set parallel.tp=2 --set parallel.pp=2 --json "$work/m.json" >"$work/m.log" 2>&1
 check "[ \$? -eq 0 ] && rel_close \$(json_loss $work/m.json) \$(val_loss $work/mesh/metrics.jsonl 8) 5e-9" \
   "eval at step 8 on tp2×pp2 equals the trainer's val_loss (same layout)" || cat "$work/m.log"
-for layout in "" "--set parallel.dp=2"; do
+for layout in "" "--set parallel.dp=2" "--set parallel.tp=2 --set parallel.sequence_parallel=true"; do
   "$titan3d" eval "$msnap" $layout --json "$work/m1.json" >"$work/m1.log" 2>&1
   check "[ \$? -eq 0 ] && rel_close \$(json_loss $work/m1.json) \$(json_loss $work/m.json) 1e-5" \
     "eval of the tp2×pp2 snapshot on ${layout:-1 rank} agrees (rel 1e-5)" || cat "$work/m1.log"
