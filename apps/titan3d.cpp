@@ -3,12 +3,21 @@
 // 5 selfcheck found a fault).
 #include <spdlog/spdlog.h>
 
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
+#include "kernels/blas.h"
 #include "kernels/check.h"
+#include "runtime/eval.h"
+#include "runtime/export.h"
+#include "runtime/generate.h"
 #include "runtime/job.h"
 #include "parallel/trace.h"
 #include "runtime/launch.h"
@@ -17,6 +26,7 @@
 #include "runtime/recipe.h"
 #include "runtime/selfcheck.h"
 #include "runtime/snapshots.h"
+#include "runtime/tokenizer.h"
 #include "runtime/trainer.h"
 
 namespace {
@@ -116,6 +126,98 @@ int selfcheck(const Options& o, const runtime::SelfcheckOptions& options, const 
   return report.ok() ? 0 : kExitSelfcheckFailed;
 }
 
+// `eval` (issue 8): the snapshot's recipe on one rank unless --set parallel.* says otherwise.
+int eval(const std::string& snapshot, const runtime::EvalOptions& options, const Options& o,
+         const std::vector<std::string>& argv) {
+  runtime::Recipe recipe = runtime::load_eval_recipe(snapshot, overrides(o));
+  runtime::check_eval_inputs(recipe, options);  // before any rank starts
+  runtime::spawn_if_needed(recipe, argv, 0);
+
+  runtime::MpiRuntime mpi;
+  runtime::Job job = runtime::join_world(std::move(recipe), o.log_level, /*needs_data=*/false);
+  const runtime::EvalResult res = runtime::run_eval(job, snapshot, options);
+  if (job.mesh->rank() != 0) return 0;
+  const auto& p = job.recipe.parallel;
+  std::printf("eval %s (step %lld) on %s: loss %.6f nats/token, perplexity %.4f over %lld "
+              "windows of %lld tokens (%lld batches; pp=%lld dp=%lld tp=%lld)\n",
+              snapshot.c_str(), static_cast<long long>(res.step), res.data.c_str(), res.loss,
+              res.perplexity, static_cast<long long>(res.windows),
+              static_cast<long long>(job.recipe.model.seq_len),
+              static_cast<long long>(res.batches), static_cast<long long>(p.pp),
+              static_cast<long long>(p.dp), static_cast<long long>(p.tp));
+  std::fflush(stdout);
+  if (!options.json.empty()) {
+    std::FILE* f = std::fopen(options.json.c_str(), "w");
+    T3D_USER_CHECK(f, "cannot write `", options.json, "` (--json)");
+    std::fputs(runtime::eval_json(res).c_str(), f);
+    std::fclose(f);
+  }
+  return 0;
+}
+
+// OpenBLAS chooses its kernels when it loads, from OPENBLAS_CORETYPE; Debian's falls back to slow
+// generic ones on some CPUs (DESIGN.md, "Speed notes"). The launcher sets it for ranks; a verb that
+// runs without ranks re-executes itself once with it set (2.4x faster decoding, measured).
+void reexec_with_openblas_coretype(const std::vector<std::string>& argv) {
+  if (std::getenv("OPENBLAS_CORETYPE")) return;
+  const std::string coretype = kernels::recommended_openblas_coretype();
+  if (coretype.empty()) return;
+  setenv("OPENBLAS_CORETYPE", coretype.c_str(), 1);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  execv("/proc/self/exe", args.data());  // returns only on failure: go on with what loaded
+}
+
+// `generate` (issue 8): one process, no MPI; the completion streams to stdout after the prompt.
+int generate(const std::string& snapshot, const std::string& prompt, int64_t max_tokens,
+             const runtime::SamplingOptions& sampling) {
+  T3D_USER_CHECK(max_tokens >= 0, "--max-tokens is ", max_tokens, "; it must be >= 0");
+  T3D_USER_CHECK(sampling.top_k >= 0, "--top-k is ", sampling.top_k, "; it must be >= 0");
+  T3D_USER_CHECK(sampling.temperature >= 0, "--temperature is ", sampling.temperature,
+                 "; it must be >= 0 (0: greedy)");
+  kernels::set_blas_threads(1);  // one row at a time: GEMVs too small to share among threads
+  const runtime::SnapshotWeights weights = runtime::load_snapshot_weights(snapshot);
+  runtime::Decoder decoder(weights);
+  const runtime::ByteTokenizer tokenizer;
+  const auto bytes = tokenizer.encode(prompt);
+  const std::vector<int32_t> ids(bytes.begin(), bytes.end());
+  const int64_t vocab = weights.recipe.model.vocab_size;
+  for (const int32_t id : ids)
+    T3D_USER_CHECK(id < vocab, "the prompt has byte ", id, " but the model's vocabulary is ",
+                   vocab, " tokens (model.vocab_size); it was not trained on byte-tokenized text");
+  std::fwrite(prompt.data(), 1, prompt.size(), stdout);
+  std::fflush(stdout);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto out = runtime::generate(
+      decoder, ids, max_tokens, std::min<int64_t>(vocab, tokenizer.vocab_size()), sampling,
+      [](int32_t t) {  // byte tokenizer: the id is the byte
+        std::fputc(t, stdout);
+        std::fflush(stdout);
+      });
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::printf("\n");
+  std::fprintf(stderr, "generate: %zu tokens in %.2f s (%.0f tokens/s) from %s (step %lld), %s\n",
+               out.size(), s, out.size() / std::max(s, 1e-9), snapshot.c_str(),
+               static_cast<long long>(weights.step),
+               sampling.temperature > 0
+                   ? fmt::format("temperature {} top-k {} seed {}", sampling.temperature,
+                                 sampling.top_k, sampling.seed)
+                         .c_str()
+                   : "greedy");
+  return 0;
+}
+
+// `export` (issue 8): Hugging Face files, no MPI.
+int export_model(const std::string& snapshot, const std::string& out_dir) {
+  const runtime::ExportSummary s = runtime::export_snapshot(snapshot, out_dir);
+  std::printf("export %s (step %lld): %lld tensors, %.2f M parameters -> %s (%.1f MiB), %s\n",
+              snapshot.c_str(), static_cast<long long>(s.step),
+              static_cast<long long>(s.tensors), s.parameters / 1e6, s.safetensors.c_str(),
+              s.bytes / 1048576.0, s.config.c_str());
+  return 0;
+}
+
 int print_keys() {
   const auto cell = [](std::string s) {  // a '|' would end a Markdown table cell
     for (size_t i = 0; (i = s.find('|', i)) != std::string::npos; i += 2) s.insert(i, "\\");
@@ -191,6 +293,42 @@ int main(int argc, char** argv) {
 
   auto* keys_cmd = app.add_subcommand("keys", "Print every recipe key: type, default, meaning");
 
+  // Using a trained model (issue 8; docs/eval-generate-export.md).
+  runtime::EvalOptions eval_opts;
+  auto* eval_cmd = app.add_subcommand(
+      "eval", "Mean cross-entropy and perplexity of a snapshot's model over a data file");
+  eval_cmd->add_option("snapshot", snapshot, "Snapshot file (.h5)")->required();
+  eval_cmd->add_option("--data", eval_opts.data,
+                       "Text (byte tokenizer) or token file; default: the recipe's validation "
+                       "data, as the trainer reads it");
+  eval_cmd->add_option("--batches", eval_opts.batches,
+                       "Batches of train.global_batch windows (default: every window of --data "
+                       "once; train.val_batches for the recipe's validation data)");
+  eval_cmd->add_option("--json", eval_opts.json, "Also write the result as JSON to this file");
+  add_sets(eval_cmd);
+
+  std::string prompt;
+  int64_t max_tokens = 200;
+  runtime::SamplingOptions sampling;
+  auto* generate_cmd =
+      app.add_subcommand("generate", "Sample text from a snapshot's model (one process)");
+  generate_cmd->add_option("snapshot", snapshot, "Snapshot file (.h5)")->required();
+  generate_cmd->add_option("--prompt", prompt, "Text to continue")->required();
+  generate_cmd->add_option("--max-tokens", max_tokens, "Tokens to generate")
+      ->capture_default_str();
+  generate_cmd->add_option("--temperature", sampling.temperature, "Softmax temperature; 0: greedy")
+      ->capture_default_str();
+  generate_cmd->add_option("--top-k", sampling.top_k, "Sample among the k most likely; 0: all")
+      ->capture_default_str();
+  generate_cmd->add_option("--seed", sampling.seed, "Random seed (same seed, same text)")
+      ->capture_default_str();
+
+  std::string out_dir;
+  auto* export_cmd = app.add_subcommand(
+      "export", "Write model.safetensors + config.json (Hugging Face LlamaForCausalLM)");
+  export_cmd->add_option("snapshot", snapshot, "Snapshot file (.h5)")->required();
+  export_cmd->add_option("--out", out_dir, "Output directory")->required();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -203,6 +341,12 @@ int main(int argc, char** argv) {
     if (keys_cmd->parsed()) return print_keys();
     if (resume_cmd->parsed()) return resume(snapshot, o, args);
     if (selfcheck_cmd->parsed()) return selfcheck(o, check, json, args);
+    if (eval_cmd->parsed()) return eval(snapshot, eval_opts, o, args);
+    if (generate_cmd->parsed()) {
+      reexec_with_openblas_coretype(args);
+      return generate(snapshot, prompt, max_tokens, sampling);
+    }
+    if (export_cmd->parsed()) return export_model(snapshot, out_dir);
     if (plan_cmd->parsed()) {
       plan.recipe = o.recipe;
       plan.overrides = overrides(o);

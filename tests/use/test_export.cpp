@@ -1,0 +1,240 @@
+// `titan3d export`: a snapshot written as tp-sharded pieces comes back out of model.safetensors
+// whole and bit for bit, read by a JSON parser of this test's own (not the writer's code), and
+// config.json describes the model in transformers' LlamaForCausalLM terms.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <variant>
+
+#include "checkpoint/snapshot.h"
+#include "kernels/check.h"
+#include "runtime/export.h"
+
+namespace t3d::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+namespace ck = checkpoint;
+
+// ---- a small JSON reader, just enough for safetensors headers and config.json -----------------
+
+struct Json {
+  std::variant<std::nullptr_t, bool, double, std::string, std::vector<Json>,
+               std::map<std::string, Json>>
+      v;
+  const Json& operator[](const std::string& key) const {
+    return std::get<std::map<std::string, Json>>(v).at(key);
+  }
+  const std::map<std::string, Json>& object() const {
+    return std::get<std::map<std::string, Json>>(v);
+  }
+  const std::vector<Json>& array() const { return std::get<std::vector<Json>>(v); }
+  double number() const { return std::get<double>(v); }
+  const std::string& str() const { return std::get<std::string>(v); }
+};
+
+class JsonParser {
+ public:
+  explicit JsonParser(std::string text) : s_(std::move(text)) {}
+  Json parse() {
+    Json j = value();
+    ws();
+    if (i_ != s_.size()) throw std::runtime_error("trailing bytes after JSON");
+    return j;
+  }
+
+ private:
+  void ws() {
+    while (i_ < s_.size() && std::isspace(static_cast<unsigned char>(s_[i_]))) ++i_;
+  }
+  void expect(char c) {
+    ws();
+    if (i_ >= s_.size() || s_[i_] != c) throw std::runtime_error(std::string("expected ") + c);
+    ++i_;
+  }
+  std::string string() {
+    expect('"');
+    std::string out;
+    while (s_.at(i_) != '"') {
+      if (s_[i_] == '\\') {
+        ++i_;
+        if (s_.at(i_) == 'u') {  // \u00XX only: what a writer of ASCII names needs
+          out += static_cast<char>(std::stoi(s_.substr(i_ + 1, 4), nullptr, 16));
+          i_ += 5;
+          continue;
+        }
+      }
+      out += s_[i_++];
+    }
+    ++i_;
+    return out;
+  }
+  Json value() {
+    ws();
+    const char c = s_.at(i_);
+    if (c == '{') {
+      ++i_;
+      std::map<std::string, Json> m;
+      ws();
+      if (s_.at(i_) == '}') return ++i_, Json{m};
+      for (;;) {
+        std::string key = string();
+        expect(':');
+        if (!m.emplace(key, value()).second) throw std::runtime_error("duplicate key " + key);
+        ws();
+        if (s_.at(i_++) == '}') return Json{m};
+      }
+    }
+    if (c == '[') {
+      ++i_;
+      std::vector<Json> a;
+      ws();
+      if (s_.at(i_) == ']') return ++i_, Json{a};
+      for (;;) {
+        a.push_back(value());
+        ws();
+        if (s_.at(i_++) == ']') return Json{a};
+      }
+    }
+    if (c == '"') return Json{string()};
+    for (const auto& [word, j] : {std::pair<const char*, Json>{"null", Json{nullptr}},
+                                  {"true", Json{true}},
+                                  {"false", Json{false}}})
+      if (s_.compare(i_, std::strlen(word), word) == 0) return i_ += std::strlen(word), j;
+    size_t used = 0;
+    const double d = std::stod(s_.substr(i_), &used);
+    i_ += used;
+    return Json{d};
+  }
+  std::string s_;
+  size_t i_ = 0;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// ---- the test -----------------------------------------------------------------------------------
+
+class use_export : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = (fs::temp_directory_path() / ("t3d_export_" + std::to_string(::getpid()))).string();
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string dir_;
+};
+
+TEST_F(use_export, safetensors_round_trip_is_bit_exact) {
+  Recipe r = parse_recipe(
+      "[model]\nvocab_size = 48\ndim = 16\nn_layers = 2\nn_heads = 4\nn_kv_heads = 2\n"
+      "ffn_dim = 40\nseq_len = 8\nnorm_eps = 1e-6\nrope_theta = 500000.0\n",
+      "test");
+  // The whole model, random bits (NaN and -0 included: a copy must not be a conversion).
+  std::vector<GlobalTensor> tensors = llama_tensor_table(r.model);
+  std::mt19937 rng(5);
+  for (auto& t : tensors) {
+    size_t n = 1;
+    for (const int64_t d : t.shape) n *= static_cast<size_t>(d);
+    t.data.resize(n);
+    for (auto& x : t.data) {
+      const uint32_t bits = rng();
+      std::memcpy(&x, &bits, 4);
+    }
+  }
+  // Written as a tp2 run would: matrices in two row halves, one per shard; vectors by rank 0.
+  ck::IndexInfo info;
+  info.step = 12, info.recipe = r.to_toml(), info.layout = "pp=1 dp=1 cp=1 tp=2";
+  info.counters = {{"step", 12}};
+  for (int rank = 0; rank < 2; ++rank) {
+    std::vector<ck::Slice> mine;
+    for (auto& t : tensors) {
+      if (t.shape.size() == 1) {
+        if (rank == 0) mine.push_back({"model/" + t.name, t.shape, {0}, t.shape, t.data.data()});
+        continue;
+      }
+      const int64_t half = t.shape[0] / 2;
+      mine.push_back({"model/" + t.name,
+                      t.shape,
+                      {half * rank, 0},
+                      {half, t.shape[1]},
+                      t.data.data() + half * rank * t.shape[1]});
+    }
+    const std::string path = ck::shard_path(dir_, 12, rank);
+    const ck::FileDigest d = ck::write_shard(path, rank, mine).digest;
+    ck::publish(path);
+    info.shards.push_back({fs::path(path).lexically_relative(dir_).string(), d.bytes, d.hash});
+  }
+  ck::write_index(dir_, info);
+
+  const std::string out = dir_ + "/hf";
+  const ExportSummary s = export_snapshot(ck::index_path(dir_, 12), out);
+  EXPECT_EQ(s.step, 12);
+  EXPECT_EQ(s.tensors, static_cast<int64_t>(tensors.size()));
+
+  // safetensors: u64 header length, JSON header, data; every tensor where the header says.
+  const std::string file = slurp(out + "/model.safetensors");
+  ASSERT_GE(file.size(), 8u);
+  uint64_t n = 0;
+  std::memcpy(&n, file.data(), 8);
+  ASSERT_LE(8 + n, file.size());
+  EXPECT_EQ((8 + n) % 8, 0u) << "data section 8-byte aligned";
+  const Json header = JsonParser(file.substr(8, n)).parse();
+  EXPECT_EQ(header["__metadata__"]["format"].str(), "pt");
+  EXPECT_EQ(header.object().size(), tensors.size() + 1);
+  uint64_t covered = 0;
+  for (const auto& t : tensors) {
+    const Json& h = header[t.name];
+    EXPECT_EQ(h["dtype"].str(), "F32") << t.name;
+    std::vector<int64_t> shape;
+    for (const auto& d : h["shape"].array()) shape.push_back(static_cast<int64_t>(d.number()));
+    EXPECT_EQ(shape, t.shape) << t.name;
+    const auto begin = static_cast<uint64_t>(h["data_offsets"].array().at(0).number());
+    const auto end = static_cast<uint64_t>(h["data_offsets"].array().at(1).number());
+    ASSERT_EQ(end - begin, 4 * t.data.size()) << t.name;
+    ASSERT_LE(8 + n + end, file.size()) << t.name;
+    EXPECT_EQ(std::memcmp(file.data() + 8 + n + begin, t.data.data(), end - begin), 0)
+        << t.name << ": not bit-identical to the snapshot";
+    covered += end - begin;
+  }
+  EXPECT_EQ(8 + n + covered, file.size()) << "no bytes beyond the tensors";
+
+  const Json config = JsonParser(slurp(out + "/config.json")).parse();
+  EXPECT_EQ(config["architectures"].array().at(0).str(), "LlamaForCausalLM");
+  EXPECT_EQ(config["model_type"].str(), "llama");
+  EXPECT_EQ(config["vocab_size"].number(), 48);
+  EXPECT_EQ(config["hidden_size"].number(), 16);
+  EXPECT_EQ(config["intermediate_size"].number(), 40);
+  EXPECT_EQ(config["num_hidden_layers"].number(), 2);
+  EXPECT_EQ(config["num_attention_heads"].number(), 4);
+  EXPECT_EQ(config["num_key_value_heads"].number(), 2);
+  EXPECT_EQ(config["max_position_embeddings"].number(), 8);
+  EXPECT_EQ(config["rms_norm_eps"].number(), 1e-6);
+  EXPECT_EQ(config["rope_theta"].number(), 500000.0);
+  EXPECT_EQ(std::get<bool>(config["tie_word_embeddings"].v), false);
+}
+
+TEST_F(use_export, tied_embeddings_have_no_lm_head) {
+  ModelConfig m;
+  m.tie_embeddings = true;
+  m.ffn_dim = 64;
+  for (const auto& t : llama_tensor_table(m)) EXPECT_NE(t.name, "lm_head.weight");
+}
+
+TEST_F(use_export, missing_snapshot_is_a_user_error) {
+  EXPECT_THROW(export_snapshot(dir_ + "/step_00000001.h5", dir_ + "/out"), UserError);
+}
+
+}  // namespace
+}  // namespace t3d::runtime

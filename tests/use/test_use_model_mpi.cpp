@@ -1,0 +1,87 @@
+// The decoder and the exporter against the training Model itself (one rank, so under mpirun -np 1):
+// llama_tensor_table names and shapes Model's parameter table exactly, and the decoder's logits,
+// fed the Model's own weights, give the loss Model::forward computes for the same sequence.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "kernels/arena.h"
+#include "kernels/check.h"
+#include "parallel/comm.h"
+#include "runtime/export.h"
+#include "runtime/generate.h"
+#include "runtime/model.h"
+
+using namespace t3d;
+
+namespace {
+
+runtime::ModelConfig config(bool tied) {
+  runtime::ModelConfig c;
+  c.vocab_size = 24;
+  c.dim = 32;
+  c.n_layers = 3;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.ffn_dim = 40;
+  c.seq_len = 12;
+  c.tie_embeddings = tied;
+  return c;
+}
+
+}  // namespace
+
+TEST(UseModelMpi, TensorTableIsTheModelsParameterTable) {
+  auto world = parallel::Comm::world(60.0);
+  const auto self = world.split(world.rank(), 0, "self");
+  for (const bool tied : {false, true}) {
+    const auto cfg = config(tied);
+    kernels::Arena arena(64 << 20);
+    runtime::Model m(cfg, {{0, cfg.n_layers, true, true}}, self, arena, {1, 1, false});
+    const auto table = runtime::llama_tensor_table(cfg);
+    ASSERT_EQ(table.size(), m.params().size()) << "tied " << tied;
+    for (size_t i = 0; i < table.size(); ++i) {
+      EXPECT_EQ(table[i].name, m.params()[i].name);
+      EXPECT_EQ(table[i].shape, m.params()[i].global_shape) << table[i].name;
+    }
+  }
+}
+
+TEST(UseModelMpi, DecoderLossEqualsModelForward) {
+  auto world = parallel::Comm::world(60.0);
+  const auto self = world.split(world.rank(), 0, "self");
+  const auto cfg = config(false);
+  kernels::Arena arena(64 << 20);
+  runtime::Model m(cfg, {{0, cfg.n_layers, true, true}}, self, arena, {1, 1, false});
+  m.init(5);
+  // Larger weights than the init's 0.02 so attention and the MLP matter to the loss.
+  for (float* p = m.state().params.data(); p != m.state().params.data() + m.state().params.size();
+       ++p)
+    *p *= 10.0f;
+  std::vector<int32_t> tokens, targets;
+  for (int64_t t = 0; t < cfg.seq_len; ++t) {
+    tokens.push_back(static_cast<int32_t>((5 * t + 1) % cfg.vocab_size));
+    targets.push_back(static_cast<int32_t>((3 * t + 2) % cfg.vocab_size));
+  }
+  const double model_loss = m.forward(0, 0, tokens.data(), targets.data(), 0.0f, false);
+
+  runtime::SnapshotWeights w;
+  w.recipe.model = cfg;
+  w.tensors = runtime::llama_tensor_table(cfg);
+  for (auto& t : w.tensors) {
+    const auto v = m.state().params.view(t.name);
+    t.data.assign(v.data, v.data + v.numel);
+  }
+  runtime::Decoder decoder(w);
+  double decoder_loss = 0;
+  for (int64_t t = 0; t < cfg.seq_len; ++t) {
+    const auto logits = decoder.step(tokens[t]);
+    double max = logits[0], sum = 0;
+    for (const float x : logits) max = std::max<double>(max, x);
+    for (const float x : logits) sum += std::exp(x - max);
+    decoder_loss += std::log(sum) + max - logits[targets[t]];
+  }
+  EXPECT_GT(model_loss, 1.0);
+  EXPECT_NEAR(decoder_loss, model_loss, 1e-5 * model_loss)
+      << "the decoder (KV cache, one row at a time) and Model::forward (whole sequence)";
+}

@@ -1,0 +1,112 @@
+#!/usr/bin/env python3
+"""Independent check of `titan3d eval` from `titan3d export`'s files: reads model.safetensors with
+its own parser (json + raw bytes), config.json for the shape, runs a plain PyTorch LLaMA forward
+(float64, written here from the architecture's definition, sharing no code with titan3d) over the
+same windows `titan3d eval --data FILE` reads (seq_len + 1 tokens every seq_len tokens from the
+start), and prints the mean cross-entropy in nats per token as JSON.
+
+Usage: torch_eval.py EXPORT_DIR DATA_FILE [--windows N]
+Exit 77 (ctest's skip code here) when torch is missing, after saying so."""
+import json
+import math
+import struct
+import sys
+
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError:
+    print("SKIPPED: torch is not installed for", sys.executable, "(apt-get install python3-torch)")
+    sys.exit(77)
+
+
+def read_safetensors(path):
+    raw = open(path, "rb").read()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    base = 8 + n
+    tensors = {}
+    for name, h in header.items():
+        assert h["dtype"] == "F32", (name, h["dtype"])
+        begin, end = h["data_offsets"]
+        t = torch.frombuffer(bytearray(raw[base + begin:base + end]), dtype=torch.float32)
+        tensors[name] = t.reshape(h["shape"]).to(torch.float64)
+    return tensors
+
+
+def read_tokens(path):
+    raw = open(path, "rb").read()
+    if path.endswith(".txt"):  # titan3d's byte tokenizer: token = byte
+        return torch.tensor(list(raw), dtype=torch.int64)
+    header = 256 * 4 if int.from_bytes(raw[:4], "little", signed=True) == 20240520 else 0
+    return torch.frombuffer(bytearray(raw[header:]), dtype=torch.int16).to(torch.int64) & 0xFFFF
+
+
+def rms_norm(x, w, eps):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+
+
+def loss_sum(W, c, x_ids, y_ids):
+    """Summed next-token cross-entropy of a batch of windows, Hugging Face LLaMA semantics."""
+    B, T = x_ids.shape
+    H, Hkv, C = c["num_attention_heads"], c["num_key_value_heads"], c["hidden_size"]
+    D, eps = C // H, c["rms_norm_eps"]
+    inv = c["rope_theta"] ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    ang = torch.outer(torch.arange(T, dtype=torch.float64), inv)
+    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)  # (T, D)
+    mask = torch.full((T, T), float("-inf"), dtype=torch.float64).triu(1)
+    x = W["model.embed_tokens.weight"][x_ids]
+    for l in range(c["num_hidden_layers"]):
+        p = f"model.layers.{l}."
+        h = rms_norm(x, W[p + "input_layernorm.weight"], eps)
+        q = (h @ W[p + "self_attn.q_proj.weight"].T).view(B, T, H, D).transpose(1, 2)
+        k = (h @ W[p + "self_attn.k_proj.weight"].T).view(B, T, Hkv, D).transpose(1, 2)
+        v = (h @ W[p + "self_attn.v_proj.weight"].T).view(B, T, Hkv, D).transpose(1, 2)
+        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+        k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
+        att = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(D) + mask, dim=-1) @ v
+        x = x + att.transpose(1, 2).reshape(B, T, H * D) @ W[p + "self_attn.o_proj.weight"].T
+        h = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
+        g, u = h @ W[p + "mlp.gate_proj.weight"].T, h @ W[p + "mlp.up_proj.weight"].T
+        x = x + (F.silu(g) * u) @ W[p + "mlp.down_proj.weight"].T
+    head = W["model.embed_tokens.weight"] if c["tie_word_embeddings"] else W["lm_head.weight"]
+    logits = rms_norm(x, W["model.norm.weight"], eps) @ head.T
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y_ids.reshape(-1),
+                           reduction="sum").item()
+
+
+def main():
+    args = sys.argv[1:]
+    windows = None
+    if "--windows" in args:
+        i = args.index("--windows")
+        windows = int(args[i + 1])
+        del args[i:i + 2]
+    out_dir, data = args
+    c = json.load(open(out_dir + "/config.json"))
+    assert c["architectures"] == ["LlamaForCausalLM"], c["architectures"]
+    W = read_safetensors(out_dir + "/model.safetensors")
+    tokens = read_tokens(data)
+    T = c["max_position_embeddings"]  # titan3d exports its training seq_len here
+    n_windows = (len(tokens) - 1) // T
+    if windows is not None:
+        n_windows = min(n_windows, windows)
+    starts = [k * T for k in range(n_windows)]
+    total = 0.0
+    torch.set_num_threads(1)
+    for i in range(0, len(starts), 64):
+        rows = torch.stack([tokens[s:s + T + 1] for s in starts[i:i + 64]])
+        total += loss_sum(W, c, rows[:, :-1], rows[:, 1:])
+    loss = total / (n_windows * T)
+    print(json.dumps({"loss": loss, "windows": n_windows, "tokens": n_windows * T,
+                      "torch": torch.__version__}))
+
+
+if __name__ == "__main__":
+    main()
