@@ -3,6 +3,7 @@
 #include <sched.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <thread>
@@ -135,13 +136,19 @@ void Comm::wait(MPI_Request& request, const char* what, int peer) const {
       std::string where;
       if (world_hosts_) {
         const auto host = [&](int group_rank) { return world_hosts_->at(world_ranks_.at(group_rank)); };
-        std::string others;
-        for (int i = 0; i < size_; ++i)
-          if ((peer < 0 || i == peer) && host(i) != host(rank_))
-            others += (others.empty() ? "" : ", ") + host(i) + " (world rank " +
-                      std::to_string(world_ranks_[i]) + ")";
-        where = "; on host " + host(rank_) +
-                (others.empty() ? ", waiting on no other host" : ", waiting on host " + others);
+        std::vector<std::pair<std::string, std::string>> others;  // host, its world ranks
+        for (int i = 0; i < size_; ++i) {
+          if ((peer >= 0 && i != peer) || host(i) == host(rank_)) continue;
+          auto it = std::find_if(others.begin(), others.end(),
+                                 [&](const auto& o) { return o.first == host(i); });
+          if (it == others.end()) it = others.insert(others.end(), {host(i), ""});
+          it->second += (it->second.empty() ? "" : ",") + std::to_string(world_ranks_[i]);
+        }
+        where = "; on host " + host(rank_) + ", waiting on ";
+        if (others.empty()) where += "no other host";
+        for (size_t h = 0; h < others.size(); ++h)
+          where += (h ? ", host " : "host ") + others[h].first + " (world ranks " +
+                   others[h].second + ")";
       }
       const std::string msg = "watchdog: world rank " + std::to_string(world_ranks_.at(rank_)) +
                               " waited more than " + std::to_string(static_cast<int>(timeout_s_)) +

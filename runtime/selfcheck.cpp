@@ -260,12 +260,12 @@ void host_link_rows(const Job& job, bool quick, std::vector<CheckRow>& rows) {
   std::vector<std::pair<int, std::string>> peers;  // world rank, kind
   for (int r = 1; r < world.size(); ++r)
     if (job.hosts[r] == job.hosts[0]) {
-      peers.emplace_back(r, "intra-host");
+      peers.emplace_back(r, "intra");
       break;
     }
   std::set<std::string> seen = {job.hosts[0]};
   for (int r = 1; r < world.size(); ++r)
-    if (seen.insert(job.hosts[r]).second) peers.emplace_back(r, "inter-host");
+    if (seen.insert(job.hosts[r]).second) peers.emplace_back(r, "inter");
   const size_t bytes = quick ? 1 << 20 : 16 << 20;
   const int iters = quick ? 3 : 10;
   std::vector<char> buf(bytes);
@@ -293,9 +293,10 @@ void host_link_rows(const Job& job, bool quick, std::vector<CheckRow>& rows) {
     world.broadcast(times, 2, 0);
     const double gbs = 2.0 * bytes / times[1] / 1e9;  // both directions of a round trip
     rows.push_back({"link", kind, fmt::format("ranks 0,{}", peer), CheckStatus::info,
-                    fmt::format("{} <-> {}: ping-pong {} {:7.3f} GB/s, 8 B round trip {:7.1f} us",
-                                job.hosts[0], job.hosts[peer], selfcheck::bytes_label(bytes), gbs,
-                                times[0] * 1e6),
+                    fmt::format("{} <-> {} ({}-host): ping-pong {} {:7.3f} GB/s, 8 B round "
+                                "trip {:7.1f} us",
+                                job.hosts[0], job.hosts[peer], kind, selfcheck::bytes_label(bytes),
+                                gbs, times[0] * 1e6),
                     {}});
   }
 }
