@@ -147,7 +147,8 @@ void Comm::wait(MPI_Request& request, const char* what, int peer) const {
         where = "; on host " + host(rank_) + ", waiting on ";
         if (others.empty()) where += "no other host";
         for (size_t h = 0; h < others.size(); ++h)
-          where += (h ? ", host " : "host ") + others[h].first + " (world ranks " +
+          where += (h ? ", host " : "host ") + others[h].first + " (world rank" +
+                   (others[h].second.find(',') == std::string::npos ? " " : "s ") +
                    others[h].second + ")";
       }
       const std::string msg = "watchdog: world rank " + std::to_string(world_ranks_.at(rank_)) +

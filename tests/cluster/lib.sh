@@ -11,7 +11,7 @@ skip() {
 
 # need_root WHAT: skip unless root (daemons, namespaces and apt-get all need it).
 need_root() {
-  [ "$(id -u)" -eq 0 ] || skip "$1 needs root (running as uid $(id -u))"
+  [ "$(id -u)" -eq 0 ] || skip "$1: needs root (running as uid $(id -u))"
 }
 
 # need_packages PKG...: install the missing ones with apt-get (idempotent), or skip.

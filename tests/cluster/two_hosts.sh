@@ -119,7 +119,7 @@ if wait_for 60 test -s "$work/cut/metrics.jsonl"; then
   wait_for 60 grep -q 'watchdog:' "$work/cut.log"
   took=$(( $(date +%s) - cut_at ))
   line=$(grep -m1 'watchdog:' "$work/cut.log")
-  check "grep -q 'waiting on host hostb (world ranks [4-7,]*)' <<<\"\$line\"" \
+  check "grep -q 'waiting on host hostb (world ranks\\? [4-7,]*)' <<<\"\$line\"" \
     "link of hostb cut: watchdog after ${took}s: ${line#*watchdog: }" || tail -20 "$work/cut.log"
 else
   echo "FAIL the long run did not start training within 60 s"; tail -20 "$work/cut.log"; fail=1
