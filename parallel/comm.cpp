@@ -135,7 +135,9 @@ void Comm::wait(MPI_Request& request, const char* what, int peer) const {
       // With hosts known: which other hosts this rank waits on (a cut link shows as their names).
       std::string where;
       if (world_hosts_) {
-        const auto host = [&](int group_rank) { return world_hosts_->at(world_ranks_.at(group_rank)); };
+        const auto host = [&](int group_rank) {
+          return world_hosts_->at(world_ranks_.at(group_rank));
+        };
         std::vector<std::pair<std::string, std::string>> others;  // host, its world ranks
         for (int i = 0; i < size_; ++i) {
           if ((peer >= 0 && i != peer) || host(i) == host(rank_)) continue;
@@ -153,8 +155,8 @@ void Comm::wait(MPI_Request& request, const char* what, int peer) const {
       }
       const std::string msg = "watchdog: world rank " + std::to_string(world_ranks_.at(rank_)) +
                               " waited more than " + std::to_string(static_cast<int>(timeout_s_)) +
-                              " s (parallel.timeout_s) in " + what + " on group `" + name_ +
-                              "` (" + peers + ")" + where +
+                              " s (parallel.timeout_s) in " + what + " on group `" + name_ + "` (" +
+                              peers + ")" + where +
                               "; a peer is stuck or dead, or the network to its host is down. "
                               "Aborting the job.";
       spdlog::critical(msg);

@@ -140,22 +140,23 @@ std::string tp_placement_warning(const parallel::MeshShape& shape,
   const auto groups = tp_groups_straddling_hosts(shape, host_of_rank);
   if (groups.empty()) return "";
   const int tp = shape.size(parallel::Dim::tp);
-  std::string msg = std::to_string(groups.size()) + " of " +
-                    std::to_string(shape.world() / tp) +
+  std::string msg = std::to_string(groups.size()) + " of " + std::to_string(shape.world() / tp) +
                     " tensor-parallel groups straddle hosts: their all-reduces (every layer, "
                     "forward and backward) cross the network. ";
   msg += groups.front();
   if (groups.size() > 1) msg += "; ...";
-  msg += ". TP groups are consecutive world ranks, so every host needs a multiple of "
-         "parallel.tp = " + std::to_string(tp) + " ranks, placed in blocks (";
+  msg +=
+      ". TP groups are consecutive world ranks, so every host needs a multiple of "
+      "parallel.tp = " +
+      std::to_string(tp) + " ranks, placed in blocks (";
   if (env.launcher == Launcher::slurm) {
     const std::string layout = join(env.tasks_per_node);
     msg += "SLURM placed " + (layout.empty() ? std::string("?") : layout) +
            " tasks per node: use --ntasks-per-node=<multiple of " + std::to_string(tp) +
            "> and the default block distribution";
   } else {
-    msg += "mpirun: --map-by slot, or a hostfile with slots=<multiple of " + std::to_string(tp) +
-           ">";
+    msg +=
+        "mpirun: --map-by slot, or a hostfile with slots=<multiple of " + std::to_string(tp) + ">";
   }
   return msg + "), or lower parallel.tp.";
 }

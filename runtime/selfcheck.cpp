@@ -292,7 +292,10 @@ void host_link_rows(const Job& job, bool quick, std::vector<CheckRow>& rows) {
     }
     world.broadcast(times, 2, 0);
     const double gbs = 2.0 * bytes / times[1] / 1e9;  // both directions of a round trip
-    rows.push_back({"link", kind, fmt::format("ranks 0,{}", peer), CheckStatus::info,
+    rows.push_back({"link",
+                    kind,
+                    fmt::format("ranks 0,{}", peer),
+                    CheckStatus::info,
                     fmt::format("{} <-> {} ({}-host): ping-pong {} {:7.3f} GB/s, 8 B round "
                                 "trip {:7.1f} us",
                                 job.hosts[0], job.hosts[peer], kind, selfcheck::bytes_label(bytes),
@@ -321,7 +324,10 @@ void bandwidth_rows(const Job& job, const std::vector<Group>& groups, bool quick
       double seconds = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
       world.all_reduce(&seconds, 1, ReduceOp::max);  // the slowest rank of the slowest group
       const double algbw = bytes / seconds / 1e9;
-      rows.push_back({"bandwidth", g.name, selfcheck::bytes_label(bytes), CheckStatus::info,
+      rows.push_back({"bandwidth",
+                      g.name,
+                      selfcheck::bytes_label(bytes),
+                      CheckStatus::info,
                       fmt::format("all_reduce {:8.3f} ms  algbw {:7.3f} GB/s  busbw {:7.3f} GB/s"
                                   "  {}",
                                   seconds * 1e3, algbw, algbw * all_reduce_bus_factor(n), where),
