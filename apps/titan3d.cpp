@@ -49,7 +49,6 @@ bool speaks_before_mpi() {
 
 // `train` and `resume` differ only in where the recipe comes from.
 int run_training(runtime::Recipe recipe, const Options& o, const std::vector<std::string>& argv) {
-  recipe.check_trainable();
   runtime::check_inputs(recipe);
   runtime::spawn_if_needed(recipe, argv, o.np);  // returns only inside a launcher
 
@@ -187,7 +186,7 @@ int main(int argc, char** argv) {
                      "Simulate the recipe's own layout: timeline and summary");
   plan_cmd->add_option("--svg", plan.svg, "With --schedule: also draw the timeline as SVG");
   plan_cmd->add_flag("--calibrate", plan.calibrate, "Measure GEMM speed on this machine");
-  plan_cmd->add_option("--zero", plan.zero, "ZeRO stages to try, e.g. --zero 0,1 (default: all)")
+  plan_cmd->add_option("--zero", plan.zero, "ZeRO stages to try, e.g. --zero 0,1 (default: 0,1,2; 3 is priced only on request)")
       ->delimiter(',');
 
   auto* keys_cmd = app.add_subcommand("keys", "Print every recipe key: type, default, meaning");

@@ -175,6 +175,13 @@ uint64_t bytes_of(size_t count, MPI_Datatype type) {
 }
 }  // namespace
 
+bool Comm::test(MPI_Request& request) const {
+  if (request == MPI_REQUEST_NULL) return true;
+  int done = 0;
+  T3D_MPI(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+  return done != 0;
+}
+
 void Comm::all_reduce_raw(void* data, size_t count, MPI_Datatype type, ReduceOp op) const {
   if (fault::skip_operation(name_, world_ranks_[rank_])) return;  // test-only (fault.h)
   trace::Span span("all_reduce", "comm");
@@ -213,6 +220,17 @@ void Comm::all_reduce_bf16(uint16_t* data, size_t count) const {
   T3D_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, checked_count(count), MPI_UINT16_T, bf16_sum_op(),
                          comm_, &r));
   wait(r, "all_reduce (bf16)");
+}
+
+void Comm::reduce_scatter_bf16(const uint16_t* send, uint16_t* recv, size_t count) const {
+  if (fault::skip_operation(name_, world_ranks_[rank_])) return;  // test-only (fault.h)
+  trace::Span span("reduce_scatter (bf16)", "comm");
+  span.arg("group", name_).arg("bytes", static_cast<int64_t>(count * size_ * sizeof(uint16_t)));
+  counters_.bytes += count * size_ * sizeof(uint16_t);
+  MPI_Request r;
+  T3D_MPI(MPI_Ireduce_scatter_block(send, recv, checked_count(count), MPI_UINT16_T, bf16_sum_op(),
+                                    comm_, &r));
+  wait(r, "reduce_scatter (bf16)");
 }
 
 void Comm::all_gather_raw(const void* send, void* recv, size_t count, MPI_Datatype type) const {

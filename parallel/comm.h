@@ -67,6 +67,8 @@ class Comm {
   // Sum of bf16 values (raw uint16 bits): each pairwise sum is computed in fp32 and rounded to
   // bf16, so the result may differ from an fp32 sum by a few bf16 ulps.
   void all_reduce_bf16(uint16_t* data, size_t count) const;
+  // The same sum as a reduce-scatter: send count·size bf16 values, rank-major; recv count.
+  void reduce_scatter_bf16(const uint16_t* send, uint16_t* recv, size_t count) const;
   // send: count elements per rank; recv: count·size elements, rank-major.
   template <typename T>
   void all_gather(const T* send, T* recv, size_t count) const {
@@ -96,6 +98,8 @@ class Comm {
   }
   // Waits with the watchdog deadline; on expiry logs `what` and the peers, then MPI_Abort.
   void wait(MPI_Request& request, const char* what, int peer = -1) const;
+  // Has the request completed (and been released)? Never blocks.
+  bool test(MPI_Request& request) const;
   void barrier() const;
 
   double timeout_s() const { return timeout_s_; }
@@ -107,6 +111,8 @@ class Comm {
     uint64_t bytes = 0;
   };
   const Counters& counters() const { return counters_; }
+  // For collectives issued on handle() by other code (the gradient reducer).
+  void count_bytes(uint64_t bytes) const { counters_.bytes += bytes; }
 
  private:
   void all_reduce_raw(void* data, size_t count, MPI_Datatype type, ReduceOp op) const;

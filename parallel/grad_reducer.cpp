@@ -48,6 +48,7 @@ void GradReducer::ready(int b, float* grads) {
                    "comm");
   span.arg("group", dp_.name()).arg("bytes", buckets_[b].size() * 4).arg("bucket", b);
   float* data = grads + buckets_[b].begin;
+  dp_.count_bytes(static_cast<uint64_t>(buckets_[b].size()) * sizeof(float));
   if (zero_ < 2) {
     T3D_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(buckets_[b].size()), MPI_FLOAT,
                            MPI_SUM, dp_.handle(), &requests_[b]));
@@ -82,10 +83,12 @@ void GradReducer::finish(float* grads) {
 
 void GradReducer::gather_params(float* params) {
   if (zero_ == 0 || dp_.size() == 1) return;
-  for (size_t b = 0; b < buckets_.size(); ++b)
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    dp_.count_bytes(static_cast<uint64_t>(counts_[b][dp_.rank()]) * sizeof(float));
     T3D_MPI(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, params + buckets_[b].begin,
                             counts_[b].data(), displs_[b].data(), MPI_FLOAT, dp_.handle(),
                             &requests_[b]));
+  }
   for (auto& r : requests_) dp_.wait(r, "parameter all_gather (ZeRO)");
 }
 

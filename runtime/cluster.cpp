@@ -8,6 +8,7 @@
 #include <toml.hpp>
 
 #include "kernels/check.h"
+#include "runtime/recipe.h"
 
 namespace t3d::runtime {
 namespace {
@@ -50,17 +51,6 @@ const std::vector<Key>& schema() {
   return keys;
 }
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
 
 std::string suggestion(const std::string& unknown) {
   std::string best;

@@ -1,6 +1,7 @@
 #include "runtime/data_sampler.h"
 
 #include "kernels/check.h"
+#include "kernels/hash.h"
 
 namespace t3d::runtime {
 
@@ -16,14 +17,7 @@ std::string_view to_string(SampleMode mode) {
   return mode == SampleMode::kRandom ? "random" : "sequential";
 }
 
-namespace {
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-}  // namespace
+using kernels::splitmix64;
 
 // Chaining (rather than xor-ing the three words together) keeps (s, r) and (r, s) apart.
 uint64_t sample_hash(uint64_t seed, uint64_t step, uint64_t row) {

@@ -62,25 +62,20 @@ double PipelineExecutor::run(Model& model, const MicroBatchSource& source, float
   if (!training) return run_forward_only(model, source);
   const int K = schedule_.num_chunks();
   const int stage = pp_.rank();
-  const size_t n = static_cast<size_t>(model.rows() * model.config().dim);
+  const size_t n = static_cast<size_t>(model.io_floats());
   if (grad_in_.size() < n) grad_in_.resize(n);
   const size_t chunks = slots_.size();
   // Slot of each (micro-batch, local chunk) while it is alive, and free slots per chunk.
   slot_of_.assign(static_cast<size_t>(schedule_.n_micro) * chunks, -1);
   free_.resize(chunks);
-  sends_.resize(chunks);
   for (size_t c = 0; c < chunks; ++c) {
     free_[c].clear();
     for (int s = slots_[c] - 1; s >= 0; --s) free_[c].push_back(s);
-    sends_[c].assign(static_cast<size_t>(slots_[c]), {MPI_REQUEST_NULL, MPI_REQUEST_NULL});
   }
-  // A slot's two buffers that leave by isend (its output, its input gradient) are waited for only
-  // when the slot is taken again: sends never block the schedule, as its validator assumes.
   auto take_slot = [&](int c, int mb) {
     T3D_ASSERT(!free_[c].empty(), "no free activation slot for micro-batch ", mb);
     const int slot = free_[c].back();
     free_[c].pop_back();
-    for (auto& r : sends_[c][slot]) pp_.wait(r, "pipeline send");
     slot_of_[mb * chunks + c] = slot;
     return slot;
   };
@@ -101,9 +96,8 @@ double PipelineExecutor::run(Model& model, const MicroBatchSource& source, float
       span.arg("mb", a.mb).arg("chunk", a.chunk);
       loss += model.forward(c, slot, tokens, targets, grad_scale, true);
       if (!range.last)
-        sends_[c][slot][0] = send(model, model.output(c, slot), model.send16(c, slot, false),
-                                  schedule_.chunk_stage[a.chunk + 1],
-                                  tag_of(a.mb, a.chunk + 1, K, false));
+        send(model, model.output(c, slot), schedule_.chunk_stage[a.chunk + 1],
+             tag_of(a.mb, a.chunk + 1, K, false));
       continue;
     }
     const int slot = slot_of_[a.mb * chunks + c];
@@ -129,30 +123,46 @@ double PipelineExecutor::run(Model& model, const MicroBatchSource& source, float
     else
       model.backward(c, slot, dout);
     if (!range.first)
-      sends_[c][slot][1] = send(model, model.input_grad(c, slot), model.send16(c, slot, true),
-                                schedule_.chunk_stage[a.chunk - 1],
-                                tag_of(a.mb, a.chunk - 1, K, true));
+      send(model, model.input_grad(c, slot), schedule_.chunk_stage[a.chunk - 1],
+           tag_of(a.mb, a.chunk - 1, K, true));
     if (a.op == Op::kBW) {
       free_[c].push_back(slot);
       slot_of_[a.mb * chunks + c] = -1;
     }
   }
-  for (auto& per_chunk : sends_)
-    for (auto& pair : per_chunk)
-      for (auto& r : pair) pp_.wait(r, "pipeline send");
+  wait_sends();
   return loss;
 }
 
-MPI_Request PipelineExecutor::send(Model& model, const float* data, uint16_t* staging, int peer,
-                                   int tag) {
-  const size_t n = static_cast<size_t>(model.rows() * model.config().dim);
-  if (!model.bf16()) return pp_.isend(data, n, peer, tag);
-  kernels::float_to_bf16(staging, data, static_cast<int64_t>(n));  // half the bytes on the wire
-  return pp_.isend(staging, n, peer, tag);
+void PipelineExecutor::send(Model& model, const float* data, int peer, int tag) {
+  // The data is copied into a staging buffer of its own, so the sender never has to wait for a
+  // receiver before reusing its activations: waiting there can deadlock interleaved schedules,
+  // whose stages feed each other both ways. The pool grows to the step's peak of sends in flight
+  // during the first step and is reused afterwards.
+  const size_t n = static_cast<size_t>(model.io_floats());
+  Staging* s = nullptr;
+  for (auto& st : staging_)
+    if (st.request == MPI_REQUEST_NULL || pp_.test(st.request)) {
+      s = &st;
+      break;
+    }
+  if (!s) s = &staging_.emplace_back();
+  if (model.bf16()) {
+    s->b16.resize(n);
+    kernels::float_to_bf16(s->b16.data(), data, static_cast<int64_t>(n));  // half the bytes
+    s->request = pp_.isend(s->b16.data(), n, peer, tag);
+  } else {
+    s->f32.assign(data, data + n);
+    s->request = pp_.isend(s->f32.data(), n, peer, tag);
+  }
+}
+
+void PipelineExecutor::wait_sends() {
+  for (auto& st : staging_) pp_.wait(st.request, "pipeline send");
 }
 
 void PipelineExecutor::receive(Model& model, float* data, int peer, int tag) {
-  const size_t n = static_cast<size_t>(model.rows() * model.config().dim);
+  const size_t n = static_cast<size_t>(model.io_floats());
   if (!model.bf16()) return pp_.recv(data, n, peer, tag);
   pp_.recv(model.recv16(), n, peer, tag);
   kernels::bf16_to_float(data, model.recv16(), static_cast<int64_t>(n));
@@ -179,9 +189,8 @@ double PipelineExecutor::run_forward_only(Model& model, const MicroBatchSource& 
       span.arg("mb", mb).arg("chunk", k);
       loss += model.forward(c, 0, tokens, targets, 0.0f, false);
       if (!range.last) {
-        MPI_Request r = send(model, model.output(c, 0), model.send16(c, 0, false),
-                             schedule_.chunk_stage[k + 1], tag_of(mb, k + 1, K, false));
-        pp_.wait(r, "pipeline send");
+        send(model, model.output(c, 0), schedule_.chunk_stage[k + 1], tag_of(mb, k + 1, K, false));
+        wait_sends();
       }
     }
   return loss;

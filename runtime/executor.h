@@ -7,6 +7,7 @@
 #pragma once
 
 #include <array>
+#include <deque>
 #include <cstdint>
 #include <functional>
 #include <vector>
@@ -39,9 +40,9 @@ class PipelineExecutor {
  private:
   int local_chunk(int global_chunk) const;
   double run_forward_only(Model& model, const MicroBatchSource& source);
-  // Point-to-point in the model's wire precision (bf16 goes through `staging`, kept until the
-  // send completes, and the model's receive buffer).
-  MPI_Request send(Model& model, const float* data, uint16_t* staging, int peer, int tag);
+  // Point-to-point in the model's wire precision (fp32, or bf16: half the bytes).
+  void send(Model& model, const float* data, int peer, int tag);
+  void wait_sends();
   void receive(Model& model, float* data, int peer, int tag);
 
   parallel::Schedule schedule_;
@@ -52,7 +53,12 @@ class PipelineExecutor {
   // Per-step bookkeeping, kept between steps so a step does not allocate.
   std::vector<int> slot_of_;                                   // [mb · chunks + c] -> slot or -1
   std::vector<std::vector<int>> free_;                         // [c] free slots
-  std::vector<std::vector<std::array<MPI_Request, 2>>> sends_;  // [c][slot] output, input grad
+  struct Staging {  // one send in flight: a copy of its data, in the wire precision
+    std::vector<float> f32;
+    std::vector<uint16_t> b16;
+    MPI_Request request = MPI_REQUEST_NULL;
+  };
+  std::deque<Staging> staging_;  // a deque: growing it never moves a buffer a send still reads
 };
 
 }  // namespace t3d::runtime

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "kernels/check.h"
+#include "kernels/hash.h"
 #include "kernels/ops.h"
 #include "kernels/precision.h"
 
@@ -53,8 +54,6 @@ struct Model::ChunkActs {
   std::vector<LayerActs> layers;
   std::vector<LayerGrads> wgrads;  // split backward only; empty pointers for recomputed blocks
   std::vector<LayerActs16> layers16;  // bf16 only: the stored copies (blocks not recomputed)
-  uint16_t* out16 = nullptr;          // bf16 only: (N, C) staging of x[L] for its send
-  uint16_t* dx16 = nullptr;           // bf16 only: (N, C) staging of dx_in for its send
   int32_t* tokens = nullptr;  // (N) first chunk: ids, kept for the embedding backward
   float* xf = nullptr;        // (N, C) last chunk: model.norm output
   float* rstdf = nullptr;     // (N)
@@ -82,28 +81,20 @@ struct Model::Scratch {
   float* sum_exp;  // (N)
   float* target;   // (N)
   float* rope;     // (T, D)
-  uint16_t* tp16 = nullptr;    // (N, C) bf16 TP all-reduce buffer
+  uint16_t* tp16 = nullptr;       // (N, C) bf16 TP all-reduce buffer
+  uint16_t* tp16_rows = nullptr;  // (N, C) bf16 second buffer for SP gathers / scatters
+  float* rows = nullptr;          // (Nl, C) SP: this rank's rows of a gathered or scattered tensor
+  float* all_rows = nullptr;      // (N, C) SP: all rows of a gradient gathered for the backward
   uint16_t* recv16 = nullptr;  // (N, C) bf16 pipeline receives
 };
 
 namespace {
 
-uint64_t mix(uint64_t x) {  // splitmix64 finaliser
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
-
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return h;
-}
+using k::splitmix64;
 
 // Standard normal from a counter: Box-Muller on two hashed uniforms in (0, 1].
 float normal_at(uint64_t key, uint64_t index) {
-  const uint64_t a = mix(key ^ mix(2 * index)), b = mix(key ^ mix(2 * index + 1));
+  const uint64_t a = splitmix64(key ^ splitmix64(2 * index)), b = splitmix64(key ^ splitmix64(2 * index + 1));
   const double u1 = (static_cast<double>(a >> 11) + 1.0) * 0x1.0p-53;
   const double u2 = static_cast<double>(b >> 11) * 0x1.0p-53;
   return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
@@ -124,6 +115,11 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
   vocab_ = config_.vocab_size / tps;
   vocab_start_ = vocab_ * tp_.rank();
   rows_ = options_.micro_rows * config_.seq_len;
+  sp_ = options_.sequence_parallel && tps > 1;
+  T3D_USER_CHECK(!sp_ || rows_ % tps == 0, "recipe error: `parallel.sequence_parallel`: the ",
+                 rows_, " tokens of a micro-batch do not split evenly over tp = ", tps,
+                 "; change train.global_batch, train.micro_batches or model.seq_len");
+  rows_local_ = sp_ ? rows_ / tps : rows_;
   bool first = false, last = false;
   for (const auto& c : chunks_) first |= c.first, last |= c.last;
   T3D_USER_CHECK(!config_.tie_embeddings || (first && last),
@@ -139,21 +135,21 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
   before = arena_.used();
 
   const int64_t N = rows_, C = config_.dim, D = config_.head_dim(), T = config_.seq_len;
-  const int64_t B = options_.micro_rows;
+  const int64_t B = options_.micro_rows, Nl = rows_local_;  // Nl: this rank's rows (SP)
   auto alloc = [&](const std::string& name, int64_t floats) {
     return arena_.alloc_floats(name, static_cast<size_t>(floats));
   };
   auto alloc_layer = [&](const std::string& lp) {
     LayerActs la;
-    la.rstd1 = alloc(lp + ".rstd1", N);
+    la.rstd1 = alloc(lp + ".rstd1", Nl);
     la.xn1 = alloc(lp + ".xn1", N * C);
     la.q = alloc(lp + ".q", N * heads_ * D);
     la.kk = alloc(lp + ".k", N * kv_heads_ * D);
     la.v = alloc(lp + ".v", N * kv_heads_ * D);
     la.att = alloc(lp + ".attn", N * heads_ * D);
     la.lse = alloc(lp + ".lse", B * heads_ * T);
-    la.xmid = alloc(lp + ".xmid", N * C);
-    la.rstd2 = alloc(lp + ".rstd2", N);
+    la.xmid = alloc(lp + ".xmid", Nl * C);
+    la.rstd2 = alloc(lp + ".rstd2", Nl);
     la.xn2 = alloc(lp + ".xn2", N * C);
     la.gate = alloc(lp + ".gate", N * ffn_);
     la.up = alloc(lp + ".up", N * ffn_);
@@ -167,7 +163,7 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
       auto a = std::make_unique<ChunkActs>();
       const std::string p = "activations.chunk" + std::to_string(ci) + ".slot" + std::to_string(s);
       for (int64_t l = 0; l <= range.size(); ++l)
-        a->x.push_back(alloc(p + ".residual" + std::to_string(l), N * C));
+        a->x.push_back(alloc(p + ".residual" + std::to_string(l), Nl * C));
       auto alloc16 = [&](const std::string& name, int64_t n) {
         return static_cast<uint16_t*>(arena_.alloc_bytes(name, static_cast<size_t>(n) * 2));
       };
@@ -184,21 +180,18 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
           s16.kk = alloc16(lp + ".k.bf16", N * kv_heads_ * D);
           s16.v = alloc16(lp + ".v.bf16", N * kv_heads_ * D);
           s16.att = alloc16(lp + ".attn.bf16", N * heads_ * D);
-          s16.xmid = alloc16(lp + ".xmid.bf16", N * C);
+          s16.xmid = alloc16(lp + ".xmid.bf16", Nl * C);
           s16.xn2 = alloc16(lp + ".xn2.bf16", N * C);
           s16.gate = alloc16(lp + ".gate.bf16", N * ffn_);
           s16.up = alloc16(lp + ".up.bf16", N * ffn_);
           s16.h = alloc16(lp + ".h.bf16", N * ffn_);
-          s16.rstd1 = alloc(lp + ".rstd1", N);
-          s16.rstd2 = alloc(lp + ".rstd2", N);
+          s16.rstd1 = alloc(lp + ".rstd1", Nl);
+          s16.rstd2 = alloc(lp + ".rstd2", Nl);
           s16.lse = alloc(lp + ".lse", B * heads_ * T);
         }
         a->layers16.push_back(s16);
       }
-      if (options_.bf16) {
-        if (!range.last) a->out16 = alloc16(p + ".send_activations.bf16", N * C);
-        if (!range.first) a->dx16 = alloc16(p + ".send_input_grad.bf16", N * C);
-      }
+
       for (int64_t l = range.begin; options_.split_backward && l < range.end; ++l) {
         LayerGrads lg;
         if (!recomputed(l - range.begin)) {
@@ -218,10 +211,10 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
             arena_.alloc_bytes(p + ".tokens", static_cast<size_t>(N) * sizeof(int32_t)));
       if (range.last) {
         a->xf = alloc(p + ".final_norm", N * C);
-        a->rstdf = alloc(p + ".final_rstd", N);
-        a->dx_last = alloc(p + ".loss_grad", N * C);
+        a->rstdf = alloc(p + ".final_rstd", Nl);
+        a->dx_last = alloc(p + ".loss_grad", Nl * C);
       }
-      if (!range.first) a->dx_in = alloc(p + ".input_grad", N * C);
+      if (!range.first) a->dx_in = alloc(p + ".input_grad", Nl * C);
       acts_[ci].push_back(std::move(a));
     }
   }
@@ -232,7 +225,11 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
   auto& s = *scratch_;
   k::AttentionShape shape{B, T, heads_, kv_heads_, D};
   s.tmp = alloc("scratch.tmp", N * C);
-  s.dx = alloc("scratch.dx", N * C);
+  s.dx = alloc("scratch.dx", Nl * C);
+  if (sp_) {
+    s.rows = alloc("scratch.sp_rows", Nl * C);
+    s.all_rows = alloc("scratch.sp_all_rows", N * C);
+  }
   s.dtmp = alloc("scratch.dtmp", N * C);
   s.dxn = alloc("scratch.dxn", N * C);
   s.datt = alloc("scratch.datt", N * heads_ * D);
@@ -262,7 +259,9 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
   }
   if (options_.bf16) {
     s.tp16 = static_cast<uint16_t*>(arena_.alloc_bytes("scratch.tp_bf16", N * C * 2));
-    s.recv16 = static_cast<uint16_t*>(arena_.alloc_bytes("scratch.recv_bf16", N * C * 2));
+    if (sp_)
+      s.tp16_rows = static_cast<uint16_t*>(arena_.alloc_bytes("scratch.tp_bf16_rows", N * C * 2));
+    s.recv16 = static_cast<uint16_t*>(arena_.alloc_bytes("scratch.recv_bf16", Nl * C * 2));
   }
   k::rope_table(s.rope, T, D, config_.rope_theta);
   footprint_.scratch = arena_.used() - before;
@@ -316,6 +315,50 @@ void Model::tp_sum(float* data, int64_t n) const {
   k::bf16_to_float(data, scratch_->tp16, n);
 }
 
+// Sequence parallelism (Megatron): outside the tensor-parallel blocks each tp rank holds only its
+// rows of the residual stream. Entering a column-parallel block all-gathers them; leaving a
+// row-parallel block reduce-scatters its partial sums. The backward swaps the two.
+const float* Model::gather_rows(const float* local, float* full) const {
+  if (!sp_) return local;
+  const int64_t n = rows_local_ * config_.dim;
+  auto& s = *scratch_;
+  if (!options_.bf16) {
+    tp_.all_gather(local, full, static_cast<size_t>(n));
+  } else {
+    k::float_to_bf16(s.tp16, local, n);
+    tp_.all_gather(s.tp16, s.tp16_rows, static_cast<size_t>(n));
+    k::bf16_to_float(full, s.tp16_rows, n * tp_.size());
+  }
+  return full;
+}
+
+float* Model::reduce_rows(float* partial) const {
+  if (!sp_) {
+    tp_sum(partial, rows_ * config_.dim);
+    return partial;
+  }
+  const int64_t n = rows_local_ * config_.dim;
+  auto& s = *scratch_;
+  if (!options_.bf16) {
+    tp_.reduce_scatter(partial, s.rows, static_cast<size_t>(n));
+  } else {
+    k::float_to_bf16(s.tp16, partial, n * tp_.size());
+    tp_.reduce_scatter_bf16(s.tp16, s.tp16_rows, static_cast<size_t>(n));
+    k::bf16_to_float(s.rows, s.tp16_rows, n);
+  }
+  return s.rows;
+}
+
+void Model::sum_replicated_grads(const parallel::FloatRange& range) const {
+  if (!sp_) return;
+  for (const auto& p : params_) {
+    if (p.split_dim >= 0) continue;
+    const auto& e = layout_.at(p.name);
+    if (e.offset >= range.begin && e.offset + e.numel <= range.end)
+      tp_.all_reduce(state_.grads.data() + e.offset, static_cast<size_t>(e.numel));
+  }
+}
+
 void Model::encode16(const LayerActs& f, const LayerActs16& t) const {
   const int64_t N = rows_, C = config_.dim, D = config_.head_dim();
   k::float_to_bf16(t.xn1, f.xn1, N * C);
@@ -323,13 +366,13 @@ void Model::encode16(const LayerActs& f, const LayerActs16& t) const {
   k::float_to_bf16(t.kk, f.kk, N * kv_heads_ * D);
   k::float_to_bf16(t.v, f.v, N * kv_heads_ * D);
   k::float_to_bf16(t.att, f.att, N * heads_ * D);
-  k::float_to_bf16(t.xmid, f.xmid, N * C);
+  k::float_to_bf16(t.xmid, f.xmid, rows_local_ * C);
   k::float_to_bf16(t.xn2, f.xn2, N * C);
   k::float_to_bf16(t.gate, f.gate, N * ffn_);
   k::float_to_bf16(t.up, f.up, N * ffn_);
   k::float_to_bf16(t.h, f.h, N * ffn_);
-  std::memcpy(t.rstd1, f.rstd1, sizeof(float) * N);
-  std::memcpy(t.rstd2, f.rstd2, sizeof(float) * N);
+  std::memcpy(t.rstd1, f.rstd1, sizeof(float) * rows_local_);
+  std::memcpy(t.rstd2, f.rstd2, sizeof(float) * rows_local_);
   std::memcpy(t.lse, f.lse, sizeof(float) * options_.micro_rows * heads_ * config_.seq_len);
 }
 
@@ -340,19 +383,14 @@ void Model::decode16(const LayerActs16& f, const LayerActs& t) const {
   k::bf16_to_float(t.kk, f.kk, N * kv_heads_ * D);
   k::bf16_to_float(t.v, f.v, N * kv_heads_ * D);
   k::bf16_to_float(t.att, f.att, N * heads_ * D);
-  k::bf16_to_float(t.xmid, f.xmid, N * C);
+  k::bf16_to_float(t.xmid, f.xmid, rows_local_ * C);
   k::bf16_to_float(t.xn2, f.xn2, N * C);
   k::bf16_to_float(t.gate, f.gate, N * ffn_);
   k::bf16_to_float(t.up, f.up, N * ffn_);
   k::bf16_to_float(t.h, f.h, N * ffn_);
-  std::memcpy(t.rstd1, f.rstd1, sizeof(float) * N);
-  std::memcpy(t.rstd2, f.rstd2, sizeof(float) * N);
+  std::memcpy(t.rstd1, f.rstd1, sizeof(float) * rows_local_);
+  std::memcpy(t.rstd2, f.rstd2, sizeof(float) * rows_local_);
   std::memcpy(t.lse, f.lse, sizeof(float) * options_.micro_rows * heads_ * config_.seq_len);
-}
-
-uint16_t* Model::send16(int chunk, int slot, bool gradient) {
-  auto& a = *acts_.at(chunk).at(slot);
-  return gradient ? a.dx16 : a.out16;
 }
 
 uint16_t* Model::recv16() { return scratch_->recv16; }
@@ -371,7 +409,7 @@ void Model::init(uint64_t seed) {
     const bool residual_out = p.name.find("o_proj") != std::string::npos ||
                               p.name.find("down_proj") != std::string::npos;
     const float std = static_cast<float>(residual_out ? out_std : base_std);
-    const uint64_t key = mix(static_cast<uint64_t>(seed) ^ fnv1a(p.name));
+    const uint64_t key = splitmix64(static_cast<uint64_t>(seed) ^ k::fnv1a64(p.name));
     const int64_t rows = e.spec.shape[0], cols = e.spec.shape[1], global_cols = p.global_shape[1];
     const int64_t row0 = p.split_dim == 0 ? rows * tp_.rank() : 0;
     const int64_t col0 = p.split_dim == 1 ? cols * tp_.rank() : 0;
@@ -395,8 +433,11 @@ void Model::forward_layer(int64_t l, LayerActs& a, const float* x_in, float* x_o
   const int64_t B = options_.micro_rows, T = config_.seq_len;
   const int64_t qd = heads_ * D, kvd = kv_heads_ * D;
   auto& s = *scratch_;
-  k::rmsnorm_forward(a.xn1, a.rstd1, x_in, w(layer_name(l, "input_layernorm.weight")), N, C,
+  const int64_t Nl = rows_local_;
+  float* xn1_rows = sp_ ? s.rows : a.xn1;  // SP: normalise this rank's rows, then gather
+  k::rmsnorm_forward(xn1_rows, a.rstd1, x_in, w(layer_name(l, "input_layernorm.weight")), Nl, C,
                      static_cast<float>(config_.norm_eps));
+  gather_rows(xn1_rows, a.xn1);
   k::linear_forward(a.q, a.xn1, w(layer_name(l, "self_attn.q_proj.weight")), N, C, qd);
   k::linear_forward(a.kk, a.xn1, w(layer_name(l, "self_attn.k_proj.weight")), N, C, kvd);
   k::linear_forward(a.v, a.xn1, w(layer_name(l, "self_attn.v_proj.weight")), N, C, kvd);
@@ -404,19 +445,22 @@ void Model::forward_layer(int64_t l, LayerActs& a, const float* x_in, float* x_o
   k::rope_forward(a.kk, a.kk, s.rope, B, T, kv_heads_, D, 0);
   k::attention_forward(a.att, a.lse, a.q, a.kk, a.v, s.attn, {B, T, heads_, kv_heads_, D});
   k::linear_forward(s.tmp, a.att, w(layer_name(l, "self_attn.o_proj.weight")), N, qd, C);
-  tp_sum(s.tmp, N * C);  // row-parallel: partial sums before the residual add
-  std::memcpy(a.xmid, x_in, sizeof(float) * N * C);
-  k::add_inplace(a.xmid, s.tmp, N * C);
+  const float* branch = reduce_rows(s.tmp);  // row-parallel: partial sums before the residual add
+  std::memcpy(a.xmid, x_in, sizeof(float) * Nl * C);
+  k::add_inplace(a.xmid, branch, Nl * C);
 
-  k::rmsnorm_forward(a.xn2, a.rstd2, a.xmid, w(layer_name(l, "post_attention_layernorm.weight")),
-                     N, C, static_cast<float>(config_.norm_eps));
+  float* xn2_rows = sp_ ? s.rows : a.xn2;
+  k::rmsnorm_forward(xn2_rows, a.rstd2, a.xmid,
+                     w(layer_name(l, "post_attention_layernorm.weight")), Nl, C,
+                     static_cast<float>(config_.norm_eps));
+  gather_rows(xn2_rows, a.xn2);
   k::linear_forward(a.gate, a.xn2, w(layer_name(l, "mlp.gate_proj.weight")), N, C, ffn_);
   k::linear_forward(a.up, a.xn2, w(layer_name(l, "mlp.up_proj.weight")), N, C, ffn_);
   k::swiglu_forward(a.h, a.gate, a.up, N * ffn_);
   k::linear_forward(s.tmp, a.h, w(layer_name(l, "mlp.down_proj.weight")), N, ffn_, C);
-  tp_sum(s.tmp, N * C);
-  std::memcpy(x_out, a.xmid, sizeof(float) * N * C);
-  k::add_inplace(x_out, s.tmp, N * C);
+  branch = reduce_rows(s.tmp);
+  std::memcpy(x_out, a.xmid, sizeof(float) * Nl * C);
+  k::add_inplace(x_out, branch, Nl * C);
 }
 
 void Model::backward_layer(int64_t l, LayerActs& a, const float* x_in, float* dx,
@@ -436,9 +480,11 @@ void Model::backward_layer(int64_t l, LayerActs& a, const float* x_in, float* dx
   float* dq = keep ? keep->dq : s.dq;
   float* dk = keep ? keep->dk : s.dk;
   float* dv = keep ? keep->dv : s.dv;
-  if (keep) std::memcpy(keep->dy_down, dx, sizeof(float) * N * C);
-  k::linear_backward_input(s.dh, dx, w(down), N, ffn_, C);
-  if (!keep) k::linear_backward_weight(g(down), dx, a.h, N, ffn_, C);
+  const int64_t Nl = rows_local_;
+  const float* dy = gather_rows(dx, s.all_rows);  // SP: the gradient of all rows
+  if (keep) std::memcpy(keep->dy_down, dy, sizeof(float) * N * C);
+  k::linear_backward_input(s.dh, dy, w(down), N, ffn_, C);
+  if (!keep) k::linear_backward_weight(g(down), dy, a.h, N, ffn_, C);
   k::swiglu_backward(dgate, dup, s.dh, a.gate, a.up, N * ffn_);
   k::linear_backward_input(s.dxn, dgate, w(gate), N, C, ffn_);
   k::linear_backward_input(s.dtmp, dup, w(up), N, C, ffn_);
@@ -447,18 +493,20 @@ void Model::backward_layer(int64_t l, LayerActs& a, const float* x_in, float* dx
     k::linear_backward_weight(g(gate), dgate, a.xn2, N, C, ffn_);
     k::linear_backward_weight(g(up), dup, a.xn2, N, C, ffn_);
   }
-  tp_sum(s.dxn, N * C);  // column-parallel: the shared input's gradient is a partial sum
-  k::rmsnorm_backward(s.dtmp, g(ln2), s.dxn, a.xmid, w(ln2), a.rstd2, N, C);
-  k::add_inplace(dx, s.dtmp, N * C);  // dx is now d xmid
+  // Column-parallel: the shared input's gradient is a partial sum (SP: of this rank's rows).
+  const float* dxn_rows = reduce_rows(s.dxn);
+  k::rmsnorm_backward(s.dtmp, g(ln2), dxn_rows, a.xmid, w(ln2), a.rstd2, Nl, C);
+  k::add_inplace(dx, s.dtmp, Nl * C);  // dx is now d xmid
+  dy = gather_rows(dx, s.all_rows);
 
   const std::string o = layer_name(l, "self_attn.o_proj.weight");
   const std::string q = layer_name(l, "self_attn.q_proj.weight");
   const std::string kn = layer_name(l, "self_attn.k_proj.weight");
   const std::string v = layer_name(l, "self_attn.v_proj.weight");
   const std::string ln1 = layer_name(l, "input_layernorm.weight");
-  if (keep) std::memcpy(keep->dy_o, dx, sizeof(float) * N * C);
-  k::linear_backward_input(s.datt, dx, w(o), N, qd, C);
-  if (!keep) k::linear_backward_weight(g(o), dx, a.att, N, qd, C);
+  if (keep) std::memcpy(keep->dy_o, dy, sizeof(float) * N * C);
+  k::linear_backward_input(s.datt, dy, w(o), N, qd, C);
+  if (!keep) k::linear_backward_weight(g(o), dy, a.att, N, qd, C);
   k::attention_backward(dq, dk, dv, s.datt, a.q, a.kk, a.v, a.att, a.lse, s.attn,
                         {B, T, heads_, kv_heads_, D});
   k::rope_backward(dq, dq, s.rope, B, T, heads_, D, 0);
@@ -473,9 +521,9 @@ void Model::backward_layer(int64_t l, LayerActs& a, const float* x_in, float* dx
     k::linear_backward_weight(g(kn), dk, a.xn1, N, C, kvd);
     k::linear_backward_weight(g(v), dv, a.xn1, N, C, kvd);
   }
-  tp_sum(s.dxn, N * C);
-  k::rmsnorm_backward(s.dtmp, g(ln1), s.dxn, x_in, w(ln1), a.rstd1, N, C);
-  k::add_inplace(dx, s.dtmp, N * C);  // dx is now d x_in
+  dxn_rows = reduce_rows(s.dxn);
+  k::rmsnorm_backward(s.dtmp, g(ln1), dxn_rows, x_in, w(ln1), a.rstd1, Nl, C);
+  k::add_inplace(dx, s.dtmp, Nl * C);  // dx is now d x_in
 }
 
 void Model::backward_layer_weights(int64_t l, const LayerActs& a, const LayerGrads& kg) {
@@ -496,8 +544,11 @@ double Model::forward_head(ChunkActs& c, const int32_t* targets, float grad_scal
   auto& s = *scratch_;
   const std::string head = config_.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
   const float* x_last = c.x.back();
-  k::rmsnorm_forward(c.xf, c.rstdf, x_last, w("model.norm.weight"), N, C,
+  const int64_t Nl = rows_local_;
+  float* xf_rows = sp_ ? s.rows : c.xf;
+  k::rmsnorm_forward(xf_rows, c.rstdf, x_last, w("model.norm.weight"), Nl, C,
                      static_cast<float>(config_.norm_eps));
+  gather_rows(xf_rows, c.xf);
   k::linear_forward(s.logits, c.xf, w(head), N, C, vocab_);
   if (tp_.size() == 1) {
     k::cross_entropy_fused(s.logits, s.losses, targets, N, vocab_, grad_scale);
@@ -517,9 +568,9 @@ double Model::forward_head(ChunkActs& c, const int32_t* targets, float grad_scal
   if (training) {
     k::linear_backward_input(s.dxn, s.logits, w(head), N, C, vocab_);
     k::linear_backward_weight(g(head), s.logits, c.xf, N, C, vocab_);
-    tp_sum(s.dxn, N * C);
-    k::rmsnorm_backward(c.dx_last, g("model.norm.weight"), s.dxn, x_last, w("model.norm.weight"),
-                        c.rstdf, N, C);
+    const float* dxn_rows = reduce_rows(s.dxn);
+    k::rmsnorm_backward(c.dx_last, g("model.norm.weight"), dxn_rows, x_last,
+                        w("model.norm.weight"), c.rstdf, Nl, C);
     if (grad_hook_) grad_hook_(config_.n_layers);
   }
   return loss_sum;
@@ -534,8 +585,9 @@ double Model::forward(int chunk, int slot, const int32_t* tokens, const int32_t*
     k::check_token_ids(tokens, N, config_.vocab_size);
     std::memcpy(a.tokens, tokens, sizeof(int32_t) * N);
     const float* emb = w("model.embed_tokens.weight");
-    k::embedding_forward(a.x[0], tokens, emb, N, C, vocab_start_, vocab_start_ + vocab_);
-    tp_sum(a.x[0], N * C);  // vocab-parallel: each id's row comes from the rank owning it
+    // Vocab-parallel: each id's row comes from the rank owning it (SP: scattered by rows).
+    k::embedding_forward(scratch_->tmp, tokens, emb, N, C, vocab_start_, vocab_start_ + vocab_);
+    std::memcpy(a.x[0], reduce_rows(scratch_->tmp), sizeof(float) * rows_local_ * C);
   }
   for (int64_t l = range.begin; l < range.end; ++l) {
     const int64_t i = l - range.begin;
@@ -571,7 +623,7 @@ void Model::backward_impl(int chunk, int slot, const float* dout, bool defer_wei
   ChunkActs& a = *acts_.at(chunk).at(slot);
   const int64_t N = rows_, C = config_.dim;
   float* dx = range.first ? scratch_->dx : a.dx_in;
-  std::memcpy(dx, range.last ? a.dx_last : dout, sizeof(float) * N * C);
+  std::memcpy(dx, range.last ? a.dx_last : dout, sizeof(float) * rows_local_ * C);
   for (int64_t l = range.end - 1; l >= range.begin; --l) {
     const int64_t i = l - range.begin;
     // Recompute: the same forward on the same input gives the same bits, so rewriting x[i + 1]
@@ -583,7 +635,8 @@ void Model::backward_impl(int chunk, int slot, const float* dout, bool defer_wei
     if (!defer && grad_hook_) grad_hook_(l);
   }
   if (range.first) {
-    k::embedding_backward(g("model.embed_tokens.weight"), dx, a.tokens, N, C, vocab_start_,
+    k::embedding_backward(g("model.embed_tokens.weight"), gather_rows(dx, scratch_->all_rows),
+                          a.tokens, N, C, vocab_start_,
                           vocab_start_ + vocab_);
     if (grad_hook_) grad_hook_(-1);
   }
@@ -620,7 +673,7 @@ std::vector<Model::GradUnit> Model::grad_units() const {
 
 int64_t Model::first_nonfinite_layer(int slot) const {
   const auto finite = [&](const float* x) {
-    for (int64_t i = 0; i < rows_ * config_.dim; ++i)
+    for (int64_t i = 0; i < rows_local_ * config_.dim; ++i)
       if (!std::isfinite(x[i])) return false;
     return true;
   };

@@ -53,6 +53,9 @@ struct ModelOptions {
   // traffic travels in bf16; master weights, GEMMs and accumulation stay fp32 (bf16 arithmetic is
   // not faster than fp32 on the CPUs titan3d runs on, see bench/README.md).
   bool bf16 = false;
+  // Megatron sequence parallelism: outside the TP blocks (norms, residual stream, pipeline
+  // traffic) each tp rank keeps only its 1/tp of the micro-batch's rows.
+  bool sequence_parallel = false;
 };
 
 // FLOPs of one training step (forward + backward) per token of the whole model, PaLM's count:
@@ -74,6 +77,12 @@ class Model {
   const std::vector<ParamInfo>& params() const { return params_; }  // layout order
   kernels::ModelState& state() { return state_; }
   int64_t rows() const { return rows_; }  // tokens per micro-batch: micro_rows · seq_len
+  // Floats of one chunk input / output / input gradient on this rank: rows·C, or rows/tp·C with
+  // sequence parallelism (what pipeline stages send each other).
+  int64_t io_floats() const { return rows_local_ * config_.dim; }
+  // Sequence parallelism leaves each tp rank with the norm-weight gradient of its own rows only:
+  // sum those over tp, once per step, for the replicated tensors that lie inside `range`.
+  void sum_replicated_grads(const parallel::FloatRange& range) const;
   int tp_rank() const { return tp_.rank(); }
   int tp_size() const { return tp_.size(); }
 
@@ -104,9 +113,7 @@ class Model {
   // (rows, C): gradient of the chunk's input, per slot so a send can still be in flight while the
   // next micro-batch's backward runs.
   const float* input_grad(int chunk, int slot) const;
-  // bf16 mode: per-slot staging for the bf16 copies of output() and input_grad() while their sends
-  // are in flight, and one buffer receives land in. (rows, C) each.
-  uint16_t* send16(int chunk, int slot, bool gradient);
+  // bf16 mode: the (rows, C) buffer pipeline receives land in.
   uint16_t* recv16();
   bool bf16() const { return options_.bf16; }
 
@@ -170,6 +177,8 @@ class Model {
   float* g(const std::string& name) const;
   std::string layer_name(int64_t layer, const char* suffix) const;
   void tp_sum(float* data, int64_t n) const;
+  const float* gather_rows(const float* local, float* full) const;
+  float* reduce_rows(float* partial) const;
 
   ModelConfig config_;
   std::vector<parallel::LayerRange> chunks_;
@@ -177,6 +186,8 @@ class Model {
   kernels::Arena& arena_;
   ModelOptions options_;
   int64_t rows_ = 0;
+  int64_t rows_local_ = 0;  // rows_ / tp with sequence parallelism, else rows_
+  bool sp_ = false;
   int64_t heads_ = 0, kv_heads_ = 0, ffn_ = 0, vocab_ = 0, vocab_start_ = 0;  // local to tp rank
   std::vector<ParamInfo> params_;
   kernels::ParamLayout layout_;

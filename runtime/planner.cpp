@@ -3,6 +3,7 @@
 #include <spdlog/fmt/fmt.h>
 
 #include <algorithm>
+#include <thread>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -259,6 +260,9 @@ Cluster local_cluster(const Recipe& r, bool calibrate) {
     c.peak_tflops = kernels::measure_sgemm_gflops(1024, 1024, 1024, threads) / 1e3;
     c.compute_efficiency = 1.0;  // measured: already what GEMMs reach
   }
+  // More ranks than cores share them: each "device" gets its share of a core.
+  const double cores = std::max(1u, std::thread::hardware_concurrency());
+  c.peak_tflops *= std::min(1.0, cores / static_cast<double>(c.devices_per_node));
   c.intra_node_gbps = 5.0;
   c.inter_node_gbps = 5.0;
   c.intra_node_latency_us = c.inter_node_latency_us = 2.0;
@@ -352,6 +356,9 @@ int run_plan(const PlanOptions& o) {
   if (!o.write_recipe.empty()) {
     T3D_USER_CHECK(!plan.ranked.empty(), "plan: no layout fits in ", cluster.hbm_gib,
                    " GiB per device; nothing to write to ", o.write_recipe);
+    T3D_USER_CHECK(plan.ranked.front().layout.zero <= 2, "plan: the best layout uses ZeRO-3, "
+                   "which titan3d cannot train yet; nothing written to ", o.write_recipe,
+                   " (leave 3 out of --zero to get a trainable recipe)");
     const Recipe best = recipe_with_layout(recipe, plan.ranked.front().layout, cluster);
     std::ofstream f(o.write_recipe);
     T3D_USER_CHECK(f.good(), "plan: cannot write ", o.write_recipe);

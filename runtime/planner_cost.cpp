@@ -100,7 +100,7 @@ double workspace_bytes(const Shard& s, const std::vector<parallel::LayerRange>& 
   return bytes;
 }
 
-std::string gib(double bytes) { return fmt::format("{:.2f} GiB", bytes / kGiB); }
+std::string gib(double bytes) { return fmt::format("{:.4g} GiB", bytes / kGiB); }
 std::string num(double x) { return fmt::format("{:.4g}", x); }
 std::string sec(double s) {
   return s >= 1 ? fmt::format("{:.3f} s", s) : fmt::format("{:.3f} ms", s * 1e3);
@@ -301,8 +301,8 @@ Memory stage_memory(const PlanProblem& p, const Layout& l, const parallel::Sched
         stage, layers, ranges.front().first ? ", embedding" : "",
         ranges.back().last ? ", final norm and LM head" : "", num(elems), num(largest_layer),
         num(l.zero >= 3 ? sharded : elems), num(pr.weight), l.zero >= 3 ? " (ZeRO-3: /dp)" : "",
-        gib(mem.params), num(l.zero >= 2 ? sharded : elems), num(pr.grad),
-        l.zero >= 2 ? " (ZeRO-2: /dp)" : "", gib(mem.grads), num(l.zero >= 1 ? sharded : elems),
+        gib(mem.params), num(l.zero >= 3 ? sharded : elems), num(pr.grad),
+        l.zero >= 3 ? " (ZeRO-3: /dp)" : "", gib(mem.grads), num(l.zero >= 1 ? sharded : elems),
         num(pr.master), num(pr.moment), l.zero >= 1 ? " (ZeRO-1: /dp)" : "", gib(mem.optimizer),
         mem.slots, gib(per_slot), micro_rows(p, l),
         recompute ? "checkpointing " + l.checkpoint_name() + ": residual stream kept, " +

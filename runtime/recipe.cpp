@@ -259,17 +259,6 @@ const std::vector<Field>& schema() {
   return fields;
 }
 
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j)
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
 
 // ---- Validation of values and combinations ------------------------------------------------------
 
@@ -456,6 +445,18 @@ Override parse_override(const std::string& text) {
   return {text.substr(0, eq), text.substr(eq + 1)};
 }
 
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
 std::string closest_key(const std::string& unknown) {
   std::string best;
   size_t best_d = std::string::npos;
@@ -526,16 +527,6 @@ Recipe load_recipe(const std::string& path, const std::vector<Override>& overrid
 std::string Recipe::origin(const std::string& key) const {
   auto it = key_origins.find(key);
   return it != key_origins.end() ? it->second : source + " (default value)";
-}
-
-void Recipe::check_trainable() const {
-  // Keys the planner prices but training cannot run yet: refused rather than silently ignored.
-  const auto refuse = [&](const std::string& key, const std::string& msg) {
-    throw UserError("recipe error: " + origin(key) + ": `" + key + "`: " + msg);
-  };
-  if (parallel.sequence_parallel)
-    refuse("parallel.sequence_parallel",
-           "sequence-parallel training is not implemented yet; set it to false to train");
 }
 
 int64_t Recipe::world_size() const {

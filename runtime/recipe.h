@@ -104,8 +104,6 @@ struct Recipe {
   // "file:line" (or "--set k=v") each key was read from, for errors raised after parsing.
   std::map<std::string, std::string> key_origins;
   std::string origin(const std::string& key) const;
-  // UserError naming the key when the recipe asks training for something not built yet.
-  void check_trainable() const;
   // Ranks the recipe asks for; dp = -1 counts as 1 until resolve_world() fills it in.
   int64_t world_size() const;
   // Fills dp = -1 from the world size and checks pp·dp·cp·tp == world (UserError otherwise).
@@ -131,6 +129,9 @@ struct KeyDoc {
   std::string key, type, default_value, meaning;
 };
 std::vector<KeyDoc> recipe_key_docs();
+
+// Levenshtein distance (for "did you mean" suggestions, here and in the cluster file).
+size_t edit_distance(const std::string& a, const std::string& b);
 
 // Levenshtein-closest known key, or "" when nothing is reasonably close.
 std::string closest_key(const std::string& unknown);

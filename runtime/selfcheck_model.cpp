@@ -11,6 +11,7 @@
 #include "kernels/arena.h"
 #include "kernels/blas.h"
 #include "kernels/check.h"
+#include "kernels/hash.h"
 #include "parallel/pipeline_split.h"
 #include "runtime/model.h"
 #include "runtime/planner.h"
@@ -23,12 +24,7 @@ using parallel::ReduceOp;
 
 namespace {
 
-uint64_t mix(uint64_t x) {  // splitmix64 finaliser
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
+using kernels::splitmix64;
 
 // Order-independent checksum of a (part of a) global tensor: a sum over its elements of a hash of
 // (global index, bits). The tp shards' sums add up to the whole tensor's, so shards are compared
@@ -44,7 +40,7 @@ uint64_t checksum(const float* data, const Slice& s, int64_t data_ld, int64_t da
       uint32_t bits;
       std::memcpy(&bits, &data[(s.row0 - data_row0 + r) * data_ld + (s.col0 - data_col0 + c)], 4);
       const uint64_t g = static_cast<uint64_t>((s.row0 + r) * s.global_cols + s.col0 + c);
-      sum += mix(g ^ mix(bits + 0x51ull));
+      sum += splitmix64(g ^ splitmix64(bits + 0x51ull));
     }
   return sum;
 }
@@ -139,7 +135,7 @@ void check_replicas(const Job& job, std::vector<CheckRow>& rows) {
   }
   const auto& dp = mesh.group(Dim::dp);
   uint64_t digest = 0;
-  for (int64_t i = 0; i < most; ++i) digest = mix(digest ^ shard_sums[i]);
+  for (int64_t i = 0; i < most; ++i) digest = splitmix64(digest ^ shard_sums[i]);
   std::vector<uint64_t> replicas(dp.size());
   dp.all_gather(&digest, replicas.data(), 1);
   for (int d = 0; d < dp.size() && v.ok; ++d)

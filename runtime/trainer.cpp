@@ -176,7 +176,7 @@ struct Trainer::Impl {
                                     ModelOptions{rows, executor->max_slots(), p.zero == 0,
                                                  checkpoint_every(t.activation_checkpoint),
                                                  executor->splits_backward(),
-                                                 t.precision == "bf16"});
+                                                 t.precision == "bf16", p.sequence_parallel});
     model->init(seed);
     build_reducer();
     tokens_buf.resize(static_cast<size_t>(n_micro * rows * T));
@@ -212,7 +212,10 @@ struct Trainer::Impl {
     float* grads = model->state().grads.data();
     model->set_grad_hook([this, grads](int64_t unit) {
       const int b = bucket_of[static_cast<size_t>(unit + 1)];
-      if (--pending[b] == 0) reducer->ready(b, grads);
+      if (--pending[b] == 0) {
+        model->sum_replicated_grads(reducer->buckets()[b]);  // sequence parallel only
+        reducer->ready(b, grads);
+      }
       else reducer->progress();
     });
     if (p.zero > 0) {  // moments only for what this dp rank owns
@@ -395,6 +398,10 @@ struct Trainer::Impl {
     }
     snapshots->finish();
     summary.peak_arena_bytes = arena->peak();
+    // Every rank's own log: bytes it sent or contributed per group (tests check that bf16 and
+    // sequence parallelism halve them).
+    spdlog::info("communication bytes: tp {} dp {} pp {}", groups[0]->counters().bytes,
+                 groups[1]->counters().bytes, groups[2]->counters().bytes);
     return summary;
   }
 

@@ -26,6 +26,10 @@ run pp2 --set parallel.pp=2
 run zero1 --set parallel.dp=2 --set parallel.zero=1
 run zero0 --set parallel.dp=2
 run ckpt --set train.activation_checkpoint=full
+run pp2tp2 --set parallel.pp=2 --set parallel.tp=2
+run pp2tp2_bf16 --set parallel.pp=2 --set parallel.tp=2 --set train.precision=bf16
+run pp2tp2_sp --set parallel.pp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true
+run bf16 --set train.precision=bf16
 fail=0
 ratio() {  # ratio NAME VALUE BASE LO HI
   awk -v n="$1" -v v="$2" -v b="$3" -v lo="$4" -v hi="$5" 'BEGIN {
@@ -36,6 +40,16 @@ ratio "params per rank, tp=2" "$(field tp2 params)" "$(field one params)" 0.45 0
 ratio "params per rank, pp=2 (largest stage)" "$(field pp2 params)" "$(field one params)" 0.45 0.60
 ratio "optimizer per rank, ZeRO-1 dp=2" "$(field zero1 optimizer)" "$(field one optimizer)" 0.45 0.55
 ratio "optimizer per rank, ZeRO-0 dp=2" "$(field zero0 optimizer)" "$(field one optimizer)" 0.99 1.01
+# comm GROUP RUN: the largest bytes any rank of RUN sent on GROUP ("communication bytes" line).
+comm() {
+  cat "$work/$2"/logs/rank*.log | sed -n "s/.*communication bytes: .*\b$1 \([0-9]*\).*/\1/p" | sort -n | tail -1
+}
+# bf16 stores the large saved tensors in bf16 (the residual stream stays fp32) and halves the
+# bytes of TP and PP traffic; sequence parallelism sends 1/tp of the rows between stages.
+ratio "activations, bf16" "$(field bf16 activations)" "$(field one activations)" 0.45 0.65
+ratio "tp bytes, bf16" "$(comm tp pp2tp2_bf16)" "$(comm tp pp2tp2)" 0.49 0.51
+ratio "pp bytes, bf16" "$(comm pp pp2tp2_bf16)" "$(comm pp pp2tp2)" 0.49 0.51
+ratio "pp bytes, sequence parallel" "$(comm pp pp2tp2_sp)" "$(comm pp pp2tp2)" 0.49 0.51
 # Full checkpointing keeps only the residual stream per block (1 of its ~12 tensors of N×C-ish).
 ratio "activations, checkpoint full" "$(field ckpt activations)" "$(field one activations)" 0.05 0.30
 exit $fail

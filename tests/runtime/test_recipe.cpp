@@ -90,16 +90,6 @@ TEST(Recipe, ImpossibleCombinationsAreRejected) {
             std::string::npos);
   EXPECT_NE(error_of("[train]\nprecision = \"fp16\"\n").find("fp32, bf16"), std::string::npos);
   EXPECT_EQ(error_of("[train]\nactivation_checkpoint = \"every:2\"\n"), "");
-  // Not built yet: parsed (the planner prices them) but refused for training, by name.
-  for (const char* text : {"[parallel]\nsequence_parallel = true\n"}) {
-    const Recipe r = parse_recipe(text, "r.toml");
-    try {
-      r.check_trainable();
-      ADD_FAILURE() << "accepted for training: " << text;
-    } catch (const t3d::UserError& e) {
-      EXPECT_NE(std::string(e.what()).find("not implemented"), std::string::npos) << e.what();
-    }
-  }
 }
 
 TEST(Recipe, WorldResolution) {

@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""Draws a run directory: loss and validation-loss curves from metrics.jsonl (loss.png, loss.svg)
+and, when the run was traced (--trace), the pipeline timeline of its last step from trace.json
+(timeline.png, timeline.svg): one row per rank, forward / backward / weight-gradient spans per
+micro-batch and chunk, communication in grey, idle time blank.
+
+Usage: scripts/plot.sh RUN_DIR [OUT_DIR]   (installs Debian's python3-matplotlib if missing)"""
+import json
+import os
+import sys
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def plot_loss(run, out):
+    steps, loss, vsteps, vloss = [], [], [], []
+    with open(os.path.join(run, "metrics.jsonl")) as f:
+        for line in f:
+            m = json.loads(line)
+            if "loss" not in m:  # snapshot lines
+                continue
+            steps.append(m["step"])
+            loss.append(m["loss"])
+            if m.get("val_loss") is not None:
+                vsteps.append(m["step"])
+                vloss.append(m["val_loss"])
+    if not steps:
+        sys.exit(f"plot: {run}/metrics.jsonl has no training steps")
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ax.plot(steps, loss, label="training loss", linewidth=1)
+    if vsteps:
+        ax.plot(vsteps, vloss, "o-", label="validation loss")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats/token)")
+    ax.set_title(os.path.basename(os.path.normpath(run)))
+    ax.grid(alpha=0.3)
+    ax.legend()
+    written = []
+    for ext in ("png", "svg"):
+        path = os.path.join(out, f"loss.{ext}")
+        fig.savefig(path, dpi=120, bbox_inches="tight")
+        written.append(path)
+    return written
+
+
+COLOURS = {"forward": "#4c72b0", "backward": "#dd8452", "backward (input grads)": "#dd8452",
+           "backward (weight grads)": "#55a868"}
+
+
+def plot_timeline(run, out):
+    path = os.path.join(run, "trace.json")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        trace = json.load(f)
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    names = {e["pid"]: e["args"]["name"] for e in events if e.get("name") == "process_name"}
+    spans = [e for e in events if e.get("ph") == "X"]
+    # The last training step of every rank without a validation pass in it: spans inside it.
+    def inside(e, step):
+        return e["pid"] == step["pid"] and step["ts"] <= e["ts"] <= step["ts"] + step["dur"]
+
+    validations = [e for e in spans if "validation" in e["name"]]
+    last_step = {}
+    for e in spans:
+        if e["name"] != "step" or any(inside(v, e) for v in validations):
+            continue
+        if e["pid"] not in last_step or e["ts"] > last_step[e["pid"]]["ts"]:
+            last_step[e["pid"]] = e
+    if not last_step:
+        return []
+    t0 = min(s["ts"] for s in last_step.values())
+    ranks = sorted(last_step)
+    fig, ax = plt.subplots(figsize=(11, 0.5 * len(ranks) + 1.5))
+    for row, pid in enumerate(ranks):
+        step = last_step[pid]
+        mine = [e for e in spans if e is not step and e["name"] != "step" and inside(e, step)]
+        mine.sort(key=lambda e: e.get("cat") != "comm")  # communication first, compute on top
+        for e in mine:
+            colour = COLOURS.get(e["name"], "#b0b0b0" if e.get("cat") == "comm" else "#8172b3")
+            ax.broken_barh([((e["ts"] - t0) / 1e3, e["dur"] / 1e3)], (row - 0.4, 0.8),
+                           facecolors=colour, edgecolor="none")
+            args = e.get("args", {})
+            if "mb" in args and e["dur"] / 1e3 > 0.02 * step["dur"] / 1e3:
+                ax.text((e["ts"] - t0 + e["dur"] / 2) / 1e3, row, str(args["mb"]), ha="center",
+                        va="center", fontsize=7, color="white")
+    ax.set_yticks(range(len(ranks)))
+    ax.set_yticklabels([names.get(p, f"rank {p}") for p in ranks], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("ms since the start of the last step")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in
+               (COLOURS["forward"], COLOURS["backward"], COLOURS["backward (weight grads)"],
+                "#b0b0b0", "#8172b3")]
+    ax.legend(handles, ["forward", "backward (input)", "weight grads (W)", "communication",
+                        "other"], loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=5,
+              fontsize=8)
+    ax.set_title("pipeline timeline, last step (numbers: micro-batch)")
+    written = []
+    for ext in ("png", "svg"):
+        p = os.path.join(out, f"timeline.{ext}")
+        fig.savefig(p, dpi=120, bbox_inches="tight")
+        written.append(p)
+    return written
+
+
+def main():
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    run = sys.argv[1]
+    out = sys.argv[2] if len(sys.argv) > 2 else run
+    os.makedirs(out, exist_ok=True)
+    for p in plot_loss(run, out) + plot_timeline(run, out):
+        print(p)
+
+
+if __name__ == "__main__":
+    main()

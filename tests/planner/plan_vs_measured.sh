@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The planner's per-rank memory against what training measures: for layouts that fit on 8 local
+# ranks, `plan --explain 0` (its largest stage) must be within 10% of the largest arena peak any
+# rank reports (peak_mem_gib in metrics.jsonl). They share one memory model, so this catches the
+# two drifting apart (a new buffer in the model that the planner does not know about).
+set -u
+titan3d=$1
+source "$(dirname "$0")/../e2e/lib.sh"
+require_corpus
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail=0
+check() {  # check NAME [--set ...]
+  local name=$1; shift
+  local args=(--set data.path="$corpus" --set train.steps=2 --set train.val_every=0 "$@")
+  "$titan3d" train "$repo/recipes/3d_pp2_dp2_tp2.toml" "${args[@]}" --set run.dir="$work/$name" \
+    > "$work/$name.log" 2>&1 || { echo "FAIL $name: training exited $?"; tail -5 "$work/$name.log"; fail=1; return; }
+  local measured predicted
+  measured=$(sed -n 's/.*"peak_mem_gib": \([0-9.e-]*\).*/\1/p' "$work/$name/metrics.jsonl" | tail -1)
+  predicted=$("$titan3d" plan "$repo/recipes/3d_pp2_dp2_tp2.toml" "${args[@]}" --explain 0 2>&1 |
+              sed -n 's/^  total *\([0-9.e-]*\) GiB.*/\1/p' | head -1)
+  awk -v n="$name" -v m="$measured" -v p="$predicted" 'BEGIN {
+    if (m == "" || p == "") { printf "FAIL %s: measured \"%s\", predicted \"%s\"\n", n, m, p; exit 1 }
+    r = p / m; printf "%-28s predicted %.6f GiB, measured %.6f GiB: %.3f\n", n, p, m, r
+    exit !(r > 0.9 && r < 1.1) }' || fail=1
+}
+check pp2_dp2_tp2_1f1b
+check pp2_dp2_tp2_gpipe_m4 --set parallel.schedule=gpipe --set train.micro_batches=4 \
+      --set train.global_batch=16
+check pp2_tp2_dp2_zb_h1 --set parallel.schedule=zb_h1
+check interleaved_v2_m4 --set parallel.schedule=interleaved_1f1b --set parallel.virtual_stages=2 \
+      --set train.micro_batches=4 --set train.global_batch=16
+check ckpt_full --set train.activation_checkpoint=full
+check zero1 --set parallel.zero=1
+exit $fail
