@@ -118,7 +118,9 @@ if wait_for 60 test -s "$work/cut/metrics.jsonl"; then
   cut_at=$(date +%s)
   wait_for 60 grep -q 'watchdog:' "$work/cut.log"
   took=$(( $(date +%s) - cut_at ))
-  line=$(grep -m1 'watchdog:' "$work/cut.log")
+  sleep 1  # let the other ranks' watchdog lines arrive; the one naming hostb is wanted
+  line=$(grep 'watchdog:.*waiting on host hostb' "$work/cut.log" | head -1)
+  [ -n "$line" ] || line=$(grep -m1 'watchdog:' "$work/cut.log")
   check "grep -q 'waiting on host hostb (world ranks\\? [4-7,]*)' <<<\"\$line\"" \
     "link of hostb cut: watchdog after ${took}s: ${line#*watchdog: }" || tail -20 "$work/cut.log"
 else
