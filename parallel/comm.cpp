@@ -3,6 +3,7 @@
 #include <sched.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <thread>
@@ -76,6 +77,7 @@ Comm& Comm::operator=(Comm&& o) noexcept {
     size_ = o.size_;
     name_ = std::move(o.name_);
     world_ranks_ = std::move(o.world_ranks_);
+    world_hosts_ = std::move(o.world_hosts_);
     timeout_s_ = o.timeout_s_;
     counters_ = o.counters_;
     o.comm_ = MPI_COMM_NULL;
@@ -91,12 +93,17 @@ Comm Comm::split(int colour, int key, std::string name) const {
   T3D_MPI(MPI_Comm_size(c.comm_, &c.size_));
   c.name_ = std::move(name);
   c.timeout_s_ = timeout_s_;
+  c.world_hosts_ = world_hosts_;
   c.counters_ = {};
   // Members' world ranks, for watchdog messages that name peers.
   const int mine = world_ranks_.at(rank_);
   c.world_ranks_.resize(c.size_);
   T3D_MPI(MPI_Allgather(&mine, 1, MPI_INT, c.world_ranks_.data(), 1, MPI_INT, c.comm_));
   return c;
+}
+
+void Comm::set_world_hosts(std::vector<std::string> host_of_world_rank) {
+  world_hosts_ = std::make_shared<const std::vector<std::string>>(std::move(host_of_world_rank));
 }
 
 void Comm::wait(MPI_Request& request, const char* what, int peer) const {
@@ -125,10 +132,33 @@ void Comm::wait(MPI_Request& request, const char* what, int peer) const {
           peers += (i ? "," : "") + std::to_string(world_ranks_[i]);
         peers = "members world ranks {" + peers + "}";
       }
+      // With hosts known: which other hosts this rank waits on (a cut link shows as their names).
+      std::string where;
+      if (world_hosts_) {
+        const auto host = [&](int group_rank) {
+          return world_hosts_->at(world_ranks_.at(group_rank));
+        };
+        std::vector<std::pair<std::string, std::string>> others;  // host, its world ranks
+        for (int i = 0; i < size_; ++i) {
+          if ((peer >= 0 && i != peer) || host(i) == host(rank_)) continue;
+          auto it = std::find_if(others.begin(), others.end(),
+                                 [&](const auto& o) { return o.first == host(i); });
+          if (it == others.end()) it = others.insert(others.end(), {host(i), ""});
+          it->second += (it->second.empty() ? "" : ",") + std::to_string(world_ranks_[i]);
+        }
+        where = "; on host " + host(rank_) + ", waiting on ";
+        if (others.empty()) where += "no other host";
+        for (size_t h = 0; h < others.size(); ++h)
+          where += (h ? ", host " : "host ") + others[h].first + " (world rank" +
+                   (others[h].second.find(',') == std::string::npos ? " " : "s ") +
+                   others[h].second + ")";
+      }
       const std::string msg = "watchdog: world rank " + std::to_string(world_ranks_.at(rank_)) +
                               " waited more than " + std::to_string(static_cast<int>(timeout_s_)) +
-                              " s (parallel.timeout_s) in " + what + " on group `" + name_ +
-                              "` (" + peers + "); a peer is stuck or dead. Aborting the job.";
+                              " s (parallel.timeout_s) in " + what + " on group `" + name_ + "` (" +
+                              peers + ")" + where +
+                              "; a peer is stuck or dead, or the network to its host is down. "
+                              "Aborting the job.";
       spdlog::critical(msg);
       std::fprintf(stderr, "%s\n", msg.c_str());
       std::fflush(stderr);

@@ -55,6 +55,10 @@ class Comm {
   MPI_Comm handle() const { return comm_; }
   // World ranks of this group's members, by group rank (for messages naming peers).
   const std::vector<int>& world_ranks() const { return world_ranks_; }
+  // Host name of every world rank (runtime gathers them once, on the world communicator, before
+  // the mesh splits it; split groups share the table). The watchdog then names the hosts it
+  // waits on: on a multi-host job a cut link shows as the far host's name.
+  void set_world_hosts(std::vector<std::string> host_of_world_rank);
 
   template <typename T>
   void all_reduce(T* data, size_t count, ReduceOp op = ReduceOp::sum) const {
@@ -126,6 +130,7 @@ class Comm {
   int size_ = 0;
   std::string name_;
   std::vector<int> world_ranks_;
+  std::shared_ptr<const std::vector<std::string>> world_hosts_;  // by world rank; may be null
   double timeout_s_ = 300.0;
   mutable Counters counters_;
 };

@@ -52,7 +52,7 @@ void spawn_if_needed(const Recipe& recipe, const std::vector<std::string>& argv,
   plan.cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   plan.as_root = geteuid() == 0;
   plan.argv = argv;
-  plan.log_dir = recipe.run.dir + "/logs";
+  plan.log_dir = job_run_dir(recipe.run.dir, detect_launch_env()) + "/logs";
   const int threads = threads_per_rank(static_cast<int>(recipe.hardware.threads_per_rank),
                                        plan.cores, plan.ranks);
   plan.env.emplace_back("OPENBLAS_NUM_THREADS", std::to_string(threads));
@@ -99,6 +99,13 @@ Job join_world(Recipe recipe, const std::string& log_level_override, bool needs_
   gethostname(host, sizeof(host) - 1);
   job.hostname = host;
   auto world = parallel::Comm::world(recipe.parallel.timeout_s);
+  // Every rank's host, before the mesh splits the world: the groups inherit it, so the watchdog
+  // can name hosts, and rank 0 can check where the tp groups landed.
+  constexpr size_t kHost = 256;
+  std::vector<char> hosts(kHost * world.size());
+  world.all_gather(host, hosts.data(), kHost);
+  for (int r = 0; r < world.size(); ++r) job.hosts.emplace_back(hosts.data() + r * kHost);
+  world.set_world_hosts(job.hosts);
   agree_on(world, [&] {
     recipe.resolve_world(world.size());
     if (needs_data) check_inputs(recipe);
@@ -107,7 +114,7 @@ Job join_world(Recipe recipe, const std::string& log_level_override, bool needs_
   const auto& p = job.recipe.parallel;
   parallel::MeshShape shape(static_cast<int>(p.pp), static_cast<int>(p.dp), static_cast<int>(p.cp),
                             static_cast<int>(p.tp));
-  job.run_dir = job.recipe.run.dir;
+  job.run_dir = job_run_dir(job.recipe.run.dir, job.env);
   const int rank = world.rank();
   agree_on(world, [&] {
     std::error_code ec;
@@ -119,6 +126,10 @@ Job join_world(Recipe recipe, const std::string& log_level_override, bool needs_
       log_level_override.empty() ? job.recipe.run.log_level : log_level_override;
   setup_logging(shape.label(rank), job.run_dir + "/logs/rank" + std::to_string(rank) + ".log",
                 rank == 0, level);
+  if (rank == 0) {
+    const std::string warning = tp_placement_warning(shape, job.hosts, job.env);
+    if (!warning.empty()) spdlog::warn("{}", warning);
+  }
   job.mesh = std::make_unique<parallel::Mesh>(shape, std::move(world));
   return job;
 }
@@ -147,9 +158,10 @@ void report_mesh(const Job& job) {
   std::vector<char> all(kLine * mesh.world().size());
   mesh.world().all_gather(mine, all.data(), kLine);
   const auto& s = mesh.shape();
-  spdlog::info("mesh pp={} dp={} cp={} tp={} = {} ranks, launcher: {}", s.size(parallel::Dim::pp),
+  spdlog::info("mesh pp={} dp={} cp={} tp={} = {} ranks, launcher: {}{}", s.size(parallel::Dim::pp),
                s.size(parallel::Dim::dp), s.size(parallel::Dim::cp), s.size(parallel::Dim::tp),
-               s.world(), launcher_name(job.env.launcher));
+               s.world(), launcher_name(job.env.launcher),
+               job.env.job_id.empty() ? "" : ", SLURM job " + job.env.job_id);
   for (int r = 0; r < mesh.world().size(); ++r) spdlog::info("  {}", all.data() + r * kLine);
 }
 

@@ -34,12 +34,14 @@ struct Job {
   Recipe recipe;
   LaunchEnv env;
   std::unique_ptr<parallel::Mesh> mesh;
-  std::string run_dir;
+  std::string run_dir;  // run.dir, or run.dir/slurm-<job id> under SLURM (job_run_dir)
   std::string hostname;
+  std::vector<std::string> hosts;  // host name of every world rank
 };
 
 // Inside the world: resolves dp = -1, builds the mesh and its communicators, the run directory and
-// per-rank logs. Collective; a failure on any rank is agreed on and reported once.
+// per-rank logs; warns when a tensor-parallel group straddles hosts. Collective; a failure on any
+// rank is agreed on and reported once.
 Job join_world(Recipe recipe, const std::string& log_level_override, bool needs_data = true);
 
 // Runs `setup` on every rank, then agrees: if any rank threw, the lowest such rank prints its error

@@ -4,8 +4,11 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
+#include <sstream>
 
 #include "kernels/check.h"
 #include "runtime/mpirun_watch.h"
@@ -48,7 +51,17 @@ LaunchEnv detect_launch_env(const std::vector<std::pair<std::string, std::string
     e.rank = num("SLURM_PROCID", 0);
     e.size = num("SLURM_NTASKS", 1);
     e.local_rank = num("SLURM_LOCALID", 0);
-    e.local_size = num("SLURM_NTASKS_PER_NODE", num("SLURM_TASKS_PER_NODE", 1));
+    e.node_id = num("SLURM_NODEID", 0);
+    // The step's layout first (an srun may use fewer tasks than the allocation), then the
+    // job's. SLURM_NTASKS_PER_NODE is set only when the user asked for it, and is the same
+    // number on every node, whereas the layout may be uneven ("3,2").
+    for (const char* key : {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"})
+      if (const auto* v = get(key); v && e.tasks_per_node.empty())
+        e.tasks_per_node = parse_slurm_tasks_per_node(*v);
+    if (e.node_id >= 0 && e.node_id < static_cast<int>(e.tasks_per_node.size()))
+      e.local_size = e.tasks_per_node[e.node_id];
+    else
+      e.local_size = num("SLURM_NTASKS_PER_NODE", 1);
   } else if (get("PMIX_RANK")) {
     e.launcher = Launcher::pmix;
     e.rank = num("PMIX_RANK", 0);
@@ -66,6 +79,86 @@ LaunchEnv detect_launch_env() {
     if (eq) env.emplace_back(std::string(*p, static_cast<size_t>(eq - *p)), std::string(eq + 1));
   }
   return detect_launch_env(env);
+}
+
+namespace {
+std::string join(const std::vector<int>& values) {  // {2, 3} -> "2,3"
+  std::string out;
+  for (int v : values) {
+    if (!out.empty()) out += ',';
+    out += std::to_string(v);
+  }
+  return out;
+}
+}  // namespace
+
+std::vector<int> parse_slurm_tasks_per_node(const std::string& text) {
+  std::vector<int> out;
+  std::stringstream items(text);
+  for (std::string item; std::getline(items, item, ',');) {
+    int count = 0, repeat = 1;
+    char close = 0;
+    // "4" or "4(x2)"; anything else means we misread the variable: report nothing.
+    const int got = std::sscanf(item.c_str(), "%d(x%d%c", &count, &repeat, &close);
+    const bool plain = got == 1 && item.find_first_not_of("0123456789") == std::string::npos;
+    if (!plain && !(got == 3 && close == ')')) return {};
+    if (count < 0 || repeat < 1 || repeat > 1 << 20) return {};
+    out.insert(out.end(), static_cast<size_t>(repeat), count);
+  }
+  return out;
+}
+
+std::string job_run_dir(const std::string& run_dir, const LaunchEnv& env) {
+  if (env.job_id.empty()) return run_dir;
+  return run_dir + "/slurm-" + env.job_id;
+}
+
+std::vector<std::string> tp_groups_straddling_hosts(const parallel::MeshShape& shape,
+                                                    const std::vector<std::string>& host_of_rank) {
+  using parallel::Dim;
+  std::vector<std::string> out;
+  for (int r = 0; r < shape.world(); ++r) {
+    const std::vector<int> group = shape.group(Dim::tp, r);
+    if (group.front() != r) continue;  // each group once, from its first member
+    std::map<std::string, std::vector<int>> by_host;
+    for (int m : group) by_host[host_of_rank.at(m)].push_back(m);
+    if (by_host.size() < 2) continue;
+    std::string line = "tp group of world ranks " + join(group) + " spans hosts";
+    const char* sep = " ";
+    for (const auto& [host, ranks] : by_host) {
+      line += sep + host + " (" + join(ranks) + ")";
+      sep = ", ";
+    }
+    out.push_back(line);
+  }
+  return out;
+}
+
+std::string tp_placement_warning(const parallel::MeshShape& shape,
+                                 const std::vector<std::string>& host_of_rank,
+                                 const LaunchEnv& env) {
+  const auto groups = tp_groups_straddling_hosts(shape, host_of_rank);
+  if (groups.empty()) return "";
+  const int tp = shape.size(parallel::Dim::tp);
+  std::string msg = std::to_string(groups.size()) + " of " + std::to_string(shape.world() / tp) +
+                    " tensor-parallel groups straddle hosts: their all-reduces (every layer, "
+                    "forward and backward) cross the network. ";
+  msg += groups.front();
+  if (groups.size() > 1) msg += "; ...";
+  msg +=
+      ". TP groups are consecutive world ranks, so every host needs a multiple of "
+      "parallel.tp = " +
+      std::to_string(tp) + " ranks, placed in blocks (";
+  if (env.launcher == Launcher::slurm) {
+    const std::string layout = join(env.tasks_per_node);
+    msg += "SLURM placed " + (layout.empty() ? std::string("?") : layout) +
+           " tasks per node: use --ntasks-per-node=<multiple of " + std::to_string(tp) +
+           "> and the default block distribution";
+  } else {
+    msg +=
+        "mpirun: --map-by slot, or a hostfile with slots=<multiple of " + std::to_string(tp) + ">";
+  }
+  return msg + "), or lower parallel.tp.";
 }
 
 int threads_per_rank(int configured, int cores, int local_ranks) {

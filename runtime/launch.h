@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "parallel/mesh.h"
+
 namespace t3d::runtime {
 
 enum class Launcher { none, openmpi, pmix, slurm };
@@ -18,7 +20,10 @@ struct LaunchEnv {
   int size = 1;        // world size, -1 if the launcher does not say
   int local_rank = 0;  // rank on this host
   int local_size = 1;  // ranks on this host
-  std::string job_id;  // SLURM job id, if any
+  std::string job_id;  // SLURM job id, if any (also in an sbatch script, which is no rank)
+  // SLURM only: this task's node index and the step's tasks on each node, in node order.
+  int node_id = 0;
+  std::vector<int> tasks_per_node;
 };
 LaunchEnv detect_launch_env();
 LaunchEnv detect_launch_env(const std::vector<std::pair<std::string, std::string>>& env);
@@ -36,6 +41,26 @@ std::vector<std::string> mpirun_command(const SpawnPlan& plan, const std::string
 // Runs mpirun as a child (the ranks' output streams through; Open MPI's banners are filtered and a
 // dead rank named, see mpirun_watch.h), then exits with its exit code.
 [[noreturn]] void exec_mpirun(const SpawnPlan& plan);
+
+// SLURM's compressed task counts ("2(x3),1" -> {2, 2, 2, 1}); empty if malformed.
+std::vector<int> parse_slurm_tasks_per_node(const std::string& text);
+
+// Where this job's logs and metrics go: run.dir itself, or under SLURM run.dir/slurm-<job id>, so
+// that jobs resubmitted with one recipe keep their logs apart (snapshots stay in run.dir's
+// snapshot.dir, shared by the jobs: a resubmission resumes from them).
+std::string job_run_dir(const std::string& run_dir, const LaunchEnv& env);
+
+// Tensor-parallel groups whose ranks run on more than one host, given each world rank's host
+// name: one line per such group ("tp group of world ranks 2,3 spans hosts a (2), b (3)"), empty
+// when every group is inside a host. TP all-reduces run in every layer, twice per direction:
+// across a network link instead of shared memory they dominate the step.
+std::vector<std::string> tp_groups_straddling_hosts(const parallel::MeshShape& shape,
+                                                    const std::vector<std::string>& host_of_rank);
+// The warning a user reads for those groups: what was found and how to lay the ranks out instead
+// (under SLURM: tasks per node a multiple of parallel.tp). Empty when there is nothing to say.
+std::string tp_placement_warning(const parallel::MeshShape& shape,
+                                 const std::vector<std::string>& host_of_rank,
+                                 const LaunchEnv& env);
 
 // BLAS threads for each rank: the recipe's choice, or this host's cores shared among its ranks.
 int threads_per_rank(int configured, int cores, int local_ranks);

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -80,6 +81,7 @@ struct Group {
   std::string name;
   std::vector<int> members;  // world ranks, by group rank
   int count = 1;             // groups of this kind in the world
+  std::optional<Dim> dim;    // none for the world
   std::string scope() const {
     return fmt::format("{} group{} × {}", count, count > 1 ? "s" : "", members.size());
   }
@@ -233,14 +235,85 @@ Verdict check_p2p(const Group& pp, double seconds) {
 // nccl-tests' bus bandwidth factor for an all-reduce of n ranks (docs/selfcheck.md).
 double all_reduce_bus_factor(int n) { return 2.0 * (n - 1) / n; }
 
-void bandwidth_rows(const Comm& world, const std::vector<Group>& groups, bool quick,
+// Where a kind of group runs, from every rank's host: "intra-host" when every group of the kind
+// lies inside one host, "inter-host" when every one spans hosts, else "mixed". Agreed: all ranks
+// compute it from the same host table and mesh.
+std::string placement(const Job& job, Dim d) {
+  const auto& shape = job.mesh->shape();
+  bool any_inside = false, any_across = false;
+  for (int r = 0; r < shape.world(); ++r) {
+    const auto members = shape.group(d, r);
+    if (members.front() != r) continue;
+    const bool across = std::any_of(members.begin(), members.end(), [&](int m) {
+      return job.hosts.at(m) != job.hosts.at(members.front());
+    });
+    (across ? any_across : any_inside) = true;
+  }
+  return any_across ? (any_inside ? "mixed" : "inter-host") : "intra-host";
+}
+
+// Ping-pong between world rank 0 and one rank on its own host and one on each other host: the
+// bandwidth and latency of the links a job's groups use (shared memory inside a host, the network
+// between hosts). Pairs run one at a time, the other ranks wait at a barrier.
+void host_link_rows(const Job& job, bool quick, std::vector<CheckRow>& rows) {
+  const auto& world = job.mesh->world();
+  std::vector<std::pair<int, std::string>> peers;  // world rank, kind
+  for (int r = 1; r < world.size(); ++r)
+    if (job.hosts[r] == job.hosts[0]) {
+      peers.emplace_back(r, "intra");
+      break;
+    }
+  std::set<std::string> seen = {job.hosts[0]};
+  for (int r = 1; r < world.size(); ++r)
+    if (seen.insert(job.hosts[r]).second) peers.emplace_back(r, "inter");
+  const size_t bytes = quick ? 1 << 20 : 16 << 20;
+  const int iters = quick ? 3 : 10;
+  std::vector<char> buf(bytes);
+  for (const auto& [peer, kind] : peers) {
+    double times[2] = {0, 0};  // small-message round trip, large-message round trip
+    const int me = world.rank();
+    if (me == 0 || me == peer) {
+      const int other = me == 0 ? peer : 0;
+      int slot = 0;
+      for (size_t size : {size_t{8}, bytes}) {
+        for (int it = -1; it < iters; ++it) {  // it = -1: warm-up (connection set-up)
+          const auto t0 = Clock::now();
+          if (me == 0) {
+            world.send(buf.data(), size, other, 7);
+            world.recv(buf.data(), size, other, 7);
+          } else {
+            world.recv(buf.data(), size, other, 7);
+            world.send(buf.data(), size, other, 7);
+          }
+          if (it >= 0) times[slot] += std::chrono::duration<double>(Clock::now() - t0).count();
+        }
+        times[slot++] /= iters;
+      }
+    }
+    world.broadcast(times, 2, 0);
+    const double gbs = 2.0 * bytes / times[1] / 1e9;  // both directions of a round trip
+    rows.push_back({"link",
+                    kind,
+                    fmt::format("ranks 0,{}", peer),
+                    CheckStatus::info,
+                    fmt::format("{} <-> {} ({}-host): ping-pong {} {:7.3f} GB/s, 8 B round "
+                                "trip {:7.1f} us",
+                                job.hosts[0], job.hosts[peer], kind, selfcheck::bytes_label(bytes),
+                                gbs, times[0] * 1e6),
+                    {}});
+  }
+}
+
+void bandwidth_rows(const Job& job, const std::vector<Group>& groups, bool quick,
                     std::vector<CheckRow>& rows) {
+  const Comm& world = job.mesh->world();
   const std::vector<size_t> sizes =
       quick ? std::vector<size_t>{1 << 10, 64 << 10, 1 << 20}
             : std::vector<size_t>{1 << 10, 16 << 10, 256 << 10, 4 << 20, 64 << 20};
   for (const auto& g : groups) {
     const int n = static_cast<int>(g.members.size());
     if (n < 2) continue;
+    const std::string where = g.dim ? placement(job, *g.dim) : "world";
     for (size_t bytes : sizes) {
       std::vector<float> buf(bytes / sizeof(float), 0.0f);  // zeros stay zeros: no overflow
       const int iters = quick ? 3 : bytes <= (256 << 10) ? 20 : bytes <= (4 << 20) ? 10 : 3;
@@ -251,9 +324,13 @@ void bandwidth_rows(const Comm& world, const std::vector<Group>& groups, bool qu
       double seconds = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
       world.all_reduce(&seconds, 1, ReduceOp::max);  // the slowest rank of the slowest group
       const double algbw = bytes / seconds / 1e9;
-      rows.push_back({"bandwidth", g.name, selfcheck::bytes_label(bytes), CheckStatus::info,
-                      fmt::format("all_reduce {:8.3f} ms  algbw {:7.3f} GB/s  busbw {:7.3f} GB/s",
-                                  seconds * 1e3, algbw, algbw * all_reduce_bus_factor(n)),
+      rows.push_back({"bandwidth",
+                      g.name,
+                      selfcheck::bytes_label(bytes),
+                      CheckStatus::info,
+                      fmt::format("all_reduce {:8.3f} ms  algbw {:7.3f} GB/s  busbw {:7.3f} GB/s"
+                                  "  {}",
+                                  seconds * 1e3, algbw, algbw * all_reduce_bus_factor(n), where),
                       {}});
     }
   }
@@ -283,10 +360,10 @@ SelfcheckReport run_selfcheck(const Job& job, const SelfcheckOptions& options) {
   std::vector<Group> groups;
   for (Dim d : {Dim::tp, Dim::cp, Dim::dp, Dim::pp})
     groups.push_back({&mesh.group(d), parallel::dim_name(d), shape.group(d, mesh.rank()),
-                      shape.world() / shape.size(d)});
+                      shape.world() / shape.size(d), d});
   std::vector<int> everyone(world.size());
   for (int r = 0; r < world.size(); ++r) everyone[r] = r;
-  groups.push_back({&world, "world", everyone, 1});
+  groups.push_back({&world, "world", everyone, 1, std::nullopt});
 
   auto& rows = report.rows;
   for (const auto& g : groups) {
@@ -308,7 +385,8 @@ SelfcheckReport run_selfcheck(const Job& job, const SelfcheckOptions& options) {
   selfcheck::check_replicas(job, rows);
   selfcheck::check_memory(job, rows);
   selfcheck::check_gemm(job, options.quick, rows);
-  bandwidth_rows(world, groups, options.quick, rows);
+  bandwidth_rows(job, groups, options.quick, rows);
+  if (world.size() > 1) host_link_rows(job, options.quick, rows);
   selfcheck::host_map(job, rows);
   return report;
 }

@@ -82,3 +82,55 @@ TEST(Launch, ThreadsPerRankShareTheCores) {
   EXPECT_EQ(threads_per_rank(0, 16, 4), 4);
   EXPECT_EQ(threads_per_rank(3, 2, 8), 3);
 }
+
+TEST(Launch, SlurmLocalSizeFromTheStepLayout) {
+  // Uneven layout: node 1 of "3,2" runs 2 tasks. SLURM_NTASKS_PER_NODE is absent unless asked for.
+  const LaunchEnv e = detect_launch_env({{"SLURM_JOB_ID", "9"},
+                                         {"SLURM_STEP_ID", "0"},
+                                         {"SLURM_PROCID", "4"},
+                                         {"SLURM_NTASKS", "5"},
+                                         {"SLURM_LOCALID", "1"},
+                                         {"SLURM_NODEID", "1"},
+                                         {"SLURM_TASKS_PER_NODE", "4(x2)"},
+                                         {"SLURM_STEP_TASKS_PER_NODE", "3,2"}});
+  EXPECT_EQ(e.local_size, 2);
+  EXPECT_EQ(e.tasks_per_node, (std::vector<int>{3, 2}));
+}
+
+TEST(Launch, ParsesSlurmTaskCounts) {
+  EXPECT_EQ(parse_slurm_tasks_per_node("4"), (std::vector<int>{4}));
+  EXPECT_EQ(parse_slurm_tasks_per_node("2(x3),1"), (std::vector<int>{2, 2, 2, 1}));
+  EXPECT_EQ(parse_slurm_tasks_per_node("8(x2)"), (std::vector<int>{8, 8}));
+  EXPECT_TRUE(parse_slurm_tasks_per_node("4x").empty());
+  EXPECT_TRUE(parse_slurm_tasks_per_node("(x2)").empty());
+}
+
+TEST(Launch, RunDirectoryNamesTheSlurmJob) {
+  EXPECT_EQ(job_run_dir("runs/tiny", detect_launch_env({{"HOME", "/"}})), "runs/tiny");
+  // Also in the sbatch script itself (no rank yet), so a self-launched job logs to the same place.
+  EXPECT_EQ(job_run_dir("runs/tiny", detect_launch_env({{"SLURM_JOB_ID", "1234"}})),
+            "runs/tiny/slurm-1234");
+}
+
+TEST(Launch, TpGroupsInsideHostsAreFine) {
+  const t3d::parallel::MeshShape shape(2, 2, 1, 2);  // tp groups {0,1} {2,3} {4,5} {6,7}
+  const std::vector<std::string> hosts = {"a", "a", "a", "a", "b", "b", "b", "b"};
+  EXPECT_TRUE(tp_groups_straddling_hosts(shape, hosts).empty());
+  EXPECT_EQ(tp_placement_warning(shape, hosts, LaunchEnv{}), "");
+}
+
+TEST(Launch, TpGroupStraddlingHostsIsNamed) {
+  // 3 tasks per node put tp group {2,3} across hosts a and b.
+  const t3d::parallel::MeshShape shape(1, 3, 1, 2);
+  const std::vector<std::string> hosts = {"a", "a", "a", "b", "b", "b"};
+  const auto groups = tp_groups_straddling_hosts(shape, hosts);
+  ASSERT_EQ(groups.size(), 1u);
+  EXPECT_EQ(groups[0], "tp group of world ranks 2,3 spans hosts a (2), b (3)");
+  LaunchEnv slurm;
+  slurm.launcher = Launcher::slurm;
+  slurm.tasks_per_node = {3, 3};
+  const std::string w = tp_placement_warning(shape, hosts, slurm);
+  EXPECT_NE(w.find("1 of 3 tensor-parallel groups straddle hosts"), std::string::npos) << w;
+  EXPECT_NE(w.find("SLURM placed 3,3 tasks per node"), std::string::npos) << w;
+  EXPECT_NE(w.find("--ntasks-per-node=<multiple of 2>"), std::string::npos) << w;
+}

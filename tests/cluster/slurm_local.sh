@@ -1,0 +1,123 @@
+#!/usr/bin/env bash
+# A real one-node SLURM cluster on localhost, from Debian's packages: munged, slurmctld and slurmd
+# with a slurm.conf generated for this machine, all state in a temporary directory, daemons on
+# loopback only. The sbatch template (scripts/slurm/train.sbatch) is submitted with a 4-rank
+# recipe (dp2 × tp2) and `sbatch --wait`, once with srun (PMIx) and once with mpirun inside the
+# allocation; each job must complete, log the SLURM launcher and job id, and write metrics.jsonl
+# under run.dir/slurm-<job id> with the same losses as the self-launched 4-rank run.
+#
+# Skips (exit 77) when not root or when the packages cannot be installed. Daemons are stopped by
+# their pid files on exit, whatever happens.
+set -u
+titan3d=$(realpath "$1")  # the job starts elsewhere: an absolute path
+source "$(dirname "$0")/lib.sh"
+need_root "a local SLURM cluster (munged, slurmctld, slurmd run as root here)"
+need_packages munge slurmctld slurmd slurm-client
+require_corpus
+
+work=$(mktemp -d /tmp/t3d_slurm.XXXXXX)
+stop_daemons() {
+  local f
+  # slurmd first (it has the job steps), then the controller, then munge; by pid file only.
+  for f in slurmd slurmctld munged; do
+    [ -s "$work/$f.pid" ] && kill "$(cat "$work/$f.pid")" 2> /dev/null
+  done
+  for f in slurmd slurmctld munged; do
+    [ -s "$work/$f.pid" ] || continue
+    wait_for 10 bash -c "! kill -0 $(cat "$work/$f.pid")" ||
+      kill -9 "$(cat "$work/$f.pid")" 2> /dev/null
+  done
+}
+trap 'stop_daemons; [ -n "${T3D_KEEP:-}" ] || rm -rf "$work"' EXIT  # T3D_KEEP=1: keep for a look
+mkdir -p "$work"/{munge,state,spool,log,jobs}
+chmod 700 "$work/munge"
+
+# munge: a fresh key, a socket of our own (the system's munged, if any, is left alone).
+dd if=/dev/urandom of="$work/munge/munge.key" bs=1024 count=1 status=none
+chmod 400 "$work/munge/munge.key"
+munged --force --socket="$work/munge/socket" --key-file="$work/munge/munge.key" \
+  --pid-file="$work/munged.pid" --log-file="$work/log/munged.log" --seed-file="$work/munge/seed" ||
+  skip "munged does not start here: $(tail -2 "$work/log/munged.log" 2>/dev/null)"
+
+# slurm.conf for this machine. Ports: two unprivileged ports derived from our pid, so that two
+# runs of the suite do not collide. CPUs: SLURM refuses more tasks per node than CPUs, even with
+# --overcommit, and the test needs 4 ranks on a 2-core CI machine: declare at least 4 and let
+# slurmd accept the declaration (config_overrides), as every test here oversubscribes its cores.
+# Proctrack/task/accounting plugins that need no cgroups: this runs in a container.
+host=$(hostname -s)
+port=$(( 20000 + ($$ % 4000) * 2 ))
+cpus=$(nproc)
+[ "$cpus" -ge 4 ] || cpus=4
+export SLURM_CONF=$work/slurm.conf
+cat > "$SLURM_CONF" <<CONF
+ClusterName=t3dtest
+SlurmctldHost=$host(127.0.0.1)
+SlurmctldPort=$port
+SlurmdPort=$(( port + 1 ))
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+AuthInfo=socket=$work/munge/socket
+CredType=cred/munge
+StateSaveLocation=$work/state
+SlurmdSpoolDir=$work/spool
+SlurmctldPidFile=$work/slurmctld.pid
+SlurmdPidFile=$work/slurmd.pid
+SlurmctldLogFile=$work/log/slurmctld.log
+SlurmdLogFile=$work/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+SlurmdParameters=config_overrides
+MpiDefault=none
+ReturnToService=2
+NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=1000 State=UNKNOWN
+PartitionName=t3d Nodes=$host Default=YES MaxTime=10 State=UP
+CONF
+slurmctld -f "$SLURM_CONF" || skip "slurmctld does not start here: $(tail -3 "$work/log/slurmctld.log")"
+slurmd -f "$SLURM_CONF" || skip "slurmd does not start here: $(tail -3 "$work/log/slurmd.log")"
+idle() { sinfo -h -N -o '%t' | grep -qx idle; }
+if ! wait_for 30 idle; then
+  echo "FAIL: the node did not come up idle within 30 s: $(sinfo -N 2>&1 | tail -1)"
+  tail -5 "$work/log/slurmctld.log" "$work/log/slurmd.log"
+  exit 1
+fi
+echo "ok   one-node SLURM cluster up: $(sinfo -h -N -o '%N %c CPUs %t'), munge and slurm on 127.0.0.1:$port"
+
+recipe=(--set data.path="$corpus" --set parallel.dp=2 --set parallel.tp=2 --set train.steps=4
+        --set train.val_every=0)
+# The reference: the same recipe, self-launched (titan3d runs mpirun itself).
+"$titan3d" train "$repo/recipes/tiny.toml" "${recipe[@]}" --set run.dir="$work/reference" \
+  > "$work/reference.log" 2>&1 || { echo "FAIL: reference run"; tail "$work/reference.log"; exit 1; }
+
+submit() {  # submit LAUNCH: sbatch --wait the template; checks the job and its outputs
+  local launch=$1 out job dir
+  out=$(cd "$work/jobs" && LAUNCH=$launch TITAN3D=$titan3d timeout 300 sbatch --wait --parsable \
+          --job-name="t3d_$launch" --nodes=1 --ntasks-per-node=4 --cpus-per-task=1 --time=5 \
+          --output="$work/jobs/%x-%j.out" "$repo/scripts/slurm/train.sbatch" \
+          "$repo/recipes/tiny.toml" "${recipe[@]}" --set run.dir="$work/run_$launch" 2>&1)
+  local rc=$?
+  job=$(grep -Eo '^[0-9]+' <<<"$out" | head -1)
+  local log=$work/jobs/t3d_$launch-$job.out
+  dir=$work/run_$launch/slurm-$job
+  check "[ $rc -eq 0 ] && [ -n '$job' ]" "$launch: sbatch --wait: job ${job:-?} exited $rc" ||
+    { echo "$out"; cat "$log" 2>/dev/null | tail -20; tail -5 "$work/log/slurmd.log"; return; }
+  local state
+  state=$(scontrol show job "$job" 2>/dev/null | grep -Eo 'JobState=[A-Z]+|ExitCode=[0-9:]+' | xargs)
+  check "[ '$state' = 'JobState=COMPLETED ExitCode=0:0' ]" "$launch: job $job: $state"
+  local want="launcher: SLURM \\(srun\\), SLURM job $job"
+  [ "$launch" = mpirun ] && want="launcher: Open MPI \\(mpirun\\), SLURM job $job"
+  check "grep -qE '$want' '$log' && grep -q 'done: 4 steps' '$log'" \
+    "$launch: the job log says: $(grep -Eo 'launcher: .*' "$log" | head -1)" || tail -20 "$log"
+  check "[ \$(ls '$dir'/logs/rank*.log 2>/dev/null | wc -l) -eq 4 ]" \
+    "$launch: run directory names the job: $dir, 4 rank logs"
+  [ -s "$dir/metrics.jsonl" ] || { echo "FAIL $launch: no $dir/metrics.jsonl"; fail=1; return; }
+  printf '     %s: losses vs self-launched: ' "$launch"
+  compare_losses "$dir/metrics.jsonl" "$work/reference/metrics.jsonl" 1e-5 || fail=1
+}
+submit srun
+submit mpirun
+exit $fail

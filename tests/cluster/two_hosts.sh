@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Two hosts on this machine: network namespaces `hosta` and `hostb` (each with its own host name,
+# through a UTS namespace) joined by a veth pair, 10.97.0.1 and 10.97.0.2. Open MPI reaches host B
+# through a launch agent that enters B's namespaces instead of ssh, and its TCP traffic (MPI and
+# its own out-of-band channel) is restricted to the veth; inside a host ranks use shared memory.
+# On that cluster:
+#   1. pp2 × dp2 × tp2, ranks 0-3 on host A and 4-7 on host B: every tp group inside a host, the
+#      pipeline's traffic across the link; the losses equal the one-rank run's.
+#   2. the same ranks dealt round-robin (--map-by node): titan3d warns that tp groups straddle hosts.
+#   3. `titan3d selfcheck` on that layout: intra-host and inter-host link rows, bandwidth rows say
+#      which groups cross hosts.
+#   4. host B's link cut mid-run (`ip link set ... down`): the watchdog names host B.
+# Traffic stays inside the two namespaces made here. Skips (exit 77) when not root or when network
+# namespaces cannot be made. Everything started in the namespaces is ended on exit.
+set -u
+titan3d=$(realpath "$1")
+source "$(dirname "$0")/lib.sh"
+need_root "network namespaces"
+need_packages iproute2 util-linux openmpi-bin
+require_corpus
+
+tag=$$
+ns_a=t3d_a_$tag ns_b=t3d_b_$tag
+work=$(mktemp -d /tmp/t3d_2hosts.XXXXXX)
+cleanup() {
+  local ns pid
+  for ns in "$ns_a" "$ns_b"; do
+    # Every process in our namespaces is ours: mpirun, orted, ranks.
+    for pid in $(ip netns pids "$ns" 2> /dev/null); do kill -9 "$pid" 2> /dev/null; done
+    ip netns del "$ns" 2> /dev/null
+  done
+  [ -n "${T3D_KEEP:-}" ] || rm -rf "$work"  # T3D_KEEP=1: keep for a look
+}
+trap cleanup EXIT
+ip netns add "$ns_a" 2> "$work/netns.err" ||
+  skip "cannot create a network namespace here: $(cat "$work/netns.err")"
+ip netns add "$ns_b" || exit 1
+ip link add "t3a$tag" netns "$ns_a" type veth peer name "t3b$tag" netns "$ns_b" || exit 1
+ip -n "$ns_a" addr add 10.97.0.1/24 dev "t3a$tag"
+ip -n "$ns_b" addr add 10.97.0.2/24 dev "t3b$tag"
+for ns in "$ns_a" "$ns_b"; do ip -n "$ns" link set lo up; done
+ip -n "$ns_a" link set "t3a$tag" up
+ip -n "$ns_b" link set "t3b$tag" up
+
+# The launch agent, Open MPI's stand-in for ssh: `agent HOST COMMAND...` runs COMMAND through a
+# shell (as sshd would) in that host's network namespace, under its host name.
+cat > "$work/agent" <<AGENT
+#!/bin/sh
+host=\$1; shift
+case \$host in
+  10.97.0.1|hosta) ns=$ns_a name=hosta ;;
+  10.97.0.2|hostb) ns=$ns_b name=hostb ;;
+  *) echo "agent: no such test host: \$host" >&2; exit 255 ;;
+esac
+exec ip netns exec \$ns unshare --uts sh -c "hostname \$name; \$*"
+AGENT
+chmod +x "$work/agent"
+printf '10.97.0.1 slots=4\n10.97.0.2 slots=4\n' > "$work/hostfile"
+
+# mpi ARGS...: mpirun on host A (as a user would run it on the cluster's first node).
+mpi() {
+  timeout "${MPI_TIMEOUT:-240}" "$work/agent" hosta mpirun --allow-run-as-root -np 8 \
+    --hostfile "$work/hostfile" --bind-to none \
+    --mca plm_rsh_agent "$work/agent" \
+    --mca btl self,vader,tcp --mca btl_tcp_if_include 10.97.0.0/24 \
+    --mca oob_tcp_if_include 10.97.0.0/24 \
+    -x OPENBLAS_NUM_THREADS=1 -x OMP_NUM_THREADS=1 -x OMP_WAIT_POLICY=PASSIVE "$@"
+}
+model=(--set data.path="$corpus" --set model.dim=64 --set model.n_layers=4 --set model.n_heads=4
+       --set model.n_kv_heads=2 --set model.seq_len=32 --set train.global_batch=8
+       --set train.micro_batches=2 --set train.steps=4 --set train.val_every=0
+       --set hardware.hbm_gib=0.25)
+layout=(--set parallel.pp=2 --set parallel.dp=2 --set parallel.tp=2)
+
+# 1. Across the two hosts vs one rank.
+"$titan3d" train "$repo/recipes/tiny.toml" "${model[@]}" --set run.dir="$work/one" \
+  > "$work/one.log" 2>&1 || { echo "FAIL: one-rank reference"; tail "$work/one.log"; exit 1; }
+mpi "$titan3d" train "$repo/recipes/tiny.toml" "${model[@]}" "${layout[@]}" \
+  --set run.dir="$work/two" > "$work/two.log" 2>&1
+rc=$?
+hosts=$(sed -n 's/.*rank *\([0-9]\) \[.*host \(host[ab]\).*/\1\2/p' "$work/two.log" | xargs)
+check "[ $rc -eq 0 ] && [ '$hosts' = '0hosta 1hosta 2hosta 3hosta 4hostb 5hostb 6hostb 7hostb' ]" \
+  "pp2×dp2×tp2 over TCP: ranks 0-3 on hosta, 4-7 on hostb (rc $rc)" || tail -20 "$work/two.log"
+check "! grep -q 'straddle' '$work/two.log'" "tp groups inside hosts: no placement warning"
+if [ -s "$work/two/metrics.jsonl" ]; then
+  printf '     losses, two hosts vs one rank: '
+  compare_losses "$work/two/metrics.jsonl" "$work/one/metrics.jsonl" 1e-5 || fail=1
+else
+  echo "FAIL no metrics from the two-host run"; fail=1
+fi
+
+# 2. Round-robin placement puts every tp group across the link.
+mpi --map-by node "$titan3d" train "$repo/recipes/tiny.toml" "${model[@]}" "${layout[@]}" \
+  --set train.steps=1 --set run.dir="$work/rr" > "$work/rr.log" 2>&1
+check "grep -q '4 of 4 tensor-parallel groups straddle hosts' '$work/rr.log'" \
+  "ranks round-robin over hosts: $(grep -o 'tp group of world ranks 0,1 spans hosts[^.;]*' "$work/rr.log" | head -1)" ||
+  tail -5 "$work/rr.log"
+
+# 3. selfcheck on the two-host layout.
+mpi "$titan3d" selfcheck --quick "$repo/recipes/tiny.toml" "${model[@]}" "${layout[@]}" \
+  --set run.dir="$work/check" > "$work/check.log" 2>&1
+rc=$?
+check "[ $rc -eq 0 ] && grep -q '^OK: ' '$work/check.log'" "selfcheck across hosts: $(grep -E '^(OK|FAILED):' "$work/check.log")" ||
+  tail -20 "$work/check.log"
+check "grep -qE '^link +intra .*hosta <-> hosta \(intra-host\)' '$work/check.log' && grep -qE '^link +inter .*hosta <-> hostb \(inter-host\)' '$work/check.log'" \
+  "selfcheck reports intra- and inter-host links:"
+grep -E '^link ' "$work/check.log" | sed 's/^/       /'
+check "grep -qE '^bandwidth +tp .*intra-host' '$work/check.log' && grep -qE '^bandwidth +pp .*inter-host' '$work/check.log'" \
+  "selfcheck bandwidth rows: tp groups intra-host, pp groups inter-host"
+
+# 4. Cut host B's link once training runs; the watchdog (parallel.timeout_s = 5) must name hostb.
+MPI_TIMEOUT=120 mpi "$titan3d" train "$repo/recipes/tiny.toml" "${model[@]}" "${layout[@]}" \
+  --set train.steps=100000 --set parallel.timeout_s=5 --set run.dir="$work/cut" \
+  > "$work/cut.log" 2>&1 &
+job=$!
+if wait_for 60 test -s "$work/cut/metrics.jsonl"; then
+  ip -n "$ns_b" link set "t3b$tag" down
+  cut_at=$(date +%s)
+  wait_for 60 grep -q 'watchdog:' "$work/cut.log"
+  took=$(( $(date +%s) - cut_at ))
+  sleep 1  # let the other ranks' watchdog lines arrive; the one naming hostb is wanted
+  line=$(grep 'watchdog:.*waiting on host hostb' "$work/cut.log" | head -1)
+  [ -n "$line" ] || line=$(grep -m1 'watchdog:' "$work/cut.log")
+  check "grep -q 'waiting on host hostb (world ranks\\? [4-7,]*)' <<<\"\$line\"" \
+    "link of hostb cut: watchdog after ${took}s: ${line#*watchdog: }" || tail -20 "$work/cut.log"
+else
+  echo "FAIL the long run did not start training within 60 s"; tail -20 "$work/cut.log"; fail=1
+fi
+# mpirun cannot reach host B's daemon any more; it is ended with the namespaces' processes.
+for pid in $(ip netns pids "$ns_a") $(ip netns pids "$ns_b"); do kill -9 "$pid" 2> /dev/null; done
+wait "$job" 2> /dev/null
+exit $fail
