@@ -6,7 +6,8 @@
 
 namespace t3d::runtime {
 
-MetricsWriter::MetricsWriter(const std::string& path) : file_(std::fopen(path.c_str(), "a")) {
+MetricsWriter::MetricsWriter(const std::string& path, bool append)
+    : file_(std::fopen(path.c_str(), append ? "a" : "w")) {
   T3D_USER_CHECK(file_, "cannot open metrics file `", path, "` for writing (run.dir)");
 }
 

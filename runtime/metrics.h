@@ -12,7 +12,9 @@ namespace t3d::runtime {
 class MetricsWriter {
  public:
   MetricsWriter() = default;
-  explicit MetricsWriter(const std::string& path);  // UserError if it cannot be opened
+  // A resumed run appends to its run's file; a fresh one starts it anew. UserError if it cannot
+  // be opened.
+  MetricsWriter(const std::string& path, bool append);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;
   MetricsWriter& operator=(const MetricsWriter&) = delete;

@@ -184,7 +184,8 @@ struct Trainer::Impl {
     holds_loss = mine.back().last && mesh.coord().tp == 0;
     flops_per_token = model_train_flops_per_token(r.model);
     if (mesh.rank() == 0)
-      metrics = std::make_unique<MetricsWriter>(job.run_dir + "/metrics.jsonl");
+      metrics = std::make_unique<MetricsWriter>(job.run_dir + "/metrics.jsonl",
+                                                /*append=*/!r.snapshot.resume.empty());
     snapshots = std::make_unique<Snapshotter>(job, *model, metrics.get());
     first_step = snapshots->restore();
   }

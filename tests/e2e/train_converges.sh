@@ -26,4 +26,10 @@ if cmp -s <(losses "$work/a/metrics.jsonl") <(losses "$work/b/metrics.jsonl"); t
 else
   echo "FAIL: two runs with the same seed differ"; fail=1
 fi
+# A fresh run into the same run directory starts its metrics anew (a resumed one appends).
+"$titan3d" train "$repo/recipes/tiny.toml" --set data.path="$corpus" --set train.steps=5 \
+  --set train.val_every=0 --set run.dir="$work/a" > /dev/null 2>&1
+n=$(grep -c '"loss"' "$work/a/metrics.jsonl")
+[ "$n" -eq 5 ] && echo "rerun into the same run.dir: metrics.jsonl holds its 5 steps only" ||
+  { echo "FAIL: rerun left $n step lines in metrics.jsonl, expected 5"; fail=1; }
 exit $fail
