@@ -359,38 +359,35 @@ void Model::sum_replicated_grads(const parallel::FloatRange& range) const {
   }
 }
 
-void Model::encode16(const LayerActs& f, const LayerActs16& t) const {
+// The stored tensors of a block, paired with their bf16 copies: one list for both directions.
+template <typename Fn16, typename Fn32>
+void Model::for_each_stored(const LayerActs& a, const LayerActs16& b, Fn16 on16, Fn32 on32) const {
   const int64_t N = rows_, C = config_.dim, D = config_.head_dim();
-  k::float_to_bf16(t.xn1, f.xn1, N * C);
-  k::float_to_bf16(t.q, f.q, N * heads_ * D);
-  k::float_to_bf16(t.kk, f.kk, N * kv_heads_ * D);
-  k::float_to_bf16(t.v, f.v, N * kv_heads_ * D);
-  k::float_to_bf16(t.att, f.att, N * heads_ * D);
-  k::float_to_bf16(t.xmid, f.xmid, rows_local_ * C);
-  k::float_to_bf16(t.xn2, f.xn2, N * C);
-  k::float_to_bf16(t.gate, f.gate, N * ffn_);
-  k::float_to_bf16(t.up, f.up, N * ffn_);
-  k::float_to_bf16(t.h, f.h, N * ffn_);
-  std::memcpy(t.rstd1, f.rstd1, sizeof(float) * rows_local_);
-  std::memcpy(t.rstd2, f.rstd2, sizeof(float) * rows_local_);
-  std::memcpy(t.lse, f.lse, sizeof(float) * options_.micro_rows * heads_ * config_.seq_len);
+  on16(a.xn1, b.xn1, N * C);
+  on16(a.q, b.q, N * heads_ * D);
+  on16(a.kk, b.kk, N * kv_heads_ * D);
+  on16(a.v, b.v, N * kv_heads_ * D);
+  on16(a.att, b.att, N * heads_ * D);
+  on16(a.xmid, b.xmid, rows_local_ * C);
+  on16(a.xn2, b.xn2, N * C);
+  on16(a.gate, b.gate, N * ffn_);
+  on16(a.up, b.up, N * ffn_);
+  on16(a.h, b.h, N * ffn_);
+  on32(a.rstd1, b.rstd1, rows_local_);  // per-row statistics stay fp32
+  on32(a.rstd2, b.rstd2, rows_local_);
+  on32(a.lse, b.lse, options_.micro_rows * heads_ * config_.seq_len);
 }
 
-void Model::decode16(const LayerActs16& f, const LayerActs& t) const {
-  const int64_t N = rows_, C = config_.dim, D = config_.head_dim();
-  k::bf16_to_float(t.xn1, f.xn1, N * C);
-  k::bf16_to_float(t.q, f.q, N * heads_ * D);
-  k::bf16_to_float(t.kk, f.kk, N * kv_heads_ * D);
-  k::bf16_to_float(t.v, f.v, N * kv_heads_ * D);
-  k::bf16_to_float(t.att, f.att, N * heads_ * D);
-  k::bf16_to_float(t.xmid, f.xmid, rows_local_ * C);
-  k::bf16_to_float(t.xn2, f.xn2, N * C);
-  k::bf16_to_float(t.gate, f.gate, N * ffn_);
-  k::bf16_to_float(t.up, f.up, N * ffn_);
-  k::bf16_to_float(t.h, f.h, N * ffn_);
-  std::memcpy(t.rstd1, f.rstd1, sizeof(float) * rows_local_);
-  std::memcpy(t.rstd2, f.rstd2, sizeof(float) * rows_local_);
-  std::memcpy(t.lse, f.lse, sizeof(float) * options_.micro_rows * heads_ * config_.seq_len);
+void Model::encode16(const LayerActs& from, const LayerActs16& to) const {
+  for_each_stored(
+      from, to, [](float* f, uint16_t* h, int64_t n) { k::float_to_bf16(h, f, n); },
+      [](float* f, float* h, int64_t n) { std::memcpy(h, f, sizeof(float) * n); });
+}
+
+void Model::decode16(const LayerActs16& from, const LayerActs& to) const {
+  for_each_stored(
+      to, from, [](float* f, uint16_t* h, int64_t n) { k::bf16_to_float(f, h, n); },
+      [](float* f, float* h, int64_t n) { std::memcpy(f, h, sizeof(float) * n); });
 }
 
 uint16_t* Model::recv16() { return scratch_->recv16; }

@@ -160,6 +160,8 @@ class Model {
   struct ChunkActs;
   struct Scratch;
   bool stored16(int64_t local_layer) const { return options_.bf16 && !recomputed(local_layer); }
+  template <typename Fn16, typename Fn32>
+  void for_each_stored(const LayerActs& a, const LayerActs16& b, Fn16 on16, Fn32 on32) const;
   void encode16(const LayerActs& from, const LayerActs16& to) const;
   void decode16(const LayerActs16& from, const LayerActs& to) const;
   bool recomputed(int64_t local_layer) const {
