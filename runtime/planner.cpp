@@ -248,8 +248,9 @@ Recipe recipe_with_layout(const Recipe& recipe, const Layout& l, const Cluster& 
 
 Cluster local_cluster(const Recipe& r, bool* calibrated) {
   const std::string cached = calibration_cache_path(r);
-  if (calibrated) *calibrated = std::filesystem::is_regular_file(cached);
-  if (std::filesystem::is_regular_file(cached)) {
+  const bool have = std::filesystem::is_regular_file(cached);
+  if (calibrated) *calibrated = have;
+  if (have) {
     Cluster c = load_cluster(cached);
     c.hbm_gib = r.hardware.hbm_gib;  // the recipe's budget, not the one calibrated under
     return c;
