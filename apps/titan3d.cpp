@@ -287,7 +287,9 @@ int main(int argc, char** argv) {
   plan_cmd->add_flag("--schedule", plan.schedule,
                      "Simulate the recipe's own layout: timeline and summary");
   plan_cmd->add_option("--svg", plan.svg, "With --schedule: also draw the timeline as SVG");
-  plan_cmd->add_flag("--calibrate", plan.calibrate, "Measure GEMM speed on this machine");
+  plan_cmd->add_flag("--calibrate", plan.calibrate,
+                     "Measure compute and MPI speeds here, with the recipe's ranks");
+  plan_cmd->add_option("--calibrate-probe", plan.calibrate_probe)->group("");  // internal
   plan_cmd->add_option("--zero", plan.zero, "ZeRO stages to try, e.g. --zero 0,1 (default: 0,1,2; 3 is priced only on request)")
       ->delimiter(',');
 
@@ -350,6 +352,7 @@ int main(int argc, char** argv) {
     if (plan_cmd->parsed()) {
       plan.recipe = o.recipe;
       plan.overrides = overrides(o);
+      plan.argv = args;
       return runtime::run_plan(plan);
     }
   } catch (const runtime::AgreedFailure& f) {

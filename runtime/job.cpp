@@ -42,6 +42,11 @@ void check_inputs(const Recipe& r) {
 
 void spawn_if_needed(const Recipe& recipe, const std::vector<std::string>& argv, int np_override) {
   if (detect_launch_env().launcher != Launcher::none) return;
+  exec_mpirun(make_spawn_plan(recipe, argv, np_override));
+}
+
+SpawnPlan make_spawn_plan(const Recipe& recipe, const std::vector<std::string>& argv,
+                          int np_override) {
   SpawnPlan plan;
   plan.ranks = static_cast<int>(recipe.world_size());
   if (np_override > 0) {
@@ -65,7 +70,7 @@ void spawn_if_needed(const Recipe& recipe, const std::vector<std::string>& argv,
   plan.env.emplace_back("OMP_NUM_THREADS", std::to_string(threads));
   // Passive OpenMP waiting: a spinning OpenMP pool fights OpenBLAS's over the same cores.
   plan.env.emplace_back("OMP_WAIT_POLICY", "PASSIVE");
-  exec_mpirun(plan);
+  return plan;
 }
 
 void agree_on(const parallel::Comm& world, const std::function<void()>& setup) {

@@ -29,6 +29,10 @@ void check_inputs(const Recipe& recipe);
 // (`np_override` > 0 replaces it when dp = -1) and the ranks' environment (OpenBLAS core type and
 // threads). Inside a launcher, returns immediately.
 void spawn_if_needed(const Recipe& recipe, const std::vector<std::string>& argv, int np_override);
+// What spawn_if_needed runs: ranks, their environment and log directory (run_spawned runs it and
+// returns, for a verb that goes on after its ranks are done).
+SpawnPlan make_spawn_plan(const Recipe& recipe, const std::vector<std::string>& argv,
+                          int np_override);
 
 struct Job {
   Recipe recipe;

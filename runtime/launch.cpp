@@ -182,13 +182,15 @@ std::vector<std::string> mpirun_command(const SpawnPlan& plan, const std::string
   return cmd;
 }
 
-void exec_mpirun(const SpawnPlan& plan) {
+int run_spawned(const SpawnPlan& plan) {
   char self[4096];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   T3D_ASSERT(n > 0, "cannot resolve /proc/self/exe");
   self[n] = '\0';
   std::fflush(nullptr);
-  std::_Exit(run_mpirun_watched(mpirun_command(plan, self), plan.log_dir));
+  return run_mpirun_watched(mpirun_command(plan, self), plan.log_dir);
 }
+
+void exec_mpirun(const SpawnPlan& plan) { std::_Exit(run_spawned(plan)); }
 
 }  // namespace t3d::runtime

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <thread>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -15,6 +16,8 @@
 #include "kernels/check.h"
 #include "parallel/schedule.h"
 #include "parallel/simulator.h"
+#include "runtime/calibrate.h"
+#include "runtime/job.h"
 
 namespace t3d::runtime {
 namespace {
@@ -243,7 +246,15 @@ Recipe recipe_with_layout(const Recipe& recipe, const Layout& l, const Cluster& 
   return parse_recipe(r.to_toml(), "<plan>");  // validates the combination
 }
 
-Cluster local_cluster(const Recipe& r, bool calibrate) {
+Cluster local_cluster(const Recipe& r, bool* calibrated) {
+  const std::string cached = calibration_cache_path(r);
+  const bool have = std::filesystem::is_regular_file(cached);
+  if (calibrated) *calibrated = have;
+  if (have) {
+    Cluster c = load_cluster(cached);
+    c.hbm_gib = r.hardware.hbm_gib;  // the recipe's budget, not the one calibrated under
+    return c;
+  }
   Cluster c;
   c.name = "this machine (one node)";
   c.source = "<local>";
@@ -251,15 +262,10 @@ Cluster local_cluster(const Recipe& r, bool calibrate) {
   c.devices_per_node = r.world_size();
   c.hbm_gib = r.hardware.hbm_gib;
   // DESIGN.md: OpenBLAS with the SkylakeX kernels reaches about 160 of an FMA peak of about 180
-  // GFLOP/s per core; one core per rank. Shared-memory MPI bandwidth is a guess until measured.
+  // GFLOP/s per core; one core per rank. Shared-memory MPI bandwidth is a guess. Both are far
+  // from what training reaches at small shapes (docs/planner.md, "Calibration").
   c.peak_tflops = 0.18;
   c.compute_efficiency = 160.0 / 180.0;
-  if (calibrate) {
-    const int threads =
-        r.hardware.threads_per_rank > 0 ? static_cast<int>(r.hardware.threads_per_rank) : 1;
-    c.peak_tflops = kernels::measure_sgemm_gflops(1024, 1024, 1024, threads) / 1e3;
-    c.compute_efficiency = 1.0;  // measured: already what GEMMs reach
-  }
   // More ranks than cores share them: each "device" gets its share of a core.
   const double cores = std::max(1u, std::thread::hardware_concurrency());
   c.peak_tflops *= std::min(1.0, cores / static_cast<double>(c.devices_per_node));
@@ -271,8 +277,26 @@ Cluster local_cluster(const Recipe& r, bool calibrate) {
 
 int run_plan(const PlanOptions& o) {
   const Recipe recipe = load_recipe(o.recipe, o.overrides);
-  const Cluster cluster =
-      o.cluster.empty() ? local_cluster(recipe, o.calibrate) : load_cluster(o.cluster);
+  if (!o.calibrate_probe.empty()) {  // a rank of `plan --calibrate`'s probe (calibrate.h)
+    MpiRuntime mpi;
+    const Job job = join_world(recipe, "", /*needs_data=*/false);
+    run_calibration_probe(job, o.calibrate_probe);
+    return 0;
+  }
+  if (o.calibrate && o.cluster.empty()) {
+    const Cluster before = local_cluster(recipe);
+    const Cluster after = calibrate_local(recipe, o.argv);
+    std::printf(
+        "calibrate: %lld rank(s) here: %.4g GFLOP/s per rank (one block fwd+bwd, all ranks at "
+        "once; was %.4g), MPI %.4g GB/s and %.4g us per message (was %.4g, %.4g); cached in %s\n",
+        (long long)after.devices_per_node, after.peak_tflops * after.compute_efficiency * 1e3,
+        before.peak_tflops * before.compute_efficiency * 1e3, after.intra_node_gbps,
+        after.intra_node_latency_us, before.intra_node_gbps, before.intra_node_latency_us,
+        calibration_cache_path(recipe).c_str());
+  }
+  bool calibrated = false;
+  const Cluster cluster = o.cluster.empty() ? local_cluster(recipe, &calibrated)
+                                            : load_cluster(o.cluster);
   const PlanProblem p = make_problem(recipe, cluster);
   const auto& m = p.model;
   std::printf(
@@ -286,15 +310,17 @@ int run_plan(const PlanOptions& o) {
       (long long)cluster.nodes, (long long)cluster.devices_per_node, cluster.hbm_gib,
       cluster.peak_tflops, cluster.compute_efficiency, cluster.intra_node_gbps,
       cluster.inter_node_gbps);
-  if (o.calibrate) {
+  if (calibrated)
+    std::printf("calibration: %s (measured for the recipe's own layout; `--calibrate` "
+                "re-measures)\n",
+                calibration_cache_path(recipe).c_str());
+  if (o.calibrate && !o.cluster.empty()) {
     const int threads = recipe.hardware.threads_per_rank > 0
                             ? static_cast<int>(recipe.hardware.threads_per_rank)
                             : 1;
-    std::printf(
-        "calibrate: sgemm 1024³ here: %.1f GFLOP/s with %d thread(s)%s; collective "
-        "speeds are not measured yet (docs/planner.md)\n",
-        kernels::measure_sgemm_gflops(1024, 1024, 1024, threads), threads,
-        o.cluster.empty() ? " (used as this machine's peak)" : "");
+    std::printf("calibrate: sgemm 1024³ here: %.1f GFLOP/s with %d thread(s); the cluster "
+                "file's figures are used as given\n",
+                kernels::measure_sgemm_gflops(1024, 1024, 1024, threads), threads);
   }
 
   if (o.schedule) {

@@ -59,9 +59,11 @@ Layout layout_of_recipe(const Recipe& recipe, const Cluster& cluster);
 // The recipe with its parallel / train / hardware keys set to `layout`, validated.
 Recipe recipe_with_layout(const Recipe& recipe, const Layout& layout, const Cluster& cluster);
 
-// A one-node cluster of the recipe's world on this machine, for `plan` without --cluster. Its
-// compute is measured when `calibrate` (an sgemm here), else DESIGN.md's 160 GFLOP/s per core.
-Cluster local_cluster(const Recipe& recipe, bool calibrate);
+// A one-node cluster of the recipe's world on this machine, for `plan` without --cluster: the
+// cached calibration of the recipe's shape (calibrate.h) when there is one, else guesses
+// (DESIGN.md's 160 GFLOP/s per core shared among the ranks, 5 GB/s and 2 µs for MPI).
+// `calibrated` says which.
+Cluster local_cluster(const Recipe& recipe, bool* calibrated = nullptr);
 
 struct PlanOptions {
   std::string recipe;
@@ -73,6 +75,8 @@ struct PlanOptions {
   bool schedule = false;     // print the recipe layout's simulated timeline
   std::string svg;           // ... and draw it here
   bool calibrate = false;
+  std::string calibrate_probe;    // internal: this process is a rank of the probe; write here
+  std::vector<std::string> argv;  // titan3d's own command line, for the probe to re-execute
   std::vector<int64_t> zero;  // ZeRO stages to try; empty: all
 };
 

@@ -209,6 +209,13 @@ std::string Layout::label() const {
                      checkpoint_name());
 }
 
+double block_train_flops_per_row(const ModelConfig& model, int64_t tp) {
+  const Shard s = shard_of(model, tp);
+  const double mm = 2 * (2 * s.H * s.D * s.C + 2 * s.Hkv * s.D * s.C + 3 * s.F * s.C);
+  const double att = 4 * s.H * s.D * s.T;
+  return 3 * mm + 3 * att;  // f = mm + att, b = mm + 2·att, w = mm (cost_of_stage)
+}
+
 int64_t micro_rows(const PlanProblem& p, const Layout& l) {
   return p.global_batch / (l.dp * l.micro_batches);
 }

@@ -155,7 +155,7 @@ void check_memory(const Job& job, std::vector<CheckRow>& rows) {
   Verdict v;
   double planned = 0;
   try {
-    const Cluster cluster = local_cluster(r, false);
+    const Cluster cluster = local_cluster(r);
     const PlanProblem problem = make_problem(r, cluster);
     const Layout layout = layout_of_recipe(r, cluster);
     const auto schedule = make_layout_schedule(layout);
