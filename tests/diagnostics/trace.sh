@@ -6,8 +6,7 @@ set -u
 titan3d=$1
 source "$(dirname "$0")/../e2e/lib.sh"
 require_corpus
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+make_work_dir
 out=$("$titan3d" train "$repo/recipes/3d_pp2_dp2_tp2.toml" --trace --set data.path="$corpus" \
       --set train.steps=3 --set train.val_every=0 --set snapshot.every=2 --set model.dim=64 \
       --set run.dir="$work/run" 2>&1); rc=$?

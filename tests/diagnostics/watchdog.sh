@@ -7,8 +7,7 @@ set -u
 titan3d=$1
 source "$(dirname "$0")/../e2e/lib.sh"
 require_corpus
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+make_work_dir
 common=(--set data.path="$corpus" --set parallel.dp=2 --set parallel.timeout_s=5
         --set train.steps=20 --set train.val_every=0)
 fail=0

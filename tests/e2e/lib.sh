@@ -1,6 +1,11 @@
 # Helpers for the end-to-end tests (sourced).
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 corpus=$repo/data/fortunes.txt
+# make_work_dir: $work, a temporary directory removed when the script exits.
+make_work_dir() {
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+}
 require_corpus() {
   [ -s "$corpus" ] || { echo "FAIL: $corpus is missing: run scripts/get_data.sh (scripts/test.sh does)"; exit 1; }
 }

@@ -7,8 +7,7 @@ set -u
 titan3d=$1
 source "$(dirname "$0")/lib.sh"
 require_corpus
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+make_work_dir
 common=(--set data.path="$corpus" --set model.dim=128 --set model.n_layers=4 --set model.n_heads=4
         --set model.seq_len=32 --set train.global_batch=4 --set train.steps=1 --set train.val_every=0)
 run() {

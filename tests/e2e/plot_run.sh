@@ -8,8 +8,7 @@ require_corpus
 if ! /usr/bin/python3 -c "import matplotlib" 2>/dev/null && ! bash "$repo/scripts/setup.sh" python3-matplotlib >/dev/null 2>&1; then
   echo "SKIPPED: python3-matplotlib is not installed and cannot be installed here"; exit 77
 fi
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+make_work_dir
 "$titan3d" train "$repo/recipes/tiny.toml" --set data.path="$corpus" --set train.steps=4 \
   --set parallel.pp=2 --set train.micro_batches=4 --set train.val_every=2 --trace \
   --set run.dir="$work/run" > "$work/train.log" 2>&1 || { tail "$work/train.log"; exit 1; }

@@ -6,8 +6,7 @@ set -u
 titan3d=$1
 source "$(dirname "$0")/lib.sh"
 require_corpus
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+make_work_dir
 args=(--set data.path="$corpus" --set train.steps=200 --set train.val_every=100 --set train.log_every=50)
 "$titan3d" train "$repo/recipes/tiny.toml" "${args[@]}" --set run.dir="$work/a" > "$work/a.log" 2>&1 || { cat "$work/a.log"; exit 1; }
 "$titan3d" train "$repo/recipes/tiny.toml" "${args[@]}" --set run.dir="$work/b" > "$work/b.log" 2>&1 || { cat "$work/b.log"; exit 1; }

@@ -6,8 +6,7 @@ set -u
 titan3d=$1
 source "$(dirname "$0")/lib.sh"
 require_corpus
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+make_work_dir
 boom=(--set data.path="$corpus" --set train.lr=1e6 --set train.min_lr=0 --set train.grad_clip=0
       --set train.steps=20 --set train.val_every=0)
 fail=0

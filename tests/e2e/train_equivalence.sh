@@ -5,8 +5,7 @@ set -u
 titan3d=$1
 source "$(dirname "$0")/lib.sh"
 require_corpus
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+make_work_dir
 common=(--set data.path="$corpus" --set model.dim=64 --set model.n_layers=4 --set model.n_heads=4
         --set model.n_kv_heads=2 --set model.seq_len=32 --set train.global_batch=8
         --set train.micro_batches=2 --set train.steps=6 --set train.warmup_steps=2

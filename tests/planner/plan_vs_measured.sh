@@ -7,8 +7,7 @@ set -u
 titan3d=$1
 source "$(dirname "$0")/../e2e/lib.sh"
 require_corpus
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+make_work_dir
 fail=0
 check() {  # check NAME [--set ...]
   local name=$1; shift
