@@ -74,4 +74,14 @@ std::string to_hex(uint64_t v) {
   return s;
 }
 
+void xor_floats(const float* a, const float* b, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t x, y;
+    std::memcpy(&x, a + i, 4);
+    std::memcpy(&y, b + i, 4);
+    x ^= y;
+    std::memcpy(out + i, &x, 4);
+  }
+}
+
 }  // namespace t3d::checkpoint

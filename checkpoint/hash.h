@@ -19,6 +19,10 @@ struct FileDigest {
 };
 FileDigest digest_file(const std::string& path);
 
+// out = a XOR b on the fp32 bit patterns: the incremental snapshot's delta, lossless whatever the
+// floats are (NaN, -0, denormals), and its own inverse. `out` may alias `a`.
+void xor_floats(const float* a, const float* b, float* out, int64_t n);
+
 // Lower-case hex, for messages and the index ("0x…" is not valid in every tool).
 std::string to_hex(uint64_t v);
 

@@ -49,6 +49,17 @@ void check_index_file(const std::string& path) {
   throw UserError("snapshot `" + path + "` does not exist" + hint);
 }
 
+// The index file, opened only if its commit record (`complete`, written last) is there.
+h5::Handle open_committed_index(const std::string& path) {
+  check_index_file(path);
+  h5::Handle f = h5::open_file(path);
+  T3D_USER_CHECK(h5::has_attr(f, "complete") && h5::read_int_attr(f, "complete", path) == 1,
+                 "snapshot `", path,
+                 "` is incomplete (no `complete` mark): it was never committed. Resume from an "
+                 "older snapshot.");
+  return f;
+}
+
 // One snapshot: its index, catalog and shard files. SnapshotReader chains these for incremental
 // snapshots.
 struct Level {
@@ -66,12 +77,7 @@ struct Level {
   std::map<std::string, h5::Handle> open_shards;  // verified shard files, by relative name
 
   void load_index() {
-    check_index_file(path);
-    const h5::Handle f = h5::open_file(path);
-    T3D_USER_CHECK(h5::has_attr(f, "complete") && h5::read_int_attr(f, "complete", path) == 1,
-                   "snapshot `", path,
-                   "` is incomplete (no `complete` mark): it was never "
-                   "committed. Resume from an older snapshot.");
+    const h5::Handle f = open_committed_index(path);
     const int64_t version = h5::read_int_attr(f, "format_version", path);
     T3D_USER_CHECK(version == kFormatVersion, "snapshot `", path, "` has format version ", version,
                    "; this titan3d reads version ", kFormatVersion);
@@ -217,16 +223,6 @@ struct Level {
   }
 };
 
-void xor_into(float* data, const float* mask, size_t n) {
-  for (size_t i = 0; i < n; ++i) {
-    uint32_t a, b;
-    std::memcpy(&a, data + i, 4);
-    std::memcpy(&b, mask + i, 4);
-    a ^= b;
-    std::memcpy(data + i, &a, 4);
-  }
-}
-
 // Runs `f`; a UserError raised while working on an ancestor gets the snapshot asked for as
 // context, so the message says both what is broken and why it was needed.
 template <typename F>
@@ -296,7 +292,7 @@ struct SnapshotReader::Impl {
           data = lv->read_data(q);
         } else {
           const std::vector<float> mask = lv->read_data(q);
-          xor_into(data.data(), mask.data(), data.size());
+          xor_floats(data.data(), mask.data(), data.data(), static_cast<int64_t>(data.size()));
         }
         lv->check_hashes(q, data);
       });
@@ -357,12 +353,7 @@ void SnapshotReader::read(const Slice& want) {
 }
 
 std::string read_recipe(const std::string& index_path) {
-  check_index_file(index_path);
-  const h5::Handle f = h5::open_file(index_path);
-  T3D_USER_CHECK(h5::has_attr(f, "complete") && h5::read_int_attr(f, "complete", index_path) == 1,
-                 "snapshot `", index_path,
-                 "` is incomplete (no `complete` mark): it was never "
-                 "committed. Resume from an older snapshot.");
+  const h5::Handle f = open_committed_index(index_path);
   return h5::read_string_attr(f, "recipe", index_path);
 }
 

@@ -78,17 +78,6 @@ int64_t volume(const std::vector<int64_t>& shape) {
   return n;
 }
 
-// XOR of the bit patterns: the delta is lossless whatever the floats are (NaN, -0, denormals).
-void xor_floats(const float* a, const float* b, float* out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t x, y;
-    std::memcpy(&x, a + i, 4);
-    std::memcpy(&y, b + i, 4);
-    x ^= y;
-    std::memcpy(out + i, &x, 4);
-  }
-}
-
 // Chunked layout (the chunks the hashes describe), shuffle + deflate when asked, fill value 0 so
 // that a chunk an incremental snapshot skipped reads as an all-zero XOR mask.
 h5::Handle create_plist(const Slice& s, int64_t chunk, int deflate, bool chunked,
