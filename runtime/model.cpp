@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <tuple>
 
 #include "kernels/check.h"
 #include "kernels/hash.h"
@@ -129,6 +130,27 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
   build_param_table();
   size_t before = arena_.used();
   state_ = k::ModelState::allocate(arena_, layout_, options_.with_optimizer);
+  // Each block's weight and gradient pointers, looked up once: a step does no name lookups.
+  block_weights_.resize(static_cast<size_t>(config_.n_layers));
+  block_grads_.resize(static_cast<size_t>(config_.n_layers));
+  for (const auto& range : chunks_)
+    for (int64_t l = range.begin; l < range.end; ++l) {
+      const auto at = [&](const char* suffix) -> std::pair<float*, float*> {
+        const std::string name = layer_name(l, suffix);
+        return {w(name), g(name)};
+      };
+      BlockParams& pw = block_weights_[l];
+      BlockParams& pg = block_grads_[l];
+      std::tie(pw.ln1, pg.ln1) = at("input_layernorm.weight");
+      std::tie(pw.q, pg.q) = at("self_attn.q_proj.weight");
+      std::tie(pw.k, pg.k) = at("self_attn.k_proj.weight");
+      std::tie(pw.v, pg.v) = at("self_attn.v_proj.weight");
+      std::tie(pw.o, pg.o) = at("self_attn.o_proj.weight");
+      std::tie(pw.ln2, pg.ln2) = at("post_attention_layernorm.weight");
+      std::tie(pw.gate, pg.gate) = at("mlp.gate_proj.weight");
+      std::tie(pw.up, pg.up) = at("mlp.up_proj.weight");
+      std::tie(pw.down, pg.down) = at("mlp.down_proj.weight");
+    }
   const size_t region = static_cast<size_t>(layout_.total_floats()) * sizeof(float);
   footprint_.params = footprint_.grads = region;
   footprint_.optimizer = options_.with_optimizer ? 2 * region : 0;
@@ -426,35 +448,36 @@ const float* Model::input_grad(int chunk, int slot) const {
 }
 
 void Model::forward_layer(int64_t l, LayerActs& a, const float* x_in, float* x_out) {
+  const BlockParams& pw = block_weights_.at(l);
   const int64_t N = rows_, C = config_.dim, D = config_.head_dim();
   const int64_t B = options_.micro_rows, T = config_.seq_len;
   const int64_t qd = heads_ * D, kvd = kv_heads_ * D;
   auto& s = *scratch_;
   const int64_t Nl = rows_local_;
   float* xn1_rows = sp_ ? s.rows : a.xn1;  // SP: normalise this rank's rows, then gather
-  k::rmsnorm_forward(xn1_rows, a.rstd1, x_in, w(layer_name(l, "input_layernorm.weight")), Nl, C,
+  k::rmsnorm_forward(xn1_rows, a.rstd1, x_in, pw.ln1, Nl, C,
                      static_cast<float>(config_.norm_eps));
   gather_rows(xn1_rows, a.xn1);
-  k::linear_forward(a.q, a.xn1, w(layer_name(l, "self_attn.q_proj.weight")), N, C, qd);
-  k::linear_forward(a.kk, a.xn1, w(layer_name(l, "self_attn.k_proj.weight")), N, C, kvd);
-  k::linear_forward(a.v, a.xn1, w(layer_name(l, "self_attn.v_proj.weight")), N, C, kvd);
+  k::linear_forward(a.q, a.xn1, pw.q, N, C, qd);
+  k::linear_forward(a.kk, a.xn1, pw.k, N, C, kvd);
+  k::linear_forward(a.v, a.xn1, pw.v, N, C, kvd);
   k::rope_forward(a.q, a.q, s.rope, B, T, heads_, D, 0);
   k::rope_forward(a.kk, a.kk, s.rope, B, T, kv_heads_, D, 0);
   k::attention_forward(a.att, a.lse, a.q, a.kk, a.v, s.attn, {B, T, heads_, kv_heads_, D});
-  k::linear_forward(s.tmp, a.att, w(layer_name(l, "self_attn.o_proj.weight")), N, qd, C);
+  k::linear_forward(s.tmp, a.att, pw.o, N, qd, C);
   const float* branch = reduce_rows(s.tmp);  // row-parallel: partial sums before the residual add
   std::memcpy(a.xmid, x_in, sizeof(float) * Nl * C);
   k::add_inplace(a.xmid, branch, Nl * C);
 
   float* xn2_rows = sp_ ? s.rows : a.xn2;
   k::rmsnorm_forward(xn2_rows, a.rstd2, a.xmid,
-                     w(layer_name(l, "post_attention_layernorm.weight")), Nl, C,
+                     pw.ln2, Nl, C,
                      static_cast<float>(config_.norm_eps));
   gather_rows(xn2_rows, a.xn2);
-  k::linear_forward(a.gate, a.xn2, w(layer_name(l, "mlp.gate_proj.weight")), N, C, ffn_);
-  k::linear_forward(a.up, a.xn2, w(layer_name(l, "mlp.up_proj.weight")), N, C, ffn_);
+  k::linear_forward(a.gate, a.xn2, pw.gate, N, C, ffn_);
+  k::linear_forward(a.up, a.xn2, pw.up, N, C, ffn_);
   k::swiglu_forward(a.h, a.gate, a.up, N * ffn_);
-  k::linear_forward(s.tmp, a.h, w(layer_name(l, "mlp.down_proj.weight")), N, ffn_, C);
+  k::linear_forward(s.tmp, a.h, pw.down, N, ffn_, C);
   branch = reduce_rows(s.tmp);
   std::memcpy(x_out, a.xmid, sizeof(float) * Nl * C);
   k::add_inplace(x_out, branch, Nl * C);
@@ -462,16 +485,14 @@ void Model::forward_layer(int64_t l, LayerActs& a, const float* x_in, float* x_o
 
 void Model::backward_layer(int64_t l, LayerActs& a, const float* x_in, float* dx,
                            const LayerGrads* keep) {
+  const BlockParams& pw = block_weights_.at(l);
+  const BlockParams& pg = block_grads_.at(l);
   // dx (N, C): gradient of the block's output on entry, of its input on return. With `keep` the
   // projections' weight gradients are left to backward_layer_weights (W), their inputs kept.
   const int64_t N = rows_, C = config_.dim, D = config_.head_dim();
   const int64_t B = options_.micro_rows, T = config_.seq_len;
   const int64_t qd = heads_ * D, kvd = kv_heads_ * D;
   auto& s = *scratch_;
-  const std::string down = layer_name(l, "mlp.down_proj.weight");
-  const std::string gate = layer_name(l, "mlp.gate_proj.weight");
-  const std::string up = layer_name(l, "mlp.up_proj.weight");
-  const std::string ln2 = layer_name(l, "post_attention_layernorm.weight");
   float* dgate = keep ? keep->dgate : s.dgate;
   float* dup = keep ? keep->dup : s.dup;
   float* dq = keep ? keep->dq : s.dq;
@@ -480,59 +501,55 @@ void Model::backward_layer(int64_t l, LayerActs& a, const float* x_in, float* dx
   const int64_t Nl = rows_local_;
   const float* dy = gather_rows(dx, s.all_rows);  // SP: the gradient of all rows
   if (keep) std::memcpy(keep->dy_down, dy, sizeof(float) * N * C);
-  k::linear_backward_input(s.dh, dy, w(down), N, ffn_, C);
-  if (!keep) k::linear_backward_weight(g(down), dy, a.h, N, ffn_, C);
+  k::linear_backward_input(s.dh, dy, pw.down, N, ffn_, C);
+  if (!keep) k::linear_backward_weight(pg.down, dy, a.h, N, ffn_, C);
   k::swiglu_backward(dgate, dup, s.dh, a.gate, a.up, N * ffn_);
-  k::linear_backward_input(s.dxn, dgate, w(gate), N, C, ffn_);
-  k::linear_backward_input(s.dtmp, dup, w(up), N, C, ffn_);
+  k::linear_backward_input(s.dxn, dgate, pw.gate, N, C, ffn_);
+  k::linear_backward_input(s.dtmp, dup, pw.up, N, C, ffn_);
   k::add_inplace(s.dxn, s.dtmp, N * C);
   if (!keep) {
-    k::linear_backward_weight(g(gate), dgate, a.xn2, N, C, ffn_);
-    k::linear_backward_weight(g(up), dup, a.xn2, N, C, ffn_);
+    k::linear_backward_weight(pg.gate, dgate, a.xn2, N, C, ffn_);
+    k::linear_backward_weight(pg.up, dup, a.xn2, N, C, ffn_);
   }
   // Column-parallel: the shared input's gradient is a partial sum (SP: of this rank's rows).
   const float* dxn_rows = reduce_rows(s.dxn);
-  k::rmsnorm_backward(s.dtmp, g(ln2), dxn_rows, a.xmid, w(ln2), a.rstd2, Nl, C);
+  k::rmsnorm_backward(s.dtmp, pg.ln2, dxn_rows, a.xmid, pw.ln2, a.rstd2, Nl, C);
   k::add_inplace(dx, s.dtmp, Nl * C);  // dx is now d xmid
   dy = gather_rows(dx, s.all_rows);
 
-  const std::string o = layer_name(l, "self_attn.o_proj.weight");
-  const std::string q = layer_name(l, "self_attn.q_proj.weight");
-  const std::string kn = layer_name(l, "self_attn.k_proj.weight");
-  const std::string v = layer_name(l, "self_attn.v_proj.weight");
-  const std::string ln1 = layer_name(l, "input_layernorm.weight");
   if (keep) std::memcpy(keep->dy_o, dy, sizeof(float) * N * C);
-  k::linear_backward_input(s.datt, dy, w(o), N, qd, C);
-  if (!keep) k::linear_backward_weight(g(o), dy, a.att, N, qd, C);
+  k::linear_backward_input(s.datt, dy, pw.o, N, qd, C);
+  if (!keep) k::linear_backward_weight(pg.o, dy, a.att, N, qd, C);
   k::attention_backward(dq, dk, dv, s.datt, a.q, a.kk, a.v, a.att, a.lse, s.attn,
                         {B, T, heads_, kv_heads_, D});
   k::rope_backward(dq, dq, s.rope, B, T, heads_, D, 0);
   k::rope_backward(dk, dk, s.rope, B, T, kv_heads_, D, 0);
-  k::linear_backward_input(s.dxn, dq, w(q), N, C, qd);
-  k::linear_backward_input(s.dtmp, dk, w(kn), N, C, kvd);
+  k::linear_backward_input(s.dxn, dq, pw.q, N, C, qd);
+  k::linear_backward_input(s.dtmp, dk, pw.k, N, C, kvd);
   k::add_inplace(s.dxn, s.dtmp, N * C);
-  k::linear_backward_input(s.dtmp, dv, w(v), N, C, kvd);
+  k::linear_backward_input(s.dtmp, dv, pw.v, N, C, kvd);
   k::add_inplace(s.dxn, s.dtmp, N * C);
   if (!keep) {
-    k::linear_backward_weight(g(q), dq, a.xn1, N, C, qd);
-    k::linear_backward_weight(g(kn), dk, a.xn1, N, C, kvd);
-    k::linear_backward_weight(g(v), dv, a.xn1, N, C, kvd);
+    k::linear_backward_weight(pg.q, dq, a.xn1, N, C, qd);
+    k::linear_backward_weight(pg.k, dk, a.xn1, N, C, kvd);
+    k::linear_backward_weight(pg.v, dv, a.xn1, N, C, kvd);
   }
   dxn_rows = reduce_rows(s.dxn);
-  k::rmsnorm_backward(s.dtmp, g(ln1), dxn_rows, x_in, w(ln1), a.rstd1, Nl, C);
+  k::rmsnorm_backward(s.dtmp, pg.ln1, dxn_rows, x_in, pw.ln1, a.rstd1, Nl, C);
   k::add_inplace(dx, s.dtmp, Nl * C);  // dx is now d x_in
 }
 
 void Model::backward_layer_weights(int64_t l, const LayerActs& a, const LayerGrads& kg) {
+  const BlockParams& pg = block_grads_.at(l);
   const int64_t N = rows_, C = config_.dim, qd = heads_ * config_.head_dim();
   const int64_t kvd = kv_heads_ * config_.head_dim();
-  k::linear_backward_weight(g(layer_name(l, "mlp.down_proj.weight")), kg.dy_down, a.h, N, ffn_, C);
-  k::linear_backward_weight(g(layer_name(l, "mlp.gate_proj.weight")), kg.dgate, a.xn2, N, C, ffn_);
-  k::linear_backward_weight(g(layer_name(l, "mlp.up_proj.weight")), kg.dup, a.xn2, N, C, ffn_);
-  k::linear_backward_weight(g(layer_name(l, "self_attn.o_proj.weight")), kg.dy_o, a.att, N, qd, C);
-  k::linear_backward_weight(g(layer_name(l, "self_attn.q_proj.weight")), kg.dq, a.xn1, N, C, qd);
-  k::linear_backward_weight(g(layer_name(l, "self_attn.k_proj.weight")), kg.dk, a.xn1, N, C, kvd);
-  k::linear_backward_weight(g(layer_name(l, "self_attn.v_proj.weight")), kg.dv, a.xn1, N, C, kvd);
+  k::linear_backward_weight(pg.down, kg.dy_down, a.h, N, ffn_, C);
+  k::linear_backward_weight(pg.gate, kg.dgate, a.xn2, N, C, ffn_);
+  k::linear_backward_weight(pg.up, kg.dup, a.xn2, N, C, ffn_);
+  k::linear_backward_weight(pg.o, kg.dy_o, a.att, N, qd, C);
+  k::linear_backward_weight(pg.q, kg.dq, a.xn1, N, C, qd);
+  k::linear_backward_weight(pg.k, kg.dk, a.xn1, N, C, kvd);
+  k::linear_backward_weight(pg.v, kg.dv, a.xn1, N, C, kvd);
 }
 
 double Model::forward_head(ChunkActs& c, const int32_t* targets, float grad_scale,

@@ -154,6 +154,10 @@ class Model {
   int64_t first_nonfinite_layer(int slot) const;
 
  private:
+  struct BlockParams {  // one transformer block's tensors (weights, or their gradients)
+    float *ln1 = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *ln2 = nullptr,
+          *gate = nullptr, *up = nullptr, *down = nullptr;
+  };
   struct LayerActs;
   struct LayerActs16;
   struct LayerGrads;
@@ -194,6 +198,7 @@ class Model {
   std::vector<ParamInfo> params_;
   kernels::ParamLayout layout_;
   kernels::ModelState state_;
+  std::vector<BlockParams> block_weights_, block_grads_;  // by global layer; held layers only
   std::vector<std::vector<std::unique_ptr<ChunkActs>>> acts_;  // [chunk][slot]
   std::unique_ptr<Scratch> scratch_;
   Footprint footprint_;
