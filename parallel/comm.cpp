@@ -162,6 +162,11 @@ void Comm::wait(MPI_Request& request, const char* what, int peer) const {
       spdlog::critical(msg);
       std::fprintf(stderr, "%s\n", msg.c_str());
       std::fflush(stderr);
+      // The first rank to time out is often not the one that sees the cause: a rank waiting on a
+      // same-host peer fires while that peer still waits on the dead host. A short grace lets the
+      // other stuck ranks' watchdogs report too before the abort kills them.
+      std::this_thread::sleep_for(
+          std::chrono::duration<double>(std::clamp(timeout_s_ / 2, 0.5, 10.0)));
       MPI_Abort(MPI_COMM_WORLD, 3);
     }
   }
