@@ -367,7 +367,10 @@ struct Trainer::Impl {
       rec.grad_norm = norm;
       rec.lr = learning_rate(t, step);
       if (!std::isfinite(loss) || !std::isfinite(norm)) {
-        if (!t.dynamic_loss_scale) stop_non_finite(step + 1, loss, norm);
+        // Every rank stops here; agree_on has rank 0 alone print the reason before any rank
+        // exits (a rank exiting first could get mpirun to kill rank 0 mid-message).
+        if (!t.dynamic_loss_scale)
+          agree_on(mesh.world(), [&] { stop_non_finite(step + 1, loss, norm); });
         rec.skipped = true;
         spdlog::warn("step {}: non-finite loss or gradients; skipped (train.dynamic_loss_scale)",
                      step + 1);
