@@ -100,6 +100,12 @@ struct AttentionShape {
   std::int64_t n_kv_heads = 0;  // Hkv; H % Hkv == 0, query head h reads kv head h / (H / Hkv)
   std::int64_t head_dim = 0;    // D
   std::int64_t tile = 64;       // query and key tile length; memory is O(tile^2), not O(T^2)
+  // Context parallelism: the T query rows are positions [q_pos, q_pos + T) of a sequence whose
+  // keys and values hold kv_len rows per batch (0: T), key row j at position j. The causal mask
+  // compares these absolute positions.
+  std::int64_t q_pos = 0;
+  std::int64_t kv_len = 0;
+  std::int64_t keys() const { return kv_len > 0 ? kv_len : T; }
 };
 
 // Floats of scratch the forward/backward need; independent of T (that is the point of tiling).
@@ -110,18 +116,18 @@ std::int64_t attention_scratch_floats(const AttentionShape& s);
 void attention_forward(float* out,      // out (B, T, H * D)
                        float* lse,      // lse (B, H, T)
                        const float* q,  // q (B, T, H * D)   (after RoPE)
-                       const float* k,  // k (B, T, Hkv * D) (after RoPE)
-                       const float* v,  // v (B, T, Hkv * D)
+                       const float* k,  // k (B, keys, Hkv * D) (after RoPE)
+                       const float* v,  // v (B, keys, Hkv * D)
                        float* scratch,  // scratch (attention_scratch_floats)
                        const AttentionShape& s);
 // Recomputes the scores tile by tile from q, k and lse (flash-attention 2 backward).
 void attention_backward(float* dq,          // dq (B, T, H * D) =
-                        float* dk,          // dk (B, T, Hkv * D) =
-                        float* dv,          // dv (B, T, Hkv * D) =
+                        float* dk,          // dk (B, keys, Hkv * D) =
+                        float* dv,          // dv (B, keys, Hkv * D) =
                         const float* dout,  // dout (B, T, H * D)
                         const float* q,     // q (B, T, H * D)
-                        const float* k,     // k (B, T, Hkv * D)
-                        const float* v,     // v (B, T, Hkv * D)
+                        const float* k,     // k (B, keys, Hkv * D)
+                        const float* v,     // v (B, keys, Hkv * D)
                         const float* out,   // out (B, T, H * D) from forward
                         const float* lse,   // lse (B, H, T) from forward
                         float* scratch,     // scratch (attention_scratch_floats)

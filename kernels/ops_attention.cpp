@@ -37,12 +37,16 @@ void check_shape(const AttentionShape& s) {
                  ") must be a positive multiple of n_kv_heads (", s.n_kv_heads, ")");
   T3D_ASSERT(s.B > 0 && s.T > 0 && s.head_dim > 0 && s.tile > 0, "attention shape B=", s.B,
              " T=", s.T, " D=", s.head_dim, " tile=", s.tile);
+  // Every query must see at least key 0 and nothing past the keys held.
+  T3D_ASSERT(s.q_pos >= 0 && s.q_pos + s.T <= s.keys(), "attention queries at positions ", s.q_pos,
+             "..", s.q_pos + s.T, " but ", s.keys(), " keys");
 }
 
 HeadView head_view(const AttentionShape& s, std::int64_t b, std::int64_t h) {
   const std::int64_t group = s.n_heads / s.n_kv_heads;
   const std::int64_t ld_q = s.n_heads * s.head_dim, ld_kv = s.n_kv_heads * s.head_dim;
-  return {b * s.T * ld_q + h * s.head_dim, b * s.T * ld_kv + (h / group) * s.head_dim, ld_q, ld_kv};
+  return {b * s.T * ld_q + h * s.head_dim, b * s.keys() * ld_kv + (h / group) * s.head_dim, ld_q,
+          ld_kv};
 }
 
 }  // namespace
@@ -105,12 +109,13 @@ void attention_forward_head(float* out, float* lse, const float* q, const float*
       l[r] = 0.0f;
       std::memset(oh + (i0 + r) * hv.ld_q, 0, static_cast<std::size_t>(D) * sizeof(float));
     }
-    for (std::int64_t j0 = 0; j0 < i0 + nq; j0 += tile) {  // key tiles up to the diagonal
-      const std::int64_t nk = std::min(tile, T - j0);
+    const std::int64_t p0 = s.q_pos + i0;  // the tile's first query position
+    for (std::int64_t j0 = 0; j0 < p0 + nq; j0 += tile) {  // key tiles up to the diagonal
+      const std::int64_t nk = std::min(tile, p0 + nq - j0);
       // S (nq, nk) = scale * q_i (nq, D) k_j^T (D, nk)
       sgemm(Trans::kNo, Trans::kYes, nq, nk, D, sm_scale, qh + i0 * hv.ld_q, hv.ld_q,
             kh + j0 * hv.ld_kv, hv.ld_kv, 0.0f, S, nk);
-      rows.softmax_tile_fwd(S, nq, nk, i0, j0, m, l, oh + i0 * hv.ld_q, hv.ld_q, D);
+      rows.softmax_tile_fwd(S, nq, nk, p0, j0, m, l, oh + i0 * hv.ld_q, hv.ld_q, D);
       // o_i (nq, D) += P (nq, nk) v_j (nk, D)
       sgemm(Trans::kNo, Trans::kNo, nq, D, nk, 1.0f, S, nk, vh + j0 * hv.ld_kv, hv.ld_kv, 1.0f,
             oh + i0 * hv.ld_q, hv.ld_q);
@@ -169,15 +174,16 @@ void attention_backward_group(float* dq, float* dk, float* dv, const float* dout
     for (std::int64_t i0 = 0; i0 < T; i0 += tile) {
       const std::int64_t nq = std::min(tile, T - i0);
       rows.row_dots(Dvec, oh + i0 * hv.ld_q, doh + i0 * hv.ld_q, nq, hv.ld_q, D);
-      for (std::int64_t j0 = 0; j0 < i0 + nq; j0 += tile) {
-        const std::int64_t nk = std::min(tile, T - j0);
+      const std::int64_t p0 = s.q_pos + i0;
+      for (std::int64_t j0 = 0; j0 < p0 + nq; j0 += tile) {
+        const std::int64_t nk = std::min(tile, p0 + nq - j0);
         const float* qi = qh + i0 * hv.ld_q;
         const float* doi = doh + i0 * hv.ld_q;
         const float* kj = kh + j0 * hv.ld_kv;
         const float* vj = vh + j0 * hv.ld_kv;
         // P (nq, nk) = exp(scale q_i k_j^T - lse)
         sgemm(Trans::kNo, Trans::kYes, nq, nk, D, sm_scale, qi, hv.ld_q, kj, hv.ld_kv, 0.0f, P, nk);
-        rows.exp_tile_bwd(P, nq, nk, i0, j0, lse_h + i0);
+        rows.exp_tile_bwd(P, nq, nk, p0, j0, lse_h + i0);
         // dv_j (nk, D) += P^T (nk, nq) do_i (nq, D)
         sgemm(Trans::kYes, Trans::kNo, nk, D, nq, 1.0f, P, nk, doi, hv.ld_q, 1.0f,
               dvh + j0 * hv.ld_kv, hv.ld_kv);
@@ -203,8 +209,8 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   check_shape(s);
   // Activation gradients are written (=), but the tiles accumulate into them: zero first.
   zero(dq, s.B * s.T * s.n_heads * s.head_dim);
-  zero(dk, s.B * s.T * s.n_kv_heads * s.head_dim);
-  zero(dv, s.B * s.T * s.n_kv_heads * s.head_dim);
+  zero(dk, s.B * s.keys() * s.n_kv_heads * s.head_dim);
+  zero(dv, s.B * s.keys() * s.n_kv_heads * s.head_dim);
   // Parallel over (batch, kv head): dk and dv rows of a kv head belong to one item.
   for_each_item(s.B * s.n_kv_heads, s.B * s.n_heads * s.T * s.head_dim, scratch,
                 attention_scratch_floats(s), [&](std::int64_t i, float* scr) {
