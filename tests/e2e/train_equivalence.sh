@@ -59,6 +59,14 @@ check_bf16 bf16_one_rank
 check_bf16 bf16_pp2_dp2_tp2_sp --set parallel.pp=2 --set parallel.dp=2 --set parallel.tp=2 \
       --set parallel.sequence_parallel=true
 check pp2_split_at_1 --set parallel.pp=2 --set "parallel.pipeline_split=[1]"
+# Context parallel: each cp rank holds seq_len/cp positions; keys and values are all-gathered and
+# their gradients reduce-scattered, parameter gradients summed over cp.
+check cp2 --set parallel.cp=2
+check cp4_tp2_sp --set parallel.cp=4 --set parallel.tp=2 --set parallel.sequence_parallel=true
+check pp2_dp2_cp2_zero1_zb_ckpt --set parallel.pp=2 --set parallel.dp=2 --set parallel.cp=2 \
+      --set parallel.zero=1 --set parallel.schedule=zb_h1 --set train.activation_checkpoint=every:2 \
+      --set snapshot.every=6
+check_bf16 bf16_cp2_tp2 --set parallel.cp=2 --set parallel.tp=2
 # Validation losses agree too (forward-only pipeline path).
 vr=$(sed -n 's/.*"val_loss": \([0-9.]*\).*/\1/p' "$work/reference/metrics.jsonl" | tail -1)
 vp=$(sed -n 's/.*"val_loss": \([0-9.]*\).*/\1/p' "$work/pp2_dp2_tp2/metrics.jsonl" | tail -1)
@@ -67,13 +75,16 @@ awk -v a="$vr" -v b="$vp" 'BEGIN { d = a - b; if (d < 0) d = -d; if (a == "" || 
 # run within 5e-5 absolute (lr is 3e-3). Not tighter, and not relative: Adam divides by sqrt(v), so
 # where a gradient is near zero the update m/sqrt(v) amplifies rounding differences of the summation
 # order into a sizeable fraction of lr (observed: at most 1.2e-5 after 6 steps).
-ndiff=$(h5diff -r --delta=5e-5 "$work/reference/snapshots/step_00000006.h5" \
-        "$work/pp2_dp2_tp2/snapshots/step_00000006.h5" /model /model | grep -o '^[0-9]* differences' |
-        awk '{ s += $1 } END { print s + 0 }')
 nt=$(h5ls -r "$work/reference/snapshots/step_00000006.h5/model" 2>/dev/null | grep -c Dataset)
-if [ "$ndiff" -eq 0 ] && [ "$nt" -gt 10 ]; then
-  echo "parameters after training: $nt tensors equal within 5e-5 absolute (pp2_dp2_tp2 vs 1 rank)"
-else
-  echo "FAIL: $ndiff parameter elements differ by more than 5e-5 ($nt tensors compared)"; fail=1
-fi
+for layout in pp2_dp2_tp2 pp2_dp2_cp2_zero1_zb_ckpt; do
+  ndiff=$(h5diff -r --delta=5e-5 "$work/reference/snapshots/step_00000006.h5" \
+          "$work/$layout/snapshots/step_00000006.h5" /model /model | grep -o '^[0-9]* differences' |
+          awk '{ s += $1 } END { print s + 0 }')
+  if [ "$ndiff" -eq 0 ] && [ "$nt" -gt 10 ]; then
+    echo "parameters after training: $nt tensors equal within 5e-5 absolute ($layout vs 1 rank)"
+  else
+    echo "FAIL: $layout: $ndiff parameter elements differ by more than 5e-5 ($nt tensors compared)"
+    fail=1
+  fi
+done
 exit $fail
