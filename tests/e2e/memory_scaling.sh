@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Each dimension cuts what it promises, as each rank reports it (logs/rank<N>.log, "memory bytes"):
 # tp = 2 halves the parameters per rank, pp = 2 halves them per stage, ZeRO-1 over dp = 2 halves
-# the optimizer state, full activation checkpointing keeps a fraction of the activations. "Half" allows the pieces that are not split (norm weights, the uneven
+# the optimizer state, cp = 2 halves the activations, full activation checkpointing keeps a fraction of the activations. "Half" allows the pieces that are not split (norm weights, the uneven
 # embedding/head split of the pipeline): between 0.45 and 0.60 of one rank's figure.
 set -u
 titan3d=$1
@@ -29,6 +29,7 @@ run pp2tp2 --set parallel.pp=2 --set parallel.tp=2
 run pp2tp2_bf16 --set parallel.pp=2 --set parallel.tp=2 --set train.precision=bf16
 run pp2tp2_sp --set parallel.pp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true
 run bf16 --set train.precision=bf16
+run cp2 --set parallel.cp=2
 fail=0
 ratio() {  # ratio NAME VALUE BASE LO HI
   awk -v n="$1" -v v="$2" -v b="$3" -v lo="$4" -v hi="$5" 'BEGIN {
@@ -51,4 +52,7 @@ ratio "pp bytes, bf16" "$(comm pp pp2tp2_bf16)" "$(comm pp pp2tp2)" 0.49 0.51
 ratio "pp bytes, sequence parallel" "$(comm pp pp2tp2_sp)" "$(comm pp pp2tp2)" 0.49 0.51
 # Full checkpointing keeps only the residual stream per block (1 of its ~12 tensors of N×C-ish).
 ratio "activations, checkpoint full" "$(field ckpt activations)" "$(field one activations)" 0.05 0.30
+# Context parallelism: each rank keeps half of every sequence's positions; the whole sequence's
+# keys and values live only in per-step scratch (gathered per block, not kept).
+ratio "activations, cp=2" "$(field cp2 activations)" "$(field one activations)" 0.49 0.51
 exit $fail
