@@ -162,7 +162,7 @@ EvalResult run_eval(const Job& job, const std::string& snapshot, const EvalOptio
   });
 
   std::vector<int32_t> tokens(static_cast<size_t>(rows * T)), targets(tokens.size());
-  // Context parallel: this rank's positions [cp_rank·Tc, +Tc) of every row, as the trainer.
+  // Context parallel: this rank's positions of every row, as the trainer.
   const int cp = mesh.shape().size(Dim::cp), cp_rank = mesh.coord().cp;
   const int64_t Tc = T / cp;
   std::vector<int32_t> my_tokens(static_cast<size_t>(rows * Tc)), my_targets(my_tokens.size());
@@ -174,10 +174,8 @@ EvalResult run_eval(const Job& job, const std::string& snapshot, const EvalOptio
       for (int64_t i = 0; i < rows; ++i)
         if (b * B + batch.first_global_row + i >= res.windows)
           std::fill_n(targets.begin() + i * T, T, kernels::kIgnoreIndex);
-      for (int64_t i = 0; i < rows; ++i) {
-        std::copy_n(tokens.begin() + i * T + cp_rank * Tc, Tc, my_tokens.begin() + i * Tc);
-        std::copy_n(targets.begin() + i * T + cp_rank * Tc, Tc, my_targets.begin() + i * Tc);
-      }
+      cp_local_positions(tokens.data(), my_tokens.data(), rows, T, cp, cp_rank);
+      cp_local_positions(targets.data(), my_targets.data(), rows, T, cp, cp_rank);
       *tok = my_tokens.data();
       *tgt = my_targets.data();
     };

@@ -304,12 +304,10 @@ struct Trainer::Impl {
       const std::span<int32_t> tgt(targets_buf.data() + off, rows * Tc);
       if (cp == 1) {
         sampler.sample(step, dp_rank, dp, mb, n_micro, tok, tgt);
-      } else {  // every cp rank samples the same rows and keeps positions [cp_rank·Tc, +Tc)
+      } else {  // every cp rank samples the same rows and keeps its own positions
         sampler.sample(step, dp_rank, dp, mb, n_micro, cp_tokens, cp_targets);
-        for (int64_t row = 0; row < rows; ++row) {
-          std::copy_n(cp_tokens.begin() + row * T + cp_rank * Tc, Tc, tok.begin() + row * Tc);
-          std::copy_n(cp_targets.begin() + row * T + cp_rank * Tc, Tc, tgt.begin() + row * Tc);
-        }
+        cp_local_positions(cp_tokens.data(), tok.data(), rows, T, cp, cp_rank);
+        cp_local_positions(cp_targets.data(), tgt.data(), rows, T, cp, cp_rank);
       }
       *tokens = tok.data();
       *targets = tgt.data();
