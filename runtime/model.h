@@ -56,6 +56,10 @@ struct ModelOptions {
   // Megatron sequence parallelism: outside the TP blocks (norms, residual stream, pipeline
   // traffic) each tp rank keeps only its 1/tp of the micro-batch's rows.
   bool sequence_parallel = false;
+  // Slots per local chunk instead of `slots` for each, when given (the pipeline executor's
+  // per-chunk peaks): ZB-V's two chunks peak at different counts, and only their sum keeps
+  // 1F1B's memory.
+  std::vector<int64_t> chunk_slots;
 };
 
 // FLOPs of one training step (forward + backward) per token of the whole model, PaLM's count:

@@ -167,16 +167,18 @@ struct Trainer::Impl {
         parallel::head_cost_in_layers(r.model.vocab_size, r.model.dim, r.model.ffn_dim),
         p.pipeline_split);
     std::vector<parallel::LayerRange> mine;
-    for (int64_t k : parallel::chunks_of_stage(mesh.coord().pp, pp, v)) mine.push_back(all_chunks[k]);
+    // The schedule's placement (ZB-V folds the chunks into a V): the executor reads the same table.
+    for (int k = 0; k < schedule.num_chunks(); ++k)
+      if (schedule.chunk_stage[k] == mesh.coord().pp) mine.push_back(all_chunks[k]);
     executor = std::make_unique<PipelineExecutor>(std::move(schedule), mesh.group(Dim::pp));
 
     arena = std::make_unique<kernels::Arena>(
         static_cast<size_t>(r.hardware.hbm_gib * 1024.0 * 1024.0 * 1024.0));
-    model = std::make_unique<Model>(r.model, mine, mesh.group(Dim::tp), *arena,
-                                    ModelOptions{rows, executor->max_slots(), p.zero == 0,
-                                                 checkpoint_every(t.activation_checkpoint),
-                                                 executor->splits_backward(),
-                                                 t.precision == "bf16", p.sequence_parallel});
+    ModelOptions mo{rows, executor->max_slots(), p.zero == 0,
+                    checkpoint_every(t.activation_checkpoint), executor->splits_backward(),
+                    t.precision == "bf16", p.sequence_parallel};
+    mo.chunk_slots.assign(executor->slots_per_chunk().begin(), executor->slots_per_chunk().end());
+    model = std::make_unique<Model>(r.model, mine, mesh.group(Dim::tp), *arena, mo);
     model->init(seed);
     build_reducer();
     tokens_buf.resize(static_cast<size_t>(n_micro * rows * T));
