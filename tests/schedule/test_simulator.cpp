@@ -63,30 +63,39 @@ TEST(schedule_Simulate, ZbH1MatchesPaperAndBeatsOneFOneB) {
     EXPECT_LE(simulate(make_zb_h1(4, m), c).makespan, simulate(make_1f1b(4, m), c).makespan);
 }
 
-TEST(schedule_Simulate, ZbVBeatsZbH1AndNearlyCloses) {
-  // Uniform costs: every rank works 3m; the only idle time ZB-V cannot fill is the ramp, rank
-  // pp-1 starting (pp-1) chunk forwards = (pp-1)/2 late. The greedy generator stays within one
-  // more time unit of that for m >= 2pp, and beats ZB-H1 (idle (pp-1) per rank) everywhere.
-  const Costs c{1, 1, 1, 0};
+TEST(schedule_Simulate, ZbVAgainstZbH1) {
+  // The generated table keeps the cheaper of a few greedy candidates over several cost
+  // scenarios (schedule.cpp), so it is not optimal for any one of them. What it promises:
+  const Costs uniform{1, 1, 1, 0}, cpu_like{1, 1, 0.7, 0.05};  // W cheaper, transfers cost
+  double ratio_sum = 0;
+  int n = 0;
   for (int pp : {2, 3, 4, 5, 6, 8}) {
     for (int m : {1, 2, 3, pp, pp + 1, 2 * pp, 2 * pp + 1, 3 * pp, 32}) {
-      const Timeline v = simulate(make_zb_v(pp, m), c);
-      const Timeline h1 = simulate(make_zb_h1(pp, m), c);
-      EXPECT_LT(v.makespan, h1.makespan) << pp << " " << m;
-      EXPECT_GE(v.makespan, 3.0 * m + (pp - 1) / 2.0);
-      if (m >= 2 * pp) {
-        EXPECT_LE(v.makespan, 3.0 * m + (pp - 1) / 2.0 + 1) << pp << " " << m;
+      const Schedule v = make_zb_v(pp, m), h1 = make_zb_h1(pp, m);
+      const Timeline tv = simulate(v, uniform), th = simulate(h1, uniform);
+      // uniform costs: never more than one stage-forward behind ZB-H1, ahead for pp = 2 and 4;
+      EXPECT_LE(tv.makespan, th.makespan + 1) << pp << " " << m;
+      if (pp == 2 || pp == 4) {
+        EXPECT_LT(tv.makespan, th.makespan) << pp << " " << m;
       }
-      for (double b : v.busy) EXPECT_DOUBLE_EQ(b, 3.0 * m);
+      // ahead whenever W is cheaper than F and transfers cost something, from 2 micro-batches;
+      if (m >= 2) {
+        EXPECT_LT(simulate(v, cpu_like).makespan, simulate(h1, cpu_like).makespan) << pp << " " << m;
+      }
+      // and every rank still does exactly its work (3m per stage: 2 chunks x 3 actions x 1/2).
+      for (double b : tv.busy) EXPECT_DOUBLE_EQ(b, 3.0 * m);
+      ratio_sum += tv.makespan / th.makespan;
+      ++n;
     }
   }
+  EXPECT_LT(ratio_sum / n, 0.96);  // 0.948 when written
   // The table is fixed; other costs and transfers still run it to the end (simulate asserts).
   EXPECT_GT(simulate(make_zb_v(4, 9), Costs{1, 2, 0.5, 0.25}).makespan, 0);
-  EXPECT_FALSE(textbook_bubble_fraction(ScheduleKind::kZBV, 4, 8, 2, c));
-  // Consecutive chunks on one rank cost no transfer: pp = 2, m = 1 runs F0 F1 | F2 F3 B3 B2 | B1
-  // B0 with 2 cross-rank edges each way; each chunk action costs 1/2.
+  EXPECT_FALSE(textbook_bubble_fraction(ScheduleKind::kZBV, 4, 8, 2, uniform));
+  // Consecutive chunks on one rank cost no transfer: pp = 2, m = 1 crosses ranks twice on the
+  // way down (chunk 0 -> 1, 2 -> 3) and twice on the way back; chunk 1 -> 2 stays on rank 1.
   EXPECT_DOUBLE_EQ(simulate(make_zb_v(2, 1), Costs{1, 1, 1, 0.5}).makespan -
-                       simulate(make_zb_v(2, 1), Costs{1, 1, 1, 0}).makespan,
+                       simulate(make_zb_v(2, 1), uniform).makespan,
                    4 * 0.5);
 }
 
