@@ -123,9 +123,11 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
   rows_local_ = sp_ ? rows_ / tps : rows_;
   bool first = false, last = false;
   for (const auto& c : chunks_) first |= c.first, last |= c.last;
-  T3D_USER_CHECK(!config_.tie_embeddings || (first && last),
+  // Whoever holds one end of a tied model must hold the other (ZB-V: stage 0 holds both).
+  T3D_USER_CHECK(!config_.tie_embeddings || first == last,
                  "recipe error: `model.tie_embeddings` needs the embedding and the LM head on the "
-                 "same rank (parallel.pp = 1)");
+                 "same rank (parallel.pp = 1, or parallel.schedule = \"zb_v\", whose stage 0 "
+                 "holds both)");
 
   build_param_table();
   size_t before = arena_.used();

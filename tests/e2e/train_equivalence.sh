@@ -66,6 +66,13 @@ check pp2_zb_v_m1 --set parallel.pp=2 --set parallel.schedule=zb_v --set train.m
 check pp2_zb_v_m8 --set parallel.pp=2 --set parallel.schedule=zb_v --set train.micro_batches=8
 check pp2_dp2_tp2_zb_v_ckpt --set parallel.pp=2 --set parallel.dp=2 --set parallel.tp=2 \
       --set parallel.schedule=zb_v --set train.activation_checkpoint=every:2 --set snapshot.every=6
+# Tied embeddings need the embedding and the LM head on one rank: pp > 1 only with ZB-V's stage 0.
+run reference_tied --set model.tie_embeddings=true
+run pp2_dp2_zb_v_tied --set model.tie_embeddings=true --set parallel.pp=2 --set parallel.dp=2 \
+    --set parallel.schedule=zb_v --set parallel.zero=1
+printf '%-28s' "pp2_dp2_zb_v_tied:"
+compare_losses "$work/pp2_dp2_zb_v_tied/metrics.jsonl" "$work/reference_tied/metrics.jsonl" 1e-5 ||
+  fail=1
 # Validation losses agree too (forward-only pipeline path).
 vr=$(sed -n 's/.*"val_loss": \([0-9.]*\).*/\1/p' "$work/reference/metrics.jsonl" | tail -1)
 vp=$(sed -n 's/.*"val_loss": \([0-9.]*\).*/\1/p' "$work/pp2_dp2_tp2/metrics.jsonl" | tail -1)
