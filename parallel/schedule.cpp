@@ -224,7 +224,15 @@ Schedule zb_v_greedy(int pp, int n_micro, double comm, bool forward_first) {
     ranks[r].cap[1] = std::min(m, cap - ranks[r].cap[0]);
   }
   const size_t per_rank = static_cast<size_t>(6 * m);
-  std::vector<double> arrivals;  // when each output so far is usable here or on a neighbour
+  // End times so far. Ranks act in order of their free time, so these only grow: an idle
+  // rank finds the next arrival (end, or end + comm on a neighbour) by binary search.
+  std::vector<double> ends;
+  auto next_after = [&](double t, double delay) {  // the first end + delay later than t
+    // Compared as end + delay, exactly as `in` does: t - delay could round the other way.
+    const auto it = std::upper_bound(ends.begin(), ends.end(), t,
+                                     [&](double x, double e) { return x < e + delay; });
+    return it == ends.end() ? std::numeric_limits<double>::infinity() : *it + delay;
+  };
   for (;;) {
     int r = -1;
     for (int q = 0; q < pp; ++q)
@@ -267,9 +275,7 @@ Schedule zb_v_greedy(int pp, int n_micro, double comm, bool forward_first) {
     }
     if (!pick) {  // idle until the next input could arrive (one produced later included)
       R.idle_since = t;
-      R.free_at = std::numeric_limits<double>::infinity();
-      for (double a : arrivals)
-        if (a > t) R.free_at = std::min(R.free_at, a);
+      R.free_at = std::min(next_after(t, 0), next_after(t, comm));
       continue;
     }
     R.idle_since = -1;
@@ -285,8 +291,9 @@ Schedule zb_v_greedy(int pp, int n_micro, double comm, bool forward_first) {
     if (a.op == Op::kW) --R.held[c];
     s.ranks[r].push_back(a);
     R.free_at = end;
+    T3D_ASSERT(ends.empty() || end >= ends.back(), "zb_v generator: time went backwards");
+    ends.push_back(end);
     for (double arrival : {end, end + comm}) {
-      arrivals.push_back(arrival);
       for (Rank& q : ranks)
         if (q.idle_since >= 0 && arrival > q.idle_since) q.free_at = std::min(q.free_at, arrival);
     }
