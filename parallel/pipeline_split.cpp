@@ -47,9 +47,12 @@ std::vector<LayerRange> split_layers(int64_t n_layers, int64_t chunks, double he
   return out;
 }
 
-std::vector<int64_t> chunks_of_stage(int64_t stage, int64_t pp, int64_t virtual_stages) {
+std::vector<int64_t> chunks_of_stage(int64_t stage, int64_t pp, int64_t virtual_stages,
+                                     bool v_shape) {
+  T3D_ASSERT(!v_shape || virtual_stages == 2, "the V shape has 2 chunks per stage");
   std::vector<int64_t> out;
-  for (int64_t v = 0; v < virtual_stages; ++v) out.push_back(stage + v * pp);
+  for (int64_t k = 0; k < pp * virtual_stages; ++k)
+    if (stage_of_chunk(k, pp, v_shape) == stage) out.push_back(k);
   return out;
 }
 

@@ -2,7 +2,8 @@
 // planner and the simulator.
 //
 // With pp stages and v virtual stages there are pp·v chunks in model order; chunk k lives on stage
-// k % pp (Megatron's interleaving), so with v = 1 chunk k is simply stage k.
+// k % pp (Megatron's interleaving), so with v = 1 chunk k is simply stage k. ZB-V places its two
+// chunks per stage in a V instead (stage_of_chunk below).
 #pragma once
 
 #include <cstdint>
@@ -27,7 +28,16 @@ std::vector<LayerRange> split_layers(int64_t n_layers, int64_t chunks, double he
 // projections at full kv) + 3·C·F (SwiGLU). Attention scores are left out of both.
 double head_cost_in_layers(int64_t vocab, int64_t dim, int64_t ffn_dim);
 
-// Chunks held by `stage`, in model order: k = stage, stage + pp, ...
-std::vector<int64_t> chunks_of_stage(int64_t stage, int64_t pp, int64_t virtual_stages);
+// The stage holding chunk k of pp·v. Round-robin: k % pp. V shape (ZB-V, v = 2): chunks 0..pp-1
+// walk down the stages and pp..2pp-1 walk back up, so stage s holds s and 2pp-1-s: stage 0 holds
+// the embedding and the LM head, and stage pp-1 holds two consecutive chunks (a local hand-over).
+// Inline so that the schedule library, which has no MPI, shares this one definition.
+inline int64_t stage_of_chunk(int64_t k, int64_t pp, bool v_shape) {
+  return v_shape && k >= pp ? 2 * pp - 1 - k : k % pp;
+}
+
+// Chunks held by `stage`, in model order: k = stage, stage + pp, ... (V shape: stage, 2pp-1-stage).
+std::vector<int64_t> chunks_of_stage(int64_t stage, int64_t pp, int64_t virtual_stages,
+                                     bool v_shape = false);
 
 }  // namespace t3d::parallel

@@ -6,7 +6,10 @@
 //
 // Chunks: the model's layers are cut into K = pp * v consecutive blocks ("chunks"); an action's
 // `chunk` is that global index k in [0, K). Placement is a table `chunk_stage[k]`:
-// round-robin (k % pp) for every schedule here, so with v = 1 chunk k is simply stage k.
+// round-robin (k % pp) for every schedule but ZB-V, so with v = 1 chunk k is simply stage k;
+// ZB-V's V shape puts chunks k and 2pp-1-k on stage k (parallel/pipeline_split.h).
+// Consecutive chunks on one rank (ZB-V's two chunks on stage pp-1) hand over locally: the
+// dependency is the same, there is just no transfer.
 //
 // Actions, for micro-batch mb and chunk k:
 //   F(mb,k)   forward.
@@ -43,9 +46,10 @@ struct Action {
 std::string to_string(Op op);
 std::string to_string(const Action& a);  // e.g. "F(3,1)", "BW(0,2)"
 
-enum class ScheduleKind { kGPipe, k1F1B, kInterleaved1F1B, kZBH1 };
+enum class ScheduleKind { kGPipe, k1F1B, kInterleaved1F1B, kZBH1, kZBV };
 
-// "gpipe" | "1f1b" | "interleaved_1f1b" | "zb_h1" (the recipe's parallel.schedule); UserError otherwise.
+// "gpipe" | "1f1b" | "interleaved_1f1b" | "zb_h1" | "zb_v" (the recipe's parallel.schedule);
+// UserError otherwise.
 ScheduleKind parse_schedule_kind(std::string_view text,
                                  std::string_view key = "parallel.schedule");
 std::string_view to_string(ScheduleKind kind);
@@ -62,12 +66,13 @@ struct Schedule {
 };
 
 // The generators. UserError (naming the recipe keys) for impossible shapes: pp, n_micro, v < 1;
-// interleaved with n_micro not a multiple of pp (Megatron's requirement).
+// interleaved with n_micro not a multiple of pp (Megatron's requirement); ZB-V with pp = 1.
 Schedule make_gpipe(int pp, int n_micro);
 Schedule make_1f1b(int pp, int n_micro);
 Schedule make_interleaved_1f1b(int pp, int n_micro, int v);
 Schedule make_zb_h1(int pp, int n_micro);
-// Dispatch; `v` is used only by the interleaved schedule and must be 1 for the others.
+Schedule make_zb_v(int pp, int n_micro);  // v = 2, V-shaped placement
+// Dispatch; `v` is used by the interleaved schedule, must be 2 for ZB-V and 1 for the others.
 Schedule make_schedule(ScheduleKind kind, int pp, int n_micro, int v = 1);
 
 // Peak number of micro-batch chunks whose forward has run and whose backward has not finished
@@ -78,7 +83,8 @@ std::vector<int> peak_in_flight(const Schedule& s);
 // The bound each generator promises for peak_in_flight(s)[stage]:
 //   GPipe n_micro; 1F1B min(pp - stage, n_micro); interleaved
 //   min(v * n_micro, 2 (pp - stage - 1) + (v - 1) pp + 1); ZB-H1 min(pp, n_micro) (the peak of
-//   1F1B, over all ranks: ZB-H1 spends the slack later stages have under 1F1B).
+//   1F1B, over all ranks: ZB-H1 spends the slack later stages have under 1F1B); ZB-V
+//   min(2 pp, 2 n_micro) chunks = min(pp, n_micro) micro-batches of a whole stage, 1F1B's peak.
 int promised_in_flight(const Schedule& s, int stage);
 
 // Every problem found, empty when the schedule is valid: placement (each action on the rank

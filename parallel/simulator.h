@@ -52,7 +52,7 @@ std::string simulate_or_stall(const Schedule& s, const Costs& costs, Timeline* o
 //   interleaved:  (p - 1) / (v m + p - 1)
 //   ZB-H1:        (p - 1)(f + b - w) / (m (f + b + w) + (p - 1)(f + b - w))
 //                 (Qi et al.'s idle time (p - 1)(f + b - w); needs w <= f + b and m >= p)
-// nullopt otherwise (comm > 0, or ZB-H1 outside its conditions).
+// nullopt otherwise (comm > 0, ZB-H1 outside its conditions, ZB-V: generated, no closed form).
 std::optional<double> textbook_bubble_fraction(ScheduleKind kind, int pp, int n_micro, int v,
                                                const Costs& costs);
 

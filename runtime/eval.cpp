@@ -126,12 +126,12 @@ EvalResult run_eval(const Job& job, const std::string& snapshot, const EvalOptio
         r.model.n_layers, pp * v,
         parallel::head_cost_in_layers(r.model.vocab_size, r.model.dim, r.model.ffn_dim),
         r.parallel.pipeline_split);
+    auto schedule =
+        parallel::make_schedule(parallel::parse_schedule_kind(r.parallel.schedule), pp, n_micro, v);
     std::vector<parallel::LayerRange> mine;
-    for (int64_t k : parallel::chunks_of_stage(mesh.coord().pp, pp, v))
-      mine.push_back(all_chunks[k]);
-    executor = std::make_unique<PipelineExecutor>(
-        parallel::make_schedule(parallel::parse_schedule_kind(r.parallel.schedule), pp, n_micro, v),
-        mesh.group(Dim::pp));
+    for (int k = 0; k < schedule.num_chunks(); ++k)  // the schedule's placement (ZB-V: a V)
+      if (schedule.chunk_stage[k] == mesh.coord().pp) mine.push_back(all_chunks[k]);
+    executor = std::make_unique<PipelineExecutor>(std::move(schedule), mesh.group(Dim::pp));
     arena = std::make_unique<kernels::Arena>(
         static_cast<size_t>(r.hardware.hbm_gib * 1024.0 * 1024.0 * 1024.0));
     ModelOptions mo;

@@ -37,9 +37,34 @@ PipelineExecutor::PipelineExecutor(parallel::Schedule schedule, const parallel::
   T3D_USER_CHECK(schedule_.n_micro < 32767 / (2 * schedule_.num_chunks()),
                  "train.micro_batches = ", schedule_.n_micro, " is too many for MPI tags with ",
                  schedule_.num_chunks(), " pipeline chunks");
-  for (int k = 0; k + 1 < schedule_.num_chunks(); ++k)
-    T3D_ASSERT(schedule_.chunk_stage[k] != schedule_.chunk_stage[k + 1],
-               "consecutive chunks on one stage (pp = 1 with virtual stages)");
+}
+
+bool PipelineExecutor::local(int chunk_a, int chunk_b) const {
+  return schedule_.chunk_stage[chunk_a] == schedule_.chunk_stage[chunk_b];
+}
+
+void PipelineExecutor::put_local(const float* data, size_t n, int tag) {
+  int i;
+  if (local_free_.empty()) {
+    i = static_cast<int>(local_pool_.size());
+    local_pool_.emplace_back();
+  } else {
+    i = local_free_.back();
+    local_free_.pop_back();
+  }
+  local_pool_[i].assign(data, data + n);
+  T3D_ASSERT(local_of_tag_.emplace(tag, i).second, "local hand-over ", tag, " posted twice");
+}
+
+void PipelineExecutor::take_local(float* data, size_t n, int tag) {
+  const auto it = local_of_tag_.find(tag);
+  // The validator orders a producer before its consumer on the same rank: a miss is a bug.
+  T3D_ASSERT(it != local_of_tag_.end(), "local hand-over ", tag, " taken before it was made");
+  const auto& buf = local_pool_[it->second];
+  T3D_ASSERT(buf.size() == n, "local hand-over size");
+  std::copy(buf.begin(), buf.end(), data);
+  local_free_.push_back(it->second);
+  local_of_tag_.erase(it);
 }
 
 bool PipelineExecutor::splits_backward() const {
@@ -89,15 +114,23 @@ double PipelineExecutor::run(Model& model, const MicroBatchSource& source, float
       const int32_t* tokens = nullptr;
       const int32_t* targets = nullptr;
       if (range.first || range.last) source(a.mb, &tokens, &targets);
-      if (!range.first)
-        receive(model, model.input(c, slot), schedule_.chunk_stage[a.chunk - 1],
-                tag_of(a.mb, a.chunk, K, false));
+      if (!range.first) {
+        const int tag = tag_of(a.mb, a.chunk, K, false);
+        if (local(a.chunk - 1, a.chunk))
+          take_local(model.input(c, slot), n, tag);
+        else
+          receive(model, model.input(c, slot), schedule_.chunk_stage[a.chunk - 1], tag);
+      }
       parallel::trace::Span span("forward", "compute");
       span.arg("mb", a.mb).arg("chunk", a.chunk);
       loss += model.forward(c, slot, tokens, targets, grad_scale, true);
-      if (!range.last)
-        send(model, model.output(c, slot), schedule_.chunk_stage[a.chunk + 1],
-             tag_of(a.mb, a.chunk + 1, K, false));
+      if (!range.last) {
+        const int tag = tag_of(a.mb, a.chunk + 1, K, false);
+        if (local(a.chunk, a.chunk + 1))
+          put_local(model.output(c, slot), n, tag);
+        else
+          send(model, model.output(c, slot), schedule_.chunk_stage[a.chunk + 1], tag);
+      }
       continue;
     }
     const int slot = slot_of_[a.mb * chunks + c];
@@ -112,8 +145,11 @@ double PipelineExecutor::run(Model& model, const MicroBatchSource& source, float
     }
     const float* dout = nullptr;
     if (!range.last) {
-      receive(model, grad_in_.data(), schedule_.chunk_stage[a.chunk + 1],
-              tag_of(a.mb, a.chunk, K, true));
+      const int tag = tag_of(a.mb, a.chunk, K, true);
+      if (local(a.chunk, a.chunk + 1))
+        take_local(grad_in_.data(), n, tag);
+      else
+        receive(model, grad_in_.data(), schedule_.chunk_stage[a.chunk + 1], tag);
       dout = grad_in_.data();
     }
     parallel::trace::Span span(a.op == Op::kB ? "backward (input grads)" : "backward", "compute");
@@ -122,9 +158,13 @@ double PipelineExecutor::run(Model& model, const MicroBatchSource& source, float
       model.backward_input(c, slot, dout);
     else
       model.backward(c, slot, dout);
-    if (!range.first)
-      send(model, model.input_grad(c, slot), schedule_.chunk_stage[a.chunk - 1],
-           tag_of(a.mb, a.chunk - 1, K, true));
+    if (!range.first) {
+      const int tag = tag_of(a.mb, a.chunk - 1, K, true);
+      if (local(a.chunk - 1, a.chunk))
+        put_local(model.input_grad(c, slot), n, tag);
+      else
+        send(model, model.input_grad(c, slot), schedule_.chunk_stage[a.chunk - 1], tag);
+    }
     if (a.op == Op::kBW) {
       free_[c].push_back(slot);
       slot_of_[a.mb * chunks + c] = -1;
@@ -183,12 +223,21 @@ double PipelineExecutor::run_forward_only(Model& model, const MicroBatchSource& 
       const int32_t* tokens = nullptr;
       const int32_t* targets = nullptr;
       if (range.first || range.last) source(mb, &tokens, &targets);
-      if (!range.first)
-        receive(model, model.input(c, 0), schedule_.chunk_stage[k - 1], tag_of(mb, k, K, false));
+      const size_t n = static_cast<size_t>(model.io_floats());
+      if (!range.first) {
+        if (local(k - 1, k))
+          take_local(model.input(c, 0), n, tag_of(mb, k, K, false));
+        else
+          receive(model, model.input(c, 0), schedule_.chunk_stage[k - 1], tag_of(mb, k, K, false));
+      }
       parallel::trace::Span span("forward (validation)", "compute");
       span.arg("mb", mb).arg("chunk", k);
       loss += model.forward(c, 0, tokens, targets, 0.0f, false);
       if (!range.last) {
+        if (local(k, k + 1)) {
+          put_local(model.output(c, 0), n, tag_of(mb, k + 1, K, false));
+          continue;
+        }
         send(model, model.output(c, 0), schedule_.chunk_stage[k + 1], tag_of(mb, k + 1, K, false));
         wait_sends();
       }

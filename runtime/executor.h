@@ -4,12 +4,15 @@
 //
 // Zero-bubble tables split the backward into B (input gradients, sent upstream at once) and W
 // (weight gradients, deferred into what would be bubble); a slot stays taken until its W.
+// Consecutive chunks on one stage (ZB-V's V turns on stage pp-1; pp = 1 with two chunks) hand the
+// activation and its gradient over in memory, in fp32, without MPI.
 #pragma once
 
 #include <array>
 #include <deque>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <vector>
 
 #include "parallel/comm.h"
@@ -44,6 +47,10 @@ class PipelineExecutor {
   void send(Model& model, const float* data, int peer, int tag);
   void wait_sends();
   void receive(Model& model, float* data, int peer, int tag);
+  // The in-memory hand-over between consecutive chunks on this stage, keyed like the MPI tags.
+  bool local(int chunk_a, int chunk_b) const;
+  void put_local(const float* data, size_t n, int tag);
+  void take_local(float* data, size_t n, int tag);
 
   parallel::Schedule schedule_;
   const parallel::Comm& pp_;
@@ -59,6 +66,9 @@ class PipelineExecutor {
     MPI_Request request = MPI_REQUEST_NULL;
   };
   std::deque<Staging> staging_;  // a deque: growing it never moves a buffer a send still reads
+  std::vector<std::vector<float>> local_pool_;  // hand-over buffers, reused across steps
+  std::vector<int> local_free_;                 // indices into local_pool_
+  std::map<int, int> local_of_tag_;             // tag -> buffer holding that message
 };
 
 }  // namespace t3d::runtime

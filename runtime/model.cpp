@@ -138,9 +138,11 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
   rows_local_ = sp_ ? rows_ / tps : rows_;
   bool first = false, last = false;
   for (const auto& c : chunks_) first |= c.first, last |= c.last;
-  T3D_USER_CHECK(!config_.tie_embeddings || (first && last),
+  // Whoever holds one end of a tied model must hold the other (ZB-V: stage 0 holds both).
+  T3D_USER_CHECK(!config_.tie_embeddings || first == last,
                  "recipe error: `model.tie_embeddings` needs the embedding and the LM head on the "
-                 "same rank (parallel.pp = 1)");
+                 "same rank (parallel.pp = 1, or parallel.schedule = \"zb_v\", whose stage 0 "
+                 "holds both)");
 
   build_param_table();
   size_t before = arena_.used();
@@ -194,9 +196,12 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
     return la;
   };
   acts_.resize(chunks_.size());
+  T3D_ASSERT(options_.chunk_slots.empty() || options_.chunk_slots.size() == chunks_.size(),
+             options_.chunk_slots.size(), " slot counts for ", chunks_.size(), " chunks");
   for (size_t ci = 0; ci < chunks_.size(); ++ci) {
     const auto& range = chunks_[ci];
-    for (int64_t s = 0; s < options_.slots; ++s) {
+    const int64_t slots = options_.chunk_slots.empty() ? options_.slots : options_.chunk_slots[ci];
+    for (int64_t s = 0; s < slots; ++s) {
       auto a = std::make_unique<ChunkActs>();
       const std::string p = "activations.chunk" + std::to_string(ci) + ".slot" + std::to_string(s);
       for (int64_t l = 0; l <= range.size(); ++l)
@@ -811,7 +816,9 @@ int64_t Model::first_nonfinite_layer(int slot) const {
   };
   for (size_t ci = 0; ci < chunks_.size(); ++ci) {
     const auto& range = chunks_[ci];
-    const auto& a = *acts_[ci].at(slot);
+    if (acts_[ci].empty()) continue;
+    // Chunks may have fewer slots than asked for (per-chunk counts): look at their last one.
+    const auto& a = *acts_[ci][std::min(static_cast<size_t>(slot), acts_[ci].size() - 1)];
     if (range.first && !finite(a.x[0])) return -1;
     for (int64_t l = range.begin; l < range.end; ++l)
       if (!finite(a.x[l - range.begin + 1])) return l;

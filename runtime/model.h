@@ -57,6 +57,10 @@ struct ModelOptions {
   // Megatron sequence parallelism: outside the TP blocks (norms, residual stream, pipeline
   // traffic) each tp rank keeps only its 1/tp of the micro-batch's rows.
   bool sequence_parallel = false;
+  // Slots per local chunk instead of `slots` for each, when given (the pipeline executor's
+  // per-chunk peaks): ZB-V's two chunks peak at different counts, and only their sum keeps
+  // 1F1B's memory.
+  std::vector<int64_t> chunk_slots = {};
   // Context parallelism (parallel.cp > 1): this rank's cp group. The sequence is cut into 2·cp
   // parts and cp rank r holds parts r and 2·cp−1−r (the zig-zag split: under the causal mask
   // every rank then has the same attention work); attention all-gathers keys and values over the

@@ -81,7 +81,8 @@ std::string thousands(double x) {
 std::string schedule_label(const Layout& l) {
   if (l.pp == 1) return "-";
   std::string s(parallel::to_string(l.schedule));
-  if (l.virtual_stages > 1) s += "×" + std::to_string(l.virtual_stages);
+  if (l.virtual_stages > 1 && l.schedule != parallel::ScheduleKind::kZBV)  // zb_v: always 2
+    s += "×" + std::to_string(l.virtual_stages);
   return s;
 }
 
@@ -110,6 +111,7 @@ std::vector<Layout> enumerate_layouts(const PlanProblem& p, const PlanSpace& spa
         if (pp > 1) {
           schedules.push_back({ScheduleKind::kGPipe, 1});
           schedules.push_back({ScheduleKind::kZBH1, 1});
+          schedules.push_back({ScheduleKind::kZBV, 2});
           for (int64_t v = 2; v <= space.max_virtual_stages; ++v)
             schedules.push_back({ScheduleKind::kInterleaved1F1B, v});
         }

@@ -114,7 +114,8 @@ std::vector<parallel::LayerRange> layer_split(const ModelConfig& m, const Layout
 std::vector<parallel::LayerRange> ranges_of_stage(const std::vector<parallel::LayerRange>& split,
                                                   const Layout& l, int64_t stage) {
   std::vector<parallel::LayerRange> out;
-  for (int64_t k : parallel::chunks_of_stage(stage, l.pp, l.virtual_stages))
+  for (int64_t k : parallel::chunks_of_stage(stage, l.pp, l.virtual_stages,
+                                             l.schedule == parallel::ScheduleKind::kZBV))
     out.push_back(split[k]);
   return out;
 }
@@ -204,7 +205,8 @@ std::string Layout::checkpoint_name() const {
 
 std::string Layout::label() const {
   std::string sched(parallel::to_string(schedule));
-  if (virtual_stages > 1) sched += "×" + std::to_string(virtual_stages);
+  if (virtual_stages > 1 && schedule != parallel::ScheduleKind::kZBV)  // zb_v: always 2
+    sched += "×" + std::to_string(virtual_stages);
   return fmt::format("dp{} tp{} pp{} {} m{} z{} ckpt:{}", dp, tp, pp, sched, micro_batches, zero,
                      checkpoint_name());
 }
@@ -235,7 +237,10 @@ std::string invalid_reason(const PlanProblem& p, const Layout& l) {
   if (p.global_batch % (l.dp * l.micro_batches))
     return fmt::format("global_batch {} is not divisible by dp·micro_batches = {}", p.global_batch,
                        l.dp * l.micro_batches);
-  if (l.virtual_stages > 1 && l.schedule != parallel::ScheduleKind::kInterleaved1F1B)
+  if (l.schedule == parallel::ScheduleKind::kZBV && (l.pp == 1 || l.virtual_stages != 2))
+    return "zb_v needs pp > 1 and virtual_stages = 2";
+  if (l.virtual_stages > 1 && l.schedule != parallel::ScheduleKind::kInterleaved1F1B &&
+      l.schedule != parallel::ScheduleKind::kZBV)
     return "virtual_stages > 1 needs interleaved_1f1b";
   if (l.schedule == parallel::ScheduleKind::kInterleaved1F1B &&
       (l.pp == 1 || l.virtual_stages < 2 || l.micro_batches % l.pp))
@@ -260,6 +265,21 @@ int64_t activation_slots(const parallel::Schedule& s, int64_t stage) {
   return *std::max_element(peak.begin(), peak.end());
 }
 
+std::vector<int64_t> chunk_activation_slots(const parallel::Schedule& s, int64_t stage) {
+  std::vector<int64_t> out;
+  for (int k = 0; k < s.num_chunks(); ++k) {
+    if (s.chunk_stage[k] != stage) continue;
+    int64_t alive = 0, peak = 0;
+    for (const auto& a : s.ranks.at(stage)) {
+      if (a.chunk != k) continue;
+      if (a.op == parallel::Op::kF) peak = std::max(peak, ++alive);
+      if (a.op == parallel::Op::kBW || a.op == parallel::Op::kW) --alive;
+    }
+    out.push_back(peak);
+  }
+  return out;
+}
+
 Memory stage_memory(const PlanProblem& p, const Layout& l, const parallel::Schedule& schedule,
                     int64_t stage, std::ostream* why) {
   const Shard s = shard_of(p.model, l.tp);
@@ -280,11 +300,24 @@ Memory stage_memory(const PlanProblem& p, const Layout& l, const parallel::Sched
   mem.grads = (l.zero >= 3 ? sharded : elems) * pr.grad;
   mem.optimizer = (l.zero >= 1 ? sharded : elems) * pr.optimizer();
   mem.slots = activation_slots(schedule, stage);
+  mem.chunk_slots = chunk_activation_slots(schedule, stage);
+  T3D_ASSERT(mem.chunk_slots.size() == ranges.size(), "chunks of stage ", stage);
   double per_slot = 0;
-  const bool split_backward = l.schedule == parallel::ScheduleKind::kZBH1;
-  for (const auto& r : ranges)
-    per_slot += chunk_act_bytes(s, r, B, a, l.checkpoint_every, split_backward);
-  mem.activations = mem.slots * per_slot;
+  const bool split_backward = l.schedule == parallel::ScheduleKind::kZBH1 ||
+                              l.schedule == parallel::ScheduleKind::kZBV;
+  // What --explain prints: "4 slots × X", or per chunk "{7, 1} slots × {X, Y}" when they differ.
+  std::string slots_text, bytes_text;
+  const bool uniform = std::all_of(mem.chunk_slots.begin(), mem.chunk_slots.end(),
+                                   [&](int64_t n) { return n == mem.slots; });
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const double bytes = chunk_act_bytes(s, ranges[i], B, a, l.checkpoint_every, split_backward);
+    per_slot += bytes;
+    mem.activations += static_cast<double>(mem.chunk_slots[i]) * bytes;
+    slots_text += (i ? ", " : "") + std::to_string(mem.chunk_slots[i]);
+    bytes_text += (i ? ", " : "") + gib(bytes);
+  }
+  if (uniform) slots_text = std::to_string(mem.slots), bytes_text = gib(per_slot);
+  else slots_text = "{" + slots_text + "}", bytes_text = "{" + bytes_text + "}";
   mem.workspace = workspace_bytes(s, ranges, B, a);
   const bool recompute = l.checkpoint_every > 0;
   if (recompute) mem.workspace += layer_act_bytes(s, B, a);  // the block being recomputed
@@ -311,7 +344,7 @@ Memory stage_memory(const PlanProblem& p, const Layout& l, const parallel::Sched
         gib(mem.params), num(l.zero >= 3 ? sharded : elems), num(pr.grad),
         l.zero >= 3 ? " (ZeRO-3: /dp)" : "", gib(mem.grads), num(l.zero >= 1 ? sharded : elems),
         num(pr.master), num(pr.moment), l.zero >= 1 ? " (ZeRO-1: /dp)" : "", gib(mem.optimizer),
-        mem.slots, gib(per_slot), micro_rows(p, l),
+        slots_text, bytes_text, micro_rows(p, l),
         recompute ? "checkpointing " + l.checkpoint_name() + ": residual stream kept, " +
                         std::to_string(recomputed) + " blocks recomputed"
                   : "every block's activations kept",

@@ -66,7 +66,8 @@ parallel::Schedule make_layout_schedule(const Layout& layout);
 // Per-rank memory of one pipeline stage, in bytes.
 struct Memory {
   int64_t stage = 0;
-  int64_t slots = 0;  // micro-batches whose activations are alive at once, per chunk
+  int64_t slots = 0;  // micro-batches whose activations are alive at once, per chunk (largest)
+  std::vector<int64_t> chunk_slots;  // the same per chunk of the stage, in model order
   double params = 0, grads = 0, optimizer = 0, activations = 0, workspace = 0;
   double total() const { return params + grads + optimizer + activations + workspace; }
 };
@@ -81,6 +82,9 @@ Memory peak_memory(const PlanProblem& problem, const Layout& layout,
 // Micro-batches in flight per chunk of `stage`, the largest over its chunks: the `slots` the
 // model allocates for every chunk it holds (runtime::ModelOptions::slots).
 int64_t activation_slots(const parallel::Schedule& schedule, int64_t stage);
+// Per chunk of `stage`, in model order (runtime::ModelOptions::chunk_slots): the model allocates
+// exactly these, so ZB-V's unequal chunks cost their sum, not twice the larger.
+std::vector<int64_t> chunk_activation_slots(const parallel::Schedule& schedule, int64_t stage);
 
 // Seconds per optimizer step, split into parts that add up to `total`.
 struct StepTime {

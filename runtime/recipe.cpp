@@ -178,9 +178,10 @@ const std::vector<Field>& schema() {
       field("parallel", "sequence_parallel", &R::parallel, &ParallelConfig::sequence_parallel,
             "Megatron sequence parallelism inside the tp group."),
       field("parallel", "schedule", &R::parallel, &ParallelConfig::schedule,
-            "Pipeline schedule: gpipe | 1f1b | interleaved_1f1b | zb_h1."),
+            "Pipeline schedule: gpipe | 1f1b | interleaved_1f1b | zb_h1 | zb_v."),
       field("parallel", "virtual_stages", &R::parallel, &ParallelConfig::virtual_stages,
-            "Model chunks per pipeline stage (interleaved_1f1b needs > 1)."),
+            "Model chunks per pipeline stage (interleaved_1f1b needs > 1; zb_v always uses 2, "
+            "left out means 2)."),
       field("parallel", "pipeline_split", &R::parallel, &ParallelConfig::pipeline_split,
             "First layer of stages 1..pp-1, strictly increasing; empty: balanced."),
       field("parallel", "zero", &R::parallel, &ParallelConfig::zero,
@@ -326,10 +327,21 @@ void validate(const Recipe& r) {
                 " (vocab-parallel embedding and loss)");
   v.require(m.ffn_dim % p.tp == 0, "parallel.tp",
             "model.ffn_dim = " + is(m.ffn_dim) + " is not divisible by tp = " + is(p.tp));
-  v.one_of("parallel.schedule", p.schedule, {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1"});
+  v.one_of("parallel.schedule", p.schedule,
+           {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v"});
   v.require(p.virtual_stages >= 1, "parallel.virtual_stages", "must be ≥ 1");
-  v.require(p.virtual_stages == 1 || p.schedule == "interleaved_1f1b", "parallel.virtual_stages",
-            "virtual_stages > 1 needs parallel.schedule = \"interleaved_1f1b\"");
+  // ZB-V folds exactly two chunks per stage into a V: pp = 1 has nothing to fold.
+  v.require(p.schedule != "zb_v" || p.pp > 1, "parallel.schedule",
+            "zb_v needs parallel.pp ≥ 2 (got " + is(p.pp) +
+                "): one stage has no pipeline bubble to fill; use 1f1b");
+  v.require(p.schedule != "zb_v" || p.virtual_stages == 2, "parallel.virtual_stages",
+            "virtual_stages = " + is(p.virtual_stages) +
+                " contradicts parallel.schedule = \"zb_v\", which always places 2 chunks per "
+                "stage (a V); leave virtual_stages out or set it to 2");
+  v.require(p.virtual_stages == 1 || p.schedule == "interleaved_1f1b" || p.schedule == "zb_v",
+            "parallel.virtual_stages",
+            "virtual_stages > 1 needs parallel.schedule = \"interleaved_1f1b\" (or \"zb_v\", "
+            "which uses 2)");
   v.require(p.virtual_stages == 1 || p.pp > 1, "parallel.virtual_stages",
             "virtual stages interleave chunks over pipeline stages; they need parallel.pp > 1");
   v.require(p.schedule != "interleaved_1f1b" || t.micro_batches % p.pp == 0, "train.micro_batches",
@@ -508,6 +520,9 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& source_name
   // Derived defaults.
   if (r.model.n_kv_heads == 0) r.model.n_kv_heads = r.model.n_heads;
   if (r.model.ffn_dim == 0) r.model.ffn_dim = (8 * r.model.dim / 3 + 63) / 64 * 64;
+  // zb_v runs two chunks per stage; an explicit value that says otherwise is refused below.
+  if (r.parallel.schedule == "zb_v" && !origins.count("parallel.virtual_stages"))
+    r.parallel.virtual_stages = 2;
   if (r.run.dir.empty()) r.run.dir = "runs/" + r.run.name;
   if (r.snapshot.dir.empty()) r.snapshot.dir = r.run.dir + "/snapshots";
   r.key_origins = std::move(origins);

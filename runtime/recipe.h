@@ -38,7 +38,7 @@ struct ParallelConfig {
   int64_t cp = 1;
   int64_t tp = 1;
   bool sequence_parallel = false;
-  std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved_1f1b | zb_h1
+  std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved_1f1b | zb_h1 | zb_v
   int64_t virtual_stages = 1;
   std::vector<int64_t> pipeline_split;  // explicit first layer of stages 1..pp-1; empty: balanced
   int64_t zero = 0;                     // ZeRO stage 0..2

@@ -55,7 +55,9 @@ std::vector<parallel::LayerRange> stage_chunks(const Job& job) {
       parallel::head_cost_in_layers(r.model.vocab_size, r.model.dim, r.model.ffn_dim),
       r.parallel.pipeline_split);
   std::vector<parallel::LayerRange> mine;
-  for (int64_t k : parallel::chunks_of_stage(job.mesh->coord().pp, pp, v)) mine.push_back(all[k]);
+  for (int64_t k :
+       parallel::chunks_of_stage(job.mesh->coord().pp, pp, v, r.parallel.schedule == "zb_v"))
+    mine.push_back(all[k]);
   return mine;
 }
 

@@ -170,7 +170,9 @@ struct Trainer::Impl {
         parallel::head_cost_in_layers(r.model.vocab_size, r.model.dim, r.model.ffn_dim),
         p.pipeline_split);
     std::vector<parallel::LayerRange> mine;
-    for (int64_t k : parallel::chunks_of_stage(mesh.coord().pp, pp, v)) mine.push_back(all_chunks[k]);
+    // The schedule's placement (ZB-V folds the chunks into a V): the executor reads the same table.
+    for (int k = 0; k < schedule.num_chunks(); ++k)
+      if (schedule.chunk_stage[k] == mesh.coord().pp) mine.push_back(all_chunks[k]);
     executor = std::make_unique<PipelineExecutor>(std::move(schedule), mesh.group(Dim::pp));
 
     arena = std::make_unique<kernels::Arena>(
@@ -178,6 +180,8 @@ struct Trainer::Impl {
     ModelOptions options{rows, executor->max_slots(), p.zero == 0,
                          checkpoint_every(t.activation_checkpoint), executor->splits_backward(),
                          t.precision == "bf16", p.sequence_parallel};
+    options.chunk_slots.assign(executor->slots_per_chunk().begin(),
+                               executor->slots_per_chunk().end());
     options.cp = &mesh.group(Dim::cp);
     cp = mesh.shape().size(Dim::cp), cp_rank = mesh.coord().cp;
     model = std::make_unique<Model>(r.model, mine, mesh.group(Dim::tp), *arena, options);

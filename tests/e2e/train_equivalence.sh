@@ -67,6 +67,21 @@ check pp2_dp2_cp2_zero1_zb_ckpt --set parallel.pp=2 --set parallel.dp=2 --set pa
       --set parallel.zero=1 --set parallel.schedule=zb_h1 --set train.activation_checkpoint=every:2 \
       --set snapshot.every=6
 check_bf16 bf16_cp2_tp2 --set parallel.cp=2 --set parallel.tp=2
+check pp2_cp2_zb_v --set parallel.pp=2 --set parallel.cp=2 --set parallel.schedule=zb_v
+# ZB-V: stage 0 holds the embedding and the LM head, stage 1 two consecutive chunks that hand
+# over in memory; 1 micro-batch (fewer than pp) and 8 (the steady state), then the 3D layout.
+check pp2_zb_v --set parallel.pp=2 --set parallel.schedule=zb_v
+check pp2_zb_v_m1 --set parallel.pp=2 --set parallel.schedule=zb_v --set train.micro_batches=1
+check pp2_zb_v_m8 --set parallel.pp=2 --set parallel.schedule=zb_v --set train.micro_batches=8
+check pp2_dp2_tp2_zb_v_ckpt --set parallel.pp=2 --set parallel.dp=2 --set parallel.tp=2 \
+      --set parallel.schedule=zb_v --set train.activation_checkpoint=every:2 --set snapshot.every=6
+# Tied embeddings need the embedding and the LM head on one rank: pp > 1 only with ZB-V's stage 0.
+run reference_tied --set model.tie_embeddings=true
+run pp2_dp2_zb_v_tied --set model.tie_embeddings=true --set parallel.pp=2 --set parallel.dp=2 \
+    --set parallel.schedule=zb_v --set parallel.zero=1
+printf '%-28s' "pp2_dp2_zb_v_tied:"
+compare_losses "$work/pp2_dp2_zb_v_tied/metrics.jsonl" "$work/reference_tied/metrics.jsonl" 1e-5 ||
+  fail=1
 # Validation losses agree too (forward-only pipeline path).
 vr=$(sed -n 's/.*"val_loss": \([0-9.]*\).*/\1/p' "$work/reference/metrics.jsonl" | tail -1)
 vp=$(sed -n 's/.*"val_loss": \([0-9.]*\).*/\1/p' "$work/pp2_dp2_tp2/metrics.jsonl" | tail -1)
@@ -75,16 +90,20 @@ awk -v a="$vr" -v b="$vp" 'BEGIN { d = a - b; if (d < 0) d = -d; if (a == "" || 
 # run within 5e-5 absolute (lr is 3e-3). Not tighter, and not relative: Adam divides by sqrt(v), so
 # where a gradient is near zero the update m/sqrt(v) amplifies rounding differences of the summation
 # order into a sizeable fraction of lr (observed: at most 1.2e-5 after 6 steps).
-nt=$(h5ls -r "$work/reference/snapshots/step_00000006.h5/model" 2>/dev/null | grep -c Dataset)
-for layout in pp2_dp2_tp2 pp2_dp2_cp2_zero1_zb_ckpt; do
+compare_params() {  # compare_params NAME: its final snapshot against the one-rank run's
+  local ndiff nt
   ndiff=$(h5diff -r --delta=5e-5 "$work/reference/snapshots/step_00000006.h5" \
-          "$work/$layout/snapshots/step_00000006.h5" /model /model | grep -o '^[0-9]* differences' |
+          "$work/$1/snapshots/step_00000006.h5" /model /model | grep -o '^[0-9]* differences' |
           awk '{ s += $1 } END { print s + 0 }')
+  nt=$(h5ls -r "$work/reference/snapshots/step_00000006.h5/model" 2>/dev/null | grep -c Dataset)
   if [ "$ndiff" -eq 0 ] && [ "$nt" -gt 10 ]; then
-    echo "parameters after training: $nt tensors equal within 5e-5 absolute ($layout vs 1 rank)"
+    echo "parameters after training: $nt tensors equal within 5e-5 absolute ($1 vs 1 rank)"
   else
-    echo "FAIL: $layout: $ndiff parameter elements differ by more than 5e-5 ($nt tensors compared)"
+    echo "FAIL: $1: $ndiff parameter elements differ by more than 5e-5 ($nt tensors compared)"
     fail=1
   fi
-done
+}
+compare_params pp2_dp2_tp2
+compare_params pp2_dp2_tp2_zb_v_ckpt  # the V placement: embedding and head both from stage 0
+compare_params pp2_dp2_cp2_zero1_zb_ckpt
 exit $fail

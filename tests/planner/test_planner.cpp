@@ -1,6 +1,7 @@
 // The planner on the two reference cases and on properties its formulas must have.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/check.h"
@@ -106,7 +107,13 @@ TEST(Planner, EnumerationRespectsTheConstraints) {
     if (l.schedule == ScheduleKind::kInterleaved1F1B) {
       ASSERT_EQ(l.micro_batches % l.pp, 0);
     }
+    if (l.schedule == ScheduleKind::kZBV) {
+      ASSERT_GT(l.pp, 1);
+      ASSERT_EQ(l.virtual_stages, 2);
+    }
   }
+  EXPECT_TRUE(std::any_of(layouts.begin(), layouts.end(),
+                          [](const Layout& l) { return l.schedule == ScheduleKind::kZBV; }));
 }
 
 TEST(Planner, ActivationSlotsFollowTheSchedule) {
@@ -120,6 +127,20 @@ TEST(Planner, ActivationSlotsFollowTheSchedule) {
   l.pp = 1;
   l.schedule = ScheduleKind::k1F1B;
   EXPECT_EQ(activation_slots(make_layout_schedule(l), 0), 1);  // plain gradient accumulation
+  // ZB-V: per chunk, in model order; the stage's chunks together hold 1F1B's 2·pp chunks.
+  l = Layout{};
+  l.pp = 4;
+  l.micro_batches = 8;
+  l.schedule = ScheduleKind::kZBV;
+  l.virtual_stages = 2;
+  const auto zbv = make_layout_schedule(l);
+  for (int s = 0; s < 4; ++s) {
+    const auto per_chunk = chunk_activation_slots(zbv, s);
+    ASSERT_EQ(per_chunk.size(), 2u);
+    EXPECT_EQ(per_chunk[0] + per_chunk[1], 8) << "stage " << s;
+    EXPECT_EQ(activation_slots(zbv, s), std::max(per_chunk[0], per_chunk[1]));
+  }
+  EXPECT_GT(chunk_activation_slots(zbv, 0)[0], chunk_activation_slots(zbv, 0)[1]);
 }
 
 TEST(Planner, ZeroAndCheckpointingSaveWhatTheyShould) {
@@ -198,6 +219,12 @@ TEST(Planner, InvalidLayoutsAreExplained) {
   EXPECT_NE(invalid_reason(p, {2, 16, 2, 8}).find("node"), std::string::npos);  // tp spans nodes
   EXPECT_NE(invalid_reason(p, {16, 1, 4, 3}).find("global_batch"), std::string::npos);
   EXPECT_THROW(explain(p, {16, 1, 4, 3}), UserError);
+  EXPECT_NE(invalid_reason(p, {8, 4, 2, 8, ScheduleKind::kZBV, 1}).find("zb_v"), std::string::npos);
+  EXPECT_EQ(invalid_reason(p, {8, 4, 2, 8, ScheduleKind::kZBV, 2}), "");
+  // ZB-V's stage 0 holds the embedding and the head; its two chunks' slots are listed apart.
+  const std::string zbv = explain(p, {8, 4, 2, 8, ScheduleKind::kZBV, 2});
+  EXPECT_NE(zbv.find("embedding, final norm and LM head"), std::string::npos) << zbv;
+  EXPECT_NE(zbv.find("activations {"), std::string::npos) << zbv;
   const std::string text = explain(p, {8, 4, 2, 8});
   for (const char* part :
        {"weights", "optimizer", "activations", "tp: all-reduce", "pipeline", "tokens/s/device"})

@@ -45,11 +45,15 @@ void expect_arena_matches(const parallel::Comm& tp, int64_t pp, int64_t v,
                  std::to_string(tp.rank()));
     const Memory predicted = stage_memory(p, l, schedule, stage);
     std::vector<parallel::LayerRange> chunks;
-    for (int64_t k : parallel::chunks_of_stage(stage, pp, v)) chunks.push_back(split[k]);
+    for (int64_t k : parallel::chunks_of_stage(stage, pp, v, kind == parallel::ScheduleKind::kZBV))
+      chunks.push_back(split[k]);
     kernels::Arena arena(size_t{256} << 20);
     ModelOptions options;
     options.micro_rows = micro_rows(p, l);
     options.slots = predicted.slots;
+    options.chunk_slots = predicted.chunk_slots;
+    options.split_backward = kind == parallel::ScheduleKind::kZBH1 ||
+                             kind == parallel::ScheduleKind::kZBV;
     Model model(p.model, chunks, tp, arena, options);
     const auto& f = model.footprint();
     EXPECT_EQ(static_cast<double>(f.params), predicted.params);
@@ -70,6 +74,8 @@ TEST(PlannerMemory, MatchesTheArenaExactly) {
     expect_arena_matches(*tp, 3, 1, parallel::ScheduleKind::k1F1B, 4);
     expect_arena_matches(*tp, 3, 1, parallel::ScheduleKind::kGPipe, 2);
     expect_arena_matches(*tp, 3, 2, parallel::ScheduleKind::kInterleaved1F1B, 3);
+    // ZB-V: two chunks per stage with different slot counts, and the W pass's saved gradients.
+    expect_arena_matches(*tp, 3, 2, parallel::ScheduleKind::kZBV, 5);
   }
 }
 

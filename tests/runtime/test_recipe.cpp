@@ -94,6 +94,27 @@ TEST(Recipe, ImpossibleCombinationsAreRejected) {
   EXPECT_EQ(error_of("[train]\nactivation_checkpoint = \"every:2\"\n"), "");
 }
 
+TEST(Recipe, ZbVImpliesTwoVirtualStages) {
+  // Left out, virtual_stages follows the schedule; said otherwise, it is a contradiction.
+  const Recipe r = parse_recipe("[parallel]\npp = 2\nschedule = \"zb_v\"\n", "r.toml");
+  EXPECT_EQ(r.parallel.virtual_stages, 2);
+  EXPECT_EQ(parse_recipe(r.to_toml(), "again.toml").parallel.virtual_stages, 2);
+  EXPECT_EQ(error_of("[parallel]\npp = 2\nschedule = \"zb_v\"\nvirtual_stages = 2\n"), "");
+  for (const char* v : {"1", "3"}) {
+    const std::string e =
+        error_of(std::string("[parallel]\npp = 2\nschedule = \"zb_v\"\nvirtual_stages = ") + v +
+                 "\n");
+    EXPECT_NE(e.find("`parallel.virtual_stages`"), std::string::npos) << e;
+    EXPECT_NE(e.find("contradicts parallel.schedule = \"zb_v\""), std::string::npos) << e;
+  }
+  const std::string one = error_of("[parallel]\nschedule = \"zb_v\"\n");
+  EXPECT_NE(one.find("`parallel.schedule`: zb_v needs parallel.pp ≥ 2"), std::string::npos) << one;
+  // Two chunks per stage: 4 layers are too few for pp = 3.
+  EXPECT_NE(error_of("[model]\nn_layers = 4\n[parallel]\npp = 3\nschedule = \"zb_v\"\n")
+                .find("pp·virtual_stages = 6"),
+            std::string::npos);
+}
+
 TEST(Recipe, WorldResolution) {
   Recipe r = parse_recipe("[parallel]\npp = 2\ndp = -1\ntp = 2\n[train]\nglobal_batch = 12\n",
                           "r.toml");

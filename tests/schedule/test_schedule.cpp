@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <numeric>
 #include <tuple>
 #include <vector>
 
@@ -26,6 +27,7 @@ std::vector<Shape> all_shapes() {
         out.push_back({k, pp, m, 1});
       for (int v : {1, 2, 3, 4})
         if (m % pp == 0) out.push_back({ScheduleKind::kInterleaved1F1B, pp, m, v});
+      if (pp > 1) out.push_back({ScheduleKind::kZBV, pp, m, 2});  // any m, pp = 1 refused
     }
   }
   return out;
@@ -43,7 +45,7 @@ TEST(schedule_Generators, AllValid) {
     EXPECT_TRUE(problems.empty()) << name(sh) << ": " << problems.front();
     ++checked;
   }
-  EXPECT_GT(checked, 200);
+  EXPECT_GT(checked, 250);
 }
 
 TEST(schedule_Generators, InFlightWithinPromise) {
@@ -109,15 +111,104 @@ TEST(schedule_Generators, ParseKind) {
   EXPECT_EQ(parse_schedule_kind("1f1b"), ScheduleKind::k1F1B);
   EXPECT_EQ(parse_schedule_kind("interleaved_1f1b"), ScheduleKind::kInterleaved1F1B);
   EXPECT_EQ(parse_schedule_kind("zb_h1"), ScheduleKind::kZBH1);
+  EXPECT_EQ(parse_schedule_kind("zb_v"), ScheduleKind::kZBV);
   EXPECT_THROW(parse_schedule_kind("zb-v"), UserError);
   for (ScheduleKind k : {ScheduleKind::kGPipe, ScheduleKind::k1F1B, ScheduleKind::kInterleaved1F1B,
-                         ScheduleKind::kZBH1})
+                         ScheduleKind::kZBH1, ScheduleKind::kZBV})
     EXPECT_EQ(parse_schedule_kind(to_string(k)), k);
 }
 
 bool mentions(const std::vector<std::string>& problems, const std::string& what) {
   return std::any_of(problems.begin(), problems.end(),
                      [&](const std::string& p) { return p.find(what) != std::string::npos; });
+}
+
+// ZB-V. Micro-batches alive per chunk of `stage`: the executor allocates each chunk its own peak.
+std::vector<int> per_chunk_peaks(const Schedule& s, int stage) {
+  std::vector<int> alive(s.num_chunks(), 0), peak(s.num_chunks(), 0);
+  for (const Action& a : s.ranks[stage]) {
+    if (a.op == Op::kF) peak[a.chunk] = std::max(peak[a.chunk], ++alive[a.chunk]);
+    if (a.op == Op::kW || a.op == Op::kBW) --alive[a.chunk];
+  }
+  return peak;
+}
+
+TEST(schedule_ZbV, VShapedPlacement) {
+  for (int pp : {2, 3, 4, 8}) {
+    const Schedule s = make_zb_v(pp, 2 * pp);
+    ASSERT_EQ(s.v, 2);
+    ASSERT_EQ(s.num_chunks(), 2 * pp);
+    for (int k = 0; k < 2 * pp; ++k) EXPECT_EQ(s.chunk_stage[k], k < pp ? k : 2 * pp - 1 - k);
+    // Stage 0 holds the first chunk (embedding) and the last (LM head and loss).
+    EXPECT_EQ(s.chunk_stage.front(), 0);
+    EXPECT_EQ(s.chunk_stage.back(), 0);
+    for (int st = 0; st < pp; ++st)
+      for (const Action& a : s.ranks[st]) {
+        EXPECT_TRUE(a.chunk == st || a.chunk == 2 * pp - 1 - st) << to_string(a);
+        EXPECT_NE(a.op, Op::kBW) << "ZB-V splits every backward";
+      }
+  }
+}
+
+TEST(schedule_ZbV, MemoryIsOneFOneBPeak) {
+  // Qi et al.: ZB-V keeps 1F1B's peak activation memory, pp micro-batches of a whole stage =
+  // 2 pp chunks, on every rank; with fewer micro-batches, all of them. The executor gives each
+  // chunk its own slots, so the sum of the per-chunk peaks must keep the promise too.
+  for (int pp : {2, 3, 4, 5, 8}) {
+    for (int m : {1, 2, 3, pp - 1, pp, pp + 1, 2 * pp, 2 * pp + 3, 24}) {
+      if (m < 1) continue;
+      const Schedule s = make_zb_v(pp, m);
+      const auto peak = peak_in_flight(s);
+      const int one_f_one_b = std::min(pp, m);  // 1F1B's stage 0, micro-batches
+      EXPECT_EQ(*std::max_element(peak.begin(), peak.end()), 2 * one_f_one_b) << pp << " " << m;
+      for (int st = 0; st < pp; ++st) {
+        EXPECT_EQ(promised_in_flight(s, st), 2 * one_f_one_b);
+        EXPECT_LE(peak[st], promised_in_flight(s, st)) << pp << " " << m << " stage " << st;
+        const auto chunks = per_chunk_peaks(s, st);
+        EXPECT_LE(std::accumulate(chunks.begin(), chunks.end(), 0), promised_in_flight(s, st))
+            << pp << " " << m << " stage " << st;
+      }
+    }
+  }
+}
+
+TEST(schedule_ZbV, RefusesWhatMakesNoSense) {
+  try {
+    make_zb_v(1, 4);
+    FAIL() << "pp = 1 accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.pp"), std::string::npos) << e.what();
+  }
+  try {
+    make_schedule(ScheduleKind::kZBV, 4, 8, 3);
+    FAIL() << "v = 3 accepted";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.virtual_stages = 3"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(make_schedule(ScheduleKind::kZBV, 4, 8, 1), UserError);
+  EXPECT_THROW(make_zb_v(2, 0), UserError);
+  EXPECT_NO_THROW(make_schedule(ScheduleKind::kZBV, 4, 8, 2));
+}
+
+TEST(schedule_ZbV, ValidatorSeesTheLocalHandOver) {
+  // On stage pp-1 chunk pp follows chunk pp-1 on the same rank: running F(0, pp) first waits
+  // for an input nobody will produce.
+  Schedule s = make_zb_v(3, 4);
+  ASSERT_TRUE(validate(s).empty());
+  auto& r = s.ranks[2];
+  const auto f2 = std::find(r.begin(), r.end(), Action{Op::kF, 0, 2});
+  const auto f3 = std::find(r.begin(), r.end(), Action{Op::kF, 0, 3});
+  ASSERT_LT(f2, f3);
+  std::iter_swap(f2, f3);
+  const auto problems = validate(s);
+  EXPECT_TRUE(mentions(problems, "rank 2 blocked at F(0,3)")) << problems.front();
+  EXPECT_TRUE(mentions(problems, "waiting for F(0,2) on rank 2")) << problems.front();
+  Schedule w = make_zb_v(2, 2);  // a W before its B
+  auto& r0 = w.ranks[0];
+  std::iter_swap(std::find(r0.begin(), r0.end(), Action{Op::kB, 1, 3}),
+                 std::find(r0.begin(), r0.end(), Action{Op::kW, 1, 3}));
+  EXPECT_TRUE(mentions(validate(w), "waiting for B(1,3)"));
 }
 
 TEST(schedule_Validate, CatchesCrossRankDeadlockFromSwap) {
