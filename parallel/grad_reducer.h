@@ -1,20 +1,36 @@
 // Data-parallel gradient reduction in buckets, overlapped with the backward (flashlight's Reducer:
-// `ready` as gradients become final, then `finish`), and ZeRO's sharding of the optimizer step.
+// a bucket is started as its gradients become final, `finish` waits for the rest), and ZeRO's
+// sharding of gradients and of the optimizer step.
 //
-// The gradient region is cut into buckets, each a contiguous float range that becomes final at
-// once (a layer, the embedding, the head: see Model's grad hook). A ready bucket starts a
-// non-blocking all-reduce (ZeRO 0 and 1) or reduce-scatter (ZeRO 2) on the dp group at once, so
-// the reduction of late layers runs while earlier layers are still in their backward.
+// The gradient region is cut into buckets, each a contiguous float range of gradient units (a
+// layer, the embedding, the head: see Model's grad hook). Each unit reports once per micro-batch.
 //
 // Ownership: every bucket is split into dp near-equal contiguous slices; dp rank d owns slice d.
 // With ZeRO >= 1 a rank keeps optimizer state and runs AdamW only for what it owns, then
 // `gather_params` all-gathers the updated slices. The same partition serves the gradient norm at
 // every stage, so each gradient element is counted exactly once across the dp group.
+//
+// ZeRO 0 and 1: micro-batches accumulate into the full-size gradient region; a bucket's
+// all-reduce (non-blocking) starts once every micro-batch has reported all of its units.
+//
+// ZeRO 2 (DeepSpeed stage 2): there is no full-size gradient region. A rank keeps its owned
+// slices back to back (the shard, about 1/dp of the gradients) and a small pool of staging
+// buffers, each the size of the largest bucket. A bucket written by the backward gets a zeroed
+// staging buffer; once its units have reported (normally: once per micro-batch) it is
+// reduce-scattered non-blocking, and when that completes this rank's slice is added to the shard
+// and the buffer is free for the next bucket. When all buffers are busy, the oldest reduction is
+// waited for, or, if none is in flight, the oldest open bucket is reduced as it is: sums are
+// linear, so reducing a bucket in several parts gives the same gradients (up to the order of
+// additions). Every decision depends only on the sequence of acquire / unit_done calls, which is
+// the same on every rank of the dp group (same stage, same schedule), so the collectives match.
 #pragma once
 
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <vector>
 
+#include "kernels/arena.h"
 #include "parallel/comm.h"
 
 namespace t3d::parallel {
@@ -24,13 +40,28 @@ struct FloatRange {
   int64_t size() const { return end - begin; }
 };
 
+// Consecutive units merged into buckets until each holds at least `bucket_floats` (the last may
+// hold less). `units_per_bucket` receives how many units each bucket merged. Pure: the planner
+// prices the very same buckets.
+std::vector<FloatRange> make_buckets(const std::vector<FloatRange>& units, int64_t bucket_floats,
+                                     std::vector<int>* units_per_bucket);
+// Floats of dp rank `rank`'s slice of a bucket of `floats` split over `dp` ranks.
+int64_t slice_floats(int64_t floats, int dp, int rank);
+
 class GradReducer {
  public:
-  GradReducer(const Comm& dp, int zero_stage, std::vector<FloatRange> buckets);
+  // ZeRO 2 staging buffers: one being written by the backward while one reduces.
+  static constexpr int kStagingBuffers = 2;
+
+  // `grads`: the full-size gradient region (ZeRO 0 and 1), nullptr with ZeRO 2, which allocates
+  // its shard and staging buffers from `arena` instead.
+  GradReducer(const Comm& dp, int zero_stage, std::vector<FloatRange> buckets,
+              std::vector<int> units_per_bucket, float* grads, kernels::Arena& arena);
   ~GradReducer();
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
 
+  int zero_stage() const { return zero_; }
   const std::vector<FloatRange>& buckets() const { return buckets_; }
   // This dp rank's slice of every bucket (the ZeRO partition), in region order.
   const std::vector<FloatRange>& partition() const { return partition_; }
@@ -38,22 +69,59 @@ class GradReducer {
   const std::vector<FloatRange>& owned() const { return zero_ > 0 ? partition_ : buckets_; }
   int64_t owned_floats() const;
 
-  // Bucket `b`'s gradients in `grads` are final: start reducing them (non-blocking).
-  void ready(int b, float* grads);
+  // Called before a bucket's data is reduced (sequence parallelism sums replicated norm weight
+  // gradients over tp there): bucket index and the bucket's first float.
+  void set_before_reduce(std::function<void(int b, float* data)> fn) { before_ = std::move(fn); }
+
+  // Start of a step of `micro_batches`: zeroes the gradients (region or shard).
+  void begin_step(int micro_batches);
+  // Where bucket b's gradients accumulate now (its first float): the region, or with ZeRO 2 its
+  // staging buffer, taken from the pool and zeroed if it had none. Valid until the next call.
+  float* bucket_grads(int b);
+  // A micro-batch has added its gradient to one unit of bucket b.
+  void unit_done(int b);
   void progress();  // let in-flight reductions advance (MPI progresses only inside MPI calls)
-  // Waits for every bucket (each must have been made ready); afterwards the owned ranges of
-  // `grads` hold the sums over dp.
-  void finish(float* grads);
+  // Waits for every bucket (each unit must have reported once per micro-batch); afterwards
+  // owned_grads() holds the sums over dp of what this rank owns.
+  void finish();
+  // The gradients of owned(): at their region offsets (ZeRO 0, 1), or back to back (ZeRO 2).
+  float* owned_grads() const { return zero_ == 2 ? shard_ : grads_; }
+  bool compact_grads() const { return zero_ == 2; }
+  // Bytes of gradient storage this rank holds: the region, or shard plus staging buffers.
+  size_t grad_bytes() const { return grad_bytes_; }
   // ZeRO >= 1: every rank's owned slices of `params` to every rank.
   void gather_params(float* params);
 
  private:
+  struct Staging {
+    float* data = nullptr;
+    int bucket = -1;  // bucket it holds, -1 when free
+    int reported = 0;  // unit_done calls since it was taken
+    bool reducing = false;
+    MPI_Request request = MPI_REQUEST_NULL;
+    uint64_t opened = 0;  // order taken, to pick the oldest
+  };
+  void start_reduce(int b);             // ZeRO 0, 1: all-reduce in the region
+  void flush(int s);                    // ZeRO 2: start reducing staging buffer s
+  void complete_oldest();               // ZeRO 2: wait for the oldest reduction, add, free
+  void accumulate(const Staging& st);   // ZeRO 2: this rank's reduced slice into the shard
+
   const Comm& dp_;
   int zero_;
   std::vector<FloatRange> buckets_, partition_;
+  std::vector<int> units_;
   std::vector<std::vector<int>> counts_, displs_;  // per bucket, per dp rank
   std::vector<MPI_Request> requests_;
-  std::vector<char> started_;
+  std::vector<int> pending_;   // per bucket: unit reports still to come this step
+  float* grads_ = nullptr;     // ZeRO 0, 1
+  float* shard_ = nullptr;     // ZeRO 2: owned slices back to back
+  std::vector<int64_t> shard_offset_;  // per bucket: its slice's offset in the shard
+  std::vector<Staging> staging_;
+  std::vector<int> open_;      // per bucket: staging buffer index or -1
+  std::deque<int> reducing_;   // staging buffers in flight, oldest first
+  uint64_t opened_ = 0;
+  size_t grad_bytes_ = 0;
+  std::function<void(int, float*)> before_;
 };
 
 }  // namespace t3d::parallel

@@ -129,30 +129,36 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
 
   build_param_table();
   size_t before = arena_.used();
-  state_ = k::ModelState::allocate(arena_, layout_, options_.with_optimizer);
-  // Each block's weight and gradient pointers, looked up once: a step does no name lookups.
+  state_ = k::ModelState::allocate(arena_, layout_, options_.with_optimizer, options_.grad_region);
+  unit_begin_.assign(static_cast<size_t>(config_.n_layers + 2), -1);
+  for (const auto& u : grad_units()) unit_begin_[static_cast<size_t>(u.unit + 1)] = u.range.begin;
+  // Each block's weight pointers and gradient offsets, looked up once: a step does no name
+  // lookups. Gradients are offsets because ZeRO-2 moves a unit's gradients between buffers.
   block_weights_.resize(static_cast<size_t>(config_.n_layers));
-  block_grads_.resize(static_cast<size_t>(config_.n_layers));
+  block_grad_offsets_.resize(static_cast<size_t>(config_.n_layers));
   for (const auto& range : chunks_)
     for (int64_t l = range.begin; l < range.end; ++l) {
-      const auto at = [&](const char* suffix) -> std::pair<float*, float*> {
-        const std::string name = layer_name(l, suffix);
-        return {w(name), g(name)};
-      };
       BlockParams& pw = block_weights_[l];
-      BlockParams& pg = block_grads_[l];
-      std::tie(pw.ln1, pg.ln1) = at("input_layernorm.weight");
-      std::tie(pw.q, pg.q) = at("self_attn.q_proj.weight");
-      std::tie(pw.k, pg.k) = at("self_attn.k_proj.weight");
-      std::tie(pw.v, pg.v) = at("self_attn.v_proj.weight");
-      std::tie(pw.o, pg.o) = at("self_attn.o_proj.weight");
-      std::tie(pw.ln2, pg.ln2) = at("post_attention_layernorm.weight");
-      std::tie(pw.gate, pg.gate) = at("mlp.gate_proj.weight");
-      std::tie(pw.up, pg.up) = at("mlp.up_proj.weight");
-      std::tie(pw.down, pg.down) = at("mlp.down_proj.weight");
+      BlockOffsets& go = block_grad_offsets_[l];
+      const int64_t unit0 = unit_begin_[static_cast<size_t>(l + 1)];
+      const auto at = [&](const char* suffix, float*& weight, int64_t& grad) {
+        const std::string name = layer_name(l, suffix);
+        weight = w(name);
+        grad = layout_.at(name).offset - unit0;
+      };
+      at("input_layernorm.weight", pw.ln1, go.ln1);
+      at("self_attn.q_proj.weight", pw.q, go.q);
+      at("self_attn.k_proj.weight", pw.k, go.k);
+      at("self_attn.v_proj.weight", pw.v, go.v);
+      at("self_attn.o_proj.weight", pw.o, go.o);
+      at("post_attention_layernorm.weight", pw.ln2, go.ln2);
+      at("mlp.gate_proj.weight", pw.gate, go.gate);
+      at("mlp.up_proj.weight", pw.up, go.up);
+      at("mlp.down_proj.weight", pw.down, go.down);
     }
   const size_t region = static_cast<size_t>(layout_.total_floats()) * sizeof(float);
-  footprint_.params = footprint_.grads = region;
+  footprint_.params = region;
+  footprint_.grads = options_.grad_region ? region : 0;
   footprint_.optimizer = options_.with_optimizer ? 2 * region : 0;
   before = arena_.used();
 
@@ -326,7 +332,23 @@ void Model::build_param_table() {
 }
 
 float* Model::w(const std::string& name) const { return state_.params.view(name).data; }
-float* Model::g(const std::string& name) const { return state_.grads.view(name).data; }
+
+float* Model::unit_grads(int64_t unit) const {
+  if (grad_source_) return grad_source_(unit);
+  T3D_ASSERT(state_.grads.data(), "a model without a gradient region needs a grad source");
+  return state_.grads.data() + unit_begin_.at(static_cast<size_t>(unit + 1));
+}
+
+float* Model::g(const std::string& name, int64_t unit) const {
+  return unit_grads(unit) + (layout_.at(name).offset - unit_begin_.at(static_cast<size_t>(unit + 1)));
+}
+
+Model::BlockParams Model::block_grads(int64_t l) const {
+  const BlockOffsets& o = block_grad_offsets_.at(static_cast<size_t>(l));
+  float* base = unit_grads(l);
+  return {base + o.ln1, base + o.q, base + o.k,  base + o.v,   base + o.o,
+          base + o.ln2, base + o.gate, base + o.up, base + o.down};
+}
 
 void Model::tp_sum(float* data, int64_t n) const {
   if (tp_.size() == 1) return;
@@ -371,13 +393,13 @@ float* Model::reduce_rows(float* partial) const {
   return s.rows;
 }
 
-void Model::sum_replicated_grads(const parallel::FloatRange& range) const {
+void Model::sum_replicated_grads(const parallel::FloatRange& range, float* data) const {
   if (!sp_) return;
   for (const auto& p : params_) {
     if (p.split_dim >= 0) continue;
     const auto& e = layout_.at(p.name);
     if (e.offset >= range.begin && e.offset + e.numel <= range.end)
-      tp_.all_reduce(state_.grads.data() + e.offset, static_cast<size_t>(e.numel));
+      tp_.all_reduce(data + (e.offset - range.begin), static_cast<size_t>(e.numel));
   }
 }
 
@@ -486,7 +508,7 @@ void Model::forward_layer(int64_t l, LayerActs& a, const float* x_in, float* x_o
 void Model::backward_layer(int64_t l, LayerActs& a, const float* x_in, float* dx,
                            const LayerGrads* keep) {
   const BlockParams& pw = block_weights_.at(l);
-  const BlockParams& pg = block_grads_.at(l);
+  const BlockParams pg = block_grads(l);
   // dx (N, C): gradient of the block's output on entry, of its input on return. With `keep` the
   // projections' weight gradients are left to backward_layer_weights (W), their inputs kept.
   const int64_t N = rows_, C = config_.dim, D = config_.head_dim();
@@ -540,7 +562,7 @@ void Model::backward_layer(int64_t l, LayerActs& a, const float* x_in, float* dx
 }
 
 void Model::backward_layer_weights(int64_t l, const LayerActs& a, const LayerGrads& kg) {
-  const BlockParams& pg = block_grads_.at(l);
+  const BlockParams pg = block_grads(l);
   const int64_t N = rows_, C = config_.dim, qd = heads_ * config_.head_dim();
   const int64_t kvd = kv_heads_ * config_.head_dim();
   k::linear_backward_weight(pg.down, kg.dy_down, a.h, N, ffn_, C);
@@ -557,6 +579,7 @@ double Model::forward_head(ChunkActs& c, const int32_t* targets, float grad_scal
   const int64_t N = rows_, C = config_.dim;
   auto& s = *scratch_;
   const std::string head = config_.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+  const int64_t head_unit = config_.tie_embeddings ? -1 : config_.n_layers;
   const float* x_last = c.x.back();
   const int64_t Nl = rows_local_;
   float* xf_rows = sp_ ? s.rows : c.xf;
@@ -581,9 +604,9 @@ double Model::forward_head(ChunkActs& c, const int32_t* targets, float grad_scal
   for (int64_t i = 0; i < N; ++i) loss_sum += s.losses[i];
   if (training) {
     k::linear_backward_input(s.dxn, s.logits, w(head), N, C, vocab_);
-    k::linear_backward_weight(g(head), s.logits, c.xf, N, C, vocab_);
+    k::linear_backward_weight(g(head, head_unit), s.logits, c.xf, N, C, vocab_);
     const float* dxn_rows = reduce_rows(s.dxn);
-    k::rmsnorm_backward(c.dx_last, g("model.norm.weight"), dxn_rows, x_last,
+    k::rmsnorm_backward(c.dx_last, g("model.norm.weight", config_.n_layers), dxn_rows, x_last,
                         w("model.norm.weight"), c.rstdf, Nl, C);
     if (grad_hook_) grad_hook_(config_.n_layers);
   }
@@ -649,22 +672,25 @@ void Model::backward_impl(int chunk, int slot, const float* dout, bool defer_wei
     if (!defer && grad_hook_) grad_hook_(l);
   }
   if (range.first) {
-    k::embedding_backward(g("model.embed_tokens.weight"), gather_rows(dx, scratch_->all_rows),
+    const float* dy = gather_rows(dx, scratch_->all_rows);
+    k::embedding_backward(g("model.embed_tokens.weight", -1), dy,
                           a.tokens, N, C, vocab_start_,
                           vocab_start_ + vocab_);
     if (grad_hook_) grad_hook_(-1);
   }
 }
 
-double Model::grad_sum_of_squares(const std::vector<parallel::FloatRange>& ranges) const {
+double Model::grad_sum_of_squares(const std::vector<parallel::FloatRange>& ranges,
+                                  const float* data, bool compact) const {
   double sum = 0;
-  const float* grads = state_.grads.data();
   for (const auto& p : params_) {
     if (p.split_dim < 0 && tp_.rank() != 0) continue;  // replicated: identical on every tp rank
     const auto& e = layout_.at(p.name);
+    int64_t at = 0;  // compact: where range r starts in `data`
     for (const auto& r : ranges) {
       const int64_t lo = std::max(r.begin, e.offset), hi = std::min(r.end, e.offset + e.numel);
-      if (lo < hi) sum += k::sum_of_squares(grads + lo, hi - lo);
+      if (lo < hi) sum += k::sum_of_squares(data + (compact ? at + lo - r.begin : lo), hi - lo);
+      at += r.size();
     }
   }
   return sum;

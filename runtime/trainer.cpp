@@ -106,9 +106,8 @@ struct Trainer::Impl {
   std::unique_ptr<PipelineExecutor> executor;
   std::unique_ptr<Model> model;
   std::unique_ptr<parallel::GradReducer> reducer;
-  std::vector<int> bucket_of;  // [unit + 1] -> bucket
-  std::vector<int> units_in;   // [bucket] -> gradient units in it
-  std::vector<int> pending;    // [bucket] -> unit-micro-batch contributions still to come
+  std::vector<int> bucket_of;        // [unit + 1] -> bucket
+  std::vector<int64_t> unit_offset;  // [unit + 1] -> the unit's offset in its bucket
   std::vector<int32_t> tokens_buf, targets_buf;  // (n_micro, rows·T) each
   std::unique_ptr<MetricsWriter> metrics;
   std::unique_ptr<Snapshotter> snapshots;
@@ -174,6 +173,7 @@ struct Trainer::Impl {
         static_cast<size_t>(r.hardware.hbm_gib * 1024.0 * 1024.0 * 1024.0));
     model = std::make_unique<Model>(r.model, mine, mesh.group(Dim::tp), *arena,
                                     ModelOptions{rows, executor->max_slots(), p.zero == 0,
+                                                 /*grad_region=*/p.zero < 2,
                                                  checkpoint_every(t.activation_checkpoint),
                                                  executor->splits_backward(),
                                                  t.precision == "bf16", p.sequence_parallel});
@@ -191,33 +191,35 @@ struct Trainer::Impl {
   }
 
   // Buckets: consecutive gradient units (layers, embedding, head) merged up to parallel.bucket_mb.
-  // A bucket is reduced once every micro-batch has added to all of its units.
+  // ZeRO 0 and 1 reduce a bucket once every micro-batch has added to all of its units; ZeRO 2
+  // reduce-scatters it per micro-batch into this rank's shard (parallel/grad_reducer.h).
   void build_reducer() {
     const auto& p = r.parallel;
     const int64_t bucket_floats = std::max<int64_t>(1, static_cast<int64_t>(p.bucket_mb * (1 << 18)));
-    std::vector<parallel::FloatRange> buckets;
+    std::vector<parallel::FloatRange> units;
+    for (const auto& u : model->grad_units()) units.push_back(u.range);
+    std::vector<int> units_in;
+    auto buckets = parallel::make_buckets(units, bucket_floats, &units_in);
     bucket_of.assign(static_cast<size_t>(r.model.n_layers + 2), -1);
-    units_in.clear();
+    unit_offset.assign(bucket_of.size(), 0);
+    size_t b = 0;
     for (const auto& u : model->grad_units()) {
-      if (buckets.empty() || buckets.back().size() >= bucket_floats) {
-        buckets.push_back(u.range);
-        units_in.push_back(0);
-      }
-      buckets.back().end = u.range.end;
-      bucket_of[static_cast<size_t>(u.unit + 1)] = static_cast<int>(buckets.size()) - 1;
-      ++units_in.back();
+      while (u.range.begin >= buckets[b].end) ++b;
+      bucket_of[static_cast<size_t>(u.unit + 1)] = static_cast<int>(b);
+      unit_offset[static_cast<size_t>(u.unit + 1)] = u.range.begin - buckets[b].begin;
     }
-    reducer = std::make_unique<parallel::GradReducer>(mesh.group(Dim::dp), static_cast<int>(p.zero),
-                                                      std::move(buckets));
-    pending.resize(units_in.size());
-    float* grads = model->state().grads.data();
-    model->set_grad_hook([this, grads](int64_t unit) {
-      const int b = bucket_of[static_cast<size_t>(unit + 1)];
-      if (--pending[b] == 0) {
-        model->sum_replicated_grads(reducer->buckets()[b]);  // sequence parallel only
-        reducer->ready(b, grads);
-      }
-      else reducer->progress();
+    reducer = std::make_unique<parallel::GradReducer>(
+        mesh.group(Dim::dp), static_cast<int>(p.zero), std::move(buckets), std::move(units_in),
+        p.zero == 2 ? nullptr : model->state().grads.data(), *arena);
+    reducer->set_before_reduce([this](int bucket, float* data) {
+      model->sum_replicated_grads(reducer->buckets()[bucket], data);  // sequence parallel only
+    });
+    model->set_grad_source([this](int64_t unit) {
+      const auto u = static_cast<size_t>(unit + 1);
+      return reducer->bucket_grads(bucket_of[u]) + unit_offset[u];
+    });
+    model->set_grad_hook([this](int64_t unit) {
+      reducer->unit_done(bucket_of[static_cast<size_t>(unit + 1)]);
     });
     if (p.zero > 0) {  // moments only for what this dp rank owns
       const auto n = static_cast<size_t>(reducer->owned_floats());
@@ -237,6 +239,8 @@ struct Trainer::Impl {
     kernels::AdamWConfig cfg{static_cast<float>(lr), static_cast<float>(t.beta1),
                              static_cast<float>(t.beta2), static_cast<float>(t.eps), 0.0f};
     int64_t compact = 0;  // offset of the current range in the ZeRO moment arrays
+    float* grads = reducer->owned_grads();
+    const bool compact_grads = reducer->compact_grads();
     for (const auto& range : reducer->owned()) {
       for (const auto& p : model->params()) {
         const auto& e = model->layout().at(p.name);
@@ -245,8 +249,8 @@ struct Trainer::Impl {
         float* m = shard.m ? shard.m + compact + (lo - range.begin) : state.adam_m.data() + lo;
         float* v = shard.v ? shard.v + compact + (lo - range.begin) : state.adam_v.data() + lo;
         cfg.weight_decay = p.decay ? static_cast<float>(t.weight_decay) : 0.0f;
-        kernels::adamw_step(state.params.data() + lo, state.grads.data() + lo, m, v, hi - lo, cfg,
-                            step);
+        const float* g = compact_grads ? grads + compact + (lo - range.begin) : grads + lo;
+        kernels::adamw_step(state.params.data() + lo, g, m, v, hi - lo, cfg, step);
       }
       compact += range.size();
     }
@@ -263,10 +267,12 @@ struct Trainer::Impl {
                 (c.last ? " +head" : "");
     const size_t optimizer =
         r.parallel.zero > 0 ? 2 * sizeof(float) * reducer->owned_floats() : fp.optimizer;
+    // ZeRO-2: the shard plus its staging buffers (the model then holds no gradient region).
+    const size_t grads = r.parallel.zero == 2 ? reducer->grad_bytes() : fp.grads;
     // Every rank's own log gets its footprint (tests read it: tp, pp and ZeRO must shrink it).
     spdlog::info("memory bytes: params {} grads {} optimizer {} activations {} scratch {} peak {} "
                  "capacity {}; holds {}, {} activation slot(s)",
-                 fp.params, fp.grads, optimizer, fp.activations, fp.scratch, arena->peak(),
+                 fp.params, grads, optimizer, fp.activations, fp.scratch, arena->peak(),
                  arena->capacity(), ranges, executor->max_slots());
     if (mesh.rank() != 0) return;
     spdlog::info("{}", kernels::openblas_config_string());
@@ -337,7 +343,6 @@ struct Trainer::Impl {
     summary.peak_gflops = peak_gflops;
     describe();
 
-    auto& state = model->state();
     const double tokens_per_step = static_cast<double>(t.global_batch * T);
     const float grad_scale = static_cast<float>(1.0 / tokens_per_step);
     const auto run_start = Clock::now();
@@ -349,16 +354,16 @@ struct Trainer::Impl {
       step_span.arg("step", step + 1);
       double waited[3];
       for (int i = 0; i < 3; ++i) waited[i] = groups[i]->counters().wait_s;
-      state.grads.zero();
-      for (size_t b = 0; b < pending.size(); ++b) pending[b] = units_in[b] * n_micro;
+      reducer->begin_step(n_micro);
       const double loss_sum = executor->run(*model, source(*train_sampler, step), grad_scale, true);
       // Data parallel: buckets were reduced during the backward; the gradients are means over the
       // global batch once summed over dp.
-      reducer->finish(state.grads.data());
+      reducer->finish();
       // One all-reduce for the loss and the exact global gradient norm (each dp rank sums its
       // partition, so every element counts once).
       double sums[2] = {holds_loss ? loss_sum : 0.0,
-                        model->grad_sum_of_squares(reducer->partition())};
+                        model->grad_sum_of_squares(reducer->partition(), reducer->owned_grads(),
+                                                   reducer->compact_grads())};
       mesh.world().all_reduce(sums, 2);
       const double loss = sums[0] / tokens_per_step, norm = std::sqrt(sums[1]);
       StepRecord rec;
@@ -373,10 +378,14 @@ struct Trainer::Impl {
                      step + 1);
       } else {
         parallel::trace::Span optimizer_span("optimizer", "compute");
-        if (t.grad_clip > 0 && norm > t.grad_clip)
-          for (const auto& range : reducer->owned())
-            kernels::scale(state.grads.data() + range.begin, range.size(),
-                           static_cast<float>(t.grad_clip / norm));
+        if (t.grad_clip > 0 && norm > t.grad_clip) {
+          const float factor = static_cast<float>(t.grad_clip / norm);
+          if (reducer->compact_grads())
+            kernels::scale(reducer->owned_grads(), reducer->owned_floats(), factor);
+          else
+            for (const auto& range : reducer->owned())
+              kernels::scale(reducer->owned_grads() + range.begin, range.size(), factor);
+        }
         optimizer_step(rec.lr, step + 1);
       }
       const bool last = step + 1 == t.steps;
