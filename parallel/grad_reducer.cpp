@@ -105,7 +105,7 @@ float* GradReducer::bucket_grads(int b) {
     int oldest = 0;
     for (int i = 1; i < kStagingBuffers; ++i)
       if (staging_[i].opened < staging_[oldest].opened) oldest = i;
-    flush(oldest);
+    flush(oldest, true);
   }
   if (s < 0) {
     complete_oldest();
@@ -130,11 +130,12 @@ void GradReducer::unit_done(int b) {
     return;
   }
   // A bucket flushed early (all buffers were busy) may get a unit's report after its data left.
-  if (open_[b] >= 0 && ++staging_[open_[b]].reported == units_[b]) flush(open_[b]);
+  if (open_[b] >= 0 && ++staging_[open_[b]].reported == units_[b]) flush(open_[b], false);
   else progress();
 }
 
 void GradReducer::start_reduce(int b) {
+  ++reductions_;
   if (before_) before_(b, grads_ + buckets_[b].begin);
   if (dp_.size() == 1) return;
   // Through the same test-only fault switch and trace spans as Comm's own collectives.
@@ -147,9 +148,11 @@ void GradReducer::start_reduce(int b) {
                          &requests_[b]));
 }
 
-void GradReducer::flush(int s) {
+void GradReducer::flush(int s, bool early) {
   Staging& st = staging_[s];
   const int b = st.bucket;
+  ++reductions_;
+  early_ += early;
   open_[b] = -1;
   if (before_) before_(b, st.data);
   st.reducing = true;
@@ -210,7 +213,7 @@ void GradReducer::finish() {
   if (zero_ == 2) {
     // Buckets still open (flushed early, then written again): reduce them, in bucket order.
     for (size_t b = 0; b < buckets_.size(); ++b)
-      if (open_[b] >= 0) flush(open_[b]);
+      if (open_[b] >= 0) flush(open_[b], true);
     while (!reducing_.empty()) complete_oldest();
     return;
   }

@@ -91,6 +91,10 @@ class GradReducer {
   size_t grad_bytes() const { return grad_bytes_; }
   // ZeRO >= 1: every rank's owned slices of `params` to every rank.
   void gather_params(float* params);
+  // Bucket reductions started so far, and how many of them reduced a ZeRO-2 bucket before all its
+  // units had reported (all staging buffers were busy, or left open at the end of a step).
+  int64_t reductions() const { return reductions_; }
+  int64_t early_reductions() const { return early_; }
 
  private:
   struct Staging {
@@ -102,7 +106,7 @@ class GradReducer {
     uint64_t opened = 0;  // order taken, to pick the oldest
   };
   void start_reduce(int b);             // ZeRO 0, 1: all-reduce in the region
-  void flush(int s);                    // ZeRO 2: start reducing staging buffer s
+  void flush(int s, bool early);        // ZeRO 2: start reducing staging buffer s
   void complete_oldest();               // ZeRO 2: wait for the oldest reduction, add, free
   void accumulate(const Staging& st);   // ZeRO 2: this rank's reduced slice into the shard
 
@@ -120,6 +124,7 @@ class GradReducer {
   std::vector<int> open_;      // per bucket: staging buffer index or -1
   std::deque<int> reducing_;   // staging buffers in flight, oldest first
   uint64_t opened_ = 0;
+  int64_t reductions_ = 0, early_ = 0;
   size_t grad_bytes_ = 0;
   std::function<void(int, float*)> before_;
 };

@@ -412,6 +412,9 @@ struct Trainer::Impl {
     // sequence parallelism halve them).
     spdlog::info("communication bytes: tp {} dp {} pp {}", groups[0]->counters().bytes,
                  groups[1]->counters().bytes, groups[2]->counters().bytes);
+    if (r.parallel.zero == 2)
+      spdlog::info("gradient bucket reductions: {} ({} early: ZeRO-2 staging buffers all busy)",
+                   reducer->reductions(), reducer->early_reductions());
     return summary;
   }
 
