@@ -91,6 +91,7 @@ PlanProblem make_problem(const Recipe& r, const Cluster& c) {
   PlanProblem p;
   p.model = r.model;
   p.global_batch = r.train.global_batch;
+  p.bucket_mb = r.parallel.bucket_mb;
   p.precision = Precision::from_recipe(r.train.precision);
   p.cluster = c;
   return p;

@@ -7,6 +7,7 @@
 
 #include "kernels/check.h"
 #include "kernels/ops.h"
+#include "parallel/grad_reducer.h"
 #include "parallel/pipeline_split.h"
 
 namespace t3d::runtime {
@@ -44,6 +45,55 @@ double chunk_param_elems(const ModelConfig& m, const Shard& s, const parallel::L
   if (r.first) n += padded(s.V * s.C);  // embed_tokens, vocab-parallel
   if (r.last) n += padded(s.C) + (m.tie_embeddings ? 0 : padded(s.V * s.C));  // norm, lm_head
   return n;
+}
+
+// The gradient units of a stage as float ranges of its region (runtime::Model::grad_units: the
+// embedding, each block, the final norm with the LM head), each tensor starting on a 16-float
+// boundary as ParamLayout places it; a unit ends where its last tensor ends.
+std::vector<parallel::FloatRange> grad_units(const ModelConfig& m, const Shard& s,
+                                             const std::vector<parallel::LayerRange>& ranges) {
+  std::vector<parallel::FloatRange> units;
+  double at = 0;
+  const auto unit = [&](std::initializer_list<double> tensors) {
+    parallel::FloatRange u{static_cast<int64_t>(at), 0};
+    for (double n : tensors) {
+      u.end = static_cast<int64_t>(at + n);
+      at += padded(n);
+    }
+    units.push_back(u);
+  };
+  const double HD = s.H * s.D * s.C, KV = s.Hkv * s.D * s.C, FC = s.F * s.C;
+  for (const auto& r : ranges) {
+    if (r.first) unit({s.V * s.C});
+    for (int64_t l = r.begin; l < r.end; ++l) unit({s.C, HD, KV, KV, HD, s.C, FC, FC, FC});
+    if (r.last) {
+      if (m.tie_embeddings) unit({s.C});
+      else unit({s.C, s.V * s.C});
+    }
+  }
+  return units;
+}
+
+// ZeRO's per-rank shard of a stage (GradReducer: every bucket split over dp), the largest over
+// the dp ranks, and the largest bucket (the size of one ZeRO-2 staging buffer), in floats.
+struct ZeroShard {
+  double owned = 0, largest_bucket = 0;
+};
+ZeroShard zero_shard(const ModelConfig& m, const Shard& s,
+                     const std::vector<parallel::LayerRange>& ranges, int64_t dp,
+                     double bucket_mb) {
+  std::vector<int> per_bucket;
+  const auto bucket_floats = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * (1 << 18)));
+  const auto buckets = parallel::make_buckets(grad_units(m, s, ranges), bucket_floats, &per_bucket);
+  ZeroShard z;
+  for (const auto& b : buckets) z.largest_bucket = std::max(z.largest_bucket, double(b.size()));
+  for (int64_t d = 0; d < dp; ++d) {
+    double owned = 0;
+    for (const auto& b : buckets)
+      owned += double(parallel::slice_floats(b.size(), static_cast<int>(dp), static_cast<int>(d)));
+    z.owned = std::max(z.owned, owned);
+  }
+  return z;
 }
 
 // Bytes one block keeps for its backward, one micro-batch of N = B·T rows (Model::LayerActs).
@@ -275,10 +325,19 @@ Memory stage_memory(const PlanProblem& p, const Layout& l, const parallel::Sched
   Memory mem;
   mem.stage = stage;
   mem.params = (l.zero >= 3 ? sharded : elems) * pr.weight;
-  // titan3d's ZeRO-2 reduce-scatters the gradients but still accumulates micro-batches in a full
-  // gradient buffer, so only ZeRO-3 (planned) shards gradient memory.
   mem.grads = (l.zero >= 3 ? sharded : elems) * pr.grad;
   mem.optimizer = (l.zero >= 1 ? sharded : elems) * pr.optimizer();
+  // ZeRO 1 and 2 as titan3d allocates them: each rank owns a slice of every gradient bucket (its
+  // largest share over dp); ZeRO-2 keeps the gradient slices plus two staging buffers of the
+  // largest bucket instead of the full gradients (parallel/grad_reducer.h).
+  ZeroShard z;
+  if (l.zero == 1 || l.zero == 2) {
+    z = zero_shard(p.model, s, ranges, l.dp, p.bucket_mb);
+    mem.optimizer = 2 * aligned(z.owned * pr.moment) + (pr.master ? aligned(z.owned * pr.master) : 0);
+  }
+  if (l.zero == 2)
+    mem.grads = aligned(z.owned * pr.grad) +
+                parallel::GradReducer::kStagingBuffers * aligned(z.largest_bucket * pr.grad);
   mem.slots = activation_slots(schedule, stage);
   double per_slot = 0;
   const bool split_backward = l.schedule == parallel::ScheduleKind::kZBH1;
@@ -299,7 +358,7 @@ Memory stage_memory(const PlanProblem& p, const Layout& l, const parallel::Sched
         "memory of pipeline stage {} ({} blocks{}{}), per rank:\n"
         "  parameters: {} elements on this tp rank ({} per block)\n"
         "  weights     {} × {} B{} = {}\n"
-        "  gradients   {} × {} B{} = {}\n"
+        "  gradients   {} × {} B{}{} = {}\n"
         "  optimizer   {} × ({} B master + 2 × {} B AdamW moments){} = {}\n"
         "  activations {} slots (micro-batches in flight per chunk, from the schedule) × {} per "
         "micro-batch of {} sequence(s) ({}) = {}\n"
@@ -308,8 +367,12 @@ Memory stage_memory(const PlanProblem& p, const Layout& l, const parallel::Sched
         stage, layers, ranges.front().first ? ", embedding" : "",
         ranges.back().last ? ", final norm and LM head" : "", num(elems), num(largest_layer),
         num(l.zero >= 3 ? sharded : elems), num(pr.weight), l.zero >= 3 ? " (ZeRO-3: /dp)" : "",
-        gib(mem.params), num(l.zero >= 3 ? sharded : elems), num(pr.grad),
-        l.zero >= 3 ? " (ZeRO-3: /dp)" : "", gib(mem.grads), num(l.zero >= 1 ? sharded : elems),
+        gib(mem.params), num(l.zero == 2 ? z.owned : l.zero >= 3 ? sharded : elems), num(pr.grad),
+        l.zero >= 3 ? " (ZeRO-3: /dp)" : l.zero == 2 ? " (ZeRO-2: this rank's slice of every bucket)" : "",
+        l.zero == 2 ? fmt::format(" + {} staging buffers × {} (the largest bucket)",
+                                  parallel::GradReducer::kStagingBuffers, num(z.largest_bucket))
+                    : "",
+        gib(mem.grads), num(l.zero == 1 || l.zero == 2 ? z.owned : l.zero >= 1 ? sharded : elems),
         num(pr.master), num(pr.moment), l.zero >= 1 ? " (ZeRO-1: /dp)" : "", gib(mem.optimizer),
         mem.slots, gib(per_slot), micro_rows(p, l),
         recompute ? "checkpointing " + l.checkpoint_name() + ": residual stream kept, " +

@@ -106,8 +106,6 @@ struct Trainer::Impl {
   std::unique_ptr<PipelineExecutor> executor;
   std::unique_ptr<Model> model;
   std::unique_ptr<parallel::GradReducer> reducer;
-  std::vector<int> bucket_of;        // [unit + 1] -> bucket
-  std::vector<int64_t> unit_offset;  // [unit + 1] -> the unit's offset in its bucket
   std::vector<int32_t> tokens_buf, targets_buf;  // (n_micro, rows·T) each
   std::unique_ptr<MetricsWriter> metrics;
   std::unique_ptr<Snapshotter> snapshots;
@@ -190,45 +188,9 @@ struct Trainer::Impl {
     first_step = snapshots->restore();
   }
 
-  // Buckets: consecutive gradient units (layers, embedding, head) merged up to parallel.bucket_mb.
-  // ZeRO 0 and 1 reduce a bucket once every micro-batch has added to all of its units; ZeRO 2
-  // reduce-scatters it per micro-batch into this rank's shard (parallel/grad_reducer.h).
   void build_reducer() {
-    const auto& p = r.parallel;
-    const int64_t bucket_floats = std::max<int64_t>(1, static_cast<int64_t>(p.bucket_mb * (1 << 18)));
-    std::vector<parallel::FloatRange> units;
-    for (const auto& u : model->grad_units()) units.push_back(u.range);
-    std::vector<int> units_in;
-    auto buckets = parallel::make_buckets(units, bucket_floats, &units_in);
-    bucket_of.assign(static_cast<size_t>(r.model.n_layers + 2), -1);
-    unit_offset.assign(bucket_of.size(), 0);
-    size_t b = 0;
-    for (const auto& u : model->grad_units()) {
-      while (u.range.begin >= buckets[b].end) ++b;
-      bucket_of[static_cast<size_t>(u.unit + 1)] = static_cast<int>(b);
-      unit_offset[static_cast<size_t>(u.unit + 1)] = u.range.begin - buckets[b].begin;
-    }
-    reducer = std::make_unique<parallel::GradReducer>(
-        mesh.group(Dim::dp), static_cast<int>(p.zero), std::move(buckets), std::move(units_in),
-        p.zero == 2 ? nullptr : model->state().grads.data(), *arena);
-    reducer->set_before_reduce([this](int bucket, float* data) {
-      model->sum_replicated_grads(reducer->buckets()[bucket], data);  // sequence parallel only
-    });
-    model->set_grad_source([this](int64_t unit) {
-      const auto u = static_cast<size_t>(unit + 1);
-      return reducer->bucket_grads(bucket_of[u]) + unit_offset[u];
-    });
-    model->set_grad_hook([this](int64_t unit) {
-      reducer->unit_done(bucket_of[static_cast<size_t>(unit + 1)]);
-    });
-    if (p.zero > 0) {  // moments only for what this dp rank owns
-      const auto n = static_cast<size_t>(reducer->owned_floats());
-      Model::MomentShard shard{reducer->owned(), arena->alloc_floats("optimizer.exp_avg (ZeRO shard)", n),
-                               arena->alloc_floats("optimizer.exp_avg_sq (ZeRO shard)", n)};
-      std::fill(shard.m, shard.m + n, 0.0f);
-      std::fill(shard.v, shard.v + n, 0.0f);
-      model->set_moment_shard(std::move(shard));
-    }
+    reducer = attach_grad_reducer(*model, mesh.group(Dim::dp), static_cast<int>(r.parallel.zero),
+                                  r.parallel.bucket_mb, *arena);
   }
 
   // AdamW over what this rank owns, each piece with its tensor's weight decay.
