@@ -54,13 +54,17 @@ GradReducer::GradReducer(const Comm& dp, int zero_stage, std::vector<FloatRange>
   pending_.assign(buckets_.size(), 0);
   open_.assign(buckets_.size(), -1);
   if (zero_ == 2) {
-    const size_t before = arena.used();
+    size_t before = arena.used();
     shard_ = arena.alloc_floats("gradients (ZeRO-2 shard)", static_cast<size_t>(shard));
+    shard_bytes_ = arena.used() - before;
     staging_.resize(kStagingBuffers);
-    for (int s = 0; s < kStagingBuffers; ++s)
+    for (int s = 0; s < kStagingBuffers; ++s) {
+      before = arena.used();
       staging_[s].data = arena.alloc_floats("gradients (ZeRO-2 staging " + std::to_string(s) + ")",
                                             static_cast<size_t>(largest));
-    grad_bytes_ = arena.used() - before;
+      staging_bytes_ = arena.used() - before;
+    }
+    grad_bytes_ = shard_bytes_ + kStagingBuffers * staging_bytes_;
   } else if (!buckets_.empty()) {
     grad_bytes_ = static_cast<size_t>(buckets_.back().end) * sizeof(float);
   }

@@ -89,6 +89,9 @@ class GradReducer {
   bool compact_grads() const { return zero_ == 2; }
   // Bytes of gradient storage this rank holds: the region, or shard plus staging buffers.
   size_t grad_bytes() const { return grad_bytes_; }
+  // ZeRO 2: bytes of the shard, and of one staging buffer (the largest bucket).
+  size_t shard_bytes() const { return shard_bytes_; }
+  size_t staging_bytes() const { return staging_bytes_; }
   // ZeRO >= 1: every rank's owned slices of `params` to every rank.
   void gather_params(float* params);
   // Bucket reductions started so far, and how many of them reduced a ZeRO-2 bucket before all its
@@ -125,7 +128,7 @@ class GradReducer {
   std::deque<int> reducing_;   // staging buffers in flight, oldest first
   uint64_t opened_ = 0;
   int64_t reductions_ = 0, early_ = 0;
-  size_t grad_bytes_ = 0;
+  size_t grad_bytes_ = 0, shard_bytes_ = 0, staging_bytes_ = 0;
   std::function<void(int, float*)> before_;
 };
 

@@ -236,6 +236,20 @@ struct Trainer::Impl {
                  "capacity {}; holds {}, {} activation slot(s)",
                  fp.params, grads, optimizer, fp.activations, fp.scratch, arena->peak(),
                  arena->capacity(), ranges, executor->max_slots());
+    if (r.parallel.zero == 2) {
+      spdlog::info("ZeRO-2 gradient bytes: shard {} + {} staging buffers × {} (the largest bucket)",
+                   reducer->shard_bytes(), parallel::GradReducer::kStagingBuffers,
+                   reducer->staging_bytes());
+      // A bucket is at least one layer; parallel.bucket_mb larger than the stage's gradients/dp
+      // makes the staging buffers cost more than the sharding saves.
+      if (mesh.rank() == 0 &&
+          parallel::GradReducer::kStagingBuffers * reducer->staging_bytes() > reducer->shard_bytes())
+        spdlog::warn("parallel.zero = 2: the {} staging buffers ({} bytes each, the largest gradient "
+                     "bucket) outweigh the gradient shard ({} bytes); lower parallel.bucket_mb "
+                     "(now {}) to about 1/{} of the stage's gradients or less, or use ZeRO-1",
+                     parallel::GradReducer::kStagingBuffers, reducer->staging_bytes(),
+                     reducer->shard_bytes(), r.parallel.bucket_mb, 4 * dp);
+    }
     if (mesh.rank() != 0) return;
     spdlog::info("{}", kernels::openblas_config_string());
     spdlog::info("model: {} layers, dim {}, {} heads ({} kv), ffn {}, vocab {}, seq {}; {:.2f} M "
