@@ -134,10 +134,10 @@ void Region::zero() const {
 }
 
 ModelState ModelState::allocate(Arena& arena, const ParamLayout& layout, bool with_optimizer,
-                                bool with_grads) {
+                                bool with_grads, bool with_params) {
   const auto n = static_cast<std::size_t>(layout.total_floats());
   ModelState s;
-  s.params = Region(arena.alloc_floats("parameters", n), &layout);
+  if (with_params) s.params = Region(arena.alloc_floats("parameters", n), &layout);
   if (with_grads) s.grads = Region(arena.alloc_floats("gradients", n), &layout);
   if (with_optimizer) {
     s.adam_m = Region(arena.alloc_floats("optimizer.exp_avg", n), &layout);

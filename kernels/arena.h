@@ -145,9 +145,9 @@ struct ModelState {
 
   // Allocates the regions named "parameters", "gradients", "optimizer.exp_avg",
   // "optimizer.exp_avg_sq" from `arena`, all zeroed. Without `with_grads` (ZeRO-2, which keeps
-  // only a shard) `grads` stays empty.
+  // only a shard) `grads` stays empty; without `with_params` (ZeRO-3) `params` too.
   static ModelState allocate(Arena& arena, const ParamLayout& layout, bool with_optimizer,
-                             bool with_grads = true);
+                             bool with_grads = true, bool with_params = true);
 };
 
 }  // namespace t3d::kernels

@@ -32,9 +32,9 @@ GradReducer::GradReducer(const Comm& dp, int zero_stage, std::vector<FloatRange>
                          std::vector<int> units_per_bucket, float* grads, kernels::Arena& arena)
     : dp_(dp), zero_(zero_stage), buckets_(std::move(buckets)),
       units_(std::move(units_per_bucket)), grads_(grads) {
-  T3D_ASSERT(zero_ >= 0 && zero_ <= 2, "ZeRO stage ", zero_, " is not implemented");
+  T3D_ASSERT(zero_ >= 0 && zero_ <= 3, "ZeRO stage ", zero_, " is not implemented");
   T3D_ASSERT(units_.size() == buckets_.size(), "one unit count per bucket");
-  T3D_ASSERT((zero_ == 2) == (grads_ == nullptr), "ZeRO 2 keeps no full-size gradient region");
+  T3D_ASSERT((zero_ >= 2) == (grads_ == nullptr), "ZeRO 2, 3 keep no full-size gradient region");
   const int n = dp_.size(), me = dp_.rank();
   int64_t largest = 0, shard = 0;
   for (const auto& b : buckets_) {
@@ -53,7 +53,19 @@ GradReducer::GradReducer(const Comm& dp, int zero_stage, std::vector<FloatRange>
   requests_.assign(buckets_.size(), MPI_REQUEST_NULL);
   pending_.assign(buckets_.size(), 0);
   open_.assign(buckets_.size(), -1);
-  if (zero_ == 2) {
+  if (zero_ == 3) {
+    size_t before = arena.used();
+    param_shard_ = arena.alloc_floats("parameters (ZeRO-3 shard)", static_cast<size_t>(shard));
+    param_shard_bytes_ = arena.used() - before;
+    gathered_.resize(kGatherBuffers);
+    for (int g = 0; g < kGatherBuffers; ++g) {
+      before = arena.used();
+      gathered_[g].data = arena.alloc_floats(
+          "parameters (ZeRO-3 gathered " + std::to_string(g) + ")", static_cast<size_t>(largest));
+      gather_bytes_ = arena.used() - before;
+    }
+  }
+  if (zero_ >= 2) {
     size_t before = arena.used();
     shard_ = arena.alloc_floats("gradients (ZeRO-2 shard)", static_cast<size_t>(shard));
     shard_bytes_ = arena.used() - before;
@@ -88,7 +100,7 @@ void GradReducer::begin_step(int micro_batches) {
     T3D_ASSERT(open_[b] < 0, "bucket ", b, " still open at the start of a step");
     pending_[b] = units_[b] * micro_batches;
   }
-  if (zero_ == 2)
+  if (zero_ >= 2)
     std::fill(shard_, shard_ + owned_floats(), 0.0f);
   else if (!buckets_.empty())
     std::fill(grads_, grads_ + buckets_.back().end, 0.0f);
@@ -214,7 +226,7 @@ void GradReducer::finish() {
   for (size_t b = 0; b < buckets_.size(); ++b)
     T3D_ASSERT(pending_[b] == 0, "bucket ", b, " is missing ", pending_[b],
                " unit report(s): a layer's gradients were not computed");
-  if (zero_ == 2) {
+  if (zero_ >= 2) {
     // Buckets still open (flushed early, then written again): reduce them, in bucket order.
     for (size_t b = 0; b < buckets_.size(); ++b)
       if (open_[b] >= 0) flush(open_[b], true);
@@ -228,6 +240,10 @@ void GradReducer::finish() {
 }
 
 void GradReducer::gather_params(float* params) {
+  if (zero_ == 3) {
+    for (auto& g : gathered_) g.bucket = -1;
+    return;
+  }
   if (zero_ == 0 || dp_.size() == 1) return;
   for (size_t b = 0; b < buckets_.size(); ++b) {
     dp_.count_bytes(static_cast<uint64_t>(counts_[b][dp_.rank()]) * sizeof(float));
@@ -236,6 +252,44 @@ void GradReducer::gather_params(float* params) {
                             &requests_[b]));
   }
   for (auto& r : requests_) dp_.wait(r, "parameter all_gather (ZeRO)");
+}
+
+void GradReducer::scatter_params(const float* full) {
+  T3D_ASSERT(zero_ == 3, "only ZeRO-3 keeps a parameter shard");
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    std::memcpy(param_shard_ + shard_offset_[b], full + partition_[b].begin,
+                sizeof(float) * static_cast<size_t>(partition_[b].size()));
+  for (auto& g : gathered_) g.bucket = -1;
+}
+
+const float* GradReducer::bucket_params(int b) {
+  T3D_ASSERT(zero_ == 3, "only ZeRO-3 gathers parameters");
+  Gathered* slot = &gathered_[0];
+  for (auto& g : gathered_) {
+    if (g.bucket == b) {
+      g.used = ++uses_;
+      return g.data;
+    }
+    if (g.used < slot->used) slot = &g;
+  }
+  // Evict the least recently used buffer and gather bucket b into it.
+  slot->bucket = b;
+  slot->used = ++uses_;
+  ++gathers_;
+  const int me = dp_.rank();
+  const float* mine = param_shard_ + shard_offset_[b];
+  if (dp_.size() == 1) {
+    std::memcpy(slot->data, mine, sizeof(float) * static_cast<size_t>(counts_[b][me]));
+    return slot->data;
+  }
+  trace::Span span("all_gather (parameter bucket, ZeRO-3)", "comm");
+  span.arg("group", dp_.name()).arg("bytes", buckets_[b].size() * 4).arg("bucket", b);
+  dp_.count_bytes(static_cast<uint64_t>(counts_[b][me]) * sizeof(float));
+  MPI_Request request = MPI_REQUEST_NULL;
+  T3D_MPI(MPI_Iallgatherv(mine, counts_[b][me], MPI_FLOAT, slot->data, counts_[b].data(),
+                          displs_[b].data(), MPI_FLOAT, dp_.handle(), &request));
+  dp_.wait(request, "parameter all_gather (ZeRO-3)");
+  return slot->data;
 }
 
 }  // namespace t3d::parallel

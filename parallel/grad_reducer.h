@@ -23,6 +23,12 @@
 // linear, so reducing a bucket in several parts gives the same gradients (up to the order of
 // additions). Every decision depends only on the sequence of acquire / unit_done calls, which is
 // the same on every rank of the dp group (same stage, same schedule), so the collectives match.
+//
+// ZeRO 3 adds the parameters: a rank keeps only its slices of them (the parameter shard, laid out
+// like the gradient shard) and the optimizer updates them there. Whenever the model reads a
+// unit's weights (forward, and again in the backward) the unit's bucket is all-gathered into one
+// of two gather buffers (the size of the largest bucket), unless one still holds it; an
+// optimizer step invalidates them. Gathers are blocking (no prefetch yet): exact, not overlapped.
 #pragma once
 
 #include <cstdint>
@@ -52,9 +58,12 @@ class GradReducer {
  public:
   // ZeRO 2 staging buffers: one being written by the backward while one reduces.
   static constexpr int kStagingBuffers = 2;
+  // ZeRO 3 gather buffers: a unit's weights and the previous unit's (the LM head's forward reads
+  // the final norm and the head, which a tied embedding puts in another bucket).
+  static constexpr int kGatherBuffers = 2;
 
-  // `grads`: the full-size gradient region (ZeRO 0 and 1), nullptr with ZeRO 2, which allocates
-  // its shard and staging buffers from `arena` instead.
+  // `grads`: the full-size gradient region (ZeRO 0 and 1), nullptr with ZeRO 2 and 3, which
+  // allocate their shards, staging and gather buffers from `arena` instead.
   GradReducer(const Comm& dp, int zero_stage, std::vector<FloatRange> buckets,
               std::vector<int> units_per_bucket, float* grads, kernels::Arena& arena);
   ~GradReducer();
@@ -85,15 +94,27 @@ class GradReducer {
   // owned_grads() holds the sums over dp of what this rank owns.
   void finish();
   // The gradients of owned(): at their region offsets (ZeRO 0, 1), or back to back (ZeRO 2).
-  float* owned_grads() const { return zero_ == 2 ? shard_ : grads_; }
-  bool compact_grads() const { return zero_ == 2; }
+  float* owned_grads() const { return zero_ >= 2 ? shard_ : grads_; }
+  bool compact_grads() const { return zero_ >= 2; }
   // Bytes of gradient storage this rank holds: the region, or shard plus staging buffers.
   size_t grad_bytes() const { return grad_bytes_; }
   // ZeRO 2: bytes of the shard, and of one staging buffer (the largest bucket).
   size_t shard_bytes() const { return shard_bytes_; }
   size_t staging_bytes() const { return staging_bytes_; }
-  // ZeRO >= 1: every rank's owned slices of `params` to every rank.
+  // ZeRO 1, 2: every rank's owned slices of `params` to every rank. ZeRO 3: the parameter shard
+  // changed, so the gathered buffers are stale.
   void gather_params(float* params);
+
+  // ZeRO 3. The parameters this rank owns, back to back (like owned_grads()).
+  float* param_shard() const { return param_shard_; }
+  // Copies this rank's slices of a full parameter region into the shard (at initialisation).
+  void scatter_params(const float* full);
+  // Bucket b's full parameters (its first float), gathered over dp if no buffer holds them.
+  // Valid until the next call.
+  const float* bucket_params(int b);
+  size_t param_shard_bytes() const { return param_shard_bytes_; }
+  size_t gather_bytes() const { return gather_bytes_; }  // one gather buffer
+  int64_t gathers() const { return gathers_; }
   // Bucket reductions started so far, and how many of them reduced a ZeRO-2 bucket before all its
   // units had reported (all staging buffers were busy, or left open at the end of a step).
   int64_t reductions() const { return reductions_; }
@@ -129,6 +150,17 @@ class GradReducer {
   uint64_t opened_ = 0;
   int64_t reductions_ = 0, early_ = 0;
   size_t grad_bytes_ = 0, shard_bytes_ = 0, staging_bytes_ = 0;
+  // ZeRO 3
+  struct Gathered {
+    float* data = nullptr;
+    int bucket = -1;
+    uint64_t used = 0;  // last use, to evict the least recent
+  };
+  float* param_shard_ = nullptr;
+  std::vector<Gathered> gathered_;
+  uint64_t uses_ = 0;
+  int64_t gathers_ = 0;
+  size_t param_shard_bytes_ = 0, gather_bytes_ = 0;
   std::function<void(int, float*)> before_;
 };
 

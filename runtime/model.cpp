@@ -129,35 +129,27 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
 
   build_param_table();
   size_t before = arena_.used();
-  state_ = k::ModelState::allocate(arena_, layout_, options_.with_optimizer, options_.grad_region);
+  state_ = k::ModelState::allocate(arena_, layout_, options_.with_optimizer, options_.grad_region,
+                                   options_.param_region);
   unit_begin_.assign(static_cast<size_t>(config_.n_layers + 2), -1);
   for (const auto& u : grad_units()) unit_begin_[static_cast<size_t>(u.unit + 1)] = u.range.begin;
-  // Each block's weight pointers and gradient offsets, looked up once: a step does no name
-  // lookups. Gradients are offsets because ZeRO-2 moves a unit's gradients between buffers.
-  block_weights_.resize(static_cast<size_t>(config_.n_layers));
-  block_grad_offsets_.resize(static_cast<size_t>(config_.n_layers));
+  // Each block tensor's offset from the start of its unit, looked up once: a step does no name
+  // lookups. Offsets, not pointers, because ZeRO moves a unit's gradients (and with ZeRO-3 its
+  // gathered weights) between buffers; weights and gradients share the layout.
+  block_offsets_.resize(static_cast<size_t>(config_.n_layers));
   for (const auto& range : chunks_)
     for (int64_t l = range.begin; l < range.end; ++l) {
-      BlockParams& pw = block_weights_[l];
-      BlockOffsets& go = block_grad_offsets_[l];
+      BlockOffsets& o = block_offsets_[l];
       const int64_t unit0 = unit_begin_[static_cast<size_t>(l + 1)];
-      const auto at = [&](const char* suffix, float*& weight, int64_t& grad) {
-        const std::string name = layer_name(l, suffix);
-        weight = w(name);
-        grad = layout_.at(name).offset - unit0;
-      };
-      at("input_layernorm.weight", pw.ln1, go.ln1);
-      at("self_attn.q_proj.weight", pw.q, go.q);
-      at("self_attn.k_proj.weight", pw.k, go.k);
-      at("self_attn.v_proj.weight", pw.v, go.v);
-      at("self_attn.o_proj.weight", pw.o, go.o);
-      at("post_attention_layernorm.weight", pw.ln2, go.ln2);
-      at("mlp.gate_proj.weight", pw.gate, go.gate);
-      at("mlp.up_proj.weight", pw.up, go.up);
-      at("mlp.down_proj.weight", pw.down, go.down);
+      const auto at = [&](const char* suffix) { return layout_.at(layer_name(l, suffix)).offset - unit0; };
+      o = {at("input_layernorm.weight"), at("self_attn.q_proj.weight"),
+           at("self_attn.k_proj.weight"), at("self_attn.v_proj.weight"),
+           at("self_attn.o_proj.weight"), at("post_attention_layernorm.weight"),
+           at("mlp.gate_proj.weight"),    at("mlp.up_proj.weight"),
+           at("mlp.down_proj.weight")};
     }
   const size_t region = static_cast<size_t>(layout_.total_floats()) * sizeof(float);
-  footprint_.params = region;
+  footprint_.params = options_.param_region ? region : 0;
   footprint_.grads = options_.grad_region ? region : 0;
   footprint_.optimizer = options_.with_optimizer ? 2 * region : 0;
   before = arena_.used();
@@ -331,7 +323,23 @@ void Model::build_param_table() {
   layout_ = k::ParamLayout(std::move(table));
 }
 
-float* Model::w(const std::string& name) const { return state_.params.view(name).data; }
+const float* Model::unit_weights(int64_t unit) const {
+  if (weight_source_) return weight_source_(unit);
+  T3D_ASSERT(state_.params.data(), "a model without a parameter region needs a weight source");
+  return state_.params.data() + unit_begin_.at(static_cast<size_t>(unit + 1));
+}
+
+const float* Model::w(const std::string& name, int64_t unit) const {
+  return unit_weights(unit) +
+         (layout_.at(name).offset - unit_begin_.at(static_cast<size_t>(unit + 1)));
+}
+
+Model::ConstBlock Model::block_weights(int64_t l) const {
+  const BlockOffsets& o = block_offsets_.at(static_cast<size_t>(l));
+  const float* base = unit_weights(l);
+  return {base + o.ln1, base + o.q, base + o.k,  base + o.v,   base + o.o,
+          base + o.ln2, base + o.gate, base + o.up, base + o.down};
+}
 
 float* Model::unit_grads(int64_t unit) const {
   if (grad_source_) return grad_source_(unit);
@@ -344,7 +352,7 @@ float* Model::g(const std::string& name, int64_t unit) const {
 }
 
 Model::BlockParams Model::block_grads(int64_t l) const {
-  const BlockOffsets& o = block_grad_offsets_.at(static_cast<size_t>(l));
+  const BlockOffsets& o = block_offsets_.at(static_cast<size_t>(l));
   float* base = unit_grads(l);
   return {base + o.ln1, base + o.q, base + o.k,  base + o.v,   base + o.o,
           base + o.ln2, base + o.gate, base + o.up, base + o.down};
@@ -436,13 +444,15 @@ void Model::decode16(const LayerActs16& from, const LayerActs& to) const {
 
 uint16_t* Model::recv16() { return scratch_->recv16; }
 
-void Model::init(uint64_t seed) {
+void Model::init(uint64_t seed, float* region) {
+  if (!region) region = state_.params.data();
+  T3D_ASSERT(region, "a model without a parameter region initialises into a caller's buffer");
   const double base_std = 0.02;
   // GPT-2 / Megatron: projections into the residual stream shrink with depth.
   const double out_std = base_std / std::sqrt(2.0 * config_.n_layers);
   for (const auto& p : params_) {
-    float* data = w(p.name);
     const auto& e = layout_.at(p.name);
+    float* data = region + e.offset;
     if (p.global_shape.size() == 1) {  // norm weights
       for (int64_t i = 0; i < e.numel; ++i) data[i] = 1.0f;
       continue;
@@ -470,7 +480,7 @@ const float* Model::input_grad(int chunk, int slot) const {
 }
 
 void Model::forward_layer(int64_t l, LayerActs& a, const float* x_in, float* x_out) {
-  const BlockParams& pw = block_weights_.at(l);
+  const ConstBlock pw = block_weights(l);
   const int64_t N = rows_, C = config_.dim, D = config_.head_dim();
   const int64_t B = options_.micro_rows, T = config_.seq_len;
   const int64_t qd = heads_ * D, kvd = kv_heads_ * D;
@@ -507,7 +517,7 @@ void Model::forward_layer(int64_t l, LayerActs& a, const float* x_in, float* x_o
 
 void Model::backward_layer(int64_t l, LayerActs& a, const float* x_in, float* dx,
                            const LayerGrads* keep) {
-  const BlockParams& pw = block_weights_.at(l);
+  const ConstBlock pw = block_weights(l);
   const BlockParams pg = block_grads(l);
   // dx (N, C): gradient of the block's output on entry, of its input on return. With `keep` the
   // projections' weight gradients are left to backward_layer_weights (W), their inputs kept.
@@ -583,10 +593,11 @@ double Model::forward_head(ChunkActs& c, const int32_t* targets, float grad_scal
   const float* x_last = c.x.back();
   const int64_t Nl = rows_local_;
   float* xf_rows = sp_ ? s.rows : c.xf;
-  k::rmsnorm_forward(xf_rows, c.rstdf, x_last, w("model.norm.weight"), Nl, C,
+  const int64_t norm_unit = config_.n_layers;
+  k::rmsnorm_forward(xf_rows, c.rstdf, x_last, w("model.norm.weight", norm_unit), Nl, C,
                      static_cast<float>(config_.norm_eps));
   gather_rows(xf_rows, c.xf);
-  k::linear_forward(s.logits, c.xf, w(head), N, C, vocab_);
+  k::linear_forward(s.logits, c.xf, w(head, head_unit), N, C, vocab_);
   if (tp_.size() == 1) {
     k::cross_entropy_fused(s.logits, s.losses, targets, N, vocab_, grad_scale);
   } else {
@@ -603,11 +614,11 @@ double Model::forward_head(ChunkActs& c, const int32_t* targets, float grad_scal
   double loss_sum = 0;
   for (int64_t i = 0; i < N; ++i) loss_sum += s.losses[i];
   if (training) {
-    k::linear_backward_input(s.dxn, s.logits, w(head), N, C, vocab_);
+    k::linear_backward_input(s.dxn, s.logits, w(head, head_unit), N, C, vocab_);
     k::linear_backward_weight(g(head, head_unit), s.logits, c.xf, N, C, vocab_);
     const float* dxn_rows = reduce_rows(s.dxn);
-    k::rmsnorm_backward(c.dx_last, g("model.norm.weight", config_.n_layers), dxn_rows, x_last,
-                        w("model.norm.weight"), c.rstdf, Nl, C);
+    k::rmsnorm_backward(c.dx_last, g("model.norm.weight", norm_unit), dxn_rows, x_last,
+                        w("model.norm.weight", norm_unit), c.rstdf, Nl, C);
     if (grad_hook_) grad_hook_(config_.n_layers);
   }
   return loss_sum;
@@ -621,7 +632,7 @@ double Model::forward(int chunk, int slot, const int32_t* tokens, const int32_t*
   if (range.first) {
     k::check_token_ids(tokens, N, config_.vocab_size);
     std::memcpy(a.tokens, tokens, sizeof(int32_t) * N);
-    const float* emb = w("model.embed_tokens.weight");
+    const float* emb = w("model.embed_tokens.weight", -1);
     // Vocab-parallel: each id's row comes from the rank owning it (SP: scattered by rows).
     k::embedding_forward(scratch_->tmp, tokens, emb, N, C, vocab_start_, vocab_start_ + vocab_);
     std::memcpy(a.x[0], reduce_rows(scratch_->tmp), sizeof(float) * rows_local_ * C);
@@ -745,8 +756,9 @@ std::unique_ptr<parallel::GradReducer> attach_grad_reducer(Model& model, const p
     bucket_of[static_cast<size_t>(u.unit + 1)] = static_cast<int>(b);
     unit_offset[static_cast<size_t>(u.unit + 1)] = u.range.begin - buckets[b].begin;
   }
-  T3D_ASSERT((zero == 2) == (model.state().grads.data() == nullptr),
-             "ZeRO-2 needs a model without a gradient region, other stages one with it");
+  T3D_ASSERT((zero >= 2) == (model.state().grads.data() == nullptr) &&
+                 (zero == 3) == (model.state().params.data() == nullptr),
+             "ZeRO ", zero, ": the model's gradient / parameter regions do not fit the stage");
   auto reducer = std::make_unique<parallel::GradReducer>(
       dp, zero, std::move(buckets), std::move(units_in), model.state().grads.data(), arena);
   parallel::GradReducer* red = reducer.get();
@@ -759,6 +771,13 @@ std::unique_ptr<parallel::GradReducer> attach_grad_reducer(Model& model, const p
   });
   model.set_grad_hook(
       [red, bucket_of](int64_t unit) { red->unit_done(bucket_of[static_cast<size_t>(unit + 1)]); });
+  if (zero == 3) {
+    model.set_weight_source([red, bucket_of, unit_offset](int64_t unit) {
+      const auto u = static_cast<size_t>(unit + 1);
+      return red->bucket_params(bucket_of[u]) + unit_offset[u];
+    });
+    model.set_param_shard({red->owned(), red->param_shard()});
+  }
   if (zero > 0) {  // moments only for what this dp rank owns
     const auto n = static_cast<size_t>(red->owned_floats());
     Model::MomentShard shard{red->owned(), arena.alloc_floats("optimizer.exp_avg (ZeRO shard)", n),

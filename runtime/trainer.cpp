@@ -169,13 +169,17 @@ struct Trainer::Impl {
 
     arena = std::make_unique<kernels::Arena>(
         static_cast<size_t>(r.hardware.hbm_gib * 1024.0 * 1024.0 * 1024.0));
-    model = std::make_unique<Model>(r.model, mine, mesh.group(Dim::tp), *arena,
-                                    ModelOptions{rows, executor->max_slots(), p.zero == 0,
-                                                 /*grad_region=*/p.zero < 2,
-                                                 checkpoint_every(t.activation_checkpoint),
-                                                 executor->splits_backward(),
-                                                 t.precision == "bf16", p.sequence_parallel});
-    model->init(seed);
+    ModelOptions options;
+    options.micro_rows = rows;
+    options.slots = executor->max_slots();
+    options.with_optimizer = p.zero == 0;  // ZeRO: the reducer holds the moment shard
+    options.grad_region = p.zero < 2;      // ZeRO-2, 3: the reducer holds the gradient shard
+    options.param_region = p.zero < 3;     // ZeRO-3: and the parameter shard
+    options.checkpoint_every = checkpoint_every(t.activation_checkpoint);
+    options.split_backward = executor->splits_backward();
+    options.bf16 = t.precision == "bf16";
+    options.sequence_parallel = p.sequence_parallel;
+    model = std::make_unique<Model>(r.model, mine, mesh.group(Dim::tp), *arena, options);
     build_reducer();
     tokens_buf.resize(static_cast<size_t>(n_micro * rows * T));
     targets_buf.resize(tokens_buf.size());
@@ -186,11 +190,18 @@ struct Trainer::Impl {
                                                 /*append=*/!r.snapshot.resume.empty());
     snapshots = std::make_unique<Snapshotter>(job, *model, metrics.get());
     first_step = snapshots->restore();
+    if (r.parallel.zero == 3) reducer->gather_params(nullptr);  // restored: gathers are stale
   }
 
   void build_reducer() {
     reducer = attach_grad_reducer(*model, mesh.group(Dim::dp), static_cast<int>(r.parallel.zero),
                                   r.parallel.bucket_mb, *arena);
+    const auto seed = static_cast<uint64_t>(r.train.seed);
+    if (r.parallel.zero < 3) return model->init(seed);
+    // ZeRO-3: the full model exists only here, on the host, long enough to keep this rank's shard.
+    std::vector<float> full(static_cast<size_t>(model->layout().total_floats()), 0.0f);
+    model->init(seed, full.data());
+    reducer->scatter_params(full.data());
   }
 
   // AdamW over what this rank owns, each piece with its tensor's weight decay.
@@ -203,6 +214,7 @@ struct Trainer::Impl {
     int64_t compact = 0;  // offset of the current range in the ZeRO moment arrays
     float* grads = reducer->owned_grads();
     const bool compact_grads = reducer->compact_grads();
+    float* params = r.parallel.zero == 3 ? reducer->param_shard() : state.params.data();
     for (const auto& range : reducer->owned()) {
       for (const auto& p : model->params()) {
         const auto& e = model->layout().at(p.name);
@@ -212,7 +224,9 @@ struct Trainer::Impl {
         float* v = shard.v ? shard.v + compact + (lo - range.begin) : state.adam_v.data() + lo;
         cfg.weight_decay = p.decay ? static_cast<float>(t.weight_decay) : 0.0f;
         const float* g = compact_grads ? grads + compact + (lo - range.begin) : grads + lo;
-        kernels::adamw_step(state.params.data() + lo, g, m, v, hi - lo, cfg, step);
+        // ZeRO-3's parameter shard is laid out like the gradient shard.
+        float* w = r.parallel.zero == 3 ? params + compact + (lo - range.begin) : params + lo;
+        kernels::adamw_step(w, g, m, v, hi - lo, cfg, step);
       }
       compact += range.size();
     }
@@ -229,14 +243,24 @@ struct Trainer::Impl {
                 (c.last ? " +head" : "");
     const size_t optimizer =
         r.parallel.zero > 0 ? 2 * sizeof(float) * reducer->owned_floats() : fp.optimizer;
-    // ZeRO-2: the shard plus its staging buffers (the model then holds no gradient region).
-    const size_t grads = r.parallel.zero == 2 ? reducer->grad_bytes() : fp.grads;
+    // ZeRO-2, 3: the shard plus its staging buffers (the model then holds no gradient region);
+    // ZeRO-3 also the parameter shard plus its gather buffers.
+    const size_t grads = r.parallel.zero >= 2 ? reducer->grad_bytes() : fp.grads;
+    const size_t params =
+        r.parallel.zero == 3
+            ? reducer->param_shard_bytes() +
+                  parallel::GradReducer::kGatherBuffers * reducer->gather_bytes()
+            : fp.params;
     // Every rank's own log gets its footprint (tests read it: tp, pp and ZeRO must shrink it).
     spdlog::info("memory bytes: params {} grads {} optimizer {} activations {} scratch {} peak {} "
                  "capacity {}; holds {}, {} activation slot(s)",
-                 fp.params, grads, optimizer, fp.activations, fp.scratch, arena->peak(),
+                 params, grads, optimizer, fp.activations, fp.scratch, arena->peak(),
                  arena->capacity(), ranges, executor->max_slots());
-    if (r.parallel.zero == 2) {
+    if (r.parallel.zero == 3)
+      spdlog::info("ZeRO-3 parameter bytes: shard {} + {} gather buffers × {} (the largest bucket)",
+                   reducer->param_shard_bytes(), parallel::GradReducer::kGatherBuffers,
+                   reducer->gather_bytes());
+    if (r.parallel.zero >= 2) {
       spdlog::info("ZeRO-2 gradient bytes: shard {} + {} staging buffers × {} (the largest bucket)",
                    reducer->shard_bytes(), parallel::GradReducer::kStagingBuffers,
                    reducer->staging_bytes());
@@ -388,9 +412,11 @@ struct Trainer::Impl {
     // sequence parallelism halve them).
     spdlog::info("communication bytes: tp {} dp {} pp {}", groups[0]->counters().bytes,
                  groups[1]->counters().bytes, groups[2]->counters().bytes);
-    if (r.parallel.zero == 2)
+    if (r.parallel.zero >= 2)
       spdlog::info("gradient bucket reductions: {} ({} early: ZeRO-2 staging buffers all busy)",
                    reducer->reductions(), reducer->early_reductions());
+    if (r.parallel.zero == 3)
+      spdlog::info("parameter bucket gathers: {}", reducer->gathers());
     return summary;
   }
 
