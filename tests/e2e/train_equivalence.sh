@@ -58,6 +58,19 @@ check pp2_dp2_tp2_zero2_sp_interleaved --set parallel.pp=2 --set parallel.dp=2 -
       --set parallel.zero=2 --set parallel.sequence_parallel=true \
       --set parallel.schedule=interleaved_1f1b --set parallel.virtual_stages=2 --set parallel.bucket_mb=0.05 \
       --set snapshot.every=6
+# ZeRO-3: parameters sharded too, each bucket all-gathered before its forward and its backward
+# (checkpointing gathers again to recompute); gathers copy exactly, so only the ZeRO-2 summation
+# order differs.
+check dp2_zero3_small_buckets_ckpt --set parallel.dp=2 --set parallel.zero=3 --set parallel.bucket_mb=0.01 \
+      --set train.activation_checkpoint=full
+check pp2_dp2_zero3_zb_h1 --set parallel.pp=2 --set parallel.dp=2 --set parallel.zero=3 \
+      --set parallel.schedule=zb_h1 --set parallel.bucket_mb=0.01
+check pp2_dp2_tp2_zero3_sp_interleaved --set parallel.pp=2 --set parallel.dp=2 --set parallel.tp=2 \
+      --set parallel.zero=3 --set parallel.sequence_parallel=true \
+      --set parallel.schedule=interleaved_1f1b --set parallel.virtual_stages=2 --set parallel.bucket_mb=0.05 \
+      --set snapshot.every=6
+grep -q "parameter bucket gathers: [1-9]" "$work"/pp2_dp2_zero3_zb_h1/logs/rank*.log ||
+  { echo "FAIL: pp2_dp2_zero3_zb_h1 gathered no parameters"; fail=1; }
 check dp2_tp2_zero1_small_buckets --set parallel.dp=2 --set parallel.tp=2 --set parallel.zero=1 \
       --set parallel.bucket_mb=0.01
 check pp2_tp2_ckpt_full --set parallel.pp=2 --set parallel.tp=2 \
@@ -69,6 +82,7 @@ check pp2_dp2_tp2_sp_zb_ckpt --set parallel.pp=2 --set parallel.dp=2 --set paral
       --set parallel.sequence_parallel=true --set parallel.schedule=zb_h1 \
       --set train.activation_checkpoint=every:2
 check_bf16 bf16_one_rank
+check_bf16 bf16_dp2_zero3 --set parallel.dp=2 --set parallel.zero=3 --set parallel.bucket_mb=0.05
 check_bf16 bf16_pp2_dp2_tp2_sp --set parallel.pp=2 --set parallel.dp=2 --set parallel.tp=2 \
       --set parallel.sequence_parallel=true
 check pp2_split_at_1 --set parallel.pp=2 --set "parallel.pipeline_split=[1]"
@@ -97,4 +111,5 @@ same_params() {  # same_params NAME: its final snapshot's /model against the one
 }
 same_params pp2_dp2_tp2
 same_params pp2_dp2_tp2_zero2_sp_interleaved
+same_params pp2_dp2_tp2_zero3_sp_interleaved
 exit $fail
