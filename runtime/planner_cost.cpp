@@ -318,26 +318,24 @@ Memory stage_memory(const PlanProblem& p, const Layout& l, const parallel::Sched
   const double B = static_cast<double>(micro_rows(p, l)), a = pr.activation;
   double elems = 0, largest_layer = layer_param_elems(s);
   for (const auto& r : ranges) elems += chunk_param_elems(p.model, s, r);
-  // ZeRO (Rajbhandari et al. 2020): stage 1 shards the optimizer state over dp, 2 also the
-  // gradients, 3 also the weights (each rank gathers one block at a time, prefetching one more).
-  const double d = static_cast<double>(l.dp);
-  const double sharded = std::ceil(elems / d);
+  // ZeRO (Rajbhandari et al. 2020) as titan3d allocates it (parallel/grad_reducer.h): each rank
+  // owns a slice of every gradient bucket (`owned`, the largest share over dp). Stage 1 keeps
+  // the optimizer state of its slices; 2 also the gradients, plus two staging buffers of the
+  // largest bucket; 3 also the weights, plus two buffers a bucket is gathered into before use.
   Memory mem;
   mem.stage = stage;
-  mem.params = (l.zero >= 3 ? sharded : elems) * pr.weight;
-  mem.grads = (l.zero >= 3 ? sharded : elems) * pr.grad;
-  mem.optimizer = (l.zero >= 1 ? sharded : elems) * pr.optimizer();
-  // ZeRO 1 and 2 as titan3d allocates them: each rank owns a slice of every gradient bucket (its
-  // largest share over dp); ZeRO-2 keeps the gradient slices plus two staging buffers of the
-  // largest bucket instead of the full gradients (parallel/grad_reducer.h).
-  ZeroShard z;
-  if (l.zero == 1 || l.zero == 2) {
-    z = zero_shard(p.model, s, ranges, l.dp, p.bucket_mb);
-    mem.optimizer = 2 * aligned(z.owned * pr.moment) + (pr.master ? aligned(z.owned * pr.master) : 0);
-  }
-  if (l.zero == 2)
-    mem.grads = aligned(z.owned * pr.grad) +
-                parallel::GradReducer::kStagingBuffers * aligned(z.largest_bucket * pr.grad);
+  const ZeroShard z = l.zero >= 1 ? zero_shard(p.model, s, ranges, l.dp, p.bucket_mb) : ZeroShard{};
+  const double kept = l.zero >= 1 ? z.owned : elems;  // elements of state kept per sharded kind
+  const auto buffers = [&](int n, double bytes) { return n * aligned(z.largest_bucket * bytes); };
+  mem.params = l.zero >= 3 ? aligned(kept * pr.weight) +
+                                 buffers(parallel::GradReducer::kGatherBuffers, pr.weight)
+                           : elems * pr.weight;
+  mem.grads = l.zero >= 2 ? aligned(kept * pr.grad) +
+                                buffers(parallel::GradReducer::kStagingBuffers, pr.grad)
+                          : elems * pr.grad;
+  mem.optimizer = l.zero >= 1 ? 2 * aligned(kept * pr.moment) +
+                                    (pr.master ? aligned(kept * pr.master) : 0)
+                              : elems * pr.optimizer();
   mem.slots = activation_slots(schedule, stage);
   double per_slot = 0;
   const bool split_backward = l.schedule == parallel::ScheduleKind::kZBH1;
@@ -347,8 +345,14 @@ Memory stage_memory(const PlanProblem& p, const Layout& l, const parallel::Sched
   mem.workspace = workspace_bytes(s, ranges, B, a);
   const bool recompute = l.checkpoint_every > 0;
   if (recompute) mem.workspace += layer_act_bytes(s, B, a);  // the block being recomputed
-  if (l.zero >= 3) mem.workspace += 2 * largest_layer * pr.weight;
   if (why) {
+    const auto kind_bytes = [&](double n, double bytes) {
+      return fmt::format("{} × {} B{}", num(n), num(bytes),
+                         l.zero >= 1 && n == kept ? " (ZeRO: this rank's slices)" : "");
+    };
+    const auto zero_extra = [&](const char* what) {
+      return fmt::format(" + 2 {} buffers × {} (the largest bucket)", what, num(z.largest_bucket));
+    };
     int64_t layers = 0, recomputed = 0;
     for (const auto& r : ranges) {
       layers += r.size();
@@ -357,8 +361,8 @@ Memory stage_memory(const PlanProblem& p, const Layout& l, const parallel::Sched
     *why << fmt::format(
         "memory of pipeline stage {} ({} blocks{}{}), per rank:\n"
         "  parameters: {} elements on this tp rank ({} per block)\n"
-        "  weights     {} × {} B{} = {}\n"
-        "  gradients   {} × {} B{}{} = {}\n"
+        "  weights     {}{} = {}\n"
+        "  gradients   {}{} = {}\n"
         "  optimizer   {} × ({} B master + 2 × {} B AdamW moments){} = {}\n"
         "  activations {} slots (micro-batches in flight per chunk, from the schedule) × {} per "
         "micro-batch of {} sequence(s) ({}) = {}\n"
@@ -366,20 +370,17 @@ Memory stage_memory(const PlanProblem& p, const Layout& l, const parallel::Sched
         "  total       {} of {} GiB\n",
         stage, layers, ranges.front().first ? ", embedding" : "",
         ranges.back().last ? ", final norm and LM head" : "", num(elems), num(largest_layer),
-        num(l.zero >= 3 ? sharded : elems), num(pr.weight), l.zero >= 3 ? " (ZeRO-3: /dp)" : "",
-        gib(mem.params), num(l.zero == 2 ? z.owned : l.zero >= 3 ? sharded : elems), num(pr.grad),
-        l.zero >= 3 ? " (ZeRO-3: /dp)" : l.zero == 2 ? " (ZeRO-2: this rank's slice of every bucket)" : "",
-        l.zero == 2 ? fmt::format(" + {} staging buffers × {} (the largest bucket)",
-                                  parallel::GradReducer::kStagingBuffers, num(z.largest_bucket))
-                    : "",
-        gib(mem.grads), num(l.zero == 1 || l.zero == 2 ? z.owned : l.zero >= 1 ? sharded : elems),
-        num(pr.master), num(pr.moment), l.zero >= 1 ? " (ZeRO-1: /dp)" : "", gib(mem.optimizer),
+        kind_bytes(l.zero >= 3 ? kept : elems, pr.weight), l.zero >= 3 ? zero_extra("gather") : "",
+        gib(mem.params), kind_bytes(l.zero >= 2 ? kept : elems, pr.grad),
+        l.zero >= 2 ? zero_extra("staging") : "", gib(mem.grads), num(kept),
+        num(pr.master), num(pr.moment), l.zero >= 1 ? " (ZeRO: this rank's slices)" : "",
+        gib(mem.optimizer),
         mem.slots, gib(per_slot), micro_rows(p, l),
         recompute ? "checkpointing " + l.checkpoint_name() + ": residual stream kept, " +
                         std::to_string(recomputed) + " blocks recomputed"
                   : "every block's activations kept",
         gib(mem.activations), recompute ? ", one recomputed block" : "",
-        l.zero >= 3 ? ", two gathered blocks" : "", gib(mem.workspace), gib(mem.total()),
+        "", gib(mem.workspace), gib(mem.total()),
         num(p.cluster.hbm_gib));
   }
   return mem;
@@ -474,8 +475,11 @@ StepTime step_time(const PlanProblem& p, const Layout& l, const parallel::Schedu
     case 2:
       traffic = m * rs + ag, window = m * backward;
       break;  // reduce-scatter per micro-batch
-    default:  // gather weights for forward and backward, reduce-scatter grads, per micro-batch
-      traffic = m * (2 * ag + rs), window = m * (t.costs.f + backward);
+    default:
+      // Weights gathered for the forward and again for the backward, grads reduce-scattered,
+      // per micro-batch. titan3d's gathers are blocking (no prefetch): only the reduce-scatters
+      // hide behind the backward.
+      traffic = m * (2 * ag + rs), window = std::min(m * rs, m * backward);
   }
   // Gradients of a micro-batch are final only after its backward: the sync overlaps with the
   // backward compute that is still running (bucketed, as DDP / ZeRO do), the rest is exposed.

@@ -36,6 +36,7 @@ run bf16 --set train.precision=bf16
 deep=(--set model.n_layers=16 --set parallel.dp=2 --set parallel.bucket_mb=0.5)
 run zero1_deep "${deep[@]}" --set parallel.zero=1
 run zero2_deep "${deep[@]}" --set parallel.zero=2
+run zero3_deep "${deep[@]}" --set parallel.zero=3
 fail=0
 ratio() {  # ratio NAME VALUE BASE LO HI
   awk -v n="$1" -v v="$2" -v b="$3" -v lo="$4" -v hi="$5" 'BEGIN {
@@ -58,6 +59,17 @@ ratio "peak saving, ZeRO-2 vs ZeRO-1 (bytes / grads saved)" \
   "$(( $(field zero1_deep peak) - $(field zero2_deep peak) ))" "$(( full - $(field zero2_deep grads) ))" 1.0 1.0
 [ "$(field zero2_deep grads)" = "$((shard + nstaging * staging))" ] ||
   { echo "FAIL: ZeRO-2 grads $(field zero2_deep grads) != shard $shard + $nstaging × $staging"; fail=1; }
+# ZeRO-3 shards the parameters the same way: a shard of half plus two gather buffers of the
+# largest bucket; gradients as ZeRO-2; the peak drops by exactly the parameter bytes saved.
+read -r pshard ngather gather <<<"$(cat "$work/zero3_deep"/logs/rank*.log | sed -n "s/.*ZeRO-3 parameter bytes: shard \([0-9]*\) + \([0-9]*\) gather buffers × \([0-9]*\).*/\1 \2 \3/p" | sort -n | tail -1)"
+pfull=$(field zero1_deep params)
+ratio "params per rank, ZeRO-3 dp=2: shard only" "$pshard" "$pfull" 0.49 0.51
+ratio "params per rank, ZeRO-3 dp=2: shard + gather" "$(field zero3_deep params)" "$pfull" 0.55 0.66
+ratio "grads per rank, ZeRO-3 vs ZeRO-2" "$(field zero3_deep grads)" "$(field zero2_deep grads)" 1.0 1.0
+ratio "peak saving, ZeRO-3 vs ZeRO-2 (bytes / params saved)" \
+  "$(( $(field zero2_deep peak) - $(field zero3_deep peak) ))" "$(( pfull - $(field zero3_deep params) ))" 1.0 1.0
+[ "$(field zero3_deep params)" = "$((pshard + ngather * gather))" ] ||
+  { echo "FAIL: ZeRO-3 params $(field zero3_deep params) != shard $pshard + $ngather × $gather"; fail=1; }
 # comm GROUP RUN: the largest bytes any rank of RUN sent on GROUP ("communication bytes" line).
 comm() {
   cat "$work/$2"/logs/rank*.log | sed -n "s/.*communication bytes: .*\b$1 \([0-9]*\).*/\1/p" | sort -n | tail -1

@@ -167,6 +167,37 @@ TEST(GradReducer, ZeroTwoReducesEarlyOnlyWhenThePoolIsExhausted) {
   EXPECT_GT(run(dp, 2, 1, split_units(n, micro), micro, 1).early, 0);
 }
 
+// ZeRO-3: scattering a full region into the shards and gathering every bucket back gives the
+// region, whatever order buckets are asked in; the two gather buffers serve repeats without a
+// collective, and gather_params (after an optimizer step) makes them gather again.
+TEST(GradReducer, ZeroThreeGathersTheParameters) {
+  Comm dp = Comm::world(60.0);
+  kernels::Arena arena(1 << 20);
+  std::vector<int> per;
+  auto buckets = make_buckets(units(), 8, &per);
+  GradReducer reducer(dp, 3, buckets, per, nullptr, arena);
+  std::vector<float> full(static_cast<size_t>(buckets.back().end));
+  for (size_t i = 0; i < full.size(); ++i) full[i] = float(i) * 0.5f - 3.0f;
+  reducer.scatter_params(full.data());
+  int64_t shard = 0;
+  for (const auto& r : reducer.owned()) shard += r.size();
+  EXPECT_EQ(shard, reducer.owned_floats());
+  EXPECT_LT(shard, static_cast<int64_t>(full.size()));  // a slice, not everything
+  const auto expect_bucket = [&](int b) {
+    const float* got = reducer.bucket_params(b);
+    for (int64_t i = 0; i < buckets[b].size(); ++i)
+      ASSERT_EQ(got[i], full[static_cast<size_t>(buckets[b].begin + i)]) << "bucket " << b;
+  };
+  for (int b : {2, 1, 0, 1, 0, 2}) expect_bucket(b);
+  EXPECT_EQ(reducer.gathers(), 4);  // 2, 1, 0 gathered; 1, 0 cached; 2 gathered again
+  // An update of the shard (as the optimizer makes) must reach the next gather.
+  for (int64_t i = 0; i < shard; ++i) reducer.param_shard()[i] += 1.0f;
+  for (auto& x : full) x += 1.0f;  // the units leave no gaps: every float is in a slice
+  reducer.gather_params(nullptr);
+  for (int b : {0, 2, 1}) expect_bucket(b);
+  EXPECT_EQ(reducer.gathers(), 7);
+}
+
 TEST(GradReducer, MissingUnitIsReported) {
   Comm world = Comm::world(60.0);
   const Comm dp = world.split(world.rank(), 0, "alone");  // no collective left in flight

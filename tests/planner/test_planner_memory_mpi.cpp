@@ -61,9 +61,10 @@ void expect_arena_matches(const parallel::Comm& tp, int64_t pp, int64_t v,
   }
 }
 
-// ZeRO 1 and 2 over dp = 2 (the two ranks): the moment shard, and with ZeRO-2 the gradient shard
-// and staging buffers (attach_grad_reducer, as training builds them), take exactly the bytes the
-// planner predicts on the rank with the larger share.
+// ZeRO 1, 2 and 3 over dp = 2 (the two ranks): the moment shard, with ZeRO >= 2 the gradient
+// shard and staging buffers, with ZeRO-3 the parameter shard and gather buffers
+// (attach_grad_reducer, as training builds them), take exactly the bytes the planner predicts on
+// the rank with the larger share.
 void expect_zero_arena_matches(const parallel::Comm& dp, const parallel::Comm& tp, int64_t pp,
                                int64_t v, parallel::ScheduleKind kind, int64_t micro_batches,
                                int64_t zero, double bucket_mb) {
@@ -92,22 +93,29 @@ void expect_zero_arena_matches(const parallel::Comm& dp, const parallel::Comm& t
     options.slots = predicted.slots;
     options.with_optimizer = false;  // ZeRO: the moment shard comes with the reducer
     options.grad_region = zero < 2;
+    options.param_region = zero < 3;
     Model model(p.model, chunks, tp, arena, options);
     const auto reducer = attach_grad_reducer(model, dp, static_cast<int>(zero), bucket_mb, arena);
     const auto& f = model.footprint();
-    EXPECT_EQ(static_cast<double>(f.params), predicted.params);
     EXPECT_EQ(static_cast<double>(f.activations), predicted.activations);
     EXPECT_EQ(static_cast<double>(f.scratch), predicted.workspace);
     // The rank holding the larger share is the one the planner prices.
-    double measured[3] = {static_cast<double>(zero == 2 ? reducer->grad_bytes() : f.grads),
-                          2.0 * ((sizeof(float) * reducer->owned_floats() + 63) / 64 * 64),
-                          static_cast<double>(arena.used())};
-    dp.all_reduce(measured, 3, parallel::ReduceOp::max);
-    EXPECT_EQ(measured[0], predicted.grads);
-    EXPECT_EQ(measured[1], predicted.optimizer);
-    EXPECT_EQ(measured[2], predicted.total());
-    if (zero == 2) {
+    const size_t gathered = parallel::GradReducer::kGatherBuffers * reducer->gather_bytes();
+    double measured[4] = {
+        static_cast<double>(zero == 3 ? reducer->param_shard_bytes() + gathered : f.params),
+        static_cast<double>(zero >= 2 ? reducer->grad_bytes() : f.grads),
+        2.0 * ((sizeof(float) * reducer->owned_floats() + 63) / 64 * 64),
+        static_cast<double>(arena.used())};
+    dp.all_reduce(measured, 4, parallel::ReduceOp::max);
+    EXPECT_EQ(measured[0], predicted.params);
+    EXPECT_EQ(measured[1], predicted.grads);
+    EXPECT_EQ(measured[2], predicted.optimizer);
+    EXPECT_EQ(measured[3], predicted.total());
+    if (zero >= 2) {
       EXPECT_EQ(f.grads, 0u);
+    }
+    if (zero == 3) {
+      EXPECT_EQ(f.params, 0u);
     }
   }
 }
@@ -115,7 +123,7 @@ void expect_zero_arena_matches(const parallel::Comm& dp, const parallel::Comm& t
 TEST(PlannerMemory, ZeroShardsMatchTheArenaExactly) {
   parallel::Comm world = parallel::Comm::world(60.0);
   const parallel::Comm alone = world.split(world.rank(), 0, "alone");
-  for (int64_t zero : {1, 2})
+  for (int64_t zero : {1, 2, 3})
     for (double bucket_mb : {4.0, 0.01, 0.05}) {
       expect_zero_arena_matches(world, alone, 1, 1, parallel::ScheduleKind::k1F1B, 2, zero,
                                 bucket_mb);
