@@ -13,9 +13,14 @@
 // rank's vocab slice), F feed-forward dim, N = B*T rows, H query heads, Hkv key/value heads,
 // D head dim. Pointers never alias unless a comment says so.
 //
-// Threading: GEMMs run on OpenBLAS's pool (set_blas_threads). The element-wise ops are
-// single-threaded on purpose: ranks are usually oversubscribed on few cores, and a second
-// spinning pool (OpenMP) next to OpenBLAS's fights it for the same cores.
+// Threading: GEMMs run on OpenBLAS's pool (set_blas_threads). A rank with one BLAS thread runs
+// every other op serially. A rank with several (threads_per_rank > 1) also runs attention (over
+// batch x heads, kv heads for the backward) and the large element-wise ops (RMSNorm, RoPE,
+// SwiGLU, AdamW, residual adds) in an OpenMP parallel for with that many threads, with passive
+// waiting (the launcher sets OMP_WAIT_POLICY=PASSIVE) so the two pools never spin against each
+// other; each iteration writes its own outputs, so results are bit-identical to one thread
+// (kernels/threads.h). The row loops of attention and SwiGLU are compiled for SSE2, AVX2 and
+// AVX-512 and picked at run time (kernels/simd_rows.h; T3D_SIMD=sse2|avx2|avx512 forces one).
 //
 // No op allocates: scratch memory comes from the caller (the arena).
 #pragma once
@@ -95,6 +100,12 @@ struct AttentionShape {
   std::int64_t n_kv_heads = 0;  // Hkv; H % Hkv == 0, query head h reads kv head h / (H / Hkv)
   std::int64_t head_dim = 0;    // D
   std::int64_t tile = 64;       // query and key tile length; memory is O(tile^2), not O(T^2)
+  // Context parallelism: the T query rows are positions [q_pos, q_pos + T) of a sequence whose
+  // keys and values hold kv_len rows per batch (0: T), key row j at position j. The causal mask
+  // compares these absolute positions.
+  std::int64_t q_pos = 0;
+  std::int64_t kv_len = 0;
+  std::int64_t keys() const { return kv_len > 0 ? kv_len : T; }
 };
 
 // Floats of scratch the forward/backward need; independent of T (that is the point of tiling).
@@ -105,18 +116,18 @@ std::int64_t attention_scratch_floats(const AttentionShape& s);
 void attention_forward(float* out,      // out (B, T, H * D)
                        float* lse,      // lse (B, H, T)
                        const float* q,  // q (B, T, H * D)   (after RoPE)
-                       const float* k,  // k (B, T, Hkv * D) (after RoPE)
-                       const float* v,  // v (B, T, Hkv * D)
+                       const float* k,  // k (B, keys, Hkv * D) (after RoPE)
+                       const float* v,  // v (B, keys, Hkv * D)
                        float* scratch,  // scratch (attention_scratch_floats)
                        const AttentionShape& s);
 // Recomputes the scores tile by tile from q, k and lse (flash-attention 2 backward).
 void attention_backward(float* dq,          // dq (B, T, H * D) =
-                        float* dk,          // dk (B, T, Hkv * D) =
-                        float* dv,          // dv (B, T, Hkv * D) =
+                        float* dk,          // dk (B, keys, Hkv * D) =
+                        float* dv,          // dv (B, keys, Hkv * D) =
                         const float* dout,  // dout (B, T, H * D)
                         const float* q,     // q (B, T, H * D)
-                        const float* k,     // k (B, T, Hkv * D)
-                        const float* v,     // v (B, T, Hkv * D)
+                        const float* k,     // k (B, keys, Hkv * D)
+                        const float* v,     // v (B, keys, Hkv * D)
                         const float* out,   // out (B, T, H * D) from forward
                         const float* lse,   // lse (B, H, T) from forward
                         float* scratch,     // scratch (attention_scratch_floats)

@@ -5,87 +5,27 @@
 // rescale the partial output when m grows. Forward saves only out and lse = m + log(l); backward
 // recomputes P = exp(S - lse) tile by tile. Tile products are sgemm calls on strided views of
 // q/k/v (a head is D columns of a (T, heads * D) matrix), so nothing is copied.
+#include <omp.h>
+
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "kernels/blas.h"
 #include "kernels/check.h"
 #include "kernels/ops.h"
+#include "kernels/simd_rows.h"
+#include "kernels/threads.h"
 
 namespace t3d::kernels {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// exp for x <= 0 (scores minus their max), branch-free so the row loops vectorise; libm's expf
-// does not, and the T^2/2 exponentials would otherwise cost more than the GEMMs.
-// Cephes expf polynomial: rel. error ~2e-7 on the range used here; exp(-inf) -> ~1e-38, which
-// callers never rely on (masked entries are set to 0 explicitly).
-inline float exp_neg(float x) {
-  x = x > -87.0f ? x : -87.0f;
-  // floor(x log2 e + 0.5) via truncation of a positive number (cvttps vectorises on SSE2).
-  const float fn = static_cast<float>(static_cast<int>(x * 1.44269504088896341f + 128.5f)) - 128.0f;
-  const float r = x - fn * 0.693359375f + fn * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  // 2^fn built in the exponent field; bit_cast (not memcpy) keeps the loop vectorisable.
-  return p * std::bit_cast<float>((static_cast<std::int32_t>(fn) + 127) << 23);
-}
-
-// The row loops below are the non-GEMM cost of attention (T^2/2 exponentials per head).
-// `omp simd` (-fopenmp-simd: SIMD only, no OpenMP runtime or threads) lets the float reductions
-// vectorise, and -fno-trapping-math lets the clamp in exp_neg become a select. The build has no
-// -march=native, so this is SSE2 width; GCC 12's target_clones did not vectorise exp_neg in the
-// AVX clones (measured), so wider dispatch is left for later.
-
-float row_max(const float* x, std::int64_t n) {
-  float m = kNegInf;
-#pragma omp simd reduction(max : m)
-  for (std::int64_t c = 0; c < n; ++c) m = std::max(m, x[c]);
-  return m;
-}
-
-// x = exp(x - sub), returns the sum of the new x.
-float exp_sub_sum(float* x, std::int64_t n, float sub) {
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (std::int64_t c = 0; c < n; ++c) {
-    x[c] = exp_neg(x[c] - sub);
-    sum += x[c];
-  }
-  return sum;
-}
-
-void exp_sub(float* x, std::int64_t n, float sub) {
-#pragma omp simd
-  for (std::int64_t c = 0; c < n; ++c) x[c] = exp_neg(x[c] - sub);
-}
-
-// ds = p * (dp - dvec), in place over dp.
-void softmax_grad_row(float* dp, const float* p, std::int64_t n, float dvec) {
-#pragma omp simd
-  for (std::int64_t c = 0; c < n; ++c) dp[c] = p[c] * (dp[c] - dvec);
-}
-
-float dot(const float* a, const float* b, std::int64_t n) {
-  float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-  for (std::int64_t c = 0; c < n; ++c) s += a[c] * b[c];
-  return s;
-}
-
-// Number of keys of tile [j0, j0 + nk) visible to query position tq (causal: key <= query).
-inline std::int64_t visible(std::int64_t tq, std::int64_t j0, std::int64_t nk) {
-  return std::clamp<std::int64_t>(tq - j0 + 1, 0, nk);
-}
+// The row loops (T^2/2 exponentials per head: the non-GEMM cost of attention) are in
+// kernels/simd_rows.inc, compiled for SSE2, AVX2 and AVX-512 and picked at run time.
 
 // Strided views of one (batch, head): base pointers and row strides.
 struct HeadView {
@@ -97,12 +37,16 @@ void check_shape(const AttentionShape& s) {
                  ") must be a positive multiple of n_kv_heads (", s.n_kv_heads, ")");
   T3D_ASSERT(s.B > 0 && s.T > 0 && s.head_dim > 0 && s.tile > 0, "attention shape B=", s.B,
              " T=", s.T, " D=", s.head_dim, " tile=", s.tile);
+  // Every query must see at least key 0 and nothing past the keys held.
+  T3D_ASSERT(s.q_pos >= 0 && s.q_pos + s.T <= s.keys(), "attention queries at positions ", s.q_pos,
+             "..", s.q_pos + s.T, " but ", s.keys(), " keys");
 }
 
 HeadView head_view(const AttentionShape& s, std::int64_t b, std::int64_t h) {
   const std::int64_t group = s.n_heads / s.n_kv_heads;
   const std::int64_t ld_q = s.n_heads * s.head_dim, ld_kv = s.n_kv_heads * s.head_dim;
-  return {b * s.T * ld_q + h * s.head_dim, b * s.T * ld_kv + (h / group) * s.head_dim, ld_q, ld_kv};
+  return {b * s.T * ld_q + h * s.head_dim, b * s.keys() * ld_kv + (h / group) * s.head_dim, ld_q,
+          ld_kv};
 }
 
 }  // namespace
@@ -112,133 +56,167 @@ std::int64_t attention_scratch_floats(const AttentionShape& s) {
   return 2 * s.tile * s.tile + 2 * s.tile;
 }
 
-void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                       float* scratch, const AttentionShape& s) {
-  check_shape(s);
+namespace {
+
+// Scratch of a worker thread other than the caller's (the caller's comes from the arena). Grown
+// once per thread and tile size, then reused: the non-arena memory is a few tiles per thread.
+float* worker_scratch(std::int64_t n) {
+  thread_local std::vector<float> buf;
+  if (static_cast<std::int64_t>(buf.size()) < n) buf.resize(static_cast<std::size_t>(n));
+  return buf.data();
+}
+
+// Runs fn(item, scratch) for item in [0, n_items): serially on the caller's scratch, or, for a
+// rank with several threads, one item per OpenMP iteration with per-thread scratch. Each item
+// writes only its own outputs, so the results are the same whichever thread runs it.
+template <class Fn>
+void for_each_item(std::int64_t n_items, std::int64_t work, float* scratch,
+                   std::int64_t scratch_floats, Fn&& fn) {
+  const int nt = static_cast<int>(std::min<std::int64_t>(detail::op_threads(work), n_items));
+  if (nt <= 1) {
+    for (std::int64_t i = 0; i < n_items; ++i) fn(i, scratch);
+    return;
+  }
+  const detail::BlasSingleThreaded one_blas_thread;  // the tile GEMMs run inside the threads
+#pragma omp parallel num_threads(nt)
+  {
+    float* my = omp_get_thread_num() == 0 ? scratch : worker_scratch(scratch_floats);
+#pragma omp for schedule(dynamic, 1)
+    for (std::int64_t i = 0; i < n_items; ++i) fn(i, my);
+  }
+}
+
+// One (batch, query head) of the forward.
+void attention_forward_head(float* out, float* lse, const float* q, const float* k, const float* v,
+                            float* scratch, const AttentionShape& s, std::int64_t b,
+                            std::int64_t h) {
   const std::int64_t T = s.T, D = s.head_dim, tile = s.tile;
   const float sm_scale = 1.0f / std::sqrt(static_cast<float>(D));
   float* S = scratch;          // S (tile, tile): scores, then probabilities
   float* m = S + tile * tile;  // m (tile): running row max
   float* l = m + tile;         // l (tile): running row sum of exp(S - m)
-  for (std::int64_t b = 0; b < s.B; ++b) {
-    for (std::int64_t h = 0; h < s.n_heads; ++h) {
-      const HeadView hv = head_view(s, b, h);
-      const float* qh = q + hv.q_off;                // qh (T, D), row stride ld_q
-      const float* kh = k + hv.kv_off;               // kh (T, D), row stride ld_kv
-      const float* vh = v + hv.kv_off;               // vh (T, D), row stride ld_kv
-      float* oh = out + hv.q_off;                    // oh (T, D), row stride ld_q
-      float* lse_h = lse + (b * s.n_heads + h) * T;  // lse_h (T)
-      for (std::int64_t i0 = 0; i0 < T; i0 += tile) {
-        const std::int64_t nq = std::min(tile, T - i0);
-        for (std::int64_t r = 0; r < nq; ++r) {
-          m[r] = kNegInf;
-          l[r] = 0.0f;
-          std::memset(oh + (i0 + r) * hv.ld_q, 0, static_cast<std::size_t>(D) * sizeof(float));
-        }
-        for (std::int64_t j0 = 0; j0 < i0 + nq; j0 += tile) {  // key tiles up to the diagonal
-          const std::int64_t nk = std::min(tile, T - j0);
-          // S (nq, nk) = scale * q_i (nq, D) k_j^T (D, nk)
-          sgemm(Trans::kNo, Trans::kYes, nq, nk, D, sm_scale, qh + i0 * hv.ld_q, hv.ld_q,
-                kh + j0 * hv.ld_kv, hv.ld_kv, 0.0f, S, nk);
-          for (std::int64_t r = 0; r < nq; ++r) {
-            float* srow = S + r * nk;
-            const std::int64_t nv = visible(i0 + r, j0, nk);
-            const float m_new = std::max(m[r], row_max(srow, nv));
-            const float sum = exp_sub_sum(srow, nv, m_new);
-            for (std::int64_t c = nv; c < nk; ++c) srow[c] = 0.0f;  // causal mask
-            if (m_new > m[r]) {  // the max grew: rescale what was accumulated so far
-              const float alpha = m[r] == kNegInf ? 0.0f : exp_neg(m[r] - m_new);
-              l[r] *= alpha;
-              float* orow = oh + (i0 + r) * hv.ld_q;
-              for (std::int64_t d = 0; d < D; ++d) orow[d] *= alpha;
-              m[r] = m_new;
-            }
-            l[r] += sum;
-          }
-          // o_i (nq, D) += P (nq, nk) v_j (nk, D)
-          sgemm(Trans::kNo, Trans::kNo, nq, D, nk, 1.0f, S, nk, vh + j0 * hv.ld_kv, hv.ld_kv, 1.0f,
-                oh + i0 * hv.ld_q, hv.ld_q);
-        }
-        for (std::int64_t r = 0; r < nq; ++r) {
-          const float inv = 1.0f / l[r];
-          float* orow = oh + (i0 + r) * hv.ld_q;
-          for (std::int64_t d = 0; d < D; ++d) orow[d] *= inv;
-          lse_h[i0 + r] = m[r] + std::log(l[r]);
-        }
-      }
+  const detail::SimdRows& rows = detail::simd_rows();
+  const HeadView hv = head_view(s, b, h);
+  const float* qh = q + hv.q_off;                // qh (T, D), row stride ld_q
+  const float* kh = k + hv.kv_off;               // kh (T, D), row stride ld_kv
+  const float* vh = v + hv.kv_off;               // vh (T, D), row stride ld_kv
+  float* oh = out + hv.q_off;                    // oh (T, D), row stride ld_q
+  float* lse_h = lse + (b * s.n_heads + h) * T;  // lse_h (T)
+  for (std::int64_t i0 = 0; i0 < T; i0 += tile) {
+    const std::int64_t nq = std::min(tile, T - i0);
+    for (std::int64_t r = 0; r < nq; ++r) {
+      m[r] = kNegInf;
+      l[r] = 0.0f;
+      std::memset(oh + (i0 + r) * hv.ld_q, 0, static_cast<std::size_t>(D) * sizeof(float));
+    }
+    const std::int64_t p0 = s.q_pos + i0;  // the tile's first query position
+    for (std::int64_t j0 = 0; j0 < p0 + nq; j0 += tile) {  // key tiles up to the diagonal
+      const std::int64_t nk = std::min(tile, p0 + nq - j0);
+      // S (nq, nk) = scale * q_i (nq, D) k_j^T (D, nk)
+      sgemm(Trans::kNo, Trans::kYes, nq, nk, D, sm_scale, qh + i0 * hv.ld_q, hv.ld_q,
+            kh + j0 * hv.ld_kv, hv.ld_kv, 0.0f, S, nk);
+      rows.softmax_tile_fwd(S, nq, nk, p0, j0, m, l, oh + i0 * hv.ld_q, hv.ld_q, D);
+      // o_i (nq, D) += P (nq, nk) v_j (nk, D)
+      sgemm(Trans::kNo, Trans::kNo, nq, D, nk, 1.0f, S, nk, vh + j0 * hv.ld_kv, hv.ld_kv, 1.0f,
+            oh + i0 * hv.ld_q, hv.ld_q);
+    }
+    for (std::int64_t r = 0; r < nq; ++r) {
+      const float inv = 1.0f / l[r];
+      float* orow = oh + (i0 + r) * hv.ld_q;
+      for (std::int64_t d = 0; d < D; ++d) orow[d] *= inv;
+      lse_h[i0 + r] = m[r] + std::log(l[r]);
     }
   }
+}
+
+}  // namespace
+
+void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
+                       float* scratch, const AttentionShape& s) {
+  check_shape(s);
+  // Work of one call ~ B H T^2 D / 2 multiply-adds; parallel over (batch, query head).
+  for_each_item(s.B * s.n_heads, s.B * s.n_heads * s.T * s.head_dim, scratch,
+                attention_scratch_floats(s), [&](std::int64_t i, float* scr) {
+                  attention_forward_head(out, lse, q, k, v, scr, s, i / s.n_heads, i % s.n_heads);
+                });
 }
 
 // With P = softmax(S), O = P V and S = scale q k^T:
 //   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(dO * O)),  dQ = scale dS K,  dK = scale dS^T
 //   Q.
 // Query heads of one group share k and v, so their dK, dV accumulate into the same rows.
+namespace {
+
+// One (batch, kv head) of the backward: the query heads of its group, in order, so that dk and dv
+// of a kv head are accumulated by one thread in a fixed order.
+void attention_backward_group(float* dq, float* dk, float* dv, const float* dout, const float* q,
+                              const float* k, const float* v, const float* out, const float* lse,
+                              float* scratch, const AttentionShape& s, std::int64_t b,
+                              std::int64_t kvh) {
+  const std::int64_t T = s.T, D = s.head_dim, tile = s.tile;
+  const std::int64_t group = s.n_heads / s.n_kv_heads;
+  const float sm_scale = 1.0f / std::sqrt(static_cast<float>(D));
+  float* P = scratch;              // P (tile, tile)
+  float* dP = P + tile * tile;     // dP (tile, tile), becomes dS
+  float* Dvec = dP + tile * tile;  // Dvec (tile): rowsum(dO * O)
+  const detail::SimdRows& rows = detail::simd_rows();
+  for (std::int64_t h = kvh * group; h < (kvh + 1) * group; ++h) {
+    const HeadView hv = head_view(s, b, h);
+    const float* qh = q + hv.q_off;                      // (T, D) stride ld_q
+    const float* kh = k + hv.kv_off;                     // (T, D) stride ld_kv
+    const float* vh = v + hv.kv_off;                     // (T, D) stride ld_kv
+    const float* oh = out + hv.q_off;                    // (T, D) stride ld_q
+    const float* doh = dout + hv.q_off;                  // (T, D) stride ld_q
+    float* dqh = dq + hv.q_off;                          // (T, D) stride ld_q
+    float* dkh = dk + hv.kv_off;                         // (T, D) stride ld_kv
+    float* dvh = dv + hv.kv_off;                         // (T, D) stride ld_kv
+    const float* lse_h = lse + (b * s.n_heads + h) * T;  // (T)
+    for (std::int64_t i0 = 0; i0 < T; i0 += tile) {
+      const std::int64_t nq = std::min(tile, T - i0);
+      rows.row_dots(Dvec, oh + i0 * hv.ld_q, doh + i0 * hv.ld_q, nq, hv.ld_q, D);
+      const std::int64_t p0 = s.q_pos + i0;
+      for (std::int64_t j0 = 0; j0 < p0 + nq; j0 += tile) {
+        const std::int64_t nk = std::min(tile, p0 + nq - j0);
+        const float* qi = qh + i0 * hv.ld_q;
+        const float* doi = doh + i0 * hv.ld_q;
+        const float* kj = kh + j0 * hv.ld_kv;
+        const float* vj = vh + j0 * hv.ld_kv;
+        // P (nq, nk) = exp(scale q_i k_j^T - lse)
+        sgemm(Trans::kNo, Trans::kYes, nq, nk, D, sm_scale, qi, hv.ld_q, kj, hv.ld_kv, 0.0f, P, nk);
+        rows.exp_tile_bwd(P, nq, nk, p0, j0, lse_h + i0);
+        // dv_j (nk, D) += P^T (nk, nq) do_i (nq, D)
+        sgemm(Trans::kYes, Trans::kNo, nk, D, nq, 1.0f, P, nk, doi, hv.ld_q, 1.0f,
+              dvh + j0 * hv.ld_kv, hv.ld_kv);
+        // dP (nq, nk) = do_i (nq, D) v_j^T (D, nk)
+        sgemm(Trans::kNo, Trans::kYes, nq, nk, D, 1.0f, doi, hv.ld_q, vj, hv.ld_kv, 0.0f, dP, nk);
+        rows.softmax_grad_tile(dP, P, nq, nk, Dvec);  // dS = P * (dP - Dvec); masked P are 0
+        // dq_i (nq, D) += scale dS (nq, nk) k_j (nk, D)
+        sgemm(Trans::kNo, Trans::kNo, nq, D, nk, sm_scale, dP, nk, kj, hv.ld_kv, 1.0f,
+              dqh + i0 * hv.ld_q, hv.ld_q);
+        // dk_j (nk, D) += scale dS^T (nk, nq) q_i (nq, D)
+        sgemm(Trans::kYes, Trans::kNo, nk, D, nq, sm_scale, dP, nk, qi, hv.ld_q, 1.0f,
+              dkh + j0 * hv.ld_kv, hv.ld_kv);
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
                         const float* k, const float* v, const float* out, const float* lse,
                         float* scratch, const AttentionShape& s) {
   check_shape(s);
-  const std::int64_t T = s.T, D = s.head_dim, tile = s.tile;
-  const float sm_scale = 1.0f / std::sqrt(static_cast<float>(D));
   // Activation gradients are written (=), but the tiles accumulate into them: zero first.
-  zero(dq, s.B * T * s.n_heads * D);
-  zero(dk, s.B * T * s.n_kv_heads * D);
-  zero(dv, s.B * T * s.n_kv_heads * D);
-  float* P = scratch;              // P (tile, tile)
-  float* dP = P + tile * tile;     // dP (tile, tile), becomes dS
-  float* Dvec = dP + tile * tile;  // Dvec (tile): rowsum(dO * O)
-  for (std::int64_t b = 0; b < s.B; ++b) {
-    for (std::int64_t h = 0; h < s.n_heads; ++h) {
-      const HeadView hv = head_view(s, b, h);
-      const float* qh = q + hv.q_off;                      // (T, D) stride ld_q
-      const float* kh = k + hv.kv_off;                     // (T, D) stride ld_kv
-      const float* vh = v + hv.kv_off;                     // (T, D) stride ld_kv
-      const float* oh = out + hv.q_off;                    // (T, D) stride ld_q
-      const float* doh = dout + hv.q_off;                  // (T, D) stride ld_q
-      float* dqh = dq + hv.q_off;                          // (T, D) stride ld_q
-      float* dkh = dk + hv.kv_off;                         // (T, D) stride ld_kv
-      float* dvh = dv + hv.kv_off;                         // (T, D) stride ld_kv
-      const float* lse_h = lse + (b * s.n_heads + h) * T;  // (T)
-      for (std::int64_t i0 = 0; i0 < T; i0 += tile) {
-        const std::int64_t nq = std::min(tile, T - i0);
-        for (std::int64_t r = 0; r < nq; ++r) {
-          const float* o = oh + (i0 + r) * hv.ld_q;
-          const float* d = doh + (i0 + r) * hv.ld_q;
-          Dvec[r] = dot(o, d, D);
-        }
-        for (std::int64_t j0 = 0; j0 < i0 + nq; j0 += tile) {
-          const std::int64_t nk = std::min(tile, T - j0);
-          const float* qi = qh + i0 * hv.ld_q;
-          const float* doi = doh + i0 * hv.ld_q;
-          const float* kj = kh + j0 * hv.ld_kv;
-          const float* vj = vh + j0 * hv.ld_kv;
-          // P (nq, nk) = exp(scale q_i k_j^T - lse)
-          sgemm(Trans::kNo, Trans::kYes, nq, nk, D, sm_scale, qi, hv.ld_q, kj, hv.ld_kv, 0.0f, P,
-                nk);
-          for (std::int64_t r = 0; r < nq; ++r) {
-            float* prow = P + r * nk;
-            const std::int64_t nv = visible(i0 + r, j0, nk);
-            exp_sub(prow, nv, lse_h[i0 + r]);
-            for (std::int64_t c = nv; c < nk; ++c) prow[c] = 0.0f;
-          }
-          // dv_j (nk, D) += P^T (nk, nq) do_i (nq, D)
-          sgemm(Trans::kYes, Trans::kNo, nk, D, nq, 1.0f, P, nk, doi, hv.ld_q, 1.0f,
-                dvh + j0 * hv.ld_kv, hv.ld_kv);
-          // dP (nq, nk) = do_i (nq, D) v_j^T (D, nk)
-          sgemm(Trans::kNo, Trans::kYes, nq, nk, D, 1.0f, doi, hv.ld_q, vj, hv.ld_kv, 0.0f, dP, nk);
-          for (std::int64_t r = 0; r < nq; ++r) {  // dS = P * (dP - Dvec); masked P are 0
-            softmax_grad_row(dP + r * nk, P + r * nk, nk, Dvec[r]);
-          }
-          // dq_i (nq, D) += scale dS (nq, nk) k_j (nk, D)
-          sgemm(Trans::kNo, Trans::kNo, nq, D, nk, sm_scale, dP, nk, kj, hv.ld_kv, 1.0f,
-                dqh + i0 * hv.ld_q, hv.ld_q);
-          // dk_j (nk, D) += scale dS^T (nk, nq) q_i (nq, D)
-          sgemm(Trans::kYes, Trans::kNo, nk, D, nq, sm_scale, dP, nk, qi, hv.ld_q, 1.0f,
-                dkh + j0 * hv.ld_kv, hv.ld_kv);
-        }
-      }
-    }
-  }
+  zero(dq, s.B * s.T * s.n_heads * s.head_dim);
+  zero(dk, s.B * s.keys() * s.n_kv_heads * s.head_dim);
+  zero(dv, s.B * s.keys() * s.n_kv_heads * s.head_dim);
+  // Parallel over (batch, kv head): dk and dv rows of a kv head belong to one item.
+  for_each_item(s.B * s.n_kv_heads, s.B * s.n_heads * s.T * s.head_dim, scratch,
+                attention_scratch_floats(s), [&](std::int64_t i, float* scr) {
+                  attention_backward_group(dq, dk, dv, dout, q, k, v, out, lse, scr, s,
+                                           i / s.n_kv_heads, i % s.n_kv_heads);
+                });
 }
 
 }  // namespace t3d::kernels

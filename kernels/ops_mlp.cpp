@@ -1,8 +1,11 @@
 // Linear layers (all GEMMs, through kernels/blas.h with transpose flags, no copies) and SwiGLU.
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/blas.h"
 #include "kernels/ops.h"
+#include "kernels/simd_rows.h"
+#include "kernels/threads.h"
 
 namespace t3d::kernels {
 
@@ -24,22 +27,39 @@ void linear_backward_weight(float* dw, const float* dy, const float* x, std::int
   sgemm(Trans::kYes, Trans::kNo, out, in, N, 1.0f, dy, x, 1.0f, dw);
 }
 
-void swiglu_forward(float* h, const float* gate, const float* up, std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    h[i] = g / (1.0f + std::exp(-g)) * up[i];
+namespace {
+
+// Element-wise: with threads, each takes a contiguous range (the vectorised loops are in
+// kernels/simd_rows.inc).
+template <class Fn>
+void split_range(std::int64_t n, Fn&& fn) {
+  const int nt = detail::op_threads(n);
+  if (nt <= 1) return fn(std::int64_t{0}, n);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int t = 0; t < nt; ++t) {
+    // Boundaries on multiples of 16 floats (a cache line).
+    const std::int64_t chunk = (n / nt + 15) / 16 * 16;
+    const std::int64_t lo = std::min(n, t * chunk), hi = t == nt - 1 ? n : std::min(n, lo + chunk);
+    fn(lo, hi);
   }
+}
+
+}  // namespace
+
+void swiglu_forward(float* h, const float* gate, const float* up, std::int64_t n) {
+  const auto& rows = detail::simd_rows();
+  split_range(n, [&](std::int64_t lo, std::int64_t hi) {
+    rows.swiglu_fwd(h + lo, gate + lo, up + lo, hi - lo);
+  });
 }
 
 // h = g s(g) u with s the sigmoid: dh/du = g s(g), dh/dg = u s(g) (1 + g (1 - s(g))).
 void swiglu_backward(float* dgate, float* dup, const float* dh, const float* gate, const float* up,
                      std::int64_t n) {
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float g = gate[i];
-    const float s = 1.0f / (1.0f + std::exp(-g));
-    dup[i] = dh[i] * g * s;
-    dgate[i] = dh[i] * up[i] * s * (1.0f + g * (1.0f - s));
-  }
+  const auto& rows = detail::simd_rows();
+  split_range(n, [&](std::int64_t lo, std::int64_t hi) {
+    rows.swiglu_bwd(dgate + lo, dup + lo, dh + lo, gate + lo, up + lo, hi - lo);
+  });
 }
 
 }  // namespace t3d::kernels

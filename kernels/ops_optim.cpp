@@ -5,6 +5,7 @@
 
 #include "kernels/check.h"
 #include "kernels/ops.h"
+#include "kernels/threads.h"
 
 namespace t3d::kernels {
 
@@ -13,6 +14,7 @@ void zero(float* x, std::int64_t n) {
 }
 
 void add_inplace(float* x, const float* y, std::int64_t n) {
+#pragma omp parallel for simd num_threads(detail::op_threads(n)) schedule(static)
   for (std::int64_t i = 0; i < n; ++i) x[i] += y[i];
 }
 
@@ -45,6 +47,7 @@ void adamw_step(float* params, const float* grads, float* m, float* v, std::int6
   const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
   const float decay = 1.0f - cfg.lr * cfg.weight_decay;
   const float b1 = cfg.beta1, b2 = cfg.beta2, eps = cfg.eps;
+#pragma omp parallel for simd num_threads(detail::op_threads(n)) schedule(static)
   for (std::int64_t i = 0; i < n; ++i) {
     const float g = grads[i];
     const float mi = b1 * m[i] + (1.0f - b1) * g;

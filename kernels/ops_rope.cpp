@@ -2,6 +2,7 @@
 
 #include "kernels/check.h"
 #include "kernels/ops.h"
+#include "kernels/threads.h"
 
 namespace t3d::kernels {
 namespace {
@@ -13,19 +14,19 @@ void rope_apply(float* out, const float* inp, const float* table, std::int64_t B
   T3D_ASSERT(pos_offset >= 0, "negative RoPE position offset ", pos_offset);
   const std::int64_t half = D / 2;
   const std::int64_t row = n_heads * D;
-  for (std::int64_t b = 0; b < B; ++b) {
-    for (std::int64_t t = 0; t < T; ++t) {
-      const float* cos = table + (pos_offset + t) * D;
-      const float* sin = cos + half;
-      for (std::int64_t h = 0; h < n_heads; ++h) {
-        const float* x = inp + (b * T + t) * row + h * D;
-        float* y = out + (b * T + t) * row + h * D;
-        for (std::int64_t i = 0; i < half; ++i) {
-          const float x1 = x[i], x2 = x[i + half];  // read both before writing (in place)
-          const float s = sign * sin[i];
-          y[i] = x1 * cos[i] - x2 * s;
-          y[i + half] = x2 * cos[i] + x1 * s;
-        }
+#pragma omp parallel for num_threads(detail::op_threads(B* T* row)) schedule(static)
+  for (std::int64_t bt = 0; bt < B * T; ++bt) {  // rows are independent
+    const std::int64_t t = bt % T;
+    const float* cos = table + (pos_offset + t) * D;
+    const float* sin = cos + half;
+    for (std::int64_t h = 0; h < n_heads; ++h) {
+      const float* x = inp + bt * row + h * D;
+      float* y = out + bt * row + h * D;
+      for (std::int64_t i = 0; i < half; ++i) {
+        const float x1 = x[i], x2 = x[i + half];  // read both before writing (in place)
+        const float s = sign * sin[i];
+        y[i] = x1 * cos[i] - x2 * s;
+        y[i + half] = x2 * cos[i] + x1 * s;
       }
     }
   }

@@ -142,6 +142,7 @@ EvalResult run_eval(const Job& job, const std::string& snapshot, const EvalOptio
     // where the norms run, so both can change the last bits of the loss.
     mo.bf16 = r.train.precision == "bf16";
     mo.sequence_parallel = r.parallel.sequence_parallel;
+    mo.cp = &mesh.group(Dim::cp);
     model = std::make_unique<Model>(r.model, mine, mesh.group(Dim::tp), *arena, mo);
     holds_loss = mine.back().last && mesh.coord().tp == 0;
 
@@ -161,6 +162,10 @@ EvalResult run_eval(const Job& job, const std::string& snapshot, const EvalOptio
   });
 
   std::vector<int32_t> tokens(static_cast<size_t>(rows * T)), targets(tokens.size());
+  // Context parallel: this rank's positions of every row, as the trainer.
+  const int cp = mesh.shape().size(Dim::cp), cp_rank = mesh.coord().cp;
+  const int64_t Tc = T / cp;
+  std::vector<int32_t> my_tokens(static_cast<size_t>(rows * Tc)), my_targets(my_tokens.size());
   double sum = 0;
   for (int64_t b = 0; b < res.batches; ++b) {
     const MicroBatchSource source = [&](int mb, const int32_t** tok, const int32_t** tgt) {
@@ -169,12 +174,15 @@ EvalResult run_eval(const Job& job, const std::string& snapshot, const EvalOptio
       for (int64_t i = 0; i < rows; ++i)
         if (b * B + batch.first_global_row + i >= res.windows)
           std::fill_n(targets.begin() + i * T, T, kernels::kIgnoreIndex);
-      *tok = tokens.data();
-      *tgt = targets.data();
+      cp_local_positions(tokens.data(), my_tokens.data(), rows, T, cp, cp_rank);
+      cp_local_positions(targets.data(), my_targets.data(), rows, T, cp, cp_rank);
+      *tok = my_tokens.data();
+      *tgt = my_targets.data();
     };
     sum += executor->run(*model, source, 0.0f, /*training=*/false);
   }
-  // As Trainer::validate: the last stage's tp rank 0 of every dp replica holds its rows' sum.
+  // As Trainer::validate: the last stage's tp rank 0 of every dp replica and cp rank holds the
+  // sum over its rows' positions.
   double contribution = holds_loss ? sum : 0.0;
   mesh.world().all_reduce(&contribution, 1);
   res.loss = contribution / static_cast<double>(res.tokens);

@@ -94,6 +94,7 @@ void agree_on(const parallel::Comm& world, const std::function<void()>& setup) {
                  first ? ("rank " + std::to_string(first) + ": ").c_str() : "", error.c_str());
     std::fflush(stderr);
   }
+  world.barrier();  // the message is out before any rank can exit and have mpirun end the job
   throw AgreedFailure{agreed};
 }
 

@@ -82,6 +82,14 @@ struct Model::Scratch {
   float* sum_exp;  // (N)
   float* target;   // (N)
   float* rope;     // (T, D)
+  // Context parallelism: the whole sequence's keys and values, their gradients, and a staging
+  // buffer in collective order (cp, B, T/cp, width).
+  float* k_all = nullptr;    // (B, T, Hkvl·D)
+  float* v_all = nullptr;    // (B, T, Hkvl·D)
+  float* dk_all = nullptr;   // (B, T, Hkvl·D)
+  float* dv_all = nullptr;   // (B, T, Hkvl·D)
+  float* cp_stage = nullptr;  // (cp, 2, B, T/(2cp), Hkvl·D)
+  float* cp_kv_part = nullptr;  // 2 × (B, T, Hkvl·D): the second part's dk, dv before adding
   uint16_t* tp16 = nullptr;       // (N, C) bf16 TP all-reduce buffer
   uint16_t* tp16_rows = nullptr;  // (N, C) bf16 second buffer for SP gathers / scatters
   float* rows = nullptr;          // (Nl, C) SP: this rank's rows of a gathered or scattered tensor
@@ -115,7 +123,14 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
   ffn_ = config_.ffn_dim / tps;
   vocab_ = config_.vocab_size / tps;
   vocab_start_ = vocab_ * tp_.rank();
-  rows_ = options_.micro_rows * config_.seq_len;
+  cp_ = options_.cp && options_.cp->size() > 1;
+  const int64_t cps = cp_ ? options_.cp->size() : 1;
+  parts_ = cp_ ? 2 : 1;
+  T3D_USER_CHECK(config_.seq_len % (parts_ * cps) == 0, "recipe error: `parallel.cp` = ", cps,
+                 ": model.seq_len = ", config_.seq_len, " must divide into 2·cp equal parts");
+  seq_local_ = config_.seq_len / cps;
+  part_len_ = seq_local_ / parts_;
+  rows_ = options_.micro_rows * seq_local_;
   sp_ = options_.sequence_parallel && tps > 1;
   T3D_USER_CHECK(!sp_ || rows_ % tps == 0, "recipe error: `parallel.sequence_parallel`: the ",
                  rows_, " tokens of a micro-batch do not split evenly over tp = ", tps,
@@ -154,7 +169,7 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
   footprint_.optimizer = options_.with_optimizer ? 2 * region : 0;
   before = arena_.used();
 
-  const int64_t N = rows_, C = config_.dim, D = config_.head_dim(), T = config_.seq_len;
+  const int64_t N = rows_, C = config_.dim, D = config_.head_dim(), T = seq_local_;
   const int64_t B = options_.micro_rows, Nl = rows_local_;  // Nl: this rank's rows (SP)
   auto alloc = [&](const std::string& name, int64_t floats) {
     return arena_.alloc_floats(name, static_cast<size_t>(floats));
@@ -243,7 +258,7 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
 
   scratch_ = std::make_unique<Scratch>();
   auto& s = *scratch_;
-  k::AttentionShape shape{B, T, heads_, kv_heads_, D};
+  const k::AttentionShape shape = attention_shape(0);
   s.tmp = alloc("scratch.tmp", N * C);
   s.dx = alloc("scratch.dx", Nl * C);
   if (sp_) {
@@ -267,7 +282,16 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
     s.sum_exp = alloc("scratch.ce_sum_exp", N);
     s.target = alloc("scratch.ce_target_logit", N);
   }
-  s.rope = alloc("scratch.rope_table", T * D);
+  s.rope = alloc("scratch.rope_table", config_.seq_len * D);
+  if (cp_) {
+    const int64_t whole = B * config_.seq_len * kv_heads_ * D;
+    s.k_all = alloc("scratch.cp_keys", whole);
+    s.v_all = alloc("scratch.cp_values", whole);
+    s.dk_all = alloc("scratch.cp_key_grads", whole);
+    s.dv_all = alloc("scratch.cp_value_grads", whole);
+    s.cp_stage = alloc("scratch.cp_staging", whole);
+    s.cp_kv_part = alloc("scratch.cp_key_value_part_grads", 2 * whole);
+  }
   if (options_.checkpoint_every > 0 || options_.bf16) {
     // One block's fp32 activations, shared by every recomputed or bf16-stored block: written by
     // its forward (then stored in bf16, or dropped), rebuilt right before its backward.
@@ -283,7 +307,7 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
       s.tp16_rows = static_cast<uint16_t*>(arena_.alloc_bytes("scratch.tp_bf16_rows", N * C * 2));
     s.recv16 = static_cast<uint16_t*>(arena_.alloc_bytes("scratch.recv_bf16", Nl * C * 2));
   }
-  k::rope_table(s.rope, T, D, config_.rope_theta);
+  k::rope_table(s.rope, config_.seq_len, D, config_.rope_theta);
   footprint_.scratch = arena_.used() - before;
 }
 
@@ -384,6 +408,63 @@ const float* Model::gather_rows(const float* local, float* full) const {
   return full;
 }
 
+namespace {
+// Zig-zag: cp rank r holds parts r and 2·cp−1−r of the 2·cp equal parts of a sequence.
+int64_t zigzag_part(int cp, int cp_rank, int64_t part) {
+  return part == 0 ? cp_rank : 2 * cp - 1 - cp_rank;
+}
+}  // namespace
+
+void cp_local_positions(const int32_t* whole, int32_t* local, int64_t rows, int64_t seq_len, int cp,
+                        int cp_rank) {
+  if (cp == 1) {
+    std::copy_n(whole, rows * seq_len, local);
+    return;
+  }
+  const int64_t len = seq_len / (2 * cp);
+  for (int64_t part = 0; part < 2; ++part)
+    for (int64_t row = 0; row < rows; ++row)
+      std::copy_n(whole + row * seq_len + zigzag_part(cp, cp_rank, part) * len, len,
+                  local + (part * rows + row) * len);
+}
+
+int64_t Model::part_begin(int64_t part) const {
+  return cp_ ? zigzag_part(options_.cp->size(), options_.cp->rank(), part) * part_len_ : 0;
+}
+
+k::AttentionShape Model::attention_shape(int64_t part) const {
+  k::AttentionShape shape{options_.micro_rows, part_len_, heads_, kv_heads_, config_.head_dim()};
+  if (cp_) shape.q_pos = part_begin(part), shape.kv_len = config_.seq_len;
+  return shape;
+}
+
+// The staging buffer is in collective order (rank, part, row, position); `full` is (row, position).
+void Model::gather_sequence(const float* local, float* full, int64_t width) const {
+  const int64_t B = options_.micro_rows, len = part_len_;
+  const int cps = options_.cp->size();
+  auto& s = *scratch_;
+  options_.cp->all_gather(local, s.cp_stage, static_cast<size_t>(B * seq_local_ * width));
+  for (int r = 0; r < cps; ++r)
+    for (int64_t part = 0; part < 2; ++part)
+      for (int64_t b = 0; b < B; ++b)
+        std::memcpy(full + (b * config_.seq_len + zigzag_part(cps, r, part) * len) * width,
+                    s.cp_stage + (((r * 2 + part) * B + b) * len) * width,
+                    sizeof(float) * len * width);
+}
+
+void Model::scatter_sequence_grad(const float* full, float* local, int64_t width) const {
+  const int64_t B = options_.micro_rows, len = part_len_;
+  const int cps = options_.cp->size();
+  auto& s = *scratch_;
+  for (int r = 0; r < cps; ++r)
+    for (int64_t part = 0; part < 2; ++part)
+      for (int64_t b = 0; b < B; ++b)
+        std::memcpy(s.cp_stage + (((r * 2 + part) * B + b) * len) * width,
+                    full + (b * config_.seq_len + zigzag_part(cps, r, part) * len) * width,
+                    sizeof(float) * len * width);
+  options_.cp->reduce_scatter(s.cp_stage, local, static_cast<size_t>(B * seq_local_ * width));
+}
+
 float* Model::reduce_rows(float* partial) const {
   if (!sp_) {
     tp_sum(partial, rows_ * config_.dim);
@@ -427,7 +508,7 @@ void Model::for_each_stored(const LayerActs& a, const LayerActs16& b, Fn16 on16,
   on16(a.h, b.h, N * ffn_);
   on32(a.rstd1, b.rstd1, rows_local_);  // per-row statistics stay fp32
   on32(a.rstd2, b.rstd2, rows_local_);
-  on32(a.lse, b.lse, options_.micro_rows * heads_ * config_.seq_len);
+  on32(a.lse, b.lse, options_.micro_rows * heads_ * seq_local_);
 }
 
 void Model::encode16(const LayerActs& from, const LayerActs16& to) const {
@@ -482,7 +563,7 @@ const float* Model::input_grad(int chunk, int slot) const {
 void Model::forward_layer(int64_t l, LayerActs& a, const float* x_in, float* x_out) {
   const ConstBlock pw = block_weights(l);
   const int64_t N = rows_, C = config_.dim, D = config_.head_dim();
-  const int64_t B = options_.micro_rows, T = config_.seq_len;
+  const int64_t B = options_.micro_rows;
   const int64_t qd = heads_ * D, kvd = kv_heads_ * D;
   auto& s = *scratch_;
   const int64_t Nl = rows_local_;
@@ -493,9 +574,22 @@ void Model::forward_layer(int64_t l, LayerActs& a, const float* x_in, float* x_o
   k::linear_forward(a.q, a.xn1, pw.q, N, C, qd);
   k::linear_forward(a.kk, a.xn1, pw.k, N, C, kvd);
   k::linear_forward(a.v, a.xn1, pw.v, N, C, kvd);
-  k::rope_forward(a.q, a.q, s.rope, B, T, heads_, D, 0);
-  k::rope_forward(a.kk, a.kk, s.rope, B, T, kv_heads_, D, 0);
-  k::attention_forward(a.att, a.lse, a.q, a.kk, a.v, s.attn, {B, T, heads_, kv_heads_, D});
+  // Each part of this rank's positions (one without context parallelism) is (B, len) rows.
+  const int64_t len = part_len_, part_rows = B * len;
+  for (int64_t part = 0; part < parts_; ++part) {
+    k::rope_forward(a.q + part * part_rows * qd, a.q + part * part_rows * qd, s.rope, B, len,
+                    heads_, D, part_begin(part));
+    k::rope_forward(a.kk + part * part_rows * kvd, a.kk + part * part_rows * kvd, s.rope, B, len,
+                    kv_heads_, D, part_begin(part));
+  }
+  if (cp_) {
+    gather_sequence(a.kk, s.k_all, kvd);
+    gather_sequence(a.v, s.v_all, kvd);
+  }
+  for (int64_t part = 0; part < parts_; ++part)
+    k::attention_forward(a.att + part * part_rows * qd, a.lse + part * B * heads_ * len,
+                         a.q + part * part_rows * qd, cp_ ? s.k_all : a.kk, cp_ ? s.v_all : a.v,
+                         s.attn, attention_shape(part));
   k::linear_forward(s.tmp, a.att, pw.o, N, qd, C);
   const float* branch = reduce_rows(s.tmp);  // row-parallel: partial sums before the residual add
   std::memcpy(a.xmid, x_in, sizeof(float) * Nl * C);
@@ -522,7 +616,7 @@ void Model::backward_layer(int64_t l, LayerActs& a, const float* x_in, float* dx
   // dx (N, C): gradient of the block's output on entry, of its input on return. With `keep` the
   // projections' weight gradients are left to backward_layer_weights (W), their inputs kept.
   const int64_t N = rows_, C = config_.dim, D = config_.head_dim();
-  const int64_t B = options_.micro_rows, T = config_.seq_len;
+  const int64_t B = options_.micro_rows;
   const int64_t qd = heads_ * D, kvd = kv_heads_ * D;
   auto& s = *scratch_;
   float* dgate = keep ? keep->dgate : s.dgate;
@@ -552,10 +646,34 @@ void Model::backward_layer(int64_t l, LayerActs& a, const float* x_in, float* dx
   if (keep) std::memcpy(keep->dy_o, dy, sizeof(float) * N * C);
   k::linear_backward_input(s.datt, dy, pw.o, N, qd, C);
   if (!keep) k::linear_backward_weight(pg.o, dy, a.att, N, qd, C);
-  k::attention_backward(dq, dk, dv, s.datt, a.q, a.kk, a.v, a.att, a.lse, s.attn,
-                        {B, T, heads_, kv_heads_, D});
-  k::rope_backward(dq, dq, s.rope, B, T, heads_, D, 0);
-  k::rope_backward(dk, dk, s.rope, B, T, kv_heads_, D, 0);
+  const int64_t len = part_len_, part_rows = B * len;
+  if (cp_) {  // the whole sequence's keys and values again (not kept: cp times their memory)
+    gather_sequence(a.kk, s.k_all, kvd);
+    gather_sequence(a.v, s.v_all, kvd);
+    // The kernel writes (not adds) dk, dv: the second part's go to a buffer, then added.
+    const int64_t whole = B * config_.seq_len * kvd;
+    for (int64_t part = 0; part < 2; ++part) {
+      float* dk_part = part == 0 ? s.dk_all : s.cp_kv_part;
+      float* dv_part = part == 0 ? s.dv_all : s.cp_kv_part + whole;
+      k::attention_backward(dq + part * part_rows * qd, dk_part, dv_part,
+                            s.datt + part * part_rows * qd, a.q + part * part_rows * qd, s.k_all,
+                            s.v_all, a.att + part * part_rows * qd,
+                            a.lse + part * B * heads_ * len, s.attn, attention_shape(part));
+    }
+    k::add_inplace(s.dk_all, s.cp_kv_part, whole);
+    k::add_inplace(s.dv_all, s.cp_kv_part + whole, whole);
+    scatter_sequence_grad(s.dk_all, dk, kvd);
+    scatter_sequence_grad(s.dv_all, dv, kvd);
+  } else {
+    k::attention_backward(dq, dk, dv, s.datt, a.q, a.kk, a.v, a.att, a.lse, s.attn,
+                          attention_shape(0));
+  }
+  for (int64_t part = 0; part < parts_; ++part) {
+    k::rope_backward(dq + part * part_rows * qd, dq + part * part_rows * qd, s.rope, B, len,
+                     heads_, D, part_begin(part));
+    k::rope_backward(dk + part * part_rows * kvd, dk + part * part_rows * kvd, s.rope, B, len,
+                     kv_heads_, D, part_begin(part));
+  }
   k::linear_backward_input(s.dxn, dq, pw.q, N, C, qd);
   k::linear_backward_input(s.dtmp, dk, pw.k, N, C, kvd);
   k::add_inplace(s.dxn, s.dtmp, N * C);

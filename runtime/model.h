@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "kernels/arena.h"
+#include "kernels/ops.h"
 #include "parallel/comm.h"
 #include "parallel/grad_reducer.h"
 #include "parallel/pipeline_split.h"
@@ -62,7 +63,19 @@ struct ModelOptions {
   // Megatron sequence parallelism: outside the TP blocks (norms, residual stream, pipeline
   // traffic) each tp rank keeps only its 1/tp of the micro-batch's rows.
   bool sequence_parallel = false;
+  // Context parallelism (parallel.cp > 1): this rank's cp group. The sequence is cut into 2·cp
+  // parts and cp rank r holds parts r and 2·cp−1−r (the zig-zag split: under the causal mask
+  // every rank then has the same attention work); attention all-gathers keys and values over the
+  // group (Llama 3's all-gather CP) and reduce-scatters their gradients. nullptr or size 1: none.
+  // The rank's tokens are ordered (part, row, position): see cp_local_positions.
+  const parallel::Comm* cp = nullptr;
 };
+
+// Context parallelism: cp rank `cp_rank`'s tokens of `rows` whole sequences of `seq_len` (row
+// major), in the model's order (part, row, position) of the zig-zag split (ModelOptions::cp).
+// With cp = 1 a copy.
+void cp_local_positions(const int32_t* whole, int32_t* local, int64_t rows, int64_t seq_len, int cp,
+                        int cp_rank);
 
 // FLOPs of one training step (forward + backward) per token of the whole model, PaLM's count:
 // 6 per matmul weight plus 12·layers·heads·head_dim·seq_len for attention scores (full T×T).
@@ -82,7 +95,7 @@ class Model {
   const kernels::ParamLayout& layout() const { return layout_; }
   const std::vector<ParamInfo>& params() const { return params_; }  // layout order
   kernels::ModelState& state() { return state_; }
-  int64_t rows() const { return rows_; }  // tokens per micro-batch: micro_rows · seq_len
+  int64_t rows() const { return rows_; }  // tokens per micro-batch: micro_rows · seq_len / cp
   // Floats of one chunk input / output / input gradient on this rank: rows·C, or rows/tp·C with
   // sequence parallelism (what pipeline stages send each other).
   int64_t io_floats() const { return rows_local_ * config_.dim; }
@@ -224,6 +237,13 @@ class Model {
   void tp_sum(float* data, int64_t n) const;
   const float* gather_rows(const float* local, float* full) const;
   float* reduce_rows(float* partial) const;
+  // Context parallelism: the whole sequence's keys (or values) from every cp rank's positions,
+  // and the conjugate, the sum of every rank's gradient for this rank's positions.
+  // Part `part` of this rank's positions: its (B, part_len) queries against the whole sequence.
+  kernels::AttentionShape attention_shape(int64_t part) const;
+  int64_t part_begin(int64_t part) const;  // first position of the part in the sequence
+  void gather_sequence(const float* local, float* full, int64_t width) const;
+  void scatter_sequence_grad(const float* full, float* local, int64_t width) const;
 
   ModelConfig config_;
   std::vector<parallel::LayerRange> chunks_;
@@ -232,6 +252,10 @@ class Model {
   ModelOptions options_;
   int64_t rows_ = 0;
   int64_t rows_local_ = 0;  // rows_ / tp with sequence parallelism, else rows_
+  int64_t seq_local_ = 0;   // positions of each sequence on this rank: seq_len / cp
+  int64_t parts_ = 1;       // contiguous parts they come in: 1, or 2 with context parallelism
+  int64_t part_len_ = 0;    // positions per part
+  bool cp_ = false;         // options_.cp spans more than one rank
   bool sp_ = false;
   int64_t heads_ = 0, kv_heads_ = 0, ffn_ = 0, vocab_ = 0, vocab_start_ = 0;  // local to tp rank
   std::vector<ParamInfo> params_;

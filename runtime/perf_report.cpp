@@ -49,13 +49,15 @@ PerfSummary summarize_performance(const Recipe& r, int devices, const TrainSumma
     p.tp_share += s.tp_share * s.step_s;
     p.dp_share += s.dp_share * s.step_s;
     p.pp_share += s.pp_share * s.step_s;
+    p.cp_share += s.cp_share * s.step_s;
     p.mfu += s.mfu * s.step_s;
     p.peak_mem_gib = std::max(p.peak_mem_gib, s.peak_mem_gib);
     ++p.steps_measured;
   }
   if (seconds > 0) {
     p.tokens_per_s = tokens / seconds;
-    p.tp_share /= seconds, p.dp_share /= seconds, p.pp_share /= seconds, p.mfu /= seconds;
+    p.tp_share /= seconds, p.dp_share /= seconds, p.pp_share /= seconds, p.cp_share /= seconds;
+    p.mfu /= seconds;
   }
   p.tokens_per_s_per_device = p.tokens_per_s / std::max(1, devices);
   p.bubble = q.pp > 1 ? simulated_bubble(r) : 0.0;
@@ -76,6 +78,7 @@ std::string format_performance(const PerfSummary& p) {
   row("communication share TP", percent(p.tp_share));
   row("communication share DP", percent(p.dp_share));
   row("communication share PP", percent(p.pp_share) + " (bubble + transfers, measured)");
+  row("communication share CP", percent(p.cp_share));
   row("pipeline bubble", percent(p.bubble) + " (the schedule, simulated)");
   row("MFU", percent(p.mfu));
   return out;
@@ -86,10 +89,10 @@ std::string performance_json(const PerfSummary& p) {
   return fmt::format(
       "{{\"layout\": \"{}\", \"devices\": {}, \"steps_measured\": {}, \"peak_mem_gib\": {}, "
       "\"tokens_per_s_per_device\": {}, \"tokens_per_s\": {}, \"tp_comm_share\": {}, "
-      "\"dp_comm_share\": {}, \"pp_wait_share\": {}, \"bubble_simulated\": {}, \"mfu\": {}}}",
+      "\"dp_comm_share\": {}, \"pp_wait_share\": {}, \"cp_comm_share\": {}, \"bubble_simulated\": {}, \"mfu\": {}}}",
       p.layout, p.devices, p.steps_measured, num(p.peak_mem_gib), num(p.tokens_per_s_per_device),
       num(p.tokens_per_s), num(p.tp_share), num(p.dp_share), num(p.pp_share),
-      p.bubble < 0 ? "null" : num(p.bubble), num(p.mfu));
+      num(p.cp_share), p.bubble < 0 ? "null" : num(p.bubble), num(p.mfu));
 }
 
 void report_performance(const Job& job, const TrainSummary& summary) {

@@ -353,6 +353,10 @@ int run_plan(const PlanOptions& o) {
   std::printf("\n%s%s", format_ranked(p, plan, o.top).c_str(), format_meshes(p, plan).c_str());
 
   const Layout own = layout_of_recipe(recipe, cluster);
+  if (recipe.parallel.cp > 1)
+    std::printf("\nThe recipe has parallel.cp = %lld: the planner does not model context "
+                "parallelism yet and plans, and compares with, cp = 1.\n",
+                static_cast<long long>(recipe.parallel.cp));
   const std::string own_invalid = invalid_reason(p, own);
   if (own_invalid.empty()) {
     const Candidate c = evaluate(p, own);

@@ -172,7 +172,7 @@ const std::vector<Field>& schema() {
       field("parallel", "dp", &R::parallel, &ParallelConfig::dp,
             "Data-parallel replicas; -1 means the rest of the world (world / (pp·cp·tp))."),
       field("parallel", "cp", &R::parallel, &ParallelConfig::cp,
-            "Context-parallel ranks (must be 1: context-parallel training is not implemented)."),
+            "Context-parallel ranks: each holds seq_len / cp positions of every sequence (two parts)."),
       field("parallel", "tp", &R::parallel, &ParallelConfig::tp,
             "Tensor-parallel ranks (innermost: contiguous ranks, keep inside a node)."),
       field("parallel", "sequence_parallel", &R::parallel, &ParallelConfig::sequence_parallel,
@@ -313,9 +313,9 @@ void validate(const Recipe& r) {
   v.require(p.cp >= 1, "parallel.cp", "must be ≥ 1, got " + is(p.cp));
   v.require(p.dp >= 1 || p.dp == -1, "parallel.dp",
             "must be ≥ 1, or -1 for the rest of the world; got " + is(p.dp));
-  v.require(p.cp == 1, "parallel.cp",
-            "context-parallel training is not implemented yet; set parallel.cp = 1 (the mesh "
-            "already has the dimension)");
+  v.require(p.cp <= 1 || m.seq_len % (2 * p.cp) == 0, "parallel.cp",
+            "model.seq_len = " + is(m.seq_len) + " is not divisible by 2·cp = " + is(2 * p.cp) +
+                "; each cp rank holds two equal parts of every sequence (the zig-zag split)");
   v.require(m.n_heads % p.tp == 0, "parallel.tp",
             "model.n_heads = " + is(m.n_heads) + " is not divisible by tp = " + is(p.tp) +
                 "; each tp rank must hold whole heads");

@@ -163,6 +163,8 @@ struct Snapshotter::Impl {
     const int dp = mesh.shape().size(Dim::dp), dp_rank = mesh.coord().dp;
     const Moments mo = moments(), pa = param_state();
     std::vector<ck::Slice> out;
+    // Context-parallel ranks hold identical copies (gradients are summed over cp): cp rank 0 writes.
+    if (only_owned && mesh.coord().cp != 0) return out;
     const auto& table = model.params();
     // `flat` is the box's first element within the local tensor; `data` holds the box.
     const auto add = [&](const std::string& section, const ParamInfo& p,
@@ -305,13 +307,16 @@ struct Snapshotter::Impl {
     int first_failed = error.empty() ? world.size() : world.rank();
     world.all_reduce(&first_failed, 1, parallel::ReduceOp::min);
     const bool writes = !mine[0].empty();
-    if (first_failed == world.size() && writes) {
-      try {
-        ck::publish(shard);
-      } catch (const std::exception& e) {
-        error = e.what();
-        first_failed = world.rank();
+    if (first_failed == world.size()) {
+      if (writes) {
+        try {
+          ck::publish(shard);
+        } catch (const std::exception& e) {
+          error = e.what();
+          first_failed = world.rank();
+        }
       }
+      // Every rank joins, writers or not (cp ranks > 0 write nothing).
       world.all_reduce(&first_failed, 1, parallel::ReduceOp::min);
     }
     if (first_failed != world.size()) return fail(p, first_failed, error, shard);

@@ -107,6 +107,9 @@ struct Trainer::Impl {
   std::unique_ptr<Model> model;
   std::unique_ptr<parallel::GradReducer> reducer;
   std::vector<int32_t> tokens_buf, targets_buf;  // (n_micro, rows·T) each
+  // Context parallelism: whole sampled rows, of which this cp rank keeps its positions.
+  std::vector<int32_t> cp_tokens, cp_targets;  // (rows·T) each
+  int cp = 1, cp_rank = 0;
   std::unique_ptr<MetricsWriter> metrics;
   std::unique_ptr<Snapshotter> snapshots;
   int64_t first_step = 0;  // > 0 when resumed from a snapshot
@@ -179,10 +182,13 @@ struct Trainer::Impl {
     options.split_backward = executor->splits_backward();
     options.bf16 = t.precision == "bf16";
     options.sequence_parallel = p.sequence_parallel;
+    options.cp = &mesh.group(Dim::cp);
+    cp = mesh.shape().size(Dim::cp), cp_rank = mesh.coord().cp;
     model = std::make_unique<Model>(r.model, mine, mesh.group(Dim::tp), *arena, options);
     build_reducer();
-    tokens_buf.resize(static_cast<size_t>(n_micro * rows * T));
+    tokens_buf.resize(static_cast<size_t>(n_micro * rows * T / cp));
     targets_buf.resize(tokens_buf.size());
+    if (cp > 1) cp_tokens.resize(static_cast<size_t>(rows * T)), cp_targets.resize(cp_tokens.size());
     holds_loss = mine.back().last && mesh.coord().tp == 0;
     flops_per_token = model_train_flops_per_token(r.model);
     if (mesh.rank() == 0)
@@ -299,10 +305,17 @@ struct Trainer::Impl {
 
   MicroBatchSource source(const Sampler& sampler, int64_t step) {
     return [this, &sampler, step](int mb, const int32_t** tokens, const int32_t** targets) {
-      const size_t off = static_cast<size_t>(mb * rows * T);
-      const std::span<int32_t> tok(tokens_buf.data() + off, rows * T);
-      const std::span<int32_t> tgt(targets_buf.data() + off, rows * T);
-      sampler.sample(step, dp_rank, dp, mb, n_micro, tok, tgt);
+      const int64_t Tc = T / cp;  // positions per sequence on this cp rank
+      const size_t off = static_cast<size_t>(mb * rows * Tc);
+      const std::span<int32_t> tok(tokens_buf.data() + off, rows * Tc);
+      const std::span<int32_t> tgt(targets_buf.data() + off, rows * Tc);
+      if (cp == 1) {
+        sampler.sample(step, dp_rank, dp, mb, n_micro, tok, tgt);
+      } else {  // every cp rank samples the same rows and keeps its own positions
+        sampler.sample(step, dp_rank, dp, mb, n_micro, cp_tokens, cp_targets);
+        cp_local_positions(cp_tokens.data(), tok.data(), rows, T, cp, cp_rank);
+        cp_local_positions(cp_targets.data(), tgt.data(), rows, T, cp, cp_rank);
+      }
       *tokens = tok.data();
       *targets = tgt.data();
     };
@@ -346,24 +359,37 @@ struct Trainer::Impl {
     const double tokens_per_step = static_cast<double>(t.global_batch * T);
     const float grad_scale = static_cast<float>(1.0 / tokens_per_step);
     const auto run_start = Clock::now();
-    const parallel::Comm* groups[3] = {&mesh.group(Dim::tp), &mesh.group(Dim::dp),
-                                       &mesh.group(Dim::pp)};
+    const parallel::Comm* groups[4] = {&mesh.group(Dim::tp), &mesh.group(Dim::dp),
+                                       &mesh.group(Dim::pp), &mesh.group(Dim::cp)};
     for (int64_t step = first_step; step < t.steps; ++step) {
       const auto t0 = Clock::now();
       parallel::trace::Span step_span("step", "train");
       step_span.arg("step", step + 1);
-      double waited[3];
-      for (int i = 0; i < 3; ++i) waited[i] = groups[i]->counters().wait_s;
+      double waited[4];
+      for (int i = 0; i < 4; ++i) waited[i] = groups[i]->counters().wait_s;
       reducer->begin_step(n_micro);
       const double loss_sum = executor->run(*model, source(*train_sampler, step), grad_scale, true);
       // Data parallel: buckets were reduced during the backward; the gradients are means over the
       // global batch once summed over dp.
       reducer->finish();
+      // Context parallel: each cp rank's gradients come from its own positions; their sum over
+      // cp is the gradient of the whole sequences (cp ranks then hold identical owned ranges).
+      if (cp > 1) {
+        if (reducer->compact_grads())
+          mesh.group(Dim::cp).all_reduce(reducer->owned_grads(),
+                                         static_cast<size_t>(reducer->owned_floats()));
+        else
+          for (const auto& range : reducer->owned())
+            mesh.group(Dim::cp).all_reduce(reducer->owned_grads() + range.begin,
+                                           static_cast<size_t>(range.size()));
+      }
       // One all-reduce for the loss and the exact global gradient norm (each dp rank sums its
-      // partition, so every element counts once).
+      // partition, so every element counts once; cp replicas count on cp rank 0 only).
       double sums[2] = {holds_loss ? loss_sum : 0.0,
-                        model->grad_sum_of_squares(reducer->partition(), reducer->owned_grads(),
-                                                   reducer->compact_grads())};
+                        cp_rank == 0 ? model->grad_sum_of_squares(reducer->partition(),
+                                                                  reducer->owned_grads(),
+                                                                  reducer->compact_grads())
+                                     : 0.0};
       mesh.world().all_reduce(sums, 2);
       const double loss = sums[0] / tokens_per_step, norm = std::sqrt(sums[1]);
       StepRecord rec;
@@ -372,7 +398,10 @@ struct Trainer::Impl {
       rec.grad_norm = norm;
       rec.lr = learning_rate(t, step);
       if (!std::isfinite(loss) || !std::isfinite(norm)) {
-        if (!t.dynamic_loss_scale) stop_non_finite(step + 1, loss, norm);
+        // Every rank stops here; agree_on has rank 0 alone print the reason before any rank
+        // exits (a rank exiting first could get mpirun to kill rank 0 mid-message).
+        if (!t.dynamic_loss_scale)
+          agree_on(mesh.world(), [&] { stop_non_finite(step + 1, loss, norm); });
         rec.skipped = true;
         spdlog::warn("step {}: non-finite loss or gradients; skipped (train.dynamic_loss_scale)",
                      step + 1);
@@ -393,11 +422,12 @@ struct Trainer::Impl {
         rec.val_loss = validate();
       rec.step_s = seconds_since(t0);
       // Communication shares (mean over ranks) and the largest arena peak: one small all-reduce.
-      double shares[3];
-      for (int i = 0; i < 3; ++i)
+      double shares[4];
+      for (int i = 0; i < 4; ++i)
         shares[i] = (groups[i]->counters().wait_s - waited[i]) / rec.step_s / mesh.world().size();
-      mesh.world().all_reduce(shares, 3);
+      mesh.world().all_reduce(shares, 4);
       rec.tp_share = shares[0], rec.dp_share = shares[1], rec.pp_share = shares[2];
+      rec.cp_share = shares[3];
       rec.peak_mem_gib = arena->peak() / double(1 << 30);
       mesh.world().all_reduce(&rec.peak_mem_gib, 1, parallel::ReduceOp::max);
       rec.tokens_per_s = tokens_per_step / rec.step_s;
@@ -410,8 +440,9 @@ struct Trainer::Impl {
     summary.peak_arena_bytes = arena->peak();
     // Every rank's own log: bytes it sent or contributed per group (tests check that bf16 and
     // sequence parallelism halve them).
-    spdlog::info("communication bytes: tp {} dp {} pp {}", groups[0]->counters().bytes,
-                 groups[1]->counters().bytes, groups[2]->counters().bytes);
+    spdlog::info("communication bytes: tp {} dp {} pp {} cp {}", groups[0]->counters().bytes,
+                 groups[1]->counters().bytes, groups[2]->counters().bytes,
+                 groups[3]->counters().bytes);
     if (r.parallel.zero >= 2)
       spdlog::info("gradient bucket reductions: {} ({} early: ZeRO-2 staging buffers all busy)",
                    reducer->reductions(), reducer->early_reductions());
@@ -434,6 +465,7 @@ struct Trainer::Impl {
                     {"tp_comm_share", rec.tp_share},
                     {"dp_comm_share", rec.dp_share},
                     {"pp_wait_share", rec.pp_share},
+                    {"cp_comm_share", rec.cp_share},
                     {"val_loss", rec.val_loss >= 0 ? rec.val_loss : NAN},
                     {"skipped", rec.skipped ? 1.0 : 0.0}});
     const int64_t steps = r.train.steps;
@@ -441,10 +473,11 @@ struct Trainer::Impl {
     const double eta = elapsed / (rec.step - first_step) * (steps - rec.step);
     std::string val = rec.val_loss >= 0 ? fmt::format(" | val {:.4f}", rec.val_loss) : "";
     spdlog::info("step {:>{}}/{} {:3.0f}% | loss {:.4f}{} | lr {:.2e} | gnorm {:.3f} | {:.0f} tok/s "
-                 "| MFU {:.1f}% | comm tp {:.0f}% dp {:.0f}% pp {:.0f}% | mem {:.3f} GiB | eta {}",
+                 "| MFU {:.1f}% | comm tp {:.0f}% dp {:.0f}% pp {:.0f}%{} | mem {:.3f} GiB | eta {}",
                  rec.step, std::to_string(steps).size(), steps, 100.0 * rec.step / steps, rec.loss,
                  val, rec.lr, rec.grad_norm, rec.tokens_per_s, 100 * rec.mfu, 100 * rec.tp_share,
-                 100 * rec.dp_share, 100 * rec.pp_share, peak_gib,
+                 100 * rec.dp_share, 100 * rec.pp_share,
+                 cp > 1 ? fmt::format(" cp {:.0f}%", 100 * rec.cp_share) : "", peak_gib,
                  format_duration(eta));
   }
 };

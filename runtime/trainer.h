@@ -17,7 +17,7 @@ struct StepRecord {
   double val_loss = -1;  // < 0: not measured at this step
   // Share of the step each rank spent waiting on its tp / dp / pp group, averaged over ranks. The
   // pp share is the measured pipeline bubble plus activation transfer time.
-  double tp_share = 0, dp_share = 0, pp_share = 0;
+  double tp_share = 0, dp_share = 0, pp_share = 0, cp_share = 0;
   double peak_mem_gib = 0;  // largest arena peak over all ranks
   bool skipped = false;  // dynamic loss scaling skipped a non-finite step
 };

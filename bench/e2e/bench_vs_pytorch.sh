@@ -6,6 +6,7 @@
 # Both get OpenBLAS's SkylakeX kernels (titan3d picks them itself; PyTorch through the environment)
 # and PyTorch passive OpenMP waiting: its OpenMP pool and OpenBLAS's otherwise spin against each
 # other on two cores. Usage: bench/e2e/bench_vs_pytorch.sh [extra titan3d --set ...]
+# BASELINE=/path/to/an/older/titan3d also runs that binary, interleaved, for a side-by-side.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$repo"
@@ -23,7 +24,9 @@ median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] 
 # titan3d RUN_NAME [--set ...]: trains, then prints "tokens/s mfu" (medians over steps 3..).
 titan3d() {
   local name=$1; shift
-  build/apps/titan3d train recipes/tiny.toml --set model.dim="$dim" --set model.n_layers="$layers" \
+  local bin=build/apps/titan3d
+  [ "${name:0:1}" = b ] && bin=$BASELINE
+  "$bin" train recipes/tiny.toml --set model.dim="$dim" --set model.n_layers="$layers" \
     --set model.n_heads="$heads" --set model.n_kv_heads="$heads" --set model.seq_len="$seq" \
     --set train.global_batch="$batch" --set train.micro_batches=1 --set train.steps="$steps" \
     --set train.val_every=0 --set data.path=data/fortunes_train.bin --set data.val_fraction=0 \
@@ -33,7 +36,7 @@ titan3d() {
   echo "$(tail -n +3 "$metrics" | sed -n 's/.*"tokens_per_s": \([0-9.e+]*\).*/\1/p' | median)" \
        "$(tail -n +3 "$metrics" | sed -n 's/.*"mfu": \([0-9.e+-]*\).*/\1/p' | median)"
 }
-t_tok=() t_mfu=() d_tok=() d_mfu=() p_tok=()
+t_tok=() t_mfu=() d_tok=() d_mfu=() p_tok=() bt_tok=() bd_tok=()
 for i in $(seq "$runs"); do
   # One rank with all the threads, as PyTorch runs...
   read -r tok mfu < <(titan3d "t$i" --set hardware.threads_per_rank="$threads" "$@")
@@ -41,6 +44,13 @@ for i in $(seq "$runs"); do
   # ...and the same threads as single-threaded data-parallel ranks, titan3d's own way to use cores.
   read -r tok mfu < <(titan3d "d$i" --set parallel.dp="$threads" --set hardware.threads_per_rank=1 "$@")
   d_tok+=("$tok") d_mfu+=("$mfu")
+  if [ -n "${BASELINE:-}" ]; then
+    read -r tok mfu < <(titan3d "bt$i" --set hardware.threads_per_rank="$threads" "$@")
+    bt_tok+=("$tok")
+    read -r tok mfu < <(titan3d "bd$i" --set parallel.dp="$threads" --set hardware.threads_per_rank=1 "$@")
+    bd_tok+=("$tok")
+    echo "run $i: baseline 1 rank ${bt_tok[-1]} tok/s, dp=$threads ${bd_tok[-1]} tok/s"
+  fi
   OPENBLAS_CORETYPE=$coretype OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=$threads \
     $python bench/e2e/llama_torch.py --dim "$dim" --n_layers "$layers" --n_heads "$heads" \
     --n_kv_heads "$heads" --seq_len "$seq" --batch "$batch" --steps "$steps" --threads "$threads" \
@@ -58,3 +68,8 @@ awk -v t="$(med "${t_tok[@]}")" -v d="$(med "${d_tok[@]}")" -v p="$(med "${p_tok
   printf "  PyTorch (1 process, %d threads)          %7.0f\n", n, p
   printf "  titan3d (1 rank, %d BLAS threads)        %7.0f  %.2fx PyTorch, MFU %.1f%%\n", n, t, t / p, 100 * tm
   printf "  titan3d (dp=%d ranks, 1 thread each)      %7.0f  %.2fx PyTorch, MFU %.1f%%\n", n, d, d / p, 100 * dm }'
+if [ -n "${BASELINE:-}" ]; then
+  awk -v t="$(med "${bt_tok[@]}")" -v d="$(med "${bd_tok[@]}")" -v p="$(med "${p_tok[@]}")" -v n="$threads" 'BEGIN {
+  printf "  baseline (1 rank, %d BLAS threads)       %7.0f  %.2fx PyTorch\n", n, t, t / p
+  printf "  baseline (dp=%d ranks, 1 thread each)     %7.0f  %.2fx PyTorch\n", n, d, d / p }'
+fi

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Each dimension cuts what it promises, as each rank reports it (logs/rank<N>.log, "memory bytes"):
 # tp = 2 halves the parameters per rank, pp = 2 halves them per stage, ZeRO-1 over dp = 2 halves
-# the optimizer state, ZeRO-2 the gradients too (plus its staging buffers), full activation
-# checkpointing keeps a fraction of the activations. "Half" allows the pieces that are not split (norm weights, the uneven
+# the optimizer state, ZeRO-2 the gradients too (plus its staging buffers), ZeRO-3 the parameters
+# too (plus its gather buffers), cp = 2 halves the activations, full activation checkpointing keeps
+# a fraction of the activations. "Half" allows the pieces that are not split (norm weights, the uneven
 # embedding/head split of the pipeline): between 0.45 and 0.60 of one rank's figure.
 set -u
 titan3d=$1
@@ -30,6 +31,7 @@ run pp2tp2 --set parallel.pp=2 --set parallel.tp=2
 run pp2tp2_bf16 --set parallel.pp=2 --set parallel.tp=2 --set train.precision=bf16
 run pp2tp2_sp --set parallel.pp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true
 run bf16 --set train.precision=bf16
+run cp2 --set parallel.cp=2
 # ZeRO-2 keeps 1/dp of the gradients plus two staging buffers of the largest bucket (a bucket is at
 # least one layer). 16 layers and 0.5 MB buckets: the largest bucket is the embedding merged with
 # layer 0, ~7% of the gradients, so ZeRO-2's gradients are ~0.64 of ZeRO-1's (0.5 + 2 × 0.07).
@@ -82,4 +84,7 @@ ratio "pp bytes, bf16" "$(comm pp pp2tp2_bf16)" "$(comm pp pp2tp2)" 0.49 0.51
 ratio "pp bytes, sequence parallel" "$(comm pp pp2tp2_sp)" "$(comm pp pp2tp2)" 0.49 0.51
 # Full checkpointing keeps only the residual stream per block (1 of its ~12 tensors of N×C-ish).
 ratio "activations, checkpoint full" "$(field ckpt activations)" "$(field one activations)" 0.05 0.30
+# Context parallelism: each rank keeps half of every sequence's positions; the whole sequence's
+# keys and values live only in per-step scratch (gathered per block, not kept).
+ratio "activations, cp=2" "$(field cp2 activations)" "$(field one activations)" 0.49 0.51
 exit $fail

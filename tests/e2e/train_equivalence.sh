@@ -86,6 +86,16 @@ check_bf16 bf16_dp2_zero3 --set parallel.dp=2 --set parallel.zero=3 --set parall
 check_bf16 bf16_pp2_dp2_tp2_sp --set parallel.pp=2 --set parallel.dp=2 --set parallel.tp=2 \
       --set parallel.sequence_parallel=true
 check pp2_split_at_1 --set parallel.pp=2 --set "parallel.pipeline_split=[1]"
+# Context parallel: each cp rank holds seq_len/cp positions; keys and values are all-gathered and
+# their gradients reduce-scattered, parameter gradients summed over cp.
+check cp2 --set parallel.cp=2
+check cp4_tp2_sp --set parallel.cp=4 --set parallel.tp=2 --set parallel.sequence_parallel=true
+check pp2_dp2_cp2_zero1_zb_ckpt --set parallel.pp=2 --set parallel.dp=2 --set parallel.cp=2 \
+      --set parallel.zero=1 --set parallel.schedule=zb_h1 --set train.activation_checkpoint=every:2 \
+      --set snapshot.every=6
+# Context parallel with ZeRO-3: cp ranks sum their gradient shards; their parameter shards agree.
+check cp2_dp2_zero3 --set parallel.cp=2 --set parallel.dp=2 --set parallel.zero=3 --set parallel.bucket_mb=0.05
+check_bf16 bf16_cp2_tp2 --set parallel.cp=2 --set parallel.tp=2
 # Validation losses agree too (forward-only pipeline path).
 vr=$(sed -n 's/.*"val_loss": \([0-9.]*\).*/\1/p' "$work/reference/metrics.jsonl" | tail -1)
 vp=$(sed -n 's/.*"val_loss": \([0-9.]*\).*/\1/p' "$work/pp2_dp2_tp2/metrics.jsonl" | tail -1)
@@ -110,6 +120,7 @@ same_params() {  # same_params NAME: its final snapshot's /model against the one
   fi
 }
 same_params pp2_dp2_tp2
+same_params pp2_dp2_cp2_zero1_zb_ckpt
 same_params pp2_dp2_tp2_zero2_sp_interleaved
 same_params pp2_dp2_tp2_zero3_sp_interleaved
 exit $fail

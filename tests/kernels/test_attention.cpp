@@ -100,6 +100,63 @@ INSTANTIATE_TEST_SUITE_P(
       return s;
     });
 
+// Context parallelism: a block of query rows at positions [q_pos, q_pos + Tq) against all the
+// keys gives those rows of the full attention, and (with the output gradient zero elsewhere) the
+// same dq rows and the same dk, dv. The full-sequence kernel is checked against the reference
+// above; the blocks start mid-tile and end past a tile to exercise the absolute-position mask.
+TEST(kernels_attention_blocks, QueryBlockEqualsRowsOfFullAttention) {
+  const int B = 2, T = 37, H = 4, Hkv = 2, D = 8, tile = 8;
+  const Inputs in = make_inputs({B, T, H, Hkv, D, tile, 3.0f});
+  std::vector<float> scratch(attention_scratch_floats(in.shape));
+  std::vector<float> out(in.q.size()), lse((std::size_t)B * H * T);
+  attention_forward(out.data(), lse.data(), in.q.data(), in.k.data(), in.v.data(), scratch.data(),
+                    in.shape);
+  const std::vector<float> g = ref::random_floats(out.size(), 64);
+  for (const auto [q_pos, Tq] : {std::pair{0, 5}, std::pair{5, 11}, std::pair{19, 18}}) {
+    SCOPED_TRACE("block at " + std::to_string(q_pos) + ", " + std::to_string(Tq) + " rows");
+    const auto rows = [&](const std::vector<float>& x, int width) {  // (B, Tq, width) of (B, T, width)
+      std::vector<float> y;
+      for (int b = 0; b < B; ++b)
+        y.insert(y.end(), x.begin() + ((std::size_t)b * T + q_pos) * width,
+                 x.begin() + ((std::size_t)b * T + q_pos + Tq) * width);
+      return y;
+    };
+    AttentionShape blk = in.shape;
+    blk.T = Tq, blk.q_pos = q_pos, blk.kv_len = T;
+    const std::vector<float> q = rows(in.q, H * D);
+    std::vector<float> o(q.size()), l((std::size_t)B * H * Tq);
+    attention_forward(o.data(), l.data(), q.data(), in.k.data(), in.v.data(), scratch.data(), blk);
+    const std::vector<float> o_full = rows(out, H * D);
+    ref::expect_close(o, ref::to_double(o_full), 1e-5, 1e-6, "out");
+
+    // Backward of sum(g * out) over the block's rows only.
+    std::vector<float> dout_full(out.size(), 0.0f);
+    for (int b = 0; b < B; ++b)
+      for (std::size_t i = ((std::size_t)b * T + q_pos) * H * D;
+           i < ((std::size_t)b * T + q_pos + Tq) * H * D; ++i)
+        dout_full[i] = g[i];
+    std::vector<float> dq(in.q.size()), dk(in.k.size()), dv(in.v.size());
+    attention_backward(dq.data(), dk.data(), dv.data(), dout_full.data(), in.q.data(),
+                       in.k.data(), in.v.data(), out.data(), lse.data(), scratch.data(), in.shape);
+    const std::vector<float> dout = rows(dout_full, H * D);
+    std::vector<float> bq(q.size()), bk(in.k.size(), 7.0f), bv(in.v.size(), 7.0f);
+    attention_backward(bq.data(), bk.data(), bv.data(), dout.data(), q.data(), in.k.data(),
+                       in.v.data(), o.data(), l.data(), scratch.data(), blk);
+    ref::expect_close(bq, ref::to_double(rows(dq, H * D)), 1e-4, 1e-6, "dq");
+    ref::expect_close(bk, ref::to_double(dk), 1e-4, 1e-6, "dk");
+    ref::expect_close(bv, ref::to_double(dv), 1e-4, 1e-6, "dv");
+  }
+}
+
+TEST(kernels_attention_blocks, QueriesPastTheKeysAreRefused) {
+  AttentionShape s{1, 8, 2, 2, 4, 4};
+  s.q_pos = 4, s.kv_len = 10;  // positions 4..11 but only 10 keys
+  std::vector<float> buf(1024), scratch(attention_scratch_floats(s));
+  EXPECT_THROW(attention_forward(buf.data(), buf.data(), buf.data(), buf.data(), buf.data(),
+                                 scratch.data(), s),
+               std::exception);
+}
+
 TEST(kernels_attention_shape, ScratchDoesNotGrowWithSequence) {
   AttentionShape a{1, 128, 8, 2, 64, 64}, b{1, 32768, 8, 2, 64, 64};
   EXPECT_EQ(attention_scratch_floats(a), attention_scratch_floats(b));

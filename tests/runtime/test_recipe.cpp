@@ -85,7 +85,9 @@ TEST(Recipe, ImpossibleCombinationsAreRejected) {
             std::string::npos);
   EXPECT_NE(error_of("[parallel]\npp = 2\npipeline_split = [3, 1]\n").find("pipeline_split"),
             std::string::npos);
-  EXPECT_NE(error_of("[parallel]\ncp = 2\n").find("parallel.cp"), std::string::npos);
+  EXPECT_NE(error_of("[model]\nseq_len = 30\n[parallel]\ncp = 4\n").find("parallel.cp"),
+            std::string::npos);
+  EXPECT_EQ(error_of("[model]\nseq_len = 32\n[parallel]\ncp = 4\n"), "");
   EXPECT_NE(error_of("[train]\nactivation_checkpoint = \"every:0\"\n").find("every:K"),
             std::string::npos);
   EXPECT_NE(error_of("[train]\nprecision = \"fp16\"\n").find("fp32, bf16"), std::string::npos);

@@ -33,7 +33,8 @@ msnap=$work/mesh/snapshots/step_00000008.h5
 "$titan3d" eval "$msnap" --set parallel.tp=2 --set parallel.pp=2 --json "$work/m.json" >"$work/m.log" 2>&1
 check "[ \$? -eq 0 ] && rel_close \$(json_loss $work/m.json) \$(val_loss $work/mesh/metrics.jsonl 8) 5e-9" \
   "eval at step 8 on tp2×pp2 equals the trainer's val_loss (same layout)" || cat "$work/m.log"
-for layout in "" "--set parallel.dp=2" "--set parallel.tp=2 --set parallel.sequence_parallel=true"; do
+for layout in "" "--set parallel.dp=2" "--set parallel.tp=2 --set parallel.sequence_parallel=true" \
+              "--set parallel.cp=2"; do
   "$titan3d" eval "$msnap" $layout --json "$work/m1.json" >"$work/m1.log" 2>&1
   check "[ \$? -eq 0 ] && rel_close \$(json_loss $work/m1.json) \$(json_loss $work/m.json) 1e-5" \
     "eval of the tp2×pp2 snapshot on ${layout:-1 rank} agrees (rel 1e-5)" || cat "$work/m1.log"

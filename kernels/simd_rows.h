@@ -1,0 +1,43 @@
+// The non-GEMM inner loops of attention and SwiGLU, compiled three times (SSE2, AVX2+FMA,
+// AVX-512) and picked once at run time by the CPU's features. Internal to kernels/.
+//
+// The build has no -march (the binary must run on any x86-64), so without this the `omp simd`
+// loops are SSE2 width. Each version lives in its own translation unit (simd_rows_<isa>.cpp,
+// compiled with that ISA's flags, from simd_rows.inc); everything they define is internal to
+// the unit, so no AVX-512 copy of an inline function can leak into baseline code.
+#pragma once
+
+#include <cstdint>
+
+namespace t3d::kernels::detail {
+
+struct SimdRows {
+  const char* isa;
+  // Forward, one score tile S (nq, nk) of query rows i0.. and key columns j0.. (causal): online
+  // softmax update of the running max m (nq) and sum l (nq), S becomes P (masked entries 0), and
+  // rows of the output o (row stride ld_o, D columns) are rescaled when their max grows.
+  void (*softmax_tile_fwd)(float* S, std::int64_t nq, std::int64_t nk, std::int64_t i0,
+                           std::int64_t j0, float* m, float* l, float* o, std::int64_t ld_o,
+                           std::int64_t D);
+  // Backward, P (nq, nk) = exp(S - lse[r]) with the causal mask (masked entries 0).
+  void (*exp_tile_bwd)(float* P, std::int64_t nq, std::int64_t nk, std::int64_t i0, std::int64_t j0,
+                       const float* lse);
+  // dS = P * (dP - dvec[r]), in place over dP (nq, nk).
+  void (*softmax_grad_tile)(float* dP, const float* P, std::int64_t nq, std::int64_t nk,
+                            const float* dvec);
+  // dvec[r] = dot(o row r, do row r) over D columns, rows of stride ld.
+  void (*row_dots)(float* dvec, const float* o, const float* dout, std::int64_t nq, std::int64_t ld,
+                   std::int64_t D);
+  // SwiGLU over a range [0, n).
+  void (*swiglu_fwd)(float* h, const float* gate, const float* up, std::int64_t n);
+  void (*swiglu_bwd)(float* dgate, float* dup, const float* dh, const float* gate, const float* up,
+                     std::int64_t n);
+};
+
+extern const SimdRows kSimdRowsSse2, kSimdRowsAvx2, kSimdRowsAvx512;
+
+// The widest version this CPU runs (AVX-512 F/DQ/BW/VL, else AVX2+FMA, else SSE2).
+// T3D_SIMD=sse2|avx2|avx512 forces one (benchmarks, tests of each path).
+const SimdRows& simd_rows();
+
+}  // namespace t3d::kernels::detail

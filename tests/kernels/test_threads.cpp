@@ -1,0 +1,123 @@
+// The threaded paths of the non-GEMM kernels (ranks with several threads) give exactly the
+// one-thread results, and the AVX2 / AVX-512 row loops match the SSE2 ones.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kernels/blas.h"
+#include "kernels/ops.h"
+#include "kernels/simd_rows.h"
+
+namespace t3d::kernels {
+namespace {
+
+std::vector<float> random_vec(std::size_t n, unsigned seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> d(-scale, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// Runs fn with `threads` BLAS threads (the kernels' thread count), restoring the old count.
+template <class Fn>
+void with_threads(int threads, Fn&& fn) {
+  const int saved = blas_threads();
+  set_blas_threads(threads);
+  fn();
+  set_blas_threads(saved);
+}
+
+struct AttnOut {
+  std::vector<float> out, lse, dq, dk, dv;
+};
+
+AttnOut run_attention(const AttentionShape& s, int threads) {
+  const std::size_t nq = s.B * s.T * s.n_heads * s.head_dim;
+  const std::size_t nkv = s.B * s.T * s.n_kv_heads * s.head_dim;
+  const auto q = random_vec(nq, 1, 2.0f), k = random_vec(nkv, 2, 2.0f), v = random_vec(nkv, 3);
+  const auto dout = random_vec(nq, 4);
+  AttnOut r{std::vector<float>(nq), std::vector<float>(s.B * s.n_heads * s.T),
+            std::vector<float>(nq), std::vector<float>(nkv), std::vector<float>(nkv)};
+  std::vector<float> scratch(attention_scratch_floats(s));
+  with_threads(threads, [&] {
+    attention_forward(r.out.data(), r.lse.data(), q.data(), k.data(), v.data(), scratch.data(), s);
+    attention_backward(r.dq.data(), r.dk.data(), r.dv.data(), dout.data(), q.data(), k.data(),
+                       v.data(), r.out.data(), r.lse.data(), scratch.data(), s);
+  });
+  return r;
+}
+
+TEST(kernels_threads, AttentionTwoThreadsEqualsOne) {
+  // Large enough to take the threaded path (B H T D >= 64k); GQA groups of 2, a ragged last tile.
+  const AttentionShape s{2, 200, 4, 2, 48, 64};
+  const AttnOut one = run_attention(s, 1), two = run_attention(s, 2);
+  EXPECT_EQ(one.out, two.out);
+  EXPECT_EQ(one.lse, two.lse);
+  EXPECT_EQ(one.dq, two.dq);
+  EXPECT_EQ(one.dk, two.dk);
+  EXPECT_EQ(one.dv, two.dv);
+}
+
+TEST(kernels_threads, ElementwiseTwoThreadsEqualsOne) {
+  const std::int64_t N = 300, C = 520, n = N * C;  // C not a multiple of the 64-column blocks
+  const auto x = random_vec(n, 5), y = random_vec(n, 6), w = random_vec(C, 7),
+             dy = random_vec(n, 8);
+  auto run = [&](int threads) {
+    std::vector<float> out(n), rstd(N), dx(n), dw(C, 0.5f), h(n), dg(n), du(n), r(x);
+    with_threads(threads, [&] {
+      rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+      rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
+      swiglu_forward(h.data(), x.data(), y.data(), n);
+      swiglu_backward(dg.data(), du.data(), dy.data(), x.data(), y.data(), n);
+      add_inplace(r.data(), y.data(), n);
+    });
+    return std::vector<std::vector<float>>{out, rstd, dx, dw, h, dg, du, r};
+  };
+  const auto one = run(1), two = run(2);
+  for (std::size_t i = 0; i < one.size(); ++i) EXPECT_EQ(one[i], two[i]) << "output " << i;
+}
+
+void expect_near_rel(const std::vector<float>& a, const std::vector<float>& b, const char* what) {
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    ASSERT_NEAR(a[i], b[i], 1e-6 * (1.0 + std::abs(b[i]))) << what << " at " << i;
+  }
+}
+
+TEST(kernels_threads, WideRowLoopsMatchSse2) {
+  const CpuFeatures f = detect_cpu_features();
+  std::vector<const detail::SimdRows*> wide;
+  if (f.avx2 && f.fma) wide.push_back(&detail::kSimdRowsAvx2);
+  if (f.avx512f && f.avx512dq && f.avx512bw && f.avx512vl) wide.push_back(&detail::kSimdRowsAvx512);
+  if (wide.empty()) GTEST_SKIP() << "no AVX2 on this CPU";
+  const std::int64_t nq = 37, nk = 45, D = 24, n = 1003;
+  const auto S0 = random_vec(nq * nk, 9, 6.0f), o0 = random_vec(nq * D, 10),
+             g = random_vec(n, 11, 8.0f);
+  const auto u = random_vec(n, 12), dh = random_vec(n, 13), dvec = random_vec(nq, 14);
+  auto run = [&](const detail::SimdRows& r) {
+    std::vector<float> S(S0), m(nq, -INFINITY), l(nq, 0.0f), o(o0), P(S0), dP(S0), dots(nq);
+    std::vector<float> lse(nq, 3.0f), h(n), dg(n), du(n);
+    r.softmax_tile_fwd(S.data(), nq, nk, 30, 0, m.data(), l.data(), o.data(), D, D);
+    r.softmax_tile_fwd(S.data(), nq, nk, 30, 10, m.data(), l.data(), o.data(), D, D);  // rescale
+    r.exp_tile_bwd(P.data(), nq, nk, 30, 10, lse.data());
+    r.softmax_grad_tile(dP.data(), P.data(), nq, nk, dvec.data());
+    r.row_dots(dots.data(), o.data(), o0.data(), nq, D, D);
+    r.swiglu_fwd(h.data(), g.data(), u.data(), n);
+    r.swiglu_bwd(dg.data(), du.data(), dh.data(), g.data(), u.data(), n);
+    return std::vector<std::vector<float>>{S, m, l, o, P, dP, dots, h, dg, du};
+  };
+  const auto base = run(detail::kSimdRowsSse2);
+  for (const auto* w : wide) {
+    const auto got = run(*w);
+    for (std::size_t i = 0; i < base.size(); ++i) {
+      SCOPED_TRACE(w->isa);
+      expect_near_rel(got[i], base[i], "output");
+    }
+  }
+}
+
+}  // namespace
+}  // namespace t3d::kernels
