@@ -25,6 +25,7 @@
 #include "runtime/data_sampler.h"
 #include "runtime/executor.h"
 #include "runtime/metrics.h"
+#include "runtime/data_parallel.h"
 #include "runtime/model.h"
 #include "runtime/snapshots.h"
 

@@ -8,6 +8,7 @@
 #include "kernels/arena.h"
 #include "parallel/comm.h"
 #include "parallel/pipeline_split.h"
+#include "runtime/data_parallel.h"
 #include "runtime/model.h"
 #include "runtime/planner_cost.h"
 
