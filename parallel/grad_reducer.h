@@ -21,8 +21,9 @@
 // and the buffer is free for the next bucket. When all buffers are busy, the oldest reduction is
 // waited for, or, if none is in flight, the oldest open bucket is reduced as it is: sums are
 // linear, so reducing a bucket in several parts gives the same gradients (up to the order of
-// additions). Every decision depends only on the sequence of acquire / unit_done calls, which is
-// the same on every rank of the dp group (same stage, same schedule), so the collectives match.
+// additions). Every decision depends only on the sequence of bucket_grads / unit_done calls,
+// which is the same on every rank of the dp group (same stage, same schedule), so the
+// collectives match.
 //
 // ZeRO 3 adds the parameters: a rank keeps only its slices of them (the parameter shard, laid out
 // like the gradient shard) and the optimizer updates them there. Whenever the model reads a
