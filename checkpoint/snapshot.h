@@ -29,6 +29,9 @@
 namespace t3d::checkpoint {
 
 inline constexpr int64_t kFormatVersion = 1;
+// A shard's second and third box of one tensor are datasets `<path>~1`, `<path>~2` (a ZeRO rank's
+// owned range cut into a partial row, whole rows and a partial row); `~` is in no tensor name.
+inline constexpr const char* kBoxSuffix = "~";
 // Elements per content hash (at most; see chunk_elems): 1 MiB of fp32, small enough that a
 // damaged chunk is located and an unchanged one skipped, large enough for deflate.
 inline constexpr int64_t kChunkElems = 1 << 18;

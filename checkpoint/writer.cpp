@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <optional>
 #include <regex>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -99,7 +100,8 @@ h5::Handle create_plist(const Slice& s, int64_t chunk, int deflate, bool chunked
 
 // Writes slice `i`: whole, or (incremental) only its changed chunks as XOR against the parent.
 void write_slice(hid_t file, hid_t lcpl, const std::vector<Slice>& slices, size_t i,
-                 const WriteOptions& opt, ShardResult& result, const std::string& where) {
+                 const std::string& dataset, const WriteOptions& opt, ShardResult& result,
+                 const std::string& where) {
   const Slice& s = slices[i];
   T3D_ASSERT(s.shape.size() == s.offset.size() && s.shape.size() == s.global_shape.size() &&
                  !s.shape.empty() && s.shape.size() <= 2,
@@ -112,7 +114,7 @@ void write_slice(hid_t file, hid_t lcpl, const std::vector<Slice>& slices, size_
     hashes[c] = hash64(s.data + c * chunk, static_cast<size_t>(len) * sizeof(float));
   }
   const bool incremental = opt.parent != nullptr;
-  const std::string name = (incremental ? "xor/" : "") + s.path;
+  const std::string name = (incremental ? "xor/" : "") + dataset;
   const std::string what = where + ":" + name;
   const h5::Handle space = h5::simple_space(s.shape);
   const h5::Handle dcpl = create_plist(s, chunk, opt.deflate, incremental || opt.deflate > 0, what);
@@ -182,14 +184,20 @@ ShardResult write_shard(const std::string& path, int rank, const std::vector<Sli
   const h5::Handle lcpl = h5::intermediate_groups();
   ShardResult result;
   std::string names;
+  std::map<std::string, int> boxes;  // per tensor path: boxes of it written so far
   for (size_t i = 0; i < slices.size(); ++i) {
     if (i == slices.size() / 2 && opt.fault.kill) std::raise(SIGKILL);
     T3D_USER_CHECK(!(i == slices.size() / 2 && opt.fault.fail), "cannot write `", tmp,
                    "`: injected write failure (T3D_SNAPSHOT_FAULT)");
-    write_slice(file, lcpl, slices, i, opt, result, tmp);
+    // A ZeRO rank may hold up to three boxes of one tensor (partial row, rows, partial row):
+    // the second and third get a suffix, which the index strips (kBoxSuffix).
+    const int k = boxes[slices[i].path]++;
+    std::string dataset = slices[i].path;
+    if (k) dataset.append(kBoxSuffix).append(std::to_string(k));
+    write_slice(file, lcpl, slices, i, dataset, opt, result, tmp);
     if (i) names += '\n';
     if (opt.parent) names += "xor/";
-    names += slices[i].path;
+    names += dataset;
   }
   h5::write_attr(file, "format_version", kFormatVersion);
   h5::write_attr(file, "rank", static_cast<int64_t>(rank));
@@ -254,7 +262,7 @@ void write_virtual_datasets(hid_t index, const std::string& dir, const IndexInfo
       std::vector<hsize_t> dims(p.offset.size());
       T3D_H5(H5Sget_simple_extent_dims(space, dims.data(), nullptr), shard_file);
       p.shape.assign(dims.begin(), dims.end());
-      tensors[path].push_back(std::move(p));
+      tensors[path.substr(0, path.find(kBoxSuffix))].push_back(std::move(p));
     }
   }
   const h5::Handle lcpl = h5::intermediate_groups();

@@ -133,11 +133,12 @@ void Region::zero() const {
   if (data_) std::memset(data_, 0, static_cast<std::size_t>(size()) * sizeof(float));
 }
 
-ModelState ModelState::allocate(Arena& arena, const ParamLayout& layout, bool with_optimizer) {
+ModelState ModelState::allocate(Arena& arena, const ParamLayout& layout, bool with_optimizer,
+                                bool with_grads, bool with_params) {
   const auto n = static_cast<std::size_t>(layout.total_floats());
   ModelState s;
-  s.params = Region(arena.alloc_floats("parameters", n), &layout);
-  s.grads = Region(arena.alloc_floats("gradients", n), &layout);
+  if (with_params) s.params = Region(arena.alloc_floats("parameters", n), &layout);
+  if (with_grads) s.grads = Region(arena.alloc_floats("gradients", n), &layout);
   if (with_optimizer) {
     s.adam_m = Region(arena.alloc_floats("optimizer.exp_avg", n), &layout);
     s.adam_v = Region(arena.alloc_floats("optimizer.exp_avg_sq", n), &layout);

@@ -144,8 +144,10 @@ struct ModelState {
   Region adam_v;
 
   // Allocates the regions named "parameters", "gradients", "optimizer.exp_avg",
-  // "optimizer.exp_avg_sq" from `arena`, all zeroed.
-  static ModelState allocate(Arena& arena, const ParamLayout& layout, bool with_optimizer);
+  // "optimizer.exp_avg_sq" from `arena`, all zeroed. Without `with_grads` (ZeRO-2, which keeps
+  // only a shard) `grads` stays empty; without `with_params` (ZeRO-3) `params` too.
+  static ModelState allocate(Arena& arena, const ParamLayout& layout, bool with_optimizer,
+                             bool with_grads = true, bool with_params = true);
 };
 
 }  // namespace t3d::kernels

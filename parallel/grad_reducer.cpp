@@ -1,5 +1,6 @@
 #include "parallel/grad_reducer.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "kernels/check.h"
@@ -8,28 +9,84 @@
 
 namespace t3d::parallel {
 
-GradReducer::GradReducer(const Comm& dp, int zero_stage, std::vector<FloatRange> buckets)
-    : dp_(dp), zero_(zero_stage), buckets_(std::move(buckets)) {
-  T3D_ASSERT(zero_ >= 0 && zero_ <= 2, "ZeRO stage ", zero_, " is not implemented");
+std::vector<FloatRange> make_buckets(const std::vector<FloatRange>& units, int64_t bucket_floats,
+                                     std::vector<int>* units_per_bucket) {
+  std::vector<FloatRange> buckets;
+  units_per_bucket->clear();
+  for (const auto& u : units) {
+    if (buckets.empty() || buckets.back().size() >= bucket_floats) {
+      buckets.push_back(u);
+      units_per_bucket->push_back(0);
+    }
+    buckets.back().end = u.end;
+    ++units_per_bucket->back();
+  }
+  return buckets;
+}
+
+int64_t slice_floats(int64_t floats, int dp, int rank) {
+  return floats * (rank + 1) / dp - floats * rank / dp;
+}
+
+GradReducer::GradReducer(const Comm& dp, int zero_stage, std::vector<FloatRange> buckets,
+                         std::vector<int> units_per_bucket, float* grads, kernels::Arena& arena)
+    : dp_(dp), zero_(zero_stage), buckets_(std::move(buckets)),
+      units_(std::move(units_per_bucket)), grads_(grads) {
+  T3D_ASSERT(zero_ >= 0 && zero_ <= 3, "ZeRO stage ", zero_, " is not implemented");
+  T3D_ASSERT(units_.size() == buckets_.size(), "one unit count per bucket");
+  T3D_ASSERT((zero_ >= 2) == (grads_ == nullptr), "ZeRO 2, 3 keep no full-size gradient region");
   const int n = dp_.size(), me = dp_.rank();
+  int64_t largest = 0, shard = 0;
   for (const auto& b : buckets_) {
     std::vector<int> counts(n), displs(n);
     for (int d = 0; d < n; ++d) {
-      const int64_t lo = b.size() * d / n, hi = b.size() * (d + 1) / n;
-      displs[d] = static_cast<int>(lo);
-      counts[d] = static_cast<int>(hi - lo);
+      displs[d] = static_cast<int>(b.size() * d / n);
+      counts[d] = static_cast<int>(slice_floats(b.size(), n, d));
     }
     partition_.push_back({b.begin + displs[me], b.begin + displs[me] + counts[me]});
+    shard_offset_.push_back(shard);
+    shard += counts[me];
+    largest = std::max(largest, b.size());
     counts_.push_back(std::move(counts));
     displs_.push_back(std::move(displs));
   }
   requests_.assign(buckets_.size(), MPI_REQUEST_NULL);
-  started_.assign(buckets_.size(), 0);
+  pending_.assign(buckets_.size(), 0);
+  open_.assign(buckets_.size(), -1);
+  if (zero_ == 3) {
+    size_t before = arena.used();
+    param_shard_ = arena.alloc_floats("parameters (ZeRO-3 shard)", static_cast<size_t>(shard));
+    param_shard_bytes_ = arena.used() - before;
+    gathered_.resize(kGatherBuffers);
+    for (int g = 0; g < kGatherBuffers; ++g) {
+      before = arena.used();
+      gathered_[g].data = arena.alloc_floats(
+          "parameters (ZeRO-3 gathered " + std::to_string(g) + ")", static_cast<size_t>(largest));
+      gather_bytes_ = arena.used() - before;
+    }
+  }
+  if (zero_ >= 2) {
+    size_t before = arena.used();
+    shard_ = arena.alloc_floats("gradients (ZeRO-2 shard)", static_cast<size_t>(shard));
+    shard_bytes_ = arena.used() - before;
+    staging_.resize(kStagingBuffers);
+    for (int s = 0; s < kStagingBuffers; ++s) {
+      before = arena.used();
+      staging_[s].data = arena.alloc_floats("gradients (ZeRO-2 staging " + std::to_string(s) + ")",
+                                            static_cast<size_t>(largest));
+      staging_bytes_ = arena.used() - before;
+    }
+    grad_bytes_ = shard_bytes_ + kStagingBuffers * staging_bytes_;
+  } else if (!buckets_.empty()) {
+    grad_bytes_ = static_cast<size_t>(buckets_.back().end) * sizeof(float);
+  }
 }
 
 GradReducer::~GradReducer() {
   for (auto& r : requests_)
     if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+  for (auto& s : staging_)
+    if (s.request != MPI_REQUEST_NULL) MPI_Request_free(&s.request);
 }
 
 int64_t GradReducer::owned_floats() const {
@@ -38,50 +95,155 @@ int64_t GradReducer::owned_floats() const {
   return n;
 }
 
-void GradReducer::ready(int b, float* grads) {
-  T3D_ASSERT(!started_.at(b), "bucket ", b, " made ready twice in one step");
-  started_[b] = 1;
+void GradReducer::begin_step(int micro_batches) {
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    T3D_ASSERT(open_[b] < 0, "bucket ", b, " still open at the start of a step");
+    pending_[b] = units_[b] * micro_batches;
+  }
+  if (zero_ >= 2)
+    std::fill(shard_, shard_ + owned_floats(), 0.0f);
+  else if (!buckets_.empty())
+    std::fill(grads_, grads_ + buckets_.back().end, 0.0f);
+}
+
+float* GradReducer::bucket_grads(int b) {
+  if (zero_ < 2) return grads_ + buckets_.at(b).begin;
+  if (open_.at(b) >= 0) return staging_[open_[b]].data;
+  auto free_buffer = [&] {
+    for (int s = 0; s < kStagingBuffers; ++s)
+      if (staging_[s].bucket < 0 && !staging_[s].reducing) return s;
+    return -1;
+  };
+  int s = free_buffer();
+  if (s < 0 && reducing_.empty()) {
+    // Every buffer holds an open bucket (micro-batches interleave over buckets, as GPipe's head or
+    // interleaved chunks do): reduce the oldest as it is.
+    int oldest = 0;
+    for (int i = 1; i < kStagingBuffers; ++i)
+      if (staging_[i].opened < staging_[oldest].opened) oldest = i;
+    flush(oldest, true);
+  }
+  if (s < 0) {
+    complete_oldest();
+    s = free_buffer();
+  }
+  T3D_ASSERT(s >= 0, "no ZeRO-2 staging buffer free after a reduction completed");
+  Staging& st = staging_[s];
+  std::fill(st.data, st.data + buckets_[b].size(), 0.0f);
+  st.bucket = b;
+  st.reported = 0;
+  st.opened = opened_++;
+  open_[b] = s;
+  return st.data;
+}
+
+void GradReducer::unit_done(int b) {
+  T3D_ASSERT(pending_.at(b) > 0, "bucket ", b, " reported more units than it has micro-batches");
+  --pending_[b];
+  if (zero_ < 2) {
+    if (pending_[b] == 0) start_reduce(b);
+    else progress();
+    return;
+  }
+  // A bucket flushed early (all buffers were busy) may get a unit's report after its data left.
+  if (open_[b] >= 0 && ++staging_[open_[b]].reported == units_[b]) flush(open_[b], false);
+  else progress();
+}
+
+void GradReducer::start_reduce(int b) {
+  ++reductions_;
+  if (before_) before_(b, grads_ + buckets_[b].begin);
   if (dp_.size() == 1) return;
   // Through the same test-only fault switch and trace spans as Comm's own collectives.
   if (fault::skip_operation(dp_.name(), dp_.world_ranks()[dp_.rank()])) return;
-  trace::Span span(zero_ < 2 ? "all_reduce (gradient bucket)" : "reduce_scatter (gradient bucket)",
-                   "comm");
+  trace::Span span("all_reduce (gradient bucket)", "comm");
   span.arg("group", dp_.name()).arg("bytes", buckets_[b].size() * 4).arg("bucket", b);
-  float* data = grads + buckets_[b].begin;
   dp_.count_bytes(static_cast<uint64_t>(buckets_[b].size()) * sizeof(float));
-  if (zero_ < 2) {
-    T3D_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, static_cast<int>(buckets_[b].size()), MPI_FLOAT,
-                           MPI_SUM, dp_.handle(), &requests_[b]));
-  } else {
-    // In place: the input is the whole bucket; this rank's reduced slice lands at its start.
-    T3D_MPI(MPI_Ireduce_scatter(MPI_IN_PLACE, data, counts_[b].data(), MPI_FLOAT, MPI_SUM,
-                                dp_.handle(), &requests_[b]));
-  }
+  T3D_MPI(MPI_Iallreduce(MPI_IN_PLACE, grads_ + buckets_[b].begin,
+                         static_cast<int>(buckets_[b].size()), MPI_FLOAT, MPI_SUM, dp_.handle(),
+                         &requests_[b]));
+}
+
+void GradReducer::flush(int s, bool early) {
+  Staging& st = staging_[s];
+  const int b = st.bucket;
+  ++reductions_;
+  early_ += early;
+  open_[b] = -1;
+  if (before_) before_(b, st.data);
+  st.reducing = true;
+  reducing_.push_back(s);
+  if (dp_.size() == 1) return;
+  if (fault::skip_operation(dp_.name(), dp_.world_ranks()[dp_.rank()])) return;
+  trace::Span span("reduce_scatter (gradient bucket)", "comm");
+  span.arg("group", dp_.name()).arg("bytes", buckets_[b].size() * 4).arg("bucket", b);
+  dp_.count_bytes(static_cast<uint64_t>(buckets_[b].size()) * sizeof(float));
+  // In place: the input is the whole bucket; this rank's reduced slice lands at its start.
+  T3D_MPI(MPI_Ireduce_scatter(MPI_IN_PLACE, st.data, counts_[b].data(), MPI_FLOAT, MPI_SUM,
+                              dp_.handle(), &st.request));
+}
+
+void GradReducer::accumulate(const Staging& st) {
+  const int b = st.bucket;
+  // dp = 1 skips the reduce-scatter: the slice is the whole bucket, still at its own offset.
+  const float* from = dp_.size() == 1 ? st.data + displs_[b][dp_.rank()] : st.data;
+  float* to = shard_ + shard_offset_[b];
+  const int64_t n = counts_[b][dp_.rank()];
+  for (int64_t i = 0; i < n; ++i) to[i] += from[i];
+}
+
+void GradReducer::complete_oldest() {
+  const int s = reducing_.front();
+  reducing_.pop_front();
+  Staging& st = staging_[s];
+  if (st.request != MPI_REQUEST_NULL) dp_.wait(st.request, "gradient reduce_scatter");
+  accumulate(st);
+  st.bucket = -1;
+  st.reducing = false;
 }
 
 void GradReducer::progress() {
-  for (auto& r : requests_) {
-    if (r == MPI_REQUEST_NULL) continue;
-    int done = 0;
-    T3D_MPI(MPI_Test(&r, &done, MPI_STATUS_IGNORE));
+  if (zero_ < 2) {
+    for (auto& r : requests_) {
+      if (r == MPI_REQUEST_NULL) continue;
+      int done = 0;
+      T3D_MPI(MPI_Test(&r, &done, MPI_STATUS_IGNORE));
+    }
+    return;
+  }
+  // Oldest first only: two reductions of one bucket must reach the shard in a fixed order, or
+  // the sum's rounding would depend on timing.
+  while (!reducing_.empty()) {
+    Staging& st = staging_[reducing_.front()];
+    int done = 1;
+    if (st.request != MPI_REQUEST_NULL) T3D_MPI(MPI_Test(&st.request, &done, MPI_STATUS_IGNORE));
+    if (!done) break;
+    complete_oldest();
   }
 }
 
-void GradReducer::finish(float* grads) {
+void GradReducer::finish() {
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    T3D_ASSERT(pending_[b] == 0, "bucket ", b, " is missing ", pending_[b],
+               " unit report(s): a layer's gradients were not computed");
+  if (zero_ >= 2) {
+    // Buckets still open (flushed early, then written again): reduce them, in bucket order.
+    for (size_t b = 0; b < buckets_.size(); ++b)
+      if (open_[b] >= 0) flush(open_[b], true);
+    while (!reducing_.empty()) complete_oldest();
+    return;
+  }
   for (size_t b = 0; b < buckets_.size(); ++b) {
-    T3D_ASSERT(started_[b], "bucket ", b, " was never made ready: a layer's gradients are missing");
-    started_[b] = 0;
     if (requests_[b] == MPI_REQUEST_NULL) continue;
-    dp_.wait(requests_[b], zero_ < 2 ? "gradient all_reduce" : "gradient reduce_scatter");
-    if (zero_ == 2) {
-      float* bucket = grads + buckets_[b].begin;
-      std::memmove(bucket + displs_[b][dp_.rank()], bucket,
-                   sizeof(float) * static_cast<size_t>(counts_[b][dp_.rank()]));
-    }
+    dp_.wait(requests_[b], "gradient all_reduce");
   }
 }
 
 void GradReducer::gather_params(float* params) {
+  if (zero_ == 3) {
+    for (auto& g : gathered_) g.bucket = -1;
+    return;
+  }
   if (zero_ == 0 || dp_.size() == 1) return;
   for (size_t b = 0; b < buckets_.size(); ++b) {
     dp_.count_bytes(static_cast<uint64_t>(counts_[b][dp_.rank()]) * sizeof(float));
@@ -90,6 +252,44 @@ void GradReducer::gather_params(float* params) {
                             &requests_[b]));
   }
   for (auto& r : requests_) dp_.wait(r, "parameter all_gather (ZeRO)");
+}
+
+void GradReducer::scatter_params(const float* full) {
+  T3D_ASSERT(zero_ == 3, "only ZeRO-3 keeps a parameter shard");
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    std::memcpy(param_shard_ + shard_offset_[b], full + partition_[b].begin,
+                sizeof(float) * static_cast<size_t>(partition_[b].size()));
+  for (auto& g : gathered_) g.bucket = -1;
+}
+
+const float* GradReducer::bucket_params(int b) {
+  T3D_ASSERT(zero_ == 3, "only ZeRO-3 gathers parameters");
+  Gathered* slot = &gathered_[0];
+  for (auto& g : gathered_) {
+    if (g.bucket == b) {
+      g.used = ++uses_;
+      return g.data;
+    }
+    if (g.used < slot->used) slot = &g;
+  }
+  // Evict the least recently used buffer and gather bucket b into it.
+  slot->bucket = b;
+  slot->used = ++uses_;
+  ++gathers_;
+  const int me = dp_.rank();
+  const float* mine = param_shard_ + shard_offset_[b];
+  if (dp_.size() == 1) {
+    std::memcpy(slot->data, mine, sizeof(float) * static_cast<size_t>(counts_[b][me]));
+    return slot->data;
+  }
+  trace::Span span("all_gather (parameter bucket, ZeRO-3)", "comm");
+  span.arg("group", dp_.name()).arg("bytes", buckets_[b].size() * 4).arg("bucket", b);
+  dp_.count_bytes(static_cast<uint64_t>(counts_[b][me]) * sizeof(float));
+  MPI_Request request = MPI_REQUEST_NULL;
+  T3D_MPI(MPI_Iallgatherv(mine, counts_[b][me], MPI_FLOAT, slot->data, counts_[b].data(),
+                          displs_[b].data(), MPI_FLOAT, dp_.handle(), &request));
+  dp_.wait(request, "parameter all_gather (ZeRO-3)");
+  return slot->data;
 }
 
 }  // namespace t3d::parallel

@@ -146,30 +146,28 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
 
   build_param_table();
   size_t before = arena_.used();
-  state_ = k::ModelState::allocate(arena_, layout_, options_.with_optimizer);
-  // Each block's weight and gradient pointers, looked up once: a step does no name lookups.
-  block_weights_.resize(static_cast<size_t>(config_.n_layers));
-  block_grads_.resize(static_cast<size_t>(config_.n_layers));
+  state_ = k::ModelState::allocate(arena_, layout_, options_.with_optimizer, options_.grad_region,
+                                   options_.param_region);
+  unit_begin_.assign(static_cast<size_t>(config_.n_layers + 2), -1);
+  for (const auto& u : grad_units()) unit_begin_[static_cast<size_t>(u.unit + 1)] = u.range.begin;
+  // Each block tensor's offset from the start of its unit, looked up once: a step does no name
+  // lookups. Offsets, not pointers, because ZeRO moves a unit's gradients (and with ZeRO-3 its
+  // gathered weights) between buffers; weights and gradients share the layout.
+  block_offsets_.resize(static_cast<size_t>(config_.n_layers));
   for (const auto& range : chunks_)
     for (int64_t l = range.begin; l < range.end; ++l) {
-      const auto at = [&](const char* suffix) -> std::pair<float*, float*> {
-        const std::string name = layer_name(l, suffix);
-        return {w(name), g(name)};
-      };
-      BlockParams& pw = block_weights_[l];
-      BlockParams& pg = block_grads_[l];
-      std::tie(pw.ln1, pg.ln1) = at("input_layernorm.weight");
-      std::tie(pw.q, pg.q) = at("self_attn.q_proj.weight");
-      std::tie(pw.k, pg.k) = at("self_attn.k_proj.weight");
-      std::tie(pw.v, pg.v) = at("self_attn.v_proj.weight");
-      std::tie(pw.o, pg.o) = at("self_attn.o_proj.weight");
-      std::tie(pw.ln2, pg.ln2) = at("post_attention_layernorm.weight");
-      std::tie(pw.gate, pg.gate) = at("mlp.gate_proj.weight");
-      std::tie(pw.up, pg.up) = at("mlp.up_proj.weight");
-      std::tie(pw.down, pg.down) = at("mlp.down_proj.weight");
+      BlockOffsets& o = block_offsets_[l];
+      const int64_t unit0 = unit_begin_[static_cast<size_t>(l + 1)];
+      const auto at = [&](const char* suffix) { return layout_.at(layer_name(l, suffix)).offset - unit0; };
+      o = {at("input_layernorm.weight"), at("self_attn.q_proj.weight"),
+           at("self_attn.k_proj.weight"), at("self_attn.v_proj.weight"),
+           at("self_attn.o_proj.weight"), at("post_attention_layernorm.weight"),
+           at("mlp.gate_proj.weight"),    at("mlp.up_proj.weight"),
+           at("mlp.down_proj.weight")};
     }
   const size_t region = static_cast<size_t>(layout_.total_floats()) * sizeof(float);
-  footprint_.params = footprint_.grads = region;
+  footprint_.params = options_.param_region ? region : 0;
+  footprint_.grads = options_.grad_region ? region : 0;
   footprint_.optimizer = options_.with_optimizer ? 2 * region : 0;
   before = arena_.used();
 
@@ -354,8 +352,40 @@ void Model::build_param_table() {
   layout_ = k::ParamLayout(std::move(table));
 }
 
-float* Model::w(const std::string& name) const { return state_.params.view(name).data; }
-float* Model::g(const std::string& name) const { return state_.grads.view(name).data; }
+const float* Model::unit_weights(int64_t unit) const {
+  if (weight_source_) return weight_source_(unit);
+  T3D_ASSERT(state_.params.data(), "a model without a parameter region needs a weight source");
+  return state_.params.data() + unit_begin_.at(static_cast<size_t>(unit + 1));
+}
+
+const float* Model::w(const std::string& name, int64_t unit) const {
+  return unit_weights(unit) +
+         (layout_.at(name).offset - unit_begin_.at(static_cast<size_t>(unit + 1)));
+}
+
+Model::ConstBlock Model::block_weights(int64_t l) const {
+  const BlockOffsets& o = block_offsets_.at(static_cast<size_t>(l));
+  const float* base = unit_weights(l);
+  return {base + o.ln1, base + o.q, base + o.k,  base + o.v,   base + o.o,
+          base + o.ln2, base + o.gate, base + o.up, base + o.down};
+}
+
+float* Model::unit_grads(int64_t unit) const {
+  if (grad_source_) return grad_source_(unit);
+  T3D_ASSERT(state_.grads.data(), "a model without a gradient region needs a grad source");
+  return state_.grads.data() + unit_begin_.at(static_cast<size_t>(unit + 1));
+}
+
+float* Model::g(const std::string& name, int64_t unit) const {
+  return unit_grads(unit) + (layout_.at(name).offset - unit_begin_.at(static_cast<size_t>(unit + 1)));
+}
+
+Model::BlockParams Model::block_grads(int64_t l) const {
+  const BlockOffsets& o = block_offsets_.at(static_cast<size_t>(l));
+  float* base = unit_grads(l);
+  return {base + o.ln1, base + o.q, base + o.k,  base + o.v,   base + o.o,
+          base + o.ln2, base + o.gate, base + o.up, base + o.down};
+}
 
 void Model::tp_sum(float* data, int64_t n) const {
   if (tp_.size() == 1) return;
@@ -457,13 +487,13 @@ float* Model::reduce_rows(float* partial) const {
   return s.rows;
 }
 
-void Model::sum_replicated_grads(const parallel::FloatRange& range) const {
+void Model::sum_replicated_grads(const parallel::FloatRange& range, float* data) const {
   if (!sp_) return;
   for (const auto& p : params_) {
     if (p.split_dim >= 0) continue;
     const auto& e = layout_.at(p.name);
     if (e.offset >= range.begin && e.offset + e.numel <= range.end)
-      tp_.all_reduce(state_.grads.data() + e.offset, static_cast<size_t>(e.numel));
+      tp_.all_reduce(data + (e.offset - range.begin), static_cast<size_t>(e.numel));
   }
 }
 
@@ -500,13 +530,15 @@ void Model::decode16(const LayerActs16& from, const LayerActs& to) const {
 
 uint16_t* Model::recv16() { return scratch_->recv16; }
 
-void Model::init(uint64_t seed) {
+void Model::init(uint64_t seed, float* region) {
+  if (!region) region = state_.params.data();
+  T3D_ASSERT(region, "a model without a parameter region initialises into a caller's buffer");
   const double base_std = 0.02;
   // GPT-2 / Megatron: projections into the residual stream shrink with depth.
   const double out_std = base_std / std::sqrt(2.0 * config_.n_layers);
   for (const auto& p : params_) {
-    float* data = w(p.name);
     const auto& e = layout_.at(p.name);
+    float* data = region + e.offset;
     if (p.global_shape.size() == 1) {  // norm weights
       for (int64_t i = 0; i < e.numel; ++i) data[i] = 1.0f;
       continue;
@@ -534,7 +566,7 @@ const float* Model::input_grad(int chunk, int slot) const {
 }
 
 void Model::forward_layer(int64_t l, LayerActs& a, const float* x_in, float* x_out) {
-  const BlockParams& pw = block_weights_.at(l);
+  const ConstBlock pw = block_weights(l);
   const int64_t N = rows_, C = config_.dim, D = config_.head_dim();
   const int64_t B = options_.micro_rows;
   const int64_t qd = heads_ * D, kvd = kv_heads_ * D;
@@ -584,8 +616,8 @@ void Model::forward_layer(int64_t l, LayerActs& a, const float* x_in, float* x_o
 
 void Model::backward_layer(int64_t l, LayerActs& a, const float* x_in, float* dx,
                            const LayerGrads* keep) {
-  const BlockParams& pw = block_weights_.at(l);
-  const BlockParams& pg = block_grads_.at(l);
+  const ConstBlock pw = block_weights(l);
+  const BlockParams pg = block_grads(l);
   // dx (N, C): gradient of the block's output on entry, of its input on return. With `keep` the
   // projections' weight gradients are left to backward_layer_weights (W), their inputs kept.
   const int64_t N = rows_, C = config_.dim, D = config_.head_dim();
@@ -663,7 +695,7 @@ void Model::backward_layer(int64_t l, LayerActs& a, const float* x_in, float* dx
 }
 
 void Model::backward_layer_weights(int64_t l, const LayerActs& a, const LayerGrads& kg) {
-  const BlockParams& pg = block_grads_.at(l);
+  const BlockParams pg = block_grads(l);
   const int64_t N = rows_, C = config_.dim, qd = heads_ * config_.head_dim();
   const int64_t kvd = kv_heads_ * config_.head_dim();
   k::linear_backward_weight(pg.down, kg.dy_down, a.h, N, ffn_, C);
@@ -680,13 +712,15 @@ double Model::forward_head(ChunkActs& c, const int32_t* targets, float grad_scal
   const int64_t N = rows_, C = config_.dim;
   auto& s = *scratch_;
   const std::string head = config_.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+  const int64_t head_unit = config_.tie_embeddings ? -1 : config_.n_layers;
   const float* x_last = c.x.back();
   const int64_t Nl = rows_local_;
   float* xf_rows = sp_ ? s.rows : c.xf;
-  k::rmsnorm_forward(xf_rows, c.rstdf, x_last, w("model.norm.weight"), Nl, C,
+  const int64_t norm_unit = config_.n_layers;
+  k::rmsnorm_forward(xf_rows, c.rstdf, x_last, w("model.norm.weight", norm_unit), Nl, C,
                      static_cast<float>(config_.norm_eps));
   gather_rows(xf_rows, c.xf);
-  k::linear_forward(s.logits, c.xf, w(head), N, C, vocab_);
+  k::linear_forward(s.logits, c.xf, w(head, head_unit), N, C, vocab_);
   if (tp_.size() == 1) {
     k::cross_entropy_fused(s.logits, s.losses, targets, N, vocab_, grad_scale);
   } else {
@@ -703,11 +737,11 @@ double Model::forward_head(ChunkActs& c, const int32_t* targets, float grad_scal
   double loss_sum = 0;
   for (int64_t i = 0; i < N; ++i) loss_sum += s.losses[i];
   if (training) {
-    k::linear_backward_input(s.dxn, s.logits, w(head), N, C, vocab_);
-    k::linear_backward_weight(g(head), s.logits, c.xf, N, C, vocab_);
+    k::linear_backward_input(s.dxn, s.logits, w(head, head_unit), N, C, vocab_);
+    k::linear_backward_weight(g(head, head_unit), s.logits, c.xf, N, C, vocab_);
     const float* dxn_rows = reduce_rows(s.dxn);
-    k::rmsnorm_backward(c.dx_last, g("model.norm.weight"), dxn_rows, x_last,
-                        w("model.norm.weight"), c.rstdf, Nl, C);
+    k::rmsnorm_backward(c.dx_last, g("model.norm.weight", norm_unit), dxn_rows, x_last,
+                        w("model.norm.weight", norm_unit), c.rstdf, Nl, C);
     if (grad_hook_) grad_hook_(config_.n_layers);
   }
   return loss_sum;
@@ -721,7 +755,7 @@ double Model::forward(int chunk, int slot, const int32_t* tokens, const int32_t*
   if (range.first) {
     k::check_token_ids(tokens, N, config_.vocab_size);
     std::memcpy(a.tokens, tokens, sizeof(int32_t) * N);
-    const float* emb = w("model.embed_tokens.weight");
+    const float* emb = w("model.embed_tokens.weight", -1);
     // Vocab-parallel: each id's row comes from the rank owning it (SP: scattered by rows).
     k::embedding_forward(scratch_->tmp, tokens, emb, N, C, vocab_start_, vocab_start_ + vocab_);
     std::memcpy(a.x[0], reduce_rows(scratch_->tmp), sizeof(float) * rows_local_ * C);
@@ -772,22 +806,25 @@ void Model::backward_impl(int chunk, int slot, const float* dout, bool defer_wei
     if (!defer && grad_hook_) grad_hook_(l);
   }
   if (range.first) {
-    k::embedding_backward(g("model.embed_tokens.weight"), gather_rows(dx, scratch_->all_rows),
+    const float* dy = gather_rows(dx, scratch_->all_rows);
+    k::embedding_backward(g("model.embed_tokens.weight", -1), dy,
                           a.tokens, N, C, vocab_start_,
                           vocab_start_ + vocab_);
     if (grad_hook_) grad_hook_(-1);
   }
 }
 
-double Model::grad_sum_of_squares(const std::vector<parallel::FloatRange>& ranges) const {
+double Model::grad_sum_of_squares(const std::vector<parallel::FloatRange>& ranges,
+                                  const float* data, bool compact) const {
   double sum = 0;
-  const float* grads = state_.grads.data();
   for (const auto& p : params_) {
     if (p.split_dim < 0 && tp_.rank() != 0) continue;  // replicated: identical on every tp rank
     const auto& e = layout_.at(p.name);
+    int64_t at = 0;  // compact: where range r starts in `data`
     for (const auto& r : ranges) {
       const int64_t lo = std::max(r.begin, e.offset), hi = std::min(r.end, e.offset + e.numel);
-      if (lo < hi) sum += k::sum_of_squares(grads + lo, hi - lo);
+      if (lo < hi) sum += k::sum_of_squares(data + (compact ? at + lo - r.begin : lo), hi - lo);
+      at += r.size();
     }
   }
   return sum;

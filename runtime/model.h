@@ -44,6 +44,12 @@ struct ModelOptions {
   int64_t micro_rows = 1;  // sequences per micro-batch
   int64_t slots = 1;       // micro-batches whose activations are alive at once, per chunk
   bool with_optimizer = true;
+  // false (ZeRO-2): no full-size gradient region; the backward writes each unit's gradients where
+  // set_grad_source points (the reducer's staging buffers).
+  bool grad_region = true;
+  // false (ZeRO-3): no full-size parameter region; the model reads each unit's weights where
+  // set_weight_source points (the reducer's gathered buffers).
+  bool param_region = true;
   // Activation checkpointing: 0 none; K recomputes blocks 0, K, 2K, ... of each chunk in the
   // backward instead of keeping their activations (K = 1: every block, "full").
   int64_t checkpoint_every = 0;
@@ -98,14 +104,17 @@ class Model {
   // sequence parallelism (what pipeline stages send each other).
   int64_t io_floats() const { return rows_local_ * config_.dim; }
   // Sequence parallelism leaves each tp rank with the norm-weight gradient of its own rows only:
-  // sum those over tp, once per step, for the replicated tensors that lie inside `range`.
-  void sum_replicated_grads(const parallel::FloatRange& range) const;
+  // sum those over tp, before the dp reduction, for the replicated tensors that lie inside
+  // `range` (of the gradient region), whose gradients start at `data`.
+  void sum_replicated_grads(const parallel::FloatRange& range, float* data) const;
   int tp_rank() const { return tp_.rank(); }
   int tp_size() const { return tp_.size(); }
 
   // Deterministic and layout-independent: element g of a global tensor is drawn from a counter
   // hash of (seed, name, g), so every layout starts from the same global model.
-  void init(uint64_t seed);
+  // `region`: where to write the full parameter region (default: the model's own; a ZeRO-3 model
+  // has none, its caller initialises a host copy and keeps its shard of it).
+  void init(uint64_t seed, float* region = nullptr);
 
   // Forward of `chunk` for the micro-batch in `slot`. The first chunk reads `tokens` (rows); other
   // chunks read input(chunk, slot), filled by the caller (pipeline receive). The last chunk also
@@ -136,8 +145,10 @@ class Model {
 
   // Sum of squared gradients over the float ranges given (of the gradient region) for the global
   // norm: tp-replicated tensors count on tp rank 0 only, so summing the ranges' partition over
-  // dp and the result over tp and pp gives the global sum exactly.
-  double grad_sum_of_squares(const std::vector<parallel::FloatRange>& ranges) const;
+  // dp and the result over tp and pp gives the global sum exactly. The gradients are in `data`:
+  // at their region offsets, or with `compact` the ranges back to back (ZeRO-2's shard).
+  double grad_sum_of_squares(const std::vector<parallel::FloatRange>& ranges, const float* data,
+                             bool compact) const;
 
   // Gradient units: float ranges of the gradient region that become final together. Unit -1 is
   // the embedding, l a transformer block, n_layers the final norm and LM head. In region order.
@@ -149,6 +160,17 @@ class Model {
   // Called with a unit id each time a micro-batch has added its gradient to that unit (the data
   // parallel reducer starts a bucket once all micro-batches have).
   void set_grad_hook(std::function<void(int64_t unit)> hook) { grad_hook_ = std::move(hook); }
+  // Where a unit's gradients accumulate (its first float), asked right before every write to them
+  // (a pointer is not kept across another unit's writes: ZeRO-2 may move the unit meanwhile).
+  // Default: the gradient region.
+  void set_grad_source(std::function<float*(int64_t unit)> source) {
+    grad_source_ = std::move(source);
+  }
+  // Where a unit's weights are (its first float), asked right before every read of them, as for
+  // gradients. Default: the parameter region. ZeRO-3 gathers them there.
+  void set_weight_source(std::function<const float*(int64_t unit)> source) {
+    weight_source_ = std::move(source);
+  }
 
   // AdamW moments for part of the parameter region (ZeRO shards them over dp): `m` and `v` hold
   // the given ranges back to back. Empty ranges: the moments are state().adam_m / adam_v whole.
@@ -159,6 +181,14 @@ class Model {
   };
   const MomentShard& moment_shard() const { return moment_shard_; }
   void set_moment_shard(MomentShard shard) { moment_shard_ = std::move(shard); }
+  // ZeRO-3: the parameters this rank keeps, `ranges` of the region back to back in `data`.
+  // Empty ranges: the parameters are state().params whole.
+  struct ParamShard {
+    std::vector<parallel::FloatRange> ranges;
+    float* data = nullptr;
+  };
+  const ParamShard& param_shard() const { return param_shard_; }
+  void set_param_shard(ParamShard shard) { param_shard_ = std::move(shard); }
 
   // Memory this model took from the arena at build time, by kind.
   struct Footprint {
@@ -171,9 +201,13 @@ class Model {
   int64_t first_nonfinite_layer(int slot) const;
 
  private:
-  struct BlockParams {  // one transformer block's tensors (weights, or their gradients)
+  struct BlockParams {  // one transformer block's gradients
     float *ln1 = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *ln2 = nullptr,
           *gate = nullptr, *up = nullptr, *down = nullptr;
+  };
+  struct ConstBlock {  // one transformer block's weights
+    const float *ln1 = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr,
+                *ln2 = nullptr, *gate = nullptr, *up = nullptr, *down = nullptr;
   };
   struct LayerActs;
   struct LayerActs16;
@@ -196,8 +230,13 @@ class Model {
   void backward_layer_weights(int64_t layer, const LayerActs& a, const LayerGrads& keep);
   void backward_impl(int chunk, int slot, const float* dout, bool defer_weights);
   double forward_head(ChunkActs& c, const int32_t* targets, float grad_scale, bool training);
-  float* w(const std::string& name) const;
-  float* g(const std::string& name) const;
+  // Weight and gradient of `name`, a tensor of unit `unit`; and of block l's tensors.
+  const float* w(const std::string& name, int64_t unit) const;
+  float* g(const std::string& name, int64_t unit) const;
+  ConstBlock block_weights(int64_t l) const;
+  BlockParams block_grads(int64_t l) const;
+  const float* unit_weights(int64_t unit) const;
+  float* unit_grads(int64_t unit) const;
   std::string layer_name(int64_t layer, const char* suffix) const;
   void tp_sum(float* data, int64_t n) const;
   const float* gather_rows(const float* local, float* full) const;
@@ -226,12 +265,20 @@ class Model {
   std::vector<ParamInfo> params_;
   kernels::ParamLayout layout_;
   kernels::ModelState state_;
-  std::vector<BlockParams> block_weights_, block_grads_;  // by global layer; held layers only
+  // By global layer (held layers only): each block tensor's offset from the start of its unit.
+  struct BlockOffsets {
+    int64_t ln1, q, k, v, o, ln2, gate, up, down;
+  };
+  std::vector<BlockOffsets> block_offsets_;
+  std::vector<int64_t> unit_begin_;  // [unit + 1]: region offset where the unit starts
   std::vector<std::vector<std::unique_ptr<ChunkActs>>> acts_;  // [chunk][slot]
   std::unique_ptr<Scratch> scratch_;
   Footprint footprint_;
   std::function<void(int64_t)> grad_hook_;
+  std::function<float*(int64_t)> grad_source_;
+  std::function<const float*(int64_t)> weight_source_;
   MomentShard moment_shard_;
+  ParamShard param_shard_;
 };
 
 }  // namespace t3d::runtime

@@ -92,6 +92,7 @@ PlanProblem make_problem(const Recipe& r, const Cluster& c) {
   PlanProblem p;
   p.model = r.model;
   p.global_batch = r.train.global_batch;
+  p.bucket_mb = r.parallel.bucket_mb;
   p.precision = Precision::from_recipe(r.train.precision);
   p.cluster = c;
   return p;
@@ -388,9 +389,6 @@ int run_plan(const PlanOptions& o) {
   if (!o.write_recipe.empty()) {
     T3D_USER_CHECK(!plan.ranked.empty(), "plan: no layout fits in ", cluster.hbm_gib,
                    " GiB per device; nothing to write to ", o.write_recipe);
-    T3D_USER_CHECK(plan.ranked.front().layout.zero <= 2, "plan: the best layout uses ZeRO-3, "
-                   "which titan3d cannot train yet; nothing written to ", o.write_recipe,
-                   " (leave 3 out of --zero to get a trainable recipe)");
     const Recipe best = recipe_with_layout(recipe, plan.ranked.front().layout, cluster);
     std::ofstream f(o.write_recipe);
     T3D_USER_CHECK(f.good(), "plan: cannot write ", o.write_recipe);

@@ -17,7 +17,8 @@ namespace t3d::runtime {
 
 // Which values the search tries beyond the mesh and micro-batch count.
 struct PlanSpace {
-  // ZeRO-3 is priced only on request (--zero 0,1,2,3): training cannot run it yet.
+  // ZeRO-3 only on request (--zero 0,1,2,3): its blocking gathers trade step time for memory,
+  // so it is worth searching when nothing else fits.
   std::vector<int64_t> zero = {0, 1, 2};
   std::vector<int64_t> checkpoint = {0, 1};  // 0 none, 1 full, K every:K
   int64_t max_virtual_stages = 4;            // interleaved_1f1b tries v = 2 .. this

@@ -7,6 +7,7 @@
 
 #include "kernels/check.h"
 #include "kernels/ops.h"
+#include "parallel/grad_reducer.h"
 #include "parallel/pipeline_split.h"
 
 namespace t3d::runtime {
@@ -44,6 +45,55 @@ double chunk_param_elems(const ModelConfig& m, const Shard& s, const parallel::L
   if (r.first) n += padded(s.V * s.C);  // embed_tokens, vocab-parallel
   if (r.last) n += padded(s.C) + (m.tie_embeddings ? 0 : padded(s.V * s.C));  // norm, lm_head
   return n;
+}
+
+// The gradient units of a stage as float ranges of its region (runtime::Model::grad_units: the
+// embedding, each block, the final norm with the LM head), each tensor starting on a 16-float
+// boundary as ParamLayout places it; a unit ends where its last tensor ends.
+std::vector<parallel::FloatRange> grad_units(const ModelConfig& m, const Shard& s,
+                                             const std::vector<parallel::LayerRange>& ranges) {
+  std::vector<parallel::FloatRange> units;
+  double at = 0;
+  const auto unit = [&](std::initializer_list<double> tensors) {
+    parallel::FloatRange u{static_cast<int64_t>(at), 0};
+    for (double n : tensors) {
+      u.end = static_cast<int64_t>(at + n);
+      at += padded(n);
+    }
+    units.push_back(u);
+  };
+  const double HD = s.H * s.D * s.C, KV = s.Hkv * s.D * s.C, FC = s.F * s.C;
+  for (const auto& r : ranges) {
+    if (r.first) unit({s.V * s.C});
+    for (int64_t l = r.begin; l < r.end; ++l) unit({s.C, HD, KV, KV, HD, s.C, FC, FC, FC});
+    if (r.last) {
+      if (m.tie_embeddings) unit({s.C});
+      else unit({s.C, s.V * s.C});
+    }
+  }
+  return units;
+}
+
+// ZeRO's per-rank shard of a stage (GradReducer: every bucket split over dp), the largest over
+// the dp ranks, and the largest bucket (the size of one ZeRO-2 staging buffer), in floats.
+struct ZeroShard {
+  double owned = 0, largest_bucket = 0;
+};
+ZeroShard zero_shard(const ModelConfig& m, const Shard& s,
+                     const std::vector<parallel::LayerRange>& ranges, int64_t dp,
+                     double bucket_mb) {
+  std::vector<int> per_bucket;
+  const auto bucket_floats = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * (1 << 18)));
+  const auto buckets = parallel::make_buckets(grad_units(m, s, ranges), bucket_floats, &per_bucket);
+  ZeroShard z;
+  for (const auto& b : buckets) z.largest_bucket = std::max(z.largest_bucket, double(b.size()));
+  for (int64_t d = 0; d < dp; ++d) {
+    double owned = 0;
+    for (const auto& b : buckets)
+      owned += double(parallel::slice_floats(b.size(), static_cast<int>(dp), static_cast<int>(d)));
+    z.owned = std::max(z.owned, owned);
+  }
+  return z;
 }
 
 // Bytes one block keeps for its backward, one micro-batch of N = B·T rows (Model::LayerActs).
@@ -288,17 +338,24 @@ Memory stage_memory(const PlanProblem& p, const Layout& l, const parallel::Sched
   const double B = static_cast<double>(micro_rows(p, l)), a = pr.activation;
   double elems = 0, largest_layer = layer_param_elems(s);
   for (const auto& r : ranges) elems += chunk_param_elems(p.model, s, r);
-  // ZeRO (Rajbhandari et al. 2020): stage 1 shards the optimizer state over dp, 2 also the
-  // gradients, 3 also the weights (each rank gathers one block at a time, prefetching one more).
-  const double d = static_cast<double>(l.dp);
-  const double sharded = std::ceil(elems / d);
+  // ZeRO (Rajbhandari et al. 2020) as titan3d allocates it (parallel/grad_reducer.h): each rank
+  // owns a slice of every gradient bucket (`owned`, the largest share over dp). Stage 1 keeps
+  // the optimizer state of its slices; 2 also the gradients, plus two staging buffers of the
+  // largest bucket; 3 also the weights, plus two buffers a bucket is gathered into before use.
   Memory mem;
   mem.stage = stage;
-  mem.params = (l.zero >= 3 ? sharded : elems) * pr.weight;
-  // titan3d's ZeRO-2 reduce-scatters the gradients but still accumulates micro-batches in a full
-  // gradient buffer, so only ZeRO-3 (planned) shards gradient memory.
-  mem.grads = (l.zero >= 3 ? sharded : elems) * pr.grad;
-  mem.optimizer = (l.zero >= 1 ? sharded : elems) * pr.optimizer();
+  const ZeroShard z = l.zero >= 1 ? zero_shard(p.model, s, ranges, l.dp, p.bucket_mb) : ZeroShard{};
+  const double kept = l.zero >= 1 ? z.owned : elems;  // elements of state kept per sharded kind
+  const auto buffers = [&](int n, double bytes) { return n * aligned(z.largest_bucket * bytes); };
+  mem.params = l.zero >= 3 ? aligned(kept * pr.weight) +
+                                 buffers(parallel::GradReducer::kGatherBuffers, pr.weight)
+                           : elems * pr.weight;
+  mem.grads = l.zero >= 2 ? aligned(kept * pr.grad) +
+                                buffers(parallel::GradReducer::kStagingBuffers, pr.grad)
+                          : elems * pr.grad;
+  mem.optimizer = l.zero >= 1 ? 2 * aligned(kept * pr.moment) +
+                                    (pr.master ? aligned(kept * pr.master) : 0)
+                              : elems * pr.optimizer();
   mem.slots = activation_slots(schedule, stage);
   mem.chunk_slots = chunk_activation_slots(schedule, stage);
   T3D_ASSERT(mem.chunk_slots.size() == ranges.size(), "chunks of stage ", stage);
@@ -321,8 +378,14 @@ Memory stage_memory(const PlanProblem& p, const Layout& l, const parallel::Sched
   mem.workspace = workspace_bytes(s, ranges, B, a);
   const bool recompute = l.checkpoint_every > 0;
   if (recompute) mem.workspace += layer_act_bytes(s, B, a);  // the block being recomputed
-  if (l.zero >= 3) mem.workspace += 2 * largest_layer * pr.weight;
   if (why) {
+    const auto kind_bytes = [&](double n, double bytes) {
+      return fmt::format("{} × {} B{}", num(n), num(bytes),
+                         l.zero >= 1 && n == kept ? " (ZeRO: this rank's slices)" : "");
+    };
+    const auto zero_extra = [&](const char* what) {
+      return fmt::format(" + 2 {} buffers × {} (the largest bucket)", what, num(z.largest_bucket));
+    };
     int64_t layers = 0, recomputed = 0;
     for (const auto& r : ranges) {
       layers += r.size();
@@ -331,8 +394,8 @@ Memory stage_memory(const PlanProblem& p, const Layout& l, const parallel::Sched
     *why << fmt::format(
         "memory of pipeline stage {} ({} blocks{}{}), per rank:\n"
         "  parameters: {} elements on this tp rank ({} per block)\n"
-        "  weights     {} × {} B{} = {}\n"
-        "  gradients   {} × {} B{} = {}\n"
+        "  weights     {}{} = {}\n"
+        "  gradients   {}{} = {}\n"
         "  optimizer   {} × ({} B master + 2 × {} B AdamW moments){} = {}\n"
         "  activations {} slots (micro-batches in flight per chunk, from the schedule) × {} per "
         "micro-batch of {} sequence(s) ({}) = {}\n"
@@ -340,16 +403,17 @@ Memory stage_memory(const PlanProblem& p, const Layout& l, const parallel::Sched
         "  total       {} of {} GiB\n",
         stage, layers, ranges.front().first ? ", embedding" : "",
         ranges.back().last ? ", final norm and LM head" : "", num(elems), num(largest_layer),
-        num(l.zero >= 3 ? sharded : elems), num(pr.weight), l.zero >= 3 ? " (ZeRO-3: /dp)" : "",
-        gib(mem.params), num(l.zero >= 3 ? sharded : elems), num(pr.grad),
-        l.zero >= 3 ? " (ZeRO-3: /dp)" : "", gib(mem.grads), num(l.zero >= 1 ? sharded : elems),
-        num(pr.master), num(pr.moment), l.zero >= 1 ? " (ZeRO-1: /dp)" : "", gib(mem.optimizer),
+        kind_bytes(l.zero >= 3 ? kept : elems, pr.weight), l.zero >= 3 ? zero_extra("gather") : "",
+        gib(mem.params), kind_bytes(l.zero >= 2 ? kept : elems, pr.grad),
+        l.zero >= 2 ? zero_extra("staging") : "", gib(mem.grads), num(kept),
+        num(pr.master), num(pr.moment), l.zero >= 1 ? " (ZeRO: this rank's slices)" : "",
+        gib(mem.optimizer),
         slots_text, bytes_text, micro_rows(p, l),
         recompute ? "checkpointing " + l.checkpoint_name() + ": residual stream kept, " +
                         std::to_string(recomputed) + " blocks recomputed"
                   : "every block's activations kept",
         gib(mem.activations), recompute ? ", one recomputed block" : "",
-        l.zero >= 3 ? ", two gathered blocks" : "", gib(mem.workspace), gib(mem.total()),
+        "", gib(mem.workspace), gib(mem.total()),
         num(p.cluster.hbm_gib));
   }
   return mem;
@@ -444,8 +508,11 @@ StepTime step_time(const PlanProblem& p, const Layout& l, const parallel::Schedu
     case 2:
       traffic = m * rs + ag, window = m * backward;
       break;  // reduce-scatter per micro-batch
-    default:  // gather weights for forward and backward, reduce-scatter grads, per micro-batch
-      traffic = m * (2 * ag + rs), window = m * (t.costs.f + backward);
+    default:
+      // Weights gathered for the forward and again for the backward, grads reduce-scattered,
+      // per micro-batch. titan3d's gathers are blocking (no prefetch): only the reduce-scatters
+      // hide behind the backward.
+      traffic = m * (2 * ag + rs), window = std::min(m * rs, m * backward);
   }
   // Gradients of a micro-batch are final only after its backward: the sync overlaps with the
   // backward compute that is still running (bucketed, as DDP / ZeRO do), the rest is exposed.

@@ -47,6 +47,7 @@ struct Layout {
 struct PlanProblem {
   ModelConfig model;
   int64_t global_batch = 1;  // sequences per optimizer step
+  double bucket_mb = 4.0;    // parallel.bucket_mb: ZeRO-2's staging buffers hold the largest bucket
   Precision precision;
   Cluster cluster;
 };

@@ -363,8 +363,7 @@ void validate(const Recipe& r) {
       prev = s;
     }
   }
-  v.require(p.zero >= 0 && p.zero <= 2, "parallel.zero",
-            "must be 0, 1 or 2 (ZeRO-3 is not implemented for training yet), got " + is(p.zero));
+  v.require(p.zero >= 0 && p.zero <= 3, "parallel.zero", "must be 0, 1, 2 or 3, got " + is(p.zero));
   v.require(p.bucket_mb > 0, "parallel.bucket_mb", "must be positive");
   v.require(p.timeout_s > 0, "parallel.timeout_s", "must be positive seconds");
 

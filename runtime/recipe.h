@@ -41,7 +41,7 @@ struct ParallelConfig {
   std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved_1f1b | zb_h1 | zb_v
   int64_t virtual_stages = 1;
   std::vector<int64_t> pipeline_split;  // explicit first layer of stages 1..pp-1; empty: balanced
-  int64_t zero = 0;                     // ZeRO stage 0..2
+  int64_t zero = 0;                     // ZeRO stage 0..3
   double bucket_mb = 4.0;               // data-parallel gradient bucket size
   double timeout_s = 300.0;             // hang watchdog for every collective
 };

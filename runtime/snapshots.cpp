@@ -141,15 +141,27 @@ struct Snapshotter::Impl {
     return {shard.ranges, shard.m, shard.v, floats, true};
   }
 
+  // This rank's parameters: the region whole, or (ZeRO-3) its shard, laid out like the moments.
+  Moments param_state() const {
+    const auto& shard = model.param_shard();
+    auto& st = model.state();
+    if (shard.ranges.empty())
+      return {{{0, static_cast<int64_t>(st.params.size())}}, st.params.data(), nullptr,
+              static_cast<int64_t>(st.params.size()), false};
+    int64_t floats = 0;
+    for (const auto& r : shard.ranges) floats += r.size();
+    return {shard.ranges, shard.data, nullptr, floats, true};
+  }
+
   // This rank's slices of every global tensor: parameters from `params`, moments from the
   // compact arrays `m` and `v` (laid out as moments().ranges). Writing (`only_owned`), every
   // box gets exactly one writer: parameter i and unsharded moments by dp rank i mod dp, ZeRO
-  // moments by the dp rank that owns them, tp-replicated tensors by tp rank 0. Reading, a rank
-  // asks for everything it holds, whatever layout wrote the snapshot.
+  // moments (and ZeRO-3 parameters) by the dp rank that owns them, tp-replicated tensors by tp
+  // rank 0. Reading, a rank asks for everything it holds, whatever layout wrote the snapshot.
   std::vector<ck::Slice> slices(const float* params, const float* m, const float* v,
                                 bool only_owned) const {
     const int dp = mesh.shape().size(Dim::dp), dp_rank = mesh.coord().dp;
-    const Moments mo = moments();
+    const Moments mo = moments(), pa = param_state();
     std::vector<ck::Slice> out;
     // Context-parallel ranks hold identical copies (gradients are summed over cp): cp rank 0 writes.
     if (only_owned && mesh.coord().cp != 0) return out;
@@ -163,24 +175,16 @@ struct Snapshotter::Impl {
       out.push_back({section + p.name, p.global_shape, std::move(offset), std::move(shape),
                      const_cast<float*>(data)});
     };
-    for (size_t i = 0; i < table.size(); ++i) {
-      const auto& p = table[i];
-      const auto& e = model.layout().at(p.name);
-      if (only_owned && (static_cast<int>(i % dp) != dp_rank || (p.split_dim < 0 && model.tp_rank() != 0)))
-        continue;
-      add(kSections[0], p, std::vector<int64_t>(e.spec.shape.size(), 0), e.spec.shape,
-          params + e.offset);
-    }
-    for (int s = 1; s < 3; ++s) {
-      const float* base = s == 1 ? m : v;
+    // One section from a compact array holding `ranges` of the region back to back.
+    const auto add_ranged = [&](int s, const float* base, const Moments& state) {
       for (size_t i = 0; i < table.size(); ++i) {
         const auto& p = table[i];
         const auto& e = model.layout().at(p.name);
-        if (only_owned && ((!mo.sharded && static_cast<int>(i % dp) != dp_rank) ||
+        if (only_owned && ((!state.sharded && static_cast<int>(i % dp) != dp_rank) ||
                            (p.split_dim < 0 && model.tp_rank() != 0)))
           continue;
-        int64_t compact = 0;  // offset of the current range in the moment arrays
-        for (const auto& range : mo.ranges) {
+        int64_t compact = 0;  // offset of the current range in the compact array
+        for (const auto& range : state.ranges) {
           const int64_t lo = std::max(range.begin, e.offset);
           const int64_t hi = std::min(range.end, e.offset + e.numel);
           if (lo < hi) {
@@ -194,7 +198,21 @@ struct Snapshotter::Impl {
           compact += range.size();
         }
       }
+    };
+    if (pa.sharded) {
+      add_ranged(0, params, pa);
+    } else {
+      for (size_t i = 0; i < table.size(); ++i) {
+        const auto& p = table[i];
+        const auto& e = model.layout().at(p.name);
+        if (only_owned && (static_cast<int>(i % dp) != dp_rank || (p.split_dim < 0 && model.tp_rank() != 0)))
+          continue;
+        add(kSections[0], p, std::vector<int64_t>(e.spec.shape.size(), 0), e.spec.shape,
+            params + e.offset);
+      }
     }
+    add_ranged(1, m, mo);
+    add_ranged(2, v, mo);
     return out;
   }
 
@@ -219,7 +237,7 @@ struct Snapshotter::Impl {
     io->run([&] {
       ck::SnapshotReader reader(path);
       check_same_model(reader.info().recipe, r, path);
-      for (const auto& s : slices(model.state().params.data(), mo.m, mo.v, false)) reader.read(s);
+      for (const auto& s : slices(param_state().m, mo.m, mo.v, false)) reader.read(s);
       const auto& c = reader.info().counters;
       T3D_USER_CHECK(c.count("step"), "snapshot `", path, "` has no step counter");
       step = c.at("step");
@@ -238,12 +256,11 @@ struct Snapshotter::Impl {
     const auto t0 = Clock::now();
     parallel::trace::Span span("snapshot staging", "io");
     if (pending) commit();  // training waits for the previous snapshot: part of the stall
-    auto& st = model.state();
-    const size_t n = static_cast<size_t>(st.params.size());
-    const Moments mo = moments();
+    const Moments pa = param_state(), mo = moments();
+    const auto n = static_cast<size_t>(pa.floats);
     const auto k = static_cast<size_t>(mo.floats);
     float* dst = staging[cur].data();
-    std::memcpy(dst, st.params.data(), n * sizeof(float));
+    std::memcpy(dst, pa.m, n * sizeof(float));
     std::memcpy(dst + n, mo.m, k * sizeof(float));
     std::memcpy(dst + n + k, mo.v, k * sizeof(float));
     pending.emplace();
@@ -415,7 +432,7 @@ Snapshotter::Snapshotter(const Job& job, Model& model, MetricsWriter* metrics)
   if (m.r.snapshot.every <= 0) return;
   if (m.r.snapshot.deflate > 0) m.io->run(ck::require_deflate);
   // Staging is allocated and touched now, so the first snapshot's stall is a plain copy.
-  const size_t n = static_cast<size_t>(model.state().params.size());
+  const auto n = static_cast<size_t>(m.param_state().floats);
   const auto k = static_cast<size_t>(m.moments().floats);
   for (int b = 0; b < (m.r.snapshot.full_every > 1 ? 2 : 1); ++b) {
     m.staging[b].assign(n + 2 * k, 0.0f);

@@ -25,6 +25,7 @@
 #include "runtime/data_sampler.h"
 #include "runtime/executor.h"
 #include "runtime/metrics.h"
+#include "runtime/data_parallel.h"
 #include "runtime/model.h"
 #include "runtime/snapshots.h"
 
@@ -106,9 +107,6 @@ struct Trainer::Impl {
   std::unique_ptr<PipelineExecutor> executor;
   std::unique_ptr<Model> model;
   std::unique_ptr<parallel::GradReducer> reducer;
-  std::vector<int> bucket_of;  // [unit + 1] -> bucket
-  std::vector<int> units_in;   // [bucket] -> gradient units in it
-  std::vector<int> pending;    // [bucket] -> unit-micro-batch contributions still to come
   std::vector<int32_t> tokens_buf, targets_buf;  // (n_micro, rows·T) each
   // Context parallelism: whole sampled rows, of which this cp rank keeps its positions.
   std::vector<int32_t> cp_tokens, cp_targets;  // (rows·T) each
@@ -177,15 +175,21 @@ struct Trainer::Impl {
 
     arena = std::make_unique<kernels::Arena>(
         static_cast<size_t>(r.hardware.hbm_gib * 1024.0 * 1024.0 * 1024.0));
-    ModelOptions options{rows, executor->max_slots(), p.zero == 0,
-                         checkpoint_every(t.activation_checkpoint), executor->splits_backward(),
-                         t.precision == "bf16", p.sequence_parallel};
+    ModelOptions options;
+    options.micro_rows = rows;
+    options.slots = executor->max_slots();
+    options.with_optimizer = p.zero == 0;  // ZeRO: the reducer holds the moment shard
+    options.grad_region = p.zero < 2;      // ZeRO-2, 3: the reducer holds the gradient shard
+    options.param_region = p.zero < 3;     // ZeRO-3: and the parameter shard
+    options.checkpoint_every = checkpoint_every(t.activation_checkpoint);
+    options.split_backward = executor->splits_backward();
+    options.bf16 = t.precision == "bf16";
+    options.sequence_parallel = p.sequence_parallel;
     options.chunk_slots.assign(executor->slots_per_chunk().begin(),
                                executor->slots_per_chunk().end());
     options.cp = &mesh.group(Dim::cp);
     cp = mesh.shape().size(Dim::cp), cp_rank = mesh.coord().cp;
     model = std::make_unique<Model>(r.model, mine, mesh.group(Dim::tp), *arena, options);
-    model->init(seed);
     build_reducer();
     tokens_buf.resize(static_cast<size_t>(n_micro * rows * T / cp));
     targets_buf.resize(tokens_buf.size());
@@ -197,45 +201,18 @@ struct Trainer::Impl {
                                                 /*append=*/!r.snapshot.resume.empty());
     snapshots = std::make_unique<Snapshotter>(job, *model, metrics.get());
     first_step = snapshots->restore();
+    if (r.parallel.zero == 3) reducer->gather_params(nullptr);  // restored: gathers are stale
   }
 
-  // Buckets: consecutive gradient units (layers, embedding, head) merged up to parallel.bucket_mb.
-  // A bucket is reduced once every micro-batch has added to all of its units.
   void build_reducer() {
-    const auto& p = r.parallel;
-    const int64_t bucket_floats = std::max<int64_t>(1, static_cast<int64_t>(p.bucket_mb * (1 << 18)));
-    std::vector<parallel::FloatRange> buckets;
-    bucket_of.assign(static_cast<size_t>(r.model.n_layers + 2), -1);
-    units_in.clear();
-    for (const auto& u : model->grad_units()) {
-      if (buckets.empty() || buckets.back().size() >= bucket_floats) {
-        buckets.push_back(u.range);
-        units_in.push_back(0);
-      }
-      buckets.back().end = u.range.end;
-      bucket_of[static_cast<size_t>(u.unit + 1)] = static_cast<int>(buckets.size()) - 1;
-      ++units_in.back();
-    }
-    reducer = std::make_unique<parallel::GradReducer>(mesh.group(Dim::dp), static_cast<int>(p.zero),
-                                                      std::move(buckets));
-    pending.resize(units_in.size());
-    float* grads = model->state().grads.data();
-    model->set_grad_hook([this, grads](int64_t unit) {
-      const int b = bucket_of[static_cast<size_t>(unit + 1)];
-      if (--pending[b] == 0) {
-        model->sum_replicated_grads(reducer->buckets()[b]);  // sequence parallel only
-        reducer->ready(b, grads);
-      }
-      else reducer->progress();
-    });
-    if (p.zero > 0) {  // moments only for what this dp rank owns
-      const auto n = static_cast<size_t>(reducer->owned_floats());
-      Model::MomentShard shard{reducer->owned(), arena->alloc_floats("optimizer.exp_avg (ZeRO shard)", n),
-                               arena->alloc_floats("optimizer.exp_avg_sq (ZeRO shard)", n)};
-      std::fill(shard.m, shard.m + n, 0.0f);
-      std::fill(shard.v, shard.v + n, 0.0f);
-      model->set_moment_shard(std::move(shard));
-    }
+    reducer = attach_grad_reducer(*model, mesh.group(Dim::dp), static_cast<int>(r.parallel.zero),
+                                  r.parallel.bucket_mb, *arena);
+    const auto seed = static_cast<uint64_t>(r.train.seed);
+    if (r.parallel.zero < 3) return model->init(seed);
+    // ZeRO-3: the full model exists only here, on the host, long enough to keep this rank's shard.
+    std::vector<float> full(static_cast<size_t>(model->layout().total_floats()), 0.0f);
+    model->init(seed, full.data());
+    reducer->scatter_params(full.data());
   }
 
   // AdamW over what this rank owns, each piece with its tensor's weight decay.
@@ -246,6 +223,9 @@ struct Trainer::Impl {
     kernels::AdamWConfig cfg{static_cast<float>(lr), static_cast<float>(t.beta1),
                              static_cast<float>(t.beta2), static_cast<float>(t.eps), 0.0f};
     int64_t compact = 0;  // offset of the current range in the ZeRO moment arrays
+    float* grads = reducer->owned_grads();
+    const bool compact_grads = reducer->compact_grads();
+    float* params = r.parallel.zero == 3 ? reducer->param_shard() : state.params.data();
     for (const auto& range : reducer->owned()) {
       for (const auto& p : model->params()) {
         const auto& e = model->layout().at(p.name);
@@ -254,8 +234,10 @@ struct Trainer::Impl {
         float* m = shard.m ? shard.m + compact + (lo - range.begin) : state.adam_m.data() + lo;
         float* v = shard.v ? shard.v + compact + (lo - range.begin) : state.adam_v.data() + lo;
         cfg.weight_decay = p.decay ? static_cast<float>(t.weight_decay) : 0.0f;
-        kernels::adamw_step(state.params.data() + lo, state.grads.data() + lo, m, v, hi - lo, cfg,
-                            step);
+        const float* g = compact_grads ? grads + compact + (lo - range.begin) : grads + lo;
+        // ZeRO-3's parameter shard is laid out like the gradient shard.
+        float* w = r.parallel.zero == 3 ? params + compact + (lo - range.begin) : params + lo;
+        kernels::adamw_step(w, g, m, v, hi - lo, cfg, step);
       }
       compact += range.size();
     }
@@ -272,11 +254,37 @@ struct Trainer::Impl {
                 (c.last ? " +head" : "");
     const size_t optimizer =
         r.parallel.zero > 0 ? 2 * sizeof(float) * reducer->owned_floats() : fp.optimizer;
+    // ZeRO-2, 3: the shard plus its staging buffers (the model then holds no gradient region);
+    // ZeRO-3 also the parameter shard plus its gather buffers.
+    const size_t grads = r.parallel.zero >= 2 ? reducer->grad_bytes() : fp.grads;
+    const size_t params =
+        r.parallel.zero == 3
+            ? reducer->param_shard_bytes() +
+                  parallel::GradReducer::kGatherBuffers * reducer->gather_bytes()
+            : fp.params;
     // Every rank's own log gets its footprint (tests read it: tp, pp and ZeRO must shrink it).
     spdlog::info("memory bytes: params {} grads {} optimizer {} activations {} scratch {} peak {} "
                  "capacity {}; holds {}, {} activation slot(s)",
-                 fp.params, fp.grads, optimizer, fp.activations, fp.scratch, arena->peak(),
+                 params, grads, optimizer, fp.activations, fp.scratch, arena->peak(),
                  arena->capacity(), ranges, executor->max_slots());
+    if (r.parallel.zero == 3)
+      spdlog::info("ZeRO-3 parameter bytes: shard {} + {} gather buffers × {} (the largest bucket)",
+                   reducer->param_shard_bytes(), parallel::GradReducer::kGatherBuffers,
+                   reducer->gather_bytes());
+    if (r.parallel.zero >= 2) {
+      spdlog::info("ZeRO-2 gradient bytes: shard {} + {} staging buffers × {} (the largest bucket)",
+                   reducer->shard_bytes(), parallel::GradReducer::kStagingBuffers,
+                   reducer->staging_bytes());
+      // A bucket is at least one layer; parallel.bucket_mb larger than the stage's gradients/dp
+      // makes the staging buffers cost more than the sharding saves.
+      if (mesh.rank() == 0 &&
+          parallel::GradReducer::kStagingBuffers * reducer->staging_bytes() > reducer->shard_bytes())
+        spdlog::warn("parallel.zero = 2: the {} staging buffers ({} bytes each, the largest gradient "
+                     "bucket) outweigh the gradient shard ({} bytes); lower parallel.bucket_mb "
+                     "(now {}) to about 1/{} of the stage's gradients or less, or use ZeRO-1",
+                     parallel::GradReducer::kStagingBuffers, reducer->staging_bytes(),
+                     reducer->shard_bytes(), r.parallel.bucket_mb, 4 * dp);
+    }
     if (mesh.rank() != 0) return;
     spdlog::info("{}", kernels::openblas_config_string());
     spdlog::info("model: {} layers, dim {}, {} heads ({} kv), ffn {}, vocab {}, seq {}; {:.2f} M "
@@ -353,7 +361,6 @@ struct Trainer::Impl {
     summary.peak_gflops = peak_gflops;
     describe();
 
-    auto& state = model->state();
     const double tokens_per_step = static_cast<double>(t.global_batch * T);
     const float grad_scale = static_cast<float>(1.0 / tokens_per_step);
     const auto run_start = Clock::now();
@@ -365,22 +372,29 @@ struct Trainer::Impl {
       step_span.arg("step", step + 1);
       double waited[4];
       for (int i = 0; i < 4; ++i) waited[i] = groups[i]->counters().wait_s;
-      state.grads.zero();
-      for (size_t b = 0; b < pending.size(); ++b) pending[b] = units_in[b] * n_micro;
+      reducer->begin_step(n_micro);
       const double loss_sum = executor->run(*model, source(*train_sampler, step), grad_scale, true);
       // Data parallel: buckets were reduced during the backward; the gradients are means over the
       // global batch once summed over dp.
-      reducer->finish(state.grads.data());
+      reducer->finish();
       // Context parallel: each cp rank's gradients come from its own positions; their sum over
       // cp is the gradient of the whole sequences (cp ranks then hold identical owned ranges).
-      if (cp > 1)
-        for (const auto& range : reducer->owned())
-          mesh.group(Dim::cp).all_reduce(state.grads.data() + range.begin,
-                                         static_cast<size_t>(range.size()));
+      if (cp > 1) {
+        if (reducer->compact_grads())
+          mesh.group(Dim::cp).all_reduce(reducer->owned_grads(),
+                                         static_cast<size_t>(reducer->owned_floats()));
+        else
+          for (const auto& range : reducer->owned())
+            mesh.group(Dim::cp).all_reduce(reducer->owned_grads() + range.begin,
+                                           static_cast<size_t>(range.size()));
+      }
       // One all-reduce for the loss and the exact global gradient norm (each dp rank sums its
       // partition, so every element counts once; cp replicas count on cp rank 0 only).
       double sums[2] = {holds_loss ? loss_sum : 0.0,
-                        cp_rank == 0 ? model->grad_sum_of_squares(reducer->partition()) : 0.0};
+                        cp_rank == 0 ? model->grad_sum_of_squares(reducer->partition(),
+                                                                  reducer->owned_grads(),
+                                                                  reducer->compact_grads())
+                                     : 0.0};
       mesh.world().all_reduce(sums, 2);
       const double loss = sums[0] / tokens_per_step, norm = std::sqrt(sums[1]);
       StepRecord rec;
@@ -398,10 +412,14 @@ struct Trainer::Impl {
                      step + 1);
       } else {
         parallel::trace::Span optimizer_span("optimizer", "compute");
-        if (t.grad_clip > 0 && norm > t.grad_clip)
-          for (const auto& range : reducer->owned())
-            kernels::scale(state.grads.data() + range.begin, range.size(),
-                           static_cast<float>(t.grad_clip / norm));
+        if (t.grad_clip > 0 && norm > t.grad_clip) {
+          const float factor = static_cast<float>(t.grad_clip / norm);
+          if (reducer->compact_grads())
+            kernels::scale(reducer->owned_grads(), reducer->owned_floats(), factor);
+          else
+            for (const auto& range : reducer->owned())
+              kernels::scale(reducer->owned_grads() + range.begin, range.size(), factor);
+        }
         optimizer_step(rec.lr, step + 1);
       }
       const bool last = step + 1 == t.steps;
@@ -430,6 +448,11 @@ struct Trainer::Impl {
     spdlog::info("communication bytes: tp {} dp {} pp {} cp {}", groups[0]->counters().bytes,
                  groups[1]->counters().bytes, groups[2]->counters().bytes,
                  groups[3]->counters().bytes);
+    if (r.parallel.zero >= 2)
+      spdlog::info("gradient bucket reductions: {} ({} early: ZeRO-2 staging buffers all busy)",
+                   reducer->reductions(), reducer->early_reductions());
+    if (r.parallel.zero == 3)
+      spdlog::info("parameter bucket gathers: {}", reducer->gathers());
     return summary;
   }
 

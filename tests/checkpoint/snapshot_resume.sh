@@ -53,6 +53,31 @@ check "grep -q 'resharded' $work/zto1.log && close_losses $work/zero1/metrics.js
 check "grep -q 'resharded' $work/toz2.log && close_losses $work/one/metrics.jsonl $work/toz2/metrics.jsonl 1e-5 $((half + 1))" \
   "1 rank -> dp2 ZeRO-2 continues with the same losses (rel 1e-5)" || cat "$work/toz2.log"
 
+# ZeRO-2 over dp2 × pp2 (no full gradient region; moments sharded as with ZeRO-1). Small buckets
+# put partition boundaries inside rows, so a rank writes two or three boxes of one tensor (the
+# second as `<name>~1`): resume is bit-identical, and resharding to 1 rank continues the losses.
+run_pair zero2 --set parallel.pp=2 --set parallel.tp=1 --set parallel.dp=2 --set parallel.zero=2 \
+  --set parallel.bucket_mb=0.05
+check "for f in $work/zero2/snapshots/step_00000008/rank*.h5; do h5ls -r \$f; done | grep -q '~1 '" \
+  "a ZeRO-2 shard holds a second box of one tensor"
+"$titan3d" resume "$work/zero2/snapshots/step_00000006.h5" "${common[@]}" "${one[@]}" --set parallel.zero=0 \
+  --set run.dir="$work/z2to1" --set snapshot.dir="$work/z2to1/snapshots" --set run.log_level=info >"$work/z2to1.log" 2>&1
+check "grep -q 'resharded' $work/z2to1.log && close_losses $work/zero2/metrics.jsonl $work/z2to1/metrics.jsonl 1e-5 $((half + 1))" \
+  "pp2×dp2 ZeRO-2 -> 1 rank continues with the same losses (rel 1e-5)" || cat "$work/z2to1.log"
+
+# ZeRO-3: the parameters are sharded like the moments, written and read as boxes of the global
+# tensors: resume is bit-identical, and resharding goes both ways (-> 1 rank, 1 rank -> ZeRO-3).
+run_pair zero3 --set parallel.pp=2 --set parallel.tp=1 --set parallel.dp=2 --set parallel.zero=3 \
+  --set parallel.bucket_mb=0.05
+"$titan3d" resume "$work/zero3/snapshots/step_00000006.h5" "${common[@]}" "${one[@]}" --set parallel.zero=0 \
+  --set run.dir="$work/z3to1" --set snapshot.dir="$work/z3to1/snapshots" --set run.log_level=info >"$work/z3to1.log" 2>&1
+check "grep -q 'resharded' $work/z3to1.log && close_losses $work/zero3/metrics.jsonl $work/z3to1/metrics.jsonl 1e-5 $((half + 1))" \
+  "pp2×dp2 ZeRO-3 -> 1 rank continues with the same losses (rel 1e-5)" || cat "$work/z3to1.log"
+"$titan3d" resume "$work/one/snapshots/step_00000006.h5" "${common[@]}" "${zero[@]}" --set parallel.zero=3 \
+  --set parallel.bucket_mb=0.05 --set run.dir="$work/toz3" --set snapshot.dir="$work/toz3/snapshots" --set run.log_level=info >"$work/toz3.log" 2>&1
+check "grep -q 'resharded' $work/toz3.log && close_losses $work/one/metrics.jsonl $work/toz3/metrics.jsonl 1e-5 $((half + 1))" \
+  "1 rank -> dp2 ZeRO-3 continues with the same losses (rel 1e-5)" || cat "$work/toz3.log"
+
 # Context parallel: cp ranks hold identical copies and cp rank 0 writes them; the snapshot resumes
 # bit for bit in its own layout and reshards to one rank.
 cp=(--set parallel.pp=1 --set parallel.tp=1 --set parallel.dp=2 --set parallel.cp=2 --set parallel.zero=1)

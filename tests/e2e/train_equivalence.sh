@@ -45,6 +45,32 @@ check pp2_dp2_tp2 --set parallel.pp=2 --set parallel.dp=2 --set parallel.tp=2 --
 check dp2_zero1 --set parallel.dp=2 --set parallel.zero=1
 check pp2_dp2_zero2_gpipe --set parallel.pp=2 --set parallel.dp=2 --set parallel.zero=2 \
       --set parallel.schedule=gpipe
+# ZeRO-2 sums each micro-batch over dp, then micro-batches into the shard: the summation order
+# changes, nothing else; fp32 rounding of sums of 2 × 2 terms stays far inside 1e-5.
+check dp2_zero2_small_buckets --set parallel.dp=2 --set parallel.zero=2 --set parallel.bucket_mb=0.01
+# Zero-bubble defers W: with one-layer buckets both staging buffers fill with layers waiting for
+# their W, so buckets are reduced in parts ("early"); the sums must not change.
+check pp2_dp2_zero2_zb_h1 --set parallel.pp=2 --set parallel.dp=2 --set parallel.zero=2 \
+      --set parallel.schedule=zb_h1 --set parallel.bucket_mb=0.01
+grep -q "reductions: [0-9]* ([1-9][0-9]* early" "$work"/pp2_dp2_zero2_zb_h1/logs/rank*.log ||
+  { echo "FAIL: pp2_dp2_zero2_zb_h1 never reduced a bucket early (the path it is there to test)"; fail=1; }
+check pp2_dp2_tp2_zero2_sp_interleaved --set parallel.pp=2 --set parallel.dp=2 --set parallel.tp=2 \
+      --set parallel.zero=2 --set parallel.sequence_parallel=true \
+      --set parallel.schedule=interleaved_1f1b --set parallel.virtual_stages=2 --set parallel.bucket_mb=0.05 \
+      --set snapshot.every=6
+# ZeRO-3: parameters sharded too, each bucket all-gathered before its forward and its backward
+# (checkpointing gathers again to recompute); gathers copy exactly, so only the ZeRO-2 summation
+# order differs.
+check dp2_zero3_small_buckets_ckpt --set parallel.dp=2 --set parallel.zero=3 --set parallel.bucket_mb=0.01 \
+      --set train.activation_checkpoint=full
+check pp2_dp2_zero3_zb_h1 --set parallel.pp=2 --set parallel.dp=2 --set parallel.zero=3 \
+      --set parallel.schedule=zb_h1 --set parallel.bucket_mb=0.01
+check pp2_dp2_tp2_zero3_sp_interleaved --set parallel.pp=2 --set parallel.dp=2 --set parallel.tp=2 \
+      --set parallel.zero=3 --set parallel.sequence_parallel=true \
+      --set parallel.schedule=interleaved_1f1b --set parallel.virtual_stages=2 --set parallel.bucket_mb=0.05 \
+      --set snapshot.every=6
+grep -q "parameter bucket gathers: [1-9]" "$work"/pp2_dp2_zero3_zb_h1/logs/rank*.log ||
+  { echo "FAIL: pp2_dp2_zero3_zb_h1 gathered no parameters"; fail=1; }
 check dp2_tp2_zero1_small_buckets --set parallel.dp=2 --set parallel.tp=2 --set parallel.zero=1 \
       --set parallel.bucket_mb=0.01
 check pp2_tp2_ckpt_full --set parallel.pp=2 --set parallel.tp=2 \
@@ -56,6 +82,7 @@ check pp2_dp2_tp2_sp_zb_ckpt --set parallel.pp=2 --set parallel.dp=2 --set paral
       --set parallel.sequence_parallel=true --set parallel.schedule=zb_h1 \
       --set train.activation_checkpoint=every:2
 check_bf16 bf16_one_rank
+check_bf16 bf16_dp2_zero3 --set parallel.dp=2 --set parallel.zero=3 --set parallel.bucket_mb=0.05
 check_bf16 bf16_pp2_dp2_tp2_sp --set parallel.pp=2 --set parallel.dp=2 --set parallel.tp=2 \
       --set parallel.sequence_parallel=true
 check pp2_split_at_1 --set parallel.pp=2 --set "parallel.pipeline_split=[1]"
@@ -66,6 +93,8 @@ check cp4_tp2_sp --set parallel.cp=4 --set parallel.tp=2 --set parallel.sequence
 check pp2_dp2_cp2_zero1_zb_ckpt --set parallel.pp=2 --set parallel.dp=2 --set parallel.cp=2 \
       --set parallel.zero=1 --set parallel.schedule=zb_h1 --set train.activation_checkpoint=every:2 \
       --set snapshot.every=6
+# Context parallel with ZeRO-3: cp ranks sum their gradient shards; their parameter shards agree.
+check cp2_dp2_zero3 --set parallel.cp=2 --set parallel.dp=2 --set parallel.zero=3 --set parallel.bucket_mb=0.05
 check_bf16 bf16_cp2_tp2 --set parallel.cp=2 --set parallel.tp=2
 check pp2_cp2_zb_v --set parallel.pp=2 --set parallel.cp=2 --set parallel.schedule=zb_v
 # ZB-V: stage 0 holds the embedding and the LM head, stage 1 two consecutive chunks that hand
@@ -90,8 +119,10 @@ awk -v a="$vr" -v b="$vp" 'BEGIN { d = a - b; if (d < 0) d = -d; if (a == "" || 
 # run within 5e-5 absolute (lr is 3e-3). Not tighter, and not relative: Adam divides by sqrt(v), so
 # where a gradient is near zero the update m/sqrt(v) amplifies rounding differences of the summation
 # order into a sizeable fraction of lr (observed: at most 1.2e-5 after 6 steps).
-compare_params() {  # compare_params NAME: its final snapshot against the one-rank run's
+same_params() {  # same_params NAME: its final snapshot's /model against the one-rank run's
   local ndiff nt
+  [ -f "$work/$1/snapshots/step_00000006.h5" ] ||
+    { echo "FAIL: $1 wrote no final snapshot"; fail=1; return; }
   ndiff=$(h5diff -r --delta=5e-5 "$work/reference/snapshots/step_00000006.h5" \
           "$work/$1/snapshots/step_00000006.h5" /model /model | grep -o '^[0-9]* differences' |
           awk '{ s += $1 } END { print s + 0 }')
@@ -99,11 +130,13 @@ compare_params() {  # compare_params NAME: its final snapshot against the one-ra
   if [ "$ndiff" -eq 0 ] && [ "$nt" -gt 10 ]; then
     echo "parameters after training: $nt tensors equal within 5e-5 absolute ($1 vs 1 rank)"
   else
-    echo "FAIL: $1: $ndiff parameter elements differ by more than 5e-5 ($nt tensors compared)"
+    echo "FAIL: $ndiff parameter elements of $1 differ by more than 5e-5 ($nt tensors compared)"
     fail=1
   fi
 }
-compare_params pp2_dp2_tp2
-compare_params pp2_dp2_tp2_zb_v_ckpt  # the V placement: embedding and head both from stage 0
-compare_params pp2_dp2_cp2_zero1_zb_ckpt
+same_params pp2_dp2_tp2
+same_params pp2_dp2_cp2_zero1_zb_ckpt
+same_params pp2_dp2_tp2_zb_v_ckpt  # the V placement: embedding and head both from stage 0
+same_params pp2_dp2_tp2_zero2_sp_interleaved
+same_params pp2_dp2_tp2_zero3_sp_interleaved
 exit $fail

@@ -31,4 +31,9 @@ check interleaved_v2_m4 --set parallel.schedule=interleaved_1f1b --set parallel.
       --set train.micro_batches=4 --set train.global_batch=16
 check ckpt_full --set train.activation_checkpoint=full
 check zero1 --set parallel.zero=1
+# ZeRO-2: the gradient shard plus two staging buffers of the largest bucket, not full gradients.
+check zero2 --set parallel.zero=2
+check zero2_small_buckets --set parallel.zero=2 --set parallel.bucket_mb=0.05
+# ZeRO-3: also the parameter shard plus two gather buffers of the largest bucket.
+check zero3_small_buckets --set parallel.zero=3 --set parallel.bucket_mb=0.05
 exit $fail

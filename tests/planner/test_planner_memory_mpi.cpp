@@ -8,6 +8,7 @@
 #include "kernels/arena.h"
 #include "parallel/comm.h"
 #include "parallel/pipeline_split.h"
+#include "runtime/data_parallel.h"
 #include "runtime/model.h"
 #include "runtime/planner_cost.h"
 
@@ -63,6 +64,81 @@ void expect_arena_matches(const parallel::Comm& tp, int64_t pp, int64_t v,
     EXPECT_EQ(static_cast<double>(f.scratch), predicted.workspace);
     EXPECT_EQ(static_cast<double>(arena.used()), predicted.total());
   }
+}
+
+// ZeRO 1, 2 and 3 over dp = 2 (the two ranks): the moment shard, with ZeRO >= 2 the gradient
+// shard and staging buffers, with ZeRO-3 the parameter shard and gather buffers
+// (attach_grad_reducer, as training builds them), take exactly the bytes the planner predicts on
+// the rank with the larger share.
+void expect_zero_arena_matches(const parallel::Comm& dp, const parallel::Comm& tp, int64_t pp,
+                               int64_t v, parallel::ScheduleKind kind, int64_t micro_batches,
+                               int64_t zero, double bucket_mb) {
+  PlanProblem p;
+  p.model = small_model();
+  p.global_batch = 2 * micro_batches * 2;
+  p.bucket_mb = bucket_mb;
+  p.precision = Precision::from_recipe("fp32");
+  p.cluster.nodes = 2 * pp;
+  p.cluster.devices_per_node = 1;
+  Layout l{2, 1, pp, micro_batches, kind, v, zero, 0};
+  ASSERT_EQ(invalid_reason(p, l), "");
+  const auto schedule = make_layout_schedule(l);
+  const auto split = parallel::split_layers(
+      p.model.n_layers, pp * v,
+      parallel::head_cost_in_layers(p.model.vocab_size, p.model.dim, p.model.ffn_dim));
+  for (int64_t stage = 0; stage < pp; ++stage) {
+    SCOPED_TRACE(l.label() + " bucket_mb " + std::to_string(bucket_mb) + " stage " +
+                 std::to_string(stage) + " dp rank " + std::to_string(dp.rank()));
+    const Memory predicted = stage_memory(p, l, schedule, stage);
+    std::vector<parallel::LayerRange> chunks;
+    for (int64_t k : parallel::chunks_of_stage(stage, pp, v, kind == parallel::ScheduleKind::kZBV))
+      chunks.push_back(split[k]);
+    kernels::Arena arena(size_t{256} << 20);
+    ModelOptions options;
+    options.micro_rows = micro_rows(p, l);
+    options.slots = predicted.slots;
+    options.chunk_slots = predicted.chunk_slots;
+    options.with_optimizer = false;  // ZeRO: the moment shard comes with the reducer
+    options.grad_region = zero < 2;
+    options.param_region = zero < 3;
+    Model model(p.model, chunks, tp, arena, options);
+    const auto reducer = attach_grad_reducer(model, dp, static_cast<int>(zero), bucket_mb, arena);
+    const auto& f = model.footprint();
+    EXPECT_EQ(static_cast<double>(f.activations), predicted.activations);
+    EXPECT_EQ(static_cast<double>(f.scratch), predicted.workspace);
+    // The rank holding the larger share is the one the planner prices.
+    const size_t gathered = parallel::GradReducer::kGatherBuffers * reducer->gather_bytes();
+    double measured[4] = {
+        static_cast<double>(zero == 3 ? reducer->param_shard_bytes() + gathered : f.params),
+        static_cast<double>(zero >= 2 ? reducer->grad_bytes() : f.grads),
+        2.0 * ((sizeof(float) * reducer->owned_floats() + 63) / 64 * 64),
+        static_cast<double>(arena.used())};
+    dp.all_reduce(measured, 4, parallel::ReduceOp::max);
+    EXPECT_EQ(measured[0], predicted.params);
+    EXPECT_EQ(measured[1], predicted.grads);
+    EXPECT_EQ(measured[2], predicted.optimizer);
+    EXPECT_EQ(measured[3], predicted.total());
+    if (zero >= 2) {
+      EXPECT_EQ(f.grads, 0u);
+    }
+    if (zero == 3) {
+      EXPECT_EQ(f.params, 0u);
+    }
+  }
+}
+
+TEST(PlannerMemory, ZeroShardsMatchTheArenaExactly) {
+  parallel::Comm world = parallel::Comm::world(60.0);
+  const parallel::Comm alone = world.split(world.rank(), 0, "alone");
+  for (int64_t zero : {1, 2, 3})
+    for (double bucket_mb : {4.0, 0.01, 0.05}) {
+      expect_zero_arena_matches(world, alone, 1, 1, parallel::ScheduleKind::k1F1B, 2, zero,
+                                bucket_mb);
+      expect_zero_arena_matches(world, alone, 3, 1, parallel::ScheduleKind::kGPipe, 2, zero,
+                                bucket_mb);
+      expect_zero_arena_matches(world, alone, 3, 2, parallel::ScheduleKind::kInterleaved1F1B, 3,
+                                zero, bucket_mb);
+    }
 }
 
 TEST(PlannerMemory, MatchesTheArenaExactly) {
