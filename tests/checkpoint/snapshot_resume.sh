@@ -24,6 +24,18 @@ run_pair() {  # name, extra args for both runs
     "$name: snapshots 2, 4, 6, 8 are full, incremental, incremental, full"
 }
 
+# reshard FROM NAME WHAT [--set ...]: resume FROM's step-6 snapshot in another layout as NAME; it
+# must say it resharded and continue FROM's losses.
+reshard() {
+  local from=$1 name=$2 what=$3
+  shift 3
+  "$titan3d" resume "$work/$from/snapshots/step_0000000$half.h5" "${common[@]}" "$@" \
+    --set run.dir="$work/$name" --set snapshot.dir="$work/$name/snapshots" --set run.log_level=info \
+    >"$work/$name.log" 2>&1
+  check "grep -q 'resharded' $work/$name.log && close_losses $work/$from/metrics.jsonl $work/$name/metrics.jsonl 1e-5 $((half + 1))" \
+    "$what continues with the same losses (rel 1e-5)" || cat "$work/$name.log"
+}
+
 one=(--set parallel.pp=1 --set parallel.dp=1 --set parallel.tp=1)
 run_pair one "${one[@]}"
 run_pair mesh
@@ -31,27 +43,15 @@ check "grep -q 'latest' <(ls $work/mesh/snapshots) && [ \$(ls $work/mesh/snapsho
   "pp2×dp2×tp2 snapshot: 8 shard files and a latest pointer"
 
 # Resharding: fp32 reductions run in another order, so equal within a tolerance.
-"$titan3d" resume "$work/mesh/snapshots/step_00000006.h5" "${common[@]}" "${one[@]}" \
-  --set run.dir="$work/to1" --set snapshot.dir="$work/to1/snapshots" --set run.log_level=info >"$work/to1.log" 2>&1
-check "grep -q 'resharded' $work/to1.log && close_losses $work/mesh/metrics.jsonl $work/to1/metrics.jsonl 1e-5 $((half + 1))" \
-  "pp2×dp2×tp2 -> 1 rank continues with the same losses (rel 1e-5)" || cat "$work/to1.log"
-"$titan3d" resume "$work/one/snapshots/step_00000006.h5" "${common[@]}" --set parallel.pp=2 \
-  --set parallel.tp=2 --set run.dir="$work/topp" --set snapshot.dir="$work/topp/snapshots" --set run.log_level=info >"$work/topp.log" 2>&1
-check "grep -q 'resharded' $work/topp.log && close_losses $work/one/metrics.jsonl $work/topp/metrics.jsonl 1e-5 $((half + 1))" \
-  "1 rank -> tp2×pp2 continues with the same losses (rel 1e-5)" || cat "$work/topp.log"
+reshard mesh to1 "pp2×dp2×tp2 -> 1 rank" "${one[@]}"
+reshard one topp "1 rank -> tp2×pp2" --set parallel.pp=2 --set parallel.tp=2
 
 # ZeRO-1: each dp rank writes its own share of the moments as boxes of the global tensors; a
 # resume re-slices them for any dp and ZeRO stage (dp2 ZeRO-1 -> 1 rank, 1 rank -> dp2 ZeRO-2).
 zero=(--set parallel.pp=1 --set parallel.tp=1 --set parallel.dp=2)
 run_pair zero1 "${zero[@]}" --set parallel.zero=1
-"$titan3d" resume "$work/zero1/snapshots/step_00000006.h5" "${common[@]}" "${one[@]}" --set parallel.zero=0 \
-  --set run.dir="$work/zto1" --set snapshot.dir="$work/zto1/snapshots" --set run.log_level=info >"$work/zto1.log" 2>&1
-check "grep -q 'resharded' $work/zto1.log && close_losses $work/zero1/metrics.jsonl $work/zto1/metrics.jsonl 1e-5 $((half + 1))" \
-  "dp2 ZeRO-1 -> 1 rank continues with the same losses (rel 1e-5)" || cat "$work/zto1.log"
-"$titan3d" resume "$work/one/snapshots/step_00000006.h5" "${common[@]}" "${zero[@]}" --set parallel.zero=2 \
-  --set run.dir="$work/toz2" --set snapshot.dir="$work/toz2/snapshots" --set run.log_level=info >"$work/toz2.log" 2>&1
-check "grep -q 'resharded' $work/toz2.log && close_losses $work/one/metrics.jsonl $work/toz2/metrics.jsonl 1e-5 $((half + 1))" \
-  "1 rank -> dp2 ZeRO-2 continues with the same losses (rel 1e-5)" || cat "$work/toz2.log"
+reshard zero1 zto1 "dp2 ZeRO-1 -> 1 rank" "${one[@]}" --set parallel.zero=0
+reshard one toz2 "1 rank -> dp2 ZeRO-2" "${zero[@]}" --set parallel.zero=2
 
 # ZeRO-2 over dp2 × pp2 (no full gradient region; moments sharded as with ZeRO-1). Small buckets
 # put partition boundaries inside rows, so a rank writes two or three boxes of one tensor (the
@@ -60,33 +60,20 @@ run_pair zero2 --set parallel.pp=2 --set parallel.tp=1 --set parallel.dp=2 --set
   --set parallel.bucket_mb=0.05
 check "for f in $work/zero2/snapshots/step_00000008/rank*.h5; do h5ls -r \$f; done | grep -q '~1 '" \
   "a ZeRO-2 shard holds a second box of one tensor"
-"$titan3d" resume "$work/zero2/snapshots/step_00000006.h5" "${common[@]}" "${one[@]}" --set parallel.zero=0 \
-  --set run.dir="$work/z2to1" --set snapshot.dir="$work/z2to1/snapshots" --set run.log_level=info >"$work/z2to1.log" 2>&1
-check "grep -q 'resharded' $work/z2to1.log && close_losses $work/zero2/metrics.jsonl $work/z2to1/metrics.jsonl 1e-5 $((half + 1))" \
-  "pp2×dp2 ZeRO-2 -> 1 rank continues with the same losses (rel 1e-5)" || cat "$work/z2to1.log"
+reshard zero2 z2to1 "pp2×dp2 ZeRO-2 -> 1 rank" "${one[@]}" --set parallel.zero=0
 
 # ZeRO-3: the parameters are sharded like the moments, written and read as boxes of the global
 # tensors: resume is bit-identical, and resharding goes both ways (-> 1 rank, 1 rank -> ZeRO-3).
 run_pair zero3 --set parallel.pp=2 --set parallel.tp=1 --set parallel.dp=2 --set parallel.zero=3 \
   --set parallel.bucket_mb=0.05
-"$titan3d" resume "$work/zero3/snapshots/step_00000006.h5" "${common[@]}" "${one[@]}" --set parallel.zero=0 \
-  --set run.dir="$work/z3to1" --set snapshot.dir="$work/z3to1/snapshots" --set run.log_level=info >"$work/z3to1.log" 2>&1
-check "grep -q 'resharded' $work/z3to1.log && close_losses $work/zero3/metrics.jsonl $work/z3to1/metrics.jsonl 1e-5 $((half + 1))" \
-  "pp2×dp2 ZeRO-3 -> 1 rank continues with the same losses (rel 1e-5)" || cat "$work/z3to1.log"
-"$titan3d" resume "$work/one/snapshots/step_00000006.h5" "${common[@]}" "${zero[@]}" --set parallel.zero=3 \
-  --set parallel.bucket_mb=0.05 --set run.dir="$work/toz3" --set snapshot.dir="$work/toz3/snapshots" --set run.log_level=info >"$work/toz3.log" 2>&1
-check "grep -q 'resharded' $work/toz3.log && close_losses $work/one/metrics.jsonl $work/toz3/metrics.jsonl 1e-5 $((half + 1))" \
-  "1 rank -> dp2 ZeRO-3 continues with the same losses (rel 1e-5)" || cat "$work/toz3.log"
+reshard zero3 z3to1 "pp2×dp2 ZeRO-3 -> 1 rank" "${one[@]}" --set parallel.zero=0
+reshard one toz3 "1 rank -> dp2 ZeRO-3" "${zero[@]}" --set parallel.zero=3 --set parallel.bucket_mb=0.05
 
 # Context parallel: cp ranks hold identical copies and cp rank 0 writes them; the snapshot resumes
 # bit for bit in its own layout and reshards to one rank.
 cp=(--set parallel.pp=1 --set parallel.tp=1 --set parallel.dp=2 --set parallel.cp=2 --set parallel.zero=1)
 run_pair cp2_dp2_zero1 "${cp[@]}"
-"$titan3d" resume "$work/cp2_dp2_zero1/snapshots/step_00000006.h5" "${common[@]}" "${one[@]}" \
-  --set parallel.cp=1 --set parallel.zero=0 --set run.dir="$work/cpto1" \
-  --set snapshot.dir="$work/cpto1/snapshots" --set run.log_level=info >"$work/cpto1.log" 2>&1
-check "grep -q 'resharded' $work/cpto1.log && close_losses $work/cp2_dp2_zero1/metrics.jsonl $work/cpto1/metrics.jsonl 1e-5 $((half + 1))" \
-  "cp2×dp2 ZeRO-1 -> 1 rank continues with the same losses (rel 1e-5)" || cat "$work/cpto1.log"
+reshard cp2_dp2_zero1 cpto1 "cp2×dp2 ZeRO-1 -> 1 rank" "${one[@]}" --set parallel.cp=1 --set parallel.zero=0
 
 # snapshot.resume = latest picks the newest complete snapshot and, here, has nothing left to do.
 out=$("$titan3d" train "$recipe" "${common[@]}" "${one[@]}" "${snap[@]}" --set train.steps=10 \
