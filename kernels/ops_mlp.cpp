@@ -1,8 +1,10 @@
-// Linear layers (all GEMMs, through kernels/blas.h with transpose flags, no copies) and SwiGLU.
+// Linear layers (GEMMs of the kind kernels/gemm.h's set_linear_gemm chose, transpose flags, no
+// copies of fp32 data) and SwiGLU.
 #include <algorithm>
 #include <cmath>
 
 #include "kernels/blas.h"
+#include "kernels/gemm.h"
 #include "kernels/ops.h"
 #include "kernels/simd_rows.h"
 #include "kernels/threads.h"
@@ -12,19 +14,20 @@ namespace t3d::kernels {
 void linear_forward(float* y, const float* x, const float* w, std::int64_t N, std::int64_t in,
                     std::int64_t out, Out mode) {
   // y (N, out) = x (N, in) . w^T (in, out): w is [out, in], read transposed in place.
-  sgemm(Trans::kNo, Trans::kYes, N, out, in, 1.0f, x, w, mode == Out::kAccumulate ? 1.0f : 0.0f, y);
+  gemm(linear_gemm(), Trans::kNo, Trans::kYes, N, out, in, x, in, w, in,
+       mode == Out::kAccumulate, y, out);
 }
 
 void linear_backward_input(float* dx, const float* dy, const float* w, std::int64_t N,
                            std::int64_t in, std::int64_t out) {
   // dx (N, in) = dy (N, out) . w (out, in)
-  sgemm(Trans::kNo, Trans::kNo, N, in, out, 1.0f, dy, w, 0.0f, dx);
+  gemm(linear_gemm(), Trans::kNo, Trans::kNo, N, in, out, dy, out, w, in, false, dx, in);
 }
 
 void linear_backward_weight(float* dw, const float* dy, const float* x, std::int64_t N,
                             std::int64_t in, std::int64_t out) {
   // dw (out, in) += dy^T (out, N) . x (N, in)
-  sgemm(Trans::kYes, Trans::kNo, out, in, N, 1.0f, dy, x, 1.0f, dw);
+  gemm(linear_gemm(), Trans::kYes, Trans::kNo, out, in, N, dy, out, x, in, true, dw, in);
 }
 
 namespace {

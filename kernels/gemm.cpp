@@ -1,0 +1,287 @@
+#include "kernels/gemm.h"
+
+#include <cpuid.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <random>
+#include <tuple>
+#include <vector>
+
+#include "kernels/check.h"
+#include "kernels/precision.h"
+#include "kernels/threads.h"
+
+namespace t3d::kernels {
+namespace {
+
+GemmKind g_linear_kind = GemmKind::kOpenBlasF32;
+
+// One primitive per shape, layout, accumulation, input type and thread count: oneDNN splits the
+// work when the primitive is created, so a primitive is only valid for the threads it was made for.
+using PrimitiveKey = std::tuple<std::int64_t, std::int64_t, std::int64_t, bool, bool, std::int64_t,
+                                std::int64_t, std::int64_t, bool, bool, int>;
+
+struct OneDnn {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  std::map<PrimitiveKey, dnnl::matmul> primitives;
+  std::vector<bf16> a16, b16;  // bf16 copies of the inputs (the workspace)
+};
+
+// Per thread: a GEMM may run inside another thread's parallel region (never in this code base
+// today, but nothing here would then be shared).
+OneDnn& onednn() {
+  thread_local OneDnn state;
+  return state;
+}
+
+std::size_t g_workspace_bytes = 0;
+
+dnnl::memory::dims strides_of(Trans t, std::int64_t ld) {
+  // Row-major (rows, cols) view of op(X): X itself (stride ld, 1) or its transpose (1, ld).
+  return t == Trans::kNo ? dnnl::memory::dims{ld, 1} : dnnl::memory::dims{1, ld};
+}
+
+// Rounds the stored matrix X (rows × cols at stride ld) to bf16, packed (stride cols).
+void round_to_bf16(bf16* out, const float* in, std::int64_t rows, std::int64_t cols,
+                   std::int64_t ld) {
+  const int nt = detail::op_threads(rows * cols);
+  if (ld == cols) {
+    if (nt <= 1) return float_to_bf16(out, in, rows * cols);
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int t = 0; t < nt; ++t) {
+      const std::int64_t n = rows * cols, chunk = (n + nt - 1) / nt;
+      const std::int64_t lo = std::min(n, t * chunk), hi = std::min(n, lo + chunk);
+      float_to_bf16(out + lo, in + lo, hi - lo);
+    }
+    return;
+  }
+#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
+  for (std::int64_t r = 0; r < rows; ++r) float_to_bf16(out + r * cols, in + r * ld, cols);
+}
+
+void onednn_gemm(bool bf16_inputs, Trans ta, Trans tb, std::int64_t M, std::int64_t N,
+                 std::int64_t K, const float* A, std::int64_t lda, const float* B,
+                 std::int64_t ldb, bool accumulate, float* C, std::int64_t ldc) {
+  using dt = dnnl::memory::data_type;
+  OneDnn& s = onednn();
+  const void* a = A;
+  const void* b = B;
+  if (bf16_inputs) {
+    // Stored shapes: A is (M, K) or, transposed, (K, M); likewise B. Packed, the stride is the
+    // stored row length.
+    const std::int64_t a_rows = ta == Trans::kNo ? M : K, a_cols = ta == Trans::kNo ? K : M;
+    const std::int64_t b_rows = tb == Trans::kNo ? K : N, b_cols = tb == Trans::kNo ? N : K;
+    if (s.a16.size() < static_cast<std::size_t>(M * K) ||
+        s.b16.size() < static_cast<std::size_t>(K * N)) {
+      s.a16.resize(std::max(s.a16.size(), static_cast<std::size_t>(M * K)));
+      s.b16.resize(std::max(s.b16.size(), static_cast<std::size_t>(K * N)));
+      g_workspace_bytes = std::max(g_workspace_bytes, (s.a16.size() + s.b16.size()) * sizeof(bf16));
+    }
+    round_to_bf16(s.a16.data(), A, a_rows, a_cols, lda);
+    round_to_bf16(s.b16.data(), B, b_rows, b_cols, ldb);
+    a = s.a16.data(), b = s.b16.data();
+    lda = a_cols, ldb = b_cols;
+  }
+  const int threads = omp_get_max_threads();
+  const PrimitiveKey key{M, N, K, ta == Trans::kYes, tb == Trans::kYes, lda, ldb, ldc,
+                         accumulate, bf16_inputs, threads};
+  auto it = s.primitives.find(key);
+  if (it == s.primitives.end()) {
+    const dt in = bf16_inputs ? dt::bf16 : dt::f32;
+    const dnnl::memory::desc ad({M, K}, in, strides_of(ta, lda));
+    const dnnl::memory::desc bd({K, N}, in, strides_of(tb, ldb));
+    const dnnl::memory::desc cd({M, N}, dt::f32, dnnl::memory::dims{ldc, 1});
+    dnnl::primitive_attr attr;
+    if (accumulate) {
+      dnnl::post_ops ops;
+      ops.append_sum(1.0f);
+      attr.set_post_ops(ops);
+    }
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(ad, bd, cd), attr, s.engine);
+    it = s.primitives.emplace(key, dnnl::matmul(pd)).first;
+  }
+  const dt in = bf16_inputs ? dt::bf16 : dt::f32;
+  dnnl::memory am({{M, K}, in, strides_of(ta, lda)}, s.engine, const_cast<void*>(a));
+  dnnl::memory bm({{K, N}, in, strides_of(tb, ldb)}, s.engine, const_cast<void*>(b));
+  dnnl::memory cm({{M, N}, dt::f32, dnnl::memory::dims{ldc, 1}}, s.engine, C);
+  it->second.execute(s.stream, {{DNNL_ARG_SRC, am}, {DNNL_ARG_WEIGHTS, bm}, {DNNL_ARG_DST, cm}});
+  s.stream.wait();
+}
+
+// Naive C = op(A) op(B) in double, for verification.
+std::vector<double> gemm_reference(Trans ta, Trans tb, int M, int N, int K,
+                                   const std::vector<float>& A, const std::vector<float>& B) {
+  std::vector<double> C(static_cast<std::size_t>(M) * N, 0.0);
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      double sum = 0.0;
+      for (int k = 0; k < K; ++k)
+        sum += double(ta == Trans::kNo ? A[i * K + k] : A[k * M + i]) *
+               double(tb == Trans::kNo ? B[k * N + j] : B[j * K + k]);
+      C[i * N + j] = sum;
+    }
+  return C;
+}
+
+// Sets the threads of the pool `kind` runs on; restores the previous count when destroyed.
+class GemmThreads {
+ public:
+  GemmThreads(GemmKind kind, int threads) : blas_(kind == GemmKind::kOpenBlasF32) {
+    saved_ = blas_ ? blas_threads() : omp_get_max_threads();
+    blas_ ? set_blas_threads(threads) : omp_set_num_threads(threads);
+  }
+  ~GemmThreads() { blas_ ? set_blas_threads(saved_) : omp_set_num_threads(saved_); }
+  GemmThreads(const GemmThreads&) = delete;
+  GemmThreads& operator=(const GemmThreads&) = delete;
+
+ private:
+  bool blas_;
+  int saved_ = 1;
+};
+
+}  // namespace
+
+const char* gemm_kind_name(GemmKind kind) {
+  switch (kind) {
+    case GemmKind::kOpenBlasF32: return "openblas-fp32";
+    case GemmKind::kOneDnnF32: return "onednn-fp32";
+    case GemmKind::kOneDnnBf16: return "onednn-bf16";
+  }
+  return "?";
+}
+
+std::optional<GemmKind> parse_gemm_kind(std::string_view name) {
+  for (GemmKind k : {GemmKind::kOpenBlasF32, GemmKind::kOneDnnF32, GemmKind::kOneDnnBf16})
+    if (name == gemm_kind_name(k)) return k;
+  return std::nullopt;
+}
+
+void gemm(GemmKind kind, Trans trans_a, Trans trans_b, std::int64_t M, std::int64_t N,
+          std::int64_t K, const float* A, std::int64_t lda, const float* B, std::int64_t ldb,
+          bool accumulate, float* C, std::int64_t ldc) {
+  if (kind == GemmKind::kOpenBlasF32)
+    return sgemm(trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, accumulate ? 1.0f : 0.0f, C,
+                 ldc);
+  T3D_ASSERT(lda >= std::max<std::int64_t>(1, trans_a == Trans::kNo ? K : M), "lda ", lda);
+  T3D_ASSERT(ldb >= std::max<std::int64_t>(1, trans_b == Trans::kNo ? N : K), "ldb ", ldb);
+  T3D_ASSERT(ldc >= std::max<std::int64_t>(1, N), "ldc ", ldc);
+  if (M == 0 || N == 0) return;
+  if (K == 0) {  // oneDNN rejects empty reductions; the product is zero
+    if (!accumulate)
+      for (std::int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
+    return;
+  }
+  onednn_gemm(kind == GemmKind::kOneDnnBf16, trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate,
+              C, ldc);
+}
+
+void set_linear_gemm(GemmKind kind) { g_linear_kind = kind; }
+GemmKind linear_gemm() { return g_linear_kind; }
+std::size_t gemm_workspace_bytes() { return g_workspace_bytes; }
+
+bool cpu_has_bf16_dot() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  // CPUID leaf 7 sub-leaf 1, EAX bit 5: AVX512_BF16. The OS must also enable the AVX-512 state,
+  // which __builtin_cpu_supports("avx512f") checks.
+  if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
+  return (a >> 5 & 1u) && __builtin_cpu_supports("avx512f");
+}
+
+std::string onednn_version_string() {
+  const dnnl_version_t* v = dnnl_version();
+  std::string isa;
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::avx512_core_amx: isa = "avx512_core_amx"; break;
+    case dnnl::cpu_isa::avx512_core_bf16: isa = "avx512_core_bf16"; break;
+    case dnnl::cpu_isa::avx512_core_vnni: isa = "avx512_core_vnni"; break;
+    case dnnl::cpu_isa::avx512_core: isa = "avx512_core"; break;
+    case dnnl::cpu_isa::avx2_vnni: isa = "avx2_vnni"; break;
+    case dnnl::cpu_isa::avx2: isa = "avx2"; break;
+    default: isa = "other"; break;
+  }
+  return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+         std::to_string(v->patch) + " (cpu isa " + isa + ")";
+}
+
+double measure_gemm_gflops(GemmKind kind, std::int64_t rows, std::int64_t in, std::int64_t out,
+                           int threads, int repeats) {
+  T3D_USER_CHECK(rows > 0 && in > 0 && out > 0 && threads > 0 && repeats > 0,
+                 "bad GEMM benchmark shape ", rows, "x", in, "x", out, " threads ", threads);
+  GemmThreads pool(kind, threads);
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> x(static_cast<std::size_t>(rows * in)), w(static_cast<std::size_t>(out * in)),
+      y(static_cast<std::size_t>(rows * out)), dx(x.size()), dw(w.size(), 0.0f);
+  for (auto& v : x) v = dist(rng);
+  for (auto& v : w) v = dist(rng);
+  for (auto& v : y) v = dist(rng);
+  const auto layer = [&] {
+    gemm(kind, Trans::kNo, Trans::kYes, rows, out, in, x.data(), in, w.data(), in, false, y.data(),
+         out);                                                                      // y = x Wᵀ
+    gemm(kind, Trans::kNo, Trans::kNo, rows, in, out, y.data(), out, w.data(), in, false,
+         dx.data(), in);                                                            // dx = dy W
+    gemm(kind, Trans::kYes, Trans::kNo, out, in, rows, y.data(), out, x.data(), in, true,
+         dw.data(), in);                                                            // dW += dyᵀ x
+  };
+  layer();  // warm-up: primitives, packing buffers, workspace
+  std::vector<double> rates;
+  for (int r = 0; r < repeats; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    layer();
+    const std::chrono::duration<double> dt = std::chrono::steady_clock::now() - t0;
+    rates.push_back(3 * 2.0 * rows * in * out / dt.count() * 1e-9);
+  }
+  std::nth_element(rates.begin(), rates.begin() + repeats / 2, rates.end());
+  return rates[static_cast<std::size_t>(repeats / 2)];
+}
+
+void verify_gemm_kind(GemmKind kind) {
+  struct Shape {
+    int M, N, K;
+  };
+  const Shape shapes[] = {{1, 1, 1}, {7, 5, 3}, {67, 45, 129}, {33, 130, 17}};
+  const double tolerance = gemm_kind_is_bf16(kind) ? 1e-2 : 1e-4;
+  std::mt19937 rng(1234);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  double worst = 0.0;
+  std::string worst_case;
+  for (const auto& s : shapes)
+    for (Trans ta : {Trans::kNo, Trans::kYes})
+      for (Trans tb : {Trans::kNo, Trans::kYes})
+        for (bool accumulate : {false, true}) {
+          std::vector<float> A(static_cast<std::size_t>(s.M) * s.K),
+              B(static_cast<std::size_t>(s.K) * s.N), C(static_cast<std::size_t>(s.M) * s.N);
+          for (auto& x : A) x = dist(rng);
+          for (auto& x : B) x = dist(rng);
+          for (auto& x : C) x = dist(rng);
+          const std::vector<float> C0 = C;
+          gemm(kind, ta, tb, s.M, s.N, s.K, A.data(), ta == Trans::kNo ? s.K : s.M, B.data(),
+               tb == Trans::kNo ? s.N : s.K, accumulate, C.data(), s.N);
+          auto ref = gemm_reference(ta, tb, s.M, s.N, s.K, A, B);
+          double num = 0.0, den = 0.0;
+          for (std::size_t i = 0; i < C.size(); ++i) {
+            if (accumulate) ref[i] += C0[i];
+            num = std::max(num, std::abs(C[i] - ref[i]));
+            den = std::max(den, std::abs(ref[i]));
+          }
+          const double rel = num / std::max(den, 1e-30);
+          if (!(rel <= worst)) {  // also catches NaN
+            worst = std::isnan(rel) ? INFINITY : rel;
+            worst_case = ::t3d::detail::concat(s.M, "x", s.N, "x", s.K, " trans_a=", ta == Trans::kYes,
+                                        " trans_b=", tb == Trans::kYes, " accumulate=", accumulate);
+          }
+        }
+  T3D_USER_CHECK(worst <= tolerance, gemm_kind_name(kind), " GEMM check failed: relative error ",
+                 worst, " at ", worst_case, " (", onednn_version_string(), "; ",
+                 openblas_config_string(),
+                 "). Refusing to train on a wrong result; set hardware.gemm = \"openblas\"");
+}
+
+}  // namespace t3d::kernels

@@ -1,0 +1,69 @@
+// The GEMM behind the linear layers, chosen per process: OpenBLAS fp32, oneDNN fp32, or oneDNN
+// with bf16 inputs and fp32 accumulation and output (mixed precision as PyTorch's autocast does
+// it: the fp32 master weights and activations are rounded to bf16 on their way into the GEMM).
+//
+// Which one is fastest depends on the CPU (a Xeon without AVX512-BF16 runs bf16 dot products at
+// half the fp32 rate, Zen 4/5 at twice), so the runtime measures the kinds at the model's shapes
+// (measure_gemm_gflops) and sets one with set_linear_gemm before the first step. Everything else
+// in kernels/ (attention tiles) stays on OpenBLAS fp32 (kernels/blas.h).
+//
+// Determinism: for one kind, shapes and thread count the results are bit-identical across runs
+// (both libraries split work statically). Threads: oneDNN runs on the process's OpenMP pool
+// (omp_set_num_threads; the launcher exports OMP_NUM_THREADS and passive waiting), OpenBLAS on its
+// own (set_blas_threads): a rank uses one at a time, so the two never compete for its cores.
+//
+// Workspace: the bf16 copies of the inputs live in a per-thread buffer owned by this file, grown to
+// the largest call and kept (like OpenBLAS's and oneDNN's own packing buffers, it is library
+// memory outside the arena; gemm_workspace_bytes() reports it).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "kernels/blas.h"
+
+namespace t3d::kernels {
+
+enum class GemmKind { kOpenBlasF32, kOneDnnF32, kOneDnnBf16 };
+
+const char* gemm_kind_name(GemmKind kind);  // "openblas-fp32", "onednn-fp32", "onednn-bf16"
+std::optional<GemmKind> parse_gemm_kind(std::string_view name);
+inline bool gemm_kind_is_bf16(GemmKind kind) { return kind == GemmKind::kOneDnnBf16; }
+
+// C (M, N) = op(A) (M, K) · op(B) (K, N), written (accumulate = false) or added to C. Row-major,
+// strided as kernels/blas.h's sgemm; fp32 in and out whatever the kind.
+void gemm(GemmKind kind, Trans trans_a, Trans trans_b, std::int64_t M, std::int64_t N,
+          std::int64_t K, const float* A, std::int64_t lda, const float* B, std::int64_t ldb,
+          bool accumulate, float* C, std::int64_t ldc);
+
+// The kind linear_forward / linear_backward_* use (kOpenBlasF32 until set). Process-wide.
+void set_linear_gemm(GemmKind kind);
+GemmKind linear_gemm();
+
+// Bytes of the per-thread bf16 input buffers so far (0 until a bf16 GEMM ran).
+std::size_t gemm_workspace_bytes();
+
+// Whether this CPU has the AVX512-BF16 dot-product instruction (vdpbf16ps). Without it oneDNN
+// emulates bf16 GEMMs with fp32 FMAs: correct, never faster than fp32.
+bool cpu_has_bf16_dot();
+
+// "oneDNN 2.6.3 (cpu isa avx512_core_bf16)": what loaded, for logs and cache keys.
+std::string onednn_version_string();
+
+// Median GFLOP/s of the three GEMMs of a linear layer on (rows × in) → out — forward x·Wᵀ,
+// input gradient dy·W, weight gradient dyᵀ·x accumulated — with `threads` threads (OpenBLAS's
+// pool or OpenMP's, restored afterwards). Allocates; call outside the step loop.
+double measure_gemm_gflops(GemmKind kind, std::int64_t rows, std::int64_t in, std::int64_t out,
+                           int threads, int repeats = 5);
+
+// Runs the kind on odd shapes and every transpose combination against a double-precision
+// reference; UserError when the error exceeds what the kind's input precision allows (a broken
+// or mis-dispatched library would silently corrupt training). fp32: 1e-4 of the largest |C|;
+// bf16: inputs rounded to 8 significant bits (relative error ≤ 2^-8 each, so < 2^-7 per
+// product), with random signs summing like a random walk: 1e-2 of the largest |C| is far above
+// that and far below any wrong kernel.
+void verify_gemm_kind(GemmKind kind);
+
+}  // namespace t3d::kernels

@@ -1,0 +1,21 @@
+// The hardware's arithmetic peak, measured: what MFU is a fraction of (docs/metrics.md).
+//
+// fp32: a loop of independent chains of dependent vector FMAs (enough chains to hide the FMA
+// latency on both FMA pipes), AVX-512 where the CPU has it, else AVX2. bf16: the same loop with
+// the AVX512-BF16 dot product (vdpbf16ps: two bf16 products added into each fp32 lane), the
+// instruction bf16 GEMMs are built from; 0 where the CPU lacks it. One core's rate: the host's
+// peak is that times its cores.
+#pragma once
+
+namespace t3d::kernels {
+
+struct CorePeak {
+  double fp32_gflops = 0;  // per core
+  double bf16_gflops = 0;  // per core; 0 without AVX512-BF16
+  const char* fp32_isa = "";  // "avx512" or "avx2" (or "scalar")
+};
+
+// Best of `rounds` timed runs of about 20 ms each on the calling thread.
+CorePeak measure_core_peak(int rounds = 5);
+
+}  // namespace t3d::kernels

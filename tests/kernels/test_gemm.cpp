@@ -1,0 +1,155 @@
+// The GEMM kinds of kernels/gemm.h against a double-precision reference.
+//
+// Tolerances, stated per element with S = sum_k |a_k b_k| (the scale of the sum's rounding):
+//   - fp32 kinds: |C - ref| <= 1e-5 S. K <= 129 terms of fp32 accumulation: ~sqrt(K) 6e-8 S.
+//   - bf16 against the reference of its own rounded inputs: the same fp32 bound. This shows the
+//     path is exactly "bf16 inputs, fp32 accumulation", nothing coarser.
+//   - bf16 against the fp32 (unrounded) reference: each input is rounded to 8 significant bits,
+//     relative error <= 2^-8 (half a unit in the last place), so each product is off by
+//     <= (1 + 2^-8)^2 - 1 < 2^-7 + 2^-16 of itself and the sum by less than that times S, plus
+//     the fp32 term. The test also requires the error to be well above
+//     the fp32 level somewhere, or the "bf16" path would not be rounding at all.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/gemm.h"
+#include "kernels/ops.h"
+#include "kernels/precision.h"
+#include "reference.h"
+
+namespace t3d::kernels {
+namespace {
+
+using ref::Vec;
+
+struct Product {
+  Vec value, scale;  // sum_k a_k b_k and sum_k |a_k b_k|
+};
+
+// op(A) (M, K) · op(B) (K, N) of strided row-major storage, in double.
+Product reference(Trans ta, Trans tb, int M, int N, int K, const std::vector<float>& A, int lda,
+                  const std::vector<float>& B, int ldb, bool round_inputs) {
+  const auto in = [&](float x) { return round_inputs ? double(bf16_to_float(float_to_bf16(x))) : double(x); };
+  Product p{Vec(static_cast<std::size_t>(M) * N, 0.0), Vec(static_cast<std::size_t>(M) * N, 0.0)};
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j)
+      for (int k = 0; k < K; ++k) {
+        const double a = in(ta == Trans::kNo ? A[i * lda + k] : A[k * lda + i]);
+        const double b = in(tb == Trans::kNo ? B[k * ldb + j] : B[j * ldb + k]);
+        p.value[i * N + j] += a * b;
+        p.scale[i * N + j] += std::abs(a * b);
+      }
+  return p;
+}
+
+class GemmKinds : public ::testing::TestWithParam<GemmKind> {};
+
+TEST_P(GemmKinds, EveryTransposeStrideAndAccumulationAgainstReference) {
+  const GemmKind kind = GetParam();
+  const bool bf16 = gemm_kind_is_bf16(kind);
+  struct Shape {
+    int M, N, K;
+  };
+  double worst_rounding = 0;  // bf16: largest error against the unrounded reference, in units of S
+  std::uint32_t seed = 1;
+  for (const Shape s : {Shape{1, 1, 1}, Shape{7, 5, 3}, Shape{67, 45, 129}, Shape{33, 130, 17}})
+    for (Trans ta : {Trans::kNo, Trans::kYes})
+      for (Trans tb : {Trans::kNo, Trans::kYes})
+        for (bool accumulate : {false, true}) {
+          // Leading dimensions 3 wider than the stored rows: strided views, as attention heads are.
+          const int lda = (ta == Trans::kNo ? s.K : s.M) + 3, ldb = (tb == Trans::kNo ? s.N : s.K) + 3;
+          const int ldc = s.N + 2;
+          const auto A = ref::random_floats(static_cast<std::size_t>(ta == Trans::kNo ? s.M : s.K) * lda, seed++);
+          const auto B = ref::random_floats(static_cast<std::size_t>(tb == Trans::kNo ? s.K : s.N) * ldb, seed++);
+          auto C = ref::random_floats(static_cast<std::size_t>(s.M) * ldc, seed++);
+          const auto C0 = C;
+          gemm(kind, ta, tb, s.M, s.N, s.K, A.data(), lda, B.data(), ldb, accumulate, C.data(), ldc);
+          const Product own = reference(ta, tb, s.M, s.N, s.K, A, lda, B, ldb, bf16);
+          const Product exact = reference(ta, tb, s.M, s.N, s.K, A, lda, B, ldb, false);
+          for (int i = 0; i < s.M; ++i) {
+            for (int j = s.N; j < ldc; ++j) {  // padding columns untouched
+              ASSERT_EQ(C[i * ldc + j], C0[i * ldc + j]);
+            }
+            for (int j = 0; j < s.N; ++j) {
+              const double base = accumulate ? C0[i * ldc + j] : 0.0;
+              const double got = C[i * ldc + j], S = own.scale[i * s.N + j] + 1e-30;
+              ASSERT_LE(std::abs(got - base - own.value[i * s.N + j]), 1e-5 * S + 1e-6 * std::abs(base))
+                  << gemm_kind_name(kind) << " " << s.M << "x" << s.N << "x" << s.K << " ta " << int(ta)
+                  << " tb " << int(tb) << " acc " << accumulate << " at " << i << "," << j;
+              if (bf16) {  // the fp32 term of base + product, as above
+                const double err = std::abs(got - base - exact.value[i * s.N + j]);
+                ASSERT_LE(err, (std::ldexp(1.0, -7) + 3e-5) * S + 1e-6 * std::abs(base));
+                if (!accumulate) worst_rounding = std::max(worst_rounding, err / S);
+              }
+            }
+          }
+        }
+  if (bf16) EXPECT_GT(worst_rounding, 1e-4) << "bf16 results as exact as fp32: inputs not rounded";
+}
+
+TEST_P(GemmKinds, RepeatsAreBitIdentical) {
+  const GemmKind kind = GetParam();
+  const int M = 96, N = 80, K = 200;
+  const auto A = ref::random_floats(M * K, 3), B = ref::random_floats(N * K, 4);
+  std::vector<float> first(M * N), second(M * N);
+  gemm(kind, Trans::kNo, Trans::kYes, M, N, K, A.data(), K, B.data(), K, false, first.data(), N);
+  gemm(kind, Trans::kNo, Trans::kYes, M, N, K, A.data(), K, B.data(), K, false, second.data(), N);
+  EXPECT_EQ(first, second);
+}
+
+TEST_P(GemmKinds, VerifyAcceptsTheKind) { EXPECT_NO_THROW(verify_gemm_kind(GetParam())); }
+
+TEST_P(GemmKinds, MeasuresAPositiveRate) {
+  EXPECT_GT(measure_gemm_gflops(GetParam(), 64, 48, 40, 1, 3), 0.0);
+}
+
+// The linear layers run on the kind set_linear_gemm chose: the same checks as test_layers.cpp's,
+// with the kind's tolerance (relative to the largest |value|, as a bf16 GEMM's error scales).
+TEST_P(GemmKinds, LinearLayerUsesTheChosenKind) {
+  const GemmKind kind = GetParam();
+  const GemmKind saved = linear_gemm();
+  set_linear_gemm(kind);
+  const int N = 9, in = 33, out = 17;
+  const auto x = ref::random_floats(N * in, 40), w = ref::random_floats(out * in, 41);
+  const auto dy = ref::random_floats(N * out, 42);
+  std::vector<float> y(N * out, 5.0f), dx(N * in, 99.0f), dw(out * in, 0.25f);
+  linear_forward(y.data(), x.data(), w.data(), N, in, out);
+  linear_backward_input(dx.data(), dy.data(), w.data(), N, in, out);
+  linear_backward_weight(dw.data(), dy.data(), x.data(), N, in, out);
+  set_linear_gemm(saved);
+  const double tol = gemm_kind_is_bf16(kind) ? std::ldexp(1.0, -7) + 1e-5 : 1e-5;
+  const Vec yref = ref::linear(ref::to_double(x), ref::to_double(w), N, in, out);
+  Vec dxref(N * in, 0.0), dwref(out * in, 0.25);
+  for (int n = 0; n < N; ++n)
+    for (int o = 0; o < out; ++o)
+      for (int i = 0; i < in; ++i) {
+        dxref[n * in + i] += double(dy[n * out + o]) * w[o * in + i];
+        dwref[o * in + i] += double(dy[n * out + o]) * x[n * in + i];
+      }
+  // Each output sums `in` (or N, out) products of inputs in [-1, 1]: S <= the term count.
+  ref::expect_close(y, yref, 0, tol * in, "y");
+  ref::expect_close(dx, dxref, 0, tol * out, "dx");
+  ref::expect_close(dw, dwref, 0, tol * N, "dw");
+}
+
+INSTANTIATE_TEST_SUITE_P(kernels_gemm, GemmKinds,
+                         ::testing::Values(GemmKind::kOpenBlasF32, GemmKind::kOneDnnF32,
+                                           GemmKind::kOneDnnBf16),
+                         [](const auto& info) {
+                           std::string name = gemm_kind_name(info.param);
+                           for (auto& c : name)
+                             if (c == '-') c = '_';
+                           return name;
+                         });
+
+TEST(kernels_gemm, KindNamesRoundTrip) {
+  for (GemmKind k : {GemmKind::kOpenBlasF32, GemmKind::kOneDnnF32, GemmKind::kOneDnnBf16})
+    EXPECT_EQ(parse_gemm_kind(gemm_kind_name(k)), k);
+  EXPECT_FALSE(parse_gemm_kind("onednn"));
+}
+
+}  // namespace
+}  // namespace t3d::kernels
