@@ -18,6 +18,7 @@
 #include "runtime/eval.h"
 #include "runtime/export.h"
 #include "runtime/generate.h"
+#include "runtime/gemm_choice.h"
 #include "runtime/job.h"
 #include "parallel/trace.h"
 #include "runtime/launch.h"
@@ -68,6 +69,7 @@ int run_training(runtime::Recipe recipe, const Options& o, const std::vector<std
   const int groups = runtime::verify_mesh_groups(*job.mesh);
   spdlog::info("communicators verified: {} groups per rank (pp, dp, cp, tp), run directory {}",
                groups, job.run_dir);
+  runtime::agree_on(job.mesh->world(), [&] { runtime::choose_gemm(job); });
   if (job.recipe.run.trace) parallel::trace::enable(job.mesh->world(), job.mesh->label());
   runtime::Trainer trainer(job);
   const runtime::TrainSummary summary = trainer.run();

@@ -182,6 +182,11 @@ void gemm(GemmKind kind, Trans trans_a, Trans trans_b, std::int64_t M, std::int6
               C, ldc);
 }
 
+void set_rank_threads(int n) {
+  set_blas_threads(n);
+  omp_set_num_threads(n);
+}
+
 void set_linear_gemm(GemmKind kind) { g_linear_kind = kind; }
 GemmKind linear_gemm() { return g_linear_kind; }
 std::size_t gemm_workspace_bytes() { return g_workspace_bytes; }

@@ -42,6 +42,9 @@ void gemm(GemmKind kind, Trans trans_a, Trans trans_b, std::int64_t M, std::int6
 void set_linear_gemm(GemmKind kind);
 GemmKind linear_gemm();
 
+// The rank's compute threads: OpenBLAS's pool and OpenMP's (oneDNN, the non-GEMM kernels) alike.
+void set_rank_threads(int n);
+
 // Bytes of the per-thread bf16 input buffers so far (0 until a bf16 GEMM ran).
 std::size_t gemm_workspace_bytes();
 

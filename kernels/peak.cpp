@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <fstream>
+#include <string>
 
 #include "kernels/blas.h"
 #include "kernels/gemm.h"
@@ -31,7 +33,27 @@ double best_rate(Loop loop, int rounds) {
   return sink == 12345.678f ? best + 1e-9 : best;  // reads sink: the loops stay
 }
 
+std::string cpuinfo_field(const std::string& text, const std::string& name) {
+  const auto at = text.find("\n" + name);
+  if (at == std::string::npos) return "";
+  const auto colon = text.find(':', at), end = text.find('\n', at + 1);
+  if (colon == std::string::npos || colon > end) return "";
+  std::string v = text.substr(colon + 1, end - colon - 1);
+  v.erase(0, v.find_first_not_of(" \t"));
+  return v;
+}
+
 }  // namespace
+
+std::string cpu_model_name() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string text = "\n", line;
+  for (int i = 0; i < 64 && std::getline(in, line); ++i) text += line + "\n";  // the first CPU
+  const std::string name = cpuinfo_field(text, "model name");
+  if (name.empty()) return "unknown CPU";
+  return name + " (family " + cpuinfo_field(text, "cpu family") + ", model " +
+         cpuinfo_field(text, "model\t") + ")";
+}
 
 CorePeak measure_core_peak(int rounds) {
   CorePeak p;

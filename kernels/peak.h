@@ -7,6 +7,8 @@
 // peak is that times its cores.
 #pragma once
 
+#include <string>
+
 namespace t3d::kernels {
 
 struct CorePeak {
@@ -14,6 +16,10 @@ struct CorePeak {
   double bf16_gflops = 0;  // per core; 0 without AVX512-BF16
   const char* fp32_isa = "";  // "avx512" or "avx2" (or "scalar")
 };
+
+// "AMD EPYC (family 26, model 2)": /proc/cpuinfo's model name with family and model, the
+// identity of a CPU for caches and for every recorded figure ("unknown CPU" where unreadable).
+std::string cpu_model_name();
 
 // Best of `rounds` timed runs of about 20 ms each on the calling thread.
 CorePeak measure_core_peak(int rounds = 5);

@@ -15,6 +15,7 @@
 
 #include "kernels/arena.h"
 #include "kernels/blas.h"
+#include "kernels/gemm.h"
 #include "kernels/check.h"
 #include "parallel/comm.h"
 #include "runtime/job.h"
@@ -99,7 +100,7 @@ void measure_block(const Job& job, Measured& m) {
   const Comm& tp = job.mesh->group(Dim::tp);
   // BLAS threads as the trainer sets them (trainer.cpp): this host's cores shared among its ranks.
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  kernels::set_blas_threads(threads_per_rank(static_cast<int>(r.hardware.threads_per_rank), cores,
+  kernels::set_rank_threads(threads_per_rank(static_cast<int>(r.hardware.threads_per_rank), cores,
                                              std::max(1, job.env.local_size)));
   ModelConfig cfg = r.model;
   cfg.n_layers = 3;

@@ -12,6 +12,7 @@
 #include "checkpoint/snapshot.h"
 #include "kernels/arena.h"
 #include "kernels/blas.h"
+#include "kernels/gemm.h"
 #include "kernels/check.h"
 #include "kernels/ops.h"
 #include "parallel/pipeline_split.h"
@@ -19,6 +20,7 @@
 #include "runtime/data.h"
 #include "runtime/data_sampler.h"
 #include "runtime/executor.h"
+#include "runtime/gemm_choice.h"
 #include "runtime/model.h"
 
 namespace t3d::runtime {
@@ -101,9 +103,10 @@ EvalResult run_eval(const Job& job, const std::string& snapshot, const EvalOptio
   bool holds_loss = false;
   agree_on(mesh.world(), [&] {
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    kernels::set_blas_threads(threads_per_rank(static_cast<int>(r.hardware.threads_per_rank), cores,
+    kernels::set_rank_threads(threads_per_rank(static_cast<int>(r.hardware.threads_per_rank), cores,
                                                std::max(1, job.env.local_size)));
     kernels::verify_gemm();
+    kernels::verify_gemm_kind(apply_recorded_gemm(r));  // the GEMM the snapshot trained with
     stream = options.data.empty()
                  ? recipe_validation(r)
                  : load_stream(options.data, r.data.format, static_cast<int>(r.model.vocab_size));

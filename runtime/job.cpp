@@ -60,6 +60,7 @@ SpawnPlan make_spawn_plan(const Recipe& recipe, const std::vector<std::string>& 
   plan.log_dir = job_run_dir(recipe.run.dir, detect_launch_env()) + "/logs";
   const int threads = threads_per_rank(static_cast<int>(recipe.hardware.threads_per_rank),
                                        plan.cores, plan.ranks);
+  plan.threads = threads;
   plan.env.emplace_back("OPENBLAS_NUM_THREADS", std::to_string(threads));
   // OpenBLAS reads its core type only when it loads: choose it now, for the ranks. The user's
   // environment wins, then the recipe; otherwise the best kernels this CPU supports.

@@ -1,5 +1,7 @@
 #include "runtime/launch.h"
 
+#include <sched.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -161,6 +163,45 @@ std::string tp_placement_warning(const parallel::MeshShape& shape,
   return msg + "), or lower parallel.tp.";
 }
 
+std::vector<int> cpu_set() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> out;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return out;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &set)) out.push_back(c);
+  return out;
+}
+
+std::string format_cpu_set(const std::vector<int>& cpus) {
+  std::string out;
+  for (size_t i = 0; i < cpus.size();) {
+    size_t j = i;
+    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
+    if (!out.empty()) out += ',';
+    out += std::to_string(cpus[i]);
+    if (j > i) out += '-' + std::to_string(cpus[j]);
+    i = j + 1;
+  }
+  return out.empty() ? "?" : out;
+}
+
+void report_cpu_binding(int threads, const LaunchEnv& env) {
+  const std::vector<int> cpus = cpu_set();
+  spdlog::info("CPU set {} ({} CPU{}) for {} thread{}", format_cpu_set(cpus), cpus.size(),
+               cpus.size() == 1 ? "" : "s", threads, threads == 1 ? "" : "s");
+  if (cpus.empty() || static_cast<int>(cpus.size()) >= threads) return;
+  spdlog::warn("this rank has {} thread(s) (hardware.threads_per_rank) but may run on {} CPU(s): "
+               "its threads share them and the rank runs at a fraction of its speed. {}",
+               threads, cpus.size(),
+               env.launcher == Launcher::slurm
+                   ? "Give each task its cores: srun --cpus-per-task=" + std::to_string(threads) +
+                         " (or #SBATCH --cpus-per-task), or lower hardware.threads_per_rank."
+                   : "Bind each rank to its cores: mpirun --map-by slot:PE=" +
+                         std::to_string(threads) +
+                         " (or --bind-to none), or lower hardware.threads_per_rank.");
+}
+
 int threads_per_rank(int configured, int cores, int local_ranks) {
   if (configured > 0) return configured;
   return std::max(1, cores / std::max(1, local_ranks));
@@ -170,6 +211,11 @@ std::vector<std::string> mpirun_command(const SpawnPlan& plan, const std::string
   std::vector<std::string> cmd = {"mpirun", "-np", std::to_string(plan.ranks)};
   // Without this Open MPI refuses more ranks than cores ("not enough slots").
   if (plan.ranks > plan.cores) cmd.push_back("--oversubscribe");
+  if (static_cast<int64_t>(plan.ranks) * plan.threads <= plan.cores) {
+    cmd.insert(cmd.end(), {"--map-by", "slot:PE=" + std::to_string(plan.threads), "--bind-to", "core"});
+  } else {
+    cmd.insert(cmd.end(), {"--bind-to", "none"});
+  }
   if (plan.as_root) cmd.push_back("--allow-run-as-root");
   // Not --quiet: it also hides which rank died. The parent filters mpirun's banners instead
   // (mpirun_watch.h): a dead rank is named, banners that repeat the ranks' own errors dropped.

@@ -31,12 +31,16 @@ LaunchEnv detect_launch_env(const std::vector<std::pair<std::string, std::string
 struct SpawnPlan {
   int ranks = 1;
   int cores = 1;  // on this host
+  int threads = 1;  // per rank: each rank is bound to this many cores when they all fit
   bool as_root = false;
   std::vector<std::pair<std::string, std::string>> env;  // exported to every rank
   std::vector<std::string> argv;                         // titan3d's own argv, argv[0] first
   std::string log_dir;  // where the ranks' logs go, for the message naming a dead rank
 };
-// The mpirun command line that re-executes titan3d as `ranks` ranks.
+// The mpirun command line that re-executes titan3d as `ranks` ranks. Placement: when ranks ×
+// threads fit the cores, each rank is bound to its own `threads` cores (--map-by slot:PE=n);
+// otherwise no binding (--bind-to none), so the OS spreads the threads over every core rather
+// than Open MPI's default of one core per rank, which would leave a rank's other threads idle.
 std::vector<std::string> mpirun_command(const SpawnPlan& plan, const std::string& self_exe);
 // Runs mpirun as a child (the ranks' output streams through; Open MPI's banners are filtered and a
 // dead rank named, see mpirun_watch.h), then exits with its exit code.
@@ -66,5 +70,13 @@ std::string tp_placement_warning(const parallel::MeshShape& shape,
 
 // BLAS threads for each rank: the recipe's choice, or this host's cores shared among its ranks.
 int threads_per_rank(int configured, int cores, int local_ranks);
+
+// The CPUs this process may run on (sched_getaffinity), e.g. {0, 1}.
+std::vector<int> cpu_set();
+std::string format_cpu_set(const std::vector<int>& cpus);  // {0, 1, 2, 5} -> "0-2,5"
+
+// Logs this rank's CPU set and thread count; warns (naming the keys and the launcher options
+// that fix it) when the rank may run on fewer CPUs than it has threads.
+void report_cpu_binding(int threads, const LaunchEnv& env);
 
 }  // namespace t3d::runtime

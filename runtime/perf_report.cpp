@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "parallel/simulator.h"
+#include "runtime/gemm_choice.h"
 #include "runtime/planner.h"
 
 namespace t3d::runtime {
@@ -51,6 +52,7 @@ PerfSummary summarize_performance(const Recipe& r, int devices, const TrainSumma
     p.pp_share += s.pp_share * s.step_s;
     p.cp_share += s.cp_share * s.step_s;
     p.mfu += s.mfu * s.step_s;
+    p.mfu_gemm += s.mfu_gemm * s.step_s;
     p.peak_mem_gib = std::max(p.peak_mem_gib, s.peak_mem_gib);
     ++p.steps_measured;
   }
@@ -58,7 +60,13 @@ PerfSummary summarize_performance(const Recipe& r, int devices, const TrainSumma
     p.tokens_per_s = tokens / seconds;
     p.tp_share /= seconds, p.dp_share /= seconds, p.pp_share /= seconds, p.cp_share /= seconds;
     p.mfu /= seconds;
+    p.mfu_gemm /= seconds;
   }
+  const bool resolved = r.train.precision != "auto" && r.hardware.gemm != "auto";
+  p.gemm = fmt::format("{} (train.precision = {})",
+                       resolved ? kernels::gemm_kind_name(gemm_kind_of(r.train.precision, r.hardware.gemm))
+                                : "not resolved",
+                       r.train.precision);
   p.tokens_per_s_per_device = p.tokens_per_s / std::max(1, devices);
   p.bubble = q.pp > 1 ? simulated_bubble(r) : 0.0;
   return p;
@@ -80,7 +88,9 @@ std::string format_performance(const PerfSummary& p) {
   row("communication share PP", percent(p.pp_share) + " (bubble + transfers, measured)");
   row("communication share CP", percent(p.cp_share));
   row("pipeline bubble", percent(p.bubble) + " (the schedule, simulated)");
-  row("MFU", percent(p.mfu));
+  row("GEMM", p.gemm);
+  row("MFU", percent(p.mfu) + " (of the hardware peak)");
+  row("MFU against the GEMM's own rate", percent(p.mfu_gemm));
   return out;
 }
 
@@ -89,10 +99,12 @@ std::string performance_json(const PerfSummary& p) {
   return fmt::format(
       "{{\"layout\": \"{}\", \"devices\": {}, \"steps_measured\": {}, \"peak_mem_gib\": {}, "
       "\"tokens_per_s_per_device\": {}, \"tokens_per_s\": {}, \"tp_comm_share\": {}, "
-      "\"dp_comm_share\": {}, \"pp_wait_share\": {}, \"cp_comm_share\": {}, \"bubble_simulated\": {}, \"mfu\": {}}}",
+      "\"dp_comm_share\": {}, \"pp_wait_share\": {}, \"cp_comm_share\": {}, \"bubble_simulated\": {}, \"mfu\": {}, "
+      "\"mfu_gemm\": {}, \"gemm\": \"{}\"}}",
       p.layout, p.devices, p.steps_measured, num(p.peak_mem_gib), num(p.tokens_per_s_per_device),
       num(p.tokens_per_s), num(p.tp_share), num(p.dp_share), num(p.pp_share),
-      num(p.cp_share), p.bubble < 0 ? "null" : num(p.bubble), num(p.mfu));
+      num(p.cp_share), p.bubble < 0 ? "null" : num(p.bubble), num(p.mfu),
+      num(p.mfu_gemm), p.gemm);
 }
 
 void report_performance(const Job& job, const TrainSummary& summary) {

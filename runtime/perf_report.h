@@ -19,7 +19,9 @@ struct PerfSummary {
   double tokens_per_s_per_device = 0;
   double tp_share = 0, dp_share = 0, pp_share = 0, cp_share = 0;  // of step time, mean over ranks
   double bubble = -1;  // the schedule's simulated bubble fraction (< 0: unknown)
-  double mfu = 0;
+  double mfu = 0;       // over the hardware peak of the GEMMs' precision
+  double mfu_gemm = 0;  // over the chosen GEMM's measured rate at the model's shapes
+  std::string gemm;     // the linear layers' GEMM kind ("onednn-bf16")
 };
 
 PerfSummary summarize_performance(const Recipe& recipe, int devices, const TrainSummary& summary);

@@ -241,9 +241,11 @@ StageCost slowest_stage(const PlanProblem& p, const Layout& l, int64_t* stage_ou
 }  // namespace
 
 Precision Precision::from_recipe(const std::string& precision) {
-  if (precision == "bf16") return {2, 2, 4, 4, 2};
+  // auto is resolved by measuring the machine that trains; the planner prices it as bf16, what
+  // the accelerators of a cluster train in (and the larger of the two speeds on a CPU with bf16).
+  if (precision == "bf16" || precision == "auto") return {2, 2, 4, 4, 2};
   T3D_USER_CHECK(precision == "fp32", "train.precision = \"", precision,
-                 "\" is not one of: fp32, bf16");
+                 "\" is not one of: fp32, bf16, auto");
   return {4, 4, 0, 4, 4};
 }
 

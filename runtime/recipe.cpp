@@ -212,7 +212,9 @@ const std::vector<Field>& schema() {
       field("train", "seed", &R::train, &TrainConfig::seed,
             "Seed for initialisation and data sampling."),
       field("train", "precision", &R::train, &TrainConfig::precision,
-            "fp32 | bf16 (fp32 master weights, bf16 activations and TP/PP traffic)."),
+            "fp32 | bf16 | auto. bf16: fp32 master weights and optimizer, bf16 stored activations, "
+            "TP/PP traffic and (with a bf16-capable GEMM, see hardware.gemm) GEMM inputs with fp32 "
+            "accumulation. auto: bf16 where bf16 GEMMs measure faster on this machine, else fp32."),
       field("train", "activation_checkpoint", &R::train, &TrainConfig::activation_checkpoint,
             "none | full | every:K (recompute every K-th layer inside a stage)."),
       field("train", "dynamic_loss_scale", &R::train, &TrainConfig::dynamic_loss_scale,
@@ -256,6 +258,10 @@ const std::vector<Field>& schema() {
             "BLAS threads per rank; 0: cores on this host / ranks on this host, at least 1."),
       field("hardware", "openblas_coretype", &R::hardware, &HardwareConfig::openblas_coretype,
             "auto: detect the CPU and set OPENBLAS_CORETYPE for the ranks; or a core name."),
+      field("hardware", "gemm", &R::hardware, &HardwareConfig::gemm,
+            "GEMM library of the linear layers: auto (the fastest measured at the model's shapes "
+            "on this machine, cached) | openblas (fp32 only) | onednn (bf16 inputs when "
+            "train.precision is bf16)."),
   };
   return fields;
 }
@@ -382,7 +388,8 @@ void validate(const Recipe& r) {
   v.require(t.beta2 >= 0 && t.beta2 < 1, "train.beta2", "must lie in [0, 1)");
   v.require(t.eps > 0, "train.eps", "must be positive");
   v.require(t.grad_clip >= 0, "train.grad_clip", "must be ≥ 0 (0 disables clipping)");
-  v.one_of("train.precision", t.precision, {"fp32", "bf16"});
+  v.one_of("train.precision", t.precision, {"fp32", "bf16", "auto"});
+  v.one_of("hardware.gemm", r.hardware.gemm, {"auto", "openblas", "onednn"});
 
   {
     const auto& ac = t.activation_checkpoint;

@@ -59,7 +59,7 @@ struct TrainConfig {
   double eps = 1e-8;
   double grad_clip = 1.0;  // 0: off
   int64_t seed = 1234;
-  std::string precision = "fp32";  // fp32 | bf16
+  std::string precision = "fp32";  // fp32 | bf16 | auto (resolved at start: runtime/gemm_choice.h)
   std::string activation_checkpoint = "none";  // none | full | every:K
   bool dynamic_loss_scale = false;
   int64_t val_every = 50;  // 0: never
@@ -89,6 +89,7 @@ struct HardwareConfig {
   double hbm_gib = 4.0;  // arena budget per rank
   int64_t threads_per_rank = 0;  // 0: cores / ranks on this host, at least 1
   std::string openblas_coretype = "auto";  // auto: detect; otherwise passed to OpenBLAS as is
+  std::string gemm = "auto";  // auto | openblas | onednn (resolved at start: runtime/gemm_choice.h)
 };
 
 struct Recipe {

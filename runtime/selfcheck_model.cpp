@@ -10,6 +10,7 @@
 
 #include "kernels/arena.h"
 #include "kernels/blas.h"
+#include "kernels/gemm.h"
 #include "kernels/check.h"
 #include "kernels/hash.h"
 #include "parallel/pipeline_split.h"
@@ -182,7 +183,7 @@ void check_gemm(const Job& job, bool quick, std::vector<CheckRow>& rows) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int local = std::max(1, job.env.local_size);
   const int threads = threads_per_rank(static_cast<int>(r.hardware.threads_per_rank), cores, local);
-  kernels::set_blas_threads(threads);
+  kernels::set_rank_threads(threads);
   Verdict v;
   try {
     kernels::verify_gemm();

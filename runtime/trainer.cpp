@@ -15,6 +15,7 @@
 
 #include "kernels/arena.h"
 #include "kernels/blas.h"
+#include "kernels/gemm.h"
 #include "kernels/check.h"
 #include "kernels/ops.h"
 #include "parallel/grad_reducer.h"
@@ -24,6 +25,7 @@
 #include "runtime/data.h"
 #include "runtime/data_sampler.h"
 #include "runtime/executor.h"
+#include "runtime/gemm_choice.h"
 #include "runtime/metrics.h"
 #include "runtime/data_parallel.h"
 #include "runtime/model.h"
@@ -62,37 +64,6 @@ TokenStream load_stream(const std::string& path, const std::string& format, int 
   return load_corpus(path, vocab);
 }
 
-// The host's sgemm peak: one core's best rate at the model's main GEMM shapes times the cores.
-// One thread, because ranks usually run single-threaded BLAS side by side, and the per-core rate
-// is what a host can sustain on all cores at once. Measured once per machine and shape, cached in
-// ~/.cache/titan3d (a measurement takes a second; every run's MFU needs it).
-double host_peak_gflops(int64_t M, int64_t N, int64_t K, int cores) {
-  const int threads = 1;
-  const char* home = std::getenv("HOME");
-  const fs::path cache = fs::path(home ? home : "/tmp") / ".cache/titan3d/sgemm_peak.txt";
-  std::ostringstream key;
-  key << kernels::openblas_corename() << "/cores" << cores << "/" << M << "x" << N << "x" << K
-      << "+" << M << "x" << K << "x" << K;
-  {
-    std::ifstream in(cache);
-    std::string k;
-    double v;
-    while (in >> k >> v)
-      if (k == key.str()) return v;
-  }
-  // The peak is the best the BLAS reaches at these shapes: the best of a few medians, so a burst of
-  // load from elsewhere on a shared machine does not lower it. Delete the file to measure again.
-  double gflops = 0;
-  for (int i = 0; i < 3; ++i)
-    gflops = std::max({gflops, kernels::measure_sgemm_gflops(M, N, K, threads, 5),
-                       kernels::measure_sgemm_gflops(M, K, K, threads, 5)});
-  std::error_code ec;
-  fs::create_directories(cache.parent_path(), ec);
-  gflops *= cores;
-  std::ofstream(cache, std::ios::app) << key.str() << " " << gflops << "\n";
-  return gflops;
-}
-
 }  // namespace
 
 struct Trainer::Impl {
@@ -115,7 +86,8 @@ struct Trainer::Impl {
   std::unique_ptr<Snapshotter> snapshots;
   int64_t first_step = 0;  // > 0 when resumed from a snapshot
   bool holds_loss = false;  // last pipeline stage and tp rank 0: contributes the loss once
-  double flops_per_token = 0, peak_gflops = 0;
+  double flops_per_token = 0;
+  HostPeaks peaks;
   int hosts = 1;
   double unigram_nats = 0;
 
@@ -133,8 +105,9 @@ struct Trainer::Impl {
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     const int local = std::max(1, job.env.local_size);
     hosts = std::max(1, mesh.world().size() / local);
-    kernels::set_blas_threads(
-        threads_per_rank(static_cast<int>(r.hardware.threads_per_rank), cores, local));
+    const int threads = threads_per_rank(static_cast<int>(r.hardware.threads_per_rank), cores, local);
+    kernels::set_rank_threads(threads);
+    report_cpu_binding(threads, job.env);
     kernels::verify_gemm();
 
     // Data: every rank reads the corpus (megabytes) and samples only its own rows.
@@ -355,10 +328,18 @@ struct Trainer::Impl {
     summary.unigram_entropy_nats = unigram_nats;
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     if (mesh.rank() == 0)
-      peak_gflops = host_peak_gflops(std::max<int64_t>(rows * T, 512), r.model.ffn_dim,
-                                     r.model.dim, cores);
-    mesh.world().broadcast(&peak_gflops, 1, 0);
-    summary.peak_gflops = peak_gflops;
+      peaks = host_peaks(kernels::linear_gemm(), std::max<int64_t>(rows * T / cp, 512),
+                         r.model.dim, r.model.ffn_dim, cores);
+    double both[2] = {peaks.hardware_gflops, peaks.gemm_gflops};
+    mesh.world().broadcast(both, 2, 0);
+    peaks.hardware_gflops = both[0], peaks.gemm_gflops = both[1];
+    summary.peak_gflops = peaks.hardware_gflops;
+    summary.gemm_peak_gflops = peaks.gemm_gflops;
+    if (mesh.rank() == 0)
+      spdlog::info("MFU against {:.0f} GFLOP/s per host ({} peak, measured: {} cores × one core); "
+                   "mfu_gemm against {:.0f} GFLOP/s ({} on one thread at the model's shapes × cores)",
+                   peaks.hardware_gflops, peaks.hardware_what, cores, peaks.gemm_gflops,
+                   kernels::gemm_kind_name(kernels::linear_gemm()));
     describe();
 
     const double tokens_per_step = static_cast<double>(t.global_batch * T);
@@ -436,7 +417,8 @@ struct Trainer::Impl {
       rec.peak_mem_gib = arena->peak() / double(1 << 30);
       mesh.world().all_reduce(&rec.peak_mem_gib, 1, parallel::ReduceOp::max);
       rec.tokens_per_s = tokens_per_step / rec.step_s;
-      rec.mfu = flops_per_token * rec.tokens_per_s / (hosts * peak_gflops * 1e9);
+      rec.mfu = flops_per_token * rec.tokens_per_s / (hosts * peaks.hardware_gflops * 1e9);
+      rec.mfu_gemm = flops_per_token * rec.tokens_per_s / (hosts * peaks.gemm_gflops * 1e9);
       summary.steps.push_back(rec);
       report(rec, seconds_since(run_start));
       snapshots->after_step(step + 1, last);
@@ -465,6 +447,7 @@ struct Trainer::Impl {
                     {"grad_norm", rec.grad_norm},
                     {"tokens_per_s", rec.tokens_per_s},
                     {"mfu", rec.mfu},
+                    {"mfu_gemm", rec.mfu_gemm},
                     {"step_time_s", rec.step_s},
                     {"peak_mem_gib", peak_gib},
                     {"tp_comm_share", rec.tp_share},

@@ -13,7 +13,9 @@ namespace t3d::runtime {
 
 struct StepRecord {
   int64_t step = 0;  // 1-based: the number of optimizer steps taken
-  double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0, mfu = 0, step_s = 0;
+  double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0, step_s = 0;
+  double mfu = 0;       // model FLOPs/s over the hardware peak of the GEMMs' precision
+  double mfu_gemm = 0;  // the same over the chosen GEMM's own rate at the model's shapes
   double val_loss = -1;  // < 0: not measured at this step
   // Share of the step each rank spent waiting on its tp / dp / pp group, averaged over ranks. The
   // pp share is the measured pipeline bubble plus activation transfer time.
@@ -26,7 +28,8 @@ struct TrainSummary {
   std::vector<StepRecord> steps;
   double unigram_entropy_nats = 0;  // of the training split: the loss to beat
   size_t peak_arena_bytes = 0;
-  double peak_gflops = 0;  // measured sgemm peak of this host, the MFU denominator
+  double peak_gflops = 0;       // this host's measured hardware peak, MFU's denominator
+  double gemm_peak_gflops = 0;  // this host's measured GEMM rate, mfu_gemm's denominator
 };
 
 class Trainer {

@@ -87,7 +87,9 @@ TEST_P(GemmKinds, EveryTransposeStrideAndAccumulationAgainstReference) {
             }
           }
         }
-  if (bf16) EXPECT_GT(worst_rounding, 1e-4) << "bf16 results as exact as fp32: inputs not rounded";
+  if (bf16) {
+    EXPECT_GT(worst_rounding, 1e-4) << "bf16 results as exact as fp32: inputs not rounded";
+  }
 }
 
 TEST_P(GemmKinds, RepeatsAreBitIdentical) {

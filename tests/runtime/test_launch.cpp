@@ -76,6 +76,31 @@ TEST(Launch, MpirunCommandOversubscribesOnlyWhenNeeded) {
   EXPECT_EQ(std::count(small.begin(), small.end(), "--allow-run-as-root"), 0);
 }
 
+TEST(Launch, MpirunCommandGivesEachRankItsThreadsCores) {
+  SpawnPlan plan;
+  plan.argv = {"titan3d", "train", "r.toml"};
+  const auto binding = [&](int ranks, int threads, int cores) {
+    plan.ranks = ranks, plan.threads = threads, plan.cores = cores;
+    const auto cmd = mpirun_command(plan, "/opt/titan3d");
+    std::string out;
+    for (auto it = cmd.begin(); it != cmd.end() && *it != "/opt/titan3d"; ++it)
+      if (*it == "--map-by" || *it == "--bind-to") out += *it + " " + *(it + 1) + " ";
+    return out;
+  };
+  EXPECT_EQ(binding(1, 2, 2), "--map-by slot:PE=2 --bind-to core ");  // one rank, both cores
+  EXPECT_EQ(binding(2, 1, 2), "--map-by slot:PE=1 --bind-to core ");
+  EXPECT_EQ(binding(4, 4, 16), "--map-by slot:PE=4 --bind-to core ");
+  EXPECT_EQ(binding(8, 1, 2), "--bind-to none ");  // oversubscribed: no rank pinned to one core
+  EXPECT_EQ(binding(2, 2, 2), "--bind-to none ");  // more threads than cores
+}
+
+TEST(Launch, FormatsCpuSets) {
+  EXPECT_EQ(format_cpu_set({0, 1, 2, 5}), "0-2,5");
+  EXPECT_EQ(format_cpu_set({3}), "3");
+  EXPECT_EQ(format_cpu_set({}), "?");
+  EXPECT_FALSE(cpu_set().empty());
+}
+
 TEST(Launch, ThreadsPerRankShareTheCores) {
   EXPECT_EQ(threads_per_rank(0, 2, 1), 2);
   EXPECT_EQ(threads_per_rank(0, 2, 8), 1);
