@@ -1,75 +1,101 @@
 #!/usr/bin/env bash
 # titan3d vs PyTorch (Debian's python3-torch) training the same LLaMA configuration on the same
-# data with the same threads, fp32: tokens/s of each (median over steps, then over RUNS runs,
-# interleaved so both see the same machine), their ratio, and titan3d's MFU.
+# data with the same cores, side by side in one run: tokens/s (median over steps 3.., then over
+# RUNS interleaved rounds, every configuration once per round so drifting load hits all alike).
 #
-# Both get OpenBLAS's SkylakeX kernels (titan3d picks them itself; PyTorch through the environment)
-# and PyTorch passive OpenMP waiting: its OpenMP pool and OpenBLAS's otherwise spin against each
-# other on two cores. Usage: bench/e2e/bench_vs_pytorch.sh [extra titan3d --set ...]
-# BASELINE=/path/to/an/older/titan3d also runs that binary, interleaved, for a side-by-side.
+#   PyTorch fp32 and PyTorch with bf16 autocast (its CPU mixed precision), 1 process × THREADS
+#   titan3d train.precision = fp32 and = auto (the precision and GEMM it measures fastest here),
+#   each as 1 rank × THREADS threads and as dp = THREADS ranks × 1 thread
+#
+# Prints the CPU model, the measured hardware peaks (fp32 FMA, bf16 dot product) and the GEMM each
+# titan3d run chose, then the ratios the targets in bench/README.md are stated in. PyTorch gets
+# OpenBLAS's best kernels for this CPU and passive OpenMP waiting, as titan3d's ranks do.
+# Usage: bench/e2e/bench_vs_pytorch.sh [extra titan3d --set ...]
+# BASELINE=/path/to/an/older/titan3d also runs that binary (fp32, both layouts) in every round.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$repo"
-export runs=${RUNS:-3}
-steps=${STEPS:-12} threads=${THREADS:-2}
+runs=${RUNS:-3} steps=${STEPS:-12} threads=${THREADS:-$(nproc)}
 dim=${DIM:-512} layers=${LAYERS:-8} heads=${HEADS:-8} seq=${SEQ:-256} batch=${BATCH:-8}
 python=/usr/bin/python3  # Debian's interpreter: it sees python3-torch
 $python -c "import torch" 2>/dev/null || { echo "needs Debian's python3-torch: apt-get install python3-torch"; exit 1; }
 [ -s data/fortunes_train.bin ] || bash scripts/get_data.sh
-coretype=${OPENBLAS_CORETYPE:-$("$repo/build/apps/titan3d" keys >/dev/null && echo SkylakeX)}
+bin=build/apps/titan3d
+coretype=${OPENBLAS_CORETYPE:-$("$bin" keys >/dev/null && echo SkylakeX)}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
-median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-# titan3d RUN_NAME [--set ...]: trains, then prints "tokens/s mfu" (medians over steps 3..).
+median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+field() { tail -n +3 "$1" | sed -n "s/.*\"$2\": \\([0-9.e+-]*\\).*/\\1/p" | median; }  # median over steps 3..
+declare -A tok mfu gemm_mfu kind
+record() { tok[$1]+="$2 " mfu[$1]+="$3 " gemm_mfu[$1]+="$4 "; }
+
+# titan3d NAME BINARY [--set ...]: trains; records tokens/s, mfu, mfu_gemm; remembers the GEMM.
 titan3d() {
-  local name=$1; shift
-  local bin=build/apps/titan3d
-  [ "${name:0:1}" = b ] && bin=$BASELINE
-  "$bin" train recipes/tiny.toml --set model.dim="$dim" --set model.n_layers="$layers" \
+  local name=$1 binary=$2; shift 2
+  local dir=$work/$name.$round
+  "$binary" train recipes/tiny.toml --set model.dim="$dim" --set model.n_layers="$layers" \
     --set model.n_heads="$heads" --set model.n_kv_heads="$heads" --set model.seq_len="$seq" \
     --set train.global_batch="$batch" --set train.micro_batches=1 --set train.steps="$steps" \
     --set train.val_every=0 --set data.path=data/fortunes_train.bin --set data.val_fraction=0 \
-    --set hardware.hbm_gib=8 --set run.dir="$work/$name" "$@" > "$work/$name.log" 2>&1 ||
-    { tail "$work/$name.log" >&2; exit 1; }
-  local metrics=$work/$name/metrics.jsonl
-  echo "$(tail -n +3 "$metrics" | sed -n 's/.*"tokens_per_s": \([0-9.e+]*\).*/\1/p' | median)" \
-       "$(tail -n +3 "$metrics" | sed -n 's/.*"mfu": \([0-9.e+-]*\).*/\1/p' | median)"
+    --set hardware.hbm_gib=8 --set run.dir="$dir" "$@" > "$dir.log" 2>&1 ||
+    { tail "$dir.log" >&2; exit 1; }
+  record "$name" "$(field "$dir/metrics.jsonl" tokens_per_s)" "$(field "$dir/metrics.jsonl" mfu)" \
+         "$(field "$dir/metrics.jsonl" mfu_gemm)"
+  kind[$name]=$(sed -n 's/.*GEMM: \([a-z0-9-]*\) .*/\1/p' "$dir.log" | head -1)
+  [ -n "${kind[$name]}" ] || kind[$name]=fp32
+  peaks_line=$(grep -h "MFU against" "$dir.log" | head -1 | sed 's/.*MFU against/MFU against/')
+  echo "$peaks_line" >> "$work/peaks"
 }
-t_tok=() t_mfu=() d_tok=() d_mfu=() p_tok=() bt_tok=() bd_tok=()
-for i in $(seq "$runs"); do
-  # One rank with all the threads, as PyTorch runs...
-  read -r tok mfu < <(titan3d "t$i" --set hardware.threads_per_rank="$threads" "$@")
-  t_tok+=("$tok") t_mfu+=("$mfu")
-  # ...and the same threads as single-threaded data-parallel ranks, titan3d's own way to use cores.
-  read -r tok mfu < <(titan3d "d$i" --set parallel.dp="$threads" --set hardware.threads_per_rank=1 "$@")
-  d_tok+=("$tok") d_mfu+=("$mfu")
-  if [ -n "${BASELINE:-}" ]; then
-    read -r tok mfu < <(titan3d "bt$i" --set hardware.threads_per_rank="$threads" "$@")
-    bt_tok+=("$tok")
-    read -r tok mfu < <(titan3d "bd$i" --set parallel.dp="$threads" --set hardware.threads_per_rank=1 "$@")
-    bd_tok+=("$tok")
-    echo "run $i: baseline 1 rank ${bt_tok[-1]} tok/s, dp=$threads ${bd_tok[-1]} tok/s"
-  fi
+pytorch() {  # pytorch NAME [--bf16]
+  local name=$1; shift
   OPENBLAS_CORETYPE=$coretype OMP_WAIT_POLICY=PASSIVE OMP_NUM_THREADS=$threads \
     $python bench/e2e/llama_torch.py --dim "$dim" --n_layers "$layers" --n_heads "$heads" \
     --n_kv_heads "$heads" --seq_len "$seq" --batch "$batch" --steps "$steps" --threads "$threads" \
-    > "$work/p$i.json"
-  p_tok+=("$(sed -n 's/.*"tokens_per_s": \([0-9.e+]*\).*/\1/p' "$work/p$i.json")")
-  echo "run $i: titan3d 1 rank ${t_tok[-1]} tok/s (MFU ${t_mfu[-1]}), dp=$threads ${d_tok[-1]} tok/s" \
-       "(MFU ${d_mfu[-1]}), PyTorch ${p_tok[-1]} tok/s"
+    "$@" > "$work/$name.$round.json"
+  record "$name" "$(sed -n 's/.*"tokens_per_s": \([0-9.e+]*\).*/\1/p' "$work/$name.$round.json")" nan nan
+}
+
+for round in $(seq "$runs"); do
+  pytorch torch_fp32
+  titan3d t_fp32_1rank "$bin" --set train.precision=fp32 --set hardware.threads_per_rank="$threads" "$@"
+  titan3d t_auto_1rank "$bin" --set train.precision=auto --set hardware.threads_per_rank="$threads" "$@"
+  pytorch torch_bf16 --bf16
+  titan3d t_fp32_dp "$bin" --set train.precision=fp32 --set parallel.dp="$threads" --set hardware.threads_per_rank=1 "$@"
+  titan3d t_auto_dp "$bin" --set train.precision=auto --set parallel.dp="$threads" --set hardware.threads_per_rank=1 "$@"
+  if [ -n "${BASELINE:-}" ]; then
+    titan3d base_1rank "$BASELINE" --set hardware.threads_per_rank="$threads" "$@"
+    titan3d base_dp "$BASELINE" --set parallel.dp="$threads" --set hardware.threads_per_rank=1 "$@"
+  fi
+  line="round $round:"
+  for n in "${!tok[@]}"; do line+=" $n $(echo "${tok[$n]}" | awk '{ print $NF }')"; done
+  echo "$line tok/s"
 done
-med() { printf '%s\n' "$@" | median; }
-echo "model: dim $dim, $layers layers, $heads heads, seq $seq, batch $batch, vocab 256, fp32, $threads threads"
-echo "PyTorch: $(cat "$work/p1.json")"
-awk -v t="$(med "${t_tok[@]}")" -v d="$(med "${d_tok[@]}")" -v p="$(med "${p_tok[@]}")" \
-    -v tm="$(med "${t_mfu[@]}")" -v dm="$(med "${d_mfu[@]}")" -v n="$threads" 'BEGIN {
-  printf "median tokens/s over %s runs:\n", ENVIRON["runs"]
-  printf "  PyTorch (1 process, %d threads)          %7.0f\n", n, p
-  printf "  titan3d (1 rank, %d BLAS threads)        %7.0f  %.2fx PyTorch, MFU %.1f%%\n", n, t, t / p, 100 * tm
-  printf "  titan3d (dp=%d ranks, 1 thread each)      %7.0f  %.2fx PyTorch, MFU %.1f%%\n", n, d, d / p, 100 * dm }'
-if [ -n "${BASELINE:-}" ]; then
-  awk -v t="$(med "${bt_tok[@]}")" -v d="$(med "${bd_tok[@]}")" -v p="$(med "${p_tok[@]}")" -v n="$threads" 'BEGIN {
-  printf "  baseline (1 rank, %d BLAS threads)       %7.0f  %.2fx PyTorch\n", n, t, t / p
-  printf "  baseline (dp=%d ranks, 1 thread each)     %7.0f  %.2fx PyTorch\n", n, d, d / p }'
-fi
+
+med() { printf '%s\n' $1 | median; }
+echo
+echo "CPU: $(lscpu | sed -n 's/^Model name: *//p') (family $(lscpu | sed -n 's/^CPU family: *//p'), model $(lscpu | sed -n 's/^Model: *//p')), $(nproc) CPUs; load average $(cut -d' ' -f1-3 /proc/loadavg)"
+sort -u "$work/peaks" | sed 's/^/titan3d: /'
+echo "PyTorch: $(cat "$work/torch_bf16.1.json")"
+echo "model: dim $dim, $layers layers, $heads heads, seq $seq, batch $batch, vocab 256, $threads threads; medians over $runs rounds"
+printf '%-42s %9s %8s %10s  %s\n' configuration tokens/s MFU mfu_gemm GEMM
+names=(torch_fp32 torch_bf16 t_fp32_1rank t_fp32_dp t_auto_1rank t_auto_dp)
+[ -n "${BASELINE:-}" ] && names+=(base_1rank base_dp)
+declare -A label=([torch_fp32]="PyTorch fp32, 1 × $threads threads" [torch_bf16]="PyTorch bf16 autocast, 1 × $threads threads"
+  [t_fp32_1rank]="titan3d fp32, 1 rank × $threads threads" [t_fp32_dp]="titan3d fp32, dp=$threads × 1 thread"
+  [t_auto_1rank]="titan3d auto, 1 rank × $threads threads" [t_auto_dp]="titan3d auto, dp=$threads × 1 thread"
+  [base_1rank]="baseline, 1 rank × $threads threads" [base_dp]="baseline, dp=$threads × 1 thread")
+for n in "${names[@]}"; do
+  printf '%-42s %9.0f %7.1f%% %9.1f%%  %s\n' "${label[$n]}" "$(med "${tok[$n]}")" \
+    "$(awk -v m="$(med "${mfu[$n]}")" 'BEGIN { print 100 * m }')" \
+    "$(awk -v m="$(med "${gemm_mfu[$n]}")" 'BEGIN { print 100 * m }')" "${kind[$n]:-}"
+done
+awk -v pf="$(med "${tok[torch_fp32]}")" -v pb="$(med "${tok[torch_bf16]}")" \
+    -v a1="$(med "${tok[t_auto_1rank]}")" -v ad="$(med "${tok[t_auto_dp]}")" \
+    -v f1="$(med "${tok[t_fp32_1rank]}")" -v fd="$(med "${tok[t_fp32_dp]}")" \
+    -v m1="$(med "${mfu[t_auto_1rank]}")" -v md="$(med "${mfu[t_auto_dp]}")" 'BEGIN {
+  p = pf > pb ? pf : pb; t = a1 > ad ? a1 : ad; m = a1 > ad ? m1 : md
+  printf "titan3d best / PyTorch best:            %.2fx (target >= 1.3x)\n", t / p
+  printf "titan3d best layout, MFU:                %.1f%% of the hardware peak (target >= 70%%)\n", 100 * m
+  printf "1 rank x n threads / dp=n x 1 thread:    %.2fx auto, %.2fx fp32 (target >= 0.95x)\n", a1 / ad, f1 / fd
+  printf "titan3d fp32 best / PyTorch fp32:        %.2fx\n", (f1 > fd ? f1 : fd) / pf }'

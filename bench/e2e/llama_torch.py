@@ -103,6 +103,8 @@ def main():
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--data", default="data/fortunes_train.bin")
     ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--bf16", action="store_true",
+                    help="bf16 autocast around the forward (PyTorch's CPU mixed precision)")
     c = ap.parse_args()
     c.rope_theta, c.norm_eps = 10000.0, 1e-5
     if c.ffn_dim == 0:
@@ -125,7 +127,8 @@ def main():
         x = torch.stack([tokens[s:s + c.seq_len] for s in starts])
         y = torch.stack([tokens[s + 1:s + 1 + c.seq_len] for s in starts])
         t0 = time.perf_counter()
-        loss = model(x, y)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=c.bf16):
+            loss = model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -137,6 +140,7 @@ def main():
     print(json.dumps({"tokens_per_s": c.batch * c.seq_len / median, "step_s": median,
                       "first_loss": losses[0], "last_loss": losses[-1],
                       "threads": torch.get_num_threads(), "torch": torch.__version__,
+                      "precision": "bf16 autocast" if c.bf16 else "fp32",
                       "blas": torch.__config__.show().count("OpenBLAS") > 0}))
 
 

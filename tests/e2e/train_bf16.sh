@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# bf16 GEMMs (oneDNN, bf16 inputs, fp32 accumulation) end to end:
+#  1. The default recipe's model, data and schedule trained 200 steps in bf16 ends within 1% of
+#     fp32: the loss averaged over every 20-step window, and the last validation loss. (Layout
+#     dp = 2 instead of the recipe's pp2 × dp2 × tp2, to keep the suite short: the layout does not
+#     change what is computed, train_layout_equivalence shows that.)
+#  2. Two bf16 runs with the same choice give bit-identical losses.
+#  3. The choice is recorded (run directory, snapshot) and `resume` continues with it bit for bit;
+#     a resume forced onto another GEMM says that it will not be bit-identical.
+set -u
+titan3d=$1
+source "$(dirname "$0")/lib.sh"
+require_corpus
+make_work_dir
+fail=0
+default=(--set data.path="$corpus" --set parallel.pp=1 --set parallel.tp=1 --set parallel.dp=2
+         --set train.val_every=100 --set train.log_every=50)
+bf16=(--set train.precision=bf16 --set hardware.gemm=onednn)
+train() {  # train NAME RECIPE [args]
+  local name=$1 recipe=$2; shift 2
+  "$titan3d" train "$recipe" --set run.dir="$work/$name" "$@" > "$work/$name.log" 2>&1 ||
+    { echo "FAIL: $name exited $?"; tail -20 "$work/$name.log"; exit 1; }
+}
+train fp32 "$repo/recipes/default.toml" "${default[@]}" --set train.precision=fp32 --set hardware.gemm=openblas
+train bf16 "$repo/recipes/default.toml" "${default[@]}" "${bf16[@]}"
+grep -q '"kind": "onednn-bf16"' "$work/bf16/gemm_choice.json" ||
+  { echo "FAIL: the bf16 run did not record onednn-bf16: $(cat "$work/bf16/gemm_choice.json")"; fail=1; }
+paste <(losses "$work/fp32/metrics.jsonl") <(losses "$work/bf16/metrics.jsonl") | awk '
+  { a += $1; b += $2; n++
+    if (n % 20 == 0) { r = (b - a) / a; if (r < 0) r = -r; if (r > worst) worst = r; if (r > 0.01) bad++; a = b = 0 } }
+  END { printf "bf16 vs fp32, 200 steps: worst 20-step window differs by %.3f%% (tolerance 1%%)\n", 100 * worst
+        exit !(n == 200 && bad == 0) }' || { echo "FAIL: bf16 losses not within 1% of fp32"; fail=1; }
+vf=$(sed -n 's/.*"val_loss": \([0-9.]*\).*/\1/p' "$work/fp32/metrics.jsonl" | tail -1)
+vb=$(sed -n 's/.*"val_loss": \([0-9.]*\).*/\1/p' "$work/bf16/metrics.jsonl" | tail -1)
+awk -v f="$vf" -v b="$vb" 'BEGIN { d = (b - f) / f; if (d < 0) d = -d
+  printf "validation loss fp32 %s, bf16 %s (%.3f%%)\n", f, b, 100 * d; exit !(f != "" && d <= 0.01) }' ||
+  { echo "FAIL: bf16 validation loss not within 1% of fp32"; fail=1; }
+
+# Repeats, snapshot and resume on the tiny recipe.
+tiny=(--set data.path="$corpus" --set train.steps=10 --set train.val_every=0 --set snapshot.every=5)
+train repeat_a "$repo/recipes/tiny.toml" "${tiny[@]}" "${bf16[@]}"
+train repeat_b "$repo/recipes/tiny.toml" "${tiny[@]}" "${bf16[@]}"
+cmp -s <(losses "$work/repeat_a/metrics.jsonl") <(losses "$work/repeat_b/metrics.jsonl") &&
+  echo "bf16 repeats: identical losses over 10 steps" || { echo "FAIL: two bf16 runs differ"; fail=1; }
+snap=$work/repeat_a/snapshots/step_00000005.h5
+h5dump -a /recipe "$snap" 2>/dev/null | grep -q 'gemm = \\"onednn\\"\|gemm = "onednn"' ||
+  h5dump -d /recipe "$snap" 2>/dev/null | grep -q 'onednn' ||
+  { echo "FAIL: the snapshot's recipe does not record hardware.gemm = onednn"; fail=1; }
+"$titan3d" resume "$snap" --set run.dir="$work/resumed" > "$work/resumed.log" 2>&1 ||
+  { echo "FAIL: resume exited $?"; tail "$work/resumed.log"; exit 1; }
+grep -q "GEMM: onednn-bf16" "$work/resumed.log" ||
+  { echo "FAIL: resume did not continue on onednn-bf16"; grep GEMM "$work/resumed.log"; fail=1; }
+if cmp -s <(losses "$work/repeat_a/metrics.jsonl" | tail -5) <(losses "$work/resumed/metrics.jsonl" | tail -5); then
+  echo "bf16 resume: steps 6-10 identical to the straight run"
+else
+  echo "FAIL: the resumed bf16 run differs from the straight run"; fail=1
+fi
+"$titan3d" resume "$snap" --set run.dir="$work/forced" --set hardware.gemm=openblas > "$work/forced.log" 2>&1 ||
+  { echo "FAIL: forced resume exited $?"; tail "$work/forced.log"; exit 1; }
+grep -q "will not be bit-identical" "$work/forced.log" && grep -q "GEMM: openblas-fp32" "$work/forced.log" &&
+  echo "resume onto another GEMM: warned, ran on openblas-fp32" ||
+  { echo "FAIL: a resume forced onto another GEMM did not say so"; grep -E "GEMM|bit-identical" "$work/forced.log"; fail=1; }
+exit $fail
