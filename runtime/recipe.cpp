@@ -104,6 +104,7 @@ struct TomlType<double> {
   static constexpr const char* name = "float";
   static double get(const toml::value& v, bool& ok, const std::string& key) {
     ok = v.is_floating() || v.is_integer();  // `lr = 1` is a fine float
+    if (v.is_integer()) refuse_clamped_integer(v, key);
     // No key means infinity or NaN (TOML spells them inf and nan; 1e999 overflows to inf).
     // toml11 clamps a literal beyond the double range (1e999) to ±DBL_MAX: refused as well.
     if (v.is_floating() && !(std::abs(v.as_floating()) < std::numeric_limits<double>::max()))
