@@ -35,6 +35,7 @@ struct SpawnPlan {
   std::vector<std::pair<std::string, std::string>> env;  // exported to every rank
   std::vector<std::string> argv;                         // titan3d's own argv, argv[0] first
   std::string log_dir;  // where the ranks' logs go, for the message naming a dead rank
+  double stall_s = 0;   // a rank stopped this long ends the job (mpirun_watch.h); 0: never
 };
 // The mpirun command line that re-executes titan3d as `ranks` ranks.
 std::vector<std::string> mpirun_command(const SpawnPlan& plan, const std::string& self_exe);

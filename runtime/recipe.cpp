@@ -267,7 +267,8 @@ const std::vector<Field>& schema() {
       field("train", "activation_checkpoint", &R::train, &TrainConfig::activation_checkpoint,
             "none | full | every:K (recompute every K-th layer inside a stage)."),
       field("train", "dynamic_loss_scale", &R::train, &TrainConfig::dynamic_loss_scale,
-            "Skip steps with non-finite gradients and adapt a loss scale instead of stopping."),
+            "Skip diverged steps (non-finite or exploding loss or gradients) instead of stopping; "
+            "8 in a row end the run."),
       field("train", "val_every", &R::train, &TrainConfig::val_every,
             "Validation loss every N steps; 0 never."),
       field("train", "val_batches", &R::train, &TrainConfig::val_batches,
