@@ -88,12 +88,12 @@ namespace {
 // The stall watch of run_mpirun_watched: ranks stopped since when, and what was said.
 class StallWatch {
  public:
-  StallWatch(std::string log_dir, double stall_s)
-      : log_dir_(std::move(log_dir)), stall_s_(stall_s) {
+  StallWatch(std::string log_dir, std::string pid_dir, double stall_s)
+      : log_dir_(std::move(log_dir)), pid_dir_(std::move(pid_dir)), stall_s_(stall_s) {
     // Pid files of an earlier job in this run directory name processes that are gone (or reused).
-    if (DIR* d = opendir(log_dir_.c_str())) {
+    if (DIR* d = opendir(pid_dir_.c_str())) {
       while (const dirent* e = readdir(d))
-        if (rank_of(e->d_name) >= 0) unlink((log_dir_ + "/" + e->d_name).c_str());
+        if (rank_of(e->d_name) >= 0) unlink((pid_dir_ + "/" + e->d_name).c_str());
       closedir(d);
     }
   }
@@ -102,9 +102,9 @@ class StallWatch {
   // Once a second: lines to print. Kills a rank stopped for stall_s.
   std::vector<std::string> poll() {
     std::vector<std::string> out;
-    if (stall_s_ <= 0) return out;
+    if (stall_s_ <= 0 || pid_dir_.empty()) return out;
     const auto now = Clock::now();
-    DIR* d = opendir(log_dir_.c_str());
+    DIR* d = opendir(pid_dir_.c_str());
     if (!d) return out;
     int ranks = 0;
     while (const dirent* e = readdir(d)) ranks += rank_of(e->d_name) >= 0;
@@ -112,7 +112,7 @@ class StallWatch {
     while (const dirent* e = readdir(d)) {
       const int rank = rank_of(e->d_name);
       if (rank < 0) continue;
-      std::FILE* f = std::fopen((log_dir_ + "/" + e->d_name).c_str(), "r");
+      std::FILE* f = std::fopen((pid_dir_ + "/" + e->d_name).c_str(), "r");
       int pid = 0;
       if (f) {
         if (std::fscanf(f, "%d", &pid) != 1) pid = 0;
@@ -163,7 +163,7 @@ class StallWatch {
     std::snprintf(buf, sizeof(buf), "%g", s);
     return buf;
   }
-  std::string log_dir_;
+  std::string log_dir_, pid_dir_;
   double stall_s_;
   bool fired_ = false;
   std::map<int, Stopped> stopped_;
@@ -172,7 +172,7 @@ class StallWatch {
 }  // namespace
 
 int run_mpirun_watched(const std::vector<std::string>& argv, const std::string& log_dir,
-                       double stall_s) {
+                       double stall_s, const std::string& pid_dir) {
   int fds[2];
   T3D_ASSERT(pipe(fds) == 0, "pipe: ", std::strerror(errno));
   const pid_t child = fork();
@@ -197,7 +197,7 @@ int run_mpirun_watched(const std::vector<std::string>& argv, const std::string& 
     std::fflush(stderr);
   };
   // mpirun's stderr line by line, and the stall watch once a second in between.
-  StallWatch stalls(log_dir, stall_s);
+  StallWatch stalls(log_dir, pid_dir, stall_s);
   std::string pending;
   char buf[4096];
   for (;;) {

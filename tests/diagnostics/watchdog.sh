@@ -44,10 +44,10 @@ stop_rank() {
     --set run.dir="$dir" >"$work/stop$ranks.out" 2>&1 &
   local job=$!
   for _ in $(seq 120); do
-    [ -s "$dir/logs/rank$victim.pid" ] && grep -q "step " "$work/stop$ranks.out" && break
+    [ -s "$dir/pids/rank$victim.pid" ] && grep -q "step " "$work/stop$ranks.out" && break
     sleep 0.5
   done
-  pid=$(cat "$dir/logs/rank$victim.pid")
+  pid=$(cat "$dir/pids/rank$victim.pid")
   kill -STOP "$pid"
   wait $job; rc=$?
   kill -KILL "$pid" 2>/dev/null  # in case the job did not end it
