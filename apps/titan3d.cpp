@@ -42,7 +42,8 @@ struct Options {
   std::vector<std::string> sets;
   std::string log_level;
   int np = 0;
-  bool trace = false;  // --trace: same as run.trace = true
+  bool trace = false;    // --trace: same as run.trace = true
+  bool dry_run = false;  // --dry-run: validate the recipe and its inputs, start no rank
 };
 
 std::vector<runtime::Override> overrides(const Options& o) {
@@ -94,7 +95,34 @@ int run_training(runtime::Recipe recipe, const Options& o, const std::vector<std
 }
 
 int train(const Options& o, const std::vector<std::string>& argv) {
-  return run_training(runtime::load_recipe(o.recipe, overrides(o)), o, argv);
+  runtime::Recipe recipe = runtime::load_recipe(o.recipe, overrides(o));
+  if (!o.dry_run) return run_training(std::move(recipe), o, argv);
+  // Everything that is checked before a rank starts, and nothing else (docs/recipe.md).
+  runtime::check_inputs(recipe);
+  if (o.np > 0) recipe.resolve_world(o.np);
+  std::printf("recipe ok: %s: pp·dp·cp·tp = %lld·%lld·%lld·%lld = %lld ranks, %lld steps\n",
+              o.recipe.c_str(), static_cast<long long>(recipe.parallel.pp),
+              static_cast<long long>(recipe.parallel.dp), static_cast<long long>(recipe.parallel.cp),
+              static_cast<long long>(recipe.parallel.tp), static_cast<long long>(recipe.world_size()),
+              static_cast<long long>(recipe.train.steps));
+  return 0;
+}
+
+// CLI11 says only "A subcommand is required" for a misspelt verb: name it and list the verbs.
+// Returns the unknown verb, or "" when the first word is a verb (or there is none).
+std::string unknown_verb(const CLI::App& app, int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--log-level") {
+      ++i;
+      continue;
+    }
+    if (!a.empty() && a[0] == '-') continue;
+    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+      if (sub->get_name() == a) return "";
+    return a;
+  }
+  return "";
 }
 
 // The snapshot's own recipe, --set overrides applied, continued from the snapshot.
@@ -251,7 +279,11 @@ int main(int argc, char** argv) {
   train_cmd->add_option("recipe", o.recipe, "Recipe TOML file")->required();
   add_sets(train_cmd);
   train_cmd->add_option("--np", o.np,
-                        "Ranks to spawn when titan3d launches itself and parallel.dp = -1");
+                        "Ranks to spawn when titan3d launches itself and parallel.dp = -1")
+      ->check(CLI::Range(1, 1 << 20));
+  train_cmd->add_flag("--dry-run", o.dry_run,
+                      "Validate the recipe, overrides and input files as a run would before "
+                      "starting any rank; start none (exit 0: fine, 2: a problem)");
   train_cmd->add_flag("--trace", o.trace,
                       "Write a Chrome trace (trace.json in the run directory; run.trace = true)");
 
@@ -272,7 +304,8 @@ int main(int argc, char** argv) {
   selfcheck_cmd->add_flag("--quick", check.quick, "Fewer message sizes and iterations");
   selfcheck_cmd->add_option("--np", o.np,
                             "Ranks to spawn when titan3d launches itself and parallel.dp = -1 "
-                            "(default 2 without a recipe)");
+                            "(default 2 without a recipe)")
+      ->check(CLI::Range(1, 1 << 20));
 
   // `plan` (issue 7): options go straight into runtime::PlanOptions; see docs/planner.md.
   runtime::PlanOptions plan;
@@ -282,7 +315,9 @@ int main(int argc, char** argv) {
   add_sets(plan_cmd);
   plan_cmd->add_option("--cluster", plan.cluster,
                        "Cluster TOML file (recipes/clusters/); default: this machine");
-  plan_cmd->add_option("--top", plan.top, "Rows of the ranked table")->capture_default_str();
+  plan_cmd->add_option("--top", plan.top, "Rows of the ranked table")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   plan_cmd->add_option("--explain", plan.explain,
                        "Show the arithmetic of table row N (0: the recipe's own layout)");
   plan_cmd->add_option("--write-recipe", plan.write_recipe, "Write the best layout as a recipe");
@@ -333,6 +368,14 @@ int main(int argc, char** argv) {
   export_cmd->add_option("snapshot", snapshot, "Snapshot file (.h5)")->required();
   export_cmd->add_option("--out", out_dir, "Output directory")->required();
 
+  if (const std::string verb = unknown_verb(app, argc, argv); !verb.empty()) {
+    std::string verbs;
+    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
+      verbs += (verbs.empty() ? "" : ", ") + sub->get_name();
+    std::fprintf(stderr, "titan3d: unknown verb `%s`; the verbs are %s (titan3d --help)\n",
+                 verb.c_str(), verbs.c_str());
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

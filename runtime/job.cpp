@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "kernels/blas.h"
@@ -58,6 +59,8 @@ SpawnPlan make_spawn_plan(const Recipe& recipe, const std::vector<std::string>& 
   plan.as_root = geteuid() == 0;
   plan.argv = argv;
   plan.log_dir = job_run_dir(recipe.run.dir, detect_launch_env()) + "/logs";
+  plan.stall_s = recipe.parallel.timeout_s;
+  plan.pid_dir = job_run_dir(recipe.run.dir, detect_launch_env()) + "/pids";
   const int threads = threads_per_rank(static_cast<int>(recipe.hardware.threads_per_rank),
                                        plan.cores, plan.ranks);
   plan.threads = threads;
@@ -129,6 +132,11 @@ Job join_world(Recipe recipe, const std::string& log_level_override, bool needs_
     T3D_USER_CHECK(fs::is_directory(job.run_dir + "/logs"), "cannot create run directory `",
                    job.run_dir, "` (run.dir): ", ec.message());
   });
+  // This rank's pid, for the self-launched job's parent: it names (and ends) a rank that stopped
+  // (mpirun_watch.h). Best effort: a job joined from outside has no such parent.
+  std::error_code pid_ec;
+  fs::create_directories(job.run_dir + "/pids", pid_ec);
+  std::ofstream(job.run_dir + "/pids/rank" + std::to_string(rank) + ".pid") << getpid() << "\n";
   const std::string level =
       log_level_override.empty() ? job.recipe.run.log_level : log_level_override;
   setup_logging(shape.label(rank), job.run_dir + "/logs/rank" + std::to_string(rank) + ".log",

@@ -234,7 +234,7 @@ int run_spawned(const SpawnPlan& plan) {
   T3D_ASSERT(n > 0, "cannot resolve /proc/self/exe");
   self[n] = '\0';
   std::fflush(nullptr);
-  return run_mpirun_watched(mpirun_command(plan, self), plan.log_dir);
+  return run_mpirun_watched(mpirun_command(plan, self), plan.log_dir, plan.stall_s, plan.pid_dir);
 }
 
 void exec_mpirun(const SpawnPlan& plan) { std::_Exit(run_spawned(plan)); }

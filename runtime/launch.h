@@ -36,6 +36,8 @@ struct SpawnPlan {
   std::vector<std::pair<std::string, std::string>> env;  // exported to every rank
   std::vector<std::string> argv;                         // titan3d's own argv, argv[0] first
   std::string log_dir;  // where the ranks' logs go, for the message naming a dead rank
+  double stall_s = 0;   // a rank stopped this long ends the job (mpirun_watch.h); 0: never
+  std::string pid_dir;  // where the ranks publish their pids, for that stall watch
 };
 // The mpirun command line that re-executes titan3d as `ranks` ranks. Placement: when ranks ×
 // threads fit the cores, each rank is bound to its own `threads` cores (--map-by slot:PE=n);

@@ -1,9 +1,13 @@
 #include "runtime/mpirun_watch.h"
 
+#include <dirent.h>
+#include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
+#include <map>
 #include <cstdio>
 #include <cstring>
 #include <regex>
@@ -68,7 +72,107 @@ std::vector<std::string> MpirunStderrFilter::finish() {
   return close_banner();
 }
 
-int run_mpirun_watched(const std::vector<std::string>& argv, const std::string& log_dir) {
+char process_state(int pid) {
+  std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (!f) return 0;
+  char buf[512] = {};
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  // "pid (comm) S ...": comm may hold spaces and parentheses, so the state follows the last ')'.
+  const char* close = std::strrchr(buf, ')');
+  return close && close + 2 < buf + n ? close[2] : 0;
+}
+
+namespace {
+
+// The stall watch of run_mpirun_watched: ranks stopped since when, and what was said.
+class StallWatch {
+ public:
+  StallWatch(std::string log_dir, std::string pid_dir, double stall_s)
+      : log_dir_(std::move(log_dir)), pid_dir_(std::move(pid_dir)), stall_s_(stall_s) {
+    // Pid files of an earlier job in this run directory name processes that are gone (or reused).
+    if (DIR* d = opendir(pid_dir_.c_str())) {
+      while (const dirent* e = readdir(d))
+        if (rank_of(e->d_name) >= 0) unlink((pid_dir_ + "/" + e->d_name).c_str());
+      closedir(d);
+    }
+  }
+  bool fired() const { return fired_; }
+
+  // Once a second: lines to print. Kills a rank stopped for stall_s.
+  std::vector<std::string> poll() {
+    std::vector<std::string> out;
+    if (stall_s_ <= 0 || pid_dir_.empty()) return out;
+    const auto now = Clock::now();
+    DIR* d = opendir(pid_dir_.c_str());
+    if (!d) return out;
+    int ranks = 0;
+    while (const dirent* e = readdir(d)) ranks += rank_of(e->d_name) >= 0;
+    rewinddir(d);
+    while (const dirent* e = readdir(d)) {
+      const int rank = rank_of(e->d_name);
+      if (rank < 0) continue;
+      std::FILE* f = std::fopen((pid_dir_ + "/" + e->d_name).c_str(), "r");
+      int pid = 0;
+      if (f) {
+        if (std::fscanf(f, "%d", &pid) != 1) pid = 0;
+        std::fclose(f);
+      }
+      const char state = pid > 0 ? process_state(pid) : 0;
+      if (state != 'T' && state != 't') {
+        stopped_.erase(rank);
+        continue;
+      }
+      auto [it, fresh] = stopped_.try_emplace(rank, Stopped{pid, now, false});
+      const double s = std::chrono::duration<double>(now - it->second.since).count();
+      const std::string who = "rank " + std::to_string(rank) + " (pid " + std::to_string(pid) + ")";
+      if (!it->second.named && s >= stall_s_ / 2) {
+        it->second.named = true;
+        out.push_back("titan3d: stall watchdog: " + who +
+                      " is stopped (SIGSTOP or a debugger) and makes no progress" +
+                      (ranks > 1 ? "; the other ranks wait on it" : "") + ". Its log: " + log_dir_ + "/rank" + std::to_string(rank) +
+                      ".log. `kill -CONT " + std::to_string(pid) + "` resumes it");
+      }
+      if (s >= stall_s_ && !fired_) {
+        fired_ = true;
+        out.push_back("titan3d: stall watchdog: " + who + " stayed stopped for more than " +
+                      fmt_seconds(stall_s_) + " s (parallel.timeout_s); ending the job");
+        kill(pid, SIGKILL);
+      }
+    }
+    closedir(d);
+    return out;
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Stopped {
+    int pid;
+    Clock::time_point since;
+    bool named;
+  };
+  // "rank12.pid" -> 12, anything else -> -1.
+  static int rank_of(const char* name) {
+    int rank = -1, end = 0;
+    if (std::sscanf(name, "rank%d.pid%n", &rank, &end) == 1 && name[end] == '\0' && rank >= 0)
+      return rank;
+    return -1;
+  }
+  static std::string fmt_seconds(double s) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%g", s);
+    return buf;
+  }
+  std::string log_dir_, pid_dir_;
+  double stall_s_;
+  bool fired_ = false;
+  std::map<int, Stopped> stopped_;
+};
+
+}  // namespace
+
+int run_mpirun_watched(const std::vector<std::string>& argv, const std::string& log_dir,
+                       double stall_s, const std::string& pid_dir) {
   int fds[2];
   T3D_ASSERT(pipe(fds) == 0, "pipe: ", std::strerror(errno));
   const pid_t child = fork();
@@ -92,20 +196,33 @@ int run_mpirun_watched(const std::vector<std::string>& argv, const std::string& 
     for (const auto& l : lines) std::fprintf(stderr, "%s\n", l.c_str());
     std::fflush(stderr);
   };
-  std::FILE* in = fdopen(fds[0], "r");
-  char* line = nullptr;
-  size_t cap = 0;
-  for (ssize_t n; (n = getline(&line, &cap, in)) > 0;) {
-    std::string l(line, static_cast<size_t>(n));
-    if (!l.empty() && l.back() == '\n') l.pop_back();
-    print(filter.feed(l));
+  // mpirun's stderr line by line, and the stall watch once a second in between.
+  StallWatch stalls(log_dir, pid_dir, stall_s);
+  std::string pending;
+  char buf[4096];
+  for (;;) {
+    pollfd pfd{fds[0], POLLIN, 0};
+    const int ready = ::poll(&pfd, 1, 1000);
+    if (ready < 0 && errno != EINTR) break;
+    if (ready > 0) {
+      const ssize_t n = read(fds[0], buf, sizeof(buf));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;  // mpirun closed its stderr: it is ending
+      pending.append(buf, static_cast<size_t>(n));
+      for (size_t nl; (nl = pending.find('\n')) != std::string::npos;) {
+        print(filter.feed(pending.substr(0, nl)));
+        pending.erase(0, nl + 1);
+      }
+    }
+    print(stalls.poll());
   }
+  if (!pending.empty()) print(filter.feed(pending));
   print(filter.finish());
-  std::free(line);
-  std::fclose(in);
+  close(fds[0]);
   int status = 0;
   while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
   }
+  if (stalls.fired()) return 3;  // the watchdog's exit code (README: exit codes)
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 

@@ -28,6 +28,17 @@ class MpirunStderrFilter {
 
 // Runs `argv` (mpirun ...) with its stderr through the filter; returns its exit code (128 + signal
 // when it was killed). Ignores SIGINT itself (mpirun, in the same process group, ends the job).
-int run_mpirun_watched(const std::vector<std::string>& argv, const std::string& log_dir);
+//
+// Stall watch (stall_s > 0): every rank on this host publishes its pid in pid_dir/rank<N>.pid
+// (join_world). Once a second the parent reads each one's state from /proc; a rank stopped
+// (SIGSTOP, a debugger) is named after stall_s / 2, before the other ranks' watchdogs (which see
+// only that they wait) fire at stall_s, and killed after stall_s, ending the job with exit 3. A
+// one-rank job has no one else to notice: this is what ends it.
+int run_mpirun_watched(const std::vector<std::string>& argv, const std::string& log_dir,
+                       double stall_s = 0, const std::string& pid_dir = "");
+
+// The scheduler state letter of a process from /proc/<pid>/stat ('R', 'S', 'T' stopped, ...), or
+// 0 when there is no such process.
+char process_state(int pid);
 
 }  // namespace t3d::runtime

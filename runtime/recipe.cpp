@@ -1,13 +1,22 @@
 #include "runtime/recipe.h"
 
+#include <strings.h>
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <climits>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
 #include <toml.hpp>
+#include <type_traits>
 
 #include "kernels/check.h"
 
@@ -43,13 +52,49 @@ struct Field {
   std::string full() const { return section + "." + key; }
 };
 
+// toml11 clamps a decimal or hex literal beyond 64 bits to INT64_MAX / INT64_MIN without a word
+// (istringstream's overflow contract). A value at either limit is therefore re-read from its own
+// token: a literal that does not fit is refused, never clamped.
+// The literal a value was parsed from, as written ("" if toml11 does not know it).
+std::string token_of(const toml::value& v) {
+  const auto loc = v.location();
+  if (loc.column() < 1 || loc.column() - 1 >= loc.line_str().size()) return "";
+  return loc.line_str().substr(loc.column() - 1, loc.region());
+}
+
+void refuse_clamped_integer(const toml::value& v, const std::string& key) {
+  const int64_t x = v.as_integer();
+  if (x != INT64_MAX && x != INT64_MIN) return;
+  std::string token = token_of(v);
+  token.erase(std::remove(token.begin(), token.end(), '_'), token.end());
+  bool fits = false;
+  if (!token.empty()) {
+    std::string digits = token;
+    int base = 10;
+    bool negative = false;
+    if (digits[0] == '+' || digits[0] == '-') negative = digits[0] == '-', digits.erase(0, 1);
+    if (digits.size() > 2 && digits[0] == '0' && std::string("xob").find(digits[1]) != std::string::npos)
+      base = digits[1] == 'x' ? 16 : digits[1] == 'o' ? 8 : 2, digits.erase(0, 2);
+    errno = 0;
+    char* end = nullptr;
+    const std::string text = (negative ? "-" : "") + digits;
+    const long long parsed = std::strtoll(text.c_str(), &end, base);
+    fits = errno == 0 && end && *end == '\0' && parsed == x;
+  }
+  if (!fits)
+    fail(where(v), key,
+         "integer " + (token.empty() ? std::to_string(x) : token) +
+             " does not fit in 64 bits (at most 9223372036854775807); use a smaller value");
+}
+
 template <typename T>
 struct TomlType;
 template <>
 struct TomlType<int64_t> {
   static constexpr const char* name = "integer";
-  static int64_t get(const toml::value& v, bool& ok) {
+  static int64_t get(const toml::value& v, bool& ok, const std::string& key) {
     ok = v.is_integer();
+    if (ok) refuse_clamped_integer(v, key);
     return ok ? v.as_integer() : 0;
   }
   static std::string put(int64_t x) { return std::to_string(x); }
@@ -57,8 +102,13 @@ struct TomlType<int64_t> {
 template <>
 struct TomlType<double> {
   static constexpr const char* name = "float";
-  static double get(const toml::value& v, bool& ok) {
+  static double get(const toml::value& v, bool& ok, const std::string& key) {
     ok = v.is_floating() || v.is_integer();  // `lr = 1` is a fine float
+    if (v.is_integer()) refuse_clamped_integer(v, key);
+    // No key means infinity or NaN (TOML spells them inf and nan; 1e999 overflows to inf).
+    // toml11 clamps a literal beyond the double range (1e999) to ±DBL_MAX: refused as well.
+    if (v.is_floating() && !(std::abs(v.as_floating()) < std::numeric_limits<double>::max()))
+      fail(where(v), key, "must be a finite number, got " + token_of(v));
     return v.is_floating() ? v.as_floating() : ok ? static_cast<double>(v.as_integer()) : 0.0;
   }
   static std::string put(double x) {
@@ -75,7 +125,7 @@ struct TomlType<double> {
 template <>
 struct TomlType<bool> {
   static constexpr const char* name = "boolean";
-  static bool get(const toml::value& v, bool& ok) {
+  static bool get(const toml::value& v, bool& ok, const std::string&) {
     ok = v.is_boolean();
     return ok && v.as_boolean();
   }
@@ -84,7 +134,7 @@ struct TomlType<bool> {
 template <>
 struct TomlType<std::string> {
   static constexpr const char* name = "string";
-  static std::string get(const toml::value& v, bool& ok) {
+  static std::string get(const toml::value& v, bool& ok, const std::string&) {
     ok = v.is_string();
     return ok ? v.as_string().str : std::string();
   }
@@ -100,7 +150,7 @@ struct TomlType<std::string> {
 template <>
 struct TomlType<std::vector<int64_t>> {
   static constexpr const char* name = "array of integers";
-  static std::vector<int64_t> get(const toml::value& v, bool& ok) {
+  static std::vector<int64_t> get(const toml::value& v, bool& ok, const std::string& key) {
     std::vector<int64_t> out;
     ok = v.is_array();
     if (!ok) return out;
@@ -109,6 +159,7 @@ struct TomlType<std::vector<int64_t>> {
         ok = false;
         return {};
       }
+      refuse_clamped_integer(e, key);
       out.push_back(e.as_integer());
     }
     return out;
@@ -131,7 +182,7 @@ Field field(const char* section, const char* key, S Recipe::*sect, T S::*member,
   const std::string full = std::string(section) + "." + key;
   f.read = [=](Recipe& r, const toml::value& v) {
     bool ok = false;
-    T x = TomlType<T>::get(v, ok);
+    T x = TomlType<T>::get(v, ok, full);
     if (!ok)
       fail(where(v), full,
            std::string("expected ") + TomlType<T>::name + ", got " + toml::format(v) +
@@ -218,7 +269,8 @@ const std::vector<Field>& schema() {
       field("train", "activation_checkpoint", &R::train, &TrainConfig::activation_checkpoint,
             "none | full | every:K (recompute every K-th layer inside a stage)."),
       field("train", "dynamic_loss_scale", &R::train, &TrainConfig::dynamic_loss_scale,
-            "Skip steps with non-finite gradients and adapt a loss scale instead of stopping."),
+            "Skip diverged steps (non-finite or exploding loss or gradients) instead of stopping; "
+            "8 in a row end the run."),
       field("train", "val_every", &R::train, &TrainConfig::val_every,
             "Validation loss every N steps; 0 never."),
       field("train", "val_batches", &R::train, &TrainConfig::val_batches,
@@ -269,6 +321,41 @@ const std::vector<Field>& schema() {
 
 // ---- Validation of values and combinations ------------------------------------------------------
 
+// Upper bounds (docs/recipe.md, "Limits"): far beyond any real run, small enough that every size
+// the trainer derives from them fits in 64 bits.
+constexpr int64_t kMaxVocab = int64_t{1} << 24;
+constexpr int64_t kMaxDim = int64_t{1} << 17;
+constexpr int64_t kMaxFfn = int64_t{1} << 20;
+constexpr int64_t kMaxLayers = int64_t{1} << 14;
+constexpr int64_t kMaxSeqLen = int64_t{1} << 24;
+constexpr int64_t kMaxRanks = int64_t{1} << 20;  // each of pp, dp, cp, tp and their product
+constexpr int64_t kMaxBatch = int64_t{1} << 30;  // global_batch, micro_batches, val_batches
+constexpr int64_t kMaxTokensPerStep = int64_t{1} << 36;  // global_batch · seq_len
+constexpr int64_t kMaxSteps = int64_t{1} << 40;
+constexpr double kMaxElements = double(int64_t{1} << 50);  // activations, parameters (floats)
+constexpr int64_t kMaxThreads = 4096;
+constexpr double kMaxBucketMb = 1 << 20;
+constexpr double kMinTimeoutS = 1.0;
+constexpr double kMaxTimeoutS = 1e7;
+constexpr double kMaxHbmGib = 1 << 20;
+
+// OpenBLAS's own core names (DYNAMIC_ARCH builds, x86-64 and arm64), matched case-insensitively
+// as OpenBLAS does; a name it does not know would silently fall back to generic kernels.
+bool is_known_openblas_coretype(const std::string& name) {
+  static const char* const kNames[] = {
+      "auto",      "Katmai",       "Coppermine",  "Northwood",   "Prescott",    "Banias",
+      "Atom",      "Core2",        "Penryn",      "Dunnington",  "Nehalem",     "Athlon",
+      "Opteron",   "Opteron_SSE3", "Barcelona",   "Nano",        "Sandybridge", "Bobcat",
+      "Bulldozer", "Piledriver",   "Haswell",     "Steamroller", "Excavator",   "Zen",
+      "SkylakeX",  "Cooperlake",   "SapphireRapids", "ARMV8",    "CortexA53",   "CortexA55",
+      "CortexA57", "CortexA72",    "CortexA73",   "CortexX1",    "CortexA710",  "NeoverseN1",
+      "NeoverseN2", "NeoverseV1",  "NeoverseV2",  "ThunderX",    "ThunderX2T99", "ThunderX3T110",
+      "TSV110",    "EMAG8180",     "FALKOR",      "A64FX",       "ARMV8SVE"};
+  for (const char* k : kNames)
+    if (strcasecmp(k, name.c_str()) == 0) return true;
+  return false;
+}
+
 class Validator {
  public:
   explicit Validator(const Recipe& r) : r_(r) {}
@@ -296,7 +383,72 @@ void validate(const Recipe& r) {
   const auto& m = r.model;
   const auto& p = r.parallel;
   const auto& t = r.train;
-  const auto is = [](auto x) { return std::to_string(x); };
+  const auto is = [](auto x) {
+    if constexpr (std::is_floating_point_v<decltype(x)>) {
+      std::ostringstream os;
+      os << x;
+      return os.str();
+    } else {
+      return std::to_string(x);
+    }
+  };
+
+  // Upper bounds first: every product below (pp·dp·cp·tp, dp·micro_batches, pp·virtual_stages,
+  // global_batch·seq_len) then fits in 64 bits, and the trainer's sizes cannot overflow.
+  const auto at_most = [&](const std::string& key, int64_t x, int64_t limit) {
+    v.require(x <= limit, key,
+              is(x) + " is larger than " + is(limit) +
+                  ", the most titan3d accepts (docs/recipe.md, \"Limits\")");
+  };
+  at_most("model.vocab_size", m.vocab_size, kMaxVocab);
+  at_most("model.dim", m.dim, kMaxDim);
+  at_most("model.n_layers", m.n_layers, kMaxLayers);
+  at_most("model.n_heads", m.n_heads, kMaxDim);
+  at_most("model.n_kv_heads", m.n_kv_heads, kMaxDim);
+  at_most("model.ffn_dim", m.ffn_dim, kMaxFfn);
+  at_most("model.seq_len", m.seq_len, kMaxSeqLen);
+  for (const char* key : {"parallel.pp", "parallel.dp", "parallel.cp", "parallel.tp"}) {
+    const int64_t x = key == std::string("parallel.pp")   ? p.pp
+                      : key == std::string("parallel.dp") ? p.dp
+                      : key == std::string("parallel.cp") ? p.cp
+                                                          : p.tp;
+    at_most(key, x, kMaxRanks);
+  }
+  at_most("parallel.virtual_stages", p.virtual_stages, kMaxLayers);
+  at_most("train.global_batch", t.global_batch, kMaxBatch);
+  at_most("train.micro_batches", t.micro_batches, kMaxBatch);
+  at_most("train.steps", t.steps, kMaxSteps);
+  at_most("train.warmup_steps", t.warmup_steps, kMaxSteps);
+  at_most("train.val_every", t.val_every, kMaxSteps);
+  at_most("train.val_batches", t.val_batches, kMaxBatch);
+  at_most("train.log_every", t.log_every, kMaxSteps);
+  at_most("snapshot.every", r.snapshot.every, kMaxSteps);
+  at_most("snapshot.keep", r.snapshot.keep, kMaxRanks);
+  at_most("snapshot.full_every", r.snapshot.full_every, kMaxRanks);
+  at_most("hardware.threads_per_rank", r.hardware.threads_per_rank, kMaxThreads);
+  {
+    // Each factor is at most kMaxRanks = 2^20 here, so the products cannot overflow.
+    const int64_t world = p.pp * std::max<int64_t>(p.dp, 1) * p.cp * p.tp;
+    v.require(world <= kMaxRanks, "parallel.dp",
+              "pp·dp·cp·tp = " + is(p.pp) + "·" + is(p.dp) + "·" + is(p.cp) + "·" + is(p.tp) +
+                  " = " + is(world) + " ranks, more than the " + is(kMaxRanks) +
+                  " titan3d accepts");
+  }
+  v.require(t.global_batch * m.seq_len <= kMaxTokensPerStep, "train.global_batch",
+            "global_batch·seq_len = " + is(t.global_batch) + "·" + is(m.seq_len) +
+                " tokens per step is more than " + is(kMaxTokensPerStep) +
+                " (docs/recipe.md, \"Limits\")");
+  v.require(r.parallel.bucket_mb <= kMaxBucketMb, "parallel.bucket_mb",
+            "must be at most " + is(kMaxBucketMb) + " MiB, got " + is(r.parallel.bucket_mb));
+  v.require(p.timeout_s >= kMinTimeoutS && p.timeout_s <= kMaxTimeoutS, "parallel.timeout_s",
+            "must lie in [" + is(kMinTimeoutS) + ", " + is(kMaxTimeoutS) + "] seconds, got " +
+                is(p.timeout_s) + ": a shorter wait mistakes an ordinary step for a hang");
+  v.require(r.hardware.hbm_gib <= kMaxHbmGib, "hardware.hbm_gib",
+            "must be at most " + is(kMaxHbmGib) + " GiB, got " + is(r.hardware.hbm_gib));
+  v.require(is_known_openblas_coretype(r.hardware.openblas_coretype), "hardware.openblas_coretype",
+            "\"" + r.hardware.openblas_coretype +
+                "\" is not an OpenBLAS core name: use auto, or one such as Haswell, SkylakeX, "
+                "Zen, Sandybridge, Nehalem, Core2, Prescott, NeoverseN1, ARMV8");
 
   v.require(m.vocab_size >= 2, "model.vocab_size", "must be at least 2, got " + is(m.vocab_size));
   v.require(m.dim >= 1, "model.dim", "must be positive, got " + is(m.dim));
@@ -380,6 +532,30 @@ void validate(const Recipe& r) {
     v.require(t.global_batch % (p.dp * t.micro_batches) == 0, "train.global_batch",
               "global_batch = " + is(t.global_batch) + " is not divisible by dp·micro_batches = " +
                   is(p.dp) + "·" + is(t.micro_batches));
+  {
+    // The bounds above keep each count in range but not their product: a rough count of one
+    // micro-batch's activations and of the parameters (doubles, no overflow) keeps every byte
+    // size the model derives far inside 64 bits. Below these limits the arena's own check against
+    // hardware.hbm_gib says whether the run fits.
+    const double rows = static_cast<double>(t.global_batch) /
+                        (static_cast<double>(std::max<int64_t>(p.dp, 1)) * t.micro_batches);
+    const double T = static_cast<double>(m.seq_len), L = static_cast<double>(m.n_layers);
+    const double activations =
+        std::max(rows, 1.0) * T *
+        (L * (16.0 * m.dim + 4.0 * m.ffn_dim + static_cast<double>(m.n_heads) * T) +
+         2.0 * m.vocab_size);
+    v.require(activations <= kMaxElements, "train.global_batch",
+              "one micro-batch of global_batch / (dp·micro_batches) = " + is(rows) +
+                  " sequences of seq_len = " + is(m.seq_len) + " needs about " +
+                  is(activations * 4 / double(int64_t{1} << 40)) +
+                  " TiB of activations per rank, far beyond any device; lower "
+                  "train.global_batch or model.seq_len, or raise train.micro_batches");
+    const double params =
+        L * (4.0 * m.dim * m.dim + 3.0 * m.dim * m.ffn_dim) + 2.0 * m.vocab_size * m.dim;
+    v.require(params <= kMaxElements, "model.dim",
+              "the model has about " + is(params) +
+                  " parameters (model.dim, n_layers, ffn_dim, vocab_size), far beyond any device");
+  }
   v.require(t.lr > 0 && std::isfinite(t.lr), "train.lr", "must be a positive number");
   v.require(t.min_lr >= 0 && t.min_lr <= t.lr, "train.min_lr", "must lie in [0, train.lr]");
   v.require(t.warmup_steps >= 0, "train.warmup_steps", "must be ≥ 0");
@@ -395,11 +571,14 @@ void validate(const Recipe& r) {
     const auto& ac = t.activation_checkpoint;
     bool ok = ac == "none" || ac == "full";
     if (ac.rfind("every:", 0) == 0) {
+      // At most 5 digits before converting: K ≤ kMaxLayers, and stoll never sees an overflow.
       const std::string k = ac.substr(6);
-      ok = !k.empty() && std::all_of(k.begin(), k.end(), ::isdigit) && std::stoll(k) >= 1;
+      ok = !k.empty() && k.size() <= 5 && std::all_of(k.begin(), k.end(), ::isdigit) &&
+           std::stoll(k) >= 1 && std::stoll(k) <= kMaxLayers;
     }
     v.require(ok, "train.activation_checkpoint",
-              "\"" + ac + "\" is not one of: none, full, every:K (K ≥ 1)");
+              "\"" + ac + "\" is not one of: none, full, every:K (1 ≤ K ≤ " + is(kMaxLayers) +
+                  ")");
   }
   v.require(t.val_every >= 0, "train.val_every", "must be ≥ 0 (0: never)");
   v.require(t.val_batches >= 1, "train.val_batches", "must be positive");
@@ -424,6 +603,67 @@ void validate(const Recipe& r) {
 
 // ---- Parsing --------------------------------------------------------------------------------
 
+// toml11 parses nested arrays and inline tables by recursion (and frees them so too): a few
+// thousand levels exhaust the stack. Recipes need two, so the text is scanned first and more than
+// kMaxNesting levels of [ or { (outside strings and comments) are refused, naming the line. Dotted
+// keys (a.b.c) nest tables the same way and are bounded alike.
+constexpr int kMaxNesting = 32;
+
+void check_nesting(const std::string& text, const std::string& name) {
+  int depth = 0;
+  size_t line = 1;
+  const auto refuse = [&](const char* what) {
+    throw UserError("recipe error: " + name + (name.rfind("--set", 0) == 0 ? "" : ":" + std::to_string(line)) +
+                    ": " + what + " nested more than " + std::to_string(kMaxNesting) +
+                    " levels deep; a recipe needs at most 2");
+  };
+  int dots = 0;  // dots in the key being read on this line (before '=' or ']')
+  bool in_key = true;
+  std::string open;  // the brackets open here, innermost last
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (c == '\n') {
+      ++line, dots = 0, in_key = depth == 0;
+      continue;
+    }
+    if (c == '#') {  // comment to the end of the line
+      while (i + 1 < text.size() && text[i + 1] != '\n') ++i;
+      continue;
+    }
+    if (c == '"' || c == '\'') {
+      const bool multi = text.compare(i, 3, std::string(3, c)) == 0;
+      const std::string close = multi ? std::string(3, c) : std::string(1, c);
+      size_t j = i + close.size();
+      for (; j < text.size(); ++j) {
+        if (c == '"' && text[j] == '\\') {
+          ++j;
+          continue;
+        }
+        if (text[j] == '\n') {
+          if (!multi) break;  // an unterminated string: toml11 reports it
+          ++line;
+        }
+        if (text.compare(j, close.size(), close) == 0) break;
+      }
+      i = std::min(j + close.size() - 1, text.size());
+      continue;
+    }
+    if (c == '[' || c == '{') {
+      if (++depth > kMaxNesting) refuse("arrays or inline tables");
+      open.push_back(c);
+      if (c == '{') in_key = true;
+    } else if (c == ']' || c == '}') {
+      depth = std::max(0, depth - 1);
+      if (!open.empty()) open.pop_back();
+    } else if (c == '=' || c == ',') {
+      in_key = c == ',' && !open.empty() && open.back() == '{';  // a key follows in { a = 1, b = 2 }
+      dots = 0;
+    } else if (c == '.' && in_key) {
+      if (++dots > kMaxNesting) refuse("dotted keys");
+    }
+  }
+}
+
 toml::value parse_toml(std::istream& in, const std::string& name) {
   try {
     return toml::parse(in, name);
@@ -438,6 +678,10 @@ void apply_override(toml::value& root, const Override& o) {
   T3D_USER_CHECK(dot != std::string::npos && dot > 0 && dot + 1 < o.key.size(),
                  "recipe error: ", label, ": the key must be section.key, e.g. parallel.tp");
   const std::string section = o.key.substr(0, dot), key = o.key.substr(dot + 1);
+  // One line only: a value with a line break would smuggle in more TOML (or be cut at it).
+  T3D_USER_CHECK(o.value.find_first_of("\n\r") == std::string::npos, "recipe error: --set ",
+                 o.key, ": the value spans several lines; give it on one line");
+  check_nesting(o.value, label);
   toml::value value;
   try {
     std::istringstream in("v = " + o.value);
@@ -487,6 +731,7 @@ std::string closest_key(const std::string& unknown) {
 
 Recipe parse_recipe(const std::string& toml_text, const std::string& source_name,
                     const std::vector<Override>& overrides) {
+  check_nesting(toml_text, source_name);
   std::istringstream in(toml_text);
   toml::value root = parse_toml(in, source_name);
   for (const auto& o : overrides) apply_override(root, o);
@@ -537,11 +782,21 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& source_name
 }
 
 Recipe load_recipe(const std::string& path, const std::vector<Override>& overrides) {
+  // A directory opens as an empty stream on Linux: it must not read as an empty recipe.
+  struct stat st {};
+  T3D_USER_CHECK(stat(path.c_str(), &st) == 0, "recipe error: cannot open recipe file `", path,
+                 "`: ", std::strerror(errno),
+                 " (check the path; it is relative to the current directory)");
+  T3D_USER_CHECK(!S_ISDIR(st.st_mode), "recipe error: `", path,
+                 "` is a directory, not a recipe file; give a .toml file such as ", path,
+                 "/default.toml");
   std::ifstream in(path);
-  T3D_USER_CHECK(in.good(), "recipe error: cannot open recipe file `", path,
-                 "`: check the path (it is relative to the current directory)");
+  T3D_USER_CHECK(in.good(), "recipe error: cannot read recipe file `", path, "`: ",
+                 std::strerror(errno), " (check its permissions)");
   std::stringstream text;
   text << in.rdbuf();
+  T3D_USER_CHECK(!in.bad(), "recipe error: cannot read recipe file `", path, "`: ",
+                 std::strerror(errno));
   return parse_recipe(text.str(), path, overrides);
 }
 

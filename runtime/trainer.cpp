@@ -64,6 +64,20 @@ TokenStream load_stream(const std::string& path, const std::string& format, int 
   return load_corpus(path, vocab);
 }
 
+// Divergence (docs/recipe.md, train.dynamic_loss_scale): a mean loss above kDivergedLossFactor ·
+// ln(vocab_size) counts as diverged like a non-finite one. ln(vocab) is the loss of a uniform
+// guess; a hundred times that means logits hundreds of nats apart, which no learning run reaches.
+constexpr double kDivergedLossFactor = 100.0;
+// With train.dynamic_loss_scale, this many diverged steps in a row end the run (exit 2).
+constexpr int64_t kMaxConsecutiveSkips = 8;
+
+// A model part's name in messages: -1 the embedding, n_layers the final norm and LM head.
+std::string unit_name(int64_t unit, int64_t n_layers) {
+  if (unit < 0) return "model.embed_tokens";
+  if (unit >= n_layers) return "model.norm / lm_head";
+  return "model.layers." + std::to_string(unit);
+}
+
 }  // namespace
 
 struct Trainer::Impl {
@@ -85,6 +99,7 @@ struct Trainer::Impl {
   std::unique_ptr<MetricsWriter> metrics;
   std::unique_ptr<Snapshotter> snapshots;
   int64_t first_step = 0;  // > 0 when resumed from a snapshot
+  int64_t consecutive_skips = 0;  // diverged steps in a row (train.dynamic_loss_scale)
   bool holds_loss = false;  // last pipeline stage and tp rank 0: contributes the loss once
   double flops_per_token = 0;
   HostPeaks peaks;
@@ -309,15 +324,85 @@ struct Trainer::Impl {
     return contribution / static_cast<double>(r.train.val_batches * r.train.global_batch * T);
   }
 
-  [[noreturn]] void stop_non_finite(int64_t step, double loss, double norm) {
-    int64_t layer = model->first_nonfinite_layer(executor->max_slots() - 1);
+  bool diverged(double loss, double norm) const {
+    return !std::isfinite(loss) || !std::isfinite(norm) ||
+           loss > kDivergedLossFactor * std::log(static_cast<double>(r.model.vocab_size));
+  }
+
+  // Where a diverged step went wrong, the same text on every rank (collective). Always names a
+  // model part: the first with non-finite parameters, else the first whose stored output is
+  // non-finite, else the first with non-finite gradients, else (all finite, the loss merely
+  // huge) the one with the largest gradient norm.
+  std::string divergence_site() {
+    const int64_t L = r.model.n_layers, none = INT64_MAX;
+    // Per part (index unit + 1): [0] non-finite parameters, [1] non-finite gradients; and the
+    // gradient's sum of squares, counted once per element as in the global norm.
+    std::vector<int64_t> bad_params(L + 2, 0), bad_grads(L + 2, 0);
+    std::vector<double> grad_sq(L + 2, 0.0);
+    const auto& ranges = reducer->partition();
+    const float* grads = reducer->owned_grads();
+    const bool compact = reducer->compact_grads();
+    for (const auto& u : model->grad_units()) {
+      const size_t i = static_cast<size_t>(u.unit + 1);
+      if (r.parallel.zero < 3) {
+        const float* w = model->state().params.data();
+        for (int64_t k = u.range.begin; k < u.range.end; ++k)
+          if (!std::isfinite(w[k])) {
+            bad_params[i] = 1;
+            break;
+          }
+      }
+      if (cp_rank != 0) continue;
+      int64_t at = 0;
+      for (const auto& range : ranges) {
+        const int64_t lo = std::max(range.begin, u.range.begin);
+        const int64_t hi = std::min(range.end, u.range.end);
+        for (int64_t k = lo; k < hi; ++k) {
+          const float g = grads[compact ? at + k - range.begin : k];
+          if (!std::isfinite(g)) bad_grads[i] = 1;
+          else grad_sq[i] += double(g) * g;
+        }
+        at += range.size();
+      }
+    }
+    mesh.world().all_reduce(bad_params.data(), bad_params.size(), parallel::ReduceOp::max);
+    mesh.world().all_reduce(bad_grads.data(), bad_grads.size(), parallel::ReduceOp::max);
+    mesh.world().all_reduce(grad_sq.data(), grad_sq.size());
+    // Stored outputs: every slot, since the schedule leaves different micro-batches in each.
+    int64_t layer = none;
+    for (int slot = 0; slot < executor->max_slots(); ++slot)
+      layer = std::min(layer, model->first_nonfinite_layer(slot));
     mesh.world().all_reduce(&layer, 1, parallel::ReduceOp::min);
-    const std::string where = layer == INT64_MAX ? "no stored activation (only the gradients)"
-                              : layer < 0        ? "model.embed_tokens"
-                                                 : "model.layers." + std::to_string(layer);
-    throw UserError("training diverged at step " + std::to_string(step) + ": loss " +
-                    std::to_string(loss) + ", gradient norm " + std::to_string(norm) +
-                    "; the first non-finite output is " + where +
+    const auto first = [&](const std::vector<int64_t>& bad) -> int64_t {
+      for (size_t i = 0; i < bad.size(); ++i)
+        if (bad[i]) return static_cast<int64_t>(i) - 1;
+      return none;
+    };
+    if (const int64_t u = first(bad_params); u != none)
+      return "the first non-finite parameters are in " + unit_name(u, L);
+    if (layer != none) return "the first non-finite output is " + unit_name(layer, L);
+    if (const int64_t u = first(bad_grads); u != none)
+      return "outputs are finite; the first non-finite gradient is in " + unit_name(u, L);
+    const size_t top =
+        static_cast<size_t>(std::max_element(grad_sq.begin(), grad_sq.end()) - grad_sq.begin());
+    return "outputs and gradients are finite; the largest gradient is in " +
+           unit_name(static_cast<int64_t>(top) - 1, L) + " (norm " +
+           fmt::format("{:.3g}", std::sqrt(grad_sq[top])) + ")";
+  }
+
+  std::string divergence_text(int64_t step, double loss, double norm) {
+    const double bound = kDivergedLossFactor * std::log(static_cast<double>(r.model.vocab_size));
+    return "training diverged at step " + std::to_string(step) + ": loss " +
+           fmt::format("{:.6g}", loss) +
+           (std::isfinite(loss) && loss > bound
+                ? fmt::format(" (above {:.4g} = {} · ln(vocab_size))", bound, kDivergedLossFactor)
+                : "") +
+           ", gradient norm " + fmt::format("{:.6g}", norm) + "; " + divergence_site();
+  }
+
+  [[noreturn]] void stop_diverged(int64_t step, double loss, double norm) {
+    const std::string text = divergence_text(step, loss, norm);
+    throw UserError(text +
                     ". Lower train.lr, keep train.grad_clip on, or set "
                     "train.dynamic_loss_scale = true to skip such steps.");
   }
@@ -383,15 +468,28 @@ struct Trainer::Impl {
       rec.loss = loss;
       rec.grad_norm = norm;
       rec.lr = learning_rate(t, step);
-      if (!std::isfinite(loss) || !std::isfinite(norm)) {
+      // loss and norm are all-reduced: every rank takes the same branch.
+      if (diverged(loss, norm)) {
         // Every rank stops here; agree_on has rank 0 alone print the reason before any rank
         // exits (a rank exiting first could get mpirun to kill rank 0 mid-message).
         if (!t.dynamic_loss_scale)
-          agree_on(mesh.world(), [&] { stop_non_finite(step + 1, loss, norm); });
+          agree_on(mesh.world(), [&] { stop_diverged(step + 1, loss, norm); });
         rec.skipped = true;
-        spdlog::warn("step {}: non-finite loss or gradients; skipped (train.dynamic_loss_scale)",
-                     step + 1);
+        if (++consecutive_skips >= kMaxConsecutiveSkips) {
+          const std::string text = divergence_text(step + 1, loss, norm);
+          agree_on(mesh.world(), [&] {
+            throw UserError("giving up: " + std::to_string(consecutive_skips) +
+                            " steps in a row diverged and were skipped "
+                            "(train.dynamic_loss_scale allows " +
+                            std::to_string(kMaxConsecutiveSkips) + "); the last, " + text +
+                            ". Lower train.lr or keep train.grad_clip on.");
+          });
+        }
+        spdlog::warn("step {}: non-finite or exploding loss or gradients (loss {:.6g}, gradient "
+                     "norm {:.6g}); skipped (train.dynamic_loss_scale, {} in a row)",
+                     step + 1, loss, norm, consecutive_skips);
       } else {
+        consecutive_skips = 0;
         parallel::trace::Span optimizer_span("optimizer", "compute");
         if (t.grad_clip > 0 && norm > t.grad_clip) {
           const float factor = static_cast<float>(t.grad_clip / norm);

@@ -4,6 +4,11 @@
 
 #include "runtime/mpirun_watch.h"
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+
 namespace t3d::runtime {
 namespace {
 
@@ -48,3 +53,20 @@ TEST(MpirunWatch, UnknownBannersPassThrough) {
 
 }  // namespace
 }  // namespace t3d::runtime
+
+// The stall watch reads a rank's state from /proc: a stopped process reads 'T'.
+TEST(ProcessState, StoppedProcessReadsT) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    for (;;) pause();
+  }
+  EXPECT_NE(t3d::runtime::process_state(child), 'T');
+  kill(child, SIGSTOP);
+  int status = 0;
+  waitpid(child, &status, WUNTRACED);
+  EXPECT_EQ(t3d::runtime::process_state(child), 'T');
+  kill(child, SIGKILL);
+  waitpid(child, &status, 0);
+  EXPECT_EQ(t3d::runtime::process_state(child), 0);  // gone
+}

@@ -33,4 +33,33 @@ if [ $rc -ne 0 ] && [ $took -lt 30 ] && grep -qE 'rank 1\b.*(died|killed|signal)
 else
   echo "FAIL dead rank: rc=$rc after ${took}s"; echo "$out" | tail -20; fail=1
 fi
+# A stopped rank (SIGSTOP) is named by the launcher, which reads each rank's state, before the
+# other ranks' watchdogs fire, and the job ends with exit 3; a one-rank job, where no other rank
+# waits, is ended too. stop_rank RANKS RANK: runs the job, stops RANK once training runs.
+stop_rank() {
+  local ranks=$1 victim=$2 dir=$work/stop$1 start pid took
+  start=$(date +%s)
+  T3D_FAULT= timeout 120 "$titan3d" train "$repo/recipes/tiny.toml" "${common[@]}" \
+    --set parallel.dp="$ranks" --set train.steps=100000 --set parallel.timeout_s=4 \
+    --set run.dir="$dir" >"$work/stop$ranks.out" 2>&1 &
+  local job=$!
+  for _ in $(seq 120); do
+    [ -s "$dir/pids/rank$victim.pid" ] && grep -q "step " "$work/stop$ranks.out" && break
+    sleep 0.5
+  done
+  pid=$(cat "$dir/pids/rank$victim.pid")
+  kill -STOP "$pid"
+  wait $job; rc=$?
+  kill -KILL "$pid" 2>/dev/null  # in case the job did not end it
+  took=$(( $(date +%s) - start ))
+  out=$(cat "$work/stop$ranks.out")
+  if [ $rc -eq 3 ] && [ $took -lt 60 ] &&
+     grep -q "^titan3d: stall watchdog: rank $victim (pid $pid) is stopped" <<<"$out"; then
+    echo "ok   rank $victim of $ranks stopped: exit 3 after ${took}s: $(grep -m1 'stall watchdog' <<<"$out")"
+  else
+    echo "FAIL rank $victim of $ranks stopped: rc=$rc after ${took}s"; echo "$out" | grep -v "step " | tail -10; fail=1
+  fi
+}
+stop_rank 4 2
+stop_rank 1 0
 exit $fail

@@ -27,5 +27,27 @@ if [ $rc -ne 2 ] || ! grep -q 'nowhere.toml' <<<"$out"; then echo "FAIL selfchec
 # resume of a file that is not there: a user error naming it.
 out=$("$titan3d" resume x.h5 2>&1); rc=$?
 if [ $rc -ne 2 ] || ! grep -q 'snapshot `x.h5` does not exist' <<<"$out"; then echo "FAIL resume x.h5: rc=$rc $out"; fail=1; else echo "ok   resume x.h5: $out"; fi
+# Issue 13: a directory as the recipe, an unknown verb, nonsense command-line numbers, a --set
+# with extra lines, and a recipe that --dry-run accepts without starting a rank.
+tiny=$here/../../recipes/tiny.toml
+expect_2() {  # expect_2 WHAT NEEDLE CMD...: exit 2 and one message containing NEEDLE
+  local what=$1 needle=$2; shift 2
+  out=$("$@" 2>&1); rc=$?
+  if [ $rc -ne 2 ] || ! grep -qF -- "$needle" <<<"$out" || grep -qiE 'terminate called|internal error' <<<"$out"; then
+    echo "FAIL $what: rc=$rc $out"; fail=1
+  else echo "ok   $what: $(head -1 <<<"$out")"; fi
+}
+deep=$(mktemp --suffix=.toml); trap 'rm -f "$deep"' EXIT
+{ echo "[model]"; printf 'dim = '; printf '[%.0s' $(seq 20000); printf ']%.0s' $(seq 20000); echo; } >"$deep"
+expect_2 "arrays nested 20000 deep" "$deep:2: arrays or inline tables nested more than" "$titan3d" train "$deep"
+expect_2 "directory as recipe" '`'"$here"'/bad_recipes` is a directory' "$titan3d" train "$here/bad_recipes"
+expect_2 "unknown verb" 'unknown verb `trian`' "$titan3d" trian "$tiny"
+expect_2 "--np 0" '--np' "$titan3d" train "$tiny" --np 0
+expect_2 "plan --top -1" '--top' "$titan3d" plan "$tiny" --top -1
+expect_2 "--set with two lines" 'spans several lines' "$titan3d" train "$tiny" --dry-run --set $'run.name=a\nb'
+expect_2 "--set beyond 64 bits" '`train.steps`: integer 99999999999999999999 does not fit' \
+  "$titan3d" train "$tiny" --dry-run --set train.steps=99999999999999999999
+out=$("$titan3d" train "$tiny" --dry-run --set data.path="$0" 2>&1); rc=$?
+if [ $rc -ne 0 ] || ! grep -q '^recipe ok: .*1 ranks' <<<"$out"; then echo "FAIL --dry-run: rc=$rc $out"; fail=1; else echo "ok   --dry-run: $out"; fi
 [ $n -ge 12 ] || { echo "FAIL: only $n malformed recipes"; fail=1; }
 exit $fail

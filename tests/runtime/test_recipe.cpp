@@ -154,3 +154,122 @@ TEST(Recipe, DocsListEveryKey) {
     EXPECT_NE(text.str().find("`" + doc.key + "`"), std::string::npos)
         << doc.key << " is not documented in docs/recipe.md";
 }
+
+// ---- Hostile values (issue 13, items 4, 5 and 12) ----------------------------------------------
+
+namespace {
+// The error of one `--set`, which must name `key` ("" when it parsed).
+std::string set_error(const std::string& set) { return error_of("", {parse_override(set)}); }
+bool names(const std::string& error, const std::string& key) {
+  return error.find("`" + key + "`") != std::string::npos;
+}
+}  // namespace
+
+TEST(RecipeLimits, DeepNestingIsRefusedBeforeTheParserRecurses) {
+  const int n = 20000;  // enough to overflow the stack inside toml11 without the pre-scan
+  const std::string arrays = "[model]\n\nx = " + std::string(n, '[') + std::string(n, ']') + "\n";
+  std::string tables = "[model]\nx = ";
+  for (int i = 0; i < n; ++i) tables += "{a=";
+  tables += "1" + std::string(n, '}') + "\n";
+  std::string dotted = "[model]\n";
+  for (int i = 0; i < n; ++i) dotted += "a.";
+  dotted += "b = 1\n";
+  for (const auto& text : {arrays, tables, dotted}) {
+    const std::string e = error_of(text);
+    EXPECT_NE(e.find("nested more than"), std::string::npos) << e.substr(0, 200);
+  }
+  EXPECT_NE(error_of(arrays).find("r.toml:3"), std::string::npos) << error_of(arrays);
+  // Brackets inside strings and comments are not nesting; shallow nesting parses as before.
+  EXPECT_EQ(error_of("[run]\nname = \"" + std::string(100, '[') + "\" # " + std::string(100, '{') +
+                     "\n[parallel]\npipeline_split = []\n"),
+            "");
+  EXPECT_NE(set_error("parallel.pipeline_split=" + std::string(n, '[') + std::string(n, ']'))
+                .find("nested more than"),
+            std::string::npos);
+}
+
+TEST(RecipeLimits, IntegersBeyond64BitsAreRefusedNotClamped) {
+  for (const char* v : {"99999999999999999999", "-99999999999999999999", "0xFFFFFFFFFFFFFFFFFF",
+                        "9_223_372_036_854_775_808"}) {
+    const std::string e = set_error(std::string("train.steps=") + v);
+    EXPECT_TRUE(names(e, "train.steps")) << e;
+    EXPECT_NE(e.find("does not fit in 64 bits"), std::string::npos) << e;
+  }
+  EXPECT_NE(error_of("[parallel]\npipeline_split = [1, 99999999999999999999]\n")
+                .find("does not fit in 64 bits"),
+            std::string::npos);
+  EXPECT_TRUE(names(error_of("[train]\nseed = 18446744073709551616\n"), "train.seed"));
+  // The limits themselves are fine values.
+  EXPECT_EQ(parse_recipe("[train]\nseed = 9223372036854775807\n", "r.toml").train.seed, INT64_MAX);
+  EXPECT_EQ(parse_recipe("[train]\nseed = -9223372036854775808\n", "r.toml").train.seed, INT64_MIN);
+  EXPECT_EQ(parse_recipe("[train]\nseed = 0x7FFFFFFFFFFFFFFF\n", "r.toml").train.seed, INT64_MAX);
+}
+
+TEST(RecipeLimits, HugeCountsAreRefusedNamingTheKey) {
+  const std::string two62 = "4611686018427387904";
+  const std::pair<std::string, std::string> cases[] = {
+      {"parallel.dp=" + two62, "parallel.dp"},  // dp·micro_batches overflowed to 0: SIGFPE
+      {"train.global_batch=" + two62, "train.global_batch"},
+      {"train.micro_batches=1099511627776", "train.micro_batches"},
+      {"model.n_layers=4294967298", "model.n_layers"},
+      {"parallel.virtual_stages=4611686018427387905", "parallel.virtual_stages"},
+      {"model.seq_len=1000000000", "model.seq_len"},
+      {"model.vocab_size=" + two62, "model.vocab_size"},
+      {"model.dim=" + two62, "model.dim"},
+      {"train.steps=" + two62, "train.steps"},
+      {"parallel.tp=" + two62, "parallel.tp"},
+      {"train.val_batches=" + two62, "train.val_batches"},
+      {"train.activation_checkpoint=\"every:99999999999999999999\"",
+       "train.activation_checkpoint"},
+      {"train.activation_checkpoint=\"every:0\"", "train.activation_checkpoint"},
+  };
+  for (const auto& [set, key] : cases) EXPECT_TRUE(names(set_error(set), key)) << set_error(set);
+  // Each factor within bounds, their product not.
+  EXPECT_TRUE(names(error_of("[parallel]\npp = 1024\ndp = 1024\ntp = 2\n"), "parallel.dp"));
+  EXPECT_TRUE(names(error_of("[model]\nseq_len = 16777216\n[train]\nglobal_batch = 8192\n"),
+                    "train.global_batch"));
+  EXPECT_TRUE(names(error_of("[model]\nseq_len = 1048576\n[train]\nglobal_batch = 64\n"),
+                    "train.global_batch"));  // activations of one micro-batch: petabytes
+  EXPECT_TRUE(names(error_of("[model]\ndim = 131072\nn_layers = 16384\n"), "model.dim"));
+  EXPECT_EQ(error_of("[train]\nactivation_checkpoint = \"every:2\"\n"), "");
+}
+
+TEST(RecipeLimits, NonsenseValuesAreRefusedNamingTheKey) {
+  const std::pair<std::string, std::string> cases[] = {
+      {"parallel.bucket_mb=inf", "parallel.bucket_mb"},
+      {"parallel.bucket_mb=nan", "parallel.bucket_mb"},
+      {"parallel.timeout_s=1e-9", "parallel.timeout_s"},
+      {"parallel.timeout_s=inf", "parallel.timeout_s"},
+      {"hardware.openblas_coretype=bogus", "hardware.openblas_coretype"},
+      {"hardware.hbm_gib=inf", "hardware.hbm_gib"},
+      {"hardware.hbm_gib=1e300", "hardware.hbm_gib"},
+      {"train.lr=1e999", "train.lr"},
+      {"model.rope_theta=inf", "model.rope_theta"},
+      {"train.grad_clip=inf", "train.grad_clip"},
+  };
+  for (const auto& [set, key] : cases) EXPECT_TRUE(names(set_error(set), key)) << set_error(set);
+  EXPECT_EQ(set_error("hardware.openblas_coretype=haswell"), "");  // OpenBLAS ignores case
+  EXPECT_EQ(set_error("parallel.timeout_s=5"), "");
+}
+
+TEST(RecipeLimits, SetValueWithLineBreaksIsRefused) {
+  for (const char* set : {"run.name=a\nb", "train.steps=5\n[model]\ndim = 64", "run.name=a\rb"}) {
+    const std::string e = set_error(set);
+    EXPECT_NE(e.find("spans several lines"), std::string::npos) << e;
+    EXPECT_NE(e.find("--set"), std::string::npos) << e;
+  }
+}
+
+TEST(RecipeLimits, DirectoryIsNotARecipe) {
+  const fs::path dir = fs::temp_directory_path() / "t3d_recipe_dir_test";
+  fs::create_directories(dir);
+  try {
+    load_recipe(dir.string());
+    FAIL() << "a directory was read as a recipe";
+  } catch (const t3d::UserError& e) {
+    EXPECT_NE(std::string(e.what()).find(dir.string()), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
+  }
+  fs::remove(dir);
+  EXPECT_THROW(load_recipe((dir / "missing.toml").string()), t3d::UserError);
+}
