@@ -1,5 +1,5 @@
-// fp32 <-> bf16 conversion. Training is fp32 for now; bf16 is for storage and bytes on the wire
-// (this CPU computes bf16 no faster than fp32, see DESIGN.md).
+// fp32 <-> bf16 conversion: bf16 stored activations, bytes on the wire, and the inputs of bf16
+// GEMMs (kernels/gemm.h).
 #pragma once
 
 #include <cstdint>
@@ -26,7 +26,7 @@ inline float bf16_to_float(bf16 h) {
   return f;
 }
 
-// Branch-free loops: g++ -O3 vectorises them.
+// Arrays: the widest SIMD version this CPU runs, bit-identical to the scalar functions above.
 void float_to_bf16(bf16* out, const float* in, std::int64_t n);  // out (n), in (n)
 void bf16_to_float(float* out, const bf16* in, std::int64_t n);  // out (n), in (n)
 

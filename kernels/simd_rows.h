@@ -32,6 +32,9 @@ struct SimdRows {
   void (*swiglu_fwd)(float* h, const float* gate, const float* up, std::int64_t n);
   void (*swiglu_bwd)(float* dgate, float* dup, const float* dh, const float* gate, const float* up,
                      std::int64_t n);
+  // fp32 <-> bf16 over [0, n), bit-identical to kernels/precision.h's scalar conversions.
+  void (*to_bf16)(std::uint16_t* out, const float* in, std::int64_t n);
+  void (*from_bf16)(float* out, const std::uint16_t* in, std::int64_t n);
 };
 
 extern const SimdRows kSimdRowsSse2, kSimdRowsAvx2, kSimdRowsAvx512;

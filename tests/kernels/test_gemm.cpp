@@ -11,6 +11,7 @@
 //     the fp32 level somewhere, or the "bf16" path would not be rounding at all.
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "kernels/gemm.h"
 #include "kernels/ops.h"
 #include "kernels/precision.h"
+#include "kernels/simd_rows.h"
 #include "reference.h"
 
 namespace t3d::kernels {
@@ -151,6 +153,38 @@ TEST(kernels_gemm, KindNamesRoundTrip) {
   for (GemmKind k : {GemmKind::kOpenBlasF32, GemmKind::kOneDnnF32, GemmKind::kOneDnnBf16})
     EXPECT_EQ(parse_gemm_kind(gemm_kind_name(k)), k);
   EXPECT_FALSE(parse_gemm_kind("onednn"));
+}
+
+}  // namespace
+}  // namespace t3d::kernels
+
+namespace t3d::kernels {
+namespace {
+
+// Every SIMD version of the array conversions gives the scalar conversion's bits: ties to even,
+// NaN quiet, infinities, denormals (kept, not flushed) and signed zeros included.
+TEST(kernels_bf16_conversion, EverySimdVersionMatchesTheScalarBits) {
+  std::vector<float> in = {0.0f, -0.0f, 1.0f, -1.5f, 1e-40f, -3e-42f, 3.4e38f, -3.4e38f};
+  for (std::uint32_t bits : {0x7F800000u, 0xFF800000u, 0x7FC00000u, 0x7F800001u, 0xFFFFFFFFu,
+                             0x3F808000u, 0x3F818000u, 0x3F80FFFFu, 0x7F7FFFFFu})
+    in.push_back(std::bit_cast<float>(bits));  // inf, NaNs, exact ties (even / odd), max float
+  const auto random = ref::random_floats(1003, 9, -1e4f, 1e4f);
+  in.insert(in.end(), random.begin(), random.end());
+  const CpuFeatures f = detect_cpu_features();
+  std::vector<const detail::SimdRows*> versions = {&detail::kSimdRowsSse2};
+  if (f.avx2 && f.fma) versions.push_back(&detail::kSimdRowsAvx2);
+  if (f.avx512f && f.avx512dq && f.avx512bw && f.avx512vl) versions.push_back(&detail::kSimdRowsAvx512);
+  for (const auto* v : versions) {
+    std::vector<bf16> out(in.size());
+    v->to_bf16(out.data(), in.data(), static_cast<std::int64_t>(in.size()));
+    for (std::size_t i = 0; i < in.size(); ++i)
+      ASSERT_EQ(out[i], float_to_bf16(in[i])) << v->isa << " element " << i << " = " << in[i];
+    std::vector<float> back(in.size());
+    v->from_bf16(back.data(), out.data(), static_cast<std::int64_t>(in.size()));
+    for (std::size_t i = 0; i < in.size(); ++i)
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(back[i]), std::bit_cast<std::uint32_t>(bf16_to_float(out[i])))
+          << v->isa << " element " << i;
+  }
 }
 
 }  // namespace
