@@ -3,7 +3,9 @@
 # (MPI tests run under mpirun --oversubscribe inside ctest).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+# python3 runs the recipe fuzzer and the tests' JSON checks; Debian's python3-torch the PyTorch
+# cross-check (tests/use/torch_crosscheck.sh), so no test is skipped for a missing package.
+bash scripts/setup.sh python3 python3-torch
 bash scripts/build.sh
 bash scripts/get_data.sh   # the e2e tests train on the real corpus
 ctest --test-dir build --output-on-failure --timeout 600 "$@"

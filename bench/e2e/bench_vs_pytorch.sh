@@ -85,10 +85,10 @@ declare -A label=([torch_fp32]="PyTorch fp32, 1 × $threads threads" [torch_bf16
   [t_fp32_1rank]="titan3d fp32, 1 rank × $threads threads" [t_fp32_dp]="titan3d fp32, dp=$threads × 1 thread"
   [t_auto_1rank]="titan3d auto, 1 rank × $threads threads" [t_auto_dp]="titan3d auto, dp=$threads × 1 thread"
   [base_1rank]="baseline, 1 rank × $threads threads" [base_dp]="baseline, dp=$threads × 1 thread")
+pct() { awk -v m="$1" 'BEGIN { if (m == "nan") print "-"; else printf "%.1f%%", 100 * m }'; }
 for n in "${names[@]}"; do
-  printf '%-42s %9.0f %7.1f%% %9.1f%%  %s\n' "${label[$n]}" "$(med "${tok[$n]}")" \
-    "$(awk -v m="$(med "${mfu[$n]}")" 'BEGIN { print 100 * m }')" \
-    "$(awk -v m="$(med "${gemm_mfu[$n]}")" 'BEGIN { print 100 * m }')" "${kind[$n]:-}"
+  printf "%-42s %9.0f %8s %10s  %s\n" "${label[$n]}" "$(med "${tok[$n]}")" \
+    "$(pct "$(med "${mfu[$n]}")")" "$(pct "$(med "${gemm_mfu[$n]}")")" "${kind[$n]:-}"
 done
 awk -v pf="$(med "${tok[torch_fp32]}")" -v pb="$(med "${tok[torch_bf16]}")" \
     -v a1="$(med "${tok[t_auto_1rank]}")" -v ad="$(med "${tok[t_auto_dp]}")" \
