@@ -47,7 +47,39 @@ Handle file_access() {
 Handle create_file(const std::string& path) {
   silence_errors();
   const Handle fapl = file_access();
+  T3D_H5(H5Pset_fclose_degree(fapl, H5F_CLOSE_SEMI), path);
   return {T3D_H5(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), path), H5Fclose};
+}
+
+Handle create_memory_file(const std::string& name) {
+  silence_errors();
+  const Handle fapl = file_access();
+  T3D_H5(H5Pset_fclose_degree(fapl, H5F_CLOSE_SEMI), name);
+  T3D_H5(H5Pset_fapl_core(fapl, 1 << 16, /*backing_store=*/0), name);
+  // The oldest superblock that can hold virtual datasets: H5Fget_file_image of an open file with
+  // a newer one (file status flags) does not read back.
+  T3D_H5(H5Pset_libver_bounds(fapl, H5F_LIBVER_EARLIEST, H5F_LIBVER_V110), name);
+  return {T3D_H5(H5Fcreate(name.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), name), H5Fclose};
+}
+
+std::vector<char> file_image(hid_t file, const std::string& what) {
+  T3D_H5(H5Fflush(file, H5F_SCOPE_GLOBAL), what);
+  const ssize_t size = H5Fget_file_image(file, nullptr, 0);
+  T3D_H5(size, what);
+  std::vector<char> image(static_cast<size_t>(size));
+  T3D_H5(H5Fget_file_image(file, image.data(), image.size()), what);
+  return image;
+}
+
+Handle open_image(const std::string& name, const std::vector<char>& image) {
+  silence_errors();
+  const Handle fapl = file_access();
+  T3D_H5(H5Pset_fapl_core(fapl, 1 << 16, /*backing_store=*/0), name);
+  // HDF5 copies the image: it does not outlive this call's argument.
+  T3D_H5(H5Pset_file_image(fapl, const_cast<char*>(image.data()), image.size()), name);
+  // The core driver insists that no file of the name it opens an image under exists.
+  const std::string image_name = name + " (verified image in memory)";
+  return {T3D_H5(H5Fopen(image_name.c_str(), H5F_ACC_RDONLY, fapl), name), H5Fclose};
 }
 
 Handle open_file(const std::string& path) {

@@ -52,9 +52,18 @@ class Handle {
   Closer close_ = nullptr;
 };
 
-// Files: created with the 1.10 format (checksummed metadata, virtual datasets).
+// Files: created with the 1.10 format (checksummed metadata, virtual datasets). A created file
+// refuses to close while any object in it is open (H5F_CLOSE_SEMI), so that the close, which
+// flushes, is the one that reports a full disk instead of a later implicit one swallowing it.
 Handle create_file(const std::string& path);
 Handle open_file(const std::string& path);  // read-only
+// A file only in memory (HDF5's core driver, nothing on disk); `name` for messages. file_image()
+// returns its bytes once every object in it is closed, for the caller to write and check itself.
+Handle create_memory_file(const std::string& name);
+std::vector<char> file_image(hid_t file, const std::string& what);
+// Opens (read-only) a file from its bytes, already read and verified by the caller: HDF5 parses
+// exactly the bytes that were checked. `name` is the file's path, for messages.
+Handle open_image(const std::string& name, const std::vector<char>& image);
 Handle open_dataset(hid_t file, const std::string& path, const std::string& what);
 Handle simple_space(const std::vector<int64_t>& dims);
 // Link-creation property list that makes missing intermediate groups.

@@ -60,6 +60,12 @@ class Snapshotter {
 
 // The recipe stored in a snapshot, with `overrides` applied and snapshot.resume set to the
 // snapshot: what `titan3d resume` runs. UserError naming the file if it is not a snapshot.
+// UserError unless `now` has the [model] shape (every key that changes the tensors) of the
+// recipe stored in snapshot `path`, naming the key and where `now` got it: every verb that reads a
+// snapshot restores or scores exactly the model it holds. `verb`: "resume from", "evaluate"...
+void check_same_model(const std::string& saved_toml, const Recipe& now, const std::string& path,
+                      const std::string& verb);
+
 Recipe load_resume_recipe(const std::string& snapshot, const std::vector<Override>& overrides);
 
 }  // namespace t3d::runtime
