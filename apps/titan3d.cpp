@@ -64,6 +64,7 @@ int run_training(runtime::Recipe recipe, const Options& o, const std::vector<std
 
   runtime::MpiRuntime mpi;
   runtime::Job job = runtime::join_world(std::move(recipe), o.log_level);
+  const runtime::RunLock lock(job);  // one live training job per run directory
   runtime::report_mesh(job);
   const int groups = runtime::verify_mesh_groups(*job.mesh);
   spdlog::info("communicators verified: {} groups per rank (pp, dp, cp, tp), run directory {}",

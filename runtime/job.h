@@ -55,6 +55,23 @@ struct AgreedFailure {
 };
 void agree_on(const parallel::Comm& world, const std::function<void()>& setup);
 
+// The run directory's lock, `<run_dir>/lock`, held by rank 0 of a training job for its life: a
+// second live job writing into the same run directory would interleave its snapshots and metrics
+// with the first's, so it is refused (UserError naming the holder: host, pid, launch id, start
+// time). A lock whose holder is gone (same host, and its pid dead or now another process) is
+// taken over with a warning; one held on another host cannot be checked and is refused, naming
+// the file to delete if that job is known to be dead. Collective.
+class RunLock {
+ public:
+  explicit RunLock(const Job& job);
+  ~RunLock();  // removes the lock file (rank 0), unless another job took it over
+  RunLock(const RunLock&) = delete;
+  RunLock& operator=(const RunLock&) = delete;
+
+ private:
+  std::string path_, content_;  // empty on ranks other than 0
+};
+
 // Every group's all-reduce of world ranks equals the sum over the expected members: the
 // communicators were built right. Returns the number of groups checked; throws on a mismatch.
 int verify_mesh_groups(const parallel::Mesh& mesh);
