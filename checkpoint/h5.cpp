@@ -1,5 +1,7 @@
 #include "checkpoint/h5.h"
 
+#include <unistd.h>
+
 #include "kernels/check.h"
 
 namespace t3d::checkpoint::h5 {
@@ -34,6 +36,28 @@ void Handle::close(const std::string& what) {
   const hid_t id = id_;
   id_ = H5I_INVALID_HID;
   if (id >= 0 && close_) T3D_H5(close_(id), what);
+}
+
+namespace {
+// HDF5 would otherwise close every file still registered at exit. A file whose close failed (a
+// full disk) stays registered half-destroyed, and that exit-time close crashes the process
+// (SIGSEGV after an orderly exit). Every file titan3d writes is closed, checked, before use, and
+// read-only files need no flush, so nothing is lost by skipping it. Must precede any HDF5 call:
+// a static initializer runs before main.
+const bool kNoAtExit = [] {
+  H5dont_atexit();
+  return true;
+}();
+}  // namespace
+
+void Handle::abandon_file(const std::string& path) noexcept {
+  if (id_ < 0) return;
+  if (::truncate(path.c_str(), 0) != 0) {
+  }  // nothing more to free if it fails; the close below is still the best try
+  const hid_t id = id_;
+  id_ = H5I_INVALID_HID;
+  if (H5Fflush(id, H5F_SCOPE_LOCAL) < 0) H5Eclear2(H5E_DEFAULT);
+  if (H5Fclose(id) < 0) H5Eclear2(H5E_DEFAULT);
 }
 
 namespace {

@@ -42,6 +42,10 @@ class Handle {
   operator hid_t() const { return id_; }
   // Closes now and reports a failure (H5Fclose flushes: a full disk shows up here).
   void close(const std::string& what);
+  // Closes a file being written that is to be thrown away after a failure (a full disk): first
+  // truncates it to free its space, so that the flush at close may succeed and HDF5 release the
+  // file; if it still fails, the file's space is free at least. Never throws.
+  void abandon_file(const std::string& path) noexcept;
 
  private:
   void reset() noexcept {

@@ -200,28 +200,35 @@ ShardResult write_shard(const std::string& path, int rank, const std::vector<Sli
                  "cannot create snapshot directory `", fs::path(path).parent_path().string(),
                  "`: ", ec ? ec.message() : "a file of that name is in the way");
   h5::Handle file = h5::create_file(tmp);
-  const h5::Handle lcpl = h5::intermediate_groups();
   ShardResult result;
-  std::string names;
-  std::map<std::string, int> boxes;  // per tensor path: boxes of it written so far
-  for (size_t i = 0; i < slices.size(); ++i) {
-    if (i == slices.size() / 2 && opt.fault.kill) std::raise(SIGKILL);
-    T3D_USER_CHECK(!(i == slices.size() / 2 && opt.fault.fail), "cannot write `", tmp,
-                   "`: injected write failure (T3D_SNAPSHOT_FAULT)");
-    // A ZeRO rank may hold up to three boxes of one tensor (partial row, rows, partial row):
-    // the second and third get a suffix, which the index strips (kBoxSuffix).
-    const int k = boxes[slices[i].path]++;
-    std::string dataset = slices[i].path;
-    if (k) dataset.append(kBoxSuffix).append(std::to_string(k));
-    write_slice(file, lcpl, slices, i, dataset, opt, result, tmp);
-    if (i) names += '\n';
-    if (opt.parent) names += "xor/";
-    names += dataset;
+  try {
+    const h5::Handle lcpl = h5::intermediate_groups();
+    std::string names;
+    std::map<std::string, int> boxes;  // per tensor path: boxes of it written so far
+    for (size_t i = 0; i < slices.size(); ++i) {
+      if (i == slices.size() / 2 && opt.fault.kill) std::raise(SIGKILL);
+      T3D_USER_CHECK(!(i == slices.size() / 2 && opt.fault.fail), "cannot write `", tmp,
+                     "`: injected write failure (T3D_SNAPSHOT_FAULT)");
+      // A ZeRO rank may hold up to three boxes of one tensor (partial row, rows, partial row):
+      // the second and third get a suffix, which the index strips (kBoxSuffix).
+      const int k = boxes[slices[i].path]++;
+      std::string dataset = slices[i].path;
+      if (k) dataset.append(kBoxSuffix).append(std::to_string(k));
+      write_slice(file, lcpl, slices, i, dataset, opt, result, tmp);
+      if (i) names += '\n';
+      if (opt.parent) names += "xor/";
+      names += dataset;
+    }
+    h5::write_attr(file, "format_version", kFormatVersion);
+    h5::write_attr(file, "rank", static_cast<int64_t>(rank));
+    h5::write_attr(file, "tensors", names);
+    // Every object is closed (scoped above): a full disk fails this flush, before the close.
+    T3D_H5(H5Fflush(file, H5F_SCOPE_LOCAL), tmp);
+  } catch (...) {
+    file.abandon_file(tmp);  // the caller discards the temporary
+    throw;
   }
-  h5::write_attr(file, "format_version", kFormatVersion);
-  h5::write_attr(file, "rank", static_cast<int64_t>(rank));
-  h5::write_attr(file, "tensors", names);
-  file.close(tmp);  // flushes: a full disk fails here at the latest
+  file.close(tmp);
   fsync_path(tmp, false);
   result.digest = digest_file(tmp);
   return result;
@@ -356,9 +363,18 @@ std::string write_index(const std::string& dir, const IndexInfo& info) {
   write_file_durably(tmp, image.data(), image.size());
   try {
     SnapshotReader check(tmp);  // re-read from the disk: the bytes and the structure
-    rename_durably(tmp, path);
   } catch (...) {
     discard(path);
+    throw;
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) discard(path);
+  T3D_USER_CHECK(!ec, "cannot rename `", tmp, "` to `", path, "`: ", ec.message());
+  try {
+    fsync_path(dir, true);
+  } catch (...) {
+    fs::remove(path, ec);  // not durable, so not committed: the caller drops its shards
     throw;
   }
   // `latest` is a hint for people and scripts; readers list the directory instead.

@@ -453,6 +453,10 @@ struct Snapshotter::Impl {
         if (!warning.empty()) spdlog::warn("snapshot at step {}: {}", p.step, warning);
         io->run([&] { deleted = ck::retain(dir, r.snapshot.keep); });
       } catch (const std::exception& e) {
+        // Its shards are referenced by nothing: free their space now (a full disk) rather than
+        // at the next commit.
+        std::error_code ec;
+        fs::remove_all(fs::path(dir) / ck::snapshot_name(p.step), ec);
         spdlog::error(
             "snapshot at step {}: writing the index failed: {}; it is not committed, {} "
             "stays the last good one",
