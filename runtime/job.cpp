@@ -3,6 +3,7 @@
 #include <unistd.h>
 #include <spdlog/spdlog.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -146,7 +147,8 @@ Job join_world(Recipe recipe, const std::string& log_level_override, bool needs_
 namespace {
 
 // Start time of process `pid` in clock ticks since boot (/proc/<pid>/stat, field 22), "" if it
-// does not exist: with the pid, it names a process even after its pid is reused.
+// does not exist or has exited (a zombie): with the pid, it names a live process even after its
+// pid is reused.
 std::string process_start(long pid) {
   std::FILE* f = std::fopen(fmt::format("/proc/{}/stat", pid).c_str(), "r");
   if (!f) return "";
@@ -157,8 +159,10 @@ std::string process_start(long pid) {
   if (!p || n == 0) return "";
   std::string rest(p + 1);
   std::istringstream in(rest);
-  std::string field;
-  for (int i = 3; i <= 22 && (in >> field); ++i) {
+  std::string state, field;
+  in >> state;  // field 3
+  if (state == "Z" || state == "X") return "";
+  for (int i = 4; i <= 22 && (in >> field); ++i) {
   }
   return field;
 }
@@ -217,8 +221,17 @@ RunLock::RunLock(const Job& job) {
       const std::string who = fmt::format(
           "host {}, pid {}, launch {}, started {}", host.empty() ? "?" : host, hpid,
           lock_field(holder, "launch"), lock_field(holder, "started"));
-      const bool gone = host == job.hostname && hpid > 0 &&
-                        process_start(hpid) != lock_field(holder, "pid_start");
+      // A holder on this host that is just ending (its launcher already returned) gets a few
+      // seconds to go.
+      const auto holder_gone = [&] {
+        return host == job.hostname && hpid > 0 &&
+               process_start(hpid) != lock_field(holder, "pid_start");
+      };
+      bool gone = holder_gone();
+      for (int i = 0; i < 30 && !gone && host == job.hostname; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        gone = holder_gone();
+      }
       if (!gone) {
         std::remove(tmp.c_str());
         throw UserError(fmt::format(
