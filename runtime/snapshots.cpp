@@ -449,9 +449,8 @@ struct Snapshotter::Impl {
       try {
         std::string warning;
         io->run([&] { warning = ck::write_index(dir, info); });
-        committed = 1;  // durable and re-read: retention failing below does not undo it
+        committed = 1;  // durable and re-read
         if (!warning.empty()) spdlog::warn("snapshot at step {}: {}", p.step, warning);
-        io->run([&] { deleted = ck::retain(dir, r.snapshot.keep); });
       } catch (const std::exception& e) {
         // Its shards are referenced by nothing: free their space now (a full disk) rather than
         // at the next commit.
@@ -464,6 +463,14 @@ struct Snapshotter::Impl {
         if (metrics) metrics->write({{"snapshot_step", double(p.step)}, {"snapshot_ok", 0}});
       }
       index_s = seconds_since(i0);
+      if (committed) {
+        try {  // a failing retention leaves old snapshots behind; it does not undo the commit
+          io->run([&] { deleted = ck::retain(dir, r.snapshot.keep); });
+        } catch (const std::exception& e) {
+          spdlog::warn("snapshot at step {}: removing older snapshots failed: {}", p.step,
+                       e.what());
+        }
+      }
     }
     world.broadcast(&committed, 1, 0);
     uint64_t id = info.id;
