@@ -364,7 +364,8 @@ std::vector<char> read_verified_index(const std::string& path) {
   T3D_USER_CHECK(in, "cannot open snapshot index `", path, "`: ", std::strerror(errno));
   std::vector<char> bytes;
   char buf[1 << 16];
-  for (size_t n; (n = std::fread(buf, 1, sizeof(buf), in)) > 0;) bytes.insert(bytes.end(), buf, buf + n);
+  for (size_t n; (n = std::fread(buf, 1, sizeof(buf), in)) > 0;)
+    bytes.insert(bytes.end(), buf, buf + n);
   const bool failed = std::ferror(in);
   std::fclose(in);
   T3D_USER_CHECK(!failed, "cannot read snapshot index `", path, "`");
@@ -381,8 +382,9 @@ std::vector<char> read_verified_index(const std::string& path) {
                  "not load unchecked. Resume from another snapshot (or read this one with the "
                  "titan3d that wrote it).");
   const uint64_t len = u64_at(n - 16), hash = u64_at(n - 8);
-  T3D_USER_CHECK(len == n - kIndexTrailer, "snapshot index `", path, "` is damaged: ",
-                 n - kIndexTrailer, " bytes before its trailer, which records ", len,
+  T3D_USER_CHECK(len == n - kIndexTrailer, "snapshot index `", path,
+                 "` is damaged: ", n - kIndexTrailer, " bytes before its trailer, which records ",
+                 len,
                  " (truncated, extended, or a flipped byte in the trailer). Resume from another "
                  "snapshot.");
   const uint64_t actual = hash64(bytes.data(), len);

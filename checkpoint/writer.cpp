@@ -384,8 +384,8 @@ std::string write_index(const std::string& dir, const IndexInfo& info) {
     rename_durably(temp_path(latest), latest);
   } catch (const UserError& e) {
     discard(latest);
-    return std::string("could not update `") + latest + "` (it still names an older snapshot): " +
-           e.what();
+    return std::string("could not update `") + latest +
+           "` (it still names an older snapshot): " + e.what();
   }
   return "";
 }

@@ -193,10 +193,13 @@ RunLock::RunLock(const Job& job) {
     const std::time_t now = std::time(nullptr);
     char started[64] = {};
     std::strftime(started, sizeof(started), "%Y-%m-%dT%H:%M:%S%z", std::localtime(&now));
-    const std::string content = fmt::format(
-        "host={}\npid={}\npid_start={}\nlaunch={}\nstarted={}\n", job.hostname, pid,
-        process_start(pid),
-        !job.env.job_id.empty() ? "slurm-" + job.env.job_id : launch ? launch : "none", started);
+    const std::string content =
+        fmt::format("host={}\npid={}\npid_start={}\nlaunch={}\nstarted={}\n", job.hostname, pid,
+                    process_start(pid),
+                    !job.env.job_id.empty() ? "slurm-" + job.env.job_id
+                    : launch                ? launch
+                                            : "none",
+                    started);
     // Written aside and linked into place: the lock appears whole, and link() fails if it exists.
     const std::string tmp = fmt::format("{}.{}.tmp", path, pid);
     {
@@ -218,9 +221,9 @@ RunLock::RunLock(const Job& job) {
       const std::string holder = read_text(path);
       const std::string host = lock_field(holder, "host");
       const long hpid = std::atol(lock_field(holder, "pid").c_str());
-      const std::string who = fmt::format(
-          "host {}, pid {}, launch {}, started {}", host.empty() ? "?" : host, hpid,
-          lock_field(holder, "launch"), lock_field(holder, "started"));
+      const std::string who =
+          fmt::format("host {}, pid {}, launch {}, started {}", host.empty() ? "?" : host, hpid,
+                      lock_field(holder, "launch"), lock_field(holder, "started"));
       // A holder on this host that is just ending (its launcher already returned) gets a few
       // seconds to go.
       const auto holder_gone = [&] {
@@ -237,17 +240,19 @@ RunLock::RunLock(const Job& job) {
         throw UserError(fmt::format(
             "run directory `{}` (run.dir) is in use by another titan3d job ({}): two jobs writing "
             "into one run directory would mix their snapshots and metrics. Wait for that job to "
-            "end, or give this one another run.dir; if that job is known to be dead{}, delete `{}`.",
+            "end, or give this one another run.dir; if that job is known to be dead{}, delete "
+            "`{}`.",
             job.run_dir, who, host == job.hostname ? "" : " (it ran on another host)", path));
       }
-      spdlog::warn("run directory {}: taking over the lock of a job that is gone ({})",
-                   job.run_dir, who);
+      spdlog::warn("run directory {}: taking over the lock of a job that is gone ({})", job.run_dir,
+                   who);
       std::remove(path.c_str());
     }
     std::remove(tmp.c_str());
-    throw UserError(fmt::format("cannot take the run directory's lock `{}`: another job keeps "
-                                "taking it; give this job another run.dir",
-                                path));
+    throw UserError(
+        fmt::format("cannot take the run directory's lock `{}`: another job keeps "
+                    "taking it; give this job another run.dir",
+                    path));
   });
 }
 

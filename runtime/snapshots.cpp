@@ -287,7 +287,8 @@ struct Snapshotter::Impl {
                      ck::to_hex(info.id), "). Is another job writing into ", dir, "?");
       check_same_model(info.recipe, r, c.path, "resume from");
       T3D_USER_CHECK(info.counters.count("step") && info.counters.at("step") == c.step,
-                     "snapshot `", c.path, "` has no step counter, or one that differs from its "
+                     "snapshot `", c.path,
+                     "` has no step counter, or one that differs from its "
                      "step attribute");
       for (const auto& s : slices(param_state().m, mo.m, mo.v, false)) reader.read(s);
       *layout = info.layout;
@@ -323,20 +324,21 @@ struct Snapshotter::Impl {
       if (first_failed == world.size()) {
         // Every rank says what it restored (ranks > 0 into their own logs).
         spdlog::info("resumed from {} after step {}{}", c.path, c.step,
-                       layout == layout_of(r)
-                           ? ""
-                           : fmt::format(" (resharded: {} -> {})", layout, layout_of(r)));
+                     layout == layout_of(r)
+                         ? ""
+                         : fmt::format(" (resharded: {} -> {})", layout, layout_of(r)));
         last_good = c.path;
         return c.step;
       }
       // An explicit snapshot that fails is an error (the failing rank's message, once).
-      if (!latest) agree_on(world, [&] {
+      if (!latest)
+        agree_on(world, [&] {
           if (!error.empty()) throw UserError(error);
         });
       broadcast_string(world, error, first_failed);
       if (mesh.rank() == 0)
-        spdlog::warn("snapshot.resume = latest: skipping {}: rank {} cannot restore it: {}",
-                     c.path, first_failed, error);
+        spdlog::warn("snapshot.resume = latest: skipping {}: rank {} cannot restore it: {}", c.path,
+                     first_failed, error);
       before = c.step;
     }
   }
@@ -600,11 +602,12 @@ void check_same_model(const std::string& saved_toml, const Recipe& now, const st
       {"ffn_dim", {a.ffn_dim, b.ffn_dim}},
       {"tie_embeddings", {a.tie_embeddings, b.tie_embeddings}}};
   for (const auto& [key, v] : keys)
-    T3D_USER_CHECK(v.first == v.second, "cannot ", verb, " `", path, "`: model.", key, " is ",
-                   v.first, " in the snapshot but ", v.second, " in this run (",
-                   now.origin(std::string("model.") + key),
-                   "). A snapshot holds one model: only training, parallel, data and snapshot keys may "
-                   "change, not its [model] shape.");
+    T3D_USER_CHECK(
+        v.first == v.second, "cannot ", verb, " `", path, "`: model.", key, " is ", v.first,
+        " in the snapshot but ", v.second, " in this run (",
+        now.origin(std::string("model.") + key),
+        "). A snapshot holds one model: only training, parallel, data and snapshot keys may "
+        "change, not its [model] shape.");
 }
 
 Recipe load_resume_recipe(const std::string& snapshot, const std::vector<Override>& overrides) {
