@@ -228,7 +228,13 @@ ShardResult write_shard(const std::string& path, int rank, const std::vector<Sli
     file.abandon_file(tmp);  // the caller discards the temporary
     throw;
   }
-  file.close(tmp);
+  try {
+    file.close(tmp);
+  } catch (...) {
+    if (::truncate(tmp.c_str(), 0) != 0) {
+    }  // frees its space even if HDF5 still holds the file; the caller discards it
+    throw;
+  }
   fsync_path(tmp, false);
   result.digest = digest_file(tmp);
   return result;

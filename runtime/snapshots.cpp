@@ -314,10 +314,13 @@ struct Snapshotter::Impl {
       world.broadcast(&c.id, 1, 0);
       if (c.path.empty()) return 0;
       std::string error, layout;
+      bool internal = false;  // every rank must reach the agreement below, whatever it threw
       try {
         load(c, &layout);
       } catch (const UserError& e) {
         error = e.what();
+      } catch (const std::exception& e) {
+        error = e.what(), internal = true;
       }
       int first_failed = error.empty() ? world.size() : world.rank();
       world.all_reduce(&first_failed, 1, parallel::ReduceOp::min);
@@ -333,6 +336,7 @@ struct Snapshotter::Impl {
       // An explicit snapshot that fails is an error (the failing rank's message, once).
       if (!latest)
         agree_on(world, [&] {
+          if (internal) throw InternalError(error);
           if (!error.empty()) throw UserError(error);
         });
       broadcast_string(world, error, first_failed);

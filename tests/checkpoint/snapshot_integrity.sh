@@ -112,6 +112,9 @@ touch "$work/afile"
 out=$(timeout $T "$titan3d" "${base[@]}" --set run.dir="$work/nodir" --set snapshot.dir="$work/afile/snaps" 2>&1); rc=$?
 check "[ $rc -eq 2 ] && grep -q 'snapshot.dir.: cannot write into' <<<\"\$out\" && ! grep -q '\"loss\"' $work/nodir/metrics.jsonl 2>/dev/null" \
   "an unwritable snapshot.dir stops the run before training (rc $rc)" || echo "$out"
+out=$(timeout $T "$titan3d" "${base[@]}" --set run.dir="$work/procdir" --set snapshot.dir=/proc/t3d_snaps 2>&1); rc=$?
+check "[ $rc -eq 2 ] && grep -q 'snapshot.dir.: cannot write into ./proc/t3d_snaps' <<<\"\$out\"" \
+  "snapshot.dir under /proc: exit 2 naming the key (rc $rc)" || echo "$out"
 
 # --- A control character in a string value, and a path with TOML syntax in it, resume. ---
 weird="$work/it's \"q\" #x"
