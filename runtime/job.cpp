@@ -102,7 +102,8 @@ void agree_on(const parallel::Comm& world, const std::function<void()>& setup) {
   throw AgreedFailure{agreed};
 }
 
-Job join_world(Recipe recipe, const std::string& log_level_override, bool needs_data) {
+Job join_world(Recipe recipe, const std::string& log_level_override, bool needs_data,
+               bool lock_run_dir) {
   Job job;
   job.env = detect_launch_env();
   char host[256] = {};
@@ -132,6 +133,7 @@ Job join_world(Recipe recipe, const std::string& log_level_override, bool needs_
     T3D_USER_CHECK(fs::is_directory(job.run_dir + "/logs"), "cannot create run directory `",
                    job.run_dir, "` (run.dir): ", ec.message());
   });
+  if (lock_run_dir) job.lock = std::make_unique<RunLock>(world, job.run_dir, job.hostname, job.env);
   const std::string level =
       log_level_override.empty() ? job.recipe.run.log_level : log_level_override;
   setup_logging(shape.label(rank), job.run_dir + "/logs/rank" + std::to_string(rank) + ".log",
@@ -183,20 +185,20 @@ std::string read_text(const std::string& path) {
 
 }  // namespace
 
-RunLock::RunLock(const Job& job) {
-  const auto& world = job.mesh->world();
+RunLock::RunLock(const parallel::Comm& world, const std::string& run_dir,
+                 const std::string& hostname, const LaunchEnv& env) {
   agree_on(world, [&] {
     if (world.rank() != 0) return;
-    const std::string path = job.run_dir + "/lock";
+    const std::string path = run_dir + "/lock";
     const long pid = static_cast<long>(::getpid());
     const char* launch = std::getenv("PMIX_NAMESPACE");
     const std::time_t now = std::time(nullptr);
     char started[64] = {};
     std::strftime(started, sizeof(started), "%Y-%m-%dT%H:%M:%S%z", std::localtime(&now));
     const std::string content =
-        fmt::format("host={}\npid={}\npid_start={}\nlaunch={}\nstarted={}\n", job.hostname, pid,
+        fmt::format("host={}\npid={}\npid_start={}\nlaunch={}\nstarted={}\n", hostname, pid,
                     process_start(pid),
-                    !job.env.job_id.empty() ? "slurm-" + job.env.job_id
+                    !env.job_id.empty() ? "slurm-" + env.job_id
                     : launch                ? launch
                                             : "none",
                     started);
@@ -227,11 +229,11 @@ RunLock::RunLock(const Job& job) {
       // A holder on this host that is just ending (its launcher already returned) gets a few
       // seconds to go.
       const auto holder_gone = [&] {
-        return host == job.hostname && hpid > 0 &&
+        return host == hostname && hpid > 0 &&
                process_start(hpid) != lock_field(holder, "pid_start");
       };
       bool gone = holder_gone();
-      for (int i = 0; i < 30 && !gone && host == job.hostname; ++i) {
+      for (int i = 0; i < 30 && !gone && host == hostname; ++i) {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
         gone = holder_gone();
       }
@@ -242,9 +244,9 @@ RunLock::RunLock(const Job& job) {
             "into one run directory would mix their snapshots and metrics. Wait for that job to "
             "end, or give this one another run.dir; if that job is known to be dead{}, delete "
             "`{}`.",
-            job.run_dir, who, host == job.hostname ? "" : " (it ran on another host)", path));
+            run_dir, who, host == hostname ? "" : " (it ran on another host)", path));
       }
-      spdlog::warn("run directory {}: taking over the lock of a job that is gone ({})", job.run_dir,
+      spdlog::warn("run directory {}: taking over the lock of a job that is gone ({})", run_dir,
                    who);
       std::remove(path.c_str());
     }

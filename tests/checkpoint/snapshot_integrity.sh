@@ -94,13 +94,15 @@ check "diff <(losses_from $work/straight/metrics.jsonl 3) <(losses $work/agree/m
 
 # --- One live job per run directory. ---
 timeout $T "$titan3d" "${base[@]}" --set train.steps=100000 --set snapshot.every=0 \
-  --set run.dir="$work/locked" >/dev/null 2>&1 &
+  --set run.dir="$work/locked" --set run.log_level=info >/dev/null 2>&1 &
 first=$!
-for _ in $(seq 1 300); do [ -f "$work/locked/lock" ] && break; sleep 0.1; done
+for _ in $(seq 1 300); do grep -qs 'communicators verified' "$work/locked/logs/rank0.log" && break; sleep 0.1; done
 holder=$(sed -n 's/^pid=//p' "$work/locked/lock" 2>/dev/null)
 out=$(timeout $T "$titan3d" "${base[@]}" --set run.dir="$work/locked" 2>&1); rc=$?
 check "[ -n \"$holder\" ] && [ $rc -eq 2 ] && grep -q \"is in use by another titan3d job (host $(hostname), pid $holder\" <<<\"\$out\"" \
   "a second train into a live job's run directory is refused, naming the holder (rc $rc)" || echo "$out"
+check "grep -q 'communicators verified' $work/locked/logs/rank0.log" \
+  "the refused job left the holder's log alone"
 kill -KILL "$holder" 2>/dev/null; wait "$first" 2>/dev/null
 # The holder died without removing its lock: the next job takes it over with a warning.
 out=$(timeout $T "$titan3d" "${base[@]}" --set run.dir="$work/locked" --set run.log_level=warn 2>&1); rc=$?
