@@ -65,7 +65,9 @@ int run_training(runtime::Recipe recipe, const Options& o, const std::vector<std
   runtime::spawn_if_needed(recipe, argv, o.np);  // returns only inside a launcher
 
   runtime::MpiRuntime mpi;
-  runtime::Job job = runtime::join_world(std::move(recipe), o.log_level);
+  // One live training job per run directory: the lock is taken before any log is opened.
+  runtime::Job job = runtime::join_world(std::move(recipe), o.log_level, /*needs_data=*/true,
+                                         /*lock_run_dir=*/true);
   runtime::report_mesh(job);
   const int groups = runtime::verify_mesh_groups(*job.mesh);
   spdlog::info("communicators verified: {} groups per rank (pp, dp, cp, tp), run directory {}",

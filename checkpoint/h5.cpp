@@ -1,5 +1,7 @@
 #include "checkpoint/h5.h"
 
+#include <unistd.h>
+
 #include "kernels/check.h"
 
 namespace t3d::checkpoint::h5 {
@@ -37,6 +39,28 @@ void Handle::close(const std::string& what) {
 }
 
 namespace {
+// HDF5 would otherwise close every file still registered at exit. A file whose close failed (a
+// full disk) stays registered half-destroyed, and that exit-time close crashes the process
+// (SIGSEGV after an orderly exit). Every file titan3d writes is closed, checked, before use, and
+// read-only files need no flush, so nothing is lost by skipping it. Must precede any HDF5 call:
+// a static initializer runs before main.
+const bool kNoAtExit = [] {
+  H5dont_atexit();
+  return true;
+}();
+}  // namespace
+
+void Handle::abandon_file(const std::string& path) noexcept {
+  if (id_ < 0) return;
+  if (::truncate(path.c_str(), 0) != 0) {
+  }  // nothing more to free if it fails; the close below is still the best try
+  const hid_t id = id_;
+  id_ = H5I_INVALID_HID;
+  if (H5Fflush(id, H5F_SCOPE_LOCAL) < 0) H5Eclear2(H5E_DEFAULT);
+  if (H5Fclose(id) < 0) H5Eclear2(H5E_DEFAULT);
+}
+
+namespace {
 Handle file_access() {
   Handle fapl(T3D_H5(H5Pcreate(H5P_FILE_ACCESS), "file access list"), H5Pclose);
   T3D_H5(H5Pset_libver_bounds(fapl, H5F_LIBVER_V110, H5F_LIBVER_V110), "file access list");
@@ -47,7 +71,39 @@ Handle file_access() {
 Handle create_file(const std::string& path) {
   silence_errors();
   const Handle fapl = file_access();
+  T3D_H5(H5Pset_fclose_degree(fapl, H5F_CLOSE_SEMI), path);
   return {T3D_H5(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), path), H5Fclose};
+}
+
+Handle create_memory_file(const std::string& name) {
+  silence_errors();
+  const Handle fapl = file_access();
+  T3D_H5(H5Pset_fclose_degree(fapl, H5F_CLOSE_SEMI), name);
+  T3D_H5(H5Pset_fapl_core(fapl, 1 << 16, /*backing_store=*/0), name);
+  // The oldest superblock that can hold virtual datasets: H5Fget_file_image of an open file with
+  // a newer one (file status flags) does not read back.
+  T3D_H5(H5Pset_libver_bounds(fapl, H5F_LIBVER_EARLIEST, H5F_LIBVER_V110), name);
+  return {T3D_H5(H5Fcreate(name.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), name), H5Fclose};
+}
+
+std::vector<char> file_image(hid_t file, const std::string& what) {
+  T3D_H5(H5Fflush(file, H5F_SCOPE_GLOBAL), what);
+  const ssize_t size = H5Fget_file_image(file, nullptr, 0);
+  T3D_H5(size, what);
+  std::vector<char> image(static_cast<size_t>(size));
+  T3D_H5(H5Fget_file_image(file, image.data(), image.size()), what);
+  return image;
+}
+
+Handle open_image(const std::string& name, const std::vector<char>& image) {
+  silence_errors();
+  const Handle fapl = file_access();
+  T3D_H5(H5Pset_fapl_core(fapl, 1 << 16, /*backing_store=*/0), name);
+  // HDF5 copies the image: it does not outlive this call's argument.
+  T3D_H5(H5Pset_file_image(fapl, const_cast<char*>(image.data()), image.size()), name);
+  // The core driver insists that no file of the name it opens an image under exists.
+  const std::string image_name = name + " (verified image in memory)";
+  return {T3D_H5(H5Fopen(image_name.c_str(), H5F_ACC_RDONLY, fapl), name), H5Fclose};
 }
 
 Handle open_file(const std::string& path) {

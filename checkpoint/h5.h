@@ -42,6 +42,10 @@ class Handle {
   operator hid_t() const { return id_; }
   // Closes now and reports a failure (H5Fclose flushes: a full disk shows up here).
   void close(const std::string& what);
+  // Closes a file being written that is to be thrown away after a failure (a full disk): first
+  // truncates it to free its space, so that the flush at close may succeed and HDF5 release the
+  // file; if it still fails, the file's space is free at least. Never throws.
+  void abandon_file(const std::string& path) noexcept;
 
  private:
   void reset() noexcept {
@@ -52,9 +56,18 @@ class Handle {
   Closer close_ = nullptr;
 };
 
-// Files: created with the 1.10 format (checksummed metadata, virtual datasets).
+// Files: created with the 1.10 format (checksummed metadata, virtual datasets). A created file
+// refuses to close while any object in it is open (H5F_CLOSE_SEMI), so that the close, which
+// flushes, is the one that reports a full disk instead of a later implicit one swallowing it.
 Handle create_file(const std::string& path);
 Handle open_file(const std::string& path);  // read-only
+// A file only in memory (HDF5's core driver, nothing on disk); `name` for messages. file_image()
+// returns its bytes once every object in it is closed, for the caller to write and check itself.
+Handle create_memory_file(const std::string& name);
+std::vector<char> file_image(hid_t file, const std::string& what);
+// Opens (read-only) a file from its bytes, already read and verified by the caller: HDF5 parses
+// exactly the bytes that were checked. `name` is the file's path, for messages.
+Handle open_image(const std::string& name, const std::vector<char>& image);
 Handle open_dataset(hid_t file, const std::string& path, const std::string& what);
 Handle simple_space(const std::vector<int64_t>& dims);
 // Link-creation property list that makes missing intermediate groups.

@@ -1,5 +1,6 @@
 // Reading side of snapshots: verification, the piece catalog and resharded reads.
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <set>
@@ -49,10 +50,11 @@ void check_index_file(const std::string& path) {
   throw UserError("snapshot `" + path + "` does not exist" + hint);
 }
 
-// The index file, opened only if its commit record (`complete`, written last) is there.
+// The index file, verified as bytes and opened only if its commit record (`complete`, written
+// last) is there.
 h5::Handle open_committed_index(const std::string& path) {
   check_index_file(path);
-  h5::Handle f = h5::open_file(path);
+  h5::Handle f = h5::open_image(path, read_verified_index(path));
   T3D_USER_CHECK(h5::has_attr(f, "complete") && h5::read_int_attr(f, "complete", path) == 1,
                  "snapshot `", path,
                  "` is incomplete (no `complete` mark): it was never committed. Resume from an "
@@ -357,16 +359,56 @@ std::string read_recipe(const std::string& index_path) {
   return h5::read_string_attr(f, "recipe", index_path);
 }
 
-std::string find_latest(const std::string& dir, std::vector<std::string>* skipped) {
+std::vector<char> read_verified_index(const std::string& path) {
+  std::FILE* in = std::fopen(path.c_str(), "rb");
+  T3D_USER_CHECK(in, "cannot open snapshot index `", path, "`: ", std::strerror(errno));
+  std::vector<char> bytes;
+  char buf[1 << 16];
+  for (size_t n; (n = std::fread(buf, 1, sizeof(buf), in)) > 0;)
+    bytes.insert(bytes.end(), buf, buf + n);
+  const bool failed = std::ferror(in);
+  std::fclose(in);
+  T3D_USER_CHECK(!failed, "cannot read snapshot index `", path, "`");
+  const auto u64_at = [&](size_t at) {
+    uint64_t v = 0;
+    for (int i = 7; i >= 0; --i) v = v << 8 | static_cast<unsigned char>(bytes[at + i]);
+    return v;
+  };
+  const size_t n = bytes.size();
+  T3D_USER_CHECK(n >= kIndexTrailer && std::memcmp(&bytes[n - kIndexTrailer], kIndexMagic, 8) == 0,
+                 "snapshot index `", path,
+                 "` has no integrity trailer: it is damaged (its end was overwritten or cut off), "
+                 "or it was written by a titan3d without index checksums, which this version does "
+                 "not load unchecked. Resume from another snapshot (or read this one with the "
+                 "titan3d that wrote it).");
+  const uint64_t len = u64_at(n - 16), hash = u64_at(n - 8);
+  T3D_USER_CHECK(len == n - kIndexTrailer, "snapshot index `", path,
+                 "` is damaged: ", n - kIndexTrailer, " bytes before its trailer, which records ",
+                 len,
+                 " (truncated, extended, or a flipped byte in the trailer). Resume from another "
+                 "snapshot.");
+  const uint64_t actual = hash64(bytes.data(), len);
+  T3D_USER_CHECK(actual == hash, "snapshot index `", path, "` is damaged: its hash ",
+                 to_hex(actual), " differs from the ", to_hex(hash),
+                 " recorded in its trailer (a flipped or overwritten byte). Resume from another "
+                 "snapshot.");
+  bytes.resize(len);
+  return bytes;
+}
+
+std::string find_latest(const std::string& dir, std::vector<std::string>* skipped, int64_t before,
+                        const std::function<void(SnapshotReader&)>& accept) {
   auto steps = committed_steps(dir);
   for (auto it = steps.rbegin(); it != steps.rend(); ++it) {
+    if (before >= 0 && *it >= before) continue;
     const std::string path = index_path(dir, *it);
     try {
       SnapshotReader reader(path);
       reader.verify();
+      if (accept) accept(reader);
       return path;
     } catch (const UserError& e) {
-      if (skipped) skipped->push_back(e.what());
+      if (skipped) skipped->push_back(fs::path(path).filename().string() + ": " + e.what());
     }
   }
   return "";

@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -106,9 +107,23 @@ struct IndexInfo {
   uint64_t id = 0, parent_id = 0;
 };
 
-// Writes the index under a temporary name with `complete` set last, fsyncs, renames it into
-// place, then points <dir>/latest at it. Shards must already be published.
-void write_index(const std::string& dir, const IndexInfo& info);
+// The index's own integrity record, kept outside its HDF5 structure so that it is checked before
+// HDF5 parses a byte: the index file is the HDF5 image followed by a trailer of kIndexTrailer
+// bytes, the magic kIndexMagic, the image's length and its hash64 (both u64 little-endian). HDF5
+// ignores bytes past its end of file, so h5py and h5dump still read the index.
+inline constexpr const char kIndexMagic[9] = "T3DIDXH1";
+inline constexpr size_t kIndexTrailer = 24;
+
+// The HDF5 image of index `path`, read whole and checked against its trailer; UserError naming
+// the file and what is wrong (no trailer, truncated, a flipped byte) otherwise.
+std::vector<char> read_verified_index(const std::string& path);
+
+// Builds the index in memory with `complete` set last, writes it with its trailer under a
+// temporary name (every write, fsync and close checked), re-reads and verifies it, renames it into
+// place and fsyncs the directory: when this returns the snapshot is committed and durable. Then
+// points <dir>/latest at it (written aside and renamed, so it is never empty); a failure there is
+// returned as a warning ("" when fine), since the commit stands. Shards must be published.
+std::string write_index(const std::string& dir, const IndexInfo& info);
 
 // Steps of the committed snapshots (an index file exists) in `dir`, ascending. Not verified.
 std::vector<int64_t> committed_steps(const std::string& dir);
@@ -148,8 +163,11 @@ class SnapshotReader {
 // Reads only the recipe text of a snapshot (cheap; for `titan3d resume` before ranks start).
 std::string read_recipe(const std::string& index_path);
 
-// The newest snapshot in `dir` whose index and shards verify, or "" when there is none. Broken
-// ones are skipped, each with its reason appended to `skipped`.
-std::string find_latest(const std::string& dir, std::vector<std::string>* skipped);
+// The newest snapshot in `dir` older than step `before` (-1: any) whose index and shards verify
+// and that `accept` (if given) does not throw on, or "" when there is none. Broken ones are
+// skipped, each with its reason appended to `skipped`.
+std::string find_latest(const std::string& dir, std::vector<std::string>* skipped,
+                        int64_t before = -1,
+                        const std::function<void(SnapshotReader&)>& accept = nullptr);
 
 }  // namespace t3d::checkpoint

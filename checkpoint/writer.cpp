@@ -73,6 +73,25 @@ void rename_durably(const std::string& from, const std::string& to) {
   fsync_path(fs::path(to).parent_path().string(), true);
 }
 
+// Writes `bytes` to `path` (created or truncated), fsyncs and closes it, checking each step: a
+// full disk is reported here, never left as a short or empty file. Removes `path` on failure.
+void write_file_durably(const std::string& path, const char* bytes, size_t size) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  T3D_USER_CHECK(fd >= 0, "cannot create `", path, "`: ", std::strerror(errno));
+  int err = 0;
+  for (size_t done = 0; done < size && !err;) {
+    const ssize_t n = ::write(fd, bytes + done, size - done);
+    if (n < 0 && errno != EINTR) err = errno;
+    if (n > 0) done += static_cast<size_t>(n);
+  }
+  if (!err && ::fsync(fd) != 0) err = errno;
+  if (::close(fd) != 0 && !err) err = errno;
+  if (err) {
+    ::unlink(path.c_str());
+    throw UserError(detail::concat("cannot write `", path, "`: ", std::strerror(err)));
+  }
+}
+
 int64_t volume(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
@@ -181,28 +200,41 @@ ShardResult write_shard(const std::string& path, int rank, const std::vector<Sli
                  "cannot create snapshot directory `", fs::path(path).parent_path().string(),
                  "`: ", ec ? ec.message() : "a file of that name is in the way");
   h5::Handle file = h5::create_file(tmp);
-  const h5::Handle lcpl = h5::intermediate_groups();
   ShardResult result;
-  std::string names;
-  std::map<std::string, int> boxes;  // per tensor path: boxes of it written so far
-  for (size_t i = 0; i < slices.size(); ++i) {
-    if (i == slices.size() / 2 && opt.fault.kill) std::raise(SIGKILL);
-    T3D_USER_CHECK(!(i == slices.size() / 2 && opt.fault.fail), "cannot write `", tmp,
-                   "`: injected write failure (T3D_SNAPSHOT_FAULT)");
-    // A ZeRO rank may hold up to three boxes of one tensor (partial row, rows, partial row):
-    // the second and third get a suffix, which the index strips (kBoxSuffix).
-    const int k = boxes[slices[i].path]++;
-    std::string dataset = slices[i].path;
-    if (k) dataset.append(kBoxSuffix).append(std::to_string(k));
-    write_slice(file, lcpl, slices, i, dataset, opt, result, tmp);
-    if (i) names += '\n';
-    if (opt.parent) names += "xor/";
-    names += dataset;
+  try {
+    const h5::Handle lcpl = h5::intermediate_groups();
+    std::string names;
+    std::map<std::string, int> boxes;  // per tensor path: boxes of it written so far
+    for (size_t i = 0; i < slices.size(); ++i) {
+      if (i == slices.size() / 2 && opt.fault.kill) std::raise(SIGKILL);
+      T3D_USER_CHECK(!(i == slices.size() / 2 && opt.fault.fail), "cannot write `", tmp,
+                     "`: injected write failure (T3D_SNAPSHOT_FAULT)");
+      // A ZeRO rank may hold up to three boxes of one tensor (partial row, rows, partial row):
+      // the second and third get a suffix, which the index strips (kBoxSuffix).
+      const int k = boxes[slices[i].path]++;
+      std::string dataset = slices[i].path;
+      if (k) dataset.append(kBoxSuffix).append(std::to_string(k));
+      write_slice(file, lcpl, slices, i, dataset, opt, result, tmp);
+      if (i) names += '\n';
+      if (opt.parent) names += "xor/";
+      names += dataset;
+    }
+    h5::write_attr(file, "format_version", kFormatVersion);
+    h5::write_attr(file, "rank", static_cast<int64_t>(rank));
+    h5::write_attr(file, "tensors", names);
+    // Every object is closed (scoped above): a full disk fails this flush, before the close.
+    T3D_H5(H5Fflush(file, H5F_SCOPE_LOCAL), tmp);
+  } catch (...) {
+    file.abandon_file(tmp);  // the caller discards the temporary
+    throw;
   }
-  h5::write_attr(file, "format_version", kFormatVersion);
-  h5::write_attr(file, "rank", static_cast<int64_t>(rank));
-  h5::write_attr(file, "tensors", names);
-  file.close(tmp);  // flushes: a full disk fails here at the latest
+  try {
+    file.close(tmp);
+  } catch (...) {
+    if (::truncate(tmp.c_str(), 0) != 0) {
+    }  // frees its space even if HDF5 still holds the file; the caller discards it
+    throw;
+  }
   fsync_path(tmp, false);
   result.digest = digest_file(tmp);
   return result;
@@ -292,10 +324,14 @@ void write_virtual_datasets(hid_t index, const std::string& dir, const IndexInfo
 
 }  // namespace
 
-void write_index(const std::string& dir, const IndexInfo& info) {
+std::string write_index(const std::string& dir, const IndexInfo& info) {
   const std::string path = index_path(dir, info.step), tmp = temp_path(path);
+  T3D_USER_CHECK(!info.shards.empty(), "snapshot ", path, " has no shards");
+  // Built in memory: HDF5 never writes to the disk, so a full disk is an error of our own checked
+  // write below, and no half-flushed HDF5 file is left open in the library.
+  std::vector<char> image;
   {
-    h5::Handle f = h5::create_file(tmp);
+    h5::Handle f = h5::create_memory_file(tmp);
     h5::write_attr(f, "format_version", kFormatVersion);
     h5::write_attr(f, "step", info.step);
     h5::write_attr(f, "recipe", info.recipe);
@@ -311,28 +347,53 @@ void write_index(const std::string& dir, const IndexInfo& info) {
       bytes.push_back(static_cast<int64_t>(s.bytes));
       hashes.push_back(s.hash);
     }
-    T3D_USER_CHECK(!info.shards.empty(), "snapshot ", path, " has no shards");
     h5::write_attr(f, "shard_files", files);
     h5::write_attr(f, "shard_bytes", bytes);
     h5::write_attr(f, "shard_hash", hashes);
-    const h5::Handle state(
-        T3D_H5(H5Gcreate2(f, "state", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), tmp), H5Gclose);
-    for (const auto& [key, value] : info.counters) h5::write_attr(state, key, value);
+    {
+      h5::Handle state(T3D_H5(H5Gcreate2(f, "state", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), tmp),
+                       H5Gclose);
+      for (const auto& [key, value] : info.counters) h5::write_attr(state, key, value);
+      state.close(tmp + ":/state");
+    }
     write_virtual_datasets(f, dir, info, tmp);
     h5::write_attr(f, "complete", int64_t{1});  // last: the commit mark
+    image = h5::file_image(f, tmp);
     f.close(tmp);
   }
-  fsync_path(tmp, false);
-  rename_durably(tmp, path);
-  // `latest` is a hint for people and scripts; readers list the directory instead.
-  const std::string latest = dir + "/latest";
-  {
-    std::FILE* out = std::fopen(temp_path(latest).c_str(), "w");
-    T3D_USER_CHECK(out, "cannot write `", temp_path(latest), "`: ", std::strerror(errno));
-    std::fprintf(out, "%s\n", fs::path(path).filename().c_str());
-    std::fclose(out);
+  // The trailer: the index's own hash, checked before HDF5 parses it (read_verified_index).
+  const uint64_t len = image.size(), hash = hash64(image.data(), image.size());
+  image.insert(image.end(), kIndexMagic, kIndexMagic + 8);
+  for (const uint64_t v : {len, hash})
+    for (int i = 0; i < 8; ++i) image.push_back(static_cast<char>(v >> (8 * i) & 0xff));
+  write_file_durably(tmp, image.data(), image.size());
+  try {
+    SnapshotReader check(tmp);  // re-read from the disk: the bytes and the structure
+  } catch (...) {
+    discard(path);
+    throw;
   }
-  rename_durably(temp_path(latest), latest);
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) discard(path);
+  T3D_USER_CHECK(!ec, "cannot rename `", tmp, "` to `", path, "`: ", ec.message());
+  try {
+    fsync_path(dir, true);
+  } catch (...) {
+    fs::remove(path, ec);  // not durable, so not committed: the caller drops its shards
+    throw;
+  }
+  // `latest` is a hint for people and scripts; readers list the directory instead.
+  const std::string latest = dir + "/latest", name = fs::path(path).filename().string() + "\n";
+  try {
+    write_file_durably(temp_path(latest), name.data(), name.size());
+    rename_durably(temp_path(latest), latest);
+  } catch (const UserError& e) {
+    discard(latest);
+    return std::string("could not update `") + latest +
+           "` (it still names an older snapshot): " + e.what();
+  }
+  return "";
 }
 
 std::vector<int64_t> committed_steps(const std::string& dir) {
@@ -356,7 +417,7 @@ std::optional<int64_t> parent_step(const std::string& dir, int64_t step) {
   static const std::regex kIndex(R"(step_(\d{8})\.h5)");
   try {
     const std::string path = index_path(dir, step);
-    const h5::Handle f = h5::open_file(path);
+    const h5::Handle f = h5::open_image(path, read_verified_index(path));
     const std::string parent = h5::read_string_attr(f, "parent", path);
     std::smatch m;
     if (parent.empty()) return -1;

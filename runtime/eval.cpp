@@ -22,6 +22,7 @@
 #include "runtime/executor.h"
 #include "runtime/gemm_choice.h"
 #include "runtime/model.h"
+#include "runtime/snapshots.h"
 
 namespace t3d::runtime {
 
@@ -69,6 +70,7 @@ Recipe load_eval_recipe(const std::string& snapshot, const std::vector<Override>
     own_dir |= o.key == "run.dir";
   }
   Recipe r = parse_recipe(text, snapshot + " (recipe)", all);
+  check_same_model(text, r, snapshot, "evaluate");  // --set model.n_layers=2 would score a part
   // Rank logs go beside the training run's, not over them.
   if (!own_dir) r.run.dir += "/eval";
   return r;

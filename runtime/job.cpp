@@ -3,11 +3,14 @@
 #include <unistd.h>
 #include <spdlog/spdlog.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "kernels/blas.h"
@@ -102,7 +105,8 @@ void agree_on(const parallel::Comm& world, const std::function<void()>& setup) {
   throw AgreedFailure{agreed};
 }
 
-Job join_world(Recipe recipe, const std::string& log_level_override, bool needs_data) {
+Job join_world(Recipe recipe, const std::string& log_level_override, bool needs_data,
+               bool lock_run_dir) {
   Job job;
   job.env = detect_launch_env();
   char host[256] = {};
@@ -137,6 +141,7 @@ Job join_world(Recipe recipe, const std::string& log_level_override, bool needs_
   std::error_code pid_ec;
   fs::create_directories(job.run_dir + "/pids", pid_ec);
   std::ofstream(job.run_dir + "/pids/rank" + std::to_string(rank) + ".pid") << getpid() << "\n";
+  if (lock_run_dir) job.lock = std::make_unique<RunLock>(world, job.run_dir, job.hostname, job.env);
   const std::string level =
       log_level_override.empty() ? job.recipe.run.log_level : log_level_override;
   setup_logging(shape.label(rank), job.run_dir + "/logs/rank" + std::to_string(rank) + ".log",
@@ -147,6 +152,123 @@ Job join_world(Recipe recipe, const std::string& log_level_override, bool needs_
   }
   job.mesh = std::make_unique<parallel::Mesh>(shape, std::move(world));
   return job;
+}
+
+namespace {
+
+// Start time of process `pid` in clock ticks since boot (/proc/<pid>/stat, field 22), "" if it
+// does not exist or has exited (a zombie): with the pid, it names a live process even after its
+// pid is reused.
+std::string process_start(long pid) {
+  std::FILE* f = std::fopen(fmt::format("/proc/{}/stat", pid).c_str(), "r");
+  if (!f) return "";
+  char buf[4096] = {};
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  const char* p = std::strrchr(buf, ')');  // the command name may hold spaces and parentheses
+  if (!p || n == 0) return "";
+  std::string rest(p + 1);
+  std::istringstream in(rest);
+  std::string state, field;
+  in >> state;  // field 3
+  if (state == "Z" || state == "X") return "";
+  for (int i = 4; i <= 22 && (in >> field); ++i) {
+  }
+  return field;
+}
+
+std::string lock_field(const std::string& text, const std::string& key) {
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(key + "=", 0) == 0) return line.substr(key.size() + 1);
+  return "";
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+}  // namespace
+
+RunLock::RunLock(const parallel::Comm& world, const std::string& run_dir,
+                 const std::string& hostname, const LaunchEnv& env) {
+  agree_on(world, [&] {
+    if (world.rank() != 0) return;
+    const std::string path = run_dir + "/lock";
+    const long pid = static_cast<long>(::getpid());
+    const char* launch = std::getenv("PMIX_NAMESPACE");
+    const std::time_t now = std::time(nullptr);
+    char started[64] = {};
+    std::strftime(started, sizeof(started), "%Y-%m-%dT%H:%M:%S%z", std::localtime(&now));
+    const std::string content =
+        fmt::format("host={}\npid={}\npid_start={}\nlaunch={}\nstarted={}\n", hostname, pid,
+                    process_start(pid),
+                    !env.job_id.empty() ? "slurm-" + env.job_id
+                    : launch                ? launch
+                                            : "none",
+                    started);
+    // Written aside and linked into place: the lock appears whole, and link() fails if it exists.
+    const std::string tmp = fmt::format("{}.{}.tmp", path, pid);
+    {
+      std::ofstream out(tmp);
+      out << content;
+      out.close();
+      T3D_USER_CHECK(out.good(), "cannot write the run directory's lock `", tmp, "` (run.dir)");
+    }
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      if (::link(tmp.c_str(), path.c_str()) == 0) {
+        std::remove(tmp.c_str());
+        path_ = path, content_ = content;
+        return;
+      }
+      const int err = errno;
+      if (err != EEXIST) std::remove(tmp.c_str());
+      T3D_USER_CHECK(err == EEXIST, "cannot create the run directory's lock `", path,
+                     "` (run.dir): ", std::strerror(err));
+      const std::string holder = read_text(path);
+      const std::string host = lock_field(holder, "host");
+      const long hpid = std::atol(lock_field(holder, "pid").c_str());
+      const std::string who =
+          fmt::format("host {}, pid {}, launch {}, started {}", host.empty() ? "?" : host, hpid,
+                      lock_field(holder, "launch"), lock_field(holder, "started"));
+      // A holder on this host that is just ending (its launcher already returned) gets a few
+      // seconds to go.
+      const auto holder_gone = [&] {
+        return host == hostname && hpid > 0 &&
+               process_start(hpid) != lock_field(holder, "pid_start");
+      };
+      bool gone = holder_gone();
+      for (int i = 0; i < 30 && !gone && host == hostname; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        gone = holder_gone();
+      }
+      if (!gone) {
+        std::remove(tmp.c_str());
+        throw UserError(fmt::format(
+            "run directory `{}` (run.dir) is in use by another titan3d job ({}): two jobs writing "
+            "into one run directory would mix their snapshots and metrics. Wait for that job to "
+            "end, or give this one another run.dir; if that job is known to be dead{}, delete "
+            "`{}`.",
+            run_dir, who, host == hostname ? "" : " (it ran on another host)", path));
+      }
+      spdlog::warn("run directory {}: taking over the lock of a job that is gone ({})", run_dir,
+                   who);
+      std::remove(path.c_str());
+    }
+    std::remove(tmp.c_str());
+    throw UserError(
+        fmt::format("cannot take the run directory's lock `{}`: another job keeps "
+                    "taking it; give this job another run.dir",
+                    path));
+  });
+}
+
+RunLock::~RunLock() {
+  // Only our own lock: a job that wrongly took it over keeps its own.
+  if (!path_.empty() && read_text(path_) == content_) std::remove(path_.c_str());
 }
 
 int verify_mesh_groups(const parallel::Mesh& mesh) {

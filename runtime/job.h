@@ -34,6 +34,25 @@ void spawn_if_needed(const Recipe& recipe, const std::vector<std::string>& argv,
 SpawnPlan make_spawn_plan(const Recipe& recipe, const std::vector<std::string>& argv,
                           int np_override);
 
+// The run directory's lock, `<run_dir>/lock`, held by rank 0 of a training job for its life: a
+// second live job writing into the same run directory would interleave its snapshots and metrics
+// with the first's, so it is refused (UserError naming the holder: host, pid, launch id, start
+// time). A lock whose holder is gone (same host, and its pid dead or now another process) is
+// taken over with a warning; one held on another host cannot be checked and is refused, naming
+// the file to delete if that job is known to be dead. Collective over `world`; taken before any
+// rank opens its log, so a refused job does not truncate the holder's logs.
+class RunLock {
+ public:
+  RunLock(const parallel::Comm& world, const std::string& run_dir, const std::string& hostname,
+          const LaunchEnv& env);
+  ~RunLock();  // removes the lock file (rank 0), unless another job took it over
+  RunLock(const RunLock&) = delete;
+  RunLock& operator=(const RunLock&) = delete;
+
+ private:
+  std::string path_, content_;  // empty on ranks other than 0
+};
+
 struct Job {
   Recipe recipe;
   LaunchEnv env;
@@ -41,12 +60,15 @@ struct Job {
   std::string run_dir;  // run.dir, or run.dir/slurm-<job id> under SLURM (job_run_dir)
   std::string hostname;
   std::vector<std::string> hosts;  // host name of every world rank
+  std::unique_ptr<RunLock> lock;   // training jobs only (join_world's `lock_run_dir`)
 };
 
-// Inside the world: resolves dp = -1, builds the mesh and its communicators, the run directory and
-// per-rank logs; warns when a tensor-parallel group straddles hosts. Collective; a failure on any
-// rank is agreed on and reported once.
-Job join_world(Recipe recipe, const std::string& log_level_override, bool needs_data = true);
+// Inside the world: resolves dp = -1, builds the mesh and its communicators, the run directory
+// (and its lock, with `lock_run_dir`: a job that writes snapshots) and per-rank logs; warns when a
+// tensor-parallel group straddles hosts. Collective; a failure on any rank is agreed on and
+// reported once.
+Job join_world(Recipe recipe, const std::string& log_level_override, bool needs_data = true,
+               bool lock_run_dir = false);
 
 // Runs `setup` on every rank, then agrees: if any rank threw, the lowest such rank prints its error
 // (only that one copy reaches the console) and every rank throws AgreedFailure with its exit code.

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <climits>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -138,14 +139,7 @@ struct TomlType<std::string> {
     ok = v.is_string();
     return ok ? v.as_string().str : std::string();
   }
-  static std::string put(const std::string& x) {
-    std::string out = "\"";
-    for (char c : x) {
-      if (c == '"' || c == '\\') out += '\\';
-      out += c;
-    }
-    return out + "\"";
-  }
+  static std::string put(const std::string& x) { return toml_string(x); }
 };
 template <>
 struct TomlType<std::vector<int64_t>> {
@@ -699,6 +693,46 @@ void apply_override(toml::value& root, const Override& o) {
 }
 
 }  // namespace
+
+std::string toml_string(const std::string& s) {
+  std::string out = "\"";
+  for (const char ch : s) {
+    const auto c = static_cast<unsigned char>(ch);
+    switch (c) {
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\b':
+        out += "\\b";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\f':
+        out += "\\f";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      default:
+        // TOML forbids raw control characters (and DEL) in a basic string.
+        if (c < 0x20 || c == 0x7f) {
+          char esc[8];
+          std::snprintf(esc, sizeof(esc), "\\u%04X", c);
+          out += esc;
+        } else {
+          out += ch;
+        }
+    }
+  }
+  return out + "\"";
+}
 
 Override parse_override(const std::string& text) {
   const auto eq = text.find('=');

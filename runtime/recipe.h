@@ -120,6 +120,10 @@ struct Override {
 };
 Override parse_override(const std::string& text);  // UserError on "a.b" without '='
 
+// `s` as a TOML basic string literal that parses back to exactly `s`: quotes, backslashes and
+// every control character escaped. Use it to splice any text (a path, a name) into TOML.
+std::string toml_string(const std::string& s);
+
 // Parse, apply overrides, validate. UserError naming the file, line and key on any problem.
 Recipe load_recipe(const std::string& path, const std::vector<Override>& overrides = {});
 Recipe parse_recipe(const std::string& toml_text, const std::string& source_name,

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <future>
@@ -32,25 +33,32 @@ double seconds_since(Clock::time_point t) {
 // The sections of the state a snapshot holds, as dataset-path prefixes.
 constexpr const char* kSections[] = {"model/", "optim/exp_avg/", "optim/exp_avg_sq/"};
 
-// A snapshot cannot change the shape of the model; other keys (steps, layout, lr...) may change.
-void check_same_model(const std::string& saved_toml, const Recipe& now, const std::string& path) {
-  const Recipe saved = parse_recipe(saved_toml, path + " (recipe)");
-  const auto& a = saved.model;
-  const auto& b = now.model;
-  const std::pair<const char*, std::pair<int64_t, int64_t>> keys[] = {
-      {"vocab_size", {a.vocab_size, b.vocab_size}},
-      {"dim", {a.dim, b.dim}},
-      {"n_layers", {a.n_layers, b.n_layers}},
-      {"n_heads", {a.n_heads, b.n_heads}},
-      {"n_kv_heads", {a.n_kv_heads, b.n_kv_heads}},
-      {"ffn_dim", {a.ffn_dim, b.ffn_dim}},
-      {"tie_embeddings", {a.tie_embeddings, b.tie_embeddings}}};
-  for (const auto& [key, v] : keys)
-    T3D_USER_CHECK(v.first == v.second, "cannot resume from `", path, "`: model.", key, " is ",
-                   v.first, " in the snapshot but ", v.second, " in this run (",
-                   now.origin(std::string("model.") + key),
-                   "). A snapshot restores the same model; only training, parallel and snapshot "
-                   "keys may change.");
+// UserError naming snapshot.dir unless this rank can create `dir` and a file in it: a run whose
+// snapshots can never be written must not train for hours first.
+void check_writable_dir(const std::string& dir, const std::string& origin, int rank) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  std::string why = ec ? ec.message() : !fs::is_directory(dir) ? "it is not a directory" : "";
+  if (why.empty()) {
+    const std::string probe = fmt::format("{}/.write_probe.rank{}", dir, rank);
+    std::FILE* f = std::fopen(probe.c_str(), "w");
+    if (!f) why = std::strerror(errno);
+    if (f && (std::fputc('x', f) == EOF || std::fflush(f) != 0)) why = std::strerror(errno);
+    if (f && std::fclose(f) != 0 && why.empty()) why = std::strerror(errno);
+    std::remove(probe.c_str());
+  }
+  T3D_USER_CHECK(why.empty(), "recipe error: ", origin, ": `snapshot.dir`: cannot write into `",
+                 dir, "` on rank ", rank, ": ", why,
+                 ". Point snapshot.dir at a writable directory that every rank sees, or set "
+                 "snapshot.every = 0 to train without snapshots.");
+}
+
+// `s` of rank `root` on every rank of `comm` (collective).
+void broadcast_string(const parallel::Comm& comm, std::string& s, int root = 0) {
+  uint64_t n = s.size();
+  comm.broadcast(&n, 1, root);
+  s.resize(n);
+  if (n) comm.broadcast(s.data(), n, root);
 }
 
 std::string layout_of(const Recipe& r) {
@@ -216,40 +224,127 @@ struct Snapshotter::Impl {
     return out;
   }
 
-  int64_t restore() {
-    std::string path = r.snapshot.resume;
-    if (path.empty()) return 0;
-    if (path == "latest") {
-      std::vector<std::string> skipped;
-      io->run([&] { path = ck::find_latest(dir, &skipped); });
-      for (const auto& why : skipped)
-        if (mesh.rank() == 0) spdlog::warn("snapshot.resume = latest: skipping {}", why);
-      if (path.empty()) {
-        if (mesh.rank() == 0)
-          spdlog::info("snapshot.resume = latest: no complete snapshot in {}; starting fresh", dir);
-        return 0;
-      }
+  // What rank 0 resolved snapshot.resume to; every rank restores exactly this.
+  struct Choice {
+    std::string path;
+    int64_t step = 0;
+    uint64_t id = 0;
+  };
+
+  // Rank 0: the snapshot to restore, verified (index, chain, every shard's hash for `latest`,
+  // and the model's shape), older than step `before` when a newer one failed to restore. An
+  // empty path: start fresh. UserError when there is nothing good to restore.
+  Choice resolve(int64_t before, int64_t* seen) {
+    const std::string& want = r.snapshot.resume;
+    Choice c;
+    const auto accept = [&](ck::SnapshotReader& reader) {
+      check_same_model(reader.info().recipe, r, reader.path(), "resume from");
+      c.step = reader.info().step;
+      c.id = reader.info().id;
+    };
+    if (want != "latest") {
+      io->run([&] {
+        ck::SnapshotReader reader(want);  // shards are checked by each rank as it reads them
+        accept(reader);
+      });
+      c.path = want;
+      return c;
     }
+    std::vector<std::string> skipped;
+    io->run([&] {
+      const auto steps = ck::committed_steps(dir);
+      *seen = std::max<int64_t>(*seen, static_cast<int64_t>(steps.size()));
+      // Test hook: this rank's listing misses the newest snapshot, as a stale attribute cache of
+      // a shared file system (or a snapshot committed just after listing) would have it.
+      if (const char* stale = std::getenv("T3D_TEST_STALE_LISTING");
+          stale && std::atoi(stale) == mesh.rank() && !steps.empty())
+        before = before < 0 ? steps.back() : std::min(before, steps.back());
+      c.path = ck::find_latest(dir, &skipped, before, accept);
+    });
+    for (const auto& why : skipped) spdlog::warn("snapshot.resume = latest: skipping {}", why);
+    if (c.path.empty() && *seen > 0)
+      throw UserError(fmt::format(
+          "snapshot.resume = latest: none of the {} snapshot(s) in {} can be restored (the "
+          "reasons are above); refusing to start from scratch over them. Resume a named good "
+          "snapshot (snapshot.resume = PATH), move the damaged ones away, or set snapshot.resume "
+          "= \"\" to start fresh on purpose.",
+          *seen, dir));
+    if (c.path.empty())
+      spdlog::info("snapshot.resume = latest: no snapshot in {}; starting fresh", dir);
+    return c;
+  }
+
+  // Reads this rank's state from `c`, refusing a snapshot that is not the one rank 0 resolved.
+  void load(const Choice& c, std::string* layout) {
     const Moments mo = moments();
     T3D_USER_CHECK(mo.m && mo.v, "resume needs the optimizer state");
-    int64_t step = 0;
-    std::string layout;
     io->run([&] {
-      ck::SnapshotReader reader(path);
-      check_same_model(reader.info().recipe, r, path);
+      ck::SnapshotReader reader(c.path);
+      const auto& info = reader.info();
+      T3D_USER_CHECK(info.step == c.step && info.id == c.id, "snapshot `", c.path,
+                     "` changed while the job started: rank 0 resolved step ", c.step, " (id ",
+                     ck::to_hex(c.id), "), this rank reads step ", info.step, " (id ",
+                     ck::to_hex(info.id), "). Is another job writing into ", dir, "?");
+      check_same_model(info.recipe, r, c.path, "resume from");
+      T3D_USER_CHECK(info.counters.count("step") && info.counters.at("step") == c.step,
+                     "snapshot `", c.path,
+                     "` has no step counter, or one that differs from its "
+                     "step attribute");
       for (const auto& s : slices(param_state().m, mo.m, mo.v, false)) reader.read(s);
-      const auto& c = reader.info().counters;
-      T3D_USER_CHECK(c.count("step"), "snapshot `", path, "` has no step counter");
-      step = c.at("step");
-      layout = reader.info().layout;
+      *layout = info.layout;
     });
-    if (mesh.rank() == 0)
-      spdlog::info("resumed from {} after step {}{}", path, step,
-                   layout == layout_of(r)
-                       ? ""
-                       : fmt::format(" (resharded: {} -> {})", layout, layout_of(r)));
-    last_good = path;
-    return step;
+  }
+
+  // Collective. Rank 0 resolves snapshot.resume and verifies it; every rank restores exactly that
+  // snapshot (path, step and id broadcast), so ranks never restore different steps even when the
+  // directory changes under them. With `latest`, a snapshot that fails to restore on any rank is
+  // skipped (rank 0 names it and the reason) for the next older one.
+  int64_t restore() {
+    if (r.snapshot.resume.empty()) return 0;
+    const auto& world = mesh.world();
+    const bool latest = r.snapshot.resume == "latest";
+    int64_t before = -1, seen = 0;
+    for (;;) {
+      Choice c;
+      agree_on(world, [&] {
+        if (world.rank() == 0) c = resolve(before, &seen);
+      });
+      broadcast_string(world, c.path);
+      world.broadcast(&c.step, 1, 0);
+      world.broadcast(&c.id, 1, 0);
+      if (c.path.empty()) return 0;
+      std::string error, layout;
+      bool internal = false;  // every rank must reach the agreement below, whatever it threw
+      try {
+        load(c, &layout);
+      } catch (const UserError& e) {
+        error = e.what();
+      } catch (const std::exception& e) {
+        error = e.what(), internal = true;
+      }
+      int first_failed = error.empty() ? world.size() : world.rank();
+      world.all_reduce(&first_failed, 1, parallel::ReduceOp::min);
+      if (first_failed == world.size()) {
+        // Every rank says what it restored (ranks > 0 into their own logs).
+        spdlog::info("resumed from {} after step {}{}", c.path, c.step,
+                     layout == layout_of(r)
+                         ? ""
+                         : fmt::format(" (resharded: {} -> {})", layout, layout_of(r)));
+        last_good = c.path;
+        return c.step;
+      }
+      // An explicit snapshot that fails is an error (the failing rank's message, once).
+      if (!latest)
+        agree_on(world, [&] {
+          if (internal) throw InternalError(error);
+          if (!error.empty()) throw UserError(error);
+        });
+      broadcast_string(world, error, first_failed);
+      if (mesh.rank() == 0)
+        spdlog::warn("snapshot.resume = latest: skipping {}: rank {} cannot restore it: {}", c.path,
+                     first_failed, error);
+      before = c.step;
+    }
   }
 
   void start(int64_t step) {
@@ -358,12 +453,15 @@ struct Snapshotter::Impl {
       }
       const auto i0 = Clock::now();
       try {
-        io->run([&] {
-          ck::write_index(dir, info);
-          deleted = ck::retain(dir, r.snapshot.keep);
-        });
-        committed = 1;
+        std::string warning;
+        io->run([&] { warning = ck::write_index(dir, info); });
+        committed = 1;  // durable and re-read
+        if (!warning.empty()) spdlog::warn("snapshot at step {}: {}", p.step, warning);
       } catch (const std::exception& e) {
+        // Its shards are referenced by nothing: free their space now (a full disk) rather than
+        // at the next commit.
+        std::error_code ec;
+        fs::remove_all(fs::path(dir) / ck::snapshot_name(p.step), ec);
         spdlog::error(
             "snapshot at step {}: writing the index failed: {}; it is not committed, {} "
             "stays the last good one",
@@ -371,11 +469,20 @@ struct Snapshotter::Impl {
         if (metrics) metrics->write({{"snapshot_step", double(p.step)}, {"snapshot_ok", 0}});
       }
       index_s = seconds_since(i0);
+      if (committed) {
+        try {  // a failing retention leaves old snapshots behind; it does not undo the commit
+          io->run([&] { deleted = ck::retain(dir, r.snapshot.keep); });
+        } catch (const std::exception& e) {
+          spdlog::warn("snapshot at step {}: removing older snapshots failed: {}", p.step,
+                       e.what());
+        }
+      }
     }
     world.broadcast(&committed, 1, 0);
     uint64_t id = info.id;
     world.broadcast(&id, 1, 0);
-    if (!committed) return;
+    if (!committed) return failed(p.step);
+    failed_steps.clear();
 
     last_good = ck::index_path(dir, p.step);
     if (r.snapshot.full_every > 1) {
@@ -422,6 +529,29 @@ struct Snapshotter::Impl {
         "good snapshot is {}. Training continues.",
         p.step, first_failed, message, last_good.empty() ? "none" : last_good);
     if (metrics) metrics->write({{"snapshot_step", double(p.step)}, {"snapshot_ok", 0}});
+    failed(p.step);
+  }
+
+  // Snapshots that failed since the last commit (every rank agrees on them). A run whose
+  // snapshots keep failing stops rather than train on with nothing saved.
+  std::vector<int64_t> failed_steps;
+  static constexpr size_t kMaxFailedInARow = 3;
+
+  void failed(int64_t step) {
+    failed_steps.push_back(step);
+    if (failed_steps.size() >= kMaxFailedInARow) give_up("stopping the run");
+  }
+
+  // Collective; throws AgreedFailure (exit 2) with one message from rank 0.
+  void give_up(const std::string& what) {
+    agree_on(mesh.world(), [&] {
+      if (mesh.rank() != 0) return;
+      throw UserError(fmt::format(
+          "snapshots failed at step(s) {} with none committed since (snapshot.dir = {}; the "
+          "errors are above); {}: the training state since {} is not saved. Free space or fix "
+          "snapshot.dir, then resume from the last good snapshot.",
+          fmt::join(failed_steps, ", "), dir, what, last_good.empty() ? "the start" : last_good));
+    });
   }
 };
 
@@ -430,6 +560,7 @@ Snapshotter::Snapshotter(const Job& job, Model& model, MetricsWriter* metrics)
   auto& m = *impl_;
   m.io = std::make_unique<ck::IoThread>();
   if (m.r.snapshot.every <= 0) return;
+  check_writable_dir(m.dir, m.r.origin("snapshot.dir"), m.mesh.rank());
   if (m.r.snapshot.deflate > 0) m.io->run(ck::require_deflate);
   // Staging is allocated and touched now, so the first snapshot's stall is a plain copy.
   const auto n = static_cast<size_t>(m.param_state().floats);
@@ -457,6 +588,30 @@ void Snapshotter::after_step(int64_t steps_done, bool last) {
 
 void Snapshotter::finish() {
   if (impl_->pending) impl_->commit();
+  // The run's last snapshot failed: its final state is lost, which is not a success.
+  if (!impl_->failed_steps.empty()) impl_->give_up("the run ends without its final state");
+}
+
+void check_same_model(const std::string& saved_toml, const Recipe& now, const std::string& path,
+                      const std::string& verb) {
+  const Recipe saved = parse_recipe(saved_toml, path + " (recipe)");
+  const auto& a = saved.model;
+  const auto& b = now.model;
+  const std::pair<const char*, std::pair<int64_t, int64_t>> keys[] = {
+      {"vocab_size", {a.vocab_size, b.vocab_size}},
+      {"dim", {a.dim, b.dim}},
+      {"n_layers", {a.n_layers, b.n_layers}},
+      {"n_heads", {a.n_heads, b.n_heads}},
+      {"n_kv_heads", {a.n_kv_heads, b.n_kv_heads}},
+      {"ffn_dim", {a.ffn_dim, b.ffn_dim}},
+      {"tie_embeddings", {a.tie_embeddings, b.tie_embeddings}}};
+  for (const auto& [key, v] : keys)
+    T3D_USER_CHECK(
+        v.first == v.second, "cannot ", verb, " `", path, "`: model.", key, " is ", v.first,
+        " in the snapshot but ", v.second, " in this run (",
+        now.origin(std::string("model.") + key),
+        "). A snapshot holds one model: only training, parallel, data and snapshot keys may "
+        "change, not its [model] shape.");
 }
 
 Recipe load_resume_recipe(const std::string& snapshot, const std::vector<Override>& overrides) {
@@ -464,7 +619,7 @@ Recipe load_resume_recipe(const std::string& snapshot, const std::vector<Overrid
   // touched by one thread at a time.
   const std::string text = ck::read_recipe(snapshot);
   auto all = overrides;
-  all.push_back({"snapshot.resume", "'" + snapshot + "'"});  // a TOML literal string
+  all.push_back({"snapshot.resume", toml_string(snapshot)});  // any path, quoted and escaped
   return parse_recipe(text, snapshot + " (recipe)", all);
 }
 

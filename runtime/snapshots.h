@@ -35,8 +35,8 @@ class MetricsWriter;
 
 class Snapshotter {
  public:
-  // `metrics`: rank 0's writer (null elsewhere). Allocates the host staging memory when
-  // snapshot.every > 0.
+  // `metrics`: rank 0's writer (null elsewhere). When snapshot.every > 0, checks that this rank
+  // can write into snapshot.dir (UserError naming the key) and allocates the host staging memory.
   Snapshotter(const Job& job, Model& model, MetricsWriter* metrics);
   ~Snapshotter();  // lets a write in flight finish; an uncommitted snapshot stays unpublished
   Snapshotter(const Snapshotter&) = delete;
@@ -44,13 +44,17 @@ class Snapshotter {
 
   // Restores parameters and optimizer moments from snapshot.resume ("" none, "latest", or a
   // path), resharding to this rank's layout. Returns the number of steps already taken (0 for a
-  // fresh start). No collectives: safe inside agree_on.
+  // fresh start). Collective, outside agree_on: rank 0 resolves and verifies the snapshot, every
+  // rank restores exactly that one (path, step and id broadcast); `latest` falls back past any
+  // snapshot that fails on some rank. A failure is agreed on and reported once (AgreedFailure).
   int64_t restore();
 
   // After optimizer step `steps_done` on every rank (collective): commits a finished snapshot,
-  // starts one when due (every `snapshot.every` steps and at the last step).
+  // starts one when due (every `snapshot.every` steps and at the last step). Three failed
+  // snapshots in a row end the run (AgreedFailure, exit 2).
   void after_step(int64_t steps_done, bool last);
-  // Waits for the snapshot in flight and commits it (collective).
+  // Waits for the snapshot in flight and commits it (collective). If the run's last snapshot
+  // failed, its final state is lost: AgreedFailure (exit 2).
   void finish();
 
  private:
@@ -60,6 +64,12 @@ class Snapshotter {
 
 // The recipe stored in a snapshot, with `overrides` applied and snapshot.resume set to the
 // snapshot: what `titan3d resume` runs. UserError naming the file if it is not a snapshot.
+// UserError unless `now` has the [model] shape (every key that changes the tensors) of the
+// recipe stored in snapshot `path`, naming the key and where `now` got it: every verb that reads a
+// snapshot restores or scores exactly the model it holds. `verb`: "resume from", "evaluate"...
+void check_same_model(const std::string& saved_toml, const Recipe& now, const std::string& path,
+                      const std::string& verb);
+
 Recipe load_resume_recipe(const std::string& snapshot, const std::vector<Override>& overrides);
 
 }  // namespace t3d::runtime

@@ -188,6 +188,10 @@ struct Trainer::Impl {
       metrics = std::make_unique<MetricsWriter>(job.run_dir + "/metrics.jsonl",
                                                 /*append=*/!r.snapshot.resume.empty());
     snapshots = std::make_unique<Snapshotter>(job, *model, metrics.get());
+  }
+
+  // Collective, after build() succeeded on every rank: ranks agree on the snapshot they restore.
+  void restore() {
     first_step = snapshots->restore();
     if (r.parallel.zero == 3) reducer->gather_params(nullptr);  // restored: gathers are stale
   }
@@ -570,6 +574,7 @@ struct Trainer::Impl {
 
 Trainer::Trainer(const Job& job) : impl_(std::make_unique<Impl>(job)) {
   agree_on(job.mesh->world(), [&] { impl_->build(); });
+  impl_->restore();
 }
 
 Trainer::~Trainer() = default;

@@ -62,13 +62,14 @@ check "[ $rc -eq 0 ] && grep -q 'resumed from .*step_00000002.h5 after step 2' <
 # A write that fails (injected, as a full disk would) and one that cannot even start (a file is
 # in the way of the shard directory): reported, nothing committed, the last good one kept.
 out=$(T3D_SNAPSHOT_FAULT=fail:4:0 "$titan3d" "${base[@]}" --set run.dir="$work/failed" 2>&1); rc=$?
-check "[ $rc -eq 0 ] && grep -q 'snapshot at step 4 failed on rank 0: .*injected write failure.*last good snapshot is .*step_00000002.h5' <<<\"\$out\" && [ ! -f $work/failed/snapshots/step_00000004.h5 ] && [ ! -e $work/failed/snapshots/step_00000004/rank00000.h5.tmp ]" \
-  "an injected write failure is reported; snapshot 2 stays the last good one" || echo "$out"
+# The failed snapshot was the run's last: its final state is lost, so the run ends with exit 2.
+check "[ $rc -eq 2 ] && grep -q 'snapshot at step 4 failed on rank 0: .*injected write failure.*last good snapshot is .*step_00000002.h5' <<<\"\$out\" && grep -q 'snapshots failed at step(s) 4 .*the run ends without its final state' <<<\"\$out\" && [ ! -f $work/failed/snapshots/step_00000004.h5 ] && [ ! -e $work/failed/snapshots/step_00000004/rank00000.h5.tmp ]" \
+  "an injected write failure is reported; snapshot 2 stays the last good one; exit 2 (rc $rc)" || echo "$out"
 check "grep -q '\"snapshot_step\": 4, \"snapshot_ok\": 0' $work/failed/metrics.jsonl" \
   "the failure is in metrics.jsonl"
 mkdir -p "$work/blocked/snapshots" && touch "$work/blocked/snapshots/step_00000004"
 out=$("$titan3d" "${base[@]}" --set run.dir="$work/blocked" 2>&1); rc=$?
-check "[ $rc -eq 0 ] && grep -q 'snapshot at step 4 failed on rank 0: cannot create snapshot directory' <<<\"\$out\" && [ -f $work/blocked/snapshots/step_00000002.h5 ]" \
+check "[ $rc -eq 2 ] && grep -q 'snapshot at step 4 failed on rank 0: cannot create snapshot directory' <<<\"\$out\" && [ -f $work/blocked/snapshots/step_00000002.h5 ]" \
   "a shard directory that cannot be created is reported; snapshot 2 kept" || echo "$out"
 out=$("$titan3d" resume "$work/failed/snapshots/step_00000002.h5" "${common[@]}" \
       --set run.dir="$work/failed.r" --set snapshot.dir="$work/failed.r/snapshots" 2>&1); rc=$?

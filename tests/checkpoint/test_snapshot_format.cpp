@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <cstring>
 #include <fstream>
+#include <iterator>
 #include <limits>
 #include <numeric>
 
@@ -85,6 +86,39 @@ TEST_F(SnapshotFormat, RefusesDamagedShard) {
     } catch (const UserError& e) {
       EXPECT_NE(std::string(e.what()).find("rank00001.h5"), std::string::npos) << e.what();
     }
+  });
+}
+
+// Every single-bit flip anywhere in an index (HDF5 image or trailer) is refused as bytes, naming
+// the file, before HDF5 parses it: SnapshotReader and read_recipe throw UserError, never crash.
+TEST_F(SnapshotFormat, RefusesEveryFlippedIndexBitBeforeHdf5) {
+  io_.run([&] {
+    const std::string index = write_two_row_shards();
+    std::string good;
+    {
+      std::ifstream in(index, std::ios::binary);
+      good.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    ASSERT_GT(good.size(), kIndexTrailer);
+    EXPECT_EQ(good.compare(good.size() - kIndexTrailer, 8, kIndexMagic), 0);
+    // Every byte of the trailer and a spread of the image, each bit position in turn.
+    std::vector<size_t> offsets;
+    for (size_t i = good.size() - kIndexTrailer; i < good.size(); ++i) offsets.push_back(i);
+    for (size_t i = 0; i < good.size() - kIndexTrailer; i += 97) offsets.push_back(i);
+    for (size_t k = 0; k < offsets.size(); ++k) {
+      std::string bad = good;
+      bad[offsets[k]] = static_cast<char>(bad[offsets[k]] ^ (1 << (k % 8)));
+      std::ofstream(index, std::ios::binary | std::ios::trunc) << bad;
+      try {
+        SnapshotReader reader(index);
+        ADD_FAILURE() << "index with byte " << offsets[k] << " flipped was accepted";
+      } catch (const UserError& e) {
+        EXPECT_NE(std::string(e.what()).find("step_00000007.h5"), std::string::npos) << e.what();
+      }
+      EXPECT_THROW(read_recipe(index), UserError);
+    }
+    std::ofstream(index, std::ios::binary | std::ios::trunc) << good;
+    EXPECT_EQ(SnapshotReader(index).info().step, 7);
   });
 }
 

@@ -145,6 +145,31 @@ TEST(Recipe, ToTomlRoundTripsEveryKey) {
   EXPECT_DOUBLE_EQ(again.train.lr, 0.1);
 }
 
+// Control characters, quotes and backslashes in string values survive to_toml (the recipe a
+// snapshot stores) and parse back unchanged: otherwise the snapshot could never be resumed.
+TEST(Recipe, ToTomlEscapesControlCharacters) {
+  Recipe r = parse_recipe("", "defaults.toml");
+  r.run.name = std::string(
+                   "a\nb\tc\rd\x01"
+                   "e\x1f\x7f\"q\"\\z'") +
+               '\0' + "end";
+  r.data.path = "/tmp/it's \"here\"\n";
+  const Recipe again = parse_recipe(r.to_toml(), "escaped.toml");
+  EXPECT_EQ(again.run.name, r.run.name);
+  EXPECT_EQ(again.data.path, r.data.path);
+  EXPECT_EQ(again.to_toml(), r.to_toml());
+}
+
+// A path spliced into a recipe as a value (`titan3d resume <path>`) is taken as that exact string,
+// whatever TOML syntax it contains.
+TEST(Recipe, TomlStringQuotesAnyPath) {
+  for (const std::string path :
+       {"/tmp/it's/step.h5", "a\"b", "x\\y", "true", "123", "[1]", "'''", "p\nq", "#c = d"}) {
+    const Recipe r = parse_recipe("", "r.toml", {{"snapshot.resume", toml_string(path)}});
+    EXPECT_EQ(r.snapshot.resume, path);
+  }
+}
+
 TEST(Recipe, DocsListEveryKey) {
   std::ifstream in(T3D_SOURCE_DIR "/docs/recipe.md");
   ASSERT_TRUE(in.good()) << "docs/recipe.md is missing";

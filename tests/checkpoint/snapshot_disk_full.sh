@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# A real full disk under snapshot.dir: a small tmpfs mounted in a private mount namespace, sized
+# so that the disk fills at different points of the snapshot cycle (shard data, shard close,
+# index, `latest`). Every run must end with exit 0 or 2 (never a signal: HDF5 used to crash at
+# exit), every index left in the directory must be complete and verify, `latest` must never be
+# empty and must name a good snapshot, and a failed snapshot must be reported. Skipped (exit 77)
+# where this machine cannot mount a tmpfs.
+set -u
+titan3d=$1 recipe=$2
+ns=(unshare -m)
+[ "$(id -u)" -eq 0 ] || ns=(unshare -rm)
+if [ "${T3D_IN_MOUNT_NS:-}" != 1 ]; then
+  probe=$(mktemp -d)
+  if ! "${ns[@]}" sh -c "mount -t tmpfs -o size=64k tmpfs '$probe'" 2>"$probe.err"; then
+    echo "SKIP: cannot mount a tmpfs in a private mount namespace here ($(head -1 "$probe.err"))"
+    rm -rf "$probe" "$probe.err"
+    exit 77
+  fi
+  rm -rf "$probe" "$probe.err"
+  exec env T3D_IN_MOUNT_NS=1 "${ns[@]}" "$0" "$@"
+fi
+
+source "$(dirname "$0")/common.sh"
+base=(train "$recipe" "${common[@]}" --set model.dim=64 --set model.n_layers=2
+      --set model.seq_len=32 --set parallel.pp=1 --set parallel.dp=1 --set parallel.tp=1
+      --set train.steps=4 --set snapshot.every=1 --set snapshot.keep=1 --set snapshot.full_every=1)
+# One shard of this model is ~1.6 MB and its index ~46 KB: sizes around one snapshot (the first
+# shard, index or `latest` does not fit) and around two (the second does not fit beside the
+# first, which retention removes only after the commit).
+failures=0 commits=0
+for kb in 1200 1604 1616 1624 1632 1640 1656 3240 3272 3288 3304 3320; do
+  mnt=$work/full$kb
+  mkdir -p "$mnt"
+  mount -t tmpfs -o size=${kb}k tmpfs "$mnt" || { echo "FAIL: mount of ${kb}k"; fail=1; continue; }
+  out=$(timeout 120 "$titan3d" "${base[@]}" --set run.dir="$work/run$kb" --set snapshot.dir="$mnt" \
+        --set run.log_level=info 2>&1); rc=$?
+  check "[ $rc -eq 0 ] || [ $rc -eq 2 ]" "${kb} KiB: exit $rc (0 or 2, never a crash)" || echo "$out"
+  check "! grep -qi 'internal error' <<<\"\$out\"" "${kb} KiB: no internal error" || echo "$out"
+  n_fail=$(grep -c 'failed on rank\|writing the index failed' <<<"$out")
+  failures=$((failures + n_fail))
+  if [ "$n_fail" -gt 0 ]; then
+    check "[ $rc -eq 2 ] || grep -q 'snapshot step 4 ' <<<\"\$out\"" \
+      "${kb} KiB: a run whose last snapshot failed exits 2" || echo "$out"
+  fi
+  for idx in "$mnt"/step_*.h5; do
+    [ -e "$idx" ] || continue
+    commits=$((commits + 1))
+    check "timeout 60 $titan3d export $idx --out $work/hf$kb >/dev/null 2>&1" \
+      "${kb} KiB: $(basename "$idx") left in the directory is complete and verifies"
+  done
+  if [ -e "$mnt/latest" ]; then
+    check "[ -s $mnt/latest ] && [ -f $mnt/\$(cat $mnt/latest) ]" \
+      "${kb} KiB: latest is not empty and names an index ($(cat "$mnt/latest"))"
+  fi
+  committed=$(grep -o 'snapshot step [0-9]* ([a-z]*)' <<<"$out" | tail -1 | grep -o '[0-9]\+')
+  if [ -n "$committed" ]; then
+    check "[ -f $mnt/step_0000000$committed.h5 ]" \
+      "${kb} KiB: the last snapshot reported committed (step $committed) is on disk"
+  fi
+  umount "$mnt"
+done
+echo "snapshots that failed on a full disk: $failures; indexes left that verify: $commits"
+check "[ $failures -gt 0 ] && [ $commits -gt 0 ]" "the sweep saw both failed and committed snapshots"
+exit $fail
