@@ -188,7 +188,7 @@ int eval(const std::string& snapshot, const runtime::EvalOptions& options, const
 }
 
 // OpenBLAS chooses its kernels when it loads, from OPENBLAS_CORETYPE; Debian's falls back to slow
-// generic ones on some CPUs (DESIGN.md, "Speed notes"). The launcher sets it for ranks; a verb that
+// generic ones on some CPUs (docs/cluster.md). The launcher sets it for ranks; a verb that
 // runs without ranks re-executes itself once with it set (2.4x faster decoding, measured).
 void reexec_with_openblas_coretype(const std::vector<std::string>& argv) {
   if (std::getenv("OPENBLAS_CORETYPE")) return;

@@ -264,8 +264,8 @@ Cluster local_cluster(const Recipe& r, bool* calibrated) {
   c.nodes = 1;
   c.devices_per_node = r.world_size();
   c.hbm_gib = r.hardware.hbm_gib;
-  // DESIGN.md: OpenBLAS with the SkylakeX kernels reaches about 160 of an FMA peak of about 180
-  // GFLOP/s per core; one core per rank. Shared-memory MPI bandwidth is a guess. Both are far
+  // Guesses: OpenBLAS with the SkylakeX kernels reached about 160 of an FMA peak of about 180
+  // GFLOP/s per core on a 2-vCPU AVX-512 Xeon; one core per rank. Shared-memory MPI bandwidth is a guess. Both are far
   // from what training reaches at small shapes (docs/planner.md, "Calibration").
   c.peak_tflops = 0.18;
   c.compute_efficiency = 160.0 / 180.0;

@@ -62,7 +62,7 @@ Recipe recipe_with_layout(const Recipe& recipe, const Layout& layout, const Clus
 
 // A one-node cluster of the recipe's world on this machine, for `plan` without --cluster: the
 // cached calibration of the recipe's shape (calibrate.h) when there is one, else guesses
-// (DESIGN.md's 160 GFLOP/s per core shared among the ranks, 5 GB/s and 2 µs for MPI).
+// (160 GFLOP/s per core shared among the ranks, 5 GB/s and 2 µs for MPI).
 // `calibrated` says which.
 Cluster local_cluster(const Recipe& recipe, bool* calibrated = nullptr);
 
