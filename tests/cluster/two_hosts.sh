@@ -34,8 +34,13 @@ cleanup() {
 trap cleanup EXIT
 ip netns add "$ns_a" 2> "$work/netns.err" ||
   skip "cannot create a network namespace here: $(cat "$work/netns.err")"
-ip netns add "$ns_b" || exit 1
-ip link add "t3a$tag" netns "$ns_a" type veth peer name "t3b$tag" netns "$ns_b" || exit 1
+ip netns add "$ns_b" 2> "$work/netns.err" ||
+  skip "cannot create a second network namespace here: $(cat "$work/netns.err")"
+# Making a namespace is not entering one: some sandboxes allow the first and refuse the second.
+ip netns exec "$ns_a" unshare --uts true 2> "$work/netns.err" ||
+  skip "cannot enter a network and UTS namespace here: $(cat "$work/netns.err")"
+ip link add "t3a$tag" netns "$ns_a" type veth peer name "t3b$tag" netns "$ns_b" 2> "$work/netns.err" ||
+  skip "cannot link two network namespaces (veth) here: $(cat "$work/netns.err")"
 ip -n "$ns_a" addr add 10.97.0.1/24 dev "t3a$tag"
 ip -n "$ns_b" addr add 10.97.0.2/24 dev "t3b$tag"
 for ns in "$ns_a" "$ns_b"; do ip -n "$ns" link set lo up; done
