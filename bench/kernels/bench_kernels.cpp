@@ -94,6 +94,8 @@ int main(int argc, char** argv) {
     bench_gemm("bwd  dy W   (down in-grad)", k::Trans::kNo, k::Trans::kNo, 2048, 512, 1536, 7);
     bench_gemm("bwd  dy^T x (up w-grad)", k::Trans::kYes, k::Trans::kNo, 1536, 512, 2048, 7);
     bench_gemm("square", k::Trans::kNo, k::Trans::kNo, 1024, 1024, 1024, 7);
+    bench_attention(8, 256, 8, 8, 64, 64, 5);  // bench/e2e's model: one micro-batch of a layer
+    bench_attention(8, 256, 8, 8, 64, 128, 5);
     bench_attention(2, 1024, 8, 2, 64, 64, 5);
     bench_attention(2, 1024, 8, 2, 64, 128, 5);
     bench_attention(1, 4096, 8, 2, 64, 128, 3);
