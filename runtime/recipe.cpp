@@ -401,13 +401,10 @@ void validate(const Recipe& r) {
   at_most("model.n_kv_heads", m.n_kv_heads, kMaxDim);
   at_most("model.ffn_dim", m.ffn_dim, kMaxFfn);
   at_most("model.seq_len", m.seq_len, kMaxSeqLen);
-  for (const char* key : {"parallel.pp", "parallel.dp", "parallel.cp", "parallel.tp"}) {
-    const int64_t x = key == std::string("parallel.pp")   ? p.pp
-                      : key == std::string("parallel.dp") ? p.dp
-                      : key == std::string("parallel.cp") ? p.cp
-                                                          : p.tp;
-    at_most(key, x, kMaxRanks);
-  }
+  at_most("parallel.pp", p.pp, kMaxRanks);
+  at_most("parallel.dp", p.dp, kMaxRanks);
+  at_most("parallel.cp", p.cp, kMaxRanks);
+  at_most("parallel.tp", p.tp, kMaxRanks);
   at_most("parallel.virtual_stages", p.virtual_stages, kMaxLayers);
   at_most("train.global_batch", t.global_batch, kMaxBatch);
   at_most("train.micro_batches", t.micro_batches, kMaxBatch);
