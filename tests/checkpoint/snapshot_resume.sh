@@ -81,12 +81,15 @@ out=$("$titan3d" train "$recipe" "${common[@]}" "${one[@]}" "${snap[@]}" --set t
 check "grep -q 'resumed from .*step_00000008.h5 after step 8' <<<\"\$out\" && [ \$(losses $work/one/metrics.jsonl | wc -l) -eq 10 ]" \
   "snapshot.resume = latest continues from the newest snapshot (steps 9-10)"
 
-# Async: training waits for the copy to staging memory, not for the write (which deflates).
+# Async: training waits for the copy to staging memory, not for the write (which deflates and
+# syncs). The first snapshot of a run only: a later one also waits for its predecessor when the
+# disk is slower than snapshot.every steps, which says nothing about async.
 stall_vs_write() {
-  grep '"snapshot_ok": 1' "$1" | sed -E 's/.*"snapshot_stall_s": ([^,]+),.*"snapshot_write_s": ([^,]+),.*/\1 \2/' |
-    awk '{ s += $1; w += $2 } END { printf "stall %.1f ms, write %.1f ms in all\n", 1e3 * s, 1e3 * w; exit !(s < w / 2) }'
+  grep '"snapshot_ok": 1' "$1" | head -1 |
+    sed -E 's/.*"snapshot_stall_s": ([^,]+),.*"snapshot_write_s": ([^,]+),.*/\1 \2/' |
+    awk '{ s += $1; w += $2 } END { printf "first snapshot: stall %.1f ms, write %.1f ms\n", 1e3 * s, 1e3 * w; exit !(NR == 1 && s < w / 2) }'
 }
-check "stall_vs_write $work/one/metrics.jsonl" "async snapshots stall training for less than half their write time" ||
+check "stall_vs_write $work/one/metrics.jsonl" "async snapshot: training stalls for less than half the write" ||
   stall_vs_write $work/one/metrics.jsonl
 
 # The index is readable by the standard tools: h5ls lists global tensors, h5py reads them.
