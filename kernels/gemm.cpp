@@ -34,8 +34,7 @@ struct OneDnn {
   std::vector<bf16> a16, b16;  // bf16 copies of the inputs (the workspace)
 };
 
-// Per thread: a GEMM may run inside another thread's parallel region (never in this code base
-// today, but nothing here would then be shared).
+// Per thread, so that nothing here is shared should two threads call gemm() at once.
 OneDnn& onednn() {
   thread_local OneDnn state;
   return state;

@@ -148,8 +148,8 @@ std::string library_of(GemmKind kind) {
 }  // namespace
 
 GemmKind gemm_kind_of(const std::string& precision, const std::string& library) {
-  T3D_USER_CHECK(precision != "auto" && library != "auto",
-                 "internal: train.precision and hardware.gemm must be resolved first");
+  T3D_ASSERT(precision != "auto" && library != "auto",
+             "train.precision and hardware.gemm must be resolved first");
   if (library == "openblas") return GemmKind::kOpenBlasF32;
   return precision == "bf16" ? GemmKind::kOneDnnBf16 : GemmKind::kOneDnnF32;
 }

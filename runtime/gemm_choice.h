@@ -34,10 +34,11 @@ struct GemmChoice {
   int threads = 1;
 };
 
-// The kind a resolved (precision, library) pair means. UserError naming the keys for `auto`.
+// The kind a resolved (precision, library) pair means; `auto` in either is a caller's bug.
 kernels::GemmKind gemm_kind_of(const std::string& precision, const std::string& library);
 
-// The candidates of a recipe's (possibly auto) precision and library, fastest-first order unknown.
+// The candidates of a recipe's (possibly auto) precision and library, in order of preference on
+// a tie: OpenBLAS fp32 first (the GEMM of snapshots written before the choice existed).
 std::vector<kernels::GemmKind> gemm_candidates(const std::string& precision,
                                                const std::string& library);
 

@@ -44,8 +44,8 @@ titan3d() {
          "$(field "$dir/metrics.jsonl" mfu_gemm)"
   kind[$name]=$(sed -n 's/.*GEMM: \([a-z0-9-]*\) .*/\1/p' "$dir.log" | head -1)
   [ -n "${kind[$name]}" ] || kind[$name]=fp32
-  peaks_line=$(grep -h "MFU against" "$dir.log" | head -1 | sed 's/.*MFU against/MFU against/')
-  echo "$peaks_line" >> "$work/peaks"
+  peaks_line=$(grep -h "MFU against" "$dir.log" | head -1 | sed 's/.*MFU against/MFU against/' || true)
+  [ -z "$peaks_line" ] || echo "$peaks_line" >> "$work/peaks"
 }
 pytorch() {  # pytorch NAME [--bf16]
   local name=$1; shift
