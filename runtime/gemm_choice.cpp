@@ -141,6 +141,48 @@ double measure_gflops(GemmKind kind, const Shapes& s, int threads) {
   return flops / seconds * 1e-9;
 }
 
+// Resuming: the snapshot's choice fills what the recipe leaves to auto, so the continuation is
+// bit-identical; a concrete value that differs from it is the user's call, said loudly.
+void fill_from_snapshot(const Recipe& r, std::string* precision, std::string* library,
+                        std::string* source) {
+  std::string path;
+  const auto saved = recorded_in_snapshot(r, &path);
+  if (!saved) return;
+  bool filled = false;
+  for (auto [mine, theirs, key] : {std::tuple{precision, saved->first, "train.precision"},
+                                   std::tuple{library, saved->second, "hardware.gemm"}}) {
+    if (*mine == "auto") {
+      *mine = theirs;
+      filled = true;
+    } else if (*mine != theirs) {
+      spdlog::warn("{} = {} here but {} in {}: the continuation will not be bit-identical to the "
+                   "run that wrote it (remove the key, or set it to {}, to continue exactly)",
+                   key, *mine, theirs, path, theirs);
+    }
+  }
+  if (filled) *source = "recorded in " + path;
+}
+
+// Rank 0: the decision with its numbers in the log and in <run dir>/gemm_choice.json.
+void record(const GemmChoice& c, const std::string& run_dir) {
+  std::string numbers;
+  for (const auto& [k, g] : c.gflops)
+    numbers += fmt::format("{}{} {:.1f}", numbers.empty() ? "" : ", ", kernels::gemm_kind_name(k), g);
+  spdlog::info("GEMM: {} (train.precision = {}, hardware.gemm = {}; {}{}{}), {} thread(s) per rank; "
+               "{}; {}",
+               kernels::gemm_kind_name(c.kind), c.precision, c.library, c.source,
+               numbers.empty() ? "" : ": GFLOP/s per rank at the model's shapes ", numbers,
+               c.threads, kernels::cpu_model_name(), kernels::onednn_version_string());
+  std::ofstream out(run_dir + "/gemm_choice.json");
+  out << "{\"kind\": \"" << kernels::gemm_kind_name(c.kind) << "\", \"precision\": \""
+      << c.precision << "\", \"library\": \"" << c.library << "\", \"threads_per_rank\": "
+      << c.threads << ", \"cpu\": \"" << kernels::cpu_model_name() << "\", \"gflops_per_rank\": {";
+  for (size_t i = 0; i < c.gflops.size(); ++i)
+    out << (i ? ", " : "") << "\"" << kernels::gemm_kind_name(c.gflops[i].first)
+        << "\": " << c.gflops[i].second;
+  out << "}}\n";
+}
+
 std::string library_of(GemmKind kind) {
   return kind == GemmKind::kOpenBlasF32 ? "openblas" : "onednn";
 }
@@ -178,28 +220,7 @@ GemmChoice choose_gemm(Job& job) {
 
   std::string precision = r.train.precision, library = r.hardware.gemm;
   c.source = "the recipe";
-  // Resuming: the snapshot's choice fills what the recipe leaves to auto, so the continuation is
-  // bit-identical; a concrete value that differs from it is the user's call, said loudly.
-  int from_snapshot = 0;
-  if (root && !r.snapshot.resume.empty()) {
-    std::string path;
-    if (const auto saved = recorded_in_snapshot(r, &path)) {
-      const auto& [saved_precision, saved_library] = *saved;
-      for (auto [mine, theirs, key] :
-           {std::tuple{&precision, saved_precision, "train.precision"},
-            std::tuple{&library, saved_library, "hardware.gemm"}}) {
-        if (*mine == "auto") {
-          *mine = theirs;
-          from_snapshot = 1;
-        } else if (*mine != theirs) {
-          spdlog::warn("{} = {} here but {} in {}: the continuation will not be bit-identical to "
-                       "the run that wrote it (remove the key, or set it to {}, to continue exactly)",
-                       key, *mine, theirs, path, theirs);
-        }
-      }
-      if (from_snapshot) c.source = "recorded in " + path;
-    }
-  }
+  if (root && !r.snapshot.resume.empty()) fill_from_snapshot(r, &precision, &library, &c.source);
   // Rank 0's partial resolution, then the candidates every rank measures if any auto is left.
   int resolved[2] = {precision == "auto" ? -1 : precision == "bf16",
                      library == "auto" ? -1 : library == "onednn"};
@@ -253,24 +274,7 @@ GemmChoice choose_gemm(Job& job) {
   kernels::verify_gemm_kind(c.kind);
   kernels::set_linear_gemm(c.kind);
 
-  if (root) {
-    std::string numbers;
-    for (const auto& [k, g] : c.gflops)
-      numbers += fmt::format("{}{} {:.1f}", numbers.empty() ? "" : ", ", kernels::gemm_kind_name(k), g);
-    spdlog::info("GEMM: {} (train.precision = {}, hardware.gemm = {}; {}{}{}), {} thread(s) per rank; "
-                 "{}; {}",
-                 kernels::gemm_kind_name(c.kind), c.precision, c.library, c.source,
-                 numbers.empty() ? "" : ": GFLOP/s per rank at the model's shapes ", numbers,
-                 c.threads, kernels::cpu_model_name(), kernels::onednn_version_string());
-    std::ofstream out(job.run_dir + "/gemm_choice.json");
-    out << "{\"kind\": \"" << kernels::gemm_kind_name(c.kind) << "\", \"precision\": \""
-        << c.precision << "\", \"library\": \"" << c.library << "\", \"threads_per_rank\": "
-        << c.threads << ", \"cpu\": \"" << kernels::cpu_model_name() << "\", \"gflops_per_rank\": {";
-    for (size_t i = 0; i < c.gflops.size(); ++i)
-      out << (i ? ", " : "") << "\"" << kernels::gemm_kind_name(c.gflops[i].first)
-          << "\": " << c.gflops[i].second;
-    out << "}}\n";
-  }
+  if (root) record(c, job.run_dir);
   return c;
 }
 
