@@ -103,8 +103,16 @@ void onednn_gemm(bool bf16_inputs, Trans ta, Trans tb, std::int64_t M, std::int6
       ops.append_sum(1.0f);
       attr.set_post_ops(ops);
     }
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(ad, bd, cd), attr, s.engine);
-    it = s.primitives.emplace(key, dnnl::matmul(pd)).first;
+    try {
+      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(ad, bd, cd), attr, s.engine);
+      it = s.primitives.emplace(key, dnnl::matmul(pd)).first;
+    } catch (const dnnl::error& e) {
+      // oneDNN has no matmul for this input type on this CPU (bf16 needs AVX-512).
+      throw UserError(::t3d::detail::concat(
+          "oneDNN cannot run a ", bf16_inputs ? "bf16" : "fp32", " GEMM on this CPU (",
+          onednn_version_string(), "): ", e.what(),
+          ". Set hardware.gemm = \"openblas\" or train.precision = \"fp32\""));
+    }
   }
   const dt in = bf16_inputs ? dt::bf16 : dt::f32;
   dnnl::memory am({{M, K}, in, strides_of(ta, lda)}, s.engine, const_cast<void*>(a));

@@ -130,6 +130,18 @@ std::optional<std::pair<std::string, std::string>> recorded_in_snapshot(const Re
   }
 }
 
+// Whether this CPU runs `kind` correctly (oneDNN's bf16 needs AVX-512; a broken library fails
+// the reference check). A candidate that does not is left out, with the reason in the log.
+bool runs_here(GemmKind kind) {
+  try {
+    kernels::verify_gemm_kind(kind);
+    return true;
+  } catch (const UserError& e) {
+    spdlog::info("GEMM candidate {} left out: {}", kernels::gemm_kind_name(kind), e.what());
+    return false;
+  }
+}
+
 // GFLOP/s per rank of the linear layers' GEMMs of one micro-batch (MLP and attention shapes).
 double measure_gflops(GemmKind kind, const Shapes& s, int threads) {
   double seconds = 0, flops = 0;
@@ -249,9 +261,12 @@ GemmChoice choose_gemm(Job& job) {
       // that comes and goes hits every candidate alike and lowers none for good.
       world.barrier();
       rates.assign(candidates.size(), 0.0);
+      std::vector<bool> runnable;
+      for (GemmKind k : candidates) runnable.push_back(runs_here(k));  // rate 0: never chosen
       for (int round = 0; round < kMeasureRounds; ++round)
         for (size_t i = 0; i < candidates.size(); ++i)
-          rates[i] = std::max(rates[i], measure_gflops(candidates[i], shapes, c.threads));
+          if (runnable[i])
+            rates[i] = std::max(rates[i], measure_gflops(candidates[i], shapes, c.threads));
       world.all_reduce(rates.data(), rates.size());
       for (auto& v : rates) v /= world.size();  // mean rate per rank
       if (root) write_cache(key, rates);
