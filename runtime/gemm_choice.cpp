@@ -33,21 +33,42 @@ fs::path cache_dir() {
 }
 fs::path cache_file() { return cache_dir() / "gemm_choice.txt"; }
 
-// A number cached under `key` in `file` (one "key value" line each), measured once.
-template <class Measure>
-double cached_number(const fs::path& file, std::string key, Measure measure) {
+// Cache files: one line per key, "key<TAB>value value ...", appended; the first line whose key
+// and value count match answers. Keys have no blanks (they are replaced by '_').
+std::string cache_key_text(std::string key) {
   std::replace(key.begin(), key.end(), ' ', '_');
-  {
-    std::ifstream in(file);
-    std::string k;
-    double v;
-    while (in >> k >> v)
-      if (k == key) return v;
+  std::replace(key.begin(), key.end(), '\t', '_');
+  return key;
+}
+
+std::vector<double> read_cached(const fs::path& file, const std::string& key, size_t count) {
+  std::ifstream in(file);
+  const std::string prefix = cache_key_text(key) + '\t';
+  for (std::string line; std::getline(in, line);) {
+    if (line.compare(0, prefix.size(), prefix) != 0) continue;
+    std::istringstream text(line.substr(prefix.size()));
+    std::vector<double> values;
+    for (double v; text >> v;) values.push_back(v);
+    if (values.size() == count) return values;
   }
-  const double v = measure();
+  return {};
+}
+
+void write_cached(const fs::path& file, const std::string& key, const std::vector<double>& values) {
   std::error_code ec;
   fs::create_directories(file.parent_path(), ec);
-  std::ofstream(file, std::ios::app) << key << " " << v << "\n";
+  std::ofstream out(file, std::ios::app);
+  out << cache_key_text(key) << '\t';
+  for (double v : values) out << v << ' ';
+  out << '\n';
+}
+
+// A number cached under `key` in `file`, measured the first time.
+template <class Measure>
+double cached_number(const fs::path& file, const std::string& key, Measure measure) {
+  if (const auto v = read_cached(file, key, 1); !v.empty()) return v[0];
+  const double v = measure();
+  write_cached(file, key, {v});
   return v;
 }
 
@@ -62,7 +83,8 @@ struct Shapes {
 
 Shapes shapes_of(const Recipe& r) {
   const auto& p = r.parallel;
-  const int64_t rows_per_micro = std::max<int64_t>(1, r.train.global_batch / std::max<int64_t>(1, p.dp * r.train.micro_batches));
+  const int64_t rows_per_micro = std::max<int64_t>(
+      1, r.train.global_batch / std::max<int64_t>(1, p.dp * r.train.micro_batches));
   Shapes s;
   // Rates settle by a few thousand rows; more would only lengthen the start of a large model.
   s.rows = std::clamp<int64_t>(rows_per_micro * r.model.seq_len / std::max<int64_t>(1, p.cp), 1,
@@ -80,34 +102,7 @@ std::string cache_key(const Shapes& s, int threads, int local_ranks,
     << local_ranks << "|threads" << threads << "|" << kernels::openblas_corename() << "|"
     << kernels::onednn_version_string() << "|" << s.text() << "|";
   for (GemmKind c : candidates) k << kernels::gemm_kind_name(c) << ",";
-  std::string key = k.str();
-  std::replace(key.begin(), key.end(), ' ', '_');
-  std::replace(key.begin(), key.end(), '\t', '_');
-  return key;
-}
-
-// Cached rates (GFLOP/s per rank) for `key`, in the order of `candidates`; empty when absent.
-std::vector<double> read_cache(const std::string& key, const std::vector<GemmKind>& candidates) {
-  std::ifstream in(cache_file());
-  std::string line;
-  while (std::getline(in, line)) {
-    const auto tab = line.find('\t');
-    if (tab == std::string::npos || line.compare(0, tab, key) != 0 || tab != key.size()) continue;
-    std::istringstream values(line.substr(tab + 1));
-    std::vector<double> rates;
-    for (double v; values >> v;) rates.push_back(v);
-    if (rates.size() == candidates.size()) return rates;
-  }
-  return {};
-}
-
-void write_cache(const std::string& key, const std::vector<double>& rates) {
-  std::error_code ec;
-  fs::create_directories(cache_file().parent_path(), ec);
-  std::ofstream out(cache_file(), std::ios::app);
-  out << key << '\t';
-  for (double v : rates) out << v << ' ';
-  out << '\n';
+  return k.str();
 }
 
 // The (precision, gemm) recorded in the snapshot `snapshot.resume` names, if it can be read.
@@ -249,7 +244,7 @@ GemmChoice choose_gemm(Job& job) {
     std::vector<double> rates;
     int cached = 0;
     if (root) {
-      rates = read_cache(key, candidates);
+      rates = read_cached(cache_file(), key, candidates.size());
       cached = !rates.empty();
     }
     world.broadcast(&cached, 1, 0);
@@ -269,7 +264,7 @@ GemmChoice choose_gemm(Job& job) {
             rates[i] = std::max(rates[i], measure_gflops(candidates[i], shapes, c.threads));
       world.all_reduce(rates.data(), rates.size());
       for (auto& v : rates) v /= world.size();  // mean rate per rank
-      if (root) write_cache(key, rates);
+      if (root) write_cached(cache_file(), key, rates);
       c.source = "measured";
     }
     if (root)

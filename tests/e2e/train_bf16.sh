@@ -7,6 +7,8 @@
 #  2. Two bf16 runs with the same choice give bit-identical losses.
 #  3. The choice is recorded (run directory, snapshot) and `resume` continues with it bit for bit;
 #     a resume forced onto another GEMM says that it will not be bit-identical.
+#  4. precision = auto measures once per machine and shape, and the next run takes the cached
+#     answer (an empty HOME, so the cache starts empty).
 set -u
 titan3d=$1
 source "$(dirname "$0")/lib.sh"
@@ -60,4 +62,19 @@ fi
 grep -q "will not be bit-identical" "$work/forced.log" && grep -q "GEMM: openblas-fp32" "$work/forced.log" &&
   echo "resume onto another GEMM: warned, ran on openblas-fp32" ||
   { echo "FAIL: a resume forced onto another GEMM did not say so"; grep -E "GEMM|bit-identical" "$work/forced.log"; fail=1; }
+
+home=$work/home
+mkdir -p "$home"
+HOME=$home train auto_a "$repo/recipes/tiny.toml" --set data.path="$corpus" --set train.steps=2 \
+  --set train.val_every=0 --set train.precision=auto
+HOME=$home train auto_b "$repo/recipes/tiny.toml" --set data.path="$corpus" --set train.steps=2 \
+  --set train.val_every=0 --set train.precision=auto
+kind_a=$(sed -n 's/.*"kind": "\([a-z0-9-]*\)".*/\1/p' "$work/auto_a/gemm_choice.json")
+kind_b=$(sed -n 's/.*"kind": "\([a-z0-9-]*\)".*/\1/p' "$work/auto_b/gemm_choice.json")
+if grep -q "GEMM: .*; measured: GFLOP/s" "$work/auto_a.log" && grep -q "GEMM: .*; cached in $home" "$work/auto_b.log" &&
+   [ -n "$kind_a" ] && [ "$kind_a" = "$kind_b" ]; then
+  echo "precision = auto: measured once ($kind_a), then taken from the cache"
+else
+  echo "FAIL: auto choice not measured then cached ($kind_a, $kind_b)"; grep -h "GEMM:" "$work"/auto_?.log; fail=1
+fi
 exit $fail
