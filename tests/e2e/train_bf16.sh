@@ -8,7 +8,8 @@
 #  3. The choice is recorded (run directory, snapshot) and `resume` continues with it bit for bit;
 #     a resume forced onto another GEMM says that it will not be bit-identical.
 #  4. precision = auto measures once per machine and shape, and the next run takes the cached
-#     answer (an empty HOME, so the cache starts empty).
+#     answer (an empty HOME, so the cache starts empty); a kind the CPU cannot run (oneDNN limited
+#     to AVX2 by DNNL_MAX_CPU_ISA: no bf16 GEMMs) is left out with the reason, and auto trains fp32.
 set -u
 titan3d=$1
 source "$(dirname "$0")/lib.sh"
@@ -23,6 +24,13 @@ train() {  # train NAME RECIPE [args]
   "$titan3d" train "$recipe" --set run.dir="$work/$name" "$@" > "$work/$name.log" 2>&1 ||
     { echo "FAIL: $name exited $?"; tail -20 "$work/$name.log"; exit 1; }
 }
+# A CPU where oneDNN cannot run bf16 GEMMs (no AVX-512) has nothing to test here.
+if ! "$titan3d" train "$repo/recipes/tiny.toml" --set data.path="$corpus" --set train.steps=1 \
+     --set train.val_every=0 --set run.dir="$work/probe" "${bf16[@]}" > "$work/probe.log" 2>&1; then
+  grep -q "oneDNN cannot run" "$work/probe.log" &&
+    { echo "SKIP: $(grep -o 'oneDNN cannot run.*' "$work/probe.log" | head -1)"; exit 77; }
+  echo "FAIL: a one-step bf16 run exited non-zero"; tail "$work/probe.log"; exit 1
+fi
 train fp32 "$repo/recipes/default.toml" "${default[@]}" --set train.precision=fp32 --set hardware.gemm=openblas
 train bf16 "$repo/recipes/default.toml" "${default[@]}" "${bf16[@]}"
 grep -q '"kind": "onednn-bf16"' "$work/bf16/gemm_choice.json" ||
@@ -76,5 +84,13 @@ if grep -q "GEMM: .*; measured: GFLOP/s" "$work/auto_a.log" && grep -q "GEMM: .*
   echo "precision = auto: measured once ($kind_a), then taken from the cache"
 else
   echo "FAIL: auto choice not measured then cached ($kind_a, $kind_b)"; grep -h "GEMM:" "$work"/auto_?.log; fail=1
+fi
+HOME=$work/home_avx2 DNNL_MAX_CPU_ISA=AVX2 train auto_avx2 "$repo/recipes/tiny.toml" --set data.path="$corpus" \
+  --set train.steps=2 --set train.val_every=0 --set train.precision=auto
+if grep -q "GEMM candidate onednn-bf16 left out: oneDNN cannot run a bf16 GEMM" "$work/auto_avx2.log" &&
+   grep -q '"precision": "fp32"' "$work/auto_avx2/gemm_choice.json"; then
+  echo "no bf16 GEMMs on the CPU: the candidate is left out, auto trains fp32"
+else
+  echo "FAIL: a CPU without bf16 GEMMs"; grep -h "GEMM" "$work/auto_avx2.log"; fail=1
 fi
 exit $fail
