@@ -5,9 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
-#include <cmath>
 #include <cstdint>
-#include <random>
 #include <vector>
 
 #include "kernels/check.h"
@@ -21,24 +19,6 @@ blasint to_blasint(std::int64_t v, const char* what) {
 }
 
 CBLAS_TRANSPOSE cblas_trans(Trans t) { return t == Trans::kYes ? CblasTrans : CblasNoTrans; }
-
-// Naive C = op(A) op(B) in double, for verification.
-std::vector<double> gemm_reference(Trans ta, Trans tb, int M, int N, int K,
-                                   const std::vector<float>& A, const std::vector<float>& B) {
-  std::vector<double> C(static_cast<std::size_t>(M) * N, 0.0);
-  for (int i = 0; i < M; ++i) {
-    for (int j = 0; j < N; ++j) {
-      double s = 0.0;
-      for (int k = 0; k < K; ++k) {
-        const double a = ta == Trans::kNo ? A[i * K + k] : A[k * M + i];
-        const double b = tb == Trans::kNo ? B[k * N + j] : B[j * K + k];
-        s += a * b;
-      }
-      C[i * N + j] = s;
-    }
-  }
-  return C;
-}
 
 }  // namespace
 
@@ -100,50 +80,6 @@ std::string openblas_config_string() {
 }
 
 std::string openblas_corename() { return openblas_get_corename(); }
-
-void verify_gemm() {
-  // Odd sizes exercise the kernels' edge handling; 67 x 45 x 129 spans several register blocks.
-  struct Shape {
-    int M, N, K;
-  };
-  const Shape shapes[] = {{1, 1, 1}, {7, 5, 3}, {67, 45, 129}, {33, 130, 17}};
-  std::mt19937 rng(1234);
-  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
-  double worst = 0.0;
-  std::string worst_case;
-  for (const auto& s : shapes) {
-    for (Trans ta : {Trans::kNo, Trans::kYes}) {
-      for (Trans tb : {Trans::kNo, Trans::kYes}) {
-        std::vector<float> A(static_cast<std::size_t>(s.M) * s.K);
-        std::vector<float> B(static_cast<std::size_t>(s.K) * s.N);
-        std::vector<float> C(static_cast<std::size_t>(s.M) * s.N, 0.0f);
-        for (auto& x : A) x = dist(rng);
-        for (auto& x : B) x = dist(rng);
-        sgemm(ta, tb, s.M, s.N, s.K, 1.0f, A.data(), B.data(), 0.0f, C.data());
-        const auto ref = gemm_reference(ta, tb, s.M, s.N, s.K, A, B);
-        // Error relative to the scale of the products: fp32 accumulation of K terms of size
-        // ~1 gives ~sqrt(K) * 6e-8; 1e-4 is far above that and far below any wrong kernel.
-        double num = 0.0, den = 0.0;
-        for (std::size_t i = 0; i < C.size(); ++i) {
-          num = std::max(num, std::abs(C[i] - ref[i]));
-          den = std::max(den, std::abs(ref[i]));
-        }
-        const double rel = num / std::max(den, 1e-30);
-        if (!(rel <= worst)) {  // also catches NaN
-          worst = std::isnan(rel) ? INFINITY : rel;
-          worst_case = detail::concat(s.M, "x", s.N, "x", s.K, " trans_a=", ta == Trans::kYes,
-                                      " trans_b=", tb == Trans::kYes);
-        }
-      }
-    }
-  }
-  const std::string rec = recommended_openblas_coretype();
-  T3D_USER_CHECK(worst <= 1e-4, "OpenBLAS GEMM check failed: relative error ", worst, " at ",
-                 worst_case, " (", openblas_config_string(),
-                 "). Refusing to train on a wrong result; set OPENBLAS_CORETYPE=",
-                 rec.empty() ? "<a core type your CPU supports>" : rec,
-                 " (or another core type your CPU supports) before starting titan3d");
-}
 
 double measure_sgemm_gflops(std::int64_t M, std::int64_t N, std::int64_t K, int threads,
                             int repeats) {

@@ -7,7 +7,8 @@
 // detection. Debian's 0.3.21 does not recognise recent Xeons and falls back to Prescott (SSE3)
 // kernels, ~5x slower. The core type cannot be changed in-process, so the launcher calls
 // recommended_openblas_coretype() and exports OPENBLAS_CORETYPE before ranks start;
-// openblas_config_string() reports what actually loaded and verify_gemm() checks the result.
+// openblas_config_string() reports what actually loaded and verify_gemm_kind (kernels/gemm.h)
+// checks the result.
 #pragma once
 
 #include <cstdint>
@@ -45,11 +46,6 @@ std::string recommended_openblas_coretype();  // for this CPU
 // What OpenBLAS actually loaded, e.g. "OpenBLAS 0.3.21 DYNAMIC_ARCH ... core=SkylakeX threads=2".
 std::string openblas_config_string();
 std::string openblas_corename();  // e.g. "SkylakeX", "Prescott"
-
-// Runs GEMMs of a few odd shapes, all four transpose combinations, against a naive
-// double-precision reference. Throws UserError if the relative error is too large (a broken or
-// mis-dispatched BLAS would silently corrupt training).
-void verify_gemm();
 
 // Median GFLOP/s of C = A B (M, N, K) over `repeats` runs with `threads` BLAS threads (restored
 // afterwards). Allocates; call outside the step loop.

@@ -290,10 +290,17 @@ void verify_gemm_kind(GemmKind kind) {
                                         " trans_b=", tb == Trans::kYes, " accumulate=", accumulate);
           }
         }
-  T3D_USER_CHECK(worst <= tolerance, gemm_kind_name(kind), " GEMM check failed: relative error ",
-                 worst, " at ", worst_case, " (", onednn_version_string(), "; ",
-                 openblas_config_string(),
-                 "). Refusing to train on a wrong result; set hardware.gemm = \"openblas\"");
+  if (worst <= tolerance) return;
+  const std::string rec = recommended_openblas_coretype();
+  const std::string fix =
+      kind == GemmKind::kOpenBlasF32
+          ? "set OPENBLAS_CORETYPE=" + (rec.empty() ? std::string("<a core type your CPU supports>") : rec) +
+                " (or another core type your CPU supports) before starting titan3d"
+          : std::string("set hardware.gemm = \"openblas\"");
+  throw UserError(::t3d::detail::concat(gemm_kind_name(kind), " GEMM check failed: relative error ",
+                                        worst, " at ", worst_case, " (", onednn_version_string(), "; ",
+                                        openblas_config_string(),
+                                        "). Refusing to train on a wrong result; ", fix));
 }
 
 }  // namespace t3d::kernels

@@ -107,7 +107,7 @@ EvalResult run_eval(const Job& job, const std::string& snapshot, const EvalOptio
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     kernels::set_rank_threads(threads_per_rank(static_cast<int>(r.hardware.threads_per_rank), cores,
                                                std::max(1, job.env.local_size)));
-    kernels::verify_gemm();
+    kernels::verify_gemm_kind(kernels::GemmKind::kOpenBlasF32);  // attention's GEMMs
     kernels::verify_gemm_kind(apply_recorded_gemm(r));  // the GEMM the snapshot trained with
     stream = options.data.empty()
                  ? recipe_validation(r)

@@ -123,7 +123,7 @@ struct Trainer::Impl {
     const int threads = threads_per_rank(static_cast<int>(r.hardware.threads_per_rank), cores, local);
     kernels::set_rank_threads(threads);
     report_cpu_binding(threads, job.env);
-    kernels::verify_gemm();
+    kernels::verify_gemm_kind(kernels::GemmKind::kOpenBlasF32);  // attention's GEMMs
 
     // Data: every rank reads the corpus (megabytes) and samples only its own rows.
     const auto all = load_stream(r.data.path, r.data.format, static_cast<int>(r.model.vocab_size));

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/blas.h"
+#include "kernels/gemm.h"
 #include "kernels/ops.h"
 
 namespace k = t3d::kernels;
@@ -81,7 +82,7 @@ int main(int argc, char** argv) {
   std::printf("OpenBLAS: %s\n", k::openblas_config_string().c_str());
   std::printf("OPENBLAS_CORETYPE=%s, recommended for this CPU: %s\n", env ? env : "(unset)",
               k::recommended_openblas_coretype().c_str());
-  k::verify_gemm();
+  k::verify_gemm_kind(k::GemmKind::kOpenBlasF32);
 
   for (int t : threads) {
     k::set_blas_threads(t);
