@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Golden losses: a covering set of recipes (1 rank; pp2×dp2×tp2 with each ZeRO stage; cp2; ZB-V;
+# interleaved; activation checkpointing; bf16 storage; snapshot/resume and a resharded resume)
+# trains 4 steps, and every step's loss (printed to 9 significant digits, exact for fp32) and the
+# SHA-256 of the final parameters (exported safetensors) must equal what the file
+# tests/e2e/golden/GROUP.txt recorded. A restructuring that changes no arithmetic keeps them
+# bit-identical; any change to what is computed, or to the order of a sum, shows here.
+#
+#   golden_losses.sh TITAN3D portable   fp32 GEMMs (OpenBLAS) and bf16 storage: the same bits on
+#                                        every x86-64 CPU with AVX2 and FMA, because the kernels
+#                                        are pinned (OPENBLAS_CORETYPE=Haswell, T3D_SIMD=avx2,
+#                                        one thread per rank)
+#   golden_losses.sh TITAN3D onednn     bf16 GEMMs through oneDNN: its kernels depend on the ISA
+#                                        oneDNN picks, so the file records that ISA and the test
+#                                        skips (exit 77, saying why) on a CPU where it differs
+#
+# GOLDEN_RECORD=1 writes the file instead of comparing: do that only on a commit whose arithmetic
+# is trusted, and say why in the commit that changes a golden file.
+set -u
+titan3d=$1 group=$2
+source "$(dirname "$0")/lib.sh"
+require_corpus
+if [ -n "${GOLDEN_KEEP:-}" ]; then work=$GOLDEN_KEEP; mkdir -p "$work"; else make_work_dir; fi
+golden=$repo/tests/e2e/golden/$group.txt
+export OPENBLAS_CORETYPE=Haswell T3D_SIMD=avx2
+grep -qw avx2 /proc/cpuinfo && grep -qw fma /proc/cpuinfo ||
+  { echo "SKIP: this CPU lacks AVX2 or FMA, which the pinned kernels of the goldens need"; exit 77; }
+common=(--set data.path="$corpus" --set model.dim=64 --set model.n_layers=4 --set model.n_heads=4
+        --set model.n_kv_heads=2 --set model.seq_len=32 --set train.global_batch=8
+        --set train.micro_batches=2 --set train.steps=4 --set train.warmup_steps=2
+        --set train.val_every=2 --set train.val_batches=2 --set hardware.hbm_gib=0.25
+        --set snapshot.every=2 --set hardware.openblas_coretype=Haswell
+        --set hardware.threads_per_rank=1)
+fp32=(--set train.precision=fp32 --set hardware.gemm=openblas)
+bf16_storage=(--set train.precision=bf16 --set hardware.gemm=openblas)
+bf16_gemm=(--set train.precision=bf16 --set hardware.gemm=onednn)
+pp2_dp2_tp2=(--set parallel.pp=2 --set parallel.dp=2 --set parallel.tp=2)
+results=$work/results.txt
+: > "$results"
+
+# record NAME: appends NAME, its losses and validation losses, and its parameters' hash.
+record() {
+  local name=$1 snap
+  snap=$(ls "$work/$name"/snapshots/step_*.h5 2>/dev/null | sort | tail -1)
+  [ -n "$snap" ] || { echo "FAIL: $name wrote no snapshot"; exit 1; }
+  "$titan3d" export "$snap" --out "$work/$name.export" > "$work/$name.export.log" 2>&1 ||
+    { echo "FAIL: export of $name exited $?"; tail "$work/$name.export.log"; exit 1; }
+  printf '%s\tloss %s\tval %s\tparams %s\n' "$name" \
+    "$(losses "$work/$name/metrics.jsonl" | paste -sd,)" \
+    "$(sed -n 's/.*"val_loss": \([^,}]*\).*/\1/p' "$work/$name/metrics.jsonl" | paste -sd,)" \
+    "$(sha256sum < "$work/$name.export/model.safetensors" | cut -c1-16)" >> "$results"
+}
+train() {  # train NAME [--set ...]
+  local name=$1; shift
+  "$titan3d" train "$repo/recipes/tiny.toml" "${common[@]}" --set run.dir="$work/$name" "$@" \
+    > "$work/$name.log" 2>&1 || { echo "FAIL: $name exited $?"; tail -20 "$work/$name.log"; exit 1; }
+  record "$name"
+}
+resume() {  # resume NAME FROM_RUN STEP [--set ...]: continues FROM_RUN's snapshot of STEP
+  local name=$1 from=$2 step=$3; shift 3
+  "$titan3d" resume "$work/$from/snapshots/step_$(printf %08d "$step").h5" "${common[@]}" \
+    --set run.dir="$work/$name" --set snapshot.dir="$work/$name/snapshots" "$@" \
+    > "$work/$name.log" 2>&1 ||
+    { echo "FAIL: $name exited $?"; tail -20 "$work/$name.log"; exit 1; }
+  record "$name"
+}
+
+case $group in
+  portable)
+    train r1 "${fp32[@]}"
+    for z in 0 1 2 3; do
+      train "pp2_dp2_tp2_zero$z" "${fp32[@]}" "${pp2_dp2_tp2[@]}" --set parallel.zero=$z \
+        --set parallel.bucket_mb=0.05
+    done
+    train cp2_tp2_sp "${fp32[@]}" --set parallel.cp=2 --set parallel.tp=2 \
+      --set parallel.sequence_parallel=true
+    train pp2_zb_v_ckpt "${fp32[@]}" --set parallel.pp=2 --set parallel.schedule=zb_v \
+      --set train.activation_checkpoint=every:2
+    train pp2_interleaved_ckpt "${fp32[@]}" --set parallel.pp=2 \
+      --set parallel.schedule=interleaved_1f1b --set parallel.virtual_stages=2 \
+      --set train.activation_checkpoint=full
+    train pp2_dp2_cp2_zb_h1 "${fp32[@]}" --set parallel.pp=2 --set parallel.dp=2 --set parallel.cp=2 \
+      --set parallel.zero=1 --set parallel.schedule=zb_h1
+    resume r1_resumed r1 2 "${fp32[@]}"
+    resume r1_resharded_pp2_dp2_zero3 r1 2 "${fp32[@]}" --set parallel.pp=2 --set parallel.dp=2 \
+      --set parallel.zero=3
+    train bf16_storage_r1 "${bf16_storage[@]}"
+    train bf16_storage_pp2_dp2_tp2_sp_zero1 "${bf16_storage[@]}" "${pp2_dp2_tp2[@]}" \
+      --set parallel.zero=1 --set parallel.sequence_parallel=true
+    ;;
+  onednn)
+    if ! "$titan3d" train "$repo/recipes/tiny.toml" "${common[@]}" "${bf16_gemm[@]}" \
+         --set train.steps=1 --set snapshot.every=0 --set run.dir="$work/probe" > "$work/probe.log" 2>&1; then
+      grep -q "oneDNN cannot run" "$work/probe.log" &&
+        { echo "SKIP: $(grep -o 'oneDNN cannot run.*' "$work/probe.log" | head -1)"; exit 77; }
+      echo "FAIL: a one-step bf16 run exited non-zero"; tail "$work/probe.log"; exit 1
+    fi
+    isa=$(grep -o 'cpu isa [a-z0-9_]*' "$work/probe/logs/rank0.log" | head -1)
+    [ -n "$isa" ] || { echo "FAIL: rank 0's log does not name oneDNN's ISA"; exit 1; }
+    echo "oneDNN $isa" >> "$results"
+    if [ "${GOLDEN_RECORD:-0}" != 1 ] && ! grep -qx "oneDNN $isa" "$golden"; then
+      echo "SKIP: $golden was recorded with $(grep '^oneDNN' "$golden"), this machine's oneDNN runs $isa: its bf16 kernels sum in another order"
+      exit 77
+    fi
+    train bf16_r1 "${bf16_gemm[@]}"
+    train bf16_dp2_zero3 "${bf16_gemm[@]}" --set parallel.dp=2 --set parallel.zero=3 \
+      --set parallel.bucket_mb=0.05
+    train bf16_pp2_dp2_tp2_sp_zero2 "${bf16_gemm[@]}" "${pp2_dp2_tp2[@]}" --set parallel.zero=2 \
+      --set parallel.sequence_parallel=true
+    resume bf16_r1_resharded_dp2 bf16_r1 2 "${bf16_gemm[@]}" --set parallel.dp=2
+    ;;
+  *) echo "FAIL: group must be portable or onednn, not '$group'"; exit 1 ;;
+esac
+
+if [ "${GOLDEN_RECORD:-0}" = 1 ]; then
+  mkdir -p "$(dirname "$golden")"
+  cp "$results" "$golden"
+  echo "recorded $(grep -c . "$golden") lines into $golden"
+  exit 0
+fi
+[ -f "$golden" ] || { echo "FAIL: no golden file $golden"; exit 1; }
+if diff "$golden" "$results" > "$work/diff.txt"; then
+  echo "$(grep -c $'\tloss' "$results") runs bit-identical to $golden"
+  exit 0
+fi
+echo "FAIL: results differ from $golden (< golden, > now):"
+cat "$work/diff.txt"
+exit 1
