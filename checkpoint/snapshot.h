@@ -13,7 +13,7 @@
 // follows the chain to its full base and XORs the deltas in, checking every chunk's content hash
 // on the way, so it is bit-exact or refused.
 //
-// This layer knows tensors and files, not the trainer or MPI: runtime/snapshots.cpp decides who
+// This layer knows tensors and files, not the trainer or MPI: runtime/train/snapshots.cpp decides who
 // writes what and agrees across ranks before anything is published. Every function here calls
 // HDF5 and so must run on the process's IoThread.
 #pragma once

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The titan3d model in plain PyTorch, for side-by-side speed (bench_vs_pytorch.sh) and, later,
-numerical cross-checks. Same architecture as runtime/model.cpp: LLaMA blocks with RMSNorm,
+numerical cross-checks. Same architecture as runtime/model/model.cpp: LLaMA blocks with RMSNorm,
 rotate-half RoPE, grouped-query causal attention, SwiGLU, untied LM head; AdamW with titan3d's
 decay split (no decay on norm weights), warm-up + cosine LR, global-norm clipping."""
 import argparse

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "kernels/check.h"
-#include "runtime/data_sampler.h"
+#include "runtime/data/data_sampler.h"
 
 namespace t3d::runtime {
 namespace {

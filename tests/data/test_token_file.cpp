@@ -10,8 +10,8 @@
 #include <numeric>
 
 #include "kernels/check.h"
-#include "runtime/data.h"
-#include "runtime/tokenizer.h"
+#include "runtime/data/data.h"
+#include "runtime/data/tokenizer.h"
 
 namespace t3d::runtime {
 namespace {

@@ -2,7 +2,7 @@
 // else passes through unchanged.
 #include <gtest/gtest.h>
 
-#include "runtime/mpirun_watch.h"
+#include "runtime/launch/mpirun_watch.h"
 
 #include <sys/wait.h>
 #include <unistd.h>

@@ -50,7 +50,7 @@ Product reference(Trans ta, Trans tb, int M, int N, int K, const std::vector<flo
 }
 
 // Every kind runs on an x86-64 CPU with AVX-512; oneDNN's bf16 needs it. Where a kind cannot run,
-// its tests skip with oneDNN's reason (and training leaves the kind out, runtime/gemm_choice.h).
+// its tests skip with oneDNN's reason (and training leaves the kind out, runtime/stage/gemm_choice.h).
 class GemmKinds : public ::testing::TestWithParam<GemmKind> {
  protected:
   void SetUp() override {

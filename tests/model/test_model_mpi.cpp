@@ -9,7 +9,7 @@
 #include "kernels/arena.h"
 #include "kernels/check.h"
 #include "parallel/comm.h"
-#include "runtime/model.h"
+#include "runtime/model/model.h"
 
 using namespace t3d;
 using runtime::Model;

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "kernels/check.h"
-#include "runtime/planner.h"
+#include "runtime/plan/planner.h"
 
 namespace t3d::runtime {
 namespace {

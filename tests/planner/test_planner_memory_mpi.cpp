@@ -8,9 +8,9 @@
 #include "kernels/arena.h"
 #include "parallel/comm.h"
 #include "parallel/pipeline_split.h"
-#include "runtime/data_parallel.h"
-#include "runtime/model.h"
-#include "runtime/planner_cost.h"
+#include "runtime/train/data_parallel.h"
+#include "runtime/model/model.h"
+#include "runtime/plan/planner_cost.h"
 
 namespace t3d::runtime {
 namespace {

@@ -4,7 +4,7 @@
 #include <numeric>
 #include <vector>
 
-#include "runtime/model.h"
+#include "runtime/model/model.h"
 
 using namespace t3d::runtime;
 

@@ -1,11 +1,11 @@
 // Which GEMM kinds a recipe's train.precision and hardware.gemm let the measurement choose from,
-// and what a resolved pair means (runtime/gemm_choice.h).
+// and what a resolved pair means (runtime/stage/gemm_choice.h).
 #include <gtest/gtest.h>
 
 #include <vector>
 
 #include "kernels/check.h"
-#include "runtime/gemm_choice.h"
+#include "runtime/stage/gemm_choice.h"
 
 namespace t3d::runtime {
 namespace {

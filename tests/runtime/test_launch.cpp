@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-#include "runtime/launch.h"
+#include "runtime/launch/launch.h"
 
 using namespace t3d::runtime;
 

@@ -6,7 +6,7 @@
 #include <sstream>
 
 #include "kernels/check.h"
-#include "runtime/recipe.h"
+#include "runtime/recipe/recipe.h"
 
 using namespace t3d::runtime;
 namespace fs = std::filesystem;

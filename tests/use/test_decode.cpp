@@ -11,7 +11,7 @@
 #include "kernels/check.h"
 #include "kernels/ops.h"
 #include "kernels/ops_decode.h"
-#include "runtime/generate.h"
+#include "runtime/use/generate.h"
 
 namespace t3d::runtime {
 namespace {

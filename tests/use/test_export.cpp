@@ -14,7 +14,7 @@
 
 #include "checkpoint/snapshot.h"
 #include "kernels/check.h"
-#include "runtime/export.h"
+#include "runtime/use/export.h"
 
 namespace t3d::runtime {
 namespace {

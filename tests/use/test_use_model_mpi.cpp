@@ -8,9 +8,9 @@
 #include "kernels/arena.h"
 #include "kernels/check.h"
 #include "parallel/comm.h"
-#include "runtime/export.h"
-#include "runtime/generate.h"
-#include "runtime/model.h"
+#include "runtime/use/export.h"
+#include "runtime/use/generate.h"
+#include "runtime/model/model.h"
 
 using namespace t3d;
 

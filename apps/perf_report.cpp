@@ -1,0 +1,123 @@
+#include "apps/perf_report.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <cmath>
+#include <fstream>
+
+#include "parallel/simulator.h"
+#include "runtime/stage/gemm_choice.h"
+#include "runtime/plan/planner.h"
+
+namespace t3d::runtime {
+
+namespace {
+
+// The bubble the schedule itself implies at the planner's per-stage costs (the measured pp share
+// also holds transfer time, so it is an upper bound on the bubble).
+double simulated_bubble(const Recipe& recipe) {
+  try {
+    const Cluster cluster = local_cluster(recipe);
+    const PlanProblem problem = make_problem(recipe, cluster);
+    const Layout layout = layout_of_recipe(recipe, cluster);
+    return parallel::simulate(make_layout_schedule(layout), stage_costs(problem, layout))
+        .bubble_fraction;
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+std::string percent(double share) { return share < 0 ? "n/a" : fmt::format("{:.1f}%", 100 * share); }
+
+}  // namespace
+
+PerfSummary summarize_performance(const Recipe& r, int devices, const TrainSummary& summary) {
+  PerfSummary p;
+  const auto& q = r.parallel;
+  p.layout = fmt::format("pp{} dp{} tp{}{}, {}, {} micro-batch{}", q.pp, q.dp, q.tp,
+                         q.cp > 1 ? fmt::format(" cp{}", q.cp) : "", q.schedule,
+                         r.train.micro_batches, r.train.micro_batches > 1 ? "es" : "");
+  p.devices = devices;
+  // Step 1 pays for first touches of memory and connections: averaged over the rest when any.
+  const auto& steps = summary.steps;
+  const size_t first = steps.size() > 1 ? 1 : 0;
+  double seconds = 0, tokens = 0;
+  for (size_t i = first; i < steps.size(); ++i) {
+    const auto& s = steps[i];
+    seconds += s.step_s;
+    tokens += s.tokens_per_s * s.step_s;
+    p.tp_share += s.tp_share * s.step_s;
+    p.dp_share += s.dp_share * s.step_s;
+    p.pp_share += s.pp_share * s.step_s;
+    p.cp_share += s.cp_share * s.step_s;
+    p.mfu += s.mfu * s.step_s;
+    p.mfu_gemm += s.mfu_gemm * s.step_s;
+    p.peak_mem_gib = std::max(p.peak_mem_gib, s.peak_mem_gib);
+    ++p.steps_measured;
+  }
+  if (seconds > 0) {
+    p.tokens_per_s = tokens / seconds;
+    p.tp_share /= seconds, p.dp_share /= seconds, p.pp_share /= seconds, p.cp_share /= seconds;
+    p.mfu /= seconds;
+    p.mfu_gemm /= seconds;
+  }
+  const bool resolved = r.train.precision != "auto" && r.hardware.gemm != "auto";
+  p.gemm = fmt::format("{} (train.precision = {})",
+                       resolved ? kernels::gemm_kind_name(gemm_kind_of(r.train.precision, r.hardware.gemm))
+                                : "not resolved",
+                       r.train.precision);
+  p.tokens_per_s_per_device = p.tokens_per_s / std::max(1, devices);
+  p.bubble = q.pp > 1 ? simulated_bubble(r) : 0.0;
+  return p;
+}
+
+std::string format_performance(const PerfSummary& p) {
+  std::string out = fmt::format("performance over {} step{} (the first left out):\n",
+                                p.steps_measured, p.steps_measured == 1 ? "" : "s");
+  const auto row = [&](const char* key, const std::string& value) {
+    out += fmt::format("  {:<34}{}\n", key, value);
+  };
+  row("layout", p.layout);
+  row("devices", std::to_string(p.devices));
+  row("peak memory per device", fmt::format("{:.3f} GiB", p.peak_mem_gib));
+  row("tokens/s per device", fmt::format("{:.0f}", p.tokens_per_s_per_device));
+  row("tokens/s in all", fmt::format("{:.0f}", p.tokens_per_s));
+  row("communication share TP", percent(p.tp_share));
+  row("communication share DP", percent(p.dp_share));
+  row("communication share PP", percent(p.pp_share) + " (bubble + transfers, measured)");
+  row("communication share CP", percent(p.cp_share));
+  row("pipeline bubble", percent(p.bubble) + " (the schedule, simulated)");
+  row("GEMM", p.gemm);
+  row("MFU", percent(p.mfu) + " (of the hardware peak)");
+  row("MFU against the GEMM's own rate", percent(p.mfu_gemm));
+  return out;
+}
+
+std::string performance_json(const PerfSummary& p) {
+  const auto num = [](double x) { return std::isfinite(x) ? fmt::format("{:.6g}", x) : "null"; };
+  return fmt::format(
+      "{{\"layout\": \"{}\", \"devices\": {}, \"steps_measured\": {}, \"peak_mem_gib\": {}, "
+      "\"tokens_per_s_per_device\": {}, \"tokens_per_s\": {}, \"tp_comm_share\": {}, "
+      "\"dp_comm_share\": {}, \"pp_wait_share\": {}, \"cp_comm_share\": {}, \"bubble_simulated\": {}, \"mfu\": {}, "
+      "\"mfu_gemm\": {}, \"gemm\": \"{}\"}}",
+      p.layout, p.devices, p.steps_measured, num(p.peak_mem_gib), num(p.tokens_per_s_per_device),
+      num(p.tokens_per_s), num(p.tp_share), num(p.dp_share), num(p.pp_share),
+      num(p.cp_share), p.bubble < 0 ? "null" : num(p.bubble), num(p.mfu),
+      num(p.mfu_gemm), p.gemm);
+}
+
+void report_performance(const Job& job, const TrainSummary& summary) {
+  if (job.mesh->rank() != 0 || summary.steps.empty()) return;
+  const PerfSummary p = summarize_performance(job.recipe, job.mesh->world().size(), summary);
+  spdlog::info("{}", format_performance(p));
+  const std::string path = job.run_dir + "/summary.json";
+  std::ofstream out(path);
+  out << "{\"performance\": " << performance_json(p)
+      << fmt::format(", \"steps\": {}, \"final_loss\": {:.6g}, \"unigram_entropy_nats\": {:.6g}}}\n",
+                     summary.steps.back().step, summary.steps.back().loss,
+                     summary.unigram_entropy_nats);
+  if (!out) spdlog::warn("cannot write {}", path);
+}
+
+}  // namespace t3d::runtime

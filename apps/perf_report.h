@@ -1,0 +1,35 @@
+// The end-of-run performance table (the reference's: layout, devices, per-device peak memory,
+// tokens/s per device and in all, communication share of TP, DP and PP, pipeline bubble, MFU),
+// computed from the TrainSummary the trainer returns. Formulas in docs/metrics.md.
+#pragma once
+
+#include <string>
+
+#include "runtime/launch/job.h"
+#include "runtime/train/trainer.h"
+
+namespace t3d::runtime {
+
+struct PerfSummary {
+  std::string layout;  // "pp2 dp2 tp2, 1f1b, 2 micro-batches"
+  int devices = 0;
+  int steps_measured = 0;        // steps averaged (the first, warm-up, step is left out)
+  double peak_mem_gib = 0;       // largest arena peak of any rank
+  double tokens_per_s = 0;       // all devices
+  double tokens_per_s_per_device = 0;
+  double tp_share = 0, dp_share = 0, pp_share = 0, cp_share = 0;  // of step time, mean over ranks
+  double bubble = -1;  // the schedule's simulated bubble fraction (< 0: unknown)
+  double mfu = 0;       // over the hardware peak of the GEMMs' precision
+  double mfu_gemm = 0;  // over the chosen GEMM's measured rate at the model's shapes
+  std::string gemm;     // the linear layers' GEMM kind ("onednn-bf16")
+};
+
+PerfSummary summarize_performance(const Recipe& recipe, int devices, const TrainSummary& summary);
+std::string format_performance(const PerfSummary& perf);
+std::string performance_json(const PerfSummary& perf);
+
+// Rank 0: logs the table and writes summary.json (with the table's values) into the run
+// directory. Other ranks: nothing. Does nothing for a run without steps.
+void report_performance(const Job& job, const TrainSummary& summary);
+
+}  // namespace t3d::runtime

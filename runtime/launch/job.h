@@ -1,0 +1,87 @@
+// A verb's life inside its world: spawn or join, MPI up, mesh and communicators built, run
+// directory and logs in place. apps/ calls this and then the capability (trainer, selfcheck...).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "parallel/comm.h"
+#include "runtime/launch/launch.h"
+#include "runtime/recipe/recipe.h"
+
+namespace t3d::runtime {
+
+// MPI_Init_thread / MPI_Finalize as an RAII pair.
+class MpiRuntime {
+ public:
+  MpiRuntime();
+  ~MpiRuntime();
+  MpiRuntime(const MpiRuntime&) = delete;
+  MpiRuntime& operator=(const MpiRuntime&) = delete;
+};
+
+// Checks the recipe's inputs exist (data files) so the user hears it before any rank starts.
+void check_inputs(const Recipe& recipe);
+
+// Outside a launcher, never returns: re-executes argv under mpirun with the recipe's rank count
+// (`np_override` > 0 replaces it when dp = -1) and the ranks' environment (OpenBLAS core type and
+// threads). Inside a launcher, returns immediately.
+void spawn_if_needed(const Recipe& recipe, const std::vector<std::string>& argv, int np_override);
+// What spawn_if_needed runs: ranks, their environment and log directory (run_spawned runs it and
+// returns, for a verb that goes on after its ranks are done).
+SpawnPlan make_spawn_plan(const Recipe& recipe, const std::vector<std::string>& argv,
+                          int np_override);
+
+// The run directory's lock, `<run_dir>/lock`, held by rank 0 of a training job for its life: a
+// second live job writing into the same run directory would interleave its snapshots and metrics
+// with the first's, so it is refused (UserError naming the holder: host, pid, launch id, start
+// time). A lock whose holder is gone (same host, and its pid dead or now another process) is
+// taken over with a warning; one held on another host cannot be checked and is refused, naming
+// the file to delete if that job is known to be dead. Collective over `world`; taken before any
+// rank opens its log, so a refused job does not truncate the holder's logs.
+class RunLock {
+ public:
+  RunLock(const parallel::Comm& world, const std::string& run_dir, const std::string& hostname,
+          const LaunchEnv& env);
+  ~RunLock();  // removes the lock file (rank 0), unless another job took it over
+  RunLock(const RunLock&) = delete;
+  RunLock& operator=(const RunLock&) = delete;
+
+ private:
+  std::string path_, content_;  // empty on ranks other than 0
+};
+
+struct Job {
+  Recipe recipe;
+  LaunchEnv env;
+  std::unique_ptr<parallel::Mesh> mesh;
+  std::string run_dir;  // run.dir, or run.dir/slurm-<job id> under SLURM (job_run_dir)
+  std::string hostname;
+  std::vector<std::string> hosts;  // host name of every world rank
+  std::unique_ptr<RunLock> lock;   // training jobs only (join_world's `lock_run_dir`)
+};
+
+// Inside the world: resolves dp = -1, builds the mesh and its communicators, the run directory
+// (and its lock, with `lock_run_dir`: a job that writes snapshots) and per-rank logs; warns when a
+// tensor-parallel group straddles hosts. Collective; a failure on any rank is agreed on and
+// reported once.
+Job join_world(Recipe recipe, const std::string& log_level_override, bool needs_data = true,
+               bool lock_run_dir = false);
+
+// Runs `setup` on every rank, then agrees: if any rank threw, the lowest such rank prints its error
+// (only that one copy reaches the console) and every rank throws AgreedFailure with its exit code.
+struct AgreedFailure {
+  int exit_code;
+};
+void agree_on(const parallel::Comm& world, const std::function<void()>& setup);
+
+// Every group's all-reduce of world ranks equals the sum over the expected members: the
+// communicators were built right. Returns the number of groups checked; throws on a mismatch.
+int verify_mesh_groups(const parallel::Mesh& mesh);
+
+// Rank 0 logs the mesh: one line per rank with host and coordinates (gathered from all ranks).
+void report_mesh(const Job& job);
+
+}  // namespace t3d::runtime

@@ -1,0 +1,26 @@
+#include "runtime/launch/logging.h"
+
+#include <spdlog/sinks/basic_file_sink.h>
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+
+namespace t3d::runtime {
+
+void setup_logging(const std::string& label, const std::string& log_file, bool console,
+                   const std::string& level) {
+  std::vector<spdlog::sink_ptr> sinks;
+  if (console) sinks.push_back(std::make_shared<spdlog::sinks::stdout_color_sink_mt>());
+  if (!log_file.empty()) {
+    std::filesystem::create_directories(std::filesystem::path(log_file).parent_path());
+    sinks.push_back(std::make_shared<spdlog::sinks::basic_file_sink_mt>(log_file, true));
+  }
+  auto logger = std::make_shared<spdlog::logger>("titan3d", sinks.begin(), sinks.end());
+  logger->set_pattern("%H:%M:%S.%e %^%L%$ " + label + " %v");
+  logger->set_level(spdlog::level::from_str(level));
+  logger->flush_on(spdlog::level::info);
+  spdlog::set_default_logger(logger);
+}
+
+}  // namespace t3d::runtime

@@ -1,0 +1,229 @@
+#include "runtime/launch/mpirun_watch.h"
+
+#include <dirent.h>
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <map>
+#include <cstdio>
+#include <cstring>
+#include <regex>
+
+#include "kernels/check.h"
+
+namespace t3d::runtime {
+
+namespace {
+
+bool is_rule(const std::string& line) {
+  return line.size() >= 20 && line.find_first_not_of('-') == std::string::npos;
+}
+
+// Banners that only repeat what the ranks reported themselves.
+bool is_echo(const std::string& text) {
+  for (const char* known : {"Primary job", "exited with non-zero status", "MPI_ABORT was invoked",
+                            "exited on signal 15"})
+    if (text.find(known) != std::string::npos) return true;
+  return false;
+}
+
+}  // namespace
+
+std::vector<std::string> MpirunStderrFilter::close_banner() {
+  std::vector<std::string> lines;
+  lines.swap(banner_);
+  std::string text;
+  for (const auto& l : lines) text += l + " ";
+  static const std::regex dead(
+      R"(process rank (\d+) with PID (\d+) on node (\S+) (exited on signal (\d+) \(([^)]*)\)|exiting improperly))");
+  std::smatch m;
+  if (std::regex_search(text, m, dead)) {
+    const std::string pid = m[2] == "0" ? "" : "pid " + m[2].str() + " ";
+    const std::string how = m[5].matched ? "died: signal " + m[5].str() + " (" + m[6].str() + ")"
+                                         : "exited without finishing MPI (a crash or exit())";
+    if (m[5].matched && m[5] == "15") return {};  // ended by the launcher: an echo
+    return {"titan3d: rank " + m[1].str() + " (" + pid + "on host " + m[3].str() + ") " + how +
+            "; Open MPI ended the job. Its log: " + log_dir_ + "/rank" + m[1].str() + ".log"};
+  }
+  if (is_echo(text)) return {};
+  lines.insert(lines.begin(), std::string(74, '-'));
+  return lines;
+}
+
+std::vector<std::string> MpirunStderrFilter::feed(const std::string& line) {
+  if (is_rule(line)) {
+    in_banner_ = !in_banner_;
+    if (!in_banner_) return close_banner();
+    return {};
+  }
+  if (in_banner_) {
+    banner_.push_back(line);
+    return {};
+  }
+  return {line};
+}
+
+std::vector<std::string> MpirunStderrFilter::finish() {
+  if (!in_banner_) return {};
+  in_banner_ = false;
+  return close_banner();
+}
+
+char process_state(int pid) {
+  std::FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (!f) return 0;
+  char buf[512] = {};
+  const size_t n = std::fread(buf, 1, sizeof(buf) - 1, f);
+  std::fclose(f);
+  // "pid (comm) S ...": comm may hold spaces and parentheses, so the state follows the last ')'.
+  const char* close = std::strrchr(buf, ')');
+  return close && close + 2 < buf + n ? close[2] : 0;
+}
+
+namespace {
+
+// The stall watch of run_mpirun_watched: ranks stopped since when, and what was said.
+class StallWatch {
+ public:
+  StallWatch(std::string log_dir, std::string pid_dir, double stall_s)
+      : log_dir_(std::move(log_dir)), pid_dir_(std::move(pid_dir)), stall_s_(stall_s) {
+    // Pid files of an earlier job in this run directory name processes that are gone (or reused).
+    if (DIR* d = opendir(pid_dir_.c_str())) {
+      while (const dirent* e = readdir(d))
+        if (rank_of(e->d_name) >= 0) unlink((pid_dir_ + "/" + e->d_name).c_str());
+      closedir(d);
+    }
+  }
+  bool fired() const { return fired_; }
+
+  // Once a second: lines to print. Kills a rank stopped for stall_s.
+  std::vector<std::string> poll() {
+    std::vector<std::string> out;
+    if (stall_s_ <= 0 || pid_dir_.empty()) return out;
+    const auto now = Clock::now();
+    DIR* d = opendir(pid_dir_.c_str());
+    if (!d) return out;
+    int ranks = 0;
+    while (const dirent* e = readdir(d)) ranks += rank_of(e->d_name) >= 0;
+    rewinddir(d);
+    while (const dirent* e = readdir(d)) {
+      const int rank = rank_of(e->d_name);
+      if (rank < 0) continue;
+      std::FILE* f = std::fopen((pid_dir_ + "/" + e->d_name).c_str(), "r");
+      int pid = 0;
+      if (f) {
+        if (std::fscanf(f, "%d", &pid) != 1) pid = 0;
+        std::fclose(f);
+      }
+      const char state = pid > 0 ? process_state(pid) : 0;
+      if (state != 'T' && state != 't') {
+        stopped_.erase(rank);
+        continue;
+      }
+      auto [it, fresh] = stopped_.try_emplace(rank, Stopped{pid, now, false});
+      const double s = std::chrono::duration<double>(now - it->second.since).count();
+      const std::string who = "rank " + std::to_string(rank) + " (pid " + std::to_string(pid) + ")";
+      if (!it->second.named && s >= stall_s_ / 2) {
+        it->second.named = true;
+        out.push_back("titan3d: stall watchdog: " + who +
+                      " is stopped (SIGSTOP or a debugger) and makes no progress" +
+                      (ranks > 1 ? "; the other ranks wait on it" : "") + ". Its log: " + log_dir_ + "/rank" + std::to_string(rank) +
+                      ".log. `kill -CONT " + std::to_string(pid) + "` resumes it");
+      }
+      if (s >= stall_s_ && !fired_) {
+        fired_ = true;
+        out.push_back("titan3d: stall watchdog: " + who + " stayed stopped for more than " +
+                      fmt_seconds(stall_s_) + " s (parallel.timeout_s); ending the job");
+        kill(pid, SIGKILL);
+      }
+    }
+    closedir(d);
+    return out;
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Stopped {
+    int pid;
+    Clock::time_point since;
+    bool named;
+  };
+  // "rank12.pid" -> 12, anything else -> -1.
+  static int rank_of(const char* name) {
+    int rank = -1, end = 0;
+    if (std::sscanf(name, "rank%d.pid%n", &rank, &end) == 1 && name[end] == '\0' && rank >= 0)
+      return rank;
+    return -1;
+  }
+  static std::string fmt_seconds(double s) {
+    char buf[32];
+    std::snprintf(buf, sizeof(buf), "%g", s);
+    return buf;
+  }
+  std::string log_dir_, pid_dir_;
+  double stall_s_;
+  bool fired_ = false;
+  std::map<int, Stopped> stopped_;
+};
+
+}  // namespace
+
+int run_mpirun_watched(const std::vector<std::string>& argv, const std::string& log_dir,
+                       double stall_s, const std::string& pid_dir) {
+  int fds[2];
+  T3D_ASSERT(pipe(fds) == 0, "pipe: ", std::strerror(errno));
+  const pid_t child = fork();
+  T3D_ASSERT(child >= 0, "fork: ", std::strerror(errno));
+  if (child == 0) {
+    dup2(fds[1], STDERR_FILENO);
+    close(fds[0]), close(fds[1]);
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    execvp(args[0], args.data());
+    std::fprintf(stderr, "titan3d: cannot start mpirun: %s. Install Open MPI (`apt-get install "
+                 "openmpi-bin`) or launch titan3d under mpirun / srun yourself\n",
+                 std::strerror(errno));
+    _exit(2);
+  }
+  close(fds[1]);
+  std::signal(SIGINT, SIG_IGN);  // Ctrl-C reaches mpirun too; it ends the ranks, we report
+  MpirunStderrFilter filter(log_dir);
+  const auto print = [](const std::vector<std::string>& lines) {
+    for (const auto& l : lines) std::fprintf(stderr, "%s\n", l.c_str());
+    std::fflush(stderr);
+  };
+  // mpirun's stderr line by line, and the stall watch once a second in between.
+  StallWatch stalls(log_dir, pid_dir, stall_s);
+  std::string pending;
+  char buf[4096];
+  for (;;) {
+    pollfd pfd{fds[0], POLLIN, 0};
+    const int ready = ::poll(&pfd, 1, 1000);
+    if (ready < 0 && errno != EINTR) break;
+    if (ready > 0) {
+      const ssize_t n = read(fds[0], buf, sizeof(buf));
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;  // mpirun closed its stderr: it is ending
+      pending.append(buf, static_cast<size_t>(n));
+      for (size_t nl; (nl = pending.find('\n')) != std::string::npos;) {
+        print(filter.feed(pending.substr(0, nl)));
+        pending.erase(0, nl + 1);
+      }
+    }
+    print(stalls.poll());
+  }
+  if (!pending.empty()) print(filter.feed(pending));
+  print(filter.finish());
+  close(fds[0]);
+  int status = 0;
+  while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  }
+  if (stalls.fired()) return 3;  // the watchdog's exit code (README: exit codes)
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+}  // namespace t3d::runtime

@@ -1,0 +1,284 @@
+// A LLaMA-style decoder, as the part one rank holds: some pipeline chunks (contiguous layer
+// ranges; the first holds the embedding, the last the final norm, LM head and loss), each weight
+// sharded over the tp group Megatron-style. With pp = tp = 1 it is the whole model on one rank.
+//
+// Tensor parallelism lives in four places, each a conjugate pair (Megatron's mappings):
+//   - q/k/v and gate/up are column-parallel: forward needs no communication ("copy"); the
+//     gradient of their shared input is a partial sum, all-reduced in backward;
+//   - o_proj and down_proj are row-parallel: their output is a partial sum, all-reduced in forward
+//     ("reduce"), before it joins the residual stream; backward needs no communication;
+//   - the embedding is vocab-parallel: each rank looks up the ids it owns, rows are all-reduced;
+//   - the LM head is vocab-parallel and the cross-entropy runs on vocab slices (max, sum-exp and
+//     target logit all-reduced): no rank ever holds the full logits.
+// So the residual stream, norms and their weights are replicated and identical across tp ranks.
+//
+// Memory: parameters, gradients and AdamW moments are four regions of the rank's arena (one
+// layout); activations live in `slots`, one per micro-batch in flight, allocated once when the
+// model is built, so a step never allocates and a too-small budget fails at build time.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/arena.h"
+#include "kernels/ops.h"
+#include "parallel/comm.h"
+#include "parallel/grad_reducer.h"
+#include "parallel/pipeline_split.h"
+#include "runtime/recipe/recipe.h"
+
+namespace t3d::runtime {
+
+// One row of the parameter table: the global (Hugging Face) tensor and how it is sharded.
+struct ParamInfo {
+  std::string name;
+  std::vector<int64_t> global_shape;
+  int split_dim = -1;  // -1 replicated over tp; 0 rows (column-parallel, vocab); 1 columns
+  bool decay = true;   // AdamW weight decay (norm weights: no)
+};
+
+struct ModelOptions {
+  int64_t micro_rows = 1;  // sequences per micro-batch
+  int64_t slots = 1;       // micro-batches whose activations are alive at once, per chunk
+  bool with_optimizer = true;
+  // false (ZeRO-2): no full-size gradient region; the backward writes each unit's gradients where
+  // set_grad_source points (the reducer's staging buffers).
+  bool grad_region = true;
+  // false (ZeRO-3): no full-size parameter region; the model reads each unit's weights where
+  // set_weight_source points (the reducer's gathered buffers).
+  bool param_region = true;
+  // Activation checkpointing: 0 none; K recomputes blocks 0, K, 2K, ... of each chunk in the
+  // backward instead of keeping their activations (K = 1: every block, "full").
+  int64_t checkpoint_every = 0;
+  // Zero-bubble schedules run the backward as B (input gradients) then, later, W (weight
+  // gradients): keep per slot the output gradients W needs.
+  bool split_backward = false;
+  // Mixed precision (train.precision = "bf16"): saved activations are stored in bf16 and TP / PP
+  // traffic travels in bf16; master weights, GEMMs and accumulation stay fp32 (bf16 arithmetic is
+  // not faster than fp32 on the CPUs titan3d runs on, see bench/README.md).
+  bool bf16 = false;
+  // Megatron sequence parallelism: outside the TP blocks (norms, residual stream, pipeline
+  // traffic) each tp rank keeps only its 1/tp of the micro-batch's rows.
+  bool sequence_parallel = false;
+  // Slots per local chunk instead of `slots` for each, when given (the pipeline executor's
+  // per-chunk peaks): ZB-V's two chunks peak at different counts, and only their sum keeps
+  // 1F1B's memory.
+  std::vector<int64_t> chunk_slots = {};
+  // Context parallelism (parallel.cp > 1): this rank's cp group. The sequence is cut into 2·cp
+  // parts and cp rank r holds parts r and 2·cp−1−r (the zig-zag split: under the causal mask
+  // every rank then has the same attention work); attention all-gathers keys and values over the
+  // group (Llama 3's all-gather CP) and reduce-scatters their gradients. nullptr or size 1: none.
+  // The rank's tokens are ordered (part, row, position): see cp_local_positions.
+  const parallel::Comm* cp = nullptr;
+};
+
+// Context parallelism: cp rank `cp_rank`'s tokens of `rows` whole sequences of `seq_len` (row
+// major), in the model's order (part, row, position) of the zig-zag split (ModelOptions::cp).
+// With cp = 1 a copy.
+void cp_local_positions(const int32_t* whole, int32_t* local, int64_t rows, int64_t seq_len, int cp,
+                        int cp_rank);
+
+// FLOPs of one training step (forward + backward) per token of the whole model, PaLM's count:
+// 6 per matmul weight plus 12·layers·heads·head_dim·seq_len for attention scores (full T×T).
+double model_train_flops_per_token(const ModelConfig& config);
+
+class Model {
+ public:
+  // `chunks`: this rank's layer ranges; `tp`: its tensor-parallel group (size 1: no sharding).
+  Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks,
+        const parallel::Comm& tp, kernels::Arena& arena, const ModelOptions& options);
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelConfig& config() const { return config_; }
+  const std::vector<parallel::LayerRange>& chunks() const { return chunks_; }
+  const kernels::ParamLayout& layout() const { return layout_; }
+  const std::vector<ParamInfo>& params() const { return params_; }  // layout order
+  kernels::ModelState& state() { return state_; }
+  int64_t rows() const { return rows_; }  // tokens per micro-batch: micro_rows · seq_len / cp
+  // Floats of one chunk input / output / input gradient on this rank: rows·C, or rows/tp·C with
+  // sequence parallelism (what pipeline stages send each other).
+  int64_t io_floats() const { return rows_local_ * config_.dim; }
+  // Sequence parallelism leaves each tp rank with the norm-weight gradient of its own rows only:
+  // sum those over tp, before the dp reduction, for the replicated tensors that lie inside
+  // `range` (of the gradient region), whose gradients start at `data`.
+  void sum_replicated_grads(const parallel::FloatRange& range, float* data) const;
+  int tp_rank() const { return tp_.rank(); }
+  int tp_size() const { return tp_.size(); }
+
+  // Deterministic and layout-independent: element g of a global tensor is drawn from a counter
+  // hash of (seed, name, g), so every layout starts from the same global model.
+  // `region`: where to write the full parameter region (default: the model's own; a ZeRO-3 model
+  // has none, its caller initialises a host copy and keeps its shard of it).
+  void init(uint64_t seed, float* region = nullptr);
+
+  // Forward of `chunk` for the micro-batch in `slot`. The first chunk reads `tokens` (rows); other
+  // chunks read input(chunk, slot), filled by the caller (pipeline receive). The last chunk also
+  // takes `targets` and returns the summed loss over the micro-batch's tokens; with `training` it
+  // computes the loss gradient scaled by `grad_scale` right away (no logits kept per slot).
+  // Returns 0 for chunks that are not last.
+  double forward(int chunk, int slot, const int32_t* tokens, const int32_t* targets,
+                 float grad_scale, bool training);
+  // Backward of `chunk`: `dout` is the gradient of its output (nullptr for the last chunk, which
+  // starts from its loss). Parameter gradients accumulate; the first chunk stops at the
+  // embedding, others leave the gradient of their input in input_grad(chunk).
+  void backward(int chunk, int slot, const float* dout);
+  // The same backward in two parts (ModelOptions::split_backward): B computes the input gradient
+  // (and the cheap norm and embedding weight gradients) and keeps what W needs; W, run later,
+  // computes the projections' weight gradients. Recomputed blocks do all of it in B, since their
+  // activations live in a buffer the next recompute overwrites.
+  void backward_input(int chunk, int slot, const float* dout);
+  void backward_weight(int chunk, int slot);
+
+  float* input(int chunk, int slot);              // (rows, C): activations from the previous chunk
+  const float* output(int chunk, int slot) const;  // (rows, C): activations for the next chunk
+  // (rows, C): gradient of the chunk's input, per slot so a send can still be in flight while the
+  // next micro-batch's backward runs.
+  const float* input_grad(int chunk, int slot) const;
+  // bf16 mode: the (rows, C) buffer pipeline receives land in.
+  uint16_t* recv16();
+  bool bf16() const { return options_.bf16; }
+
+  // Sum of squared gradients over the float ranges given (of the gradient region) for the global
+  // norm: tp-replicated tensors count on tp rank 0 only, so summing the ranges' partition over
+  // dp and the result over tp and pp gives the global sum exactly. The gradients are in `data`:
+  // at their region offsets, or with `compact` the ranges back to back (ZeRO-2's shard).
+  double grad_sum_of_squares(const std::vector<parallel::FloatRange>& ranges, const float* data,
+                             bool compact) const;
+
+  // Gradient units: float ranges of the gradient region that become final together. Unit -1 is
+  // the embedding, l a transformer block, n_layers the final norm and LM head. In region order.
+  struct GradUnit {
+    int64_t unit;
+    parallel::FloatRange range;
+  };
+  std::vector<GradUnit> grad_units() const;
+  // Called with a unit id each time a micro-batch has added its gradient to that unit (the data
+  // parallel reducer starts a bucket once all micro-batches have).
+  void set_grad_hook(std::function<void(int64_t unit)> hook) { grad_hook_ = std::move(hook); }
+  // Where a unit's gradients accumulate (its first float), asked right before every write to them
+  // (a pointer is not kept across another unit's writes: ZeRO-2 may move the unit meanwhile).
+  // Default: the gradient region.
+  void set_grad_source(std::function<float*(int64_t unit)> source) {
+    grad_source_ = std::move(source);
+  }
+  // Where a unit's weights are (its first float), asked right before every read of them, as for
+  // gradients. Default: the parameter region. ZeRO-3 gathers them there.
+  void set_weight_source(std::function<const float*(int64_t unit)> source) {
+    weight_source_ = std::move(source);
+  }
+
+  // AdamW moments for part of the parameter region (ZeRO shards them over dp): `m` and `v` hold
+  // the given ranges back to back. Empty ranges: the moments are state().adam_m / adam_v whole.
+  struct MomentShard {
+    std::vector<parallel::FloatRange> ranges;
+    float* m = nullptr;
+    float* v = nullptr;
+  };
+  const MomentShard& moment_shard() const { return moment_shard_; }
+  void set_moment_shard(MomentShard shard) { moment_shard_ = std::move(shard); }
+  // ZeRO-3: the parameters this rank keeps, `ranges` of the region back to back in `data`.
+  // Empty ranges: the parameters are state().params whole.
+  struct ParamShard {
+    std::vector<parallel::FloatRange> ranges;
+    float* data = nullptr;
+  };
+  const ParamShard& param_shard() const { return param_shard_; }
+  void set_param_shard(ParamShard shard) { param_shard_ = std::move(shard); }
+
+  // Memory this model took from the arena at build time, by kind.
+  struct Footprint {
+    size_t params = 0, grads = 0, optimizer = 0, activations = 0, scratch = 0;
+  };
+  const Footprint& footprint() const { return footprint_; }
+
+  // Non-finite values in the stored activations of `slot`: the global index of the first block
+  // whose output has one (-1: the embedding output), or INT64_MAX when all are finite.
+  int64_t first_nonfinite_layer(int slot) const;
+
+ private:
+  struct BlockParams {  // one transformer block's gradients
+    float *ln1 = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *ln2 = nullptr,
+          *gate = nullptr, *up = nullptr, *down = nullptr;
+  };
+  struct ConstBlock {  // one transformer block's weights
+    const float *ln1 = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr,
+                *ln2 = nullptr, *gate = nullptr, *up = nullptr, *down = nullptr;
+  };
+  struct LayerActs;
+  struct LayerActs16;
+  struct LayerGrads;
+  struct ChunkActs;
+  struct Scratch;
+  bool stored16(int64_t local_layer) const { return options_.bf16 && !recomputed(local_layer); }
+  template <typename Fn16, typename Fn32>
+  void for_each_stored(const LayerActs& a, const LayerActs16& b, Fn16 on16, Fn32 on32) const;
+  void encode16(const LayerActs& from, const LayerActs16& to) const;
+  void decode16(const LayerActs16& from, const LayerActs& to) const;
+  bool recomputed(int64_t local_layer) const {
+    return options_.checkpoint_every > 0 && local_layer % options_.checkpoint_every == 0;
+  }
+
+  void build_param_table();
+  void forward_layer(int64_t layer, LayerActs& a, const float* x_in, float* x_out);
+  void backward_layer(int64_t layer, LayerActs& a, const float* x_in, float* dx_io,
+                      const LayerGrads* keep);
+  void backward_layer_weights(int64_t layer, const LayerActs& a, const LayerGrads& keep);
+  void backward_impl(int chunk, int slot, const float* dout, bool defer_weights);
+  double forward_head(ChunkActs& c, const int32_t* targets, float grad_scale, bool training);
+  // Weight and gradient of `name`, a tensor of unit `unit`; and of block l's tensors.
+  const float* w(const std::string& name, int64_t unit) const;
+  float* g(const std::string& name, int64_t unit) const;
+  ConstBlock block_weights(int64_t l) const;
+  BlockParams block_grads(int64_t l) const;
+  const float* unit_weights(int64_t unit) const;
+  float* unit_grads(int64_t unit) const;
+  std::string layer_name(int64_t layer, const char* suffix) const;
+  void tp_sum(float* data, int64_t n) const;
+  const float* gather_rows(const float* local, float* full) const;
+  float* reduce_rows(float* partial) const;
+  // Context parallelism: the whole sequence's keys (or values) from every cp rank's positions,
+  // and the conjugate, the sum of every rank's gradient for this rank's positions.
+  // Part `part` of this rank's positions: its (B, part_len) queries against the whole sequence.
+  kernels::AttentionShape attention_shape(int64_t part) const;
+  int64_t part_begin(int64_t part) const;  // first position of the part in the sequence
+  void gather_sequence(const float* local, float* full, int64_t width) const;
+  void scatter_sequence_grad(const float* full, float* local, int64_t width) const;
+
+  ModelConfig config_;
+  std::vector<parallel::LayerRange> chunks_;
+  const parallel::Comm& tp_;
+  kernels::Arena& arena_;
+  ModelOptions options_;
+  int64_t rows_ = 0;
+  int64_t rows_local_ = 0;  // rows_ / tp with sequence parallelism, else rows_
+  int64_t seq_local_ = 0;   // positions of each sequence on this rank: seq_len / cp
+  int64_t parts_ = 1;       // contiguous parts they come in: 1, or 2 with context parallelism
+  int64_t part_len_ = 0;    // positions per part
+  bool cp_ = false;         // options_.cp spans more than one rank
+  bool sp_ = false;
+  int64_t heads_ = 0, kv_heads_ = 0, ffn_ = 0, vocab_ = 0, vocab_start_ = 0;  // local to tp rank
+  std::vector<ParamInfo> params_;
+  kernels::ParamLayout layout_;
+  kernels::ModelState state_;
+  // By global layer (held layers only): each block tensor's offset from the start of its unit.
+  struct BlockOffsets {
+    int64_t ln1, q, k, v, o, ln2, gate, up, down;
+  };
+  std::vector<BlockOffsets> block_offsets_;
+  std::vector<int64_t> unit_begin_;  // [unit + 1]: region offset where the unit starts
+  std::vector<std::vector<std::unique_ptr<ChunkActs>>> acts_;  // [chunk][slot]
+  std::unique_ptr<Scratch> scratch_;
+  Footprint footprint_;
+  std::function<void(int64_t)> grad_hook_;
+  std::function<float*(int64_t)> grad_source_;
+  std::function<const float*(int64_t)> weight_source_;
+  MomentShard moment_shard_;
+  ParamShard param_shard_;
+};
+
+}  // namespace t3d::runtime

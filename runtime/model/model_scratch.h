@@ -1,0 +1,45 @@
+// The model's per-rank scratch buffers (private to runtime/model*.cpp).
+#pragma once
+
+#include <cstdint>
+
+#include "runtime/model/model.h"
+
+namespace t3d::runtime {
+
+// Per-rank buffers shared by every chunk and slot: only one forward or backward runs at a time.
+struct Model::Scratch {
+  float* tmp;      // (N, C)
+  float* dx;       // (N, C) running residual gradient of the first chunk
+  float* dtmp;     // (N, C)
+  float* dxn;      // (N, C)
+  float* datt;     // (N, Hl·D)
+  float* dq;       // (N, Hl·D)
+  float* dk;       // (N, Hkvl·D)
+  float* dv;       // (N, Hkvl·D)
+  float* dh;       // (N, Fl)
+  float* dgate;    // (N, Fl)
+  float* dup;      // (N, Fl)
+  float* attn;     // attention tiles
+  float* logits;   // (N, Vl)
+  float* losses;   // (N)
+  float* row_max;  // (N)
+  float* sum_exp;  // (N)
+  float* target;   // (N)
+  float* rope;     // (T, D)
+  // Context parallelism: the whole sequence's keys and values, their gradients, and a staging
+  // buffer in collective order (cp, B, T/cp, width).
+  float* k_all = nullptr;    // (B, T, Hkvl·D)
+  float* v_all = nullptr;    // (B, T, Hkvl·D)
+  float* dk_all = nullptr;   // (B, T, Hkvl·D)
+  float* dv_all = nullptr;   // (B, T, Hkvl·D)
+  float* cp_stage = nullptr;  // (cp, 2, B, T/(2cp), Hkvl·D)
+  float* cp_kv_part = nullptr;  // 2 × (B, T, Hkvl·D): the second part's dk, dv before adding
+  uint16_t* tp16 = nullptr;       // (N, C) bf16 TP all-reduce buffer
+  uint16_t* tp16_rows = nullptr;  // (N, C) bf16 second buffer for SP gathers / scatters
+  float* rows = nullptr;          // (Nl, C) SP: this rank's rows of a gathered or scattered tensor
+  float* all_rows = nullptr;      // (N, C) SP: all rows of a gradient gathered for the backward
+  uint16_t* recv16 = nullptr;  // (N, C) bf16 pipeline receives
+};
+
+}  // namespace t3d::runtime

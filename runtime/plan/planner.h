@@ -1,0 +1,87 @@
+// `titan3d plan`: enumerate every valid (dp, tp, pp, micro-batches, schedule, ZeRO stage,
+// activation checkpointing) for a model on a cluster, price each with the cost model
+// (runtime/plan/planner_cost.h), and rank them. The table, the per-mesh verdicts, the arithmetic of
+// one layout (--explain), its simulated timeline (--schedule) and a ready recipe for the best
+// (--write-recipe) all come from here; apps/titan3d.cpp only parses the command line.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/plan/cluster.h"
+#include "runtime/plan/planner_cost.h"
+#include "runtime/recipe/recipe.h"
+
+namespace t3d::runtime {
+
+// Which values the search tries beyond the mesh and micro-batch count.
+struct PlanSpace {
+  // ZeRO-3 only on request (--zero 0,1,2,3): its blocking gathers trade step time for memory,
+  // so it is worth searching when nothing else fits.
+  std::vector<int64_t> zero = {0, 1, 2};
+  std::vector<int64_t> checkpoint = {0, 1};  // 0 none, 1 full, K every:K
+  int64_t max_virtual_stages = 4;            // interleaved_1f1b tries v = 2 .. this
+};
+
+struct Candidate {
+  Layout layout;
+  Memory memory;
+  bool fits = false;
+  StepTime time;  // filled only when it fits
+};
+
+struct Plan {
+  std::vector<Candidate> ranked;  // every layout that fits, highest tokens/s/device first
+  // One row per mesh (dp, tp, pp), largest dp first: its best fitting layout, or when none fits
+  // the one needing the least memory (fits = false).
+  std::vector<Candidate> meshes;
+  int64_t evaluated = 0;
+};
+
+PlanProblem make_problem(const Recipe& recipe, const Cluster& cluster);
+
+// Every valid layout: tp divides a node and the heads, pp divides the layers, dp = world/(tp·pp)
+// divides the global batch, micro-batches divide each dp rank's share; per pp > 1 every schedule
+// (interleaved with v dividing the layers per stage); every ZeRO stage and checkpointing choice.
+std::vector<Layout> enumerate_layouts(const PlanProblem& problem, const PlanSpace& space);
+
+// Memory first; the simulator runs only for layouts that fit.
+Candidate evaluate(const PlanProblem& problem, const Layout& layout);
+Plan make_plan(const PlanProblem& problem, const PlanSpace& space);
+
+std::string format_ranked(const PlanProblem& problem, const Plan& plan, int64_t top);
+std::string format_meshes(const PlanProblem& problem, const Plan& plan);
+// The memory and time arithmetic of one layout, line by line.
+std::string explain(const PlanProblem& problem, const Layout& layout);
+
+// The recipe's own layout on the cluster (dp = -1 is the rest of the cluster).
+Layout layout_of_recipe(const Recipe& recipe, const Cluster& cluster);
+// The recipe with its parallel / train / hardware keys set to `layout`, validated.
+Recipe recipe_with_layout(const Recipe& recipe, const Layout& layout, const Cluster& cluster);
+
+// A one-node cluster of the recipe's world on this machine, for `plan` without --cluster: the
+// cached calibration of the recipe's shape (calibrate.h) when there is one, else guesses
+// (160 GFLOP/s per core shared among the ranks, 5 GB/s and 2 µs for MPI).
+// `calibrated` says which.
+Cluster local_cluster(const Recipe& recipe, bool* calibrated = nullptr);
+
+struct PlanOptions {
+  std::string recipe;
+  std::vector<Override> overrides;
+  std::string cluster;  // empty: local_cluster()
+  int64_t top = 10;
+  int64_t explain = -1;      // -1 none; 0 the recipe's own layout; N row N of the table
+  std::string write_recipe;  // write the best layout as a recipe here
+  bool schedule = false;     // print the recipe layout's simulated timeline
+  std::string svg;           // ... and draw it here
+  bool calibrate = false;
+  std::string calibrate_probe;    // internal: this process is a rank of the probe; write here
+  std::vector<std::string> argv;  // titan3d's own command line, for the probe to re-execute
+  std::vector<int64_t> zero;  // ZeRO stages to try; empty: all
+};
+
+// Runs the verb, printing to stdout. UserError for bad input (apps/ maps it to exit 2).
+int run_plan(const PlanOptions& options);
+
+}  // namespace t3d::runtime

@@ -1,0 +1,548 @@
+#include "runtime/plan/planner_cost.h"
+
+#include <spdlog/fmt/fmt.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/check.h"
+#include "kernels/ops.h"
+#include "parallel/grad_reducer.h"
+#include "parallel/pipeline_split.h"
+
+namespace t3d::runtime {
+namespace {
+
+constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+
+// The arena rounds every allocation up to 64 bytes; ParamLayout starts every tensor on a
+// 16-float boundary.
+double aligned(double bytes) { return std::ceil(bytes / 64.0) * 64.0; }
+double padded(double elems) { return std::ceil(elems / 16.0) * 16.0; }
+
+// The sizes one tensor-parallel rank sees (runtime/model/model.cpp's heads_, kv_heads_, ffn_, vocab_).
+struct Shard {
+  double C, D, H, Hkv, F, V, T;  // H, Hkv, F, V already divided by tp
+};
+
+Shard shard_of(const ModelConfig& m, int64_t tp) {
+  return {double(m.dim),          double(m.head_dim()),
+          double(m.n_heads / tp), double(m.n_kv_heads / tp),
+          double(m.ffn_dim / tp), double(m.vocab_size / tp),
+          double(m.seq_len)};
+}
+
+// Parameter elements of one block on one tp rank, as build_param_table lays them out.
+double layer_param_elems(const Shard& s) {
+  return 2 * padded(s.C)                  // two RMSNorm weights, replicated
+         + 2 * padded(s.H * s.D * s.C)    // q_proj, o_proj
+         + 2 * padded(s.Hkv * s.D * s.C)  // k_proj, v_proj
+         + 3 * padded(s.F * s.C);         // gate, up, down
+}
+
+double chunk_param_elems(const ModelConfig& m, const Shard& s, const parallel::LayerRange& r) {
+  double n = r.size() * layer_param_elems(s);
+  if (r.first) n += padded(s.V * s.C);  // embed_tokens, vocab-parallel
+  if (r.last) n += padded(s.C) + (m.tie_embeddings ? 0 : padded(s.V * s.C));  // norm, lm_head
+  return n;
+}
+
+// The gradient units of a stage as float ranges of its region (runtime::Model::grad_units: the
+// embedding, each block, the final norm with the LM head), each tensor starting on a 16-float
+// boundary as ParamLayout places it; a unit ends where its last tensor ends.
+std::vector<parallel::FloatRange> grad_units(const ModelConfig& m, const Shard& s,
+                                             const std::vector<parallel::LayerRange>& ranges) {
+  std::vector<parallel::FloatRange> units;
+  double at = 0;
+  const auto unit = [&](std::initializer_list<double> tensors) {
+    parallel::FloatRange u{static_cast<int64_t>(at), 0};
+    for (double n : tensors) {
+      u.end = static_cast<int64_t>(at + n);
+      at += padded(n);
+    }
+    units.push_back(u);
+  };
+  const double HD = s.H * s.D * s.C, KV = s.Hkv * s.D * s.C, FC = s.F * s.C;
+  for (const auto& r : ranges) {
+    if (r.first) unit({s.V * s.C});
+    for (int64_t l = r.begin; l < r.end; ++l) unit({s.C, HD, KV, KV, HD, s.C, FC, FC, FC});
+    if (r.last) {
+      if (m.tie_embeddings) unit({s.C});
+      else unit({s.C, s.V * s.C});
+    }
+  }
+  return units;
+}
+
+// ZeRO's per-rank shard of a stage (GradReducer: every bucket split over dp), the largest over
+// the dp ranks, and the largest bucket (the size of one ZeRO-2 staging buffer), in floats.
+struct ZeroShard {
+  double owned = 0, largest_bucket = 0;
+};
+ZeroShard zero_shard(const ModelConfig& m, const Shard& s,
+                     const std::vector<parallel::LayerRange>& ranges, int64_t dp,
+                     double bucket_mb) {
+  std::vector<int> per_bucket;
+  const auto bucket_floats = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * (1 << 18)));
+  const auto buckets = parallel::make_buckets(grad_units(m, s, ranges), bucket_floats, &per_bucket);
+  ZeroShard z;
+  for (const auto& b : buckets) z.largest_bucket = std::max(z.largest_bucket, double(b.size()));
+  for (int64_t d = 0; d < dp; ++d) {
+    double owned = 0;
+    for (const auto& b : buckets)
+      owned += double(parallel::slice_floats(b.size(), static_cast<int>(dp), static_cast<int>(d)));
+    z.owned = std::max(z.owned, owned);
+  }
+  return z;
+}
+
+// Bytes one block keeps for its backward, one micro-batch of N = B·T rows (Model::LayerActs).
+// Per-row statistics (rstd, logsumexp) stay fp32 whatever the activation precision.
+double layer_act_bytes(const Shard& s, double B, double a) {
+  const double N = B * s.T;
+  return 2 * aligned(4 * N)                  // rstd1, rstd2
+         + 3 * aligned(a * N * s.C)          // xn1, xmid, xn2
+         + 2 * aligned(a * N * s.H * s.D)    // q, attention output
+         + 2 * aligned(a * N * s.Hkv * s.D)  // k, v
+         + aligned(4 * B * s.H * s.T)        // logsumexp
+         + 3 * aligned(a * N * s.F);         // gate, up, silu(gate)·up
+}
+
+int64_t checkpointed_layers(int64_t layers, int64_t every) {
+  return every <= 0 ? 0 : (layers + every - 1) / every;  // layers 0, K, 2K, ... of the chunk
+}
+
+// Bytes a chunk keeps per micro-batch in flight (Model::ChunkActs): the L+1 residual streams,
+// the blocks that are not recomputed, and the first / last chunk's extras.
+double chunk_act_bytes(const Shard& s, const parallel::LayerRange& r, double B, double a,
+                       int64_t checkpoint_every, bool split_backward) {
+  const double N = B * s.T;
+  const int64_t stored = r.size() - checkpointed_layers(r.size(), checkpoint_every);
+  double bytes = (r.size() + 1) * aligned(a * N * s.C) + stored * layer_act_bytes(s, B, a);
+  // Zero-bubble (Model::LayerGrads): W's inputs, the output gradients of the seven projections.
+  if (split_backward)
+    bytes += stored * (2 * aligned(a * N * s.C) + 2 * aligned(a * N * s.F) +
+                       aligned(a * N * s.H * s.D) + 2 * aligned(a * N * s.Hkv * s.D));
+  if (r.first) bytes += aligned(4 * N);                            // token ids
+  if (r.last) bytes += 2 * aligned(a * N * s.C) + aligned(4 * N);  // final norm, loss grad, rstd
+  if (!r.first) bytes += aligned(a * N * s.C);  // input gradient, per slot: its send may be in flight
+  return bytes;
+}
+
+// Per-rank buffers shared by all chunks and slots (Model::Scratch), plus what recomputation
+// and ZeRO-3 add. The logits and the loss stay fp32.
+double workspace_bytes(const Shard& s, const std::vector<parallel::LayerRange>& ranges, double B,
+                       double a) {
+  const double N = B * s.T;
+  kernels::AttentionShape shape;
+  shape.B = static_cast<int64_t>(B), shape.T = static_cast<int64_t>(s.T);
+  shape.n_heads = static_cast<int64_t>(s.H), shape.n_kv_heads = static_cast<int64_t>(s.Hkv);
+  shape.head_dim = static_cast<int64_t>(s.D);
+  double bytes = 4 * aligned(a * N * s.C)            // tmp, dx, dtmp, dxn
+                 + 2 * aligned(a * N * s.H * s.D)    // datt, dq
+                 + 2 * aligned(a * N * s.Hkv * s.D)  // dk, dv
+                 + 3 * aligned(a * N * s.F)          // dh, dgate, dup
+                 + aligned(4.0 * kernels::attention_scratch_floats(shape)) +
+                 aligned(4 * s.T * s.D);  // RoPE table
+  bool last = false;
+  for (const auto& r : ranges) last |= r.last;
+  if (last) bytes += aligned(4 * N * s.V) + 4 * aligned(4 * N);  // logits, loss, CE statistics
+  return bytes;
+}
+
+std::string gib(double bytes) { return fmt::format("{:.4g} GiB", bytes / kGiB); }
+std::string num(double x) { return fmt::format("{:.4g}", x); }
+std::string sec(double s) {
+  return s >= 1 ? fmt::format("{:.3f} s", s) : fmt::format("{:.3f} ms", s * 1e3);
+}
+
+std::vector<parallel::LayerRange> layer_split(const ModelConfig& m, const Layout& l) {
+  return parallel::split_layers(m.n_layers, l.pp * l.virtual_stages,
+                                parallel::head_cost_in_layers(m.vocab_size, m.dim, m.ffn_dim));
+}
+
+std::vector<parallel::LayerRange> ranges_of_stage(const std::vector<parallel::LayerRange>& split,
+                                                  const Layout& l, int64_t stage) {
+  std::vector<parallel::LayerRange> out;
+  for (int64_t k : parallel::chunks_of_stage(stage, l.pp, l.virtual_stages,
+                                             l.schedule == parallel::ScheduleKind::kZBV))
+    out.push_back(split[k]);
+  return out;
+}
+
+// Compute and tensor-parallel time of one stage for one micro-batch.
+struct StageCost {
+  double f = 0, b = 0, w = 0;  // compute seconds
+  double f_tp = 0, b_tp = 0;   // TP all-reduce seconds inside the forward / backward
+  double total() const { return f + b + w + f_tp + b_tp; }
+};
+
+StageCost cost_of_stage(const PlanProblem& p, const Layout& l,
+                        const std::vector<parallel::LayerRange>& ranges, std::ostream* why) {
+  const Shard s = shard_of(p.model, l.tp);
+  const double B = static_cast<double>(micro_rows(p, l)), N = B * s.T;
+  const double flops_s = p.cluster.peak_tflops * 1e12 * p.cluster.compute_efficiency;
+  // Per token of one block (tp-local): each weight element is one multiply-add (2 FLOPs) in the
+  // forward, in the input gradient and in the weight gradient; attention scores and their use
+  // (QK^T, AV) over the full T×T as model_train_flops_per_token counts them.
+  const double mm = 2 * (2 * s.H * s.D * s.C + 2 * s.Hkv * s.D * s.C + 3 * s.F * s.C);
+  const double att = 4 * s.H * s.D * s.T;
+  const Link tp_link = group_link(p.cluster, 1, l.tp);
+  const double act_msg = N * s.C * p.precision.activation;
+  const double ar = ring_all_reduce_s(act_msg, l.tp, tp_link);
+  StageCost c;
+  int64_t layers = 0, recomputed = 0;
+  bool first = false, last = false;
+  for (const auto& r : ranges) {
+    layers += r.size();
+    recomputed += checkpointed_layers(r.size(), l.checkpoint_every);
+    first |= r.first, last |= r.last;
+  }
+  c.f = layers * N * (mm + att) / flops_s;
+  c.b = (layers * N * (mm + 2 * att) + recomputed * N * (mm + att)) / flops_s;
+  c.w = layers * N * mm / flops_s;
+  // Two all-reduces per block forward (o_proj, down_proj) and two backward (the inputs of the
+  // column-parallel q/k/v and gate/up); recomputing a block repeats its forward pair.
+  c.f_tp = 2 * layers * ar;
+  c.b_tp = 2 * (layers + recomputed) * ar;
+  if (first) c.f_tp += ar;  // vocab-parallel embedding rows
+  if (last) {
+    // titan3d runs the LM head's forward and backward inside the last chunk's forward.
+    c.f += N * 3 * 2 * s.V * s.C / flops_s;
+    c.f_tp += ar + 3 * ring_all_reduce_s(4 * N, l.tp, tp_link);  // dx of the head; CE statistics
+  }
+  if (why)
+    *why << fmt::format(
+        "  compute: {} blocks ({} recomputed) × {} rows; per row and block {} FLOPs matmul "
+        "(2·weights per pass) + {} attention (4·H/tp·D·T);\n"
+        "           f = {}, b = {}, w = {} at {} TFLOP/s × {} efficiency{}\n"
+        "  tp: all-reduce of N·C·{} B = {} B over {} ranks, {} each; {} in f, {} in b\n",
+        layers, recomputed, num(N), num(mm), num(att), sec(c.f), sec(c.b), sec(c.w),
+        num(p.cluster.peak_tflops), num(p.cluster.compute_efficiency),
+        last ? " (LM head fwd+bwd in f)" : "", num(p.precision.activation), num(act_msg), l.tp,
+        sec(ar), sec(c.f_tp), sec(c.b_tp));
+  return c;
+}
+
+// The slowest stage's costs (every stage runs at the pace of the slowest in the simulation).
+StageCost slowest_stage(const PlanProblem& p, const Layout& l, int64_t* stage_out = nullptr) {
+  const auto split = layer_split(p.model, l);
+  StageCost worst;
+  for (int64_t st = 0; st < l.pp; ++st) {
+    const StageCost c = cost_of_stage(p, l, ranges_of_stage(split, l, st), nullptr);
+    if (st == 0 || c.total() > worst.total()) {
+      worst = c;
+      if (stage_out) *stage_out = st;
+    }
+  }
+  return worst;
+}
+
+}  // namespace
+
+Precision Precision::from_recipe(const std::string& precision) {
+  // auto is resolved by measuring the machine that trains; the planner prices it as bf16, what
+  // the accelerators of a cluster train in (and the larger of the two speeds on a CPU with bf16).
+  if (precision == "bf16" || precision == "auto") return {2, 2, 4, 4, 2};
+  T3D_USER_CHECK(precision == "fp32", "train.precision = \"", precision,
+                 "\" is not one of: fp32, bf16, auto");
+  return {4, 4, 0, 4, 4};
+}
+
+std::string Layout::checkpoint_name() const {
+  if (checkpoint_every == 0) return "none";
+  if (checkpoint_every == 1) return "full";
+  return "every:" + std::to_string(checkpoint_every);
+}
+
+std::string Layout::label() const {
+  std::string sched(parallel::to_string(schedule));
+  if (virtual_stages > 1 && schedule != parallel::ScheduleKind::kZBV)  // zb_v: always 2
+    sched += "×" + std::to_string(virtual_stages);
+  return fmt::format("dp{} tp{} pp{} {} m{} z{} ckpt:{}", dp, tp, pp, sched, micro_batches, zero,
+                     checkpoint_name());
+}
+
+double block_train_flops_per_row(const ModelConfig& model, int64_t tp) {
+  const Shard s = shard_of(model, tp);
+  const double mm = 2 * (2 * s.H * s.D * s.C + 2 * s.Hkv * s.D * s.C + 3 * s.F * s.C);
+  const double att = 4 * s.H * s.D * s.T;
+  return 3 * mm + 3 * att;  // f = mm + att, b = mm + 2·att, w = mm (cost_of_stage)
+}
+
+int64_t micro_rows(const PlanProblem& p, const Layout& l) {
+  return p.global_batch / (l.dp * l.micro_batches);
+}
+
+std::string invalid_reason(const PlanProblem& p, const Layout& l) {
+  const auto& m = p.model;
+  const auto& c = p.cluster;
+  if (l.world() != c.world())
+    return fmt::format("dp·tp·pp = {} is not the cluster's {} devices", l.world(), c.world());
+  if (c.devices_per_node % l.tp != 0)
+    return fmt::format("tp = {} does not divide a node's {} devices", l.tp, c.devices_per_node);
+  if (m.n_heads % l.tp || m.n_kv_heads % l.tp || m.ffn_dim % l.tp || m.vocab_size % l.tp)
+    return fmt::format("tp = {} does not divide heads / kv heads / ffn_dim / vocab", l.tp);
+  if (m.n_layers % (l.pp * l.virtual_stages))
+    return fmt::format("pp·virtual_stages = {} does not divide {} layers", l.pp * l.virtual_stages,
+                       m.n_layers);
+  if (p.global_batch % (l.dp * l.micro_batches))
+    return fmt::format("global_batch {} is not divisible by dp·micro_batches = {}", p.global_batch,
+                       l.dp * l.micro_batches);
+  if (l.schedule == parallel::ScheduleKind::kZBV && (l.pp == 1 || l.virtual_stages != 2))
+    return "zb_v needs pp > 1 and virtual_stages = 2";
+  if (l.virtual_stages > 1 && l.schedule != parallel::ScheduleKind::kInterleaved1F1B &&
+      l.schedule != parallel::ScheduleKind::kZBV)
+    return "virtual_stages > 1 needs interleaved_1f1b";
+  if (l.schedule == parallel::ScheduleKind::kInterleaved1F1B &&
+      (l.pp == 1 || l.virtual_stages < 2 || l.micro_batches % l.pp))
+    return "interleaved_1f1b needs pp > 1, virtual_stages > 1, micro_batches % pp == 0";
+  if (l.zero < 0 || l.zero > 3) return "zero must be 0..3";
+  return "";
+}
+
+parallel::Schedule make_layout_schedule(const Layout& l) {
+  return parallel::make_schedule(l.schedule, static_cast<int>(l.pp),
+                                 static_cast<int>(l.micro_batches),
+                                 static_cast<int>(l.virtual_stages));
+}
+
+int64_t activation_slots(const parallel::Schedule& s, int64_t stage) {
+  std::vector<int> alive(s.num_chunks(), 0), peak(s.num_chunks(), 0);
+  for (const auto& a : s.ranks.at(stage)) {
+    if (a.op == parallel::Op::kF) peak[a.chunk] = std::max(peak[a.chunk], ++alive[a.chunk]);
+    // Activations are freed once the weight gradient no longer needs them.
+    if (a.op == parallel::Op::kBW || a.op == parallel::Op::kW) --alive[a.chunk];
+  }
+  return *std::max_element(peak.begin(), peak.end());
+}
+
+std::vector<int64_t> chunk_activation_slots(const parallel::Schedule& s, int64_t stage) {
+  std::vector<int64_t> out;
+  for (int k = 0; k < s.num_chunks(); ++k) {
+    if (s.chunk_stage[k] != stage) continue;
+    int64_t alive = 0, peak = 0;
+    for (const auto& a : s.ranks.at(stage)) {
+      if (a.chunk != k) continue;
+      if (a.op == parallel::Op::kF) peak = std::max(peak, ++alive);
+      if (a.op == parallel::Op::kBW || a.op == parallel::Op::kW) --alive;
+    }
+    out.push_back(peak);
+  }
+  return out;
+}
+
+Memory stage_memory(const PlanProblem& p, const Layout& l, const parallel::Schedule& schedule,
+                    int64_t stage, std::ostream* why) {
+  const Shard s = shard_of(p.model, l.tp);
+  const auto ranges = ranges_of_stage(layer_split(p.model, l), l, stage);
+  const Precision& pr = p.precision;
+  const double B = static_cast<double>(micro_rows(p, l)), a = pr.activation;
+  double elems = 0, largest_layer = layer_param_elems(s);
+  for (const auto& r : ranges) elems += chunk_param_elems(p.model, s, r);
+  // ZeRO (Rajbhandari et al. 2020) as titan3d allocates it (parallel/grad_reducer.h): each rank
+  // owns a slice of every gradient bucket (`owned`, the largest share over dp). Stage 1 keeps
+  // the optimizer state of its slices; 2 also the gradients, plus two staging buffers of the
+  // largest bucket; 3 also the weights, plus two buffers a bucket is gathered into before use.
+  Memory mem;
+  mem.stage = stage;
+  const ZeroShard z = l.zero >= 1 ? zero_shard(p.model, s, ranges, l.dp, p.bucket_mb) : ZeroShard{};
+  const double kept = l.zero >= 1 ? z.owned : elems;  // elements of state kept per sharded kind
+  const auto buffers = [&](int n, double bytes) { return n * aligned(z.largest_bucket * bytes); };
+  mem.params = l.zero >= 3 ? aligned(kept * pr.weight) +
+                                 buffers(parallel::GradReducer::kGatherBuffers, pr.weight)
+                           : elems * pr.weight;
+  mem.grads = l.zero >= 2 ? aligned(kept * pr.grad) +
+                                buffers(parallel::GradReducer::kStagingBuffers, pr.grad)
+                          : elems * pr.grad;
+  mem.optimizer = l.zero >= 1 ? 2 * aligned(kept * pr.moment) +
+                                    (pr.master ? aligned(kept * pr.master) : 0)
+                              : elems * pr.optimizer();
+  mem.slots = activation_slots(schedule, stage);
+  mem.chunk_slots = chunk_activation_slots(schedule, stage);
+  T3D_ASSERT(mem.chunk_slots.size() == ranges.size(), "chunks of stage ", stage);
+  double per_slot = 0;
+  const bool split_backward = l.schedule == parallel::ScheduleKind::kZBH1 ||
+                              l.schedule == parallel::ScheduleKind::kZBV;
+  // What --explain prints: "4 slots × X", or per chunk "{7, 1} slots × {X, Y}" when they differ.
+  std::string slots_text, bytes_text;
+  const bool uniform = std::all_of(mem.chunk_slots.begin(), mem.chunk_slots.end(),
+                                   [&](int64_t n) { return n == mem.slots; });
+  for (size_t i = 0; i < ranges.size(); ++i) {
+    const double bytes = chunk_act_bytes(s, ranges[i], B, a, l.checkpoint_every, split_backward);
+    per_slot += bytes;
+    mem.activations += static_cast<double>(mem.chunk_slots[i]) * bytes;
+    slots_text += (i ? ", " : "") + std::to_string(mem.chunk_slots[i]);
+    bytes_text += (i ? ", " : "") + gib(bytes);
+  }
+  if (uniform) slots_text = std::to_string(mem.slots), bytes_text = gib(per_slot);
+  else slots_text = "{" + slots_text + "}", bytes_text = "{" + bytes_text + "}";
+  mem.workspace = workspace_bytes(s, ranges, B, a);
+  const bool recompute = l.checkpoint_every > 0;
+  if (recompute) mem.workspace += layer_act_bytes(s, B, a);  // the block being recomputed
+  if (why) {
+    const auto kind_bytes = [&](double n, double bytes) {
+      return fmt::format("{} × {} B{}", num(n), num(bytes),
+                         l.zero >= 1 && n == kept ? " (ZeRO: this rank's slices)" : "");
+    };
+    const auto zero_extra = [&](const char* what) {
+      return fmt::format(" + 2 {} buffers × {} (the largest bucket)", what, num(z.largest_bucket));
+    };
+    int64_t layers = 0, recomputed = 0;
+    for (const auto& r : ranges) {
+      layers += r.size();
+      recomputed += checkpointed_layers(r.size(), l.checkpoint_every);
+    }
+    *why << fmt::format(
+        "memory of pipeline stage {} ({} blocks{}{}), per rank:\n"
+        "  parameters: {} elements on this tp rank ({} per block)\n"
+        "  weights     {}{} = {}\n"
+        "  gradients   {}{} = {}\n"
+        "  optimizer   {} × ({} B master + 2 × {} B AdamW moments){} = {}\n"
+        "  activations {} slots (micro-batches in flight per chunk, from the schedule) × {} per "
+        "micro-batch of {} sequence(s) ({}) = {}\n"
+        "  workspace   backward scratch, attention tiles, logits{}{} = {}\n"
+        "  total       {} of {} GiB\n",
+        stage, layers, ranges.front().first ? ", embedding" : "",
+        ranges.back().last ? ", final norm and LM head" : "", num(elems), num(largest_layer),
+        kind_bytes(l.zero >= 3 ? kept : elems, pr.weight), l.zero >= 3 ? zero_extra("gather") : "",
+        gib(mem.params), kind_bytes(l.zero >= 2 ? kept : elems, pr.grad),
+        l.zero >= 2 ? zero_extra("staging") : "", gib(mem.grads), num(kept),
+        num(pr.master), num(pr.moment), l.zero >= 1 ? " (ZeRO: this rank's slices)" : "",
+        gib(mem.optimizer),
+        slots_text, bytes_text, micro_rows(p, l),
+        recompute ? "checkpointing " + l.checkpoint_name() + ": residual stream kept, " +
+                        std::to_string(recomputed) + " blocks recomputed"
+                  : "every block's activations kept",
+        gib(mem.activations), recompute ? ", one recomputed block" : "",
+        "", gib(mem.workspace), gib(mem.total()),
+        num(p.cluster.hbm_gib));
+  }
+  return mem;
+}
+
+Memory peak_memory(const PlanProblem& p, const Layout& l, const parallel::Schedule& schedule,
+                   std::ostream* why) {
+  Memory worst;
+  for (int64_t st = 0; st < l.pp; ++st) {
+    const Memory m = stage_memory(p, l, schedule, st, nullptr);
+    if (st == 0 || m.total() > worst.total()) worst = m;
+  }
+  if (why) stage_memory(p, l, schedule, worst.stage, why);
+  return worst;
+}
+
+Link group_link(const Cluster& c, int64_t stride, int64_t size) {
+  const int64_t dpn = c.devices_per_node;
+  Link intra{c.intra_node_gbps * 1e9, c.intra_node_latency_us * 1e-6, false};
+  if (size <= 1 || stride * size <= dpn) return intra;
+  // The group spans nodes. Each device has a 1/dpn share of its node's NICs; a group with k
+  // members in a node can use k shares, but no more than the links inside the node allow.
+  const int64_t members_per_node = stride >= dpn ? 1 : dpn / stride;
+  const double share = c.inter_node_gbps * 1e9 / static_cast<double>(dpn) * members_per_node;
+  return {std::min(share, intra.bytes_per_s), c.inter_node_latency_us * 1e-6, true};
+}
+
+// Ring algorithms (Patarasuk & Yuan 2009; nccl-tests PERFORMANCE.md): n-1 steps each moving
+// bytes/n per rank for reduce-scatter or all-gather, twice that for all-reduce.
+double ring_reduce_scatter_s(double bytes, int64_t n, const Link& link) {
+  if (n <= 1) return 0;
+  const double k = static_cast<double>(n - 1);
+  return k / n * bytes / link.bytes_per_s + k * link.latency_s;
+}
+double ring_all_reduce_s(double bytes, int64_t n, const Link& link) {
+  return 2 * ring_reduce_scatter_s(bytes, n, link);
+}
+double p2p_s(double bytes, const Link& link) { return bytes / link.bytes_per_s + link.latency_s; }
+
+parallel::Costs stage_costs(const PlanProblem& p, const Layout& l) {
+  const StageCost c = slowest_stage(p, l);
+  const double act = micro_rows(p, l) * p.model.seq_len * p.model.dim * p.precision.activation;
+  return {c.f + c.f_tp, c.b + c.b_tp, c.w,
+          l.pp > 1 ? p2p_s(act, group_link(p.cluster, l.tp * l.dp, l.pp)) : 0.0};
+}
+
+StepTime step_time(const PlanProblem& p, const Layout& l, const parallel::Schedule& schedule,
+                   std::ostream* why) {
+  int64_t slow = 0;
+  const StageCost c = slowest_stage(p, l, &slow);
+  const auto split = layer_split(p.model, l);
+  if (why) {
+    *why << fmt::format("time per micro-batch on the slowest stage ({}):\n", slow);
+    cost_of_stage(p, l, ranges_of_stage(split, l, slow), why);
+  }
+  StepTime t;
+  t.costs = stage_costs(p, l);
+  const double m = static_cast<double>(l.micro_batches);
+  parallel::Costs no_comm = t.costs;
+  no_comm.comm = 0;
+  const parallel::Timeline with = parallel::simulate(schedule, t.costs);
+  const double makespan0 =
+      t.costs.comm > 0 ? parallel::simulate(schedule, no_comm).makespan : with.makespan;
+  const double busy = m * (t.costs.f + t.costs.b + t.costs.w);
+  t.compute = m * (c.f + c.b + c.w);
+  t.tp = m * (c.f_tp + c.b_tp);
+  t.bubble = std::max(0.0, makespan0 - busy);
+  t.pp = with.makespan - makespan0;
+  t.bubble_fraction = with.bubble_fraction;
+
+  // Data-parallel gradient sync, for the stage holding the most parameters.
+  double elems = 0;
+  const Shard s = shard_of(p.model, l.tp);
+  for (int64_t st = 0; st < l.pp; ++st) {
+    double e = 0;
+    for (const auto& r : ranges_of_stage(split, l, st)) e += chunk_param_elems(p.model, s, r);
+    elems = std::max(elems, e);
+  }
+  const Link dp_link = group_link(p.cluster, l.tp, l.dp);
+  const double g = elems * p.precision.grad, w = elems * p.precision.weight;
+  const double rs = ring_reduce_scatter_s(g, l.dp, dp_link);
+  const double ag = ring_reduce_scatter_s(w, l.dp, dp_link);
+  double traffic = 0, window = 0;
+  const double backward = t.costs.b + t.costs.w;
+  switch (l.zero) {
+    case 0:
+      traffic = 2 * rs, window = backward;
+      break;  // all-reduce once per step
+    case 1:
+      traffic = rs + ag, window = backward;
+      break;  // + all-gather updated weights
+    case 2:
+      traffic = m * rs + ag, window = m * backward;
+      break;  // reduce-scatter per micro-batch
+    default:
+      // Weights gathered for the forward and again for the backward, grads reduce-scattered,
+      // per micro-batch. titan3d's gathers are blocking (no prefetch): only the reduce-scatters
+      // hide behind the backward.
+      traffic = m * (2 * ag + rs), window = std::min(m * rs, m * backward);
+  }
+  // Gradients of a micro-batch are final only after its backward: the sync overlaps with the
+  // backward compute that is still running (bucketed, as DDP / ZeRO do), the rest is exposed.
+  t.dp = std::max(0.0, traffic - window);
+  t.total = with.makespan + t.dp;
+  t.tokens_per_s_per_device = static_cast<double>(p.global_batch * p.model.seq_len) / t.total /
+                              static_cast<double>(l.world());
+  if (why)
+    *why << fmt::format(
+        "  pp: {} B activations per transfer, {} each ({})\n"
+        "  dp: {} gradient elements on {} ranks ({}, {:.1f} GB/s): ZeRO-{} traffic {} per step, "
+        "{} of it hidden behind compute, {} exposed\n"
+        "pipeline ({}, {} micro-batches, simulated): makespan {} = busy {} + bubble {} + "
+        "transfers {} (bubble fraction {:.1f}%)\n"
+        "step {} = compute {} + tp {} + dp {} + pp {} + bubble {}\n"
+        "tokens/s/device = {} · {} / {} / {} = {:.0f}\n",
+        num(micro_rows(p, l) * p.model.seq_len * p.model.dim * p.precision.activation),
+        sec(t.costs.comm),
+        l.pp == 1 ? "no pipeline"
+                  : (group_link(p.cluster, l.tp * l.dp, l.pp).inter_node ? "between nodes"
+                                                                         : "inside a node"),
+        num(elems), l.dp, dp_link.inter_node ? "between nodes" : "inside a node",
+        dp_link.bytes_per_s / 1e9, l.zero, sec(traffic), sec(std::min(traffic, window)), sec(t.dp),
+        parallel::to_string(l.schedule), l.micro_batches, sec(with.makespan), sec(busy),
+        sec(t.bubble), sec(t.pp), 100 * t.bubble_fraction, sec(t.total), sec(t.compute), sec(t.tp),
+        sec(t.dp), sec(t.pp), sec(t.bubble), p.global_batch, p.model.seq_len, sec(t.total),
+        l.world(), t.tokens_per_s_per_device);
+  return t;
+}
+
+}  // namespace t3d::runtime

@@ -1,0 +1,144 @@
+// The recipe: a TOML file parsed into typed structs, validated strictly, overridable from the
+// command line (`--set parallel.tp=2`). Every key is declared once in recipe.cpp's schema, which
+// also drives unknown-key suggestions, docs/recipe.md and writing a recipe back out.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace t3d::runtime {
+
+struct RunConfig {
+  std::string name = "titan3d";
+  std::string dir;  // empty: runs/<name>
+  std::string log_level = "info";
+  bool trace = false;
+};
+
+struct ModelConfig {
+  int64_t vocab_size = 256;
+  int64_t dim = 256;
+  int64_t n_layers = 4;
+  int64_t n_heads = 8;
+  int64_t n_kv_heads = 0;  // 0: same as n_heads
+  int64_t ffn_dim = 0;     // 0: LLaMA's rule, 8/3·dim rounded up to a multiple of 64
+  int64_t seq_len = 128;
+  double rope_theta = 10000.0;
+  double norm_eps = 1e-5;
+  bool tie_embeddings = false;
+
+  int64_t head_dim() const { return dim / n_heads; }
+};
+
+struct ParallelConfig {
+  int64_t pp = 1;
+  int64_t dp = 1;  // -1: the rest of the world
+  int64_t cp = 1;
+  int64_t tp = 1;
+  bool sequence_parallel = false;
+  std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved_1f1b | zb_h1 | zb_v
+  int64_t virtual_stages = 1;
+  std::vector<int64_t> pipeline_split;  // explicit first layer of stages 1..pp-1; empty: balanced
+  int64_t zero = 0;                     // ZeRO stage 0..3
+  double bucket_mb = 4.0;               // data-parallel gradient bucket size
+  double timeout_s = 300.0;             // hang watchdog for every collective
+};
+
+struct TrainConfig {
+  int64_t steps = 100;
+  int64_t global_batch = 8;   // sequences per optimizer step, over all dp ranks
+  int64_t micro_batches = 1;  // per dp rank and step
+  double lr = 3e-4;
+  double min_lr = 3e-5;
+  int64_t warmup_steps = 10;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;  // 0: off
+  int64_t seed = 1234;
+  std::string precision = "fp32";  // fp32 | bf16 | auto (resolved at start: runtime/stage/gemm_choice.h)
+  std::string activation_checkpoint = "none";  // none | full | every:K
+  bool dynamic_loss_scale = false;
+  int64_t val_every = 50;  // 0: never
+  int64_t val_batches = 4;
+  int64_t log_every = 1;
+};
+
+struct DataConfig {
+  std::string path = "data/fortunes.txt";
+  std::string format = "auto";  // auto | text | bin
+  std::string val_path;         // empty: hold out val_fraction of path
+  double val_fraction = 0.05;
+  std::string sampler = "random";  // random | sequential
+};
+
+struct SnapshotConfig {
+  int64_t every = 0;  // steps; 0: off
+  std::string dir;    // empty: <run.dir>/snapshots
+  int64_t keep = 3;
+  int64_t full_every = 4;
+  int64_t deflate = 0;  // zlib level after HDF5 shuffle; 0: uncompressed (docs/snapshot-format.md)
+  bool async = true;
+  std::string resume;  // empty | latest | path
+};
+
+struct HardwareConfig {
+  double hbm_gib = 4.0;  // arena budget per rank
+  int64_t threads_per_rank = 0;  // 0: cores / ranks on this host, at least 1
+  std::string openblas_coretype = "auto";  // auto: detect; otherwise passed to OpenBLAS as is
+  std::string gemm = "auto";  // auto | openblas | onednn (resolved at start: runtime/stage/gemm_choice.h)
+};
+
+struct Recipe {
+  RunConfig run;
+  ModelConfig model;
+  ParallelConfig parallel;
+  TrainConfig train;
+  DataConfig data;
+  SnapshotConfig snapshot;
+  HardwareConfig hardware;
+
+  std::string source;  // file the recipe came from ("<string>" for text)
+  // "file:line" (or "--set k=v") each key was read from, for errors raised after parsing.
+  std::map<std::string, std::string> key_origins;
+  std::string origin(const std::string& key) const;
+  // Ranks the recipe asks for; dp = -1 counts as 1 until resolve_world() fills it in.
+  int64_t world_size() const;
+  // Fills dp = -1 from the world size and checks pp·dp·cp·tp == world (UserError otherwise).
+  void resolve_world(int64_t world);
+  // Effective recipe as TOML text (every key, overrides applied): snapshots and `plan` write it.
+  std::string to_toml() const;
+};
+
+// One `--set a.b=value` override; value is a TOML literal, or a bare string.
+struct Override {
+  std::string key;
+  std::string value;
+};
+Override parse_override(const std::string& text);  // UserError on "a.b" without '='
+
+// `s` as a TOML basic string literal that parses back to exactly `s`: quotes, backslashes and
+// every control character escaped. Use it to splice any text (a path, a name) into TOML.
+std::string toml_string(const std::string& s);
+
+// Parse, apply overrides, validate. UserError naming the file, line and key on any problem.
+Recipe load_recipe(const std::string& path, const std::vector<Override>& overrides = {});
+Recipe parse_recipe(const std::string& toml_text, const std::string& source_name,
+                    const std::vector<Override>& overrides = {});
+
+// Every key the schema knows, "section.key", with type, default and meaning (for docs and tests).
+struct KeyDoc {
+  std::string key, type, default_value, meaning;
+};
+std::vector<KeyDoc> recipe_key_docs();
+
+// Levenshtein distance (for "did you mean" suggestions, here and in the cluster file).
+size_t edit_distance(const std::string& a, const std::string& b);
+
+// Levenshtein-closest known key, or "" when nothing is reasonably close.
+std::string closest_key(const std::string& unknown);
+
+}  // namespace t3d::runtime

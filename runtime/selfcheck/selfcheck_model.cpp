@@ -1,0 +1,255 @@
+// The selfcheck rows that need the model or the machine: replica consistency, memory plan, GEMM
+// speed per rank, host map (see selfcheck.h).
+#include <fmt/format.h>
+#include <sched.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include "kernels/arena.h"
+#include "kernels/blas.h"
+#include "kernels/gemm.h"
+#include "kernels/check.h"
+#include "kernels/hash.h"
+#include "parallel/pipeline_split.h"
+#include "runtime/model/model.h"
+#include "runtime/plan/planner.h"
+#include "runtime/selfcheck/selfcheck_internal.h"
+
+namespace t3d::runtime::selfcheck {
+
+using parallel::Dim;
+using parallel::ReduceOp;
+
+namespace {
+
+using kernels::splitmix64;
+
+// Order-independent checksum of a (part of a) global tensor: a sum over its elements of a hash of
+// (global index, bits). The tp shards' sums add up to the whole tensor's, so shards are compared
+// with the single-rank tensor without moving any tensor.
+struct Slice {
+  int64_t rows, cols, row0, col0, global_cols;  // 1-D tensors: rows = 1, cols = numel
+};
+uint64_t checksum(const float* data, const Slice& s, int64_t data_ld, int64_t data_row0,
+                  int64_t data_col0) {
+  uint64_t sum = 0;
+  for (int64_t r = 0; r < s.rows; ++r)
+    for (int64_t c = 0; c < s.cols; ++c) {
+      uint32_t bits;
+      std::memcpy(&bits, &data[(s.row0 - data_row0 + r) * data_ld + (s.col0 - data_col0 + c)], 4);
+      const uint64_t g = static_cast<uint64_t>((s.row0 + r) * s.global_cols + s.col0 + c);
+      sum += splitmix64(g ^ splitmix64(bits + 0x51ull));
+    }
+  return sum;
+}
+
+// This rank's stage: its layer ranges, as the trainer splits them.
+std::vector<parallel::LayerRange> stage_chunks(const Job& job) {
+  const auto& r = job.recipe;
+  const int pp = job.mesh->shape().size(Dim::pp);
+  const int64_t v = r.parallel.virtual_stages;
+  const auto all = parallel::split_layers(
+      r.model.n_layers, pp * v,
+      parallel::head_cost_in_layers(r.model.vocab_size, r.model.dim, r.model.ffn_dim),
+      r.parallel.pipeline_split);
+  std::vector<parallel::LayerRange> mine;
+  for (int64_t k :
+       parallel::chunks_of_stage(job.mesh->coord().pp, pp, v, r.parallel.schedule == "zb_v"))
+    mine.push_back(all[k]);
+  return mine;
+}
+
+std::string cpu_list() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return "?";
+  std::string out;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (!CPU_ISSET(c, &set)) continue;
+    int end = c;
+    while (end + 1 < CPU_SETSIZE && CPU_ISSET(end + 1, &set)) ++end;
+    if (!out.empty()) out += ',';
+    out += end > c ? fmt::format("{}-{}", c, end) : std::to_string(c);
+    c = end;
+  }
+  return out;
+}
+
+}  // namespace
+
+void check_replicas(const Job& job, std::vector<CheckRow>& rows) {
+  const auto& mesh = *job.mesh;
+  const auto& world = mesh.world();
+  const auto& r = job.recipe;
+  const auto& tp = mesh.group(Dim::tp);
+  // A one-rank "tp group" builds the unsharded stage: the reference the shards must match.
+  const parallel::Comm self = world.split(world.rank(), 0, "self");
+  Verdict v;
+  std::vector<uint64_t> shard_sums, full_sums;  // per tensor
+  std::vector<std::string> names;
+  std::vector<int> split;
+  try {
+    const auto chunks = stage_chunks(job);
+    const ModelOptions options{1, 1, false};
+    const size_t capacity = static_cast<size_t>(r.hardware.hbm_gib * double(1ull << 30));
+    kernels::Arena arena(capacity), ref_arena(capacity * static_cast<size_t>(tp.size()));
+    Model model(r.model, chunks, tp, arena, options);
+    Model ref(r.model, chunks, self, ref_arena, options);
+    model.init(static_cast<uint64_t>(r.train.seed));
+    ref.init(static_cast<uint64_t>(r.train.seed));
+    for (const auto& p : model.params()) {
+      const auto& e = model.layout().at(p.name);
+      const float* mine = model.state().params.data() + e.offset;
+      const float* full = ref.state().params.data() + ref.layout().at(p.name).offset;
+      const bool matrix = p.global_shape.size() == 2;
+      const int64_t grows = matrix ? p.global_shape[0] : 1;
+      const int64_t gcols = matrix ? p.global_shape[1] : p.global_shape[0];
+      Slice s{matrix ? e.spec.shape[0] : 1, matrix ? e.spec.shape[1] : e.numel, 0, 0, gcols};
+      if (p.split_dim == 0) s.row0 = s.rows * tp.rank();
+      if (p.split_dim == 1) s.col0 = s.cols * tp.rank();
+      const uint64_t held = checksum(mine, s, s.cols, s.row0, s.col0);
+      if (held != checksum(full, s, gcols, 0, 0))
+        v.fail(fmt::format("its tp shard {} of `{}` differs from the single-rank tensor",
+                           tp.rank(), p.name));
+      names.push_back(p.name);
+      split.push_back(p.split_dim);
+      shard_sums.push_back(held);
+      full_sums.push_back(checksum(full, Slice{grows, gcols, 0, 0, gcols}, gcols, 0, 0));
+    }
+  } catch (const std::exception& e) {
+    v.fail(std::string("cannot build the model: ") + e.what());
+  }
+  // Every rank of a stage holds the same tensors, so the vectors below line up across tp and dp
+  // (a rank that failed to build sends zeros and is already reported).
+  int64_t count = static_cast<int64_t>(names.size()), most = count;
+  world.all_reduce(&most, 1, ReduceOp::max);
+  shard_sums.resize(most), full_sums.resize(most), split.resize(most, -1);
+  std::vector<uint64_t> gathered(most * tp.size());
+  tp.all_gather(shard_sums.data(), gathered.data(), most);
+  for (int64_t i = 0; i < count && v.ok; ++i) {
+    uint64_t sum = 0;
+    for (int t = 0; t < tp.size(); ++t) sum += gathered[t * most + i];
+    if (split[i] >= 0 && sum != full_sums[i])
+      v.fail(fmt::format("the tp shards of `{}` do not reassemble to the single-rank tensor",
+                         names[i]));
+  }
+  const auto& dp = mesh.group(Dim::dp);
+  uint64_t digest = 0;
+  for (int64_t i = 0; i < most; ++i) digest = splitmix64(digest ^ shard_sums[i]);
+  std::vector<uint64_t> replicas(dp.size());
+  dp.all_gather(&digest, replicas.data(), 1);
+  for (int d = 0; d < dp.size() && v.ok; ++d)
+    if (replicas[d] != digest)
+      v.fail(fmt::format("its parameters differ from the dp replica on world rank {}",
+                         dp.world_ranks()[d]));
+  int64_t tensors = count;
+  world.all_reduce(&tensors, 1);
+  rows.push_back(agree_row(world, "replica", "dp, tp", fmt::format("{} shards", tensors), v,
+                           "dp replicas identical; tp shards reassemble to the 1-rank tensors"));
+}
+
+void check_memory(const Job& job, std::vector<CheckRow>& rows) {
+  const auto& world = job.mesh->world();
+  const auto& r = job.recipe;
+  const double capacity = r.hardware.hbm_gib * double(1ull << 30);
+  Verdict v;
+  double planned = 0;
+  try {
+    const Cluster cluster = local_cluster(r);
+    const PlanProblem problem = make_problem(r, cluster);
+    const Layout layout = layout_of_recipe(r, cluster);
+    const auto schedule = make_layout_schedule(layout);
+    planned = stage_memory(problem, layout, schedule, job.mesh->coord().pp).total();
+    if (planned > capacity)
+      v.fail(fmt::format("stage {} plans {:.3f} GiB, more than hardware.hbm_gib = {:g}: raise it, "
+                         "or see `titan3d plan` for a layout that fits",
+                         job.mesh->coord().pp, planned / (1ull << 30), r.hardware.hbm_gib));
+  } catch (const std::exception& e) {
+    v.fail(std::string("no memory plan: ") + e.what());
+  }
+  world.all_reduce(&planned, 1, ReduceOp::max);
+  rows.push_back(agree_row(world, "memory", "world", "largest stage", v,
+                           fmt::format("planned {:.3f} GiB of {:g} GiB arena (hardware.hbm_gib)",
+                                       planned / (1ull << 30), r.hardware.hbm_gib)));
+}
+
+void check_gemm(const Job& job, bool quick, std::vector<CheckRow>& rows) {
+  const auto& mesh = *job.mesh;
+  const auto& world = mesh.world();
+  const auto& r = job.recipe;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int local = std::max(1, job.env.local_size);
+  const int threads = threads_per_rank(static_cast<int>(r.hardware.threads_per_rank), cores, local);
+  kernels::set_rank_threads(threads);
+  Verdict v;
+  try {
+    kernels::verify_gemm_kind(kernels::GemmKind::kOpenBlasF32);  // OpenBLAS: a correct sgemm
+  } catch (const std::exception& e) {
+    v.fail(e.what());
+  }
+  rows.push_back(agree_row(world, "gemm_verify", "world", "every rank", v,
+                           "odd shapes, all transposes, against a double-precision reference"));
+
+  // The model's main GEMM: a micro-batch's tokens through the local slice of gate/up.
+  const int64_t dp = mesh.shape().size(Dim::dp), tp = mesh.shape().size(Dim::tp);
+  const int64_t M = std::max<int64_t>(
+      64, r.train.global_batch / std::max<int64_t>(1, dp * r.train.micro_batches) * r.model.seq_len);
+  const int64_t N = r.model.ffn_dim / tp, K = r.model.dim;
+  // Ranks that share cores would measure each other: take turns then (all at once otherwise, as
+  // in training, where a slow core or a throttled socket shows).
+  const bool turns = local * threads > cores;
+  double gflops = 0;
+  for (int turn = 0; turn < (turns ? world.size() : 1); ++turn) {
+    if (!turns || turn == world.rank())
+      gflops = kernels::measure_sgemm_gflops(M, N, K, threads, quick ? 3 : 7);
+    if (turns) world.barrier();
+  }
+  std::vector<double> all(world.size());
+  world.all_gather(&gflops, all.data(), 1);
+  std::vector<double> sorted = all;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t n = sorted.size();
+  const double median = (sorted[(n - 1) / 2] + sorted[n / 2]) / 2, best = sorted.back();
+  double var = 0;
+  for (double g : all) var += (g - median) * (g - median);
+  const double sd = std::sqrt(var / all.size());
+  const int best_rank = static_cast<int>(std::max_element(all.begin(), all.end()) - all.begin());
+  // Megatron's gpu_sniff_test rule: slower than its peers by more than 10% and one deviation.
+  CheckRow summary{"gemm", "world", fmt::format("{}x{}x{}", M, N, K), CheckStatus::ok,
+                   fmt::format("median {:.1f} GFLOP/s per rank, best {:.1f} (rank {}){}", median,
+                               best, best_rank, turns ? "; measured in turns (shared cores)" : ""),
+                   {}};
+  for (int q = 0; q < world.size(); ++q) {
+    const bool slow = all[q] < 0.9 * median && median - all[q] > sd;
+    if (slow) summary.culprits.push_back(q);
+    rows.push_back({"gemm", fmt::format("rank {}", q), fmt::format("{} thread{}", threads,
+                                                                   threads > 1 ? "s" : ""),
+                    slow ? CheckStatus::warn : CheckStatus::info,
+                    fmt::format("{:7.1f} GFLOP/s, {:3.0f}% of the best{}", all[q],
+                                100 * all[q] / best, slow ? ": outlier" : ""),
+                    slow ? std::vector<int>{q} : std::vector<int>{}});
+  }
+  if (!summary.culprits.empty()) summary.status = CheckStatus::warn;
+  rows.insert(rows.end() - world.size(), summary);
+}
+
+void host_map(const Job& job, std::vector<CheckRow>& rows) {
+  const auto& mesh = *job.mesh;
+  constexpr size_t kLine = 256;
+  char mine[kLine] = {};
+  std::snprintf(mine, kLine, "%s|host %s, cpus %s, BLAS threads %d", mesh.label().c_str(),
+                job.hostname.c_str(), cpu_list().c_str(), kernels::blas_threads());
+  std::vector<char> all(kLine * mesh.world().size());
+  mesh.world().all_gather(mine, all.data(), kLine);
+  for (int q = 0; q < mesh.world().size(); ++q) {
+    const std::string line(all.data() + q * kLine);
+    const size_t bar = line.find('|');
+    rows.push_back({"host", fmt::format("rank {}", q), line.substr(0, bar), CheckStatus::info,
+                    line.substr(bar + 1), {}});
+  }
+}
+
+}  // namespace t3d::runtime::selfcheck

@@ -1,0 +1,248 @@
+#include "runtime/stage/executor.h"
+
+#include <algorithm>
+
+#include "kernels/check.h"
+#include "kernels/precision.h"
+#include "parallel/trace.h"
+
+namespace t3d::runtime {
+
+using parallel::Op;
+
+namespace {
+// Message tags: (micro-batch, chunk, direction) -> unique tag (MPI guarantees at least 32767).
+int tag_of(int mb, int chunk, int chunks, bool gradient) {
+  return (mb * chunks + chunk) * 2 + (gradient ? 1 : 0);
+}
+}  // namespace
+
+PipelineExecutor::PipelineExecutor(parallel::Schedule schedule, const parallel::Comm& pp)
+    : schedule_(std::move(schedule)), pp_(pp) {
+  T3D_ASSERT(schedule_.pp == pp_.size(), "schedule for ", schedule_.pp, " stages on a pp group of ",
+             pp_.size());
+  const int stage = pp_.rank();
+  local_of_global_.assign(schedule_.num_chunks(), -1);
+  int local = 0;
+  for (int k = 0; k < schedule_.num_chunks(); ++k)
+    if (schedule_.chunk_stage[k] == stage) local_of_global_[k] = local++;
+  // Slots per chunk: the peak of micro-batches forwarded and not yet fully backpropagated.
+  slots_.assign(local, 0);
+  std::vector<int> alive(local, 0);
+  for (const auto& a : schedule_.ranks[stage]) {
+    const int c = local_of_global_[a.chunk];
+    if (a.op == Op::kF) slots_[c] = std::max(slots_[c], ++alive[c]);
+    if (a.op == Op::kBW || a.op == Op::kW) --alive[c];
+  }
+  T3D_USER_CHECK(schedule_.n_micro < 32767 / (2 * schedule_.num_chunks()),
+                 "train.micro_batches = ", schedule_.n_micro, " is too many for MPI tags with ",
+                 schedule_.num_chunks(), " pipeline chunks");
+}
+
+bool PipelineExecutor::local(int chunk_a, int chunk_b) const {
+  return schedule_.chunk_stage[chunk_a] == schedule_.chunk_stage[chunk_b];
+}
+
+void PipelineExecutor::put_local(const float* data, size_t n, int tag) {
+  int i;
+  if (local_free_.empty()) {
+    i = static_cast<int>(local_pool_.size());
+    local_pool_.emplace_back();
+  } else {
+    i = local_free_.back();
+    local_free_.pop_back();
+  }
+  local_pool_[i].assign(data, data + n);
+  T3D_ASSERT(local_of_tag_.emplace(tag, i).second, "local hand-over ", tag, " posted twice");
+}
+
+void PipelineExecutor::take_local(float* data, size_t n, int tag) {
+  const auto it = local_of_tag_.find(tag);
+  // The validator orders a producer before its consumer on the same rank: a miss is a bug.
+  T3D_ASSERT(it != local_of_tag_.end(), "local hand-over ", tag, " taken before it was made");
+  const auto& buf = local_pool_[it->second];
+  T3D_ASSERT(buf.size() == n, "local hand-over size");
+  std::copy(buf.begin(), buf.end(), data);
+  local_free_.push_back(it->second);
+  local_of_tag_.erase(it);
+}
+
+bool PipelineExecutor::splits_backward() const {
+  for (const auto& rank : schedule_.ranks)
+    for (const auto& a : rank)
+      if (a.op == Op::kB) return true;
+  return false;
+}
+
+int PipelineExecutor::max_slots() const { return *std::max_element(slots_.begin(), slots_.end()); }
+
+int PipelineExecutor::local_chunk(int global_chunk) const {
+  const int c = local_of_global_.at(global_chunk);
+  T3D_ASSERT(c >= 0, "chunk ", global_chunk, " is not on this stage");
+  return c;
+}
+
+double PipelineExecutor::run(Model& model, const MicroBatchSource& source, float grad_scale,
+                             bool training) {
+  if (!training) return run_forward_only(model, source);
+  const int K = schedule_.num_chunks();
+  const int stage = pp_.rank();
+  const size_t n = static_cast<size_t>(model.io_floats());
+  if (grad_in_.size() < n) grad_in_.resize(n);
+  const size_t chunks = slots_.size();
+  // Slot of each (micro-batch, local chunk) while it is alive, and free slots per chunk.
+  slot_of_.assign(static_cast<size_t>(schedule_.n_micro) * chunks, -1);
+  free_.resize(chunks);
+  for (size_t c = 0; c < chunks; ++c) {
+    free_[c].clear();
+    for (int s = slots_[c] - 1; s >= 0; --s) free_[c].push_back(s);
+  }
+  auto take_slot = [&](int c, int mb) {
+    T3D_ASSERT(!free_[c].empty(), "no free activation slot for micro-batch ", mb);
+    const int slot = free_[c].back();
+    free_[c].pop_back();
+    slot_of_[mb * chunks + c] = slot;
+    return slot;
+  };
+
+  double loss = 0;
+  for (const auto& a : schedule_.ranks[stage]) {
+    const int c = local_chunk(a.chunk);
+    const auto& range = model.chunks()[c];
+    if (a.op == Op::kF) {
+      const int slot = take_slot(c, a.mb);
+      const int32_t* tokens = nullptr;
+      const int32_t* targets = nullptr;
+      if (range.first || range.last) source(a.mb, &tokens, &targets);
+      if (!range.first) {
+        const int tag = tag_of(a.mb, a.chunk, K, false);
+        if (local(a.chunk - 1, a.chunk))
+          take_local(model.input(c, slot), n, tag);
+        else
+          receive(model, model.input(c, slot), schedule_.chunk_stage[a.chunk - 1], tag);
+      }
+      parallel::trace::Span span("forward", "compute");
+      span.arg("mb", a.mb).arg("chunk", a.chunk);
+      loss += model.forward(c, slot, tokens, targets, grad_scale, true);
+      if (!range.last) {
+        const int tag = tag_of(a.mb, a.chunk + 1, K, false);
+        if (local(a.chunk, a.chunk + 1))
+          put_local(model.output(c, slot), n, tag);
+        else
+          send(model, model.output(c, slot), schedule_.chunk_stage[a.chunk + 1], tag);
+      }
+      continue;
+    }
+    const int slot = slot_of_[a.mb * chunks + c];
+    T3D_ASSERT(slot >= 0, to_string(a), " before its forward");
+    if (a.op == Op::kW) {  // the deferred weight gradients; the slot is free afterwards
+      parallel::trace::Span span("backward (weight grads)", "compute");
+      span.arg("mb", a.mb).arg("chunk", a.chunk);
+      model.backward_weight(c, slot);
+      free_[c].push_back(slot);
+      slot_of_[a.mb * chunks + c] = -1;
+      continue;
+    }
+    const float* dout = nullptr;
+    if (!range.last) {
+      const int tag = tag_of(a.mb, a.chunk, K, true);
+      if (local(a.chunk, a.chunk + 1))
+        take_local(grad_in_.data(), n, tag);
+      else
+        receive(model, grad_in_.data(), schedule_.chunk_stage[a.chunk + 1], tag);
+      dout = grad_in_.data();
+    }
+    parallel::trace::Span span(a.op == Op::kB ? "backward (input grads)" : "backward", "compute");
+    span.arg("mb", a.mb).arg("chunk", a.chunk);
+    if (a.op == Op::kB)
+      model.backward_input(c, slot, dout);
+    else
+      model.backward(c, slot, dout);
+    if (!range.first) {
+      const int tag = tag_of(a.mb, a.chunk - 1, K, true);
+      if (local(a.chunk - 1, a.chunk))
+        put_local(model.input_grad(c, slot), n, tag);
+      else
+        send(model, model.input_grad(c, slot), schedule_.chunk_stage[a.chunk - 1], tag);
+    }
+    if (a.op == Op::kBW) {
+      free_[c].push_back(slot);
+      slot_of_[a.mb * chunks + c] = -1;
+    }
+  }
+  wait_sends();
+  return loss;
+}
+
+void PipelineExecutor::send(Model& model, const float* data, int peer, int tag) {
+  // The data is copied into a staging buffer of its own, so the sender never has to wait for a
+  // receiver before reusing its activations: waiting there can deadlock interleaved schedules,
+  // whose stages feed each other both ways. The pool grows to the step's peak of sends in flight
+  // during the first step and is reused afterwards.
+  const size_t n = static_cast<size_t>(model.io_floats());
+  Staging* s = nullptr;
+  for (auto& st : staging_)
+    if (st.request == MPI_REQUEST_NULL || pp_.test(st.request)) {
+      s = &st;
+      break;
+    }
+  if (!s) s = &staging_.emplace_back();
+  if (model.bf16()) {
+    s->b16.resize(n);
+    kernels::float_to_bf16(s->b16.data(), data, static_cast<int64_t>(n));  // half the bytes
+    s->request = pp_.isend(s->b16.data(), n, peer, tag);
+  } else {
+    s->f32.assign(data, data + n);
+    s->request = pp_.isend(s->f32.data(), n, peer, tag);
+  }
+}
+
+void PipelineExecutor::wait_sends() {
+  for (auto& st : staging_) pp_.wait(st.request, "pipeline send");
+}
+
+void PipelineExecutor::receive(Model& model, float* data, int peer, int tag) {
+  const size_t n = static_cast<size_t>(model.io_floats());
+  if (!model.bf16()) return pp_.recv(data, n, peer, tag);
+  pp_.recv(model.recv16(), n, peer, tag);
+  kernels::bf16_to_float(data, model.recv16(), static_cast<int64_t>(n));
+}
+
+double PipelineExecutor::run_forward_only(Model& model, const MicroBatchSource& source) {
+  // Micro-batch by micro-batch through the chunks in model order, on slot 0, each send completed
+  // at once. Slower than a schedule but deadlock-free for any placement: every wait is on a rank
+  // further along the same micro-batch's path, so waits never form a cycle.
+  const int K = schedule_.num_chunks();
+  const int stage = pp_.rank();
+  double loss = 0;
+  for (int mb = 0; mb < schedule_.n_micro; ++mb)
+    for (int k = 0; k < K; ++k) {
+      if (schedule_.chunk_stage[k] != stage) continue;
+      const int c = local_chunk(k);
+      const auto& range = model.chunks()[c];
+      const int32_t* tokens = nullptr;
+      const int32_t* targets = nullptr;
+      if (range.first || range.last) source(mb, &tokens, &targets);
+      const size_t n = static_cast<size_t>(model.io_floats());
+      if (!range.first) {
+        if (local(k - 1, k))
+          take_local(model.input(c, 0), n, tag_of(mb, k, K, false));
+        else
+          receive(model, model.input(c, 0), schedule_.chunk_stage[k - 1], tag_of(mb, k, K, false));
+      }
+      parallel::trace::Span span("forward (validation)", "compute");
+      span.arg("mb", mb).arg("chunk", k);
+      loss += model.forward(c, 0, tokens, targets, 0.0f, false);
+      if (!range.last) {
+        if (local(k, k + 1)) {
+          put_local(model.output(c, 0), n, tag_of(mb, k + 1, K, false));
+          continue;
+        }
+        send(model, model.output(c, 0), schedule_.chunk_stage[k + 1], tag_of(mb, k + 1, K, false));
+        wait_sends();
+      }
+    }
+  return loss;
+}
+
+}  // namespace t3d::runtime

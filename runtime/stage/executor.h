@@ -1,0 +1,74 @@
+// Runs one rank's action list of a pipeline schedule (parallel/schedule.h) over its model chunks:
+// forwards, backwards, and the point-to-point traffic the table implies. The same executor runs
+// every schedule, and pp = 1 is just the one-stage table (F, BW per micro-batch).
+//
+// Zero-bubble tables split the backward into B (input gradients, sent upstream at once) and W
+// (weight gradients, deferred into what would be bubble); a slot stays taken until its W.
+// Consecutive chunks on one stage (ZB-V's V turns on stage pp-1; pp = 1 with two chunks) hand the
+// activation and its gradient over in memory, in fp32, without MPI.
+#pragma once
+
+#include <array>
+#include <deque>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <vector>
+
+#include "parallel/comm.h"
+#include "parallel/schedule.h"
+#include "runtime/model/model.h"
+
+namespace t3d::runtime {
+
+// Micro-batch data for the first chunk (tokens) and the last (targets); rows·seq_len each.
+using MicroBatchSource =
+    std::function<void(int micro, const int32_t** tokens, const int32_t** targets)>;
+
+class PipelineExecutor {
+ public:
+  // `schedule` is the whole table; this rank runs ranks[pp.rank()].
+  PipelineExecutor(parallel::Schedule schedule, const parallel::Comm& pp);
+
+  // Activation slots each local chunk needs (peak micro-batches alive on it), index = local chunk.
+  const std::vector<int>& slots_per_chunk() const { return slots_; }
+  // Does the table split backwards into B and W (the model must keep W's inputs)?
+  bool splits_backward() const;
+  int max_slots() const;
+
+  // One step: every action of this rank. Returns the summed loss over the micro-batches of the
+  // last chunk (0 on ranks without it). `training` false runs forwards only (validation).
+  double run(Model& model, const MicroBatchSource& source, float grad_scale, bool training);
+
+ private:
+  int local_chunk(int global_chunk) const;
+  double run_forward_only(Model& model, const MicroBatchSource& source);
+  // Point-to-point in the model's wire precision (fp32, or bf16: half the bytes).
+  void send(Model& model, const float* data, int peer, int tag);
+  void wait_sends();
+  void receive(Model& model, float* data, int peer, int tag);
+  // The in-memory hand-over between consecutive chunks on this stage, keyed like the MPI tags.
+  bool local(int chunk_a, int chunk_b) const;
+  void put_local(const float* data, size_t n, int tag);
+  void take_local(float* data, size_t n, int tag);
+
+  parallel::Schedule schedule_;
+  const parallel::Comm& pp_;
+  std::vector<int> local_of_global_;  // global chunk -> index in model.chunks(), or -1
+  std::vector<int> slots_;
+  std::vector<float> grad_in_;  // (rows, C) gradient received for the chunk being backpropagated
+  // Per-step bookkeeping, kept between steps so a step does not allocate.
+  std::vector<int> slot_of_;                                   // [mb · chunks + c] -> slot or -1
+  std::vector<std::vector<int>> free_;                         // [c] free slots
+  struct Staging {  // one send in flight: a copy of its data, in the wire precision
+    std::vector<float> f32;
+    std::vector<uint16_t> b16;
+    MPI_Request request = MPI_REQUEST_NULL;
+  };
+  std::deque<Staging> staging_;  // a deque: growing it never moves a buffer a send still reads
+  std::vector<std::vector<float>> local_pool_;  // hand-over buffers, reused across steps
+  std::vector<int> local_free_;                 // indices into local_pool_
+  std::map<int, int> local_of_tag_;             // tag -> buffer holding that message
+};
+
+}  // namespace t3d::runtime

@@ -1,0 +1,323 @@
+#include "runtime/stage/gemm_choice.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "checkpoint/snapshot.h"
+#include "kernels/blas.h"
+#include "kernels/check.h"
+#include "kernels/peak.h"
+
+namespace t3d::runtime {
+
+namespace fs = std::filesystem;
+using kernels::GemmKind;
+
+namespace {
+
+// A candidate must beat the one before it in the list by this much to replace it: measurement
+// noise alone never moves a run off OpenBLAS fp32 (the GEMM of every earlier titan3d run).
+constexpr double kSwitchMargin = 1.05;
+constexpr int kMeasureRounds = 3;
+constexpr int64_t kMaxMeasuredRows = 4096;
+
+fs::path cache_dir() {
+  const char* home = std::getenv("HOME");
+  return fs::path(home && *home ? home : "/tmp") / ".cache/titan3d";
+}
+fs::path cache_file() { return cache_dir() / "gemm_choice.txt"; }
+
+// Cache files: one line per key, "key<TAB>value value ...", appended; the first line whose key
+// and value count match answers. Keys have no blanks (they are replaced by '_').
+std::string cache_key_text(std::string key) {
+  std::replace(key.begin(), key.end(), ' ', '_');
+  std::replace(key.begin(), key.end(), '\t', '_');
+  return key;
+}
+
+std::vector<double> read_cached(const fs::path& file, const std::string& key, size_t count) {
+  std::ifstream in(file);
+  const std::string prefix = cache_key_text(key) + '\t';
+  for (std::string line; std::getline(in, line);) {
+    if (line.compare(0, prefix.size(), prefix) != 0) continue;
+    std::istringstream text(line.substr(prefix.size()));
+    std::vector<double> values;
+    for (double v; text >> v;) values.push_back(v);
+    if (values.size() == count) return values;
+  }
+  return {};
+}
+
+void write_cached(const fs::path& file, const std::string& key, const std::vector<double>& values) {
+  std::error_code ec;
+  fs::create_directories(file.parent_path(), ec);
+  std::ofstream out(file, std::ios::app);
+  out << cache_key_text(key) << '\t';
+  for (double v : values) out << v << ' ';
+  out << '\n';
+}
+
+// A number cached under `key` in `file`, measured the first time.
+template <class Measure>
+double cached_number(const fs::path& file, const std::string& key, Measure measure) {
+  if (const auto v = read_cached(file, key, 1); !v.empty()) return v[0];
+  const double v = measure();
+  write_cached(file, key, {v});
+  return v;
+}
+
+struct Shapes {
+  int64_t rows = 0, dim = 0, ffn = 0, attn = 0;  // this rank's: ffn and attention dims over tp
+  std::string text() const {
+    std::ostringstream o;
+    o << "rows" << rows << "_dim" << dim << "_ffn" << ffn << "_attn" << attn;
+    return o.str();
+  }
+};
+
+Shapes shapes_of(const Recipe& r) {
+  const auto& p = r.parallel;
+  const int64_t rows_per_micro = std::max<int64_t>(
+      1, r.train.global_batch / std::max<int64_t>(1, p.dp * r.train.micro_batches));
+  Shapes s;
+  // Rates settle by a few thousand rows; more would only lengthen the start of a large model.
+  s.rows = std::clamp<int64_t>(rows_per_micro * r.model.seq_len / std::max<int64_t>(1, p.cp), 1,
+                               kMaxMeasuredRows);
+  s.dim = r.model.dim;
+  s.ffn = std::max<int64_t>(1, r.model.ffn_dim / std::max<int64_t>(1, p.tp));
+  s.attn = std::max<int64_t>(1, r.model.n_heads * r.model.head_dim() / std::max<int64_t>(1, p.tp));
+  return s;
+}
+
+std::string cache_key(const Shapes& s, int threads, int local_ranks,
+                      const std::vector<GemmKind>& candidates) {
+  std::ostringstream k;
+  k << kernels::cpu_model_name() << "|cpus" << std::thread::hardware_concurrency() << "|local"
+    << local_ranks << "|threads" << threads << "|" << kernels::openblas_corename() << "|"
+    << kernels::onednn_version_string() << "|" << s.text() << "|";
+  for (GemmKind c : candidates) k << kernels::gemm_kind_name(c) << ",";
+  return k.str();
+}
+
+// The (precision, gemm) recorded in the snapshot `snapshot.resume` names, if it can be read.
+std::optional<std::pair<std::string, std::string>> recorded_in_snapshot(const Recipe& r,
+                                                                        std::string* path_out) {
+  std::string path = r.snapshot.resume;
+  try {
+    if (path == "latest") {
+      std::vector<std::string> skipped;
+      path = checkpoint::find_latest(r.snapshot.dir, &skipped);
+    }
+    if (path.empty()) return std::nullopt;
+    const Recipe saved = parse_recipe(checkpoint::read_recipe(path), path + " (recipe)");
+    *path_out = path;
+    // Snapshots older than hardware.gemm trained on OpenBLAS.
+    const bool has_gemm = saved.key_origins.count("hardware.gemm") > 0;
+    return std::make_pair(saved.train.precision, has_gemm ? saved.hardware.gemm : "openblas");
+  } catch (const std::exception&) {
+    return std::nullopt;  // the restore itself reports an unreadable snapshot
+  }
+}
+
+// Whether this CPU runs `kind` correctly (oneDNN's bf16 needs AVX-512; a broken library fails
+// the reference check). A candidate that does not is left out, with the reason in the log.
+bool runs_here(GemmKind kind) {
+  try {
+    kernels::verify_gemm_kind(kind);
+    return true;
+  } catch (const UserError& e) {
+    spdlog::info("GEMM candidate {} left out: {}", kernels::gemm_kind_name(kind), e.what());
+    return false;
+  }
+}
+
+// GFLOP/s per rank of the linear layers' GEMMs of one micro-batch (MLP and attention shapes).
+double measure_gflops(GemmKind kind, const Shapes& s, int threads) {
+  double seconds = 0, flops = 0;
+  for (const int64_t out : {s.ffn, s.attn}) {
+    const double f = 3 * 2.0 * s.rows * s.dim * out;
+    seconds += f / (kernels::measure_gemm_gflops(kind, s.rows, s.dim, out, threads, 3) * 1e9);
+    flops += f;
+  }
+  return flops / seconds * 1e-9;
+}
+
+// Resuming: the snapshot's choice fills what the recipe leaves to auto, so the continuation is
+// bit-identical; a concrete value that differs from it is the user's call, said loudly.
+void fill_from_snapshot(const Recipe& r, std::string* precision, std::string* library,
+                        std::string* source) {
+  std::string path;
+  const auto saved = recorded_in_snapshot(r, &path);
+  if (!saved) return;
+  bool filled = false;
+  for (auto [mine, theirs, key] : {std::tuple{precision, saved->first, "train.precision"},
+                                   std::tuple{library, saved->second, "hardware.gemm"}}) {
+    if (*mine == "auto") {
+      *mine = theirs;
+      filled = true;
+    } else if (*mine != theirs) {
+      spdlog::warn("{} = {} here but {} in {}: the continuation will not be bit-identical to the "
+                   "run that wrote it (remove the key, or set it to {}, to continue exactly)",
+                   key, *mine, theirs, path, theirs);
+    }
+  }
+  if (filled) *source = "recorded in " + path;
+}
+
+// Rank 0: the decision with its numbers in the log and in <run dir>/gemm_choice.json.
+void record(const GemmChoice& c, const std::string& run_dir) {
+  std::string numbers;
+  for (const auto& [k, g] : c.gflops)
+    numbers += fmt::format("{}{} {:.1f}", numbers.empty() ? "" : ", ", kernels::gemm_kind_name(k), g);
+  spdlog::info("GEMM: {} (train.precision = {}, hardware.gemm = {}; {}{}{}), {} thread(s) per rank; "
+               "{}; {}",
+               kernels::gemm_kind_name(c.kind), c.precision, c.library, c.source,
+               numbers.empty() ? "" : ": GFLOP/s per rank at the model's shapes ", numbers,
+               c.threads, kernels::cpu_model_name(), kernels::onednn_version_string());
+  std::ofstream out(run_dir + "/gemm_choice.json");
+  out << "{\"kind\": \"" << kernels::gemm_kind_name(c.kind) << "\", \"precision\": \""
+      << c.precision << "\", \"library\": \"" << c.library << "\", \"threads_per_rank\": "
+      << c.threads << ", \"cpu\": \"" << kernels::cpu_model_name() << "\", \"gflops_per_rank\": {";
+  for (size_t i = 0; i < c.gflops.size(); ++i)
+    out << (i ? ", " : "") << "\"" << kernels::gemm_kind_name(c.gflops[i].first)
+        << "\": " << c.gflops[i].second;
+  out << "}}\n";
+}
+
+std::string library_of(GemmKind kind) {
+  return kind == GemmKind::kOpenBlasF32 ? "openblas" : "onednn";
+}
+
+}  // namespace
+
+GemmKind gemm_kind_of(const std::string& precision, const std::string& library) {
+  T3D_ASSERT(precision != "auto" && library != "auto",
+             "train.precision and hardware.gemm must be resolved first");
+  if (library == "openblas") return GemmKind::kOpenBlasF32;
+  return precision == "bf16" ? GemmKind::kOneDnnBf16 : GemmKind::kOneDnnF32;
+}
+
+std::vector<GemmKind> gemm_candidates(const std::string& precision, const std::string& library) {
+  std::vector<GemmKind> out;
+  const bool bf16_allowed = precision != "fp32";
+  if (library != "onednn") out.push_back(GemmKind::kOpenBlasF32);
+  if (library != "openblas") {
+    // onednn forced with bf16: only bf16 inputs; otherwise fp32 oneDNN competes too.
+    if (!(library == "onednn" && precision == "bf16")) out.push_back(GemmKind::kOneDnnF32);
+    if (bf16_allowed) out.push_back(GemmKind::kOneDnnBf16);
+  }
+  return out;
+}
+
+GemmChoice choose_gemm(Job& job) {
+  Recipe& r = job.recipe;
+  const parallel::Comm& world = job.mesh->world();
+  const bool root = world.rank() == 0;
+  GemmChoice c;
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int local = std::max(1, job.env.local_size);
+  c.threads = threads_per_rank(static_cast<int>(r.hardware.threads_per_rank), cores, local);
+  kernels::set_rank_threads(c.threads);
+
+  std::string precision = r.train.precision, library = r.hardware.gemm;
+  c.source = "the recipe";
+  if (root && !r.snapshot.resume.empty()) fill_from_snapshot(r, &precision, &library, &c.source);
+  // Rank 0's partial resolution, then the candidates every rank measures if any auto is left.
+  int resolved[2] = {precision == "auto" ? -1 : precision == "bf16",
+                     library == "auto" ? -1 : library == "onednn"};
+  world.broadcast(resolved, 2, 0);
+  precision = resolved[0] < 0 ? "auto" : resolved[0] ? "bf16" : "fp32";
+  library = resolved[1] < 0 ? "auto" : resolved[1] ? "onednn" : "openblas";
+  const std::vector<GemmKind> candidates = gemm_candidates(precision, library);
+  T3D_ASSERT(!candidates.empty(), "no GEMM candidate for ", precision, "/", library);
+
+  int winner = 0;
+  if (candidates.size() > 1) {
+    const Shapes shapes = shapes_of(r);
+    const std::string key = cache_key(shapes, c.threads, local, candidates);
+    std::vector<double> rates;
+    int cached = 0;
+    if (root) {
+      rates = read_cached(cache_file(), key, candidates.size());
+      cached = !rates.empty();
+    }
+    world.broadcast(&cached, 1, 0);
+    if (cached) {
+      c.source = "cached in " + cache_file().string();
+    } else {
+      // Every rank at once, as they will train; the world's summed time per candidate decides.
+      // Rounds outside, candidates inside, each candidate's best round kept: load from elsewhere
+      // that comes and goes hits every candidate alike and lowers none for good.
+      world.barrier();
+      rates.assign(candidates.size(), 0.0);
+      std::vector<bool> runnable;
+      for (GemmKind k : candidates) runnable.push_back(runs_here(k));  // rate 0: never chosen
+      for (int round = 0; round < kMeasureRounds; ++round)
+        for (size_t i = 0; i < candidates.size(); ++i)
+          if (runnable[i])
+            rates[i] = std::max(rates[i], measure_gflops(candidates[i], shapes, c.threads));
+      world.all_reduce(rates.data(), rates.size());
+      for (auto& v : rates) v /= world.size();  // mean rate per rank
+      if (root) write_cached(cache_file(), key, rates);
+      c.source = "measured";
+    }
+    if (root)
+      for (size_t i = 1; i < candidates.size(); ++i)
+        if (rates[i] > kSwitchMargin * rates[winner]) winner = static_cast<int>(i);
+    world.broadcast(&winner, 1, 0);
+    if (root)
+      for (size_t i = 0; i < candidates.size(); ++i) c.gflops.emplace_back(candidates[i], rates[i]);
+  }
+  c.kind = candidates[static_cast<size_t>(winner)];
+  c.library = library_of(c.kind);
+  // auto precision follows the winner: bf16 only where bf16 GEMMs are what makes it faster.
+  c.precision = precision == "auto" ? (kernels::gemm_kind_is_bf16(c.kind) ? "bf16" : "fp32")
+                                    : precision;
+  r.train.precision = c.precision;
+  r.hardware.gemm = c.library;
+  kernels::verify_gemm_kind(c.kind);
+  kernels::set_linear_gemm(c.kind);
+
+  if (root) record(c, job.run_dir);
+  return c;
+}
+
+HostPeaks host_peaks(GemmKind kind, int64_t rows, int64_t in, int64_t out, int cores) {
+  HostPeaks p;
+  const std::string cpu = kernels::cpu_model_name();
+  const bool bf16 = kernels::gemm_kind_is_bf16(kind) && kernels::cpu_has_bf16_dot();
+  p.hardware_what = bf16 ? "bf16 dot product" : "fp32 FMA";
+  p.hardware_gflops = cores * cached_number(cache_dir() / "core_peak.txt", cpu + "|" + p.hardware_what, [&] {
+    const auto peak = kernels::measure_core_peak();
+    return bf16 ? peak.bf16_gflops : peak.fp32_gflops;
+  });
+  // The best of a few medians, so a burst of load from elsewhere does not lower it.
+  std::ostringstream key;
+  key << cpu << "|" << kernels::gemm_kind_name(kind) << "|" << kernels::openblas_corename() << "|"
+      << kernels::onednn_version_string() << "|" << rows << "x" << in << "x" << out;
+  p.gemm_gflops = cores * cached_number(cache_dir() / "gemm_peak.txt", key.str(), [&] {
+    double best = 0;
+    for (int i = 0; i < 3; ++i)
+      best = std::max({best, kernels::measure_gemm_gflops(kind, rows, in, out, 1, 5),
+                       kernels::measure_gemm_gflops(kind, rows, in, in, 1, 5)});
+    return best;
+  });
+  return p;
+}
+
+GemmKind apply_recorded_gemm(const Recipe& recipe) {
+  // A recipe that was never resolved (a hand-written one given to eval) runs exact fp32.
+  const std::string precision = recipe.train.precision == "auto" ? "fp32" : recipe.train.precision;
+  const std::string library = recipe.hardware.gemm == "auto" ? "openblas" : recipe.hardware.gemm;
+  const GemmKind kind = gemm_kind_of(precision, library);
+  kernels::set_linear_gemm(kind);
+  return kind;
+}
+
+}  // namespace t3d::runtime

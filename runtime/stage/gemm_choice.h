@@ -1,0 +1,66 @@
+// Which GEMM the linear layers run on, and so the training precision when the recipe says
+// `auto`: chosen by measuring on the machine in use, once per CPU, thread count, libraries and
+// model shapes (cached), never from a constant written on another machine.
+//
+// Candidates (kernels/gemm.h), by train.precision and hardware.gemm:
+//   fp32: openblas-fp32, onednn-fp32
+//   bf16: the two fp32 kinds (bf16 then only stores activations and rounds TP/PP traffic) and
+//         onednn-bf16 (bf16 GEMM inputs, fp32 accumulation)
+//   auto: all three; the precision becomes bf16 when onednn-bf16 wins, else fp32
+// hardware.gemm = openblas or onednn keeps that library's candidates only (onednn with bf16 means
+// onednn-bf16). Every rank of a host measures at once (as they will train), the world sums the
+// times, and rank 0's cache answers the next run with the same key.
+//
+// The decision is written back into the job's recipe as concrete values (train.precision fp32 or
+// bf16, hardware.gemm openblas or onednn), so the snapshots' recipes record it and `resume`
+// continues with it; `snapshot.resume` with `auto` values takes them from the snapshot it resumes.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "kernels/gemm.h"
+#include "runtime/launch/job.h"
+
+namespace t3d::runtime {
+
+struct GemmChoice {
+  kernels::GemmKind kind = kernels::GemmKind::kOpenBlasF32;
+  std::string precision;  // fp32 | bf16, as resolved
+  std::string library;    // openblas | onednn, as resolved
+  std::string source;     // how it was decided: "measured", "cached", "the recipe", or a snapshot
+  std::vector<std::pair<kernels::GemmKind, double>> gflops;  // per rank; empty when not measured
+  int threads = 1;
+};
+
+// The kind a resolved (precision, library) pair means; `auto` in either is a caller's bug.
+kernels::GemmKind gemm_kind_of(const std::string& precision, const std::string& library);
+
+// The candidates of a recipe's (possibly auto) precision and library, in order of preference on
+// a tie: OpenBLAS fp32 first (the GEMM of snapshots written before the choice existed).
+std::vector<kernels::GemmKind> gemm_candidates(const std::string& precision,
+                                               const std::string& library);
+
+// Collective over the job's world. Resolves the recipe's auto values (cache, measurement, or the
+// snapshot being resumed), writes the concrete values into job.recipe, sets the threads of the
+// OpenMP and OpenBLAS pools and the linear layers' kind, verifies that kind against a reference,
+// logs the decision with its numbers on rank 0 and writes it to <run dir>/gemm_choice.json.
+GemmChoice choose_gemm(Job& job);
+
+// The denominators of MFU for a host of `cores` cores training with `kind` (docs/metrics.md):
+// the hardware's peak in the precision the GEMMs run in (kernels/peak.h: the fp32 FMA loop, or
+// the bf16 dot-product loop for bf16 inputs, one core × cores), and the rate `kind` itself
+// reaches at the model's main shapes on one thread × cores. Rank 0 only; cached per CPU.
+struct HostPeaks {
+  double hardware_gflops = 0;
+  double gemm_gflops = 0;
+  const char* hardware_what = "";  // "fp32 FMA" or "bf16 dot product"
+};
+HostPeaks host_peaks(kernels::GemmKind kind, int64_t rows, int64_t in, int64_t out, int cores);
+
+// Applies a resolved recipe's choice in a process that does not train (eval, generate, export,
+// selfcheck): no measurement, no collectives.
+kernels::GemmKind apply_recorded_gemm(const Recipe& recipe);
+
+}  // namespace t3d::runtime

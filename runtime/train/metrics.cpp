@@ -1,0 +1,42 @@
+#include "runtime/train/metrics.h"
+
+#include <cmath>
+
+#include "kernels/check.h"
+
+namespace t3d::runtime {
+
+MetricsWriter::MetricsWriter(const std::string& path, bool append)
+    : file_(std::fopen(path.c_str(), append ? "a" : "w")) {
+  T3D_USER_CHECK(file_, "cannot open metrics file `", path, "` for writing (run.dir)");
+}
+
+MetricsWriter::~MetricsWriter() {
+  if (file_) std::fclose(file_);
+}
+
+void MetricsWriter::write(const std::vector<std::pair<std::string, double>>& fields) {
+  if (!file_) return;
+  std::fputc('{', file_);
+  for (size_t i = 0; i < fields.size(); ++i) {
+    const auto& [key, value] = fields[i];
+    std::fprintf(file_, "%s\"%s\": ", i ? ", " : "", key.c_str());
+    if (!std::isfinite(value))
+      std::fputs("null", file_);
+    else if (value == std::floor(value) && std::fabs(value) < 1e15)
+      std::fprintf(file_, "%.0f", value);
+    else
+      std::fprintf(file_, "%.9g", value);
+  }
+  std::fputs("}\n", file_);
+  std::fflush(file_);
+}
+
+std::string format_duration(double seconds) {
+  const long s = std::lround(std::max(0.0, seconds));
+  if (s >= 3600) return std::to_string(s / 3600) + "h" + std::to_string(s / 60 % 60) + "m";
+  if (s >= 60) return std::to_string(s / 60) + "m" + std::to_string(s % 60) + "s";
+  return std::to_string(s) + "s";
+}
+
+}  // namespace t3d::runtime

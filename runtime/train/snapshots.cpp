@@ -1,0 +1,626 @@
+#include "runtime/train/snapshots.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <future>
+#include <optional>
+#include <random>
+
+#include "checkpoint/io_thread.h"
+#include "checkpoint/snapshot.h"
+#include "kernels/check.h"
+#include "parallel/trace.h"
+#include "runtime/train/metrics.h"
+#include "runtime/model/model.h"
+
+namespace t3d::runtime {
+
+namespace fs = std::filesystem;
+namespace ck = checkpoint;
+using Clock = std::chrono::steady_clock;
+using parallel::Dim;
+
+namespace {
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// The sections of the state a snapshot holds, as dataset-path prefixes.
+constexpr const char* kSections[] = {"model/", "optim/exp_avg/", "optim/exp_avg_sq/"};
+
+// UserError naming snapshot.dir unless this rank can create `dir` and a file in it: a run whose
+// snapshots can never be written must not train for hours first.
+void check_writable_dir(const std::string& dir, const std::string& origin, int rank) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  std::string why = ec ? ec.message() : !fs::is_directory(dir) ? "it is not a directory" : "";
+  if (why.empty()) {
+    const std::string probe = fmt::format("{}/.write_probe.rank{}", dir, rank);
+    std::FILE* f = std::fopen(probe.c_str(), "w");
+    if (!f) why = std::strerror(errno);
+    if (f && (std::fputc('x', f) == EOF || std::fflush(f) != 0)) why = std::strerror(errno);
+    if (f && std::fclose(f) != 0 && why.empty()) why = std::strerror(errno);
+    std::remove(probe.c_str());
+  }
+  T3D_USER_CHECK(why.empty(), "recipe error: ", origin, ": `snapshot.dir`: cannot write into `",
+                 dir, "` on rank ", rank, ": ", why,
+                 ". Point snapshot.dir at a writable directory that every rank sees, or set "
+                 "snapshot.every = 0 to train without snapshots.");
+}
+
+// `s` of rank `root` on every rank of `comm` (collective).
+void broadcast_string(const parallel::Comm& comm, std::string& s, int root = 0) {
+  uint64_t n = s.size();
+  comm.broadcast(&n, 1, root);
+  s.resize(n);
+  if (n) comm.broadcast(s.data(), n, root);
+}
+
+std::string layout_of(const Recipe& r) {
+  const auto& p = r.parallel;
+  return fmt::format("pp={} dp={} cp={} tp={} zero={} schedule={} virtual_stages={}", p.pp, p.dp,
+                     p.cp, p.tp, p.zero, p.schedule, p.virtual_stages);
+}
+
+// Boxes of a row-major [rows, cols] (or 1-D) box covering its flat elements [a, b): a partial
+// first row, whole rows, a partial last row. Each is contiguous in flat order, so its data is
+// one span of a flat array. Returns (offset, shape) pairs in flat order.
+std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> flat_boxes(
+    const std::vector<int64_t>& shape, int64_t a, int64_t b) {
+  if (shape.size() == 1) return {{{a}, {b - a}}};
+  const int64_t cols = shape[1];
+  std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> out;
+  if (a % cols != 0) {
+    const int64_t end = std::min(b, (a / cols + 1) * cols);
+    out.push_back({{a / cols, a % cols}, {1, end - a}});
+    a = end;
+  }
+  if (b / cols > a / cols) {
+    out.push_back({{a / cols, 0}, {b / cols - a / cols, cols}});
+    a = b / cols * cols;
+  }
+  if (a < b) out.push_back({{a / cols, 0}, {1, b - a}});
+  return out;
+}
+
+}  // namespace
+
+struct Snapshotter::Impl {
+  const Job& job;
+  const Recipe& r;
+  const parallel::Mesh& mesh;
+  Model& model;
+  MetricsWriter* metrics;
+  std::string dir;
+  std::unique_ptr<ck::IoThread> io;
+  // Host staging memory, params | exp_avg | exp_avg_sq, and the boxes this rank writes pointing
+  // into it. Two of each when snapshots are incremental: buffer `cur` takes the next snapshot,
+  // the other holds the last committed one, the parent its XOR delta is taken against.
+  std::vector<float> staging[2];  // params | exp_avg | exp_avg_sq (this rank's moments only)
+  std::vector<ck::Slice> mine[2];
+  int cur = 0;
+
+  // The last committed snapshot of this process, parent of the next incremental one. After a
+  // start or resume there is none: the first snapshot is always a full base (it may go to
+  // another directory, with another layout).
+  struct Parent {
+    std::string name;  // index file name
+    uint64_t id = 0;
+    std::vector<std::vector<uint64_t>> hashes;  // chunk hashes of each of mine[] boxes
+    int64_t deltas = 0;                         // incremental snapshots since its full base
+  };
+  std::optional<Parent> parent;
+
+  struct Pending {
+    int64_t step = 0;
+    bool incremental = false;
+    std::future<void> done;
+    ck::ShardResult result;  // set by the write job
+    double stall_s = 0, write_s = 0;
+  };
+  std::optional<Pending> pending;
+  std::string last_good;  // index of the newest committed snapshot, for messages
+
+  Impl(const Job& j, Model& m, MetricsWriter* w)
+      : job(j), r(j.recipe), mesh(*j.mesh), model(m), metrics(w), dir(r.snapshot.dir) {}
+
+  // This rank's AdamW moments: compact arrays holding `ranges` of the flat parameter region back
+  // to back. ZeRO >= 1 keeps only the dp rank's own ranges (GradReducer::owned()); otherwise
+  // one range, the whole region, in the arena.
+  struct Moments {
+    std::vector<parallel::FloatRange> ranges;
+    float *m = nullptr, *v = nullptr;
+    int64_t floats = 0;
+    bool sharded = false;
+  };
+  Moments moments() const {
+    const auto& shard = model.moment_shard();
+    auto& st = model.state();
+    if (shard.ranges.empty())
+      return {{{0, static_cast<int64_t>(st.params.size())}}, st.adam_m.data(), st.adam_v.data(),
+              static_cast<int64_t>(st.params.size()), false};
+    int64_t floats = 0;
+    for (const auto& r : shard.ranges) floats += r.size();
+    return {shard.ranges, shard.m, shard.v, floats, true};
+  }
+
+  // This rank's parameters: the region whole, or (ZeRO-3) its shard, laid out like the moments.
+  Moments param_state() const {
+    const auto& shard = model.param_shard();
+    auto& st = model.state();
+    if (shard.ranges.empty())
+      return {{{0, static_cast<int64_t>(st.params.size())}}, st.params.data(), nullptr,
+              static_cast<int64_t>(st.params.size()), false};
+    int64_t floats = 0;
+    for (const auto& r : shard.ranges) floats += r.size();
+    return {shard.ranges, shard.data, nullptr, floats, true};
+  }
+
+  // This rank's slices of every global tensor: parameters from `params`, moments from the
+  // compact arrays `m` and `v` (laid out as moments().ranges). Writing (`only_owned`), every
+  // box gets exactly one writer: parameter i and unsharded moments by dp rank i mod dp, ZeRO
+  // moments (and ZeRO-3 parameters) by the dp rank that owns them, tp-replicated tensors by tp
+  // rank 0. Reading, a rank asks for everything it holds, whatever layout wrote the snapshot.
+  std::vector<ck::Slice> slices(const float* params, const float* m, const float* v,
+                                bool only_owned) const {
+    const int dp = mesh.shape().size(Dim::dp), dp_rank = mesh.coord().dp;
+    const Moments mo = moments(), pa = param_state();
+    std::vector<ck::Slice> out;
+    // Context-parallel ranks hold identical copies (gradients are summed over cp): cp rank 0 writes.
+    if (only_owned && mesh.coord().cp != 0) return out;
+    const auto& table = model.params();
+    // `flat` is the box's first element within the local tensor; `data` holds the box.
+    const auto add = [&](const std::string& section, const ParamInfo& p,
+                         std::vector<int64_t> offset, std::vector<int64_t> shape,
+                         const float* data) {
+      const auto& e = model.layout().at(p.name);
+      if (p.split_dim >= 0) offset[p.split_dim] += model.tp_rank() * e.spec.shape[p.split_dim];
+      out.push_back({section + p.name, p.global_shape, std::move(offset), std::move(shape),
+                     const_cast<float*>(data)});
+    };
+    // One section from a compact array holding `ranges` of the region back to back.
+    const auto add_ranged = [&](int s, const float* base, const Moments& state) {
+      for (size_t i = 0; i < table.size(); ++i) {
+        const auto& p = table[i];
+        const auto& e = model.layout().at(p.name);
+        if (only_owned && ((!state.sharded && static_cast<int>(i % dp) != dp_rank) ||
+                           (p.split_dim < 0 && model.tp_rank() != 0)))
+          continue;
+        int64_t compact = 0;  // offset of the current range in the compact array
+        for (const auto& range : state.ranges) {
+          const int64_t lo = std::max(range.begin, e.offset);
+          const int64_t hi = std::min(range.end, e.offset + e.numel);
+          if (lo < hi) {
+            const float* at = base + compact + (lo - range.begin);
+            for (auto& [off, shape] : flat_boxes(e.spec.shape, lo - e.offset, hi - e.offset)) {
+              int64_t first = off.back();  // flat index of the box's first element
+              if (off.size() == 2) first += off[0] * e.spec.shape[1];
+              add(kSections[s], p, off, shape, at + (first - (lo - e.offset)));
+            }
+          }
+          compact += range.size();
+        }
+      }
+    };
+    if (pa.sharded) {
+      add_ranged(0, params, pa);
+    } else {
+      for (size_t i = 0; i < table.size(); ++i) {
+        const auto& p = table[i];
+        const auto& e = model.layout().at(p.name);
+        if (only_owned && (static_cast<int>(i % dp) != dp_rank || (p.split_dim < 0 && model.tp_rank() != 0)))
+          continue;
+        add(kSections[0], p, std::vector<int64_t>(e.spec.shape.size(), 0), e.spec.shape,
+            params + e.offset);
+      }
+    }
+    add_ranged(1, m, mo);
+    add_ranged(2, v, mo);
+    return out;
+  }
+
+  // What rank 0 resolved snapshot.resume to; every rank restores exactly this.
+  struct Choice {
+    std::string path;
+    int64_t step = 0;
+    uint64_t id = 0;
+  };
+
+  // Rank 0: the snapshot to restore, verified (index, chain, every shard's hash for `latest`,
+  // and the model's shape), older than step `before` when a newer one failed to restore. An
+  // empty path: start fresh. UserError when there is nothing good to restore.
+  Choice resolve(int64_t before, int64_t* seen) {
+    const std::string& want = r.snapshot.resume;
+    Choice c;
+    const auto accept = [&](ck::SnapshotReader& reader) {
+      check_same_model(reader.info().recipe, r, reader.path(), "resume from");
+      c.step = reader.info().step;
+      c.id = reader.info().id;
+    };
+    if (want != "latest") {
+      io->run([&] {
+        ck::SnapshotReader reader(want);  // shards are checked by each rank as it reads them
+        accept(reader);
+      });
+      c.path = want;
+      return c;
+    }
+    std::vector<std::string> skipped;
+    io->run([&] {
+      const auto steps = ck::committed_steps(dir);
+      *seen = std::max<int64_t>(*seen, static_cast<int64_t>(steps.size()));
+      // Test hook: this rank's listing misses the newest snapshot, as a stale attribute cache of
+      // a shared file system (or a snapshot committed just after listing) would have it.
+      if (const char* stale = std::getenv("T3D_TEST_STALE_LISTING");
+          stale && std::atoi(stale) == mesh.rank() && !steps.empty())
+        before = before < 0 ? steps.back() : std::min(before, steps.back());
+      c.path = ck::find_latest(dir, &skipped, before, accept);
+    });
+    for (const auto& why : skipped) spdlog::warn("snapshot.resume = latest: skipping {}", why);
+    if (c.path.empty() && *seen > 0)
+      throw UserError(fmt::format(
+          "snapshot.resume = latest: none of the {} snapshot(s) in {} can be restored (the "
+          "reasons are above); refusing to start from scratch over them. Resume a named good "
+          "snapshot (snapshot.resume = PATH), move the damaged ones away, or set snapshot.resume "
+          "= \"\" to start fresh on purpose.",
+          *seen, dir));
+    if (c.path.empty())
+      spdlog::info("snapshot.resume = latest: no snapshot in {}; starting fresh", dir);
+    return c;
+  }
+
+  // Reads this rank's state from `c`, refusing a snapshot that is not the one rank 0 resolved.
+  void load(const Choice& c, std::string* layout) {
+    const Moments mo = moments();
+    T3D_USER_CHECK(mo.m && mo.v, "resume needs the optimizer state");
+    io->run([&] {
+      ck::SnapshotReader reader(c.path);
+      const auto& info = reader.info();
+      T3D_USER_CHECK(info.step == c.step && info.id == c.id, "snapshot `", c.path,
+                     "` changed while the job started: rank 0 resolved step ", c.step, " (id ",
+                     ck::to_hex(c.id), "), this rank reads step ", info.step, " (id ",
+                     ck::to_hex(info.id), "). Is another job writing into ", dir, "?");
+      check_same_model(info.recipe, r, c.path, "resume from");
+      T3D_USER_CHECK(info.counters.count("step") && info.counters.at("step") == c.step,
+                     "snapshot `", c.path,
+                     "` has no step counter, or one that differs from its "
+                     "step attribute");
+      for (const auto& s : slices(param_state().m, mo.m, mo.v, false)) reader.read(s);
+      *layout = info.layout;
+    });
+  }
+
+  // Collective. Rank 0 resolves snapshot.resume and verifies it; every rank restores exactly that
+  // snapshot (path, step and id broadcast), so ranks never restore different steps even when the
+  // directory changes under them. With `latest`, a snapshot that fails to restore on any rank is
+  // skipped (rank 0 names it and the reason) for the next older one.
+  int64_t restore() {
+    if (r.snapshot.resume.empty()) return 0;
+    const auto& world = mesh.world();
+    const bool latest = r.snapshot.resume == "latest";
+    int64_t before = -1, seen = 0;
+    for (;;) {
+      Choice c;
+      agree_on(world, [&] {
+        if (world.rank() == 0) c = resolve(before, &seen);
+      });
+      broadcast_string(world, c.path);
+      world.broadcast(&c.step, 1, 0);
+      world.broadcast(&c.id, 1, 0);
+      if (c.path.empty()) return 0;
+      std::string error, layout;
+      bool internal = false;  // every rank must reach the agreement below, whatever it threw
+      try {
+        load(c, &layout);
+      } catch (const UserError& e) {
+        error = e.what();
+      } catch (const std::exception& e) {
+        error = e.what(), internal = true;
+      }
+      int first_failed = error.empty() ? world.size() : world.rank();
+      world.all_reduce(&first_failed, 1, parallel::ReduceOp::min);
+      if (first_failed == world.size()) {
+        // Every rank says what it restored (ranks > 0 into their own logs).
+        spdlog::info("resumed from {} after step {}{}", c.path, c.step,
+                     layout == layout_of(r)
+                         ? ""
+                         : fmt::format(" (resharded: {} -> {})", layout, layout_of(r)));
+        last_good = c.path;
+        return c.step;
+      }
+      // An explicit snapshot that fails is an error (the failing rank's message, once).
+      if (!latest)
+        agree_on(world, [&] {
+          if (internal) throw InternalError(error);
+          if (!error.empty()) throw UserError(error);
+        });
+      broadcast_string(world, error, first_failed);
+      if (mesh.rank() == 0)
+        spdlog::warn("snapshot.resume = latest: skipping {}: rank {} cannot restore it: {}", c.path,
+                     first_failed, error);
+      before = c.step;
+    }
+  }
+
+  void start(int64_t step) {
+    const auto t0 = Clock::now();
+    parallel::trace::Span span("snapshot staging", "io");
+    if (pending) commit();  // training waits for the previous snapshot: part of the stall
+    const Moments pa = param_state(), mo = moments();
+    const auto n = static_cast<size_t>(pa.floats);
+    const auto k = static_cast<size_t>(mo.floats);
+    float* dst = staging[cur].data();
+    std::memcpy(dst, pa.m, n * sizeof(float));
+    std::memcpy(dst + n, mo.m, k * sizeof(float));
+    std::memcpy(dst + n + k, mo.v, k * sizeof(float));
+    pending.emplace();
+    pending->step = step;
+    // Every rank decides alike: `parent` changes only on commits, which all ranks agree on.
+    pending->incremental = parent && parent->deltas + 1 < r.snapshot.full_every;
+    const std::string shard = ck::shard_path(dir, step, mesh.rank());
+    ck::WriteOptions opt;
+    opt.deflate = static_cast<int>(r.snapshot.deflate);
+    opt.fault = ck::fault_from_env(step, mesh.rank());
+    if (pending->incremental) opt.parent = &mine[1 - cur], opt.parent_hashes = &parent->hashes;
+    Pending* p = &*pending;
+    const std::vector<ck::Slice>* boxes = &mine[cur];
+    // The job reads the parent's buffer and hashes: both change only in commit(), after it ends.
+    p->done = io->submit([this, p, shard, opt, boxes] {
+      const auto w0 = Clock::now();
+      parallel::trace::Span write_span("snapshot write", "io");
+      if (!boxes->empty()) p->result = ck::write_shard(shard, mesh.rank(), *boxes, opt);
+      p->write_s = seconds_since(w0);
+    });
+    p->stall_s = seconds_since(t0);
+    if (!r.snapshot.async) commit();
+  }
+
+  bool all_ranks_done() {
+    int done = pending->done.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+    mesh.world().all_reduce(&done, 1, parallel::ReduceOp::min);
+    return done == 1;
+  }
+
+  void commit() {
+    pending->done.wait();  // the job writes into *pending: finish before moving it
+    Pending p = std::move(*pending);
+    pending.reset();
+    std::string error;
+    try {
+      p.done.get();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    const auto& world = mesh.world();
+    const std::string shard = ck::shard_path(dir, p.step, mesh.rank());
+    // Agree that every write succeeded before anything becomes visible.
+    int first_failed = error.empty() ? world.size() : world.rank();
+    world.all_reduce(&first_failed, 1, parallel::ReduceOp::min);
+    const bool writes = !mine[0].empty();
+    if (first_failed == world.size()) {
+      if (writes) {
+        try {
+          ck::publish(shard);
+        } catch (const std::exception& e) {
+          error = e.what();
+          first_failed = world.rank();
+        }
+      }
+      // Every rank joins, writers or not (cp ranks > 0 write nothing).
+      world.all_reduce(&first_failed, 1, parallel::ReduceOp::min);
+    }
+    if (first_failed != world.size()) return fail(p, first_failed, error, shard);
+
+    constexpr size_t kReport = 6;
+    const ck::ShardResult& res = p.result;
+    const uint64_t report[kReport] = {writes ? 1u : 0u,      res.digest.bytes,
+                                      res.digest.hash,       res.raw_bytes,
+                                      uint64_t(res.chunks), uint64_t(res.chunks_written)};
+    std::vector<uint64_t> reports(kReport * static_cast<size_t>(world.size()));
+    world.all_gather(report, reports.data(), kReport);
+    double times[2] = {p.stall_s, p.write_s};
+    world.all_reduce(times, 2, parallel::ReduceOp::max);
+
+    // Rank 0 writes the index; all ranks learn whether it committed, because the next
+    // snapshot's parent (and whether it may be incremental) depends on it.
+    ck::IndexInfo info;
+    std::vector<std::string> deleted;
+    uint64_t bytes = 0, raw = 0, chunks = 0, written = 0;
+    double index_s = 0;
+    int committed = 0;
+    if (world.rank() == 0) {
+      info.step = p.step;
+      info.id = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32) ^
+                uint64_t(p.step);
+      if (p.incremental) info.parent = parent->name, info.parent_id = parent->id;
+      info.recipe = r.to_toml();
+      info.layout = layout_of(r);
+      info.counters = {{"step", p.step},
+                       {"adamw_step", p.step},
+                       {"sampler_seed", r.train.seed},
+                       {"sampler_step", p.step}};
+      for (int k = 0; k < world.size(); ++k) {
+        const uint64_t* rep = &reports[kReport * static_cast<size_t>(k)];
+        if (!rep[0]) continue;
+        const auto rel = fs::path(ck::shard_path(dir, p.step, k)).lexically_relative(dir);
+        info.shards.push_back({rel.string(), rep[1], rep[2]});
+        bytes += rep[1], raw += rep[3], chunks += rep[4], written += rep[5];
+      }
+      const auto i0 = Clock::now();
+      try {
+        std::string warning;
+        io->run([&] { warning = ck::write_index(dir, info); });
+        committed = 1;  // durable and re-read
+        if (!warning.empty()) spdlog::warn("snapshot at step {}: {}", p.step, warning);
+      } catch (const std::exception& e) {
+        // Its shards are referenced by nothing: free their space now (a full disk) rather than
+        // at the next commit.
+        std::error_code ec;
+        fs::remove_all(fs::path(dir) / ck::snapshot_name(p.step), ec);
+        spdlog::error(
+            "snapshot at step {}: writing the index failed: {}; it is not committed, {} "
+            "stays the last good one",
+            p.step, e.what(), last_good.empty() ? "none" : last_good);
+        if (metrics) metrics->write({{"snapshot_step", double(p.step)}, {"snapshot_ok", 0}});
+      }
+      index_s = seconds_since(i0);
+      if (committed) {
+        try {  // a failing retention leaves old snapshots behind; it does not undo the commit
+          io->run([&] { deleted = ck::retain(dir, r.snapshot.keep); });
+        } catch (const std::exception& e) {
+          spdlog::warn("snapshot at step {}: removing older snapshots failed: {}", p.step,
+                       e.what());
+        }
+      }
+    }
+    world.broadcast(&committed, 1, 0);
+    uint64_t id = info.id;
+    world.broadcast(&id, 1, 0);
+    if (!committed) return failed(p.step);
+    failed_steps.clear();
+
+    last_good = ck::index_path(dir, p.step);
+    if (r.snapshot.full_every > 1) {
+      // This snapshot's buffer becomes the parent; the old parent's takes the next snapshot.
+      const int64_t deltas = p.incremental ? parent->deltas + 1 : 0;
+      parent = Parent{fs::path(last_good).filename().string(), id, std::move(p.result.hashes),
+                      deltas};
+      cur = 1 - cur;
+    }
+    if (world.rank() != 0) return;
+    // Synchronous snapshots: training also waited for the whole write.
+    const double stall = r.snapshot.async ? times[0] : times[0] + times[1];
+    const double share = raw ? double(bytes) / double(raw) : 0.0;
+    spdlog::info(
+        "snapshot step {} ({}): {} in {} shard(s), {:.1f}% of the {} a full uncompressed one "
+        "takes; stall {:.1f} ms, write {:.1f} ms (slowest rank), index {:.1f} ms -> {}{}",
+        p.step,
+        p.incremental ? fmt::format("incremental on {}, {}/{} chunks changed", info.parent,
+                                    written, chunks)
+                      : std::string("full"),
+        kernels::format_bytes(bytes), info.shards.size(), 100 * share,
+        kernels::format_bytes(raw), 1e3 * stall, 1e3 * times[1], 1e3 * index_s, last_good,
+        deleted.empty() ? "" : "; removed " + fmt::format("{}", fmt::join(deleted, ", ")));
+    if (metrics)
+      metrics->write({{"snapshot_step", double(p.step)},
+                      {"snapshot_ok", 1},
+                      {"snapshot_incremental", p.incremental ? 1.0 : 0.0},
+                      {"snapshot_stall_s", stall},
+                      {"snapshot_write_s", times[1]},
+                      {"snapshot_bytes", double(bytes)},
+                      {"snapshot_raw_bytes", double(raw)},
+                      {"snapshot_share", share}});
+  }
+
+  void fail(const Pending& p, int first_failed, const std::string& error,
+            const std::string& shard) {
+    ck::discard(shard);
+    char message[1024] = {};
+    if (mesh.rank() == first_failed) std::snprintf(message, sizeof(message), "%s", error.c_str());
+    mesh.world().broadcast(message, sizeof(message), first_failed);
+    if (mesh.rank() != 0) return;
+    spdlog::error(
+        "snapshot at step {} failed on rank {}: {}. It was not committed; the last "
+        "good snapshot is {}. Training continues.",
+        p.step, first_failed, message, last_good.empty() ? "none" : last_good);
+    if (metrics) metrics->write({{"snapshot_step", double(p.step)}, {"snapshot_ok", 0}});
+    failed(p.step);
+  }
+
+  // Snapshots that failed since the last commit (every rank agrees on them). A run whose
+  // snapshots keep failing stops rather than train on with nothing saved.
+  std::vector<int64_t> failed_steps;
+  static constexpr size_t kMaxFailedInARow = 3;
+
+  void failed(int64_t step) {
+    failed_steps.push_back(step);
+    if (failed_steps.size() >= kMaxFailedInARow) give_up("stopping the run");
+  }
+
+  // Collective; throws AgreedFailure (exit 2) with one message from rank 0.
+  void give_up(const std::string& what) {
+    agree_on(mesh.world(), [&] {
+      if (mesh.rank() != 0) return;
+      throw UserError(fmt::format(
+          "snapshots failed at step(s) {} with none committed since (snapshot.dir = {}; the "
+          "errors are above); {}: the training state since {} is not saved. Free space or fix "
+          "snapshot.dir, then resume from the last good snapshot.",
+          fmt::join(failed_steps, ", "), dir, what, last_good.empty() ? "the start" : last_good));
+    });
+  }
+};
+
+Snapshotter::Snapshotter(const Job& job, Model& model, MetricsWriter* metrics)
+    : impl_(std::make_unique<Impl>(job, model, metrics)) {
+  auto& m = *impl_;
+  m.io = std::make_unique<ck::IoThread>();
+  if (m.r.snapshot.every <= 0) return;
+  check_writable_dir(m.dir, m.r.origin("snapshot.dir"), m.mesh.rank());
+  if (m.r.snapshot.deflate > 0) m.io->run(ck::require_deflate);
+  // Staging is allocated and touched now, so the first snapshot's stall is a plain copy.
+  const auto n = static_cast<size_t>(m.param_state().floats);
+  const auto k = static_cast<size_t>(m.moments().floats);
+  for (int b = 0; b < (m.r.snapshot.full_every > 1 ? 2 : 1); ++b) {
+    m.staging[b].assign(n + 2 * k, 0.0f);
+    float* s = m.staging[b].data();
+    m.mine[b] = m.slices(s, s + n, s + n + k, true);
+  }
+}
+
+// The I/O thread goes first: a write still running uses `staging`, `mine` and `pending`.
+Snapshotter::~Snapshotter() { impl_->io.reset(); }
+
+int64_t Snapshotter::restore() { return impl_->restore(); }
+
+void Snapshotter::after_step(int64_t steps_done, bool last) {
+  auto& m = *impl_;
+  const int64_t every = m.r.snapshot.every;
+  if (every <= 0) return;
+  const bool due = steps_done % every == 0 || last;
+  if (m.pending && !due && m.all_ranks_done()) m.commit();
+  if (due) m.start(steps_done);
+}
+
+void Snapshotter::finish() {
+  if (impl_->pending) impl_->commit();
+  // The run's last snapshot failed: its final state is lost, which is not a success.
+  if (!impl_->failed_steps.empty()) impl_->give_up("the run ends without its final state");
+}
+
+void check_same_model(const std::string& saved_toml, const Recipe& now, const std::string& path,
+                      const std::string& verb) {
+  const Recipe saved = parse_recipe(saved_toml, path + " (recipe)");
+  const auto& a = saved.model;
+  const auto& b = now.model;
+  const std::pair<const char*, std::pair<int64_t, int64_t>> keys[] = {
+      {"vocab_size", {a.vocab_size, b.vocab_size}},
+      {"dim", {a.dim, b.dim}},
+      {"n_layers", {a.n_layers, b.n_layers}},
+      {"n_heads", {a.n_heads, b.n_heads}},
+      {"n_kv_heads", {a.n_kv_heads, b.n_kv_heads}},
+      {"ffn_dim", {a.ffn_dim, b.ffn_dim}},
+      {"tie_embeddings", {a.tie_embeddings, b.tie_embeddings}}};
+  for (const auto& [key, v] : keys)
+    T3D_USER_CHECK(
+        v.first == v.second, "cannot ", verb, " `", path, "`: model.", key, " is ", v.first,
+        " in the snapshot but ", v.second, " in this run (",
+        now.origin(std::string("model.") + key),
+        "). A snapshot holds one model: only training, parallel, data and snapshot keys may "
+        "change, not its [model] shape.");
+}
+
+Recipe load_resume_recipe(const std::string& snapshot, const std::vector<Override>& overrides) {
+  // Before any I/O thread exists (the launcher, or a rank before its trainer): HDF5 is still
+  // touched by one thread at a time.
+  const std::string text = ck::read_recipe(snapshot);
+  auto all = overrides;
+  all.push_back({"snapshot.resume", toml_string(snapshot)});  // any path, quoted and escaped
+  return parse_recipe(text, snapshot + " (recipe)", all);
+}
+
+}  // namespace t3d::runtime

@@ -1,0 +1,75 @@
+// The trainer's side of snapshots: what each rank writes, when, and how ranks agree before a
+// snapshot is published; restoring (and resharding) at start-up. The files themselves are
+// checkpoint/'s business (format in docs/snapshot-format.md).
+//
+// Taking a snapshot at a step boundary: the rank copies its persistent arena regions (parameters,
+// AdamW moments) to host staging memory — the only time training waits, unless the previous
+// snapshot is still being written — and its I/O thread writes the shard while the next steps run.
+// At each later step boundary one integer all-reduce asks whether every rank has finished; then
+// ranks agree that all writes succeeded, publish their shards (rename), and rank 0 writes the
+// index, the commit record. A failed write on any rank is reported by rank 0, the snapshot is
+// dropped, training goes on, and the last good snapshot stays as it was.
+//
+// Who writes what: tensor i of a (pp, tp) position is written by dp rank i mod dp, and
+// tp-replicated tensors (norm weights) by tp rank 0 only, so every box of every global tensor
+// has exactly one writer and the write load is spread over the dp replicas. With ZeRO each dp
+// rank writes the moments it owns, as boxes of the global tensors; restore re-slices them.
+//
+// Incremental snapshots (snapshot.full_every > 1): every rank keeps the last committed
+// snapshot's staging buffer and chunk hashes, the parent the next one is XORed against; the
+// decision full/incremental depends only on commits, which all ranks agree on, so it is alike
+// everywhere. The first snapshot after a start or resume is full.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "runtime/launch/job.h"
+#include "runtime/recipe/recipe.h"
+
+namespace t3d::runtime {
+
+class Model;
+class MetricsWriter;
+
+class Snapshotter {
+ public:
+  // `metrics`: rank 0's writer (null elsewhere). When snapshot.every > 0, checks that this rank
+  // can write into snapshot.dir (UserError naming the key) and allocates the host staging memory.
+  Snapshotter(const Job& job, Model& model, MetricsWriter* metrics);
+  ~Snapshotter();  // lets a write in flight finish; an uncommitted snapshot stays unpublished
+  Snapshotter(const Snapshotter&) = delete;
+  Snapshotter& operator=(const Snapshotter&) = delete;
+
+  // Restores parameters and optimizer moments from snapshot.resume ("" none, "latest", or a
+  // path), resharding to this rank's layout. Returns the number of steps already taken (0 for a
+  // fresh start). Collective, outside agree_on: rank 0 resolves and verifies the snapshot, every
+  // rank restores exactly that one (path, step and id broadcast); `latest` falls back past any
+  // snapshot that fails on some rank. A failure is agreed on and reported once (AgreedFailure).
+  int64_t restore();
+
+  // After optimizer step `steps_done` on every rank (collective): commits a finished snapshot,
+  // starts one when due (every `snapshot.every` steps and at the last step). Three failed
+  // snapshots in a row end the run (AgreedFailure, exit 2).
+  void after_step(int64_t steps_done, bool last);
+  // Waits for the snapshot in flight and commits it (collective). If the run's last snapshot
+  // failed, its final state is lost: AgreedFailure (exit 2).
+  void finish();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The recipe stored in a snapshot, with `overrides` applied and snapshot.resume set to the
+// snapshot: what `titan3d resume` runs. UserError naming the file if it is not a snapshot.
+// UserError unless `now` has the [model] shape (every key that changes the tensors) of the
+// recipe stored in snapshot `path`, naming the key and where `now` got it: every verb that reads a
+// snapshot restores or scores exactly the model it holds. `verb`: "resume from", "evaluate"...
+void check_same_model(const std::string& saved_toml, const Recipe& now, const std::string& path,
+                      const std::string& verb);
+
+Recipe load_resume_recipe(const std::string& snapshot, const std::vector<Override>& overrides);
+
+}  // namespace t3d::runtime

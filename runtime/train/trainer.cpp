@@ -1,0 +1,584 @@
+#include "runtime/train/trainer.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include "kernels/arena.h"
+#include "kernels/blas.h"
+#include "kernels/gemm.h"
+#include "kernels/check.h"
+#include "kernels/ops.h"
+#include "parallel/grad_reducer.h"
+#include "parallel/pipeline_split.h"
+#include "parallel/schedule.h"
+#include "parallel/trace.h"
+#include "runtime/data/data.h"
+#include "runtime/data/data_sampler.h"
+#include "runtime/stage/executor.h"
+#include "runtime/stage/gemm_choice.h"
+#include "runtime/train/metrics.h"
+#include "runtime/train/data_parallel.h"
+#include "runtime/model/model.h"
+#include "runtime/train/snapshots.h"
+
+namespace t3d::runtime {
+
+namespace fs = std::filesystem;
+using parallel::Dim;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+// Linear warm-up to lr, then cosine decay to min_lr at the last step.
+double learning_rate(const TrainConfig& t, int64_t step /* 0-based */) {
+  if (step < t.warmup_steps) return t.lr * static_cast<double>(step + 1) / t.warmup_steps;
+  const double span = std::max<int64_t>(1, t.steps - t.warmup_steps);
+  const double progress = std::min(1.0, (step - t.warmup_steps) / span);
+  return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + std::cos(M_PI * progress));
+}
+
+// "none" -> 0, "full" -> 1, "every:K" -> K (the recipe validated the text).
+int64_t checkpoint_every(const std::string& text) {
+  if (text == "none") return 0;
+  if (text == "full") return 1;
+  return std::stoll(text.substr(6));
+}
+
+TokenStream load_stream(const std::string& path, const std::string& format, int vocab) {
+  if (format == "text") return read_text_file(path);
+  if (format == "bin") return read_token_file(path, vocab);
+  return load_corpus(path, vocab);
+}
+
+// Divergence (docs/recipe.md, train.dynamic_loss_scale): a mean loss above kDivergedLossFactor ·
+// ln(vocab_size) counts as diverged like a non-finite one. ln(vocab) is the loss of a uniform
+// guess; a hundred times that means logits hundreds of nats apart, which no learning run reaches.
+constexpr double kDivergedLossFactor = 100.0;
+// With train.dynamic_loss_scale, this many diverged steps in a row end the run (exit 2).
+constexpr int64_t kMaxConsecutiveSkips = 8;
+
+// A model part's name in messages: -1 the embedding, n_layers the final norm and LM head.
+std::string unit_name(int64_t unit, int64_t n_layers) {
+  if (unit < 0) return "model.embed_tokens";
+  if (unit >= n_layers) return "model.norm / lm_head";
+  return "model.layers." + std::to_string(unit);
+}
+
+}  // namespace
+
+struct Trainer::Impl {
+  const Job& job;
+  const Recipe& r;
+  const parallel::Mesh& mesh;
+  int dp_rank = 0, dp = 1, n_micro = 1;
+  int64_t rows = 0, T = 0;
+  TokenStream train_tokens, val_tokens;
+  std::optional<Sampler> train_sampler, val_sampler;
+  std::unique_ptr<kernels::Arena> arena;
+  std::unique_ptr<PipelineExecutor> executor;
+  std::unique_ptr<Model> model;
+  std::unique_ptr<parallel::GradReducer> reducer;
+  std::vector<int32_t> tokens_buf, targets_buf;  // (n_micro, rows·T) each
+  // Context parallelism: whole sampled rows, of which this cp rank keeps its positions.
+  std::vector<int32_t> cp_tokens, cp_targets;  // (rows·T) each
+  int cp = 1, cp_rank = 0;
+  std::unique_ptr<MetricsWriter> metrics;
+  std::unique_ptr<Snapshotter> snapshots;
+  int64_t first_step = 0;  // > 0 when resumed from a snapshot
+  int64_t consecutive_skips = 0;  // diverged steps in a row (train.dynamic_loss_scale)
+  bool holds_loss = false;  // last pipeline stage and tp rank 0: contributes the loss once
+  double flops_per_token = 0;
+  HostPeaks peaks;
+  int hosts = 1;
+  double unigram_nats = 0;
+
+  Impl(const Job& j) : job(j), r(j.recipe), mesh(*j.mesh) {}
+
+  void build() {
+    const auto& p = r.parallel;
+    const auto& t = r.train;
+    dp = mesh.shape().size(Dim::dp);
+    dp_rank = mesh.coord().dp;
+    n_micro = static_cast<int>(t.micro_batches);
+    T = r.model.seq_len;
+
+    // BLAS: threads share this host's cores among its ranks; refuse a BLAS that computes wrong.
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int local = std::max(1, job.env.local_size);
+    hosts = std::max(1, mesh.world().size() / local);
+    const int threads = threads_per_rank(static_cast<int>(r.hardware.threads_per_rank), cores, local);
+    kernels::set_rank_threads(threads);
+    report_cpu_binding(threads, job.env);
+    kernels::verify_gemm_kind(kernels::GemmKind::kOpenBlasF32);  // attention's GEMMs
+
+    // Data: every rank reads the corpus (megabytes) and samples only its own rows.
+    const auto all = load_stream(r.data.path, r.data.format, static_cast<int>(r.model.vocab_size));
+    if (!r.data.val_path.empty()) {
+      train_tokens = all;
+      val_tokens = load_stream(r.data.val_path, r.data.format, static_cast<int>(r.model.vocab_size));
+    } else if (r.data.val_fraction > 0) {
+      auto split = split_train_val(all, r.data.val_fraction, T + 1);
+      train_tokens = std::move(split.train);
+      val_tokens = std::move(split.val);
+    } else {
+      train_tokens = all;
+    }
+    unigram_nats = unigram_entropy_nats(train_tokens.tokens);
+    const auto seed = static_cast<uint64_t>(t.seed);
+    train_sampler.emplace(train_tokens.tokens, train_tokens.source,
+                          SamplerConfig{parse_sample_mode(r.data.sampler), seed, t.global_batch, T});
+    rows = train_sampler->rows_per_micro(dp, n_micro);
+    if (!val_tokens.tokens.empty())
+      val_sampler.emplace(val_tokens.tokens, val_tokens.source + " (validation)",
+                          SamplerConfig{SampleMode::kSequential, seed, t.global_batch, T});
+
+    // Pipeline: the schedule's table for this stage, the layer ranges of its chunks.
+    const int pp = mesh.shape().size(Dim::pp);
+    const int v = static_cast<int>(p.virtual_stages);
+    auto schedule =
+        parallel::make_schedule(parallel::parse_schedule_kind(p.schedule), pp, n_micro, v);
+    const auto all_chunks = parallel::split_layers(
+        r.model.n_layers, pp * v,
+        parallel::head_cost_in_layers(r.model.vocab_size, r.model.dim, r.model.ffn_dim),
+        p.pipeline_split);
+    std::vector<parallel::LayerRange> mine;
+    // The schedule's placement (ZB-V folds the chunks into a V): the executor reads the same table.
+    for (int k = 0; k < schedule.num_chunks(); ++k)
+      if (schedule.chunk_stage[k] == mesh.coord().pp) mine.push_back(all_chunks[k]);
+    executor = std::make_unique<PipelineExecutor>(std::move(schedule), mesh.group(Dim::pp));
+
+    arena = std::make_unique<kernels::Arena>(
+        static_cast<size_t>(r.hardware.hbm_gib * 1024.0 * 1024.0 * 1024.0));
+    ModelOptions options;
+    options.micro_rows = rows;
+    options.slots = executor->max_slots();
+    options.with_optimizer = p.zero == 0;  // ZeRO: the reducer holds the moment shard
+    options.grad_region = p.zero < 2;      // ZeRO-2, 3: the reducer holds the gradient shard
+    options.param_region = p.zero < 3;     // ZeRO-3: and the parameter shard
+    options.checkpoint_every = checkpoint_every(t.activation_checkpoint);
+    options.split_backward = executor->splits_backward();
+    options.bf16 = t.precision == "bf16";
+    options.sequence_parallel = p.sequence_parallel;
+    options.chunk_slots.assign(executor->slots_per_chunk().begin(),
+                               executor->slots_per_chunk().end());
+    options.cp = &mesh.group(Dim::cp);
+    cp = mesh.shape().size(Dim::cp), cp_rank = mesh.coord().cp;
+    model = std::make_unique<Model>(r.model, mine, mesh.group(Dim::tp), *arena, options);
+    build_reducer();
+    tokens_buf.resize(static_cast<size_t>(n_micro * rows * T / cp));
+    targets_buf.resize(tokens_buf.size());
+    if (cp > 1) cp_tokens.resize(static_cast<size_t>(rows * T)), cp_targets.resize(cp_tokens.size());
+    holds_loss = mine.back().last && mesh.coord().tp == 0;
+    flops_per_token = model_train_flops_per_token(r.model);
+    if (mesh.rank() == 0)
+      metrics = std::make_unique<MetricsWriter>(job.run_dir + "/metrics.jsonl",
+                                                /*append=*/!r.snapshot.resume.empty());
+    snapshots = std::make_unique<Snapshotter>(job, *model, metrics.get());
+  }
+
+  // Collective, after build() succeeded on every rank: ranks agree on the snapshot they restore.
+  void restore() {
+    first_step = snapshots->restore();
+    if (r.parallel.zero == 3) reducer->gather_params(nullptr);  // restored: gathers are stale
+  }
+
+  void build_reducer() {
+    reducer = attach_grad_reducer(*model, mesh.group(Dim::dp), static_cast<int>(r.parallel.zero),
+                                  r.parallel.bucket_mb, *arena);
+    const auto seed = static_cast<uint64_t>(r.train.seed);
+    if (r.parallel.zero < 3) return model->init(seed);
+    // ZeRO-3: the full model exists only here, on the host, long enough to keep this rank's shard.
+    std::vector<float> full(static_cast<size_t>(model->layout().total_floats()), 0.0f);
+    model->init(seed, full.data());
+    reducer->scatter_params(full.data());
+  }
+
+  // AdamW over what this rank owns, each piece with its tensor's weight decay.
+  void optimizer_step(double lr, int64_t step) {
+    const auto& t = r.train;
+    auto& state = model->state();
+    const auto& shard = model->moment_shard();
+    kernels::AdamWConfig cfg{static_cast<float>(lr), static_cast<float>(t.beta1),
+                             static_cast<float>(t.beta2), static_cast<float>(t.eps), 0.0f};
+    int64_t compact = 0;  // offset of the current range in the ZeRO moment arrays
+    float* grads = reducer->owned_grads();
+    const bool compact_grads = reducer->compact_grads();
+    float* params = r.parallel.zero == 3 ? reducer->param_shard() : state.params.data();
+    for (const auto& range : reducer->owned()) {
+      for (const auto& p : model->params()) {
+        const auto& e = model->layout().at(p.name);
+        const int64_t lo = std::max(range.begin, e.offset), hi = std::min(range.end, e.offset + e.numel);
+        if (lo >= hi) continue;
+        float* m = shard.m ? shard.m + compact + (lo - range.begin) : state.adam_m.data() + lo;
+        float* v = shard.v ? shard.v + compact + (lo - range.begin) : state.adam_v.data() + lo;
+        cfg.weight_decay = p.decay ? static_cast<float>(t.weight_decay) : 0.0f;
+        const float* g = compact_grads ? grads + compact + (lo - range.begin) : grads + lo;
+        // ZeRO-3's parameter shard is laid out like the gradient shard.
+        float* w = r.parallel.zero == 3 ? params + compact + (lo - range.begin) : params + lo;
+        kernels::adamw_step(w, g, m, v, hi - lo, cfg, step);
+      }
+      compact += range.size();
+    }
+    reducer->gather_params(state.params.data());
+  }
+
+  void describe() {
+    const auto& fp = model->footprint();
+    const auto gib = [](size_t b) { return b / double(1 << 30); };
+    std::string ranges;
+    for (const auto& c : model->chunks())
+      ranges += (ranges.empty() ? "" : ", ") + std::string("layers ") + std::to_string(c.begin) +
+                "-" + std::to_string(c.end - 1) + (c.first ? " +embedding" : "") +
+                (c.last ? " +head" : "");
+    const size_t optimizer =
+        r.parallel.zero > 0 ? 2 * sizeof(float) * reducer->owned_floats() : fp.optimizer;
+    // ZeRO-2, 3: the shard plus its staging buffers (the model then holds no gradient region);
+    // ZeRO-3 also the parameter shard plus its gather buffers.
+    const size_t grads = r.parallel.zero >= 2 ? reducer->grad_bytes() : fp.grads;
+    const size_t params =
+        r.parallel.zero == 3
+            ? reducer->param_shard_bytes() +
+                  parallel::GradReducer::kGatherBuffers * reducer->gather_bytes()
+            : fp.params;
+    // Every rank's own log gets its footprint (tests read it: tp, pp and ZeRO must shrink it).
+    spdlog::info("memory bytes: params {} grads {} optimizer {} activations {} scratch {} peak {} "
+                 "capacity {}; holds {}, {} activation slot(s)",
+                 params, grads, optimizer, fp.activations, fp.scratch, arena->peak(),
+                 arena->capacity(), ranges, executor->max_slots());
+    if (r.parallel.zero == 3)
+      spdlog::info("ZeRO-3 parameter bytes: shard {} + {} gather buffers × {} (the largest bucket)",
+                   reducer->param_shard_bytes(), parallel::GradReducer::kGatherBuffers,
+                   reducer->gather_bytes());
+    if (r.parallel.zero >= 2) {
+      spdlog::info("ZeRO-2 gradient bytes: shard {} + {} staging buffers × {} (the largest bucket)",
+                   reducer->shard_bytes(), parallel::GradReducer::kStagingBuffers,
+                   reducer->staging_bytes());
+      // A bucket is at least one layer; parallel.bucket_mb larger than the stage's gradients/dp
+      // makes the staging buffers cost more than the sharding saves.
+      if (mesh.rank() == 0 &&
+          parallel::GradReducer::kStagingBuffers * reducer->staging_bytes() > reducer->shard_bytes())
+        spdlog::warn("parallel.zero = 2: the {} staging buffers ({} bytes each, the largest gradient "
+                     "bucket) outweigh the gradient shard ({} bytes); lower parallel.bucket_mb "
+                     "(now {}) to about 1/{} of the stage's gradients or less, or use ZeRO-1",
+                     parallel::GradReducer::kStagingBuffers, reducer->staging_bytes(),
+                     reducer->shard_bytes(), r.parallel.bucket_mb, 4 * dp);
+    }
+    if (mesh.rank() != 0) return;
+    spdlog::info("{}", kernels::openblas_config_string());
+    spdlog::info("model: {} layers, dim {}, {} heads ({} kv), ffn {}, vocab {}, seq {}; {:.2f} M "
+                 "parameters in all",
+                 r.model.n_layers, r.model.dim, r.model.n_heads, r.model.n_kv_heads,
+                 r.model.ffn_dim, r.model.vocab_size, r.model.seq_len,
+                 flops_per_token_params() / 1e6);
+    spdlog::info("data: {} train tokens, {} validation; unigram entropy {:.3f} nats/token (the loss "
+                 "to beat); global batch {} × {} tokens, {} micro-batch(es) of {} rows per dp rank",
+                 train_tokens.size(), val_tokens.size(), unigram_nats, r.train.global_batch, T,
+                 n_micro, rows);
+    spdlog::info("arena peak {:.3f} GiB of {:.3f} (hardware.hbm_gib)", gib(arena->peak()),
+                 gib(arena->capacity()));
+  }
+
+  // Parameters of the whole model (not this rank's share), for the log.
+  double flops_per_token_params() const {
+    const auto& m = r.model;
+    const double per_layer = 2.0 * m.dim + m.dim * m.head_dim() * (2 * m.n_heads + 2 * m.n_kv_heads) +
+                             3.0 * m.dim * m.ffn_dim;
+    return m.n_layers * per_layer + m.dim + m.vocab_size * m.dim * (m.tie_embeddings ? 1 : 2);
+  }
+
+  MicroBatchSource source(const Sampler& sampler, int64_t step) {
+    return [this, &sampler, step](int mb, const int32_t** tokens, const int32_t** targets) {
+      const int64_t Tc = T / cp;  // positions per sequence on this cp rank
+      const size_t off = static_cast<size_t>(mb * rows * Tc);
+      const std::span<int32_t> tok(tokens_buf.data() + off, rows * Tc);
+      const std::span<int32_t> tgt(targets_buf.data() + off, rows * Tc);
+      if (cp == 1) {
+        sampler.sample(step, dp_rank, dp, mb, n_micro, tok, tgt);
+      } else {  // every cp rank samples the same rows and keeps its own positions
+        sampler.sample(step, dp_rank, dp, mb, n_micro, cp_tokens, cp_targets);
+        cp_local_positions(cp_tokens.data(), tok.data(), rows, T, cp, cp_rank);
+        cp_local_positions(cp_targets.data(), tgt.data(), rows, T, cp, cp_rank);
+      }
+      *tokens = tok.data();
+      *targets = tgt.data();
+    };
+  }
+
+  double validate() {
+    const float scale = 0;  // forward only
+    double sum = 0;
+    for (int64_t b = 0; b < r.train.val_batches; ++b)
+      sum += executor->run(*model, source(*val_sampler, b), scale, false);
+    double contribution = holds_loss ? sum : 0.0;
+    mesh.world().all_reduce(&contribution, 1);
+    return contribution / static_cast<double>(r.train.val_batches * r.train.global_batch * T);
+  }
+
+  bool diverged(double loss, double norm) const {
+    return !std::isfinite(loss) || !std::isfinite(norm) ||
+           loss > kDivergedLossFactor * std::log(static_cast<double>(r.model.vocab_size));
+  }
+
+  // Where a diverged step went wrong, the same text on every rank (collective). Always names a
+  // model part: the first with non-finite parameters, else the first whose stored output is
+  // non-finite, else the first with non-finite gradients, else (all finite, the loss merely
+  // huge) the one with the largest gradient norm.
+  std::string divergence_site() {
+    const int64_t L = r.model.n_layers, none = INT64_MAX;
+    // Per part (index unit + 1): [0] non-finite parameters, [1] non-finite gradients; and the
+    // gradient's sum of squares, counted once per element as in the global norm.
+    std::vector<int64_t> bad_params(L + 2, 0), bad_grads(L + 2, 0);
+    std::vector<double> grad_sq(L + 2, 0.0);
+    const auto& ranges = reducer->partition();
+    const float* grads = reducer->owned_grads();
+    const bool compact = reducer->compact_grads();
+    for (const auto& u : model->grad_units()) {
+      const size_t i = static_cast<size_t>(u.unit + 1);
+      if (r.parallel.zero < 3) {
+        const float* w = model->state().params.data();
+        for (int64_t k = u.range.begin; k < u.range.end; ++k)
+          if (!std::isfinite(w[k])) {
+            bad_params[i] = 1;
+            break;
+          }
+      }
+      if (cp_rank != 0) continue;
+      int64_t at = 0;
+      for (const auto& range : ranges) {
+        const int64_t lo = std::max(range.begin, u.range.begin);
+        const int64_t hi = std::min(range.end, u.range.end);
+        for (int64_t k = lo; k < hi; ++k) {
+          const float g = grads[compact ? at + k - range.begin : k];
+          if (!std::isfinite(g)) bad_grads[i] = 1;
+          else grad_sq[i] += double(g) * g;
+        }
+        at += range.size();
+      }
+    }
+    mesh.world().all_reduce(bad_params.data(), bad_params.size(), parallel::ReduceOp::max);
+    mesh.world().all_reduce(bad_grads.data(), bad_grads.size(), parallel::ReduceOp::max);
+    mesh.world().all_reduce(grad_sq.data(), grad_sq.size());
+    // Stored outputs: every slot, since the schedule leaves different micro-batches in each.
+    int64_t layer = none;
+    for (int slot = 0; slot < executor->max_slots(); ++slot)
+      layer = std::min(layer, model->first_nonfinite_layer(slot));
+    mesh.world().all_reduce(&layer, 1, parallel::ReduceOp::min);
+    const auto first = [&](const std::vector<int64_t>& bad) -> int64_t {
+      for (size_t i = 0; i < bad.size(); ++i)
+        if (bad[i]) return static_cast<int64_t>(i) - 1;
+      return none;
+    };
+    if (const int64_t u = first(bad_params); u != none)
+      return "the first non-finite parameters are in " + unit_name(u, L);
+    if (layer != none) return "the first non-finite output is " + unit_name(layer, L);
+    if (const int64_t u = first(bad_grads); u != none)
+      return "outputs are finite; the first non-finite gradient is in " + unit_name(u, L);
+    const size_t top =
+        static_cast<size_t>(std::max_element(grad_sq.begin(), grad_sq.end()) - grad_sq.begin());
+    return "outputs and gradients are finite; the largest gradient is in " +
+           unit_name(static_cast<int64_t>(top) - 1, L) + " (norm " +
+           fmt::format("{:.3g}", std::sqrt(grad_sq[top])) + ")";
+  }
+
+  std::string divergence_text(int64_t step, double loss, double norm) {
+    const double bound = kDivergedLossFactor * std::log(static_cast<double>(r.model.vocab_size));
+    return "training diverged at step " + std::to_string(step) + ": loss " +
+           fmt::format("{:.6g}", loss) +
+           (std::isfinite(loss) && loss > bound
+                ? fmt::format(" (above {:.4g} = {} · ln(vocab_size))", bound, kDivergedLossFactor)
+                : "") +
+           ", gradient norm " + fmt::format("{:.6g}", norm) + "; " + divergence_site();
+  }
+
+  [[noreturn]] void stop_diverged(int64_t step, double loss, double norm) {
+    const std::string text = divergence_text(step, loss, norm);
+    throw UserError(text +
+                    ". Lower train.lr, keep train.grad_clip on, or set "
+                    "train.dynamic_loss_scale = true to skip such steps.");
+  }
+
+  TrainSummary run() {
+    const auto& t = r.train;
+    TrainSummary summary;
+    summary.unigram_entropy_nats = unigram_nats;
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    if (mesh.rank() == 0)
+      peaks = host_peaks(kernels::linear_gemm(), std::max<int64_t>(rows * T / cp, 512),
+                         r.model.dim, r.model.ffn_dim, cores);
+    double both[2] = {peaks.hardware_gflops, peaks.gemm_gflops};
+    mesh.world().broadcast(both, 2, 0);
+    peaks.hardware_gflops = both[0], peaks.gemm_gflops = both[1];
+    summary.peak_gflops = peaks.hardware_gflops;
+    summary.gemm_peak_gflops = peaks.gemm_gflops;
+    if (mesh.rank() == 0)
+      spdlog::info("MFU against {:.0f} GFLOP/s per host ({} peak, measured: {} cores × one core); "
+                   "mfu_gemm against {:.0f} GFLOP/s ({} on one thread at the model's shapes × cores)",
+                   peaks.hardware_gflops, peaks.hardware_what, cores, peaks.gemm_gflops,
+                   kernels::gemm_kind_name(kernels::linear_gemm()));
+    describe();
+
+    const double tokens_per_step = static_cast<double>(t.global_batch * T);
+    const float grad_scale = static_cast<float>(1.0 / tokens_per_step);
+    const auto run_start = Clock::now();
+    const parallel::Comm* groups[4] = {&mesh.group(Dim::tp), &mesh.group(Dim::dp),
+                                       &mesh.group(Dim::pp), &mesh.group(Dim::cp)};
+    for (int64_t step = first_step; step < t.steps; ++step) {
+      const auto t0 = Clock::now();
+      parallel::trace::Span step_span("step", "train");
+      step_span.arg("step", step + 1);
+      double waited[4];
+      for (int i = 0; i < 4; ++i) waited[i] = groups[i]->counters().wait_s;
+      reducer->begin_step(n_micro);
+      const double loss_sum = executor->run(*model, source(*train_sampler, step), grad_scale, true);
+      // Data parallel: buckets were reduced during the backward; the gradients are means over the
+      // global batch once summed over dp.
+      reducer->finish();
+      // Context parallel: each cp rank's gradients come from its own positions; their sum over
+      // cp is the gradient of the whole sequences (cp ranks then hold identical owned ranges).
+      if (cp > 1) {
+        if (reducer->compact_grads())
+          mesh.group(Dim::cp).all_reduce(reducer->owned_grads(),
+                                         static_cast<size_t>(reducer->owned_floats()));
+        else
+          for (const auto& range : reducer->owned())
+            mesh.group(Dim::cp).all_reduce(reducer->owned_grads() + range.begin,
+                                           static_cast<size_t>(range.size()));
+      }
+      // One all-reduce for the loss and the exact global gradient norm (each dp rank sums its
+      // partition, so every element counts once; cp replicas count on cp rank 0 only).
+      double sums[2] = {holds_loss ? loss_sum : 0.0,
+                        cp_rank == 0 ? model->grad_sum_of_squares(reducer->partition(),
+                                                                  reducer->owned_grads(),
+                                                                  reducer->compact_grads())
+                                     : 0.0};
+      mesh.world().all_reduce(sums, 2);
+      const double loss = sums[0] / tokens_per_step, norm = std::sqrt(sums[1]);
+      StepRecord rec;
+      rec.step = step + 1;
+      rec.loss = loss;
+      rec.grad_norm = norm;
+      rec.lr = learning_rate(t, step);
+      // loss and norm are all-reduced: every rank takes the same branch.
+      if (diverged(loss, norm)) {
+        // Every rank stops here; agree_on has rank 0 alone print the reason before any rank
+        // exits (a rank exiting first could get mpirun to kill rank 0 mid-message).
+        if (!t.dynamic_loss_scale)
+          agree_on(mesh.world(), [&] { stop_diverged(step + 1, loss, norm); });
+        rec.skipped = true;
+        if (++consecutive_skips >= kMaxConsecutiveSkips) {
+          const std::string text = divergence_text(step + 1, loss, norm);
+          agree_on(mesh.world(), [&] {
+            throw UserError("giving up: " + std::to_string(consecutive_skips) +
+                            " steps in a row diverged and were skipped "
+                            "(train.dynamic_loss_scale allows " +
+                            std::to_string(kMaxConsecutiveSkips) + "); the last, " + text +
+                            ". Lower train.lr or keep train.grad_clip on.");
+          });
+        }
+        spdlog::warn("step {}: non-finite or exploding loss or gradients (loss {:.6g}, gradient "
+                     "norm {:.6g}); skipped (train.dynamic_loss_scale, {} in a row)",
+                     step + 1, loss, norm, consecutive_skips);
+      } else {
+        consecutive_skips = 0;
+        parallel::trace::Span optimizer_span("optimizer", "compute");
+        if (t.grad_clip > 0 && norm > t.grad_clip) {
+          const float factor = static_cast<float>(t.grad_clip / norm);
+          if (reducer->compact_grads())
+            kernels::scale(reducer->owned_grads(), reducer->owned_floats(), factor);
+          else
+            for (const auto& range : reducer->owned())
+              kernels::scale(reducer->owned_grads() + range.begin, range.size(), factor);
+        }
+        optimizer_step(rec.lr, step + 1);
+      }
+      const bool last = step + 1 == t.steps;
+      if (val_sampler && t.val_every > 0 && ((step + 1) % t.val_every == 0 || last))
+        rec.val_loss = validate();
+      rec.step_s = seconds_since(t0);
+      // Communication shares (mean over ranks) and the largest arena peak: one small all-reduce.
+      double shares[4];
+      for (int i = 0; i < 4; ++i)
+        shares[i] = (groups[i]->counters().wait_s - waited[i]) / rec.step_s / mesh.world().size();
+      mesh.world().all_reduce(shares, 4);
+      rec.tp_share = shares[0], rec.dp_share = shares[1], rec.pp_share = shares[2];
+      rec.cp_share = shares[3];
+      rec.peak_mem_gib = arena->peak() / double(1 << 30);
+      mesh.world().all_reduce(&rec.peak_mem_gib, 1, parallel::ReduceOp::max);
+      rec.tokens_per_s = tokens_per_step / rec.step_s;
+      rec.mfu = flops_per_token * rec.tokens_per_s / (hosts * peaks.hardware_gflops * 1e9);
+      rec.mfu_gemm = flops_per_token * rec.tokens_per_s / (hosts * peaks.gemm_gflops * 1e9);
+      summary.steps.push_back(rec);
+      report(rec, seconds_since(run_start));
+      snapshots->after_step(step + 1, last);
+    }
+    snapshots->finish();
+    summary.peak_arena_bytes = arena->peak();
+    // Every rank's own log: bytes it sent or contributed per group (tests check that bf16 and
+    // sequence parallelism halve them).
+    spdlog::info("communication bytes: tp {} dp {} pp {} cp {}", groups[0]->counters().bytes,
+                 groups[1]->counters().bytes, groups[2]->counters().bytes,
+                 groups[3]->counters().bytes);
+    if (r.parallel.zero >= 2)
+      spdlog::info("gradient bucket reductions: {} ({} early: ZeRO-2 staging buffers all busy)",
+                   reducer->reductions(), reducer->early_reductions());
+    if (r.parallel.zero == 3)
+      spdlog::info("parameter bucket gathers: {}", reducer->gathers());
+    return summary;
+  }
+
+  void report(const StepRecord& rec, double elapsed) {
+    if (mesh.rank() != 0) return;
+    const double peak_gib = rec.peak_mem_gib;
+    metrics->write({{"step", double(rec.step)},
+                    {"loss", rec.loss},
+                    {"lr", rec.lr},
+                    {"grad_norm", rec.grad_norm},
+                    {"tokens_per_s", rec.tokens_per_s},
+                    {"mfu", rec.mfu},
+                    {"mfu_gemm", rec.mfu_gemm},
+                    {"step_time_s", rec.step_s},
+                    {"peak_mem_gib", peak_gib},
+                    {"tp_comm_share", rec.tp_share},
+                    {"dp_comm_share", rec.dp_share},
+                    {"pp_wait_share", rec.pp_share},
+                    {"cp_comm_share", rec.cp_share},
+                    {"val_loss", rec.val_loss >= 0 ? rec.val_loss : NAN},
+                    {"skipped", rec.skipped ? 1.0 : 0.0}});
+    const int64_t steps = r.train.steps;
+    if (rec.step % r.train.log_every != 0 && rec.step != steps && rec.val_loss < 0) return;
+    const double eta = elapsed / (rec.step - first_step) * (steps - rec.step);
+    std::string val = rec.val_loss >= 0 ? fmt::format(" | val {:.4f}", rec.val_loss) : "";
+    spdlog::info("step {:>{}}/{} {:3.0f}% | loss {:.4f}{} | lr {:.2e} | gnorm {:.3f} | {:.0f} tok/s "
+                 "| MFU {:.1f}% | comm tp {:.0f}% dp {:.0f}% pp {:.0f}%{} | mem {:.3f} GiB | eta {}",
+                 rec.step, std::to_string(steps).size(), steps, 100.0 * rec.step / steps, rec.loss,
+                 val, rec.lr, rec.grad_norm, rec.tokens_per_s, 100 * rec.mfu, 100 * rec.tp_share,
+                 100 * rec.dp_share, 100 * rec.pp_share,
+                 cp > 1 ? fmt::format(" cp {:.0f}%", 100 * rec.cp_share) : "", peak_gib,
+                 format_duration(eta));
+  }
+};
+
+Trainer::Trainer(const Job& job) : impl_(std::make_unique<Impl>(job)) {
+  agree_on(job.mesh->world(), [&] { impl_->build(); });
+  impl_->restore();
+}
+
+Trainer::~Trainer() = default;
+
+TrainSummary Trainer::run() { return impl_->run(); }
+
+}  // namespace t3d::runtime

@@ -1,0 +1,47 @@
+// The training loop: data → pipeline executor (forward/backward, TP inside the model, P2P between
+// stages) → data-parallel gradient all-reduce → exact global-norm clipping → AdamW with warm-up
+// and cosine decay → metrics. Every rank runs it; rank 0 speaks.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "runtime/launch/job.h"
+
+namespace t3d::runtime {
+
+struct StepRecord {
+  int64_t step = 0;  // 1-based: the number of optimizer steps taken
+  double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0, step_s = 0;
+  double mfu = 0;       // model FLOPs/s over the hardware peak of the GEMMs' precision
+  double mfu_gemm = 0;  // the same over the chosen GEMM's own rate at the model's shapes
+  double val_loss = -1;  // < 0: not measured at this step
+  // Share of the step each rank spent waiting on its tp / dp / pp group, averaged over ranks. The
+  // pp share is the measured pipeline bubble plus activation transfer time.
+  double tp_share = 0, dp_share = 0, pp_share = 0, cp_share = 0;
+  double peak_mem_gib = 0;  // largest arena peak over all ranks
+  bool skipped = false;  // dynamic loss scaling skipped a non-finite step
+};
+
+struct TrainSummary {
+  std::vector<StepRecord> steps;
+  double unigram_entropy_nats = 0;  // of the training split: the loss to beat
+  size_t peak_arena_bytes = 0;
+  double peak_gflops = 0;       // this host's measured hardware peak, MFU's denominator
+  double gemm_peak_gflops = 0;  // this host's measured GEMM rate, mfu_gemm's denominator
+};
+
+class Trainer {
+ public:
+  // Builds everything (data, schedule, arena, model); failures are agreed on across ranks.
+  explicit Trainer(const Job& job);
+  ~Trainer();
+  TrainSummary run();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace t3d::runtime

@@ -1,0 +1,132 @@
+#include "runtime/use/export.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "checkpoint/safetensors.h"
+#include "checkpoint/snapshot.h"
+#include "kernels/check.h"
+
+namespace t3d::runtime {
+
+namespace fs = std::filesystem;
+namespace ck = checkpoint;
+
+std::vector<GlobalTensor> llama_tensor_table(const ModelConfig& m) {
+  const int64_t C = m.dim, D = m.head_dim(), V = m.vocab_size, F = m.ffn_dim;
+  const int64_t H = m.n_heads, Hkv = m.n_kv_heads;
+  std::vector<GlobalTensor> t;
+  t.push_back({"model.embed_tokens.weight", {V, C}, {}});
+  for (int64_t l = 0; l < m.n_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    t.push_back({p + "input_layernorm.weight", {C}, {}});
+    t.push_back({p + "self_attn.q_proj.weight", {H * D, C}, {}});
+    t.push_back({p + "self_attn.k_proj.weight", {Hkv * D, C}, {}});
+    t.push_back({p + "self_attn.v_proj.weight", {Hkv * D, C}, {}});
+    t.push_back({p + "self_attn.o_proj.weight", {C, H * D}, {}});
+    t.push_back({p + "post_attention_layernorm.weight", {C}, {}});
+    t.push_back({p + "mlp.gate_proj.weight", {F, C}, {}});
+    t.push_back({p + "mlp.up_proj.weight", {F, C}, {}});
+    t.push_back({p + "mlp.down_proj.weight", {C, F}, {}});
+  }
+  t.push_back({"model.norm.weight", {C}, {}});
+  if (!m.tie_embeddings) t.push_back({"lm_head.weight", {V, C}, {}});
+  return t;
+}
+
+const GlobalTensor& SnapshotWeights::at(const std::string& name) const {
+  for (const auto& t : tensors)
+    if (t.name == name) return t;
+  throw InternalError(detail::concat("no tensor `", name, "` in the weights of ", path));
+}
+
+SnapshotWeights load_snapshot_weights(const std::string& snapshot) {
+  SnapshotWeights w;
+  w.path = snapshot;
+  ck::SnapshotReader reader(snapshot);
+  w.recipe = parse_recipe(reader.info().recipe, snapshot + " (recipe)");
+  w.step = reader.info().step;
+  w.tensors = llama_tensor_table(w.recipe.model);
+  for (auto& t : w.tensors) {
+    int64_t n = 1;
+    for (const int64_t d : t.shape) n *= d;
+    t.data.assign(static_cast<size_t>(n), 0.0f);
+    // The whole tensor as one box: the reader gathers it from the writers' pieces.
+    reader.read({"model/" + t.name, t.shape, std::vector<int64_t>(t.shape.size(), 0), t.shape,
+                 t.data.data()});
+  }
+  return w;
+}
+
+std::string llama_config_json(const ModelConfig& m) {
+  // Keys as transformers' LlamaConfig names them. Weights are in Hugging Face's own layout
+  // ([out, in], rotate-half RoPE on the q/k projections' outputs): no permutation is needed.
+  // There is no BOS/EOS: titan3d's byte tokenizer has no special tokens (ids are bytes).
+  return fmt::format(
+      "{{\n"
+      "  \"architectures\": [\"LlamaForCausalLM\"],\n"
+      "  \"model_type\": \"llama\",\n"
+      "  \"vocab_size\": {},\n"
+      "  \"hidden_size\": {},\n"
+      "  \"intermediate_size\": {},\n"
+      "  \"num_hidden_layers\": {},\n"
+      "  \"num_attention_heads\": {},\n"
+      "  \"num_key_value_heads\": {},\n"
+      "  \"head_dim\": {},\n"
+      "  \"max_position_embeddings\": {},\n"
+      "  \"rms_norm_eps\": {},\n"
+      "  \"rope_theta\": {},\n"
+      "  \"rope_scaling\": null,\n"
+      "  \"hidden_act\": \"silu\",\n"
+      "  \"attention_bias\": false,\n"
+      "  \"attention_dropout\": 0.0,\n"
+      "  \"mlp_bias\": false,\n"
+      "  \"pretraining_tp\": 1,\n"
+      "  \"tie_word_embeddings\": {},\n"
+      "  \"initializer_range\": 0.02,\n"
+      "  \"use_cache\": true,\n"
+      "  \"bos_token_id\": null,\n"
+      "  \"eos_token_id\": null,\n"
+      "  \"torch_dtype\": \"float32\"\n"
+      "}}\n",
+      m.vocab_size, m.dim, m.ffn_dim, m.n_layers, m.n_heads, m.n_kv_heads, m.head_dim(), m.seq_len,
+      m.norm_eps, m.rope_theta, m.tie_embeddings ? "true" : "false");
+}
+
+ExportSummary export_snapshot(const std::string& snapshot, const std::string& out_dir) {
+  const SnapshotWeights w = load_snapshot_weights(snapshot);
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  T3D_USER_CHECK(fs::is_directory(out_dir), "cannot create the export directory `", out_dir,
+                 "` (--out): ", ec.message());
+  ExportSummary s;
+  s.step = w.step;
+  s.safetensors = (fs::path(out_dir) / "model.safetensors").string();
+  s.config = (fs::path(out_dir) / "config.json").string();
+  std::vector<ck::TensorRef> refs;
+  for (const auto& t : w.tensors) {
+    refs.push_back({t.name, t.shape, t.data.data()});
+    s.parameters += static_cast<int64_t>(t.data.size());
+  }
+  s.tensors = static_cast<int64_t>(refs.size());
+  // "format": "pt" is what transformers expects of a PyTorch-style safetensors file.
+  s.bytes = ck::write_safetensors(s.safetensors, refs,
+                                  {{"format", "pt"},
+                                   {"producer", "titan3d export"},
+                                   {"snapshot", fs::path(snapshot).filename().string()},
+                                   {"step", std::to_string(w.step)}});
+  const std::string tmp = s.config + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << llama_config_json(w.recipe.model);
+    out.flush();
+    T3D_USER_CHECK(out.good(), "cannot write `", tmp, "` (--out)");
+  }
+  fs::rename(tmp, s.config, ec);
+  T3D_USER_CHECK(!ec, "cannot rename `", tmp, "` to `", s.config, "`: ", ec.message());
+  return s;
+}
+
+}  // namespace t3d::runtime

@@ -1,0 +1,54 @@
+// Taking a model out of a snapshot: its whole (global) tensors under Hugging Face LLaMA names,
+// for `titan3d export` (model.safetensors + config.json in the LlamaForCausalLM form) and for
+// `titan3d generate`, which runs on one process and needs every tensor whole.
+//
+// Neither needs MPI: the snapshot's virtual datasets already describe global tensors, and the
+// reader gathers any box from whatever layout wrote it (docs/snapshot-format.md). Both call HDF5
+// from the calling thread; nothing else in these processes touches HDF5.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/recipe/recipe.h"
+
+namespace t3d::runtime {
+
+struct GlobalTensor {
+  std::string name;  // e.g. "model.layers.0.self_attn.q_proj.weight"
+  std::vector<int64_t> shape;
+  std::vector<float> data;  // row-major, prod(shape) floats
+};
+
+// The whole model's tensors with their global shapes, in the model's order: embedding, blocks,
+// final norm, LM head (absent with tie_embeddings). The same names and shapes as Model's
+// parameter table (runtime/model/model.cpp), which a test checks.
+std::vector<GlobalTensor> llama_tensor_table(const ModelConfig& config);
+
+struct SnapshotWeights {
+  std::string path;  // the snapshot's index file
+  Recipe recipe;     // the recipe stored in the snapshot (its model shape)
+  int64_t step = 0;
+  std::vector<GlobalTensor> tensors;  // llama_tensor_table order, filled
+
+  const GlobalTensor& at(const std::string& name) const;  // InternalError if absent
+};
+
+// Reads every parameter of a snapshot whole, verifying shard files and chunk hashes on the way.
+// UserError naming the file when it is missing, incomplete, damaged or not a snapshot.
+SnapshotWeights load_snapshot_weights(const std::string& snapshot);
+
+// config.json for transformers' LlamaForCausalLM describing `config` (fp32 weights).
+std::string llama_config_json(const ModelConfig& config);
+
+struct ExportSummary {
+  std::string safetensors, config;  // paths written
+  int64_t step = 0, tensors = 0, parameters = 0;
+  uint64_t bytes = 0;  // of model.safetensors
+};
+
+// Writes <out_dir>/model.safetensors and <out_dir>/config.json (creating out_dir).
+ExportSummary export_snapshot(const std::string& snapshot, const std::string& out_dir);
+
+}  // namespace t3d::runtime

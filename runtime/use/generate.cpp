@@ -1,0 +1,151 @@
+#include "runtime/use/generate.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "kernels/check.h"
+#include "kernels/ops.h"
+#include "kernels/ops_decode.h"
+
+namespace t3d::runtime {
+
+namespace k = t3d::kernels;
+
+Decoder::Decoder(const SnapshotWeights& w) : config_(w.recipe.model) {
+  const auto& m = config_;
+  const int64_t C = m.dim, D = m.head_dim(), T = m.seq_len;
+  const auto at = [&](const std::string& name) { return w.at(name).data.data(); };
+  embed_ = at("model.embed_tokens.weight");
+  norm_ = at("model.norm.weight");
+  head_ = m.tie_embeddings ? embed_ : at("lm_head.weight");
+  for (int64_t l = 0; l < m.n_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    Layer L{at(p + "input_layernorm.weight"),
+            at(p + "self_attn.q_proj.weight"),
+            at(p + "self_attn.k_proj.weight"),
+            at(p + "self_attn.v_proj.weight"),
+            at(p + "self_attn.o_proj.weight"),
+            at(p + "post_attention_layernorm.weight"),
+            at(p + "mlp.gate_proj.weight"),
+            at(p + "mlp.up_proj.weight"),
+            at(p + "mlp.down_proj.weight"),
+            {},
+            {}};
+    L.k_cache.assign(static_cast<size_t>(T * m.n_kv_heads * D), 0.0f);
+    L.v_cache.assign(L.k_cache.size(), 0.0f);
+    layers_.push_back(std::move(L));
+  }
+  const auto n = [](int64_t x) { return static_cast<size_t>(x); };
+  x_.resize(n(C));
+  xn_.resize(n(C));
+  q_.resize(n(m.n_heads * D));
+  att_.resize(n(m.n_heads * D));
+  gate_.resize(n(m.ffn_dim));
+  up_.resize(n(m.ffn_dim));
+  h_.resize(n(m.ffn_dim));
+  rope_.resize(n(T * D));
+  scores_.resize(n(T));
+  logits_.resize(n(m.vocab_size));
+  k::rope_table(rope_.data(), T, D, m.rope_theta);
+}
+
+std::span<const float> Decoder::step(int32_t token) {
+  const auto& m = config_;
+  T3D_USER_CHECK(pos_ < m.seq_len, "the decoder's context of model.seq_len = ", m.seq_len,
+                 " positions is full; reset() it (generate() does)");
+  k::check_token_ids(&token, 1, m.vocab_size);
+  const int64_t C = m.dim, D = m.head_dim(), H = m.n_heads, Hkv = m.n_kv_heads, F = m.ffn_dim;
+  const float eps = static_cast<float>(m.norm_eps);
+  // One row through the same ops as Model::forward_layer, N = 1, positions pos_ .. pos_.
+  k::embedding_forward(x_.data(), &token, embed_, 1, C, 0, m.vocab_size);
+  for (auto& L : layers_) {
+    float* kc = L.k_cache.data() + pos_ * Hkv * D;  // this position's row of the caches
+    float* vc = L.v_cache.data() + pos_ * Hkv * D;
+    k::rmsnorm_forward(xn_.data(), &rstd_, x_.data(), L.ln1, 1, C, eps);
+    k::linear_forward(q_.data(), xn_.data(), L.q, 1, C, H * D);
+    k::linear_forward(kc, xn_.data(), L.k, 1, C, Hkv * D);
+    k::linear_forward(vc, xn_.data(), L.v, 1, C, Hkv * D);
+    k::rope_forward(q_.data(), q_.data(), rope_.data(), 1, 1, H, D, pos_);
+    k::rope_forward(kc, kc, rope_.data(), 1, 1, Hkv, D, pos_);
+    k::attention_decode(att_.data(), q_.data(), L.k_cache.data(), L.v_cache.data(), scores_.data(),
+                        pos_ + 1, H, Hkv, D);
+    k::linear_forward(x_.data(), att_.data(), L.o, 1, H * D, C, k::Out::kAccumulate);
+    k::rmsnorm_forward(xn_.data(), &rstd_, x_.data(), L.ln2, 1, C, eps);
+    k::linear_forward(gate_.data(), xn_.data(), L.gate, 1, C, F);
+    k::linear_forward(up_.data(), xn_.data(), L.up, 1, C, F);
+    k::swiglu_forward(h_.data(), gate_.data(), up_.data(), F);
+    k::linear_forward(x_.data(), h_.data(), L.down, 1, F, C, k::Out::kAccumulate);
+  }
+  k::rmsnorm_forward(xn_.data(), &rstd_, x_.data(), norm_, 1, C, eps);
+  k::linear_forward(logits_.data(), xn_.data(), head_, 1, C, m.vocab_size);
+  ++pos_;
+  return logits_;
+}
+
+int32_t pick_token(std::span<const float> logits, int64_t vocab_limit,
+                   const SamplingOptions& options, std::mt19937_64& rng) {
+  const int64_t n = std::min<int64_t>(vocab_limit, static_cast<int64_t>(logits.size()));
+  T3D_ASSERT(n > 0, "no token to pick from");
+  if (options.temperature <= 0) {
+    return static_cast<int32_t>(std::max_element(logits.begin(), logits.begin() + n) -
+                                logits.begin());
+  }
+  // Top-k: the k-th largest logit is the cut-off; ties at the cut-off all stay in (deterministic).
+  float cutoff = -INFINITY;
+  if (options.top_k > 0 && options.top_k < n) {
+    std::vector<float> sorted(logits.begin(), logits.begin() + n);
+    std::nth_element(sorted.begin(), sorted.begin() + (options.top_k - 1), sorted.end(),
+                     std::greater<float>());
+    cutoff = sorted[static_cast<size_t>(options.top_k - 1)];
+  }
+  const float max = *std::max_element(logits.begin(), logits.begin() + n);
+  const double inv_t = 1.0 / options.temperature;
+  double sum = 0;
+  for (int64_t i = 0; i < n; ++i)
+    if (logits[i] >= cutoff) sum += std::exp((logits[i] - max) * inv_t);
+  // One uniform in [0, 1) from the top 53 bits: the same on every platform, unlike
+  // std::uniform_real_distribution, whose algorithm the standard leaves open.
+  const double u = static_cast<double>(rng() >> 11) * 0x1.0p-53 * sum;
+  double acc = 0;
+  int64_t last = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (logits[i] < cutoff) continue;
+    acc += std::exp((logits[i] - max) * inv_t);
+    last = i;
+    if (u < acc) return static_cast<int32_t>(i);
+  }
+  return static_cast<int32_t>(last);  // u rounded up to sum
+}
+
+std::vector<int32_t> generate(Decoder& decoder, std::span<const int32_t> prompt, int64_t max_tokens,
+                              int64_t vocab_limit, const SamplingOptions& options,
+                              const std::function<void(int32_t)>& emit) {
+  T3D_USER_CHECK(!prompt.empty(), "the prompt is empty; give at least one character (--prompt)");
+  const int64_t context = decoder.context();
+  const int64_t keep = std::max<int64_t>(1, context / 2);
+  std::vector<int32_t> history(prompt.begin(), prompt.end());
+  std::mt19937_64 rng(options.seed);
+  // Feeds the last `n` tokens of the history into an empty cache; returns the next logits.
+  const auto refill = [&](int64_t n) {
+    decoder.reset();
+    std::span<const float> logits;
+    for (auto it = history.end() - n; it != history.end(); ++it) logits = decoder.step(*it);
+    return logits;
+  };
+  // A prompt longer than the context keeps its end: the tokens nearest what comes next.
+  std::span<const float> logits =
+      refill(std::min<int64_t>(static_cast<int64_t>(history.size()), context));
+  std::vector<int32_t> out;
+  for (int64_t i = 0; i < max_tokens; ++i) {
+    const int32_t next = pick_token(logits, vocab_limit, options, rng);
+    history.push_back(next);
+    out.push_back(next);
+    if (emit) emit(next);
+    if (i + 1 == max_tokens) break;
+    // A full cache: start over from the last half, so the next `keep` tokens are cheap again.
+    logits = decoder.position() < context ? decoder.step(next) : refill(keep);
+  }
+  return out;
+}
+
+}  // namespace t3d::runtime

@@ -1,0 +1,68 @@
+// Autoregressive sampling from a trained model on one process, with a KV cache.
+//
+// Training runs whole sequences through a sharded, pipelined Model; decoding feeds one token at a
+// time and needs every earlier position's keys and values, which the training path does not
+// keep. So this is a separate single-rank forward over the whole (global) tensors, built from the
+// same kernels (rmsnorm, linear, rope_forward at the token's position, swiglu) plus
+// attention_decode over the cache. A test checks its logits against a whole-sequence forward.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "runtime/use/export.h"
+
+namespace t3d::runtime {
+
+class Decoder {
+ public:
+  // `weights` must outlive the decoder (it points into their tensors).
+  explicit Decoder(const SnapshotWeights& weights);
+
+  // Appends `token` at position position() and returns the logits (vocab_size) of the next
+  // token; valid until the next call. UserError once the context (model.seq_len) is full.
+  std::span<const float> step(int32_t token);
+  void reset() { pos_ = 0; }  // empties the cache
+  int64_t position() const { return pos_; }
+  int64_t context() const { return config_.seq_len; }
+  const ModelConfig& config() const { return config_; }
+
+ private:
+  struct Layer {
+    const float *ln1, *q, *k, *v, *o, *ln2, *gate, *up, *down;
+    std::vector<float> k_cache, v_cache;  // (seq_len, Hkv·D) each, keys after RoPE
+  };
+  ModelConfig config_;
+  const float* embed_;
+  const float* norm_;
+  const float* head_;
+  std::vector<Layer> layers_;
+  int64_t pos_ = 0;
+  // Work buffers for one row: residual, normed, q, attention output, gate,
+  // up, silu(gate)·up, the RoPE table (seq_len, D), attention scores (seq_len), logits (vocab).
+  std::vector<float> x_, xn_, q_, att_, gate_, up_, h_, rope_, scores_, logits_;
+  float rstd_ = 0;
+};
+
+struct SamplingOptions {
+  double temperature = 0.8;  // 0: greedy (argmax, the lowest id on ties)
+  int64_t top_k = 0;         // > 0: sample among the k most likely tokens only
+  uint64_t seed = 1234;
+};
+
+// The next token from `logits`, among ids [0, vocab_limit). Deterministic for a given RNG state:
+// one draw of the 64-bit Mersenne twister (whose output the C++ standard fixes) per token.
+int32_t pick_token(std::span<const float> logits, int64_t vocab_limit,
+                   const SamplingOptions& options, std::mt19937_64& rng);
+
+// Feeds `prompt` and samples up to `max_tokens` more, calling `emit` with each as it comes.
+// When the context is full, the cache is rebuilt from the last half of the tokens so far (RoPE
+// positions restart at 0), so generation can run past model.seq_len. Returns the new tokens.
+std::vector<int32_t> generate(Decoder& decoder, std::span<const int32_t> prompt, int64_t max_tokens,
+                              int64_t vocab_limit, const SamplingOptions& options,
+                              const std::function<void(int32_t)>& emit = {});
+
+}  // namespace t3d::runtime

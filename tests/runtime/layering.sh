@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The layering, checked on every #include: a folder (or a room of runtime/) includes only itself
+# and the rooms below it. The CMake link graph says the same (runtime/CMakeLists.txt); this catches
+# a header-only reach upwards, which links without complaint.
+set -u
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+declare -A allowed=(
+  [kernels]="kernels"
+  [parallel]="parallel kernels"
+  [checkpoint]="checkpoint kernels"
+  [runtime/recipe]="runtime/recipe kernels"
+  [runtime/data]="runtime/data kernels"
+  [runtime/launch]="runtime/launch runtime/recipe parallel kernels"
+  [runtime/model]="runtime/model runtime/recipe parallel kernels"
+  [runtime/stage]="runtime/stage runtime/model runtime/launch runtime/data runtime/recipe parallel checkpoint kernels"
+  [runtime/train]="runtime/train runtime/stage runtime/model runtime/launch runtime/data runtime/recipe parallel checkpoint kernels"
+  [runtime/plan]="runtime/plan runtime/stage runtime/model runtime/launch runtime/data runtime/recipe parallel checkpoint kernels"
+  [runtime/use]="runtime/use runtime/train runtime/stage runtime/model runtime/launch runtime/data runtime/recipe parallel checkpoint kernels"
+  [runtime/selfcheck]="runtime/selfcheck runtime/plan runtime/stage runtime/model runtime/launch runtime/data runtime/recipe parallel checkpoint kernels"
+)
+fail=0 checked=0
+for folder in "${!allowed[@]}"; do
+  [ -d "$repo/$folder" ] || { echo "FAIL: $folder is in the layering but not in the tree"; fail=1; continue; }
+  for file in "$repo/$folder"/*.h "$repo/$folder"/*.cpp "$repo/$folder"/*.inc; do
+    [ -f "$file" ] || continue
+    while IFS= read -r inc; do
+      checked=$((checked + 1))
+      target=${inc%/*}
+      case " ${allowed[$folder]} " in
+        *" $target "*) ;;
+        *) echo "FAIL: ${file#$repo/} includes \"$inc\": $folder may include only ${allowed[$folder]}"; fail=1 ;;
+      esac
+    done < <(sed -n 's/^#include "\([a-z_]*\(\/[a-z_]*\)*\/[a-z_0-9]*\.\(h\|inc\)\)".*/\1/p' "$file")
+  done
+done
+# Every room of runtime/ is in the table above (a new room states its place).
+for dir in "$repo"/runtime/*/; do
+  room=runtime/$(basename "$dir")
+  [ -n "${allowed[$room]:-}" ] || { echo "FAIL: $room has no place in the layering of $0"; fail=1; }
+done
+[ "$checked" -gt 100 ] || { echo "FAIL: only $checked includes found: the pattern is broken"; exit 1; }
+[ "$fail" = 0 ] && echo "$checked includes follow the layering"
+exit $fail
