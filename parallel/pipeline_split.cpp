@@ -47,12 +47,13 @@ std::vector<LayerRange> split_layers(int64_t n_layers, int64_t chunks, double he
   return out;
 }
 
-std::vector<int64_t> chunks_of_stage(int64_t stage, int64_t pp, int64_t virtual_stages,
-                                     bool v_shape) {
-  T3D_ASSERT(!v_shape || virtual_stages == 2, "the V shape has 2 chunks per stage");
-  std::vector<int64_t> out;
-  for (int64_t k = 0; k < pp * virtual_stages; ++k)
-    if (stage_of_chunk(k, pp, v_shape) == stage) out.push_back(k);
+std::vector<LayerRange> layers_of_stage(const std::vector<LayerRange>& split,
+                                        const std::vector<int>& chunk_stage, int64_t stage) {
+  T3D_ASSERT(split.size() == chunk_stage.size(), "a split of ", split.size(),
+             " chunks for a placement of ", chunk_stage.size());
+  std::vector<LayerRange> out;
+  for (size_t k = 0; k < split.size(); ++k)
+    if (chunk_stage[k] == stage) out.push_back(split[k]);
   return out;
 }
 

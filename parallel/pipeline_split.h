@@ -36,8 +36,10 @@ inline int64_t stage_of_chunk(int64_t k, int64_t pp, bool v_shape) {
   return v_shape && k >= pp ? 2 * pp - 1 - k : k % pp;
 }
 
-// Chunks held by `stage`, in model order: k = stage, stage + pp, ... (V shape: stage, 2pp-1-stage).
-std::vector<int64_t> chunks_of_stage(int64_t stage, int64_t pp, int64_t virtual_stages,
-                                     bool v_shape = false);
+// The layer ranges `stage` holds, in model order: chunk k of `split` wherever the schedule's
+// placement table says chunk_stage[k] == stage (parallel/schedule.h; the one representation of
+// placement, which the executor runs).
+std::vector<LayerRange> layers_of_stage(const std::vector<LayerRange>& split,
+                                        const std::vector<int>& chunk_stage, int64_t stage);
 
 }  // namespace t3d::parallel

@@ -58,6 +58,13 @@ std::string_view to_string(ScheduleKind kind) {
   return "?";
 }
 
+std::vector<int> placement(ScheduleKind kind, int pp, int v) {
+  std::vector<int> chunk_stage(static_cast<size_t>(pp * v));
+  for (int k = 0; k < pp * v; ++k)
+    chunk_stage[k] = static_cast<int>(stage_of_chunk(k, pp, kind == ScheduleKind::kZBV));
+  return chunk_stage;
+}
+
 namespace {
 
 Schedule empty_schedule(ScheduleKind kind, int pp, int n_micro, int v) {
@@ -69,9 +76,7 @@ Schedule empty_schedule(ScheduleKind kind, int pp, int n_micro, int v) {
   s.pp = pp;
   s.n_micro = n_micro;
   s.v = v;
-  s.chunk_stage.resize(static_cast<size_t>(pp * v));
-  for (int k = 0; k < pp * v; ++k)
-    s.chunk_stage[k] = static_cast<int>(stage_of_chunk(k, pp, kind == ScheduleKind::kZBV));
+  s.chunk_stage = placement(kind, pp, v);
   s.ranks.resize(static_cast<size_t>(pp));
   return s;
 }

@@ -72,6 +72,11 @@ Schedule make_1f1b(int pp, int n_micro);
 Schedule make_interleaved_1f1b(int pp, int n_micro, int v);
 Schedule make_zb_h1(int pp, int n_micro);
 Schedule make_zb_v(int pp, int n_micro);  // v = 2, V-shaped placement
+// The placement table every schedule of `kind` carries as chunk_stage (chunk k -> stage): round
+// robin, or ZB-V's V (pipeline_split.h stage_of_chunk). The planner reads it without building the
+// schedule; the trainer, eval and the executor read the schedule's copy.
+std::vector<int> placement(ScheduleKind kind, int pp, int v);
+
 // Dispatch; `v` is used by the interleaved schedule, must be 2 for ZB-V and 1 for the others.
 Schedule make_schedule(ScheduleKind kind, int pp, int n_micro, int v = 1);
 

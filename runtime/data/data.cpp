@@ -155,4 +155,10 @@ double unigram_entropy_nats(std::span<const uint16_t> tokens) {
   return unigram_entropy_bits(tokens) * std::numbers::ln2;
 }
 
+TokenStream load_stream(const std::filesystem::path& path, std::string_view format, int vocab_size) {
+  if (format == "text") return read_text_file(path);
+  if (format == "bin") return read_token_file(path, vocab_size);
+  return load_corpus(path, vocab_size);
+}
+
 }  // namespace t3d::runtime

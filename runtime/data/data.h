@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <span>
+#include <string_view>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,10 @@ TokenStream read_text_file(const std::filesystem::path& path);
 // Picks by extension: `.txt` is text (byte tokenizer, needs vocab_size >= 256), anything else a
 // token file.
 TokenStream load_corpus(const std::filesystem::path& path, int vocab_size);
+
+// data.format: "text" (bytes of a text file), "bin" (a token file), anything else ("auto"): load_corpus's
+// choice by extension.
+TokenStream load_stream(const std::filesystem::path& path, std::string_view format, int vocab_size);
 
 struct TrainValSplit {
   TokenStream train;

@@ -28,6 +28,10 @@ enum class SampleMode { kRandom, kSequential };
 SampleMode parse_sample_mode(std::string_view text, std::string_view key = "data.sampler");
 std::string_view to_string(SampleMode mode);
 
+// Rows in one micro-batch of one dp rank: global_batch / (dp_size · n_micro); UserError unless it
+// divides evenly.
+int64_t rows_per_micro(int64_t global_batch, int dp_size, int n_micro);
+
 struct SamplerConfig {
   SampleMode mode = SampleMode::kRandom;
   uint64_t seed = 0;
@@ -61,8 +65,9 @@ class Sampler {
 
   const SamplerConfig& config() const { return config_; }
 
-  // Rows in one micro-batch; UserError unless global_batch divides by dp_size * n_micro.
-  int64_t rows_per_micro(int dp_size, int n_micro) const;
+  int64_t rows_per_micro(int dp_size, int n_micro) const {
+    return runtime::rows_per_micro(config_.global_batch, dp_size, n_micro);
+  }
 
   // First token of global row `row` of step `step`.
   int64_t row_offset(int64_t step, int64_t row) const;

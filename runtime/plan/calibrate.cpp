@@ -22,6 +22,7 @@
 #include "runtime/model/model.h"
 #include "runtime/plan/planner.h"
 #include "runtime/plan/planner_cost.h"
+#include "runtime/stage/stage.h"
 
 namespace t3d::runtime {
 namespace {
@@ -98,20 +99,12 @@ void measure_block(const Job& job, Measured& m) {
   const Recipe& r = job.recipe;
   const Comm& world = job.mesh->world();
   const Comm& tp = job.mesh->group(Dim::tp);
-  // BLAS threads as the trainer sets them (trainer.cpp): this host's cores shared among its ranks.
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  kernels::set_rank_threads(threads_per_rank(static_cast<int>(r.hardware.threads_per_rank), cores,
-                                             std::max(1, job.env.local_size)));
+  setup_rank_threads(r, job.env, /*report=*/false);
   ModelConfig cfg = r.model;
   cfg.n_layers = 3;
   parallel::LayerRange middle;
   middle.begin = 1, middle.end = 2;
-  ModelOptions opt;
-  opt.micro_rows = micro_rows_of(r);
-  opt.slots = 1;
-  opt.with_optimizer = false;
-  opt.bf16 = r.train.precision == "bf16";
-  opt.sequence_parallel = r.parallel.sequence_parallel;
+  const ModelOptions opt = model_options(r, StagePurpose::kForward, micro_rows_of(r), nullptr, nullptr);
   kernels::Arena arena(static_cast<size_t>(r.hardware.hbm_gib * double(1ull << 30)));
   Model model(cfg, {middle}, tp, arena, opt);
   model.init(static_cast<uint64_t>(r.train.seed));

@@ -163,11 +163,10 @@ std::vector<parallel::LayerRange> layer_split(const ModelConfig& m, const Layout
 
 std::vector<parallel::LayerRange> ranges_of_stage(const std::vector<parallel::LayerRange>& split,
                                                   const Layout& l, int64_t stage) {
-  std::vector<parallel::LayerRange> out;
-  for (int64_t k : parallel::chunks_of_stage(stage, l.pp, l.virtual_stages,
-                                             l.schedule == parallel::ScheduleKind::kZBV))
-    out.push_back(split[k]);
-  return out;
+  return parallel::layers_of_stage(
+      split,
+      parallel::placement(l.schedule, static_cast<int>(l.pp), static_cast<int>(l.virtual_stages)),
+      stage);
 }
 
 // Compute and tensor-parallel time of one stage for one micro-batch.

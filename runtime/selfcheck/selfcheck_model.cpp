@@ -1,7 +1,6 @@
 // The selfcheck rows that need the model or the machine: replica consistency, memory plan, GEMM
 // speed per rank, host map (see selfcheck.h).
 #include <fmt/format.h>
-#include <sched.h>
 
 #include <algorithm>
 #include <cmath>
@@ -16,6 +15,7 @@
 #include "parallel/pipeline_split.h"
 #include "runtime/model/model.h"
 #include "runtime/plan/planner.h"
+#include "runtime/stage/stage.h"
 #include "runtime/selfcheck/selfcheck_internal.h"
 
 namespace t3d::runtime::selfcheck {
@@ -46,36 +46,13 @@ uint64_t checksum(const float* data, const Slice& s, int64_t data_ld, int64_t da
   return sum;
 }
 
-// This rank's stage: its layer ranges, as the trainer splits them.
+// This rank's layer ranges, placed as training places them.
 std::vector<parallel::LayerRange> stage_chunks(const Job& job) {
   const auto& r = job.recipe;
-  const int pp = job.mesh->shape().size(Dim::pp);
-  const int64_t v = r.parallel.virtual_stages;
-  const auto all = parallel::split_layers(
-      r.model.n_layers, pp * v,
-      parallel::head_cost_in_layers(r.model.vocab_size, r.model.dim, r.model.ffn_dim),
-      r.parallel.pipeline_split);
-  std::vector<parallel::LayerRange> mine;
-  for (int64_t k :
-       parallel::chunks_of_stage(job.mesh->coord().pp, pp, v, r.parallel.schedule == "zb_v"))
-    mine.push_back(all[k]);
-  return mine;
-}
-
-std::string cpu_list() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) != 0) return "?";
-  std::string out;
-  for (int c = 0; c < CPU_SETSIZE; ++c) {
-    if (!CPU_ISSET(c, &set)) continue;
-    int end = c;
-    while (end + 1 < CPU_SETSIZE && CPU_ISSET(end + 1, &set)) ++end;
-    if (!out.empty()) out += ',';
-    out += end > c ? fmt::format("{}-{}", c, end) : std::to_string(c);
-    c = end;
-  }
-  return out;
+  const auto schedule = parallel::make_schedule(
+      parallel::parse_schedule_kind(r.parallel.schedule), job.mesh->shape().size(Dim::pp),
+      static_cast<int>(r.train.micro_batches), static_cast<int>(r.parallel.virtual_stages));
+  return stage_layers(r.model, r.parallel.pipeline_split, schedule, job.mesh->coord().pp);
 }
 
 }  // namespace
@@ -93,7 +70,7 @@ void check_replicas(const Job& job, std::vector<CheckRow>& rows) {
   std::vector<int> split;
   try {
     const auto chunks = stage_chunks(job);
-    const ModelOptions options{1, 1, false};
+    const ModelOptions options = model_options(r, StagePurpose::kForward, 1, nullptr, nullptr);
     const size_t capacity = static_cast<size_t>(r.hardware.hbm_gib * double(1ull << 30));
     kernels::Arena arena(capacity), ref_arena(capacity * static_cast<size_t>(tp.size()));
     Model model(r.model, chunks, tp, arena, options);
@@ -241,7 +218,7 @@ void host_map(const Job& job, std::vector<CheckRow>& rows) {
   constexpr size_t kLine = 256;
   char mine[kLine] = {};
   std::snprintf(mine, kLine, "%s|host %s, cpus %s, BLAS threads %d", mesh.label().c_str(),
-                job.hostname.c_str(), cpu_list().c_str(), kernels::blas_threads());
+                job.hostname.c_str(), format_cpu_set(cpu_set()).c_str(), kernels::blas_threads());
   std::vector<char> all(kLine * mesh.world().size());
   mesh.world().all_gather(mine, all.data(), kLine);
   for (int q = 0; q < mesh.world().size(); ++q) {

@@ -26,6 +26,7 @@
 #include "runtime/data/data_sampler.h"
 #include "runtime/stage/executor.h"
 #include "runtime/stage/gemm_choice.h"
+#include "runtime/stage/stage.h"
 #include "runtime/train/metrics.h"
 #include "runtime/train/data_parallel.h"
 #include "runtime/model/model.h"
@@ -49,19 +50,6 @@ double learning_rate(const TrainConfig& t, int64_t step /* 0-based */) {
   const double span = std::max<int64_t>(1, t.steps - t.warmup_steps);
   const double progress = std::min(1.0, (step - t.warmup_steps) / span);
   return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + std::cos(M_PI * progress));
-}
-
-// "none" -> 0, "full" -> 1, "every:K" -> K (the recipe validated the text).
-int64_t checkpoint_every(const std::string& text) {
-  if (text == "none") return 0;
-  if (text == "full") return 1;
-  return std::stoll(text.substr(6));
-}
-
-TokenStream load_stream(const std::string& path, const std::string& format, int vocab) {
-  if (format == "text") return read_text_file(path);
-  if (format == "bin") return read_token_file(path, vocab);
-  return load_corpus(path, vocab);
 }
 
 // Divergence (docs/recipe.md, train.dynamic_loss_scale): a mean loss above kDivergedLossFactor ·
@@ -109,80 +97,37 @@ struct Trainer::Impl {
   Impl(const Job& j) : job(j), r(j.recipe), mesh(*j.mesh) {}
 
   void build() {
-    const auto& p = r.parallel;
     const auto& t = r.train;
     dp = mesh.shape().size(Dim::dp);
     dp_rank = mesh.coord().dp;
     n_micro = static_cast<int>(t.micro_batches);
     T = r.model.seq_len;
 
-    // BLAS: threads share this host's cores among its ranks; refuse a BLAS that computes wrong.
-    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    const int local = std::max(1, job.env.local_size);
-    hosts = std::max(1, mesh.world().size() / local);
-    const int threads = threads_per_rank(static_cast<int>(r.hardware.threads_per_rank), cores, local);
-    kernels::set_rank_threads(threads);
-    report_cpu_binding(threads, job.env);
-    kernels::verify_gemm_kind(kernels::GemmKind::kOpenBlasF32);  // attention's GEMMs
+    // This rank's stage: threads, schedule and placement, executor, arena, model.
+    Stage stage = build_stage(job, StagePurpose::kTrain);
+    rows = stage.micro_rows;
+    executor = std::move(stage.executor);
+    arena = std::move(stage.arena);
+    model = std::move(stage.model);
+    holds_loss = stage.holds_loss;
+    hosts = std::max(1, mesh.world().size() / std::max(1, job.env.local_size));
+    cp = mesh.shape().size(Dim::cp), cp_rank = mesh.coord().cp;
 
     // Data: every rank reads the corpus (megabytes) and samples only its own rows.
-    const auto all = load_stream(r.data.path, r.data.format, static_cast<int>(r.model.vocab_size));
-    if (!r.data.val_path.empty()) {
-      train_tokens = all;
-      val_tokens = load_stream(r.data.val_path, r.data.format, static_cast<int>(r.model.vocab_size));
-    } else if (r.data.val_fraction > 0) {
-      auto split = split_train_val(all, r.data.val_fraction, T + 1);
-      train_tokens = std::move(split.train);
-      val_tokens = std::move(split.val);
-    } else {
-      train_tokens = all;
-    }
+    StageData data = load_stage_data(r);
+    train_tokens = std::move(data.train);
+    val_tokens = std::move(data.val);
     unigram_nats = unigram_entropy_nats(train_tokens.tokens);
     const auto seed = static_cast<uint64_t>(t.seed);
     train_sampler.emplace(train_tokens.tokens, train_tokens.source,
                           SamplerConfig{parse_sample_mode(r.data.sampler), seed, t.global_batch, T});
-    rows = train_sampler->rows_per_micro(dp, n_micro);
     if (!val_tokens.tokens.empty())
       val_sampler.emplace(val_tokens.tokens, val_tokens.source + " (validation)",
                           SamplerConfig{SampleMode::kSequential, seed, t.global_batch, T});
-
-    // Pipeline: the schedule's table for this stage, the layer ranges of its chunks.
-    const int pp = mesh.shape().size(Dim::pp);
-    const int v = static_cast<int>(p.virtual_stages);
-    auto schedule =
-        parallel::make_schedule(parallel::parse_schedule_kind(p.schedule), pp, n_micro, v);
-    const auto all_chunks = parallel::split_layers(
-        r.model.n_layers, pp * v,
-        parallel::head_cost_in_layers(r.model.vocab_size, r.model.dim, r.model.ffn_dim),
-        p.pipeline_split);
-    std::vector<parallel::LayerRange> mine;
-    // The schedule's placement (ZB-V folds the chunks into a V): the executor reads the same table.
-    for (int k = 0; k < schedule.num_chunks(); ++k)
-      if (schedule.chunk_stage[k] == mesh.coord().pp) mine.push_back(all_chunks[k]);
-    executor = std::make_unique<PipelineExecutor>(std::move(schedule), mesh.group(Dim::pp));
-
-    arena = std::make_unique<kernels::Arena>(
-        static_cast<size_t>(r.hardware.hbm_gib * 1024.0 * 1024.0 * 1024.0));
-    ModelOptions options;
-    options.micro_rows = rows;
-    options.slots = executor->max_slots();
-    options.with_optimizer = p.zero == 0;  // ZeRO: the reducer holds the moment shard
-    options.grad_region = p.zero < 2;      // ZeRO-2, 3: the reducer holds the gradient shard
-    options.param_region = p.zero < 3;     // ZeRO-3: and the parameter shard
-    options.checkpoint_every = checkpoint_every(t.activation_checkpoint);
-    options.split_backward = executor->splits_backward();
-    options.bf16 = t.precision == "bf16";
-    options.sequence_parallel = p.sequence_parallel;
-    options.chunk_slots.assign(executor->slots_per_chunk().begin(),
-                               executor->slots_per_chunk().end());
-    options.cp = &mesh.group(Dim::cp);
-    cp = mesh.shape().size(Dim::cp), cp_rank = mesh.coord().cp;
-    model = std::make_unique<Model>(r.model, mine, mesh.group(Dim::tp), *arena, options);
     build_reducer();
     tokens_buf.resize(static_cast<size_t>(n_micro * rows * T / cp));
     targets_buf.resize(tokens_buf.size());
     if (cp > 1) cp_tokens.resize(static_cast<size_t>(rows * T)), cp_targets.resize(cp_tokens.size());
-    holds_loss = mine.back().last && mesh.coord().tp == 0;
     flops_per_token = model_train_flops_per_token(r.model);
     if (mesh.rank() == 0)
       metrics = std::make_unique<MetricsWriter>(job.run_dir + "/metrics.jsonl",

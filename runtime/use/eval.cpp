@@ -21,6 +21,7 @@
 #include "runtime/data/data_sampler.h"
 #include "runtime/stage/executor.h"
 #include "runtime/stage/gemm_choice.h"
+#include "runtime/stage/stage.h"
 #include "runtime/model/model.h"
 #include "runtime/train/snapshots.h"
 
@@ -31,22 +32,12 @@ using parallel::Dim;
 
 namespace {
 
-// The same choice as the trainer's (data.format): text, token file, or by extension.
-TokenStream load_stream(const std::string& path, const std::string& format, int vocab) {
-  if (format == "text") return read_text_file(path);
-  if (format == "bin") return read_token_file(path, vocab);
-  return load_corpus(path, vocab);
-}
-
 // The trainer's validation stream: data.val_path, or the held-out tail of data.path.
 TokenStream recipe_validation(const Recipe& r) {
-  const int vocab = static_cast<int>(r.model.vocab_size);
-  if (!r.data.val_path.empty()) return load_stream(r.data.val_path, r.data.format, vocab);
-  T3D_USER_CHECK(r.data.val_fraction > 0, "the snapshot's recipe has no validation data ",
+  T3D_USER_CHECK(!r.data.val_path.empty() || r.data.val_fraction > 0,
+                 "the snapshot's recipe has no validation data ",
                  "(data.val_path is empty and data.val_fraction = 0); pass --data FILE");
-  auto split = split_train_val(load_stream(r.data.path, r.data.format, vocab), r.data.val_fraction,
-                               r.model.seq_len + 1);
-  return std::move(split.val);
+  return std::move(load_stage_data(r).val);
 }
 
 }  // namespace
@@ -92,23 +83,17 @@ EvalResult run_eval(const Job& job, const std::string& snapshot, const EvalOptio
   const Recipe& r = job.recipe;
   const parallel::Mesh& mesh = *job.mesh;
   const int64_t T = r.model.seq_len, B = r.train.global_batch;
-  const int dp = mesh.shape().size(Dim::dp), pp = mesh.shape().size(Dim::pp);
+  const int dp = mesh.shape().size(Dim::dp);
   const int n_micro = static_cast<int>(r.train.micro_batches);
   EvalResult res;
 
   TokenStream stream;
   std::optional<Sampler> sampler;
-  std::unique_ptr<PipelineExecutor> executor;
-  std::unique_ptr<kernels::Arena> arena;
-  std::unique_ptr<Model> model;
-  int64_t rows = 0;
-  bool holds_loss = false;
+  Stage stage;
   agree_on(mesh.world(), [&] {
-    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    kernels::set_rank_threads(threads_per_rank(static_cast<int>(r.hardware.threads_per_rank), cores,
-                                               std::max(1, job.env.local_size)));
-    kernels::verify_gemm_kind(kernels::GemmKind::kOpenBlasF32);  // attention's GEMMs
-    kernels::verify_gemm_kind(apply_recorded_gemm(r));  // the GEMM the snapshot trained with
+    // The trainer's stage, forward passes only; the GEMM the snapshot trained with.
+    stage = build_stage(job, StagePurpose::kForward);
+    kernels::verify_gemm_kind(apply_recorded_gemm(r));
     stream = options.data.empty()
                  ? recipe_validation(r)
                  : load_stream(options.data, r.data.format, static_cast<int>(r.model.vocab_size));
@@ -116,7 +101,6 @@ EvalResult run_eval(const Job& job, const std::string& snapshot, const EvalOptio
     sampler.emplace(
         stream.tokens, res.data,
         SamplerConfig{SampleMode::kSequential, static_cast<uint64_t>(r.train.seed), B, T});
-    rows = sampler->rows_per_micro(dp, n_micro);
     // Scored rows: every window once, or `batches` whole batches as the trainer's validation.
     const int64_t batches = options.batches > 0    ? options.batches
                             : options.data.empty() ? r.train.val_batches
@@ -124,32 +108,7 @@ EvalResult run_eval(const Job& job, const std::string& snapshot, const EvalOptio
     res.windows = batches > 0 ? batches * B : sampler->num_windows();
     res.batches = (res.windows + B - 1) / B;
     res.tokens = res.windows * T;
-
-    // The trainer's pipeline placement; forward-only passes need one activation slot per chunk.
-    const int v = static_cast<int>(r.parallel.virtual_stages);
-    const auto all_chunks = parallel::split_layers(
-        r.model.n_layers, pp * v,
-        parallel::head_cost_in_layers(r.model.vocab_size, r.model.dim, r.model.ffn_dim),
-        r.parallel.pipeline_split);
-    auto schedule =
-        parallel::make_schedule(parallel::parse_schedule_kind(r.parallel.schedule), pp, n_micro, v);
-    std::vector<parallel::LayerRange> mine;
-    for (int k = 0; k < schedule.num_chunks(); ++k)  // the schedule's placement (ZB-V: a V)
-      if (schedule.chunk_stage[k] == mesh.coord().pp) mine.push_back(all_chunks[k]);
-    executor = std::make_unique<PipelineExecutor>(std::move(schedule), mesh.group(Dim::pp));
-    arena = std::make_unique<kernels::Arena>(
-        static_cast<size_t>(r.hardware.hbm_gib * 1024.0 * 1024.0 * 1024.0));
-    ModelOptions mo;
-    mo.micro_rows = rows;
-    mo.slots = 1;
-    mo.with_optimizer = false;
-    // As the trainer builds it: bf16 rounds the TP and PP traffic, sequence parallelism changes
-    // where the norms run, so both can change the last bits of the loss.
-    mo.bf16 = r.train.precision == "bf16";
-    mo.sequence_parallel = r.parallel.sequence_parallel;
-    mo.cp = &mesh.group(Dim::cp);
-    model = std::make_unique<Model>(r.model, mine, mesh.group(Dim::tp), *arena, mo);
-    holds_loss = mine.back().last && mesh.coord().tp == 0;
+    Model* model = stage.model.get();
 
     // This rank's slices of the snapshot's global tensors: resharding is a read with our boxes.
     checkpoint::IoThread io;  // HDF5 is not thread-safe: one thread per process calls it
@@ -166,6 +125,7 @@ EvalResult run_eval(const Job& job, const std::string& snapshot, const EvalOptio
     });
   });
 
+  const int64_t rows = stage.micro_rows;
   std::vector<int32_t> tokens(static_cast<size_t>(rows * T)), targets(tokens.size());
   // Context parallel: this rank's positions of every row, as the trainer.
   const int cp = mesh.shape().size(Dim::cp), cp_rank = mesh.coord().cp;
@@ -184,11 +144,11 @@ EvalResult run_eval(const Job& job, const std::string& snapshot, const EvalOptio
       *tok = my_tokens.data();
       *tgt = my_targets.data();
     };
-    sum += executor->run(*model, source, 0.0f, /*training=*/false);
+    sum += stage.executor->run(*stage.model, source, 0.0f, /*training=*/false);
   }
   // As Trainer::validate: the last stage's tp rank 0 of every dp replica and cp rank holds the
   // sum over its rows' positions.
-  double contribution = holds_loss ? sum : 0.0;
+  double contribution = stage.holds_loss ? sum : 0.0;
   mesh.world().all_reduce(&contribution, 1);
   res.loss = contribution / static_cast<double>(res.tokens);
   res.perplexity = std::exp(res.loss);

@@ -45,9 +45,7 @@ void expect_arena_matches(const parallel::Comm& tp, int64_t pp, int64_t v,
     SCOPED_TRACE(l.label() + " stage " + std::to_string(stage) + " tp rank " +
                  std::to_string(tp.rank()));
     const Memory predicted = stage_memory(p, l, schedule, stage);
-    std::vector<parallel::LayerRange> chunks;
-    for (int64_t k : parallel::chunks_of_stage(stage, pp, v, kind == parallel::ScheduleKind::kZBV))
-      chunks.push_back(split[k]);
+    const auto chunks = parallel::layers_of_stage(split, schedule.chunk_stage, stage);
     kernels::Arena arena(size_t{256} << 20);
     ModelOptions options;
     options.micro_rows = micro_rows(p, l);
@@ -90,9 +88,7 @@ void expect_zero_arena_matches(const parallel::Comm& dp, const parallel::Comm& t
     SCOPED_TRACE(l.label() + " bucket_mb " + std::to_string(bucket_mb) + " stage " +
                  std::to_string(stage) + " dp rank " + std::to_string(dp.rank()));
     const Memory predicted = stage_memory(p, l, schedule, stage);
-    std::vector<parallel::LayerRange> chunks;
-    for (int64_t k : parallel::chunks_of_stage(stage, pp, v, kind == parallel::ScheduleKind::kZBV))
-      chunks.push_back(split[k]);
+    const auto chunks = parallel::layers_of_stage(split, schedule.chunk_stage, stage);
     kernels::Arena arena(size_t{256} << 20);
     ModelOptions options;
     options.micro_rows = micro_rows(p, l);

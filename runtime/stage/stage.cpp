@@ -1,0 +1,103 @@
+#include "runtime/stage/stage.h"
+
+#include <algorithm>
+#include <string>
+#include <thread>
+
+#include "kernels/check.h"
+#include "kernels/gemm.h"
+#include "runtime/data/data_sampler.h"
+
+namespace t3d::runtime {
+
+using parallel::Dim;
+
+namespace {
+
+// "none" -> 0, "full" -> 1, "every:K" -> K (the recipe validated the text).
+int64_t checkpoint_every(const std::string& text) {
+  if (text == "none") return 0;
+  if (text == "full") return 1;
+  return std::stoll(text.substr(6));
+}
+
+}  // namespace
+
+int setup_rank_threads(const Recipe& r, const LaunchEnv& env, bool report) {
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = threads_per_rank(static_cast<int>(r.hardware.threads_per_rank), cores,
+                                       std::max(1, env.local_size));
+  kernels::set_rank_threads(threads);
+  if (report) report_cpu_binding(threads, env);
+  return threads;
+}
+
+std::vector<parallel::LayerRange> stage_layers(const ModelConfig& model,
+                                               const std::vector<int64_t>& pipeline_split,
+                                               const parallel::Schedule& schedule, int stage) {
+  const auto split = parallel::split_layers(
+      model.n_layers, schedule.num_chunks(),
+      parallel::head_cost_in_layers(model.vocab_size, model.dim, model.ffn_dim), pipeline_split);
+  return parallel::layers_of_stage(split, schedule.chunk_stage, stage);
+}
+
+ModelOptions model_options(const Recipe& r, StagePurpose purpose, int64_t micro_rows,
+                           const PipelineExecutor* executor, const parallel::Comm* cp) {
+  ModelOptions o;
+  o.micro_rows = micro_rows;
+  o.with_optimizer = false;
+  // bf16 rounds stored activations and TP / PP traffic, sequence parallelism moves the norms:
+  // both change the last bits of a loss, so every purpose builds the stage as training does.
+  o.bf16 = r.train.precision == "bf16";
+  o.sequence_parallel = r.parallel.sequence_parallel;
+  o.cp = cp;
+  if (purpose == StagePurpose::kForward) return o;
+  T3D_ASSERT(executor, "a training stage needs its executor's slots");
+  const int64_t zero = r.parallel.zero;
+  o.slots = executor->max_slots();
+  o.chunk_slots.assign(executor->slots_per_chunk().begin(), executor->slots_per_chunk().end());
+  o.with_optimizer = zero == 0;  // ZeRO: the reducer holds the moment shard
+  o.grad_region = zero < 2;      // ZeRO-2, 3: the reducer holds the gradient shard
+  o.param_region = zero < 3;     // ZeRO-3: and the parameter shard
+  o.checkpoint_every = checkpoint_every(r.train.activation_checkpoint);
+  o.split_backward = executor->splits_backward();
+  return o;
+}
+
+Stage build_stage(const Job& job, StagePurpose purpose) {
+  const Recipe& r = job.recipe;
+  const parallel::Mesh& mesh = *job.mesh;
+  Stage s;
+  s.threads = setup_rank_threads(r, job.env, purpose == StagePurpose::kTrain);
+  kernels::verify_gemm_kind(kernels::GemmKind::kOpenBlasF32);  // attention's GEMMs
+  const int pp = mesh.shape().size(Dim::pp), dp = mesh.shape().size(Dim::dp);
+  const int n_micro = static_cast<int>(r.train.micro_batches);
+  s.micro_rows = rows_per_micro(r.train.global_batch, dp, n_micro);
+  auto schedule = parallel::make_schedule(parallel::parse_schedule_kind(r.parallel.schedule), pp, n_micro,
+                                          static_cast<int>(r.parallel.virtual_stages));
+  s.layers = stage_layers(r.model, r.parallel.pipeline_split, schedule, mesh.coord().pp);
+  s.executor = std::make_unique<PipelineExecutor>(std::move(schedule), mesh.group(Dim::pp));
+  s.arena = std::make_unique<kernels::Arena>(
+      static_cast<size_t>(r.hardware.hbm_gib * 1024.0 * 1024.0 * 1024.0));
+  const ModelOptions options =
+      model_options(r, purpose, s.micro_rows, s.executor.get(), &mesh.group(Dim::cp));
+  s.model = std::make_unique<Model>(r.model, s.layers, mesh.group(Dim::tp), *s.arena, options);
+  s.holds_loss = s.layers.back().last && mesh.coord().tp == 0;
+  return s;
+}
+
+StageData load_stage_data(const Recipe& r) {
+  const int vocab = static_cast<int>(r.model.vocab_size);
+  StageData d;
+  d.train = load_stream(r.data.path, r.data.format, vocab);
+  if (!r.data.val_path.empty()) {
+    d.val = load_stream(r.data.val_path, r.data.format, vocab);
+  } else if (r.data.val_fraction > 0) {
+    auto split = split_train_val(d.train, r.data.val_fraction, r.model.seq_len + 1);
+    d.train = std::move(split.train);
+    d.val = std::move(split.val);
+  }
+  return d;
+}
+
+}  // namespace t3d::runtime

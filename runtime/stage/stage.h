@@ -1,0 +1,68 @@
+// One rank's pipeline stage, built one way for every verb that runs the model: train, eval,
+// calibration and selfcheck (and the tests). From the recipe and the mesh it derives
+//   - the compute threads (OpenBLAS and OpenMP pools) and a check that the GEMMs compute right,
+//   - the schedule and its placement (Schedule::chunk_stage, the only representation of which
+//     stage holds which chunk), hence this stage's layer ranges,
+//   - the pipeline executor, the arena (hardware.hbm_gib) and the Model with the options the
+//     purpose needs (training: slots per the schedule, ZeRO regions, checkpointing, split
+//     backward; forward-only: one slot per chunk, no optimizer state),
+//   - the micro-batch rows (train.global_batch over dp × micro-batches),
+// and the recipe's token streams (data.path, data.val_path or the held-out tail).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "kernels/arena.h"
+#include "parallel/pipeline_split.h"
+#include "parallel/schedule.h"
+#include "runtime/data/data.h"
+#include "runtime/launch/job.h"
+#include "runtime/model/model.h"
+#include "runtime/recipe/recipe.h"
+#include "runtime/stage/executor.h"
+
+namespace t3d::runtime {
+
+enum class StagePurpose {
+  kTrain,    // forward and backward per the schedule, with the recipe's ZeRO and checkpointing
+  kForward,  // forward passes only (eval, probes): one activation slot, no optimizer state
+};
+
+// Sets this rank's compute threads: hardware.threads_per_rank, or this host's cores shared among
+// its ranks. Logs the rank's CPU set (warning when it is smaller) when `report` is set.
+int setup_rank_threads(const Recipe& r, const LaunchEnv& env, bool report);
+
+// This stage's layer ranges in model order: the recipe's split of the layers into pp ×
+// virtual_stages chunks, placed as the schedule says.
+std::vector<parallel::LayerRange> stage_layers(const ModelConfig& model,
+                                               const std::vector<int64_t>& pipeline_split,
+                                               const parallel::Schedule& schedule, int stage);
+
+// The Model's options for `purpose` (the executor gives the training slots; cp may be null).
+ModelOptions model_options(const Recipe& r, StagePurpose purpose, int64_t micro_rows,
+                           const PipelineExecutor* executor, const parallel::Comm* cp);
+
+struct Stage {
+  int threads = 1;
+  int64_t micro_rows = 0;   // sequences per micro-batch on this rank
+  std::vector<parallel::LayerRange> layers;
+  std::unique_ptr<PipelineExecutor> executor;
+  std::unique_ptr<kernels::Arena> arena;
+  std::unique_ptr<Model> model;
+  bool holds_loss = false;  // last pipeline stage and tp rank 0: contributes the loss once
+};
+
+// Builds this rank's stage (not collective: wrap it in agree_on). The Model's parameters are not
+// initialised: training initialises or restores them, eval reads them from a snapshot.
+Stage build_stage(const Job& job, StagePurpose purpose);
+
+// The recipe's token streams: training text and validation text (data.val_path, or the last
+// data.val_fraction of data.path cut at a window boundary; empty when neither).
+struct StageData {
+  TokenStream train, val;
+};
+StageData load_stage_data(const Recipe& r);
+
+}  // namespace t3d::runtime
