@@ -670,22 +670,6 @@ void Model::backward_impl(int chunk, int slot, const float* dout, bool defer_wei
   }
 }
 
-double Model::grad_sum_of_squares(const std::vector<parallel::FloatRange>& ranges,
-                                  const float* data, bool compact) const {
-  double sum = 0;
-  for (const auto& p : params_) {
-    if (p.split_dim < 0 && tp_.rank() != 0) continue;  // replicated: identical on every tp rank
-    const auto& e = layout_.at(p.name);
-    int64_t at = 0;  // compact: where range r starts in `data`
-    for (const auto& r : ranges) {
-      const int64_t lo = std::max(r.begin, e.offset), hi = std::min(r.end, e.offset + e.numel);
-      if (lo < hi) sum += k::sum_of_squares(data + (compact ? at + lo - r.begin : lo), hi - lo);
-      at += r.size();
-    }
-  }
-  return sum;
-}
-
 std::vector<Model::GradUnit> Model::grad_units() const {
   std::vector<GradUnit> units;
   for (const auto& p : params_) {

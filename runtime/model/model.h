@@ -143,13 +143,6 @@ class Model {
   uint16_t* recv16();
   bool bf16() const { return options_.bf16; }
 
-  // Sum of squared gradients over the float ranges given (of the gradient region) for the global
-  // norm: tp-replicated tensors count on tp rank 0 only, so summing the ranges' partition over
-  // dp and the result over tp and pp gives the global sum exactly. The gradients are in `data`:
-  // at their region offsets, or with `compact` the ranges back to back (ZeRO-2's shard).
-  double grad_sum_of_squares(const std::vector<parallel::FloatRange>& ranges, const float* data,
-                             bool compact) const;
-
   // Gradient units: float ranges of the gradient region that become final together. Unit -1 is
   // the embedding, l a transformer block, n_layers the final norm and LM head. In region order.
   struct GradUnit {
@@ -171,24 +164,6 @@ class Model {
   void set_weight_source(std::function<const float*(int64_t unit)> source) {
     weight_source_ = std::move(source);
   }
-
-  // AdamW moments for part of the parameter region (ZeRO shards them over dp): `m` and `v` hold
-  // the given ranges back to back. Empty ranges: the moments are state().adam_m / adam_v whole.
-  struct MomentShard {
-    std::vector<parallel::FloatRange> ranges;
-    float* m = nullptr;
-    float* v = nullptr;
-  };
-  const MomentShard& moment_shard() const { return moment_shard_; }
-  void set_moment_shard(MomentShard shard) { moment_shard_ = std::move(shard); }
-  // ZeRO-3: the parameters this rank keeps, `ranges` of the region back to back in `data`.
-  // Empty ranges: the parameters are state().params whole.
-  struct ParamShard {
-    std::vector<parallel::FloatRange> ranges;
-    float* data = nullptr;
-  };
-  const ParamShard& param_shard() const { return param_shard_; }
-  void set_param_shard(ParamShard shard) { param_shard_ = std::move(shard); }
 
   // Memory this model took from the arena at build time, by kind.
   struct Footprint {
@@ -277,8 +252,6 @@ class Model {
   std::function<void(int64_t)> grad_hook_;
   std::function<float*(int64_t)> grad_source_;
   std::function<const float*(int64_t)> weight_source_;
-  MomentShard moment_shard_;
-  ParamShard param_shard_;
 };
 
 }  // namespace t3d::runtime

@@ -1,6 +1,7 @@
 #include "runtime/train/data_parallel.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "kernels/check.h"
 
@@ -39,21 +40,11 @@ std::unique_ptr<parallel::GradReducer> attach_grad_reducer(Model& model, const p
   });
   model.set_grad_hook(
       [red, bucket_of](int64_t unit) { red->unit_done(bucket_of[static_cast<size_t>(unit + 1)]); });
-  if (zero == 3) {
+  if (zero == 3)
     model.set_weight_source([red, bucket_of, unit_offset](int64_t unit) {
       const auto u = static_cast<size_t>(unit + 1);
       return red->bucket_params(bucket_of[u]) + unit_offset[u];
     });
-    model.set_param_shard({red->owned(), red->param_shard()});
-  }
-  if (zero > 0) {  // moments only for what this dp rank owns
-    const auto n = static_cast<size_t>(red->owned_floats());
-    Model::MomentShard shard{red->owned(), arena.alloc_floats("optimizer.exp_avg (ZeRO shard)", n),
-                             arena.alloc_floats("optimizer.exp_avg_sq (ZeRO shard)", n)};
-    std::fill(shard.m, shard.m + n, 0.0f);
-    std::fill(shard.v, shard.v + n, 0.0f);
-    model.set_moment_shard(std::move(shard));
-  }
   return reducer;
 }
 

@@ -13,9 +13,9 @@ namespace t3d::runtime {
 
 // The data-parallel reducer of `model`'s gradients on `dp` (parallel/grad_reducer.h): gradient
 // units merged into buckets of about `bucket_mb`, the model's grad source and hook pointing at
-// it. With ZeRO >= 1 also allocates and sets the model's moment shard; with ZeRO >= 2 the model
-// must have been built without a gradient region (ModelOptions::grad_region), with ZeRO 3 also
-// without a parameter region, whose shard and gathers the reducer then provides. The reducer must
+// it. With ZeRO >= 2 the model must have been built without a gradient region
+// (ModelOptions::grad_region), with ZeRO 3 also without a parameter region, whose shard and
+// gathers the reducer then provides (the moment shard is ShardedState's). The reducer must
 // outlive the model's training use.
 std::unique_ptr<parallel::GradReducer> attach_grad_reducer(Model& model, const parallel::Comm& dp,
                                                            int zero, double bucket_mb,

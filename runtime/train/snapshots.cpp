@@ -16,6 +16,7 @@
 #include "parallel/trace.h"
 #include "runtime/train/metrics.h"
 #include "runtime/model/model.h"
+#include "runtime/train/sharded_state.h"
 
 namespace t3d::runtime {
 
@@ -95,6 +96,7 @@ struct Snapshotter::Impl {
   const Recipe& r;
   const parallel::Mesh& mesh;
   Model& model;
+  const ShardedState& state;
   MetricsWriter* metrics;
   std::string dir;
   std::unique_ptr<ck::IoThread> io;
@@ -126,101 +128,43 @@ struct Snapshotter::Impl {
   std::optional<Pending> pending;
   std::string last_good;  // index of the newest committed snapshot, for messages
 
-  Impl(const Job& j, Model& m, MetricsWriter* w)
-      : job(j), r(j.recipe), mesh(*j.mesh), model(m), metrics(w), dir(r.snapshot.dir) {}
-
-  // This rank's AdamW moments: compact arrays holding `ranges` of the flat parameter region back
-  // to back. ZeRO >= 1 keeps only the dp rank's own ranges (GradReducer::owned()); otherwise
-  // one range, the whole region, in the arena.
-  struct Moments {
-    std::vector<parallel::FloatRange> ranges;
-    float *m = nullptr, *v = nullptr;
-    int64_t floats = 0;
-    bool sharded = false;
-  };
-  Moments moments() const {
-    const auto& shard = model.moment_shard();
-    auto& st = model.state();
-    if (shard.ranges.empty())
-      return {{{0, static_cast<int64_t>(st.params.size())}}, st.adam_m.data(), st.adam_v.data(),
-              static_cast<int64_t>(st.params.size()), false};
-    int64_t floats = 0;
-    for (const auto& r : shard.ranges) floats += r.size();
-    return {shard.ranges, shard.m, shard.v, floats, true};
-  }
-
-  // This rank's parameters: the region whole, or (ZeRO-3) its shard, laid out like the moments.
-  Moments param_state() const {
-    const auto& shard = model.param_shard();
-    auto& st = model.state();
-    if (shard.ranges.empty())
-      return {{{0, static_cast<int64_t>(st.params.size())}}, st.params.data(), nullptr,
-              static_cast<int64_t>(st.params.size()), false};
-    int64_t floats = 0;
-    for (const auto& r : shard.ranges) floats += r.size();
-    return {shard.ranges, shard.data, nullptr, floats, true};
-  }
+  Impl(const Job& j, Model& m, const ShardedState& st, MetricsWriter* w)
+      : job(j), r(j.recipe), mesh(*j.mesh), model(m), state(st), metrics(w), dir(r.snapshot.dir) {}
 
   // This rank's slices of every global tensor: parameters from `params`, moments from the
-  // compact arrays `m` and `v` (laid out as moments().ranges). Writing (`only_owned`), every
+  // arrays `m` and `v` (laid out as ShardedState's stores). Writing (`only_owned`), every
   // box gets exactly one writer: parameter i and unsharded moments by dp rank i mod dp, ZeRO
   // moments (and ZeRO-3 parameters) by the dp rank that owns them, tp-replicated tensors by tp
   // rank 0. Reading, a rank asks for everything it holds, whatever layout wrote the snapshot.
   std::vector<ck::Slice> slices(const float* params, const float* m, const float* v,
                                 bool only_owned) const {
     const int dp = mesh.shape().size(Dim::dp), dp_rank = mesh.coord().dp;
-    const Moments mo = moments(), pa = param_state();
     std::vector<ck::Slice> out;
     // Context-parallel ranks hold identical copies (gradients are summed over cp): cp rank 0 writes.
     if (only_owned && mesh.coord().cp != 0) return out;
     const auto& table = model.params();
-    // `flat` is the box's first element within the local tensor; `data` holds the box.
-    const auto add = [&](const std::string& section, const ParamInfo& p,
-                         std::vector<int64_t> offset, std::vector<int64_t> shape,
-                         const float* data) {
-      const auto& e = model.layout().at(p.name);
-      if (p.split_dim >= 0) offset[p.split_dim] += model.tp_rank() * e.spec.shape[p.split_dim];
-      out.push_back({section + p.name, p.global_shape, std::move(offset), std::move(shape),
-                     const_cast<float*>(data)});
-    };
-    // One section from a compact array holding `ranges` of the region back to back.
-    const auto add_ranged = [&](int s, const float* base, const Moments& state) {
-      for (size_t i = 0; i < table.size(); ++i) {
-        const auto& p = table[i];
+    // One section from an array holding `store.ranges` of the region (back to back if sharded):
+    // a box per (tensor, piece), cut into boxes of the tensor's shape.
+    const auto add_section = [&](int section, const float* base, const ShardedState::Store& store) {
+      state.for_each_piece(store.ranges, [&](const ShardedState::Piece& piece) {
+        const auto& p = table[piece.param];
         const auto& e = model.layout().at(p.name);
-        if (only_owned && ((!state.sharded && static_cast<int>(i % dp) != dp_rank) ||
+        if (only_owned && ((!store.sharded && static_cast<int>(piece.param % dp) != dp_rank) ||
                            (p.split_dim < 0 && model.tp_rank() != 0)))
-          continue;
-        int64_t compact = 0;  // offset of the current range in the compact array
-        for (const auto& range : state.ranges) {
-          const int64_t lo = std::max(range.begin, e.offset);
-          const int64_t hi = std::min(range.end, e.offset + e.numel);
-          if (lo < hi) {
-            const float* at = base + compact + (lo - range.begin);
-            for (auto& [off, shape] : flat_boxes(e.spec.shape, lo - e.offset, hi - e.offset)) {
-              int64_t first = off.back();  // flat index of the box's first element
-              if (off.size() == 2) first += off[0] * e.spec.shape[1];
-              add(kSections[s], p, off, shape, at + (first - (lo - e.offset)));
-            }
-          }
-          compact += range.size();
+          return;
+        const float* at = base + (store.sharded ? piece.at : piece.lo);
+        for (auto& [off, shape] : flat_boxes(e.spec.shape, piece.lo - e.offset, piece.hi - e.offset)) {
+          int64_t first = off.back();  // flat index of the box's first element in the tensor
+          if (off.size() == 2) first += off[0] * e.spec.shape[1];
+          if (p.split_dim >= 0) off[p.split_dim] += model.tp_rank() * e.spec.shape[p.split_dim];
+          out.push_back({kSections[section] + p.name, p.global_shape, off, shape,
+                         const_cast<float*>(at + (first - (piece.lo - e.offset)))});
         }
-      }
+      });
     };
-    if (pa.sharded) {
-      add_ranged(0, params, pa);
-    } else {
-      for (size_t i = 0; i < table.size(); ++i) {
-        const auto& p = table[i];
-        const auto& e = model.layout().at(p.name);
-        if (only_owned && (static_cast<int>(i % dp) != dp_rank || (p.split_dim < 0 && model.tp_rank() != 0)))
-          continue;
-        add(kSections[0], p, std::vector<int64_t>(e.spec.shape.size(), 0), e.spec.shape,
-            params + e.offset);
-      }
-    }
-    add_ranged(1, m, mo);
-    add_ranged(2, v, mo);
+    add_section(0, params, state.param_store());
+    add_section(1, m, state.exp_avg_store());
+    add_section(2, v, state.exp_avg_sq_store());
     return out;
   }
 
@@ -276,8 +220,8 @@ struct Snapshotter::Impl {
 
   // Reads this rank's state from `c`, refusing a snapshot that is not the one rank 0 resolved.
   void load(const Choice& c, std::string* layout) {
-    const Moments mo = moments();
-    T3D_USER_CHECK(mo.m && mo.v, "resume needs the optimizer state");
+    const auto pa = state.param_store(), m = state.exp_avg_store(), v = state.exp_avg_sq_store();
+    T3D_USER_CHECK(m.data && v.data, "resume needs the optimizer state");
     io->run([&] {
       ck::SnapshotReader reader(c.path);
       const auto& info = reader.info();
@@ -290,7 +234,7 @@ struct Snapshotter::Impl {
                      "snapshot `", c.path,
                      "` has no step counter, or one that differs from its "
                      "step attribute");
-      for (const auto& s : slices(param_state().m, mo.m, mo.v, false)) reader.read(s);
+      for (const auto& s : slices(pa.data, m.data, v.data, false)) reader.read(s);
       *layout = info.layout;
     });
   }
@@ -351,13 +295,13 @@ struct Snapshotter::Impl {
     const auto t0 = Clock::now();
     parallel::trace::Span span("snapshot staging", "io");
     if (pending) commit();  // training waits for the previous snapshot: part of the stall
-    const Moments pa = param_state(), mo = moments();
+    const auto pa = state.param_store(), m = state.exp_avg_store(), v = state.exp_avg_sq_store();
     const auto n = static_cast<size_t>(pa.floats);
-    const auto k = static_cast<size_t>(mo.floats);
+    const auto k = static_cast<size_t>(m.floats);
     float* dst = staging[cur].data();
-    std::memcpy(dst, pa.m, n * sizeof(float));
-    std::memcpy(dst + n, mo.m, k * sizeof(float));
-    std::memcpy(dst + n + k, mo.v, k * sizeof(float));
+    std::memcpy(dst, pa.data, n * sizeof(float));
+    std::memcpy(dst + n, m.data, k * sizeof(float));
+    std::memcpy(dst + n + k, v.data, k * sizeof(float));
     pending.emplace();
     pending->step = step;
     // Every rank decides alike: `parent` changes only on commits, which all ranks agree on.
@@ -555,16 +499,17 @@ struct Snapshotter::Impl {
   }
 };
 
-Snapshotter::Snapshotter(const Job& job, Model& model, MetricsWriter* metrics)
-    : impl_(std::make_unique<Impl>(job, model, metrics)) {
+Snapshotter::Snapshotter(const Job& job, Model& model, const ShardedState& state,
+                         MetricsWriter* metrics)
+    : impl_(std::make_unique<Impl>(job, model, state, metrics)) {
   auto& m = *impl_;
   m.io = std::make_unique<ck::IoThread>();
   if (m.r.snapshot.every <= 0) return;
   check_writable_dir(m.dir, m.r.origin("snapshot.dir"), m.mesh.rank());
   if (m.r.snapshot.deflate > 0) m.io->run(ck::require_deflate);
   // Staging is allocated and touched now, so the first snapshot's stall is a plain copy.
-  const auto n = static_cast<size_t>(m.param_state().floats);
-  const auto k = static_cast<size_t>(m.moments().floats);
+  const auto n = static_cast<size_t>(m.state.param_store().floats);
+  const auto k = static_cast<size_t>(m.state.moment_floats());
   for (int b = 0; b < (m.r.snapshot.full_every > 1 ? 2 : 1); ++b) {
     m.staging[b].assign(n + 2 * k, 0.0f);
     float* s = m.staging[b].data();

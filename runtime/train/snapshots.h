@@ -32,12 +32,14 @@ namespace t3d::runtime {
 
 class Model;
 class MetricsWriter;
+class ShardedState;
 
 class Snapshotter {
  public:
   // `metrics`: rank 0's writer (null elsewhere). When snapshot.every > 0, checks that this rank
   // can write into snapshot.dir (UserError naming the key) and allocates the host staging memory.
-  Snapshotter(const Job& job, Model& model, MetricsWriter* metrics);
+  // `state`: what this rank owns (its boxes of the global tensors).
+  Snapshotter(const Job& job, Model& model, const ShardedState& state, MetricsWriter* metrics);
   ~Snapshotter();  // lets a write in flight finish; an uncommitted snapshot stays unpublished
   Snapshotter(const Snapshotter&) = delete;
   Snapshotter& operator=(const Snapshotter&) = delete;

@@ -29,6 +29,7 @@
 #include "runtime/stage/stage.h"
 #include "runtime/train/metrics.h"
 #include "runtime/train/data_parallel.h"
+#include "runtime/train/sharded_state.h"
 #include "runtime/model/model.h"
 #include "runtime/train/snapshots.h"
 
@@ -80,6 +81,7 @@ struct Trainer::Impl {
   std::unique_ptr<PipelineExecutor> executor;
   std::unique_ptr<Model> model;
   std::unique_ptr<parallel::GradReducer> reducer;
+  std::unique_ptr<ShardedState> state;  // what this rank owns of parameters, gradients, moments
   std::vector<int32_t> tokens_buf, targets_buf;  // (n_micro, rows·T) each
   // Context parallelism: whole sampled rows, of which this cp rank keeps its positions.
   std::vector<int32_t> cp_tokens, cp_targets;  // (rows·T) each
@@ -132,7 +134,7 @@ struct Trainer::Impl {
     if (mesh.rank() == 0)
       metrics = std::make_unique<MetricsWriter>(job.run_dir + "/metrics.jsonl",
                                                 /*append=*/!r.snapshot.resume.empty());
-    snapshots = std::make_unique<Snapshotter>(job, *model, metrics.get());
+    snapshots = std::make_unique<Snapshotter>(job, *model, *state, metrics.get());
   }
 
   // Collective, after build() succeeded on every rank: ranks agree on the snapshot they restore.
@@ -144,41 +146,13 @@ struct Trainer::Impl {
   void build_reducer() {
     reducer = attach_grad_reducer(*model, mesh.group(Dim::dp), static_cast<int>(r.parallel.zero),
                                   r.parallel.bucket_mb, *arena);
+    state = std::make_unique<ShardedState>(*model, *reducer, *arena);
     const auto seed = static_cast<uint64_t>(r.train.seed);
     if (r.parallel.zero < 3) return model->init(seed);
     // ZeRO-3: the full model exists only here, on the host, long enough to keep this rank's shard.
     std::vector<float> full(static_cast<size_t>(model->layout().total_floats()), 0.0f);
     model->init(seed, full.data());
     reducer->scatter_params(full.data());
-  }
-
-  // AdamW over what this rank owns, each piece with its tensor's weight decay.
-  void optimizer_step(double lr, int64_t step) {
-    const auto& t = r.train;
-    auto& state = model->state();
-    const auto& shard = model->moment_shard();
-    kernels::AdamWConfig cfg{static_cast<float>(lr), static_cast<float>(t.beta1),
-                             static_cast<float>(t.beta2), static_cast<float>(t.eps), 0.0f};
-    int64_t compact = 0;  // offset of the current range in the ZeRO moment arrays
-    float* grads = reducer->owned_grads();
-    const bool compact_grads = reducer->compact_grads();
-    float* params = r.parallel.zero == 3 ? reducer->param_shard() : state.params.data();
-    for (const auto& range : reducer->owned()) {
-      for (const auto& p : model->params()) {
-        const auto& e = model->layout().at(p.name);
-        const int64_t lo = std::max(range.begin, e.offset), hi = std::min(range.end, e.offset + e.numel);
-        if (lo >= hi) continue;
-        float* m = shard.m ? shard.m + compact + (lo - range.begin) : state.adam_m.data() + lo;
-        float* v = shard.v ? shard.v + compact + (lo - range.begin) : state.adam_v.data() + lo;
-        cfg.weight_decay = p.decay ? static_cast<float>(t.weight_decay) : 0.0f;
-        const float* g = compact_grads ? grads + compact + (lo - range.begin) : grads + lo;
-        // ZeRO-3's parameter shard is laid out like the gradient shard.
-        float* w = r.parallel.zero == 3 ? params + compact + (lo - range.begin) : params + lo;
-        kernels::adamw_step(w, g, m, v, hi - lo, cfg, step);
-      }
-      compact += range.size();
-    }
-    reducer->gather_params(state.params.data());
   }
 
   void describe() {
@@ -288,32 +262,33 @@ struct Trainer::Impl {
     // gradient's sum of squares, counted once per element as in the global norm.
     std::vector<int64_t> bad_params(L + 2, 0), bad_grads(L + 2, 0);
     std::vector<double> grad_sq(L + 2, 0.0);
-    const auto& ranges = reducer->partition();
-    const float* grads = reducer->owned_grads();
-    const bool compact = reducer->compact_grads();
-    for (const auto& u : model->grad_units()) {
-      const size_t i = static_cast<size_t>(u.unit + 1);
-      if (r.parallel.zero < 3) {
-        const float* w = model->state().params.data();
-        for (int64_t k = u.range.begin; k < u.range.end; ++k)
-          if (!std::isfinite(w[k])) {
-            bad_params[i] = 1;
-            break;
-          }
-      }
-      if (cp_rank != 0) continue;
-      int64_t at = 0;
-      for (const auto& range : ranges) {
-        const int64_t lo = std::max(range.begin, u.range.begin);
-        const int64_t hi = std::min(range.end, u.range.end);
-        for (int64_t k = lo; k < hi; ++k) {
-          const float g = grads[compact ? at + k - range.begin : k];
-          if (!std::isfinite(g)) bad_grads[i] = 1;
-          else grad_sq[i] += double(g) * g;
+    const auto units = model->grad_units();
+    for (const auto& u : units) {
+      if (r.parallel.zero == 3) break;  // no parameter region: the shard is checked below
+      const float* w = model->state().params.data();
+      for (int64_t k = u.range.begin; k < u.range.end; ++k)
+        if (!std::isfinite(w[k])) {
+          bad_params[static_cast<size_t>(u.unit + 1)] = 1;
+          break;
         }
-        at += range.size();
-      }
     }
+    const auto part_of = [&](int64_t offset) {  // index unit + 1 of the unit holding `offset`
+      for (const auto& u : units)
+        if (offset >= u.range.begin && offset < u.range.end) return static_cast<size_t>(u.unit + 1);
+      return size_t{0};
+    };
+    state->for_each_piece(state->partition(), [&](const ShardedState::Piece& p) {
+      const size_t i = part_of(p.lo);
+      if (r.parallel.zero == 3 && !std::all_of(state->params(p), state->params(p) + p.size(),
+                                               [](float x) { return std::isfinite(x); }))
+        bad_params[i] = 1;
+      if (cp_rank != 0) return;
+      const float* g = state->grads(p);
+      for (int64_t k = 0; k < p.size(); ++k) {
+        if (!std::isfinite(g[k])) bad_grads[i] = 1;
+        else grad_sq[i] += double(g[k]) * g[k];
+      }
+    });
     mesh.world().all_reduce(bad_params.data(), bad_params.size(), parallel::ReduceOp::max);
     mesh.world().all_reduce(bad_grads.data(), bad_grads.size(), parallel::ReduceOp::max);
     mesh.world().all_reduce(grad_sq.data(), grad_sq.size());
@@ -394,22 +369,11 @@ struct Trainer::Impl {
       reducer->finish();
       // Context parallel: each cp rank's gradients come from its own positions; their sum over
       // cp is the gradient of the whole sequences (cp ranks then hold identical owned ranges).
-      if (cp > 1) {
-        if (reducer->compact_grads())
-          mesh.group(Dim::cp).all_reduce(reducer->owned_grads(),
-                                         static_cast<size_t>(reducer->owned_floats()));
-        else
-          for (const auto& range : reducer->owned())
-            mesh.group(Dim::cp).all_reduce(reducer->owned_grads() + range.begin,
-                                           static_cast<size_t>(range.size()));
-      }
+      if (cp > 1) state->sum_grads(mesh.group(Dim::cp));
       // One all-reduce for the loss and the exact global gradient norm (each dp rank sums its
       // partition, so every element counts once; cp replicas count on cp rank 0 only).
       double sums[2] = {holds_loss ? loss_sum : 0.0,
-                        cp_rank == 0 ? model->grad_sum_of_squares(reducer->partition(),
-                                                                  reducer->owned_grads(),
-                                                                  reducer->compact_grads())
-                                     : 0.0};
+                        cp_rank == 0 ? state->grad_sum_of_squares() : 0.0};
       mesh.world().all_reduce(sums, 2);
       const double loss = sums[0] / tokens_per_step, norm = std::sqrt(sums[1]);
       StepRecord rec;
@@ -440,15 +404,9 @@ struct Trainer::Impl {
       } else {
         consecutive_skips = 0;
         parallel::trace::Span optimizer_span("optimizer", "compute");
-        if (t.grad_clip > 0 && norm > t.grad_clip) {
-          const float factor = static_cast<float>(t.grad_clip / norm);
-          if (reducer->compact_grads())
-            kernels::scale(reducer->owned_grads(), reducer->owned_floats(), factor);
-          else
-            for (const auto& range : reducer->owned())
-              kernels::scale(reducer->owned_grads() + range.begin, range.size(), factor);
-        }
-        optimizer_step(rec.lr, step + 1);
+        if (t.grad_clip > 0 && norm > t.grad_clip)
+          state->scale_grads(static_cast<float>(t.grad_clip / norm));
+        state->adamw_step(t, rec.lr, step + 1);
       }
       const bool last = step + 1 == t.steps;
       if (val_sampler && t.val_every > 0 && ((step + 1) % t.val_every == 0 || last))

@@ -9,6 +9,7 @@
 #include "parallel/comm.h"
 #include "parallel/pipeline_split.h"
 #include "runtime/train/data_parallel.h"
+#include "runtime/train/sharded_state.h"
 #include "runtime/model/model.h"
 #include "runtime/plan/planner_cost.h"
 
@@ -94,11 +95,12 @@ void expect_zero_arena_matches(const parallel::Comm& dp, const parallel::Comm& t
     options.micro_rows = micro_rows(p, l);
     options.slots = predicted.slots;
     options.chunk_slots = predicted.chunk_slots;
-    options.with_optimizer = false;  // ZeRO: the moment shard comes with the reducer
+    options.with_optimizer = false;  // ZeRO: the moment shard is ShardedState's
     options.grad_region = zero < 2;
     options.param_region = zero < 3;
     Model model(p.model, chunks, tp, arena, options);
     const auto reducer = attach_grad_reducer(model, dp, static_cast<int>(zero), bucket_mb, arena);
+    const ShardedState state(model, *reducer, arena);  // the moment shard
     const auto& f = model.footprint();
     EXPECT_EQ(static_cast<double>(f.activations), predicted.activations);
     EXPECT_EQ(static_cast<double>(f.scratch), predicted.workspace);

@@ -1,0 +1,105 @@
+#include "runtime/train/sharded_state.h"
+
+#include <algorithm>
+
+#include "kernels/check.h"
+#include "kernels/ops.h"
+
+namespace t3d::runtime {
+
+ShardedState::ShardedState(Model& model, parallel::GradReducer& reducer, kernels::Arena& arena)
+    : model_(model), reducer_(reducer), zero_(reducer.zero_stage()) {
+  T3D_ASSERT((zero_ == 0) == (model.state().adam_m.data() != nullptr),
+             "ZeRO ", zero_, ": the model's optimizer region does not fit the stage");
+  if (zero_ == 0) return;
+  const auto n = static_cast<size_t>(reducer.owned_floats());
+  m_shard_ = arena.alloc_floats("optimizer.exp_avg (ZeRO shard)", n);
+  v_shard_ = arena.alloc_floats("optimizer.exp_avg_sq (ZeRO shard)", n);
+  std::fill(m_shard_, m_shard_ + n, 0.0f);
+  std::fill(v_shard_, v_shard_ + n, 0.0f);
+}
+
+void ShardedState::for_each_piece(const std::vector<parallel::FloatRange>& ranges,
+                                  const std::function<void(const Piece&)>& fn) const {
+  const auto& params = model_.params();
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& e = model_.layout().at(params[i].name);
+    int64_t at = 0;  // where the current range starts in the compact array
+    for (const auto& range : ranges) {
+      const int64_t lo = std::max(range.begin, e.offset);
+      const int64_t hi = std::min(range.end, e.offset + e.numel);
+      if (lo < hi) fn(Piece{i, lo, hi, at + (lo - range.begin)});
+      at += range.size();
+    }
+  }
+}
+
+float* ShardedState::params(const Piece& p) const {
+  return zero_ == 3 ? reducer_.param_shard() + p.at : model_.state().params.data() + p.lo;
+}
+float* ShardedState::grads(const Piece& p) const {
+  return reducer_.compact_grads() ? reducer_.owned_grads() + p.at : reducer_.owned_grads() + p.lo;
+}
+float* ShardedState::exp_avg(const Piece& p) const {
+  return zero_ > 0 ? m_shard_ + p.at : model_.state().adam_m.data() + p.lo;
+}
+float* ShardedState::exp_avg_sq(const Piece& p) const {
+  return zero_ > 0 ? v_shard_ + p.at : model_.state().adam_v.data() + p.lo;
+}
+
+ShardedState::Store ShardedState::store(const std::vector<parallel::FloatRange>& ranges,
+                                        float* shard, float* region) const {
+  const auto whole = static_cast<int64_t>(model_.state().params.size());
+  if (!shard) return {{{0, whole}}, region, whole, false};
+  int64_t floats = 0;
+  for (const auto& r : ranges) floats += r.size();
+  return {ranges, shard, floats, true};
+}
+ShardedState::Store ShardedState::param_store() const {
+  return store(owned(), zero_ == 3 ? reducer_.param_shard() : nullptr,
+               model_.state().params.data());
+}
+ShardedState::Store ShardedState::exp_avg_store() const {
+  return store(owned(), m_shard_, model_.state().adam_m.data());
+}
+ShardedState::Store ShardedState::exp_avg_sq_store() const {
+  return store(owned(), v_shard_, model_.state().adam_v.data());
+}
+
+double ShardedState::grad_sum_of_squares() const {
+  double sum = 0;
+  const auto& tensors = model_.params();
+  const bool tp_rank0 = model_.tp_rank() == 0;
+  for_each_piece(partition(), [&](const Piece& p) {
+    if (tensors[p.param].split_dim < 0 && !tp_rank0) return;  // replicated: identical on every tp rank
+    sum += kernels::sum_of_squares(grads(p), p.size());
+  });
+  return sum;
+}
+
+void ShardedState::sum_grads(const parallel::Comm& group) {
+  if (reducer_.compact_grads())
+    return group.all_reduce(reducer_.owned_grads(), static_cast<size_t>(reducer_.owned_floats()));
+  for (const auto& range : owned())
+    group.all_reduce(reducer_.owned_grads() + range.begin, static_cast<size_t>(range.size()));
+}
+
+void ShardedState::scale_grads(float factor) {
+  if (reducer_.compact_grads())
+    return kernels::scale(reducer_.owned_grads(), reducer_.owned_floats(), factor);
+  for (const auto& range : owned())
+    kernels::scale(reducer_.owned_grads() + range.begin, range.size(), factor);
+}
+
+void ShardedState::adamw_step(const TrainConfig& t, double lr, int64_t step) {
+  kernels::AdamWConfig cfg{static_cast<float>(lr), static_cast<float>(t.beta1),
+                           static_cast<float>(t.beta2), static_cast<float>(t.eps), 0.0f};
+  const auto& tensors = model_.params();
+  for_each_piece(owned(), [&](const Piece& p) {
+    cfg.weight_decay = tensors[p.param].decay ? static_cast<float>(t.weight_decay) : 0.0f;
+    kernels::adamw_step(params(p), grads(p), exp_avg(p), exp_avg_sq(p), p.size(), cfg, step);
+  });
+  reducer_.gather_params(model_.state().params.data());
+}
+
+}  // namespace t3d::runtime

@@ -1,0 +1,92 @@
+// The training state this rank owns, apart from the gradient reducer (as Megatron keeps its
+// distributed optimizer apart from its gradient buckets): which floats of the flat parameter
+// region it updates, and where their parameters, gradients and AdamW moments live.
+//
+//   ZeRO 0   owns everything; parameters, gradients and moments are the Model's regions.
+//   ZeRO 1   owns its dp slice of every bucket (GradReducer::partition); moments are a shard
+//            holding the owned ranges back to back ("compact"); gradients, parameters regions.
+//   ZeRO 2   gradients are a compact shard too (the reducer's).
+//   ZeRO 3   parameters are a compact shard too (the reducer's; gathered for the forward).
+//
+// Everything that walks the owned state — AdamW, gradient clipping, the global gradient norm,
+// the snapshot boxes — walks it through for_each_piece: (tensor, part of the region, its offset
+// in a compact array), tensors in the Model's order, ranges inside.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "kernels/arena.h"
+#include "parallel/grad_reducer.h"
+#include "runtime/model/model.h"
+#include "runtime/recipe/recipe.h"
+
+namespace t3d::runtime {
+
+class ShardedState {
+ public:
+  // After attach_grad_reducer: allocates the ZeRO moment shard (zeroed) from `arena`.
+  ShardedState(Model& model, parallel::GradReducer& reducer, kernels::Arena& arena);
+  ShardedState(const ShardedState&) = delete;
+  ShardedState& operator=(const ShardedState&) = delete;
+
+  int zero() const { return zero_; }
+  // What the optimizer updates: everything (ZeRO 0) or this dp rank's partition.
+  const std::vector<parallel::FloatRange>& owned() const { return reducer_.owned(); }
+  // This dp rank's slice of every bucket: each element of the region in exactly one dp rank's
+  // partition (the norm counts each once).
+  const std::vector<parallel::FloatRange>& partition() const { return reducer_.partition(); }
+
+  // One tensor's part of a walk over `ranges`: the tensor (index into Model::params()), floats
+  // [lo, hi) of the region, and `at`, lo's offset in an array holding the ranges back to back.
+  struct Piece {
+    size_t param;
+    int64_t lo, hi, at;
+    int64_t size() const { return hi - lo; }
+  };
+  void for_each_piece(const std::vector<parallel::FloatRange>& ranges,
+                      const std::function<void(const Piece&)>& fn) const;
+
+  // Where a piece of owned() (or, equal with ZeRO >= 1, of partition()) lives.
+  float* params(const Piece& p) const;
+  float* grads(const Piece& p) const;
+  float* exp_avg(const Piece& p) const;
+  float* exp_avg_sq(const Piece& p) const;
+
+  // An array of the region's `ranges` back to back (sharded), or the region whole: what a
+  // snapshot stages and restores.
+  struct Store {
+    std::vector<parallel::FloatRange> ranges;
+    float* data = nullptr;
+    int64_t floats = 0;
+    bool sharded = false;
+  };
+  Store param_store() const;
+  Store exp_avg_store() const;
+  Store exp_avg_sq_store() const;
+  int64_t moment_floats() const { return exp_avg_store().floats; }
+
+  // Sum of squared gradients over partition(): tp-replicated tensors count on tp rank 0 only, so
+  // the sum over dp, tp and pp is the global sum exactly.
+  double grad_sum_of_squares() const;
+  // Sums the owned gradients over `group` (context parallel: each cp rank's gradients come from
+  // its own positions; their sum is the whole sequences' gradient).
+  void sum_grads(const parallel::Comm& group);
+  // Multiplies the owned gradients by `factor` (clipping).
+  void scale_grads(float factor);
+  // AdamW over owned(), each piece with its tensor's weight decay (train.weight_decay for
+  // matrices, none for norms: ParamInfo::decay).
+  void adamw_step(const TrainConfig& t, double lr, int64_t step);
+
+ private:
+  Store store(const std::vector<parallel::FloatRange>& ranges, float* shard, float* region) const;
+
+  Model& model_;
+  parallel::GradReducer& reducer_;
+  int zero_;
+  float* m_shard_ = nullptr;  // ZeRO >= 1: the owned ranges' moments back to back
+  float* v_shard_ = nullptr;
+};
+
+}  // namespace t3d::runtime
