@@ -292,6 +292,54 @@ MPI_Request Comm::isend_raw(const void* data, size_t count, MPI_Datatype type, i
   return r;
 }
 
+MPI_Request Comm::iall_reduce_sum(float* data, size_t count, const char* what, int64_t tag) const {
+  if (fault::skip_operation(name_, world_ranks_[rank_])) return MPI_REQUEST_NULL;  // test-only
+  trace::Span span(what, "comm");
+  span.arg("group", name_).arg("bytes", static_cast<int64_t>(count * sizeof(float)));
+  if (tag >= 0) span.arg("bucket", tag);
+  counters_.bytes += count * sizeof(float);
+  MPI_Request r;
+  T3D_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, checked_count(count), MPI_FLOAT, MPI_SUM, comm_, &r));
+  return r;
+}
+
+MPI_Request Comm::ireduce_scatter_sum(float* data, const std::vector<int>& counts,
+                                      const char* what, int64_t tag) const {
+  T3D_ASSERT(static_cast<int>(counts.size()) == size_, "counts for ", counts.size(),
+             " ranks on a group of ", size_);
+  if (fault::skip_operation(name_, world_ranks_[rank_])) return MPI_REQUEST_NULL;  // test-only
+  int64_t total = 0;
+  for (int c : counts) total += c;
+  trace::Span span(what, "comm");
+  span.arg("group", name_).arg("bytes", total * static_cast<int64_t>(sizeof(float)));
+  if (tag >= 0) span.arg("bucket", tag);
+  counters_.bytes += static_cast<uint64_t>(total) * sizeof(float);
+  MPI_Request r;
+  T3D_MPI(MPI_Ireduce_scatter(MPI_IN_PLACE, data, counts.data(), MPI_FLOAT, MPI_SUM, comm_, &r));
+  return r;
+}
+
+MPI_Request Comm::iall_gatherv(const float* mine, float* recv, const std::vector<int>& counts,
+                               const std::vector<int>& displs, const char* what,
+                               int64_t tag) const {
+  T3D_ASSERT(static_cast<int>(counts.size()) == size_ && displs.size() == counts.size(),
+             "counts / displacements for ", counts.size(), " ranks on a group of ", size_);
+  if (fault::skip_operation(name_, world_ranks_[rank_])) return MPI_REQUEST_NULL;  // test-only
+  const int64_t bytes = static_cast<int64_t>(counts[rank_]) * static_cast<int64_t>(sizeof(float));
+  trace::Span span(what, "comm");
+  span.arg("group", name_).arg("bytes", bytes);
+  if (tag >= 0) span.arg("bucket", tag);
+  counters_.bytes += static_cast<uint64_t>(bytes);
+  MPI_Request r;
+  if (mine)
+    T3D_MPI(MPI_Iallgatherv(mine, counts[rank_], MPI_FLOAT, recv, counts.data(), displs.data(),
+                            MPI_FLOAT, comm_, &r));
+  else
+    T3D_MPI(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, recv, counts.data(), displs.data(),
+                            MPI_FLOAT, comm_, &r));
+  return r;
+}
+
 void Comm::recv_raw(void* data, size_t count, MPI_Datatype type, int peer, int tag) const {
   if (fault::skip_operation(name_, world_ranks_[rank_])) return;  // test-only (fault.h)
   trace::Span span("recv", "comm");

@@ -96,6 +96,20 @@ class Comm {
   MPI_Request isend(const T* data, size_t count, int peer, int tag) const {
     return isend_raw(data, count, mpi_type<T>(), peer, tag);
   }
+  // Non-blocking float collectives, through the same test-only fault switch, trace span (named
+  // `what`, with `tag` as its "bucket" argument when >= 0) and byte count as the blocking ones.
+  // Buffers stay untouched until wait() (watchdog) or test() reports the request done.
+  //   iall_reduce_sum:     sum of `count` floats in place.
+  //   ireduce_scatter_sum: in place; `data` holds the whole (sum of counts) input, this rank's
+  //                        counts[rank()] reduced floats land at its start.
+  //   iall_gatherv:        rank i's counts[i] floats to recv + displs[i] on every rank; `mine`
+  //                        null: this rank's part is already in place in recv.
+  MPI_Request iall_reduce_sum(float* data, size_t count, const char* what, int64_t tag = -1) const;
+  MPI_Request ireduce_scatter_sum(float* data, const std::vector<int>& counts, const char* what,
+                                  int64_t tag = -1) const;
+  MPI_Request iall_gatherv(const float* mine, float* recv, const std::vector<int>& counts,
+                           const std::vector<int>& displs, const char* what,
+                           int64_t tag = -1) const;
   // Waits with the watchdog deadline; on expiry logs `what` and the peers, then MPI_Abort.
   void wait(MPI_Request& request, const char* what, int peer = -1) const;
   // Has the request completed (and been released)? Never blocks.
@@ -111,8 +125,6 @@ class Comm {
     uint64_t bytes = 0;
   };
   const Counters& counters() const { return counters_; }
-  // For collectives issued on handle() by other code (the gradient reducer).
-  void count_bytes(uint64_t bytes) const { counters_.bytes += bytes; }
 
  private:
   void all_reduce_raw(void* data, size_t count, MPI_Datatype type, ReduceOp op) const;

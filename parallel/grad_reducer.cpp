@@ -4,8 +4,6 @@
 #include <cstring>
 
 #include "kernels/check.h"
-#include "parallel/fault.h"
-#include "parallel/trace.h"
 
 namespace t3d::parallel {
 
@@ -154,14 +152,9 @@ void GradReducer::start_reduce(int b) {
   ++reductions_;
   if (before_) before_(b, grads_ + buckets_[b].begin);
   if (dp_.size() == 1) return;
-  // Through the same test-only fault switch and trace spans as Comm's own collectives.
-  if (fault::skip_operation(dp_.name(), dp_.world_ranks()[dp_.rank()])) return;
-  trace::Span span("all_reduce (gradient bucket)", "comm");
-  span.arg("group", dp_.name()).arg("bytes", buckets_[b].size() * 4).arg("bucket", b);
-  dp_.count_bytes(static_cast<uint64_t>(buckets_[b].size()) * sizeof(float));
-  T3D_MPI(MPI_Iallreduce(MPI_IN_PLACE, grads_ + buckets_[b].begin,
-                         static_cast<int>(buckets_[b].size()), MPI_FLOAT, MPI_SUM, dp_.handle(),
-                         &requests_[b]));
+  requests_[b] = dp_.iall_reduce_sum(grads_ + buckets_[b].begin,
+                                     static_cast<size_t>(buckets_[b].size()),
+                                     "all_reduce (gradient bucket)", b);
 }
 
 void GradReducer::flush(int s, bool early) {
@@ -174,13 +167,8 @@ void GradReducer::flush(int s, bool early) {
   st.reducing = true;
   reducing_.push_back(s);
   if (dp_.size() == 1) return;
-  if (fault::skip_operation(dp_.name(), dp_.world_ranks()[dp_.rank()])) return;
-  trace::Span span("reduce_scatter (gradient bucket)", "comm");
-  span.arg("group", dp_.name()).arg("bytes", buckets_[b].size() * 4).arg("bucket", b);
-  dp_.count_bytes(static_cast<uint64_t>(buckets_[b].size()) * sizeof(float));
   // In place: the input is the whole bucket; this rank's reduced slice lands at its start.
-  T3D_MPI(MPI_Ireduce_scatter(MPI_IN_PLACE, st.data, counts_[b].data(), MPI_FLOAT, MPI_SUM,
-                              dp_.handle(), &st.request));
+  st.request = dp_.ireduce_scatter_sum(st.data, counts_[b], "reduce_scatter (gradient bucket)", b);
 }
 
 void GradReducer::accumulate(const Staging& st) {
@@ -204,20 +192,13 @@ void GradReducer::complete_oldest() {
 
 void GradReducer::progress() {
   if (zero_ < 2) {
-    for (auto& r : requests_) {
-      if (r == MPI_REQUEST_NULL) continue;
-      int done = 0;
-      T3D_MPI(MPI_Test(&r, &done, MPI_STATUS_IGNORE));
-    }
+    for (auto& r : requests_) dp_.test(r);
     return;
   }
   // Oldest first only: two reductions of one bucket must reach the shard in a fixed order, or
   // the sum's rounding would depend on timing.
   while (!reducing_.empty()) {
-    Staging& st = staging_[reducing_.front()];
-    int done = 1;
-    if (st.request != MPI_REQUEST_NULL) T3D_MPI(MPI_Test(&st.request, &done, MPI_STATUS_IGNORE));
-    if (!done) break;
+    if (!dp_.test(staging_[reducing_.front()].request)) break;
     complete_oldest();
   }
 }
@@ -245,12 +226,9 @@ void GradReducer::gather_params(float* params) {
     return;
   }
   if (zero_ == 0 || dp_.size() == 1) return;
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    dp_.count_bytes(static_cast<uint64_t>(counts_[b][dp_.rank()]) * sizeof(float));
-    T3D_MPI(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, params + buckets_[b].begin,
-                            counts_[b].data(), displs_[b].data(), MPI_FLOAT, dp_.handle(),
-                            &requests_[b]));
-  }
+  for (size_t b = 0; b < buckets_.size(); ++b)
+    requests_[b] = dp_.iall_gatherv(nullptr, params + buckets_[b].begin, counts_[b], displs_[b],
+                                    "all_gather (parameters, ZeRO)", static_cast<int64_t>(b));
   for (auto& r : requests_) dp_.wait(r, "parameter all_gather (ZeRO)");
 }
 
@@ -282,12 +260,8 @@ const float* GradReducer::bucket_params(int b) {
     std::memcpy(slot->data, mine, sizeof(float) * static_cast<size_t>(counts_[b][me]));
     return slot->data;
   }
-  trace::Span span("all_gather (parameter bucket, ZeRO-3)", "comm");
-  span.arg("group", dp_.name()).arg("bytes", buckets_[b].size() * 4).arg("bucket", b);
-  dp_.count_bytes(static_cast<uint64_t>(counts_[b][me]) * sizeof(float));
-  MPI_Request request = MPI_REQUEST_NULL;
-  T3D_MPI(MPI_Iallgatherv(mine, counts_[b][me], MPI_FLOAT, slot->data, counts_[b].data(),
-                          displs_[b].data(), MPI_FLOAT, dp_.handle(), &request));
+  MPI_Request request = dp_.iall_gatherv(mine, slot->data, counts_[b], displs_[b],
+                                         "all_gather (parameter bucket, ZeRO-3)", b);
   dp_.wait(request, "parameter all_gather (ZeRO-3)");
   return slot->data;
 }
