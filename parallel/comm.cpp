@@ -367,6 +367,8 @@ Mesh::Mesh(const MeshShape& shape, Comm world)
     groups_[static_cast<int>(d)] =
         world_.split(shape_.group_index(d, rank()), coord_[d], dim_name(d));
   }
+  dp_cp_ = world_.split(coord_.pp * shape_.size(Dim::tp) + coord_.tp,
+                        coord_.cp * shape_.size(Dim::dp) + coord_.dp, "dp×cp");
 }
 
 }  // namespace t3d::parallel

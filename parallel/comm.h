@@ -156,6 +156,11 @@ class Mesh {
   const Coord& coord() const { return coord_; }
   const Comm& world() const { return world_; }
   const Comm& group(Dim d) const { return groups_[static_cast<int>(d)]; }
+  // dp and cp flattened (torchtitan's dp_shard_cp mesh, picotron's cp_dp group): the ranks that
+  // hold the same stage and tp shard. Gradients are summed over it (dp replicas see other rows,
+  // cp ranks other positions of the same rows) and ZeRO shards the training state over it.
+  // Rank = cp · dp_size + dp, so the dp neighbours of one cp rank are adjacent.
+  const Comm& dp_cp() const { return dp_cp_; }
   std::string label() const { return shape_.label(rank()); }
 
  private:
@@ -163,6 +168,7 @@ class Mesh {
   Comm world_;
   Coord coord_;
   std::array<Comm, 4> groups_;
+  Comm dp_cp_;
 };
 
 }  // namespace t3d::parallel

@@ -77,13 +77,6 @@ double ShardedState::grad_sum_of_squares() const {
   return sum;
 }
 
-void ShardedState::sum_grads(const parallel::Comm& group) {
-  if (reducer_.compact_grads())
-    return group.all_reduce(reducer_.owned_grads(), static_cast<size_t>(reducer_.owned_floats()));
-  for (const auto& range : owned())
-    group.all_reduce(reducer_.owned_grads() + range.begin, static_cast<size_t>(range.size()));
-}
-
 void ShardedState::scale_grads(float factor) {
   if (reducer_.compact_grads())
     return kernels::scale(reducer_.owned_grads(), reducer_.owned_floats(), factor);

@@ -3,6 +3,8 @@
 // region it updates, and where their parameters, gradients and AdamW moments live.
 //
 //   ZeRO 0   owns everything; parameters, gradients and moments are the Model's regions.
+// The reducer's group is dp × cp (Mesh::dp_cp): "dp rank" below means a rank of it.
+//
 //   ZeRO 1   owns its dp slice of every bucket (GradReducer::partition); moments are a shard
 //            holding the owned ranges back to back ("compact"); gradients, parameters regions.
 //   ZeRO 2   gradients are a compact shard too (the reducer's).
@@ -70,9 +72,6 @@ class ShardedState {
   // Sum of squared gradients over partition(): tp-replicated tensors count on tp rank 0 only, so
   // the sum over dp, tp and pp is the global sum exactly.
   double grad_sum_of_squares() const;
-  // Sums the owned gradients over `group` (context parallel: each cp rank's gradients come from
-  // its own positions; their sum is the whole sequences' gradient).
-  void sum_grads(const parallel::Comm& group);
   // Multiplies the owned gradients by `factor` (clipping).
   void scale_grads(float factor);
   // AdamW over owned(), each piece with its tensor's weight decay (train.weight_decay for

@@ -132,16 +132,16 @@ struct Snapshotter::Impl {
       : job(j), r(j.recipe), mesh(*j.mesh), model(m), state(st), metrics(w), dir(r.snapshot.dir) {}
 
   // This rank's slices of every global tensor: parameters from `params`, moments from the
-  // arrays `m` and `v` (laid out as ShardedState's stores). Writing (`only_owned`), every
-  // box gets exactly one writer: parameter i and unsharded moments by dp rank i mod dp, ZeRO
-  // moments (and ZeRO-3 parameters) by the dp rank that owns them, tp-replicated tensors by tp
-  // rank 0. Reading, a rank asks for everything it holds, whatever layout wrote the snapshot.
+  // arrays `m` and `v` (laid out as ShardedState's stores). Writing (`only_owned`), every box
+  // gets exactly one writer: parameter i and unsharded moments by dp × cp rank i mod (dp · cp),
+  // ZeRO moments (and ZeRO-3 parameters) by the dp × cp rank that owns them, tp-replicated
+  // tensors by tp rank 0. Reading, a rank asks for everything it holds, whatever layout wrote
+  // the snapshot.
   std::vector<ck::Slice> slices(const float* params, const float* m, const float* v,
                                 bool only_owned) const {
-    const int dp = mesh.shape().size(Dim::dp), dp_rank = mesh.coord().dp;
+    // Writers are spread over the ranks holding this stage and tp shard: dp × cp.
+    const int dp = mesh.dp_cp().size(), dp_rank = mesh.dp_cp().rank();
     std::vector<ck::Slice> out;
-    // Context-parallel ranks hold identical copies (gradients are summed over cp): cp rank 0 writes.
-    if (only_owned && mesh.coord().cp != 0) return out;
     const auto& table = model.params();
     // One section from an array holding `store.ranges` of the region (back to back if sharded):
     // a box per (tensor, piece), cut into boxes of the tensor's shape.

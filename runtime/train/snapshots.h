@@ -10,10 +10,11 @@
 // index, the commit record. A failed write on any rank is reported by rank 0, the snapshot is
 // dropped, training goes on, and the last good snapshot stays as it was.
 //
-// Who writes what: tensor i of a (pp, tp) position is written by dp rank i mod dp, and
-// tp-replicated tensors (norm weights) by tp rank 0 only, so every box of every global tensor
-// has exactly one writer and the write load is spread over the dp replicas. With ZeRO each dp
-// rank writes the moments it owns, as boxes of the global tensors; restore re-slices them.
+// Who writes what: tensor i of a (pp, tp) position is written by rank i mod (dp · cp) of the
+// flattened dp × cp group (Mesh::dp_cp), and tp-replicated tensors (norm weights) by tp rank 0
+// only, so every box of every global tensor has exactly one writer and the write load is spread
+// over the replicas. With ZeRO each dp × cp rank writes the state it owns, as boxes of the
+// global tensors; restore re-slices them.
 //
 // Incremental snapshots (snapshot.full_every > 1): every rank keeps the last committed
 // snapshot's staging buffer and chunk hashes, the parent the next one is XORed against; the

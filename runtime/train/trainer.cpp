@@ -144,7 +144,9 @@ struct Trainer::Impl {
   }
 
   void build_reducer() {
-    reducer = attach_grad_reducer(*model, mesh.group(Dim::dp), static_cast<int>(r.parallel.zero),
+    // Over dp × cp: one overlapped reduction sums the gradients of other rows (dp) and of other
+    // positions of the same rows (cp); ZeRO shards over the same ranks.
+    reducer = attach_grad_reducer(*model, mesh.dp_cp(), static_cast<int>(r.parallel.zero),
                                   r.parallel.bucket_mb, *arena);
     state = std::make_unique<ShardedState>(*model, *reducer, *arena);
     const auto seed = static_cast<uint64_t>(r.train.seed);
@@ -194,7 +196,7 @@ struct Trainer::Impl {
                      "bucket) outweigh the gradient shard ({} bytes); lower parallel.bucket_mb "
                      "(now {}) to about 1/{} of the stage's gradients or less, or use ZeRO-1",
                      parallel::GradReducer::kStagingBuffers, reducer->staging_bytes(),
-                     reducer->shard_bytes(), r.parallel.bucket_mb, 4 * dp);
+                     reducer->shard_bytes(), r.parallel.bucket_mb, 4 * dp * cp);
     }
     if (mesh.rank() != 0) return;
     spdlog::info("{}", kernels::openblas_config_string());
@@ -282,7 +284,6 @@ struct Trainer::Impl {
       if (r.parallel.zero == 3 && !std::all_of(state->params(p), state->params(p) + p.size(),
                                                [](float x) { return std::isfinite(x); }))
         bad_params[i] = 1;
-      if (cp_rank != 0) return;
       const float* g = state->grads(p);
       for (int64_t k = 0; k < p.size(); ++k) {
         if (!std::isfinite(g[k])) bad_grads[i] = 1;
@@ -364,16 +365,12 @@ struct Trainer::Impl {
       for (int i = 0; i < 4; ++i) waited[i] = groups[i]->counters().wait_s;
       reducer->begin_step(n_micro);
       const double loss_sum = executor->run(*model, source(*train_sampler, step), grad_scale, true);
-      // Data parallel: buckets were reduced during the backward; the gradients are means over the
-      // global batch once summed over dp.
+      // Data and context parallel: buckets were reduced over dp × cp during the backward; the
+      // gradients are means over the global batch's tokens once summed.
       reducer->finish();
-      // Context parallel: each cp rank's gradients come from its own positions; their sum over
-      // cp is the gradient of the whole sequences (cp ranks then hold identical owned ranges).
-      if (cp > 1) state->sum_grads(mesh.group(Dim::cp));
-      // One all-reduce for the loss and the exact global gradient norm (each dp rank sums its
-      // partition, so every element counts once; cp replicas count on cp rank 0 only).
-      double sums[2] = {holds_loss ? loss_sum : 0.0,
-                        cp_rank == 0 ? state->grad_sum_of_squares() : 0.0};
+      // One all-reduce for the loss and the exact global gradient norm (each dp × cp rank sums
+      // its partition, so every element counts once).
+      double sums[2] = {holds_loss ? loss_sum : 0.0, state->grad_sum_of_squares()};
       mesh.world().all_reduce(sums, 2);
       const double loss = sums[0] / tokens_per_step, norm = std::sqrt(sums[1]);
       StepRecord rec;

@@ -1,5 +1,5 @@
 // 8 ranks: each group's all-reduce of the world rank equals the sum over exactly the expected
-// members, for pp2×dp2×tp2 and for pp1×dp2×cp2×tp2. Run by ctest under mpirun -np 8.
+// members, for pp2×dp2×tp2 and for pp1×dp2×cp2×tp2, and so does the flattened dp×cp group. Run by ctest under mpirun -np 8.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -26,6 +26,16 @@ void check_groups(const MeshShape& shape) {
     EXPECT_EQ(members, shape.group(d, mesh.rank()));
     EXPECT_EQ(g.world_ranks(), shape.group(d, mesh.rank()));
   }
+  // dp × cp flattened: the ranks sharing pp and tp, ordered cp-major (dp neighbours adjacent).
+  const Comm& flat = mesh.dp_cp();
+  const Coord me = mesh.coord();
+  EXPECT_EQ(flat.size(), shape.size(Dim::dp) * shape.size(Dim::cp));
+  EXPECT_EQ(flat.rank(), me.cp * shape.size(Dim::dp) + me.dp);
+  std::vector<int> expected;
+  for (int cp = 0; cp < shape.size(Dim::cp); ++cp)
+    for (int dp = 0; dp < shape.size(Dim::dp); ++dp)
+      expected.push_back(shape.rank_of(Coord{me.pp, dp, cp, me.tp}));
+  EXPECT_EQ(flat.world_ranks(), expected);
 }
 }  // namespace
 
