@@ -45,20 +45,20 @@ PerfSummary summarize_performance(const Recipe& r, int devices, const TrainSumma
   double seconds = 0, tokens = 0;
   for (size_t i = first; i < steps.size(); ++i) {
     const auto& s = steps[i];
-    seconds += s.step_s;
-    tokens += s.tokens_per_s * s.step_s;
-    p.tp_share += s.tp_share * s.step_s;
-    p.dp_share += s.dp_share * s.step_s;
-    p.pp_share += s.pp_share * s.step_s;
-    p.cp_share += s.cp_share * s.step_s;
-    p.mfu += s.mfu * s.step_s;
-    p.mfu_gemm += s.mfu_gemm * s.step_s;
+    seconds += s.step_time_s;
+    tokens += s.tokens_per_s * s.step_time_s;
+    p.tp_comm_share += s.tp_comm_share * s.step_time_s;
+    p.dp_comm_share += s.dp_comm_share * s.step_time_s;
+    p.pp_wait_share += s.pp_wait_share * s.step_time_s;
+    p.cp_comm_share += s.cp_comm_share * s.step_time_s;
+    p.mfu += s.mfu * s.step_time_s;
+    p.mfu_gemm += s.mfu_gemm * s.step_time_s;
     p.peak_mem_gib = std::max(p.peak_mem_gib, s.peak_mem_gib);
     ++p.steps_measured;
   }
   if (seconds > 0) {
     p.tokens_per_s = tokens / seconds;
-    p.tp_share /= seconds, p.dp_share /= seconds, p.pp_share /= seconds, p.cp_share /= seconds;
+    p.tp_comm_share /= seconds, p.dp_comm_share /= seconds, p.pp_wait_share /= seconds, p.cp_comm_share /= seconds;
     p.mfu /= seconds;
     p.mfu_gemm /= seconds;
   }
@@ -83,10 +83,10 @@ std::string format_performance(const PerfSummary& p) {
   row("peak memory per device", fmt::format("{:.3f} GiB", p.peak_mem_gib));
   row("tokens/s per device", fmt::format("{:.0f}", p.tokens_per_s_per_device));
   row("tokens/s in all", fmt::format("{:.0f}", p.tokens_per_s));
-  row("communication share TP", percent(p.tp_share));
-  row("communication share DP", percent(p.dp_share));
-  row("communication share PP", percent(p.pp_share) + " (bubble + transfers, measured)");
-  row("communication share CP", percent(p.cp_share));
+  row("communication share TP", percent(p.tp_comm_share));
+  row("communication share DP", percent(p.dp_comm_share));
+  row("communication share PP", percent(p.pp_wait_share) + " (bubble + transfers, measured)");
+  row("communication share CP", percent(p.cp_comm_share));
   row("pipeline bubble", percent(p.bubble) + " (the schedule, simulated)");
   row("GEMM", p.gemm);
   row("MFU", percent(p.mfu) + " (of the hardware peak)");
@@ -102,8 +102,8 @@ std::string performance_json(const PerfSummary& p) {
       "\"dp_comm_share\": {}, \"pp_wait_share\": {}, \"cp_comm_share\": {}, \"bubble_simulated\": {}, \"mfu\": {}, "
       "\"mfu_gemm\": {}, \"gemm\": \"{}\"}}",
       p.layout, p.devices, p.steps_measured, num(p.peak_mem_gib), num(p.tokens_per_s_per_device),
-      num(p.tokens_per_s), num(p.tp_share), num(p.dp_share), num(p.pp_share),
-      num(p.cp_share), p.bubble < 0 ? "null" : num(p.bubble), num(p.mfu),
+      num(p.tokens_per_s), num(p.tp_comm_share), num(p.dp_comm_share), num(p.pp_wait_share),
+      num(p.cp_comm_share), p.bubble < 0 ? "null" : num(p.bubble), num(p.mfu),
       num(p.mfu_gemm), p.gemm);
 }
 

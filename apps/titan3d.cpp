@@ -34,7 +34,6 @@ namespace {
 
 using namespace t3d;
 
-constexpr int kExitNotImplemented = 4;
 constexpr int kExitSelfcheckFailed = 5;
 
 struct Options {
@@ -158,7 +157,7 @@ int selfcheck(const Options& o, const runtime::SelfcheckOptions& options, const 
   return report.ok() ? 0 : kExitSelfcheckFailed;
 }
 
-// `eval` (issue 8): the snapshot's recipe on one rank unless --set parallel.* says otherwise.
+// `eval`: the snapshot's recipe on one rank unless --set parallel.* says otherwise.
 int eval(const std::string& snapshot, const runtime::EvalOptions& options, const Options& o,
          const std::vector<std::string>& argv) {
   runtime::Recipe recipe = runtime::load_eval_recipe(snapshot, overrides(o));
@@ -201,7 +200,7 @@ void reexec_with_openblas_coretype(const std::vector<std::string>& argv) {
   execv("/proc/self/exe", args.data());  // returns only on failure: go on with what loaded
 }
 
-// `generate` (issue 8): one process, no MPI; the completion streams to stdout after the prompt.
+// `generate`: one process, no MPI; the completion streams to stdout after the prompt.
 int generate(const std::string& snapshot, const std::string& prompt, int64_t max_tokens,
              const runtime::SamplingOptions& sampling) {
   T3D_USER_CHECK(max_tokens >= 0, "--max-tokens is ", max_tokens, "; it must be >= 0");
@@ -240,7 +239,7 @@ int generate(const std::string& snapshot, const std::string& prompt, int64_t max
   return 0;
 }
 
-// `export` (issue 8): Hugging Face files, no MPI.
+// `export`: Hugging Face files, no MPI.
 int export_model(const std::string& snapshot, const std::string& out_dir) {
   const runtime::ExportSummary s = runtime::export_snapshot(snapshot, out_dir);
   std::printf("export %s (step %lld): %lld tensors, %.2f M parameters -> %s (%.1f MiB), %s\n",
@@ -251,14 +250,7 @@ int export_model(const std::string& snapshot, const std::string& out_dir) {
 }
 
 int print_keys() {
-  const auto cell = [](std::string s) {  // a '|' would end a Markdown table cell
-    for (size_t i = 0; (i = s.find('|', i)) != std::string::npos; i += 2) s.insert(i, "\\");
-    return s;
-  };
-  std::printf("| key | type | default | meaning |\n|---|---|---|---|\n");
-  for (const auto& k : runtime::recipe_key_docs())
-    std::printf("| `%s` | %s | `%s` | %s |\n", k.key.c_str(), k.type.c_str(),
-                k.default_value.c_str(), cell(k.meaning).c_str());
+  std::fputs(runtime::recipe_keys_table().c_str(), stdout);
   return 0;
 }
 
@@ -309,7 +301,7 @@ int main(int argc, char** argv) {
                             "(default 2 without a recipe)")
       ->check(CLI::Range(1, 1 << 20));
 
-  // `plan` (issue 7): options go straight into runtime::PlanOptions; see docs/planner.md.
+  // `plan`: options go straight into runtime::PlanOptions; see docs/planner.md.
   runtime::PlanOptions plan;
   auto* plan_cmd = app.add_subcommand("plan", "Choose DP×TP×PP for a model and a cluster");
   plan_cmd->add_option("recipe", o.recipe, "Recipe TOML file (model and training shape)")
@@ -334,7 +326,7 @@ int main(int argc, char** argv) {
 
   auto* keys_cmd = app.add_subcommand("keys", "Print every recipe key: type, default, meaning");
 
-  // Using a trained model (issue 8; docs/eval-generate-export.md).
+  // Using a trained model (docs/eval-generate-export.md).
   runtime::EvalOptions eval_opts;
   auto* eval_cmd = app.add_subcommand(
       "eval", "Mean cross-entropy and perplexity of a snapshot's model over a data file");

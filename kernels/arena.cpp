@@ -72,18 +72,6 @@ void* Arena::alloc_bytes(std::string_view name, std::size_t bytes) {
   return p;
 }
 
-void Arena::reset(Mark m) {
-  T3D_ASSERT(m.offset <= used_ && m.live_count <= live_.size(),
-             "reset to a mark above the current top (mark ", m.offset, ", used ", used_, ")");
-  used_ = m.offset;
-  live_.resize(m.live_count);
-}
-
-bool Arena::owns(const void* p) const {
-  auto* b = static_cast<const std::byte*>(p);
-  return base_ && b >= base_ && b < base_ + capacity_;
-}
-
 std::int64_t numel(const std::vector<std::int64_t>& shape) {
   std::int64_t n = 1;
   for (auto d : shape) n *= d;
@@ -143,7 +131,7 @@ ModelState ModelState::allocate(Arena& arena, const ParamLayout& layout, bool wi
     s.adam_m = Region(arena.alloc_floats("optimizer.exp_avg", n), &layout);
     s.adam_v = Region(arena.alloc_floats("optimizer.exp_avg_sq", n), &layout);
   }
-  // The arena may have been used and reset before; padding must be zero (see ParamLayout).
+  // Padding must be zero (see ParamLayout): the regions are zeroed explicitly.
   for (const Region* r : {&s.params, &s.grads, &s.adam_m, &s.adam_v}) r->zero();
   return s;
 }

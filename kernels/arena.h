@@ -5,9 +5,8 @@
 // operation over a float range. Named views into a region come from a `{name, shape}` table
 // (`ParamLayout`), never from parallel arrays kept in order by hand.
 //
-// The arena is a stack (bump) allocator: persistent regions are allocated first, then each step
-// takes `mark()`, allocates its activations and scratch, and `reset()`s to the mark at the end.
-// Nothing is allocated from the OS inside a step.
+// The arena is a bump allocator filled once when a stage is built: parameter regions, gradient
+// and optimizer state, activation slots and scratch. Nothing is allocated inside a step.
 #pragma once
 
 #include <cstddef>
@@ -37,28 +36,17 @@ class Arena {
 
   // Allocates `bytes` (rounded up to kAlignment) for the tensor called `name`. Throws UserError
   // naming the tensor, the bytes asked and the bytes left when the budget is exceeded.
-  // Memory is not zeroed (it is after construction, but not after a reset()).
+  // Memory is zero (fresh pages from the OS).
   void* alloc_bytes(std::string_view name, std::size_t bytes);
   float* alloc_floats(std::string_view name, std::size_t count) {
     return static_cast<float*>(alloc_bytes(name, count * sizeof(float)));
   }
-
-  // Step-scoped allocation: everything allocated after mark() is released by reset(mark).
-  struct Mark {
-    std::size_t offset;
-    std::size_t live_count;
-  };
-  Mark mark() const { return {used_, live_.size()}; }
-  void reset(Mark m);
 
   std::size_t capacity() const { return capacity_; }
   std::size_t used() const { return used_; }
   std::size_t available() const { return capacity_ - used_; }
   std::size_t peak() const { return peak_; }
   void reset_peak() { peak_ = used_; }
-
-  // Does `p` point into this arena's memory? (For assertions in callers.)
-  bool owns(const void* p) const;
 
  private:
   struct Live {

@@ -1,4 +1,4 @@
-// `titan3d plan --calibrate` (issue 7): measure this machine, under the recipe's own ranks, and
+// `titan3d plan --calibrate`: measure this machine, under the recipe's own ranks, and
 // turn the numbers into a cluster description the local plan uses instead of its guesses.
 //
 // The probe runs through the same machinery as `train` (make_spawn_plan, join_world): mpirun

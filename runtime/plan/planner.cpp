@@ -58,12 +58,6 @@ Candidate evaluate_with(const PlanProblem& p, const Layout& l, const parallel::S
   return c;
 }
 
-int64_t parse_checkpoint(const std::string& text) {
-  if (text == "none") return 0;
-  if (text == "full") return 1;
-  return std::stoll(text.substr(6));  // "every:K", validated by the recipe
-}
-
 std::string pct(double part, double whole) {
   return fmt::format("{:.0f}%", whole > 0 ? 100 * part / whole : 0.0);
 }
@@ -230,7 +224,7 @@ Layout layout_of_recipe(const Recipe& r, const Cluster& c) {
   l.schedule = parallel::parse_schedule_kind(r.parallel.schedule);
   l.virtual_stages = r.parallel.virtual_stages;
   l.zero = r.parallel.zero;
-  l.checkpoint_every = parse_checkpoint(r.train.activation_checkpoint);
+  l.checkpoint_every = r.train.checkpoint_every();
   return l;
 }
 

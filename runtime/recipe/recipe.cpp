@@ -230,11 +230,15 @@ const std::vector<Field>& schema() {
       field("parallel", "pipeline_split", &R::parallel, &ParallelConfig::pipeline_split,
             "First layer of stages 1..pp-1, strictly increasing; empty: balanced."),
       field("parallel", "zero", &R::parallel, &ParallelConfig::zero,
-            "ZeRO stage: 0 none, 1 optimizer state sharded over dp, 2 gradients reduce-scattered "
-            "too (3, parameters sharded, is planned: `titan3d plan` prices it)."),
+            "ZeRO stage: 0 none, 1 optimizer state sharded over dp × cp, 2 gradients sharded too "
+            "(each rank keeps 1/(dp·cp) of them plus two staging buffers of the largest bucket), "
+            "3 parameters sharded too (plus two gather buffers; each bucket is gathered before "
+            "use, blocking). See docs/parallelism.md."),
       field("parallel", "bucket_mb", &R::parallel, &ParallelConfig::bucket_mb,
-            "Data-parallel gradient bucket size in MiB: a bucket's reduction starts as soon as its "
-            "layers' gradients are final, overlapping the rest of the backward."),
+            "Data-parallel gradient bucket size in MiB (a bucket is at least one layer): a bucket's "
+            "reduction (over dp × cp) starts as soon as its layers' gradients are final, "
+            "overlapping the rest of the backward. With ZeRO-2 and 3 it also sizes the staging "
+            "(and gather) buffers: keep it well below the stage's gradients / dp."),
       field("parallel", "timeout_s", &R::parallel, &ParallelConfig::timeout_s,
             "A collective or P2P waiting longer than this aborts the job, naming the operation."),
 
@@ -880,6 +884,24 @@ std::vector<KeyDoc> recipe_key_docs() {
   std::vector<KeyDoc> docs;
   for (const auto& f : schema()) docs.push_back({f.full(), f.type, f.write(defaults), f.meaning});
   return docs;
+}
+
+int64_t TrainConfig::checkpoint_every() const {
+  if (activation_checkpoint == "none") return 0;
+  if (activation_checkpoint == "full") return 1;
+  return std::stoll(activation_checkpoint.substr(6));  // "every:K"
+}
+
+std::string recipe_keys_table() {
+  const auto cell = [](std::string s) {  // a '|' would end a Markdown table cell
+    for (size_t i = 0; (i = s.find('|', i)) != std::string::npos; i += 2) s.insert(i, "\\");
+    return s;
+  };
+  std::string out = "| key | type | default | meaning |\n|---|---|---|---|\n";
+  for (const auto& k : recipe_key_docs())
+    out += "| `" + k.key + "` | " + k.type + " | `" + k.default_value + "` | " + cell(k.meaning) +
+           " |\n";
+  return out;
 }
 
 }  // namespace t3d::runtime

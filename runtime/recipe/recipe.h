@@ -61,6 +61,8 @@ struct TrainConfig {
   int64_t seed = 1234;
   std::string precision = "fp32";  // fp32 | bf16 | auto (resolved at start: runtime/stage/gemm_choice.h)
   std::string activation_checkpoint = "none";  // none | full | every:K
+  // activation_checkpoint as a number: 0 none, 1 full, K every K-th block (validated text).
+  int64_t checkpoint_every() const;
   bool dynamic_loss_scale = false;
   int64_t val_every = 50;  // 0: never
   int64_t val_batches = 4;
@@ -134,6 +136,8 @@ struct KeyDoc {
   std::string key, type, default_value, meaning;
 };
 std::vector<KeyDoc> recipe_key_docs();
+// The Markdown table of every key (`titan3d keys`), which docs/recipe.md carries verbatim.
+std::string recipe_keys_table();
 
 // Levenshtein distance (for "did you mean" suggestions, here and in the cluster file).
 size_t edit_distance(const std::string& a, const std::string& b);

@@ -49,9 +49,7 @@ uint64_t checksum(const float* data, const Slice& s, int64_t data_ld, int64_t da
 // This rank's layer ranges, placed as training places them.
 std::vector<parallel::LayerRange> stage_chunks(const Job& job) {
   const auto& r = job.recipe;
-  const auto schedule = parallel::make_schedule(
-      parallel::parse_schedule_kind(r.parallel.schedule), job.mesh->shape().size(Dim::pp),
-      static_cast<int>(r.train.micro_batches), static_cast<int>(r.parallel.virtual_stages));
+  const auto schedule = stage_schedule(r, job.mesh->shape().size(Dim::pp));
   return stage_layers(r.model, r.parallel.pipeline_split, schedule, job.mesh->coord().pp);
 }
 

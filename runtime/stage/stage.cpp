@@ -12,16 +12,6 @@ namespace t3d::runtime {
 
 using parallel::Dim;
 
-namespace {
-
-// "none" -> 0, "full" -> 1, "every:K" -> K (the recipe validated the text).
-int64_t checkpoint_every(const std::string& text) {
-  if (text == "none") return 0;
-  if (text == "full") return 1;
-  return std::stoll(text.substr(6));
-}
-
-}  // namespace
 
 int setup_rank_threads(const Recipe& r, const LaunchEnv& env, bool report) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -30,6 +20,12 @@ int setup_rank_threads(const Recipe& r, const LaunchEnv& env, bool report) {
   kernels::set_rank_threads(threads);
   if (report) report_cpu_binding(threads, env);
   return threads;
+}
+
+parallel::Schedule stage_schedule(const Recipe& r, int pp) {
+  return parallel::make_schedule(parallel::parse_schedule_kind(r.parallel.schedule), pp,
+                                 static_cast<int>(r.train.micro_batches),
+                                 static_cast<int>(r.parallel.virtual_stages));
 }
 
 std::vector<parallel::LayerRange> stage_layers(const ModelConfig& model,
@@ -59,7 +55,7 @@ ModelOptions model_options(const Recipe& r, StagePurpose purpose, int64_t micro_
   o.with_optimizer = zero == 0;  // ZeRO: the reducer holds the moment shard
   o.grad_region = zero < 2;      // ZeRO-2, 3: the reducer holds the gradient shard
   o.param_region = zero < 3;     // ZeRO-3: and the parameter shard
-  o.checkpoint_every = checkpoint_every(r.train.activation_checkpoint);
+  o.checkpoint_every = r.train.checkpoint_every();
   o.split_backward = executor->splits_backward();
   return o;
 }
@@ -73,8 +69,7 @@ Stage build_stage(const Job& job, StagePurpose purpose) {
   const int pp = mesh.shape().size(Dim::pp), dp = mesh.shape().size(Dim::dp);
   const int n_micro = static_cast<int>(r.train.micro_batches);
   s.micro_rows = rows_per_micro(r.train.global_batch, dp, n_micro);
-  auto schedule = parallel::make_schedule(parallel::parse_schedule_kind(r.parallel.schedule), pp, n_micro,
-                                          static_cast<int>(r.parallel.virtual_stages));
+  auto schedule = stage_schedule(r, pp);
   s.layers = stage_layers(r.model, r.parallel.pipeline_split, schedule, mesh.coord().pp);
   s.executor = std::make_unique<PipelineExecutor>(std::move(schedule), mesh.group(Dim::pp));
   s.arena = std::make_unique<kernels::Arena>(

@@ -34,6 +34,10 @@ enum class StagePurpose {
 // its ranks. Logs the rank's CPU set (warning when it is smaller) when `report` is set.
 int setup_rank_threads(const Recipe& r, const LaunchEnv& env, bool report);
 
+// The recipe's pipeline schedule (parallel.schedule, virtual_stages, train.micro_batches) on pp
+// stages: the action tables and the placement every stage reads.
+parallel::Schedule stage_schedule(const Recipe& r, int pp);
+
 // This stage's layer ranges in model order: the recipe's split of the layers into pp ×
 // virtual_stages chunks, placed as the schedule says.
 std::vector<parallel::LayerRange> stage_layers(const ModelConfig& model,

@@ -204,7 +204,7 @@ struct Trainer::Impl {
                  "parameters in all",
                  r.model.n_layers, r.model.dim, r.model.n_heads, r.model.n_kv_heads,
                  r.model.ffn_dim, r.model.vocab_size, r.model.seq_len,
-                 flops_per_token_params() / 1e6);
+                 whole_model_params() / 1e6);
     spdlog::info("data: {} train tokens, {} validation; unigram entropy {:.3f} nats/token (the loss "
                  "to beat); global batch {} × {} tokens, {} micro-batch(es) of {} rows per dp rank",
                  train_tokens.size(), val_tokens.size(), unigram_nats, r.train.global_batch, T,
@@ -214,7 +214,7 @@ struct Trainer::Impl {
   }
 
   // Parameters of the whole model (not this rank's share), for the log.
-  double flops_per_token_params() const {
+  double whole_model_params() const {
     const auto& m = r.model;
     const double per_layer = 2.0 * m.dim + m.dim * m.head_dim() * (2 * m.n_heads + 2 * m.n_kv_heads) +
                              3.0 * m.dim * m.ffn_dim;
@@ -355,7 +355,8 @@ struct Trainer::Impl {
     const double tokens_per_step = static_cast<double>(t.global_batch * T);
     const float grad_scale = static_cast<float>(1.0 / tokens_per_step);
     const auto run_start = Clock::now();
-    const parallel::Comm* groups[4] = {&mesh.group(Dim::tp), &mesh.group(Dim::dp),
+    // The gradient reduction runs on dp × cp: its waits are dp_comm_share.
+    const parallel::Comm* groups[4] = {&mesh.group(Dim::tp), &mesh.dp_cp(),
                                        &mesh.group(Dim::pp), &mesh.group(Dim::cp)};
     for (int64_t step = first_step; step < t.steps; ++step) {
       const auto t0 = Clock::now();
@@ -408,17 +409,17 @@ struct Trainer::Impl {
       const bool last = step + 1 == t.steps;
       if (val_sampler && t.val_every > 0 && ((step + 1) % t.val_every == 0 || last))
         rec.val_loss = validate();
-      rec.step_s = seconds_since(t0);
+      rec.step_time_s = seconds_since(t0);
       // Communication shares (mean over ranks) and the largest arena peak: one small all-reduce.
       double shares[4];
       for (int i = 0; i < 4; ++i)
-        shares[i] = (groups[i]->counters().wait_s - waited[i]) / rec.step_s / mesh.world().size();
+        shares[i] = (groups[i]->counters().wait_s - waited[i]) / rec.step_time_s / mesh.world().size();
       mesh.world().all_reduce(shares, 4);
-      rec.tp_share = shares[0], rec.dp_share = shares[1], rec.pp_share = shares[2];
-      rec.cp_share = shares[3];
+      rec.tp_comm_share = shares[0], rec.dp_comm_share = shares[1], rec.pp_wait_share = shares[2];
+      rec.cp_comm_share = shares[3];
       rec.peak_mem_gib = arena->peak() / double(1 << 30);
       mesh.world().all_reduce(&rec.peak_mem_gib, 1, parallel::ReduceOp::max);
-      rec.tokens_per_s = tokens_per_step / rec.step_s;
+      rec.tokens_per_s = tokens_per_step / rec.step_time_s;
       rec.mfu = flops_per_token * rec.tokens_per_s / (hosts * peaks.hardware_gflops * 1e9);
       rec.mfu_gemm = flops_per_token * rec.tokens_per_s / (hosts * peaks.gemm_gflops * 1e9);
       summary.steps.push_back(rec);
@@ -450,12 +451,12 @@ struct Trainer::Impl {
                     {"tokens_per_s", rec.tokens_per_s},
                     {"mfu", rec.mfu},
                     {"mfu_gemm", rec.mfu_gemm},
-                    {"step_time_s", rec.step_s},
+                    {"step_time_s", rec.step_time_s},
                     {"peak_mem_gib", peak_gib},
-                    {"tp_comm_share", rec.tp_share},
-                    {"dp_comm_share", rec.dp_share},
-                    {"pp_wait_share", rec.pp_share},
-                    {"cp_comm_share", rec.cp_share},
+                    {"tp_comm_share", rec.tp_comm_share},
+                    {"dp_comm_share", rec.dp_comm_share},
+                    {"pp_wait_share", rec.pp_wait_share},
+                    {"cp_comm_share", rec.cp_comm_share},
                     {"val_loss", rec.val_loss >= 0 ? rec.val_loss : NAN},
                     {"skipped", rec.skipped ? 1.0 : 0.0}});
     const int64_t steps = r.train.steps;
@@ -465,9 +466,9 @@ struct Trainer::Impl {
     spdlog::info("step {:>{}}/{} {:3.0f}% | loss {:.4f}{} | lr {:.2e} | gnorm {:.3f} | {:.0f} tok/s "
                  "| MFU {:.1f}% | comm tp {:.0f}% dp {:.0f}% pp {:.0f}%{} | mem {:.3f} GiB | eta {}",
                  rec.step, std::to_string(steps).size(), steps, 100.0 * rec.step / steps, rec.loss,
-                 val, rec.lr, rec.grad_norm, rec.tokens_per_s, 100 * rec.mfu, 100 * rec.tp_share,
-                 100 * rec.dp_share, 100 * rec.pp_share,
-                 cp > 1 ? fmt::format(" cp {:.0f}%", 100 * rec.cp_share) : "", peak_gib,
+                 val, rec.lr, rec.grad_norm, rec.tokens_per_s, 100 * rec.mfu, 100 * rec.tp_comm_share,
+                 100 * rec.dp_comm_share, 100 * rec.pp_wait_share,
+                 cp > 1 ? fmt::format(" cp {:.0f}%", 100 * rec.cp_comm_share) : "", peak_gib,
                  format_duration(eta));
   }
 };
