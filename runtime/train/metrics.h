@@ -2,6 +2,7 @@
 // line so a crashed run keeps what it logged.
 #pragma once
 
+#include <chrono>
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -25,6 +26,11 @@ class MetricsWriter {
  private:
   std::FILE* file_ = nullptr;
 };
+
+// Seconds of steady clock since `start`.
+inline double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
 
 // "1m23s" / "45s" for progress lines.
 std::string format_duration(double seconds);

@@ -7,6 +7,34 @@
 
 namespace t3d::runtime {
 
+namespace {
+
+// Boxes of a row-major [rows, cols] (or 1-D) tensor covering its flat elements [a, b): a partial
+// first row, whole rows, a partial last row. Each is contiguous in flat order, so its data is
+// one span of a flat array. Returns (offset, shape) pairs in flat order.
+std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> flat_boxes(
+    const std::vector<int64_t>& shape, int64_t a, int64_t b) {
+  if (shape.size() == 1) return {{{a}, {b - a}}};
+  const int64_t cols = shape[1];
+  std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> out;
+  if (a % cols != 0) {
+    const int64_t end = std::min(b, (a / cols + 1) * cols);
+    out.push_back({{a / cols, a % cols}, {1, end - a}});
+    a = end;
+  }
+  if (b / cols > a / cols) {
+    out.push_back({{a / cols, 0}, {b / cols - a / cols, cols}});
+    a = b / cols * cols;
+  }
+  if (a < b) out.push_back({{a / cols, 0}, {1, b - a}});
+  return out;
+}
+
+// The sections of the state a snapshot holds, as dataset-path prefixes.
+constexpr const char* kSections[] = {"model/", "optim/exp_avg/", "optim/exp_avg_sq/"};
+
+}  // namespace
+
 ShardedState::ShardedState(Model& model, parallel::GradReducer& reducer, kernels::Arena& arena)
     : model_(model), reducer_(reducer), zero_(reducer.zero_stage()) {
   T3D_ASSERT((zero_ == 0) == (model.state().adam_m.data() != nullptr),
@@ -64,6 +92,36 @@ ShardedState::Store ShardedState::exp_avg_store() const {
 }
 ShardedState::Store ShardedState::exp_avg_sq_store() const {
   return store(owned(), v_shard_, model_.state().adam_v.data());
+}
+
+std::vector<checkpoint::Slice> ShardedState::boxes(const float* params, const float* exp_avg,
+                                                   const float* exp_avg_sq, bool only_owned,
+                                                   const parallel::Comm& replicas) const {
+  const int writers = replicas.size(), me = replicas.rank();
+  std::vector<checkpoint::Slice> out;
+  const auto& table = model_.params();
+  // One section from an array holding `store.ranges` of the region (back to back if sharded).
+  const auto add_section = [&](int section, const float* base, const Store& store) {
+    for_each_piece(store.ranges, [&](const Piece& piece) {
+      const auto& p = table[piece.param];
+      const auto& e = model_.layout().at(p.name);
+      if (only_owned && ((!store.sharded && static_cast<int>(piece.param % writers) != me) ||
+                         (p.split_dim < 0 && model_.tp_rank() != 0)))
+        return;
+      const float* at = base + (store.sharded ? piece.at : piece.lo);
+      for (auto& [off, shape] : flat_boxes(e.spec.shape, piece.lo - e.offset, piece.hi - e.offset)) {
+        int64_t first = off.back();  // flat index of the box's first element in the tensor
+        if (off.size() == 2) first += off[0] * e.spec.shape[1];
+        if (p.split_dim >= 0) off[p.split_dim] += model_.tp_rank() * e.spec.shape[p.split_dim];
+        out.push_back({kSections[section] + p.name, p.global_shape, off, shape,
+                       const_cast<float*>(at + (first - (piece.lo - e.offset)))});
+      }
+    });
+  };
+  add_section(0, params, param_store());
+  add_section(1, exp_avg, exp_avg_store());
+  add_section(2, exp_avg_sq, exp_avg_sq_store());
+  return out;
 }
 
 double ShardedState::grad_sum_of_squares() const {

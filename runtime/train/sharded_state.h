@@ -19,6 +19,7 @@
 #include <functional>
 #include <vector>
 
+#include "checkpoint/snapshot.h"
 #include "kernels/arena.h"
 #include "parallel/grad_reducer.h"
 #include "runtime/model/model.h"
@@ -68,6 +69,16 @@ class ShardedState {
   Store exp_avg_store() const;
   Store exp_avg_sq_store() const;
   int64_t moment_floats() const { return exp_avg_store().floats; }
+
+  // This rank's boxes of the global tensors in a snapshot ("model/<name>", "optim/exp_avg/<name>",
+  // "optim/exp_avg_sq/<name>"), the data in arrays laid out as param_store() and the moment
+  // stores. Writing (`only_owned`), every box gets exactly one writer among the `replicas` (the
+  // dp × cp ranks holding this stage and tp shard): tensor i of an unsharded store by replica
+  // i mod size, a sharded store's pieces by the replica that owns them, tp-replicated tensors by
+  // tp rank 0. Reading, a rank asks for everything it holds, whatever layout wrote the snapshot.
+  std::vector<checkpoint::Slice> boxes(const float* params, const float* exp_avg,
+                                       const float* exp_avg_sq, bool only_owned,
+                                       const parallel::Comm& replicas) const;
 
   // Sum of squared gradients over partition(): tp-replicated tensors count on tp rank 0 only, so
   // the sum over dp, tp and pp is the global sum exactly.

@@ -27,13 +27,6 @@ using parallel::Dim;
 
 namespace {
 
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-// The sections of the state a snapshot holds, as dataset-path prefixes.
-constexpr const char* kSections[] = {"model/", "optim/exp_avg/", "optim/exp_avg_sq/"};
-
 // UserError naming snapshot.dir unless this rank can create `dir` and a file in it: a run whose
 // snapshots can never be written must not train for hours first.
 void check_writable_dir(const std::string& dir, const std::string& origin, int rank) {
@@ -66,27 +59,6 @@ std::string layout_of(const Recipe& r) {
   const auto& p = r.parallel;
   return fmt::format("pp={} dp={} cp={} tp={} zero={} schedule={} virtual_stages={}", p.pp, p.dp,
                      p.cp, p.tp, p.zero, p.schedule, p.virtual_stages);
-}
-
-// Boxes of a row-major [rows, cols] (or 1-D) box covering its flat elements [a, b): a partial
-// first row, whole rows, a partial last row. Each is contiguous in flat order, so its data is
-// one span of a flat array. Returns (offset, shape) pairs in flat order.
-std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> flat_boxes(
-    const std::vector<int64_t>& shape, int64_t a, int64_t b) {
-  if (shape.size() == 1) return {{{a}, {b - a}}};
-  const int64_t cols = shape[1];
-  std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> out;
-  if (a % cols != 0) {
-    const int64_t end = std::min(b, (a / cols + 1) * cols);
-    out.push_back({{a / cols, a % cols}, {1, end - a}});
-    a = end;
-  }
-  if (b / cols > a / cols) {
-    out.push_back({{a / cols, 0}, {b / cols - a / cols, cols}});
-    a = b / cols * cols;
-  }
-  if (a < b) out.push_back({{a / cols, 0}, {1, b - a}});
-  return out;
 }
 
 }  // namespace
@@ -130,43 +102,6 @@ struct Snapshotter::Impl {
 
   Impl(const Job& j, Model& m, const ShardedState& st, MetricsWriter* w)
       : job(j), r(j.recipe), mesh(*j.mesh), model(m), state(st), metrics(w), dir(r.snapshot.dir) {}
-
-  // This rank's slices of every global tensor: parameters from `params`, moments from the
-  // arrays `m` and `v` (laid out as ShardedState's stores). Writing (`only_owned`), every box
-  // gets exactly one writer: parameter i and unsharded moments by dp × cp rank i mod (dp · cp),
-  // ZeRO moments (and ZeRO-3 parameters) by the dp × cp rank that owns them, tp-replicated
-  // tensors by tp rank 0. Reading, a rank asks for everything it holds, whatever layout wrote
-  // the snapshot.
-  std::vector<ck::Slice> slices(const float* params, const float* m, const float* v,
-                                bool only_owned) const {
-    // Writers are spread over the ranks holding this stage and tp shard: dp × cp.
-    const int dp = mesh.dp_cp().size(), dp_rank = mesh.dp_cp().rank();
-    std::vector<ck::Slice> out;
-    const auto& table = model.params();
-    // One section from an array holding `store.ranges` of the region (back to back if sharded):
-    // a box per (tensor, piece), cut into boxes of the tensor's shape.
-    const auto add_section = [&](int section, const float* base, const ShardedState::Store& store) {
-      state.for_each_piece(store.ranges, [&](const ShardedState::Piece& piece) {
-        const auto& p = table[piece.param];
-        const auto& e = model.layout().at(p.name);
-        if (only_owned && ((!store.sharded && static_cast<int>(piece.param % dp) != dp_rank) ||
-                           (p.split_dim < 0 && model.tp_rank() != 0)))
-          return;
-        const float* at = base + (store.sharded ? piece.at : piece.lo);
-        for (auto& [off, shape] : flat_boxes(e.spec.shape, piece.lo - e.offset, piece.hi - e.offset)) {
-          int64_t first = off.back();  // flat index of the box's first element in the tensor
-          if (off.size() == 2) first += off[0] * e.spec.shape[1];
-          if (p.split_dim >= 0) off[p.split_dim] += model.tp_rank() * e.spec.shape[p.split_dim];
-          out.push_back({kSections[section] + p.name, p.global_shape, off, shape,
-                         const_cast<float*>(at + (first - (piece.lo - e.offset)))});
-        }
-      });
-    };
-    add_section(0, params, state.param_store());
-    add_section(1, m, state.exp_avg_store());
-    add_section(2, v, state.exp_avg_sq_store());
-    return out;
-  }
 
   // What rank 0 resolved snapshot.resume to; every rank restores exactly this.
   struct Choice {
@@ -234,7 +169,7 @@ struct Snapshotter::Impl {
                      "snapshot `", c.path,
                      "` has no step counter, or one that differs from its "
                      "step attribute");
-      for (const auto& s : slices(pa.data, m.data, v.data, false)) reader.read(s);
+      for (const auto& s : state.boxes(pa.data, m.data, v.data, false, mesh.dp_cp())) reader.read(s);
       *layout = info.layout;
     });
   }
@@ -330,6 +265,109 @@ struct Snapshotter::Impl {
     return done == 1;
   }
 
+  // Agrees that every rank's write succeeded, then publishes the shards (collective). Returns the
+  // lowest failing world rank, or the world size when all succeeded; `error` holds this rank's.
+  int publish_all(const std::string& shard, std::string& error) {
+    const auto& world = mesh.world();
+    int first_failed = error.empty() ? world.size() : world.rank();
+    world.all_reduce(&first_failed, 1, parallel::ReduceOp::min);
+    if (first_failed != world.size()) return first_failed;
+    if (!mine[0].empty()) {
+      try {
+        ck::publish(shard);
+      } catch (const std::exception& e) {
+        error = e.what();
+        first_failed = world.rank();
+      }
+    }
+    // Every rank joins, writers or not (a rank may hold no box of its own).
+    world.all_reduce(&first_failed, 1, parallel::ReduceOp::min);
+    return first_failed;
+  }
+
+  // What rank 0 sums of every rank's shard for the index and the log.
+  struct Totals {
+    uint64_t bytes = 0, raw = 0, chunks = 0, written = 0;
+    double index_s = 0;
+    std::vector<std::string> deleted;
+  };
+  static constexpr size_t kReport = 6;  // per rank: writes, bytes, hash, raw bytes, chunks, written
+
+  // Rank 0: the index of snapshot `p` from every rank's report, written (the commit) and older
+  // snapshots retired. Returns whether it committed; a failure drops this snapshot only.
+  bool write_index(const Pending& p, const std::vector<uint64_t>& reports, ck::IndexInfo& info,
+                   Totals& t) {
+    info.step = p.step;
+    info.id = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32) ^ uint64_t(p.step);
+    if (p.incremental) info.parent = parent->name, info.parent_id = parent->id;
+    info.recipe = r.to_toml();
+    info.layout = layout_of(r);
+    info.counters = {{"step", p.step},
+                     {"adamw_step", p.step},
+                     {"sampler_seed", r.train.seed},
+                     {"sampler_step", p.step}};
+    for (int k = 0; k < mesh.world().size(); ++k) {
+      const uint64_t* rep = &reports[kReport * static_cast<size_t>(k)];
+      if (!rep[0]) continue;
+      const auto rel = fs::path(ck::shard_path(dir, p.step, k)).lexically_relative(dir);
+      info.shards.push_back({rel.string(), rep[1], rep[2]});
+      t.bytes += rep[1], t.raw += rep[3], t.chunks += rep[4], t.written += rep[5];
+    }
+    const auto i0 = Clock::now();
+    bool committed = false;
+    try {
+      std::string warning;
+      io->run([&] { warning = ck::write_index(dir, info); });
+      committed = true;  // durable and re-read
+      if (!warning.empty()) spdlog::warn("snapshot at step {}: {}", p.step, warning);
+    } catch (const std::exception& e) {
+      // Its shards are referenced by nothing: free their space now (a full disk) rather than at
+      // the next commit.
+      std::error_code ec;
+      fs::remove_all(fs::path(dir) / ck::snapshot_name(p.step), ec);
+      spdlog::error("snapshot at step {}: writing the index failed: {}; it is not committed, {} "
+                    "stays the last good one",
+                    p.step, e.what(), last_good.empty() ? "none" : last_good);
+      if (metrics) metrics->write({{"snapshot_step", double(p.step)}, {"snapshot_ok", 0}});
+    }
+    t.index_s = seconds_since(i0);
+    if (committed) {
+      try {  // a failing retention leaves old snapshots behind; it does not undo the commit
+        io->run([&] { t.deleted = ck::retain(dir, r.snapshot.keep); });
+      } catch (const std::exception& e) {
+        spdlog::warn("snapshot at step {}: removing older snapshots failed: {}", p.step, e.what());
+      }
+    }
+    return committed;
+  }
+
+  // Rank 0: the committed snapshot's log line and metrics.
+  void log_commit(const Pending& p, const ck::IndexInfo& info, const Totals& t,
+                  const double times[2]) {
+    // Synchronous snapshots: training also waited for the whole write.
+    const double stall = r.snapshot.async ? times[0] : times[0] + times[1];
+    const double share = t.raw ? double(t.bytes) / double(t.raw) : 0.0;
+    spdlog::info(
+        "snapshot step {} ({}): {} in {} shard(s), {:.1f}% of the {} a full uncompressed one "
+        "takes; stall {:.1f} ms, write {:.1f} ms (slowest rank), index {:.1f} ms -> {}{}",
+        p.step,
+        p.incremental ? fmt::format("incremental on {}, {}/{} chunks changed", info.parent,
+                                    t.written, t.chunks)
+                      : std::string("full"),
+        kernels::format_bytes(t.bytes), info.shards.size(), 100 * share,
+        kernels::format_bytes(t.raw), 1e3 * stall, 1e3 * times[1], 1e3 * t.index_s, last_good,
+        t.deleted.empty() ? "" : "; removed " + fmt::format("{}", fmt::join(t.deleted, ", ")));
+    if (metrics)
+      metrics->write({{"snapshot_step", double(p.step)},
+                      {"snapshot_ok", 1},
+                      {"snapshot_incremental", p.incremental ? 1.0 : 0.0},
+                      {"snapshot_stall_s", stall},
+                      {"snapshot_write_s", times[1]},
+                      {"snapshot_bytes", double(t.bytes)},
+                      {"snapshot_raw_bytes", double(t.raw)},
+                      {"snapshot_share", share}});
+  }
+
   void commit() {
     pending->done.wait();  // the job writes into *pending: finish before moving it
     Pending p = std::move(*pending);
@@ -343,28 +381,13 @@ struct Snapshotter::Impl {
     const auto& world = mesh.world();
     const std::string shard = ck::shard_path(dir, p.step, mesh.rank());
     // Agree that every write succeeded before anything becomes visible.
-    int first_failed = error.empty() ? world.size() : world.rank();
-    world.all_reduce(&first_failed, 1, parallel::ReduceOp::min);
-    const bool writes = !mine[0].empty();
-    if (first_failed == world.size()) {
-      if (writes) {
-        try {
-          ck::publish(shard);
-        } catch (const std::exception& e) {
-          error = e.what();
-          first_failed = world.rank();
-        }
-      }
-      // Every rank joins, writers or not (cp ranks > 0 write nothing).
-      world.all_reduce(&first_failed, 1, parallel::ReduceOp::min);
-    }
+    const int first_failed = publish_all(shard, error);
     if (first_failed != world.size()) return fail(p, first_failed, error, shard);
 
-    constexpr size_t kReport = 6;
     const ck::ShardResult& res = p.result;
-    const uint64_t report[kReport] = {writes ? 1u : 0u,      res.digest.bytes,
-                                      res.digest.hash,       res.raw_bytes,
-                                      uint64_t(res.chunks), uint64_t(res.chunks_written)};
+    const uint64_t report[kReport] = {mine[0].empty() ? 0u : 1u, res.digest.bytes,
+                                      res.digest.hash,           res.raw_bytes,
+                                      uint64_t(res.chunks),      uint64_t(res.chunks_written)};
     std::vector<uint64_t> reports(kReport * static_cast<size_t>(world.size()));
     world.all_gather(report, reports.data(), kReport);
     double times[2] = {p.stall_s, p.write_s};
@@ -373,55 +396,8 @@ struct Snapshotter::Impl {
     // Rank 0 writes the index; all ranks learn whether it committed, because the next
     // snapshot's parent (and whether it may be incremental) depends on it.
     ck::IndexInfo info;
-    std::vector<std::string> deleted;
-    uint64_t bytes = 0, raw = 0, chunks = 0, written = 0;
-    double index_s = 0;
-    int committed = 0;
-    if (world.rank() == 0) {
-      info.step = p.step;
-      info.id = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32) ^
-                uint64_t(p.step);
-      if (p.incremental) info.parent = parent->name, info.parent_id = parent->id;
-      info.recipe = r.to_toml();
-      info.layout = layout_of(r);
-      info.counters = {{"step", p.step},
-                       {"adamw_step", p.step},
-                       {"sampler_seed", r.train.seed},
-                       {"sampler_step", p.step}};
-      for (int k = 0; k < world.size(); ++k) {
-        const uint64_t* rep = &reports[kReport * static_cast<size_t>(k)];
-        if (!rep[0]) continue;
-        const auto rel = fs::path(ck::shard_path(dir, p.step, k)).lexically_relative(dir);
-        info.shards.push_back({rel.string(), rep[1], rep[2]});
-        bytes += rep[1], raw += rep[3], chunks += rep[4], written += rep[5];
-      }
-      const auto i0 = Clock::now();
-      try {
-        std::string warning;
-        io->run([&] { warning = ck::write_index(dir, info); });
-        committed = 1;  // durable and re-read
-        if (!warning.empty()) spdlog::warn("snapshot at step {}: {}", p.step, warning);
-      } catch (const std::exception& e) {
-        // Its shards are referenced by nothing: free their space now (a full disk) rather than
-        // at the next commit.
-        std::error_code ec;
-        fs::remove_all(fs::path(dir) / ck::snapshot_name(p.step), ec);
-        spdlog::error(
-            "snapshot at step {}: writing the index failed: {}; it is not committed, {} "
-            "stays the last good one",
-            p.step, e.what(), last_good.empty() ? "none" : last_good);
-        if (metrics) metrics->write({{"snapshot_step", double(p.step)}, {"snapshot_ok", 0}});
-      }
-      index_s = seconds_since(i0);
-      if (committed) {
-        try {  // a failing retention leaves old snapshots behind; it does not undo the commit
-          io->run([&] { deleted = ck::retain(dir, r.snapshot.keep); });
-        } catch (const std::exception& e) {
-          spdlog::warn("snapshot at step {}: removing older snapshots failed: {}", p.step,
-                       e.what());
-        }
-      }
-    }
+    Totals totals;
+    int committed = world.rank() == 0 ? write_index(p, reports, info, totals) : 0;
     world.broadcast(&committed, 1, 0);
     uint64_t id = info.id;
     world.broadcast(&id, 1, 0);
@@ -436,29 +412,7 @@ struct Snapshotter::Impl {
                       deltas};
       cur = 1 - cur;
     }
-    if (world.rank() != 0) return;
-    // Synchronous snapshots: training also waited for the whole write.
-    const double stall = r.snapshot.async ? times[0] : times[0] + times[1];
-    const double share = raw ? double(bytes) / double(raw) : 0.0;
-    spdlog::info(
-        "snapshot step {} ({}): {} in {} shard(s), {:.1f}% of the {} a full uncompressed one "
-        "takes; stall {:.1f} ms, write {:.1f} ms (slowest rank), index {:.1f} ms -> {}{}",
-        p.step,
-        p.incremental ? fmt::format("incremental on {}, {}/{} chunks changed", info.parent,
-                                    written, chunks)
-                      : std::string("full"),
-        kernels::format_bytes(bytes), info.shards.size(), 100 * share,
-        kernels::format_bytes(raw), 1e3 * stall, 1e3 * times[1], 1e3 * index_s, last_good,
-        deleted.empty() ? "" : "; removed " + fmt::format("{}", fmt::join(deleted, ", ")));
-    if (metrics)
-      metrics->write({{"snapshot_step", double(p.step)},
-                      {"snapshot_ok", 1},
-                      {"snapshot_incremental", p.incremental ? 1.0 : 0.0},
-                      {"snapshot_stall_s", stall},
-                      {"snapshot_write_s", times[1]},
-                      {"snapshot_bytes", double(bytes)},
-                      {"snapshot_raw_bytes", double(raw)},
-                      {"snapshot_share", share}});
+    if (world.rank() == 0) log_commit(p, info, totals, times);
   }
 
   void fail(const Pending& p, int first_failed, const std::string& error,
@@ -513,7 +467,7 @@ Snapshotter::Snapshotter(const Job& job, Model& model, const ShardedState& state
   for (int b = 0; b < (m.r.snapshot.full_every > 1 ? 2 : 1); ++b) {
     m.staging[b].assign(n + 2 * k, 0.0f);
     float* s = m.staging[b].data();
-    m.mine[b] = m.slices(s, s + n, s + n + k, true);
+    m.mine[b] = m.state.boxes(s, s + n, s + n + k, true, m.mesh.dp_cp());
   }
 }
 

@@ -41,10 +41,6 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
 // Linear warm-up to lr, then cosine decay to min_lr at the last step.
 double learning_rate(const TrainConfig& t, int64_t step /* 0-based */) {
   if (step < t.warmup_steps) return t.lr * static_cast<double>(step + 1) / t.warmup_steps;
@@ -332,10 +328,8 @@ struct Trainer::Impl {
                     "train.dynamic_loss_scale = true to skip such steps.");
   }
 
-  TrainSummary run() {
-    const auto& t = r.train;
-    TrainSummary summary;
-    summary.unigram_entropy_nats = unigram_nats;
+  // This host's hardware and GEMM peaks (rank 0 measures or reads the cache, all ranks agree).
+  void measure_peaks() {
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     if (mesh.rank() == 0)
       peaks = host_peaks(kernels::linear_gemm(), std::max<int64_t>(rows * T / cp, 512),
@@ -343,13 +337,57 @@ struct Trainer::Impl {
     double both[2] = {peaks.hardware_gflops, peaks.gemm_gflops};
     mesh.world().broadcast(both, 2, 0);
     peaks.hardware_gflops = both[0], peaks.gemm_gflops = both[1];
-    summary.peak_gflops = peaks.hardware_gflops;
-    summary.gemm_peak_gflops = peaks.gemm_gflops;
     if (mesh.rank() == 0)
       spdlog::info("MFU against {:.0f} GFLOP/s per host ({} peak, measured: {} cores × one core); "
                    "mfu_gemm against {:.0f} GFLOP/s ({} on one thread at the model's shapes × cores)",
                    peaks.hardware_gflops, peaks.hardware_what, cores, peaks.gemm_gflops,
                    kernels::gemm_kind_name(kernels::linear_gemm()));
+  }
+
+  // A diverged step (every rank sees the same all-reduced loss and norm): stops the run, or with
+  // train.dynamic_loss_scale skips it, giving up after kMaxConsecutiveSkips in a row. agree_on
+  // has rank 0 alone print the reason before any rank exits (a rank exiting first could get
+  // mpirun to kill rank 0 mid-message).
+  void skip_diverged(int64_t step, double loss, double norm) {
+    if (!r.train.dynamic_loss_scale) agree_on(mesh.world(), [&] { stop_diverged(step, loss, norm); });
+    if (++consecutive_skips >= kMaxConsecutiveSkips) {
+      const std::string text = divergence_text(step, loss, norm);
+      agree_on(mesh.world(), [&] {
+        throw UserError("giving up: " + std::to_string(consecutive_skips) +
+                        " steps in a row diverged and were skipped "
+                        "(train.dynamic_loss_scale allows " +
+                        std::to_string(kMaxConsecutiveSkips) + "); the last, " + text +
+                        ". Lower train.lr or keep train.grad_clip on.");
+      });
+    }
+    spdlog::warn("step {}: non-finite or exploding loss or gradients (loss {:.6g}, gradient "
+                 "norm {:.6g}); skipped (train.dynamic_loss_scale, {} in a row)",
+                 step, loss, norm, consecutive_skips);
+  }
+
+  // Speed, communication shares (mean over ranks since `waited`) and the largest arena peak of a
+  // step whose step_time_s is set: two small all-reduces.
+  void measure_step(StepRecord& rec, const parallel::Comm* const groups[4], const double waited[4]) {
+    double shares[4];
+    for (int i = 0; i < 4; ++i)
+      shares[i] = (groups[i]->counters().wait_s - waited[i]) / rec.step_time_s / mesh.world().size();
+    mesh.world().all_reduce(shares, 4);
+    rec.tp_comm_share = shares[0], rec.dp_comm_share = shares[1], rec.pp_wait_share = shares[2];
+    rec.cp_comm_share = shares[3];
+    rec.peak_mem_gib = arena->peak() / double(1 << 30);
+    mesh.world().all_reduce(&rec.peak_mem_gib, 1, parallel::ReduceOp::max);
+    rec.tokens_per_s = static_cast<double>(r.train.global_batch * T) / rec.step_time_s;
+    rec.mfu = flops_per_token * rec.tokens_per_s / (hosts * peaks.hardware_gflops * 1e9);
+    rec.mfu_gemm = flops_per_token * rec.tokens_per_s / (hosts * peaks.gemm_gflops * 1e9);
+  }
+
+  TrainSummary run() {
+    const auto& t = r.train;
+    TrainSummary summary;
+    summary.unigram_entropy_nats = unigram_nats;
+    measure_peaks();
+    summary.peak_gflops = peaks.hardware_gflops;
+    summary.gemm_peak_gflops = peaks.gemm_gflops;
     describe();
 
     const double tokens_per_step = static_cast<double>(t.global_batch * T);
@@ -381,24 +419,8 @@ struct Trainer::Impl {
       rec.lr = learning_rate(t, step);
       // loss and norm are all-reduced: every rank takes the same branch.
       if (diverged(loss, norm)) {
-        // Every rank stops here; agree_on has rank 0 alone print the reason before any rank
-        // exits (a rank exiting first could get mpirun to kill rank 0 mid-message).
-        if (!t.dynamic_loss_scale)
-          agree_on(mesh.world(), [&] { stop_diverged(step + 1, loss, norm); });
+        skip_diverged(step + 1, loss, norm);
         rec.skipped = true;
-        if (++consecutive_skips >= kMaxConsecutiveSkips) {
-          const std::string text = divergence_text(step + 1, loss, norm);
-          agree_on(mesh.world(), [&] {
-            throw UserError("giving up: " + std::to_string(consecutive_skips) +
-                            " steps in a row diverged and were skipped "
-                            "(train.dynamic_loss_scale allows " +
-                            std::to_string(kMaxConsecutiveSkips) + "); the last, " + text +
-                            ". Lower train.lr or keep train.grad_clip on.");
-          });
-        }
-        spdlog::warn("step {}: non-finite or exploding loss or gradients (loss {:.6g}, gradient "
-                     "norm {:.6g}); skipped (train.dynamic_loss_scale, {} in a row)",
-                     step + 1, loss, norm, consecutive_skips);
       } else {
         consecutive_skips = 0;
         parallel::trace::Span optimizer_span("optimizer", "compute");
@@ -410,18 +432,7 @@ struct Trainer::Impl {
       if (val_sampler && t.val_every > 0 && ((step + 1) % t.val_every == 0 || last))
         rec.val_loss = validate();
       rec.step_time_s = seconds_since(t0);
-      // Communication shares (mean over ranks) and the largest arena peak: one small all-reduce.
-      double shares[4];
-      for (int i = 0; i < 4; ++i)
-        shares[i] = (groups[i]->counters().wait_s - waited[i]) / rec.step_time_s / mesh.world().size();
-      mesh.world().all_reduce(shares, 4);
-      rec.tp_comm_share = shares[0], rec.dp_comm_share = shares[1], rec.pp_wait_share = shares[2];
-      rec.cp_comm_share = shares[3];
-      rec.peak_mem_gib = arena->peak() / double(1 << 30);
-      mesh.world().all_reduce(&rec.peak_mem_gib, 1, parallel::ReduceOp::max);
-      rec.tokens_per_s = tokens_per_step / rec.step_time_s;
-      rec.mfu = flops_per_token * rec.tokens_per_s / (hosts * peaks.hardware_gflops * 1e9);
-      rec.mfu_gemm = flops_per_token * rec.tokens_per_s / (hosts * peaks.gemm_gflops * 1e9);
+      measure_step(rec, groups, waited);
       summary.steps.push_back(rec);
       report(rec, seconds_since(run_start));
       snapshots->after_step(step + 1, last);
