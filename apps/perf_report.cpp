@@ -18,11 +18,8 @@ namespace {
 // also holds transfer time, so it is an upper bound on the bubble).
 double simulated_bubble(const Recipe& recipe) {
   try {
-    const Cluster cluster = local_cluster(recipe);
-    const PlanProblem problem = make_problem(recipe, cluster);
-    const Layout layout = layout_of_recipe(recipe, cluster);
-    return parallel::simulate(make_layout_schedule(layout), stage_costs(problem, layout))
-        .bubble_fraction;
+    const RecipePlan plan = plan_of_recipe(recipe);
+    return parallel::simulate(plan.schedule, stage_costs(plan.problem, plan.layout)).bubble_fraction;
   } catch (const std::exception&) {
     return -1;
   }

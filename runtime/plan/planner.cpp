@@ -210,6 +210,15 @@ std::string explain(const PlanProblem& p, const Layout& l) {
   return os.str();
 }
 
+RecipePlan plan_of_recipe(const Recipe& recipe) {
+  RecipePlan p;
+  p.cluster = local_cluster(recipe);
+  p.problem = make_problem(recipe, p.cluster);
+  p.layout = layout_of_recipe(recipe, p.cluster);
+  p.schedule = make_layout_schedule(p.layout);
+  return p;
+}
+
 Layout layout_of_recipe(const Recipe& r, const Cluster& c) {
   Layout l;
   l.tp = r.parallel.tp;

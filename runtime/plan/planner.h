@@ -66,6 +66,16 @@ Recipe recipe_with_layout(const Recipe& recipe, const Layout& layout, const Clus
 // `calibrated` says which.
 Cluster local_cluster(const Recipe& recipe, bool* calibrated = nullptr);
 
+// The planner's view of the recipe as it runs here (local_cluster, its own layout and schedule):
+// what the end-of-run table and selfcheck compare measurements with.
+struct RecipePlan {
+  Cluster cluster;
+  PlanProblem problem;
+  Layout layout;
+  parallel::Schedule schedule;
+};
+RecipePlan plan_of_recipe(const Recipe& recipe);
+
 struct PlanOptions {
   std::string recipe;
   std::vector<Override> overrides;

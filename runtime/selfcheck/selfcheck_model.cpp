@@ -133,11 +133,8 @@ void check_memory(const Job& job, std::vector<CheckRow>& rows) {
   Verdict v;
   double planned = 0;
   try {
-    const Cluster cluster = local_cluster(r);
-    const PlanProblem problem = make_problem(r, cluster);
-    const Layout layout = layout_of_recipe(r, cluster);
-    const auto schedule = make_layout_schedule(layout);
-    planned = stage_memory(problem, layout, schedule, job.mesh->coord().pp).total();
+    const RecipePlan plan = plan_of_recipe(r);
+    planned = stage_memory(plan.problem, plan.layout, plan.schedule, job.mesh->coord().pp).total();
     if (planned > capacity)
       v.fail(fmt::format("stage {} plans {:.3f} GiB, more than hardware.hbm_gib = {:g}: raise it, "
                          "or see `titan3d plan` for a layout that fits",
