@@ -17,15 +17,8 @@ using runtime::Model;
 namespace {
 
 runtime::ModelConfig tiny_config() {
-  runtime::ModelConfig c;
-  c.vocab_size = 16;
-  c.dim = 16;
-  c.n_layers = 2;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.ffn_dim = 32;
-  c.seq_len = 8;
-  return c;
+  return runtime::ModelConfig{.vocab_size = 16, .dim = 16, .n_layers = 2, .n_heads = 4,
+      .n_kv_heads = 2, .ffn_dim = 32, .seq_len = 8};
 }
 
 struct Batch {

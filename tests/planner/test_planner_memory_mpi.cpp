@@ -12,20 +12,23 @@
 #include "runtime/train/sharded_state.h"
 #include "runtime/model/model.h"
 #include "runtime/plan/planner_cost.h"
+#include "runtime/stage/stage.h"
 
 namespace t3d::runtime {
 namespace {
 
 ModelConfig small_model() {
-  ModelConfig m;
-  m.vocab_size = 96;
-  m.dim = 64;
-  m.n_layers = 6;
-  m.n_heads = 4;
-  m.n_kv_heads = 2;
-  m.ffn_dim = 176;
-  m.seq_len = 32;
-  return m;
+  return ModelConfig{.vocab_size = 96, .dim = 64, .n_layers = 6, .n_heads = 4, .n_kv_heads = 2,
+      .ffn_dim = 176, .seq_len = 32};
+}
+
+// The slots the planner predicts for a stage, as the executor would give them to the Model.
+ModelOptions predicted_options(const PlanProblem& p, const Layout& l, const Memory& predicted) {
+  ModelOptions options;
+  options.micro_rows = micro_rows(p, l);
+  options.slots = predicted.slots;
+  options.chunk_slots = predicted.chunk_slots;
+  return options;
 }
 
 void expect_arena_matches(const parallel::Comm& tp, int64_t pp, int64_t v,
@@ -39,19 +42,13 @@ void expect_arena_matches(const parallel::Comm& tp, int64_t pp, int64_t v,
   Layout l{3, tp.size(), pp, micro_batches, kind, v, 0, 0};
   ASSERT_EQ(invalid_reason(p, l), "");
   const auto schedule = make_layout_schedule(l);
-  const auto split = parallel::split_layers(
-      p.model.n_layers, pp * v,
-      parallel::head_cost_in_layers(p.model.vocab_size, p.model.dim, p.model.ffn_dim));
   for (int64_t stage = 0; stage < pp; ++stage) {
     SCOPED_TRACE(l.label() + " stage " + std::to_string(stage) + " tp rank " +
                  std::to_string(tp.rank()));
     const Memory predicted = stage_memory(p, l, schedule, stage);
-    const auto chunks = parallel::layers_of_stage(split, schedule.chunk_stage, stage);
+    const auto chunks = stage_layers(p.model, {}, schedule, static_cast<int>(stage));
     kernels::Arena arena(size_t{256} << 20);
-    ModelOptions options;
-    options.micro_rows = micro_rows(p, l);
-    options.slots = predicted.slots;
-    options.chunk_slots = predicted.chunk_slots;
+    ModelOptions options = predicted_options(p, l, predicted);
     options.split_backward = kind == parallel::ScheduleKind::kZBH1 ||
                              kind == parallel::ScheduleKind::kZBV;
     Model model(p.model, chunks, tp, arena, options);
@@ -82,19 +79,13 @@ void expect_zero_arena_matches(const parallel::Comm& dp, const parallel::Comm& t
   Layout l{2, 1, pp, micro_batches, kind, v, zero, 0};
   ASSERT_EQ(invalid_reason(p, l), "");
   const auto schedule = make_layout_schedule(l);
-  const auto split = parallel::split_layers(
-      p.model.n_layers, pp * v,
-      parallel::head_cost_in_layers(p.model.vocab_size, p.model.dim, p.model.ffn_dim));
   for (int64_t stage = 0; stage < pp; ++stage) {
     SCOPED_TRACE(l.label() + " bucket_mb " + std::to_string(bucket_mb) + " stage " +
                  std::to_string(stage) + " dp rank " + std::to_string(dp.rank()));
     const Memory predicted = stage_memory(p, l, schedule, stage);
-    const auto chunks = parallel::layers_of_stage(split, schedule.chunk_stage, stage);
+    const auto chunks = stage_layers(p.model, {}, schedule, static_cast<int>(stage));
     kernels::Arena arena(size_t{256} << 20);
-    ModelOptions options;
-    options.micro_rows = micro_rows(p, l);
-    options.slots = predicted.slots;
-    options.chunk_slots = predicted.chunk_slots;
+    ModelOptions options = predicted_options(p, l, predicted);
     options.with_optimizer = false;  // ZeRO: the moment shard is ShardedState's
     options.grad_region = zero < 2;
     options.param_region = zero < 3;

@@ -39,15 +39,8 @@ TEST(use_decode, attention_decode_matches_reference_at_every_position) {
 }
 
 ModelConfig tiny_config() {
-  ModelConfig m;
-  m.vocab_size = 40;
-  m.dim = 32;
-  m.n_layers = 2;
-  m.n_heads = 4;
-  m.n_kv_heads = 2;
-  m.ffn_dim = 48;
-  m.seq_len = 16;
-  return m;
+  return ModelConfig{.vocab_size = 40, .dim = 32, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
+      .ffn_dim = 48, .seq_len = 16};
 }
 
 SnapshotWeights random_weights(const ModelConfig& m) {

@@ -17,16 +17,8 @@ using namespace t3d;
 namespace {
 
 runtime::ModelConfig config(bool tied) {
-  runtime::ModelConfig c;
-  c.vocab_size = 24;
-  c.dim = 32;
-  c.n_layers = 3;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.ffn_dim = 40;
-  c.seq_len = 12;
-  c.tie_embeddings = tied;
-  return c;
+  return runtime::ModelConfig{.vocab_size = 24, .dim = 32, .n_layers = 3, .n_heads = 4,
+      .n_kv_heads = 2, .ffn_dim = 40, .seq_len = 12, .tie_embeddings = tied};
 }
 
 }  // namespace
