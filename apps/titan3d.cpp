@@ -28,6 +28,7 @@
 #include "runtime/selfcheck/selfcheck.h"
 #include "runtime/train/snapshots.h"
 #include "runtime/data/tokenizer.h"
+#include "runtime/train/supervisor.h"
 #include "runtime/train/trainer.h"
 
 namespace {
@@ -43,12 +44,15 @@ struct Options {
   int np = 0;
   bool trace = false;    // --trace: same as run.trace = true
   bool dry_run = false;  // --dry-run: validate the recipe and its inputs, start no rank
+  int max_restarts = -1;  // --max-restarts: run.max_restarts; -1: the recipe's
 };
 
 std::vector<runtime::Override> overrides(const Options& o) {
   std::vector<runtime::Override> out;
   for (const auto& s : o.sets) out.push_back(runtime::parse_override(s));
   if (o.trace) out.push_back(runtime::parse_override("run.trace=true"));
+  if (o.max_restarts >= 0)
+    out.push_back(runtime::parse_override("run.max_restarts=" + std::to_string(o.max_restarts)));
   return out;
 }
 
@@ -61,7 +65,10 @@ bool speaks_before_mpi() {
 // `train` and `resume` differ only in where the recipe comes from.
 int run_training(runtime::Recipe recipe, const Options& o, const std::vector<std::string>& argv) {
   runtime::check_inputs(recipe);
-  runtime::spawn_if_needed(recipe, argv, o.np);  // returns only inside a launcher
+  // Not inside a launcher: become the job's parent (mpirun, restarts after failures).
+  if (runtime::detect_launch_env().launcher == runtime::Launcher::none)
+    return runtime::supervise_training(recipe, runtime::make_spawn_plan(recipe, argv, o.np),
+                                       o.log_level);
 
   runtime::MpiRuntime mpi;
   // One live training job per run directory: the lock is taken before any log is opened.
@@ -269,6 +276,12 @@ int main(int argc, char** argv) {
     cmd->add_option("--set", o.sets, "Override a recipe key: --set parallel.tp=2 (repeatable)")
         ->type_name("KEY=VALUE");
   };
+  auto add_restarts = [&](CLI::App* cmd) {
+    cmd->add_option("--max-restarts", o.max_restarts,
+                    "Relaunch a self-launched job from its newest snapshot after a rank died or "
+                    "hung, at most N times (run.max_restarts; 0: never)")
+        ->check(CLI::Range(0, 1000));
+  };
   auto* train_cmd = app.add_subcommand("train", "Train the model a recipe describes");
   train_cmd->add_option("recipe", o.recipe, "Recipe TOML file")->required();
   add_sets(train_cmd);
@@ -280,11 +293,13 @@ int main(int argc, char** argv) {
                       "starting any rank; start none (exit 0: fine, 2: a problem)");
   train_cmd->add_flag("--trace", o.trace,
                       "Write a Chrome trace (trace.json in the run directory; run.trace = true)");
+  add_restarts(train_cmd);
 
   std::string snapshot;
   auto* resume_cmd = app.add_subcommand("resume", "Continue a run from an HDF5 snapshot");
   resume_cmd->add_option("snapshot", snapshot, "Snapshot file (.h5)")->required();
   add_sets(resume_cmd);
+  add_restarts(resume_cmd);
 
   std::string json;
   runtime::SelfcheckOptions check;

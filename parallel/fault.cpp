@@ -15,7 +15,7 @@ namespace t3d::parallel::fault::detail {
 
 namespace {
 
-enum class Kind { none, skip, die, corrupt, nosend };
+enum class Kind { none, skip, die, corrupt, nosend, die_at_step };
 
 struct Spec {
   Kind kind = Kind::none;
@@ -37,22 +37,26 @@ Spec parse(const char* text) {
   const auto parts = split(text, ':');
   const auto bad = [&] {
     return UserError(std::string("T3D_FAULT=`") + text +
-                     "` is malformed: expected skip:RANK:GROUP:N, die:RANK:GROUP:N, corrupt:RANK "
-                     "or nosend:RANK (test-only; see parallel/fault.h)");
+                     "` is malformed: expected skip:RANK:GROUP:N, die:RANK:GROUP:N, corrupt:RANK, "
+                     "nosend:RANK or die_at_step:RANK:STEP (test-only; see parallel/fault.h)");
   };
   const std::map<std::string, Kind> kinds = {
-      {"skip", Kind::skip}, {"die", Kind::die}, {"corrupt", Kind::corrupt}, {"nosend", Kind::nosend}};
+      {"skip", Kind::skip},       {"die", Kind::die},
+      {"corrupt", Kind::corrupt}, {"nosend", Kind::nosend},
+      {"die_at_step", Kind::die_at_step}};
   if (parts.size() < 2 || !kinds.count(parts[0])) throw bad();
   s.kind = kinds.at(parts[0]);
   const bool counted = s.kind == Kind::skip || s.kind == Kind::die;
-  if (parts.size() != (counted ? 4u : 2u)) throw bad();
+  const bool stepped = s.kind == Kind::die_at_step;
+  if (parts.size() != (counted ? 4u : stepped ? 3u : 2u)) throw bad();
   try {
     s.rank = std::stoi(parts[1]);
     if (counted) s.group = parts[2], s.n = std::stol(parts[3]);
+    if (stepped) s.n = std::stol(parts[2]);
   } catch (const std::exception&) {
     throw bad();
   }
-  if (s.rank < 0 || (counted && s.n < 1)) throw bad();
+  if (s.rank < 0 || ((counted || stepped) && s.n < 1)) throw bad();
   return s;
 }
 
@@ -88,6 +92,13 @@ void corrupt_sum(void* data, size_t count, MPI_Datatype type, int world_rank) {
   if (spec().kind != Kind::corrupt || spec().rank != world_rank) return;
   if (type == MPI_FLOAT) double_all<float>(data, count);
   if (type == MPI_DOUBLE) double_all<double>(data, count);
+}
+
+void at_step(int world_rank, long step) {
+  const Spec& s = spec();
+  if (s.kind != Kind::die_at_step || s.rank != world_rank || s.n != step) return;
+  spdlog::warn("T3D_FAULT: world rank {} dies at step {}", world_rank, step);
+  std::raise(SIGKILL);
 }
 
 bool drop_send(int world_rank) {

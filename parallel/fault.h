@@ -11,6 +11,8 @@
 //                                   a bad link)
 //   T3D_FAULT=nosend:RANK           RANK's point-to-point sends are dropped (a rank that never
 //                                   sends)
+//   T3D_FAULT=die_at_step:RANK:K    RANK SIGKILLs itself when training step K starts, in every
+//                                   run that reaches it (a deterministic crash)
 //
 // GROUP is a group name (tp, dp, cp, pp, world) or `*` for any. A malformed value is a UserError.
 #pragma once
@@ -27,6 +29,7 @@ bool active();  // T3D_FAULT is set (parsed on first use)
 bool before_operation(const std::string& group, int world_rank);
 void corrupt_sum(void* data, size_t count, MPI_Datatype type, int world_rank);
 bool drop_send(int world_rank);
+void at_step(int world_rank, long step);
 }  // namespace detail
 
 // Before each operation on `group`: true means "skip it"; may not return at all (die).
@@ -38,5 +41,9 @@ inline void corrupt_contribution(void* data, size_t count, MPI_Datatype type, in
   if (detail::active()) detail::corrupt_sum(data, count, type, world_rank);
 }
 inline bool drop_send(int world_rank) { return detail::active() && detail::drop_send(world_rank); }
+// When training step `step` (1-based) starts; may not return (die_at_step).
+inline void step_starts(int world_rank, long step) {
+  if (detail::active()) detail::at_step(world_rank, step);
+}
 
 }  // namespace t3d::parallel::fault

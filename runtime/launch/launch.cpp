@@ -228,7 +228,7 @@ std::vector<std::string> mpirun_command(const SpawnPlan& plan, const std::string
   return cmd;
 }
 
-int run_spawned(const SpawnPlan& plan) {
+MpirunOutcome run_spawned(const SpawnPlan& plan) {
   char self[4096];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   T3D_ASSERT(n > 0, "cannot resolve /proc/self/exe");
@@ -237,6 +237,6 @@ int run_spawned(const SpawnPlan& plan) {
   return run_mpirun_watched(mpirun_command(plan, self), plan.log_dir, plan.stall_s, plan.pid_dir);
 }
 
-void exec_mpirun(const SpawnPlan& plan) { std::_Exit(run_spawned(plan)); }
+void exec_mpirun(const SpawnPlan& plan) { std::_Exit(run_spawned(plan).code); }
 
 }  // namespace t3d::runtime

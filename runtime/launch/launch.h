@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "parallel/mesh.h"
+#include "runtime/launch/mpirun_watch.h"
 
 namespace t3d::runtime {
 
@@ -47,8 +48,9 @@ std::vector<std::string> mpirun_command(const SpawnPlan& plan, const std::string
 // Runs mpirun as a child (the ranks' output streams through; Open MPI's banners are filtered and a
 // dead rank named, see mpirun_watch.h), then exits with its exit code.
 [[noreturn]] void exec_mpirun(const SpawnPlan& plan);
-// The same, returning mpirun's exit code to the caller (which goes on: `plan --calibrate`).
-int run_spawned(const SpawnPlan& plan);
+// The same, returning how mpirun ended to the caller (which goes on: `plan --calibrate`, the
+// restart loop of runtime/train/supervisor.h).
+MpirunOutcome run_spawned(const SpawnPlan& plan);
 
 // SLURM's compressed task counts ("2(x3),1" -> {2, 2, 2, 1}); empty if malformed.
 std::vector<int> parse_slurm_tasks_per_node(const std::string& text);

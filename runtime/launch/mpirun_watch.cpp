@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <csignal>
 #include <map>
@@ -45,6 +46,9 @@ std::vector<std::string> MpirunStderrFilter::close_banner() {
     const std::string how = m[5].matched ? "died: signal " + m[5].str() + " (" + m[6].str() + ")"
                                          : "exited without finishing MPI (a crash or exit())";
     if (m[5].matched && m[5] == "15") return {};  // ended by the launcher: an echo
+    dead_rank_ = std::stoi(m[1].str());
+    dead_signal_ = m[5].matched ? std::stoi(m[5].str()) : 0;
+    dead_host_ = m[3].str();
     return {"titan3d: rank " + m[1].str() + " (" + pid + "on host " + m[3].str() + ") " + how +
             "; Open MPI ended the job. Its log: " + log_dir_ + "/rank" + m[1].str() + ".log"};
   }
@@ -98,6 +102,7 @@ class StallWatch {
     }
   }
   bool fired() const { return fired_; }
+  int killed_rank() const { return killed_rank_; }
 
   // Once a second: lines to print. Kills a rank stopped for stall_s.
   std::vector<std::string> poll() {
@@ -135,6 +140,7 @@ class StallWatch {
       }
       if (s >= stall_s_ && !fired_) {
         fired_ = true;
+        killed_rank_ = rank;
         out.push_back("titan3d: stall watchdog: " + who + " stayed stopped for more than " +
                       fmt_seconds(stall_s_) + " s (parallel.timeout_s); ending the job");
         kill(pid, SIGKILL);
@@ -166,18 +172,61 @@ class StallWatch {
   std::string log_dir_, pid_dir_;
   double stall_s_;
   bool fired_ = false;
+  int killed_rank_ = -1;
   std::map<int, Stopped> stopped_;
 };
 
+volatile std::sig_atomic_t g_received = 0;  // the last signal, consumed by the watch loop
+void on_signal(int sig) { g_received = sig; }
+
+// Installs on_signal for the signals the launcher passes on; restores the old handlers on exit.
+class ForwardedSignals {
+ public:
+  ForwardedSignals() {
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    for (size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &sa, &old_[i]);
+  }
+  ~ForwardedSignals() {
+    for (size_t i = 0; i < kSignals.size(); ++i) sigaction(kSignals[i], &old_[i], nullptr);
+  }
+
+ private:
+  static constexpr std::array<int, 4> kSignals = {SIGINT, SIGTERM, SIGHUP, SIGUSR1};
+  std::array<struct sigaction, 4> old_{};
+};
+
+// Passes a received signal on to mpirun (see mpirun_watch.h); returns a line to print.
+std::string forward(int sig, pid_t child, MpirunOutcome& out) {
+  const bool again = out.signal != 0;
+  if (again && out.signal == -1) return "";  // already ending every rank
+  out.signal = sig;
+  if (sig == SIGINT || again) {
+    kill(child, sig == SIGINT ? SIGINT : SIGTERM);
+    out.signal = -1;
+    return again ? "titan3d: second signal: ending every rank now (the last complete snapshot "
+                   "stays as it is)"
+                 : "titan3d: interrupted: ending every rank";
+  }
+  kill(child, SIGUSR1);  // mpirun forwards SIGUSR1 to every rank
+  return "titan3d: signal " + std::to_string(sig) +
+         ": every rank finishes its step, snapshots it and stops (a second signal ends them now)";
+}
+
 }  // namespace
 
-int run_mpirun_watched(const std::vector<std::string>& argv, const std::string& log_dir,
+MpirunOutcome run_mpirun_watched(const std::vector<std::string>& argv, const std::string& log_dir,
                        double stall_s, const std::string& pid_dir) {
   int fds[2];
   T3D_ASSERT(pipe(fds) == 0, "pipe: ", std::strerror(errno));
   const pid_t child = fork();
   T3D_ASSERT(child >= 0, "fork: ", std::strerror(errno));
   if (child == 0) {
+    // mpirun and the ranks in a process group of their own: a signal to the launcher's group
+    // (Ctrl-C, `timeout`, a job script's kill) reaches them only as the launcher passes it on,
+    // so a preemption signal cannot kill mpirun before the ranks' snapshot commits.
+    setpgid(0, 0);
     dup2(fds[1], STDERR_FILENO);
     close(fds[0]), close(fds[1]);
     std::vector<char*> args;
@@ -190,7 +239,9 @@ int run_mpirun_watched(const std::vector<std::string>& argv, const std::string& 
     _exit(2);
   }
   close(fds[1]);
-  std::signal(SIGINT, SIG_IGN);  // Ctrl-C reaches mpirun too; it ends the ranks, we report
+  ForwardedSignals forwarded;
+  g_received = 0;
+  MpirunOutcome outcome;
   MpirunStderrFilter filter(log_dir);
   const auto print = [](const std::vector<std::string>& lines) {
     for (const auto& l : lines) std::fprintf(stderr, "%s\n", l.c_str());
@@ -215,6 +266,10 @@ int run_mpirun_watched(const std::vector<std::string>& argv, const std::string& 
       }
     }
     print(stalls.poll());
+    if (const int sig = g_received; sig != 0) {
+      g_received = 0;
+      if (const std::string said = forward(sig, child, outcome); !said.empty()) print({said});
+    }
   }
   if (!pending.empty()) print(filter.feed(pending));
   print(filter.finish());
@@ -222,8 +277,14 @@ int run_mpirun_watched(const std::vector<std::string>& argv, const std::string& 
   int status = 0;
   while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
   }
-  if (stalls.fired()) return 3;  // the watchdog's exit code (README: exit codes)
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  outcome.dead_rank = filter.dead_rank();
+  outcome.dead_signal = filter.dead_signal();
+  outcome.dead_host = filter.dead_host();
+  outcome.stalled_rank = stalls.killed_rank();
+  outcome.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  if (stalls.fired()) outcome.code = 3;  // the watchdog's exit code (CONTRIBUTING: exit codes)
+  if (outcome.signal == -1 && outcome.code != 0) outcome.code = 130;  // ended on a signal
+  return outcome;
 }
 
 }  // namespace t3d::runtime

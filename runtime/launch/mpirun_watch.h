@@ -11,6 +11,16 @@
 
 namespace t3d::runtime {
 
+// What ended a watched mpirun, for the restart loop's incident log.
+struct MpirunOutcome {
+  int code = 0;             // exit code (128 + signal when mpirun itself was killed)
+  int dead_rank = -1;       // a rank Open MPI saw die, or -1
+  int dead_signal = 0;      // ... by this signal (0: it exited without finishing MPI)
+  std::string dead_host;
+  int stalled_rank = -1;    // a rank the stall watch killed, or -1
+  int signal = 0;           // a signal this launcher passed on (-1: it ended the job), or 0
+};
+
 class MpirunStderrFilter {
  public:
   explicit MpirunStderrFilter(std::string log_dir) : log_dir_(std::move(log_dir)) {}
@@ -18,24 +28,34 @@ class MpirunStderrFilter {
   std::vector<std::string> feed(const std::string& line);
   // At end of stream: whatever an unterminated banner held.
   std::vector<std::string> finish();
+  // The last rank a banner reported dead (rank -1 if none), its signal and host.
+  int dead_rank() const { return dead_rank_; }
+  int dead_signal() const { return dead_signal_; }
+  const std::string& dead_host() const { return dead_host_; }
 
  private:
   std::vector<std::string> close_banner();
   std::string log_dir_;
   bool in_banner_ = false;
   std::vector<std::string> banner_;
+  int dead_rank_ = -1, dead_signal_ = 0;
+  std::string dead_host_;
 };
 
-// Runs `argv` (mpirun ...) with its stderr through the filter; returns its exit code (128 + signal
-// when it was killed). Ignores SIGINT itself (mpirun, in the same process group, ends the job).
+// Runs `argv` (mpirun ...) with its stderr through the filter; returns how it ended.
+//
+// Signals to this launcher reach the job, so that no rank is left running: SIGINT (Ctrl-C, or
+// sent to the launcher alone) is passed to mpirun, which ends every rank; the first SIGTERM,
+// SIGHUP or SIGUSR1 becomes SIGUSR1 to mpirun, which forwards it to every rank (preemption: each
+// snapshots and exits with kExitPreempted); a second such signal ends the job at once.
 //
 // Stall watch (stall_s > 0): every rank on this host publishes its pid in pid_dir/rank<N>.pid
 // (join_world). Once a second the parent reads each one's state from /proc; a rank stopped
 // (SIGSTOP, a debugger) is named after stall_s / 2, before the other ranks' watchdogs (which see
 // only that they wait) fire at stall_s, and killed after stall_s, ending the job with exit 3. A
 // one-rank job has no one else to notice: this is what ends it.
-int run_mpirun_watched(const std::vector<std::string>& argv, const std::string& log_dir,
-                       double stall_s = 0, const std::string& pid_dir = "");
+MpirunOutcome run_mpirun_watched(const std::vector<std::string>& argv, const std::string& log_dir,
+                                 double stall_s = 0, const std::string& pid_dir = "");
 
 // The scheduler state letter of a process from /proc/<pid>/stat ('R', 'S', 'T' stopped, ...), or
 // 0 when there is no such process.

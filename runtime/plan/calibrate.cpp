@@ -197,7 +197,7 @@ Cluster calibrate_local(const Recipe& recipe, const std::vector<std::string>& ar
   std::vector<std::string> probe_argv = argv;
   probe_argv.insert(probe_argv.end(), {"--calibrate-probe", tmp});
   SpawnPlan plan = make_spawn_plan(recipe, probe_argv, 0);
-  const int rc = run_spawned(plan);
+  const int rc = run_spawned(plan).code;
   T3D_USER_CHECK(rc == 0 && fs::is_regular_file(tmp), "plan --calibrate: the probe on ",
                  plan.ranks, " rank(s) failed (exit ", rc, "); logs in ", plan.log_dir);
   fs::rename(tmp, path);  // atomic: a concurrent plan reads the old file or the new one

@@ -197,6 +197,13 @@ const std::vector<Field>& schema() {
             "trace | debug | info | warn | error. `--log-level` overrides it."),
       field("run", "trace", &R::run, &RunConfig::trace,
             "Write a Chrome trace-event JSON per rank into the run directory."),
+      field("run", "max_restarts", &R::run, &RunConfig::max_restarts,
+            "Self-launched jobs: when a rank dies or hangs, relaunch from the newest complete "
+            "snapshot (snapshot.resume = latest) at most this many times within "
+            "run.restart_window_s; a step that fails twice the same way stops it. 0: never. "
+            "`--max-restarts` overrides it."),
+      field("run", "restart_window_s", &R::run, &RunConfig::restart_window_s,
+            "The window run.max_restarts counts restarts in, seconds."),
 
       field("model", "vocab_size", &R::model, &ModelConfig::vocab_size,
             "Vocabulary size (256 for the byte-level tokenizer)."),
@@ -592,6 +599,10 @@ void validate(const Recipe& r) {
             "must be a zlib level 0-9 (0: uncompressed)");
 
   v.one_of("run.log_level", r.run.log_level, {"trace", "debug", "info", "warn", "error"});
+  v.require(r.run.max_restarts >= 0 && r.run.max_restarts <= 1000, "run.max_restarts",
+            "must lie in [0, 1000], got " + std::to_string(r.run.max_restarts));
+  v.require(r.run.restart_window_s > 0, "run.restart_window_s",
+            "must be positive (seconds), got " + is(r.run.restart_window_s));
   v.require(r.hardware.hbm_gib > 0, "hardware.hbm_gib", "must be positive");
   v.require(r.hardware.threads_per_rank >= 0, "hardware.threads_per_rank", "must be ≥ 0");
 }

@@ -15,6 +15,10 @@ struct RunConfig {
   std::string dir;  // empty: runs/<name>
   std::string log_level = "info";
   bool trace = false;
+  // Self-launched jobs: relaunches from the newest snapshot after a rank died or hung, at most
+  // this many within restart_window_s (runtime/train/supervisor.h).
+  int64_t max_restarts = 3;
+  double restart_window_s = 3600;
 };
 
 struct ModelConfig {

@@ -18,6 +18,7 @@
 #include "kernels/gemm.h"
 #include "kernels/check.h"
 #include "kernels/ops.h"
+#include "parallel/fault.h"
 #include "parallel/grad_reducer.h"
 #include "parallel/pipeline_split.h"
 #include "parallel/schedule.h"
@@ -30,6 +31,7 @@
 #include "runtime/train/metrics.h"
 #include "runtime/train/data_parallel.h"
 #include "runtime/train/sharded_state.h"
+#include "runtime/train/stop_signal.h"
 #include "runtime/model/model.h"
 #include "runtime/train/snapshots.h"
 
@@ -381,6 +383,23 @@ struct Trainer::Impl {
     rec.mfu_gemm = flops_per_token * rec.tokens_per_s / (hosts * peaks.gemm_gflops * 1e9);
   }
 
+  // After the snapshot of `step` started on every rank: waits for its commit and ends the run
+  // with kExitPreempted (every rank alike; rank 0 says so).
+  [[noreturn]] void stop_preempted(int64_t step, int signal) {
+    snapshots->finish();
+    if (mesh.rank() == 0) {
+      if (r.snapshot.every > 0)
+        spdlog::warn("preempted (signal {}): stopped after step {} with its snapshot committed; "
+                     "continue with `titan3d train <recipe> --set snapshot.resume=latest` (exit {})",
+                     signal, step, kExitPreempted);
+      else
+        spdlog::warn("preempted (signal {}): stopped after step {}; snapshot.every = 0, so nothing "
+                     "was saved (exit {})",
+                     signal, step, kExitPreempted);
+    }
+    throw AgreedFailure{kExitPreempted};
+  }
+
   TrainSummary run() {
     const auto& t = r.train;
     TrainSummary summary;
@@ -396,7 +415,9 @@ struct Trainer::Impl {
     // The gradient reduction runs on dp × cp: its waits are dp_comm_share.
     const parallel::Comm* groups[4] = {&mesh.group(Dim::tp), &mesh.dp_cp(),
                                        &mesh.group(Dim::pp), &mesh.group(Dim::cp)};
+    install_stop_signals();
     for (int64_t step = first_step; step < t.steps; ++step) {
+      parallel::fault::step_starts(mesh.world().world_ranks()[mesh.rank()], static_cast<long>(step + 1));
       const auto t0 = Clock::now();
       parallel::trace::Span step_span("step", "train");
       step_span.arg("step", step + 1);
@@ -435,7 +456,11 @@ struct Trainer::Impl {
       measure_step(rec, groups, waited);
       summary.steps.push_back(rec);
       report(rec, seconds_since(run_start));
-      snapshots->after_step(step + 1, last);
+      // A preemption signal on any rank: every rank snapshots this step and stops.
+      int stop = stop_requested();
+      mesh.world().all_reduce(&stop, 1, parallel::ReduceOp::max);
+      snapshots->after_step(step + 1, last || stop != 0);
+      if (stop != 0 && !last) stop_preempted(step + 1, stop);
     }
     snapshots->finish();
     summary.peak_arena_bytes = arena->peak();
