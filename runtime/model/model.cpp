@@ -53,8 +53,6 @@ Model::BlockParams Model::block_grads(int64_t l) const {
           base + o.ln2, base + o.gate, base + o.up, base + o.down};
 }
 
-uint16_t* Model::recv16() { return scratch_->recv16; }
-
 float* Model::input(int chunk, int slot) { return acts_.at(chunk).at(slot)->x[0]; }
 const float* Model::output(int chunk, int slot) const {
   return acts_.at(chunk).at(slot)->x.back();

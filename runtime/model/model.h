@@ -50,9 +50,10 @@ struct ModelOptions {
   // Zero-bubble schedules run the backward as B (input gradients) then, later, W (weight
   // gradients): keep per slot the output gradients W needs.
   bool split_backward = false;
-  // Mixed precision (train.precision = "bf16"): saved activations are stored in bf16 and TP / PP
-  // traffic travels in bf16; master weights, GEMMs and accumulation stay fp32 (bf16 arithmetic is
-  // not faster than fp32 on the CPUs titan3d runs on, see bench/README.md).
+  // Mixed precision (train.precision = "bf16"): saved activations are stored in bf16 and TP
+  // traffic travels in bf16 (the pipeline's is the executor's WirePrecision); master weights,
+  // GEMMs and accumulation stay fp32 (bf16 arithmetic is not faster than fp32 on the CPUs titan3d
+  // runs on, see bench/README.md).
   bool bf16 = false;
   // Megatron sequence parallelism: outside the TP blocks (norms, residual stream, pipeline
   // traffic) each tp rank keeps only its 1/tp of the micro-batch's rows.
@@ -133,9 +134,6 @@ class Model {
   // (rows, C): gradient of the chunk's input, per slot so a send can still be in flight while the
   // next micro-batch's backward runs.
   const float* input_grad(int chunk, int slot) const;
-  // bf16 mode: the (rows, C) buffer pipeline receives land in.
-  uint16_t* recv16();
-  bool bf16() const { return options_.bf16; }
 
   // Sum of squared gradients over the float ranges given (of the gradient region) for the global
   // norm: tp-replicated tensors count on tp rank 0 only, so summing the ranges' partition over

@@ -4,6 +4,7 @@
 // model_collectives.cpp.
 #include <cmath>
 #include <cstring>
+#include <iterator>
 
 #include "kernels/check.h"
 #include "kernels/hash.h"
@@ -22,7 +23,8 @@ using k::splitmix64;
 
 // Standard normal from a counter: Box-Muller on two hashed uniforms in (0, 1].
 float normal_at(uint64_t key, uint64_t index) {
-  const uint64_t a = splitmix64(key ^ splitmix64(2 * index)), b = splitmix64(key ^ splitmix64(2 * index + 1));
+  const uint64_t a = splitmix64(key ^ splitmix64(2 * index)),
+                 b = splitmix64(key ^ splitmix64(2 * index + 1));
   const double u1 = (static_cast<double>(a >> 11) + 1.0) * 0x1.0p-53;
   const double u2 = static_cast<double>(b >> 11) * 0x1.0p-53;
   return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
@@ -42,8 +44,7 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
                                  : options_.chunk_slots;
   spec_options.checkpoint_every = options_.checkpoint_every;
   spec_options.split_backward = options_.split_backward;
-  spec_options.storage =
-      options_.bf16 ? ActivationStorage::kBf16Copies : ActivationStorage::kFp32;
+  spec_options.storage = options_.bf16 ? ActivationStorage::kBf16Copies : ActivationStorage::kFp32;
   const SpecLayout spec_layout{chunks_, tp_.size(), options_.sequence_parallel,
                                options_.cp ? options_.cp->size() : 1};
   const ActivationSpec spec = activation_spec(config_, spec_layout, spec_options);
@@ -94,7 +95,7 @@ void Model::build_params() {
       const auto at = [&](const char* suffix) {
         return layout_.at(layer_name(l, suffix)).offset - unit0;
       };
-      block_offsets_[l] = {at("input_layernorm.weight"), at("self_attn.q_proj.weight"),
+      block_offsets_[l] = {at("input_layernorm.weight"),  at("self_attn.q_proj.weight"),
                            at("self_attn.k_proj.weight"), at("self_attn.v_proj.weight"),
                            at("self_attn.o_proj.weight"), at("post_attention_layernorm.weight"),
                            at("mlp.gate_proj.weight"),    at("mlp.up_proj.weight"),
@@ -136,6 +137,7 @@ void Model::bind(ChunkActs& a, const parallel::LayerRange& range, const SpecTens
   using Role = SpecTensor::Role;
   auto* f = static_cast<float*>(p);
   const auto i = static_cast<size_t>(t.layer - range.begin);
+  // clang-format off
   switch (t.role) {
     case Role::kResidual: a.x[static_cast<size_t>(t.index)] = f; return;
     case Role::kBlock: block_act(a.layers[i], t.index) = f; return;
@@ -148,6 +150,7 @@ void Model::bind(ChunkActs& a, const parallel::LayerRange& range, const SpecTens
     case Role::kInputGrad: a.dx_in = f; return;
     default: T3D_ASSERT(false, t.name(), " is not an activation");
   }
+  // clang-format on
 }
 
 void Model::allocate_scratch(const ActivationSpec& spec) {
@@ -173,50 +176,30 @@ void Model::allocate_scratch(const ActivationSpec& spec) {
 }
 
 void Model::bind_scratch(ScratchBuf buf, void* p) {
-  using enum ScratchBuf;
+  using S = Scratch;
+  // The member of each fp32 row, in ScratchBuf order; the bf16 rows come last.
+  static constexpr float* S::*kFloat[] = {
+      &S::tmp,    &S::dx,     &S::rows,    &S::all_rows, &S::dtmp,      &S::dxn,  &S::datt,
+      &S::dq,     &S::dk,     &S::dv,      &S::dh,       &S::dgate,     &S::dup,  &S::attn,
+      &S::logits, &S::losses, &S::row_max, &S::sum_exp,  &S::target,    &S::rope, &S::k_all,
+      &S::v_all,  &S::dk_all, &S::dv_all,  &S::cp_stage, &S::cp_kv_part};
+  static_assert(std::size(kFloat) == static_cast<size_t>(ScratchBuf::kTpBf16));
   auto& s = *scratch_;
-  auto* f = static_cast<float*>(p);
-  auto* h = static_cast<uint16_t*>(p);
-  switch (buf) {
-    case kTmp: s.tmp = f; return;
-    case kDx: s.dx = f; return;
-    case kSpRows: s.rows = f; return;
-    case kSpAllRows: s.all_rows = f; return;
-    case kDtmp: s.dtmp = f; return;
-    case kDxn: s.dxn = f; return;
-    case kDatt: s.datt = f; return;
-    case kDq: s.dq = f; return;
-    case kDk: s.dk = f; return;
-    case kDv: s.dv = f; return;
-    case kDh: s.dh = f; return;
-    case kDgate: s.dgate = f; return;
-    case kDup: s.dup = f; return;
-    case kAttentionTiles: s.attn = f; return;
-    case kLogits: s.logits = f; return;
-    case kLosses: s.losses = f; return;
-    case kRowMax: s.row_max = f; return;
-    case kSumExp: s.sum_exp = f; return;
-    case kTarget: s.target = f; return;
-    case kRope: s.rope = f; return;
-    case kCpKeys: s.k_all = f; return;
-    case kCpValues: s.v_all = f; return;
-    case kCpKeyGrads: s.dk_all = f; return;
-    case kCpValueGrads: s.dv_all = f; return;
-    case kCpStaging: s.cp_stage = f; return;
-    case kCpKeyValuePart: s.cp_kv_part = f; return;
-    case kTpBf16: s.tp16 = h; return;
-    case kTpBf16Rows: s.tp16_rows = h; return;
-    case kRecvBf16: s.recv16 = h; return;
-  }
+  if (buf == ScratchBuf::kTpBf16)
+    s.tp16 = static_cast<uint16_t*>(p);
+  else if (buf == ScratchBuf::kTpBf16Rows)
+    s.tp16_rows = static_cast<uint16_t*>(p);
+  else
+    s.*kFloat[static_cast<size_t>(buf)] = static_cast<float*>(p);
 }
 
 Model::~Model() = default;
 
 float*& Model::block_act(LayerActs& a, int index) {
   static constexpr float* LayerActs::*kMember[kBlockActs] = {
-      &LayerActs::rstd1, &LayerActs::xn1,   &LayerActs::q,   &LayerActs::kk, &LayerActs::v,
-      &LayerActs::att,   &LayerActs::lse,   &LayerActs::xmid, &LayerActs::rstd2, &LayerActs::xn2,
-      &LayerActs::gate,  &LayerActs::up,    &LayerActs::h};
+      &LayerActs::rstd1, &LayerActs::xn1, &LayerActs::q,    &LayerActs::kk,    &LayerActs::v,
+      &LayerActs::att,   &LayerActs::lse, &LayerActs::xmid, &LayerActs::rstd2, &LayerActs::xn2,
+      &LayerActs::gate,  &LayerActs::up,  &LayerActs::h};
   return a.*kMember[index];
 }
 
@@ -226,8 +209,10 @@ void Model::encode16(LayerActs& from, const StoredBlock& to) const {
   for (const auto& t : stored_block_) {
     const float* f = block_act(from, t.index);
     void* stored = to[static_cast<size_t>(t.index)];
-    if (t.dtype == Dtype::kBF16) k::float_to_bf16(static_cast<uint16_t*>(stored), f, t.elems);
-    else std::memcpy(stored, f, t.bytes());
+    if (t.dtype == Dtype::kBF16)
+      k::float_to_bf16(static_cast<uint16_t*>(stored), f, t.elems);
+    else
+      std::memcpy(stored, f, t.bytes());
   }
 }
 
@@ -235,8 +220,10 @@ void Model::decode16(const StoredBlock& from, LayerActs& to) const {
   for (const auto& t : stored_block_) {
     float* f = block_act(to, t.index);
     const void* stored = from[static_cast<size_t>(t.index)];
-    if (t.dtype == Dtype::kBF16) k::bf16_to_float(f, static_cast<const uint16_t*>(stored), t.elems);
-    else std::memcpy(f, stored, t.bytes());
+    if (t.dtype == Dtype::kBF16)
+      k::bf16_to_float(f, static_cast<const uint16_t*>(stored), t.elems);
+    else
+      std::memcpy(f, stored, t.bytes());
   }
 }
 
@@ -253,8 +240,8 @@ void Model::init(uint64_t seed, float* region) {
       for (int64_t i = 0; i < e.numel; ++i) data[i] = 1.0f;
       continue;
     }
-    const bool residual_out = p.name.find("o_proj") != std::string::npos ||
-                              p.name.find("down_proj") != std::string::npos;
+    const bool residual_out =
+        p.name.find("o_proj") != std::string::npos || p.name.find("down_proj") != std::string::npos;
     const float std = static_cast<float>(residual_out ? out_std : base_std);
     const uint64_t key = splitmix64(static_cast<uint64_t>(seed) ^ k::fnv1a64(p.name));
     const int64_t rows = e.spec.shape[0], cols = e.spec.shape[1], global_cols = p.global_shape[1];

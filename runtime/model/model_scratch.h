@@ -65,7 +65,6 @@ struct Model::Scratch {
   uint16_t* tp16_rows = nullptr;  // (N, C) bf16 second buffer for SP gathers / scatters
   float* rows = nullptr;          // (Nl, C) SP: this rank's rows of a gathered or scattered tensor
   float* all_rows = nullptr;      // (N, C) SP: all rows of a gradient gathered for the backward
-  uint16_t* recv16 = nullptr;  // (N, C) bf16 pipeline receives
 };
 
 }  // namespace t3d::runtime

@@ -1,5 +1,7 @@
 #include "runtime/model/model_spec.h"
 
+#include <iterator>
+
 #include "kernels/arena.h"
 #include "kernels/check.h"
 #include "kernels/ops.h"
@@ -42,9 +44,10 @@ void for_each_param(const ModelConfig& m, const std::vector<parallel::LayerRange
   }
 }
 
-constexpr const char* kBlockNames[] = {"rstd1", "xn1",  "q",    "k",  "v",  "attn", "lse",
+constexpr const char* kBlockNames[] = {"rstd1", "xn1",   "q",   "k",    "v",  "attn", "lse",
                                        "xmid",  "rstd2", "xn2", "gate", "up", "h"};
 constexpr const char* kWGradNames[] = {"dy_down", "dgate", "dup", "dy_o", "dq", "dk", "dv"};
+static_assert(std::size(kBlockNames) == kBlockActs && std::size(kWGradNames) == kWGrads);
 
 // A block's activations in BlockAct order: elements, and whether it is a per-row statistic
 // (those stay fp32 whatever the storage).
@@ -54,19 +57,19 @@ struct BlockRow {
 };
 std::array<BlockRow, kBlockActs> block_rows(const ModelDims& d) {
   const int64_t N = d.N, Nl = d.Nl, qd = d.H * d.D, kvd = d.Hkv * d.D;
-  return {{{Nl, true},              // rstd1
-           {N * d.C, false},        // xn1: input_layernorm output
-           {N * qd, false},         // q after RoPE
-           {N * kvd, false},        // k after RoPE
-           {N * kvd, false},        // v
-           {N * qd, false},         // attn: attention output, before o_proj
-           {d.B * d.H * d.T, true}, // lse: attention logsumexp (B, Hl, T)
-           {Nl * d.C, false},       // xmid: residual after attention
-           {Nl, true},              // rstd2
-           {N * d.C, false},        // xn2: post_attention_layernorm output
-           {N * d.F, false},        // gate
-           {N * d.F, false},        // up
-           {N * d.F, false}}};      // h = silu(gate)·up
+  return {{{Nl, true},               // rstd1
+           {N * d.C, false},         // xn1: input_layernorm output
+           {N * qd, false},          // q after RoPE
+           {N * kvd, false},         // k after RoPE
+           {N * kvd, false},         // v
+           {N * qd, false},          // attn: attention output, before o_proj
+           {d.B * d.H * d.T, true},  // lse: attention logsumexp (B, Hl, T)
+           {Nl * d.C, false},        // xmid: residual after attention
+           {Nl, true},               // rstd2
+           {N * d.C, false},         // xn2: post_attention_layernorm output
+           {N * d.F, false},         // gate
+           {N * d.F, false},         // up
+           {N * d.F, false}}};       // h = silu(gate)·up
 }
 
 // WGrad order: the gradients of the block output and of xmid (the inputs of down_proj's and
@@ -77,12 +80,35 @@ std::array<int64_t, kWGrads> wgrad_elems(const ModelDims& d) {
 }
 
 // Scratch names in ScratchBuf order.
-constexpr const char* kScratchNames[] = {
-    "tmp", "dx", "sp_rows", "sp_all_rows", "dtmp", "dxn", "datt", "dq", "dk", "dv", "dh", "dgate",
-    "dup", "attention_tiles", "logits", "losses", "ce_row_max", "ce_sum_exp", "ce_target_logit",
-    "rope_table", "cp_keys", "cp_values", "cp_key_grads", "cp_value_grads", "cp_staging",
-    "cp_key_value_part_grads", "tp_bf16", "tp_bf16_rows", "recv_bf16"};
-static_assert(std::size(kScratchNames) == static_cast<size_t>(ScratchBuf::kRecvBf16) + 1);
+constexpr const char* kScratchNames[] = {"tmp",
+                                         "dx",
+                                         "sp_rows",
+                                         "sp_all_rows",
+                                         "dtmp",
+                                         "dxn",
+                                         "datt",
+                                         "dq",
+                                         "dk",
+                                         "dv",
+                                         "dh",
+                                         "dgate",
+                                         "dup",
+                                         "attention_tiles",
+                                         "logits",
+                                         "losses",
+                                         "ce_row_max",
+                                         "ce_sum_exp",
+                                         "ce_target_logit",
+                                         "rope_table",
+                                         "cp_keys",
+                                         "cp_values",
+                                         "cp_key_grads",
+                                         "cp_value_grads",
+                                         "cp_staging",
+                                         "cp_key_value_part_grads",
+                                         "tp_bf16",
+                                         "tp_bf16_rows"};
+static_assert(std::size(kScratchNames) == static_cast<size_t>(ScratchBuf::kTpBf16Rows) + 1);
 
 // Builds the rows: `wide` (activation-sized) tensors take the storage's element type.
 class Builder {
@@ -153,8 +179,8 @@ std::vector<SpecTensor> scratch_spec(const ModelDims& d, const SpecLayout& layou
   b.scratch(s, kTmp, N * C, w);
   b.scratch(s, kDx, d.Nl * C, w);  // running residual gradient of the first chunk
   if (d.sp) {
-    b.scratch(s, kSpRows, d.Nl * C, w);   // this rank's rows of a gathered or scattered tensor
-    b.scratch(s, kSpAllRows, N * C, w);   // all rows of a gradient gathered for the backward
+    b.scratch(s, kSpRows, d.Nl * C, w);  // this rank's rows of a gathered or scattered tensor
+    b.scratch(s, kSpAllRows, N * C, w);  // all rows of a gradient gathered for the backward
   }
   b.scratch(s, kDtmp, N * C, w);
   b.scratch(s, kDxn, N * C, w);
@@ -185,9 +211,8 @@ std::vector<SpecTensor> scratch_spec(const ModelDims& d, const SpecLayout& layou
   // forward (then stored in bf16, or dropped), rebuilt right before its backward.
   if (o.checkpoint_every > 0 || copies) b.block(s, Role::kWorkBlock, -1);
   if (copies) {
-    b.scratch(s, kTpBf16, N * C, Dtype::kBF16);  // TP all-reduce on the wire
+    b.scratch(s, kTpBf16, N * C, Dtype::kBF16);                // TP all-reduce on the wire
     if (d.sp) b.scratch(s, kTpBf16Rows, N * C, Dtype::kBF16);  // SP gathers / scatters
-    b.scratch(s, kRecvBf16, d.Nl * C, Dtype::kBF16);           // pipeline receives
   }
   return s;
 }
@@ -197,14 +222,14 @@ std::vector<SpecTensor> scratch_spec(const ModelDims& d, const SpecLayout& layou
 std::vector<ParamInfo> param_table(const ModelConfig& config,
                                    const std::vector<parallel::LayerRange>& chunks) {
   std::vector<ParamInfo> params;
-  for_each_param(config, chunks,
-                 [&](int64_t, int64_t layer, const char* name, std::vector<int64_t> shape,
-                     int split_dim, bool decay) {
-                   params.push_back({layer < 0 ? std::string(name)
-                                               : "model.layers." + std::to_string(layer) + "." +
-                                                     name,
-                                     std::move(shape), split_dim, decay});
-                 });
+  for_each_param(
+      config, chunks,
+      [&](int64_t, int64_t layer, const char* name, std::vector<int64_t> shape, int split_dim,
+          bool decay) {
+        params.push_back(
+            {layer < 0 ? std::string(name) : "model.layers." + std::to_string(layer) + "." + name,
+             std::move(shape), split_dim, decay});
+      });
   return params;
 }
 
@@ -238,18 +263,28 @@ size_t SpecTensor::arena_bytes() const {
 std::string SpecTensor::name() const {
   const std::string block = "layer" + std::to_string(layer) + ".";
   switch (role) {
-    case Role::kResidual: return "residual" + std::to_string(index);
-    case Role::kBlock: return block + kBlockNames[index];
+    case Role::kResidual:
+      return "residual" + std::to_string(index);
+    case Role::kBlock:
+      return block + kBlockNames[index];
     case Role::kBlockStored:
       return block + kBlockNames[index] + (dtype == Dtype::kBF16 ? ".bf16" : "");
-    case Role::kWGrad: return block + "wgrad." + kWGradNames[index];
-    case Role::kTokens: return "tokens";
-    case Role::kFinalNorm: return "final_norm";
-    case Role::kFinalRstd: return "final_rstd";
-    case Role::kLossGrad: return "loss_grad";
-    case Role::kInputGrad: return "input_grad";
-    case Role::kWorkBlock: return std::string("scratch.layer_work.") + kBlockNames[index];
-    case Role::kScratch: return std::string("scratch.") + kScratchNames[index];
+    case Role::kWGrad:
+      return block + "wgrad." + kWGradNames[index];
+    case Role::kTokens:
+      return "tokens";
+    case Role::kFinalNorm:
+      return "final_norm";
+    case Role::kFinalRstd:
+      return "final_rstd";
+    case Role::kLossGrad:
+      return "loss_grad";
+    case Role::kInputGrad:
+      return "input_grad";
+    case Role::kWorkBlock:
+      return std::string("scratch.layer_work.") + kBlockNames[index];
+    case Role::kScratch:
+      return std::string("scratch.") + kScratchNames[index];
   }
   return "";
 }

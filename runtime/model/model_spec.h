@@ -66,7 +66,7 @@ enum class ActivationStorage : uint8_t {
   kFp32,
   // titan3d's train.precision = "bf16" on CPUs: a block computes in one fp32 set of buffers
   // shared by all blocks and keeps bf16 copies of its large tensors (per-row statistics stay
-  // fp32); TP and pipeline traffic travels through bf16 staging buffers. Everything else fp32.
+  // fp32); TP traffic travels through bf16 staging buffers. Everything else fp32.
   kBf16Copies,
   // An accelerator training in bf16 (the planner's price for precision bf16): every
   // activation-sized tensor is bf16 where it lives; statistics, token ids, logits, the losses
@@ -99,12 +99,13 @@ struct ModelDims {
   int64_t C = 0, D = 0;  // model width, head width
   int64_t H = 0, Hkv = 0, F = 0, V = 0;  // heads, kv heads, ffn width, vocab: local to a tp rank
   int64_t seq_len = 0;                   // the whole sequence
-  int64_t parts = 1;     // contiguous parts of a sequence on this rank: 1, or 2 with cp
-  int64_t part_len = 0;  // positions per part
+  int64_t parts = 1;            // contiguous parts of a sequence on this rank: 1, or 2 with cp
+  int64_t part_len = 0;         // positions per part
   bool sp = false, cp = false;  // sequence / context parallelism in effect
 };
 ModelDims model_dims(const ModelConfig& config, const SpecLayout& layout, int64_t micro_rows);
 
+// clang-format off
 // The activations one transformer block keeps for its backward, per micro-batch, in table order.
 enum class BlockAct : uint8_t {
   kRstd1, kXn1, kQ, kK, kV, kAttn, kLse, kXmid, kRstd2, kXn2, kGate, kUp, kH
@@ -118,8 +119,9 @@ enum class ScratchBuf : uint8_t {
   kTmp, kDx, kSpRows, kSpAllRows, kDtmp, kDxn, kDatt, kDq, kDk, kDv, kDh, kDgate, kDup,
   kAttentionTiles, kLogits, kLosses, kRowMax, kSumExp, kTarget, kRope,
   kCpKeys, kCpValues, kCpKeyGrads, kCpValueGrads, kCpStaging, kCpKeyValuePart,
-  kTpBf16, kTpBf16Rows, kRecvBf16
+  kTpBf16, kTpBf16Rows
 };
+// clang-format on
 
 // One row of the activation / scratch table.
 struct SpecTensor {
@@ -131,10 +133,10 @@ struct SpecTensor {
     kTokens,       // first chunk: the ids, for the embedding backward
     kFinalNorm,    // last chunk: model.norm output and its rstd
     kFinalRstd,
-    kLossGrad,     // last chunk: gradient of its output from the loss
-    kInputGrad,    // not the first chunk: gradient of its input, per slot (its send may be in flight)
-    kWorkBlock,    // scratch, index: BlockAct: the buffers recomputed / bf16-stored blocks use
-    kScratch,      // index: ScratchBuf
+    kLossGrad,   // last chunk: gradient of its output from the loss
+    kInputGrad,  // not the first chunk: gradient of its input, per slot (its send may be in flight)
+    kWorkBlock,  // scratch, index: BlockAct: the buffers recomputed / bf16-stored blocks use
+    kScratch,    // index: ScratchBuf
   };
   Role role;
   int index = 0;

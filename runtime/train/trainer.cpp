@@ -159,7 +159,9 @@ struct Trainer::Impl {
     // The schedule's placement (ZB-V folds the chunks into a V): the executor reads the same table.
     for (int k = 0; k < schedule.num_chunks(); ++k)
       if (schedule.chunk_stage[k] == mesh.coord().pp) mine.push_back(all_chunks[k]);
-    executor = std::make_unique<PipelineExecutor>(std::move(schedule), mesh.group(Dim::pp));
+    executor = std::make_unique<PipelineExecutor>(
+        std::move(schedule), mesh.group(Dim::pp),
+        t.precision == "bf16" ? WirePrecision::kBf16 : WirePrecision::kFp32);
 
     arena = std::make_unique<kernels::Arena>(
         static_cast<size_t>(r.hardware.hbm_gib * 1024.0 * 1024.0 * 1024.0));

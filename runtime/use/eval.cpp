@@ -136,7 +136,9 @@ EvalResult run_eval(const Job& job, const std::string& snapshot, const EvalOptio
     std::vector<parallel::LayerRange> mine;
     for (int k = 0; k < schedule.num_chunks(); ++k)  // the schedule's placement (ZB-V: a V)
       if (schedule.chunk_stage[k] == mesh.coord().pp) mine.push_back(all_chunks[k]);
-    executor = std::make_unique<PipelineExecutor>(std::move(schedule), mesh.group(Dim::pp));
+    executor = std::make_unique<PipelineExecutor>(
+        std::move(schedule), mesh.group(Dim::pp),
+        r.train.precision == "bf16" ? WirePrecision::kBf16 : WirePrecision::kFp32);
     arena = std::make_unique<kernels::Arena>(
         static_cast<size_t>(r.hardware.hbm_gib * 1024.0 * 1024.0 * 1024.0));
     ModelOptions mo;

@@ -2,14 +2,13 @@
 // relate its variants: bf16 copies halve exactly the stored block tensors, checkpointing drops
 // exactly the recomputed blocks (and adds one work block to the scratch), the split backward
 // adds the W pass's gradients, and the parameter arithmetic is the layout the Model builds.
-#include "runtime/model/model_spec.h"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
 
 #include "kernels/arena.h"
 #include "kernels/check.h"
+#include "runtime/model/model_spec.h"
 
 namespace t3d::runtime {
 namespace {
@@ -72,8 +71,8 @@ TEST(ModelSpec, Bf16CopiesHalveExactlyTheStoredBlockTensors) {
   const ActivationSpec spec = whole_model(o);
   const size_t halved = (kBlock - kBlockStatistics) / 2;
   EXPECT_EQ(spec.chunks[0].slot_bytes(), kWholeSlot - 4 * halved);
-  // One fp32 work block every stored block computes in, and the bf16 TP and pipeline buffers.
-  EXPECT_EQ(spec.scratch_bytes(), kScratch + kBlock + 2 * kRowsC / 2);
+  // One fp32 work block every stored block computes in, and the bf16 TP buffer.
+  EXPECT_EQ(spec.scratch_bytes(), kScratch + kBlock + kRowsC / 2);
   // The codec's rows: the ten large tensors in bf16, then the three statistics in fp32, each
   // group in block order.
   ASSERT_EQ(spec.stored_block.size(), static_cast<size_t>(kBlockActs));
@@ -142,8 +141,8 @@ TEST(ModelSpec, SequenceAndContextParallelismSliceTheRows) {
     if (t.name().rfind("scratch.cp_", 0) == 0) {
       ++cp_rows;
       // The whole sequence's keys or values: B·seq_len·Hkv·D, twice for the part gradients.
-      EXPECT_EQ(t.elems, (t.index == static_cast<int>(ScratchBuf::kCpKeyValuePart) ? 2 : 1) * 2 *
-                             32 * 32);
+      EXPECT_EQ(t.elems,
+                (t.index == static_cast<int>(ScratchBuf::kCpKeyValuePart) ? 2 : 1) * 2 * 32 * 32);
     }
   EXPECT_EQ(cp_rows, 6);
   ModelConfig odd = m;
@@ -162,8 +161,7 @@ TEST(ModelSpec, NamesAreTheArenaNames) {
   for (const auto& t : spec.scratch) names.push_back(t.name());
   for (const char* want : {"residual4", "layer1.xn1.bf16", "layer1.rstd1", "layer3.wgrad.dy_o",
                            "tokens", "final_norm", "final_rstd", "loss_grad",
-                           "scratch.layer_work.lse", "scratch.tp_bf16", "scratch.recv_bf16",
-                           "scratch.rope_table"})
+                           "scratch.layer_work.lse", "scratch.tp_bf16", "scratch.rope_table"})
     EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
   for (const char* absent : {"layer0.xn1.bf16", "layer2.wgrad.dq", "input_grad", "residual5"})
     EXPECT_EQ(std::find(names.begin(), names.end(), absent), names.end()) << absent;
