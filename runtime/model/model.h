@@ -222,6 +222,7 @@ class Model {
   void allocate_scratch(const ActivationSpec& spec);
   void bind(ChunkActs& a, const parallel::LayerRange& range, const SpecTensor& t, void* p);
   void bind_scratch(ScratchBuf buf, void* p);
+
   void forward_layer(int64_t layer, LayerActs& a, const float* x_in, float* x_out);
   void backward_layer(int64_t layer, LayerActs& a, const float* x_in, float* dx_io,
                       const LayerGrads* keep);
