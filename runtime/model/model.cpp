@@ -4,10 +4,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <tuple>
 
 #include "kernels/check.h"
-#include "kernels/hash.h"
 #include "kernels/ops.h"
 #include "kernels/precision.h"
 #include "runtime/model/model_scratch.h"
@@ -16,306 +14,8 @@ namespace t3d::runtime {
 
 namespace k = t3d::kernels;
 
-// Activations one transformer block keeps for its backward, for one micro-batch.
-struct Model::LayerActs {
-  float* rstd1;  // (N)
-  float* xn1;    // (N, C) input_layernorm output
-  float* q;      // (N, Hl·D) after RoPE
-  float* kk;     // (N, Hkvl·D) after RoPE
-  float* v;      // (N, Hkvl·D)
-  float* att;    // (N, Hl·D) attention output, before o_proj
-  float* lse;    // (B, Hl, T)
-  float* xmid;   // (N, C) residual after attention
-  float* rstd2;  // (N)
-  float* xn2;    // (N, C) post_attention_layernorm output
-  float* gate;   // (N, Fl)
-  float* up;     // (N, Fl)
-  float* h;      // (N, Fl) silu(gate)·up
-};
-
-// bf16 copies of the large tensors of a LayerActs (precision = bf16); the per-row statistics
-// stay fp32. The block computes in fp32 buffers shared by all blocks, then stores here.
-struct Model::LayerActs16 {
-  uint16_t *xn1, *q, *kk, *v, *att, *xmid, *xn2, *gate, *up, *h;
-  float *rstd1, *rstd2, *lse;
-};
-
-// Output gradients a block's deferred weight-gradient pass (W) needs, for one micro-batch.
-struct Model::LayerGrads {
-  float* dy_down = nullptr;  // (N, C) gradient of the block output
-  float* dgate = nullptr;    // (N, Fl)
-  float* dup = nullptr;      // (N, Fl)
-  float* dy_o = nullptr;     // (N, C) gradient of xmid
-  float* dq = nullptr;       // (N, Hl·D) before RoPE
-  float* dk = nullptr;       // (N, Hkvl·D)
-  float* dv = nullptr;       // (N, Hkvl·D)
-};
-
-struct Model::ChunkActs {
-  std::vector<float*> x;  // L+1 residual streams (N, C): x[0] the chunk's input, x[L] its output
-  std::vector<LayerActs> layers;
-  std::vector<LayerGrads> wgrads;  // split backward only; empty pointers for recomputed blocks
-  std::vector<LayerActs16> layers16;  // bf16 only: the stored copies (blocks not recomputed)
-  int32_t* tokens = nullptr;  // (N) first chunk: ids, kept for the embedding backward
-  float* xf = nullptr;        // (N, C) last chunk: model.norm output
-  float* rstdf = nullptr;     // (N)
-  float* dx_last = nullptr;   // (N, C) last chunk: gradient of x[L] from the loss
-  float* dx_in = nullptr;     // (N, C) other than the first chunk: gradient of x[0]
-};
-
-namespace {
-
-using k::splitmix64;
-
-// Standard normal from a counter: Box-Muller on two hashed uniforms in (0, 1].
-float normal_at(uint64_t key, uint64_t index) {
-  const uint64_t a = splitmix64(key ^ splitmix64(2 * index)), b = splitmix64(key ^ splitmix64(2 * index + 1));
-  const double u1 = (static_cast<double>(a >> 11) + 1.0) * 0x1.0p-53;
-  const double u2 = static_cast<double>(b >> 11) * 0x1.0p-53;
-  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
-}
-
-}  // namespace
-
-Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks,
-             const parallel::Comm& tp, k::Arena& arena, const ModelOptions& options)
-    : config_(config), chunks_(std::move(chunks)), tp_(tp), arena_(arena), options_(options) {
-  const int64_t tps = tp_.size();
-  T3D_ASSERT(config_.n_heads % tps == 0 && config_.n_kv_heads % tps == 0 &&
-                 config_.vocab_size % tps == 0 && config_.ffn_dim % tps == 0,
-             "recipe validation lets through a model tp cannot shard");
-  heads_ = config_.n_heads / tps;
-  kv_heads_ = config_.n_kv_heads / tps;
-  ffn_ = config_.ffn_dim / tps;
-  vocab_ = config_.vocab_size / tps;
-  vocab_start_ = vocab_ * tp_.rank();
-  cp_ = options_.cp && options_.cp->size() > 1;
-  const int64_t cps = cp_ ? options_.cp->size() : 1;
-  parts_ = cp_ ? 2 : 1;
-  T3D_USER_CHECK(config_.seq_len % (parts_ * cps) == 0, "recipe error: `parallel.cp` = ", cps,
-                 ": model.seq_len = ", config_.seq_len, " must divide into 2·cp equal parts");
-  seq_local_ = config_.seq_len / cps;
-  part_len_ = seq_local_ / parts_;
-  rows_ = options_.micro_rows * seq_local_;
-  sp_ = options_.sequence_parallel && tps > 1;
-  T3D_USER_CHECK(!sp_ || rows_ % tps == 0, "recipe error: `parallel.sequence_parallel`: the ",
-                 rows_, " tokens of a micro-batch do not split evenly over tp = ", tps,
-                 "; change train.global_batch, train.micro_batches or model.seq_len");
-  rows_local_ = sp_ ? rows_ / tps : rows_;
-  bool first = false, last = false;
-  for (const auto& c : chunks_) first |= c.first, last |= c.last;
-  // Whoever holds one end of a tied model must hold the other (ZB-V: stage 0 holds both).
-  T3D_USER_CHECK(!config_.tie_embeddings || first == last,
-                 "recipe error: `model.tie_embeddings` needs the embedding and the LM head on the "
-                 "same rank (parallel.pp = 1, or parallel.schedule = \"zb_v\", whose stage 0 "
-                 "holds both)");
-
-  build_param_table();
-  size_t before = arena_.used();
-  state_ = k::ModelState::allocate(arena_, layout_, options_.with_optimizer, options_.grad_region,
-                                   options_.param_region);
-  unit_begin_.assign(static_cast<size_t>(config_.n_layers + 2), -1);
-  for (const auto& u : grad_units()) unit_begin_[static_cast<size_t>(u.unit + 1)] = u.range.begin;
-  // Each block tensor's offset from the start of its unit, looked up once: a step does no name
-  // lookups. Offsets, not pointers, because ZeRO moves a unit's gradients (and with ZeRO-3 its
-  // gathered weights) between buffers; weights and gradients share the layout.
-  block_offsets_.resize(static_cast<size_t>(config_.n_layers));
-  for (const auto& range : chunks_)
-    for (int64_t l = range.begin; l < range.end; ++l) {
-      BlockOffsets& o = block_offsets_[l];
-      const int64_t unit0 = unit_begin_[static_cast<size_t>(l + 1)];
-      const auto at = [&](const char* suffix) { return layout_.at(layer_name(l, suffix)).offset - unit0; };
-      o = {at("input_layernorm.weight"), at("self_attn.q_proj.weight"),
-           at("self_attn.k_proj.weight"), at("self_attn.v_proj.weight"),
-           at("self_attn.o_proj.weight"), at("post_attention_layernorm.weight"),
-           at("mlp.gate_proj.weight"),    at("mlp.up_proj.weight"),
-           at("mlp.down_proj.weight")};
-    }
-  const size_t region = static_cast<size_t>(layout_.total_floats()) * sizeof(float);
-  footprint_.params = options_.param_region ? region : 0;
-  footprint_.grads = options_.grad_region ? region : 0;
-  footprint_.optimizer = options_.with_optimizer ? 2 * region : 0;
-  before = arena_.used();
-
-  const int64_t N = rows_, C = config_.dim, D = config_.head_dim(), T = seq_local_;
-  const int64_t B = options_.micro_rows, Nl = rows_local_;  // Nl: this rank's rows (SP)
-  auto alloc = [&](const std::string& name, int64_t floats) {
-    return arena_.alloc_floats(name, static_cast<size_t>(floats));
-  };
-  auto alloc_layer = [&](const std::string& lp) {
-    LayerActs la;
-    la.rstd1 = alloc(lp + ".rstd1", Nl);
-    la.xn1 = alloc(lp + ".xn1", N * C);
-    la.q = alloc(lp + ".q", N * heads_ * D);
-    la.kk = alloc(lp + ".k", N * kv_heads_ * D);
-    la.v = alloc(lp + ".v", N * kv_heads_ * D);
-    la.att = alloc(lp + ".attn", N * heads_ * D);
-    la.lse = alloc(lp + ".lse", B * heads_ * T);
-    la.xmid = alloc(lp + ".xmid", Nl * C);
-    la.rstd2 = alloc(lp + ".rstd2", Nl);
-    la.xn2 = alloc(lp + ".xn2", N * C);
-    la.gate = alloc(lp + ".gate", N * ffn_);
-    la.up = alloc(lp + ".up", N * ffn_);
-    la.h = alloc(lp + ".h", N * ffn_);
-    return la;
-  };
-  acts_.resize(chunks_.size());
-  T3D_ASSERT(options_.chunk_slots.empty() || options_.chunk_slots.size() == chunks_.size(),
-             options_.chunk_slots.size(), " slot counts for ", chunks_.size(), " chunks");
-  for (size_t ci = 0; ci < chunks_.size(); ++ci) {
-    const auto& range = chunks_[ci];
-    const int64_t slots = options_.chunk_slots.empty() ? options_.slots : options_.chunk_slots[ci];
-    for (int64_t s = 0; s < slots; ++s) {
-      auto a = std::make_unique<ChunkActs>();
-      const std::string p = "activations.chunk" + std::to_string(ci) + ".slot" + std::to_string(s);
-      for (int64_t l = 0; l <= range.size(); ++l)
-        a->x.push_back(alloc(p + ".residual" + std::to_string(l), Nl * C));
-      auto alloc16 = [&](const std::string& name, int64_t n) {
-        return static_cast<uint16_t*>(arena_.alloc_bytes(name, static_cast<size_t>(n) * 2));
-      };
-      for (int64_t l = range.begin; l < range.end; ++l) {
-        const int64_t i = l - range.begin;
-        const std::string lp = p + ".layer" + std::to_string(l);
-        // Recomputed and bf16-stored blocks work in the shared fp32 buffers (filled in below).
-        a->layers.push_back(recomputed(i) || stored16(i) ? LayerActs{} : alloc_layer(lp));
-        if (!options_.bf16) continue;
-        LayerActs16 s16{};
-        if (stored16(i)) {
-          s16.xn1 = alloc16(lp + ".xn1.bf16", N * C);
-          s16.q = alloc16(lp + ".q.bf16", N * heads_ * D);
-          s16.kk = alloc16(lp + ".k.bf16", N * kv_heads_ * D);
-          s16.v = alloc16(lp + ".v.bf16", N * kv_heads_ * D);
-          s16.att = alloc16(lp + ".attn.bf16", N * heads_ * D);
-          s16.xmid = alloc16(lp + ".xmid.bf16", Nl * C);
-          s16.xn2 = alloc16(lp + ".xn2.bf16", N * C);
-          s16.gate = alloc16(lp + ".gate.bf16", N * ffn_);
-          s16.up = alloc16(lp + ".up.bf16", N * ffn_);
-          s16.h = alloc16(lp + ".h.bf16", N * ffn_);
-          s16.rstd1 = alloc(lp + ".rstd1", Nl);
-          s16.rstd2 = alloc(lp + ".rstd2", Nl);
-          s16.lse = alloc(lp + ".lse", B * heads_ * T);
-        }
-        a->layers16.push_back(s16);
-      }
-
-      for (int64_t l = range.begin; options_.split_backward && l < range.end; ++l) {
-        LayerGrads lg;
-        if (!recomputed(l - range.begin)) {
-          const std::string lp = p + ".layer" + std::to_string(l) + ".wgrad";
-          lg.dy_down = alloc(lp + ".dy_down", N * C);
-          lg.dgate = alloc(lp + ".dgate", N * ffn_);
-          lg.dup = alloc(lp + ".dup", N * ffn_);
-          lg.dy_o = alloc(lp + ".dy_o", N * C);
-          lg.dq = alloc(lp + ".dq", N * heads_ * D);
-          lg.dk = alloc(lp + ".dk", N * kv_heads_ * D);
-          lg.dv = alloc(lp + ".dv", N * kv_heads_ * D);
-        }
-        a->wgrads.push_back(lg);
-      }
-      if (range.first)
-        a->tokens = static_cast<int32_t*>(
-            arena_.alloc_bytes(p + ".tokens", static_cast<size_t>(N) * sizeof(int32_t)));
-      if (range.last) {
-        a->xf = alloc(p + ".final_norm", N * C);
-        a->rstdf = alloc(p + ".final_rstd", Nl);
-        a->dx_last = alloc(p + ".loss_grad", Nl * C);
-      }
-      if (!range.first) a->dx_in = alloc(p + ".input_grad", Nl * C);
-      acts_[ci].push_back(std::move(a));
-    }
-  }
-  footprint_.activations = arena_.used() - before;
-  before = arena_.used();
-
-  scratch_ = std::make_unique<Scratch>();
-  auto& s = *scratch_;
-  const k::AttentionShape shape = attention_shape(0);
-  s.tmp = alloc("scratch.tmp", N * C);
-  s.dx = alloc("scratch.dx", Nl * C);
-  if (sp_) {
-    s.rows = alloc("scratch.sp_rows", Nl * C);
-    s.all_rows = alloc("scratch.sp_all_rows", N * C);
-  }
-  s.dtmp = alloc("scratch.dtmp", N * C);
-  s.dxn = alloc("scratch.dxn", N * C);
-  s.datt = alloc("scratch.datt", N * heads_ * D);
-  s.dq = alloc("scratch.dq", N * heads_ * D);
-  s.dk = alloc("scratch.dk", N * kv_heads_ * D);
-  s.dv = alloc("scratch.dv", N * kv_heads_ * D);
-  s.dh = alloc("scratch.dh", N * ffn_);
-  s.dgate = alloc("scratch.dgate", N * ffn_);
-  s.dup = alloc("scratch.dup", N * ffn_);
-  s.attn = alloc("scratch.attention_tiles", k::attention_scratch_floats(shape));
-  if (last) {
-    s.logits = alloc("scratch.logits", N * vocab_);
-    s.losses = alloc("scratch.losses", N);
-    s.row_max = alloc("scratch.ce_row_max", N);
-    s.sum_exp = alloc("scratch.ce_sum_exp", N);
-    s.target = alloc("scratch.ce_target_logit", N);
-  }
-  s.rope = alloc("scratch.rope_table", config_.seq_len * D);
-  if (cp_) {
-    const int64_t whole = B * config_.seq_len * kv_heads_ * D;
-    s.k_all = alloc("scratch.cp_keys", whole);
-    s.v_all = alloc("scratch.cp_values", whole);
-    s.dk_all = alloc("scratch.cp_key_grads", whole);
-    s.dv_all = alloc("scratch.cp_value_grads", whole);
-    s.cp_stage = alloc("scratch.cp_staging", whole);
-    s.cp_kv_part = alloc("scratch.cp_key_value_part_grads", 2 * whole);
-  }
-  if (options_.checkpoint_every > 0 || options_.bf16) {
-    // One block's fp32 activations, shared by every recomputed or bf16-stored block: written by
-    // its forward (then stored in bf16, or dropped), rebuilt right before its backward.
-    const LayerActs shared = alloc_layer("scratch.layer_work");
-    for (size_t ci = 0; ci < chunks_.size(); ++ci)
-      for (auto& slot : acts_[ci])
-        for (int64_t i = 0; i < chunks_[ci].size(); ++i)
-          if (recomputed(i) || stored16(i)) slot->layers[i] = shared;
-  }
-  if (options_.bf16) {
-    s.tp16 = static_cast<uint16_t*>(arena_.alloc_bytes("scratch.tp_bf16", N * C * 2));
-    if (sp_)
-      s.tp16_rows = static_cast<uint16_t*>(arena_.alloc_bytes("scratch.tp_bf16_rows", N * C * 2));
-    s.recv16 = static_cast<uint16_t*>(arena_.alloc_bytes("scratch.recv_bf16", Nl * C * 2));
-  }
-  k::rope_table(s.rope, config_.seq_len, D, config_.rope_theta);
-  footprint_.scratch = arena_.used() - before;
-}
-
-Model::~Model() = default;
-
 std::string Model::layer_name(int64_t layer, const char* suffix) const {
   return "model.layers." + std::to_string(layer) + "." + suffix;
-}
-
-void Model::build_param_table() {
-  const int64_t C = config_.dim, D = config_.head_dim(), V = config_.vocab_size;
-  const int64_t H = config_.n_heads, Hkv = config_.n_kv_heads, F = config_.ffn_dim;
-  for (const auto& range : chunks_) {
-    if (range.first) params_.push_back({"model.embed_tokens.weight", {V, C}, 0, true});
-    for (int64_t l = range.begin; l < range.end; ++l) {
-      params_.push_back({layer_name(l, "input_layernorm.weight"), {C}, -1, false});
-      params_.push_back({layer_name(l, "self_attn.q_proj.weight"), {H * D, C}, 0, true});
-      params_.push_back({layer_name(l, "self_attn.k_proj.weight"), {Hkv * D, C}, 0, true});
-      params_.push_back({layer_name(l, "self_attn.v_proj.weight"), {Hkv * D, C}, 0, true});
-      params_.push_back({layer_name(l, "self_attn.o_proj.weight"), {C, H * D}, 1, true});
-      params_.push_back({layer_name(l, "post_attention_layernorm.weight"), {C}, -1, false});
-      params_.push_back({layer_name(l, "mlp.gate_proj.weight"), {F, C}, 0, true});
-      params_.push_back({layer_name(l, "mlp.up_proj.weight"), {F, C}, 0, true});
-      params_.push_back({layer_name(l, "mlp.down_proj.weight"), {C, F}, 1, true});
-    }
-    if (range.last) {
-      params_.push_back({"model.norm.weight", {C}, -1, false});
-      if (!config_.tie_embeddings) params_.push_back({"lm_head.weight", {V, C}, 0, true});
-    }
-  }
-  std::vector<k::TensorSpec> table;
-  for (const auto& p : params_) {
-    auto shape = p.global_shape;
-    if (p.split_dim >= 0) shape[p.split_dim] /= tp_.size();
-    table.push_back({p.name, shape});
-  }
-  layout_ = k::ParamLayout(std::move(table));
 }
 
 const float* Model::unit_weights(int64_t unit) const {
@@ -351,66 +51,6 @@ Model::BlockParams Model::block_grads(int64_t l) const {
   float* base = unit_grads(l);
   return {base + o.ln1, base + o.q, base + o.k,  base + o.v,   base + o.o,
           base + o.ln2, base + o.gate, base + o.up, base + o.down};
-}
-
-// The stored tensors of a block, paired with their bf16 copies: one list for both directions.
-template <typename Fn16, typename Fn32>
-void Model::for_each_stored(const LayerActs& a, const LayerActs16& b, Fn16 on16, Fn32 on32) const {
-  const int64_t N = rows_, C = config_.dim, D = config_.head_dim();
-  on16(a.xn1, b.xn1, N * C);
-  on16(a.q, b.q, N * heads_ * D);
-  on16(a.kk, b.kk, N * kv_heads_ * D);
-  on16(a.v, b.v, N * kv_heads_ * D);
-  on16(a.att, b.att, N * heads_ * D);
-  on16(a.xmid, b.xmid, rows_local_ * C);
-  on16(a.xn2, b.xn2, N * C);
-  on16(a.gate, b.gate, N * ffn_);
-  on16(a.up, b.up, N * ffn_);
-  on16(a.h, b.h, N * ffn_);
-  on32(a.rstd1, b.rstd1, rows_local_);  // per-row statistics stay fp32
-  on32(a.rstd2, b.rstd2, rows_local_);
-  on32(a.lse, b.lse, options_.micro_rows * heads_ * seq_local_);
-}
-
-void Model::encode16(const LayerActs& from, const LayerActs16& to) const {
-  for_each_stored(
-      from, to, [](float* f, uint16_t* h, int64_t n) { k::float_to_bf16(h, f, n); },
-      [](float* f, float* h, int64_t n) { std::memcpy(h, f, sizeof(float) * n); });
-}
-
-void Model::decode16(const LayerActs16& from, const LayerActs& to) const {
-  for_each_stored(
-      to, from, [](float* f, uint16_t* h, int64_t n) { k::bf16_to_float(f, h, n); },
-      [](float* f, float* h, int64_t n) { std::memcpy(f, h, sizeof(float) * n); });
-}
-
-uint16_t* Model::recv16() { return scratch_->recv16; }
-
-void Model::init(uint64_t seed, float* region) {
-  if (!region) region = state_.params.data();
-  T3D_ASSERT(region, "a model without a parameter region initialises into a caller's buffer");
-  const double base_std = 0.02;
-  // GPT-2 / Megatron: projections into the residual stream shrink with depth.
-  const double out_std = base_std / std::sqrt(2.0 * config_.n_layers);
-  for (const auto& p : params_) {
-    const auto& e = layout_.at(p.name);
-    float* data = region + e.offset;
-    if (p.global_shape.size() == 1) {  // norm weights
-      for (int64_t i = 0; i < e.numel; ++i) data[i] = 1.0f;
-      continue;
-    }
-    const bool residual_out = p.name.find("o_proj") != std::string::npos ||
-                              p.name.find("down_proj") != std::string::npos;
-    const float std = static_cast<float>(residual_out ? out_std : base_std);
-    const uint64_t key = splitmix64(static_cast<uint64_t>(seed) ^ k::fnv1a64(p.name));
-    const int64_t rows = e.spec.shape[0], cols = e.spec.shape[1], global_cols = p.global_shape[1];
-    const int64_t row0 = p.split_dim == 0 ? rows * tp_.rank() : 0;
-    const int64_t col0 = p.split_dim == 1 ? cols * tp_.rank() : 0;
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c)
-        data[r * cols + c] =
-            std * normal_at(key, static_cast<uint64_t>((row0 + r) * global_cols + col0 + c));
-  }
 }
 
 float* Model::input(int chunk, int slot) { return acts_.at(chunk).at(slot)->x[0]; }
@@ -619,7 +259,7 @@ double Model::forward(int chunk, int slot, const int32_t* tokens, const int32_t*
   for (int64_t l = range.begin; l < range.end; ++l) {
     const int64_t i = l - range.begin;
     forward_layer(l, a.layers[i], a.x[i], a.x[i + 1]);
-    if (stored16(i)) encode16(a.layers[i], a.layers16[i]);
+    if (stored16(i)) encode16(a.layers[i], a.stored[i]);
   }
   return range.last ? forward_head(a, targets, grad_scale, training) : 0.0;
 }
@@ -639,7 +279,7 @@ void Model::backward_weight(int chunk, int slot) {
   for (int64_t l = range.end - 1; l >= range.begin; --l) {
     const int64_t i = l - range.begin;
     if (recomputed(i)) continue;  // done in B
-    if (stored16(i)) decode16(a.layers16[i], a.layers[i]);
+    if (stored16(i)) decode16(a.stored[i], a.layers[i]);
     backward_layer_weights(l, a.layers[i], a.wgrads[i]);
     if (grad_hook_) grad_hook_(l);
   }
@@ -656,7 +296,7 @@ void Model::backward_impl(int chunk, int slot, const float* dout, bool defer_wei
     // Recompute: the same forward on the same input gives the same bits, so rewriting x[i + 1]
     // (already consumed by the blocks above) is harmless and needs no extra buffer.
     if (recomputed(i)) forward_layer(l, a.layers[i], a.x[i], a.x[i + 1]);
-    if (stored16(i)) decode16(a.layers16[i], a.layers[i]);
+    if (stored16(i)) decode16(a.stored[i], a.layers[i]);
     const bool defer = defer_weights && !recomputed(i);
     backward_layer(l, a.layers[i], a.x[i], dx, defer ? &a.wgrads[i] : nullptr);
     if (!defer && grad_hook_) grad_hook_(l);
@@ -668,21 +308,6 @@ void Model::backward_impl(int chunk, int slot, const float* dout, bool defer_wei
                           vocab_start_ + vocab_);
     if (grad_hook_) grad_hook_(-1);
   }
-}
-
-std::vector<Model::GradUnit> Model::grad_units() const {
-  std::vector<GradUnit> units;
-  for (const auto& p : params_) {
-    int64_t unit = config_.n_layers;  // model.norm, lm_head
-    if (p.name == "model.embed_tokens.weight") unit = -1;
-    else if (p.name.rfind("model.layers.", 0) == 0) unit = std::stoll(p.name.substr(13));
-    const auto& e = layout_.at(p.name);
-    if (units.empty() || units.back().unit != unit)
-      units.push_back({unit, {e.offset, e.offset + e.numel}});
-    else
-      units.back().range.end = e.offset + e.numel;
-  }
-  return units;
 }
 
 int64_t Model::first_nonfinite_layer(int slot) const {

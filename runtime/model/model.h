@@ -17,6 +17,7 @@
 // model is built, so a step never allocates and a too-small budget fails at build time.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -28,17 +29,10 @@
 #include "parallel/comm.h"
 #include "parallel/grad_reducer.h"
 #include "parallel/pipeline_split.h"
+#include "runtime/model/model_spec.h"
 #include "runtime/recipe/recipe.h"
 
 namespace t3d::runtime {
-
-// One row of the parameter table: the global (Hugging Face) tensor and how it is sharded.
-struct ParamInfo {
-  std::string name;
-  std::vector<int64_t> global_shape;
-  int split_dim = -1;  // -1 replicated over tp; 0 rows (column-parallel, vocab); 1 columns
-  bool decay = true;   // AdamW weight decay (norm weights: no)
-};
 
 struct ModelOptions {
   int64_t micro_rows = 1;  // sequences per micro-batch
@@ -56,9 +50,10 @@ struct ModelOptions {
   // Zero-bubble schedules run the backward as B (input gradients) then, later, W (weight
   // gradients): keep per slot the output gradients W needs.
   bool split_backward = false;
-  // Mixed precision (train.precision = "bf16"): saved activations are stored in bf16 and TP / PP
-  // traffic travels in bf16; master weights, GEMMs and accumulation stay fp32 (bf16 arithmetic is
-  // not faster than fp32 on the CPUs titan3d runs on, see bench/README.md).
+  // Mixed precision (train.precision = "bf16"): saved activations are stored in bf16 and TP
+  // traffic travels in bf16 (the pipeline's is the executor's WirePrecision); master weights,
+  // GEMMs and accumulation stay fp32 (bf16 arithmetic is not faster than fp32 on the CPUs titan3d
+  // runs on, see bench/README.md).
   bool bf16 = false;
   // Megatron sequence parallelism: outside the TP blocks (norms, residual stream, pipeline
   // traffic) each tp rank keeps only its 1/tp of the micro-batch's rows.
@@ -139,9 +134,6 @@ class Model {
   // (rows, C): gradient of the chunk's input, per slot so a send can still be in flight while the
   // next micro-batch's backward runs.
   const float* input_grad(int chunk, int slot) const;
-  // bf16 mode: the (rows, C) buffer pipeline receives land in.
-  uint16_t* recv16();
-  bool bf16() const { return options_.bf16; }
 
   // Gradient units: float ranges of the gradient region that become final together. Unit -1 is
   // the embedding, l a transformer block, n_layers the final norm and LM head. In region order.
@@ -185,20 +177,27 @@ class Model {
                 *ln2 = nullptr, *gate = nullptr, *up = nullptr, *down = nullptr;
   };
   struct LayerActs;
-  struct LayerActs16;
   struct LayerGrads;
   struct ChunkActs;
   struct Scratch;
+  // A bf16-stored block's kept tensors, by BlockAct: bf16 or fp32 as the spec's stored rows say.
+  using StoredBlock = std::array<void*, kBlockActs>;
+  static float*& block_act(LayerActs& a, int index);  // the member of row `index` (BlockAct)
   bool stored16(int64_t local_layer) const { return options_.bf16 && !recomputed(local_layer); }
-  template <typename Fn16, typename Fn32>
-  void for_each_stored(const LayerActs& a, const LayerActs16& b, Fn16 on16, Fn32 on32) const;
-  void encode16(const LayerActs& from, const LayerActs16& to) const;
-  void decode16(const LayerActs16& from, const LayerActs& to) const;
+  void encode16(LayerActs& from, const StoredBlock& to) const;
+  void decode16(const StoredBlock& from, LayerActs& to) const;
   bool recomputed(int64_t local_layer) const {
-    return options_.checkpoint_every > 0 && local_layer % options_.checkpoint_every == 0;
+    return recomputed_block(local_layer, options_.checkpoint_every);
   }
 
-  void build_param_table();
+  // The constructor's parts: parameters and their regions, then the spec's activations and
+  // scratch, each row bound to its pointer.
+  void build_params();
+  void allocate_activations(const ActivationSpec& spec);
+  void allocate_scratch(const ActivationSpec& spec);
+  void bind(ChunkActs& a, const parallel::LayerRange& range, const SpecTensor& t, void* p);
+  void bind_scratch(ScratchBuf buf, void* p);
+
   void forward_layer(int64_t layer, LayerActs& a, const float* x_in, float* x_out);
   void backward_layer(int64_t layer, LayerActs& a, const float* x_in, float* dx_io,
                       const LayerGrads* keep);
@@ -246,6 +245,8 @@ class Model {
   };
   std::vector<BlockOffsets> block_offsets_;
   std::vector<int64_t> unit_begin_;  // [unit + 1]: region offset where the unit starts
+  std::vector<GradUnit> units_;
+  std::vector<SpecTensor> stored_block_;  // the codec's rows (ActivationSpec::stored_block)
   std::vector<std::vector<std::unique_ptr<ChunkActs>>> acts_;  // [chunk][slot]
   std::unique_ptr<Scratch> scratch_;
   Footprint footprint_;

@@ -1,11 +1,37 @@
-// The model's per-rank scratch buffers (private to runtime/model*.cpp).
+// The model's private structures (runtime/model*.cpp only): the pointers its activation and
+// scratch rows of the spec table (model_spec.h) are bound to.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "runtime/model/model.h"
 
 namespace t3d::runtime {
+
+// Activations one transformer block keeps for its backward, for one micro-batch: the pointers of
+// its rows in the spec table (BlockAct; shapes there).
+struct Model::LayerActs {
+  float *rstd1, *xn1, *q, *kk, *v, *att, *lse, *xmid, *rstd2, *xn2, *gate, *up, *h;
+};
+
+// Output gradients a block's deferred weight-gradient pass (W) needs (WGrad rows).
+struct Model::LayerGrads {
+  float *dy_down = nullptr, *dgate = nullptr, *dup = nullptr, *dy_o = nullptr, *dq = nullptr,
+        *dk = nullptr, *dv = nullptr;
+};
+
+struct Model::ChunkActs {
+  std::vector<float*> x;  // L+1 residual streams (N, C): x[0] the chunk's input, x[L] its output
+  std::vector<LayerActs> layers;
+  std::vector<LayerGrads> wgrads;  // split backward only; empty pointers for recomputed blocks
+  std::vector<StoredBlock> stored;  // bf16 only: the stored copies (blocks not recomputed)
+  int32_t* tokens = nullptr;  // (N) first chunk: ids, kept for the embedding backward
+  float* xf = nullptr;        // (N, C) last chunk: model.norm output
+  float* rstdf = nullptr;     // (N)
+  float* dx_last = nullptr;   // (N, C) last chunk: gradient of x[L] from the loss
+  float* dx_in = nullptr;     // (N, C) other than the first chunk: gradient of x[0]
+};
 
 // Per-rank buffers shared by every chunk and slot: only one forward or backward runs at a time.
 struct Model::Scratch {
@@ -39,7 +65,6 @@ struct Model::Scratch {
   uint16_t* tp16_rows = nullptr;  // (N, C) bf16 second buffer for SP gathers / scatters
   float* rows = nullptr;          // (Nl, C) SP: this rank's rows of a gathered or scattered tensor
   float* all_rows = nullptr;      // (N, C) SP: all rows of a gradient gathered for the backward
-  uint16_t* recv16 = nullptr;  // (N, C) bf16 pipeline receives
 };
 
 }  // namespace t3d::runtime

@@ -9,18 +9,17 @@
 #include "kernels/ops.h"
 #include "parallel/grad_reducer.h"
 #include "parallel/pipeline_split.h"
+#include "runtime/model/model_spec.h"
 
 namespace t3d::runtime {
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-// The arena rounds every allocation up to 64 bytes; ParamLayout starts every tensor on a
-// 16-float boundary.
+// The arena rounds every allocation up to 64 bytes.
 double aligned(double bytes) { return std::ceil(bytes / 64.0) * 64.0; }
-double padded(double elems) { return std::ceil(elems / 16.0) * 16.0; }
 
-// The sizes one tensor-parallel rank sees (runtime/model/model.cpp's heads_, kv_heads_, ffn_, vocab_).
+// The sizes one tensor-parallel rank sees, for the time model.
 struct Shard {
   double C, D, H, Hkv, F, V, T;  // H, Hkv, F, V already divided by tp
 };
@@ -32,46 +31,10 @@ Shard shard_of(const ModelConfig& m, int64_t tp) {
           double(m.seq_len)};
 }
 
-// Parameter elements of one block on one tp rank, as build_param_table lays them out.
-double layer_param_elems(const Shard& s) {
-  return 2 * padded(s.C)                  // two RMSNorm weights, replicated
-         + 2 * padded(s.H * s.D * s.C)    // q_proj, o_proj
-         + 2 * padded(s.Hkv * s.D * s.C)  // k_proj, v_proj
-         + 3 * padded(s.F * s.C);         // gate, up, down
-}
-
-double chunk_param_elems(const ModelConfig& m, const Shard& s, const parallel::LayerRange& r) {
-  double n = r.size() * layer_param_elems(s);
-  if (r.first) n += padded(s.V * s.C);  // embed_tokens, vocab-parallel
-  if (r.last) n += padded(s.C) + (m.tie_embeddings ? 0 : padded(s.V * s.C));  // norm, lm_head
-  return n;
-}
-
-// The gradient units of a stage as float ranges of its region (runtime::Model::grad_units: the
-// embedding, each block, the final norm with the LM head), each tensor starting on a 16-float
-// boundary as ParamLayout places it; a unit ends where its last tensor ends.
-std::vector<parallel::FloatRange> grad_units(const ModelConfig& m, const Shard& s,
-                                             const std::vector<parallel::LayerRange>& ranges) {
-  std::vector<parallel::FloatRange> units;
-  double at = 0;
-  const auto unit = [&](std::initializer_list<double> tensors) {
-    parallel::FloatRange u{static_cast<int64_t>(at), 0};
-    for (double n : tensors) {
-      u.end = static_cast<int64_t>(at + n);
-      at += padded(n);
-    }
-    units.push_back(u);
-  };
-  const double HD = s.H * s.D * s.C, KV = s.Hkv * s.D * s.C, FC = s.F * s.C;
-  for (const auto& r : ranges) {
-    if (r.first) unit({s.V * s.C});
-    for (int64_t l = r.begin; l < r.end; ++l) unit({s.C, HD, KV, KV, HD, s.C, FC, FC, FC});
-    if (r.last) {
-      if (m.tie_embeddings) unit({s.C});
-      else unit({s.C, s.V * s.C});
-    }
-  }
-  return units;
+// Parameter elements (alignment padding included) of a stage's chunks on one tp rank.
+double stage_param_elems(const ModelConfig& m, const std::vector<parallel::LayerRange>& ranges,
+                         int64_t tp) {
+  return static_cast<double>(param_units(m, ranges, tp).total_floats);
 }
 
 // ZeRO's per-rank shard of a stage (GradReducer: every bucket split over dp), the largest over
@@ -79,12 +42,13 @@ std::vector<parallel::FloatRange> grad_units(const ModelConfig& m, const Shard& 
 struct ZeroShard {
   double owned = 0, largest_bucket = 0;
 };
-ZeroShard zero_shard(const ModelConfig& m, const Shard& s,
-                     const std::vector<parallel::LayerRange>& ranges, int64_t dp,
-                     double bucket_mb) {
+ZeroShard zero_shard(const ModelConfig& m, const std::vector<parallel::LayerRange>& ranges,
+                     int64_t tp, int64_t dp, double bucket_mb) {
+  std::vector<parallel::FloatRange> units;
+  for (const auto& u : param_units(m, ranges, tp).units) units.push_back({u.begin, u.end});
   std::vector<int> per_bucket;
   const auto bucket_floats = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * (1 << 18)));
-  const auto buckets = parallel::make_buckets(grad_units(m, s, ranges), bucket_floats, &per_bucket);
+  const auto buckets = parallel::make_buckets(units, bucket_floats, &per_bucket);
   ZeroShard z;
   for (const auto& b : buckets) z.largest_bucket = std::max(z.largest_bucket, double(b.size()));
   for (int64_t d = 0; d < dp; ++d) {
@@ -96,58 +60,21 @@ ZeroShard zero_shard(const ModelConfig& m, const Shard& s,
   return z;
 }
 
-// Bytes one block keeps for its backward, one micro-batch of N = B·T rows (Model::LayerActs).
-// Per-row statistics (rstd, logsumexp) stay fp32 whatever the activation precision.
-double layer_act_bytes(const Shard& s, double B, double a) {
-  const double N = B * s.T;
-  return 2 * aligned(4 * N)                  // rstd1, rstd2
-         + 3 * aligned(a * N * s.C)          // xn1, xmid, xn2
-         + 2 * aligned(a * N * s.H * s.D)    // q, attention output
-         + 2 * aligned(a * N * s.Hkv * s.D)  // k, v
-         + aligned(4 * B * s.H * s.T)        // logsumexp
-         + 3 * aligned(a * N * s.F);         // gate, up, silu(gate)·up
-}
-
-int64_t checkpointed_layers(int64_t layers, int64_t every) {
-  return every <= 0 ? 0 : (layers + every - 1) / every;  // layers 0, K, 2K, ... of the chunk
-}
-
-// Bytes a chunk keeps per micro-batch in flight (Model::ChunkActs): the L+1 residual streams,
-// the blocks that are not recomputed, and the first / last chunk's extras.
-double chunk_act_bytes(const Shard& s, const parallel::LayerRange& r, double B, double a,
-                       int64_t checkpoint_every, bool split_backward) {
-  const double N = B * s.T;
-  const int64_t stored = r.size() - checkpointed_layers(r.size(), checkpoint_every);
-  double bytes = (r.size() + 1) * aligned(a * N * s.C) + stored * layer_act_bytes(s, B, a);
-  // Zero-bubble (Model::LayerGrads): W's inputs, the output gradients of the seven projections.
-  if (split_backward)
-    bytes += stored * (2 * aligned(a * N * s.C) + 2 * aligned(a * N * s.F) +
-                       aligned(a * N * s.H * s.D) + 2 * aligned(a * N * s.Hkv * s.D));
-  if (r.first) bytes += aligned(4 * N);                            // token ids
-  if (r.last) bytes += 2 * aligned(a * N * s.C) + aligned(4 * N);  // final norm, loss grad, rstd
-  if (!r.first) bytes += aligned(a * N * s.C);  // input gradient, per slot: its send may be in flight
-  return bytes;
-}
-
-// Per-rank buffers shared by all chunks and slots (Model::Scratch), plus what recomputation
-// and ZeRO-3 add. The logits and the loss stay fp32.
-double workspace_bytes(const Shard& s, const std::vector<parallel::LayerRange>& ranges, double B,
-                       double a) {
-  const double N = B * s.T;
-  kernels::AttentionShape shape;
-  shape.B = static_cast<int64_t>(B), shape.T = static_cast<int64_t>(s.T);
-  shape.n_heads = static_cast<int64_t>(s.H), shape.n_kv_heads = static_cast<int64_t>(s.Hkv);
-  shape.head_dim = static_cast<int64_t>(s.D);
-  double bytes = 4 * aligned(a * N * s.C)            // tmp, dx, dtmp, dxn
-                 + 2 * aligned(a * N * s.H * s.D)    // datt, dq
-                 + 2 * aligned(a * N * s.Hkv * s.D)  // dk, dv
-                 + 3 * aligned(a * N * s.F)          // dh, dgate, dup
-                 + aligned(4.0 * kernels::attention_scratch_floats(shape)) +
-                 aligned(4 * s.T * s.D);  // RoPE table
-  bool last = false;
-  for (const auto& r : ranges) last |= r.last;
-  if (last) bytes += aligned(4 * N * s.V) + 4 * aligned(4 * N);  // logits, loss, CE statistics
-  return bytes;
+// The model spec table (runtime/model/model_spec.h) of a stage as the planner prices it: precision
+// bf16 as an accelerator keeps it (every activation-sized tensor bf16), fp32 as the arena does.
+ActivationSpec stage_activations(const PlanProblem& p, const Layout& l,
+                                 const std::vector<parallel::LayerRange>& ranges,
+                                 const std::vector<int64_t>& chunk_slots) {
+  T3D_ASSERT(p.precision.activation == 2 || p.precision.activation == 4,
+             "activations of ", p.precision.activation, " bytes");
+  SpecOptions o;
+  o.micro_rows = micro_rows(p, l);
+  o.chunk_slots = chunk_slots;
+  o.checkpoint_every = l.checkpoint_every;
+  o.split_backward =
+      l.schedule == parallel::ScheduleKind::kZBH1 || l.schedule == parallel::ScheduleKind::kZBV;
+  o.storage = p.precision.activation == 2 ? ActivationStorage::kBf16 : ActivationStorage::kFp32;
+  return activation_spec(p.model, {ranges, l.tp}, o);
 }
 
 std::string gib(double bytes) { return fmt::format("{:.4g} GiB", bytes / kGiB); }
@@ -194,7 +121,7 @@ StageCost cost_of_stage(const PlanProblem& p, const Layout& l,
   bool first = false, last = false;
   for (const auto& r : ranges) {
     layers += r.size();
-    recomputed += checkpointed_layers(r.size(), l.checkpoint_every);
+    recomputed += recomputed_blocks(r.size(), l.checkpoint_every);
     first |= r.first, last |= r.last;
   }
   c.f = layers * N * (mm + att) / flops_s;
@@ -333,19 +260,18 @@ std::vector<int64_t> chunk_activation_slots(const parallel::Schedule& s, int64_t
 
 Memory stage_memory(const PlanProblem& p, const Layout& l, const parallel::Schedule& schedule,
                     int64_t stage, std::ostream* why) {
-  const Shard s = shard_of(p.model, l.tp);
   const auto ranges = ranges_of_stage(layer_split(p.model, l), l, stage);
   const Precision& pr = p.precision;
-  const double B = static_cast<double>(micro_rows(p, l)), a = pr.activation;
-  double elems = 0, largest_layer = layer_param_elems(s);
-  for (const auto& r : ranges) elems += chunk_param_elems(p.model, s, r);
+  const double elems = stage_param_elems(p.model, ranges, l.tp);
+  const double largest_layer = static_cast<double>(block_param_floats(p.model, l.tp));
   // ZeRO (Rajbhandari et al. 2020) as titan3d allocates it (parallel/grad_reducer.h): each rank
   // owns a slice of every gradient bucket (`owned`, the largest share over dp). Stage 1 keeps
   // the optimizer state of its slices; 2 also the gradients, plus two staging buffers of the
   // largest bucket; 3 also the weights, plus two buffers a bucket is gathered into before use.
   Memory mem;
   mem.stage = stage;
-  const ZeroShard z = l.zero >= 1 ? zero_shard(p.model, s, ranges, l.dp, p.bucket_mb) : ZeroShard{};
+  const ZeroShard z =
+      l.zero >= 1 ? zero_shard(p.model, ranges, l.tp, l.dp, p.bucket_mb) : ZeroShard{};
   const double kept = l.zero >= 1 ? z.owned : elems;  // elements of state kept per sharded kind
   const auto buffers = [&](int n, double bytes) { return n * aligned(z.largest_bucket * bytes); };
   mem.params = l.zero >= 3 ? aligned(kept * pr.weight) +
@@ -360,15 +286,14 @@ Memory stage_memory(const PlanProblem& p, const Layout& l, const parallel::Sched
   mem.slots = activation_slots(schedule, stage);
   mem.chunk_slots = chunk_activation_slots(schedule, stage);
   T3D_ASSERT(mem.chunk_slots.size() == ranges.size(), "chunks of stage ", stage);
+  const ActivationSpec spec = stage_activations(p, l, ranges, mem.chunk_slots);
   double per_slot = 0;
-  const bool split_backward = l.schedule == parallel::ScheduleKind::kZBH1 ||
-                              l.schedule == parallel::ScheduleKind::kZBV;
   // What --explain prints: "4 slots × X", or per chunk "{7, 1} slots × {X, Y}" when they differ.
   std::string slots_text, bytes_text;
   const bool uniform = std::all_of(mem.chunk_slots.begin(), mem.chunk_slots.end(),
                                    [&](int64_t n) { return n == mem.slots; });
   for (size_t i = 0; i < ranges.size(); ++i) {
-    const double bytes = chunk_act_bytes(s, ranges[i], B, a, l.checkpoint_every, split_backward);
+    const auto bytes = static_cast<double>(spec.chunks[i].slot_bytes());
     per_slot += bytes;
     mem.activations += static_cast<double>(mem.chunk_slots[i]) * bytes;
     slots_text += (i ? ", " : "") + std::to_string(mem.chunk_slots[i]);
@@ -376,9 +301,9 @@ Memory stage_memory(const PlanProblem& p, const Layout& l, const parallel::Sched
   }
   if (uniform) slots_text = std::to_string(mem.slots), bytes_text = gib(per_slot);
   else slots_text = "{" + slots_text + "}", bytes_text = "{" + bytes_text + "}";
-  mem.workspace = workspace_bytes(s, ranges, B, a);
+  // Backward scratch, attention tiles, logits, and with checkpointing the block being recomputed.
+  mem.workspace = static_cast<double>(spec.scratch_bytes());
   const bool recompute = l.checkpoint_every > 0;
-  if (recompute) mem.workspace += layer_act_bytes(s, B, a);  // the block being recomputed
   if (why) {
     const auto kind_bytes = [&](double n, double bytes) {
       return fmt::format("{} × {} B{}", num(n), num(bytes),
@@ -390,7 +315,7 @@ Memory stage_memory(const PlanProblem& p, const Layout& l, const parallel::Sched
     int64_t layers = 0, recomputed = 0;
     for (const auto& r : ranges) {
       layers += r.size();
-      recomputed += checkpointed_layers(r.size(), l.checkpoint_every);
+      recomputed += recomputed_blocks(r.size(), l.checkpoint_every);
     }
     *why << fmt::format(
         "memory of pipeline stage {} ({} blocks{}{}), per rank:\n"
@@ -487,12 +412,8 @@ StepTime step_time(const PlanProblem& p, const Layout& l, const parallel::Schedu
 
   // Data-parallel gradient sync, for the stage holding the most parameters.
   double elems = 0;
-  const Shard s = shard_of(p.model, l.tp);
-  for (int64_t st = 0; st < l.pp; ++st) {
-    double e = 0;
-    for (const auto& r : ranges_of_stage(split, l, st)) e += chunk_param_elems(p.model, s, r);
-    elems = std::max(elems, e);
-  }
+  for (int64_t st = 0; st < l.pp; ++st)
+    elems = std::max(elems, stage_param_elems(p.model, ranges_of_stage(split, l, st), l.tp));
   const Link dp_link = group_link(p.cluster, l.tp, l.dp);
   const double g = elems * p.precision.grad, w = elems * p.precision.weight;
   const double rs = ring_reduce_scatter_s(g, l.dp, dp_link);

@@ -1,11 +1,12 @@
 // The planner's cost model: per-rank memory and step time of one training layout on a cluster.
 // Every formula, its source and its assumptions are in docs/planner.md.
 //
-// Memory follows runtime/model/model.cpp tensor by tensor (the same list, the same 64-byte rounding), so
-// for precision fp32 without activation checkpointing it is the arena's footprint exactly (tested
-// in tests/planner). Time is compute at an efficiency of the peak, ring collectives over the
-// node's links, and the pipeline bubble from the schedule simulator (parallel/simulator.h) run on
-// the very schedule table the executor would run.
+// Memory sums the model spec table (runtime/model/model_spec.h) that runtime::Model allocates
+// from, so for precision fp32 it is the arena's footprint exactly (tested in tests/planner); bf16
+// is priced as an accelerator keeps it (ActivationStorage::kBf16). Time is compute at an
+// efficiency of the peak, ring collectives over the node's links, and the pipeline bubble from
+// the schedule simulator (parallel/simulator.h) run on the very schedule table the executor would
+// run.
 #pragma once
 
 #include <cstdint>

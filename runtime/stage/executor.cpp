@@ -17,8 +17,9 @@ int tag_of(int mb, int chunk, int chunks, bool gradient) {
 }
 }  // namespace
 
-PipelineExecutor::PipelineExecutor(parallel::Schedule schedule, const parallel::Comm& pp)
-    : schedule_(std::move(schedule)), pp_(pp) {
+PipelineExecutor::PipelineExecutor(parallel::Schedule schedule, const parallel::Comm& pp,
+                                   WirePrecision wire)
+    : schedule_(std::move(schedule)), pp_(pp), wire_(wire) {
   T3D_ASSERT(schedule_.pp == pp_.size(), "schedule for ", schedule_.pp, " stages on a pp group of ",
              pp_.size());
   const int stage = pp_.rank();
@@ -187,7 +188,7 @@ void PipelineExecutor::send(Model& model, const float* data, int peer, int tag) 
       break;
     }
   if (!s) s = &staging_.emplace_back();
-  if (model.bf16()) {
+  if (wire_ == WirePrecision::kBf16) {
     s->b16.resize(n);
     kernels::float_to_bf16(s->b16.data(), data, static_cast<int64_t>(n));  // half the bytes
     s->request = pp_.isend(s->b16.data(), n, peer, tag);
@@ -203,9 +204,10 @@ void PipelineExecutor::wait_sends() {
 
 void PipelineExecutor::receive(Model& model, float* data, int peer, int tag) {
   const size_t n = static_cast<size_t>(model.io_floats());
-  if (!model.bf16()) return pp_.recv(data, n, peer, tag);
-  pp_.recv(model.recv16(), n, peer, tag);
-  kernels::bf16_to_float(data, model.recv16(), static_cast<int64_t>(n));
+  if (wire_ == WirePrecision::kFp32) return pp_.recv(data, n, peer, tag);
+  recv16_.resize(n);  // sized once, on the first receive
+  pp_.recv(recv16_.data(), n, peer, tag);
+  kernels::bf16_to_float(data, recv16_.data(), static_cast<int64_t>(n));
 }
 
 double PipelineExecutor::run_forward_only(Model& model, const MicroBatchSource& source) {

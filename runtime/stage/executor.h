@@ -25,10 +25,14 @@ namespace t3d::runtime {
 using MicroBatchSource =
     std::function<void(int micro, const int32_t** tokens, const int32_t** targets)>;
 
+// The precision activations and their gradients travel in between stages (train.precision):
+// bf16 halves the bytes; each message is rounded to bf16 once. Hand-overs inside a stage stay fp32.
+enum class WirePrecision { kFp32, kBf16 };
+
 class PipelineExecutor {
  public:
   // `schedule` is the whole table; this rank runs ranks[pp.rank()].
-  PipelineExecutor(parallel::Schedule schedule, const parallel::Comm& pp);
+  PipelineExecutor(parallel::Schedule schedule, const parallel::Comm& pp, WirePrecision wire);
 
   // Activation slots each local chunk needs (peak micro-batches alive on it), index = local chunk.
   const std::vector<int>& slots_per_chunk() const { return slots_; }
@@ -43,7 +47,7 @@ class PipelineExecutor {
  private:
   int local_chunk(int global_chunk) const;
   double run_forward_only(Model& model, const MicroBatchSource& source);
-  // Point-to-point in the model's wire precision (fp32, or bf16: half the bytes).
+  // Point-to-point in the wire precision.
   void send(Model& model, const float* data, int peer, int tag);
   void wait_sends();
   void receive(Model& model, float* data, int peer, int tag);
@@ -54,6 +58,8 @@ class PipelineExecutor {
 
   parallel::Schedule schedule_;
   const parallel::Comm& pp_;
+  WirePrecision wire_;
+  std::vector<uint16_t> recv16_;  // bf16 wire: (rows, C) a receive lands in before its decode
   std::vector<int> local_of_global_;  // global chunk -> index in model.chunks(), or -1
   std::vector<int> slots_;
   std::vector<float> grad_in_;  // (rows, C) gradient received for the chunk being backpropagated

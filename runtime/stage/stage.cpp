@@ -71,7 +71,10 @@ Stage build_stage(const Job& job, StagePurpose purpose) {
   s.micro_rows = rows_per_micro(r.train.global_batch, dp, n_micro);
   auto schedule = stage_schedule(r, pp);
   s.layers = stage_layers(r.model, r.parallel.pipeline_split, schedule, mesh.coord().pp);
-  s.executor = std::make_unique<PipelineExecutor>(std::move(schedule), mesh.group(Dim::pp));
+  // bf16 training sends activations and their gradients between stages in bf16.
+  s.executor = std::make_unique<PipelineExecutor>(
+      std::move(schedule), mesh.group(Dim::pp),
+      r.train.precision == "bf16" ? WirePrecision::kBf16 : WirePrecision::kFp32);
   s.arena = std::make_unique<kernels::Arena>(
       static_cast<size_t>(r.hardware.hbm_gib * 1024.0 * 1024.0 * 1024.0));
   const ModelOptions options =

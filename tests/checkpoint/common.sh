@@ -4,7 +4,9 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # A few hundred lines of text are plenty for a handful of steps.
 for i in $(seq 1 300); do echo "Line $i: the quick brown fox jumps over the lazy dog, again and again."; done > "$work/data.txt"
-common=(--set data.path="$work/data.txt" --set train.val_every=0 --set run.log_level=warn)
+# A failing job must end, not restart (restarts: tests/e2e/restart.sh).
+common=(--set data.path="$work/data.txt" --set train.val_every=0 --set run.log_level=warn
+        --set run.max_restarts=0)
 fail=0
 check() { if eval "$1"; then echo "ok: $2"; else echo "FAIL: $2"; fail=1; return 1; fi; }
 

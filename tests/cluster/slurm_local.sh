@@ -88,7 +88,7 @@ fi
 echo "ok   one-node SLURM cluster up: $(sinfo -h -N -o '%N %c CPUs %t'), munge and slurm on 127.0.0.1:$port"
 
 recipe=(--set data.path="$corpus" --set parallel.dp=2 --set parallel.tp=2 --set train.steps=4
-        --set train.val_every=0)
+        --set train.val_every=0 --set run.max_restarts=0)
 # The reference: the same recipe, self-launched (titan3d runs mpirun itself).
 "$titan3d" train "$repo/recipes/tiny.toml" "${recipe[@]}" --set run.dir="$work/reference" \
   > "$work/reference.log" 2>&1 || { echo "FAIL: reference run"; tail "$work/reference.log"; exit 1; }

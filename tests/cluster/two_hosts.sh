@@ -74,7 +74,7 @@ mpi() {
 model=(--set data.path="$corpus" --set model.dim=64 --set model.n_layers=4 --set model.n_heads=4
        --set model.n_kv_heads=2 --set model.seq_len=32 --set train.global_batch=8
        --set train.micro_batches=2 --set train.steps=4 --set train.val_every=0
-       --set hardware.hbm_gib=0.25)
+       --set hardware.hbm_gib=0.25 --set run.max_restarts=0)
 layout=(--set parallel.pp=2 --set parallel.dp=2 --set parallel.tp=2)
 
 # 1. Across the two hosts vs one rank.

@@ -1,6 +1,6 @@
-// The planner's memory model is the arena's: for fp32 without checkpointing, every region the
-// real runtime::Model takes from its arena (parameters, gradients, AdamW moments, activation
-// slots, scratch) has exactly the bytes the planner predicts. Two ranks: tp = 1 (each rank
+// The planner's memory model is the arena's: for fp32, with or without checkpointing, every
+// region the real runtime::Model takes from its arena (parameters, gradients, AdamW moments,
+// activation slots, scratch) has exactly the bytes the planner predicts. Two ranks: tp = 1 (each rank
 // alone) and tp = 2 (both), for first, middle and last pipeline stages.
 #include <gtest/gtest.h>
 #include <mpi.h>
@@ -32,14 +32,15 @@ ModelOptions predicted_options(const PlanProblem& p, const Layout& l, const Memo
 }
 
 void expect_arena_matches(const parallel::Comm& tp, int64_t pp, int64_t v,
-                          parallel::ScheduleKind kind, int64_t micro_batches) {
+                          parallel::ScheduleKind kind, int64_t micro_batches,
+                          int64_t checkpoint_every = 0) {
   PlanProblem p;
   p.model = small_model();
   p.global_batch = 2 * micro_batches * 3;  // dp 3, two sequences per micro-batch
   p.precision = Precision::from_recipe("fp32");
   p.cluster.nodes = 3 * pp;
   p.cluster.devices_per_node = tp.size();
-  Layout l{3, tp.size(), pp, micro_batches, kind, v, 0, 0};
+  Layout l{3, tp.size(), pp, micro_batches, kind, v, 0, checkpoint_every};
   ASSERT_EQ(invalid_reason(p, l), "");
   const auto schedule = make_layout_schedule(l);
   for (int64_t stage = 0; stage < pp; ++stage) {
@@ -51,6 +52,7 @@ void expect_arena_matches(const parallel::Comm& tp, int64_t pp, int64_t v,
     ModelOptions options = predicted_options(p, l, predicted);
     options.split_backward = kind == parallel::ScheduleKind::kZBH1 ||
                              kind == parallel::ScheduleKind::kZBV;
+    options.checkpoint_every = checkpoint_every;
     Model model(p.model, chunks, tp, arena, options);
     const auto& f = model.footprint();
     EXPECT_EQ(static_cast<double>(f.params), predicted.params);
@@ -141,6 +143,9 @@ TEST(PlannerMemory, MatchesTheArenaExactly) {
     expect_arena_matches(*tp, 3, 2, parallel::ScheduleKind::kInterleaved1F1B, 3);
     // ZB-V: two chunks per stage with different slot counts, and the W pass's saved gradients.
     expect_arena_matches(*tp, 3, 2, parallel::ScheduleKind::kZBV, 5);
+    // Checkpointing: the recomputed blocks keep nothing, one work block joins the scratch.
+    expect_arena_matches(*tp, 1, 1, parallel::ScheduleKind::k1F1B, 2, 1);
+    expect_arena_matches(*tp, 3, 2, parallel::ScheduleKind::kZBV, 5, 2);
   }
 }
 

@@ -1,0 +1,259 @@
+// Building the Model: its parameter table and regions, then its activations and scratch from
+// the model spec table (model_spec.h), each row bound to its pointer; the bf16 codec of stored
+// blocks; the parameters' initialisation. The math is in model.cpp, the exchanges in
+// model_collectives.cpp.
+#include <cmath>
+#include <cstring>
+#include <iterator>
+
+#include "kernels/check.h"
+#include "kernels/hash.h"
+#include "kernels/ops.h"
+#include "kernels/precision.h"
+#include "runtime/model/model.h"
+#include "runtime/model/model_scratch.h"
+
+namespace t3d::runtime {
+
+namespace k = t3d::kernels;
+
+namespace {
+
+using k::splitmix64;
+
+// Standard normal from a counter: Box-Muller on two hashed uniforms in (0, 1].
+float normal_at(uint64_t key, uint64_t index) {
+  const uint64_t a = splitmix64(key ^ splitmix64(2 * index)),
+                 b = splitmix64(key ^ splitmix64(2 * index + 1));
+  const double u1 = (static_cast<double>(a >> 11) + 1.0) * 0x1.0p-53;
+  const double u2 = static_cast<double>(b >> 11) * 0x1.0p-53;
+  return static_cast<float>(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
+}
+
+}  // namespace
+
+Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks,
+             const parallel::Comm& tp, k::Arena& arena, const ModelOptions& options)
+    : config_(config), chunks_(std::move(chunks)), tp_(tp), arena_(arena), options_(options) {
+  T3D_ASSERT(options_.chunk_slots.empty() || options_.chunk_slots.size() == chunks_.size(),
+             options_.chunk_slots.size(), " slot counts for ", chunks_.size(), " chunks");
+  SpecOptions spec_options;
+  spec_options.micro_rows = options_.micro_rows;
+  spec_options.chunk_slots = options_.chunk_slots.empty()
+                                 ? std::vector<int64_t>(chunks_.size(), options_.slots)
+                                 : options_.chunk_slots;
+  spec_options.checkpoint_every = options_.checkpoint_every;
+  spec_options.split_backward = options_.split_backward;
+  spec_options.storage = options_.bf16 ? ActivationStorage::kBf16Copies : ActivationStorage::kFp32;
+  const SpecLayout spec_layout{chunks_, tp_.size(), options_.sequence_parallel,
+                               options_.cp ? options_.cp->size() : 1};
+  const ActivationSpec spec = activation_spec(config_, spec_layout, spec_options);
+  const ModelDims& d = spec.dims;
+  heads_ = d.H, kv_heads_ = d.Hkv, ffn_ = d.F, vocab_ = d.V;
+  vocab_start_ = vocab_ * tp_.rank();
+  cp_ = d.cp, sp_ = d.sp;
+  parts_ = d.parts, part_len_ = d.part_len, seq_local_ = d.T;
+  rows_ = d.N, rows_local_ = d.Nl;
+  bool first = false, last = false;
+  for (const auto& c : chunks_) first |= c.first, last |= c.last;
+  // Whoever holds one end of a tied model must hold the other (ZB-V: stage 0 holds both).
+  T3D_USER_CHECK(!config_.tie_embeddings || first == last,
+                 "recipe error: `model.tie_embeddings` needs the embedding and the LM head on the "
+                 "same rank (parallel.pp = 1, or parallel.schedule = \"zb_v\", whose stage 0 "
+                 "holds both)");
+  build_params();
+  allocate_activations(spec);
+  allocate_scratch(spec);
+}
+
+void Model::build_params() {
+  params_ = param_table(config_, chunks_);
+  std::vector<k::TensorSpec> table;
+  for (const auto& p : params_) {
+    auto shape = p.global_shape;
+    if (p.split_dim >= 0) shape[p.split_dim] /= tp_.size();
+    table.push_back({p.name, shape});
+  }
+  layout_ = k::ParamLayout(std::move(table));
+  state_ = k::ModelState::allocate(arena_, layout_, options_.with_optimizer, options_.grad_region,
+                                   options_.param_region);
+  const ParamUnits units = param_units(config_, chunks_, tp_.size());
+  T3D_ASSERT(units.total_floats == layout_.total_floats(), "the spec's parameter region (",
+             units.total_floats, " floats) is not the layout's (", layout_.total_floats(), ")");
+  unit_begin_.assign(static_cast<size_t>(config_.n_layers + 2), -1);
+  for (const auto& u : units.units) {
+    units_.push_back({u.unit, {u.begin, u.end}});
+    unit_begin_[static_cast<size_t>(u.unit + 1)] = u.begin;
+  }
+  // Each block tensor's offset from the start of its unit, looked up once: a step does no name
+  // lookups. Offsets, not pointers, because ZeRO moves a unit's gradients (and with ZeRO-3 its
+  // gathered weights) between buffers; weights and gradients share the layout.
+  block_offsets_.resize(static_cast<size_t>(config_.n_layers));
+  for (const auto& range : chunks_)
+    for (int64_t l = range.begin; l < range.end; ++l) {
+      const int64_t unit0 = unit_begin_[static_cast<size_t>(l + 1)];
+      const auto at = [&](const char* suffix) {
+        return layout_.at(layer_name(l, suffix)).offset - unit0;
+      };
+      block_offsets_[l] = {at("input_layernorm.weight"),  at("self_attn.q_proj.weight"),
+                           at("self_attn.k_proj.weight"), at("self_attn.v_proj.weight"),
+                           at("self_attn.o_proj.weight"), at("post_attention_layernorm.weight"),
+                           at("mlp.gate_proj.weight"),    at("mlp.up_proj.weight"),
+                           at("mlp.down_proj.weight")};
+    }
+  const size_t region = static_cast<size_t>(layout_.total_floats()) * sizeof(float);
+  footprint_.params = options_.param_region ? region : 0;
+  footprint_.grads = options_.grad_region ? region : 0;
+  footprint_.optimizer = options_.with_optimizer ? 2 * region : 0;
+}
+
+void Model::allocate_activations(const ActivationSpec& spec) {
+  const size_t before = arena_.used();
+  acts_.resize(chunks_.size());
+  for (size_t ci = 0; ci < chunks_.size(); ++ci) {
+    const ChunkSpec& chunk = spec.chunks[ci];
+    const auto blocks = static_cast<size_t>(chunk.range.size());
+    for (int64_t s = 0; s < chunk.slots; ++s) {
+      auto a = std::make_unique<ChunkActs>();
+      a->x.resize(blocks + 1);
+      a->layers.resize(blocks);  // recomputed and bf16-stored blocks: the work block, below
+      if (options_.split_backward) a->wgrads.resize(blocks);
+      if (options_.bf16) a->stored.resize(blocks);
+      const std::string p = "activations.chunk" + std::to_string(ci) + ".slot" + std::to_string(s);
+      for (const auto& t : chunk.per_slot)
+        bind(*a, chunk.range, t, arena_.alloc_bytes(p + "." + t.name(), t.bytes()));
+      acts_[ci].push_back(std::move(a));
+    }
+  }
+  footprint_.activations = arena_.used() - before;
+  T3D_ASSERT(footprint_.activations == spec.activation_bytes(), "activations took ",
+             footprint_.activations, " bytes, the spec says ", spec.activation_bytes());
+}
+
+void Model::bind(ChunkActs& a, const parallel::LayerRange& range, const SpecTensor& t, void* p) {
+  static constexpr float* LayerGrads::*kWGrad[kWGrads] = {
+      &LayerGrads::dy_down, &LayerGrads::dgate, &LayerGrads::dup, &LayerGrads::dy_o,
+      &LayerGrads::dq,      &LayerGrads::dk,    &LayerGrads::dv};
+  using Role = SpecTensor::Role;
+  auto* f = static_cast<float*>(p);
+  const auto i = static_cast<size_t>(t.layer - range.begin);
+  // clang-format off
+  switch (t.role) {
+    case Role::kResidual: a.x[static_cast<size_t>(t.index)] = f; return;
+    case Role::kBlock: block_act(a.layers[i], t.index) = f; return;
+    case Role::kBlockStored: a.stored[i][static_cast<size_t>(t.index)] = p; return;
+    case Role::kWGrad: a.wgrads[i].*kWGrad[t.index] = f; return;
+    case Role::kTokens: a.tokens = static_cast<int32_t*>(p); return;
+    case Role::kFinalNorm: a.xf = f; return;
+    case Role::kFinalRstd: a.rstdf = f; return;
+    case Role::kLossGrad: a.dx_last = f; return;
+    case Role::kInputGrad: a.dx_in = f; return;
+    default: T3D_ASSERT(false, t.name(), " is not an activation");
+  }
+  // clang-format on
+}
+
+void Model::allocate_scratch(const ActivationSpec& spec) {
+  const size_t before = arena_.used();
+  scratch_ = std::make_unique<Scratch>();
+  LayerActs work{};  // shared by every recomputed or bf16-stored block
+  for (const auto& t : spec.scratch) {
+    void* p = arena_.alloc_bytes(t.name(), t.bytes());
+    if (t.role == SpecTensor::Role::kWorkBlock)
+      block_act(work, t.index) = static_cast<float*>(p);
+    else
+      bind_scratch(static_cast<ScratchBuf>(t.index), p);
+  }
+  for (size_t ci = 0; ci < chunks_.size(); ++ci)
+    for (auto& slot : acts_[ci])
+      for (int64_t i = 0; i < chunks_[ci].size(); ++i)
+        if (recomputed(i) || stored16(i)) slot->layers[static_cast<size_t>(i)] = work;
+  stored_block_ = spec.stored_block;
+  k::rope_table(scratch_->rope, config_.seq_len, config_.head_dim(), config_.rope_theta);
+  footprint_.scratch = arena_.used() - before;
+  T3D_ASSERT(footprint_.scratch == spec.scratch_bytes(), "scratch took ", footprint_.scratch,
+             " bytes, the spec says ", spec.scratch_bytes());
+}
+
+void Model::bind_scratch(ScratchBuf buf, void* p) {
+  using S = Scratch;
+  // The member of each fp32 row, in ScratchBuf order; the bf16 rows come last.
+  static constexpr float* S::*kFloat[] = {
+      &S::tmp,    &S::dx,     &S::rows,    &S::all_rows, &S::dtmp,      &S::dxn,  &S::datt,
+      &S::dq,     &S::dk,     &S::dv,      &S::dh,       &S::dgate,     &S::dup,  &S::attn,
+      &S::logits, &S::losses, &S::row_max, &S::sum_exp,  &S::target,    &S::rope, &S::k_all,
+      &S::v_all,  &S::dk_all, &S::dv_all,  &S::cp_stage, &S::cp_kv_part};
+  static_assert(std::size(kFloat) == static_cast<size_t>(ScratchBuf::kTpBf16));
+  auto& s = *scratch_;
+  if (buf == ScratchBuf::kTpBf16)
+    s.tp16 = static_cast<uint16_t*>(p);
+  else if (buf == ScratchBuf::kTpBf16Rows)
+    s.tp16_rows = static_cast<uint16_t*>(p);
+  else
+    s.*kFloat[static_cast<size_t>(buf)] = static_cast<float*>(p);
+}
+
+Model::~Model() = default;
+
+float*& Model::block_act(LayerActs& a, int index) {
+  static constexpr float* LayerActs::*kMember[kBlockActs] = {
+      &LayerActs::rstd1, &LayerActs::xn1, &LayerActs::q,    &LayerActs::kk,    &LayerActs::v,
+      &LayerActs::att,   &LayerActs::lse, &LayerActs::xmid, &LayerActs::rstd2, &LayerActs::xn2,
+      &LayerActs::gate,  &LayerActs::up,  &LayerActs::h};
+  return a.*kMember[index];
+}
+
+// The codec of bf16-stored blocks: the spec's stored rows, each copied between the block's fp32
+// buffers and its stored copy (bf16, or fp32 for the per-row statistics).
+void Model::encode16(LayerActs& from, const StoredBlock& to) const {
+  for (const auto& t : stored_block_) {
+    const float* f = block_act(from, t.index);
+    void* stored = to[static_cast<size_t>(t.index)];
+    if (t.dtype == Dtype::kBF16)
+      k::float_to_bf16(static_cast<uint16_t*>(stored), f, t.elems);
+    else
+      std::memcpy(stored, f, t.bytes());
+  }
+}
+
+void Model::decode16(const StoredBlock& from, LayerActs& to) const {
+  for (const auto& t : stored_block_) {
+    float* f = block_act(to, t.index);
+    const void* stored = from[static_cast<size_t>(t.index)];
+    if (t.dtype == Dtype::kBF16)
+      k::bf16_to_float(f, static_cast<const uint16_t*>(stored), t.elems);
+    else
+      std::memcpy(f, stored, t.bytes());
+  }
+}
+
+void Model::init(uint64_t seed, float* region) {
+  if (!region) region = state_.params.data();
+  T3D_ASSERT(region, "a model without a parameter region initialises into a caller's buffer");
+  const double base_std = 0.02;
+  // GPT-2 / Megatron: projections into the residual stream shrink with depth.
+  const double out_std = base_std / std::sqrt(2.0 * config_.n_layers);
+  for (const auto& p : params_) {
+    const auto& e = layout_.at(p.name);
+    float* data = region + e.offset;
+    if (p.global_shape.size() == 1) {  // norm weights
+      for (int64_t i = 0; i < e.numel; ++i) data[i] = 1.0f;
+      continue;
+    }
+    const bool residual_out =
+        p.name.find("o_proj") != std::string::npos || p.name.find("down_proj") != std::string::npos;
+    const float std = static_cast<float>(residual_out ? out_std : base_std);
+    const uint64_t key = splitmix64(static_cast<uint64_t>(seed) ^ k::fnv1a64(p.name));
+    const int64_t rows = e.spec.shape[0], cols = e.spec.shape[1], global_cols = p.global_shape[1];
+    const int64_t row0 = p.split_dim == 0 ? rows * tp_.rank() : 0;
+    const int64_t col0 = p.split_dim == 1 ? cols * tp_.rank() : 0;
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < cols; ++c)
+        data[r * cols + c] =
+            std * normal_at(key, static_cast<uint64_t>((row0 + r) * global_cols + col0 + c));
+  }
+}
+
+std::vector<Model::GradUnit> Model::grad_units() const { return units_; }
+
+}  // namespace t3d::runtime

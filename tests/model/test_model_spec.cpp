@@ -1,0 +1,203 @@
+// The model spec table against sizes worked out by hand for a small model, and the rules that
+// relate its variants: bf16 copies halve exactly the stored block tensors, checkpointing drops
+// exactly the recomputed blocks (and adds one work block to the scratch), the split backward
+// adds the W pass's gradients, and the parameter arithmetic is the layout the Model builds.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "kernels/arena.h"
+#include "kernels/check.h"
+#include "runtime/model/model_spec.h"
+
+namespace t3d::runtime {
+namespace {
+
+// N = B·T = 2·32 = 64 rows, C = 64, D = 16, H = 4, Hkv = 2, F = 176, V = 96.
+ModelConfig small_model() {
+  ModelConfig m;
+  m.vocab_size = 96;
+  m.dim = 64;
+  m.n_layers = 4;
+  m.n_heads = 4;
+  m.n_kv_heads = 2;
+  m.ffn_dim = 176;
+  m.seq_len = 32;
+  return m;
+}
+
+// Bytes of one block's fp32 activations: rstd1, rstd2 (64 floats each); xn1, q, attn, xmid, xn2
+// (64·64 floats); k, v (64·32); lse (2·4·32); gate, up, h (64·176).
+constexpr size_t kRstd = 256, kRowsC = 16384, kKv = 8192, kLse = 1024, kFfn = 45056;
+constexpr size_t kBlock = 2 * kRstd + 5 * kRowsC + 2 * kKv + kLse + 3 * kFfn;  // 235008
+constexpr size_t kBlockStatistics = 2 * kRstd + kLse;
+// The whole model in one chunk, per micro-batch: 5 residual streams, 4 blocks, the token ids,
+// the final norm output, its rstd and the loss gradient.
+constexpr size_t kWholeSlot = 5 * kRowsC + 4 * kBlock + kRstd + kRowsC + kRstd + kRowsC;
+// Scratch: tmp, dx, dtmp, dxn, datt, dq; dk, dv; dh, dgate, dup; attention tiles
+// (2·64² + 2·64 floats); logits (64·96); losses and three CE statistics; the RoPE table (32·16).
+constexpr size_t kScratch =
+    6 * kRowsC + 2 * kKv + 3 * kFfn + 33280 + 24576 + 4 * kRstd + 2048;  // 310784
+
+ActivationSpec whole_model(SpecOptions o, int64_t slots = 1) {
+  o.micro_rows = 2;
+  o.chunk_slots = {slots};
+  return activation_spec(small_model(), {{{0, 4, true, true}}, 1}, o);
+}
+
+TEST(ModelSpec, Fp32SizesAreTheHandCountedOnes) {
+  EXPECT_EQ(kBlock, 235008u);
+  const ActivationSpec spec = whole_model({}, 3);
+  ASSERT_EQ(spec.chunks.size(), 1u);
+  EXPECT_EQ(spec.chunks[0].slot_bytes(), kWholeSlot);
+  EXPECT_EQ(spec.activation_bytes(), 3 * kWholeSlot);
+  EXPECT_EQ(spec.scratch_bytes(), kScratch);
+  for (const auto& t : spec.chunks[0].per_slot) EXPECT_NE(t.dtype, Dtype::kBF16) << t.name();
+}
+
+TEST(ModelSpec, MiddleChunkKeepsItsInputGradientAndNoHead) {
+  SpecOptions o;
+  o.micro_rows = 2;
+  o.chunk_slots = {1};
+  const ActivationSpec spec = activation_spec(small_model(), {{{1, 3, false, false}}, 1}, o);
+  // 3 residual streams, 2 blocks, the input gradient.
+  EXPECT_EQ(spec.chunks[0].slot_bytes(), 3 * kRowsC + 2 * kBlock + kRowsC);
+  EXPECT_EQ(spec.scratch_bytes(), kScratch - 24576 - 4 * kRstd);  // no logits, no loss
+}
+
+TEST(ModelSpec, Bf16CopiesHalveExactlyTheStoredBlockTensors) {
+  SpecOptions o;
+  o.storage = ActivationStorage::kBf16Copies;
+  const ActivationSpec spec = whole_model(o);
+  const size_t halved = (kBlock - kBlockStatistics) / 2;
+  EXPECT_EQ(spec.chunks[0].slot_bytes(), kWholeSlot - 4 * halved);
+  // One fp32 work block every stored block computes in, and the bf16 TP buffer.
+  EXPECT_EQ(spec.scratch_bytes(), kScratch + kBlock + kRowsC / 2);
+  // The codec's rows: the ten large tensors in bf16, then the three statistics in fp32, each
+  // group in block order.
+  ASSERT_EQ(spec.stored_block.size(), static_cast<size_t>(kBlockActs));
+  for (size_t i = 0; i < spec.stored_block.size(); ++i)
+    EXPECT_EQ(spec.stored_block[i].dtype, i < 10 ? Dtype::kBF16 : Dtype::kF32) << i;
+  EXPECT_EQ(spec.stored_block[10].index, static_cast<int>(BlockAct::kRstd1));
+  EXPECT_EQ(spec.stored_block[11].index, static_cast<int>(BlockAct::kLse));
+  EXPECT_EQ(spec.stored_block[12].index, static_cast<int>(BlockAct::kRstd2));
+}
+
+TEST(ModelSpec, Bf16EverywhereHalvesEveryActivationSizedTensor) {
+  SpecOptions o;
+  o.storage = ActivationStorage::kBf16;
+  const ActivationSpec spec = whole_model(o);
+  const size_t statistics = 4 * kBlockStatistics + kRstd /* ids */ + kRstd /* final rstd */;
+  EXPECT_EQ(spec.chunks[0].slot_bytes(), statistics + (kWholeSlot - statistics) / 2);
+  const size_t fp32 = 33280 + 24576 + 4 * kRstd + 2048;  // tiles, logits, losses, RoPE
+  EXPECT_EQ(spec.scratch_bytes(), fp32 + (kScratch - fp32) / 2);
+}
+
+TEST(ModelSpec, CheckpointingDropsExactlyTheRecomputedBlocks) {
+  for (int64_t every : {1, 2, 3}) {
+    SCOPED_TRACE(every);
+    SpecOptions o;
+    o.checkpoint_every = every;
+    const ActivationSpec spec = whole_model(o);
+    const int64_t recomputed = recomputed_blocks(4, every);  // blocks 0, K, 2K, ...
+    EXPECT_EQ(recomputed, every == 1 ? 4 : 2);
+    EXPECT_EQ(spec.chunks[0].slot_bytes(), kWholeSlot - recomputed * kBlock);
+    EXPECT_EQ(spec.scratch_bytes(), kScratch + kBlock);  // the block being recomputed
+    for (const auto& t : spec.chunks[0].per_slot) {
+      if (t.role == SpecTensor::Role::kBlock) {
+        EXPECT_FALSE(recomputed_block(t.layer, every));
+      }
+    }
+  }
+}
+
+TEST(ModelSpec, SplitBackwardKeepsTheWGradientsOfStoredBlocks) {
+  // dy_down, dy_o (64·64), dgate, dup (64·176), dq (64·64), dk, dv (64·32).
+  const size_t wgrads = 2 * kRowsC + 2 * kFfn + kRowsC + 2 * kKv;
+  SpecOptions o;
+  o.split_backward = true;
+  EXPECT_EQ(whole_model(o).chunks[0].slot_bytes(), kWholeSlot + 4 * wgrads);
+  o.checkpoint_every = 2;  // recomputed blocks do all of their backward in B
+  EXPECT_EQ(whole_model(o).chunks[0].slot_bytes(), kWholeSlot - 2 * kBlock + 2 * wgrads);
+}
+
+TEST(ModelSpec, SequenceAndContextParallelismSliceTheRows) {
+  SpecOptions o;
+  o.micro_rows = 2;
+  o.chunk_slots = {1};
+  const ModelConfig m = small_model();
+  const ActivationSpec sp = activation_spec(m, {{{0, 4, true, true}}, 2, true, 1}, o);
+  EXPECT_TRUE(sp.dims.sp);
+  EXPECT_EQ(sp.dims.Nl, 32);
+  EXPECT_EQ(sp.dims.H, 2);
+  EXPECT_EQ(sp.dims.V, 48);
+  const ActivationSpec cp = activation_spec(m, {{{0, 4, true, true}}, 1, false, 2}, o);
+  EXPECT_EQ(cp.dims.T, 16);
+  EXPECT_EQ(cp.dims.parts, 2);
+  EXPECT_EQ(cp.dims.part_len, 8);
+  EXPECT_EQ(cp.dims.N, 32);
+  int cp_rows = 0;
+  for (const auto& t : cp.scratch)
+    if (t.name().rfind("scratch.cp_", 0) == 0) {
+      ++cp_rows;
+      // The whole sequence's keys or values: B·seq_len·Hkv·D, twice for the part gradients.
+      EXPECT_EQ(t.elems,
+                (t.index == static_cast<int>(ScratchBuf::kCpKeyValuePart) ? 2 : 1) * 2 * 32 * 32);
+    }
+  EXPECT_EQ(cp_rows, 6);
+  ModelConfig odd = m;
+  odd.seq_len = 30;  // not 4 equal parts
+  EXPECT_THROW(activation_spec(odd, {{{0, 4, true, true}}, 1, false, 2}, o), UserError);
+}
+
+TEST(ModelSpec, NamesAreTheArenaNames) {
+  SpecOptions o;
+  o.storage = ActivationStorage::kBf16Copies;
+  o.checkpoint_every = 2;
+  o.split_backward = true;
+  const ActivationSpec spec = whole_model(o);
+  std::vector<std::string> names;
+  for (const auto& t : spec.chunks[0].per_slot) names.push_back(t.name());
+  for (const auto& t : spec.scratch) names.push_back(t.name());
+  for (const char* want : {"residual4", "layer1.xn1.bf16", "layer1.rstd1", "layer3.wgrad.dy_o",
+                           "tokens", "final_norm", "final_rstd", "loss_grad",
+                           "scratch.layer_work.lse", "scratch.tp_bf16", "scratch.rope_table"})
+    EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
+  for (const char* absent : {"layer0.xn1.bf16", "layer2.wgrad.dq", "input_grad", "residual5"})
+    EXPECT_EQ(std::find(names.begin(), names.end(), absent), names.end()) << absent;
+}
+
+TEST(ModelSpec, ParameterUnitsAreTheLayoutTheModelBuilds) {
+  const ModelConfig m = small_model();
+  // One block on one tp rank: two norms (64), q and o (64·64), k and v (32·64), gate, up and
+  // down (176·64), each on a 16-float boundary (all already are).
+  EXPECT_EQ(block_param_floats(m, 1), 2 * 64 + 2 * 4096 + 2 * 2048 + 3 * 11264);
+  for (int64_t tp : {1, 2}) {
+    // ZB-V's stage 0: the first chunk and the last.
+    const std::vector<parallel::LayerRange> chunks = {{0, 1, true, false}, {3, 4, false, true}};
+    const auto params = param_table(m, chunks);
+    std::vector<kernels::TensorSpec> table;
+    for (const auto& p : params) {
+      auto shape = p.global_shape;
+      if (p.split_dim >= 0) shape[p.split_dim] /= tp;
+      table.push_back({p.name, shape});
+    }
+    const kernels::ParamLayout layout(table);
+    const ParamUnits units = param_units(m, chunks, tp);
+    EXPECT_EQ(units.total_floats, layout.total_floats());
+    ASSERT_EQ(units.units.size(), 4u);  // embedding, block 0, block 3, norm + LM head
+    const auto& e = layout.entries();
+    EXPECT_EQ(units.units[0].unit, -1);
+    EXPECT_EQ(units.units[0].end, e[0].offset + e[0].numel);
+    EXPECT_EQ(units.units[1].unit, 0);
+    EXPECT_EQ(units.units[1].begin, e[1].offset);
+    EXPECT_EQ(units.units[1].end, e[9].offset + e[9].numel);
+    EXPECT_EQ(units.units[2].unit, 3);
+    EXPECT_EQ(units.units[3].unit, m.n_layers);
+    EXPECT_EQ(units.units[3].end, e.back().offset + e.back().numel);
+    EXPECT_EQ(params.back().name, "lm_head.weight");
+  }
+}
+
+}  // namespace
+}  // namespace t3d::runtime
