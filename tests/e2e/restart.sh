@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Never losing a run (runtime/train/supervisor.h, stop_signal.h), self-launched, 2 ranks:
+#  1. Ranks killed with SIGKILL at random moments, three times (one of them while a snapshot is
+#     being written): the job restarts by itself from its newest snapshot and finishes; every
+#     step's loss and the final parameters are bit-identical to an uninterrupted run.
+#  2. A hung rank (SIGSTOP): the stall watch kills it after parallel.timeout_s and the job
+#     restarts and finishes, again bit-identical.
+#  3. A deterministic crash (T3D_FAULT=die_at_step): stopped after the first repeat, saying so.
+#  4. SIGTERM to the launcher (preemption): every rank snapshots the step it is in, exits 75, no
+#     rank is left; `snapshot.resume = latest` then finishes the straight run's losses.
+#  5. SIGINT to the launcher alone: every rank ends promptly (exit 130), none is left, and the
+#     last complete snapshot still resumes.
+set -u
+titan3d=$1
+source "$(dirname "$0")/lib.sh"
+require_corpus
+make_work_dir
+fail=0
+steps=1200
+recipe=(train "$repo/recipes/tiny.toml" --set data.path="$corpus" --set parallel.dp=2
+        --set train.steps=$steps --set train.val_every=0 --set train.log_every=100000
+        --set snapshot.every=10 --set snapshot.keep=2 --set parallel.timeout_s=4)
+check() {  # check CONDITION MESSAGE
+  if eval "$1"; then echo "ok: $2"; else echo "FAIL: $2"; fail=1; fi
+}
+# Per step, the loss of the last line that logged it (a restart logs steps after its snapshot
+# again; the later line is the one that counts).
+final_losses() {
+  sed -n 's/^{"step": \([0-9]*\), "loss": \([^,]*\),.*/\1 \2/p' "$1" | awk '{ l[$1] = $2 } END { for (s in l) print s, l[s] }' | sort -n
+}
+params_hash() {  # params_hash RUN: SHA-256 of the final snapshot's exported parameters
+  "$titan3d" export "$work/$1/snapshots/step_$(printf %08d $steps).h5" --out "$work/$1.export" \
+    > /dev/null 2>&1 && sha256sum < "$work/$1.export/model.safetensors" | cut -c1-16
+}
+last_step() { sed -n 's/^{"step": \([0-9]*\),.*/\1/p' "$1" 2>/dev/null | tail -1; }
+wait_for_step() {  # wait_for_step RUN STEP: until metrics.jsonl logs step >= STEP (30 s at most)
+  local s
+  for _ in $(seq 1 300); do
+    s=$(last_step "$work/$1/metrics.jsonl"); [ -n "$s" ] && [ "$s" -ge "$2" ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+rank_pid() { cat "$work/$1/pids/rank$2.pid" 2>/dev/null; }
+alive() { pgrep -f "run.dir=$work/$1( |$)" > /dev/null || pgrep -f "$work/$1/restart.toml" > /dev/null; }
+same_as_straight() {  # same_as_straight RUN WHAT
+  check "diff <(final_losses $work/straight/metrics.jsonl) <(final_losses $work/$1/metrics.jsonl) > /dev/null && [ \$(final_losses $work/$1/metrics.jsonl | wc -l) -eq $steps ]" \
+    "$2: all $steps losses bit-identical to the uninterrupted run"
+  check "[ \"\$(params_hash $1)\" = \"\$(params_hash straight)\" ]" "$2: final parameters bit-identical"
+}
+
+"$titan3d" "${recipe[@]}" --set run.dir="$work/straight" > "$work/straight.log" 2>&1 ||
+  { echo "FAIL: the straight run exited $?"; tail "$work/straight.log"; exit 1; }
+
+# --- 1. Three SIGKILLs at random moments, one during a snapshot write. ---
+"$titan3d" "${recipe[@]}" --set run.dir="$work/killed" --max-restarts 5 > "$work/killed.log" 2>&1 &
+job=$!
+RANDOM=7
+at=0
+for kill in 1 2 3; do
+  at=$((at + 150 + RANDOM % 150))  # past the previous kill: progress between failures
+  wait_for_step killed $at || { echo "FAIL: the killed run never reached step $at"; break; }
+  if [ $kill = 2 ]; then  # while a shard is being written (its temp file exists)
+    for _ in $(seq 1 2000); do compgen -G "$work/killed/snapshots/*/*.tmp" > /dev/null && break; done
+  fi
+  victim=$(((RANDOM + kill) % 2))  # both ranks among the victims
+  kill -KILL "$(rank_pid killed $victim)" 2>/dev/null
+  echo "killed rank $victim near step $(last_step "$work/killed/metrics.jsonl")"
+  sleep 1
+done
+wait $job; rc=$?
+check "[ $rc -eq 0 ]" "the killed run finished by itself (rc $rc)" || tail -20 "$work/killed.log"
+check "[ \$(grep -c '\"action\": \"restart' $work/killed/incidents.jsonl) -eq 3 ]" \
+  "incidents.jsonl records three restarts"
+check "grep -q 'died: signal 9' $work/killed/incidents.jsonl && grep -q 'goodput' $work/killed.log" \
+  "incidents name the signal; the end reports the goodput"
+same_as_straight killed "3 kills"
+
+# --- 2. A hung rank. ---
+"$titan3d" "${recipe[@]}" --set run.dir="$work/hung" > "$work/hung.log" 2>&1 &
+job=$!
+wait_for_step hung 400 && kill -STOP "$(rank_pid hung 1)"
+wait $job; rc=$?
+check "[ $rc -eq 0 ] && grep -q 'hung' $work/hung/incidents.jsonl" \
+  "a stopped rank is killed by the stall watch and the job restarts (rc $rc)" || tail -20 "$work/hung.log"
+same_as_straight hung "SIGSTOP"
+
+# --- 3. A deterministic crash. ---
+T3D_FAULT=die_at_step:1:50 "$titan3d" "${recipe[@]}" --set run.dir="$work/crash" > "$work/crash.log" 2>&1
+rc=$?
+check "[ $rc -ne 0 ] && grep -q 'deterministic failure' $work/crash.log && [ \$(grep -c . $work/crash/incidents.jsonl) -eq 2 ]" \
+  "a crash at the same step twice stops after the first repeat (rc $rc)" || { tail -5 "$work/crash.log"; cat "$work/crash/incidents.jsonl"; }
+
+# --- 4. Preemption: SIGTERM to the launcher. ---
+"$titan3d" "${recipe[@]}" --set run.dir="$work/preempt" > "$work/preempt.log" 2>&1 &
+job=$!
+wait_for_step preempt 300 && kill -TERM $job
+wait $job; rc=$?
+stopped=$(last_step "$work/preempt/metrics.jsonl")
+check "[ $rc -eq 75 ] && [ -f $work/preempt/snapshots/step_$(printf %08d "${stopped:-0}").h5 ]" \
+  "SIGTERM: exit 75 with the snapshot of the step it stopped at ($stopped)" || tail -5 "$work/preempt.log"
+sleep 1
+check "! alive preempt" "no rank left after the preemption"
+"$titan3d" "${recipe[@]}" --set run.dir="$work/preempt" --set snapshot.resume=latest \
+  >> "$work/preempt.log" 2>&1 || { echo "FAIL: continuing the preempted run exited $?"; fail=1; }
+same_as_straight preempt "preempted and continued"
+
+# --- 5. SIGINT to the launcher alone. ---
+"$titan3d" "${recipe[@]}" --set run.dir="$work/interrupt" > "$work/interrupt.log" 2>&1 &
+job=$!
+wait_for_step interrupt 300 && kill -INT $job
+start=$SECONDS
+wait $job; rc=$?
+sleep 1
+check "[ $rc -eq 130 ] && [ $((SECONDS - start)) -le 10 ] && ! alive interrupt" \
+  "SIGINT: every rank ends promptly, none left (rc $rc)" || tail -5 "$work/interrupt.log"
+"$titan3d" "${recipe[@]}" --set run.dir="$work/interrupt" --set snapshot.resume=latest \
+  >> "$work/interrupt.log" 2>&1 || { echo "FAIL: resuming after SIGINT exited $?"; fail=1; }
+same_as_straight interrupt "interrupted and resumed"
+exit $fail
