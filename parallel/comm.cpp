@@ -368,7 +368,7 @@ Mesh::Mesh(const MeshShape& shape, Comm world)
         world_.split(shape_.group_index(d, rank()), coord_[d], dim_name(d));
   }
   dp_cp_ = world_.split(coord_.pp * shape_.size(Dim::tp) + coord_.tp,
-                        coord_.cp * shape_.size(Dim::dp) + coord_.dp, "dp×cp");
+                        coord_.cp * shape_.size(Dim::dp) + coord_.dp, "dp_cp");
 }
 
 }  // namespace t3d::parallel

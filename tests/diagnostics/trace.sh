@@ -20,7 +20,7 @@ ranks = sorted({e["pid"] for e in spans})
 names = {e["name"] for e in spans}
 need = {"forward", "backward", "optimizer", "all_reduce", "isend", "recv", "step", "snapshot staging"}
 groups = {e["args"].get("group") for e in spans if e["cat"] == "comm"}
-ok = ranks == list(range(8)) and need <= names and {"tp", "dp", "pp", "world"} <= groups
+ok = ranks == list(range(8)) and need <= names and {"tp", "dp_cp", "pp", "world"} <= groups
 ok = ok and all(e["dur"] >= 0 and "bytes" in e["args"] for e in spans if e["cat"] == "comm")
 ok = ok and all({"mb", "chunk"} <= e["args"].keys() for e in spans if e["name"] == "backward")
 print(("ok  " if ok else "FAIL"), f"trace: {len(spans)} spans from ranks {ranks}; names {sorted(names)}; groups {sorted(g for g in groups if g)}")

@@ -12,20 +12,21 @@ common=(--set data.path="$corpus" --set parallel.dp=2 --set parallel.timeout_s=5
         --set train.steps=20 --set train.val_every=0 --set run.max_restarts=0)
 fail=0
 
-# dp operation 3 is step 2's gradient all-reduce (operation 1 is the start-up group check).
+# Operation 2 on dp_cp (the gradient reduction's group: dp and cp flattened) is step 2's gradient
+# all-reduce.
 start=$(date +%s)
-out=$(T3D_FAULT=skip:1:dp:3 timeout 120 "$titan3d" train "$repo/recipes/tiny.toml" "${common[@]}" \
+out=$(T3D_FAULT=skip:1:dp_cp:2 timeout 120 "$titan3d" train "$repo/recipes/tiny.toml" "${common[@]}" \
       --set run.dir="$work/skip" 2>&1); rc=$?
 took=$(( $(date +%s) - start ))
 if [ $rc -eq 3 ] && [ $took -lt 60 ] &&
-   grep -qE 'watchdog: world rank [01] waited more than 5 s \(parallel.timeout_s\) in (gradient )?all_reduce on group `(dp|world)` \(members world ranks \{0,1\}\)' <<<"$out"; then
+   grep -qE 'watchdog: world rank [01] waited more than 5 s \(parallel.timeout_s\) in (gradient )?all_reduce on group `(dp_cp|world)` \(members world ranks \{0,1\}\)' <<<"$out"; then
   echo "ok   skipped collective: watchdog aborted after ${took}s: $(grep -m1 'watchdog:' <<<"$out" | sed 's/.*watchdog:/watchdog:/')"
 else
   echo "FAIL skipped collective: rc=$rc after ${took}s"; echo "$out" | tail -20; fail=1
 fi
 
 start=$(date +%s)
-out=$(T3D_FAULT=die:1:dp:3 timeout 120 "$titan3d" train "$repo/recipes/tiny.toml" "${common[@]}" \
+out=$(T3D_FAULT=die:1:dp_cp:2 timeout 120 "$titan3d" train "$repo/recipes/tiny.toml" "${common[@]}" \
       --set run.dir="$work/die" 2>&1); rc=$?
 took=$(( $(date +%s) - start ))
 if [ $rc -ne 0 ] && [ $took -lt 30 ] && grep -qE 'rank 1\b.*(died|killed|signal)' <<<"$out"; then
