@@ -34,14 +34,6 @@ Recorder& recorder() {
   return r;
 }
 
-std::string escaped(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    out += c;
-  }
-  return out;
-}
 
 int thread_index(Recorder& r) {
   const auto id = std::this_thread::get_id();
@@ -56,9 +48,9 @@ std::string metadata(int rank, const std::string& label) {
   char buf[512];
   std::snprintf(buf, sizeof(buf),
                 "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": "
-                "\"rank %d %s\"}},\n{\"name\": \"process_sort_index\", \"ph\": \"M\", \"pid\": "
+                "%s}},\n{\"name\": \"process_sort_index\", \"ph\": \"M\", \"pid\": "
                 "%d, \"args\": {\"sort_index\": %d}}",
-                rank, rank, escaped(label).c_str(), rank, rank);
+                rank, json_string("rank " + std::to_string(rank) + " " + label).c_str(), rank, rank);
   return buf;
 }
 
@@ -110,8 +102,8 @@ Span& Span::arg(const char* key, int64_t value) {
 }
 
 Span& Span::arg(const char* key, const std::string& value) {
-  if (on_) args_ += (args_.empty() ? "\"" : ", \"") + std::string(key) + "\": \"" +
-                    escaped(value) + "\"";
+  if (on_) args_ += (args_.empty() ? "\"" : ", \"") + std::string(key) + "\": " +
+                    json_string(value);
   return *this;
 }
 
@@ -143,6 +135,21 @@ size_t write(const Comm& world, const std::string& dir, const std::string& merge
   size_t events = 0;  // complete events of all ranks, for the caller's log line
   for (size_t at = 0; (at = all.find("\"ph\": \"X\"", at)) != std::string::npos; ++at) ++events;
   return events;
+}
+
+std::string json_string(std::string_view s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", static_cast<unsigned>(c));
+      out += buf;
+      continue;
+    }
+    out += c;
+  }
+  return out + "\"";
 }
 
 }  // namespace t3d::parallel::trace

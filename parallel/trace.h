@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 namespace t3d::parallel {
 class Comm;
@@ -58,5 +59,9 @@ class Span {
 // `world` into `merged` (one Chrome trace file). Collective; does nothing when tracing is off.
 // Returns the number of events in the merged file on rank 0 (0 elsewhere).
 size_t write(const Comm& world, const std::string& dir, const std::string& merged);
+
+// A JSON string literal of `s`: quoted, with quotes, backslashes and control characters escaped.
+// Every JSON titan3d writes by hand (traces, selfcheck reports, incidents) quotes through it.
+std::string json_string(std::string_view s);
 
 }  // namespace t3d::parallel::trace

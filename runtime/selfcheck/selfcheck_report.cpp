@@ -4,24 +4,12 @@
 
 #include <algorithm>
 
+#include "parallel/trace.h"
 #include "runtime/selfcheck/selfcheck.h"
 
 namespace t3d::runtime {
 
 namespace {
-
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      out += fmt::format("\\u{:04x}", c);
-      continue;
-    }
-    out += c;
-  }
-  return out + "\"";
-}
 
 std::string ranks_label(const std::vector<int>& ranks) {
   return fmt::format("world rank{} {}", ranks.size() > 1 ? "s" : "", fmt::join(ranks, ","));
@@ -76,14 +64,14 @@ std::string SelfcheckReport::table() const {
 std::string SelfcheckReport::json() const {
   std::string out = fmt::format("{{\"world\": {}, \"mesh\": {}, \"ok\": {}, \"warnings\": {}, "
                                 "\"rows\": [",
-                                world, json_string(mesh), ok() ? "true" : "false", warnings());
+                                world, parallel::trace::json_string(mesh), ok() ? "true" : "false", warnings());
   for (size_t i = 0; i < rows.size(); ++i) {
     const auto& r = rows[i];
     out += fmt::format("{}\n  {{\"check\": {}, \"group\": {}, \"scope\": {}, \"status\": {}, "
                        "\"detail\": {}, \"culprits\": [{}]}}",
-                       i ? "," : "", json_string(r.check), json_string(r.group),
-                       json_string(r.scope), json_string(status_name(r.status)),
-                       json_string(r.detail), fmt::join(r.culprits, ", "));
+                       i ? "," : "", parallel::trace::json_string(r.check), parallel::trace::json_string(r.group),
+                       parallel::trace::json_string(r.scope), parallel::trace::json_string(status_name(r.status)),
+                       parallel::trace::json_string(r.detail), fmt::join(r.culprits, ", "));
   }
   return out + "\n]}\n";
 }

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "checkpoint/snapshot.h"
+#include "parallel/trace.h"
 #include "runtime/train/metrics.h"
 #include "runtime/train/stop_signal.h"
 
@@ -77,28 +78,15 @@ std::string now_iso() {
   return buf;
 }
 
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') out += '\\';
-    if (static_cast<unsigned char>(c) < 0x20) {
-      out += fmt::format("\\u{:04x}", c);
-      continue;
-    }
-    out += c;
-  }
-  return out + "\"";
-}
-
 void record(const std::string& run_dir, const Incident& i) {
   std::ofstream f(run_dir + "/incidents.jsonl", std::ios::app);
   f << fmt::format(
       "{{\"time\": {}, \"attempt\": {}, \"cause\": {}, \"rank\": {}, \"host\": {}, "
       "\"exit_code\": {}, \"last_step\": {}, \"snapshot_step\": {}, \"lost_steps\": {}, "
       "\"lost_s\": {:.3f}, \"action\": {}}}\n",
-      json_string(now_iso()), i.attempt, json_string(i.cause), i.rank, json_string(i.host),
+      parallel::trace::json_string(now_iso()), i.attempt, parallel::trace::json_string(i.cause), i.rank, parallel::trace::json_string(i.host),
       i.exit_code, i.last_step, i.snapshot_step, std::max(0L, i.last_step - i.snapshot_step),
-      i.lost_s, json_string(i.action));
+      i.lost_s, parallel::trace::json_string(i.action));
 }
 
 long newest_snapshot(const std::string& dir) {
