@@ -108,6 +108,35 @@ TEST_P(GemmKinds, EveryTransposeStrideAndAccumulationAgainstReference) {
   }
 }
 
+// With two threads the inputs are rounded in one parallel region split by rows across both
+// matrices: large enough inputs (over op_threads' 64k floats) in every layout, packed and strided,
+// against the reference of the rounded inputs with the fp32 bound above.
+TEST_P(GemmKinds, TwoThreadsLargeInputsAgainstReference) {
+  const GemmKind kind = GetParam();
+  const int M = 300, N = 130, K = 257;
+  std::uint32_t seed = 50;
+  struct TwoThreads {
+    int saved = blas_threads();
+    TwoThreads() { set_rank_threads(2); }
+    ~TwoThreads() { set_rank_threads(saved); }
+  } two;
+  for (Trans ta : {Trans::kNo, Trans::kYes})
+    for (Trans tb : {Trans::kNo, Trans::kYes})
+      for (int pad : {0, 5}) {
+        const int lda = (ta == Trans::kNo ? K : M) + pad, ldb = (tb == Trans::kNo ? N : K) + pad;
+        const auto A = ref::random_floats(static_cast<std::size_t>(ta == Trans::kNo ? M : K) * lda, seed++);
+        const auto B = ref::random_floats(static_cast<std::size_t>(tb == Trans::kNo ? K : N) * ldb, seed++);
+        std::vector<float> C(static_cast<std::size_t>(M) * N);
+        gemm(kind, ta, tb, M, N, K, A.data(), lda, B.data(), ldb, false, C.data(), N);
+        const Product own =
+            reference(ta, tb, M, N, K, A, lda, B, ldb, gemm_kind_is_bf16(kind));
+        for (int i = 0; i < M * N; ++i)
+          ASSERT_LE(std::abs(C[i] - own.value[i]), 1e-5 * own.scale[i] + 1e-30)
+              << gemm_kind_name(kind) << " ta " << int(ta) << " tb " << int(tb) << " pad " << pad
+              << " at " << i;
+      }
+}
+
 TEST_P(GemmKinds, RepeatsAreBitIdentical) {
   const GemmKind kind = GetParam();
   const int M = 96, N = 80, K = 200;
