@@ -1,7 +1,8 @@
-// Baseline part of the bf16 attention tiles: CPU check and buffer layout (the tiles themselves
-// are in attention_bf16_avx512.cpp).
+// Baseline part of the bf16 attention tiles and GEMM input rounding: CPU checks and buffer layout
+// (the AVX512-BF16 code is in attention_bf16_avx512.cpp and bf16_round_avx512.cpp).
 #include "kernels/attention_bf16.h"
 
+#include "kernels/bf16_round.h"
 #include "kernels/blas.h"
 #include "kernels/gemm.h"
 
@@ -21,11 +22,16 @@ Sizes sizes_of(const AttentionShape& s) {
 
 }  // namespace
 
-bool bf16_attention_supported() {
+bool bf16_round_supported() {
   static const bool ok = [] {
     const CpuFeatures f = detect_cpu_features();
-    return f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq && cpu_has_bf16_dot();
+    return f.avx512f && f.avx512bw && f.avx512vl && cpu_has_bf16_dot();
   }();
+  return ok;
+}
+
+bool bf16_attention_supported() {
+  static const bool ok = bf16_round_supported() && detect_cpu_features().avx512dq;
   return ok;
 }
 
