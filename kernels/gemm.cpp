@@ -13,7 +13,6 @@
 #include <tuple>
 #include <vector>
 
-#include "kernels/bf16_round.h"
 #include "kernels/check.h"
 #include "kernels/precision.h"
 #include "kernels/threads.h"
@@ -55,19 +54,8 @@ struct Rounding {
   std::int64_t rows, cols, ld;
 };
 
-// The AVX512-BF16 conversion where the CPU has it (kernels/bf16_round.h: the same bits except
-// denormals, several times faster), else precision.h's.
-using RoundFn = void (*)(bf16*, const float*, std::int64_t);
-RoundFn round_fn() {
-  static const RoundFn fn = detail::bf16_round_supported()
-                                ? detail::round_bf16_avx512
-                                : static_cast<RoundFn>(&float_to_bf16);
-  return fn;
-}
-
 // Rows [lo, hi) of the matrices' rows taken one after the other (x's rows, then y's).
 void round_rows(const Rounding& x, const Rounding& y, std::int64_t lo, std::int64_t hi) {
-  const RoundFn float_to_bf16 = round_fn();
   for (const Rounding* m : {&x, &y}) {
     const std::int64_t a = std::min(lo, m->rows), b = std::min(hi, m->rows);
     if (a < b && m->ld == m->cols)  // packed: one run

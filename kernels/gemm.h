@@ -13,8 +13,8 @@
 // (omp_set_num_threads; the launcher exports OMP_NUM_THREADS and passive waiting), OpenBLAS on its
 // own (set_blas_threads): a rank uses one at a time, so the two never compete for its cores.
 //
-// Rounding to bf16: nearest even, with the AVX512-BF16 instruction where the CPU has it (fp32
-// denormals become zero there; kernels/bf16_round.h), both inputs in one parallel region.
+// Rounding to bf16: kernels/precision.h's float_to_bf16 (nearest even), both inputs in one
+// parallel region.
 //
 // Workspace: the bf16 copies of the inputs live in a per-thread buffer owned by this file, grown to
 // the largest call and kept (like OpenBLAS's and oneDNN's own packing buffers, it is library
