@@ -47,22 +47,44 @@ dnnl::memory::dims strides_of(Trans t, std::int64_t ld) {
   return t == Trans::kNo ? dnnl::memory::dims{ld, 1} : dnnl::memory::dims{1, ld};
 }
 
-// Rounds the stored matrix X (rows × cols at stride ld) to bf16, packed (stride cols).
-void round_to_bf16(bf16* out, const float* in, std::int64_t rows, std::int64_t cols,
-                   std::int64_t ld) {
-  const int nt = detail::op_threads(rows * cols);
-  if (ld == cols) {
-    if (nt <= 1) return float_to_bf16(out, in, rows * cols);
-#pragma omp parallel for num_threads(nt) schedule(static)
-    for (int t = 0; t < nt; ++t) {
-      const std::int64_t n = rows * cols, chunk = (n + nt - 1) / nt;
-      const std::int64_t lo = std::min(n, t * chunk), hi = std::min(n, lo + chunk);
-      float_to_bf16(out + lo, in + lo, hi - lo);
-    }
-    return;
+// A stored matrix to round to bf16: rows × cols at stride ld, written packed (stride cols).
+struct Rounding {
+  bf16* out;
+  const float* in;
+  std::int64_t rows, cols, ld;
+};
+
+// Rows [lo, hi) of the matrices' rows taken one after the other (x's rows, then y's).
+void round_rows(const Rounding& x, const Rounding& y, std::int64_t lo, std::int64_t hi) {
+  for (const Rounding* m : {&x, &y}) {
+    const std::int64_t a = std::min(lo, m->rows), b = std::min(hi, m->rows);
+    if (a < b && m->ld == m->cols)  // packed: one run
+      float_to_bf16(m->out + a * m->cols, m->in + a * m->cols, (b - a) * m->cols);
+    else
+      for (std::int64_t r = a; r < b; ++r)
+        float_to_bf16(m->out + r * m->cols, m->in + r * m->ld, m->cols);
+    lo = std::max<std::int64_t>(0, lo - m->rows), hi = std::max<std::int64_t>(0, hi - m->rows);
   }
-#pragma omp parallel for num_threads(nt) schedule(static) if (nt > 1)
-  for (std::int64_t r = 0; r < rows; ++r) float_to_bf16(out + r * cols, in + r * ld, cols);
+}
+
+// Rounds both inputs of a GEMM in one parallel region (one fork and join instead of two), each
+// thread a contiguous range of rows weighted by their length. Element-wise, so the bits do not
+// depend on the split.
+void round_to_bf16(const Rounding& a, const Rounding& b) {
+  const std::int64_t total = a.rows * a.cols + b.rows * b.cols;
+  const int nt = detail::op_threads(total);
+  if (nt <= 1) return round_rows(a, b, 0, a.rows + b.rows);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int t = 0; t < nt; ++t) {
+    // Thread t's share of the elements, in rows of a then rows of b.
+    const auto row_at = [&](std::int64_t elem) {
+      const std::int64_t in_a = a.rows * a.cols;
+      if (elem <= in_a) return (elem + a.cols - 1) / a.cols;
+      return a.rows + (elem - in_a + b.cols - 1) / b.cols;
+    };
+    const std::int64_t chunk = (total + nt - 1) / nt;
+    round_rows(a, b, row_at(std::min(total, t * chunk)), row_at(std::min(total, (t + 1) * chunk)));
+  }
 }
 
 void onednn_gemm(bool bf16_inputs, Trans ta, Trans tb, std::int64_t M, std::int64_t N,
@@ -83,8 +105,7 @@ void onednn_gemm(bool bf16_inputs, Trans ta, Trans tb, std::int64_t M, std::int6
       s.b16.resize(std::max(s.b16.size(), static_cast<std::size_t>(K * N)));
       g_workspace_bytes = std::max(g_workspace_bytes, (s.a16.size() + s.b16.size()) * sizeof(bf16));
     }
-    round_to_bf16(s.a16.data(), A, a_rows, a_cols, lda);
-    round_to_bf16(s.b16.data(), B, b_rows, b_cols, ldb);
+    round_to_bf16({s.a16.data(), A, a_rows, a_cols, lda}, {s.b16.data(), B, b_rows, b_cols, ldb});
     a = s.a16.data(), b = s.b16.data();
     lda = a_cols, ldb = b_cols;
   }

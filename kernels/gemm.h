@@ -5,12 +5,16 @@
 // Which one is fastest depends on the CPU (a Xeon without AVX512-BF16 runs bf16 dot products at
 // half the fp32 rate, Zen 4/5 at twice), so the runtime measures the kinds at the model's shapes
 // (measure_gemm_gflops) and sets one with set_linear_gemm before the first step. Everything else
-// in kernels/ (attention tiles) stays on OpenBLAS fp32 (kernels/blas.h).
+// in kernels/ follows: attention's tiles run bf16 (AVX512-BF16) when the kind is bf16, else
+// OpenBLAS fp32 (kernels/ops_attention.cpp).
 //
 // Determinism: for one kind, shapes and thread count the results are bit-identical across runs
 // (both libraries split work statically). Threads: oneDNN runs on the process's OpenMP pool
 // (omp_set_num_threads; the launcher exports OMP_NUM_THREADS and passive waiting), OpenBLAS on its
 // own (set_blas_threads): a rank uses one at a time, so the two never compete for its cores.
+//
+// Rounding to bf16: kernels/precision.h's float_to_bf16 (nearest even), both inputs in one
+// parallel region.
 //
 // Workspace: the bf16 copies of the inputs live in a per-thread buffer owned by this file, grown to
 // the largest call and kept (like OpenBLAS's and oneDNN's own packing buffers, it is library

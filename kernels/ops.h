@@ -109,10 +109,15 @@ struct AttentionShape {
 };
 
 // Floats of scratch the forward/backward need; independent of T (that is the point of tiling).
+// The bf16 tiles also keep per-thread library buffers outside the arena: one head's k and v
+// packed, 8·keys·D bytes, plus a few tiles (kernels/attention_bf16.h).
 std::int64_t attention_scratch_floats(const AttentionShape& s);
 
 // out = softmax(q k^T / sqrt(D) + causal mask) v per head, computed tile by tile with an online
-// softmax. Saves only out and the per-row logsumexp of the scaled scores.
+// softmax. Saves only out and the per-row logsumexp of the scaled scores. The tile products run in
+// fp32 (OpenBLAS), or, when the linear layers run bf16 GEMMs (kernels/gemm.h) on a CPU with
+// AVX512-BF16, with bf16 operands and fp32 sums (kernels/attention_bf16.h); forward and backward
+// must run under the same linear_gemm().
 void attention_forward(float* out,      // out (B, T, H * D)
                        float* lse,      // lse (B, H, T)
                        const float* q,  // q (B, T, H * D)   (after RoPE)

@@ -5,16 +5,24 @@
 // rescale the partial output when m grows. Forward saves only out and lse = m + log(l); backward
 // recomputes P = exp(S - lse) tile by tile. Tile products are sgemm calls on strided views of
 // q/k/v (a head is D columns of a (T, heads * D) matrix), so nothing is copied.
+//
+// Precision follows the linear layers: when they run bf16 GEMMs (kernels/gemm.h's linear_gemm())
+// and the CPU has AVX512-BF16, the tiles run in bf16 with fp32 accumulation
+// (kernels/attention_bf16.h); otherwise, and always with fp32 GEMMs, in fp32 through OpenBLAS.
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
+#include "kernels/attention_bf16.h"
 #include "kernels/blas.h"
 #include "kernels/check.h"
+#include "kernels/gemm.h"
 #include "kernels/ops.h"
 #include "kernels/simd_rows.h"
 #include "kernels/threads.h"
@@ -64,6 +72,29 @@ float* worker_scratch(std::int64_t n) {
   thread_local std::vector<float> buf;
   if (static_cast<std::int64_t>(buf.size()) < n) buf.resize(static_cast<std::size_t>(n));
   return buf.data();
+}
+
+// The calling thread's buffers for the bf16 tiles: library memory outside the arena (they grow
+// with the keys: k and v of one head are packed once per item), grown to the largest shape and
+// kept, like the GEMM workspace (kernels/gemm.h).
+detail::Bf16AttentionBuffers bf16_buffers(const AttentionShape& s) {
+  struct Free {
+    void operator()(void* p) const { std::free(p); }
+  };
+  thread_local std::unique_ptr<void, Free> mem;
+  thread_local std::int64_t words = 0;
+  const std::int64_t need = detail::bf16_attention_buffer_words(s);
+  if (need > words) {
+    const std::size_t bytes = (static_cast<std::size_t>(need) * 4 + 63) / 64 * 64;
+    mem.reset(std::aligned_alloc(64, bytes));
+    T3D_ASSERT(mem != nullptr, "out of memory for ", bytes, " bytes of attention buffers");
+    words = need;
+  }
+  return detail::bf16_attention_buffers(static_cast<std::uint32_t*>(mem.get()), s);
+}
+
+bool bf16_tiles() {
+  return gemm_kind_is_bf16(linear_gemm()) && detail::bf16_attention_supported();
 }
 
 // Runs fn(item, scratch) for item in [0, n_items): serially on the caller's scratch, or, for a
@@ -135,6 +166,12 @@ void attention_forward(float* out, float* lse, const float* q, const float* k, c
                        float* scratch, const AttentionShape& s) {
   check_shape(s);
   // Work of one call ~ B H T^2 D / 2 multiply-adds; parallel over (batch, query head).
+  if (bf16_tiles())
+    return for_each_item(s.B * s.n_heads, s.B * s.n_heads * s.T * s.head_dim, scratch, 0,
+                         [&](std::int64_t i, float*) {
+                           detail::attention_forward_head_bf16(out, lse, q, k, v, bf16_buffers(s),
+                                                               s, i / s.n_heads, i % s.n_heads);
+                         });
   for_each_item(s.B * s.n_heads, s.B * s.n_heads * s.T * s.head_dim, scratch,
                 attention_scratch_floats(s), [&](std::int64_t i, float* scr) {
                   attention_forward_head(out, lse, q, k, v, scr, s, i / s.n_heads, i % s.n_heads);
@@ -212,6 +249,13 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
   zero(dk, s.B * s.keys() * s.n_kv_heads * s.head_dim);
   zero(dv, s.B * s.keys() * s.n_kv_heads * s.head_dim);
   // Parallel over (batch, kv head): dk and dv rows of a kv head belong to one item.
+  if (bf16_tiles())
+    return for_each_item(s.B * s.n_kv_heads, s.B * s.n_heads * s.T * s.head_dim, scratch, 0,
+                         [&](std::int64_t i, float*) {
+                           detail::attention_backward_group_bf16(
+                               dq, dk, dv, dout, q, k, v, out, lse, bf16_buffers(s), s,
+                               i / s.n_kv_heads, i % s.n_kv_heads);
+                         });
   for_each_item(s.B * s.n_kv_heads, s.B * s.n_heads * s.T * s.head_dim, scratch,
                 attention_scratch_floats(s), [&](std::int64_t i, float* scr) {
                   attention_backward_group(dq, dk, dv, dout, q, k, v, out, lse, scr, s,

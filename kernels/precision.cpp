@@ -1,11 +1,15 @@
 #include "kernels/precision.h"
 
+#include "kernels/bf16_round.h"
 #include "kernels/simd_rows.h"
 
 namespace t3d::kernels {
 
-// The widest SIMD version this CPU runs (kernels/simd_rows.h), bit-identical to the scalar ones.
+// The AVX512-BF16 instruction where the CPU has it (kernels/bf16_round.h), else the widest SIMD
+// version of the integer formula (kernels/simd_rows.h); both bit-identical to the scalar one.
 void float_to_bf16(bf16* out, const float* in, std::int64_t n) {
+  static const bool hw = detail::bf16_round_supported();
+  if (hw) return detail::round_bf16_avx512(out, in, n);
   detail::simd_rows().to_bf16(out, in, n);
 }
 

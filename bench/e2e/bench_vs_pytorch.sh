@@ -11,7 +11,8 @@
 # titan3d run chose, then the ratios the targets in bench/README.md are stated in. PyTorch gets
 # OpenBLAS's best kernels for this CPU and passive OpenMP waiting, as titan3d's ranks do.
 # Usage: bench/e2e/bench_vs_pytorch.sh [extra titan3d --set ...]
-# BASELINE=/path/to/an/older/titan3d also runs that binary (fp32, both layouts) in every round.
+# BASELINE=/path/to/an/older/titan3d also runs that binary (both layouts) in every round, with
+# train.precision = BASELINE_PRECISION (default fp32; auto compares the bf16 paths before/after).
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$repo"
@@ -64,8 +65,8 @@ for round in $(seq "$runs"); do
   titan3d t_fp32_dp "$bin" --set train.precision=fp32 --set parallel.dp="$threads" --set hardware.threads_per_rank=1 "$@"
   titan3d t_auto_dp "$bin" --set train.precision=auto --set parallel.dp="$threads" --set hardware.threads_per_rank=1 "$@"
   if [ -n "${BASELINE:-}" ]; then
-    titan3d base_1rank "$BASELINE" --set hardware.threads_per_rank="$threads" "$@"
-    titan3d base_dp "$BASELINE" --set parallel.dp="$threads" --set hardware.threads_per_rank=1 "$@"
+    titan3d base_1rank "$BASELINE" --set train.precision="${BASELINE_PRECISION:-fp32}" --set hardware.threads_per_rank="$threads" "$@"
+    titan3d base_dp "$BASELINE" --set train.precision="${BASELINE_PRECISION:-fp32}" --set parallel.dp="$threads" --set hardware.threads_per_rank=1 "$@"
   fi
   line="round $round:"
   for n in "${!tok[@]}"; do line+=" $n $(echo "${tok[$n]}" | awk '{ print $NF }')"; done
@@ -84,7 +85,7 @@ names=(torch_fp32 torch_bf16 t_fp32_1rank t_fp32_dp t_auto_1rank t_auto_dp)
 declare -A label=([torch_fp32]="PyTorch fp32, 1 × $threads threads" [torch_bf16]="PyTorch bf16 autocast, 1 × $threads threads"
   [t_fp32_1rank]="titan3d fp32, 1 rank × $threads threads" [t_fp32_dp]="titan3d fp32, dp=$threads × 1 thread"
   [t_auto_1rank]="titan3d auto, 1 rank × $threads threads" [t_auto_dp]="titan3d auto, dp=$threads × 1 thread"
-  [base_1rank]="baseline, 1 rank × $threads threads" [base_dp]="baseline, dp=$threads × 1 thread")
+  [base_1rank]="baseline ${BASELINE_PRECISION:-fp32}, 1 rank × $threads threads" [base_dp]="baseline ${BASELINE_PRECISION:-fp32}, dp=$threads × 1 thread")
 pct() { awk -v m="$1" 'BEGIN { if (m == "nan") print "-"; else printf "%.1f%%", 100 * m }'; }
 for n in "${names[@]}"; do
   printf "%-42s %9.0f %8s %10s  %s\n" "${label[$n]}" "$(med "${tok[$n]}")" \

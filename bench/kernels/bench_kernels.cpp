@@ -3,6 +3,8 @@
 // core type in the environment before starting:  OPENBLAS_CORETYPE=SkylakeX ./bench_kernels
 //
 // Usage: bench_kernels [threads...]   (default: 1 2)
+// Attention runs in fp32 and, where the CPU has AVX512-BF16, with the bf16 tiles that ranks with
+// bf16 linear GEMMs use (kernels/attention_bf16.h).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -43,7 +45,9 @@ void bench_gemm(const char* what, k::Trans ta, k::Trans tb, int M, int N, int K,
               2.0 * M * N * K / s * 1e-9, s * 1e3);
 }
 
-void bench_attention(int B, int T, int H, int Hkv, int D, int tile, int repeats) {
+void bench_attention(int B, int T, int H, int Hkv, int D, int tile, int repeats,
+                     k::GemmKind kind) {
+  k::set_linear_gemm(kind);  // attention's tiles follow the linear layers' precision
   k::AttentionShape s{B, T, H, Hkv, D, tile};
   const std::size_t nq = (std::size_t)B * T * H * D, nkv = (std::size_t)B * T * Hkv * D;
   auto q = filled(nq, 0.01f), kk = filled(nkv, 0.02f), v = filled(nkv, 0.03f);
@@ -66,9 +70,9 @@ void bench_attention(int B, int T, int H, int Hkv, int D, int tile, int repeats)
       },
       repeats);
   std::printf(
-      "  attention B=%d T=%5d H=%d Hkv=%d D=%d tile=%3d  fwd %6.1f GFLOP/s (%.1f ms)"
+      "  attention %s B=%d T=%5d H=%d Hkv=%d D=%d tile=%3d  fwd %6.1f GFLOP/s (%.1f ms)"
       "  bwd %6.1f GFLOP/s (%.1f ms)\n",
-      B, T, H, Hkv, D, tile, 2 * gemm / fwd * 1e-9, fwd * 1e3, 5 * gemm / bwd * 1e-9, bwd * 1e3);
+      k::gemm_kind_is_bf16(kind) ? "bf16" : "fp32", B, T, H, Hkv, D, tile, 2 * gemm / fwd * 1e-9, fwd * 1e3, 5 * gemm / bwd * 1e-9, bwd * 1e3);
 }
 
 }  // namespace
@@ -95,11 +99,16 @@ int main(int argc, char** argv) {
     bench_gemm("bwd  dy W   (down in-grad)", k::Trans::kNo, k::Trans::kNo, 2048, 512, 1536, 7);
     bench_gemm("bwd  dy^T x (up w-grad)", k::Trans::kYes, k::Trans::kNo, 1536, 512, 2048, 7);
     bench_gemm("square", k::Trans::kNo, k::Trans::kNo, 1024, 1024, 1024, 7);
-    bench_attention(8, 256, 8, 8, 64, 64, 5);  // bench/e2e's model: one micro-batch of a layer
-    bench_attention(8, 256, 8, 8, 64, 128, 5);
-    bench_attention(2, 1024, 8, 2, 64, 64, 5);
-    bench_attention(2, 1024, 8, 2, 64, 128, 5);
-    bench_attention(1, 4096, 8, 2, 64, 128, 3);
+    std::vector<k::GemmKind> kinds = {k::GemmKind::kOpenBlasF32};
+    if (k::cpu_has_bf16_dot()) kinds.push_back(k::GemmKind::kOneDnnBf16);
+    for (const k::GemmKind kind : kinds) {
+      bench_attention(8, 256, 8, 8, 64, 64, 5, kind);  // bench/e2e's model: a layer's micro-batch
+      bench_attention(8, 256, 8, 8, 64, 128, 5, kind);
+      bench_attention(2, 1024, 8, 2, 64, 64, 5, kind);
+      bench_attention(2, 1024, 8, 2, 64, 128, 5, kind);
+      bench_attention(1, 4096, 8, 2, 64, 128, 3, kind);
+    }
+    k::set_linear_gemm(k::GemmKind::kOpenBlasF32);
   }
   return 0;
 }

@@ -14,9 +14,11 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "kernels/bf16_round.h"
 #include "kernels/check.h"
 #include "kernels/gemm.h"
 #include "kernels/ops.h"
@@ -106,6 +108,35 @@ TEST_P(GemmKinds, EveryTransposeStrideAndAccumulationAgainstReference) {
   if (bf16) {
     EXPECT_GT(worst_rounding, 1e-4) << "bf16 results as exact as fp32: inputs not rounded";
   }
+}
+
+// With two threads the inputs are rounded in one parallel region split by rows across both
+// matrices: large enough inputs (over op_threads' 64k floats) in every layout, packed and strided,
+// against the reference of the rounded inputs with the fp32 bound above.
+TEST_P(GemmKinds, TwoThreadsLargeInputsAgainstReference) {
+  const GemmKind kind = GetParam();
+  const int M = 300, N = 130, K = 257;
+  std::uint32_t seed = 50;
+  struct TwoThreads {
+    int saved = blas_threads();
+    TwoThreads() { set_rank_threads(2); }
+    ~TwoThreads() { set_rank_threads(saved); }
+  } two;
+  for (Trans ta : {Trans::kNo, Trans::kYes})
+    for (Trans tb : {Trans::kNo, Trans::kYes})
+      for (int pad : {0, 5}) {
+        const int lda = (ta == Trans::kNo ? K : M) + pad, ldb = (tb == Trans::kNo ? N : K) + pad;
+        const auto A = ref::random_floats(static_cast<std::size_t>(ta == Trans::kNo ? M : K) * lda, seed++);
+        const auto B = ref::random_floats(static_cast<std::size_t>(tb == Trans::kNo ? K : N) * ldb, seed++);
+        std::vector<float> C(static_cast<std::size_t>(M) * N);
+        gemm(kind, ta, tb, M, N, K, A.data(), lda, B.data(), ldb, false, C.data(), N);
+        const Product own =
+            reference(ta, tb, M, N, K, A, lda, B, ldb, gemm_kind_is_bf16(kind));
+        for (int i = 0; i < M * N; ++i)
+          ASSERT_LE(std::abs(C[i] - own.value[i]), 1e-5 * own.scale[i] + 1e-30)
+              << gemm_kind_name(kind) << " ta " << int(ta) << " tb " << int(tb) << " pad " << pad
+              << " at " << i;
+      }
 }
 
 TEST_P(GemmKinds, RepeatsAreBitIdentical) {
@@ -199,6 +230,28 @@ TEST(kernels_bf16_conversion, EverySimdVersionMatchesTheScalarBits) {
       ASSERT_EQ(std::bit_cast<std::uint32_t>(back[i]), std::bit_cast<std::uint32_t>(bf16_to_float(out[i])))
           << v->isa << " element " << i;
   }
+}
+
+// The AVX512-BF16 conversion behind precision.h's array float_to_bf16 (kernels/bf16_round.h):
+// the scalar function's bits for every input: ties to even, NaN (quiet), infinities, signed zeros
+// and denormals (which the instruction alone would flush). 2^20 random bit patterns (every
+// exponent) plus the special cases, an odd count so the masked tail runs.
+TEST(kernels_bf16_conversion, HardwareConversionMatchesTheScalarBits) {
+  if (!detail::bf16_round_supported()) GTEST_SKIP() << "no AVX512-BF16 on this CPU";
+  std::vector<float> in = {0.0f, -0.0f, 1.0f, -1.5f, 1e-40f, -3e-42f, 3.4e38f, -3.4e38f};
+  for (std::uint32_t bits : {0x7F800000u, 0xFF800000u, 0x7FC00000u, 0x7F800001u, 0xFFFFFFFFu,
+                             0x3F808000u, 0x3F818000u, 0x3F80FFFFu, 0x7F7FFFFFu, 0x00800000u})
+    in.push_back(std::bit_cast<float>(bits));
+  std::mt19937 rng(11);
+  for (int i = 0; i < (1 << 20) + 5; ++i) in.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(rng())));
+  std::vector<bf16> out(in.size());
+  detail::round_bf16_avx512(out.data(), in.data(), static_cast<std::int64_t>(in.size()));
+  for (std::size_t i = 0; i < in.size(); ++i)
+    ASSERT_EQ(out[i], float_to_bf16(in[i]))
+        << "element " << i << " = " << in[i] << " bits " << std::bit_cast<std::uint32_t>(in[i]);
+  std::vector<bf16> api(in.size());
+  float_to_bf16(api.data(), in.data(), static_cast<std::int64_t>(in.size()));
+  EXPECT_EQ(api, out);
 }
 
 }  // namespace
