@@ -1,3 +1,6 @@
+// One file for the whole recipe on purpose: the schema table (every key once), the TOML codec it
+// drives, `--set`, validation and world resolution all read the same Field rows, and splitting
+// them would put a key's type, default and checks in different files.
 #include "runtime/recipe/recipe.h"
 
 #include <strings.h>
