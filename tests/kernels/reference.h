@@ -10,6 +10,8 @@
 #include <cstdint>
 #include <functional>
 #include <random>
+#include <sstream>
+#include <string>
 #include <vector>
 
 namespace t3d::kernels::ref {
@@ -159,6 +161,17 @@ inline Vec cross_entropy(const Vec& logits, const std::vector<std::int32_t>& tar
     loss[i] = std::log(s) + mx - x[targets[i]];
   }
   return loss;
+}
+
+// A gtest parameter's name for INSTANTIATE_TEST_SUITE_P: its PrintTo text, '.' spelled 'p'.
+template <typename Info>
+std::string param_name(const Info& info) {
+  std::ostringstream os;
+  PrintTo(info.param, &os);
+  std::string s = os.str();
+  for (auto& ch : s)
+    if (ch == '.') ch = 'p';
+  return s;
 }
 
 }  // namespace t3d::kernels::ref

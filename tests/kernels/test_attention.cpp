@@ -91,14 +91,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{1, 16, 2, 2, 8, 16, 1.0f},   // plain MHA, exactly one tile
                       Case{1, 9, 2, 2, 4, 64, 1.0f},    // tile larger than T
                       Case{1, 29, 4, 2, 8, 4, 12.0f}),  // peaked softmax, many small tiles
-    [](const auto& info) {
-      std::ostringstream os;
-      PrintTo(info.param, &os);
-      std::string s = os.str();
-      for (auto& ch : s)
-        if (ch == '.') ch = 'p';
-      return s;
-    });
+    [](const auto& info) { return ref::param_name(info); });
 
 // Context parallelism: a block of query rows at positions [q_pos, q_pos + Tq) against all the
 // keys gives those rows of the full attention, and (with the output gradient zero elsewhere) the

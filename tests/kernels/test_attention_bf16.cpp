@@ -151,14 +151,7 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{1, 9, 2, 2, 5, 64, 1.0f},    // tile larger than T, odd head dim
                       Case{1, 29, 4, 2, 8, 4, 12.0f},   // peaked softmax, many small tiles
                       Case{1, 40, 2, 1, 36, 13, 1.0f}), // 18 pairs of D: two column-pair blocks
-    [](const auto& info) {
-      std::ostringstream os;
-      PrintTo(info.param, &os);
-      std::string s = os.str();
-      for (auto& ch : s)
-        if (ch == '.') ch = 'p';
-      return s;
-    });
+    [](const auto& info) { return ref::param_name(info); });
 
 // The model's shape class (head dim 64, 64-row tiles, several tiles and a ragged one): too large
 // for finite differences, so the backward is compared with the fp32 tiles (checked against finite
