@@ -12,6 +12,14 @@ namespace t3d::runtime {
 
 using parallel::Dim;
 
+namespace {
+
+// train.precision = bf16 (auto is resolved before a stage is built): activations stored and
+// pipeline / TP traffic sent in bf16.
+bool stores_bf16(const Recipe& r) { return r.train.precision == "bf16"; }
+
+}  // namespace
+
 
 int setup_rank_threads(const Recipe& r, const LaunchEnv& env, bool report) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -44,7 +52,7 @@ ModelOptions model_options(const Recipe& r, StagePurpose purpose, int64_t micro_
   o.with_optimizer = false;
   // bf16 rounds stored activations and TP / PP traffic, sequence parallelism moves the norms:
   // both change the last bits of a loss, so every purpose builds the stage as training does.
-  o.bf16 = r.train.precision == "bf16";
+  o.bf16 = stores_bf16(r);
   o.sequence_parallel = r.parallel.sequence_parallel;
   o.cp = cp;
   if (purpose == StagePurpose::kForward) return o;
@@ -74,7 +82,7 @@ Stage build_stage(const Job& job, StagePurpose purpose) {
   // bf16 training sends activations and their gradients between stages in bf16.
   s.executor = std::make_unique<PipelineExecutor>(
       std::move(schedule), mesh.group(Dim::pp),
-      r.train.precision == "bf16" ? WirePrecision::kBf16 : WirePrecision::kFp32);
+      stores_bf16(r) ? WirePrecision::kBf16 : WirePrecision::kFp32);
   s.arena = std::make_unique<kernels::Arena>(
       static_cast<size_t>(r.hardware.hbm_gib * 1024.0 * 1024.0 * 1024.0));
   const ModelOptions options =

@@ -117,13 +117,18 @@ std::vector<std::string> restart_argv(const Recipe& recipe, const std::string& s
   return argv;
 }
 
-}  // namespace
-
+// The last optimizer step metrics.jsonl records from byte `from` on (0 if none), and the step
+// times of the lines read: all of them, and those of steps above `after` (work a restart redoes).
+struct LoggedSteps {
+  long last_step = 0;
+  double seconds_after = 0, seconds_total = 0;
+};
 LoggedSteps read_logged_steps(const std::string& metrics_path, long from, long after) {
   LoggedSteps out;
   std::ifstream f(metrics_path);
   if (!f) return out;
-  f.seekg(from);
+  // A fresh start rewrites the file: then everything in it is this attempt's.
+  if (file_size(metrics_path) >= from) f.seekg(from);
   long step = 0;
   double seconds = 0;
   for (std::string line; std::getline(f, line);) {
@@ -136,6 +141,38 @@ LoggedSteps read_logged_steps(const std::string& metrics_path, long from, long a
   }
   return out;
 }
+
+// Why the loop stops after `incident` instead of restarting, or null: the same failure as the
+// previous attempt's (deterministic), or run.max_restarts used up within the window.
+const char* stop_reason(const Incident& incident, const std::optional<Incident>& previous,
+                        size_t restarts_in_window, const RunConfig& run) {
+  if (previous && incident.same_failure(*previous)) return "stop: the same failure again";
+  if (static_cast<int64_t>(restarts_in_window) >= run.max_restarts)
+    return "stop: run.max_restarts reached";
+  return nullptr;
+}
+
+std::string where_of(const Incident& i) {
+  return i.last_step > 0 ? " after step " + std::to_string(i.last_step) : " before any step";
+}
+
+void explain_stop(const Incident& i, size_t restarts, const RunConfig& run,
+                  const std::string& run_dir) {
+  if (i.action == "stop: the same failure again")
+    std::fprintf(stderr,
+                 "titan3d: %s%s, as in the previous attempt, before getting any further: a "
+                 "deterministic failure, not a transient fault; not restarting. See the rank logs "
+                 "in %s/logs and incidents.jsonl\n",
+                 i.cause.c_str(), where_of(i).c_str(), run_dir.c_str());
+  else if (run.max_restarts > 0)
+    std::fprintf(stderr,
+                 "titan3d: %s%s; giving up after %zu restart(s) within %.0f s (run.max_restarts, "
+                 "run.restart_window_s). Continue with `titan3d train %s/restart.toml`\n",
+                 i.cause.c_str(), where_of(i).c_str(), restarts, run.restart_window_s,
+                 run_dir.c_str());
+}
+
+}  // namespace
 
 int supervise_training(const Recipe& recipe, SpawnPlan plan, const std::string& log_level) {
   const std::string run_dir = fs::path(plan.log_dir).parent_path().string();
@@ -170,31 +207,12 @@ int supervise_training(const Recipe& recipe, SpawnPlan plan, const std::string& 
     incident.lost_s = logged.seconds_after;
     lost_s += logged.seconds_after;
     useful_s += logged.seconds_total - logged.seconds_after;
-    while (!restarts.empty() &&
-           seconds_since(restarts.front()) > recipe.run.restart_window_s)
+    while (!restarts.empty() && seconds_since(restarts.front()) > recipe.run.restart_window_s)
       restarts.pop_front();
-    const std::string where =
-        incident.last_step > 0 ? " after step " + std::to_string(incident.last_step) : " before any step";
-    if (previous && incident.same_failure(*previous)) {
-      incident.action = "stop: the same failure again";
+    if (const char* why = stop_reason(incident, previous, restarts.size(), recipe.run)) {
+      incident.action = why;
       record(run_dir, incident);
-      std::fprintf(stderr,
-                   "titan3d: %s%s, as in the previous attempt, before getting any further: a "
-                   "deterministic failure, not a transient fault; not restarting. See the rank "
-                   "logs in %s and incidents.jsonl\n",
-                   incident.cause.c_str(), where.c_str(), plan.log_dir.c_str());
-      return out.code;
-    }
-    if (static_cast<int64_t>(restarts.size()) >= recipe.run.max_restarts) {
-      incident.action = "stop: run.max_restarts reached";
-      record(run_dir, incident);
-      if (recipe.run.max_restarts > 0)
-        std::fprintf(stderr,
-                     "titan3d: %s%s; giving up after %zu restart(s) within %.0f s "
-                     "(run.max_restarts, run.restart_window_s). Continue with `titan3d train %s "
-                     "--set snapshot.resume=latest`\n",
-                     incident.cause.c_str(), where.c_str(), restarts.size(),
-                     recipe.run.restart_window_s, (run_dir + "/restart.toml").c_str());
+      explain_stop(incident, restarts.size(), recipe.run, run_dir);
       return out.code;
     }
     const int backoff = std::min(30, 1 << std::min<int>(restarts.size(), 5));
@@ -205,7 +223,8 @@ int supervise_training(const Recipe& recipe, SpawnPlan plan, const std::string& 
     std::fprintf(stderr,
                  "titan3d: incident %d: %s%s; %s in %d s (restart %zu of at most %lld; %ld "
                  "step(s), %.1f s of work lost)\n",
-                 attempt, incident.cause.c_str(), where.c_str(), incident.action.c_str(), backoff,
+                 attempt, incident.cause.c_str(), where_of(incident).c_str(),
+                 incident.action.c_str(), backoff,
                  restarts.size() + 1, static_cast<long long>(recipe.run.max_restarts),
                  std::max(0L, incident.last_step - incident.snapshot_step), incident.lost_s);
     std::fflush(stderr);

@@ -31,12 +31,4 @@ namespace t3d::runtime {
 // the exit code for the launcher. `log_level`: the command line's --log-level, kept on restarts.
 int supervise_training(const Recipe& recipe, SpawnPlan plan, const std::string& log_level);
 
-// The last optimizer step metrics.jsonl records from byte `from` on (0 if none), and the sum of
-// the step times of the steps above `after` among those lines (work a restart repeats).
-struct LoggedSteps {
-  long last_step = 0;
-  double seconds_after = 0, seconds_total = 0;
-};
-LoggedSteps read_logged_steps(const std::string& metrics_path, long from, long after);
-
 }  // namespace t3d::runtime

@@ -368,12 +368,14 @@ struct Trainer::Impl {
   }
 
   // Speed, communication shares (mean over ranks since `waited`) and the largest arena peak of a
-  // step whose step_time_s is set: two small all-reduces.
-  void measure_step(StepRecord& rec, const parallel::Comm* const groups[4], const double waited[4]) {
-    double shares[4];
+  // step whose step_time_s is set: two small all-reduces, the first also counting the ranks a
+  // preemption signal reached (returned: every rank sees the same count).
+  int measure_step(StepRecord& rec, const parallel::Comm* const groups[4], const double waited[4]) {
+    double shares[5];
     for (int i = 0; i < 4; ++i)
       shares[i] = (groups[i]->counters().wait_s - waited[i]) / rec.step_time_s / mesh.world().size();
-    mesh.world().all_reduce(shares, 4);
+    shares[4] = stop_requested() != 0 ? 1.0 : 0.0;
+    mesh.world().all_reduce(shares, 5);
     rec.tp_comm_share = shares[0], rec.dp_comm_share = shares[1], rec.pp_wait_share = shares[2];
     rec.cp_comm_share = shares[3];
     rec.peak_mem_gib = arena->peak() / double(1 << 30);
@@ -381,21 +383,23 @@ struct Trainer::Impl {
     rec.tokens_per_s = static_cast<double>(r.train.global_batch * T) / rec.step_time_s;
     rec.mfu = flops_per_token * rec.tokens_per_s / (hosts * peaks.hardware_gflops * 1e9);
     rec.mfu_gemm = flops_per_token * rec.tokens_per_s / (hosts * peaks.gemm_gflops * 1e9);
+    return static_cast<int>(shares[4] + 0.5);
   }
 
   // After the snapshot of `step` started on every rank: waits for its commit and ends the run
   // with kExitPreempted (every rank alike; rank 0 says so).
-  [[noreturn]] void stop_preempted(int64_t step, int signal) {
+  [[noreturn]] void stop_preempted(int64_t step, int signalled) {
     snapshots->finish();
     if (mesh.rank() == 0) {
       if (r.snapshot.every > 0)
-        spdlog::warn("preempted (signal {}): stopped after step {} with its snapshot committed; "
-                     "continue with `titan3d train <recipe> --set snapshot.resume=latest` (exit {})",
-                     signal, step, kExitPreempted);
+        spdlog::warn("preempted (SIGTERM or SIGUSR1 on {} rank(s)): stopped after step {} with its "
+                     "snapshot committed; continue with `titan3d train <recipe> --set "
+                     "snapshot.resume=latest` (exit {})",
+                     signalled, step, kExitPreempted);
       else
-        spdlog::warn("preempted (signal {}): stopped after step {}; snapshot.every = 0, so nothing "
-                     "was saved (exit {})",
-                     signal, step, kExitPreempted);
+        spdlog::warn("preempted (SIGTERM or SIGUSR1 on {} rank(s)): stopped after step {}; "
+                     "snapshot.every = 0, so nothing was saved (exit {})",
+                     signalled, step, kExitPreempted);
     }
     throw AgreedFailure{kExitPreempted};
   }
@@ -417,7 +421,7 @@ struct Trainer::Impl {
                                        &mesh.group(Dim::pp), &mesh.group(Dim::cp)};
     install_stop_signals();
     for (int64_t step = first_step; step < t.steps; ++step) {
-      parallel::fault::step_starts(mesh.world().world_ranks()[mesh.rank()], static_cast<long>(step + 1));
+      parallel::fault::step_starts(mesh.rank(), static_cast<long>(step + 1));
       const auto t0 = Clock::now();
       parallel::trace::Span step_span("step", "train");
       step_span.arg("step", step + 1);
@@ -453,14 +457,12 @@ struct Trainer::Impl {
       if (val_sampler && t.val_every > 0 && ((step + 1) % t.val_every == 0 || last))
         rec.val_loss = validate();
       rec.step_time_s = seconds_since(t0);
-      measure_step(rec, groups, waited);
+      const int signalled = measure_step(rec, groups, waited);
       summary.steps.push_back(rec);
       report(rec, seconds_since(run_start));
       // A preemption signal on any rank: every rank snapshots this step and stops.
-      int stop = stop_requested();
-      mesh.world().all_reduce(&stop, 1, parallel::ReduceOp::max);
-      snapshots->after_step(step + 1, last || stop != 0);
-      if (stop != 0 && !last) stop_preempted(step + 1, stop);
+      snapshots->after_step(step + 1, last || signalled > 0);
+      if (signalled > 0 && !last) stop_preempted(step + 1, signalled);
     }
     snapshots->finish();
     summary.peak_arena_bytes = arena->peak();

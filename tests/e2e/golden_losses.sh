@@ -15,7 +15,8 @@
 #                                        skips (exit 77, saying why) on a CPU where it differs
 #
 # GOLDEN_RECORD=1 writes the file instead of comparing: do that only on a commit whose arithmetic
-# is trusted, and say why in the commit that changes a golden file.
+# is trusted, and say why in the commit that changes a golden file. GOLDEN_KEEP=DIR keeps the runs
+# (logs, metrics, snapshots) in DIR to look at a difference.
 set -u
 titan3d=$1 group=$2
 source "$(dirname "$0")/lib.sh"
