@@ -33,7 +33,7 @@ PerfSummary summarize_performance(const Recipe& r, int devices, const TrainSumma
   PerfSummary p;
   const auto& q = r.parallel;
   p.layout = fmt::format("pp{} dp{} tp{}{}, {}, {} micro-batch{}", q.pp, q.dp, q.tp,
-                         q.cp > 1 ? fmt::format(" cp{}", q.cp) : "", q.schedule,
+                         q.cp > 1 ? fmt::format(" cp{}", q.cp) : "", choice_name(q.schedule),
                          r.train.micro_batches, r.train.micro_batches > 1 ? "es" : "");
   p.devices = devices;
   // Step 1 pays for first touches of memory and connections: averaged over the rest when any.
@@ -59,11 +59,12 @@ PerfSummary summarize_performance(const Recipe& r, int devices, const TrainSumma
     p.mfu /= seconds;
     p.mfu_gemm /= seconds;
   }
-  const bool resolved = r.train.precision != "auto" && r.hardware.gemm != "auto";
+  const bool resolved =
+      r.train.precision != TrainPrecision::kAuto && r.hardware.gemm != GemmLibrary::kAuto;
   p.gemm = fmt::format("{} (train.precision = {})",
                        resolved ? kernels::gemm_kind_name(gemm_kind_of(r.train.precision, r.hardware.gemm))
                                 : "not resolved",
-                       r.train.precision);
+                       choice_name(r.train.precision));
   p.tokens_per_s_per_device = p.tokens_per_s / std::max(1, devices);
   p.bubble = q.pp > 1 ? simulated_bubble(r) : 0.0;
   return p;

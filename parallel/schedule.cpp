@@ -32,30 +32,13 @@ std::string to_string(const Action& a) {
 }
 
 ScheduleKind parse_schedule_kind(std::string_view text, std::string_view key) {
-  if (text == "gpipe") return ScheduleKind::kGPipe;
-  if (text == "1f1b") return ScheduleKind::k1F1B;
-  if (text == "interleaved_1f1b") return ScheduleKind::kInterleaved1F1B;
-  if (text == "zb_h1") return ScheduleKind::kZBH1;
-  if (text == "zb_v") return ScheduleKind::kZBV;
-  throw UserError(detail::concat(key, " = '", text,
-                                 "' is not a pipeline schedule; use one of "
-                                 "gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_v"));
-}
-
-std::string_view to_string(ScheduleKind kind) {
-  switch (kind) {
-    case ScheduleKind::kGPipe:
-      return "gpipe";
-    case ScheduleKind::k1F1B:
-      return "1f1b";
-    case ScheduleKind::kInterleaved1F1B:
-      return "interleaved_1f1b";
-    case ScheduleKind::kZBH1:
-      return "zb_h1";
-    case ScheduleKind::kZBV:
-      return "zb_v";
+  std::string names;
+  for (const auto& [kind, name] : kScheduleKindNames) {
+    if (text == name) return kind;
+    names += (names.empty() ? "" : ", ") + std::string(name);
   }
-  return "?";
+  throw UserError(detail::concat(key, " = '", text, "' is not a pipeline schedule; use one of ",
+                                 names));
 }
 
 std::vector<int> placement(ScheduleKind kind, int pp, int v) {

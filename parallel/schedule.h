@@ -31,6 +31,8 @@
 #include <string_view>
 #include <vector>
 
+#include "parallel/schedule_kind.h"
+
 namespace t3d::parallel {
 
 enum class Op : uint8_t { kF, kB, kW, kBW };
@@ -46,13 +48,9 @@ struct Action {
 std::string to_string(Op op);
 std::string to_string(const Action& a);  // e.g. "F(3,1)", "BW(0,2)"
 
-enum class ScheduleKind { kGPipe, k1F1B, kInterleaved1F1B, kZBH1, kZBV };
-
-// "gpipe" | "1f1b" | "interleaved_1f1b" | "zb_h1" | "zb_v" (the recipe's parallel.schedule);
-// UserError otherwise.
+// One of kScheduleKindNames (parallel/schedule_kind.h); UserError naming `key` otherwise.
 ScheduleKind parse_schedule_kind(std::string_view text,
                                  std::string_view key = "parallel.schedule");
-std::string_view to_string(ScheduleKind kind);
 
 struct Schedule {
   ScheduleKind kind = ScheduleKind::k1F1B;

@@ -155,9 +155,15 @@ double unigram_entropy_nats(std::span<const uint16_t> tokens) {
   return unigram_entropy_bits(tokens) * std::numbers::ln2;
 }
 
-TokenStream load_stream(const std::filesystem::path& path, std::string_view format, int vocab_size) {
-  if (format == "text") return read_text_file(path);
-  if (format == "bin") return read_token_file(path, vocab_size);
+TokenStream load_stream(const std::filesystem::path& path, DataFormat format, int vocab_size) {
+  switch (format) {
+    case DataFormat::kText:
+      return read_text_file(path);
+    case DataFormat::kBin:
+      return read_token_file(path, vocab_size);
+    case DataFormat::kAuto:
+      break;
+  }
   return load_corpus(path, vocab_size);
 }
 

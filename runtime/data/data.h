@@ -9,11 +9,13 @@
 // rank independent of later changes to the file.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <span>
 #include <string_view>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace t3d::runtime {
@@ -44,9 +46,15 @@ TokenStream read_text_file(const std::filesystem::path& path);
 // token file.
 TokenStream load_corpus(const std::filesystem::path& path, int vocab_size);
 
-// data.format: "text" (bytes of a text file), "bin" (a token file), anything else ("auto"): load_corpus's
-// choice by extension.
-TokenStream load_stream(const std::filesystem::path& path, std::string_view format, int vocab_size);
+// data.format: text (bytes of a text file), bin (a token file), auto (load_corpus's choice by
+// extension).
+enum class DataFormat { kAuto, kText, kBin };
+inline constexpr std::array<std::pair<DataFormat, std::string_view>, 3> kDataFormatNames = {{
+    {DataFormat::kAuto, "auto"},
+    {DataFormat::kText, "text"},
+    {DataFormat::kBin, "bin"},
+}};
+TokenStream load_stream(const std::filesystem::path& path, DataFormat format, int vocab_size);
 
 struct TrainValSplit {
   TokenStream train;

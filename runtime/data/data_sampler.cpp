@@ -5,16 +5,10 @@
 
 namespace t3d::runtime {
 
-SampleMode parse_sample_mode(std::string_view text, std::string_view key) {
-  if (text == "random") return SampleMode::kRandom;
-  if (text == "sequential") return SampleMode::kSequential;
-  throw UserError(detail::concat(key, " = '", text,
-                                 "' is not a sampler; use 'random' or "
-                                 "'sequential'"));
-}
-
 std::string_view to_string(SampleMode mode) {
-  return mode == SampleMode::kRandom ? "random" : "sequential";
+  for (const auto& [m, name] : kSampleModeNames)
+    if (m == mode) return name;
+  return "?";
 }
 
 using kernels::splitmix64;

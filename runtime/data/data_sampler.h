@@ -15,17 +15,21 @@
 // and the set of rows a step sees does not depend on dp or n_micro.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace t3d::runtime {
 
+// data.sampler: the order rows are drawn in (above).
 enum class SampleMode { kRandom, kSequential };
-
-// "random" | "sequential"; UserError naming `key` otherwise.
-SampleMode parse_sample_mode(std::string_view text, std::string_view key = "data.sampler");
+inline constexpr std::array<std::pair<SampleMode, std::string_view>, 2> kSampleModeNames = {{
+    {SampleMode::kRandom, "random"},
+    {SampleMode::kSequential, "sequential"},
+}};
 std::string_view to_string(SampleMode mode);
 
 // Rows in one micro-batch of one dp rank: global_batch / (dp_size · n_micro); UserError unless it

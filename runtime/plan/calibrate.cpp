@@ -142,7 +142,7 @@ std::string cluster_toml(const Recipe& r, const Measured& m, const std::string& 
   std::ostringstream os;
   os << "# Written by `titan3d plan --calibrate` on " << host << " for " << world
      << " rank(s), micro-batch " << micro_rows_of(r) << " × " << r.model.seq_len
-     << " tokens, tp " << r.parallel.tp << ", precision " << r.train.precision << ".\n"
+     << " tokens, tp " << r.parallel.tp << ", precision " << choice_name(r.train.precision) << ".\n"
      << fmt::format("# block fwd+bwd {:.4g} ms (of which tp all-reduces 4 × {:.4g} ms), {:.4g} "
                     "MFLOP -> {:.4g} GFLOP/s per rank, all ranks at once\n",
                     m.block_s * 1e3, m.tp_allreduce_s * 1e3, m.block_flops / 1e6,
@@ -179,7 +179,7 @@ std::string calibration_cache_path(const Recipe& r) {
       "{}|w{} pp{} dp{} tp{} sp{}|rows{} seq{}|dim{} h{} kv{} ffn{} V{}|{}|threads{}", host_name(),
       r.world_size(), r.parallel.pp, r.parallel.dp, r.parallel.tp, r.parallel.sequence_parallel,
       micro_rows_of(r), m.seq_len, m.dim, m.n_heads, m.n_kv_heads, m.ffn_dim, m.vocab_size,
-      r.train.precision, r.hardware.threads_per_rank);
+      choice_name(r.train.precision), r.hardware.threads_per_rank);
   std::string dir;
   if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
     dir = std::string(xdg) + "/titan3d";

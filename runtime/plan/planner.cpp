@@ -230,10 +230,10 @@ Layout layout_of_recipe(const Recipe& r, const Cluster& c) {
     l.dp = c.world() / (l.tp * l.pp);
   }
   l.micro_batches = r.train.micro_batches;
-  l.schedule = parallel::parse_schedule_kind(r.parallel.schedule);
+  l.schedule = r.parallel.schedule;
   l.virtual_stages = r.parallel.virtual_stages;
   l.zero = r.parallel.zero;
-  l.checkpoint_every = r.train.checkpoint_every();
+  l.checkpoint_every = r.train.activation_checkpoint.every;
   return l;
 }
 
@@ -242,12 +242,12 @@ Recipe recipe_with_layout(const Recipe& recipe, const Layout& l, const Cluster& 
   r.parallel.dp = l.dp;
   r.parallel.tp = l.tp;
   r.parallel.pp = l.pp;
-  r.parallel.schedule = std::string(parallel::to_string(l.schedule));
+  r.parallel.schedule = l.schedule;
   r.parallel.virtual_stages = l.virtual_stages;
   r.parallel.pipeline_split.clear();
   r.parallel.zero = l.zero;
   r.train.micro_batches = l.micro_batches;
-  r.train.activation_checkpoint = l.checkpoint_name();
+  r.train.activation_checkpoint = {l.checkpoint_every};
   r.hardware.hbm_gib = c.hbm_gib;
   return parse_recipe(r.to_toml(), "<plan>");  // validates the combination
 }
@@ -312,7 +312,7 @@ int run_plan(const PlanOptions& o) {
       "%.4g GB/s inside a node, %.4g GB/s per node between nodes\n",
       (long long)m.dim, (long long)m.n_layers, (long long)m.n_heads, (long long)m.n_kv_heads,
       (long long)m.ffn_dim, (long long)m.vocab_size, (long long)m.seq_len,
-      (long long)p.global_batch, recipe.train.precision.c_str(), cluster.name.c_str(),
+      (long long)p.global_batch, std::string(choice_name(recipe.train.precision)).c_str(), cluster.name.c_str(),
       (long long)cluster.nodes, (long long)cluster.devices_per_node, cluster.hbm_gib,
       cluster.peak_tflops, cluster.compute_efficiency, cluster.intra_node_gbps,
       cluster.inter_node_gbps);

@@ -166,19 +166,15 @@ StageCost slowest_stage(const PlanProblem& p, const Layout& l, int64_t* stage_ou
 
 }  // namespace
 
-Precision Precision::from_recipe(const std::string& precision) {
+Precision Precision::from_recipe(TrainPrecision precision) {
   // auto is resolved by measuring the machine that trains; the planner prices it as bf16, what
   // the accelerators of a cluster train in (and the larger of the two speeds on a CPU with bf16).
-  if (precision == "bf16" || precision == "auto") return {2, 2, 4, 4, 2};
-  T3D_USER_CHECK(precision == "fp32", "train.precision = \"", precision,
-                 "\" is not one of: fp32, bf16, auto");
-  return {4, 4, 0, 4, 4};
+  if (precision == TrainPrecision::kFp32) return {4, 4, 0, 4, 4};
+  return {2, 2, 4, 4, 2};
 }
 
 std::string Layout::checkpoint_name() const {
-  if (checkpoint_every == 0) return "none";
-  if (checkpoint_every == 1) return "full";
-  return "every:" + std::to_string(checkpoint_every);
+  return ActivationCheckpoint{checkpoint_every}.name();
 }
 
 std::string Layout::label() const {

@@ -26,7 +26,7 @@ struct Precision {
   double weight = 4, grad = 4, master = 0, moment = 4, activation = 4;
   // "fp32": everything fp32 (the arena today). "bf16": bf16 weights, gradients and activations;
   // fp32 master weights and AdamW moments: 2 + 2 + 4 + 4 + 4 = 16 bytes per parameter.
-  static Precision from_recipe(const std::string& precision);
+  static Precision from_recipe(TrainPrecision precision);
   double optimizer() const { return master + 2 * moment; }  // per parameter
 };
 

@@ -144,6 +144,47 @@ struct TomlType<std::string> {
   }
   static std::string put(const std::string& x) { return toml_string(x); }
 };
+// An enumerated key: a TOML string among Choices<E>::kAll, refused with the list otherwise.
+template <typename E>
+  requires std::is_enum_v<E>
+struct TomlType<E> {
+  static constexpr const char* name = "string";
+  static E get(const toml::value& v, bool& ok, const std::string& key) {
+    ok = v.is_string();
+    if (!ok) return E{};
+    const std::string text = v.as_string().str;
+    const auto value = parse_choice<E>(text);
+    if (!value) fail(where(v), key, "\"" + text + "\" is not one of: " + choice_list<E>());
+    return *value;
+  }
+  static std::string put(E x) { return toml_string(std::string(choice_name(x))); }
+};
+
+// Every K-th block recomputed: K ≤ the most layers a model may have.
+constexpr int64_t kMaxLayers = int64_t{1} << 14;
+
+template <>
+struct TomlType<ActivationCheckpoint> {
+  static constexpr const char* name = "string";
+  static ActivationCheckpoint get(const toml::value& v, bool& ok, const std::string& key) {
+    ok = v.is_string();
+    if (!ok) return {};
+    const std::string text = v.as_string().str;
+    if (text == "none") return {0};
+    if (text == "full") return {1};
+    if (text.rfind("every:", 0) == 0) {
+      // At most 5 digits before converting: K ≤ kMaxLayers, and stoll never sees an overflow.
+      const std::string k = text.substr(6);
+      if (!k.empty() && k.size() <= 5 && std::all_of(k.begin(), k.end(), ::isdigit) &&
+          std::stoll(k) >= 1 && std::stoll(k) <= kMaxLayers)
+        return {std::stoll(k)};
+    }
+    fail(where(v), key,
+         "\"" + text + "\" is not one of: none, full, every:K (1 ≤ K ≤ " +
+             std::to_string(kMaxLayers) + ")");
+  }
+  static std::string put(const ActivationCheckpoint& x) { return toml_string(x.name()); }
+};
 template <>
 struct TomlType<std::vector<int64_t>> {
   static constexpr const char* name = "array of integers";
@@ -336,7 +377,6 @@ const std::vector<Field>& schema() {
 constexpr int64_t kMaxVocab = int64_t{1} << 24;
 constexpr int64_t kMaxDim = int64_t{1} << 17;
 constexpr int64_t kMaxFfn = int64_t{1} << 20;
-constexpr int64_t kMaxLayers = int64_t{1} << 14;
 constexpr int64_t kMaxSeqLen = int64_t{1} << 24;
 constexpr int64_t kMaxRanks = int64_t{1} << 20;  // each of pp, dp, cp, tp and their product
 constexpr int64_t kMaxBatch = int64_t{1} << 30;  // global_batch, micro_batches, val_batches
@@ -388,23 +428,29 @@ class Validator {
   const Recipe& r_;
 };
 
-void validate(const Recipe& r) {
+using parallel::ScheduleKind;
+
+// A number as a message shows it.
+template <typename T>
+std::string is(T x) {
+  if constexpr (std::is_floating_point_v<T>) {
+    std::ostringstream os;
+    os << x;
+    return os.str();
+  } else {
+    return std::to_string(x);
+  }
+}
+
+// Upper bounds, checked first: every product the later checks form (pp·dp·cp·tp,
+// dp·micro_batches, pp·virtual_stages, global_batch·seq_len) then fits in 64 bits, and the
+// trainer's sizes cannot overflow.
+void validate_limits(const Recipe& r) {
   const Validator v(r);
   const auto& m = r.model;
   const auto& p = r.parallel;
   const auto& t = r.train;
-  const auto is = [](auto x) {
-    if constexpr (std::is_floating_point_v<decltype(x)>) {
-      std::ostringstream os;
-      os << x;
-      return os.str();
-    } else {
-      return std::to_string(x);
-    }
-  };
 
-  // Upper bounds first: every product below (pp·dp·cp·tp, dp·micro_batches, pp·virtual_stages,
-  // global_batch·seq_len) then fits in 64 bits, and the trainer's sizes cannot overflow.
   const auto at_most = [&](const std::string& key, int64_t x, int64_t limit) {
     v.require(x <= limit, key,
               is(x) + " is larger than " + is(limit) +
@@ -456,7 +502,11 @@ void validate(const Recipe& r) {
             "\"" + r.hardware.openblas_coretype +
                 "\" is not an OpenBLAS core name: use auto, or one such as Haswell, SkylakeX, "
                 "Zen, Sandybridge, Nehalem, Core2, Prescott, NeoverseN1, ARMV8");
+}
 
+void validate_model(const Recipe& r) {
+  const Validator v(r);
+  const auto& m = r.model;
   v.require(m.vocab_size >= 2, "model.vocab_size", "must be at least 2, got " + is(m.vocab_size));
   v.require(m.dim >= 1, "model.dim", "must be positive, got " + is(m.dim));
   v.require(m.n_layers >= 1, "model.n_layers", "must be positive, got " + is(m.n_layers));
@@ -473,7 +523,13 @@ void validate(const Recipe& r) {
   v.require(m.seq_len >= 1, "model.seq_len", "must be positive, got " + is(m.seq_len));
   v.require(m.rope_theta > 0, "model.rope_theta", "must be positive");
   v.require(m.norm_eps > 0, "model.norm_eps", "must be positive");
+}
 
+void validate_parallel(const Recipe& r) {
+  const Validator v(r);
+  const auto& m = r.model;
+  const auto& p = r.parallel;
+  const auto& t = r.train;
   v.require(p.pp >= 1, "parallel.pp", "must be ≥ 1, got " + is(p.pp));
   v.require(p.tp >= 1, "parallel.tp", "must be ≥ 1, got " + is(p.tp));
   v.require(p.cp >= 1, "parallel.cp", "must be ≥ 1, got " + is(p.cp));
@@ -492,24 +548,22 @@ void validate(const Recipe& r) {
                 " (vocab-parallel embedding and loss)");
   v.require(m.ffn_dim % p.tp == 0, "parallel.tp",
             "model.ffn_dim = " + is(m.ffn_dim) + " is not divisible by tp = " + is(p.tp));
-  v.one_of("parallel.schedule", p.schedule,
-           {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_v"});
   v.require(p.virtual_stages >= 1, "parallel.virtual_stages", "must be ≥ 1");
   // ZB-V folds exactly two chunks per stage into a V: pp = 1 has nothing to fold.
-  v.require(p.schedule != "zb_v" || p.pp > 1, "parallel.schedule",
+  v.require(p.schedule != ScheduleKind::kZBV || p.pp > 1, "parallel.schedule",
             "zb_v needs parallel.pp ≥ 2 (got " + is(p.pp) +
                 "): one stage has no pipeline bubble to fill; use 1f1b");
-  v.require(p.schedule != "zb_v" || p.virtual_stages == 2, "parallel.virtual_stages",
+  v.require(p.schedule != ScheduleKind::kZBV || p.virtual_stages == 2, "parallel.virtual_stages",
             "virtual_stages = " + is(p.virtual_stages) +
                 " contradicts parallel.schedule = \"zb_v\", which always places 2 chunks per "
                 "stage (a V); leave virtual_stages out or set it to 2");
-  v.require(p.virtual_stages == 1 || p.schedule == "interleaved_1f1b" || p.schedule == "zb_v",
+  v.require(p.virtual_stages == 1 || p.schedule == ScheduleKind::kInterleaved1F1B || p.schedule == ScheduleKind::kZBV,
             "parallel.virtual_stages",
             "virtual_stages > 1 needs parallel.schedule = \"interleaved_1f1b\" (or \"zb_v\", "
             "which uses 2)");
   v.require(p.virtual_stages == 1 || p.pp > 1, "parallel.virtual_stages",
             "virtual stages interleave chunks over pipeline stages; they need parallel.pp > 1");
-  v.require(p.schedule != "interleaved_1f1b" || t.micro_batches % p.pp == 0, "train.micro_batches",
+  v.require(p.schedule != ScheduleKind::kInterleaved1F1B || t.micro_batches % p.pp == 0, "train.micro_batches",
             "interleaved_1f1b needs micro_batches (" + is(t.micro_batches) +
                 ") to be a multiple of pp (" + is(p.pp) + "), as Megatron does");
   v.require(m.n_layers >= p.pp * p.virtual_stages, "parallel.pp",
@@ -531,7 +585,13 @@ void validate(const Recipe& r) {
   v.require(p.zero >= 0 && p.zero <= 3, "parallel.zero", "must be 0, 1, 2 or 3, got " + is(p.zero));
   v.require(p.bucket_mb > 0, "parallel.bucket_mb", "must be positive");
   v.require(p.timeout_s > 0, "parallel.timeout_s", "must be positive seconds");
+}
 
+void validate_train(const Recipe& r) {
+  const Validator v(r);
+  const auto& m = r.model;
+  const auto& p = r.parallel;
+  const auto& t = r.train;
   v.require(t.steps >= 0, "train.steps", "must be ≥ 0");
   v.require(t.global_batch >= 1, "train.global_batch", "must be positive");
   v.require(t.micro_batches >= 1, "train.micro_batches", "must be positive");
@@ -571,28 +631,13 @@ void validate(const Recipe& r) {
   v.require(t.beta2 >= 0 && t.beta2 < 1, "train.beta2", "must lie in [0, 1)");
   v.require(t.eps > 0, "train.eps", "must be positive");
   v.require(t.grad_clip >= 0, "train.grad_clip", "must be ≥ 0 (0 disables clipping)");
-  v.one_of("train.precision", t.precision, {"fp32", "bf16", "auto"});
-  v.one_of("hardware.gemm", r.hardware.gemm, {"auto", "openblas", "onednn"});
-
-  {
-    const auto& ac = t.activation_checkpoint;
-    bool ok = ac == "none" || ac == "full";
-    if (ac.rfind("every:", 0) == 0) {
-      // At most 5 digits before converting: K ≤ kMaxLayers, and stoll never sees an overflow.
-      const std::string k = ac.substr(6);
-      ok = !k.empty() && k.size() <= 5 && std::all_of(k.begin(), k.end(), ::isdigit) &&
-           std::stoll(k) >= 1 && std::stoll(k) <= kMaxLayers;
-    }
-    v.require(ok, "train.activation_checkpoint",
-              "\"" + ac + "\" is not one of: none, full, every:K (1 ≤ K ≤ " + is(kMaxLayers) +
-                  ")");
-  }
   v.require(t.val_every >= 0, "train.val_every", "must be ≥ 0 (0: never)");
   v.require(t.val_batches >= 1, "train.val_batches", "must be positive");
   v.require(t.log_every >= 1, "train.log_every", "must be positive");
+}
 
-  v.one_of("data.format", r.data.format, {"auto", "text", "bin"});
-  v.one_of("data.sampler", r.data.sampler, {"random", "sequential"});
+void validate_data_snapshot_run(const Recipe& r) {
+  const Validator v(r);
   v.require(r.data.val_fraction >= 0 && r.data.val_fraction < 1, "data.val_fraction",
             "must lie in [0, 1)");
   v.require(!r.data.path.empty(), "data.path", "must name a file");
@@ -610,6 +655,14 @@ void validate(const Recipe& r) {
             "must be positive (seconds), got " + is(r.run.restart_window_s));
   v.require(r.hardware.hbm_gib > 0, "hardware.hbm_gib", "must be positive");
   v.require(r.hardware.threads_per_rank >= 0, "hardware.threads_per_rank", "must be ≥ 0");
+}
+
+void validate(const Recipe& r) {
+  validate_limits(r);
+  validate_model(r);
+  validate_parallel(r);
+  validate_train(r);
+  validate_data_snapshot_run(r);
 }
 
 // ---- Parsing --------------------------------------------------------------------------------
@@ -823,7 +876,7 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& source_name
   if (r.model.n_kv_heads == 0) r.model.n_kv_heads = r.model.n_heads;
   if (r.model.ffn_dim == 0) r.model.ffn_dim = (8 * r.model.dim / 3 + 63) / 64 * 64;
   // zb_v runs two chunks per stage; an explicit value that says otherwise is refused below.
-  if (r.parallel.schedule == "zb_v" && !origins.count("parallel.virtual_stages"))
+  if (r.parallel.schedule == parallel::ScheduleKind::kZBV && !origins.count("parallel.virtual_stages"))
     r.parallel.virtual_stages = 2;
   if (r.run.dir.empty()) r.run.dir = "runs/" + r.run.name;
   if (r.snapshot.dir.empty()) r.snapshot.dir = r.run.dir + "/snapshots";
@@ -902,10 +955,10 @@ std::vector<KeyDoc> recipe_key_docs() {
   return docs;
 }
 
-int64_t TrainConfig::checkpoint_every() const {
-  if (activation_checkpoint == "none") return 0;
-  if (activation_checkpoint == "full") return 1;
-  return std::stoll(activation_checkpoint.substr(6));  // "every:K"
+std::string ActivationCheckpoint::name() const {
+  if (every == 0) return "none";
+  if (every == 1) return "full";
+  return "every:" + std::to_string(every);
 }
 
 std::string recipe_keys_table() {

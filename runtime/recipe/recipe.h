@@ -3,12 +3,86 @@
 // also drives unknown-key suggestions, docs/recipe.md and writing a recipe back out.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
+#include "parallel/schedule_kind.h"
+#include "runtime/data/data.h"
+#include "runtime/data/data_sampler.h"
+
 namespace t3d::runtime {
+
+// train.precision: fp32, or bf16 (fp32 master weights; bf16 stored activations, traffic and, with
+// a bf16 GEMM, GEMM inputs), or auto (resolved at start by measuring: runtime/stage/gemm_choice.h).
+enum class TrainPrecision { kFp32, kBf16, kAuto };
+// hardware.gemm: the linear layers' GEMM library, auto resolved like train.precision.
+enum class GemmLibrary { kAuto, kOpenBlas, kOneDnn };
+
+// train.activation_checkpoint, spelled none | full | every:K.
+struct ActivationCheckpoint {
+  int64_t every = 0;  // 0 none; 1 full (every block recomputed); K: every K-th block of a stage
+  std::string name() const;
+  friend bool operator==(const ActivationCheckpoint&, const ActivationCheckpoint&) = default;
+};
+
+// Every value of an enumerated recipe key with its spelling: Choices<E>::kAll is the one table
+// parsing, writing back, error messages and `titan3d keys` read.
+template <typename E>
+struct Choices;
+template <>
+struct Choices<TrainPrecision> {
+  static constexpr std::array<std::pair<TrainPrecision, std::string_view>, 3> kAll = {{
+      {TrainPrecision::kFp32, "fp32"},
+      {TrainPrecision::kBf16, "bf16"},
+      {TrainPrecision::kAuto, "auto"},
+  }};
+};
+template <>
+struct Choices<GemmLibrary> {
+  static constexpr std::array<std::pair<GemmLibrary, std::string_view>, 3> kAll = {{
+      {GemmLibrary::kAuto, "auto"},
+      {GemmLibrary::kOpenBlas, "openblas"},
+      {GemmLibrary::kOneDnn, "onednn"},
+  }};
+};
+template <>
+struct Choices<parallel::ScheduleKind> {
+  static constexpr const auto& kAll = parallel::kScheduleKindNames;
+};
+template <>
+struct Choices<DataFormat> {
+  static constexpr const auto& kAll = kDataFormatNames;
+};
+template <>
+struct Choices<SampleMode> {
+  static constexpr const auto& kAll = kSampleModeNames;
+};
+
+template <typename E>
+constexpr std::string_view choice_name(E value) {
+  for (const auto& [v, name] : Choices<E>::kAll)
+    if (v == value) return name;
+  return "?";
+}
+template <typename E>
+constexpr std::optional<E> parse_choice(std::string_view text) {
+  for (const auto& [v, name] : Choices<E>::kAll)
+    if (name == text) return v;
+  return std::nullopt;
+}
+// "a, b, c": the spellings, for messages.
+template <typename E>
+std::string choice_list() {
+  std::string out;
+  for (const auto& [v, name] : Choices<E>::kAll) out += (out.empty() ? "" : ", ") + std::string(name);
+  return out;
+}
 
 struct RunConfig {
   std::string name = "titan3d";
@@ -42,7 +116,7 @@ struct ParallelConfig {
   int64_t cp = 1;
   int64_t tp = 1;
   bool sequence_parallel = false;
-  std::string schedule = "1f1b";  // gpipe | 1f1b | interleaved_1f1b | zb_h1 | zb_v
+  parallel::ScheduleKind schedule = parallel::ScheduleKind::k1F1B;
   int64_t virtual_stages = 1;
   std::vector<int64_t> pipeline_split;  // explicit first layer of stages 1..pp-1; empty: balanced
   int64_t zero = 0;                     // ZeRO stage 0..3
@@ -63,10 +137,8 @@ struct TrainConfig {
   double eps = 1e-8;
   double grad_clip = 1.0;  // 0: off
   int64_t seed = 1234;
-  std::string precision = "fp32";  // fp32 | bf16 | auto (resolved at start: runtime/stage/gemm_choice.h)
-  std::string activation_checkpoint = "none";  // none | full | every:K
-  // activation_checkpoint as a number: 0 none, 1 full, K every K-th block (validated text).
-  int64_t checkpoint_every() const;
+  TrainPrecision precision = TrainPrecision::kFp32;
+  ActivationCheckpoint activation_checkpoint;
   bool dynamic_loss_scale = false;
   int64_t val_every = 50;  // 0: never
   int64_t val_batches = 4;
@@ -75,10 +147,10 @@ struct TrainConfig {
 
 struct DataConfig {
   std::string path = "data/fortunes.txt";
-  std::string format = "auto";  // auto | text | bin
+  DataFormat format = DataFormat::kAuto;
   std::string val_path;         // empty: hold out val_fraction of path
   double val_fraction = 0.05;
-  std::string sampler = "random";  // random | sequential
+  SampleMode sampler = SampleMode::kRandom;
 };
 
 struct SnapshotConfig {
@@ -95,7 +167,7 @@ struct HardwareConfig {
   double hbm_gib = 4.0;  // arena budget per rank
   int64_t threads_per_rank = 0;  // 0: cores / ranks on this host, at least 1
   std::string openblas_coretype = "auto";  // auto: detect; otherwise passed to OpenBLAS as is
-  std::string gemm = "auto";  // auto | openblas | onednn (resolved at start: runtime/stage/gemm_choice.h)
+  GemmLibrary gemm = GemmLibrary::kAuto;
 };
 
 struct Recipe {

@@ -86,8 +86,6 @@ int PipelineExecutor::local_chunk(int global_chunk) const {
 double PipelineExecutor::run(Model& model, const MicroBatchSource& source, float grad_scale,
                              bool training) {
   if (!training) return run_forward_only(model, source);
-  const int K = schedule_.num_chunks();
-  const int stage = pp_.rank();
   const size_t n = static_cast<size_t>(model.io_floats());
   if (grad_in_.size() < n) grad_in_.resize(n);
   const size_t chunks = slots_.size();
@@ -98,81 +96,98 @@ double PipelineExecutor::run(Model& model, const MicroBatchSource& source, float
     free_[c].clear();
     for (int s = slots_[c] - 1; s >= 0; --s) free_[c].push_back(s);
   }
-  auto take_slot = [&](int c, int mb) {
-    T3D_ASSERT(!free_[c].empty(), "no free activation slot for micro-batch ", mb);
-    const int slot = free_[c].back();
-    free_[c].pop_back();
-    slot_of_[mb * chunks + c] = slot;
-    return slot;
-  };
-
   double loss = 0;
-  for (const auto& a : schedule_.ranks[stage]) {
-    const int c = local_chunk(a.chunk);
-    const auto& range = model.chunks()[c];
-    if (a.op == Op::kF) {
-      const int slot = take_slot(c, a.mb);
-      const int32_t* tokens = nullptr;
-      const int32_t* targets = nullptr;
-      if (range.first || range.last) source(a.mb, &tokens, &targets);
-      if (!range.first) {
-        const int tag = tag_of(a.mb, a.chunk, K, false);
-        if (local(a.chunk - 1, a.chunk))
-          take_local(model.input(c, slot), n, tag);
-        else
-          receive(model, model.input(c, slot), schedule_.chunk_stage[a.chunk - 1], tag);
-      }
-      parallel::trace::Span span("forward", "compute");
-      span.arg("mb", a.mb).arg("chunk", a.chunk);
-      loss += model.forward(c, slot, tokens, targets, grad_scale, true);
-      if (!range.last) {
-        const int tag = tag_of(a.mb, a.chunk + 1, K, false);
-        if (local(a.chunk, a.chunk + 1))
-          put_local(model.output(c, slot), n, tag);
-        else
-          send(model, model.output(c, slot), schedule_.chunk_stage[a.chunk + 1], tag);
-      }
-      continue;
-    }
-    const int slot = slot_of_[a.mb * chunks + c];
-    T3D_ASSERT(slot >= 0, to_string(a), " before its forward");
-    if (a.op == Op::kW) {  // the deferred weight gradients; the slot is free afterwards
-      parallel::trace::Span span("backward (weight grads)", "compute");
-      span.arg("mb", a.mb).arg("chunk", a.chunk);
-      model.backward_weight(c, slot);
-      free_[c].push_back(slot);
-      slot_of_[a.mb * chunks + c] = -1;
-      continue;
-    }
-    const float* dout = nullptr;
-    if (!range.last) {
-      const int tag = tag_of(a.mb, a.chunk, K, true);
-      if (local(a.chunk, a.chunk + 1))
-        take_local(grad_in_.data(), n, tag);
-      else
-        receive(model, grad_in_.data(), schedule_.chunk_stage[a.chunk + 1], tag);
-      dout = grad_in_.data();
-    }
-    parallel::trace::Span span(a.op == Op::kB ? "backward (input grads)" : "backward", "compute");
-    span.arg("mb", a.mb).arg("chunk", a.chunk);
-    if (a.op == Op::kB)
-      model.backward_input(c, slot, dout);
+  for (const auto& a : schedule_.ranks[pp_.rank()]) {
+    if (a.op == Op::kF)
+      loss += run_forward(model, source, a, grad_scale);
     else
-      model.backward(c, slot, dout);
-    if (!range.first) {
-      const int tag = tag_of(a.mb, a.chunk - 1, K, true);
-      if (local(a.chunk - 1, a.chunk))
-        put_local(model.input_grad(c, slot), n, tag);
-      else
-        send(model, model.input_grad(c, slot), schedule_.chunk_stage[a.chunk - 1], tag);
-    }
-    if (a.op == Op::kBW) {
-      free_[c].push_back(slot);
-      slot_of_[a.mb * chunks + c] = -1;
-    }
+      run_backward(model, a);
   }
   wait_sends();
   return loss;
+}
+
+int PipelineExecutor::take_slot(int c, int mb) {
+  T3D_ASSERT(!free_[c].empty(), "no free activation slot for micro-batch ", mb);
+  const int slot = free_[c].back();
+  free_[c].pop_back();
+  slot_of_[mb * slots_.size() + c] = slot;
+  return slot;
+}
+
+void PipelineExecutor::release_slot(int c, int mb) {
+  free_[c].push_back(slot_of_[mb * slots_.size() + c]);
+  slot_of_[mb * slots_.size() + c] = -1;
+}
+
+double PipelineExecutor::run_forward(Model& model, const MicroBatchSource& source,
+                                     const parallel::Action& a, float grad_scale) {
+  const int K = schedule_.num_chunks();
+  const size_t n = static_cast<size_t>(model.io_floats());
+  const int c = local_chunk(a.chunk);
+  const auto& range = model.chunks()[c];
+  const int slot = take_slot(c, a.mb);
+  const int32_t* tokens = nullptr;
+  const int32_t* targets = nullptr;
+  if (range.first || range.last) source(a.mb, &tokens, &targets);
+  if (!range.first) {
+    const int tag = tag_of(a.mb, a.chunk, K, false);
+    if (local(a.chunk - 1, a.chunk))
+      take_local(model.input(c, slot), n, tag);
+    else
+      receive(model, model.input(c, slot), schedule_.chunk_stage[a.chunk - 1], tag);
+  }
+  parallel::trace::Span span("forward", "compute");
+  span.arg("mb", a.mb).arg("chunk", a.chunk);
+  const double loss = model.forward(c, slot, tokens, targets, grad_scale, true);
+  if (!range.last) {
+    const int tag = tag_of(a.mb, a.chunk + 1, K, false);
+    if (local(a.chunk, a.chunk + 1))
+      put_local(model.output(c, slot), n, tag);
+    else
+      send(model, model.output(c, slot), schedule_.chunk_stage[a.chunk + 1], tag);
+  }
+  return loss;
+}
+
+// B, W or BW of one (micro-batch, chunk): W and BW free the micro-batch's slot afterwards.
+void PipelineExecutor::run_backward(Model& model, const parallel::Action& a) {
+  const int K = schedule_.num_chunks();
+  const size_t n = static_cast<size_t>(model.io_floats());
+  const int c = local_chunk(a.chunk);
+  const auto& range = model.chunks()[c];
+  const int slot = slot_of_[a.mb * slots_.size() + c];
+  T3D_ASSERT(slot >= 0, to_string(a), " before its forward");
+  if (a.op == Op::kW) {  // the deferred weight gradients
+    parallel::trace::Span span("backward (weight grads)", "compute");
+    span.arg("mb", a.mb).arg("chunk", a.chunk);
+    model.backward_weight(c, slot);
+    release_slot(c, a.mb);
+    return;
+  }
+  const float* dout = nullptr;
+  if (!range.last) {
+    const int tag = tag_of(a.mb, a.chunk, K, true);
+    if (local(a.chunk, a.chunk + 1))
+      take_local(grad_in_.data(), n, tag);
+    else
+      receive(model, grad_in_.data(), schedule_.chunk_stage[a.chunk + 1], tag);
+    dout = grad_in_.data();
+  }
+  parallel::trace::Span span(a.op == Op::kB ? "backward (input grads)" : "backward", "compute");
+  span.arg("mb", a.mb).arg("chunk", a.chunk);
+  if (a.op == Op::kB)
+    model.backward_input(c, slot, dout);
+  else
+    model.backward(c, slot, dout);
+  if (!range.first) {
+    const int tag = tag_of(a.mb, a.chunk - 1, K, true);
+    if (local(a.chunk - 1, a.chunk))
+      put_local(model.input_grad(c, slot), n, tag);
+    else
+      send(model, model.input_grad(c, slot), schedule_.chunk_stage[a.chunk - 1], tag);
+  }
+  if (a.op == Op::kBW) release_slot(c, a.mb);
 }
 
 void PipelineExecutor::send(Model& model, const float* data, int peer, int tag) {

@@ -47,6 +47,12 @@ class PipelineExecutor {
  private:
   int local_chunk(int global_chunk) const;
   double run_forward_only(Model& model, const MicroBatchSource& source);
+  // One action of a training schedule; run_forward returns the micro-batch's loss share.
+  double run_forward(Model& model, const MicroBatchSource& source, const parallel::Action& a,
+                     float grad_scale);
+  void run_backward(Model& model, const parallel::Action& a);
+  int take_slot(int c, int mb);  // a free activation slot of local chunk c for micro-batch mb
+  void release_slot(int c, int mb);
   // Point-to-point in the wire precision.
   void send(Model& model, const float* data, int peer, int tag);
   void wait_sends();

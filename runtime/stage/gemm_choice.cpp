@@ -106,7 +106,7 @@ std::string cache_key(const Shapes& s, int threads, int local_ranks,
 }
 
 // The (precision, gemm) recorded in the snapshot `snapshot.resume` names, if it can be read.
-std::optional<std::pair<std::string, std::string>> recorded_in_snapshot(const Recipe& r,
+std::optional<std::pair<TrainPrecision, GemmLibrary>> recorded_in_snapshot(const Recipe& r,
                                                                         std::string* path_out) {
   std::string path = r.snapshot.resume;
   try {
@@ -119,7 +119,8 @@ std::optional<std::pair<std::string, std::string>> recorded_in_snapshot(const Re
     *path_out = path;
     // Snapshots older than hardware.gemm trained on OpenBLAS.
     const bool has_gemm = saved.key_origins.count("hardware.gemm") > 0;
-    return std::make_pair(saved.train.precision, has_gemm ? saved.hardware.gemm : "openblas");
+    return std::make_pair(saved.train.precision,
+                          has_gemm ? saved.hardware.gemm : GemmLibrary::kOpenBlas);
   } catch (const std::exception&) {
     return std::nullopt;  // the restore itself reports an unreadable snapshot
   }
@@ -150,24 +151,30 @@ double measure_gflops(GemmKind kind, const Shapes& s, int threads) {
 
 // Resuming: the snapshot's choice fills what the recipe leaves to auto, so the continuation is
 // bit-identical; a concrete value that differs from it is the user's call, said loudly.
-void fill_from_snapshot(const Recipe& r, std::string* precision, std::string* library,
+// A recipe's auto value takes the snapshot's; a concrete one that differs is warned about.
+template <typename E>
+bool fill_one(E* mine, E theirs, E auto_value, const char* key, const std::string& path) {
+  if (*mine == auto_value) {
+    *mine = theirs;
+    return true;
+  }
+  if (*mine != theirs)
+    spdlog::warn("{} = {} here but {} in {}: the continuation will not be bit-identical to the "
+                 "run that wrote it (remove the key, or set it to {}, to continue exactly)",
+                 key, choice_name(*mine), choice_name(theirs), path, choice_name(theirs));
+  return false;
+}
+
+void fill_from_snapshot(const Recipe& r, TrainPrecision* precision, GemmLibrary* library,
                         std::string* source) {
   std::string path;
   const auto saved = recorded_in_snapshot(r, &path);
   if (!saved) return;
-  bool filled = false;
-  for (auto [mine, theirs, key] : {std::tuple{precision, saved->first, "train.precision"},
-                                   std::tuple{library, saved->second, "hardware.gemm"}}) {
-    if (*mine == "auto") {
-      *mine = theirs;
-      filled = true;
-    } else if (*mine != theirs) {
-      spdlog::warn("{} = {} here but {} in {}: the continuation will not be bit-identical to the "
-                   "run that wrote it (remove the key, or set it to {}, to continue exactly)",
-                   key, *mine, theirs, path, theirs);
-    }
-  }
-  if (filled) *source = "recorded in " + path;
+  const bool filled_precision =
+      fill_one(precision, saved->first, TrainPrecision::kAuto, "train.precision", path);
+  const bool filled_library =
+      fill_one(library, saved->second, GemmLibrary::kAuto, "hardware.gemm", path);
+  if (filled_precision || filled_library) *source = "recorded in " + path;
 }
 
 // Rank 0: the decision with its numbers in the log and in <run dir>/gemm_choice.json.
@@ -177,12 +184,14 @@ void record(const GemmChoice& c, const std::string& run_dir) {
     numbers += fmt::format("{}{} {:.1f}", numbers.empty() ? "" : ", ", kernels::gemm_kind_name(k), g);
   spdlog::info("GEMM: {} (train.precision = {}, hardware.gemm = {}; {}{}{}), {} thread(s) per rank; "
                "{}; {}",
-               kernels::gemm_kind_name(c.kind), c.precision, c.library, c.source,
+               kernels::gemm_kind_name(c.kind), choice_name(c.precision), choice_name(c.library),
+               c.source,
                numbers.empty() ? "" : ": GFLOP/s per rank at the model's shapes ", numbers,
                c.threads, kernels::cpu_model_name(), kernels::onednn_version_string());
   std::ofstream out(run_dir + "/gemm_choice.json");
   out << "{\"kind\": \"" << kernels::gemm_kind_name(c.kind) << "\", \"precision\": \""
-      << c.precision << "\", \"library\": \"" << c.library << "\", \"threads_per_rank\": "
+      << choice_name(c.precision) << "\", \"library\": \"" << choice_name(c.library)
+      << "\", \"threads_per_rank\": "
       << c.threads << ", \"cpu\": \"" << kernels::cpu_model_name() << "\", \"gflops_per_rank\": {";
   for (size_t i = 0; i < c.gflops.size(); ++i)
     out << (i ? ", " : "") << "\"" << kernels::gemm_kind_name(c.gflops[i].first)
@@ -190,26 +199,27 @@ void record(const GemmChoice& c, const std::string& run_dir) {
   out << "}}\n";
 }
 
-std::string library_of(GemmKind kind) {
-  return kind == GemmKind::kOpenBlasF32 ? "openblas" : "onednn";
+GemmLibrary library_of(GemmKind kind) {
+  return kind == GemmKind::kOpenBlasF32 ? GemmLibrary::kOpenBlas : GemmLibrary::kOneDnn;
 }
 
 }  // namespace
 
-GemmKind gemm_kind_of(const std::string& precision, const std::string& library) {
-  T3D_ASSERT(precision != "auto" && library != "auto",
+GemmKind gemm_kind_of(TrainPrecision precision, GemmLibrary library) {
+  T3D_ASSERT(precision != TrainPrecision::kAuto && library != GemmLibrary::kAuto,
              "train.precision and hardware.gemm must be resolved first");
-  if (library == "openblas") return GemmKind::kOpenBlasF32;
-  return precision == "bf16" ? GemmKind::kOneDnnBf16 : GemmKind::kOneDnnF32;
+  if (library == GemmLibrary::kOpenBlas) return GemmKind::kOpenBlasF32;
+  return precision == TrainPrecision::kBf16 ? GemmKind::kOneDnnBf16 : GemmKind::kOneDnnF32;
 }
 
-std::vector<GemmKind> gemm_candidates(const std::string& precision, const std::string& library) {
+std::vector<GemmKind> gemm_candidates(TrainPrecision precision, GemmLibrary library) {
   std::vector<GemmKind> out;
-  const bool bf16_allowed = precision != "fp32";
-  if (library != "onednn") out.push_back(GemmKind::kOpenBlasF32);
-  if (library != "openblas") {
+  const bool bf16_allowed = precision != TrainPrecision::kFp32;
+  if (library != GemmLibrary::kOneDnn) out.push_back(GemmKind::kOpenBlasF32);
+  if (library != GemmLibrary::kOpenBlas) {
     // onednn forced with bf16: only bf16 inputs; otherwise fp32 oneDNN competes too.
-    if (!(library == "onednn" && precision == "bf16")) out.push_back(GemmKind::kOneDnnF32);
+    if (!(library == GemmLibrary::kOneDnn && precision == TrainPrecision::kBf16))
+      out.push_back(GemmKind::kOneDnnF32);
     if (bf16_allowed) out.push_back(GemmKind::kOneDnnBf16);
   }
   return out;
@@ -225,17 +235,18 @@ GemmChoice choose_gemm(Job& job) {
   c.threads = threads_per_rank(static_cast<int>(r.hardware.threads_per_rank), cores, local);
   kernels::set_rank_threads(c.threads);
 
-  std::string precision = r.train.precision, library = r.hardware.gemm;
+  TrainPrecision precision = r.train.precision;
+  GemmLibrary library = r.hardware.gemm;
   c.source = "the recipe";
   if (root && !r.snapshot.resume.empty()) fill_from_snapshot(r, &precision, &library, &c.source);
   // Rank 0's partial resolution, then the candidates every rank measures if any auto is left.
-  int resolved[2] = {precision == "auto" ? -1 : precision == "bf16",
-                     library == "auto" ? -1 : library == "onednn"};
+  int resolved[2] = {static_cast<int>(precision), static_cast<int>(library)};
   world.broadcast(resolved, 2, 0);
-  precision = resolved[0] < 0 ? "auto" : resolved[0] ? "bf16" : "fp32";
-  library = resolved[1] < 0 ? "auto" : resolved[1] ? "onednn" : "openblas";
+  precision = static_cast<TrainPrecision>(resolved[0]);
+  library = static_cast<GemmLibrary>(resolved[1]);
   const std::vector<GemmKind> candidates = gemm_candidates(precision, library);
-  T3D_ASSERT(!candidates.empty(), "no GEMM candidate for ", precision, "/", library);
+  T3D_ASSERT(!candidates.empty(), "no GEMM candidate for ", choice_name(precision), "/",
+             choice_name(library));
 
   int winner = 0;
   if (candidates.size() > 1) {
@@ -277,8 +288,9 @@ GemmChoice choose_gemm(Job& job) {
   c.kind = candidates[static_cast<size_t>(winner)];
   c.library = library_of(c.kind);
   // auto precision follows the winner: bf16 only where bf16 GEMMs are what makes it faster.
-  c.precision = precision == "auto" ? (kernels::gemm_kind_is_bf16(c.kind) ? "bf16" : "fp32")
-                                    : precision;
+  if (precision == TrainPrecision::kAuto)
+    precision = kernels::gemm_kind_is_bf16(c.kind) ? TrainPrecision::kBf16 : TrainPrecision::kFp32;
+  c.precision = precision;
   r.train.precision = c.precision;
   r.hardware.gemm = c.library;
   kernels::verify_gemm_kind(c.kind);
@@ -313,8 +325,11 @@ HostPeaks host_peaks(GemmKind kind, int64_t rows, int64_t in, int64_t out, int c
 
 GemmKind apply_recorded_gemm(const Recipe& recipe) {
   // A recipe that was never resolved (a hand-written one given to eval) runs exact fp32.
-  const std::string precision = recipe.train.precision == "auto" ? "fp32" : recipe.train.precision;
-  const std::string library = recipe.hardware.gemm == "auto" ? "openblas" : recipe.hardware.gemm;
+  const TrainPrecision precision = recipe.train.precision == TrainPrecision::kAuto
+                                       ? TrainPrecision::kFp32
+                                       : recipe.train.precision;
+  const GemmLibrary library =
+      recipe.hardware.gemm == GemmLibrary::kAuto ? GemmLibrary::kOpenBlas : recipe.hardware.gemm;
   const GemmKind kind = gemm_kind_of(precision, library);
   kernels::set_linear_gemm(kind);
   return kind;

@@ -27,20 +27,19 @@ namespace t3d::runtime {
 
 struct GemmChoice {
   kernels::GemmKind kind = kernels::GemmKind::kOpenBlasF32;
-  std::string precision;  // fp32 | bf16, as resolved
-  std::string library;    // openblas | onednn, as resolved
+  TrainPrecision precision = TrainPrecision::kFp32;  // resolved: never auto
+  GemmLibrary library = GemmLibrary::kOpenBlas;      // resolved: never auto
   std::string source;     // how it was decided: "measured", "cached", "the recipe", or a snapshot
   std::vector<std::pair<kernels::GemmKind, double>> gflops;  // per rank; empty when not measured
   int threads = 1;
 };
 
 // The kind a resolved (precision, library) pair means; `auto` in either is a caller's bug.
-kernels::GemmKind gemm_kind_of(const std::string& precision, const std::string& library);
+kernels::GemmKind gemm_kind_of(TrainPrecision precision, GemmLibrary library);
 
 // The candidates of a recipe's (possibly auto) precision and library, in order of preference on
 // a tie: OpenBLAS fp32 first (the GEMM of snapshots written before the choice existed).
-std::vector<kernels::GemmKind> gemm_candidates(const std::string& precision,
-                                               const std::string& library);
+std::vector<kernels::GemmKind> gemm_candidates(TrainPrecision precision, GemmLibrary library);
 
 // Collective over the job's world. Resolves the recipe's auto values (cache, measurement, or the
 // snapshot being resumed), writes the concrete values into job.recipe, sets the threads of the

@@ -16,7 +16,7 @@ namespace {
 
 // train.precision = bf16 (auto is resolved before a stage is built): activations stored and
 // pipeline / TP traffic sent in bf16.
-bool stores_bf16(const Recipe& r) { return r.train.precision == "bf16"; }
+bool stores_bf16(const Recipe& r) { return r.train.precision == TrainPrecision::kBf16; }
 
 }  // namespace
 
@@ -31,7 +31,7 @@ int setup_rank_threads(const Recipe& r, const LaunchEnv& env, bool report) {
 }
 
 parallel::Schedule stage_schedule(const Recipe& r, int pp) {
-  return parallel::make_schedule(parallel::parse_schedule_kind(r.parallel.schedule), pp,
+  return parallel::make_schedule(r.parallel.schedule, pp,
                                  static_cast<int>(r.train.micro_batches),
                                  static_cast<int>(r.parallel.virtual_stages));
 }
@@ -63,7 +63,7 @@ ModelOptions model_options(const Recipe& r, StagePurpose purpose, int64_t micro_
   o.with_optimizer = zero == 0;  // ZeRO: the reducer holds the moment shard
   o.grad_region = zero < 2;      // ZeRO-2, 3: the reducer holds the gradient shard
   o.param_region = zero < 3;     // ZeRO-3: and the parameter shard
-  o.checkpoint_every = r.train.checkpoint_every();
+  o.checkpoint_every = r.train.activation_checkpoint.every;
   o.split_backward = executor->splits_backward();
   return o;
 }

@@ -120,7 +120,7 @@ struct Trainer::Impl {
     unigram_nats = unigram_entropy_nats(train_tokens.tokens);
     const auto seed = static_cast<uint64_t>(t.seed);
     train_sampler.emplace(train_tokens.tokens, train_tokens.source,
-                          SamplerConfig{parse_sample_mode(r.data.sampler), seed, t.global_batch, T});
+                          SamplerConfig{r.data.sampler, seed, t.global_batch, T});
     if (!val_tokens.tokens.empty())
       val_sampler.emplace(val_tokens.tokens, val_tokens.source + " (validation)",
                           SamplerConfig{SampleMode::kSequential, seed, t.global_batch, T});

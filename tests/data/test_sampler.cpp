@@ -161,11 +161,5 @@ TEST(data_Sampler, StreamShorterThanAWindowNamesTheSource) {
   EXPECT_NO_THROW(Sampler(ramp(17), "ok", config(SampleMode::kRandom, 1, 16)));
 }
 
-TEST(data_Sampler, ParseMode) {
-  EXPECT_EQ(parse_sample_mode("random"), SampleMode::kRandom);
-  EXPECT_EQ(parse_sample_mode("sequential"), SampleMode::kSequential);
-  EXPECT_THROW(parse_sample_mode("shuffle"), UserError);
-}
-
 }  // namespace
 }  // namespace t3d::runtime

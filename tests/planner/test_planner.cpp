@@ -215,7 +215,7 @@ TEST(Planner, WrittenRecipeRoundTrips) {
   const Layout l{4, 8, 2, 8, ScheduleKind::kInterleaved1F1B, 4, 1, 2};
   const Recipe written = recipe_with_layout(recipe, l, cluster);
   EXPECT_EQ(layout_of_recipe(written, cluster).label(), l.label());
-  EXPECT_EQ(written.train.activation_checkpoint, "every:2");
+  EXPECT_EQ(written.train.activation_checkpoint.name(), "every:2");
   EXPECT_EQ(parse_recipe(written.to_toml(), "<again>").to_toml(), written.to_toml());
 }
 

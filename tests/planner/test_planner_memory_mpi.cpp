@@ -37,7 +37,7 @@ void expect_arena_matches(const parallel::Comm& tp, int64_t pp, int64_t v,
   PlanProblem p;
   p.model = small_model();
   p.global_batch = 2 * micro_batches * 3;  // dp 3, two sequences per micro-batch
-  p.precision = Precision::from_recipe("fp32");
+  p.precision = Precision::from_recipe(TrainPrecision::kFp32);
   p.cluster.nodes = 3 * pp;
   p.cluster.devices_per_node = tp.size();
   Layout l{3, tp.size(), pp, micro_batches, kind, v, 0, checkpoint_every};
@@ -75,7 +75,7 @@ void expect_zero_arena_matches(const parallel::Comm& dp, const parallel::Comm& t
   p.model = small_model();
   p.global_batch = 2 * micro_batches * 2;
   p.bucket_mb = bucket_mb;
-  p.precision = Precision::from_recipe("fp32");
+  p.precision = Precision::from_recipe(TrainPrecision::kFp32);
   p.cluster.nodes = 2 * pp;
   p.cluster.devices_per_node = 1;
   Layout l{2, 1, pp, micro_batches, kind, v, zero, 0};

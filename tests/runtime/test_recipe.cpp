@@ -94,6 +94,62 @@ TEST(Recipe, ImpossibleCombinationsAreRejected) {
   EXPECT_EQ(error_of("[train]\nactivation_checkpoint = \"every:2\"\n"), "");
 }
 
+// Each enumerated key parses every spelling of its table into its value, writes it back the same,
+// and refuses anything else naming the key, the file and line, and every spelling.
+template <typename E, typename Get>
+void expect_every_spelling(const std::string& section, const std::string& key, Get get,
+                           const std::string& extra = "", const std::string& in_section = "") {
+  for (const auto& [value, name] : Choices<E>::kAll) {
+    const std::string text =
+        extra + "[" + section + "]\n" + in_section + key + " = \"" + std::string(name) + "\"\n";
+    const Recipe r = parse_recipe(text, "r.toml");
+    EXPECT_EQ(get(r), value) << text;
+    EXPECT_EQ(get(parse_recipe(r.to_toml(), "again.toml")), value) << name;
+    EXPECT_NE(r.to_toml().find(key + " = \"" + std::string(name) + "\"\n"), std::string::npos);
+  }
+  const std::string head = extra + "[" + section + "]\n" + in_section;
+  const std::string e = error_of(head + key + " = \"nonsense\"\n");
+  EXPECT_NE(e.find("r.toml:"), std::string::npos) << e;
+  EXPECT_NE(e.find("`" + section + "." + key + "`: \"nonsense\" is not one of: " +
+                   choice_list<E>()),
+            std::string::npos)
+      << e;
+  EXPECT_NE(error_of(head + key + " = 3\n").find("expected string"),
+            std::string::npos);
+}
+
+TEST(Recipe, EnumeratedKeysParseEverySpellingOnce) {
+  expect_every_spelling<TrainPrecision>("train", "precision",
+                                        [](const Recipe& r) { return r.train.precision; });
+  expect_every_spelling<GemmLibrary>("hardware", "gemm",
+                                     [](const Recipe& r) { return r.hardware.gemm; });
+  expect_every_spelling<DataFormat>("data", "format", [](const Recipe& r) { return r.data.format; });
+  expect_every_spelling<SampleMode>("data", "sampler",
+                                    [](const Recipe& r) { return r.data.sampler; });
+  // pp = 2 and 4 micro-batches: every schedule's combination checks pass.
+  expect_every_spelling<t3d::parallel::ScheduleKind>(
+      "parallel", "schedule", [](const Recipe& r) { return r.parallel.schedule; },
+      "[model]\nn_layers = 8\n[train]\nmicro_batches = 4\n", "pp = 2\n");
+  EXPECT_EQ(choice_list<SampleMode>(), "random, sequential");
+}
+
+TEST(Recipe, ActivationCheckpointSpellings) {
+  for (const auto& [text, every] :
+       std::vector<std::pair<std::string, int64_t>>{{"none", 0}, {"full", 1}, {"every:3", 3}}) {
+    const Recipe r =
+        parse_recipe("[train]\nactivation_checkpoint = \"" + text + "\"\n", "r.toml");
+    EXPECT_EQ(r.train.activation_checkpoint.every, every) << text;
+    EXPECT_EQ(r.train.activation_checkpoint.name(), text);
+    EXPECT_EQ(parse_recipe(r.to_toml(), "again.toml").train.activation_checkpoint.every, every);
+  }
+  for (const char* bad : {"every:", "every:0", "every:x", "every:-1", "every:16385", "some"})
+    EXPECT_NE(error_of(std::string("[train]\nactivation_checkpoint = \"") + bad + "\"\n")
+                  .find("`train.activation_checkpoint`: \"" + std::string(bad) +
+                        "\" is not one of: none, full, every:K"),
+              std::string::npos)
+        << bad;
+}
+
 TEST(Recipe, ZbVImpliesTwoVirtualStages) {
   // Left out, virtual_stages follows the schedule; said otherwise, it is a contradiction.
   const Recipe r = parse_recipe("[parallel]\npp = 2\nschedule = \"zb_v\"\n", "r.toml");
