@@ -1,3 +1,6 @@
+// A run's snapshots: staging, the asynchronous write, the commit agreement, retention, restore and
+// resharding. One file (a little over 500 lines) on purpose: each phase reads the same
+// Snapshotter::Impl state; the file format itself lives in checkpoint/.
 #include "runtime/train/snapshots.h"
 
 #include <spdlog/spdlog.h>

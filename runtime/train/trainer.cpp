@@ -1,3 +1,7 @@
+// The step loop of one rank. One file (a little over 500 lines) on purpose: every phase of a step
+// (sampling, the executor, reduction, norm and clipping, AdamW, validation, divergence handling,
+// metrics) reads the same Trainer::Impl state; the parts that stand alone live beside it
+// (sharded_state, data_parallel, metrics, snapshots, stop_signal).
 #include "runtime/train/trainer.h"
 
 #include <spdlog/spdlog.h>
