@@ -88,15 +88,16 @@ void round_to_bf16(const Rounding& a, const Rounding& b) {
 }
 
 void onednn_gemm(bool bf16_inputs, Trans ta, Trans tb, std::int64_t M, std::int64_t N,
-                 std::int64_t K, const float* A, std::int64_t lda, const float* B,
-                 std::int64_t ldb, bool accumulate, float* C, std::int64_t ldc) {
+                 std::int64_t K, const GemmOperand& A, const GemmOperand& B, bool accumulate,
+                 float* C, std::int64_t ldc) {
   using dt = dnnl::memory::data_type;
   OneDnn& s = onednn();
-  const void* a = A;
-  const void* b = B;
+  const void* a = A.data;
+  const void* b = B.data;
+  std::int64_t lda = A.ld, ldb = B.ld;
   if (bf16_inputs) {
     // Stored shapes: A is (M, K) or, transposed, (K, M); likewise B. Packed, the stride is the
-    // stored row length.
+    // stored row length. An operand that comes rounded is read as it is (rounding it: 0 rows).
     const std::int64_t a_rows = ta == Trans::kNo ? M : K, a_cols = ta == Trans::kNo ? K : M;
     const std::int64_t b_rows = tb == Trans::kNo ? K : N, b_cols = tb == Trans::kNo ? N : K;
     if (s.a16.size() < static_cast<std::size_t>(M * K) ||
@@ -105,8 +106,10 @@ void onednn_gemm(bool bf16_inputs, Trans ta, Trans tb, std::int64_t M, std::int6
       s.b16.resize(std::max(s.b16.size(), static_cast<std::size_t>(K * N)));
       g_workspace_bytes = std::max(g_workspace_bytes, (s.a16.size() + s.b16.size()) * sizeof(bf16));
     }
-    round_to_bf16({s.a16.data(), A, a_rows, a_cols, lda}, {s.b16.data(), B, b_rows, b_cols, ldb});
-    a = s.a16.data(), b = s.b16.data();
+    round_to_bf16({s.a16.data(), A.data, A.rounded ? 0 : a_rows, a_cols, lda},
+                  {s.b16.data(), B.data, B.rounded ? 0 : b_rows, b_cols, ldb});
+    a = A.rounded ? A.rounded : s.a16.data();
+    b = B.rounded ? B.rounded : s.b16.data();
     lda = a_cols, ldb = b_cols;
   }
   const int threads = omp_get_max_threads();
@@ -191,12 +194,24 @@ std::optional<GemmKind> parse_gemm_kind(std::string_view name) {
   return std::nullopt;
 }
 
+void round_gemm_input(bf16* out, const float* in, std::int64_t n) {
+  const int nt = detail::op_threads(n);
+  if (nt <= 1) return float_to_bf16(out, in, n);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int t = 0; t < nt; ++t) {
+    const std::int64_t chunk = (n / nt + 15) / 16 * 16;  // cache-line boundaries
+    const std::int64_t lo = std::min(n, t * chunk), hi = t == nt - 1 ? n : std::min(n, lo + chunk);
+    if (lo < hi) float_to_bf16(out + lo, in + lo, hi - lo);
+  }
+}
+
 void gemm(GemmKind kind, Trans trans_a, Trans trans_b, std::int64_t M, std::int64_t N,
-          std::int64_t K, const float* A, std::int64_t lda, const float* B, std::int64_t ldb,
-          bool accumulate, float* C, std::int64_t ldc) {
+          std::int64_t K, GemmOperand A, GemmOperand B, bool accumulate, float* C,
+          std::int64_t ldc) {
+  const std::int64_t lda = A.ld, ldb = B.ld;
   if (kind == GemmKind::kOpenBlasF32)
-    return sgemm(trans_a, trans_b, M, N, K, 1.0f, A, lda, B, ldb, accumulate ? 1.0f : 0.0f, C,
-                 ldc);
+    return sgemm(trans_a, trans_b, M, N, K, 1.0f, A.data, lda, B.data, ldb,
+                 accumulate ? 1.0f : 0.0f, C, ldc);
   T3D_ASSERT(lda >= std::max<std::int64_t>(1, trans_a == Trans::kNo ? K : M), "lda ", lda);
   T3D_ASSERT(ldb >= std::max<std::int64_t>(1, trans_b == Trans::kNo ? N : K), "ldb ", ldb);
   T3D_ASSERT(ldc >= std::max<std::int64_t>(1, N), "ldc ", ldc);
@@ -206,8 +221,7 @@ void gemm(GemmKind kind, Trans trans_a, Trans trans_b, std::int64_t M, std::int6
       for (std::int64_t i = 0; i < M; ++i) std::fill(C + i * ldc, C + i * ldc + N, 0.0f);
     return;
   }
-  onednn_gemm(kind == GemmKind::kOneDnnBf16, trans_a, trans_b, M, N, K, A, lda, B, ldb, accumulate,
-              C, ldc);
+  onednn_gemm(kind == GemmKind::kOneDnnBf16, trans_a, trans_b, M, N, K, A, B, accumulate, C, ldc);
 }
 
 void set_rank_threads(int n) {

@@ -27,6 +27,7 @@
 #include <string_view>
 
 #include "kernels/blas.h"
+#include "kernels/precision.h"
 
 namespace t3d::kernels {
 
@@ -36,11 +37,30 @@ const char* gemm_kind_name(GemmKind kind);  // "openblas-fp32", "onednn-fp32", "
 std::optional<GemmKind> parse_gemm_kind(std::string_view name);
 inline bool gemm_kind_is_bf16(GemmKind kind) { return kind == GemmKind::kOneDnnBf16; }
 
+// An input matrix of gemm(): fp32 at stride ld, and optionally (bf16 kinds) the same matrix
+// already rounded to bf16 and packed (stride = its stored row length), which gemm() then reads
+// instead of rounding the floats again. Other kinds ignore `rounded`.
+struct GemmOperand {
+  const float* data = nullptr;
+  std::int64_t ld = 0;
+  const bf16* rounded = nullptr;
+};
+
 // C (M, N) = op(A) (M, K) · op(B) (K, N), written (accumulate = false) or added to C. Row-major,
 // strided as kernels/blas.h's sgemm; fp32 in and out whatever the kind.
 void gemm(GemmKind kind, Trans trans_a, Trans trans_b, std::int64_t M, std::int64_t N,
-          std::int64_t K, const float* A, std::int64_t lda, const float* B, std::int64_t ldb,
-          bool accumulate, float* C, std::int64_t ldc);
+          std::int64_t K, GemmOperand A, GemmOperand B, bool accumulate, float* C,
+          std::int64_t ldc);
+inline void gemm(GemmKind kind, Trans trans_a, Trans trans_b, std::int64_t M, std::int64_t N,
+                 std::int64_t K, const float* A, std::int64_t lda, const float* B,
+                 std::int64_t ldb, bool accumulate, float* C, std::int64_t ldc) {
+  gemm(kind, trans_a, trans_b, M, N, K, GemmOperand{A, lda}, GemmOperand{B, ldb}, accumulate, C,
+       ldc);
+}
+
+// out (n) = in (n) rounded to bf16 as a bf16 GEMM rounds its inputs (same bits), with the
+// rank's threads: for a matrix several GEMMs read (GemmOperand::rounded).
+void round_gemm_input(bf16* out, const float* in, std::int64_t n);
 
 // The kind linear_forward / linear_backward_* use (kOpenBlasF32 until set). Process-wide.
 void set_linear_gemm(GemmKind kind);

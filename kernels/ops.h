@@ -27,6 +27,8 @@
 
 #include <cstdint>
 
+#include "kernels/precision.h"
+
 namespace t3d::kernels {
 
 // ---- element-wise helpers (ops_optim.cpp) -------------------------------------------------------
@@ -147,6 +149,30 @@ void linear_forward(float* y,        // y (N, out) = or +=
                     const float* x,  // x (N, in)
                     const float* w,  // w (out, in)
                     std::int64_t N, std::int64_t in, std::int64_t out, Out mode = Out::kWrite);
+// A linear layers' input that several of their GEMMs read (x for q, k and v; dy for the input and
+// the weight gradient): when the linear layers run bf16 GEMMs it is rounded to bf16 once, here,
+// instead of once per GEMM (the same bits). The caller keeps the floats unchanged while it lives.
+// The rounded copy comes from a per-thread pool of library memory outside the arena (like the
+// GEMMs' own workspace, kernels/gemm.h), grown to the largest use and reused.
+class LinearInput {
+ public:
+  LinearInput(const float* x, std::int64_t rows, std::int64_t cols);  // x (rows, cols)
+  ~LinearInput();
+  LinearInput(const LinearInput&) = delete;
+  LinearInput& operator=(const LinearInput&) = delete;
+  const float* data() const { return x_; }
+  const bf16* rounded() const { return rounded_; }  // nullptr unless the GEMMs are bf16
+  std::int64_t rows() const { return rows_; }
+  std::int64_t cols() const { return cols_; }
+
+ private:
+  const float* x_;
+  std::int64_t rows_, cols_;
+  bf16* rounded_ = nullptr;
+  int buffer_ = -1;  // its buffer in the pool
+};
+void linear_forward(float* y, const LinearInput& x, const float* w, std::int64_t out,
+                    Out mode = Out::kWrite);  // x (N, in) as above
 // The backward is split in two so that zero-bubble pipeline schedules can run the input
 // gradient (B) now and the weight gradient (W) later.
 void linear_backward_input(float* dx,        // dx (N, in) =
@@ -157,6 +183,8 @@ void linear_backward_weight(float* dw,        // dw (out, in) +=
                             const float* dy,  // dy (N, out)
                             const float* x,   // x (N, in)
                             std::int64_t N, std::int64_t in, std::int64_t out);
+void linear_backward_input(float* dx, const LinearInput& dy, const float* w, std::int64_t in);
+void linear_backward_weight(float* dw, const LinearInput& dy, const LinearInput& x);
 
 // h = silu(gate) * up, silu(x) = x * sigmoid(x). gate and up are the two projection outputs.
 void swiglu_forward(float* h,            // h (N, F)

@@ -2,6 +2,9 @@
 // copies of fp32 data) and SwiGLU.
 #include <algorithm>
 #include <cmath>
+#include <vector>
+
+#include "kernels/check.h"
 
 #include "kernels/blas.h"
 #include "kernels/gemm.h"
@@ -28,6 +31,63 @@ void linear_backward_weight(float* dw, const float* dy, const float* x, std::int
                             std::int64_t in, std::int64_t out) {
   // dw (out, in) += dy^T (out, N) . x (N, in)
   gemm(linear_gemm(), Trans::kYes, Trans::kNo, out, in, N, dy, out, x, in, true, dw, in);
+}
+
+namespace {
+
+// The pool behind LinearInput: per thread, buffers handed out and back in stack order.
+struct RoundedPool {
+  std::vector<std::vector<bf16>> buffers;
+  std::vector<bool> taken;
+};
+RoundedPool& rounded_pool() {
+  thread_local RoundedPool pool;
+  return pool;
+}
+
+GemmOperand operand(const LinearInput& m) { return {m.data(), m.cols(), m.rounded()}; }
+
+}  // namespace
+
+LinearInput::LinearInput(const float* x, std::int64_t rows, std::int64_t cols)
+    : x_(x), rows_(rows), cols_(cols) {
+  if (!gemm_kind_is_bf16(linear_gemm())) return;
+  RoundedPool& pool = rounded_pool();
+  for (std::size_t i = 0; i < pool.taken.size() && buffer_ < 0; ++i)
+    if (!pool.taken[i]) buffer_ = static_cast<int>(i);
+  if (buffer_ < 0) {
+    buffer_ = static_cast<int>(pool.buffers.size());
+    pool.buffers.emplace_back();
+    pool.taken.push_back(false);
+  }
+  auto& buffer = pool.buffers[static_cast<std::size_t>(buffer_)];
+  if (buffer.size() < static_cast<std::size_t>(rows * cols))
+    buffer.resize(static_cast<std::size_t>(rows * cols));
+  pool.taken[static_cast<std::size_t>(buffer_)] = true;
+  rounded_ = buffer.data();
+  round_gemm_input(rounded_, x, rows * cols);
+}
+
+LinearInput::~LinearInput() {
+  if (buffer_ >= 0) rounded_pool().taken[static_cast<std::size_t>(buffer_)] = false;
+}
+
+void linear_forward(float* y, const LinearInput& x, const float* w, std::int64_t out, Out mode) {
+  const std::int64_t N = x.rows(), in = x.cols();
+  gemm(linear_gemm(), Trans::kNo, Trans::kYes, N, out, in, operand(x), GemmOperand{w, in},
+       mode == Out::kAccumulate, y, out);
+}
+
+void linear_backward_input(float* dx, const LinearInput& dy, const float* w, std::int64_t in) {
+  const std::int64_t N = dy.rows(), out = dy.cols();
+  gemm(linear_gemm(), Trans::kNo, Trans::kNo, N, in, out, operand(dy), GemmOperand{w, in}, false,
+       dx, in);
+}
+
+void linear_backward_weight(float* dw, const LinearInput& dy, const LinearInput& x) {
+  T3D_ASSERT(dy.rows() == x.rows(), "dy has ", dy.rows(), " rows, x ", x.rows());
+  const std::int64_t N = x.rows(), in = x.cols(), out = dy.cols();
+  gemm(linear_gemm(), Trans::kYes, Trans::kNo, out, in, N, operand(dy), operand(x), true, dw, in);
 }
 
 namespace {

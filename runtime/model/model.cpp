@@ -72,9 +72,12 @@ void Model::forward_layer(int64_t l, LayerActs& a, const float* x_in, float* x_o
   k::rmsnorm_forward(xn1_rows, a.rstd1, x_in, pw.ln1, Nl, C,
                      static_cast<float>(config_.norm_eps));
   gather_rows(xn1_rows, a.xn1);
-  k::linear_forward(a.q, a.xn1, pw.q, N, C, qd);
-  k::linear_forward(a.kk, a.xn1, pw.k, N, C, kvd);
-  k::linear_forward(a.v, a.xn1, pw.v, N, C, kvd);
+  {
+    const k::LinearInput x(a.xn1, N, C);
+    k::linear_forward(a.q, x, pw.q, qd);
+    k::linear_forward(a.kk, x, pw.k, kvd);
+    k::linear_forward(a.v, x, pw.v, kvd);
+  }
   // Each part of this rank's positions (one without context parallelism) is (B, len) rows.
   const int64_t len = part_len_, part_rows = B * len;
   for (int64_t part = 0; part < parts_; ++part) {
@@ -101,8 +104,11 @@ void Model::forward_layer(int64_t l, LayerActs& a, const float* x_in, float* x_o
                      pw.ln2, Nl, C,
                      static_cast<float>(config_.norm_eps));
   gather_rows(xn2_rows, a.xn2);
-  k::linear_forward(a.gate, a.xn2, pw.gate, N, C, ffn_);
-  k::linear_forward(a.up, a.xn2, pw.up, N, C, ffn_);
+  {
+    const k::LinearInput x(a.xn2, N, C);
+    k::linear_forward(a.gate, x, pw.gate, ffn_);
+    k::linear_forward(a.up, x, pw.up, ffn_);
+  }
   k::swiglu_forward(a.h, a.gate, a.up, N * ffn_);
   k::linear_forward(s.tmp, a.h, pw.down, N, ffn_, C);
   branch = reduce_rows(s.tmp);
@@ -128,15 +134,23 @@ void Model::backward_layer(int64_t l, LayerActs& a, const float* x_in, float* dx
   const int64_t Nl = rows_local_;
   const float* dy = gather_rows(dx, s.all_rows);  // SP: the gradient of all rows
   if (keep) std::memcpy(keep->dy_down, dy, sizeof(float) * N * C);
-  k::linear_backward_input(s.dh, dy, pw.down, N, ffn_, C);
-  if (!keep) k::linear_backward_weight(pg.down, dy, a.h, N, ffn_, C);
+  // Each GEMM input read twice or more is rounded once (bf16 GEMMs): k::LinearInput.
+  {
+    const k::LinearInput dy_down(dy, N, C);
+    k::linear_backward_input(s.dh, dy_down, pw.down, ffn_);
+    if (!keep) k::linear_backward_weight(pg.down, dy_down, k::LinearInput(a.h, N, ffn_));
+  }
   k::swiglu_backward(dgate, dup, s.dh, a.gate, a.up, N * ffn_);
-  k::linear_backward_input(s.dxn, dgate, pw.gate, N, C, ffn_);
-  k::linear_backward_input(s.dtmp, dup, pw.up, N, C, ffn_);
-  k::add_inplace(s.dxn, s.dtmp, N * C);
-  if (!keep) {
-    k::linear_backward_weight(pg.gate, dgate, a.xn2, N, C, ffn_);
-    k::linear_backward_weight(pg.up, dup, a.xn2, N, C, ffn_);
+  {
+    const k::LinearInput dg(dgate, N, ffn_), du(dup, N, ffn_);
+    k::linear_backward_input(s.dxn, dg, pw.gate, C);
+    k::linear_backward_input(s.dtmp, du, pw.up, C);
+    k::add_inplace(s.dxn, s.dtmp, N * C);
+    if (!keep) {
+      const k::LinearInput x(a.xn2, N, C);
+      k::linear_backward_weight(pg.gate, dg, x);
+      k::linear_backward_weight(pg.up, du, x);
+    }
   }
   // Column-parallel: the shared input's gradient is a partial sum (SP: of this rank's rows).
   const float* dxn_rows = reduce_rows(s.dxn);
@@ -145,8 +159,11 @@ void Model::backward_layer(int64_t l, LayerActs& a, const float* x_in, float* dx
   dy = gather_rows(dx, s.all_rows);
 
   if (keep) std::memcpy(keep->dy_o, dy, sizeof(float) * N * C);
-  k::linear_backward_input(s.datt, dy, pw.o, N, qd, C);
-  if (!keep) k::linear_backward_weight(pg.o, dy, a.att, N, qd, C);
+  {
+    const k::LinearInput dy_o(dy, N, C);
+    k::linear_backward_input(s.datt, dy_o, pw.o, qd);
+    if (!keep) k::linear_backward_weight(pg.o, dy_o, k::LinearInput(a.att, N, qd));
+  }
   const int64_t len = part_len_, part_rows = B * len;
   if (cp_) {  // the whole sequence's keys and values again (not kept: cp times their memory)
     gather_sequence(a.kk, s.k_all, kvd);
@@ -175,15 +192,19 @@ void Model::backward_layer(int64_t l, LayerActs& a, const float* x_in, float* dx
     k::rope_backward(dk + part * part_rows * kvd, dk + part * part_rows * kvd, s.rope, B, len,
                      kv_heads_, D, part_begin(part));
   }
-  k::linear_backward_input(s.dxn, dq, pw.q, N, C, qd);
-  k::linear_backward_input(s.dtmp, dk, pw.k, N, C, kvd);
-  k::add_inplace(s.dxn, s.dtmp, N * C);
-  k::linear_backward_input(s.dtmp, dv, pw.v, N, C, kvd);
-  k::add_inplace(s.dxn, s.dtmp, N * C);
-  if (!keep) {
-    k::linear_backward_weight(pg.q, dq, a.xn1, N, C, qd);
-    k::linear_backward_weight(pg.k, dk, a.xn1, N, C, kvd);
-    k::linear_backward_weight(pg.v, dv, a.xn1, N, C, kvd);
+  {
+    const k::LinearInput dq_in(dq, N, qd), dk_in(dk, N, kvd), dv_in(dv, N, kvd);
+    k::linear_backward_input(s.dxn, dq_in, pw.q, C);
+    k::linear_backward_input(s.dtmp, dk_in, pw.k, C);
+    k::add_inplace(s.dxn, s.dtmp, N * C);
+    k::linear_backward_input(s.dtmp, dv_in, pw.v, C);
+    k::add_inplace(s.dxn, s.dtmp, N * C);
+    if (!keep) {
+      const k::LinearInput x(a.xn1, N, C);
+      k::linear_backward_weight(pg.q, dq_in, x);
+      k::linear_backward_weight(pg.k, dk_in, x);
+      k::linear_backward_weight(pg.v, dv_in, x);
+    }
   }
   dxn_rows = reduce_rows(s.dxn);
   k::rmsnorm_backward(s.dtmp, pg.ln1, dxn_rows, x_in, pw.ln1, a.rstd1, Nl, C);
@@ -195,12 +216,16 @@ void Model::backward_layer_weights(int64_t l, const LayerActs& a, const LayerGra
   const int64_t N = rows_, C = config_.dim, qd = heads_ * config_.head_dim();
   const int64_t kvd = kv_heads_ * config_.head_dim();
   k::linear_backward_weight(pg.down, kg.dy_down, a.h, N, ffn_, C);
-  k::linear_backward_weight(pg.gate, kg.dgate, a.xn2, N, C, ffn_);
-  k::linear_backward_weight(pg.up, kg.dup, a.xn2, N, C, ffn_);
+  {
+    const k::LinearInput x(a.xn2, N, C);  // rounded once for both (bf16 GEMMs)
+    k::linear_backward_weight(pg.gate, k::LinearInput(kg.dgate, N, ffn_), x);
+    k::linear_backward_weight(pg.up, k::LinearInput(kg.dup, N, ffn_), x);
+  }
   k::linear_backward_weight(pg.o, kg.dy_o, a.att, N, qd, C);
-  k::linear_backward_weight(pg.q, kg.dq, a.xn1, N, C, qd);
-  k::linear_backward_weight(pg.k, kg.dk, a.xn1, N, C, kvd);
-  k::linear_backward_weight(pg.v, kg.dv, a.xn1, N, C, kvd);
+  const k::LinearInput x(a.xn1, N, C);
+  k::linear_backward_weight(pg.q, k::LinearInput(kg.dq, N, qd), x);
+  k::linear_backward_weight(pg.k, k::LinearInput(kg.dk, N, kvd), x);
+  k::linear_backward_weight(pg.v, k::LinearInput(kg.dv, N, kvd), x);
 }
 
 double Model::forward_head(ChunkActs& c, const int32_t* targets, float grad_scale,

@@ -184,6 +184,45 @@ TEST_P(GemmKinds, LinearLayerUsesTheChosenKind) {
   ref::expect_close(dw, dwref, 0, tol * N, "dw");
 }
 
+// A LinearInput (rounded once, read by several GEMMs) gives the same bits as each GEMM rounding
+// its own inputs, for every kind, with the pool's buffers reused and nested; with a bf16 kind it
+// holds exactly the bf16 of every float, and the fp32 kinds round nothing.
+TEST_P(GemmKinds, LinearInputIsTheSameBitsAsRoundingPerGemm) {
+  const GemmKind kind = GetParam();
+  const GemmKind saved = linear_gemm();
+  set_linear_gemm(kind);
+  set_rank_threads(2);  // the rounding's parallel split must not matter either
+  const int N = 70, in = 48, out = 36;
+  const auto x = ref::random_floats(N * in, 50), w = ref::random_floats(out * in, 51);
+  const auto w2 = ref::random_floats(out * in, 52), dy = ref::random_floats(N * out, 53);
+  std::vector<float> y(N * out), y2(N * out), dx(N * in), dw(out * in, 0.5f);
+  std::vector<float> e_y(N * out), e_y2(N * out), e_dx(N * in), e_dw(out * in, 0.5f);
+  linear_forward(e_y.data(), x.data(), w.data(), N, in, out);
+  linear_forward(e_y2.data(), x.data(), w2.data(), N, in, out);
+  linear_backward_input(e_dx.data(), dy.data(), w.data(), N, in, out);
+  linear_backward_weight(e_dw.data(), dy.data(), x.data(), N, in, out);
+  for (int round = 0; round < 2; ++round) {  // the second round reuses the pool's buffers
+    const LinearInput xi(x.data(), N, in);
+    {
+      const LinearInput dyi(dy.data(), N, out);
+      linear_forward(y.data(), xi, w.data(), out);
+      linear_forward(y2.data(), xi, w2.data(), out);
+      linear_backward_input(dx.data(), dyi, w.data(), in);
+      std::fill(dw.begin(), dw.end(), 0.5f);
+      linear_backward_weight(dw.data(), dyi, xi);
+      ASSERT_EQ(dyi.rounded() != nullptr, gemm_kind_is_bf16(kind));
+      if (dyi.rounded())
+        for (int i = 0; i < N * out; ++i) ASSERT_EQ(dyi.rounded()[i], float_to_bf16(dy[i])) << i;
+    }
+    EXPECT_EQ(y, e_y) << round;
+    EXPECT_EQ(y2, e_y2) << round;
+    EXPECT_EQ(dx, e_dx) << round;
+    EXPECT_EQ(dw, e_dw) << round;
+  }
+  set_rank_threads(1);
+  set_linear_gemm(saved);
+}
+
 INSTANTIATE_TEST_SUITE_P(kernels_gemm, GemmKinds,
                          ::testing::Values(GemmKind::kOpenBlasF32, GemmKind::kOneDnnF32,
                                            GemmKind::kOneDnnBf16),
