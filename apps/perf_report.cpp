@@ -5,10 +5,12 @@
 
 #include <cmath>
 #include <fstream>
+#include <iterator>
 
 #include "parallel/simulator.h"
-#include "runtime/stage/gemm_choice.h"
+#include "parallel/trace.h"
 #include "runtime/plan/planner.h"
+#include "runtime/stage/gemm_choice.h"
 
 namespace t3d::runtime {
 
@@ -103,6 +105,41 @@ std::string performance_json(const PerfSummary& p) {
       num(p.tokens_per_s), num(p.tp_comm_share), num(p.dp_comm_share), num(p.pp_wait_share),
       num(p.cp_comm_share), p.bubble < 0 ? "null" : num(p.bubble), num(p.mfu),
       num(p.mfu_gemm), p.gemm);
+}
+
+std::string format_supervision(const SupervisedRun& run) {
+  std::string out = "supervised run (self-launched; incidents.jsonl):\n";
+  const auto row = [&](const char* key, const std::string& value) {
+    out += fmt::format("  {:<34}{}\n", key, value);
+  };
+  row("restarts", std::to_string(run.restarts));
+  row("time lost", fmt::format("{:.1f} s (steps done again, waiting to restart)", run.lost_s));
+  row("goodput", fmt::format("{:.1f}% (step time that counts over {:.1f} s wall time)",
+                             100 * run.goodput(), run.wall_s));
+  for (const auto& change : run.layout_changes) row("elastic shrink", change);
+  return out;
+}
+
+void report_supervision(const SupervisedRun& run, const std::string& run_dir) {
+  spdlog::info("{}", format_supervision(run));
+  const std::string path = run_dir + "/summary.json";
+  std::string text;
+  {
+    std::ifstream in(path);
+    if (!in) return;
+    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const size_t close = text.find_last_of('}');
+  if (close == std::string::npos) return;
+  std::string changes;
+  for (const auto& c : run.layout_changes)
+    changes += (changes.empty() ? "" : ", ") + parallel::trace::json_string(c);
+  text.insert(close, fmt::format(", \"supervision\": {{\"restarts\": {}, \"lost_s\": {:.3f}, "
+                                 "\"useful_s\": {:.3f}, \"wall_s\": {:.3f}, \"goodput\": "
+                                 "{:.4f}, \"layout_changes\": [{}]}}",
+                                 run.restarts, run.lost_s, run.useful_s, run.wall_s, run.goodput(),
+                                 changes));
+  std::ofstream(path) << text;
 }
 
 void report_performance(const Job& job, const TrainSummary& summary) {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "runtime/launch/job.h"
+#include "runtime/train/supervisor.h"
 #include "runtime/train/trainer.h"
 
 namespace t3d::runtime {
@@ -27,6 +28,12 @@ struct PerfSummary {
 PerfSummary summarize_performance(const Recipe& recipe, int devices, const TrainSummary& summary);
 std::string format_performance(const PerfSummary& perf);
 std::string performance_json(const PerfSummary& perf);
+
+// The rows a supervised (self-launched) job adds at its end, printed by the launcher after its
+// ranks' table: restarts, time lost, goodput (the supervisor's own figures), any elastic shrink.
+std::string format_supervision(const SupervisedRun& run);
+// Logs those rows and adds them to <run_dir>/summary.json as "supervision" (when rank 0 wrote it).
+void report_supervision(const SupervisedRun& run, const std::string& run_dir);
 
 // Rank 0: logs the table and writes summary.json (with the table's values) into the run
 // directory. Other ranks: nothing. Does nothing for a run without steps.

@@ -66,9 +66,14 @@ bool speaks_before_mpi() {
 int run_training(runtime::Recipe recipe, const Options& o, const std::vector<std::string>& argv) {
   runtime::check_inputs(recipe);
   // Not inside a launcher: become the job's parent (mpirun, restarts after failures).
-  if (runtime::detect_launch_env().launcher == runtime::Launcher::none)
-    return runtime::supervise_training(recipe, runtime::make_spawn_plan(recipe, argv, o.np),
-                                       o.log_level);
+  if (runtime::detect_launch_env().launcher == runtime::Launcher::none) {
+    const runtime::SupervisedRun run = runtime::supervise_training(
+        recipe, runtime::make_spawn_plan(recipe, argv, o.np), o.log_level);
+    if (run.code == 0)
+      runtime::report_supervision(
+          run, runtime::job_run_dir(recipe.run.dir, runtime::detect_launch_env()));
+    return run.code;
+  }
 
   runtime::MpiRuntime mpi;
   // One live training job per run directory: the lock is taken before any log is opened.

@@ -1,7 +1,7 @@
 #include "runtime/launch/job.h"
 
-#include <unistd.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -15,6 +15,7 @@
 
 #include "kernels/blas.h"
 #include "kernels/check.h"
+#include "runtime/launch/hosts.h"
 #include "runtime/launch/logging.h"
 
 namespace t3d::runtime {
@@ -64,6 +65,10 @@ SpawnPlan make_spawn_plan(const Recipe& recipe, const std::vector<std::string>& 
   plan.log_dir = job_run_dir(recipe.run.dir, detect_launch_env()) + "/logs";
   plan.stall_s = recipe.parallel.timeout_s;
   plan.pid_dir = job_run_dir(recipe.run.dir, detect_launch_env()) + "/pids";
+  if (!recipe.run.hostfile.empty()) {
+    plan.hostfile = recipe.run.hostfile;
+    plan.slots = total_slots(read_hostfile(plan.hostfile, "run.hostfile"));
+  }
   const int threads = threads_per_rank(static_cast<int>(recipe.hardware.threads_per_rank),
                                        plan.cores, plan.ranks);
   plan.threads = threads;

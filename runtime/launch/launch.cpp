@@ -209,12 +209,18 @@ int threads_per_rank(int configured, int cores, int local_ranks) {
 
 std::vector<std::string> mpirun_command(const SpawnPlan& plan, const std::string& self_exe) {
   std::vector<std::string> cmd = {"mpirun", "-np", std::to_string(plan.ranks)};
-  // Without this Open MPI refuses more ranks than cores ("not enough slots").
-  if (plan.ranks > plan.cores) cmd.push_back("--oversubscribe");
-  if (static_cast<int64_t>(plan.ranks) * plan.threads <= plan.cores) {
-    cmd.insert(cmd.end(), {"--map-by", "slot:PE=" + std::to_string(plan.threads), "--bind-to", "core"});
+  if (!plan.hostfile.empty()) {
+    cmd.insert(cmd.end(), {"--hostfile", plan.hostfile, "--map-by", "slot", "--bind-to", "none"});
+    if (plan.slots > 0 && plan.ranks > plan.slots) cmd.push_back("--oversubscribe");
   } else {
-    cmd.insert(cmd.end(), {"--bind-to", "none"});
+    // Without this Open MPI refuses more ranks than cores ("not enough slots").
+    if (plan.ranks > plan.cores) cmd.push_back("--oversubscribe");
+    if (static_cast<int64_t>(plan.ranks) * plan.threads <= plan.cores) {
+      cmd.insert(cmd.end(),
+                 {"--map-by", "slot:PE=" + std::to_string(plan.threads), "--bind-to", "core"});
+    } else {
+      cmd.insert(cmd.end(), {"--bind-to", "none"});
+    }
   }
   if (plan.as_root) cmd.push_back("--allow-run-as-root");
   // Not --quiet: it also hides which rank died. The parent filters mpirun's banners instead

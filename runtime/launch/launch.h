@@ -39,11 +39,15 @@ struct SpawnPlan {
   std::string log_dir;  // where the ranks' logs go, for the message naming a dead rank
   double stall_s = 0;   // a rank stopped this long ends the job (mpirun_watch.h); 0: never
   std::string pid_dir;  // where the ranks publish their pids, for that stall watch
+  std::string hostfile;  // run.hostfile (or what the restart loop kept of it); empty: this host
+  int slots = 0;         // the hostfile's slots together (0: not all given)
 };
 // The mpirun command line that re-executes titan3d as `ranks` ranks. Placement: when ranks ×
 // threads fit the cores, each rank is bound to its own `threads` cores (--map-by slot:PE=n);
 // otherwise no binding (--bind-to none), so the OS spreads the threads over every core rather
 // than Open MPI's default of one core per rank, which would leave a rank's other threads idle.
+// With a hostfile: ranks fill each host's slots in order (--map-by slot) unbound, since this
+// host's cores say nothing of the others'; oversubscribed only past the hostfile's slots.
 std::vector<std::string> mpirun_command(const SpawnPlan& plan, const std::string& self_exe);
 // Runs mpirun as a child (the ranks' output streams through; Open MPI's banners are filtered and a
 // dead rank named, see mpirun_watch.h), then exits with its exit code.

@@ -5,12 +5,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <chrono>
 #include <csignal>
-#include <map>
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <optional>
 #include <regex>
 
 #include "kernels/check.h"
@@ -74,6 +76,15 @@ std::vector<std::string> MpirunStderrFilter::finish() {
   if (!in_banner_) return {};
   in_banner_ = false;
   return close_banner();
+}
+
+std::string watchdog_waited_host(const std::string& line) {
+  if (line.find("watchdog: ") == std::string::npos) return "";
+  const std::string key = "waiting on host ";
+  const size_t at = line.find(key);
+  if (at == std::string::npos) return "";
+  const size_t from = at + key.size();
+  return line.substr(from, line.find_first_of(" (,;", from) - from);
 }
 
 char process_state(int pid) {
@@ -243,10 +254,24 @@ MpirunOutcome run_mpirun_watched(const std::vector<std::string>& argv, const std
   g_received = 0;
   MpirunOutcome outcome;
   MpirunStderrFilter filter(log_dir);
-  const auto print = [](const std::vector<std::string>& lines) {
-    for (const auto& l : lines) std::fprintf(stderr, "%s\n", l.c_str());
+  // Prints what passed the filter, noting any collective watchdog among it.
+  std::optional<std::chrono::steady_clock::time_point> watchdog_at;
+  const auto print = [&](const std::vector<std::string>& lines) {
+    for (const auto& l : lines) {
+      std::fprintf(stderr, "%s\n", l.c_str());
+      if (l.find("watchdog: world rank") == std::string::npos) continue;
+      if (!watchdog_at) watchdog_at = std::chrono::steady_clock::now();
+      const std::string host = watchdog_waited_host(l);
+      auto& hosts = outcome.waited_hosts;
+      if (!host.empty() && std::find(hosts.begin(), hosts.end(), host) == hosts.end())
+        hosts.push_back(host);
+    }
     std::fflush(stderr);
   };
+  // The watchdog sleeps min(timeout / 2, 10) s before its abort (parallel/comm.cpp).
+  const double abort_grace_s = std::clamp(stall_s / 2, 0.5, 10.0) + 10.0;
+  bool reaped = false;
+  int status = 0;
   // mpirun's stderr line by line, and the stall watch once a second in between.
   StallWatch stalls(log_dir, pid_dir, stall_s);
   std::string pending;
@@ -266,6 +291,19 @@ MpirunOutcome run_mpirun_watched(const std::vector<std::string>& argv, const std
       }
     }
     print(stalls.poll());
+    if (outcome.mpirun_killed && waitpid(child, &status, WNOHANG) == child) {
+      reaped = true;  // a process of another group may still hold the pipe: do not wait for EOF
+      break;
+    }
+    if (watchdog_at && !outcome.mpirun_killed &&
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - *watchdog_at).count() >
+            abort_grace_s) {
+      print({"titan3d: mpirun did not end the job " + std::to_string(int(abort_grace_s)) +
+             " s after a collective watchdog fired (it waits for a host it cannot reach); ending "
+             "mpirun and its ranks on this host"});
+      outcome.mpirun_killed = true;
+      kill(-child, SIGKILL);
+    }
     if (const int sig = g_received; sig != 0) {
       g_received = 0;
       if (const std::string said = forward(sig, child, outcome); !said.empty()) print({said});
@@ -274,15 +312,15 @@ MpirunOutcome run_mpirun_watched(const std::vector<std::string>& argv, const std
   if (!pending.empty()) print(filter.feed(pending));
   print(filter.finish());
   close(fds[0]);
-  int status = 0;
-  while (waitpid(child, &status, 0) < 0 && errno == EINTR) {
+  while (!reaped && waitpid(child, &status, 0) < 0 && errno == EINTR) {
   }
   outcome.dead_rank = filter.dead_rank();
   outcome.dead_signal = filter.dead_signal();
   outcome.dead_host = filter.dead_host();
   outcome.stalled_rank = stalls.killed_rank();
   outcome.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  if (stalls.fired()) outcome.code = 3;  // the watchdog's exit code (CONTRIBUTING: exit codes)
+  // The watchdog's exit code (CONTRIBUTING: exit codes).
+  if (stalls.fired() || outcome.mpirun_killed) outcome.code = 3;
   if (outcome.signal == -1 && outcome.code != 0) outcome.code = 130;  // ended on a signal
   return outcome;
 }

@@ -19,7 +19,14 @@ struct MpirunOutcome {
   std::string dead_host;
   int stalled_rank = -1;    // a rank the stall watch killed, or -1
   int signal = 0;           // a signal this launcher passed on (-1: it ended the job), or 0
+  // Hosts the ranks' collective watchdogs said they were waiting on (`waiting on host X`), in
+  // the order first named: suspects, not verdicts (a slow host is named as well as a gone one).
+  std::vector<std::string> waited_hosts;
+  bool mpirun_killed = false;  // mpirun outlived the watchdog's abort and was ended (see below)
 };
+
+// From one line of output: the host a collective watchdog waited on ("" if it names none).
+std::string watchdog_waited_host(const std::string& line);
 
 class MpirunStderrFilter {
  public:
@@ -54,6 +61,10 @@ class MpirunStderrFilter {
 // (SIGSTOP, a debugger) is named after stall_s / 2, before the other ranks' watchdogs (which see
 // only that they wait) fire at stall_s, and killed after stall_s, ending the job with exit 3. A
 // one-rank job has no one else to notice: this is what ends it.
+//
+// After a rank's collective watchdog fired (its `watchdog:` line), mpirun is given the watchdog's
+// grace and 10 s more to end the job; past that its process group is killed (exit 3). mpirun
+// waits without end for the daemon of a host it can no longer reach, and a restart must not.
 MpirunOutcome run_mpirun_watched(const std::vector<std::string>& argv, const std::string& log_dir,
                                  double stall_s = 0, const std::string& pid_dir = "");
 

@@ -93,6 +93,12 @@ struct RunConfig {
   // this many within restart_window_s (runtime/train/supervisor.h).
   int64_t max_restarts = 3;
   double restart_window_s = 3600;
+  // Self-launched jobs on several hosts: an Open MPI hostfile ("host slots=N" lines); empty:
+  // this host only.
+  std::string hostfile;
+  // When a restart finds a host of the hostfile unreachable, continue on the others with a
+  // smaller dp and the same global batch (more micro-batches per replica) instead of stopping.
+  bool elastic = false;
 };
 
 struct ModelConfig {

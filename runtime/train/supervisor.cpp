@@ -14,6 +14,7 @@
 
 #include "checkpoint/snapshot.h"
 #include "parallel/trace.h"
+#include "runtime/train/elastic.h"
 #include "runtime/train/metrics.h"
 #include "runtime/train/stop_signal.h"
 
@@ -158,7 +159,10 @@ std::string where_of(const Incident& i) {
 
 void explain_stop(const Incident& i, size_t restarts, const RunConfig& run,
                   const std::string& run_dir) {
-  if (i.action == "stop: the same failure again")
+  if (i.action.rfind("stop: unreachable", 0) == 0 || i.action.rfind("stop: no host", 0) == 0)
+    std::fprintf(stderr, "titan3d: %s%s; %s\n", i.cause.c_str(), where_of(i).c_str(),
+                 i.action.c_str() + 6);
+  else if (i.action == "stop: the same failure again")
     std::fprintf(stderr,
                  "titan3d: %s%s, as in the previous attempt, before getting any further: a "
                  "deterministic failure, not a transient fault; not restarting. See the rank logs "
@@ -172,68 +176,145 @@ void explain_stop(const Incident& i, size_t restarts, const RunConfig& run,
                  run_dir.c_str());
 }
 
-}  // namespace
-
-int supervise_training(const Recipe& recipe, SpawnPlan plan, const std::string& log_level) {
-  const std::string run_dir = fs::path(plan.log_dir).parent_path().string();
-  const std::string metrics = run_dir + "/metrics.jsonl";
-  const auto start = Clock::now();
+// The restart loop's state across attempts.
+struct Loop {
+  Recipe recipe;  // the job's recipe, with dp resolved and any shrink applied
+  SpawnPlan plan;
+  std::string run_dir, metrics, log_level;
+  std::vector<HostEntry> hosts;  // run.hostfile's, less those dropped (empty: this host only)
   std::deque<Clock::time_point> restarts;  // within the window
   std::optional<Incident> previous;
-  double lost_s = 0, useful_s = 0;  // step time repeated or waited; step time that counts
+  SupervisedRun result;
+};
+
+// With several hosts: the hosts mpirun cannot reach now. Without run.elastic that ends the job
+// (a relaunch on the same hosts cannot start): returns the stop reason. With it, drops them,
+// shrinks dp to what the others can take and rewrites the plan and the recipe the relaunch runs:
+// returns "", and the incident's action says what changed.
+std::string handle_lost_hosts(Loop& loop, Incident& incident) {
+  if (loop.hosts.size() < 2) return "";
+  const double timeout = std::clamp(loop.recipe.parallel.timeout_s, 10.0, 60.0);
+  const auto lost = unreachable_hosts(loop.hosts, loop.plan.as_root, timeout);
+  if (lost.empty()) return "";
+  std::string names;
+  std::vector<HostEntry> remaining;
+  for (const auto& h : loop.hosts) {
+    const auto it = std::find_if(lost.begin(), lost.end(),
+                                 [&](const LostHost& l) { return l.host.host == h.host; });
+    if (it == lost.end())
+      remaining.push_back(h);
+    else
+      names += (names.empty() ? "" : ", ") + ("host " + h.host + " (" + it->why + ")");
+  }
+  incident.host = lost.front().host.host;
+  if (!loop.recipe.run.elastic || remaining.empty())
+    return "stop: unreachable " + names +
+           (remaining.empty() ? "; no host is left"
+                              : "; a restart on the same hosts cannot start. Set run.elastic = "
+                                "true to continue on the remaining hosts with a smaller dp, or "
+                                "mend the host or remove it from run.hostfile, then continue with "
+                                "`titan3d train " +
+                                    loop.run_dir + "/restart.toml`");
+  const int capacity = remaining_capacity(loop.hosts, remaining, loop.plan.ranks);
+  const Shrink shrink = plan_shrink(loop.recipe, capacity);
+  if (!shrink.why_not.empty())
+    return "stop: unreachable " + names + "; run.elastic cannot shrink: " + shrink.why_not;
+  Recipe smaller = loop.recipe;
+  smaller.parallel.dp = shrink.dp;
+  smaller.train.micro_batches = shrink.micro_batches;
+  const std::string change = describe_layout(loop.recipe) + " -> " + describe_layout(smaller);
+  loop.recipe = smaller;
+  loop.hosts = remaining;
+  loop.plan.ranks = shrink.ranks;
+  loop.plan.hostfile = loop.run_dir + "/hostfile.elastic";
+  loop.plan.slots = total_slots(remaining);
+  write_hostfile(loop.plan.hostfile, remaining);
+  loop.result.layout_changes.push_back(change + " without " + names);
+  std::fprintf(stderr,
+               "titan3d: elastic: unreachable %s; continuing on the %zu remaining host(s) (%s): "
+               "%s, train.global_batch = %lld kept\n",
+               names.c_str(), remaining.size(), loop.plan.hostfile.c_str(), change.c_str(),
+               static_cast<long long>(smaller.train.global_batch));
+  incident.action = "shrink to " + describe_layout(smaller) + " without " + names + "; ";
+  return "";
+}
+
+// One failed attempt: the incident, and whether (and how) the job goes on. Returns false when
+// the loop must stop (the incident is recorded and explained).
+bool after_failure(Loop& loop, const MpirunOutcome& out, int attempt, long offset) {
+  Incident incident;
+  incident.attempt = attempt;
+  std::tie(incident.cause, incident.rank) = cause_of(out);
+  incident.host =
+      !out.dead_host.empty() || out.waited_hosts.empty() ? out.dead_host : out.waited_hosts.front();
+  incident.exit_code = out.code;
+  incident.snapshot_step = newest_snapshot(loop.recipe.snapshot.dir);
+  const LoggedSteps logged = read_logged_steps(loop.metrics, offset, incident.snapshot_step);
+  incident.last_step = logged.last_step;
+  incident.lost_s = logged.seconds_after;
+  loop.result.lost_s += logged.seconds_after;
+  loop.result.useful_s += logged.seconds_total - logged.seconds_after;
+  auto& restarts = loop.restarts;
+  while (!restarts.empty() && seconds_since(restarts.front()) > loop.recipe.run.restart_window_s)
+    restarts.pop_front();
+  std::string why = handle_lost_hosts(loop, incident);
+  const bool shrunk = !incident.action.empty();
+  if (why.empty() && !shrunk)
+    if (const char* repeat = stop_reason(incident, loop.previous, restarts.size(), loop.recipe.run))
+      why = repeat;
+  if (why.empty() && shrunk &&
+      static_cast<int64_t>(restarts.size()) >= loop.recipe.run.max_restarts)
+    why = "stop: run.max_restarts reached";
+  if (!why.empty()) {
+    incident.action = why;
+    record(loop.run_dir, incident);
+    explain_stop(incident, restarts.size(), loop.recipe.run, loop.run_dir);
+    return false;
+  }
+  const int backoff = std::min(30, 1 << std::min<int>(restarts.size(), 5));
+  incident.action += incident.snapshot_step > 0
+                         ? "restart from snapshot step " + std::to_string(incident.snapshot_step)
+                         : "restart from the beginning (no snapshot yet)";
+  record(loop.run_dir, incident);
+  std::fprintf(stderr,
+               "titan3d: incident %d: %s%s; %s in %d s (restart %zu of at most %lld; %ld "
+               "step(s), %.1f s of work lost)\n",
+               attempt, incident.cause.c_str(), where_of(incident).c_str(), incident.action.c_str(),
+               backoff, restarts.size() + 1, static_cast<long long>(loop.recipe.run.max_restarts),
+               std::max(0L, incident.last_step - incident.snapshot_step), incident.lost_s);
+  std::fflush(stderr);
+  const auto down = Clock::now();
+  std::this_thread::sleep_for(std::chrono::seconds(backoff));
+  restarts.push_back(Clock::now());
+  loop.previous = incident;
+  loop.plan.argv = restart_argv(loop.recipe, loop.plan.argv.at(0), loop.run_dir, loop.log_level);
+  loop.result.lost_s += seconds_since(down);
+  return true;
+}
+
+}  // namespace
+
+SupervisedRun supervise_training(const Recipe& recipe, SpawnPlan plan,
+                                 const std::string& log_level) {
+  Loop loop{recipe, std::move(plan)};
+  loop.run_dir = fs::path(loop.plan.log_dir).parent_path().string();
+  loop.metrics = loop.run_dir + "/metrics.jsonl";
+  loop.log_level = log_level;
+  if (loop.recipe.parallel.dp == -1) loop.recipe.resolve_world(loop.plan.ranks);
+  if (!loop.recipe.run.hostfile.empty())
+    loop.hosts = read_hostfile(loop.recipe.run.hostfile, "run.hostfile");
+  const auto start = Clock::now();
   for (int attempt = 1;; ++attempt) {
-    const long offset = file_size(metrics);
-    const MpirunOutcome out = run_spawned(plan);
-    if (out.code == 0 || !restartable(out)) {
-      if (attempt > 1 && out.code == 0) {
-        useful_s += read_logged_steps(metrics, offset, 0).seconds_total;
-        const double wall = seconds_since(start);
-        std::fprintf(stderr,
-                     "titan3d: finished after %d restart(s): %.1f s of steps repeated or waiting "
-                     "to restart; goodput %.1f%% (step time that counts over wall time; "
-                     "incidents.jsonl)\n",
-                     attempt - 1, lost_s, 100.0 * useful_s / std::max(wall, 1e-9));
-      }
-      return out.code;
+    const long offset = file_size(loop.metrics);
+    const MpirunOutcome out = run_spawned(loop.plan);
+    loop.result.code = out.code;
+    loop.result.restarts = attempt - 1;
+    if (out.code == 0 || !restartable(out) || !after_failure(loop, out, attempt, offset)) {
+      if (out.code == 0)
+        loop.result.useful_s += read_logged_steps(loop.metrics, offset, 0).seconds_total;
+      loop.result.wall_s = seconds_since(start);
+      return loop.result;
     }
-    Incident incident;
-    incident.attempt = attempt;
-    std::tie(incident.cause, incident.rank) = cause_of(out);
-    incident.host = out.dead_host;
-    incident.exit_code = out.code;
-    incident.snapshot_step = newest_snapshot(recipe.snapshot.dir);
-    const LoggedSteps logged = read_logged_steps(metrics, offset, incident.snapshot_step);
-    incident.last_step = logged.last_step;
-    incident.lost_s = logged.seconds_after;
-    lost_s += logged.seconds_after;
-    useful_s += logged.seconds_total - logged.seconds_after;
-    while (!restarts.empty() && seconds_since(restarts.front()) > recipe.run.restart_window_s)
-      restarts.pop_front();
-    if (const char* why = stop_reason(incident, previous, restarts.size(), recipe.run)) {
-      incident.action = why;
-      record(run_dir, incident);
-      explain_stop(incident, restarts.size(), recipe.run, run_dir);
-      return out.code;
-    }
-    const int backoff = std::min(30, 1 << std::min<int>(restarts.size(), 5));
-    incident.action = incident.snapshot_step > 0
-                          ? "restart from snapshot step " + std::to_string(incident.snapshot_step)
-                          : "restart from the beginning (no snapshot yet)";
-    record(run_dir, incident);
-    std::fprintf(stderr,
-                 "titan3d: incident %d: %s%s; %s in %d s (restart %zu of at most %lld; %ld "
-                 "step(s), %.1f s of work lost)\n",
-                 attempt, incident.cause.c_str(), where_of(incident).c_str(),
-                 incident.action.c_str(), backoff,
-                 restarts.size() + 1, static_cast<long long>(recipe.run.max_restarts),
-                 std::max(0L, incident.last_step - incident.snapshot_step), incident.lost_s);
-    std::fflush(stderr);
-    const auto down = Clock::now();
-    std::this_thread::sleep_for(std::chrono::seconds(backoff));
-    restarts.push_back(Clock::now());
-    previous = incident;
-    plan.argv = restart_argv(recipe, plan.argv.at(0), run_dir, log_level);
-    lost_s += seconds_since(down);
   }
 }
 

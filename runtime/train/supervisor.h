@@ -16,19 +16,34 @@
 //
 // Every failure is an incident: one JSON line in <run dir>/incidents.jsonl (time, attempt,
 // cause, rank, host, exit code, last step logged, snapshot resumed, steps and seconds lost) and
-// one line on the console. After a run with restarts, a line gives their count, the time lost
-// and the goodput (useful step time over wall time).
+// one line on the console. The launcher's end-of-run table gives the restarts, the time lost and
+// the goodput (useful step time over wall time) from the SupervisedRun returned here.
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "runtime/launch/launch.h"
 #include "runtime/recipe/recipe.h"
 
 namespace t3d::runtime {
 
-// Runs `plan` (built from `recipe` by make_spawn_plan) until it succeeds or must stop; returns
-// the exit code for the launcher. `log_level`: the command line's --log-level, kept on restarts.
-int supervise_training(const Recipe& recipe, SpawnPlan plan, const std::string& log_level);
+// How a supervised job went, for the end-of-run table (apps/perf_report.h).
+struct SupervisedRun {
+  int code = 0;         // the exit code for the launcher
+  int restarts = 0;     // relaunches after failures
+  double lost_s = 0;    // step time done again after restarts, and time waiting to restart
+  double useful_s = 0;  // step time that counts (each step once)
+  double wall_s = 0;    // the whole job, first launch to last exit
+  std::vector<std::string> layout_changes;  // elastic shrinks: "old -> new without host X (why)"
+  double goodput() const { return wall_s > 0 ? useful_s / wall_s : 0; }
+};
+
+// Runs `plan` (built from `recipe` by make_spawn_plan) until it succeeds or must stop.
+// `log_level`: the command line's --log-level, kept on restarts. With run.hostfile naming several
+// hosts, a failure is followed by a probe of every host (elastic.h): a host mpirun cannot reach
+// stops the job, naming it, or with run.elastic shrinks it onto the others.
+SupervisedRun supervise_training(const Recipe& recipe, SpawnPlan plan,
+                                 const std::string& log_level);
 
 }  // namespace t3d::runtime

@@ -20,3 +20,9 @@ compare_losses() {
           printf "%d steps, worst relative difference %.2e (tolerance %g)\n", n, worst, rtol;
           exit bad > 0 }'
 }
+# counted_losses FILE: metrics.jsonl with each step once, the last line that logged it (a restart
+# logs the steps after its snapshot again; the later line is the one that counts), in step order.
+counted_losses() {
+  sed -n 's/^{"step": \([0-9]*\), .*/\1 &/p' "$1" | awk '{ s = $1; sub(/^[0-9]+ /, ""); l[s] = $0 }
+    END { for (s in l) print s, l[s] }' | sort -n | cut -d' ' -f2-
+}

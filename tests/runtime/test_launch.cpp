@@ -2,7 +2,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
 
+#include "kernels/check.h"
+#include "runtime/launch/hosts.h"
 #include "runtime/launch/launch.h"
 
 using namespace t3d::runtime;
@@ -158,4 +161,63 @@ TEST(Launch, TpGroupStraddlingHostsIsNamed) {
   EXPECT_NE(w.find("1 of 3 tensor-parallel groups straddle hosts"), std::string::npos) << w;
   EXPECT_NE(w.find("SLURM placed 3,3 tasks per node"), std::string::npos) << w;
   EXPECT_NE(w.find("--ntasks-per-node=<multiple of 2>"), std::string::npos) << w;
+}
+
+TEST(Launch, MpirunCommandWithAHostfileFillsItsSlotsUnbound) {
+  SpawnPlan plan;
+  plan.argv = {"titan3d", "train", "r.toml"};
+  plan.ranks = 8, plan.threads = 1, plan.cores = 2;
+  plan.hostfile = "/tmp/hosts", plan.slots = 8;
+  auto cmd = mpirun_command(plan, "/opt/titan3d");
+  const std::string text = [&] {
+    std::string s;
+    for (const auto& a : cmd) s += a + " ";
+    return s;
+  }();
+  EXPECT_NE(text.find("--hostfile /tmp/hosts --map-by slot --bind-to none "), std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("--oversubscribe"), std::string::npos) << "8 ranks fit 8 slots: " << text;
+  EXPECT_EQ(text.find("PE="), std::string::npos) << "no binding from this host's cores: " << text;
+  plan.slots = 4;
+  cmd = mpirun_command(plan, "/opt/titan3d");
+  EXPECT_EQ(std::count(cmd.begin(), cmd.end(), "--oversubscribe"), 1);
+}
+
+TEST(Launch, ReadsAHostfileAndNamesItsBadLines) {
+  const std::string path = ::testing::TempDir() + "/t3d_hostfile";
+  std::ofstream(path) << "# the cluster\n10.0.0.1 slots=4\n\n  nodeb slots=2 max_slots=8 # b\n";
+  const auto hosts = read_hostfile(path, "run.hostfile");
+  ASSERT_EQ(hosts.size(), 2u);
+  EXPECT_EQ(hosts[0].host, "10.0.0.1");
+  EXPECT_EQ(hosts[0].slots, 4);
+  EXPECT_EQ(hosts[1].host, "nodeb");
+  EXPECT_EQ(hosts[1].slots, 2);
+  EXPECT_EQ(total_slots(hosts), 6);
+  write_hostfile(path + ".kept", {hosts[1]});
+  const auto kept = read_hostfile(path + ".kept", "run.hostfile");
+  ASSERT_EQ(kept.size(), 1u);
+  EXPECT_EQ(kept[0].host, "nodeb");
+  EXPECT_EQ(total_slots({hosts[0], HostEntry{"c", 0, "c"}}), 0) << "a host without slots";
+
+  std::ofstream(path) << "a slots=4\nb slots=four\n";
+  try {
+    read_hostfile(path, "run.hostfile");
+    FAIL() << "slots=four accepted";
+  } catch (const t3d::UserError& e) {
+    EXPECT_NE(std::string(e.what()).find(path + ":2: `slots=four`"), std::string::npos) << e.what();
+  }
+  std::ofstream(path) << "# nobody\n";
+  EXPECT_THROW(read_hostfile(path, "run.hostfile"), t3d::UserError);
+  EXPECT_THROW(read_hostfile(path + ".missing", "run.hostfile"), t3d::UserError);
+}
+
+TEST(Launch, NamesTheHostAWatchdogWaitedOn) {
+  EXPECT_EQ(watchdog_waited_host(
+                "watchdog: world rank 3 waited more than 5 s (parallel.timeout_s) in recv on group "
+                "`pp` (peer world rank 7); on host hosta, waiting on host hostb (world rank 7); a "
+                "peer is stuck"),
+            "hostb");
+  EXPECT_EQ(watchdog_waited_host("watchdog: world rank 1 ...; on host a, waiting on no other host"),
+            "");
+  EXPECT_EQ(watchdog_waited_host("rank 0: waiting on host b"), "") << "not a watchdog line";
 }

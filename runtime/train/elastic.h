@@ -1,0 +1,46 @@
+// Elastic shrink (run.elastic): after a failure, the restart loop (supervisor.h) asks mpirun to
+// reach every host of run.hostfile; when some cannot be reached, a relaunch on the same hosts
+// cannot start, and with run.elastic the job continues on the hosts that remain with a smaller
+// dp. train.global_batch stays: each remaining replica takes more micro-batches (gradient
+// accumulation), and since the sampler's rows depend only on (seed, step) and a snapshot reshards
+// onto any layout, the continued run computes the same steps up to the order of fp32 sums.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "runtime/launch/hosts.h"
+#include "runtime/recipe/recipe.h"
+
+namespace t3d::runtime {
+
+// The layout of a shrunk job, or why there is none.
+struct Shrink {
+  int64_t dp = 0, micro_batches = 0;  // the new parallel.dp and train.micro_batches
+  int ranks = 0;                      // pp·dp·cp·tp after the shrink
+  std::string why_not;                // non-empty: no smaller layout fits
+};
+
+// The largest dp below `recipe`'s (dp resolved) that divides it and whose world fits `capacity`
+// ranks, with micro_batches scaled by the ratio so that dp·micro_batches, and so the rows of
+// every micro-batch, stay as they were.
+Shrink plan_shrink(const Recipe& recipe, int capacity);
+
+// How many ranks the hosts that remain can take: their slots when the hostfile gives every
+// host's, else the world's share of the remaining hosts.
+int remaining_capacity(const std::vector<HostEntry>& all, const std::vector<HostEntry>& remaining,
+                       int world);
+
+// "pp2 dp2 tp2 (8 ranks, 2 micro-batches)" — the words of the shrink's log line.
+std::string describe_layout(const Recipe& recipe);
+
+// The hosts of `hosts` mpirun cannot reach now (probe_host each, `timeout_s` each), with the
+// reason for each, in hostfile order.
+struct LostHost {
+  HostEntry host;
+  std::string why;
+};
+std::vector<LostHost> unreachable_hosts(const std::vector<HostEntry>& hosts, bool as_root,
+                                        double timeout_s);
+
+}  // namespace t3d::runtime
