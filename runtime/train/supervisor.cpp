@@ -207,7 +207,9 @@ std::string handle_lost_hosts(Loop& loop, Incident& incident) {
       names += (names.empty() ? "" : ", ") + ("host " + h.host + " (" + it->why + ")");
   }
   incident.host = lost.front().host.host;
-  if (!loop.recipe.run.elastic || remaining.empty())
+  if (!loop.recipe.run.elastic || remaining.empty()) {
+    // The recipe the message tells the user to continue with, once the host is mended.
+    restart_argv(loop.recipe, loop.plan.argv.at(0), loop.run_dir, loop.log_level);
     return "stop: unreachable " + names +
            (remaining.empty() ? "; no host is left"
                               : "; a restart on the same hosts cannot start. Set run.elastic = "
@@ -215,6 +217,7 @@ std::string handle_lost_hosts(Loop& loop, Incident& incident) {
                                 "mend the host or remove it from run.hostfile, then continue with "
                                 "`titan3d train " +
                                     loop.run_dir + "/restart.toml`");
+  }
   const int capacity = remaining_capacity(loop.hosts, remaining, loop.plan.ranks);
   const Shrink shrink = plan_shrink(loop.recipe, capacity);
   if (!shrink.why_not.empty())

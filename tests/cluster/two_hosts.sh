@@ -10,6 +10,11 @@
 #   3. `titan3d selfcheck` on that layout: intra-host and inter-host link rows, bandwidth rows say
 #      which groups cross hosts.
 #   4. host B's link cut mid-run (`ip link set ... down`): the watchdog names host B.
+#   5. titan3d self-launched on host A over both hosts (run.hostfile, Open MPI's agent and networks
+#      from its environment) with run.elastic: host B's link cut after a snapshot; the job
+#      finishes on host A alone, pp2 × dp1 × tp2 with twice the micro-batches, and every step's
+#      loss equals the uninterrupted two-host run's within 1e-5.
+#   6. The same without run.elastic: the job stops, naming host B as unreachable.
 # Traffic stays inside the two namespaces made here. Skips (exit 77) when not root or when network
 # namespaces cannot be made. Everything started in the namespaces is ended on exit.
 set -u
@@ -134,4 +139,59 @@ fi
 # mpirun cannot reach host B's daemon any more; it is ended with the namespaces' processes.
 for pid in $(ip netns pids "$ns_a") $(ip netns pids "$ns_b"); do kill -9 "$pid" 2> /dev/null; done
 wait "$job" 2> /dev/null
+
+# 5-6. Self-launched over both hosts: titan3d's own mpirun, run.hostfile, and Open MPI's launch
+# agent and networks from the environment (as a cluster's mca-params.conf would give them).
+ip -n "$ns_b" link set "t3b$tag" up
+self_launched() {
+  timeout "${SUP_TIMEOUT:-300}" env OMPI_MCA_plm_rsh_agent="$work/agent"     OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_tcp_if_include=10.97.0.0/24     OMPI_MCA_oob_tcp_if_include=10.97.0.0/24     "$work/agent" hosta "$titan3d" train "$repo/recipes/tiny.toml" "${model[@]}" "${layout[@]}"     --set run.hostfile="$work/hostfile" --set train.steps=$long_steps --set snapshot.every=20     --set parallel.timeout_s=5 "$@"
+}
+long_steps=400
+# cut_after RUN STEP: cuts host B's link once RUN logged STEP (a snapshot before it committed).
+cut_after() {
+  if wait_for 120 awk -v s="$2" '/^{"step"/ { split($2, a, ","); if (a[1] + 0 >= s) f = 1 } END { exit !f }' "$work/$1/metrics.jsonl"; then
+    ip -n "$ns_b" link set "t3b$tag" down
+    echo "     cut host B's link after step $(sed -n 's/^{"step": \([0-9]*\),.*/\1/p' "$work/$1/metrics.jsonl" | tail -1)"
+  else
+    echo "FAIL $1 did not reach step $2 within 120 s"; fail=1
+  fi
+}
+self_launched --set run.dir="$work/straight" --set run.max_restarts=0 > "$work/straight.log" 2>&1
+check "[ $? -eq 0 ]" "self-launched over both hosts (run.hostfile): the uninterrupted run" ||
+  tail -20 "$work/straight.log"
+
+self_launched --set run.dir="$work/elastic" --set run.elastic=true --set run.max_restarts=2 \
+  > "$work/elastic.log" 2>&1 &
+job=$!
+cut_after elastic 50
+# Host B is gone: its processes end too, as they would with the host (mpirun's were ended by
+# titan3d once the shrink was decided).
+wait_for 120 grep -q 'elastic: unreachable' "$work/elastic.log"
+for pid in $(ip netns pids "$ns_b"); do kill -9 "$pid" 2> /dev/null; done
+wait "$job"
+rc=$?
+check "[ $rc -eq 0 ]" "elastic: the job finished after host B was cut (rc $rc)" || tail -30 "$work/elastic.log"
+line=$(grep -m1 'elastic: unreachable' "$work/elastic.log")
+check "grep -q 'host 10.97.0.2 .*pp2 dp2 tp2 (8 ranks, 2 micro-batches per replica) -> pp2 dp1 tp2 (4 ranks, 4 micro-batches per replica)' <<<\"\$line\"" \
+  "elastic: the log says what changed and why: ${line#titan3d: }"
+check "grep -q '\"action\": \"shrink to pp2 dp1 tp2' '$work/elastic/incidents.jsonl' && grep -q '\"restarts\": 1' '$work/elastic/summary.json'" \
+  "elastic: incidents.jsonl records the shrink, summary.json one restart"
+hosts=$(sed -n 's/.*rank *\([0-9]\) \[.*host \(host[ab]\).*/\1\2/p' "$work/elastic.log" | tail -4 | xargs)
+check "[ '$hosts' = '0hosta 1hosta 2hosta 3hosta' ]" "elastic: the continued job runs on host A alone ($hosts)"
+counted_losses "$work/straight/metrics.jsonl" > "$work/straight.losses"
+counted_losses "$work/elastic/metrics.jsonl" > "$work/elastic.losses"
+n=$(grep -c . "$work/elastic.losses")
+check "[ $n -eq $long_steps ]" "elastic: every step logged ($n of $long_steps)"
+printf '     losses, elastic (dp2 -> dp1 on host A) vs uninterrupted: '
+compare_losses "$work/elastic.losses" "$work/straight.losses" 1e-5 || fail=1
+
+ip -n "$ns_b" link set "t3b$tag" up
+self_launched --set run.dir="$work/rigid" --set run.max_restarts=1 > "$work/rigid.log" 2>&1 &
+job=$!
+cut_after rigid 50
+wait "$job"
+rc=$?
+line=$(grep -m1 'unreachable host' "$work/rigid.log")
+check "[ $rc -ne 0 ] && [ -s '$work/rigid/restart.toml' ] && grep -q 'unreachable host 10.97.0.2 (mpirun .*a restart on the same hosts cannot start. Set run.elastic = true' <<<\"\$line\"" \
+  "without run.elastic: stops naming the host (rc $rc): ${line#titan3d: }" || tail -10 "$work/rigid.log"
 exit $fail

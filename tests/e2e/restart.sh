@@ -10,6 +10,9 @@
 #     rank is left; `snapshot.resume = latest` then finishes the straight run's losses.
 #  5. SIGINT to the launcher alone: every rank ends promptly (exit 130), none is left, and the
 #     last complete snapshot still resumes.
+#  6. Elastic shrink's resume: a dp2 snapshot continued on dp1 with the same global_batch (twice
+#     the micro-batches) gives the dp2 run's losses within fp32 tolerance.
+# The end-of-run rows of a supervised run (apps/perf_report.h) give the restarts (1.).
 set -u
 titan3d=$1
 source "$(dirname "$0")/lib.sh"
@@ -75,6 +78,8 @@ check "[ \$(grep -c '\"action\": \"restart' $work/killed/incidents.jsonl) -eq 3 
 check "grep -q 'died: signal 9' $work/killed/incidents.jsonl && grep -q 'goodput' $work/killed.log" \
   "incidents name the signal; the end reports the goodput"
 same_as_straight killed "3 kills"
+check "grep -qE '^ +restarts +3\$' $work/killed.log && grep -qE '^ +goodput +[0-9.]+% ' $work/killed.log && grep -q '\"supervision\": {\"restarts\": 3,' $work/killed/summary.json" \
+  "the end-of-run table has the restarts (3) and the goodput, and so has summary.json"
 
 # --- 2. A hung rank. ---
 "$titan3d" "${recipe[@]}" --set run.dir="$work/hung" > "$work/hung.log" 2>&1 &
@@ -117,4 +122,20 @@ check "[ $rc -eq 130 ] && [ $((SECONDS - start)) -le 10 ] && ! alive interrupt" 
 "$titan3d" "${recipe[@]}" --set run.dir="$work/interrupt" --set snapshot.resume=latest \
   >> "$work/interrupt.log" 2>&1 || { echo "FAIL: resuming after SIGINT exited $?"; fail=1; }
 same_as_straight interrupt "interrupted and resumed"
+
+# --- 6. A dp2 snapshot resumed on dp1, global_batch kept. ---
+small=(train "$repo/recipes/tiny.toml" --set data.path="$corpus" --set train.steps=60
+       --set train.val_every=0 --set snapshot.every=30 --set train.global_batch=8)
+"$titan3d" "${small[@]}" --set parallel.dp=2 --set train.micro_batches=1 \
+  --set run.dir="$work/dp2" > "$work/dp2.log" 2>&1 || { echo "FAIL: the dp2 run exited $?"; fail=1; }
+"$titan3d" resume "$work/dp2/snapshots/step_00000030.h5" --set parallel.dp=1 \
+  --set train.micro_batches=2 --set run.dir="$work/dp1" > "$work/dp1.log" 2>&1 ||
+  { echo "FAIL: resuming the dp2 snapshot on dp1 exited $?"; fail=1; }
+after30() { counted_losses "$1" | awk -F'[ ,]' '$2 > 30'; }
+after30 "$work/dp1/metrics.jsonl" > "$work/dp1.losses"
+after30 "$work/dp2/metrics.jsonl" > "$work/dp2.losses"
+check "grep -q 'resharded: .* -> ' $work/dp1.log && [ \$(grep -c . $work/dp1.losses) -eq 30 ]" \
+  "the dp2 snapshot resumed on dp1 (resharded), steps 31-60 logged" || tail -5 "$work/dp1.log"
+printf 'dp2 snapshot continued on dp1 with 2 micro-batches vs dp2: '
+compare_losses "$work/dp1.losses" "$work/dp2.losses" 1e-5 || fail=1
 exit $fail
