@@ -51,7 +51,7 @@ for every in $every_list; do
   wait $job
   step_s=$(sed -n 's/.*"step_time_s": \([0-9.e+-]*\).*/\1/p' "$dir/metrics.jsonl" | median)
   lost=$(sed -n 's/.*"lost_steps": \([0-9]*\).*/\1/p' "$dir/incidents.jsonl" | median)
-  goodput=$(grep -o 'goodput [0-9.]*%' "$log" | awk '{ print $2 }')
+  goodput=$(grep -oE '^ +goodput +[0-9.]+%' "$log" | awk '{ print $2 }')  # the end-of-run row
   printf '%-16s %10.4f %10.2f %10.2f %10s %12s\n' "$every" "$step_s" "$(median < "$work/detect")" \
     "$(median < "$work/restart")" "$lost" "${goodput:-?}"
 done

@@ -159,7 +159,7 @@ std::string where_of(const Incident& i) {
 
 void explain_stop(const Incident& i, size_t restarts, const RunConfig& run,
                   const std::string& run_dir) {
-  if (i.action.rfind("stop: unreachable", 0) == 0 || i.action.rfind("stop: no host", 0) == 0)
+  if (i.action.rfind("stop: unreachable", 0) == 0)
     std::fprintf(stderr, "titan3d: %s%s; %s\n", i.cause.c_str(), where_of(i).c_str(),
                  i.action.c_str() + 6);
   else if (i.action == "stop: the same failure again")
@@ -218,6 +218,9 @@ std::string handle_lost_hosts(Loop& loop, Incident& incident) {
                                 "`titan3d train " +
                                     loop.run_dir + "/restart.toml`");
   }
+  if (static_cast<int64_t>(loop.restarts.size()) >= loop.recipe.run.max_restarts)
+    return "stop: unreachable " + names + "; run.elastic would shrink, but run.max_restarts (" +
+           std::to_string(loop.recipe.run.max_restarts) + ") is reached";
   const int capacity = remaining_capacity(loop.hosts, remaining, loop.plan.ranks);
   const Shrink shrink = plan_shrink(loop.recipe, capacity);
   if (!shrink.why_not.empty())
@@ -265,9 +268,6 @@ bool after_failure(Loop& loop, const MpirunOutcome& out, int attempt, long offse
   if (why.empty() && !shrunk)
     if (const char* repeat = stop_reason(incident, loop.previous, restarts.size(), loop.recipe.run))
       why = repeat;
-  if (why.empty() && shrunk &&
-      static_cast<int64_t>(restarts.size()) >= loop.recipe.run.max_restarts)
-    why = "stop: run.max_restarts reached";
   if (!why.empty()) {
     incident.action = why;
     record(loop.run_dir, incident);
@@ -299,7 +299,9 @@ bool after_failure(Loop& loop, const MpirunOutcome& out, int attempt, long offse
 
 SupervisedRun supervise_training(const Recipe& recipe, SpawnPlan plan,
                                  const std::string& log_level) {
-  Loop loop{recipe, std::move(plan)};
+  Loop loop;
+  loop.recipe = recipe;
+  loop.plan = std::move(plan);
   loop.run_dir = fs::path(loop.plan.log_dir).parent_path().string();
   loop.metrics = loop.run_dir + "/metrics.jsonl";
   loop.log_level = log_level;

@@ -5,6 +5,10 @@
 # recipe (dp2 × tp2) and `sbatch --wait`, once with srun (PMIx) and once with mpirun inside the
 # allocation; each job must complete, log the SLURM launcher and job id, and write metrics.jsonl
 # under run.dir/slurm-<job id> with the same losses as the self-launched 4-rank run.
+# Preemption: a longer job gets SLURM's warning signal (`scancel --signal=USR1 --batch`, what
+# `--signal=B:USR1@120` sends before the time limit); it must snapshot the step it is in, exit 75,
+# requeue itself (same job id, Restarts=1), resume from that snapshot and finish with every
+# step's loss equal to the self-launched uninterrupted run's.
 #
 # Skips (exit 77) when not root or when the packages cannot be installed. Daemons are stopped by
 # their pid files on exit, whatever happens.
@@ -120,4 +124,40 @@ submit() {  # submit LAUNCH: sbatch --wait the template; checks the job and its 
 }
 submit srun
 submit mpirun
+
+# Preemption: the warning signal to the batch shell, which passes it to the job step.
+steps=1500
+long=(--set data.path="$corpus" --set parallel.dp=2 --set parallel.tp=2 --set train.steps=$steps
+      --set train.val_every=0 --set snapshot.every=500 --set run.max_restarts=0)
+"$titan3d" train "$repo/recipes/tiny.toml" "${long[@]}" --set run.dir="$work/long_reference" \
+  > "$work/long_reference.log" 2>&1 || { echo "FAIL: long reference run"; tail "$work/long_reference.log"; exit 1; }
+job=$(cd "$work/jobs" && TITAN3D=$titan3d sbatch --parsable --job-name=t3d_preempt --nodes=1 \
+        --ntasks-per-node=4 --cpus-per-task=1 --time=5 --open-mode=append \
+        --output="$work/jobs/%x-%j.out" "$repo/scripts/slurm/train.sbatch" \
+        "$repo/recipes/tiny.toml" "${long[@]}" --set run.dir="$work/run_preempt" 2>&1 | grep -Eo '^[0-9]+')
+dir=$work/run_preempt/slurm-$job
+log=$work/jobs/t3d_preempt-$job.out
+job_field() { scontrol show job "$job" 2>/dev/null | grep -Eo "$1=[^ ]+" | head -1 | cut -d= -f2; }
+past_step() { [ "$(sed -n 's/^{"step": \([0-9]*\),.*/\1/p' "$dir/metrics.jsonl" 2>/dev/null | tail -1)" -ge "$1" ] 2>/dev/null; }
+if [ -z "$job" ] || ! wait_for 120 past_step 100; then
+  echo "FAIL preemption: job ${job:-?} did not reach step 100 within 120 s ($(job_field JobState))"
+  tail -20 "$log" 2>/dev/null; exit 1
+fi
+scancel --signal=USR1 --batch "$job"
+# Done when the job completed after a requeue (pending in between: requeued jobs wait a little).
+finished() { [ "$(job_field JobState)" = COMPLETED ]; }
+wait_for 240 finished
+state="JobState=$(job_field JobState) ExitCode=$(job_field ExitCode) Restarts=$(job_field Restarts)"
+check "[ '$state' = 'JobState=COMPLETED ExitCode=0:0 Restarts=1' ]" \
+  "preemption: job $job was requeued once and completed: $state" || { tail -20 "$log"; tail -5 "$work/log/slurmctld.log"; }
+resumed=$(grep -Eo 'resumed from [^ ]*step_[0-9]+\.h5 after step [0-9]+' "$log" | head -1)
+stopped=$(grep -o 'after step [0-9]*' <<<"$resumed" | grep -o '[0-9]*$')
+check "grep -q 'titan3d: preempted; requeueing job $job' '$log' && [ -n '$stopped' ] && [ -f '$dir/snapshots/step_$(printf %08d "${stopped:-0}").h5' ] && [ $((${stopped:-0} % 500)) -ne 0 ]" \
+  "preemption: exit 75, snapshot of the step it stopped at (${stopped:-none}, between the periodic ones) written, requeued, resumed from it" ||
+  grep -E 'preempt|resumed|signal' "$log" | head
+counted_losses "$dir/metrics.jsonl" > "$work/preempt.losses"
+n=$(grep -c . "$work/preempt.losses")
+check "[ $n -eq $steps ]" "preemption: every step logged ($n of $steps)"
+printf '     preempted and requeued vs uninterrupted self-launched: '
+compare_losses "$work/preempt.losses" "$work/long_reference/metrics.jsonl" 1e-5 || fail=1
 exit $fail
