@@ -229,10 +229,12 @@ std::string handle_lost_hosts(Loop& loop, Incident& incident) {
   smaller.parallel.dp = shrink.dp;
   smaller.train.micro_batches = shrink.micro_batches;
   const std::string change = describe_layout(loop.recipe) + " -> " + describe_layout(smaller);
+  // restart.toml names the hostfile it runs on, so that continuing it by hand starts the same.
+  smaller.run.hostfile = loop.run_dir + "/hostfile.elastic";
   loop.recipe = smaller;
   loop.hosts = remaining;
   loop.plan.ranks = shrink.ranks;
-  loop.plan.hostfile = loop.run_dir + "/hostfile.elastic";
+  loop.plan.hostfile = smaller.run.hostfile;
   loop.plan.slots = total_slots(remaining);
   write_hostfile(loop.plan.hostfile, remaining);
   loop.result.layout_changes.push_back(change + " without " + names);
