@@ -225,10 +225,8 @@ std::string forward(int sig, pid_t child, MpirunOutcome& out) {
          ": every rank finishes its step, snapshots it and stops (a second signal ends them now)";
 }
 
-}  // namespace
-
-MpirunOutcome run_mpirun_watched(const std::vector<std::string>& argv, const std::string& log_dir,
-                       double stall_s, const std::string& pid_dir) {
+// Forks mpirun (`argv`) with its stderr into a pipe; returns its pid and the pipe's read end.
+pid_t start_mpirun(const std::vector<std::string>& argv, int* read_fd) {
   int fds[2];
   T3D_ASSERT(pipe(fds) == 0, "pipe: ", std::strerror(errno));
   const pid_t child = fork();
@@ -250,26 +248,61 @@ MpirunOutcome run_mpirun_watched(const std::vector<std::string>& argv, const std
     _exit(2);
   }
   close(fds[1]);
+  *read_fd = fds[0];
+  return child;
+}
+
+// Notes the collective watchdogs' lines (and the hosts they waited on); ends mpirun's process
+// group when mpirun outlives the first one by the watchdog's grace and 10 s (mpirun_watch.h).
+class WatchdogAbortGuard {
+ public:
+  // The watchdog sleeps min(timeout / 2, 10) s before its abort (parallel/comm.cpp).
+  explicit WatchdogAbortGuard(double timeout_s)
+      : grace_s_(std::clamp(timeout_s / 2, 0.5, 10.0) + 10.0) {}
+  void note(const std::string& line, std::vector<std::string>& waited_hosts) {
+    if (line.find("watchdog: world rank") == std::string::npos) return;
+    if (!since_) since_ = Clock::now();
+    const std::string host = watchdog_waited_host(line);
+    if (!host.empty() &&
+        std::find(waited_hosts.begin(), waited_hosts.end(), host) == waited_hosts.end())
+      waited_hosts.push_back(host);
+  }
+  // Once a second: kills mpirun's group when its time is up; returns a line to print, or "".
+  std::string poll(pid_t child, bool& killed) {
+    if (!since_ || killed ||
+        std::chrono::duration<double>(Clock::now() - *since_).count() <= grace_s_)
+      return "";
+    killed = true;
+    kill(-child, SIGKILL);
+    return "titan3d: mpirun did not end the job " + std::to_string(static_cast<int>(grace_s_)) +
+           " s after a collective watchdog fired (it waits for a host it cannot reach); ending "
+           "mpirun and its ranks on this host";
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  double grace_s_;
+  std::optional<Clock::time_point> since_;
+};
+
+}  // namespace
+
+MpirunOutcome run_mpirun_watched(const std::vector<std::string>& argv, const std::string& log_dir,
+                                 double stall_s, const std::string& pid_dir) {
+  int fd = -1;
+  const pid_t child = start_mpirun(argv, &fd);
   ForwardedSignals forwarded;
   g_received = 0;
   MpirunOutcome outcome;
   MpirunStderrFilter filter(log_dir);
-  // Prints what passed the filter, noting any collective watchdog among it.
-  std::optional<std::chrono::steady_clock::time_point> watchdog_at;
+  WatchdogAbortGuard abort_guard(stall_s);
   const auto print = [&](const std::vector<std::string>& lines) {
     for (const auto& l : lines) {
       std::fprintf(stderr, "%s\n", l.c_str());
-      if (l.find("watchdog: world rank") == std::string::npos) continue;
-      if (!watchdog_at) watchdog_at = std::chrono::steady_clock::now();
-      const std::string host = watchdog_waited_host(l);
-      auto& hosts = outcome.waited_hosts;
-      if (!host.empty() && std::find(hosts.begin(), hosts.end(), host) == hosts.end())
-        hosts.push_back(host);
+      abort_guard.note(l, outcome.waited_hosts);
     }
     std::fflush(stderr);
   };
-  // The watchdog sleeps min(timeout / 2, 10) s before its abort (parallel/comm.cpp).
-  const double abort_grace_s = std::clamp(stall_s / 2, 0.5, 10.0) + 10.0;
   bool reaped = false;
   int status = 0;
   // mpirun's stderr line by line, and the stall watch once a second in between.
@@ -277,11 +310,11 @@ MpirunOutcome run_mpirun_watched(const std::vector<std::string>& argv, const std
   std::string pending;
   char buf[4096];
   for (;;) {
-    pollfd pfd{fds[0], POLLIN, 0};
+    pollfd pfd{fd, POLLIN, 0};
     const int ready = ::poll(&pfd, 1, 1000);
     if (ready < 0 && errno != EINTR) break;
     if (ready > 0) {
-      const ssize_t n = read(fds[0], buf, sizeof(buf));
+      const ssize_t n = read(fd, buf, sizeof(buf));
       if (n < 0 && errno == EINTR) continue;
       if (n <= 0) break;  // mpirun closed its stderr: it is ending
       pending.append(buf, static_cast<size_t>(n));
@@ -295,15 +328,8 @@ MpirunOutcome run_mpirun_watched(const std::vector<std::string>& argv, const std
       reaped = true;  // a process of another group may still hold the pipe: do not wait for EOF
       break;
     }
-    if (watchdog_at && !outcome.mpirun_killed &&
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - *watchdog_at).count() >
-            abort_grace_s) {
-      print({"titan3d: mpirun did not end the job " + std::to_string(int(abort_grace_s)) +
-             " s after a collective watchdog fired (it waits for a host it cannot reach); ending "
-             "mpirun and its ranks on this host"});
-      outcome.mpirun_killed = true;
-      kill(-child, SIGKILL);
-    }
+    if (const std::string said = abort_guard.poll(child, outcome.mpirun_killed); !said.empty())
+      print({said});
     if (const int sig = g_received; sig != 0) {
       g_received = 0;
       if (const std::string said = forward(sig, child, outcome); !said.empty()) print({said});
@@ -311,7 +337,7 @@ MpirunOutcome run_mpirun_watched(const std::vector<std::string>& argv, const std
   }
   if (!pending.empty()) print(filter.feed(pending));
   print(filter.finish());
-  close(fds[0]);
+  close(fd);
   while (!reaped && waitpid(child, &status, 0) < 0 && errno == EINTR) {
   }
   outcome.dead_rank = filter.dead_rank();
