@@ -2,7 +2,6 @@
 // codes (0 ok, 1 internal error, 2 user error, 3 watchdog abort, 4 not implemented yet,
 // 5 selfcheck found a fault).
 #include <spdlog/spdlog.h>
-
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -13,23 +12,24 @@
 #include <string>
 #include <vector>
 
+#include "apps/perf_report.h"
 #include "kernels/blas.h"
 #include "kernels/check.h"
-#include "runtime/use/eval.h"
-#include "runtime/use/export.h"
-#include "runtime/use/generate.h"
-#include "runtime/stage/gemm_choice.h"
-#include "runtime/launch/job.h"
 #include "parallel/trace.h"
+#include "runtime/data/text_tokenizer.h"
+#include "runtime/launch/job.h"
 #include "runtime/launch/launch.h"
-#include "apps/perf_report.h"
 #include "runtime/plan/planner.h"
 #include "runtime/recipe/recipe.h"
 #include "runtime/selfcheck/selfcheck.h"
+#include "runtime/stage/gemm_choice.h"
 #include "runtime/train/snapshots.h"
-#include "runtime/data/tokenizer.h"
 #include "runtime/train/supervisor.h"
 #include "runtime/train/trainer.h"
+#include "runtime/use/eval.h"
+#include "runtime/use/export.h"
+#include "runtime/use/generate.h"
+#include "runtime/use/tokenize.h"
 
 namespace {
 
@@ -222,22 +222,23 @@ int generate(const std::string& snapshot, const std::string& prompt, int64_t max
   kernels::set_blas_threads(1);  // one row at a time: GEMVs too small to share among threads
   const runtime::SnapshotWeights weights = runtime::load_snapshot_weights(snapshot);
   runtime::Decoder decoder(weights);
-  const runtime::ByteTokenizer tokenizer;
-  const auto bytes = tokenizer.encode(prompt);
-  const std::vector<int32_t> ids(bytes.begin(), bytes.end());
+  // The snapshot's tokenizer (data.tokenizer, its content hash checked by the load above).
+  const auto tokenizer = runtime::TextTokenizer::open(weights.recipe.data.tokenizer);
+  const auto encoded = tokenizer.encode(prompt);
+  const std::vector<int32_t> ids(encoded.begin(), encoded.end());
   const int64_t vocab = weights.recipe.model.vocab_size;
   for (const int32_t id : ids)
-    T3D_USER_CHECK(id < vocab, "the prompt has byte ", id, " but the model's vocabulary is ",
-                   vocab, " tokens (model.vocab_size); it was not trained on byte-tokenized text");
+    T3D_USER_CHECK(id < vocab, "the prompt encodes to id ", id, " (", tokenizer.describe(),
+                   ") but the model's vocabulary is ", vocab,
+                   " tokens (model.vocab_size); it was not trained on text read this way");
   std::fwrite(prompt.data(), 1, prompt.size(), stdout);
   std::fflush(stdout);
   const auto t0 = std::chrono::steady_clock::now();
-  const auto out = runtime::generate(
-      decoder, ids, max_tokens, std::min<int64_t>(vocab, tokenizer.vocab_size()), sampling,
-      [](int32_t t) {  // byte tokenizer: the id is the byte
-        std::fputc(t, stdout);
-        std::fflush(stdout);
-      });
+  runtime::CompletionPrinter printer(tokenizer, ids);
+  const auto out =
+      runtime::generate(decoder, ids, max_tokens, std::min<int64_t>(vocab, tokenizer.vocab_size()),
+                        sampling, [&](int32_t t) { printer.add(t); });
+  printer.finish();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("\n");
   std::fprintf(stderr, "generate: %zu tokens in %.2f s (%.0f tokens/s) from %s (step %lld), %s\n",
@@ -252,12 +253,34 @@ int generate(const std::string& snapshot, const std::string& prompt, int64_t max
 }
 
 // `export`: Hugging Face files, no MPI.
-int export_model(const std::string& snapshot, const std::string& out_dir) {
-  const runtime::ExportSummary s = runtime::export_snapshot(snapshot, out_dir);
+int export_model(const std::string& snapshot, const std::string& out_dir,
+                 const runtime::ExportOptions& options) {
+  const runtime::ExportSummary s = runtime::export_snapshot(snapshot, out_dir, options);
   std::printf("export %s (step %lld): %lld tensors, %.2f M parameters -> %s (%.1f MiB), %s\n",
               snapshot.c_str(), static_cast<long long>(s.step),
               static_cast<long long>(s.tensors), s.parameters / 1e6, s.safetensors.c_str(),
               s.bytes / 1048576.0, s.config.c_str());
+  if (!s.tokenizer.empty()) std::printf("export: tokenizer -> %s\n", s.tokenizer.c_str());
+  return 0;
+}
+
+// `tokenize`: no MPI.
+int tokenize(const runtime::TokenizeOptions& o) {
+  const runtime::TokenizeSummary s = runtime::run_tokenize(o);
+  if (s.trained)
+    std::fprintf(stderr, "tokenize: trained a %s tokenizer of %d ids on %s in %.1f s -> %s\n",
+                 o.type.c_str(), s.vocab, o.input.c_str(), s.train_s, o.tokenizer.c_str());
+  if (o.decode)
+    std::fprintf(stderr, "tokenize: decoded %lld tokens of %s into %lld bytes\n",
+                 static_cast<long long>(s.tokens), o.input.c_str(),
+                 static_cast<long long>(s.bytes));
+  else if (!o.out.empty())
+    std::fprintf(stderr,
+                 "tokenize: %s: %lld bytes -> %lld tokens (%.2f bytes/token) -> %s (version %d, "
+                 "uint%d)\n",
+                 o.input.c_str(), static_cast<long long>(s.bytes), static_cast<long long>(s.tokens),
+                 s.bytes / std::max<double>(1, s.tokens), o.out.c_str(), s.version,
+                 s.version == 2 ? 32 : 16);
   return 0;
 }
 
@@ -381,6 +404,30 @@ int main(int argc, char** argv) {
       "export", "Write model.safetensors + config.json (Hugging Face LlamaForCausalLM)");
   export_cmd->add_option("snapshot", snapshot, "Snapshot file (.h5)")->required();
   export_cmd->add_option("--out", out_dir, "Output directory")->required();
+  runtime::ExportOptions export_opts;
+  export_cmd->add_option("--dtype", export_opts.dtype, "fp32 | bf16: the tensors' type")
+      ->capture_default_str();
+
+  runtime::TokenizeOptions tok;
+  auto* tokenize_cmd = app.add_subcommand(
+      "tokenize", "Train a SentencePiece tokenizer and encode text into token files (or decode)");
+  tokenize_cmd->add_option("input", tok.input, "Text file (with --decode: a token file)")
+      ->required();
+  tokenize_cmd
+      ->add_option("--tokenizer", tok.tokenizer,
+                   "SentencePiece model file: written with --vocab, read otherwise "
+                   "(\"bytes\": the byte tokenizer)")
+      ->required();
+  tokenize_cmd
+      ->add_option("--vocab", tok.vocab,
+                   "Train a tokenizer of N ids on the input first (byte fallback on)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 31));
+  tokenize_cmd->add_option("--type", tok.type, "bpe | unigram (with --vocab)")
+      ->capture_default_str();
+  tokenize_cmd->add_option("--out", tok.out,
+                           "Token file to write (llm.c layout; uint32 version 2 past 65,535); "
+                           "with --decode the text (default stdout)");
+  tokenize_cmd->add_flag("--decode", tok.decode, "Decode the token file INPUT back into text");
 
   if (const std::string verb = unknown_verb(app, argc, argv); !verb.empty()) {
     std::string verbs;
@@ -407,7 +454,8 @@ int main(int argc, char** argv) {
       reexec_with_openblas_coretype(args);
       return generate(snapshot, prompt, max_tokens, sampling);
     }
-    if (export_cmd->parsed()) return export_model(snapshot, out_dir);
+    if (export_cmd->parsed()) return export_model(snapshot, out_dir, export_opts);
+    if (tokenize_cmd->parsed()) return tokenize(tok);
     if (plan_cmd->parsed()) {
       plan.recipe = o.recipe;
       plan.overrides = overrides(o);

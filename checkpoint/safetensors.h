@@ -7,7 +7,9 @@
 //   data               the tensors' raw little-endian bytes, back to back; offsets are relative
 //                       to the start of this section
 //
-// Only fp32 is written: titan3d's master weights are fp32, and a consumer may cast.
+// Written as fp32 (titan3d's master weights, the default) or bf16 (rounded to nearest even, half
+// the size). Read (for `titan3d import`): F32, BF16 and F16 tensors, converted to fp32 exactly
+// (every bf16 and fp16 value is an fp32 value).
 #pragma once
 
 #include <cstdint>
@@ -23,10 +25,36 @@ struct TensorRef {
   const float* data = nullptr;  // prod(shape) floats, row-major
 };
 
+enum class StDtype { kF32, kBF16 };
+
 // Writes `tensors` in the order given to a temporary name, then renames it to `path` (a reader
 // never sees half a file). Returns the bytes written. UserError when the file cannot be written.
 uint64_t write_safetensors(const std::string& path, const std::vector<TensorRef>& tensors,
-                           const std::map<std::string, std::string>& metadata);
+                           const std::map<std::string, std::string>& metadata,
+                           StDtype dtype = StDtype::kF32);
+
+// One tensor of a safetensors file as its header describes it.
+struct StEntry {
+  std::string dtype;  // "F32", "BF16", "F16", ...
+  std::vector<int64_t> shape;
+  uint64_t begin = 0, end = 0;  // byte offsets in the data section
+};
+
+// A safetensors file opened for reading: the header parsed and checked (offsets inside the file,
+// sizes matching dtype × shape); tensors are read one at a time. UserError naming the file.
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(const std::string& path);
+  const std::string& path() const { return path_; }
+  const std::map<std::string, StEntry>& entries() const { return entries_; }
+  // The tensor as fp32 (F32 copied, BF16 and F16 widened exactly); UserError for another dtype.
+  std::vector<float> read_f32(const std::string& name) const;
+
+ private:
+  std::string path_;
+  uint64_t data_start_ = 0;
+  std::map<std::string, StEntry> entries_;
+};
 
 // A JSON string literal of `s` (quotes included), escaped per RFC 8259.
 std::string json_quote(const std::string& s);

@@ -6,7 +6,8 @@ packages=(build-essential cmake pkg-config git
           openmpi-bin libopenmpi-dev
           libcli11-dev libtoml11-dev libspdlog-dev
           libhdf5-dev hdf5-tools
-          libopenblas-dev libgtest-dev libdnnl-dev)
+          libopenblas-dev libgtest-dev libdnnl-dev
+          libsentencepiece-dev nlohmann-json3-dev)
 packages+=("$@")  # callers may ask for more (e.g. fortunes for the default corpus)
 missing=()
 for p in "${packages[@]}"; do

@@ -1,5 +1,6 @@
 #include "runtime/data/data.h"
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cmath>
@@ -8,6 +9,7 @@
 #include <numbers>
 
 #include "kernels/check.h"
+#include "runtime/data/text_tokenizer.h"
 #include "runtime/data/tokenizer.h"
 
 namespace t3d::runtime {
@@ -16,9 +18,7 @@ namespace t3d::runtime {
 static_assert(std::endian::native == std::endian::little,
               "token files assume a little-endian host");
 
-namespace {
-
-std::vector<char> read_all_bytes(const std::filesystem::path& path, const char* what) {
+std::string read_file_bytes(const std::filesystem::path& path, const char* what) {
   std::error_code ec;
   T3D_USER_CHECK(std::filesystem::is_regular_file(path, ec), what, " '", path.string(),
                  "' does not exist or is not a regular file; check the path (scripts/get_data.sh "
@@ -26,60 +26,83 @@ std::vector<char> read_all_bytes(const std::filesystem::path& path, const char* 
   std::ifstream in(path, std::ios::binary);
   T3D_USER_CHECK(in.good(), "cannot open ", what, " '", path.string(), "'; check permissions");
   const auto size = static_cast<std::streamsize>(std::filesystem::file_size(path));
-  std::vector<char> bytes(static_cast<size_t>(size));
+  std::string bytes(static_cast<size_t>(size), '\0');
   in.read(bytes.data(), size);
   T3D_USER_CHECK(in.gcount() == size, "short read from ", what, " '", path.string(), "' (got ",
                  in.gcount(), " of ", size, " bytes)");
   return bytes;
 }
 
+namespace {
+
+// The llm.c header of a token file: where the tokens start, how many, and their width.
+struct TokenLayout {
+  int64_t offset = 0, count = 0, width = 2;
+};
+
+TokenLayout parse_header(const std::string& bytes, const std::string& name) {
+  const auto size = static_cast<int64_t>(bytes.size());
+  constexpr int64_t header_bytes = kTokenFileHeaderInts * 4;
+  T3D_USER_CHECK(size >= header_bytes, "token file '", name, "' is truncated: it has ", size,
+                 " bytes, less than the ", header_bytes, "-byte header; regenerate it");
+  std::array<int32_t, 3> header{};
+  std::memcpy(header.data(), bytes.data(), sizeof(header));
+  T3D_USER_CHECK(header[1] == kTokenFileVersion || header[1] == kTokenFileVersionU32,
+                 "token file '", name, "' has version ", header[1], ", expected ",
+                 kTokenFileVersion, " (uint16 tokens) or ", kTokenFileVersionU32,
+                 " (uint32 tokens); re-export it in the llm.c layout");
+  TokenLayout l{header_bytes, header[2], header[1] == kTokenFileVersionU32 ? 4 : 2};
+  T3D_USER_CHECK(l.count >= 0, "token file '", name, "' has a negative token count ", l.count);
+  const int64_t expected = header_bytes + l.width * l.count;
+  T3D_USER_CHECK(size >= expected, "token file '", name, "' is truncated: its header promises ",
+                 l.count, " tokens (", expected, " bytes) but the file has ", size,
+                 " bytes; regenerate it");
+  T3D_USER_CHECK(size == expected, "token file '", name, "' has ", size - expected,
+                 " bytes after the ", l.count,
+                 " tokens its header announces; the file is "
+                 "corrupt or not in the llm.c layout");
+  return l;
+}
+
+template <typename T>
+void copy_tokens(const std::string& bytes, const TokenLayout& l, std::vector<uint32_t>& out) {
+  std::vector<T> raw(static_cast<size_t>(l.count));
+  std::memcpy(raw.data(), bytes.data() + l.offset, raw.size() * sizeof(T));
+  out.assign(raw.begin(), raw.end());
+}
+
 }  // namespace
 
 TokenStream read_token_file(const std::filesystem::path& path, int vocab_size) {
   const std::string name = path.string();
-  const std::vector<char> bytes = read_all_bytes(path, "token file");
+  const std::string bytes = read_file_bytes(path, "token file");
   const auto size = static_cast<int64_t>(bytes.size());
   T3D_USER_CHECK(size > 0, "token file '", name, "' is empty");
 
   int32_t first = 0;
   if (size >= 4) std::memcpy(&first, bytes.data(), 4);
-  int64_t offset = 0;
-  int64_t count = 0;
+  TokenLayout layout;
   if (first == kTokenFileMagic) {
-    constexpr int64_t header_bytes = kTokenFileHeaderInts * 4;
-    T3D_USER_CHECK(size >= header_bytes, "token file '", name, "' is truncated: it has ", size,
-                   " bytes, less than the ", header_bytes, "-byte header; regenerate it");
-    std::array<int32_t, 3> header{};
-    std::memcpy(header.data(), bytes.data(), sizeof(header));
-    T3D_USER_CHECK(header[1] == kTokenFileVersion, "token file '", name, "' has version ",
-                   header[1], ", expected ", kTokenFileVersion,
-                   " (uint16 tokens); re-export it in the llm.c uint16 layout");
-    count = header[2];
-    T3D_USER_CHECK(count >= 0, "token file '", name, "' has a negative token count ", count);
-    offset = header_bytes;
-    const int64_t expected = header_bytes + 2 * count;
-    T3D_USER_CHECK(size >= expected, "token file '", name, "' is truncated: its header promises ",
-                   count, " tokens (", expected, " bytes) but the file has ", size,
-                   " bytes; regenerate it");
-    T3D_USER_CHECK(size == expected, "token file '", name, "' has ", size - expected,
-                   " bytes after the ", count,
-                   " tokens its header announces; the file is "
-                   "corrupt or not in the llm.c layout");
+    layout = parse_header(bytes, name);
   } else {
     // Headerless nanoGPT layout: nothing to check but whole uint16s.
     T3D_USER_CHECK(size % 2 == 0, "token file '", name, "' has no llm.c header (magic ",
                    kTokenFileMagic, ") and an odd size (", size,
                    " bytes), so it is not raw uint16 tokens either; the file is truncated or in "
                    "another format");
-    count = size / 2;
+    layout.count = size / 2;
   }
 
-  TokenStream out{name, std::vector<uint16_t>(static_cast<size_t>(count))};
-  std::memcpy(out.tokens.data(), bytes.data() + offset, static_cast<size_t>(count) * 2);
+  TokenStream out{name, {}};
+  if (layout.width == 4)
+    copy_tokens<uint32_t>(bytes, layout, out.tokens);
+  else
+    copy_tokens<uint16_t>(bytes, layout, out.tokens);
   if (vocab_size > 0) {
-    for (int64_t i = 0; i < count; ++i) {
-      T3D_USER_CHECK(out.tokens[i] < vocab_size, "token file '", name, "': token ", out.tokens[i],
-                     " at position ", i, " is >= vocab_size ", vocab_size,
+    for (int64_t i = 0; i < layout.count; ++i) {
+      T3D_USER_CHECK(out.tokens[i] < static_cast<uint32_t>(vocab_size), "token file '", name,
+                     "': token ", out.tokens[i], " at position ", i, " is >= vocab_size ",
+                     vocab_size,
                      "; the file was made with a larger vocabulary, set model.vocab_size to at "
                      "least ",
                      out.tokens[i] + 1, " or re-tokenize");
@@ -88,27 +111,40 @@ TokenStream read_token_file(const std::filesystem::path& path, int vocab_size) {
   return out;
 }
 
-void write_token_file(const std::filesystem::path& path, std::span<const uint16_t> tokens) {
+void write_token_file(const std::filesystem::path& path, std::span<const uint32_t> tokens) {
   T3D_USER_CHECK(tokens.size() <= static_cast<size_t>(INT32_MAX), "cannot write ", tokens.size(),
                  " tokens to '", path.string(), "': the llm.c header holds an int32 count");
+  const bool wide = std::any_of(tokens.begin(), tokens.end(), [](uint32_t t) { return t > 65535; });
   std::array<int32_t, kTokenFileHeaderInts> header{};
   header[0] = kTokenFileMagic;
-  header[1] = kTokenFileVersion;
+  header[1] = wide ? kTokenFileVersionU32 : kTokenFileVersion;
   header[2] = static_cast<int32_t>(tokens.size());
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   T3D_USER_CHECK(out.good(), "cannot create token file '", path.string(),
                  "'; check that the directory exists and is writable");
   out.write(reinterpret_cast<const char*>(header.data()), sizeof(header));
-  out.write(reinterpret_cast<const char*>(tokens.data()),
-            static_cast<std::streamsize>(tokens.size_bytes()));
+  if (wide) {
+    out.write(reinterpret_cast<const char*>(tokens.data()),
+              static_cast<std::streamsize>(tokens.size_bytes()));
+  } else {
+    const std::vector<uint16_t> narrow(tokens.begin(), tokens.end());
+    out.write(reinterpret_cast<const char*>(narrow.data()),
+              static_cast<std::streamsize>(narrow.size() * 2));
+  }
   out.flush();
   T3D_USER_CHECK(out.good(), "writing token file '", path.string(), "' failed (disk full?)");
 }
 
+void write_token_file(const std::filesystem::path& path, std::span<const uint16_t> tokens) {
+  const std::vector<uint32_t> wide(tokens.begin(), tokens.end());
+  write_token_file(path, std::span<const uint32_t>(wide));
+}
+
 TokenStream read_text_file(const std::filesystem::path& path) {
-  const std::vector<char> bytes = read_all_bytes(path, "text file");
+  const std::string bytes = read_file_bytes(path, "text file");
   T3D_USER_CHECK(!bytes.empty(), "text file '", path.string(), "' is empty");
-  return {path.string(), ByteTokenizer{}.encode({bytes.data(), bytes.size()})};
+  const std::vector<uint16_t> ids = ByteTokenizer{}.encode(bytes);
+  return {path.string(), {ids.begin(), ids.end()}};
 }
 
 TokenStream load_corpus(const std::filesystem::path& path, int vocab_size) {
@@ -137,9 +173,9 @@ TrainValSplit split_train_val(const TokenStream& all, double val_fraction, int64
           TokenStream{all.source + " [val]", {cut, all.tokens.end()}}};
 }
 
-double unigram_entropy_bits(std::span<const uint16_t> tokens) {
+double unigram_entropy_bits(std::span<const uint32_t> tokens) {
   if (tokens.empty()) return 0.0;
-  std::vector<int64_t> counts(65536, 0);
+  std::vector<int64_t> counts(*std::max_element(tokens.begin(), tokens.end()) + size_t{1}, 0);
   for (uint16_t t : tokens) ++counts[t];
   const double n = static_cast<double>(tokens.size());
   double h = 0.0;
@@ -151,20 +187,32 @@ double unigram_entropy_bits(std::span<const uint16_t> tokens) {
   return h;
 }
 
-double unigram_entropy_nats(std::span<const uint16_t> tokens) {
+double unigram_entropy_nats(std::span<const uint32_t> tokens) {
   return unigram_entropy_bits(tokens) * std::numbers::ln2;
 }
 
-TokenStream load_stream(const std::filesystem::path& path, DataFormat format, int vocab_size) {
-  switch (format) {
-    case DataFormat::kText:
-      return read_text_file(path);
-    case DataFormat::kBin:
-      return read_token_file(path, vocab_size);
-    case DataFormat::kAuto:
-      break;
+TokenStream load_stream(const std::filesystem::path& path, DataFormat format, int vocab_size,
+                        const TextTokenizer* tokenizer) {
+  const bool text = format == DataFormat::kText ||
+                    (format == DataFormat::kAuto && path.extension() == ".txt");
+  if (!text || !tokenizer || tokenizer->is_bytes()) {
+    switch (format) {
+      case DataFormat::kText:
+        return read_text_file(path);
+      case DataFormat::kBin:
+        return read_token_file(path, vocab_size);
+      case DataFormat::kAuto:
+        break;
+    }
+    return load_corpus(path, vocab_size);
   }
-  return load_corpus(path, vocab_size);
+  T3D_USER_CHECK(vocab_size <= 0 || tokenizer->vocab_size() <= vocab_size, "data.tokenizer `",
+                 tokenizer->spec(), "` has ", tokenizer->vocab_size(),
+                 " ids but model.vocab_size is ", vocab_size, "; set model.vocab_size to at least ",
+                 tokenizer->vocab_size());
+  const std::string bytes = read_file_bytes(path, "text file");
+  T3D_USER_CHECK(!bytes.empty(), "text file '", path.string(), "' is empty");
+  return {path.string(), tokenizer->encode(bytes)};
 }
 
 }  // namespace t3d::runtime

@@ -18,7 +18,7 @@ uint64_t sample_hash(uint64_t seed, uint64_t step, uint64_t row) {
   return splitmix64(splitmix64(splitmix64(seed) ^ step) ^ row);
 }
 
-Sampler::Sampler(std::span<const uint16_t> tokens, std::string source, SamplerConfig config)
+Sampler::Sampler(std::span<const uint32_t> tokens, std::string source, SamplerConfig config)
     : tokens_(tokens), source_(std::move(source)), config_(config) {
   T3D_USER_CHECK(config_.seq_len > 0, "model.seq_len is ", config_.seq_len, "; it must be > 0");
   T3D_USER_CHECK(config_.global_batch > 0, "train.global_batch is ", config_.global_batch,
@@ -66,7 +66,7 @@ Batch Sampler::sample(int64_t step, int dp_rank, int dp_size, int micro, int n_m
              rows * t);
   const int64_t first = int64_t{dp_rank} * (config_.global_batch / dp_size) + micro * rows;
   for (int64_t i = 0; i < rows; ++i) {
-    const uint16_t* src = tokens_.data() + row_offset(step, first + i);
+    const uint32_t* src = tokens_.data() + row_offset(step, first + i);
     int32_t* inp = tokens_buf.data() + i * t;   // (T)
     int32_t* tgt = targets_buf.data() + i * t;  // (T)
     for (int64_t j = 0; j < t; ++j) {

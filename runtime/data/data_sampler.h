@@ -65,7 +65,7 @@ class Sampler {
  public:
   // `tokens` must outlive the sampler (it is the TokenStream loaded at start-up); `source` names
   // it in messages. Throws UserError when the stream is shorter than one window.
-  Sampler(std::span<const uint16_t> tokens, std::string source, SamplerConfig config);
+  Sampler(std::span<const uint32_t> tokens, std::string source, SamplerConfig config);
 
   const SamplerConfig& config() const { return config_; }
 
@@ -85,7 +85,7 @@ class Sampler {
                std::span<int32_t> tokens_buf, std::span<int32_t> targets_buf) const;
 
  private:
-  std::span<const uint16_t> tokens_;
+  std::span<const uint32_t> tokens_;
   std::string source_;
   SamplerConfig config_;
   int64_t num_windows_ = 0;

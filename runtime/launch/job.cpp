@@ -43,6 +43,13 @@ void check_inputs(const Recipe& r) {
                    fs::current_path().string(),
                    "). For the default corpus run `bash scripts/get_data.sh`.");
   }
+  // A SentencePiece model file (data.tokenizer = "bytes" names none); its vocabulary is checked
+  // against model.vocab_size when the ranks load the data.
+  if (r.data.tokenizer != "bytes")
+    T3D_USER_CHECK(fs::is_regular_file(r.data.tokenizer),
+                   "recipe error: ", r.origin("data.tokenizer"), ": `data.tokenizer`: model file `",
+                   r.data.tokenizer, "` does not exist (relative paths start at ",
+                   fs::current_path().string(), "). `titan3d tokenize --vocab N` trains one.");
 }
 
 void spawn_if_needed(const Recipe& recipe, const std::vector<std::string>& argv, int np_override) {

@@ -277,7 +277,8 @@ const std::vector<Field>& schema() {
       field("parallel", "dp", &R::parallel, &ParallelConfig::dp,
             "Data-parallel replicas; -1 means the rest of the world (world / (pp·cp·tp))."),
       field("parallel", "cp", &R::parallel, &ParallelConfig::cp,
-            "Context-parallel ranks: each holds seq_len / cp positions of every sequence (two parts)."),
+            "Context-parallel ranks: each holds seq_len / cp positions of every sequence (two "
+            "parts)."),
       field("parallel", "tp", &R::parallel, &ParallelConfig::tp,
             "Tensor-parallel ranks (innermost: contiguous ranks, keep inside a node)."),
       field("parallel", "sequence_parallel", &R::parallel, &ParallelConfig::sequence_parallel,
@@ -294,11 +295,12 @@ const std::vector<Field>& schema() {
             "(each rank keeps 1/(dp·cp) of them plus two staging buffers of the largest bucket), "
             "3 parameters sharded too (plus two gather buffers; each bucket is gathered before "
             "use, blocking). See docs/parallelism.md."),
-      field("parallel", "bucket_mb", &R::parallel, &ParallelConfig::bucket_mb,
-            "Data-parallel gradient bucket size in MiB (a bucket is at least one layer): a bucket's "
-            "reduction (over dp × cp) starts as soon as its layers' gradients are final, "
-            "overlapping the rest of the backward. With ZeRO-2 and 3 it also sizes the staging "
-            "(and gather) buffers: keep it well below the stage's gradients / dp."),
+      field(
+          "parallel", "bucket_mb", &R::parallel, &ParallelConfig::bucket_mb,
+          "Data-parallel gradient bucket size in MiB (a bucket is at least one layer): a bucket's "
+          "reduction (over dp × cp) starts as soon as its layers' gradients are final, "
+          "overlapping the rest of the backward. With ZeRO-2 and 3 it also sizes the staging "
+          "(and gather) buffers: keep it well below the stage's gradients / dp."),
       field("parallel", "timeout_s", &R::parallel, &ParallelConfig::timeout_s,
             "A collective or P2P waiting longer than this aborts the job, naming the operation."),
 
@@ -339,7 +341,7 @@ const std::vector<Field>& schema() {
             "Console line every N steps (metrics.jsonl gets every step)."),
 
       field("data", "path", &R::data, &DataConfig::path,
-            "Training data: a text file (byte tokenizer) or a uint16 token .bin file."),
+            "Training data: a text file (read through data.tokenizer) or a token .bin file."),
       field("data", "format", &R::data, &DataConfig::format,
             "auto | text | bin (auto: .bin files are tokens, anything else text)."),
       field("data", "val_path", &R::data, &DataConfig::val_path,
@@ -348,6 +350,9 @@ const std::vector<Field>& schema() {
             "Fraction of data.path held out for validation when val_path is empty."),
       field("data", "sampler", &R::data, &DataConfig::sampler,
             "random | sequential (batch i, row r starts at token (i·B + r)·T)."),
+      field("data", "tokenizer", &R::data, &DataConfig::tokenizer,
+            "bytes | a SentencePiece model file (titan3d tokenize): how text files are read; "
+            "model.vocab_size must hold its ids."),
 
       field("snapshot", "every", &R::snapshot, &SnapshotConfig::every,
             "Snapshot every N steps; 0 disables."),
@@ -650,6 +655,8 @@ void validate_data_snapshot_run(const Recipe& r) {
   v.require(r.data.val_fraction >= 0 && r.data.val_fraction < 1, "data.val_fraction",
             "must lie in [0, 1)");
   v.require(!r.data.path.empty(), "data.path", "must name a file");
+  v.require(!r.data.tokenizer.empty(), "data.tokenizer",
+            "must be \"bytes\" or a SentencePiece model file");
 
   v.require(r.snapshot.every >= 0, "snapshot.every", "must be ≥ 0 (0: off)");
   v.require(r.snapshot.keep >= 1, "snapshot.keep", "must keep at least 1");

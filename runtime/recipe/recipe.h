@@ -157,6 +157,7 @@ struct DataConfig {
   std::string val_path;         // empty: hold out val_fraction of path
   double val_fraction = 0.05;
   SampleMode sampler = SampleMode::kRandom;
+  std::string tokenizer = "bytes";  // bytes | a SentencePiece model file (data/text_tokenizer.h)
 };
 
 struct SnapshotConfig {

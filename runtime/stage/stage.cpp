@@ -7,6 +7,7 @@
 #include "kernels/check.h"
 #include "kernels/gemm.h"
 #include "runtime/data/data_sampler.h"
+#include "runtime/data/text_tokenizer.h"
 
 namespace t3d::runtime {
 
@@ -94,10 +95,11 @@ Stage build_stage(const Job& job, StagePurpose purpose) {
 
 StageData load_stage_data(const Recipe& r) {
   const int vocab = static_cast<int>(r.model.vocab_size);
+  const TextTokenizer tokenizer = TextTokenizer::open(r.data.tokenizer);
   StageData d;
-  d.train = load_stream(r.data.path, r.data.format, vocab);
+  d.train = load_stream(r.data.path, r.data.format, vocab, &tokenizer);
   if (!r.data.val_path.empty()) {
-    d.val = load_stream(r.data.val_path, r.data.format, vocab);
+    d.val = load_stream(r.data.val_path, r.data.format, vocab, &tokenizer);
   } else if (r.data.val_fraction > 0) {
     auto split = split_train_val(d.train, r.data.val_fraction, r.model.seq_len + 1);
     d.train = std::move(split.train);

@@ -13,12 +13,14 @@
 #include <optional>
 #include <random>
 
+#include "checkpoint/hash.h"
 #include "checkpoint/io_thread.h"
 #include "checkpoint/snapshot.h"
 #include "kernels/check.h"
 #include "parallel/trace.h"
-#include "runtime/train/metrics.h"
+#include "runtime/data/text_tokenizer.h"
 #include "runtime/model/model.h"
+#include "runtime/train/metrics.h"
 #include "runtime/train/sharded_state.h"
 
 namespace t3d::runtime {
@@ -103,8 +105,14 @@ struct Snapshotter::Impl {
   std::optional<Pending> pending;
   std::string last_good;  // index of the newest committed snapshot, for messages
 
+  // The content hash of data.tokenizer's model file, hashed once at the start (0: bytes): a file
+  // changed during the run does not change what the snapshots record.
+  int64_t tokenizer_hash_ = 0;
+
   Impl(const Job& j, Model& m, const ShardedState& st, MetricsWriter* w)
-      : job(j), r(j.recipe), mesh(*j.mesh), model(m), state(st), metrics(w), dir(r.snapshot.dir) {}
+      : job(j), r(j.recipe), mesh(*j.mesh), model(m), state(st), metrics(w), dir(r.snapshot.dir) {
+    if (mesh.rank() == 0) tokenizer_hash_ = tokenizer_hash(r);
+  }
 
   // What rank 0 resolved snapshot.resume to; every rank restores exactly this.
   struct Choice {
@@ -121,6 +129,7 @@ struct Snapshotter::Impl {
     Choice c;
     const auto accept = [&](ck::SnapshotReader& reader) {
       check_same_model(reader.info().recipe, r, reader.path(), "resume from");
+      check_same_tokenizer(reader.info().counters, r, reader.path(), "resume from");
       c.step = reader.info().step;
       c.id = reader.info().id;
     };
@@ -309,6 +318,7 @@ struct Snapshotter::Impl {
                      {"adamw_step", p.step},
                      {"sampler_seed", r.train.seed},
                      {"sampler_step", p.step}};
+    if (tokenizer_hash_ != 0) info.counters[kTokenizerHashCounter] = tokenizer_hash_;
     for (int k = 0; k < mesh.world().size(); ++k) {
       const uint64_t* rep = &reports[kReport * static_cast<size_t>(k)];
       if (!rep[0]) continue;
@@ -514,6 +524,34 @@ void check_same_model(const std::string& saved_toml, const Recipe& now, const st
         now.origin(std::string("model.") + key),
         "). A snapshot holds one model: only training, parallel, data and snapshot keys may "
         "change, not its [model] shape.");
+}
+
+int64_t tokenizer_hash(const Recipe& recipe) {
+  if (recipe.data.tokenizer == kByteTokenizerName) return 0;
+  T3D_USER_CHECK(fs::is_regular_file(recipe.data.tokenizer), "`data.tokenizer`: model file `",
+                 recipe.data.tokenizer, "` does not exist (relative paths start at ",
+                 fs::current_path().string(), ")");
+  return static_cast<int64_t>(ck::digest_file(recipe.data.tokenizer).hash);
+}
+
+void check_same_tokenizer(const std::map<std::string, int64_t>& counters, const Recipe& now,
+                          const std::string& path, const std::string& verb) {
+  const auto it = counters.find(kTokenizerHashCounter);
+  const int64_t saved = it == counters.end() ? 0 : it->second;
+  const bool bytes_now = now.data.tokenizer == kByteTokenizerName;
+  T3D_USER_CHECK((saved == 0) == bytes_now, "cannot ", verb, " `", path, "`: it was made with ",
+                 saved == 0 ? "the byte tokenizer" : "a SentencePiece tokenizer",
+                 " but data.tokenizer is `", now.data.tokenizer, "` (",
+                 now.origin("data.tokenizer"),
+                 "); give the snapshot's own tokenizer (--set data.tokenizer=...)");
+  if (bytes_now) return;
+  const int64_t hash = tokenizer_hash(now);
+  T3D_USER_CHECK(hash == saved, "cannot ", verb, " `", path, "`: tokenizer model `",
+                 now.data.tokenizer, "` has content hash ", ck::to_hex(static_cast<uint64_t>(hash)),
+                 " but the snapshot was made with one of hash ",
+                 ck::to_hex(static_cast<uint64_t>(saved)),
+                 ": the file changed or is another tokenizer. Restore the model file the run "
+                 "trained with, or point data.tokenizer at it (--set data.tokenizer=PATH).");
 }
 
 Recipe load_resume_recipe(const std::string& snapshot, const std::vector<Override>& overrides) {

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 
@@ -74,5 +75,16 @@ void check_same_model(const std::string& saved_toml, const Recipe& now, const st
                       const std::string& verb);
 
 Recipe load_resume_recipe(const std::string& snapshot, const std::vector<Override>& overrides);
+
+// The tokenizer travels with a snapshot as its path (data.tokenizer in the stored recipe) plus the
+// content hash of the model file, the index counter kTokenizerHashCounter (absent for "bytes").
+inline constexpr const char* kTokenizerHashCounter = "tokenizer_hash";
+// hash64 of `recipe`'s tokenizer model file, as stored in the counter (0 for "bytes").
+int64_t tokenizer_hash(const Recipe& recipe);
+// UserError unless `now`'s data.tokenizer is the tokenizer the snapshot at `path` was made with:
+// "bytes" for both, or a model file whose content hash is the recorded one. `counters` are the
+// snapshot's index counters.
+void check_same_tokenizer(const std::map<std::string, int64_t>& counters, const Recipe& now,
+                          const std::string& path, const std::string& verb);
 
 }  // namespace t3d::runtime

@@ -12,17 +12,18 @@
 #include "checkpoint/snapshot.h"
 #include "kernels/arena.h"
 #include "kernels/blas.h"
-#include "kernels/gemm.h"
 #include "kernels/check.h"
+#include "kernels/gemm.h"
 #include "kernels/ops.h"
 #include "parallel/pipeline_split.h"
 #include "parallel/schedule.h"
 #include "runtime/data/data.h"
 #include "runtime/data/data_sampler.h"
+#include "runtime/data/text_tokenizer.h"
+#include "runtime/model/model.h"
 #include "runtime/stage/executor.h"
 #include "runtime/stage/gemm_choice.h"
 #include "runtime/stage/stage.h"
-#include "runtime/model/model.h"
 #include "runtime/train/snapshots.h"
 
 namespace t3d::runtime {
@@ -94,9 +95,10 @@ EvalResult run_eval(const Job& job, const std::string& snapshot, const EvalOptio
     // The trainer's stage, forward passes only; the GEMM the snapshot trained with.
     stage = build_stage(job, StagePurpose::kForward);
     kernels::verify_gemm_kind(apply_recorded_gemm(r));
-    stream = options.data.empty()
-                 ? recipe_validation(r)
-                 : load_stream(options.data, r.data.format, static_cast<int>(r.model.vocab_size));
+    const TextTokenizer tokenizer = TextTokenizer::open(r.data.tokenizer);
+    stream = options.data.empty() ? recipe_validation(r)
+                                  : load_stream(options.data, r.data.format,
+                                                static_cast<int>(r.model.vocab_size), &tokenizer);
     res.data = options.data.empty() ? stream.source : options.data;
     sampler.emplace(
         stream.tokens, res.data,
@@ -115,6 +117,7 @@ EvalResult run_eval(const Job& job, const std::string& snapshot, const EvalOptio
     io.run([&] {
       checkpoint::SnapshotReader reader(snapshot);
       res.step = reader.info().step;
+      check_same_tokenizer(reader.info().counters, r, snapshot, "evaluate");
       float* params = model->state().params.data();
       for (const auto& p : model->params()) {
         const auto& e = model->layout().at(p.name);

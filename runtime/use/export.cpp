@@ -8,6 +8,8 @@
 #include "checkpoint/safetensors.h"
 #include "checkpoint/snapshot.h"
 #include "kernels/check.h"
+#include "runtime/data/text_tokenizer.h"
+#include "runtime/train/snapshots.h"
 
 namespace t3d::runtime {
 
@@ -57,13 +59,15 @@ SnapshotWeights load_snapshot_weights(const std::string& snapshot) {
     reader.read({"model/" + t.name, t.shape, std::vector<int64_t>(t.shape.size(), 0), t.shape,
                  t.data.data()});
   }
+  // The tokenizer the weights were trained with: still the file the snapshot recorded.
+  check_same_tokenizer(reader.info().counters, w.recipe, snapshot, "read");
   return w;
 }
 
-std::string llama_config_json(const ModelConfig& m) {
+std::string llama_config_json(const ModelConfig& m, const std::string& dtype, bool special_ids) {
   // Keys as transformers' LlamaConfig names them. Weights are in Hugging Face's own layout
   // ([out, in], rotate-half RoPE on the q/k projections' outputs): no permutation is needed.
-  // There is no BOS/EOS: titan3d's byte tokenizer has no special tokens (ids are bytes).
+  // The byte tokenizer has no BOS/EOS (ids are bytes); SentencePiece's are <s> = 1, </s> = 2.
   return fmt::format(
       "{{\n"
       "  \"architectures\": [\"LlamaForCausalLM\"],\n"
@@ -87,16 +91,53 @@ std::string llama_config_json(const ModelConfig& m) {
       "  \"tie_word_embeddings\": {},\n"
       "  \"initializer_range\": 0.02,\n"
       "  \"use_cache\": true,\n"
-      "  \"bos_token_id\": null,\n"
-      "  \"eos_token_id\": null,\n"
-      "  \"torch_dtype\": \"float32\"\n"
+      "  \"bos_token_id\": {},\n"
+      "  \"eos_token_id\": {},\n"
+      "  \"torch_dtype\": \"{}\"\n"
       "}}\n",
       m.vocab_size, m.dim, m.ffn_dim, m.n_layers, m.n_heads, m.n_kv_heads, m.head_dim(), m.seq_len,
-      m.norm_eps, m.rope_theta, m.tie_embeddings ? "true" : "false");
+      m.norm_eps, m.rope_theta, m.tie_embeddings ? "true" : "false", special_ids ? "1" : "null",
+      special_ids ? "2" : "null", dtype);
 }
 
-ExportSummary export_snapshot(const std::string& snapshot, const std::string& out_dir) {
+std::string llama_tokenizer_config_json(const ModelConfig& m) {
+  return fmt::format(
+      "{{\n"
+      "  \"tokenizer_class\": \"LlamaTokenizer\",\n"
+      "  \"bos_token\": \"<s>\",\n"
+      "  \"eos_token\": \"</s>\",\n"
+      "  \"unk_token\": \"<unk>\",\n"
+      "  \"pad_token\": null,\n"
+      "  \"add_bos_token\": false,\n"
+      "  \"add_eos_token\": false,\n"
+      "  \"legacy\": true,\n"
+      "  \"clean_up_tokenization_spaces\": false,\n"
+      "  \"model_max_length\": {},\n"
+      "  \"sp_model_kwargs\": {{}}\n"
+      "}}\n",
+      m.seq_len);
+}
+
+void write_file_atomically(const std::string& path, const std::string& text, const char* what) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    out.flush();
+    T3D_USER_CHECK(out.good(), "cannot write `", tmp, "` (", what, ")");
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  T3D_USER_CHECK(!ec, "cannot rename `", tmp, "` to `", path, "`: ", ec.message());
+}
+
+ExportSummary export_snapshot(const std::string& snapshot, const std::string& out_dir,
+                              const ExportOptions& options) {
+  T3D_USER_CHECK(options.dtype == "fp32" || options.dtype == "bf16", "--dtype is `", options.dtype,
+                 "`; give fp32 or bf16");
+  const bool bf16 = options.dtype == "bf16";
   const SnapshotWeights w = load_snapshot_weights(snapshot);
+  const TextTokenizer tokenizer = TextTokenizer::open(w.recipe.data.tokenizer);
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   T3D_USER_CHECK(fs::is_directory(out_dir), "cannot create the export directory `", out_dir,
@@ -116,16 +157,18 @@ ExportSummary export_snapshot(const std::string& snapshot, const std::string& ou
                                   {{"format", "pt"},
                                    {"producer", "titan3d export"},
                                    {"snapshot", fs::path(snapshot).filename().string()},
-                                   {"step", std::to_string(w.step)}});
-  const std::string tmp = s.config + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << llama_config_json(w.recipe.model);
-    out.flush();
-    T3D_USER_CHECK(out.good(), "cannot write `", tmp, "` (--out)");
+                                   {"step", std::to_string(w.step)}},
+                                  bf16 ? ck::StDtype::kBF16 : ck::StDtype::kF32);
+  write_file_atomically(
+      s.config,
+      llama_config_json(w.recipe.model, bf16 ? "bfloat16" : "float32", !tokenizer.is_bytes()),
+      "--out");
+  if (!tokenizer.is_bytes()) {
+    s.tokenizer = (fs::path(out_dir) / "tokenizer.model").string();
+    write_file_atomically(s.tokenizer, tokenizer.model_bytes(), "--out");
+    write_file_atomically((fs::path(out_dir) / "tokenizer_config.json").string(),
+                          llama_tokenizer_config_json(w.recipe.model), "--out");
   }
-  fs::rename(tmp, s.config, ec);
-  T3D_USER_CHECK(!ec, "cannot rename `", tmp, "` to `", s.config, "`: ", ec.message());
   return s;
 }
 

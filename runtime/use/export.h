@@ -39,16 +39,33 @@ struct SnapshotWeights {
 // UserError naming the file when it is missing, incomplete, damaged or not a snapshot.
 SnapshotWeights load_snapshot_weights(const std::string& snapshot);
 
-// config.json for transformers' LlamaForCausalLM describing `config` (fp32 weights).
-std::string llama_config_json(const ModelConfig& config);
+// config.json for transformers' LlamaForCausalLM describing `config`. `dtype`: "float32" or
+// "bfloat16" (torch_dtype). `special_ids`: a SentencePiece tokenizer's <s> = 1 and </s> = 2 are
+// named as bos / eos; the byte tokenizer has none (null).
+std::string llama_config_json(const ModelConfig& config, const std::string& dtype = "float32",
+                              bool special_ids = false);
+
+// tokenizer_config.json in the LlamaTokenizer form for a SentencePiece model trained by titan3d
+// (no BOS / EOS added when encoding, as titan3d trains; legacy encoding, no prefix space).
+std::string llama_tokenizer_config_json(const ModelConfig& config);
+
+struct ExportOptions {
+  std::string dtype = "fp32";  // fp32 | bf16 (the safetensors tensors)
+};
 
 struct ExportSummary {
   std::string safetensors, config;  // paths written
+  std::string tokenizer;            // tokenizer.model written ("" for the byte tokenizer)
   int64_t step = 0, tensors = 0, parameters = 0;
   uint64_t bytes = 0;  // of model.safetensors
 };
 
-// Writes <out_dir>/model.safetensors and <out_dir>/config.json (creating out_dir).
-ExportSummary export_snapshot(const std::string& snapshot, const std::string& out_dir);
+// Writes <out_dir>/model.safetensors and <out_dir>/config.json (creating out_dir), and with a
+// SentencePiece data.tokenizer its tokenizer.model and tokenizer_config.json beside them.
+ExportSummary export_snapshot(const std::string& snapshot, const std::string& out_dir,
+                              const ExportOptions& options = {});
+
+// Writes `text` to `path` through a temporary file and a rename. UserError naming `what`.
+void write_file_atomically(const std::string& path, const std::string& text, const char* what);
 
 }  // namespace t3d::runtime

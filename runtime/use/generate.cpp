@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <string_view>
 
 #include "kernels/check.h"
 #include "kernels/ops.h"
@@ -146,6 +148,32 @@ std::vector<int32_t> generate(Decoder& decoder, std::span<const int32_t> prompt,
     logits = decoder.position() < context ? decoder.step(next) : refill(keep);
   }
   return out;
+}
+
+CompletionPrinter::CompletionPrinter(const TextTokenizer& tokenizer,
+                                     std::span<const int32_t> prompt)
+    : tokenizer_(tokenizer), ids_(prompt.begin(), prompt.end()) {
+  prompt_chars_ = tokenizer_.decode(std::span<const int32_t>(ids_)).size();
+}
+
+void CompletionPrinter::add(int32_t token) {
+  ids_.push_back(token);
+  print(false);
+}
+
+void CompletionPrinter::finish() { print(true); }
+
+void CompletionPrinter::print(bool all) {
+  const std::string text = tokenizer_.decode(std::span<const int32_t>(ids_));
+  static constexpr std::string_view kReplacement = "\xef\xbf\xbd";
+  if (!all && text.size() >= kReplacement.size() &&
+      text.compare(text.size() - kReplacement.size(), kReplacement.size(), kReplacement) == 0)
+    return;
+  // Decoding more tokens only appends, except where a held-back character completed.
+  const size_t start = std::min(text.size(), prompt_chars_ + printed_);
+  std::fwrite(text.data() + start, 1, text.size() - start, stdout);
+  std::fflush(stdout);
+  printed_ += text.size() - start;
 }
 
 }  // namespace t3d::runtime

@@ -13,6 +13,7 @@
 #include <span>
 #include <vector>
 
+#include "runtime/data/text_tokenizer.h"
 #include "runtime/use/export.h"
 
 namespace t3d::runtime {
@@ -64,5 +65,23 @@ int32_t pick_token(std::span<const float> logits, int64_t vocab_limit,
 std::vector<int32_t> generate(Decoder& decoder, std::span<const int32_t> prompt, int64_t max_tokens,
                               int64_t vocab_limit, const SamplingOptions& options,
                               const std::function<void(int32_t)>& emit = {});
+
+// Streams a completion to stdout as text while it is generated. A subword token may end inside a
+// UTF-8 character (byte pieces), and SentencePiece decodes a whole sequence, not token by token
+// (its leading-space rule depends on what came before), so each call decodes prompt + completion
+// and prints what is new, holding back text that ends in U+FFFD (a character still incomplete).
+class CompletionPrinter {
+ public:
+  CompletionPrinter(const TextTokenizer& tokenizer, std::span<const int32_t> prompt);
+  void add(int32_t token);
+  void finish();  // prints what was held back
+
+ private:
+  void print(bool all);
+  const TextTokenizer& tokenizer_;
+  std::vector<int32_t> ids_;
+  size_t prompt_chars_ = 0;  // of the decoded prompt
+  size_t printed_ = 0;       // of the completion's text
+};
 
 }  // namespace t3d::runtime

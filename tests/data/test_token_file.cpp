@@ -51,6 +51,8 @@ class data_TokenFile : public ::testing::Test {
   fs::path dir_;
 };
 
+std::vector<uint32_t> iota32(const std::vector<uint16_t>& v) { return {v.begin(), v.end()}; }
+
 std::vector<uint16_t> iota_tokens(size_t n, uint16_t mod) {
   std::vector<uint16_t> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint16_t>((i * 7 + 3) % mod);
@@ -63,7 +65,7 @@ TEST_F(data_TokenFile, RoundTripWithHeader) {
   write_token_file(p, tokens);
   EXPECT_EQ(fs::file_size(p), 1024u + 2 * tokens.size());
   const TokenStream s = read_token_file(p, 50257);
-  EXPECT_EQ(s.tokens, tokens);
+  EXPECT_EQ(s.tokens, std::vector<uint32_t>(tokens.begin(), tokens.end()));
   EXPECT_EQ(s.source, p.string());
 }
 
@@ -80,10 +82,34 @@ TEST_F(data_TokenFile, HeaderLayoutMatchesLlmC) {
   EXPECT_EQ(header[3], 0);
 }
 
+// Past 65,535 the writer switches to version 2 (uint32 tokens); below it stays llm.c's version 1.
+TEST_F(data_TokenFile, WideTokensUseVersion2) {
+  const std::vector<uint32_t> tokens = {0, 65535, 65536, 1u << 20, 7};
+  const fs::path p = dir_ / "wide.bin";
+  write_token_file(p, std::span<const uint32_t>(tokens));
+  EXPECT_EQ(fs::file_size(p), 1024u + 4 * tokens.size());
+  std::ifstream in(p, std::ios::binary);
+  int32_t header[3];
+  in.read(reinterpret_cast<char*>(header), sizeof(header));
+  EXPECT_EQ(header[1], 2);
+  EXPECT_EQ(header[2], 5);
+  EXPECT_EQ(read_token_file(p, (1 << 20) + 1).tokens, tokens);
+  expect_user_error([&] { read_token_file(p, 70000); }, p, "token 1048576 at position 3");
+  // A version-2 file cut short is truncated by its own width, not uint16's.
+  const fs::path cut = dir_ / "wide_cut.bin";
+  fs::copy_file(p, cut);
+  fs::resize_file(cut, 1024 + 4 * 5 - 2);
+  expect_user_error([&] { read_token_file(cut, 0); }, cut, "truncated");
+  const std::vector<uint32_t> narrow = {1, 65535};
+  write_token_file(p, std::span<const uint32_t>(narrow));
+  EXPECT_EQ(fs::file_size(p), 1024u + 2 * narrow.size());
+  EXPECT_EQ(read_token_file(p, 0).tokens, narrow);
+}
+
 TEST_F(data_TokenFile, HeaderlessNanoGptFile) {
   const auto tokens = iota_tokens(777, 300);
   const fs::path p = write_bytes("raw.bin", tokens.data(), tokens.size() * 2);
-  EXPECT_EQ(read_token_file(p, 300).tokens, tokens);
+  EXPECT_EQ(read_token_file(p, 300).tokens, std::vector<uint32_t>(tokens.begin(), tokens.end()));
 }
 
 TEST_F(data_TokenFile, MissingFileNamesIt) {
@@ -142,7 +168,8 @@ TEST_F(data_TokenFile, LoadCorpusReadsTextWithByteTokenizer) {
   ASSERT_EQ(s.size(), static_cast<int64_t>(text.size()));
   EXPECT_EQ(s.tokens[0], 'H');
   EXPECT_EQ(s.tokens.back(), '.');
-  EXPECT_EQ(ByteTokenizer{}.decode(std::span<const uint16_t>(s.tokens)), text);
+  const std::vector<int32_t> ids(s.tokens.begin(), s.tokens.end());
+  EXPECT_EQ(ByteTokenizer{}.decode(std::span<const int32_t>(ids)), text);
   expect_user_error([&] { load_corpus(p, 100); }, p, "vocab_size");
 }
 
@@ -167,7 +194,7 @@ TEST(data_Tokenizer, DecodeRejectsForeignIds) {
 }
 
 TEST(data_Split, HoldsOutTheTail) {
-  TokenStream all{"mem", iota_tokens(1000, 256)};
+  TokenStream all{"mem", iota32(iota_tokens(1000, 256))};
   const TrainValSplit s = split_train_val(all, 0.1, 10);
   ASSERT_EQ(s.train.size(), 900);
   ASSERT_EQ(s.val.size(), 100);
@@ -178,7 +205,7 @@ TEST(data_Split, HoldsOutTheTail) {
 }
 
 TEST(data_Split, RejectsBadFractionAndTinyCorpus) {
-  TokenStream all{"small.txt", iota_tokens(100, 256)};
+  TokenStream all{"small.txt", iota32(iota_tokens(100, 256))};
   EXPECT_THROW(split_train_val(all, 0.0, 1), UserError);
   EXPECT_THROW(split_train_val(all, 1.0, 1), UserError);
   try {
@@ -190,14 +217,14 @@ TEST(data_Split, RejectsBadFractionAndTinyCorpus) {
 }
 
 TEST(data_Entropy, KnownDistributions) {
-  EXPECT_DOUBLE_EQ(unigram_entropy_bits(std::vector<uint16_t>(100, 7)), 0.0);
+  EXPECT_DOUBLE_EQ(unigram_entropy_bits(std::vector<uint32_t>(100, 7)), 0.0);
   // Uniform over 8 symbols: 3 bits = 3 ln 2 nats.
-  std::vector<uint16_t> uniform(8 * 50);
-  for (size_t i = 0; i < uniform.size(); ++i) uniform[i] = static_cast<uint16_t>(i % 8);
+  std::vector<uint32_t> uniform(8 * 50);
+  for (size_t i = 0; i < uniform.size(); ++i) uniform[i] = static_cast<uint32_t>(i % 8);
   EXPECT_NEAR(unigram_entropy_bits(uniform), 3.0, 1e-12);
   EXPECT_NEAR(unigram_entropy_nats(uniform), 3.0 * std::log(2.0), 1e-12);
   // p = (1/2, 1/4, 1/4): 1.5 bits.
-  const std::vector<uint16_t> skew = {0, 0, 1, 2};
+  const std::vector<uint32_t> skew = {0, 0, 1, 2};
   EXPECT_NEAR(unigram_entropy_bits(skew), 1.5, 1e-12);
   EXPECT_EQ(unigram_entropy_bits({}), 0.0);
 }

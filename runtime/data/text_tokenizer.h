@@ -1,0 +1,70 @@
+// The tokenizer a run reads text through (recipe key data.tokenizer): the byte tokenizer
+// ("bytes", the default: token = byte) or a SentencePiece model file (BPE or unigram, trained by
+// `titan3d tokenize` or taken from a Hugging Face LLaMA directory's tokenizer.model).
+//
+// Encoding contract (both kinds): the text is cut at '\n'; each line (without its '\n') goes
+// through the tokenizer, and each '\n' becomes one token, the byte piece <0x0A> of a SentencePiece
+// model (its byte fallback) or byte 10. So a model sees the same ids for a line wherever the line
+// sits in a file, memory stays bounded by the longest line, and a Python user reproduces the ids
+// with `sp.encode(line)` per line (tests/use/sentencepiece_check.py does). No BOS/EOS ids are
+// added. decode(encode(text)) == text for every valid UTF-8 text when the model has byte fallback
+// and the identity normalisation, as `titan3d tokenize` trains it (SentencePiece replaces each
+// invalid UTF-8 byte with U+FFFD); a model with another normaliser (NFKC) may map some characters
+// to others.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace sentencepiece {
+class SentencePieceProcessor;
+}
+
+namespace t3d::runtime {
+
+inline constexpr const char* kByteTokenizerName = "bytes";
+
+class TextTokenizer {
+ public:
+  // `spec`: "bytes", or the path of a SentencePiece model file. UserError naming `key` (the recipe
+  // key or option the spec came from) and the file when it is missing or not a model.
+  static TextTokenizer open(const std::string& spec, const std::string& key = "data.tokenizer");
+
+  bool is_bytes() const { return sp_ == nullptr; }
+  int vocab_size() const;
+  const std::string& spec() const { return spec_; }
+  std::string describe() const;  // "bytes (256 ids)" / "path (BPE, 512 ids)" for logs
+
+  std::vector<uint32_t> encode(std::string_view text) const;
+  // UserError on an id outside the vocabulary (the ids come from another tokenizer).
+  std::string decode(std::span<const int32_t> ids) const;
+  std::string decode(std::span<const uint32_t> ids) const;
+
+  // The model file's bytes ("" for bytes): export copies them as tokenizer.model.
+  const std::string& model_bytes() const { return model_bytes_; }
+
+ private:
+  std::string spec_ = kByteTokenizerName;
+  std::string model_bytes_;
+  std::shared_ptr<const sentencepiece::SentencePieceProcessor> sp_;
+  int32_t newline_id_ = '\n';
+};
+
+struct TokenizerTraining {
+  std::string corpus;        // a text file, one sentence per line as SentencePiece reads it
+  std::string out;           // the model file to write
+  int64_t vocab = 0;         // ids in all, byte pieces and <unk> <s> </s> included
+  std::string type = "bpe";  // bpe | unigram
+  int threads = 1;
+};
+
+// Trains a SentencePiece model with byte fallback (every byte has a piece, so no text is
+// unencodable), identity normalisation and no dummy prefix or whitespace folding (so decoding
+// gives the text back exactly), and writes it to `out`. UserError naming the option at fault.
+void train_tokenizer(const TokenizerTraining& t);
+
+}  // namespace t3d::runtime

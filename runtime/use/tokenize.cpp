@@ -1,0 +1,68 @@
+#include "runtime/use/tokenize.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "kernels/check.h"
+#include "runtime/data/data.h"
+#include "runtime/data/text_tokenizer.h"
+
+namespace t3d::runtime {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+void write_text(const std::string& path, const std::string& text) {
+  if (path.empty()) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+    return;
+  }
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  out.flush();
+  T3D_USER_CHECK(out.good(), "cannot write `", path, "` (--out)");
+}
+
+}  // namespace
+
+TokenizeSummary run_tokenize(const TokenizeOptions& o) {
+  TokenizeSummary s;
+  T3D_USER_CHECK(!o.tokenizer.empty(), "--tokenizer is missing: give the model file to ",
+                 o.vocab > 0 ? "write" : "read", " (or \"bytes\")");
+  if (o.vocab > 0) {
+    T3D_USER_CHECK(!o.decode, "--decode reads a token file; train (--vocab) on text instead");
+    T3D_USER_CHECK(o.tokenizer != kByteTokenizerName,
+                   "--tokenizer names the model file to write; \"bytes\" needs no training");
+    const auto t0 = std::chrono::steady_clock::now();
+    const int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    train_tokenizer({o.input, o.tokenizer, o.vocab, o.type, threads});
+    s.trained = true;
+    s.train_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  const TextTokenizer tok = TextTokenizer::open(o.tokenizer, "--tokenizer");
+  s.vocab = tok.vocab_size();
+  if (o.decode) {
+    const TokenStream ids = read_token_file(o.input, s.vocab);
+    const std::string text = tok.decode(std::span<const uint32_t>(ids.tokens));
+    s.tokens = ids.size(), s.bytes = static_cast<int64_t>(text.size());
+    write_text(o.out, text);
+    return s;
+  }
+  if (o.out.empty()) return s;  // trained only
+  const std::string text = read_file_bytes(o.input, "text file");
+  const std::vector<uint32_t> ids = tok.encode(text);
+  write_token_file(o.out, std::span<const uint32_t>(ids));
+  s.bytes = static_cast<int64_t>(text.size());
+  s.tokens = static_cast<int64_t>(ids.size());
+  const bool wide = std::any_of(ids.begin(), ids.end(), [](uint32_t t) { return t > 65535; });
+  s.version = wide ? kTokenFileVersionU32 : kTokenFileVersion;
+  return s;
+}
+
+}  // namespace t3d::runtime

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Subword tokenizers end to end (docs/tokenizers-and-import.md), on the default corpus:
+#  - `titan3d tokenize` trains a 512-id BPE model; encode then --decode gives the corpus back byte
+#    for byte; Python SentencePiece (python3-sentencepiece) encodes the corpus as titan3d did;
+#  - a tiny model trained on text read through it (data.tokenizer) has falling loss; eval equals
+#    its logged validation loss; generate prints text; export writes the tokenizer beside the
+#    weights (tokenizer.model identical, tokenizer_config.json);
+#  - a vocabulary too small for the tokenizer, a missing model file and a snapshot read with
+#    another tokenizer (or a changed file) are exit 2, naming the keys.
+set -u
+source "$(dirname "$0")/common.sh"
+py=/usr/bin/python3
+tok=$work/f512.model
+
+"$titan3d" tokenize "$corpus" --vocab 512 --tokenizer "$tok" --out "$work/f512.bin" >"$work/tok.log" 2>&1
+check "[ \$? -eq 0 ] && [ -s $tok ] && [ -s $work/f512.bin ]" "tokenize trains a 512-id BPE and encodes the corpus" \
+  || cat "$work/tok.log"
+sed 's/^/  /' "$work/tok.log"
+"$titan3d" tokenize "$work/f512.bin" --decode --tokenizer "$tok" --out "$work/back.txt" >/dev/null 2>&1
+check "cmp -s $work/back.txt $corpus" "decode(encode(corpus)) is the corpus, byte for byte"
+check "[ \$(stat -c %s $work/f512.bin) -lt \$((1024 + 2 * \$(stat -c %s $corpus) * 3 / 4)) ]" \
+  "BPE tokens are fewer than 3/4 of the bytes"
+"$py" "$(dirname "$0")/sentencepiece_check.py" "$tok" "$corpus" "$work/f512.bin" >"$work/py.log" 2>&1
+check "[ \$? -eq 0 ]" "Python SentencePiece encodes the corpus as titan3d did" ; sed 's/^/  /' "$work/py.log"
+
+# A tiny model on the corpus read through the tokenizer (text, not the .bin: data.tokenizer).
+bpe=("${tiny[@]}" --set model.vocab_size=512 --set "data.tokenizer=\"$tok\"")
+"$titan3d" train "${bpe[@]}" --set train.steps=40 --set train.val_every=40 --set snapshot.every=40 \
+  --set run.dir="$work/run" >"$work/train.log" 2>&1
+check "[ \$? -eq 0 ]" "train tiny on BPE tokens" || cat "$work/train.log"
+m=$work/run/metrics.jsonl
+first=$(head -1 "$m" | sed -E 's/.*"loss": ([^,]+),.*/\1/'); last=$(grep '"loss"' "$m" | tail -1 | sed -E 's/.*"loss": ([^,]+),.*/\1/')
+check "awk -v a=$first -v b=$last 'BEGIN { exit !(b < a - 0.8) }'" "loss falls by more than 0.8 nats ($first -> $last)"
+snap=$work/run/snapshots/step_00000040.h5
+"$titan3d" eval "$snap" --json "$work/e.json" >"$work/e.log" 2>&1
+check "[ \$? -eq 0 ] && rel_close \$(json_loss $work/e.json) \$(val_loss $m 40) 5e-9" \
+  "eval equals the trainer's val_loss at step 40" || cat "$work/e.log"
+"$titan3d" generate "$snap" --prompt "The " --max-tokens 30 --seed 5 >"$work/g.txt" 2>"$work/g.err"
+check "[ \$? -eq 0 ] && [ \$(head -c 4 $work/g.txt) = The ] && tail -c +5 $work/g.txt | grep -q '[a-z]'" \
+  "generate prints the prompt and decoded text" || cat "$work/g.err"
+echo "  sampled: $(tr '\n' '|' <"$work/g.txt")"
+"$titan3d" export "$snap" --out "$work/hf" >"$work/x.log" 2>&1
+check "[ \$? -eq 0 ] && cmp -s $work/hf/tokenizer.model $tok && grep -q LlamaTokenizer $work/hf/tokenizer_config.json && grep -q '\"bos_token_id\": 1' $work/hf/config.json" \
+  "export writes tokenizer.model (the same bytes) and tokenizer_config.json" || cat "$work/x.log"
+
+# Refusals, exit 2 with the keys named.
+"$titan3d" train "${tiny[@]}" --set "data.tokenizer=\"$tok\"" --set train.steps=1 --set run.dir="$work/bad" >"$work/v.log" 2>&1
+check "[ \$? -eq 2 ] && grep -q 'model.vocab_size is 256' $work/v.log && grep -q 'data.tokenizer' $work/v.log" \
+  "a vocabulary smaller than the tokenizer's: exit 2 naming both" || cat "$work/v.log"
+"$titan3d" train "${tiny[@]}" --set 'data.tokenizer="nope.model"' --set train.steps=1 --set run.dir="$work/bad" >"$work/n.log" 2>&1
+check "[ \$? -eq 2 ] && grep -q 'data.tokenizer' $work/n.log && grep -q nope.model $work/n.log" \
+  "a missing tokenizer model file: exit 2 naming data.tokenizer" || cat "$work/n.log"
+"$titan3d" eval "$snap" --set data.tokenizer=bytes >"$work/b.log" 2>&1
+check "[ \$? -eq 2 ] && grep -q 'byte tokenizer\|SentencePiece' $work/b.log" \
+  "eval with another tokenizer than the snapshot's: exit 2" || cat "$work/b.log"
+"$titan3d" tokenize "$corpus" --vocab 520 --tokenizer "$tok" >/dev/null 2>&1  # the file changes
+"$titan3d" generate "$snap" --prompt "The " --max-tokens 3 >"$work/h.log" 2>&1
+check "[ \$? -eq 2 ] && grep -q 'content hash' $work/h.log" \
+  "a changed tokenizer file is refused by its content hash (exit 2)" || cat "$work/h.log"
+exit $fail
