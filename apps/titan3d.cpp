@@ -29,6 +29,7 @@
 #include "runtime/use/eval.h"
 #include "runtime/use/export.h"
 #include "runtime/use/generate.h"
+#include "runtime/use/import.h"
 #include "runtime/use/tokenize.h"
 
 namespace {
@@ -284,6 +285,30 @@ int tokenize(const runtime::TokenizeOptions& o) {
   return 0;
 }
 
+// `import`: a Hugging Face directory into a snapshot, no MPI.
+int import_model(const std::string& hf_dir, const std::string& out_dir) {
+  const runtime::ImportSummary s = runtime::import_hf(hf_dir, out_dir);
+  const auto& m = s.recipe.model;
+  std::string dtypes;
+  for (const auto& d : s.dtypes) dtypes += (dtypes.empty() ? "" : "/") + d;
+  std::printf(
+      "import %s: %lld tensors (%s), %.2f M parameters from %zu file(s): vocab %lld, dim "
+      "%lld, %lld layers, %lld heads (%lld kv), ffn %lld, seq_len %lld, %s embeddings\n",
+      hf_dir.c_str(), static_cast<long long>(s.tensors), dtypes.c_str(), s.parameters / 1e6,
+      s.files.size(), static_cast<long long>(m.vocab_size), static_cast<long long>(m.dim),
+      static_cast<long long>(m.n_layers), static_cast<long long>(m.n_heads),
+      static_cast<long long>(m.n_kv_heads), static_cast<long long>(m.ffn_dim),
+      static_cast<long long>(m.seq_len), m.tie_embeddings ? "tied" : "untied");
+  for (const auto& note : s.notes) std::printf("import: %s\n", note.c_str());
+  std::printf("import: data.tokenizer = %s; every other key has its default (titan3d keys)\n",
+              s.tokenizer.c_str());
+  std::printf(
+      "import: snapshot %s (step 0); fine-tune with: titan3d resume %s --set "
+      "train.steps=N ...\n",
+      s.snapshot.c_str(), s.snapshot.c_str());
+  return 0;
+}
+
 int print_keys() {
   std::fputs(runtime::recipe_keys_table().c_str(), stdout);
   return 0;
@@ -408,6 +433,14 @@ int main(int argc, char** argv) {
   export_cmd->add_option("--dtype", export_opts.dtype, "fp32 | bf16: the tensors' type")
       ->capture_default_str();
 
+  std::string hf_dir;
+  auto* import_cmd = app.add_subcommand(
+      "import", "Read a Hugging Face LLaMA directory into a snapshot at step 0 (to fine-tune)");
+  import_cmd->add_option("hf_dir", hf_dir, "Directory: config.json + safetensors weights")
+      ->required();
+  import_cmd->add_option("--out", out_dir, "Snapshot directory to create (step_00000000.h5)")
+      ->required();
+
   runtime::TokenizeOptions tok;
   auto* tokenize_cmd = app.add_subcommand(
       "tokenize", "Train a SentencePiece tokenizer and encode text into token files (or decode)");
@@ -456,6 +489,7 @@ int main(int argc, char** argv) {
     }
     if (export_cmd->parsed()) return export_model(snapshot, out_dir, export_opts);
     if (tokenize_cmd->parsed()) return tokenize(tok);
+    if (import_cmd->parsed()) return import_model(hf_dir, out_dir);
     if (plan_cmd->parsed()) {
       plan.recipe = o.recipe;
       plan.overrides = overrides(o);

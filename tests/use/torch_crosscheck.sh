@@ -3,7 +3,8 @@
 # float64, its own safetensors parser, Hugging Face semantics) computes from `titan3d export`'s
 # files, within 1e-4 relative: the exported weights, names, shapes and config are the model
 # titan3d trained. The snapshot comes from a tp2×pp2 run (resharded into whole tensors) and is
-# incremental (a chain of two). Skips loudly (exit 77) when Debian's python3-torch is missing.
+# incremental (a chain of two). The exported files imported back (titan3d import) evaluate to the
+# same loss on tp2. Skips loudly (exit 77) when Debian's python3-torch is missing.
 set -u
 py=/usr/bin/python3
 if ! "$py" -c 'import torch' 2>/dev/null; then
@@ -27,4 +28,12 @@ check "[ \$? -eq 0 ]" "PyTorch eval of the exported files" || cat "$work/torch.e
 cat "$work/eval.json" "$work/torch.json" | sed 's/^/  /'
 check "rel_close \$(json_loss $work/eval.json) \$(json_loss $work/torch.json) 1e-4" \
   "titan3d eval equals PyTorch's loss from the export (rel 1e-4)"
+# The same files imported (titan3d import): eval of the imported snapshot on tp2 against PyTorch.
+"$titan3d" import "$work/hf" --out "$work/imported" >"$work/import.log" 2>&1
+check "[ \$? -eq 0 ]" "import the exported files" || cat "$work/import.log"
+"$titan3d" eval "$work/imported/step_00000000.h5" --data "$work/part.txt" --set parallel.tp=2 \
+  --json "$work/eval_imported.json" >"$work/eval_imported.log" 2>&1
+check "[ \$? -eq 0 ]" "titan3d eval of the imported snapshot (tp2)" || cat "$work/eval_imported.log"
+check "rel_close \$(json_loss $work/eval_imported.json) \$(json_loss $work/torch.json) 1e-4" \
+  "titan3d eval of the imported model equals PyTorch's loss (rel 1e-4)"
 exit $fail

@@ -1,0 +1,269 @@
+#include "runtime/use/import.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+
+#include "checkpoint/safetensors.h"
+#include "checkpoint/snapshot.h"
+#include "kernels/check.h"
+#include "runtime/data/data.h"
+#include "runtime/data/text_tokenizer.h"
+#include "runtime/train/snapshots.h"
+#include "runtime/use/export.h"
+
+namespace t3d::runtime {
+
+namespace fs = std::filesystem;
+namespace ck = checkpoint;
+using nlohmann::json;
+
+namespace {
+
+// A config value that must be absent, null or `allowed` (false for the biases): titan3d has no
+// place for anything else.
+void refuse_unless(const json& c, const std::string& src, const char* key, const json& allowed,
+                   const char* why) {
+  if (!c.contains(key) || c.at(key).is_null() || c.at(key) == allowed) return;
+  throw UserError(
+      fmt::format("{}: `{}` is {}; titan3d cannot represent it ({}). Import a "
+                  "model without it, or convert the model first.",
+                  src, key, c.at(key).dump(), why));
+}
+
+// An integer the config must give.
+int64_t required_int(const json& c, const std::string& src, const char* key) {
+  T3D_USER_CHECK(c.contains(key) && c.at(key).is_number_integer(), src, ": `", key,
+                 "` is missing or not an integer; a LLaMA config.json gives it");
+  return c.at(key).get<int64_t>();
+}
+
+// A value the config may leave out: transformers' LlamaConfig default then, said in `notes`.
+template <typename T>
+T optional_value(const json& c, const char* key, T fallback, const std::string& what,
+                 std::vector<std::string>* notes) {
+  if (c.contains(key) && !c.at(key).is_null()) return c.at(key).get<T>();
+  notes->push_back(fmt::format("config.json has no `{}`: {}", key, what));
+  return fallback;
+}
+
+void check_architecture(const json& c, const std::string& src) {
+  T3D_USER_CHECK(c.contains("model_type") && c.at("model_type") == "llama", src,
+                 ": `model_type` is ",
+                 c.contains("model_type") ? c.at("model_type").dump() : "absent",
+                 "; titan3d imports LLaMA models (model_type \"llama\")");
+  if (!c.contains("architectures")) return;
+  const auto& a = c.at("architectures");
+  T3D_USER_CHECK(a.is_array() && std::find(a.begin(), a.end(), "LlamaForCausalLM") != a.end(), src,
+                 ": `architectures` is ", a.dump(), "; titan3d imports LlamaForCausalLM");
+}
+
+}  // namespace
+
+ModelConfig llama_model_from_config(const std::string& text, const std::string& src,
+                                    std::vector<std::string>* notes) {
+  json c;
+  try {
+    c = json::parse(text);
+  } catch (const std::exception& e) {
+    throw UserError(fmt::format("{} is not JSON: {}", src, e.what()));
+  }
+  T3D_USER_CHECK(c.is_object(), src, " is not a JSON object");
+  check_architecture(c, src);
+  refuse_unless(c, src, "rope_scaling", nullptr, "titan3d's RoPE has no scaling");
+  refuse_unless(c, src, "attention_bias", false, "titan3d's attention projections have no bias");
+  refuse_unless(c, src, "mlp_bias", false, "titan3d's MLP projections have no bias");
+  refuse_unless(c, src, "hidden_act", "silu", "titan3d's MLP is SwiGLU, silu only");
+  ModelConfig m;
+  m.vocab_size = required_int(c, src, "vocab_size");
+  m.dim = required_int(c, src, "hidden_size");
+  m.n_layers = required_int(c, src, "num_hidden_layers");
+  m.n_heads = required_int(c, src, "num_attention_heads");
+  T3D_USER_CHECK(m.n_heads > 0 && m.dim % m.n_heads == 0, src, ": `hidden_size` ", m.dim,
+                 " is not a multiple of `num_attention_heads` ", m.n_heads);
+  if (c.contains("head_dim") && !c.at("head_dim").is_null())
+    T3D_USER_CHECK(c.at("head_dim") == m.dim / m.n_heads, src, ": `head_dim` is ",
+                   c.at("head_dim").dump(), " but hidden_size / num_attention_heads is ",
+                   m.dim / m.n_heads, "; titan3d's heads are hidden_size / num_attention_heads");
+  m.n_kv_heads = optional_value<int64_t>(c, "num_key_value_heads", m.n_heads,
+                                         "num_attention_heads (no grouped-query attention)", notes);
+  m.ffn_dim = required_int(c, src, "intermediate_size");
+  m.seq_len = optional_value<int64_t>(c, "max_position_embeddings", 2048,
+                                      "model.seq_len = 2048 (transformers' default)", notes);
+  m.norm_eps = optional_value<double>(c, "rms_norm_eps", 1e-6,
+                                      "model.norm_eps = 1e-6 (transformers' default)", notes);
+  m.rope_theta = optional_value<double>(c, "rope_theta", 10000.0,
+                                        "model.rope_theta = 10000 (transformers' default)", notes);
+  m.tie_embeddings = optional_value<bool>(c, "tie_word_embeddings", false,
+                                          "untied (transformers' default)", notes);
+  if (c.contains("pretraining_tp") && c.at("pretraining_tp") != 1)
+    notes->push_back("`pretraining_tp` is " + c.at("pretraining_tp").dump() +
+                     ": ignored (it slices the same products; the values do not change)");
+  return m;
+}
+
+namespace {
+
+// The weights' files: model.safetensors, or the shards model.safetensors.index.json names.
+// Returns tensor name -> opened file.
+std::map<std::string, std::shared_ptr<ck::SafetensorsFile>> open_weights(
+    const fs::path& dir, std::vector<std::string>* files) {
+  std::map<std::string, std::shared_ptr<ck::SafetensorsFile>> where;
+  const fs::path index = dir / "model.safetensors.index.json";
+  std::vector<std::string> names;
+  if (fs::is_regular_file(index)) {
+    json j;
+    try {
+      j = json::parse(read_file_bytes(index, "safetensors index"));
+      for (const auto& [tensor, file] : j.at("weight_map").items())
+        names.push_back(file.get<std::string>());
+    } catch (const json::exception& e) {
+      throw UserError(fmt::format("{}: no usable `weight_map`: {}", index.string(), e.what()));
+    }
+    std::sort(names.begin(), names.end());
+    names.erase(std::unique(names.begin(), names.end()), names.end());
+  } else {
+    T3D_USER_CHECK(fs::is_regular_file(dir / "model.safetensors"), "`", dir.string(),
+                   "` has neither model.safetensors nor model.safetensors.index.json; give a "
+                   "Hugging Face model directory (PyTorch .bin weights are not read)");
+    names.push_back("model.safetensors");
+  }
+  for (const auto& name : names) {
+    const auto file = std::make_shared<ck::SafetensorsFile>((dir / name).string());
+    files->push_back(file->path());
+    for (const auto& [tensor, entry] : file->entries()) {
+      T3D_USER_CHECK(!where.count(tensor), "tensor `", tensor, "` is in both `",
+                     where[tensor]->path(), "` and `", file->path(), "`");
+      where[tensor] = file;
+    }
+  }
+  return where;
+}
+
+// Every tensor of the model, read and checked against the table's shape; unknown names refused.
+std::vector<GlobalTensor> read_tensors(
+    const ModelConfig& m, const std::map<std::string, std::shared_ptr<ck::SafetensorsFile>>& where,
+    ImportSummary& s) {
+  std::vector<GlobalTensor> table = llama_tensor_table(m);
+  std::set<std::string> known;
+  std::set<std::string> dtypes;
+  for (auto& t : table) {
+    known.insert(t.name);
+    const auto it = where.find(t.name);
+    T3D_USER_CHECK(
+        it != where.end(), "the weights have no tensor `", t.name, "`",
+        t.name == "lm_head.weight" ? " (config.json: tie_word_embeddings is false)" : "");
+    const ck::StEntry& e = it->second->entries().at(t.name);
+    T3D_USER_CHECK(e.shape == t.shape, "`", it->second->path(), "`: tensor `", t.name,
+                   "` has shape ", json(e.shape).dump(), " but config.json implies ",
+                   json(t.shape).dump());
+    t.data = it->second->read_f32(t.name);
+    dtypes.insert(e.dtype);
+    s.parameters += static_cast<int64_t>(t.data.size());
+  }
+  for (const auto& [name, file] : where) {
+    if (known.count(name)) continue;
+    // Buffers some checkpoints carry: recomputed by titan3d (RoPE) or the tied embedding again.
+    const bool harmless =
+        name.ends_with("rotary_emb.inv_freq") || (m.tie_embeddings && name == "lm_head.weight");
+    if (harmless) {
+      s.notes.push_back("ignored tensor `" + name + "` (" +
+                        (m.tie_embeddings ? "tied to the embedding" : "RoPE buffer") + ")");
+      continue;
+    }
+    throw UserError(
+        fmt::format("`{}`: tensor `{}` has no place in titan3d's LLaMA (biases, "
+                    "extra norms or heads are not represented); refusing to drop it",
+                    file->path(), name));
+  }
+  s.dtypes.assign(dtypes.begin(), dtypes.end());
+  s.tensors = static_cast<int64_t>(table.size());
+  return table;
+}
+
+// tokenizer.model of the directory, when titan3d can read text through it: copied beside the
+// snapshot and named by data.tokenizer. "bytes" otherwise, with a note saying why.
+std::string import_tokenizer(const fs::path& hf, const fs::path& out, ImportSummary& s) {
+  const fs::path src = hf / "tokenizer.model";
+  if (!fs::is_regular_file(src)) {
+    s.notes.push_back("no tokenizer.model: data.tokenizer = \"bytes\"");
+    return kByteTokenizerName;
+  }
+  try {
+    const TextTokenizer tok = TextTokenizer::open(src.string(), "tokenizer.model");
+    const fs::path dst = out / "tokenizer.model";
+    write_file_atomically(dst.string(), tok.model_bytes(), "--out");
+    return dst.string();
+  } catch (const UserError& e) {
+    s.notes.push_back(std::string("tokenizer.model not used, data.tokenizer = \"bytes\": ") +
+                      e.what());
+    return kByteTokenizerName;
+  }
+}
+
+// The snapshot: one shard with the weights and zero moments, and its index at step 0.
+void write_snapshot(const std::string& dir, const Recipe& r, std::vector<GlobalTensor>& tensors) {
+  std::vector<std::vector<float>> zeros;
+  std::vector<ck::Slice> slices;
+  for (auto& t : tensors) {
+    const std::vector<int64_t> origin(t.shape.size(), 0);
+    slices.push_back({"model/" + t.name, t.shape, origin, t.shape, t.data.data()});
+    zeros.emplace_back(t.data.size(), 0.0f);
+  }
+  for (const char* moment : {"optim/exp_avg/", "optim/exp_avg_sq/"})
+    for (size_t i = 0; i < tensors.size(); ++i)
+      slices.push_back({moment + tensors[i].name, tensors[i].shape,
+                        std::vector<int64_t>(tensors[i].shape.size(), 0), tensors[i].shape,
+                        zeros[i].data()});
+  const std::string shard = ck::shard_path(dir, 0, 0);
+  fs::create_directories(fs::path(shard).parent_path());
+  const ck::ShardResult res = ck::write_shard(shard, 0, slices);
+  ck::publish(shard);
+  ck::IndexInfo info;
+  info.step = 0;
+  info.id = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
+  info.recipe = r.to_toml();
+  info.layout = "import";
+  info.counters = {
+      {"step", 0}, {"adamw_step", 0}, {"sampler_seed", r.train.seed}, {"sampler_step", 0}};
+  if (const int64_t h = tokenizer_hash(r); h != 0) info.counters[kTokenizerHashCounter] = h;
+  info.shards.push_back(
+      {fs::path(shard).lexically_relative(dir).string(), res.digest.bytes, res.digest.hash});
+  ck::write_index(dir, info);
+}
+
+}  // namespace
+
+ImportSummary import_hf(const std::string& hf_dir, const std::string& out_dir) {
+  const fs::path hf(hf_dir);
+  T3D_USER_CHECK(fs::is_directory(hf), "`", hf_dir,
+                 "` is not a directory; give a Hugging Face "
+                 "model directory (config.json and safetensors weights)");
+  const fs::path config = hf / "config.json";
+  ImportSummary s;
+  s.recipe.model =
+      llama_model_from_config(read_file_bytes(config, "config.json"), config.string(), &s.notes);
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  T3D_USER_CHECK(fs::is_directory(out_dir), "cannot create `", out_dir,
+                 "` (--out): ", ec.message());
+  T3D_USER_CHECK(ck::committed_steps(out_dir).empty(), "`", out_dir,
+                 "` (--out) already holds snapshots; give an empty or new directory");
+  auto tensors = read_tensors(s.recipe.model, open_weights(hf, &s.files), s);
+  s.recipe.run.name =
+      hf.filename().empty() ? hf.parent_path().filename().string() : hf.filename().string();
+  s.recipe.data.tokenizer = s.tokenizer = import_tokenizer(hf, out_dir, s);
+  // Through the parser: the same validation (and derived values) as any recipe.
+  s.recipe = parse_recipe(s.recipe.to_toml(), config.string() + " (imported recipe)");
+  write_snapshot(out_dir, s.recipe, tensors);
+  s.snapshot = ck::index_path(out_dir, 0);
+  return s;
+}
+
+}  // namespace t3d::runtime

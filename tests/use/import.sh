@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# `titan3d import` (docs/tokenizers-and-import.md) against `titan3d export` and an independent
+# numpy safetensors reader / writer (safetensors_tool.py):
+#  - import∘export is bit-exact for fp32 (untied with GQA, and tied), and for a sharded directory
+#    (model.safetensors.index.json); the imported model evaluates exactly as the original;
+#  - bf16: export --dtype bf16 rounds to nearest even, import widens exactly; F16 likewise;
+#  - the imported snapshot fine-tunes with `titan3d resume` on another layout (tp2), starting
+#    from the imported weights, not from scratch;
+#  - every config key titan3d cannot represent is exit 2 naming it.
+# (The PyTorch cross-check of eval on an imported model is in torch_crosscheck.sh.)
+set -u
+source "$(dirname "$0")/common.sh"
+py=/usr/bin/python3
+st() { "$py" "$(dirname "$0")/safetensors_tool.py" "$@"; }
+
+"$titan3d" train "${tiny[@]}" --set train.steps=10 --set train.val_every=0 --set snapshot.every=10 \
+  --set run.dir="$work/run" >"$work/train.log" 2>&1
+check "[ \$? -eq 0 ]" "train tiny (GQA, untied)" || cat "$work/train.log"
+snap=$work/run/snapshots/step_00000010.h5
+"$titan3d" export "$snap" --out "$work/hf" >/dev/null 2>&1
+"$titan3d" import "$work/hf" --out "$work/imp" >"$work/imp.log" 2>&1
+check "[ \$? -eq 0 ] && [ -s $work/imp/step_00000000.h5 ]" "import the export" || cat "$work/imp.log"
+sed 's/^/  /' "$work/imp.log"
+"$titan3d" export "$work/imp/step_00000000.h5" --out "$work/hf2" >/dev/null 2>&1
+check "st same $work/hf/model.safetensors $work/hf2/model.safetensors" "import∘export is bit-exact (fp32)"
+check "grep -q '\"num_key_value_heads\": 2' $work/hf2/config.json" "the imported config keeps GQA"
+head -c 20100 "$corpus" >"$work/part.txt"
+"$titan3d" eval "$snap" --data "$work/part.txt" --json "$work/e1.json" >/dev/null 2>&1
+"$titan3d" eval "$work/imp/step_00000000.h5" --data "$work/part.txt" --json "$work/e2.json" >"$work/e2.log" 2>&1
+check "[ \"\$(json_loss $work/e1.json)\" = \"\$(json_loss $work/e2.json)\" ]" \
+  "the imported model's eval equals the original's ($(json_loss "$work/e1.json"))" || cat "$work/e2.log"
+
+# Sharded: the same tensors in 3 files and an index.
+st shard "$work/hf/model.safetensors" "$work/sharded" 3 && cp "$work/hf/config.json" "$work/sharded/"
+"$titan3d" import "$work/sharded" --out "$work/imp_sh" >"$work/sh.log" 2>&1
+"$titan3d" export "$work/imp_sh/step_00000000.h5" --out "$work/hf_sh" >/dev/null 2>&1
+check "grep -q 'from 3 file' $work/sh.log && st same $work/hf/model.safetensors $work/hf_sh/model.safetensors" \
+  "a sharded directory imports bit-exactly" || cat "$work/sh.log"
+
+# bf16 out and in; F16 in.
+"$titan3d" export "$snap" --out "$work/hf16" --dtype bf16 >/dev/null 2>&1
+check "st bf16of $work/hf/model.safetensors $work/hf16/model.safetensors && grep -q bfloat16 $work/hf16/config.json" \
+  "export --dtype bf16 rounds every weight to nearest even"
+"$titan3d" import "$work/hf16" --out "$work/imp16" >/dev/null 2>&1
+"$titan3d" export "$work/imp16/step_00000000.h5" --out "$work/hf16b" >/dev/null 2>&1
+check "st widened $work/hf16/model.safetensors $work/hf16b/model.safetensors" "a bf16 import converts exactly"
+mkdir -p "$work/hff16" && cp "$work/hf/config.json" "$work/hff16/" && st f16 "$work/hf/model.safetensors" "$work/hff16/model.safetensors"
+"$titan3d" import "$work/hff16" --out "$work/impf16" >/dev/null 2>&1
+"$titan3d" export "$work/impf16/step_00000000.h5" --out "$work/hff16b" >/dev/null 2>&1
+check "st widened $work/hff16/model.safetensors $work/hff16b/model.safetensors" "an fp16 import converts exactly"
+
+# Tied embeddings.
+"$titan3d" train "${tiny[@]}" --set model.tie_embeddings=true --set train.steps=2 --set train.val_every=0 \
+  --set snapshot.every=2 --set run.dir="$work/tied" >/dev/null 2>&1
+"$titan3d" export "$work/tied/snapshots/step_00000002.h5" --out "$work/hft" >/dev/null 2>&1
+"$titan3d" import "$work/hft" --out "$work/impt" >"$work/t.log" 2>&1
+"$titan3d" export "$work/impt/step_00000000.h5" --out "$work/hft2" >/dev/null 2>&1
+check "grep -q 'tied embeddings' $work/t.log && st same $work/hft/model.safetensors $work/hft2/model.safetensors" \
+  "tied embeddings import bit-exactly" || cat "$work/t.log"
+
+# Fine-tune the import on tp2: the first loss is the trained model's, far below a fresh start's.
+"$titan3d" resume "$work/imp/step_00000000.h5" --set train.steps=4 --set parallel.tp=2 \
+  --set run.log_level=warn --set run.dir="$work/ft" >"$work/ft.log" 2>&1
+check "[ \$? -eq 0 ]" "resume the import on tp2 (fine-tune)" || cat "$work/ft.log"
+loss_at() { grep "\"step\": $2," "$1" | head -1 | sed -E 's/.*"loss": ([^,]+),.*/\1/'; }
+fresh=$(loss_at "$work/run/metrics.jsonl" 1); tuned=$(loss_at "$work/ft/metrics.jsonl" 1)
+check "[ -n \"$fresh\" ] && [ -n \"$tuned\" ] && awk -v f=$fresh -v t=$tuned 'BEGIN { exit !(t + 0 < f - 0.5) }'" \
+  "fine-tuning starts from the imported weights (first loss $tuned, fresh $fresh)"
+
+# Refusals: exit 2 naming the key.
+refuse_set() {  # KEY VALUE: the export's config.json with KEY's line set to VALUE
+  rm -rf "$work/bad" "$work/badout"; mkdir -p "$work/bad"; ln -s "$work/hf/model.safetensors" "$work/bad/"
+  sed -E "s|^(  \"$1\": ).*|\1$2,|" "$work/hf/config.json" >"$work/bad/config.json"
+  "$titan3d" import "$work/bad" --out "$work/badout" >"$work/r.log" 2>&1
+  check "[ \$? -eq 2 ] && grep -q '\`$1\`' $work/r.log" "refused: $1 = $2" || { cat "$work/r.log"; cat "$work/bad/config.json"; }
+}
+refuse_set rope_scaling '{"type": "linear", "factor": 2.0}'
+refuse_set attention_bias true
+refuse_set mlp_bias true
+refuse_set hidden_act '"gelu"'
+refuse_set model_type '"mistral"'
+refuse_set architectures '["MistralForCausalLM"]'
+refuse_set head_dim 8
+exit $fail

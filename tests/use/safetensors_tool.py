@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""safetensors files for the import tests, with numpy only (an independent reader and writer).
+
+  same A B              exit 0 when A and B hold the same tensors, bit for bit (metadata aside)
+  bf16of F32 BF16       exit 0 when BF16's tensors are F32's rounded to nearest even
+  widened HALF F32      exit 0 when F32's tensors are HALF's (BF16 or F16) widened exactly
+  shard SRC DIR N       writes SRC's tensors as N files + model.safetensors.index.json in DIR
+  f16 SRC DST           writes SRC's tensors as F16 (rounded by numpy) to DST
+"""
+import json
+import os
+import struct
+import sys
+
+import numpy as np
+
+DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
+
+
+def read(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    (n,) = struct.unpack_from("<Q", raw, 0)
+    header = json.loads(raw[8:8 + n])
+    header.pop("__metadata__", None)
+    out = {}
+    for name, e in header.items():
+        b, end = e["data_offsets"]
+        arr = np.frombuffer(raw[8 + n + b:8 + n + end], dtype=DTYPES[e["dtype"]]).reshape(e["shape"])
+        out[name] = (e["dtype"], arr)
+    return out
+
+
+def write(path, tensors):
+    header, blobs, offset = {"__metadata__": {"format": "pt"}}, [], 0
+    for name, (dtype, arr) in tensors.items():
+        data = np.ascontiguousarray(arr).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(arr.shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def bits(arr):
+    return arr.view(np.uint32) if arr.dtype == np.float32 else arr.view(np.uint16)
+
+
+def widen(dtype, arr):
+    if dtype == "BF16":
+        return (arr.astype(np.uint32) << 16).view(np.float32)
+    return arr.astype(np.float32) if dtype == "F16" else arr
+
+
+def main():
+    cmd, args = sys.argv[1], sys.argv[2:]
+    if cmd == "same":
+        a, b = read(args[0]), read(args[1])
+        bad = [k for k in a if k not in b or a[k][0] != b[k][0] or not np.array_equal(bits(a[k][1]), bits(b[k][1]))]
+        bad += [k for k in b if k not in a]
+        print(f"{len(a)} tensors, {len(bad)} differ {bad[:3]}")
+        return 1 if bad else 0
+    if cmd == "bf16of":
+        a, b = read(args[0]), read(args[1])
+        bad = []
+        for k, (_, x) in a.items():
+            u = x.view(np.uint32).astype(np.uint64)
+            want = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+            if b[k][0] != "BF16" or not np.array_equal(b[k][1], want):
+                bad.append(k)
+        print(f"{len(a)} tensors, {len(bad)} not rounded to nearest even {bad[:3]}")
+        return 1 if bad else 0
+    if cmd == "widened":
+        a, b = read(args[0]), read(args[1])
+        bad = [k for k, (d, x) in a.items() if not np.array_equal(bits(widen(d, x)), bits(b[k][1]))]
+        print(f"{len(a)} tensors, {len(bad)} not widened exactly {bad[:3]}")
+        return 1 if bad else 0
+    if cmd == "shard":
+        src, out, n = read(args[0]), args[1], int(args[2])
+        os.makedirs(out, exist_ok=True)
+        names = list(src)
+        weight_map = {}
+        for i in range(n):
+            part = names[i::n]
+            fname = f"model-{i + 1:05d}-of-{n:05d}.safetensors"
+            write(os.path.join(out, fname), {k: src[k] for k in part})
+            weight_map.update({k: fname for k in part})
+        with open(os.path.join(out, "model.safetensors.index.json"), "w") as f:
+            json.dump({"metadata": {}, "weight_map": weight_map}, f)
+        return 0
+    if cmd == "f16":
+        src = read(args[0])
+        write(args[1], {k: ("F16", widen(d, x).astype(np.float16)) for k, (d, x) in src.items()})
+        return 0
+    print(__doc__)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
