@@ -1,0 +1,162 @@
+// The pieces of `titan3d import` that need no snapshot: the safetensors reader (F32 / BF16 / F16
+// to fp32, damaged files refused) and config.json to a model shape (defaults said, unrepresentable
+// keys refused by name). End to end against export: tests/use/import.sh.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+
+#include "checkpoint/safetensors.h"
+#include "kernels/check.h"
+#include "runtime/use/import.h"
+
+namespace t3d::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+namespace ck = checkpoint;
+
+std::string temp_file(const std::string& name) {
+  return (fs::temp_directory_path() / (name + "_" + std::to_string(::getpid()))).string();
+}
+
+// A safetensors file of one tensor with raw `bytes`, written by hand (not by the writer).
+std::string hand_written(const std::string& name, const std::string& dtype,
+                         const std::vector<int64_t>& shape, const std::string& bytes) {
+  std::string shape_json;
+  for (const int64_t d : shape) shape_json += (shape_json.empty() ? "" : ",") + std::to_string(d);
+  std::string header = "{\"t\":{\"dtype\":\"" + dtype + "\",\"shape\":[" + shape_json +
+                       "],\"data_offsets\":[0," + std::to_string(bytes.size()) + "]}}";
+  const uint64_t n = header.size();
+  const std::string path = temp_file(name);
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(&n), 8);
+  out << header << bytes;
+  return path;
+}
+
+template <typename T>
+std::string raw(const std::vector<T>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+}
+
+TEST(use_Import, ReadsF16ExactlyIncludingSubnormalsAndInfinities) {
+  // 1, -2, 65504 (largest), 2^-24 (smallest subnormal), 3·2^-24, 2^-14 (smallest normal), -inf, -0
+  const std::vector<uint16_t> h = {0x3C00, 0xC000, 0x7BFF, 0x0001, 0x0003, 0x0400, 0xFC00, 0x8000};
+  const std::string path = hand_written("f16", "F16", {2, 4}, raw(h));
+  const ck::SafetensorsFile f(path);
+  const std::vector<float> got = f.read_f32("t");
+  const float inf = std::numeric_limits<float>::infinity();
+  const std::vector<float> want = {
+      1.0f, -2.0f, 65504.0f, std::ldexp(1.0f, -24), std::ldexp(3.0f, -24), std::ldexp(1.0f, -14),
+      -inf, -0.0f};
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << i;
+  EXPECT_TRUE(std::signbit(got[7]));
+  fs::remove(path);
+}
+
+TEST(use_Import, WriterBf16RoundsToNearestEvenAndReaderWidens) {
+  // 1 + 2^-8 is halfway between two bf16 values: ties to even (1.0); 1 + 3·2^-8 rounds up.
+  const std::vector<float> v = {1.0f + std::ldexp(1.0f, -8), 1.0f + std::ldexp(3.0f, -8), -3.5f,
+                                1e-30f};
+  const std::string path = temp_file("bf16.safetensors");
+  ck::write_safetensors(path, {{"w", {4}, v.data()}}, {}, ck::StDtype::kBF16);
+  const ck::SafetensorsFile f(path);
+  EXPECT_EQ(f.entries().at("w").dtype, "BF16");
+  EXPECT_EQ(f.entries().at("w").end - f.entries().at("w").begin, 8u);  // 2 bytes per value
+  const std::vector<float> got = f.read_f32("w");
+  EXPECT_EQ(got[0], 1.0f);
+  EXPECT_EQ(got[1], 1.0f + std::ldexp(1.0f, -6));
+  EXPECT_EQ(got[2], -3.5f);
+  uint32_t bits;
+  std::memcpy(&bits, &got[3], 4);
+  EXPECT_EQ(bits & 0xFFFFu, 0u);  // a bf16 value: the low half is zero
+  fs::remove(path);
+}
+
+TEST(use_Import, RefusesDamagedFilesAndOtherDtypes) {
+  const std::string truncated = hand_written("trunc", "F32", {4}, std::string(12, '\0'));
+  try {
+    ck::SafetensorsFile f(truncated);
+    FAIL() << "16 bytes promised, 12 present";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find(truncated), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("truncated or damaged"), std::string::npos) << e.what();
+  }
+  const std::string ints = hand_written("ints", "I32", {2}, std::string(8, '\0'));
+  const ck::SafetensorsFile f(ints);
+  try {
+    f.read_f32("t");
+    FAIL() << "I32 is not a weight dtype titan3d reads";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("I32"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(f.read_f32("absent"), UserError);
+  const std::string garbage = temp_file("garbage");
+  std::ofstream(garbage) << "not a safetensors file at all";
+  EXPECT_THROW(ck::SafetensorsFile{garbage}, UserError);
+  for (const auto& p : {truncated, ints, garbage}) fs::remove(p);
+}
+
+const char* kMinimalConfig = R"({"model_type": "llama", "vocab_size": 300, "hidden_size": 64,
+  "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": 128})";
+
+TEST(use_Import, ConfigDefaultsAreTransformersAndSaid) {
+  std::vector<std::string> notes;
+  const ModelConfig m = llama_model_from_config(kMinimalConfig, "c.json", &notes);
+  EXPECT_EQ(m.vocab_size, 300);
+  EXPECT_EQ(m.dim, 64);
+  EXPECT_EQ(m.n_layers, 2);
+  EXPECT_EQ(m.n_heads, 4);
+  EXPECT_EQ(m.n_kv_heads, 4);
+  EXPECT_EQ(m.ffn_dim, 128);
+  EXPECT_EQ(m.seq_len, 2048);
+  EXPECT_EQ(m.norm_eps, 1e-6);
+  EXPECT_EQ(m.rope_theta, 10000.0);
+  EXPECT_FALSE(m.tie_embeddings);
+  ASSERT_EQ(notes.size(), 5u);  // kv heads, positions, eps, theta, tying
+  EXPECT_NE(notes[0].find("num_key_value_heads"), std::string::npos);
+}
+
+TEST(use_Import, ConfigKeysTitanCannotRepresentAreRefusedByName) {
+  const std::string base = kMinimalConfig;
+  const std::pair<std::string, std::string> bad[] = {
+      {"rope_scaling", R"({"type": "dynamic", "factor": 2.0})"},
+      {"attention_bias", "true"},
+      {"mlp_bias", "true"},
+      {"hidden_act", R"("gelu")"},
+      {"head_dim", "32"},
+      {"architectures", R"(["MistralForCausalLM"])"},
+  };
+  for (const auto& [key, value] : bad) {
+    const std::string text = "{\"" + key + "\": " + value + ", " + base.substr(1);
+    std::vector<std::string> notes;
+    try {
+      llama_model_from_config(text, "c.json", &notes);
+      FAIL() << key;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("`" + key + "`"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("c.json"), std::string::npos) << e.what();
+    }
+  }
+  std::vector<std::string> notes;
+  // Explicit values titan3d has: accepted.
+  EXPECT_NO_THROW(llama_model_from_config(
+      R"({"rope_scaling": null, "attention_bias": false, "head_dim": 16, )" + base.substr(1),
+      "c.json", &notes));
+  try {
+    llama_model_from_config(R"({"model_type": "llama"})", "c.json", &notes);
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("`vocab_size`"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(llama_model_from_config(R"({"model_type": "gpt2"})", "c.json", &notes), UserError);
+}
+
+}  // namespace
+}  // namespace t3d::runtime
