@@ -4,7 +4,7 @@
 #    for byte; Python SentencePiece (python3-sentencepiece) encodes the corpus as titan3d did;
 #  - a tiny model trained on text read through it (data.tokenizer) has falling loss; eval equals
 #    its logged validation loss; generate prints text; export writes the tokenizer beside the
-#    weights (tokenizer.model identical, tokenizer_config.json);
+#    weights (tokenizer.model identical, tokenizer_config.json), which import takes back;
 #  - a vocabulary too small for the tokenizer, a missing model file and a snapshot read with
 #    another tokenizer (or a changed file) are exit 2, naming the keys.
 set -u
@@ -42,6 +42,15 @@ echo "  sampled: $(tr '\n' '|' <"$work/g.txt")"
 "$titan3d" export "$snap" --out "$work/hf" >"$work/x.log" 2>&1
 check "[ \$? -eq 0 ] && cmp -s $work/hf/tokenizer.model $tok && grep -q LlamaTokenizer $work/hf/tokenizer_config.json && grep -q '\"bos_token_id\": 1' $work/hf/config.json" \
   "export writes tokenizer.model (the same bytes) and tokenizer_config.json" || cat "$work/x.log"
+
+# The export imported back: its tokenizer.model becomes data.tokenizer (copied beside the
+# snapshot), so eval of the import reads the same validation ids and gives the same loss.
+"$titan3d" import "$work/hf" --out "$work/imp" >"$work/i.log" 2>&1
+check "[ \$? -eq 0 ] && cmp -s $work/imp/tokenizer.model $tok && grep -q 'data.tokenizer = $work/imp/tokenizer.model' $work/i.log" \
+  "import takes the exported tokenizer.model as data.tokenizer" || cat "$work/i.log"
+"$titan3d" eval "$work/imp/step_00000000.h5" --json "$work/ei.json" >"$work/ei.log" 2>&1
+check "[ \$? -eq 0 ] && [ \"\$(json_loss $work/ei.json)\" = \"\$(json_loss $work/e.json)\" ]" \
+  "eval of the import equals the original's, through the imported tokenizer" || cat "$work/ei.log"
 
 # Refusals, exit 2 with the keys named.
 "$titan3d" train "${tiny[@]}" --set "data.tokenizer=\"$tok\"" --set train.steps=1 --set run.dir="$work/bad" >"$work/v.log" 2>&1
