@@ -356,8 +356,8 @@ int main(int argc, char** argv) {
       "eval", "Mean cross-entropy and perplexity of a snapshot's model over a data file");
   eval_cmd->add_option("snapshot", snapshot, "Snapshot file (.h5)")->required();
   eval_cmd->add_option("--data", eval_opts.data,
-                       "Text (byte tokenizer) or token file; default: the recipe's validation "
-                       "data, as the trainer reads it");
+                       "Text (read through the snapshot's data.tokenizer) or token file; "
+                       "default: the recipe's validation data, as the trainer reads it");
   eval_cmd->add_option("--batches", eval_opts.batches,
                        "Batches of train.global_batch windows (default: every window of --data "
                        "once; train.val_batches for the recipe's validation data)");
@@ -394,7 +394,8 @@ int main(int argc, char** argv) {
       "import", "Read a Hugging Face LLaMA directory into a snapshot at step 0 (to fine-tune)");
   import_cmd->add_option("hf_dir", hf_dir, "Directory: config.json + safetensors weights")
       ->required();
-  import_cmd->add_option("--out", out_dir, "Snapshot directory to create (step_00000000.h5)")
+  import_cmd->add_option("--out", out_dir,
+                         "Snapshot directory DIR to create, or DIR/step_00000000.h5")
       ->required();
 
   runtime::TokenizeOptions tok;

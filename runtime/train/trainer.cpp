@@ -207,10 +207,11 @@ struct Trainer::Impl {
                  r.model.n_layers, r.model.dim, r.model.n_heads, r.model.n_kv_heads,
                  r.model.ffn_dim, r.model.vocab_size, r.model.seq_len,
                  whole_model_params() / 1e6);
-    spdlog::info("data: {} train tokens, {} validation; unigram entropy {:.3f} nats/token (the loss "
-                 "to beat); global batch {} × {} tokens, {} micro-batch(es) of {} rows per dp rank",
-                 train_tokens.size(), val_tokens.size(), unigram_nats, r.train.global_batch, T,
-                 n_micro, rows);
+    spdlog::info("data: {} train tokens, {} validation (text read through data.tokenizer = {}); "
+                 "unigram entropy {:.3f} nats/token (the loss to beat); global batch {} × {} "
+                 "tokens, {} micro-batch(es) of {} rows per dp rank",
+                 train_tokens.size(), val_tokens.size(), r.data.tokenizer, unigram_nats,
+                 r.train.global_batch, T, n_micro, rows);
     spdlog::info("arena peak {:.3f} GiB of {:.3f} (hardware.hbm_gib)", gib(arena->peak()),
                  gib(arena->capacity()));
   }

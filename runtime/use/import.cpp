@@ -240,7 +240,16 @@ void write_snapshot(const std::string& dir, const Recipe& r, std::vector<GlobalT
 
 }  // namespace
 
-ImportSummary import_hf(const std::string& hf_dir, const std::string& out_dir) {
+ImportSummary import_hf(const std::string& hf_dir, const std::string& out) {
+  // --out names the snapshot directory, or its index file DIR/step_00000000.h5 (step 0).
+  std::string out_dir = out;
+  if (fs::path(out).extension() == ".h5") {
+    T3D_USER_CHECK(fs::path(out).filename() == ck::snapshot_name(0) + ".h5", "--out `", out,
+                   "`: an imported snapshot's index is DIR/", ck::snapshot_name(0),
+                   ".h5 (step 0); give that path or the directory DIR");
+    out_dir = fs::path(out).parent_path().string();
+    if (out_dir.empty()) out_dir = ".";
+  }
   const fs::path hf(hf_dir);
   T3D_USER_CHECK(fs::is_directory(hf), "`", hf_dir,
                  "` is not a directory; give a Hugging Face "

@@ -38,8 +38,9 @@ struct ImportSummary {
 ModelConfig llama_model_from_config(const std::string& config_json_text, const std::string& source,
                                     std::vector<std::string>* notes);
 
-// Reads `hf_dir` and writes a snapshot into `out_dir` (created; refused when it already holds
-// snapshots). UserError naming the file, key or tensor at fault.
-ImportSummary import_hf(const std::string& hf_dir, const std::string& out_dir);
+// Reads `hf_dir` and writes a snapshot into the directory `out` (created; refused when it already
+// holds snapshots), or, when `out` ends in .h5, at that path, which must then be
+// DIR/step_00000000.h5. UserError naming the file, key or tensor at fault.
+ImportSummary import_hf(const std::string& hf_dir, const std::string& out);
 
 }  // namespace t3d::runtime

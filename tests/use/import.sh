@@ -32,7 +32,7 @@ check "[ \"\$(json_loss $work/e1.json)\" = \"\$(json_loss $work/e2.json)\" ]" \
 
 # Sharded: the same tensors in 3 files and an index.
 st shard "$work/hf/model.safetensors" "$work/sharded" 3 && cp "$work/hf/config.json" "$work/sharded/"
-"$titan3d" import "$work/sharded" --out "$work/imp_sh" >"$work/sh.log" 2>&1
+"$titan3d" import "$work/sharded" --out "$work/imp_sh/step_00000000.h5" >"$work/sh.log" 2>&1
 "$titan3d" export "$work/imp_sh/step_00000000.h5" --out "$work/hf_sh" >/dev/null 2>&1
 check "grep -q 'from 3 file' $work/sh.log && st same $work/hf/model.safetensors $work/hf_sh/model.safetensors" \
   "a sharded directory imports bit-exactly" || cat "$work/sh.log"
@@ -81,4 +81,8 @@ refuse_set hidden_act '"gelu"'
 refuse_set model_type '"mistral"'
 refuse_set architectures '["MistralForCausalLM"]'
 refuse_set head_dim 8
+"$titan3d" import "$work/hf" --out "$work/x/model.h5" >"$work/o.log" 2>&1
+check "[ \$? -eq 2 ] && grep -q 'step_00000000.h5' $work/o.log" "--out FILE.h5 must be DIR/step_00000000.h5" || cat "$work/o.log"
+"$titan3d" import "$work/hf" --out "$work/imp" >"$work/o.log" 2>&1
+check "[ \$? -eq 2 ] && grep -q 'already holds snapshots' $work/o.log" "--out over snapshots is refused" || cat "$work/o.log"
 exit $fail
