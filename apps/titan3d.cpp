@@ -24,6 +24,7 @@
 #include "runtime/recipe/recipe.h"
 #include "runtime/selfcheck/selfcheck.h"
 #include "runtime/stage/gemm_choice.h"
+#include "runtime/stage/stage.h"
 #include "runtime/train/snapshots.h"
 #include "runtime/train/supervisor.h"
 #include "runtime/train/trainer.h"
@@ -66,6 +67,7 @@ bool speaks_before_mpi() {
 // `train` and `resume` differ only in where the recipe comes from.
 int run_training(runtime::Recipe recipe, const Options& o, const std::vector<std::string>& argv) {
   runtime::check_inputs(recipe);
+  if (recipe.data.tokenizer != runtime::kByteTokenizerName) runtime::check_tokenizer(recipe);
   // Not inside a launcher: become the job's parent (mpirun, restarts after failures).
   if (runtime::detect_launch_env().launcher == runtime::Launcher::none) {
     const runtime::SupervisedRun run = runtime::supervise_training(
@@ -113,6 +115,7 @@ int train(const Options& o, const std::vector<std::string>& argv) {
   if (!o.dry_run) return run_training(std::move(recipe), o, argv);
   // Everything that is checked before a rank starts, and nothing else (docs/recipe.md).
   runtime::check_inputs(recipe);
+  if (recipe.data.tokenizer != runtime::kByteTokenizerName) runtime::check_tokenizer(recipe);
   if (o.np > 0) recipe.resolve_world(o.np);
   std::printf("recipe ok: %s: pp·dp·cp·tp = %lld·%lld·%lld·%lld = %lld ranks, %lld steps\n",
               o.recipe.c_str(), static_cast<long long>(recipe.parallel.pp),

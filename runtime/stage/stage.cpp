@@ -108,4 +108,12 @@ StageData load_stage_data(const Recipe& r) {
   return d;
 }
 
+void check_tokenizer(const Recipe& r) {
+  const TextTokenizer tokenizer = TextTokenizer::open(r.data.tokenizer);
+  T3D_USER_CHECK(tokenizer.vocab_size() <= r.model.vocab_size, "recipe error: data.tokenizer `",
+                 tokenizer.spec(), "` has ", tokenizer.vocab_size(), " ids but model.vocab_size is ",
+                 r.model.vocab_size, " (", r.origin("model.vocab_size"),
+                 "); set model.vocab_size to at least ", tokenizer.vocab_size());
+}
+
 }  // namespace t3d::runtime

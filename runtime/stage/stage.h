@@ -69,4 +69,8 @@ struct StageData {
 };
 StageData load_stage_data(const Recipe& r);
 
+// Before any rank starts (and in --dry-run): data.tokenizer opens and model.vocab_size holds its
+// ids; UserError naming both keys otherwise. (Ranks check again when they encode the data.)
+void check_tokenizer(const Recipe& r);
+
 }  // namespace t3d::runtime

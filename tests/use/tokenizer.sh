@@ -56,6 +56,9 @@ check "[ \$? -eq 0 ] && [ \"\$(json_loss $work/ei.json)\" = \"\$(json_loss $work
 "$titan3d" train "${tiny[@]}" --set "data.tokenizer=\"$tok\"" --set train.steps=1 --set run.dir="$work/bad" >"$work/v.log" 2>&1
 check "[ \$? -eq 2 ] && grep -q 'model.vocab_size is 256' $work/v.log && grep -q 'data.tokenizer' $work/v.log" \
   "a vocabulary smaller than the tokenizer's: exit 2 naming both" || cat "$work/v.log"
+"$titan3d" train "${tiny[@]}" --set "data.tokenizer=\"$tok\"" --dry-run >"$work/d.log" 2>&1
+check "[ \$? -eq 2 ] && grep -q 'model.vocab_size is 256' $work/d.log" \
+  "--dry-run checks the tokenizer's ids against model.vocab_size" || cat "$work/d.log"
 "$titan3d" train "${tiny[@]}" --set 'data.tokenizer="nope.model"' --set train.steps=1 --set run.dir="$work/bad" >"$work/n.log" 2>&1
 check "[ \$? -eq 2 ] && grep -q 'data.tokenizer' $work/n.log && grep -q nope.model $work/n.log" \
   "a missing tokenizer model file: exit 2 naming data.tokenizer" || cat "$work/n.log"
