@@ -159,9 +159,10 @@ std::string where_of(const Incident& i) {
 
 void explain_stop(const Incident& i, size_t restarts, const RunConfig& run,
                   const std::string& run_dir) {
-  if (i.action.rfind("stop: unreachable", 0) == 0)
+  const std::string stop = "stop: ";
+  if (i.action.rfind(stop + "unreachable", 0) == 0)  // it names the hosts and what to do
     std::fprintf(stderr, "titan3d: %s%s; %s\n", i.cause.c_str(), where_of(i).c_str(),
-                 i.action.c_str() + 6);
+                 i.action.substr(stop.size()).c_str());
   else if (i.action == "stop: the same failure again")
     std::fprintf(stderr,
                  "titan3d: %s%s, as in the previous attempt, before getting any further: a "
