@@ -195,14 +195,9 @@ std::optional<GemmKind> parse_gemm_kind(std::string_view name) {
 }
 
 void round_gemm_input(bf16* out, const float* in, std::int64_t n) {
-  const int nt = detail::op_threads(n);
-  if (nt <= 1) return float_to_bf16(out, in, n);
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int t = 0; t < nt; ++t) {
-    const std::int64_t chunk = (n / nt + 15) / 16 * 16;  // cache-line boundaries
-    const std::int64_t lo = std::min(n, t * chunk), hi = t == nt - 1 ? n : std::min(n, lo + chunk);
-    if (lo < hi) float_to_bf16(out + lo, in + lo, hi - lo);
-  }
+  detail::split_range(n, [&](std::int64_t lo, std::int64_t hi) {
+    float_to_bf16(out + lo, in + lo, hi - lo);
+  });
 }
 
 void gemm(GemmKind kind, Trans trans_a, Trans trans_b, std::int64_t M, std::int64_t N,

@@ -90,28 +90,9 @@ void linear_backward_weight(float* dw, const LinearInput& dy, const LinearInput&
   gemm(linear_gemm(), Trans::kYes, Trans::kNo, out, in, N, operand(dy), operand(x), true, dw, in);
 }
 
-namespace {
-
-// Element-wise: with threads, each takes a contiguous range (the vectorised loops are in
-// kernels/simd_rows.inc).
-template <class Fn>
-void split_range(std::int64_t n, Fn&& fn) {
-  const int nt = detail::op_threads(n);
-  if (nt <= 1) return fn(std::int64_t{0}, n);
-#pragma omp parallel for num_threads(nt) schedule(static)
-  for (int t = 0; t < nt; ++t) {
-    // Boundaries on multiples of 16 floats (a cache line).
-    const std::int64_t chunk = (n / nt + 15) / 16 * 16;
-    const std::int64_t lo = std::min(n, t * chunk), hi = t == nt - 1 ? n : std::min(n, lo + chunk);
-    fn(lo, hi);
-  }
-}
-
-}  // namespace
-
 void swiglu_forward(float* h, const float* gate, const float* up, std::int64_t n) {
   const auto& rows = detail::simd_rows();
-  split_range(n, [&](std::int64_t lo, std::int64_t hi) {
+  detail::split_range(n, [&](std::int64_t lo, std::int64_t hi) {
     rows.swiglu_fwd(h + lo, gate + lo, up + lo, hi - lo);
   });
 }
@@ -120,7 +101,7 @@ void swiglu_forward(float* h, const float* gate, const float* up, std::int64_t n
 void swiglu_backward(float* dgate, float* dup, const float* dh, const float* gate, const float* up,
                      std::int64_t n) {
   const auto& rows = detail::simd_rows();
-  split_range(n, [&](std::int64_t lo, std::int64_t hi) {
+  detail::split_range(n, [&](std::int64_t lo, std::int64_t hi) {
     rows.swiglu_bwd(dgate + lo, dup + lo, dh + lo, gate + lo, up + lo, hi - lo);
   });
 }

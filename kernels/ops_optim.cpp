@@ -5,6 +5,7 @@
 
 #include "kernels/check.h"
 #include "kernels/ops.h"
+#include "kernels/simd_rows.h"
 #include "kernels/threads.h"
 
 namespace t3d::kernels {
@@ -43,20 +44,14 @@ void adamw_step(float* params, const float* grads, float* m, float* v, std::int6
   // Bias corrections in double: beta2^t with beta2 = 0.999 and large t needs the precision.
   const double bc1 = 1.0 - std::pow(static_cast<double>(cfg.beta1), static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(static_cast<double>(cfg.beta2), static_cast<double>(step));
-  const float step_size = static_cast<float>(cfg.lr / bc1);
-  const float inv_sqrt_bc2 = static_cast<float>(1.0 / std::sqrt(bc2));
-  const float decay = 1.0f - cfg.lr * cfg.weight_decay;
-  const float b1 = cfg.beta1, b2 = cfg.beta2, eps = cfg.eps;
-#pragma omp parallel for simd num_threads(detail::op_threads(n)) schedule(static)
-  for (std::int64_t i = 0; i < n; ++i) {
-    const float g = grads[i];
-    const float mi = b1 * m[i] + (1.0f - b1) * g;
-    const float vi = b2 * v[i] + (1.0f - b2) * g * g;
-    m[i] = mi;
-    v[i] = vi;
-    // Same algebra as torch: p - lr/bc1 * m / (sqrt(v)/sqrt(bc2) + eps).
-    params[i] = params[i] * decay - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
-  }
+  const detail::AdamWScalars scalars{cfg.beta1, cfg.beta2, cfg.eps,
+                                     1.0f - cfg.lr * cfg.weight_decay,
+                                     static_cast<float>(cfg.lr / bc1),
+                                     static_cast<float>(1.0 / std::sqrt(bc2))};
+  const auto& rows = detail::simd_rows();
+  detail::split_range(n, [&](std::int64_t lo, std::int64_t hi) {
+    rows.adamw(params + lo, grads + lo, m + lo, v + lo, hi - lo, scalars);
+  });
 }
 
 }  // namespace t3d::kernels

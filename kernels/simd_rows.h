@@ -1,4 +1,4 @@
-// The non-GEMM inner loops of attention and SwiGLU, compiled three times (SSE2, AVX2+FMA,
+// The non-GEMM inner loops of attention, SwiGLU, RMSNorm and AdamW, compiled three times (SSE2, AVX2+FMA,
 // AVX-512) and picked once at run time by the CPU's features. Internal to kernels/.
 //
 // The build has no -march (the binary must run on any x86-64), so without this the `omp simd`
@@ -10,6 +10,14 @@
 #include <cstdint>
 
 namespace t3d::kernels::detail {
+
+// AdamW's per-step scalars (kernels/ops.h adamw_step computes them once per call).
+struct AdamWScalars {
+  float beta1, beta2, eps;
+  float decay;         // 1 - lr · weight_decay
+  float step_size;     // lr / (1 - beta1^t)
+  float inv_sqrt_bc2;  // 1 / sqrt(1 - beta2^t)
+};
 
 struct SimdRows {
   const char* isa;
@@ -35,6 +43,21 @@ struct SimdRows {
   // fp32 <-> bf16 over [0, n), bit-identical to kernels/precision.h's scalar conversions.
   void (*to_bf16)(std::uint16_t* out, const float* in, std::int64_t n);
   void (*from_bf16)(float* out, const std::uint16_t* in, std::int64_t n);
+  // RMSNorm over `rows` rows of C (kernels/ops.h): forward writes out and rstd, backward dinp.
+  // The row sums
+  // run in double in 16 interleaved partial sums joined by a fixed tree, and no FMA contraction:
+  // every ISA gives the same bits.
+  void (*rmsnorm_fwd)(float* out, float* rstd, const float* inp, const float* weight,
+                      std::int64_t rows, std::int64_t C, float eps);
+  void (*rmsnorm_bwd)(float* dinp, const float* dout, const float* inp, const float* weight,
+                      const float* rstd, std::int64_t rows, std::int64_t C);
+  // dweight[c] += sum over the rows, in order, of dout·inp·rstd, for columns [c0, c0 + 64) ∩ C.
+  void (*rmsnorm_dweight)(float* dweight, const float* dout, const float* inp, const float* rstd,
+                          std::int64_t rows, std::int64_t C, std::int64_t c0);
+  // AdamW over [0, n), each operation in the written order and rounded as written (no FMA
+  // contraction): every ISA gives the bits of the scalar loop.
+  void (*adamw)(float* params, const float* grads, float* m, float* v, std::int64_t n,
+                const AdamWScalars& s);
 };
 
 extern const SimdRows kSimdRowsSse2, kSimdRowsAvx2, kSimdRowsAvx512;

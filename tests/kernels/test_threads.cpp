@@ -67,14 +67,16 @@ TEST(kernels_threads, ElementwiseTwoThreadsEqualsOne) {
              dy = random_vec(n, 8);
   auto run = [&](int threads) {
     std::vector<float> out(n), rstd(N), dx(n), dw(C, 0.5f), h(n), dg(n), du(n), r(x);
+    std::vector<float> p(x), m(y), v(n, 0.25f);
     with_threads(threads, [&] {
+      adamw_step(p.data(), dy.data(), m.data(), v.data(), n, {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f}, 3);
       rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
       rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
       swiglu_forward(h.data(), x.data(), y.data(), n);
       swiglu_backward(dg.data(), du.data(), dy.data(), x.data(), y.data(), n);
       add_inplace(r.data(), y.data(), n);
     });
-    return std::vector<std::vector<float>>{out, rstd, dx, dw, h, dg, du, r};
+    return std::vector<std::vector<float>>{out, rstd, dx, dw, h, dg, du, r, p, m, v};
   };
   const auto one = run(1), two = run(2);
   for (std::size_t i = 0; i < one.size(); ++i) EXPECT_EQ(one[i], two[i]) << "output " << i;
@@ -116,6 +118,71 @@ TEST(kernels_threads, WideRowLoopsMatchSse2) {
       SCOPED_TRACE(w->isa);
       expect_near_rel(got[i], base[i], "output");
     }
+  }
+}
+
+// RMSNorm and AdamW promise the same bits on every ISA (simd_rows.h): against the contract
+// written out as plain scalar code here (this file is built for baseline x86-64: no FMA), each
+// ISA's version must agree exactly, not just closely.
+TEST(kernels_threads, RmsNormAndAdamWAreTheSameBitsOnEveryIsa) {
+  const CpuFeatures f = detect_cpu_features();
+  std::vector<const detail::SimdRows*> isas{&detail::kSimdRowsSse2};
+  if (f.avx2 && f.fma) isas.push_back(&detail::kSimdRowsAvx2);
+  if (f.avx512f && f.avx512dq && f.avx512bw && f.avx512vl) isas.push_back(&detail::kSimdRowsAvx512);
+  const std::int64_t N = 7, C = 147, n = 1003;  // C: 9 lanes of 16 and a tail of 3, 2 blocks + 19
+  const float eps = 1e-5f;
+  const auto x = random_vec(N * C, 21, 3.0f), w = random_vec(C, 22), dy = random_vec(N * C, 23);
+  const auto g = random_vec(n, 24), p0 = random_vec(n, 25), m0 = random_vec(n, 26, 0.1f);
+  std::vector<float> v0 = random_vec(n, 27, 0.01f);
+  for (auto& e : v0) e = e * e;
+
+  // The contract: lane j of 16 sums the terms of c ≡ j (mod 16) in order, lanes joined pairwise.
+  const auto sum16 = [&](auto term) {
+    double lane[16] = {};
+    for (std::int64_t c = 0; c < C; ++c) lane[c % 16] += term(c);
+    for (int width = 8; width >= 1; width /= 2)
+      for (int j = 0; j < width; ++j) lane[j] += lane[j + width];
+    return lane[0];
+  };
+  std::vector<float> out(N * C), rstd(N), dx(N * C), dw(C, 0.5f);
+  for (std::int64_t i = 0; i < N; ++i) {
+    const float* xr = x.data() + i * C;
+    const float* dr = dy.data() + i * C;
+    const double ss = sum16([&](std::int64_t c) { return static_cast<double>(xr[c]) * xr[c]; });
+    const float r = static_cast<float>(1.0 / std::sqrt(ss / static_cast<double>(C) + eps));
+    rstd[i] = r;
+    for (std::int64_t c = 0; c < C; ++c) out[i * C + c] = xr[c] * r * w[c];
+    const double dot =
+        sum16([&](std::int64_t c) { return static_cast<double>(dr[c]) * w[c] * xr[c]; });
+    const float k = static_cast<float>(dot * r * r * r / static_cast<double>(C));
+    for (std::int64_t c = 0; c < C; ++c) dx[i * C + c] = r * w[c] * dr[c] - k * xr[c];
+  }
+  for (std::int64_t c = 0; c < C; ++c)
+    for (std::int64_t i = 0; i < N; ++i) dw[c] += dy[i * C + c] * x[i * C + c] * rstd[i];
+  const detail::AdamWScalars s{0.9f, 0.95f, 1e-8f, 0.999f, 0.0125f, 1.3f};
+  std::vector<float> p(p0), m(m0), v(v0);
+  for (std::int64_t i = 0; i < n; ++i) {
+    m[i] = s.beta1 * m[i] + (1.0f - s.beta1) * g[i];
+    v[i] = s.beta2 * v[i] + (1.0f - s.beta2) * g[i] * g[i];
+    p[i] = p[i] * s.decay - s.step_size * m[i] / (std::sqrt(v[i]) * s.inv_sqrt_bc2 + s.eps);
+  }
+
+  for (const auto* isa : isas) {
+    SCOPED_TRACE(isa->isa);
+    std::vector<float> got_out(N * C), got_rstd(N), got_dx(N * C), got_dw(C, 0.5f);
+    isa->rmsnorm_fwd(got_out.data(), got_rstd.data(), x.data(), w.data(), N, C, eps);
+    isa->rmsnorm_bwd(got_dx.data(), dy.data(), x.data(), w.data(), got_rstd.data(), N, C);
+    for (std::int64_t c0 = 0; c0 < C; c0 += 64)
+      isa->rmsnorm_dweight(got_dw.data(), dy.data(), x.data(), got_rstd.data(), N, C, c0);
+    EXPECT_EQ(got_out, out);
+    EXPECT_EQ(got_rstd, rstd);
+    EXPECT_EQ(got_dx, dx);
+    EXPECT_EQ(got_dw, dw);
+    std::vector<float> got_p(p0), got_m(m0), got_v(v0);
+    isa->adamw(got_p.data(), g.data(), got_m.data(), got_v.data(), n, s);
+    EXPECT_EQ(got_p, p);
+    EXPECT_EQ(got_m, m);
+    EXPECT_EQ(got_v, v);
   }
 }
 
