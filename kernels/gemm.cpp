@@ -194,12 +194,6 @@ std::optional<GemmKind> parse_gemm_kind(std::string_view name) {
   return std::nullopt;
 }
 
-void round_gemm_input(bf16* out, const float* in, std::int64_t n) {
-  detail::split_range(n, [&](std::int64_t lo, std::int64_t hi) {
-    float_to_bf16(out + lo, in + lo, hi - lo);
-  });
-}
-
 void gemm(GemmKind kind, Trans trans_a, Trans trans_b, std::int64_t M, std::int64_t N,
           std::int64_t K, GemmOperand A, GemmOperand B, bool accumulate, float* C,
           std::int64_t ldc) {

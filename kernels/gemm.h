@@ -14,7 +14,8 @@
 // own (set_blas_threads): a rank uses one at a time, so the two never compete for its cores.
 //
 // Rounding to bf16: kernels/precision.h's float_to_bf16 (nearest even), both inputs in one
-// parallel region.
+// parallel region. A matrix several GEMMs read is rounded once by the caller
+// (float_to_bf16_threads, the same bits) and passed as GemmOperand::rounded.
 //
 // Workspace: the bf16 copies of the inputs live in a per-thread buffer owned by this file, grown to
 // the largest call and kept (like OpenBLAS's and oneDNN's own packing buffers, it is library
@@ -57,10 +58,6 @@ inline void gemm(GemmKind kind, Trans trans_a, Trans trans_b, std::int64_t M, st
   gemm(kind, trans_a, trans_b, M, N, K, GemmOperand{A, lda}, GemmOperand{B, ldb}, accumulate, C,
        ldc);
 }
-
-// out (n) = in (n) rounded to bf16 as a bf16 GEMM rounds its inputs (same bits), with the
-// rank's threads: for a matrix several GEMMs read (GemmOperand::rounded).
-void round_gemm_input(bf16* out, const float* in, std::int64_t n);
 
 // The kind linear_forward / linear_backward_* use (kOpenBlasF32 until set). Process-wide.
 void set_linear_gemm(GemmKind kind);

@@ -153,10 +153,17 @@ void linear_forward(float* y,        // y (N, out) = or +=
 // the weight gradient): when the linear layers run bf16 GEMMs it is rounded to bf16 once, here,
 // instead of once per GEMM (the same bits). The caller keeps the floats unchanged while it lives.
 // The rounded copy comes from a per-thread pool of library memory outside the arena (like the
-// GEMMs' own workspace, kernels/gemm.h), grown to the largest use and reused.
+// GEMMs' own workspace, kernels/gemm.h), grown to the largest use and reused; or it is the
+// caller's own copy (a bf16-stored activation, which the backward then reads without rounding).
 class LinearInput {
  public:
   LinearInput(const float* x, std::int64_t rows, std::int64_t cols);  // x (rows, cols)
+  // With the caller's bf16 copy of x (rows × cols, packed; nullptr: as the constructor above).
+  // kFill rounds x into it, whatever the GEMM kind, so that the copy always holds x; kFilled
+  // takes it as holding x rounded already (the same bits rounding gives: with bf16 GEMMs the
+  // floats at x are then not read and may be stale).
+  enum class Copy { kFill, kFilled };
+  LinearInput(const float* x, bf16* copy, Copy how, std::int64_t rows, std::int64_t cols);
   ~LinearInput();
   LinearInput(const LinearInput&) = delete;
   LinearInput& operator=(const LinearInput&) = delete;
@@ -168,7 +175,7 @@ class LinearInput {
  private:
   const float* x_;
   std::int64_t rows_, cols_;
-  bf16* rounded_ = nullptr;
+  const bf16* rounded_ = nullptr;
   int buffer_ = -1;  // its buffer in the pool
 };
 void linear_forward(float* y, const LinearInput& x, const float* w, std::int64_t out,

@@ -50,22 +50,31 @@ GemmOperand operand(const LinearInput& m) { return {m.data(), m.cols(), m.rounde
 }  // namespace
 
 LinearInput::LinearInput(const float* x, std::int64_t rows, std::int64_t cols)
+    : LinearInput(x, nullptr, Copy::kFill, rows, cols) {}
+
+LinearInput::LinearInput(const float* x, bf16* copy, Copy how, std::int64_t rows,
+                         std::int64_t cols)
     : x_(x), rows_(rows), cols_(cols) {
-  if (!gemm_kind_is_bf16(linear_gemm())) return;
-  RoundedPool& pool = rounded_pool();
-  for (std::size_t i = 0; i < pool.taken.size() && buffer_ < 0; ++i)
-    if (!pool.taken[i]) buffer_ = static_cast<int>(i);
-  if (buffer_ < 0) {
-    buffer_ = static_cast<int>(pool.buffers.size());
-    pool.buffers.emplace_back();
-    pool.taken.push_back(false);
+  const bool bf16_gemm = gemm_kind_is_bf16(linear_gemm());
+  if (!copy) {  // a buffer of the pool, only worth filling for bf16 GEMMs
+    if (!bf16_gemm) return;
+    RoundedPool& pool = rounded_pool();
+    for (std::size_t i = 0; i < pool.taken.size() && buffer_ < 0; ++i)
+      if (!pool.taken[i]) buffer_ = static_cast<int>(i);
+    if (buffer_ < 0) {
+      buffer_ = static_cast<int>(pool.buffers.size());
+      pool.buffers.emplace_back();
+      pool.taken.push_back(false);
+    }
+    auto& buffer = pool.buffers[static_cast<std::size_t>(buffer_)];
+    if (buffer.size() < static_cast<std::size_t>(rows * cols))
+      buffer.resize(static_cast<std::size_t>(rows * cols));
+    pool.taken[static_cast<std::size_t>(buffer_)] = true;
+    copy = buffer.data();
+    how = Copy::kFill;
   }
-  auto& buffer = pool.buffers[static_cast<std::size_t>(buffer_)];
-  if (buffer.size() < static_cast<std::size_t>(rows * cols))
-    buffer.resize(static_cast<std::size_t>(rows * cols));
-  pool.taken[static_cast<std::size_t>(buffer_)] = true;
-  rounded_ = buffer.data();
-  round_gemm_input(rounded_, x, rows * cols);
+  if (how == Copy::kFill) float_to_bf16_threads(copy, x, rows * cols);
+  if (bf16_gemm) rounded_ = copy;
 }
 
 LinearInput::~LinearInput() {

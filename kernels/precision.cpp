@@ -2,6 +2,7 @@
 
 #include "kernels/bf16_round.h"
 #include "kernels/simd_rows.h"
+#include "kernels/threads.h"
 
 namespace t3d::kernels {
 
@@ -15,6 +16,18 @@ void float_to_bf16(bf16* out, const float* in, std::int64_t n) {
 
 void bf16_to_float(float* out, const bf16* in, std::int64_t n) {
   detail::simd_rows().from_bf16(out, in, n);
+}
+
+void float_to_bf16_threads(bf16* out, const float* in, std::int64_t n) {
+  detail::split_range(n, [&](std::int64_t lo, std::int64_t hi) {
+    float_to_bf16(out + lo, in + lo, hi - lo);
+  });
+}
+
+void bf16_to_float_threads(float* out, const bf16* in, std::int64_t n) {
+  detail::split_range(n, [&](std::int64_t lo, std::int64_t hi) {
+    bf16_to_float(out + lo, in + lo, hi - lo);
+  });
 }
 
 }  // namespace t3d::kernels

@@ -29,5 +29,8 @@ inline float bf16_to_float(bf16 h) {
 // Arrays: the widest SIMD version this CPU runs, bit-identical to the scalar functions above.
 void float_to_bf16(bf16* out, const float* in, std::int64_t n);  // out (n), in (n)
 void bf16_to_float(float* out, const bf16* in, std::int64_t n);  // out (n), in (n)
+// The same with the rank's threads (kernels/threads.h): activations, GEMM inputs.
+void float_to_bf16_threads(bf16* out, const float* in, std::int64_t n);
+void bf16_to_float_threads(float* out, const bf16* in, std::int64_t n);
 
 }  // namespace t3d::kernels

@@ -61,7 +61,8 @@ const float* Model::input_grad(int chunk, int slot) const {
   return acts_.at(chunk).at(slot)->dx_in;
 }
 
-void Model::forward_layer(int64_t l, LayerActs& a, const float* x_in, float* x_out) {
+void Model::forward_layer(int64_t l, LayerActs& a, const GemmCopies& copies, const float* x_in,
+                          float* x_out) {
   const ConstBlock pw = block_weights(l);
   const int64_t N = rows_, C = config_.dim, D = config_.head_dim();
   const int64_t B = options_.micro_rows;
@@ -72,8 +73,9 @@ void Model::forward_layer(int64_t l, LayerActs& a, const float* x_in, float* x_o
   k::rmsnorm_forward(xn1_rows, a.rstd1, x_in, pw.ln1, Nl, C,
                      static_cast<float>(config_.norm_eps));
   gather_rows(xn1_rows, a.xn1);
+  using Copy = k::LinearInput::Copy;
   {
-    const k::LinearInput x(a.xn1, N, C);
+    const k::LinearInput x(a.xn1, copies.xn1, Copy::kFill, N, C);
     k::linear_forward(a.q, x, pw.q, qd);
     k::linear_forward(a.kk, x, pw.k, kvd);
     k::linear_forward(a.v, x, pw.v, kvd);
@@ -94,7 +96,7 @@ void Model::forward_layer(int64_t l, LayerActs& a, const float* x_in, float* x_o
     k::attention_forward(a.att + part * part_rows * qd, a.lse + part * B * heads_ * len,
                          a.q + part * part_rows * qd, cp_ ? s.k_all : a.kk, cp_ ? s.v_all : a.v,
                          s.attn, attention_shape(part));
-  k::linear_forward(s.tmp, a.att, pw.o, N, qd, C);
+  k::linear_forward(s.tmp, k::LinearInput(a.att, copies.att, Copy::kFill, N, qd), pw.o, C);
   const float* branch = reduce_rows(s.tmp);  // row-parallel: partial sums before the residual add
   std::memcpy(a.xmid, x_in, sizeof(float) * Nl * C);
   k::add_inplace(a.xmid, branch, Nl * C);
@@ -105,19 +107,19 @@ void Model::forward_layer(int64_t l, LayerActs& a, const float* x_in, float* x_o
                      static_cast<float>(config_.norm_eps));
   gather_rows(xn2_rows, a.xn2);
   {
-    const k::LinearInput x(a.xn2, N, C);
+    const k::LinearInput x(a.xn2, copies.xn2, Copy::kFill, N, C);
     k::linear_forward(a.gate, x, pw.gate, ffn_);
     k::linear_forward(a.up, x, pw.up, ffn_);
   }
   k::swiglu_forward(a.h, a.gate, a.up, N * ffn_);
-  k::linear_forward(s.tmp, a.h, pw.down, N, ffn_, C);
+  k::linear_forward(s.tmp, k::LinearInput(a.h, copies.h, Copy::kFill, N, ffn_), pw.down, C);
   branch = reduce_rows(s.tmp);
   std::memcpy(x_out, a.xmid, sizeof(float) * Nl * C);
   k::add_inplace(x_out, branch, Nl * C);
 }
 
-void Model::backward_layer(int64_t l, LayerActs& a, const float* x_in, float* dx,
-                           const LayerGrads* keep) {
+void Model::backward_layer(int64_t l, LayerActs& a, const GemmCopies& copies, const float* x_in,
+                           float* dx, const LayerGrads* keep) {
   const ConstBlock pw = block_weights(l);
   const BlockParams pg = block_grads(l);
   // dx (N, C): gradient of the block's output on entry, of its input on return. With `keep` the
@@ -134,11 +136,15 @@ void Model::backward_layer(int64_t l, LayerActs& a, const float* x_in, float* dx
   const int64_t Nl = rows_local_;
   const float* dy = gather_rows(dx, s.all_rows);  // SP: the gradient of all rows
   if (keep) std::memcpy(keep->dy_down, dy, sizeof(float) * N * C);
-  // Each GEMM input read twice or more is rounded once (bf16 GEMMs): k::LinearInput.
+  // Each GEMM input read twice or more is rounded once (bf16 GEMMs): k::LinearInput. The
+  // block's own inputs come from its bf16 copies when it has them.
+  using Copy = k::LinearInput::Copy;
   {
     const k::LinearInput dy_down(dy, N, C);
     k::linear_backward_input(s.dh, dy_down, pw.down, ffn_);
-    if (!keep) k::linear_backward_weight(pg.down, dy_down, k::LinearInput(a.h, N, ffn_));
+    if (!keep)
+      k::linear_backward_weight(pg.down, dy_down,
+                                k::LinearInput(a.h, copies.h, Copy::kFilled, N, ffn_));
   }
   k::swiglu_backward(dgate, dup, s.dh, a.gate, a.up, N * ffn_);
   {
@@ -147,7 +153,7 @@ void Model::backward_layer(int64_t l, LayerActs& a, const float* x_in, float* dx
     k::linear_backward_input(s.dtmp, du, pw.up, C);
     k::add_inplace(s.dxn, s.dtmp, N * C);
     if (!keep) {
-      const k::LinearInput x(a.xn2, N, C);
+      const k::LinearInput x(a.xn2, copies.xn2, Copy::kFilled, N, C);
       k::linear_backward_weight(pg.gate, dg, x);
       k::linear_backward_weight(pg.up, du, x);
     }
@@ -162,7 +168,8 @@ void Model::backward_layer(int64_t l, LayerActs& a, const float* x_in, float* dx
   {
     const k::LinearInput dy_o(dy, N, C);
     k::linear_backward_input(s.datt, dy_o, pw.o, qd);
-    if (!keep) k::linear_backward_weight(pg.o, dy_o, k::LinearInput(a.att, N, qd));
+    if (!keep)
+      k::linear_backward_weight(pg.o, dy_o, k::LinearInput(a.att, copies.att, Copy::kFilled, N, qd));
   }
   const int64_t len = part_len_, part_rows = B * len;
   if (cp_) {  // the whole sequence's keys and values again (not kept: cp times their memory)
@@ -200,7 +207,7 @@ void Model::backward_layer(int64_t l, LayerActs& a, const float* x_in, float* dx
     k::linear_backward_input(s.dtmp, dv_in, pw.v, C);
     k::add_inplace(s.dxn, s.dtmp, N * C);
     if (!keep) {
-      const k::LinearInput x(a.xn1, N, C);
+      const k::LinearInput x(a.xn1, copies.xn1, Copy::kFilled, N, C);
       k::linear_backward_weight(pg.q, dq_in, x);
       k::linear_backward_weight(pg.k, dk_in, x);
       k::linear_backward_weight(pg.v, dv_in, x);
@@ -211,18 +218,22 @@ void Model::backward_layer(int64_t l, LayerActs& a, const float* x_in, float* dx
   k::add_inplace(dx, s.dtmp, Nl * C);  // dx is now d x_in
 }
 
-void Model::backward_layer_weights(int64_t l, const LayerActs& a, const LayerGrads& kg) {
+void Model::backward_layer_weights(int64_t l, const LayerActs& a, const GemmCopies& copies,
+                                   const LayerGrads& kg) {
   const BlockParams pg = block_grads(l);
   const int64_t N = rows_, C = config_.dim, qd = heads_ * config_.head_dim();
   const int64_t kvd = kv_heads_ * config_.head_dim();
-  k::linear_backward_weight(pg.down, kg.dy_down, a.h, N, ffn_, C);
+  using Copy = k::LinearInput::Copy;
+  k::linear_backward_weight(pg.down, k::LinearInput(kg.dy_down, N, C),
+                            k::LinearInput(a.h, copies.h, Copy::kFilled, N, ffn_));
   {
-    const k::LinearInput x(a.xn2, N, C);  // rounded once for both (bf16 GEMMs)
+    const k::LinearInput x(a.xn2, copies.xn2, Copy::kFilled, N, C);  // rounded once for both
     k::linear_backward_weight(pg.gate, k::LinearInput(kg.dgate, N, ffn_), x);
     k::linear_backward_weight(pg.up, k::LinearInput(kg.dup, N, ffn_), x);
   }
-  k::linear_backward_weight(pg.o, kg.dy_o, a.att, N, qd, C);
-  const k::LinearInput x(a.xn1, N, C);
+  k::linear_backward_weight(pg.o, k::LinearInput(kg.dy_o, N, C),
+                            k::LinearInput(a.att, copies.att, Copy::kFilled, N, qd));
+  const k::LinearInput x(a.xn1, copies.xn1, Copy::kFilled, N, C);
   k::linear_backward_weight(pg.q, k::LinearInput(kg.dq, N, qd), x);
   k::linear_backward_weight(pg.k, k::LinearInput(kg.dk, N, kvd), x);
   k::linear_backward_weight(pg.v, k::LinearInput(kg.dv, N, kvd), x);
@@ -283,7 +294,7 @@ double Model::forward(int chunk, int slot, const int32_t* tokens, const int32_t*
   }
   for (int64_t l = range.begin; l < range.end; ++l) {
     const int64_t i = l - range.begin;
-    forward_layer(l, a.layers[i], a.x[i], a.x[i + 1]);
+    forward_layer(l, a.layers[i], gemm_copies(a, i), a.x[i], a.x[i + 1]);
     if (stored16(i)) encode16(a.layers[i], a.stored[i]);
   }
   return range.last ? forward_head(a, targets, grad_scale, training) : 0.0;
@@ -305,7 +316,7 @@ void Model::backward_weight(int chunk, int slot) {
     const int64_t i = l - range.begin;
     if (recomputed(i)) continue;  // done in B
     if (stored16(i)) decode16(a.stored[i], a.layers[i]);
-    backward_layer_weights(l, a.layers[i], a.wgrads[i]);
+    backward_layer_weights(l, a.layers[i], gemm_copies(a, i), a.wgrads[i]);
     if (grad_hook_) grad_hook_(l);
   }
 }
@@ -320,10 +331,11 @@ void Model::backward_impl(int chunk, int slot, const float* dout, bool defer_wei
     const int64_t i = l - range.begin;
     // Recompute: the same forward on the same input gives the same bits, so rewriting x[i + 1]
     // (already consumed by the blocks above) is harmless and needs no extra buffer.
-    if (recomputed(i)) forward_layer(l, a.layers[i], a.x[i], a.x[i + 1]);
+    if (recomputed(i)) forward_layer(l, a.layers[i], {}, a.x[i], a.x[i + 1]);
     if (stored16(i)) decode16(a.stored[i], a.layers[i]);
     const bool defer = defer_weights && !recomputed(i);
-    backward_layer(l, a.layers[i], a.x[i], dx, defer ? &a.wgrads[i] : nullptr);
+    backward_layer(l, a.layers[i], gemm_copies(a, i), a.x[i], dx,
+                   defer ? &a.wgrads[i] : nullptr);
     if (!defer && grad_hook_) grad_hook_(l);
   }
   if (range.first) {

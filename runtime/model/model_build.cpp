@@ -7,6 +7,7 @@
 #include <iterator>
 
 #include "kernels/check.h"
+#include "kernels/gemm.h"
 #include "kernels/hash.h"
 #include "kernels/ops.h"
 #include "kernels/precision.h"
@@ -205,23 +206,44 @@ float*& Model::block_act(LayerActs& a, int index) {
 
 // The codec of bf16-stored blocks: the spec's stored rows, each copied between the block's fp32
 // buffers and its stored copy (bf16, or fp32 for the per-row statistics).
+bool Model::filled_by_forward(int index) {
+  const auto row = static_cast<BlockAct>(index);
+  return row == BlockAct::kXn1 || row == BlockAct::kAttn || row == BlockAct::kXn2 ||
+         row == BlockAct::kH;
+}
+
+bool Model::read_by_gemms_only(int index) {
+  const auto row = static_cast<BlockAct>(index);
+  return row == BlockAct::kXn1 || row == BlockAct::kXn2 || row == BlockAct::kH;
+}
+
+Model::GemmCopies Model::gemm_copies(ChunkActs& a, int64_t local_layer) const {
+  if (!stored16(local_layer)) return {};
+  const StoredBlock& st = a.stored[static_cast<size_t>(local_layer)];
+  const auto at = [&](BlockAct row) { return static_cast<k::bf16*>(st[static_cast<size_t>(row)]); };
+  return {at(BlockAct::kXn1), at(BlockAct::kAttn), at(BlockAct::kXn2), at(BlockAct::kH)};
+}
+
 void Model::encode16(LayerActs& from, const StoredBlock& to) const {
   for (const auto& t : stored_block_) {
+    if (filled_by_forward(t.index)) continue;
     const float* f = block_act(from, t.index);
     void* stored = to[static_cast<size_t>(t.index)];
     if (t.dtype == Dtype::kBF16)
-      k::float_to_bf16(static_cast<uint16_t*>(stored), f, t.elems);
+      k::float_to_bf16_threads(static_cast<uint16_t*>(stored), f, t.elems);
     else
       std::memcpy(stored, f, t.bytes());
   }
 }
 
 void Model::decode16(const StoredBlock& from, LayerActs& to) const {
+  const bool bf16_gemms = k::gemm_kind_is_bf16(k::linear_gemm());
   for (const auto& t : stored_block_) {
+    if (bf16_gemms && read_by_gemms_only(t.index)) continue;
     float* f = block_act(to, t.index);
     const void* stored = from[static_cast<size_t>(t.index)];
     if (t.dtype == Dtype::kBF16)
-      k::bf16_to_float(f, static_cast<const uint16_t*>(stored), t.elems);
+      k::bf16_to_float_threads(f, static_cast<const uint16_t*>(stored), t.elems);
     else
       std::memcpy(f, stored, t.bytes());
   }
