@@ -204,6 +204,14 @@ void swiglu_backward(float* dgate,       // dgate (N, F) =
                      const float* gate,  // gate (N, F)
                      const float* up,    // up (N, F)
                      std::int64_t n);
+// The same two with bf16 copies, for bf16 GEMMs over bf16-stored activations, in one pass each
+// (the values are those of swiglu_forward / swiglu_backward, rounded as float_to_bf16 rounds):
+// forward writes h, gate and up rounded (h for down_proj's GEMMs, gate and up for the backward);
+// backward reads gate and up from those copies and writes dgate and dup rounded (for GEMMs).
+void swiglu_forward_bf16(bf16* h16, bf16* gate16, bf16* up16, const float* gate, const float* up,
+                         std::int64_t n);
+void swiglu_backward_bf16(bf16* dgate16, bf16* dup16, const float* dh, const bf16* gate16,
+                          const bf16* up16, std::int64_t n);
 
 // ---- softmax cross-entropy (ops_loss.cpp) -------------------------------------------------------
 

@@ -115,4 +115,20 @@ void swiglu_backward(float* dgate, float* dup, const float* dh, const float* gat
   });
 }
 
+void swiglu_forward_bf16(bf16* h16, bf16* gate16, bf16* up16, const float* gate, const float* up,
+                         std::int64_t n) {
+  const auto& rows = detail::simd_rows();
+  detail::split_range(n, [&](std::int64_t lo, std::int64_t hi) {
+    rows.swiglu_fwd_bf16(h16 + lo, gate16 + lo, up16 + lo, gate + lo, up + lo, hi - lo);
+  });
+}
+
+void swiglu_backward_bf16(bf16* dgate16, bf16* dup16, const float* dh, const bf16* gate16,
+                          const bf16* up16, std::int64_t n) {
+  const auto& rows = detail::simd_rows();
+  detail::split_range(n, [&](std::int64_t lo, std::int64_t hi) {
+    rows.swiglu_bwd_bf16(dgate16 + lo, dup16 + lo, dh + lo, gate16 + lo, up16 + lo, hi - lo);
+  });
+}
+
 }  // namespace t3d::kernels

@@ -58,6 +58,11 @@ struct SimdRows {
   // contraction): every ISA gives the bits of the scalar loop.
   void (*adamw)(float* params, const float* grads, float* m, float* v, std::int64_t n,
                 const AdamWScalars& s);
+  // SwiGLU's arithmetic between bf16 copies (kernels/ops.h swiglu_forward_bf16 / _backward_bf16).
+  void (*swiglu_fwd_bf16)(std::uint16_t* h16, std::uint16_t* gate16, std::uint16_t* up16,
+                          const float* gate, const float* up, std::int64_t n);
+  void (*swiglu_bwd_bf16)(std::uint16_t* dgate16, std::uint16_t* dup16, const float* dh,
+                          const std::uint16_t* gate16, const std::uint16_t* up16, std::int64_t n);
 };
 
 extern const SimdRows kSimdRowsSse2, kSimdRowsAvx2, kSimdRowsAvx512;

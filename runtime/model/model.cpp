@@ -61,7 +61,7 @@ const float* Model::input_grad(int chunk, int slot) const {
   return acts_.at(chunk).at(slot)->dx_in;
 }
 
-void Model::forward_layer(int64_t l, LayerActs& a, const GemmCopies& copies, const float* x_in,
+void Model::forward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, const float* x_in,
                           float* x_out) {
   const ConstBlock pw = block_weights(l);
   const int64_t N = rows_, C = config_.dim, D = config_.head_dim();
@@ -111,14 +111,19 @@ void Model::forward_layer(int64_t l, LayerActs& a, const GemmCopies& copies, con
     k::linear_forward(a.gate, x, pw.gate, ffn_);
     k::linear_forward(a.up, x, pw.up, ffn_);
   }
-  k::swiglu_forward(a.h, a.gate, a.up, N * ffn_);
-  k::linear_forward(s.tmp, k::LinearInput(a.h, copies.h, Copy::kFill, N, ffn_), pw.down, C);
+  if (copies.fused_swiglu) {
+    k::swiglu_forward_bf16(copies.h, copies.gate, copies.up, a.gate, a.up, N * ffn_);
+  } else {
+    k::swiglu_forward(a.h, a.gate, a.up, N * ffn_);
+  }
+  const auto h_filled = copies.fused_swiglu ? Copy::kFilled : Copy::kFill;
+  k::linear_forward(s.tmp, k::LinearInput(a.h, copies.h, h_filled, N, ffn_), pw.down, C);
   branch = reduce_rows(s.tmp);
   std::memcpy(x_out, a.xmid, sizeof(float) * Nl * C);
   k::add_inplace(x_out, branch, Nl * C);
 }
 
-void Model::backward_layer(int64_t l, LayerActs& a, const GemmCopies& copies, const float* x_in,
+void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, const float* x_in,
                            float* dx, const LayerGrads* keep) {
   const ConstBlock pw = block_weights(l);
   const BlockParams pg = block_grads(l);
@@ -146,9 +151,16 @@ void Model::backward_layer(int64_t l, LayerActs& a, const GemmCopies& copies, co
       k::linear_backward_weight(pg.down, dy_down,
                                 k::LinearInput(a.h, copies.h, Copy::kFilled, N, ffn_));
   }
-  k::swiglu_backward(dgate, dup, s.dh, a.gate, a.up, N * ffn_);
+  // Fused: dgate and dup exist only rounded, in the first half of their fp32 buffers.
+  k::bf16* dgate16 = copies.fused_swiglu ? reinterpret_cast<k::bf16*>(dgate) : nullptr;
+  k::bf16* dup16 = copies.fused_swiglu ? reinterpret_cast<k::bf16*>(dup) : nullptr;
+  if (copies.fused_swiglu)
+    k::swiglu_backward_bf16(dgate16, dup16, s.dh, copies.gate, copies.up, N * ffn_);
+  else
+    k::swiglu_backward(dgate, dup, s.dh, a.gate, a.up, N * ffn_);
   {
-    const k::LinearInput dg(dgate, N, ffn_), du(dup, N, ffn_);
+    const k::LinearInput dg(dgate, dgate16, Copy::kFilled, N, ffn_),
+        du(dup, dup16, Copy::kFilled, N, ffn_);
     k::linear_backward_input(s.dxn, dg, pw.gate, C);
     k::linear_backward_input(s.dtmp, du, pw.up, C);
     k::add_inplace(s.dxn, s.dtmp, N * C);
@@ -218,7 +230,7 @@ void Model::backward_layer(int64_t l, LayerActs& a, const GemmCopies& copies, co
   k::add_inplace(dx, s.dtmp, Nl * C);  // dx is now d x_in
 }
 
-void Model::backward_layer_weights(int64_t l, const LayerActs& a, const GemmCopies& copies,
+void Model::backward_layer_weights(int64_t l, const LayerActs& a, const BlockCopies& copies,
                                    const LayerGrads& kg) {
   const BlockParams pg = block_grads(l);
   const int64_t N = rows_, C = config_.dim, qd = heads_ * config_.head_dim();
@@ -228,8 +240,14 @@ void Model::backward_layer_weights(int64_t l, const LayerActs& a, const GemmCopi
                             k::LinearInput(a.h, copies.h, Copy::kFilled, N, ffn_));
   {
     const k::LinearInput x(a.xn2, copies.xn2, Copy::kFilled, N, C);  // rounded once for both
-    k::linear_backward_weight(pg.gate, k::LinearInput(kg.dgate, N, ffn_), x);
-    k::linear_backward_weight(pg.up, k::LinearInput(kg.dup, N, ffn_), x);
+    // B's fused SwiGLU left dgate and dup rounded, in the first half of their buffers.
+    const auto as16 = [&](float* d) {
+      return copies.fused_swiglu ? reinterpret_cast<k::bf16*>(d) : nullptr;
+    };
+    k::linear_backward_weight(pg.gate,
+                              k::LinearInput(kg.dgate, as16(kg.dgate), Copy::kFilled, N, ffn_), x);
+    k::linear_backward_weight(pg.up, k::LinearInput(kg.dup, as16(kg.dup), Copy::kFilled, N, ffn_),
+                              x);
   }
   k::linear_backward_weight(pg.o, k::LinearInput(kg.dy_o, N, C),
                             k::LinearInput(a.att, copies.att, Copy::kFilled, N, qd));
@@ -294,7 +312,7 @@ double Model::forward(int chunk, int slot, const int32_t* tokens, const int32_t*
   }
   for (int64_t l = range.begin; l < range.end; ++l) {
     const int64_t i = l - range.begin;
-    forward_layer(l, a.layers[i], gemm_copies(a, i), a.x[i], a.x[i + 1]);
+    forward_layer(l, a.layers[i], block_copies(a, i), a.x[i], a.x[i + 1]);
     if (stored16(i)) encode16(a.layers[i], a.stored[i]);
   }
   return range.last ? forward_head(a, targets, grad_scale, training) : 0.0;
@@ -316,7 +334,7 @@ void Model::backward_weight(int chunk, int slot) {
     const int64_t i = l - range.begin;
     if (recomputed(i)) continue;  // done in B
     if (stored16(i)) decode16(a.stored[i], a.layers[i]);
-    backward_layer_weights(l, a.layers[i], gemm_copies(a, i), a.wgrads[i]);
+    backward_layer_weights(l, a.layers[i], block_copies(a, i), a.wgrads[i]);
     if (grad_hook_) grad_hook_(l);
   }
 }
@@ -334,7 +352,7 @@ void Model::backward_impl(int chunk, int slot, const float* dout, bool defer_wei
     if (recomputed(i)) forward_layer(l, a.layers[i], {}, a.x[i], a.x[i + 1]);
     if (stored16(i)) decode16(a.stored[i], a.layers[i]);
     const bool defer = defer_weights && !recomputed(i);
-    backward_layer(l, a.layers[i], gemm_copies(a, i), a.x[i], dx,
+    backward_layer(l, a.layers[i], block_copies(a, i), a.x[i], dx,
                    defer ? &a.wgrads[i] : nullptr);
     if (!defer && grad_hook_) grad_hook_(l);
   }

@@ -184,17 +184,18 @@ class Model {
   using StoredBlock = std::array<void*, kBlockActs>;
   static float*& block_act(LayerActs& a, int index);  // the member of row `index` (BlockAct)
   bool stored16(int64_t local_layer) const { return options_.bf16 && !recomputed(local_layer); }
-  // The bf16 copies a bf16-stored block keeps of its GEMM inputs (all null for other blocks):
-  // forward_layer rounds each input into its copy once (so encode16 leaves those rows alone), and
-  // the backward's GEMMs read the copy as it is.
-  struct GemmCopies {
+  // The bf16 copies a bf16-stored block's forward fills itself (all null for other blocks): its
+  // GEMM inputs, rounded once there and read as they are by the backward's GEMMs, and with bf16
+  // GEMMs gate and up, which the fused SwiGLU writes along with h (whose floats then never
+  // exist). encode16 leaves those rows alone; decode16 skips the rows nothing reads as floats.
+  struct BlockCopies {
     kernels::bf16 *xn1 = nullptr, *att = nullptr, *xn2 = nullptr, *h = nullptr;
+    kernels::bf16 *gate = nullptr, *up = nullptr;
+    bool fused_swiglu = false;  // bf16 GEMMs: SwiGLU reads and writes the copies
   };
-  GemmCopies gemm_copies(ChunkActs& a, int64_t local_layer) const;
-  // The rows forward_layer fills itself, and those only GEMMs read (with bf16 GEMMs, decode16
-  // skips them: the GEMMs read the copies).
-  static bool filled_by_forward(int index);
-  static bool read_by_gemms_only(int index);
+  BlockCopies block_copies(ChunkActs& a, int64_t local_layer) const;
+  static bool filled_by_forward(int index, bool bf16_gemms);
+  static bool only_copy_read(int index, bool bf16_gemms);
   void encode16(LayerActs& from, const StoredBlock& to) const;
   void decode16(const StoredBlock& from, LayerActs& to) const;
   bool recomputed(int64_t local_layer) const {
@@ -209,11 +210,11 @@ class Model {
   void bind(ChunkActs& a, const parallel::LayerRange& range, const SpecTensor& t, void* p);
   void bind_scratch(ScratchBuf buf, void* p);
 
-  void forward_layer(int64_t layer, LayerActs& a, const GemmCopies& copies, const float* x_in,
+  void forward_layer(int64_t layer, LayerActs& a, const BlockCopies& copies, const float* x_in,
                      float* x_out);
-  void backward_layer(int64_t layer, LayerActs& a, const GemmCopies& copies, const float* x_in,
+  void backward_layer(int64_t layer, LayerActs& a, const BlockCopies& copies, const float* x_in,
                       float* dx_io, const LayerGrads* keep);
-  void backward_layer_weights(int64_t layer, const LayerActs& a, const GemmCopies& copies,
+  void backward_layer_weights(int64_t layer, const LayerActs& a, const BlockCopies& copies,
                               const LayerGrads& keep);
   void backward_impl(int chunk, int slot, const float* dout, bool defer_weights);
   double forward_head(ChunkActs& c, const int32_t* targets, float grad_scale, bool training);

@@ -206,27 +206,30 @@ float*& Model::block_act(LayerActs& a, int index) {
 
 // The codec of bf16-stored blocks: the spec's stored rows, each copied between the block's fp32
 // buffers and its stored copy (bf16, or fp32 for the per-row statistics).
-bool Model::filled_by_forward(int index) {
+bool Model::filled_by_forward(int index, bool bf16_gemms) {
   const auto row = static_cast<BlockAct>(index);
   return row == BlockAct::kXn1 || row == BlockAct::kAttn || row == BlockAct::kXn2 ||
-         row == BlockAct::kH;
+         row == BlockAct::kH || (bf16_gemms && (row == BlockAct::kGate || row == BlockAct::kUp));
 }
 
-bool Model::read_by_gemms_only(int index) {
+bool Model::only_copy_read(int index, bool bf16_gemms) {
   const auto row = static_cast<BlockAct>(index);
-  return row == BlockAct::kXn1 || row == BlockAct::kXn2 || row == BlockAct::kH;
+  return bf16_gemms && (row == BlockAct::kXn1 || row == BlockAct::kXn2 || row == BlockAct::kH ||
+                        row == BlockAct::kGate || row == BlockAct::kUp);
 }
 
-Model::GemmCopies Model::gemm_copies(ChunkActs& a, int64_t local_layer) const {
+Model::BlockCopies Model::block_copies(ChunkActs& a, int64_t local_layer) const {
   if (!stored16(local_layer)) return {};
   const StoredBlock& st = a.stored[static_cast<size_t>(local_layer)];
   const auto at = [&](BlockAct row) { return static_cast<k::bf16*>(st[static_cast<size_t>(row)]); };
-  return {at(BlockAct::kXn1), at(BlockAct::kAttn), at(BlockAct::kXn2), at(BlockAct::kH)};
+  return {at(BlockAct::kXn1), at(BlockAct::kAttn), at(BlockAct::kXn2), at(BlockAct::kH),
+          at(BlockAct::kGate), at(BlockAct::kUp), k::gemm_kind_is_bf16(k::linear_gemm())};
 }
 
 void Model::encode16(LayerActs& from, const StoredBlock& to) const {
+  const bool bf16_gemms = k::gemm_kind_is_bf16(k::linear_gemm());
   for (const auto& t : stored_block_) {
-    if (filled_by_forward(t.index)) continue;
+    if (filled_by_forward(t.index, bf16_gemms)) continue;
     const float* f = block_act(from, t.index);
     void* stored = to[static_cast<size_t>(t.index)];
     if (t.dtype == Dtype::kBF16)
@@ -239,7 +242,7 @@ void Model::encode16(LayerActs& from, const StoredBlock& to) const {
 void Model::decode16(const StoredBlock& from, LayerActs& to) const {
   const bool bf16_gemms = k::gemm_kind_is_bf16(k::linear_gemm());
   for (const auto& t : stored_block_) {
-    if (bf16_gemms && read_by_gemms_only(t.index)) continue;
+    if (only_copy_read(t.index, bf16_gemms)) continue;
     float* f = block_act(to, t.index);
     const void* stored = from[static_cast<size_t>(t.index)];
     if (t.dtype == Dtype::kBF16)

@@ -151,6 +151,40 @@ TEST(kernels_swiglu, ForwardAndGradients) {
                     1e-4, 1e-5, "dup");
 }
 
+// The fused bf16 SwiGLU is the plain one with its inputs and outputs rounded, bit for bit: the
+// forward on the floats (h, gate and up rounded), the backward on the rounded gate and up.
+TEST(kernels_swiglu, Bf16CopiesAreThePlainResultsRounded) {
+  const int n = 1037;  // not a multiple of any vector width
+  auto gate = ref::random_floats(n, 53, -8, 8), up = ref::random_floats(n, 54, -3, 3);
+  const auto dh = ref::random_floats(n, 55, -1, 1);
+  gate[0] = 0.0f, gate[1] = -0.0f, up[2] = 1e-39f;  // zeros and a denormal
+  const auto rounded = [](const std::vector<float>& x) {
+    std::vector<bf16> r(x.size());
+    float_to_bf16(r.data(), x.data(), static_cast<std::int64_t>(x.size()));
+    return r;
+  };
+  const auto widened = [](const std::vector<bf16>& x) {
+    std::vector<float> f(x.size());
+    bf16_to_float(f.data(), x.data(), static_cast<std::int64_t>(x.size()));
+    return f;
+  };
+  std::vector<float> h(n);
+  swiglu_forward(h.data(), gate.data(), up.data(), n);
+  std::vector<bf16> h16(n), gate16(n), up16(n);
+  swiglu_forward_bf16(h16.data(), gate16.data(), up16.data(), gate.data(), up.data(), n);
+  EXPECT_EQ(h16, rounded(h));
+  EXPECT_EQ(gate16, rounded(gate));
+  EXPECT_EQ(up16, rounded(up));
+
+  std::vector<float> dgate(n), dup(n);
+  const auto gate_r = widened(gate16), up_r = widened(up16);
+  swiglu_backward(dgate.data(), dup.data(), dh.data(), gate_r.data(), up_r.data(), n);
+  std::vector<bf16> dgate16(n), dup16(n);
+  swiglu_backward_bf16(dgate16.data(), dup16.data(), dh.data(), gate16.data(), up16.data(), n);
+  EXPECT_EQ(dgate16, rounded(dgate));
+  EXPECT_EQ(dup16, rounded(dup));
+}
+
 TEST(kernels_elementwise, AddScaleZero) {
   std::vector<float> x = {1, 2, 3}, y = {10, 20, 30};
   add_inplace(x.data(), y.data(), 3);
