@@ -146,6 +146,33 @@ void onednn_gemm(bool bf16_inputs, Trans ta, Trans tb, std::int64_t M, std::int6
   s.stream.wait();
 }
 
+// OpenBLAS on the rank's OpenMP threads: a GEMM worth splitting is cut into one contiguous block
+// of C's rows per thread (on multiples of 16 rows), each thread running single-threaded OpenBLAS
+// on its block with all of N and K. One pool for every kernel of the rank, whose idle threads may
+// then spin briefly (the launcher's GOMP_SPINCOUNT): OpenBLAS's own pool is never woken. The split
+// is static, so a thread count gives the same bits every run; another count may differ in the
+// last bits (OpenBLAS's kernels tile rows near a block's edge their own way), as OpenBLAS's own
+// threading does.
+void openblas_gemm(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K,
+                   const float* A, std::int64_t lda, const float* B, std::int64_t ldb,
+                   bool accumulate, float* C, std::int64_t ldc) {
+  // Blocks below ~4M multiply-adds are not worth a fork and join.
+  constexpr std::int64_t kRowAlign = 16, kMinBlockMacs = std::int64_t{1} << 22;
+  const float beta = accumulate ? 1.0f : 0.0f;
+  const int nt = static_cast<int>(std::min(
+      {M * N * K / kMinBlockMacs, M / kRowAlign, static_cast<std::int64_t>(blas_threads())}));
+  const detail::BlasSingleThreaded one_blas_thread;
+  if (nt <= 1) return sgemm(ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+#pragma omp parallel for num_threads(nt) schedule(static)
+  for (int t = 0; t < nt; ++t) {
+    const std::int64_t lo = M * t / nt / kRowAlign * kRowAlign;
+    const std::int64_t hi = t == nt - 1 ? M : M * (t + 1) / nt / kRowAlign * kRowAlign;
+    if (lo < hi)  // rows [lo, hi) of op(A) and of C
+      sgemm(ta, tb, hi - lo, N, K, 1.0f, ta == Trans::kNo ? A + lo * lda : A + lo, lda, B, ldb,
+            beta, C + lo * ldc, ldc);
+  }
+}
+
 // Naive C = op(A) op(B) in double, for verification.
 std::vector<double> gemm_reference(Trans ta, Trans tb, int M, int N, int K,
                                    const std::vector<float>& A, const std::vector<float>& B) {
@@ -199,8 +226,7 @@ void gemm(GemmKind kind, Trans trans_a, Trans trans_b, std::int64_t M, std::int6
           std::int64_t ldc) {
   const std::int64_t lda = A.ld, ldb = B.ld;
   if (kind == GemmKind::kOpenBlasF32)
-    return sgemm(trans_a, trans_b, M, N, K, 1.0f, A.data, lda, B.data, ldb,
-                 accumulate ? 1.0f : 0.0f, C, ldc);
+    return openblas_gemm(trans_a, trans_b, M, N, K, A.data, lda, B.data, ldb, accumulate, C, ldc);
   T3D_ASSERT(lda >= std::max<std::int64_t>(1, trans_a == Trans::kNo ? K : M), "lda ", lda);
   T3D_ASSERT(ldb >= std::max<std::int64_t>(1, trans_b == Trans::kNo ? N : K), "ldb ", ldb);
   T3D_ASSERT(ldc >= std::max<std::int64_t>(1, N), "ldc ", ldc);

@@ -9,9 +9,10 @@
 // OpenBLAS fp32 (kernels/ops_attention.cpp).
 //
 // Determinism: for one kind, shapes and thread count the results are bit-identical across runs
-// (both libraries split work statically). Threads: oneDNN runs on the process's OpenMP pool
-// (omp_set_num_threads; the launcher exports OMP_NUM_THREADS and passive waiting), OpenBLAS on its
-// own (set_blas_threads): a rank uses one at a time, so the two never compete for its cores.
+// (both libraries split work statically). Threads: every kind runs on the rank's OpenMP pool
+// (set_rank_threads): oneDNN by itself, OpenBLAS cut into one single-threaded block of C per
+// thread. OpenBLAS's own pool then never wakes, so nothing competes with the OpenMP threads for
+// the rank's cores, and those may spin between parallel regions (the launcher's GOMP_SPINCOUNT).
 //
 // Rounding to bf16: kernels/precision.h's float_to_bf16 (nearest even), both inputs in one
 // parallel region. A matrix several GEMMs read is rounded once by the caller
@@ -63,7 +64,8 @@ inline void gemm(GemmKind kind, Trans trans_a, Trans trans_b, std::int64_t M, st
 void set_linear_gemm(GemmKind kind);
 GemmKind linear_gemm();
 
-// The rank's compute threads: OpenBLAS's pool and OpenMP's (oneDNN, the non-GEMM kernels) alike.
+// The rank's compute threads: the OpenMP pool every kernel runs on, and the count OpenBLAS is
+// told (its GEMMs are split over the OpenMP threads: see above).
 void set_rank_threads(int n);
 
 // Bytes of the per-thread bf16 input buffers so far (0 until a bf16 GEMM ran).

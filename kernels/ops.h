@@ -13,14 +13,13 @@
 // rank's vocab slice), F feed-forward dim, N = B*T rows, H query heads, Hkv key/value heads,
 // D head dim. Pointers never alias unless a comment says so.
 //
-// Threading: GEMMs run on OpenBLAS's pool (set_blas_threads). A rank with one BLAS thread runs
-// every other op serially. A rank with several (threads_per_rank > 1) also runs attention (over
-// batch x heads, kv heads for the backward) and the large element-wise ops (RMSNorm, RoPE,
-// SwiGLU, AdamW, residual adds) in an OpenMP parallel for with that many threads, with passive
-// waiting (the launcher sets OMP_WAIT_POLICY=PASSIVE) so the two pools never spin against each
-// other; each iteration writes its own outputs, so results are bit-identical to one thread
-// (kernels/threads.h). The row loops of attention and SwiGLU are compiled for SSE2, AVX2 and
-// AVX-512 and picked at run time (kernels/simd_rows.h; T3D_SIMD=sse2|avx2|avx512 forces one).
+// Threading: a rank with one thread runs every op serially. A rank with several
+// (threads_per_rank > 1) runs its GEMMs (kernels/gemm.h), attention (over batch x heads, kv heads
+// for the backward) and the large element-wise ops (RMSNorm, RoPE, SwiGLU, AdamW, residual adds)
+// on one OpenMP pool of that many threads; each iteration writes its own outputs, so results of
+// the non-GEMM ops are bit-identical to one thread (kernels/threads.h). The row loops of
+// attention, SwiGLU, RMSNorm and AdamW are compiled for SSE2, AVX2 and AVX-512 and picked at run
+// time (kernels/simd_rows.h; T3D_SIMD=sse2|avx2|avx512 forces one).
 //
 // No op allocates: scratch memory comes from the caller (the arena).
 #pragma once

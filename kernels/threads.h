@@ -1,10 +1,10 @@
 // Threads for the non-GEMM kernels (attention tiles, element-wise ops). Internal to kernels/.
 //
-// One rank owns `blas_threads()` cores (the trainer sets it to threads_per_rank). GEMMs use them
-// through OpenBLAS's pool; the non-GEMM kernels use them through an OpenMP parallel for, only
-// when the rank has more than one thread and the work is large: a one-thread rank runs exactly
-// the serial loops. The launcher exports OMP_WAIT_POLICY=PASSIVE, so OpenMP's workers sleep
-// between regions instead of spinning against OpenBLAS's pool on the same cores.
+// One rank owns `blas_threads()` cores (the trainer sets it to threads_per_rank). Every kernel
+// uses them through an OpenMP parallel for (GEMMs too: kernels/gemm.h), only when the rank has
+// more than one thread and the work is large: a one-thread rank runs exactly the serial loops.
+// Between regions the workers spin a while where the rank owns its cores, and sleep where ranks
+// share them (the launcher's openmp_wait_env).
 // Every parallel loop writes disjoint outputs per iteration (no shared float accumulators), so
 // results do not depend on which thread ran what.
 #pragma once

@@ -87,8 +87,8 @@ SpawnPlan make_spawn_plan(const Recipe& recipe, const std::vector<std::string>& 
   if (coretype == "auto") coretype = kernels::recommended_openblas_coretype();
   if (!coretype.empty()) plan.env.emplace_back("OPENBLAS_CORETYPE", coretype);
   plan.env.emplace_back("OMP_NUM_THREADS", std::to_string(threads));
-  // Passive OpenMP waiting: a spinning OpenMP pool fights OpenBLAS's over the same cores.
-  plan.env.emplace_back("OMP_WAIT_POLICY", "PASSIVE");
+  // A rank's kernels, GEMMs included, run on one OpenMP pool (kernels/gemm.h): how it waits.
+  plan.env.push_back(openmp_wait_env(plan.ranks, threads, plan.cores, !plan.hostfile.empty()));
   return plan;
 }
 

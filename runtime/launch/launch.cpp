@@ -207,6 +207,13 @@ int threads_per_rank(int configured, int cores, int local_ranks) {
   return std::max(1, cores / std::max(1, local_ranks));
 }
 
+std::pair<std::string, std::string> openmp_wait_env(int ranks, int threads, int cores,
+                                                    bool hostfile) {
+  if (!hostfile && static_cast<int64_t>(ranks) * threads <= cores)
+    return {"GOMP_SPINCOUNT", "300000"};
+  return {"OMP_WAIT_POLICY", "PASSIVE"};
+}
+
 std::vector<std::string> mpirun_command(const SpawnPlan& plan, const std::string& self_exe) {
   std::vector<std::string> cmd = {"mpirun", "-np", std::to_string(plan.ranks)};
   if (!plan.hostfile.empty()) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "parallel/mesh.h"
@@ -78,6 +79,15 @@ std::string tp_placement_warning(const parallel::MeshShape& shape,
 
 // BLAS threads for each rank: the recipe's choice, or this host's cores shared among its ranks.
 int threads_per_rank(int configured, int cores, int local_ranks);
+
+// How the ranks' OpenMP threads wait between parallel regions, as the environment variable that
+// says it: each rank owning its cores (mpirun binds them) spins a while first (GOMP_SPINCOUNT,
+// libgomp's own default count), since a step runs thousands of short regions and waking a
+// sleeping thread for each costs time; ranks sharing cores (or spread by a hostfile, whose hosts'
+// cores this host does not know) sleep at once (OMP_WAIT_POLICY=PASSIVE), so that no spinning
+// thread takes a core another rank needs.
+std::pair<std::string, std::string> openmp_wait_env(int ranks, int threads, int cores,
+                                                    bool hostfile);
 
 // The CPUs this process may run on (sched_getaffinity), e.g. {0, 1}.
 std::vector<int> cpu_set();

@@ -139,6 +139,47 @@ TEST_P(GemmKinds, TwoThreadsLargeInputsAgainstReference) {
       }
 }
 
+// OpenBLAS on two OpenMP threads (a block of C's rows per thread): the same bits every run, and
+// the one-thread result within fp32 rounding (1e-6 of sum |a·b| per element; the blocks' edge
+// rows may be tiled otherwise). Shapes: split with a ragged last block, split with few columns,
+// and too small to split.
+TEST(kernels_gemm_openblas, SplitOverThreadsIsRepeatableAndTheOneThreadResult) {
+  struct Shape {
+    int M, N, K;
+  };
+  std::uint32_t seed = 70;
+  const int saved = blas_threads();
+  for (const Shape& sh : {Shape{300, 130, 257}, Shape{1000, 20, 450}, Shape{517, 40, 100}})
+    for (Trans ta : {Trans::kNo, Trans::kYes})
+      for (Trans tb : {Trans::kNo, Trans::kYes})
+        for (bool accumulate : {false, true}) {
+          const int M = sh.M, N = sh.N, K = sh.K;
+          const int lda = (ta == Trans::kNo ? K : M) + 3, ldb = (tb == Trans::kNo ? N : K) + 1;
+          const auto A = ref::random_floats(static_cast<std::size_t>(ta == Trans::kNo ? M : K) * lda, seed++);
+          const auto B = ref::random_floats(static_cast<std::size_t>(tb == Trans::kNo ? K : N) * ldb, seed++);
+          const auto C0 = ref::random_floats(static_cast<std::size_t>(M) * (N + 2), seed++);
+          const auto run = [&](int threads) {
+            std::vector<float> C(C0);
+            set_rank_threads(threads);
+            gemm(GemmKind::kOpenBlasF32, ta, tb, M, N, K, A.data(), lda, B.data(), ldb,
+                 accumulate, C.data(), N + 2);
+            EXPECT_EQ(blas_threads(), threads) << "OpenBLAS's thread count is restored";
+            return C;
+          };
+          const auto one = run(1), two = run(2);
+          EXPECT_EQ(run(2), two) << "repeats at two threads";
+          const Product p = reference(ta, tb, M, N, K, A, lda, B, ldb, false);
+          for (int i = 0; i < M; ++i)
+            for (int j = 0; j < N; ++j) {
+              const std::size_t at = static_cast<std::size_t>(i) * (N + 2) + j;
+              ASSERT_LE(std::abs(two[at] - one[at]), 1e-6 * p.scale[i * N + j] + 1e-30)
+                  << M << "x" << N << "x" << K << " ta " << int(ta) << " tb " << int(tb)
+                  << " accumulate " << accumulate << " at " << i << "," << j;
+            }
+        }
+  set_rank_threads(saved);
+}
+
 TEST_P(GemmKinds, RepeatsAreBitIdentical) {
   const GemmKind kind = GetParam();
   const int M = 96, N = 80, K = 200;
