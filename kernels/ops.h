@@ -32,8 +32,11 @@ namespace t3d::kernels {
 
 // ---- element-wise helpers (ops_optim.cpp) -------------------------------------------------------
 
+enum class Out { kWrite, kAccumulate };  // y = ... or y += ... (residual stream)
+
 void zero(float* x, std::int64_t n);                         // x (n) = 0
 void add_inplace(float* x, const float* y, std::int64_t n);  // x (n) += y (n): residual
+void add(float* out, const float* x, const float* y, std::int64_t n);  // out (n) = x + y
 void scale(float* x, std::int64_t n, float factor);          // x (n) *= factor
 // sum of x^2 over a range, accumulated in double. Global-norm clipping: each rank sums its
 // ranges, the caller all-reduces the partial sums, then calls scale() with min(1, max/norm).
@@ -65,13 +68,13 @@ void rmsnorm_forward(float* out,           // out (N, C)
                      const float* inp,     // inp (N, C)
                      const float* weight,  // weight (C)
                      std::int64_t N, std::int64_t C, float eps);
-void rmsnorm_backward(float* dinp,          // dinp (N, C) =
+void rmsnorm_backward(float* dinp,          // dinp (N, C) = or += (mode: into the residual's)
                       float* dweight,       // dweight (C) +=
                       const float* dout,    // dout (N, C)
                       const float* inp,     // inp (N, C)
                       const float* weight,  // weight (C)
                       const float* rstd,    // rstd (N) from forward
-                      std::int64_t N, std::int64_t C);
+                      std::int64_t N, std::int64_t C, Out mode = Out::kWrite);
 
 // ---- rotary position embedding (ops_rope.cpp) ---------------------------------------------------
 
@@ -140,8 +143,6 @@ void attention_backward(float* dq,          // dq (B, T, H * D) =
                         const AttentionShape& s);
 
 // ---- linear and SwiGLU (ops_mlp.cpp) ------------------------------------------------------------
-
-enum class Out { kWrite, kAccumulate };  // y = ... or y += ... (residual stream)
 
 // y = x W^T with W stored [out, in] row-major (Hugging Face layout). No bias (LLaMA has none).
 void linear_forward(float* y,        // y (N, out) = or +=

@@ -19,10 +19,13 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* wei
 // y_c = x_c r w_c with r = (mean(x^2) + eps)^-1/2, so dr/dx_c = -r^3 x_c / C and
 //   dx_c = r w_c dy_c - (r^3 / C) x_c sum_j(dy_j w_j x_j),   dw_c += sum_rows(dy_c x_c r).
 void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
-                      const float* weight, const float* rstd, std::int64_t N, std::int64_t C) {
+                      const float* weight, const float* rstd, std::int64_t N, std::int64_t C,
+                      Out mode) {
   const auto& simd = detail::simd_rows();
+  const bool accumulate = mode == Out::kAccumulate;
   detail::split_rows(N, C, [&](std::int64_t lo, std::int64_t hi) {
-    simd.rmsnorm_bwd(dinp + lo * C, dout + lo * C, inp + lo * C, weight, rstd + lo, hi - lo, C);
+    simd.rmsnorm_bwd(dinp + lo * C, dout + lo * C, inp + lo * C, weight, rstd + lo, hi - lo, C,
+                     accumulate);
   });
   // dweight by columns, each column summed over the rows in order (the same order as one
   // thread: results do not depend on the thread count). Column blocks of 64 floats (a cache line

@@ -14,9 +14,11 @@ void zero(float* x, std::int64_t n) {
   if (n > 0) std::memset(x, 0, static_cast<std::size_t>(n) * sizeof(float));
 }
 
-void add_inplace(float* x, const float* y, std::int64_t n) {
+void add_inplace(float* x, const float* y, std::int64_t n) { add(x, x, y, n); }
+
+void add(float* out, const float* x, const float* y, std::int64_t n) {
 #pragma omp parallel for simd num_threads(detail::op_threads(n)) schedule(static)
-  for (std::int64_t i = 0; i < n; ++i) x[i] += y[i];
+  for (std::int64_t i = 0; i < n; ++i) out[i] = x[i] + y[i];
 }
 
 void scale(float* x, std::int64_t n, float factor) {

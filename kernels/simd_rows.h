@@ -43,14 +43,15 @@ struct SimdRows {
   // fp32 <-> bf16 over [0, n), bit-identical to kernels/precision.h's scalar conversions.
   void (*to_bf16)(std::uint16_t* out, const float* in, std::int64_t n);
   void (*from_bf16)(float* out, const std::uint16_t* in, std::int64_t n);
-  // RMSNorm over `rows` rows of C (kernels/ops.h): forward writes out and rstd, backward dinp.
+  // RMSNorm over `rows` rows of C (kernels/ops.h): forward writes out and rstd, backward writes
+  // dinp or (accumulate) adds its value to it.
   // The row sums
   // run in double in 16 interleaved partial sums joined by a fixed tree, and no FMA contraction:
   // every ISA gives the same bits.
   void (*rmsnorm_fwd)(float* out, float* rstd, const float* inp, const float* weight,
                       std::int64_t rows, std::int64_t C, float eps);
   void (*rmsnorm_bwd)(float* dinp, const float* dout, const float* inp, const float* weight,
-                      const float* rstd, std::int64_t rows, std::int64_t C);
+                      const float* rstd, std::int64_t rows, std::int64_t C, bool accumulate);
   // dweight[c] += sum over the rows, in order, of dout·inp·rstd, for columns [c0, c0 + 64) ∩ C.
   void (*rmsnorm_dweight)(float* dweight, const float* dout, const float* inp, const float* rstd,
                           std::int64_t rows, std::int64_t C, std::int64_t c0);

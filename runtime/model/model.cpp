@@ -98,8 +98,7 @@ void Model::forward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, co
                          s.attn, attention_shape(part));
   k::linear_forward(s.tmp, k::LinearInput(a.att, copies.att, Copy::kFill, N, qd), pw.o, C);
   const float* branch = reduce_rows(s.tmp);  // row-parallel: partial sums before the residual add
-  std::memcpy(a.xmid, x_in, sizeof(float) * Nl * C);
-  k::add_inplace(a.xmid, branch, Nl * C);
+  k::add(a.xmid, x_in, branch, Nl * C);
 
   float* xn2_rows = sp_ ? s.rows : a.xn2;
   k::rmsnorm_forward(xn2_rows, a.rstd2, a.xmid,
@@ -119,8 +118,7 @@ void Model::forward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, co
   const auto h_filled = copies.fused_swiglu ? Copy::kFilled : Copy::kFill;
   k::linear_forward(s.tmp, k::LinearInput(a.h, copies.h, h_filled, N, ffn_), pw.down, C);
   branch = reduce_rows(s.tmp);
-  std::memcpy(x_out, a.xmid, sizeof(float) * Nl * C);
-  k::add_inplace(x_out, branch, Nl * C);
+  k::add(x_out, a.xmid, branch, Nl * C);
 }
 
 void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, const float* x_in,
@@ -172,8 +170,8 @@ void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, c
   }
   // Column-parallel: the shared input's gradient is a partial sum (SP: of this rank's rows).
   const float* dxn_rows = reduce_rows(s.dxn);
-  k::rmsnorm_backward(s.dtmp, pg.ln2, dxn_rows, a.xmid, pw.ln2, a.rstd2, Nl, C);
-  k::add_inplace(dx, s.dtmp, Nl * C);  // dx is now d xmid
+  k::rmsnorm_backward(dx, pg.ln2, dxn_rows, a.xmid, pw.ln2, a.rstd2, Nl, C,
+                      k::Out::kAccumulate);  // dx is now d xmid
   dy = gather_rows(dx, s.all_rows);
 
   if (keep) std::memcpy(keep->dy_o, dy, sizeof(float) * N * C);
@@ -226,8 +224,8 @@ void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, c
     }
   }
   dxn_rows = reduce_rows(s.dxn);
-  k::rmsnorm_backward(s.dtmp, pg.ln1, dxn_rows, x_in, pw.ln1, a.rstd1, Nl, C);
-  k::add_inplace(dx, s.dtmp, Nl * C);  // dx is now d x_in
+  k::rmsnorm_backward(dx, pg.ln1, dxn_rows, x_in, pw.ln1, a.rstd1, Nl, C,
+                      k::Out::kAccumulate);  // dx is now d x_in
 }
 
 void Model::backward_layer_weights(int64_t l, const LayerActs& a, const BlockCopies& copies,

@@ -171,7 +171,10 @@ TEST(kernels_threads, RmsNormAndAdamWAreTheSameBitsOnEveryIsa) {
     SCOPED_TRACE(isa->isa);
     std::vector<float> got_out(N * C), got_rstd(N), got_dx(N * C), got_dw(C, 0.5f);
     isa->rmsnorm_fwd(got_out.data(), got_rstd.data(), x.data(), w.data(), N, C, eps);
-    isa->rmsnorm_bwd(got_dx.data(), dy.data(), x.data(), w.data(), got_rstd.data(), N, C);
+    isa->rmsnorm_bwd(got_dx.data(), dy.data(), x.data(), w.data(), got_rstd.data(), N, C, false);
+    std::vector<float> got_acc(x);  // accumulate: x + the written dinp, each rounded as written
+    isa->rmsnorm_bwd(got_acc.data(), dy.data(), x.data(), w.data(), got_rstd.data(), N, C, true);
+    for (std::int64_t i = 0; i < N * C; ++i) EXPECT_EQ(got_acc[i], x[i] + dx[i]) << i;
     for (std::int64_t c0 = 0; c0 < C; c0 += 64)
       isa->rmsnorm_dweight(got_dw.data(), dy.data(), x.data(), got_rstd.data(), N, C, c0);
     EXPECT_EQ(got_out, out);
