@@ -35,6 +35,13 @@ inline __mmask16 lanes(i64 n) {
   return n <= 0 ? 0 : n >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << n) - 1);
 }
 
+// The first n of 16 floats at p, the rest 0. Full vectors use a plain load: the packing loops
+// read q, k, v, out, dout from L3 or memory, and masked loads there measurably cut how many
+// misses are in flight.
+inline __m512 load_first(const float* p, i64 n) {
+  return n >= 16 ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(lanes(n), p);
+}
+
 // ---- packing: fp32 -> bf16 pairs -------------------------------------------------------------
 
 // dst (ceil(rows/2), cols) row pairs of src (rows, cols; row stride ld); a missing last row is 0.
@@ -49,8 +56,8 @@ void pack_row_pairs(u32* dst, const float* src, i64 rows, i64 cols, i64 ld) {
     const bool has_b = 2 * p + 1 < rows;
     for (i64 c = 0; c < cols; c += 16) {
       const __mmask16 m = lanes(cols - c);
-      const __m512 lo = _mm512_maskz_loadu_ps(m, a + c);
-      const __m512 hi = has_b ? _mm512_maskz_loadu_ps(m, a + ld + c) : _mm512_setzero_ps();
+      const __m512 lo = load_first(a + c, cols - c);
+      const __m512 hi = has_b ? load_first(a + ld + c, cols - c) : _mm512_setzero_ps();
       const __m512i x = _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
       _mm512_mask_storeu_epi32(dst + p * cols + c, m, x);
     }
@@ -97,8 +104,8 @@ void pack_col_pairs(u32* dst, const float* src, i64 rows, i64 cols, i64 ld, i64 
           continue;
         }
         const float* row = src + (j0 + i) * ld + c;
-        const __m512 lo = _mm512_maskz_loadu_ps(lanes(cols - c), row);
-        const __m512 hi = _mm512_maskz_loadu_ps(lanes(cols - c - 16), row + 16);
+        const __m512 lo = load_first(row, cols - c);
+        const __m512 hi = load_first(row + 16, cols - c - 16);
         r[i] = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
       }
       transpose16(r);
@@ -160,15 +167,15 @@ void pack_tile(u32* nat, u32* rp, const float* src, i64 n, i64 D, i64 ld, const 
     __m512 da = _mm512_setzero_ps(), db = _mm512_setzero_ps();
     for (i64 c = 0; c < D; c += 16) {
       const __mmask16 m = lanes(D - c), mp = lanes(2 * dp - c);
-      const __m512 lo = _mm512_maskz_loadu_ps(m, a + c);
-      const __m512 hi = has_b ? _mm512_maskz_loadu_ps(m, b + c) : _mm512_setzero_ps();
+      const __m512 lo = load_first(a + c, D - c);
+      const __m512 hi = has_b ? load_first(b + c, D - c) : _mm512_setzero_ps();
       _mm256_mask_storeu_epi16(na + c, mp, to_bf16(lo));
       if (has_b) _mm256_mask_storeu_epi16(nb + c, mp, to_bf16(hi));
       if (rp != nullptr)
         _mm512_mask_storeu_epi32(rp + (r / 2) * D + c, m, interleave_pairs(lo, hi));
       if (other != nullptr) {
-        da = _mm512_fmadd_ps(lo, _mm512_maskz_loadu_ps(m, other + r * ld + c), da);
-        if (has_b) db = _mm512_fmadd_ps(hi, _mm512_maskz_loadu_ps(m, other + (r + 1) * ld + c), db);
+        da = _mm512_fmadd_ps(lo, load_first(other + r * ld + c, D - c), da);
+        if (has_b) db = _mm512_fmadd_ps(hi, load_first(other + (r + 1) * ld + c, D - c), db);
       }
     }
     if (other != nullptr) {
@@ -191,24 +198,37 @@ void softmax_to_bf16(const float* S, i64 nq, i64 nk, i64 diag, float* m, float* 
     const float* srow = S + r * nk;
     auto* prow = reinterpret_cast<std::uint16_t*>(p + r * kp);
     const i64 nv = visible(r, diag, nk);
-    __m512 mx = neg_inf;
-    for (i64 c = 0; c < nv; c += 16)
-      mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(neg_inf, lanes(nv - c), srow + c));
-    const float m_old = first ? -__builtin_inff() : m[r];
-    const float m_new = nv > 0 ? __builtin_fmaxf(m_old, _mm512_reduce_max_ps(mx)) : m_old;
-    const __m512 mv = _mm512_set1_ps(m_new);
-    __m512 sum = _mm512_setzero_ps();
+    // Two independent chains per pass (32 columns a step); only the last 16 columns are masked.
+    __m512 mx0 = neg_inf, mx1 = neg_inf;
     i64 c = 0;
+    for (; c + 32 <= nv; c += 32) {
+      mx0 = _mm512_max_ps(mx0, _mm512_loadu_ps(srow + c));
+      mx1 = _mm512_max_ps(mx1, _mm512_loadu_ps(srow + c + 16));
+    }
+    for (; c < nv; c += 16)
+      mx0 = _mm512_max_ps(mx0, _mm512_mask_loadu_ps(neg_inf, lanes(nv - c), srow + c));
+    const float m_old = first ? -__builtin_inff() : m[r];
+    const float m_tile = _mm512_reduce_max_ps(_mm512_max_ps(mx0, mx1));
+    const float m_new = nv > 0 && m_tile > m_old ? m_tile : m_old;
+    const __m512 mv = _mm512_set1_ps(m_new);
+    __m512 sum0 = _mm512_setzero_ps(), sum1 = _mm512_setzero_ps();
+    for (c = 0; c + 32 <= nv; c += 32) {
+      const __m512 e0 = exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(srow + c), mv));
+      const __m512 e1 = exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(srow + c + 16), mv));
+      sum0 = _mm512_add_ps(sum0, e0);
+      sum1 = _mm512_add_ps(sum1, e1);
+      _mm512_storeu_si512(prow + c, (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+    }
     for (; c < nv; c += 16) {
       const __mmask16 vis = lanes(nv - c);
       const __m512 e = _mm512_maskz_mov_ps(
           vis, exp_neg16(_mm512_sub_ps(_mm512_maskz_loadu_ps(vis, srow + c), mv)));
-      sum = _mm512_add_ps(sum, e);
+      sum0 = _mm512_add_ps(sum0, e);
       _mm256_mask_storeu_epi16(prow + c, lanes(2 * kp - c), to_bf16(e));
     }
-    for (; c < 2 * kp; c += 16)
+    for (; c < 2 * kp; c += 16)  // masked keys, up to the padded pair
       _mm256_mask_storeu_epi16(prow + c, lanes(2 * kp - c), _mm256_setzero_si256());
-    const float s = _mm512_reduce_add_ps(sum);
+    const float s = _mm512_reduce_add_ps(_mm512_add_ps(sum0, sum1));
     if (first) {
       m[r] = m_new, l[r] = s;
       continue;
@@ -236,9 +256,18 @@ void exp_to_bf16_pairs(float* S, i64 nq, i64 nk, i64 diag, const float* lse, u32
     const bool has_b = r + 1 < nq;
     float* a = S + r * nk;
     float* b = a + nk;
+    u32* out = pr + (r / 2) * nk;
     const i64 na = visible(r, diag, nk), nb = has_b ? visible(r + 1, diag, nk) : 0;
     const __m512 la = _mm512_set1_ps(lse[r]), lb = _mm512_set1_ps(has_b ? lse[r + 1] : 0.0f);
-    for (i64 c = 0; c < nk; c += 16) {
+    i64 c = 0;
+    for (; c + 16 <= na && c + 16 <= nb; c += 16) {  // both rows fully visible: no masks
+      const __m512 ea = exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(a + c), la));
+      const __m512 eb = exp_neg16(_mm512_sub_ps(_mm512_loadu_ps(b + c), lb));
+      _mm512_storeu_ps(a + c, ea);
+      _mm512_storeu_ps(b + c, eb);
+      _mm512_storeu_si512(out + c, interleave_pairs(ea, eb));
+    }
+    for (; c < nk; c += 16) {
       const __mmask16 va = lanes(na - c), vb = lanes(nb - c);
       __m512 ea = _mm512_setzero_ps(), eb = _mm512_setzero_ps();
       if (va != 0) {
@@ -251,7 +280,7 @@ void exp_to_bf16_pairs(float* S, i64 nq, i64 nk, i64 diag, const float* lse, u32
             _mm512_maskz_mov_ps(vb, exp_neg16(_mm512_sub_ps(_mm512_maskz_loadu_ps(vb, b + c), lb)));
         _mm512_mask_storeu_ps(b + c, vb, eb);
       }
-      _mm512_mask_storeu_epi32(pr + (r / 2) * nk + c, lanes(nk - c), interleave_pairs(ea, eb));
+      _mm512_mask_storeu_epi32(out + c, lanes(nk - c), interleave_pairs(ea, eb));
     }
   }
 }
@@ -267,16 +296,27 @@ void ds_to_bf16(const float* dP, const float* P, i64 nq, i64 nk, i64 diag, const
     const __m512 dva = _mm512_set1_ps(dvec[r]), dvb = _mm512_set1_ps(has_b ? dvec[r + 1] : 0.0f);
     auto* ra = reinterpret_cast<std::uint16_t*>(dn + r * kp);
     auto* rb = ra + 2 * kp;
-    for (i64 c = 0; c < 2 * kp; c += 16) {
+    u32* out = dr + (r / 2) * nk;
+    const float *pa = P + r * nk, *pb = pa + nk, *dpa = dP + r * nk, *dpb = dpa + nk;
+    i64 c = 0;
+    for (; c + 16 <= na && c + 16 <= nb; c += 16) {  // both rows fully visible: no masks
+      const __m512 sa =
+          _mm512_mul_ps(_mm512_loadu_ps(pa + c), _mm512_sub_ps(_mm512_loadu_ps(dpa + c), dva));
+      const __m512 sb =
+          _mm512_mul_ps(_mm512_loadu_ps(pb + c), _mm512_sub_ps(_mm512_loadu_ps(dpb + c), dvb));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(ra + c), to_bf16(sa));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(rb + c), to_bf16(sb));
+      _mm512_storeu_si512(out + c, interleave_pairs(sa, sb));
+    }
+    for (; c < 2 * kp; c += 16) {
       const __mmask16 va = lanes(na - c), vb = lanes(nb - c), wide = lanes(2 * kp - c);
-      const i64 ra0 = r * nk + c, rb0 = ra0 + nk;
-      const __m512 sa = _mm512_mul_ps(_mm512_maskz_loadu_ps(va, P + ra0),
-                                      _mm512_sub_ps(_mm512_maskz_loadu_ps(va, dP + ra0), dva));
-      const __m512 sb = _mm512_mul_ps(_mm512_maskz_loadu_ps(vb, P + rb0),
-                                      _mm512_sub_ps(_mm512_maskz_loadu_ps(vb, dP + rb0), dvb));
+      const __m512 sa = _mm512_mul_ps(_mm512_maskz_loadu_ps(va, pa + c),
+                                      _mm512_sub_ps(_mm512_maskz_loadu_ps(va, dpa + c), dva));
+      const __m512 sb = _mm512_mul_ps(_mm512_maskz_loadu_ps(vb, pb + c),
+                                      _mm512_sub_ps(_mm512_maskz_loadu_ps(vb, dpb + c), dvb));
       _mm256_mask_storeu_epi16(ra + c, wide, to_bf16(sa));
       if (has_b) _mm256_mask_storeu_epi16(rb + c, wide, to_bf16(sb));
-      _mm512_mask_storeu_epi32(dr + (r / 2) * nk + c, lanes(nk - c), interleave_pairs(sa, sb));
+      _mm512_mask_storeu_epi32(out + c, lanes(nk - c), interleave_pairs(sa, sb));
     }
   }
 }
