@@ -35,7 +35,7 @@ struct Bf16AttentionBuffers {
   float* s;                // (tile, key_tile) scores, then P
   float* dp;               // (tile, key_tile) dP, then dS
   float* m;                // (tile) running max; backward: rowsum(dO * O)
-  float* l;                // (tile) running sum
+  float* l;                // (tile) running sum; forward, once the last key tile is in: 1 / sum
   std::int64_t key_tile;   // keys per key tile, even (key pairs never straddle tiles), >= tile
   std::int64_t ldk;        // keys rounded up to 16 (one vector of column pairs)
 };

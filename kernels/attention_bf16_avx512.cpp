@@ -324,10 +324,11 @@ void ds_to_bf16(const float* dP, const float* P, i64 nq, i64 nk, i64 diag, const
 // ---- tile products ---------------------------------------------------------------------------
 
 // C (MR, 16 NV) of one register block: A pair (r, p) at a[r * a_rs + p * a_ps], B pair (p, n)
-// at b[p * ldb + n]; the last 16 columns are masked by `tail`.
+// at b[p * ldb + n]; the last 16 columns are masked by `tail`. C = (or += when accumulate)
+// alpha * row_scale[r] * A B, with row_scale null meaning 1.
 template <int MR, int NV>
 void block(i64 np, const u32* a, i64 a_rs, i64 a_ps, const u32* b, i64 ldb, float* c, i64 ldc,
-           float alpha, bool accumulate, __mmask16 tail) {
+           float alpha, const float* row_scale, bool accumulate, __mmask16 tail) {
   // Fully unrolled, so that the accumulators live in registers (GCC -O2 keeps them on the stack
   // otherwise).
   __m512 acc[MR][NV];
@@ -347,9 +348,9 @@ void block(i64 np, const u32* a, i64 a_rs, i64 a_ps, const u32* b, i64 ldb, floa
       for (int v = 0; v < NV; ++v) acc[r][v] = _mm512_dpbf16_ps(acc[r][v], av, bv[v]);
     }
   }
-  const __m512 al = _mm512_set1_ps(alpha);
 #pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r)
+  for (int r = 0; r < MR; ++r) {
+    const __m512 al = _mm512_set1_ps(row_scale != nullptr ? alpha * row_scale[r] : alpha);
 #pragma GCC unroll 4
     for (int v = 0; v < NV; ++v) {
       const __mmask16 m = v == NV - 1 ? tail : 0xFFFF;
@@ -358,10 +359,11 @@ void block(i64 np, const u32* a, i64 a_rs, i64 a_ps, const u32* b, i64 ldb, floa
                                   : _mm512_mul_ps(acc[r][v], al);
       _mm512_mask_storeu_ps(cp, m, x);
     }
+  }
 }
 
-using BlockFn = void (*)(i64, const u32*, i64, i64, const u32*, i64, float*, i64, float, bool,
-                         __mmask16);
+using BlockFn = void (*)(i64, const u32*, i64, i64, const u32*, i64, float*, i64, float,
+                         const float*, bool, __mmask16);
 constexpr int kRows = 6;  // 6 x 4 accumulators: enough in flight to hide vdpbf16ps latency
 
 template <int MR>
@@ -406,10 +408,11 @@ BlockFn block_for(i64 mr, i64 nv) {
 // columns, 2 keys) decides how much masked work is still done.
 enum class Causal { kAll, kColsUpTo, kPairsUpTo, kPairsFrom };
 
-// C (M, N) (=, or += when accumulate) alpha * A (M, 2 np) B (2 np, N) in blocks of kRows x 64.
+// C (M, N) (=, or += when accumulate) alpha * A (M, 2 np) B (2 np, N) in blocks of kRows x 64;
+// row_scale (M), when not null, scales the rows of the product.
 void product(i64 M, i64 N, i64 np, const u32* a, i64 a_rs, i64 a_ps, const u32* b, i64 ldb,
-             float* c, i64 ldc, float alpha, bool accumulate, Causal causal = Causal::kAll,
-             i64 diag = 0) {
+             float* c, i64 ldc, float alpha, bool accumulate, Causal causal, i64 diag,
+             const float* row_scale = nullptr) {
   for (i64 n0 = 0; n0 < N; n0 += 64) {
     for (i64 r0 = 0; r0 < M; r0 += kRows) {
       const i64 mr = imin(kRows, M - r0), last = r0 + mr - 1;
@@ -422,7 +425,8 @@ void product(i64 M, i64 N, i64 np, const u32* a, i64 a_rs, i64 a_ps, const u32* 
       if (p_end <= p_beg && accumulate) continue;
       const i64 nv = (nn + 15) / 16;
       block_for(mr, nv)(imax(0, p_end - p_beg), a + r0 * a_rs + p_beg * a_ps, a_rs, a_ps,
-                        b + p_beg * ldb + n0, ldb, c + r0 * ldc + n0, ldc, alpha, accumulate,
+                        b + p_beg * ldb + n0, ldb, c + r0 * ldc + n0, ldc, alpha,
+                        row_scale != nullptr ? row_scale + r0 : nullptr, accumulate,
                         lanes(nn - 16 * (nv - 1)));
     }
   }
@@ -470,19 +474,27 @@ void attention_forward_head_bf16(float* out, float* lse, const float* q, const f
       product(nq, nk, hd.dp, buf.q_nat, hd.dp, 1, buf.k_cols + j0, buf.ldk, buf.s, nk, hd.scale,
               false, Causal::kColsUpTo, diag);
       softmax_to_bf16(buf.s, nq, nk, diag, buf.m, buf.l, j0 == 0, buf.p_nat, oi, hd.ld_q, D);
-      // o_i (nq, D) (= on the first key tile, else +=) P (nq, nk) v_j (nk, D)
-      product(nq, D, kp, buf.p_nat, kp, 1, buf.v_rows + (j0 / 2) * D, D, oi, hd.ld_q, 1.0f, j0 > 0,
-              Causal::kPairsUpTo, diag);
-    }
-    for (i64 r = 0; r < nq; ++r) {
-      const __m512 inv = _mm512_set1_ps(1.0f / buf.l[r]);
-      float* orow = oi + r * hd.ld_q;
-      for (i64 d = 0; d < D; d += 16) {
-        const __mmask16 md = lanes(D - d);
-        _mm512_mask_storeu_ps(orow + d, md,
-                              _mm512_mul_ps(_mm512_maskz_loadu_ps(md, orow + d), inv));
+      const bool last = j0 + nk == p0 + nq, only = last && j0 == 0;
+      if (last) {  // l is final
+        for (i64 r = 0; r < nq; ++r) {
+          lse_h[i0 + r] = buf.m[r] + __builtin_logf(buf.l[r]);
+          buf.l[r] = 1.0f / buf.l[r];
+        }
       }
-      lse_h[i0 + r] = buf.m[r] + __builtin_logf(buf.l[r]);
+      // o_i (nq, D) (= on the first key tile, else +=) P (nq, nk) v_j (nk, D); an only key tile
+      // stores o_i / l directly
+      product(nq, D, kp, buf.p_nat, kp, 1, buf.v_rows + (j0 / 2) * D, D, oi, hd.ld_q, 1.0f, j0 > 0,
+              Causal::kPairsUpTo, diag, only ? buf.l : nullptr);
+      if (!last || only) continue;
+      for (i64 r = 0; r < nq; ++r) {  // o_i /= l
+        const __m512 inv = _mm512_set1_ps(buf.l[r]);
+        float* orow = oi + r * hd.ld_q;
+        for (i64 d = 0; d < D; d += 16) {
+          const __mmask16 md = lanes(D - d);
+          _mm512_mask_storeu_ps(orow + d, md,
+                                _mm512_mul_ps(_mm512_maskz_loadu_ps(md, orow + d), inv));
+        }
+      }
     }
   }
 }
