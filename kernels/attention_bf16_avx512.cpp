@@ -44,13 +44,16 @@ inline __m512 load_first(const float* p, i64 n) {
 
 // ---- packing: fp32 -> bf16 pairs -------------------------------------------------------------
 
-// dst (ceil(rows/2), cols) row pairs of src (rows, cols; row stride ld); a missing last row is 0.
-void pack_row_pairs(u32* dst, const float* src, i64 rows, i64 cols, i64 ld) {
-  // Interleaves [a0..a15 | b0..b15] (16-bit lanes) into a0 b0 a1 b1 ...
+// Interleaves [a0..a15 | b0..b15] (16-bit lanes of cvtne2ps(b, a)) into a0 b0 a1 b1 ...
+inline __m512i interleave_pairs(__m512 a, __m512 b) {
   alignas(64) static const std::uint16_t kIdx[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
                                                      21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
                                                      11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  const __m512i idx = _mm512_load_si512(kIdx);
+  return _mm512_permutexvar_epi16(_mm512_load_si512(kIdx), (__m512i)_mm512_cvtne2ps_pbh(b, a));
+}
+
+// dst (ceil(rows/2), cols) row pairs of src (rows, cols; row stride ld); a missing last row is 0.
+void pack_row_pairs(u32* dst, const float* src, i64 rows, i64 cols, i64 ld) {
   for (i64 p = 0; p < (rows + 1) / 2; ++p) {
     const float* a = src + 2 * p * ld;
     const bool has_b = 2 * p + 1 < rows;
@@ -58,8 +61,7 @@ void pack_row_pairs(u32* dst, const float* src, i64 rows, i64 cols, i64 ld) {
       const __mmask16 m = lanes(cols - c);
       const __m512 lo = load_first(a + c, cols - c);
       const __m512 hi = has_b ? load_first(a + ld + c, cols - c) : _mm512_setzero_ps();
-      const __m512i x = _mm512_permutexvar_epi16(idx, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
-      _mm512_mask_storeu_epi32(dst + p * cols + c, m, x);
+      _mm512_mask_storeu_epi32(dst + p * cols + c, m, interleave_pairs(lo, hi));
     }
   }
 }
@@ -115,14 +117,6 @@ void pack_col_pairs(u32* dst, const float* src, i64 rows, i64 cols, i64 ld, i64 
 }
 
 // ---- fused row passes: fp32 tiles -> bf16 operands ---------------------------------------------
-
-// Interleaves [a0..a15 | b0..b15] (16-bit lanes of cvtne2ps(b, a)) into a0 b0 a1 b1 ...
-inline __m512i interleave_pairs(__m512 a, __m512 b) {
-  alignas(64) static const std::uint16_t kIdx[32] = {0,  16, 1,  17, 2,  18, 3,  19, 4,  20, 5,
-                                                     21, 6,  22, 7,  23, 8,  24, 9,  25, 10, 26,
-                                                     11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
-  return _mm512_permutexvar_epi16(_mm512_load_si512(kIdx), (__m512i)_mm512_cvtne2ps_pbh(b, a));
-}
 
 inline __m256i to_bf16(__m512 x) { return (__m256i)_mm512_cvtneps_pbh(x); }
 
@@ -369,36 +363,25 @@ constexpr int kRows = 6;  // 6 x 4 accumulators: enough in flight to hide vdpbf1
 template <int MR>
 BlockFn block_for(i64 nv) {
   switch (nv) {
-    case 1:
-      return block<MR, 1>;
-    case 2:
-      return block<MR, 2>;
-    case 3:
-      return block<MR, 3>;
-    default:
-      return block<MR, 4>;
+    case 1: return block<MR, 1>;
+    case 2: return block<MR, 2>;
+    case 3: return block<MR, 3>;
+    default: return block<MR, 4>;
   }
 }
 
 BlockFn block_for(i64 mr, i64 nv) {
   switch (mr) {
-    case 1:
-      return block_for<1>(nv);
-    case 2:
-      return block_for<2>(nv);
-    case 3:
-      return block_for<3>(nv);
-    case 4:
-      return block_for<4>(nv);
-    case 5:
-      return block_for<5>(nv);
-    default:
-      return block_for<6>(nv);
+    case 1: return block_for<1>(nv);
+    case 2: return block_for<2>(nv);
+    case 3: return block_for<3>(nv);
+    case 4: return block_for<4>(nv);
+    case 5: return block_for<5>(nv);
+    default: return block_for<6>(nv);
   }
 }
 
 // Which part of a causal tile product is computed, with diag as in visible():
-//   kAll         everything;
 //   kColsUpTo    C rows are queries, columns keys: row r needs only columns c <= r + diag (the
 //                rest of C is left unwritten);
 //   kPairsUpTo   A rows are queries, K keys: A (r, k) is 0 for k > r + diag, so those pairs
@@ -406,7 +389,7 @@ BlockFn block_for(i64 mr, i64 nv) {
 //   kPairsFrom   A rows are keys, K queries: A (r, k) is 0 for k < r - diag, skipped likewise.
 // Skipped products are exact zeros, so only the register blocks' granularity (kRows rows, 16
 // columns, 2 keys) decides how much masked work is still done.
-enum class Causal { kAll, kColsUpTo, kPairsUpTo, kPairsFrom };
+enum class Causal { kColsUpTo, kPairsUpTo, kPairsFrom };
 
 // C (M, N) (=, or += when accumulate) alpha * A (M, 2 np) B (2 np, N) in blocks of kRows x 64;
 // row_scale (M), when not null, scales the rows of the product.
