@@ -2,6 +2,8 @@
 // (the AVX512-BF16 code is in attention_bf16_avx512.cpp and bf16_round_avx512.cpp).
 #include "kernels/attention_bf16.h"
 
+#include <algorithm>
+
 #include "kernels/bf16_round.h"
 #include "kernels/blas.h"
 #include "kernels/gemm.h"
@@ -15,9 +17,16 @@ struct Sizes {
   std::int64_t tile, key_tile, dp, ldk, kp2;  // dp: pairs of D; kp2: pairs of keys
 };
 
+// Key tiles span up to kMaxKeyTile keys, or the query tile if longer: a short sequence's rows
+// are then one tile (one softmax pass, no rescaling, long sums per product); longer ones are
+// streamed with the online softmax through S tiles that stay in L2 (64 x 256 floats: 64 KiB).
+constexpr std::int64_t kMaxKeyTile = 256;
+
 Sizes sizes_of(const AttentionShape& s) {
+  const auto even = [](std::int64_t n) { return (n + 1) / 2 * 2; };
   const std::int64_t keys = s.keys();
-  return {s.tile, (s.tile + 1) / 2 * 2, (s.head_dim + 1) / 2, round16(keys), (keys + 1) / 2};
+  const std::int64_t key_tile = std::max(even(s.tile), std::min(even(s.q_pos + s.T), kMaxKeyTile));
+  return {s.tile, key_tile, (s.head_dim + 1) / 2, round16(keys), (keys + 1) / 2};
 }
 
 }  // namespace
@@ -38,10 +47,10 @@ bool bf16_attention_supported() {
 std::int64_t bf16_attention_buffer_words(const AttentionShape& s) {
   const Sizes z = sizes_of(s);
   const std::int64_t D = s.head_dim, tq2 = (z.tile + 1) / 2;
-  return 2 * round16(z.dp * z.ldk) + 2 * round16(z.kp2 * D)     // k, v: column and row pairs
-         + 2 * round16(z.tile * z.dp) + 2 * round16(tq2 * D)    // q, dout tiles
+  return 2 * round16(z.dp * z.ldk) + 2 * round16(z.kp2 * D)   // k, v: column and row pairs
+         + 2 * round16(z.tile * z.dp) + 2 * round16(tq2 * D)  // q, dout tiles
          + round16(z.tile * (z.key_tile / 2)) + round16(tq2 * z.key_tile)  // P / dS in bf16
-         + 2 * round16(z.tile * z.key_tile) + 2 * round16(z.tile);        // S, dP, m, l
+         + 2 * round16(z.tile * z.key_tile) + 2 * round16(z.tile);         // S, dP, m, l
 }
 
 Bf16AttentionBuffers bf16_attention_buffers(std::uint32_t* words, const AttentionShape& s) {

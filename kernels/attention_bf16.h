@@ -35,8 +35,8 @@ struct Bf16AttentionBuffers {
   float* s;                // (tile, key_tile) scores, then P
   float* dp;               // (tile, key_tile) dP, then dS
   float* m;                // (tile) running max; backward: rowsum(dO * O)
-  float* l;                // (tile) running sum
-  std::int64_t key_tile;   // the query tile rounded up to even: key pairs never straddle tiles
+  float* l;                // (tile) running sum; forward, once the last key tile is in: 1 / sum
+  std::int64_t key_tile;   // keys per key tile, even (key pairs never straddle tiles), >= tile
   std::int64_t ldk;        // keys rounded up to 16 (one vector of column pairs)
 };
 
@@ -53,8 +53,9 @@ bool bf16_attention_supported();
 void attention_forward_head_bf16(float* out, float* lse, const float* q, const float* k,
                                  const float* v, const Bf16AttentionBuffers& buf,
                                  const AttentionShape& s, std::int64_t b, std::int64_t h);
-// One (batch, kv head) of the backward: the query heads of its group in order, accumulating into
-// dq, dk, dv (zeroed by the caller).
+// One (batch, kv head) of the backward: the query heads of its group in order. Writes (=) the rows
+// of dq of those heads and the rows of dk, dv of this kv head (all keys; rows no query reaches
+// are 0).
 void attention_backward_group_bf16(float* dq, float* dk, float* dv, const float* dout,
                                    const float* q, const float* k, const float* v,
                                    const float* out, const float* lse,

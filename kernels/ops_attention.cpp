@@ -244,11 +244,8 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                         const float* k, const float* v, const float* out, const float* lse,
                         float* scratch, const AttentionShape& s) {
   check_shape(s);
-  // Activation gradients are written (=), but the tiles accumulate into them: zero first.
-  zero(dq, s.B * s.T * s.n_heads * s.head_dim);
-  zero(dk, s.B * s.keys() * s.n_kv_heads * s.head_dim);
-  zero(dv, s.B * s.keys() * s.n_kv_heads * s.head_dim);
-  // Parallel over (batch, kv head): dk and dv rows of a kv head belong to one item.
+  // Parallel over (batch, kv head): dk and dv rows of a kv head belong to one item. The bf16
+  // items write all of their dq, dk and dv rows themselves.
   if (bf16_tiles())
     return for_each_item(s.B * s.n_kv_heads, s.B * s.n_heads * s.T * s.head_dim, scratch, 0,
                          [&](std::int64_t i, float*) {
@@ -256,6 +253,10 @@ void attention_backward(float* dq, float* dk, float* dv, const float* dout, cons
                                dq, dk, dv, dout, q, k, v, out, lse, bf16_buffers(s), s,
                                i / s.n_kv_heads, i % s.n_kv_heads);
                          });
+  // Activation gradients are written (=), but the fp32 tiles accumulate into them: zero first.
+  zero(dq, s.B * s.T * s.n_heads * s.head_dim);
+  zero(dk, s.B * s.keys() * s.n_kv_heads * s.head_dim);
+  zero(dv, s.B * s.keys() * s.n_kv_heads * s.head_dim);
   for_each_item(s.B * s.n_kv_heads, s.B * s.n_heads * s.T * s.head_dim, scratch,
                 attention_scratch_floats(s), [&](std::int64_t i, float* scr) {
                   attention_backward_group(dq, dk, dv, dout, q, k, v, out, lse, scr, s,

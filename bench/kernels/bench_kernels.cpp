@@ -3,6 +3,8 @@
 // core type in the environment before starting:  OPENBLAS_CORETYPE=SkylakeX ./bench_kernels
 //
 // Usage: bench_kernels [threads...]   (default: 1 2)
+//        bench_kernels --attention [threads...]   only the bf16 attention at bench/e2e's layer
+//        shape (B=8 T=256 H=Hkv=8 D=64, tile 64), median of 41: quick before/after comparisons
 // Attention runs in fp32 and, where the CPU has AVX512-BF16, with the bf16 tiles that ranks with
 // bf16 linear GEMMs use (kernels/attention_bf16.h).
 #include <algorithm>
@@ -45,8 +47,25 @@ void bench_gemm(const char* what, k::Trans ta, k::Trans tb, int M, int N, int K,
               2.0 * M * N * K / s * 1e-9, s * 1e3);
 }
 
-void bench_attention(int B, int T, int H, int Hkv, int D, int tile, int repeats,
-                     k::GemmKind kind) {
+// First "model name" line of /proc/cpuinfo: figures mean little without it.
+std::string cpu_model() {
+  std::FILE* f = std::fopen("/proc/cpuinfo", "r");
+  if (f == nullptr) return "(unknown)";
+  char line[512];
+  std::string model = "(unknown)";
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    const std::string l = line;
+    if (l.rfind("model name", 0) == 0 && l.find(':') != std::string::npos) {
+      model = l.substr(l.find(':') + 2);
+      if (!model.empty() && model.back() == '\n') model.pop_back();
+      break;
+    }
+  }
+  std::fclose(f);
+  return model;
+}
+
+void bench_attention(int B, int T, int H, int Hkv, int D, int tile, int repeats, k::GemmKind kind) {
   k::set_linear_gemm(kind);  // attention's tiles follow the linear layers' precision
   k::AttentionShape s{B, T, H, Hkv, D, tile};
   const std::size_t nq = (std::size_t)B * T * H * D, nkv = (std::size_t)B * T * Hkv * D;
@@ -70,18 +89,39 @@ void bench_attention(int B, int T, int H, int Hkv, int D, int tile, int repeats,
       },
       repeats);
   std::printf(
-      "  attention %s B=%d T=%5d H=%d Hkv=%d D=%d tile=%3d  fwd %6.1f GFLOP/s (%.1f ms)"
-      "  bwd %6.1f GFLOP/s (%.1f ms)\n",
-      k::gemm_kind_is_bf16(kind) ? "bf16" : "fp32", B, T, H, Hkv, D, tile, 2 * gemm / fwd * 1e-9, fwd * 1e3, 5 * gemm / bwd * 1e-9, bwd * 1e3);
+      "  attention %s B=%d T=%5d H=%d Hkv=%d D=%d tile=%3d  fwd %6.1f GFLOP/s (%.2f ms)"
+      "  bwd %6.1f GFLOP/s (%.2f ms)\n",
+      k::gemm_kind_is_bf16(kind) ? "bf16" : "fp32", B, T, H, Hkv, D, tile, 2 * gemm / fwd * 1e-9,
+      fwd * 1e3, 5 * gemm / bwd * 1e-9, bwd * 1e3);
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<int> threads;
-  for (int i = 1; i < argc; ++i) threads.push_back(std::atoi(argv[i]));
+  bool attention_only = false;
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--attention")
+      attention_only = true;
+    else
+      threads.push_back(std::atoi(argv[i]));
+  }
   if (threads.empty()) threads = {1, 2};
 
+  std::printf("CPU: %s\n", cpu_model().c_str());
+  if (attention_only) {
+    if (!k::cpu_has_bf16_dot()) {
+      std::printf("no AVX512-BF16 here: the bf16 attention tiles do not run\n");
+      return 0;
+    }
+    for (int t : threads) {
+      k::set_blas_threads(t);
+      std::printf("threads = %d (median of 41)\n", t);
+      bench_attention(8, 256, 8, 8, 64, 64, 41, k::GemmKind::kOneDnnBf16);
+    }
+    k::set_linear_gemm(k::GemmKind::kOpenBlasF32);
+    return 0;
+  }
   const char* env = std::getenv("OPENBLAS_CORETYPE");
   std::printf("OpenBLAS: %s\n", k::openblas_config_string().c_str());
   std::printf("OPENBLAS_CORETYPE=%s, recommended for this CPU: %s\n", env ? env : "(unset)",

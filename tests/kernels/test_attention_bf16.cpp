@@ -41,8 +41,8 @@ class Bf16Gemm {
   GemmKind saved_;
 };
 
-#define SKIP_WITHOUT_BF16_TILES()                                          \
-  if (!detail::bf16_attention_supported())                                 \
+#define SKIP_WITHOUT_BF16_TILES()          \
+  if (!detail::bf16_attention_supported()) \
   GTEST_SKIP() << "this CPU has no AVX512-BF16: attention stays fp32 here"
 
 std::vector<float> rounded(std::vector<float> x) {
@@ -145,35 +145,56 @@ TEST_P(kernels_attention_bf16, BackwardMatchesFiniteDifferencesOfRoundedInputs) 
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, kernels_attention_bf16,
-    ::testing::Values(Case{2, 37, 4, 2, 8, 8, 1.0f},    // GQA, T not a multiple of the tile
-                      Case{1, 23, 3, 1, 6, 5, 1.0f},    // multi-query, odd tile (key tile 6)
-                      Case{1, 16, 2, 2, 8, 16, 1.0f},   // plain MHA, exactly one tile
-                      Case{1, 9, 2, 2, 5, 64, 1.0f},    // tile larger than T, odd head dim
-                      Case{1, 29, 4, 2, 8, 4, 12.0f},   // peaked softmax, many small tiles
-                      Case{1, 40, 2, 1, 36, 13, 1.0f}), // 18 pairs of D: two column-pair blocks
+    ::testing::Values(Case{2, 37, 4, 2, 8, 8, 1.0f},     // GQA, T not a multiple of the tile
+                      Case{1, 23, 3, 1, 6, 5, 1.0f},     // multi-query, odd tile (key tile 6)
+                      Case{1, 16, 2, 2, 8, 16, 1.0f},    // plain MHA, exactly one tile
+                      Case{1, 9, 2, 2, 5, 64, 1.0f},     // tile larger than T, odd head dim
+                      Case{1, 29, 4, 2, 8, 4, 12.0f},    // peaked softmax, many small tiles
+                      Case{1, 40, 2, 1, 36, 13, 1.0f}),  // 18 pairs of D: two column-pair blocks
     [](const auto& info) { return ref::param_name(info); });
 
-// The model's shape class (head dim 64, 64-row tiles, several tiles and a ragged one): too large
-// for finite differences, so the backward is compared with the fp32 tiles (checked against finite
-// differences in test_attention.cpp) on the same rounded inputs, within the bf16 bounds above.
-TEST(kernels_attention_bf16_large, MatchesFp32TilesOnRoundedInputs) {
+// Larger shapes, too large for finite differences: the bf16 tiles against the fp32 tiles (checked
+// against finite differences in test_attention.cpp, and for context parallelism against full
+// attention) on the same rounded inputs, within the bf16 bounds above.
+struct BigCase {
+  int B, T, H, Hkv, D, tile;
+  float q_scale;
+  int q_pos, kv_len;  // context parallelism: queries at [q_pos, q_pos + T) of kv_len keys
+};
+
+void PrintTo(const BigCase& c, std::ostream* os) {
+  *os << "B" << c.B << "_T" << c.T << "_H" << c.H << "_Hkv" << c.Hkv << "_D" << c.D << "_tile"
+      << c.tile << "_qs" << c.q_scale << "_at" << c.q_pos << "_of" << c.kv_len;
+}
+
+class kernels_attention_bf16_large : public ::testing::TestWithParam<BigCase> {};
+
+TEST_P(kernels_attention_bf16_large, MatchesFp32TilesOnRoundedInputs) {
   SKIP_WITHOUT_BF16_TILES();
-  const Case c{2, 150, 4, 2, 64, 64, 2.0f};
-  const Inputs in = make_inputs(c);
-  const std::vector<float> dout = rounded(ref::random_floats(in.q.size(), 74));
+  const BigCase c = GetParam();
+  AttentionShape shape{c.B, c.T, c.H, c.Hkv, c.D, c.tile};
+  shape.q_pos = c.q_pos, shape.kv_len = c.kv_len;
+  const std::size_t nq = (std::size_t)c.B * c.T * c.H * c.D;
+  const std::size_t nkv = (std::size_t)c.B * shape.keys() * c.Hkv * c.D;
+  std::vector<float> q = ref::random_floats(nq, 70);
+  for (auto& x : q) x *= c.q_scale;
+  q = rounded(q);
+  const std::vector<float> k = rounded(ref::random_floats(nkv, 71));
+  const std::vector<float> v = rounded(ref::random_floats(nkv, 72));
+  const std::vector<float> dout = rounded(ref::random_floats(nq, 74));
   struct Result {
     std::vector<float> out, lse, dq, dk, dv;
   };
   const auto run = [&] {
-    Result r{std::vector<float>(in.q.size()), std::vector<float>((std::size_t)c.B * c.H * c.T),
-             std::vector<float>(in.q.size()), std::vector<float>(in.k.size()),
-             std::vector<float>(in.v.size())};
-    std::vector<float> scratch(attention_scratch_floats(in.shape));
-    attention_forward(r.out.data(), r.lse.data(), in.q.data(), in.k.data(), in.v.data(),
-                      scratch.data(), in.shape);
-    attention_backward(r.dq.data(), r.dk.data(), r.dv.data(), dout.data(), in.q.data(),
-                       in.k.data(), in.v.data(), r.out.data(), r.lse.data(), scratch.data(),
-                       in.shape);
+    // Outputs start as garbage: every element must be written.
+    Result r{std::vector<float>(nq, 5.0f), std::vector<float>((std::size_t)c.B * c.H * c.T, 5.0f),
+             std::vector<float>(nq, 5.0f), std::vector<float>(nkv, 5.0f),
+             std::vector<float>(nkv, 5.0f)};
+    std::vector<float> scratch(attention_scratch_floats(shape));
+    attention_forward(r.out.data(), r.lse.data(), q.data(), k.data(), v.data(), scratch.data(),
+                      shape);
+    attention_backward(r.dq.data(), r.dk.data(), r.dv.data(), dout.data(), q.data(), k.data(),
+                       v.data(), r.out.data(), r.lse.data(), scratch.data(), shape);
     return r;
   };
   const Result fp32 = run();
@@ -190,35 +211,53 @@ TEST(kernels_attention_bf16_large, MatchesFp32TilesOnRoundedInputs) {
   EXPECT_NE(b.out, fp32.out) << "bf16 tiles not taken";
 }
 
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, kernels_attention_bf16_large,
+    ::testing::Values(
+        // the model's shape class: head dim 64, 64-row tiles, a ragged one; keys in one key tile
+        BigCase{2, 150, 4, 2, 64, 64, 2.0f, 0, 0},
+        // more keys than one key tile (256): online softmax across key tiles, peaked and flat
+        BigCase{1, 300, 2, 1, 64, 64, 8.0f, 0, 0}, BigCase{1, 531, 2, 2, 48, 96, 1.0f, 0, 0},
+        // odd head dim and tile, T not a multiple of 16
+        BigCase{1, 277, 2, 1, 33, 37, 2.0f, 0, 0},
+        // context parallelism: a block of queries; keys past the last query get zero gradients
+        BigCase{2, 100, 4, 2, 64, 64, 2.0f, 150, 400},
+        BigCase{1, 120, 2, 2, 64, 64, 2.0f, 200, 400},
+        BigCase{1, 57, 2, 1, 40, 16, 2.0f, 301, 358}),
+    [](const auto& info) { return ref::param_name(info); });
+
 // Ranks with several threads split attention over (batch, head) items; each item is computed by
 // one thread in a fixed order, so the bf16 results are the same bits with 1 and 2 threads and
 // from run to run.
 TEST(kernels_attention_bf16_threads, TwoThreadsEqualOneAndRepeat) {
   SKIP_WITHOUT_BF16_TILES();
   const Bf16Gemm bf16;
-  const AttentionShape s{2, 200, 4, 2, 48, 64};  // large enough for the threaded path
-  const Inputs in = make_inputs({2, 200, 4, 2, 48, 64, 2.0f});
-  const std::vector<float> dout = ref::random_floats(in.q.size(), 75);
-  const auto run = [&](int threads) {
-    const int saved = blas_threads();
-    set_blas_threads(threads);
-    std::vector<std::vector<float>> r{std::vector<float>(in.q.size()),
-                                      std::vector<float>((std::size_t)s.B * s.n_heads * s.T),
-                                      std::vector<float>(in.q.size()),
-                                      std::vector<float>(in.k.size()),
-                                      std::vector<float>(in.v.size())};
-    std::vector<float> scratch(attention_scratch_floats(s));
-    attention_forward(r[0].data(), r[1].data(), in.q.data(), in.k.data(), in.v.data(),
-                      scratch.data(), s);
-    attention_backward(r[2].data(), r[3].data(), r[4].data(), dout.data(), in.q.data(),
-                       in.k.data(), in.v.data(), r[0].data(), r[1].data(), scratch.data(), s);
-    set_blas_threads(saved);
-    return r;
-  };
-  const auto one = run(1), two = run(2), again = run(2);
-  for (int i = 0; i < 5; ++i) {
-    EXPECT_EQ(one[i], two[i]) << "output " << i;
-    EXPECT_EQ(two[i], again[i]) << "output " << i;
+  // Large enough for the threaded path; the second has several key tiles per query tile.
+  for (const Case c : {Case{2, 200, 4, 2, 48, 64, 2.0f}, Case{2, 300, 4, 2, 64, 64, 2.0f}}) {
+    SCOPED_TRACE("T=" + std::to_string(c.T));
+    const Inputs in = make_inputs(c);
+    const AttentionShape& s = in.shape;
+    const std::vector<float> dout = ref::random_floats(in.q.size(), 75);
+    const auto run = [&](int threads) {
+      const int saved = blas_threads();
+      set_blas_threads(threads);
+      std::vector<std::vector<float>> r{
+          std::vector<float>(in.q.size()), std::vector<float>((std::size_t)s.B * s.n_heads * s.T),
+          std::vector<float>(in.q.size()), std::vector<float>(in.k.size()),
+          std::vector<float>(in.v.size())};
+      std::vector<float> scratch(attention_scratch_floats(s));
+      attention_forward(r[0].data(), r[1].data(), in.q.data(), in.k.data(), in.v.data(),
+                        scratch.data(), s);
+      attention_backward(r[2].data(), r[3].data(), r[4].data(), dout.data(), in.q.data(),
+                         in.k.data(), in.v.data(), r[0].data(), r[1].data(), scratch.data(), s);
+      set_blas_threads(saved);
+      return r;
+    };
+    const auto one = run(1), two = run(2), again = run(2);
+    for (int i = 0; i < 5; ++i) {
+      EXPECT_EQ(one[i], two[i]) << "output " << i;
+      EXPECT_EQ(two[i], again[i]) << "output " << i;
+    }
   }
 }
 
