@@ -1,5 +1,5 @@
-// The non-GEMM inner loops of attention, SwiGLU, RMSNorm and AdamW, compiled three times (SSE2, AVX2+FMA,
-// AVX-512) and picked once at run time by the CPU's features. Internal to kernels/.
+// The non-GEMM inner loops of attention, SwiGLU, RMSNorm and AdamW, compiled three times (SSE2,
+// AVX2+FMA, AVX-512) and picked once at run time by the CPU's features. Internal to kernels/.
 //
 // The build has no -march (the binary must run on any x86-64), so without this the `omp simd`
 // loops are SSE2 width. Each version lives in its own translation unit (simd_rows_<isa>.cpp,

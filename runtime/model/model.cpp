@@ -179,7 +179,8 @@ void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, c
     const k::LinearInput dy_o(dy, N, C);
     k::linear_backward_input(s.datt, dy_o, pw.o, qd);
     if (!keep)
-      k::linear_backward_weight(pg.o, dy_o, k::LinearInput(a.att, copies.att, Copy::kFilled, N, qd));
+      k::linear_backward_weight(pg.o, dy_o,
+                                k::LinearInput(a.att, copies.att, Copy::kFilled, N, qd));
   }
   const int64_t len = part_len_, part_rows = B * len;
   if (cp_) {  // the whole sequence's keys and values again (not kept: cp times their memory)
