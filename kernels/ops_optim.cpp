@@ -11,7 +11,9 @@
 namespace t3d::kernels {
 
 void zero(float* x, std::int64_t n) {
-  if (n > 0) std::memset(x, 0, static_cast<std::size_t>(n) * sizeof(float));
+  detail::split_range(n, [&](std::int64_t lo, std::int64_t hi) {
+    std::memset(x + lo, 0, static_cast<std::size_t>(hi - lo) * sizeof(float));
+  });
 }
 
 void add_inplace(float* x, const float* y, std::int64_t n) { add(x, x, y, n); }
@@ -22,6 +24,7 @@ void add(float* out, const float* x, const float* y, std::int64_t n) {
 }
 
 void scale(float* x, std::int64_t n, float factor) {
+#pragma omp parallel for simd num_threads(detail::op_threads(n)) schedule(static)
   for (std::int64_t i = 0; i < n; ++i) x[i] *= factor;
 }
 

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "kernels/check.h"
+#include "kernels/ops.h"
 
 namespace t3d::parallel {
 
@@ -98,10 +99,11 @@ void GradReducer::begin_step(int micro_batches) {
     T3D_ASSERT(open_[b] < 0, "bucket ", b, " still open at the start of a step");
     pending_[b] = units_[b] * micro_batches;
   }
+  // With the rank's threads (kernels::zero): the gradient region is the largest memset of a step.
   if (zero_ >= 2)
-    std::fill(shard_, shard_ + owned_floats(), 0.0f);
+    kernels::zero(shard_, owned_floats());
   else if (!buckets_.empty())
-    std::fill(grads_, grads_ + buckets_.back().end, 0.0f);
+    kernels::zero(grads_, buckets_.back().end);
 }
 
 float* GradReducer::bucket_grads(int b) {

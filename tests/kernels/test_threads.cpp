@@ -67,8 +67,10 @@ TEST(kernels_threads, ElementwiseTwoThreadsEqualsOne) {
              dy = random_vec(n, 8);
   auto run = [&](int threads) {
     std::vector<float> out(n), rstd(N), dx(n), dw(C, 0.5f), h(n), dg(n), du(n), r(x);
-    std::vector<float> p(x), m(y), v(n, 0.25f);
+    std::vector<float> p(x), m(y), v(n, 0.25f), scaled(x), zeroed(y);
     with_threads(threads, [&] {
+      scale(scaled.data(), n, 0.37f);
+      zero(zeroed.data(), n);
       adamw_step(p.data(), dy.data(), m.data(), v.data(), n, {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f}, 3);
       rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
       rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
@@ -76,7 +78,9 @@ TEST(kernels_threads, ElementwiseTwoThreadsEqualsOne) {
       swiglu_backward(dg.data(), du.data(), dy.data(), x.data(), y.data(), n);
       add_inplace(r.data(), y.data(), n);
     });
-    return std::vector<std::vector<float>>{out, rstd, dx, dw, h, dg, du, r, p, m, v};
+    EXPECT_EQ(zeroed, std::vector<float>(n, 0.0f));
+    for (std::int64_t i = 0; i < n; ++i) EXPECT_EQ(scaled[i], x[i] * 0.37f);
+    return std::vector<std::vector<float>>{out, rstd, dx, dw, h, dg, du, r, p, m, v, scaled};
   };
   const auto one = run(1), two = run(2);
   for (std::size_t i = 0; i < one.size(); ++i) EXPECT_EQ(one[i], two[i]) << "output " << i;
