@@ -11,6 +11,7 @@
 namespace t3d::kernels {
 
 void zero(float* x, std::int64_t n) {
+  if (n <= 0) return;
   detail::split_range(n, [&](std::int64_t lo, std::int64_t hi) {
     std::memset(x + lo, 0, static_cast<std::size_t>(hi - lo) * sizeof(float));
   });

@@ -44,10 +44,8 @@ struct SimdRows {
   void (*to_bf16)(std::uint16_t* out, const float* in, std::int64_t n);
   void (*from_bf16)(float* out, const std::uint16_t* in, std::int64_t n);
   // RMSNorm over `rows` rows of C (kernels/ops.h): forward writes out and rstd, backward writes
-  // dinp or (accumulate) adds its value to it.
-  // The row sums
-  // run in double in 16 interleaved partial sums joined by a fixed tree, and no FMA contraction:
-  // every ISA gives the same bits.
+  // dinp or (accumulate) adds its value to it. The row sums run in double in 16 interleaved
+  // partial sums joined by a fixed tree, and no FMA contraction: every ISA gives the same bits.
   void (*rmsnorm_fwd)(float* out, float* rstd, const float* inp, const float* weight,
                       std::int64_t rows, std::int64_t C, float eps);
   void (*rmsnorm_bwd)(float* dinp, const float* dout, const float* inp, const float* weight,

@@ -1,4 +1,4 @@
-// Threads for the non-GEMM kernels (attention tiles, element-wise ops). Internal to kernels/.
+// Threads for the kernels (GEMMs, attention tiles, element-wise ops). Internal to kernels/.
 //
 // One rank owns `blas_threads()` cores (the trainer sets it to threads_per_rank). Every kernel
 // uses them through an OpenMP parallel for (GEMMs too: kernels/gemm.h), only when the rank has

@@ -204,8 +204,6 @@ float*& Model::block_act(LayerActs& a, int index) {
   return a.*kMember[index];
 }
 
-// The codec of bf16-stored blocks: the spec's stored rows, each copied between the block's fp32
-// buffers and its stored copy (bf16, or fp32 for the per-row statistics).
 bool Model::filled_by_forward(int index, bool bf16_gemms) {
   const auto row = static_cast<BlockAct>(index);
   return row == BlockAct::kXn1 || row == BlockAct::kAttn || row == BlockAct::kXn2 ||
@@ -221,11 +219,16 @@ bool Model::only_copy_read(int index, bool bf16_gemms) {
 Model::BlockCopies Model::block_copies(ChunkActs& a, int64_t local_layer) const {
   if (!stored16(local_layer)) return {};
   const StoredBlock& st = a.stored[static_cast<size_t>(local_layer)];
-  const auto at = [&](BlockAct row) { return static_cast<k::bf16*>(st[static_cast<size_t>(row)]); };
+  const auto at = [&](BlockAct row) {
+    return static_cast<k::bf16*>(st[static_cast<size_t>(row)]);
+  };
   return {at(BlockAct::kXn1), at(BlockAct::kAttn), at(BlockAct::kXn2), at(BlockAct::kH),
           at(BlockAct::kGate), at(BlockAct::kUp), k::gemm_kind_is_bf16(k::linear_gemm())};
 }
 
+// The codec of bf16-stored blocks: the spec's stored rows, each copied between the block's fp32
+// buffers and its stored copy (bf16, or fp32 for the per-row statistics), except the rows the
+// forward fills itself and those only read from the copy (BlockCopies).
 void Model::encode16(LayerActs& from, const StoredBlock& to) const {
   const bool bf16_gemms = k::gemm_kind_is_bf16(k::linear_gemm());
   for (const auto& t : stored_block_) {
