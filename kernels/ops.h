@@ -37,9 +37,9 @@ enum class Out { kWrite, kAccumulate };  // y = ... or y += ... (residual stream
 void zero(float* x, std::int64_t n);                         // x (n) = 0
 void add_inplace(float* x, const float* y, std::int64_t n);  // x (n) += y (n): residual
 void add(float* out, const float* x, const float* y, std::int64_t n);  // out (n) = x + y
-void scale(float* x, std::int64_t n, float factor);          // x (n) *= factor
 // sum of x^2 over a range, accumulated in double. Global-norm clipping: each rank sums its
-// ranges, the caller all-reduces the partial sums, then calls scale() with min(1, max/norm).
+// ranges, the caller all-reduces the partial sums, then passes min(1, max/norm) to adamw_step
+// (AdamWConfig::grad_scale).
 double sum_of_squares(const float* x, std::int64_t n);  // x (n)
 
 // ---- token embedding (ops_embedding.cpp) --------------------------------------------------------
@@ -259,9 +259,11 @@ struct AdamWConfig {
   float beta2 = 0.95f;
   float eps = 1e-8f;
   float weight_decay = 0.0f;  // decoupled: p -= lr * wd * p
+  float grad_scale = 1.0f;    // g = grads * grad_scale (clipping), rounded to fp32 before use
 };
 
 // One AdamW step over a flat range, same order of operations as torch.optim.AdamW:
+//   g = grads · grad_scale (the bits a separate scaling pass would store);
 //   p -= lr * wd * p;  m = b1 m + (1-b1) g;  v = b2 v + (1-b2) g^2;
 //   p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
 // `step` is t, counted from 1. No-decay parameters (norms): call again on their range with

@@ -5,6 +5,7 @@
 
 #include "kernels/check.h"
 #include "kernels/ops.h"
+#include "kernels/threads.h"
 
 namespace t3d::kernels {
 namespace {
@@ -40,30 +41,40 @@ void zero_row(float* x, std::int64_t V) {
 
 void cross_entropy_fused(float* logits, float* losses, const std::int32_t* targets, std::int64_t N,
                          std::int64_t V, float grad_scale) {
-  // Row by row: the three passes (max, sum-exp, gradient) stay in cache.
-  for (std::int64_t i = 0; i < N; ++i) {
-    float* x = logits + i * V;
-    const std::int32_t t = targets[i];
-    if (t == kIgnoreIndex) {
-      zero_row(x, V);
-      losses[i] = 0.0f;
-      continue;
+  for (std::int64_t i = 0; i < N; ++i)  // checked before the threads: a throw cannot leave them
+    T3D_USER_CHECK(targets[i] == kIgnoreIndex || (targets[i] >= 0 && targets[i] < V),
+                   "target token ", targets[i], " at row ", i, " is outside the vocabulary [0, ",
+                   V, ")");
+  // Row by row, rows split over the threads: the three passes (max, sum-exp, gradient) of a row
+  // stay in cache, and each row's result does not depend on the split.
+  detail::split_rows(N, V, [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t i = lo; i < hi; ++i) {
+      float* x = logits + i * V;
+      const std::int32_t t = targets[i];
+      if (t == kIgnoreIndex) {
+        zero_row(x, V);
+        losses[i] = 0.0f;
+        continue;
+      }
+      const float max = row_max_of(x, V);
+      const float sum = row_sum_exp(x, V, max);
+      losses[i] = loss_and_grad_row(x, V, max, sum, x[t], t, grad_scale);
     }
-    T3D_USER_CHECK(t >= 0 && t < V, "target token ", t, " at row ", i,
-                   " is outside the vocabulary [0, ", V, ")");
-    const float max = row_max_of(x, V);
-    const float sum = row_sum_exp(x, V, max);
-    losses[i] = loss_and_grad_row(x, V, max, sum, x[t], t, grad_scale);
-  }
+  });
 }
 
 void ce_local_max(float* row_max, const float* logits, std::int64_t N, std::int64_t V) {
-  for (std::int64_t i = 0; i < N; ++i) row_max[i] = row_max_of(logits + i * V, V);
+  detail::split_rows(N, V, [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t i = lo; i < hi; ++i) row_max[i] = row_max_of(logits + i * V, V);
+  });
 }
 
 void ce_local_sum_exp(float* sum_exp, const float* logits, const float* row_max, std::int64_t N,
                       std::int64_t V) {
-  for (std::int64_t i = 0; i < N; ++i) sum_exp[i] = row_sum_exp(logits + i * V, V, row_max[i]);
+  detail::split_rows(N, V, [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t i = lo; i < hi; ++i)
+      sum_exp[i] = row_sum_exp(logits + i * V, V, row_max[i]);
+  });
 }
 
 void ce_local_target_logit(float* target_logit, const float* logits, const std::int32_t* targets,
@@ -79,17 +90,19 @@ void ce_local_target_logit(float* target_logit, const float* logits, const std::
 void ce_loss_and_grad(float* logits, float* losses, const std::int32_t* targets,
                       const float* row_max, const float* sum_exp, const float* target_logit,
                       std::int64_t N, std::int64_t V, std::int64_t vocab_start, float grad_scale) {
-  for (std::int64_t i = 0; i < N; ++i) {
-    float* x = logits + i * V;
-    if (targets[i] == kIgnoreIndex) {
-      zero_row(x, V);
-      losses[i] = 0.0f;
-      continue;
+  detail::split_rows(N, V, [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t i = lo; i < hi; ++i) {
+      float* x = logits + i * V;
+      if (targets[i] == kIgnoreIndex) {
+        zero_row(x, V);
+        losses[i] = 0.0f;
+        continue;
+      }
+      const std::int64_t local = static_cast<std::int64_t>(targets[i]) - vocab_start;
+      losses[i] = loss_and_grad_row(x, V, row_max[i], sum_exp[i], target_logit[i],
+                                    (local >= 0 && local < V) ? local : -1, grad_scale);
     }
-    const std::int64_t local = static_cast<std::int64_t>(targets[i]) - vocab_start;
-    losses[i] = loss_and_grad_row(x, V, row_max[i], sum_exp[i], target_logit[i],
-                                  (local >= 0 && local < V) ? local : -1, grad_scale);
-  }
+  });
 }
 
 }  // namespace t3d::kernels

@@ -24,11 +24,6 @@ void add(float* out, const float* x, const float* y, std::int64_t n) {
   for (std::int64_t i = 0; i < n; ++i) out[i] = x[i] + y[i];
 }
 
-void scale(float* x, std::int64_t n, float factor) {
-#pragma omp parallel for simd num_threads(detail::op_threads(n)) schedule(static)
-  for (std::int64_t i = 0; i < n; ++i) x[i] *= factor;
-}
-
 double sum_of_squares(const float* x, std::int64_t n) {
   // Double accumulation: ~1e9 squared gradients summed in fp32 would lose the small ones.
   // Four partial sums break the dependency chain so the loop is not latency-bound.
@@ -53,7 +48,8 @@ void adamw_step(float* params, const float* grads, float* m, float* v, std::int6
   const detail::AdamWScalars scalars{cfg.beta1, cfg.beta2, cfg.eps,
                                      1.0f - cfg.lr * cfg.weight_decay,
                                      static_cast<float>(cfg.lr / bc1),
-                                     static_cast<float>(1.0 / std::sqrt(bc2))};
+                                     static_cast<float>(1.0 / std::sqrt(bc2)),
+                                     cfg.grad_scale};
   const auto& rows = detail::simd_rows();
   detail::split_range(n, [&](std::int64_t lo, std::int64_t hi) {
     rows.adamw(params + lo, grads + lo, m + lo, v + lo, hi - lo, scalars);

@@ -17,6 +17,7 @@ struct AdamWScalars {
   float decay;         // 1 - lr · weight_decay
   float step_size;     // lr / (1 - beta1^t)
   float inv_sqrt_bc2;  // 1 / sqrt(1 - beta2^t)
+  float grad_scale;    // multiplies each gradient first (clipping; 1 without)
 };
 
 struct SimdRows {

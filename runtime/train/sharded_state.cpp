@@ -135,16 +135,10 @@ double ShardedState::grad_sum_of_squares() const {
   return sum;
 }
 
-void ShardedState::scale_grads(float factor) {
-  if (reducer_.compact_grads())
-    return kernels::scale(reducer_.owned_grads(), reducer_.owned_floats(), factor);
-  for (const auto& range : owned())
-    kernels::scale(reducer_.owned_grads() + range.begin, range.size(), factor);
-}
-
-void ShardedState::adamw_step(const TrainConfig& t, double lr, int64_t step) {
-  kernels::AdamWConfig cfg{static_cast<float>(lr), static_cast<float>(t.beta1),
-                           static_cast<float>(t.beta2), static_cast<float>(t.eps), 0.0f};
+void ShardedState::adamw_step(const TrainConfig& t, double lr, int64_t step, float grad_scale) {
+  kernels::AdamWConfig cfg{static_cast<float>(lr),    static_cast<float>(t.beta1),
+                           static_cast<float>(t.beta2), static_cast<float>(t.eps), 0.0f,
+                           grad_scale};
   const auto& tensors = model_.params();
   for_each_piece(owned(), [&](const Piece& p) {
     cfg.weight_decay = tensors[p.param].decay ? static_cast<float>(t.weight_decay) : 0.0f;

@@ -83,11 +83,10 @@ class ShardedState {
   // Sum of squared gradients over partition(): tp-replicated tensors count on tp rank 0 only, so
   // the sum over dp, tp and pp is the global sum exactly.
   double grad_sum_of_squares() const;
-  // Multiplies the owned gradients by `factor` (clipping).
-  void scale_grads(float factor);
   // AdamW over owned(), each piece with its tensor's weight decay (train.weight_decay for
-  // matrices, none for norms: ParamInfo::decay).
-  void adamw_step(const TrainConfig& t, double lr, int64_t step);
+  // matrices, none for norms: ParamInfo::decay), on the gradients times `grad_scale` (clipping;
+  // folded into the update, so the stored gradients stay unscaled).
+  void adamw_step(const TrainConfig& t, double lr, int64_t step, float grad_scale);
 
  private:
   Store store(const std::vector<parallel::FloatRange>& ranges, float* shard, float* region) const;

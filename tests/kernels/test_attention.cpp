@@ -105,7 +105,7 @@ TEST(kernels_attention_blocks, QueryBlockEqualsRowsOfFullAttention) {
   attention_forward(out.data(), lse.data(), in.q.data(), in.k.data(), in.v.data(), scratch.data(),
                     in.shape);
   const std::vector<float> g = ref::random_floats(out.size(), 64);
-  for (const auto [q_pos, Tq] : {std::pair{0, 5}, std::pair{5, 11}, std::pair{19, 18}}) {
+  for (const auto& [q_pos, Tq] : {std::pair{0, 5}, std::pair{5, 11}, std::pair{19, 18}}) {
     SCOPED_TRACE("block at " + std::to_string(q_pos) + ", " + std::to_string(Tq) + " rows");
     const auto rows = [&](const std::vector<float>& x, int width) {  // (B, Tq, width) of (B, T, width)
       std::vector<float> y;

@@ -252,8 +252,9 @@ TEST_P(GemmKinds, LinearInputIsTheSameBitsAsRoundingPerGemm) {
       std::fill(dw.begin(), dw.end(), 0.5f);
       linear_backward_weight(dw.data(), dyi, xi);
       ASSERT_EQ(dyi.rounded() != nullptr, gemm_kind_is_bf16(kind));
-      if (dyi.rounded())
+      if (dyi.rounded()) {
         for (int i = 0; i < N * out; ++i) ASSERT_EQ(dyi.rounded()[i], float_to_bf16(dy[i])) << i;
+      }
     }
     EXPECT_EQ(y, e_y) << round;
     EXPECT_EQ(y2, e_y2) << round;

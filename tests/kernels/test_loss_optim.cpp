@@ -126,7 +126,7 @@ TEST(kernels_adamw, FirstStepMovesEachParameterByLrAgainstTheGradientSign) {
   EXPECT_THROW(adamw_step(p.data(), g.data(), m.data(), v.data(), 3, {}, 0), InternalError);
 }
 
-TEST(kernels_grad_clip, SumOfSquaresAndScale) {
+TEST(kernels_grad_clip, SumOfSquaresOverRanges) {
   const int n = 1003;  // not a multiple of the 4-way unrolling
   auto g = ref::random_floats(n, 90);
   double expected = 0;
@@ -135,9 +135,27 @@ TEST(kernels_grad_clip, SumOfSquaresAndScale) {
   // Partial sums over two ranges add up (what an all-reduce of per-rank partials relies on).
   EXPECT_NEAR(sum_of_squares(g.data(), 500) + sum_of_squares(g.data() + 500, n - 500), expected,
               1e-12 * expected);
-  const double norm = std::sqrt(expected), max_norm = 1.0;
-  scale(g.data(), n, static_cast<float>(max_norm / norm));
-  EXPECT_NEAR(std::sqrt(sum_of_squares(g.data(), n)), max_norm, 1e-6);
+}
+
+// Clipping folded into AdamW (grad_scale) updates exactly as the gradients scaled beforehand.
+TEST(kernels_grad_clip, AdamWGradScaleIsScalingTheGradientsFirst) {
+  const int n = 1003;
+  const auto g = ref::random_floats(n, 91), p0 = ref::random_floats(n, 92);
+  const double norm = std::sqrt(sum_of_squares(g.data(), n)), max_norm = 1.0;
+  const auto factor = static_cast<float>(max_norm / norm);
+  std::vector<float> scaled(g);
+  for (auto& x : scaled) x *= factor;
+  std::vector<float> p_first(p0), m_first(n, 0.1f), v_first(n, 0.01f);
+  adamw_step(p_first.data(), scaled.data(), m_first.data(), v_first.data(), n,
+             {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f}, 2);
+  std::vector<float> p(p0), m(n, 0.1f), v(n, 0.01f);
+  adamw_step(p.data(), g.data(), m.data(), v.data(), n, {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, factor},
+             2);
+  EXPECT_EQ(p, p_first);
+  EXPECT_EQ(m, m_first);
+  EXPECT_EQ(v, v_first);
+  EXPECT_NEAR(std::sqrt(sum_of_squares(scaled.data(), n)), max_norm, 1e-6);
+  EXPECT_NE(p, p0);
 }
 
 std::uint32_t bits(float f) {

@@ -67,11 +67,21 @@ TEST(kernels_threads, ElementwiseTwoThreadsEqualsOne) {
              dy = random_vec(n, 8);
   auto run = [&](int threads) {
     std::vector<float> out(n), rstd(N), dx(n), dw(C, 0.5f), h(n), dg(n), du(n), r(x);
-    std::vector<float> p(x), m(y), v(n, 0.25f), scaled(x), zeroed(y);
+    std::vector<float> p(x), m(y), v(n, 0.25f), zeroed(y), logits(x), losses(N);
+    std::vector<float> row_max(N), sum_exp(N), target_logit(N), piece_logits(x), piece_losses(N);
+    std::vector<std::int32_t> targets(N);
+    for (std::int64_t i = 0; i < N; ++i)
+      targets[i] = i % 7 == 3 ? kIgnoreIndex : static_cast<std::int32_t>((i * 37) % C);
     with_threads(threads, [&] {
-      scale(scaled.data(), n, 0.37f);
+      cross_entropy_fused(logits.data(), losses.data(), targets.data(), N, C, 0.01f);
+      ce_local_max(row_max.data(), piece_logits.data(), N, C);
+      ce_local_sum_exp(sum_exp.data(), piece_logits.data(), row_max.data(), N, C);
+      ce_local_target_logit(target_logit.data(), piece_logits.data(), targets.data(), N, C, 0);
+      ce_loss_and_grad(piece_logits.data(), piece_losses.data(), targets.data(), row_max.data(),
+                       sum_exp.data(), target_logit.data(), N, C, 0, 0.01f);
       zero(zeroed.data(), n);
-      adamw_step(p.data(), dy.data(), m.data(), v.data(), n, {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f}, 3);
+      adamw_step(p.data(), dy.data(), m.data(), v.data(), n,
+                 {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.37f}, 3);
       rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
       rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
       swiglu_forward(h.data(), x.data(), y.data(), n);
@@ -79,8 +89,9 @@ TEST(kernels_threads, ElementwiseTwoThreadsEqualsOne) {
       add_inplace(r.data(), y.data(), n);
     });
     EXPECT_EQ(zeroed, std::vector<float>(n, 0.0f));
-    for (std::int64_t i = 0; i < n; ++i) EXPECT_EQ(scaled[i], x[i] * 0.37f);
-    return std::vector<std::vector<float>>{out, rstd, dx, dw, h, dg, du, r, p, m, v, scaled};
+    EXPECT_EQ(piece_logits, logits);  // one vocab slice: the pieces are the fused kernel
+    EXPECT_EQ(piece_losses, losses);
+    return std::vector<std::vector<float>>{out, rstd, dx, dw, h, dg, du, r, p, m, v, logits, losses};
   };
   const auto one = run(1), two = run(2);
   for (std::size_t i = 0; i < one.size(); ++i) EXPECT_EQ(one[i], two[i]) << "output " << i;
@@ -163,11 +174,12 @@ TEST(kernels_threads, RmsNormAndAdamWAreTheSameBitsOnEveryIsa) {
   }
   for (std::int64_t c = 0; c < C; ++c)
     for (std::int64_t i = 0; i < N; ++i) dw[c] += dy[i * C + c] * x[i * C + c] * rstd[i];
-  const detail::AdamWScalars s{0.9f, 0.95f, 1e-8f, 0.999f, 0.0125f, 1.3f};
+  const detail::AdamWScalars s{0.9f, 0.95f, 1e-8f, 0.999f, 0.0125f, 1.3f, 0.37f};
   std::vector<float> p(p0), m(m0), v(v0);
   for (std::int64_t i = 0; i < n; ++i) {
-    m[i] = s.beta1 * m[i] + (1.0f - s.beta1) * g[i];
-    v[i] = s.beta2 * v[i] + (1.0f - s.beta2) * g[i] * g[i];
+    const float gi = g[i] * s.grad_scale;
+    m[i] = s.beta1 * m[i] + (1.0f - s.beta1) * gi;
+    v[i] = s.beta2 * v[i] + (1.0f - s.beta2) * gi * gi;
     p[i] = p[i] * s.decay - s.step_size * m[i] / (std::sqrt(v[i]) * s.inv_sqrt_bc2 + s.eps);
   }
 
