@@ -42,8 +42,10 @@ int import_model(const std::string& hf_dir, const std::string& out_dir) {
       static_cast<long long>(m.n_kv_heads), static_cast<long long>(m.ffn_dim),
       static_cast<long long>(m.seq_len), m.tie_embeddings ? "tied" : "untied");
   for (const auto& note : s.notes) std::printf("import: %s\n", note.c_str());
-  std::printf("import: data.tokenizer = %s; every other key has its default (titan3d keys)\n",
-              s.tokenizer.c_str());
+  std::printf(
+      "import: data.tokenizer = %s, data.bos = %s; every other key has its default (titan3d "
+      "keys)\n",
+      s.tokenizer.c_str(), s.recipe.data.bos ? "true" : "false");
   std::printf(
       "import: snapshot %s (step 0); fine-tune with: titan3d resume %s --set "
       "train.steps=N ...\n",

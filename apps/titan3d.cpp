@@ -227,8 +227,9 @@ int generate(const std::string& snapshot, const std::string& prompt, int64_t max
   const runtime::SnapshotWeights weights = runtime::load_snapshot_weights(snapshot);
   runtime::Decoder decoder(weights);
   // The snapshot's tokenizer (data.tokenizer, its content hash checked by the load above).
-  const auto tokenizer = runtime::TextTokenizer::open(weights.recipe.data.tokenizer);
-  const auto encoded = tokenizer.encode(prompt);
+  const auto tokenizer = runtime::TextTokenizer::open(weights.recipe.data.tokenizer,
+                                                      "data.tokenizer", weights.recipe.data.bos);
+  const auto encoded = tokenizer.encode_document(prompt);
   const std::vector<int32_t> ids(encoded.begin(), encoded.end());
   const int64_t vocab = weights.recipe.model.vocab_size;
   for (const int32_t id : ids)
@@ -245,9 +246,12 @@ int generate(const std::string& snapshot, const std::string& prompt, int64_t max
   printer.finish();
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("\n");
-  std::fprintf(stderr, "generate: %zu tokens in %.2f s (%.0f tokens/s) from %s (step %lld), %s\n",
+  std::fprintf(stderr,
+               "generate: %zu tokens in %.2f s (%.0f tokens/s) from %s (step %lld), prompt %zu "
+               "tokens%s, %s\n",
                out.size(), s, out.size() / std::max(s, 1e-9), snapshot.c_str(),
-               static_cast<long long>(weights.step),
+               static_cast<long long>(weights.step), ids.size(),
+               tokenizer.adds_bos() ? " (BOS first, data.bos)" : "",
                sampling.temperature > 0
                    ? fmt::format("temperature {} top-k {} seed {}", sampling.temperature,
                                  sampling.top_k, sampling.seed)

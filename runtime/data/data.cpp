@@ -212,7 +212,7 @@ TokenStream load_stream(const std::filesystem::path& path, DataFormat format, in
                  tokenizer->vocab_size());
   const std::string bytes = read_file_bytes(path, "text file");
   T3D_USER_CHECK(!bytes.empty(), "text file '", path.string(), "' is empty");
-  return {path.string(), tokenizer->encode(bytes)};
+  return {path.string(), tokenizer->encode_document(bytes)};
 }
 
 }  // namespace t3d::runtime

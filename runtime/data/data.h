@@ -64,8 +64,8 @@ inline constexpr std::array<std::pair<DataFormat, std::string_view>, 3> kDataFor
     {DataFormat::kText, "text"},
     {DataFormat::kBin, "bin"},
 }};
-// Text goes through `tokenizer` (null: the byte tokenizer); its ids must be < vocab_size
-// (UserError naming both otherwise).
+// Text goes through `tokenizer` (null: the byte tokenizer) as one document (encode_document: BOS
+// first when it adds one); its ids must be < vocab_size (UserError naming both otherwise).
 TokenStream load_stream(const std::filesystem::path& path, DataFormat format, int vocab_size,
                         const TextTokenizer* tokenizer = nullptr);
 

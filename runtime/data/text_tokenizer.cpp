@@ -18,8 +18,11 @@ namespace t3d::runtime {
 namespace fs = std::filesystem;
 namespace sp = sentencepiece;
 
-TextTokenizer TextTokenizer::open(const std::string& spec, const std::string& key) {
+TextTokenizer TextTokenizer::open(const std::string& spec, const std::string& key, bool bos) {
   TextTokenizer t;
+  T3D_USER_CHECK(!bos || spec != kByteTokenizerName,
+                 "data.bos = true, but the byte tokenizer has no BOS id (`", key,
+                 "` is \"bytes\"); set data.bos = false, or give a SentencePiece model with <s>");
   if (spec == kByteTokenizerName) return t;
   T3D_USER_CHECK(!spec.empty(), "`", key,
                  "` is empty; give \"bytes\" or a SentencePiece model "
@@ -41,9 +44,15 @@ TextTokenizer TextTokenizer::open(const std::string& spec, const std::string& ke
                  "` has no byte fallback (no <0x0A> piece), so a newline cannot be encoded; "
                  "train one with titan3d tokenize, which turns byte fallback on");
   t.newline_id_ = nl;
+  T3D_USER_CHECK(!bos || proc->bos_id() >= 0, "data.bos = true, but `", key,
+                 "`: SentencePiece model `", spec,
+                 "` has no BOS piece; set data.bos = false");
+  t.bos_ = bos;
   t.sp_ = std::move(proc);
   return t;
 }
+
+int TextTokenizer::bos_id() const { return sp_ ? sp_->bos_id() : -1; }
 
 int TextTokenizer::vocab_size() const {
   return sp_ ? sp_->GetPieceSize() : ByteTokenizer::kVocabSize;
@@ -51,7 +60,8 @@ int TextTokenizer::vocab_size() const {
 
 std::string TextTokenizer::describe() const {
   if (!sp_) return "bytes (256 ids)";
-  return spec_ + " (SentencePiece, " + std::to_string(vocab_size()) + " ids)";
+  return spec_ + " (SentencePiece, " + std::to_string(vocab_size()) + " ids" +
+         (bos_ ? ", BOS " + std::to_string(bos_id()) + " first" : "") + ")";
 }
 
 std::vector<uint32_t> TextTokenizer::encode(std::string_view text) const {
@@ -72,6 +82,14 @@ std::vector<uint32_t> TextTokenizer::encode(std::string_view text) const {
     out.push_back(static_cast<uint32_t>(newline_id_));
     pos = nl + 1;
   }
+  return out;
+}
+
+std::vector<uint32_t> TextTokenizer::encode_document(std::string_view text) const {
+  if (!bos_) return encode(text);
+  std::vector<uint32_t> out{static_cast<uint32_t>(bos_id())};
+  const std::vector<uint32_t> ids = encode(text);
+  out.insert(out.end(), ids.begin(), ids.end());
   return out;
 }
 

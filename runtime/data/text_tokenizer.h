@@ -6,8 +6,10 @@
 // through the tokenizer, and each '\n' becomes one token, the byte piece <0x0A> of a SentencePiece
 // model (its byte fallback) or byte 10. So a model sees the same ids for a line wherever the line
 // sits in a file, memory stays bounded by the longest line, and a Python user reproduces the ids
-// with `sp.encode(line)` per line (tests/use/sentencepiece_check.py does). No BOS/EOS ids are
-// added. decode(encode(text)) == text for every valid UTF-8 text when the model has byte fallback
+// with `sp.encode(line)` per line (tests/use/sentencepiece_check.py does). encode adds no BOS or
+// EOS id; encode_document, what a text file or a prompt becomes, starts with the BOS id when the
+// tokenizer was opened with `bos` (recipe key data.bos, as Hugging Face's LLaMA tokenizer does with
+// add_bos_token: once per text, not per line). decode(encode(text)) == text for every valid UTF-8 text when the model has byte fallback
 // and the identity normalisation, as `titan3d tokenize` trains it (SentencePiece replaces each
 // invalid UTF-8 byte with U+FFFD); a model with another normaliser (NFKC) may map some characters
 // to others.
@@ -31,8 +33,10 @@ inline constexpr const char* kByteTokenizerName = "bytes";
 class TextTokenizer {
  public:
   // `spec`: "bytes", or the path of a SentencePiece model file. UserError naming `key` (the recipe
-  // key or option the spec came from) and the file when it is missing or not a model.
-  static TextTokenizer open(const std::string& spec, const std::string& key = "data.tokenizer");
+  // key or option the spec came from) and the file when it is missing or not a model, and naming
+  // data.bos when `bos` is asked of a tokenizer without a BOS id (bytes, or a model without <s>).
+  static TextTokenizer open(const std::string& spec, const std::string& key = "data.tokenizer",
+                            bool bos = false);
 
   bool is_bytes() const { return sp_ == nullptr; }
   int vocab_size() const;
@@ -40,6 +44,10 @@ class TextTokenizer {
   std::string describe() const;  // "bytes (256 ids)" / "path (BPE, 512 ids)" for logs
 
   std::vector<uint32_t> encode(std::string_view text) const;
+  // A whole text (a file, a prompt): encode(text), after the BOS id when opened with `bos`.
+  std::vector<uint32_t> encode_document(std::string_view text) const;
+  bool adds_bos() const { return bos_; }
+  int bos_id() const;  // the model's BOS id (<s>), -1 when it has none (bytes: none)
   // UserError on an id outside the vocabulary (the ids come from another tokenizer).
   std::string decode(std::span<const int32_t> ids) const;
   std::string decode(std::span<const uint32_t> ids) const;
@@ -52,6 +60,7 @@ class TextTokenizer {
   std::string model_bytes_;
   std::shared_ptr<const sentencepiece::SentencePieceProcessor> sp_;
   int32_t newline_id_ = '\n';
+  bool bos_ = false;
 };
 
 struct TokenizerTraining {

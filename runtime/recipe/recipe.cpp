@@ -23,6 +23,7 @@
 #include <type_traits>
 
 #include "kernels/check.h"
+#include "runtime/data/text_tokenizer.h"
 
 namespace t3d::runtime {
 namespace {
@@ -351,6 +352,9 @@ const std::vector<Field>& schema() {
       field("data", "tokenizer", &R::data, &DataConfig::tokenizer,
             "bytes | a SentencePiece model file (titan3d tokenize): how text files are read; "
             "model.vocab_size must hold its ids."),
+      field("data", "bos", &R::data, &DataConfig::bos,
+            "Start each text file, and generate's prompt, with the tokenizer's BOS id (<s>), as "
+            "Hugging Face's LLaMA tokenizer does (add_bos_token; import sets it)."),
 
       field("snapshot", "every", &R::snapshot, &SnapshotConfig::every,
             "Snapshot every N steps; 0 disables."),
@@ -655,6 +659,8 @@ void validate_data_snapshot_run(const Recipe& r) {
   v.require(!r.data.path.empty(), "data.path", "must name a file");
   v.require(!r.data.tokenizer.empty(), "data.tokenizer",
             "must be \"bytes\" or a SentencePiece model file");
+  v.require(!r.data.bos || r.data.tokenizer != kByteTokenizerName, "data.bos",
+            "needs a SentencePiece data.tokenizer with a BOS id (<s>); the byte tokenizer has none");
 
   v.require(r.snapshot.every >= 0, "snapshot.every", "must be ≥ 0 (0: off)");
   v.require(r.snapshot.keep >= 1, "snapshot.keep", "must keep at least 1");

@@ -158,6 +158,7 @@ struct DataConfig {
   double val_fraction = 0.05;
   SampleMode sampler = SampleMode::kRandom;
   std::string tokenizer = "bytes";  // bytes | a SentencePiece model file (data/text_tokenizer.h)
+  bool bos = false;  // each text file (and generate's prompt) starts with the tokenizer's BOS id
 };
 
 struct SnapshotConfig {

@@ -100,7 +100,7 @@ std::string llama_config_json(const ModelConfig& m, const std::string& dtype, bo
       special_ids ? "2" : "null", dtype);
 }
 
-std::string llama_tokenizer_config_json(const ModelConfig& m) {
+std::string llama_tokenizer_config_json(const ModelConfig& m, bool add_bos) {
   return fmt::format(
       "{{\n"
       "  \"tokenizer_class\": \"LlamaTokenizer\",\n"
@@ -108,14 +108,14 @@ std::string llama_tokenizer_config_json(const ModelConfig& m) {
       "  \"eos_token\": \"</s>\",\n"
       "  \"unk_token\": \"<unk>\",\n"
       "  \"pad_token\": null,\n"
-      "  \"add_bos_token\": false,\n"
+      "  \"add_bos_token\": {},\n"
       "  \"add_eos_token\": false,\n"
       "  \"legacy\": true,\n"
       "  \"clean_up_tokenization_spaces\": false,\n"
       "  \"model_max_length\": {},\n"
       "  \"sp_model_kwargs\": {{}}\n"
       "}}\n",
-      m.seq_len);
+      add_bos ? "true" : "false", m.seq_len);
 }
 
 void write_file_atomically(const std::string& path, const std::string& text, const char* what) {
@@ -167,7 +167,8 @@ ExportSummary export_snapshot(const std::string& snapshot, const std::string& ou
     s.tokenizer = (fs::path(out_dir) / "tokenizer.model").string();
     write_file_atomically(s.tokenizer, tokenizer.model_bytes(), "--out");
     write_file_atomically((fs::path(out_dir) / "tokenizer_config.json").string(),
-                          llama_tokenizer_config_json(w.recipe.model), "--out");
+                          llama_tokenizer_config_json(w.recipe.model, w.recipe.data.bos),
+                          "--out");
   }
   return s;
 }

@@ -45,9 +45,10 @@ SnapshotWeights load_snapshot_weights(const std::string& snapshot);
 std::string llama_config_json(const ModelConfig& config, const std::string& dtype = "float32",
                               bool special_ids = false);
 
-// tokenizer_config.json in the LlamaTokenizer form for a SentencePiece model trained by titan3d
-// (no BOS / EOS added when encoding, as titan3d trains; legacy encoding, no prefix space).
-std::string llama_tokenizer_config_json(const ModelConfig& config);
+// tokenizer_config.json in the LlamaTokenizer form for a SentencePiece model trained by titan3d:
+// add_bos_token as the run read its text (data.bos), no EOS added, legacy encoding, no prefix
+// space.
+std::string llama_tokenizer_config_json(const ModelConfig& config, bool add_bos);
 
 struct ExportOptions {
   std::string dtype = "fp32";  // fp32 | bf16 (the safetensors tensors)

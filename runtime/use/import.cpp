@@ -207,6 +207,34 @@ std::string import_tokenizer(const fs::path& hf, const fs::path& out, ImportSumm
   }
 }
 
+// data.bos of the import: tokenizer_config.json's `add_bos_token`, else true (transformers'
+// LlamaTokenizer adds BOS by default) when the tokenizer has a BOS id; false with the byte one.
+bool import_bos(const fs::path& hf, const std::string& tokenizer, ImportSummary& s) {
+  if (tokenizer == kByteTokenizerName) return false;
+  if (TextTokenizer::open(tokenizer, "tokenizer.model").bos_id() < 0) {
+    s.notes.push_back("tokenizer.model has no BOS piece: data.bos = false");
+    return false;
+  }
+  const fs::path config = hf / "tokenizer_config.json";
+  if (!fs::is_regular_file(config)) {
+    s.notes.push_back(
+        "no tokenizer_config.json: data.bos = true (LlamaTokenizer's default add_bos_token)");
+    return true;
+  }
+  const json c = json::parse(read_file_bytes(config, "tokenizer_config.json"), nullptr, false);
+  T3D_USER_CHECK(!c.is_discarded() && c.is_object(), config.string(),
+                 " is not a JSON object; fix or remove it (without it, data.bos = true)");
+  if (!c.contains("add_bos_token") || c.at("add_bos_token").is_null()) {
+    s.notes.push_back(
+        "tokenizer_config.json has no `add_bos_token`: data.bos = true (LlamaTokenizer's "
+        "default)");
+    return true;
+  }
+  T3D_USER_CHECK(c.at("add_bos_token").is_boolean(), config.string(), ": `add_bos_token` is ",
+                 c.at("add_bos_token").dump(), "; it must be true or false");
+  return c.at("add_bos_token").get<bool>();
+}
+
 // The snapshot: one shard with the weights and zero moments, and its index at step 0.
 void write_snapshot(const std::string& dir, const Recipe& r, std::vector<GlobalTensor>& tensors) {
   std::vector<std::vector<float>> zeros;
@@ -268,6 +296,7 @@ ImportSummary import_hf(const std::string& hf_dir, const std::string& out) {
   s.recipe.run.name =
       hf.filename().empty() ? hf.parent_path().filename().string() : hf.filename().string();
   s.recipe.data.tokenizer = s.tokenizer = import_tokenizer(hf, out_dir, s);
+  s.recipe.data.bos = import_bos(hf, s.tokenizer, s);
   // Through the parser: the same validation (and derived values) as any recipe.
   s.recipe = parse_recipe(s.recipe.to_toml(), config.string() + " (imported recipe)");
   write_snapshot(out_dir, s.recipe, tensors);

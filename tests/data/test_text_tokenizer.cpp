@@ -3,6 +3,7 @@
 // lines, and refuse missing or foreign model files and a vocabulary larger than the model's.
 // The real corpus's round trip, and Python SentencePiece's agreement, are tests/use/tokenizer.sh.
 #include <gtest/gtest.h>
+#include <sentencepiece_trainer.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -57,7 +58,7 @@ const std::vector<std::string>& hard_texts() {
   static const std::vector<std::string> texts = {
       "the quick brown fox",
       "  two leading spaces\n\n\tand a tab, then   three spaces   \n",
-      "control \x01\x02\x7f bytes; \xc3\xbc\xc3\xb1\xc3\xaf\xc3\xa7\xc3\xb8d\xc3\xa9 and "
+      "control \x01\x02\x7f bytes; \xc3\xbc\xc3\xb1\xc3\xaf\xc3\xa7\xc3\xb8" "d\xc3\xa9 and "
       "\xe6\x97\xa5\xe6\x9c\xac\n",
       "three empty lines\n\n\n",
       "\n",
@@ -135,6 +136,51 @@ TEST_F(data_TextTokenizer, LoadStreamEncodesTextAndChecksTheVocabulary) {
     EXPECT_NE(msg.find("data.tokenizer"), std::string::npos) << msg;
     EXPECT_NE(msg.find("400 ids"), std::string::npos) << msg;
   }
+}
+
+// data.bos: a text (file or prompt) starts with <s> once, lines are encoded as without it, and
+// decoding drops it again. The byte tokenizer and a model without <s> refuse it, naming data.bos.
+TEST_F(data_TextTokenizer, BosStartsEachDocumentWhenAsked) {
+  const std::string model = (*dir_ / "bpe.model").string();
+  const TextTokenizer plain = TextTokenizer::open(model);
+  const TextTokenizer bos = TextTokenizer::open(model, "data.tokenizer", true);
+  EXPECT_FALSE(plain.adds_bos());
+  EXPECT_TRUE(bos.adds_bos());
+  ASSERT_EQ(bos.bos_id(), 1);  // <unk> <s> </s> come first
+  const std::string text = "fox jumps\nover dog";
+  std::vector<uint32_t> expected{1};
+  const auto ids = plain.encode(text);
+  expected.insert(expected.end(), ids.begin(), ids.end());
+  EXPECT_EQ(bos.encode_document(text), expected);
+  EXPECT_EQ(bos.encode(text), ids);
+  EXPECT_EQ(plain.encode_document(text), ids);
+  EXPECT_EQ(bos.decode(std::span<const uint32_t>(expected)), text);
+  EXPECT_NE(bos.describe().find("BOS 1 first"), std::string::npos) << bos.describe();
+
+  const fs::path corpus = *dir_ / "corpus.txt";
+  const TokenStream with = load_stream(corpus, DataFormat::kAuto, 400, &bos);
+  const TokenStream without = load_stream(corpus, DataFormat::kAuto, 400, &plain);
+  ASSERT_EQ(with.size(), without.size() + 1);
+  EXPECT_EQ(with.tokens[0], 1u);
+  EXPECT_TRUE(std::equal(without.tokens.begin(), without.tokens.end(), with.tokens.begin() + 1));
+
+  const auto refused = [](const std::string& spec, const char* what) {
+    try {
+      TextTokenizer::open(spec, "data.tokenizer", true);
+      ADD_FAILURE() << what << " has no BOS id, yet data.bos was accepted";
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("data.bos"), std::string::npos) << e.what();
+    }
+  };
+  refused("bytes", "the byte tokenizer");
+  const std::string no_bos = (*dir_ / "no_bos.model").string();
+  ASSERT_TRUE(sentencepiece::SentencePieceTrainer::Train(
+                  "--input=" + corpus.string() + " --model_prefix=" + (*dir_ / "no_bos").string() +
+                  " --vocab_size=300 --model_type=bpe --byte_fallback=true --bos_id=-1 "
+                  "--minloglevel=1")
+                  .ok());
+  EXPECT_EQ(TextTokenizer::open(no_bos).bos_id(), -1);
+  refused(no_bos, "a model without <s>");
 }
 
 TEST_F(data_TextTokenizer, RefusesMissingAndForeignModelFiles) {

@@ -92,6 +92,8 @@ TEST(Recipe, ImpossibleCombinationsAreRejected) {
             std::string::npos);
   EXPECT_NE(error_of("[train]\nprecision = \"fp16\"\n").find("fp32, bf16"), std::string::npos);
   EXPECT_EQ(error_of("[train]\nactivation_checkpoint = \"every:2\"\n"), "");
+  EXPECT_NE(error_of("[data]\nbos = true\n").find("data.bos"), std::string::npos);
+  EXPECT_EQ(error_of("[data]\nbos = true\ntokenizer = \"t.model\"\n"), "");
 }
 
 // Each enumerated key parses every spelling of its table into its value, writes it back the same,

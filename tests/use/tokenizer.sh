@@ -5,8 +5,12 @@
 #  - a tiny model trained on text read through it (data.tokenizer) has falling loss; eval equals
 #    its logged validation loss; generate prints text; export writes the tokenizer beside the
 #    weights (tokenizer.model identical, tokenizer_config.json), which import takes back;
-#  - a vocabulary too small for the tokenizer, a missing model file and a snapshot read with
-#    another tokenizer (or a changed file) are exit 2, naming the keys.
+#  - data.bos: export writes add_bos_token as the run read text, import takes it back (true when
+#    tokenizer_config.json is absent, LlamaTokenizer's default); generate then starts the prompt
+#    with <s>, and export of that import says add_bos_token true;
+#  - a vocabulary too small for the tokenizer, a missing model file, a snapshot read with
+#    another tokenizer (or a changed file), and data.bos with the byte tokenizer are exit 2,
+#    naming the keys.
 set -u
 source "$(dirname "$0")/common.sh"
 py=/usr/bin/python3
@@ -51,6 +55,26 @@ check "[ \$? -eq 0 ] && cmp -s $work/imp/tokenizer.model $tok && grep -q 'data.t
 "$titan3d" eval "$work/imp/step_00000000.h5" --json "$work/ei.json" >"$work/ei.log" 2>&1
 check "[ \$? -eq 0 ] && [ \"\$(json_loss $work/ei.json)\" = \"\$(json_loss $work/e.json)\" ]" \
   "eval of the import equals the original's, through the imported tokenizer" || cat "$work/ei.log"
+
+# data.bos travels through export and import; generate then starts the prompt with <s>.
+check "grep -q '\"add_bos_token\": false' $work/hf/tokenizer_config.json && grep -q 'data.bos = false' $work/i.log" \
+  "export says add_bos_token false (as the run read text) and import keeps data.bos = false" || cat "$work/i.log"
+mkdir -p "$work/hfb" && cp "$work/hf/model.safetensors" "$work/hf/config.json" "$work/hf/tokenizer.model" "$work/hfb/"
+"$titan3d" import "$work/hfb" --out "$work/impb" >"$work/ib.log" 2>&1
+check "[ \$? -eq 0 ] && grep -q 'data.bos = true' $work/ib.log && grep -q 'no tokenizer_config.json' $work/ib.log" \
+  "without tokenizer_config.json, import sets data.bos = true (LlamaTokenizer's default) and says so" || cat "$work/ib.log"
+prompt_tokens() { sed -nE 's/.*prompt ([0-9]+) tokens.*/\1/p' "$1"; }
+"$titan3d" generate "$work/imp/step_00000000.h5" --prompt "The lazy " --max-tokens 2 >/dev/null 2>"$work/g0.err"
+"$titan3d" generate "$work/impb/step_00000000.h5" --prompt "The lazy " --max-tokens 2 >"$work/g1.txt" 2>"$work/g1.err"
+n0=$(prompt_tokens "$work/g0.err"); n1=$(prompt_tokens "$work/g1.err")
+check "[ -n \"$n0\" ] && [ \"$n1\" = \$((n0 + 1)) ] && grep -q 'BOS first' $work/g1.err && [ \"\$(head -c 9 $work/g1.txt)\" = 'The lazy ' ]" \
+  "with data.bos, generate's prompt is <s> then the same ids ($n0 -> $n1 tokens), printed without it" \
+  || cat "$work/g0.err" "$work/g1.err"
+"$titan3d" export "$work/impb/step_00000000.h5" --out "$work/hfb2" >/dev/null 2>&1
+check "grep -q '\"add_bos_token\": true' $work/hfb2/tokenizer_config.json" "export of that import says add_bos_token true"
+"$titan3d" train "${tiny[@]}" --set data.bos=true --set train.steps=1 --set run.dir="$work/bad" >"$work/bb.log" 2>&1
+check "[ \$? -eq 2 ] && grep -q 'data.bos' $work/bb.log" \
+  "data.bos with the byte tokenizer: exit 2 naming data.bos" || cat "$work/bb.log"
 
 # Refusals, exit 2 with the keys named.
 "$titan3d" train "${tiny[@]}" --set "data.tokenizer=\"$tok\"" --set train.steps=1 --set run.dir="$work/bad" >"$work/v.log" 2>&1
