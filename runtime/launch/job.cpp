@@ -16,6 +16,7 @@
 #include "kernels/blas.h"
 #include "kernels/check.h"
 #include "runtime/launch/hosts.h"
+#include "runtime/data/text_tokenizer.h"
 #include "runtime/launch/logging.h"
 
 namespace t3d::runtime {
@@ -45,11 +46,13 @@ void check_inputs(const Recipe& r) {
   }
   // A SentencePiece model file (data.tokenizer = "bytes" names none); its vocabulary is checked
   // against model.vocab_size when the ranks load the data.
-  if (r.data.tokenizer != "bytes")
+  if (r.data.tokenizer != kByteTokenizerName)
     T3D_USER_CHECK(fs::is_regular_file(r.data.tokenizer),
                    "recipe error: ", r.origin("data.tokenizer"), ": `data.tokenizer`: model file `",
                    r.data.tokenizer, "` does not exist (relative paths start at ",
                    fs::current_path().string(), "). `titan3d tokenize --vocab N` trains one.");
+  // The hosts of a multi-host job: read as the launch will (file, line and slots named).
+  if (!r.run.hostfile.empty()) read_hostfile(r.run.hostfile, "run.hostfile");
 }
 
 void spawn_if_needed(const Recipe& recipe, const std::vector<std::string>& argv, int np_override) {

@@ -22,7 +22,8 @@ class MpiRuntime {
   MpiRuntime& operator=(const MpiRuntime&) = delete;
 };
 
-// Checks the recipe's inputs exist (data files) so the user hears it before any rank starts.
+// Checks the recipe's inputs exist (data files, the tokenizer model) and that run.hostfile reads,
+// so the user hears it before any rank starts (also `train --dry-run`).
 void check_inputs(const Recipe& recipe);
 
 // Outside a launcher, never returns: re-executes argv under mpirun with the recipe's rank count

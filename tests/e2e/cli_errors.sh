@@ -47,6 +47,11 @@ expect_2 "plan --top -1" '--top' "$titan3d" plan "$tiny" --top -1
 expect_2 "--set with two lines" 'spans several lines' "$titan3d" train "$tiny" --dry-run --set $'run.name=a\nb'
 expect_2 "--set beyond 64 bits" '`train.steps`: integer 99999999999999999999 does not fit' \
   "$titan3d" train "$tiny" --dry-run --set train.steps=99999999999999999999
+hosts=$(mktemp); printf 'nodeA slots=2\nnodeB slots=two\n' >"$hosts"; trap 'rm -f "$deep" "$hosts"' EXIT
+expect_2 "--dry-run reads run.hostfile" "\`run.hostfile\`: cannot read the hostfile \`/nonexistent/hosts\`" \
+  "$titan3d" train "$tiny" --dry-run --set data.path="$0" --set run.hostfile=/nonexistent/hosts
+expect_2 "--dry-run checks run.hostfile's slots" "$hosts:2: \`slots=two\` is not a positive number" \
+  "$titan3d" train "$tiny" --dry-run --set data.path="$0" --set run.hostfile="$hosts"
 out=$("$titan3d" train "$tiny" --dry-run --set data.path="$0" 2>&1); rc=$?
 if [ $rc -ne 0 ] || ! grep -q '^recipe ok: .*1 ranks' <<<"$out"; then echo "FAIL --dry-run: rc=$rc $out"; fail=1; else echo "ok   --dry-run: $out"; fi
 [ $n -ge 12 ] || { echo "FAIL: only $n malformed recipes"; fail=1; }
