@@ -116,7 +116,8 @@ std::string format_supervision(const SupervisedRun& run) {
   row("time lost", fmt::format("{:.1f} s (steps done again, waiting to restart)", run.lost_s));
   row("goodput", fmt::format("{:.1f}% (step time that counts over {:.1f} s wall time)",
                              100 * run.goodput(), run.wall_s));
-  for (const auto& change : run.layout_changes) row("elastic shrink", change);
+  for (const auto& c : run.layout_changes)
+    row(c.regrow ? "elastic regrow" : "elastic shrink", c.change);
   return out;
 }
 
@@ -133,7 +134,8 @@ void report_supervision(const SupervisedRun& run, const std::string& run_dir) {
   if (close == std::string::npos) return;
   std::string changes;
   for (const auto& c : run.layout_changes)
-    changes += (changes.empty() ? "" : ", ") + parallel::trace::json_string(c);
+    changes += fmt::format("{}{{\"kind\": \"{}\", \"change\": {}}}", changes.empty() ? "" : ", ",
+                           c.regrow ? "regrow" : "shrink", parallel::trace::json_string(c.change));
   text.insert(close, fmt::format(", \"supervision\": {{\"restarts\": {}, \"lost_s\": {:.3f}, "
                                  "\"useful_s\": {:.3f}, \"wall_s\": {:.3f}, \"goodput\": "
                                  "{:.4f}, \"layout_changes\": [{}]}}",

@@ -241,13 +241,14 @@ std::vector<std::string> mpirun_command(const SpawnPlan& plan, const std::string
   return cmd;
 }
 
-MpirunOutcome run_spawned(const SpawnPlan& plan) {
+MpirunOutcome run_spawned(const SpawnPlan& plan, const StopRequest& stop) {
   char self[4096];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
   T3D_ASSERT(n > 0, "cannot resolve /proc/self/exe");
   self[n] = '\0';
   std::fflush(nullptr);
-  return run_mpirun_watched(mpirun_command(plan, self), plan.log_dir, plan.stall_s, plan.pid_dir);
+  return run_mpirun_watched(mpirun_command(plan, self), plan.log_dir, plan.stall_s, plan.pid_dir,
+                            stop);
 }
 
 void exec_mpirun(const SpawnPlan& plan) { std::_Exit(run_spawned(plan).code); }

@@ -55,7 +55,7 @@ std::vector<std::string> mpirun_command(const SpawnPlan& plan, const std::string
 [[noreturn]] void exec_mpirun(const SpawnPlan& plan);
 // The same, returning how mpirun ended to the caller (which goes on: `plan --calibrate`, the
 // restart loop of runtime/train/supervisor.h).
-MpirunOutcome run_spawned(const SpawnPlan& plan);
+MpirunOutcome run_spawned(const SpawnPlan& plan, const StopRequest& stop = {});
 
 // SLURM's compressed task counts ("2(x3),1" -> {2, 2, 2, 1}); empty if malformed.
 std::vector<int> parse_slurm_tasks_per_node(const std::string& text);

@@ -288,7 +288,8 @@ class WatchdogAbortGuard {
 }  // namespace
 
 MpirunOutcome run_mpirun_watched(const std::vector<std::string>& argv, const std::string& log_dir,
-                                 double stall_s, const std::string& pid_dir) {
+                                 double stall_s, const std::string& pid_dir,
+                                 const StopRequest& stop) {
   int fd = -1;
   const pid_t child = start_mpirun(argv, &fd);
   ForwardedSignals forwarded;
@@ -333,6 +334,10 @@ MpirunOutcome run_mpirun_watched(const std::vector<std::string>& argv, const std
     if (const int sig = g_received; sig != 0) {
       g_received = 0;
       if (const std::string said = forward(sig, child, outcome); !said.empty()) print({said});
+    }
+    if (stop && !outcome.stop_asked && outcome.signal == 0 && stop()) {
+      outcome.stop_asked = true;
+      kill(child, SIGUSR1);  // mpirun forwards SIGUSR1 to every rank
     }
   }
   if (!pending.empty()) print(filter.feed(pending));

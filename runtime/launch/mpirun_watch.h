@@ -5,6 +5,7 @@
 // after an agreed error): those are dropped, a dead rank becomes one line, anything else passes.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -23,7 +24,13 @@ struct MpirunOutcome {
   // the order first named: suspects, not verdicts (a slow host is named as well as a gone one).
   std::vector<std::string> waited_hosts;
   bool mpirun_killed = false;  // mpirun outlived the watchdog's abort and was ended (see below)
+  bool stop_asked = false;     // the caller's StopRequest asked the job to stop (see below)
 };
+
+// Asked about once a second while mpirun runs, never blocking: true asks the job to stop as a
+// preemption does (SIGUSR1 to mpirun: every rank snapshots its step and exits kExitPreempted),
+// once. The restart loop's elastic regrow uses it (runtime/train/supervisor.h).
+using StopRequest = std::function<bool()>;
 
 // From one line of output: the host a collective watchdog waited on ("" if it names none).
 std::string watchdog_waited_host(const std::string& line);
@@ -66,7 +73,8 @@ class MpirunStderrFilter {
 // grace and 10 s more to end the job; past that its process group is killed (exit 3). mpirun
 // waits without end for the daemon of a host it can no longer reach, and a restart must not.
 MpirunOutcome run_mpirun_watched(const std::vector<std::string>& argv, const std::string& log_dir,
-                                 double stall_s = 0, const std::string& pid_dir = "");
+                                 double stall_s = 0, const std::string& pid_dir = "",
+                                 const StopRequest& stop = {});
 
 // The scheduler state letter of a process from /proc/<pid>/stat ('R', 'S', 'T' stopped, ...), or
 // 0 when there is no such process.

@@ -258,6 +258,10 @@ const std::vector<Field>& schema() {
             "continue on the remaining hosts with a smaller dp (a divisor of parallel.dp that "
             "fits their slots) and the same train.global_batch, each replica taking more "
             "micro-batches, resharded from the newest snapshot. false: stop, naming the host."),
+      field("run", "elastic_regrow_s", &R::run, &RunConfig::elastic_regrow_s,
+            "After an elastic shrink: probe the dropped hosts this often (seconds); once all "
+            "answer, the job stops at a snapshot of its step and continues on every host in its "
+            "layout before the shrink (needs snapshot.every > 0). 0: stay shrunk."),
 
       field("model", "vocab_size", &R::model, &ModelConfig::vocab_size,
             "Vocabulary size (256 for the byte-level tokenizer)."),
@@ -671,6 +675,8 @@ void validate_data_snapshot_run(const Recipe& r) {
   v.one_of("run.log_level", r.run.log_level, {"trace", "debug", "info", "warn", "error"});
   v.require(r.run.max_restarts >= 0 && r.run.max_restarts <= 1000, "run.max_restarts",
             "must lie in [0, 1000], got " + std::to_string(r.run.max_restarts));
+  v.require(r.run.elastic_regrow_s >= 0, "run.elastic_regrow_s",
+            "must be ≥ 0 (seconds; 0: stay shrunk), got " + is(r.run.elastic_regrow_s));
   v.require(r.run.restart_window_s > 0, "run.restart_window_s",
             "must be positive (seconds), got " + is(r.run.restart_window_s));
   v.require(r.hardware.hbm_gib > 0, "hardware.hbm_gib", "must be positive");

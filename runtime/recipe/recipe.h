@@ -99,6 +99,9 @@ struct RunConfig {
   // When a restart finds a host of the hostfile unreachable, continue on the others with a
   // smaller dp and the same global batch (more micro-batches per replica) instead of stopping.
   bool elastic = false;
+  // After such a shrink: seconds between probes of the dropped hosts; once all answer, the job
+  // stops at a snapshot and continues on every host in the layout it had. 0: stay shrunk.
+  double elastic_regrow_s = 60;
 };
 
 struct ModelConfig {

@@ -9,6 +9,7 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <optional>
 #include <thread>
 
@@ -177,16 +178,108 @@ void explain_stop(const Incident& i, size_t restarts, const RunConfig& run,
                  run_dir.c_str());
 }
 
+// The job as it was launched on a set of hosts: what an elastic shrink changes.
+struct Placement {
+  Recipe recipe;                 // with dp resolved and any shrink applied
+  std::vector<HostEntry> hosts;  // run.hostfile's, less those dropped (empty: this host only)
+  int ranks = 0, slots = 0;
+  std::string hostfile;
+};
+
 // The restart loop's state across attempts.
 struct Loop {
   Recipe recipe;  // the job's recipe, with dp resolved and any shrink applied
   SpawnPlan plan;
   std::string run_dir, metrics, log_level;
   std::vector<HostEntry> hosts;  // run.hostfile's, less those dropped (empty: this host only)
+  std::optional<Placement> before_shrink;  // the placement the first shrink left, to regrow to
   std::deque<Clock::time_point> restarts;  // within the window
   std::optional<Incident> previous;
   SupervisedRun result;
+
+  Placement placement() const {
+    return {recipe, hosts, plan.ranks, plan.slots, plan.hostfile};
+  }
+  void place(const Placement& p) {
+    recipe = p.recipe;
+    hosts = p.hosts;
+    plan.ranks = p.ranks, plan.slots = p.slots, plan.hostfile = p.hostfile;
+  }
 };
+
+// The hosts of `all` that `now` lacks.
+std::vector<HostEntry> dropped_hosts(const std::vector<HostEntry>& all,
+                                     const std::vector<HostEntry>& now) {
+  std::vector<HostEntry> out;
+  for (const auto& h : all)
+    if (std::none_of(now.begin(), now.end(), [&](const HostEntry& n) { return n.host == h.host; }))
+      out.push_back(h);
+  return out;
+}
+
+// The StopRequest of a shrunk job's attempt (run.elastic_regrow_s): every `every_s` it probes the
+// dropped hosts on a thread of its own (the watch it is polled from must not block), and answers
+// true once all of them answer. Only after the attempt logged a step, so that the ranks' stop
+// handler (the preemption path) is in place.
+class RegrowWatch {
+ public:
+  RegrowWatch(std::vector<HostEntry> dropped, bool as_root, double every_s, std::string metrics,
+              long metrics_offset)
+      : dropped_(std::move(dropped)), as_root_(as_root), every_s_(every_s),
+        metrics_(std::move(metrics)), offset_(metrics_offset), last_(Clock::now()) {}
+  ~RegrowWatch() {
+    if (probe_.valid()) probe_.wait();  // each probe has its own deadline
+  }
+  RegrowWatch(const RegrowWatch&) = delete;
+  RegrowWatch& operator=(const RegrowWatch&) = delete;
+
+  bool operator()() {
+    if (probe_.valid()) {
+      if (probe_.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return false;
+      last_ = Clock::now();
+      return probe_.get();
+    }
+    if (std::chrono::duration<double>(Clock::now() - last_).count() < every_s_) return false;
+    if (!stepped_ && read_logged_steps(metrics_, offset_, 0).last_step == 0) return false;
+    stepped_ = true;
+    probe_ = std::async(std::launch::async, [hosts = dropped_, as_root = as_root_] {
+      return unreachable_hosts(hosts, as_root, 10.0).empty();
+    });
+    return false;
+  }
+
+ private:
+  std::vector<HostEntry> dropped_;
+  bool as_root_;
+  double every_s_;
+  std::string metrics_;
+  long offset_;
+  bool stepped_ = false;
+  Clock::time_point last_;
+  std::future<bool> probe_;
+};
+
+// A shrunk job whose dropped hosts all answer again (RegrowWatch) stopped at a snapshot of its
+// step: back to the placement before the shrink, relaunched from that snapshot.
+void regrow(Loop& loop, long offset) {
+  const Placement& before = *loop.before_shrink;
+  std::string names;
+  for (const auto& h : dropped_hosts(before.hosts, loop.hosts))
+    names += (names.empty() ? "host " : ", host ") + h.host;
+  const std::string change = describe_layout(loop.recipe) + " -> " + describe_layout(before.recipe);
+  const LoggedSteps logged = read_logged_steps(loop.metrics, offset, 0);
+  loop.result.useful_s += logged.seconds_total;
+  loop.place(before);
+  loop.before_shrink.reset();
+  loop.result.layout_changes.push_back({true, change + " with " + names + " back"});
+  std::fprintf(stderr,
+               "titan3d: elastic: %s reachable again; stopped at the snapshot of step %ld and "
+               "continuing on all %zu hosts: %s\n",
+               names.c_str(), newest_snapshot(loop.recipe.snapshot.dir), loop.hosts.size(),
+               change.c_str());
+  std::fflush(stderr);
+  loop.plan.argv = restart_argv(loop.recipe, loop.plan.argv.at(0), loop.run_dir, loop.log_level);
+}
 
 // With several hosts: the hosts mpirun cannot reach now. Without run.elastic that ends the job
 // (a relaunch on the same hosts cannot start): returns the stop reason. With it, drops them,
@@ -226,6 +319,7 @@ std::string handle_lost_hosts(Loop& loop, Incident& incident) {
   const Shrink shrink = plan_shrink(loop.recipe, capacity);
   if (!shrink.why_not.empty())
     return "stop: unreachable " + names + "; run.elastic cannot shrink: " + shrink.why_not;
+  if (!loop.before_shrink) loop.before_shrink = loop.placement();
   Recipe smaller = loop.recipe;
   smaller.parallel.dp = shrink.dp;
   smaller.train.micro_batches = shrink.micro_batches;
@@ -238,7 +332,7 @@ std::string handle_lost_hosts(Loop& loop, Incident& incident) {
   loop.plan.hostfile = smaller.run.hostfile;
   loop.plan.slots = total_slots(remaining);
   write_hostfile(loop.plan.hostfile, remaining);
-  loop.result.layout_changes.push_back(change + " without " + names);
+  loop.result.layout_changes.push_back({false, change + " without " + names});
   std::fprintf(stderr,
                "titan3d: elastic: unreachable %s; continuing on the %zu remaining host(s) (%s): "
                "%s, train.global_batch = %lld kept\n",
@@ -312,11 +406,24 @@ SupervisedRun supervise_training(const Recipe& recipe, SpawnPlan plan,
   if (!loop.recipe.run.hostfile.empty())
     loop.hosts = read_hostfile(loop.recipe.run.hostfile, "run.hostfile");
   const auto start = Clock::now();
+  int regrows = 0;  // relaunches after a regrow: not restarts after failures
   for (int attempt = 1;; ++attempt) {
     const long offset = file_size(loop.metrics);
-    const MpirunOutcome out = run_spawned(loop.plan);
+    std::optional<RegrowWatch> watch;
+    if (loop.before_shrink && loop.recipe.run.elastic_regrow_s > 0 &&
+        loop.recipe.snapshot.every > 0)
+      watch.emplace(dropped_hosts(loop.before_shrink->hosts, loop.hosts), loop.plan.as_root,
+                    loop.recipe.run.elastic_regrow_s, loop.metrics, offset);
+    const MpirunOutcome out =
+        run_spawned(loop.plan, watch ? StopRequest(std::ref(*watch)) : StopRequest());
+    watch.reset();
+    if (out.stop_asked && out.code == kExitPreempted) {
+      regrow(loop, offset);
+      ++regrows;
+      continue;
+    }
     loop.result.code = out.code;
-    loop.result.restarts = attempt - 1;
+    loop.result.restarts = attempt - 1 - regrows;
     if (out.code == 0 || !restartable(out) || !after_failure(loop, out, attempt, offset)) {
       if (out.code == 0)
         loop.result.useful_s += read_logged_steps(loop.metrics, offset, 0).seconds_total;

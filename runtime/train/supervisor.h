@@ -28,6 +28,13 @@
 
 namespace t3d::runtime {
 
+// An elastic change of layout: "old -> new without host X (why)" (a shrink), or "old -> new with
+// host X back" (a regrow).
+struct LayoutChange {
+  bool regrow = false;
+  std::string change;
+};
+
 // How a supervised job went, for the end-of-run table (apps/perf_report.h).
 struct SupervisedRun {
   int code = 0;         // the exit code for the launcher
@@ -35,14 +42,16 @@ struct SupervisedRun {
   double lost_s = 0;    // step time done again after restarts, and time waiting to restart
   double useful_s = 0;  // step time that counts (each step once)
   double wall_s = 0;    // the whole job, first launch to last exit
-  std::vector<std::string> layout_changes;  // elastic shrinks: "old -> new without host X (why)"
+  std::vector<LayoutChange> layout_changes;  // in order
   double goodput() const { return wall_s > 0 ? useful_s / wall_s : 0; }
 };
 
 // Runs `plan` (built from `recipe` by make_spawn_plan) until it succeeds or must stop.
 // `log_level`: the command line's --log-level, kept on restarts. With run.hostfile naming several
 // hosts, a failure is followed by a probe of every host (elastic.h): a host mpirun cannot reach
-// stops the job, naming it, or with run.elastic shrinks it onto the others.
+// stops the job, naming it, or with run.elastic shrinks it onto the others. A shrunk job probes
+// the hosts it dropped every run.elastic_regrow_s; once all answer, it is stopped at a snapshot
+// of its step (as a preemption) and relaunched in the layout it had before, on every host.
 SupervisedRun supervise_training(const Recipe& recipe, SpawnPlan plan,
                                  const std::string& log_level);
 

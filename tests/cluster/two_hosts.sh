@@ -15,6 +15,9 @@
 #      finishes on host A alone, pp2 × dp1 × tp2 with twice the micro-batches, and every step's
 #      loss equals the uninterrupted two-host run's within 1e-5.
 #   6. The same without run.elastic: the job stops, naming host B as unreachable.
+#   7. Regrow: as 5, but host B's link comes back while the shrunk job runs; the job probes it
+#      (run.elastic_regrow_s), stops at a snapshot and continues on both hosts as pp2 × dp2 × tp2,
+#      every step's loss again within 1e-5 of the uninterrupted run's.
 # Traffic stays inside the two namespaces made here. Skips (exit 77) when not root or when network
 # namespaces cannot be made. Everything started in the namespaces is ended on exit.
 set -u
@@ -184,6 +187,31 @@ n=$(grep -c . "$work/elastic.losses")
 check "[ $n -eq $long_steps ]" "elastic: every step logged ($n of $long_steps)"
 printf '     losses, elastic (dp2 -> dp1 on host A) vs uninterrupted: '
 compare_losses "$work/elastic.losses" "$work/straight.losses" 1e-5 || fail=1
+
+# 7. Regrow: host B comes back while the job runs shrunk on host A.
+ip -n "$ns_b" link set "t3b$tag" up
+self_launched --set run.dir="$work/regrow" --set run.elastic=true --set run.max_restarts=2 \
+  --set run.elastic_regrow_s=1 > "$work/regrow.log" 2>&1 &
+job=$!
+cut_after regrow 50
+wait_for 120 grep -q 'elastic: unreachable' "$work/regrow.log"
+for pid in $(ip netns pids "$ns_b"); do kill -9 "$pid" 2> /dev/null; done
+ip -n "$ns_b" link set "t3b$tag" up
+wait "$job"
+rc=$?
+check "[ $rc -eq 0 ]" "regrow: the job finished (rc $rc)" || tail -30 "$work/regrow.log"
+line=$(grep -m1 'reachable again' "$work/regrow.log")
+check "grep -q 'elastic: host 10.97.0.2 reachable again; stopped at the snapshot of step [0-9]* and continuing on all 2 hosts: pp2 dp1 tp2 (4 ranks, 4 micro-batches per replica) -> pp2 dp2 tp2 (8 ranks, 2 micro-batches per replica)' <<<\"\$line\"" \
+  "regrow: the log says so: ${line#titan3d: }" || tail -30 "$work/regrow.log"
+check "grep -q '\"restarts\": 1' '$work/regrow/summary.json' && grep -q '\"kind\": \"regrow\"' '$work/regrow/summary.json' && grep -q 'elastic regrow' '$work/regrow.log'" \
+  "regrow: one restart (the shrink); summary.json and the end table record the regrow"
+hosts=$(sed -n 's/.*rank *\([0-9]\) \[.*host \(host[ab]\).*/\1\2/p' "$work/regrow.log" | tail -8 | sort | xargs)
+check "[ '$hosts' = '0hosta 1hosta 2hosta 3hosta 4hostb 5hostb 6hostb 7hostb' ]" "regrow: the continued job runs on both hosts again ($hosts)"
+counted_losses "$work/regrow/metrics.jsonl" > "$work/regrow.losses"
+n=$(grep -c . "$work/regrow.losses")
+check "[ $n -eq $long_steps ]" "regrow: every step logged ($n of $long_steps)"
+printf '     losses, regrow (dp2 -> dp1 -> dp2) vs uninterrupted: '
+compare_losses "$work/regrow.losses" "$work/straight.losses" 1e-5 || fail=1
 
 ip -n "$ns_b" link set "t3b$tag" up
 self_launched --set run.dir="$work/rigid" --set run.max_restarts=1 > "$work/rigid.log" 2>&1 &

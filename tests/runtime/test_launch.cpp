@@ -231,3 +231,24 @@ TEST(Launch, NamesTheHostAWatchdogWaitedOn) {
             "");
   EXPECT_EQ(watchdog_waited_host("rank 0: waiting on host b"), "") << "not a watchdog line";
 }
+
+// The restart loop's StopRequest: once it says stop, the watched command gets SIGUSR1 (as a
+// preemption), once, and the outcome says the stop was asked. The command here stands in for
+// mpirun and its ranks: it exits 75 (kExitPreempted) on SIGUSR1, and 1 if never asked.
+TEST(Launch, StopRequestSendsOneSigusr1AndIsRecorded) {
+  const std::string dir = ::testing::TempDir();
+  const std::vector<std::string> job = {
+      "sh", "-c",
+      "trap 'exit 75' USR1; i=0; while [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; exit 1"};
+  int polls = 0;
+  const MpirunOutcome stopped =
+      run_mpirun_watched(job, dir, 0, "", [&] { return ++polls == 2; });
+  EXPECT_TRUE(stopped.stop_asked);
+  EXPECT_EQ(stopped.code, 75);
+  EXPECT_EQ(stopped.signal, 0);  // not a signal the launcher was sent
+  EXPECT_GE(polls, 2);
+  const MpirunOutcome left = run_mpirun_watched(
+      {"sh", "-c", "trap 'exit 75' USR1; sleep 1.5; exit 4"}, dir, 0, "", [] { return false; });
+  EXPECT_FALSE(left.stop_asked);
+  EXPECT_EQ(left.code, 4);
+}
