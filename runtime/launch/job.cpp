@@ -16,7 +16,6 @@
 #include "kernels/blas.h"
 #include "kernels/check.h"
 #include "runtime/launch/hosts.h"
-#include "runtime/data/text_tokenizer.h"
 #include "runtime/launch/logging.h"
 
 namespace t3d::runtime {
@@ -46,7 +45,7 @@ void check_inputs(const Recipe& r) {
   }
   // A SentencePiece model file (data.tokenizer = "bytes" names none); its vocabulary is checked
   // against model.vocab_size when the ranks load the data.
-  if (r.data.tokenizer != kByteTokenizerName)
+  if (r.data.tokenizer != "bytes")
     T3D_USER_CHECK(fs::is_regular_file(r.data.tokenizer),
                    "recipe error: ", r.origin("data.tokenizer"), ": `data.tokenizer`: model file `",
                    r.data.tokenizer, "` does not exist (relative paths start at ",
