@@ -220,6 +220,9 @@ std::string forward(int sig, pid_t child, MpirunOutcome& out) {
                    "stays as it is)"
                  : "titan3d: interrupted: ending every rank";
   }
+  if (out.stop_asked)  // the ranks already got SIGUSR1: a second would end them at once
+    return "titan3d: signal " + std::to_string(sig) +
+           ": every rank is already finishing its step to snapshot it and stop";
   kill(child, SIGUSR1);  // mpirun forwards SIGUSR1 to every rank
   return "titan3d: signal " + std::to_string(sig) +
          ": every rank finishes its step, snapshots it and stops (a second signal ends them now)";

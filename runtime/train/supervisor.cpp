@@ -326,11 +326,7 @@ std::string handle_lost_hosts(Loop& loop, Incident& incident) {
   const std::string change = describe_layout(loop.recipe) + " -> " + describe_layout(smaller);
   // restart.toml names the hostfile it runs on, so that continuing it by hand starts the same.
   smaller.run.hostfile = loop.run_dir + "/hostfile.elastic";
-  loop.recipe = smaller;
-  loop.hosts = remaining;
-  loop.plan.ranks = shrink.ranks;
-  loop.plan.hostfile = smaller.run.hostfile;
-  loop.plan.slots = total_slots(remaining);
+  loop.place({smaller, remaining, shrink.ranks, total_slots(remaining), smaller.run.hostfile});
   write_hostfile(loop.plan.hostfile, remaining);
   loop.result.layout_changes.push_back({false, change + " without " + names});
   std::fprintf(stderr,
@@ -417,7 +413,8 @@ SupervisedRun supervise_training(const Recipe& recipe, SpawnPlan plan,
     const MpirunOutcome out =
         run_spawned(loop.plan, watch ? StopRequest(std::ref(*watch)) : StopRequest());
     watch.reset();
-    if (out.stop_asked && out.code == kExitPreempted) {
+    // Stopped for the regrow alone: a signal to this launcher meanwhile means stop (preemption).
+    if (out.stop_asked && out.signal == 0 && out.code == kExitPreempted) {
       regrow(loop, offset);
       ++regrows;
       continue;

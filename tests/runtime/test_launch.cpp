@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <csignal>
 #include <fstream>
 
 #include "kernels/check.h"
@@ -251,4 +252,21 @@ TEST(Launch, StopRequestSendsOneSigusr1AndIsRecorded) {
       {"sh", "-c", "trap 'exit 75' USR1; sleep 1.5; exit 4"}, dir, 0, "", [] { return false; });
   EXPECT_FALSE(left.stop_asked);
   EXPECT_EQ(left.code, 4);
+}
+
+// A preemption signal to the launcher after the stop was asked: the ranks already got SIGUSR1,
+// and a second would end them before their snapshot; the signal is recorded (so the restart loop
+// stops rather than regrows) and not passed on again. The command exits 74 + the USR1s it got.
+TEST(Launch, SignalAfterAStopRequestIsNotPassedOnTwice) {
+  const std::vector<std::string> job = {
+      "sh", "-c",
+      "n=0; trap 'n=$((n+1))' USR1; i=0; while [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); "
+      "if [ $n -gt 0 ]; then sleep 1.5; exit $((74+n)); fi; done; exit 1"};
+  const MpirunOutcome out = run_mpirun_watched(job, ::testing::TempDir(), 0, "", [] {
+    raise(SIGTERM);  // arrives as the stop is asked: handled on the watch's next turn
+    return true;
+  });
+  EXPECT_TRUE(out.stop_asked);
+  EXPECT_EQ(out.signal, SIGTERM);
+  EXPECT_EQ(out.code, 75);  // one SIGUSR1
 }
