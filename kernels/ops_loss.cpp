@@ -43,8 +43,8 @@ void cross_entropy_fused(float* logits, float* losses, const std::int32_t* targe
                          std::int64_t V, float grad_scale) {
   for (std::int64_t i = 0; i < N; ++i)  // checked before the threads: a throw cannot leave them
     T3D_USER_CHECK(targets[i] == kIgnoreIndex || (targets[i] >= 0 && targets[i] < V),
-                   "target token ", targets[i], " at row ", i, " is outside the vocabulary [0, ",
-                   V, ")");
+                   "target token ", targets[i], " at row ", i, " is outside the vocabulary [0, ", V,
+                   ")");
   // Row by row, rows split over the threads: the three passes (max, sum-exp, gradient) of a row
   // stay in cache, and each row's result does not depend on the split.
   detail::split_rows(N, V, [&](std::int64_t lo, std::int64_t hi) {
@@ -72,8 +72,7 @@ void ce_local_max(float* row_max, const float* logits, std::int64_t N, std::int6
 void ce_local_sum_exp(float* sum_exp, const float* logits, const float* row_max, std::int64_t N,
                       std::int64_t V) {
   detail::split_rows(N, V, [&](std::int64_t lo, std::int64_t hi) {
-    for (std::int64_t i = lo; i < hi; ++i)
-      sum_exp[i] = row_sum_exp(logits + i * V, V, row_max[i]);
+    for (std::int64_t i = lo; i < hi; ++i) sum_exp[i] = row_sum_exp(logits + i * V, V, row_max[i]);
   });
 }
 

@@ -45,7 +45,9 @@ void adamw_step(float* params, const float* grads, float* m, float* v, std::int6
   // Bias corrections in double: beta2^t with beta2 = 0.999 and large t needs the precision.
   const double bc1 = 1.0 - std::pow(static_cast<double>(cfg.beta1), static_cast<double>(step));
   const double bc2 = 1.0 - std::pow(static_cast<double>(cfg.beta2), static_cast<double>(step));
-  const detail::AdamWScalars scalars{cfg.beta1, cfg.beta2, cfg.eps,
+  const detail::AdamWScalars scalars{cfg.beta1,
+                                     cfg.beta2,
+                                     cfg.eps,
                                      1.0f - cfg.lr * cfg.weight_decay,
                                      static_cast<float>(cfg.lr / bc1),
                                      static_cast<float>(1.0 / std::sqrt(bc2)),

@@ -45,8 +45,7 @@ TextTokenizer TextTokenizer::open(const std::string& spec, const std::string& ke
                  "train one with titan3d tokenize, which turns byte fallback on");
   t.newline_id_ = nl;
   T3D_USER_CHECK(!bos || proc->bos_id() >= 0, "data.bos = true, but `", key,
-                 "`: SentencePiece model `", spec,
-                 "` has no BOS piece; set data.bos = false");
+                 "`: SentencePiece model `", spec, "` has no BOS piece; set data.bos = false");
   t.bos_ = bos;
   t.sp_ = std::move(proc);
   return t;

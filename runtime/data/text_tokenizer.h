@@ -9,10 +9,10 @@
 // with `sp.encode(line)` per line (tests/use/sentencepiece_check.py does). encode adds no BOS or
 // EOS id; encode_document, what a text file or a prompt becomes, starts with the BOS id when the
 // tokenizer was opened with `bos` (recipe key data.bos, as Hugging Face's LLaMA tokenizer does with
-// add_bos_token: once per text, not per line). decode(encode(text)) == text for every valid UTF-8 text when the model has byte fallback
-// and the identity normalisation, as `titan3d tokenize` trains it (SentencePiece replaces each
-// invalid UTF-8 byte with U+FFFD); a model with another normaliser (NFKC) may map some characters
-// to others.
+// add_bos_token: once per text, not per line). decode(encode(text)) == text for every valid UTF-8
+// text when the model has byte fallback and the identity normalisation, as `titan3d tokenize`
+// trains it (SentencePiece replaces each invalid UTF-8 byte with U+FFFD); a model with another
+// normaliser (NFKC) may map some characters to others.
 #pragma once
 
 #include <cstdint>

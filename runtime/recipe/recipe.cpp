@@ -282,7 +282,8 @@ const std::vector<Field>& schema() {
       field("parallel", "dp", &R::parallel, &ParallelConfig::dp,
             "Data-parallel replicas; -1 means the rest of the world (world / (pp·cp·tp))."),
       field("parallel", "cp", &R::parallel, &ParallelConfig::cp,
-            "Context-parallel ranks: each holds seq_len / cp positions of every sequence (two parts)."),
+            "Context-parallel ranks: each holds seq_len / cp positions of every sequence (two "
+            "parts)."),
       field("parallel", "tp", &R::parallel, &ParallelConfig::tp,
             "Tensor-parallel ranks (innermost: contiguous ranks, keep inside a node)."),
       field("parallel", "sequence_parallel", &R::parallel, &ParallelConfig::sequence_parallel,
@@ -299,11 +300,12 @@ const std::vector<Field>& schema() {
             "(each rank keeps 1/(dp·cp) of them plus two staging buffers of the largest bucket), "
             "3 parameters sharded too (plus two gather buffers; each bucket is gathered before "
             "use, blocking). See docs/parallelism.md."),
-      field("parallel", "bucket_mb", &R::parallel, &ParallelConfig::bucket_mb,
-            "Data-parallel gradient bucket size in MiB (a bucket is at least one layer): a bucket's "
-            "reduction (over dp × cp) starts as soon as its layers' gradients are final, "
-            "overlapping the rest of the backward. With ZeRO-2 and 3 it also sizes the staging "
-            "(and gather) buffers: keep it well below the stage's gradients / dp."),
+      field(
+          "parallel", "bucket_mb", &R::parallel, &ParallelConfig::bucket_mb,
+          "Data-parallel gradient bucket size in MiB (a bucket is at least one layer): a bucket's "
+          "reduction (over dp × cp) starts as soon as its layers' gradients are final, "
+          "overlapping the rest of the backward. With ZeRO-2 and 3 it also sizes the staging "
+          "(and gather) buffers: keep it well below the stage's gradients / dp."),
       field("parallel", "timeout_s", &R::parallel, &ParallelConfig::timeout_s,
             "A collective or P2P waiting longer than this aborts the job, naming the operation."),
 
@@ -663,8 +665,9 @@ void validate_data_snapshot_run(const Recipe& r) {
   v.require(!r.data.path.empty(), "data.path", "must name a file");
   v.require(!r.data.tokenizer.empty(), "data.tokenizer",
             "must be \"bytes\" or a SentencePiece model file");
-  v.require(!r.data.bos || r.data.tokenizer != kByteTokenizerName, "data.bos",
-            "needs a SentencePiece data.tokenizer with a BOS id (<s>); the byte tokenizer has none");
+  v.require(
+      !r.data.bos || r.data.tokenizer != kByteTokenizerName, "data.bos",
+      "needs a SentencePiece data.tokenizer with a BOS id (<s>); the byte tokenizer has none");
 
   v.require(r.snapshot.every >= 0, "snapshot.every", "must be ≥ 0 (0: off)");
   v.require(r.snapshot.keep >= 1, "snapshot.keep", "must keep at least 1");

@@ -95,7 +95,8 @@ Stage build_stage(const Job& job, StagePurpose purpose) {
 
 StageData load_stage_data(const Recipe& r) {
   const int vocab = static_cast<int>(r.model.vocab_size);
-  const TextTokenizer tokenizer = TextTokenizer::open(r.data.tokenizer, "data.tokenizer", r.data.bos);
+  const TextTokenizer tokenizer =
+      TextTokenizer::open(r.data.tokenizer, "data.tokenizer", r.data.bos);
   StageData d;
   d.train = load_stream(r.data.path, r.data.format, vocab, &tokenizer);
   if (!r.data.val_path.empty()) {
@@ -109,7 +110,8 @@ StageData load_stage_data(const Recipe& r) {
 }
 
 void check_tokenizer(const Recipe& r) {
-  const TextTokenizer tokenizer = TextTokenizer::open(r.data.tokenizer, "data.tokenizer", r.data.bos);
+  const TextTokenizer tokenizer =
+      TextTokenizer::open(r.data.tokenizer, "data.tokenizer", r.data.bos);
   T3D_USER_CHECK(tokenizer.vocab_size() <= r.model.vocab_size, "recipe error: data.tokenizer `",
                  tokenizer.spec(), "` has ", tokenizer.vocab_size(), " ids but model.vocab_size is ",
                  r.model.vocab_size, " (", r.origin("model.vocab_size"),

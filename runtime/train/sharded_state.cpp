@@ -136,8 +136,11 @@ double ShardedState::grad_sum_of_squares() const {
 }
 
 void ShardedState::adamw_step(const TrainConfig& t, double lr, int64_t step, float grad_scale) {
-  kernels::AdamWConfig cfg{static_cast<float>(lr),    static_cast<float>(t.beta1),
-                           static_cast<float>(t.beta2), static_cast<float>(t.eps), 0.0f,
+  kernels::AdamWConfig cfg{static_cast<float>(lr),
+                           static_cast<float>(t.beta1),
+                           static_cast<float>(t.beta2),
+                           static_cast<float>(t.eps),
+                           0.0f,
                            grad_scale};
   const auto& tensors = model_.params();
   for_each_piece(owned(), [&](const Piece& p) {

@@ -197,9 +197,7 @@ struct Loop {
   std::optional<Incident> previous;
   SupervisedRun result;
 
-  Placement placement() const {
-    return {recipe, hosts, plan.ranks, plan.slots, plan.hostfile};
-  }
+  Placement placement() const { return {recipe, hosts, plan.ranks, plan.slots, plan.hostfile}; }
   void place(const Placement& p) {
     recipe = p.recipe;
     hosts = p.hosts;
@@ -225,8 +223,12 @@ class RegrowWatch {
  public:
   RegrowWatch(std::vector<HostEntry> dropped, bool as_root, double every_s, std::string metrics,
               long metrics_offset)
-      : dropped_(std::move(dropped)), as_root_(as_root), every_s_(every_s),
-        metrics_(std::move(metrics)), offset_(metrics_offset), last_(Clock::now()) {}
+      : dropped_(std::move(dropped)),
+        as_root_(as_root),
+        every_s_(every_s),
+        metrics_(std::move(metrics)),
+        offset_(metrics_offset),
+        last_(Clock::now()) {}
   ~RegrowWatch() {
     if (probe_.valid()) probe_.wait();  // each probe has its own deadline
   }

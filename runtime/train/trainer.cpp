@@ -455,7 +455,8 @@ struct Trainer::Impl {
         consecutive_skips = 0;
         parallel::trace::Span optimizer_span("optimizer", "compute");
         const bool clip = t.grad_clip > 0 && norm > t.grad_clip;
-        state->adamw_step(t, rec.lr, step + 1, clip ? static_cast<float>(t.grad_clip / norm) : 1.0f);
+        state->adamw_step(t, rec.lr, step + 1,
+                          clip ? static_cast<float>(t.grad_clip / norm) : 1.0f);
       }
       const bool last = step + 1 == t.steps;
       if (val_sampler && t.val_every > 0 && ((step + 1) % t.val_every == 0 || last))

@@ -95,7 +95,8 @@ EvalResult run_eval(const Job& job, const std::string& snapshot, const EvalOptio
     // The trainer's stage, forward passes only; the GEMM the snapshot trained with.
     stage = build_stage(job, StagePurpose::kForward);
     kernels::verify_gemm_kind(apply_recorded_gemm(r));
-    const TextTokenizer tokenizer = TextTokenizer::open(r.data.tokenizer, "data.tokenizer", r.data.bos);
+    const TextTokenizer tokenizer =
+        TextTokenizer::open(r.data.tokenizer, "data.tokenizer", r.data.bos);
     stream = options.data.empty() ? recipe_validation(r)
                                   : load_stream(options.data, r.data.format,
                                                 static_cast<int>(r.model.vocab_size), &tokenizer);

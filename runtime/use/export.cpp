@@ -167,8 +167,7 @@ ExportSummary export_snapshot(const std::string& snapshot, const std::string& ou
     s.tokenizer = (fs::path(out_dir) / "tokenizer.model").string();
     write_file_atomically(s.tokenizer, tokenizer.model_bytes(), "--out");
     write_file_atomically((fs::path(out_dir) / "tokenizer_config.json").string(),
-                          llama_tokenizer_config_json(w.recipe.model, w.recipe.data.bos),
-                          "--out");
+                          llama_tokenizer_config_json(w.recipe.model, w.recipe.data.bos), "--out");
   }
   return s;
 }

@@ -58,7 +58,8 @@ const std::vector<std::string>& hard_texts() {
   static const std::vector<std::string> texts = {
       "the quick brown fox",
       "  two leading spaces\n\n\tand a tab, then   three spaces   \n",
-      "control \x01\x02\x7f bytes; \xc3\xbc\xc3\xb1\xc3\xaf\xc3\xa7\xc3\xb8" "d\xc3\xa9 and "
+      "control \x01\x02\x7f bytes; \xc3\xbc\xc3\xb1\xc3\xaf\xc3\xa7\xc3\xb8"
+      "d\xc3\xa9 and "
       "\xe6\x97\xa5\xe6\x9c\xac\n",
       "three empty lines\n\n\n",
       "\n",

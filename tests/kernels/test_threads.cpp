@@ -91,7 +91,8 @@ TEST(kernels_threads, ElementwiseTwoThreadsEqualsOne) {
     EXPECT_EQ(zeroed, std::vector<float>(n, 0.0f));
     EXPECT_EQ(piece_logits, logits);  // one vocab slice: the pieces are the fused kernel
     EXPECT_EQ(piece_losses, losses);
-    return std::vector<std::vector<float>>{out, rstd, dx, dw, h, dg, du, r, p, m, v, logits, losses};
+    return std::vector<std::vector<float>>{out, rstd, dx, dw, h,      dg,    du,
+                                           r,   p,    m,  v,  logits, losses};
   };
   const auto one = run(1), two = run(2);
   for (std::size_t i = 0; i < one.size(); ++i) EXPECT_EQ(one[i], two[i]) << "output " << i;

@@ -242,8 +242,7 @@ TEST(Launch, StopRequestSendsOneSigusr1AndIsRecorded) {
       "sh", "-c",
       "trap 'exit 75' USR1; i=0; while [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done; exit 1"};
   int polls = 0;
-  const MpirunOutcome stopped =
-      run_mpirun_watched(job, dir, 0, "", [&] { return ++polls == 2; });
+  const MpirunOutcome stopped = run_mpirun_watched(job, dir, 0, "", [&] { return ++polls == 2; });
   EXPECT_TRUE(stopped.stop_asked);
   EXPECT_EQ(stopped.code, 75);
   EXPECT_EQ(stopped.signal, 0);  // not a signal the launcher was sent
