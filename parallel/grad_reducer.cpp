@@ -140,14 +140,16 @@ float* GradReducer::bucket_grads(int b) {
 void GradReducer::unit_done(int b) {
   T3D_ASSERT(pending_.at(b) > 0, "bucket ", b, " reported more units than it has micro-batches");
   --pending_[b];
+  // Every report lets the reductions in flight advance, the one just started too: MPI moves
+  // them only inside MPI calls, and the backward makes none between two units.
   if (zero_ < 2) {
     if (pending_[b] == 0) start_reduce(b);
-    else progress();
+    progress();
     return;
   }
   // A bucket flushed early (all buffers were busy) may get a unit's report after its data left.
   if (open_[b] >= 0 && ++staging_[open_[b]].reported == units_[b]) flush(open_[b], false);
-  else progress();
+  progress();
 }
 
 void GradReducer::start_reduce(int b) {
