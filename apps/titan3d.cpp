@@ -425,6 +425,9 @@ int main(int argc, char** argv) {
                            "Token file to write (llm.c layout; uint32 version 2 past 65,535); "
                            "with --decode the text (default stdout)");
   tokenize_cmd->add_flag("--decode", tok.decode, "Decode the token file INPUT back into text");
+  tokenize_cmd->add_flag("--bos", tok.bos,
+                         "Start the token file with the BOS id <s>, as data.bos = true reads the "
+                         "text (for a model imported with data.bos)");
 
   if (const std::string verb = unknown_verb(app, argc, argv); !verb.empty()) {
     std::string verbs;

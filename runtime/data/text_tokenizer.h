@@ -34,7 +34,8 @@ class TextTokenizer {
  public:
   // `spec`: "bytes", or the path of a SentencePiece model file. UserError naming `key` (the recipe
   // key or option the spec came from) and the file when it is missing or not a model, and naming
-  // data.bos when `bos` is asked of a tokenizer without a BOS id (bytes, or a model without <s>).
+  // data.bos / --bos when `bos` is asked of a tokenizer without a BOS id (bytes, or a model
+  // without <s>).
   static TextTokenizer open(const std::string& spec, const std::string& key = "data.tokenizer",
                             bool bos = false);
 

@@ -45,7 +45,7 @@ TokenizeSummary run_tokenize(const TokenizeOptions& o) {
     s.trained = true;
     s.train_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
-  const TextTokenizer tok = TextTokenizer::open(o.tokenizer, "--tokenizer");
+  const TextTokenizer tok = TextTokenizer::open(o.tokenizer, "--tokenizer", o.bos && !o.decode);
   s.vocab = tok.vocab_size();
   if (o.decode) {
     const TokenStream ids = read_token_file(o.input, s.vocab);
@@ -56,7 +56,7 @@ TokenizeSummary run_tokenize(const TokenizeOptions& o) {
   }
   if (o.out.empty()) return s;  // trained only
   const std::string text = read_file_bytes(o.input, "text file");
-  const std::vector<uint32_t> ids = tok.encode(text);
+  const std::vector<uint32_t> ids = tok.encode_document(text);
   write_token_file(o.out, std::span<const uint32_t>(ids));
   s.bytes = static_cast<int64_t>(text.size());
   s.tokens = static_cast<int64_t>(ids.size());

@@ -15,6 +15,7 @@ struct TokenizeOptions {
   int64_t vocab = 0;      // > 0: train a tokenizer of this many ids on `input` first
   std::string type = "bpe";
   bool decode = false;
+  bool bos = false;  // the token file starts with the BOS id, as data.bos reads a text file
 };
 
 struct TokenizeSummary {

@@ -72,6 +72,11 @@ check "[ -n \"$n0\" ] && [ \"$n1\" = \$((n0 + 1)) ] && grep -q 'BOS first' $work
   || cat "$work/g0.err" "$work/g1.err"
 "$titan3d" export "$work/impb/step_00000000.h5" --out "$work/hfb2" >/dev/null 2>&1
 check "grep -q '\"add_bos_token\": true' $work/hfb2/tokenizer_config.json" "export of that import says add_bos_token true"
+"$titan3d" tokenize "$corpus" --tokenizer "$tok" --out "$work/f512_bos.bin" --bos >/dev/null 2>&1
+count() { od -An -t d4 -j 8 -N 4 "$1" | tr -d ' '; }
+first() { od -An -t u2 -j 1024 -N 2 "$1" | tr -d ' '; }
+check "[ \$(count $work/f512_bos.bin) -eq \$((\$(count $work/f512.bin) + 1)) ] && [ \$(first $work/f512_bos.bin) -eq 1 ] && cmp -s <(tail -c +1027 $work/f512_bos.bin) <(tail -c +1025 $work/f512.bin)" \
+  "tokenize --bos: the same ids after <s> (1)"
 "$titan3d" train "${tiny[@]}" --set data.bos=true --set train.steps=1 --set run.dir="$work/bad" >"$work/bb.log" 2>&1
 check "[ \$? -eq 2 ] && grep -q 'data.bos' $work/bb.log" \
   "data.bos with the byte tokenizer: exit 2 naming data.bos" || cat "$work/bb.log"
