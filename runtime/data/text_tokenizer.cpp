@@ -21,8 +21,8 @@ namespace sp = sentencepiece;
 TextTokenizer TextTokenizer::open(const std::string& spec, const std::string& key, bool bos) {
   TextTokenizer t;
   T3D_USER_CHECK(!bos || spec != kByteTokenizerName,
-                 "a BOS id is asked for (data.bos / --bos), but the byte tokenizer has none (`", key,
-                 "` is \"bytes\"); leave BOS off, or give a SentencePiece model with <s>");
+                 "a BOS id is asked for (data.bos / --bos), but the byte tokenizer has none (`",
+                 key, "` is \"bytes\"); leave BOS off, or give a SentencePiece model with <s>");
   if (spec == kByteTokenizerName) return t;
   T3D_USER_CHECK(!spec.empty(), "`", key,
                  "` is empty; give \"bytes\" or a SentencePiece model "
@@ -44,9 +44,8 @@ TextTokenizer TextTokenizer::open(const std::string& spec, const std::string& ke
                  "` has no byte fallback (no <0x0A> piece), so a newline cannot be encoded; "
                  "train one with titan3d tokenize, which turns byte fallback on");
   t.newline_id_ = nl;
-  T3D_USER_CHECK(!bos || proc->bos_id() >= 0,
-                 "a BOS id is asked for (data.bos / --bos), but `", key, "`: SentencePiece model `",
-                 spec, "` has no BOS piece; leave BOS off");
+  T3D_USER_CHECK(!bos || proc->bos_id() >= 0, "a BOS id is asked for (data.bos / --bos), but `",
+                 key, "`: SentencePiece model `", spec, "` has no BOS piece; leave BOS off");
   t.bos_ = bos;
   t.sp_ = std::move(proc);
   return t;
