@@ -150,6 +150,18 @@ self_launched() {
   timeout "${SUP_TIMEOUT:-300}" env OMPI_MCA_plm_rsh_agent="$work/agent"     OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_tcp_if_include=10.97.0.0/24     OMPI_MCA_oob_tcp_if_include=10.97.0.0/24     "$work/agent" hosta "$titan3d" train "$repo/recipes/tiny.toml" "${model[@]}" "${layout[@]}"     --set run.hostfile="$work/hostfile" --set train.steps=$long_steps --set snapshot.every=20     --set parallel.timeout_s=5 "$@"
 }
 long_steps=400
+# last_hosts LOG N: "<rank><host>" of the last N rank lines of LOG (its last launch), by rank.
+last_hosts() { sed -n 's/.*rank *\([0-9]\) \[.*host \(host[ab]\).*/\1\2/p' "$1" | tail -"$2" | sort | xargs; }
+# every_step_as_straight RUN WHAT: RUN logged every step, each loss within 1e-5 of the
+# uninterrupted run's (straight.losses).
+every_step_as_straight() {
+  counted_losses "$work/$1/metrics.jsonl" > "$work/$1.losses"
+  local n
+  n=$(grep -c . "$work/$1.losses")
+  check "[ $n -eq $long_steps ]" "$1: every step logged ($n of $long_steps)"
+  printf '     losses, %s (%s) vs uninterrupted: ' "$1" "$2"
+  compare_losses "$work/$1.losses" "$work/straight.losses" 1e-5 || fail=1
+}
 # cut_after RUN STEP: cuts host B's link once RUN logged STEP (a snapshot before it committed).
 cut_after() {
   if wait_for 120 awk -v s="$2" '/^{"step"/ { split($2, a, ","); if (a[1] + 0 >= s) f = 1 } END { exit !f }' "$work/$1/metrics.jsonl"; then
@@ -179,14 +191,10 @@ check "grep -q 'host 10.97.0.2 .*pp2 dp2 tp2 (8 ranks, 2 micro-batches per repli
   "elastic: the log says what changed and why: ${line#titan3d: }"
 check "grep -q '\"action\": \"shrink to pp2 dp1 tp2' '$work/elastic/incidents.jsonl' && grep -q '\"restarts\": 1' '$work/elastic/summary.json'" \
   "elastic: incidents.jsonl records the shrink, summary.json one restart"
-hosts=$(sed -n 's/.*rank *\([0-9]\) \[.*host \(host[ab]\).*/\1\2/p' "$work/elastic.log" | tail -4 | xargs)
+hosts=$(last_hosts "$work/elastic.log" 4)
 check "[ '$hosts' = '0hosta 1hosta 2hosta 3hosta' ]" "elastic: the continued job runs on host A alone ($hosts)"
 counted_losses "$work/straight/metrics.jsonl" > "$work/straight.losses"
-counted_losses "$work/elastic/metrics.jsonl" > "$work/elastic.losses"
-n=$(grep -c . "$work/elastic.losses")
-check "[ $n -eq $long_steps ]" "elastic: every step logged ($n of $long_steps)"
-printf '     losses, elastic (dp2 -> dp1 on host A) vs uninterrupted: '
-compare_losses "$work/elastic.losses" "$work/straight.losses" 1e-5 || fail=1
+every_step_as_straight elastic "dp2 -> dp1 on host A"
 
 # 7. Regrow: host B comes back while the job runs shrunk on host A.
 ip -n "$ns_b" link set "t3b$tag" up
@@ -205,13 +213,9 @@ check "grep -q 'elastic: host 10.97.0.2 reachable again; stopped at the snapshot
   "regrow: the log says so: ${line#titan3d: }" || tail -30 "$work/regrow.log"
 check "grep -q '\"restarts\": 1' '$work/regrow/summary.json' && grep -q '\"kind\": \"regrow\"' '$work/regrow/summary.json' && grep -q 'elastic regrow' '$work/regrow.log'" \
   "regrow: one restart (the shrink); summary.json and the end table record the regrow"
-hosts=$(sed -n 's/.*rank *\([0-9]\) \[.*host \(host[ab]\).*/\1\2/p' "$work/regrow.log" | tail -8 | sort | xargs)
+hosts=$(last_hosts "$work/regrow.log" 8)
 check "[ '$hosts' = '0hosta 1hosta 2hosta 3hosta 4hostb 5hostb 6hostb 7hostb' ]" "regrow: the continued job runs on both hosts again ($hosts)"
-counted_losses "$work/regrow/metrics.jsonl" > "$work/regrow.losses"
-n=$(grep -c . "$work/regrow.losses")
-check "[ $n -eq $long_steps ]" "regrow: every step logged ($n of $long_steps)"
-printf '     losses, regrow (dp2 -> dp1 -> dp2) vs uninterrupted: '
-compare_losses "$work/regrow.losses" "$work/straight.losses" 1e-5 || fail=1
+every_step_as_straight regrow "dp2 -> dp1 -> dp2"
 
 ip -n "$ns_b" link set "t3b$tag" up
 self_launched --set run.dir="$work/rigid" --set run.max_restarts=1 > "$work/rigid.log" 2>&1 &
