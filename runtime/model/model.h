@@ -52,8 +52,8 @@ struct ModelOptions {
   bool split_backward = false;
   // Mixed precision (train.precision = "bf16"): saved activations are stored in bf16 and TP
   // traffic travels in bf16 (the pipeline's is the executor's WirePrecision); master weights,
-  // GEMMs and accumulation stay fp32 (bf16 arithmetic is not faster than fp32 on the CPUs titan3d
-  // runs on, see bench/README.md).
+  // the optimizer and accumulation stay fp32. Whether GEMM inputs are bf16 is the GEMM kind's
+  // (kernels/gemm.h, chosen by measurement): with a bf16 kind the stored copies feed the GEMMs.
   bool bf16 = false;
   // Megatron sequence parallelism: outside the TP blocks (norms, residual stream, pipeline
   // traffic) each tp rank keeps only its 1/tp of the micro-batch's rows.
