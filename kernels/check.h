@@ -15,6 +15,17 @@ struct UserError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// A GEMM kind this CPU or library cannot run: what() is the whole message with the advice for a
+// user who asked for that kind; reason() alone says why, for a caller that chose it itself.
+struct GemmUnavailable : UserError {
+  GemmUnavailable(const std::string& reason, const std::string& advice)
+      : UserError(reason + ". " + advice), reason_(reason) {}
+  const std::string& reason() const { return reason_; }
+
+ private:
+  std::string reason_;
+};
+
 struct InternalError : std::logic_error {
   using std::logic_error::logic_error;
 };

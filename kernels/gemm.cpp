@@ -132,10 +132,10 @@ void onednn_gemm(bool bf16_inputs, Trans ta, Trans tb, std::int64_t M, std::int6
       it = s.primitives.emplace(key, dnnl::matmul(pd)).first;
     } catch (const dnnl::error& e) {
       // oneDNN has no matmul for this input type on this CPU (bf16 needs AVX-512).
-      throw UserError(::t3d::detail::concat(
-          "oneDNN cannot run a ", bf16_inputs ? "bf16" : "fp32", " GEMM on this CPU (",
-          onednn_version_string(), "): ", e.what(),
-          ". Set hardware.gemm = \"openblas\" or train.precision = \"fp32\""));
+      throw GemmUnavailable(
+          ::t3d::detail::concat("oneDNN cannot run a ", bf16_inputs ? "bf16" : "fp32",
+                                " GEMM on this CPU (", onednn_version_string(), "): ", e.what()),
+          "Set hardware.gemm = \"openblas\" or train.precision = \"fp32\"");
     }
   }
   const dt in = bf16_inputs ? dt::bf16 : dt::f32;
@@ -344,13 +344,14 @@ void verify_gemm_kind(GemmKind kind) {
   const std::string rec = recommended_openblas_coretype();
   const std::string fix =
       kind == GemmKind::kOpenBlasF32
-          ? "set OPENBLAS_CORETYPE=" + (rec.empty() ? std::string("<a core type your CPU supports>") : rec) +
+          ? "Set OPENBLAS_CORETYPE=" + (rec.empty() ? std::string("<a core type your CPU supports>") : rec) +
                 " (or another core type your CPU supports) before starting titan3d"
-          : std::string("set hardware.gemm = \"openblas\"");
-  throw UserError(::t3d::detail::concat(gemm_kind_name(kind), " GEMM check failed: relative error ",
-                                        worst, " at ", worst_case, " (", onednn_version_string(), "; ",
-                                        openblas_config_string(),
-                                        "). Refusing to train on a wrong result; ", fix));
+          : std::string("Set hardware.gemm = \"openblas\"");
+  throw GemmUnavailable(
+      ::t3d::detail::concat(gemm_kind_name(kind), " GEMM check failed: relative error ", worst,
+                            " at ", worst_case, " (", onednn_version_string(), "; ",
+                            openblas_config_string(), ")"),
+      "Refusing to train on a wrong result; " + fix);
 }
 
 }  // namespace t3d::kernels

@@ -21,10 +21,7 @@ using kernels::GemmKind;
 
 namespace {
 
-// A candidate must beat the one before it in the list by this much to replace it: measurement
-// noise alone never moves a run off OpenBLAS fp32 (the GEMM of every earlier titan3d run).
-constexpr double kSwitchMargin = 1.05;
-constexpr int kMeasureRounds = 3;
+constexpr int kMeasureRounds = 4;
 constexpr int64_t kMaxMeasuredRows = 4096;
 
 fs::path cache_dir() {
@@ -127,13 +124,18 @@ std::optional<std::pair<TrainPrecision, GemmLibrary>> recorded_in_snapshot(const
 }
 
 // Whether this CPU runs `kind` correctly (oneDNN's bf16 needs AVX-512; a broken library fails
-// the reference check). A candidate that does not is left out, with the reason in the log.
-bool runs_here(GemmKind kind) {
+// the reference check). A candidate that does not is left out, and the log says what the
+// measurement chooses from instead: the recipe left the choice to it, so no advice is due.
+bool runs_here(GemmKind kind, const std::vector<GemmKind>& candidates) {
   try {
     kernels::verify_gemm_kind(kind);
     return true;
-  } catch (const UserError& e) {
-    spdlog::info("GEMM candidate {} left out: {}", kernels::gemm_kind_name(kind), e.what());
+  } catch (const GemmUnavailable& e) {
+    std::string others;
+    for (GemmKind c : candidates)
+      if (c != kind) others += (others.empty() ? "" : ", ") + std::string(kernels::gemm_kind_name(c));
+    spdlog::info("GEMM candidate {} left out: {}; choosing among {}", kernels::gemm_kind_name(kind),
+                 e.reason(), others.empty() ? "none" : others);
     return false;
   }
 }
@@ -180,8 +182,9 @@ void fill_from_snapshot(const Recipe& r, TrainPrecision* precision, GemmLibrary*
 // Rank 0: the decision with its numbers in the log and in <run dir>/gemm_choice.json.
 void record(const GemmChoice& c, const std::string& run_dir) {
   std::string numbers;
-  for (const auto& [k, g] : c.gflops)
-    numbers += fmt::format("{}{} {:.1f}", numbers.empty() ? "" : ", ", kernels::gemm_kind_name(k), g);
+  for (const auto& m : c.rates)
+    numbers += fmt::format("{}{} {:.1f} (slowest round {:.1f})", numbers.empty() ? "" : ", ",
+                           kernels::gemm_kind_name(m.kind), m.fastest, m.slowest);
   spdlog::info("GEMM: {} (train.precision = {}, hardware.gemm = {}; {}{}{}), {} thread(s) per rank; "
                "{}; {}",
                kernels::gemm_kind_name(c.kind), choice_name(c.precision), choice_name(c.library),
@@ -193,9 +196,13 @@ void record(const GemmChoice& c, const std::string& run_dir) {
       << choice_name(c.precision) << "\", \"library\": \"" << choice_name(c.library)
       << "\", \"threads_per_rank\": "
       << c.threads << ", \"cpu\": \"" << kernels::cpu_model_name() << "\", \"gflops_per_rank\": {";
-  for (size_t i = 0; i < c.gflops.size(); ++i)
-    out << (i ? ", " : "") << "\"" << kernels::gemm_kind_name(c.gflops[i].first)
-        << "\": " << c.gflops[i].second;
+  for (size_t i = 0; i < c.rates.size(); ++i)
+    out << (i ? ", " : "") << "\"" << kernels::gemm_kind_name(c.rates[i].kind)
+        << "\": " << c.rates[i].fastest;
+  out << "}, \"gflops_per_rank_slowest_round\": {";
+  for (size_t i = 0; i < c.rates.size(); ++i)
+    out << (i ? ", " : "") << "\"" << kernels::gemm_kind_name(c.rates[i].kind)
+        << "\": " << c.rates[i].slowest;
   out << "}}\n";
 }
 
@@ -225,6 +232,13 @@ std::vector<GemmKind> gemm_candidates(TrainPrecision precision, GemmLibrary libr
   return out;
 }
 
+size_t preferred_gemm(const std::vector<MeasuredGemm>& rates) {
+  size_t winner = 0;
+  for (size_t i = 1; i < rates.size(); ++i)
+    if (rates[i].slowest > kGemmSwitchMargin * rates[winner].fastest) winner = i;
+  return winner;
+}
+
 GemmChoice choose_gemm(Job& job) {
   Recipe& r = job.recipe;
   const parallel::Comm& world = job.mesh->world();
@@ -252,38 +266,41 @@ GemmChoice choose_gemm(Job& job) {
   if (candidates.size() > 1) {
     const Shapes shapes = shapes_of(r);
     const std::string key = cache_key(shapes, c.threads, local, candidates);
-    std::vector<double> rates;
+    std::vector<double> rates(2 * candidates.size());
     int cached = 0;
     if (root) {
-      rates = read_cached(cache_file(), key, candidates.size());
+      rates = read_cached(cache_file(), key, 2 * candidates.size());
       cached = !rates.empty();
     }
     world.broadcast(&cached, 1, 0);
     if (cached) {
+      world.broadcast(rates.data(), rates.size(), 0);
       c.source = "cached in " + cache_file().string();
     } else {
       // Every rank at once, as they will train; the world's summed time per candidate decides.
       // Rounds outside, candidates inside, each candidate's best round kept: load from elsewhere
       // that comes and goes hits every candidate alike and lowers none for good.
       world.barrier();
-      rates.assign(candidates.size(), 0.0);
+      rates.assign(2 * candidates.size(), 0.0);  // fastest rounds, then slowest rounds
       std::vector<bool> runnable;
-      for (GemmKind k : candidates) runnable.push_back(runs_here(k));  // rate 0: never chosen
+      for (GemmKind k : candidates) runnable.push_back(runs_here(k, candidates));  // rate 0: never chosen
+      const size_t n = candidates.size();
       for (int round = 0; round < kMeasureRounds; ++round)
-        for (size_t i = 0; i < candidates.size(); ++i)
-          if (runnable[i])
-            rates[i] = std::max(rates[i], measure_gflops(candidates[i], shapes, c.threads));
+        for (size_t i = 0; i < n; ++i)
+          if (runnable[i]) {
+            const double rate = measure_gflops(candidates[i], shapes, c.threads);
+            rates[i] = std::max(rates[i], rate);
+            rates[n + i] = round == 0 ? rate : std::min(rates[n + i], rate);
+          }
       world.all_reduce(rates.data(), rates.size());
       for (auto& v : rates) v /= world.size();  // mean rate per rank
       if (root) write_cached(cache_file(), key, rates);
       c.source = "measured";
     }
-    if (root)
-      for (size_t i = 1; i < candidates.size(); ++i)
-        if (rates[i] > kSwitchMargin * rates[winner]) winner = static_cast<int>(i);
+    for (size_t i = 0; i < candidates.size(); ++i)
+      c.rates.push_back({candidates[i], rates[i], rates[candidates.size() + i]});
+    if (root) winner = static_cast<int>(preferred_gemm(c.rates));
     world.broadcast(&winner, 1, 0);
-    if (root)
-      for (size_t i = 0; i < candidates.size(); ++i) c.gflops.emplace_back(candidates[i], rates[i]);
   }
   c.kind = candidates[static_cast<size_t>(winner)];
   c.library = library_of(c.kind);

@@ -11,6 +11,12 @@
 // onednn-bf16). Every rank of a host measures at once (as they will train), the world sums the
 // times, and rank 0's cache answers the next run with the same key.
 //
+// Reproducibility: two kinds round differently, so the choice decides a run's last bits. A
+// candidate replaces the one before it in the list only when its slowest measured round beats
+// that one's fastest round by kGemmSwitchMargin (preferred_gemm): kinds whose rates overlap
+// within the machine's noise keep the earlier one, so re-measuring (a new machine, an emptied
+// cache, another layout's key) gives the same answer, and only a clear speed-up changes bits.
+//
 // The decision is written back into the job's recipe as concrete values (train.precision fp32 or
 // bf16, hardware.gemm openblas or onednn), so the snapshots' recipes record it and `resume`
 // continues with it; `snapshot.resume` with `auto` values takes them from the snapshot it resumes.
@@ -25,12 +31,25 @@
 
 namespace t3d::runtime {
 
+// One candidate's measured GFLOP/s per rank: its fastest and its slowest round.
+struct MeasuredGemm {
+  kernels::GemmKind kind = kernels::GemmKind::kOpenBlasF32;
+  double fastest = 0, slowest = 0;
+};
+
+inline constexpr double kGemmSwitchMargin = 1.05;
+
+// The index of the kind to train with among `rates` (in gemm_candidates' order of preference):
+// a later candidate wins only when its slowest round is kGemmSwitchMargin times faster than the
+// current winner's fastest round.
+size_t preferred_gemm(const std::vector<MeasuredGemm>& rates);
+
 struct GemmChoice {
   kernels::GemmKind kind = kernels::GemmKind::kOpenBlasF32;
   TrainPrecision precision = TrainPrecision::kFp32;  // resolved: never auto
   GemmLibrary library = GemmLibrary::kOpenBlas;      // resolved: never auto
   std::string source;     // how it was decided: "measured", "cached", "the recipe", or a snapshot
-  std::vector<std::pair<kernels::GemmKind, double>> gflops;  // per rank; empty when not measured
+  std::vector<MeasuredGemm> rates;  // per rank; empty when there was nothing to choose
   int threads = 1;
 };
 

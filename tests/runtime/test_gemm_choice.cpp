@@ -51,5 +51,22 @@ TEST(GemmChoice, UnresolvedRecipeAppliesExactFp32) {
   kernels::set_linear_gemm(GemmKind::kOpenBlasF32);
 }
 
+// Rates measured on AMD EPYC Zen 3 (fp32 OpenBLAS and oneDNN within noise of each other at a
+// small model's shapes): overlapping rounds keep the earlier candidate whatever the fastest
+// rounds say, so a re-measurement cannot flip the choice; a clear speed-up still wins.
+TEST(GemmChoice, OverlappingRatesKeepThePreferredKind) {
+  using M = MeasuredGemm;
+  EXPECT_EQ(preferred_gemm({M{GemmKind::kOpenBlasF32, 85, 73}, M{GemmKind::kOneDnnF32, 98, 81}}), 0u);
+  EXPECT_EQ(preferred_gemm({M{GemmKind::kOpenBlasF32, 80, 79}, M{GemmKind::kOneDnnF32, 83, 82}}), 0u);
+  EXPECT_EQ(preferred_gemm({M{GemmKind::kOpenBlasF32, 80, 70}, M{GemmKind::kOneDnnF32, 98, 90}}), 1u);
+  // bf16 at twice the fp32 rate wins over both fp32 kinds, measured in any round.
+  EXPECT_EQ(preferred_gemm({M{GemmKind::kOpenBlasF32, 100, 90}, M{GemmKind::kOneDnnF32, 104, 95},
+                            M{GemmKind::kOneDnnBf16, 210, 180}}),
+            2u);
+  // A kind that could not run (rate 0) never wins.
+  EXPECT_EQ(preferred_gemm({M{GemmKind::kOpenBlasF32, 50, 40}, M{GemmKind::kOneDnnBf16, 0, 0}}), 0u);
+  EXPECT_EQ(preferred_gemm({M{GemmKind::kOneDnnF32, 50, 40}}), 0u);
+}
+
 }  // namespace
 }  // namespace t3d::runtime
