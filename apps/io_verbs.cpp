@@ -43,9 +43,10 @@ int import_model(const std::string& hf_dir, const std::string& out_dir) {
       static_cast<long long>(m.seq_len), m.tie_embeddings ? "tied" : "untied");
   for (const auto& note : s.notes) std::printf("import: %s\n", note.c_str());
   std::printf(
-      "import: data.tokenizer = %s, data.bos = %s; every other key has its default (titan3d "
-      "keys)\n",
-      s.tokenizer.c_str(), s.recipe.data.bos ? "true" : "false");
+      "import: run.name = %s, data.tokenizer = %s, data.bos = %s, snapshot.every = %lld; every "
+      "other key has its default (titan3d keys)\n",
+      s.recipe.run.name.c_str(), s.tokenizer.c_str(), s.recipe.data.bos ? "true" : "false",
+      static_cast<long long>(s.recipe.snapshot.every));
   std::printf(
       "import: snapshot %s (step 0); fine-tune with: titan3d resume %s --set "
       "train.steps=N ...\n",

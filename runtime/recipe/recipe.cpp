@@ -966,13 +966,22 @@ void Recipe::resolve_world(int64_t world) {
 }
 
 std::string Recipe::to_toml() const {
+  // A value the parser derives from other keys is written as left out when it equals what they
+  // derive, so a recipe read back (a snapshot's, restart.toml) derives it again from what an
+  // override changes: `--set run.dir=B` on a resume moves the snapshots to B/snapshots too.
+  Recipe stored = *this;
+  if (stored.snapshot.dir == stored.run.dir + "/snapshots") stored.snapshot.dir.clear();
+  if (stored.run.dir == "runs/" + stored.run.name) stored.run.dir.clear();
+  const int64_t derived_virtual_stages = parallel.schedule == parallel::ScheduleKind::kZBV ? 2 : 1;
   std::string out, section;
   for (const auto& f : schema()) {
     if (f.section != section) {
       out += (section.empty() ? "[" : "\n[") + f.section + "]\n";
       section = f.section;
     }
-    out += f.key + " = " + f.write(*this) + "\n";
+    if (f.full() == "parallel.virtual_stages" && parallel.virtual_stages == derived_virtual_stages)
+      continue;
+    out += f.key + " = " + f.write(stored) + "\n";
   }
   return out;
 }

@@ -198,7 +198,9 @@ struct Recipe {
   int64_t world_size() const;
   // Fills dp = -1 from the world size and checks pp·dp·cp·tp == world (UserError otherwise).
   void resolve_world(int64_t world);
-  // Effective recipe as TOML text (every key, overrides applied): snapshots and `plan` write it.
+  // Effective recipe as TOML text (overrides applied): snapshots and `plan` write it. Every key,
+  // but values derived from other keys (run.dir, snapshot.dir, parallel.virtual_stages) are
+  // written as left out when they equal what is derived.
   std::string to_toml() const;
 };
 

@@ -156,6 +156,7 @@ double measure_gflops(GemmKind kind, const Shapes& s, int threads) {
 // A recipe's auto value takes the snapshot's; a concrete one that differs is warned about.
 template <typename E>
 bool fill_one(E* mine, E theirs, E auto_value, const char* key, const std::string& path) {
+  if (theirs == auto_value) return false;  // never trained (an import): nothing to continue
   if (*mine == auto_value) {
     *mine = theirs;
     return true;

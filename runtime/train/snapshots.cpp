@@ -471,7 +471,13 @@ Snapshotter::Snapshotter(const Job& job, Model& model, const ShardedState& state
     : impl_(std::make_unique<Impl>(job, model, state, metrics)) {
   auto& m = *impl_;
   m.io = std::make_unique<ck::IoThread>();
-  if (m.r.snapshot.every <= 0) return;
+  if (m.r.snapshot.every <= 0) {
+    if (m.mesh.rank() == 0 && m.r.train.steps > 0)
+      spdlog::warn("snapshot.every = 0 ({}): this run writes no snapshot, so what it trains is "
+                   "lost when it ends; set snapshot.every = N to keep it",
+                   m.r.origin("snapshot.every"));
+    return;
+  }
   check_writable_dir(m.dir, m.r.origin("snapshot.dir"), m.mesh.rank());
   if (m.r.snapshot.deflate > 0) m.io->run(ck::require_deflate);
   // Staging is allocated and touched now, so the first snapshot's stall is a plain copy.
@@ -557,7 +563,10 @@ void check_same_tokenizer(const std::map<std::string, int64_t>& counters, const 
 Recipe load_resume_recipe(const std::string& snapshot, const std::vector<Override>& overrides) {
   // Before any I/O thread exists (the launcher, or a rank before its trainer): HDF5 is still
   // touched by one thread at a time.
-  const std::string text = ck::read_recipe(snapshot);
+  // Written again first: a recipe stored with its derived values resolved (run.dir,
+  // snapshot.dir, virtual_stages) derives them anew from the overrides.
+  const std::string text =
+      parse_recipe(ck::read_recipe(snapshot), snapshot + " (recipe)").to_toml();
   auto all = overrides;
   all.push_back({"snapshot.resume", toml_string(snapshot)});  // any path, quoted and escaped
   return parse_recipe(text, snapshot + " (recipe)", all);

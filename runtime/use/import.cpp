@@ -297,6 +297,9 @@ ImportSummary import_hf(const std::string& hf_dir, const std::string& out) {
       hf.filename().empty() ? hf.parent_path().filename().string() : hf.filename().string();
   s.recipe.data.tokenizer = s.tokenizer = import_tokenizer(hf, out_dir, s);
   s.recipe.data.bos = import_bos(hf, s.tokenizer, s);
+  // A fine-tune of the import keeps what it trains unless told otherwise (every run with
+  // snapshot.every > 0 also snapshots its last step).
+  s.recipe.snapshot.every = kImportSnapshotEvery;
   // Through the parser: the same validation (and derived values) as any recipe.
   s.recipe = parse_recipe(s.recipe.to_toml(), config.string() + " (imported recipe)");
   write_snapshot(out_dir, s.recipe, tensors);

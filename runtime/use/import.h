@@ -23,6 +23,10 @@
 
 namespace t3d::runtime {
 
+// snapshot.every of an import's recipe: a fine-tune (`resume` of the import) snapshots every this
+// many steps and at its last step, so it never ends with nothing saved.
+inline constexpr int64_t kImportSnapshotEvery = 100;
+
 struct ImportSummary {
   std::string snapshot;   // the index file written: <out_dir>/step_00000000.h5
   std::string tokenizer;  // data.tokenizer of the recipe ("bytes" when none was imported)
