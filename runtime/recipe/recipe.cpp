@@ -315,16 +315,21 @@ const std::vector<Field>& schema() {
       field("train", "micro_batches", &R::train, &TrainConfig::micro_batches,
             "Micro-batches per dp rank and step (gradient accumulation / pipeline depth)."),
       field("train", "lr", &R::train, &TrainConfig::lr, "Peak learning rate."),
-      field("train", "min_lr", &R::train, &TrainConfig::min_lr, "Floor of the cosine decay."),
+      field("train", "min_lr", &R::train, &TrainConfig::min_lr,
+            "Where the cosine decay heads: the lr step train.steps would have, so the last "
+            "step's lr is still above it (docs/training-math.md)."),
       field("train", "warmup_steps", &R::train, &TrainConfig::warmup_steps,
-            "Linear warm-up steps before cosine decay."),
+            "Linear warm-up steps before the cosine decay: 0-based step s < warmup_steps has "
+            "lr·(s + 1)/warmup_steps."),
       field("train", "weight_decay", &R::train, &TrainConfig::weight_decay,
-            "AdamW decoupled weight decay (not applied to norms)."),
+            "AdamW decoupled weight decay, scaled by the lr (p·(1 − lr·wd)); every tensor but the "
+            "RMSNorm weights (embedding and LM head included)."),
       field("train", "beta1", &R::train, &TrainConfig::beta1, "AdamW beta1."),
       field("train", "beta2", &R::train, &TrainConfig::beta2, "AdamW beta2."),
       field("train", "eps", &R::train, &TrainConfig::eps, "AdamW epsilon."),
       field("train", "grad_clip", &R::train, &TrainConfig::grad_clip,
-            "Global gradient-norm clip; 0 disables."),
+            "Global gradient-norm clip: a norm above it scales the gradients by grad_clip/norm (no "
+            "epsilon); 0 disables."),
       field("train", "seed", &R::train, &TrainConfig::seed,
             "Seed for initialisation and data sampling."),
       field("train", "precision", &R::train, &TrainConfig::precision,
@@ -354,7 +359,8 @@ const std::vector<Field>& schema() {
       field("data", "val_fraction", &R::data, &DataConfig::val_fraction,
             "Fraction of data.path held out for validation when val_path is empty."),
       field("data", "sampler", &R::data, &DataConfig::sampler,
-            "random | sequential (batch i, row r starts at token (i·B + r)·T)."),
+            "random | sequential (0-based step s, row r starts at token ((s·B + r) mod W)·T, W = "
+            "⌊(N − 1)/T⌋ whole windows of the N training tokens)."),
       field("data", "tokenizer", &R::data, &DataConfig::tokenizer,
             "bytes | a SentencePiece model file (titan3d tokenize): how text files are read; "
             "model.vocab_size must hold its ids."),
@@ -384,9 +390,9 @@ const std::vector<Field>& schema() {
       field("hardware", "openblas_coretype", &R::hardware, &HardwareConfig::openblas_coretype,
             "auto: detect the CPU and set OPENBLAS_CORETYPE for the ranks; or a core name."),
       field("hardware", "gemm", &R::hardware, &HardwareConfig::gemm,
-            "GEMM library of the linear layers: auto (the fastest measured at the model's shapes "
-            "on this machine, cached) | openblas (fp32 only) | onednn (bf16 inputs when "
-            "train.precision is bf16)."),
+            "GEMM library of the linear layers: auto (measured at the model's shapes on this "
+            "machine, cached: OpenBLAS unless another is over 5 % faster) | openblas (fp32 only) "
+            "| onednn (bf16 inputs when train.precision is bf16)."),
   };
   return fields;
 }

@@ -1,7 +1,7 @@
 // The step loop of one rank. One file (a little over 500 lines) on purpose: every phase of a step
 // (sampling, the executor, reduction, norm and clipping, AdamW, validation, divergence handling,
 // metrics) reads the same Trainer::Impl state; the parts that stand alone live beside it
-// (sharded_state, data_parallel, metrics, snapshots, stop_signal).
+// (sharded_state, data_parallel, metrics, snapshots, stop_signal, training_math).
 #include "runtime/train/trainer.h"
 
 #include <spdlog/spdlog.h>
@@ -19,8 +19,8 @@
 
 #include "kernels/arena.h"
 #include "kernels/blas.h"
-#include "kernels/gemm.h"
 #include "kernels/check.h"
+#include "kernels/gemm.h"
 #include "kernels/ops.h"
 #include "parallel/fault.h"
 #include "parallel/grad_reducer.h"
@@ -29,15 +29,16 @@
 #include "parallel/trace.h"
 #include "runtime/data/data.h"
 #include "runtime/data/data_sampler.h"
+#include "runtime/model/model.h"
 #include "runtime/stage/executor.h"
 #include "runtime/stage/gemm_choice.h"
 #include "runtime/stage/stage.h"
-#include "runtime/train/metrics.h"
 #include "runtime/train/data_parallel.h"
+#include "runtime/train/metrics.h"
 #include "runtime/train/sharded_state.h"
-#include "runtime/train/stop_signal.h"
-#include "runtime/model/model.h"
 #include "runtime/train/snapshots.h"
+#include "runtime/train/stop_signal.h"
+#include "runtime/train/training_math.h"
 
 namespace t3d::runtime {
 
@@ -46,14 +47,6 @@ using parallel::Dim;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-// Linear warm-up to lr, then cosine decay to min_lr at the last step.
-double learning_rate(const TrainConfig& t, int64_t step /* 0-based */) {
-  if (step < t.warmup_steps) return t.lr * static_cast<double>(step + 1) / t.warmup_steps;
-  const double span = std::max<int64_t>(1, t.steps - t.warmup_steps);
-  const double progress = std::min(1.0, (step - t.warmup_steps) / span);
-  return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + std::cos(M_PI * progress));
-}
 
 // Divergence (docs/recipe.md, train.dynamic_loss_scale): a mean loss above kDivergedLossFactor ·
 // ln(vocab_size) counts as diverged like a non-finite one. ln(vocab) is the loss of a uniform
@@ -454,9 +447,7 @@ struct Trainer::Impl {
       } else {
         consecutive_skips = 0;
         parallel::trace::Span optimizer_span("optimizer", "compute");
-        const bool clip = t.grad_clip > 0 && norm > t.grad_clip;
-        state->adamw_step(t, rec.lr, step + 1,
-                          clip ? static_cast<float>(t.grad_clip / norm) : 1.0f);
+        state->adamw_step(t, rec.lr, step + 1, clip_coefficient(t.grad_clip, norm));
       }
       const bool last = step + 1 == t.steps;
       if (val_sampler && t.val_every > 0 && ((step + 1) % t.val_every == 0 || last))

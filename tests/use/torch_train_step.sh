@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# docs/training-math.md is what titan3d computes: torch_train_step.py rebuilds the first steps of
+# two tiny fp32 runs in float64 PyTorch from that page's formulas alone (initialisation, sampler
+# windows, mean loss over global_batch · seq_len, global norm, clip, lr schedule, decay set,
+# AdamW, validation loss) and compares every step's loss, lr, grad_norm and val_loss with
+# metrics.jsonl and every snapshot's parameters and AdamW moments. Both runs use grouped-query
+# attention (common.sh's tiny), clip some steps and not others (grad_clip between the steps'
+# norms) and a weight decay large enough to show in the parameters:
+#  1. random sampler, untied LM head, 2 micro-batches, one rank; warm-up of 2 then the cosine;
+#     validation after steps 3 and 6;
+#  2. sequential sampler, tied embeddings, dp = 2; no warm-up (the cosine from step 0).
+# Skips loudly (exit 77) when Debian's python3-torch or python3-h5py is missing.
+set -u
+py=/usr/bin/python3
+if ! "$py" -c 'import torch, h5py' 2>/dev/null; then
+  echo "SKIPPED (loudly): torch or h5py is not installed for $py; apt-get install python3-torch python3-h5py to run this check"
+  exit 77
+fi
+source "$(dirname "$0")/common.sh"
+# Pinned: the replay is float64 against fp32 OpenBLAS GEMMs; every step a full snapshot.
+pinned=(--set train.precision=fp32 --set hardware.gemm=openblas --set train.weight_decay=0.5
+        --set train.grad_clip=1.7 --set snapshot.every=1 --set snapshot.full_every=1
+        --set snapshot.keep=100 --set run.log_level=warn)
+
+# replay NAME: the PyTorch rebuild of run NAME, its output indented.
+replay() {
+  "$py" "$(dirname "$0")/torch_train_step.py" "$work/$1" >"$work/$1.txt" 2>&1
+  local rc=$?
+  sed 's/^/  /' "$work/$1.txt"
+  return $rc
+}
+
+"$titan3d" train "${tiny[@]}" "${pinned[@]}" --set train.steps=6 --set train.warmup_steps=2 \
+  --set train.micro_batches=2 --set train.val_every=3 --set run.dir="$work/random" \
+  >"$work/random.log" 2>&1
+check "[ \$? -eq 0 ]" "train 6 steps: random sampler, untied, 2 micro-batches" || cat "$work/random.log"
+check "replay random" "PyTorch rebuilds run 1 from docs/training-math.md"
+
+"$titan3d" train "${tiny[@]}" "${pinned[@]}" --set train.steps=5 --set train.warmup_steps=0 \
+  --set train.val_every=0 --set data.sampler=sequential --set model.tie_embeddings=true \
+  --set parallel.dp=2 --set run.dir="$work/sequential" >"$work/sequential.log" 2>&1
+check "[ \$? -eq 0 ]" "train 5 steps: sequential sampler, tied embeddings, dp2" || cat "$work/sequential.log"
+check "replay sequential" "PyTorch rebuilds run 2 from docs/training-math.md"
+exit $fail
