@@ -26,6 +26,7 @@
 #include "runtime/stage/gemm_choice.h"
 #include "runtime/stage/stage.h"
 #include "runtime/train/snapshots.h"
+#include "runtime/train/stop_signal.h"
 #include "runtime/train/supervisor.h"
 #include "runtime/train/trainer.h"
 #include "runtime/use/eval.h"
@@ -78,6 +79,9 @@ int run_training(runtime::Recipe recipe, const Options& o, const std::vector<std
     return run.code;
   }
 
+  // A preemption signal from the first moment on (the launcher may forward one while MPI
+  // starts) asks for a stop instead of killing the rank.
+  runtime::install_stop_signals();
   runtime::MpiRuntime mpi;
   // One live training job per run directory: the lock is taken before any log is opened.
   runtime::Job job = runtime::join_world(std::move(recipe), o.log_level, /*needs_data=*/true,

@@ -128,6 +128,12 @@ std::string write_index(const std::string& dir, const IndexInfo& info);
 // Steps of the committed snapshots (an index file exists) in `dir`, ascending. Not verified.
 std::vector<int64_t> committed_steps(const std::string& dir);
 
+// Moves the snapshots of `steps` (index, shard directory, temporary files) from `dir` into the
+// new directory `into` (its parent must be `dir`), so that listing, `latest` and retention in
+// `dir` no longer see them; chains among the moved ones stay readable there. `latest` goes too
+// when it names a moved one. UserError naming the file that cannot be moved.
+void set_aside(const std::string& dir, const std::vector<int64_t>& steps, const std::string& into);
+
 // Deletes all but the newest `keep` committed snapshots and the ancestors they need (index
 // first, so a half-deleted one is never taken for complete), and shard directories without an
 // index older than the newest committed one (left by crashes). Returns the names deleted.

@@ -8,9 +8,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <optional>
 #include <regex>
-#include <map>
 #include <set>
 #include <sstream>
 
@@ -407,6 +408,31 @@ std::vector<int64_t> committed_steps(const std::string& dir) {
   }
   std::sort(steps.begin(), steps.end());
   return steps;
+}
+
+void set_aside(const std::string& dir, const std::vector<int64_t>& steps, const std::string& into) {
+  std::error_code ec;
+  fs::create_directories(into, ec);
+  T3D_USER_CHECK(!ec, "cannot create `", into, "` to set snapshots aside: ", ec.message());
+  std::vector<std::string> names;
+  for (const int64_t step : steps) names.push_back(snapshot_name(step));
+  const auto moved = [&](const std::string& name) {
+    return std::any_of(names.begin(), names.end(), [&](const std::string& n) {
+      return name.compare(0, n.size(), n) == 0 &&
+             (name.size() == n.size() || name[n.size()] == '.');
+    });
+  };
+  std::vector<fs::path> entries;
+  for (const auto& e : fs::directory_iterator(dir, ec)) entries.push_back(e.path());
+  T3D_USER_CHECK(!ec, "cannot list `", dir, "`: ", ec.message());
+  for (const auto& path : entries)
+    if (moved(path.filename().string())) {
+      fs::rename(path, fs::path(into) / path.filename(), ec);
+      T3D_USER_CHECK(!ec, "cannot move `", path.string(), "` into `", into, "`: ", ec.message());
+    }
+  std::ifstream latest(dir + "/latest");
+  std::string named;
+  if (std::getline(latest, named) && moved(named)) discard(dir + "/latest");
 }
 
 namespace {

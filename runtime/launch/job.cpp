@@ -280,6 +280,19 @@ RunLock::RunLock(const parallel::Comm& world, const std::string& run_dir,
   });
 }
 
+bool release_lock_of_ended_job(const std::string& run_dir) {
+  const std::string path = run_dir + "/lock";
+  const std::string holder = read_text(path);
+  if (holder.empty()) return false;
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  const long pid = std::atol(lock_field(holder, "pid").c_str());
+  if (lock_field(holder, "host") != host || pid <= 0 ||
+      process_start(pid) == lock_field(holder, "pid_start"))
+    return false;
+  return std::remove(path.c_str()) == 0;
+}
+
 RunLock::~RunLock() {
   // Only our own lock: a job that wrongly took it over keeps its own.
   if (!path_.empty() && read_text(path_) == content_) std::remove(path_.c_str());

@@ -54,6 +54,11 @@ class RunLock {
   std::string path_, content_;  // empty on ranks other than 0
 };
 
+// Removes `run_dir`'s lock when it was taken on this host by a process that is gone (a rank
+// killed, or a job that ended by a failure): what the supervisor does when its job has ended, so
+// that the next start need not rely on stale-lock detection. Returns whether it removed one.
+bool release_lock_of_ended_job(const std::string& run_dir);
+
 struct Job {
   Recipe recipe;
   LaunchEnv env;

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <poll.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -232,6 +233,7 @@ std::string forward(int sig, pid_t child, MpirunOutcome& out) {
 pid_t start_mpirun(const std::vector<std::string>& argv, int* read_fd) {
   int fds[2];
   T3D_ASSERT(pipe(fds) == 0, "pipe: ", std::strerror(errno));
+  const pid_t parent = getpid();
   const pid_t child = fork();
   T3D_ASSERT(child >= 0, "fork: ", std::strerror(errno));
   if (child == 0) {
@@ -239,6 +241,11 @@ pid_t start_mpirun(const std::vector<std::string>& argv, int* read_fd) {
     // (Ctrl-C, `timeout`, a job script's kill) reaches them only as the launcher passes it on,
     // so a preemption signal cannot kill mpirun before the ranks' snapshot commits.
     setpgid(0, 0);
+    // The launcher killed (SIGKILL: no handler runs) must not leave the ranks training
+    // unsupervised: mpirun gets SIGTERM then, and ends them. Set before exec, kept across it;
+    // a launcher that died before this line is caught by the getppid check.
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(2);
     dup2(fds[1], STDERR_FILENO);
     close(fds[0]), close(fds[1]);
     std::vector<char*> args;
@@ -290,6 +297,16 @@ class WatchdogAbortGuard {
 
 }  // namespace
 
+int sleep_unless_signalled(double seconds) {
+  ForwardedSignals caught;
+  g_received = 0;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (g_received == 0 && std::chrono::steady_clock::now() < until) ::poll(nullptr, 0, 50);
+  const int sig = g_received;
+  g_received = 0;
+  return sig;
+}
+
 MpirunOutcome run_mpirun_watched(const std::vector<std::string>& argv, const std::string& log_dir,
                                  double stall_s, const std::string& pid_dir,
                                  const StopRequest& stop) {
@@ -311,6 +328,11 @@ MpirunOutcome run_mpirun_watched(const std::vector<std::string>& argv, const std
   int status = 0;
   // mpirun's stderr line by line, and the stall watch once a second in between.
   StallWatch stalls(log_dir, pid_dir, stall_s);
+  const auto started_at = std::chrono::steady_clock::now();
+  const auto ranks_started = [&] {
+    return pid_dir.empty() || access((pid_dir + "/rank0.pid").c_str(), F_OK) == 0 ||
+           std::chrono::steady_clock::now() - started_at > std::chrono::seconds(30);
+  };
   std::string pending;
   char buf[4096];
   for (;;) {
@@ -334,7 +356,11 @@ MpirunOutcome run_mpirun_watched(const std::vector<std::string>& argv, const std
     }
     if (const std::string said = abort_guard.poll(child, outcome.mpirun_killed); !said.empty())
       print({said});
-    if (const int sig = g_received; sig != 0) {
+    // SIGTERM / SIGUSR1 wait until rank 0 has written its pid file (after MPI_Init, so every
+    // rank has its stop handler and mpirun its forwarding): one sent earlier would kill them.
+    // SIGINT, and a second signal, end the job at once.
+    if (const int sig = g_received;
+        sig != 0 && (sig == SIGINT || outcome.signal != 0 || ranks_started())) {
       g_received = 0;
       if (const std::string said = forward(sig, child, outcome); !said.empty()) print({said});
     }

@@ -61,7 +61,9 @@ class MpirunStderrFilter {
 // Signals to this launcher reach the job, so that no rank is left running: SIGINT (Ctrl-C, or
 // sent to the launcher alone) is passed to mpirun, which ends every rank; the first SIGTERM,
 // SIGHUP or SIGUSR1 becomes SIGUSR1 to mpirun, which forwards it to every rank (preemption: each
-// snapshots and exits with kExitPreempted); a second such signal ends the job at once.
+// snapshots and exits with kExitPreempted), held until rank 0 has published its pid (its stop
+// handler is in place by then; 30 s at most); a second such signal ends the job at once. mpirun
+// gets SIGTERM when this process dies, even by SIGKILL (PR_SET_PDEATHSIG), and ends the ranks.
 //
 // Stall watch (stall_s > 0): every rank on this host publishes its pid in pid_dir/rank<N>.pid
 // (join_world). Once a second the parent reads each one's state from /proc; a rank stopped
@@ -75,6 +77,11 @@ class MpirunStderrFilter {
 MpirunOutcome run_mpirun_watched(const std::vector<std::string>& argv, const std::string& log_dir,
                                  double stall_s = 0, const std::string& pid_dir = "",
                                  const StopRequest& stop = {});
+
+// Waits `seconds` unless SIGINT, SIGTERM, SIGHUP or SIGUSR1 comes first; returns that signal (0
+// when the time ran out). The restart loop's backoff: a signal then stops the job as it would
+// have stopped the ranks.
+int sleep_unless_signalled(double seconds);
 
 // The scheduler state letter of a process from /proc/<pid>/stat ('R', 'S', 'T' stopped, ...), or
 // 0 when there is no such process.

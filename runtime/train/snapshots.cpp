@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <future>
 #include <optional>
@@ -191,6 +192,43 @@ struct Snapshotter::Impl {
   // directory changes under them. With `latest`, a snapshot that fails to restore on any rank is
   // skipped (rank 0 names it and the reason) for the next older one.
   int64_t restore() {
+    const int64_t step = restore_chosen();
+    set_aside_other_runs(step);
+    return step;
+  }
+
+  // Collective. Committed snapshots in snapshot.dir that this run does not continue are moved
+  // into <snapshot.dir>/set-aside-<UTC time>/, said on rank 0: all of them on a fresh start or a
+  // resume of a snapshot from elsewhere, those after the resumed step when an explicit path in
+  // this directory is resumed. `latest` and retention then only ever see this run's lineage (an
+  // older run's step 40 is never resumed, nor kept over this run's step 20). With
+  // `snapshot.resume = latest` the newest good one was resumed and nothing moves (newer ones
+  // that failed to restore stay where the warnings above name them).
+  void set_aside_other_runs(int64_t resumed_step) {
+    if (r.snapshot.every <= 0 || r.snapshot.resume == "latest") return;
+    agree_on(mesh.world(), [&] {
+      if (mesh.rank() != 0) return;
+      std::error_code ec;
+      const bool from_here =
+          !last_good.empty() && fs::equivalent(fs::path(last_good).parent_path(), dir, ec);
+      std::vector<int64_t> others;
+      for (const int64_t step : ck::committed_steps(dir))
+        if (!from_here || step > resumed_step) others.push_back(step);
+      if (others.empty()) return;
+      const std::time_t now = std::time(nullptr);
+      char stamp[32];
+      std::strftime(stamp, sizeof(stamp), "%Y%m%dT%H%M%SZ", std::gmtime(&now));
+      const std::string into = dir + "/set-aside-" + stamp;
+      io->run([&] { ck::set_aside(dir, others, into); });
+      spdlog::warn(
+          "snapshot.dir {} held {} snapshot(s) this run does not continue (steps {}{}); "
+          "moved them to {} so that `latest` and snapshot.keep see only this run's",
+          dir, others.size(), fmt::join(others, ", "),
+          last_good.empty() ? ", and this run starts fresh" : ", after " + last_good, into);
+    });
+  }
+
+  int64_t restore_chosen() {
     if (r.snapshot.resume.empty()) return 0;
     const auto& world = mesh.world();
     const bool latest = r.snapshot.resume == "latest";

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <ctime>
 #include <deque>
@@ -15,6 +16,7 @@
 
 #include "checkpoint/snapshot.h"
 #include "parallel/trace.h"
+#include "runtime/launch/job.h"
 #include "runtime/train/elastic.h"
 #include "runtime/train/metrics.h"
 #include "runtime/train/stop_signal.h"
@@ -98,18 +100,49 @@ long newest_snapshot(const std::string& dir) {
   return steps.empty() ? 0 : static_cast<long>(steps.back());
 }
 
+// Where a relaunch of the job continues: the newest snapshot of its snapshot.dir that verifies
+// (what `snapshot.resume = latest` restores), else the snapshot the job was started from (a
+// `resume` of another run's or an import's snapshot: never a fresh start over it), else the
+// beginning (resume "", step 0).
+struct ResumePoint {
+  std::string resume;  // snapshot.resume of the relaunch
+  long step = 0;
+};
+ResumePoint resume_point(const Recipe& recipe) {
+  const auto step_of = [](const std::string& path) -> long {
+    try {
+      return static_cast<long>(checkpoint::SnapshotReader(path).info().step);
+    } catch (const std::exception&) {
+      return 0;  // the relaunch itself says what is wrong with it
+    }
+  };
+  std::error_code ec;
+  if (fs::is_directory(recipe.snapshot.dir, ec)) {
+    std::vector<std::string> skipped;
+    std::string newest;
+    try {
+      newest = checkpoint::find_latest(recipe.snapshot.dir, &skipped);
+    } catch (const std::exception&) {
+    }
+    if (!newest.empty()) return {"latest", step_of(newest)};
+  }
+  const std::string& started = recipe.snapshot.resume;
+  if (!started.empty() && started != "latest") return {started, step_of(started)};
+  return {"latest", 0};
+}
+
 long file_size(const std::string& path) {
   std::error_code ec;
   const auto n = fs::file_size(path, ec);
   return ec ? 0 : static_cast<long>(n);
 }
 
-// The command line of a restart: this binary's `train` on the job's recipe with
-// snapshot.resume = latest (a `resume` of one snapshot would go back to it every time).
+// The command line of a restart: this binary's `train` on the job's recipe (its overrides
+// included) resumed from resume_point: its newest snapshot, else the one it started from.
 std::vector<std::string> restart_argv(const Recipe& recipe, const std::string& self,
                                       const std::string& run_dir, const std::string& log_level) {
   Recipe again = recipe;
-  again.snapshot.resume = "latest";
+  again.snapshot.resume = resume_point(recipe).resume;
   const std::string path = run_dir + "/restart.toml";
   std::ofstream(path) << "# Written by titan3d's restart loop: the recipe of this run, resumed "
                          "from its newest snapshot.\n"
@@ -195,6 +228,7 @@ struct Loop {
   std::optional<Placement> before_shrink;  // the placement the first shrink left, to regrow to
   std::deque<Clock::time_point> restarts;  // within the window
   std::optional<Incident> previous;
+  long started_at = 0;  // the step the current attempt resumed from (0: the beginning)
   SupervisedRun result;
 
   Placement placement() const { return {recipe, hosts, plan.ranks, plan.slots, plan.hostfile}; }
@@ -349,9 +383,11 @@ bool after_failure(Loop& loop, const MpirunOutcome& out, int attempt, long offse
   incident.host =
       !out.dead_host.empty() || out.waited_hosts.empty() ? out.dead_host : out.waited_hosts.front();
   incident.exit_code = out.code;
-  incident.snapshot_step = newest_snapshot(loop.recipe.snapshot.dir);
+  const ResumePoint resume = resume_point(loop.recipe);
+  incident.snapshot_step = resume.step;  // where the relaunch continues, damaged ones skipped
   const LoggedSteps logged = read_logged_steps(loop.metrics, offset, incident.snapshot_step);
-  incident.last_step = logged.last_step;
+  // An attempt that died before logging a step got as far as the snapshot it started from.
+  incident.last_step = std::max(logged.last_step, loop.started_at);
   incident.lost_s = logged.seconds_after;
   loop.result.lost_s += logged.seconds_after;
   loop.result.useful_s += logged.seconds_total - logged.seconds_after;
@@ -370,9 +406,13 @@ bool after_failure(Loop& loop, const MpirunOutcome& out, int attempt, long offse
     return false;
   }
   const int backoff = std::min(30, 1 << std::min<int>(restarts.size(), 5));
-  incident.action += incident.snapshot_step > 0
-                         ? "restart from snapshot step " + std::to_string(incident.snapshot_step)
-                         : "restart from the beginning (no snapshot yet)";
+  incident.action +=
+      resume.resume == "latest"
+          ? (incident.snapshot_step > 0
+                 ? "restart from snapshot step " + std::to_string(incident.snapshot_step)
+                 : "restart from the beginning (no snapshot yet)")
+          : "restart from " + resume.resume + " (step " + std::to_string(incident.snapshot_step) +
+                ", the snapshot the job started from; none of its own yet)";
   record(loop.run_dir, incident);
   std::fprintf(stderr,
                "titan3d: incident %d: %s%s; %s in %d s (restart %zu of at most %lld; %ld "
@@ -382,9 +422,19 @@ bool after_failure(Loop& loop, const MpirunOutcome& out, int attempt, long offse
                std::max(0L, incident.last_step - incident.snapshot_step), incident.lost_s);
   std::fflush(stderr);
   const auto down = Clock::now();
-  std::this_thread::sleep_for(std::chrono::seconds(backoff));
+  if (const int sig = sleep_unless_signalled(backoff); sig != 0) {
+    // No rank is running: the newest snapshot is what the job has, as after a preemption.
+    loop.result.code = sig == SIGINT ? 130 : kExitPreempted;
+    std::fprintf(stderr,
+                 "titan3d: signal %d while waiting to restart: not restarting (exit %d); continue "
+                 "with `titan3d train %s/restart.toml`\n",
+                 sig, loop.result.code, loop.run_dir.c_str());
+    restart_argv(loop.recipe, loop.plan.argv.at(0), loop.run_dir, loop.log_level);
+    return false;
+  }
   restarts.push_back(Clock::now());
   loop.previous = incident;
+  loop.started_at = incident.snapshot_step;
   loop.plan.argv = restart_argv(loop.recipe, loop.plan.argv.at(0), loop.run_dir, loop.log_level);
   loop.result.lost_s += seconds_since(down);
   return true;
@@ -396,6 +446,7 @@ SupervisedRun supervise_training(const Recipe& recipe, SpawnPlan plan,
                                  const std::string& log_level) {
   Loop loop;
   loop.recipe = recipe;
+  if (!recipe.snapshot.resume.empty()) loop.started_at = resume_point(recipe).step;
   loop.plan = std::move(plan);
   loop.run_dir = fs::path(loop.plan.log_dir).parent_path().string();
   loop.metrics = loop.run_dir + "/metrics.jsonl";
@@ -424,8 +475,10 @@ SupervisedRun supervise_training(const Recipe& recipe, SpawnPlan plan,
     loop.result.code = out.code;
     loop.result.restarts = attempt - 1 - regrows;
     if (out.code == 0 || !restartable(out) || !after_failure(loop, out, attempt, offset)) {
+      // after_failure may have set the code of a stop during its backoff.
       if (out.code == 0)
         loop.result.useful_s += read_logged_steps(loop.metrics, offset, 0).seconds_total;
+      release_lock_of_ended_job(loop.run_dir);
       loop.result.wall_s = seconds_since(start);
       return loop.result;
     }

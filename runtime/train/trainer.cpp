@@ -417,7 +417,20 @@ struct Trainer::Impl {
     // The gradient reduction runs on dp × cp: its waits are dp_comm_share.
     const parallel::Comm* groups[4] = {&mesh.group(Dim::tp), &mesh.dp_cp(),
                                        &mesh.group(Dim::pp), &mesh.group(Dim::cp)};
-    install_stop_signals();
+    install_stop_signals();  // also done before MPI started (apps): idempotent
+    // A preemption signal that came while the job started: nothing has been trained to save.
+    int signalled_early = stop_requested() != 0 ? 1 : 0;
+    mesh.world().all_reduce(&signalled_early, 1);
+    if (signalled_early > 0) {
+      if (mesh.rank() == 0)
+        spdlog::warn(
+            "preempted (SIGTERM or SIGUSR1 on {} rank(s)) before step {}: nothing new to "
+            "snapshot; {} (exit {})",
+            signalled_early, first_step + 1,
+            first_step > 0 ? "the snapshot it resumed from stands" : "the run had not trained yet",
+            kExitPreempted);
+      throw AgreedFailure{kExitPreempted};
+    }
     for (int64_t step = first_step; step < t.steps; ++step) {
       parallel::fault::step_starts(mesh.rank(), static_cast<long>(step + 1));
       const auto t0 = Clock::now();

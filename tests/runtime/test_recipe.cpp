@@ -173,6 +173,32 @@ TEST(Recipe, ZbVImpliesTwoVirtualStages) {
             std::string::npos);
 }
 
+// A stored recipe (a snapshot's, restart.toml) derives run.dir, snapshot.dir and virtual_stages
+// anew from what a resume's overrides change, also one stored with them resolved (older
+// snapshots): read back through to_toml, as `resume` does.
+TEST(Recipe, StoredRecipeDerivesWhatOverridesChange) {
+  const Recipe a = parse_recipe("[run]\nname = \"a\"\n[model]\nn_layers = 4\n", "a.toml");
+  EXPECT_EQ(a.snapshot.dir, "runs/a/snapshots");
+  const std::string resolved_long_ago =
+      "[run]\nname = \"a\"\ndir = \"runs/a\"\n[model]\nn_layers = 4\n[parallel]\n"
+      "virtual_stages = 1\n[snapshot]\ndir = \"runs/a/snapshots\"\n";
+  for (const std::string& stored :
+       {a.to_toml(), parse_recipe(resolved_long_ago, "old.toml").to_toml()}) {
+    const Recipe b = parse_recipe(stored, "stored", {{"run.dir", "runs/b"}});
+    EXPECT_EQ(b.run.dir, "runs/b");
+    EXPECT_EQ(b.snapshot.dir, "runs/b/snapshots") << stored;
+    const Recipe z =
+        parse_recipe(stored, "stored", {{"parallel.pp", "2"}, {"parallel.schedule", "zb_v"}});
+    EXPECT_EQ(z.parallel.virtual_stages, 2);
+    EXPECT_EQ(parse_recipe(stored, "stored").snapshot.dir, "runs/a/snapshots");
+  }
+  // A value set apart from what is derived stays as set.
+  const Recipe own =
+      parse_recipe("[run]\nname = \"a\"\n[snapshot]\ndir = \"/x/snaps\"\n", "own.toml");
+  EXPECT_EQ(parse_recipe(own.to_toml(), "stored", {{"run.dir", "runs/b"}}).snapshot.dir,
+            "/x/snaps");
+}
+
 TEST(Recipe, WorldResolution) {
   Recipe r = parse_recipe("[parallel]\npp = 2\ndp = -1\ntp = 2\n[train]\nglobal_batch = 12\n",
                           "r.toml");

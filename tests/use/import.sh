@@ -61,9 +61,15 @@ check "grep -q 'tied embeddings' $work/t.log && st same $work/hft/model.safetens
   "tied embeddings import bit-exactly" || cat "$work/t.log"
 
 # Fine-tune the import on tp2: the first loss is the trained model's, far below a fresh start's.
+# As the docs' example: run.dir set, snapshot.every not; a GEMM pinned (the import trained none).
 "$titan3d" resume "$work/imp/step_00000000.h5" --set train.steps=4 --set parallel.tp=2 \
-  --set run.log_level=warn --set run.dir="$work/ft" >"$work/ft.log" 2>&1
+  --set hardware.gemm=openblas --set run.log_level=warn --set run.dir="$work/ft" >"$work/ft.log" 2>&1
 check "[ \$? -eq 0 ]" "resume the import on tp2 (fine-tune)" || cat "$work/ft.log"
+check "grep -q 'snapshot.every = 100' $work/imp.log && [ -f $work/ft/snapshots/step_00000004.h5 ] && [ ! runs/hf/snapshots/step_00000004.h5 -nt $work/imp.log ]" \
+  "the fine-tune saves its last step into <run.dir>/snapshots (import sets snapshot.every; run.dir is not frozen)" ||
+  { ls -R "$work/ft" | head -20; ls runs 2>/dev/null; }
+check "! grep -q 'bit-identical' $work/ft.log" \
+  "a GEMM set on the fine-tune of an import is not warned about (no run to continue bit for bit)" || cat "$work/ft.log"
 loss_at() { grep "\"step\": $2," "$1" | head -1 | sed -E 's/.*"loss": ([^,]+),.*/\1/'; }
 fresh=$(loss_at "$work/run/metrics.jsonl" 1); tuned=$(loss_at "$work/ft/metrics.jsonl" 1)
 check "[ -n \"$fresh\" ] && [ -n \"$tuned\" ] && awk -v f=$fresh -v t=$tuned 'BEGIN { exit !(t + 0 < f - 0.5) }'" \

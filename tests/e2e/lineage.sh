@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# A job's snapshots are its own lineage (runtime/train/snapshots.h, supervisor.h), self-launched,
+# 1 rank, each compared with an uninterrupted run (losses and final parameters bit for bit):
+#  1. A restart after `resume` goes back to the snapshot the job was started from (with the
+#     job's overrides), not to a random initialisation, while the job has no snapshot of its own;
+#     incidents.jsonl says so and gives the step it continues from.
+#  2. A branch (`resume A/snapshots/step_N.h5 --set run.dir=B`) writes into B/snapshots; A's
+#     snapshots stay as they were.
+#  3. A fresh run in a run directory that holds an older run's snapshots sets them aside (saying
+#     so): its retention keeps its own, and its restart resumes its own, not the older run's
+#     higher step.
+#  4. A supervised job that ends by a failure leaves no lock in its run directory.
+#  5. SIGTERM while the supervisor waits to restart: exit 75, not killed by the signal.
+#  6. SIGUSR1 in the job's first moments (before the ranks are up): exit 75, saying that
+#     nothing new was trained to snapshot; no rank killed by the signal.
+#  7. SIGKILL of the supervisor: mpirun and the ranks stop too.
+set -u
+titan3d=$1
+source "$(dirname "$0")/lib.sh"
+require_corpus
+make_work_dir
+fail=0
+check() {  # check CONDITION MESSAGE
+  if eval "$1"; then echo "ok: $2"; else echo "FAIL: $2"; fail=1; fi
+}
+base=("$repo/recipes/tiny.toml" --set data.path="$corpus" --set train.val_every=0
+      --set train.log_every=100000 --set hardware.gemm=openblas --set run.log_level=warn)
+final_losses() {  # per step, the loss of the last line that logged it
+  sed -n 's/^{"step": \([0-9]*\), "loss": \([^,]*\),.*/\1 \2/p' "$1" | awk '{ l[$1] = $2 } END { for (s in l) print s, l[s] }' | sort -n
+}
+params_hash() {  # params_hash SNAPSHOT: SHA-256 of its exported parameters
+  rm -rf "$work/export.tmp"
+  "$titan3d" export "$1" --out "$work/export.tmp" > /dev/null 2>&1 &&
+    sha256sum < "$work/export.tmp/model.safetensors" | cut -c1-16
+}
+last_step() { sed -n 's/^{"step": \([0-9]*\),.*/\1/p' "$1" 2>/dev/null | tail -1; }
+wait_for_step() {  # wait_for_step RUN STEP: until metrics.jsonl logs step >= STEP (60 s at most)
+  local s
+  for _ in $(seq 1 600); do
+    s=$(last_step "$work/$1/metrics.jsonl"); [ -n "$s" ] && [ "$s" -ge "$2" ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+rank_pid() { cat "$work/$1/pids/rank0.pid" 2>/dev/null; }
+same_losses() {  # same_losses RUN_A RUN_B FROM TO: steps FROM..TO bit-identical, all present
+  diff <(final_losses "$work/$1/metrics.jsonl" | awk -v a="$3" -v b="$4" '$1 >= a && $1 <= b') \
+       <(final_losses "$work/$2/metrics.jsonl" | awk -v a="$3" -v b="$4" '$1 >= a && $1 <= b') > /dev/null &&
+    [ "$(final_losses "$work/$2/metrics.jsonl" | awk -v a="$3" -v b="$4" '$1 >= a && $1 <= b' | wc -l)" -eq $(($4 - $3 + 1)) ]
+}
+snap() { echo "$work/$1/snapshots/step_$(printf %08d "$2").h5"; }
+
+# --- 1. A restart after resume. ---
+"$titan3d" train "${base[@]}" --set train.steps=20 --set snapshot.every=20 --set run.dir="$work/origin" \
+  > "$work/origin.log" 2>&1 || { echo "FAIL: the origin run exited $?"; tail "$work/origin.log"; exit 1; }
+resume=(resume "$(snap origin 20)" --set train.steps=400 --set snapshot.every=400 --set train.lr=2e-3
+        --set train.log_every=100000 --set run.log_level=warn)
+"$titan3d" "${resume[@]}" --set run.dir="$work/resumed" > "$work/resumed.log" 2>&1 ||
+  { echo "FAIL: the uninterrupted resume exited $?"; tail "$work/resumed.log"; exit 1; }
+"$titan3d" "${resume[@]}" --set run.dir="$work/killed" --max-restarts 2 > "$work/killed.log" 2>&1 &
+job=$!
+wait_for_step killed 60 && kill -KILL "$(rank_pid killed)"
+echo "killed the rank near step $(last_step "$work/killed/metrics.jsonl")"
+wait $job; rc=$?
+check "[ $rc -eq 0 ] && grep -q 'restart from .*step_00000020.h5 (step 20' $work/killed/incidents.jsonl" \
+  "a resumed job killed before its first snapshot restarts from the snapshot it resumed (rc $rc)" ||
+  { tail -5 "$work/killed.log"; cat "$work/killed/incidents.jsonl"; }
+check "same_losses resumed killed 21 400" \
+  "restart after resume: steps 21-400 bit-identical to the uninterrupted resume (overrides kept)"
+check "[ \"\$(params_hash $(snap killed 400))\" = \"\$(params_hash $(snap resumed 400))\" ]" \
+  "restart after resume: final parameters bit-identical"
+
+# --- 2. A branch. ---
+"$titan3d" train "${base[@]}" --set train.steps=40 --set snapshot.every=10 --set snapshot.keep=3 \
+  --set run.dir="$work/a" > "$work/a.log" 2>&1 || { echo "FAIL: run A exited $?"; exit 1; }
+before=$(cd "$work/a/snapshots" && find . -type f | sort | xargs sha256sum | sha256sum)
+"$titan3d" resume "$(snap a 30)" --set run.dir="$work/b" --set run.log_level=warn > "$work/b.log" 2>&1
+rc=$?
+after=$(cd "$work/a/snapshots" && find . -type f | sort | xargs sha256sum | sha256sum)
+check "[ $rc -eq 0 ] && [ -f $(snap b 40) ] && [ \"$before\" = \"$after\" ]" \
+  "a branch writes its snapshots into its own run.dir; A's are untouched (rc $rc)" ||
+  { ls "$work/a/snapshots" "$work/b/snapshots"; tail -3 "$work/b.log"; }
+check "same_losses a b 31 40 && [ \"\$(params_hash $(snap b 40))\" = \"\$(params_hash $(snap a 40))\" ]" \
+  "the branch continues A bit for bit (steps 31-40, final parameters)"
+
+# --- 3. A fresh run over an older run's snapshots, killed and restarted. ---
+old=("${base[@]}" --set train.steps=40 --set snapshot.every=20 --set snapshot.keep=3)
+fresh=("${base[@]}" --set train.steps=300 --set snapshot.every=50 --set snapshot.keep=2 --set train.seed=7)
+"$titan3d" train "${old[@]}" --set train.steps=600 --set snapshot.every=300 --set run.dir="$work/reused" \
+  > "$work/reused_old.log" 2>&1 || { echo "FAIL: the older run exited $?"; exit 1; }
+"$titan3d" train "${fresh[@]}" --set run.dir="$work/clean" > "$work/clean.log" 2>&1 ||
+  { echo "FAIL: the clean run exited $?"; exit 1; }
+rm -f "$work/reused/metrics.jsonl"  # the older run's: wait_for_step reads this run's
+"$titan3d" train "${fresh[@]}" --set run.dir="$work/reused" --max-restarts 2 > "$work/reused.log" 2>&1 &
+job=$!
+wait_for_step reused 120 && kill -KILL "$(rank_pid reused)"
+wait $job; rc=$?
+aside=$(ls -d "$work"/reused/snapshots/set-aside-* 2>/dev/null | head -1)
+check "[ $rc -eq 0 ] && grep -rq 'moved them to' $work/reused.log $work/reused/logs && [ -f \"$aside/step_00000600.h5\" ] && [ -f \"$aside/step_00000300.h5\" ]" \
+  "the older run's snapshots are set aside, saying where (rc $rc)" || { ls -R "$work/reused/snapshots" | head; tail -5 "$work/reused.log"; }
+check "[ ! -e $work/reused/snapshots/step_00000600.h5 ] && [ -f $(snap reused 250) ] && [ -f $(snap reused 300) ]" \
+  "retention keeps this run's newest two, not the older run's higher step 600" || ls "$work/reused/snapshots"
+check "same_losses clean reused 1 300 && [ \"\$(params_hash $(snap reused 300))\" = \"\$(params_hash $(snap clean 300))\" ]" \
+  "the restart resumed this run's own snapshot: losses and parameters as a clean directory's"
+
+# --- 4. No lock left after a failure. ---
+T3D_FAULT=die_at_step:0:5 "$titan3d" train "${base[@]}" --set train.steps=10 --set run.dir="$work/died" \
+  --max-restarts 0 > "$work/died.log" 2>&1
+rc=$?
+check "[ $rc -ne 0 ] && [ ! -e $work/died/lock ]" "a job that ended by a failure leaves no lock (rc $rc)" ||
+  { ls "$work/died"; tail -3 "$work/died.log"; }
+
+# --- 5. SIGTERM during the restart backoff. ---
+T3D_FAULT=die_at_step:0:3 "$titan3d" train "${base[@]}" --set train.steps=10 --set run.dir="$work/backoff" \
+  --max-restarts 3 > "$work/backoff.log" 2>&1 &
+job=$!
+for _ in $(seq 1 300); do grep -q "restart .* in [0-9]* s" "$work/backoff.log" 2>/dev/null && break; sleep 0.1; done
+kill -TERM $job
+wait $job; rc=$?
+check "[ $rc -eq 75 ] && grep -q 'while waiting to restart' $work/backoff.log" \
+  "SIGTERM while waiting to restart: exit 75 (rc $rc)" || tail -3 "$work/backoff.log"
+
+# --- 6. SIGUSR1 before the ranks are up. ---
+"$titan3d" train "${base[@]}" --set train.steps=2000 --set snapshot.every=1000 --set run.dir="$work/early" \
+  > "$work/early.log" 2>&1 &
+job=$!
+for _ in $(seq 1 100); do pgrep -f "mpirun.*$work/early" > /dev/null && break; sleep 0.02; done
+kill -USR1 $job
+wait $job; rc=$?
+check "[ $rc -eq 75 ] && ! grep -qE 'exited on signal|died' $work/early.log" \
+  "SIGUSR1 in the job's first moments: exit 75, no rank killed by it (rc $rc)" || tail -5 "$work/early.log"
+
+# --- 7. SIGKILL of the supervisor. ---
+"$titan3d" train "${base[@]}" --set train.steps=100000 --set run.dir="$work/orphan" > "$work/orphan.log" 2>&1 &
+job=$!
+wait_for_step orphan 5
+kill -KILL $job
+gone=0
+for _ in $(seq 1 100); do
+  pgrep -f "run.dir=$work/orphan" > /dev/null || { gone=1; break; }
+  sleep 0.1
+done
+check "[ $gone -eq 1 ]" "SIGKILL of the supervisor: mpirun and the ranks end within 10 s" ||
+  { pgrep -af "$work/orphan"; pkill -KILL -f "run.dir=$work/orphan"; }
+exit $fail
