@@ -472,13 +472,14 @@ struct Snapshotter::Impl {
     char message[1024] = {};
     if (mesh.rank() == first_failed) std::snprintf(message, sizeof(message), "%s", error.c_str());
     mesh.world().broadcast(message, sizeof(message), first_failed);
-    if (mesh.rank() != 0) return;
-    spdlog::error(
-        "snapshot at step {} failed on rank {}: {}. It was not committed; the last "
-        "good snapshot is {}. Training continues.",
-        p.step, first_failed, message, last_good.empty() ? "none" : last_good);
-    if (metrics) metrics->write({{"snapshot_step", double(p.step)}, {"snapshot_ok", 0}});
-    failed(p.step);
+    if (mesh.rank() == 0) {
+      spdlog::error(
+          "snapshot at step {} failed on rank {}: {}. It was not committed; the last "
+          "good snapshot is {}. Training continues.",
+          p.step, first_failed, message, last_good.empty() ? "none" : last_good);
+      if (metrics) metrics->write({{"snapshot_step", double(p.step)}, {"snapshot_ok", 0}});
+    }
+    failed(p.step);  // every rank: the give-up it may lead to is collective
   }
 
   // Snapshots that failed since the last commit (every rank agrees on them). A run whose

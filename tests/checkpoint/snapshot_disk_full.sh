@@ -59,6 +59,27 @@ for kb in 1200 1604 1616 1624 1632 1640 1656 3240 3272 3288 3304 3320; do
   fi
   umount "$mnt"
 done
+# Several ranks: every rank must reach the give-up after three failed snapshots in a row, and the
+# end of a preemption whose snapshot fails (only rank 0 did: the job hung until the watchdog).
+mnt=$work/tiny_disk
+mkdir -p "$mnt" && mount -t tmpfs -o size=64k tmpfs "$mnt"
+out=$(timeout 120 "$titan3d" "${base[@]}" --set parallel.dp=2 --set train.steps=8 \
+      --set run.dir="$work/run_dp2" --set snapshot.dir="$mnt" 2>&1); rc=$?
+check "[ $rc -eq 2 ] && grep -q 'snapshots failed at step(s) 1, 2, 3' <<<\"\$out\"" \
+  "2 ranks, three snapshots failed in a row: every rank stops, exit 2 (rc $rc)" || echo "$out" | tail -5
+"$titan3d" "${base[@]}" --set parallel.dp=2 --set train.steps=100000 --set snapshot.every=100000 \
+  --set run.dir="$work/run_preempt" --set snapshot.dir="$mnt" > "$work/preempt.log" 2>&1 &
+job=$!
+( sleep 120; kill -KILL $job; pkill -KILL -f "$work/run_preempt" ) > /dev/null 2>&1 &
+guard=$!  # a hang ends here, not at ctest's timeout
+for _ in $(seq 1 600); do grep -q '"step": 3,' "$work/run_preempt/metrics.jsonl" 2>/dev/null && break; sleep 0.1; done
+kill -USR1 $job
+wait $job; rc=$?
+pkill -P $guard 2>/dev/null; kill $guard 2>/dev/null
+check "[ $rc -eq 2 ] && grep -q 'the run ends without its final state' $work/preempt.log" \
+  "2 ranks, a preemption whose snapshot hits the full disk: exit 2, no hang (rc $rc)" || tail -5 "$work/preempt.log"
+umount "$mnt"
+
 echo "snapshots that failed on a full disk: $failures; indexes left that verify: $commits"
 check "[ $failures -gt 0 ] && [ $commits -gt 0 ]" "the sweep saw both failed and committed snapshots"
 exit $fail
