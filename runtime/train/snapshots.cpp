@@ -113,7 +113,9 @@ struct Snapshotter::Impl {
   Impl(const Job& j, Model& m, const ShardedState& st, MetricsWriter* w)
       : job(j), r(j.recipe), mesh(*j.mesh), model(m), state(st), metrics(w), dir(r.snapshot.dir) {
     if (mesh.rank() == 0) tokenizer_hash_ = tokenizer_hash(r);
+    if (mesh.rank() == 0 && r.snapshot.every > 0) data_hash_ = data_hash(r);
   }
+  int64_t data_hash_ = 0;  // the training file's content at the start (0: not recorded)
 
   // What rank 0 resolved snapshot.resume to; every rank restores exactly this.
   struct Choice {
@@ -131,6 +133,7 @@ struct Snapshotter::Impl {
     const auto accept = [&](ck::SnapshotReader& reader) {
       check_same_model(reader.info().recipe, r, reader.path(), "resume from");
       check_same_tokenizer(reader.info().counters, r, reader.path(), "resume from");
+      warn_if_data_changed(reader.info().counters, reader.info().recipe, r, reader.path());
       c.step = reader.info().step;
       c.id = reader.info().id;
     };
@@ -357,6 +360,7 @@ struct Snapshotter::Impl {
                      {"sampler_seed", r.train.seed},
                      {"sampler_step", p.step}};
     if (tokenizer_hash_ != 0) info.counters[kTokenizerHashCounter] = tokenizer_hash_;
+    if (data_hash_ != 0) info.counters[kDataHashCounter] = data_hash_;
     for (int k = 0; k < mesh.world().size(); ++k) {
       const uint64_t* rep = &reports[kReport * static_cast<size_t>(k)];
       if (!rep[0]) continue;
@@ -597,6 +601,27 @@ void check_same_tokenizer(const std::map<std::string, int64_t>& counters, const 
                  ck::to_hex(static_cast<uint64_t>(saved)),
                  ": the file changed or is another tokenizer. Restore the model file the run "
                  "trained with, or point data.tokenizer at it (--set data.tokenizer=PATH).");
+}
+
+int64_t data_hash(const Recipe& recipe) {
+  std::error_code ec;
+  if (!fs::is_regular_file(recipe.data.path, ec)) return 0;
+  return static_cast<int64_t>(ck::digest_file(recipe.data.path).hash);
+}
+
+void warn_if_data_changed(const std::map<std::string, int64_t>& counters,
+                          const std::string& saved_toml, const Recipe& now,
+                          const std::string& path) {
+  const auto it = counters.find(kDataHashCounter);
+  if (it == counters.end()) return;
+  const std::string saved_path = parse_recipe(saved_toml, path + " (recipe)").data.path;
+  if (saved_path != now.data.path) return;  // other data on purpose (--set data.path)
+  const int64_t hash = data_hash(now);
+  if (hash == it->second) return;
+  spdlog::warn("data.path `{}` changed since {} was written (content hash {} then, {} now): the "
+               "continuation trains on other tokens than the run that wrote it would have",
+               now.data.path, path, ck::to_hex(static_cast<uint64_t>(it->second)),
+               ck::to_hex(static_cast<uint64_t>(hash)));
 }
 
 Recipe load_resume_recipe(const std::string& snapshot, const std::vector<Override>& overrides) {

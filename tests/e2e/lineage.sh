@@ -14,6 +14,7 @@
 #  6. SIGUSR1 in the job's first moments (before the ranks are up): exit 75, saying that
 #     nothing new was trained to snapshot; no rank killed by the signal.
 #  7. SIGKILL of the supervisor: mpirun and the ranks stop too.
+#  8. A resume on a data file whose content changed since the snapshot says so.
 set -u
 titan3d=$1
 source "$(dirname "$0")/lib.sh"
@@ -142,4 +143,13 @@ for _ in $(seq 1 100); do
 done
 check "[ $gone -eq 1 ]" "SIGKILL of the supervisor: mpirun and the ranks end within 10 s" ||
   { pgrep -af "$work/orphan"; pkill -KILL -f "run.dir=$work/orphan"; }
+# --- 8. The data changed under a snapshot. ---
+head -c 400000 "$corpus" > "$work/data.txt"
+"$titan3d" train "${base[@]}" --set data.path="$work/data.txt" --set train.steps=4 --set snapshot.every=4 \
+  --set run.dir="$work/data_run" > /dev/null 2>&1
+echo "one more line" >> "$work/data.txt"
+"$titan3d" train "${base[@]}" --set data.path="$work/data.txt" --set train.steps=6 --set snapshot.every=6 \
+  --set snapshot.resume=latest --set run.dir="$work/data_run" > "$work/data.log" 2>&1
+check "grep -q 'data.path .* changed since' $work/data.log" \
+  "a resume on a data file that changed since the snapshot says so" || tail -3 "$work/data.log"
 exit $fail
