@@ -34,6 +34,10 @@ params_hash() {  # params_hash SNAPSHOT: SHA-256 of its exported parameters
   "$titan3d" export "$1" --out "$work/export.tmp" > /dev/null 2>&1 &&
     sha256sum < "$work/export.tmp/model.safetensors" | cut -c1-16
 }
+same_params() {  # same_params SNAPSHOT_A SNAPSHOT_B: both export, to the same bytes
+  local a b
+  a=$(params_hash "$1") && b=$(params_hash "$2") && [ -n "$a" ] && [ "$a" = "$b" ]
+}
 last_step() { sed -n 's/^{"step": \([0-9]*\),.*/\1/p' "$1" 2>/dev/null | tail -1; }
 wait_for_step() {  # wait_for_step RUN STEP: until metrics.jsonl logs step >= STEP (60 s at most)
   local s
@@ -68,7 +72,7 @@ check "[ $rc -eq 0 ] && grep -q 'restart from .*step_00000020.h5 (step 20' $work
   { tail -5 "$work/killed.log"; cat "$work/killed/incidents.jsonl"; }
 check "same_losses resumed killed 21 400" \
   "restart after resume: steps 21-400 bit-identical to the uninterrupted resume (overrides kept)"
-check "[ \"\$(params_hash $(snap killed 400))\" = \"\$(params_hash $(snap resumed 400))\" ]" \
+check "same_params $(snap killed 400) $(snap resumed 400)" \
   "restart after resume: final parameters bit-identical"
 
 # --- 2. A branch. ---
@@ -81,7 +85,7 @@ after=$(cd "$work/a/snapshots" && find . -type f | sort | xargs sha256sum | sha2
 check "[ $rc -eq 0 ] && [ -f $(snap b 40) ] && [ \"$before\" = \"$after\" ]" \
   "a branch writes its snapshots into its own run.dir; A's are untouched (rc $rc)" ||
   { ls "$work/a/snapshots" "$work/b/snapshots"; tail -3 "$work/b.log"; }
-check "same_losses a b 31 40 && [ \"\$(params_hash $(snap b 40))\" = \"\$(params_hash $(snap a 40))\" ]" \
+check "same_losses a b 31 40 && same_params $(snap b 40) $(snap a 40)" \
   "the branch continues A bit for bit (steps 31-40, final parameters)"
 
 # --- 3. A fresh run over an older run's snapshots, killed and restarted. ---
@@ -101,7 +105,7 @@ check "[ $rc -eq 0 ] && grep -rq 'moved them to' $work/reused.log $work/reused/l
   "the older run's snapshots are set aside, saying where (rc $rc)" || { ls -R "$work/reused/snapshots" | head; tail -5 "$work/reused.log"; }
 check "[ ! -e $work/reused/snapshots/step_00000600.h5 ] && [ -f $(snap reused 250) ] && [ -f $(snap reused 300) ]" \
   "retention keeps this run's newest two, not the older run's higher step 600" || ls "$work/reused/snapshots"
-check "same_losses clean reused 1 300 && [ \"\$(params_hash $(snap reused 300))\" = \"\$(params_hash $(snap clean 300))\" ]" \
+check "same_losses clean reused 1 300 && same_params $(snap reused 300) $(snap clean 300)" \
   "the restart resumed this run's own snapshot: losses and parameters as a clean directory's"
 
 # --- 4. No lock left after a failure. ---
