@@ -7,6 +7,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "checkpoint/paths.h"
 #include "kernels/check.h"
 #include "kernels/precision.h"
 
@@ -135,9 +136,12 @@ uint64_t dtype_width(const std::string& dtype) {
 }  // namespace
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  require_regular_file(path, "safetensors file");
   std::ifstream in(path, std::ios::binary);
   T3D_USER_CHECK(in.good(), "cannot open safetensors file `", path, "`");
-  const uint64_t size = std::filesystem::file_size(path);
+  std::error_code ec;
+  const uint64_t size = std::filesystem::file_size(path, ec);
+  T3D_USER_CHECK(!ec, "cannot read safetensors file `", path, "`: ", ec.message());
   uint64_t n = 0;
   in.read(reinterpret_cast<char*>(&n), sizeof n);
   T3D_USER_CHECK(in.good() && n + 8 <= size && n < (uint64_t{1} << 30), "`", path,

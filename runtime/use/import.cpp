@@ -10,6 +10,7 @@
 #include <random>
 #include <set>
 
+#include "checkpoint/paths.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/snapshot.h"
 #include "kernels/check.h"
@@ -110,14 +111,20 @@ ModelConfig llama_model_from_config(const std::string& text, const std::string& 
 
 namespace {
 
+// A file of the model directory by its fixed name; refused when a symlink leads outside it.
+fs::path in_model_dir(const fs::path& dir, const std::string& name) {
+  return ck::path_inside(dir.string(), name, "the model directory `" + dir.string() + "`");
+}
+
 // The weights' files: model.safetensors, or the shards model.safetensors.index.json names.
 // Returns tensor name -> opened file.
 std::map<std::string, std::shared_ptr<ck::SafetensorsFile>> open_weights(
     const fs::path& dir, std::vector<std::string>* files) {
   std::map<std::string, std::shared_ptr<ck::SafetensorsFile>> where;
-  const fs::path index = dir / "model.safetensors.index.json";
+  const fs::path index = in_model_dir(dir, "model.safetensors.index.json");
   std::vector<std::string> names;
-  if (fs::is_regular_file(index)) {
+  std::string source = "the model directory";
+  if (fs::exists(index)) {
     json j;
     try {
       j = json::parse(read_file_bytes(index, "safetensors index"));
@@ -128,14 +135,16 @@ std::map<std::string, std::shared_ptr<ck::SafetensorsFile>> open_weights(
     }
     std::sort(names.begin(), names.end());
     names.erase(std::unique(names.begin(), names.end()), names.end());
+    source = "`" + index.string() + "` (weight_map)";
   } else {
-    T3D_USER_CHECK(fs::is_regular_file(dir / "model.safetensors"), "`", dir.string(),
+    T3D_USER_CHECK(fs::exists(dir / "model.safetensors"), "`", dir.string(),
                    "` has neither model.safetensors nor model.safetensors.index.json; give a "
                    "Hugging Face model directory (PyTorch .bin weights are not read)");
     names.push_back("model.safetensors");
   }
   for (const auto& name : names) {
-    const auto file = std::make_shared<ck::SafetensorsFile>((dir / name).string());
+    const auto file =
+        std::make_shared<ck::SafetensorsFile>(ck::path_inside(dir.string(), name, source));
     files->push_back(file->path());
     for (const auto& [tensor, entry] : file->entries()) {
       T3D_USER_CHECK(!where.count(tensor), "tensor `", tensor, "` is in both `",
@@ -190,7 +199,7 @@ std::vector<GlobalTensor> read_tensors(
 // tokenizer.model of the directory, when titan3d can read text through it: copied beside the
 // snapshot and named by data.tokenizer. "bytes" otherwise, with a note saying why.
 std::string import_tokenizer(const fs::path& hf, const fs::path& out, ImportSummary& s) {
-  const fs::path src = hf / "tokenizer.model";
+  const fs::path src = in_model_dir(hf, "tokenizer.model");
   if (!fs::is_regular_file(src)) {
     s.notes.push_back("no tokenizer.model: data.tokenizer = \"bytes\"");
     return kByteTokenizerName;
@@ -215,7 +224,7 @@ bool import_bos(const fs::path& hf, const std::string& tokenizer, ImportSummary&
     s.notes.push_back("tokenizer.model has no BOS piece: data.bos = false");
     return false;
   }
-  const fs::path config = hf / "tokenizer_config.json";
+  const fs::path config = in_model_dir(hf, "tokenizer_config.json");
   if (!fs::is_regular_file(config)) {
     s.notes.push_back(
         "no tokenizer_config.json: data.bos = true (LlamaTokenizer's default add_bos_token)");
@@ -282,7 +291,7 @@ ImportSummary import_hf(const std::string& hf_dir, const std::string& out) {
   T3D_USER_CHECK(fs::is_directory(hf), "`", hf_dir,
                  "` is not a directory; give a Hugging Face "
                  "model directory (config.json and safetensors weights)");
-  const fs::path config = hf / "config.json";
+  const fs::path config = in_model_dir(hf, "config.json");
   ImportSummary s;
   s.recipe.model =
       llama_model_from_config(read_file_bytes(config, "config.json"), config.string(), &s.notes);

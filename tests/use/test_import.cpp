@@ -2,6 +2,7 @@
 // to fp32, damaged files refused) and config.json to a model shape (defaults said, unrepresentable
 // keys refused by name). End to end against export: tests/use/import.sh.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -12,6 +13,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "kernels/check.h"
+#include "runtime/use/export.h"
 #include "runtime/use/import.h"
 
 namespace t3d::runtime {
@@ -156,6 +158,92 @@ TEST(use_Import, ConfigKeysTitanCannotRepresentAreRefusedByName) {
     EXPECT_NE(std::string(e.what()).find("`vocab_size`"), std::string::npos) << e.what();
   }
   EXPECT_THROW(llama_model_from_config(R"({"model_type": "gpt2"})", "c.json", &notes), UserError);
+}
+
+// A tiny Hugging Face directory titan3d can import: config.json (`extra` spliced into it) and every
+// tensor of its model in `weights` (a file name inside the directory), zeros.
+const char* kTinyConfig = R"({"model_type": "llama", "vocab_size": 256, "hidden_size": 16,
+  "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 32,
+  "max_position_embeddings": 16, "tie_word_embeddings": false})";
+
+struct HfDir {
+  fs::path dir;
+  std::vector<GlobalTensor> tensors;
+  explicit HfDir(const std::string& name, const std::string& extra = "") {
+    dir = temp_file(name);
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    std::string config = kTinyConfig;
+    if (!extra.empty()) config = "{" + extra + ", " + config.substr(1);
+    std::ofstream(dir / "config.json") << config;
+    std::vector<std::string> notes;
+    tensors = llama_tensor_table(llama_model_from_config(config, "config.json", &notes));
+    for (auto& t : tensors) {
+      int64_t n = 1;
+      for (const int64_t d : t.shape) n *= d;
+      t.data.assign(static_cast<size_t>(n), 0.0f);
+    }
+  }
+  ~HfDir() { fs::remove_all(dir); }
+  void weights(const fs::path& path) const {
+    std::vector<ck::TensorRef> refs;
+    for (const auto& t : tensors) refs.push_back({t.name, t.shape, t.data.data()});
+    ck::write_safetensors(path.string(), refs, {});
+  }
+  // model.safetensors.index.json mapping every tensor to `file`, the first one to `first`.
+  void index(const std::string& first, const std::string& file) const {
+    std::string map;
+    for (const auto& t : tensors)
+      map += (map.empty() ? "" : ", ") + ck::json_quote(t.name) + ": " +
+             ck::json_quote(map.empty() ? first : file);
+    std::ofstream(dir / "model.safetensors.index.json") << "{\"weight_map\": {" << map << "}}";
+  }
+  // import_hf's UserError message; "" when it succeeded.
+  std::string import_error() const {
+    try {
+      import_hf(dir.string(), (dir / "out").string());
+      return "";
+    } catch (const UserError& e) {
+      return e.what();
+    }
+  }
+};
+
+TEST(use_Import, WeightMapReadsOnlyRegularFilesInsideTheDirectory) {
+  // A FIFO outside the directory: opening it for reading would block, so a name that reached it
+  // hangs the test instead of passing (the alarm turns a hang into a failure).
+  alarm(60);
+  const HfDir hf("weight_map");
+  hf.weights(hf.dir / "good.safetensors");
+  const fs::path outside = temp_file("outside");
+  fs::remove_all(outside);
+  fs::create_directories(outside);
+  ASSERT_EQ(mkfifo((outside / "evil.safetensors").c_str(), 0600), 0);
+  hf.weights(outside / "real.safetensors");
+  fs::create_directories(hf.dir / "sub");
+  ASSERT_EQ(mkfifo((hf.dir / "fifo.safetensors").c_str(), 0600), 0);
+  fs::create_symlink(outside / "real.safetensors", hf.dir / "link.safetensors");
+  const std::string up = "../" + outside.filename().string() + "/evil.safetensors";
+  const std::pair<std::string, std::string> bad[] = {
+      {(outside / "evil.safetensors").string(), "not a plain relative path"},
+      {up, "not a plain relative path"},
+      {"", "not a plain relative path"},
+      {".", "not a plain relative path"},
+      {"sub/../good.safetensors", "not a plain relative path"},
+      {"sub", "a directory"},
+      {"fifo.safetensors", "a FIFO"},
+      {"link.safetensors", "leads outside"},
+  };
+  for (const auto& [name, why] : bad) {
+    hf.index(name, "good.safetensors");
+    const std::string e = hf.import_error();
+    EXPECT_NE(e.find(name.empty() ? "``" : name), std::string::npos) << name << ": " << e;
+    EXPECT_NE(e.find(why), std::string::npos) << name << ": " << e;
+  }
+  hf.index("good.safetensors", "good.safetensors");
+  EXPECT_EQ(hf.import_error(), "");
+  fs::remove_all(outside);
+  alarm(0);
 }
 
 }  // namespace
