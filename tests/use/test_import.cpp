@@ -13,6 +13,7 @@
 
 #include "checkpoint/safetensors.h"
 #include "kernels/check.h"
+#include "runtime/data/text_tokenizer.h"
 #include "runtime/use/export.h"
 #include "runtime/use/import.h"
 
@@ -244,6 +245,120 @@ TEST(use_Import, WeightMapReadsOnlyRegularFilesInsideTheDirectory) {
   EXPECT_EQ(hf.import_error(), "");
   fs::remove_all(outside);
   alarm(0);
+}
+
+// A safetensors file with a raw `header` (JSON text) and `data_bytes` zero bytes of data.
+std::string raw_safetensors(const std::string& name, const std::string& header, size_t data_bytes) {
+  const uint64_t n = header.size();
+  const std::string path = temp_file(name);
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(&n), 8);
+  out << header << std::string(data_bytes, '\0');
+  return path;
+}
+
+// What the safetensors format forbids is refused naming the file and the tensor: a name twice,
+// overlapping bytes, a hole or bytes no tensor indexes, offsets that are not integers or not
+// inside the file, sizes that do not match dtype × shape, shapes past 2^64 bytes, nesting.
+TEST(use_Import, SafetensorsHeaderIsCheckedAsTheFormatRequires) {
+  const auto f32 = [](const std::string& name, const std::string& shape,
+                      const std::string& offsets) {
+    return "\"" + name + "\":{\"dtype\":\"F32\",\"shape\":[" + shape + "],\"data_offsets\":[" +
+           offsets + "]}";
+  };
+  struct Case {
+    std::string header;
+    size_t data;
+    std::string why;
+  };
+  const std::string deep = std::string(300000, '[') + std::string(300000, ']');
+  const Case cases[] = {
+      {"{" + f32("a", "1", "0,4") + "," + f32("a", "1", "4,8") + "}", 8, "appears twice"},
+      {"{" + f32("a", "2", "0,8") + "," + f32("b", "2", "4,12") + "}", 12, "overlap"},
+      {"{" + f32("a", "1", "0.0,4.0") + "}", 4, "malformed"},
+      {"{" + f32("a", "1", "0,4,8") + "}", 4, "malformed"},
+      {"{" + f32("a", "-1", "0,4") + "}", 4, "malformed"},
+      {"{" + f32("a", "100", "0,400") + "}", 16, "file's size"},
+      {"{" + f32("a", "1", "8,4") + "}", 8, "do not match"},
+      {"{" + f32("a", "3", "0,8") + "}", 8, "do not match"},
+      {"{" + f32("a", "1", "0,4") + "," + f32("b", "1", "8,12") + "}", 12, "a hole"},
+      {"{" + f32("a", "1", "0,4") + "}", 8, "cover 4 bytes"},
+      {"{" + f32("a", "4294967296,4294967296,4294967296", "0,4") + "}", 4, "2^64"},
+      {"{\"a\":{\"dtype\":\"F33\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "F33"},
+      {"{\"__metadata__\":" + deep + "}", 0, "nested deeper"},
+  };
+  for (const auto& c : cases) {
+    const std::string path = raw_safetensors("hostile", c.header, c.data);
+    try {
+      ck::SafetensorsFile f(path);
+      ADD_FAILURE() << "accepted: " << c.header.substr(0, 200);
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(c.why), std::string::npos)
+          << c.why << ": " << std::string(e.what()).substr(0, 300);
+    }
+    fs::remove(path);
+  }
+  // Zero-size tensors and tensors given out of order still tile the data section.
+  const std::string ok = raw_safetensors(
+      "ordered",
+      "{" + f32("b", "1", "4,8") + "," + f32("a", "1", "0,4") + "," + f32("e", "0", "8,8") + "}",
+      8);
+  EXPECT_EQ(ck::SafetensorsFile(ok).entries().size(), 3u);
+  fs::remove(ok);
+}
+
+// config.json values of the wrong type or an unrepresentable size, duplicated keys and deep
+// nesting are refused naming the file and the key, before anything is sized from them.
+TEST(use_Import, ConfigValuesOfTheWrongTypeOrSizeAreRefusedByName) {
+  const std::string base = kMinimalConfig;
+  const std::string deep = std::string(300000, '[') + std::string(300000, ']');
+  const std::pair<std::string, std::string> bad[] = {
+      {"max_position_embeddings", R"("2048")"},
+      {"rms_norm_eps", R"("1e-6")"},
+      {"rope_theta", R"("10000")"},
+      {"rope_theta", R"({"base": 10000})"},
+      {"tie_word_embeddings", R"("false")"},
+      {"num_key_value_heads", "2.5"},
+      {"num_hidden_layers", "2147483648"},
+      {"num_hidden_layers", "1099511627776"},
+      {"vocab_size", "1099511627776"},
+      {"max_position_embeddings", "-3"},
+      {"rope_scaling", deep},
+      {"architectures", deep},
+      {"vocab_size", "300"},  // a second vocab_size
+  };
+  for (const auto& [key, value] : bad) {
+    const std::string text = "{\"" + key + "\": " + value + ", " + base.substr(1);
+    std::vector<std::string> notes;
+    try {
+      llama_model_from_config(text, "c.json", &notes);
+      ADD_FAILURE() << key << " = " << value.substr(0, 40);
+    } catch (const UserError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("c.json"), std::string::npos) << what.substr(0, 300);
+      if (value != deep)
+        EXPECT_NE(what.find("`" + key + "`"), std::string::npos) << what.substr(0, 300);
+      else
+        EXPECT_NE(what.find("nested deeper"), std::string::npos) << what.substr(0, 300);
+    }
+  }
+}
+
+TEST(use_Import, RefusesATokenizerWithMoreIdsThanTheModel) {
+  const HfDir hf("big_tokenizer");  // vocab_size 256
+  hf.weights(hf.dir / "model.safetensors");
+  const fs::path corpus = hf.dir / "corpus.txt";
+  {
+    std::ofstream out(corpus);
+    for (int i = 0; i < 400; ++i)
+      out << "the quick brown fox " << i << " jumps over the lazy dog number " << i * 7 << "\n";
+  }
+  train_tokenizer({corpus.string(), (hf.dir / "tokenizer.model").string(), 300, "bpe", 1});
+  const std::string e = hf.import_error();
+  EXPECT_NE(e.find("tokenizer.model"), std::string::npos) << e;
+  EXPECT_NE(e.find("has 300 ids"), std::string::npos) << e;
+  EXPECT_NE(e.find("`vocab_size` is 256"), std::string::npos) << e;
 }
 
 }  // namespace
