@@ -141,7 +141,7 @@ void train_tokenizer(const TokenizerTraining& t) {
     std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
     out.write(model.data(), static_cast<std::streamsize>(model.size()));
     out.flush();
-    T3D_USER_CHECK(out.good(), "cannot write the tokenizer model `", tmp, "` (--model-out)");
+    T3D_USER_CHECK(out.good(), "cannot write the tokenizer model `", tmp, "` (--tokenizer)");
   }
   fs::rename(tmp, t.out, ec);
   T3D_USER_CHECK(!ec, "cannot rename `", tmp, "` to `", t.out, "`: ", ec.message());

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -207,6 +208,13 @@ std::vector<GlobalTensor> read_tensors(
                    "` has shape ", json(e.shape).dump(), " but config.json implies ",
                    json(t.shape).dump());
     t.data = it->second->read_f32(t.name);
+    // A weight that is NaN or infinite makes every loss NaN: refused, not trained from.
+    const auto bad =
+        std::find_if(t.data.begin(), t.data.end(), [](float v) { return !std::isfinite(v); });
+    T3D_USER_CHECK(bad == t.data.end(), "`", it->second->path(), "`: tensor `", t.name, "` holds ",
+                   *bad, " at element ", bad - t.data.begin(),
+                   " (flat index); a model with non-finite weights cannot be trained or used. "
+                   "Import a sound copy of the weights.");
     dtypes.insert(e.dtype);
     s.parameters += static_cast<int64_t>(t.data.size());
   }

@@ -361,5 +361,17 @@ TEST(use_Import, RefusesATokenizerWithMoreIdsThanTheModel) {
   EXPECT_NE(e.find("`vocab_size` is 256"), std::string::npos) << e;
 }
 
+TEST(use_Import, RefusesNonFiniteWeightsNamingTheTensor) {
+  for (const float bad :
+       {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+    HfDir hf("nonfinite");
+    hf.tensors[3].data[5] = bad;
+    hf.weights(hf.dir / "model.safetensors");
+    const std::string e = hf.import_error();
+    EXPECT_NE(e.find("`" + hf.tensors[3].name + "`"), std::string::npos) << e;
+    EXPECT_NE(e.find("element 5"), std::string::npos) << e;
+  }
+}
+
 }  // namespace
 }  // namespace t3d::runtime
