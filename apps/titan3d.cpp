@@ -6,7 +6,9 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -44,8 +46,8 @@ struct Options {
   std::vector<std::string> sets;
   std::string log_level;
   int np = 0;
-  bool trace = false;    // --trace: same as run.trace = true
-  bool dry_run = false;  // --dry-run: validate the recipe and its inputs, start no rank
+  bool trace = false;     // --trace: same as run.trace = true
+  bool dry_run = false;   // --dry-run: validate the recipe and its inputs, start no rank
   int max_restarts = -1;  // --max-restarts: run.max_restarts; -1: the recipe's
 };
 
@@ -101,11 +103,12 @@ int run_training(runtime::Recipe recipe, const Options& o, const std::vector<std
   if (job.mesh->rank() == 0 && !summary.steps.empty()) {
     const auto& first = summary.steps.front();
     const auto& last = summary.steps.back();
-    spdlog::info("done: {} steps, loss {:.4f} -> {:.4f}{} (unigram entropy {:.4f}); metrics in "
-                 "{}/metrics.jsonl",
-                 last.step, first.loss, last.loss,
-                 last.val_loss >= 0 ? fmt::format(", validation {:.4f}", last.val_loss) : "",
-                 summary.unigram_entropy_nats, job.run_dir);
+    spdlog::info(
+        "done: {} steps, loss {:.4f} -> {:.4f}{} (unigram entropy {:.4f}); metrics in "
+        "{}/metrics.jsonl",
+        last.step, first.loss, last.loss,
+        last.val_loss >= 0 ? fmt::format(", validation {:.4f}", last.val_loss) : "",
+        summary.unigram_entropy_nats, job.run_dir);
   }
   return 0;
 }
@@ -117,11 +120,12 @@ int train(const Options& o, const std::vector<std::string>& argv) {
   runtime::check_inputs(recipe);
   if (recipe.data.tokenizer != runtime::kByteTokenizerName) runtime::check_tokenizer(recipe);
   if (o.np > 0) recipe.resolve_world(o.np);
-  std::printf("recipe ok: %s: pp·dp·cp·tp = %lld·%lld·%lld·%lld = %lld ranks, %lld steps\n",
-              o.recipe.c_str(), static_cast<long long>(recipe.parallel.pp),
-              static_cast<long long>(recipe.parallel.dp), static_cast<long long>(recipe.parallel.cp),
-              static_cast<long long>(recipe.parallel.tp), static_cast<long long>(recipe.world_size()),
-              static_cast<long long>(recipe.train.steps));
+  std::printf(
+      "recipe ok: %s: pp·dp·cp·tp = %lld·%lld·%lld·%lld = %lld ranks, %lld steps\n",
+      o.recipe.c_str(), static_cast<long long>(recipe.parallel.pp),
+      static_cast<long long>(recipe.parallel.dp), static_cast<long long>(recipe.parallel.cp),
+      static_cast<long long>(recipe.parallel.tp), static_cast<long long>(recipe.world_size()),
+      static_cast<long long>(recipe.train.steps));
   return 0;
 }
 
@@ -151,10 +155,9 @@ int resume(const std::string& snapshot, const Options& o, const std::vector<std:
 int selfcheck(const Options& o, const runtime::SelfcheckOptions& options, const std::string& json,
               const std::vector<std::string>& argv) {
   runtime::Recipe recipe =
-      o.recipe.empty()
-          ? runtime::parse_recipe("[run]\nname = \"selfcheck\"\n[parallel]\ndp = -1\n",
-                                  "(selfcheck default)", overrides(o))
-          : runtime::load_recipe(o.recipe, overrides(o));
+      o.recipe.empty() ? runtime::parse_recipe("[run]\nname = \"selfcheck\"\n[parallel]\ndp = -1\n",
+                                               "(selfcheck default)", overrides(o))
+                       : runtime::load_recipe(o.recipe, overrides(o));
   runtime::spawn_if_needed(recipe, argv, o.np > 0 || !o.recipe.empty() ? o.np : 2);
 
   runtime::MpiRuntime mpi;
@@ -185,13 +188,13 @@ int eval(const std::string& snapshot, const runtime::EvalOptions& options, const
   const runtime::EvalResult res = runtime::run_eval(job, snapshot, options);
   if (job.mesh->rank() != 0) return 0;
   const auto& p = job.recipe.parallel;
-  std::printf("eval %s (step %lld) on %s: loss %.6f nats/token, perplexity %.4f over %lld "
-              "windows of %lld tokens (%lld batches; pp=%lld dp=%lld tp=%lld)\n",
-              snapshot.c_str(), static_cast<long long>(res.step), res.data.c_str(), res.loss,
-              res.perplexity, static_cast<long long>(res.windows),
-              static_cast<long long>(job.recipe.model.seq_len),
-              static_cast<long long>(res.batches), static_cast<long long>(p.pp),
-              static_cast<long long>(p.dp), static_cast<long long>(p.tp));
+  std::printf(
+      "eval %s (step %lld) on %s: loss %.6f nats/token, perplexity %.4f over %lld "
+      "windows of %lld tokens (%lld batches; pp=%lld dp=%lld tp=%lld)\n",
+      snapshot.c_str(), static_cast<long long>(res.step), res.data.c_str(), res.loss,
+      res.perplexity, static_cast<long long>(res.windows),
+      static_cast<long long>(job.recipe.model.seq_len), static_cast<long long>(res.batches),
+      static_cast<long long>(p.pp), static_cast<long long>(p.dp), static_cast<long long>(p.tp));
   std::fflush(stdout);
   if (!options.json.empty()) {
     std::FILE* f = std::fopen(options.json.c_str(), "w");
@@ -219,10 +222,12 @@ void reexec_with_openblas_coretype(const std::vector<std::string>& argv) {
 // `generate`: one process, no MPI; the completion streams to stdout after the prompt.
 int generate(const std::string& snapshot, const std::string& prompt, int64_t max_tokens,
              const runtime::SamplingOptions& sampling) {
-  T3D_USER_CHECK(max_tokens >= 0, "--max-tokens is ", max_tokens, "; it must be >= 0");
+  T3D_USER_CHECK(max_tokens >= 0 && max_tokens <= runtime::kMaxGenerateTokens, "--max-tokens is ",
+                 max_tokens, "; give 0 to ", runtime::kMaxGenerateTokens);
   T3D_USER_CHECK(sampling.top_k >= 0, "--top-k is ", sampling.top_k, "; it must be >= 0");
-  T3D_USER_CHECK(sampling.temperature >= 0, "--temperature is ", sampling.temperature,
-                 "; it must be >= 0 (0: greedy)");
+  T3D_USER_CHECK(sampling.temperature >= 0 && std::isfinite(sampling.temperature),
+                 "--temperature is ", sampling.temperature,
+                 "; it must be a finite number >= 0 (0: greedy)");
   kernels::set_blas_threads(1);  // one row at a time: GEMVs too small to share among threads
   const runtime::SnapshotWeights weights = runtime::load_snapshot_weights(snapshot);
   runtime::Decoder decoder(weights);
@@ -232,6 +237,8 @@ int generate(const std::string& snapshot, const std::string& prompt, int64_t max
   const auto encoded = tokenizer.encode_document(prompt);
   const std::vector<int32_t> ids(encoded.begin(), encoded.end());
   const int64_t vocab = weights.recipe.model.vocab_size;
+  T3D_USER_CHECK(sampling.top_k <= vocab, "--top-k is ", sampling.top_k, " but the model has ",
+                 vocab, " token ids (model.vocab_size); give at most ", vocab, " (0: all)");
   for (const int32_t id : ids)
     T3D_USER_CHECK(id < vocab, "the prompt encodes to id ", id, " (", tokenizer.describe(),
                    ") but the model's vocabulary is ", vocab,
@@ -265,9 +272,8 @@ int export_model(const std::string& snapshot, const std::string& out_dir,
                  const runtime::ExportOptions& options) {
   const runtime::ExportSummary s = runtime::export_snapshot(snapshot, out_dir, options);
   std::printf("export %s (step %lld): %lld tensors, %.2f M parameters -> %s (%.1f MiB), %s\n",
-              snapshot.c_str(), static_cast<long long>(s.step),
-              static_cast<long long>(s.tensors), s.parameters / 1e6, s.safetensors.c_str(),
-              s.bytes / 1048576.0, s.config.c_str());
+              snapshot.c_str(), static_cast<long long>(s.step), static_cast<long long>(s.tensors),
+              s.parameters / 1e6, s.safetensors.c_str(), s.bytes / 1048576.0, s.config.c_str());
   if (!s.tokenizer.empty()) std::printf("export: tokenizer -> %s\n", s.tokenizer.c_str());
   return 0;
 }
@@ -301,8 +307,8 @@ int main(int argc, char** argv) {
   auto* train_cmd = app.add_subcommand("train", "Train the model a recipe describes");
   train_cmd->add_option("recipe", o.recipe, "Recipe TOML file")->required();
   add_sets(train_cmd);
-  train_cmd->add_option("--np", o.np,
-                        "Ranks to spawn when titan3d launches itself and parallel.dp = -1")
+  train_cmd
+      ->add_option("--np", o.np, "Ranks to spawn when titan3d launches itself and parallel.dp = -1")
       ->check(CLI::Range(1, 1 << 20));
   train_cmd->add_flag("--dry-run", o.dry_run,
                       "Validate the recipe, overrides and input files as a run would before "
@@ -327,9 +333,10 @@ int main(int argc, char** argv) {
   add_sets(selfcheck_cmd);
   selfcheck_cmd->add_option("--json", json, "Also write the report as JSON to this file");
   selfcheck_cmd->add_flag("--quick", check.quick, "Fewer message sizes and iterations");
-  selfcheck_cmd->add_option("--np", o.np,
-                            "Ranks to spawn when titan3d launches itself and parallel.dp = -1 "
-                            "(default 2 without a recipe)")
+  selfcheck_cmd
+      ->add_option("--np", o.np,
+                   "Ranks to spawn when titan3d launches itself and parallel.dp = -1 "
+                   "(default 2 without a recipe)")
       ->check(CLI::Range(1, 1 << 20));
 
   // `plan`: options go straight into runtime::PlanOptions; see docs/planner.md.
@@ -352,7 +359,10 @@ int main(int argc, char** argv) {
   plan_cmd->add_flag("--calibrate", plan.calibrate,
                      "Measure compute and MPI speeds here, with the recipe's ranks");
   plan_cmd->add_option("--calibrate-probe", plan.calibrate_probe)->group("");  // internal
-  plan_cmd->add_option("--zero", plan.zero, "ZeRO stages to try, e.g. --zero 0,1 (default: 0,1,2; 3 is priced only on request)")
+  plan_cmd
+      ->add_option(
+          "--zero", plan.zero,
+          "ZeRO stages to try, e.g. --zero 0,1 (default: 0,1,2; 3 is priced only on request)")
       ->delimiter(',');
 
   auto* keys_cmd = app.add_subcommand("keys", "Print every recipe key: type, default, meaning");
@@ -365,9 +375,11 @@ int main(int argc, char** argv) {
   eval_cmd->add_option("--data", eval_opts.data,
                        "Text (read through the snapshot's data.tokenizer) or token file; "
                        "default: the recipe's validation data, as the trainer reads it");
-  eval_cmd->add_option("--batches", eval_opts.batches,
-                       "Batches of train.global_batch windows (default: every window of --data "
-                       "once; train.val_batches for the recipe's validation data)");
+  eval_cmd
+      ->add_option("--batches", eval_opts.batches,
+                   "Batches of train.global_batch windows, 1 or more (default: every window of "
+                   "--data once; train.val_batches for the recipe's validation data)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   eval_cmd->add_option("--json", eval_opts.json, "Also write the result as JSON to this file");
   add_sets(eval_cmd);
 
@@ -378,13 +390,17 @@ int main(int argc, char** argv) {
       app.add_subcommand("generate", "Sample text from a snapshot's model (one process)");
   generate_cmd->add_option("snapshot", snapshot, "Snapshot file (.h5)")->required();
   generate_cmd->add_option("--prompt", prompt, "Text to continue")->required();
-  generate_cmd->add_option("--max-tokens", max_tokens, "Tokens to generate")
+  generate_cmd
+      ->add_option("--max-tokens", max_tokens,
+                   "Tokens to generate, at most " + std::to_string(runtime::kMaxGenerateTokens))
       ->capture_default_str();
   generate_cmd->add_option("--temperature", sampling.temperature, "Softmax temperature; 0: greedy")
       ->capture_default_str();
   generate_cmd->add_option("--top-k", sampling.top_k, "Sample among the k most likely; 0: all")
       ->capture_default_str();
-  generate_cmd->add_option("--seed", sampling.seed, "Random seed (same seed, same text)")
+  // Parsed here: CLI11 wraps "-1" into an unsigned integer and saturates 2^64.
+  std::string seed = std::to_string(sampling.seed);
+  generate_cmd->add_option("--seed", seed, "Random seed, 0 to 2^64 - 1 (same seed, same text)")
       ->capture_default_str();
 
   std::string out_dir;
@@ -401,8 +417,8 @@ int main(int argc, char** argv) {
       "import", "Read a Hugging Face LLaMA directory into a snapshot at step 0 (to fine-tune)");
   import_cmd->add_option("hf_dir", hf_dir, "Directory: config.json + safetensors weights")
       ->required();
-  import_cmd->add_option("--out", out_dir,
-                         "Snapshot directory DIR to create, or DIR/step_00000000.h5")
+  import_cmd
+      ->add_option("--out", out_dir, "Snapshot directory DIR to create, or DIR/step_00000000.h5")
       ->required();
 
   runtime::TokenizeOptions tok;
@@ -452,6 +468,9 @@ int main(int argc, char** argv) {
     if (eval_cmd->parsed()) return eval(snapshot, eval_opts, o, args);
     if (generate_cmd->parsed()) {
       reexec_with_openblas_coretype(args);
+      const auto [end, ec] = std::from_chars(seed.data(), seed.data() + seed.size(), sampling.seed);
+      T3D_USER_CHECK(ec == std::errc() && end == seed.data() + seed.size() && !seed.empty(),
+                     "--seed is `", seed, "`; give an integer from 0 to 2^64 - 1");
       return generate(snapshot, prompt, max_tokens, sampling);
     }
     if (export_cmd->parsed()) return export_model(snapshot, out_dir, export_opts);
