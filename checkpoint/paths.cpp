@@ -1,12 +1,15 @@
 #include "checkpoint/paths.h"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 
+#include "checkpoint/snapshot.h"
 #include "kernels/check.h"
 
 namespace t3d::checkpoint {
@@ -47,6 +50,55 @@ void require_regular_file(const std::string& path, const std::string& what) {
                  : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
                                                               : "a socket or other special file",
                  "); give a regular file");
+}
+
+AtomicFile::AtomicFile(std::string path, std::string what)
+    : path_(std::move(path)), tmp_(temp_path(path_)), what_(std::move(what)) {
+  fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd_ < 0) fail("create", errno);
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!tmp_.empty()) ::unlink(tmp_.c_str());
+}
+
+void AtomicFile::fail(const char* doing, int err) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = -1;
+  ::unlink(tmp_.c_str());
+  tmp_.clear();
+  throw UserError(detail::concat(
+      "cannot ", doing, " `", path_, "` (", what_, "): ", std::strerror(err),
+      err == ENOSPC || err == EDQUOT ? "; nothing was written. Free space there or choose "
+                                       "another path."
+                                     : "; nothing was written."));
+}
+
+void AtomicFile::write(const void* data, size_t bytes) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd_, p, bytes);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) fail("write", n < 0 ? errno : EIO);
+    p += n;
+    bytes -= static_cast<size_t>(n);
+  }
+}
+
+void AtomicFile::commit() {
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) fail("write", errno);
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0) fail("rename into", errno);
+  tmp_.clear();
+}
+
+void write_file_atomically(const std::string& path, std::string_view text,
+                           const std::string& what) {
+  AtomicFile f(path, what);
+  f.write(text.data(), text.size());
+  f.commit();
 }
 
 }  // namespace t3d::checkpoint

@@ -74,33 +74,22 @@ uint64_t write_safetensors(const std::string& path, const std::vector<TensorRef>
   // Spaces are JSON whitespace: padding keeps every tensor 8-byte aligned for memory mapping.
   header.append((8 - header.size() % 8) % 8, ' ');
 
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    T3D_USER_CHECK(out.good(), "cannot create `", tmp,
-                   "`; check that the directory is writable (--out)");
-    const uint64_t n = header.size();
-    out.write(reinterpret_cast<const char*>(&n), sizeof(n));
-    out.write(header.data(), static_cast<std::streamsize>(header.size()));
-    for (const auto& t : tensors) {
-      int64_t count = 1;
-      for (const int64_t d : t.shape) count *= d;
-      if (!bf16) {
-        out.write(reinterpret_cast<const char*>(t.data),
-                  static_cast<std::streamsize>(count * sizeof(float)));
-        continue;
-      }
-      std::vector<kernels::bf16> half(static_cast<size_t>(count));
-      kernels::float_to_bf16(half.data(), t.data, count);
-      out.write(reinterpret_cast<const char*>(half.data()),
-                static_cast<std::streamsize>(count * sizeof(kernels::bf16)));
+  AtomicFile out(path, "--out");
+  const uint64_t n = header.size();
+  out.write(&n, sizeof(n));
+  out.write(header.data(), header.size());
+  for (const auto& t : tensors) {
+    int64_t count = 1;
+    for (const int64_t d : t.shape) count *= d;
+    if (!bf16) {
+      out.write(t.data, static_cast<size_t>(count) * sizeof(float));
+      continue;
     }
-    out.flush();
-    T3D_USER_CHECK(out.good(), "writing `", tmp, "` failed (disk full?)");
+    std::vector<kernels::bf16> half(static_cast<size_t>(count));
+    kernels::float_to_bf16(half.data(), t.data, count);
+    out.write(half.data(), half.size() * sizeof(kernels::bf16));
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  T3D_USER_CHECK(!ec, "cannot rename `", tmp, "` to `", path, "`: ", ec.message());
+  out.commit();
   return sizeof(uint64_t) + header.size() + offset;
 }
 

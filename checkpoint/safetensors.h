@@ -28,8 +28,8 @@ struct TensorRef {
 
 enum class StDtype { kF32, kBF16 };
 
-// Writes `tensors` in the order given to a temporary name, then renames it to `path` (a reader
-// never sees half a file). Returns the bytes written. UserError when the file cannot be written.
+// Writes `tensors` in the order given, whole or not at all (AtomicFile: a reader never sees half
+// a file, a failure leaves none). Returns the bytes written. UserError when it cannot be written.
 uint64_t write_safetensors(const std::string& path, const std::vector<TensorRef>& tensors,
                            const std::map<std::string, std::string>& metadata,
                            StDtype dtype = StDtype::kF32);

@@ -263,7 +263,7 @@ std::string import_tokenizer(const fs::path& hf, const fs::path& out, ImportSumm
                  ": the model has no embedding rows for the others. Give the model's own "
                  "tokenizer, or remove tokenizer.model to import with the byte tokenizer.");
   const fs::path dst = out / "tokenizer.model";
-  write_file_atomically(dst.string(), model, "--out");
+  ck::write_file_atomically(dst.string(), model, "--out");
   return dst.string();
 }
 
@@ -347,20 +347,31 @@ ImportSummary import_hf(const std::string& hf_dir, const std::string& out) {
   ImportSummary s;
   s.recipe.model =
       llama_model_from_config(read_file_bytes(config, "config.json"), config.string(), &s.notes);
-  std::error_code ec;
-  fs::create_directories(out_dir, ec);
-  T3D_USER_CHECK(fs::is_directory(out_dir), "cannot create `", out_dir,
-                 "` (--out): ", ec.message());
-  T3D_USER_CHECK(ck::committed_steps(out_dir).empty(), "`", out_dir,
+  const bool existed = fs::exists(out_dir);
+  T3D_USER_CHECK(!existed || ck::committed_steps(out_dir).empty(), "`", out_dir,
                  "` (--out) already holds snapshots; give an empty or new directory");
   auto tensors = read_tensors(s.recipe.model, open_weights(hf, &s.files), s);
   s.recipe.run.name =
       hf.filename().empty() ? hf.parent_path().filename().string() : hf.filename().string();
-  s.recipe.data.tokenizer = s.tokenizer = import_tokenizer(hf, out_dir, s);
-  s.recipe.data.bos = import_bos(hf, s.tokenizer, s);
-  // Through the parser: the same validation (and derived values) as any recipe.
-  s.recipe = parse_recipe(s.recipe.to_toml(), config.string() + " (imported recipe)");
-  write_snapshot(out_dir, s.recipe, tensors);
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  T3D_USER_CHECK(fs::is_directory(out_dir), "cannot create `", out_dir,
+                 "` (--out): ", ec.message());
+  try {
+    s.recipe.data.tokenizer = s.tokenizer = import_tokenizer(hf, out_dir, s);
+    s.recipe.data.bos = import_bos(hf, s.tokenizer, s);
+    // Through the parser: the same validation (and derived values) as any recipe.
+    s.recipe = parse_recipe(s.recipe.to_toml(), config.string() + " (imported recipe)");
+    write_snapshot(out_dir, s.recipe, tensors);
+  } catch (...) {
+    // Nothing partial stays: the step-0 shard directory and the tokenizer copy are this
+    // import's (the directory held no snapshot), and so is the directory if it was created.
+    // write_index removes its own temporary when it fails.
+    fs::remove_all(fs::path(out_dir) / ck::snapshot_name(0), ec);
+    if (s.tokenizer != kByteTokenizerName && !s.tokenizer.empty()) fs::remove(s.tokenizer, ec);
+    if (!existed) fs::remove(out_dir, ec);  // only if empty
+    throw;
+  }
   s.snapshot = ck::index_path(out_dir, 0);
   return s;
 }

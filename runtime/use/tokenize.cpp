@@ -7,6 +7,7 @@
 #include <fstream>
 #include <thread>
 
+#include "checkpoint/paths.h"
 #include "kernels/check.h"
 #include "runtime/data/data.h"
 #include "runtime/data/text_tokenizer.h"
@@ -23,10 +24,7 @@ void write_text(const std::string& path, const std::string& text) {
     std::fflush(stdout);
     return;
   }
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  out.flush();
-  T3D_USER_CHECK(out.good(), "cannot write `", path, "` (--out)");
+  checkpoint::write_file_atomically(path, text, "--out");
 }
 
 }  // namespace
