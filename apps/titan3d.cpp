@@ -16,6 +16,7 @@
 
 #include "apps/io_verbs.h"
 #include "apps/perf_report.h"
+#include "checkpoint/paths.h"
 #include "kernels/blas.h"
 #include "kernels/check.h"
 #include "parallel/trace.h"
@@ -166,12 +167,7 @@ int selfcheck(const Options& o, const runtime::SelfcheckOptions& options, const 
   if (job.mesh->rank() == 0) {
     std::fputs(report.table().c_str(), stdout);
     std::fflush(stdout);
-    if (!json.empty()) {
-      std::FILE* f = std::fopen(json.c_str(), "w");
-      T3D_USER_CHECK(f, "cannot write `", json, "` (--json)");
-      std::fputs(report.json().c_str(), f);
-      std::fclose(f);
-    }
+    if (!json.empty()) checkpoint::write_file_atomically(json, report.json(), "--json");
   }
   return report.ok() ? 0 : kExitSelfcheckFailed;
 }
@@ -196,13 +192,18 @@ int eval(const std::string& snapshot, const runtime::EvalOptions& options, const
       static_cast<long long>(job.recipe.model.seq_len), static_cast<long long>(res.batches),
       static_cast<long long>(p.pp), static_cast<long long>(p.dp), static_cast<long long>(p.tp));
   std::fflush(stdout);
-  if (!options.json.empty()) {
-    std::FILE* f = std::fopen(options.json.c_str(), "w");
-    T3D_USER_CHECK(f, "cannot write `", options.json, "` (--json)");
-    std::fputs(runtime::eval_json(res).c_str(), f);
-    std::fclose(f);
-  }
+  if (!options.json.empty())
+    checkpoint::write_file_atomically(options.json, runtime::eval_json(res), "--json");
   return 0;
+}
+
+// What a verb printed reached standard output, or UserError: output lost to a full disk or a
+// closed pipe is a failure, not a success.
+void check_stdout() {
+  const bool failed = std::fflush(stdout) != 0 || std::ferror(stdout);
+  const int err = errno;
+  T3D_USER_CHECK(!failed, "writing to standard output failed: ", std::strerror(err),
+                 "; the output is lost. Redirect it where there is space.");
 }
 
 // OpenBLAS chooses its kernels when it loads, from OPENBLAS_CORETYPE; Debian's falls back to slow
@@ -244,7 +245,7 @@ int generate(const std::string& snapshot, const std::string& prompt, int64_t max
                    ") but the model's vocabulary is ", vocab,
                    " tokens (model.vocab_size); it was not trained on text read this way");
   std::fwrite(prompt.data(), 1, prompt.size(), stdout);
-  std::fflush(stdout);
+  check_stdout();  // before generating: text that cannot be shown is not worth computing
   const auto t0 = std::chrono::steady_clock::now();
   runtime::CompletionPrinter printer(tokenizer, ids);
   const auto out =
@@ -461,27 +462,33 @@ int main(int argc, char** argv) {
 
   const std::vector<std::string> args(argv, argv + argc);
   try {
-    if (train_cmd->parsed()) return train(o, args);
-    if (keys_cmd->parsed()) return print_keys();
-    if (resume_cmd->parsed()) return resume(snapshot, o, args);
-    if (selfcheck_cmd->parsed()) return selfcheck(o, check, json, args);
-    if (eval_cmd->parsed()) return eval(snapshot, eval_opts, o, args);
-    if (generate_cmd->parsed()) {
-      reexec_with_openblas_coretype(args);
-      const auto [end, ec] = std::from_chars(seed.data(), seed.data() + seed.size(), sampling.seed);
-      T3D_USER_CHECK(ec == std::errc() && end == seed.data() + seed.size() && !seed.empty(),
-                     "--seed is `", seed, "`; give an integer from 0 to 2^64 - 1");
-      return generate(snapshot, prompt, max_tokens, sampling);
-    }
-    if (export_cmd->parsed()) return export_model(snapshot, out_dir, export_opts);
-    if (tokenize_cmd->parsed()) return app::tokenize(tok);
-    if (import_cmd->parsed()) return app::import_model(hf_dir, out_dir);
-    if (plan_cmd->parsed()) {
-      plan.recipe = o.recipe;
-      plan.overrides = overrides(o);
-      plan.argv = args;
-      return runtime::run_plan(plan);
-    }
+    const int code = [&] {
+      if (train_cmd->parsed()) return train(o, args);
+      if (keys_cmd->parsed()) return print_keys();
+      if (resume_cmd->parsed()) return resume(snapshot, o, args);
+      if (selfcheck_cmd->parsed()) return selfcheck(o, check, json, args);
+      if (eval_cmd->parsed()) return eval(snapshot, eval_opts, o, args);
+      if (generate_cmd->parsed()) {
+        reexec_with_openblas_coretype(args);
+        const auto [end, ec] =
+            std::from_chars(seed.data(), seed.data() + seed.size(), sampling.seed);
+        T3D_USER_CHECK(ec == std::errc() && end == seed.data() + seed.size() && !seed.empty(),
+                       "--seed is `", seed, "`; give an integer from 0 to 2^64 - 1");
+        return generate(snapshot, prompt, max_tokens, sampling);
+      }
+      if (export_cmd->parsed()) return export_model(snapshot, out_dir, export_opts);
+      if (tokenize_cmd->parsed()) return app::tokenize(tok);
+      if (import_cmd->parsed()) return app::import_model(hf_dir, out_dir);
+      if (plan_cmd->parsed()) {
+        plan.recipe = o.recipe;
+        plan.overrides = overrides(o);
+        plan.argv = args;
+        return runtime::run_plan(plan);
+      }
+      return 1;
+    }();
+    if (code == 0) check_stdout();
+    return code;
   } catch (const runtime::AgreedFailure& f) {
     return f.exit_code;  // already reported once, by the lowest failing rank
   } catch (const UserError& e) {

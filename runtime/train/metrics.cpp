@@ -1,13 +1,15 @@
 #include "runtime/train/metrics.h"
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 
 #include "kernels/check.h"
 
 namespace t3d::runtime {
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append)
-    : file_(std::fopen(path.c_str(), append ? "a" : "w")) {
+    : path_(path), file_(std::fopen(path.c_str(), append ? "a" : "w")) {
   T3D_USER_CHECK(file_, "cannot open metrics file `", path, "` for writing (run.dir)");
 }
 
@@ -29,7 +31,11 @@ void MetricsWriter::write(const std::vector<std::pair<std::string, double>>& fie
       std::fprintf(file_, "%.9g", value);
   }
   std::fputs("}\n", file_);
-  std::fflush(file_);
+  const bool failed = std::fflush(file_) != 0 || std::ferror(file_);
+  const int err = errno;
+  T3D_USER_CHECK(!failed, "cannot write the metrics file `", path_, "`: ", std::strerror(err),
+                 "; the run stops rather than lose its metrics. Free space in the run directory "
+                 "(run.dir) and resume from the last snapshot.");
 }
 
 std::string format_duration(double seconds) {

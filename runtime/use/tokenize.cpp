@@ -1,8 +1,10 @@
 #include "runtime/use/tokenize.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -21,7 +23,11 @@ namespace {
 void write_text(const std::string& path, const std::string& text) {
   if (path.empty()) {
     std::fwrite(text.data(), 1, text.size(), stdout);
-    std::fflush(stdout);
+    const bool failed = std::fflush(stdout) != 0 || std::ferror(stdout);
+    const int err = errno;
+    T3D_USER_CHECK(!failed,
+                   "writing the decoded text to standard output failed: ", std::strerror(err),
+                   "; it is lost. Redirect it where there is space, or give --out.");
     return;
   }
   checkpoint::write_file_atomically(path, text, "--out");

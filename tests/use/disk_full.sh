@@ -2,7 +2,9 @@
 # A real full disk under every file a verb writes for the user: small tmpfs file systems (in a
 # private mount namespace) sized so that the disk fills at different points (the first file, a
 # later one). Every run must end with exit 0 and its files whole, or exit 2 saying the disk is
-# full and leave nothing behind (no *.tmp, no half file, no half export or import).
+# full and leave nothing behind (no *.tmp, no half file, no half export or import). A training
+# run whose run directory fills ends with exit 2 naming metrics.jsonl, on every rank; output to
+# /dev/full (generate, tokenize --decode) is exit 2 too.
 # Skipped (exit 77) where this machine cannot mount a tmpfs.
 set -u
 source "$(dirname "$0")/../e2e/mount_ns.sh"
@@ -65,6 +67,28 @@ done
 on_disk "tokenize --vocab" 0 "$work/m0" "false" \
   "$titan3d" tokenize "$work/text.txt" --vocab 400 --tokenizer "$work/m0/m.model"
 check "grep -q 'm.model. (--tokenizer)' $work/messages.txt" "a tokenizer model that does not fit names --tokenizer"
+# eval --json: the result file, whole or absent.
+on_disk "eval --json" 0 "$work/e0" "false" "$titan3d" eval "$snap" --json "$work/e0/e.json"
+
+# Training with its run directory filling up: the metrics writer fails, and every rank ends with
+# exit 2 naming the file (it used to end with exit 0 and no metrics).
+for run in "16 1" "24 1" "16 2"; do
+  set -- $run
+  mnt=$work/r$1x$2
+  full_tmpfs "$mnt" "$1"
+  out=$(timeout 120 "$titan3d" train "${tiny[@]}" --set parallel.dp="$2" --set train.steps=60 \
+        --set train.val_every=0 --set run.dir="$mnt/run" 2>&1); rc=$?
+  check "[ $rc -eq 2 ] && grep -q 'metrics file .*metrics.jsonl.*No space left' <<<\"\$out\" && ! grep -qi 'internal error' <<<\"\$out\"" \
+    "train with a ${1} KiB run directory on $2 rank(s): exit 2 naming metrics.jsonl (rc $rc)" || echo "$out" | tail -5
+  umount "$mnt"
+done
+
+# Standard output that cannot be written is an error, not a lost result.
+out=$(timeout 60 "$titan3d" generate "$snap" --prompt "The " --max-tokens 20 2>&1 >/dev/full); rc=$?
+check "[ $rc -eq 2 ] && grep -q 'standard output' <<<\"\$out\"" "generate >/dev/full: exit 2 (rc $rc)" || echo "$out"
+out=$(timeout 60 "$titan3d" tokenize "$work/t.bin" --decode --tokenizer bytes 2>&1 >/dev/full); rc=$?
+check "[ $rc -eq 2 ] && grep -q 'standard output' <<<\"\$out\"" "tokenize --decode >/dev/full: exit 2 (rc $rc)" || echo "$out"
+
 echo "runs that failed on a full disk: $failed; that fitted: $succeeded"
 check "[ $failed -gt 0 ] && [ $succeeded -gt 0 ]" "the sweep saw both failed and whole outputs"
 exit $fail
