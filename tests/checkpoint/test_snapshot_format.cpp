@@ -216,6 +216,9 @@ TEST_F(SnapshotFormat, ReadsOnlyRegularFilesInsideItsDirectory) {
     fs::create_symlink(fifo_index, index_path(dir_, 13));
     EXPECT_NE(error_of(index_path(dir_, 13)).find("a FIFO"), std::string::npos);
     EXPECT_THROW(read_recipe(fifo_index), UserError);
+    // An index that is a symbolic link to a device (reading /dev/zero would never end).
+    fs::create_symlink("/dev/zero", index_path(dir_, 16));
+    EXPECT_NE(error_of(index_path(dir_, 16)).find("a device"), std::string::npos);
     // A shard that is a FIFO.
     const std::string fifo_shard = shard_path(dir_, 14, 0);
     write_shard(fifo_shard, 0, {whole});
