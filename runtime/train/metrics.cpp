@@ -1,5 +1,8 @@
 #include "runtime/train/metrics.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstring>
@@ -19,6 +22,8 @@ MetricsWriter::~MetricsWriter() {
 
 void MetricsWriter::write(const std::vector<std::pair<std::string, double>>& fields) {
   if (!file_) return;
+  struct stat st {};
+  const off_t start = ::fstat(fileno(file_), &st) == 0 ? st.st_size : -1;
   std::fputc('{', file_);
   for (size_t i = 0; i < fields.size(); ++i) {
     const auto& [key, value] = fields[i];
@@ -33,6 +38,11 @@ void MetricsWriter::write(const std::vector<std::pair<std::string, double>>& fie
   std::fputs("}\n", file_);
   const bool failed = std::fflush(file_) != 0 || std::ferror(file_);
   const int err = errno;
+  if (failed) {  // no half line stays behind for a resumed run to append after
+    std::fclose(file_);
+    file_ = nullptr;
+    [[maybe_unused]] const int cut = start >= 0 ? ::truncate(path_.c_str(), start) : 0;
+  }
   T3D_USER_CHECK(!failed, "cannot write the metrics file `", path_, "`: ", std::strerror(err),
                  "; the run stops rather than lose its metrics. Free space in the run directory "
                  "(run.dir) and resume from the last snapshot.");

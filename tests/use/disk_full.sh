@@ -71,15 +71,22 @@ check "grep -q 'm.model. (--tokenizer)' $work/messages.txt" "a tokenizer model t
 on_disk "eval --json" 0 "$work/e0" "false" "$titan3d" eval "$snap" --json "$work/e0/e.json"
 
 # Training with its run directory filling up: the metrics writer fails, and every rank ends with
-# exit 2 naming the file (it used to end with exit 0 and no metrics).
-for run in "16 1" "24 1" "16 2"; do
+# exit 2 naming the file (it used to end with exit 0 and no metrics); or, with room for the metrics,
+# exit 0 with all 60 steps. Either way metrics.jsonl holds whole lines, and gemm_choice.json and
+# summary.json are whole or absent (summary.json was left empty).
+for run in "16 1" "24 1" "16 2" "32 1"; do
   set -- $run
   mnt=$work/r$1x$2
   full_tmpfs "$mnt" "$1"
   out=$(timeout 120 "$titan3d" train "${tiny[@]}" --set parallel.dp="$2" --set train.steps=60 \
         --set train.val_every=0 --set run.dir="$mnt/run" 2>&1); rc=$?
-  check "[ $rc -eq 2 ] && grep -q 'metrics file .*metrics.jsonl.*No space left' <<<\"\$out\" && ! grep -qi 'internal error' <<<\"\$out\"" \
-    "train with a ${1} KiB run directory on $2 rank(s): exit 2 naming metrics.jsonl (rc $rc)" || echo "$out" | tail -5
+  what="train with a ${1} KiB run directory on $2 rank(s)"
+  check "! grep -qi 'internal error' <<<\"\$out\" && { [ $rc -eq 2 ] && grep -q 'metrics file .*metrics.jsonl.*No space left' <<<\"\$out\" || { [ $rc -eq 0 ] && [ \$(grep -c '\"loss\"' $mnt/run/metrics.jsonl) -eq 60 ]; }; }" \
+    "$what: exit 2 naming metrics.jsonl, or exit 0 with every step (rc $rc)" || echo "$out" | tail -5
+  check "[ -f $mnt/run/metrics.jsonl ] && awk '!/^[{].*[}]\$/ { bad = 1 } END { exit bad }' $mnt/run/metrics.jsonl" \
+    "$what: metrics.jsonl holds whole lines only" || tail -c 300 "$mnt/run/metrics.jsonl"
+  check "[ -z \"\$(find $mnt/run -name '*.tmp')\" ] && for j in $mnt/run/*.json; do [ ! -e \$j ] || /usr/bin/python3 -c 'import json, sys; json.load(open(sys.argv[1]))' \$j || exit 1; done" \
+    "$what: every JSON file there is whole, no temporary left" || ls -la "$mnt/run"
   umount "$mnt"
 done
 
