@@ -70,6 +70,14 @@ check "grep -q 'm.model. (--tokenizer)' $work/messages.txt" "a tokenizer model t
 # eval --json: the result file, whole or absent.
 on_disk "eval --json" 0 "$work/e0" "false" "$titan3d" eval "$snap" --json "$work/e0/e.json"
 
+# whole_json_files DIR: no temporary in DIR, and every *.json file there parses.
+whole_json_files() {
+  [ -z "$(find "$1" -name '*.tmp')" ] || return 1
+  local j
+  for j in "$1"/*.json; do
+    [ ! -e "$j" ] || /usr/bin/python3 -c 'import json, sys; json.load(open(sys.argv[1]))' "$j" 2>/dev/null || return 1
+  done
+}
 # Training with its run directory filling up: the metrics writer fails, and every rank ends with
 # exit 2 naming the file (it used to end with exit 0 and no metrics); or, with room for the metrics,
 # exit 0 with all 60 steps. Either way metrics.jsonl holds whole lines, and gemm_choice.json and
@@ -85,7 +93,7 @@ for run in "16 1" "24 1" "16 2" "32 1"; do
     "$what: exit 2 naming metrics.jsonl, or exit 0 with every step (rc $rc)" || echo "$out" | tail -5
   check "[ -f $mnt/run/metrics.jsonl ] && awk '!/^[{].*[}]\$/ { bad = 1 } END { exit bad }' $mnt/run/metrics.jsonl" \
     "$what: metrics.jsonl holds whole lines only" || tail -c 300 "$mnt/run/metrics.jsonl"
-  check "[ -z \"\$(find $mnt/run -name '*.tmp')\" ] && for j in $mnt/run/*.json; do [ ! -e \$j ] || /usr/bin/python3 -c 'import json, sys; json.load(open(sys.argv[1]))' \$j || exit 1; done" \
+  check "whole_json_files $mnt/run" \
     "$what: every JSON file there is whole, no temporary left" || ls -la "$mnt/run"
   umount "$mnt"
 done
