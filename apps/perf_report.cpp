@@ -7,6 +7,8 @@
 #include <fstream>
 #include <iterator>
 
+#include "checkpoint/paths.h"
+#include "kernels/check.h"
 #include "parallel/simulator.h"
 #include "parallel/trace.h"
 #include "runtime/plan/planner.h"
@@ -141,7 +143,11 @@ void report_supervision(const SupervisedRun& run, const std::string& run_dir) {
                                  "{:.4f}, \"layout_changes\": [{}]}}",
                                  run.restarts, run.lost_s, run.useful_s, run.wall_s, run.goodput(),
                                  changes));
-  std::ofstream(path) << text;
+  try {
+    checkpoint::write_file_atomically(path, text, "run.dir");
+  } catch (const UserError& e) {
+    spdlog::warn("{}", e.what());
+  }
 }
 
 void report_performance(const Job& job, const TrainSummary& summary) {
@@ -149,12 +155,18 @@ void report_performance(const Job& job, const TrainSummary& summary) {
   const PerfSummary p = summarize_performance(job.recipe, job.mesh->world().size(), summary);
   spdlog::info("{}", format_performance(p));
   const std::string path = job.run_dir + "/summary.json";
-  std::ofstream out(path);
-  out << "{\"performance\": " << performance_json(p)
-      << fmt::format(", \"steps\": {}, \"final_loss\": {:.6g}, \"unigram_entropy_nats\": {:.6g}}}\n",
-                     summary.steps.back().step, summary.steps.back().loss,
-                     summary.unigram_entropy_nats);
-  if (!out) spdlog::warn("cannot write {}", path);
+  try {
+    checkpoint::write_file_atomically(
+        path,
+        "{\"performance\": " + performance_json(p) +
+            fmt::format(", \"steps\": {}, \"final_loss\": {:.6g}, \"unigram_entropy_nats\": "
+                        "{:.6g}}}\n",
+                        summary.steps.back().step, summary.steps.back().loss,
+                        summary.unigram_entropy_nats),
+        "run.dir");
+  } catch (const UserError& e) {
+    spdlog::warn("{}", e.what());
+  }
 }
 
 }  // namespace t3d::runtime

@@ -6,7 +6,9 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <charconv>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -14,6 +16,7 @@
 
 #include "apps/io_verbs.h"
 #include "apps/perf_report.h"
+#include "checkpoint/paths.h"
 #include "kernels/blas.h"
 #include "kernels/check.h"
 #include "parallel/trace.h"
@@ -45,8 +48,8 @@ struct Options {
   std::vector<std::string> sets;
   std::string log_level;
   int np = 0;
-  bool trace = false;    // --trace: same as run.trace = true
-  bool dry_run = false;  // --dry-run: validate the recipe and its inputs, start no rank
+  bool trace = false;     // --trace: same as run.trace = true
+  bool dry_run = false;   // --dry-run: validate the recipe and its inputs, start no rank
   int max_restarts = -1;  // --max-restarts: run.max_restarts; -1: the recipe's
 };
 
@@ -105,11 +108,12 @@ int run_training(runtime::Recipe recipe, const Options& o, const std::vector<std
   if (job.mesh->rank() == 0 && !summary.steps.empty()) {
     const auto& first = summary.steps.front();
     const auto& last = summary.steps.back();
-    spdlog::info("done: {} steps, loss {:.4f} -> {:.4f}{} (unigram entropy {:.4f}); metrics in "
-                 "{}/metrics.jsonl",
-                 last.step, first.loss, last.loss,
-                 last.val_loss >= 0 ? fmt::format(", validation {:.4f}", last.val_loss) : "",
-                 summary.unigram_entropy_nats, job.run_dir);
+    spdlog::info(
+        "done: {} steps, loss {:.4f} -> {:.4f}{} (unigram entropy {:.4f}); metrics in "
+        "{}/metrics.jsonl",
+        last.step, first.loss, last.loss,
+        last.val_loss >= 0 ? fmt::format(", validation {:.4f}", last.val_loss) : "",
+        summary.unigram_entropy_nats, job.run_dir);
   }
   return 0;
 }
@@ -121,11 +125,12 @@ int train(const Options& o, const std::vector<std::string>& argv) {
   runtime::check_inputs(recipe);
   if (recipe.data.tokenizer != runtime::kByteTokenizerName) runtime::check_tokenizer(recipe);
   if (o.np > 0) recipe.resolve_world(o.np);
-  std::printf("recipe ok: %s: pp·dp·cp·tp = %lld·%lld·%lld·%lld = %lld ranks, %lld steps\n",
-              o.recipe.c_str(), static_cast<long long>(recipe.parallel.pp),
-              static_cast<long long>(recipe.parallel.dp), static_cast<long long>(recipe.parallel.cp),
-              static_cast<long long>(recipe.parallel.tp), static_cast<long long>(recipe.world_size()),
-              static_cast<long long>(recipe.train.steps));
+  std::printf(
+      "recipe ok: %s: pp·dp·cp·tp = %lld·%lld·%lld·%lld = %lld ranks, %lld steps\n",
+      o.recipe.c_str(), static_cast<long long>(recipe.parallel.pp),
+      static_cast<long long>(recipe.parallel.dp), static_cast<long long>(recipe.parallel.cp),
+      static_cast<long long>(recipe.parallel.tp), static_cast<long long>(recipe.world_size()),
+      static_cast<long long>(recipe.train.steps));
   return 0;
 }
 
@@ -155,10 +160,9 @@ int resume(const std::string& snapshot, const Options& o, const std::vector<std:
 int selfcheck(const Options& o, const runtime::SelfcheckOptions& options, const std::string& json,
               const std::vector<std::string>& argv) {
   runtime::Recipe recipe =
-      o.recipe.empty()
-          ? runtime::parse_recipe("[run]\nname = \"selfcheck\"\n[parallel]\ndp = -1\n",
-                                  "(selfcheck default)", overrides(o))
-          : runtime::load_recipe(o.recipe, overrides(o));
+      o.recipe.empty() ? runtime::parse_recipe("[run]\nname = \"selfcheck\"\n[parallel]\ndp = -1\n",
+                                               "(selfcheck default)", overrides(o))
+                       : runtime::load_recipe(o.recipe, overrides(o));
   runtime::spawn_if_needed(recipe, argv, o.np > 0 || !o.recipe.empty() ? o.np : 2);
 
   runtime::MpiRuntime mpi;
@@ -167,12 +171,7 @@ int selfcheck(const Options& o, const runtime::SelfcheckOptions& options, const 
   if (job.mesh->rank() == 0) {
     std::fputs(report.table().c_str(), stdout);
     std::fflush(stdout);
-    if (!json.empty()) {
-      std::FILE* f = std::fopen(json.c_str(), "w");
-      T3D_USER_CHECK(f, "cannot write `", json, "` (--json)");
-      std::fputs(report.json().c_str(), f);
-      std::fclose(f);
-    }
+    if (!json.empty()) checkpoint::write_file_atomically(json, report.json(), "--json");
   }
   return report.ok() ? 0 : kExitSelfcheckFailed;
 }
@@ -189,21 +188,26 @@ int eval(const std::string& snapshot, const runtime::EvalOptions& options, const
   const runtime::EvalResult res = runtime::run_eval(job, snapshot, options);
   if (job.mesh->rank() != 0) return 0;
   const auto& p = job.recipe.parallel;
-  std::printf("eval %s (step %lld) on %s: loss %.6f nats/token, perplexity %.4f over %lld "
-              "windows of %lld tokens (%lld batches; pp=%lld dp=%lld tp=%lld)\n",
-              snapshot.c_str(), static_cast<long long>(res.step), res.data.c_str(), res.loss,
-              res.perplexity, static_cast<long long>(res.windows),
-              static_cast<long long>(job.recipe.model.seq_len),
-              static_cast<long long>(res.batches), static_cast<long long>(p.pp),
-              static_cast<long long>(p.dp), static_cast<long long>(p.tp));
+  std::printf(
+      "eval %s (step %lld) on %s: loss %.6f nats/token, perplexity %.4f over %lld "
+      "windows of %lld tokens (%lld batches; pp=%lld dp=%lld tp=%lld)\n",
+      snapshot.c_str(), static_cast<long long>(res.step), res.data.c_str(), res.loss,
+      res.perplexity, static_cast<long long>(res.windows),
+      static_cast<long long>(job.recipe.model.seq_len), static_cast<long long>(res.batches),
+      static_cast<long long>(p.pp), static_cast<long long>(p.dp), static_cast<long long>(p.tp));
   std::fflush(stdout);
-  if (!options.json.empty()) {
-    std::FILE* f = std::fopen(options.json.c_str(), "w");
-    T3D_USER_CHECK(f, "cannot write `", options.json, "` (--json)");
-    std::fputs(runtime::eval_json(res).c_str(), f);
-    std::fclose(f);
-  }
+  if (!options.json.empty())
+    checkpoint::write_file_atomically(options.json, runtime::eval_json(res), "--json");
   return 0;
+}
+
+// What a verb printed reached standard output, or UserError: output lost to a full disk or a
+// closed pipe is a failure, not a success.
+void check_stdout() {
+  const bool failed = std::fflush(stdout) != 0 || std::ferror(stdout);
+  const int err = errno;
+  T3D_USER_CHECK(!failed, "writing to standard output failed: ", std::strerror(err),
+                 "; the output is lost. Redirect it where there is space.");
 }
 
 // OpenBLAS chooses its kernels when it loads, from OPENBLAS_CORETYPE; Debian's falls back to slow
@@ -223,10 +227,12 @@ void reexec_with_openblas_coretype(const std::vector<std::string>& argv) {
 // `generate`: one process, no MPI; the completion streams to stdout after the prompt.
 int generate(const std::string& snapshot, const std::string& prompt, int64_t max_tokens,
              const runtime::SamplingOptions& sampling) {
-  T3D_USER_CHECK(max_tokens >= 0, "--max-tokens is ", max_tokens, "; it must be >= 0");
+  T3D_USER_CHECK(max_tokens >= 0 && max_tokens <= runtime::kMaxGenerateTokens, "--max-tokens is ",
+                 max_tokens, "; give 0 to ", runtime::kMaxGenerateTokens);
   T3D_USER_CHECK(sampling.top_k >= 0, "--top-k is ", sampling.top_k, "; it must be >= 0");
-  T3D_USER_CHECK(sampling.temperature >= 0, "--temperature is ", sampling.temperature,
-                 "; it must be >= 0 (0: greedy)");
+  T3D_USER_CHECK(sampling.temperature >= 0 && std::isfinite(sampling.temperature),
+                 "--temperature is ", sampling.temperature,
+                 "; it must be a finite number >= 0 (0: greedy)");
   kernels::set_blas_threads(1);  // one row at a time: GEMVs too small to share among threads
   const runtime::SnapshotWeights weights = runtime::load_snapshot_weights(snapshot);
   runtime::Decoder decoder(weights);
@@ -236,12 +242,14 @@ int generate(const std::string& snapshot, const std::string& prompt, int64_t max
   const auto encoded = tokenizer.encode_document(prompt);
   const std::vector<int32_t> ids(encoded.begin(), encoded.end());
   const int64_t vocab = weights.recipe.model.vocab_size;
+  T3D_USER_CHECK(sampling.top_k <= vocab, "--top-k is ", sampling.top_k, " but the model has ",
+                 vocab, " token ids (model.vocab_size); give at most ", vocab, " (0: all)");
   for (const int32_t id : ids)
     T3D_USER_CHECK(id < vocab, "the prompt encodes to id ", id, " (", tokenizer.describe(),
                    ") but the model's vocabulary is ", vocab,
                    " tokens (model.vocab_size); it was not trained on text read this way");
   std::fwrite(prompt.data(), 1, prompt.size(), stdout);
-  std::fflush(stdout);
+  check_stdout();  // before generating: text that cannot be shown is not worth computing
   const auto t0 = std::chrono::steady_clock::now();
   runtime::CompletionPrinter printer(tokenizer, ids);
   const auto out =
@@ -269,9 +277,8 @@ int export_model(const std::string& snapshot, const std::string& out_dir,
                  const runtime::ExportOptions& options) {
   const runtime::ExportSummary s = runtime::export_snapshot(snapshot, out_dir, options);
   std::printf("export %s (step %lld): %lld tensors, %.2f M parameters -> %s (%.1f MiB), %s\n",
-              snapshot.c_str(), static_cast<long long>(s.step),
-              static_cast<long long>(s.tensors), s.parameters / 1e6, s.safetensors.c_str(),
-              s.bytes / 1048576.0, s.config.c_str());
+              snapshot.c_str(), static_cast<long long>(s.step), static_cast<long long>(s.tensors),
+              s.parameters / 1e6, s.safetensors.c_str(), s.bytes / 1048576.0, s.config.c_str());
   if (!s.tokenizer.empty()) std::printf("export: tokenizer -> %s\n", s.tokenizer.c_str());
   return 0;
 }
@@ -305,8 +312,8 @@ int main(int argc, char** argv) {
   auto* train_cmd = app.add_subcommand("train", "Train the model a recipe describes");
   train_cmd->add_option("recipe", o.recipe, "Recipe TOML file")->required();
   add_sets(train_cmd);
-  train_cmd->add_option("--np", o.np,
-                        "Ranks to spawn when titan3d launches itself and parallel.dp = -1")
+  train_cmd
+      ->add_option("--np", o.np, "Ranks to spawn when titan3d launches itself and parallel.dp = -1")
       ->check(CLI::Range(1, 1 << 20));
   train_cmd->add_flag("--dry-run", o.dry_run,
                       "Validate the recipe, overrides and input files as a run would before "
@@ -331,9 +338,10 @@ int main(int argc, char** argv) {
   add_sets(selfcheck_cmd);
   selfcheck_cmd->add_option("--json", json, "Also write the report as JSON to this file");
   selfcheck_cmd->add_flag("--quick", check.quick, "Fewer message sizes and iterations");
-  selfcheck_cmd->add_option("--np", o.np,
-                            "Ranks to spawn when titan3d launches itself and parallel.dp = -1 "
-                            "(default 2 without a recipe)")
+  selfcheck_cmd
+      ->add_option("--np", o.np,
+                   "Ranks to spawn when titan3d launches itself and parallel.dp = -1 "
+                   "(default 2 without a recipe)")
       ->check(CLI::Range(1, 1 << 20));
 
   // `plan`: options go straight into runtime::PlanOptions; see docs/planner.md.
@@ -356,7 +364,10 @@ int main(int argc, char** argv) {
   plan_cmd->add_flag("--calibrate", plan.calibrate,
                      "Measure compute and MPI speeds here, with the recipe's ranks");
   plan_cmd->add_option("--calibrate-probe", plan.calibrate_probe)->group("");  // internal
-  plan_cmd->add_option("--zero", plan.zero, "ZeRO stages to try, e.g. --zero 0,1 (default: 0,1,2; 3 is priced only on request)")
+  plan_cmd
+      ->add_option(
+          "--zero", plan.zero,
+          "ZeRO stages to try, e.g. --zero 0,1 (default: 0,1,2; 3 is priced only on request)")
       ->delimiter(',');
 
   auto* keys_cmd = app.add_subcommand("keys", "Print every recipe key: type, default, meaning");
@@ -369,9 +380,11 @@ int main(int argc, char** argv) {
   eval_cmd->add_option("--data", eval_opts.data,
                        "Text (read through the snapshot's data.tokenizer) or token file; "
                        "default: the recipe's validation data, as the trainer reads it");
-  eval_cmd->add_option("--batches", eval_opts.batches,
-                       "Batches of train.global_batch windows (default: every window of --data "
-                       "once; train.val_batches for the recipe's validation data)");
+  eval_cmd
+      ->add_option("--batches", eval_opts.batches,
+                   "Batches of train.global_batch windows, 1 or more (default: every window of "
+                   "--data once; train.val_batches for the recipe's validation data)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
   eval_cmd->add_option("--json", eval_opts.json, "Also write the result as JSON to this file");
   add_sets(eval_cmd);
 
@@ -382,13 +395,17 @@ int main(int argc, char** argv) {
       app.add_subcommand("generate", "Sample text from a snapshot's model (one process)");
   generate_cmd->add_option("snapshot", snapshot, "Snapshot file (.h5)")->required();
   generate_cmd->add_option("--prompt", prompt, "Text to continue")->required();
-  generate_cmd->add_option("--max-tokens", max_tokens, "Tokens to generate")
+  generate_cmd
+      ->add_option("--max-tokens", max_tokens,
+                   "Tokens to generate, at most " + std::to_string(runtime::kMaxGenerateTokens))
       ->capture_default_str();
   generate_cmd->add_option("--temperature", sampling.temperature, "Softmax temperature; 0: greedy")
       ->capture_default_str();
   generate_cmd->add_option("--top-k", sampling.top_k, "Sample among the k most likely; 0: all")
       ->capture_default_str();
-  generate_cmd->add_option("--seed", sampling.seed, "Random seed (same seed, same text)")
+  // Parsed here: CLI11 wraps "-1" into an unsigned integer and saturates 2^64.
+  std::string seed = std::to_string(sampling.seed);
+  generate_cmd->add_option("--seed", seed, "Random seed, 0 to 2^64 - 1 (same seed, same text)")
       ->capture_default_str();
 
   std::string out_dir;
@@ -405,8 +422,8 @@ int main(int argc, char** argv) {
       "import", "Read a Hugging Face LLaMA directory into a snapshot at step 0 (to fine-tune)");
   import_cmd->add_option("hf_dir", hf_dir, "Directory: config.json + safetensors weights")
       ->required();
-  import_cmd->add_option("--out", out_dir,
-                         "Snapshot directory DIR to create, or DIR/step_00000000.h5")
+  import_cmd
+      ->add_option("--out", out_dir, "Snapshot directory DIR to create, or DIR/step_00000000.h5")
       ->required();
 
   runtime::TokenizeOptions tok;
@@ -449,24 +466,33 @@ int main(int argc, char** argv) {
 
   const std::vector<std::string> args(argv, argv + argc);
   try {
-    if (train_cmd->parsed()) return train(o, args);
-    if (keys_cmd->parsed()) return print_keys();
-    if (resume_cmd->parsed()) return resume(snapshot, o, args);
-    if (selfcheck_cmd->parsed()) return selfcheck(o, check, json, args);
-    if (eval_cmd->parsed()) return eval(snapshot, eval_opts, o, args);
-    if (generate_cmd->parsed()) {
-      reexec_with_openblas_coretype(args);
-      return generate(snapshot, prompt, max_tokens, sampling);
-    }
-    if (export_cmd->parsed()) return export_model(snapshot, out_dir, export_opts);
-    if (tokenize_cmd->parsed()) return app::tokenize(tok);
-    if (import_cmd->parsed()) return app::import_model(hf_dir, out_dir);
-    if (plan_cmd->parsed()) {
-      plan.recipe = o.recipe;
-      plan.overrides = overrides(o);
-      plan.argv = args;
-      return runtime::run_plan(plan);
-    }
+    const int code = [&] {
+      if (train_cmd->parsed()) return train(o, args);
+      if (keys_cmd->parsed()) return print_keys();
+      if (resume_cmd->parsed()) return resume(snapshot, o, args);
+      if (selfcheck_cmd->parsed()) return selfcheck(o, check, json, args);
+      if (eval_cmd->parsed()) return eval(snapshot, eval_opts, o, args);
+      if (generate_cmd->parsed()) {
+        reexec_with_openblas_coretype(args);
+        const auto [end, ec] =
+            std::from_chars(seed.data(), seed.data() + seed.size(), sampling.seed);
+        T3D_USER_CHECK(ec == std::errc() && end == seed.data() + seed.size() && !seed.empty(),
+                       "--seed is `", seed, "`; give an integer from 0 to 2^64 - 1");
+        return generate(snapshot, prompt, max_tokens, sampling);
+      }
+      if (export_cmd->parsed()) return export_model(snapshot, out_dir, export_opts);
+      if (tokenize_cmd->parsed()) return app::tokenize(tok);
+      if (import_cmd->parsed()) return app::import_model(hf_dir, out_dir);
+      if (plan_cmd->parsed()) {
+        plan.recipe = o.recipe;
+        plan.overrides = overrides(o);
+        plan.argv = args;
+        return runtime::run_plan(plan);
+      }
+      return 1;
+    }();
+    if (code == 0) check_stdout();
+    return code;
   } catch (const runtime::AgreedFailure& f) {
     return f.exit_code;  // already reported once, by the lowest failing rank
   } catch (const UserError& e) {

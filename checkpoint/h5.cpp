@@ -116,6 +116,20 @@ Handle open_dataset(hid_t file, const std::string& path, const std::string& what
   return {T3D_H5(H5Dopen2(file, path.c_str(), H5P_DEFAULT), what + ":" + path), H5Dclose};
 }
 
+void require_hard_links(hid_t loc, const std::string& path, const std::string& what) {
+  for (size_t end = path.find('/', 1);; end = path.find('/', end + 1)) {
+    const std::string prefix = path.substr(0, end);
+    H5L_info_t info;
+    T3D_H5(H5Lget_info(loc, prefix.c_str(), &info, H5P_DEFAULT), what + ":" + prefix);
+    T3D_USER_CHECK(info.type == H5L_TYPE_HARD, "`", what, "`: `", prefix, "` is ",
+                   info.type == H5L_TYPE_EXTERNAL ? "an external link (into another file)"
+                                                  : "a soft or user-defined link",
+                   "; titan3d reads only objects stored in the file itself. The file is not one "
+                   "titan3d wrote: resume from another snapshot.");
+    if (end == std::string::npos) return;
+  }
+}
+
 Handle simple_space(const std::vector<int64_t>& dims) {
   std::vector<hsize_t> d(dims.begin(), dims.end());
   return {T3D_H5(H5Screate_simple(static_cast<int>(d.size()), d.data(), nullptr), "dataspace"),

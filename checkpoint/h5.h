@@ -69,6 +69,10 @@ std::vector<char> file_image(hid_t file, const std::string& what);
 // exactly the bytes that were checked. `name` is the file's path, for messages.
 Handle open_image(const std::string& name, const std::vector<char>& image);
 Handle open_dataset(hid_t file, const std::string& path, const std::string& what);
+// UserError unless every link on `path` from `loc` (each group on the way and the object itself)
+// is a hard link: a soft or external link in a file read as data could lead anywhere, into
+// another file included. Call before opening an object of a file that is not trusted.
+void require_hard_links(hid_t loc, const std::string& path, const std::string& what);
 Handle simple_space(const std::vector<int64_t>& dims);
 // Link-creation property list that makes missing intermediate groups.
 Handle intermediate_groups();

@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "checkpoint/h5.h"
+#include "checkpoint/paths.h"
 #include "checkpoint/snapshot.h"
 #include "kernels/check.h"
 
@@ -86,19 +87,20 @@ struct Level {
     info.step = h5::read_int_attr(f, "step", path);
     info.parent = h5::read_string_attr(f, "parent", path);
     if (h5::has_attr(f, "id")) info.id = h5::read_uints_attr(f, "id", path).at(0);
-    if (!info.parent.empty())
-      info.parent_id = h5::read_uints_attr(f, "parent_id", path).at(0);
+    if (!info.parent.empty()) info.parent_id = h5::read_uints_attr(f, "parent_id", path).at(0);
     info.recipe = h5::read_string_attr(f, "recipe", path);
     info.layout = h5::read_string_attr(f, "layout", path);
     std::istringstream files(h5::read_string_attr(f, "shard_files", path));
     const auto bytes = h5::read_ints_attr(f, "shard_bytes", path);
     const auto hashes = h5::read_uints_attr(f, "shard_hash", path);
     for (std::string file; std::getline(files, file);) {
+      path_inside(dir, file, "snapshot index `" + path + "` (shard_files)");
       const size_t i = info.shards.size();
       T3D_USER_CHECK(i < bytes.size() && i < hashes.size(), "snapshot `", path,
                      "`: shard lists disagree");
       info.shards.push_back({file, static_cast<uint64_t>(bytes[i]), hashes[i]});
     }
+    h5::require_hard_links(f, "state", path);
     const h5::Handle state(T3D_H5(H5Gopen2(f, "state", H5P_DEFAULT), path + ":/state"), H5Gclose);
     H5O_info_t oinfo;
     T3D_H5(H5Oget_info2(state, &oinfo, H5O_INFO_NUM_ATTRS), path + ":/state");
@@ -157,8 +159,9 @@ struct Level {
       // tool takes them for values; the catalog is keyed by the tensor they rebuild.
       const bool masks = !info.parent.empty();
       T3D_USER_CHECK(masks == (name.rfind("xor/", 0) == 0), "snapshot `", path, "`: dataset `",
-                     name, masks ? "` is not under /xor/ in an incremental snapshot"
-                                 : "` is under /xor/ in a full snapshot");
+                     name,
+                     masks ? "` is not under /xor/ in an incremental snapshot"
+                           : "` is under /xor/ in a full snapshot");
       tensors[masks ? name.substr(4) : name] = std::move(t);
     }
   }
@@ -172,6 +175,7 @@ struct Level {
     T3D_USER_CHECK(entry != info.shards.end(), "snapshot `", path, "` maps a tensor to `", full,
                    "`, which its shard list does not name");
     T3D_USER_CHECK(fs::exists(full), "snapshot `", path, "`: shard file `", full, "` is missing");
+    require_regular_file(full, "snapshot shard");
     const FileDigest d = digest_file(full);
     T3D_USER_CHECK(d.bytes == entry->bytes, "snapshot shard `", full, "` has ", d.bytes,
                    " bytes, the index recorded ", entry->bytes,
@@ -197,6 +201,7 @@ struct Level {
   // Reads one whole piece as stored: values, or an XOR mask in an incremental snapshot.
   std::vector<float> read_data(const Piece& p) {
     const std::string full = dir + "/" + p.file;
+    h5::require_hard_links(shard(p.file), p.path, full);
     const h5::Handle d = h5::open_dataset(shard(p.file), p.path, full);
     std::vector<float> data(static_cast<size_t>(volume(p.shape)));
     T3D_H5(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()),
@@ -207,11 +212,13 @@ struct Level {
   // Checks every chunk of a piece's content (rebuilt, for an incremental snapshot).
   void check_hashes(const Piece& p, const std::vector<float>& data) {
     const std::string full = dir + "/" + p.file;
+    h5::require_hard_links(shard(p.file), p.path, full);
     const h5::Handle d = h5::open_dataset(shard(p.file), p.path, full);
     const int64_t chunk = h5::read_int_attr(d, "chunk_elems", full + ":" + p.path);
     const auto hashes = h5::read_uints_attr(d, "chunk_hash", full + ":" + p.path);
     const auto n = static_cast<int64_t>(data.size());
-    T3D_USER_CHECK(chunk > 0, "snapshot shard `", full, "`: `", p.path, "` has chunk_elems ", chunk);
+    T3D_USER_CHECK(chunk > 0, "snapshot shard `", full, "`: `", p.path, "` has chunk_elems ",
+                   chunk);
     for (int64_t c = 0; c * chunk < std::max<int64_t>(n, 1); ++c) {
       const int64_t len = std::min(chunk, n - c * chunk);
       T3D_USER_CHECK(static_cast<size_t>(c) < hashes.size() &&
@@ -250,7 +257,13 @@ struct SnapshotReader::Impl {
     rev.push_back(open_level(path));
     while (!rev.back()->info.parent.empty()) {
       const Level& child = *rev.back();
-      const std::string parent = child.dir + "/" + child.info.parent;
+      // The parent is an index of the same directory, named without a directory.
+      T3D_USER_CHECK(child.info.parent.find('/') == std::string::npos, "snapshot `", child.path,
+                     "` names the parent `", child.info.parent,
+                     "`, which is not a file name in its own directory; titan3d writes "
+                     "parents beside their children. Resume from a full snapshot.");
+      const std::string parent =
+          path_inside(child.dir, child.info.parent, "snapshot `" + child.path + "` (parent)");
       T3D_USER_CHECK(rev.size() < 10000, "snapshot `", path, "`: its parent chain does not end");
       T3D_USER_CHECK(fs::exists(parent), "snapshot `", path, "` is incremental and needs ",
                      &child == rev.front().get() ? "its parent" : "its ancestor", " `", parent,
@@ -260,8 +273,8 @@ struct SnapshotReader::Impl {
       try {
         lv = open_level(parent);
       } catch (const UserError& e) {
-        throw UserError("snapshot `" + path + "` is incremental and needs its ancestor `" +
-                        parent + "`, which is unusable: " + e.what());
+        throw UserError("snapshot `" + path + "` is incremental and needs its ancestor `" + parent +
+                        "`, which is unusable: " + e.what());
       }
       T3D_USER_CHECK(lv->info.id == child.info.parent_id && lv->info.step < child.info.step,
                      "snapshot `", child.path, "` was taken against another `", parent,
@@ -360,6 +373,7 @@ std::string read_recipe(const std::string& index_path) {
 }
 
 std::vector<char> read_verified_index(const std::string& path) {
+  require_regular_file(path, "snapshot index");
   std::FILE* in = std::fopen(path.c_str(), "rb");
   T3D_USER_CHECK(in, "cannot open snapshot index `", path, "`: ", std::strerror(errno));
   std::vector<char> bytes;

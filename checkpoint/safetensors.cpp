@@ -1,12 +1,15 @@
 #include "checkpoint/safetensors.h"
 
+#include <algorithm>
 #include <bit>
+#include <climits>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
+#include <set>
 
+#include "checkpoint/paths.h"
 #include "kernels/check.h"
 #include "kernels/precision.h"
 
@@ -71,33 +74,22 @@ uint64_t write_safetensors(const std::string& path, const std::vector<TensorRef>
   // Spaces are JSON whitespace: padding keeps every tensor 8-byte aligned for memory mapping.
   header.append((8 - header.size() % 8) % 8, ' ');
 
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    T3D_USER_CHECK(out.good(), "cannot create `", tmp,
-                   "`; check that the directory is writable (--out)");
-    const uint64_t n = header.size();
-    out.write(reinterpret_cast<const char*>(&n), sizeof(n));
-    out.write(header.data(), static_cast<std::streamsize>(header.size()));
-    for (const auto& t : tensors) {
-      int64_t count = 1;
-      for (const int64_t d : t.shape) count *= d;
-      if (!bf16) {
-        out.write(reinterpret_cast<const char*>(t.data),
-                  static_cast<std::streamsize>(count * sizeof(float)));
-        continue;
-      }
-      std::vector<kernels::bf16> half(static_cast<size_t>(count));
-      kernels::float_to_bf16(half.data(), t.data, count);
-      out.write(reinterpret_cast<const char*>(half.data()),
-                static_cast<std::streamsize>(count * sizeof(kernels::bf16)));
+  AtomicFile out(path, "--out");
+  const uint64_t n = header.size();
+  out.write(&n, sizeof(n));
+  out.write(header.data(), header.size());
+  for (const auto& t : tensors) {
+    int64_t count = 1;
+    for (const int64_t d : t.shape) count *= d;
+    if (!bf16) {
+      out.write(t.data, static_cast<size_t>(count) * sizeof(float));
+      continue;
     }
-    out.flush();
-    T3D_USER_CHECK(out.good(), "writing `", tmp, "` failed (disk full?)");
+    std::vector<kernels::bf16> half(static_cast<size_t>(count));
+    kernels::float_to_bf16(half.data(), t.data, count);
+    out.write(half.data(), half.size() * sizeof(kernels::bf16));
   }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  T3D_USER_CHECK(!ec, "cannot rename `", tmp, "` to `", path, "`: ", ec.message());
+  out.commit();
   return sizeof(uint64_t) + header.size() + offset;
 }
 
@@ -126,18 +118,50 @@ float f16_to_float(uint16_t h) {
   return f;
 }
 
+// Bytes per element of the safetensors dtypes; 0 for a name the format does not define.
 uint64_t dtype_width(const std::string& dtype) {
-  if (dtype == "F32") return 4;
-  if (dtype == "BF16" || dtype == "F16") return 2;
-  return 0;  // unsupported: read_f32 refuses it by name
+  static const std::map<std::string, uint64_t> widths = {
+      {"BOOL", 1}, {"U8", 1},  {"I8", 1},  {"F8_E5M2", 1}, {"F8_E4M3", 1},
+      {"I16", 2},  {"U16", 2}, {"F16", 2}, {"BF16", 2},    {"I32", 4},
+      {"U32", 4},  {"F32", 4}, {"F64", 8}, {"I64", 8},     {"U64", 8}};
+  const auto it = widths.find(dtype);
+  return it == widths.end() ? 0 : it->second;
 }
 
 }  // namespace
 
+nlohmann::json parse_json_text(const std::string& text, const std::string& source) {
+  using json = nlohmann::json;
+  std::vector<std::set<std::string>> keys;  // one per open object or array (whose stays empty)
+  const json::parser_callback_t check = [&](int depth, json::parse_event_t event, json& parsed) {
+    using E = json::parse_event_t;
+    if (event == E::object_start || event == E::array_start) {
+      T3D_USER_CHECK(depth < kMaxJsonDepth, source, ": JSON nested deeper than ", kMaxJsonDepth,
+                     " levels; no file titan3d reads needs that. The file is damaged or hostile.");
+      keys.emplace_back();
+    } else if (event == E::object_end || event == E::array_end) {
+      keys.pop_back();
+    } else if (event == E::key) {
+      T3D_USER_CHECK(keys.back().insert(parsed.get<std::string>()).second, source, ": key `",
+                     parsed.get<std::string>(),
+                     "` appears twice in one object; which value is meant is ambiguous. Keep one.");
+    }
+    return true;
+  };
+  try {
+    return json::parse(text, check);
+  } catch (const json::exception& e) {
+    throw UserError(detail::concat(source, " is not JSON: ", e.what()));
+  }
+}
+
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  require_regular_file(path, "safetensors file");
   std::ifstream in(path, std::ios::binary);
   T3D_USER_CHECK(in.good(), "cannot open safetensors file `", path, "`");
-  const uint64_t size = std::filesystem::file_size(path);
+  std::error_code ec;
+  const uint64_t size = std::filesystem::file_size(path, ec);
+  T3D_USER_CHECK(!ec, "cannot read safetensors file `", path, "`: ", ec.message());
   uint64_t n = 0;
   in.read(reinterpret_cast<char*>(&n), sizeof n);
   T3D_USER_CHECK(in.good() && n + 8 <= size && n < (uint64_t{1} << 30), "`", path,
@@ -146,42 +170,78 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   std::string text(n, '\0');
   in.read(text.data(), static_cast<std::streamsize>(n));
   data_start_ = 8 + n;
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(text);
-  } catch (const std::exception& e) {
-    throw UserError(detail::concat("`", path, "`: the safetensors header is not JSON: ", e.what()));
-  }
+  const nlohmann::json header = parse_json_text(text, "`" + path + "`: the safetensors header");
   T3D_USER_CHECK(header.is_object(), "`", path, "`: the safetensors header is not an object");
+  const auto bad = [&](const std::string& name, const std::string& what) {
+    return UserError(detail::concat("`", path, "`: tensor `", name, "` ", what,
+                                    "; the file is truncated or damaged (or not written by a "
+                                    "safetensors writer)"));
+  };
+  // Every tensor's bytes [begin, end), sorted below to check they tile the data section.
+  std::vector<std::pair<std::pair<uint64_t, uint64_t>, std::string>> spans;
   for (const auto& [name, v] : header.items()) {
     if (name == "__metadata__") continue;
-    try {
-      StEntry e{v.at("dtype").get<std::string>(), v.at("shape").get<std::vector<int64_t>>(),
-                v.at("data_offsets").at(0).get<uint64_t>(),
-                v.at("data_offsets").at(1).get<uint64_t>()};
-      uint64_t elems = 1;
-      for (const int64_t d : e.shape) elems *= static_cast<uint64_t>(d);
-      const uint64_t width = dtype_width(e.dtype);
-      T3D_USER_CHECK(e.begin <= e.end && data_start_ + e.end <= size &&
-                         (width == 0 || e.end - e.begin == width * elems),
-                     "`", path, "`: tensor `", name, "` has data offsets [", e.begin, ", ", e.end,
-                     ") that do not match its dtype and shape or the file's size (", size,
-                     " bytes); the file is truncated or damaged");
-      entries_.emplace(name, std::move(e));
-    } catch (const nlohmann::json::exception& ex) {
-      throw UserError(detail::concat("`", path, "`: tensor `", name,
-                                     "` has a malformed header entry: ", ex.what()));
+    const auto is_uints = [](const nlohmann::json& a) {
+      return a.is_array() && std::all_of(a.begin(), a.end(), [](const nlohmann::json& x) {
+               return x.is_number_unsigned();
+             });
+    };
+    if (!v.is_object() || !v.contains("dtype") || !v.at("dtype").is_string() ||
+        !v.contains("shape") || !is_uints(v.at("shape")) || !v.contains("data_offsets") ||
+        !is_uints(v.at("data_offsets")) || v.at("data_offsets").size() != 2)
+      throw bad(name, "has a malformed header entry " + v.dump() +
+                          " (it needs a dtype string, a shape and two data_offsets, all "
+                          "non-negative integers)");
+    StEntry e{v.at("dtype").get<std::string>(),
+              {},
+              v.at("data_offsets").at(0).get<uint64_t>(),
+              v.at("data_offsets").at(1).get<uint64_t>()};
+    const uint64_t width = dtype_width(e.dtype);
+    if (width == 0)
+      throw bad(name, "has dtype `" + e.dtype + "`, which safetensors does not define");
+    uint64_t bytes = width;
+    for (const auto& d : v.at("shape")) {
+      const uint64_t extent = d.get<uint64_t>();
+      if (extent > static_cast<uint64_t>(INT64_MAX) ||
+          __builtin_mul_overflow(bytes, extent, &bytes))
+        throw bad(name, "has a shape of more than 2^64 bytes, " + v.at("shape").dump());
+      e.shape.push_back(static_cast<int64_t>(extent));
     }
+    if (e.begin > e.end || e.end > size - data_start_ || e.end - e.begin != bytes)
+      throw bad(name, detail::concat("has data offsets [", e.begin, ", ", e.end,
+                                     ") that do not match its dtype and shape (", bytes,
+                                     " bytes) or the file's size (", size, " bytes)"));
+    spans.push_back({{e.begin, e.end}, name});
+    entries_.emplace(name, std::move(e));
   }
+  // The format: the tensors' bytes cover the data section exactly, each byte once.
+  std::sort(spans.begin(), spans.end());
+  uint64_t covered = 0;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const auto& [span, name] = spans[i];
+    if (span.first < covered)
+      throw bad(name, detail::concat("has bytes [", span.first, ", ", span.second,
+                                     ") that overlap those of tensor `", spans[i - 1].second, "`"));
+    if (span.first > covered)
+      throw bad(name,
+                detail::concat("starts at byte ", span.first, " but the tensors before it end at ",
+                               covered, ": a hole in the data section"));
+    covered = span.second;
+  }
+  T3D_USER_CHECK(covered == size - data_start_, "`", path, "`: the tensors cover ", covered,
+                 " bytes of its ", size - data_start_,
+                 "-byte data section; the rest is indexed by no tensor (the format allows no "
+                 "hole). The file is damaged or not written by a safetensors writer.");
 }
 
 std::vector<float> SafetensorsFile::read_f32(const std::string& name) const {
   const auto it = entries_.find(name);
   T3D_USER_CHECK(it != entries_.end(), "`", path_, "` has no tensor `", name, "`");
   const StEntry& e = it->second;
-  const uint64_t width = dtype_width(e.dtype);
-  T3D_USER_CHECK(width != 0, "`", path_, "`: tensor `", name, "` is ", e.dtype,
+  T3D_USER_CHECK(e.dtype == "F32" || e.dtype == "BF16" || e.dtype == "F16", "`", path_,
+                 "`: tensor `", name, "` is ", e.dtype,
                  "; titan3d imports F32, BF16 and F16 tensors");
+  const uint64_t width = dtype_width(e.dtype);
   std::string raw(e.end - e.begin, '\0');
   std::ifstream in(path_, std::ios::binary);
   in.seekg(static_cast<std::streamoff>(data_start_ + e.begin));

@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -27,8 +28,8 @@ struct TensorRef {
 
 enum class StDtype { kF32, kBF16 };
 
-// Writes `tensors` in the order given to a temporary name, then renames it to `path` (a reader
-// never sees half a file). Returns the bytes written. UserError when the file cannot be written.
+// Writes `tensors` in the order given, whole or not at all (AtomicFile: a reader never sees half
+// a file, a failure leaves none). Returns the bytes written. UserError when it cannot be written.
 uint64_t write_safetensors(const std::string& path, const std::vector<TensorRef>& tensors,
                            const std::map<std::string, std::string>& metadata,
                            StDtype dtype = StDtype::kF32);
@@ -40,8 +41,10 @@ struct StEntry {
   uint64_t begin = 0, end = 0;  // byte offsets in the data section
 };
 
-// A safetensors file opened for reading: the header parsed and checked (offsets inside the file,
-// sizes matching dtype × shape); tensors are read one at a time. UserError naming the file.
+// A safetensors file opened for reading: the header parsed and checked as the format requires
+// (each name once, integer shapes and offsets, sizes matching dtype × shape, the tensors' bytes
+// covering the data section exactly: no overlap, no hole, nothing past the end); tensors are read
+// one at a time. UserError naming the file and the tensor.
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(const std::string& path);
@@ -55,6 +58,13 @@ class SafetensorsFile {
   uint64_t data_start_ = 0;
   std::map<std::string, StEntry> entries_;
 };
+
+// JSON text read from a file (`source` names it in messages), parsed with the limits hostile input
+// needs: nesting deeper than kMaxJsonDepth (a stack overflow in recursive code after the parse) and
+// a key twice in one object (one value silently hiding the other) are UserErrors, as is text
+// that is not JSON.
+inline constexpr int kMaxJsonDepth = 64;
+nlohmann::json parse_json_text(const std::string& text, const std::string& source);
 
 // A JSON string literal of `s` (quotes included), escaped per RFC 8259.
 std::string json_quote(const std::string& s);

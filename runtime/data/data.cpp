@@ -8,6 +8,7 @@
 #include <fstream>
 #include <numbers>
 
+#include "checkpoint/paths.h"
 #include "kernels/check.h"
 #include "runtime/data/text_tokenizer.h"
 #include "runtime/data/tokenizer.h"
@@ -119,20 +120,15 @@ void write_token_file(const std::filesystem::path& path, std::span<const uint32_
   header[0] = kTokenFileMagic;
   header[1] = wide ? kTokenFileVersionU32 : kTokenFileVersion;
   header[2] = static_cast<int32_t>(tokens.size());
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  T3D_USER_CHECK(out.good(), "cannot create token file '", path.string(),
-                 "'; check that the directory exists and is writable");
-  out.write(reinterpret_cast<const char*>(header.data()), sizeof(header));
+  checkpoint::AtomicFile out(path.string(), "token file");
+  out.write(header.data(), sizeof(header));
   if (wide) {
-    out.write(reinterpret_cast<const char*>(tokens.data()),
-              static_cast<std::streamsize>(tokens.size_bytes()));
+    out.write(tokens.data(), tokens.size_bytes());
   } else {
     const std::vector<uint16_t> narrow(tokens.begin(), tokens.end());
-    out.write(reinterpret_cast<const char*>(narrow.data()),
-              static_cast<std::streamsize>(narrow.size() * 2));
+    out.write(narrow.data(), narrow.size() * 2);
   }
-  out.flush();
-  T3D_USER_CHECK(out.good(), "writing token file '", path.string(), "' failed (disk full?)");
+  out.commit();
 }
 
 void write_token_file(const std::filesystem::path& path, std::span<const uint16_t> tokens) {
@@ -193,8 +189,8 @@ double unigram_entropy_nats(std::span<const uint32_t> tokens) {
 
 TokenStream load_stream(const std::filesystem::path& path, DataFormat format, int vocab_size,
                         const TextTokenizer* tokenizer) {
-  const bool text = format == DataFormat::kText ||
-                    (format == DataFormat::kAuto && path.extension() == ".txt");
+  const bool text =
+      format == DataFormat::kText || (format == DataFormat::kAuto && path.extension() == ".txt");
   if (!text || !tokenizer || tokenizer->is_bytes()) {
     switch (format) {
       case DataFormat::kText:

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <unordered_map>
 
+#include "checkpoint/paths.h"
 #include "kernels/check.h"
 #include "runtime/data/data.h"
 #include "runtime/data/tokenizer.h"
@@ -136,15 +137,7 @@ void train_tokenizer(const TokenizerTraining& t) {
   T3D_USER_CHECK(status.ok(), "training a ", t.type, " tokenizer of ", t.vocab, " ids on `",
                  t.corpus, "` failed: ", status.ToString(),
                  " (a smaller --vocab fits a small corpus)");
-  const std::string tmp = t.out + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(model.data(), static_cast<std::streamsize>(model.size()));
-    out.flush();
-    T3D_USER_CHECK(out.good(), "cannot write the tokenizer model `", tmp, "` (--model-out)");
-  }
-  fs::rename(tmp, t.out, ec);
-  T3D_USER_CHECK(!ec, "cannot rename `", tmp, "` to `", t.out, "`: ", ec.message());
+  checkpoint::write_file_atomically(t.out, model, "--tokenizer");
 }
 
 }  // namespace t3d::runtime

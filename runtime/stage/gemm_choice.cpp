@@ -9,6 +9,7 @@
 #include <sstream>
 #include <thread>
 
+#include "checkpoint/paths.h"
 #include "checkpoint/snapshot.h"
 #include "kernels/blas.h"
 #include "kernels/check.h"
@@ -192,7 +193,7 @@ void record(const GemmChoice& c, const std::string& run_dir) {
                c.source,
                numbers.empty() ? "" : ": GFLOP/s per rank at the model's shapes ", numbers,
                c.threads, kernels::cpu_model_name(), kernels::onednn_version_string());
-  std::ofstream out(run_dir + "/gemm_choice.json");
+  std::ostringstream out;
   out << "{\"kind\": \"" << kernels::gemm_kind_name(c.kind) << "\", \"precision\": \""
       << choice_name(c.precision) << "\", \"library\": \"" << choice_name(c.library)
       << "\", \"threads_per_rank\": "
@@ -205,6 +206,13 @@ void record(const GemmChoice& c, const std::string& run_dir) {
     out << (i ? ", " : "") << "\"" << kernels::gemm_kind_name(c.rates[i].kind)
         << "\": " << c.rates[i].slowest;
   out << "}}\n";
+  // A record for people (the snapshots carry the choice): a failure is a warning, never a half
+  // file.
+  try {
+    checkpoint::write_file_atomically(run_dir + "/gemm_choice.json", out.str(), "run.dir");
+  } catch (const UserError& e) {
+    spdlog::warn("{}", e.what());
+  }
 }
 
 GemmLibrary library_of(GemmKind kind) {

@@ -468,7 +468,8 @@ struct Trainer::Impl {
       rec.step_time_s = seconds_since(t0);
       const int signalled = measure_step(rec, groups, waited);
       summary.steps.push_back(rec);
-      report(rec, seconds_since(run_start));
+      // Rank 0 writes the metrics; a failed write (a full disk) ends every rank together.
+      agree_on(mesh.world(), [&] { report(rec, seconds_since(run_start)); });
       // A preemption signal on any rank: every rank snapshots this step and stops.
       snapshots->after_step(step + 1, last || signalled > 0);
       if (signalled > 0 && !last) stop_preempted(step + 1, signalled);

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "checkpoint/paths.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/snapshot.h"
 #include "kernels/check.h"
@@ -118,19 +119,6 @@ std::string llama_tokenizer_config_json(const ModelConfig& m, bool add_bos) {
       add_bos ? "true" : "false", m.seq_len);
 }
 
-void write_file_atomically(const std::string& path, const std::string& text, const char* what) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(text.data(), static_cast<std::streamsize>(text.size()));
-    out.flush();
-    T3D_USER_CHECK(out.good(), "cannot write `", tmp, "` (", what, ")");
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  T3D_USER_CHECK(!ec, "cannot rename `", tmp, "` to `", path, "`: ", ec.message());
-}
-
 ExportSummary export_snapshot(const std::string& snapshot, const std::string& out_dir,
                               const ExportOptions& options) {
   T3D_USER_CHECK(options.dtype == "fp32" || options.dtype == "bf16", "--dtype is `", options.dtype,
@@ -139,6 +127,7 @@ ExportSummary export_snapshot(const std::string& snapshot, const std::string& ou
   const SnapshotWeights w = load_snapshot_weights(snapshot);
   const TextTokenizer tokenizer = TextTokenizer::open(w.recipe.data.tokenizer);
   std::error_code ec;
+  const bool existed = fs::exists(out_dir);
   fs::create_directories(out_dir, ec);
   T3D_USER_CHECK(fs::is_directory(out_dir), "cannot create the export directory `", out_dir,
                  "` (--out): ", ec.message());
@@ -152,22 +141,32 @@ ExportSummary export_snapshot(const std::string& snapshot, const std::string& ou
     s.parameters += static_cast<int64_t>(t.data.size());
   }
   s.tensors = static_cast<int64_t>(refs.size());
-  // "format": "pt" is what transformers expects of a PyTorch-style safetensors file.
-  s.bytes = ck::write_safetensors(s.safetensors, refs,
-                                  {{"format", "pt"},
-                                   {"producer", "titan3d export"},
-                                   {"snapshot", fs::path(snapshot).filename().string()},
-                                   {"step", std::to_string(w.step)}},
-                                  bf16 ? ck::StDtype::kBF16 : ck::StDtype::kF32);
-  write_file_atomically(
-      s.config,
-      llama_config_json(w.recipe.model, bf16 ? "bfloat16" : "float32", !tokenizer.is_bytes()),
-      "--out");
-  if (!tokenizer.is_bytes()) {
-    s.tokenizer = (fs::path(out_dir) / "tokenizer.model").string();
-    write_file_atomically(s.tokenizer, tokenizer.model_bytes(), "--out");
-    write_file_atomically((fs::path(out_dir) / "tokenizer_config.json").string(),
-                          llama_tokenizer_config_json(w.recipe.model, w.recipe.data.bos), "--out");
+  std::vector<std::string> written;  // removed again if a later file fails
+  try {
+    // "format": "pt" is what transformers expects of a PyTorch-style safetensors file.
+    s.bytes = ck::write_safetensors(s.safetensors, refs,
+                                    {{"format", "pt"},
+                                     {"producer", "titan3d export"},
+                                     {"snapshot", fs::path(snapshot).filename().string()},
+                                     {"step", std::to_string(w.step)}},
+                                    bf16 ? ck::StDtype::kBF16 : ck::StDtype::kF32);
+    written.push_back(s.safetensors);
+    const auto write = [&](const std::string& path, const std::string& text) {
+      ck::write_file_atomically(path, text, "--out");
+      written.push_back(path);
+    };
+    write(s.config,
+          llama_config_json(w.recipe.model, bf16 ? "bfloat16" : "float32", !tokenizer.is_bytes()));
+    if (!tokenizer.is_bytes()) {
+      s.tokenizer = (fs::path(out_dir) / "tokenizer.model").string();
+      write(s.tokenizer, tokenizer.model_bytes());
+      write((fs::path(out_dir) / "tokenizer_config.json").string(),
+            llama_tokenizer_config_json(w.recipe.model, w.recipe.data.bos));
+    }
+  } catch (...) {
+    for (const auto& path : written) fs::remove(path, ec);
+    if (!existed) fs::remove(out_dir, ec);  // only if empty
+    throw;
   }
   return s;
 }

@@ -62,11 +62,10 @@ struct ExportSummary {
 };
 
 // Writes <out_dir>/model.safetensors and <out_dir>/config.json (creating out_dir), and with a
-// SentencePiece data.tokenizer its tokenizer.model and tokenizer_config.json beside them.
+// SentencePiece data.tokenizer its tokenizer.model and tokenizer_config.json beside them. All or
+// nothing: when one fails (a full disk), those already written are removed again, and out_dir
+// too when this call created it.
 ExportSummary export_snapshot(const std::string& snapshot, const std::string& out_dir,
                               const ExportOptions& options = {});
-
-// Writes `text` to `path` through a temporary file and a rename. UserError naming `what`.
-void write_file_atomically(const std::string& path, const std::string& text, const char* what);
 
 }  // namespace t3d::runtime

@@ -48,6 +48,10 @@ class Decoder {
   float rstd_ = 0;
 };
 
+// The most tokens one `generate` samples (--max-tokens): beyond the context the cache is rebuilt
+// and the streamed text decoded again per token, so an unbounded count would run for hours.
+inline constexpr int64_t kMaxGenerateTokens = 100000;
+
 struct SamplingOptions {
   double temperature = 0.8;  // 0: greedy (argmax, the lowest id on ties)
   int64_t top_k = 0;         // > 0: sample among the k most likely tokens only

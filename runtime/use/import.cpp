@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -10,6 +11,7 @@
 #include <random>
 #include <set>
 
+#include "checkpoint/paths.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/snapshot.h"
 #include "kernels/check.h"
@@ -45,12 +47,50 @@ int64_t required_int(const json& c, const std::string& src, const char* key) {
 }
 
 // A value the config may leave out: transformers' LlamaConfig default then, said in `notes`.
+// Present, it must have T's JSON type (an integer, any number, a boolean).
 template <typename T>
-T optional_value(const json& c, const char* key, T fallback, const std::string& what,
-                 std::vector<std::string>* notes) {
-  if (c.contains(key) && !c.at(key).is_null()) return c.at(key).get<T>();
+T optional_value(const json& c, const std::string& src, const char* key, T fallback,
+                 const std::string& what, std::vector<std::string>* notes) {
+  if (c.contains(key) && !c.at(key).is_null()) {
+    const json& v = c.at(key);
+    const bool typed = std::is_same_v<T, bool> ? v.is_boolean()
+                       : std::is_integral_v<T> ? v.is_number_integer()
+                                               : v.is_number();
+    T3D_USER_CHECK(typed, src, ": `", key, "` is ", v.dump(), "; it must be ",
+                   std::is_same_v<T, bool> ? "true or false"
+                   : std::is_integral_v<T> ? "an integer"
+                                           : "a number");
+    return v.get<T>();
+  }
   notes->push_back(fmt::format("config.json has no `{}`: {}", key, what));
   return fallback;
+}
+
+// The recipe's own bounds and consistency checks on the shape, before anything is sized from it
+// (2^31 layers would be a tensor table of 2^34 entries); the message names the config key too.
+void check_model_limits(const ModelConfig& m, const std::string& src) {
+  Recipe r;
+  r.model = m;
+  try {
+    parse_recipe(r.to_toml(), src + " (the model it describes)");
+  } catch (const UserError& e) {
+    static const std::pair<const char*, const char*> keys[] = {
+        {"model.vocab_size", "vocab_size"},
+        {"model.dim", "hidden_size"},
+        {"model.n_layers", "num_hidden_layers"},
+        {"model.n_heads", "num_attention_heads"},
+        {"model.n_kv_heads", "num_key_value_heads"},
+        {"model.ffn_dim", "intermediate_size"},
+        {"model.seq_len", "max_position_embeddings"},
+        {"model.norm_eps", "rms_norm_eps"},
+        {"model.rope_theta", "rope_theta"}};
+    std::string named;
+    for (const auto& [recipe_key, config_key] : keys)
+      if (std::string(e.what()).find(recipe_key) != std::string::npos)
+        named += fmt::format("{}`{}` sets {}", named.empty() ? " (config.json's " : ", ",
+                             config_key, recipe_key);
+    throw UserError(e.what() + named + (named.empty() ? "" : ")"));
+  }
 }
 
 void check_architecture(const json& c, const std::string& src) {
@@ -68,12 +108,7 @@ void check_architecture(const json& c, const std::string& src) {
 
 ModelConfig llama_model_from_config(const std::string& text, const std::string& src,
                                     std::vector<std::string>* notes) {
-  json c;
-  try {
-    c = json::parse(text);
-  } catch (const std::exception& e) {
-    throw UserError(fmt::format("{} is not JSON: {}", src, e.what()));
-  }
+  const json c = ck::parse_json_text(text, src);
   T3D_USER_CHECK(c.is_object(), src, " is not a JSON object");
   check_architecture(c, src);
   refuse_unless(c, src, "rope_scaling", nullptr, "titan3d's RoPE has no scaling");
@@ -91,36 +126,43 @@ ModelConfig llama_model_from_config(const std::string& text, const std::string& 
     T3D_USER_CHECK(c.at("head_dim") == m.dim / m.n_heads, src, ": `head_dim` is ",
                    c.at("head_dim").dump(), " but hidden_size / num_attention_heads is ",
                    m.dim / m.n_heads, "; titan3d's heads are hidden_size / num_attention_heads");
-  m.n_kv_heads = optional_value<int64_t>(c, "num_key_value_heads", m.n_heads,
+  m.n_kv_heads = optional_value<int64_t>(c, src, "num_key_value_heads", m.n_heads,
                                          "num_attention_heads (no grouped-query attention)", notes);
   m.ffn_dim = required_int(c, src, "intermediate_size");
-  m.seq_len = optional_value<int64_t>(c, "max_position_embeddings", 2048,
+  m.seq_len = optional_value<int64_t>(c, src, "max_position_embeddings", 2048,
                                       "model.seq_len = 2048 (transformers' default)", notes);
-  m.norm_eps = optional_value<double>(c, "rms_norm_eps", 1e-6,
+  m.norm_eps = optional_value<double>(c, src, "rms_norm_eps", 1e-6,
                                       "model.norm_eps = 1e-6 (transformers' default)", notes);
-  m.rope_theta = optional_value<double>(c, "rope_theta", 10000.0,
+  m.rope_theta = optional_value<double>(c, src, "rope_theta", 10000.0,
                                         "model.rope_theta = 10000 (transformers' default)", notes);
-  m.tie_embeddings = optional_value<bool>(c, "tie_word_embeddings", false,
+  m.tie_embeddings = optional_value<bool>(c, src, "tie_word_embeddings", false,
                                           "untied (transformers' default)", notes);
   if (c.contains("pretraining_tp") && c.at("pretraining_tp") != 1)
     notes->push_back("`pretraining_tp` is " + c.at("pretraining_tp").dump() +
                      ": ignored (it slices the same products; the values do not change)");
+  check_model_limits(m, src);
   return m;
 }
 
 namespace {
+
+// A file of the model directory by its fixed name; refused when a symlink leads outside it.
+fs::path in_model_dir(const fs::path& dir, const std::string& name) {
+  return ck::path_inside(dir.string(), name, "the model directory `" + dir.string() + "`");
+}
 
 // The weights' files: model.safetensors, or the shards model.safetensors.index.json names.
 // Returns tensor name -> opened file.
 std::map<std::string, std::shared_ptr<ck::SafetensorsFile>> open_weights(
     const fs::path& dir, std::vector<std::string>* files) {
   std::map<std::string, std::shared_ptr<ck::SafetensorsFile>> where;
-  const fs::path index = dir / "model.safetensors.index.json";
+  const fs::path index = in_model_dir(dir, "model.safetensors.index.json");
   std::vector<std::string> names;
-  if (fs::is_regular_file(index)) {
+  std::string source = "the model directory";
+  if (fs::exists(index)) {
     json j;
     try {
-      j = json::parse(read_file_bytes(index, "safetensors index"));
+      j = ck::parse_json_text(read_file_bytes(index, "safetensors index"), index.string());
       for (const auto& [tensor, file] : j.at("weight_map").items())
         names.push_back(file.get<std::string>());
     } catch (const json::exception& e) {
@@ -128,14 +170,16 @@ std::map<std::string, std::shared_ptr<ck::SafetensorsFile>> open_weights(
     }
     std::sort(names.begin(), names.end());
     names.erase(std::unique(names.begin(), names.end()), names.end());
+    source = "`" + index.string() + "` (weight_map)";
   } else {
-    T3D_USER_CHECK(fs::is_regular_file(dir / "model.safetensors"), "`", dir.string(),
+    T3D_USER_CHECK(fs::exists(dir / "model.safetensors"), "`", dir.string(),
                    "` has neither model.safetensors nor model.safetensors.index.json; give a "
                    "Hugging Face model directory (PyTorch .bin weights are not read)");
     names.push_back("model.safetensors");
   }
   for (const auto& name : names) {
-    const auto file = std::make_shared<ck::SafetensorsFile>((dir / name).string());
+    const auto file =
+        std::make_shared<ck::SafetensorsFile>(ck::path_inside(dir.string(), name, source));
     files->push_back(file->path());
     for (const auto& [tensor, entry] : file->entries()) {
       T3D_USER_CHECK(!where.count(tensor), "tensor `", tensor, "` is in both `",
@@ -164,6 +208,13 @@ std::vector<GlobalTensor> read_tensors(
                    "` has shape ", json(e.shape).dump(), " but config.json implies ",
                    json(t.shape).dump());
     t.data = it->second->read_f32(t.name);
+    // A weight that is NaN or infinite makes every loss NaN: refused, not trained from.
+    const auto bad =
+        std::find_if(t.data.begin(), t.data.end(), [](float v) { return !std::isfinite(v); });
+    T3D_USER_CHECK(bad == t.data.end(), "`", it->second->path(), "`: tensor `", t.name, "` holds ",
+                   *bad, " at element ", bad - t.data.begin(),
+                   " (flat index); a model with non-finite weights cannot be trained or used. "
+                   "Import a sound copy of the weights.");
     dtypes.insert(e.dtype);
     s.parameters += static_cast<int64_t>(t.data.size());
   }
@@ -190,21 +241,30 @@ std::vector<GlobalTensor> read_tensors(
 // tokenizer.model of the directory, when titan3d can read text through it: copied beside the
 // snapshot and named by data.tokenizer. "bytes" otherwise, with a note saying why.
 std::string import_tokenizer(const fs::path& hf, const fs::path& out, ImportSummary& s) {
-  const fs::path src = hf / "tokenizer.model";
+  const fs::path src = in_model_dir(hf, "tokenizer.model");
   if (!fs::is_regular_file(src)) {
     s.notes.push_back("no tokenizer.model: data.tokenizer = \"bytes\"");
     return kByteTokenizerName;
   }
+  int64_t ids = 0;
+  std::string model;
   try {
     const TextTokenizer tok = TextTokenizer::open(src.string(), "tokenizer.model");
-    const fs::path dst = out / "tokenizer.model";
-    write_file_atomically(dst.string(), tok.model_bytes(), "--out");
-    return dst.string();
+    ids = tok.vocab_size();
+    model = tok.model_bytes();
   } catch (const UserError& e) {
     s.notes.push_back(std::string("tokenizer.model not used, data.tokenizer = \"bytes\": ") +
                       e.what());
     return kByteTokenizerName;
   }
+  // A usable tokenizer the model cannot read through is an error, not a silent fallback.
+  T3D_USER_CHECK(ids <= s.recipe.model.vocab_size, "`", src.string(), "` has ", ids,
+                 " ids but config.json's `vocab_size` is ", s.recipe.model.vocab_size,
+                 ": the model has no embedding rows for the others. Give the model's own "
+                 "tokenizer, or remove tokenizer.model to import with the byte tokenizer.");
+  const fs::path dst = out / "tokenizer.model";
+  ck::write_file_atomically(dst.string(), model, "--out");
+  return dst.string();
 }
 
 // data.bos of the import: tokenizer_config.json's `add_bos_token`, else true (transformers'
@@ -215,14 +275,15 @@ bool import_bos(const fs::path& hf, const std::string& tokenizer, ImportSummary&
     s.notes.push_back("tokenizer.model has no BOS piece: data.bos = false");
     return false;
   }
-  const fs::path config = hf / "tokenizer_config.json";
+  const fs::path config = in_model_dir(hf, "tokenizer_config.json");
   if (!fs::is_regular_file(config)) {
     s.notes.push_back(
         "no tokenizer_config.json: data.bos = true (LlamaTokenizer's default add_bos_token)");
     return true;
   }
-  const json c = json::parse(read_file_bytes(config, "tokenizer_config.json"), nullptr, false);
-  T3D_USER_CHECK(!c.is_discarded() && c.is_object(), config.string(),
+  const json c =
+      ck::parse_json_text(read_file_bytes(config, "tokenizer_config.json"), config.string());
+  T3D_USER_CHECK(c.is_object(), config.string(),
                  " is not a JSON object; fix or remove it (without it, data.bos = true)");
   if (!c.contains("add_bos_token") || c.at("add_bos_token").is_null()) {
     s.notes.push_back(
@@ -282,27 +343,38 @@ ImportSummary import_hf(const std::string& hf_dir, const std::string& out) {
   T3D_USER_CHECK(fs::is_directory(hf), "`", hf_dir,
                  "` is not a directory; give a Hugging Face "
                  "model directory (config.json and safetensors weights)");
-  const fs::path config = hf / "config.json";
+  const fs::path config = in_model_dir(hf, "config.json");
   ImportSummary s;
   s.recipe.model =
       llama_model_from_config(read_file_bytes(config, "config.json"), config.string(), &s.notes);
-  std::error_code ec;
-  fs::create_directories(out_dir, ec);
-  T3D_USER_CHECK(fs::is_directory(out_dir), "cannot create `", out_dir,
-                 "` (--out): ", ec.message());
-  T3D_USER_CHECK(ck::committed_steps(out_dir).empty(), "`", out_dir,
+  const bool existed = fs::exists(out_dir);
+  T3D_USER_CHECK(!existed || ck::committed_steps(out_dir).empty(), "`", out_dir,
                  "` (--out) already holds snapshots; give an empty or new directory");
   auto tensors = read_tensors(s.recipe.model, open_weights(hf, &s.files), s);
   s.recipe.run.name =
       hf.filename().empty() ? hf.parent_path().filename().string() : hf.filename().string();
-  s.recipe.data.tokenizer = s.tokenizer = import_tokenizer(hf, out_dir, s);
-  s.recipe.data.bos = import_bos(hf, s.tokenizer, s);
-  // A fine-tune of the import keeps what it trains unless told otherwise (every run with
-  // snapshot.every > 0 also snapshots its last step).
-  s.recipe.snapshot.every = kImportSnapshotEvery;
-  // Through the parser: the same validation (and derived values) as any recipe.
-  s.recipe = parse_recipe(s.recipe.to_toml(), config.string() + " (imported recipe)");
-  write_snapshot(out_dir, s.recipe, tensors);
+  std::error_code ec;
+  fs::create_directories(out_dir, ec);
+  T3D_USER_CHECK(fs::is_directory(out_dir), "cannot create `", out_dir,
+                 "` (--out): ", ec.message());
+  try {
+    s.recipe.data.tokenizer = s.tokenizer = import_tokenizer(hf, out_dir, s);
+    s.recipe.data.bos = import_bos(hf, s.tokenizer, s);
+    // A fine-tune of the import keeps what it trains unless told otherwise (every run with
+    // snapshot.every > 0 also snapshots its last step).
+    s.recipe.snapshot.every = kImportSnapshotEvery;
+    // Through the parser: the same validation (and derived values) as any recipe.
+    s.recipe = parse_recipe(s.recipe.to_toml(), config.string() + " (imported recipe)");
+    write_snapshot(out_dir, s.recipe, tensors);
+  } catch (...) {
+    // Nothing partial stays: the step-0 shard directory and the tokenizer copy are this
+    // import's (the directory held no snapshot), and so is the directory if it was created.
+    // write_index removes its own temporary when it fails.
+    fs::remove_all(fs::path(out_dir) / ck::snapshot_name(0), ec);
+    if (s.tokenizer != kByteTokenizerName && !s.tokenizer.empty()) fs::remove(s.tokenizer, ec);
+    if (!existed) fs::remove(out_dir, ec);  // only if empty
+    throw;
+  }
   s.snapshot = ck::index_path(out_dir, 0);
   return s;
 }

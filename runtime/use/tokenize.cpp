@@ -1,12 +1,15 @@
 #include "runtime/use/tokenize.h"
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <thread>
 
+#include "checkpoint/paths.h"
 #include "kernels/check.h"
 #include "runtime/data/data.h"
 #include "runtime/data/text_tokenizer.h"
@@ -20,13 +23,14 @@ namespace {
 void write_text(const std::string& path, const std::string& text) {
   if (path.empty()) {
     std::fwrite(text.data(), 1, text.size(), stdout);
-    std::fflush(stdout);
+    const bool failed = std::fflush(stdout) != 0 || std::ferror(stdout);
+    const int err = errno;
+    T3D_USER_CHECK(!failed,
+                   "writing the decoded text to standard output failed: ", std::strerror(err),
+                   "; it is lost. Redirect it where there is space, or give --out.");
     return;
   }
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  out.flush();
-  T3D_USER_CHECK(out.good(), "cannot write `", path, "` (--out)");
+  checkpoint::write_file_atomically(path, text, "--out");
 }
 
 }  // namespace

@@ -7,19 +7,7 @@
 # where this machine cannot mount a tmpfs.
 set -u
 titan3d=$1 recipe=$2
-ns=(unshare -m)
-[ "$(id -u)" -eq 0 ] || ns=(unshare -rm)
-if [ "${T3D_IN_MOUNT_NS:-}" != 1 ]; then
-  probe=$(mktemp -d)
-  if ! "${ns[@]}" sh -c "mount -t tmpfs -o size=64k tmpfs '$probe'" 2>"$probe.err"; then
-    echo "SKIP: cannot mount a tmpfs in a private mount namespace here ($(head -1 "$probe.err"))"
-    rm -rf "$probe" "$probe.err"
-    exit 77
-  fi
-  rm -rf "$probe" "$probe.err"
-  exec env T3D_IN_MOUNT_NS=1 "${ns[@]}" "$0" "$@"
-fi
-
+source "$(dirname "$0")/../e2e/mount_ns.sh"
 source "$(dirname "$0")/common.sh"
 base=(train "$recipe" "${common[@]}" --set model.dim=64 --set model.n_layers=2
       --set model.seq_len=32 --set parallel.pp=1 --set parallel.dp=1 --set parallel.tp=1
@@ -30,8 +18,7 @@ base=(train "$recipe" "${common[@]}" --set model.dim=64 --set model.n_layers=2
 failures=0 commits=0
 for kb in 1200 1604 1616 1624 1632 1640 1656 3240 3272 3288 3304 3320; do
   mnt=$work/full$kb
-  mkdir -p "$mnt"
-  mount -t tmpfs -o size=${kb}k tmpfs "$mnt" || { echo "FAIL: mount of ${kb}k"; fail=1; continue; }
+  full_tmpfs "$mnt" "$kb" || { echo "FAIL: mount of ${kb}k"; fail=1; continue; }
   out=$(timeout 120 "$titan3d" "${base[@]}" --set run.dir="$work/run$kb" --set snapshot.dir="$mnt" \
         --set run.log_level=info 2>&1); rc=$?
   check "[ $rc -eq 0 ] || [ $rc -eq 2 ]" "${kb} KiB: exit $rc (0 or 2, never a crash)" || echo "$out"

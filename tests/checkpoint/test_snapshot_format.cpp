@@ -1,15 +1,17 @@
 // The snapshot format without MPI or a trainer: shards written by one layout read back by
 // another, bit-exactly; damage inside a chunk is caught by its content hash.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <limits>
 #include <numeric>
 
+#include "checkpoint/h5.h"
 #include "checkpoint/io_thread.h"
 #include "checkpoint/snapshot.h"
 #include "kernels/check.h"
@@ -122,6 +124,133 @@ TEST_F(SnapshotFormat, RefusesEveryFlippedIndexBitBeforeHdf5) {
   });
 }
 
+// An index written by hand, as a hostile tool could (its trailer is right: hash64 detects damage,
+// not tampering): one shard `shard` of 1 byte, `parent` ("" for none), no tensors. The writer
+// cannot produce it, since it re-reads every index it writes.
+std::string hand_written_index(const std::string& dir, int64_t step, const std::string& shard,
+                               const std::string& parent) {
+  const std::string path = index_path(dir, step);
+  std::vector<char> image;
+  {
+    h5::Handle f = h5::create_memory_file(path);
+    h5::write_attr(f, "format_version", kFormatVersion);
+    h5::write_attr(f, "step", step);
+    h5::write_attr(f, "recipe", std::string("[model]\n"));
+    h5::write_attr(f, "layout", std::string("test"));
+    h5::write_attr(f, "id", std::vector<uint64_t>{100});
+    h5::write_attr(f, "parent", parent);
+    if (!parent.empty()) h5::write_attr(f, "parent_id", std::vector<uint64_t>{99});
+    h5::write_attr(f, "shard_files", shard);
+    h5::write_attr(f, "shard_bytes", std::vector<int64_t>{1});
+    h5::write_attr(f, "shard_hash", std::vector<uint64_t>{1});
+    {
+      h5::Handle state(H5Gcreate2(f, "state", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+      h5::write_attr(state, "step", step);
+      state.close(path);
+    }
+    h5::write_attr(f, "complete", int64_t{1});
+    image = h5::file_image(f, path);
+    f.close(path);
+  }
+  const uint64_t len = image.size(), hash = hash64(image.data(), image.size());
+  image.insert(image.end(), kIndexMagic, kIndexMagic + 8);
+  for (const uint64_t v : {len, hash})
+    for (int i = 0; i < 8; ++i) image.push_back(static_cast<char>(v >> (8 * i) & 0xff));
+  std::ofstream(path, std::ios::binary)
+      .write(image.data(), static_cast<std::streamsize>(image.size()));
+  return path;
+}
+
+// The names an index holds are data: a shard or parent path leaving the snapshot directory, a
+// shard dataset that is an external link into another file, an index or a shard that is a FIFO
+// are refused naming the file. Every outside target that a path check guards is a FIFO: opening
+// it would block, which the alarm turns into a failure, so passing proves it was never opened.
+TEST_F(SnapshotFormat, ReadsOnlyRegularFilesInsideItsDirectory) {
+  alarm(60);
+  io_.run([&] {
+    const std::string outside = dir_ + "_outside";
+    fs::remove_all(outside);
+    fs::create_directories(outside);
+    const auto error_of = [](const std::string& index) -> std::string {
+      try {
+        SnapshotReader reader(index);
+        reader.verify();
+        std::vector<float> whole(30);
+        reader.read({"model/w", {6, 5}, {0, 0}, {6, 5}, whole.data()});
+      } catch (const UserError& e) {
+        return e.what();
+      }
+      return "";
+    };
+    const Slice whole{"model/w", {6, 5}, {0, 0}, {6, 5}, global_.data()};
+    // An index of one shard at `file` (relative to the snapshot directory).
+    const auto index = [&](int64_t step, const std::string& file) {
+      const FileDigest d = digest_file(dir_ + "/" + file);
+      IndexInfo info;
+      info.step = step, info.recipe = "[model]\n", info.layout = "test", info.id = 100 + step;
+      info.counters = {{"step", step}};
+      info.shards.push_back({file, d.bytes, d.hash});
+      write_index(dir_, info);
+      return index_path(dir_, step);
+    };
+    // A shard outside, named with `..`.
+    const std::string far = outside + "/rank00000.h5";
+    ASSERT_EQ(mkfifo(far.c_str(), 0600), 0);
+    const std::string up = fs::path(far).lexically_relative(dir_).string();
+    std::string e = error_of(hand_written_index(dir_, 8, up, ""));
+    EXPECT_NE(e.find("`" + up + "`"), std::string::npos) << e;
+    EXPECT_NE(e.find("not a plain relative path"), std::string::npos) << e;
+    // A parent outside: an incremental snapshot whose parent names a FIFO there.
+    const std::string parent_far = outside + "/step_00000010.h5";
+    ASSERT_EQ(mkfifo(parent_far.c_str(), 0600), 0);
+    const std::string parent_up = fs::path(parent_far).lexically_relative(dir_).string();
+    e = error_of(hand_written_index(dir_, 11, "step_00000011/rank00000.h5", parent_up));
+    EXPECT_NE(e.find(parent_up), std::string::npos) << e;
+    EXPECT_NE(e.find("not a file name in its own directory"), std::string::npos) << e;
+    // An index that is a FIFO, and one that is a symbolic link to it.
+    const std::string fifo_index = index_path(dir_, 12);
+    ASSERT_EQ(mkfifo(fifo_index.c_str(), 0600), 0);
+    e = error_of(fifo_index);
+    EXPECT_NE(e.find(fifo_index), std::string::npos) << e;
+    EXPECT_NE(e.find("a FIFO"), std::string::npos) << e;
+    fs::create_symlink(fifo_index, index_path(dir_, 13));
+    EXPECT_NE(error_of(index_path(dir_, 13)).find("a FIFO"), std::string::npos);
+    EXPECT_THROW(read_recipe(fifo_index), UserError);
+    // An index that is a symbolic link to a device (reading /dev/zero would never end).
+    fs::create_symlink("/dev/zero", index_path(dir_, 16));
+    EXPECT_NE(error_of(index_path(dir_, 16)).find("a device"), std::string::npos);
+    // A shard that is a FIFO.
+    const std::string fifo_shard = shard_path(dir_, 14, 0);
+    write_shard(fifo_shard, 0, {whole});
+    publish(fifo_shard);
+    const std::string by_fifo = index(14, "step_00000014/rank00000.h5");
+    fs::remove(fifo_shard);
+    ASSERT_EQ(mkfifo(fifo_shard.c_str(), 0600), 0);
+    e = error_of(by_fifo);
+    EXPECT_NE(e.find(fifo_shard), std::string::npos) << e;
+    EXPECT_NE(e.find("a FIFO"), std::string::npos) << e;
+    // A shard whose dataset is an external link to the same tensor in another file.
+    const std::string other = outside + "/other.h5", linked = shard_path(dir_, 15, 0);
+    write_shard(other, 0, {whole});
+    publish(other);
+    write_shard(linked, 0, {whole});
+    publish(linked);
+    {
+      const hid_t f = H5Fopen(linked.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+      ASSERT_GE(f, 0);
+      ASSERT_GE(H5Ldelete(f, "model/w", H5P_DEFAULT), 0);
+      ASSERT_GE(
+          H5Lcreate_external(other.c_str(), "/model/w", f, "model/w", H5P_DEFAULT, H5P_DEFAULT), 0);
+      H5Fclose(f);
+    }
+    e = error_of(index(15, "step_00000015/rank00000.h5"));
+    EXPECT_NE(e.find(linked), std::string::npos) << e;
+    EXPECT_NE(e.find("external link"), std::string::npos) << e;
+    fs::remove_all(outside);
+  });
+  alarm(0);
+}
+
 TEST_F(SnapshotFormat, RetentionKeepsNewest) {
   io_.run([&] {
     for (int64_t step : {1, 2, 3}) {
@@ -153,7 +282,9 @@ class IncrementalSnapshot : public SnapshotFormat {
     uint32_t x = 12345;
     for (auto& v : data_) v = static_cast<float>((x = x * 1664525u + 1013904223u) >> 8) * 1e-7f;
   }
-  Slice slice(std::vector<float>& d) { return {"model/w", {kRows, kCols}, {0, 0}, {kRows, kCols}, d.data()}; }
+  Slice slice(std::vector<float>& d) {
+    return {"model/w", {kRows, kCols}, {0, 0}, {kRows, kCols}, d.data()};
+  }
 
   // Writes step `step` of data_, incremental on the previous one written unless `full`.
   ShardResult write(int64_t step, bool full, int deflate = 1) {
@@ -166,8 +297,8 @@ class IncrementalSnapshot : public SnapshotFormat {
     publish(path);
     IndexInfo info;
     info.step = step, info.counters = {{"step", step}}, info.id = 1000 + step + (full ? 0 : 1);
-    info.shards.push_back({fs::path(path).lexically_relative(dir_).string(), r.digest.bytes,
-                           r.digest.hash});
+    info.shards.push_back(
+        {fs::path(path).lexically_relative(dir_).string(), r.digest.bytes, r.digest.hash});
     if (!full) info.parent = snapshot_name(parent_step_) + ".h5", info.parent_id = parent_id_;
     write_index(dir_, info);
     parent_data_ = data_, parent_hashes_ = r.hashes, parent_step_ = step, parent_id_ = info.id;
@@ -291,8 +422,8 @@ TEST_F(IncrementalSnapshot, RetentionKeepsWhatKeptSnapshotsNeed) {
 TEST(SnapshotChunks, WholeRowsOfAboutOneMiB) {
   EXPECT_EQ(chunk_elems({10}), 10);
   EXPECT_EQ(chunk_elems({3 * kChunkElems}), kChunkElems);
-  EXPECT_EQ(chunk_elems({4096, 256}), kChunkElems);       // 1024 rows
-  EXPECT_EQ(chunk_elems({3, 100}), 300);                  // the whole box
+  EXPECT_EQ(chunk_elems({4096, 256}), kChunkElems);               // 1024 rows
+  EXPECT_EQ(chunk_elems({3, 100}), 300);                          // the whole box
   EXPECT_EQ(chunk_elems({2, kChunkElems * 2}), kChunkElems * 2);  // one row, however long
   EXPECT_EQ(chunk_elems({10, 300}) % 300, 0);
 }

@@ -93,4 +93,15 @@ printf 'x' >"$work/odd.bin"
 expect_user_error "eval with a broken token file" "odd.bin" "$titan3d" eval "$snap" --data "$work/odd.bin"
 expect_user_error "generate from a missing snapshot" "does not exist" "$titan3d" generate "$work/none.h5" --prompt x
 expect_user_error "export of a missing snapshot" "does not exist" "$titan3d" export "$work/none.h5" --out "$work/o"
+# Options out of range: bounded, exit 2 naming the option (not run until killed, not wrapped).
+expect_user_error "eval --batches 0" "--batches" "$titan3d" eval "$snap" --batches 0
+expect_user_error "generate --max-tokens 99999999999" "--max-tokens" \
+  timeout 60 "$titan3d" generate "$snap" --prompt x --max-tokens 99999999999
+expect_user_error "generate --top-k 99999999999" "--top-k" \
+  timeout 60 "$titan3d" generate "$snap" --prompt x --top-k 99999999999
+expect_user_error "generate --seed -1" "--seed" "$titan3d" generate "$snap" --prompt x --seed -1
+expect_user_error "generate --seed 2^64" "--seed" \
+  "$titan3d" generate "$snap" --prompt x --seed 18446744073709551616
+expect_user_error "generate --temperature inf" "--temperature" \
+  "$titan3d" generate "$snap" --prompt x --temperature inf
 exit $fail

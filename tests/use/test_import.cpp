@@ -2,6 +2,7 @@
 // to fp32, damaged files refused) and config.json to a model shape (defaults said, unrepresentable
 // keys refused by name). End to end against export: tests/use/import.sh.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -12,6 +13,8 @@
 
 #include "checkpoint/safetensors.h"
 #include "kernels/check.h"
+#include "runtime/data/text_tokenizer.h"
+#include "runtime/use/export.h"
 #include "runtime/use/import.h"
 
 namespace t3d::runtime {
@@ -156,6 +159,218 @@ TEST(use_Import, ConfigKeysTitanCannotRepresentAreRefusedByName) {
     EXPECT_NE(std::string(e.what()).find("`vocab_size`"), std::string::npos) << e.what();
   }
   EXPECT_THROW(llama_model_from_config(R"({"model_type": "gpt2"})", "c.json", &notes), UserError);
+}
+
+// A tiny Hugging Face directory titan3d can import: config.json (`extra` spliced into it) and every
+// tensor of its model in `weights` (a file name inside the directory), zeros.
+const char* kTinyConfig = R"({"model_type": "llama", "vocab_size": 256, "hidden_size": 16,
+  "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 32,
+  "max_position_embeddings": 16, "tie_word_embeddings": false})";
+
+struct HfDir {
+  fs::path dir;
+  std::vector<GlobalTensor> tensors;
+  explicit HfDir(const std::string& name, const std::string& extra = "") {
+    dir = temp_file(name);
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    std::string config = kTinyConfig;
+    if (!extra.empty()) config = "{" + extra + ", " + config.substr(1);
+    std::ofstream(dir / "config.json") << config;
+    std::vector<std::string> notes;
+    tensors = llama_tensor_table(llama_model_from_config(config, "config.json", &notes));
+    for (auto& t : tensors) {
+      int64_t n = 1;
+      for (const int64_t d : t.shape) n *= d;
+      t.data.assign(static_cast<size_t>(n), 0.0f);
+    }
+  }
+  ~HfDir() { fs::remove_all(dir); }
+  void weights(const fs::path& path) const {
+    std::vector<ck::TensorRef> refs;
+    for (const auto& t : tensors) refs.push_back({t.name, t.shape, t.data.data()});
+    ck::write_safetensors(path.string(), refs, {});
+  }
+  // model.safetensors.index.json mapping every tensor to `file`, the first one to `first`.
+  void index(const std::string& first, const std::string& file) const {
+    std::string map;
+    for (const auto& t : tensors)
+      map += (map.empty() ? "" : ", ") + ck::json_quote(t.name) + ": " +
+             ck::json_quote(map.empty() ? first : file);
+    std::ofstream(dir / "model.safetensors.index.json") << "{\"weight_map\": {" << map << "}}";
+  }
+  // import_hf's UserError message; "" when it succeeded.
+  std::string import_error() const {
+    try {
+      import_hf(dir.string(), (dir / "out").string());
+      return "";
+    } catch (const UserError& e) {
+      return e.what();
+    }
+  }
+};
+
+TEST(use_Import, WeightMapReadsOnlyRegularFilesInsideTheDirectory) {
+  // A FIFO outside the directory: opening it for reading would block, so a name that reached it
+  // hangs the test instead of passing (the alarm turns a hang into a failure).
+  alarm(60);
+  const HfDir hf("weight_map");
+  hf.weights(hf.dir / "good.safetensors");
+  const fs::path outside = temp_file("outside");
+  fs::remove_all(outside);
+  fs::create_directories(outside);
+  ASSERT_EQ(mkfifo((outside / "evil.safetensors").c_str(), 0600), 0);
+  hf.weights(outside / "real.safetensors");
+  fs::create_directories(hf.dir / "sub");
+  ASSERT_EQ(mkfifo((hf.dir / "fifo.safetensors").c_str(), 0600), 0);
+  fs::create_symlink(outside / "real.safetensors", hf.dir / "link.safetensors");
+  const std::string up = "../" + outside.filename().string() + "/evil.safetensors";
+  const std::pair<std::string, std::string> bad[] = {
+      {(outside / "evil.safetensors").string(), "not a plain relative path"},
+      {up, "not a plain relative path"},
+      {"", "not a plain relative path"},
+      {".", "not a plain relative path"},
+      {"sub/../good.safetensors", "not a plain relative path"},
+      {"sub", "a directory"},
+      {"fifo.safetensors", "a FIFO"},
+      {"link.safetensors", "leads outside"},
+  };
+  for (const auto& [name, why] : bad) {
+    hf.index(name, "good.safetensors");
+    const std::string e = hf.import_error();
+    EXPECT_NE(e.find(name.empty() ? "``" : name), std::string::npos) << name << ": " << e;
+    EXPECT_NE(e.find(why), std::string::npos) << name << ": " << e;
+  }
+  hf.index("good.safetensors", "good.safetensors");
+  EXPECT_EQ(hf.import_error(), "");
+  fs::remove_all(outside);
+  alarm(0);
+}
+
+// A safetensors file with a raw `header` (JSON text) and `data_bytes` zero bytes of data.
+std::string raw_safetensors(const std::string& name, const std::string& header, size_t data_bytes) {
+  const uint64_t n = header.size();
+  const std::string path = temp_file(name);
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(&n), 8);
+  out << header << std::string(data_bytes, '\0');
+  return path;
+}
+
+// What the safetensors format forbids is refused naming the file and the tensor: a name twice,
+// overlapping bytes, a hole or bytes no tensor indexes, offsets that are not integers or not
+// inside the file, sizes that do not match dtype × shape, shapes past 2^64 bytes, nesting.
+TEST(use_Import, SafetensorsHeaderIsCheckedAsTheFormatRequires) {
+  const auto f32 = [](const std::string& name, const std::string& shape,
+                      const std::string& offsets) {
+    return "\"" + name + "\":{\"dtype\":\"F32\",\"shape\":[" + shape + "],\"data_offsets\":[" +
+           offsets + "]}";
+  };
+  struct Case {
+    std::string header;
+    size_t data;
+    std::string why;
+  };
+  const std::string deep = std::string(300000, '[') + std::string(300000, ']');
+  const Case cases[] = {
+      {"{" + f32("a", "1", "0,4") + "," + f32("a", "1", "4,8") + "}", 8, "appears twice"},
+      {"{" + f32("a", "2", "0,8") + "," + f32("b", "2", "4,12") + "}", 12, "overlap"},
+      {"{" + f32("a", "1", "0.0,4.0") + "}", 4, "malformed"},
+      {"{" + f32("a", "1", "0,4,8") + "}", 4, "malformed"},
+      {"{" + f32("a", "-1", "0,4") + "}", 4, "malformed"},
+      {"{" + f32("a", "100", "0,400") + "}", 16, "file's size"},
+      {"{" + f32("a", "1", "8,4") + "}", 8, "do not match"},
+      {"{" + f32("a", "3", "0,8") + "}", 8, "do not match"},
+      {"{" + f32("a", "1", "0,4") + "," + f32("b", "1", "8,12") + "}", 12, "a hole"},
+      {"{" + f32("a", "1", "0,4") + "}", 8, "cover 4 bytes"},
+      {"{" + f32("a", "4294967296,4294967296,4294967296", "0,4") + "}", 4, "2^64"},
+      {"{\"a\":{\"dtype\":\"F33\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "F33"},
+      {"{\"__metadata__\":" + deep + "}", 0, "nested deeper"},
+  };
+  for (const auto& c : cases) {
+    const std::string path = raw_safetensors("hostile", c.header, c.data);
+    try {
+      ck::SafetensorsFile f(path);
+      ADD_FAILURE() << "accepted: " << c.header.substr(0, 200);
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(c.why), std::string::npos)
+          << c.why << ": " << std::string(e.what()).substr(0, 300);
+    }
+    fs::remove(path);
+  }
+  // Zero-size tensors and tensors given out of order still tile the data section.
+  const std::string ok = raw_safetensors(
+      "ordered",
+      "{" + f32("b", "1", "4,8") + "," + f32("a", "1", "0,4") + "," + f32("e", "0", "8,8") + "}",
+      8);
+  EXPECT_EQ(ck::SafetensorsFile(ok).entries().size(), 3u);
+  fs::remove(ok);
+}
+
+// config.json values of the wrong type or an unrepresentable size, duplicated keys and deep
+// nesting are refused naming the file and the key, before anything is sized from them.
+TEST(use_Import, ConfigValuesOfTheWrongTypeOrSizeAreRefusedByName) {
+  const std::string base = kMinimalConfig;
+  const std::string deep = std::string(300000, '[') + std::string(300000, ']');
+  const std::pair<std::string, std::string> bad[] = {
+      {"max_position_embeddings", R"("2048")"},
+      {"rms_norm_eps", R"("1e-6")"},
+      {"rope_theta", R"("10000")"},
+      {"rope_theta", R"({"base": 10000})"},
+      {"tie_word_embeddings", R"("false")"},
+      {"num_key_value_heads", "2.5"},
+      {"num_hidden_layers", "2147483648"},
+      {"num_hidden_layers", "1099511627776"},
+      {"vocab_size", "1099511627776"},
+      {"max_position_embeddings", "-3"},
+      {"rope_scaling", deep},
+      {"architectures", deep},
+      {"vocab_size", "300"},  // a second vocab_size
+  };
+  for (const auto& [key, value] : bad) {
+    const std::string text = "{\"" + key + "\": " + value + ", " + base.substr(1);
+    std::vector<std::string> notes;
+    try {
+      llama_model_from_config(text, "c.json", &notes);
+      ADD_FAILURE() << key << " = " << value.substr(0, 40);
+    } catch (const UserError& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("c.json"), std::string::npos) << what.substr(0, 300);
+      if (value != deep)
+        EXPECT_NE(what.find("`" + key + "`"), std::string::npos) << what.substr(0, 300);
+      else
+        EXPECT_NE(what.find("nested deeper"), std::string::npos) << what.substr(0, 300);
+    }
+  }
+}
+
+TEST(use_Import, RefusesATokenizerWithMoreIdsThanTheModel) {
+  const HfDir hf("big_tokenizer");  // vocab_size 256
+  hf.weights(hf.dir / "model.safetensors");
+  const fs::path corpus = hf.dir / "corpus.txt";
+  {
+    std::ofstream out(corpus);
+    for (int i = 0; i < 400; ++i)
+      out << "the quick brown fox " << i << " jumps over the lazy dog number " << i * 7 << "\n";
+  }
+  train_tokenizer({corpus.string(), (hf.dir / "tokenizer.model").string(), 300, "bpe", 1});
+  const std::string e = hf.import_error();
+  EXPECT_NE(e.find("tokenizer.model"), std::string::npos) << e;
+  EXPECT_NE(e.find("has 300 ids"), std::string::npos) << e;
+  EXPECT_NE(e.find("`vocab_size` is 256"), std::string::npos) << e;
+}
+
+TEST(use_Import, RefusesNonFiniteWeightsNamingTheTensor) {
+  for (const float bad :
+       {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
+    HfDir hf("nonfinite");
+    hf.tensors[3].data[5] = bad;
+    hf.weights(hf.dir / "model.safetensors");
+    const std::string e = hf.import_error();
+    EXPECT_NE(e.find("`" + hf.tensors[3].name + "`"), std::string::npos) << e;
+    EXPECT_NE(e.find("element 5"), std::string::npos) << e;
+  }
 }
 
 }  // namespace
