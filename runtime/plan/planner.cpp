@@ -63,6 +63,7 @@ std::string pct(double part, double whole) {
 }
 
 std::string thousands(double x) {
+  if (x > 0 && x < 100) return fmt::format("{:.3g}", x);  // a slow device is not "0"
   const std::string digits = fmt::format("{:.0f}", x);
   std::string out;
   for (size_t i = 0; i < digits.size(); ++i) {
@@ -301,8 +302,16 @@ int run_plan(const PlanOptions& o) {
         calibration_cache_path(recipe).c_str());
   }
   bool calibrated = false;
-  const Cluster cluster = o.cluster.empty() ? local_cluster(recipe, &calibrated)
-                                            : load_cluster(o.cluster);
+  // --cluster, else the recipe's hardware.cluster, else this machine.
+  const std::string cluster_file = !o.cluster.empty() ? o.cluster : recipe.hardware.cluster;
+  const Cluster cluster =
+      cluster_file.empty() ? local_cluster(recipe, &calibrated) : load_cluster(cluster_file);
+  const double cores = std::max(1u, std::thread::hardware_concurrency());
+  if (cluster_file.empty() && recipe.world_size() > 4 * cores)
+    std::printf("plan: the recipe's %lld ranks on this machine's %.0f cores (each a share of a "
+                "core): is it meant for a cluster? Give --cluster FILE or set hardware.cluster "
+                "(recipes/clusters/)\n",
+                static_cast<long long>(recipe.world_size()), cores);
   const PlanProblem p = make_problem(recipe, cluster);
   const auto& m = p.model;
   std::printf(

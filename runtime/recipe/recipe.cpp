@@ -393,6 +393,9 @@ const std::vector<Field>& schema() {
             "GEMM library of the linear layers: auto (measured at the model's shapes on this "
             "machine, cached: OpenBLAS unless another is over 5 % faster) | openblas (fp32 only) "
             "| onednn (bf16 inputs when train.precision is bf16)."),
+      field("hardware", "cluster", &R::hardware, &HardwareConfig::cluster,
+            "Cluster TOML file (recipes/clusters/) that `titan3d plan` plans for when --cluster "
+            "is not given; empty: this machine."),
   };
   return fields;
 }

@@ -179,6 +179,7 @@ struct HardwareConfig {
   int64_t threads_per_rank = 0;  // 0: cores / ranks on this host, at least 1
   std::string openblas_coretype = "auto";  // auto: detect; otherwise passed to OpenBLAS as is
   GemmLibrary gemm = GemmLibrary::kAuto;
+  std::string cluster;  // the cluster file `plan` plans for without --cluster; empty: this machine
 };
 
 struct Recipe {

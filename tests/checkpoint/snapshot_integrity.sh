@@ -103,8 +103,9 @@ check "[ -n \"$holder\" ] && [ $rc -eq 2 ] && grep -q \"is in use by another tit
   "a second train into a live job's run directory is refused, naming the holder (rc $rc)" || echo "$out"
 check "grep -q 'communicators verified' $work/locked/logs/rank0.log" \
   "the refused job left the holder's log alone"
-kill -KILL "$holder" 2>/dev/null; wait "$first" 2>/dev/null
-# The holder died without removing its lock: the next job takes it over with a warning.
+# The holder and its launcher die without removing the lock (the launcher, frozen first, cannot
+# release it as it does after its job ended): the next job takes it over with a warning.
+pkill -STOP -P "$first"; kill -KILL "$holder" 2>/dev/null; pkill -KILL -P "$first"; wait "$first" 2>/dev/null
 out=$(timeout $T "$titan3d" "${base[@]}" --set run.dir="$work/locked" --set run.log_level=warn 2>&1); rc=$?
 check "[ $rc -eq 0 ] && grep -q 'taking over the lock of a job that is gone (host $(hostname), pid $holder' <<<\"\$out\" && [ ! -e $work/locked/lock ]" \
   "a dead job's lock is taken over with a warning, and released at exit (rc $rc)" || echo "$out"

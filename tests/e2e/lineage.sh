@@ -8,7 +8,7 @@
 #     snapshots stay as they were.
 #  3. A fresh run in a run directory that holds an older run's snapshots sets them aside (saying
 #     so): its retention keeps its own, and its restart resumes its own, not the older run's
-#     higher step.
+#     higher step; with its newest snapshot damaged, the incident names the older one resumed.
 #  4. A supervised job that ends by a failure leaves no lock in its run directory.
 #  5. SIGTERM while the supervisor waits to restart: exit 75, not killed by the signal.
 #  6. SIGUSR1 in the job's first moments (before the ranks are up): exit 75, saying that
@@ -98,8 +98,14 @@ fresh=("${base[@]}" --set train.steps=300 --set snapshot.every=50 --set snapshot
 rm -f "$work/reused/metrics.jsonl"  # the older run's: wait_for_step reads this run's
 "$titan3d" train "${fresh[@]}" --set run.dir="$work/reused" --max-restarts 2 > "$work/reused.log" 2>&1 &
 job=$!
-wait_for_step reused 120 && kill -KILL "$(rank_pid reused)"
+# Step 100's shard damaged before the kill: the restart skips it for step 50, and the incident
+# must say 50, the step it really continues from.
+wait_for_step reused 120 && shard=$work/reused/snapshots/step_00000100/rank00000.h5 &&
+  printf '\xde\xad\xbe\xef' | dd of="$shard" bs=1 seek=$(($(stat -c %s "$shard") / 2)) conv=notrunc 2>/dev/null &&
+  kill -KILL "$(rank_pid reused)"
 wait $job; rc=$?
+check "grep -q '\"snapshot_step\": 50,' $work/reused/incidents.jsonl && grep -q 'restart from snapshot step 50' $work/reused/incidents.jsonl" \
+  "the incident names the step the restart resumes (50: step 100's snapshot is damaged)" || cat "$work/reused/incidents.jsonl"
 aside=$(ls -d "$work"/reused/snapshots/set-aside-* 2>/dev/null | head -1)
 check "[ $rc -eq 0 ] && grep -rq 'moved them to' $work/reused.log $work/reused/logs && [ -f \"$aside/step_00000600.h5\" ] && [ -f \"$aside/step_00000300.h5\" ]" \
   "the older run's snapshots are set aside, saying where (rc $rc)" || { ls -R "$work/reused/snapshots" | head; tail -5 "$work/reused.log"; }
@@ -107,6 +113,9 @@ check "[ ! -e $work/reused/snapshots/step_00000600.h5 ] && [ -f $(snap reused 25
   "retention keeps this run's newest two, not the older run's higher step 600" || ls "$work/reused/snapshots"
 check "same_losses clean reused 1 300 && same_params $(snap reused 300) $(snap clean 300)" \
   "the restart resumed this run's own snapshot: losses and parameters as a clean directory's"
+
+check "cat $work/*/incidents.jsonl | awk -F'\"last_step\": |, \"snapshot_step\": |, \"lost_steps' '\$2 + 0 < \$3 + 0 { bad = 1 } END { exit bad }'" \
+  "no incident has its last step below the snapshot it resumed from"
 
 # --- 4. No lock left after a failure. ---
 T3D_FAULT=die_at_step:0:5 "$titan3d" train "${base[@]}" --set train.steps=10 --set run.dir="$work/died" \

@@ -20,6 +20,15 @@ grep -q '^tp = ' "$tmp/best.toml" || fail "written recipe has no parallel.tp"
 "$bin" plan "$tmp/best.toml" --cluster "$src/recipes/clusters/npu64.toml" --top 1 >/dev/null \
   || fail "the written recipe is not accepted back"
 
+# Without --cluster: the recipe's hardware.cluster (relative to the working directory); a recipe
+# with no cluster and far more ranks than cores here is told how to name one.
+out=$(cd "$src" && "$bin" plan recipes/llama13b_64npu.toml --zero 0 --top 3)
+grep -q "cluster: 64 × Ascend 910" <<<"$out" && grep -Eq "^ +8 +4 +2 +fits" <<<"$out" ||
+  fail "plan without --cluster did not plan for the recipe's hardware.cluster: $out"
+out=$("$bin" plan "$src/recipes/llama13b_64npu.toml" --set 'hardware.cluster=""' --zero 0 --top 3)
+grep -q "is it meant for a cluster? Give --cluster FILE or set hardware.cluster" <<<"$out" ||
+  fail "64 ranks planned on this machine without a word: $out"
+
 out=$("${plan13[@]}" --schedule --svg "$tmp/timeline.svg")
 grep -q "bubble" <<<"$out" || fail "--schedule printed no summary: $out"
 grep -q "<svg" "$tmp/timeline.svg" || fail "no SVG written"
