@@ -26,3 +26,19 @@ counted_losses() {
   sed -n 's/^{"step": \([0-9]*\), .*/\1 &/p' "$1" | awk '{ s = $1; sub(/^[0-9]+ /, ""); l[s] = $0 }
     END { for (s in l) print s, l[s] }' | sort -n | cut -d' ' -f2-
 }
+# Runs of a supervised job (restart.sh, lineage.sh): RUN names $work/RUN.
+# final_losses METRICS: per step, the loss of the last line that logged it (a restart logs the
+# steps after its snapshot again; the later line is the one that counts), "step loss" in order.
+final_losses() {
+  sed -n 's/^{"step": \([0-9]*\), "loss": \([^,]*\),.*/\1 \2/p' "$1" | awk '{ l[$1] = $2 } END { for (s in l) print s, l[s] }' | sort -n
+}
+last_step() { sed -n 's/^{"step": \([0-9]*\),.*/\1/p' "$1" 2>/dev/null | tail -1; }
+wait_for_step() {  # wait_for_step RUN STEP: until its metrics.jsonl logs step >= STEP (60 s at most)
+  local s
+  for _ in $(seq 1 600); do
+    s=$(last_step "$work/$1/metrics.jsonl"); [ -n "$s" ] && [ "$s" -ge "$2" ] && return 0
+    sleep 0.1
+  done
+  return 1
+}
+rank_pid() { cat "$work/$1/pids/rank${2:-0}.pid" 2>/dev/null; }  # rank_pid RUN [RANK]

@@ -26,9 +26,6 @@ check() {  # check CONDITION MESSAGE
 }
 base=("$repo/recipes/tiny.toml" --set data.path="$corpus" --set train.val_every=0
       --set train.log_every=100000 --set hardware.gemm=openblas --set run.log_level=warn)
-final_losses() {  # per step, the loss of the last line that logged it
-  sed -n 's/^{"step": \([0-9]*\), "loss": \([^,]*\),.*/\1 \2/p' "$1" | awk '{ l[$1] = $2 } END { for (s in l) print s, l[s] }' | sort -n
-}
 params_hash() {  # params_hash SNAPSHOT: SHA-256 of its exported parameters
   rm -rf "$work/export.tmp"
   "$titan3d" export "$1" --out "$work/export.tmp" > /dev/null 2>&1 &&
@@ -38,16 +35,6 @@ same_params() {  # same_params SNAPSHOT_A SNAPSHOT_B: both export, to the same b
   local a b
   a=$(params_hash "$1") && b=$(params_hash "$2") && [ -n "$a" ] && [ "$a" = "$b" ]
 }
-last_step() { sed -n 's/^{"step": \([0-9]*\),.*/\1/p' "$1" 2>/dev/null | tail -1; }
-wait_for_step() {  # wait_for_step RUN STEP: until metrics.jsonl logs step >= STEP (60 s at most)
-  local s
-  for _ in $(seq 1 600); do
-    s=$(last_step "$work/$1/metrics.jsonl"); [ -n "$s" ] && [ "$s" -ge "$2" ] && return 0
-    sleep 0.1
-  done
-  return 1
-}
-rank_pid() { cat "$work/$1/pids/rank0.pid" 2>/dev/null; }
 same_losses() {  # same_losses RUN_A RUN_B FROM TO: steps FROM..TO bit-identical, all present
   diff <(final_losses "$work/$1/metrics.jsonl" | awk -v a="$3" -v b="$4" '$1 >= a && $1 <= b') \
        <(final_losses "$work/$2/metrics.jsonl" | awk -v a="$3" -v b="$4" '$1 >= a && $1 <= b') > /dev/null &&

@@ -26,25 +26,10 @@ recipe=(train "$repo/recipes/tiny.toml" --set data.path="$corpus" --set parallel
 check() {  # check CONDITION MESSAGE
   if eval "$1"; then echo "ok: $2"; else echo "FAIL: $2"; fail=1; fi
 }
-# Per step, the loss of the last line that logged it (a restart logs steps after its snapshot
-# again; the later line is the one that counts).
-final_losses() {
-  sed -n 's/^{"step": \([0-9]*\), "loss": \([^,]*\),.*/\1 \2/p' "$1" | awk '{ l[$1] = $2 } END { for (s in l) print s, l[s] }' | sort -n
-}
 params_hash() {  # params_hash RUN: SHA-256 of the final snapshot's exported parameters
   "$titan3d" export "$work/$1/snapshots/step_$(printf %08d $steps).h5" --out "$work/$1.export" \
     > /dev/null 2>&1 && sha256sum < "$work/$1.export/model.safetensors" | cut -c1-16
 }
-last_step() { sed -n 's/^{"step": \([0-9]*\),.*/\1/p' "$1" 2>/dev/null | tail -1; }
-wait_for_step() {  # wait_for_step RUN STEP: until metrics.jsonl logs step >= STEP (30 s at most)
-  local s
-  for _ in $(seq 1 300); do
-    s=$(last_step "$work/$1/metrics.jsonl"); [ -n "$s" ] && [ "$s" -ge "$2" ] && return 0
-    sleep 0.1
-  done
-  return 1
-}
-rank_pid() { cat "$work/$1/pids/rank$2.pid" 2>/dev/null; }
 alive() { pgrep -f "run.dir=$work/$1( |$)" > /dev/null || pgrep -f "$work/$1/restart.toml" > /dev/null; }
 same_as_straight() {  # same_as_straight RUN WHAT
   check "diff <(final_losses $work/straight/metrics.jsonl) <(final_losses $work/$1/metrics.jsonl) > /dev/null && [ \$(final_losses $work/$1/metrics.jsonl | wc -l) -eq $steps ]" \

@@ -54,6 +54,11 @@ def rotate_half(x):
 
 def loss_sum(W, c, x_ids, y_ids):
     """Summed next-token cross-entropy of a batch of windows, Hugging Face LLaMA semantics."""
+    return loss_tensor(W, c, x_ids, y_ids).item()
+
+
+def loss_tensor(W, c, x_ids, y_ids):
+    """loss_sum as a 0-d tensor (differentiable in W); `c` holds config.json's keys."""
     B, T = x_ids.shape
     H, Hkv, C = c["num_attention_heads"], c["num_key_value_heads"], c["hidden_size"]
     D, eps = C // H, c["rms_norm_eps"]
@@ -77,8 +82,7 @@ def loss_sum(W, c, x_ids, y_ids):
         x = x + (F.silu(g) * u) @ W[p + "mlp.down_proj.weight"].T
     head = W["model.embed_tokens.weight"] if c["tie_word_embeddings"] else W["lm_head.weight"]
     logits = rms_norm(x, W["model.norm.weight"], eps) @ head.T
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y_ids.reshape(-1),
-                           reduction="sum").item()
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y_ids.reshape(-1), reduction="sum")
 
 
 def main():

@@ -21,10 +21,11 @@ try:
     import h5py
     import numpy as np
     import torch
-    import torch.nn.functional as F
 except ImportError as e:
     print("SKIPPED: %s for %s (apt-get install python3-torch python3-h5py)" % (e, sys.executable))
     sys.exit(77)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch_eval  # noqa: E402  the independent forward pass both checks share
 
 # Tolerances of the float64 replay against titan3d's fp32, each relative to the quantity's own
 # scale; in brackets what the two runs of torch_train_step.sh showed (x86-64, OpenBLAS). Any other
@@ -119,41 +120,13 @@ def init_tensor(name, shape, seed, n_layers):
     return (std * z).astype(np.float32).reshape(shape)  # an fp32 product
 
 
-def rms_norm(x, w, eps):
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
-
-
-def rotate_half(x):
-    h = x.shape[-1] // 2
-    return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
-
-
 def loss_sum(W, m, x_ids, y_ids):
-    """Summed next-token cross-entropy (nats) of a batch of windows: LLaMA (Hugging Face)."""
-    B, T = x_ids.shape
-    H, C = m["n_heads"], m["dim"]
-    Hkv, D, eps = m["n_kv_heads"] or H, C // H, m["norm_eps"]
-    inv = m["rope_theta"] ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
-    ang = torch.outer(torch.arange(T, dtype=torch.float64), inv)
-    cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)
-    mask = torch.full((T, T), float("-inf"), dtype=torch.float64).triu(1)
-    x = W["model.embed_tokens.weight"][x_ids]
-    for l in range(m["n_layers"]):
-        p = "model.layers.%d." % l
-        h = rms_norm(x, W[p + "input_layernorm.weight"], eps)
-        q = (h @ W[p + "self_attn.q_proj.weight"].T).view(B, T, H, D).transpose(1, 2)
-        k = (h @ W[p + "self_attn.k_proj.weight"].T).view(B, T, Hkv, D).transpose(1, 2)
-        v = (h @ W[p + "self_attn.v_proj.weight"].T).view(B, T, Hkv, D).transpose(1, 2)
-        q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
-        k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
-        att = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(D) + mask, dim=-1) @ v
-        x = x + att.transpose(1, 2).reshape(B, T, H * D) @ W[p + "self_attn.o_proj.weight"].T
-        h = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
-        g, u = h @ W[p + "mlp.gate_proj.weight"].T, h @ W[p + "mlp.up_proj.weight"].T
-        x = x + (F.silu(g) * u) @ W[p + "mlp.down_proj.weight"].T
-    head = W["model.embed_tokens.weight"] if m["tie_embeddings"] else W["lm_head.weight"]
-    logits = rms_norm(x, W["model.norm.weight"], eps) @ head.T
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y_ids.reshape(-1), reduction="sum")
+    """Summed next-token cross-entropy (nats) of a batch of windows: torch_eval.py's LLaMA forward
+    (Hugging Face semantics) on the recipe's [model] keys."""
+    c = {"num_attention_heads": m["n_heads"], "num_key_value_heads": m["n_kv_heads"] or m["n_heads"],
+         "hidden_size": m["dim"], "rms_norm_eps": m["norm_eps"], "rope_theta": m["rope_theta"],
+         "num_hidden_layers": m["n_layers"], "tie_word_embeddings": m["tie_embeddings"]}
+    return torch_eval.loss_tensor(W, c, x_ids, y_ids)
 
 
 # ---- data (docs/training-math.md, "Data") ------------------------------------------------------
