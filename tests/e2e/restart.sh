@@ -34,7 +34,8 @@ alive() { pgrep -f "run.dir=$work/$1( |$)" > /dev/null || pgrep -f "$work/$1/res
 same_as_straight() {  # same_as_straight RUN WHAT
   check "diff <(final_losses $work/straight/metrics.jsonl) <(final_losses $work/$1/metrics.jsonl) > /dev/null && [ \$(final_losses $work/$1/metrics.jsonl | wc -l) -eq $steps ]" \
     "$2: all $steps losses bit-identical to the uninterrupted run"
-  check "[ \"\$(params_hash $1)\" = \"\$(params_hash straight)\" ]" "$2: final parameters bit-identical"
+  check "h=\$(params_hash $1) && [ -n \"\$h\" ] && [ \"\$h\" = \"\$(params_hash straight)\" ]" \
+    "$2: final parameters bit-identical"
 }
 
 "$titan3d" "${recipe[@]}" --set run.dir="$work/straight" > "$work/straight.log" 2>&1 ||
