@@ -13,11 +13,11 @@
 #   5. titan3d self-launched on host A over both hosts (run.hostfile, Open MPI's agent and networks
 #      from its environment) with run.elastic: host B's link cut after a snapshot; the job
 #      finishes on host A alone, pp2 × dp1 × tp2 with twice the micro-batches, and every step's
-#      loss equals the uninterrupted two-host run's within 1e-5.
+#      loss equals the uninterrupted two-host run's within 5e-5 (fp32, OpenBLAS: pinned).
 #   6. The same without run.elastic: the job stops, naming host B as unreachable.
 #   7. Regrow: as 5, but host B's link comes back while the shrunk job runs; the job probes it
 #      (run.elastic_regrow_s), stops at a snapshot and continues on both hosts as pp2 × dp2 × tp2,
-#      every step's loss again within 1e-5 of the uninterrupted run's.
+#      every step's loss again within 5e-5 of the uninterrupted run's.
 # Traffic stays inside the two namespaces made here. Skips (exit 77) when not root or when network
 # namespaces cannot be made. Everything started in the namespaces is ended on exit.
 set -u
@@ -147,20 +147,23 @@ wait "$job" 2> /dev/null
 # agent and networks from the environment (as a cluster's mca-params.conf would give them).
 ip -n "$ns_b" link set "t3b$tag" up
 self_launched() {
-  timeout "${SUP_TIMEOUT:-300}" env OMPI_MCA_plm_rsh_agent="$work/agent"     OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_tcp_if_include=10.97.0.0/24     OMPI_MCA_oob_tcp_if_include=10.97.0.0/24     "$work/agent" hosta "$titan3d" train "$repo/recipes/tiny.toml" "${model[@]}" "${layout[@]}"     --set run.hostfile="$work/hostfile" --set train.steps=$long_steps --set snapshot.every=20     --set parallel.timeout_s=5 "$@"
+  timeout "${SUP_TIMEOUT:-300}" env OMPI_MCA_plm_rsh_agent="$work/agent"     OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_tcp_if_include=10.97.0.0/24     OMPI_MCA_oob_tcp_if_include=10.97.0.0/24     "$work/agent" hosta "$titan3d" train "$repo/recipes/tiny.toml" "${model[@]}" "${layout[@]}"     --set run.hostfile="$work/hostfile" --set train.steps=$long_steps --set snapshot.every=20     --set parallel.timeout_s=5 --set train.precision=fp32 --set hardware.gemm=openblas "$@"
 }
 long_steps=400
 # last_hosts LOG N: "<rank><host>" of the last N rank lines of LOG (its last launch), by rank.
 last_hosts() { sed -n 's/.*rank *\([0-9]\) \[.*host \(host[ab]\).*/\1\2/p' "$1" | tail -"$2" | sort | xargs; }
-# every_step_as_straight RUN WHAT: RUN logged every step, each loss within 1e-5 of the
-# uninterrupted run's (straight.losses).
+# every_step_as_straight RUN WHAT: RUN logged every step, each loss within 5e-5 of the
+# uninterrupted run's (straight.losses). The continuation sums in another order (dp1 with twice
+# the micro-batches) for up to ~340 steps, and fp32 rounding differences grow with them: measured
+# up to 1.3e-5 (AMD EPYC Zen 5, openblas-fp32), 2.5e-6 for the regrow. A wrong continuation (a
+# micro-batch lost, another lr or sampler position) differs by orders of magnitude more.
 every_step_as_straight() {
   counted_losses "$work/$1/metrics.jsonl" > "$work/$1.losses"
   local n
   n=$(grep -c . "$work/$1.losses")
   check "[ $n -eq $long_steps ]" "$1: every step logged ($n of $long_steps)"
   printf '     losses, %s (%s) vs uninterrupted: ' "$1" "$2"
-  compare_losses "$work/$1.losses" "$work/straight.losses" 1e-5 || fail=1
+  compare_losses "$work/$1.losses" "$work/straight.losses" 5e-5 || fail=1
 }
 # cut_after RUN STEP: cuts host B's link once RUN logged STEP (a snapshot before it committed).
 cut_after() {
