@@ -369,11 +369,13 @@ struct Trainer::Impl {
   // step whose step_time_s is set: two small all-reduces, the first also counting the ranks a
   // preemption signal reached (returned: every rank sees the same count).
   int measure_step(StepRecord& rec, const parallel::Comm* const groups[4], const double waited[4]) {
-    double shares[5];
+    double shares[6];
     for (int i = 0; i < 4; ++i)
       shares[i] = (groups[i]->counters().wait_s - waited[i]) / rec.step_time_s / mesh.world().size();
     shares[4] = stop_requested() != 0 ? 1.0 : 0.0;
-    mesh.world().all_reduce(shares, 5);
+    shares[5] = metrics_error.empty() ? 0.0 : 1.0;  // the previous step's metrics write
+    mesh.world().all_reduce(shares, 6);
+    if (shares[5] > 0) stop_on_metrics_error();
     rec.tp_comm_share = shares[0], rec.dp_comm_share = shares[1], rec.pp_wait_share = shares[2];
     rec.cp_comm_share = shares[3];
     rec.peak_mem_gib = arena->peak() / double(1 << 30);
@@ -468,12 +470,16 @@ struct Trainer::Impl {
       rec.step_time_s = seconds_since(t0);
       const int signalled = measure_step(rec, groups, waited);
       summary.steps.push_back(rec);
-      // Rank 0 writes the metrics; a failed write (a full disk) ends every rank together.
-      agree_on(mesh.world(), [&] { report(rec, seconds_since(run_start)); });
+      // Rank 0 writes the metrics; a failed write (a full disk) ends every rank together at the
+      // next step's measure_step all-reduce (after the loop for the last step).
+      report_or_keep_error(rec, seconds_since(run_start));
       // A preemption signal on any rank: every rank snapshots this step and stops.
       snapshots->after_step(step + 1, last || signalled > 0);
       if (signalled > 0 && !last) stop_preempted(step + 1, signalled);
     }
+    int last_write_failed = metrics_error.empty() ? 0 : 1;
+    mesh.world().all_reduce(&last_write_failed, 1);
+    if (last_write_failed > 0) stop_on_metrics_error();
     snapshots->finish();
     summary.peak_arena_bytes = arena->peak();
     // Every rank's own log: bytes it sent or contributed per group (tests check that bf16 and
@@ -487,6 +493,22 @@ struct Trainer::Impl {
     if (r.parallel.zero == 3)
       spdlog::info("parameter bucket gathers: {}", reducer->gathers());
     return summary;
+  }
+
+  // Rank 0's failed metrics write, kept until every rank learns of it (no extra collective).
+  std::string metrics_error;
+  void report_or_keep_error(const StepRecord& rec, double elapsed) {
+    try {
+      report(rec, elapsed);
+    } catch (const UserError& e) {
+      metrics_error = e.what();
+    }
+  }
+  // Collective: every rank stops with rank 0's message (exit 2).
+  void stop_on_metrics_error() {
+    agree_on(mesh.world(), [&] {
+      if (!metrics_error.empty()) throw UserError(metrics_error);
+    });
   }
 
   void report(const StepRecord& rec, double elapsed) {
