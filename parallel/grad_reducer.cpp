@@ -8,77 +8,25 @@
 
 namespace t3d::parallel {
 
-std::vector<FloatRange> make_buckets(const std::vector<FloatRange>& units, int64_t bucket_floats,
-                                     std::vector<int>* units_per_bucket) {
-  std::vector<FloatRange> buckets;
-  units_per_bucket->clear();
-  for (const auto& u : units) {
-    if (buckets.empty() || buckets.back().size() >= bucket_floats) {
-      buckets.push_back(u);
-      units_per_bucket->push_back(0);
-    }
-    buckets.back().end = u.end;
-    ++units_per_bucket->back();
-  }
-  return buckets;
-}
-
-int64_t slice_floats(int64_t floats, int dp, int rank) {
-  return floats * (rank + 1) / dp - floats * rank / dp;
-}
-
-GradReducer::GradReducer(const Comm& dp, int zero_stage, std::vector<FloatRange> buckets,
-                         std::vector<int> units_per_bucket, float* grads, kernels::Arena& arena)
-    : dp_(dp), zero_(zero_stage), buckets_(std::move(buckets)),
-      units_(std::move(units_per_bucket)), grads_(grads) {
+GradReducer::GradReducer(const Comm& dp, int zero_stage, const BucketPartition& partition,
+                         std::vector<int> units_per_bucket, float* grads,
+                         const ZeroBuffers& buffers)
+    : dp_(dp), zero_(zero_stage), part_(partition), units_(std::move(units_per_bucket)),
+      grads_(grads), shard_(buffers.grad_shard), param_shard_(buffers.param_shard) {
   T3D_ASSERT(zero_ >= 0 && zero_ <= 3, "ZeRO stage ", zero_, " is not implemented");
-  T3D_ASSERT(units_.size() == buckets_.size(), "one unit count per bucket");
-  T3D_ASSERT((zero_ >= 2) == (grads_ == nullptr), "ZeRO 2, 3 keep no full-size gradient region");
-  const int n = dp_.size(), me = dp_.rank();
-  int64_t largest = 0, shard = 0;
-  for (const auto& b : buckets_) {
-    std::vector<int> counts(n), displs(n);
-    for (int d = 0; d < n; ++d) {
-      displs[d] = static_cast<int>(b.size() * d / n);
-      counts[d] = static_cast<int>(slice_floats(b.size(), n, d));
-    }
-    partition_.push_back({b.begin + displs[me], b.begin + displs[me] + counts[me]});
-    shard_offset_.push_back(shard);
-    shard += counts[me];
-    largest = std::max(largest, b.size());
-    counts_.push_back(std::move(counts));
-    displs_.push_back(std::move(displs));
-  }
-  requests_.assign(buckets_.size(), MPI_REQUEST_NULL);
-  pending_.assign(buckets_.size(), 0);
-  open_.assign(buckets_.size(), -1);
-  if (zero_ == 3) {
-    size_t before = arena.used();
-    param_shard_ = arena.alloc_floats("parameters (ZeRO-3 shard)", static_cast<size_t>(shard));
-    param_shard_bytes_ = arena.used() - before;
-    gathered_.resize(kGatherBuffers);
-    for (int g = 0; g < kGatherBuffers; ++g) {
-      before = arena.used();
-      gathered_[g].data = arena.alloc_floats(
-          "parameters (ZeRO-3 gathered " + std::to_string(g) + ")", static_cast<size_t>(largest));
-      gather_bytes_ = arena.used() - before;
-    }
-  }
-  if (zero_ >= 2) {
-    size_t before = arena.used();
-    shard_ = arena.alloc_floats("gradients (ZeRO-2 shard)", static_cast<size_t>(shard));
-    shard_bytes_ = arena.used() - before;
-    staging_.resize(kStagingBuffers);
-    for (int s = 0; s < kStagingBuffers; ++s) {
-      before = arena.used();
-      staging_[s].data = arena.alloc_floats("gradients (ZeRO-2 staging " + std::to_string(s) + ")",
-                                            static_cast<size_t>(largest));
-      staging_bytes_ = arena.used() - before;
-    }
-    grad_bytes_ = shard_bytes_ + kStagingBuffers * staging_bytes_;
-  } else if (!buckets_.empty()) {
-    grad_bytes_ = static_cast<size_t>(buckets_.back().end) * sizeof(float);
-  }
+  T3D_ASSERT(units_.size() == part_.buckets.size(), "one unit count per bucket");
+  T3D_ASSERT(part_.counts.empty() || static_cast<int>(part_.counts[0].size()) == dp_.size(),
+             "the partition is over ", part_.counts[0].size(), " ranks, the group has ",
+             dp_.size());
+  const FullRegions full = full_regions(zero_);
+  T3D_ASSERT(full.grads == (grads_ != nullptr) && full.grads == (shard_ == nullptr) &&
+                 full.params == (param_shard_ == nullptr),
+             "ZeRO ", zero_, ": the gradient region or the shards do not fit the stage");
+  requests_.assign(part_.buckets.size(), MPI_REQUEST_NULL);
+  pending_.assign(part_.buckets.size(), 0);
+  open_.assign(part_.buckets.size(), -1);
+  for (float* g : buffers.gathered) gathered_.push_back({g});
+  for (float* s : buffers.staging) staging_.push_back({s});
 }
 
 GradReducer::~GradReducer() {
@@ -88,26 +36,20 @@ GradReducer::~GradReducer() {
     if (s.request != MPI_REQUEST_NULL) MPI_Request_free(&s.request);
 }
 
-int64_t GradReducer::owned_floats() const {
-  int64_t n = 0;
-  for (const auto& r : owned()) n += r.size();
-  return n;
-}
-
 void GradReducer::begin_step(int micro_batches) {
-  for (size_t b = 0; b < buckets_.size(); ++b) {
+  for (size_t b = 0; b < part_.buckets.size(); ++b) {
     T3D_ASSERT(open_[b] < 0, "bucket ", b, " still open at the start of a step");
     pending_[b] = units_[b] * micro_batches;
   }
   // With the rank's threads (kernels::zero): the gradient region is the largest memset of a step.
   if (zero_ >= 2)
-    kernels::zero(shard_, owned_floats());
-  else if (!buckets_.empty())
-    kernels::zero(grads_, buckets_.back().end);
+    kernels::zero(shard_, part_.shard_floats);
+  else if (!part_.buckets.empty())
+    kernels::zero(grads_, part_.buckets.back().end);
 }
 
 float* GradReducer::bucket_grads(int b) {
-  if (zero_ < 2) return grads_ + buckets_.at(b).begin;
+  if (zero_ < 2) return grads_ + part_.buckets.at(b).begin;
   if (open_.at(b) >= 0) return staging_[open_[b]].data;
   auto free_buffer = [&] {
     for (int s = 0; s < kStagingBuffers; ++s)
@@ -129,7 +71,7 @@ float* GradReducer::bucket_grads(int b) {
   }
   T3D_ASSERT(s >= 0, "no ZeRO-2 staging buffer free after a reduction completed");
   Staging& st = staging_[s];
-  std::fill(st.data, st.data + buckets_[b].size(), 0.0f);
+  std::fill(st.data, st.data + part_.buckets[b].size(), 0.0f);
   st.bucket = b;
   st.reported = 0;
   st.opened = opened_++;
@@ -154,10 +96,10 @@ void GradReducer::unit_done(int b) {
 
 void GradReducer::start_reduce(int b) {
   ++reductions_;
-  if (before_) before_(b, grads_ + buckets_[b].begin);
+  if (before_) before_(b, grads_ + part_.buckets[b].begin);
   if (dp_.size() == 1) return;
-  requests_[b] = dp_.iall_reduce_sum(grads_ + buckets_[b].begin,
-                                     static_cast<size_t>(buckets_[b].size()),
+  requests_[b] = dp_.iall_reduce_sum(grads_ + part_.buckets[b].begin,
+                                     static_cast<size_t>(part_.buckets[b].size()),
                                      "all_reduce (gradient bucket)", b);
 }
 
@@ -172,15 +114,15 @@ void GradReducer::flush(int s, bool early) {
   reducing_.push_back(s);
   if (dp_.size() == 1) return;
   // In place: the input is the whole bucket; this rank's reduced slice lands at its start.
-  st.request = dp_.ireduce_scatter_sum(st.data, counts_[b], "reduce_scatter (gradient bucket)", b);
+  st.request = dp_.ireduce_scatter_sum(st.data, part_.counts[b], "reduce_scatter (gradient bucket)", b);
 }
 
 void GradReducer::accumulate(const Staging& st) {
   const int b = st.bucket;
   // dp = 1 skips the reduce-scatter: the slice is the whole bucket, still at its own offset.
-  const float* from = dp_.size() == 1 ? st.data + displs_[b][dp_.rank()] : st.data;
-  float* to = shard_ + shard_offset_[b];
-  const int64_t n = counts_[b][dp_.rank()];
+  const float* from = dp_.size() == 1 ? st.data + part_.displs[b][dp_.rank()] : st.data;
+  float* to = shard_ + part_.shard_offset[b];
+  const int64_t n = part_.counts[b][dp_.rank()];
   for (int64_t i = 0; i < n; ++i) to[i] += from[i];
 }
 
@@ -208,17 +150,17 @@ void GradReducer::progress() {
 }
 
 void GradReducer::finish() {
-  for (size_t b = 0; b < buckets_.size(); ++b)
+  for (size_t b = 0; b < part_.buckets.size(); ++b)
     T3D_ASSERT(pending_[b] == 0, "bucket ", b, " is missing ", pending_[b],
                " unit report(s): a layer's gradients were not computed");
   if (zero_ >= 2) {
     // Buckets still open (flushed early, then written again): reduce them, in bucket order.
-    for (size_t b = 0; b < buckets_.size(); ++b)
+    for (size_t b = 0; b < part_.buckets.size(); ++b)
       if (open_[b] >= 0) flush(open_[b], true);
     while (!reducing_.empty()) complete_oldest();
     return;
   }
-  for (size_t b = 0; b < buckets_.size(); ++b) {
+  for (size_t b = 0; b < part_.buckets.size(); ++b) {
     if (requests_[b] == MPI_REQUEST_NULL) continue;
     dp_.wait(requests_[b], "gradient all_reduce");
   }
@@ -230,18 +172,10 @@ void GradReducer::gather_params(float* params) {
     return;
   }
   if (zero_ == 0 || dp_.size() == 1) return;
-  for (size_t b = 0; b < buckets_.size(); ++b)
-    requests_[b] = dp_.iall_gatherv(nullptr, params + buckets_[b].begin, counts_[b], displs_[b],
+  for (size_t b = 0; b < part_.buckets.size(); ++b)
+    requests_[b] = dp_.iall_gatherv(nullptr, params + part_.buckets[b].begin, part_.counts[b], part_.displs[b],
                                     "all_gather (parameters, ZeRO)", static_cast<int64_t>(b));
   for (auto& r : requests_) dp_.wait(r, "parameter all_gather (ZeRO)");
-}
-
-void GradReducer::scatter_params(const float* full) {
-  T3D_ASSERT(zero_ == 3, "only ZeRO-3 keeps a parameter shard");
-  for (size_t b = 0; b < buckets_.size(); ++b)
-    std::memcpy(param_shard_ + shard_offset_[b], full + partition_[b].begin,
-                sizeof(float) * static_cast<size_t>(partition_[b].size()));
-  for (auto& g : gathered_) g.bucket = -1;
 }
 
 const float* GradReducer::bucket_params(int b) {
@@ -259,12 +193,12 @@ const float* GradReducer::bucket_params(int b) {
   slot->used = ++uses_;
   ++gathers_;
   const int me = dp_.rank();
-  const float* mine = param_shard_ + shard_offset_[b];
+  const float* mine = param_shard_ + part_.shard_offset[b];
   if (dp_.size() == 1) {
-    std::memcpy(slot->data, mine, sizeof(float) * static_cast<size_t>(counts_[b][me]));
+    std::memcpy(slot->data, mine, sizeof(float) * static_cast<size_t>(part_.counts[b][me]));
     return slot->data;
   }
-  MPI_Request request = dp_.iall_gatherv(mine, slot->data, counts_[b], displs_[b],
+  MPI_Request request = dp_.iall_gatherv(mine, slot->data, part_.counts[b], part_.displs[b],
                                          "all_gather (parameter bucket, ZeRO-3)", b);
   dp_.wait(request, "parameter all_gather (ZeRO-3)");
   return slot->data;

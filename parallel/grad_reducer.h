@@ -5,10 +5,10 @@
 // The gradient region is cut into buckets, each a contiguous float range of gradient units (a
 // layer, the embedding, the head: see Model's grad hook). Each unit reports once per micro-batch.
 //
-// Ownership: every bucket is split into dp near-equal contiguous slices; dp rank d owns slice d.
-// With ZeRO >= 1 a rank keeps optimizer state and runs AdamW only for what it owns, then
-// `gather_params` all-gathers the updated slices. The same partition serves the gradient norm at
-// every stage, so each gradient element is counted exactly once across the dp group.
+// Which slice of every bucket a rank owns, and where shards and buffers live, is the caller's
+// (parallel/zero.h: BucketPartition and ZeroBuffers; runtime/train/sharded_state.h owns them for
+// training): the reducer only moves bytes. With ZeRO >= 1 a rank keeps optimizer state and runs
+// AdamW only for what it owns, then `gather_params` all-gathers the updated slices.
 //
 // ZeRO 0 and 1: micro-batches accumulate into the full-size gradient region; a bucket's
 // all-reduce (non-blocking) starts once every micro-batch has reported all of its units.
@@ -37,47 +37,23 @@
 #include <functional>
 #include <vector>
 
-#include "kernels/arena.h"
 #include "parallel/comm.h"
+#include "parallel/zero.h"
 
 namespace t3d::parallel {
 
-struct FloatRange {
-  int64_t begin = 0, end = 0;  // [begin, end) in floats
-  int64_t size() const { return end - begin; }
-};
-
-// Consecutive units merged into buckets until each holds at least `bucket_floats` (the last may
-// hold less). `units_per_bucket` receives how many units each bucket merged. Pure: the planner
-// prices the very same buckets.
-std::vector<FloatRange> make_buckets(const std::vector<FloatRange>& units, int64_t bucket_floats,
-                                     std::vector<int>* units_per_bucket);
-// Floats of dp rank `rank`'s slice of a bucket of `floats` split over `dp` ranks.
-int64_t slice_floats(int64_t floats, int dp, int rank);
-
 class GradReducer {
  public:
-  // ZeRO 2 staging buffers: one being written by the backward while one reduces.
-  static constexpr int kStagingBuffers = 2;
-  // ZeRO 3 gather buffers: a unit's weights and the previous unit's (the LM head's forward reads
-  // the final norm and the head, which a tied embedding puts in another bucket).
-  static constexpr int kGatherBuffers = 2;
-
-  // `grads`: the full-size gradient region (ZeRO 0 and 1), nullptr with ZeRO 2 and 3, which
-  // allocate their shards, staging and gather buffers from `arena` instead.
-  GradReducer(const Comm& dp, int zero_stage, std::vector<FloatRange> buckets,
-              std::vector<int> units_per_bucket, float* grads, kernels::Arena& arena);
+  // `partition` (which must outlive the reducer) over `dp`'s ranks. `grads`: the full-size
+  // gradient region (ZeRO 0 and 1), nullptr with ZeRO 2 and 3, which use `buffers` (the shard
+  // and staging buffers; ZeRO 3 also the parameter shard and gather buffers).
+  GradReducer(const Comm& dp, int zero_stage, const BucketPartition& partition,
+              std::vector<int> units_per_bucket, float* grads, const ZeroBuffers& buffers);
   ~GradReducer();
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
 
-  int zero_stage() const { return zero_; }
-  const std::vector<FloatRange>& buckets() const { return buckets_; }
-  // This dp rank's slice of every bucket (the ZeRO partition), in region order.
-  const std::vector<FloatRange>& partition() const { return partition_; }
-  // What this rank's optimizer updates: everything (ZeRO 0) or its partition (ZeRO >= 1).
-  const std::vector<FloatRange>& owned() const { return zero_ > 0 ? partition_ : buckets_; }
-  int64_t owned_floats() const;
+  const std::vector<FloatRange>& buckets() const { return part_.buckets; }
 
   // Called before a bucket's data is reduced (sequence parallelism sums replicated norm weight
   // gradients over tp there): bucket index and the bucket's first float.
@@ -91,30 +67,17 @@ class GradReducer {
   // A micro-batch has added its gradient to one unit of bucket b.
   void unit_done(int b);
   void progress();  // let in-flight reductions advance (MPI progresses only inside MPI calls)
-  // Waits for every bucket (each unit must have reported once per micro-batch); afterwards
-  // owned_grads() holds the sums over dp of what this rank owns.
+  // Waits for every bucket (each unit must have reported once per micro-batch); afterwards the
+  // region (ZeRO 0, 1: every float) or the shard (ZeRO 2, 3: this rank's slices back to back)
+  // holds the sums over dp of the slices this rank owns.
   void finish();
-  // The gradients of owned(): at their region offsets (ZeRO 0, 1), or back to back (ZeRO 2).
-  float* owned_grads() const { return zero_ >= 2 ? shard_ : grads_; }
-  bool compact_grads() const { return zero_ >= 2; }
-  // Bytes of gradient storage this rank holds: the region, or shard plus staging buffers.
-  size_t grad_bytes() const { return grad_bytes_; }
-  // ZeRO 2: bytes of the shard, and of one staging buffer (the largest bucket).
-  size_t shard_bytes() const { return shard_bytes_; }
-  size_t staging_bytes() const { return staging_bytes_; }
   // ZeRO 1, 2: every rank's owned slices of `params` to every rank. ZeRO 3: the parameter shard
   // changed, so the gathered buffers are stale.
   void gather_params(float* params);
 
-  // ZeRO 3. The parameters this rank owns, back to back (like owned_grads()).
-  float* param_shard() const { return param_shard_; }
-  // Copies this rank's slices of a full parameter region into the shard (at initialisation).
-  void scatter_params(const float* full);
-  // Bucket b's full parameters (its first float), gathered over dp if no buffer holds them.
-  // Valid until the next call.
+  // ZeRO 3: bucket b's full parameters (its first float), gathered over dp from the parameter
+  // shards if no gather buffer holds them. Valid until the next call.
   const float* bucket_params(int b);
-  size_t param_shard_bytes() const { return param_shard_bytes_; }
-  size_t gather_bytes() const { return gather_bytes_; }  // one gather buffer
   int64_t gathers() const { return gathers_; }
   // Bucket reductions started so far, and how many of them reduced a ZeRO-2 bucket before all its
   // units had reported (all staging buffers were busy, or left open at the end of a step).
@@ -137,31 +100,27 @@ class GradReducer {
 
   const Comm& dp_;
   int zero_;
-  std::vector<FloatRange> buckets_, partition_;
+  const BucketPartition& part_;
   std::vector<int> units_;
-  std::vector<std::vector<int>> counts_, displs_;  // per bucket, per dp rank
   std::vector<MPI_Request> requests_;
   std::vector<int> pending_;   // per bucket: unit reports still to come this step
   float* grads_ = nullptr;     // ZeRO 0, 1
   float* shard_ = nullptr;     // ZeRO 2: owned slices back to back
-  std::vector<int64_t> shard_offset_;  // per bucket: its slice's offset in the shard
   std::vector<Staging> staging_;
   std::vector<int> open_;      // per bucket: staging buffer index or -1
   std::deque<int> reducing_;   // staging buffers in flight, oldest first
   uint64_t opened_ = 0;
   int64_t reductions_ = 0, early_ = 0;
-  size_t grad_bytes_ = 0, shard_bytes_ = 0, staging_bytes_ = 0;
   // ZeRO 3
   struct Gathered {
     float* data = nullptr;
     int bucket = -1;
     uint64_t used = 0;  // last use, to evict the least recent
   };
-  float* param_shard_ = nullptr;
+  const float* param_shard_ = nullptr;
   std::vector<Gathered> gathered_;
   uint64_t uses_ = 0;
   int64_t gathers_ = 0;
-  size_t param_shard_bytes_ = 0, gather_bytes_ = 0;
   std::function<void(int, float*)> before_;
 };
 

@@ -7,17 +7,14 @@
 
 #include "kernels/check.h"
 #include "kernels/ops.h"
-#include "parallel/grad_reducer.h"
 #include "parallel/pipeline_split.h"
+#include "parallel/zero.h"
 #include "runtime/model/model_spec.h"
 
 namespace t3d::runtime {
 namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
-// The arena rounds every allocation up to 64 bytes.
-double aligned(double bytes) { return std::ceil(bytes / 64.0) * 64.0; }
 
 // The sizes one tensor-parallel rank sees, for the time model.
 struct Shard {
@@ -37,25 +34,23 @@ double stage_param_elems(const ModelConfig& m, const std::vector<parallel::Layer
   return static_cast<double>(param_units(m, ranges, tp).total_floats);
 }
 
-// ZeRO's per-rank shard of a stage (GradReducer: every bucket split over dp), the largest over
-// the dp ranks, and the largest bucket (the size of one ZeRO-2 staging buffer), in floats.
-struct ZeroShard {
-  double owned = 0, largest_bucket = 0;
-};
-ZeroShard zero_shard(const ModelConfig& m, const std::vector<parallel::LayerRange>& ranges,
-                     int64_t tp, int64_t dp, double bucket_mb) {
+// ZeRO's per-rank sizes of a stage (parallel/zero.h: every bucket split over dp): the region,
+// the largest shard over the dp ranks, and the largest bucket, in floats.
+parallel::ZeroFloats zero_floats(const ModelConfig& m,
+                                 const std::vector<parallel::LayerRange>& ranges, int64_t tp,
+                                 int64_t dp, double bucket_mb) {
+  const ParamUnits param = param_units(m, ranges, tp);
   std::vector<parallel::FloatRange> units;
-  for (const auto& u : param_units(m, ranges, tp).units) units.push_back({u.begin, u.end});
+  for (const auto& u : param.units) units.push_back({u.begin, u.end});
   std::vector<int> per_bucket;
-  const auto bucket_floats = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * (1 << 18)));
-  const auto buckets = parallel::make_buckets(units, bucket_floats, &per_bucket);
-  ZeroShard z;
-  for (const auto& b : buckets) z.largest_bucket = std::max(z.largest_bucket, double(b.size()));
+  const auto buckets =
+      parallel::make_buckets(units, parallel::bucket_floats(bucket_mb), &per_bucket);
+  parallel::ZeroFloats z;
+  z.region = static_cast<double>(param.total_floats);
   for (int64_t d = 0; d < dp; ++d) {
-    double owned = 0;
-    for (const auto& b : buckets)
-      owned += double(parallel::slice_floats(b.size(), static_cast<int>(dp), static_cast<int>(d)));
-    z.owned = std::max(z.owned, owned);
+    const parallel::BucketPartition part(buckets, static_cast<int>(dp), static_cast<int>(d));
+    z.owned = std::max(z.owned, static_cast<double>(part.shard_floats));
+    z.largest_bucket = static_cast<double>(part.largest_bucket);
   }
   return z;
 }
@@ -260,25 +255,19 @@ Memory stage_memory(const PlanProblem& p, const Layout& l, const parallel::Sched
   const Precision& pr = p.precision;
   const double elems = stage_param_elems(p.model, ranges, l.tp);
   const double largest_layer = static_cast<double>(block_param_floats(p.model, l.tp));
-  // ZeRO (Rajbhandari et al. 2020) as titan3d allocates it (parallel/grad_reducer.h): each rank
-  // owns a slice of every gradient bucket (`owned`, the largest share over dp). Stage 1 keeps
-  // the optimizer state of its slices; 2 also the gradients, plus two staging buffers of the
-  // largest bucket; 3 also the weights, plus two buffers a bucket is gathered into before use.
+  // ZeRO as titan3d allocates it (parallel/zero.h, the rule ShardedState reports by): with the
+  // largest shard over dp, the rank the planner prices.
   Memory mem;
   mem.stage = stage;
-  const ZeroShard z =
-      l.zero >= 1 ? zero_shard(p.model, ranges, l.tp, l.dp, p.bucket_mb) : ZeroShard{};
+  const parallel::ZeroFloats z = l.zero >= 1
+                                     ? zero_floats(p.model, ranges, l.tp, l.dp, p.bucket_mb)
+                                     : parallel::ZeroFloats{elems, 0, 0};
   const double kept = l.zero >= 1 ? z.owned : elems;  // elements of state kept per sharded kind
-  const auto buffers = [&](int n, double bytes) { return n * aligned(z.largest_bucket * bytes); };
-  mem.params = l.zero >= 3 ? aligned(kept * pr.weight) +
-                                 buffers(parallel::GradReducer::kGatherBuffers, pr.weight)
-                           : elems * pr.weight;
-  mem.grads = l.zero >= 2 ? aligned(kept * pr.grad) +
-                                buffers(parallel::GradReducer::kStagingBuffers, pr.grad)
-                          : elems * pr.grad;
-  mem.optimizer = l.zero >= 1 ? 2 * aligned(kept * pr.moment) +
-                                    (pr.master ? aligned(kept * pr.master) : 0)
-                              : elems * pr.optimizer();
+  const parallel::StateBytes state = parallel::zero_state_bytes(
+      static_cast<int>(l.zero), z, {pr.weight, pr.grad, pr.moment, pr.master});
+  mem.params = state.params;
+  mem.grads = state.grads;
+  mem.optimizer = state.optimizer;
   mem.slots = activation_slots(schedule, stage);
   mem.chunk_slots = chunk_activation_slots(schedule, stage);
   T3D_ASSERT(mem.chunk_slots.size() == ranges.size(), "chunks of stage ", stage);
@@ -305,8 +294,9 @@ Memory stage_memory(const PlanProblem& p, const Layout& l, const parallel::Sched
       return fmt::format("{} × {} B{}", num(n), num(bytes),
                          l.zero >= 1 && n == kept ? " (ZeRO: this rank's slices)" : "");
     };
-    const auto zero_extra = [&](const char* what) {
-      return fmt::format(" + 2 {} buffers × {} (the largest bucket)", what, num(z.largest_bucket));
+    const auto zero_extra = [&](int buffers, const char* what) {
+      return fmt::format(" + {} {} buffers × {} (the largest bucket)", buffers, what,
+                         num(z.largest_bucket));
     };
     int64_t layers = 0, recomputed = 0;
     for (const auto& r : ranges) {
@@ -325,9 +315,9 @@ Memory stage_memory(const PlanProblem& p, const Layout& l, const parallel::Sched
         "  total       {} of {} GiB\n",
         stage, layers, ranges.front().first ? ", embedding" : "",
         ranges.back().last ? ", final norm and LM head" : "", num(elems), num(largest_layer),
-        kind_bytes(l.zero >= 3 ? kept : elems, pr.weight), l.zero >= 3 ? zero_extra("gather") : "",
+        kind_bytes(l.zero >= 3 ? kept : elems, pr.weight), l.zero >= 3 ? zero_extra(parallel::kGatherBuffers, "gather") : "",
         gib(mem.params), kind_bytes(l.zero >= 2 ? kept : elems, pr.grad),
-        l.zero >= 2 ? zero_extra("staging") : "", gib(mem.grads), num(kept),
+        l.zero >= 2 ? zero_extra(parallel::kStagingBuffers, "staging") : "", gib(mem.grads), num(kept),
         num(pr.master), num(pr.moment), l.zero >= 1 ? " (ZeRO: this rank's slices)" : "",
         gib(mem.optimizer),
         slots_text, bytes_text, micro_rows(p, l),

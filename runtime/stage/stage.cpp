@@ -6,6 +6,7 @@
 
 #include "kernels/check.h"
 #include "kernels/gemm.h"
+#include "parallel/zero.h"
 #include "runtime/data/data_sampler.h"
 #include "runtime/data/text_tokenizer.h"
 
@@ -58,12 +59,13 @@ ModelOptions model_options(const Recipe& r, StagePurpose purpose, int64_t micro_
   o.cp = cp;
   if (purpose == StagePurpose::kForward) return o;
   T3D_ASSERT(executor, "a training stage needs its executor's slots");
-  const int64_t zero = r.parallel.zero;
   o.slots = executor->max_slots();
   o.chunk_slots.assign(executor->slots_per_chunk().begin(), executor->slots_per_chunk().end());
-  o.with_optimizer = zero == 0;  // ZeRO: the reducer holds the moment shard
-  o.grad_region = zero < 2;      // ZeRO-2, 3: the reducer holds the gradient shard
-  o.param_region = zero < 3;     // ZeRO-3: and the parameter shard
+  // The regions ZeRO shards are ShardedState's (runtime/train/sharded_state.h).
+  const parallel::FullRegions full = parallel::full_regions(static_cast<int>(r.parallel.zero));
+  o.param_region = full.params;
+  o.grad_region = full.grads;
+  o.with_optimizer = full.moments;
   o.checkpoint_every = r.train.activation_checkpoint.every;
   o.split_backward = executor->splits_backward();
   return o;

@@ -1,5 +1,7 @@
 #include "runtime/train/sharded_state.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 
 #include "kernels/check.h"
@@ -35,16 +37,112 @@ constexpr const char* kSections[] = {"model/", "optim/exp_avg/", "optim/exp_avg_
 
 }  // namespace
 
-ShardedState::ShardedState(Model& model, parallel::GradReducer& reducer, kernels::Arena& arena)
-    : model_(model), reducer_(reducer), zero_(reducer.zero_stage()) {
-  T3D_ASSERT((zero_ == 0) == (model.state().adam_m.data() != nullptr),
-             "ZeRO ", zero_, ": the model's optimizer region does not fit the stage");
-  if (zero_ == 0) return;
-  const auto n = static_cast<size_t>(reducer.owned_floats());
+ShardedState::ShardedState(Model& model, const parallel::Comm& group, int zero, double bucket_mb,
+                           kernels::Arena& arena)
+    : model_(model), group_(group), zero_(zero), bucket_mb_(bucket_mb) {
+  const parallel::FullRegions full = parallel::full_regions(zero_);
+  T3D_ASSERT(full.params == (model.state().params.data() != nullptr) &&
+                 full.grads == (model.state().grads.data() != nullptr) &&
+                 full.moments == (model.state().adam_m.data() != nullptr),
+             "ZeRO ", zero_, ": the model's regions do not fit the stage");
+  std::vector<parallel::FloatRange> units;
+  for (const auto& u : model.grad_units()) units.push_back(u.range);
+  partition_ = parallel::BucketPartition(
+      parallel::make_buckets(units, parallel::bucket_floats(bucket_mb), &units_per_bucket_),
+      group.size(), group.rank());
+  buffers_ = parallel::ZeroBuffers::allocate(zero_, partition_, arena);
+  reducer_ = std::make_unique<parallel::GradReducer>(group, zero_, partition_, units_per_bucket_,
+                                                     model.state().grads.data(), buffers_);
+  attach_to_model();
+  if (full.moments) return;
+  const auto n = static_cast<size_t>(partition_.shard_floats);
   m_shard_ = arena.alloc_floats("optimizer.exp_avg (ZeRO shard)", n);
   v_shard_ = arena.alloc_floats("optimizer.exp_avg_sq (ZeRO shard)", n);
   std::fill(m_shard_, m_shard_ + n, 0.0f);
   std::fill(v_shard_, v_shard_ + n, 0.0f);
+}
+
+ShardedState::~ShardedState() = default;
+
+void ShardedState::attach_to_model() {
+  const auto& buckets = partition_.buckets;
+  // [unit + 1] -> its bucket, and its offset from the bucket's start.
+  std::vector<int> bucket_of(static_cast<size_t>(model_.config().n_layers + 2), -1);
+  std::vector<int64_t> unit_offset(bucket_of.size(), 0);
+  size_t b = 0;
+  for (const auto& u : model_.grad_units()) {
+    while (u.range.begin >= buckets[b].end) ++b;
+    bucket_of[static_cast<size_t>(u.unit + 1)] = static_cast<int>(b);
+    unit_offset[static_cast<size_t>(u.unit + 1)] = u.range.begin - buckets[b].begin;
+  }
+  parallel::GradReducer* red = reducer_.get();
+  Model* model = &model_;
+  red->set_before_reduce([model, red](int bucket, float* data) {
+    model->sum_replicated_grads(red->buckets()[bucket], data);  // sequence parallel only
+  });
+  model_.set_grad_source([red, bucket_of, unit_offset](int64_t unit) {
+    const auto u = static_cast<size_t>(unit + 1);
+    return red->bucket_grads(bucket_of[u]) + unit_offset[u];
+  });
+  model_.set_grad_hook(
+      [red, bucket_of](int64_t unit) { red->unit_done(bucket_of[static_cast<size_t>(unit + 1)]); });
+  if (buffers_.param_shard)
+    model_.set_weight_source([red, bucket_of, unit_offset](int64_t unit) {
+      const auto u = static_cast<size_t>(unit + 1);
+      return red->bucket_params(bucket_of[u]) + unit_offset[u];
+    });
+}
+
+void ShardedState::init(uint64_t seed) {
+  if (!buffers_.param_shard) return model_.init(seed);
+  // ZeRO-3: the full model exists only here, on the host, long enough to keep this rank's shard.
+  std::vector<float> full(static_cast<size_t>(model_.layout().total_floats()), 0.0f);
+  model_.init(seed, full.data());
+  for (size_t b = 0; b < partition_.buckets.size(); ++b)
+    std::copy_n(full.data() + partition_.mine[b].begin, partition_.mine[b].size(),
+                buffers_.param_shard + partition_.shard_offset[b]);
+  reducer_->gather_params(nullptr);  // the gather buffers hold nothing of the new shard
+}
+
+void ShardedState::restored() {
+  if (buffers_.param_shard) reducer_->gather_params(nullptr);
+}
+
+parallel::StateBytes ShardedState::footprint() const {
+  const auto region = static_cast<double>(model_.layout().total_floats());
+  return parallel::zero_state_bytes(
+      zero_, {region, static_cast<double>(partition_.shard_floats),
+              static_cast<double>(partition_.largest_bucket)},
+      parallel::StateBytesPerFloat{});
+}
+
+void ShardedState::log_footprint(bool rank0) const {
+  const auto aligned_bytes = [](int64_t floats) {
+    return (static_cast<size_t>(floats) * sizeof(float) + kernels::kAlignment - 1) /
+           kernels::kAlignment * kernels::kAlignment;
+  };
+  const size_t shard = aligned_bytes(partition_.shard_floats);
+  const size_t buffer = aligned_bytes(partition_.largest_bucket);
+  if (buffers_.param_shard)
+    spdlog::info("ZeRO-3 parameter bytes: shard {} + {} gather buffers × {} (the largest bucket)",
+                 shard, parallel::kGatherBuffers, buffer);
+  if (!buffers_.grad_shard) return;
+  spdlog::info("ZeRO-2 gradient bytes: shard {} + {} staging buffers × {} (the largest bucket)",
+               shard, parallel::kStagingBuffers, buffer);
+  // A bucket is at least one layer; parallel.bucket_mb larger than the stage's gradients/dp
+  // makes the staging buffers cost more than the sharding saves.
+  if (rank0 && parallel::kStagingBuffers * buffer > shard)
+    spdlog::warn("parallel.zero = 2: the {} staging buffers ({} bytes each, the largest gradient "
+                 "bucket) outweigh the gradient shard ({} bytes); lower parallel.bucket_mb "
+                 "(now {}) to about 1/{} of the stage's gradients or less, or use ZeRO-1",
+                 parallel::kStagingBuffers, buffer, shard, bucket_mb_, 4 * group_.size());
+}
+
+void ShardedState::log_counters() const {
+  if (buffers_.grad_shard)
+    spdlog::info("gradient bucket reductions: {} ({} early: ZeRO-2 staging buffers all busy)",
+                 reducer_->reductions(), reducer_->early_reductions());
+  if (buffers_.param_shard) spdlog::info("parameter bucket gathers: {}", reducer_->gathers());
 }
 
 void ShardedState::for_each_piece(const std::vector<parallel::FloatRange>& ranges,
@@ -63,10 +161,10 @@ void ShardedState::for_each_piece(const std::vector<parallel::FloatRange>& range
 }
 
 float* ShardedState::params(const Piece& p) const {
-  return zero_ == 3 ? reducer_.param_shard() + p.at : model_.state().params.data() + p.lo;
+  return buffers_.param_shard ? buffers_.param_shard + p.at : model_.state().params.data() + p.lo;
 }
 float* ShardedState::grads(const Piece& p) const {
-  return reducer_.compact_grads() ? reducer_.owned_grads() + p.at : reducer_.owned_grads() + p.lo;
+  return buffers_.grad_shard ? buffers_.grad_shard + p.at : model_.state().grads.data() + p.lo;
 }
 float* ShardedState::exp_avg(const Piece& p) const {
   return zero_ > 0 ? m_shard_ + p.at : model_.state().adam_m.data() + p.lo;
@@ -84,8 +182,7 @@ ShardedState::Store ShardedState::store(const std::vector<parallel::FloatRange>&
   return {ranges, shard, floats, true};
 }
 ShardedState::Store ShardedState::param_store() const {
-  return store(owned(), zero_ == 3 ? reducer_.param_shard() : nullptr,
-               model_.state().params.data());
+  return store(owned(), buffers_.param_shard, model_.state().params.data());
 }
 ShardedState::Store ShardedState::exp_avg_store() const {
   return store(owned(), m_shard_, model_.state().adam_m.data());
@@ -147,7 +244,7 @@ void ShardedState::adamw_step(const TrainConfig& t, double lr, int64_t step, flo
     cfg.weight_decay = tensors[p.param].decay ? static_cast<float>(t.weight_decay) : 0.0f;
     kernels::adamw_step(params(p), grads(p), exp_avg(p), exp_avg_sq(p), p.size(), cfg, step);
   });
-  reducer_.gather_params(model_.state().params.data());
+  reducer_->gather_params(model_.state().params.data());
 }
 
 }  // namespace t3d::runtime

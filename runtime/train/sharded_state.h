@@ -1,14 +1,19 @@
-// The training state this rank owns, apart from the gradient reducer (as Megatron keeps its
-// distributed optimizer apart from its gradient buckets): which floats of the flat parameter
-// region it updates, and where their parameters, gradients and AdamW moments live.
+// The training state this rank updates, one owner for all of it: the ZeRO partition of the
+// Model's flat parameter region over the data-parallel group, the shards and buffers each stage
+// keeps (parallel/zero.h), the AdamW moments, and the gradient reducer that moves bucket bytes
+// between them (parallel/grad_reducer.h). It initialises, restores and reports that state; the
+// trainer and the snapshotter walk it without knowing the ZeRO stage.
 //
 //   ZeRO 0   owns everything; parameters, gradients and moments are the Model's regions.
-// The reducer's group is dp × cp (Mesh::dp_cp): "dp rank" below means a rank of it.
+// The group is dp × cp (Mesh::dp_cp): "dp rank" below means a rank of it.
 //
-//   ZeRO 1   owns its dp slice of every bucket (GradReducer::partition); moments are a shard
-//            holding the owned ranges back to back ("compact"); gradients, parameters regions.
-//   ZeRO 2   gradients are a compact shard too (the reducer's).
-//   ZeRO 3   parameters are a compact shard too (the reducer's; gathered for the forward).
+//   ZeRO 1   owns its dp slice of every bucket (partition()); moments are a shard holding the
+//            owned ranges back to back ("compact"); gradients, parameters regions.
+//   ZeRO 2   gradients are a compact shard too.
+//   ZeRO 3   parameters are a compact shard too (gathered bucket by bucket for the model).
+//
+// A second group of parameters with a data-parallel group of its own (experts) is a second
+// instance over its own region and group.
 //
 // Everything that walks the owned state — AdamW, gradient clipping, the global gradient norm,
 // the snapshot boxes — walks it through for_each_piece: (tensor, part of the region, its offset
@@ -17,11 +22,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "checkpoint/snapshot.h"
 #include "kernels/arena.h"
 #include "parallel/grad_reducer.h"
+#include "parallel/zero.h"
 #include "runtime/model/model.h"
 #include "runtime/recipe/recipe.h"
 
@@ -29,17 +36,40 @@ namespace t3d::runtime {
 
 class ShardedState {
  public:
-  // After attach_grad_reducer: allocates the ZeRO moment shard (zeroed) from `arena`.
-  ShardedState(Model& model, parallel::GradReducer& reducer, kernels::Arena& arena);
+  // `model` built with the regions parallel::full_regions(zero) keeps (build_stage does). Cuts
+  // the model's gradient units into buckets of about `bucket_mb`, partitions them over `group`,
+  // allocates this rank's shards, buffers and moments (zeroed) from `arena`, and points the
+  // model's gradient source and hook (ZeRO 3: its weight source) at the reducer. The model's
+  // parameters are not initialised yet: call init or restore through a snapshot.
+  ShardedState(Model& model, const parallel::Comm& group, int zero, double bucket_mb,
+               kernels::Arena& arena);
+  ~ShardedState();
   ShardedState(const ShardedState&) = delete;
   ShardedState& operator=(const ShardedState&) = delete;
 
-  int zero() const { return zero_; }
+  // Parameters from `seed` (Model::init); ZeRO 3 initialises the whole model on the host once
+  // and keeps this rank's slices.
+  void init(uint64_t seed);
+  // After a snapshot was read into the stores: makes every rank's parameters current (ZeRO 3:
+  // the gathered buffers are stale).
+  void restored();
+
+  parallel::GradReducer& reducer() { return *reducer_; }
   // What the optimizer updates: everything (ZeRO 0) or this dp rank's partition.
-  const std::vector<parallel::FloatRange>& owned() const { return reducer_.owned(); }
+  const std::vector<parallel::FloatRange>& owned() const {
+    return zero_ > 0 ? partition_.mine : partition_.buckets;
+  }
   // This dp rank's slice of every bucket: each element of the region in exactly one dp rank's
   // partition (the norm counts each once).
-  const std::vector<parallel::FloatRange>& partition() const { return reducer_.partition(); }
+  const std::vector<parallel::FloatRange>& partition() const { return partition_.mine; }
+
+  // Arena bytes of parameters, gradients and optimizer state this rank keeps
+  // (parallel::zero_state_bytes, the planner's rule).
+  parallel::StateBytes footprint() const;
+  // This rank's log: the stage's shards and buffers; rank 0 also warns when ZeRO-2's staging
+  // buffers outweigh the shard. After training: the reducer's counters.
+  void log_footprint(bool rank0) const;
+  void log_counters() const;
 
   // One tensor's part of a walk over `ranges`: the tensor (index into Model::params()), floats
   // [lo, hi) of the region, and `at`, lo's offset in an array holding the ranges back to back.
@@ -91,9 +121,16 @@ class ShardedState {
  private:
   Store store(const std::vector<parallel::FloatRange>& ranges, float* shard, float* region) const;
 
+  void attach_to_model();
+
   Model& model_;
-  parallel::GradReducer& reducer_;
+  const parallel::Comm& group_;
   int zero_;
+  double bucket_mb_;
+  parallel::BucketPartition partition_;
+  std::vector<int> units_per_bucket_;
+  parallel::ZeroBuffers buffers_;
+  std::unique_ptr<parallel::GradReducer> reducer_;
   float* m_shard_ = nullptr;  // ZeRO >= 1: the owned ranges' moments back to back
   float* v_shard_ = nullptr;
 };

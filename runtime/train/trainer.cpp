@@ -1,7 +1,7 @@
 // The step loop of one rank. One file (a little over 500 lines) on purpose: every phase of a step
 // (sampling, the executor, reduction, norm and clipping, AdamW, validation, divergence handling,
 // metrics) reads the same Trainer::Impl state; the parts that stand alone live beside it
-// (sharded_state, data_parallel, metrics, snapshots, stop_signal, training_math).
+// (sharded_state, metrics, snapshots, stop_signal, training_math).
 #include "runtime/train/trainer.h"
 
 #include <spdlog/spdlog.h>
@@ -23,7 +23,7 @@
 #include "kernels/gemm.h"
 #include "kernels/ops.h"
 #include "parallel/fault.h"
-#include "parallel/grad_reducer.h"
+#include "parallel/zero.h"
 #include "parallel/pipeline_split.h"
 #include "parallel/schedule.h"
 #include "parallel/trace.h"
@@ -33,7 +33,6 @@
 #include "runtime/stage/executor.h"
 #include "runtime/stage/gemm_choice.h"
 #include "runtime/stage/stage.h"
-#include "runtime/train/data_parallel.h"
 #include "runtime/train/metrics.h"
 #include "runtime/train/sharded_state.h"
 #include "runtime/train/snapshots.h"
@@ -75,8 +74,7 @@ struct Trainer::Impl {
   std::unique_ptr<kernels::Arena> arena;
   std::unique_ptr<PipelineExecutor> executor;
   std::unique_ptr<Model> model;
-  std::unique_ptr<parallel::GradReducer> reducer;
-  std::unique_ptr<ShardedState> state;  // what this rank owns of parameters, gradients, moments
+  std::unique_ptr<ShardedState> state;  // what this rank updates: ZeRO shards, moments, reducer
   std::vector<int32_t> tokens_buf, targets_buf;  // (n_micro, rows·T) each
   // Context parallelism: whole sampled rows, of which this cp rank keeps its positions.
   std::vector<int32_t> cp_tokens, cp_targets;  // (rows·T) each
@@ -121,7 +119,11 @@ struct Trainer::Impl {
     if (!val_tokens.tokens.empty())
       val_sampler.emplace(val_tokens.tokens, val_tokens.source + " (validation)",
                           SamplerConfig{SampleMode::kSequential, seed, t.global_batch, T});
-    build_reducer();
+    // Over dp × cp: one overlapped reduction sums the gradients of other rows (dp) and of other
+    // positions of the same rows (cp); ZeRO shards over the same ranks.
+    state = std::make_unique<ShardedState>(*model, mesh.dp_cp(), static_cast<int>(r.parallel.zero),
+                                           r.parallel.bucket_mb, *arena);
+    state->init(seed);
     tokens_buf.resize(static_cast<size_t>(n_micro * rows * T / cp));
     targets_buf.resize(tokens_buf.size());
     if (cp > 1) cp_tokens.resize(static_cast<size_t>(rows * T)), cp_targets.resize(cp_tokens.size());
@@ -135,21 +137,7 @@ struct Trainer::Impl {
   // Collective, after build() succeeded on every rank: ranks agree on the snapshot they restore.
   void restore() {
     first_step = snapshots->restore();
-    if (r.parallel.zero == 3) reducer->gather_params(nullptr);  // restored: gathers are stale
-  }
-
-  void build_reducer() {
-    // Over dp × cp: one overlapped reduction sums the gradients of other rows (dp) and of other
-    // positions of the same rows (cp); ZeRO shards over the same ranks.
-    reducer = attach_grad_reducer(*model, mesh.dp_cp(), static_cast<int>(r.parallel.zero),
-                                  r.parallel.bucket_mb, *arena);
-    state = std::make_unique<ShardedState>(*model, *reducer, *arena);
-    const auto seed = static_cast<uint64_t>(r.train.seed);
-    if (r.parallel.zero < 3) return model->init(seed);
-    // ZeRO-3: the full model exists only here, on the host, long enough to keep this rank's shard.
-    std::vector<float> full(static_cast<size_t>(model->layout().total_floats()), 0.0f);
-    model->init(seed, full.data());
-    reducer->scatter_params(full.data());
+    state->restored();
   }
 
   void describe() {
@@ -160,39 +148,15 @@ struct Trainer::Impl {
       ranges += (ranges.empty() ? "" : ", ") + std::string("layers ") + std::to_string(c.begin) +
                 "-" + std::to_string(c.end - 1) + (c.first ? " +embedding" : "") +
                 (c.last ? " +head" : "");
-    const size_t optimizer =
-        r.parallel.zero > 0 ? 2 * sizeof(float) * reducer->owned_floats() : fp.optimizer;
-    // ZeRO-2, 3: the shard plus its staging buffers (the model then holds no gradient region);
-    // ZeRO-3 also the parameter shard plus its gather buffers.
-    const size_t grads = r.parallel.zero >= 2 ? reducer->grad_bytes() : fp.grads;
-    const size_t params =
-        r.parallel.zero == 3
-            ? reducer->param_shard_bytes() +
-                  parallel::GradReducer::kGatherBuffers * reducer->gather_bytes()
-            : fp.params;
+    // ZeRO shards and buffers replace the model's parameter, gradient and optimizer regions.
+    const parallel::StateBytes kept = state->footprint();
     // Every rank's own log gets its footprint (tests read it: tp, pp and ZeRO must shrink it).
     spdlog::info("memory bytes: params {} grads {} optimizer {} activations {} scratch {} peak {} "
                  "capacity {}; holds {}, {} activation slot(s)",
-                 params, grads, optimizer, fp.activations, fp.scratch, arena->peak(),
+                 static_cast<size_t>(kept.params), static_cast<size_t>(kept.grads),
+                 static_cast<size_t>(kept.optimizer), fp.activations, fp.scratch, arena->peak(),
                  arena->capacity(), ranges, executor->max_slots());
-    if (r.parallel.zero == 3)
-      spdlog::info("ZeRO-3 parameter bytes: shard {} + {} gather buffers × {} (the largest bucket)",
-                   reducer->param_shard_bytes(), parallel::GradReducer::kGatherBuffers,
-                   reducer->gather_bytes());
-    if (r.parallel.zero >= 2) {
-      spdlog::info("ZeRO-2 gradient bytes: shard {} + {} staging buffers × {} (the largest bucket)",
-                   reducer->shard_bytes(), parallel::GradReducer::kStagingBuffers,
-                   reducer->staging_bytes());
-      // A bucket is at least one layer; parallel.bucket_mb larger than the stage's gradients/dp
-      // makes the staging buffers cost more than the sharding saves.
-      if (mesh.rank() == 0 &&
-          parallel::GradReducer::kStagingBuffers * reducer->staging_bytes() > reducer->shard_bytes())
-        spdlog::warn("parallel.zero = 2: the {} staging buffers ({} bytes each, the largest gradient "
-                     "bucket) outweigh the gradient shard ({} bytes); lower parallel.bucket_mb "
-                     "(now {}) to about 1/{} of the stage's gradients or less, or use ZeRO-1",
-                     parallel::GradReducer::kStagingBuffers, reducer->staging_bytes(),
-                     reducer->shard_bytes(), r.parallel.bucket_mb, 4 * dp * cp);
-    }
+    state->log_footprint(mesh.rank() == 0);
     if (mesh.rank() != 0) return;
     spdlog::info("{}", kernels::openblas_config_string());
     spdlog::info("model: {} layers, dim {}, {} heads ({} kv), ffn {}, vocab {}, seq {}; {:.2f} M "
@@ -261,15 +225,6 @@ struct Trainer::Impl {
     std::vector<int64_t> bad_params(L + 2, 0), bad_grads(L + 2, 0);
     std::vector<double> grad_sq(L + 2, 0.0);
     const auto units = model->grad_units();
-    for (const auto& u : units) {
-      if (r.parallel.zero == 3) break;  // no parameter region: the shard is checked below
-      const float* w = model->state().params.data();
-      for (int64_t k = u.range.begin; k < u.range.end; ++k)
-        if (!std::isfinite(w[k])) {
-          bad_params[static_cast<size_t>(u.unit + 1)] = 1;
-          break;
-        }
-    }
     const auto part_of = [&](int64_t offset) {  // index unit + 1 of the unit holding `offset`
       for (const auto& u : units)
         if (offset >= u.range.begin && offset < u.range.end) return static_cast<size_t>(u.unit + 1);
@@ -277,8 +232,9 @@ struct Trainer::Impl {
     };
     state->for_each_piece(state->partition(), [&](const ShardedState::Piece& p) {
       const size_t i = part_of(p.lo);
-      if (r.parallel.zero == 3 && !std::all_of(state->params(p), state->params(p) + p.size(),
-                                               [](float x) { return std::isfinite(x); }))
+      // Each dp × cp rank checks its partition's parameters: together, every parameter once.
+      if (!std::all_of(state->params(p), state->params(p) + p.size(),
+                       [](float x) { return std::isfinite(x); }))
         bad_params[i] = 1;
       const float* g = state->grads(p);
       for (int64_t k = 0; k < p.size(); ++k) {
@@ -440,11 +396,11 @@ struct Trainer::Impl {
       step_span.arg("step", step + 1);
       double waited[4];
       for (int i = 0; i < 4; ++i) waited[i] = groups[i]->counters().wait_s;
-      reducer->begin_step(n_micro);
+      state->reducer().begin_step(n_micro);
       const double loss_sum = executor->run(*model, source(*train_sampler, step), grad_scale, true);
       // Data and context parallel: buckets were reduced over dp × cp during the backward; the
       // gradients are means over the global batch's tokens once summed.
-      reducer->finish();
+      state->reducer().finish();
       // One all-reduce for the loss and the exact global gradient norm (each dp × cp rank sums
       // its partition, so every element counts once).
       double sums[2] = {holds_loss ? loss_sum : 0.0, state->grad_sum_of_squares()};
@@ -487,11 +443,7 @@ struct Trainer::Impl {
     spdlog::info("communication bytes: tp {} dp {} pp {} cp {}", groups[0]->counters().bytes,
                  groups[1]->counters().bytes, groups[2]->counters().bytes,
                  groups[3]->counters().bytes);
-    if (r.parallel.zero >= 2)
-      spdlog::info("gradient bucket reductions: {} ({} early: ZeRO-2 staging buffers all busy)",
-                   reducer->reductions(), reducer->early_reductions());
-    if (r.parallel.zero == 3)
-      spdlog::info("parameter bucket gathers: {}", reducer->gathers());
+    state->log_counters();
     return summary;
   }
 

@@ -6,12 +6,14 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "kernels/arena.h"
 #include "kernels/check.h"
 #include "parallel/comm.h"
 #include "parallel/grad_reducer.h"
+#include "parallel/zero.h"
 
 namespace t3d::parallel {
 namespace {
@@ -85,7 +87,11 @@ Result run(const Comm& dp, int zero, int64_t bucket_floats, const std::vector<Ph
   }
   kernels::Arena arena(1 << 20);
   std::vector<float> region(static_cast<size_t>(u.back().end));
-  GradReducer reducer(dp, zero, buckets, per_bucket, zero == 2 ? nullptr : region.data(), arena);
+  const BucketPartition part(buckets, dp.size(), dp.rank());
+  const ZeroBuffers buffers = ZeroBuffers::allocate(zero, part, arena);
+  GradReducer reducer(dp, zero, part, per_bucket, zero >= 2 ? nullptr : region.data(), buffers);
+  const bool compact = zero >= 2;
+  const std::vector<FloatRange>& owned = zero > 0 ? part.mine : part.buckets;
   Result result;
   for (int step = 0; step < steps; ++step) {  // the second step must not see the first's sums
     reducer.begin_step(micro);
@@ -100,16 +106,16 @@ Result run(const Comm& dp, int zero, int64_t bucket_floats, const std::vector<Ph
     }
     reducer.finish();
   }
-  const float* g = reducer.owned_grads();
-  int64_t compact = 0;
-  for (const auto& r : reducer.owned()) {
+  const float* g = compact ? buffers.grad_shard : region.data();
+  int64_t at = 0;
+  for (const auto& r : owned) {
     for (int64_t i = r.begin; i < r.end; ++i)
-      result.owned.push_back(reducer.compact_grads() ? g[compact + i - r.begin] : g[i]);
-    compact += r.size();
+      result.owned.push_back(compact ? g[at + i - r.begin] : g[i]);
+    at += r.size();
   }
   // The expected sums over ranks and micro-batches, element by element.
   int64_t k = 0;
-  for (const auto& r : reducer.owned())
+  for (const auto& r : owned)
     for (int64_t i = r.begin; i < r.end; ++i, ++k) {
       float want = 0;
       for (int d = 0; d < dp.size(); ++d)
@@ -124,9 +130,11 @@ Result run(const Comm& dp, int zero, int64_t bucket_floats, const std::vector<Ph
       shard += slice_floats(buckets[b].size(), dp.size(), dp.rank());
     }
     const auto aligned = [](int64_t floats) { return (floats * 4 + 63) / 64 * 64; };
-    EXPECT_EQ(reducer.grad_bytes(),
-              size_t(aligned(shard) + GradReducer::kStagingBuffers * aligned(largest)));
-    EXPECT_EQ(shard, reducer.owned_floats());
+    EXPECT_EQ(arena.used(), size_t(aligned(shard) + kStagingBuffers * aligned(largest)));
+    EXPECT_EQ(shard, part.shard_floats);
+    EXPECT_EQ(zero_state_bytes(2, {double(region.size()), double(shard), double(largest)}, {})
+                  .grads,
+              double(arena.used()));
   }
   return result;
 }
@@ -175,13 +183,17 @@ TEST(GradReducer, ZeroThreeGathersTheParameters) {
   kernels::Arena arena(1 << 20);
   std::vector<int> per;
   auto buckets = make_buckets(units(), 8, &per);
-  GradReducer reducer(dp, 3, buckets, per, nullptr, arena);
+  const BucketPartition part(buckets, dp.size(), dp.rank());
+  const ZeroBuffers buffers = ZeroBuffers::allocate(3, part, arena);
+  GradReducer reducer(dp, 3, part, per, nullptr, buffers);
   std::vector<float> full(static_cast<size_t>(buckets.back().end));
   for (size_t i = 0; i < full.size(); ++i) full[i] = float(i) * 0.5f - 3.0f;
-  reducer.scatter_params(full.data());
+  for (size_t b = 0; b < buckets.size(); ++b)  // this rank's slices, as ShardedState::init keeps
+    std::copy_n(full.data() + part.mine[b].begin, part.mine[b].size(),
+                buffers.param_shard + part.shard_offset[b]);
   int64_t shard = 0;
-  for (const auto& r : reducer.owned()) shard += r.size();
-  EXPECT_EQ(shard, reducer.owned_floats());
+  for (const auto& r : part.mine) shard += r.size();
+  EXPECT_EQ(shard, part.shard_floats);
   EXPECT_LT(shard, static_cast<int64_t>(full.size()));  // a slice, not everything
   const auto expect_bucket = [&](int b) {
     const float* got = reducer.bucket_params(b);
@@ -191,7 +203,7 @@ TEST(GradReducer, ZeroThreeGathersTheParameters) {
   for (int b : {2, 1, 0, 1, 0, 2}) expect_bucket(b);
   EXPECT_EQ(reducer.gathers(), 4);  // 2, 1, 0 gathered; 1, 0 cached; 2 gathered again
   // An update of the shard (as the optimizer makes) must reach the next gather.
-  for (int64_t i = 0; i < shard; ++i) reducer.param_shard()[i] += 1.0f;
+  for (int64_t i = 0; i < shard; ++i) buffers.param_shard[i] += 1.0f;
   for (auto& x : full) x += 1.0f;  // the units leave no gaps: every float is in a slice
   reducer.gather_params(nullptr);
   for (int b : {0, 2, 1}) expect_bucket(b);
@@ -204,7 +216,8 @@ TEST(GradReducer, MissingUnitIsReported) {
   kernels::Arena arena(1 << 20);
   std::vector<int> per;
   auto buckets = make_buckets(units(), 8, &per);
-  GradReducer reducer(dp, 2, buckets, per, nullptr, arena);
+  const BucketPartition part(buckets, dp.size(), dp.rank());
+  GradReducer reducer(dp, 2, part, per, nullptr, ZeroBuffers::allocate(2, part, arena));
   reducer.begin_step(1);
   reducer.bucket_grads(0);
   reducer.unit_done(0);  // bucket 0 has two units: one report short

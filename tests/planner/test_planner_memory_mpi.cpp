@@ -8,11 +8,11 @@
 #include "kernels/arena.h"
 #include "parallel/comm.h"
 #include "parallel/pipeline_split.h"
-#include "runtime/train/data_parallel.h"
-#include "runtime/train/sharded_state.h"
+#include "parallel/zero.h"
 #include "runtime/model/model.h"
 #include "runtime/plan/planner_cost.h"
 #include "runtime/stage/stage.h"
+#include "runtime/train/sharded_state.h"
 
 namespace t3d::runtime {
 namespace {
@@ -66,8 +66,8 @@ void expect_arena_matches(const parallel::Comm& tp, int64_t pp, int64_t v,
 
 // ZeRO 1, 2 and 3 over dp = 2 (the two ranks): the moment shard, with ZeRO >= 2 the gradient
 // shard and staging buffers, with ZeRO-3 the parameter shard and gather buffers
-// (attach_grad_reducer, as training builds them), take exactly the bytes the planner predicts on
-// the rank with the larger share.
+// (ShardedState, as training builds them), take exactly the bytes the planner predicts on the
+// rank with the larger share.
 void expect_zero_arena_matches(const parallel::Comm& dp, const parallel::Comm& tp, int64_t pp,
                                int64_t v, parallel::ScheduleKind kind, int64_t micro_batches,
                                int64_t zero, double bucket_mb) {
@@ -88,22 +88,23 @@ void expect_zero_arena_matches(const parallel::Comm& dp, const parallel::Comm& t
     const auto chunks = stage_layers(p.model, {}, schedule, static_cast<int>(stage));
     kernels::Arena arena(size_t{256} << 20);
     ModelOptions options = predicted_options(p, l, predicted);
-    options.with_optimizer = false;  // ZeRO: the moment shard is ShardedState's
-    options.grad_region = zero < 2;
-    options.param_region = zero < 3;
+    const parallel::FullRegions full = parallel::full_regions(static_cast<int>(zero));
+    options.param_region = full.params, options.grad_region = full.grads;
+    options.with_optimizer = full.moments;
     Model model(p.model, chunks, tp, arena, options);
-    const auto reducer = attach_grad_reducer(model, dp, static_cast<int>(zero), bucket_mb, arena);
-    const ShardedState state(model, *reducer, arena);  // the moment shard
+    const size_t before = arena.used();
+    const ShardedState state(model, dp, static_cast<int>(zero), bucket_mb, arena);
+    const size_t sharded = arena.used() - before;  // shards, buffers and moments
     const auto& f = model.footprint();
     EXPECT_EQ(static_cast<double>(f.activations), predicted.activations);
     EXPECT_EQ(static_cast<double>(f.scratch), predicted.workspace);
+    // What ShardedState reports is what it allocated beside the model's regions.
+    const parallel::StateBytes kept = state.footprint();
+    EXPECT_EQ(kept.total() - static_cast<double>(f.params + f.grads + f.optimizer),
+              static_cast<double>(sharded));
     // The rank holding the larger share is the one the planner prices.
-    const size_t gathered = parallel::GradReducer::kGatherBuffers * reducer->gather_bytes();
-    double measured[4] = {
-        static_cast<double>(zero == 3 ? reducer->param_shard_bytes() + gathered : f.params),
-        static_cast<double>(zero >= 2 ? reducer->grad_bytes() : f.grads),
-        2.0 * ((sizeof(float) * reducer->owned_floats() + 63) / 64 * 64),
-        static_cast<double>(arena.used())};
+    double measured[4] = {kept.params, kept.grads, kept.optimizer,
+                          static_cast<double>(arena.used())};
     dp.all_reduce(measured, 4, parallel::ReduceOp::max);
     EXPECT_EQ(measured[0], predicted.params);
     EXPECT_EQ(measured[1], predicted.grads);
