@@ -64,7 +64,7 @@ Batch Sampler::sample(int64_t step, int dp_rank, int dp_size, int micro, int n_m
                  static_cast<int64_t>(targets_buf.size()) >= rows * t,
              "batch buffers hold ", tokens_buf.size(), " / ", targets_buf.size(), ", need ",
              rows * t);
-  const int64_t first = int64_t{dp_rank} * (config_.global_batch / dp_size) + micro * rows;
+  const int64_t first = int64_t{dp_rank} * (rows * n_micro) + micro * rows;
   for (int64_t i = 0; i < rows; ++i) {
     const uint32_t* src = tokens_.data() + row_offset(step, first + i);
     int32_t* inp = tokens_buf.data() + i * t;   // (T)

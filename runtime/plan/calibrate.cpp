@@ -18,6 +18,7 @@
 #include "kernels/gemm.h"
 #include "kernels/check.h"
 #include "parallel/comm.h"
+#include "runtime/data/data_sampler.h"
 #include "runtime/launch/job.h"
 #include "runtime/model/model.h"
 #include "runtime/plan/planner.h"
@@ -35,7 +36,8 @@ using parallel::ReduceOp;
 
 int64_t micro_rows_of(const Recipe& r) {
   const int64_t dp = r.parallel.dp > 0 ? r.parallel.dp : 1;
-  return std::max<int64_t>(1, r.train.global_batch / (dp * r.train.micro_batches));
+  return rows_per_micro(r.train.global_batch, static_cast<int>(dp),
+                        static_cast<int>(r.train.micro_batches));
 }
 
 // Seconds per call of `fn` on the slowest rank (a step waits for its slowest rank), the median of

@@ -9,6 +9,7 @@
 #include "kernels/ops.h"
 #include "parallel/pipeline_split.h"
 #include "parallel/zero.h"
+#include "runtime/data/data_sampler.h"
 #include "runtime/model/model_spec.h"
 
 namespace t3d::runtime {
@@ -188,7 +189,7 @@ double block_train_flops_per_row(const ModelConfig& model, int64_t tp) {
 }
 
 int64_t micro_rows(const PlanProblem& p, const Layout& l) {
-  return p.global_batch / (l.dp * l.micro_batches);
+  return rows_per_micro(p.global_batch, static_cast<int>(l.dp), static_cast<int>(l.micro_batches));
 }
 
 std::string invalid_reason(const PlanProblem& p, const Layout& l) {

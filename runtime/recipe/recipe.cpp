@@ -635,6 +635,7 @@ void validate_train(const Recipe& r) {
     // micro-batch's activations and of the parameters (doubles, no overflow) keeps every byte
     // size the model derives far inside 64 bits. Below these limits the arena's own check against
     // hardware.hbm_gib says whether the run fits.
+    // rows_per_micro's rows, in doubles: this guard must not overflow on the values it refuses.
     const double rows = static_cast<double>(t.global_batch) /
                         (static_cast<double>(std::max<int64_t>(p.dp, 1)) * t.micro_batches);
     const double T = static_cast<double>(m.seq_len), L = static_cast<double>(m.n_layers);

@@ -13,6 +13,7 @@
 #include "kernels/check.h"
 #include "kernels/hash.h"
 #include "parallel/pipeline_split.h"
+#include "runtime/data/data_sampler.h"
 #include "runtime/model/model.h"
 #include "runtime/plan/planner.h"
 #include "runtime/stage/stage.h"
@@ -168,7 +169,9 @@ void check_gemm(const Job& job, bool quick, std::vector<CheckRow>& rows) {
   // The model's main GEMM: a micro-batch's tokens through the local slice of gate/up.
   const int64_t dp = mesh.shape().size(Dim::dp), tp = mesh.shape().size(Dim::tp);
   const int64_t M = std::max<int64_t>(
-      64, r.train.global_batch / std::max<int64_t>(1, dp * r.train.micro_batches) * r.model.seq_len);
+      64, rows_per_micro(r.train.global_batch, static_cast<int>(dp),
+                         static_cast<int>(r.train.micro_batches)) *
+              r.model.seq_len);
   const int64_t N = r.model.ffn_dim / tp, K = r.model.dim;
   // Ranks that share cores would measure each other: take turns then (all at once otherwise, as
   // in training, where a slow core or a throttled socket shows).
