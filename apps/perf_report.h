@@ -6,7 +6,7 @@
 #include <string>
 
 #include "runtime/launch/job.h"
-#include "runtime/train/supervisor.h"
+#include "runtime/supervise/supervisor.h"
 #include "runtime/train/trainer.h"
 
 namespace t3d::runtime {

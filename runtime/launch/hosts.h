@@ -1,5 +1,5 @@
 // The hosts of a self-launched multi-host job (run.hostfile) and whether each can still be
-// reached: what the restart loop (runtime/train/supervisor.h) needs to tell a failed rank, which
+// reached: what the restart loop (runtime/supervise/supervisor.h) needs to tell a failed rank, which
 // a relaunch on the same hosts gets past, from a host that is gone, which it cannot.
 #pragma once
 

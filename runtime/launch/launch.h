@@ -54,7 +54,7 @@ std::vector<std::string> mpirun_command(const SpawnPlan& plan, const std::string
 // dead rank named, see mpirun_watch.h), then exits with its exit code.
 [[noreturn]] void exec_mpirun(const SpawnPlan& plan);
 // The same, returning how mpirun ended to the caller (which goes on: `plan --calibrate`, the
-// restart loop of runtime/train/supervisor.h).
+// restart loop of runtime/supervise/supervisor.h).
 MpirunOutcome run_spawned(const SpawnPlan& plan, const StopRequest& stop = {});
 
 // SLURM's compressed task counts ("2(x3),1" -> {2, 2, 2, 1}); empty if malformed.

@@ -2,6 +2,7 @@
 // also speaks to the console (llm.c's printf0), so N ranks do not print N copies.
 #pragma once
 
+#include <chrono>
 #include <string>
 
 namespace t3d::runtime {
@@ -9,5 +10,13 @@ namespace t3d::runtime {
 // label: "[pp0 dp1 tp0]"; log_file: empty for none.
 void setup_logging(const std::string& label, const std::string& log_file, bool console,
                    const std::string& level);
+
+// Seconds of steady clock since `start`.
+inline double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// "1m23s" / "45s" for progress lines.
+std::string format_duration(double seconds);
 
 }  // namespace t3d::runtime

@@ -29,7 +29,7 @@ struct MpirunOutcome {
 
 // Asked about once a second while mpirun runs, never blocking: true asks the job to stop as a
 // preemption does (SIGUSR1 to mpirun: every rank snapshots its step and exits kExitPreempted),
-// once. The restart loop's elastic regrow uses it (runtime/train/supervisor.h).
+// once. The restart loop's elastic regrow uses it (runtime/supervise/supervisor.h).
 using StopRequest = std::function<bool()>;
 
 // From one line of output: the host a collective watchdog waited on ("" if it names none).

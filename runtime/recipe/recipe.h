@@ -90,7 +90,7 @@ struct RunConfig {
   std::string log_level = "info";
   bool trace = false;
   // Self-launched jobs: relaunches from the newest snapshot after a rank died or hung, at most
-  // this many within restart_window_s (runtime/train/supervisor.h).
+  // this many within restart_window_s (runtime/supervise/supervisor.h).
   int64_t max_restarts = 3;
   double restart_window_s = 3600;
   // Self-launched jobs on several hosts: an Open MPI hostfile ("host slots=N" lines); empty:

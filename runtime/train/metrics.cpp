@@ -48,11 +48,4 @@ void MetricsWriter::write(const std::vector<std::pair<std::string, double>>& fie
                  "(run.dir) and resume from the last snapshot.");
 }
 
-std::string format_duration(double seconds) {
-  const long s = std::lround(std::max(0.0, seconds));
-  if (s >= 3600) return std::to_string(s / 3600) + "h" + std::to_string(s / 60 % 60) + "m";
-  if (s >= 60) return std::to_string(s / 60) + "m" + std::to_string(s % 60) + "s";
-  return std::to_string(s) + "s";
-}
-
 }  // namespace t3d::runtime

@@ -3,7 +3,6 @@
 // UserError naming the file: a run does not go on losing its metrics silently.
 #pragma once
 
-#include <chrono>
 #include <cstdio>
 #include <string>
 #include <utility>
@@ -29,13 +28,5 @@ class MetricsWriter {
   std::string path_;
   std::FILE* file_ = nullptr;
 };
-
-// Seconds of steady clock since `start`.
-inline double seconds_since(std::chrono::steady_clock::time_point start) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-// "1m23s" / "45s" for progress lines.
-std::string format_duration(double seconds);
 
 }  // namespace t3d::runtime

@@ -29,6 +29,7 @@
 #include "parallel/trace.h"
 #include "runtime/data/data.h"
 #include "runtime/data/data_sampler.h"
+#include "runtime/launch/logging.h"
 #include "runtime/model/model.h"
 #include "runtime/stage/executor.h"
 #include "runtime/stage/gemm_choice.h"
@@ -36,7 +37,7 @@
 #include "runtime/train/metrics.h"
 #include "runtime/train/sharded_state.h"
 #include "runtime/train/snapshots.h"
-#include "runtime/train/stop_signal.h"
+#include "runtime/launch/stop_signal.h"
 #include "runtime/train/training_math.h"
 
 namespace t3d::runtime {

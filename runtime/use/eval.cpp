@@ -24,7 +24,7 @@
 #include "runtime/stage/executor.h"
 #include "runtime/stage/gemm_choice.h"
 #include "runtime/stage/stage.h"
-#include "runtime/train/snapshots.h"
+#include "runtime/provenance/provenance.h"
 
 namespace t3d::runtime {
 

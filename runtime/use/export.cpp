@@ -10,7 +10,7 @@
 #include "checkpoint/snapshot.h"
 #include "kernels/check.h"
 #include "runtime/data/text_tokenizer.h"
-#include "runtime/train/snapshots.h"
+#include "runtime/provenance/provenance.h"
 
 namespace t3d::runtime {
 

@@ -17,7 +17,7 @@
 #include "kernels/check.h"
 #include "runtime/data/data.h"
 #include "runtime/data/text_tokenizer.h"
-#include "runtime/train/snapshots.h"
+#include "runtime/provenance/provenance.h"
 #include "runtime/use/export.h"
 
 namespace t3d::runtime {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A job's snapshots are its own lineage (runtime/train/snapshots.h, supervisor.h), self-launched,
+# A job's snapshots are its own lineage (runtime/train/snapshots.h, runtime/supervise/supervisor.h), self-launched,
 # 1 rank, each compared with an uninterrupted run (losses and final parameters bit for bit):
 #  1. A restart after `resume` goes back to the snapshot the job was started from (with the
 #     job's overrides), not to a random initialisation, while the job has no snapshot of its own;

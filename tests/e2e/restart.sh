@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Never losing a run (runtime/train/supervisor.h, stop_signal.h), self-launched, 2 ranks:
+# Never losing a run (runtime/supervise/supervisor.h, runtime/launch/stop_signal.h), self-launched, 2 ranks:
 #  1. Ranks killed with SIGKILL at random moments, three times (one of them while a snapshot is
 #     being written): the job restarts by itself from its newest snapshot and finishes; every
 #     step's loss and the final parameters are bit-identical to an uninterrupted run.

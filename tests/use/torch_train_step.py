@@ -30,7 +30,7 @@ import torch_eval  # noqa: E402  the independent forward pass both checks share
 # Tolerances of the float64 replay against titan3d's fp32, each relative to the quantity's own
 # scale; in brackets what the two runs of torch_train_step.sh showed (x86-64, OpenBLAS). Any other
 # reading of a formula tried moved some of them 10x past the tolerance, except a clip epsilon of
-# 1e-6, which tests/runtime/test_training_math.cpp pins instead.
+# 1e-6, which tests/train/test_training_math.cpp pins instead.
 TOL_LR = 1e-8            # [2e-9] metrics.jsonl prints 9 significant digits
 TOL_LOSS = 1e-6          # [1e-8]
 TOL_NORM = 1e-5          # [1.3e-7] the norm of fp32 gradients

@@ -1,9 +1,9 @@
-// Elastic shrink's layout arithmetic (runtime/train/elastic.h): the layout a job continues with
+// Elastic shrink's layout arithmetic (runtime/supervise/elastic.h): the layout a job continues with
 // on fewer hosts keeps global_batch and the rows of every micro-batch.
 #include <gtest/gtest.h>
 
 #include "runtime/recipe/recipe.h"
-#include "runtime/train/elastic.h"
+#include "runtime/supervise/elastic.h"
 
 using namespace t3d::runtime;
 

@@ -1,4 +1,4 @@
-#include "runtime/train/elastic.h"
+#include "runtime/supervise/elastic.h"
 
 #include <fmt/format.h>
 

@@ -1,4 +1,4 @@
-#include "runtime/train/supervisor.h"
+#include "runtime/supervise/supervisor.h"
 
 #include <fmt/format.h>
 
@@ -17,9 +17,9 @@
 #include "checkpoint/snapshot.h"
 #include "parallel/trace.h"
 #include "runtime/launch/job.h"
-#include "runtime/train/elastic.h"
-#include "runtime/train/metrics.h"
-#include "runtime/train/stop_signal.h"
+#include "runtime/launch/logging.h"
+#include "runtime/launch/stop_signal.h"
+#include "runtime/supervise/elastic.h"
 
 namespace t3d::runtime {
 

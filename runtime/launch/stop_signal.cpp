@@ -1,4 +1,4 @@
-#include "runtime/train/stop_signal.h"
+#include "runtime/launch/stop_signal.h"
 
 #include <unistd.h>
 

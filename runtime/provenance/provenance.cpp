@@ -1,0 +1,100 @@
+#include "runtime/provenance/provenance.h"
+
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+
+#include "checkpoint/hash.h"
+#include "checkpoint/snapshot.h"
+#include "kernels/check.h"
+#include "runtime/data/text_tokenizer.h"
+
+namespace t3d::runtime {
+
+namespace fs = std::filesystem;
+namespace ck = checkpoint;
+
+void check_same_model(const std::string& saved_toml, const Recipe& now, const std::string& path,
+                      const std::string& verb) {
+  const Recipe saved = parse_recipe(saved_toml, path + " (recipe)");
+  const auto& a = saved.model;
+  const auto& b = now.model;
+  const std::pair<const char*, std::pair<int64_t, int64_t>> keys[] = {
+      {"vocab_size", {a.vocab_size, b.vocab_size}},
+      {"dim", {a.dim, b.dim}},
+      {"n_layers", {a.n_layers, b.n_layers}},
+      {"n_heads", {a.n_heads, b.n_heads}},
+      {"n_kv_heads", {a.n_kv_heads, b.n_kv_heads}},
+      {"ffn_dim", {a.ffn_dim, b.ffn_dim}},
+      {"tie_embeddings", {a.tie_embeddings, b.tie_embeddings}}};
+  for (const auto& [key, v] : keys)
+    T3D_USER_CHECK(
+        v.first == v.second, "cannot ", verb, " `", path, "`: model.", key, " is ", v.first,
+        " in the snapshot but ", v.second, " in this run (",
+        now.origin(std::string("model.") + key),
+        "). A snapshot holds one model: only training, parallel, data and snapshot keys may "
+        "change, not its [model] shape.");
+}
+
+int64_t tokenizer_hash(const Recipe& recipe) {
+  if (recipe.data.tokenizer == kByteTokenizerName) return 0;
+  T3D_USER_CHECK(fs::is_regular_file(recipe.data.tokenizer), "`data.tokenizer`: model file `",
+                 recipe.data.tokenizer, "` does not exist (relative paths start at ",
+                 fs::current_path().string(), ")");
+  return static_cast<int64_t>(ck::digest_file(recipe.data.tokenizer).hash);
+}
+
+void check_same_tokenizer(const std::map<std::string, int64_t>& counters, const Recipe& now,
+                          const std::string& path, const std::string& verb) {
+  const auto it = counters.find(kTokenizerHashCounter);
+  const int64_t saved = it == counters.end() ? 0 : it->second;
+  const bool bytes_now = now.data.tokenizer == kByteTokenizerName;
+  T3D_USER_CHECK((saved == 0) == bytes_now, "cannot ", verb, " `", path, "`: it was made with ",
+                 saved == 0 ? "the byte tokenizer" : "a SentencePiece tokenizer",
+                 " but data.tokenizer is `", now.data.tokenizer, "` (",
+                 now.origin("data.tokenizer"),
+                 "); give the snapshot's own tokenizer (--set data.tokenizer=...)");
+  if (bytes_now) return;
+  const int64_t hash = tokenizer_hash(now);
+  T3D_USER_CHECK(hash == saved, "cannot ", verb, " `", path, "`: tokenizer model `",
+                 now.data.tokenizer, "` has content hash ", ck::to_hex(static_cast<uint64_t>(hash)),
+                 " but the snapshot was made with one of hash ",
+                 ck::to_hex(static_cast<uint64_t>(saved)),
+                 ": the file changed or is another tokenizer. Restore the model file the run "
+                 "trained with, or point data.tokenizer at it (--set data.tokenizer=PATH).");
+}
+
+int64_t data_hash(const Recipe& recipe) {
+  std::error_code ec;
+  if (!fs::is_regular_file(recipe.data.path, ec)) return 0;
+  return static_cast<int64_t>(ck::digest_file(recipe.data.path).hash);
+}
+
+void warn_if_data_changed(const std::map<std::string, int64_t>& counters,
+                          const std::string& saved_toml, const Recipe& now,
+                          const std::string& path) {
+  const auto it = counters.find(kDataHashCounter);
+  if (it == counters.end()) return;
+  const std::string saved_path = parse_recipe(saved_toml, path + " (recipe)").data.path;
+  if (saved_path != now.data.path) return;  // other data on purpose (--set data.path)
+  const int64_t hash = data_hash(now);
+  if (hash == it->second) return;
+  spdlog::warn("data.path `{}` changed since {} was written (content hash {} then, {} now): the "
+               "continuation trains on other tokens than the run that wrote it would have",
+               now.data.path, path, ck::to_hex(static_cast<uint64_t>(it->second)),
+               ck::to_hex(static_cast<uint64_t>(hash)));
+}
+
+Recipe load_resume_recipe(const std::string& snapshot, const std::vector<Override>& overrides) {
+  // Before any I/O thread exists (the launcher, or a rank before its trainer): HDF5 is still
+  // touched by one thread at a time.
+  // Written again first: a recipe stored with its derived values resolved (run.dir,
+  // snapshot.dir, virtual_stages) derives them anew from the overrides.
+  const std::string text =
+      parse_recipe(ck::read_recipe(snapshot), snapshot + " (recipe)").to_toml();
+  auto all = overrides;
+  all.push_back({"snapshot.resume", toml_string(snapshot)});  // any path, quoted and escaped
+  return parse_recipe(text, snapshot + " (recipe)", all);
+}
+
+}  // namespace t3d::runtime
