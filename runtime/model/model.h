@@ -76,10 +76,6 @@ struct ModelOptions {
 void cp_local_positions(const int32_t* whole, int32_t* local, int64_t rows, int64_t seq_len, int cp,
                         int cp_rank);
 
-// FLOPs of one training step (forward + backward) per token of the whole model, PaLM's count:
-// 6 per matmul weight plus 12·layers·heads·head_dim·seq_len for attention scores (full T×T).
-double model_train_flops_per_token(const ModelConfig& config);
-
 class Model {
  public:
   // `chunks`: this rank's layer ranges; `tp`: its tensor-parallel group (size 1: no sharding).
@@ -168,14 +164,8 @@ class Model {
   int64_t first_nonfinite_layer(int slot) const;
 
  private:
-  struct BlockParams {  // one transformer block's gradients
-    float *ln1 = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *ln2 = nullptr,
-          *gate = nullptr, *up = nullptr, *down = nullptr;
-  };
-  struct ConstBlock {  // one transformer block's weights
-    const float *ln1 = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr,
-                *ln2 = nullptr, *gate = nullptr, *up = nullptr, *down = nullptr;
-  };
+  using BlockParams = BlockTensors<float*>;       // one transformer block's gradients
+  using ConstBlock = BlockTensors<const float*>;  // one transformer block's weights
   struct LayerActs;
   struct LayerGrads;
   struct ChunkActs;
@@ -225,7 +215,6 @@ class Model {
   BlockParams block_grads(int64_t l) const;
   const float* unit_weights(int64_t unit) const;
   float* unit_grads(int64_t unit) const;
-  std::string layer_name(int64_t layer, const char* suffix) const;
   void tp_sum(float* data, int64_t n) const;
   const float* gather_rows(const float* local, float* full) const;
   float* reduce_rows(float* partial) const;
@@ -254,10 +243,7 @@ class Model {
   kernels::ParamLayout layout_;
   kernels::ModelState state_;
   // By global layer (held layers only): each block tensor's offset from the start of its unit.
-  struct BlockOffsets {
-    int64_t ln1, q, k, v, o, ln2, gate, up, down;
-  };
-  std::vector<BlockOffsets> block_offsets_;
+  std::vector<BlockTensors<int64_t>> block_offsets_;
   std::vector<int64_t> unit_begin_;  // [unit + 1]: region offset where the unit starts
   std::vector<GradUnit> units_;
   std::vector<SpecTensor> stored_block_;  // the codec's rows (ActivationSpec::stored_block)
