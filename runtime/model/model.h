@@ -159,6 +159,16 @@ class Model {
   };
   const Footprint& footprint() const { return footprint_; }
 
+  // The spec's activation rows of every chunk and slot, then its scratch rows, in allocation
+  // order, each with the pointer the model bound it to (read back from the member the math
+  // uses): a test checks that they tile the arena's activation and scratch regions.
+  struct BoundRow {
+    std::string name;  // the arena's
+    const void* data;
+    size_t bytes;  // as the arena rounds them
+  };
+  std::vector<BoundRow> bound_rows() const;
+
   // Non-finite values in the stored activations of `slot`: the global index of the first block
   // whose output has one (-1: the embedding output), or INT64_MAX when all are finite.
   int64_t first_nonfinite_layer(int slot) const;
@@ -173,6 +183,7 @@ class Model {
   // A bf16-stored block's kept tensors, by BlockAct: bf16 or fp32 as the spec's stored rows say.
   using StoredBlock = std::array<void*, kBlockActs>;
   static float*& block_act(LayerActs& a, int index);  // the member of row `index` (BlockAct)
+  static float*& wgrad(LayerGrads& g, int index);      // the member of row `index` (WGrad)
   bool stored16(int64_t local_layer) const { return options_.bf16 && !recomputed(local_layer); }
   // The bf16 copies a bf16-stored block's forward fills itself (all null for other blocks): its
   // GEMM inputs, rounded once there and read as they are by the backward's GEMMs, and with bf16
@@ -199,6 +210,10 @@ class Model {
   void allocate_scratch(const ActivationSpec& spec);
   void bind(ChunkActs& a, const parallel::LayerRange& range, const SpecTensor& t, void* p);
   void bind_scratch(ScratchBuf buf, void* p);
+  // The pointer bound to row `t` (the reverse of bind and bind_scratch, for bound_rows).
+  const void* bound(const ChunkActs& a, const parallel::LayerRange& range,
+                    const SpecTensor& t) const;
+  const void* bound_scratch(const SpecTensor& t) const;
 
   void forward_layer(int64_t layer, LayerActs& a, const BlockCopies& copies, const float* x_in,
                      float* x_out);
@@ -247,6 +262,7 @@ class Model {
   std::vector<int64_t> unit_begin_;  // [unit + 1]: region offset where the unit starts
   std::vector<GradUnit> units_;
   std::vector<SpecTensor> stored_block_;  // the codec's rows (ActivationSpec::stored_block)
+  ActivationSpec spec_;                   // the activation and scratch rows, for bound_rows
   std::vector<std::vector<std::unique_ptr<ChunkActs>>> acts_;  // [chunk][slot]
   std::unique_ptr<Scratch> scratch_;
   Footprint footprint_;

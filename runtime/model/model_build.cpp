@@ -64,6 +64,7 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
   build_params();
   allocate_activations(spec);
   allocate_scratch(spec);
+  spec_ = spec;
 }
 
 void Model::build_params() {
@@ -122,9 +123,6 @@ void Model::allocate_activations(const ActivationSpec& spec) {
 }
 
 void Model::bind(ChunkActs& a, const parallel::LayerRange& range, const SpecTensor& t, void* p) {
-#define T3D_ROW_MEMBER_PTR(e, member, ...) &LayerGrads::member,
-  static constexpr float* LayerGrads::*kWGrad[kWGrads] = {T3D_WGRADS(T3D_ROW_MEMBER_PTR)};
-#undef T3D_ROW_MEMBER_PTR
   using Role = SpecTensor::Role;
   auto* f = static_cast<float*>(p);
   const auto i = static_cast<size_t>(t.layer - range.begin);
@@ -133,7 +131,7 @@ void Model::bind(ChunkActs& a, const parallel::LayerRange& range, const SpecTens
     case Role::kResidual: a.x[static_cast<size_t>(t.index)] = f; return;
     case Role::kBlock: block_act(a.layers[i], t.index) = f; return;
     case Role::kBlockStored: a.stored[i][static_cast<size_t>(t.index)] = p; return;
-    case Role::kWGrad: a.wgrads[i].*kWGrad[t.index] = f; return;
+    case Role::kWGrad: wgrad(a.wgrads[i], t.index) = f; return;
     case Role::kTokens: a.tokens = static_cast<int32_t*>(p); return;
     case Role::kFinalNorm: a.xf = f; return;
     case Role::kFinalRstd: a.rstdf = f; return;
@@ -147,7 +145,7 @@ void Model::bind(ChunkActs& a, const parallel::LayerRange& range, const SpecTens
 void Model::allocate_scratch(const ActivationSpec& spec) {
   const size_t before = arena_.used();
   scratch_ = std::make_unique<Scratch>();
-  LayerActs work{};  // shared by every recomputed or bf16-stored block
+  LayerActs& work = scratch_->work;
   for (const auto& t : spec.scratch) {
     void* p = arena_.alloc_bytes(t.name(), t.bytes());
     if (t.role == SpecTensor::Role::kWorkBlock)
@@ -178,6 +176,60 @@ void Model::bind_scratch(ScratchBuf buf, void* p) {
   }
 }
 
+const void* Model::bound(const ChunkActs& a, const parallel::LayerRange& range,
+                         const SpecTensor& t) const {
+  using Role = SpecTensor::Role;
+  const auto i = static_cast<size_t>(t.layer - range.begin);
+  switch (t.role) {
+    case Role::kResidual:
+      return a.x[static_cast<size_t>(t.index)];
+    case Role::kBlock:
+      return block_act(const_cast<LayerActs&>(a.layers[i]), t.index);
+    case Role::kBlockStored:
+      return a.stored[i][static_cast<size_t>(t.index)];
+    case Role::kWGrad:
+      return wgrad(const_cast<LayerGrads&>(a.wgrads[i]), t.index);
+    case Role::kTokens:
+      return a.tokens;
+    case Role::kFinalNorm:
+      return a.xf;
+    case Role::kFinalRstd:
+      return a.rstdf;
+    case Role::kLossGrad:
+      return a.dx_last;
+    case Role::kInputGrad:
+      return a.dx_in;
+    default:
+      return nullptr;
+  }
+}
+
+const void* Model::bound_scratch(const SpecTensor& t) const {
+  const Scratch& s = *scratch_;
+  if (t.role == SpecTensor::Role::kWorkBlock)
+    return block_act(const_cast<LayerActs&>(s.work), t.index);
+  switch (static_cast<ScratchBuf>(t.index)) {
+#define T3D_ROW_READ(e, member, ...) \
+  case ScratchBuf::e:                \
+    return s.member;
+    T3D_SCRATCH(T3D_ROW_READ)
+#undef T3D_ROW_READ
+  }
+  return nullptr;
+}
+
+std::vector<Model::BoundRow> Model::bound_rows() const {
+  std::vector<BoundRow> out;
+  for (size_t ci = 0; ci < spec_.chunks.size(); ++ci)
+    for (size_t s = 0; s < acts_[ci].size(); ++s)
+      for (const auto& t : spec_.chunks[ci].per_slot)
+        out.push_back({"activations.chunk" + std::to_string(ci) + ".slot" + std::to_string(s) +
+                           "." + t.name(),
+                       bound(*acts_[ci][s], chunks_[ci], t), t.arena_bytes()});
+  for (const auto& t : spec_.scratch) out.push_back({t.name(), bound_scratch(t), t.arena_bytes()});
+  return out;
+}
+
 Model::~Model() = default;
 
 float*& Model::block_act(LayerActs& a, int index) {
@@ -185,6 +237,13 @@ float*& Model::block_act(LayerActs& a, int index) {
   static constexpr float* LayerActs::*kMember[kBlockActs] = {T3D_BLOCK_ACTS(T3D_ROW_MEMBER_PTR)};
 #undef T3D_ROW_MEMBER_PTR
   return a.*kMember[index];
+}
+
+float*& Model::wgrad(LayerGrads& g, int index) {
+#define T3D_ROW_MEMBER_PTR(e, member, ...) &LayerGrads::member,
+  static constexpr float* LayerGrads::*kMember[kWGrads] = {T3D_WGRADS(T3D_ROW_MEMBER_PTR)};
+#undef T3D_ROW_MEMBER_PTR
+  return g.*kMember[index];
 }
 
 bool Model::filled_by_forward(int index, bool bf16_gemms) {

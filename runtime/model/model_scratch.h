@@ -42,6 +42,9 @@ struct Model::Scratch {
 #define T3D_ROW_MEMBER(e, member, name, type, ...) type* member = nullptr;
   T3D_SCRATCH(T3D_ROW_MEMBER)
 #undef T3D_ROW_MEMBER
+  // The work block (kWorkBlock rows): the activations every recomputed or bf16-stored block
+  // computes in, rebuilt right before its backward.
+  LayerActs work;
 };
 
 }  // namespace t3d::runtime
