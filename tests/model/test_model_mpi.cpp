@@ -147,8 +147,8 @@ TEST(ModelMpi, BoundRowsTileTheArena) {
   {
     runtime::ModelOptions o{2, 2, false};
     o.split_backward = true;
-    cases.push_back({"two chunks, two slots, split backward", {{0, 1, true, false}, {1, 2, false, true}},
-                     &self, o});
+    cases.push_back({"two chunks, two slots, split backward",
+                     {{0, 1, true, false}, {1, 2, false, true}}, &self, o});
     o.bf16 = true;
     o.checkpoint_every = 2;
     cases.push_back({"bf16 copies, checkpointing", whole(cfg.n_layers), &self, o});
