@@ -14,10 +14,6 @@ namespace t3d::runtime {
 
 namespace k = t3d::kernels;
 
-std::string Model::layer_name(int64_t layer, const char* suffix) const {
-  return "model.layers." + std::to_string(layer) + "." + suffix;
-}
-
 const float* Model::unit_weights(int64_t unit) const {
   if (weight_source_) return weight_source_(unit);
   T3D_ASSERT(state_.params.data(), "a model without a parameter region needs a weight source");
@@ -30,10 +26,11 @@ const float* Model::w(const std::string& name, int64_t unit) const {
 }
 
 Model::ConstBlock Model::block_weights(int64_t l) const {
-  const BlockOffsets& o = block_offsets_.at(static_cast<size_t>(l));
+  const BlockTensors<int64_t>& o = block_offsets_.at(static_cast<size_t>(l));
   const float* base = unit_weights(l);
-  return {base + o.ln1, base + o.q, base + o.k,  base + o.v,   base + o.o,
-          base + o.ln2, base + o.gate, base + o.up, base + o.down};
+  ConstBlock b;
+  for (const BlockWeight t : kAllBlockWeights) b[t] = base + o[t];
+  return b;
 }
 
 float* Model::unit_grads(int64_t unit) const {
@@ -47,10 +44,11 @@ float* Model::g(const std::string& name, int64_t unit) const {
 }
 
 Model::BlockParams Model::block_grads(int64_t l) const {
-  const BlockOffsets& o = block_offsets_.at(static_cast<size_t>(l));
+  const BlockTensors<int64_t>& o = block_offsets_.at(static_cast<size_t>(l));
   float* base = unit_grads(l);
-  return {base + o.ln1, base + o.q, base + o.k,  base + o.v,   base + o.o,
-          base + o.ln2, base + o.gate, base + o.up, base + o.down};
+  BlockParams b;
+  for (const BlockWeight t : kAllBlockWeights) b[t] = base + o[t];
+  return b;
 }
 
 float* Model::input(int chunk, int slot) { return acts_.at(chunk).at(slot)->x[0]; }
@@ -380,13 +378,6 @@ int64_t Model::first_nonfinite_layer(int slot) const {
       if (!finite(a.x[l - range.begin + 1])) return l;
   }
   return INT64_MAX;
-}
-
-double model_train_flops_per_token(const ModelConfig& m) {
-  const double C = m.dim, D = m.head_dim(), T = m.seq_len, L = m.n_layers;
-  const double per_layer = C * m.n_heads * D * 2 + 2 * C * m.n_kv_heads * D + 3 * C * m.ffn_dim;
-  const double matmul = L * per_layer + C * m.vocab_size;  // + LM head; the embedding is a lookup
-  return 6.0 * matmul + 12.0 * L * m.n_heads * D * T;
 }
 
 }  // namespace t3d::runtime

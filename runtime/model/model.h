@@ -76,10 +76,6 @@ struct ModelOptions {
 void cp_local_positions(const int32_t* whole, int32_t* local, int64_t rows, int64_t seq_len, int cp,
                         int cp_rank);
 
-// FLOPs of one training step (forward + backward) per token of the whole model, PaLM's count:
-// 6 per matmul weight plus 12·layers·heads·head_dim·seq_len for attention scores (full T×T).
-double model_train_flops_per_token(const ModelConfig& config);
-
 class Model {
  public:
   // `chunks`: this rank's layer ranges; `tp`: its tensor-parallel group (size 1: no sharding).
@@ -163,19 +159,23 @@ class Model {
   };
   const Footprint& footprint() const { return footprint_; }
 
+  // The spec's activation rows of every chunk and slot, then its scratch rows, in allocation
+  // order, each with the pointer the model bound it to (read back from the member the math
+  // uses): a test checks that they tile the arena's activation and scratch regions.
+  struct BoundRow {
+    std::string name;  // the arena's
+    const void* data;
+    size_t bytes;  // as the arena rounds them
+  };
+  std::vector<BoundRow> bound_rows() const;
+
   // Non-finite values in the stored activations of `slot`: the global index of the first block
   // whose output has one (-1: the embedding output), or INT64_MAX when all are finite.
   int64_t first_nonfinite_layer(int slot) const;
 
  private:
-  struct BlockParams {  // one transformer block's gradients
-    float *ln1 = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr, *ln2 = nullptr,
-          *gate = nullptr, *up = nullptr, *down = nullptr;
-  };
-  struct ConstBlock {  // one transformer block's weights
-    const float *ln1 = nullptr, *q = nullptr, *k = nullptr, *v = nullptr, *o = nullptr,
-                *ln2 = nullptr, *gate = nullptr, *up = nullptr, *down = nullptr;
-  };
+  using BlockParams = BlockTensors<float*>;       // one transformer block's gradients
+  using ConstBlock = BlockTensors<const float*>;  // one transformer block's weights
   struct LayerActs;
   struct LayerGrads;
   struct ChunkActs;
@@ -183,6 +183,7 @@ class Model {
   // A bf16-stored block's kept tensors, by BlockAct: bf16 or fp32 as the spec's stored rows say.
   using StoredBlock = std::array<void*, kBlockActs>;
   static float*& block_act(LayerActs& a, int index);  // the member of row `index` (BlockAct)
+  static float*& wgrad(LayerGrads& g, int index);      // the member of row `index` (WGrad)
   bool stored16(int64_t local_layer) const { return options_.bf16 && !recomputed(local_layer); }
   // The bf16 copies a bf16-stored block's forward fills itself (all null for other blocks): its
   // GEMM inputs, rounded once there and read as they are by the backward's GEMMs, and with bf16
@@ -209,6 +210,10 @@ class Model {
   void allocate_scratch(const ActivationSpec& spec);
   void bind(ChunkActs& a, const parallel::LayerRange& range, const SpecTensor& t, void* p);
   void bind_scratch(ScratchBuf buf, void* p);
+  // The pointer bound to row `t` (the reverse of bind and bind_scratch, for bound_rows).
+  const void* bound(const ChunkActs& a, const parallel::LayerRange& range,
+                    const SpecTensor& t) const;
+  const void* bound_scratch(const SpecTensor& t) const;
 
   void forward_layer(int64_t layer, LayerActs& a, const BlockCopies& copies, const float* x_in,
                      float* x_out);
@@ -225,7 +230,6 @@ class Model {
   BlockParams block_grads(int64_t l) const;
   const float* unit_weights(int64_t unit) const;
   float* unit_grads(int64_t unit) const;
-  std::string layer_name(int64_t layer, const char* suffix) const;
   void tp_sum(float* data, int64_t n) const;
   const float* gather_rows(const float* local, float* full) const;
   float* reduce_rows(float* partial) const;
@@ -254,13 +258,11 @@ class Model {
   kernels::ParamLayout layout_;
   kernels::ModelState state_;
   // By global layer (held layers only): each block tensor's offset from the start of its unit.
-  struct BlockOffsets {
-    int64_t ln1, q, k, v, o, ln2, gate, up, down;
-  };
-  std::vector<BlockOffsets> block_offsets_;
+  std::vector<BlockTensors<int64_t>> block_offsets_;
   std::vector<int64_t> unit_begin_;  // [unit + 1]: region offset where the unit starts
   std::vector<GradUnit> units_;
   std::vector<SpecTensor> stored_block_;  // the codec's rows (ActivationSpec::stored_block)
+  ActivationSpec spec_;                   // the activation and scratch rows, for bound_rows
   std::vector<std::vector<std::unique_ptr<ChunkActs>>> acts_;  // [chunk][slot]
   std::unique_ptr<Scratch> scratch_;
   Footprint footprint_;

@@ -4,7 +4,6 @@
 // model_collectives.cpp.
 #include <cmath>
 #include <cstring>
-#include <iterator>
 
 #include "kernels/check.h"
 #include "kernels/gemm.h"
@@ -65,16 +64,14 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
   build_params();
   allocate_activations(spec);
   allocate_scratch(spec);
+  spec_ = spec;
 }
 
 void Model::build_params() {
   params_ = param_table(config_, chunks_);
   std::vector<k::TensorSpec> table;
-  for (const auto& p : params_) {
-    auto shape = p.global_shape;
-    if (p.split_dim >= 0) shape[p.split_dim] /= tp_.size();
-    table.push_back({p.name, shape});
-  }
+  for (const auto& p : params_)
+    table.push_back({p.name, tp_shard_box(p, tp_.size(), tp_.rank()).shape});
   layout_ = k::ParamLayout(std::move(table));
   state_ = k::ModelState::allocate(arena_, layout_, options_.with_optimizer, options_.grad_region,
                                    options_.param_region);
@@ -93,14 +90,8 @@ void Model::build_params() {
   for (const auto& range : chunks_)
     for (int64_t l = range.begin; l < range.end; ++l) {
       const int64_t unit0 = unit_begin_[static_cast<size_t>(l + 1)];
-      const auto at = [&](const char* suffix) {
-        return layout_.at(layer_name(l, suffix)).offset - unit0;
-      };
-      block_offsets_[l] = {at("input_layernorm.weight"),  at("self_attn.q_proj.weight"),
-                           at("self_attn.k_proj.weight"), at("self_attn.v_proj.weight"),
-                           at("self_attn.o_proj.weight"), at("post_attention_layernorm.weight"),
-                           at("mlp.gate_proj.weight"),    at("mlp.up_proj.weight"),
-                           at("mlp.down_proj.weight")};
+      for (const BlockWeight t : kAllBlockWeights)
+        block_offsets_[l][t] = layout_.at(block_param_name(l, t)).offset - unit0;
     }
   const size_t region = static_cast<size_t>(layout_.total_floats()) * sizeof(float);
   footprint_.params = options_.param_region ? region : 0;
@@ -132,9 +123,6 @@ void Model::allocate_activations(const ActivationSpec& spec) {
 }
 
 void Model::bind(ChunkActs& a, const parallel::LayerRange& range, const SpecTensor& t, void* p) {
-  static constexpr float* LayerGrads::*kWGrad[kWGrads] = {
-      &LayerGrads::dy_down, &LayerGrads::dgate, &LayerGrads::dup, &LayerGrads::dy_o,
-      &LayerGrads::dq,      &LayerGrads::dk,    &LayerGrads::dv};
   using Role = SpecTensor::Role;
   auto* f = static_cast<float*>(p);
   const auto i = static_cast<size_t>(t.layer - range.begin);
@@ -143,7 +131,7 @@ void Model::bind(ChunkActs& a, const parallel::LayerRange& range, const SpecTens
     case Role::kResidual: a.x[static_cast<size_t>(t.index)] = f; return;
     case Role::kBlock: block_act(a.layers[i], t.index) = f; return;
     case Role::kBlockStored: a.stored[i][static_cast<size_t>(t.index)] = p; return;
-    case Role::kWGrad: a.wgrads[i].*kWGrad[t.index] = f; return;
+    case Role::kWGrad: wgrad(a.wgrads[i], t.index) = f; return;
     case Role::kTokens: a.tokens = static_cast<int32_t*>(p); return;
     case Role::kFinalNorm: a.xf = f; return;
     case Role::kFinalRstd: a.rstdf = f; return;
@@ -157,7 +145,7 @@ void Model::bind(ChunkActs& a, const parallel::LayerRange& range, const SpecTens
 void Model::allocate_scratch(const ActivationSpec& spec) {
   const size_t before = arena_.used();
   scratch_ = std::make_unique<Scratch>();
-  LayerActs work{};  // shared by every recomputed or bf16-stored block
+  LayerActs& work = scratch_->work;
   for (const auto& t : spec.scratch) {
     void* p = arena_.alloc_bytes(t.name(), t.bytes());
     if (t.role == SpecTensor::Role::kWorkBlock)
@@ -177,31 +165,85 @@ void Model::allocate_scratch(const ActivationSpec& spec) {
 }
 
 void Model::bind_scratch(ScratchBuf buf, void* p) {
-  using S = Scratch;
-  // The member of each fp32 row, in ScratchBuf order; the bf16 rows come last.
-  static constexpr float* S::*kFloat[] = {
-      &S::tmp,    &S::dx,     &S::rows,    &S::all_rows, &S::dtmp,      &S::dxn,  &S::datt,
-      &S::dq,     &S::dk,     &S::dv,      &S::dh,       &S::dgate,     &S::dup,  &S::attn,
-      &S::logits, &S::losses, &S::row_max, &S::sum_exp,  &S::target,    &S::rope, &S::k_all,
-      &S::v_all,  &S::dk_all, &S::dv_all,  &S::cp_stage, &S::cp_kv_part};
-  static_assert(std::size(kFloat) == static_cast<size_t>(ScratchBuf::kTpBf16));
   auto& s = *scratch_;
-  if (buf == ScratchBuf::kTpBf16)
-    s.tp16 = static_cast<uint16_t*>(p);
-  else if (buf == ScratchBuf::kTpBf16Rows)
-    s.tp16_rows = static_cast<uint16_t*>(p);
-  else
-    s.*kFloat[static_cast<size_t>(buf)] = static_cast<float*>(p);
+  switch (buf) {
+#define T3D_ROW_BIND(e, member, name, type, ...) \
+  case ScratchBuf::e:                            \
+    s.member = static_cast<type*>(p);            \
+    return;
+    T3D_SCRATCH(T3D_ROW_BIND)
+#undef T3D_ROW_BIND
+  }
+}
+
+const void* Model::bound(const ChunkActs& a, const parallel::LayerRange& range,
+                         const SpecTensor& t) const {
+  using Role = SpecTensor::Role;
+  const auto i = static_cast<size_t>(t.layer - range.begin);
+  switch (t.role) {
+    case Role::kResidual:
+      return a.x[static_cast<size_t>(t.index)];
+    case Role::kBlock:
+      return block_act(const_cast<LayerActs&>(a.layers[i]), t.index);
+    case Role::kBlockStored:
+      return a.stored[i][static_cast<size_t>(t.index)];
+    case Role::kWGrad:
+      return wgrad(const_cast<LayerGrads&>(a.wgrads[i]), t.index);
+    case Role::kTokens:
+      return a.tokens;
+    case Role::kFinalNorm:
+      return a.xf;
+    case Role::kFinalRstd:
+      return a.rstdf;
+    case Role::kLossGrad:
+      return a.dx_last;
+    case Role::kInputGrad:
+      return a.dx_in;
+    default:
+      return nullptr;
+  }
+}
+
+const void* Model::bound_scratch(const SpecTensor& t) const {
+  const Scratch& s = *scratch_;
+  if (t.role == SpecTensor::Role::kWorkBlock)
+    return block_act(const_cast<LayerActs&>(s.work), t.index);
+  switch (static_cast<ScratchBuf>(t.index)) {
+#define T3D_ROW_READ(e, member, ...) \
+  case ScratchBuf::e:                \
+    return s.member;
+    T3D_SCRATCH(T3D_ROW_READ)
+#undef T3D_ROW_READ
+  }
+  return nullptr;
+}
+
+std::vector<Model::BoundRow> Model::bound_rows() const {
+  std::vector<BoundRow> out;
+  for (size_t ci = 0; ci < spec_.chunks.size(); ++ci)
+    for (size_t s = 0; s < acts_[ci].size(); ++s)
+      for (const auto& t : spec_.chunks[ci].per_slot)
+        out.push_back({"activations.chunk" + std::to_string(ci) + ".slot" + std::to_string(s) +
+                           "." + t.name(),
+                       bound(*acts_[ci][s], chunks_[ci], t), t.arena_bytes()});
+  for (const auto& t : spec_.scratch) out.push_back({t.name(), bound_scratch(t), t.arena_bytes()});
+  return out;
 }
 
 Model::~Model() = default;
 
 float*& Model::block_act(LayerActs& a, int index) {
-  static constexpr float* LayerActs::*kMember[kBlockActs] = {
-      &LayerActs::rstd1, &LayerActs::xn1, &LayerActs::q,    &LayerActs::kk,    &LayerActs::v,
-      &LayerActs::att,   &LayerActs::lse, &LayerActs::xmid, &LayerActs::rstd2, &LayerActs::xn2,
-      &LayerActs::gate,  &LayerActs::up,  &LayerActs::h};
+#define T3D_ROW_MEMBER_PTR(e, member, ...) &LayerActs::member,
+  static constexpr float* LayerActs::*kMember[kBlockActs] = {T3D_BLOCK_ACTS(T3D_ROW_MEMBER_PTR)};
+#undef T3D_ROW_MEMBER_PTR
   return a.*kMember[index];
+}
+
+float*& Model::wgrad(LayerGrads& g, int index) {
+#define T3D_ROW_MEMBER_PTR(e, member, ...) &LayerGrads::member,
+  static constexpr float* LayerGrads::*kMember[kWGrads] = {T3D_WGRADS(T3D_ROW_MEMBER_PTR)};
+#undef T3D_ROW_MEMBER_PTR
+  return g.*kMember[index];
 }
 
 bool Model::filled_by_forward(int index, bool bf16_gemms) {
@@ -264,17 +306,16 @@ void Model::init(uint64_t seed, float* region) {
   for (const auto& p : params_) {
     const auto& e = layout_.at(p.name);
     float* data = region + e.offset;
-    if (p.global_shape.size() == 1) {  // norm weights
+    if (p.init == ParamInit::kOnes) {
       for (int64_t i = 0; i < e.numel; ++i) data[i] = 1.0f;
       continue;
     }
-    const bool residual_out =
-        p.name.find("o_proj") != std::string::npos || p.name.find("down_proj") != std::string::npos;
-    const float std = static_cast<float>(residual_out ? out_std : base_std);
+    const float std = static_cast<float>(p.init == ParamInit::kResidualOut ? out_std : base_std);
     const uint64_t key = splitmix64(static_cast<uint64_t>(seed) ^ k::fnv1a64(p.name));
-    const int64_t rows = e.spec.shape[0], cols = e.spec.shape[1], global_cols = p.global_shape[1];
-    const int64_t row0 = p.split_dim == 0 ? rows * tp_.rank() : 0;
-    const int64_t col0 = p.split_dim == 1 ? cols * tp_.rank() : 0;
+    T3D_ASSERT(p.global_shape.size() == 2, p.name, ": normal init of a matrix only");
+    const TensorBox box = tp_shard_box(p, tp_.size(), tp_.rank());
+    const int64_t rows = box.shape[0], cols = box.shape[1], global_cols = p.global_shape[1];
+    const int64_t row0 = box.offset[0], col0 = box.offset[1];
     for (int64_t r = 0; r < rows; ++r)
       for (int64_t c = 0; c < cols; ++c)
         data[r * cols + c] =

@@ -1,5 +1,6 @@
 // The model's private structures (runtime/model*.cpp only): the pointers its activation and
-// scratch rows of the spec table (model_spec.h) are bound to.
+// scratch rows of the spec table (model_spec.h) are bound to, one member per row, generated from
+// the rows themselves (T3D_BLOCK_ACTS, T3D_WGRADS, T3D_SCRATCH; shapes there).
 #pragma once
 
 #include <cstdint>
@@ -9,16 +10,18 @@
 
 namespace t3d::runtime {
 
-// Activations one transformer block keeps for its backward, for one micro-batch: the pointers of
-// its rows in the spec table (BlockAct; shapes there).
+// Activations one transformer block keeps for its backward, for one micro-batch.
 struct Model::LayerActs {
-  float *rstd1, *xn1, *q, *kk, *v, *att, *lse, *xmid, *rstd2, *xn2, *gate, *up, *h;
+#define T3D_ROW_MEMBER(e, member, ...) float* member = nullptr;
+  T3D_BLOCK_ACTS(T3D_ROW_MEMBER)
+#undef T3D_ROW_MEMBER
 };
 
-// Output gradients a block's deferred weight-gradient pass (W) needs (WGrad rows).
+// Output gradients a block's deferred weight-gradient pass (W) needs.
 struct Model::LayerGrads {
-  float *dy_down = nullptr, *dgate = nullptr, *dup = nullptr, *dy_o = nullptr, *dq = nullptr,
-        *dk = nullptr, *dv = nullptr;
+#define T3D_ROW_MEMBER(e, member, ...) float* member = nullptr;
+  T3D_WGRADS(T3D_ROW_MEMBER)
+#undef T3D_ROW_MEMBER
 };
 
 struct Model::ChunkActs {
@@ -34,37 +37,14 @@ struct Model::ChunkActs {
 };
 
 // Per-rank buffers shared by every chunk and slot: only one forward or backward runs at a time.
+// Rows absent from this rank's spec (sp, cp, last-chunk or bf16-only ones) stay null.
 struct Model::Scratch {
-  float* tmp;      // (N, C)
-  float* dx;       // (N, C) running residual gradient of the first chunk
-  float* dtmp;     // (N, C)
-  float* dxn;      // (N, C)
-  float* datt;     // (N, Hl·D)
-  float* dq;       // (N, Hl·D)
-  float* dk;       // (N, Hkvl·D)
-  float* dv;       // (N, Hkvl·D)
-  float* dh;       // (N, Fl)
-  float* dgate;    // (N, Fl)
-  float* dup;      // (N, Fl)
-  float* attn;     // attention tiles
-  float* logits;   // (N, Vl)
-  float* losses;   // (N)
-  float* row_max;  // (N)
-  float* sum_exp;  // (N)
-  float* target;   // (N)
-  float* rope;     // (T, D)
-  // Context parallelism: the whole sequence's keys and values, their gradients, and a staging
-  // buffer in collective order (cp, B, T/cp, width).
-  float* k_all = nullptr;    // (B, T, Hkvl·D)
-  float* v_all = nullptr;    // (B, T, Hkvl·D)
-  float* dk_all = nullptr;   // (B, T, Hkvl·D)
-  float* dv_all = nullptr;   // (B, T, Hkvl·D)
-  float* cp_stage = nullptr;  // (cp, 2, B, T/(2cp), Hkvl·D)
-  float* cp_kv_part = nullptr;  // 2 × (B, T, Hkvl·D): the second part's dk, dv before adding
-  uint16_t* tp16 = nullptr;       // (N, C) bf16 TP all-reduce buffer
-  uint16_t* tp16_rows = nullptr;  // (N, C) bf16 second buffer for SP gathers / scatters
-  float* rows = nullptr;          // (Nl, C) SP: this rank's rows of a gathered or scattered tensor
-  float* all_rows = nullptr;      // (N, C) SP: all rows of a gradient gathered for the backward
+#define T3D_ROW_MEMBER(e, member, name, type, ...) type* member = nullptr;
+  T3D_SCRATCH(T3D_ROW_MEMBER)
+#undef T3D_ROW_MEMBER
+  // The work block (kWorkBlock rows): the activations every recomputed or bf16-stored block
+  // computes in, rebuilt right before its backward.
+  LayerActs work;
 };
 
 }  // namespace t3d::runtime

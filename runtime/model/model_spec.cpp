@@ -1,6 +1,6 @@
 #include "runtime/model/model_spec.h"
 
-#include <iterator>
+#include <array>
 
 #include "kernels/arena.h"
 #include "kernels/check.h"
@@ -17,37 +17,19 @@ int64_t padded(int64_t floats) {
   return (floats + a - 1) / a * a;
 }
 
-// Every parameter of `chunks` in layout order: fn(unit, layer, name or block suffix, global
-// shape, split_dim, decay). `layer` >= 0: a block tensor, named model.layers.<layer>.<suffix>.
-template <typename Fn>
-void for_each_param(const ModelConfig& m, const std::vector<parallel::LayerRange>& chunks, Fn fn) {
-  const int64_t C = m.dim, D = m.head_dim(), V = m.vocab_size;
-  const int64_t H = m.n_heads, Hkv = m.n_kv_heads, F = m.ffn_dim;
-  for (const auto& range : chunks) {
-    if (range.first) fn(-1, -1, "model.embed_tokens.weight", std::vector<int64_t>{V, C}, 0, true);
-    for (int64_t l = range.begin; l < range.end; ++l) {
-      fn(l, l, "input_layernorm.weight", std::vector<int64_t>{C}, -1, false);
-      fn(l, l, "self_attn.q_proj.weight", std::vector<int64_t>{H * D, C}, 0, true);
-      fn(l, l, "self_attn.k_proj.weight", std::vector<int64_t>{Hkv * D, C}, 0, true);
-      fn(l, l, "self_attn.v_proj.weight", std::vector<int64_t>{Hkv * D, C}, 0, true);
-      fn(l, l, "self_attn.o_proj.weight", std::vector<int64_t>{C, H * D}, 1, true);
-      fn(l, l, "post_attention_layernorm.weight", std::vector<int64_t>{C}, -1, false);
-      fn(l, l, "mlp.gate_proj.weight", std::vector<int64_t>{F, C}, 0, true);
-      fn(l, l, "mlp.up_proj.weight", std::vector<int64_t>{F, C}, 0, true);
-      fn(l, l, "mlp.down_proj.weight", std::vector<int64_t>{C, F}, 1, true);
-    }
-    if (range.last) {
-      fn(m.n_layers, -1, "model.norm.weight", std::vector<int64_t>{C}, -1, false);
-      if (!m.tie_embeddings)
-        fn(m.n_layers, -1, "lm_head.weight", std::vector<int64_t>{V, C}, 0, true);
-    }
-  }
-}
+#define T3D_SHAPE(...) \
+  std::vector<int64_t> { __VA_ARGS__ }
 
-constexpr const char* kBlockNames[] = {"rstd1", "xn1",   "q",   "k",    "v",  "attn", "lse",
-                                       "xmid",  "rstd2", "xn2", "gate", "up", "h"};
-constexpr const char* kWGradNames[] = {"dy_down", "dgate", "dup", "dy_o", "dq", "dk", "dv"};
-static_assert(std::size(kBlockNames) == kBlockActs && std::size(kWGradNames) == kWGrads);
+constexpr const char* kBlockWeightSuffixes[] = {
+#define T3D_ROW_NAME(e, member, name, ...) name,
+    T3D_BLOCK_WEIGHTS(T3D_ROW_NAME)
+#undef T3D_ROW_NAME
+};
+#define T3D_ROW_NAME(e, member, name, ...) name,
+constexpr const char* kBlockNames[] = {T3D_BLOCK_ACTS(T3D_ROW_NAME)};
+constexpr const char* kWGradNames[] = {T3D_WGRADS(T3D_ROW_NAME)};
+constexpr const char* kScratchNames[] = {T3D_SCRATCH(T3D_ROW_NAME)};
+#undef T3D_ROW_NAME
 
 // A block's activations in BlockAct order: elements, and whether it is a per-row statistic
 // (those stay fp32 whatever the storage).
@@ -56,59 +38,16 @@ struct BlockRow {
   bool statistic;
 };
 std::array<BlockRow, kBlockActs> block_rows(const ModelDims& d) {
-  const int64_t N = d.N, Nl = d.Nl, qd = d.H * d.D, kvd = d.Hkv * d.D;
-  return {{{Nl, true},               // rstd1
-           {N * d.C, false},         // xn1: input_layernorm output
-           {N * qd, false},          // q after RoPE
-           {N * kvd, false},         // k after RoPE
-           {N * kvd, false},         // v
-           {N * qd, false},          // attn: attention output, before o_proj
-           {d.B * d.H * d.T, true},  // lse: attention logsumexp (B, Hl, T)
-           {Nl * d.C, false},        // xmid: residual after attention
-           {Nl, true},               // rstd2
-           {N * d.C, false},         // xn2: post_attention_layernorm output
-           {N * d.F, false},         // gate
-           {N * d.F, false},         // up
-           {N * d.F, false}}};       // h = silu(gate)·up
+#define T3D_ROW(e, member, name, statistic, elems) BlockRow{elems, statistic},
+  return {{T3D_BLOCK_ACTS(T3D_ROW)}};
+#undef T3D_ROW
 }
 
-// WGrad order: the gradients of the block output and of xmid (the inputs of down_proj's and
-// o_proj's weight gradients), of gate and up, and of q (before RoPE), k and v.
 std::array<int64_t, kWGrads> wgrad_elems(const ModelDims& d) {
-  const int64_t N = d.N, qd = d.H * d.D, kvd = d.Hkv * d.D;
-  return {N * d.C, N * d.F, N * d.F, N * d.C, N * qd, N * kvd, N * kvd};
+#define T3D_ROW(e, member, name, elems) elems,
+  return {T3D_WGRADS(T3D_ROW)};
+#undef T3D_ROW
 }
-
-// Scratch names in ScratchBuf order.
-constexpr const char* kScratchNames[] = {"tmp",
-                                         "dx",
-                                         "sp_rows",
-                                         "sp_all_rows",
-                                         "dtmp",
-                                         "dxn",
-                                         "datt",
-                                         "dq",
-                                         "dk",
-                                         "dv",
-                                         "dh",
-                                         "dgate",
-                                         "dup",
-                                         "attention_tiles",
-                                         "logits",
-                                         "losses",
-                                         "ce_row_max",
-                                         "ce_sum_exp",
-                                         "ce_target_logit",
-                                         "rope_table",
-                                         "cp_keys",
-                                         "cp_values",
-                                         "cp_key_grads",
-                                         "cp_value_grads",
-                                         "cp_staging",
-                                         "cp_key_value_part_grads",
-                                         "tp_bf16",
-                                         "tp_bf16_rows"};
-static_assert(std::size(kScratchNames) == static_cast<size_t>(ScratchBuf::kTpBf16Rows) + 1);
 
 // Builds the rows: `wide` (activation-sized) tensors take the storage's element type.
 class Builder {
@@ -129,10 +68,6 @@ class Builder {
       for (int i = 0; i < kBlockActs; ++i)
         if (rows[i].statistic == statistic)
           out.push_back({role, i, layer, statistic ? Dtype::kF32 : Dtype::kBF16, rows[i].elems});
-  }
-
-  void scratch(std::vector<SpecTensor>& out, ScratchBuf b, int64_t elems, Dtype dtype) const {
-    out.push_back({Role::kScratch, static_cast<int>(b), -1, dtype, elems});
   }
 
  private:
@@ -169,89 +104,117 @@ ChunkSpec chunk_spec(const ModelDims& d, const parallel::LayerRange& range, int6
 
 std::vector<SpecTensor> scratch_spec(const ModelDims& d, const SpecLayout& layout,
                                      const SpecOptions& o) {
-  using enum ScratchBuf;
   const Builder b(d, o.storage);
-  const Dtype w = b.wide(), f32 = Dtype::kF32;
-  const int64_t N = d.N, C = d.C, qd = d.H * d.D, kvd = d.Hkv * d.D;
-  bool last = false;
-  for (const auto& c : layout.chunks) last |= c.last;
+  ScratchContext x;
+  for (const auto& c : layout.chunks) x.last |= c.last;
+  x.copies = o.storage == ActivationStorage::kBf16Copies;
+  x.attention_tiles =
+      kernels::attention_scratch_floats(kernels::AttentionShape{d.B, d.part_len, d.H, d.Hkv, d.D});
+  x.whole_kv = d.B * d.seq_len * d.Hkv * d.D;
+  // The names of T3D_SCRATCH's precision column.
+  const Dtype kWide = b.wide(), kF32 = Dtype::kF32, kBF16 = Dtype::kBF16;
   std::vector<SpecTensor> s;
-  b.scratch(s, kTmp, N * C, w);
-  b.scratch(s, kDx, d.Nl * C, w);  // running residual gradient of the first chunk
-  if (d.sp) {
-    b.scratch(s, kSpRows, d.Nl * C, w);  // this rank's rows of a gathered or scattered tensor
-    b.scratch(s, kSpAllRows, N * C, w);  // all rows of a gradient gathered for the backward
-  }
-  b.scratch(s, kDtmp, N * C, w);
-  b.scratch(s, kDxn, N * C, w);
-  b.scratch(s, kDatt, N * qd, w);
-  b.scratch(s, kDq, N * qd, w);
-  b.scratch(s, kDk, N * kvd, w);
-  b.scratch(s, kDv, N * kvd, w);
-  b.scratch(s, kDh, N * d.F, w);
-  b.scratch(s, kDgate, N * d.F, w);
-  b.scratch(s, kDup, N * d.F, w);
-  const kernels::AttentionShape shape{d.B, d.part_len, d.H, d.Hkv, d.D};
-  b.scratch(s, kAttentionTiles, kernels::attention_scratch_floats(shape), f32);
-  if (last) {  // the logits and the loss stay fp32
-    b.scratch(s, kLogits, N * d.V, f32);
-    for (ScratchBuf row : {kLosses, kRowMax, kSumExp, kTarget}) b.scratch(s, row, N, f32);
-  }
-  b.scratch(s, kRope, d.seq_len * d.D, f32);
-  if (d.cp) {
-    // The whole sequence's keys and values, their gradients, a staging buffer in collective
-    // order (cp, 2, B, T/(2cp), width), and the second part's dk, dv before they are added.
-    const int64_t whole = d.B * d.seq_len * kvd;
-    for (ScratchBuf row : {kCpKeys, kCpValues, kCpKeyGrads, kCpValueGrads, kCpStaging})
-      b.scratch(s, row, whole, w);
-    b.scratch(s, kCpKeyValuePart, 2 * whole, w);
-  }
-  const bool copies = o.storage == ActivationStorage::kBf16Copies;
-  // One block's activations, shared by every recomputed or bf16-stored block: written by its
-  // forward (then stored in bf16, or dropped), rebuilt right before its backward.
-  if (o.checkpoint_every > 0 || copies) b.block(s, Role::kWorkBlock, -1);
-  if (copies) {
-    b.scratch(s, kTpBf16, N * C, Dtype::kBF16);                // TP all-reduce on the wire
-    if (d.sp) b.scratch(s, kTpBf16Rows, N * C, Dtype::kBF16);  // SP gathers / scatters
-  }
+  const auto row = [&](ScratchBuf buf, Dtype dtype, bool present, int64_t elems) {
+    // One block's activations, shared by every recomputed or bf16-stored block: written by its
+    // forward (then stored in bf16, or dropped), rebuilt right before its backward. Allocated
+    // before the TP staging buffers.
+    if (buf == ScratchBuf::kTpBf16 && (o.checkpoint_every > 0 || x.copies))
+      b.block(s, Role::kWorkBlock, -1);
+    if (present) s.push_back({Role::kScratch, static_cast<int>(buf), -1, dtype, elems});
+  };
+#define T3D_ROW(e, member, name, type, precision, present, elems) \
+  row(ScratchBuf::e, precision, present, elems);
+  T3D_SCRATCH(T3D_ROW)
+#undef T3D_ROW
   return s;
 }
 
 }  // namespace
 
-std::vector<ParamInfo> param_table(const ModelConfig& config,
+const char* block_weight_suffix(BlockWeight w) {
+  return kBlockWeightSuffixes[static_cast<size_t>(w)];
+}
+
+std::string block_param_name(int64_t layer, BlockWeight w) {
+  return "model.layers." + std::to_string(layer) + "." + block_weight_suffix(w);
+}
+
+std::vector<ParamInfo> param_table(const ModelConfig& m,
                                    const std::vector<parallel::LayerRange>& chunks) {
-  std::vector<ParamInfo> params;
-  for_each_param(
-      config, chunks,
-      [&](int64_t, int64_t layer, const char* name, std::vector<int64_t> shape, int split_dim,
-          bool decay) {
-        params.push_back(
-            {layer < 0 ? std::string(name) : "model.layers." + std::to_string(layer) + "." + name,
-             std::move(shape), split_dim, decay});
-      });
-  return params;
+  const int64_t C = m.dim, D = m.head_dim(), V = m.vocab_size;
+  const int64_t H = m.n_heads, Hkv = m.n_kv_heads, F = m.ffn_dim;
+  using enum ParamInit;
+  std::vector<ParamInfo> t;
+  for (const auto& range : chunks) {
+    if (range.first) t.push_back({"model.embed_tokens.weight", {V, C}, 0, true, kNormal, -1});
+    for (int64_t l = range.begin; l < range.end; ++l) {
+#define T3D_ROW(e, member, suffix, shape, split_dim, decay, init) \
+  t.push_back({block_param_name(l, BlockWeight::e), T3D_SHAPE shape, split_dim, decay, init, l});
+      T3D_BLOCK_WEIGHTS(T3D_ROW)
+#undef T3D_ROW
+    }
+    if (range.last) {
+      t.push_back({"model.norm.weight", {C}, -1, false, kOnes, m.n_layers});
+      if (!m.tie_embeddings)
+        t.push_back({"lm_head.weight", {V, C}, 0, true, kNormal, m.n_layers});
+    }
+  }
+  return t;
+}
+
+std::vector<ParamInfo> param_table(const ModelConfig& config) {
+  return param_table(config, {parallel::LayerRange{0, config.n_layers, true, true}});
+}
+
+int64_t TensorBox::numel() const {
+  int64_t n = 1;
+  for (const int64_t s : shape) n *= s;
+  return n;
+}
+
+TensorBox tp_shard_box(const ParamInfo& p, int64_t tp, int64_t rank) {
+  TensorBox box{std::vector<int64_t>(p.global_shape.size(), 0), p.global_shape};
+  if (p.split_dim >= 0) {
+    const auto dim = static_cast<size_t>(p.split_dim);
+    box.shape[dim] /= tp;
+    box.offset[dim] = rank * box.shape[dim];
+  }
+  return box;
 }
 
 ParamUnits param_units(const ModelConfig& config, const std::vector<parallel::LayerRange>& chunks,
                        int64_t tp) {
   ParamUnits out;
-  for_each_param(config, chunks,
-                 [&](int64_t unit, int64_t, const char*, const std::vector<int64_t>& shape,
-                     int split_dim, bool) {
-                   int64_t n = 1;
-                   for (size_t i = 0; i < shape.size(); ++i)
-                     n *= static_cast<int>(i) == split_dim ? shape[i] / tp : shape[i];
-                   if (out.units.empty() || out.units.back().unit != unit)
-                     out.units.push_back({unit, out.total_floats, 0});
-                   out.units.back().end = out.total_floats + n;
-                   out.total_floats += padded(n);
-                 });
+  for (const ParamInfo& p : param_table(config, chunks)) {
+    const int64_t n = tp_shard_box(p, tp, 0).numel();
+    if (out.units.empty() || out.units.back().unit != p.unit)
+      out.units.push_back({p.unit, out.total_floats, 0});
+    out.units.back().end = out.total_floats + n;
+    out.total_floats += padded(n);
+  }
   return out;
 }
 
 int64_t block_param_floats(const ModelConfig& config, int64_t tp) {
   return param_units(config, {parallel::LayerRange{0, 1, false, false}}, tp).total_floats;
+}
+
+BlockFlops block_flops_per_token(const ModelConfig& config, int64_t tp) {
+  int64_t weights = 0;  // the block's matrices on one tp rank (its norm weights are no matmul)
+  for (const ParamInfo& p : param_table(config, {parallel::LayerRange{0, 1, false, false}}))
+    if (p.global_shape.size() == 2) weights += tp_shard_box(p, tp, 0).numel();
+  const double heads = static_cast<double>(config.n_heads / tp);
+  return {2.0 * static_cast<double>(weights),
+          4 * heads * static_cast<double>(config.head_dim()) * static_cast<double>(config.seq_len)};
+}
+
+double head_train_flops_per_token(const ModelConfig& config, int64_t tp) {
+  return 6.0 * static_cast<double>(config.vocab_size / tp) * static_cast<double>(config.dim);
+}
+
+double model_train_flops_per_token(const ModelConfig& config) {
+  return static_cast<double>(config.n_layers) * block_flops_per_token(config, 1).train() +
+         head_train_flops_per_token(config, 1);
 }
 
 int64_t dtype_bytes(Dtype dtype) { return dtype == Dtype::kBF16 ? 2 : 4; }

@@ -21,18 +21,167 @@
 
 namespace t3d::runtime {
 
+// clang-format off
+// The tables of one transformer block, one row per tensor. Every list the code keeps of these
+// tensors (the enums, the arena names, the sizes and precisions, the structs of pointers the
+// math reads and the binding of each row to its member) is generated from these rows, so adding
+// a block tensor is one row here plus its math (docs/architecture.md, "Adding a block tensor").
+//
+// Block weights: X(enum, member, Hugging Face suffix, global shape, split_dim, decay, init).
+// Shapes are over the global sizes C (model.dim), D (head_dim), H, Hkv (heads, kv heads) and
+// F (ffn_dim); split_dim and decay as ParamInfo's; the rows are the block's layout order.
+#define T3D_BLOCK_WEIGHTS(X)                                                                      \
+  X(kLn1,  ln1,  "input_layernorm.weight",          (C),          -1, false, kOnes)               \
+  X(kQ,    q,    "self_attn.q_proj.weight",         (H * D, C),    0, true,  kNormal)             \
+  X(kK,    k,    "self_attn.k_proj.weight",         (Hkv * D, C),  0, true,  kNormal)             \
+  X(kV,    v,    "self_attn.v_proj.weight",         (Hkv * D, C),  0, true,  kNormal)             \
+  X(kO,    o,    "self_attn.o_proj.weight",         (C, H * D),    1, true,  kResidualOut)        \
+  X(kLn2,  ln2,  "post_attention_layernorm.weight", (C),          -1, false, kOnes)               \
+  X(kGate, gate, "mlp.gate_proj.weight",            (F, C),        0, true,  kNormal)             \
+  X(kUp,   up,   "mlp.up_proj.weight",              (F, C),        0, true,  kNormal)             \
+  X(kDown, down, "mlp.down_proj.weight",            (C, F),        1, true,  kResidualOut)
+
+// The activations a block keeps for its backward, per micro-batch: X(enum, member, name,
+// statistic, elements). Elements are over `d`, the rank's ModelDims; a statistic (a per-row or
+// per-head value) stays fp32 whatever the storage, the others take the activation storage's type.
+#define T3D_BLOCK_ACTS(X)                                                                         \
+  X(kRstd1, rstd1, "rstd1", true,  d.Nl)                  /* input_layernorm's 1/rms per row */ \
+  X(kXn1,   xn1,   "xn1",   false, d.N * d.C)             /* input_layernorm output */          \
+  X(kQ,     q,     "q",     false, d.N * d.H * d.D)       /* q after RoPE */                    \
+  X(kK,     kk,    "k",     false, d.N * d.Hkv * d.D)     /* k after RoPE */                    \
+  X(kV,     v,     "v",     false, d.N * d.Hkv * d.D)                                           \
+  X(kAttn,  att,   "attn",  false, d.N * d.H * d.D)       /* attention output, before o_proj */ \
+  X(kLse,   lse,   "lse",   true,  d.B * d.H * d.T)       /* attention logsumexp (B, Hl, T) */  \
+  X(kXmid,  xmid,  "xmid",  false, d.Nl * d.C)            /* residual after attention */        \
+  X(kRstd2, rstd2, "rstd2", true,  d.Nl)                                                        \
+  X(kXn2,   xn2,   "xn2",   false, d.N * d.C)             /* post_attention_layernorm output */ \
+  X(kGate,  gate,  "gate",  false, d.N * d.F)                                                   \
+  X(kUp,    up,    "up",    false, d.N * d.F)                                                   \
+  X(kH,     h,     "h",     false, d.N * d.F)             /* silu(gate)·up */
+
+// The output gradients a block's deferred weight-gradient pass (W) needs, per micro-batch:
+// X(enum, member, name, elements): the gradients of the block output and of xmid (the inputs of
+// down_proj's and o_proj's weight gradients), of gate and up, and of q (before RoPE), k and v.
+#define T3D_WGRADS(X)                                                                             \
+  X(kDyDown, dy_down, "dy_down", d.N * d.C)                                                     \
+  X(kDgate,  dgate,   "dgate",   d.N * d.F)                                                     \
+  X(kDup,    dup,     "dup",     d.N * d.F)                                                     \
+  X(kDyO,    dy_o,    "dy_o",    d.N * d.C)                                                     \
+  X(kDq,     dq,      "dq",      d.N * d.H * d.D)                                               \
+  X(kDk,     dk,      "dk",      d.N * d.Hkv * d.D)                                             \
+  X(kDv,     dv,      "dv",      d.N * d.Hkv * d.D)
+
+// The per-rank buffers every chunk and slot shares (one forward or backward runs at a time), in
+// allocation order: X(enum, member, name, pointer type, precision, present, elements).
+// precision: kWide takes the activation storage's type, kF32 / kBF16 are fixed. `present` and
+// the elements are over `d` (ModelDims) and `x` (ScratchContext).
+#define T3D_SCRATCH(X)                                                                            \
+  X(kTmp,            tmp,       "tmp",             float, kWide, true,  d.N * d.C)              \
+  X(kDx,             dx,        "dx",              float, kWide, true,  d.Nl * d.C)             \
+  /* SP: this rank's rows of a gathered or scattered tensor; all rows of a gathered gradient */ \
+  X(kSpRows,         rows,      "sp_rows",         float, kWide, d.sp,  d.Nl * d.C)             \
+  X(kSpAllRows,      all_rows,  "sp_all_rows",     float, kWide, d.sp,  d.N * d.C)              \
+  X(kDtmp,           dtmp,      "dtmp",            float, kWide, true,  d.N * d.C)              \
+  X(kDxn,            dxn,       "dxn",             float, kWide, true,  d.N * d.C)              \
+  X(kDatt,           datt,      "datt",            float, kWide, true,  d.N * d.H * d.D)        \
+  X(kDq,             dq,        "dq",              float, kWide, true,  d.N * d.H * d.D)        \
+  X(kDk,             dk,        "dk",              float, kWide, true,  d.N * d.Hkv * d.D)      \
+  X(kDv,             dv,        "dv",              float, kWide, true,  d.N * d.Hkv * d.D)      \
+  X(kDh,             dh,        "dh",              float, kWide, true,  d.N * d.F)              \
+  X(kDgate,          dgate,     "dgate",           float, kWide, true,  d.N * d.F)              \
+  X(kDup,            dup,       "dup",             float, kWide, true,  d.N * d.F)              \
+  X(kAttentionTiles, attn,      "attention_tiles", float, kF32,  true,  x.attention_tiles)      \
+  /* the last chunk's logits (N, Vl) and cross-entropy statistics stay fp32 */                  \
+  X(kLogits,         logits,    "logits",          float, kF32,  x.last, d.N * d.V)             \
+  X(kLosses,         losses,    "losses",          float, kF32,  x.last, d.N)                   \
+  X(kRowMax,         row_max,   "ce_row_max",      float, kF32,  x.last, d.N)                   \
+  X(kSumExp,         sum_exp,   "ce_sum_exp",      float, kF32,  x.last, d.N)                   \
+  X(kTarget,         target,    "ce_target_logit", float, kF32,  x.last, d.N)                   \
+  X(kRope,           rope,      "rope_table",      float, kF32,  true,  d.seq_len * d.D)        \
+  /* CP: the whole sequence's keys and values (B, seq_len, Hkvl·D), their gradients, a staging \
+     buffer in collective order (cp, 2, B, T/(2cp), width), and the second part's dk, dv */     \
+  X(kCpKeys,         k_all,     "cp_keys",         float, kWide, d.cp,  x.whole_kv)             \
+  X(kCpValues,       v_all,     "cp_values",       float, kWide, d.cp,  x.whole_kv)             \
+  X(kCpKeyGrads,     dk_all,    "cp_key_grads",    float, kWide, d.cp,  x.whole_kv)             \
+  X(kCpValueGrads,   dv_all,    "cp_value_grads",  float, kWide, d.cp,  x.whole_kv)             \
+  X(kCpStaging,      cp_stage,  "cp_staging",      float, kWide, d.cp,  x.whole_kv)             \
+  X(kCpKeyValuePart, cp_kv_part, "cp_key_value_part_grads", float, kWide, d.cp, 2 * x.whole_kv) \
+  /* bf16 copies: TP all-reduces on the wire, and SP's gathers / scatters */                    \
+  X(kTpBf16,         tp16,      "tp_bf16",         uint16_t, kBF16, x.copies,        d.N * d.C) \
+  X(kTpBf16Rows,     tp16_rows, "tp_bf16_rows",    uint16_t, kBF16, x.copies && d.sp, d.N * d.C)
+
+#define T3D_ROW_ENUM(e, ...) e,
+enum class BlockWeight : uint8_t { T3D_BLOCK_WEIGHTS(T3D_ROW_ENUM) };
+enum class BlockAct : uint8_t { T3D_BLOCK_ACTS(T3D_ROW_ENUM) };
+enum class WGrad : uint8_t { T3D_WGRADS(T3D_ROW_ENUM) };
+enum class ScratchBuf : uint8_t { T3D_SCRATCH(T3D_ROW_ENUM) };
+#undef T3D_ROW_ENUM
+#define T3D_ROW_COUNT(...) +1
+inline constexpr int kBlockWeights = 0 T3D_BLOCK_WEIGHTS(T3D_ROW_COUNT);
+inline constexpr int kBlockActs = 0 T3D_BLOCK_ACTS(T3D_ROW_COUNT);
+inline constexpr int kWGrads = 0 T3D_WGRADS(T3D_ROW_COUNT);
+inline constexpr int kScratchBufs = 0 T3D_SCRATCH(T3D_ROW_COUNT);
+#undef T3D_ROW_COUNT
+// clang-format on
+
+// One pointer (or offset) per block weight, a member per T3D_BLOCK_WEIGHTS row, so the math
+// reads `w.q` and generic code walks the rows with operator[].
+template <typename P>
+struct BlockTensors {
+#define T3D_ROW_MEMBER(e, member, ...) P member{};
+  T3D_BLOCK_WEIGHTS(T3D_ROW_MEMBER)
+#undef T3D_ROW_MEMBER
+  P& operator[](BlockWeight w) { return this->*member_of(w); }
+  const P& operator[](BlockWeight w) const { return this->*member_of(w); }
+
+ private:
+  using Member = P BlockTensors::*;
+  static constexpr Member member_of(BlockWeight w) {
+#define T3D_ROW_MEMBER_PTR(e, member, ...) &BlockTensors::member,
+    constexpr Member kMembers[] = {T3D_BLOCK_WEIGHTS(T3D_ROW_MEMBER_PTR)};
+#undef T3D_ROW_MEMBER_PTR
+    return kMembers[static_cast<size_t>(w)];
+  }
+};
+inline constexpr BlockWeight kAllBlockWeights[] = {
+#define T3D_ROW_VALUE(e, ...) BlockWeight::e,
+    T3D_BLOCK_WEIGHTS(T3D_ROW_VALUE)
+#undef T3D_ROW_VALUE
+};
+const char* block_weight_suffix(BlockWeight w);  // "self_attn.q_proj.weight"
+// The parameter name of weight `w` of block `layer`: "model.layers.<layer>.<suffix>".
+std::string block_param_name(int64_t layer, BlockWeight w);
+
+// How a parameter is initialised (Model::init): all ones (norm weights), or normal with std 0.02,
+// scaled by 1/sqrt(2·n_layers) for the projections into the residual stream (GPT-2, Megatron).
+enum class ParamInit : uint8_t { kOnes, kNormal, kResidualOut };
+
 // One row of the parameter table: the global (Hugging Face) tensor and how it is sharded.
 struct ParamInfo {
-  std::string name;
+  std::string name;  // the Hugging Face LLaMA name: what snapshots and `export` call it
   std::vector<int64_t> global_shape;
   int split_dim = -1;  // -1 replicated over tp; 0 rows (column-parallel, vocab); 1 columns
   bool decay = true;   // AdamW weight decay (norm weights: no)
+  ParamInit init = ParamInit::kNormal;
+  int64_t unit = 0;  // gradient unit: -1 the embedding, l block l, n_layers final norm and head
 };
 
 // The parameters of `chunks`, in layout order: per chunk the embedding (first), its blocks, then
-// the final norm and (untied) LM head (last).
+// the final norm and (untied) LM head (last). The one LLaMA parameter table: the Model's layout,
+// the snapshot's tensors, `export`, `import` and `generate` all read it.
 std::vector<ParamInfo> param_table(const ModelConfig& config,
                                    const std::vector<parallel::LayerRange>& chunks);
+// The whole model's parameters (one chunk holding every layer).
+std::vector<ParamInfo> param_table(const ModelConfig& config);
+
+// The box of parameter `p` that tp rank `rank` of `tp` holds: its offset in the global tensor
+// and its shape (the local tensor's). A replicated tensor: the whole of it, at offset 0. The
+// one place the tp sharding of a tensor is worked out (layout, init, snapshot and eval boxes).
+struct TensorBox {
+  std::vector<int64_t> offset, shape;
+  int64_t numel() const;
+};
+TensorBox tp_shard_box(const ParamInfo& p, int64_t tp, int64_t rank);
 
 // Gradient units: float ranges of the parameter region (laid out as kernels::ParamLayout does,
 // every tensor on a kernels::kAlignmentFloats boundary) that become final together. Unit -1 is the
@@ -48,6 +197,21 @@ ParamUnits param_units(const ModelConfig& config, const std::vector<parallel::La
                        int64_t tp);
 // Floats one transformer block's parameters take in the region on one tp rank, padding included.
 int64_t block_param_floats(const ModelConfig& config, int64_t tp);
+
+// FLOPs per token (PaLM's count) of one transformer block on one tp rank, from the parameter
+// table: `matmul` is one pass over its matrices (2 per weight element), and the forward, the
+// input gradient and the weight gradient each cost one; `attention` is the forward's scores and
+// their use (QK^T, AV) over the full T×T, and the backward costs twice that.
+struct BlockFlops {
+  double matmul = 0, attention = 0;
+  double train() const { return 3 * matmul + 3 * attention; }  // f + b + w
+};
+BlockFlops block_flops_per_token(const ModelConfig& config, int64_t tp);
+// FLOPs per token of the LM head's forward and both its gradients on one tp rank (6 per weight).
+double head_train_flops_per_token(const ModelConfig& config, int64_t tp);
+// FLOPs of one training step (forward + backward) per token of the whole model: every block's
+// train() and the LM head (the embedding is a lookup). What MFU divides by.
+double model_train_flops_per_token(const ModelConfig& config);
 
 // Activation checkpointing every K: blocks 0, K, 2K, ... of each chunk are recomputed in the
 // backward instead of keeping their activations (K = 1: every block; 0: none).
@@ -105,23 +269,14 @@ struct ModelDims {
 };
 ModelDims model_dims(const ModelConfig& config, const SpecLayout& layout, int64_t micro_rows);
 
-// clang-format off
-// The activations one transformer block keeps for its backward, per micro-batch, in table order.
-enum class BlockAct : uint8_t {
-  kRstd1, kXn1, kQ, kK, kV, kAttn, kLse, kXmid, kRstd2, kXn2, kGate, kUp, kH
+// What the scratch rows (T3D_SCRATCH) depend on besides ModelDims.
+struct ScratchContext {
+  bool last = false;            // the rank holds the last chunk (LM head and loss)
+  bool copies = false;          // ActivationStorage::kBf16Copies
+  int64_t attention_tiles = 0;  // kernels::attention_scratch_floats of one part's attention
+  int64_t whole_kv = 0;         // B·seq_len·Hkvl·D: the whole sequence's keys (or values)
 };
-inline constexpr int kBlockActs = 13;
-// The output gradients a block's deferred weight-gradient pass (W) needs, per micro-batch.
-enum class WGrad : uint8_t { kDyDown, kDgate, kDup, kDyO, kDq, kDk, kDv };
-inline constexpr int kWGrads = 7;
-// The per-rank buffers every chunk and slot shares (one forward or backward runs at a time).
-enum class ScratchBuf : uint8_t {
-  kTmp, kDx, kSpRows, kSpAllRows, kDtmp, kDxn, kDatt, kDq, kDk, kDv, kDh, kDgate, kDup,
-  kAttentionTiles, kLogits, kLosses, kRowMax, kSumExp, kTarget, kRope,
-  kCpKeys, kCpValues, kCpKeyGrads, kCpValueGrads, kCpStaging, kCpKeyValuePart,
-  kTpBf16, kTpBf16Rows
-};
-// clang-format on
+
 
 // One row of the activation / scratch table.
 struct SpecTensor {

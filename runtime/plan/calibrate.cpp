@@ -124,11 +124,12 @@ void measure_block(const Job& job, Measured& m) {
     m.tp_allreduce_s =
         time_per_call(world, [&] { tp.all_reduce(act.data(), act.size()); }, 0.04);
   }
-  // The planner's count for this block (cost_of_stage): f + b + w FLOPs per row.
+  // The planner's count for this block (the model spec's, as cost_of_stage): f + b + w FLOPs
+  // per row.
   Cluster unit;
   unit.devices_per_node = std::max<int64_t>(1, r.world_size());
   const PlanProblem p = make_problem(r, unit);
-  m.block_flops = block_train_flops_per_row(p.model, r.parallel.tp) *
+  m.block_flops = block_flops_per_token(p.model, r.parallel.tp).train() *
                   static_cast<double>(model.rows());
   // Never let the subtraction claim more than half the block: under heavy oversubscription the
   // all-reduce measured alone and the one inside the block overlap other ranks' work differently.

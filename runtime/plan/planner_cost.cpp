@@ -17,17 +17,6 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-// The sizes one tensor-parallel rank sees, for the time model.
-struct Shard {
-  double C, D, H, Hkv, F, V, T;  // H, Hkv, F, V already divided by tp
-};
-
-Shard shard_of(const ModelConfig& m, int64_t tp) {
-  return {double(m.dim),          double(m.head_dim()),
-          double(m.n_heads / tp), double(m.n_kv_heads / tp),
-          double(m.ffn_dim / tp), double(m.vocab_size / tp),
-          double(m.seq_len)};
-}
 
 // Parameter elements (alignment padding included) of a stage's chunks on one tp rank.
 double stage_param_elems(const ModelConfig& m, const std::vector<parallel::LayerRange>& ranges,
@@ -101,16 +90,14 @@ struct StageCost {
 
 StageCost cost_of_stage(const PlanProblem& p, const Layout& l,
                         const std::vector<parallel::LayerRange>& ranges, std::ostream* why) {
-  const Shard s = shard_of(p.model, l.tp);
-  const double B = static_cast<double>(micro_rows(p, l)), N = B * s.T;
+  const double B = static_cast<double>(micro_rows(p, l)), N = B * double(p.model.seq_len);
   const double flops_s = p.cluster.peak_tflops * 1e12 * p.cluster.compute_efficiency;
-  // Per token of one block (tp-local): each weight element is one multiply-add (2 FLOPs) in the
-  // forward, in the input gradient and in the weight gradient; attention scores and their use
-  // (QK^T, AV) over the full T×T as model_train_flops_per_token counts them.
-  const double mm = 2 * (2 * s.H * s.D * s.C + 2 * s.Hkv * s.D * s.C + 3 * s.F * s.C);
-  const double att = 4 * s.H * s.D * s.T;
+  // Per token of one block (tp-local), the model spec's count: f = mm + att, b = mm + 2·att,
+  // w = mm.
+  const BlockFlops block = block_flops_per_token(p.model, l.tp);
+  const double mm = block.matmul, att = block.attention;
   const Link tp_link = group_link(p.cluster, 1, l.tp);
-  const double act_msg = N * s.C * p.precision.activation;
+  const double act_msg = N * double(p.model.dim) * p.precision.activation;
   const double ar = ring_all_reduce_s(act_msg, l.tp, tp_link);
   StageCost c;
   int64_t layers = 0, recomputed = 0;
@@ -130,7 +117,7 @@ StageCost cost_of_stage(const PlanProblem& p, const Layout& l,
   if (first) c.f_tp += ar;  // vocab-parallel embedding rows
   if (last) {
     // titan3d runs the LM head's forward and backward inside the last chunk's forward.
-    c.f += N * 3 * 2 * s.V * s.C / flops_s;
+    c.f += N * head_train_flops_per_token(p.model, l.tp) / flops_s;
     c.f_tp += ar + 3 * ring_all_reduce_s(4 * N, l.tp, tp_link);  // dx of the head; CE statistics
   }
   if (why)
@@ -179,13 +166,6 @@ std::string Layout::label() const {
     sched += "×" + std::to_string(virtual_stages);
   return fmt::format("dp{} tp{} pp{} {} m{} z{} ckpt:{}", dp, tp, pp, sched, micro_batches, zero,
                      checkpoint_name());
-}
-
-double block_train_flops_per_row(const ModelConfig& model, int64_t tp) {
-  const Shard s = shard_of(model, tp);
-  const double mm = 2 * (2 * s.H * s.D * s.C + 2 * s.Hkv * s.D * s.C + 3 * s.F * s.C);
-  const double att = 4 * s.H * s.D * s.T;
-  return 3 * mm + 3 * att;  // f = mm + att, b = mm + 2·att, w = mm (cost_of_stage)
 }
 
 int64_t micro_rows(const PlanProblem& p, const Layout& l) {

@@ -58,9 +58,6 @@ std::string invalid_reason(const PlanProblem& problem, const Layout& layout);
 
 // Sequences per micro-batch: global_batch / (dp · micro_batches).
 int64_t micro_rows(const PlanProblem& problem, const Layout& layout);
-// FLOPs of one block's forward + backward (input and weight gradients) per row on one tp rank, as
-// the time model counts them: `plan --calibrate` divides it by a measured block.
-double block_train_flops_per_row(const ModelConfig& model, int64_t tp);
 
 // The schedule table for the layout (pp = 1 gives the plain gradient-accumulation loop).
 parallel::Schedule make_layout_schedule(const Layout& layout);

@@ -83,9 +83,9 @@ void check_replicas(const Job& job, std::vector<CheckRow>& rows) {
       const bool matrix = p.global_shape.size() == 2;
       const int64_t grows = matrix ? p.global_shape[0] : 1;
       const int64_t gcols = matrix ? p.global_shape[1] : p.global_shape[0];
-      Slice s{matrix ? e.spec.shape[0] : 1, matrix ? e.spec.shape[1] : e.numel, 0, 0, gcols};
-      if (p.split_dim == 0) s.row0 = s.rows * tp.rank();
-      if (p.split_dim == 1) s.col0 = s.cols * tp.rank();
+      const TensorBox box = tp_shard_box(p, tp.size(), tp.rank());
+      Slice s{matrix ? box.shape[0] : 1, matrix ? box.shape[1] : box.shape[0],
+              matrix ? box.offset[0] : 0, matrix ? box.offset[1] : box.offset[0], gcols};
       const uint64_t held = checksum(mine, s, s.cols, s.row0, s.col0);
       if (held != checksum(full, s, gcols, 0, 0))
         v.fail(fmt::format("its tp shard {} of `{}` differs from the single-rank tensor",

@@ -209,7 +209,8 @@ std::vector<checkpoint::Slice> ShardedState::boxes(const float* params, const fl
       for (auto& [off, shape] : flat_boxes(e.spec.shape, piece.lo - e.offset, piece.hi - e.offset)) {
         int64_t first = off.back();  // flat index of the box's first element in the tensor
         if (off.size() == 2) first += off[0] * e.spec.shape[1];
-        if (p.split_dim >= 0) off[p.split_dim] += model_.tp_rank() * e.spec.shape[p.split_dim];
+        const TensorBox held = tp_shard_box(p, model_.tp_size(), model_.tp_rank());
+        for (size_t d = 0; d < off.size(); ++d) off[d] += held.offset[d];
         out.push_back({kSections[section] + p.name, p.global_shape, off, shape,
                        const_cast<float*>(at + (first - (piece.lo - e.offset)))});
       }

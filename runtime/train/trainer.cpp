@@ -176,10 +176,10 @@ struct Trainer::Impl {
 
   // Parameters of the whole model (not this rank's share), for the log.
   double whole_model_params() const {
-    const auto& m = r.model;
-    const double per_layer = 2.0 * m.dim + m.dim * m.head_dim() * (2 * m.n_heads + 2 * m.n_kv_heads) +
-                             3.0 * m.dim * m.ffn_dim;
-    return m.n_layers * per_layer + m.dim + m.vocab_size * m.dim * (m.tie_embeddings ? 1 : 2);
+    double n = 0;
+    for (const auto& p : param_table(r.model))  // with tp = 1 a rank holds every tensor whole
+      n += static_cast<double>(tp_shard_box(p, 1, 0).numel());
+    return n;
   }
 
   MicroBatchSource source(const Sampler& sampler, int64_t step) {

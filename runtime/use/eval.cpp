@@ -121,10 +121,9 @@ EvalResult run_eval(const Job& job, const std::string& snapshot, const EvalOptio
       check_same_tokenizer(reader.info().counters, r, snapshot, "evaluate");
       float* params = model->state().params.data();
       for (const auto& p : model->params()) {
-        const auto& e = model->layout().at(p.name);
-        std::vector<int64_t> offset(p.global_shape.size(), 0);
-        if (p.split_dim >= 0) offset[p.split_dim] = model->tp_rank() * e.spec.shape[p.split_dim];
-        reader.read({"model/" + p.name, p.global_shape, offset, e.spec.shape, params + e.offset});
+        const TensorBox box = tp_shard_box(p, model->tp_size(), model->tp_rank());
+        reader.read({"model/" + p.name, p.global_shape, box.offset, box.shape,
+                     params + model->layout().at(p.name).offset});
       }
     });
   });

@@ -10,6 +10,7 @@
 #include "checkpoint/snapshot.h"
 #include "kernels/check.h"
 #include "runtime/data/text_tokenizer.h"
+#include "runtime/model/model_spec.h"
 #include "runtime/provenance/provenance.h"
 
 namespace t3d::runtime {
@@ -18,24 +19,9 @@ namespace fs = std::filesystem;
 namespace ck = checkpoint;
 
 std::vector<GlobalTensor> llama_tensor_table(const ModelConfig& m) {
-  const int64_t C = m.dim, D = m.head_dim(), V = m.vocab_size, F = m.ffn_dim;
-  const int64_t H = m.n_heads, Hkv = m.n_kv_heads;
   std::vector<GlobalTensor> t;
-  t.push_back({"model.embed_tokens.weight", {V, C}, {}});
-  for (int64_t l = 0; l < m.n_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    t.push_back({p + "input_layernorm.weight", {C}, {}});
-    t.push_back({p + "self_attn.q_proj.weight", {H * D, C}, {}});
-    t.push_back({p + "self_attn.k_proj.weight", {Hkv * D, C}, {}});
-    t.push_back({p + "self_attn.v_proj.weight", {Hkv * D, C}, {}});
-    t.push_back({p + "self_attn.o_proj.weight", {C, H * D}, {}});
-    t.push_back({p + "post_attention_layernorm.weight", {C}, {}});
-    t.push_back({p + "mlp.gate_proj.weight", {F, C}, {}});
-    t.push_back({p + "mlp.up_proj.weight", {F, C}, {}});
-    t.push_back({p + "mlp.down_proj.weight", {C, F}, {}});
-  }
-  t.push_back({"model.norm.weight", {C}, {}});
-  if (!m.tie_embeddings) t.push_back({"lm_head.weight", {V, C}, {}});
+  for (ParamInfo& p : param_table(m))
+    t.push_back({std::move(p.name), std::move(p.global_shape), {}});
   return t;
 }
 

@@ -22,8 +22,8 @@ struct GlobalTensor {
 };
 
 // The whole model's tensors with their global shapes, in the model's order: embedding, blocks,
-// final norm, LM head (absent with tie_embeddings). The same names and shapes as Model's
-// parameter table (runtime/model/model.cpp), which a test checks.
+// final norm, LM head (absent with tie_embeddings): the model spec's parameter table
+// (runtime/model/model_spec.h, param_table), data still empty.
 std::vector<GlobalTensor> llama_tensor_table(const ModelConfig& config);
 
 struct SnapshotWeights {

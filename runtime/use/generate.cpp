@@ -21,18 +21,8 @@ Decoder::Decoder(const SnapshotWeights& w) : config_(w.recipe.model) {
   norm_ = at("model.norm.weight");
   head_ = m.tie_embeddings ? embed_ : at("lm_head.weight");
   for (int64_t l = 0; l < m.n_layers; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    Layer L{at(p + "input_layernorm.weight"),
-            at(p + "self_attn.q_proj.weight"),
-            at(p + "self_attn.k_proj.weight"),
-            at(p + "self_attn.v_proj.weight"),
-            at(p + "self_attn.o_proj.weight"),
-            at(p + "post_attention_layernorm.weight"),
-            at(p + "mlp.gate_proj.weight"),
-            at(p + "mlp.up_proj.weight"),
-            at(p + "mlp.down_proj.weight"),
-            {},
-            {}};
+    Layer L;
+    for (const BlockWeight t : kAllBlockWeights) L[t] = at(block_param_name(l, t));
     L.k_cache.assign(static_cast<size_t>(T * m.n_kv_heads * D), 0.0f);
     L.v_cache.assign(L.k_cache.size(), 0.0f);
     layers_.push_back(std::move(L));

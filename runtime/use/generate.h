@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "runtime/data/text_tokenizer.h"
+#include "runtime/model/model_spec.h"
 #include "runtime/use/export.h"
 
 namespace t3d::runtime {
@@ -32,9 +33,8 @@ class Decoder {
   const ModelConfig& config() const { return config_; }
 
  private:
-  struct Layer {
-    const float *ln1, *q, *k, *v, *o, *ln2, *gate, *up, *down;
-    std::vector<float> k_cache, v_cache;  // (seq_len, Hkv·D) each, keys after RoPE
+  struct Layer : BlockTensors<const float*> {  // the block's weights, by the spec's rows
+    std::vector<float> k_cache, v_cache;       // (seq_len, Hkv·D) each, keys after RoPE
   };
   ModelConfig config_;
   const float* embed_;

@@ -127,3 +127,54 @@ TEST(ModelMpi, ArenaTooSmallFailsAtBuildNamingTheTensor) {
     EXPECT_NE(msg.find("hbm_gib"), std::string::npos) << msg;
   }
 }
+
+// Every activation and scratch row of the spec is bound to its own arena allocation: read back
+// from the members the math uses, in allocation order, the pointers tile the activation and
+// scratch regions exactly (no null, no overlap, no gap), each as large as its row, and together
+// the footprint. A row bound to another row's member, or a size that drifted from the one
+// allocated, breaks the tiling.
+TEST(ModelMpi, BoundRowsTileTheArena) {
+  auto world = parallel::Comm::world(60.0);
+  const auto self = world.split(world.rank(), 0, "self");
+  const auto cfg = tiny_config();
+  struct Case {
+    const char* what;
+    std::vector<parallel::LayerRange> chunks;
+    const parallel::Comm* tp;
+    runtime::ModelOptions options;
+  };
+  std::vector<Case> cases;
+  {
+    runtime::ModelOptions o{2, 2, false};
+    o.split_backward = true;
+    cases.push_back({"two chunks, two slots, split backward",
+                     {{0, 1, true, false}, {1, 2, false, true}}, &self, o});
+    o.bf16 = true;
+    o.checkpoint_every = 2;
+    cases.push_back({"bf16 copies, checkpointing", whole(cfg.n_layers), &self, o});
+    runtime::ModelOptions sp{2, 1, false};
+    sp.sequence_parallel = true;
+    sp.bf16 = true;
+    cases.push_back({"tp 2 with sequence parallelism, bf16", whole(cfg.n_layers), &world, sp});
+    runtime::ModelOptions cp{2, 1, false};
+    cp.cp = &world;
+    cases.push_back({"context parallelism", whole(cfg.n_layers), &self, cp});
+  }
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.what);
+    kernels::Arena arena(64 << 20);
+    Model m(cfg, c.chunks, *c.tp, arena, c.options);
+    const auto rows = m.bound_rows();
+    ASSERT_FALSE(rows.empty());
+    size_t total = 0;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      ASSERT_NE(rows[i].data, nullptr) << rows[i].name;
+      if (i + 1 < rows.size())
+        EXPECT_EQ(static_cast<const std::byte*>(rows[i].data) + rows[i].bytes, rows[i + 1].data)
+            << rows[i].name << " is not followed by " << rows[i + 1].name;
+      total += rows[i].bytes;
+    }
+    EXPECT_EQ(total, m.footprint().activations + m.footprint().scratch);
+    EXPECT_EQ(rows.back().name.rfind("scratch.", 0), 0u) << rows.back().name;
+  }
+}

@@ -199,5 +199,109 @@ TEST(ModelSpec, ParameterUnitsAreTheLayoutTheModelBuilds) {
   }
 }
 
+TEST(ModelSpec, ParameterTableIsLlamasWithItsHuggingFaceNames) {
+  for (const bool tied : {false, true}) {
+    SCOPED_TRACE(tied);
+    ModelConfig m = small_model();
+    m.n_layers = 2;
+    m.tie_embeddings = tied;
+    const auto params = param_table(m);
+    struct Want {
+      std::string name;
+      std::vector<int64_t> shape;
+      int split_dim;
+      ParamInit init;
+      int64_t unit;
+    };
+    using enum ParamInit;
+    std::vector<Want> want = {{"model.embed_tokens.weight", {96, 64}, 0, kNormal, -1}};
+    for (int64_t l = 0; l < 2; ++l) {
+      const std::string p = "model.layers." + std::to_string(l) + ".";
+      for (const Want& w : std::vector<Want>{{"input_layernorm.weight", {64}, -1, kOnes, l},
+                                      {"self_attn.q_proj.weight", {64, 64}, 0, kNormal, l},
+                                      {"self_attn.k_proj.weight", {32, 64}, 0, kNormal, l},
+                                      {"self_attn.v_proj.weight", {32, 64}, 0, kNormal, l},
+                                      {"self_attn.o_proj.weight", {64, 64}, 1, kResidualOut, l},
+                                      {"post_attention_layernorm.weight", {64}, -1, kOnes, l},
+                                      {"mlp.gate_proj.weight", {176, 64}, 0, kNormal, l},
+                                      {"mlp.up_proj.weight", {176, 64}, 0, kNormal, l},
+                                      {"mlp.down_proj.weight", {64, 176}, 1, kResidualOut, l}})
+        want.push_back({p + w.name, w.shape, w.split_dim, w.init, w.unit});
+    }
+    want.push_back({"model.norm.weight", {64}, -1, kOnes, 2});
+    if (!tied) want.push_back({"lm_head.weight", {96, 64}, 0, kNormal, 2});
+    ASSERT_EQ(params.size(), want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      EXPECT_EQ(params[i].name, want[i].name) << i;
+      EXPECT_EQ(params[i].global_shape, want[i].shape) << want[i].name;
+      EXPECT_EQ(params[i].split_dim, want[i].split_dim) << want[i].name;
+      EXPECT_EQ(params[i].decay, want[i].init != kOnes) << want[i].name;
+      EXPECT_EQ(params[i].init, want[i].init) << want[i].name;
+      EXPECT_EQ(params[i].unit, want[i].unit) << want[i].name;
+    }
+    EXPECT_EQ(block_param_name(1, BlockWeight::kDown), "model.layers.1.mlp.down_proj.weight");
+  }
+}
+
+TEST(ModelSpec, TpShardBoxIsTheRankSliceOfTheSplitDimension) {
+  ParamInfo q{"q", {64, 32}, 0};
+  ParamInfo o{"o", {32, 64}, 1};
+  ParamInfo norm{"norm", {32}, -1};
+  EXPECT_EQ(tp_shard_box(q, 4, 3).offset, (std::vector<int64_t>{48, 0}));
+  EXPECT_EQ(tp_shard_box(q, 4, 3).shape, (std::vector<int64_t>{16, 32}));
+  EXPECT_EQ(tp_shard_box(o, 2, 1).offset, (std::vector<int64_t>{0, 32}));
+  EXPECT_EQ(tp_shard_box(o, 2, 1).shape, (std::vector<int64_t>{32, 32}));
+  EXPECT_EQ(tp_shard_box(norm, 2, 1).offset, (std::vector<int64_t>{0}));
+  EXPECT_EQ(tp_shard_box(norm, 2, 1).numel(), 32);
+}
+
+TEST(ModelSpec, FlopsAreTheHandCountedOnes) {
+  const ModelConfig m = small_model();  // C 64, D 16, H 4, Hkv 2, F 176, V 96, T 32
+  for (int64_t tp : {1, 2}) {
+    const double H = 4.0 / tp, Hkv = 2.0 / tp, F = 176.0 / tp, C = 64, D = 16, T = 32;
+    const BlockFlops f = block_flops_per_token(m, tp);
+    EXPECT_EQ(f.matmul, 2 * (2 * H * D * C + 2 * Hkv * D * C + 3 * F * C));
+    EXPECT_EQ(f.attention, 4 * H * D * T);
+    EXPECT_EQ(f.train(), 3 * f.matmul + 3 * f.attention);
+    EXPECT_EQ(head_train_flops_per_token(m, tp), 6 * (96.0 / tp) * C);
+  }
+  // PaLM's count: 6 per matmul weight (blocks and the LM head) + 12·L·H·D·T.
+  const double per_layer = 64.0 * 4 * 16 * 2 + 2 * 64.0 * 2 * 16 + 3 * 64.0 * 176;
+  EXPECT_EQ(model_train_flops_per_token(m),
+            6.0 * (4 * per_layer + 64.0 * 96) + 12.0 * 4 * 4 * 16 * 32);
+}
+
+// Each row of T3D_BLOCK_ACTS, T3D_WGRADS and T3D_SCRATCH has its own name, and the scratch rows
+// are allocated in their table's order (the work block before the TP staging buffers).
+TEST(ModelSpec, RowsHaveDistinctNamesAndScratchFollowsItsTable) {
+  SpecOptions o;
+  o.storage = ActivationStorage::kBf16Copies;
+  o.split_backward = true;
+  o.micro_rows = 2;
+  o.chunk_slots = {1};
+  const ActivationSpec spec =
+      activation_spec(small_model(), {{{0, 4, true, true}}, 2, true, 2}, o);
+  std::vector<std::string> names;
+  for (const auto& t : spec.chunks[0].per_slot) names.push_back(t.name());
+  for (const auto& t : spec.scratch) names.push_back(t.name());
+  std::vector<std::string> sorted = names;
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(std::adjacent_find(sorted.begin(), sorted.end()), sorted.end());
+  int last = -1, scratch_rows = 0;
+  bool work_seen = false;
+  for (const auto& t : spec.scratch) {
+    if (t.role == SpecTensor::Role::kWorkBlock) {
+      EXPECT_LT(last, static_cast<int>(ScratchBuf::kTpBf16)) << t.name();
+      work_seen = true;
+      continue;
+    }
+    EXPECT_GT(t.index, last) << t.name();
+    last = t.index;
+    ++scratch_rows;
+  }
+  EXPECT_TRUE(work_seen);
+  EXPECT_EQ(scratch_rows, kScratchBufs);  // sp, cp, the last chunk and bf16 copies: every row
+}
+
 }  // namespace
 }  // namespace t3d::runtime
