@@ -13,11 +13,12 @@ declare -A allowed=(
   [runtime/data]="runtime/data checkpoint/paths.h kernels"
   [runtime/launch]="runtime/launch runtime/recipe parallel kernels"
   [runtime/model]="runtime/model runtime/recipe parallel kernels"
-  [runtime/stage]="runtime/stage runtime/model runtime/launch runtime/data runtime/recipe parallel checkpoint kernels"
-  [runtime/train]="runtime/train runtime/stage runtime/model runtime/launch runtime/data runtime/recipe parallel checkpoint kernels"
-  [runtime/plan]="runtime/plan runtime/stage runtime/model runtime/launch runtime/data runtime/recipe parallel checkpoint kernels"
-  [runtime/use]="runtime/use runtime/train runtime/stage runtime/model runtime/launch runtime/data runtime/recipe parallel checkpoint kernels"
-  [runtime/selfcheck]="runtime/selfcheck runtime/plan runtime/stage runtime/model runtime/launch runtime/data runtime/recipe parallel checkpoint kernels"
+  [runtime/machine]="runtime/machine runtime/launch runtime/recipe parallel checkpoint kernels"
+  [runtime/stage]="runtime/stage runtime/machine runtime/model runtime/launch runtime/data runtime/recipe parallel kernels"
+  [runtime/train]="runtime/train runtime/stage runtime/machine runtime/model runtime/launch runtime/data runtime/recipe parallel checkpoint kernels"
+  [runtime/plan]="runtime/plan runtime/stage runtime/machine runtime/model runtime/launch runtime/data runtime/recipe parallel checkpoint kernels"
+  [runtime/use]="runtime/use runtime/train runtime/stage runtime/machine runtime/model runtime/launch runtime/data runtime/recipe parallel checkpoint kernels"
+  [runtime/selfcheck]="runtime/selfcheck runtime/plan runtime/stage runtime/machine runtime/model runtime/launch runtime/data runtime/recipe parallel checkpoint kernels"
 )
 fail=0 checked=0
 for folder in "${!allowed[@]}"; do
