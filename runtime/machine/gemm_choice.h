@@ -84,8 +84,8 @@ struct HostPeaks {
 HostPeaks host_peaks(kernels::GemmKind kind, int64_t rows, int64_t in, int64_t out, int cores);
 
 // The choice a recipe records (a snapshot's, resolved by the run that wrote it), for a job that
-// does not measure (eval, selfcheck, calibration): no measurement, no collectives. A value left
-// to auto (a hand-written recipe) is exact fp32 on OpenBLAS.
+// does not measure (eval, selfcheck, calibration): no measurement, no collectives. A key left at
+// auto (a hand-written recipe) takes the exact one: train.precision fp32, hardware.gemm openblas.
 JobPrecision recorded_precision(const Recipe& recipe);
 
 // The recipe as `job` runs it: the user's, with train.precision and hardware.gemm the job's
