@@ -9,10 +9,10 @@
 
 #include "checkpoint/paths.h"
 #include "kernels/check.h"
+#include "kernels/gemm.h"
 #include "parallel/simulator.h"
 #include "parallel/trace.h"
 #include "runtime/plan/planner.h"
-#include "runtime/stage/gemm_choice.h"
 
 namespace t3d::runtime {
 
@@ -33,7 +33,8 @@ std::string percent(double share) { return share < 0 ? "n/a" : fmt::format("{:.1
 
 }  // namespace
 
-PerfSummary summarize_performance(const Recipe& r, int devices, const TrainSummary& summary) {
+PerfSummary summarize_performance(const Recipe& r, const JobPrecision& precision, int devices,
+                                  const TrainSummary& summary) {
   PerfSummary p;
   const auto& q = r.parallel;
   p.layout = fmt::format("pp{} dp{} tp{}{}, {}, {} micro-batch{}", q.pp, q.dp, q.tp,
@@ -63,12 +64,8 @@ PerfSummary summarize_performance(const Recipe& r, int devices, const TrainSumma
     p.mfu /= seconds;
     p.mfu_gemm /= seconds;
   }
-  const bool resolved =
-      r.train.precision != TrainPrecision::kAuto && r.hardware.gemm != GemmLibrary::kAuto;
-  p.gemm = fmt::format("{} (train.precision = {})",
-                       resolved ? kernels::gemm_kind_name(gemm_kind_of(r.train.precision, r.hardware.gemm))
-                                : "not resolved",
-                       choice_name(r.train.precision));
+  p.gemm = fmt::format("{} (train.precision = {})", kernels::gemm_kind_name(precision.gemm),
+                       choice_name(precision.train));
   p.tokens_per_s_per_device = p.tokens_per_s / std::max(1, devices);
   p.bubble = q.pp > 1 ? simulated_bubble(r) : 0.0;
   return p;
@@ -152,7 +149,8 @@ void report_supervision(const SupervisedRun& run, const std::string& run_dir) {
 
 void report_performance(const Job& job, const TrainSummary& summary) {
   if (job.mesh->rank() != 0 || summary.steps.empty()) return;
-  const PerfSummary p = summarize_performance(job.recipe, job.mesh->world().size(), summary);
+  const PerfSummary p =
+      summarize_performance(job.recipe, job.precision(), job.mesh->world().size(), summary);
   spdlog::info("{}", format_performance(p));
   const std::string path = job.run_dir + "/summary.json";
   try {

@@ -25,7 +25,8 @@ struct PerfSummary {
   std::string gemm;     // the linear layers' GEMM kind ("onednn-bf16")
 };
 
-PerfSummary summarize_performance(const Recipe& recipe, int devices, const TrainSummary& summary);
+PerfSummary summarize_performance(const Recipe& recipe, const JobPrecision& precision, int devices,
+                                  const TrainSummary& summary);
 std::string format_performance(const PerfSummary& perf);
 std::string performance_json(const PerfSummary& perf);
 

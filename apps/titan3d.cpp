@@ -23,10 +23,10 @@
 #include "runtime/data/text_tokenizer.h"
 #include "runtime/launch/job.h"
 #include "runtime/launch/launch.h"
+#include "runtime/machine/gemm_choice.h"
 #include "runtime/plan/planner.h"
 #include "runtime/recipe/recipe.h"
 #include "runtime/selfcheck/selfcheck.h"
-#include "runtime/stage/gemm_choice.h"
 #include "runtime/stage/stage.h"
 #include "runtime/provenance/provenance.h"
 #include "runtime/launch/stop_signal.h"
@@ -93,7 +93,9 @@ int run_training(runtime::Recipe recipe, const Options& o, const std::vector<std
   const int groups = runtime::verify_mesh_groups(*job.mesh);
   spdlog::info("communicators verified: {} groups per rank (pp, dp, cp, tp), run directory {}",
                groups, job.run_dir);
-  runtime::agree_on(job.mesh->world(), [&] { runtime::choose_gemm(job); });
+  // The job's precision, measured once before anything computes (the recipe stays the user's).
+  runtime::agree_on(job.mesh->world(),
+                    [&] { job.set_precision(runtime::choose_gemm(job).job_precision()); });
   if (job.recipe.run.trace) parallel::trace::enable(job.mesh->world(), job.mesh->label());
   runtime::Trainer trainer(job);
   const runtime::TrainSummary summary = trainer.run();
@@ -167,6 +169,7 @@ int selfcheck(const Options& o, const runtime::SelfcheckOptions& options, const 
 
   runtime::MpiRuntime mpi;
   runtime::Job job = runtime::join_world(std::move(recipe), o.log_level, /*needs_data=*/false);
+  job.set_precision(runtime::recorded_precision(job.recipe));  // no measurement: auto is fp32
   const runtime::SelfcheckReport report = runtime::run_selfcheck(job, options);
   if (job.mesh->rank() == 0) {
     std::fputs(report.table().c_str(), stdout);
@@ -185,6 +188,7 @@ int eval(const std::string& snapshot, const runtime::EvalOptions& options, const
 
   runtime::MpiRuntime mpi;
   runtime::Job job = runtime::join_world(std::move(recipe), o.log_level, /*needs_data=*/false);
+  job.set_precision(runtime::recorded_precision(job.recipe));  // the GEMM the snapshot trained with
   const runtime::EvalResult res = runtime::run_eval(job, snapshot, options);
   if (job.mesh->rank() != 0) return 0;
   const auto& p = job.recipe.parallel;
@@ -235,7 +239,9 @@ int generate(const std::string& snapshot, const std::string& prompt, int64_t max
                  "; it must be a finite number >= 0 (0: greedy)");
   kernels::set_blas_threads(1);  // one row at a time: GEMVs too small to share among threads
   const runtime::SnapshotWeights weights = runtime::load_snapshot_weights(snapshot);
-  runtime::Decoder decoder(weights);
+  // One row at a time in exact fp32, whatever kind trained the snapshot: a bf16 GEMM would round
+  // every weight matrix again for each token's matrix-vector product.
+  runtime::Decoder decoder(weights, kernels::GemmKind::kOpenBlasF32);
   // The snapshot's tokenizer (data.tokenizer, its content hash checked by the load above).
   const auto tokenizer = runtime::TextTokenizer::open(weights.recipe.data.tokenizer,
                                                       "data.tokenizer", weights.recipe.data.bos);

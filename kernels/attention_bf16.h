@@ -1,7 +1,7 @@
 // Attention tiles with bf16 inputs and fp32 accumulation (AVX512-BF16 `vdpbf16ps`), for ranks
 // whose linear layers run bf16 GEMMs (kernels/gemm.h). Internal to kernels/: ops_attention.cpp
-// picks this path when gemm_kind_is_bf16(linear_gemm()) and the CPU has AVX512-BF16; everything
-// else keeps the fp32 OpenBLAS tiles.
+// picks this path when the GEMM kind its caller gives is a bf16 one and the CPU has AVX512-BF16;
+// everything else keeps the fp32 OpenBLAS tiles.
 //
 // Numerics: the same flash-attention-2 algorithm as the fp32 path, with every operand of the
 // tile products (q, k, v, dout, P and dS) rounded to bf16 (round to nearest even; the hardware

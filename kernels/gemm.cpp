@@ -20,8 +20,6 @@
 namespace t3d::kernels {
 namespace {
 
-GemmKind g_linear_kind = GemmKind::kOpenBlasF32;
-
 // One primitive per shape, layout, accumulation, input type and thread count: oneDNN splits the
 // work when the primitive is created, so a primitive is only valid for the threads it was made for.
 using PrimitiveKey = std::tuple<std::int64_t, std::int64_t, std::int64_t, bool, bool, std::int64_t,
@@ -244,8 +242,6 @@ void set_rank_threads(int n) {
   omp_set_num_threads(n);
 }
 
-void set_linear_gemm(GemmKind kind) { g_linear_kind = kind; }
-GemmKind linear_gemm() { return g_linear_kind; }
 std::size_t gemm_workspace_bytes() { return g_workspace_bytes; }
 
 bool cpu_has_bf16_dot() {

@@ -1,12 +1,13 @@
-// The GEMM behind the linear layers, chosen per process: OpenBLAS fp32, oneDNN fp32, or oneDNN
+// The GEMM behind the linear layers, one of three kinds: OpenBLAS fp32, oneDNN fp32, or oneDNN
 // with bf16 inputs and fp32 accumulation and output (mixed precision as PyTorch's autocast does
 // it: the fp32 master weights and activations are rounded to bf16 on their way into the GEMM).
 //
 // Which one is fastest depends on the CPU (a Xeon without AVX512-BF16 runs bf16 dot products at
 // half the fp32 rate, Zen 4/5 at twice), so the runtime measures the kinds at the model's shapes
-// (measure_gemm_gflops) and sets one with set_linear_gemm before the first step. Everything else
-// in kernels/ follows: attention's tiles run bf16 (AVX512-BF16) when the kind is bf16, else
-// OpenBLAS fp32 (kernels/ops_attention.cpp).
+// (measure_gemm_gflops) once per job and hands the chosen kind to every kernel that needs it as an
+// argument (the linear ops, attention: kernels/ops.h); nothing in kernels/ holds a kind, so two
+// models of one process may run different kinds. Attention's tiles run bf16 (AVX512-BF16) when the
+// kind it is given is bf16, else OpenBLAS fp32 (kernels/ops_attention.cpp).
 //
 // Determinism: for one kind, shapes and thread count the results are bit-identical across runs
 // (both libraries split work statically). Threads: every kind runs on the rank's OpenMP pool
@@ -59,10 +60,6 @@ inline void gemm(GemmKind kind, Trans trans_a, Trans trans_b, std::int64_t M, st
   gemm(kind, trans_a, trans_b, M, N, K, GemmOperand{A, lda}, GemmOperand{B, ldb}, accumulate, C,
        ldc);
 }
-
-// The kind linear_forward / linear_backward_* use (kOpenBlasF32 until set). Process-wide.
-void set_linear_gemm(GemmKind kind);
-GemmKind linear_gemm();
 
 // The rank's compute threads: the OpenMP pool every kernel runs on, and the count OpenBLAS is
 // told (its GEMMs are split over the OpenMP threads: see above).

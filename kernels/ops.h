@@ -26,6 +26,7 @@
 
 #include <cstdint>
 
+#include "kernels/gemm.h"
 #include "kernels/precision.h"
 
 namespace t3d::kernels {
@@ -118,11 +119,12 @@ struct AttentionShape {
 std::int64_t attention_scratch_floats(const AttentionShape& s);
 
 // out = softmax(q k^T / sqrt(D) + causal mask) v per head, computed tile by tile with an online
-// softmax. Saves only out and the per-row logsumexp of the scaled scores. The tile products run in
-// fp32 (OpenBLAS), or, when the linear layers run bf16 GEMMs (kernels/gemm.h) on a CPU with
-// AVX512-BF16, with bf16 operands and fp32 sums (kernels/attention_bf16.h); forward and backward
-// must run under the same linear_gemm().
-void attention_forward(float* out,      // out (B, T, H * D)
+// softmax. Saves only out and the per-row logsumexp of the scaled scores. `kind` is the linear
+// layers' GEMM kind: the tile products run in fp32 (OpenBLAS), or, when `kind` is a bf16 kind and
+// the CPU has AVX512-BF16, with bf16 operands and fp32 sums (kernels/attention_bf16.h); forward
+// and backward of one micro-batch must be given the same kind.
+void attention_forward(GemmKind kind,
+                       float* out,      // out (B, T, H * D)
                        float* lse,      // lse (B, H, T)
                        const float* q,  // q (B, T, H * D)   (after RoPE)
                        const float* k,  // k (B, keys, Hkv * D) (after RoPE)
@@ -130,7 +132,8 @@ void attention_forward(float* out,      // out (B, T, H * D)
                        float* scratch,  // scratch (attention_scratch_floats)
                        const AttentionShape& s);
 // Recomputes the scores tile by tile from q, k and lse (flash-attention 2 backward).
-void attention_backward(float* dq,          // dq (B, T, H * D) =
+void attention_backward(GemmKind kind,
+                        float* dq,          // dq (B, T, H * D) =
                         float* dk,          // dk (B, keys, Hkv * D) =
                         float* dv,          // dv (B, keys, Hkv * D) =
                         const float* dout,  // dout (B, T, H * D)
@@ -145,34 +148,42 @@ void attention_backward(float* dq,          // dq (B, T, H * D) =
 // ---- linear and SwiGLU (ops_mlp.cpp) ------------------------------------------------------------
 
 // y = x W^T with W stored [out, in] row-major (Hugging Face layout). No bias (LLaMA has none).
-void linear_forward(float* y,        // y (N, out) = or +=
+// Every linear op runs the GEMM kind its caller gives (kernels/gemm.h): nothing here is global, so
+// two models of one process may run different kinds.
+void linear_forward(GemmKind kind,
+                    float* y,        // y (N, out) = or +=
                     const float* x,  // x (N, in)
                     const float* w,  // w (out, in)
                     std::int64_t N, std::int64_t in, std::int64_t out, Out mode = Out::kWrite);
 // A linear layers' input that several of their GEMMs read (x for q, k and v; dy for the input and
-// the weight gradient): when the linear layers run bf16 GEMMs it is rounded to bf16 once, here,
-// instead of once per GEMM (the same bits). The caller keeps the floats unchanged while it lives.
+// the weight gradient), prepared for GEMMs of `kind`: with a bf16 kind it is rounded to bf16 once,
+// here, instead of once per GEMM (the same bits); the linear ops given a LinearInput run its kind.
+// The caller keeps the floats unchanged while it lives.
 // The rounded copy comes from a per-thread pool of library memory outside the arena (like the
 // GEMMs' own workspace, kernels/gemm.h), grown to the largest use and reused; or it is the
 // caller's own copy (a bf16-stored activation, which the backward then reads without rounding).
 class LinearInput {
  public:
-  LinearInput(const float* x, std::int64_t rows, std::int64_t cols);  // x (rows, cols)
+  LinearInput(GemmKind kind, const float* x, std::int64_t rows,
+              std::int64_t cols);  // x (rows, cols)
   // With the caller's bf16 copy of x (rows × cols, packed; nullptr: as the constructor above).
   // kFill rounds x into it, whatever the GEMM kind, so that the copy always holds x; kFilled
   // takes it as holding x rounded already (the same bits rounding gives: with bf16 GEMMs the
   // floats at x are then not read and may be stale).
   enum class Copy { kFill, kFilled };
-  LinearInput(const float* x, bf16* copy, Copy how, std::int64_t rows, std::int64_t cols);
+  LinearInput(GemmKind kind, const float* x, bf16* copy, Copy how, std::int64_t rows,
+              std::int64_t cols);
   ~LinearInput();
   LinearInput(const LinearInput&) = delete;
   LinearInput& operator=(const LinearInput&) = delete;
+  GemmKind kind() const { return kind_; }
   const float* data() const { return x_; }
   const bf16* rounded() const { return rounded_; }  // nullptr unless the GEMMs are bf16
   std::int64_t rows() const { return rows_; }
   std::int64_t cols() const { return cols_; }
 
  private:
+  GemmKind kind_;
   const float* x_;
   std::int64_t rows_, cols_;
   const bf16* rounded_ = nullptr;
@@ -182,16 +193,19 @@ void linear_forward(float* y, const LinearInput& x, const float* w, std::int64_t
                     Out mode = Out::kWrite);  // x (N, in) as above
 // The backward is split in two so that zero-bubble pipeline schedules can run the input
 // gradient (B) now and the weight gradient (W) later.
-void linear_backward_input(float* dx,        // dx (N, in) =
+void linear_backward_input(GemmKind kind,
+                           float* dx,        // dx (N, in) =
                            const float* dy,  // dy (N, out)
                            const float* w,   // w (out, in)
                            std::int64_t N, std::int64_t in, std::int64_t out);
-void linear_backward_weight(float* dw,        // dw (out, in) +=
+void linear_backward_weight(GemmKind kind,
+                            float* dw,        // dw (out, in) +=
                             const float* dy,  // dy (N, out)
                             const float* x,   // x (N, in)
                             std::int64_t N, std::int64_t in, std::int64_t out);
 void linear_backward_input(float* dx, const LinearInput& dy, const float* w, std::int64_t in);
-void linear_backward_weight(float* dw, const LinearInput& dy, const LinearInput& x);
+void linear_backward_weight(float* dw, const LinearInput& dy,
+                            const LinearInput& x);  // dy and x of one kind
 
 // h = silu(gate) * up, silu(x) = x * sigmoid(x). gate and up are the two projection outputs.
 void swiglu_forward(float* h,            // h (N, F)

@@ -6,7 +6,7 @@
 // recomputes P = exp(S - lse) tile by tile. Tile products are sgemm calls on strided views of
 // q/k/v (a head is D columns of a (T, heads * D) matrix), so nothing is copied.
 //
-// Precision follows the linear layers: when they run bf16 GEMMs (kernels/gemm.h's linear_gemm())
+// Precision follows the linear layers: when the caller's GEMM kind is a bf16 one (kernels/gemm.h)
 // and the CPU has AVX512-BF16, the tiles run in bf16 with fp32 accumulation
 // (kernels/attention_bf16.h); otherwise, and always with fp32 GEMMs, in fp32 through OpenBLAS.
 #include <omp.h>
@@ -93,8 +93,8 @@ detail::Bf16AttentionBuffers bf16_buffers(const AttentionShape& s) {
   return detail::bf16_attention_buffers(static_cast<std::uint32_t*>(mem.get()), s);
 }
 
-bool bf16_tiles() {
-  return gemm_kind_is_bf16(linear_gemm()) && detail::bf16_attention_supported();
+bool bf16_tiles(GemmKind kind) {
+  return gemm_kind_is_bf16(kind) && detail::bf16_attention_supported();
 }
 
 // Runs fn(item, scratch) for item in [0, n_items): serially on the caller's scratch, or, for a
@@ -162,11 +162,11 @@ void attention_forward_head(float* out, float* lse, const float* q, const float*
 
 }  // namespace
 
-void attention_forward(float* out, float* lse, const float* q, const float* k, const float* v,
-                       float* scratch, const AttentionShape& s) {
+void attention_forward(GemmKind kind, float* out, float* lse, const float* q, const float* k,
+                       const float* v, float* scratch, const AttentionShape& s) {
   check_shape(s);
   // Work of one call ~ B H T^2 D / 2 multiply-adds; parallel over (batch, query head).
-  if (bf16_tiles())
+  if (bf16_tiles(kind))
     return for_each_item(s.B * s.n_heads, s.B * s.n_heads * s.T * s.head_dim, scratch, 0,
                          [&](std::int64_t i, float*) {
                            detail::attention_forward_head_bf16(out, lse, q, k, v, bf16_buffers(s),
@@ -240,13 +240,13 @@ void attention_backward_group(float* dq, float* dk, float* dv, const float* dout
 
 }  // namespace
 
-void attention_backward(float* dq, float* dk, float* dv, const float* dout, const float* q,
-                        const float* k, const float* v, const float* out, const float* lse,
-                        float* scratch, const AttentionShape& s) {
+void attention_backward(GemmKind kind, float* dq, float* dk, float* dv, const float* dout,
+                        const float* q, const float* k, const float* v, const float* out,
+                        const float* lse, float* scratch, const AttentionShape& s) {
   check_shape(s);
   // Parallel over (batch, kv head): dk and dv rows of a kv head belong to one item. The bf16
   // items write all of their dq, dk and dv rows themselves.
-  if (bf16_tiles())
+  if (bf16_tiles(kind))
     return for_each_item(s.B * s.n_kv_heads, s.B * s.n_heads * s.T * s.head_dim, scratch, 0,
                          [&](std::int64_t i, float*) {
                            detail::attention_backward_group_bf16(

@@ -1,5 +1,5 @@
-// Linear layers (GEMMs of the kind kernels/gemm.h's set_linear_gemm chose, transpose flags, no
-// copies of fp32 data) and SwiGLU.
+// Linear layers (GEMMs of the kind the caller gives, transpose flags, no copies of fp32 data) and
+// SwiGLU.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -14,23 +14,23 @@
 
 namespace t3d::kernels {
 
-void linear_forward(float* y, const float* x, const float* w, std::int64_t N, std::int64_t in,
-                    std::int64_t out, Out mode) {
+void linear_forward(GemmKind kind, float* y, const float* x, const float* w, std::int64_t N,
+                    std::int64_t in, std::int64_t out, Out mode) {
   // y (N, out) = x (N, in) . w^T (in, out): w is [out, in], read transposed in place.
-  gemm(linear_gemm(), Trans::kNo, Trans::kYes, N, out, in, x, in, w, in,
+  gemm(kind, Trans::kNo, Trans::kYes, N, out, in, x, in, w, in,
        mode == Out::kAccumulate, y, out);
 }
 
-void linear_backward_input(float* dx, const float* dy, const float* w, std::int64_t N,
-                           std::int64_t in, std::int64_t out) {
+void linear_backward_input(GemmKind kind, float* dx, const float* dy, const float* w,
+                           std::int64_t N, std::int64_t in, std::int64_t out) {
   // dx (N, in) = dy (N, out) . w (out, in)
-  gemm(linear_gemm(), Trans::kNo, Trans::kNo, N, in, out, dy, out, w, in, false, dx, in);
+  gemm(kind, Trans::kNo, Trans::kNo, N, in, out, dy, out, w, in, false, dx, in);
 }
 
-void linear_backward_weight(float* dw, const float* dy, const float* x, std::int64_t N,
-                            std::int64_t in, std::int64_t out) {
+void linear_backward_weight(GemmKind kind, float* dw, const float* dy, const float* x,
+                            std::int64_t N, std::int64_t in, std::int64_t out) {
   // dw (out, in) += dy^T (out, N) . x (N, in)
-  gemm(linear_gemm(), Trans::kYes, Trans::kNo, out, in, N, dy, out, x, in, true, dw, in);
+  gemm(kind, Trans::kYes, Trans::kNo, out, in, N, dy, out, x, in, true, dw, in);
 }
 
 namespace {
@@ -49,13 +49,13 @@ GemmOperand operand(const LinearInput& m) { return {m.data(), m.cols(), m.rounde
 
 }  // namespace
 
-LinearInput::LinearInput(const float* x, std::int64_t rows, std::int64_t cols)
-    : LinearInput(x, nullptr, Copy::kFill, rows, cols) {}
+LinearInput::LinearInput(GemmKind kind, const float* x, std::int64_t rows, std::int64_t cols)
+    : LinearInput(kind, x, nullptr, Copy::kFill, rows, cols) {}
 
-LinearInput::LinearInput(const float* x, bf16* copy, Copy how, std::int64_t rows,
+LinearInput::LinearInput(GemmKind kind, const float* x, bf16* copy, Copy how, std::int64_t rows,
                          std::int64_t cols)
-    : x_(x), rows_(rows), cols_(cols) {
-  const bool bf16_gemm = gemm_kind_is_bf16(linear_gemm());
+    : kind_(kind), x_(x), rows_(rows), cols_(cols) {
+  const bool bf16_gemm = gemm_kind_is_bf16(kind);
   if (!copy) {  // a buffer of the pool, only worth filling for bf16 GEMMs
     if (!bf16_gemm) return;
     RoundedPool& pool = rounded_pool();
@@ -83,20 +83,22 @@ LinearInput::~LinearInput() {
 
 void linear_forward(float* y, const LinearInput& x, const float* w, std::int64_t out, Out mode) {
   const std::int64_t N = x.rows(), in = x.cols();
-  gemm(linear_gemm(), Trans::kNo, Trans::kYes, N, out, in, operand(x), GemmOperand{w, in},
+  gemm(x.kind(), Trans::kNo, Trans::kYes, N, out, in, operand(x), GemmOperand{w, in},
        mode == Out::kAccumulate, y, out);
 }
 
 void linear_backward_input(float* dx, const LinearInput& dy, const float* w, std::int64_t in) {
   const std::int64_t N = dy.rows(), out = dy.cols();
-  gemm(linear_gemm(), Trans::kNo, Trans::kNo, N, in, out, operand(dy), GemmOperand{w, in}, false,
+  gemm(dy.kind(), Trans::kNo, Trans::kNo, N, in, out, operand(dy), GemmOperand{w, in}, false,
        dx, in);
 }
 
 void linear_backward_weight(float* dw, const LinearInput& dy, const LinearInput& x) {
   T3D_ASSERT(dy.rows() == x.rows(), "dy has ", dy.rows(), " rows, x ", x.rows());
+  T3D_ASSERT(dy.kind() == x.kind(), "dy prepared for ", gemm_kind_name(dy.kind()), ", x for ",
+             gemm_kind_name(x.kind()));
   const std::int64_t N = x.rows(), in = x.cols(), out = dy.cols();
-  gemm(linear_gemm(), Trans::kYes, Trans::kNo, out, in, N, operand(dy), operand(x), true, dw, in);
+  gemm(x.kind(), Trans::kYes, Trans::kNo, out, in, N, operand(dy), operand(x), true, dw, in);
 }
 
 void swiglu_forward(float* h, const float* gate, const float* up, std::int64_t n) {

@@ -66,7 +66,6 @@ std::string cpu_model() {
 }
 
 void bench_attention(int B, int T, int H, int Hkv, int D, int tile, int repeats, k::GemmKind kind) {
-  k::set_linear_gemm(kind);  // attention's tiles follow the linear layers' precision
   k::AttentionShape s{B, T, H, Hkv, D, tile};
   const std::size_t nq = (std::size_t)B * T * H * D, nkv = (std::size_t)B * T * Hkv * D;
   auto q = filled(nq, 0.01f), kk = filled(nkv, 0.02f), v = filled(nkv, 0.03f);
@@ -78,14 +77,15 @@ void bench_attention(int B, int T, int H, int Hkv, int D, int tile, int repeats,
   const double gemm = 2.0 * B * H * (double)T * T / 2 * D;
   const double fwd = median_seconds(
       [&] {
-        k::attention_forward(out.data(), lse.data(), q.data(), kk.data(), v.data(), scratch.data(),
-                             s);
+        // attention's tiles follow the linear layers' kind
+        k::attention_forward(kind, out.data(), lse.data(), q.data(), kk.data(), v.data(),
+                             scratch.data(), s);
       },
       repeats);
   const double bwd = median_seconds(
       [&] {
-        k::attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), q.data(), kk.data(),
-                              v.data(), out.data(), lse.data(), scratch.data(), s);
+        k::attention_backward(kind, dq.data(), dk.data(), dv.data(), dout.data(), q.data(),
+                              kk.data(), v.data(), out.data(), lse.data(), scratch.data(), s);
       },
       repeats);
   std::printf(
@@ -119,7 +119,6 @@ int main(int argc, char** argv) {
       std::printf("threads = %d (median of 41)\n", t);
       bench_attention(8, 256, 8, 8, 64, 64, 41, k::GemmKind::kOneDnnBf16);
     }
-    k::set_linear_gemm(k::GemmKind::kOpenBlasF32);
     return 0;
   }
   const char* env = std::getenv("OPENBLAS_CORETYPE");
@@ -148,7 +147,6 @@ int main(int argc, char** argv) {
       bench_attention(2, 1024, 8, 2, 64, 128, 5, kind);
       bench_attention(1, 4096, 8, 2, 64, 128, 3, kind);
     }
-    k::set_linear_gemm(k::GemmKind::kOpenBlasF32);
   }
   return 0;
 }

@@ -119,6 +119,16 @@ void agree_on(const parallel::Comm& world, const std::function<void()>& setup) {
   throw AgreedFailure{agreed};
 }
 
+void Job::set_precision(const JobPrecision& precision) {
+  T3D_ASSERT(!precision_, "the job's precision is decided once");
+  precision_ = precision;
+}
+
+const JobPrecision& Job::precision() const {
+  T3D_ASSERT(precision_.has_value(), "the job's precision is read before it was decided");
+  return *precision_;
+}
+
 Job join_world(Recipe recipe, const std::string& log_level_override, bool needs_data,
                bool lock_run_dir) {
   Job job;

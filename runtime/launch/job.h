@@ -4,9 +4,11 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "kernels/gemm.h"
 #include "parallel/comm.h"
 #include "runtime/launch/launch.h"
 #include "runtime/recipe/recipe.h"
@@ -59,14 +61,32 @@ class RunLock {
 // that the next start need not rely on stale-lock detection. Returns whether it removed one.
 bool release_lock_of_ended_job(const std::string& run_dir);
 
+// How a job computes: the linear layers' GEMM kind (kernels/gemm.h, which also decides attention's
+// tile precision) and the resolved train.precision (fp32 or bf16, never auto). Decided once per
+// job before any stage is built (runtime/machine/gemm_choice.h: measured for training, the
+// snapshot's record for the verbs that read one) and passed from the Job to what computes with it
+// or records it; the recipe keeps what the user wrote.
+struct JobPrecision {
+  kernels::GemmKind gemm = kernels::GemmKind::kOpenBlasF32;
+  TrainPrecision train = TrainPrecision::kFp32;
+};
+
 struct Job {
-  Recipe recipe;
+  Recipe recipe;  // as the user gave it (auto values stay auto: the decision is precision())
   LaunchEnv env;
   std::unique_ptr<parallel::Mesh> mesh;
   std::string run_dir;  // run.dir, or run.dir/slurm-<job id> under SLURM (job_run_dir)
   std::string hostname;
   std::vector<std::string> hosts;  // host name of every world rank
   std::unique_ptr<RunLock> lock;   // training jobs only (join_world's `lock_run_dir`)
+
+  // Set once per job, before any stage is built; immutable after. Reading it before, or setting
+  // it twice, is a caller's bug (InternalError).
+  void set_precision(const JobPrecision& precision);
+  const JobPrecision& precision() const;
+
+ private:
+  std::optional<JobPrecision> precision_;
 };
 
 // Inside the world: resolves dp = -1, builds the mesh and its communicators, the run directory

@@ -61,6 +61,7 @@ const float* Model::input_grad(int chunk, int slot) const {
 
 void Model::forward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, const float* x_in,
                           float* x_out) {
+  const k::GemmKind kind = options_.gemm;
   const ConstBlock pw = block_weights(l);
   const int64_t N = rows_, C = config_.dim, D = config_.head_dim();
   const int64_t B = options_.micro_rows;
@@ -73,7 +74,7 @@ void Model::forward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, co
   gather_rows(xn1_rows, a.xn1);
   using Copy = k::LinearInput::Copy;
   {
-    const k::LinearInput x(a.xn1, copies.xn1, Copy::kFill, N, C);
+    const k::LinearInput x(kind, a.xn1, copies.xn1, Copy::kFill, N, C);
     k::linear_forward(a.q, x, pw.q, qd);
     k::linear_forward(a.kk, x, pw.k, kvd);
     k::linear_forward(a.v, x, pw.v, kvd);
@@ -91,10 +92,10 @@ void Model::forward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, co
     gather_sequence(a.v, s.v_all, kvd);
   }
   for (int64_t part = 0; part < parts_; ++part)
-    k::attention_forward(a.att + part * part_rows * qd, a.lse + part * B * heads_ * len,
+    k::attention_forward(kind, a.att + part * part_rows * qd, a.lse + part * B * heads_ * len,
                          a.q + part * part_rows * qd, cp_ ? s.k_all : a.kk, cp_ ? s.v_all : a.v,
                          s.attn, attention_shape(part));
-  k::linear_forward(s.tmp, k::LinearInput(a.att, copies.att, Copy::kFill, N, qd), pw.o, C);
+  k::linear_forward(s.tmp, k::LinearInput(kind, a.att, copies.att, Copy::kFill, N, qd), pw.o, C);
   const float* branch = reduce_rows(s.tmp);  // row-parallel: partial sums before the residual add
   k::add(a.xmid, x_in, branch, Nl * C);
 
@@ -104,7 +105,7 @@ void Model::forward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, co
                      static_cast<float>(config_.norm_eps));
   gather_rows(xn2_rows, a.xn2);
   {
-    const k::LinearInput x(a.xn2, copies.xn2, Copy::kFill, N, C);
+    const k::LinearInput x(kind, a.xn2, copies.xn2, Copy::kFill, N, C);
     k::linear_forward(a.gate, x, pw.gate, ffn_);
     k::linear_forward(a.up, x, pw.up, ffn_);
   }
@@ -114,13 +115,14 @@ void Model::forward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, co
     k::swiglu_forward(a.h, a.gate, a.up, N * ffn_);
   }
   const auto h_filled = copies.fused_swiglu ? Copy::kFilled : Copy::kFill;
-  k::linear_forward(s.tmp, k::LinearInput(a.h, copies.h, h_filled, N, ffn_), pw.down, C);
+  k::linear_forward(s.tmp, k::LinearInput(kind, a.h, copies.h, h_filled, N, ffn_), pw.down, C);
   branch = reduce_rows(s.tmp);
   k::add(x_out, a.xmid, branch, Nl * C);
 }
 
 void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, const float* x_in,
                            float* dx, const LayerGrads* keep) {
+  const k::GemmKind kind = options_.gemm;
   const ConstBlock pw = block_weights(l);
   const BlockParams pg = block_grads(l);
   // dx (N, C): gradient of the block's output on entry, of its input on return. With `keep` the
@@ -141,11 +143,11 @@ void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, c
   // block's own inputs come from its bf16 copies when it has them.
   using Copy = k::LinearInput::Copy;
   {
-    const k::LinearInput dy_down(dy, N, C);
+    const k::LinearInput dy_down(kind, dy, N, C);
     k::linear_backward_input(s.dh, dy_down, pw.down, ffn_);
     if (!keep)
       k::linear_backward_weight(pg.down, dy_down,
-                                k::LinearInput(a.h, copies.h, Copy::kFilled, N, ffn_));
+                                k::LinearInput(kind, a.h, copies.h, Copy::kFilled, N, ffn_));
   }
   // Fused: dgate and dup exist only rounded, in the first half of their fp32 buffers.
   k::bf16* dgate16 = copies.fused_swiglu ? reinterpret_cast<k::bf16*>(dgate) : nullptr;
@@ -155,13 +157,13 @@ void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, c
   else
     k::swiglu_backward(dgate, dup, s.dh, a.gate, a.up, N * ffn_);
   {
-    const k::LinearInput dg(dgate, dgate16, Copy::kFilled, N, ffn_),
-        du(dup, dup16, Copy::kFilled, N, ffn_);
+    const k::LinearInput dg(kind, dgate, dgate16, Copy::kFilled, N, ffn_),
+        du(kind, dup, dup16, Copy::kFilled, N, ffn_);
     k::linear_backward_input(s.dxn, dg, pw.gate, C);
     k::linear_backward_input(s.dtmp, du, pw.up, C);
     k::add_inplace(s.dxn, s.dtmp, N * C);
     if (!keep) {
-      const k::LinearInput x(a.xn2, copies.xn2, Copy::kFilled, N, C);
+      const k::LinearInput x(kind, a.xn2, copies.xn2, Copy::kFilled, N, C);
       k::linear_backward_weight(pg.gate, dg, x);
       k::linear_backward_weight(pg.up, du, x);
     }
@@ -174,11 +176,11 @@ void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, c
 
   if (keep) std::memcpy(keep->dy_o, dy, sizeof(float) * N * C);
   {
-    const k::LinearInput dy_o(dy, N, C);
+    const k::LinearInput dy_o(kind, dy, N, C);
     k::linear_backward_input(s.datt, dy_o, pw.o, qd);
     if (!keep)
       k::linear_backward_weight(pg.o, dy_o,
-                                k::LinearInput(a.att, copies.att, Copy::kFilled, N, qd));
+                                k::LinearInput(kind, a.att, copies.att, Copy::kFilled, N, qd));
   }
   const int64_t len = part_len_, part_rows = B * len;
   if (cp_) {  // the whole sequence's keys and values again (not kept: cp times their memory)
@@ -189,7 +191,7 @@ void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, c
     for (int64_t part = 0; part < 2; ++part) {
       float* dk_part = part == 0 ? s.dk_all : s.cp_kv_part;
       float* dv_part = part == 0 ? s.dv_all : s.cp_kv_part + whole;
-      k::attention_backward(dq + part * part_rows * qd, dk_part, dv_part,
+      k::attention_backward(kind, dq + part * part_rows * qd, dk_part, dv_part,
                             s.datt + part * part_rows * qd, a.q + part * part_rows * qd, s.k_all,
                             s.v_all, a.att + part * part_rows * qd,
                             a.lse + part * B * heads_ * len, s.attn, attention_shape(part));
@@ -199,7 +201,7 @@ void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, c
     scatter_sequence_grad(s.dk_all, dk, kvd);
     scatter_sequence_grad(s.dv_all, dv, kvd);
   } else {
-    k::attention_backward(dq, dk, dv, s.datt, a.q, a.kk, a.v, a.att, a.lse, s.attn,
+    k::attention_backward(kind, dq, dk, dv, s.datt, a.q, a.kk, a.v, a.att, a.lse, s.attn,
                           attention_shape(0));
   }
   for (int64_t part = 0; part < parts_; ++part) {
@@ -209,14 +211,14 @@ void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, c
                      kv_heads_, D, part_begin(part));
   }
   {
-    const k::LinearInput dq_in(dq, N, qd), dk_in(dk, N, kvd), dv_in(dv, N, kvd);
+    const k::LinearInput dq_in(kind, dq, N, qd), dk_in(kind, dk, N, kvd), dv_in(kind, dv, N, kvd);
     k::linear_backward_input(s.dxn, dq_in, pw.q, C);
     k::linear_backward_input(s.dtmp, dk_in, pw.k, C);
     k::add_inplace(s.dxn, s.dtmp, N * C);
     k::linear_backward_input(s.dtmp, dv_in, pw.v, C);
     k::add_inplace(s.dxn, s.dtmp, N * C);
     if (!keep) {
-      const k::LinearInput x(a.xn1, copies.xn1, Copy::kFilled, N, C);
+      const k::LinearInput x(kind, a.xn1, copies.xn1, Copy::kFilled, N, C);
       k::linear_backward_weight(pg.q, dq_in, x);
       k::linear_backward_weight(pg.k, dk_in, x);
       k::linear_backward_weight(pg.v, dv_in, x);
@@ -229,33 +231,35 @@ void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, c
 
 void Model::backward_layer_weights(int64_t l, const LayerActs& a, const BlockCopies& copies,
                                    const LayerGrads& kg) {
+  const k::GemmKind kind = options_.gemm;
   const BlockParams pg = block_grads(l);
   const int64_t N = rows_, C = config_.dim, qd = heads_ * config_.head_dim();
   const int64_t kvd = kv_heads_ * config_.head_dim();
   using Copy = k::LinearInput::Copy;
-  k::linear_backward_weight(pg.down, k::LinearInput(kg.dy_down, N, C),
-                            k::LinearInput(a.h, copies.h, Copy::kFilled, N, ffn_));
+  k::linear_backward_weight(pg.down, k::LinearInput(kind, kg.dy_down, N, C),
+                            k::LinearInput(kind, a.h, copies.h, Copy::kFilled, N, ffn_));
   {
-    const k::LinearInput x(a.xn2, copies.xn2, Copy::kFilled, N, C);  // rounded once for both
+    const k::LinearInput x(kind, a.xn2, copies.xn2, Copy::kFilled, N, C);  // rounded once for both
     // B's fused SwiGLU left dgate and dup rounded, in the first half of their buffers.
     const auto as16 = [&](float* d) {
       return copies.fused_swiglu ? reinterpret_cast<k::bf16*>(d) : nullptr;
     };
-    k::linear_backward_weight(pg.gate,
-                              k::LinearInput(kg.dgate, as16(kg.dgate), Copy::kFilled, N, ffn_), x);
-    k::linear_backward_weight(pg.up, k::LinearInput(kg.dup, as16(kg.dup), Copy::kFilled, N, ffn_),
-                              x);
+    k::linear_backward_weight(
+        pg.gate, k::LinearInput(kind, kg.dgate, as16(kg.dgate), Copy::kFilled, N, ffn_), x);
+    k::linear_backward_weight(
+        pg.up, k::LinearInput(kind, kg.dup, as16(kg.dup), Copy::kFilled, N, ffn_), x);
   }
-  k::linear_backward_weight(pg.o, k::LinearInput(kg.dy_o, N, C),
-                            k::LinearInput(a.att, copies.att, Copy::kFilled, N, qd));
-  const k::LinearInput x(a.xn1, copies.xn1, Copy::kFilled, N, C);
-  k::linear_backward_weight(pg.q, k::LinearInput(kg.dq, N, qd), x);
-  k::linear_backward_weight(pg.k, k::LinearInput(kg.dk, N, kvd), x);
-  k::linear_backward_weight(pg.v, k::LinearInput(kg.dv, N, kvd), x);
+  k::linear_backward_weight(pg.o, k::LinearInput(kind, kg.dy_o, N, C),
+                            k::LinearInput(kind, a.att, copies.att, Copy::kFilled, N, qd));
+  const k::LinearInput x(kind, a.xn1, copies.xn1, Copy::kFilled, N, C);
+  k::linear_backward_weight(pg.q, k::LinearInput(kind, kg.dq, N, qd), x);
+  k::linear_backward_weight(pg.k, k::LinearInput(kind, kg.dk, N, kvd), x);
+  k::linear_backward_weight(pg.v, k::LinearInput(kind, kg.dv, N, kvd), x);
 }
 
 double Model::forward_head(ChunkActs& c, const int32_t* targets, float grad_scale,
                            bool training) {
+  const k::GemmKind kind = options_.gemm;
   const int64_t N = rows_, C = config_.dim;
   auto& s = *scratch_;
   const std::string head = config_.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
@@ -267,7 +271,7 @@ double Model::forward_head(ChunkActs& c, const int32_t* targets, float grad_scal
   k::rmsnorm_forward(xf_rows, c.rstdf, x_last, w("model.norm.weight", norm_unit), Nl, C,
                      static_cast<float>(config_.norm_eps));
   gather_rows(xf_rows, c.xf);
-  k::linear_forward(s.logits, c.xf, w(head, head_unit), N, C, vocab_);
+  k::linear_forward(kind, s.logits, c.xf, w(head, head_unit), N, C, vocab_);
   if (tp_.size() == 1) {
     k::cross_entropy_fused(s.logits, s.losses, targets, N, vocab_, grad_scale);
   } else {
@@ -284,8 +288,8 @@ double Model::forward_head(ChunkActs& c, const int32_t* targets, float grad_scal
   double loss_sum = 0;
   for (int64_t i = 0; i < N; ++i) loss_sum += s.losses[i];
   if (training) {
-    k::linear_backward_input(s.dxn, s.logits, w(head, head_unit), N, C, vocab_);
-    k::linear_backward_weight(g(head, head_unit), s.logits, c.xf, N, C, vocab_);
+    k::linear_backward_input(kind, s.dxn, s.logits, w(head, head_unit), N, C, vocab_);
+    k::linear_backward_weight(kind, g(head, head_unit), s.logits, c.xf, N, C, vocab_);
     const float* dxn_rows = reduce_rows(s.dxn);
     k::rmsnorm_backward(c.dx_last, g("model.norm.weight", norm_unit), dxn_rows, x_last,
                         w("model.norm.weight", norm_unit), c.rstdf, Nl, C);

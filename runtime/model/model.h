@@ -52,9 +52,13 @@ struct ModelOptions {
   bool split_backward = false;
   // Mixed precision (train.precision = "bf16"): saved activations are stored in bf16 and TP
   // traffic travels in bf16 (the pipeline's is the executor's WirePrecision); master weights,
-  // the optimizer and accumulation stay fp32. Whether GEMM inputs are bf16 is the GEMM kind's
-  // (kernels/gemm.h, chosen by measurement): with a bf16 kind the stored copies feed the GEMMs.
+  // the optimizer and accumulation stay fp32. Whether GEMM inputs are bf16 is `gemm`'s.
   bool bf16 = false;
+  // The GEMM kind of the linear layers (kernels/gemm.h), which also decides attention's tile
+  // precision: the job's measured or recorded choice (runtime/machine/gemm_choice.h). With a bf16
+  // kind and `bf16` the stored copies feed the GEMMs. Every kernel call of this Model gets it as
+  // an argument, so Models of one process with different kinds each compute in their own.
+  kernels::GemmKind gemm = kernels::GemmKind::kOpenBlasF32;
   // Megatron sequence parallelism: outside the TP blocks (norms, residual stream, pipeline
   // traffic) each tp rank keeps only its 1/tp of the micro-batch's rows.
   bool sequence_parallel = false;

@@ -20,6 +20,7 @@
 #include "parallel/comm.h"
 #include "runtime/data/data_sampler.h"
 #include "runtime/launch/job.h"
+#include "runtime/machine/machine.h"
 #include "runtime/model/model.h"
 #include "runtime/plan/planner.h"
 #include "runtime/plan/planner_cost.h"
@@ -106,7 +107,8 @@ void measure_block(const Job& job, Measured& m) {
   cfg.n_layers = 3;
   parallel::LayerRange middle;
   middle.begin = 1, middle.end = 2;
-  const ModelOptions opt = model_options(r, StagePurpose::kForward, micro_rows_of(r), nullptr, nullptr);
+  const ModelOptions opt =
+      model_options(r, job.precision(), StagePurpose::kForward, micro_rows_of(r), nullptr, nullptr);
   kernels::Arena arena(static_cast<size_t>(r.hardware.hbm_gib * double(1ull << 30)));
   Model model(cfg, {middle}, tp, arena, opt);
   model.init(static_cast<uint64_t>(r.train.seed));
@@ -183,14 +185,7 @@ std::string calibration_cache_path(const Recipe& r) {
       r.world_size(), r.parallel.pp, r.parallel.dp, r.parallel.tp, r.parallel.sequence_parallel,
       micro_rows_of(r), m.seq_len, m.dim, m.n_heads, m.n_kv_heads, m.ffn_dim, m.vocab_size,
       choice_name(r.train.precision), r.hardware.threads_per_rank);
-  std::string dir;
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg)
-    dir = std::string(xdg) + "/titan3d";
-  else if (const char* home = std::getenv("HOME"); home && *home)
-    dir = std::string(home) + "/.cache/titan3d";
-  else
-    dir = "/tmp/titan3d-cache";
-  return fmt::format("{}/calibration-{:016x}.toml", dir, std::hash<std::string>{}(key));
+  return fmt::format("{}/calibration-{:016x}.toml", cache_dir(), std::hash<std::string>{}(key));
 }
 
 Cluster calibrate_local(const Recipe& recipe, const std::vector<std::string>& argv) {

@@ -26,7 +26,7 @@ namespace t3d::runtime {
 struct Job;
 
 // Where the calibration of `recipe`'s shape on this machine is cached:
-// $XDG_CACHE_HOME/titan3d (or ~/.cache/titan3d)/calibration-<hash>.toml. The hash covers the host,
+// <cache_dir()>/calibration-<hash>.toml (runtime/machine/machine.h). The hash covers the host,
 // the world and its mesh, the micro-batch shape, the model's sizes, precision and BLAS threads:
 // everything the measured numbers depend on.
 std::string calibration_cache_path(const Recipe& recipe);
@@ -35,7 +35,8 @@ std::string calibration_cache_path(const Recipe& recipe);
 // the cache file and returns the calibrated cluster. UserError if the probe fails.
 Cluster calibrate_local(const Recipe& recipe, const std::vector<std::string>& argv);
 
-// Inside the probe's world: measures and, on rank 0, writes the cluster TOML to `out`.
+// Inside the probe's world, in job.precision(): measures and, on rank 0, writes the cluster TOML
+// to `out`.
 void run_calibration_probe(const Job& job, const std::string& out);
 
 }  // namespace t3d::runtime

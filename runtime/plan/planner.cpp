@@ -18,6 +18,7 @@
 #include "parallel/simulator.h"
 #include "runtime/plan/calibrate.h"
 #include "runtime/launch/job.h"
+#include "runtime/machine/gemm_choice.h"
 
 namespace t3d::runtime {
 namespace {
@@ -286,7 +287,8 @@ int run_plan(const PlanOptions& o) {
   const Recipe recipe = load_recipe(o.recipe, o.overrides);
   if (!o.calibrate_probe.empty()) {  // a rank of `plan --calibrate`'s probe (calibrate.h)
     MpiRuntime mpi;
-    const Job job = join_world(recipe, "", /*needs_data=*/false);
+    Job job = join_world(recipe, "", /*needs_data=*/false);
+    job.set_precision(recorded_precision(job.recipe));  // the probe measures no GEMM choice
     run_calibration_probe(job, o.calibrate_probe);
     return 0;
   }

@@ -19,7 +19,8 @@
 namespace t3d::runtime {
 
 // train.precision: fp32, or bf16 (fp32 master weights; bf16 stored activations, traffic and, with
-// a bf16 GEMM, GEMM inputs), or auto (resolved at start by measuring: runtime/stage/gemm_choice.h).
+// a bf16 GEMM, GEMM inputs), or auto (resolved at start by measuring:
+// runtime/machine/gemm_choice.h).
 enum class TrainPrecision { kFp32, kBf16, kAuto };
 // hardware.gemm: the linear layers' GEMM library, auto resolved like train.precision.
 enum class GemmLibrary { kAuto, kOpenBlas, kOneDnn };

@@ -14,6 +14,7 @@
 #include "kernels/hash.h"
 #include "parallel/pipeline_split.h"
 #include "runtime/data/data_sampler.h"
+#include "runtime/machine/machine.h"
 #include "runtime/model/model.h"
 #include "runtime/plan/planner.h"
 #include "runtime/stage/stage.h"
@@ -69,7 +70,8 @@ void check_replicas(const Job& job, std::vector<CheckRow>& rows) {
   std::vector<int> split;
   try {
     const auto chunks = stage_chunks(job);
-    const ModelOptions options = model_options(r, StagePurpose::kForward, 1, nullptr, nullptr);
+    const ModelOptions options =
+        model_options(r, job.precision(), StagePurpose::kForward, 1, nullptr, nullptr);
     const size_t capacity = static_cast<size_t>(r.hardware.hbm_gib * double(1ull << 30));
     kernels::Arena arena(capacity), ref_arena(capacity * static_cast<size_t>(tp.size()));
     Model model(r.model, chunks, tp, arena, options);
@@ -155,8 +157,7 @@ void check_gemm(const Job& job, bool quick, std::vector<CheckRow>& rows) {
   const auto& r = job.recipe;
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int local = std::max(1, job.env.local_size);
-  const int threads = threads_per_rank(static_cast<int>(r.hardware.threads_per_rank), cores, local);
-  kernels::set_rank_threads(threads);
+  const int threads = setup_rank_threads(r, job.env, /*report=*/false);
   Verdict v;
   try {
     kernels::verify_gemm_kind(kernels::GemmKind::kOpenBlasF32);  // OpenBLAS: a correct sgemm

@@ -2,13 +2,13 @@
 
 #include <algorithm>
 #include <string>
-#include <thread>
 
 #include "kernels/check.h"
 #include "kernels/gemm.h"
 #include "parallel/zero.h"
 #include "runtime/data/data_sampler.h"
 #include "runtime/data/text_tokenizer.h"
+#include "runtime/machine/machine.h"
 
 namespace t3d::runtime {
 
@@ -16,21 +16,11 @@ using parallel::Dim;
 
 namespace {
 
-// train.precision = bf16 (auto is resolved before a stage is built): activations stored and
-// pipeline / TP traffic sent in bf16.
-bool stores_bf16(const Recipe& r) { return r.train.precision == TrainPrecision::kBf16; }
+// train.precision = bf16 (the job's, resolved): activations stored and pipeline / TP traffic
+// sent in bf16.
+bool stores_bf16(const JobPrecision& p) { return p.train == TrainPrecision::kBf16; }
 
 }  // namespace
-
-
-int setup_rank_threads(const Recipe& r, const LaunchEnv& env, bool report) {
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int threads = threads_per_rank(static_cast<int>(r.hardware.threads_per_rank), cores,
-                                       std::max(1, env.local_size));
-  kernels::set_rank_threads(threads);
-  if (report) report_cpu_binding(threads, env);
-  return threads;
-}
 
 parallel::Schedule stage_schedule(const Recipe& r, int pp) {
   return parallel::make_schedule(r.parallel.schedule, pp,
@@ -47,14 +37,17 @@ std::vector<parallel::LayerRange> stage_layers(const ModelConfig& model,
   return parallel::layers_of_stage(split, schedule.chunk_stage, stage);
 }
 
-ModelOptions model_options(const Recipe& r, StagePurpose purpose, int64_t micro_rows,
-                           const PipelineExecutor* executor, const parallel::Comm* cp) {
+ModelOptions model_options(const Recipe& r, const JobPrecision& precision, StagePurpose purpose,
+                           int64_t micro_rows, const PipelineExecutor* executor,
+                           const parallel::Comm* cp) {
   ModelOptions o;
   o.micro_rows = micro_rows;
   o.with_optimizer = false;
-  // bf16 rounds stored activations and TP / PP traffic, sequence parallelism moves the norms:
-  // both change the last bits of a loss, so every purpose builds the stage as training does.
-  o.bf16 = stores_bf16(r);
+  // bf16 rounds stored activations and TP / PP traffic, the GEMM kind rounds GEMM inputs,
+  // sequence parallelism moves the norms: all change the last bits of a loss, so every purpose
+  // builds the stage as training does.
+  o.bf16 = stores_bf16(precision);
+  o.gemm = precision.gemm;
   o.sequence_parallel = r.parallel.sequence_parallel;
   o.cp = cp;
   if (purpose == StagePurpose::kForward) return o;
@@ -85,11 +78,11 @@ Stage build_stage(const Job& job, StagePurpose purpose) {
   // bf16 training sends activations and their gradients between stages in bf16.
   s.executor = std::make_unique<PipelineExecutor>(
       std::move(schedule), mesh.group(Dim::pp),
-      stores_bf16(r) ? WirePrecision::kBf16 : WirePrecision::kFp32);
+      stores_bf16(job.precision()) ? WirePrecision::kBf16 : WirePrecision::kFp32);
   s.arena = std::make_unique<kernels::Arena>(
       static_cast<size_t>(r.hardware.hbm_gib * 1024.0 * 1024.0 * 1024.0));
-  const ModelOptions options =
-      model_options(r, purpose, s.micro_rows, s.executor.get(), &mesh.group(Dim::cp));
+  const ModelOptions options = model_options(r, job.precision(), purpose, s.micro_rows,
+                                             s.executor.get(), &mesh.group(Dim::cp));
   s.model = std::make_unique<Model>(r.model, s.layers, mesh.group(Dim::tp), *s.arena, options);
   s.holds_loss = s.layers.back().last && mesh.coord().tp == 0;
   return s;

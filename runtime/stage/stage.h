@@ -1,6 +1,8 @@
 // One rank's pipeline stage, built one way for every verb that runs the model: train, eval,
-// calibration and selfcheck (and the tests). From the recipe and the mesh it derives
-//   - the compute threads (OpenBLAS and OpenMP pools) and a check that the GEMMs compute right,
+// calibration and selfcheck (and the tests). From the recipe, the mesh and the job's precision
+// (Job::precision: the GEMM kind and train.precision, decided before) it derives
+//   - the compute threads (OpenBLAS and OpenMP pools: runtime/machine/machine.h) and a check that
+//     the GEMMs compute right,
 //   - the schedule and its placement (Schedule::chunk_stage, the only representation of which
 //     stage holds which chunk), hence this stage's layer ranges,
 //   - the pipeline executor, the arena (hardware.hbm_gib) and the Model with the options the
@@ -30,10 +32,6 @@ enum class StagePurpose {
   kForward,  // forward passes only (eval, probes): one activation slot, no optimizer state
 };
 
-// Sets this rank's compute threads: hardware.threads_per_rank, or this host's cores shared among
-// its ranks. Logs the rank's CPU set (warning when it is smaller) when `report` is set.
-int setup_rank_threads(const Recipe& r, const LaunchEnv& env, bool report);
-
 // The recipe's pipeline schedule (parallel.schedule, virtual_stages, train.micro_batches) on pp
 // stages: the action tables and the placement every stage reads.
 parallel::Schedule stage_schedule(const Recipe& r, int pp);
@@ -44,9 +42,11 @@ std::vector<parallel::LayerRange> stage_layers(const ModelConfig& model,
                                                const std::vector<int64_t>& pipeline_split,
                                                const parallel::Schedule& schedule, int stage);
 
-// The Model's options for `purpose` (the executor gives the training slots; cp may be null).
-ModelOptions model_options(const Recipe& r, StagePurpose purpose, int64_t micro_rows,
-                           const PipelineExecutor* executor, const parallel::Comm* cp);
+// The Model's options for `purpose` (the executor gives the training slots; cp may be null), in
+// the job's `precision`.
+ModelOptions model_options(const Recipe& r, const JobPrecision& precision, StagePurpose purpose,
+                           int64_t micro_rows, const PipelineExecutor* executor,
+                           const parallel::Comm* cp);
 
 struct Stage {
   int threads = 1;
@@ -58,8 +58,9 @@ struct Stage {
   bool holds_loss = false;  // last pipeline stage and tp rank 0: contributes the loss once
 };
 
-// Builds this rank's stage (not collective: wrap it in agree_on). The Model's parameters are not
-// initialised: training initialises or restores them, eval reads them from a snapshot.
+// Builds this rank's stage (not collective: wrap it in agree_on), in job.precision(), which must
+// be set. The Model's parameters are not initialised: training initialises or restores them,
+// eval reads them from a snapshot.
 Stage build_stage(const Job& job, StagePurpose purpose);
 
 // The recipe's token streams: training text and validation text (data.val_path, or the last

@@ -20,6 +20,7 @@
 #include "kernels/check.h"
 #include "parallel/trace.h"
 #include "runtime/launch/logging.h"
+#include "runtime/machine/gemm_choice.h"
 #include "runtime/model/model.h"
 #include "runtime/provenance/provenance.h"
 #include "runtime/train/metrics.h"
@@ -354,7 +355,7 @@ struct Snapshotter::Impl {
     info.step = p.step;
     info.id = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32) ^ uint64_t(p.step);
     if (p.incremental) info.parent = parent->name, info.parent_id = parent->id;
-    info.recipe = r.to_toml();
+    info.recipe = recipe_as_run(job).to_toml();  // the job's precision, for resume and eval
     info.layout = layout_of(r);
     info.counters = {{"step", p.step},
                      {"adamw_step", p.step},

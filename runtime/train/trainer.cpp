@@ -30,9 +30,9 @@
 #include "runtime/data/data.h"
 #include "runtime/data/data_sampler.h"
 #include "runtime/launch/logging.h"
+#include "runtime/machine/gemm_choice.h"
 #include "runtime/model/model.h"
 #include "runtime/stage/executor.h"
-#include "runtime/stage/gemm_choice.h"
 #include "runtime/stage/stage.h"
 #include "runtime/train/metrics.h"
 #include "runtime/train/sharded_state.h"
@@ -289,7 +289,7 @@ struct Trainer::Impl {
   void measure_peaks() {
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     if (mesh.rank() == 0)
-      peaks = host_peaks(kernels::linear_gemm(), std::max<int64_t>(rows * T / cp, 512),
+      peaks = host_peaks(job.precision().gemm, std::max<int64_t>(rows * T / cp, 512),
                          r.model.dim, r.model.ffn_dim, cores);
     double both[2] = {peaks.hardware_gflops, peaks.gemm_gflops};
     mesh.world().broadcast(both, 2, 0);
@@ -298,7 +298,7 @@ struct Trainer::Impl {
       spdlog::info("MFU against {:.0f} GFLOP/s per host ({} peak, measured: {} cores × one core); "
                    "mfu_gemm against {:.0f} GFLOP/s ({} on one thread at the model's shapes × cores)",
                    peaks.hardware_gflops, peaks.hardware_what, cores, peaks.gemm_gflops,
-                   kernels::gemm_kind_name(kernels::linear_gemm()));
+                   kernels::gemm_kind_name(job.precision().gemm));
   }
 
   // A diverged step (every rank sees the same all-reduced loss and norm): stops the run, or with

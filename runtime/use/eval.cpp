@@ -22,7 +22,6 @@
 #include "runtime/data/text_tokenizer.h"
 #include "runtime/model/model.h"
 #include "runtime/stage/executor.h"
-#include "runtime/stage/gemm_choice.h"
 #include "runtime/stage/stage.h"
 #include "runtime/provenance/provenance.h"
 
@@ -92,9 +91,9 @@ EvalResult run_eval(const Job& job, const std::string& snapshot, const EvalOptio
   std::optional<Sampler> sampler;
   Stage stage;
   agree_on(mesh.world(), [&] {
-    // The trainer's stage, forward passes only; the GEMM the snapshot trained with.
+    // The trainer's stage, forward passes only, in the job's precision: the snapshot's record.
     stage = build_stage(job, StagePurpose::kForward);
-    kernels::verify_gemm_kind(apply_recorded_gemm(r));
+    kernels::verify_gemm_kind(job.precision().gemm);
     const TextTokenizer tokenizer =
         TextTokenizer::open(r.data.tokenizer, "data.tokenizer", r.data.bos);
     stream = options.data.empty() ? recipe_validation(r)

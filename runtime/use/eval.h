@@ -41,7 +41,8 @@ Recipe load_eval_recipe(const std::string& snapshot, const std::vector<Override>
 // Checks, before any rank starts, that the data to read exists (UserError otherwise).
 void check_eval_inputs(const Recipe& recipe, const EvalOptions& options);
 
-// Collective over the job's world. With batches = 0: the recipe's validation data gets
+// Collective over the job's world, in job.precision() (the snapshot's record: recorded_precision
+// of the recipe load_eval_recipe read). With batches = 0: the recipe's validation data gets
 // train.val_batches batches (what the trainer logs); a --data file gets every window once.
 EvalResult run_eval(const Job& job, const std::string& snapshot, const EvalOptions& options);
 

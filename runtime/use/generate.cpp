@@ -13,7 +13,8 @@ namespace t3d::runtime {
 
 namespace k = t3d::kernels;
 
-Decoder::Decoder(const SnapshotWeights& w) : config_(w.recipe.model) {
+Decoder::Decoder(const SnapshotWeights& w, k::GemmKind gemm)
+    : config_(w.recipe.model), gemm_(gemm) {
   const auto& m = config_;
   const int64_t C = m.dim, D = m.head_dim(), T = m.seq_len;
   const auto at = [&](const std::string& name) { return w.at(name).data.data(); };
@@ -54,22 +55,22 @@ std::span<const float> Decoder::step(int32_t token) {
     float* kc = L.k_cache.data() + pos_ * Hkv * D;  // this position's row of the caches
     float* vc = L.v_cache.data() + pos_ * Hkv * D;
     k::rmsnorm_forward(xn_.data(), &rstd_, x_.data(), L.ln1, 1, C, eps);
-    k::linear_forward(q_.data(), xn_.data(), L.q, 1, C, H * D);
-    k::linear_forward(kc, xn_.data(), L.k, 1, C, Hkv * D);
-    k::linear_forward(vc, xn_.data(), L.v, 1, C, Hkv * D);
+    k::linear_forward(gemm_, q_.data(), xn_.data(), L.q, 1, C, H * D);
+    k::linear_forward(gemm_, kc, xn_.data(), L.k, 1, C, Hkv * D);
+    k::linear_forward(gemm_, vc, xn_.data(), L.v, 1, C, Hkv * D);
     k::rope_forward(q_.data(), q_.data(), rope_.data(), 1, 1, H, D, pos_);
     k::rope_forward(kc, kc, rope_.data(), 1, 1, Hkv, D, pos_);
     k::attention_decode(att_.data(), q_.data(), L.k_cache.data(), L.v_cache.data(), scores_.data(),
                         pos_ + 1, H, Hkv, D);
-    k::linear_forward(x_.data(), att_.data(), L.o, 1, H * D, C, k::Out::kAccumulate);
+    k::linear_forward(gemm_, x_.data(), att_.data(), L.o, 1, H * D, C, k::Out::kAccumulate);
     k::rmsnorm_forward(xn_.data(), &rstd_, x_.data(), L.ln2, 1, C, eps);
-    k::linear_forward(gate_.data(), xn_.data(), L.gate, 1, C, F);
-    k::linear_forward(up_.data(), xn_.data(), L.up, 1, C, F);
+    k::linear_forward(gemm_, gate_.data(), xn_.data(), L.gate, 1, C, F);
+    k::linear_forward(gemm_, up_.data(), xn_.data(), L.up, 1, C, F);
     k::swiglu_forward(h_.data(), gate_.data(), up_.data(), F);
-    k::linear_forward(x_.data(), h_.data(), L.down, 1, F, C, k::Out::kAccumulate);
+    k::linear_forward(gemm_, x_.data(), h_.data(), L.down, 1, F, C, k::Out::kAccumulate);
   }
   k::rmsnorm_forward(xn_.data(), &rstd_, x_.data(), norm_, 1, C, eps);
-  k::linear_forward(logits_.data(), xn_.data(), head_, 1, C, m.vocab_size);
+  k::linear_forward(gemm_, logits_.data(), xn_.data(), head_, 1, C, m.vocab_size);
   ++pos_;
   return logits_;
 }

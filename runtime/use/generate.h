@@ -13,6 +13,7 @@
 #include <span>
 #include <vector>
 
+#include "kernels/gemm.h"
 #include "runtime/data/text_tokenizer.h"
 #include "runtime/model/model_spec.h"
 #include "runtime/use/export.h"
@@ -21,8 +22,9 @@ namespace t3d::runtime {
 
 class Decoder {
  public:
-  // `weights` must outlive the decoder (it points into their tensors).
-  explicit Decoder(const SnapshotWeights& weights);
+  // `weights` must outlive the decoder (it points into their tensors). `gemm`: the kind of its
+  // linear layers (kernels/gemm.h).
+  Decoder(const SnapshotWeights& weights, kernels::GemmKind gemm);
 
   // Appends `token` at position position() and returns the logits (vocab_size) of the next
   // token; valid until the next call. UserError once the context (model.seq_len) is full.
@@ -37,6 +39,7 @@ class Decoder {
     std::vector<float> k_cache, v_cache;       // (seq_len, Hkv·D) each, keys after RoPE
   };
   ModelConfig config_;
+  kernels::GemmKind gemm_;
   const float* embed_;
   const float* norm_;
   const float* head_;

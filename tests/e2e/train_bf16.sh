@@ -74,9 +74,9 @@ grep -q "will not be bit-identical" "$work/forced.log" && grep -q "GEMM: openbla
 
 home=$work/home
 mkdir -p "$home"
-HOME=$home train auto_a "$repo/recipes/tiny.toml" --set data.path="$corpus" --set train.steps=2 \
+HOME=$home XDG_CACHE_HOME= train auto_a "$repo/recipes/tiny.toml" --set data.path="$corpus" --set train.steps=2 \
   --set train.val_every=0 --set train.precision=auto
-HOME=$home train auto_b "$repo/recipes/tiny.toml" --set data.path="$corpus" --set train.steps=2 \
+HOME=$home XDG_CACHE_HOME= train auto_b "$repo/recipes/tiny.toml" --set data.path="$corpus" --set train.steps=2 \
   --set train.val_every=0 --set train.precision=auto
 kind_a=$(sed -n 's/.*"kind": "\([a-z0-9-]*\)".*/\1/p' "$work/auto_a/gemm_choice.json")
 kind_b=$(sed -n 's/.*"kind": "\([a-z0-9-]*\)".*/\1/p' "$work/auto_b/gemm_choice.json")
@@ -86,7 +86,7 @@ if grep -q "GEMM: .*; measured: GFLOP/s" "$work/auto_a.log" && grep -q "GEMM: .*
 else
   echo "FAIL: auto choice not measured then cached ($kind_a, $kind_b)"; grep -h "GEMM:" "$work"/auto_?.log; fail=1
 fi
-HOME=$work/home_avx2 DNNL_MAX_CPU_ISA=AVX2 train auto_avx2 "$repo/recipes/tiny.toml" --set data.path="$corpus" \
+HOME=$work/home_avx2 XDG_CACHE_HOME= DNNL_MAX_CPU_ISA=AVX2 train auto_avx2 "$repo/recipes/tiny.toml" --set data.path="$corpus" \
   --set train.steps=2 --set train.val_every=0 --set train.precision=auto
 # The user asked for auto: the log says what auto chose from, not how to force another precision.
 if grep -q "GEMM candidate onednn-bf16 left out: oneDNN cannot run a bf16 GEMM" "$work/auto_avx2.log" &&

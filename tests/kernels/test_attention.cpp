@@ -13,6 +13,8 @@ namespace {
 
 using ref::Vec;
 
+constexpr GemmKind kFp32 = GemmKind::kOpenBlasF32;  // attention's fp32 tiles
+
 struct Case {
   int B, T, H, Hkv, D, tile;
   float q_scale;  // large values make the softmax peaked and exercise the running-max rescale
@@ -46,8 +48,8 @@ TEST_P(kernels_attention, ForwardMatchesFullSoftmax) {
   Inputs in = make_inputs(c);
   std::vector<float> out(in.q.size(), 123.0f), lse((std::size_t)c.B * c.H * c.T);
   std::vector<float> scratch(attention_scratch_floats(in.shape));
-  attention_forward(out.data(), lse.data(), in.q.data(), in.k.data(), in.v.data(), scratch.data(),
-                    in.shape);
+  attention_forward(kFp32, out.data(), lse.data(), in.q.data(), in.k.data(), in.v.data(),
+                    scratch.data(), in.shape);
   Vec out_ref, lse_ref;
   ref::attention(ref::to_double(in.q), ref::to_double(in.k), ref::to_double(in.v), c.B, c.T, c.H,
                  c.Hkv, c.D, &out_ref, &lse_ref);
@@ -61,13 +63,13 @@ TEST_P(kernels_attention, BackwardMatchesFiniteDifferences) {
   Inputs in = make_inputs(c);
   std::vector<float> out(in.q.size()), lse((std::size_t)c.B * c.H * c.T);
   std::vector<float> scratch(attention_scratch_floats(in.shape));
-  attention_forward(out.data(), lse.data(), in.q.data(), in.k.data(), in.v.data(), scratch.data(),
-                    in.shape);
+  attention_forward(kFp32, out.data(), lse.data(), in.q.data(), in.k.data(), in.v.data(),
+                    scratch.data(), in.shape);
   const Vec r = ref::to_double(ref::random_floats(out.size(), 63));
   std::vector<float> dout(r.begin(), r.end());
   // Stale values in the outputs must not leak in (activation gradients are written).
   std::vector<float> dq(in.q.size(), 7.0f), dk(in.k.size(), 7.0f), dv(in.v.size(), 7.0f);
-  attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), in.q.data(), in.k.data(),
+  attention_backward(kFp32, dq.data(), dk.data(), dv.data(), dout.data(), in.q.data(), in.k.data(),
                      in.v.data(), out.data(), lse.data(), scratch.data(), in.shape);
 
   const Vec qd = ref::to_double(in.q), kd = ref::to_double(in.k), vd = ref::to_double(in.v);
@@ -102,8 +104,8 @@ TEST(kernels_attention_blocks, QueryBlockEqualsRowsOfFullAttention) {
   const Inputs in = make_inputs({B, T, H, Hkv, D, tile, 3.0f});
   std::vector<float> scratch(attention_scratch_floats(in.shape));
   std::vector<float> out(in.q.size()), lse((std::size_t)B * H * T);
-  attention_forward(out.data(), lse.data(), in.q.data(), in.k.data(), in.v.data(), scratch.data(),
-                    in.shape);
+  attention_forward(kFp32, out.data(), lse.data(), in.q.data(), in.k.data(), in.v.data(),
+                    scratch.data(), in.shape);
   const std::vector<float> g = ref::random_floats(out.size(), 64);
   for (const auto& [q_pos, Tq] : {std::pair{0, 5}, std::pair{5, 11}, std::pair{19, 18}}) {
     SCOPED_TRACE("block at " + std::to_string(q_pos) + ", " + std::to_string(Tq) + " rows");
@@ -118,7 +120,8 @@ TEST(kernels_attention_blocks, QueryBlockEqualsRowsOfFullAttention) {
     blk.T = Tq, blk.q_pos = q_pos, blk.kv_len = T;
     const std::vector<float> q = rows(in.q, H * D);
     std::vector<float> o(q.size()), l((std::size_t)B * H * Tq);
-    attention_forward(o.data(), l.data(), q.data(), in.k.data(), in.v.data(), scratch.data(), blk);
+    attention_forward(kFp32, o.data(), l.data(), q.data(), in.k.data(), in.v.data(), scratch.data(),
+                      blk);
     const std::vector<float> o_full = rows(out, H * D);
     ref::expect_close(o, ref::to_double(o_full), 1e-5, 1e-6, "out");
 
@@ -129,11 +132,11 @@ TEST(kernels_attention_blocks, QueryBlockEqualsRowsOfFullAttention) {
            i < ((std::size_t)b * T + q_pos + Tq) * H * D; ++i)
         dout_full[i] = g[i];
     std::vector<float> dq(in.q.size()), dk(in.k.size()), dv(in.v.size());
-    attention_backward(dq.data(), dk.data(), dv.data(), dout_full.data(), in.q.data(),
+    attention_backward(kFp32, dq.data(), dk.data(), dv.data(), dout_full.data(), in.q.data(),
                        in.k.data(), in.v.data(), out.data(), lse.data(), scratch.data(), in.shape);
     const std::vector<float> dout = rows(dout_full, H * D);
     std::vector<float> bq(q.size()), bk(in.k.size(), 7.0f), bv(in.v.size(), 7.0f);
-    attention_backward(bq.data(), bk.data(), bv.data(), dout.data(), q.data(), in.k.data(),
+    attention_backward(kFp32, bq.data(), bk.data(), bv.data(), dout.data(), q.data(), in.k.data(),
                        in.v.data(), o.data(), l.data(), scratch.data(), blk);
     ref::expect_close(bq, ref::to_double(rows(dq, H * D)), 1e-4, 1e-6, "dq");
     ref::expect_close(bk, ref::to_double(dk), 1e-4, 1e-6, "dk");
@@ -145,7 +148,7 @@ TEST(kernels_attention_blocks, QueriesPastTheKeysAreRefused) {
   AttentionShape s{1, 8, 2, 2, 4, 4};
   s.q_pos = 4, s.kv_len = 10;  // positions 4..11 but only 10 keys
   std::vector<float> buf(1024), scratch(attention_scratch_floats(s));
-  EXPECT_THROW(attention_forward(buf.data(), buf.data(), buf.data(), buf.data(), buf.data(),
+  EXPECT_THROW(attention_forward(kFp32, buf.data(), buf.data(), buf.data(), buf.data(), buf.data(),
                                  scratch.data(), s),
                std::exception);
 }
@@ -158,7 +161,7 @@ TEST(kernels_attention_shape, ScratchDoesNotGrowWithSequence) {
 TEST(kernels_attention_shape, HeadsMustGroupEvenly) {
   AttentionShape s{1, 4, 6, 4, 8, 4};
   std::vector<float> buf(1024), scratch(attention_scratch_floats(s));
-  EXPECT_THROW(attention_forward(buf.data(), buf.data(), buf.data(), buf.data(), buf.data(),
+  EXPECT_THROW(attention_forward(kFp32, buf.data(), buf.data(), buf.data(), buf.data(), buf.data(),
                                  scratch.data(), s),
                UserError);
 }

@@ -31,15 +31,8 @@ namespace {
 
 using ref::Vec;
 
-// Sets the process-wide linear GEMM kind to bf16 for a test, skipping where the tiles cannot run.
-class Bf16Gemm {
- public:
-  Bf16Gemm() : saved_(linear_gemm()) { set_linear_gemm(GemmKind::kOneDnnBf16); }
-  ~Bf16Gemm() { set_linear_gemm(saved_); }
-
- private:
-  GemmKind saved_;
-};
+// The linear layers' kind that takes attention's bf16 tiles (where the CPU has AVX512-BF16).
+constexpr GemmKind kBf16 = GemmKind::kOneDnnBf16;
 
 #define SKIP_WITHOUT_BF16_TILES()          \
   if (!detail::bf16_attention_supported()) \
@@ -98,13 +91,12 @@ class kernels_attention_bf16 : public ::testing::TestWithParam<Case> {};
 
 TEST_P(kernels_attention_bf16, ForwardMatchesFullSoftmaxOfRoundedInputs) {
   SKIP_WITHOUT_BF16_TILES();
-  const Bf16Gemm bf16;
   const Case c = GetParam();
   const Inputs in = make_inputs(c);
   std::vector<float> out(in.q.size(), 123.0f), lse((std::size_t)c.B * c.H * c.T);
   std::vector<float> scratch(attention_scratch_floats(in.shape));
-  attention_forward(out.data(), lse.data(), in.q.data(), in.k.data(), in.v.data(), scratch.data(),
-                    in.shape);
+  attention_forward(kBf16, out.data(), lse.data(), in.q.data(), in.k.data(), in.v.data(),
+                    scratch.data(), in.shape);
   Vec out_ref, lse_ref;
   ref::attention(ref::to_double(in.q), ref::to_double(in.k), ref::to_double(in.v), c.B, c.T, c.H,
                  c.Hkv, c.D, &out_ref, &lse_ref);
@@ -115,17 +107,16 @@ TEST_P(kernels_attention_bf16, ForwardMatchesFullSoftmaxOfRoundedInputs) {
 
 TEST_P(kernels_attention_bf16, BackwardMatchesFiniteDifferencesOfRoundedInputs) {
   SKIP_WITHOUT_BF16_TILES();
-  const Bf16Gemm bf16;
   const Case c = GetParam();
   const Inputs in = make_inputs(c);
   std::vector<float> out(in.q.size()), lse((std::size_t)c.B * c.H * c.T);
   std::vector<float> scratch(attention_scratch_floats(in.shape));
-  attention_forward(out.data(), lse.data(), in.q.data(), in.k.data(), in.v.data(), scratch.data(),
-                    in.shape);
+  attention_forward(kBf16, out.data(), lse.data(), in.q.data(), in.k.data(), in.v.data(),
+                    scratch.data(), in.shape);
   const std::vector<float> dout = rounded(ref::random_floats(out.size(), 73));
   std::vector<float> dq(in.q.size(), 7.0f), dk(in.k.size(), 7.0f), dv(in.v.size(), 7.0f);
-  attention_backward(dq.data(), dk.data(), dv.data(), dout.data(), in.q.data(), in.k.data(),
-                     in.v.data(), out.data(), lse.data(), scratch.data(), in.shape);
+  attention_backward(kBf16, dq.data(), dk.data(), dv.data(), dout.data(), in.q.data(),
+                     in.k.data(), in.v.data(), out.data(), lse.data(), scratch.data(), in.shape);
 
   const Vec qd = ref::to_double(in.q), kd = ref::to_double(in.k), vd = ref::to_double(in.v);
   const Vec r = ref::to_double(dout);
@@ -185,24 +176,20 @@ TEST_P(kernels_attention_bf16_large, MatchesFp32TilesOnRoundedInputs) {
   struct Result {
     std::vector<float> out, lse, dq, dk, dv;
   };
-  const auto run = [&] {
+  const auto run = [&](GemmKind kind) {
     // Outputs start as garbage: every element must be written.
     Result r{std::vector<float>(nq, 5.0f), std::vector<float>((std::size_t)c.B * c.H * c.T, 5.0f),
              std::vector<float>(nq, 5.0f), std::vector<float>(nkv, 5.0f),
              std::vector<float>(nkv, 5.0f)};
     std::vector<float> scratch(attention_scratch_floats(shape));
-    attention_forward(r.out.data(), r.lse.data(), q.data(), k.data(), v.data(), scratch.data(),
-                      shape);
-    attention_backward(r.dq.data(), r.dk.data(), r.dv.data(), dout.data(), q.data(), k.data(),
-                       v.data(), r.out.data(), r.lse.data(), scratch.data(), shape);
+    attention_forward(kind, r.out.data(), r.lse.data(), q.data(), k.data(), v.data(),
+                      scratch.data(), shape);
+    attention_backward(kind, r.dq.data(), r.dk.data(), r.dv.data(), dout.data(), q.data(),
+                       k.data(), v.data(), r.out.data(), r.lse.data(), scratch.data(), shape);
     return r;
   };
-  const Result fp32 = run();
-  Result b;
-  {
-    const Bf16Gemm bf16;
-    b = run();
-  }
+  const Result fp32 = run(GemmKind::kOpenBlasF32);
+  const Result b = run(kBf16);
   ref::expect_close(b.out, ref::to_double(fp32.out), 0.0, std::ldexp(1.0, -8), "out");
   ref::expect_close(b.lse, ref::to_double(fp32.lse), 2e-5, 2e-6, "lse");
   expect_close_to_max(b.dq, ref::to_double(fp32.dq), 1e-2, "dq");
@@ -231,7 +218,6 @@ INSTANTIATE_TEST_SUITE_P(
 // from run to run.
 TEST(kernels_attention_bf16_threads, TwoThreadsEqualOneAndRepeat) {
   SKIP_WITHOUT_BF16_TILES();
-  const Bf16Gemm bf16;
   // Large enough for the threaded path; the second has several key tiles per query tile.
   for (const Case c : {Case{2, 200, 4, 2, 48, 64, 2.0f}, Case{2, 300, 4, 2, 64, 64, 2.0f}}) {
     SCOPED_TRACE("T=" + std::to_string(c.T));
@@ -246,9 +232,9 @@ TEST(kernels_attention_bf16_threads, TwoThreadsEqualOneAndRepeat) {
           std::vector<float>(in.q.size()), std::vector<float>(in.k.size()),
           std::vector<float>(in.v.size())};
       std::vector<float> scratch(attention_scratch_floats(s));
-      attention_forward(r[0].data(), r[1].data(), in.q.data(), in.k.data(), in.v.data(),
+      attention_forward(kBf16, r[0].data(), r[1].data(), in.q.data(), in.k.data(), in.v.data(),
                         scratch.data(), s);
-      attention_backward(r[2].data(), r[3].data(), r[4].data(), dout.data(), in.q.data(),
+      attention_backward(kBf16, r[2].data(), r[3].data(), r[4].data(), dout.data(), in.q.data(),
                          in.k.data(), in.v.data(), r[0].data(), r[1].data(), scratch.data(), s);
       set_blas_threads(saved);
       return r;

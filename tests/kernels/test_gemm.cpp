@@ -52,7 +52,8 @@ Product reference(Trans ta, Trans tb, int M, int N, int K, const std::vector<flo
 }
 
 // Every kind runs on an x86-64 CPU with AVX-512; oneDNN's bf16 needs it. Where a kind cannot run,
-// its tests skip with oneDNN's reason (and training leaves the kind out, runtime/stage/gemm_choice.h).
+// its tests skip with oneDNN's reason (and training leaves the kind out,
+// runtime/machine/gemm_choice.h).
 class GemmKinds : public ::testing::TestWithParam<GemmKind> {
  protected:
   void SetUp() override {
@@ -196,20 +197,17 @@ TEST_P(GemmKinds, MeasuresAPositiveRate) {
   EXPECT_GT(measure_gemm_gflops(GetParam(), 64, 48, 40, 1, 3), 0.0);
 }
 
-// The linear layers run on the kind set_linear_gemm chose: the same checks as test_layers.cpp's,
+// The linear layers run on the kind they are given: the same checks as test_layers.cpp's,
 // with the kind's tolerance (relative to the largest |value|, as a bf16 GEMM's error scales).
 TEST_P(GemmKinds, LinearLayerUsesTheChosenKind) {
   const GemmKind kind = GetParam();
-  const GemmKind saved = linear_gemm();
-  set_linear_gemm(kind);
   const int N = 9, in = 33, out = 17;
   const auto x = ref::random_floats(N * in, 40), w = ref::random_floats(out * in, 41);
   const auto dy = ref::random_floats(N * out, 42);
   std::vector<float> y(N * out, 5.0f), dx(N * in, 99.0f), dw(out * in, 0.25f);
-  linear_forward(y.data(), x.data(), w.data(), N, in, out);
-  linear_backward_input(dx.data(), dy.data(), w.data(), N, in, out);
-  linear_backward_weight(dw.data(), dy.data(), x.data(), N, in, out);
-  set_linear_gemm(saved);
+  linear_forward(kind, y.data(), x.data(), w.data(), N, in, out);
+  linear_backward_input(kind, dx.data(), dy.data(), w.data(), N, in, out);
+  linear_backward_weight(kind, dw.data(), dy.data(), x.data(), N, in, out);
   const double tol = gemm_kind_is_bf16(kind) ? std::ldexp(1.0, -7) + 1e-5 : 1e-5;
   const Vec yref = ref::linear(ref::to_double(x), ref::to_double(w), N, in, out);
   Vec dxref(N * in, 0.0), dwref(out * in, 0.25);
@@ -230,22 +228,20 @@ TEST_P(GemmKinds, LinearLayerUsesTheChosenKind) {
 // holds exactly the bf16 of every float, and the fp32 kinds round nothing.
 TEST_P(GemmKinds, LinearInputIsTheSameBitsAsRoundingPerGemm) {
   const GemmKind kind = GetParam();
-  const GemmKind saved = linear_gemm();
-  set_linear_gemm(kind);
   set_rank_threads(2);  // the rounding's parallel split must not matter either
   const int N = 70, in = 48, out = 36;
   const auto x = ref::random_floats(N * in, 50), w = ref::random_floats(out * in, 51);
   const auto w2 = ref::random_floats(out * in, 52), dy = ref::random_floats(N * out, 53);
   std::vector<float> y(N * out), y2(N * out), dx(N * in), dw(out * in, 0.5f);
   std::vector<float> e_y(N * out), e_y2(N * out), e_dx(N * in), e_dw(out * in, 0.5f);
-  linear_forward(e_y.data(), x.data(), w.data(), N, in, out);
-  linear_forward(e_y2.data(), x.data(), w2.data(), N, in, out);
-  linear_backward_input(e_dx.data(), dy.data(), w.data(), N, in, out);
-  linear_backward_weight(e_dw.data(), dy.data(), x.data(), N, in, out);
+  linear_forward(kind, e_y.data(), x.data(), w.data(), N, in, out);
+  linear_forward(kind, e_y2.data(), x.data(), w2.data(), N, in, out);
+  linear_backward_input(kind, e_dx.data(), dy.data(), w.data(), N, in, out);
+  linear_backward_weight(kind, e_dw.data(), dy.data(), x.data(), N, in, out);
   for (int round = 0; round < 2; ++round) {  // the second round reuses the pool's buffers
-    const LinearInput xi(x.data(), N, in);
+    const LinearInput xi(kind, x.data(), N, in);
     {
-      const LinearInput dyi(dy.data(), N, out);
+      const LinearInput dyi(kind, dy.data(), N, out);
       linear_forward(y.data(), xi, w.data(), out);
       linear_forward(y2.data(), xi, w2.data(), out);
       linear_backward_input(dx.data(), dyi, w.data(), in);
@@ -262,7 +258,6 @@ TEST_P(GemmKinds, LinearInputIsTheSameBitsAsRoundingPerGemm) {
     EXPECT_EQ(dw, e_dw) << round;
   }
   set_rank_threads(1);
-  set_linear_gemm(saved);
 }
 
 INSTANTIATE_TEST_SUITE_P(kernels_gemm, GemmKinds,

@@ -13,6 +13,8 @@ namespace {
 
 using ref::Vec;
 
+constexpr GemmKind kFp32 = GemmKind::kOpenBlasF32;  // the exact linear layers
+
 TEST(kernels_embedding, ForwardBackwardWithVocabSlice) {
   const int N = 6, C = 5, V = 8;
   const std::vector<std::int32_t> tokens = {0, 3, 7, 3, 5, 2};
@@ -110,21 +112,21 @@ TEST(kernels_linear, ForwardAccumulateAndSplitBackward) {
   auto x = ref::random_floats(N * in, 40);
   auto w = ref::random_floats(out * in, 41);  // [out, in] as Hugging Face stores it
   std::vector<float> y(N * out, 123.0f);      // overwritten in kWrite mode
-  linear_forward(y.data(), x.data(), w.data(), N, in, out);
+  linear_forward(kFp32, y.data(), x.data(), w.data(), N, in, out);
   const auto xd = ref::to_double(x), wd = ref::to_double(w);
   const Vec yref = ref::linear(xd, wd, N, in, out);
   ref::expect_close(y, yref, 1e-5, 1e-5, "y");
 
   std::vector<float> resid(N * out, 1.0f);  // residual stream: +=
-  linear_forward(resid.data(), x.data(), w.data(), N, in, out, Out::kAccumulate);
+  linear_forward(kFp32, resid.data(), x.data(), w.data(), N, in, out, Out::kAccumulate);
   Vec rexp = yref;
   for (auto& v : rexp) v += 1.0;
   ref::expect_close(resid, rexp, 1e-5, 1e-5, "residual");
 
   const auto r = ref::to_double(ref::random_floats(N * out, 42));
   std::vector<float> dy(r.begin(), r.end()), dx(N * in, 99.0f), dw(out * in, 0.25f);
-  linear_backward_input(dx.data(), dy.data(), w.data(), N, in, out);
-  linear_backward_weight(dw.data(), dy.data(), x.data(), N, in, out);
+  linear_backward_input(kFp32, dx.data(), dy.data(), w.data(), N, in, out);
+  linear_backward_weight(kFp32, dw.data(), dy.data(), x.data(), N, in, out);
   Vec gw = ref::numeric_grad([&](const Vec& ww) { return ref::linear(xd, ww, N, in, out); }, wd, r);
   for (auto& g : gw) g += 0.25;
   ref::expect_close(

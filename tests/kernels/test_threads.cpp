@@ -13,6 +13,8 @@
 namespace t3d::kernels {
 namespace {
 
+constexpr GemmKind kFp32 = GemmKind::kOpenBlasF32;  // attention's fp32 tiles
+
 std::vector<float> random_vec(std::size_t n, unsigned seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> d(-scale, scale);
@@ -43,9 +45,10 @@ AttnOut run_attention(const AttentionShape& s, int threads) {
             std::vector<float>(nq), std::vector<float>(nkv), std::vector<float>(nkv)};
   std::vector<float> scratch(attention_scratch_floats(s));
   with_threads(threads, [&] {
-    attention_forward(r.out.data(), r.lse.data(), q.data(), k.data(), v.data(), scratch.data(), s);
-    attention_backward(r.dq.data(), r.dk.data(), r.dv.data(), dout.data(), q.data(), k.data(),
-                       v.data(), r.out.data(), r.lse.data(), scratch.data(), s);
+    attention_forward(kFp32, r.out.data(), r.lse.data(), q.data(), k.data(), v.data(),
+                      scratch.data(), s);
+    attention_backward(kFp32, r.dq.data(), r.dk.data(), r.dv.data(), dout.data(), q.data(),
+                       k.data(), v.data(), r.out.data(), r.lse.data(), scratch.data(), s);
   });
   return r;
 }

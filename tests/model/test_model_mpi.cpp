@@ -5,9 +5,11 @@
 
 #include <cmath>
 #include <random>
+#include <vector>
 
 #include "kernels/arena.h"
 #include "kernels/check.h"
+#include "kernels/gemm.h"
 #include "parallel/comm.h"
 #include "runtime/model/model.h"
 
@@ -113,6 +115,46 @@ TEST(ModelMpi, TensorParallelShardsEqualTheWholeModel) {
             << p.name << " gradient differs at " << j;
       }
   }
+}
+
+// The GEMM kind is each Model's own (ModelOptions::gemm), not the process's: two Models of one
+// process, one on OpenBLAS fp32 and one on oneDNN bf16, run interleaved, and each computes what
+// it computes alone. A process-wide kind would give both the same bits.
+TEST(ModelMpi, TwoModelsOfOneProcessEachRunTheirOwnGemmKind) {
+  try {
+    kernels::verify_gemm_kind(kernels::GemmKind::kOneDnnBf16);
+  } catch (const GemmUnavailable& e) {
+    GTEST_SKIP() << "no bf16 GEMM on this CPU, nothing to tell apart: " << e.reason();
+  }
+  auto world = parallel::Comm::world(60.0);
+  const auto self = world.split(world.rank(), 0, "self");
+  const auto cfg = tiny_config();
+  const Batch b = make_batch(2, cfg.seq_len, cfg.vocab_size);
+  runtime::ModelOptions fp32{2, 1, false};
+  fp32.gemm = kernels::GemmKind::kOpenBlasF32;
+  runtime::ModelOptions bf16 = fp32;
+  bf16.gemm = kernels::GemmKind::kOneDnnBf16;
+  kernels::Arena arena32(64 << 20), arena16(64 << 20);
+  Model m32(cfg, whole(cfg.n_layers), self, arena32, fp32);
+  Model m16(cfg, whole(cfg.n_layers), self, arena16, bf16);
+  m32.init(5);
+  m16.init(5);
+  const auto grads = [](Model& m) {
+    return std::vector<float>(m.state().grads.data(),
+                              m.state().grads.data() + m.state().grads.size());
+  };
+  const double loss32 = loss_of(m32, b, true);
+  const std::vector<float> grads32 = grads(m32);
+  const double loss16 = loss_of(m16, b, true);
+  const std::vector<float> grads16 = grads(m16);
+  // The fp32 Model after the bf16 one ran: the same bits as before, not the bf16 Model's.
+  EXPECT_EQ(loss_of(m32, b, true), loss32);
+  EXPECT_EQ(grads(m32), grads32);
+  EXPECT_NE(grads16, grads32) << "the bf16 Model computed in fp32";
+  EXPECT_NEAR(loss16, loss32, 1e-2 * std::fabs(loss32)) << "bf16 inputs, fp32 sums: close";
+  // And the bf16 Model after the fp32 one ran again: its own bits.
+  EXPECT_EQ(loss_of(m16, b, true), loss16);
+  EXPECT_EQ(grads(m16), grads16);
 }
 
 TEST(ModelMpi, ArenaTooSmallFailsAtBuildNamingTheTensor) {

@@ -15,11 +15,12 @@ declare -A allowed=(
   [runtime/provenance]="runtime/provenance runtime/recipe runtime/data checkpoint kernels"
   [runtime/supervise]="runtime/supervise runtime/launch runtime/recipe parallel checkpoint kernels"
   [runtime/model]="runtime/model runtime/recipe parallel kernels"
-  [runtime/stage]="runtime/stage runtime/model runtime/launch runtime/data runtime/recipe parallel checkpoint kernels"
-  [runtime/train]="runtime/train runtime/stage runtime/provenance runtime/model runtime/launch runtime/data runtime/recipe parallel checkpoint kernels"
-  [runtime/plan]="runtime/plan runtime/stage runtime/model runtime/launch runtime/data runtime/recipe parallel checkpoint kernels"
-  [runtime/use]="runtime/use runtime/stage runtime/provenance runtime/model runtime/launch runtime/data runtime/recipe parallel checkpoint kernels"
-  [runtime/selfcheck]="runtime/selfcheck runtime/plan runtime/stage runtime/model runtime/launch runtime/data runtime/recipe parallel checkpoint kernels"
+  [runtime/machine]="runtime/machine runtime/launch runtime/recipe parallel checkpoint kernels"
+  [runtime/stage]="runtime/stage runtime/machine runtime/model runtime/launch runtime/data runtime/recipe parallel kernels"
+  [runtime/train]="runtime/train runtime/stage runtime/provenance runtime/machine runtime/model runtime/launch runtime/data runtime/recipe parallel checkpoint kernels"
+  [runtime/plan]="runtime/plan runtime/stage runtime/machine runtime/model runtime/launch runtime/data runtime/recipe parallel checkpoint kernels"
+  [runtime/use]="runtime/use runtime/stage runtime/provenance runtime/machine runtime/model runtime/launch runtime/data runtime/recipe parallel checkpoint kernels"
+  [runtime/selfcheck]="runtime/selfcheck runtime/plan runtime/stage runtime/machine runtime/model runtime/launch runtime/data runtime/recipe parallel checkpoint kernels"
 )
 fail=0 checked=0
 for folder in "${!allowed[@]}"; do

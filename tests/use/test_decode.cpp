@@ -19,6 +19,8 @@ namespace {
 namespace k = t3d::kernels;
 using k::ref::Vec;
 
+constexpr k::GemmKind kFp32 = k::GemmKind::kOpenBlasF32;
+
 TEST(use_decode, attention_decode_matches_reference_at_every_position) {
   const int T = 19, H = 6, Hkv = 2, D = 8;  // grouped-query: 3 query heads per kv head
   const auto q = k::ref::random_floats(size_t(T) * H * D, 1, -2, 2);
@@ -76,25 +78,25 @@ std::vector<float> full_forward(const SnapshotWeights& w, const std::vector<int3
     const std::string p = "model.layers." + std::to_string(l) + ".";
     k::rmsnorm_forward(xn.data(), rstd.data(), x.data(), W(p + "input_layernorm.weight"), T, C,
                        eps);
-    k::linear_forward(q.data(), xn.data(), W(p + "self_attn.q_proj.weight"), T, C, H * D);
-    k::linear_forward(kk.data(), xn.data(), W(p + "self_attn.k_proj.weight"), T, C, Hkv * D);
-    k::linear_forward(v.data(), xn.data(), W(p + "self_attn.v_proj.weight"), T, C, Hkv * D);
+    k::linear_forward(kFp32, q.data(), xn.data(), W(p + "self_attn.q_proj.weight"), T, C, H * D);
+    k::linear_forward(kFp32, kk.data(), xn.data(), W(p + "self_attn.k_proj.weight"), T, C, Hkv * D);
+    k::linear_forward(kFp32, v.data(), xn.data(), W(p + "self_attn.v_proj.weight"), T, C, Hkv * D);
     k::rope_forward(q.data(), q.data(), rope.data(), 1, T, H, D, 0);
     k::rope_forward(kk.data(), kk.data(), rope.data(), 1, T, Hkv, D, 0);
-    k::attention_forward(att.data(), lse.data(), q.data(), kk.data(), v.data(), scratch.data(),
-                         shape);
-    k::linear_forward(x.data(), att.data(), W(p + "self_attn.o_proj.weight"), T, H * D, C,
+    k::attention_forward(kFp32, att.data(), lse.data(), q.data(), kk.data(), v.data(),
+                         scratch.data(), shape);
+    k::linear_forward(kFp32, x.data(), att.data(), W(p + "self_attn.o_proj.weight"), T, H * D, C,
                       k::Out::kAccumulate);
     k::rmsnorm_forward(xn.data(), rstd.data(), x.data(), W(p + "post_attention_layernorm.weight"),
                        T, C, eps);
-    k::linear_forward(gate.data(), xn.data(), W(p + "mlp.gate_proj.weight"), T, C, F);
-    k::linear_forward(up.data(), xn.data(), W(p + "mlp.up_proj.weight"), T, C, F);
+    k::linear_forward(kFp32, gate.data(), xn.data(), W(p + "mlp.gate_proj.weight"), T, C, F);
+    k::linear_forward(kFp32, up.data(), xn.data(), W(p + "mlp.up_proj.weight"), T, C, F);
     k::swiglu_forward(h.data(), gate.data(), up.data(), T * F);
-    k::linear_forward(x.data(), h.data(), W(p + "mlp.down_proj.weight"), T, F, C,
+    k::linear_forward(kFp32, x.data(), h.data(), W(p + "mlp.down_proj.weight"), T, F, C,
                       k::Out::kAccumulate);
   }
   k::rmsnorm_forward(xn.data(), rstd.data(), x.data(), W("model.norm.weight"), T, C, eps);
-  k::linear_forward(logits.data(), xn.data(), W("lm_head.weight"), T, C, V);
+  k::linear_forward(kFp32, logits.data(), xn.data(), W("lm_head.weight"), T, C, V);
   return logits;
 }
 
@@ -104,7 +106,7 @@ TEST(use_decode, cached_logits_match_whole_sequence_forward) {
   std::vector<int32_t> tokens;
   for (int t = 0; t < m.seq_len; ++t) tokens.push_back((7 * t + 3) % m.vocab_size);
   const std::vector<float> expected = full_forward(w, tokens);
-  Decoder decoder(w);
+  Decoder decoder(w, kFp32);
   double worst = 0;
   for (int t = 0; t < m.seq_len; ++t) {
     const auto logits = decoder.step(tokens[t]);
@@ -124,7 +126,7 @@ TEST(use_decode, greedy_and_seeded_sampling_are_deterministic) {
   const SnapshotWeights w = random_weights(m);
   const std::vector<int32_t> prompt = {1, 2, 3};
   const auto run = [&](const SamplingOptions& o, int64_t n = 40) {
-    Decoder d(w);
+    Decoder d(w, kFp32);
     return generate(d, prompt, n, m.vocab_size, o);
   };
   // 40 new tokens after a 3-token prompt pass the 16-position context twice: the cache refills.
@@ -136,7 +138,7 @@ TEST(use_decode, greedy_and_seeded_sampling_are_deterministic) {
   EXPECT_EQ(a, b) << "same seed, same tokens";
   EXPECT_NE(a, c) << "another seed, other tokens";
   // The first greedy token is the argmax of the prompt's last logits.
-  Decoder d(w);
+  Decoder d(w, kFp32);
   std::span<const float> logits;
   for (const int32_t t : prompt) logits = d.step(t);
   EXPECT_EQ(greedy[0], std::max_element(logits.begin(), logits.end()) - logits.begin());
@@ -159,7 +161,7 @@ TEST(use_decode, top_k_and_vocab_limit_bound_the_choice) {
 
 TEST(use_decode, empty_prompt_is_a_user_error) {
   const SnapshotWeights w = random_weights(tiny_config());
-  Decoder d(w);
+  Decoder d(w, kFp32);
   EXPECT_THROW(generate(d, {}, 5, 40, {}), UserError);
 }
 

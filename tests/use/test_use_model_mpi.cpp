@@ -64,7 +64,7 @@ TEST(UseModelMpi, DecoderLossEqualsModelForward) {
     const auto v = m.state().params.view(t.name);
     t.data.assign(v.data, v.data + v.numel);
   }
-  runtime::Decoder decoder(w);
+  runtime::Decoder decoder(w, kernels::GemmKind::kOpenBlasF32);  // the Model's default kind
   double decoder_loss = 0;
   for (int64_t t = 0; t < cfg.seq_len; ++t) {
     const auto logits = decoder.step(tokens[t]);

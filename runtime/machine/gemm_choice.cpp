@@ -1,9 +1,8 @@
-#include "runtime/stage/gemm_choice.h"
+#include "runtime/machine/gemm_choice.h"
 
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -14,6 +13,7 @@
 #include "kernels/blas.h"
 #include "kernels/check.h"
 #include "kernels/peak.h"
+#include "runtime/machine/machine.h"
 
 namespace t3d::runtime {
 
@@ -25,11 +25,7 @@ namespace {
 constexpr int kMeasureRounds = 4;
 constexpr int64_t kMaxMeasuredRows = 4096;
 
-fs::path cache_dir() {
-  const char* home = std::getenv("HOME");
-  return fs::path(home && *home ? home : "/tmp") / ".cache/titan3d";
-}
-fs::path cache_file() { return cache_dir() / "gemm_choice.txt"; }
+fs::path cache_file() { return fs::path(cache_dir()) / "gemm_choice.txt"; }
 
 // Cache files: one line per key, "key<TAB>value value ...", appended; the first line whose key
 // and value count match answers. Keys have no blanks (they are replaced by '_').
@@ -248,15 +244,13 @@ size_t preferred_gemm(const std::vector<MeasuredGemm>& rates) {
   return winner;
 }
 
-GemmChoice choose_gemm(Job& job) {
-  Recipe& r = job.recipe;
+GemmChoice choose_gemm(const Job& job) {
+  const Recipe& r = job.recipe;
   const parallel::Comm& world = job.mesh->world();
   const bool root = world.rank() == 0;
   GemmChoice c;
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int local = std::max(1, job.env.local_size);
-  c.threads = threads_per_rank(static_cast<int>(r.hardware.threads_per_rank), cores, local);
-  kernels::set_rank_threads(c.threads);
+  c.threads = setup_rank_threads(r, job.env, /*report=*/false);
 
   TrainPrecision precision = r.train.precision;
   GemmLibrary library = r.hardware.gemm;
@@ -317,10 +311,7 @@ GemmChoice choose_gemm(Job& job) {
   if (precision == TrainPrecision::kAuto)
     precision = kernels::gemm_kind_is_bf16(c.kind) ? TrainPrecision::kBf16 : TrainPrecision::kFp32;
   c.precision = precision;
-  r.train.precision = c.precision;
-  r.hardware.gemm = c.library;
   kernels::verify_gemm_kind(c.kind);
-  kernels::set_linear_gemm(c.kind);
 
   if (root) record(c, job.run_dir);
   return c;
@@ -331,7 +322,8 @@ HostPeaks host_peaks(GemmKind kind, int64_t rows, int64_t in, int64_t out, int c
   const std::string cpu = kernels::cpu_model_name();
   const bool bf16 = kernels::gemm_kind_is_bf16(kind) && kernels::cpu_has_bf16_dot();
   p.hardware_what = bf16 ? "bf16 dot product" : "fp32 FMA";
-  p.hardware_gflops = cores * cached_number(cache_dir() / "core_peak.txt", cpu + "|" + p.hardware_what, [&] {
+  const fs::path dir = cache_dir();
+  p.hardware_gflops = cores * cached_number(dir / "core_peak.txt", cpu + "|" + p.hardware_what, [&] {
     const auto peak = kernels::measure_core_peak();
     return bf16 ? peak.bf16_gflops : peak.fp32_gflops;
   });
@@ -339,7 +331,7 @@ HostPeaks host_peaks(GemmKind kind, int64_t rows, int64_t in, int64_t out, int c
   std::ostringstream key;
   key << cpu << "|" << kernels::gemm_kind_name(kind) << "|" << kernels::openblas_corename() << "|"
       << kernels::onednn_version_string() << "|" << rows << "x" << in << "x" << out;
-  p.gemm_gflops = cores * cached_number(cache_dir() / "gemm_peak.txt", key.str(), [&] {
+  p.gemm_gflops = cores * cached_number(dir / "gemm_peak.txt", key.str(), [&] {
     double best = 0;
     for (int i = 0; i < 3; ++i)
       best = std::max({best, kernels::measure_gemm_gflops(kind, rows, in, out, 1, 5),
@@ -349,16 +341,20 @@ HostPeaks host_peaks(GemmKind kind, int64_t rows, int64_t in, int64_t out, int c
   return p;
 }
 
-GemmKind apply_recorded_gemm(const Recipe& recipe) {
-  // A recipe that was never resolved (a hand-written one given to eval) runs exact fp32.
+JobPrecision recorded_precision(const Recipe& recipe) {
   const TrainPrecision precision = recipe.train.precision == TrainPrecision::kAuto
                                        ? TrainPrecision::kFp32
                                        : recipe.train.precision;
   const GemmLibrary library =
       recipe.hardware.gemm == GemmLibrary::kAuto ? GemmLibrary::kOpenBlas : recipe.hardware.gemm;
-  const GemmKind kind = gemm_kind_of(precision, library);
-  kernels::set_linear_gemm(kind);
-  return kind;
+  return {gemm_kind_of(precision, library), precision};
+}
+
+Recipe recipe_as_run(const Job& job) {
+  Recipe r = job.recipe;
+  r.train.precision = job.precision().train;
+  r.hardware.gemm = library_of(job.precision().gemm);
+  return r;
 }
 
 }  // namespace t3d::runtime

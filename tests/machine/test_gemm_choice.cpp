@@ -1,11 +1,11 @@
 // Which GEMM kinds a recipe's train.precision and hardware.gemm let the measurement choose from,
-// and what a resolved pair means (runtime/stage/gemm_choice.h).
+// and what a resolved pair means (runtime/machine/gemm_choice.h).
 #include <gtest/gtest.h>
 
 #include <vector>
 
 #include "kernels/check.h"
-#include "runtime/stage/gemm_choice.h"
+#include "runtime/machine/gemm_choice.h"
 
 namespace t3d::runtime {
 namespace {
@@ -42,13 +42,12 @@ TEST(GemmChoice, UnresolvedRecipeAppliesExactFp32) {
   Recipe r;
   r.train.precision = P::kAuto;
   r.hardware.gemm = L::kAuto;
-  EXPECT_EQ(apply_recorded_gemm(r), GemmKind::kOpenBlasF32);
-  EXPECT_EQ(kernels::linear_gemm(), GemmKind::kOpenBlasF32);
+  EXPECT_EQ(recorded_precision(r).gemm, GemmKind::kOpenBlasF32);
+  EXPECT_EQ(recorded_precision(r).train, P::kFp32);
   r.train.precision = P::kBf16;
   r.hardware.gemm = L::kOneDnn;
-  EXPECT_EQ(apply_recorded_gemm(r), GemmKind::kOneDnnBf16);
-  EXPECT_EQ(kernels::linear_gemm(), GemmKind::kOneDnnBf16);
-  kernels::set_linear_gemm(GemmKind::kOpenBlasF32);
+  EXPECT_EQ(recorded_precision(r).gemm, GemmKind::kOneDnnBf16);
+  EXPECT_EQ(recorded_precision(r).train, P::kBf16);
 }
 
 // Rates measured on AMD EPYC Zen 3 (fp32 OpenBLAS and oneDNN within noise of each other at a

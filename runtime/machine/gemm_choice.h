@@ -17,9 +17,12 @@
 // within the machine's noise keep the earlier one, so re-measuring (a new machine, an emptied
 // cache, another layout's key) gives the same answer, and only a clear speed-up changes bits.
 //
-// The decision is written back into the job's recipe as concrete values (train.precision fp32 or
-// bf16, hardware.gemm openblas or onednn), so the snapshots' recipes record it and `resume`
-// continues with it; `snapshot.resume` with `auto` values takes them from the snapshot it resumes.
+// The decision is a value, JobPrecision (runtime/launch/job.h): the verb stores it in its Job once
+// (Job::set_precision) and everything that computes reads it from there (the stage's Model, the
+// peaks); the user's recipe is not changed. Snapshots record it as concrete recipe values
+// (train.precision fp32 or bf16, hardware.gemm openblas or onednn: recipe_as_run), so `resume`
+// continues with it (`snapshot.resume` with `auto` values takes them from the snapshot it
+// resumes) and eval runs the kind the snapshot trained with (recorded_precision).
 #pragma once
 
 #include <string>
@@ -51,6 +54,7 @@ struct GemmChoice {
   std::string source;     // how it was decided: "measured", "cached", "the recipe", or a snapshot
   std::vector<MeasuredGemm> rates;  // per rank; empty when there was nothing to choose
   int threads = 1;
+  JobPrecision job_precision() const { return {kind, precision}; }
 };
 
 // The kind a resolved (precision, library) pair means; `auto` in either is a caller's bug.
@@ -61,10 +65,12 @@ kernels::GemmKind gemm_kind_of(TrainPrecision precision, GemmLibrary library);
 std::vector<kernels::GemmKind> gemm_candidates(TrainPrecision precision, GemmLibrary library);
 
 // Collective over the job's world. Resolves the recipe's auto values (cache, measurement, or the
-// snapshot being resumed), writes the concrete values into job.recipe, sets the threads of the
-// OpenMP and OpenBLAS pools and the linear layers' kind, verifies that kind against a reference,
-// logs the decision with its numbers on rank 0 and writes it to <run dir>/gemm_choice.json.
-GemmChoice choose_gemm(Job& job);
+// snapshot being resumed), sets the threads of the OpenMP and OpenBLAS pools
+// (setup_rank_threads), verifies the chosen kind against a reference, logs the decision with its
+// numbers on rank 0 and writes it to <run dir>/gemm_choice.json. Returns the decision; changes
+// neither the job nor anything global but the threads: the caller stores job_precision() in the
+// job.
+GemmChoice choose_gemm(const Job& job);
 
 // The denominators of MFU for a host of `cores` cores training with `kind` (docs/metrics.md):
 // the hardware's peak in the precision the GEMMs run in (kernels/peak.h: the fp32 FMA loop, or
@@ -77,8 +83,13 @@ struct HostPeaks {
 };
 HostPeaks host_peaks(kernels::GemmKind kind, int64_t rows, int64_t in, int64_t out, int cores);
 
-// Applies a resolved recipe's choice in a process that does not train (eval, generate, export,
-// selfcheck): no measurement, no collectives.
-kernels::GemmKind apply_recorded_gemm(const Recipe& recipe);
+// The choice a recipe records (a snapshot's, resolved by the run that wrote it), for a job that
+// does not measure (eval, selfcheck, calibration): no measurement, no collectives. A key left at
+// auto (a hand-written recipe) takes the exact one: train.precision fp32, hardware.gemm openblas.
+JobPrecision recorded_precision(const Recipe& recipe);
+
+// The recipe as `job` runs it: the user's, with train.precision and hardware.gemm the job's
+// precision. What snapshots store, so that resume and eval take the same choice.
+Recipe recipe_as_run(const Job& job);
 
 }  // namespace t3d::runtime
