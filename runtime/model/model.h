@@ -27,7 +27,7 @@
 #include "kernels/arena.h"
 #include "kernels/ops.h"
 #include "parallel/comm.h"
-#include "parallel/grad_reducer.h"
+#include "parallel/zero.h"
 #include "parallel/pipeline_split.h"
 #include "runtime/model/model_spec.h"
 #include "runtime/recipe/recipe.h"

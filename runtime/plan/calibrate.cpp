@@ -103,6 +103,8 @@ void measure_block(const Job& job, Measured& m) {
   const Comm& world = job.mesh->world();
   const Comm& tp = job.mesh->group(Dim::tp);
   setup_rank_threads(r, job.env, /*report=*/false);
+  // Not build_stage: the probe is one middle block of a 3-layer model, not this rank's stage; its
+  // options are the stage's (model_options).
   ModelConfig cfg = r.model;
   cfg.n_layers = 3;
   parallel::LayerRange middle;

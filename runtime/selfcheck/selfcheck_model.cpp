@@ -69,6 +69,8 @@ void check_replicas(const Job& job, std::vector<CheckRow>& rows) {
   std::vector<std::string> names;
   std::vector<int> split;
   try {
+    // Not build_stage: the check needs two Models of this stage, the tp-sharded one and an
+    // unsharded reference over a one-rank group; both take the stage's chunks and options.
     const auto chunks = stage_chunks(job);
     const ModelOptions options =
         model_options(r, job.precision(), StagePurpose::kForward, 1, nullptr, nullptr);
