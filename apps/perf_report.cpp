@@ -12,7 +12,7 @@
 #include "kernels/gemm.h"
 #include "parallel/simulator.h"
 #include "parallel/trace.h"
-#include "runtime/plan/planner.h"
+#include "runtime/cost/planner.h"
 
 namespace t3d::runtime {
 

@@ -24,7 +24,7 @@
 #include "runtime/launch/job.h"
 #include "runtime/launch/launch.h"
 #include "runtime/machine/gemm_choice.h"
-#include "runtime/plan/planner.h"
+#include "runtime/plan/plan_verb.h"
 #include "runtime/recipe/recipe.h"
 #include "runtime/selfcheck/selfcheck.h"
 #include "runtime/stage/stage.h"

@@ -129,18 +129,24 @@ const JobPrecision& Job::precision() const {
   return *precision_;
 }
 
+std::string host_name() {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  return host;
+}
+
 Job join_world(Recipe recipe, const std::string& log_level_override, bool needs_data,
                bool lock_run_dir) {
   Job job;
   job.env = detect_launch_env();
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
-  job.hostname = host;
+  job.hostname = host_name();
   auto world = parallel::Comm::world(recipe.parallel.timeout_s);
   // Every rank's host, before the mesh splits the world: the groups inherit it, so the watchdog
   // can name hosts, and rank 0 can check where the tp groups landed.
   constexpr size_t kHost = 256;
   std::vector<char> hosts(kHost * world.size());
+  char host[kHost] = {};
+  job.hostname.copy(host, kHost - 1);
   world.all_gather(host, hosts.data(), kHost);
   for (int r = 0; r < world.size(); ++r) job.hosts.emplace_back(hosts.data() + r * kHost);
   world.set_world_hosts(job.hosts);
@@ -294,10 +300,8 @@ bool release_lock_of_ended_job(const std::string& run_dir) {
   const std::string path = run_dir + "/lock";
   const std::string holder = read_text(path);
   if (holder.empty()) return false;
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
   const long pid = std::atol(lock_field(holder, "pid").c_str());
-  if (lock_field(holder, "host") != host || pid <= 0 ||
+  if (lock_field(holder, "host") != host_name() || pid <= 0 ||
       process_start(pid) == lock_field(holder, "pid_start"))
     return false;
   return std::remove(path.c_str()) == 0;

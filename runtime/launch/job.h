@@ -15,6 +15,9 @@
 
 namespace t3d::runtime {
 
+// This host's name (gethostname): in logs, locks, incidents and cache keys.
+std::string host_name();
+
 // MPI_Init_thread / MPI_Finalize as an RAII pair.
 class MpiRuntime {
  public:
@@ -76,7 +79,7 @@ struct Job {
   LaunchEnv env;
   std::unique_ptr<parallel::Mesh> mesh;
   std::string run_dir;  // run.dir, or run.dir/slurm-<job id> under SLURM (job_run_dir)
-  std::string hostname;
+  std::string hostname;  // host_name()
   std::vector<std::string> hosts;  // host name of every world rank
   std::unique_ptr<RunLock> lock;   // training jobs only (join_world's `lock_run_dir`)
 

@@ -22,8 +22,8 @@
 #include "runtime/launch/job.h"
 #include "runtime/machine/machine.h"
 #include "runtime/model/model.h"
-#include "runtime/plan/planner.h"
-#include "runtime/plan/planner_cost.h"
+#include "runtime/cost/planner.h"
+#include "runtime/cost/planner_cost.h"
 #include "runtime/stage/stage.h"
 
 namespace t3d::runtime {
@@ -34,12 +34,6 @@ using Clock = std::chrono::steady_clock;
 using parallel::Comm;
 using parallel::Dim;
 using parallel::ReduceOp;
-
-int64_t micro_rows_of(const Recipe& r) {
-  const int64_t dp = r.parallel.dp > 0 ? r.parallel.dp : 1;
-  return rows_per_micro(r.train.global_batch, static_cast<int>(dp),
-                        static_cast<int>(r.train.micro_batches));
-}
 
 // Seconds per call of `fn` on the slowest rank (a step waits for its slowest rank), the median of
 // `windows` timed windows of about `window_s` each: the machine is shared, and one window caught
@@ -110,7 +104,7 @@ void measure_block(const Job& job, Measured& m) {
   parallel::LayerRange middle;
   middle.begin = 1, middle.end = 2;
   const ModelOptions opt =
-      model_options(r, job.precision(), StagePurpose::kForward, micro_rows_of(r), nullptr, nullptr);
+      model_options(r, job.precision(), StagePurpose::kForward, micro_batch_rows(r), nullptr, nullptr);
   kernels::Arena arena(static_cast<size_t>(r.hardware.hbm_gib * double(1ull << 30)));
   Model model(cfg, {middle}, tp, arena, opt);
   model.init(static_cast<uint64_t>(r.train.seed));
@@ -148,7 +142,7 @@ std::string cluster_toml(const Recipe& r, const Measured& m, const std::string& 
   const double lat_us = m.latency_s > 0 ? m.latency_s * 1e6 : 2.0;
   std::ostringstream os;
   os << "# Written by `titan3d plan --calibrate` on " << host << " for " << world
-     << " rank(s), micro-batch " << micro_rows_of(r) << " × " << r.model.seq_len
+     << " rank(s), micro-batch " << micro_batch_rows(r) << " × " << r.model.seq_len
      << " tokens, tp " << r.parallel.tp << ", precision " << choice_name(r.train.precision) << ".\n"
      << fmt::format("# block fwd+bwd {:.4g} ms (of which tp all-reduces 4 × {:.4g} ms), {:.4g} "
                     "MFLOP -> {:.4g} GFLOP/s per rank, all ranks at once\n",
@@ -172,23 +166,7 @@ std::string cluster_toml(const Recipe& r, const Measured& m, const std::string& 
   return os.str();
 }
 
-std::string host_name() {
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
-  return host;
-}
-
 }  // namespace
-
-std::string calibration_cache_path(const Recipe& r) {
-  const auto& m = r.model;
-  const std::string key = fmt::format(
-      "{}|w{} pp{} dp{} tp{} sp{}|rows{} seq{}|dim{} h{} kv{} ffn{} V{}|{}|threads{}", host_name(),
-      r.world_size(), r.parallel.pp, r.parallel.dp, r.parallel.tp, r.parallel.sequence_parallel,
-      micro_rows_of(r), m.seq_len, m.dim, m.n_heads, m.n_kv_heads, m.ffn_dim, m.vocab_size,
-      choice_name(r.train.precision), r.hardware.threads_per_rank);
-  return fmt::format("{}/calibration-{:016x}.toml", cache_dir(), std::hash<std::string>{}(key));
-}
 
 Cluster calibrate_local(const Recipe& recipe, const std::vector<std::string>& argv) {
   const std::string path = calibration_cache_path(recipe);

@@ -18,18 +18,12 @@
 #include <string>
 #include <vector>
 
-#include "runtime/plan/cluster.h"
+#include "runtime/cost/cluster.h"
 #include "runtime/recipe/recipe.h"
 
 namespace t3d::runtime {
 
 struct Job;
-
-// Where the calibration of `recipe`'s shape on this machine is cached:
-// <cache_dir()>/calibration-<hash>.toml (runtime/machine/machine.h). The hash covers the host,
-// the world and its mesh, the micro-batch shape, the model's sizes, precision and BLAS threads:
-// everything the measured numbers depend on.
-std::string calibration_cache_path(const Recipe& recipe);
 
 // Spawns the probe under mpirun (`argv`: this process's own command line, to re-execute), writes
 // the cache file and returns the calibrated cluster. UserError if the probe fails.

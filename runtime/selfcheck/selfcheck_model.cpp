@@ -16,7 +16,7 @@
 #include "runtime/data/data_sampler.h"
 #include "runtime/machine/machine.h"
 #include "runtime/model/model.h"
-#include "runtime/plan/planner.h"
+#include "runtime/cost/planner.h"
 #include "runtime/stage/stage.h"
 #include "runtime/selfcheck/selfcheck_internal.h"
 

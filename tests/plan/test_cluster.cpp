@@ -2,7 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "kernels/check.h"
-#include "runtime/plan/cluster.h"
+#include "runtime/cost/cluster.h"
 
 namespace t3d::runtime {
 namespace {

@@ -5,7 +5,7 @@
 #include <cmath>
 
 #include "kernels/check.h"
-#include "runtime/plan/planner.h"
+#include "runtime/cost/planner.h"
 
 namespace t3d::runtime {
 namespace {

@@ -10,7 +10,7 @@
 #include "parallel/pipeline_split.h"
 #include "parallel/zero.h"
 #include "runtime/model/model.h"
-#include "runtime/plan/planner_cost.h"
+#include "runtime/cost/planner_cost.h"
 #include "runtime/stage/stage.h"
 #include "runtime/train/sharded_state.h"
 

@@ -18,9 +18,10 @@ declare -A allowed=(
   [runtime/machine]="runtime/machine runtime/launch runtime/recipe parallel checkpoint kernels"
   [runtime/stage]="runtime/stage runtime/machine runtime/model runtime/launch runtime/data runtime/recipe parallel kernels"
   [runtime/train]="runtime/train runtime/stage runtime/provenance runtime/machine runtime/model runtime/launch runtime/data runtime/recipe parallel checkpoint kernels"
-  [runtime/plan]="runtime/plan runtime/stage runtime/machine runtime/model runtime/launch runtime/data runtime/recipe parallel checkpoint kernels"
+  [runtime/cost]="runtime/cost runtime/model runtime/machine runtime/launch runtime/data runtime/recipe parallel checkpoint kernels"
+  [runtime/plan]="runtime/plan runtime/cost runtime/stage runtime/machine runtime/model runtime/launch runtime/data runtime/recipe parallel checkpoint kernels"
   [runtime/use]="runtime/use runtime/stage runtime/provenance runtime/machine runtime/model runtime/launch runtime/data runtime/recipe parallel checkpoint kernels"
-  [runtime/selfcheck]="runtime/selfcheck runtime/plan runtime/stage runtime/machine runtime/model runtime/launch runtime/data runtime/recipe parallel checkpoint kernels"
+  [runtime/selfcheck]="runtime/selfcheck runtime/cost runtime/stage runtime/machine runtime/model runtime/launch runtime/data runtime/recipe parallel checkpoint kernels"
 )
 fail=0 checked=0
 for folder in "${!allowed[@]}"; do

@@ -1,4 +1,4 @@
-#include "runtime/plan/cluster.h"
+#include "runtime/cost/cluster.h"
 
 #include <algorithm>
 #include <fstream>

@@ -1,4 +1,4 @@
-#include "runtime/plan/planner_cost.h"
+#include "runtime/cost/planner_cost.h"
 
 #include <spdlog/fmt/fmt.h>
 

@@ -1,16 +1,17 @@
-// `titan3d plan`: enumerate every valid (dp, tp, pp, micro-batches, schedule, ZeRO stage,
+// The planner as a pure library (no MPI; the `plan` verb and its calibration probe are in
+// runtime/plan/): enumerate every valid (dp, tp, pp, micro-batches, schedule, ZeRO stage,
 // activation checkpointing) for a model on a cluster, price each with the cost model
-// (runtime/plan/planner_cost.h), and rank them. The table, the per-mesh verdicts, the arithmetic of
+// (runtime/cost/planner_cost.h), and rank them. The table, the per-mesh verdicts, the arithmetic of
 // one layout (--explain), its simulated timeline (--schedule) and a ready recipe for the best
-// (--write-recipe) all come from here; apps/titan3d.cpp only parses the command line.
+// (--write-recipe) all come from here; the end-of-run table and selfcheck read the recipe's own plan.
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "runtime/plan/cluster.h"
-#include "runtime/plan/planner_cost.h"
+#include "runtime/cost/cluster.h"
+#include "runtime/cost/planner_cost.h"
 #include "runtime/recipe/recipe.h"
 
 namespace t3d::runtime {
@@ -76,22 +77,16 @@ struct RecipePlan {
 };
 RecipePlan plan_of_recipe(const Recipe& recipe);
 
-struct PlanOptions {
-  std::string recipe;
-  std::vector<Override> overrides;
-  std::string cluster;  // empty: local_cluster()
-  int64_t top = 10;
-  int64_t explain = -1;      // -1 none; 0 the recipe's own layout; N row N of the table
-  std::string write_recipe;  // write the best layout as a recipe here
-  bool schedule = false;     // print the recipe layout's simulated timeline
-  std::string svg;           // ... and draw it here
-  bool calibrate = false;
-  std::string calibrate_probe;    // internal: this process is a rank of the probe; write here
-  std::vector<std::string> argv;  // titan3d's own command line, for the probe to re-execute
-  std::vector<int64_t> zero;  // ZeRO stages to try; empty: all
-};
+// The recipe's micro-batch rows (rows_per_micro; dp = -1, the rest of the world, counts as 1).
+int64_t micro_batch_rows(const Recipe& recipe);
 
-// Runs the verb, printing to stdout. UserError for bad input (apps/ maps it to exit 2).
-int run_plan(const PlanOptions& options);
+// Where the calibration of `recipe`'s shape on this machine is cached:
+// <cache_dir()>/calibration-<hash>.toml (runtime/machine/machine.h). The hash covers the host,
+// the world and its mesh, the micro-batch shape, the model's sizes, precision and BLAS threads:
+// everything the measured numbers depend on.
+std::string calibration_cache_path(const Recipe& recipe);
+
+// 1234567 as "1,234,567": the tables' numbers.
+std::string thousands(double x);
 
 }  // namespace t3d::runtime

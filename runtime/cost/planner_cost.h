@@ -16,7 +16,7 @@
 
 #include "parallel/schedule.h"
 #include "parallel/simulator.h"
-#include "runtime/plan/cluster.h"
+#include "runtime/cost/cluster.h"
 #include "runtime/recipe/recipe.h"
 
 namespace t3d::runtime {
