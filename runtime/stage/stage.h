@@ -1,5 +1,6 @@
-// One rank's pipeline stage, built one way for every verb that runs the model: train, eval,
-// calibration and selfcheck (and the tests). From the recipe, the mesh and the job's precision
+// One rank's pipeline stage, built one way for the verbs that run the model's stage: train and
+// eval (calibration's one-block probe and selfcheck's sharded-vs-unsharded check build Models of
+// their own from model_options, for the reasons they state). From the recipe, the mesh and the job's precision
 // (Job::precision: the GEMM kind and train.precision, decided before) it derives
 //   - the compute threads (OpenBLAS and OpenMP pools: runtime/machine/machine.h) and a check that
 //     the GEMMs compute right,
