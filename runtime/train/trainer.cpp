@@ -9,27 +9,20 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
-#include <limits>
 #include <optional>
-#include <sstream>
 #include <thread>
 
 #include "kernels/arena.h"
 #include "kernels/blas.h"
 #include "kernels/check.h"
 #include "kernels/gemm.h"
-#include "kernels/ops.h"
 #include "parallel/fault.h"
-#include "parallel/zero.h"
-#include "parallel/pipeline_split.h"
-#include "parallel/schedule.h"
 #include "parallel/trace.h"
+#include "parallel/zero.h"
 #include "runtime/data/data.h"
 #include "runtime/data/data_sampler.h"
 #include "runtime/launch/logging.h"
+#include "runtime/launch/stop_signal.h"
 #include "runtime/machine/gemm_choice.h"
 #include "runtime/model/model.h"
 #include "runtime/stage/executor.h"
@@ -37,12 +30,10 @@
 #include "runtime/train/metrics.h"
 #include "runtime/train/sharded_state.h"
 #include "runtime/train/snapshots.h"
-#include "runtime/launch/stop_signal.h"
 #include "runtime/train/training_math.h"
 
 namespace t3d::runtime {
 
-namespace fs = std::filesystem;
 using parallel::Dim;
 using Clock = std::chrono::steady_clock;
 

@@ -2,28 +2,23 @@
 
 #include <spdlog/spdlog.h>
 
-#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <optional>
-#include <thread>
 
 #include "checkpoint/io_thread.h"
 #include "checkpoint/snapshot.h"
 #include "kernels/arena.h"
-#include "kernels/blas.h"
 #include "kernels/check.h"
 #include "kernels/gemm.h"
 #include "kernels/ops.h"
-#include "parallel/pipeline_split.h"
-#include "parallel/schedule.h"
 #include "runtime/data/data.h"
 #include "runtime/data/data_sampler.h"
 #include "runtime/data/text_tokenizer.h"
 #include "runtime/model/model.h"
 #include "runtime/stage/executor.h"
-#include "runtime/stage/stage.h"
 #include "runtime/provenance/provenance.h"
+#include "runtime/stage/stage.h"
 
 namespace t3d::runtime {
 
