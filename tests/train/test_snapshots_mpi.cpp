@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -32,7 +33,8 @@ namespace ck = checkpoint;
 // Several buckets, so that ZeRO slices are uneven and every rank writes boxes of its own.
 constexpr double kBucketMb = 0.02;
 
-Recipe small_recipe(const std::string& dir, int zero) {
+// `data`: a file the stored recipe can name (resume re-validates it).
+Recipe small_recipe(const std::string& dir, const std::string& data, int zero) {
   Recipe r;
   r.model = ModelConfig{.vocab_size = 96, .dim = 64, .n_layers = 3, .n_heads = 4,
                         .n_kv_heads = 2, .ffn_dim = 176, .seq_len = 16};
@@ -40,7 +42,7 @@ Recipe small_recipe(const std::string& dir, int zero) {
   r.parallel.zero = zero;
   r.parallel.bucket_mb = kBucketMb;
   r.train.steps = 10;
-  r.data.path = "";  // no training file: no data hash to record
+  r.data.path = data;
   r.snapshot.every = 1;
   r.snapshot.dir = dir;
   r.snapshot.keep = 3;
@@ -119,9 +121,10 @@ struct Rank {
 class SnapshotsTest : public ::testing::Test {
  protected:
   parallel::Comm world = parallel::Comm::world(60.0);
-  std::string dir;
+  std::string dir, data;
 
-  // A fresh directory both ranks see (rank 0 makes it), removed afterwards.
+  // A fresh directory both ranks see (rank 0 makes it, with a small training file), removed
+  // afterwards.
   void SetUp() override {
     ASSERT_EQ(world.size(), 2);
     char name[4096] = {};
@@ -129,23 +132,30 @@ class SnapshotsTest : public ::testing::Test {
       std::string tmpl = (fs::temp_directory_path() / "t3d_snapshots_XXXXXX").string();
       ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
       std::strncpy(name, tmpl.c_str(), sizeof(name) - 1);
+      std::FILE* f = std::fopen((tmpl + "/corpus.txt").c_str(), "w");
+      ASSERT_NE(f, nullptr);
+      std::fputs("a few words to train on\n", f);
+      std::fclose(f);
     }
     world.broadcast(name, sizeof(name), 0);
     dir = std::string(name) + "/snapshots";
+    data = std::string(name) + "/corpus.txt";
   }
+  Recipe recipe(const std::string& in, int zero) const { return small_recipe(in, data, zero); }
   void TearDown() override {
     world.barrier();
     if (world.rank() == 0) fs::remove_all(fs::path(dir).parent_path());
   }
 
   std::vector<int64_t> committed() const { return ck::committed_steps(dir); }
+  std::vector<int64_t> committed(const std::string& in) const { return ck::committed_steps(in); }
 };
 
 TEST_F(SnapshotsTest, WriteCommitRestoreEveryZeroStage) {
   for (int zero : {0, 1, 2, 3}) {
     SCOPED_TRACE("ZeRO " + std::to_string(zero));
     const std::string here = dir + "/zero" + std::to_string(zero);
-    Rank a(small_recipe(here, zero), 7);
+    Rank a(recipe(here, zero), 7);
     a.step(1);
     std::vector<float> want, want_params;
     {
@@ -158,14 +168,14 @@ TEST_F(SnapshotsTest, WriteCommitRestoreEveryZeroStage) {
       snap.finish();
     }
     // Committed: the index, and this rank's shard published under its final name.
-    EXPECT_EQ(committed(), std::vector<int64_t>{1});
+    EXPECT_EQ(committed(here), std::vector<int64_t>{1});
     EXPECT_TRUE(fs::exists(ck::index_path(here, 1)));
     const std::string shard = ck::shard_path(here, 1, world.rank());
     EXPECT_TRUE(fs::exists(shard));
     EXPECT_FALSE(fs::exists(ck::temp_path(shard)));
     ASSERT_NE(want, a.owned()) << "the second step changed nothing: the test proves nothing";
 
-    Recipe resume = small_recipe(here, zero);
+    Recipe resume = recipe(here, zero);
     resume.snapshot.resume = ck::index_path(here, 1);
     Rank b(resume, 99);
     ASSERT_NE(b.owned(), want) << "another seed gives the same state: the test proves nothing";
@@ -180,7 +190,7 @@ TEST_F(SnapshotsTest, WriteCommitRestoreEveryZeroStage) {
 // Rank 1's write of step 2 fails like a full disk: the snapshot is dropped on every rank, no
 // file of it remains, the run's final state is reported lost, and step 1 restores.
 TEST_F(SnapshotsTest, FailedWriteIsDroppedAndThePreviousOneRestores) {
-  Rank a(small_recipe(dir, 1), 7);
+  Rank a(recipe(dir, 1), 7);
   a.step(1);
   std::vector<float> want;
   {
@@ -207,7 +217,7 @@ TEST_F(SnapshotsTest, FailedWriteIsDroppedAndThePreviousOneRestores) {
     EXPECT_FALSE(fs::exists(ck::temp_path(shard))) << shard;
   }
 
-  Recipe resume = small_recipe(dir, 1);
+  Recipe resume = recipe(dir, 1);
   resume.snapshot.resume = "latest";
   Rank b(resume, 99);
   Snapshotter snap(b.job, *b.model, *b.state, nullptr);
@@ -220,10 +230,10 @@ TEST_F(SnapshotsTest, FailedWriteIsDroppedAndThePreviousOneRestores) {
 // (steps 4 and 5, newer than any of this run's) are set aside at the fresh start, untouched by
 // retention, and never taken for this run's.
 TEST_F(SnapshotsTest, RetentionRemovesOnlyThisRunsOlderSnapshots) {
-  Recipe recipe = small_recipe(dir, 0);
-  recipe.snapshot.keep = 2;
+  Recipe base = recipe(dir, 0);
+  base.snapshot.keep = 2;
   {
-    Rank previous(recipe, 7);
+    Rank previous(base, 7);
     Snapshotter snap(previous.job, *previous.model, *previous.state, nullptr);
     snap.restore();
     for (int64_t s = 1; s <= 5; ++s) snap.after_step(s, s == 5);
@@ -231,7 +241,7 @@ TEST_F(SnapshotsTest, RetentionRemovesOnlyThisRunsOlderSnapshots) {
   }
   EXPECT_EQ(committed(), (std::vector<int64_t>{4, 5}));
 
-  Rank run(recipe, 11);
+  Rank run(base, 11);
   Snapshotter snap(run.job, *run.model, *run.state, nullptr);
   EXPECT_EQ(snap.restore(), 0);  // a fresh start: the previous run's snapshots are set aside
   EXPECT_TRUE(committed().empty());
@@ -256,7 +266,7 @@ TEST_F(SnapshotsTest, RetentionRemovesOnlyThisRunsOlderSnapshots) {
   }
   EXPECT_EQ(set_aside, 1);
 
-  Recipe resume = recipe;
+  Recipe resume = base;
   resume.snapshot.resume = "latest";
   Rank b(resume, 99);
   Snapshotter again(b.job, *b.model, *b.state, nullptr);
