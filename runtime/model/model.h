@@ -30,6 +30,7 @@
 #include "parallel/zero.h"
 #include "parallel/pipeline_split.h"
 #include "runtime/model/model_spec.h"
+#include "runtime/model/stage_model.h"
 #include "runtime/recipe/recipe.h"
 
 namespace t3d::runtime {
@@ -80,7 +81,9 @@ struct ModelOptions {
 void cp_local_positions(const int32_t* whole, int32_t* local, int64_t rows, int64_t seq_len, int cp,
                         int cp_rank);
 
-class Model {
+// The pipeline executor drives it through StageModel (stage_model.h); `final` lets every direct
+// call on a Model bind statically.
+class Model final : public StageModel {
  public:
   // `chunks`: this rank's layer ranges; `tp`: its tensor-parallel group (size 1: no sharding).
   Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks,
@@ -90,14 +93,14 @@ class Model {
   Model& operator=(const Model&) = delete;
 
   const ModelConfig& config() const { return config_; }
-  const std::vector<parallel::LayerRange>& chunks() const { return chunks_; }
+  const std::vector<parallel::LayerRange>& chunks() const override { return chunks_; }
   const kernels::ParamLayout& layout() const { return layout_; }
   const std::vector<ParamInfo>& params() const { return params_; }  // layout order
   kernels::ModelState& state() { return state_; }
   int64_t rows() const { return rows_; }  // tokens per micro-batch: micro_rows · seq_len / cp
   // Floats of one chunk input / output / input gradient on this rank: rows·C, or rows/tp·C with
   // sequence parallelism (what pipeline stages send each other).
-  int64_t io_floats() const { return rows_local_ * config_.dim; }
+  int64_t io_floats() const override { return rows_local_ * config_.dim; }
   // Sequence parallelism leaves each tp rank with the norm-weight gradient of its own rows only:
   // sum those over tp, before the dp reduction, for the replicated tensors that lie inside
   // `range` (of the gradient region), whose gradients start at `data`.
@@ -117,23 +120,23 @@ class Model {
   // computes the loss gradient scaled by `grad_scale` right away (no logits kept per slot).
   // Returns 0 for chunks that are not last.
   double forward(int chunk, int slot, const int32_t* tokens, const int32_t* targets,
-                 float grad_scale, bool training);
+                 float grad_scale, bool training) override;
   // Backward of `chunk`: `dout` is the gradient of its output (nullptr for the last chunk, which
   // starts from its loss). Parameter gradients accumulate; the first chunk stops at the
   // embedding, others leave the gradient of their input in input_grad(chunk).
-  void backward(int chunk, int slot, const float* dout);
+  void backward(int chunk, int slot, const float* dout) override;
   // The same backward in two parts (ModelOptions::split_backward): B computes the input gradient
   // (and the cheap norm and embedding weight gradients) and keeps what W needs; W, run later,
   // computes the projections' weight gradients. Recomputed blocks do all of it in B, since their
   // activations live in a buffer the next recompute overwrites.
-  void backward_input(int chunk, int slot, const float* dout);
-  void backward_weight(int chunk, int slot);
+  void backward_input(int chunk, int slot, const float* dout) override;
+  void backward_weight(int chunk, int slot) override;
 
-  float* input(int chunk, int slot);              // (rows, C): activations from the previous chunk
-  const float* output(int chunk, int slot) const;  // (rows, C): activations for the next chunk
+  float* input(int chunk, int slot) override;  // (rows, C): activations from the previous chunk
+  const float* output(int chunk, int slot) const override;  // (rows, C): for the next chunk
   // (rows, C): gradient of the chunk's input, per slot so a send can still be in flight while the
   // next micro-batch's backward runs.
-  const float* input_grad(int chunk, int slot) const;
+  const float* input_grad(int chunk, int slot) const override;
 
   // Gradient units: float ranges of the gradient region that become final together. Unit -1 is
   // the embedding, l a transformer block, n_layers the final norm and LM head. In region order.

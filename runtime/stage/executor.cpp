@@ -83,8 +83,8 @@ int PipelineExecutor::local_chunk(int global_chunk) const {
   return c;
 }
 
-double PipelineExecutor::run(Model& model, const MicroBatchSource& source, float grad_scale,
-                             bool training) {
+double PipelineExecutor::run(StageModel& model, const MicroBatchSource& source,
+                             float grad_scale, bool training) {
   if (!training) return run_forward_only(model, source);
   const size_t n = static_cast<size_t>(model.io_floats());
   if (grad_in_.size() < n) grad_in_.resize(n);
@@ -120,7 +120,7 @@ void PipelineExecutor::release_slot(int c, int mb) {
   slot_of_[mb * slots_.size() + c] = -1;
 }
 
-double PipelineExecutor::run_forward(Model& model, const MicroBatchSource& source,
+double PipelineExecutor::run_forward(StageModel& model, const MicroBatchSource& source,
                                      const parallel::Action& a, float grad_scale) {
   const int K = schedule_.num_chunks();
   const size_t n = static_cast<size_t>(model.io_floats());
@@ -151,7 +151,7 @@ double PipelineExecutor::run_forward(Model& model, const MicroBatchSource& sourc
 }
 
 // B, W or BW of one (micro-batch, chunk): W and BW free the micro-batch's slot afterwards.
-void PipelineExecutor::run_backward(Model& model, const parallel::Action& a) {
+void PipelineExecutor::run_backward(StageModel& model, const parallel::Action& a) {
   const int K = schedule_.num_chunks();
   const size_t n = static_cast<size_t>(model.io_floats());
   const int c = local_chunk(a.chunk);
@@ -190,7 +190,7 @@ void PipelineExecutor::run_backward(Model& model, const parallel::Action& a) {
   if (a.op == Op::kBW) release_slot(c, a.mb);
 }
 
-void PipelineExecutor::send(Model& model, const float* data, int peer, int tag) {
+void PipelineExecutor::send(StageModel& model, const float* data, int peer, int tag) {
   // The data is copied into a staging buffer of its own, so the sender never has to wait for a
   // receiver before reusing its activations: waiting there can deadlock interleaved schedules,
   // whose stages feed each other both ways. The pool grows to the step's peak of sends in flight
@@ -217,7 +217,7 @@ void PipelineExecutor::wait_sends() {
   for (auto& st : staging_) pp_.wait(st.request, "pipeline send");
 }
 
-void PipelineExecutor::receive(Model& model, float* data, int peer, int tag) {
+void PipelineExecutor::receive(StageModel& model, float* data, int peer, int tag) {
   const size_t n = static_cast<size_t>(model.io_floats());
   if (wire_ == WirePrecision::kFp32) return pp_.recv(data, n, peer, tag);
   recv16_.resize(n);  // sized once, on the first receive
@@ -225,7 +225,7 @@ void PipelineExecutor::receive(Model& model, float* data, int peer, int tag) {
   kernels::bf16_to_float(data, recv16_.data(), static_cast<int64_t>(n));
 }
 
-double PipelineExecutor::run_forward_only(Model& model, const MicroBatchSource& source) {
+double PipelineExecutor::run_forward_only(StageModel& model, const MicroBatchSource& source) {
   // Micro-batch by micro-batch through the chunks in model order, on slot 0, each send completed
   // at once. Slower than a schedule but deadlock-free for any placement: every wait is on a rank
   // further along the same micro-batch's path, so waits never form a cycle.

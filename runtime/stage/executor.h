@@ -17,7 +17,7 @@
 
 #include "parallel/comm.h"
 #include "parallel/schedule.h"
-#include "runtime/model/model.h"
+#include "runtime/model/stage_model.h"
 
 namespace t3d::runtime {
 
@@ -40,23 +40,25 @@ class PipelineExecutor {
   bool splits_backward() const;
   int max_slots() const;
 
-  // One step: every action of this rank. Returns the summed loss over the micro-batches of the
-  // last chunk (0 on ranks without it). `training` false runs forwards only (validation).
-  double run(Model& model, const MicroBatchSource& source, float grad_scale, bool training);
+  // One step: every action of this rank on `model`, whose chunks() are this rank's chunks of the
+  // schedule in model order. Returns the summed loss over the micro-batches of the last chunk (0
+  // on ranks without it). `training` needs slots_per_chunk() slots per chunk; false runs forwards
+  // only (validation), on slot 0.
+  double run(StageModel& model, const MicroBatchSource& source, float grad_scale, bool training);
 
  private:
   int local_chunk(int global_chunk) const;
-  double run_forward_only(Model& model, const MicroBatchSource& source);
+  double run_forward_only(StageModel& model, const MicroBatchSource& source);
   // One action of a training schedule; run_forward returns the micro-batch's loss share.
-  double run_forward(Model& model, const MicroBatchSource& source, const parallel::Action& a,
-                     float grad_scale);
-  void run_backward(Model& model, const parallel::Action& a);
+  double run_forward(StageModel& model, const MicroBatchSource& source,
+                     const parallel::Action& a, float grad_scale);
+  void run_backward(StageModel& model, const parallel::Action& a);
   int take_slot(int c, int mb);  // a free activation slot of local chunk c for micro-batch mb
   void release_slot(int c, int mb);
   // Point-to-point in the wire precision.
-  void send(Model& model, const float* data, int peer, int tag);
+  void send(StageModel& model, const float* data, int peer, int tag);
   void wait_sends();
-  void receive(Model& model, float* data, int peer, int tag);
+  void receive(StageModel& model, float* data, int peer, int tag);
   // The in-memory hand-over between consecutive chunks on this stage, keyed like the MPI tags.
   bool local(int chunk_a, int chunk_b) const;
   void put_local(const float* data, size_t n, int tag);

@@ -1,0 +1,279 @@
+// Snapshotter on 2 data-parallel ranks with a tiny real Model and ShardedState, against a
+// temporary directory: stage, write, commit (the index and published shards), restore into a
+// fresh state (another seed) bit for bit under every ZeRO stage; a failed write dropped with the
+// previous snapshot still restorable; retention that removes only this run's older snapshots.
+// The Job is built by hand: a recipe struct and the mesh of the two ranks (pp 1, dp 2).
+#include <gtest/gtest.h>
+#include <mpi.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "checkpoint/snapshot.h"
+#include "kernels/arena.h"
+#include "parallel/comm.h"
+#include "parallel/mesh.h"
+#include "parallel/zero.h"
+#include "runtime/launch/job.h"
+#include "runtime/model/model.h"
+#include "runtime/train/sharded_state.h"
+#include "runtime/train/snapshots.h"
+
+namespace t3d::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+namespace ck = checkpoint;
+
+// Several buckets, so that ZeRO slices are uneven and every rank writes boxes of its own.
+constexpr double kBucketMb = 0.02;
+
+// `data`: a file the stored recipe can name (resume re-validates it).
+Recipe small_recipe(const std::string& dir, const std::string& data, int zero) {
+  Recipe r;
+  r.model = ModelConfig{.vocab_size = 96, .dim = 64, .n_layers = 3, .n_heads = 4,
+                        .n_kv_heads = 2, .ffn_dim = 176, .seq_len = 16};
+  r.parallel.dp = 2;
+  r.parallel.zero = zero;
+  r.parallel.bucket_mb = kBucketMb;
+  r.train.steps = 10;
+  r.data.path = data;
+  r.snapshot.every = 1;
+  r.snapshot.dir = dir;
+  r.snapshot.keep = 3;
+  r.snapshot.full_every = 1;
+  return r;
+}
+
+// One rank's job, model and state under the recipe's ZeRO stage, initialised from `seed`.
+struct Rank {
+  Job job;
+  kernels::Arena arena{size_t{64} << 20};
+  std::unique_ptr<Model> model;
+  std::unique_ptr<ShardedState> state;
+
+  Rank(const Recipe& recipe, uint64_t seed) {
+    job.recipe = recipe;
+    job.mesh = std::make_unique<parallel::Mesh>(parallel::MeshShape(1, 2, 1, 1),
+                                                parallel::Comm::world(60.0));
+    const int zero = static_cast<int>(recipe.parallel.zero);
+    ModelOptions o;
+    const parallel::FullRegions full = parallel::full_regions(zero);
+    o.param_region = full.params, o.grad_region = full.grads, o.with_optimizer = full.moments;
+    model = std::make_unique<Model>(recipe.model,
+                                    std::vector<parallel::LayerRange>{{0, 3, true, true}},
+                                    job.mesh->group(parallel::Dim::tp), arena, o);
+    state = std::make_unique<ShardedState>(*model, job.mesh->dp_cp(), zero, kBucketMb, arena);
+    state->init(seed);
+  }
+
+  // An AdamW step on gradients derived from `salt`: parameters and both moments change.
+  void step(int salt) {
+    state->for_each_piece(state->owned(), [&](const ShardedState::Piece& p) {
+      float* g = state->grads(p);
+      for (int64_t k = 0; k < p.size(); ++k)
+        g[k] = 0.01f * static_cast<float>(((p.lo + k) * 37 + salt * 11) % 101 - 50);
+    });
+    state->adamw_step(job.recipe.train, 1e-2, salt, 1.0f);
+  }
+
+  // This rank's owned parameters and moments, back to back.
+  std::vector<float> owned() const {
+    std::vector<float> out;
+    state->for_each_piece(state->owned(), [&](const ShardedState::Piece& p) {
+      for (float* a : {state->params(p), state->exp_avg(p), state->exp_avg_sq(p)})
+        out.insert(out.end(), a, a + p.size());
+    });
+    return out;
+  }
+  // Every parameter the model reads: the region (ZeRO 0-2), or each gathered bucket (ZeRO 3).
+  std::vector<float> model_params() {
+    if (job.recipe.parallel.zero < 3) {
+      const float* region = model->state().params.data();
+      return {region, region + model->layout().total_floats()};
+    }
+    std::vector<float> out;
+    for (size_t b = 0; b < state->reducer().buckets().size(); ++b) {
+      const auto& bucket = state->reducer().buckets()[b];
+      const float* got = state->reducer().bucket_params(static_cast<int>(b));
+      out.insert(out.end(), got, got + (bucket.end - bucket.begin));
+    }
+    return out;
+  }
+};
+
+// Bit for bit: NaN payloads and signed zeros included.
+::testing::AssertionResult same_bits(const std::vector<float>& want,
+                                     const std::vector<float>& got) {
+  if (want.size() != got.size())
+    return ::testing::AssertionFailure() << want.size() << " floats, got " << got.size();
+  for (size_t i = 0; i < want.size(); ++i)
+    if (std::memcmp(&want[i], &got[i], sizeof(float)) != 0)
+      return ::testing::AssertionFailure() << "float " << i << ": " << want[i] << " != " << got[i];
+  return ::testing::AssertionSuccess();
+}
+
+class SnapshotsTest : public ::testing::Test {
+ protected:
+  parallel::Comm world = parallel::Comm::world(60.0);
+  std::string dir, data;
+
+  // A fresh directory both ranks see (rank 0 makes it, with a small training file), removed
+  // afterwards.
+  void SetUp() override {
+    ASSERT_EQ(world.size(), 2);
+    char name[4096] = {};
+    if (world.rank() == 0) {
+      std::string tmpl = (fs::temp_directory_path() / "t3d_snapshots_XXXXXX").string();
+      ASSERT_NE(mkdtemp(tmpl.data()), nullptr);
+      std::strncpy(name, tmpl.c_str(), sizeof(name) - 1);
+      std::FILE* f = std::fopen((tmpl + "/corpus.txt").c_str(), "w");
+      ASSERT_NE(f, nullptr);
+      std::fputs("a few words to train on\n", f);
+      std::fclose(f);
+    }
+    world.broadcast(name, sizeof(name), 0);
+    dir = std::string(name) + "/snapshots";
+    data = std::string(name) + "/corpus.txt";
+  }
+  Recipe recipe(const std::string& in, int zero) const { return small_recipe(in, data, zero); }
+  void TearDown() override {
+    world.barrier();
+    if (world.rank() == 0) fs::remove_all(fs::path(dir).parent_path());
+  }
+
+  std::vector<int64_t> committed() const { return ck::committed_steps(dir); }
+  std::vector<int64_t> committed(const std::string& in) const { return ck::committed_steps(in); }
+};
+
+TEST_F(SnapshotsTest, WriteCommitRestoreEveryZeroStage) {
+  for (int zero : {0, 1, 2, 3}) {
+    SCOPED_TRACE("ZeRO " + std::to_string(zero));
+    const std::string here = dir + "/zero" + std::to_string(zero);
+    Rank a(recipe(here, zero), 7);
+    a.step(1);
+    std::vector<float> want, want_params;
+    {
+      Snapshotter snap(a.job, *a.model, *a.state, nullptr);
+      EXPECT_EQ(snap.restore(), 0);  // nothing to resume: a fresh start
+      snap.after_step(1, false);     // due: staged, written in the background
+      want = a.owned();
+      want_params = a.model_params();
+      a.step(2);  // training goes on while the write runs: the snapshot holds step 1's state
+      snap.finish();
+    }
+    // Committed: the index, and this rank's shard published under its final name.
+    EXPECT_EQ(committed(here), std::vector<int64_t>{1});
+    EXPECT_TRUE(fs::exists(ck::index_path(here, 1)));
+    const std::string shard = ck::shard_path(here, 1, world.rank());
+    EXPECT_TRUE(fs::exists(shard));
+    EXPECT_FALSE(fs::exists(ck::temp_path(shard)));
+    ASSERT_NE(want, a.owned()) << "the second step changed nothing: the test proves nothing";
+
+    Recipe resume = recipe(here, zero);
+    resume.snapshot.resume = ck::index_path(here, 1);
+    Rank b(resume, 99);
+    ASSERT_NE(b.owned(), want) << "another seed gives the same state: the test proves nothing";
+    Snapshotter snap(b.job, *b.model, *b.state, nullptr);
+    EXPECT_EQ(snap.restore(), 1);
+    b.state->restored();
+    EXPECT_TRUE(same_bits(want, b.owned()));
+    EXPECT_TRUE(same_bits(want_params, b.model_params()));
+  }
+}
+
+// Rank 1's write of step 2 fails like a full disk: the snapshot is dropped on every rank, no
+// file of it remains, the run's final state is reported lost, and step 1 restores.
+TEST_F(SnapshotsTest, FailedWriteIsDroppedAndThePreviousOneRestores) {
+  Rank a(recipe(dir, 1), 7);
+  a.step(1);
+  std::vector<float> want;
+  {
+    Snapshotter snap(a.job, *a.model, *a.state, nullptr);
+    snap.restore();
+    snap.after_step(1, false);
+    want = a.owned();
+    a.step(2);
+    ASSERT_EQ(setenv("T3D_SNAPSHOT_FAULT", "fail:2:1", 1), 0);
+    snap.after_step(2, true);  // commits step 1, then starts step 2
+    int exit_code = -1;
+    try {
+      snap.finish();
+    } catch (const AgreedFailure& f) {
+      exit_code = f.exit_code;
+    }
+    unsetenv("T3D_SNAPSHOT_FAULT");
+    EXPECT_EQ(exit_code, 2) << "a run whose last snapshot failed must not end as a success";
+  }
+  EXPECT_EQ(committed(), std::vector<int64_t>{1});
+  for (int rank = 0; rank < 2; ++rank) {
+    const std::string shard = ck::shard_path(dir, 2, rank);
+    EXPECT_FALSE(fs::exists(shard)) << shard;
+    EXPECT_FALSE(fs::exists(ck::temp_path(shard))) << shard;
+  }
+
+  Recipe resume = recipe(dir, 1);
+  resume.snapshot.resume = "latest";
+  Rank b(resume, 99);
+  Snapshotter snap(b.job, *b.model, *b.state, nullptr);
+  EXPECT_EQ(snap.restore(), 1);
+  b.state->restored();
+  EXPECT_TRUE(same_bits(want, b.owned()));
+}
+
+// snapshot.keep = 2 keeps this run's two newest. A previous run's snapshots in the directory
+// (steps 4 and 5, newer than any of this run's) are set aside at the fresh start, untouched by
+// retention, and never taken for this run's.
+TEST_F(SnapshotsTest, RetentionRemovesOnlyThisRunsOlderSnapshots) {
+  Recipe base = recipe(dir, 0);
+  base.snapshot.keep = 2;
+  {
+    Rank previous(base, 7);
+    Snapshotter snap(previous.job, *previous.model, *previous.state, nullptr);
+    snap.restore();
+    for (int64_t s = 1; s <= 5; ++s) snap.after_step(s, s == 5);
+    snap.finish();
+  }
+  EXPECT_EQ(committed(), (std::vector<int64_t>{4, 5}));
+
+  Rank run(base, 11);
+  Snapshotter snap(run.job, *run.model, *run.state, nullptr);
+  EXPECT_EQ(snap.restore(), 0);  // a fresh start: the previous run's snapshots are set aside
+  EXPECT_TRUE(committed().empty());
+  std::vector<float> newest;
+  for (int64_t s = 1; s <= 3; ++s) {
+    run.step(static_cast<int>(s));
+    snap.after_step(s, s == 3);
+    EXPECT_EQ(committed().size(), static_cast<size_t>(std::min<int64_t>(s - 1, 2)))
+        << "after step " << s;  // the snapshot of step s is still being written
+  }
+  newest = run.owned();
+  snap.finish();
+  world.barrier();
+  EXPECT_EQ(committed(), (std::vector<int64_t>{2, 3}));
+  EXPECT_FALSE(fs::exists(fs::path(dir) / ck::snapshot_name(1)));
+  // The previous run's two snapshots, whole, in the one set-aside directory.
+  int set_aside = 0;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.path().filename().string().rfind("set-aside-", 0) != 0) continue;
+    ++set_aside;
+    EXPECT_EQ(ck::committed_steps(entry.path().string()), (std::vector<int64_t>{4, 5}));
+  }
+  EXPECT_EQ(set_aside, 1);
+
+  Recipe resume = base;
+  resume.snapshot.resume = "latest";
+  Rank b(resume, 99);
+  Snapshotter again(b.job, *b.model, *b.state, nullptr);
+  EXPECT_EQ(again.restore(), 3);
+  b.state->restored();
+  EXPECT_TRUE(same_bits(newest, b.owned()));
+}
+
+}  // namespace
+}  // namespace t3d::runtime
