@@ -23,13 +23,16 @@ namespace {
 double simulated_bubble(const Recipe& recipe) {
   try {
     const RecipePlan plan = plan_of_recipe(recipe);
-    return parallel::simulate(plan.schedule, stage_costs(plan.problem, plan.layout)).bubble_fraction;
+    return parallel::simulate(plan.schedule, stage_costs(plan.problem, plan.layout))
+        .bubble_fraction;
   } catch (const std::exception&) {
     return -1;
   }
 }
 
-std::string percent(double share) { return share < 0 ? "n/a" : fmt::format("{:.1f}%", 100 * share); }
+std::string percent(double share) {
+  return share < 0 ? "n/a" : fmt::format("{:.1f}%", 100 * share);
+}
 
 }  // namespace
 
@@ -60,7 +63,8 @@ PerfSummary summarize_performance(const Recipe& r, const JobPrecision& precision
   }
   if (seconds > 0) {
     p.tokens_per_s = tokens / seconds;
-    p.tp_comm_share /= seconds, p.dp_comm_share /= seconds, p.pp_wait_share /= seconds, p.cp_comm_share /= seconds;
+    p.tp_comm_share /= seconds, p.dp_comm_share /= seconds, p.pp_wait_share /= seconds,
+        p.cp_comm_share /= seconds;
     p.mfu /= seconds;
     p.mfu_gemm /= seconds;
   }
@@ -98,12 +102,13 @@ std::string performance_json(const PerfSummary& p) {
   return fmt::format(
       "{{\"layout\": \"{}\", \"devices\": {}, \"steps_measured\": {}, \"peak_mem_gib\": {}, "
       "\"tokens_per_s_per_device\": {}, \"tokens_per_s\": {}, \"tp_comm_share\": {}, "
-      "\"dp_comm_share\": {}, \"pp_wait_share\": {}, \"cp_comm_share\": {}, \"bubble_simulated\": {}, \"mfu\": {}, "
+      "\"dp_comm_share\": {}, \"pp_wait_share\": {}, \"cp_comm_share\": {}, \"bubble_simulated\": "
+      "{}, \"mfu\": {}, "
       "\"mfu_gemm\": {}, \"gemm\": \"{}\"}}",
       p.layout, p.devices, p.steps_measured, num(p.peak_mem_gib), num(p.tokens_per_s_per_device),
       num(p.tokens_per_s), num(p.tp_comm_share), num(p.dp_comm_share), num(p.pp_wait_share),
-      num(p.cp_comm_share), p.bubble < 0 ? "null" : num(p.bubble), num(p.mfu),
-      num(p.mfu_gemm), p.gemm);
+      num(p.cp_comm_share), p.bubble < 0 ? "null" : num(p.bubble), num(p.mfu), num(p.mfu_gemm),
+      p.gemm);
 }
 
 std::string format_supervision(const SupervisedRun& run) {

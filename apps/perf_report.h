@@ -14,15 +14,16 @@ namespace t3d::runtime {
 struct PerfSummary {
   std::string layout;  // "pp2 dp2 tp2, 1f1b, 2 micro-batches"
   int devices = 0;
-  int steps_measured = 0;        // steps averaged (the first, warm-up, step is left out)
-  double peak_mem_gib = 0;       // largest arena peak of any rank
-  double tokens_per_s = 0;       // all devices
+  int steps_measured = 0;   // steps averaged (the first, warm-up, step is left out)
+  double peak_mem_gib = 0;  // largest arena peak of any rank
+  double tokens_per_s = 0;  // all devices
   double tokens_per_s_per_device = 0;
-  double tp_comm_share = 0, dp_comm_share = 0, pp_wait_share = 0, cp_comm_share = 0;  // of step time, mean over ranks
-  double bubble = -1;  // the schedule's simulated bubble fraction (< 0: unknown)
-  double mfu = 0;       // over the hardware peak of the GEMMs' precision
-  double mfu_gemm = 0;  // over the chosen GEMM's measured rate at the model's shapes
-  std::string gemm;     // the linear layers' GEMM kind ("onednn-bf16")
+  double tp_comm_share = 0, dp_comm_share = 0, pp_wait_share = 0,
+         cp_comm_share = 0;  // of step time, mean over ranks
+  double bubble = -1;        // the schedule's simulated bubble fraction (< 0: unknown)
+  double mfu = 0;            // over the hardware peak of the GEMMs' precision
+  double mfu_gemm = 0;       // over the chosen GEMM's measured rate at the model's shapes
+  std::string gemm;          // the linear layers' GEMM kind ("onednn-bf16")
 };
 
 PerfSummary summarize_performance(const Recipe& recipe, const JobPrecision& precision, int devices,

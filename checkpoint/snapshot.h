@@ -13,8 +13,8 @@
 // follows the chain to its full base and XORs the deltas in, checking every chunk's content hash
 // on the way, so it is bit-exact or refused.
 //
-// This layer knows tensors and files, not the trainer or MPI: runtime/train/snapshots.cpp decides who
-// writes what and agrees across ranks before anything is published. Every function here calls
+// This layer knows tensors and files, not the trainer or MPI: runtime/train/snapshots.cpp decides
+// who writes what and agrees across ranks before anything is published. Every function here calls
 // HDF5 and so must run on the process's IoThread.
 #pragma once
 
@@ -77,10 +77,10 @@ struct WriteOptions {
 };
 
 struct ShardResult {
-  FileDigest digest;                         // of the file written
+  FileDigest digest;                          // of the file written
   std::vector<std::vector<uint64_t>> hashes;  // content hash of every chunk, per slice
-  uint64_t raw_bytes = 0;                    // of the state the shard holds (4 per element)
-  int64_t chunks = 0, chunks_written = 0;    // an incremental shard skips unchanged chunks
+  uint64_t raw_bytes = 0;                     // of the state the shard holds (4 per element)
+  int64_t chunks = 0, chunks_written = 0;     // an incremental shard skips unchanged chunks
 };
 
 // Writes one rank's shard to temp_path(path), closes and fsyncs it.

@@ -106,8 +106,10 @@ h5::Handle create_plist(const Slice& s, int64_t chunk, int deflate, bool chunked
   h5::Handle dcpl(T3D_H5(H5Pcreate(H5P_DATASET_CREATE), where), H5Pclose);
   if (!chunked) return dcpl;
   std::vector<hsize_t> dims(s.shape.begin(), s.shape.end());
-  if (dims.size() == 1) dims[0] = static_cast<hsize_t>(chunk);
-  else dims[0] = static_cast<hsize_t>(chunk / s.shape[1]);
+  if (dims.size() == 1)
+    dims[0] = static_cast<hsize_t>(chunk);
+  else
+    dims[0] = static_cast<hsize_t>(chunk / s.shape[1]);
   T3D_H5(H5Pset_chunk(dcpl, static_cast<int>(dims.size()), dims.data()), where);
   const float zero = 0.0f;
   T3D_H5(H5Pset_fill_value(dcpl, H5T_NATIVE_FLOAT, &zero), where);
@@ -168,9 +170,9 @@ void write_slice(hid_t file, hid_t lcpl, const std::vector<Slice>& slices, size_
         count[0] = static_cast<hsize_t>(len / s.shape[1]);
       }
       const h5::Handle fspace(T3D_H5(H5Dget_space(dset), what), H5Sclose);
-      T3D_H5(H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start.data(), nullptr, count.data(),
-                                 nullptr),
-             what);
+      T3D_H5(
+          H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr),
+          what);
       const h5::Handle mspace = h5::simple_space({len});
       T3D_H5(H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fspace, H5P_DEFAULT, delta.data()), what);
       ++written;
@@ -248,9 +250,10 @@ void require_deflate() {
     unsigned config = 0;
     const bool ok = H5Zfilter_avail(filter) > 0 && H5Zget_filter_info(filter, &config) >= 0 &&
                     (config & H5Z_FILTER_CONFIG_ENCODE_ENABLED);
-    T3D_USER_CHECK(ok, "snapshot.deflate > 0 needs HDF5's ", name,
-                   " filter, which this HDF5 library (", H5_VERS_INFO,
-                   ") cannot encode with: use an HDF5 built with zlib, or set snapshot.deflate = 0");
+    T3D_USER_CHECK(
+        ok, "snapshot.deflate > 0 needs HDF5's ", name, " filter, which this HDF5 library (",
+        H5_VERS_INFO,
+        ") cannot encode with: use an HDF5 built with zlib, or set snapshot.deflate = 0");
   }
 }
 

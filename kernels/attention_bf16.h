@@ -57,9 +57,8 @@ void attention_forward_head_bf16(float* out, float* lse, const float* q, const f
 // of dq of those heads and the rows of dk, dv of this kv head (all keys; rows no query reaches
 // are 0).
 void attention_backward_group_bf16(float* dq, float* dk, float* dv, const float* dout,
-                                   const float* q, const float* k, const float* v,
-                                   const float* out, const float* lse,
-                                   const Bf16AttentionBuffers& buf, const AttentionShape& s,
-                                   std::int64_t b, std::int64_t kvh);
+                                   const float* q, const float* k, const float* v, const float* out,
+                                   const float* lse, const Bf16AttentionBuffers& buf,
+                                   const AttentionShape& s, std::int64_t b, std::int64_t kvh);
 
 }  // namespace t3d::kernels::detail

@@ -363,21 +363,31 @@ constexpr int kRows = 6;  // 6 x 4 accumulators: enough in flight to hide vdpbf1
 template <int MR>
 BlockFn block_for(i64 nv) {
   switch (nv) {
-    case 1: return block<MR, 1>;
-    case 2: return block<MR, 2>;
-    case 3: return block<MR, 3>;
-    default: return block<MR, 4>;
+    case 1:
+      return block<MR, 1>;
+    case 2:
+      return block<MR, 2>;
+    case 3:
+      return block<MR, 3>;
+    default:
+      return block<MR, 4>;
   }
 }
 
 BlockFn block_for(i64 mr, i64 nv) {
   switch (mr) {
-    case 1: return block_for<1>(nv);
-    case 2: return block_for<2>(nv);
-    case 3: return block_for<3>(nv);
-    case 4: return block_for<4>(nv);
-    case 5: return block_for<5>(nv);
-    default: return block_for<6>(nv);
+    case 1:
+      return block_for<1>(nv);
+    case 2:
+      return block_for<2>(nv);
+    case 3:
+      return block_for<3>(nv);
+    case 4:
+      return block_for<4>(nv);
+    case 5:
+      return block_for<5>(nv);
+    default:
+      return block_for<6>(nv);
   }
 }
 

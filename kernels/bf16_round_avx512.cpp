@@ -39,13 +39,14 @@ void round_bf16_avx512(std::uint16_t* out, const float* in, std::int64_t n) {
   for (; i + 32 <= n; i += 32) {
     const __m512 lo = _mm512_loadu_ps(in + i), hi = _mm512_loadu_ps(in + i + 16);
     __m512i h = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-    const __mmask16 tl = denormals(_mm512_castps_si512(lo)), th = denormals(_mm512_castps_si512(hi));
+    const __mmask16 tl = denormals(_mm512_castps_si512(lo)),
+                    th = denormals(_mm512_castps_si512(hi));
     if ((tl | th) != 0) {  // rare: redo the denormal lanes in integers
-      const __m512i r = _mm512_inserti64x4(
-          _mm512_castsi256_si512(round_int(_mm512_castps_si512(lo))),
-          round_int(_mm512_castps_si512(hi)), 1);
-      h = _mm512_mask_blend_epi16(static_cast<__mmask32>(tl) | static_cast<__mmask32>(th) << 16,
-                                  h, r);
+      const __m512i r =
+          _mm512_inserti64x4(_mm512_castsi256_si512(round_int(_mm512_castps_si512(lo))),
+                             round_int(_mm512_castps_si512(hi)), 1);
+      h = _mm512_mask_blend_epi16(static_cast<__mmask32>(tl) | static_cast<__mmask32>(th) << 16, h,
+                                  r);
     }
     _mm512_storeu_si512(out + i, h);
   }

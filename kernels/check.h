@@ -42,16 +42,15 @@ std::string concat(const Args&... args) {
 }  // namespace t3d
 
 // T3D_USER_CHECK(cond, "message parts", ...): throws UserError with the message.
-#define T3D_USER_CHECK(cond, ...)                                  \
-  do {                                                             \
+#define T3D_USER_CHECK(cond, ...)                                            \
+  do {                                                                       \
     if (!(cond)) throw ::t3d::UserError(::t3d::detail::concat(__VA_ARGS__)); \
   } while (0)
 
 // T3D_ASSERT(cond, ...): internal invariant; message carries file:line.
-#define T3D_ASSERT(cond, ...)                                                          \
-  do {                                                                                 \
-    if (!(cond))                                                                       \
-      throw ::t3d::InternalError(::t3d::detail::concat(__FILE__, ":", __LINE__,        \
-                                                       ": assertion `" #cond "` failed. ", \
-                                                       ##__VA_ARGS__));                \
+#define T3D_ASSERT(cond, ...)                                                           \
+  do {                                                                                  \
+    if (!(cond))                                                                        \
+      throw ::t3d::InternalError(::t3d::detail::concat(                                 \
+          __FILE__, ":", __LINE__, ": assertion `" #cond "` failed. ", ##__VA_ARGS__)); \
   } while (0)

@@ -111,8 +111,9 @@ void onednn_gemm(bool bf16_inputs, Trans ta, Trans tb, std::int64_t M, std::int6
     lda = a_cols, ldb = b_cols;
   }
   const int threads = omp_get_max_threads();
-  const PrimitiveKey key{M, N, K, ta == Trans::kYes, tb == Trans::kYes, lda, ldb, ldc,
-                         accumulate, bf16_inputs, threads};
+  const PrimitiveKey key{M,      N,   K,   ta == Trans::kYes, tb == Trans::kYes,
+                         lda,    ldb, ldc, accumulate,        bf16_inputs,
+                         threads};
   auto it = s.primitives.find(key);
   if (it == s.primitives.end()) {
     const dt in = bf16_inputs ? dt::bf16 : dt::f32;
@@ -206,9 +207,12 @@ class GemmThreads {
 
 const char* gemm_kind_name(GemmKind kind) {
   switch (kind) {
-    case GemmKind::kOpenBlasF32: return "openblas-fp32";
-    case GemmKind::kOneDnnF32: return "onednn-fp32";
-    case GemmKind::kOneDnnBf16: return "onednn-bf16";
+    case GemmKind::kOpenBlasF32:
+      return "openblas-fp32";
+    case GemmKind::kOneDnnF32:
+      return "onednn-fp32";
+    case GemmKind::kOneDnnBf16:
+      return "onednn-bf16";
   }
   return "?";
 }
@@ -256,13 +260,27 @@ std::string onednn_version_string() {
   const dnnl_version_t* v = dnnl_version();
   std::string isa;
   switch (dnnl::get_effective_cpu_isa()) {
-    case dnnl::cpu_isa::avx512_core_amx: isa = "avx512_core_amx"; break;
-    case dnnl::cpu_isa::avx512_core_bf16: isa = "avx512_core_bf16"; break;
-    case dnnl::cpu_isa::avx512_core_vnni: isa = "avx512_core_vnni"; break;
-    case dnnl::cpu_isa::avx512_core: isa = "avx512_core"; break;
-    case dnnl::cpu_isa::avx2_vnni: isa = "avx2_vnni"; break;
-    case dnnl::cpu_isa::avx2: isa = "avx2"; break;
-    default: isa = "other"; break;
+    case dnnl::cpu_isa::avx512_core_amx:
+      isa = "avx512_core_amx";
+      break;
+    case dnnl::cpu_isa::avx512_core_bf16:
+      isa = "avx512_core_bf16";
+      break;
+    case dnnl::cpu_isa::avx512_core_vnni:
+      isa = "avx512_core_vnni";
+      break;
+    case dnnl::cpu_isa::avx512_core:
+      isa = "avx512_core";
+      break;
+    case dnnl::cpu_isa::avx2_vnni:
+      isa = "avx2_vnni";
+      break;
+    case dnnl::cpu_isa::avx2:
+      isa = "avx2";
+      break;
+    default:
+      isa = "other";
+      break;
   }
   return "oneDNN " + std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
          std::to_string(v->patch) + " (cpu isa " + isa + ")";
@@ -282,11 +300,11 @@ double measure_gemm_gflops(GemmKind kind, std::int64_t rows, std::int64_t in, st
   for (auto& v : y) v = dist(rng);
   const auto layer = [&] {
     gemm(kind, Trans::kNo, Trans::kYes, rows, out, in, x.data(), in, w.data(), in, false, y.data(),
-         out);                                                                      // y = x Wᵀ
-    gemm(kind, Trans::kNo, Trans::kNo, rows, in, out, y.data(), out, w.data(), in, false,
-         dx.data(), in);                                                            // dx = dy W
-    gemm(kind, Trans::kYes, Trans::kNo, out, in, rows, y.data(), out, x.data(), in, true,
-         dw.data(), in);                                                            // dW += dyᵀ x
+         out);  // y = x Wᵀ
+    gemm(kind, Trans::kNo, Trans::kNo, rows, in, out, y.data(), out, w.data(), in, false, dx.data(),
+         in);  // dx = dy W
+    gemm(kind, Trans::kYes, Trans::kNo, out, in, rows, y.data(), out, x.data(), in, true, dw.data(),
+         in);  // dW += dyᵀ x
   };
   layer();  // warm-up: primitives, packing buffers, workspace
   std::vector<double> rates;
@@ -332,15 +350,17 @@ void verify_gemm_kind(GemmKind kind) {
           const double rel = num / std::max(den, 1e-30);
           if (!(rel <= worst)) {  // also catches NaN
             worst = std::isnan(rel) ? INFINITY : rel;
-            worst_case = ::t3d::detail::concat(s.M, "x", s.N, "x", s.K, " trans_a=", ta == Trans::kYes,
-                                        " trans_b=", tb == Trans::kYes, " accumulate=", accumulate);
+            worst_case =
+                ::t3d::detail::concat(s.M, "x", s.N, "x", s.K, " trans_a=", ta == Trans::kYes,
+                                      " trans_b=", tb == Trans::kYes, " accumulate=", accumulate);
           }
         }
   if (worst <= tolerance) return;
   const std::string rec = recommended_openblas_coretype();
   const std::string fix =
       kind == GemmKind::kOpenBlasF32
-          ? "Set OPENBLAS_CORETYPE=" + (rec.empty() ? std::string("<a core type your CPU supports>") : rec) +
+          ? "Set OPENBLAS_CORETYPE=" +
+                (rec.empty() ? std::string("<a core type your CPU supports>") : rec) +
                 " (or another core type your CPU supports) before starting titan3d"
           : std::string("Set hardware.gemm = \"openblas\"");
   throw GemmUnavailable(

@@ -55,8 +55,8 @@ void gemm(GemmKind kind, Trans trans_a, Trans trans_b, std::int64_t M, std::int6
           std::int64_t K, GemmOperand A, GemmOperand B, bool accumulate, float* C,
           std::int64_t ldc);
 inline void gemm(GemmKind kind, Trans trans_a, Trans trans_b, std::int64_t M, std::int64_t N,
-                 std::int64_t K, const float* A, std::int64_t lda, const float* B,
-                 std::int64_t ldb, bool accumulate, float* C, std::int64_t ldc) {
+                 std::int64_t K, const float* A, std::int64_t lda, const float* B, std::int64_t ldb,
+                 bool accumulate, float* C, std::int64_t ldc) {
   gemm(kind, trans_a, trans_b, M, N, K, GemmOperand{A, lda}, GemmOperand{B, ldb}, accumulate, C,
        ldc);
 }

@@ -35,8 +35,8 @@ namespace t3d::kernels {
 
 enum class Out { kWrite, kAccumulate };  // y = ... or y += ... (residual stream)
 
-void zero(float* x, std::int64_t n);                         // x (n) = 0
-void add_inplace(float* x, const float* y, std::int64_t n);  // x (n) += y (n): residual
+void zero(float* x, std::int64_t n);                                   // x (n) = 0
+void add_inplace(float* x, const float* y, std::int64_t n);            // x (n) += y (n): residual
 void add(float* out, const float* x, const float* y, std::int64_t n);  // out (n) = x + y
 // sum of x^2 over a range, accumulated in double. Global-norm clipping: each rank sums its
 // ranges, the caller all-reduces the partial sums, then passes min(1, max/norm) to adamw_step

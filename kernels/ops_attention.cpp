@@ -140,7 +140,7 @@ void attention_forward_head(float* out, float* lse, const float* q, const float*
       l[r] = 0.0f;
       std::memset(oh + (i0 + r) * hv.ld_q, 0, static_cast<std::size_t>(D) * sizeof(float));
     }
-    const std::int64_t p0 = s.q_pos + i0;  // the tile's first query position
+    const std::int64_t p0 = s.q_pos + i0;                  // the tile's first query position
     for (std::int64_t j0 = 0; j0 < p0 + nq; j0 += tile) {  // key tiles up to the diagonal
       const std::int64_t nk = std::min(tile, p0 + nq - j0);
       // S (nq, nk) = scale * q_i (nq, D) k_j^T (D, nk)

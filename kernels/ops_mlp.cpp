@@ -4,9 +4,8 @@
 #include <cmath>
 #include <vector>
 
-#include "kernels/check.h"
-
 #include "kernels/blas.h"
+#include "kernels/check.h"
 #include "kernels/gemm.h"
 #include "kernels/ops.h"
 #include "kernels/simd_rows.h"
@@ -17,8 +16,7 @@ namespace t3d::kernels {
 void linear_forward(GemmKind kind, float* y, const float* x, const float* w, std::int64_t N,
                     std::int64_t in, std::int64_t out, Out mode) {
   // y (N, out) = x (N, in) . w^T (in, out): w is [out, in], read transposed in place.
-  gemm(kind, Trans::kNo, Trans::kYes, N, out, in, x, in, w, in,
-       mode == Out::kAccumulate, y, out);
+  gemm(kind, Trans::kNo, Trans::kYes, N, out, in, x, in, w, in, mode == Out::kAccumulate, y, out);
 }
 
 void linear_backward_input(GemmKind kind, float* dx, const float* dy, const float* w,
@@ -89,8 +87,8 @@ void linear_forward(float* y, const LinearInput& x, const float* w, std::int64_t
 
 void linear_backward_input(float* dx, const LinearInput& dy, const float* w, std::int64_t in) {
   const std::int64_t N = dy.rows(), out = dy.cols();
-  gemm(dy.kind(), Trans::kNo, Trans::kNo, N, in, out, operand(dy), GemmOperand{w, in}, false,
-       dx, in);
+  gemm(dy.kind(), Trans::kNo, Trans::kNo, N, in, out, operand(dy), GemmOperand{w, in}, false, dx,
+       in);
 }
 
 void linear_backward_weight(float* dw, const LinearInput& dy, const LinearInput& x) {

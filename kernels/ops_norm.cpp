@@ -31,7 +31,7 @@ void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const floa
   // thread: results do not depend on the thread count). Column blocks of 64 floats (a cache line
   // multiple): no two threads write one line.
   const std::int64_t blocks = (C + 63) / 64;
-#pragma omp parallel for num_threads(detail::op_threads(N * C)) schedule(static)
+#pragma omp parallel for num_threads(detail::op_threads(N* C)) schedule(static)
   for (std::int64_t cb = 0; cb < blocks; ++cb)
     simd.rmsnorm_dweight(dweight, dout, inp, rstd, N, C, cb * 64);
 }

@@ -12,8 +12,8 @@
 namespace t3d::kernels {
 
 struct CorePeak {
-  double fp32_gflops = 0;  // per core
-  double bf16_gflops = 0;  // per core; 0 without AVX512-BF16
+  double fp32_gflops = 0;     // per core
+  double bf16_gflops = 0;     // per core; 0 without AVX512-BF16
   const char* fp32_isa = "";  // "avx512" or "avx2" (or "scalar")
 };
 

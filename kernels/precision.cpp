@@ -19,15 +19,13 @@ void bf16_to_float(float* out, const bf16* in, std::int64_t n) {
 }
 
 void float_to_bf16_threads(bf16* out, const float* in, std::int64_t n) {
-  detail::split_range(n, [&](std::int64_t lo, std::int64_t hi) {
-    float_to_bf16(out + lo, in + lo, hi - lo);
-  });
+  detail::split_range(
+      n, [&](std::int64_t lo, std::int64_t hi) { float_to_bf16(out + lo, in + lo, hi - lo); });
 }
 
 void bf16_to_float_threads(float* out, const bf16* in, std::int64_t n) {
-  detail::split_range(n, [&](std::int64_t lo, std::int64_t hi) {
-    bf16_to_float(out + lo, in + lo, hi - lo);
-  });
+  detail::split_range(
+      n, [&](std::int64_t lo, std::int64_t hi) { bf16_to_float(out + lo, in + lo, hi - lo); });
 }
 
 }  // namespace t3d::kernels

@@ -21,17 +21,20 @@ void check_mpi(int code, const char* call, const char* file, int line) {
   char text[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(code, text, &len);
-  throw InternalError(std::string(file) + ":" + std::to_string(line) + ": " + call + " failed: " +
-                      std::string(text, len));
+  throw InternalError(std::string(file) + ":" + std::to_string(line) + ": " + call +
+                      " failed: " + std::string(text, len));
 }
 }  // namespace detail
 
 namespace {
 MPI_Op to_mpi(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return MPI_SUM;
-    case ReduceOp::max: return MPI_MAX;
-    case ReduceOp::min: return MPI_MIN;
+    case ReduceOp::sum:
+      return MPI_SUM;
+    case ReduceOp::max:
+      return MPI_MAX;
+    case ReduceOp::min:
+      return MPI_MIN;
   }
   return MPI_SUM;
 }
@@ -249,8 +252,7 @@ void Comm::all_gather_raw(const void* send, void* recv, size_t count, MPI_Dataty
   wait(r, "all_gather");
 }
 
-void Comm::reduce_scatter_raw(const void* send, void* recv, size_t count,
-                              MPI_Datatype type) const {
+void Comm::reduce_scatter_raw(const void* send, void* recv, size_t count, MPI_Datatype type) const {
   if (fault::skip_operation(name_, world_ranks_[rank_])) return;  // test-only (fault.h)
   trace::Span span("reduce_scatter", "comm");
   span.arg("group", name_).arg("bytes", static_cast<int64_t>(bytes_of(count * size_, type)));
@@ -281,7 +283,7 @@ void Comm::send_raw(const void* data, size_t count, MPI_Datatype type, int peer,
 }
 
 MPI_Request Comm::isend_raw(const void* data, size_t count, MPI_Datatype type, int peer,
-                           int tag) const {
+                            int tag) const {
   if (fault::skip_operation(name_, world_ranks_[rank_])) return MPI_REQUEST_NULL;  // test-only
   trace::Span span("isend", "comm");
   span.arg("group", name_).arg("bytes", static_cast<int64_t>(bytes_of(count, type)));
@@ -303,8 +305,8 @@ MPI_Request Comm::iall_reduce_sum(float* data, size_t count, const char* what, i
   return r;
 }
 
-MPI_Request Comm::ireduce_scatter_sum(float* data, const std::vector<int>& counts,
-                                      const char* what, int64_t tag) const {
+MPI_Request Comm::ireduce_scatter_sum(float* data, const std::vector<int>& counts, const char* what,
+                                      int64_t tag) const {
   T3D_ASSERT(static_cast<int>(counts.size()) == size_, "counts for ", counts.size(),
              " ranks on a group of ", size_);
   if (fault::skip_operation(name_, world_ranks_[rank_])) return MPI_REQUEST_NULL;  // test-only

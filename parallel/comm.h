@@ -25,13 +25,34 @@ void check_mpi(int code, const char* call, const char* file, int line);
 
 template <typename T>
 MPI_Datatype mpi_type();
-template <> inline MPI_Datatype mpi_type<float>() { return MPI_FLOAT; }
-template <> inline MPI_Datatype mpi_type<double>() { return MPI_DOUBLE; }
-template <> inline MPI_Datatype mpi_type<int32_t>() { return MPI_INT32_T; }
-template <> inline MPI_Datatype mpi_type<int64_t>() { return MPI_INT64_T; }
-template <> inline MPI_Datatype mpi_type<uint64_t>() { return MPI_UINT64_T; }
-template <> inline MPI_Datatype mpi_type<uint16_t>() { return MPI_UINT16_T; }
-template <> inline MPI_Datatype mpi_type<char>() { return MPI_CHAR; }
+template <>
+inline MPI_Datatype mpi_type<float>() {
+  return MPI_FLOAT;
+}
+template <>
+inline MPI_Datatype mpi_type<double>() {
+  return MPI_DOUBLE;
+}
+template <>
+inline MPI_Datatype mpi_type<int32_t>() {
+  return MPI_INT32_T;
+}
+template <>
+inline MPI_Datatype mpi_type<int64_t>() {
+  return MPI_INT64_T;
+}
+template <>
+inline MPI_Datatype mpi_type<uint64_t>() {
+  return MPI_UINT64_T;
+}
+template <>
+inline MPI_Datatype mpi_type<uint16_t>() {
+  return MPI_UINT16_T;
+}
+template <>
+inline MPI_Datatype mpi_type<char>() {
+  return MPI_CHAR;
+}
 
 enum class ReduceOp { sum, max, min };
 
@@ -133,8 +154,7 @@ class Comm {
   void broadcast_raw(void* data, size_t count, MPI_Datatype type, int root) const;
   void send_raw(const void* data, size_t count, MPI_Datatype type, int peer, int tag) const;
   void recv_raw(void* data, size_t count, MPI_Datatype type, int peer, int tag) const;
-  MPI_Request isend_raw(const void* data, size_t count, MPI_Datatype type, int peer,
-                        int tag) const;
+  MPI_Request isend_raw(const void* data, size_t count, MPI_Datatype type, int peer, int tag) const;
   void reset() noexcept;
 
   MPI_Comm comm_ = MPI_COMM_NULL;

@@ -40,10 +40,11 @@ Spec parse(const char* text) {
                      "` is malformed: expected skip:RANK:GROUP:N, die:RANK:GROUP:N, corrupt:RANK, "
                      "nosend:RANK or die_at_step:RANK:STEP (test-only; see parallel/fault.h)");
   };
-  const std::map<std::string, Kind> kinds = {
-      {"skip", Kind::skip},       {"die", Kind::die},
-      {"corrupt", Kind::corrupt}, {"nosend", Kind::nosend},
-      {"die_at_step", Kind::die_at_step}};
+  const std::map<std::string, Kind> kinds = {{"skip", Kind::skip},
+                                             {"die", Kind::die},
+                                             {"corrupt", Kind::corrupt},
+                                             {"nosend", Kind::nosend},
+                                             {"die_at_step", Kind::die_at_step}};
   if (parts.size() < 2 || !kinds.count(parts[0])) throw bad();
   s.kind = kinds.at(parts[0]);
   const bool counted = s.kind == Kind::skip || s.kind == Kind::die;
@@ -101,8 +102,6 @@ void at_step(int world_rank, long step) {
   std::raise(SIGKILL);
 }
 
-bool drop_send(int world_rank) {
-  return spec().kind == Kind::nosend && spec().rank == world_rank;
-}
+bool drop_send(int world_rank) { return spec().kind == Kind::nosend && spec().rank == world_rank; }
 
 }  // namespace t3d::parallel::fault::detail

@@ -11,8 +11,13 @@ namespace t3d::parallel {
 GradReducer::GradReducer(const Comm& dp, int zero_stage, const BucketPartition& partition,
                          std::vector<int> units_per_bucket, float* grads,
                          const ZeroBuffers& buffers)
-    : dp_(dp), zero_(zero_stage), part_(partition), units_(std::move(units_per_bucket)),
-      grads_(grads), shard_(buffers.grad_shard), param_shard_(buffers.param_shard) {
+    : dp_(dp),
+      zero_(zero_stage),
+      part_(partition),
+      units_(std::move(units_per_bucket)),
+      grads_(grads),
+      shard_(buffers.grad_shard),
+      param_shard_(buffers.param_shard) {
   T3D_ASSERT(zero_ >= 0 && zero_ <= 3, "ZeRO stage ", zero_, " is not implemented");
   T3D_ASSERT(units_.size() == part_.buckets.size(), "one unit count per bucket");
   T3D_ASSERT(part_.counts.empty() || static_cast<int>(part_.counts[0].size()) == dp_.size(),
@@ -114,7 +119,8 @@ void GradReducer::flush(int s, bool early) {
   reducing_.push_back(s);
   if (dp_.size() == 1) return;
   // In place: the input is the whole bucket; this rank's reduced slice lands at its start.
-  st.request = dp_.ireduce_scatter_sum(st.data, part_.counts[b], "reduce_scatter (gradient bucket)", b);
+  st.request =
+      dp_.ireduce_scatter_sum(st.data, part_.counts[b], "reduce_scatter (gradient bucket)", b);
 }
 
 void GradReducer::accumulate(const Staging& st) {
@@ -173,8 +179,9 @@ void GradReducer::gather_params(float* params) {
   }
   if (zero_ == 0 || dp_.size() == 1) return;
   for (size_t b = 0; b < part_.buckets.size(); ++b)
-    requests_[b] = dp_.iall_gatherv(nullptr, params + part_.buckets[b].begin, part_.counts[b], part_.displs[b],
-                                    "all_gather (parameters, ZeRO)", static_cast<int64_t>(b));
+    requests_[b] =
+        dp_.iall_gatherv(nullptr, params + part_.buckets[b].begin, part_.counts[b], part_.displs[b],
+                         "all_gather (parameters, ZeRO)", static_cast<int64_t>(b));
   for (auto& r : requests_) dp_.wait(r, "parameter all_gather (ZeRO)");
 }
 

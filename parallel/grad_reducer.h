@@ -87,28 +87,28 @@ class GradReducer {
  private:
   struct Staging {
     float* data = nullptr;
-    int bucket = -1;  // bucket it holds, -1 when free
+    int bucket = -1;   // bucket it holds, -1 when free
     int reported = 0;  // unit_done calls since it was taken
     bool reducing = false;
     MPI_Request request = MPI_REQUEST_NULL;
     uint64_t opened = 0;  // order taken, to pick the oldest
   };
-  void start_reduce(int b);             // ZeRO 0, 1: all-reduce in the region
-  void flush(int s, bool early);        // ZeRO 2: start reducing staging buffer s
-  void complete_oldest();               // ZeRO 2: wait for the oldest reduction, add, free
-  void accumulate(const Staging& st);   // ZeRO 2: this rank's reduced slice into the shard
+  void start_reduce(int b);            // ZeRO 0, 1: all-reduce in the region
+  void flush(int s, bool early);       // ZeRO 2: start reducing staging buffer s
+  void complete_oldest();              // ZeRO 2: wait for the oldest reduction, add, free
+  void accumulate(const Staging& st);  // ZeRO 2: this rank's reduced slice into the shard
 
   const Comm& dp_;
   int zero_;
   const BucketPartition& part_;
   std::vector<int> units_;
   std::vector<MPI_Request> requests_;
-  std::vector<int> pending_;   // per bucket: unit reports still to come this step
-  float* grads_ = nullptr;     // ZeRO 0, 1
-  float* shard_ = nullptr;     // ZeRO 2: owned slices back to back
+  std::vector<int> pending_;  // per bucket: unit reports still to come this step
+  float* grads_ = nullptr;    // ZeRO 0, 1
+  float* shard_ = nullptr;    // ZeRO 2: owned slices back to back
   std::vector<Staging> staging_;
-  std::vector<int> open_;      // per bucket: staging buffer index or -1
-  std::deque<int> reducing_;   // staging buffers in flight, oldest first
+  std::vector<int> open_;     // per bucket: staging buffer index or -1
+  std::deque<int> reducing_;  // staging buffers in flight, oldest first
   uint64_t opened_ = 0;
   int64_t reductions_ = 0, early_ = 0;
   // ZeRO 3

@@ -11,10 +11,14 @@ const char* dim_name(Dim d) {
 
 int& Coord::operator[](Dim d) {
   switch (d) {
-    case Dim::pp: return pp;
-    case Dim::dp: return dp;
-    case Dim::cp: return cp;
-    case Dim::tp: return tp;
+    case Dim::pp:
+      return pp;
+    case Dim::dp:
+      return dp;
+    case Dim::cp:
+      return cp;
+    case Dim::tp:
+      return tp;
   }
   T3D_ASSERT(false, "bad Dim");
 }

@@ -3,8 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <optional>
 #include <map>
+#include <optional>
 #include <tuple>
 
 #include "kernels/check.h"
@@ -37,8 +37,8 @@ ScheduleKind parse_schedule_kind(std::string_view text, std::string_view key) {
     if (text == name) return kind;
     names += (names.empty() ? "" : ", ") + std::string(name);
   }
-  throw UserError(detail::concat(key, " = '", text, "' is not a pipeline schedule; use one of ",
-                                 names));
+  throw UserError(
+      detail::concat(key, " = '", text, "' is not a pipeline schedule; use one of ", names));
 }
 
 std::vector<int> placement(ScheduleKind kind, int pp, int v) {
@@ -196,13 +196,13 @@ Schedule zb_v_greedy(int pp, int n_micro, double comm, bool forward_first) {
   std::vector<double> f_end(static_cast<size_t>(m * K), kNone), b_end(f_end.size(), kNone);
   auto at = [&](std::vector<double>& v, int mb, int k) -> double& { return v[mb * K + k]; };
   struct Rank {
-    int chunk[2];                   // global chunks: on the way down, on the way back
+    int chunk[2];  // global chunks: on the way down, on the way back
     int next_f[2] = {0, 0}, next_b[2] = {0, 0};
-    int held[2] = {0, 0};           // activations alive per chunk (F done, W not yet)
+    int held[2] = {0, 0};  // activations alive per chunk (F done, W not yet)
     int cap[2] = {0, 0};
     std::vector<Action> pending_w;  // B done, W not yet: oldest first
     double free_at = 0;
-    double idle_since = -1;         // >= 0 while waiting for an input
+    double idle_since = -1;  // >= 0 while waiting for an input
   };
   std::vector<Rank> ranks(static_cast<size_t>(pp));
   for (int r = 0; r < pp; ++r) {
@@ -315,9 +315,9 @@ Schedule make_schedule(ScheduleKind kind, int pp, int n_micro, int v) {
                    " contradicts parallel.schedule = zb_v, which always places 2 chunks per stage "
                    "(leave virtual_stages out or set it to 2)");
   else
-    T3D_USER_CHECK(v == 1 || kind == ScheduleKind::kInterleaved1F1B, "parallel.virtual_stages = ",
-                   v, " needs the interleaved schedule; the ", to_string(kind),
-                   " schedule has one chunk per stage (set it to 1)");
+    T3D_USER_CHECK(v == 1 || kind == ScheduleKind::kInterleaved1F1B,
+                   "parallel.virtual_stages = ", v, " needs the interleaved schedule; the ",
+                   to_string(kind), " schedule has one chunk per stage (set it to 1)");
   switch (kind) {
     case ScheduleKind::kGPipe:
       return make_gpipe(pp, n_micro);

@@ -49,8 +49,7 @@ std::string to_string(Op op);
 std::string to_string(const Action& a);  // e.g. "F(3,1)", "BW(0,2)"
 
 // One of kScheduleKindNames (parallel/schedule_kind.h); UserError naming `key` otherwise.
-ScheduleKind parse_schedule_kind(std::string_view text,
-                                 std::string_view key = "parallel.schedule");
+ScheduleKind parse_schedule_kind(std::string_view text, std::string_view key = "parallel.schedule");
 
 struct Schedule {
   ScheduleKind kind = ScheduleKind::k1F1B;

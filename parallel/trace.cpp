@@ -25,7 +25,7 @@ struct Recorder {
   std::chrono::steady_clock::time_point origin;
   int rank = 0;
   std::string label;
-  std::vector<std::string> events;  // serialised JSON objects
+  std::vector<std::string> events;       // serialised JSON objects
   std::vector<std::thread::id> threads;  // index = tid in the trace
 };
 
@@ -33,7 +33,6 @@ Recorder& recorder() {
   static Recorder r;
   return r;
 }
-
 
 int thread_index(Recorder& r) {
   const auto id = std::this_thread::get_id();
@@ -50,7 +49,8 @@ std::string metadata(int rank, const std::string& label) {
                 "{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": %d, \"args\": {\"name\": "
                 "%s}},\n{\"name\": \"process_sort_index\", \"ph\": \"M\", \"pid\": "
                 "%d, \"args\": {\"sort_index\": %d}}",
-                rank, json_string("rank " + std::to_string(rank) + " " + label).c_str(), rank, rank);
+                rank, json_string("rank " + std::to_string(rank) + " " + label).c_str(), rank,
+                rank);
   return buf;
 }
 
@@ -96,14 +96,14 @@ void enable(const Comm& world, const std::string& label) {
 }
 
 Span& Span::arg(const char* key, int64_t value) {
-  if (on_) args_ += (args_.empty() ? "\"" : ", \"") + std::string(key) + "\": " +
-                    std::to_string(value);
+  if (on_)
+    args_ += (args_.empty() ? "\"" : ", \"") + std::string(key) + "\": " + std::to_string(value);
   return *this;
 }
 
 Span& Span::arg(const char* key, const std::string& value) {
-  if (on_) args_ += (args_.empty() ? "\"" : ", \"") + std::string(key) + "\": " +
-                    json_string(value);
+  if (on_)
+    args_ += (args_.empty() ? "\"" : ", \"") + std::string(key) + "\": " + json_string(value);
   return *this;
 }
 

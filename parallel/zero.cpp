@@ -63,8 +63,8 @@ StateBytes zero_state_bytes(int zero, const ZeroFloats& f, const StateBytesPerFl
   StateBytes s;
   s.params = full.params ? f.region * b.weight
                          : aligned(f.owned * b.weight) + buffers(kGatherBuffers, b.weight);
-  s.grads = full.grads ? f.region * b.grad
-                       : aligned(f.owned * b.grad) + buffers(kStagingBuffers, b.grad);
+  s.grads =
+      full.grads ? f.region * b.grad : aligned(f.owned * b.grad) + buffers(kStagingBuffers, b.grad);
   s.optimizer = full.moments ? f.region * (b.master + 2 * b.moment)
                              : 2 * aligned(f.owned * b.moment) +
                                    (b.master > 0 ? aligned(f.owned * b.master) : 0);
@@ -79,8 +79,8 @@ ZeroBuffers ZeroBuffers::allocate(int zero, const BucketPartition& p, kernels::A
   if (!full.params) {
     z.param_shard = arena.alloc_floats("parameters (ZeRO-3 shard)", shard);
     for (int g = 0; g < kGatherBuffers; ++g)
-      z.gathered.push_back(arena.alloc_floats(
-          "parameters (ZeRO-3 gathered " + std::to_string(g) + ")", largest));
+      z.gathered.push_back(
+          arena.alloc_floats("parameters (ZeRO-3 gathered " + std::to_string(g) + ")", largest));
   }
   if (!full.grads) {
     z.grad_shard = arena.alloc_floats("gradients (ZeRO-2 shard)", shard);

@@ -5,8 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # python3 runs the recipe fuzzer and the tests' JSON checks; Debian's python3-torch and
 # python3-h5py the PyTorch cross-check and the h5py read of a snapshot, python3-sentencepiece the
-# check that Python encodes like titan3d's tokenizer, so no test is skipped for a missing package.
-bash scripts/setup.sh python3 python3-torch python3-h5py python3-sentencepiece
+# check that Python encodes like titan3d's tokenizer, clang-format the formatting check, so no
+# test is skipped for a missing package.
+bash scripts/setup.sh python3 python3-torch python3-h5py python3-sentencepiece clang-format
 bash scripts/build.sh
 bash scripts/get_data.sh   # the e2e tests train on the real corpus
 ctest --test-dir build --output-on-failure --timeout 600 "$@"

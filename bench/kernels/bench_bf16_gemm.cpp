@@ -90,8 +90,8 @@ int main() {
                                   K * N);
       const double t_bf16 = median_seconds([&] { bf16.run(); }, 7);
       std::printf("%5ld x %5ld x %5ld   %7.1f GF/s %7.1f GF/s %7.1f GF/s %9.2fx\n", long(M),
-                  long(N), long(K), flops / t_blas / 1e9, flops / t_f32 / 1e9,
-                  flops / t_bf16 / 1e9, t_blas / t_bf16);
+                  long(N), long(K), flops / t_blas / 1e9, flops / t_f32 / 1e9, flops / t_bf16 / 1e9,
+                  t_blas / t_bf16);
     }
   }
   return 0;

@@ -51,7 +51,6 @@ const std::vector<Key>& schema() {
   return keys;
 }
 
-
 std::string suggestion(const std::string& unknown) {
   std::string best;
   size_t best_d = std::string::npos;

@@ -3,13 +3,13 @@
 #include <spdlog/fmt/fmt.h>
 
 #include <algorithm>
-#include <thread>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
 #include <sstream>
+#include <thread>
 #include <tuple>
 
 #include "kernels/blas.h"
@@ -286,8 +286,9 @@ Cluster local_cluster(const Recipe& r, bool* calibrated) {
   c.devices_per_node = r.world_size();
   c.hbm_gib = r.hardware.hbm_gib;
   // Guesses: OpenBLAS with the SkylakeX kernels reached about 160 of an FMA peak of about 180
-  // GFLOP/s per core on a 2-vCPU AVX-512 Xeon; one core per rank. Shared-memory MPI bandwidth is a guess. Both are far
-  // from what training reaches at small shapes (docs/planner.md, "Calibration").
+  // GFLOP/s per core on a 2-vCPU AVX-512 Xeon; one core per rank. Shared-memory MPI bandwidth is a
+  // guess. Both are far from what training reaches at small shapes (docs/planner.md,
+  // "Calibration").
   c.peak_tflops = 0.18;
   c.compute_efficiency = 160.0 / 180.0;
   // More ranks than cores share them: each "device" gets its share of a core.

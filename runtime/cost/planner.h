@@ -3,7 +3,8 @@
 // activation checkpointing) for a model on a cluster, price each with the cost model
 // (runtime/cost/planner_cost.h), and rank them. The table, the per-mesh verdicts, the arithmetic of
 // one layout (--explain), its simulated timeline (--schedule) and a ready recipe for the best
-// (--write-recipe) all come from here; the end-of-run table and selfcheck read the recipe's own plan.
+// (--write-recipe) all come from here; the end-of-run table and selfcheck read the recipe's own
+// plan.
 #pragma once
 
 #include <cstdint>

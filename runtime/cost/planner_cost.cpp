@@ -17,7 +17,6 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-
 // Parameter elements (alignment padding included) of a stage's chunks on one tp rank.
 double stage_param_elems(const ModelConfig& m, const std::vector<parallel::LayerRange>& ranges,
                          int64_t tp) {
@@ -50,8 +49,8 @@ parallel::ZeroFloats zero_floats(const ModelConfig& m,
 ActivationSpec stage_activations(const PlanProblem& p, const Layout& l,
                                  const std::vector<parallel::LayerRange>& ranges,
                                  const std::vector<int64_t>& chunk_slots) {
-  T3D_ASSERT(p.precision.activation == 2 || p.precision.activation == 4,
-             "activations of ", p.precision.activation, " bytes");
+  T3D_ASSERT(p.precision.activation == 2 || p.precision.activation == 4, "activations of ",
+             p.precision.activation, " bytes");
   SpecOptions o;
   o.micro_rows = micro_rows(p, l);
   o.chunk_slots = chunk_slots;
@@ -240,9 +239,8 @@ Memory stage_memory(const PlanProblem& p, const Layout& l, const parallel::Sched
   // largest shard over dp, the rank the planner prices.
   Memory mem;
   mem.stage = stage;
-  const parallel::ZeroFloats z = l.zero >= 1
-                                     ? zero_floats(p.model, ranges, l.tp, l.dp, p.bucket_mb)
-                                     : parallel::ZeroFloats{elems, 0, 0};
+  const parallel::ZeroFloats z = l.zero >= 1 ? zero_floats(p.model, ranges, l.tp, l.dp, p.bucket_mb)
+                                             : parallel::ZeroFloats{elems, 0, 0};
   const double kept = l.zero >= 1 ? z.owned : elems;  // elements of state kept per sharded kind
   const parallel::StateBytes state = parallel::zero_state_bytes(
       static_cast<int>(l.zero), z, {pr.weight, pr.grad, pr.moment, pr.master});
@@ -265,8 +263,10 @@ Memory stage_memory(const PlanProblem& p, const Layout& l, const parallel::Sched
     slots_text += (i ? ", " : "") + std::to_string(mem.chunk_slots[i]);
     bytes_text += (i ? ", " : "") + gib(bytes);
   }
-  if (uniform) slots_text = std::to_string(mem.slots), bytes_text = gib(per_slot);
-  else slots_text = "{" + slots_text + "}", bytes_text = "{" + bytes_text + "}";
+  if (uniform)
+    slots_text = std::to_string(mem.slots), bytes_text = gib(per_slot);
+  else
+    slots_text = "{" + slots_text + "}", bytes_text = "{" + bytes_text + "}";
   // Backward scratch, attention tiles, logits, and with checkpointing the block being recomputed.
   mem.workspace = static_cast<double>(spec.scratch_bytes());
   const bool recompute = l.checkpoint_every > 0;
@@ -296,18 +296,17 @@ Memory stage_memory(const PlanProblem& p, const Layout& l, const parallel::Sched
         "  total       {} of {} GiB\n",
         stage, layers, ranges.front().first ? ", embedding" : "",
         ranges.back().last ? ", final norm and LM head" : "", num(elems), num(largest_layer),
-        kind_bytes(l.zero >= 3 ? kept : elems, pr.weight), l.zero >= 3 ? zero_extra(parallel::kGatherBuffers, "gather") : "",
-        gib(mem.params), kind_bytes(l.zero >= 2 ? kept : elems, pr.grad),
-        l.zero >= 2 ? zero_extra(parallel::kStagingBuffers, "staging") : "", gib(mem.grads), num(kept),
-        num(pr.master), num(pr.moment), l.zero >= 1 ? " (ZeRO: this rank's slices)" : "",
-        gib(mem.optimizer),
-        slots_text, bytes_text, micro_rows(p, l),
+        kind_bytes(l.zero >= 3 ? kept : elems, pr.weight),
+        l.zero >= 3 ? zero_extra(parallel::kGatherBuffers, "gather") : "", gib(mem.params),
+        kind_bytes(l.zero >= 2 ? kept : elems, pr.grad),
+        l.zero >= 2 ? zero_extra(parallel::kStagingBuffers, "staging") : "", gib(mem.grads),
+        num(kept), num(pr.master), num(pr.moment), l.zero >= 1 ? " (ZeRO: this rank's slices)" : "",
+        gib(mem.optimizer), slots_text, bytes_text, micro_rows(p, l),
         recompute ? "checkpointing " + l.checkpoint_name() + ": residual stream kept, " +
                         std::to_string(recomputed) + " blocks recomputed"
                   : "every block's activations kept",
-        gib(mem.activations), recompute ? ", one recomputed block" : "",
-        "", gib(mem.workspace), gib(mem.total()),
-        num(p.cluster.hbm_gib));
+        gib(mem.activations), recompute ? ", one recomputed block" : "", "", gib(mem.workspace),
+        gib(mem.total()), num(p.cluster.hbm_gib));
   }
   return mem;
 }

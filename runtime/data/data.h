@@ -15,8 +15,8 @@
 #include <cstdint>
 #include <filesystem>
 #include <span>
-#include <string_view>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 

@@ -34,8 +34,8 @@ int64_t rows_per_micro(int64_t global_batch, int dp_size, int n_micro) {
   T3D_ASSERT(dp_size > 0 && n_micro > 0);
   const int64_t parts = int64_t{dp_size} * n_micro;
   T3D_USER_CHECK(global_batch % parts == 0, "train.global_batch = ", global_batch,
-                 " does not split into dp (", dp_size, ") x micro-batches (", n_micro, ") = ",
-                 parts, " equal parts; make global_batch a multiple of ", parts);
+                 " does not split into dp (", dp_size, ") x micro-batches (", n_micro,
+                 ") = ", parts, " equal parts; make global_batch a multiple of ", parts);
   return global_batch / parts;
 }
 

@@ -1,6 +1,6 @@
 // The hosts of a self-launched multi-host job (run.hostfile) and whether each can still be
-// reached: what the restart loop (runtime/supervise/supervisor.h) needs to tell a failed rank, which
-// a relaunch on the same hosts gets past, from a host that is gone, which it cannot.
+// reached: what the restart loop (runtime/supervise/supervisor.h) needs to tell a failed rank,
+// which a relaunch on the same hosts gets past, from a host that is gone, which it cannot.
 #pragma once
 
 #include <string>

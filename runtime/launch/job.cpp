@@ -78,8 +78,8 @@ SpawnPlan make_spawn_plan(const Recipe& recipe, const std::vector<std::string>& 
     plan.hostfile = recipe.run.hostfile;
     plan.slots = total_slots(read_hostfile(plan.hostfile, "run.hostfile"));
   }
-  const int threads = threads_per_rank(static_cast<int>(recipe.hardware.threads_per_rank),
-                                       plan.cores, plan.ranks);
+  const int threads =
+      threads_per_rank(static_cast<int>(recipe.hardware.threads_per_rank), plan.cores, plan.ranks);
   plan.threads = threads;
   plan.env.emplace_back("OPENBLAS_NUM_THREADS", std::to_string(threads));
   // OpenBLAS reads its core type only when it loads: choose it now, for the ranks. The user's
@@ -233,13 +233,12 @@ RunLock::RunLock(const parallel::Comm& world, const std::string& run_dir,
     const std::time_t now = std::time(nullptr);
     char started[64] = {};
     std::strftime(started, sizeof(started), "%Y-%m-%dT%H:%M:%S%z", std::localtime(&now));
-    const std::string content =
-        fmt::format("host={}\npid={}\npid_start={}\nlaunch={}\nstarted={}\n", hostname, pid,
-                    process_start(pid),
-                    !env.job_id.empty() ? "slurm-" + env.job_id
-                    : launch                ? launch
-                                            : "none",
-                    started);
+    const std::string content = fmt::format(
+        "host={}\npid={}\npid_start={}\nlaunch={}\nstarted={}\n", hostname, pid, process_start(pid),
+        !env.job_id.empty() ? "slurm-" + env.job_id
+        : launch            ? launch
+                            : "none",
+        started);
     // Written aside and linked into place: the lock appears whole, and link() fails if it exists.
     const std::string tmp = fmt::format("{}.{}.tmp", path, pid);
     {

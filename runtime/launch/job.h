@@ -78,8 +78,8 @@ struct Job {
   Recipe recipe;  // as the user gave it (auto values stay auto: the decision is precision())
   LaunchEnv env;
   std::unique_ptr<parallel::Mesh> mesh;
-  std::string run_dir;  // run.dir, or run.dir/slurm-<job id> under SLURM (job_run_dir)
-  std::string hostname;  // host_name()
+  std::string run_dir;             // run.dir, or run.dir/slurm-<job id> under SLURM (job_run_dir)
+  std::string hostname;            // host_name()
   std::vector<std::string> hosts;  // host name of every world rank
   std::unique_ptr<RunLock> lock;   // training jobs only (join_world's `lock_run_dir`)
 

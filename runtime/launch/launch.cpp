@@ -21,10 +21,14 @@ namespace t3d::runtime {
 
 const char* launcher_name(Launcher l) {
   switch (l) {
-    case Launcher::none: return "none";
-    case Launcher::openmpi: return "Open MPI (mpirun)";
-    case Launcher::pmix: return "PMIx";
-    case Launcher::slurm: return "SLURM (srun)";
+    case Launcher::none:
+      return "none";
+    case Launcher::openmpi:
+      return "Open MPI (mpirun)";
+    case Launcher::pmix:
+      return "PMIx";
+    case Launcher::slurm:
+      return "SLURM (srun)";
   }
   return "?";
 }
@@ -191,15 +195,15 @@ void report_cpu_binding(int threads, const LaunchEnv& env) {
   spdlog::info("CPU set {} ({} CPU{}) for {} thread{}", format_cpu_set(cpus), cpus.size(),
                cpus.size() == 1 ? "" : "s", threads, threads == 1 ? "" : "s");
   if (cpus.empty() || static_cast<int>(cpus.size()) >= threads) return;
-  spdlog::warn("this rank has {} thread(s) (hardware.threads_per_rank) but may run on {} CPU(s): "
-               "its threads share them and the rank runs at a fraction of its speed. {}",
-               threads, cpus.size(),
-               env.launcher == Launcher::slurm
-                   ? "Give each task its cores: srun --cpus-per-task=" + std::to_string(threads) +
-                         " (or #SBATCH --cpus-per-task), or lower hardware.threads_per_rank."
-                   : "Bind each rank to its cores: mpirun --map-by slot:PE=" +
-                         std::to_string(threads) +
-                         " (or --bind-to none), or lower hardware.threads_per_rank.");
+  spdlog::warn(
+      "this rank has {} thread(s) (hardware.threads_per_rank) but may run on {} CPU(s): "
+      "its threads share them and the rank runs at a fraction of its speed. {}",
+      threads, cpus.size(),
+      env.launcher == Launcher::slurm
+          ? "Give each task its cores: srun --cpus-per-task=" + std::to_string(threads) +
+                " (or #SBATCH --cpus-per-task), or lower hardware.threads_per_rank."
+          : "Bind each rank to its cores: mpirun --map-by slot:PE=" + std::to_string(threads) +
+                " (or --bind-to none), or lower hardware.threads_per_rank.");
 }
 
 int threads_per_rank(int configured, int cores, int local_ranks) {

@@ -32,14 +32,14 @@ LaunchEnv detect_launch_env(const std::vector<std::pair<std::string, std::string
 
 struct SpawnPlan {
   int ranks = 1;
-  int cores = 1;  // on this host
+  int cores = 1;    // on this host
   int threads = 1;  // per rank: each rank is bound to this many cores when they all fit
   bool as_root = false;
   std::vector<std::pair<std::string, std::string>> env;  // exported to every rank
   std::vector<std::string> argv;                         // titan3d's own argv, argv[0] first
-  std::string log_dir;  // where the ranks' logs go, for the message naming a dead rank
-  double stall_s = 0;   // a rank stopped this long ends the job (mpirun_watch.h); 0: never
-  std::string pid_dir;  // where the ranks publish their pids, for that stall watch
+  std::string log_dir;   // where the ranks' logs go, for the message naming a dead rank
+  double stall_s = 0;    // a rank stopped this long ends the job (mpirun_watch.h); 0: never
+  std::string pid_dir;   // where the ranks publish their pids, for that stall watch
   std::string hostfile;  // run.hostfile (or what the restart loop kept of it); empty: this host
   int slots = 0;         // the hostfile's slots together (0: not all given)
 };

@@ -147,8 +147,9 @@ class StallWatch {
         it->second.named = true;
         out.push_back("titan3d: stall watchdog: " + who +
                       " is stopped (SIGSTOP or a debugger) and makes no progress" +
-                      (ranks > 1 ? "; the other ranks wait on it" : "") + ". Its log: " + log_dir_ + "/rank" + std::to_string(rank) +
-                      ".log. `kill -CONT " + std::to_string(pid) + "` resumes it");
+                      (ranks > 1 ? "; the other ranks wait on it" : "") + ". Its log: " + log_dir_ +
+                      "/rank" + std::to_string(rank) + ".log. `kill -CONT " + std::to_string(pid) +
+                      "` resumes it");
       }
       if (s >= stall_s_ && !fired_) {
         fired_ = true;
@@ -252,7 +253,8 @@ pid_t start_mpirun(const std::vector<std::string>& argv, int* read_fd) {
     for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
     execvp(args[0], args.data());
-    std::fprintf(stderr, "titan3d: cannot start mpirun: %s. Install Open MPI (`apt-get install "
+    std::fprintf(stderr,
+                 "titan3d: cannot start mpirun: %s. Install Open MPI (`apt-get install "
                  "openmpi-bin`) or launch titan3d under mpirun / srun yourself\n",
                  std::strerror(errno));
     _exit(2);

@@ -14,12 +14,12 @@ namespace t3d::runtime {
 
 // What ended a watched mpirun, for the restart loop's incident log.
 struct MpirunOutcome {
-  int code = 0;             // exit code (128 + signal when mpirun itself was killed)
-  int dead_rank = -1;       // a rank Open MPI saw die, or -1
-  int dead_signal = 0;      // ... by this signal (0: it exited without finishing MPI)
+  int code = 0;         // exit code (128 + signal when mpirun itself was killed)
+  int dead_rank = -1;   // a rank Open MPI saw die, or -1
+  int dead_signal = 0;  // ... by this signal (0: it exited without finishing MPI)
   std::string dead_host;
-  int stalled_rank = -1;    // a rank the stall watch killed, or -1
-  int signal = 0;           // a signal this launcher passed on (-1: it ended the job), or 0
+  int stalled_rank = -1;  // a rank the stall watch killed, or -1
+  int signal = 0;         // a signal this launcher passed on (-1: it ended the job), or 0
   // Hosts the ranks' collective watchdogs said they were waiting on (`waiting on host X`), in
   // the order first named: suspects, not verdicts (a slow host is named as well as a gone one).
   std::vector<std::string> waited_hosts;

@@ -101,7 +101,7 @@ std::string cache_key(const Shapes& s, int threads, int local_ranks,
 
 // The (precision, gemm) recorded in the snapshot `snapshot.resume` names, if it can be read.
 std::optional<std::pair<TrainPrecision, GemmLibrary>> recorded_in_snapshot(const Recipe& r,
-                                                                        std::string* path_out) {
+                                                                           std::string* path_out) {
   std::string path = r.snapshot.resume;
   try {
     if (path == "latest") {
@@ -130,7 +130,8 @@ bool runs_here(GemmKind kind, const std::vector<GemmKind>& candidates) {
   } catch (const GemmUnavailable& e) {
     std::string others;
     for (GemmKind c : candidates)
-      if (c != kind) others += (others.empty() ? "" : ", ") + std::string(kernels::gemm_kind_name(c));
+      if (c != kind)
+        others += (others.empty() ? "" : ", ") + std::string(kernels::gemm_kind_name(c));
     spdlog::info("GEMM candidate {} left out: {}; choosing among {}", kernels::gemm_kind_name(kind),
                  e.reason(), others.empty() ? "none" : others);
     return false;
@@ -159,9 +160,10 @@ bool fill_one(E* mine, E theirs, E auto_value, const char* key, const std::strin
     return true;
   }
   if (*mine != theirs)
-    spdlog::warn("{} = {} here but {} in {}: the continuation will not be bit-identical to the "
-                 "run that wrote it (remove the key, or set it to {}, to continue exactly)",
-                 key, choice_name(*mine), choice_name(theirs), path, choice_name(theirs));
+    spdlog::warn(
+        "{} = {} here but {} in {}: the continuation will not be bit-identical to the "
+        "run that wrote it (remove the key, or set it to {}, to continue exactly)",
+        key, choice_name(*mine), choice_name(theirs), path, choice_name(theirs));
   return false;
 }
 
@@ -183,17 +185,17 @@ void record(const GemmChoice& c, const std::string& run_dir) {
   for (const auto& m : c.rates)
     numbers += fmt::format("{}{} {:.1f} (slowest round {:.1f})", numbers.empty() ? "" : ", ",
                            kernels::gemm_kind_name(m.kind), m.fastest, m.slowest);
-  spdlog::info("GEMM: {} (train.precision = {}, hardware.gemm = {}; {}{}{}), {} thread(s) per rank; "
-               "{}; {}",
-               kernels::gemm_kind_name(c.kind), choice_name(c.precision), choice_name(c.library),
-               c.source,
-               numbers.empty() ? "" : ": GFLOP/s per rank at the model's shapes ", numbers,
-               c.threads, kernels::cpu_model_name(), kernels::onednn_version_string());
+  spdlog::info(
+      "GEMM: {} (train.precision = {}, hardware.gemm = {}; {}{}{}), {} thread(s) per rank; "
+      "{}; {}",
+      kernels::gemm_kind_name(c.kind), choice_name(c.precision), choice_name(c.library), c.source,
+      numbers.empty() ? "" : ": GFLOP/s per rank at the model's shapes ", numbers, c.threads,
+      kernels::cpu_model_name(), kernels::onednn_version_string());
   std::ostringstream out;
   out << "{\"kind\": \"" << kernels::gemm_kind_name(c.kind) << "\", \"precision\": \""
       << choice_name(c.precision) << "\", \"library\": \"" << choice_name(c.library)
-      << "\", \"threads_per_rank\": "
-      << c.threads << ", \"cpu\": \"" << kernels::cpu_model_name() << "\", \"gflops_per_rank\": {";
+      << "\", \"threads_per_rank\": " << c.threads << ", \"cpu\": \"" << kernels::cpu_model_name()
+      << "\", \"gflops_per_rank\": {";
   for (size_t i = 0; i < c.rates.size(); ++i)
     out << (i ? ", " : "") << "\"" << kernels::gemm_kind_name(c.rates[i].kind)
         << "\": " << c.rates[i].fastest;
@@ -286,7 +288,8 @@ GemmChoice choose_gemm(const Job& job) {
       world.barrier();
       rates.assign(2 * candidates.size(), 0.0);  // fastest rounds, then slowest rounds
       std::vector<bool> runnable;
-      for (GemmKind k : candidates) runnable.push_back(runs_here(k, candidates));  // rate 0: never chosen
+      for (GemmKind k : candidates)
+        runnable.push_back(runs_here(k, candidates));  // rate 0: never chosen
       const size_t n = candidates.size();
       for (int round = 0; round < kMeasureRounds; ++round)
         for (size_t i = 0; i < n; ++i)
@@ -323,21 +326,23 @@ HostPeaks host_peaks(GemmKind kind, int64_t rows, int64_t in, int64_t out, int c
   const bool bf16 = kernels::gemm_kind_is_bf16(kind) && kernels::cpu_has_bf16_dot();
   p.hardware_what = bf16 ? "bf16 dot product" : "fp32 FMA";
   const fs::path dir = cache_dir();
-  p.hardware_gflops = cores * cached_number(dir / "core_peak.txt", cpu + "|" + p.hardware_what, [&] {
-    const auto peak = kernels::measure_core_peak();
-    return bf16 ? peak.bf16_gflops : peak.fp32_gflops;
-  });
+  p.hardware_gflops =
+      cores * cached_number(dir / "core_peak.txt", cpu + "|" + p.hardware_what, [&] {
+        const auto peak = kernels::measure_core_peak();
+        return bf16 ? peak.bf16_gflops : peak.fp32_gflops;
+      });
   // The best of a few medians, so a burst of load from elsewhere does not lower it.
   std::ostringstream key;
   key << cpu << "|" << kernels::gemm_kind_name(kind) << "|" << kernels::openblas_corename() << "|"
       << kernels::onednn_version_string() << "|" << rows << "x" << in << "x" << out;
   p.gemm_gflops = cores * cached_number(dir / "gemm_peak.txt", key.str(), [&] {
-    double best = 0;
-    for (int i = 0; i < 3; ++i)
-      best = std::max({best, kernels::measure_gemm_gflops(kind, rows, in, out, 1, 5),
-                       kernels::measure_gemm_gflops(kind, rows, in, in, 1, 5)});
-    return best;
-  });
+                    double best = 0;
+                    for (int i = 0; i < 3; ++i)
+                      best =
+                          std::max({best, kernels::measure_gemm_gflops(kind, rows, in, out, 1, 5),
+                                    kernels::measure_gemm_gflops(kind, rows, in, in, 1, 5)});
+                    return best;
+                  });
   return p;
 }
 

@@ -51,7 +51,7 @@ struct GemmChoice {
   kernels::GemmKind kind = kernels::GemmKind::kOpenBlasF32;
   TrainPrecision precision = TrainPrecision::kFp32;  // resolved: never auto
   GemmLibrary library = GemmLibrary::kOpenBlas;      // resolved: never auto
-  std::string source;     // how it was decided: "measured", "cached", "the recipe", or a snapshot
+  std::string source;  // how it was decided: "measured", "cached", "the recipe", or a snapshot
   std::vector<MeasuredGemm> rates;  // per rank; empty when there was nothing to choose
   int threads = 1;
   JobPrecision job_precision() const { return {kind, precision}; }

@@ -40,7 +40,8 @@ float* Model::unit_grads(int64_t unit) const {
 }
 
 float* Model::g(const std::string& name, int64_t unit) const {
-  return unit_grads(unit) + (layout_.at(name).offset - unit_begin_.at(static_cast<size_t>(unit + 1)));
+  return unit_grads(unit) +
+         (layout_.at(name).offset - unit_begin_.at(static_cast<size_t>(unit + 1)));
 }
 
 Model::BlockParams Model::block_grads(int64_t l) const {
@@ -52,9 +53,7 @@ Model::BlockParams Model::block_grads(int64_t l) const {
 }
 
 float* Model::input(int chunk, int slot) { return acts_.at(chunk).at(slot)->x[0]; }
-const float* Model::output(int chunk, int slot) const {
-  return acts_.at(chunk).at(slot)->x.back();
-}
+const float* Model::output(int chunk, int slot) const { return acts_.at(chunk).at(slot)->x.back(); }
 const float* Model::input_grad(int chunk, int slot) const {
   return acts_.at(chunk).at(slot)->dx_in;
 }
@@ -69,8 +68,7 @@ void Model::forward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, co
   auto& s = *scratch_;
   const int64_t Nl = rows_local_;
   float* xn1_rows = sp_ ? s.rows : a.xn1;  // SP: normalise this rank's rows, then gather
-  k::rmsnorm_forward(xn1_rows, a.rstd1, x_in, pw.ln1, Nl, C,
-                     static_cast<float>(config_.norm_eps));
+  k::rmsnorm_forward(xn1_rows, a.rstd1, x_in, pw.ln1, Nl, C, static_cast<float>(config_.norm_eps));
   gather_rows(xn1_rows, a.xn1);
   using Copy = k::LinearInput::Copy;
   {
@@ -100,8 +98,7 @@ void Model::forward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, co
   k::add(a.xmid, x_in, branch, Nl * C);
 
   float* xn2_rows = sp_ ? s.rows : a.xn2;
-  k::rmsnorm_forward(xn2_rows, a.rstd2, a.xmid,
-                     pw.ln2, Nl, C,
+  k::rmsnorm_forward(xn2_rows, a.rstd2, a.xmid, pw.ln2, Nl, C,
                      static_cast<float>(config_.norm_eps));
   gather_rows(xn2_rows, a.xn2);
   {
@@ -193,8 +190,8 @@ void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, c
       float* dv_part = part == 0 ? s.dv_all : s.cp_kv_part + whole;
       k::attention_backward(kind, dq + part * part_rows * qd, dk_part, dv_part,
                             s.datt + part * part_rows * qd, a.q + part * part_rows * qd, s.k_all,
-                            s.v_all, a.att + part * part_rows * qd,
-                            a.lse + part * B * heads_ * len, s.attn, attention_shape(part));
+                            s.v_all, a.att + part * part_rows * qd, a.lse + part * B * heads_ * len,
+                            s.attn, attention_shape(part));
     }
     k::add_inplace(s.dk_all, s.cp_kv_part, whole);
     k::add_inplace(s.dv_all, s.cp_kv_part + whole, whole);
@@ -205,8 +202,8 @@ void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, c
                           attention_shape(0));
   }
   for (int64_t part = 0; part < parts_; ++part) {
-    k::rope_backward(dq + part * part_rows * qd, dq + part * part_rows * qd, s.rope, B, len,
-                     heads_, D, part_begin(part));
+    k::rope_backward(dq + part * part_rows * qd, dq + part * part_rows * qd, s.rope, B, len, heads_,
+                     D, part_begin(part));
     k::rope_backward(dk + part * part_rows * kvd, dk + part * part_rows * kvd, s.rope, B, len,
                      kv_heads_, D, part_begin(part));
   }
@@ -257,8 +254,7 @@ void Model::backward_layer_weights(int64_t l, const LayerActs& a, const BlockCop
   k::linear_backward_weight(pg.v, k::LinearInput(kind, kg.dv, N, kvd), x);
 }
 
-double Model::forward_head(ChunkActs& c, const int32_t* targets, float grad_scale,
-                           bool training) {
+double Model::forward_head(ChunkActs& c, const int32_t* targets, float grad_scale, bool training) {
   const k::GemmKind kind = options_.gemm;
   const int64_t N = rows_, C = config_.dim;
   auto& s = *scratch_;
@@ -353,14 +349,12 @@ void Model::backward_impl(int chunk, int slot, const float* dout, bool defer_wei
     if (recomputed(i)) forward_layer(l, a.layers[i], {}, a.x[i], a.x[i + 1]);
     if (stored16(i)) decode16(a.stored[i], a.layers[i]);
     const bool defer = defer_weights && !recomputed(i);
-    backward_layer(l, a.layers[i], block_copies(a, i), a.x[i], dx,
-                   defer ? &a.wgrads[i] : nullptr);
+    backward_layer(l, a.layers[i], block_copies(a, i), a.x[i], dx, defer ? &a.wgrads[i] : nullptr);
     if (!defer && grad_hook_) grad_hook_(l);
   }
   if (range.first) {
     const float* dy = gather_rows(dx, scratch_->all_rows);
-    k::embedding_backward(g("model.embed_tokens.weight", -1), dy,
-                          a.tokens, N, C, vocab_start_,
+    k::embedding_backward(g("model.embed_tokens.weight", -1), dy, a.tokens, N, C, vocab_start_,
                           vocab_start_ + vocab_);
     if (grad_hook_) grad_hook_(-1);
   }

@@ -27,8 +27,8 @@
 #include "kernels/arena.h"
 #include "kernels/ops.h"
 #include "parallel/comm.h"
-#include "parallel/zero.h"
 #include "parallel/pipeline_split.h"
+#include "parallel/zero.h"
 #include "runtime/model/model_spec.h"
 #include "runtime/model/stage_model.h"
 #include "runtime/recipe/recipe.h"
@@ -190,7 +190,7 @@ class Model final : public StageModel {
   // A bf16-stored block's kept tensors, by BlockAct: bf16 or fp32 as the spec's stored rows say.
   using StoredBlock = std::array<void*, kBlockActs>;
   static float*& block_act(LayerActs& a, int index);  // the member of row `index` (BlockAct)
-  static float*& wgrad(LayerGrads& g, int index);      // the member of row `index` (WGrad)
+  static float*& wgrad(LayerGrads& g, int index);     // the member of row `index` (WGrad)
   bool stored16(int64_t local_layer) const { return options_.bf16 && !recomputed(local_layer); }
   // The bf16 copies a bf16-stored block's forward fills itself (all null for other blocks): its
   // GEMM inputs, rounded once there and read as they are by the backward's GEMMs, and with bf16

@@ -261,11 +261,14 @@ bool Model::only_copy_read(int index, bool bf16_gemms) {
 Model::BlockCopies Model::block_copies(ChunkActs& a, int64_t local_layer) const {
   if (!stored16(local_layer)) return {};
   const StoredBlock& st = a.stored[static_cast<size_t>(local_layer)];
-  const auto at = [&](BlockAct row) {
-    return static_cast<k::bf16*>(st[static_cast<size_t>(row)]);
-  };
-  return {at(BlockAct::kXn1), at(BlockAct::kAttn), at(BlockAct::kXn2), at(BlockAct::kH),
-          at(BlockAct::kGate), at(BlockAct::kUp), k::gemm_kind_is_bf16(options_.gemm)};
+  const auto at = [&](BlockAct row) { return static_cast<k::bf16*>(st[static_cast<size_t>(row)]); };
+  return {at(BlockAct::kXn1),
+          at(BlockAct::kAttn),
+          at(BlockAct::kXn2),
+          at(BlockAct::kH),
+          at(BlockAct::kGate),
+          at(BlockAct::kUp),
+          k::gemm_kind_is_bf16(options_.gemm)};
 }
 
 // The codec of bf16-stored blocks: the spec's stored rows, each copied between the block's fp32

@@ -27,13 +27,13 @@ struct Model::LayerGrads {
 struct Model::ChunkActs {
   std::vector<float*> x;  // L+1 residual streams (N, C): x[0] the chunk's input, x[L] its output
   std::vector<LayerActs> layers;
-  std::vector<LayerGrads> wgrads;  // split backward only; empty pointers for recomputed blocks
+  std::vector<LayerGrads> wgrads;   // split backward only; empty pointers for recomputed blocks
   std::vector<StoredBlock> stored;  // bf16 only: the stored copies (blocks not recomputed)
-  int32_t* tokens = nullptr;  // (N) first chunk: ids, kept for the embedding backward
-  float* xf = nullptr;        // (N, C) last chunk: model.norm output
-  float* rstdf = nullptr;     // (N)
-  float* dx_last = nullptr;   // (N, C) last chunk: gradient of x[L] from the loss
-  float* dx_in = nullptr;     // (N, C) other than the first chunk: gradient of x[0]
+  int32_t* tokens = nullptr;        // (N) first chunk: ids, kept for the embedding backward
+  float* xf = nullptr;              // (N, C) last chunk: model.norm output
+  float* rstdf = nullptr;           // (N)
+  float* dx_last = nullptr;         // (N, C) last chunk: gradient of x[L] from the loss
+  float* dx_in = nullptr;           // (N, C) other than the first chunk: gradient of x[0]
 };
 
 // Per-rank buffers shared by every chunk and slot: only one forward or backward runs at a time.

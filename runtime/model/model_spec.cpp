@@ -155,8 +155,7 @@ std::vector<ParamInfo> param_table(const ModelConfig& m,
     }
     if (range.last) {
       t.push_back({"model.norm.weight", {C}, -1, false, kOnes, m.n_layers});
-      if (!m.tie_embeddings)
-        t.push_back({"lm_head.weight", {V, C}, 0, true, kNormal, m.n_layers});
+      if (!m.tie_embeddings) t.push_back({"lm_head.weight", {V, C}, 0, true, kNormal, m.n_layers});
     }
   }
   return t;

@@ -277,7 +277,6 @@ struct ScratchContext {
   int64_t whole_kv = 0;         // B·seq_len·Hkvl·D: the whole sequence's keys (or values)
 };
 
-
 // One row of the activation / scratch table.
 struct SpecTensor {
   enum class Role : uint8_t {

@@ -15,15 +15,15 @@
 
 #include "kernels/arena.h"
 #include "kernels/blas.h"
-#include "kernels/gemm.h"
 #include "kernels/check.h"
+#include "kernels/gemm.h"
 #include "parallel/comm.h"
+#include "runtime/cost/planner.h"
+#include "runtime/cost/planner_cost.h"
 #include "runtime/data/data_sampler.h"
 #include "runtime/launch/job.h"
 #include "runtime/machine/machine.h"
 #include "runtime/model/model.h"
-#include "runtime/cost/planner.h"
-#include "runtime/cost/planner_cost.h"
 #include "runtime/stage/stage.h"
 
 namespace t3d::runtime {
@@ -80,8 +80,10 @@ void measure_links(const Comm& world, const Comm& group, const std::string& name
   if (n < 2) return;
   std::vector<float> small(8, 0.0f), large((1 << 20) / sizeof(float), 0.0f);
   m.large_bytes = static_cast<double>(large.size() * sizeof(float));
-  m.small_s = time_per_call(world, [&] { group.all_reduce(small.data(), small.size()); }, 0.04);
-  m.large_s = time_per_call(world, [&] { group.all_reduce(large.data(), large.size()); }, 0.06);
+  m.small_s = time_per_call(
+      world, [&] { group.all_reduce(small.data(), small.size()); }, 0.04);
+  m.large_s = time_per_call(
+      world, [&] { group.all_reduce(large.data(), large.size()); }, 0.06);
   const double hops = 2.0 * (n - 1);
   m.latency_s = m.small_s / hops;
   m.bytes_per_s = hops / n * m.large_bytes / std::max(m.large_s - m.small_s, 1e-9);
@@ -103,8 +105,8 @@ void measure_block(const Job& job, Measured& m) {
   cfg.n_layers = 3;
   parallel::LayerRange middle;
   middle.begin = 1, middle.end = 2;
-  const ModelOptions opt =
-      model_options(r, job.precision(), StagePurpose::kForward, micro_batch_rows(r), nullptr, nullptr);
+  const ModelOptions opt = model_options(r, job.precision(), StagePurpose::kForward,
+                                         micro_batch_rows(r), nullptr, nullptr);
   kernels::Arena arena(static_cast<size_t>(r.hardware.hbm_gib * double(1ull << 30)));
   Model model(cfg, {middle}, tp, arena, opt);
   model.init(static_cast<uint64_t>(r.train.seed));
@@ -113,22 +115,25 @@ void measure_block(const Job& job, Measured& m) {
   for (int64_t i = 0; i < n; ++i) dout[i] = 1e-3f * static_cast<float>((i * 7919) % 201 - 100);
   float* in = model.input(0, 0);
   std::copy(dout.begin(), dout.end(), in);
-  m.block_s = time_per_call(world, [&] {
-    model.forward(0, 0, nullptr, nullptr, 1.0f, true);
-    model.backward(0, 0, dout.data());
-  }, 0.3);
+  m.block_s = time_per_call(
+      world,
+      [&] {
+        model.forward(0, 0, nullptr, nullptr, 1.0f, true);
+        model.backward(0, 0, dout.data());
+      },
+      0.3);
   if (tp.size() > 1) {
     std::vector<float> act(static_cast<size_t>(model.rows() * cfg.dim), 0.0f);
-    m.tp_allreduce_s =
-        time_per_call(world, [&] { tp.all_reduce(act.data(), act.size()); }, 0.04);
+    m.tp_allreduce_s = time_per_call(
+        world, [&] { tp.all_reduce(act.data(), act.size()); }, 0.04);
   }
   // The planner's count for this block (the model spec's, as cost_of_stage): f + b + w FLOPs
   // per row.
   Cluster unit;
   unit.devices_per_node = std::max<int64_t>(1, r.world_size());
   const PlanProblem p = make_problem(r, unit);
-  m.block_flops = block_flops_per_token(p.model, r.parallel.tp).train() *
-                  static_cast<double>(model.rows());
+  m.block_flops =
+      block_flops_per_token(p.model, r.parallel.tp).train() * static_cast<double>(model.rows());
   // Never let the subtraction claim more than half the block: under heavy oversubscription the
   // all-reduce measured alone and the one inside the block overlap other ranks' work differently.
   const double compute_s = std::max(m.block_s - 4 * m.tp_allreduce_s, 0.5 * m.block_s);
@@ -144,10 +149,10 @@ std::string cluster_toml(const Recipe& r, const Measured& m, const std::string& 
   os << "# Written by `titan3d plan --calibrate` on " << host << " for " << world
      << " rank(s), micro-batch " << micro_batch_rows(r) << " × " << r.model.seq_len
      << " tokens, tp " << r.parallel.tp << ", precision " << choice_name(r.train.precision) << ".\n"
-     << fmt::format("# block fwd+bwd {:.4g} ms (of which tp all-reduces 4 × {:.4g} ms), {:.4g} "
-                    "MFLOP -> {:.4g} GFLOP/s per rank, all ranks at once\n",
-                    m.block_s * 1e3, m.tp_allreduce_s * 1e3, m.block_flops / 1e6,
-                    m.tflops * 1e3)
+     << fmt::format(
+            "# block fwd+bwd {:.4g} ms (of which tp all-reduces 4 × {:.4g} ms), {:.4g} "
+            "MFLOP -> {:.4g} GFLOP/s per rank, all ranks at once\n",
+            m.block_s * 1e3, m.tp_allreduce_s * 1e3, m.block_flops / 1e6, m.tflops * 1e3)
      << fmt::format("# all-reduce over {} ({} ranks): 32 B {:.4g} us, {:.4g} B {:.4g} us\n",
                     m.group, m.group_size, m.small_s * 1e6, m.large_bytes, m.large_s * 1e6)
      << "[cluster]\n"
@@ -176,8 +181,8 @@ Cluster calibrate_local(const Recipe& recipe, const std::vector<std::string>& ar
   probe_argv.insert(probe_argv.end(), {"--calibrate-probe", tmp});
   SpawnPlan plan = make_spawn_plan(recipe, probe_argv, 0);
   const int rc = run_spawned(plan).code;
-  T3D_USER_CHECK(rc == 0 && fs::is_regular_file(tmp), "plan --calibrate: the probe on ",
-                 plan.ranks, " rank(s) failed (exit ", rc, "); logs in ", plan.log_dir);
+  T3D_USER_CHECK(rc == 0 && fs::is_regular_file(tmp), "plan --calibrate: the probe on ", plan.ranks,
+                 " rank(s) failed (exit ", rc, "); logs in ", plan.log_dir);
   fs::rename(tmp, path);  // atomic: a concurrent plan reads the old file or the new one
   return load_cluster(path);
 }

@@ -48,10 +48,11 @@ int run_plan(const PlanOptions& o) {
       cluster_file.empty() ? local_cluster(recipe, &calibrated) : load_cluster(cluster_file);
   const double cores = std::max(1u, std::thread::hardware_concurrency());
   if (cluster_file.empty() && recipe.world_size() > 4 * cores)
-    std::printf("plan: the recipe's %lld ranks on this machine's %.0f cores (each a share of a "
-                "core): is it meant for a cluster? Give --cluster FILE or set hardware.cluster "
-                "(recipes/clusters/)\n",
-                static_cast<long long>(recipe.world_size()), cores);
+    std::printf(
+        "plan: the recipe's %lld ranks on this machine's %.0f cores (each a share of a "
+        "core): is it meant for a cluster? Give --cluster FILE or set hardware.cluster "
+        "(recipes/clusters/)\n",
+        static_cast<long long>(recipe.world_size()), cores);
   const PlanProblem p = make_problem(recipe, cluster);
   const auto& m = p.model;
   std::printf(
@@ -61,21 +62,23 @@ int run_plan(const PlanOptions& o) {
       "%.4g GB/s inside a node, %.4g GB/s per node between nodes\n",
       (long long)m.dim, (long long)m.n_layers, (long long)m.n_heads, (long long)m.n_kv_heads,
       (long long)m.ffn_dim, (long long)m.vocab_size, (long long)m.seq_len,
-      (long long)p.global_batch, std::string(choice_name(recipe.train.precision)).c_str(), cluster.name.c_str(),
-      (long long)cluster.nodes, (long long)cluster.devices_per_node, cluster.hbm_gib,
-      cluster.peak_tflops, cluster.compute_efficiency, cluster.intra_node_gbps,
+      (long long)p.global_batch, std::string(choice_name(recipe.train.precision)).c_str(),
+      cluster.name.c_str(), (long long)cluster.nodes, (long long)cluster.devices_per_node,
+      cluster.hbm_gib, cluster.peak_tflops, cluster.compute_efficiency, cluster.intra_node_gbps,
       cluster.inter_node_gbps);
   if (calibrated)
-    std::printf("calibration: %s (measured for the recipe's own layout; `--calibrate` "
-                "re-measures)\n",
-                calibration_cache_path(recipe).c_str());
+    std::printf(
+        "calibration: %s (measured for the recipe's own layout; `--calibrate` "
+        "re-measures)\n",
+        calibration_cache_path(recipe).c_str());
   if (o.calibrate && !o.cluster.empty()) {
     const int threads = recipe.hardware.threads_per_rank > 0
                             ? static_cast<int>(recipe.hardware.threads_per_rank)
                             : 1;
-    std::printf("calibrate: sgemm 1024³ here: %.1f GFLOP/s with %d thread(s); the cluster "
-                "file's figures are used as given\n",
-                kernels::measure_sgemm_gflops(1024, 1024, 1024, threads), threads);
+    std::printf(
+        "calibrate: sgemm 1024³ here: %.1f GFLOP/s with %d thread(s); the cluster "
+        "file's figures are used as given\n",
+        kernels::measure_sgemm_gflops(1024, 1024, 1024, threads), threads);
   }
 
   if (o.schedule) {
@@ -108,9 +111,10 @@ int run_plan(const PlanOptions& o) {
 
   const Layout own = layout_of_recipe(recipe, cluster);
   if (recipe.parallel.cp > 1)
-    std::printf("\nThe recipe has parallel.cp = %lld: the planner does not model context "
-                "parallelism yet and plans, and compares with, cp = 1.\n",
-                static_cast<long long>(recipe.parallel.cp));
+    std::printf(
+        "\nThe recipe has parallel.cp = %lld: the planner does not model context "
+        "parallelism yet and plans, and compares with, cp = 1.\n",
+        static_cast<long long>(recipe.parallel.cp));
   const std::string own_invalid = invalid_reason(p, own);
   if (own_invalid.empty()) {
     const Candidate c = evaluate(p, own);

@@ -23,7 +23,7 @@ struct PlanOptions {
   bool calibrate = false;
   std::string calibrate_probe;    // internal: this process is a rank of the probe; write here
   std::vector<std::string> argv;  // titan3d's own command line, for the probe to re-execute
-  std::vector<int64_t> zero;  // ZeRO stages to try; empty: all
+  std::vector<int64_t> zero;      // ZeRO stages to try; empty: all
 };
 
 // Runs the verb, printing to stdout. UserError for bad input (apps/ maps it to exit 2).

@@ -79,10 +79,11 @@ void warn_if_data_changed(const std::map<std::string, int64_t>& counters,
   if (saved_path != now.data.path) return;  // other data on purpose (--set data.path)
   const int64_t hash = data_hash(now);
   if (hash == it->second) return;
-  spdlog::warn("data.path `{}` changed since {} was written (content hash {} then, {} now): the "
-               "continuation trains on other tokens than the run that wrote it would have",
-               now.data.path, path, ck::to_hex(static_cast<uint64_t>(it->second)),
-               ck::to_hex(static_cast<uint64_t>(hash)));
+  spdlog::warn(
+      "data.path `{}` changed since {} was written (content hash {} then, {} now): the "
+      "continuation trains on other tokens than the run that wrote it would have",
+      now.data.path, path, ck::to_hex(static_cast<uint64_t>(it->second)),
+      ck::to_hex(static_cast<uint64_t>(hash)));
 }
 
 Recipe load_resume_recipe(const std::string& snapshot, const std::vector<Override>& overrides) {

@@ -78,7 +78,8 @@ void refuse_clamped_integer(const toml::value& v, const std::string& key) {
     int base = 10;
     bool negative = false;
     if (digits[0] == '+' || digits[0] == '-') negative = digits[0] == '-', digits.erase(0, 1);
-    if (digits.size() > 2 && digits[0] == '0' && std::string("xob").find(digits[1]) != std::string::npos)
+    if (digits.size() > 2 && digits[0] == '0' &&
+        std::string("xob").find(digits[1]) != std::string::npos)
       base = digits[1] == 'x' ? 16 : digits[1] == 'o' ? 8 : 2, digits.erase(0, 2);
     errno = 0;
     char* end = nullptr;
@@ -147,7 +148,7 @@ struct TomlType<std::string> {
 };
 // An enumerated key: a TOML string among Choices<E>::kAll, refused with the list otherwise.
 template <typename E>
-  requires std::is_enum_v<E>
+requires std::is_enum_v<E>
 struct TomlType<E> {
   static constexpr const char* name = "string";
   static E get(const toml::value& v, bool& ok, const std::string& key) {
@@ -224,8 +225,8 @@ Field field(const char* section, const char* key, S Recipe::*sect, T S::*member,
     T x = TomlType<T>::get(v, ok, full);
     if (!ok)
       fail(where(v), full,
-           std::string("expected ") + TomlType<T>::name + ", got " + toml::format(v) +
-               "\n    " + v.location().line_str());
+           std::string("expected ") + TomlType<T>::name + ", got " + toml::format(v) + "\n    " +
+               v.location().line_str());
     (r.*sect).*member = std::move(x);
   };
   f.write = [=](const Recipe& r) { return TomlType<T>::put((r.*sect).*member); };
@@ -400,7 +401,6 @@ const std::vector<Field>& schema() {
   return fields;
 }
 
-
 // ---- Validation of values and combinations ------------------------------------------------------
 
 // Upper bounds (docs/recipe.md, "Limits"): far beyond any real run, small enough that every size
@@ -409,8 +409,8 @@ constexpr int64_t kMaxVocab = int64_t{1} << 24;
 constexpr int64_t kMaxDim = int64_t{1} << 17;
 constexpr int64_t kMaxFfn = int64_t{1} << 20;
 constexpr int64_t kMaxSeqLen = int64_t{1} << 24;
-constexpr int64_t kMaxRanks = int64_t{1} << 20;  // each of pp, dp, cp, tp and their product
-constexpr int64_t kMaxBatch = int64_t{1} << 30;  // global_batch, micro_batches, val_batches
+constexpr int64_t kMaxRanks = int64_t{1} << 20;          // each of pp, dp, cp, tp and their product
+constexpr int64_t kMaxBatch = int64_t{1} << 30;          // global_batch, micro_batches, val_batches
 constexpr int64_t kMaxTokensPerStep = int64_t{1} << 36;  // global_batch · seq_len
 constexpr int64_t kMaxSteps = int64_t{1} << 40;
 constexpr double kMaxElements = double(int64_t{1} << 50);  // activations, parameters (floats)
@@ -424,14 +424,16 @@ constexpr double kMaxHbmGib = 1 << 20;
 // as OpenBLAS does; a name it does not know would silently fall back to generic kernels.
 bool is_known_openblas_coretype(const std::string& name) {
   static const char* const kNames[] = {
-      "auto",      "Katmai",       "Coppermine",  "Northwood",   "Prescott",    "Banias",
-      "Atom",      "Core2",        "Penryn",      "Dunnington",  "Nehalem",     "Athlon",
-      "Opteron",   "Opteron_SSE3", "Barcelona",   "Nano",        "Sandybridge", "Bobcat",
-      "Bulldozer", "Piledriver",   "Haswell",     "Steamroller", "Excavator",   "Zen",
-      "SkylakeX",  "Cooperlake",   "SapphireRapids", "ARMV8",    "CortexA53",   "CortexA55",
-      "CortexA57", "CortexA72",    "CortexA73",   "CortexX1",    "CortexA710",  "NeoverseN1",
-      "NeoverseN2", "NeoverseV1",  "NeoverseV2",  "ThunderX",    "ThunderX2T99", "ThunderX3T110",
-      "TSV110",    "EMAG8180",     "FALKOR",      "A64FX",       "ARMV8SVE"};
+      "auto",         "Katmai",         "Coppermine", "Northwood",    "Prescott",
+      "Banias",       "Atom",           "Core2",      "Penryn",       "Dunnington",
+      "Nehalem",      "Athlon",         "Opteron",    "Opteron_SSE3", "Barcelona",
+      "Nano",         "Sandybridge",    "Bobcat",     "Bulldozer",    "Piledriver",
+      "Haswell",      "Steamroller",    "Excavator",  "Zen",          "SkylakeX",
+      "Cooperlake",   "SapphireRapids", "ARMV8",      "CortexA53",    "CortexA55",
+      "CortexA57",    "CortexA72",      "CortexA73",  "CortexX1",     "CortexA710",
+      "NeoverseN1",   "NeoverseN2",     "NeoverseV1", "NeoverseV2",   "ThunderX",
+      "ThunderX2T99", "ThunderX3T110",  "TSV110",     "EMAG8180",     "FALKOR",
+      "A64FX",        "ARMV8SVE"};
   for (const char* k : kNames)
     if (strcasecmp(k, name.c_str()) == 0) return true;
   return false;
@@ -547,9 +549,9 @@ void validate_model(const Recipe& r) {
             "model.dim = " + is(m.dim) + " is not divisible by n_heads = " + is(m.n_heads));
   v.require(m.head_dim() % 2 == 0, "model.n_heads",
             "head_dim = dim / n_heads = " + is(m.head_dim()) + " must be even for RoPE");
-  v.require(m.n_heads % m.n_kv_heads == 0, "model.n_kv_heads",
-            "n_heads = " + is(m.n_heads) + " must be a multiple of n_kv_heads = " +
-                is(m.n_kv_heads));
+  v.require(
+      m.n_heads % m.n_kv_heads == 0, "model.n_kv_heads",
+      "n_heads = " + is(m.n_heads) + " must be a multiple of n_kv_heads = " + is(m.n_kv_heads));
   v.require(m.ffn_dim >= 1, "model.ffn_dim", "must be positive (0 means the LLaMA rule)");
   v.require(m.seq_len >= 1, "model.seq_len", "must be positive, got " + is(m.seq_len));
   v.require(m.rope_theta > 0, "model.rope_theta", "must be positive");
@@ -588,13 +590,15 @@ void validate_parallel(const Recipe& r) {
             "virtual_stages = " + is(p.virtual_stages) +
                 " contradicts parallel.schedule = \"zb_v\", which always places 2 chunks per "
                 "stage (a V); leave virtual_stages out or set it to 2");
-  v.require(p.virtual_stages == 1 || p.schedule == ScheduleKind::kInterleaved1F1B || p.schedule == ScheduleKind::kZBV,
+  v.require(p.virtual_stages == 1 || p.schedule == ScheduleKind::kInterleaved1F1B ||
+                p.schedule == ScheduleKind::kZBV,
             "parallel.virtual_stages",
             "virtual_stages > 1 needs parallel.schedule = \"interleaved_1f1b\" (or \"zb_v\", "
             "which uses 2)");
   v.require(p.virtual_stages == 1 || p.pp > 1, "parallel.virtual_stages",
             "virtual stages interleave chunks over pipeline stages; they need parallel.pp > 1");
-  v.require(p.schedule != ScheduleKind::kInterleaved1F1B || t.micro_batches % p.pp == 0, "train.micro_batches",
+  v.require(p.schedule != ScheduleKind::kInterleaved1F1B || t.micro_batches % p.pp == 0,
+            "train.micro_batches",
             "interleaved_1f1b needs micro_batches (" + is(t.micro_batches) +
                 ") to be a multiple of pp (" + is(p.pp) + "), as Megatron does");
   v.require(m.n_layers >= p.pp * p.virtual_stages, "parallel.pp",
@@ -716,8 +720,9 @@ void check_nesting(const std::string& text, const std::string& name) {
   int depth = 0;
   size_t line = 1;
   const auto refuse = [&](const char* what) {
-    throw UserError("recipe error: " + name + (name.rfind("--set", 0) == 0 ? "" : ":" + std::to_string(line)) +
-                    ": " + what + " nested more than " + std::to_string(kMaxNesting) +
+    throw UserError("recipe error: " + name +
+                    (name.rfind("--set", 0) == 0 ? "" : ":" + std::to_string(line)) + ": " + what +
+                    " nested more than " + std::to_string(kMaxNesting) +
                     " levels deep; a recipe needs at most 2");
   };
   int dots = 0;  // dots in the key being read on this line (before '=' or ']')
@@ -759,7 +764,8 @@ void check_nesting(const std::string& text, const std::string& name) {
       depth = std::max(0, depth - 1);
       if (!open.empty()) open.pop_back();
     } else if (c == '=' || c == ',') {
-      in_key = c == ',' && !open.empty() && open.back() == '{';  // a key follows in { a = 1, b = 2 }
+      in_key =
+          c == ',' && !open.empty() && open.back() == '{';  // a key follows in { a = 1, b = 2 }
       dots = 0;
     } else if (c == '.' && in_key) {
       if (++dots > kMaxNesting) refuse("dotted keys");
@@ -782,8 +788,8 @@ void apply_override(toml::value& root, const Override& o) {
                  "recipe error: ", label, ": the key must be section.key, e.g. parallel.tp");
   const std::string section = o.key.substr(0, dot), key = o.key.substr(dot + 1);
   // One line only: a value with a line break would smuggle in more TOML (or be cut at it).
-  T3D_USER_CHECK(o.value.find_first_of("\n\r") == std::string::npos, "recipe error: --set ",
-                 o.key, ": the value spans several lines; give it on one line");
+  T3D_USER_CHECK(o.value.find_first_of("\n\r") == std::string::npos, "recipe error: --set ", o.key,
+                 ": the value spans several lines; give it on one line");
   check_nesting(o.value, label);
   toml::value value;
   try {
@@ -915,7 +921,8 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& source_name
   if (r.model.n_kv_heads == 0) r.model.n_kv_heads = r.model.n_heads;
   if (r.model.ffn_dim == 0) r.model.ffn_dim = (8 * r.model.dim / 3 + 63) / 64 * 64;
   // zb_v runs two chunks per stage; an explicit value that says otherwise is refused below.
-  if (r.parallel.schedule == parallel::ScheduleKind::kZBV && !origins.count("parallel.virtual_stages"))
+  if (r.parallel.schedule == parallel::ScheduleKind::kZBV &&
+      !origins.count("parallel.virtual_stages"))
     r.parallel.virtual_stages = 2;
   if (r.run.dir.empty()) r.run.dir = "runs/" + r.run.name;
   if (r.snapshot.dir.empty()) r.snapshot.dir = r.run.dir + "/snapshots";
@@ -934,12 +941,12 @@ Recipe load_recipe(const std::string& path, const std::vector<Override>& overrid
                  "` is a directory, not a recipe file; give a .toml file such as ", path,
                  "/default.toml");
   std::ifstream in(path);
-  T3D_USER_CHECK(in.good(), "recipe error: cannot read recipe file `", path, "`: ",
-                 std::strerror(errno), " (check its permissions)");
+  T3D_USER_CHECK(in.good(), "recipe error: cannot read recipe file `", path,
+                 "`: ", std::strerror(errno), " (check its permissions)");
   std::stringstream text;
   text << in.rdbuf();
-  T3D_USER_CHECK(!in.bad(), "recipe error: cannot read recipe file `", path, "`: ",
-                 std::strerror(errno));
+  T3D_USER_CHECK(!in.bad(), "recipe error: cannot read recipe file `", path,
+                 "`: ", std::strerror(errno));
   return parse_recipe(text.str(), path, overrides);
 }
 
@@ -958,9 +965,8 @@ void Recipe::resolve_world(int64_t world) {
                              std::to_string(parallel.cp) + "·" + std::to_string(parallel.tp);
   if (parallel.dp == -1) {
     T3D_USER_CHECK(world % fixed == 0, "recipe error: ", origin("parallel.dp"),
-                   ": `parallel.dp` = -1: the world of ",
-                   world, " ranks is not divisible by ", layout, "; launch a multiple of ", fixed,
-                   " ranks");
+                   ": `parallel.dp` = -1: the world of ", world, " ranks is not divisible by ",
+                   layout, "; launch a multiple of ", fixed, " ranks");
     parallel.dp = world / fixed;
     T3D_USER_CHECK(train.global_batch % (parallel.dp * train.micro_batches) == 0,
                    "recipe error: ", origin("train.global_batch"),

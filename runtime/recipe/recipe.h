@@ -81,7 +81,8 @@ constexpr std::optional<E> parse_choice(std::string_view text) {
 template <typename E>
 std::string choice_list() {
   std::string out;
-  for (const auto& [v, name] : Choices<E>::kAll) out += (out.empty() ? "" : ", ") + std::string(name);
+  for (const auto& [v, name] : Choices<E>::kAll)
+    out += (out.empty() ? "" : ", ") + std::string(name);
   return out;
 }
 
@@ -158,7 +159,7 @@ struct TrainConfig {
 struct DataConfig {
   std::string path = "data/fortunes.txt";
   DataFormat format = DataFormat::kAuto;
-  std::string val_path;         // empty: hold out val_fraction of path
+  std::string val_path;  // empty: hold out val_fraction of path
   double val_fraction = 0.05;
   SampleMode sampler = SampleMode::kRandom;
   std::string tokenizer = "bytes";  // bytes | a SentencePiece model file (data/text_tokenizer.h)
@@ -176,8 +177,8 @@ struct SnapshotConfig {
 };
 
 struct HardwareConfig {
-  double hbm_gib = 4.0;  // arena budget per rank
-  int64_t threads_per_rank = 0;  // 0: cores / ranks on this host, at least 1
+  double hbm_gib = 4.0;                    // arena budget per rank
+  int64_t threads_per_rank = 0;            // 0: cores / ranks on this host, at least 1
   std::string openblas_coretype = "auto";  // auto: detect; otherwise passed to OpenBLAS as is
   GemmLibrary gemm = GemmLibrary::kAuto;
   std::string cluster;  // the cluster file `plan` plans for without --cluster; empty: this machine

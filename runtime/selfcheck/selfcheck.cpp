@@ -43,7 +43,8 @@ CheckRow agree_row(const Comm& world, std::string check, std::string group, std:
   world.all_gather(reinterpret_cast<const char*>(&w), reinterpret_cast<char*>(all.data()),
                    sizeof(Wire));
 
-  CheckRow row{std::move(check), std::move(group), std::move(scope), CheckStatus::ok, ok_detail, {}};
+  CheckRow row{std::move(check), std::move(group), std::move(scope),
+               CheckStatus::ok,  ok_detail,        {}};
   std::map<std::string, std::vector<int>> findings;  // what -> reporting ranks
   std::set<int> blamed, reporters;
   for (int r = 0; r < world.size(); ++r) {
@@ -123,8 +124,8 @@ Verdict check_all_reduce(const Group& g) {
   if (v.ok) v.fail("a peer saw a wrong sum");
   if (culprits.size() == 1) {
     v.blame = culprits[0];
-    v.what += fmt::format("; reduced alone, world rank {}'s contribution arrives changed",
-                          culprits[0]);
+    v.what +=
+        fmt::format("; reduced alone, world rank {}'s contribution arrives changed", culprits[0]);
   }
   return v;
 }
@@ -173,9 +174,9 @@ Verdict check_broadcast(const Group& g) {
   g.comm->broadcast(x.data(), kCount, root);
   for (size_t i = 0; i < kCount; ++i)
     if (x[i] != value(g.members[root], i)) {
-      v.fail(fmt::format("from world rank {} wrong at element {}: got {}", g.members[root], i,
-                         x[i]),
-             g.members[root]);
+      v.fail(
+          fmt::format("from world rank {} wrong at element {}: got {}", g.members[root], i, x[i]),
+          g.members[root]);
       break;
     }
   return v;
@@ -340,10 +341,14 @@ void bandwidth_rows(const Job& job, const std::vector<Group>& groups, bool quick
 
 const char* status_name(CheckStatus s) {
   switch (s) {
-    case CheckStatus::ok: return "OK";
-    case CheckStatus::warn: return "WARN";
-    case CheckStatus::failed: return "FAILED";
-    case CheckStatus::info: return "-";
+    case CheckStatus::ok:
+      return "OK";
+    case CheckStatus::warn:
+      return "WARN";
+    case CheckStatus::failed:
+      return "FAILED";
+    case CheckStatus::info:
+      return "-";
   }
   return "?";
 }
@@ -367,10 +372,10 @@ SelfcheckReport run_selfcheck(const Job& job, const SelfcheckOptions& options) {
 
   auto& rows = report.rows;
   for (const auto& g : groups) {
-    rows.push_back(selfcheck::agree_row(world, "all_reduce", g.name, g.scope(),
-                                        check_all_reduce(g), fmt::format("{} floats, exact", kCount)));
-    rows.push_back(selfcheck::agree_row(world, "all_gather", g.name, g.scope(),
-                                        check_all_gather(g), "every block exact"));
+    rows.push_back(selfcheck::agree_row(world, "all_reduce", g.name, g.scope(), check_all_reduce(g),
+                                        fmt::format("{} floats, exact", kCount)));
+    rows.push_back(selfcheck::agree_row(world, "all_gather", g.name, g.scope(), check_all_gather(g),
+                                        "every block exact"));
     rows.push_back(selfcheck::agree_row(world, "reduce_scatter", g.name, g.scope(),
                                         check_reduce_scatter(g), "every block exact"));
     rows.push_back(selfcheck::agree_row(world, "broadcast", g.name, g.scope(), check_broadcast(g),

@@ -25,10 +25,10 @@ enum class CheckStatus { ok, warn, failed, info };
 const char* status_name(CheckStatus s);
 
 struct CheckRow {
-  std::string check;   // all_reduce, all_gather, reduce_scatter, broadcast, p2p, replica,
-                       // bandwidth, gemm, memory, host
-  std::string group;   // tp, dp, pp, cp, world, or "rank N" / "stage N" for per-rank rows
-  std::string scope;   // which groups or which message size, e.g. "4 groups × 2"
+  std::string check;  // all_reduce, all_gather, reduce_scatter, broadcast, p2p, replica,
+                      // bandwidth, gemm, memory, host
+  std::string group;  // tp, dp, pp, cp, world, or "rank N" / "stage N" for per-rank rows
+  std::string scope;  // which groups or which message size, e.g. "4 groups × 2"
   CheckStatus status = CheckStatus::ok;
   std::string detail;
   std::vector<int> culprits;  // world ranks to blame (failed and warn rows)
@@ -39,7 +39,7 @@ struct SelfcheckReport {
   std::string mesh;  // "pp=2 dp=2 cp=1 tp=2"
   std::vector<CheckRow> rows;
 
-  bool ok() const;       // no failed row
+  bool ok() const;  // no failed row
   int warnings() const;
   std::string table() const;  // the table and its OK / FAILED footer
   std::string json() const;   // the same as one JSON object

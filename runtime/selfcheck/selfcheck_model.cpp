@@ -9,16 +9,16 @@
 
 #include "kernels/arena.h"
 #include "kernels/blas.h"
-#include "kernels/gemm.h"
 #include "kernels/check.h"
+#include "kernels/gemm.h"
 #include "kernels/hash.h"
 #include "parallel/pipeline_split.h"
+#include "runtime/cost/planner.h"
 #include "runtime/data/data_sampler.h"
 #include "runtime/machine/machine.h"
 #include "runtime/model/model.h"
-#include "runtime/cost/planner.h"
-#include "runtime/stage/stage.h"
 #include "runtime/selfcheck/selfcheck_internal.h"
+#include "runtime/stage/stage.h"
 
 namespace t3d::runtime::selfcheck {
 
@@ -92,8 +92,8 @@ void check_replicas(const Job& job, std::vector<CheckRow>& rows) {
               matrix ? box.offset[0] : 0, matrix ? box.offset[1] : box.offset[0], gcols};
       const uint64_t held = checksum(mine, s, s.cols, s.row0, s.col0);
       if (held != checksum(full, s, gcols, 0, 0))
-        v.fail(fmt::format("its tp shard {} of `{}` differs from the single-rank tensor",
-                           tp.rank(), p.name));
+        v.fail(fmt::format("its tp shard {} of `{}` differs from the single-rank tensor", tp.rank(),
+                           p.name));
       names.push_back(p.name);
       split.push_back(p.split_dim);
       shard_sums.push_back(held);
@@ -141,9 +141,10 @@ void check_memory(const Job& job, std::vector<CheckRow>& rows) {
     const RecipePlan plan = plan_of_recipe(r);
     planned = stage_memory(plan.problem, plan.layout, plan.schedule, job.mesh->coord().pp).total();
     if (planned > capacity)
-      v.fail(fmt::format("stage {} plans {:.3f} GiB, more than hardware.hbm_gib = {:g}: raise it, "
-                         "or see `titan3d plan` for a layout that fits",
-                         job.mesh->coord().pp, planned / (1ull << 30), r.hardware.hbm_gib));
+      v.fail(
+          fmt::format("stage {} plans {:.3f} GiB, more than hardware.hbm_gib = {:g}: raise it, "
+                      "or see `titan3d plan` for a layout that fits",
+                      job.mesh->coord().pp, planned / (1ull << 30), r.hardware.hbm_gib));
   } catch (const std::exception& e) {
     v.fail(std::string("no memory plan: ") + e.what());
   }
@@ -171,10 +172,9 @@ void check_gemm(const Job& job, bool quick, std::vector<CheckRow>& rows) {
 
   // The model's main GEMM: a micro-batch's tokens through the local slice of gate/up.
   const int64_t dp = mesh.shape().size(Dim::dp), tp = mesh.shape().size(Dim::tp);
-  const int64_t M = std::max<int64_t>(
-      64, rows_per_micro(r.train.global_batch, static_cast<int>(dp),
-                         static_cast<int>(r.train.micro_batches)) *
-              r.model.seq_len);
+  const int64_t M = std::max<int64_t>(64, rows_per_micro(r.train.global_batch, static_cast<int>(dp),
+                                                         static_cast<int>(r.train.micro_batches)) *
+                                              r.model.seq_len);
   const int64_t N = r.model.ffn_dim / tp, K = r.model.dim;
   // Ranks that share cores would measure each other: take turns then (all at once otherwise, as
   // in training, where a slow core or a throttled socket shows).
@@ -196,15 +196,18 @@ void check_gemm(const Job& job, bool quick, std::vector<CheckRow>& rows) {
   const double sd = std::sqrt(var / all.size());
   const int best_rank = static_cast<int>(std::max_element(all.begin(), all.end()) - all.begin());
   // Megatron's gpu_sniff_test rule: slower than its peers by more than 10% and one deviation.
-  CheckRow summary{"gemm", "world", fmt::format("{}x{}x{}", M, N, K), CheckStatus::ok,
+  CheckRow summary{"gemm",
+                   "world",
+                   fmt::format("{}x{}x{}", M, N, K),
+                   CheckStatus::ok,
                    fmt::format("median {:.1f} GFLOP/s per rank, best {:.1f} (rank {}){}", median,
                                best, best_rank, turns ? "; measured in turns (shared cores)" : ""),
                    {}};
   for (int q = 0; q < world.size(); ++q) {
     const bool slow = all[q] < 0.9 * median && median - all[q] > sd;
     if (slow) summary.culprits.push_back(q);
-    rows.push_back({"gemm", fmt::format("rank {}", q), fmt::format("{} thread{}", threads,
-                                                                   threads > 1 ? "s" : ""),
+    rows.push_back({"gemm", fmt::format("rank {}", q),
+                    fmt::format("{} thread{}", threads, threads > 1 ? "s" : ""),
                     slow ? CheckStatus::warn : CheckStatus::info,
                     fmt::format("{:7.1f} GFLOP/s, {:3.0f}% of the best{}", all[q],
                                 100 * all[q] / best, slow ? ": outlier" : ""),
@@ -225,8 +228,12 @@ void host_map(const Job& job, std::vector<CheckRow>& rows) {
   for (int q = 0; q < mesh.world().size(); ++q) {
     const std::string line(all.data() + q * kLine);
     const size_t bar = line.find('|');
-    rows.push_back({"host", fmt::format("rank {}", q), line.substr(0, bar), CheckStatus::info,
-                    line.substr(bar + 1), {}});
+    rows.push_back({"host",
+                    fmt::format("rank {}", q),
+                    line.substr(0, bar),
+                    CheckStatus::info,
+                    line.substr(bar + 1),
+                    {}});
   }
 }
 

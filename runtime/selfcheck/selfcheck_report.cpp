@@ -23,14 +23,13 @@ bool SelfcheckReport::ok() const {
 }
 
 int SelfcheckReport::warnings() const {
-  return static_cast<int>(std::count_if(rows.begin(), rows.end(), [](const CheckRow& r) {
-    return r.status == CheckStatus::warn;
-  }));
+  return static_cast<int>(std::count_if(
+      rows.begin(), rows.end(), [](const CheckRow& r) { return r.status == CheckStatus::warn; }));
 }
 
 std::string SelfcheckReport::table() const {
-  std::string out = fmt::format("titan3d selfcheck: {} rank{}, mesh {}\n\n", world,
-                                world > 1 ? "s" : "", mesh);
+  std::string out =
+      fmt::format("titan3d selfcheck: {} rank{}, mesh {}\n\n", world, world > 1 ? "s" : "", mesh);
   out += fmt::format("{:<15}{:<8}{:<18}{:<8}{}\n", "check", "group", "scope", "result", "detail");
   std::string last;
   int checks = 0;
@@ -46,8 +45,9 @@ std::string SelfcheckReport::table() const {
     out += fmt::format("{:<15}{:<8}{:<18}{:<8}{}\n", r.check, r.group, r.scope,
                        status_name(r.status), r.detail);
     if (r.status == CheckStatus::failed)
-      failures.push_back(fmt::format("{} on {}{}", r.check, r.group,
-                                     r.culprits.empty() ? "" : " (" + ranks_label(r.culprits) + ")"));
+      failures.push_back(
+          fmt::format("{} on {}{}", r.check, r.group,
+                      r.culprits.empty() ? "" : " (" + ranks_label(r.culprits) + ")"));
   }
   out += std::string(72, '-') + "\n";
   const int warned = warnings();
@@ -62,16 +62,18 @@ std::string SelfcheckReport::table() const {
 }
 
 std::string SelfcheckReport::json() const {
-  std::string out = fmt::format("{{\"world\": {}, \"mesh\": {}, \"ok\": {}, \"warnings\": {}, "
-                                "\"rows\": [",
-                                world, parallel::trace::json_string(mesh), ok() ? "true" : "false", warnings());
+  std::string out = fmt::format(
+      "{{\"world\": {}, \"mesh\": {}, \"ok\": {}, \"warnings\": {}, "
+      "\"rows\": [",
+      world, parallel::trace::json_string(mesh), ok() ? "true" : "false", warnings());
   for (size_t i = 0; i < rows.size(); ++i) {
     const auto& r = rows[i];
-    out += fmt::format("{}\n  {{\"check\": {}, \"group\": {}, \"scope\": {}, \"status\": {}, "
-                       "\"detail\": {}, \"culprits\": [{}]}}",
-                       i ? "," : "", parallel::trace::json_string(r.check), parallel::trace::json_string(r.group),
-                       parallel::trace::json_string(r.scope), parallel::trace::json_string(status_name(r.status)),
-                       parallel::trace::json_string(r.detail), fmt::join(r.culprits, ", "));
+    out += fmt::format(
+        "{}\n  {{\"check\": {}, \"group\": {}, \"scope\": {}, \"status\": {}, "
+        "\"detail\": {}, \"culprits\": [{}]}}",
+        i ? "," : "", parallel::trace::json_string(r.check), parallel::trace::json_string(r.group),
+        parallel::trace::json_string(r.scope), parallel::trace::json_string(status_name(r.status)),
+        parallel::trace::json_string(r.detail), fmt::join(r.culprits, ", "));
   }
   return out + "\n]}\n";
 }

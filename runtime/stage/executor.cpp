@@ -83,8 +83,8 @@ int PipelineExecutor::local_chunk(int global_chunk) const {
   return c;
 }
 
-double PipelineExecutor::run(StageModel& model, const MicroBatchSource& source,
-                             float grad_scale, bool training) {
+double PipelineExecutor::run(StageModel& model, const MicroBatchSource& source, float grad_scale,
+                             bool training) {
   if (!training) return run_forward_only(model, source);
   const size_t n = static_cast<size_t>(model.io_floats());
   if (grad_in_.size() < n) grad_in_.resize(n);

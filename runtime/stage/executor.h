@@ -9,8 +9,8 @@
 #pragma once
 
 #include <array>
-#include <deque>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <map>
 #include <vector>
@@ -50,8 +50,8 @@ class PipelineExecutor {
   int local_chunk(int global_chunk) const;
   double run_forward_only(StageModel& model, const MicroBatchSource& source);
   // One action of a training schedule; run_forward returns the micro-batch's loss share.
-  double run_forward(StageModel& model, const MicroBatchSource& source,
-                     const parallel::Action& a, float grad_scale);
+  double run_forward(StageModel& model, const MicroBatchSource& source, const parallel::Action& a,
+                     float grad_scale);
   void run_backward(StageModel& model, const parallel::Action& a);
   int take_slot(int c, int mb);  // a free activation slot of local chunk c for micro-batch mb
   void release_slot(int c, int mb);
@@ -67,13 +67,13 @@ class PipelineExecutor {
   parallel::Schedule schedule_;
   const parallel::Comm& pp_;
   WirePrecision wire_;
-  std::vector<uint16_t> recv16_;  // bf16 wire: (rows, C) a receive lands in before its decode
+  std::vector<uint16_t> recv16_;      // bf16 wire: (rows, C) a receive lands in before its decode
   std::vector<int> local_of_global_;  // global chunk -> index in model.chunks(), or -1
   std::vector<int> slots_;
   std::vector<float> grad_in_;  // (rows, C) gradient received for the chunk being backpropagated
   // Per-step bookkeeping, kept between steps so a step does not allocate.
-  std::vector<int> slot_of_;                                   // [mb · chunks + c] -> slot or -1
-  std::vector<std::vector<int>> free_;                         // [c] free slots
+  std::vector<int> slot_of_;            // [mb · chunks + c] -> slot or -1
+  std::vector<std::vector<int>> free_;  // [c] free slots
   struct Staging {  // one send in flight: a copy of its data, in the wire precision
     std::vector<float> f32;
     std::vector<uint16_t> b16;

@@ -23,8 +23,7 @@ bool stores_bf16(const JobPrecision& p) { return p.train == TrainPrecision::kBf1
 }  // namespace
 
 parallel::Schedule stage_schedule(const Recipe& r, int pp) {
-  return parallel::make_schedule(r.parallel.schedule, pp,
-                                 static_cast<int>(r.train.micro_batches),
+  return parallel::make_schedule(r.parallel.schedule, pp, static_cast<int>(r.train.micro_batches),
                                  static_cast<int>(r.parallel.virtual_stages));
 }
 
@@ -108,9 +107,10 @@ void check_tokenizer(const Recipe& r) {
   const TextTokenizer tokenizer =
       TextTokenizer::open(r.data.tokenizer, "data.tokenizer", r.data.bos);
   T3D_USER_CHECK(tokenizer.vocab_size() <= r.model.vocab_size, "recipe error: data.tokenizer `",
-                 tokenizer.spec(), "` has ", tokenizer.vocab_size(), " ids but model.vocab_size is ",
-                 r.model.vocab_size, " (", r.origin("model.vocab_size"),
-                 "); set model.vocab_size to at least ", tokenizer.vocab_size());
+                 tokenizer.spec(), "` has ", tokenizer.vocab_size(),
+                 " ids but model.vocab_size is ", r.model.vocab_size, " (",
+                 r.origin("model.vocab_size"), "); set model.vocab_size to at least ",
+                 tokenizer.vocab_size());
 }
 
 }  // namespace t3d::runtime

@@ -1,7 +1,7 @@
 // One rank's pipeline stage, built one way for the verbs that run the model's stage: train and
 // eval (calibration's one-block probe and selfcheck's sharded-vs-unsharded check build Models of
-// their own from model_options, for the reasons they state). From the recipe, the mesh and the job's precision
-// (Job::precision: the GEMM kind and train.precision, decided before) it derives
+// their own from model_options, for the reasons they state). From the recipe, the mesh and the
+// job's precision (Job::precision: the GEMM kind and train.precision, decided before) it derives
 //   - the compute threads (OpenBLAS and OpenMP pools: runtime/machine/machine.h) and a check that
 //     the GEMMs compute right,
 //   - the schedule and its placement (Schedule::chunk_stage, the only representation of which
@@ -51,7 +51,7 @@ ModelOptions model_options(const Recipe& r, const JobPrecision& precision, Stage
 
 struct Stage {
   int threads = 1;
-  int64_t micro_rows = 0;   // sequences per micro-batch on this rank
+  int64_t micro_rows = 0;  // sequences per micro-batch on this rank
   std::vector<parallel::LayerRange> layers;
   std::unique_ptr<PipelineExecutor> executor;
   std::unique_ptr<kernels::Arena> arena;

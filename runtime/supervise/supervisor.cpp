@@ -47,13 +47,14 @@ struct Incident {
 // What ended the attempt, in words, and the rank it names (-1: none).
 std::pair<std::string, int> cause_of(const MpirunOutcome& out) {
   if (out.stalled_rank >= 0)
-    return {"rank " + std::to_string(out.stalled_rank) + " hung (stopped; the stall watch killed it)",
-            out.stalled_rank};
+    return {
+        "rank " + std::to_string(out.stalled_rank) + " hung (stopped; the stall watch killed it)",
+        out.stalled_rank};
   if (out.dead_rank >= 0)
-    return {out.dead_signal ? "rank " + std::to_string(out.dead_rank) + " died: signal " +
-                                  std::to_string(out.dead_signal)
-                            : "rank " + std::to_string(out.dead_rank) +
-                                  " exited without finishing MPI",
+    return {out.dead_signal
+                ? "rank " + std::to_string(out.dead_rank) + " died: signal " +
+                      std::to_string(out.dead_signal)
+                : "rank " + std::to_string(out.dead_rank) + " exited without finishing MPI",
             out.dead_rank};
   if (out.code == 3)
     return {"a collective waited past parallel.timeout_s (a hung rank or an unreachable host)", -1};
@@ -88,9 +89,10 @@ void record(const std::string& run_dir, const Incident& i) {
       "{{\"time\": {}, \"attempt\": {}, \"cause\": {}, \"rank\": {}, \"host\": {}, "
       "\"exit_code\": {}, \"last_step\": {}, \"snapshot_step\": {}, \"lost_steps\": {}, "
       "\"lost_s\": {:.3f}, \"action\": {}}}\n",
-      parallel::trace::json_string(now_iso()), i.attempt, parallel::trace::json_string(i.cause), i.rank, parallel::trace::json_string(i.host),
-      i.exit_code, i.last_step, i.snapshot_step, std::max(0L, i.last_step - i.snapshot_step),
-      i.lost_s, parallel::trace::json_string(i.action));
+      parallel::trace::json_string(now_iso()), i.attempt, parallel::trace::json_string(i.cause),
+      i.rank, parallel::trace::json_string(i.host), i.exit_code, i.last_step, i.snapshot_step,
+      std::max(0L, i.last_step - i.snapshot_step), i.lost_s,
+      parallel::trace::json_string(i.action));
 }
 
 long newest_snapshot(const std::string& dir) {

@@ -110,10 +110,10 @@ void ShardedState::restored() {
 
 parallel::StateBytes ShardedState::footprint() const {
   const auto region = static_cast<double>(model_.layout().total_floats());
-  return parallel::zero_state_bytes(
-      zero_, {region, static_cast<double>(partition_.shard_floats),
-              static_cast<double>(partition_.largest_bucket)},
-      parallel::StateBytesPerFloat{});
+  return parallel::zero_state_bytes(zero_,
+                                    {region, static_cast<double>(partition_.shard_floats),
+                                     static_cast<double>(partition_.largest_bucket)},
+                                    parallel::StateBytesPerFloat{});
 }
 
 void ShardedState::log_footprint(bool rank0) const {
@@ -132,10 +132,11 @@ void ShardedState::log_footprint(bool rank0) const {
   // A bucket is at least one layer; parallel.bucket_mb larger than the stage's gradients/dp
   // makes the staging buffers cost more than the sharding saves.
   if (rank0 && parallel::kStagingBuffers * buffer > shard)
-    spdlog::warn("parallel.zero = 2: the {} staging buffers ({} bytes each, the largest gradient "
-                 "bucket) outweigh the gradient shard ({} bytes); lower parallel.bucket_mb "
-                 "(now {}) to about 1/{} of the stage's gradients or less, or use ZeRO-1",
-                 parallel::kStagingBuffers, buffer, shard, bucket_mb_, 4 * group_.size());
+    spdlog::warn(
+        "parallel.zero = 2: the {} staging buffers ({} bytes each, the largest gradient "
+        "bucket) outweigh the gradient shard ({} bytes); lower parallel.bucket_mb "
+        "(now {}) to about 1/{} of the stage's gradients or less, or use ZeRO-1",
+        parallel::kStagingBuffers, buffer, shard, bucket_mb_, 4 * group_.size());
 }
 
 void ShardedState::log_counters() const {
@@ -206,7 +207,8 @@ std::vector<checkpoint::Slice> ShardedState::boxes(const float* params, const fl
                          (p.split_dim < 0 && model_.tp_rank() != 0)))
         return;
       const float* at = base + (store.sharded ? piece.at : piece.lo);
-      for (auto& [off, shape] : flat_boxes(e.spec.shape, piece.lo - e.offset, piece.hi - e.offset)) {
+      for (auto& [off, shape] :
+           flat_boxes(e.spec.shape, piece.lo - e.offset, piece.hi - e.offset)) {
         int64_t first = off.back();  // flat index of the box's first element in the tensor
         if (off.size() == 2) first += off[0] * e.spec.shape[1];
         const TensorBox held = tp_shard_box(p, model_.tp_size(), model_.tp_rank());
@@ -227,7 +229,8 @@ double ShardedState::grad_sum_of_squares() const {
   const auto& tensors = model_.params();
   const bool tp_rank0 = model_.tp_rank() == 0;
   for_each_piece(partition(), [&](const Piece& p) {
-    if (tensors[p.param].split_dim < 0 && !tp_rank0) return;  // replicated: identical on every tp rank
+    if (tensors[p.param].split_dim < 0 && !tp_rank0)
+      return;  // replicated: identical on every tp rank
     sum += kernels::sum_of_squares(grads(p), p.size());
   });
   return sum;

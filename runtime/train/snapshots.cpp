@@ -187,7 +187,8 @@ struct Snapshotter::Impl {
                      "snapshot `", c.path,
                      "` has no step counter, or one that differs from its "
                      "step attribute");
-      for (const auto& s : state.boxes(pa.data, m.data, v.data, false, mesh.dp_cp())) reader.read(s);
+      for (const auto& s : state.boxes(pa.data, m.data, v.data, false, mesh.dp_cp()))
+        reader.read(s);
       *layout = info.layout;
     });
   }
@@ -382,9 +383,10 @@ struct Snapshotter::Impl {
       // the next commit.
       std::error_code ec;
       fs::remove_all(fs::path(dir) / ck::snapshot_name(p.step), ec);
-      spdlog::error("snapshot at step {}: writing the index failed: {}; it is not committed, {} "
-                    "stays the last good one",
-                    p.step, e.what(), last_good.empty() ? "none" : last_good);
+      spdlog::error(
+          "snapshot at step {}: writing the index failed: {}; it is not committed, {} "
+          "stays the last good one",
+          p.step, e.what(), last_good.empty() ? "none" : last_good);
       if (metrics) metrics->write({{"snapshot_step", double(p.step)}, {"snapshot_ok", 0}});
     }
     t.index_s = seconds_since(i0);
@@ -465,8 +467,8 @@ struct Snapshotter::Impl {
     if (r.snapshot.full_every > 1) {
       // This snapshot's buffer becomes the parent; the old parent's takes the next snapshot.
       const int64_t deltas = p.incremental ? parent->deltas + 1 : 0;
-      parent = Parent{fs::path(last_good).filename().string(), id, std::move(p.result.hashes),
-                      deltas};
+      parent =
+          Parent{fs::path(last_good).filename().string(), id, std::move(p.result.hashes), deltas};
       cur = 1 - cur;
     }
     if (world.rank() == 0) log_commit(p, info, totals, times);
@@ -518,9 +520,10 @@ Snapshotter::Snapshotter(const Job& job, Model& model, const ShardedState& state
   m.io = std::make_unique<ck::IoThread>();
   if (m.r.snapshot.every <= 0) {
     if (m.mesh.rank() == 0 && m.r.train.steps > 0)
-      spdlog::warn("snapshot.every = 0 ({}): this run writes no snapshot, so what it trains is "
-                   "lost when it ends; set snapshot.every = N to keep it",
-                   m.r.origin("snapshot.every"));
+      spdlog::warn(
+          "snapshot.every = 0 ({}): this run writes no snapshot, so what it trains is "
+          "lost when it ends; set snapshot.every = N to keep it",
+          m.r.origin("snapshot.every"));
     return;
   }
   check_writable_dir(m.dir, m.r.origin("snapshot.dir"), m.mesh.rank());

@@ -73,9 +73,9 @@ struct Trainer::Impl {
   int cp = 1, cp_rank = 0;
   std::unique_ptr<MetricsWriter> metrics;
   std::unique_ptr<Snapshotter> snapshots;
-  int64_t first_step = 0;  // > 0 when resumed from a snapshot
+  int64_t first_step = 0;         // > 0 when resumed from a snapshot
   int64_t consecutive_skips = 0;  // diverged steps in a row (train.dynamic_loss_scale)
-  bool holds_loss = false;  // last pipeline stage and tp rank 0: contributes the loss once
+  bool holds_loss = false;        // last pipeline stage and tp rank 0: contributes the loss once
   double flops_per_token = 0;
   HostPeaks peaks;
   int hosts = 1;
@@ -118,7 +118,8 @@ struct Trainer::Impl {
     state->init(seed);
     tokens_buf.resize(static_cast<size_t>(n_micro * rows * T / cp));
     targets_buf.resize(tokens_buf.size());
-    if (cp > 1) cp_tokens.resize(static_cast<size_t>(rows * T)), cp_targets.resize(cp_tokens.size());
+    if (cp > 1)
+      cp_tokens.resize(static_cast<size_t>(rows * T)), cp_targets.resize(cp_tokens.size());
     flops_per_token = model_train_flops_per_token(r.model);
     if (mesh.rank() == 0)
       metrics = std::make_unique<MetricsWriter>(job.run_dir + "/metrics.jsonl",
@@ -143,24 +144,26 @@ struct Trainer::Impl {
     // ZeRO shards and buffers replace the model's parameter, gradient and optimizer regions.
     const parallel::StateBytes kept = state->footprint();
     // Every rank's own log gets its footprint (tests read it: tp, pp and ZeRO must shrink it).
-    spdlog::info("memory bytes: params {} grads {} optimizer {} activations {} scratch {} peak {} "
-                 "capacity {}; holds {}, {} activation slot(s)",
-                 static_cast<size_t>(kept.params), static_cast<size_t>(kept.grads),
-                 static_cast<size_t>(kept.optimizer), fp.activations, fp.scratch, arena->peak(),
-                 arena->capacity(), ranges, executor->max_slots());
+    spdlog::info(
+        "memory bytes: params {} grads {} optimizer {} activations {} scratch {} peak {} "
+        "capacity {}; holds {}, {} activation slot(s)",
+        static_cast<size_t>(kept.params), static_cast<size_t>(kept.grads),
+        static_cast<size_t>(kept.optimizer), fp.activations, fp.scratch, arena->peak(),
+        arena->capacity(), ranges, executor->max_slots());
     state->log_footprint(mesh.rank() == 0);
     if (mesh.rank() != 0) return;
     spdlog::info("{}", kernels::openblas_config_string());
-    spdlog::info("model: {} layers, dim {}, {} heads ({} kv), ffn {}, vocab {}, seq {}; {:.2f} M "
-                 "parameters in all",
-                 r.model.n_layers, r.model.dim, r.model.n_heads, r.model.n_kv_heads,
-                 r.model.ffn_dim, r.model.vocab_size, r.model.seq_len,
-                 whole_model_params() / 1e6);
-    spdlog::info("data: {} train tokens, {} validation (text read through data.tokenizer = {}); "
-                 "unigram entropy {:.3f} nats/token (the loss to beat); global batch {} × {} "
-                 "tokens, {} micro-batch(es) of {} rows per dp rank",
-                 train_tokens.size(), val_tokens.size(), r.data.tokenizer, unigram_nats,
-                 r.train.global_batch, T, n_micro, rows);
+    spdlog::info(
+        "model: {} layers, dim {}, {} heads ({} kv), ffn {}, vocab {}, seq {}; {:.2f} M "
+        "parameters in all",
+        r.model.n_layers, r.model.dim, r.model.n_heads, r.model.n_kv_heads, r.model.ffn_dim,
+        r.model.vocab_size, r.model.seq_len, whole_model_params() / 1e6);
+    spdlog::info(
+        "data: {} train tokens, {} validation (text read through data.tokenizer = {}); "
+        "unigram entropy {:.3f} nats/token (the loss to beat); global batch {} × {} "
+        "tokens, {} micro-batch(es) of {} rows per dp rank",
+        train_tokens.size(), val_tokens.size(), r.data.tokenizer, unigram_nats,
+        r.train.global_batch, T, n_micro, rows);
     spdlog::info("arena peak {:.3f} GiB of {:.3f} (hardware.hbm_gib)", gib(arena->peak()),
                  gib(arena->capacity()));
   }
@@ -230,8 +233,10 @@ struct Trainer::Impl {
         bad_params[i] = 1;
       const float* g = state->grads(p);
       for (int64_t k = 0; k < p.size(); ++k) {
-        if (!std::isfinite(g[k])) bad_grads[i] = 1;
-        else grad_sq[i] += double(g[k]) * g[k];
+        if (!std::isfinite(g[k]))
+          bad_grads[i] = 1;
+        else
+          grad_sq[i] += double(g[k]) * g[k];
       }
     });
     mesh.world().all_reduce(bad_params.data(), bad_params.size(), parallel::ReduceOp::max);
@@ -280,16 +285,17 @@ struct Trainer::Impl {
   void measure_peaks() {
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     if (mesh.rank() == 0)
-      peaks = host_peaks(job.precision().gemm, std::max<int64_t>(rows * T / cp, 512),
-                         r.model.dim, r.model.ffn_dim, cores);
+      peaks = host_peaks(job.precision().gemm, std::max<int64_t>(rows * T / cp, 512), r.model.dim,
+                         r.model.ffn_dim, cores);
     double both[2] = {peaks.hardware_gflops, peaks.gemm_gflops};
     mesh.world().broadcast(both, 2, 0);
     peaks.hardware_gflops = both[0], peaks.gemm_gflops = both[1];
     if (mesh.rank() == 0)
-      spdlog::info("MFU against {:.0f} GFLOP/s per host ({} peak, measured: {} cores × one core); "
-                   "mfu_gemm against {:.0f} GFLOP/s ({} on one thread at the model's shapes × cores)",
-                   peaks.hardware_gflops, peaks.hardware_what, cores, peaks.gemm_gflops,
-                   kernels::gemm_kind_name(job.precision().gemm));
+      spdlog::info(
+          "MFU against {:.0f} GFLOP/s per host ({} peak, measured: {} cores × one core); "
+          "mfu_gemm against {:.0f} GFLOP/s ({} on one thread at the model's shapes × cores)",
+          peaks.hardware_gflops, peaks.hardware_what, cores, peaks.gemm_gflops,
+          kernels::gemm_kind_name(job.precision().gemm));
   }
 
   // A diverged step (every rank sees the same all-reduced loss and norm): stops the run, or with
@@ -297,7 +303,8 @@ struct Trainer::Impl {
   // has rank 0 alone print the reason before any rank exits (a rank exiting first could get
   // mpirun to kill rank 0 mid-message).
   void skip_diverged(int64_t step, double loss, double norm) {
-    if (!r.train.dynamic_loss_scale) agree_on(mesh.world(), [&] { stop_diverged(step, loss, norm); });
+    if (!r.train.dynamic_loss_scale)
+      agree_on(mesh.world(), [&] { stop_diverged(step, loss, norm); });
     if (++consecutive_skips >= kMaxConsecutiveSkips) {
       const std::string text = divergence_text(step, loss, norm);
       agree_on(mesh.world(), [&] {
@@ -308,9 +315,10 @@ struct Trainer::Impl {
                         ". Lower train.lr or keep train.grad_clip on.");
       });
     }
-    spdlog::warn("step {}: non-finite or exploding loss or gradients (loss {:.6g}, gradient "
-                 "norm {:.6g}); skipped (train.dynamic_loss_scale, {} in a row)",
-                 step, loss, norm, consecutive_skips);
+    spdlog::warn(
+        "step {}: non-finite or exploding loss or gradients (loss {:.6g}, gradient "
+        "norm {:.6g}); skipped (train.dynamic_loss_scale, {} in a row)",
+        step, loss, norm, consecutive_skips);
   }
 
   // Speed, communication shares (mean over ranks since `waited`) and the largest arena peak of a
@@ -319,7 +327,8 @@ struct Trainer::Impl {
   int measure_step(StepRecord& rec, const parallel::Comm* const groups[4], const double waited[4]) {
     double shares[6];
     for (int i = 0; i < 4; ++i)
-      shares[i] = (groups[i]->counters().wait_s - waited[i]) / rec.step_time_s / mesh.world().size();
+      shares[i] =
+          (groups[i]->counters().wait_s - waited[i]) / rec.step_time_s / mesh.world().size();
     shares[4] = stop_requested() != 0 ? 1.0 : 0.0;
     shares[5] = metrics_error.empty() ? 0.0 : 1.0;  // the previous step's metrics write
     mesh.world().all_reduce(shares, 6);
@@ -340,14 +349,16 @@ struct Trainer::Impl {
     snapshots->finish();
     if (mesh.rank() == 0) {
       if (r.snapshot.every > 0)
-        spdlog::warn("preempted (SIGTERM or SIGUSR1 on {} rank(s)): stopped after step {} with its "
-                     "snapshot committed; continue with `titan3d train <recipe> --set "
-                     "snapshot.resume=latest` (exit {})",
-                     signalled, step, kExitPreempted);
+        spdlog::warn(
+            "preempted (SIGTERM or SIGUSR1 on {} rank(s)): stopped after step {} with its "
+            "snapshot committed; continue with `titan3d train <recipe> --set "
+            "snapshot.resume=latest` (exit {})",
+            signalled, step, kExitPreempted);
       else
-        spdlog::warn("preempted (SIGTERM or SIGUSR1 on {} rank(s)): stopped after step {}; "
-                     "snapshot.every = 0, so nothing was saved (exit {})",
-                     signalled, step, kExitPreempted);
+        spdlog::warn(
+            "preempted (SIGTERM or SIGUSR1 on {} rank(s)): stopped after step {}; "
+            "snapshot.every = 0, so nothing was saved (exit {})",
+            signalled, step, kExitPreempted);
     }
     throw AgreedFailure{kExitPreempted};
   }
@@ -365,8 +376,8 @@ struct Trainer::Impl {
     const float grad_scale = static_cast<float>(1.0 / tokens_per_step);
     const auto run_start = Clock::now();
     // The gradient reduction runs on dp × cp: its waits are dp_comm_share.
-    const parallel::Comm* groups[4] = {&mesh.group(Dim::tp), &mesh.dp_cp(),
-                                       &mesh.group(Dim::pp), &mesh.group(Dim::cp)};
+    const parallel::Comm* groups[4] = {&mesh.group(Dim::tp), &mesh.dp_cp(), &mesh.group(Dim::pp),
+                                       &mesh.group(Dim::cp)};
     install_stop_signals();  // also done before MPI started (apps): idempotent
     // A preemption signal that came while the job started: nothing has been trained to save.
     int signalled_early = stop_requested() != 0 ? 1 : 0;
@@ -477,13 +488,14 @@ struct Trainer::Impl {
     if (rec.step % r.train.log_every != 0 && rec.step != steps && rec.val_loss < 0) return;
     const double eta = elapsed / (rec.step - first_step) * (steps - rec.step);
     std::string val = rec.val_loss >= 0 ? fmt::format(" | val {:.4f}", rec.val_loss) : "";
-    spdlog::info("step {:>{}}/{} {:3.0f}% | loss {:.4f}{} | lr {:.2e} | gnorm {:.3f} | {:.0f} tok/s "
-                 "| MFU {:.1f}% | comm tp {:.0f}% dp {:.0f}% pp {:.0f}%{} | mem {:.3f} GiB | eta {}",
-                 rec.step, std::to_string(steps).size(), steps, 100.0 * rec.step / steps, rec.loss,
-                 val, rec.lr, rec.grad_norm, rec.tokens_per_s, 100 * rec.mfu, 100 * rec.tp_comm_share,
-                 100 * rec.dp_comm_share, 100 * rec.pp_wait_share,
-                 cp > 1 ? fmt::format(" cp {:.0f}%", 100 * rec.cp_comm_share) : "", peak_gib,
-                 format_duration(eta));
+    spdlog::info(
+        "step {:>{}}/{} {:3.0f}% | loss {:.4f}{} | lr {:.2e} | gnorm {:.3f} | {:.0f} tok/s "
+        "| MFU {:.1f}% | comm tp {:.0f}% dp {:.0f}% pp {:.0f}%{} | mem {:.3f} GiB | eta {}",
+        rec.step, std::to_string(steps).size(), steps, 100.0 * rec.step / steps, rec.loss, val,
+        rec.lr, rec.grad_norm, rec.tokens_per_s, 100 * rec.mfu, 100 * rec.tp_comm_share,
+        100 * rec.dp_comm_share, 100 * rec.pp_wait_share,
+        cp > 1 ? fmt::format(" cp {:.0f}%", 100 * rec.cp_comm_share) : "", peak_gib,
+        format_duration(eta));
   }
 };
 

@@ -14,14 +14,14 @@ namespace t3d::runtime {
 struct StepRecord {
   int64_t step = 0;  // 1-based: the number of optimizer steps taken
   double loss = 0, lr = 0, grad_norm = 0, tokens_per_s = 0, step_time_s = 0;
-  double mfu = 0;       // model FLOPs/s over the hardware peak of the GEMMs' precision
-  double mfu_gemm = 0;  // the same over the chosen GEMM's own rate at the model's shapes
+  double mfu = 0;        // model FLOPs/s over the hardware peak of the GEMMs' precision
+  double mfu_gemm = 0;   // the same over the chosen GEMM's own rate at the model's shapes
   double val_loss = -1;  // < 0: not measured at this step
   // Share of the step each rank spent waiting on its tp / dp / pp group, averaged over ranks. The
   // pp share is the measured pipeline bubble plus activation transfer time.
   double tp_comm_share = 0, dp_comm_share = 0, pp_wait_share = 0, cp_comm_share = 0;
   double peak_mem_gib = 0;  // largest arena peak over all ranks
-  bool skipped = false;  // dynamic loss scaling skipped a non-finite step
+  bool skipped = false;     // dynamic loss scaling skipped a non-finite step
 };
 
 struct TrainSummary {

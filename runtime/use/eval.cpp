@@ -16,8 +16,8 @@
 #include "runtime/data/data_sampler.h"
 #include "runtime/data/text_tokenizer.h"
 #include "runtime/model/model.h"
-#include "runtime/stage/executor.h"
 #include "runtime/provenance/provenance.h"
+#include "runtime/stage/executor.h"
 #include "runtime/stage/stage.h"
 
 namespace t3d::runtime {

@@ -1,13 +1,12 @@
 // The launcher's filter of mpirun's stderr: a dead rank is named, echo banners dropped, anything
 // else passes through unchanged.
 #include <gtest/gtest.h>
-
-#include "runtime/launch/mpirun_watch.h"
-
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <csignal>
+
+#include "runtime/launch/mpirun_watch.h"
 
 namespace t3d::runtime {
 namespace {
@@ -39,8 +38,10 @@ TEST(MpirunWatch, NamesTheDeadRankAndDropsEchoes) {
 
 TEST(MpirunWatch, WatchdogAbortBannerIsDropped) {
   MpirunStderrFilter f("logs");
-  EXPECT_TRUE(feed_all(f, {kRule, "MPI_ABORT was invoked on rank 0 in communicator "
-                                  "MPI_COMM_WORLD", "with errorcode 3.", kRule})
+  EXPECT_TRUE(feed_all(f, {kRule,
+                           "MPI_ABORT was invoked on rank 0 in communicator "
+                           "MPI_COMM_WORLD",
+                           "with errorcode 3.", kRule})
                   .empty());
 }
 

@@ -109,7 +109,8 @@ TEST(kernels_attention_blocks, QueryBlockEqualsRowsOfFullAttention) {
   const std::vector<float> g = ref::random_floats(out.size(), 64);
   for (const auto& [q_pos, Tq] : {std::pair{0, 5}, std::pair{5, 11}, std::pair{19, 18}}) {
     SCOPED_TRACE("block at " + std::to_string(q_pos) + ", " + std::to_string(Tq) + " rows");
-    const auto rows = [&](const std::vector<float>& x, int width) {  // (B, Tq, width) of (B, T, width)
+    const auto rows = [&](const std::vector<float>& x,
+                          int width) {  // (B, Tq, width) of (B, T, width)
       std::vector<float> y;
       for (int b = 0; b < B; ++b)
         y.insert(y.end(), x.begin() + ((std::size_t)b * T + q_pos) * width,

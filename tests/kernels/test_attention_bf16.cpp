@@ -115,8 +115,8 @@ TEST_P(kernels_attention_bf16, BackwardMatchesFiniteDifferencesOfRoundedInputs) 
                     scratch.data(), in.shape);
   const std::vector<float> dout = rounded(ref::random_floats(out.size(), 73));
   std::vector<float> dq(in.q.size(), 7.0f), dk(in.k.size(), 7.0f), dv(in.v.size(), 7.0f);
-  attention_backward(kBf16, dq.data(), dk.data(), dv.data(), dout.data(), in.q.data(),
-                     in.k.data(), in.v.data(), out.data(), lse.data(), scratch.data(), in.shape);
+  attention_backward(kBf16, dq.data(), dk.data(), dv.data(), dout.data(), in.q.data(), in.k.data(),
+                     in.v.data(), out.data(), lse.data(), scratch.data(), in.shape);
 
   const Vec qd = ref::to_double(in.q), kd = ref::to_double(in.k), vd = ref::to_double(in.v);
   const Vec r = ref::to_double(dout);
@@ -184,8 +184,8 @@ TEST_P(kernels_attention_bf16_large, MatchesFp32TilesOnRoundedInputs) {
     std::vector<float> scratch(attention_scratch_floats(shape));
     attention_forward(kind, r.out.data(), r.lse.data(), q.data(), k.data(), v.data(),
                       scratch.data(), shape);
-    attention_backward(kind, r.dq.data(), r.dk.data(), r.dv.data(), dout.data(), q.data(),
-                       k.data(), v.data(), r.out.data(), r.lse.data(), scratch.data(), shape);
+    attention_backward(kind, r.dq.data(), r.dk.data(), r.dv.data(), dout.data(), q.data(), k.data(),
+                       v.data(), r.out.data(), r.lse.data(), scratch.data(), shape);
     return r;
   };
   const Result fp32 = run(GemmKind::kOpenBlasF32);

@@ -3,8 +3,8 @@
 #include <string>
 
 #include "kernels/blas.h"
-#include "kernels/gemm.h"
 #include "kernels/check.h"
+#include "kernels/gemm.h"
 #include "reference.h"
 
 namespace t3d::kernels {

@@ -38,7 +38,9 @@ struct Product {
 // op(A) (M, K) · op(B) (K, N) of strided row-major storage, in double.
 Product reference(Trans ta, Trans tb, int M, int N, int K, const std::vector<float>& A, int lda,
                   const std::vector<float>& B, int ldb, bool round_inputs) {
-  const auto in = [&](float x) { return round_inputs ? double(bf16_to_float(float_to_bf16(x))) : double(x); };
+  const auto in = [&](float x) {
+    return round_inputs ? double(bf16_to_float(float_to_bf16(x))) : double(x);
+  };
   Product p{Vec(static_cast<std::size_t>(M) * N, 0.0), Vec(static_cast<std::size_t>(M) * N, 0.0)};
   for (int i = 0; i < M; ++i)
     for (int j = 0; j < N; ++j)
@@ -79,13 +81,17 @@ TEST_P(GemmKinds, EveryTransposeStrideAndAccumulationAgainstReference) {
       for (Trans tb : {Trans::kNo, Trans::kYes})
         for (bool accumulate : {false, true}) {
           // Leading dimensions 3 wider than the stored rows: strided views, as attention heads are.
-          const int lda = (ta == Trans::kNo ? s.K : s.M) + 3, ldb = (tb == Trans::kNo ? s.N : s.K) + 3;
+          const int lda = (ta == Trans::kNo ? s.K : s.M) + 3,
+                    ldb = (tb == Trans::kNo ? s.N : s.K) + 3;
           const int ldc = s.N + 2;
-          const auto A = ref::random_floats(static_cast<std::size_t>(ta == Trans::kNo ? s.M : s.K) * lda, seed++);
-          const auto B = ref::random_floats(static_cast<std::size_t>(tb == Trans::kNo ? s.K : s.N) * ldb, seed++);
+          const auto A = ref::random_floats(
+              static_cast<std::size_t>(ta == Trans::kNo ? s.M : s.K) * lda, seed++);
+          const auto B = ref::random_floats(
+              static_cast<std::size_t>(tb == Trans::kNo ? s.K : s.N) * ldb, seed++);
           auto C = ref::random_floats(static_cast<std::size_t>(s.M) * ldc, seed++);
           const auto C0 = C;
-          gemm(kind, ta, tb, s.M, s.N, s.K, A.data(), lda, B.data(), ldb, accumulate, C.data(), ldc);
+          gemm(kind, ta, tb, s.M, s.N, s.K, A.data(), lda, B.data(), ldb, accumulate, C.data(),
+               ldc);
           const Product own = reference(ta, tb, s.M, s.N, s.K, A, lda, B, ldb, bf16);
           const Product exact = reference(ta, tb, s.M, s.N, s.K, A, lda, B, ldb, false);
           for (int i = 0; i < s.M; ++i) {
@@ -95,9 +101,11 @@ TEST_P(GemmKinds, EveryTransposeStrideAndAccumulationAgainstReference) {
             for (int j = 0; j < s.N; ++j) {
               const double base = accumulate ? C0[i * ldc + j] : 0.0;
               const double got = C[i * ldc + j], S = own.scale[i * s.N + j] + 1e-30;
-              ASSERT_LE(std::abs(got - base - own.value[i * s.N + j]), 1e-5 * S + 1e-6 * std::abs(base))
-                  << gemm_kind_name(kind) << " " << s.M << "x" << s.N << "x" << s.K << " ta " << int(ta)
-                  << " tb " << int(tb) << " acc " << accumulate << " at " << i << "," << j;
+              ASSERT_LE(std::abs(got - base - own.value[i * s.N + j]),
+                        1e-5 * S + 1e-6 * std::abs(base))
+                  << gemm_kind_name(kind) << " " << s.M << "x" << s.N << "x" << s.K << " ta "
+                  << int(ta) << " tb " << int(tb) << " acc " << accumulate << " at " << i << ","
+                  << j;
               if (bf16) {  // the fp32 term of base + product, as above
                 const double err = std::abs(got - base - exact.value[i * s.N + j]);
                 ASSERT_LE(err, (std::ldexp(1.0, -7) + 3e-5) * S + 1e-6 * std::abs(base));
@@ -127,12 +135,13 @@ TEST_P(GemmKinds, TwoThreadsLargeInputsAgainstReference) {
     for (Trans tb : {Trans::kNo, Trans::kYes})
       for (int pad : {0, 5}) {
         const int lda = (ta == Trans::kNo ? K : M) + pad, ldb = (tb == Trans::kNo ? N : K) + pad;
-        const auto A = ref::random_floats(static_cast<std::size_t>(ta == Trans::kNo ? M : K) * lda, seed++);
-        const auto B = ref::random_floats(static_cast<std::size_t>(tb == Trans::kNo ? K : N) * ldb, seed++);
+        const auto A =
+            ref::random_floats(static_cast<std::size_t>(ta == Trans::kNo ? M : K) * lda, seed++);
+        const auto B =
+            ref::random_floats(static_cast<std::size_t>(tb == Trans::kNo ? K : N) * ldb, seed++);
         std::vector<float> C(static_cast<std::size_t>(M) * N);
         gemm(kind, ta, tb, M, N, K, A.data(), lda, B.data(), ldb, false, C.data(), N);
-        const Product own =
-            reference(ta, tb, M, N, K, A, lda, B, ldb, gemm_kind_is_bf16(kind));
+        const Product own = reference(ta, tb, M, N, K, A, lda, B, ldb, gemm_kind_is_bf16(kind));
         for (int i = 0; i < M * N; ++i)
           ASSERT_LE(std::abs(C[i] - own.value[i]), 1e-5 * own.scale[i] + 1e-30)
               << gemm_kind_name(kind) << " ta " << int(ta) << " tb " << int(tb) << " pad " << pad
@@ -156,14 +165,16 @@ TEST(kernels_gemm_openblas, SplitOverThreadsIsRepeatableAndTheOneThreadResult) {
         for (bool accumulate : {false, true}) {
           const int M = sh.M, N = sh.N, K = sh.K;
           const int lda = (ta == Trans::kNo ? K : M) + 3, ldb = (tb == Trans::kNo ? N : K) + 1;
-          const auto A = ref::random_floats(static_cast<std::size_t>(ta == Trans::kNo ? M : K) * lda, seed++);
-          const auto B = ref::random_floats(static_cast<std::size_t>(tb == Trans::kNo ? K : N) * ldb, seed++);
+          const auto A =
+              ref::random_floats(static_cast<std::size_t>(ta == Trans::kNo ? M : K) * lda, seed++);
+          const auto B =
+              ref::random_floats(static_cast<std::size_t>(tb == Trans::kNo ? K : N) * ldb, seed++);
           const auto C0 = ref::random_floats(static_cast<std::size_t>(M) * (N + 2), seed++);
           const auto run = [&](int threads) {
             std::vector<float> C(C0);
             set_rank_threads(threads);
-            gemm(GemmKind::kOpenBlasF32, ta, tb, M, N, K, A.data(), lda, B.data(), ldb,
-                 accumulate, C.data(), N + 2);
+            gemm(GemmKind::kOpenBlasF32, ta, tb, M, N, K, A.data(), lda, B.data(), ldb, accumulate,
+                 C.data(), N + 2);
             EXPECT_EQ(blas_threads(), threads) << "OpenBLAS's thread count is restored";
             return C;
           };
@@ -294,7 +305,8 @@ TEST(kernels_bf16_conversion, EverySimdVersionMatchesTheScalarBits) {
   const CpuFeatures f = detect_cpu_features();
   std::vector<const detail::SimdRows*> versions = {&detail::kSimdRowsSse2};
   if (f.avx2 && f.fma) versions.push_back(&detail::kSimdRowsAvx2);
-  if (f.avx512f && f.avx512dq && f.avx512bw && f.avx512vl) versions.push_back(&detail::kSimdRowsAvx512);
+  if (f.avx512f && f.avx512dq && f.avx512bw && f.avx512vl)
+    versions.push_back(&detail::kSimdRowsAvx512);
   for (const auto* v : versions) {
     std::vector<bf16> out(in.size());
     v->to_bf16(out.data(), in.data(), static_cast<std::int64_t>(in.size()));
@@ -303,7 +315,8 @@ TEST(kernels_bf16_conversion, EverySimdVersionMatchesTheScalarBits) {
     std::vector<float> back(in.size());
     v->from_bf16(back.data(), out.data(), static_cast<std::int64_t>(in.size()));
     for (std::size_t i = 0; i < in.size(); ++i)
-      ASSERT_EQ(std::bit_cast<std::uint32_t>(back[i]), std::bit_cast<std::uint32_t>(bf16_to_float(out[i])))
+      ASSERT_EQ(std::bit_cast<std::uint32_t>(back[i]),
+                std::bit_cast<std::uint32_t>(bf16_to_float(out[i])))
           << v->isa << " element " << i;
   }
 }
@@ -319,7 +332,8 @@ TEST(kernels_bf16_conversion, HardwareConversionMatchesTheScalarBits) {
                              0x3F808000u, 0x3F818000u, 0x3F80FFFFu, 0x7F7FFFFFu, 0x00800000u})
     in.push_back(std::bit_cast<float>(bits));
   std::mt19937 rng(11);
-  for (int i = 0; i < (1 << 20) + 5; ++i) in.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(rng())));
+  for (int i = 0; i < (1 << 20) + 5; ++i)
+    in.push_back(std::bit_cast<float>(static_cast<std::uint32_t>(rng())));
   std::vector<bf16> out(in.size());
   detail::round_bf16_avx512(out.data(), in.data(), static_cast<std::int64_t>(in.size()));
   for (std::size_t i = 0; i < in.size(); ++i)

@@ -101,11 +101,11 @@ TEST(Launch, MpirunCommandGivesEachRankItsThreadsCores) {
 TEST(Launch, OpenMpThreadsSpinOnlyOnCoresTheirRankOwns) {
   using Env = std::pair<std::string, std::string>;
   const Env spin{"GOMP_SPINCOUNT", "300000"}, passive{"OMP_WAIT_POLICY", "PASSIVE"};
-  EXPECT_EQ(openmp_wait_env(1, 2, 2, false), spin);      // one rank owns both cores
+  EXPECT_EQ(openmp_wait_env(1, 2, 2, false), spin);  // one rank owns both cores
   EXPECT_EQ(openmp_wait_env(4, 4, 16, false), spin);
-  EXPECT_EQ(openmp_wait_env(2, 2, 2, false), passive);   // two ranks would share each core
-  EXPECT_EQ(openmp_wait_env(8, 1, 2, false), passive);   // oversubscribed
-  EXPECT_EQ(openmp_wait_env(1, 2, 64, true), passive);   // a hostfile: other hosts' cores unknown
+  EXPECT_EQ(openmp_wait_env(2, 2, 2, false), passive);  // two ranks would share each core
+  EXPECT_EQ(openmp_wait_env(8, 1, 2, false), passive);  // oversubscribed
+  EXPECT_EQ(openmp_wait_env(1, 2, 64, true), passive);  // a hostfile: other hosts' cores unknown
 }
 
 TEST(Launch, FormatsCpuSets) {

@@ -26,7 +26,8 @@ TEST(GemmChoice, CandidatesFollowPrecisionAndLibrary) {
   EXPECT_EQ(gemm_candidates(P::kAuto, L::kOneDnn),
             (std::vector<GemmKind>{GemmKind::kOneDnnF32, GemmKind::kOneDnnBf16}));
   for (const P precision : {P::kFp32, P::kBf16, P::kAuto})  // OpenBLAS has fp32 GEMMs only
-    EXPECT_EQ(gemm_candidates(precision, L::kOpenBlas), std::vector<GemmKind>{GemmKind::kOpenBlasF32});
+    EXPECT_EQ(gemm_candidates(precision, L::kOpenBlas),
+              std::vector<GemmKind>{GemmKind::kOpenBlasF32});
 }
 
 TEST(GemmChoice, ResolvedPairsNameOneKind) {
@@ -34,7 +35,8 @@ TEST(GemmChoice, ResolvedPairsNameOneKind) {
   EXPECT_EQ(gemm_kind_of(P::kBf16, L::kOpenBlas), GemmKind::kOpenBlasF32);
   EXPECT_EQ(gemm_kind_of(P::kFp32, L::kOneDnn), GemmKind::kOneDnnF32);
   EXPECT_EQ(gemm_kind_of(P::kBf16, L::kOneDnn), GemmKind::kOneDnnBf16);
-  EXPECT_THROW(gemm_kind_of(P::kAuto, L::kOneDnn), InternalError);  // a caller's bug, not the user's
+  EXPECT_THROW(gemm_kind_of(P::kAuto, L::kOneDnn),
+               InternalError);  // a caller's bug, not the user's
   EXPECT_THROW(gemm_kind_of(P::kBf16, L::kAuto), InternalError);
 }
 
@@ -55,15 +57,19 @@ TEST(GemmChoice, UnresolvedRecipeAppliesExactFp32) {
 // rounds say, so a re-measurement cannot flip the choice; a clear speed-up still wins.
 TEST(GemmChoice, OverlappingRatesKeepThePreferredKind) {
   using M = MeasuredGemm;
-  EXPECT_EQ(preferred_gemm({M{GemmKind::kOpenBlasF32, 85, 73}, M{GemmKind::kOneDnnF32, 98, 81}}), 0u);
-  EXPECT_EQ(preferred_gemm({M{GemmKind::kOpenBlasF32, 80, 79}, M{GemmKind::kOneDnnF32, 83, 82}}), 0u);
-  EXPECT_EQ(preferred_gemm({M{GemmKind::kOpenBlasF32, 80, 70}, M{GemmKind::kOneDnnF32, 98, 90}}), 1u);
+  EXPECT_EQ(preferred_gemm({M{GemmKind::kOpenBlasF32, 85, 73}, M{GemmKind::kOneDnnF32, 98, 81}}),
+            0u);
+  EXPECT_EQ(preferred_gemm({M{GemmKind::kOpenBlasF32, 80, 79}, M{GemmKind::kOneDnnF32, 83, 82}}),
+            0u);
+  EXPECT_EQ(preferred_gemm({M{GemmKind::kOpenBlasF32, 80, 70}, M{GemmKind::kOneDnnF32, 98, 90}}),
+            1u);
   // bf16 at twice the fp32 rate wins over both fp32 kinds, measured in any round.
   EXPECT_EQ(preferred_gemm({M{GemmKind::kOpenBlasF32, 100, 90}, M{GemmKind::kOneDnnF32, 104, 95},
                             M{GemmKind::kOneDnnBf16, 210, 180}}),
             2u);
   // A kind that could not run (rate 0) never wins.
-  EXPECT_EQ(preferred_gemm({M{GemmKind::kOpenBlasF32, 50, 40}, M{GemmKind::kOneDnnBf16, 0, 0}}), 0u);
+  EXPECT_EQ(preferred_gemm({M{GemmKind::kOpenBlasF32, 50, 40}, M{GemmKind::kOneDnnBf16, 0, 0}}),
+            0u);
   EXPECT_EQ(preferred_gemm({M{GemmKind::kOneDnnF32, 50, 40}}), 0u);
 }
 

@@ -19,8 +19,13 @@ using runtime::Model;
 namespace {
 
 runtime::ModelConfig tiny_config() {
-  return runtime::ModelConfig{.vocab_size = 16, .dim = 16, .n_layers = 2, .n_heads = 4,
-      .n_kv_heads = 2, .ffn_dim = 32, .seq_len = 8};
+  return runtime::ModelConfig{.vocab_size = 16,
+                              .dim = 16,
+                              .n_layers = 2,
+                              .n_heads = 4,
+                              .n_kv_heads = 2,
+                              .ffn_dim = 32,
+                              .seq_len = 8};
 }
 
 struct Batch {
@@ -37,9 +42,7 @@ Batch make_batch(int64_t rows, int64_t T, int64_t vocab) {
   return b;
 }
 
-std::vector<parallel::LayerRange> whole(int64_t layers) {
-  return {{0, layers, true, true}};
-}
+std::vector<parallel::LayerRange> whole(int64_t layers) { return {{0, layers, true, true}}; }
 
 // Summed loss (grad_scale 1) and, with `train`, the gradients.
 double loss_of(Model& m, const Batch& b, bool train) {
@@ -190,7 +193,9 @@ TEST(ModelMpi, BoundRowsTileTheArena) {
     runtime::ModelOptions o{2, 2, false};
     o.split_backward = true;
     cases.push_back({"two chunks, two slots, split backward",
-                     {{0, 1, true, false}, {1, 2, false, true}}, &self, o});
+                     {{0, 1, true, false}, {1, 2, false, true}},
+                     &self,
+                     o});
     o.bf16 = true;
     o.checkpoint_every = 2;
     cases.push_back({"bf16 copies, checkpointing", whole(cfg.n_layers), &self, o});

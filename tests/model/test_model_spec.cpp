@@ -217,15 +217,16 @@ TEST(ModelSpec, ParameterTableIsLlamasWithItsHuggingFaceNames) {
     std::vector<Want> want = {{"model.embed_tokens.weight", {96, 64}, 0, kNormal, -1}};
     for (int64_t l = 0; l < 2; ++l) {
       const std::string p = "model.layers." + std::to_string(l) + ".";
-      for (const Want& w : std::vector<Want>{{"input_layernorm.weight", {64}, -1, kOnes, l},
-                                      {"self_attn.q_proj.weight", {64, 64}, 0, kNormal, l},
-                                      {"self_attn.k_proj.weight", {32, 64}, 0, kNormal, l},
-                                      {"self_attn.v_proj.weight", {32, 64}, 0, kNormal, l},
-                                      {"self_attn.o_proj.weight", {64, 64}, 1, kResidualOut, l},
-                                      {"post_attention_layernorm.weight", {64}, -1, kOnes, l},
-                                      {"mlp.gate_proj.weight", {176, 64}, 0, kNormal, l},
-                                      {"mlp.up_proj.weight", {176, 64}, 0, kNormal, l},
-                                      {"mlp.down_proj.weight", {64, 176}, 1, kResidualOut, l}})
+      for (const Want& w :
+           std::vector<Want>{{"input_layernorm.weight", {64}, -1, kOnes, l},
+                             {"self_attn.q_proj.weight", {64, 64}, 0, kNormal, l},
+                             {"self_attn.k_proj.weight", {32, 64}, 0, kNormal, l},
+                             {"self_attn.v_proj.weight", {32, 64}, 0, kNormal, l},
+                             {"self_attn.o_proj.weight", {64, 64}, 1, kResidualOut, l},
+                             {"post_attention_layernorm.weight", {64}, -1, kOnes, l},
+                             {"mlp.gate_proj.weight", {176, 64}, 0, kNormal, l},
+                             {"mlp.up_proj.weight", {176, 64}, 0, kNormal, l},
+                             {"mlp.down_proj.weight", {64, 176}, 1, kResidualOut, l}})
         want.push_back({p + w.name, w.shape, w.split_dim, w.init, w.unit});
     }
     want.push_back({"model.norm.weight", {64}, -1, kOnes, 2});
@@ -279,8 +280,7 @@ TEST(ModelSpec, RowsHaveDistinctNamesAndScratchFollowsItsTable) {
   o.split_backward = true;
   o.micro_rows = 2;
   o.chunk_slots = {1};
-  const ActivationSpec spec =
-      activation_spec(small_model(), {{{0, 4, true, true}}, 2, true, 2}, o);
+  const ActivationSpec spec = activation_spec(small_model(), {{{0, 4, true, true}}, 2, true, 2}, o);
   std::vector<std::string> names;
   for (const auto& t : spec.chunks[0].per_slot) names.push_back(t.name());
   for (const auto& t : spec.scratch) names.push_back(t.name());

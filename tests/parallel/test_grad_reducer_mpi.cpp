@@ -60,8 +60,10 @@ std::vector<Phase> split_units(int n_units, int micro) {
   std::vector<Phase> p;
   for (int mb = 0; mb < micro; ++mb) {
     for (int u = n_units - 1; u >= 0; --u) {
-      if (u == 4 || u == 2) p.push_back({u, mb, 0.0, 0.5, false});
-      else p.push_back({u, mb});
+      if (u == 4 || u == 2)
+        p.push_back({u, mb, 0.0, 0.5, false});
+      else
+        p.push_back({u, mb});
     }
     p.push_back({4, mb, 0.5, 1.0, true});
     p.push_back({2, mb, 0.5, 1.0, true});
@@ -132,9 +134,9 @@ Result run(const Comm& dp, int zero, int64_t bucket_floats, const std::vector<Ph
     const auto aligned = [](int64_t floats) { return (floats * 4 + 63) / 64 * 64; };
     EXPECT_EQ(arena.used(), size_t(aligned(shard) + kStagingBuffers * aligned(largest)));
     EXPECT_EQ(shard, part.shard_floats);
-    EXPECT_EQ(zero_state_bytes(2, {double(region.size()), double(shard), double(largest)}, {})
-                  .grads,
-              double(arena.used()));
+    EXPECT_EQ(
+        zero_state_bytes(2, {double(region.size()), double(shard), double(largest)}, {}).grads,
+        double(arena.used()));
   }
   return result;
 }

@@ -1,5 +1,6 @@
 // 8 ranks: each group's all-reduce of the world rank equals the sum over exactly the expected
-// members, for pp2×dp2×tp2 and for pp1×dp2×cp2×tp2, and so does the flattened dp×cp group. Run by ctest under mpirun -np 8.
+// members, for pp2×dp2×tp2 and for pp1×dp2×cp2×tp2, and so does the flattened dp×cp group. Run by
+// ctest under mpirun -np 8.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -52,8 +53,7 @@ TEST(MeshMpi, CollectivesComputeTheRightValues) {
     for (int k = 0; k < 3; ++k) send[i * 3 + k] = float((w.rank() + 1) * (i + 1) + k);
   w.reduce_scatter(send.data(), recv.data(), 3);
   const float ranks_sum = w.size() * (w.size() + 1) / 2.0f;
-  for (int k = 0; k < 3; ++k)
-    EXPECT_FLOAT_EQ(recv[k], ranks_sum * (w.rank() + 1) + k * w.size());
+  for (int k = 0; k < 3; ++k) EXPECT_FLOAT_EQ(recv[k], ranks_sum * (w.rank() + 1) + k * w.size());
   double mx = w.rank();
   w.all_reduce(&mx, 1, ReduceOp::max);
   EXPECT_EQ(mx, w.size() - 1);
@@ -63,7 +63,8 @@ TEST(MeshMpi, CollectivesComputeTheRightValues) {
   // P2P along the pipeline: stage 0 sends its world rank to stage 1.
   const Comm& pp = mesh.group(Dim::pp);
   int token = mesh.rank();
-  if (pp.rank() == 0) pp.send(&token, 1, 1, 7);
+  if (pp.rank() == 0)
+    pp.send(&token, 1, 1, 7);
   else {
     pp.recv(&token, 1, 0, 7);
     EXPECT_EQ(token, mesh.rank() - 4);

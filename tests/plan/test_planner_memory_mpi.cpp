@@ -1,7 +1,7 @@
 // The planner's memory model is the arena's: for fp32, with or without checkpointing, every
 // region the real runtime::Model takes from its arena (parameters, gradients, AdamW moments,
-// activation slots, scratch) has exactly the bytes the planner predicts. Two ranks: tp = 1 (each rank
-// alone) and tp = 2 (both), for first, middle and last pipeline stages.
+// activation slots, scratch) has exactly the bytes the planner predicts. Two ranks: tp = 1 (each
+// rank alone) and tp = 2 (both), for first, middle and last pipeline stages.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -9,8 +9,8 @@
 #include "parallel/comm.h"
 #include "parallel/pipeline_split.h"
 #include "parallel/zero.h"
-#include "runtime/model/model.h"
 #include "runtime/cost/planner_cost.h"
+#include "runtime/model/model.h"
 #include "runtime/stage/stage.h"
 #include "runtime/train/sharded_state.h"
 
@@ -18,8 +18,13 @@ namespace t3d::runtime {
 namespace {
 
 ModelConfig small_model() {
-  return ModelConfig{.vocab_size = 96, .dim = 64, .n_layers = 6, .n_heads = 4, .n_kv_heads = 2,
-      .ffn_dim = 176, .seq_len = 32};
+  return ModelConfig{.vocab_size = 96,
+                     .dim = 64,
+                     .n_layers = 6,
+                     .n_heads = 4,
+                     .n_kv_heads = 2,
+                     .ffn_dim = 176,
+                     .seq_len = 32};
 }
 
 // The slots the planner predicts for a stage, as the executor would give them to the Model.
@@ -50,8 +55,8 @@ void expect_arena_matches(const parallel::Comm& tp, int64_t pp, int64_t v,
     const auto chunks = stage_layers(p.model, {}, schedule, static_cast<int>(stage));
     kernels::Arena arena(size_t{256} << 20);
     ModelOptions options = predicted_options(p, l, predicted);
-    options.split_backward = kind == parallel::ScheduleKind::kZBH1 ||
-                             kind == parallel::ScheduleKind::kZBV;
+    options.split_backward =
+        kind == parallel::ScheduleKind::kZBH1 || kind == parallel::ScheduleKind::kZBV;
     options.checkpoint_every = checkpoint_every;
     Model model(p.model, chunks, tp, arena, options);
     const auto& f = model.footprint();

@@ -44,10 +44,10 @@ TEST(Recipe, DefaultsAndDerivedValues) {
 }
 
 TEST(Recipe, OverridesReplaceFileValuesAndCreateSections) {
-  const Recipe r = parse_recipe("[parallel]\ntp = 1\n", "r.toml",
-                                {parse_override("parallel.tp=2"), parse_override("train.steps=20"),
-                                 parse_override("run.dir=/tmp/x y"),
-                                 parse_override("train.lr=1e-3")});
+  const Recipe r =
+      parse_recipe("[parallel]\ntp = 1\n", "r.toml",
+                   {parse_override("parallel.tp=2"), parse_override("train.steps=20"),
+                    parse_override("run.dir=/tmp/x y"), parse_override("train.lr=1e-3")});
   EXPECT_EQ(r.parallel.tp, 2);
   EXPECT_EQ(r.train.steps, 20);
   EXPECT_EQ(r.run.dir, "/tmp/x y");
@@ -112,12 +112,11 @@ void expect_every_spelling(const std::string& section, const std::string& key, G
   const std::string head = extra + "[" + section + "]\n" + in_section;
   const std::string e = error_of(head + key + " = \"nonsense\"\n");
   EXPECT_NE(e.find("r.toml:"), std::string::npos) << e;
-  EXPECT_NE(e.find("`" + section + "." + key + "`: \"nonsense\" is not one of: " +
-                   choice_list<E>()),
-            std::string::npos)
+  EXPECT_NE(
+      e.find("`" + section + "." + key + "`: \"nonsense\" is not one of: " + choice_list<E>()),
+      std::string::npos)
       << e;
-  EXPECT_NE(error_of(head + key + " = 3\n").find("expected string"),
-            std::string::npos);
+  EXPECT_NE(error_of(head + key + " = 3\n").find("expected string"), std::string::npos);
 }
 
 TEST(Recipe, EnumeratedKeysParseEverySpellingOnce) {
@@ -125,7 +124,8 @@ TEST(Recipe, EnumeratedKeysParseEverySpellingOnce) {
                                         [](const Recipe& r) { return r.train.precision; });
   expect_every_spelling<GemmLibrary>("hardware", "gemm",
                                      [](const Recipe& r) { return r.hardware.gemm; });
-  expect_every_spelling<DataFormat>("data", "format", [](const Recipe& r) { return r.data.format; });
+  expect_every_spelling<DataFormat>("data", "format",
+                                    [](const Recipe& r) { return r.data.format; });
   expect_every_spelling<SampleMode>("data", "sampler",
                                     [](const Recipe& r) { return r.data.sampler; });
   // pp = 2 and 4 micro-batches: every schedule's combination checks pass.
@@ -138,8 +138,7 @@ TEST(Recipe, EnumeratedKeysParseEverySpellingOnce) {
 TEST(Recipe, ActivationCheckpointSpellings) {
   for (const auto& [text, every] :
        std::vector<std::pair<std::string, int64_t>>{{"none", 0}, {"full", 1}, {"every:3", 3}}) {
-    const Recipe r =
-        parse_recipe("[train]\nactivation_checkpoint = \"" + text + "\"\n", "r.toml");
+    const Recipe r = parse_recipe("[train]\nactivation_checkpoint = \"" + text + "\"\n", "r.toml");
     EXPECT_EQ(r.train.activation_checkpoint.every, every) << text;
     EXPECT_EQ(r.train.activation_checkpoint.name(), text);
     EXPECT_EQ(parse_recipe(r.to_toml(), "again.toml").train.activation_checkpoint.every, every);
@@ -159,9 +158,8 @@ TEST(Recipe, ZbVImpliesTwoVirtualStages) {
   EXPECT_EQ(parse_recipe(r.to_toml(), "again.toml").parallel.virtual_stages, 2);
   EXPECT_EQ(error_of("[parallel]\npp = 2\nschedule = \"zb_v\"\nvirtual_stages = 2\n"), "");
   for (const char* v : {"1", "3"}) {
-    const std::string e =
-        error_of(std::string("[parallel]\npp = 2\nschedule = \"zb_v\"\nvirtual_stages = ") + v +
-                 "\n");
+    const std::string e = error_of(
+        std::string("[parallel]\npp = 2\nschedule = \"zb_v\"\nvirtual_stages = ") + v + "\n");
     EXPECT_NE(e.find("`parallel.virtual_stages`"), std::string::npos) << e;
     EXPECT_NE(e.find("contradicts parallel.schedule = \"zb_v\""), std::string::npos) << e;
   }
@@ -200,8 +198,8 @@ TEST(Recipe, StoredRecipeDerivesWhatOverridesChange) {
 }
 
 TEST(Recipe, WorldResolution) {
-  Recipe r = parse_recipe("[parallel]\npp = 2\ndp = -1\ntp = 2\n[train]\nglobal_batch = 12\n",
-                          "r.toml");
+  Recipe r =
+      parse_recipe("[parallel]\npp = 2\ndp = -1\ntp = 2\n[train]\nglobal_batch = 12\n", "r.toml");
   r.resolve_world(12);
   EXPECT_EQ(r.parallel.dp, 3);
   Recipe bad = parse_recipe("[parallel]\npp = 2\ndp = -1\ntp = 2\n", "r.toml");
@@ -211,8 +209,7 @@ TEST(Recipe, WorldResolution) {
     fixed.resolve_world(4);
     FAIL() << "world of 4 accepted for an 8-rank recipe";
   } catch (const t3d::UserError& e) {
-    EXPECT_NE(std::string(e.what()).find("= 8 ranks but the launcher started 4"),
-              std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("= 8 ranks but the launcher started 4"), std::string::npos)
         << e.what();
   }
 }
@@ -267,7 +264,8 @@ TEST(Recipe, DocsListEveryKey) {
   while (std::getline(table, row)) {
     ++rows;
     EXPECT_NE(text.str().find("\n" + row + "\n"), std::string::npos)
-        << "docs/recipe.md lacks this row of `titan3d keys` (paste it there):\n" << row;
+        << "docs/recipe.md lacks this row of `titan3d keys` (paste it there):\n"
+        << row;
   }
   EXPECT_EQ(rows, static_cast<int>(recipe_key_docs().size()) + 2);
 }
@@ -336,8 +334,7 @@ TEST(RecipeLimits, HugeCountsAreRefusedNamingTheKey) {
       {"train.steps=" + two62, "train.steps"},
       {"parallel.tp=" + two62, "parallel.tp"},
       {"train.val_batches=" + two62, "train.val_batches"},
-      {"train.activation_checkpoint=\"every:99999999999999999999\"",
-       "train.activation_checkpoint"},
+      {"train.activation_checkpoint=\"every:99999999999999999999\"", "train.activation_checkpoint"},
       {"train.activation_checkpoint=\"every:0\"", "train.activation_checkpoint"},
   };
   for (const auto& [set, key] : cases) EXPECT_TRUE(names(set_error(set), key)) << set_error(set);

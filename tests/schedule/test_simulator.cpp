@@ -80,7 +80,8 @@ TEST(schedule_Simulate, ZbVAgainstZbH1) {
       }
       // ahead whenever W is cheaper than F and transfers cost something, from 2 micro-batches;
       if (m >= 2) {
-        EXPECT_LT(simulate(v, cpu_like).makespan, simulate(h1, cpu_like).makespan) << pp << " " << m;
+        EXPECT_LT(simulate(v, cpu_like).makespan, simulate(h1, cpu_like).makespan)
+            << pp << " " << m;
       }
       // and every rank still does exactly its work (3m per stage: 2 chunks x 3 actions x 1/2).
       for (double b : tv.busy) EXPECT_DOUBLE_EQ(b, 3.0 * m);

@@ -116,9 +116,7 @@ class FakeStage final : public StageModel {
     return s ? s->in : spare_;
   }
   const float* output(int c, int slot) const override { return slots_.at(c).at(slot).out; }
-  const float* input_grad(int c, int slot) const override {
-    return slots_.at(c).at(slot).in_grad;
-  }
+  const float* input_grad(int c, int slot) const override { return slots_.at(c).at(slot).in_grad; }
 
   // Before each run: what it is expected to be called with.
   void start(bool training) {
@@ -175,8 +173,10 @@ class FakeStage final : public StageModel {
     }
     if (k > 0) std::copy(dx, dx + kIo, s->in_grad);
     calls_.push_back({op, mb, k});
-    if (op == Op::kBW) s->mb = -1;
-    else s->input_grad_done = true;
+    if (op == Op::kBW)
+      s->mb = -1;
+    else
+      s->input_grad_done = true;
   }
 
   int K_, n_micro_;

@@ -17,8 +17,13 @@ namespace t3d::runtime {
 namespace {
 
 ModelConfig small_model() {
-  return ModelConfig{.vocab_size = 96, .dim = 64, .n_layers = 3, .n_heads = 4, .n_kv_heads = 2,
-                     .ffn_dim = 176, .seq_len = 16};
+  return ModelConfig{.vocab_size = 96,
+                     .dim = 64,
+                     .n_layers = 3,
+                     .n_heads = 4,
+                     .n_kv_heads = 2,
+                     .ffn_dim = 176,
+                     .seq_len = 16};
 }
 
 constexpr uint64_t kSeed = 7;
@@ -35,9 +40,8 @@ struct Rank {
     ModelOptions o;
     const parallel::FullRegions full = parallel::full_regions(zero);
     o.param_region = full.params, o.grad_region = full.grads, o.with_optimizer = full.moments;
-    model = std::make_unique<Model>(small_model(),
-                                    std::vector<parallel::LayerRange>{{0, 3, true, true}}, tp,
-                                    arena, o);
+    model = std::make_unique<Model>(
+        small_model(), std::vector<parallel::LayerRange>{{0, 3, true, true}}, tp, arena, o);
     model_bytes = arena.used();
     state = std::make_unique<ShardedState>(*model, dp, zero, kBucketMb, arena);
     state->init(kSeed);
@@ -70,8 +74,10 @@ TEST_F(ShardedStateTest, EveryParameterIsOwnedByExactlyOneRank) {
     int64_t owned = 0, part = 0;
     for (const auto& range : r.state->owned()) owned += range.size();
     for (const auto& range : r.state->partition()) part += range.size();
-    if (zero == 0) EXPECT_GT(owned, part);
-    else EXPECT_EQ(owned, part);
+    if (zero == 0)
+      EXPECT_GT(owned, part);
+    else
+      EXPECT_EQ(owned, part);
   }
 }
 

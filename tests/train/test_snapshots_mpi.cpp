@@ -36,8 +36,13 @@ constexpr double kBucketMb = 0.02;
 // `data`: a file the stored recipe can name (resume re-validates it).
 Recipe small_recipe(const std::string& dir, const std::string& data, int zero) {
   Recipe r;
-  r.model = ModelConfig{.vocab_size = 96, .dim = 64, .n_layers = 3, .n_heads = 4,
-                        .n_kv_heads = 2, .ffn_dim = 176, .seq_len = 16};
+  r.model = ModelConfig{.vocab_size = 96,
+                        .dim = 64,
+                        .n_layers = 3,
+                        .n_heads = 4,
+                        .n_kv_heads = 2,
+                        .ffn_dim = 176,
+                        .seq_len = 16};
   r.parallel.dp = 2;
   r.parallel.zero = zero;
   r.parallel.bucket_mb = kBucketMb;
@@ -65,9 +70,9 @@ struct Rank {
     ModelOptions o;
     const parallel::FullRegions full = parallel::full_regions(zero);
     o.param_region = full.params, o.grad_region = full.grads, o.with_optimizer = full.moments;
-    model = std::make_unique<Model>(recipe.model,
-                                    std::vector<parallel::LayerRange>{{0, 3, true, true}},
-                                    job.mesh->group(parallel::Dim::tp), arena, o);
+    model =
+        std::make_unique<Model>(recipe.model, std::vector<parallel::LayerRange>{{0, 3, true, true}},
+                                job.mesh->group(parallel::Dim::tp), arena, o);
     state = std::make_unique<ShardedState>(*model, job.mesh->dp_cp(), zero, kBucketMb, arena);
     state->init(seed);
   }

@@ -41,8 +41,13 @@ TEST(use_decode, attention_decode_matches_reference_at_every_position) {
 }
 
 ModelConfig tiny_config() {
-  return ModelConfig{.vocab_size = 40, .dim = 32, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2,
-      .ffn_dim = 48, .seq_len = 16};
+  return ModelConfig{.vocab_size = 40,
+                     .dim = 32,
+                     .n_layers = 2,
+                     .n_heads = 4,
+                     .n_kv_heads = 2,
+                     .ffn_dim = 48,
+                     .seq_len = 16};
 }
 
 SnapshotWeights random_weights(const ModelConfig& m) {

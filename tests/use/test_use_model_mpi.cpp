@@ -8,17 +8,23 @@
 #include "kernels/arena.h"
 #include "kernels/check.h"
 #include "parallel/comm.h"
+#include "runtime/model/model.h"
 #include "runtime/use/export.h"
 #include "runtime/use/generate.h"
-#include "runtime/model/model.h"
 
 using namespace t3d;
 
 namespace {
 
 runtime::ModelConfig config(bool tied) {
-  return runtime::ModelConfig{.vocab_size = 24, .dim = 32, .n_layers = 3, .n_heads = 4,
-      .n_kv_heads = 2, .ffn_dim = 40, .seq_len = 12, .tie_embeddings = tied};
+  return runtime::ModelConfig{.vocab_size = 24,
+                              .dim = 32,
+                              .n_layers = 3,
+                              .n_heads = 4,
+                              .n_kv_heads = 2,
+                              .ffn_dim = 40,
+                              .seq_len = 12,
+                              .tie_embeddings = tied};
 }
 
 }  // namespace
