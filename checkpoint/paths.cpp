@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "checkpoint/snapshot.h"
 #include "kernels/check.h"
@@ -50,6 +51,21 @@ void require_regular_file(const std::string& path, const std::string& what) {
                  : S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode) ? "a device"
                                                               : "a socket or other special file",
                  "); give a regular file");
+}
+
+std::string read_regular_file(const std::string& path, const std::string& what) {
+  std::error_code ec;
+  T3D_USER_CHECK(std::filesystem::exists(path, ec), what, " `", path,
+                 "` does not exist; check the path");
+  require_regular_file(path, what);
+  std::ifstream in(path, std::ios::binary);
+  T3D_USER_CHECK(in.good(), "cannot open ", what, " `", path, "`; check permissions");
+  const auto size = static_cast<std::streamsize>(std::filesystem::file_size(path));
+  std::string bytes(static_cast<size_t>(size), '\0');
+  in.read(bytes.data(), size);
+  T3D_USER_CHECK(in.gcount() == size, "short read from ", what, " `", path, "` (got ", in.gcount(),
+                 " of ", size, " bytes)");
+  return bytes;
 }
 
 AtomicFile::AtomicFile(std::string path, std::string what)

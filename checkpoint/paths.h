@@ -22,6 +22,8 @@ std::string path_inside(const std::string& dir, const std::string& name, const s
 // directory, FIFO, device or socket is refused before anything opens it. Uses stat only, which
 // never blocks.
 void require_regular_file(const std::string& path, const std::string& what);
+// The whole of regular file `path` (require_regular_file first); UserErrors name `what` and path.
+std::string read_regular_file(const std::string& path, const std::string& what);
 
 // A file written whole or not at all: bytes go to temp_path(path) (path + ".tmp"), every write
 // and the close are checked, and commit() renames it to `path`. On any failure, and when the

@@ -16,7 +16,6 @@
 #include "kernels/check.h"
 #include "parallel/schedule.h"
 #include "parallel/simulator.h"
-#include "runtime/data/data_sampler.h"
 #include "runtime/launch/job.h"
 #include "runtime/machine/machine.h"
 
@@ -84,18 +83,12 @@ std::string thousands(double x) {
   return out;
 }
 
-int64_t micro_batch_rows(const Recipe& r) {
-  const int64_t dp = r.parallel.dp > 0 ? r.parallel.dp : 1;
-  return rows_per_micro(r.train.global_batch, static_cast<int>(dp),
-                        static_cast<int>(r.train.micro_batches));
-}
-
 std::string calibration_cache_path(const Recipe& r) {
   const auto& m = r.model;
   const std::string key = fmt::format(
       "{}|w{} pp{} dp{} tp{} sp{}|rows{} seq{}|dim{} h{} kv{} ffn{} V{}|{}|threads{}", host_name(),
       r.world_size(), r.parallel.pp, r.parallel.dp, r.parallel.tp, r.parallel.sequence_parallel,
-      micro_batch_rows(r), m.seq_len, m.dim, m.n_heads, m.n_kv_heads, m.ffn_dim, m.vocab_size,
+      r.micro_batch_rows(), m.seq_len, m.dim, m.n_heads, m.n_kv_heads, m.ffn_dim, m.vocab_size,
       choice_name(r.train.precision), r.hardware.threads_per_rank);
   return fmt::format("{}/calibration-{:016x}.toml", cache_dir(), std::hash<std::string>{}(key));
 }

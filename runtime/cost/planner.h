@@ -78,9 +78,6 @@ struct RecipePlan {
 };
 RecipePlan plan_of_recipe(const Recipe& recipe);
 
-// The recipe's micro-batch rows (rows_per_micro; dp = -1, the rest of the world, counts as 1).
-int64_t micro_batch_rows(const Recipe& recipe);
-
 // Where the calibration of `recipe`'s shape on this machine is cached:
 // <cache_dir()>/calibration-<hash>.toml (runtime/machine/machine.h). The hash covers the host,
 // the world and its mesh, the micro-batch shape, the model's sizes, precision and BLAS threads:

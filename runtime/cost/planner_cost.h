@@ -2,7 +2,7 @@
 // Every formula, its source and its assumptions are in docs/planner.md.
 //
 // Memory sums the model spec table (runtime/model/model_spec.h) that runtime::Model allocates
-// from, so for precision fp32 it is the arena's footprint exactly (tested in tests/plan); bf16
+// from, so for precision fp32 it is the arena's footprint exactly (tested in tests/cost); bf16
 // is priced as an accelerator keeps it (ActivationStorage::kBf16). Time is compute at an
 // efficiency of the peak, ring collectives over the node's links, and the pipeline bubble from
 // the schedule simulator (parallel/simulator.h) run on the very schedule table the executor would

@@ -19,21 +19,6 @@ namespace t3d::runtime {
 static_assert(std::endian::native == std::endian::little,
               "token files assume a little-endian host");
 
-std::string read_file_bytes(const std::filesystem::path& path, const char* what) {
-  std::error_code ec;
-  T3D_USER_CHECK(std::filesystem::is_regular_file(path, ec), what, " '", path.string(),
-                 "' does not exist or is not a regular file; check the path (scripts/get_data.sh "
-                 "fetches the default corpus)");
-  std::ifstream in(path, std::ios::binary);
-  T3D_USER_CHECK(in.good(), "cannot open ", what, " '", path.string(), "'; check permissions");
-  const auto size = static_cast<std::streamsize>(std::filesystem::file_size(path));
-  std::string bytes(static_cast<size_t>(size), '\0');
-  in.read(bytes.data(), size);
-  T3D_USER_CHECK(in.gcount() == size, "short read from ", what, " '", path.string(), "' (got ",
-                 in.gcount(), " of ", size, " bytes)");
-  return bytes;
-}
-
 namespace {
 
 // The llm.c header of a token file: where the tokens start, how many, and their width.
@@ -76,7 +61,7 @@ void copy_tokens(const std::string& bytes, const TokenLayout& l, std::vector<uin
 
 TokenStream read_token_file(const std::filesystem::path& path, int vocab_size) {
   const std::string name = path.string();
-  const std::string bytes = read_file_bytes(path, "token file");
+  const std::string bytes = checkpoint::read_regular_file(path.string(), "token file");
   const auto size = static_cast<int64_t>(bytes.size());
   T3D_USER_CHECK(size > 0, "token file '", name, "' is empty");
 
@@ -137,7 +122,7 @@ void write_token_file(const std::filesystem::path& path, std::span<const uint16_
 }
 
 TokenStream read_text_file(const std::filesystem::path& path) {
-  const std::string bytes = read_file_bytes(path, "text file");
+  const std::string bytes = checkpoint::read_regular_file(path.string(), "text file");
   T3D_USER_CHECK(!bytes.empty(), "text file '", path.string(), "' is empty");
   const std::vector<uint16_t> ids = ByteTokenizer{}.encode(bytes);
   return {path.string(), {ids.begin(), ids.end()}};
@@ -206,7 +191,7 @@ TokenStream load_stream(const std::filesystem::path& path, DataFormat format, in
                  tokenizer->spec(), "` has ", tokenizer->vocab_size(),
                  " ids but model.vocab_size is ", vocab_size, "; set model.vocab_size to at least ",
                  tokenizer->vocab_size());
-  const std::string bytes = read_file_bytes(path, "text file");
+  const std::string bytes = checkpoint::read_regular_file(path.string(), "text file");
   T3D_USER_CHECK(!bytes.empty(), "text file '", path.string(), "' is empty");
   return {path.string(), tokenizer->encode_document(bytes)};
 }

@@ -47,9 +47,6 @@ TokenStream read_token_file(const std::filesystem::path& path, int vocab_size);
 void write_token_file(const std::filesystem::path& path, std::span<const uint32_t> tokens);
 void write_token_file(const std::filesystem::path& path, std::span<const uint16_t> tokens);
 
-// Reads a whole file (UserError naming `what` and the path when it cannot).
-std::string read_file_bytes(const std::filesystem::path& path, const char* what);
-
 // Reads a text file and tokenizes it with the byte tokenizer (vocab 256).
 TokenStream read_text_file(const std::filesystem::path& path);
 

@@ -11,7 +11,6 @@
 
 #include "checkpoint/paths.h"
 #include "kernels/check.h"
-#include "runtime/data/data.h"
 #include "runtime/data/tokenizer.h"
 
 namespace t3d::runtime {
@@ -33,7 +32,7 @@ TextTokenizer TextTokenizer::open(const std::string& spec, const std::string& ke
                  "` does not exist (relative paths start at ", fs::current_path().string(),
                  "); give \"bytes\" or a SentencePiece model file (titan3d tokenize writes one)");
   t.spec_ = spec;
-  t.model_bytes_ = read_file_bytes(spec, "tokenizer model");
+  t.model_bytes_ = checkpoint::read_regular_file(spec, "tokenizer model");
   auto proc = std::make_shared<sp::SentencePieceProcessor>();
   const auto status = proc->LoadFromSerializedProto(t.model_bytes_);
   T3D_USER_CHECK(status.ok(), "`", key, "`: `", spec, "` is not a SentencePiece model (",

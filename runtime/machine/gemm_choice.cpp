@@ -77,12 +77,10 @@ struct Shapes {
 
 Shapes shapes_of(const Recipe& r) {
   const auto& p = r.parallel;
-  const int64_t rows_per_micro = std::max<int64_t>(
-      1, r.train.global_batch / std::max<int64_t>(1, p.dp * r.train.micro_batches));
   Shapes s;
   // Rates settle by a few thousand rows; more would only lengthen the start of a large model.
-  s.rows = std::clamp<int64_t>(rows_per_micro * r.model.seq_len / std::max<int64_t>(1, p.cp), 1,
-                               kMaxMeasuredRows);
+  s.rows = std::clamp<int64_t>(r.micro_batch_rows() * r.model.seq_len / std::max<int64_t>(1, p.cp),
+                               1, kMaxMeasuredRows);
   s.dim = r.model.dim;
   s.ffn = std::max<int64_t>(1, r.model.ffn_dim / std::max<int64_t>(1, p.tp));
   s.attn = std::max<int64_t>(1, r.model.n_heads * r.model.head_dim() / std::max<int64_t>(1, p.tp));

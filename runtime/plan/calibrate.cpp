@@ -20,7 +20,6 @@
 #include "parallel/comm.h"
 #include "runtime/cost/planner.h"
 #include "runtime/cost/planner_cost.h"
-#include "runtime/data/data_sampler.h"
 #include "runtime/launch/job.h"
 #include "runtime/machine/machine.h"
 #include "runtime/model/model.h"
@@ -106,7 +105,7 @@ void measure_block(const Job& job, Measured& m) {
   parallel::LayerRange middle;
   middle.begin = 1, middle.end = 2;
   const ModelOptions opt = model_options(r, job.precision(), StagePurpose::kForward,
-                                         micro_batch_rows(r), nullptr, nullptr);
+                                         r.micro_batch_rows(), nullptr, nullptr);
   kernels::Arena arena(static_cast<size_t>(r.hardware.hbm_gib * double(1ull << 30)));
   Model model(cfg, {middle}, tp, arena, opt);
   model.init(static_cast<uint64_t>(r.train.seed));
@@ -147,7 +146,7 @@ std::string cluster_toml(const Recipe& r, const Measured& m, const std::string& 
   const double lat_us = m.latency_s > 0 ? m.latency_s * 1e6 : 2.0;
   std::ostringstream os;
   os << "# Written by `titan3d plan --calibrate` on " << host << " for " << world
-     << " rank(s), micro-batch " << micro_batch_rows(r) << " × " << r.model.seq_len
+     << " rank(s), micro-batch " << r.micro_batch_rows() << " × " << r.model.seq_len
      << " tokens, tp " << r.parallel.tp << ", precision " << choice_name(r.train.precision) << ".\n"
      << fmt::format(
             "# block fwd+bwd {:.4g} ms (of which tp all-reduces 4 × {:.4g} ms), {:.4g} "

@@ -955,6 +955,11 @@ std::string Recipe::origin(const std::string& key) const {
   return it != key_origins.end() ? it->second : source + " (default value)";
 }
 
+int64_t Recipe::micro_batch_rows() const {
+  return rows_per_micro(train.global_batch, static_cast<int>(std::max<int64_t>(parallel.dp, 1)),
+                        static_cast<int>(train.micro_batches));
+}
+
 int64_t Recipe::world_size() const {
   return parallel.pp * std::max<int64_t>(parallel.dp, 1) * parallel.cp * parallel.tp;
 }

@@ -199,6 +199,9 @@ struct Recipe {
   std::string origin(const std::string& key) const;
   // Ranks the recipe asks for; dp = -1 counts as 1 until resolve_world() fills it in.
   int64_t world_size() const;
+  // Sequences in one micro-batch of one dp rank (rows_per_micro; dp = -1 counts as 1 until
+  // resolve_world() fills it in). UserError naming train.global_batch unless it divides.
+  int64_t micro_batch_rows() const;
   // Fills dp = -1 from the world size and checks pp·dp·cp·tp == world (UserError otherwise).
   void resolve_world(int64_t world);
   // Effective recipe as TOML text (overrides applied): snapshots and `plan` write it. Every key,

@@ -14,7 +14,6 @@
 #include "kernels/hash.h"
 #include "parallel/pipeline_split.h"
 #include "runtime/cost/planner.h"
-#include "runtime/data/data_sampler.h"
 #include "runtime/machine/machine.h"
 #include "runtime/model/model.h"
 #include "runtime/selfcheck/selfcheck_internal.h"
@@ -171,10 +170,8 @@ void check_gemm(const Job& job, bool quick, std::vector<CheckRow>& rows) {
                            "odd shapes, all transposes, against a double-precision reference"));
 
   // The model's main GEMM: a micro-batch's tokens through the local slice of gate/up.
-  const int64_t dp = mesh.shape().size(Dim::dp), tp = mesh.shape().size(Dim::tp);
-  const int64_t M = std::max<int64_t>(64, rows_per_micro(r.train.global_batch, static_cast<int>(dp),
-                                                         static_cast<int>(r.train.micro_batches)) *
-                                              r.model.seq_len);
+  const int64_t tp = mesh.shape().size(Dim::tp);
+  const int64_t M = std::max<int64_t>(64, r.micro_batch_rows() * r.model.seq_len);
   const int64_t N = r.model.ffn_dim / tp, K = r.model.dim;
   // Ranks that share cores would measure each other: take turns then (all at once otherwise, as
   // in training, where a slow core or a throttled socket shows).

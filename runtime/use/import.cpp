@@ -162,7 +162,8 @@ std::map<std::string, std::shared_ptr<ck::SafetensorsFile>> open_weights(
   if (fs::exists(index)) {
     json j;
     try {
-      j = ck::parse_json_text(read_file_bytes(index, "safetensors index"), index.string());
+      j = ck::parse_json_text(ck::read_regular_file(index.string(), "safetensors index"),
+                              index.string());
       for (const auto& [tensor, file] : j.at("weight_map").items())
         names.push_back(file.get<std::string>());
     } catch (const json::exception& e) {
@@ -281,8 +282,8 @@ bool import_bos(const fs::path& hf, const std::string& tokenizer, ImportSummary&
         "no tokenizer_config.json: data.bos = true (LlamaTokenizer's default add_bos_token)");
     return true;
   }
-  const json c =
-      ck::parse_json_text(read_file_bytes(config, "tokenizer_config.json"), config.string());
+  const json c = ck::parse_json_text(
+      ck::read_regular_file(config.string(), "tokenizer_config.json"), config.string());
   T3D_USER_CHECK(c.is_object(), config.string(),
                  " is not a JSON object; fix or remove it (without it, data.bos = true)");
   if (!c.contains("add_bos_token") || c.at("add_bos_token").is_null()) {
@@ -345,8 +346,8 @@ ImportSummary import_hf(const std::string& hf_dir, const std::string& out) {
                  "model directory (config.json and safetensors weights)");
   const fs::path config = in_model_dir(hf, "config.json");
   ImportSummary s;
-  s.recipe.model =
-      llama_model_from_config(read_file_bytes(config, "config.json"), config.string(), &s.notes);
+  s.recipe.model = llama_model_from_config(ck::read_regular_file(config.string(), "config.json"),
+                                           config.string(), &s.notes);
   const bool existed = fs::exists(out_dir);
   T3D_USER_CHECK(!existed || ck::committed_steps(out_dir).empty(), "`", out_dir,
                  "` (--out) already holds snapshots; give an empty or new directory");

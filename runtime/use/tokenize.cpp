@@ -59,7 +59,7 @@ TokenizeSummary run_tokenize(const TokenizeOptions& o) {
     return s;
   }
   if (o.out.empty()) return s;  // trained only
-  const std::string text = read_file_bytes(o.input, "text file");
+  const std::string text = checkpoint::read_regular_file(o.input, "text file");
   const std::vector<uint32_t> ids = tok.encode_document(text);
   write_token_file(o.out, std::span<const uint32_t>(ids));
   s.bytes = static_cast<int64_t>(text.size());

@@ -12,22 +12,13 @@
 #include "parallel/zero.h"
 #include "runtime/model/model.h"
 #include "runtime/train/sharded_state.h"
+#include "tests/train/small_model.h"
 
 namespace t3d::runtime {
 namespace {
 
-ModelConfig small_model() {
-  return ModelConfig{.vocab_size = 96,
-                     .dim = 64,
-                     .n_layers = 3,
-                     .n_heads = 4,
-                     .n_kv_heads = 2,
-                     .ffn_dim = 176,
-                     .seq_len = 16};
-}
-
 constexpr uint64_t kSeed = 7;
-constexpr double kBucketMb = 0.02;  // several buckets, slices of uneven length
+constexpr double kBucketMb = kSmallModelBucketMb;
 
 // One rank's model and state under ZeRO `zero`, data-parallel over `dp`.
 struct Rank {

@@ -23,6 +23,7 @@
 #include "runtime/model/model.h"
 #include "runtime/train/sharded_state.h"
 #include "runtime/train/snapshots.h"
+#include "tests/train/small_model.h"
 
 namespace t3d::runtime {
 namespace {
@@ -30,19 +31,12 @@ namespace {
 namespace fs = std::filesystem;
 namespace ck = checkpoint;
 
-// Several buckets, so that ZeRO slices are uneven and every rank writes boxes of its own.
-constexpr double kBucketMb = 0.02;
+constexpr double kBucketMb = kSmallModelBucketMb;
 
 // `data`: a file the stored recipe can name (resume re-validates it).
 Recipe small_recipe(const std::string& dir, const std::string& data, int zero) {
   Recipe r;
-  r.model = ModelConfig{.vocab_size = 96,
-                        .dim = 64,
-                        .n_layers = 3,
-                        .n_heads = 4,
-                        .n_kv_heads = 2,
-                        .ffn_dim = 176,
-                        .seq_len = 16};
+  r.model = small_model();
   r.parallel.dp = 2;
   r.parallel.zero = zero;
   r.parallel.bucket_mb = kBucketMb;
@@ -64,6 +58,7 @@ struct Rank {
 
   Rank(const Recipe& recipe, uint64_t seed) {
     job.recipe = recipe;
+    job.set_precision({});  // fp32 OpenBLAS, as the Model's options: what snapshots record
     job.mesh = std::make_unique<parallel::Mesh>(parallel::MeshShape(1, 2, 1, 1),
                                                 parallel::Comm::world(60.0));
     const int zero = static_cast<int>(recipe.parallel.zero);

@@ -1,0 +1,77 @@
+// What a snapshot was made from (runtime/provenance): a run may continue or score a snapshot only
+// with its model shape and its tokenizer; a changed data file is detected by its content hash.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <string>
+
+#include "kernels/check.h"
+#include "runtime/provenance/provenance.h"
+#include "runtime/recipe/recipe.h"
+
+using namespace t3d::runtime;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const t3d::UserError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+void write(const fs::path& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
+
+class Provenance : public ::testing::Test {
+ protected:
+  fs::path dir = fs::temp_directory_path() / ("t3d_provenance_" + std::to_string(::getpid()));
+  void SetUp() override { fs::create_directories(dir); }
+  void TearDown() override { fs::remove_all(dir); }
+};
+
+}  // namespace
+
+TEST_F(Provenance, OnlyTheSameModelShapeMayContinue) {
+  const Recipe saved = parse_recipe("[model]\ndim = 96\nn_heads = 6\n", "saved.toml");
+  const std::string stored = saved.to_toml();
+  // Training keys may change; the model's shape may not.
+  const Recipe longer = parse_recipe(stored, "now.toml", {{"train.steps", "999"}});
+  EXPECT_EQ(error_of([&] { check_same_model(stored, longer, "s.h5", "resume from"); }), "");
+  const Recipe wider = parse_recipe(stored, "now.toml", {{"model.dim", "192"}});
+  const std::string e = error_of([&] { check_same_model(stored, wider, "s.h5", "resume from"); });
+  EXPECT_NE(e.find("cannot resume from `s.h5`"), std::string::npos) << e;
+  EXPECT_NE(e.find("model.dim is 96 in the snapshot but 192"), std::string::npos) << e;
+}
+
+TEST_F(Provenance, TheTokenizerMustBeTheRecordedOne) {
+  const Recipe bytes = parse_recipe("", "r.toml");
+  std::map<std::string, int64_t> none;  // made with the byte tokenizer: no hash recorded
+  EXPECT_EQ(error_of([&] { check_same_tokenizer(none, bytes, "s.h5", "evaluate"); }), "");
+  std::map<std::string, int64_t> recorded{{kTokenizerHashCounter, 12345}};
+  const std::string e =
+      error_of([&] { check_same_tokenizer(recorded, bytes, "s.h5", "evaluate"); });
+  EXPECT_NE(e.find("made with a SentencePiece tokenizer"), std::string::npos) << e;
+}
+
+TEST_F(Provenance, TheDataHashFollowsTheFilesContent) {
+  const fs::path data = dir / "corpus.txt";
+  write(data, "first text");
+  Recipe r = parse_recipe("", "r.toml");
+  r.data.path = data.string();
+  const int64_t first = data_hash(r);
+  EXPECT_NE(first, 0);
+  EXPECT_EQ(data_hash(r), first);  // a content hash, the same when read again
+  write(data, "other text");
+  EXPECT_NE(data_hash(r), first);
+  r.data.path = (dir / "missing.txt").string();
+  EXPECT_EQ(data_hash(r), 0);  // no readable file: nothing recorded
+}
