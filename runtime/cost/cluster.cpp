@@ -139,10 +139,4 @@ Cluster load_cluster(const std::string& path) {
   return parse_cluster(text.str(), path);
 }
 
-std::vector<ClusterKeyDoc> cluster_key_docs() {
-  std::vector<ClusterKeyDoc> docs{{"cluster.name", "Free text shown in the plan.", false}};
-  for (const auto& k : schema()) docs.push_back({k.full(), k.meaning, k.required});
-  return docs;
-}
-
 }  // namespace t3d::runtime

@@ -32,11 +32,4 @@ struct Cluster {
 Cluster parse_cluster(const std::string& toml_text, const std::string& source_name);
 Cluster load_cluster(const std::string& path);
 
-// Every key, "section.key", with its meaning (docs and suggestions).
-struct ClusterKeyDoc {
-  std::string key, meaning;
-  bool required = false;
-};
-std::vector<ClusterKeyDoc> cluster_key_docs();
-
 }  // namespace t3d::runtime

@@ -87,6 +87,38 @@ Stage build_stage(const Job& job, StagePurpose purpose) {
   return s;
 }
 
+MicroBatchFeed::MicroBatchFeed(int64_t rows, int64_t seq_len, int cp, int cp_rank, int slots)
+    : rows_(rows), seq_len_(seq_len), cp_(cp), cp_rank_(cp_rank), slots_(slots) {
+  tokens_.resize(static_cast<size_t>(slots * rows * seq_len / cp));
+  targets_.resize(tokens_.size());
+  if (cp > 1) {
+    whole_tokens_.resize(static_cast<size_t>(rows * seq_len));
+    whole_targets_.resize(whole_tokens_.size());
+  }
+}
+
+MicroBatchSource MicroBatchFeed::source(const Sampler& sampler, int64_t step, int dp_rank, int dp,
+                                        int n_micro, Mask mask) {
+  return [this, &sampler, step, dp_rank, dp, n_micro, mask = std::move(mask)](
+             int mb, const int32_t** tokens, const int32_t** targets) {
+    const int64_t local = rows_ * seq_len_ / cp_;  // this cp rank's positions of the rows
+    const size_t at = static_cast<size_t>((mb % slots_) * local);
+    const std::span<int32_t> tok(tokens_.data() + at, local), tgt(targets_.data() + at, local);
+    if (cp_ == 1) {
+      const Batch whole = sampler.sample(step, dp_rank, dp, mb, n_micro, tok, tgt);
+      if (mask) mask(whole);
+    } else {  // every cp rank samples the same rows and keeps its own positions
+      const Batch whole =
+          sampler.sample(step, dp_rank, dp, mb, n_micro, whole_tokens_, whole_targets_);
+      if (mask) mask(whole);
+      cp_local_positions(whole_tokens_.data(), tok.data(), rows_, seq_len_, cp_, cp_rank_);
+      cp_local_positions(whole_targets_.data(), tgt.data(), rows_, seq_len_, cp_, cp_rank_);
+    }
+    *tokens = tok.data();
+    *targets = tgt.data();
+  };
+}
+
 StageData load_stage_data(const Recipe& r) {
   const int vocab = static_cast<int>(r.model.vocab_size);
   const TextTokenizer tokenizer =

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -21,6 +22,7 @@
 #include "parallel/pipeline_split.h"
 #include "parallel/schedule.h"
 #include "runtime/data/data.h"
+#include "runtime/data/data_sampler.h"
 #include "runtime/launch/job.h"
 #include "runtime/model/model.h"
 #include "runtime/recipe/recipe.h"
@@ -63,6 +65,26 @@ struct Stage {
 // be set. The Model's parameters are not initialised: training initialises or restores them,
 // eval reads them from a snapshot.
 Stage build_stage(const Job& job, StagePurpose purpose);
+
+// The micro-batches a rank feeds its stage, training and eval alike: sampled for its data-parallel
+// rank (Sampler::sample: whole rows), then cut to its context-parallel rank's positions
+// (cp_local_positions). `slots` micro-batches stay valid at once: training keeps a step's
+// micro-batches until the last chunk has read their targets.
+class MicroBatchFeed {
+ public:
+  MicroBatchFeed(int64_t rows, int64_t seq_len, int cp, int cp_rank, int slots);
+  // Edits a micro-batch's whole rows before the cut (eval scores rows past its data as nothing).
+  using Mask = std::function<void(const Batch& whole)>;
+  // Micro-batch mb of `step` lands in slot mb % slots.
+  MicroBatchSource source(const Sampler& sampler, int64_t step, int dp_rank, int dp, int n_micro,
+                          Mask mask = {});
+
+ private:
+  int64_t rows_, seq_len_;
+  int cp_, cp_rank_, slots_;
+  std::vector<int32_t> tokens_, targets_;              // (slots, rows · seq_len / cp)
+  std::vector<int32_t> whole_tokens_, whole_targets_;  // (rows · seq_len), when cp > 1
+};
 
 // The recipe's token streams: training text and validation text (data.val_path, or the last
 // data.val_fraction of data.path cut at a window boundary; empty when neither).

@@ -67,9 +67,7 @@ struct Trainer::Impl {
   std::unique_ptr<PipelineExecutor> executor;
   std::unique_ptr<Model> model;
   std::unique_ptr<ShardedState> state;  // what this rank updates: ZeRO shards, moments, reducer
-  std::vector<int32_t> tokens_buf, targets_buf;  // (n_micro, rows·T) each
-  // Context parallelism: whole sampled rows, of which this cp rank keeps its positions.
-  std::vector<int32_t> cp_tokens, cp_targets;  // (rows·T) each
+  std::optional<MicroBatchFeed> feed;   // a step's micro-batches, cut to this cp rank
   int cp = 1, cp_rank = 0;
   std::unique_ptr<MetricsWriter> metrics;
   std::unique_ptr<Snapshotter> snapshots;
@@ -116,10 +114,7 @@ struct Trainer::Impl {
     state = std::make_unique<ShardedState>(*model, mesh.dp_cp(), static_cast<int>(r.parallel.zero),
                                            r.parallel.bucket_mb, *arena);
     state->init(seed);
-    tokens_buf.resize(static_cast<size_t>(n_micro * rows * T / cp));
-    targets_buf.resize(tokens_buf.size());
-    if (cp > 1)
-      cp_tokens.resize(static_cast<size_t>(rows * T)), cp_targets.resize(cp_tokens.size());
+    feed.emplace(rows, T, cp, cp_rank, n_micro);
     flops_per_token = model_train_flops_per_token(r.model);
     if (mesh.rank() == 0)
       metrics = std::make_unique<MetricsWriter>(job.run_dir + "/metrics.jsonl",
@@ -177,21 +172,7 @@ struct Trainer::Impl {
   }
 
   MicroBatchSource source(const Sampler& sampler, int64_t step) {
-    return [this, &sampler, step](int mb, const int32_t** tokens, const int32_t** targets) {
-      const int64_t Tc = T / cp;  // positions per sequence on this cp rank
-      const size_t off = static_cast<size_t>(mb * rows * Tc);
-      const std::span<int32_t> tok(tokens_buf.data() + off, rows * Tc);
-      const std::span<int32_t> tgt(targets_buf.data() + off, rows * Tc);
-      if (cp == 1) {
-        sampler.sample(step, dp_rank, dp, mb, n_micro, tok, tgt);
-      } else {  // every cp rank samples the same rows and keeps its own positions
-        sampler.sample(step, dp_rank, dp, mb, n_micro, cp_tokens, cp_targets);
-        cp_local_positions(cp_tokens.data(), tok.data(), rows, T, cp, cp_rank);
-        cp_local_positions(cp_targets.data(), tgt.data(), rows, T, cp, cp_rank);
-      }
-      *tokens = tok.data();
-      *targets = tgt.data();
-    };
+    return feed->source(sampler, step, dp_rank, dp, n_micro);
   }
 
   double validate() {

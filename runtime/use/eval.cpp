@@ -123,24 +123,18 @@ EvalResult run_eval(const Job& job, const std::string& snapshot, const EvalOptio
   });
 
   const int64_t rows = stage.micro_rows;
-  std::vector<int32_t> tokens(static_cast<size_t>(rows * T)), targets(tokens.size());
   // Context parallel: this rank's positions of every row, as the trainer.
-  const int cp = mesh.shape().size(Dim::cp), cp_rank = mesh.coord().cp;
-  const int64_t Tc = T / cp;
-  std::vector<int32_t> my_tokens(static_cast<size_t>(rows * Tc)), my_targets(my_tokens.size());
+  MicroBatchFeed feed(rows, T, mesh.shape().size(Dim::cp), mesh.coord().cp, /*slots=*/1);
   double sum = 0;
   for (int64_t b = 0; b < res.batches; ++b) {
-    const MicroBatchSource source = [&](int mb, const int32_t** tok, const int32_t** tgt) {
-      const Batch batch = sampler->sample(b, mesh.coord().dp, dp, mb, n_micro, tokens, targets);
-      // Rows past the last scored window (a partial final batch) are scored as nothing.
+    // Rows past the last scored window (a partial final batch) are scored as nothing.
+    const auto unscored = [&](const Batch& whole) {
       for (int64_t i = 0; i < rows; ++i)
-        if (b * B + batch.first_global_row + i >= res.windows)
-          std::fill_n(targets.begin() + i * T, T, kernels::kIgnoreIndex);
-      cp_local_positions(tokens.data(), my_tokens.data(), rows, T, cp, cp_rank);
-      cp_local_positions(targets.data(), my_targets.data(), rows, T, cp, cp_rank);
-      *tok = my_tokens.data();
-      *tgt = my_targets.data();
+        if (b * B + whole.first_global_row + i >= res.windows)
+          std::fill_n(whole.targets.begin() + i * T, T, kernels::kIgnoreIndex);
     };
+    const MicroBatchSource source =
+        feed.source(*sampler, b, mesh.coord().dp, dp, n_micro, unscored);
     sum += stage.executor->run(*stage.model, source, 0.0f, /*training=*/false);
   }
   // As Trainer::validate: the last stage's tp rank 0 of every dp replica and cp rank holds the
