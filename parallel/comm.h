@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "parallel/mesh.h"
@@ -23,35 +24,19 @@ namespace detail {
 void check_mpi(int code, const char* call, const char* file, int line);
 }
 
+// The MPI datatype of T (the element types the collectives carry), one line per type.
 template <typename T>
-MPI_Datatype mpi_type();
-template <>
-inline MPI_Datatype mpi_type<float>() {
-  return MPI_FLOAT;
-}
-template <>
-inline MPI_Datatype mpi_type<double>() {
-  return MPI_DOUBLE;
-}
-template <>
-inline MPI_Datatype mpi_type<int32_t>() {
-  return MPI_INT32_T;
-}
-template <>
-inline MPI_Datatype mpi_type<int64_t>() {
-  return MPI_INT64_T;
-}
-template <>
-inline MPI_Datatype mpi_type<uint64_t>() {
-  return MPI_UINT64_T;
-}
-template <>
-inline MPI_Datatype mpi_type<uint16_t>() {
-  return MPI_UINT16_T;
-}
-template <>
-inline MPI_Datatype mpi_type<char>() {
-  return MPI_CHAR;
+inline MPI_Datatype mpi_type() {
+  // clang-format off
+  if constexpr (std::is_same_v<T, float>) return MPI_FLOAT;
+  else if constexpr (std::is_same_v<T, double>) return MPI_DOUBLE;
+  else if constexpr (std::is_same_v<T, int32_t>) return MPI_INT32_T;
+  else if constexpr (std::is_same_v<T, int64_t>) return MPI_INT64_T;
+  else if constexpr (std::is_same_v<T, uint64_t>) return MPI_UINT64_T;
+  else if constexpr (std::is_same_v<T, uint16_t>) return MPI_UINT16_T;
+  else if constexpr (std::is_same_v<T, char>) return MPI_CHAR;
+  else static_assert(sizeof(T) == 0, "no MPI datatype for this element type");
+  // clang-format on
 }
 
 enum class ReduceOp { sum, max, min };

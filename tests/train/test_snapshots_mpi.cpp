@@ -141,6 +141,16 @@ class SnapshotsTest : public ::testing::Test {
     dir = std::string(name) + "/snapshots";
     data = std::string(name) + "/corpus.txt";
   }
+  // A fresh rank (another seed) resuming `latest` from `run`'s directory restores step `step`,
+  // its owned state bit for bit `want`.
+  static void expect_latest_is(Recipe run, int64_t step, const std::vector<float>& want) {
+    run.snapshot.resume = "latest";
+    Rank b(run, 99);
+    Snapshotter snap(b.job, *b.model, *b.state, nullptr);
+    EXPECT_EQ(snap.restore(), step);
+    b.state->restored();
+    EXPECT_TRUE(same_bits(want, b.owned()));
+  }
   Recipe recipe(const std::string& in, int zero) const { return small_recipe(in, data, zero); }
   void TearDown() override {
     world.barrier();
@@ -217,13 +227,7 @@ TEST_F(SnapshotsTest, FailedWriteIsDroppedAndThePreviousOneRestores) {
     EXPECT_FALSE(fs::exists(ck::temp_path(shard))) << shard;
   }
 
-  Recipe resume = recipe(dir, 1);
-  resume.snapshot.resume = "latest";
-  Rank b(resume, 99);
-  Snapshotter snap(b.job, *b.model, *b.state, nullptr);
-  EXPECT_EQ(snap.restore(), 1);
-  b.state->restored();
-  EXPECT_TRUE(same_bits(want, b.owned()));
+  expect_latest_is(recipe(dir, 1), 1, want);
 }
 
 // snapshot.keep = 2 keeps this run's two newest. A previous run's snapshots in the directory
@@ -266,13 +270,7 @@ TEST_F(SnapshotsTest, RetentionRemovesOnlyThisRunsOlderSnapshots) {
   }
   EXPECT_EQ(set_aside, 1);
 
-  Recipe resume = base;
-  resume.snapshot.resume = "latest";
-  Rank b(resume, 99);
-  Snapshotter again(b.job, *b.model, *b.state, nullptr);
-  EXPECT_EQ(again.restore(), 3);
-  b.state->restored();
-  EXPECT_TRUE(same_bits(newest, b.owned()));
+  expect_latest_is(base, 3, newest);
 }
 
 }  // namespace
