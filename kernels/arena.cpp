@@ -47,7 +47,7 @@ Arena::~Arena() {
 }
 
 void* Arena::alloc_bytes(std::string_view name, std::size_t bytes) {
-  const std::size_t rounded = round_up(std::max<std::size_t>(bytes, 1), kAlignment);
+  const std::size_t rounded = aligned_bytes(std::max<std::size_t>(bytes, 1));
   if (rounded > available()) {
     // Name the largest holders: the usual fix is obvious once you see what fills the budget.
     std::vector<Live> top = live_;

@@ -21,6 +21,10 @@ namespace t3d::kernels {
 // Every allocation starts on a 64-byte boundary (one cache line, one AVX-512 register).
 inline constexpr std::size_t kAlignment = 64;
 inline constexpr std::size_t kAlignmentFloats = kAlignment / sizeof(float);
+// `bytes` rounded up to kAlignment: what an allocation of that many bytes (at least one) takes.
+inline constexpr std::size_t aligned_bytes(std::size_t bytes) {
+  return (bytes + kAlignment - 1) / kAlignment * kAlignment;
+}
 
 // Bytes -> "12.0 MiB" for messages.
 std::string format_bytes(std::size_t bytes);

@@ -1,7 +1,6 @@
 #include "parallel/zero.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include "kernels/check.h"
 
@@ -54,9 +53,8 @@ FullRegions full_regions(int zero) {
 }
 
 StateBytes zero_state_bytes(int zero, const ZeroFloats& f, const StateBytesPerFloat& b) {
-  const auto aligned = [](double bytes) {
-    const auto a = static_cast<double>(kernels::kAlignment);
-    return std::ceil(bytes / a) * a;
+  const auto aligned = [](double bytes) {  // whole bytes: floats times bytes per float
+    return static_cast<double>(kernels::aligned_bytes(static_cast<size_t>(bytes)));
   };
   const FullRegions full = full_regions(zero);
   const auto buffers = [&](int n, double bytes) { return n * aligned(f.largest_bucket * bytes); };

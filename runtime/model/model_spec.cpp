@@ -218,9 +218,7 @@ double model_train_flops_per_token(const ModelConfig& config) {
 
 int64_t dtype_bytes(Dtype dtype) { return dtype == Dtype::kBF16 ? 2 : 4; }
 
-size_t SpecTensor::arena_bytes() const {
-  return (bytes() + kernels::kAlignment - 1) / kernels::kAlignment * kernels::kAlignment;
-}
+size_t SpecTensor::arena_bytes() const { return kernels::aligned_bytes(bytes()); }
 
 std::string SpecTensor::name() const {
   const std::string block = "layer" + std::to_string(layer) + ".";

@@ -117,12 +117,8 @@ parallel::StateBytes ShardedState::footprint() const {
 }
 
 void ShardedState::log_footprint(bool rank0) const {
-  const auto aligned_bytes = [](int64_t floats) {
-    return (static_cast<size_t>(floats) * sizeof(float) + kernels::kAlignment - 1) /
-           kernels::kAlignment * kernels::kAlignment;
-  };
-  const size_t shard = aligned_bytes(partition_.shard_floats);
-  const size_t buffer = aligned_bytes(partition_.largest_bucket);
+  const size_t shard = kernels::aligned_bytes(sizeof(float) * partition_.shard_floats);
+  const size_t buffer = kernels::aligned_bytes(sizeof(float) * partition_.largest_bucket);
   if (buffers_.param_shard)
     spdlog::info("ZeRO-3 parameter bytes: shard {} + {} gather buffers × {} (the largest bucket)",
                  shard, parallel::kGatherBuffers, buffer);
