@@ -66,15 +66,20 @@ h5::Handle open_committed_index(const std::string& path) {
 // One snapshot: its index, catalog and shard files. SnapshotReader chains these for incremental
 // snapshots.
 struct Level {
+  // How a shard dataset holds its box: whole values; (format 2) some chunks as values, the
+  // others from the parent; (format 1) an XOR mask against the parent's box.
+  enum class Kind { kValues, kChanged, kXor };
   struct Piece {
     std::string file, path;
     std::vector<int64_t> offset, shape;
+    Kind kind = Kind::kValues;
   };
   struct Tensor {
     std::vector<int64_t> global_shape;
     std::vector<Piece> pieces;
   };
   std::string path, dir;
+  int64_t format = kFormatVersion;
   IndexInfo info;
   std::map<std::string, Tensor> tensors;
   std::map<std::string, h5::Handle> open_shards;  // verified shard files, by relative name
@@ -82,8 +87,10 @@ struct Level {
   void load_index() {
     const h5::Handle f = open_committed_index(path);
     const int64_t version = h5::read_int_attr(f, "format_version", path);
-    T3D_USER_CHECK(version == kFormatVersion, "snapshot `", path, "` has format version ", version,
-                   "; this titan3d reads version ", kFormatVersion);
+    T3D_USER_CHECK(version >= kOldestFormatVersion && version <= kFormatVersion, "snapshot `", path,
+                   "` has format version ", version, "; this titan3d reads versions ",
+                   kOldestFormatVersion, " to ", kFormatVersion);
+    format = version;
     info.step = h5::read_int_attr(f, "step", path);
     info.parent = h5::read_string_attr(f, "parent", path);
     if (h5::has_attr(f, "id")) info.id = h5::read_uints_attr(f, "id", path).at(0);
@@ -155,14 +162,28 @@ struct Level {
         }
         t.pieces.push_back(std::move(p));
       }
-      // An incremental snapshot's datasets are XOR masks, kept apart under /xor/ so that no
-      // tool takes them for values; the catalog is keyed by the tensor they rebuild.
-      const bool masks = !info.parent.empty();
-      T3D_USER_CHECK(masks == (name.rfind("xor/", 0) == 0), "snapshot `", path, "`: dataset `",
-                     name,
-                     masks ? "` is not under /xor/ in an incremental snapshot"
-                           : "` is under /xor/ in a full snapshot");
-      tensors[masks ? name.substr(4) : name] = std::move(t);
+      // Format 1: an incremental snapshot's datasets are all XOR masks under /xor/. Format 2:
+      // a box an incremental snapshot holds only in part is under /changed/. Either way the
+      // catalog is keyed by the tensor they rebuild.
+      const bool incremental = !info.parent.empty();
+      const bool xor_mask = name.rfind("xor/", 0) == 0;
+      const bool changed = name.rfind(kChangedPrefix, 0) == 0;
+      T3D_USER_CHECK(format == 1 ? xor_mask == incremental : !xor_mask && (incremental || !changed),
+                     "snapshot `", path, "`: dataset `", name, "` does not belong in a",
+                     incremental ? "n incremental" : " full", " snapshot of format version ",
+                     format);
+      const Kind kind = xor_mask ? Kind::kXor : changed ? Kind::kChanged : Kind::kValues;
+      for (auto& p : t.pieces) p.kind = kind;
+      const std::string tensor =
+          xor_mask ? name.substr(4) : changed ? name.substr(std::strlen(kChangedPrefix)) : name;
+      const auto it = tensors.find(tensor);
+      if (it == tensors.end()) {
+        tensors.emplace(tensor, std::move(t));
+      } else {  // some boxes of the tensor whole, others in part
+        T3D_USER_CHECK(it->second.global_shape == t.global_shape, "snapshot `", path, "`: `",
+                       name, "` and `", tensor, "` disagree on the tensor's shape");
+        for (auto& p : t.pieces) it->second.pieces.push_back(std::move(p));
+      }
     }
   }
 
@@ -207,6 +228,26 @@ struct Level {
     T3D_H5(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()),
            full + ":" + p.path);
     return data;
+  }
+
+  // Copies the chunks a partial box (kChanged) holds (`chunk_written` 1) over `data`, the
+  // parent's content of the box.
+  void copy_written_chunks(const Piece& p, std::vector<float>& data) {
+    const std::string full = dir + "/" + p.file, what = full + ":" + p.path;
+    const std::vector<float> stored = read_data(p);
+    const h5::Handle d = h5::open_dataset(shard(p.file), p.path, full);
+    const int64_t chunk = h5::read_int_attr(d, "chunk_elems", what);
+    const auto written = h5::read_ints_attr(d, "chunk_written", what);
+    const auto n = static_cast<int64_t>(data.size());
+    T3D_USER_CHECK(chunk > 0 && stored.size() == data.size() &&
+                       static_cast<int64_t>(written.size()) == (n + chunk - 1) / chunk,
+                   "snapshot shard `", full, "`: `", p.path, "` has chunk_elems ", chunk,
+                   ", a box unlike its parent's, or a chunk_written list of another length");
+    for (int64_t c = 0; c < static_cast<int64_t>(written.size()); ++c) {
+      if (!written[static_cast<size_t>(c)]) continue;
+      std::memcpy(data.data() + c * chunk, stored.data() + c * chunk,
+                  static_cast<size_t>(std::min(chunk, n - c * chunk)) * sizeof(float));
+    }
   }
 
   // Checks every chunk of a piece's content (rebuilt, for an incremental snapshot).
@@ -296,20 +337,35 @@ struct SnapshotReader::Impl {
     return lv;
   }
 
-  // The content of the top snapshot's piece `p` of tensor `name`: the base's values with every
-  // delta of the chain XORed in, each level's chunk hashes checked on the way.
+  // The content of the top snapshot's piece `p` of tensor `name`: from the newest level that
+  // holds the box whole, with each newer level's chunks (format 2) or XOR mask (format 1)
+  // applied in order, every level's chunk hashes checked on the way.
   std::vector<float> rebuild(const std::string& name, const Level::Piece& p) {
+    std::vector<const Level::Piece*> pieces(chain.size());
+    size_t base = chain.size();
+    while (base-- > 0) {
+      Level& lv = *chain[base];
+      for_ancestor(lv, top(), [&] {
+        pieces[base] = &lv == &top() ? &p : &lv.piece(name, p, top().path);
+      });
+      if (pieces[base]->kind == Level::Kind::kValues) break;
+    }
+    T3D_USER_CHECK(base < chain.size(), "snapshot `", top().path, "`: no level of its chain holds `",
+                   name, "` whole (its full base is damaged)");
     std::vector<float> data;
-    for (auto& lv : chain) {
-      for_ancestor(*lv, top(), [&] {
-        const Level::Piece& q = lv.get() == &top() ? p : lv->piece(name, p, top().path);
-        if (data.empty()) {
-          data = lv->read_data(q);
-        } else {
-          const std::vector<float> mask = lv->read_data(q);
+    for (size_t l = base; l < chain.size(); ++l) {
+      Level& lv = *chain[l];
+      const Level::Piece& q = *pieces[l];
+      for_ancestor(lv, top(), [&] {
+        if (q.kind == Level::Kind::kValues) {
+          data = lv.read_data(q);
+        } else if (q.kind == Level::Kind::kXor) {
+          const std::vector<float> mask = lv.read_data(q);
           xor_floats(data.data(), mask.data(), data.data(), static_cast<int64_t>(data.size()));
+        } else {
+          lv.copy_written_chunks(q, data);
         }
-        lv->check_hashes(q, data);
+        lv.check_hashes(q, data);
       });
     }
     return data;

@@ -7,11 +7,11 @@
 //   <dir>/latest                        name of the newest committed index (a convenience)
 //
 // Incremental snapshots: every tensor box is cut into fixed-size chunks with a content hash each.
-// An incremental snapshot names its parent (the previous snapshot of the same run) and stores,
-// under /xor/..., only the chunks whose hash changed, as new XOR parent bytes, shuffled and
-// deflated by HDF5's filters; chunks never written read as zeros, the XOR identity. Restore
-// follows the chain to its full base and XORs the deltas in, checking every chunk's content hash
-// on the way, so it is bit-exact or refused.
+// An incremental snapshot names its parent (the previous snapshot of the same run) and stores
+// only the chunks whose hash changed; a box missing some chunks sits under changed/... with a
+// mask of those it holds. Restore starts from the newest level holding a box whole and copies the
+// newer levels' chunks over it, checking every chunk's content hash on the way, so it is
+// bit-exact or refused. The writer needs the parent's chunk hashes only, not its bytes.
 //
 // This layer knows tensors and files, not the trainer or MPI: runtime/train/snapshots.cpp decides
 // who writes what and agrees across ranks before anything is published. Every function here calls
@@ -29,7 +29,13 @@
 
 namespace t3d::checkpoint {
 
-inline constexpr int64_t kFormatVersion = 1;
+// Version 2 stores an incremental shard's changed chunks as values (`changed/...`); version 1
+// stored XOR masks (`xor/...`), which are still read.
+inline constexpr int64_t kFormatVersion = 2;
+inline constexpr int64_t kOldestFormatVersion = 1;
+// An incremental shard's box that holds only some of its chunks (those listed in its
+// `chunk_written` attribute) is stored under this prefix, so that no tool takes it for values.
+inline constexpr const char* kChangedPrefix = "changed/";
 // A shard's second and third box of one tensor are datasets `<path>~1`, `<path>~2` (a ZeRO rank's
 // owned range cut into a partial row, whole rows and a partial row); `~` is in no tensor name.
 inline constexpr const char* kBoxSuffix = "~";
@@ -69,21 +75,58 @@ void require_deflate();
 
 struct WriteOptions {
   int deflate = 0;  // zlib level 1-9 after the shuffle filter; 0: stored as is
-  // Incremental: the parent snapshot's content of the same boxes (same order) and the content
-  // hashes of its chunks. Null: a full snapshot.
-  const std::vector<Slice>* parent = nullptr;
-  const std::vector<std::vector<uint64_t>>* parent_hashes = nullptr;
+  // The previous snapshot's chunk hashes of the same boxes (same order), or null. With them the
+  // writer counts the chunks that did not change (ShardResult::chunks_unchanged); with
+  // `skip_unchanged` it also leaves them out: an incremental shard, whose missing chunks are
+  // read from the parent snapshot.
+  const std::vector<std::vector<uint64_t>>* previous_hashes = nullptr;
+  bool skip_unchanged = false;
   Fault fault;
 };
 
 struct ShardResult {
   FileDigest digest;                          // of the file written
-  std::vector<std::vector<uint64_t>> hashes;  // content hash of every chunk, per slice
+  std::vector<std::vector<uint64_t>> hashes;  // content hash of every chunk, per box
   uint64_t raw_bytes = 0;                     // of the state the shard holds (4 per element)
   int64_t chunks = 0, chunks_written = 0;     // an incremental shard skips unchanged chunks
+  int64_t chunks_unchanged = 0;               // hash equal to the previous snapshot's
 };
 
-// Writes one rank's shard to temp_path(path), closes and fsyncs it.
+// Host staging of one rank's snapshot, bytes: all it writes (`snapshot_bytes`) when that fits
+// the cap, else the cap: `staging_gib`, or half the rank's training state (params, grads and
+// optimizer state) when 0. The trainer and the planner both size it here.
+inline double staging_bytes(double staging_gib, double training_state_bytes,
+                            double snapshot_bytes) {
+  const double cap = staging_gib > 0 ? staging_gib * double(1 << 30) : 0.5 * training_state_bytes;
+  return cap < snapshot_bytes ? cap : snapshot_bytes;
+}
+
+// One rank's shard, written in pieces: the caller may stage its state in waves smaller than the
+// shard (snapshot.staging_gib) and hand each wave over as it comes. Every call runs on the I/O
+// thread (HDF5). Destroyed unfinished, it leaves only its temporary, which the caller discards.
+class ShardWriter {
+ public:
+  // Creates temp_path(path). `boxes`: the shard's boxes in write order (their data is not read).
+  ShardWriter(const std::string& path, int rank, std::vector<Slice> boxes,
+              const WriteOptions& options = {});
+  ~ShardWriter();
+  ShardWriter(const ShardWriter&) = delete;
+  ShardWriter& operator=(const ShardWriter&) = delete;
+
+  int64_t chunks(size_t box) const;          // chunks of box `box` (at least 1)
+  int64_t chunk_elems_of(size_t box) const;  // elements per chunk of it (chunk_elems)
+  // Writes chunks [first, last) of box `box`, whose values start at `data`. Boxes come in
+  // order and each box's chunks in order, every chunk once.
+  void write(size_t box, int64_t first, int64_t last, const float* data);
+  // Closes, fsyncs and hashes the file; every box must be complete.
+  ShardResult finish();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// A whole shard in one call: writes the boxes' data to temp_path(path), closes and fsyncs it.
 ShardResult write_shard(const std::string& path, int rank, const std::vector<Slice>& slices,
                         const WriteOptions& options = {});
 // Renames temp_path(path) to `path` and fsyncs its directory. Removes the temporary on failure.

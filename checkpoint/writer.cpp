@@ -99,12 +99,16 @@ int64_t volume(const std::vector<int64_t>& shape) {
   return n;
 }
 
-// Chunked layout (the chunks the hashes describe), shuffle + deflate when asked, fill value 0 so
-// that a chunk an incremental snapshot skipped reads as an all-zero XOR mask.
+// Chunked layout (the chunks the hashes describe) for a box an incremental shard may leave
+// partial, or that is deflated (shuffle + deflate); contiguous otherwise, which the writer streams
+// in large pieces.
 h5::Handle create_plist(const Slice& s, int64_t chunk, int deflate, bool chunked,
                         const std::string& where) {
   h5::Handle dcpl(T3D_H5(H5Pcreate(H5P_DATASET_CREATE), where), H5Pclose);
-  if (!chunked) return dcpl;
+  if (!chunked) {
+    T3D_H5(H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER), where);  // every byte is written
+    return dcpl;
+  }
   std::vector<hsize_t> dims(s.shape.begin(), s.shape.end());
   if (dims.size() == 1)
     dims[0] = static_cast<hsize_t>(chunk);
@@ -120,127 +124,222 @@ h5::Handle create_plist(const Slice& s, int64_t chunk, int deflate, bool chunked
   return dcpl;
 }
 
-// Writes slice `i`: whole, or (incremental) only its changed chunks as XOR against the parent.
-void write_slice(hid_t file, hid_t lcpl, const std::vector<Slice>& slices, size_t i,
-                 const std::string& dataset, const WriteOptions& opt, ShardResult& result,
-                 const std::string& where) {
-  const Slice& s = slices[i];
-  T3D_ASSERT(s.shape.size() == s.offset.size() && s.shape.size() == s.global_shape.size() &&
-                 !s.shape.empty() && s.shape.size() <= 2,
-             "slice ", s.path, " has inconsistent ranks");
-  const int64_t n = volume(s.shape), chunk = chunk_elems(s.shape);
-  const int64_t chunks = std::max<int64_t>(1, (n + chunk - 1) / chunk);
-  std::vector<uint64_t> hashes(static_cast<size_t>(chunks));
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t len = std::min(chunk, n - c * chunk);
-    hashes[c] = hash64(s.data + c * chunk, static_cast<size_t>(len) * sizeof(float));
-  }
-  const bool incremental = opt.parent != nullptr;
-  const std::string name = (incremental ? "xor/" : "") + dataset;
-  const std::string what = where + ":" + name;
-  const h5::Handle space = h5::simple_space(s.shape);
-  const h5::Handle dcpl = create_plist(s, chunk, opt.deflate, incremental || opt.deflate > 0, what);
-  const h5::Handle dset(
-      T3D_H5(H5Dcreate2(file, name.c_str(), H5T_IEEE_F32LE, space, lcpl, dcpl, H5P_DEFAULT), what),
-      H5Dclose);
-  int64_t written = chunks;
-  if (!incremental) {
-    T3D_H5(H5Dwrite(dset, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, s.data), what);
-  } else {
-    const Slice& p = (*opt.parent)[i];
-    const auto& old = (*opt.parent_hashes)[i];
-    T3D_ASSERT(p.path == s.path && p.shape == s.shape && p.offset == s.offset &&
-                   old.size() == hashes.size(),
-               "incremental snapshot: parent box of ", s.path, " differs");
-    std::vector<float> delta(static_cast<size_t>(std::min(chunk, n)));
-    written = 0;
-    for (int64_t c = 0; c < chunks; ++c) {
-      const int64_t len = std::min(chunk, n - c * chunk);
-      const float* now = s.data + c * chunk;
-      const float* before = p.data + c * chunk;
-      // The hash rules out most unchanged chunks cheaply; memcmp makes "unchanged" exact.
-      if (hashes[c] == old[c] && std::memcmp(now, before, static_cast<size_t>(len) * 4) == 0)
-        continue;
-      xor_floats(now, before, delta.data(), len);
-      std::vector<hsize_t> start(s.shape.size(), 0), count(s.shape.begin(), s.shape.end());
-      if (s.shape.size() == 1) {
-        start[0] = static_cast<hsize_t>(c * chunk), count[0] = static_cast<hsize_t>(len);
-      } else {
-        start[0] = static_cast<hsize_t>(c * chunk / s.shape[1]);
-        count[0] = static_cast<hsize_t>(len / s.shape[1]);
-      }
-      const h5::Handle fspace(T3D_H5(H5Dget_space(dset), what), H5Sclose);
-      T3D_H5(
-          H5Sselect_hyperslab(fspace, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr),
-          what);
-      const h5::Handle mspace = h5::simple_space({len});
-      T3D_H5(H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fspace, H5P_DEFAULT, delta.data()), what);
-      ++written;
-    }
-  }
-  h5::write_attr(dset, "global_shape", s.global_shape);
-  h5::write_attr(dset, "offset", s.offset);
-  h5::write_attr(dset, "chunk_elems", chunk);
-  // Hashes of the content, not of the delta: restore checks each chunk after rebuilding it.
-  h5::write_attr(dset, "chunk_hash", hashes);
-  result.hashes.push_back(std::move(hashes));
-  result.raw_bytes += static_cast<uint64_t>(n) * sizeof(float);
-  result.chunks += chunks;
-  result.chunks_written += written;
+// File selection of elements [begin, end) of a box, which are whole rows of a 2-D box (chunk
+// boundaries, or the box's end).
+h5::Handle rows_space(hid_t dset, const std::vector<int64_t>& shape, int64_t begin, int64_t end,
+                      const std::string& what) {
+  std::vector<hsize_t> start(shape.size(), 0), count(shape.begin(), shape.end());
+  const int64_t cols = shape.size() == 1 ? 1 : shape[1];
+  start[0] = static_cast<hsize_t>(begin / cols), count[0] = static_cast<hsize_t>((end - begin) / cols);
+  h5::Handle space(T3D_H5(H5Dget_space(dset), what), H5Sclose);
+  T3D_H5(H5Sselect_hyperslab(space, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr),
+         what);
+  return space;
 }
 
 }  // namespace
 
-ShardResult write_shard(const std::string& path, int rank, const std::vector<Slice>& slices,
-                        const WriteOptions& opt) {
-  T3D_ASSERT(!opt.parent || (opt.parent->size() == slices.size() && opt.parent_hashes &&
-                             opt.parent_hashes->size() == slices.size()),
-             "incremental snapshot without its parent's slices");
-  const std::string tmp = temp_path(path);
+struct ShardWriter::Impl {
+  std::string tmp;
+  int rank = 0;
+  std::vector<Slice> boxes;
+  WriteOptions opt;
+  h5::Handle file, lcpl;
+  ShardResult result;
+  std::string names;
+  std::map<std::string, int> seen;  // per tensor path: boxes of it begun so far
+  // The box being written.
+  size_t box = 0;
+  int64_t next_chunk = 0;
+  h5::Handle dset;
+  std::vector<uint64_t> hashes;
+  std::vector<int64_t> written;  // chunk indices stored in this shard
+  std::vector<float> padded;     // a box's last, partial chunk for a direct chunk write
+  bool finished = false;
+
+  int64_t chunk_of(size_t i) const { return chunk_elems(boxes[i].shape); }
+  int64_t chunks_of(size_t i) const {
+    const int64_t n = volume(boxes[i].shape), chunk = chunk_of(i);
+    return std::max<int64_t>(1, (n + chunk - 1) / chunk);
+  }
+  bool chunked() const { return opt.skip_unchanged || opt.deflate > 0; }
+
+  void begin_box(size_t i) {
+    const Slice& s = boxes[i];
+    T3D_ASSERT(s.shape.size() == s.offset.size() && s.shape.size() == s.global_shape.size() &&
+                   !s.shape.empty() && s.shape.size() <= 2,
+               "slice ", s.path, " has inconsistent ranks");
+    T3D_ASSERT(!opt.previous_hashes || (*opt.previous_hashes)[i].size() ==
+                                           static_cast<size_t>(chunks_of(i)),
+               "previous snapshot's box of ", s.path, " differs");
+    if (i == boxes.size() / 2 && opt.fault.kill) std::raise(SIGKILL);
+    T3D_USER_CHECK(!(i == boxes.size() / 2 && opt.fault.fail), "cannot write `", tmp,
+                   "`: injected write failure (T3D_SNAPSHOT_FAULT)");
+    const std::string what = tmp + ":" + s.path;
+    const h5::Handle space = h5::simple_space(s.shape);
+    const h5::Handle dcpl = create_plist(s, chunk_of(i), opt.deflate, chunked(), what);
+    // Anonymous until the box is complete: its name says whether it holds every chunk.
+    dset = h5::Handle(
+        T3D_H5(H5Dcreate_anon(file, H5T_IEEE_F32LE, space, dcpl, H5P_DEFAULT), what), H5Dclose);
+    box = i, next_chunk = 0;
+    hashes.clear(), written.clear();
+  }
+
+  // Stores chunks [first, last) of the current box, all of which are to be written.
+  void store(int64_t first, int64_t last, const float* data) {
+    const Slice& s = boxes[box];
+    const std::string what = tmp + ":" + s.path;
+    const int64_t n = volume(s.shape), chunk = chunk_of(box);
+    const int64_t begin = first * chunk, end = std::min(n, last * chunk);
+    if (!chunked() || opt.deflate > 0) {  // one write; HDF5 applies the filters per chunk
+      const h5::Handle fspace = rows_space(dset, s.shape, begin, end, what);
+      const h5::Handle mspace = h5::simple_space({end - begin});
+      T3D_H5(H5Dwrite(dset, H5T_NATIVE_FLOAT, mspace, fspace, H5P_DEFAULT, data), what);
+      return;
+    }
+    // Stored as is: the chunk's bytes go to the file without HDF5's chunk cache or a copy.
+    const int64_t cols = s.shape.size() == 1 ? 1 : s.shape[1];
+    for (int64_t c = first; c < last; ++c) {
+      const int64_t len = std::min(chunk, n - c * chunk);
+      const float* at = data + (c - first) * chunk;
+      if (len < chunk) {  // the stored chunk has the full chunk shape
+        padded.assign(static_cast<size_t>(chunk), 0.0f);
+        std::memcpy(padded.data(), at, static_cast<size_t>(len) * sizeof(float));
+        at = padded.data();
+      }
+      std::vector<hsize_t> origin(s.shape.size(), 0);
+      origin[0] = static_cast<hsize_t>(c * chunk / cols);
+      T3D_H5(H5Dwrite_chunk(dset, H5P_DEFAULT, 0, origin.data(),
+                            static_cast<size_t>(chunk) * sizeof(float), at),
+             what);
+    }
+  }
+
+  void end_box() {
+    const Slice& s = boxes[box];
+    const std::string what = tmp + ":" + s.path;
+    const int64_t chunks = chunks_of(box);
+    const bool whole = static_cast<int64_t>(written.size()) == chunks;
+    // A ZeRO rank may hold up to three boxes of one tensor (partial row, rows, partial row):
+    // the second and third get a suffix, which the index strips (kBoxSuffix).
+    const int k = seen[s.path]++;
+    std::string name = (whole ? "" : kChangedPrefix) + s.path;
+    if (k) name.append(kBoxSuffix).append(std::to_string(k));
+    h5::write_attr(dset, "global_shape", s.global_shape);
+    h5::write_attr(dset, "offset", s.offset);
+    h5::write_attr(dset, "chunk_elems", chunk_of(box));
+    h5::write_attr(dset, "chunk_hash", hashes);  // of the content, whatever is stored
+    if (!whole) {  // 1 for a chunk stored here, 0 for one to take from the parent
+      std::vector<int64_t> mask(static_cast<size_t>(chunks), 0);
+      for (const int64_t c : written) mask[static_cast<size_t>(c)] = 1;
+      h5::write_attr(dset, "chunk_written", mask);
+    }
+    T3D_H5(H5Olink(dset, file, name.c_str(), lcpl, H5P_DEFAULT), what);
+    dset.close(what);
+    names += (names.empty() ? "" : "\n") + name;
+    result.hashes.push_back(std::move(hashes));
+    hashes = {};
+    result.raw_bytes += static_cast<uint64_t>(volume(s.shape)) * sizeof(float);
+    result.chunks += chunks;
+    result.chunks_written += static_cast<int64_t>(written.size());
+    ++box, next_chunk = 0;
+  }
+
+  void write(size_t i, int64_t first, int64_t last, const float* data) {
+    T3D_ASSERT(!finished && i == box && i < boxes.size(), "shard boxes out of order");
+    if (dset.get() < 0) begin_box(i);
+    T3D_ASSERT(i == box && first == next_chunk && first < last && last <= chunks_of(i),
+               "shard chunks out of order in ", boxes[i].path);
+    const int64_t n = volume(boxes[i].shape), chunk = chunk_of(i);
+    // Runs of chunks to store: an incremental shard leaves out the unchanged ones.
+    int64_t run = first;
+    for (int64_t c = first; c < last; ++c) {
+      const int64_t len = std::min(chunk, n - c * chunk);
+      const float* at = data + (c - first) * chunk;
+      const uint64_t h = hash64(at, static_cast<size_t>(len) * sizeof(float));
+      hashes.push_back(h);
+      const bool unchanged = opt.previous_hashes && (*opt.previous_hashes)[i][c] == h;
+      result.chunks_unchanged += unchanged;
+      if (unchanged && opt.skip_unchanged) {
+        if (run < c) store(run, c, data + (run - first) * chunk);
+        run = c + 1;
+        continue;
+      }
+      written.push_back(c);
+    }
+    if (run < last) store(run, last, data + (run - first) * chunk);
+    next_chunk = last;
+    if (last == chunks_of(i)) end_box();
+  }
+};
+
+ShardWriter::ShardWriter(const std::string& path, int rank, std::vector<Slice> boxes,
+                         const WriteOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  auto& m = *impl_;
+  m.tmp = temp_path(path), m.rank = rank, m.boxes = std::move(boxes), m.opt = options;
+  T3D_ASSERT(!m.opt.previous_hashes || m.opt.previous_hashes->size() == m.boxes.size(),
+             "previous snapshot's hashes do not match the shard's boxes");
+  T3D_ASSERT(!m.opt.skip_unchanged || m.opt.previous_hashes,
+             "an incremental shard needs its parent's hashes");
   std::error_code ec;
   fs::create_directories(fs::path(path).parent_path(), ec);
   T3D_USER_CHECK(!ec && fs::is_directory(fs::path(path).parent_path()),
                  "cannot create snapshot directory `", fs::path(path).parent_path().string(),
                  "`: ", ec ? ec.message() : "a file of that name is in the way");
-  h5::Handle file = h5::create_file(tmp);
-  ShardResult result;
+  m.file = h5::create_file(m.tmp);
+  m.lcpl = h5::intermediate_groups();
+}
+
+ShardWriter::~ShardWriter() {
+  auto& m = *impl_;
+  if (m.finished || m.file.get() < 0) return;
+  m.dset = {};  // every object closed first: the file refuses to close with one open
+  m.lcpl = {};
+  m.file.abandon_file(m.tmp);  // the caller discards the temporary
+}
+
+int64_t ShardWriter::chunks(size_t i) const { return impl_->chunks_of(i); }
+int64_t ShardWriter::chunk_elems_of(size_t i) const { return impl_->chunk_of(i); }
+
+void ShardWriter::write(size_t i, int64_t first, int64_t last, const float* data) {
+  impl_->write(i, first, last, data);
+}
+
+ShardResult ShardWriter::finish() {
+  auto& m = *impl_;
+  T3D_ASSERT(m.box == m.boxes.size() && m.dset.get() < 0, "shard `", m.tmp,
+             "` finished with boxes missing");
+  h5::write_attr(m.file, "format_version", kFormatVersion);
+  h5::write_attr(m.file, "rank", static_cast<int64_t>(m.rank));
+  h5::write_attr(m.file, "tensors", m.names);
+  m.lcpl = {};
   try {
-    const h5::Handle lcpl = h5::intermediate_groups();
-    std::string names;
-    std::map<std::string, int> boxes;  // per tensor path: boxes of it written so far
-    for (size_t i = 0; i < slices.size(); ++i) {
-      if (i == slices.size() / 2 && opt.fault.kill) std::raise(SIGKILL);
-      T3D_USER_CHECK(!(i == slices.size() / 2 && opt.fault.fail), "cannot write `", tmp,
-                     "`: injected write failure (T3D_SNAPSHOT_FAULT)");
-      // A ZeRO rank may hold up to three boxes of one tensor (partial row, rows, partial row):
-      // the second and third get a suffix, which the index strips (kBoxSuffix).
-      const int k = boxes[slices[i].path]++;
-      std::string dataset = slices[i].path;
-      if (k) dataset.append(kBoxSuffix).append(std::to_string(k));
-      write_slice(file, lcpl, slices, i, dataset, opt, result, tmp);
-      if (i) names += '\n';
-      if (opt.parent) names += "xor/";
-      names += dataset;
-    }
-    h5::write_attr(file, "format_version", kFormatVersion);
-    h5::write_attr(file, "rank", static_cast<int64_t>(rank));
-    h5::write_attr(file, "tensors", names);
-    // Every object is closed (scoped above): a full disk fails this flush, before the close.
-    T3D_H5(H5Fflush(file, H5F_SCOPE_LOCAL), tmp);
+    // Every object is closed: a full disk fails this flush, before the close.
+    T3D_H5(H5Fflush(m.file, H5F_SCOPE_LOCAL), m.tmp);
   } catch (...) {
-    file.abandon_file(tmp);  // the caller discards the temporary
+    m.file.abandon_file(m.tmp);
+    m.finished = true;
     throw;
   }
+  m.finished = true;
   try {
-    file.close(tmp);
+    m.file.close(m.tmp);
   } catch (...) {
-    if (::truncate(tmp.c_str(), 0) != 0) {
+    if (::truncate(m.tmp.c_str(), 0) != 0) {
     }  // frees its space even if HDF5 still holds the file; the caller discards it
     throw;
   }
-  fsync_path(tmp, false);
-  result.digest = digest_file(tmp);
-  return result;
+  fsync_path(m.tmp, false);
+  m.result.digest = digest_file(m.tmp);
+  return std::move(m.result);
+}
+
+ShardResult write_shard(const std::string& path, int rank, const std::vector<Slice>& slices,
+                        const WriteOptions& opt) {
+  ShardWriter w(path, rank, slices, opt);
+  for (size_t i = 0; i < slices.size(); ++i) w.write(i, 0, w.chunks(i), slices[i].data);
+  return w.finish();
 }
 
 void require_deflate() {

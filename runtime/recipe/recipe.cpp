@@ -376,11 +376,23 @@ const std::vector<Field>& schema() {
       field("snapshot", "keep", &R::snapshot, &SnapshotConfig::keep,
             "Snapshots to retain (bases they depend on are kept too)."),
       field("snapshot", "full_every", &R::snapshot, &SnapshotConfig::full_every,
-            "Every K-th snapshot is a full base; the others are incremental."),
+            "Every K-th snapshot is a full base; the others may be incremental."),
+      field("snapshot", "incremental_min_unchanged", &R::snapshot,
+            &SnapshotConfig::incremental_min_unchanged,
+            "A snapshot is incremental (stores only the chunks whose content changed; restore "
+            "reads the chain back to its full base) only when at least this share of all ranks' "
+            "chunks was unchanged at the previous snapshot, which every snapshot measures; "
+            "otherwise it is full and the log says why. 0: incremental whenever "
+            "snapshot.full_every allows."),
       field("snapshot", "deflate", &R::snapshot, &SnapshotConfig::deflate,
             "zlib level 1-9 (after byte shuffle) for snapshot data; 0: uncompressed."),
       field("snapshot", "async", &R::snapshot, &SnapshotConfig::async,
             "Write snapshots on a background thread while training continues."),
+      field("snapshot", "staging_gib", &R::snapshot, &SnapshotConfig::staging_gib,
+            "Host memory per rank a snapshot is staged in, GiB; 0: half the rank's training "
+            "state (params, grads, optimizer). A larger snapshot is staged and written in waves: "
+            "training waits while all but the last are written. A host without the memory for "
+            "its ranks' staging is refused at start."),
       field("snapshot", "resume", &R::snapshot, &SnapshotConfig::resume,
             "Empty: fresh start; `latest`: newest complete snapshot in snapshot.dir; or a path."),
 
@@ -697,6 +709,12 @@ void validate_data_snapshot_run(const Recipe& r) {
   v.require(r.run.restart_window_s > 0, "run.restart_window_s",
             "must be positive (seconds), got " + is(r.run.restart_window_s));
   v.require(r.hardware.hbm_gib > 0, "hardware.hbm_gib", "must be positive");
+  v.require(r.snapshot.incremental_min_unchanged >= 0 && r.snapshot.incremental_min_unchanged <= 1,
+            "snapshot.incremental_min_unchanged",
+            "must be a share between 0 and 1, got " + is(r.snapshot.incremental_min_unchanged));
+  v.require(r.snapshot.staging_gib >= 0 && r.snapshot.staging_gib <= kMaxHbmGib,
+            "snapshot.staging_gib", "must be between 0 (half the training state) and " +
+                                        is(kMaxHbmGib) + " GiB, got " + is(r.snapshot.staging_gib));
   v.require(r.hardware.threads_per_rank >= 0, "hardware.threads_per_rank", "must be ≥ 0");
 }
 

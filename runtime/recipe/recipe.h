@@ -171,9 +171,15 @@ struct SnapshotConfig {
   std::string dir;    // empty: <run.dir>/snapshots
   int64_t keep = 3;
   int64_t full_every = 4;
+  // An incremental snapshot is taken only when at least this share of all chunks did not change
+  // since the snapshot before it (measured each time); 0: whenever full_every allows.
+  double incremental_min_unchanged = 0.5;
   int64_t deflate = 0;  // zlib level after HDF5 shuffle; 0: uncompressed (docs/snapshot-format.md)
   bool async = true;
   std::string resume;  // empty | latest | path
+  // Host staging cap per rank, GiB; 0: half of the rank's training state (params, grads and
+  // optimizer state). A snapshot larger than the cap is staged and written in waves.
+  double staging_gib = 0;
 };
 
 struct HardwareConfig {

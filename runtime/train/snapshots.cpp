@@ -35,6 +35,24 @@ using parallel::Dim;
 
 namespace {
 
+int64_t volume(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (const int64_t d : shape) n *= d;
+  return n;
+}
+
+// MemAvailable of /proc/meminfo, bytes; 0 when unknown (the check is then skipped).
+uint64_t available_memory_bytes() {
+  std::FILE* f = std::fopen("/proc/meminfo", "r");
+  if (!f) return 0;
+  char line[256];
+  unsigned long long kib = 0;
+  while (std::fgets(line, sizeof(line), f))
+    if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
+  std::fclose(f);
+  return static_cast<uint64_t>(kib) * 1024;
+}
+
 // UserError naming snapshot.dir unless this rank can create `dir` and a file in it: a run whose
 // snapshots can never be written must not train for hours first.
 void check_writable_dir(const std::string& dir, const std::string& origin, int rank) {
@@ -80,12 +98,17 @@ struct Snapshotter::Impl {
   MetricsWriter* metrics;
   std::string dir;
   std::unique_ptr<ck::IoThread> io;
-  // Host staging memory, params | exp_avg | exp_avg_sq, and the boxes this rank writes pointing
-  // into it. Two of each when snapshots are incremental: buffer `cur` takes the next snapshot,
-  // the other holds the last committed one, the parent its XOR delta is taken against.
-  std::vector<float> staging[2];  // params | exp_avg | exp_avg_sq (this rank's moments only)
-  std::vector<ck::Slice> mine[2];
-  int cur = 0;
+  // The boxes this rank writes (data in the arena) and the host staging they are copied into at
+  // a snapshot, in waves of at most staging.size() floats: each wave is written before the next
+  // is copied, and training goes on while the last one is written.
+  std::vector<ck::Slice> mine;
+  std::vector<float> staging;
+  struct Part {
+    size_t box;
+    int64_t first, last;  // chunks [first, last) of the box
+    size_t at;            // where chunk `first` starts in staging
+  };
+  std::vector<std::vector<Part>> waves;
 
   // The last committed snapshot of this process, parent of the next incremental one. After a
   // start or resume there is none: the first snapshot is always a full base (it may go to
@@ -93,17 +116,23 @@ struct Snapshotter::Impl {
   struct Parent {
     std::string name;  // index file name
     uint64_t id = 0;
-    std::vector<std::vector<uint64_t>> hashes;  // chunk hashes of each of mine[] boxes
+    std::vector<std::vector<uint64_t>> hashes;  // chunk hashes of each of `mine`
     int64_t deltas = 0;                         // incremental snapshots since its full base
+    // Share of all ranks' chunks that had not changed since the snapshot before it; -1 when
+    // there was none to compare with.
+    double unchanged = -1;
   };
   std::optional<Parent> parent;
 
   struct Pending {
     int64_t step = 0;
     bool incremental = false;
+    std::string why_full;  // when a parent exists but the snapshot is full: why
+    std::unique_ptr<ck::ShardWriter> writer;  // lives on the I/O thread between waves
     std::future<void> done;
     ck::ShardResult result;  // set by the write job
     double stall_s = 0, write_s = 0;
+    size_t waves_waited = 0;  // waves training waited for (all but the last)
   };
   std::optional<Pending> pending;
   std::string last_good;  // index of the newest committed snapshot, for messages
@@ -282,35 +311,154 @@ struct Snapshotter::Impl {
     }
   }
 
+  // This rank's boxes and the waves they are staged in; the staging itself is allocated by
+  // reserve_staging() once every host is known to have the memory.
+  void plan_staging() {
+    const auto pa = state.param_store(), m = state.exp_avg_store(), v = state.exp_avg_sq_store();
+    mine = state.boxes(pa.data, m.data, v.data, true, mesh.dp_cp());
+    int64_t total = 0, largest_chunk = 1;
+    for (const auto& b : mine) {
+      total += volume(b.shape);
+      largest_chunk = std::max(largest_chunk, std::min(volume(b.shape), ck::chunk_elems(b.shape)));
+    }
+    const double cap = ck::staging_bytes(r.snapshot.staging_gib, state.footprint().total(),
+                                         4.0 * static_cast<double>(total));
+    T3D_USER_CHECK(cap >= 4.0 * static_cast<double>(largest_chunk) || r.snapshot.staging_gib == 0,
+                   "recipe error: ", r.origin("snapshot.staging_gib"),
+                   ": `snapshot.staging_gib` = ", r.snapshot.staging_gib,
+                   " cannot hold one snapshot chunk of this rank (",
+                   kernels::format_bytes(static_cast<size_t>(4 * largest_chunk)),
+                   "); set it to at least that, or 0 for half the training state");
+    staging_floats = static_cast<size_t>(
+        std::min<int64_t>(total, std::max<int64_t>(largest_chunk, static_cast<int64_t>(cap / 4))));
+    waves.assign(1, {});
+    size_t used = 0;
+    for (size_t b = 0; b < mine.size(); ++b) {
+      const int64_t n = volume(mine[b].shape), chunk = ck::chunk_elems(mine[b].shape);
+      for (int64_t c = 0; c * chunk < std::max<int64_t>(n, 1); ++c) {
+        const auto len = static_cast<size_t>(std::min(chunk, n - c * chunk));
+        if (used + len > staging_floats) waves.emplace_back(), used = 0;
+        auto& wave = waves.back();
+        if (!wave.empty() && wave.back().box == b && wave.back().last == c)
+          ++wave.back().last;
+        else
+          wave.push_back({b, c, c + 1, used});
+        used += len;
+      }
+    }
+  }
+  size_t staging_floats = 0;
+
+  // Collective: refuses (exit 2, on every rank) a run whose snapshot staging does not fit in
+  // some host's available memory, with the numbers; then allocates and touches the staging, so
+  // that the first snapshot's stall is a plain copy.
+  void reserve_staging() {
+    const auto& world = mesh.world();
+    const uint64_t mine_host[3] = {std::hash<std::string>{}(job.hostname),
+                                   staging_floats * sizeof(float), available_memory_bytes()};
+    std::vector<uint64_t> all(3 * static_cast<size_t>(world.size()));
+    world.all_gather(mine_host, all.data(), 3);
+    uint64_t need = 0;
+    int ranks = 0;
+    for (int k = 0; k < world.size(); ++k)
+      if (all[3 * k] == mine_host[0]) need += all[3 * k + 1], ++ranks;
+    agree_on(world, [&] {
+      T3D_USER_CHECK(
+          mine_host[2] == 0 || need <= mine_host[2], "snapshot staging does not fit on host ",
+          job.hostname, ": its ", ranks, " rank(s) need ", kernels::format_bytes(need),
+          " of host memory for snapshots and ", kernels::format_bytes(mine_host[2]),
+          " is available. Set snapshot.staging_gib lower (staged in waves: training waits "
+          "longer per snapshot), run fewer ranks per host, or snapshot.every = 0.");
+    });
+    staging.assign(staging_floats, 0.0f);
+  }
+
+  // Copies the parts of wave `w` from the arena into staging.
+  void stage(size_t w) {
+    for (const Part& p : waves[w]) {
+      const ck::Slice& box = mine[p.box];
+      const int64_t chunk = ck::chunk_elems(box.shape), n = volume(box.shape);
+      const int64_t begin = p.first * chunk, end = std::min(n, p.last * chunk);
+      std::memcpy(staging.data() + p.at, box.data + begin,
+                  static_cast<size_t>(end - begin) * sizeof(float));
+    }
+  }
+
+  // Whether the next snapshot is incremental, alike on every rank (`parent` changes only on
+  // commits, which all ranks agree on); otherwise why not, for the log ("" when no parent).
+  bool incremental_next(std::string* why_full) const {
+    if (!parent) return false;
+    if (parent->deltas + 1 >= r.snapshot.full_every) {
+      *why_full = fmt::format("every {} snapshots one is full (snapshot.full_every)",
+                              r.snapshot.full_every);
+      return false;
+    }
+    const double pays = r.snapshot.incremental_min_unchanged;
+    if (pays > 0 && parent->unchanged < pays) {
+      *why_full = parent->unchanged < 0
+                      ? std::string("measuring what an incremental one would skip")
+                      : fmt::format("only {:.1f}% of chunks were unchanged last time; an "
+                                    "incremental snapshot pays from {:.0f}% "
+                                    "(snapshot.incremental_min_unchanged)",
+                                    100 * parent->unchanged, 100 * pays);
+      return false;
+    }
+    return true;
+  }
+
   void start(int64_t step) {
     const auto t0 = Clock::now();
     parallel::trace::Span span("snapshot staging", "io");
     if (pending) commit();  // training waits for the previous snapshot: part of the stall
-    const auto pa = state.param_store(), m = state.exp_avg_store(), v = state.exp_avg_sq_store();
-    const auto n = static_cast<size_t>(pa.floats);
-    const auto k = static_cast<size_t>(m.floats);
-    float* dst = staging[cur].data();
-    std::memcpy(dst, pa.data, n * sizeof(float));
-    std::memcpy(dst + n, m.data, k * sizeof(float));
-    std::memcpy(dst + n + k, v.data, k * sizeof(float));
     pending.emplace();
-    pending->step = step;
-    // Every rank decides alike: `parent` changes only on commits, which all ranks agree on.
-    pending->incremental = parent && parent->deltas + 1 < r.snapshot.full_every;
+    Pending* p = &*pending;
+    p->step = step;
+    p->incremental = incremental_next(&p->why_full);
     const std::string shard = ck::shard_path(dir, step, mesh.rank());
     ck::WriteOptions opt;
     opt.deflate = static_cast<int>(r.snapshot.deflate);
     opt.fault = ck::fault_from_env(step, mesh.rank());
-    if (pending->incremental) opt.parent = &mine[1 - cur], opt.parent_hashes = &parent->hashes;
-    Pending* p = &*pending;
-    const std::vector<ck::Slice>* boxes = &mine[cur];
-    // The job reads the parent's buffer and hashes: both change only in commit(), after it ends.
-    p->done = io->submit([this, p, shard, opt, boxes] {
-      const auto w0 = Clock::now();
-      parallel::trace::Span write_span("snapshot write", "io");
-      if (!boxes->empty()) p->result = ck::write_shard(shard, mesh.rank(), *boxes, opt);
-      p->write_s = seconds_since(w0);
-    });
+    if (parent) opt.previous_hashes = &parent->hashes, opt.skip_unchanged = p->incremental;
+    // The jobs read the parent's hashes, which change only in commit(), after they end.
+    const auto wave_job = [this, p, shard, opt](size_t w) {
+      return [this, p, shard, opt, w] {
+        const auto w0 = Clock::now();
+        parallel::trace::Span write_span("snapshot write", "io");
+        try {
+          if (w == 0) p->writer = std::make_unique<ck::ShardWriter>(shard, mesh.rank(), mine, opt);
+          for (const Part& part : waves[w])
+            p->writer->write(part.box, part.first, part.last, staging.data() + part.at);
+          if (w + 1 == waves.size()) p->result = p->writer->finish(), p->writer.reset();
+        } catch (...) {
+          p->writer.reset();  // abandons the temporary, which commit() discards
+          throw;
+        }
+        p->write_s += seconds_since(w0);
+      };
+    };
+    if (mine.empty()) {
+      p->done = io->submit([] {});
+    } else {
+      // Every wave but the last is written before the next one overwrites the staging; a
+      // failed one ends the snapshot, which commit() reports like any failed write.
+      std::exception_ptr failed;
+      for (size_t w = 0; w + 1 < waves.size() && !failed; ++w, ++p->waves_waited) {
+        stage(w);
+        try {
+          io->run(wave_job(w));
+        } catch (...) {
+          failed = std::current_exception();
+        }
+      }
+      if (failed) {
+        std::promise<void> broken;
+        broken.set_exception(failed);
+        p->done = broken.get_future();
+      } else {
+        stage(waves.size() - 1);
+        p->done = io->submit(wave_job(waves.size() - 1));
+      }
+    }
     p->stall_s = seconds_since(t0);
     if (!r.snapshot.async) commit();
   }
@@ -328,7 +476,7 @@ struct Snapshotter::Impl {
     int first_failed = error.empty() ? world.size() : world.rank();
     world.all_reduce(&first_failed, 1, parallel::ReduceOp::min);
     if (first_failed != world.size()) return first_failed;
-    if (!mine[0].empty()) {
+    if (!mine.empty()) {
       try {
         ck::publish(shard);
       } catch (const std::exception& e) {
@@ -341,13 +489,23 @@ struct Snapshotter::Impl {
     return first_failed;
   }
 
-  // What rank 0 sums of every rank's shard for the index and the log.
+  // Every rank's shard summed, from the reports all ranks gathered (so alike everywhere).
   struct Totals {
-    uint64_t bytes = 0, raw = 0, chunks = 0, written = 0;
+    uint64_t bytes = 0, raw = 0, chunks = 0, written = 0, unchanged = 0;
     double index_s = 0;
     std::vector<std::string> deleted;
   };
-  static constexpr size_t kReport = 6;  // per rank: writes, bytes, hash, raw bytes, chunks, written
+  // Per rank: writes, bytes, hash, raw bytes, chunks, chunks written, chunks unchanged.
+  static constexpr size_t kReport = 7;
+  Totals totals_of(const std::vector<uint64_t>& reports) const {
+    Totals t;
+    for (int k = 0; k < mesh.world().size(); ++k) {
+      const uint64_t* rep = &reports[kReport * static_cast<size_t>(k)];
+      t.bytes += rep[1], t.raw += rep[3], t.chunks += rep[4], t.written += rep[5];
+      t.unchanged += rep[6];
+    }
+    return t;
+  }
 
   // Rank 0: the index of snapshot `p` from every rank's report, written (the commit) and older
   // snapshots retired. Returns whether it committed; a failure drops this snapshot only.
@@ -369,7 +527,6 @@ struct Snapshotter::Impl {
       if (!rep[0]) continue;
       const auto rel = fs::path(ck::shard_path(dir, p.step, k)).lexically_relative(dir);
       info.shards.push_back({rel.string(), rep[1], rep[2]});
-      t.bytes += rep[1], t.raw += rep[3], t.chunks += rep[4], t.written += rep[5];
     }
     const auto i0 = Clock::now();
     bool committed = false;
@@ -406,20 +563,32 @@ struct Snapshotter::Impl {
     // Synchronous snapshots: training also waited for the whole write.
     const double stall = r.snapshot.async ? times[0] : times[0] + times[1];
     const double share = t.raw ? double(t.bytes) / double(t.raw) : 0.0;
+    std::string kind = "full";
+    if (p.incremental)
+      kind = fmt::format("incremental on {}, {}/{} chunks changed", info.parent, t.written,
+                         t.chunks);
+    else if (!p.why_full.empty())
+      kind = "full: " + p.why_full;
+    // Waves: training waited while all but the last were written (snapshot.staging_gib).
+    const std::string staged =
+        waves.size() > 1
+            ? fmt::format(" (staged in {} waves of at most {}: training waited for {})",
+                          waves.size(), kernels::format_bytes(staging.size() * sizeof(float)),
+                          waves.size() - 1)
+            : "";
     spdlog::info(
         "snapshot step {} ({}): {} in {} shard(s), {:.1f}% of the {} a full uncompressed one "
-        "takes; stall {:.1f} ms, write {:.1f} ms (slowest rank), index {:.1f} ms -> {}{}",
-        p.step,
-        p.incremental ? fmt::format("incremental on {}, {}/{} chunks changed", info.parent,
-                                    t.written, t.chunks)
-                      : std::string("full"),
-        kernels::format_bytes(t.bytes), info.shards.size(), 100 * share,
-        kernels::format_bytes(t.raw), 1e3 * stall, 1e3 * times[1], 1e3 * t.index_s, last_good,
+        "takes; stall {:.1f} ms{}, write {:.1f} ms (slowest rank, {:.0f} MB/s), index {:.1f} ms "
+        "-> {}{}",
+        p.step, kind, kernels::format_bytes(t.bytes), info.shards.size(), 100 * share,
+        kernels::format_bytes(t.raw), 1e3 * stall, staged, 1e3 * times[1],
+        times[1] > 0 ? double(t.bytes) / times[1] / 1e6 : 0.0, 1e3 * t.index_s, last_good,
         t.deleted.empty() ? "" : "; removed " + fmt::format("{}", fmt::join(t.deleted, ", ")));
     if (metrics)
       metrics->write({{"snapshot_step", double(p.step)},
                       {"snapshot_ok", 1},
                       {"snapshot_incremental", p.incremental ? 1.0 : 0.0},
+                      {"snapshot_waves", double(waves.size())},
                       {"snapshot_stall_s", stall},
                       {"snapshot_write_s", times[1]},
                       {"snapshot_bytes", double(t.bytes)},
@@ -444,9 +613,13 @@ struct Snapshotter::Impl {
     if (first_failed != world.size()) return fail(p, first_failed, error, shard);
 
     const ck::ShardResult& res = p.result;
-    const uint64_t report[kReport] = {mine[0].empty() ? 0u : 1u, res.digest.bytes,
-                                      res.digest.hash,           res.raw_bytes,
-                                      uint64_t(res.chunks),      uint64_t(res.chunks_written)};
+    const uint64_t report[kReport] = {mine.empty() ? 0u : 1u,
+                                      res.digest.bytes,
+                                      res.digest.hash,
+                                      res.raw_bytes,
+                                      uint64_t(res.chunks),
+                                      uint64_t(res.chunks_written),
+                                      uint64_t(res.chunks_unchanged)};
     std::vector<uint64_t> reports(kReport * static_cast<size_t>(world.size()));
     world.all_gather(report, reports.data(), kReport);
     double times[2] = {p.stall_s, p.write_s};
@@ -455,7 +628,7 @@ struct Snapshotter::Impl {
     // Rank 0 writes the index; all ranks learn whether it committed, because the next
     // snapshot's parent (and whether it may be incremental) depends on it.
     ck::IndexInfo info;
-    Totals totals;
+    Totals totals = totals_of(reports);
     int committed = world.rank() == 0 ? write_index(p, reports, info, totals) : 0;
     world.broadcast(&committed, 1, 0);
     uint64_t id = info.id;
@@ -465,11 +638,12 @@ struct Snapshotter::Impl {
 
     last_good = ck::index_path(dir, p.step);
     if (r.snapshot.full_every > 1) {
-      // This snapshot's buffer becomes the parent; the old parent's takes the next snapshot.
+      // This snapshot becomes the parent: its chunk hashes are all the next one needs.
       const int64_t deltas = p.incremental ? parent->deltas + 1 : 0;
-      parent =
-          Parent{fs::path(last_good).filename().string(), id, std::move(p.result.hashes), deltas};
-      cur = 1 - cur;
+      const double unchanged =
+          parent && totals.chunks ? double(totals.unchanged) / double(totals.chunks) : -1.0;
+      parent = Parent{fs::path(last_good).filename().string(), id, std::move(p.result.hashes),
+                      deltas, unchanged};
     }
     if (world.rank() == 0) log_commit(p, info, totals, times);
   }
@@ -528,20 +702,18 @@ Snapshotter::Snapshotter(const Job& job, Model& model, const ShardedState& state
   }
   check_writable_dir(m.dir, m.r.origin("snapshot.dir"), m.mesh.rank());
   if (m.r.snapshot.deflate > 0) m.io->run(ck::require_deflate);
-  // Staging is allocated and touched now, so the first snapshot's stall is a plain copy.
-  const auto n = static_cast<size_t>(m.state.param_store().floats);
-  const auto k = static_cast<size_t>(m.state.moment_floats());
-  for (int b = 0; b < (m.r.snapshot.full_every > 1 ? 2 : 1); ++b) {
-    m.staging[b].assign(n + 2 * k, 0.0f);
-    float* s = m.staging[b].data();
-    m.mine[b] = m.state.boxes(s, s + n, s + n + k, true, m.mesh.dp_cp());
-  }
+  m.plan_staging();
 }
 
 // The I/O thread goes first: a write still running uses `staging`, `mine` and `pending`.
 Snapshotter::~Snapshotter() { impl_->io.reset(); }
 
-int64_t Snapshotter::restore() { return impl_->restore(); }
+int64_t Snapshotter::restore() {
+  if (impl_->r.snapshot.every > 0) impl_->reserve_staging();
+  return impl_->restore();
+}
+
+size_t Snapshotter::staging_bytes() const { return impl_->staging_floats * sizeof(float); }
 
 void Snapshotter::after_step(int64_t steps_done, bool last) {
   auto& m = *impl_;

@@ -2,9 +2,11 @@
 // snapshot is published; restoring (and resharding) at start-up. The files themselves are
 // checkpoint/'s business (format in docs/snapshot-format.md).
 //
-// Taking a snapshot at a step boundary: the rank copies its persistent arena regions (parameters,
-// AdamW moments) to host staging memory — the only time training waits, unless the previous
-// snapshot is still being written — and its I/O thread writes the shard while the next steps run.
+// Taking a snapshot at a step boundary: the rank copies the boxes it writes (parameters, AdamW
+// moments) to host staging memory — the only time training waits, unless the previous snapshot
+// is still being written — and its I/O thread writes the shard while the next steps run. The
+// staging is capped (snapshot.staging_gib; by default half the rank's training state): a larger
+// snapshot is staged in waves, training waiting while each but the last is written.
 // At each later step boundary one integer all-reduce asks whether every rank has finished; then
 // ranks agree that all writes succeeded, publish their shards (rename), and rank 0 writes the
 // index, the commit record. A failed write on any rank is reported by rank 0, the snapshot is
@@ -17,9 +19,12 @@
 // global tensors; restore re-slices them.
 //
 // Incremental snapshots (snapshot.full_every > 1): every rank keeps the last committed
-// snapshot's staging buffer and chunk hashes, the parent the next one is XORed against; the
-// decision full/incremental depends only on commits, which all ranks agree on, so it is alike
-// everywhere. The first snapshot after a start or resume is full.
+// snapshot's chunk hashes (not its bytes); the next snapshot leaves out the chunks whose hash did
+// not change. It is incremental only where that pays: when at least
+// snapshot.incremental_min_unchanged of all chunks were unchanged last time (measured on every
+// snapshot). The decision depends only on
+// commits, which all ranks agree on, so it is alike everywhere. The first two snapshots after a
+// start or resume are full (the second measures).
 #pragma once
 
 #include <cstdint>
@@ -51,7 +56,11 @@ class Snapshotter {
   // fresh start). Collective, outside agree_on: rank 0 resolves and verifies the snapshot, every
   // rank restores exactly that one (path, step and id broadcast); `latest` falls back past any
   // snapshot that fails on some rank. A failure is agreed on and reported once (AgreedFailure).
+  // Also reserves the snapshot staging first: collective, refused (exit 2) on every rank when a
+  // host lacks the memory for its ranks' staging.
   int64_t restore();
+  // Host memory this rank stages snapshots in (0 without snapshots).
+  size_t staging_bytes() const;
 
   // After optimizer step `steps_done` on every rank (collective): commits a finished snapshot,
   // starts one when due (every `snapshot.every` steps and at the last step). Three failed

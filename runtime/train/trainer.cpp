@@ -141,10 +141,10 @@ struct Trainer::Impl {
     // Every rank's own log gets its footprint (tests read it: tp, pp and ZeRO must shrink it).
     spdlog::info(
         "memory bytes: params {} grads {} optimizer {} activations {} scratch {} peak {} "
-        "capacity {}; holds {}, {} activation slot(s)",
+        "capacity {}; host snapshot staging {}; holds {}, {} activation slot(s)",
         static_cast<size_t>(kept.params), static_cast<size_t>(kept.grads),
         static_cast<size_t>(kept.optimizer), fp.activations, fp.scratch, arena->peak(),
-        arena->capacity(), ranges, executor->max_slots());
+        arena->capacity(), snapshots->staging_bytes(), ranges, executor->max_slots());
     state->log_footprint(mesh.rank() == 0);
     if (mesh.rank() != 0) return;
     spdlog::info("{}", kernels::openblas_config_string());

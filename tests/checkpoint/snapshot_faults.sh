@@ -5,8 +5,9 @@
 set -u
 source "$(dirname "$0")/common.sh"
 one=(--set parallel.pp=1 --set parallel.dp=1 --set parallel.tp=1)
-# Snapshot 2 is full, 4 incremental on 2 (full_every = 4 by default).
-base=(train "$recipe" "${common[@]}" "${one[@]}" --set train.steps=4 --set snapshot.every=2)
+# Snapshot 2 is full, 4 incremental on 2 (full_every = 4 by default; incremental on schedule).
+base=(train "$recipe" "${common[@]}" "${one[@]}" --set train.steps=4 --set snapshot.every=2
+      --set snapshot.incremental_min_unchanged=0)
 
 "$titan3d" "${base[@]}" --set run.dir="$work/good" >/dev/null 2>&1
 check "[ -f $work/good/snapshots/step_00000004.h5 ]" "a good run leaves snapshots 2 and 4"

@@ -7,7 +7,9 @@
 set -u
 source "$(dirname "$0")/common.sh"
 steps=8 half=6
-snap=(--set train.steps=$steps --set snapshot.every=2 --set snapshot.full_every=3 --set snapshot.deflate=1)
+# incremental_min_unchanged = 0: incremental on schedule, though dense training changes every chunk.
+snap=(--set train.steps=$steps --set snapshot.every=2 --set snapshot.full_every=3 --set snapshot.deflate=1
+      --set snapshot.incremental_min_unchanged=0)
 
 run_pair() {  # name, extra args for both runs
   local name=$1; shift
@@ -37,10 +39,19 @@ reshard() {
 }
 
 one=(--set parallel.pp=1 --set parallel.dp=1 --set parallel.tp=1)
-run_pair one "${one[@]}"
+# Staged whole (the other layouts stage in waves, within the default cap): the async check below.
+run_pair one "${one[@]}" --set snapshot.staging_gib=1
 run_pair mesh
 check "grep -q 'latest' <(ls $work/mesh/snapshots) && [ \$(ls $work/mesh/snapshots/step_00000006 | wc -l) -eq 8 ]" \
   "pp2×dp2×tp2 snapshot: 8 shard files and a latest pointer"
+
+# Frozen parameters (lr 1e-30 moves no fp32 parameter): their boxes do not change between snapshots, so the incremental
+# shards hold them as `changed/` datasets storing no chunk; resume and resharding rebuild them from
+# the base through the chain.
+run_pair frozen "${one[@]}" --set train.lr=1e-30 --set train.min_lr=1e-30
+check "h5ls -r $work/frozen/snapshots/step_00000006/rank00000.h5 | grep -q '^/changed/model/' && ! h5ls -r $work/frozen/snapshots/step_00000006/rank00000.h5 | grep -q '^/model/'" \
+  "frozen: the incremental shard holds every parameter box as a partial changed/ dataset"
+reshard frozen frozen_topp "frozen 1 rank -> tp2×pp2" --set parallel.pp=2 --set parallel.tp=2
 
 # Resharding: fp32 reductions run in another order, so equal within a tolerance.
 reshard mesh to1 "pp2×dp2×tp2 -> 1 rank" "${one[@]}"

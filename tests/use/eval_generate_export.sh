@@ -12,7 +12,7 @@ source "$(dirname "$0")/common.sh"
 
 # One rank: snapshots at 30 (full) and 60 (incremental on 30), validation at both.
 "$titan3d" train "${tiny[@]}" --set train.steps=60 --set train.val_every=30 --set snapshot.every=30 \
-  --set snapshot.full_every=2 --set run.dir="$work/one" >"$work/one.log" 2>&1
+  --set snapshot.full_every=2 --set snapshot.incremental_min_unchanged=0 --set run.dir="$work/one" >"$work/one.log" 2>&1
 check "[ \$? -eq 0 ]" "train tiny on 1 rank" || cat "$work/one.log"
 snap=$work/one/snapshots/step_00000060.h5
 for step in 30 60; do

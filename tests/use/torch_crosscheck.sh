@@ -13,7 +13,7 @@ if ! "$py" -c 'import torch' 2>/dev/null; then
 fi
 source "$(dirname "$0")/common.sh"
 "$titan3d" train "${tiny[@]}" --set parallel.tp=2 --set parallel.pp=2 --set train.steps=20 \
-  --set train.val_every=0 --set snapshot.every=10 --set snapshot.full_every=2 \
+  --set train.val_every=0 --set snapshot.every=10 --set snapshot.full_every=2 --set snapshot.incremental_min_unchanged=0 \
   --set run.dir="$work/run" >"$work/train.log" 2>&1
 check "[ \$? -eq 0 ]" "train tiny on tp2×pp2" || cat "$work/train.log"
 snap=$work/run/snapshots/step_00000020.h5
