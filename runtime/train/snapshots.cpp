@@ -41,8 +41,10 @@ int64_t volume(const std::vector<int64_t>& shape) {
   return n;
 }
 
-// MemAvailable of /proc/meminfo, bytes; 0 when unknown (the check is then skipped).
+// MemAvailable of /proc/meminfo, bytes; 0 when unknown (the check is then skipped). Test hook:
+// T3D_TEST_MEM_AVAILABLE (bytes) stands in for it, as a host short of memory would have it.
 uint64_t available_memory_bytes() {
+  if (const char* fake = std::getenv("T3D_TEST_MEM_AVAILABLE")) return std::strtoull(fake, nullptr, 10);
   std::FILE* f = std::fopen("/proc/meminfo", "r");
   if (!f) return 0;
   char line[256];

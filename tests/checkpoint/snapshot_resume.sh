@@ -45,6 +45,27 @@ run_pair mesh
 check "grep -q 'latest' <(ls $work/mesh/snapshots) && [ \$(ls $work/mesh/snapshots/step_00000006 | wc -l) -eq 8 ]" \
   "pp2×dp2×tp2 snapshot: 8 shard files and a latest pointer"
 
+# A staging cap far below the state (about 300 KiB: several waves, boxes cut at chunk boundaries)
+# writes the very snapshots of a run staged whole: every dataset and attribute equal (h5diff).
+"$titan3d" train "$recipe" "${common[@]}" "${snap[@]}" "${one[@]}" --set snapshot.staging_gib=0.0003 \
+  --set run.dir="$work/waves" --set run.log_level=info >"$work/waves.log" 2>&1
+check "grep -q 'staged in [0-9]* waves' $work/waves.log" "a small snapshot.staging_gib stages in waves" ||
+  tail -5 "$work/waves.log"
+for s in 2 4 6 8; do
+  check "h5diff $work/one/snapshots/step_0000000$s/rank00000.h5 $work/waves/snapshots/step_0000000$s/rank00000.h5" \
+    "step $s: the shard staged in waves equals the one staged whole"
+done
+
+# Refused at start with the numbers: a cap below one chunk, and a host without the memory.
+out=$("$titan3d" train "$recipe" "${common[@]}" "${snap[@]}" "${one[@]}" --set snapshot.staging_gib=0.00001 \
+      --set run.dir="$work/tiny_cap" 2>&1); rc=$?
+check "[ $rc -eq 2 ] && grep -q 'snapshot.staging_gib.* cannot hold one snapshot chunk of this rank' <<<\"\$out\"" \
+  "a staging cap below one chunk is refused (rc $rc)" || echo "$out"
+out=$(T3D_TEST_MEM_AVAILABLE=100000 "$titan3d" train "$recipe" "${common[@]}" "${snap[@]}" \
+      --set run.dir="$work/no_memory" 2>&1); rc=$?
+check "[ $rc -eq 2 ] && grep -q 'snapshot staging does not fit on host .* need .* is available' <<<\"\$out\" && ! grep -qs '\"loss\"' $work/no_memory/metrics.jsonl" \
+  "a host without the memory for its ranks' staging is refused at start (rc $rc)" || echo "$out"
+
 # Frozen parameters (lr 1e-30 moves no fp32 parameter): their boxes do not change between snapshots, so the incremental
 # shards hold them as `changed/` datasets storing no chunk; resume and resharding rebuild them from
 # the base through the chain.
