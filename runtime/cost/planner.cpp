@@ -100,6 +100,8 @@ PlanProblem make_problem(const Recipe& r, const Cluster& c) {
   p.bucket_mb = r.parallel.bucket_mb;
   p.precision = Precision::from_recipe(r.train.precision);
   p.cluster = c;
+  p.snapshots = r.snapshot.every > 0;
+  p.staging_gib = r.snapshot.staging_gib;
   return p;
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "checkpoint/snapshot.h"
 #include "kernels/check.h"
 #include "kernels/ops.h"
 #include "parallel/pipeline_split.h"
@@ -247,6 +248,11 @@ Memory stage_memory(const PlanProblem& p, const Layout& l, const parallel::Sched
   mem.params = state.params;
   mem.grads = state.grads;
   mem.optimizer = state.optimizer;
+  // A rank writes about 1/(dp) of its stage's parameters and both moments, fp32 (one writer per
+  // box: runtime/train/snapshots.h), staged within the cap.
+  if (p.snapshots)
+    mem.snapshot_staging = checkpoint::staging_bytes(p.staging_gib, state.total(),
+                                                     3.0 * 4.0 * elems / static_cast<double>(l.dp));
   mem.slots = activation_slots(schedule, stage);
   mem.chunk_slots = chunk_activation_slots(schedule, stage);
   T3D_ASSERT(mem.chunk_slots.size() == ranges.size(), "chunks of stage ", stage);
@@ -293,7 +299,8 @@ Memory stage_memory(const PlanProblem& p, const Layout& l, const parallel::Sched
         "  activations {} slots (micro-batches in flight per chunk, from the schedule) × {} per "
         "micro-batch of {} sequence(s) ({}) = {}\n"
         "  workspace   backward scratch, attention tiles, logits{}{} = {}\n"
-        "  total       {} of {} GiB\n",
+        "  total       {} of {} GiB\n"
+        "  host: snapshot staging {} (snapshot.staging_gib; 0: half the training state)\n",
         stage, layers, ranges.front().first ? ", embedding" : "",
         ranges.back().last ? ", final norm and LM head" : "", num(elems), num(largest_layer),
         kind_bytes(l.zero >= 3 ? kept : elems, pr.weight),
@@ -306,7 +313,8 @@ Memory stage_memory(const PlanProblem& p, const Layout& l, const parallel::Sched
                         std::to_string(recomputed) + " blocks recomputed"
                   : "every block's activations kept",
         gib(mem.activations), recompute ? ", one recomputed block" : "", "", gib(mem.workspace),
-        gib(mem.total()), num(p.cluster.hbm_gib));
+        gib(mem.total()), num(p.cluster.hbm_gib),
+        p.snapshots ? gib(mem.snapshot_staging) : std::string("none (snapshot.every = 0)"));
   }
   return mem;
 }

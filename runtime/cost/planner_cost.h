@@ -51,6 +51,8 @@ struct PlanProblem {
   double bucket_mb = 4.0;    // parallel.bucket_mb: ZeRO-2's staging buffers hold the largest bucket
   Precision precision;
   Cluster cluster;
+  bool snapshots = false;    // snapshot.every > 0
+  double staging_gib = 0;    // snapshot.staging_gib
 };
 
 // "" when `layout` can run `problem`, else why not (for --explain of a recipe's own layout).
@@ -69,6 +71,8 @@ struct Memory {
   std::vector<int64_t> chunk_slots;  // the same per chunk of the stage, in model order
   double params = 0, grads = 0, optimizer = 0, activations = 0, workspace = 0;
   double total() const { return params + grads + optimizer + activations + workspace; }
+  // Host memory (not the device's) a rank stages its snapshot in: checkpoint::staging_bytes.
+  double snapshot_staging = 0;
 };
 
 // `schedule` must be make_layout_schedule(layout). `why`, when given, receives the arithmetic.

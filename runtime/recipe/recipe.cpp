@@ -390,9 +390,10 @@ const std::vector<Field>& schema() {
             "Write snapshots on a background thread while training continues."),
       field("snapshot", "staging_gib", &R::snapshot, &SnapshotConfig::staging_gib,
             "Host memory per rank a snapshot is staged in, GiB; 0: half the rank's training "
-            "state (params, grads, optimizer). A larger snapshot is staged and written in waves: "
-            "training waits while all but the last are written. A host without the memory for "
-            "its ranks' staging is refused at start."),
+            "state (params, grads, optimizer), less where a host's ranks would need over 3/4 of "
+            "its available memory. A larger snapshot is staged and written in waves: training "
+            "waits while all but the last are written. A host without the memory for its ranks' "
+            "staging is refused at start."),
       field("snapshot", "resume", &R::snapshot, &SnapshotConfig::resume,
             "Empty: fresh start; `latest`: newest complete snapshot in snapshot.dir; or a path."),
 

@@ -331,8 +331,16 @@ struct Snapshotter::Impl {
                    " cannot hold one snapshot chunk of this rank (",
                    kernels::format_bytes(static_cast<size_t>(4 * largest_chunk)),
                    "); set it to at least that, or 0 for half the training state");
+    snapshot_floats = total, largest_chunk_floats = largest_chunk;
     staging_floats = static_cast<size_t>(
         std::min<int64_t>(total, std::max<int64_t>(largest_chunk, static_cast<int64_t>(cap / 4))));
+    plan_waves();
+  }
+  int64_t snapshot_floats = 0, largest_chunk_floats = 1;
+  size_t staging_floats = 0;
+
+  // Cuts `mine` into waves of at most staging_floats, at chunk boundaries.
+  void plan_waves() {
     waves.assign(1, {});
     size_t used = 0;
     for (size_t b = 0; b < mine.size(); ++b) {
@@ -349,26 +357,38 @@ struct Snapshotter::Impl {
       }
     }
   }
-  size_t staging_floats = 0;
 
-  // Collective: refuses (exit 2, on every rank) a run whose snapshot staging does not fit in
-  // some host's available memory, with the numbers; then allocates and touches the staging, so
-  // that the first snapshot's stall is a plain copy.
+  // Collective. With the default cap (snapshot.staging_gib = 0) a host's ranks together stage in
+  // at most 3/4 of its available memory (smaller waves where half the training state would not
+  // fit); an explicit cap is taken as given. A run whose staging cannot fit some host is refused
+  // (exit 2, on every rank) with the numbers. Then the staging is allocated and touched, so that
+  // the first snapshot's stall is a plain copy.
   void reserve_staging() {
     const auto& world = mesh.world();
+    const uint64_t avail = available_memory_bytes();
     const uint64_t mine_host[3] = {std::hash<std::string>{}(job.hostname),
-                                   staging_floats * sizeof(float), available_memory_bytes()};
+                                   staging_floats * sizeof(float), avail};
     std::vector<uint64_t> all(3 * static_cast<size_t>(world.size()));
     world.all_gather(mine_host, all.data(), 3);
     uint64_t need = 0;
     int ranks = 0;
     for (int k = 0; k < world.size(); ++k)
       if (all[3 * k] == mine_host[0]) need += all[3 * k + 1], ++ranks;
+    uint64_t budget = avail;
+    if (r.snapshot.staging_gib == 0 && avail > 0 && need > avail / 4 * 3) {
+      budget = avail / 4 * 3;
+      const auto share = static_cast<size_t>(budget / static_cast<uint64_t>(ranks) / sizeof(float));
+      staging_floats =
+          std::min(staging_floats, std::max(share, static_cast<size_t>(largest_chunk_floats)));
+      plan_waves();
+      need = static_cast<uint64_t>(ranks) * staging_floats * sizeof(float);  // at most this
+    }
     agree_on(world, [&] {
       T3D_USER_CHECK(
-          mine_host[2] == 0 || need <= mine_host[2], "snapshot staging does not fit on host ",
-          job.hostname, ": its ", ranks, " rank(s) need ", kernels::format_bytes(need),
-          " of host memory for snapshots and ", kernels::format_bytes(mine_host[2]),
+          avail == 0 || need <= budget, "snapshot staging does not fit on host ", job.hostname,
+          ": its ", ranks, " rank(s) need ", kernels::format_bytes(need),
+          " of host memory for snapshots and ", kernels::format_bytes(budget),
+          r.snapshot.staging_gib == 0 ? " (3/4 of what is available)" : "",
           " is available. Set snapshot.staging_gib lower (staged in waves: training waits "
           "longer per snapshot), run fewer ranks per host, or snapshot.every = 0.");
     });

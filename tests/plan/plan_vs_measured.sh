@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The planner's per-rank memory against what training measures: for layouts that fit on 8 local
 # ranks, `plan --explain 0` (its largest stage) must be within 10% of the largest arena peak any
-# rank reports (peak_mem_gib in metrics.jsonl). They share one memory model, so this catches the
+# rank reports (peak_mem_gib in metrics.jsonl), and with snapshots its host snapshot staging the
+# largest any rank logs. They share one memory model, so this catches the
 # two drifting apart (a new buffer in the model that the planner does not know about).
 set -u
 titan3d=$1
@@ -22,6 +23,16 @@ check() {  # check NAME [--set ...]
     if (m == "" || p == "") { printf "FAIL %s: measured \"%s\", predicted \"%s\"\n", n, m, p; exit 1 }
     r = p / m; printf "%-28s predicted %.6f GiB, measured %.6f GiB: %.3f\n", n, p, m, r
     exit !(r > 0.9 && r < 1.1) }' || fail=1
+  # With snapshots, the host staging too: the planner's per-rank figure against the largest any
+  # rank logs ("memory bytes: ... host snapshot staging N"; ranks write unequal shares).
+  measured=$(cat "$work/$name"/logs/rank*.log | sed -n 's/.*host snapshot staging \([0-9]*\);.*/\1/p' | sort -n | tail -1)
+  [ "${measured:-0}" -gt 0 ] || return 0
+  predicted=$("$titan3d" plan "$repo/recipes/3d_pp2_dp2_tp2.toml" "${args[@]}" --explain 0 2>&1 |
+              sed -n 's/^  host: snapshot staging \([0-9.e-]*\) GiB.*/\1/p' | head -1)
+  awk -v n="$name" -v m="$measured" -v p="$predicted" 'BEGIN {
+    if (p == "") { printf "FAIL %s: no predicted snapshot staging\n", n; exit 1 }
+    r = p * 2^30 / m; printf "%-28s snapshot staging predicted %.6f GiB, measured %.6f GiB: %.3f\n", n, p, m / 2^30, r
+    exit !(r > 0.9 && r < 1.1) }' || fail=1
 }
 check pp2_dp2_tp2_1f1b
 check pp2_dp2_tp2_gpipe_m4 --set parallel.schedule=gpipe --set train.micro_batches=4 \
@@ -30,10 +41,10 @@ check pp2_tp2_dp2_zb_h1 --set parallel.schedule=zb_h1
 check interleaved_v2_m4 --set parallel.schedule=interleaved_1f1b --set parallel.virtual_stages=2 \
       --set train.micro_batches=4 --set train.global_batch=16
 check ckpt_full --set train.activation_checkpoint=full
-check zero1 --set parallel.zero=1
+check zero1 --set parallel.zero=1 --set snapshot.every=2
 # ZeRO-2: the gradient shard plus two staging buffers of the largest bucket, not full gradients.
 check zero2 --set parallel.zero=2
 check zero2_small_buckets --set parallel.zero=2 --set parallel.bucket_mb=0.05
 # ZeRO-3: also the parameter shard plus two gather buffers of the largest bucket.
-check zero3_small_buckets --set parallel.zero=3 --set parallel.bucket_mb=0.05
+check zero3_small_buckets --set parallel.zero=3 --set parallel.bucket_mb=0.05 --set snapshot.every=2
 exit $fail
