@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """How well does training state compress, and does an XOR delta against the parent help?
 
-Reads two snapshots of the same run (any encoding titan3d writes: h5py sees the index's
-virtual datasets; incremental ones are rebuilt by XOR along the chain) and, per section
+Reads two snapshots of the same run (any format titan3d writes: each shard's boxes, incremental
+ones rebuilt along the chain) and, per section
 (parameters, exp_avg, exp_avg_sq), compresses every 1 MiB chunk the way HDF5's filters would:
 byte shuffle (the shuffle filter's transposition) then zlib at each level. Three encodings:
   plain   shuffle + deflate of the values themselves (what a compressed full base costs)
@@ -22,22 +22,42 @@ import numpy as np
 CHUNK = 1 << 18  # elements, as titan3d's content-hash chunks
 
 
+def text(attr):
+    return attr.decode() if isinstance(attr, bytes) else str(attr)
+
+
 def values(index_path):
-    """{dataset path: fp32 array} of a snapshot, rebuilding incremental ones along the chain."""
+    """{tensor path: flat fp32 array of the global tensor} of a snapshot, read from its shards and
+    rebuilt along its chain: format 2 copies a `changed/` box's stored chunks (`chunk_written`)
+    over the parent's, format 1 XORs `xor/` masks into it."""
+    folder = os.path.dirname(index_path)
     with h5py.File(index_path, "r") as f:
-        parent = f.attrs["parent"].decode() if isinstance(f.attrs["parent"], bytes) else f.attrs["parent"]
-        prefix = "xor/" if parent else ""
-        out = {}
-
-        def visit(name, obj):
-            if isinstance(obj, h5py.Dataset) and name.startswith(prefix) and name.split("/")[0] != "state":
-                out[name[len(prefix):]] = obj[...].astype(np.float32).ravel()
-
-        f.visititems(visit)
-    if not parent:
-        return out
-    base = values(os.path.join(os.path.dirname(index_path), parent))
-    return {k: (base[k].view(np.uint32) ^ v.view(np.uint32)).view(np.float32) for k, v in out.items()}
+        parent = text(f.attrs["parent"])
+        files = text(f.attrs["shard_files"]).split("\n")
+    out = values(os.path.join(folder, parent)) if parent else {}
+    for rel in files:
+        with h5py.File(os.path.join(folder, rel), "r") as shard:
+            for name in text(shard.attrs["tensors"]).split("\n"):
+                ds = shard[name]
+                kind, _, rest = name.partition("/")
+                if kind not in ("xor", "changed"):
+                    kind, rest = "values", name
+                tensor = rest.split("~")[0]
+                shape = tuple(int(n) for n in ds.attrs["global_shape"])
+                whole = out.setdefault(tensor, np.zeros(int(np.prod(shape)), np.float32)).reshape(shape)
+                box = tuple(slice(int(o), int(o) + n) for o, n in zip(ds.attrs["offset"], ds.shape))
+                data = ds[...].astype(np.float32)
+                if kind == "values":
+                    whole[box] = data
+                elif kind == "xor":
+                    whole[box] = (whole[box].view(np.uint32) ^ data.view(np.uint32)).view(np.float32)
+                else:
+                    chunk, now = int(ds.attrs["chunk_elems"]), whole[box].ravel()
+                    for c, stored in enumerate(ds.attrs["chunk_written"]):
+                        if stored:
+                            now[c * chunk:(c + 1) * chunk] = data.ravel()[c * chunk:(c + 1) * chunk]
+                    whole[box] = now.reshape(data.shape)
+    return out
 
 
 def shuffled_chunks(a):
