@@ -219,51 +219,48 @@ struct Level {
                     shape_str(like.offset) + " of `" + name + "` (a different writer layout)");
   }
 
-  // Reads one whole piece as stored: values, or an XOR mask in an incremental snapshot.
-  std::vector<float> read_data(const Piece& p) {
+  // Reads one whole piece as stored (values, a partial box, or an XOR mask) into `out`, which
+  // holds volume(p.shape) floats.
+  void read_into(const Piece& p, float* out) {
     const std::string full = dir + "/" + p.file;
     h5::require_hard_links(shard(p.file), p.path, full);
     const h5::Handle d = h5::open_dataset(shard(p.file), p.path, full);
-    std::vector<float> data(static_cast<size_t>(volume(p.shape)));
-    T3D_H5(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()),
-           full + ":" + p.path);
-    return data;
+    T3D_H5(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, out), full + ":" + p.path);
   }
 
   // Copies the chunks a partial box (kChanged) holds (`chunk_written` 1) over `data`, the
-  // parent's content of the box.
-  void copy_written_chunks(const Piece& p, std::vector<float>& data) {
+  // parent's content of the box; `stored` is scratch of the box's size.
+  void copy_written_chunks(const Piece& p, float* data, float* stored) {
     const std::string full = dir + "/" + p.file, what = full + ":" + p.path;
-    const std::vector<float> stored = read_data(p);
+    read_into(p, stored);
     const h5::Handle d = h5::open_dataset(shard(p.file), p.path, full);
     const int64_t chunk = h5::read_int_attr(d, "chunk_elems", what);
     const auto written = h5::read_ints_attr(d, "chunk_written", what);
-    const auto n = static_cast<int64_t>(data.size());
-    T3D_USER_CHECK(chunk > 0 && stored.size() == data.size() &&
-                       static_cast<int64_t>(written.size()) == (n + chunk - 1) / chunk,
+    const int64_t n = volume(p.shape);
+    T3D_USER_CHECK(chunk > 0 && static_cast<int64_t>(written.size()) == (n + chunk - 1) / chunk,
                    "snapshot shard `", full, "`: `", p.path, "` has chunk_elems ", chunk,
-                   ", a box unlike its parent's, or a chunk_written list of another length");
+                   " and a chunk_written list of ", written.size(), " for ", n, " elements");
     for (int64_t c = 0; c < static_cast<int64_t>(written.size()); ++c) {
       if (!written[static_cast<size_t>(c)]) continue;
-      std::memcpy(data.data() + c * chunk, stored.data() + c * chunk,
+      std::memcpy(data + c * chunk, stored + c * chunk,
                   static_cast<size_t>(std::min(chunk, n - c * chunk)) * sizeof(float));
     }
   }
 
   // Checks every chunk of a piece's content (rebuilt, for an incremental snapshot).
-  void check_hashes(const Piece& p, const std::vector<float>& data) {
+  void check_hashes(const Piece& p, const float* data) {
     const std::string full = dir + "/" + p.file;
     h5::require_hard_links(shard(p.file), p.path, full);
     const h5::Handle d = h5::open_dataset(shard(p.file), p.path, full);
     const int64_t chunk = h5::read_int_attr(d, "chunk_elems", full + ":" + p.path);
     const auto hashes = h5::read_uints_attr(d, "chunk_hash", full + ":" + p.path);
-    const auto n = static_cast<int64_t>(data.size());
+    const int64_t n = volume(p.shape);
     T3D_USER_CHECK(chunk > 0, "snapshot shard `", full, "`: `", p.path, "` has chunk_elems ",
                    chunk);
     for (int64_t c = 0; c * chunk < std::max<int64_t>(n, 1); ++c) {
       const int64_t len = std::min(chunk, n - c * chunk);
       T3D_USER_CHECK(static_cast<size_t>(c) < hashes.size() &&
-                         hash64(data.data() + c * chunk, static_cast<size_t>(len) * 4) ==
+                         hash64(data + c * chunk, static_cast<size_t>(len) * 4) ==
                              hashes[static_cast<size_t>(c)],
                      "snapshot shard `", full, "`: chunk ", c, " of `", p.path,
                      "` fails its content hash",
@@ -337,10 +334,15 @@ struct SnapshotReader::Impl {
     return lv;
   }
 
-  // The content of the top snapshot's piece `p` of tensor `name`: from the newest level that
-  // holds the box whole, with each newer level's chunks (format 2) or XOR mask (format 1)
-  // applied in order, every level's chunk hashes checked on the way.
-  std::vector<float> rebuild(const std::string& name, const Level::Piece& p) {
+  // Scratch for pieces read whole but wanted in part, and for stored chunks and masks: kept
+  // between reads, so that a restore does not fault in fresh pages for every box.
+  std::vector<float> box_scratch, stored_scratch;
+
+  // The content of the top snapshot's piece `p` of tensor `name`, into `out` (volume(p.shape)
+  // floats): from the newest level that holds the box whole, with each newer level's chunks
+  // (format 2) or XOR mask (format 1) applied in order, every level's chunk hashes checked on
+  // the way.
+  void rebuild(const std::string& name, const Level::Piece& p, float* out) {
     std::vector<const Level::Piece*> pieces(chain.size());
     size_t base = chain.size();
     while (base-- > 0) {
@@ -352,23 +354,25 @@ struct SnapshotReader::Impl {
     }
     T3D_USER_CHECK(base < chain.size(), "snapshot `", top().path, "`: no level of its chain holds `",
                    name, "` whole (its full base is damaged)");
-    std::vector<float> data;
+    const auto n = static_cast<size_t>(volume(p.shape));
     for (size_t l = base; l < chain.size(); ++l) {
       Level& lv = *chain[l];
       const Level::Piece& q = *pieces[l];
       for_ancestor(lv, top(), [&] {
         if (q.kind == Level::Kind::kValues) {
-          data = lv.read_data(q);
-        } else if (q.kind == Level::Kind::kXor) {
-          const std::vector<float> mask = lv.read_data(q);
-          xor_floats(data.data(), mask.data(), data.data(), static_cast<int64_t>(data.size()));
+          lv.read_into(q, out);
         } else {
-          lv.copy_written_chunks(q, data);
+          if (stored_scratch.size() < n) stored_scratch.resize(n);
+          if (q.kind == Level::Kind::kXor) {
+            lv.read_into(q, stored_scratch.data());
+            xor_floats(out, stored_scratch.data(), out, static_cast<int64_t>(n));
+          } else {
+            lv.copy_written_chunks(q, out, stored_scratch.data());
+          }
         }
-        lv.check_hashes(q, data);
+        lv.check_hashes(q, out);
       });
     }
-    return data;
   }
 };
 
@@ -410,7 +414,17 @@ void SnapshotReader::read(const Slice& want) {
     const int64_t r0 = std::max(w.r0, b.r0), r1 = std::min(w.r0 + w.rows, b.r0 + b.rows);
     const int64_t c0 = std::max(w.c0, b.c0), c1 = std::min(w.c0 + w.cols, b.c0 + b.cols);
     if (r0 >= r1 || c0 >= c1) continue;
-    const std::vector<float> data = impl_->rebuild(want.path, p);
+    // A piece that is exactly the box wanted (a resume on the writer's layout) is rebuilt in
+    // place; any other is rebuilt whole into scratch and the overlap copied.
+    if (p.offset == want.offset && p.shape == want.shape) {
+      impl_->rebuild(want.path, p, want.data);
+      covered += volume(want.shape);
+      continue;
+    }
+    auto& data = impl_->box_scratch;
+    if (data.size() < static_cast<size_t>(volume(p.shape)))
+      data.resize(static_cast<size_t>(volume(p.shape)));
+    impl_->rebuild(want.path, p, data.data());
     for (int64_t r = r0; r < r1; ++r)
       std::memcpy(want.data + (r - w.r0) * w.cols + (c0 - w.c0),
                   data.data() + (r - b.r0) * b.cols + (c0 - b.c0),

@@ -17,6 +17,7 @@
 #include "checkpoint/hash.h"
 #include "checkpoint/io_thread.h"
 #include "checkpoint/snapshot.h"
+#include "kernels/arena.h"
 #include "kernels/check.h"
 #include "parallel/trace.h"
 #include "runtime/launch/logging.h"
@@ -104,7 +105,9 @@ struct Snapshotter::Impl {
   // a snapshot, in waves of at most staging.size() floats: each wave is written before the next
   // is copied, and training goes on while the last one is written.
   std::vector<ck::Slice> mine;
-  std::vector<float> staging;
+  // An arena of its own (huge pages where offered, like the device arena): staging_floats.
+  std::unique_ptr<kernels::Arena> staging_arena;
+  float* staging = nullptr;
   struct Part {
     size_t box;
     int64_t first, last;  // chunks [first, last) of the box
@@ -270,6 +273,7 @@ struct Snapshotter::Impl {
     const auto& world = mesh.world();
     const bool latest = r.snapshot.resume == "latest";
     int64_t before = -1, seen = 0;
+    const auto t0 = Clock::now();
     for (;;) {
       Choice c;
       agree_on(world, [&] {
@@ -292,10 +296,11 @@ struct Snapshotter::Impl {
       world.all_reduce(&first_failed, 1, parallel::ReduceOp::min);
       if (first_failed == world.size()) {
         // Every rank says what it restored (ranks > 0 into their own logs).
-        spdlog::info("resumed from {} after step {}{}", c.path, c.step,
+        spdlog::info("resumed from {} after step {}{} in {:.1f} s", c.path, c.step,
                      layout == layout_of(r)
                          ? ""
-                         : fmt::format(" (resharded: {} -> {})", layout, layout_of(r)));
+                         : fmt::format(" (resharded: {} -> {})", layout, layout_of(r)),
+                     seconds_since(t0));
         last_good = c.path;
         return c.step;
       }
@@ -392,7 +397,9 @@ struct Snapshotter::Impl {
           " is available. Set snapshot.staging_gib lower (staged in waves: training waits "
           "longer per snapshot), run fewer ranks per host, or snapshot.every = 0.");
     });
-    staging.assign(staging_floats, 0.0f);
+    staging_arena = std::make_unique<kernels::Arena>(staging_floats * sizeof(float));
+    staging = staging_arena->alloc_floats("snapshot staging", staging_floats);
+    std::memset(staging, 0, staging_floats * sizeof(float));
   }
 
   // Copies the parts of wave `w` from the arena into staging.
@@ -401,7 +408,7 @@ struct Snapshotter::Impl {
       const ck::Slice& box = mine[p.box];
       const int64_t chunk = ck::chunk_elems(box.shape), n = volume(box.shape);
       const int64_t begin = p.first * chunk, end = std::min(n, p.last * chunk);
-      std::memcpy(staging.data() + p.at, box.data + begin,
+      std::memcpy(staging + p.at, box.data + begin,
                   static_cast<size_t>(end - begin) * sizeof(float));
     }
   }
@@ -449,7 +456,7 @@ struct Snapshotter::Impl {
         try {
           if (w == 0) p->writer = std::make_unique<ck::ShardWriter>(shard, mesh.rank(), mine, opt);
           for (const Part& part : waves[w])
-            p->writer->write(part.box, part.first, part.last, staging.data() + part.at);
+            p->writer->write(part.box, part.first, part.last, staging + part.at);
           if (w + 1 == waves.size()) p->result = p->writer->finish(), p->writer.reset();
         } catch (...) {
           p->writer.reset();  // abandons the temporary, which commit() discards
@@ -595,7 +602,7 @@ struct Snapshotter::Impl {
     const std::string staged =
         waves.size() > 1
             ? fmt::format(" (staged in {} waves of at most {}: training waited for {})",
-                          waves.size(), kernels::format_bytes(staging.size() * sizeof(float)),
+                          waves.size(), kernels::format_bytes(staging_floats * sizeof(float)),
                           waves.size() - 1)
             : "";
     spdlog::info(

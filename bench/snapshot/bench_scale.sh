@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Snapshots at the sizes users train, one model per line (1 rank, fp32, vocab 32000):
+#   bash bench/snapshot/bench_scale.sh [build/apps/titan3d] [snapshot dir] [sizes]
+# sizes: any of 0.2b 0.5b 1b (default all three). For each model it measures
+#  - the file system's sequential rate: dd of the same bytes as one full snapshot, fsynced, into
+#    the snapshot directory;
+#  - a run with a snapshot every 2 steps: write rate of each full snapshot (bytes / write time of
+#    the slowest rank, from metrics.jsonl), the stall per snapshot, the step time of the steps
+#    without one, and the stall as a share of step time at snapshot.every = 10 and 100;
+#  - peak host memory (max RSS of the rank) with snapshots and without (snapshot.every = 0);
+#  - restore: resuming the snapshot before the last, the time rank 0's log gives for it ("resumed
+#    from ... in T s": choosing, verifying and reading), and that the resumed run's first loss
+#    equals the straight run's (bit for bit).
+# STEPS (default 6) and EVERY (default 2) change the run. Prints the CPU and disk first.
+set -u
+titan3d=$(realpath "${1:-build/apps/titan3d}")
+snapdir=${2:-/tmp/t3d_bench_scale}
+sizes=${3:-"0.2b 0.5b 1b"}
+steps=${STEPS:-6} every=${EVERY:-2}
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+export OMPI_ALLOW_RUN_AS_ROOT=${OMPI_ALLOW_RUN_AS_ROOT:-1} OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=${OMPI_ALLOW_RUN_AS_ROOT_CONFIRM:-1}
+mkdir -p "$snapdir"
+work=$(mktemp -d -p "$snapdir")
+trap 'rm -rf "$work"' EXIT
+echo "CPU: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) cores; $(grep -c avx512f /proc/cpuinfo | head -1 | sed 's/^0$/no AVX-512/;s/^[1-9].*/AVX-512/')"
+echo "disk: $(df -h "$snapdir" | awk 'NR == 2 { print $1, $2 }') ($(findmnt -no FSTYPE -T "$snapdir")); memory $(free -g | awk '/Mem:/ { print $2 }') GiB"
+
+model_args() {  # size -> --set for [model] and the arena
+  case $1 in
+    0.2b) echo "--set model.dim=1024 --set model.n_layers=8 --set model.n_heads=16 --set hardware.hbm_gib=4" ;;
+    0.5b) echo "--set model.dim=1536 --set model.n_layers=12 --set model.n_heads=16 --set hardware.hbm_gib=9" ;;
+    1b) echo "--set model.dim=2048 --set model.n_layers=16 --set model.n_heads=16 --set hardware.hbm_gib=17" ;;
+  esac
+}
+field() { sed -n "s/.*\"$1\": \\([0-9.e+-]*\\).*/\\1/p"; }
+max_rss_gib() { sed -n 's/.*Maximum resident set size (kbytes): \([0-9]*\).*/\1/p' "$1" | sort -n | tail -1 | awk '{ printf "%.2f", $1 / 2^20 }'; }
+
+printf '%-5s %7s %9s %9s %7s %9s %9s %9s %8s %8s %9s %9s %9s %9s\n' model params state_GB seq_MB/s write full/seq stall_s step_s "%@10" "%@100" rss_snap rss_none restore_s resumed
+for size in $sizes; do
+  base=(train "$repo/recipes/tiny.toml" $(model_args "$size") --set model.vocab_size=32000
+        --set model.seq_len=128 --set train.global_batch=2 --set train.steps=$steps
+        --set train.warmup_steps=1 --set train.val_every=0 --set data.path="$repo/data/fortunes.txt"
+        --set hardware.gemm=openblas --set train.precision=fp32 --set run.max_restarts=0
+        --set run.log_level=info)
+  /usr/bin/time -v "$titan3d" "${base[@]}" --set snapshot.every=$every --set snapshot.keep=2 \
+    --set run.dir="$work/$size" > "$work/$size.log" 2>&1 || { echo "$size: training failed"; tail -5 "$work/$size.log"; continue; }
+  /usr/bin/time -v "$titan3d" "${base[@]}" --set snapshot.every=0 --set run.dir="$work/$size.none" \
+    > "$work/$size.none.log" 2>&1
+  m=$work/$size/metrics.jsonl
+  bytes=$(grep '"snapshot_ok": 1' "$m" | head -1 | field snapshot_raw_bytes)
+  params=$(sed -n 's/.*model: .*; \([0-9.]*\) M parameters in all.*/\1/p' "$work/$size.log" | head -1)
+  state=$(sed -n 's/.*memory bytes: params \([0-9]*\) grads \([0-9]*\) optimizer \([0-9]*\) .*/\1 \2 \3/p' "$work/$size.log" | head -1 | awk '{ printf "%.2f", ($1 + $2 + $3) / 1e9 }')
+  # The file system's rate for the same bytes, fsynced.
+  seq=$(dd if=/dev/zero of="$work/dd.bin" bs=64M count=$(( (${bytes%.*} + 67108863) / 67108864 )) conv=fdatasync 2>&1 |
+        sed -n 's/.* s, \([0-9.]*\) \([GM]B\)\/s/\1 \2/p' | awk '{ print ($2 == "GB") ? $1 * 1000 : $1 }')
+  rm -f "$work/dd.bin"
+  # Full snapshots: write rate (median), stall (median); step time of steps without a snapshot.
+  write=$(grep '"snapshot_ok": 1' "$m" | grep '"snapshot_incremental": 0' |
+          awk '{ match($0, /"snapshot_bytes": [0-9.e+]+/); b = substr($0, RSTART + 18, RLENGTH - 18); match($0, /"snapshot_write_s": [0-9.e+-]+/); w = substr($0, RSTART + 20, RLENGTH - 20); print b / w / 1e6 }' |
+          sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
+  stall=$(grep '"snapshot_ok": 1' "$m" | field snapshot_stall_s | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
+  step=$(grep '"loss"' "$m" | awk -v e=$every '{ match($0, /"step": [0-9]+/); s = substr($0, RSTART + 8, RLENGTH - 8) + 0; match($0, /"step_time_s": [0-9.e+-]+/); t = substr($0, RSTART + 15, RLENGTH - 15); if (s > 1 && (s - 1) % e != 0) print t }' |
+         sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
+  # Restore: resume the snapshot before the last one and run to the end.
+  last=$(ls "$work/$size/snapshots" | sed -n 's/^step_\([0-9]*\)\.h5$/\1/p' | sort -n | tail -2 | head -1)
+  "$titan3d" resume "$work/$size/snapshots/step_$last.h5" \
+    --set run.dir="$work/$size.r" --set run.log_level=info > "$work/$size.r.log" 2>&1
+  restore=$(sed -n 's/.*resumed from .* in \([0-9.]*\) s$/\1/p' "$work/$size.r/logs/rank0.log" | head -1)
+  want=$(grep "\"step\": $((10#$last + 1))," "$m" | field loss)
+  got=$(grep "\"step\": $((10#$last + 1))," "$work/$size.r/metrics.jsonl" | field loss)
+  same=$([ -n "$want" ] && [ "$want" = "$got" ] && echo bit-exact || echo "DIFFERS ($want vs $got)")
+  [ -n "$want" ] || same="(no step $((10#$last + 1)) in the straight run)"
+  printf '%-5s %6sM %9s %9.0f %7.0f %9.2f %9.2f %9.2f %8.2f %8.3f %9s %9s %9s %9s\n' "$size" "$params" "$state" \
+    "$seq" "$write" "$(awk -v w="$write" -v s="$seq" 'BEGIN { print w / s }')" "$stall" "$step" \
+    "$(awk -v a="$stall" -v s="$step" 'BEGIN { print 100 * a / (10 * s) }')" \
+    "$(awk -v a="$stall" -v s="$step" 'BEGIN { print 100 * a / (100 * s) }')" \
+    "$(max_rss_gib "$work/$size.log")" "$(max_rss_gib "$work/$size.none.log")" "$restore" "$same"
+  grep -o 'snapshot step [0-9]* ([^)]*)[^;]*; stall [^,]*,[^>]*' "$work/$size.log" | sed 's/^/      /' | cut -c1-220
+  rm -rf "$work/$size" "$work/$size.none" "$work/$size.r"
+done
