@@ -344,22 +344,39 @@ struct Snapshotter::Impl {
   int64_t snapshot_floats = 0, largest_chunk_floats = 1;
   size_t staging_floats = 0;
 
-  // Cuts `mine` into waves of at most staging_floats, at chunk boundaries.
+  // Cuts `mine` into waves of at most staging_floats, at chunk boundaries, filled from the end:
+  // the last wave, written while training goes on, is a full one and the first takes the rest,
+  // so training waits for as little writing as the cap allows.
   void plan_waves() {
-    waves.assign(1, {});
-    size_t used = 0;
+    struct Chunk {
+      size_t box;
+      int64_t index;
+      size_t len;
+    };
+    std::vector<Chunk> chunks;
     for (size_t b = 0; b < mine.size(); ++b) {
       const int64_t n = volume(mine[b].shape), chunk = ck::chunk_elems(mine[b].shape);
-      for (int64_t c = 0; c * chunk < std::max<int64_t>(n, 1); ++c) {
-        const auto len = static_cast<size_t>(std::min(chunk, n - c * chunk));
-        if (used + len > staging_floats) waves.emplace_back(), used = 0;
-        auto& wave = waves.back();
-        if (!wave.empty() && wave.back().box == b && wave.back().last == c)
-          ++wave.back().last;
-        else
-          wave.push_back({b, c, c + 1, used});
-        used += len;
-      }
+      for (int64_t c = 0; c * chunk < std::max<int64_t>(n, 1); ++c)
+        chunks.push_back({b, c, static_cast<size_t>(std::min(chunk, n - c * chunk))});
+    }
+    std::vector<size_t> wave_of(chunks.size());
+    size_t wave = 0, used = 0;
+    for (size_t i = chunks.size(); i-- > 0;) {
+      if (used + chunks[i].len > staging_floats) ++wave, used = 0;
+      wave_of[i] = wave;
+      used += chunks[i].len;
+    }
+    waves.assign(chunks.empty() ? 1 : wave + 1, {});
+    std::vector<size_t> at(waves.size(), 0);
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      const size_t w = waves.size() - 1 - wave_of[i];
+      auto& parts = waves[w];
+      const Chunk& c = chunks[i];
+      if (!parts.empty() && parts.back().box == c.box && parts.back().last == c.index)
+        ++parts.back().last;
+      else
+        parts.push_back({c.box, c.index, c.index + 1, at[w]});
+      at[w] += c.len;
     }
   }
 
