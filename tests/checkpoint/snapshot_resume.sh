@@ -61,7 +61,7 @@ out=$("$titan3d" train "$recipe" "${common[@]}" "${snap[@]}" "${one[@]}" --set s
       --set run.dir="$work/tiny_cap" 2>&1); rc=$?
 check "[ $rc -eq 2 ] && grep -q 'snapshot.staging_gib.* cannot hold one snapshot chunk of this rank' <<<\"\$out\"" \
   "a staging cap below one chunk is refused (rc $rc)" || echo "$out"
-out=$(T3D_TEST_MEM_AVAILABLE=100000 "$titan3d" train "$recipe" "${common[@]}" "${snap[@]}" \
+out=$(T3D_TEST_MEM_AVAILABLE=100000 "$titan3d" train "$recipe" "${common[@]}" "${snap[@]}" "${one[@]}" \
       --set run.dir="$work/no_memory" 2>&1); rc=$?
 check "[ $rc -eq 2 ] && grep -q 'snapshot staging does not fit on host .* need .* is available' <<<\"\$out\" && ! grep -qs '\"loss\"' $work/no_memory/metrics.jsonl" \
   "a host without the memory for its ranks' staging is refused at start (rc $rc)" || echo "$out"
@@ -72,7 +72,7 @@ check "[ $rc -eq 2 ] && grep -q 'snapshot staging does not fit on host .* need .
 run_pair frozen "${one[@]}" --set train.lr=1e-30 --set train.min_lr=1e-30
 check "h5ls -r $work/frozen/snapshots/step_00000006/rank00000.h5 | grep -q '^/changed/model/' && ! h5ls -r $work/frozen/snapshots/step_00000006/rank00000.h5 | grep -q '^/model/'" \
   "frozen: the incremental shard holds every parameter box as a partial changed/ dataset"
-reshard frozen frozen_topp "frozen 1 rank -> tp2×pp2" --set parallel.pp=2 --set parallel.tp=2
+reshard frozen frozen_tp2 "frozen 1 rank -> tp2" --set parallel.tp=2
 
 # Resharding: fp32 reductions run in another order, so equal within a tolerance.
 reshard mesh to1 "pp2×dp2×tp2 -> 1 rank" "${one[@]}"
