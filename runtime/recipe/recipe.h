@@ -178,8 +178,8 @@ struct SnapshotConfig {
   bool async = true;
   std::string resume;  // empty | latest | path
   // Host staging cap per rank, GiB; 0: half of the rank's training state (params, grads and
-  // optimizer state), less where a host's ranks would need over 3/4 of its available memory. A
-  // snapshot larger than the cap is staged and written in waves.
+  // optimizer state), less where a host's ranks would need over 3/4 of the memory training
+  // leaves. A snapshot larger than the cap is staged and written in waves.
   double staging_gib = 0;
 };
 

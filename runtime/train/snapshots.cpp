@@ -56,6 +56,18 @@ uint64_t available_memory_bytes() {
   return static_cast<uint64_t>(kib) * 1024;
 }
 
+// VmRSS of this process, bytes (0 when unknown): memory it already holds.
+uint64_t resident_bytes() {
+  std::FILE* f = std::fopen("/proc/self/status", "r");
+  if (!f) return 0;
+  char line[256];
+  unsigned long long kib = 0;
+  while (std::fgets(line, sizeof(line), f))
+    if (std::sscanf(line, "VmRSS: %llu kB", &kib) == 1) break;
+  std::fclose(f);
+  return static_cast<uint64_t>(kib) * 1024;
+}
+
 // UserError naming snapshot.dir unless this rank can create `dir` and a file in it: a run whose
 // snapshots can never be written must not train for hours first.
 void check_writable_dir(const std::string& dir, const std::string& origin, int rank) {
@@ -380,25 +392,35 @@ struct Snapshotter::Impl {
     }
   }
 
-  // Collective. With the default cap (snapshot.staging_gib = 0) a host's ranks together stage in
-  // at most 3/4 of its available memory (smaller waves where half the training state would not
-  // fit); an explicit cap is taken as given. A run whose staging cannot fit some host is refused
-  // (exit 2, on every rank) with the numbers. Then the staging is allocated and touched, so that
-  // the first snapshot's stall is a plain copy.
+  // Collective. A host's memory for the job is what is available plus what its ranks already
+  // hold; each rank will hold at least its arena's regions (most not yet touched when this runs)
+  // or what it holds now, whichever is more, plus its staging. With the default cap
+  // (snapshot.staging_gib = 0) a host's ranks stage in at most 3/4 of what that leaves (smaller
+  // waves where half the training state would not fit); an explicit cap is taken as given. A run
+  // whose staging cannot fit some host is refused (exit 2, on every rank) with the numbers. Then
+  // the staging is allocated and touched, so that the first snapshot's stall is a plain copy.
   void reserve_staging() {
     const auto& world = mesh.world();
-    const uint64_t avail = available_memory_bytes();
-    const uint64_t mine_host[3] = {std::hash<std::string>{}(job.hostname),
-                                   staging_floats * sizeof(float), avail};
-    std::vector<uint64_t> all(3 * static_cast<size_t>(world.size()));
-    world.all_gather(mine_host, all.data(), 3);
-    uint64_t need = 0;
+    const auto& fp = model.footprint();
+    const uint64_t arena = static_cast<uint64_t>(state.footprint().total()) + fp.activations +
+                           fp.scratch;
+    // Per rank: host, staging, MemAvailable, what it will hold without snapshots, what it holds.
+    const uint64_t rss = resident_bytes();
+    const uint64_t mine_host[5] = {std::hash<std::string>{}(job.hostname),
+                                   staging_floats * sizeof(float), available_memory_bytes(),
+                                   std::max(arena, rss), rss};
+    std::vector<uint64_t> all(5 * static_cast<size_t>(world.size()));
+    world.all_gather(mine_host, all.data(), 5);
+    uint64_t need = 0, held = 0, rss_host = 0;
     int ranks = 0;
-    for (int k = 0; k < world.size(); ++k)
-      if (all[3 * k] == mine_host[0]) need += all[3 * k + 1], ++ranks;
-    uint64_t budget = avail;
-    if (r.snapshot.staging_gib == 0 && avail > 0 && need > avail / 4 * 3) {
-      budget = avail / 4 * 3;
+    for (size_t k = 0; k < static_cast<size_t>(world.size()); ++k)
+      if (all[5 * k] == mine_host[0])
+        need += all[5 * k + 1], held += all[5 * k + 3], rss_host += all[5 * k + 4], ++ranks;
+    const uint64_t avail = mine_host[2];
+    const uint64_t room = avail + rss_host > held ? avail + rss_host - held : 0;
+    uint64_t budget = room;
+    if (r.snapshot.staging_gib == 0 && avail > 0 && need > room / 4 * 3) {
+      budget = room / 4 * 3;
       const auto share = static_cast<size_t>(budget / static_cast<uint64_t>(ranks) / sizeof(float));
       staging_floats =
           std::min(staging_floats, std::max(share, static_cast<size_t>(largest_chunk_floats)));
@@ -410,8 +432,10 @@ struct Snapshotter::Impl {
           avail == 0 || need <= budget, "snapshot staging does not fit on host ", job.hostname,
           ": its ", ranks, " rank(s) need ", kernels::format_bytes(need),
           " of host memory for snapshots and ", kernels::format_bytes(budget),
-          r.snapshot.staging_gib == 0 ? " (3/4 of what is available)" : "",
-          " is available. Set snapshot.staging_gib lower (staged in waves: training waits "
+          r.snapshot.staging_gib == 0 ? " (3/4 of what their training leaves)" : "",
+          " is left beside their training (", kernels::format_bytes(held), "; ",
+          kernels::format_bytes(avail),
+          " available now). Set snapshot.staging_gib lower (staged in waves: training waits "
           "longer per snapshot), run fewer ranks per host, or snapshot.every = 0.");
     });
     staging_arena = std::make_unique<kernels::Arena>(staging_floats * sizeof(float));

@@ -63,7 +63,7 @@ check "[ $rc -eq 2 ] && grep -q 'snapshot.staging_gib.* cannot hold one snapshot
   "a staging cap below one chunk is refused (rc $rc)" || echo "$out"
 out=$(T3D_TEST_MEM_AVAILABLE=100000 "$titan3d" train "$recipe" "${common[@]}" "${snap[@]}" "${one[@]}" \
       --set run.dir="$work/no_memory" 2>&1); rc=$?
-check "[ $rc -eq 2 ] && grep -q 'snapshot staging does not fit on host .* need .* is available' <<<\"\$out\" && ! grep -qs '\"loss\"' $work/no_memory/metrics.jsonl" \
+check "[ $rc -eq 2 ] && grep -q 'snapshot staging does not fit on host .* need .* is left beside their training' <<<\"\$out\" && ! grep -qs '\"loss\"' $work/no_memory/metrics.jsonl" \
   "a host without the memory for its ranks' staging is refused at start (rc $rc)" || echo "$out"
 
 # Frozen parameters (lr 1e-30 moves no fp32 parameter): their boxes do not change between snapshots, so the incremental
