@@ -174,14 +174,15 @@ struct Level {
                      format);
       const Kind kind = xor_mask ? Kind::kXor : changed ? Kind::kChanged : Kind::kValues;
       for (auto& p : t.pieces) p.kind = kind;
-      const std::string tensor =
-          xor_mask ? name.substr(4) : changed ? name.substr(std::strlen(kChangedPrefix)) : name;
+      const std::string tensor = xor_mask  ? name.substr(4)
+                                 : changed ? name.substr(std::strlen(kChangedPrefix))
+                                           : name;
       const auto it = tensors.find(tensor);
       if (it == tensors.end()) {
         tensors.emplace(tensor, std::move(t));
       } else {  // some boxes of the tensor whole, others in part
-        T3D_USER_CHECK(it->second.global_shape == t.global_shape, "snapshot `", path, "`: `",
-                       name, "` and `", tensor, "` disagree on the tensor's shape");
+        T3D_USER_CHECK(it->second.global_shape == t.global_shape, "snapshot `", path, "`: `", name,
+                       "` and `", tensor, "` disagree on the tensor's shape");
         for (auto& p : t.pieces) it->second.pieces.push_back(std::move(p));
       }
     }
@@ -347,13 +348,12 @@ struct SnapshotReader::Impl {
     size_t base = chain.size();
     while (base-- > 0) {
       Level& lv = *chain[base];
-      for_ancestor(lv, top(), [&] {
-        pieces[base] = &lv == &top() ? &p : &lv.piece(name, p, top().path);
-      });
+      for_ancestor(lv, top(),
+                   [&] { pieces[base] = &lv == &top() ? &p : &lv.piece(name, p, top().path); });
       if (pieces[base]->kind == Level::Kind::kValues) break;
     }
-    T3D_USER_CHECK(base < chain.size(), "snapshot `", top().path, "`: no level of its chain holds `",
-                   name, "` whole (its full base is damaged)");
+    T3D_USER_CHECK(base < chain.size(), "snapshot `", top().path,
+                   "`: no level of its chain holds `", name, "` whole (its full base is damaged)");
     const auto n = static_cast<size_t>(volume(p.shape));
     for (size_t l = base; l < chain.size(); ++l) {
       Level& lv = *chain[l];

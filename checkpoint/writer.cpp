@@ -130,7 +130,8 @@ h5::Handle rows_space(hid_t dset, const std::vector<int64_t>& shape, int64_t beg
                       const std::string& what) {
   std::vector<hsize_t> start(shape.size(), 0), count(shape.begin(), shape.end());
   const int64_t cols = shape.size() == 1 ? 1 : shape[1];
-  start[0] = static_cast<hsize_t>(begin / cols), count[0] = static_cast<hsize_t>((end - begin) / cols);
+  start[0] = static_cast<hsize_t>(begin / cols),
+  count[0] = static_cast<hsize_t>((end - begin) / cols);
   h5::Handle space(T3D_H5(H5Dget_space(dset), what), H5Sclose);
   T3D_H5(H5Sselect_hyperslab(space, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr),
          what);
@@ -169,8 +170,8 @@ struct ShardWriter::Impl {
     T3D_ASSERT(s.shape.size() == s.offset.size() && s.shape.size() == s.global_shape.size() &&
                    !s.shape.empty() && s.shape.size() <= 2,
                "slice ", s.path, " has inconsistent ranks");
-    T3D_ASSERT(!opt.previous_hashes || (*opt.previous_hashes)[i].size() ==
-                                           static_cast<size_t>(chunks_of(i)),
+    T3D_ASSERT(!opt.previous_hashes ||
+                   (*opt.previous_hashes)[i].size() == static_cast<size_t>(chunks_of(i)),
                "previous snapshot's box of ", s.path, " differs");
     if (i == boxes.size() / 2 && opt.fault.kill) std::raise(SIGKILL);
     T3D_USER_CHECK(!(i == boxes.size() / 2 && opt.fault.fail), "cannot write `", tmp,
@@ -179,8 +180,8 @@ struct ShardWriter::Impl {
     const h5::Handle space = h5::simple_space(s.shape);
     const h5::Handle dcpl = create_plist(s, chunk_of(i), opt.deflate, chunked(), what);
     // Anonymous until the box is complete: its name says whether it holds every chunk.
-    dset = h5::Handle(
-        T3D_H5(H5Dcreate_anon(file, H5T_IEEE_F32LE, space, dcpl, H5P_DEFAULT), what), H5Dclose);
+    dset = h5::Handle(T3D_H5(H5Dcreate_anon(file, H5T_IEEE_F32LE, space, dcpl, H5P_DEFAULT), what),
+                      H5Dclose);
     box = i, next_chunk = 0;
     hashes.clear(), written.clear();
   }

@@ -63,8 +63,8 @@ int main(int argc, char** argv) {
 
   // Tensors of 1024 columns, 4096 rows each (16 MiB), like a dim-1024 model's matrices.
   constexpr int64_t kCols = 1024, kRows = 4096;
-  const auto tensors = std::max<int64_t>(1, static_cast<int64_t>(gib * (1 << 30)) /
-                                                (kRows * kCols * int64_t(sizeof(float))));
+  const auto tensors = std::max<int64_t>(
+      1, static_cast<int64_t>(gib * (1 << 30)) / (kRows * kCols * int64_t(sizeof(float))));
   std::vector<float> state(static_cast<size_t>(tensors * kRows * kCols));
   for (size_t i = 0; i < state.size(); ++i) state[i] = static_cast<float>(i % 9973) * 1e-3f;
   std::vector<float> parent_state = state;
@@ -110,9 +110,8 @@ int main(int argc, char** argv) {
     seq_v.push_back(bytes / seq / 1e6), full_v.push_back(bytes / full_s / 1e6);
     incr_v.push_back(bytes / incr_s / 1e6);
     std::printf("%-6d %14.0f %14.0f %14.0f %8.2f %8.2f   (incremental wrote %lld of %lld chunks)\n",
-                r + 1, seq_v.back(), full_v.back(), incr_v.back(), seq / full_s,
-                full_s / incr_s, static_cast<long long>(incr.chunks_written),
-                static_cast<long long>(incr.chunks));
+                r + 1, seq_v.back(), full_v.back(), incr_v.back(), seq / full_s, full_s / incr_s,
+                static_cast<long long>(incr.chunks_written), static_cast<long long>(incr.chunks));
   }
   std::printf("%-6s %14.0f %14.0f %14.0f %8.2f %8.2f\n", "median", median(seq_v), median(full_v),
               median(incr_v), median(full_v) / median(seq_v), median(incr_v) / median(full_v));

@@ -51,8 +51,8 @@ struct PlanProblem {
   double bucket_mb = 4.0;    // parallel.bucket_mb: ZeRO-2's staging buffers hold the largest bucket
   Precision precision;
   Cluster cluster;
-  bool snapshots = false;    // snapshot.every > 0
-  double staging_gib = 0;    // snapshot.staging_gib
+  bool snapshots = false;  // snapshot.every > 0
+  double staging_gib = 0;  // snapshot.staging_gib
 };
 
 // "" when `layout` can run `problem`, else why not (for --explain of a recipe's own layout).

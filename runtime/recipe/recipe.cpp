@@ -391,7 +391,8 @@ const std::vector<Field>& schema() {
       field("snapshot", "staging_gib", &R::snapshot, &SnapshotConfig::staging_gib,
             "Host memory per rank a snapshot is staged in, GiB; 0: half the rank's training "
             "state (params, grads, optimizer), less where a host's ranks would need over 3/4 of "
-            "the memory their training leaves. A larger snapshot is staged and written in waves: training "
+            "the memory their training leaves. A larger snapshot is staged and written in waves: "
+            "training "
             "waits while all but the last are written. A host without the memory for its ranks' "
             "staging is refused at start."),
       field("snapshot", "resume", &R::snapshot, &SnapshotConfig::resume,
@@ -714,8 +715,9 @@ void validate_data_snapshot_run(const Recipe& r) {
             "snapshot.incremental_min_unchanged",
             "must be a share between 0 and 1, got " + is(r.snapshot.incremental_min_unchanged));
   v.require(r.snapshot.staging_gib >= 0 && r.snapshot.staging_gib <= kMaxHbmGib,
-            "snapshot.staging_gib", "must be between 0 (half the training state) and " +
-                                        is(kMaxHbmGib) + " GiB, got " + is(r.snapshot.staging_gib));
+            "snapshot.staging_gib",
+            "must be between 0 (half the training state) and " + is(kMaxHbmGib) + " GiB, got " +
+                is(r.snapshot.staging_gib));
   v.require(r.hardware.threads_per_rank >= 0, "hardware.threads_per_rank", "must be ≥ 0");
 }
 

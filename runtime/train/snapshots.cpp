@@ -42,31 +42,31 @@ int64_t volume(const std::vector<int64_t>& shape) {
   return n;
 }
 
-// MemAvailable of /proc/meminfo, bytes; 0 when unknown (the check is then skipped). Test hook:
-// T3D_TEST_MEM_AVAILABLE (bytes) stands in for it, as a host short of memory would have it.
-uint64_t available_memory_bytes() {
-  if (const char* fake = std::getenv("T3D_TEST_MEM_AVAILABLE")) return std::strtoull(fake, nullptr, 10);
-  std::FILE* f = std::fopen("/proc/meminfo", "r");
+// The "<key>: N kB" line of a /proc file, in bytes; 0 when unknown.
+uint64_t proc_bytes(const char* path, const char* key) {
+  std::FILE* f = std::fopen(path, "r");
   if (!f) return 0;
   char line[256];
   unsigned long long kib = 0;
+  const size_t n = std::strlen(key);
   while (std::fgets(line, sizeof(line), f))
-    if (std::sscanf(line, "MemAvailable: %llu kB", &kib) == 1) break;
+    if (std::strncmp(line, key, n) == 0 && line[n] == ':' &&
+        std::sscanf(line + n + 1, " %llu kB", &kib) == 1)
+      break;
   std::fclose(f);
   return static_cast<uint64_t>(kib) * 1024;
 }
 
-// VmRSS of this process, bytes (0 when unknown): memory it already holds.
-uint64_t resident_bytes() {
-  std::FILE* f = std::fopen("/proc/self/status", "r");
-  if (!f) return 0;
-  char line[256];
-  unsigned long long kib = 0;
-  while (std::fgets(line, sizeof(line), f))
-    if (std::sscanf(line, "VmRSS: %llu kB", &kib) == 1) break;
-  std::fclose(f);
-  return static_cast<uint64_t>(kib) * 1024;
+// MemAvailable, bytes; 0 when unknown (the check is then skipped). Test hook:
+// T3D_TEST_MEM_AVAILABLE (bytes) stands in for it, as a host short of memory would have it.
+uint64_t available_memory_bytes() {
+  if (const char* fake = std::getenv("T3D_TEST_MEM_AVAILABLE"))
+    return std::strtoull(fake, nullptr, 10);
+  return proc_bytes("/proc/meminfo", "MemAvailable");
 }
+
+// What this process already holds (VmRSS), bytes.
+uint64_t resident_bytes() { return proc_bytes("/proc/self/status", "VmRSS"); }
 
 // UserError naming snapshot.dir unless this rank can create `dir` and a file in it: a run whose
 // snapshots can never be written must not train for hours first.
@@ -144,7 +144,7 @@ struct Snapshotter::Impl {
   struct Pending {
     int64_t step = 0;
     bool incremental = false;
-    std::string why_full;  // when a parent exists but the snapshot is full: why
+    std::string why_full;                     // when a parent exists but the snapshot is full: why
     std::unique_ptr<ck::ShardWriter> writer;  // lives on the I/O thread between waves
     std::future<void> done;
     ck::ShardResult result;  // set by the write job
@@ -402,8 +402,8 @@ struct Snapshotter::Impl {
   void reserve_staging() {
     const auto& world = mesh.world();
     const auto& fp = model.footprint();
-    const uint64_t arena = static_cast<uint64_t>(state.footprint().total()) + fp.activations +
-                           fp.scratch;
+    const uint64_t arena =
+        static_cast<uint64_t>(state.footprint().total()) + fp.activations + fp.scratch;
     // Per rank: host, staging, MemAvailable, what it will hold without snapshots, what it holds.
     const uint64_t rss = resident_bytes();
     const uint64_t mine_host[5] = {std::hash<std::string>{}(job.hostname),
@@ -467,10 +467,11 @@ struct Snapshotter::Impl {
     if (pays > 0 && parent->unchanged < pays) {
       *why_full = parent->unchanged < 0
                       ? std::string("measuring what an incremental one would skip")
-                      : fmt::format("only {:.1f}% of chunks were unchanged last time; an "
-                                    "incremental snapshot pays from {:.0f}% "
-                                    "(snapshot.incremental_min_unchanged)",
-                                    100 * parent->unchanged, 100 * pays);
+                      : fmt::format(
+                            "only {:.1f}% of chunks were unchanged last time; an "
+                            "incremental snapshot pays from {:.0f}% "
+                            "(snapshot.incremental_min_unchanged)",
+                            100 * parent->unchanged, 100 * pays);
       return false;
     }
     return true;
@@ -635,8 +636,8 @@ struct Snapshotter::Impl {
     const double share = t.raw ? double(t.bytes) / double(t.raw) : 0.0;
     std::string kind = "full";
     if (p.incremental)
-      kind = fmt::format("incremental on {}, {}/{} chunks changed", info.parent, t.written,
-                         t.chunks);
+      kind =
+          fmt::format("incremental on {}, {}/{} chunks changed", info.parent, t.written, t.chunks);
     else if (!p.why_full.empty())
       kind = "full: " + p.why_full;
     // Waves: training waited while all but the last were written (snapshot.staging_gib).

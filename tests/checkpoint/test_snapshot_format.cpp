@@ -9,9 +9,9 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <map>
 #include <numeric>
 #include <sstream>
-#include <map>
 
 #include "checkpoint/h5.h"
 #include "checkpoint/io_thread.h"
@@ -378,8 +378,8 @@ TEST_F(IncrementalSnapshot, ShardWrittenInPiecesEqualsOneWrittenWhole) {
   io_.run([&] {
     std::vector<float> other(kCols * 3);
     for (size_t i = 0; i < other.size(); ++i) other[i] = static_cast<float>(i) * 0.5f;
-    const std::vector<Slice> boxes{slice(data_),
-                                   {"optim/exp_avg/v", {kCols * 3}, {0}, {kCols * 3}, other.data()}};
+    const std::vector<Slice> boxes{
+        slice(data_), {"optim/exp_avg/v", {kCols * 3}, {0}, {kCols * 3}, other.data()}};
     const ShardResult whole = write_shard(shard_path(dir_, 1, 0), 0, boxes);
     ShardWriter w(shard_path(dir_, 2, 0), 0, boxes);
     ASSERT_EQ(w.chunks(0), 3);
