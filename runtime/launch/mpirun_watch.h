@@ -58,6 +58,12 @@ class MpirunStderrFilter {
 
 // Runs `argv` (mpirun ...) with its stderr through the filter; returns how it ended.
 //
+// mpirun's stdout (rank 0's console) is relayed to this process's stdout: mpirun itself ignores a
+// failed write there, so a result written to a full disk, /dev/full or a closed pipe would be
+// lost with exit 0. The relay's first failed write is remembered and said once mpirun has ended
+// (standard_output_lost); a job that succeeded then ends with code 2, the code of the verbs that
+// write their own stdout, and any other code stays as it was.
+//
 // Signals to this launcher reach the job, so that no rank is left running: SIGINT (Ctrl-C, or
 // sent to the launcher alone) is passed to mpirun, which ends every rank; the first SIGTERM,
 // SIGHUP or SIGUSR1 becomes SIGUSR1 to mpirun, which forwards it to every rank (preemption: each
@@ -77,6 +83,10 @@ class MpirunStderrFilter {
 MpirunOutcome run_mpirun_watched(const std::vector<std::string>& argv, const std::string& log_dir,
                                  double stall_s = 0, const std::string& pid_dir = "",
                                  const StopRequest& stop = {});
+
+// "writing to standard output failed: <errno's words>; the output is lost. ...": the one message
+// for output lost on stdout, of a verb (apps/) or of the ranks whose output the launcher relays.
+std::string standard_output_lost(int err);
 
 // Waits `seconds` unless SIGINT, SIGTERM, SIGHUP or SIGUSR1 comes first; returns that signal (0
 // when the time ran out). The restart loop's backoff: a signal then stops the job as it would
