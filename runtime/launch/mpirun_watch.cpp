@@ -17,6 +17,7 @@
 #include <regex>
 
 #include "kernels/check.h"
+#include "runtime/launch/stop_signal.h"
 
 namespace t3d::runtime {
 
@@ -48,7 +49,11 @@ std::vector<std::string> MpirunStderrFilter::close_banner() {
     const std::string pid = m[2] == "0" ? "" : "pid " + m[2].str() + " ";
     const std::string how = m[5].matched ? "died: signal " + m[5].str() + " (" + m[6].str() + ")"
                                          : "exited without finishing MPI (a crash or exit())";
-    if (m[5].matched && m[5] == "15") return {};  // ended by the launcher: an echo
+    // Ended by the launcher (mpirun's end of the job, or an interrupt to ranks without a stop
+    // handler): an echo.
+    if (m[5].matched &&
+        (std::stoi(m[5].str()) == SIGTERM || std::stoi(m[5].str()) == kInterruptSignal))
+      return {};
     dead_rank_ = std::stoi(m[1].str());
     dead_signal_ = m[5].matched ? std::stoi(m[5].str()) : 0;
     dead_host_ = m[3].str();
@@ -70,6 +75,8 @@ std::vector<std::string> MpirunStderrFilter::feed(const std::string& line) {
     banner_.push_back(line);
     return {};
   }
+  // mpirun's note of a signal it forwards to the ranks: the launcher said what it passed on.
+  if (line.rfind("mpirun: Forwarding signal", 0) == 0) return {};
   return {line};
 }
 
@@ -194,8 +201,12 @@ class StallWatch {
   std::map<int, Stopped> stopped_;
 };
 
-volatile std::sig_atomic_t g_received = 0;  // the last signal, consumed by the watch loop
-void on_signal(int sig) { g_received = sig; }
+volatile std::sig_atomic_t g_received = 0;    // the last signal, consumed by the watch loop
+volatile std::sig_atomic_t g_held_twice = 0;  // a signal came while another waited to be passed on
+void on_signal(int sig) {
+  if (g_received != 0) g_held_twice = 1;
+  g_received = sig;
+}
 
 // Installs on_signal for the signals the launcher passes on; restores the old handlers on exit.
 class ForwardedSignals {
@@ -217,15 +228,19 @@ class ForwardedSignals {
 
 // Passes a received signal on to mpirun (see mpirun_watch.h); returns a line to print.
 std::string forward(int sig, pid_t child, MpirunOutcome& out) {
-  const bool again = out.signal != 0;
-  if (again && out.signal == -1) return "";  // already ending every rank
+  // The ranks of a stop request already have their stop signal: an interrupt is a second one.
+  const bool again = out.signal != 0 || (sig == SIGINT && out.stop_asked);
+  if (out.signal == -1) return "";  // already ending every rank
   out.signal = sig;
-  if (sig == SIGINT || again) {
-    kill(child, sig == SIGINT ? SIGINT : SIGTERM);
+  if (again) {
+    kill(child, SIGTERM);  // mpirun ends every rank: SIGTERM (their second stop signal), SIGKILL
     out.signal = -1;
-    return again ? "titan3d: second signal: ending every rank now (the last complete snapshot "
-                   "stays as it is)"
-                 : "titan3d: interrupted: ending every rank";
+    return "titan3d: second signal: ending every rank now (the last complete snapshot stays as it "
+           "is)";
+  }
+  if (sig == SIGINT) {
+    kill(child, kInterruptSignal);  // mpirun forwards it to every rank
+    return "titan3d: interrupted: stopping every rank (a second Ctrl-C ends them now)";
   }
   if (out.stop_asked)  // the ranks already got SIGUSR1: a second would end them at once
     return "titan3d: signal " + std::to_string(sig) +
@@ -355,11 +370,13 @@ int sleep_unless_signalled(double seconds) {
 MpirunOutcome run_mpirun_watched(const std::vector<std::string>& argv, const std::string& log_dir,
                                  double stall_s, const std::string& pid_dir,
                                  const StopRequest& stop) {
+  if (!pid_dir.empty()) forget_stop(pid_dir);  // an earlier attempt's
   int err_fd = -1, out_fd = -1;
   const pid_t child = start_mpirun(argv, &err_fd, &out_fd);
   StdoutRelay relay;
   ForwardedSignals forwarded;
   g_received = 0;
+  g_held_twice = 0;
   MpirunOutcome outcome;
   MpirunStderrFilter filter(log_dir);
   WatchdogAbortGuard abort_guard(stall_s);
@@ -411,12 +428,15 @@ MpirunOutcome run_mpirun_watched(const std::vector<std::string>& argv, const std
     }
     if (const std::string said = abort_guard.poll(child, outcome.mpirun_killed); !said.empty())
       print({said});
-    // SIGTERM / SIGUSR1 wait until rank 0 has written its pid file (after MPI_Init, so every
-    // rank has its stop handler and mpirun its forwarding): one sent earlier would kill them.
-    // SIGINT, and a second signal, end the job at once.
+    // A first signal waits until rank 0 has written its pid file (after MPI_Init, so every rank
+    // has its stop handler and mpirun its forwarding): one sent earlier would kill them, or reach
+    // mpirun before it has ranks to forward it to. A second signal ends the job at once.
     if (const int sig = g_received;
-        sig != 0 && (sig == SIGINT || outcome.signal != 0 || ranks_started())) {
+        sig != 0 && (outcome.signal != 0 || g_held_twice != 0 || ranks_started())) {
+      if (g_held_twice != 0 && outcome.signal == 0)
+        if (const std::string said = forward(sig, child, outcome); !said.empty()) print({said});
       g_received = 0;
+      g_held_twice = 0;
       if (const std::string said = forward(sig, child, outcome); !said.empty()) print({said});
     }
     if (stop && !outcome.stop_asked && outcome.signal == 0 && stop()) {
@@ -437,7 +457,13 @@ MpirunOutcome run_mpirun_watched(const std::vector<std::string>& argv, const std
   outcome.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   // The watchdog's exit code (CONTRIBUTING: exit codes).
   if (stalls.fired() || outcome.mpirun_killed) outcome.code = 3;
-  if (outcome.signal == -1 && outcome.code != 0) outcome.code = 130;  // ended on a signal
+  // Ended on a signal, or interrupted (the ranks of a training job exit with this code themselves).
+  if ((outcome.signal == -1 || outcome.signal == SIGINT) && outcome.code != 0)
+    outcome.code = kExitInterrupted;
+  // The ranks agreed to stop and their snapshot committed: that is how the job ended, whatever
+  // mpirun's code says (stop_signal.h).
+  if (const int stopped = pid_dir.empty() ? 0 : recorded_stop(pid_dir); stopped != 0)
+    outcome.code = stopped;
   if (relay.error() != 0) {
     print({"titan3d: " + standard_output_lost(relay.error())});
     if (outcome.code == 0) outcome.code = 2;  // a user error: the output went where it cannot

@@ -64,12 +64,15 @@ class MpirunStderrFilter {
 // (standard_output_lost); a job that succeeded then ends with code 2, the code of the verbs that
 // write their own stdout, and any other code stays as it was.
 //
-// Signals to this launcher reach the job, so that no rank is left running: SIGINT (Ctrl-C, or
-// sent to the launcher alone) is passed to mpirun, which ends every rank; the first SIGTERM,
+// Signals to this launcher reach the job, so that no rank is left running: the first SIGTERM,
 // SIGHUP or SIGUSR1 becomes SIGUSR1 to mpirun, which forwards it to every rank (preemption: each
-// snapshots and exits with kExitPreempted), held until rank 0 has published its pid (its stop
-// handler is in place by then; 30 s at most); a second such signal ends the job at once. mpirun
-// gets SIGTERM when this process dies, even by SIGKILL (PR_SET_PDEATHSIG), and ends the ranks.
+// snapshots its step and exits with kExitPreempted); the first SIGINT (Ctrl-C, to the launcher's
+// process group or to it alone) becomes kInterruptSignal, forwarded alike (a training rank
+// stops as for a preemption and exits with kExitInterrupted, saying so; a rank of another verb
+// ends), and the job's code is then kExitInterrupted. A first signal is held until rank 0 has
+// published its pid (its stop handler is in place by then; 30 s at most); a second signal of
+// either kind ends the job at once (SIGTERM to mpirun, which ends every rank). mpirun gets
+// SIGTERM when this process dies, even by SIGKILL (PR_SET_PDEATHSIG), and ends the ranks.
 //
 // Stall watch (stall_s > 0): every rank on this host publishes its pid in pid_dir/rank<N>.pid
 // (join_world). Once a second the parent reads each one's state from /proc; a rank stopped
