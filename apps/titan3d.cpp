@@ -23,6 +23,7 @@
 #include "runtime/data/text_tokenizer.h"
 #include "runtime/launch/job.h"
 #include "runtime/launch/launch.h"
+#include "runtime/launch/mpirun_watch.h"
 #include "runtime/launch/stop_signal.h"
 #include "runtime/machine/gemm_choice.h"
 #include "runtime/plan/plan_verb.h"
@@ -210,8 +211,7 @@ int eval(const std::string& snapshot, const runtime::EvalOptions& options, const
 void check_stdout() {
   const bool failed = std::fflush(stdout) != 0 || std::ferror(stdout);
   const int err = errno;
-  T3D_USER_CHECK(!failed, "writing to standard output failed: ", std::strerror(err),
-                 "; the output is lost. Redirect it where there is space.");
+  T3D_USER_CHECK(!failed, runtime::standard_output_lost(err));
 }
 
 // OpenBLAS chooses its kernels when it loads, from OPENBLAS_CORETYPE; Debian's falls back to slow

@@ -1,11 +1,15 @@
 #include "kernels/blas.h"
 
 #include <cblas.h>
+#include <cpuid.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <climits>
 #include <cstdint>
+#include <cstdlib>
+#include <string>
 #include <vector>
 
 #include "kernels/check.h"
@@ -48,7 +52,15 @@ void set_blas_threads(int n) {
 
 int blas_threads() { return openblas_get_num_threads(); }
 
-CpuFeatures detect_cpu_features() {
+namespace {
+
+// The cap oneDNN reads, under its own name first.
+const char* onednn_max_cpu_isa() {
+  const char* cap = std::getenv("ONEDNN_MAX_CPU_ISA");
+  return cap ? cap : std::getenv("DNNL_MAX_CPU_ISA");
+}
+
+CpuFeatures cpuid_features() {
   // __builtin_cpu_supports reads cpuid once (and checks the OS enables the AVX-512 state).
   __builtin_cpu_init();
   CpuFeatures f;
@@ -58,6 +70,39 @@ CpuFeatures detect_cpu_features() {
   f.avx512bw = __builtin_cpu_supports("avx512bw");
   f.avx512vl = __builtin_cpu_supports("avx512vl");
   f.avx512dq = __builtin_cpu_supports("avx512dq");
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  // CPUID leaf 7 sub-leaf 1, EAX bit 5: AVX512_BF16 (usable only with the AVX-512 state, above).
+  f.avx512_bf16 = __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 5 & 1u) && f.avx512f;
+  return f;
+}
+
+bool same_features(const CpuFeatures& x, const CpuFeatures& y) {
+  return x.avx2 == y.avx2 && x.fma == y.fma && x.avx512f == y.avx512f && x.avx512bw == y.avx512bw &&
+         x.avx512vl == y.avx512vl && x.avx512dq == y.avx512dq && x.avx512_bf16 == y.avx512_bf16;
+}
+
+}  // namespace
+
+CpuFeatures detect_cpu_features() {
+  return cap_cpu_features(cpuid_features(), onednn_max_cpu_isa());
+}
+
+std::string cpu_isa_cap() {
+  const CpuFeatures all = cpuid_features();
+  const char* cap = onednn_max_cpu_isa();
+  return same_features(all, cap_cpu_features(all, cap)) ? "" : cap;
+}
+
+CpuFeatures cap_cpu_features(CpuFeatures f, const char* max_isa) {
+  std::string isa = max_isa ? max_isa : "";
+  std::transform(isa.begin(), isa.end(), isa.begin(),
+                 [](unsigned char ch) { return static_cast<char>(std::toupper(ch)); });
+  const bool below_avx2 = isa == "SSE41" || isa == "AVX";
+  const bool below_avx512 = below_avx2 || isa == "AVX2" || isa == "AVX2_VNNI";
+  const bool below_bf16 = below_avx512 || isa == "AVX512_CORE" || isa == "AVX512_CORE_VNNI";
+  if (below_avx2) f.avx2 = f.fma = false;
+  if (below_avx512) f.avx512f = f.avx512bw = f.avx512vl = f.avx512dq = false;
+  if (below_bf16) f.avx512_bf16 = false;
   return f;
 }
 

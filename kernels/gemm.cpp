@@ -1,6 +1,5 @@
 #include "kernels/gemm.h"
 
-#include <cpuid.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 #include <tuple>
 #include <vector>
 
+#include "kernels/blas.h"
 #include "kernels/check.h"
 #include "kernels/precision.h"
 #include "kernels/threads.h"
@@ -248,13 +248,7 @@ void set_rank_threads(int n) {
 
 std::size_t gemm_workspace_bytes() { return g_workspace_bytes; }
 
-bool cpu_has_bf16_dot() {
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  // CPUID leaf 7 sub-leaf 1, EAX bit 5: AVX512_BF16. The OS must also enable the AVX-512 state,
-  // which __builtin_cpu_supports("avx512f") checks.
-  if (!__get_cpuid_count(7, 1, &a, &b, &c, &d)) return false;
-  return (a >> 5 & 1u) && __builtin_cpu_supports("avx512f");
-}
+bool cpu_has_bf16_dot() { return detect_cpu_features().avx512_bf16; }
 
 std::string onednn_version_string() {
   const dnnl_version_t* v = dnnl_version();

@@ -50,9 +50,11 @@ std::string cpu_model_name() {
   std::string text = "\n", line;
   for (int i = 0; i < 64 && std::getline(in, line); ++i) text += line + "\n";  // the first CPU
   const std::string name = cpuinfo_field(text, "model name");
-  if (name.empty()) return "unknown CPU";
+  const std::string cap = cpu_isa_cap();
+  const std::string capped = cap.empty() ? "" : ", ONEDNN_MAX_CPU_ISA=" + cap;
+  if (name.empty()) return "unknown CPU" + (cap.empty() ? "" : " (" + capped.substr(2) + ")");
   return name + " (family " + cpuinfo_field(text, "cpu family") + ", model " +
-         cpuinfo_field(text, "model\t") + ")";
+         cpuinfo_field(text, "model\t") + capped + ")";
 }
 
 CorePeak measure_core_peak(int rounds) {

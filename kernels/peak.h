@@ -18,7 +18,8 @@ struct CorePeak {
 };
 
 // "AMD EPYC (family 26, model 2)": /proc/cpuinfo's model name with family and model, the
-// identity of a CPU for caches and for every recorded figure ("unknown CPU" where unreadable).
+// identity of a CPU for caches and for every recorded figure ("unknown CPU" where unreadable);
+// with an ISA cap that takes features away (cpu_isa_cap), "..., model 2, ONEDNN_MAX_CPU_ISA=AVX2)".
 std::string cpu_model_name();
 
 // Best of `rounds` timed runs of about 20 ms each on the calling thread.

@@ -119,6 +119,8 @@ std::string job_run_dir(const std::string& run_dir, const LaunchEnv& env) {
   return run_dir + "/slurm-" + env.job_id;
 }
 
+std::string job_pid_dir(const std::string& job_run_dir) { return job_run_dir + "/pids"; }
+
 std::vector<std::string> tp_groups_straddling_hosts(const parallel::MeshShape& shape,
                                                     const std::vector<std::string>& host_of_rank) {
   using parallel::Dim;

@@ -64,6 +64,9 @@ std::vector<int> parse_slurm_tasks_per_node(const std::string& text);
 // that jobs resubmitted with one recipe keep their logs apart (snapshots stay in run.dir's
 // snapshot.dir, shared by the jobs: a resubmission resumes from them).
 std::string job_run_dir(const std::string& run_dir, const LaunchEnv& env);
+// Where a job's ranks publish their pids (and how they stopped, stop_signal.h) for the
+// self-launched launcher: `<job_run_dir>/pids`.
+std::string job_pid_dir(const std::string& job_run_dir);
 
 // Tensor-parallel groups whose ranks run on more than one host, given each world rank's host
 // name: one line per such group ("tp group of world ranks 2,3 spans hosts a (2), b (3)"), empty

@@ -17,6 +17,7 @@
 #include <regex>
 
 #include "kernels/check.h"
+#include "runtime/launch/stop_signal.h"
 
 namespace t3d::runtime {
 
@@ -48,7 +49,11 @@ std::vector<std::string> MpirunStderrFilter::close_banner() {
     const std::string pid = m[2] == "0" ? "" : "pid " + m[2].str() + " ";
     const std::string how = m[5].matched ? "died: signal " + m[5].str() + " (" + m[6].str() + ")"
                                          : "exited without finishing MPI (a crash or exit())";
-    if (m[5].matched && m[5] == "15") return {};  // ended by the launcher: an echo
+    // Ended by the launcher (mpirun's end of the job, or an interrupt to ranks without a stop
+    // handler): an echo.
+    if (m[5].matched &&
+        (std::stoi(m[5].str()) == SIGTERM || std::stoi(m[5].str()) == kInterruptSignal))
+      return {};
     dead_rank_ = std::stoi(m[1].str());
     dead_signal_ = m[5].matched ? std::stoi(m[5].str()) : 0;
     dead_host_ = m[3].str();
@@ -70,6 +75,8 @@ std::vector<std::string> MpirunStderrFilter::feed(const std::string& line) {
     banner_.push_back(line);
     return {};
   }
+  // mpirun's note of a signal it forwards to the ranks: the launcher said what it passed on.
+  if (line.rfind("mpirun: Forwarding signal", 0) == 0) return {};
   return {line};
 }
 
@@ -86,6 +93,11 @@ std::string watchdog_waited_host(const std::string& line) {
   if (at == std::string::npos) return "";
   const size_t from = at + key.size();
   return line.substr(from, line.find_first_of(" (,;", from) - from);
+}
+
+std::string standard_output_lost(int err) {
+  return std::string("writing to standard output failed: ") + std::strerror(err) +
+         "; the output is lost. Redirect it where there is space.";
 }
 
 char process_state(int pid) {
@@ -189,8 +201,12 @@ class StallWatch {
   std::map<int, Stopped> stopped_;
 };
 
-volatile std::sig_atomic_t g_received = 0;  // the last signal, consumed by the watch loop
-void on_signal(int sig) { g_received = sig; }
+volatile std::sig_atomic_t g_received = 0;    // the last signal, consumed by the watch loop
+volatile std::sig_atomic_t g_held_twice = 0;  // a signal came while another waited to be passed on
+void on_signal(int sig) {
+  if (g_received != 0) g_held_twice = 1;
+  g_received = sig;
+}
 
 // Installs on_signal for the signals the launcher passes on; restores the old handlers on exit.
 class ForwardedSignals {
@@ -212,15 +228,19 @@ class ForwardedSignals {
 
 // Passes a received signal on to mpirun (see mpirun_watch.h); returns a line to print.
 std::string forward(int sig, pid_t child, MpirunOutcome& out) {
-  const bool again = out.signal != 0;
-  if (again && out.signal == -1) return "";  // already ending every rank
+  // The ranks of a stop request already have their stop signal: an interrupt is a second one.
+  const bool again = out.signal != 0 || (sig == SIGINT && out.stop_asked);
+  if (out.signal == -1) return "";  // already ending every rank
   out.signal = sig;
-  if (sig == SIGINT || again) {
-    kill(child, sig == SIGINT ? SIGINT : SIGTERM);
+  if (again) {
+    kill(child, SIGTERM);  // mpirun ends every rank: SIGTERM (their second stop signal), SIGKILL
     out.signal = -1;
-    return again ? "titan3d: second signal: ending every rank now (the last complete snapshot "
-                   "stays as it is)"
-                 : "titan3d: interrupted: ending every rank";
+    return "titan3d: second signal: ending every rank now (the last complete snapshot stays as it "
+           "is)";
+  }
+  if (sig == SIGINT) {
+    kill(child, kInterruptSignal);  // mpirun forwards it to every rank
+    return "titan3d: interrupted: stopping every rank (a second Ctrl-C ends them now)";
   }
   if (out.stop_asked)  // the ranks already got SIGUSR1: a second would end them at once
     return "titan3d: signal " + std::to_string(sig) +
@@ -230,10 +250,46 @@ std::string forward(int sig, pid_t child, MpirunOutcome& out) {
          ": every rank finishes its step, snapshots it and stops (a second signal ends them now)";
 }
 
-// Forks mpirun (`argv`) with its stderr into a pipe; returns its pid and the pipe's read end.
-pid_t start_mpirun(const std::vector<std::string>& argv, int* read_fd) {
-  int fds[2];
-  T3D_ASSERT(pipe(fds) == 0, "pipe: ", std::strerror(errno));
+// mpirun's standard output (the ranks' console: rank 0's logs and results), passed on to this
+// process's own. The first write that fails (a full disk, /dev/full, a closed pipe: SIGPIPE is
+// ignored meanwhile, so it is EPIPE) is remembered and the rest is read and dropped, so that no
+// rank blocks on a pipe that is no longer emptied. A reader that is slow holds the job back, as
+// it would any program writing to it.
+class StdoutRelay {
+ public:
+  StdoutRelay() {
+    struct sigaction ignore {};
+    ignore.sa_handler = SIG_IGN;
+    sigemptyset(&ignore.sa_mask);
+    sigaction(SIGPIPE, &ignore, &old_pipe_);
+  }
+  ~StdoutRelay() { sigaction(SIGPIPE, &old_pipe_, nullptr); }
+  StdoutRelay(const StdoutRelay&) = delete;
+  StdoutRelay& operator=(const StdoutRelay&) = delete;
+
+  void pass(const char* data, size_t n) {
+    while (n > 0 && error_ == 0) {
+      const ssize_t written = write(STDOUT_FILENO, data, n);
+      if (written < 0 && errno == EINTR) continue;
+      if (written < 0) {
+        error_ = errno;
+        return;
+      }
+      data += written, n -= static_cast<size_t>(written);
+    }
+  }
+  int error() const { return error_; }  // errno of the write that failed, or 0
+
+ private:
+  struct sigaction old_pipe_ {};
+  int error_ = 0;
+};
+
+// Forks mpirun (`argv`) with its stderr and stdout into pipes; returns its pid and the pipes'
+// read ends.
+pid_t start_mpirun(const std::vector<std::string>& argv, int* err_fd, int* out_fd) {
+  int fds[2], out[2];
+  T3D_ASSERT(pipe(fds) == 0 && pipe(out) == 0, "pipe: ", std::strerror(errno));
   const pid_t parent = getpid();
   const pid_t child = fork();
   T3D_ASSERT(child >= 0, "fork: ", std::strerror(errno));
@@ -248,7 +304,8 @@ pid_t start_mpirun(const std::vector<std::string>& argv, int* read_fd) {
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) _exit(2);
     dup2(fds[1], STDERR_FILENO);
-    close(fds[0]), close(fds[1]);
+    dup2(out[1], STDOUT_FILENO);
+    close(fds[0]), close(fds[1]), close(out[0]), close(out[1]);
     std::vector<char*> args;
     for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
     args.push_back(nullptr);
@@ -259,8 +316,9 @@ pid_t start_mpirun(const std::vector<std::string>& argv, int* read_fd) {
                  std::strerror(errno));
     _exit(2);
   }
-  close(fds[1]);
-  *read_fd = fds[0];
+  close(fds[1]), close(out[1]);
+  *err_fd = fds[0];
+  *out_fd = out[0];
   return child;
 }
 
@@ -312,10 +370,13 @@ int sleep_unless_signalled(double seconds) {
 MpirunOutcome run_mpirun_watched(const std::vector<std::string>& argv, const std::string& log_dir,
                                  double stall_s, const std::string& pid_dir,
                                  const StopRequest& stop) {
-  int fd = -1;
-  const pid_t child = start_mpirun(argv, &fd);
+  if (!pid_dir.empty()) forget_stop(pid_dir);  // an earlier attempt's
+  int err_fd = -1, out_fd = -1;
+  const pid_t child = start_mpirun(argv, &err_fd, &out_fd);
+  StdoutRelay relay;
   ForwardedSignals forwarded;
   g_received = 0;
+  g_held_twice = 0;
   MpirunOutcome outcome;
   MpirunStderrFilter filter(log_dir);
   WatchdogAbortGuard abort_guard(stall_s);
@@ -328,7 +389,8 @@ MpirunOutcome run_mpirun_watched(const std::vector<std::string>& argv, const std
   };
   bool reaped = false;
   int status = 0;
-  // mpirun's stderr line by line, and the stall watch once a second in between.
+  // mpirun's stderr line by line and its stdout as it comes, until both are closed (mpirun is
+  // ending), and the stall watch once a second in between.
   StallWatch stalls(log_dir, pid_dir, stall_s);
   const auto started_at = std::chrono::steady_clock::now();
   const auto ranks_started = [&] {
@@ -337,15 +399,23 @@ MpirunOutcome run_mpirun_watched(const std::vector<std::string>& argv, const std
   };
   std::string pending;
   char buf[4096];
-  for (;;) {
-    pollfd pfd{fd, POLLIN, 0};
-    const int ready = ::poll(&pfd, 1, 1000);
+  // Reads what `fd` holds (it is ready); closes it at its end. Returns the bytes read into buf.
+  const auto read_ready = [&](int& fd) -> size_t {
+    const ssize_t n = read(fd, buf, sizeof(buf));
+    if (n < 0 && errno == EINTR) return 0;
+    if (n <= 0) close(fd), fd = -1;
+    return n > 0 ? static_cast<size_t>(n) : 0;
+  };
+  while (err_fd >= 0 || out_fd >= 0) {
+    pollfd pfds[2] = {{err_fd, POLLIN, 0}, {out_fd, POLLIN, 0}};  // a closed one (-1) is skipped
+    const int ready = ::poll(pfds, 2, 1000);
     if (ready < 0 && errno != EINTR) break;
-    if (ready > 0) {
-      const ssize_t n = read(fd, buf, sizeof(buf));
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) break;  // mpirun closed its stderr: it is ending
-      pending.append(buf, static_cast<size_t>(n));
+    if (ready > 0 && pfds[1].revents != 0) {
+      const size_t n = read_ready(out_fd);
+      relay.pass(buf, n);
+    }
+    if (ready > 0 && pfds[0].revents != 0) {
+      pending.append(buf, read_ready(err_fd));
       for (size_t nl; (nl = pending.find('\n')) != std::string::npos;) {
         print(filter.feed(pending.substr(0, nl)));
         pending.erase(0, nl + 1);
@@ -358,12 +428,15 @@ MpirunOutcome run_mpirun_watched(const std::vector<std::string>& argv, const std
     }
     if (const std::string said = abort_guard.poll(child, outcome.mpirun_killed); !said.empty())
       print({said});
-    // SIGTERM / SIGUSR1 wait until rank 0 has written its pid file (after MPI_Init, so every
-    // rank has its stop handler and mpirun its forwarding): one sent earlier would kill them.
-    // SIGINT, and a second signal, end the job at once.
+    // A first signal waits until rank 0 has written its pid file (after MPI_Init, so every rank
+    // has its stop handler and mpirun its forwarding): one sent earlier would kill them, or reach
+    // mpirun before it has ranks to forward it to. A second signal ends the job at once.
     if (const int sig = g_received;
-        sig != 0 && (sig == SIGINT || outcome.signal != 0 || ranks_started())) {
+        sig != 0 && (outcome.signal != 0 || g_held_twice != 0 || ranks_started())) {
+      if (g_held_twice != 0 && outcome.signal == 0)
+        if (const std::string said = forward(sig, child, outcome); !said.empty()) print({said});
       g_received = 0;
+      g_held_twice = 0;
       if (const std::string said = forward(sig, child, outcome); !said.empty()) print({said});
     }
     if (stop && !outcome.stop_asked && outcome.signal == 0 && stop()) {
@@ -373,7 +446,8 @@ MpirunOutcome run_mpirun_watched(const std::vector<std::string>& argv, const std
   }
   if (!pending.empty()) print(filter.feed(pending));
   print(filter.finish());
-  close(fd);
+  for (const int fd : {err_fd, out_fd})
+    if (fd >= 0) close(fd);
   while (!reaped && waitpid(child, &status, 0) < 0 && errno == EINTR) {
   }
   outcome.dead_rank = filter.dead_rank();
@@ -383,7 +457,17 @@ MpirunOutcome run_mpirun_watched(const std::vector<std::string>& argv, const std
   outcome.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   // The watchdog's exit code (CONTRIBUTING: exit codes).
   if (stalls.fired() || outcome.mpirun_killed) outcome.code = 3;
-  if (outcome.signal == -1 && outcome.code != 0) outcome.code = 130;  // ended on a signal
+  // Ended on a signal, or interrupted (the ranks of a training job exit with this code themselves).
+  if ((outcome.signal == -1 || outcome.signal == SIGINT) && outcome.code != 0)
+    outcome.code = kExitInterrupted;
+  // The ranks agreed to stop and their snapshot committed: that is how the job ended, whatever
+  // mpirun's code says (stop_signal.h).
+  if (const int stopped = pid_dir.empty() ? 0 : recorded_stop(pid_dir); stopped != 0)
+    outcome.code = stopped;
+  if (relay.error() != 0) {
+    print({"titan3d: " + standard_output_lost(relay.error())});
+    if (outcome.code == 0) outcome.code = 2;  // a user error: the output went where it cannot
+  }
   return outcome;
 }
 

@@ -58,12 +58,21 @@ class MpirunStderrFilter {
 
 // Runs `argv` (mpirun ...) with its stderr through the filter; returns how it ended.
 //
-// Signals to this launcher reach the job, so that no rank is left running: SIGINT (Ctrl-C, or
-// sent to the launcher alone) is passed to mpirun, which ends every rank; the first SIGTERM,
+// mpirun's stdout (rank 0's console) is relayed to this process's stdout: mpirun itself ignores a
+// failed write there, so a result written to a full disk, /dev/full or a closed pipe would be
+// lost with exit 0. The relay's first failed write is remembered and said once mpirun has ended
+// (standard_output_lost); a job that succeeded then ends with code 2, the code of the verbs that
+// write their own stdout, and any other code stays as it was.
+//
+// Signals to this launcher reach the job, so that no rank is left running: the first SIGTERM,
 // SIGHUP or SIGUSR1 becomes SIGUSR1 to mpirun, which forwards it to every rank (preemption: each
-// snapshots and exits with kExitPreempted), held until rank 0 has published its pid (its stop
-// handler is in place by then; 30 s at most); a second such signal ends the job at once. mpirun
-// gets SIGTERM when this process dies, even by SIGKILL (PR_SET_PDEATHSIG), and ends the ranks.
+// snapshots its step and exits with kExitPreempted); the first SIGINT (Ctrl-C, to the launcher's
+// process group or to it alone) becomes kInterruptSignal, forwarded alike (a training rank
+// stops as for a preemption and exits with kExitInterrupted, saying so; a rank of another verb
+// ends), and the job's code is then kExitInterrupted. A first signal is held until rank 0 has
+// published its pid (its stop handler is in place by then; 30 s at most); a second signal of
+// either kind ends the job at once (SIGTERM to mpirun, which ends every rank). mpirun gets
+// SIGTERM when this process dies, even by SIGKILL (PR_SET_PDEATHSIG), and ends the ranks.
 //
 // Stall watch (stall_s > 0): every rank on this host publishes its pid in pid_dir/rank<N>.pid
 // (join_world). Once a second the parent reads each one's state from /proc; a rank stopped
@@ -77,6 +86,10 @@ class MpirunStderrFilter {
 MpirunOutcome run_mpirun_watched(const std::vector<std::string>& argv, const std::string& log_dir,
                                  double stall_s = 0, const std::string& pid_dir = "",
                                  const StopRequest& stop = {});
+
+// "writing to standard output failed: <errno's words>; the output is lost. ...": the one message
+// for output lost on stdout, of a verb (apps/) or of the ranks whose output the launcher relays.
+std::string standard_output_lost(int err);
 
 // Waits `seconds` unless SIGINT, SIGTERM, SIGHUP or SIGUSR1 comes first; returns that signal (0
 // when the time ran out). The restart loop's backoff: a signal then stops the job as it would

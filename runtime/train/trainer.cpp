@@ -53,6 +53,18 @@ std::string unit_name(int64_t unit, int64_t n_layers) {
   return "model.layers." + std::to_string(unit);
 }
 
+// The stop signals of a step, agreed over the ranks (runtime/launch/stop_signal.h): an interrupt
+// on any rank makes the stop an interrupt (the user stopped the run: no requeue).
+struct StopSignals {
+  int ranks = 0;  // ranks a stop signal reached
+  bool interrupted = false;
+  std::string cause() const {
+    return interrupted ? "interrupted (Ctrl-C: SIGINT)"
+                       : "preempted (SIGTERM or SIGUSR1 on " + std::to_string(ranks) + " rank(s))";
+  }
+  int exit_code() const { return interrupted ? kExitInterrupted : kExitPreempted; }
+};
+
 }  // namespace
 
 struct Trainer::Impl {
@@ -304,15 +316,17 @@ struct Trainer::Impl {
 
   // Speed, communication shares (mean over ranks since `waited`) and the largest arena peak of a
   // step whose step_time_s is set: two small all-reduces, the first also counting the ranks a
-  // preemption signal reached (returned: every rank sees the same count).
-  int measure_step(StepRecord& rec, const parallel::Comm* const groups[4], const double waited[4]) {
-    double shares[6];
+  // stop signal reached (returned: every rank sees the same count and cause).
+  StopSignals measure_step(StepRecord& rec, const parallel::Comm* const groups[4],
+                           const double waited[4]) {
+    double shares[7];
     for (int i = 0; i < 4; ++i)
       shares[i] =
           (groups[i]->counters().wait_s - waited[i]) / rec.step_time_s / mesh.world().size();
     shares[4] = stop_requested() != 0 ? 1.0 : 0.0;
     shares[5] = metrics_error.empty() ? 0.0 : 1.0;  // the previous step's metrics write
-    mesh.world().all_reduce(shares, 6);
+    shares[6] = stop_is_interrupt() ? 1.0 : 0.0;
+    mesh.world().all_reduce(shares, 7);
     if (shares[5] > 0) stop_on_metrics_error();
     rec.tp_comm_share = shares[0], rec.dp_comm_share = shares[1], rec.pp_wait_share = shares[2];
     rec.cp_comm_share = shares[3];
@@ -321,27 +335,32 @@ struct Trainer::Impl {
     rec.tokens_per_s = static_cast<double>(r.train.global_batch * T) / rec.step_time_s;
     rec.mfu = flops_per_token * rec.tokens_per_s / (hosts * peaks.hardware_gflops * 1e9);
     rec.mfu_gemm = flops_per_token * rec.tokens_per_s / (hosts * peaks.gemm_gflops * 1e9);
-    return static_cast<int>(shares[4] + 0.5);
+    return {static_cast<int>(shares[4] + 0.5), shares[6] > 0};
   }
 
   // After the snapshot of `step` started on every rank: waits for its commit and ends the run
-  // with kExitPreempted (every rank alike; rank 0 says so).
-  [[noreturn]] void stop_preempted(int64_t step, int signalled) {
+  // with the stop's exit code (every rank alike; rank 0 says so).
+  [[noreturn]] void stop_signalled(int64_t step, const StopSignals& stop) {
     snapshots->finish();
     if (mesh.rank() == 0) {
       if (r.snapshot.every > 0)
         spdlog::warn(
-            "preempted (SIGTERM or SIGUSR1 on {} rank(s)): stopped after step {} with its "
-            "snapshot committed; continue with `titan3d train <recipe> --set "
-            "snapshot.resume=latest` (exit {})",
-            signalled, step, kExitPreempted);
+            "{}: stopped after step {} with its snapshot committed; continue with `titan3d train "
+            "<recipe> --set snapshot.resume=latest` (exit {})",
+            stop.cause(), step, stop.exit_code());
       else
         spdlog::warn(
-            "preempted (SIGTERM or SIGUSR1 on {} rank(s)): stopped after step {}; "
-            "snapshot.every = 0, so nothing was saved (exit {})",
-            signalled, step, kExitPreempted);
+            "{}: stopped after step {}; snapshot.every = 0, so nothing was saved (exit {})",
+            stop.cause(), step, stop.exit_code());
     }
-    throw AgreedFailure{kExitPreempted};
+    end_stopped(stop);
+  }
+
+  // Every rank alike: the stop's exit code, recorded for the self-launched launcher
+  // (stop_signal.h: mpirun's own exit code does not say it).
+  [[noreturn]] void end_stopped(const StopSignals& stop) {
+    if (job.env.local_rank == 0) record_stop(job_pid_dir(job.run_dir), stop.exit_code());
+    throw AgreedFailure{stop.exit_code()};
   }
 
   TrainSummary run() {
@@ -360,18 +379,17 @@ struct Trainer::Impl {
     const parallel::Comm* groups[4] = {&mesh.group(Dim::tp), &mesh.dp_cp(), &mesh.group(Dim::pp),
                                        &mesh.group(Dim::cp)};
     install_stop_signals();  // also done before MPI started (apps): idempotent
-    // A preemption signal that came while the job started: nothing has been trained to save.
-    int signalled_early = stop_requested() != 0 ? 1 : 0;
-    mesh.world().all_reduce(&signalled_early, 1);
-    if (signalled_early > 0) {
+    // A stop signal that came while the job started: nothing has been trained to save.
+    int early[2] = {stop_requested() != 0 ? 1 : 0, stop_is_interrupt() ? 1 : 0};
+    mesh.world().all_reduce(early, 2);
+    if (const StopSignals stop{early[0], early[1] > 0}; stop.ranks > 0) {
       if (mesh.rank() == 0)
         spdlog::warn(
-            "preempted (SIGTERM or SIGUSR1 on {} rank(s)) before step {}: nothing new to "
-            "snapshot; {} (exit {})",
-            signalled_early, first_step + 1,
+            "{} before step {}: nothing new to snapshot; {} (exit {})", stop.cause(),
+            first_step + 1,
             first_step > 0 ? "the snapshot it resumed from stands" : "the run had not trained yet",
-            kExitPreempted);
-      throw AgreedFailure{kExitPreempted};
+            stop.exit_code());
+      end_stopped(stop);
     }
     for (int64_t step = first_step; step < t.steps; ++step) {
       parallel::fault::step_starts(mesh.rank(), static_cast<long>(step + 1));
@@ -408,14 +426,14 @@ struct Trainer::Impl {
       if (val_sampler && t.val_every > 0 && ((step + 1) % t.val_every == 0 || last))
         rec.val_loss = validate();
       rec.step_time_s = seconds_since(t0);
-      const int signalled = measure_step(rec, groups, waited);
+      const StopSignals stop = measure_step(rec, groups, waited);
       summary.steps.push_back(rec);
       // Rank 0 writes the metrics; a failed write (a full disk) ends every rank together at the
       // next step's measure_step all-reduce (after the loop for the last step).
       report_or_keep_error(rec, seconds_since(run_start));
-      // A preemption signal on any rank: every rank snapshots this step and stops.
-      snapshots->after_step(step + 1, last || signalled > 0);
-      if (signalled > 0 && !last) stop_preempted(step + 1, signalled);
+      // A stop signal on any rank: every rank snapshots this step and stops.
+      snapshots->after_step(step + 1, last || stop.ranks > 0);
+      if (stop.ranks > 0 && !last) stop_signalled(step + 1, stop);
     }
     int last_write_failed = metrics_error.empty() ? 0 : 1;
     mesh.world().all_reduce(&last_write_failed, 1);

@@ -54,17 +54,37 @@ out=$(timeout 120 "$titan3d" "${base[@]}" --set parallel.dp=2 --set train.steps=
       --set run.dir="$work/run_dp2" --set snapshot.dir="$mnt" 2>&1); rc=$?
 check "[ $rc -eq 2 ] && grep -q 'snapshots failed at step(s) 1, 2, 3' <<<\"\$out\"" \
   "2 ranks, three snapshots failed in a row: every rank stops, exit 2 (rc $rc)" || echo "$out" | tail -5
-"$titan3d" "${base[@]}" --set parallel.dp=2 --set train.steps=100000 --set snapshot.every=100000 \
-  --set run.dir="$work/run_preempt" --set snapshot.dir="$mnt" > "$work/preempt.log" 2>&1 &
-job=$!
-( sleep 120; kill -KILL $job; pkill -KILL -f "$work/run_preempt" ) > /dev/null 2>&1 &
-guard=$!  # a hang ends here, not at ctest's timeout
-for _ in $(seq 1 600); do grep -q '"step": 3,' "$work/run_preempt/metrics.jsonl" 2>/dev/null && break; sleep 0.1; done
-kill -USR1 $job
-wait $job; rc=$?
-pkill -P $guard 2>/dev/null; kill $guard 2>/dev/null
-check "[ $rc -eq 2 ] && grep -q 'the run ends without its final state' $work/preempt.log" \
-  "2 ranks, a preemption whose snapshot hits the full disk: exit 2, no hang (rc $rc)" || tail -5 "$work/preempt.log"
+# preempt_on_full_disk WHAT MNT RUN --set...: SIGUSR1 at step 3 of a run whose snapshot.dir MNT is
+# filled up then; exit 2 saying the final state is not saved, within seconds.
+preempt_on_full_disk() {
+  local what=$1 mnt=$2 run=$work/$3 job guard rc; shift 3
+  "$titan3d" "${base[@]}" "$@" --set train.steps=100000 --set snapshot.every=100000 \
+    --set run.dir="$run" --set snapshot.dir="$mnt" > "$run.log" 2>&1 &
+  job=$!
+  ( sleep 120; kill -KILL $job; pkill -KILL -f "$run" ) > /dev/null 2>&1 &
+  guard=$!  # a hang ends here, not at ctest's timeout
+  for _ in $(seq 1 600); do grep -q '"step": 3,' "$run/metrics.jsonl" 2>/dev/null && break; sleep 0.1; done
+  fill "$mnt"
+  kill -USR1 $job
+  wait $job; rc=$?
+  pkill -P $guard 2>/dev/null; kill $guard 2>/dev/null
+  check "[ $rc -eq 2 ] && grep -q 'the run ends without its final state' $run.log" \
+    "$what, a preemption whose snapshot hits the full disk: exit 2, no hang (rc $rc)" || tail -5 "$run.log"
+}
+preempt_on_full_disk "2 ranks" "$mnt" run_preempt --set parallel.dp=2
+umount "$mnt"
+# Four ranks (dp2 × tp2) on a 6 MB snapshot.dir, the scale a rank used to be killed at (exit 137)
+# and a preemption to hang: the snapshots fill it, every rank stops with exit 2; a preemption
+# whose snapshot meets the disk filled up ends with exit 2 as well.
+mnt=$work/six_mb
+full_tmpfs "$mnt" 6144
+out=$(timeout 120 "$titan3d" "${base[@]}" --set parallel.dp=2 --set parallel.tp=2 --set train.steps=40 \
+      --set snapshot.keep=100 --set run.dir="$work/run_4" --set snapshot.dir="$mnt" 2>&1); rc=$?
+check "[ $rc -eq 2 ] && grep -q 'snapshots failed at step(s) [0-9]*, [0-9]*, [0-9]* with none' <<<\"\$out\"" \
+  "4 ranks, a 6 MB snapshot.dir filled by the run's snapshots: every rank stops, exit 2 (rc $rc)" || echo "$out" | tail -5
+umount "$mnt"
+full_tmpfs "$mnt" 6144
+preempt_on_full_disk "4 ranks" "$mnt" run_preempt_4 --set parallel.dp=2 --set parallel.tp=2
 umount "$mnt"
 
 echo "snapshots that failed on a full disk: $failures; indexes left that verify: $commits"

@@ -130,8 +130,6 @@ steps=1500
 long=(--set data.path="$corpus" --set parallel.dp=2 --set parallel.tp=2 --set train.steps=$steps
       --set train.val_every=0 --set snapshot.every=500 --set snapshot.keep=10
       --set run.max_restarts=0)
-"$titan3d" train "$repo/recipes/tiny.toml" "${long[@]}" --set run.dir="$work/long_reference" \
-  > "$work/long_reference.log" 2>&1 || { echo "FAIL: long reference run"; tail "$work/long_reference.log"; exit 1; }
 job=$(cd "$work/jobs" && TITAN3D=$titan3d sbatch --parsable --job-name=t3d_preempt --nodes=1 \
         --ntasks-per-node=4 --cpus-per-task=1 --time=5 --open-mode=append \
         --output="$work/jobs/%x-%j.out" "$repo/scripts/slurm/train.sbatch" \
@@ -148,7 +146,10 @@ scancel --signal=USR1 --batch "$job"
 # Done when the job completed after its requeue. SLURM holds a requeued job for about two minutes
 # (Reason=BeginTime, measured here); the test waits it out: moving the start to now (scontrol
 # update StartTime=now) let the old instance's late end be counted as the new one's (seen here:
-# the new job marked COMPLETED 55 ms after it started, its srun step aborted).
+# the new job marked COMPLETED 55 ms after it started, its srun step aborted). The uninterrupted
+# reference, self-launched, runs meanwhile.
+"$titan3d" train "$repo/recipes/tiny.toml" "${long[@]}" --set run.dir="$work/long_reference" \
+  > "$work/long_reference.log" 2>&1 || { echo "FAIL: long reference run"; tail "$work/long_reference.log"; exit 1; }
 finished() { [ "$(job_field JobState)" = COMPLETED ] && past_step $steps; }
 wait_for 400 finished
 state="JobState=$(job_field JobState) ExitCode=$(job_field ExitCode) Restarts=$(job_field Restarts)"

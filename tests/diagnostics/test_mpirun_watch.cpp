@@ -45,6 +45,18 @@ TEST(MpirunWatch, WatchdogAbortBannerIsDropped) {
                   .empty());
 }
 
+// After Ctrl-C the launcher said it stops every rank: mpirun's note of the signal it forwards,
+// and the banner of a rank without a stop handler that the interrupt signal ended, repeat it.
+TEST(MpirunWatch, InterruptEchoesAreDropped) {
+  MpirunStderrFilter f("logs");
+  EXPECT_TRUE(feed_all(f, {"mpirun: Forwarding signal 12 to job", kRule,
+                           "mpirun noticed that process rank 0 with PID 77 on node n1 exited on "
+                           "signal 12 (User defined signal 2).",
+                           kRule})
+                  .empty());
+  EXPECT_EQ(f.dead_rank(), -1);
+}
+
 TEST(MpirunWatch, UnknownBannersPassThrough) {
   MpirunStderrFilter f("logs");
   const auto out = feed_all(f, {kRule, "There are not enough slots available", kRule});

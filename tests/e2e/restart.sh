@@ -8,8 +8,13 @@
 #  3. A deterministic crash (T3D_FAULT=die_at_step): stopped after the first repeat, saying so.
 #  4. SIGTERM to the launcher (preemption): every rank snapshots the step it is in, exits 75, no
 #     rank is left; `snapshot.resume = latest` then finishes the straight run's losses.
-#  5. SIGINT to the launcher alone: every rank ends promptly (exit 130), none is left, and the
-#     last complete snapshot still resumes.
+#  4b. The same stop signal to several processes of the job at once, as a scheduler sends it
+#     (run.max_restarts = 2): to mpirun alone, which then exits 1; to the launcher and one rank,
+#     which gets it twice (its own and the forwarded one); to the launcher, mpirun and every rank.
+#     Each time: exit 75 with the snapshot of the step reached, and no restart.
+#  5. SIGINT to the launcher's process group, as Ctrl-C sends it: every rank ends promptly (exit
+#     130), none is left, the console gives one account (interrupted after step N with its
+#     snapshot committed: no "preempted", no exit 75) and that snapshot resumes.
 #  6. Elastic shrink's resume: a dp2 snapshot continued on dp1 with the same global_batch (twice
 #     the micro-batches) gives the dp2 run's losses within fp32 tolerance.
 # The end-of-run rows of a supervised run (apps/perf_report.h) give the restarts (1.).
@@ -96,15 +101,41 @@ check "! alive preempt" "no rank left after the preemption"
   >> "$work/preempt.log" 2>&1 || { echo "FAIL: continuing the preempted run exited $?"; fail=1; }
 same_as_straight preempt "preempted and continued"
 
-# --- 5. SIGINT to the launcher alone. ---
+# --- 4b. One preemption signal to several processes of the job at once. ---
+mpirun_pid() { pgrep -f "^mpirun .*run.dir=$work/$1( |\$)"; }
+for to in mpirun "launcher rank1" "launcher mpirun ranks"; do
+  run=preempt_${to// /_}
+  "$titan3d" "${recipe[@]}" --set run.dir="$work/$run" --max-restarts 2 > "$work/$run.log" 2>&1 &
+  job=$!
+  wait_for_step "$run" 50
+  case $to in
+    mpirun) kill -TERM "$(mpirun_pid "$run")" ;;
+    "launcher rank1") kill -TERM $job "$(rank_pid "$run" 1)" ;;
+    *) kill -TERM $job "$(mpirun_pid "$run")" "$(rank_pid "$run" 0)" "$(rank_pid "$run" 1)" ;;
+  esac
+  wait $job; rc=$?
+  stopped=$(last_step "$work/$run/metrics.jsonl")
+  check "[ $rc -eq 75 ] && [ -f $work/$run/snapshots/step_$(printf %08d "${stopped:-0}").h5 ] && [ ! -e $work/$run/incidents.jsonl ]" \
+    "SIGTERM to the $to: exit 75 with the snapshot of the step it stopped at ($stopped), no restart (rc $rc)" ||
+    { grep -v '\] snapshot step' "$work/$run.log" | tail -5; cat "$work/$run/incidents.jsonl" 2>/dev/null; }
+done
+
+# --- 5. Ctrl-C: SIGINT to the launcher's process group (job control gives the job its own). ---
+set -m
 "$titan3d" "${recipe[@]}" --set run.dir="$work/interrupt" > "$work/interrupt.log" 2>&1 &
 job=$!
-wait_for_step interrupt 300 && kill -INT $job
+set +m
+wait_for_step interrupt 300 && kill -INT -- -$job
 start=$SECONDS
 wait $job; rc=$?
 sleep 1
 check "[ $rc -eq 130 ] && [ $((SECONDS - start)) -le 10 ] && ! alive interrupt" \
   "SIGINT: every rank ends promptly, none left (rc $rc)" || tail -5 "$work/interrupt.log"
+stopped=$(grep -o 'interrupted (Ctrl-C[^)]*): stopped after step [0-9]* with its snapshot committed' \
+  "$work/interrupt.log" | grep -o '[0-9]* with' | grep -o '[0-9]*')
+check "[ -n '$stopped' ] && [ '$stopped' = \"\$(last_step $work/interrupt/metrics.jsonl)\" ] && [ -f $work/interrupt/snapshots/step_$(printf %08d "${stopped:-0}").h5 ] && ! grep -qiE 'preempt|exit 75|died|ending every rank' $work/interrupt.log" \
+  "SIGINT: one account, interrupted after the last step logged (${stopped:-none}) with its snapshot committed" ||
+  grep -v '\] snapshot step' "$work/interrupt.log" | tail -5
 "$titan3d" "${recipe[@]}" --set run.dir="$work/interrupt" --set snapshot.resume=latest \
   >> "$work/interrupt.log" 2>&1 || { echo "FAIL: resuming after SIGINT exited $?"; fail=1; }
 same_as_straight interrupt "interrupted and resumed"

@@ -1,5 +1,6 @@
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "kernels/blas.h"
@@ -70,11 +71,71 @@ TEST(kernels_blas, CoretypeRecommendation) {
   EXPECT_EQ(recommended_openblas_coretype(f), "Haswell");  // DQ missing
   f.avx512dq = true;
   EXPECT_EQ(recommended_openblas_coretype(f), "SkylakeX");
-  // Consistent with the compiler's own view of this CPU.
+  // Consistent with the compiler's own view of this CPU, unless ONEDNN_MAX_CPU_ISA caps it.
   const std::string here = recommended_openblas_coretype();
   if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl")) {
+      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      cpu_isa_cap().empty()) {
     EXPECT_EQ(here, "SkylakeX");
+  }
+}
+
+// oneDNN's ISA names (any case) take away what the ISA lacks; ALL and unknown names nothing.
+TEST(kernels_blas, OneDnnIsaCapTakesAwayWhatTheIsaLacks) {
+  CpuFeatures all;
+  all.avx2 = all.fma = all.avx512f = all.avx512bw = all.avx512vl = all.avx512dq = true;
+  all.avx512_bf16 = true;
+  const auto has = [](const CpuFeatures& f) {
+    return std::string(f.avx2 && f.fma ? "avx2 " : "") +
+           (f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq ? "avx512 " : "") +
+           (f.avx512_bf16 ? "bf16" : "");
+  };
+  EXPECT_EQ(has(cap_cpu_features(all, nullptr)), "avx2 avx512 bf16");
+  EXPECT_EQ(has(cap_cpu_features(all, "ALL")), "avx2 avx512 bf16");
+  EXPECT_EQ(has(cap_cpu_features(all, "AVX512_CORE_AMX")), "avx2 avx512 bf16");
+  EXPECT_EQ(has(cap_cpu_features(all, "no such isa")), "avx2 avx512 bf16");
+  EXPECT_EQ(has(cap_cpu_features(all, "AVX512_CORE_VNNI")), "avx2 avx512 ");
+  EXPECT_EQ(has(cap_cpu_features(all, "avx512_core")), "avx2 avx512 ");
+  EXPECT_EQ(has(cap_cpu_features(all, "AVX2")), "avx2 ");
+  EXPECT_EQ(has(cap_cpu_features(all, "avx2_vnni")), "avx2 ");
+  EXPECT_EQ(has(cap_cpu_features(all, "SSE41")), "");
+  CpuFeatures none;
+  EXPECT_EQ(has(cap_cpu_features(none, "ALL")), "");  // a cap adds nothing
+}
+
+// ONEDNN_MAX_CPU_ISA=AVX2 makes this process a CPU without AVX-512 (AMD Zen 3) for titan3d's own
+// kernels as it does for oneDNN's: no AVX-512, no bf16 dot product, OpenBLAS's Haswell kernels.
+TEST(kernels_blas, OneDnnMaxCpuIsaSimulatesACpuWithoutAvx512) {
+  const char* before = std::getenv("ONEDNN_MAX_CPU_ISA");
+  const std::string saved = before ? before : "";
+  setenv("ONEDNN_MAX_CPU_ISA", "AVX2", 1);
+  const CpuFeatures f = detect_cpu_features();
+  EXPECT_FALSE(f.avx512f || f.avx512bw || f.avx512vl || f.avx512dq || f.avx512_bf16);
+  EXPECT_FALSE(cpu_has_bf16_dot());
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
+    EXPECT_TRUE(f.avx2 && f.fma);
+    EXPECT_EQ(recommended_openblas_coretype(), "Haswell");
+  }
+  if (__builtin_cpu_supports("avx512f")) {
+    EXPECT_EQ(cpu_isa_cap(), "AVX2");
+  }
+  if (before)
+    setenv("ONEDNN_MAX_CPU_ISA", saved.c_str(), 1);
+  else
+    unsetenv("ONEDNN_MAX_CPU_ISA");
+}
+
+// What titan3d's features say agrees with the ISA oneDNN itself runs (both read the cap).
+TEST(kernels_blas, FeaturesAgreeWithOneDnnsIsa) {
+  const std::string onednn = onednn_version_string();
+  const CpuFeatures f = detect_cpu_features();
+  if (onednn.find("(cpu isa avx2") != std::string::npos) {
+    EXPECT_FALSE(f.avx512f) << onednn;
+    EXPECT_FALSE(f.avx512_bf16) << onednn;
+  }
+  if (onednn.find("(cpu isa avx512_core)") != std::string::npos ||
+      onednn.find("(cpu isa avx512_core_vnni)") != std::string::npos) {
+    EXPECT_FALSE(f.avx512_bf16) << onednn;
   }
 }
 

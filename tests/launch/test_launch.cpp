@@ -1,13 +1,19 @@
 // Launcher detection and the mpirun command titan3d re-executes itself under.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <csignal>
+#include <cstdio>
+#include <filesystem>
 #include <fstream>
 
 #include "kernels/check.h"
 #include "runtime/launch/hosts.h"
 #include "runtime/launch/launch.h"
+#include "runtime/launch/stop_signal.h"
 
 using namespace t3d::runtime;
 
@@ -268,4 +274,80 @@ TEST(Launch, SignalAfterAStopRequestIsNotPassedOnTwice) {
   EXPECT_TRUE(out.stop_asked);
   EXPECT_EQ(out.signal, SIGTERM);
   EXPECT_EQ(out.code, 75);  // one SIGUSR1
+}
+
+// Ctrl-C to the launcher reaches the ranks as kInterruptSignal (mpirun forwards it as it is, where
+// it would turn SIGINT into SIGTERM, a preemption): the command, standing in for mpirun and a
+// training rank, exits with kExitInterrupted on it, and the job's code is that.
+TEST(Launch, InterruptIsPassedOnAsTheInterruptSignal) {
+  const std::vector<std::string> job = {
+      "sh", "-c",
+      "trap 'exit 130' USR2; trap 'exit 75' TERM; i=0; while [ $i -lt 200 ]; do sleep 0.05; "
+      "i=$((i+1)); done; exit 1"};
+  bool raised = false;
+  const MpirunOutcome out = run_mpirun_watched(job, ::testing::TempDir(), 0, "", [&] {
+    if (!raised) raise(SIGINT);  // handled on the watch's next turn
+    raised = true;
+    return false;
+  });
+  EXPECT_EQ(out.signal, SIGINT);
+  EXPECT_EQ(out.code, kExitInterrupted);
+}
+
+// How the ranks stopped is read from <pid dir>/stopped, not from mpirun's code (mpirun that was
+// signalled itself exits 1 after its ranks stopped); a record an earlier attempt left is removed
+// before mpirun starts.
+TEST(Launch, RecordedStopIsTheJobsCode) {
+  const std::string pids = ::testing::TempDir() + "/recorded_stop_pids";
+  std::filesystem::create_directories(pids);
+  const MpirunOutcome stopped = run_mpirun_watched(
+      {"sh", "-c", "echo 75 > " + pids + "/stopped; exit 1"}, ::testing::TempDir(), 0, pids);
+  EXPECT_EQ(stopped.code, kExitPreempted);
+  record_stop(pids, kExitPreempted);  // as if an earlier attempt had stopped
+  const MpirunOutcome failed =
+      run_mpirun_watched({"sh", "-c", "exit 1"}, ::testing::TempDir(), 0, pids);
+  EXPECT_EQ(failed.code, 1);
+}
+
+// The ranks' stdout goes through the launcher, which checks each write: a job that succeeded
+// but whose output could not be written (here /dev/full) ends with exit 2.
+TEST(Launch, OutputThatCannotBeWrittenIsExit2) {
+  std::fflush(stdout);
+  const int saved = dup(STDOUT_FILENO);
+  const int full = open("/dev/full", O_WRONLY);
+  ASSERT_GE(full, 0);
+  dup2(full, STDOUT_FILENO);
+  const MpirunOutcome lost =
+      run_mpirun_watched({"sh", "-c", "echo result; exit 0"}, ::testing::TempDir());
+  const MpirunOutcome failed =
+      run_mpirun_watched({"sh", "-c", "echo result; exit 4"}, ::testing::TempDir());
+  dup2(saved, STDOUT_FILENO);
+  close(saved), close(full);
+  EXPECT_EQ(lost.code, 2);
+  EXPECT_EQ(failed.code, 4);  // the job's own failure stays what it was
+  EXPECT_EQ(run_mpirun_watched({"sh", "-c", "echo result; exit 0"}, ::testing::TempDir()).code, 0);
+}
+
+// A stop signal within kStopEchoSeconds of the first is that stop come by another route (a
+// scheduler signals a rank directly, mpirun and the launcher pass it on): not the second signal
+// that exits at once. An interrupt among them makes the stop an interrupt. A signal after that
+// window exits at once with 128 + signal. In a child: the handlers stay out of this process.
+TEST(StopSignals, EchoesOfTheFirstSignalAreNotASecondOne) {
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    install_stop_signals();
+    raise(SIGTERM);
+    raise(SIGUSR1);
+    if (stop_requested() != SIGTERM || stop_is_interrupt()) _exit(10);
+    raise(SIGINT);
+    if (!stop_is_interrupt()) _exit(11);
+    sleep(kStopEchoSeconds + 1);
+    raise(SIGTERM);  // a second signal: now
+    _exit(12);
+  }
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 128 + SIGTERM);  // not 128 + SIGUSR1: the echo did not end it
 }

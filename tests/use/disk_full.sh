@@ -4,7 +4,7 @@
 # later one). Every run must end with exit 0 and its files whole, or exit 2 saying the disk is
 # full and leave nothing behind (no *.tmp, no half file, no half export or import). A training
 # run whose run directory fills ends with exit 2 naming metrics.jsonl, on every rank; output to
-# /dev/full (generate, tokenize --decode) is exit 2 too.
+# /dev/full (generate, tokenize --decode, eval on one rank or several) is exit 2 too.
 # Skipped (exit 77) where this machine cannot mount a tmpfs.
 set -u
 source "$(dirname "$0")/../e2e/mount_ns.sh"
@@ -103,6 +103,15 @@ out=$(timeout 60 "$titan3d" generate "$snap" --prompt "The " --max-tokens 20 2>&
 check "[ $rc -eq 2 ] && grep -q 'standard output' <<<\"\$out\"" "generate >/dev/full: exit 2 (rc $rc)" || echo "$out"
 out=$(timeout 60 "$titan3d" tokenize "$work/t.bin" --decode --tokenizer bytes 2>&1 >/dev/full); rc=$?
 check "[ $rc -eq 2 ] && grep -q 'standard output' <<<\"\$out\"" "tokenize --decode >/dev/full: exit 2 (rc $rc)" || echo "$out"
+# eval prints its result from rank 0 of the ranks it launches, through mpirun, which drops a
+# failed write: the launcher relays that output and checks it. One rank and two, with --json.
+out=$(timeout 60 "$titan3d" eval "$snap" 2>&1 >/dev/full); rc=$?
+check "[ $rc -eq 2 ] && grep -q 'standard output' <<<\"\$out\"" "eval >/dev/full: exit 2 (rc $rc)" || echo "$out"
+out=$(timeout 60 "$titan3d" eval "$snap" --set parallel.dp=2 --json "$work/e2.json" 2>&1 >/dev/full); rc=$?
+check "[ $rc -eq 2 ] && grep -q 'standard output' <<<\"\$out\"" "eval on 2 ranks --json >/dev/full: exit 2 (rc $rc)" || echo "$out"
+timeout 60 "$titan3d" eval "$snap" --set parallel.dp=2 2>"$work/closed.err" | true; rc=${PIPESTATUS[0]}
+check "[ $rc -eq 2 ] && grep -q 'standard output failed: Broken pipe' $work/closed.err" \
+  "eval on 2 ranks into a closed pipe: exit 2 (rc $rc)" || cat "$work/closed.err"
 
 echo "runs that failed on a full disk: $failed; that fitted: $succeeded"
 check "[ $failed -gt 0 ] && [ $succeeded -gt 0 ]" "the sweep saw both failed and whole outputs"
