@@ -9,6 +9,7 @@
 #include "checkpoint/h5.h"
 #include "checkpoint/paths.h"
 #include "checkpoint/snapshot.h"
+#include "kernels/arena.h"
 #include "kernels/check.h"
 
 namespace t3d::checkpoint {
@@ -21,12 +22,6 @@ std::string shape_str(const std::vector<int64_t>& s) {
   std::string out = "[";
   for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
   return out + "]";
-}
-
-int64_t volume(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
 }
 
 // A box as (rows, cols): 1-D tensors are one row; copies below work on this view.
@@ -221,7 +216,7 @@ struct Level {
   }
 
   // Reads one whole piece as stored (values, a partial box, or an XOR mask) into `out`, which
-  // holds volume(p.shape) floats.
+  // holds kernels::numel(p.shape) floats.
   void read_into(const Piece& p, float* out) {
     const std::string full = dir + "/" + p.file;
     h5::require_hard_links(shard(p.file), p.path, full);
@@ -237,7 +232,7 @@ struct Level {
     const h5::Handle d = h5::open_dataset(shard(p.file), p.path, full);
     const int64_t chunk = h5::read_int_attr(d, "chunk_elems", what);
     const auto written = h5::read_ints_attr(d, "chunk_written", what);
-    const int64_t n = volume(p.shape);
+    const int64_t n = kernels::numel(p.shape);
     T3D_USER_CHECK(chunk > 0 && static_cast<int64_t>(written.size()) == (n + chunk - 1) / chunk,
                    "snapshot shard `", full, "`: `", p.path, "` has chunk_elems ", chunk,
                    " and a chunk_written list of ", written.size(), " for ", n, " elements");
@@ -255,7 +250,7 @@ struct Level {
     const h5::Handle d = h5::open_dataset(shard(p.file), p.path, full);
     const int64_t chunk = h5::read_int_attr(d, "chunk_elems", full + ":" + p.path);
     const auto hashes = h5::read_uints_attr(d, "chunk_hash", full + ":" + p.path);
-    const int64_t n = volume(p.shape);
+    const int64_t n = kernels::numel(p.shape);
     T3D_USER_CHECK(chunk > 0, "snapshot shard `", full, "`: `", p.path, "` has chunk_elems ",
                    chunk);
     for (int64_t c = 0; c * chunk < std::max<int64_t>(n, 1); ++c) {
@@ -339,10 +334,10 @@ struct SnapshotReader::Impl {
   // between reads, so that a restore does not fault in fresh pages for every box.
   std::vector<float> box_scratch, stored_scratch;
 
-  // The content of the top snapshot's piece `p` of tensor `name`, into `out` (volume(p.shape)
-  // floats): from the newest level that holds the box whole, with each newer level's chunks
-  // (format 2) or XOR mask (format 1) applied in order, every level's chunk hashes checked on
-  // the way.
+  // The content of the top snapshot's piece `p` of tensor `name`, into `out`
+  // (kernels::numel(p.shape) floats): from the newest level that holds the box whole, with each
+  // newer level's chunks (format 2) or XOR mask (format 1) applied in order, every level's chunk
+  // hashes checked on the way.
   void rebuild(const std::string& name, const Level::Piece& p, float* out) {
     std::vector<const Level::Piece*> pieces(chain.size());
     size_t base = chain.size();
@@ -354,7 +349,7 @@ struct SnapshotReader::Impl {
     }
     T3D_USER_CHECK(base < chain.size(), "snapshot `", top().path,
                    "`: no level of its chain holds `", name, "` whole (its full base is damaged)");
-    const auto n = static_cast<size_t>(volume(p.shape));
+    const auto n = static_cast<size_t>(kernels::numel(p.shape));
     for (size_t l = base; l < chain.size(); ++l) {
       Level& lv = *chain[l];
       const Level::Piece& q = *pieces[l];
@@ -418,12 +413,12 @@ void SnapshotReader::read(const Slice& want) {
     // place; any other is rebuilt whole into scratch and the overlap copied.
     if (p.offset == want.offset && p.shape == want.shape) {
       impl_->rebuild(want.path, p, want.data);
-      covered += volume(want.shape);
+      covered += kernels::numel(want.shape);
       continue;
     }
     auto& data = impl_->box_scratch;
-    if (data.size() < static_cast<size_t>(volume(p.shape)))
-      data.resize(static_cast<size_t>(volume(p.shape)));
+    if (data.size() < static_cast<size_t>(kernels::numel(p.shape)))
+      data.resize(static_cast<size_t>(kernels::numel(p.shape)));
     impl_->rebuild(want.path, p, data.data());
     for (int64_t r = r0; r < r1; ++r)
       std::memcpy(want.data + (r - w.r0) * w.cols + (c0 - w.c0),
@@ -432,9 +427,9 @@ void SnapshotReader::read(const Slice& want) {
     covered += (r1 - r0) * (c1 - c0);
   }
   // Pieces never overlap (each box has one writer), so the areas add up exactly when covered.
-  T3D_USER_CHECK(covered == volume(want.shape), "snapshot `", m.path, "` covers only ", covered,
-                 " of the ", volume(want.shape), " elements of `", want.path, "` needed at ",
-                 shape_str(want.offset), ": shards are missing");
+  T3D_USER_CHECK(covered == kernels::numel(want.shape), "snapshot `", m.path, "` covers only ",
+                 covered, " of the ", kernels::numel(want.shape), " elements of `", want.path,
+                 "` needed at ", shape_str(want.offset), ": shards are missing");
 }
 
 std::string read_recipe(const std::string& index_path) {

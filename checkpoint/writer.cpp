@@ -17,6 +17,7 @@
 
 #include "checkpoint/h5.h"
 #include "checkpoint/snapshot.h"
+#include "kernels/arena.h"
 #include "kernels/check.h"
 
 namespace t3d::checkpoint {
@@ -93,12 +94,6 @@ void write_file_durably(const std::string& path, const char* bytes, size_t size)
   }
 }
 
-int64_t volume(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
 // Chunked layout (the chunks the hashes describe) for a box an incremental shard may leave
 // partial, or that is deflated (shuffle + deflate); contiguous otherwise, which the writer streams
 // in large pieces.
@@ -160,7 +155,7 @@ struct ShardWriter::Impl {
 
   int64_t chunk_of(size_t i) const { return chunk_elems(boxes[i].shape); }
   int64_t chunks_of(size_t i) const {
-    const int64_t n = volume(boxes[i].shape), chunk = chunk_of(i);
+    const int64_t n = kernels::numel(boxes[i].shape), chunk = chunk_of(i);
     return std::max<int64_t>(1, (n + chunk - 1) / chunk);
   }
   bool chunked() const { return opt.skip_unchanged || opt.deflate > 0; }
@@ -190,7 +185,7 @@ struct ShardWriter::Impl {
   void store(int64_t first, int64_t last, const float* data) {
     const Slice& s = boxes[box];
     const std::string what = tmp + ":" + s.path;
-    const int64_t n = volume(s.shape), chunk = chunk_of(box);
+    const int64_t n = kernels::numel(s.shape), chunk = chunk_of(box);
     const int64_t begin = first * chunk, end = std::min(n, last * chunk);
     if (!chunked() || opt.deflate > 0) {  // one write; HDF5 applies the filters per chunk
       const h5::Handle fspace = rows_space(dset, s.shape, begin, end, what);
@@ -240,7 +235,7 @@ struct ShardWriter::Impl {
     names += (names.empty() ? "" : "\n") + name;
     result.hashes.push_back(std::move(hashes));
     hashes = {};
-    result.raw_bytes += static_cast<uint64_t>(volume(s.shape)) * sizeof(float);
+    result.raw_bytes += static_cast<uint64_t>(kernels::numel(s.shape)) * sizeof(float);
     result.chunks += chunks;
     result.chunks_written += static_cast<int64_t>(written.size());
     ++box, next_chunk = 0;
@@ -251,7 +246,7 @@ struct ShardWriter::Impl {
     if (dset.get() < 0) begin_box(i);
     T3D_ASSERT(i == box && first == next_chunk && first < last && last <= chunks_of(i),
                "shard chunks out of order in ", boxes[i].path);
-    const int64_t n = volume(boxes[i].shape), chunk = chunk_of(i);
+    const int64_t n = kernels::numel(boxes[i].shape), chunk = chunk_of(i);
     // Runs of chunks to store: an incremental shard leaves out the unchanged ones.
     int64_t run = first;
     for (int64_t c = first; c < last; ++c) {

@@ -36,12 +36,6 @@ using parallel::Dim;
 
 namespace {
 
-int64_t volume(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (const int64_t d : shape) n *= d;
-  return n;
-}
-
 // The "<key>: N kB" line of a /proc file, in bytes; 0 when unknown.
 uint64_t proc_bytes(const char* path, const char* key) {
   std::FILE* f = std::fopen(path, "r");
@@ -114,8 +108,8 @@ struct Snapshotter::Impl {
   std::string dir;
   std::unique_ptr<ck::IoThread> io;
   // The boxes this rank writes (data in the arena) and the host staging they are copied into at
-  // a snapshot, in waves of at most staging.size() floats: each wave is written before the next
-  // is copied, and training goes on while the last one is written.
+  // a snapshot, in waves of at most staging_floats: each wave is written before the next is
+  // copied, and training goes on while the last one is written.
   std::vector<ck::Slice> mine;
   // An arena of its own (huge pages where offered, like the device arena): staging_floats.
   std::unique_ptr<kernels::Arena> staging_arena;
@@ -149,7 +143,6 @@ struct Snapshotter::Impl {
     std::future<void> done;
     ck::ShardResult result;  // set by the write job
     double stall_s = 0, write_s = 0;
-    size_t waves_waited = 0;  // waves training waited for (all but the last)
   };
   std::optional<Pending> pending;
   std::string last_good;  // index of the newest committed snapshot, for messages
@@ -337,8 +330,9 @@ struct Snapshotter::Impl {
     mine = state.boxes(pa.data, m.data, v.data, true, mesh.dp_cp());
     int64_t total = 0, largest_chunk = 1;
     for (const auto& b : mine) {
-      total += volume(b.shape);
-      largest_chunk = std::max(largest_chunk, std::min(volume(b.shape), ck::chunk_elems(b.shape)));
+      total += kernels::numel(b.shape);
+      largest_chunk =
+          std::max(largest_chunk, std::min(kernels::numel(b.shape), ck::chunk_elems(b.shape)));
     }
     const double cap = ck::staging_bytes(r.snapshot.staging_gib, state.footprint().total(),
                                          4.0 * static_cast<double>(total));
@@ -348,12 +342,12 @@ struct Snapshotter::Impl {
                    " cannot hold one snapshot chunk of this rank (",
                    kernels::format_bytes(static_cast<size_t>(4 * largest_chunk)),
                    "); set it to at least that, or 0 for half the training state");
-    snapshot_floats = total, largest_chunk_floats = largest_chunk;
+    largest_chunk_floats = largest_chunk;
     staging_floats = static_cast<size_t>(
         std::min<int64_t>(total, std::max<int64_t>(largest_chunk, static_cast<int64_t>(cap / 4))));
     plan_waves();
   }
-  int64_t snapshot_floats = 0, largest_chunk_floats = 1;
+  int64_t largest_chunk_floats = 1;
   size_t staging_floats = 0;
 
   // Cuts `mine` into waves of at most staging_floats, at chunk boundaries, filled from the end:
@@ -367,7 +361,7 @@ struct Snapshotter::Impl {
     };
     std::vector<Chunk> chunks;
     for (size_t b = 0; b < mine.size(); ++b) {
-      const int64_t n = volume(mine[b].shape), chunk = ck::chunk_elems(mine[b].shape);
+      const int64_t n = kernels::numel(mine[b].shape), chunk = ck::chunk_elems(mine[b].shape);
       for (int64_t c = 0; c * chunk < std::max<int64_t>(n, 1); ++c)
         chunks.push_back({b, c, static_cast<size_t>(std::min(chunk, n - c * chunk))});
     }
@@ -447,7 +441,7 @@ struct Snapshotter::Impl {
   void stage(size_t w) {
     for (const Part& p : waves[w]) {
       const ck::Slice& box = mine[p.box];
-      const int64_t chunk = ck::chunk_elems(box.shape), n = volume(box.shape);
+      const int64_t chunk = ck::chunk_elems(box.shape), n = kernels::numel(box.shape);
       const int64_t begin = p.first * chunk, end = std::min(n, p.last * chunk);
       std::memcpy(staging + p.at, box.data + begin,
                   static_cast<size_t>(end - begin) * sizeof(float));
@@ -513,7 +507,7 @@ struct Snapshotter::Impl {
       // Every wave but the last is written before the next one overwrites the staging; a
       // failed one ends the snapshot, which commit() reports like any failed write.
       std::exception_ptr failed;
-      for (size_t w = 0; w + 1 < waves.size() && !failed; ++w, ++p->waves_waited) {
+      for (size_t w = 0; w + 1 < waves.size() && !failed; ++w) {
         stage(w);
         try {
           io->run(wave_job(w));
