@@ -86,10 +86,15 @@ rm -f "$work/reused/metrics.jsonl"  # the older run's: wait_for_step reads this 
 "$titan3d" train "${fresh[@]}" --set run.dir="$work/reused" --max-restarts 2 > "$work/reused.log" 2>&1 &
 job=$!
 # Step 100's shard damaged before the kill: the restart skips it for step 50, and the incident
-# must say 50, the step it really continues from.
-wait_for_step reused 120 && shard=$work/reused/snapshots/step_00000100/rank00000.h5 &&
-  printf '\xde\xad\xbe\xef' | dd of="$shard" bs=1 seek=$(($(stat -c %s "$shard") / 2)) conv=notrunc 2>/dev/null &&
-  kill -KILL "$(rank_pid reused)"
+# must say 50, the step it really continues from. The rank is stopped (SIGSTOP) as soon as step
+# 100's snapshot is committed, so step 150's cannot be committed before the kill.
+for _ in $(seq 1 1200); do [ -f "$(snap reused 100)" ] && break; sleep 0.05; done
+pid=$(rank_pid reused) && kill -STOP "$pid" && shard=$work/reused/snapshots/step_00000100/rank00000.h5 &&
+  printf '\xde\xad\xbe\xef' | dd of="$shard" bs=1 seek=$(($(stat -c %s "$shard") / 2)) conv=notrunc 2>/dev/null
+stopped_at=$(last_step "$work/reused/metrics.jsonl")
+check "[ -n \"$stopped_at\" ] && [ \"$stopped_at\" -lt 150 ] && [ ! -e $(snap reused 150) ]" \
+  "the rank was stopped between steps 100 and 150 (at step ${stopped_at:-none})"
+kill -KILL "$pid"
 wait $job; rc=$?
 check "grep -q '\"snapshot_step\": 50,' $work/reused/incidents.jsonl && grep -q 'restart from snapshot step 50' $work/reused/incidents.jsonl" \
   "the incident names the step the restart resumes (50: step 100's snapshot is damaged)" || cat "$work/reused/incidents.jsonl"
