@@ -2,11 +2,13 @@
 
 #include <spdlog/spdlog.h>
 
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include "kernels/check.h"
@@ -15,7 +17,7 @@ namespace t3d::parallel::fault::detail {
 
 namespace {
 
-enum class Kind { none, skip, die, corrupt, nosend, die_at_step };
+enum class Kind { none, skip, die, corrupt, nosend, die_at_step, slow_step };
 
 struct Spec {
   Kind kind = Kind::none;
@@ -38,17 +40,19 @@ Spec parse(const char* text) {
   const auto bad = [&] {
     return UserError(std::string("T3D_FAULT=`") + text +
                      "` is malformed: expected skip:RANK:GROUP:N, die:RANK:GROUP:N, corrupt:RANK, "
-                     "nosend:RANK or die_at_step:RANK:STEP (test-only; see parallel/fault.h)");
+                     "nosend:RANK, die_at_step:RANK:STEP or slow_step:RANK:MS (test-only; see "
+                     "parallel/fault.h)");
   };
   const std::map<std::string, Kind> kinds = {{"skip", Kind::skip},
                                              {"die", Kind::die},
                                              {"corrupt", Kind::corrupt},
                                              {"nosend", Kind::nosend},
-                                             {"die_at_step", Kind::die_at_step}};
+                                             {"die_at_step", Kind::die_at_step},
+                                             {"slow_step", Kind::slow_step}};
   if (parts.size() < 2 || !kinds.count(parts[0])) throw bad();
   s.kind = kinds.at(parts[0]);
   const bool counted = s.kind == Kind::skip || s.kind == Kind::die;
-  const bool stepped = s.kind == Kind::die_at_step;
+  const bool stepped = s.kind == Kind::die_at_step || s.kind == Kind::slow_step;
   if (parts.size() != (counted ? 4u : stepped ? 3u : 2u)) throw bad();
   try {
     s.rank = std::stoi(parts[1]);
@@ -97,6 +101,10 @@ void corrupt_sum(void* data, size_t count, MPI_Datatype type, int world_rank) {
 
 void at_step(int world_rank, long step) {
   const Spec& s = spec();
+  if (s.kind == Kind::slow_step && s.rank == world_rank) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(s.n));
+    return;
+  }
   if (s.kind != Kind::die_at_step || s.rank != world_rank || s.n != step) return;
   spdlog::warn("T3D_FAULT: world rank {} dies at step {}", world_rank, step);
   std::raise(SIGKILL);

@@ -13,6 +13,8 @@
 //                                   sends)
 //   T3D_FAULT=die_at_step:RANK:K    RANK SIGKILLs itself when training step K starts, in every
 //                                   run that reaches it (a deterministic crash)
+//   T3D_FAULT=slow_step:RANK:MS     RANK sleeps MS milliseconds at the start of every training
+//                                   step (a step longer than a stop's time limit)
 //
 // GROUP is a group name (tp, dp, cp, pp, world) or `*` for any. A malformed value is a UserError.
 #pragma once
@@ -41,7 +43,8 @@ inline void corrupt_contribution(void* data, size_t count, MPI_Datatype type, in
   if (detail::active()) detail::corrupt_sum(data, count, type, world_rank);
 }
 inline bool drop_send(int world_rank) { return detail::active() && detail::drop_send(world_rank); }
-// When training step `step` (1-based) starts; may not return (die_at_step).
+// When training step `step` (1-based) starts; may not return (die_at_step), may sleep
+// (slow_step).
 inline void step_starts(int world_rank, long step) {
   if (detail::active()) detail::at_step(world_rank, step);
 }

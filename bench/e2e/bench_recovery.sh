@@ -39,7 +39,7 @@ for every in $every_list; do
     until [ "$(last_step "$dir/metrics.jsonl")" -ge "$target" ] 2>/dev/null; do sleep 0.05; done
     before=$(grep -c 'titan3d: incident' "$log" || true)
     t0=$(now)
-    kill -KILL "$(cat "$dir/pids/rank1.pid")"
+    kill -KILL "$(cut -d" " -f1 "$dir/pids/rank1.pid")"
     until [ "$(grep -c 'titan3d: incident' "$log" || true)" -gt "$before" ]; do sleep 0.01; done
     t1=$(now)
     lines=$(wc -l < "$dir/metrics.jsonl")

@@ -73,6 +73,7 @@ SpawnPlan make_spawn_plan(const Recipe& recipe, const std::vector<std::string>& 
   plan.argv = argv;
   plan.log_dir = job_run_dir(recipe.run.dir, detect_launch_env()) + "/logs";
   plan.stall_s = recipe.parallel.timeout_s;
+  plan.stop_grace_s = recipe.run.stop_grace_s;
   plan.pid_dir = job_pid_dir(job_run_dir(recipe.run.dir, detect_launch_env()));
   if (!recipe.run.hostfile.empty()) {
     plan.hostfile = recipe.run.hostfile;
@@ -171,7 +172,7 @@ Job join_world(Recipe recipe, const std::string& log_level_override, bool needs_
   std::error_code pid_ec;
   fs::create_directories(job_pid_dir(job.run_dir), pid_ec);
   std::ofstream(job_pid_dir(job.run_dir) + "/rank" + std::to_string(rank) + ".pid")
-      << getpid() << "\n";
+      << getpid() << " " << job.hostname << "\n";
   if (lock_run_dir) job.lock = std::make_unique<RunLock>(world, job.run_dir, job.hostname, job.env);
   const std::string level =
       log_level_override.empty() ? job.recipe.run.log_level : log_level_override;

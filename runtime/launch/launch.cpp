@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -236,6 +237,10 @@ std::vector<std::string> mpirun_command(const SpawnPlan& plan, const std::string
     }
   }
   if (plan.as_root) cmd.push_back("--allow-run-as-root");
+  // A SIGTERM to mpirun itself (systemd, a scheduler signalling every process) reaches the ranks
+  // as a stop; this is how long they get to finish the step and its snapshot.
+  cmd.insert(cmd.end(), {"--mca", "odls_base_sigkill_timeout",
+                         std::to_string(static_cast<int>(std::ceil(plan.stop_grace_s)))});
   // Not --quiet: it also hides which rank died. The parent filters mpirun's banners instead
   // (mpirun_watch.h): a dead rank is named, banners that repeat the ranks' own errors dropped.
   for (const auto& [k, v] : plan.env) {

@@ -37,11 +37,12 @@ struct SpawnPlan {
   bool as_root = false;
   std::vector<std::pair<std::string, std::string>> env;  // exported to every rank
   std::vector<std::string> argv;                         // titan3d's own argv, argv[0] first
-  std::string log_dir;   // where the ranks' logs go, for the message naming a dead rank
-  double stall_s = 0;    // a rank stopped this long ends the job (mpirun_watch.h); 0: never
-  std::string pid_dir;   // where the ranks publish their pids, for that stall watch
-  std::string hostfile;  // run.hostfile (or what the restart loop kept of it); empty: this host
-  int slots = 0;         // the hostfile's slots together (0: not all given)
+  std::string log_dir;      // where the ranks' logs go, for the message naming a dead rank
+  double stall_s = 0;       // a rank stopped this long ends the job (mpirun_watch.h); 0: never
+  std::string pid_dir;      // where the ranks publish their pids, for that stall watch
+  std::string hostfile;     // run.hostfile (or what the restart loop kept of it); empty: this host
+  int slots = 0;            // the hostfile's slots together (0: not all given)
+  double stop_grace_s = 1;  // run.stop_grace_s: Open MPI's SIGTERM-to-SIGKILL wait
 };
 // The mpirun command line that re-executes titan3d as `ranks` ranks. Placement: when ranks ×
 // threads fit the cores, each rank is bound to its own `threads` cores (--map-by slot:PE=n);

@@ -17,6 +17,7 @@
 #include <regex>
 
 #include "kernels/check.h"
+#include "runtime/launch/job.h"
 #include "runtime/launch/stop_signal.h"
 
 namespace t3d::runtime {
@@ -113,6 +114,35 @@ char process_state(int pid) {
 
 namespace {
 
+// "rank12.pid" -> 12, anything else -> -1.
+int pid_file_rank(const char* name) {
+  int rank = -1, end = 0;
+  if (std::sscanf(name, "rank%d.pid%n", &rank, &end) == 1 && name[end] == '\0' && rank >= 0)
+    return rank;
+  return -1;
+}
+
+// The ranks of this host, from their pid files ("PID HOST", job.cpp): rank -> pid. A rank of
+// another host names a pid of that host, which means nothing here.
+std::map<int, int> local_rank_pids(const std::string& pid_dir) {
+  std::map<int, int> pids;
+  DIR* d = pid_dir.empty() ? nullptr : opendir(pid_dir.c_str());
+  if (!d) return pids;
+  const std::string here = host_name();
+  while (const dirent* e = readdir(d)) {
+    const int rank = pid_file_rank(e->d_name);
+    if (rank < 0) continue;
+    std::FILE* f = std::fopen((pid_dir + "/" + e->d_name).c_str(), "r");
+    if (!f) continue;
+    int pid = 0;
+    char host[256] = {};
+    if (std::fscanf(f, "%d %255s", &pid, host) == 2 && pid > 0 && here == host) pids[rank] = pid;
+    std::fclose(f);
+  }
+  closedir(d);
+  return pids;
+}
+
 // The stall watch of run_mpirun_watched: ranks stopped since when, and what was said.
 class StallWatch {
  public:
@@ -121,7 +151,7 @@ class StallWatch {
     // Pid files of an earlier job in this run directory name processes that are gone (or reused).
     if (DIR* d = opendir(pid_dir_.c_str())) {
       while (const dirent* e = readdir(d))
-        if (rank_of(e->d_name) >= 0) unlink((pid_dir_ + "/" + e->d_name).c_str());
+        if (pid_file_rank(e->d_name) >= 0) unlink((pid_dir_ + "/" + e->d_name).c_str());
       closedir(d);
     }
   }
@@ -133,21 +163,10 @@ class StallWatch {
     std::vector<std::string> out;
     if (stall_s_ <= 0 || pid_dir_.empty()) return out;
     const auto now = Clock::now();
-    DIR* d = opendir(pid_dir_.c_str());
-    if (!d) return out;
-    int ranks = 0;
-    while (const dirent* e = readdir(d)) ranks += rank_of(e->d_name) >= 0;
-    rewinddir(d);
-    while (const dirent* e = readdir(d)) {
-      const int rank = rank_of(e->d_name);
-      if (rank < 0) continue;
-      std::FILE* f = std::fopen((pid_dir_ + "/" + e->d_name).c_str(), "r");
-      int pid = 0;
-      if (f) {
-        if (std::fscanf(f, "%d", &pid) != 1) pid = 0;
-        std::fclose(f);
-      }
-      const char state = pid > 0 ? process_state(pid) : 0;
+    const std::map<int, int> pids = local_rank_pids(pid_dir_);
+    const size_t ranks = pids.size();
+    for (const auto& [rank, pid] : pids) {
+      const char state = process_state(pid);
       if (state != 'T' && state != 't') {
         stopped_.erase(rank);
         continue;
@@ -171,7 +190,6 @@ class StallWatch {
         kill(pid, SIGKILL);
       }
     }
-    closedir(d);
     return out;
   }
 
@@ -182,13 +200,6 @@ class StallWatch {
     Clock::time_point since;
     bool named;
   };
-  // "rank12.pid" -> 12, anything else -> -1.
-  static int rank_of(const char* name) {
-    int rank = -1, end = 0;
-    if (std::sscanf(name, "rank%d.pid%n", &rank, &end) == 1 && name[end] == '\0' && rank >= 0)
-      return rank;
-    return -1;
-  }
   static std::string fmt_seconds(double s) {
     char buf[32];
     std::snprintf(buf, sizeof(buf), "%g", s);

@@ -263,6 +263,14 @@ const std::vector<Field>& schema() {
             "After an elastic shrink: probe the dropped hosts this often (seconds); once all "
             "answer, the job stops at a snapshot of its step and continues on every host in its "
             "layout before the shrink (needs snapshot.every > 0). 0: stay shrunk."),
+      field("run", "stop_grace_s", &R::run, &RunConfig::stop_grace_s,
+            "Self-launched jobs: when mpirun itself gets SIGTERM (systemd's stop, a scheduler "
+            "signalling every process of the job), the seconds it gives the ranks to finish their "
+            "step and snapshot it before it SIGKILLs them (Open MPI's odls_base_sigkill_timeout). "
+            "mpirun sleeps this long, twice, whenever it ends a job's ranks, also after a rank "
+            "died: a restart then takes 2× longer to begin. Raise it when a step and its snapshot "
+            "take longer than 1 s and such a SIGTERM may come; a SIGTERM to titan3d itself needs "
+            "no grace."),
 
       field("model", "vocab_size", &R::model, &ModelConfig::vocab_size,
             "Vocabulary size (256 for the byte-level tokenizer)."),
@@ -706,6 +714,8 @@ void validate_data_snapshot_run(const Recipe& r) {
   v.one_of("run.log_level", r.run.log_level, {"trace", "debug", "info", "warn", "error"});
   v.require(r.run.max_restarts >= 0 && r.run.max_restarts <= 1000, "run.max_restarts",
             "must lie in [0, 1000], got " + std::to_string(r.run.max_restarts));
+  v.require(r.run.stop_grace_s >= 1 && r.run.stop_grace_s <= 86400, "run.stop_grace_s",
+            "must be from 1 to 86400 (seconds), got " + is(r.run.stop_grace_s));
   v.require(r.run.elastic_regrow_s >= 0, "run.elastic_regrow_s",
             "must be ≥ 0 (seconds; 0: stay shrunk), got " + is(r.run.elastic_regrow_s));
   v.require(r.run.restart_window_s > 0, "run.restart_window_s",

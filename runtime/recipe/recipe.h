@@ -104,6 +104,10 @@ struct RunConfig {
   // After such a shrink: seconds between probes of the dropped hosts; once all answer, the job
   // stops at a snapshot and continues on every host in the layout it had. 0: stay shrunk.
   double elastic_regrow_s = 60;
+  // Self-launched jobs: seconds Open MPI gives the ranks to finish a stop (their step and its
+  // snapshot) after it forwards them SIGTERM, before it SIGKILLs them; mpirun waits as long
+  // after a rank fails, so a restart waits for it.
+  double stop_grace_s = 1;
 };
 
 struct ModelConfig {

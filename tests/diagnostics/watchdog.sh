@@ -48,7 +48,7 @@ stop_rank() {
     [ -s "$dir/pids/rank$victim.pid" ] && grep -q "step " "$work/stop$ranks.out" && break
     sleep 0.5
   done
-  pid=$(cat "$dir/pids/rank$victim.pid")
+  pid=$(cut -d" " -f1 "$dir/pids/rank$victim.pid")
   kill -STOP "$pid"
   wait $job; rc=$?
   kill -KILL "$pid" 2>/dev/null  # in case the job did not end it

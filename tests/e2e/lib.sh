@@ -41,4 +41,4 @@ wait_for_step() {  # wait_for_step RUN STEP: until its metrics.jsonl logs step >
   done
   return 1
 }
-rank_pid() { cat "$work/$1/pids/rank${2:-0}.pid" 2>/dev/null; }  # rank_pid RUN [RANK]
+rank_pid() { cut -d" " -f1 "$work/$1/pids/rank${2:-0}.pid" 2>/dev/null; }  # rank_pid RUN [RANK]

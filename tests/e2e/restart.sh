@@ -12,6 +12,8 @@
 #     (run.max_restarts = 2): to mpirun alone, which then exits 1; to the launcher and one rank,
 #     which gets it twice (its own and the forwarded one); to the launcher, mpirun and every rank.
 #     Each time: exit 75 with the snapshot of the step reached, and no restart.
+#  4c. SIGTERM to mpirun alone while steps take 1.5 s, with run.stop_grace_s = 6 (Open MPI's
+#     wait before SIGKILL): the same.
 #  5. SIGINT to the launcher's process group, as Ctrl-C sends it: every rank ends promptly (exit
 #     130), none is left, the console gives one account (interrupted after step N with its
 #     snapshot committed: no "preempted", no exit 75) and that snapshot resumes.
@@ -119,6 +121,19 @@ for to in mpirun "launcher rank1" "launcher mpirun ranks"; do
     "SIGTERM to the $to: exit 75 with the snapshot of the step it stopped at ($stopped), no restart (rc $rc)" ||
     { grep -v '\] snapshot step' "$work/$run.log" | tail -5; cat "$work/$run/incidents.jsonl" 2>/dev/null; }
 done
+
+# --- 4c. SIGTERM to mpirun alone while a step takes longer than Open MPI's own SIGKILL delay (1 s),
+# with run.stop_grace_s = 6: exit 75 with the step's snapshot. ---
+run=preempt_slow_step
+T3D_FAULT=slow_step:1:1500 "$titan3d" "${recipe[@]}" --set run.dir="$work/$run" --set run.stop_grace_s=6 \
+  --max-restarts 2 > "$work/$run.log" 2>&1 &
+job=$!
+wait_for_step "$run" 2 && kill -TERM "$(mpirun_pid "$run")"
+wait $job; rc=$?
+stopped=$(last_step "$work/$run/metrics.jsonl")
+check "[ $rc -eq 75 ] && [ -f $work/$run/snapshots/step_$(printf %08d "${stopped:-0}").h5 ] && [ ! -e $work/$run/incidents.jsonl ]" \
+  "SIGTERM to mpirun during 1.5 s steps (stop grace 6 s): exit 75 with the snapshot of the step it stopped at ($stopped), no restart (rc $rc)" ||
+  { tail -5 "$work/$run.log"; cat "$work/$run/incidents.jsonl" 2>/dev/null; }
 
 # --- 5. Ctrl-C: SIGINT to the launcher's process group (job control gives the job its own). ---
 set -m
