@@ -1,0 +1,124 @@
+// Mixture-of-experts operators (ops_moe.cpp): the router, the permutation of token slots by
+// expert, the experts' SwiGLU FFNs as one grouped pass over the permuted rows, the combine, the
+// sequence-wise auxiliary balance loss and the router-bias balancing rule. fp32, row-major, CPU;
+// the same accumulation contract as ops.h (parameter gradients accumulate, activation gradients
+// are written). Shapes: N tokens, C model dim, E experts, K experts per token (top-k), Fe one
+// expert's FFN width on this rank (its tp slice), S = N·K token slots.
+//
+// Routing (docs/moe.md states the same math):
+//   scores s (N, E) = softmax(logits) per row, or sigmoid(logits) (RouterScore);
+//   chosen (N, K): the K experts with the largest s[t, e] + bias[e] (bias may be absent), in
+//     descending order of that value, ties to the lower expert index: deterministic;
+//   gates g (N, K) = s[t, chosen] (the bias never enters a gate), divided by their sum over K
+//     when `normalize`, then times `scale`.
+// A slot is (token t, rank j < K): slot t·K + j. The permutation orders the slots by expert,
+// and inside an expert by slot index, so an expert's rows are contiguous and in token order.
+//
+// No op allocates: every buffer comes from the caller.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/gemm.h"
+
+namespace t3d::kernels {
+
+enum class RouterScore : uint8_t { kSoftmax, kSigmoid };
+
+struct RouterShape {
+  std::int64_t N = 0, E = 0, K = 0;
+  RouterScore score = RouterScore::kSoftmax;
+  bool normalize = true;  // gates divided by their sum over the K chosen
+  float scale = 1.0f;     // gates multiplied by this after normalising
+};
+
+// Router forward from the logits (N, E) (the caller's fp32 GEMM of the normalised input with
+// the router weight). `bias` (E) or nullptr only shifts the selection.
+void moe_route_forward(float* scores,        // scores (N, E) =
+                       std::int32_t* chosen,  // chosen (N, K) =
+                       float* gates,          // gates (N, K) =
+                       const float* logits,   // logits (N, E); may alias scores
+                       const float* bias,     // bias (E) or nullptr
+                       const RouterShape& r);
+// Router backward: the gradient of the logits from that of the gates (the selection is a
+// constant) plus `dscores_extra` (N, E) or nullptr, a gradient of the scores from elsewhere (the
+// auxiliary loss), added before the score function's backward.
+void moe_route_backward(float* dlogits,              // dlogits (N, E) =
+                        const float* dgates,         // dgates (N, K)
+                        const float* dscores_extra,  // (N, E) or nullptr
+                        const float* scores,         // scores (N, E) from forward
+                        const std::int32_t* chosen,  // chosen (N, K) from forward
+                        const RouterShape& r);
+
+// The permutation of the N·K slots by expert (a stable counting sort of `chosen`):
+// offsets (E + 1): expert e's rows are [offsets[e], offsets[e + 1]) (offsets[E] = S);
+// row_of_slot (S): the permuted row of slot t·K + j;  slot_of_row (S): its inverse.
+void moe_permute(std::int64_t* offsets, std::int32_t* row_of_slot, std::int32_t* slot_of_row,
+                 const std::int32_t* chosen, std::int64_t N, std::int64_t E, std::int64_t K);
+// rows (S, C): row r = x[slot_of_row[r] / K] (the token of each permuted row).
+void moe_gather(float* rows, const float* x, const std::int32_t* slot_of_row, std::int64_t S,
+                std::int64_t K, std::int64_t C);
+// The combine: y[t] = Σ_{j=0..K-1} w[t·K + j] · rows[row_of_slot[t·K + j]], j ascending, each
+// product rounded to fp32 and added in that order (w = gates in forward; w = nullptr: weight 1,
+// the backward's sum of the slots' input gradients). `mode`: y written or accumulated.
+void moe_combine(float* y, const float* rows, const float* w, const std::int32_t* row_of_slot,
+                 std::int64_t N, std::int64_t K, std::int64_t C, Out mode);
+
+// The routed experts' SwiGLU FFNs over the permuted rows, one GEMM per expert with rows (the
+// grouped pass; experts with no rows are skipped). Expert e's weights: wg and wu (E, Fe, C),
+// wd (E, C, Fe), each expert's matrix contiguous. `kind`: the GEMM kind (kernels/gemm.h).
+struct ExpertShape {
+  std::int64_t E = 0, C = 0, Fe = 0;
+};
+void moe_experts_forward(GemmKind kind,
+                         float* y,                     // y (S, C) = expert outputs per row
+                         float* gate,                  // gate (S, Fe) = xs · wg[e]^T
+                         float* up,                    // up (S, Fe) = xs · wu[e]^T
+                         float* h,                     // h (S, Fe) = silu(gate) · up
+                         const float* xs,              // xs (S, C) permuted rows
+                         const float* wg, const float* wu, const float* wd,
+                         const std::int64_t* offsets,  // offsets (E + 1) from moe_permute
+                         const ExpertShape& s);
+// Backward of the experts and the combine together, without the experts' outputs: with U the
+// gradient of an expert's output rows before the gate (dys · wd[e], (rows, Fe)), a row's gate
+// gradient is U · h (the dot of dy with the expert's output) and the gradient of its h is
+// gate · U. Writes dxs and dgates, accumulates the weight gradients.
+//   dys (S, C): row r holds dy of the token of row r (moe_gather of dy); clobbered (scaled by
+//     the rows' gates in place, for wd's gradient);
+//   dgates (N·K): by slot, dgates[slot_of_row[r]] = Σ_f U[r, f] · h[r, f] (this rank's Fe: a
+//     partial sum under tp, which the caller all-reduces);
+//   gates (N·K): the forward's gates, by slot;
+//   dh, dgate, dup (S, Fe): scratch.
+void moe_experts_backward(GemmKind kind,
+                          float* dxs,     // dxs (S, C) =
+                          float* dgates,  // dgates (N·K) =
+                          float* dwg, float* dwu, float* dwd,   // as wg, wu, wd; +=
+                          float* dh, float* dgate, float* dup,  // scratch (S, Fe)
+                          float* dys,                           // dys (S, C), clobbered
+                          const float* gates,                   // gates (N·K) by slot
+                          const std::int32_t* slot_of_row,      // (S) from moe_permute
+                          const float* xs,                      // xs (S, C) forward input
+                          const float* gate, const float* up, const float* h,  // (S, Fe) forward
+                          const float* wg, const float* wu, const float* wd,
+                          const std::int64_t* offsets, const ExpertShape& s);
+
+// Tokens routed to each expert: counts[e] += number of slots with chosen == e (over N·K).
+void moe_count(double* counts, const std::int32_t* chosen, std::int64_t N, std::int64_t E,
+               std::int64_t K);
+
+// The sequence-wise auxiliary balance loss of B sequences of T tokens (N = B·T), Switch's form
+// per sequence: with f[b, e] = (slots of sequence b routed to e) / (T·K) and
+// P[b, e] = (1/T) Σ_t p[t, e], where p is the scores normalised over all E (softmax scores
+// already are; sigmoid scores divided by their row sum), loss_b = E · Σ_e f[b, e] · P[b, e].
+// Returns Σ_b loss_b (the caller weighs it: coefficient / sequences in the global batch).
+// With `dscores` (N, E) non-null, writes the gradient of weight · Σ_b loss_b with respect to the
+// scores (f is a constant, as in Switch and DeepSeek-V3).
+double moe_aux_loss(float* dscores, const float* scores, const std::int32_t* chosen,
+                    std::int64_t B, std::int64_t T, const RouterShape& r, float weight);
+
+// Auxiliary-loss-free balancing (DeepSeek-V3): bias[e] += rate · sign(mean − counts[e]), mean
+// the average of counts over the E experts, sign(0) = 0. Applied once per optimizer step to the
+// counts summed over the whole batch.
+void moe_bias_update(float* bias, const double* counts, std::int64_t E, float rate);
+
+}  // namespace t3d::kernels
