@@ -20,6 +20,7 @@
 #include <cstdint>
 
 #include "kernels/gemm.h"
+#include "kernels/ops.h"  // Out
 
 namespace t3d::kernels {
 
@@ -34,7 +35,7 @@ struct RouterShape {
 
 // Router forward from the logits (N, E) (the caller's fp32 GEMM of the normalised input with
 // the router weight). `bias` (E) or nullptr only shifts the selection.
-void moe_route_forward(float* scores,        // scores (N, E) =
+void moe_route_forward(float* scores,         // scores (N, E) =
                        std::int32_t* chosen,  // chosen (N, K) =
                        float* gates,          // gates (N, K) =
                        const float* logits,   // logits (N, E); may alias scores
@@ -60,7 +61,7 @@ void moe_gather(float* rows, const float* x, const std::int32_t* slot_of_row, st
                 std::int64_t K, std::int64_t C);
 // The combine: y[t] = Σ_{j=0..K-1} w[t·K + j] · rows[row_of_slot[t·K + j]], j ascending, each
 // product rounded to fp32 and added in that order (w = gates in forward; w = nullptr: weight 1,
-// the backward's sum of the slots' input gradients). `mode`: y written or accumulated.
+// the backward's sum of the slots' input gradients). `mode`: y written, or that sum added to y.
 void moe_combine(float* y, const float* rows, const float* w, const std::int32_t* row_of_slot,
                  std::int64_t N, std::int64_t K, std::int64_t C, Out mode);
 
@@ -71,11 +72,11 @@ struct ExpertShape {
   std::int64_t E = 0, C = 0, Fe = 0;
 };
 void moe_experts_forward(GemmKind kind,
-                         float* y,                     // y (S, C) = expert outputs per row
-                         float* gate,                  // gate (S, Fe) = xs · wg[e]^T
-                         float* up,                    // up (S, Fe) = xs · wu[e]^T
-                         float* h,                     // h (S, Fe) = silu(gate) · up
-                         const float* xs,              // xs (S, C) permuted rows
+                         float* y,         // y (S, C) = expert outputs per row
+                         float* gate,      // gate (S, Fe) = xs · wg[e]^T
+                         float* up,        // up (S, Fe) = xs · wu[e]^T
+                         float* h,         // h (S, Fe) = silu(gate) · up
+                         const float* xs,  // xs (S, C) permuted rows
                          const float* wg, const float* wu, const float* wd,
                          const std::int64_t* offsets,  // offsets (E + 1) from moe_permute
                          const ExpertShape& s);
@@ -90,8 +91,8 @@ void moe_experts_forward(GemmKind kind,
 //   gates (N·K): the forward's gates, by slot;
 //   dh, dgate, dup (S, Fe): scratch.
 void moe_experts_backward(GemmKind kind,
-                          float* dxs,     // dxs (S, C) =
-                          float* dgates,  // dgates (N·K) =
+                          float* dxs,                           // dxs (S, C) =
+                          float* dgates,                        // dgates (N·K) =
                           float* dwg, float* dwu, float* dwd,   // as wg, wu, wd; +=
                           float* dh, float* dgate, float* dup,  // scratch (S, Fe)
                           float* dys,                           // dys (S, C), clobbered
@@ -111,10 +112,11 @@ void moe_count(double* counts, const std::int32_t* chosen, std::int64_t N, std::
 // P[b, e] = (1/T) Σ_t p[t, e], where p is the scores normalised over all E (softmax scores
 // already are; sigmoid scores divided by their row sum), loss_b = E · Σ_e f[b, e] · P[b, e].
 // Returns Σ_b loss_b (the caller weighs it: coefficient / sequences in the global batch).
+// E ≤ 4096 (one sequence's f is kept on the stack).
 // With `dscores` (N, E) non-null, writes the gradient of weight · Σ_b loss_b with respect to the
 // scores (f is a constant, as in Switch and DeepSeek-V3).
-double moe_aux_loss(float* dscores, const float* scores, const std::int32_t* chosen,
-                    std::int64_t B, std::int64_t T, const RouterShape& r, float weight);
+double moe_aux_loss(float* dscores, const float* scores, const std::int32_t* chosen, std::int64_t B,
+                    std::int64_t T, const RouterShape& r, float weight);
 
 // Auxiliary-loss-free balancing (DeepSeek-V3): bias[e] += rate · sign(mean − counts[e]), mean
 // the average of counts over the E experts, sign(0) = 0. Applied once per optimizer step to the

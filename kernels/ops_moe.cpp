@@ -1,0 +1,320 @@
+// Mixture-of-experts operators (kernels/ops_moe.h). The experts' GEMMs are the linear ops of
+// ops_mlp.cpp on each expert's contiguous block of permuted rows: that loop over experts is the
+// grouped GEMM on a CPU. Row loops are split over the rank's threads with each row computed alone,
+// so their results do not depend on the thread count (kernels/threads.h).
+#include "kernels/ops_moe.h"
+
+#include <cmath>
+#include <limits>
+
+#include "kernels/check.h"
+#include "kernels/ops.h"
+#include "kernels/threads.h"
+
+namespace t3d::kernels {
+namespace {
+
+// The selection's key of a score: NaN ranks below every number (it is never preferred, and the
+// order stays total, so each of the K passes finds an expert).
+float select_key(float v) { return std::isnan(v) ? -std::numeric_limits<float>::infinity() : v; }
+
+// Whether (key a, index ia) comes before (key b, index ib): larger key first, ties to the lower
+// index. A strict total order over the E experts of a row.
+bool ranks_before(float a, std::int64_t ia, float b, std::int64_t ib) {
+  return a > b || (a == b && ia < ib);
+}
+
+// One row's top-k: pass j picks the best expert among those ranked after pass j - 1's pick, so
+// no marks are needed and the K picks are distinct and in rank order.
+void select_row(std::int32_t* chosen, const float* s, const float* bias, std::int64_t E,
+                std::int64_t K) {
+  float prev_key = std::numeric_limits<float>::infinity();
+  std::int64_t prev = -1;  // (+inf, -1) ranks before everything
+  for (std::int64_t j = 0; j < K; ++j) {
+    float best_key = 0.0f;
+    std::int64_t best = -1;
+    for (std::int64_t e = 0; e < E; ++e) {
+      const float key = select_key(bias ? s[e] + bias[e] : s[e]);
+      if (!ranks_before(prev_key, prev, key, e)) continue;  // taken by an earlier pass
+      if (best < 0 || ranks_before(key, e, best_key, best)) best_key = key, best = e;
+    }
+    chosen[j] = static_cast<std::int32_t>(best);
+    prev_key = best_key, prev = best;
+  }
+}
+
+void check_router(const RouterShape& r) {
+  T3D_ASSERT(r.E > 0 && r.K > 0 && r.K <= r.E, "router with E = ", r.E, ", K = ", r.K);
+}
+
+}  // namespace
+
+void moe_route_forward(float* scores, std::int32_t* chosen, float* gates, const float* logits,
+                       const float* bias, const RouterShape& r) {
+  check_router(r);
+  const std::int64_t E = r.E, K = r.K;
+  detail::split_rows(r.N, E, [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t t = lo; t < hi; ++t) {
+      const float* x = logits + t * E;
+      float* s = scores + t * E;  // may be x: each element is read before it is written
+      if (r.score == RouterScore::kSoftmax) {
+        float mx = -std::numeric_limits<float>::infinity();
+        for (std::int64_t e = 0; e < E; ++e) mx = x[e] > mx ? x[e] : mx;
+        double sum = 0.0;
+        for (std::int64_t e = 0; e < E; ++e) {
+          s[e] = std::exp(x[e] - mx);
+          sum += s[e];
+        }
+        const double inv = 1.0 / sum;
+        for (std::int64_t e = 0; e < E; ++e) s[e] = static_cast<float>(s[e] * inv);
+      } else {
+        for (std::int64_t e = 0; e < E; ++e) s[e] = 1.0f / (1.0f + std::exp(-x[e]));
+      }
+      std::int32_t* c = chosen + t * K;
+      select_row(c, s, bias, E, K);
+      double norm = 1.0;
+      if (r.normalize) {
+        double sum = 0.0;
+        for (std::int64_t j = 0; j < K; ++j) sum += s[c[j]];
+        norm = 1.0 / sum;
+      }
+      for (std::int64_t j = 0; j < K; ++j)
+        gates[t * K + j] = static_cast<float>(s[c[j]] * norm * r.scale);
+    }
+  });
+}
+
+// With a = scale, c_j the chosen experts and Z = Σ_j s[c_j]:
+//   normalize: g_j = a s[c_j] / Z, so ds[c_k] = (a / Z) (dg_k − Σ_j dg_j s[c_j] / Z);
+//   otherwise: g_j = a s[c_j],     so ds[c_k] = a dg_k;
+// the chosen experts are distinct, so each gate's gradient lands on its own score. Then
+// softmax: dlogits = s ⊙ (ds − Σ_e s ds); sigmoid: dlogits = ds s (1 − s).
+// ds is built in the dlogits row, which the score function's backward then rewrites in place.
+void moe_route_backward(float* dlogits, const float* dgates, const float* dscores_extra,
+                        const float* scores, const std::int32_t* chosen, const RouterShape& r) {
+  check_router(r);
+  const std::int64_t E = r.E, K = r.K;
+  detail::split_rows(r.N, E, [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t t = lo; t < hi; ++t) {
+      const float* s = scores + t * E;
+      const float* dg = dgates + t * K;
+      const std::int32_t* c = chosen + t * K;
+      float* d = dlogits + t * E;
+      for (std::int64_t e = 0; e < E; ++e) d[e] = dscores_extra ? dscores_extra[t * E + e] : 0.0f;
+      if (r.normalize) {
+        double z = 0.0, dot = 0.0;
+        for (std::int64_t j = 0; j < K; ++j) z += s[c[j]];
+        for (std::int64_t j = 0; j < K; ++j) dot += static_cast<double>(dg[j]) * s[c[j]];
+        const double a_z = r.scale / z, mean = dot / z;
+        for (std::int64_t j = 0; j < K; ++j) d[c[j]] += static_cast<float>(a_z * (dg[j] - mean));
+      } else {
+        for (std::int64_t j = 0; j < K; ++j) d[c[j]] += r.scale * dg[j];
+      }
+      if (r.score == RouterScore::kSoftmax) {
+        double dot = 0.0;
+        for (std::int64_t e = 0; e < E; ++e) dot += static_cast<double>(s[e]) * d[e];
+        for (std::int64_t e = 0; e < E; ++e) d[e] = static_cast<float>(s[e] * (d[e] - dot));
+      } else {
+        for (std::int64_t e = 0; e < E; ++e) d[e] = d[e] * s[e] * (1.0f - s[e]);
+      }
+    }
+  });
+}
+
+// Counting sort with offsets as the only state: counts into offsets[e + 1], prefix sums give
+// the starts, offsets[e] then serves as expert e's cursor (ending at the next expert's start),
+// and a shift by one restores the starts.
+void moe_permute(std::int64_t* offsets, std::int32_t* row_of_slot, std::int32_t* slot_of_row,
+                 const std::int32_t* chosen, std::int64_t N, std::int64_t E, std::int64_t K) {
+  const std::int64_t S = N * K;
+  for (std::int64_t e = 0; e <= E; ++e) offsets[e] = 0;
+  for (std::int64_t i = 0; i < S; ++i) {
+    T3D_ASSERT(chosen[i] >= 0 && chosen[i] < E, "slot ", i, " routed to expert ", chosen[i], " of ",
+               E);
+    ++offsets[chosen[i] + 1];
+  }
+  for (std::int64_t e = 0; e < E; ++e) offsets[e + 1] += offsets[e];
+  for (std::int64_t i = 0; i < S; ++i) {  // slots ascending: stable
+    const std::int64_t row = offsets[chosen[i]]++;
+    row_of_slot[i] = static_cast<std::int32_t>(row);
+    slot_of_row[row] = static_cast<std::int32_t>(i);
+  }
+  for (std::int64_t e = E; e > 0; --e) offsets[e] = offsets[e - 1];
+  offsets[0] = 0;
+}
+
+void moe_gather(float* rows, const float* x, const std::int32_t* slot_of_row, std::int64_t S,
+                std::int64_t K, std::int64_t C) {
+  detail::split_rows(S, C, [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t r = lo; r < hi; ++r) {
+      const float* src = x + (slot_of_row[r] / K) * C;
+      float* dst = rows + r * C;
+      for (std::int64_t c = 0; c < C; ++c) dst[c] = src[c];
+    }
+  });
+}
+
+void moe_combine(float* y, const float* rows, const float* w, const std::int32_t* row_of_slot,
+                 std::int64_t N, std::int64_t K, std::int64_t C, Out mode) {
+  detail::split_rows(N, K * C, [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t t = lo; t < hi; ++t) {
+      float* yt = y + t * C;
+      for (std::int64_t c = 0; c < C; ++c) {
+        // The sum of the K products first, then written or added: the same bits whatever the
+        // mode, for the part the combine computes.
+        float acc = 0.0f;
+        for (std::int64_t j = 0; j < K; ++j) {
+          const float v = rows[row_of_slot[t * K + j] * C + c];
+          const float p = w ? w[t * K + j] * v : v;
+          acc = j == 0 ? p : acc + p;
+        }
+        yt[c] = mode == Out::kAccumulate ? yt[c] + acc : acc;
+      }
+    }
+  });
+}
+
+void moe_experts_forward(GemmKind kind, float* y, float* gate, float* up, float* h, const float* xs,
+                         const float* wg, const float* wu, const float* wd,
+                         const std::int64_t* offsets, const ExpertShape& s) {
+  const std::int64_t C = s.C, Fe = s.Fe, S = offsets[s.E];
+  for (std::int64_t e = 0; e < s.E; ++e) {
+    const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
+    if (rows == 0) continue;
+    const LinearInput x(kind, xs + r0 * C, rows, C);  // read by two GEMMs: rounded once (bf16)
+    linear_forward(gate + r0 * Fe, x, wg + e * Fe * C, Fe);
+    linear_forward(up + r0 * Fe, x, wu + e * Fe * C, Fe);
+  }
+  // Every row belongs to an expert, so one pass over all S rows is each expert's SwiGLU.
+  swiglu_forward(h, gate, up, S * Fe);
+  for (std::int64_t e = 0; e < s.E; ++e) {
+    const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
+    if (rows == 0) continue;
+    linear_forward(kind, y + r0 * C, h + r0 * Fe, wd + e * C * Fe, rows, Fe, C);
+  }
+}
+
+// Per row r of expert e with gate g (the forward's output row is g · h wd[e]^T):
+//   U = dys · wd[e]                      (into dh)
+//   dgates[slot] = U · h                 (double accumulation, rounded once)
+//   dys *= g, dh *= g                    (the gradients of h wd[e]^T's output and of h)
+//   dwd[e] += dys^T h;  swiglu backward → dgate, dup;
+//   dxs = dgate wg[e] + dup wu[e];  dwg[e] += dgate^T xs;  dwu[e] += dup^T xs.
+void moe_experts_backward(GemmKind kind, float* dxs, float* dgates, float* dwg, float* dwu,
+                          float* dwd, float* dh, float* dgate, float* dup, float* dys,
+                          const float* gates, const std::int32_t* slot_of_row, const float* xs,
+                          const float* gate, const float* up, const float* h, const float* wg,
+                          const float* wu, const float* wd, const std::int64_t* offsets,
+                          const ExpertShape& s) {
+  const std::int64_t C = s.C, Fe = s.Fe, S = offsets[s.E];
+  for (std::int64_t e = 0; e < s.E; ++e) {
+    const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
+    if (rows == 0) continue;
+    linear_backward_input(kind, dh + r0 * Fe, dys + r0 * C, wd + e * C * Fe, rows, Fe, C);
+  }
+  detail::split_rows(S, C + 2 * Fe, [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t r = lo; r < hi; ++r) {
+      float* u = dh + r * Fe;
+      const float* hr = h + r * Fe;
+      double dot = 0.0;
+      for (std::int64_t f = 0; f < Fe; ++f) dot += static_cast<double>(u[f]) * hr[f];
+      const std::int32_t slot = slot_of_row[r];
+      dgates[slot] = static_cast<float>(dot);
+      const float g = gates[slot];
+      for (std::int64_t f = 0; f < Fe; ++f) u[f] *= g;
+      float* dy = dys + r * C;
+      for (std::int64_t c = 0; c < C; ++c) dy[c] *= g;
+    }
+  });
+  for (std::int64_t e = 0; e < s.E; ++e) {
+    const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
+    if (rows == 0) continue;
+    linear_backward_weight(kind, dwd + e * C * Fe, dys + r0 * C, h + r0 * Fe, rows, Fe, C);
+  }
+  swiglu_backward(dgate, dup, dh, gate, up, S * Fe);
+  for (std::int64_t e = 0; e < s.E; ++e) {
+    const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
+    if (rows == 0) continue;
+    const float* dg = dgate + r0 * Fe;
+    const float* du = dup + r0 * Fe;
+    float* dx = dxs + r0 * C;
+    // dxs = dgate wg[e] (written), then += dup wu[e].
+    linear_backward_input(kind, dx, dg, wg + e * Fe * C, rows, C, Fe);
+    gemm(kind, Trans::kNo, Trans::kNo, rows, C, Fe, du, Fe, wu + e * Fe * C, C, true, dx, C);
+    const LinearInput x(kind, xs + r0 * C, rows, C);  // read by two GEMMs: rounded once (bf16)
+    linear_backward_weight(dwg + e * Fe * C, LinearInput(kind, dg, rows, Fe), x);
+    linear_backward_weight(dwu + e * Fe * C, LinearInput(kind, du, rows, Fe), x);
+  }
+}
+
+void moe_count(double* counts, const std::int32_t* chosen, std::int64_t N, std::int64_t E,
+               std::int64_t K) {
+  for (std::int64_t i = 0; i < N * K; ++i) {
+    T3D_ASSERT(chosen[i] >= 0 && chosen[i] < E, "slot ", i, " routed to expert ", chosen[i], " of ",
+               E);
+    counts[chosen[i]] += 1.0;
+  }
+}
+
+// Per sequence, with n_e the slots routed to e, f_e = n_e / (T K) and p the scores normalised
+// over E (p = s / Σ s for sigmoid, with Σ that row's sum):
+//   loss_b = E Σ_e f_e P_e = (E / T) Σ_t Σ_e f_e p[t, e];
+//   d(weight loss_b)/ds[t, e] = weight (E / T) f_e                        (softmax: p = s)
+//                             = weight (E / T) (f_e − Σ_e' f_e' p[t, e']) / Σ   (sigmoid).
+double moe_aux_loss(float* dscores, const float* scores, const std::int32_t* chosen, std::int64_t B,
+                    std::int64_t T, const RouterShape& r, float weight) {
+  check_router(r);
+  const std::int64_t E = r.E, K = r.K;
+  // f of one sequence on the stack: the op allocates nothing, so E has a ceiling.
+  constexpr std::int64_t kMaxExperts = 4096;
+  T3D_USER_CHECK(E <= kMaxExperts, "the MoE auxiliary loss supports up to ", kMaxExperts,
+                 " experts, not ", E);
+  T3D_ASSERT(B * T == r.N, "aux loss over ", B, " x ", T, " tokens, router of ", r.N);
+  double f[kMaxExperts];
+  const bool sigmoid = r.score == RouterScore::kSigmoid;
+  double total = 0.0;
+  for (std::int64_t b = 0; b < B; ++b) {
+    for (std::int64_t e = 0; e < E; ++e) f[e] = 0.0;
+    const std::int32_t* c = chosen + b * T * K;
+    for (std::int64_t i = 0; i < T * K; ++i) {
+      T3D_ASSERT(c[i] >= 0 && c[i] < E, "slot ", b * T * K + i, " routed to expert ", c[i], " of ",
+                 E);
+      f[c[i]] += 1.0;
+    }
+    for (std::int64_t e = 0; e < E; ++e) f[e] /= static_cast<double>(T * K);
+    const double coef = static_cast<double>(E) / static_cast<double>(T);
+    double loss = 0.0;
+    for (std::int64_t t = 0; t < T; ++t) {
+      const float* s = scores + (b * T + t) * E;
+      double sum = 1.0;
+      if (sigmoid) {
+        sum = 0.0;
+        for (std::int64_t e = 0; e < E; ++e) sum += s[e];
+      }
+      double fp = 0.0;  // Σ_e f_e p[t, e]
+      for (std::int64_t e = 0; e < E; ++e) fp += f[e] * s[e];
+      fp /= sum;
+      loss += fp;
+      if (!dscores) continue;
+      float* d = dscores + (b * T + t) * E;
+      const double w = weight * coef;
+      for (std::int64_t e = 0; e < E; ++e)
+        d[e] = static_cast<float>(sigmoid ? w * (f[e] - fp) / sum : w * f[e]);
+    }
+    total += coef * loss;
+  }
+  return total;
+}
+
+void moe_bias_update(float* bias, const double* counts, std::int64_t E, float rate) {
+  double mean = 0.0;
+  for (std::int64_t e = 0; e < E; ++e) mean += counts[e];
+  mean /= static_cast<double>(E);
+  for (std::int64_t e = 0; e < E; ++e) {
+    const double diff = mean - counts[e];
+    if (diff > 0) bias[e] += rate;
+    if (diff < 0) bias[e] -= rate;
+  }
+}
+
+}  // namespace t3d::kernels

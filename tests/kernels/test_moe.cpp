@@ -1,0 +1,603 @@
+// Mixture-of-experts operators: the router against a double reference and central differences,
+// the permutation's invariants, the routed layer (gather, grouped experts, combine) against a
+// per-token reference and its central differences, the auxiliary loss and the bias rule against
+// hand computations.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "kernels/blas.h"
+#include "kernels/ops_moe.h"
+#include "reference.h"
+
+namespace t3d::kernels {
+namespace {
+
+using ref::Vec;
+using I32 = std::vector<std::int32_t>;
+
+constexpr GemmKind kFp32 = GemmKind::kOpenBlasF32;
+
+// ---- references ---------------------------------------------------------------------------
+
+struct RouteRef {
+  Vec scores, gates;
+  I32 chosen;
+};
+
+// The router in double. The selection sorts (s + bias) descending with ties to the lower index;
+// `fixed` (non-null) replaces it, as the backward holds the selection constant.
+RouteRef route_ref(const Vec& logits, const std::vector<float>* bias, const RouterShape& r,
+                   const I32* fixed = nullptr) {
+  const int N = r.N, E = r.E, K = r.K;
+  RouteRef o{Vec(N * E), Vec(N * K), I32(N * K)};
+  for (int t = 0; t < N; ++t) {
+    const double* x = &logits[t * E];
+    double* s = &o.scores[t * E];
+    if (r.score == RouterScore::kSoftmax) {
+      const double mx = *std::max_element(x, x + E);
+      double sum = 0;
+      for (int e = 0; e < E; ++e) sum += std::exp(x[e] - mx);
+      for (int e = 0; e < E; ++e) s[e] = std::exp(x[e] - mx) / sum;
+    } else {
+      for (int e = 0; e < E; ++e) s[e] = 1 / (1 + std::exp(-x[e]));
+    }
+    I32 idx(E);
+    std::iota(idx.begin(), idx.end(), 0);
+    const auto key = [&](int e) { return s[e] + (bias ? (*bias)[e] : 0.0); };
+    std::stable_sort(idx.begin(), idx.end(), [&](int a, int b) { return key(a) > key(b); });
+    for (int j = 0; j < K; ++j) o.chosen[t * K + j] = fixed ? (*fixed)[t * K + j] : idx[j];
+    double z = 0;
+    for (int j = 0; j < K; ++j) z += s[o.chosen[t * K + j]];
+    for (int j = 0; j < K; ++j)
+      o.gates[t * K + j] = s[o.chosen[t * K + j]] / (r.normalize ? z : 1.0) * r.scale;
+  }
+  return o;
+}
+
+struct Weights {
+  Vec wg, wu, wd;  // (E, Fe, C), (E, Fe, C), (E, C, Fe)
+};
+
+// The routed layer token by token: out[t] = Σ_j gates[t K + j] · FFN_{chosen[t K + j]}(x[t]),
+// each expert's SwiGLU FFN written out as loops.
+Vec layer_ref(const Vec& x, const Vec& gates, const Weights& w, const I32& chosen, int N, int K,
+              int C, int Fe) {
+  Vec out(N * C, 0.0), h(Fe);
+  for (int t = 0; t < N; ++t)
+    for (int j = 0; j < K; ++j) {
+      const int e = chosen[t * K + j];
+      for (int f = 0; f < Fe; ++f) {
+        double g = 0, u = 0;
+        for (int c = 0; c < C; ++c) {
+          g += x[t * C + c] * w.wg[(e * Fe + f) * C + c];
+          u += x[t * C + c] * w.wu[(e * Fe + f) * C + c];
+        }
+        h[f] = g / (1 + std::exp(-g)) * u;
+      }
+      for (int c = 0; c < C; ++c) {
+        double y = 0;
+        for (int f = 0; f < Fe; ++f) y += h[f] * w.wd[(e * C + c) * Fe + f];
+        out[t * C + c] += gates[t * K + j] * y;
+      }
+    }
+  return out;
+}
+
+// Σ_b E Σ_e f[b, e] P[b, e] with f from `chosen` (a constant) and p the scores over all E.
+double aux_ref(const Vec& s, const I32& chosen, int B, int T, int E, int K, bool sigmoid) {
+  double total = 0;
+  for (int b = 0; b < B; ++b) {
+    Vec f(E, 0.0), P(E, 0.0);
+    for (int i = 0; i < T * K; ++i) f[chosen[b * T * K + i]] += 1.0 / (T * K);
+    for (int t = 0; t < T; ++t) {
+      const double* row = &s[(b * T + t) * E];
+      double sum = 0;
+      for (int e = 0; e < E; ++e) sum += row[e];
+      for (int e = 0; e < E; ++e) P[e] += (sigmoid ? row[e] / sum : row[e]) / T;
+    }
+    for (int e = 0; e < E; ++e) total += E * f[e] * P[e];
+  }
+  return total;
+}
+
+// Logits whose scores are well separated in every row (a shuffled ladder of step 0.4 plus noise
+// below 0.05), so no selection flips under a finite-difference step.
+std::vector<float> separated_logits(int N, int E, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> noise(-0.05f, 0.05f);
+  std::vector<float> x(N * E);
+  I32 perm(E);
+  std::iota(perm.begin(), perm.end(), 0);
+  for (int t = 0; t < N; ++t) {
+    std::shuffle(perm.begin(), perm.end(), rng);
+    for (int e = 0; e < E; ++e) x[t * E + e] = 0.4f * (perm[e] - E / 2) + noise(rng);
+  }
+  return x;
+}
+
+const char* score_name(RouterScore s) { return s == RouterScore::kSoftmax ? "softmax" : "sigmoid"; }
+
+// ---- router -------------------------------------------------------------------------------
+
+TEST(kernels_moe_router, ForwardMatchesReference) {
+  const int N = 9, E = 8, K = 3;
+  const auto logits = ref::random_floats(N * E, 100, -3, 3);
+  const auto bias = ref::random_floats(E, 101, -0.3f, 0.3f);
+  for (RouterScore score : {RouterScore::kSoftmax, RouterScore::kSigmoid})
+    for (bool normalize : {true, false})
+      for (float scale : {1.0f, 2.5f})
+        for (const std::vector<float>* b :
+             {static_cast<const std::vector<float>*>(nullptr), &bias}) {
+          SCOPED_TRACE(testing::Message() << score_name(score) << " normalize " << normalize
+                                          << " scale " << scale << " bias " << (b != nullptr));
+          const RouterShape r{N, E, K, score, normalize, scale};
+          std::vector<float> scores(N * E), gates(N * K, -1.0f);
+          I32 chosen(N * K, -1);
+          moe_route_forward(scores.data(), chosen.data(), gates.data(), logits.data(),
+                            b ? b->data() : nullptr, r);
+          const RouteRef want = route_ref(ref::to_double(logits), b, r);
+          ref::expect_close(scores, want.scores, 1e-6, 1e-7, "scores");
+          EXPECT_EQ(chosen, want.chosen);
+          ref::expect_close(gates, want.gates, 1e-6, 1e-7, "gates");
+
+          // In place (scores over the logits), as the model may call it: the same bits.
+          std::vector<float> inplace = logits, gates2(N * K);
+          I32 chosen2(N * K);
+          moe_route_forward(inplace.data(), chosen2.data(), gates2.data(), inplace.data(),
+                            b ? b->data() : nullptr, r);
+          EXPECT_EQ(inplace, scores);
+          EXPECT_EQ(chosen2, chosen);
+          EXPECT_EQ(gates2, gates);
+        }
+}
+
+TEST(kernels_moe_router, TiesGoToTheLowerIndex) {
+  const int E = 5, K = 3;
+  // Row 0: all equal; row 1: a three-way tie for first; row 2: a tie for the last place.
+  const std::vector<float> logits = {0, 0, 0, 0, 0,  //
+                                     1, 3, 3, 0, 3,  //
+                                     2, 1, 0, 1, 5};
+  for (RouterScore score : {RouterScore::kSoftmax, RouterScore::kSigmoid}) {
+    SCOPED_TRACE(score_name(score));
+    const RouterShape r{3, E, K, score, true, 1.0f};
+    std::vector<float> scores(3 * E), gates(3 * K);
+    I32 chosen(3 * K);
+    moe_route_forward(scores.data(), chosen.data(), gates.data(), logits.data(), nullptr, r);
+    EXPECT_EQ(chosen, (I32{0, 1, 2, 1, 2, 4, 4, 0, 1}));
+    for (int j = 0; j < K; ++j) EXPECT_EQ(gates[j], gates[0]);  // equal scores, equal gates
+  }
+  // Ties made by the bias: sigmoid(0) = 0.5 everywhere, bias 0.25 on experts 1 and 3.
+  const std::vector<float> zeros(4, 0.0f), bias = {0.0f, 0.25f, 0.0f, 0.25f};
+  const RouterShape r{1, 4, 3, RouterScore::kSigmoid, true, 1.0f};
+  std::vector<float> scores(4), gates(3);
+  I32 chosen(3);
+  moe_route_forward(scores.data(), chosen.data(), gates.data(), zeros.data(), bias.data(), r);
+  EXPECT_EQ(chosen, (I32{1, 3, 0}));
+  for (float g : gates) EXPECT_FLOAT_EQ(g, 1.0f / 3);  // the bias is not in the gates
+}
+
+// A diverged router (NaN logits) still routes every slot to K distinct experts in [0, E), so
+// the permutation stays in bounds; the NaN reaches the gates and so the loss.
+TEST(kernels_moe_router, NanLogitsStillChooseValidExperts) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> logits = {nan, 1,   nan, 2,   0,  //
+                                     nan, nan, nan, nan, nan};
+  for (RouterScore score : {RouterScore::kSoftmax, RouterScore::kSigmoid}) {
+    SCOPED_TRACE(score_name(score));
+    const RouterShape r{2, 5, 3, score, true, 1.0f};
+    std::vector<float> scores(10), gates(6);
+    I32 chosen(6);
+    moe_route_forward(scores.data(), chosen.data(), gates.data(), logits.data(), nullptr, r);
+    EXPECT_EQ(I32(chosen.begin() + 3, chosen.end()), (I32{0, 1, 2}));
+    if (score == RouterScore::kSigmoid) {  // softmax spreads the NaN over the whole row
+      EXPECT_EQ(I32(chosen.begin(), chosen.begin() + 3), (I32{3, 1, 4}));
+    }
+    for (std::int32_t c : chosen) EXPECT_TRUE(c >= 0 && c < 5);
+    EXPECT_TRUE(std::isnan(gates[3]));
+  }
+}
+
+TEST(kernels_moe_router, BiasChangesTheSelectionNotTheGates) {
+  const int N = 6, E = 6, K = 2;
+  const auto logits = separated_logits(N, E, 110);
+  std::vector<float> bias(E, 0.0f);
+  bias[5] = 10.0f;  // expert 5 is always first, whatever its score
+  for (RouterScore score : {RouterScore::kSoftmax, RouterScore::kSigmoid}) {
+    SCOPED_TRACE(score_name(score));
+    const RouterShape r{N, E, K, score, false, 1.0f};
+    std::vector<float> s0(N * E), g0(N * K), s1(N * E), g1(N * K);
+    I32 c0(N * K), c1(N * K);
+    moe_route_forward(s0.data(), c0.data(), g0.data(), logits.data(), nullptr, r);
+    moe_route_forward(s1.data(), c1.data(), g1.data(), logits.data(), bias.data(), r);
+    EXPECT_EQ(s0, s1);
+    int changed = 0;
+    for (int t = 0; t < N; ++t) {
+      EXPECT_EQ(c1[t * K], 5);
+      changed += c1[t * K] != c0[t * K];
+      for (int j = 0; j < K; ++j)  // unnormalised, scale 1: the gate is the bare score
+        EXPECT_EQ(g1[t * K + j], s1[t * E + c1[t * K + j]]);
+    }
+    EXPECT_GT(changed, 0);
+  }
+}
+
+// L = Σ dgates_coef · gates + Σ extra · scores with the selection held constant.
+TEST(kernels_moe_router, BackwardMatchesFiniteDifferences) {
+  const int N = 5, E = 7, K = 3;
+  const auto logits = separated_logits(N, E, 120);
+  const auto bias = ref::random_floats(E, 121, -0.005f, 0.005f);
+  const auto dg = ref::random_floats(N * K, 122), extra = ref::random_floats(N * E, 123);
+  for (RouterScore score : {RouterScore::kSoftmax, RouterScore::kSigmoid})
+    for (bool normalize : {true, false})
+      for (bool with_extra : {true, false}) {
+        SCOPED_TRACE(testing::Message()
+                     << score_name(score) << " normalize " << normalize << " extra " << with_extra);
+        const RouterShape r{N, E, K, score, normalize, 1.7f};
+        std::vector<float> scores(N * E), gates(N * K), dlogits(N * E, 99.0f);
+        I32 chosen(N * K);
+        moe_route_forward(scores.data(), chosen.data(), gates.data(), logits.data(), bias.data(),
+                          r);
+        moe_route_backward(dlogits.data(), dg.data(), with_extra ? extra.data() : nullptr,
+                           scores.data(), chosen.data(), r);
+        // f(logits) = [gates, scores], weighed by [dg, extra or 0]; the reference re-selects
+        // and must find the forward's experts at every perturbed point.
+        Vec coef = ref::to_double(dg);
+        for (int i = 0; i < N * E; ++i) coef.push_back(with_extra ? extra[i] : 0.0);
+        const auto f = [&](const Vec& x) {
+          const RouteRef o = route_ref(x, &bias, r);
+          EXPECT_EQ(o.chosen, chosen);
+          Vec v = o.gates;
+          v.insert(v.end(), o.scores.begin(), o.scores.end());
+          return v;
+        };
+        ref::expect_close(dlogits, ref::numeric_grad(f, ref::to_double(logits), coef, 1e-4), 1e-4,
+                          1e-5, "dlogits");
+      }
+}
+
+// ---- permutation, gather, combine ---------------------------------------------------------
+
+struct Perm {
+  std::vector<std::int64_t> offsets;
+  I32 row_of_slot, slot_of_row;
+};
+
+Perm permute(const I32& chosen, int N, int E, int K) {
+  Perm p{std::vector<std::int64_t>(E + 1, -7), I32(N * K, -7), I32(N * K, -7)};
+  moe_permute(p.offsets.data(), p.row_of_slot.data(), p.slot_of_row.data(), chosen.data(), N, E, K);
+  return p;
+}
+
+// Offsets are the counts' prefix sums, the two maps are inverse, and each expert's rows hold its
+// slots in ascending order.
+void expect_valid_permutation(const Perm& p, const I32& chosen, int E) {
+  const int S = static_cast<int>(chosen.size());
+  std::vector<std::int64_t> want(E + 1, 0);
+  for (int i = 0; i < S; ++i) ++want[chosen[i] + 1];
+  for (int e = 0; e < E; ++e) want[e + 1] += want[e];
+  EXPECT_EQ(p.offsets, want);
+  for (int i = 0; i < S; ++i) {
+    ASSERT_GE(p.row_of_slot[i], 0);
+    ASSERT_LT(p.row_of_slot[i], S);
+    EXPECT_EQ(p.slot_of_row[p.row_of_slot[i]], i);
+  }
+  for (int e = 0; e < E; ++e)
+    for (std::int64_t r = p.offsets[e]; r < p.offsets[e + 1]; ++r) {
+      EXPECT_EQ(chosen[p.slot_of_row[r]], e) << "row " << r;
+      if (r > p.offsets[e]) {
+        EXPECT_LT(p.slot_of_row[r - 1], p.slot_of_row[r]) << "row " << r;
+      }
+    }
+}
+
+TEST(kernels_moe_permute, SmallExampleByHand) {
+  // Slots 0..5 go to experts 2, 0, 0, 1, 2, 1; expert 3 gets none.
+  const I32 chosen = {2, 0, 0, 1, 2, 1};
+  const Perm p = permute(chosen, 3, 4, 2);
+  EXPECT_EQ(p.offsets, (std::vector<std::int64_t>{0, 2, 4, 6, 6}));
+  EXPECT_EQ(p.slot_of_row, (I32{1, 2, 3, 5, 0, 4}));
+  EXPECT_EQ(p.row_of_slot, (I32{4, 0, 1, 2, 5, 3}));
+}
+
+TEST(kernels_moe_permute, EmptyExpertsAndAllToOne) {
+  {  // random pairs from experts {1, 3, 4} of 6: experts 0, 2 and 5 (the last) get nothing
+    const int N = 40, K = 2, E = 6;
+    std::mt19937 rng(130);
+    const int pool[3] = {1, 3, 4};
+    I32 chosen(N * K);
+    for (int t = 0; t < N; ++t) {
+      const int a = rng() % 3, b = (a + 1 + rng() % 2) % 3;
+      chosen[t * K] = pool[a], chosen[t * K + 1] = pool[b];
+    }
+    const Perm p = permute(chosen, N, E, K);
+    expect_valid_permutation(p, chosen, E);
+    EXPECT_EQ(p.offsets[1], 0);
+    EXPECT_EQ(p.offsets[6], p.offsets[5]);
+  }
+  {  // every token to expert 2 of 4 (K = 1): the identity permutation
+    const int N = 17, E = 4;
+    const I32 chosen(N, 2);
+    const Perm p = permute(chosen, N, E, 1);
+    expect_valid_permutation(p, chosen, E);
+    EXPECT_EQ(p.offsets, (std::vector<std::int64_t>{0, 0, 0, N, N}));
+    for (int i = 0; i < N; ++i) EXPECT_EQ(p.slot_of_row[i], i);
+  }
+}
+
+TEST(kernels_moe_combine, GatherAndCombine) {
+  const int N = 5, K = 3, C = 7, E = 4;
+  const I32 chosen = {0, 1, 3, 3, 0, 2, 1, 3, 0, 2, 1, 0, 3, 2, 1};
+  const Perm p = permute(chosen, N, E, K);
+  const auto x = ref::random_floats(N * C, 140);
+  std::vector<float> rows(N * K * C);
+  moe_gather(rows.data(), x.data(), p.slot_of_row.data(), N * K, K, C);
+  for (int r = 0; r < N * K; ++r)
+    for (int c = 0; c < C; ++c) EXPECT_EQ(rows[r * C + c], x[(p.slot_of_row[r] / K) * C + c]);
+
+  // The combine on rows that differ per slot (gathered rows of one token are all equal).
+  rows = ref::random_floats(N * K * C, 143);
+  const auto w = ref::random_floats(N * K, 141), prev = ref::random_floats(N * C, 142);
+  for (const float* wp : {w.data(), static_cast<const float*>(nullptr)}) {
+    // The contract's order: each product rounded to fp32, added for j ascending.
+    std::vector<float> want(N * C);
+    for (int t = 0; t < N; ++t)
+      for (int c = 0; c < C; ++c) {
+        float acc = 0;
+        for (int j = 0; j < K; ++j) {
+          const float prod = (wp ? wp[t * K + j] : 1.0f) * rows[p.row_of_slot[t * K + j] * C + c];
+          acc = j == 0 ? prod : acc + prod;
+        }
+        want[t * C + c] = acc;
+      }
+    std::vector<float> y(N * C, 99.0f);
+    moe_combine(y.data(), rows.data(), wp, p.row_of_slot.data(), N, K, C, Out::kWrite);
+    EXPECT_EQ(y, want);
+    std::vector<float> acc = prev;
+    moe_combine(acc.data(), rows.data(), wp, p.row_of_slot.data(), N, K, C, Out::kAccumulate);
+    Vec want_acc(N * C);
+    for (int i = 0; i < N * C; ++i) want_acc[i] = double(prev[i]) + want[i];
+    ref::expect_close(acc, want_acc, 1e-6, 1e-6, "accumulated");
+  }
+}
+
+// ---- the routed layer ---------------------------------------------------------------------
+
+// out = combine(experts_forward(gather(x)), gates) against layer_ref; the backward (gather of
+// dy, experts_backward, combine of dxs with weight 1) against central differences of layer_ref
+// in x, the gates and the three weights. Weight gradients accumulate onto 0.5; experts without
+// tokens keep exactly that.
+void check_routed_layer(const I32& chosen, int N, int E, int K, int C, int Fe, std::uint32_t seed) {
+  const int S = N * K;
+  const Perm p = permute(chosen, N, E, K);
+  const auto x = ref::random_floats(N * C, seed);
+  const auto gates = ref::random_floats(S, seed + 1, 0.1f, 1.0f);
+  const auto wg = ref::random_floats(E * Fe * C, seed + 2),
+             wu = ref::random_floats(E * Fe * C, seed + 3),
+             wd = ref::random_floats(E * C * Fe, seed + 4);
+  const ExpertShape es{E, C, Fe};
+
+  std::vector<float> xs(S * C), ys(S * C), gate(S * Fe), up(S * Fe), h(S * Fe), out(N * C);
+  moe_gather(xs.data(), x.data(), p.slot_of_row.data(), S, K, C);
+  moe_experts_forward(kFp32, ys.data(), gate.data(), up.data(), h.data(), xs.data(), wg.data(),
+                      wu.data(), wd.data(), p.offsets.data(), es);
+  moe_combine(out.data(), ys.data(), gates.data(), p.row_of_slot.data(), N, K, C, Out::kWrite);
+  const Vec xd = ref::to_double(x), gd = ref::to_double(gates);
+  const Weights w{ref::to_double(wg), ref::to_double(wu), ref::to_double(wd)};
+  ref::expect_close(out, layer_ref(xd, gd, w, chosen, N, K, C, Fe), 1e-5, 1e-5, "out");
+
+  const auto dy = ref::random_floats(N * C, seed + 5);
+  std::vector<float> dys(S * C), dxs(S * C, 99.0f), dgates(S, 99.0f), dx(N * C, 99.0f);
+  std::vector<float> dwg(wg.size(), 0.5f), dwu(wu.size(), 0.5f), dwd(wd.size(), 0.5f);
+  std::vector<float> dh(S * Fe), dgate(S * Fe), dup(S * Fe);
+  moe_gather(dys.data(), dy.data(), p.slot_of_row.data(), S, K, C);
+  moe_experts_backward(kFp32, dxs.data(), dgates.data(), dwg.data(), dwu.data(), dwd.data(),
+                       dh.data(), dgate.data(), dup.data(), dys.data(), gates.data(),
+                       p.slot_of_row.data(), xs.data(), gate.data(), up.data(), h.data(), wg.data(),
+                       wu.data(), wd.data(), p.offsets.data(), es);
+  moe_combine(dx.data(), dxs.data(), nullptr, p.row_of_slot.data(), N, K, C, Out::kWrite);
+
+  const Vec r = ref::to_double(dy);
+  const auto grad = [&](auto&& f, const Vec& at, double acc) {
+    Vec g = ref::numeric_grad(f, at, r);
+    for (auto& v : g) v += acc;
+    return g;
+  };
+  ref::expect_close(
+      dx, grad([&](const Vec& v) { return layer_ref(v, gd, w, chosen, N, K, C, Fe); }, xd, 0), 1e-4,
+      1e-5, "dx");
+  ref::expect_close(
+      dgates, grad([&](const Vec& v) { return layer_ref(xd, v, w, chosen, N, K, C, Fe); }, gd, 0),
+      1e-4, 1e-5, "dgates");
+  const auto with = [&](int which, const Vec& v) {
+    Weights ww = w;
+    (which == 0 ? ww.wg : which == 1 ? ww.wu : ww.wd) = v;
+    return layer_ref(xd, gd, ww, chosen, N, K, C, Fe);
+  };
+  ref::expect_close(dwg, grad([&](const Vec& v) { return with(0, v); }, w.wg, 0.5), 1e-4, 1e-5,
+                    "dwg");
+  ref::expect_close(dwu, grad([&](const Vec& v) { return with(1, v); }, w.wu, 0.5), 1e-4, 1e-5,
+                    "dwu");
+  ref::expect_close(dwd, grad([&](const Vec& v) { return with(2, v); }, w.wd, 0.5), 1e-4, 1e-5,
+                    "dwd");
+  for (int e = 0; e < E; ++e) {
+    if (p.offsets[e + 1] > p.offsets[e]) continue;
+    for (int i = 0; i < Fe * C; ++i) {
+      EXPECT_EQ(dwg[e * Fe * C + i], 0.5f) << "expert " << e;
+      EXPECT_EQ(dwu[e * Fe * C + i], 0.5f) << "expert " << e;
+      EXPECT_EQ(dwd[e * C * Fe + i], 0.5f) << "expert " << e;
+    }
+  }
+}
+
+TEST(kernels_moe_experts, LayerWithAnIdleExpertMatchesReference) {
+  // Top-2 over experts {0, 1, 3, 4} of 5: expert 2 gets no token; odd C and Fe.
+  const int N = 7, E = 5, K = 2;
+  const I32 chosen = {0, 1, 3, 0, 1, 4, 4, 3, 0, 3, 1, 0, 3, 4};
+  check_routed_layer(chosen, N, E, K, /*C=*/9, /*Fe=*/5, 150);
+}
+
+TEST(kernels_moe_experts, AllTokensToOneExpert) {
+  const int N = 6, E = 3, K = 1;
+  check_routed_layer(I32(N, 1), N, E, K, 8, 6, 160);
+}
+
+TEST(kernels_moe_experts, AllTokensShareOneExpertTopThree) {
+  // Expert 4 in every token's top 3 (first, middle or last rank), the others spread.
+  const int N = 5, E = 6, K = 3;
+  const I32 chosen = {4, 0, 1, 2, 4, 5, 0, 3, 4, 4, 5, 2, 1, 4, 0};
+  check_routed_layer(chosen, N, E, K, 7, 4, 170);
+}
+
+// Under tensor parallelism each rank holds an Fe slice of every expert: the slices' dgates and
+// dxs add up to the whole expert's (the caller's all-reduce).
+TEST(kernels_moe_experts, FfnSlicesSumToTheWhole) {
+  const int N = 6, E = 3, K = 2, C = 5, Fe = 8, half = Fe / 2, S = N * K;
+  const I32 chosen = {0, 2, 2, 0, 0, 2, 2, 0, 0, 2, 2, 0};  // expert 1 idle
+  const Perm p = permute(chosen, N, E, K);
+  const auto xs = ref::random_floats(S * C, 180), dy = ref::random_floats(S * C, 181);
+  const auto gates = ref::random_floats(S, 182, 0.1f, 1.0f);
+  const auto wg = ref::random_floats(E * Fe * C, 183), wu = ref::random_floats(E * Fe * C, 184),
+             wd = ref::random_floats(E * C * Fe, 185);
+  struct Grads {
+    std::vector<float> dxs, dgates;
+  };
+  // The experts' backward on Fe columns [f0, f0 + F) of every expert.
+  const auto run = [&](int f0, int F) {
+    std::vector<float> g(E * F * C), u(E * F * C), d(E * C * F);
+    for (int e = 0; e < E; ++e)
+      for (int f = 0; f < F; ++f)
+        for (int c = 0; c < C; ++c) {
+          g[(e * F + f) * C + c] = wg[(e * Fe + f0 + f) * C + c];
+          u[(e * F + f) * C + c] = wu[(e * Fe + f0 + f) * C + c];
+          d[(e * C + c) * F + f] = wd[(e * C + c) * Fe + f0 + f];
+        }
+    const ExpertShape es{E, C, F};
+    std::vector<float> ys(S * C), gate(S * F), up(S * F), h(S * F), dh(S * F), dg(S * F), du(S * F),
+        dys = dy, dwg(g.size()), dwu(u.size()), dwd(d.size());
+    moe_experts_forward(kFp32, ys.data(), gate.data(), up.data(), h.data(), xs.data(), g.data(),
+                        u.data(), d.data(), p.offsets.data(), es);
+    Grads out{std::vector<float>(S * C), std::vector<float>(S)};
+    moe_experts_backward(kFp32, out.dxs.data(), out.dgates.data(), dwg.data(), dwu.data(),
+                         dwd.data(), dh.data(), dg.data(), du.data(), dys.data(), gates.data(),
+                         p.slot_of_row.data(), xs.data(), gate.data(), up.data(), h.data(),
+                         g.data(), u.data(), d.data(), p.offsets.data(), es);
+    return out;
+  };
+  const Grads whole = run(0, Fe), a = run(0, half), b = run(half, Fe - half);
+  Vec dxs(S * C), dgates(S);
+  for (int i = 0; i < S * C; ++i) dxs[i] = double(a.dxs[i]) + b.dxs[i];
+  for (int i = 0; i < S; ++i) dgates[i] = double(a.dgates[i]) + b.dgates[i];
+  ref::expect_close(whole.dxs, dxs, 1e-5, 1e-5, "dxs");
+  ref::expect_close(whole.dgates, dgates, 1e-5, 1e-5, "dgates");
+}
+
+// ---- counts, auxiliary loss, bias ----------------------------------------------------------
+
+TEST(kernels_moe_balance, CountAccumulates) {
+  std::vector<double> counts = {1, 0, 0, 0, 2};
+  const I32 chosen = {0, 4, 4, 1, 0, 4};  // N = 3, K = 2
+  moe_count(counts.data(), chosen.data(), 3, 5, 2);
+  EXPECT_EQ(counts, (std::vector<double>{3, 1, 0, 0, 5}));
+}
+
+TEST(kernels_moe_balance, AuxLossByHand) {
+  // Softmax, B = 2 sequences of T = 2 tokens, E = 3, K = 2.
+  //  sequence 0: chosen {0, 1}, {1, 2}: f = (1, 2, 1) / 4; P = (0.6, 0.9, 0.5) / 2
+  //              loss = 3 (0.25 0.3 + 0.5 0.45 + 0.25 0.25) = 3 · 0.3625 = 1.0875
+  //  sequence 1: chosen {2, 0}, {0, 2}: f = (2, 0, 2) / 4; P = (0.9, 0.4, 0.7) / 2
+  //              loss = 3 (0.5 0.45 + 0 + 0.5 0.35) = 3 · 0.4 = 1.2
+  const std::vector<float> s = {0.5f, 0.3f, 0.2f, 0.1f, 0.6f, 0.3f,
+                                0.2f, 0.2f, 0.6f, 0.7f, 0.2f, 0.1f};
+  const I32 chosen = {0, 1, 1, 2, 2, 0, 0, 2};
+  const RouterShape soft{4, 3, 2, RouterScore::kSoftmax, true, 1.0f};
+  EXPECT_NEAR(moe_aux_loss(nullptr, s.data(), chosen.data(), 2, 2, soft, 1.0f), 2.2875, 1e-6);
+  // Sigmoid, B = 1, T = 2, E = 2, K = 1, both tokens to expert 0: f = (1, 0);
+  // p rows (0.6, 0.2) / 0.8 = (0.75, 0.25) and (0.1, 0.4) / 0.5 = (0.2, 0.8);
+  // P_0 = (0.75 + 0.2) / 2 = 0.475; loss = 2 · 1 · 0.475 = 0.95.
+  const std::vector<float> sg = {0.6f, 0.2f, 0.1f, 0.4f};
+  const I32 c2 = {0, 0};
+  const RouterShape sig{2, 2, 1, RouterScore::kSigmoid, true, 1.0f};
+  EXPECT_NEAR(moe_aux_loss(nullptr, sg.data(), c2.data(), 1, 2, sig, 1.0f), 0.95, 1e-6);
+}
+
+TEST(kernels_moe_balance, AuxLossGradientMatchesFiniteDifferences) {
+  const int B = 2, T = 5, E = 6, K = 2, N = B * T;
+  const float weight = 0.3f;
+  for (RouterScore score : {RouterScore::kSoftmax, RouterScore::kSigmoid}) {
+    SCOPED_TRACE(score_name(score));
+    const RouterShape r{N, E, K, score, true, 1.0f};
+    std::vector<float> scores(N * E), gates(N * K), dscores(N * E, 99.0f);
+    I32 chosen(N * K);
+    moe_route_forward(scores.data(), chosen.data(), gates.data(),
+                      ref::random_floats(N * E, 190, -2, 2).data(), nullptr, r);
+    const bool sigmoid = score == RouterScore::kSigmoid;
+    const double loss = moe_aux_loss(dscores.data(), scores.data(), chosen.data(), B, T, r, weight);
+    const Vec sd = ref::to_double(scores);
+    EXPECT_NEAR(loss, aux_ref(sd, chosen, B, T, E, K, sigmoid), 1e-6);
+    const auto f = [&](const Vec& v) { return Vec{aux_ref(v, chosen, B, T, E, K, sigmoid)}; };
+    ref::expect_close(dscores, ref::numeric_grad(f, sd, Vec{weight}), 1e-4, 1e-6, "dscores");
+    // The value does not depend on whether the gradient is asked for.
+    EXPECT_EQ(moe_aux_loss(nullptr, scores.data(), chosen.data(), B, T, r, weight), loss);
+  }
+}
+
+TEST(kernels_moe_balance, BiasUpdateBySign) {
+  // mean = 8: expert 0 over it (bias down), expert 1 under (up), 2 and 3 at it (unchanged).
+  const std::vector<double> counts = {10, 6, 8, 8};
+  std::vector<float> bias = {0.1f, -0.2f, 0.3f, 0.0f};
+  const float rate = 0.001f;
+  moe_bias_update(bias.data(), counts.data(), 4, rate);
+  EXPECT_EQ(bias, (std::vector<float>{0.1f - rate, -0.2f + rate, 0.3f, 0.0f}));
+}
+
+// ---- threads ------------------------------------------------------------------------------
+
+template <class Fn>
+void with_threads(int threads, Fn&& fn) {
+  const int saved = blas_threads();
+  set_blas_threads(threads);
+  fn();
+  set_blas_threads(saved);
+}
+
+// Large enough for the threaded row loops (N E and N K C over 64k floats): two threads give the
+// one-thread bits for the router, gather and combine.
+TEST(kernels_moe_threads, RowLoopsTwoThreadsEqualOne) {
+  const int N = 2048, E = 64, K = 4, C = 16;
+  const RouterShape r{N, E, K, RouterScore::kSoftmax, true, 1.0f};
+  const auto logits = ref::random_floats(N * E, 200, -4, 4);
+  const auto dg = ref::random_floats(N * K, 201), x = ref::random_floats(N * C, 202);
+  struct Result {
+    std::vector<float> scores, gates, dlogits, rows, y;
+    I32 chosen;
+  };
+  const auto run = [&](int threads) {
+    Result o{std::vector<float>(N * E),     std::vector<float>(N * K), std::vector<float>(N * E),
+             std::vector<float>(N * K * C), std::vector<float>(N * C), I32(N * K)};
+    with_threads(threads, [&] {
+      moe_route_forward(o.scores.data(), o.chosen.data(), o.gates.data(), logits.data(), nullptr,
+                        r);
+      moe_route_backward(o.dlogits.data(), dg.data(), nullptr, o.scores.data(), o.chosen.data(), r);
+      const Perm p = permute(o.chosen, N, E, K);
+      moe_gather(o.rows.data(), x.data(), p.slot_of_row.data(), N * K, K, C);
+      moe_combine(o.y.data(), o.rows.data(), o.gates.data(), p.row_of_slot.data(), N, K, C,
+                  Out::kWrite);
+    });
+    return o;
+  };
+  const Result one = run(1), two = run(2);
+  EXPECT_EQ(one.scores, two.scores);
+  EXPECT_EQ(one.chosen, two.chosen);
+  EXPECT_EQ(one.gates, two.gates);
+  EXPECT_EQ(one.dlogits, two.dlogits);
+  EXPECT_EQ(one.rows, two.rows);
+  EXPECT_EQ(one.y, two.y);
+}
+
+}  // namespace
+}  // namespace t3d::kernels
