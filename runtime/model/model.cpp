@@ -59,7 +59,7 @@ const float* Model::input_grad(int chunk, int slot) const {
 }
 
 void Model::forward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, const float* x_in,
-                          float* x_out) {
+                          float* x_out, bool first_pass) {
   const k::GemmKind kind = options_.gemm;
   const ConstBlock pw = block_weights(l);
   const int64_t N = rows_, C = config_.dim, D = config_.head_dim();
@@ -101,18 +101,22 @@ void Model::forward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, co
   k::rmsnorm_forward(xn2_rows, a.rstd2, a.xmid, pw.ln2, Nl, C,
                      static_cast<float>(config_.norm_eps));
   gather_rows(xn2_rows, a.xn2);
-  {
-    const k::LinearInput x(kind, a.xn2, copies.xn2, Copy::kFill, N, C);
-    k::linear_forward(a.gate, x, pw.gate, ffn_);
-    k::linear_forward(a.up, x, pw.up, ffn_);
-  }
-  if (copies.fused_swiglu) {
-    k::swiglu_forward_bf16(copies.h, copies.gate, copies.up, a.gate, a.up, N * ffn_);
+  if (moe_block(l)) {
+    moe_forward(l, a, copies, pw, first_pass);
   } else {
-    k::swiglu_forward(a.h, a.gate, a.up, N * ffn_);
+    {
+      const k::LinearInput x(kind, a.xn2, copies.xn2, Copy::kFill, N, C);
+      k::linear_forward(a.gate, x, pw.gate, ffn_);
+      k::linear_forward(a.up, x, pw.up, ffn_);
+    }
+    if (copies.fused_swiglu) {
+      k::swiglu_forward_bf16(copies.h, copies.gate, copies.up, a.gate, a.up, N * ffn_);
+    } else {
+      k::swiglu_forward(a.h, a.gate, a.up, N * ffn_);
+    }
+    const auto h_filled = copies.fused_swiglu ? Copy::kFilled : Copy::kFill;
+    k::linear_forward(s.tmp, k::LinearInput(kind, a.h, copies.h, h_filled, N, ffn_), pw.down, C);
   }
-  const auto h_filled = copies.fused_swiglu ? Copy::kFilled : Copy::kFill;
-  k::linear_forward(s.tmp, k::LinearInput(kind, a.h, copies.h, h_filled, N, ffn_), pw.down, C);
   branch = reduce_rows(s.tmp);
   k::add(x_out, a.xmid, branch, Nl * C);
 }
@@ -139,30 +143,35 @@ void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, c
   // Each GEMM input read twice or more is rounded once (bf16 GEMMs): k::LinearInput. The
   // block's own inputs come from its bf16 copies when it has them.
   using Copy = k::LinearInput::Copy;
-  {
-    const k::LinearInput dy_down(kind, dy, N, C);
-    k::linear_backward_input(s.dh, dy_down, pw.down, ffn_);
-    if (!keep)
-      k::linear_backward_weight(pg.down, dy_down,
-                                k::LinearInput(kind, a.h, copies.h, Copy::kFilled, N, ffn_));
-  }
-  // Fused: dgate and dup exist only rounded, in the first half of their fp32 buffers.
-  k::bf16* dgate16 = copies.fused_swiglu ? reinterpret_cast<k::bf16*>(dgate) : nullptr;
-  k::bf16* dup16 = copies.fused_swiglu ? reinterpret_cast<k::bf16*>(dup) : nullptr;
-  if (copies.fused_swiglu)
-    k::swiglu_backward_bf16(dgate16, dup16, s.dh, copies.gate, copies.up, N * ffn_);
-  else
-    k::swiglu_backward(dgate, dup, s.dh, a.gate, a.up, N * ffn_);
-  {
-    const k::LinearInput dg(kind, dgate, dgate16, Copy::kFilled, N, ffn_),
-        du(kind, dup, dup16, Copy::kFilled, N, ffn_);
-    k::linear_backward_input(s.dxn, dg, pw.gate, C);
-    k::linear_backward_input(s.dtmp, du, pw.up, C);
-    k::add_inplace(s.dxn, s.dtmp, N * C);
-    if (!keep) {
-      const k::LinearInput x(kind, a.xn2, copies.xn2, Copy::kFilled, N, C);
-      k::linear_backward_weight(pg.gate, dg, x);
-      k::linear_backward_weight(pg.up, du, x);
+  if (moe_block(l)) {
+    T3D_ASSERT(!keep, "a mixture-of-experts block's weight gradients are not deferred");
+    moe_backward(l, a, copies, pw, pg, dy);
+  } else {
+    {
+      const k::LinearInput dy_down(kind, dy, N, C);
+      k::linear_backward_input(s.dh, dy_down, pw.down, ffn_);
+      if (!keep)
+        k::linear_backward_weight(pg.down, dy_down,
+                                  k::LinearInput(kind, a.h, copies.h, Copy::kFilled, N, ffn_));
+    }
+    // Fused: dgate and dup exist only rounded, in the first half of their fp32 buffers.
+    k::bf16* dgate16 = copies.fused_swiglu ? reinterpret_cast<k::bf16*>(dgate) : nullptr;
+    k::bf16* dup16 = copies.fused_swiglu ? reinterpret_cast<k::bf16*>(dup) : nullptr;
+    if (copies.fused_swiglu)
+      k::swiglu_backward_bf16(dgate16, dup16, s.dh, copies.gate, copies.up, N * ffn_);
+    else
+      k::swiglu_backward(dgate, dup, s.dh, a.gate, a.up, N * ffn_);
+    {
+      const k::LinearInput dg(kind, dgate, dgate16, Copy::kFilled, N, ffn_),
+          du(kind, dup, dup16, Copy::kFilled, N, ffn_);
+      k::linear_backward_input(s.dxn, dg, pw.gate, C);
+      k::linear_backward_input(s.dtmp, du, pw.up, C);
+      k::add_inplace(s.dxn, s.dtmp, N * C);
+      if (!keep) {
+        const k::LinearInput x(kind, a.xn2, copies.xn2, Copy::kFilled, N, C);
+        k::linear_backward_weight(pg.gate, dg, x);
+        k::linear_backward_weight(pg.up, du, x);
+      }
     }
   }
   // Column-parallel: the shared input's gradient is a partial sum (SP: of this rank's rows).
@@ -309,7 +318,7 @@ double Model::forward(int chunk, int slot, const int32_t* tokens, const int32_t*
   }
   for (int64_t l = range.begin; l < range.end; ++l) {
     const int64_t i = l - range.begin;
-    forward_layer(l, a.layers[i], block_copies(a, i), a.x[i], a.x[i + 1]);
+    forward_layer(l, a.layers[i], block_copies(a, i), a.x[i], a.x[i + 1], training);
     if (stored16(i)) encode16(a.layers[i], a.stored[i]);
   }
   return range.last ? forward_head(a, targets, grad_scale, training) : 0.0;
@@ -329,7 +338,7 @@ void Model::backward_weight(int chunk, int slot) {
   ChunkActs& a = *acts_.at(chunk).at(slot);
   for (int64_t l = range.end - 1; l >= range.begin; --l) {
     const int64_t i = l - range.begin;
-    if (recomputed(i)) continue;  // done in B
+    if (recomputed(i) || moe_block(l)) continue;  // done in B
     if (stored16(i)) decode16(a.stored[i], a.layers[i]);
     backward_layer_weights(l, a.layers[i], block_copies(a, i), a.wgrads[i]);
     if (grad_hook_) grad_hook_(l);
@@ -346,9 +355,9 @@ void Model::backward_impl(int chunk, int slot, const float* dout, bool defer_wei
     const int64_t i = l - range.begin;
     // Recompute: the same forward on the same input gives the same bits, so rewriting x[i + 1]
     // (already consumed by the blocks above) is harmless and needs no extra buffer.
-    if (recomputed(i)) forward_layer(l, a.layers[i], {}, a.x[i], a.x[i + 1]);
+    if (recomputed(i)) forward_layer(l, a.layers[i], {}, a.x[i], a.x[i + 1], false);
     if (stored16(i)) decode16(a.stored[i], a.layers[i]);
-    const bool defer = defer_weights && !recomputed(i);
+    const bool defer = defer_weights && !recomputed(i) && !moe_block(l);
     backward_layer(l, a.layers[i], block_copies(a, i), a.x[i], dx, defer ? &a.wgrads[i] : nullptr);
     if (!defer && grad_hook_) grad_hook_(l);
   }

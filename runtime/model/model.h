@@ -26,6 +26,7 @@
 
 #include "kernels/arena.h"
 #include "kernels/ops.h"
+#include "kernels/ops_moe.h"
 #include "parallel/comm.h"
 #include "parallel/pipeline_split.h"
 #include "parallel/zero.h"
@@ -73,6 +74,9 @@ struct ModelOptions {
   // group (Llama 3's all-gather CP) and reduce-scatters their gradients. nullptr or size 1: none.
   // The rank's tokens are ordered (part, row, position): see cp_local_positions.
   const parallel::Comm* cp = nullptr;
+  // Mixture of experts: the weight of one sequence's auxiliary balance loss in the training
+  // loss (model.router_aux_coef / sequences in the global batch); 0: none.
+  double moe_aux_weight = 0;
 };
 
 // Context parallelism: cp rank `cp_rank`'s tokens of `rows` whole sequences of `seq_len` (row
@@ -176,6 +180,14 @@ class Model final : public StageModel {
   };
   std::vector<BoundRow> bound_rows() const;
 
+  // Mixture of experts, since the last reset_moe_stats: the tokens routed to each expert by the
+  // training forwards (recomputes not counted), E per held MoE block in moe_layers() order, and
+  // the weighted auxiliary loss they added (ModelOptions::moe_aux_weight; 0 when off).
+  const std::vector<int64_t>& moe_layers() const { return moe_layers_; }
+  const std::vector<double>& expert_counts() const { return expert_counts_; }
+  double aux_loss() const { return aux_loss_; }
+  void reset_moe_stats();
+
   // Non-finite values in the stored activations of `slot`: the global index of the first block
   // whose output has one (-1: the embedding output), or INT64_MAX when all are finite.
   int64_t first_nonfinite_layer(int slot) const;
@@ -222,8 +234,17 @@ class Model final : public StageModel {
                     const SpecTensor& t) const;
   const void* bound_scratch(const SpecTensor& t) const;
 
+  // `first_pass`: a training forward, not a recompute or an evaluation (MoE statistics).
   void forward_layer(int64_t layer, LayerActs& a, const BlockCopies& copies, const float* x_in,
-                     float* x_out);
+                     float* x_out, bool first_pass);
+  // A mixture-of-experts block's MLP part: from a.xn2 to its output in scratch tmp (before the
+  // tp reduction); and its backward from dy (N, C) to the gradient of xn2 in scratch dxn.
+  void moe_forward(int64_t layer, LayerActs& a, const BlockCopies& copies, const ConstBlock& w,
+                   bool first_pass);
+  void moe_backward(int64_t layer, LayerActs& a, const BlockCopies& copies, const ConstBlock& w,
+                    const BlockParams& g, const float* dy);
+  kernels::RouterShape router_shape() const;
+  bool moe_block(int64_t layer) const { return config_.moe_block(layer); }
   void backward_layer(int64_t layer, LayerActs& a, const BlockCopies& copies, const float* x_in,
                       float* dx_io, const LayerGrads* keep);
   void backward_layer_weights(int64_t layer, const LayerActs& a, const BlockCopies& copies,
@@ -276,6 +297,10 @@ class Model final : public StageModel {
   std::function<void(int64_t)> grad_hook_;
   std::function<float*(int64_t)> grad_source_;
   std::function<const float*(int64_t)> weight_source_;
+  std::vector<int64_t> moe_layers_;    // held mixture-of-experts blocks, in layer order
+  std::vector<double> expert_counts_;  // E per held MoE block
+  double aux_loss_ = 0;
+  std::vector<int64_t> expert_offsets_;  // E + 1: the permutation's expert boundaries
 };
 
 }  // namespace t3d::runtime

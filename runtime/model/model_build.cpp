@@ -90,9 +90,24 @@ void Model::build_params() {
   for (const auto& range : chunks_)
     for (int64_t l = range.begin; l < range.end; ++l) {
       const int64_t unit0 = unit_begin_[static_cast<size_t>(l + 1)];
-      for (const BlockWeight t : kAllBlockWeights)
-        block_offsets_[l][t] = layout_.at(block_param_name(l, t)).offset - unit0;
+      for (const BlockWeight t : kAllBlockWeights) {
+        if (!block_has(config_, l, t)) continue;
+        const int64_t first = layout_.at(block_param_name(l, t)).offset;
+        block_offsets_[l][t] = first - unit0;
+        if (!is_expert_weight(t)) continue;
+        // The grouped pass reads a routed experts' row as one stack of E matrices.
+        for (int64_t e = 1; e < config_.n_experts; ++e) {
+          const auto& x = layout_.at(block_param_name(l, t, e));
+          T3D_ASSERT(x.offset == first + e * x.numel, block_param_name(l, t, e),
+                     " does not follow expert ", e - 1,
+                     " in the region: recipe validation lets through an expert whose matrix is no "
+                     "multiple of the arena's alignment");
+        }
+      }
+      if (config_.moe_block(l)) moe_layers_.push_back(l);
     }
+  expert_counts_.assign(moe_layers_.size() * static_cast<size_t>(config_.n_experts), 0.0);
+  expert_offsets_.assign(static_cast<size_t>(config_.n_experts + 1), 0);
   const size_t region = static_cast<size_t>(layout_.total_floats()) * sizeof(float);
   footprint_.params = options_.param_region ? region : 0;
   footprint_.grads = options_.grad_region ? region : 0;
@@ -280,6 +295,7 @@ void Model::encode16(LayerActs& from, const StoredBlock& to) const {
     if (filled_by_forward(t.index, bf16_gemms)) continue;
     const float* f = block_act(from, t.index);
     void* stored = to[static_cast<size_t>(t.index)];
+    if (!stored) continue;  // a row of the other kind of block (dense or mixture of experts)
     if (t.dtype == Dtype::kBF16)
       k::float_to_bf16_threads(static_cast<uint16_t*>(stored), f, t.elems);
     else
@@ -293,6 +309,7 @@ void Model::decode16(const StoredBlock& from, LayerActs& to) const {
     if (only_copy_read(t.index, bf16_gemms)) continue;
     float* f = block_act(to, t.index);
     const void* stored = from[static_cast<size_t>(t.index)];
+    if (!stored) continue;  // a row of the other kind of block (dense or mixture of experts)
     if (t.dtype == Dtype::kBF16)
       k::bf16_to_float_threads(f, static_cast<const uint16_t*>(stored), t.elems);
     else
@@ -309,20 +326,33 @@ void Model::init(uint64_t seed, float* region) {
   for (const auto& p : params_) {
     const auto& e = layout_.at(p.name);
     float* data = region + e.offset;
-    if (p.init == ParamInit::kOnes) {
-      for (int64_t i = 0; i < e.numel; ++i) data[i] = 1.0f;
+    if (p.init == ParamInit::kOnes || p.init == ParamInit::kZeros) {
+      const float value = p.init == ParamInit::kOnes ? 1.0f : 0.0f;
+      for (int64_t i = 0; i < e.numel; ++i) data[i] = value;
       continue;
     }
     const float std = static_cast<float>(p.init == ParamInit::kResidualOut ? out_std : base_std);
     const uint64_t key = splitmix64(static_cast<uint64_t>(seed) ^ k::fnv1a64(p.name));
-    T3D_ASSERT(p.global_shape.size() == 2, p.name, ": normal init of a matrix only");
+    T3D_ASSERT(p.global_shape.size() >= 2, p.name, ": normal init of a matrix or a stack of them");
+    // Element g of the global tensor (row-major) draws normal_at(key, g): the box's rows are
+    // walked as (leading indices, last dimension), each row contiguous locally.
     const TensorBox box = tp_shard_box(p, tp_.size(), tp_.rank());
-    const int64_t rows = box.shape[0], cols = box.shape[1], global_cols = p.global_shape[1];
-    const int64_t row0 = box.offset[0], col0 = box.offset[1];
-    for (int64_t r = 0; r < rows; ++r)
+    const size_t dims = box.shape.size();
+    const int64_t cols = box.shape[dims - 1], col0 = box.offset[dims - 1];
+    const int64_t rows = box.numel() / cols;
+    std::vector<int64_t> index(dims - 1, 0);  // the local row's leading indices
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t g = 0;  // the global flat index of the row's first element
+      for (size_t i = 0; i + 1 < dims; ++i)
+        g = (g + box.offset[i] + index[i]) * p.global_shape[i + 1];
+      g += col0;
       for (int64_t c = 0; c < cols; ++c)
-        data[r * cols + c] =
-            std * normal_at(key, static_cast<uint64_t>((row0 + r) * global_cols + col0 + c));
+        data[r * cols + c] = std * normal_at(key, static_cast<uint64_t>(g + c));
+      for (size_t i = dims - 1; i-- > 0;) {  // next row: odometer over the leading indices
+        if (++index[i] < box.shape[i]) break;
+        index[i] = 0;
+      }
+    }
   }
 }
 

@@ -1,5 +1,6 @@
 #include "runtime/model/model_spec.h"
 
+#include <algorithm>
 #include <array>
 
 #include "kernels/arena.h"
@@ -37,10 +38,22 @@ struct BlockRow {
   int64_t elems;
   bool statistic;
 };
-std::array<BlockRow, kBlockActs> block_rows(const ModelDims& d) {
+std::array<BlockRow, kBlockActs> block_rows(const ModelDims& d, const BlockDims& b) {
 #define T3D_ROW(e, member, name, statistic, elems) BlockRow{elems, statistic},
   return {{T3D_BLOCK_ACTS(T3D_ROW)}};
 #undef T3D_ROW
+}
+
+// The rows of block `layer`, or with layer -1 (the work block every recomputed or bf16-stored
+// block computes in) each row as large as any kind of block in the model makes it.
+std::array<BlockRow, kBlockActs> block_rows(const ModelDims& d, int64_t layer, bool moe_layer) {
+  if (layer >= 0) return block_rows(d, block_dims(d, moe_layer));
+  auto rows = block_rows(d, block_dims(d, false));
+  if (d.E == 0) return rows;
+  const auto moe = block_rows(d, block_dims(d, true));
+  if (!d.dense_blocks) return moe;
+  for (int i = 0; i < kBlockActs; ++i) rows[i].elems = std::max(rows[i].elems, moe[i].elems);
+  return rows;
 }
 
 std::array<int64_t, kWGrads> wgrad_elems(const ModelDims& d) {
@@ -52,32 +65,36 @@ std::array<int64_t, kWGrads> wgrad_elems(const ModelDims& d) {
 // Builds the rows: `wide` (activation-sized) tensors take the storage's element type.
 class Builder {
  public:
-  Builder(const ModelDims& d, ActivationStorage storage) : d_(d), storage_(storage) {}
+  Builder(const ModelDims& d, ActivationStorage storage, const ModelConfig* config = nullptr)
+      : d_(d), storage_(storage), config_(config) {}
   Dtype wide() const { return storage_ == ActivationStorage::kBf16 ? Dtype::kBF16 : Dtype::kF32; }
 
   // One block's rows: computed in place (kBlock) or its stored copy (kBlockStored: bf16 tensors
   // first, then the fp32 statistics, the codec's order).
+  // Rows of 0 elements (the other kind of block's) are left out.
   void block(std::vector<SpecTensor>& out, Role role, int64_t layer) const {
-    const auto rows = block_rows(d_);
+    const auto rows = block_rows(d_, layer, layer >= 0 && config_ && config_->moe_block(layer));
     if (role != Role::kBlockStored) {
       for (int i = 0; i < kBlockActs; ++i)
-        out.push_back({role, i, layer, rows[i].statistic ? Dtype::kF32 : wide(), rows[i].elems});
+        if (rows[i].elems > 0)
+          out.push_back({role, i, layer, rows[i].statistic ? Dtype::kF32 : wide(), rows[i].elems});
       return;
     }
     for (bool statistic : {false, true})
       for (int i = 0; i < kBlockActs; ++i)
-        if (rows[i].statistic == statistic)
+        if (rows[i].statistic == statistic && rows[i].elems > 0)
           out.push_back({role, i, layer, statistic ? Dtype::kF32 : Dtype::kBF16, rows[i].elems});
   }
 
  private:
   ModelDims d_;
   ActivationStorage storage_;
+  const ModelConfig* config_;  // which blocks are mixtures of experts (null: layer -1 only)
 };
 
-ChunkSpec chunk_spec(const ModelDims& d, const parallel::LayerRange& range, int64_t slots,
-                     const SpecOptions& o) {
-  const Builder b(d, o.storage);
+ChunkSpec chunk_spec(const ModelConfig& config, const ModelDims& d,
+                     const parallel::LayerRange& range, int64_t slots, const SpecOptions& o) {
+  const Builder b(d, o.storage, &config);
   const bool copies = o.storage == ActivationStorage::kBf16Copies;
   ChunkSpec c{range, slots, {}};
   auto& rows = c.per_slot;
@@ -88,7 +105,8 @@ ChunkSpec chunk_spec(const ModelDims& d, const parallel::LayerRange& range, int6
     b.block(rows, copies ? Role::kBlockStored : Role::kBlock, l);
   }
   for (int64_t l = range.begin; o.split_backward && l < range.end; ++l) {
-    if (recomputed_block(l - range.begin, o.checkpoint_every)) continue;  // done in B
+    // Done in B: recomputed blocks, and mixtures of experts (whose W pass is not split off).
+    if (recomputed_block(l - range.begin, o.checkpoint_every) || config.moe_block(l)) continue;
     const auto w = wgrad_elems(d);
     for (int i = 0; i < kWGrads; ++i) rows.push_back({Role::kWGrad, i, l, b.wide(), w[i]});
   }
@@ -112,7 +130,7 @@ std::vector<SpecTensor> scratch_spec(const ModelDims& d, const SpecLayout& layou
       kernels::attention_scratch_floats(kernels::AttentionShape{d.B, d.part_len, d.H, d.Hkv, d.D});
   x.whole_kv = d.B * d.seq_len * d.Hkv * d.D;
   // The names of T3D_SCRATCH's precision column.
-  const Dtype kWide = b.wide(), kF32 = Dtype::kF32, kBF16 = Dtype::kBF16;
+  const Dtype kWide = b.wide(), kF32 = Dtype::kF32, kBF16 = Dtype::kBF16, kI32 = Dtype::kI32;
   std::vector<SpecTensor> s;
   const auto row = [&](ScratchBuf buf, Dtype dtype, bool present, int64_t elems) {
     // One block's activations, shared by every recomputed or bf16-stored block: written by its
@@ -135,21 +153,59 @@ const char* block_weight_suffix(BlockWeight w) {
   return kBlockWeightSuffixes[static_cast<size_t>(w)];
 }
 
-std::string block_param_name(int64_t layer, BlockWeight w) {
-  return "model.layers." + std::to_string(layer) + "." + block_weight_suffix(w);
+std::string block_param_name(int64_t layer, BlockWeight w, int64_t expert) {
+  const std::string block = "model.layers." + std::to_string(layer) + ".";
+  if (is_expert_weight(w))
+    return block + "mlp.experts." + std::to_string(expert) + "." + block_weight_suffix(w);
+  return block + block_weight_suffix(w);
+}
+
+bool block_has(const ModelConfig& m, int64_t layer, BlockPart part) {
+  switch (part) {
+    case BlockPart::kAll:
+      return true;
+    case BlockPart::kDense:
+      return !m.moe_block(layer);
+    case BlockPart::kRouted:
+    case BlockPart::kExperts:
+      return m.moe_block(layer);
+    case BlockPart::kRouterBias:
+      return m.moe_block(layer) && m.router_bias_rate > 0;
+    case BlockPart::kShared:
+      return m.moe_block(layer) && m.n_shared_experts > 0;
+  }
+  return false;
+}
+
+#define T3D_ROW_PART(e, member, suffix, shape, split_dim, decay, init, part) BlockPart::part,
+constexpr BlockPart kBlockWeightParts[] = {T3D_BLOCK_WEIGHTS(T3D_ROW_PART)};
+#undef T3D_ROW_PART
+
+bool block_has(const ModelConfig& m, int64_t layer, BlockWeight w) {
+  return block_has(m, layer, kBlockWeightParts[static_cast<size_t>(w)]);
+}
+
+bool is_expert_weight(BlockWeight w) {
+  return kBlockWeightParts[static_cast<size_t>(w)] == BlockPart::kExperts;
 }
 
 std::vector<ParamInfo> param_table(const ModelConfig& m,
                                    const std::vector<parallel::LayerRange>& chunks) {
   const int64_t C = m.dim, D = m.head_dim(), V = m.vocab_size;
   const int64_t H = m.n_heads, Hkv = m.n_kv_heads, F = m.ffn_dim;
+  const int64_t E = m.n_experts, Fe = m.moe_ffn_dim, Fs = m.shared_ffn_dim();
   using enum ParamInit;
   std::vector<ParamInfo> t;
   for (const auto& range : chunks) {
     if (range.first) t.push_back({"model.embed_tokens.weight", {V, C}, 0, true, kNormal, -1});
     for (int64_t l = range.begin; l < range.end; ++l) {
-#define T3D_ROW(e, member, suffix, shape, split_dim, decay, init) \
-  t.push_back({block_param_name(l, BlockWeight::e), T3D_SHAPE shape, split_dim, decay, init, l});
+#define T3D_ROW(e, member, suffix, shape, split_dim, decay, init, part)                       \
+  if (block_has(m, l, BlockPart::part)) {                                                     \
+    const bool experts = BlockPart::part == BlockPart::kExperts;                              \
+    for (int64_t x = 0; x < (experts ? E : 1); ++x)                                           \
+      t.push_back({block_param_name(l, BlockWeight::e, x), T3D_SHAPE shape, split_dim, decay, \
+                   init, l, BlockWeight::e != BlockWeight::kRouterBias, experts ? x : -1});   \
+  }
       T3D_BLOCK_WEIGHTS(T3D_ROW)
 #undef T3D_ROW
     }
@@ -195,15 +251,29 @@ ParamUnits param_units(const ModelConfig& config, const std::vector<parallel::La
 }
 
 int64_t block_param_floats(const ModelConfig& config, int64_t tp) {
-  return param_units(config, {parallel::LayerRange{0, 1, false, false}}, tp).total_floats;
+  int64_t largest = 0;  // a dense block (the first) and a mixture of experts (the last)
+  for (const int64_t l : {int64_t{0}, config.n_layers - 1})
+    largest = std::max(
+        largest,
+        param_units(config, {parallel::LayerRange{l, l + 1, false, false}}, tp).total_floats);
+  return largest;
 }
 
-BlockFlops block_flops_per_token(const ModelConfig& config, int64_t tp) {
-  int64_t weights = 0;  // the block's matrices on one tp rank (its norm weights are no matmul)
-  for (const ParamInfo& p : param_table(config, {parallel::LayerRange{0, 1, false, false}}))
-    if (p.global_shape.size() == 2) weights += tp_shard_box(p, tp, 0).numel();
+BlockFlops block_flops_per_token(const ModelConfig& config, int64_t tp, int64_t layer) {
+  if (layer < 0) layer = config.n_layers - 1;
+  double weights = 0;  // the block's matrices on one tp rank (its norm weights are no matmul)
+  for (const ParamInfo& p :
+       param_table(config, {parallel::LayerRange{layer, layer + 1, false, false}})) {
+    const auto n = static_cast<double>(tp_shard_box(p, tp, 0).numel());
+    if (p.global_shape.size() != 2) continue;
+    if (p.expert < 0)
+      weights += n;
+    else  // a routed expert: K of the E per token
+      weights +=
+          n * static_cast<double>(config.experts_per_token) / static_cast<double>(config.n_experts);
+  }
   const double heads = static_cast<double>(config.n_heads / tp);
-  return {2.0 * static_cast<double>(weights),
+  return {2.0 * weights,
           4 * heads * static_cast<double>(config.head_dim()) * static_cast<double>(config.seq_len)};
 }
 
@@ -212,8 +282,10 @@ double head_train_flops_per_token(const ModelConfig& config, int64_t tp) {
 }
 
 double model_train_flops_per_token(const ModelConfig& config) {
-  return static_cast<double>(config.n_layers) * block_flops_per_token(config, 1).train() +
-         head_train_flops_per_token(config, 1);
+  double blocks = 0;
+  for (int64_t l = 0; l < config.n_layers; ++l)
+    blocks += block_flops_per_token(config, 1, l).train();
+  return blocks + head_train_flops_per_token(config, 1);
 }
 
 int64_t dtype_bytes(Dtype dtype) { return dtype == Dtype::kBF16 ? 2 : 4; }
@@ -293,7 +365,25 @@ ModelDims model_dims(const ModelConfig& config, const SpecLayout& layout, int64_
                  " tokens of a micro-batch do not split evenly over tp = ", tps,
                  "; change train.global_batch, train.micro_batches or model.seq_len");
   d.Nl = d.sp ? d.N / tps : d.N;
+  d.dense_blocks = config.dense_blocks();
+  d.Fw = d.dense_blocks ? d.F : 0;
+  if (config.moe()) {
+    T3D_ASSERT(config.moe_ffn_dim % tps == 0 && config.shared_ffn_dim() % tps == 0,
+               "recipe validation lets through experts tp cannot shard");
+    d.E = config.n_experts;
+    d.K = config.experts_per_token;
+    d.S = d.N * d.K;
+    d.Fe = config.moe_ffn_dim / tps;
+    d.Fs = config.shared_ffn_dim() / tps;
+    d.aux = config.router_aux_coef > 0;
+    d.Fw = std::max(d.Fw, d.Fs);
+  }
   return d;
+}
+
+BlockDims block_dims(const ModelDims& d, bool moe) {
+  if (!moe) return {d.F, 0, 0, 0, 0, 0};
+  return {0, d.E, d.K, d.S, d.Fe, d.Fs};
 }
 
 ActivationSpec activation_spec(const ModelConfig& config, const SpecLayout& layout,
@@ -304,7 +394,7 @@ ActivationSpec activation_spec(const ModelConfig& config, const SpecLayout& layo
   spec.dims = model_dims(config, layout, options.micro_rows);
   for (size_t ci = 0; ci < layout.chunks.size(); ++ci)
     spec.chunks.push_back(
-        chunk_spec(spec.dims, layout.chunks[ci], options.chunk_slots[ci], options));
+        chunk_spec(config, spec.dims, layout.chunks[ci], options.chunk_slots[ci], options));
   spec.scratch = scratch_spec(spec.dims, layout, options);
   const bool copies = options.storage == ActivationStorage::kBf16Copies;
   Builder(spec.dims, options.storage)

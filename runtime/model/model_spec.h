@@ -27,23 +27,38 @@ namespace t3d::runtime {
 // math reads and the binding of each row to its member) is generated from these rows, so adding
 // a block tensor is one row here plus its math (docs/architecture.md, "Adding a block tensor").
 //
-// Block weights: X(enum, member, Hugging Face suffix, global shape, split_dim, decay, init).
-// Shapes are over the global sizes C (model.dim), D (head_dim), H, Hkv (heads, kv heads) and
-// F (ffn_dim); split_dim and decay as ParamInfo's; the rows are the block's layout order.
+// Block weights: X(enum, member, Hugging Face suffix, global shape, split_dim, decay, init,
+// part). Shapes are over the global sizes C (model.dim), D (head_dim), H, Hkv (heads, kv heads),
+// F (ffn_dim), E (n_experts), Fe (moe_ffn_dim) and Fs (shared experts' width); split_dim and
+// decay as ParamInfo's; `part` says which blocks hold the row (BlockPart); the rows are the
+// block's layout order. A routed experts' row (part kExperts) is E tensors, one per expert,
+// named "mlp.experts.<e>.<suffix>" as Hugging Face's MoE models name them, laid out one after
+// the other (expert-major): the grouped pass reads the E matrices as one stack, while snapshots,
+// ZeRO and tp see ordinary matrices.
 #define T3D_BLOCK_WEIGHTS(X)                                                                      \
-  X(kLn1,  ln1,  "input_layernorm.weight",          (C),          -1, false, kOnes)               \
-  X(kQ,    q,    "self_attn.q_proj.weight",         (H * D, C),    0, true,  kNormal)             \
-  X(kK,    k,    "self_attn.k_proj.weight",         (Hkv * D, C),  0, true,  kNormal)             \
-  X(kV,    v,    "self_attn.v_proj.weight",         (Hkv * D, C),  0, true,  kNormal)             \
-  X(kO,    o,    "self_attn.o_proj.weight",         (C, H * D),    1, true,  kResidualOut)        \
-  X(kLn2,  ln2,  "post_attention_layernorm.weight", (C),          -1, false, kOnes)               \
-  X(kGate, gate, "mlp.gate_proj.weight",            (F, C),        0, true,  kNormal)             \
-  X(kUp,   up,   "mlp.up_proj.weight",              (F, C),        0, true,  kNormal)             \
-  X(kDown, down, "mlp.down_proj.weight",            (C, F),        1, true,  kResidualOut)
+  X(kLn1,  ln1,  "input_layernorm.weight",          (C),          -1, false, kOnes, kAll)         \
+  X(kQ,    q,    "self_attn.q_proj.weight",         (H * D, C),    0, true,  kNormal, kAll)       \
+  X(kK,    k,    "self_attn.k_proj.weight",         (Hkv * D, C),  0, true,  kNormal, kAll)       \
+  X(kV,    v,    "self_attn.v_proj.weight",         (Hkv * D, C),  0, true,  kNormal, kAll)       \
+  X(kO,    o,    "self_attn.o_proj.weight",         (C, H * D),    1, true,  kResidualOut, kAll)  \
+  X(kLn2,  ln2,  "post_attention_layernorm.weight", (C),          -1, false, kOnes, kAll)         \
+  X(kGate, gate, "mlp.gate_proj.weight",            (F, C),        0, true,  kNormal, kDense)     \
+  X(kUp,   up,   "mlp.up_proj.weight",              (F, C),        0, true,  kNormal, kDense)     \
+  X(kDown, down, "mlp.down_proj.weight",            (C, F),        1, true,  kResidualOut, kDense) \
+  X(kRouter,      router,      "mlp.router.weight",     (E, C),     -1, true,  kNormal, kRouted)   \
+  X(kRouterBias,  router_bias, "mlp.router.bias",       (E),        -1, false, kZeros, kRouterBias) \
+  X(kExpertGate,  expert_gate, "gate_proj.weight",      (Fe, C),     0, true,  kNormal, kExperts)  \
+  X(kExpertUp,    expert_up,   "up_proj.weight",        (Fe, C),     0, true,  kNormal, kExperts)  \
+  X(kExpertDown,  expert_down, "down_proj.weight",      (C, Fe),     1, true,  kResidualOut, kExperts) \
+  X(kSharedGate,  shared_gate, "mlp.shared_experts.gate_proj.weight", (Fs, C), 0, true, kNormal, kShared) \
+  X(kSharedUp,    shared_up,   "mlp.shared_experts.up_proj.weight",   (Fs, C), 0, true, kNormal, kShared) \
+  X(kSharedDown,  shared_down, "mlp.shared_experts.down_proj.weight", (C, Fs), 1, true, kResidualOut, kShared)
 
 // The activations a block keeps for its backward, per micro-batch: X(enum, member, name,
 // statistic, elements). Elements are over `d`, the rank's ModelDims; a statistic (a per-row or
 // per-head value) stays fp32 whatever the storage, the others take the activation storage's type.
+// `b` (BlockDims) holds the sizes of the block's kind: a row that kind lacks has 0 elements and
+// is not allocated. Router indices (int32) are statistics too: copied as they are.
 #define T3D_BLOCK_ACTS(X)                                                                         \
   X(kRstd1, rstd1, "rstd1", true,  d.Nl)                  /* input_layernorm's 1/rms per row */ \
   X(kXn1,   xn1,   "xn1",   false, d.N * d.C)             /* input_layernorm output */          \
@@ -55,9 +70,18 @@ namespace t3d::runtime {
   X(kXmid,  xmid,  "xmid",  false, d.Nl * d.C)            /* residual after attention */        \
   X(kRstd2, rstd2, "rstd2", true,  d.Nl)                                                        \
   X(kXn2,   xn2,   "xn2",   false, d.N * d.C)             /* post_attention_layernorm output */ \
-  X(kGate,  gate,  "gate",  false, d.N * d.F)                                                   \
-  X(kUp,    up,    "up",    false, d.N * d.F)                                                   \
-  X(kH,     h,     "h",     false, d.N * d.F)             /* silu(gate)·up */
+  X(kGate,  gate,  "gate",  false, d.N * b.F)                                                   \
+  X(kUp,    up,    "up",    false, d.N * b.F)                                                   \
+  X(kH,     h,     "h",     false, d.N * b.F)             /* silu(gate)·up */                   \
+  X(kScores, scores, "router_scores", true, d.N * b.E)    /* router scores (N, E) */            \
+  X(kChosen, chosen, "router_chosen", true, d.N * b.K)    /* chosen experts (N, K), int32 */    \
+  X(kGates,  gates,  "router_gates",  true, d.N * b.K)    /* their gates (N, K) */              \
+  X(kEGate,  egate,  "expert_gate",   false, b.S * b.Fe)  /* per permuted row (S = N·K) */      \
+  X(kEUp,    eup,    "expert_up",     false, b.S * b.Fe)                                        \
+  X(kEH,     eh,     "expert_h",      false, b.S * b.Fe)                                        \
+  X(kSGate,  sgate,  "shared_gate",   false, d.N * b.Fs)  /* shared experts */                  \
+  X(kSUp,    sup,    "shared_up",     false, d.N * b.Fs)                                        \
+  X(kSH,     sh,     "shared_h",      false, d.N * b.Fs)
 
 // The output gradients a block's deferred weight-gradient pass (W) needs, per micro-batch:
 // X(enum, member, name, elements): the gradients of the block output and of xmid (the inputs of
@@ -87,9 +111,24 @@ namespace t3d::runtime {
   X(kDq,             dq,        "dq",              float, kWide, true,  d.N * d.H * d.D)        \
   X(kDk,             dk,        "dk",              float, kWide, true,  d.N * d.Hkv * d.D)      \
   X(kDv,             dv,        "dv",              float, kWide, true,  d.N * d.Hkv * d.D)      \
-  X(kDh,             dh,        "dh",              float, kWide, true,  d.N * d.F)              \
-  X(kDgate,          dgate,     "dgate",           float, kWide, true,  d.N * d.F)              \
-  X(kDup,            dup,       "dup",             float, kWide, true,  d.N * d.F)              \
+  /* a SwiGLU's backward: the dense MLP's, or the shared experts' (Fw, the wider of the two) */ \
+  X(kDh,             dh,        "dh",              float, kWide, true,  d.N * d.Fw)             \
+  X(kDgate,          dgate,     "dgate",           float, kWide, true,  d.N * d.Fw)             \
+  X(kDup,            dup,       "dup",             float, kWide, true,  d.N * d.Fw)             \
+  /* mixture of experts: the permuted rows (S = N·K): the experts' inputs, their outputs (in  \
+     the backward the gradient of their outputs), the gradient of their inputs; the experts' \
+     SwiGLU backward, the router's gradients, and the permutation */                          \
+  X(kMoeRows,        moe_rows,  "moe_rows",        float, kWide, d.E > 0, d.S * d.C)          \
+  X(kMoeOut,         moe_out,   "moe_out",         float, kWide, d.E > 0, d.S * d.C)          \
+  X(kMoeGrad,        moe_grad,  "moe_grad",        float, kWide, d.E > 0, d.S * d.C)          \
+  X(kMoeDh,          moe_dh,    "moe_dh",          float, kWide, d.E > 0, d.S * d.Fe)         \
+  X(kMoeDgate,       moe_dgate, "moe_dgate",       float, kWide, d.E > 0, d.S * d.Fe)         \
+  X(kMoeDup,         moe_dup,   "moe_dup",         float, kWide, d.E > 0, d.S * d.Fe)         \
+  X(kMoeDlogits,     moe_dlogits, "moe_dlogits",   float, kF32,  d.E > 0, d.N * d.E)          \
+  X(kMoeDscores,     moe_dscores, "moe_dscores",   float, kF32,  d.aux,   d.N * d.E)       \
+  X(kMoeDgates,      moe_dgates, "moe_dgates",     float, kF32,  d.E > 0, d.S)                \
+  X(kMoeRowOfSlot,   moe_row_of_slot, "moe_row_of_slot", int32_t, kI32, d.E > 0, d.S)          \
+  X(kMoeSlotOfRow,   moe_slot_of_row, "moe_slot_of_row", int32_t, kI32, d.E > 0, d.S)          \
   X(kAttentionTiles, attn,      "attention_tiles", float, kF32,  true,  x.attention_tiles)      \
   /* the last chunk's logits (N, Vl) and cross-entropy statistics stay fp32 */                  \
   X(kLogits,         logits,    "logits",          float, kF32,  x.last, d.N * d.V)             \
@@ -149,12 +188,23 @@ inline constexpr BlockWeight kAllBlockWeights[] = {
 #undef T3D_ROW_VALUE
 };
 const char* block_weight_suffix(BlockWeight w);  // "self_attn.q_proj.weight"
-// The parameter name of weight `w` of block `layer`: "model.layers.<layer>.<suffix>".
-std::string block_param_name(int64_t layer, BlockWeight w);
+// The parameter name of weight `w` of block `layer`: "model.layers.<layer>.<suffix>"; of a
+// routed experts' row, "model.layers.<layer>.mlp.experts.<expert>.<suffix>" (expert 0: where
+// the stack starts).
+std::string block_param_name(int64_t layer, BlockWeight w, int64_t expert = 0);
+bool is_expert_weight(BlockWeight w);
 
 // How a parameter is initialised (Model::init): all ones (norm weights), or normal with std 0.02,
 // scaled by 1/sqrt(2·n_layers) for the projections into the residual stream (GPT-2, Megatron).
-enum class ParamInit : uint8_t { kOnes, kNormal, kResidualOut };
+enum class ParamInit : uint8_t { kOnes, kNormal, kResidualOut, kZeros };
+
+// Which blocks hold a block weight row (T3D_BLOCK_WEIGHTS' last column): every block, dense
+// blocks (the SwiGLU MLP), mixture-of-experts blocks (router and routed experts), those with
+// aux-loss-free balancing (the router's selection bias), those with shared experts.
+// kExperts: the routed experts, a tensor per expert.
+enum class BlockPart : uint8_t { kAll, kDense, kRouted, kExperts, kRouterBias, kShared };
+bool block_has(const ModelConfig& config, int64_t layer, BlockPart part);
+bool block_has(const ModelConfig& config, int64_t layer, BlockWeight w);
 
 // One row of the parameter table: the global (Hugging Face) tensor and how it is sharded.
 struct ParamInfo {
@@ -164,6 +214,10 @@ struct ParamInfo {
   bool decay = true;   // AdamW weight decay (norm weights: no)
   ParamInit init = ParamInit::kNormal;
   int64_t unit = 0;  // gradient unit: -1 the embedding, l block l, n_layers final norm and head
+  // false: no gradient ever reaches it (the router's selection bias, which its own rule updates
+  // after each optimizer step instead of AdamW).
+  bool trained = true;
+  int64_t expert = -1;  // a routed expert's tensor: its expert; -1 otherwise
 };
 
 // The parameters of `chunks`, in layout order: per chunk the embedding (first), its blocks, then
@@ -195,7 +249,8 @@ struct ParamUnits {
 };
 ParamUnits param_units(const ModelConfig& config, const std::vector<parallel::LayerRange>& chunks,
                        int64_t tp);
-// Floats one transformer block's parameters take in the region on one tp rank, padding included.
+// Floats the largest transformer block's parameters take in the region on one tp rank, padding
+// included.
 int64_t block_param_floats(const ModelConfig& config, int64_t tp);
 
 // FLOPs per token (PaLM's count) of one transformer block on one tp rank, from the parameter
@@ -206,7 +261,9 @@ struct BlockFlops {
   double matmul = 0, attention = 0;
   double train() const { return 3 * matmul + 3 * attention; }  // f + b + w
 };
-BlockFlops block_flops_per_token(const ModelConfig& config, int64_t tp);
+// A mixture-of-experts block counts its routed experts' matrices K/E times (each token goes
+// through K of the E). `layer` -1: the last block.
+BlockFlops block_flops_per_token(const ModelConfig& config, int64_t tp, int64_t layer = -1);
 // FLOPs per token of the LM head's forward and both its gradients on one tp rank (6 per weight).
 double head_train_flops_per_token(const ModelConfig& config, int64_t tp);
 // FLOPs of one training step (forward + backward) per token of the whole model: every block's
@@ -266,8 +323,22 @@ struct ModelDims {
   int64_t parts = 1;            // contiguous parts of a sequence on this rank: 1, or 2 with cp
   int64_t part_len = 0;         // positions per part
   bool sp = false, cp = false;  // sequence / context parallelism in effect
+  // Mixture of experts (0 in a dense model): experts, experts per token, token slots N·K, one
+  // expert's and the shared experts' width (local to a tp rank). Dense blocks exist (F > 0
+  // for them) when the model is dense or keeps leading dense blocks.
+  int64_t E = 0, K = 0, S = 0, Fe = 0, Fs = 0;
+  bool dense_blocks = true;
+  bool aux = false;  // the auxiliary balance loss is on
+  int64_t Fw = 0;    // the widest dense-shaped SwiGLU: F (dense blocks) or Fs (shared experts)
 };
 ModelDims model_dims(const ModelConfig& config, const SpecLayout& layout, int64_t micro_rows);
+
+// The sizes of one block's own rows (T3D_BLOCK_ACTS' `b`): a dense block has F, a mixture of
+// experts E, K, S, Fe and Fs; the other kind's are 0.
+struct BlockDims {
+  int64_t F = 0, E = 0, K = 0, S = 0, Fe = 0, Fs = 0;
+};
+BlockDims block_dims(const ModelDims& d, bool moe);
 
 // What the scratch rows (T3D_SCRATCH) depend on besides ModelDims.
 struct ScratchContext {

@@ -286,6 +286,32 @@ const std::vector<Field>& schema() {
       field("model", "norm_eps", &R::model, &ModelConfig::norm_eps, "RMSNorm epsilon."),
       field("model", "tie_embeddings", &R::model, &ModelConfig::tie_embeddings,
             "Share the token embedding with the LM head."),
+      field("model", "n_experts", &R::model, &ModelConfig::n_experts,
+            "Mixture of experts (docs/moe.md): routed experts per MoE block; 0: a dense model."),
+      field("model", "experts_per_token", &R::model, &ModelConfig::experts_per_token,
+            "Routed experts each token goes to (top-k)."),
+      field("model", "n_shared_experts", &R::model, &ModelConfig::n_shared_experts,
+            "Shared experts: a SwiGLU of n_shared_experts·moe_ffn_dim on every token, added to "
+            "the routed output."),
+      field("model", "moe_ffn_dim", &R::model, &ModelConfig::moe_ffn_dim,
+            "One expert's SwiGLU hidden size; 0 means model.ffn_dim."),
+      field("model", "dense_layers", &R::model, &ModelConfig::dense_layers,
+            "Leading blocks that keep the dense SwiGLU MLP (DeepSeek's first_k_dense_replace)."),
+      field("model", "router_score", &R::model, &ModelConfig::router_score,
+            "The router's score function: softmax (Mixtral, Qwen-MoE) or sigmoid (DeepSeek-V3)."),
+      field("model", "router_norm_topk", &R::model, &ModelConfig::router_norm_topk,
+            "Divide the chosen experts' gates by their sum."),
+      field("model", "router_scale", &R::model, &ModelConfig::router_scale,
+            "Multiply the gates by this (DeepSeek-V3's routed_scaling_factor)."),
+      field("model", "router_bias_rate", &R::model, &ModelConfig::router_bias_rate,
+            "Auxiliary-loss-free balancing: after each optimizer step every expert's selection "
+            "bias moves by this toward balance, bias += rate·sign(mean − count); 0: off."),
+      field("model", "router_aux_coef", &R::model, &ModelConfig::router_aux_coef,
+            "Coefficient of the sequence-wise auxiliary balance loss (E·Σ f·P per sequence, "
+            "averaged over the batch's sequences, summed over MoE blocks); 0: off."),
+      field("model", "capacity_factor", &R::model, &ModelConfig::capacity_factor,
+            "Tokens an expert takes per micro-batch, as a multiple of an even share; 0: "
+            "dropless (every routed token is computed)."),
 
       field("parallel", "pp", &R::parallel, &ParallelConfig::pp, "Pipeline-parallel stages."),
       field("parallel", "dp", &R::parallel, &ParallelConfig::dp,
@@ -430,6 +456,7 @@ const std::vector<Field>& schema() {
 constexpr int64_t kMaxVocab = int64_t{1} << 24;
 constexpr int64_t kMaxDim = int64_t{1} << 17;
 constexpr int64_t kMaxFfn = int64_t{1} << 20;
+constexpr int64_t kMaxExperts = 1024;
 constexpr int64_t kMaxSeqLen = int64_t{1} << 24;
 constexpr int64_t kMaxRanks = int64_t{1} << 20;          // each of pp, dp, cp, tp and their product
 constexpr int64_t kMaxBatch = int64_t{1} << 30;          // global_batch, micro_batches, val_batches
@@ -578,6 +605,32 @@ void validate_model(const Recipe& r) {
   v.require(m.seq_len >= 1, "model.seq_len", "must be positive, got " + is(m.seq_len));
   v.require(m.rope_theta > 0, "model.rope_theta", "must be positive");
   v.require(m.norm_eps > 0, "model.norm_eps", "must be positive");
+  v.require(m.n_experts >= 0 && m.n_experts <= kMaxExperts, "model.n_experts",
+            "must lie in [0, " + is(kMaxExperts) + "] (0: dense), got " + is(m.n_experts));
+  if (!m.moe()) return;
+  v.require(m.experts_per_token >= 1 && m.experts_per_token <= m.n_experts,
+            "model.experts_per_token",
+            "must lie in [1, n_experts = " + is(m.n_experts) + "], got " + is(m.experts_per_token));
+  v.require(m.n_shared_experts >= 0 && m.n_shared_experts <= kMaxExperts, "model.n_shared_experts",
+            "must lie in [0, " + is(kMaxExperts) + "], got " + is(m.n_shared_experts));
+  v.require(
+      m.moe_ffn_dim >= 1 && m.moe_ffn_dim <= kMaxFfn, "model.moe_ffn_dim",
+      "must lie in [1, " + is(kMaxFfn) + "] (0 means model.ffn_dim), got " + is(m.moe_ffn_dim));
+  // The experts' matrices lie back to back in the arena, which aligns every tensor to 16 floats.
+  v.require(m.moe_ffn_dim * m.dim % 16 == 0, "model.moe_ffn_dim",
+            "moe_ffn_dim·dim = " + is(m.moe_ffn_dim) + "·" + is(m.dim) +
+                " must be a multiple of 16 (the experts' matrices are stacked)");
+  v.require(m.dense_layers >= 0 && m.dense_layers < m.n_layers, "model.dense_layers",
+            "must lie in [0, n_layers = " + is(m.n_layers) +
+                "): at least one block must be a mixture of experts, got " + is(m.dense_layers));
+  v.require(m.router_scale > 0 && std::isfinite(m.router_scale), "model.router_scale",
+            "must be a positive number, got " + is(m.router_scale));
+  v.require(m.router_bias_rate >= 0 && std::isfinite(m.router_bias_rate), "model.router_bias_rate",
+            "must be ≥ 0 (0: off), got " + is(m.router_bias_rate));
+  v.require(m.router_aux_coef >= 0 && std::isfinite(m.router_aux_coef), "model.router_aux_coef",
+            "must be ≥ 0 (0: off), got " + is(m.router_aux_coef));
+  v.require(m.capacity_factor == 0, "model.capacity_factor",
+            "only 0 (dropless routing) is supported so far, got " + is(m.capacity_factor));
 }
 
 void validate_parallel(const Recipe& r) {
@@ -603,6 +656,13 @@ void validate_parallel(const Recipe& r) {
                 " (vocab-parallel embedding and loss)");
   v.require(m.ffn_dim % p.tp == 0, "parallel.tp",
             "model.ffn_dim = " + is(m.ffn_dim) + " is not divisible by tp = " + is(p.tp));
+  v.require(
+      !m.moe() || p.tp == 1, "parallel.tp",
+      "a mixture-of-experts model (model.n_experts > 0) trains with tp = 1 so far, got tp = " +
+          is(p.tp) + "; use dp, pp or cp instead");
+  v.require(!m.moe() || m.router_aux_coef == 0 || p.cp == 1, "model.router_aux_coef",
+            "the sequence-wise auxiliary loss needs whole sequences on a rank: parallel.cp = 1, "
+            "or router_aux_coef = 0 (router_bias_rate balances without it)");
   v.require(p.virtual_stages >= 1, "parallel.virtual_stages", "must be ≥ 1");
   // ZB-V folds exactly two chunks per stage into a V: pp = 1 has nothing to fold.
   v.require(p.schedule != ScheduleKind::kZBV || p.pp > 1, "parallel.schedule",
@@ -951,6 +1011,7 @@ Recipe parse_recipe(const std::string& toml_text, const std::string& source_name
   // Derived defaults.
   if (r.model.n_kv_heads == 0) r.model.n_kv_heads = r.model.n_heads;
   if (r.model.ffn_dim == 0) r.model.ffn_dim = (8 * r.model.dim / 3 + 63) / 64 * 64;
+  if (r.model.moe_ffn_dim == 0) r.model.moe_ffn_dim = r.model.ffn_dim;
   // zb_v runs two chunks per stage; an explicit value that says otherwise is refused below.
   if (r.parallel.schedule == parallel::ScheduleKind::kZBV &&
       !origins.count("parallel.virtual_stages"))

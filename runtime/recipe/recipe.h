@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/ops_moe.h"
 #include "parallel/schedule_kind.h"
 #include "runtime/data/data.h"
 #include "runtime/data/data_sampler.h"
@@ -55,6 +56,13 @@ struct Choices<GemmLibrary> {
 template <>
 struct Choices<parallel::ScheduleKind> {
   static constexpr const auto& kAll = parallel::kScheduleKindNames;
+};
+template <>
+struct Choices<kernels::RouterScore> {
+  static constexpr std::array<std::pair<kernels::RouterScore, std::string_view>, 2> kAll = {{
+      {kernels::RouterScore::kSoftmax, "softmax"},
+      {kernels::RouterScore::kSigmoid, "sigmoid"},
+  }};
 };
 template <>
 struct Choices<DataFormat> {
@@ -121,8 +129,27 @@ struct ModelConfig {
   double rope_theta = 10000.0;
   double norm_eps = 1e-5;
   bool tie_embeddings = false;
+  // Mixture of experts (docs/moe.md): blocks from dense_layers on replace the SwiGLU MLP by
+  // n_experts routed SwiGLU experts of width moe_ffn_dim, experts_per_token of them per token,
+  // plus n_shared_experts on every token (one SwiGLU of n_shared_experts·moe_ffn_dim).
+  int64_t n_experts = 0;  // 0: dense (every block a SwiGLU MLP)
+  int64_t experts_per_token = 2;
+  int64_t n_shared_experts = 0;
+  int64_t moe_ffn_dim = 0;   // 0: ffn_dim
+  int64_t dense_layers = 0;  // leading blocks that keep the dense MLP
+  kernels::RouterScore router_score = kernels::RouterScore::kSoftmax;
+  bool router_norm_topk = true;  // gates divided by their sum over the chosen experts
+  double router_scale = 1.0;     // gates multiplied by this
+  double router_bias_rate = 0;   // aux-loss-free balancing: bias step per optimizer step; 0: off
+  double router_aux_coef = 0;    // sequence-wise auxiliary balance loss coefficient; 0: off
+  double capacity_factor = 0;    // 0: dropless
 
   int64_t head_dim() const { return dim / n_heads; }
+  bool moe() const { return n_experts > 0; }
+  // Block `layer` is a mixture of experts (else a dense SwiGLU MLP).
+  bool moe_block(int64_t layer) const { return moe() && layer >= dense_layers; }
+  bool dense_blocks() const { return !moe() || dense_layers > 0; }
+  int64_t shared_ffn_dim() const { return n_shared_experts * moe_ffn_dim; }
 };
 
 struct ParallelConfig {

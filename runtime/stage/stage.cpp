@@ -60,6 +60,7 @@ ModelOptions model_options(const Recipe& r, const JobPrecision& precision, Stage
   o.with_optimizer = full.moments;
   o.checkpoint_every = r.train.activation_checkpoint.every;
   o.split_backward = executor->splits_backward();
+  o.moe_aux_weight = r.model.router_aux_coef / static_cast<double>(r.train.global_batch);
   return o;
 }
 

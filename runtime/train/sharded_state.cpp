@@ -6,6 +6,7 @@
 
 #include "kernels/check.h"
 #include "kernels/ops.h"
+#include "kernels/ops_moe.h"
 
 namespace t3d::runtime {
 
@@ -232,7 +233,24 @@ double ShardedState::grad_sum_of_squares() const {
   return sum;
 }
 
-void ShardedState::adamw_step(const TrainConfig& t, double lr, int64_t step, float grad_scale) {
+void ShardedState::step_router_bias(const Piece& p, const RouterBiasStep& bias) const {
+  const ParamInfo& info = model_.params()[p.param];
+  const auto& layers = *bias.layers;
+  const auto at = std::find(layers.begin(), layers.end(), info.unit);
+  T3D_ASSERT(at != layers.end(), info.name, " is not a router bias of a held block");
+  const int64_t E = model_.config().n_experts;
+  const double* counts = bias.counts->data() + (at - layers.begin()) * E;
+  // The rule over all E (a delta from zero), then the piece's share of it: one rule, whatever
+  // part of the tensor this rank owns.
+  std::vector<float> delta(static_cast<size_t>(E), 0.0f);
+  kernels::moe_bias_update(delta.data(), counts, E, bias.rate);
+  const int64_t first = p.lo - model_.layout().at(info.name).offset;
+  float* data = params(p);
+  for (int64_t i = 0; i < p.size(); ++i) data[i] += delta[static_cast<size_t>(first + i)];
+}
+
+void ShardedState::adamw_step(const TrainConfig& t, double lr, int64_t step, float grad_scale,
+                              const RouterBiasStep& bias) {
   kernels::AdamWConfig cfg{static_cast<float>(lr),
                            static_cast<float>(t.beta1),
                            static_cast<float>(t.beta2),
@@ -241,7 +259,12 @@ void ShardedState::adamw_step(const TrainConfig& t, double lr, int64_t step, flo
                            grad_scale};
   const auto& tensors = model_.params();
   for_each_piece(owned(), [&](const Piece& p) {
-    cfg.weight_decay = tensors[p.param].decay ? static_cast<float>(t.weight_decay) : 0.0f;
+    const ParamInfo& info = tensors[p.param];
+    if (!info.trained) {
+      if (bias.rate > 0) step_router_bias(p, bias);
+      return;
+    }
+    cfg.weight_decay = info.decay ? static_cast<float>(t.weight_decay) : 0.0f;
     kernels::adamw_step(params(p), grads(p), exp_avg(p), exp_avg_sq(p), p.size(), cfg, step);
   });
   reducer_->gather_params(model_.state().params.data());

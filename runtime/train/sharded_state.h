@@ -34,6 +34,16 @@
 
 namespace t3d::runtime {
 
+// Aux-loss-free balancing of a mixture of experts (model.router_bias_rate): each router bias
+// moves by rate·sign(mean − count) (kernels::moe_bias_update), `counts` being the tokens the
+// step routed to each expert over the whole batch, E per block of `layers` (Model's
+// moe_layers() and expert_counts(), summed over dp × cp).
+struct RouterBiasStep {
+  const std::vector<int64_t>* layers = nullptr;
+  const std::vector<double>* counts = nullptr;
+  float rate = 0;
+};
+
 class ShardedState {
  public:
   // `model` built with the regions parallel::full_regions(zero) keeps (build_stage does). Cuts
@@ -115,13 +125,17 @@ class ShardedState {
   double grad_sum_of_squares() const;
   // AdamW over owned(), each piece with its tensor's weight decay (train.weight_decay for
   // matrices, none for norms: ParamInfo::decay), on the gradients times `grad_scale` (clipping;
-  // folded into the update, so the stored gradients stay unscaled).
-  void adamw_step(const TrainConfig& t, double lr, int64_t step, float grad_scale);
+  // folded into the update, so the stored gradients stay unscaled). Tensors without gradients
+  // (ParamInfo::trained false: the router biases) take `bias`'s rule instead, on the same owned
+  // pieces, before the updated parameters are gathered.
+  void adamw_step(const TrainConfig& t, double lr, int64_t step, float grad_scale,
+                  const RouterBiasStep& bias = RouterBiasStep{});
 
  private:
   Store store(const std::vector<parallel::FloatRange>& ranges, float* shard, float* region) const;
 
   void attach_to_model();
+  void step_router_bias(const Piece& p, const RouterBiasStep& bias) const;
 
   Model& model_;
   const parallel::Comm& group_;

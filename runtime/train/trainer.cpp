@@ -405,14 +405,18 @@ struct Trainer::Impl {
       state->reducer().finish();
       // One all-reduce for the loss and the exact global gradient norm (each dp × cp rank sums
       // its partition, so every element counts once).
-      double sums[2] = {holds_loss ? loss_sum : 0.0, state->grad_sum_of_squares()};
-      mesh.world().all_reduce(sums, 2);
+      // MoE: the auxiliary loss rides along (tp ranks hold the same value: rank 0's counts).
+      double sums[3] = {holds_loss ? loss_sum : 0.0, state->grad_sum_of_squares(),
+                        mesh.coord().tp == 0 ? model->aux_loss() : 0.0};
+      mesh.world().all_reduce(sums, r.model.moe() ? 3 : 2);
       const double loss = sums[0] / tokens_per_step, norm = std::sqrt(sums[1]);
       StepRecord rec;
       rec.step = step + 1;
       rec.loss = loss;
       rec.grad_norm = norm;
       rec.lr = learning_rate(t, step);
+      rec.aux_loss = sums[2];
+      const RouterBiasStep bias_step = expert_balance(rec);
       // loss and norm are all-reduced: every rank takes the same branch.
       if (diverged(loss, norm)) {
         skip_diverged(step + 1, loss, norm);
@@ -420,7 +424,7 @@ struct Trainer::Impl {
       } else {
         consecutive_skips = 0;
         parallel::trace::Span optimizer_span("optimizer", "compute");
-        state->adamw_step(t, rec.lr, step + 1, clip_coefficient(t.grad_clip, norm));
+        state->adamw_step(t, rec.lr, step + 1, clip_coefficient(t.grad_clip, norm), bias_step);
       }
       const bool last = step + 1 == t.steps;
       if (val_sampler && t.val_every > 0 && ((step + 1) % t.val_every == 0 || last))
@@ -449,6 +453,28 @@ struct Trainer::Impl {
     return summary;
   }
 
+  // Mixture of experts, once per step: the tokens the step routed to each expert, summed over
+  // dp × cp (the ranks that saw other tokens of this stage's blocks), give the imbalance (the
+  // largest over every stage's blocks) and the router biases' step. Then the counts restart.
+  std::vector<double> expert_counts;
+  RouterBiasStep expert_balance(StepRecord& rec) {
+    if (!r.model.moe()) return {};
+    expert_counts = model->expert_counts();
+    if (!expert_counts.empty()) mesh.dp_cp().all_reduce(expert_counts.data(), expert_counts.size());
+    model->reset_moe_stats();
+    const size_t E = static_cast<size_t>(r.model.n_experts);
+    double imbalance = 0;
+    for (size_t b = 0; b < expert_counts.size(); b += E) {
+      double total = 0, busiest = 0;
+      for (size_t e = b; e < b + E; ++e)
+        total += expert_counts[e], busiest = std::max(busiest, expert_counts[e]);
+      if (total > 0) imbalance = std::max(imbalance, busiest * static_cast<double>(E) / total);
+    }
+    mesh.world().all_reduce(&imbalance, 1, parallel::ReduceOp::max);
+    rec.expert_imbalance = imbalance;
+    return {&model->moe_layers(), &expert_counts, static_cast<float>(r.model.router_bias_rate)};
+  }
+
   // Rank 0's failed metrics write, kept until every rank learns of it (no extra collective).
   std::string metrics_error;
   void report_or_keep_error(const StepRecord& rec, double elapsed) {
@@ -468,21 +494,27 @@ struct Trainer::Impl {
   void report(const StepRecord& rec, double elapsed) {
     if (mesh.rank() != 0) return;
     const double peak_gib = rec.peak_mem_gib;
-    metrics->write({{"step", double(rec.step)},
-                    {"loss", rec.loss},
-                    {"lr", rec.lr},
-                    {"grad_norm", rec.grad_norm},
-                    {"tokens_per_s", rec.tokens_per_s},
-                    {"mfu", rec.mfu},
-                    {"mfu_gemm", rec.mfu_gemm},
-                    {"step_time_s", rec.step_time_s},
-                    {"peak_mem_gib", peak_gib},
-                    {"tp_comm_share", rec.tp_comm_share},
-                    {"dp_comm_share", rec.dp_comm_share},
-                    {"pp_wait_share", rec.pp_wait_share},
-                    {"cp_comm_share", rec.cp_comm_share},
-                    {"val_loss", rec.val_loss >= 0 ? rec.val_loss : NAN},
-                    {"skipped", rec.skipped ? 1.0 : 0.0}});
+    std::vector<std::pair<std::string, double>> fields = {
+        {"step", double(rec.step)},
+        {"loss", rec.loss},
+        {"lr", rec.lr},
+        {"grad_norm", rec.grad_norm},
+        {"tokens_per_s", rec.tokens_per_s},
+        {"mfu", rec.mfu},
+        {"mfu_gemm", rec.mfu_gemm},
+        {"step_time_s", rec.step_time_s},
+        {"peak_mem_gib", peak_gib},
+        {"tp_comm_share", rec.tp_comm_share},
+        {"dp_comm_share", rec.dp_comm_share},
+        {"pp_wait_share", rec.pp_wait_share},
+        {"cp_comm_share", rec.cp_comm_share},
+        {"val_loss", rec.val_loss >= 0 ? rec.val_loss : NAN},
+        {"skipped", rec.skipped ? 1.0 : 0.0}};
+    if (r.model.moe()) {
+      fields.push_back({"aux_loss", rec.aux_loss});
+      fields.push_back({"expert_imbalance", rec.expert_imbalance});
+    }
+    metrics->write(fields);
     const int64_t steps = r.train.steps;
     if (rec.step % r.train.log_every != 0 && rec.step != steps && rec.val_loss < 0) return;
     const double eta = elapsed / (rec.step - first_step) * (steps - rec.step);

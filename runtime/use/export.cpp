@@ -111,6 +111,9 @@ ExportSummary export_snapshot(const std::string& snapshot, const std::string& ou
                  "`; give fp32 or bf16");
   const bool bf16 = options.dtype == "bf16";
   const SnapshotWeights w = load_snapshot_weights(snapshot);
+  T3D_USER_CHECK(!w.recipe.model.moe(), "`", snapshot,
+                 "` holds a mixture-of-experts model (model.n_experts = ", w.recipe.model.n_experts,
+                 "): `export` writes dense LLaMA models only so far");
   const TextTokenizer tokenizer = TextTokenizer::open(w.recipe.data.tokenizer);
   std::error_code ec;
   const bool existed = fs::exists(out_dir);

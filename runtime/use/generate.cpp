@@ -8,6 +8,7 @@
 #include "kernels/check.h"
 #include "kernels/ops.h"
 #include "kernels/ops_decode.h"
+#include "kernels/ops_moe.h"
 
 namespace t3d::runtime {
 
@@ -23,7 +24,19 @@ Decoder::Decoder(const SnapshotWeights& w, k::GemmKind gemm)
   head_ = m.tie_embeddings ? embed_ : at("lm_head.weight");
   for (int64_t l = 0; l < m.n_layers; ++l) {
     Layer L;
-    for (const BlockWeight t : kAllBlockWeights) L[t] = at(block_param_name(l, t));
+    for (const BlockWeight t : kAllBlockWeights) {
+      if (!block_has(m, l, t)) continue;
+      if (!is_expert_weight(t)) {
+        L[t] = at(block_param_name(l, t));
+        continue;
+      }
+      auto& stack = L.expert_stacks.emplace_back();
+      for (int64_t e = 0; e < m.n_experts; ++e) {
+        const auto& x = w.at(block_param_name(l, t, e)).data;
+        stack.insert(stack.end(), x.begin(), x.end());
+      }
+      L[t] = stack.data();
+    }
     L.k_cache.assign(static_cast<size_t>(T * m.n_kv_heads * D), 0.0f);
     L.v_cache.assign(L.k_cache.size(), 0.0f);
     layers_.push_back(std::move(L));
@@ -33,9 +46,25 @@ Decoder::Decoder(const SnapshotWeights& w, k::GemmKind gemm)
   xn_.resize(n(C));
   q_.resize(n(m.n_heads * D));
   att_.resize(n(m.n_heads * D));
-  gate_.resize(n(m.ffn_dim));
-  up_.resize(n(m.ffn_dim));
-  h_.resize(n(m.ffn_dim));
+  const int64_t F = std::max(m.ffn_dim, m.shared_ffn_dim());  // dense or shared experts' SwiGLU
+  gate_.resize(n(F));
+  up_.resize(n(F));
+  h_.resize(n(F));
+  if (m.moe()) {
+    const int64_t E = m.n_experts, K = m.experts_per_token, Fe = m.moe_ffn_dim;
+    router_scores_.resize(n(E));
+    gates_.resize(n(K));
+    chosen_.resize(n(K));
+    row_of_slot_.resize(n(K));
+    slot_of_row_.resize(n(K));
+    expert_offsets_.resize(n(E + 1));
+    rows_in_.resize(n(K * C));
+    rows_out_.resize(n(K * C));
+    egate_.resize(n(K * Fe));
+    eup_.resize(n(K * Fe));
+    eh_.resize(n(K * Fe));
+    branch_.resize(n(C));
+  }
   rope_.resize(n(T * D));
   scores_.resize(n(T));
   logits_.resize(n(m.vocab_size));
@@ -64,6 +93,10 @@ std::span<const float> Decoder::step(int32_t token) {
                         pos_ + 1, H, Hkv, D);
     k::linear_forward(gemm_, x_.data(), att_.data(), L.o, 1, H * D, C, k::Out::kAccumulate);
     k::rmsnorm_forward(xn_.data(), &rstd_, x_.data(), L.ln2, 1, C, eps);
+    if (L.router) {
+      moe_step(L);
+      continue;
+    }
     k::linear_forward(gemm_, gate_.data(), xn_.data(), L.gate, 1, C, F);
     k::linear_forward(gemm_, up_.data(), xn_.data(), L.up, 1, C, F);
     k::swiglu_forward(h_.data(), gate_.data(), up_.data(), F);
@@ -73,6 +106,34 @@ std::span<const float> Decoder::step(int32_t token) {
   k::linear_forward(gemm_, logits_.data(), xn_.data(), head_, 1, C, m.vocab_size);
   ++pos_;
   return logits_;
+}
+
+void Decoder::moe_step(const Layer& L) {
+  const auto& m = config_;
+  const int64_t C = m.dim, E = m.n_experts, K = m.experts_per_token, Fe = m.moe_ffn_dim;
+  k::RouterShape r{1, E, K, m.router_score, m.router_norm_topk, static_cast<float>(m.router_scale)};
+  const k::GemmKind router_gemm =
+      k::gemm_kind_is_bf16(gemm_) ? k::GemmKind::kOneDnnF32 : gemm_;  // fp32, as in training
+  k::linear_forward(router_gemm, router_scores_.data(), xn_.data(), L.router, 1, C, E);
+  k::moe_route_forward(router_scores_.data(), chosen_.data(), gates_.data(), router_scores_.data(),
+                       L.router_bias, r);
+  k::moe_permute(expert_offsets_.data(), row_of_slot_.data(), slot_of_row_.data(), chosen_.data(),
+                 1, E, K);
+  k::moe_gather(rows_in_.data(), xn_.data(), slot_of_row_.data(), K, K, C);
+  k::moe_experts_forward(gemm_, rows_out_.data(), egate_.data(), eup_.data(), eh_.data(),
+                         rows_in_.data(), L.expert_gate, L.expert_up, L.expert_down,
+                         expert_offsets_.data(), {E, C, Fe});
+  k::moe_combine(branch_.data(), rows_out_.data(), gates_.data(), row_of_slot_.data(), 1, K, C,
+                 k::Out::kWrite);
+  if (L.shared_gate) {
+    const int64_t Fs = m.shared_ffn_dim();
+    k::linear_forward(gemm_, gate_.data(), xn_.data(), L.shared_gate, 1, C, Fs);
+    k::linear_forward(gemm_, up_.data(), xn_.data(), L.shared_up, 1, C, Fs);
+    k::swiglu_forward(h_.data(), gate_.data(), up_.data(), Fs);
+    k::linear_forward(gemm_, branch_.data(), h_.data(), L.shared_down, 1, Fs, C,
+                      k::Out::kAccumulate);
+  }
+  k::add_inplace(x_.data(), branch_.data(), C);
 }
 
 int32_t pick_token(std::span<const float> logits, int64_t vocab_limit,

@@ -37,6 +37,9 @@ class Decoder {
  private:
   struct Layer : BlockTensors<const float*> {  // the block's weights, by the spec's rows
     std::vector<float> k_cache, v_cache;       // (seq_len, Hkv·D) each, keys after RoPE
+    // A MoE block's routed experts' rows, each stacked (E matrices back to back) as the
+    // grouped pass reads them.
+    std::vector<std::vector<float>> expert_stacks;
   };
   ModelConfig config_;
   kernels::GemmKind gemm_;
@@ -49,6 +52,14 @@ class Decoder {
   // up, silu(gate)·up, the RoPE table (seq_len, D), attention scores (seq_len), logits (vocab).
   std::vector<float> x_, xn_, q_, att_, gate_, up_, h_, rope_, scores_, logits_;
   float rstd_ = 0;
+  // A mixture-of-experts block's MLP part for the row (the training forward's kernels, N = 1):
+  // its output added to the residual x_.
+  void moe_step(const Layer& L);
+  // Its buffers: router scores (E), chosen experts and gates (K), the permutation, the K
+  // permuted rows in and out (K, C), the experts' gate, up and h (K, Fe), the branch (C).
+  std::vector<float> router_scores_, gates_, rows_in_, rows_out_, egate_, eup_, eh_, branch_;
+  std::vector<int32_t> chosen_, row_of_slot_, slot_of_row_;
+  std::vector<int64_t> expert_offsets_;
 };
 
 // The most tokens one `generate` samples (--max-tokens): beyond the context the cache is rebuilt

@@ -28,6 +28,20 @@ runtime::ModelConfig tiny_config() {
                               .seq_len = 8};
 }
 
+// A mixture of experts: block 0 dense, block 1 with 4 routed experts (2 per token), one shared
+// expert, the selection bias and the auxiliary loss.
+runtime::ModelConfig moe_config() {
+  runtime::ModelConfig c = tiny_config();
+  c.n_experts = 4;
+  c.experts_per_token = 2;
+  c.n_shared_experts = 1;
+  c.moe_ffn_dim = 8;
+  c.dense_layers = 1;
+  c.router_bias_rate = 1e-3;
+  c.router_aux_coef = 0.1;
+  return c;
+}
+
 struct Batch {
   std::vector<int32_t> tokens, targets;
 };
@@ -86,6 +100,64 @@ TEST(ModelMpi, EveryParameterGradientMatchesFiniteDifferences) {
     }
   }
   EXPECT_EQ(checked, 3 * static_cast<int>(m.params().size()));
+}
+
+// The same for a mixture of experts (softmax and sigmoid routers), with the auxiliary loss in
+// the objective: the loss the forward sums plus the auxiliary loss it reports. A weight step
+// small enough to keep every token's top-k choice (FD across a change of routing would see a
+// jump, not the slope the backward computes).
+TEST(ModelMpi, MoeEveryParameterGradientMatchesFiniteDifferences) {
+  auto world = parallel::Comm::world(60.0);
+  const auto self = world.split(world.rank(), 0, "self");
+  for (const auto score : {kernels::RouterScore::kSoftmax, kernels::RouterScore::kSigmoid}) {
+    SCOPED_TRACE(score == kernels::RouterScore::kSoftmax ? "softmax" : "sigmoid");
+    auto cfg = moe_config();
+    cfg.router_score = score;
+    kernels::Arena arena(64 << 20);
+    runtime::ModelOptions options{2, 1, false};
+    options.moe_aux_weight = 0.5;
+    Model m(cfg, whole(cfg.n_layers), self, arena, options);
+    m.init(3);
+    const Batch b = make_batch(2, cfg.seq_len, cfg.vocab_size);
+    // The objective: summed token losses plus the weighted auxiliary loss of the same forward.
+    const auto objective = [&] {
+      m.reset_moe_stats();
+      const double loss = m.forward(0, 0, b.tokens.data(), b.targets.data(), 1.0f, true);
+      return loss + m.aux_loss();
+    };
+    m.state().grads.zero();
+    objective();
+    EXPECT_GT(m.aux_loss(), 0);
+    m.backward(0, 0, nullptr);
+    // A training forward computes the LM head's gradient at once: keep the backward's.
+    const std::vector<float> grad_region(m.state().grads.data(),
+                                         m.state().grads.data() + m.layout().total_floats());
+    std::mt19937 rng(11 + world.rank());
+    int checked = 0;
+    for (const auto& p : m.params()) {
+      const auto params = m.state().params.view(p.name);
+      const float* grads = grad_region.data() + m.layout().at(p.name).offset;
+      for (int trial = 0; trial < 3; ++trial) {
+        const int64_t i = rng() % params.numel;
+        const float saved = params.data[i];
+        const float eps = 1e-3f;
+        params.data[i] = saved + eps;
+        const double up = objective();
+        params.data[i] = saved - eps;
+        const double down = objective();
+        params.data[i] = saved;
+        const double fd = (up - down) / (2.0 * eps);
+        const double analytic = grads[i];
+        if (!p.trained) {
+          EXPECT_EQ(analytic, 0.0) << p.name << ": the selection bias takes no gradient";
+          continue;
+        }
+        EXPECT_NEAR(analytic, fd, 3e-3 + 3e-2 * std::fabs(fd)) << p.name << "[" << i << "]";
+        ++checked;
+      }
+    }
+    EXPECT_GE(checked, 3 * (static_cast<int>(m.params().size()) - 1));
+  }
 }
 
 TEST(ModelMpi, TensorParallelShardsEqualTheWholeModel) {
@@ -187,6 +259,7 @@ TEST(ModelMpi, BoundRowsTileTheArena) {
     std::vector<parallel::LayerRange> chunks;
     const parallel::Comm* tp;
     runtime::ModelOptions options;
+    const runtime::ModelConfig* config = nullptr;  // nullptr: tiny_config()
   };
   std::vector<Case> cases;
   {
@@ -207,10 +280,26 @@ TEST(ModelMpi, BoundRowsTileTheArena) {
     cp.cp = &world;
     cases.push_back({"context parallelism", whole(cfg.n_layers), &self, cp});
   }
+  const auto moe = moe_config();
+  {
+    runtime::ModelOptions o{2, 2, false};
+    o.split_backward = true;
+    cases.push_back({"mixture of experts: two chunks, two slots, split backward",
+                     {{0, 1, true, false}, {1, 2, false, true}},
+                     &self,
+                     o,
+                     &moe});
+    o.bf16 = true;
+    o.checkpoint_every = 2;
+    cases.push_back({"mixture of experts: bf16 copies, checkpointing", whole(2), &self, o, &moe});
+    runtime::ModelOptions stored{2, 1, false};
+    stored.bf16 = true;
+    cases.push_back({"mixture of experts: bf16 copies", whole(2), &self, stored, &moe});
+  }
   for (const auto& c : cases) {
     SCOPED_TRACE(c.what);
     kernels::Arena arena(64 << 20);
-    Model m(cfg, c.chunks, *c.tp, arena, c.options);
+    Model m(c.config ? *c.config : cfg, c.chunks, *c.tp, arena, c.options);
     const auto rows = m.bound_rows();
     ASSERT_FALSE(rows.empty());
     size_t total = 0;

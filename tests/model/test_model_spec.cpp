@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
+#include <set>
 
 #include "kernels/arena.h"
 #include "kernels/check.h"
@@ -74,8 +76,8 @@ TEST(ModelSpec, Bf16CopiesHalveExactlyTheStoredBlockTensors) {
   // One fp32 work block every stored block computes in, and the bf16 TP buffer.
   EXPECT_EQ(spec.scratch_bytes(), kScratch + kBlock + kRowsC / 2);
   // The codec's rows: the ten large tensors in bf16, then the three statistics in fp32, each
-  // group in block order.
-  ASSERT_EQ(spec.stored_block.size(), static_cast<size_t>(kBlockActs));
+  // group in block order (a dense block's 13: the mixture-of-experts rows are absent).
+  ASSERT_EQ(spec.stored_block.size(), 13u);
   for (size_t i = 0; i < spec.stored_block.size(); ++i)
     EXPECT_EQ(spec.stored_block[i].dtype, i < 10 ? Dtype::kBF16 : Dtype::kF32) << i;
   EXPECT_EQ(spec.stored_block[10].index, static_cast<int>(BlockAct::kRstd1));
@@ -274,33 +276,123 @@ TEST(ModelSpec, FlopsAreTheHandCountedOnes) {
 
 // Each row of T3D_BLOCK_ACTS, T3D_WGRADS and T3D_SCRATCH has its own name, and the scratch rows
 // are allocated in their table's order (the work block before the TP staging buffers).
-TEST(ModelSpec, RowsHaveDistinctNamesAndScratchFollowsItsTable) {
+// A mixture of experts after a dense block: 4 experts, 2 per token, a shared expert, the
+// auxiliary loss (every scratch row).
+ModelConfig small_moe_model() {
+  ModelConfig m = small_model();
+  m.n_experts = 4;
+  m.experts_per_token = 2;
+  m.n_shared_experts = 1;
+  m.moe_ffn_dim = 32;
+  m.dense_layers = 1;
+  m.router_aux_coef = 0.01;
+  return m;
+}
+
+// A dense block's and a mixture-of-experts block's own rows (per micro-batch of N tokens): the
+// dense MLP's gate, up, h (N·F each); the router's scores (N·E), chosen and gates (N·K), the
+// experts' gate, up, h per token slot (N·K·Fe each), the shared experts' (N·Fs each).
+TEST(ModelSpec, MoeBlocksKeepTheirOwnRows) {
   SpecOptions o;
-  o.storage = ActivationStorage::kBf16Copies;
-  o.split_backward = true;
-  o.micro_rows = 2;
+  o.micro_rows = 1;
   o.chunk_slots = {1};
-  const ActivationSpec spec = activation_spec(small_model(), {{{0, 4, true, true}}, 2, true, 2}, o);
-  std::vector<std::string> names;
-  for (const auto& t : spec.chunks[0].per_slot) names.push_back(t.name());
-  for (const auto& t : spec.scratch) names.push_back(t.name());
-  std::vector<std::string> sorted = names;
-  std::sort(sorted.begin(), sorted.end());
-  EXPECT_EQ(std::adjacent_find(sorted.begin(), sorted.end()), sorted.end());
-  int last = -1, scratch_rows = 0;
-  bool work_seen = false;
-  for (const auto& t : spec.scratch) {
-    if (t.role == SpecTensor::Role::kWorkBlock) {
-      EXPECT_LT(last, static_cast<int>(ScratchBuf::kTpBf16)) << t.name();
-      work_seen = true;
-      continue;
-    }
-    EXPECT_GT(t.index, last) << t.name();
-    last = t.index;
-    ++scratch_rows;
+  const ModelConfig m = small_moe_model();
+  const ActivationSpec spec = activation_spec(m, {{{0, 4, true, true}}, 1}, o);
+  const int64_t N = 32, E = 4, K = 2;
+  std::map<int64_t, int64_t> own;  // layer -> floats of its MLP rows
+  for (const auto& t : spec.chunks[0].per_slot) {
+    if (t.role != SpecTensor::Role::kBlock) continue;
+    const auto row = static_cast<BlockAct>(t.index);
+    if (row >= BlockAct::kGate) own[t.layer] += t.elems;
   }
-  EXPECT_TRUE(work_seen);
-  EXPECT_EQ(scratch_rows, kScratchBufs);  // sp, cp, the last chunk and bf16 copies: every row
+  EXPECT_EQ(own[0], 3 * N * 176);
+  for (int64_t l = 1; l < 4; ++l)
+    EXPECT_EQ(own[l], N * E + 2 * N * K + 3 * N * K * 32 + 3 * N * 32) << "layer " << l;
+  // Split backward keeps W's gradients of the dense block only: a MoE block does W in B.
+  o.split_backward = true;
+  const ActivationSpec split = activation_spec(m, {{{0, 4, true, true}}, 1}, o);
+  std::set<int64_t> deferred;
+  for (const auto& t : split.chunks[0].per_slot)
+    if (t.role == SpecTensor::Role::kWGrad) deferred.insert(t.layer);
+  EXPECT_EQ(deferred, std::set<int64_t>{0});
+}
+
+TEST(ModelSpec, MoeParameterTableHasATensorPerExpert) {
+  const ModelConfig m = [] {
+    ModelConfig c = small_moe_model();
+    c.router_bias_rate = 1e-3;
+    return c;
+  }();
+  std::map<std::string, std::vector<int64_t>> shapes;
+  std::vector<std::string> block1;  // block 1's tensors, in layout order
+  for (const auto& p : param_table(m)) {
+    shapes[p.name] = p.global_shape;
+    if (p.unit == 1) block1.push_back(p.name);
+    EXPECT_EQ(p.trained, p.name.find("router.bias") == std::string::npos) << p.name;
+  }
+  // Each projection's E experts back to back (the stack the grouped pass reads).
+  const std::string e = "model.layers.1.mlp.experts.";
+  const std::vector<std::string> mlp(block1.begin() + 6, block1.end());
+  EXPECT_EQ(mlp, (std::vector<std::string>{
+                     "model.layers.1.mlp.router.weight", "model.layers.1.mlp.router.bias",
+                     e + "0.gate_proj.weight", e + "1.gate_proj.weight", e + "2.gate_proj.weight",
+                     e + "3.gate_proj.weight", e + "0.up_proj.weight", e + "1.up_proj.weight",
+                     e + "2.up_proj.weight", e + "3.up_proj.weight", e + "0.down_proj.weight",
+                     e + "1.down_proj.weight", e + "2.down_proj.weight", e + "3.down_proj.weight",
+                     "model.layers.1.mlp.shared_experts.gate_proj.weight",
+                     "model.layers.1.mlp.shared_experts.up_proj.weight",
+                     "model.layers.1.mlp.shared_experts.down_proj.weight"}));
+  EXPECT_EQ(shapes.count("model.layers.0.mlp.gate_proj.weight"), 1u);
+  EXPECT_EQ(shapes.count("model.layers.0.mlp.router.weight"), 0u);
+  EXPECT_EQ(shapes.count("model.layers.1.mlp.gate_proj.weight"), 0u);
+  EXPECT_EQ(shapes["model.layers.1.mlp.router.weight"], (std::vector<int64_t>{4, 64}));
+  EXPECT_EQ(shapes["model.layers.1.mlp.router.bias"], (std::vector<int64_t>{4}));
+  EXPECT_EQ(shapes["model.layers.3.mlp.experts.3.gate_proj.weight"],
+            (std::vector<int64_t>{32, 64}));
+  EXPECT_EQ(shapes["model.layers.3.mlp.experts.2.down_proj.weight"],
+            (std::vector<int64_t>{64, 32}));
+  EXPECT_EQ(shapes["model.layers.2.mlp.shared_experts.down_proj.weight"],
+            (std::vector<int64_t>{64, 32}));
+  // Flops: the routed experts count K/E of their matrices (2 of 4 here).
+  const int64_t attention = 2 * (64 * 64 + 2 * 32 * 64 + 64 * 64);
+  const int64_t moe = 2 * (4 * 64 + 3 * 32 * 64 * 4 / 2 + 3 * 32 * 64);
+  EXPECT_EQ(block_flops_per_token(m, 1, 1).matmul, static_cast<double>(attention + moe));
+  EXPECT_EQ(block_flops_per_token(m, 1, 0).matmul,
+            static_cast<double>(attention + 2 * 3 * 176 * 64));
+}
+
+TEST(ModelSpec, RowsHaveDistinctNamesAndScratchFollowsItsTable) {
+  for (const bool moe : {false, true}) {
+    SCOPED_TRACE(moe ? "mixture of experts" : "dense");
+    SpecOptions o;
+    o.storage = ActivationStorage::kBf16Copies;
+    o.split_backward = true;
+    o.micro_rows = 2;
+    o.chunk_slots = {1};
+    const ActivationSpec spec = activation_spec(moe ? small_moe_model() : small_model(),
+                                                {{{0, 4, true, true}}, 2, true, 2}, o);
+    std::vector<std::string> names;
+    for (const auto& t : spec.chunks[0].per_slot) names.push_back(t.name());
+    for (const auto& t : spec.scratch) names.push_back(t.name());
+    std::vector<std::string> sorted = names;
+    std::sort(sorted.begin(), sorted.end());
+    EXPECT_EQ(std::adjacent_find(sorted.begin(), sorted.end()), sorted.end());
+    int last = -1, scratch_rows = 0;
+    bool work_seen = false;
+    for (const auto& t : spec.scratch) {
+      if (t.role == SpecTensor::Role::kWorkBlock) {
+        EXPECT_LT(last, static_cast<int>(ScratchBuf::kTpBf16)) << t.name();
+        work_seen = true;
+        continue;
+      }
+      EXPECT_GT(t.index, last) << t.name();
+      last = t.index;
+      ++scratch_rows;
+    }
+    EXPECT_TRUE(work_seen);
+    // sp, cp, the last chunk and bf16 copies: every row but a dense model's 11 MoE rows.
+    EXPECT_EQ(scratch_rows, kScratchBufs - (moe ? 0 : 11));
+  }
 }
 
 }  // namespace
