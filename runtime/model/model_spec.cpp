@@ -138,7 +138,9 @@ std::vector<SpecTensor> scratch_spec(const ModelDims& d, const SpecLayout& layou
     // before the TP staging buffers.
     if (buf == ScratchBuf::kTpBf16 && (o.checkpoint_every > 0 || x.copies))
       b.block(s, Role::kWorkBlock, -1);
-    if (present) s.push_back({Role::kScratch, static_cast<int>(buf), -1, dtype, elems});
+    // A row of 0 elements (the dense MLP's backward where no block has one) is absent.
+    if (present && elems > 0)
+      s.push_back({Role::kScratch, static_cast<int>(buf), -1, dtype, elems});
   };
 #define T3D_ROW(e, member, name, type, precision, present, elems) \
   row(ScratchBuf::e, precision, present, elems);

@@ -463,15 +463,17 @@ struct Trainer::Impl {
     if (!expert_counts.empty()) mesh.dp_cp().all_reduce(expert_counts.data(), expert_counts.size());
     model->reset_moe_stats();
     const size_t E = static_cast<size_t>(r.model.n_experts);
-    double imbalance = 0;
+    double largest[2] = {0, 0};  // imbalance, slots
     for (size_t b = 0; b < expert_counts.size(); b += E) {
       double total = 0, busiest = 0;
       for (size_t e = b; e < b + E; ++e)
         total += expert_counts[e], busiest = std::max(busiest, expert_counts[e]);
-      if (total > 0) imbalance = std::max(imbalance, busiest * static_cast<double>(E) / total);
+      if (total > 0) largest[0] = std::max(largest[0], busiest * static_cast<double>(E) / total);
+      largest[1] = std::max(largest[1], total);
     }
-    mesh.world().all_reduce(&imbalance, 1, parallel::ReduceOp::max);
-    rec.expert_imbalance = imbalance;
+    mesh.world().all_reduce(largest, 2, parallel::ReduceOp::max);
+    rec.expert_imbalance = largest[0];
+    rec.routed_slots = largest[1];
     return {&model->moe_layers(), &expert_counts, static_cast<float>(r.model.router_bias_rate)};
   }
 
@@ -513,6 +515,7 @@ struct Trainer::Impl {
     if (r.model.moe()) {
       fields.push_back({"aux_loss", rec.aux_loss});
       fields.push_back({"expert_imbalance", rec.expert_imbalance});
+      fields.push_back({"routed_slots", rec.routed_slots});
     }
     metrics->write(fields);
     const int64_t steps = r.train.steps;

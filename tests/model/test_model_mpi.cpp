@@ -281,6 +281,9 @@ TEST(ModelMpi, BoundRowsTileTheArena) {
     cases.push_back({"context parallelism", whole(cfg.n_layers), &self, cp});
   }
   const auto moe = moe_config();
+  auto moe_only = moe_config();  // no dense MLP anywhere: its backward's scratch is absent
+  moe_only.dense_layers = 0;
+  moe_only.n_shared_experts = 0;
   {
     runtime::ModelOptions o{2, 2, false};
     o.split_backward = true;
@@ -295,6 +298,8 @@ TEST(ModelMpi, BoundRowsTileTheArena) {
     runtime::ModelOptions stored{2, 1, false};
     stored.bf16 = true;
     cases.push_back({"mixture of experts: bf16 copies", whole(2), &self, stored, &moe});
+    cases.push_back({"only mixtures of experts, no shared expert", whole(2), &self,
+                     runtime::ModelOptions{2, 1, false}, &moe_only});
   }
   for (const auto& c : cases) {
     SCOPED_TRACE(c.what);
