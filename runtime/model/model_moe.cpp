@@ -96,6 +96,8 @@ void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, con
                           s.moe_rows, a.egate, a.eup, a.eh, w.expert_gate, w.expert_up,
                           w.expert_down, offsets, {E, C, Fe});
   k::moe_combine(s.dxn, s.moe_grad, nullptr, s.moe_row_of_slot, N, K, C, k::Out::kWrite);
+  // Each tp rank holds a slice of every expert's width: its gate gradients are partial sums.
+  if (tp_.size() > 1) tp_.all_reduce(s.moe_dgates, static_cast<size_t>(S));
   if (block_has(config_, l, BlockWeight::kSharedGate)) {
     const int64_t Fs = config_.shared_ffn_dim() / tp_.size();
     k::linear_backward_input(kind, s.dh, dy, w.shared_down, N, Fs, C);
@@ -117,10 +119,17 @@ void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, con
     dscores_aux = s.moe_dscores;
   }
   k::moe_route_backward(s.moe_dlogits, s.moe_dgates, dscores_aux, a.scores, chosen, r);
+  // The router is replicated over tp and every rank's dlogits are the same: its part of the
+  // input gradient joins the others' partial sums on one rank only. Its weight gradient is
+  // whole on every rank, or with sequence parallelism this rank's rows' part, which
+  // sum_replicated_grads adds up over tp as it does the norms'.
   const k::GemmKind rk = router_kind(kind);
-  k::linear_backward_input(rk, s.dtmp, s.moe_dlogits, w.router, N, C, E);
-  k::add_inplace(s.dxn, s.dtmp, N * C);
-  k::linear_backward_weight(rk, g.router, s.moe_dlogits, a.xn2, N, C, E);
+  if (tp_.rank() == 0) {
+    k::linear_backward_input(rk, s.dtmp, s.moe_dlogits, w.router, N, C, E);
+    k::add_inplace(s.dxn, s.dtmp, N * C);
+  }
+  const int64_t first = sp_ ? tp_.rank() * rows_local_ : 0, rows = sp_ ? rows_local_ : N;
+  k::linear_backward_weight(rk, g.router, s.moe_dlogits + first * E, a.xn2 + first * C, rows, C, E);
 }
 
 }  // namespace t3d::runtime

@@ -656,10 +656,14 @@ void validate_parallel(const Recipe& r) {
                 " (vocab-parallel embedding and loss)");
   v.require(m.ffn_dim % p.tp == 0, "parallel.tp",
             "model.ffn_dim = " + is(m.ffn_dim) + " is not divisible by tp = " + is(p.tp));
-  v.require(
-      !m.moe() || p.tp == 1, "parallel.tp",
-      "a mixture-of-experts model (model.n_experts > 0) trains with tp = 1 so far, got tp = " +
-          is(p.tp) + "; use dp, pp or cp instead");
+  if (m.moe()) {
+    v.require(m.moe_ffn_dim % p.tp == 0 && m.moe_ffn_dim / p.tp * m.dim % 16 == 0, "parallel.tp",
+              "model.moe_ffn_dim = " + is(m.moe_ffn_dim) + " must split over tp = " + is(p.tp) +
+                  " into slices whose matrices (slice·dim) are multiples of 16 floats");
+    v.require(m.shared_ffn_dim() % p.tp == 0, "parallel.tp",
+              "the shared experts' width n_shared_experts·moe_ffn_dim = " + is(m.shared_ffn_dim()) +
+                  " is not divisible by tp = " + is(p.tp));
+  }
   v.require(!m.moe() || m.router_aux_coef == 0 || p.cp == 1, "model.router_aux_coef",
             "the sequence-wise auxiliary loss needs whole sequences on a rank: parallel.cp = 1, "
             "or router_aux_coef = 0 (router_bias_rate balances without it)");

@@ -4,7 +4,8 @@
 #  1. The loss falls; each step counts every token slot once per block (routed_slots), also
 #     with activation checkpointing and with 4 micro-batches.
 #  2. Layout parity over 50 steps: the 1-rank run against dp2, dp2 with ZeRO-3, pp2 (1f1b, zb_h1,
-#     interleaved), pp2 × dp2 with ZeRO-1, 4 micro-batches: the same losses within 1e-5 relative
+#     interleaved), pp2 × dp2 with ZeRO-1, 4 micro-batches, tp2 with and without sequence
+#     parallelism, pp2 × dp2 × tp2 with SP and ZeRO-1: the same losses within 1e-5 relative
 #     (fp32: only the order of additions differs, and no token changes its experts); activation
 #     checkpointing: the same bits. cp2 against 1 rank without the auxiliary loss. bf16 (stored
 #     activations, and bf16 GEMMs where the CPU has them): pp2 × dp2 against 1 rank within 1e-3.
@@ -66,7 +67,10 @@ for layout in "dp2 --set parallel.dp=2" \
               "pp2_zb_h1 --set parallel.pp=2 --set parallel.schedule=zb_h1" \
               "pp2_interleaved --set parallel.pp=2 --set parallel.schedule=interleaved_1f1b --set parallel.virtual_stages=2" \
               "pp2_dp2_zero1 --set parallel.pp=2 --set parallel.dp=2 --set parallel.zero=1" \
-              "micro4 --set train.micro_batches=4"; do
+              "micro4 --set train.micro_batches=4" \
+              "tp2 --set parallel.tp=2" \
+              "tp2_sp --set parallel.tp=2 --set parallel.sequence_parallel=true" \
+              "pp2_dp2_tp2_sp_zero1 --set parallel.pp=2 --set parallel.dp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true --set parallel.zero=1"; do
   # shellcheck disable=SC2086
   run $layout
   within "${layout%% *}" reference 1e-5
@@ -137,7 +141,7 @@ refused model.experts_per_token --set model.experts_per_token=5
 refused model.dense_layers --set model.dense_layers=4
 refused model.capacity_factor --set model.capacity_factor=1.25
 refused model.router_score --set model.router_score=relu
-refused parallel.tp --set parallel.tp=2
+refused parallel.tp --set parallel.tp=2 --set model.moe_ffn_dim=33
 refused model.router_aux_coef --set parallel.cp=2
 refused model.n_experts --set model.n_experts=-1
 exit $fail

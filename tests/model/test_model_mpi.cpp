@@ -164,31 +164,34 @@ TEST(ModelMpi, TensorParallelShardsEqualTheWholeModel) {
   auto world = parallel::Comm::world(60.0);
   ASSERT_EQ(world.size(), 2);
   const auto self = world.split(world.rank(), 0, "self");
-  const auto cfg = tiny_config();
-  const Batch b = make_batch(2, cfg.seq_len, cfg.vocab_size);
-  kernels::Arena arena(128 << 20);
-  Model full(cfg, whole(cfg.n_layers), self, arena, {2, 1, false});
-  Model shard(cfg, whole(cfg.n_layers), world, arena, {2, 1, false});  // tp = 2
-  full.init(5);
-  shard.init(5);
-  const double loss_full = loss_of(full, b, true);
-  const double loss_shard = loss_of(shard, b, true);
-  EXPECT_NEAR(loss_shard, loss_full, 1e-5 * std::fabs(loss_full));
-  // Each shard's parameters and gradients are exactly its slice of the whole model's.
-  for (const auto& p : full.params()) {
-    const auto wf = full.state().params.view(p.name), gf = full.state().grads.view(p.name);
-    const auto ws = shard.state().params.view(p.name), gs = shard.state().grads.view(p.name);
-    const int64_t rows = ws.dim(0), cols = p.global_shape.size() > 1 ? ws.dim(1) : 1;
-    const int64_t full_cols = p.global_shape.size() > 1 ? p.global_shape[1] : 1;
-    const int64_t r0 = p.split_dim == 0 ? rows * world.rank() : 0;
-    const int64_t c0 = p.split_dim == 1 ? cols * world.rank() : 0;
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t c = 0; c < cols; ++c) {
-        const int64_t i = r * cols + c, j = (r0 + r) * full_cols + c0 + c;
-        ASSERT_EQ(ws.data[i], wf.data[j]) << p.name << " init differs at " << j;
-        ASSERT_NEAR(gs.data[i], gf.data[j], 1e-5 + 1e-4 * std::fabs(gf.data[j]))
-            << p.name << " gradient differs at " << j;
-      }
+  for (const bool moe : {false, true}) {
+    SCOPED_TRACE(moe ? "mixture of experts" : "dense");
+    const auto cfg = moe ? moe_config() : tiny_config();
+    const Batch b = make_batch(2, cfg.seq_len, cfg.vocab_size);
+    kernels::Arena arena(128 << 20);
+    Model full(cfg, whole(cfg.n_layers), self, arena, {2, 1, false});
+    Model shard(cfg, whole(cfg.n_layers), world, arena, {2, 1, false});  // tp = 2
+    full.init(5);
+    shard.init(5);
+    const double loss_full = loss_of(full, b, true);
+    const double loss_shard = loss_of(shard, b, true);
+    EXPECT_NEAR(loss_shard, loss_full, 1e-5 * std::fabs(loss_full));
+    // Each shard's parameters and gradients are exactly its slice of the whole model's.
+    for (const auto& p : full.params()) {
+      const auto wf = full.state().params.view(p.name), gf = full.state().grads.view(p.name);
+      const auto ws = shard.state().params.view(p.name), gs = shard.state().grads.view(p.name);
+      const int64_t rows = ws.dim(0), cols = p.global_shape.size() > 1 ? ws.dim(1) : 1;
+      const int64_t full_cols = p.global_shape.size() > 1 ? p.global_shape[1] : 1;
+      const int64_t r0 = p.split_dim == 0 ? rows * world.rank() : 0;
+      const int64_t c0 = p.split_dim == 1 ? cols * world.rank() : 0;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) {
+          const int64_t i = r * cols + c, j = (r0 + r) * full_cols + c0 + c;
+          ASSERT_EQ(ws.data[i], wf.data[j]) << p.name << " init differs at " << j;
+          ASSERT_NEAR(gs.data[i], gf.data[j], 1e-5 + 1e-4 * std::fabs(gf.data[j]))
+              << p.name << " gradient differs at " << j;
+        }
+    }
   }
 }
 
