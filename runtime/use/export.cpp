@@ -25,6 +25,39 @@ std::vector<GlobalTensor> llama_tensor_table(const ModelConfig& m) {
   return t;
 }
 
+std::string hf_tensor_name(const ModelConfig& m, const std::string& name) {
+  if (!m.moe()) return name;
+  const auto swap = [](std::string s, const std::string& from, const std::string& to) {
+    const size_t at = s.find(from);
+    if (at != std::string::npos) s.replace(at, from.size(), to);
+    return s;
+  };
+  if (name.ends_with(".mlp.router.weight"))
+    return swap(name, ".mlp.router.weight", ".block_sparse_moe.gate.weight");
+  if (name.find(".mlp.experts.") == std::string::npos) return name;
+  const std::string s = swap(name, ".mlp.experts.", ".block_sparse_moe.experts.");
+  for (const auto& [from, to] : {std::pair<std::string, std::string>{".gate_proj.", ".w1."},
+                                 {".down_proj.", ".w2."},
+                                 {".up_proj.", ".w3."}})
+    if (s.find(from) != std::string::npos) return swap(s, from, to);
+  return s;
+}
+
+void check_mixtral_layout(const ModelConfig& m, const std::string& what) {
+  const auto refuse = [&](bool bad, const char* key, const std::string& why) {
+    T3D_USER_CHECK(!bad, what, ": ", key, " = ", why,
+                   "; Mixtral's layout (the one mixture of experts titan3d exports and imports) "
+                   "has no place for it");
+  };
+  refuse(m.n_shared_experts > 0, "model.n_shared_experts", std::to_string(m.n_shared_experts));
+  refuse(m.dense_layers > 0, "model.dense_layers", std::to_string(m.dense_layers));
+  refuse(m.router_score != kernels::RouterScore::kSoftmax, "model.router_score", "\"sigmoid\"");
+  refuse(!m.router_norm_topk, "model.router_norm_topk", "false");
+  refuse(m.router_scale != 1.0, "model.router_scale", fmt::format("{}", m.router_scale));
+  refuse(m.router_bias_rate > 0, "model.router_bias_rate",
+         fmt::format("{} (a selection bias)", m.router_bias_rate));
+}
+
 const GlobalTensor& SnapshotWeights::at(const std::string& name) const {
   for (const auto& t : tensors)
     if (t.name == name) return t;
@@ -57,8 +90,8 @@ std::string llama_config_json(const ModelConfig& m, const std::string& dtype, bo
   // The byte tokenizer has no BOS/EOS (ids are bytes); SentencePiece's are <s> = 1, </s> = 2.
   return fmt::format(
       "{{\n"
-      "  \"architectures\": [\"LlamaForCausalLM\"],\n"
-      "  \"model_type\": \"llama\",\n"
+      "  \"architectures\": [\"{}\"],\n"
+      "  \"model_type\": \"{}\",\n"
       "  \"vocab_size\": {},\n"
       "  \"hidden_size\": {},\n"
       "  \"intermediate_size\": {},\n"
@@ -80,11 +113,18 @@ std::string llama_config_json(const ModelConfig& m, const std::string& dtype, bo
       "  \"use_cache\": true,\n"
       "  \"bos_token_id\": {},\n"
       "  \"eos_token_id\": {},\n"
-      "  \"torch_dtype\": \"{}\"\n"
+      "  \"torch_dtype\": \"{}\"{}\n"
       "}}\n",
-      m.vocab_size, m.dim, m.ffn_dim, m.n_layers, m.n_heads, m.n_kv_heads, m.head_dim(), m.seq_len,
-      m.norm_eps, m.rope_theta, m.tie_embeddings ? "true" : "false", special_ids ? "1" : "null",
-      special_ids ? "2" : "null", dtype);
+      m.moe() ? "MixtralForCausalLM" : "LlamaForCausalLM", m.moe() ? "mixtral" : "llama",
+      m.vocab_size, m.dim, m.moe() ? m.moe_ffn_dim : m.ffn_dim, m.n_layers, m.n_heads, m.n_kv_heads,
+      m.head_dim(), m.seq_len, m.norm_eps, m.rope_theta, m.tie_embeddings ? "true" : "false",
+      special_ids ? "1" : "null", special_ids ? "2" : "null", dtype,
+      // Mixtral's keys; titan3d's auxiliary loss is per sequence (docs/moe.md), not Mixtral's.
+      m.moe() ? fmt::format(",\n  \"num_local_experts\": {},\n  \"num_experts_per_tok\": {},\n"
+                            "  \"router_aux_loss_coef\": {},\n  \"output_router_logits\": false,\n"
+                            "  \"router_jitter_noise\": 0.0,\n  \"sliding_window\": null",
+                            m.n_experts, m.experts_per_token, m.router_aux_coef)
+              : "");
 }
 
 std::string llama_tokenizer_config_json(const ModelConfig& m, bool add_bos) {
@@ -111,9 +151,7 @@ ExportSummary export_snapshot(const std::string& snapshot, const std::string& ou
                  "`; give fp32 or bf16");
   const bool bf16 = options.dtype == "bf16";
   const SnapshotWeights w = load_snapshot_weights(snapshot);
-  T3D_USER_CHECK(!w.recipe.model.moe(), "`", snapshot,
-                 "` holds a mixture-of-experts model (model.n_experts = ", w.recipe.model.n_experts,
-                 "): `export` writes dense LLaMA models only so far");
+  if (w.recipe.model.moe()) check_mixtral_layout(w.recipe.model, "`" + snapshot + "`");
   const TextTokenizer tokenizer = TextTokenizer::open(w.recipe.data.tokenizer);
   std::error_code ec;
   const bool existed = fs::exists(out_dir);
@@ -125,8 +163,11 @@ ExportSummary export_snapshot(const std::string& snapshot, const std::string& ou
   s.safetensors = (fs::path(out_dir) / "model.safetensors").string();
   s.config = (fs::path(out_dir) / "config.json").string();
   std::vector<ck::TensorRef> refs;
-  for (const auto& t : w.tensors) {
-    refs.push_back({t.name, t.shape, t.data.data()});
+  std::vector<std::string> names;  // Hugging Face's, kept alive for refs
+  for (const auto& t : w.tensors) names.push_back(hf_tensor_name(w.recipe.model, t.name));
+  for (size_t i = 0; i < w.tensors.size(); ++i) {
+    const auto& t = w.tensors[i];
+    refs.push_back({names[i], t.shape, t.data.data()});
     s.parameters += static_cast<int64_t>(t.data.size());
   }
   s.tensors = static_cast<int64_t>(refs.size());

@@ -26,6 +26,16 @@ struct GlobalTensor {
 // (runtime/model/model_spec.h, param_table), data still empty.
 std::vector<GlobalTensor> llama_tensor_table(const ModelConfig& config);
 
+// A tensor's name in the Hugging Face model `export` writes and `import` reads: the table's own
+// name, except in a mixture of experts, which is Mixtral's (MixtralForCausalLM): the router
+// `mlp.router.weight` is `block_sparse_moe.gate.weight`, expert e's gate, down and up
+// projections `block_sparse_moe.experts.<e>.w1 / w2 / w3.weight`.
+std::string hf_tensor_name(const ModelConfig& config, const std::string& name);
+// UserError unless Mixtral's layout can hold the mixture of experts `config` (the key that
+// prevents it named): softmax router over normalised top-k gates, no shared experts, no dense
+// blocks, no selection bias, no gate scale. `what` names the model in the message.
+void check_mixtral_layout(const ModelConfig& config, const std::string& what);
+
 struct SnapshotWeights {
   std::string path;  // the snapshot's index file
   Recipe recipe;     // the recipe stored in the snapshot (its model shape)
@@ -39,7 +49,8 @@ struct SnapshotWeights {
 // UserError naming the file when it is missing, incomplete, damaged or not a snapshot.
 SnapshotWeights load_snapshot_weights(const std::string& snapshot);
 
-// config.json for transformers' LlamaForCausalLM describing `config`. `dtype`: "float32" or
+// config.json for transformers' LlamaForCausalLM (MixtralForCausalLM for a mixture of experts)
+// describing `config`. `dtype`: "float32" or
 // "bfloat16" (torch_dtype). `special_ids`: a SentencePiece tokenizer's <s> = 1 and </s> = 2 are
 // named as bos / eos; the byte tokenizer has none (null).
 std::string llama_config_json(const ModelConfig& config, const std::string& dtype = "float32",

@@ -83,7 +83,10 @@ void check_model_limits(const ModelConfig& m, const std::string& src) {
         {"model.ffn_dim", "intermediate_size"},
         {"model.seq_len", "max_position_embeddings"},
         {"model.norm_eps", "rms_norm_eps"},
-        {"model.rope_theta", "rope_theta"}};
+        {"model.rope_theta", "rope_theta"},
+        {"model.n_experts", "num_local_experts"},
+        {"model.experts_per_token", "num_experts_per_tok"},
+        {"model.moe_ffn_dim", "intermediate_size"}};
     std::string named;
     for (const auto& [recipe_key, config_key] : keys)
       if (std::string(e.what()).find(recipe_key) != std::string::npos)
@@ -93,15 +96,21 @@ void check_model_limits(const ModelConfig& m, const std::string& src) {
   }
 }
 
-void check_architecture(const json& c, const std::string& src) {
-  T3D_USER_CHECK(c.contains("model_type") && c.at("model_type") == "llama", src,
+// true for Mixtral (a mixture of experts), false for LLaMA; UserError for anything else.
+bool check_architecture(const json& c, const std::string& src) {
+  const bool mixtral = c.contains("model_type") && c.at("model_type") == "mixtral";
+  T3D_USER_CHECK(mixtral || (c.contains("model_type") && c.at("model_type") == "llama"), src,
                  ": `model_type` is ",
                  c.contains("model_type") ? c.at("model_type").dump() : "absent",
-                 "; titan3d imports LLaMA models (model_type \"llama\")");
-  if (!c.contains("architectures")) return;
+                 "; titan3d imports LLaMA models (model_type \"llama\") and Mixtral's mixtures of "
+                 "experts (\"mixtral\")");
+  if (!c.contains("architectures")) return mixtral;
   const auto& a = c.at("architectures");
-  T3D_USER_CHECK(a.is_array() && std::find(a.begin(), a.end(), "LlamaForCausalLM") != a.end(), src,
-                 ": `architectures` is ", a.dump(), "; titan3d imports LlamaForCausalLM");
+  const char* architecture = mixtral ? "MixtralForCausalLM" : "LlamaForCausalLM";
+  T3D_USER_CHECK(a.is_array() && std::find(a.begin(), a.end(), architecture) != a.end(), src,
+                 ": `architectures` is ", a.dump(), "; titan3d imports ", architecture,
+                 " for this model_type");
+  return mixtral;
 }
 
 }  // namespace
@@ -110,7 +119,7 @@ ModelConfig llama_model_from_config(const std::string& text, const std::string& 
                                     std::vector<std::string>* notes) {
   const json c = ck::parse_json_text(text, src);
   T3D_USER_CHECK(c.is_object(), src, " is not a JSON object");
-  check_architecture(c, src);
+  const bool mixtral = check_architecture(c, src);
   refuse_unless(c, src, "rope_scaling", nullptr, "titan3d's RoPE has no scaling");
   refuse_unless(c, src, "attention_bias", false, "titan3d's attention projections have no bias");
   refuse_unless(c, src, "mlp_bias", false, "titan3d's MLP projections have no bias");
@@ -137,6 +146,22 @@ ModelConfig llama_model_from_config(const std::string& text, const std::string& 
                                         "model.rope_theta = 10000 (transformers' default)", notes);
   m.tie_embeddings = optional_value<bool>(c, src, "tie_word_embeddings", false,
                                           "untied (transformers' default)", notes);
+  if (mixtral) {
+    // Mixtral: every block a mixture of experts of intermediate_size each, softmax router over
+    // normalised top-k gates (docs/moe.md).
+    refuse_unless(c, src, "sliding_window", nullptr, "titan3d's attention is fully causal");
+    m.n_experts = required_int(c, src, "num_local_experts");
+    m.experts_per_token = required_int(c, src, "num_experts_per_tok");
+    m.moe_ffn_dim = m.ffn_dim;
+    if (c.contains("router_aux_loss_coef") && !c.at("router_aux_loss_coef").is_null())
+      notes->push_back("`router_aux_loss_coef` " + c.at("router_aux_loss_coef").dump() +
+                       " not taken: titan3d's auxiliary loss is per sequence (docs/moe.md); set "
+                       "model.router_aux_coef to fine-tune with one");
+    if (c.contains("router_jitter_noise") && c.at("router_jitter_noise") != 0 &&
+        !c.at("router_jitter_noise").is_null())
+      notes->push_back("`router_jitter_noise` " + c.at("router_jitter_noise").dump() +
+                       " ignored: titan3d's router adds no noise");
+  }
   if (c.contains("pretraining_tp") && c.at("pretraining_tp") != 1)
     notes->push_back("`pretraining_tp` is " + c.at("pretraining_tp").dump() +
                      ": ignored (it slices the same products; the values do not change)");
@@ -199,20 +224,19 @@ std::vector<GlobalTensor> read_tensors(
   std::set<std::string> known;
   std::set<std::string> dtypes;
   for (auto& t : table) {
-    known.insert(t.name);
-    const auto it = where.find(t.name);
-    T3D_USER_CHECK(
-        it != where.end(), "the weights have no tensor `", t.name, "`",
-        t.name == "lm_head.weight" ? " (config.json: tie_word_embeddings is false)" : "");
-    const ck::StEntry& e = it->second->entries().at(t.name);
-    T3D_USER_CHECK(e.shape == t.shape, "`", it->second->path(), "`: tensor `", t.name,
-                   "` has shape ", json(e.shape).dump(), " but config.json implies ",
-                   json(t.shape).dump());
-    t.data = it->second->read_f32(t.name);
+    const std::string hf = hf_tensor_name(m, t.name);  // Mixtral's names for the experts
+    known.insert(hf);
+    const auto it = where.find(hf);
+    T3D_USER_CHECK(it != where.end(), "the weights have no tensor `", hf, "`",
+                   hf == "lm_head.weight" ? " (config.json: tie_word_embeddings is false)" : "");
+    const ck::StEntry& e = it->second->entries().at(hf);
+    T3D_USER_CHECK(e.shape == t.shape, "`", it->second->path(), "`: tensor `", hf, "` has shape ",
+                   json(e.shape).dump(), " but config.json implies ", json(t.shape).dump());
+    t.data = it->second->read_f32(hf);
     // A weight that is NaN or infinite makes every loss NaN: refused, not trained from.
     const auto bad =
         std::find_if(t.data.begin(), t.data.end(), [](float v) { return !std::isfinite(v); });
-    T3D_USER_CHECK(bad == t.data.end(), "`", it->second->path(), "`: tensor `", t.name, "` holds ",
+    T3D_USER_CHECK(bad == t.data.end(), "`", it->second->path(), "`: tensor `", hf, "` holds ",
                    *bad, " at element ", bad - t.data.begin(),
                    " (flat index); a model with non-finite weights cannot be trained or used. "
                    "Import a sound copy of the weights.");

@@ -12,7 +12,9 @@
 #  3. The auxiliary loss of step 1 is the same whatever the micro-batches and pp (a 1/micro-batch
 #     factor would show), and the selection bias moves (aux-loss-free balancing).
 #  4. Snapshots: resume bit for bit on the same layout, and onto dp2 within the parity tolerance.
-#  5. eval and generate run on a MoE snapshot; export refuses it; bad MoE keys exit 2 naming them.
+#  5. eval and generate run on a MoE snapshot; export / import in Mixtral's layout, bit-exact both
+#     ways in fp32 and bf16, refused (naming the key) for what Mixtral cannot hold; bad MoE keys
+#     exit 2 naming them.
 set -u
 titan3d=$1
 source "$(dirname "$0")/lib.sh"
@@ -128,7 +130,30 @@ check "[ $? -eq 0 ] && grep -q loss $work/eval.out" "eval runs on a MoE snapshot
 check "[ $? -eq 0 ] && [ \$(wc -c < $work/gen.out) -ge 20 ]" "generate runs on a MoE snapshot" || tail -3 "$work/gen.out"
 "$titan3d" export "$snap" --out "$work/export" > "$work/export.out" 2>&1
 rc=$?
-check "[ $rc -eq 2 ] && grep -q 'mixture-of-experts' $work/export.out" "export refuses a MoE snapshot (rc $rc)"
+check "[ $rc -eq 2 ] && grep -q 'model.n_shared_experts' $work/export.out" \
+  "export refuses a MoE that Mixtral's layout cannot hold, naming the key (rc $rc)"
+# Mixtral's layout: export, import, export again: the same bytes (fp32 and bf16); the import
+# evaluates as the original (PyTorch's Mixtral agrees: use_torch_crosscheck).
+st() { /usr/bin/python3 "$repo/tests/use/safetensors_tool.py" "$@"; }
+# One micro-batch, as the import records: eval then runs the same GEMM shapes on both.
+run mixtral --set model.n_shared_experts=0 --set model.dense_layers=0 --set model.router_bias_rate=0 \
+  --set train.steps=10 --set snapshot.every=10 --set train.micro_batches=1
+msnap=$work/mixtral/snapshots/step_00000010.h5
+for dtype in fp32 bf16; do
+  "$titan3d" export "$msnap" --dtype $dtype --out "$work/hf_$dtype" > /dev/null 2>&1 &&
+    "$titan3d" import "$work/hf_$dtype" --out "$work/imp_$dtype" > "$work/imp_$dtype.log" 2>&1 &&
+    "$titan3d" export "$work/imp_$dtype/step_00000000.h5" --dtype $dtype --out "$work/hf2_$dtype" > /dev/null 2>&1
+  check "[ $? -eq 0 ] && st same $work/hf_$dtype/model.safetensors $work/hf2_$dtype/model.safetensors" \
+    "Mixtral round trip ($dtype): export∘import∘export is bit-exact" || cat "$work/imp_$dtype.log"
+done
+check "grep -q '\"model_type\": \"mixtral\"' $work/hf_fp32/config.json && grep -q '\"num_local_experts\": 4' $work/hf_fp32/config.json" \
+  "the export is Mixtral's config"
+"$titan3d" eval "$msnap" --data "$corpus" --batches 4 --json "$work/me1.json" > /dev/null 2>&1
+"$titan3d" eval "$work/imp_fp32/step_00000000.h5" --data "$corpus" --batches 4 --json "$work/me2.json" > /dev/null 2>&1
+json_loss() { sed -E 's/.*"loss": ([^,}]+).*/\1/' "$1"; }
+original=$(json_loss "$work/me1.json") imported=$(json_loss "$work/me2.json")
+check "[ -n '$original' ] && [ '$original' = '$imported' ]" \
+  "the imported Mixtral's eval equals the original's ($original, $imported)"
 refused() {  # refused KEY [--set ...]: exit 2 naming KEY
   local key=$1; shift
   "$titan3d" train "$repo/recipes/tiny.toml" "${common[@]}" --set run.dir="$work/refused" "$@" \

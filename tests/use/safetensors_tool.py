@@ -6,6 +6,8 @@
   widened HALF F32      exit 0 when F32's tensors are HALF's (BF16 or F16) widened exactly
   shard SRC DIR N       writes SRC's tensors as N files + model.safetensors.index.json in DIR
   f16 SRC DST           writes SRC's tensors as F16 (rounded by numpy) to DST
+  mixtral DIR           writes a small random Mixtral (MixtralForCausalLM: config.json and
+                        model.safetensors, Hugging Face's names) to DIR
 """
 import json
 import os
@@ -93,6 +95,42 @@ def main():
     if cmd == "f16":
         src = read(args[0])
         write(args[1], {k: ("F16", widen(d, x).astype(np.float16)) for k, (d, x) in src.items()})
+        return 0
+    if cmd == "mixtral":
+        out = args[0]
+        os.makedirs(out, exist_ok=True)
+        V, C, L, H, Hkv, F, E, K, T = 256, 64, 2, 4, 2, 48, 4, 2, 32
+        config = {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+                  "vocab_size": V, "hidden_size": C, "intermediate_size": F,
+                  "num_hidden_layers": L, "num_attention_heads": H, "num_key_value_heads": Hkv,
+                  "max_position_embeddings": T, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
+                  "num_local_experts": E, "num_experts_per_tok": K, "router_aux_loss_coef": 0.02,
+                  "sliding_window": None, "tie_word_embeddings": False, "hidden_act": "silu"}
+        with open(os.path.join(out, "config.json"), "w") as f:
+            json.dump(config, f)
+        rng = np.random.default_rng(5)
+        t = {}
+        def put(name, *shape, ones=False):
+            x = np.ones(shape) if ones else rng.normal(0, 0.08, shape)
+            t[name] = ("F32", x.astype(np.float32))
+        put("model.embed_tokens.weight", V, C)
+        for l in range(L):
+            p = f"model.layers.{l}."
+            put(p + "input_layernorm.weight", C, ones=True)
+            put(p + "self_attn.q_proj.weight", C, C)
+            put(p + "self_attn.k_proj.weight", Hkv * C // H, C)
+            put(p + "self_attn.v_proj.weight", Hkv * C // H, C)
+            put(p + "self_attn.o_proj.weight", C, C)
+            put(p + "post_attention_layernorm.weight", C, ones=True)
+            put(p + "block_sparse_moe.gate.weight", E, C)
+            for e in range(E):
+                q = p + f"block_sparse_moe.experts.{e}."
+                put(q + "w1.weight", F, C)
+                put(q + "w2.weight", C, F)
+                put(q + "w3.weight", F, C)
+        put("model.norm.weight", C, ones=True)
+        put("lm_head.weight", V, C)
+        write(os.path.join(out, "model.safetensors"), t)
         return 0
     print(__doc__)
     return 2

@@ -36,4 +36,34 @@ check "[ \$? -eq 0 ]" "import the exported files" || cat "$work/import.log"
 check "[ \$? -eq 0 ]" "titan3d eval of the imported snapshot (tp2)" || cat "$work/eval_imported.log"
 check "rel_close \$(json_loss $work/eval_imported.json) \$(json_loss $work/torch.json) 1e-4" \
   "titan3d eval of the imported model equals PyTorch's loss (rel 1e-4)"
+# A mixture of experts in Mixtral's layout (docs/moe.md), trained on pp2 × dp2: the export is
+# MixtralForCausalLM, and PyTorch's Mixtral block (torch_eval.py) evaluates it as titan3d does.
+moe=(--set model.n_experts=4 --set model.experts_per_token=2 --set model.moe_ffn_dim=64)
+"$titan3d" train "${tiny[@]}" "${moe[@]}" --set parallel.pp=2 --set parallel.dp=2 \
+  --set train.steps=20 --set train.val_every=0 --set snapshot.every=20 --set run.dir="$work/moe" \
+  >"$work/moe_train.log" 2>&1
+check "[ \$? -eq 0 ]" "train a tiny Mixtral-style MoE on pp2 × dp2" || cat "$work/moe_train.log"
+"$titan3d" export "$work/moe/snapshots/step_00000020.h5" --out "$work/hf_moe" >"$work/moe_export.log" 2>&1
+check "[ \$? -eq 0 ] && grep -q MixtralForCausalLM $work/hf_moe/config.json" \
+  "export writes Mixtral's config" || cat "$work/moe_export.log"
+"$titan3d" eval "$work/moe/snapshots/step_00000020.h5" --data "$work/part.txt" \
+  --json "$work/moe_eval.json" >"$work/moe_eval.log" 2>&1
+"$py" "$(dirname "$0")/torch_eval.py" "$work/hf_moe" "$work/part.txt" >"$work/moe_torch.json" \
+  2>"$work/moe_torch.err"
+check "[ \$? -eq 0 ]" "PyTorch eval of the exported Mixtral" || cat "$work/moe_torch.err"
+cat "$work/moe_eval.json" "$work/moe_torch.json" | sed 's/^/  /'
+check "rel_close \$(json_loss $work/moe_eval.json) \$(json_loss $work/moe_torch.json) 1e-4" \
+  "titan3d eval of the MoE equals PyTorch's Mixtral loss from the export (rel 1e-4)"
+# A Mixtral written by an independent writer (numpy, Hugging Face's names), imported.
+"$py" "$(dirname "$0")/safetensors_tool.py" mixtral "$work/hf_mixtral"
+"$titan3d" import "$work/hf_mixtral" --out "$work/imp_mixtral" >"$work/imp_mixtral.log" 2>&1
+check "[ \$? -eq 0 ] && grep -q 'router_aux_loss_coef' $work/imp_mixtral.log" \
+  "import a Mixtral written by numpy (saying what it did not take)" || cat "$work/imp_mixtral.log"
+"$titan3d" eval "$work/imp_mixtral/step_00000000.h5" --data "$work/part.txt" \
+  --json "$work/mixtral_eval.json" >"$work/mixtral_eval.log" 2>&1
+"$py" "$(dirname "$0")/torch_eval.py" "$work/hf_mixtral" "$work/part.txt" >"$work/mixtral_torch.json" \
+  2>"$work/mixtral_torch.err"
+cat "$work/mixtral_eval.json" "$work/mixtral_torch.json" | sed 's/^/  /'
+check "rel_close \$(json_loss $work/mixtral_eval.json) \$(json_loss $work/mixtral_torch.json) 1e-4" \
+  "titan3d eval of the imported Mixtral equals PyTorch's on the writer's files (rel 1e-4)"
 exit $fail

@@ -57,6 +57,23 @@ def loss_sum(W, c, x_ids, y_ids):
     return loss_tensor(W, c, x_ids, y_ids).item()
 
 
+def mixtral_moe(W, c, p, h):
+    """Mixtral's sparse MoE block (Hugging Face MixtralSparseMoeBlock semantics): softmax router,
+    top-k experts per token, their gates renormalised to sum to 1, each expert a SwiGLU
+    w2(silu(w1 x) * w3 x). Every expert runs on every token here; a token takes only its own."""
+    E, K = c["num_local_experts"], c["num_experts_per_tok"]
+    flat = h.reshape(-1, h.shape[-1])
+    probs = torch.softmax(flat @ W[p + "block_sparse_moe.gate.weight"].T, dim=-1)
+    top, idx = probs.topk(K, dim=-1)
+    top = top / top.sum(-1, keepdim=True)
+    out = torch.zeros_like(flat)
+    for e in range(E):
+        q = p + f"block_sparse_moe.experts.{e}."
+        y = (F.silu(flat @ W[q + "w1.weight"].T) * (flat @ W[q + "w3.weight"].T)) @ W[q + "w2.weight"].T
+        out = out + (top * (idx == e)).sum(-1, keepdim=True) * y
+    return out.view(h.shape)
+
+
 def loss_tensor(W, c, x_ids, y_ids):
     """loss_sum as a 0-d tensor (differentiable in W); `c` holds config.json's keys."""
     B, T = x_ids.shape
@@ -78,6 +95,9 @@ def loss_tensor(W, c, x_ids, y_ids):
         att = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(D) + mask, dim=-1) @ v
         x = x + att.transpose(1, 2).reshape(B, T, H * D) @ W[p + "self_attn.o_proj.weight"].T
         h = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
+        if c.get("num_local_experts"):
+            x = x + mixtral_moe(W, c, p, h)
+            continue
         g, u = h @ W[p + "mlp.gate_proj.weight"].T, h @ W[p + "mlp.up_proj.weight"].T
         x = x + (F.silu(g) * u) @ W[p + "mlp.down_proj.weight"].T
     head = W["model.embed_tokens.weight"] if c["tie_word_embeddings"] else W["lm_head.weight"]
@@ -94,7 +114,7 @@ def main():
         del args[i:i + 2]
     out_dir, data = args
     c = json.load(open(out_dir + "/config.json"))
-    assert c["architectures"] == ["LlamaForCausalLM"], c["architectures"]
+    assert c["architectures"] in (["LlamaForCausalLM"], ["MixtralForCausalLM"]), c["architectures"]
     W = read_safetensors(out_dir + "/model.safetensors")
     tokens = read_tokens(data)
     T = c["max_position_embeddings"]  # titan3d exports its training seq_len here
