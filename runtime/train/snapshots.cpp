@@ -1,6 +1,7 @@
 // A run's snapshots: staging, the asynchronous write, the commit agreement, retention, restore and
-// resharding. One file (a little over 500 lines) on purpose: each phase reads the same
-// Snapshotter::Impl state; the file format itself lives in checkpoint/.
+// resharding, for the disk tier and the memory tier alike. One file on purpose: each phase reads
+// the same Snapshotter::Impl state; the file format itself lives in checkpoint/, the memory
+// tier's copies and inventory in memory_tier.cpp.
 #include "runtime/train/snapshots.h"
 
 #include <spdlog/spdlog.h>
@@ -946,7 +947,7 @@ int64_t Snapshotter::restore() {
     uint64_t mine = 0;
     for (const auto& b : m.mine) mine += 4 * static_cast<uint64_t>(kernels::numel(b.shape));
     // A shard is its floats and HDF5's metadata (a few kB per box).
-    m.tier->start(mine + (mine ? 65536 * (m.mine.size() + 1) : 0));
+    m.tier->start(mine + (mine ? 16384 * (m.mine.size() + 1) : 0));
   }
   return m.restore();
 }
