@@ -479,6 +479,25 @@ bool after_failure(Loop& loop, const MpirunOutcome& out, int attempt, long offse
   return true;
 }
 
+// The memory tier never outlives its job: the ranks removed their hosts' directories on a
+// graceful end; this host's go here whatever the end. After any other end of a job on several
+// hosts, every host of the job is asked too (`mpirun --host H sh -c 'rm -rf ...'`, all at once,
+// 10 s at most); what an unreachable host keeps is removed at the next start of a job in this
+// run directory there.
+void remove_memory_tier(const Loop& loop, const MpirunOutcome& out) {
+  checkpoint::remove_memory_tiers(loop.memory_job + "-");
+  const bool graceful = out.code == 0 || out.code == kExitPreempted || out.code == 130;
+  if (graceful || loop.hosts.size() < 2) return;
+  const std::string rm = "rm -rf " + checkpoint::memory_tier_dir(loop.memory_job, "*");
+  std::vector<std::future<bool>> done;
+  for (const auto& h : loop.hosts)
+    done.push_back(std::async(std::launch::async, [&, host = h.host] {
+      std::string why;
+      return run_on_host(host, loop.plan.as_root, 10.0, {"sh", "-c", rm}, &why);
+    }));
+  for (auto& d : done) d.wait();
+}
+
 }  // namespace
 
 SupervisedRun supervise_training(const Recipe& recipe, SpawnPlan plan,
@@ -524,9 +543,7 @@ SupervisedRun supervise_training(const Recipe& recipe, SpawnPlan plan,
       if (out.code == 0)
         loop.result.useful_s += read_logged_steps(loop.metrics, offset, 0).seconds_total;
       release_lock_of_ended_job(loop.run_dir);
-      // The memory tier never outlives its job: the ranks removed theirs on a graceful end;
-      // after a crash this host's go here (another host's at the next start in this run dir).
-      if (!loop.memory_job.empty()) checkpoint::remove_memory_tiers(loop.memory_job + "-");
+      if (!loop.memory_job.empty()) remove_memory_tier(loop, out);
       loop.result.wall_s = seconds_since(start);
       return loop.result;
     }

@@ -14,7 +14,8 @@
 #      from its environment) with run.elastic: host B's link cut after a snapshot; the job
 #      finishes on host A alone, pp2 × dp1 × tp2 with twice the micro-batches, and every step's
 #      loss equals the uninterrupted two-host run's within 5e-5 (fp32, OpenBLAS: pinned).
-#   6. The same without run.elastic: the job stops, naming host B as unreachable.
+#   6. The same without run.elastic: the job stops, naming host B as unreachable (and, with the
+#      memory tier on, leaves nothing of it in /dev/shm).
 #   7. Regrow: as 5, but host B's link comes back while the shrunk job runs; the job probes it
 #      (run.elastic_regrow_s), stops at a snapshot and continues on both hosts as pp2 × dp2 × tp2,
 #      every step's loss again within 5e-5 of the uninterrupted run's. This run keeps its
@@ -234,7 +235,8 @@ every_step_as_straight regrow "dp2 -> dp1 -> dp2"
 check "[ -n '$tier' ] && ! compgen -G '$tier*' > /dev/null" "memory tier: nothing of the job left in /dev/shm ($tier*)"
 
 ip -n "$ns_b" link set "t3b$tag" up
-self_launched --set run.dir="$work/rigid" --set run.max_restarts=1 > "$work/rigid.log" 2>&1 &
+self_launched --set run.dir="$work/rigid" --set run.max_restarts=1 --set snapshot.memory_every=10 \
+  > "$work/rigid.log" 2>&1 &
 job=$!
 cut_after rigid 50
 wait "$job"
@@ -242,4 +244,7 @@ rc=$?
 line=$(grep -m1 'unreachable host' "$work/rigid.log")
 check "[ $rc -ne 0 ] && [ -s '$work/rigid/restart.toml' ] && grep -q 'unreachable host 10.97.0.2 (mpirun .*a restart on the same hosts cannot start. Set run.elastic = true' <<<\"\$line\"" \
   "without run.elastic: stops naming the host (rc $rc): ${line#titan3d: }" || tail -10 "$work/rigid.log"
+tier=$(grep -o '/dev/shm/titan3d-[0-9a-f]*-[0-9a-f]*-' "$work/rigid.log" | head -1)
+check "[ -n '$tier' ] && ! compgen -G '$tier*' > /dev/null" \
+  "without run.elastic, with the memory tier: nothing of the stopped job left in /dev/shm ($tier*)"
 exit $fail
