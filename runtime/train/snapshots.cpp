@@ -824,6 +824,10 @@ struct Snapshotter::Impl {
   // copies; the snapshot stays pending (copying) until a later step boundary finds them all
   // arrived, or the next snapshot or the end waits for them. With one host there are none.
   void commit_memory(Pending& p, const std::vector<uint64_t>& reports, const double times[2]) {
+    // Every host's first rank writes the manifest: rank 0's content hashes go into each.
+    int64_t hashes[2] = {tokenizer_hash_, data_hash_};
+    mesh.world().broadcast(hashes, 2, 0);
+    tokenizer_hash_ = hashes[0], data_hash_ = hashes[1];
     std::vector<int> writers;
     p.info = index_info(p, reports, &writers);
     mesh.world().broadcast(&p.info.id, 1, 0);
