@@ -373,8 +373,9 @@ const std::vector<Field>& schema() {
             "Snapshot every N steps; 0 disables."),
       field("snapshot", "memory_every", &R::snapshot, &SnapshotConfig::memory_every,
             "Self-launched jobs: also keep a snapshot in host memory (/dev/shm, plus a copy on "
-            "the next host) every N steps; a restart after a failure resumes from it when it is "
-            "newer than the disk's and every shard has a living copy. 0: off."),
+            "the next host) every N steps (none at a disk snapshot's step); a restart after a "
+            "failure resumes from it when it is newer than the disk's and every shard has a "
+            "living copy. 0: off."),
       field("snapshot", "dir", &R::snapshot, &SnapshotConfig::dir,
             "Snapshot directory; empty: <run.dir>/snapshots."),
       field("snapshot", "keep", &R::snapshot, &SnapshotConfig::keep,

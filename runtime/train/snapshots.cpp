@@ -927,6 +927,15 @@ Snapshotter::Snapshotter(const Job& job, Model& model, const ShardedState& state
             m.r.snapshot.memory_every, m.r.origin("snapshot.memory_every"));
     }
   }
+  // A memory snapshot is not taken where a disk one is: on multiples of snapshot.every alone
+  // there would be none.
+  if (m.tier && m.r.snapshot.every > 0 && m.r.snapshot.memory_every % m.r.snapshot.every == 0 &&
+      m.mesh.rank() == 0)
+    spdlog::warn(
+        "snapshot.memory_every = {} is a multiple of snapshot.every = {}: every memory snapshot "
+        "would fall on a disk snapshot's step, where none is taken, so the memory tier stays "
+        "empty; set snapshot.memory_every below snapshot.every (e.g. snapshot.every / 10)",
+        m.r.snapshot.memory_every, m.r.snapshot.every);
   if (m.r.snapshot.every <= 0) {
     if (m.mesh.rank() == 0 && m.r.train.steps > 0)
       spdlog::warn(
