@@ -12,6 +12,12 @@
 #    from ... in T s": choosing, verifying and reading), and that the resumed run's first loss
 #    equals the straight run's (bit for bit).
 # STEPS (default 6) and EVERY (default 2) change the run. Prints the CPU and disk first.
+# MEMORY=1 adds a second table per model, the memory tier (snapshot.memory_every) against the disk
+# tier: a run with a memory snapshot every EVERY steps and no disk one (write and stall per memory
+# snapshot, from metrics.jsonl), then for each tier a run killed with kill -9 of its rank once a
+# snapshot of step 2·EVERY committed, restarted by the launcher: the restore time of the relaunch
+# ("resumed from ... in T s") and the recovery time, from the kill to the first step the relaunch
+# logs (backoff, launch, restore and that step), and whether the relaunch used the tier meant.
 set -u
 titan3d=$(realpath "${1:-build/apps/titan3d}")
 snapdir=${2:-/tmp/t3d_bench_scale}
@@ -77,4 +83,51 @@ for size in $sizes; do
     "$(max_rss_gib "$work/$size.log")" "$(max_rss_gib "$work/$size.none.log")" "$restore" "$same"
   grep -o 'snapshot step [0-9]* ([^)]*)[^;]*; stall [^,]*,[^>]*' "$work/$size.log" | sed 's/^/      /' | cut -c1-220
   rm -rf "$work/$size" "$work/$size.none" "$work/$size.r"
+done
+
+[ "${MEMORY:-0}" = 1 ] || exit 0
+echo
+echo "memory tier vs disk tier (kill -9 of the rank after the snapshot of step $((2 * every)) committed):"
+printf '%-5s %12s %12s %12s %12s %12s %12s\n' model mem_write_s mem_stall_s restore_mem restore_disk recover_mem recover_disk
+# killed_run SIZE TIER ARGS...: kill -9 of the rank once TIER's snapshot of step 2*EVERY committed;
+# prints "restore_s recovery_s tier_used".
+killed_run() {
+  local size=$1 tier=$2 dir=$work/$1.$2; shift 2
+  local want=$((2 * every)) key
+  [ "$tier" = memory ] && key=memory_snapshot_step || key=snapshot_step
+  "$titan3d" "${base[@]}" "$@" --set train.steps=$((2 * every + 2)) --set run.max_restarts=1 \
+    --set run.dir="$dir" > "$dir.log" 2>&1 &
+  local job=$! t_kill
+  until grep -q "\"$key\": $want," "$dir/metrics.jsonl" 2> /dev/null; do sleep 0.05; done
+  kill -KILL "$(cat "$dir/pids/rank0.pid")"
+  t_kill=$(date +%s.%N)
+  local lines
+  lines=$(grep -c . "$dir/metrics.jsonl")
+  # The first step the relaunch logs: a "step" line past those before the kill.
+  until [ "$(sed -n "$((lines + 1)),\$ p" "$dir/metrics.jsonl" 2> /dev/null | grep -c '^{"step"')" -gt 0 ]; do sleep 0.05; done
+  local t_step
+  t_step=$(date +%s.%N)
+  wait $job
+  local restore used
+  restore=$(sed -n 's/.*resumed from .* in \([0-9.]*\) s.*/\1/p' "$dir/logs/rank0.log" | tail -1)
+  used=$(sed -n 's/.*"event": "restore", "tier": "\([a-z]*\)".*/\1/p' "$dir/incidents.jsonl" | tail -1)
+  echo "$restore $(awk -v a="$t_kill" -v b="$t_step" 'BEGIN { printf "%.1f", b - a }') ${used:-disk}"
+  rm -rf "$dir"
+}
+for size in $sizes; do
+  base=(train "$repo/recipes/tiny.toml" $(model_args "$size") --set model.vocab_size=32000
+        --set model.seq_len=128 --set train.global_batch=2 --set train.warmup_steps=1
+        --set train.val_every=0 --set data.path="$repo/data/fortunes.txt"
+        --set hardware.gemm=openblas --set train.precision=fp32 --set run.log_level=info)
+  "$titan3d" "${base[@]}" --set train.steps=$steps --set snapshot.every=0 \
+    --set snapshot.memory_every=$every --set run.max_restarts=0 --set run.dir="$work/$size.mem" \
+    > "$work/$size.mem.log" 2>&1 || { echo "$size: memory-tier run failed"; tail -5 "$work/$size.mem.log"; continue; }
+  m=$work/$size.mem/metrics.jsonl
+  median() { sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
+  mw=$(grep '"memory_snapshot_ok": 1' "$m" | field memory_snapshot_write_s | median)
+  ms=$(grep '"memory_snapshot_ok": 1' "$m" | field memory_snapshot_stall_s | median)
+  rm -rf "$work/$size.mem"
+  read -r rm_ rc_m um < <(killed_run "$size" memory --set snapshot.every=1000 --set snapshot.memory_every=$every)
+  read -r rd_ rc_d ud < <(killed_run "$size" disk --set snapshot.every=$every)
+  printf '%-5s %12.2f %12.2f %12s %12s %12s %12s\n' "$size" "$mw" "$ms" "$rm_ ($um)" "$rd_ ($ud)" "$rc_m" "$rc_d"
 done

@@ -61,9 +61,14 @@ int total_slots(const std::vector<HostEntry>& hosts) {
 }
 
 bool probe_host(const std::string& host, bool as_root, double timeout_s, std::string* why) {
+  return run_on_host(host, as_root, timeout_s, {"true"}, why);
+}
+
+bool run_on_host(const std::string& host, bool as_root, double timeout_s,
+                 const std::vector<std::string>& command, std::string* why) {
   std::vector<std::string> argv = {"mpirun", "-np", "1", "--host", host};
   if (as_root) argv.push_back("--allow-run-as-root");
-  argv.push_back("true");
+  argv.insert(argv.end(), command.begin(), command.end());
   const pid_t child = fork();
   T3D_ASSERT(child >= 0, "fork: ", std::strerror(errno));
   if (child == 0) {

@@ -31,5 +31,8 @@ int total_slots(const std::vector<HostEntry>& hosts);
 // unreachable. Never hangs: past the deadline the probe's process group is killed. `why` gets
 // the reason when it is not reachable.
 bool probe_host(const std::string& host, bool as_root, double timeout_s, std::string* why);
+// The same with `command` (argv) in place of `true`: whether it ran there and exited 0.
+bool run_on_host(const std::string& host, bool as_root, double timeout_s,
+                 const std::vector<std::string>& command, std::string* why);
 
 }  // namespace t3d::runtime

@@ -405,6 +405,11 @@ const std::vector<Field>& schema() {
 
       field("snapshot", "every", &R::snapshot, &SnapshotConfig::every,
             "Snapshot every N steps; 0 disables."),
+      field("snapshot", "memory_every", &R::snapshot, &SnapshotConfig::memory_every,
+            "Self-launched jobs: also keep a snapshot in host memory (/dev/shm, plus a copy on "
+            "the next host) every N steps (none at a disk snapshot's step); a restart after a "
+            "failure resumes from it when it is newer than the disk's and every shard has a "
+            "living copy. 0: off."),
       field("snapshot", "dir", &R::snapshot, &SnapshotConfig::dir,
             "Snapshot directory; empty: <run.dir>/snapshots."),
       field("snapshot", "keep", &R::snapshot, &SnapshotConfig::keep,
@@ -558,6 +563,7 @@ void validate_limits(const Recipe& r) {
   at_most("train.val_batches", t.val_batches, kMaxBatch);
   at_most("train.log_every", t.log_every, kMaxSteps);
   at_most("snapshot.every", r.snapshot.every, kMaxSteps);
+  at_most("snapshot.memory_every", r.snapshot.memory_every, kMaxSteps);
   at_most("snapshot.keep", r.snapshot.keep, kMaxRanks);
   at_most("snapshot.full_every", r.snapshot.full_every, kMaxRanks);
   at_most("hardware.threads_per_rank", r.hardware.threads_per_rank, kMaxThreads);
@@ -770,6 +776,8 @@ void validate_data_snapshot_run(const Recipe& r) {
       "needs a SentencePiece data.tokenizer with a BOS id (<s>); the byte tokenizer has none");
 
   v.require(r.snapshot.every >= 0, "snapshot.every", "must be ≥ 0 (0: off)");
+  v.require(r.snapshot.memory_every >= 0, "snapshot.memory_every",
+            "must be ≥ 0 (0: off), got " + is(r.snapshot.memory_every));
   v.require(r.snapshot.keep >= 1, "snapshot.keep", "must keep at least 1");
   v.require(r.snapshot.full_every >= 1, "snapshot.full_every", "must be ≥ 1");
   v.require(r.snapshot.deflate >= 0 && r.snapshot.deflate <= 9, "snapshot.deflate",

@@ -199,7 +199,10 @@ struct DataConfig {
 
 struct SnapshotConfig {
   int64_t every = 0;  // steps; 0: off
-  std::string dir;    // empty: <run.dir>/snapshots
+  // The memory tier (docs/resilience.md): a snapshot into /dev/shm and a buddy host's every N
+  // steps, which a restart after a failure prefers when it is newer than the disk's; 0: off.
+  int64_t memory_every = 0;
+  std::string dir;  // empty: <run.dir>/snapshots
   int64_t keep = 3;
   int64_t full_every = 4;
   // An incremental snapshot is taken only when at least this share of all chunks did not change

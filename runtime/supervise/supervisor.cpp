@@ -14,6 +14,7 @@
 #include <optional>
 #include <thread>
 
+#include "checkpoint/memory_tier.h"
 #include "checkpoint/snapshot.h"
 #include "parallel/trace.h"
 #include "runtime/launch/job.h"
@@ -38,6 +39,7 @@ struct Incident {
   long last_step = 0, snapshot_step = 0;
   double lost_s = 0;
   std::string action;
+  std::string tier;  // with the memory tier on: the tier the restart is expected to use
 
   bool same_failure(const Incident& o) const {
     return o.cause == cause && o.rank == rank && last_step <= o.last_step;
@@ -88,11 +90,36 @@ void record(const std::string& run_dir, const Incident& i) {
   f << fmt::format(
       "{{\"time\": {}, \"attempt\": {}, \"cause\": {}, \"rank\": {}, \"host\": {}, "
       "\"exit_code\": {}, \"last_step\": {}, \"snapshot_step\": {}, \"lost_steps\": {}, "
-      "\"lost_s\": {:.3f}, \"action\": {}}}\n",
+      "\"lost_s\": {:.3f}, \"action\": {}{}}}\n",
       parallel::trace::json_string(now_iso()), i.attempt, parallel::trace::json_string(i.cause),
       i.rank, parallel::trace::json_string(i.host), i.exit_code, i.last_step, i.snapshot_step,
-      std::max(0L, i.last_step - i.snapshot_step), i.lost_s,
-      parallel::trace::json_string(i.action));
+      std::max(0L, i.last_step - i.snapshot_step), i.lost_s, parallel::trace::json_string(i.action),
+      i.tier.empty() ? "" : ", \"tier\": " + parallel::trace::json_string(i.tier));
+}
+
+// The newest memory-tier snapshot of job `job_id` committed in this host's /dev/shm (0: none):
+// what a restart is expected to resume when it is newer than the disk's (the ranks decide, over
+// every host's, and say so in the restore line of incidents.jsonl).
+long newest_memory_snapshot(const std::string& job_id) {
+  long newest = 0;
+  std::error_code ec;
+  const std::string prefix = "titan3d-" + job_id + "-";
+  for (const auto& e : fs::directory_iterator(checkpoint::memory_tier_root(), ec)) {
+    if (e.path().filename().string().compare(0, prefix.size(), prefix) != 0) continue;
+    const auto steps = checkpoint::manifest_steps(e.path().string());
+    if (!steps.empty()) newest = std::max(newest, static_cast<long>(steps.back()));
+  }
+  return newest;
+}
+
+// Sets `key` in the ranks' environment.
+void set_env(SpawnPlan& plan, const std::string& key, const std::string& value) {
+  for (auto& [k, v] : plan.env)
+    if (k == key) {
+      v = value;
+      return;
+    }
+  plan.env.emplace_back(key, value);
 }
 
 long newest_snapshot(const std::string& dir) {
@@ -230,7 +257,8 @@ struct Loop {
   std::optional<Placement> before_shrink;  // the placement the first shrink left, to regrow to
   std::deque<Clock::time_point> restarts;  // within the window
   std::optional<Incident> previous;
-  long started_at = 0;  // the step the current attempt resumed from (0: the beginning)
+  long started_at = 0;     // the step the current attempt resumed from (0: the beginning)
+  std::string memory_job;  // the memory tier's job id (snapshot.memory_every > 0), else empty
   SupervisedRun result;
 
   Placement placement() const { return {recipe, hosts, plan.ranks, plan.slots, plan.hostfile}; }
@@ -317,6 +345,8 @@ void regrow(Loop& loop, long offset) {
                change.c_str());
   std::fflush(stderr);
   loop.plan.argv = restart_argv(loop.recipe, loop.plan.argv.at(0), loop.run_dir, loop.log_level);
+  // Stopped gracefully, the ranks removed the memory tier: the relaunch starts a fresh one.
+  if (!loop.memory_job.empty()) set_env(loop.plan, "T3D_MEMORY_TIER_RESTORE", "0");
 }
 
 // With several hosts: the hosts mpirun cannot reach now. Without run.elastic that ends the job
@@ -387,6 +417,9 @@ bool after_failure(Loop& loop, const MpirunOutcome& out, int attempt, long offse
   incident.exit_code = out.code;
   const ResumePoint resume = resume_point(loop.recipe);
   incident.snapshot_step = resume.step;  // where the relaunch continues, damaged ones skipped
+  const long memory_step = loop.memory_job.empty() ? 0 : newest_memory_snapshot(loop.memory_job);
+  if (!loop.memory_job.empty()) incident.tier = memory_step > resume.step ? "memory" : "disk";
+  if (memory_step > resume.step) incident.snapshot_step = memory_step;
   const LoggedSteps logged = read_logged_steps(loop.metrics, offset, incident.snapshot_step);
   // An attempt that died before logging a step got as far as the snapshot it started from.
   incident.last_step = std::max(logged.last_step, loop.started_at);
@@ -409,7 +442,9 @@ bool after_failure(Loop& loop, const MpirunOutcome& out, int attempt, long offse
   }
   const int backoff = std::min(30, 1 << std::min<int>(restarts.size(), 5));
   incident.action +=
-      resume.resume == "latest"
+      incident.tier == "memory"
+          ? "restart from memory snapshot step " + std::to_string(incident.snapshot_step)
+      : resume.resume == "latest"
           ? (incident.snapshot_step > 0
                  ? "restart from snapshot step " + std::to_string(incident.snapshot_step)
                  : "restart from the beginning (no snapshot yet)")
@@ -438,8 +473,29 @@ bool after_failure(Loop& loop, const MpirunOutcome& out, int attempt, long offse
   loop.previous = incident;
   loop.started_at = incident.snapshot_step;
   loop.plan.argv = restart_argv(loop.recipe, loop.plan.argv.at(0), loop.run_dir, loop.log_level);
+  // The relaunch takes the memory tier's inventory (runtime/train/memory_tier.h).
+  if (!loop.memory_job.empty()) set_env(loop.plan, "T3D_MEMORY_TIER_RESTORE", "1");
   loop.result.lost_s += seconds_since(down);
   return true;
+}
+
+// The memory tier never outlives its job: the ranks removed their hosts' directories on a
+// graceful end; this host's go here whatever the end. After any other end of a job on several
+// hosts, every host of the job is asked too (`mpirun --host H sh -c 'rm -rf ...'`, all at once,
+// 10 s at most); what an unreachable host keeps is removed at the next start of a job in this
+// run directory there.
+void remove_memory_tier(const Loop& loop, const MpirunOutcome& out) {
+  checkpoint::remove_memory_tiers(loop.memory_job + "-");
+  const bool graceful = out.code == 0 || out.code == kExitPreempted || out.code == 130;
+  if (graceful || loop.hosts.size() < 2) return;
+  const std::string rm = "rm -rf " + checkpoint::memory_tier_dir(loop.memory_job, "*");
+  std::vector<std::future<bool>> done;
+  for (const auto& h : loop.hosts)
+    done.push_back(std::async(std::launch::async, [&, host = h.host] {
+      std::string why;
+      return run_on_host(host, loop.plan.as_root, 10.0, {"sh", "-c", rm}, &why);
+    }));
+  for (auto& d : done) d.wait();
 }
 
 }  // namespace
@@ -456,6 +512,12 @@ SupervisedRun supervise_training(const Recipe& recipe, SpawnPlan plan,
   if (loop.recipe.parallel.dp == -1) loop.recipe.resolve_world(loop.plan.ranks);
   if (!loop.recipe.run.hostfile.empty())
     loop.hosts = read_hostfile(loop.recipe.run.hostfile, "run.hostfile");
+  if (recipe.snapshot.memory_every > 0) {
+    // One id for the job across its restarts; the ranks' tier directories carry it.
+    loop.memory_job = checkpoint::new_memory_tier_job_id(loop.run_dir);
+    set_env(loop.plan, "T3D_MEMORY_TIER_JOB", loop.memory_job);
+    set_env(loop.plan, "T3D_MEMORY_TIER_RESTORE", "0");
+  }
   const auto start = Clock::now();
   int regrows = 0;  // relaunches after a regrow: not restarts after failures
   for (int attempt = 1;; ++attempt) {
@@ -481,6 +543,7 @@ SupervisedRun supervise_training(const Recipe& recipe, SpawnPlan plan,
       if (out.code == 0)
         loop.result.useful_s += read_logged_steps(loop.metrics, offset, 0).seconds_total;
       release_lock_of_ended_job(loop.run_dir);
+      if (!loop.memory_job.empty()) remove_memory_tier(loop, out);
       loop.result.wall_s = seconds_since(start);
       return loop.result;
     }

@@ -1,6 +1,7 @@
 // A run's snapshots: staging, the asynchronous write, the commit agreement, retention, restore and
-// resharding. One file (a little over 500 lines) on purpose: each phase reads the same
-// Snapshotter::Impl state; the file format itself lives in checkpoint/.
+// resharding, for the disk tier and the memory tier alike. One file on purpose: each phase reads
+// the same Snapshotter::Impl state; the file format itself lives in checkpoint/, the memory
+// tier's copies and inventory in memory_tier.cpp.
 #include "runtime/train/snapshots.h"
 
 #include <spdlog/spdlog.h>
@@ -24,6 +25,7 @@
 #include "runtime/machine/gemm_choice.h"
 #include "runtime/model/model.h"
 #include "runtime/provenance/provenance.h"
+#include "runtime/train/memory_tier.h"
 #include "runtime/train/metrics.h"
 #include "runtime/train/sharded_state.h"
 
@@ -107,6 +109,8 @@ struct Snapshotter::Impl {
   MetricsWriter* metrics;
   std::string dir;
   std::unique_ptr<ck::IoThread> io;
+  // The memory tier (memory_tier.h): null when snapshot.memory_every = 0 or not self-launched.
+  std::unique_ptr<MemoryTier> tier;
   // The boxes this rank writes (data in the arena) and the host staging they are copied into at
   // a snapshot, in waves of at most staging_floats: each wave is written before the next is
   // copied, and training goes on while the last one is written.
@@ -137,6 +141,12 @@ struct Snapshotter::Impl {
 
   struct Pending {
     int64_t step = 0;
+    bool memory = false;  // a memory-tier snapshot (into tier->dir(), always full, no deflate)
+    // A memory snapshot whose shards are written and whose buddy copies are moving (MemoryTier::
+    // start_copies); its index info, for the manifest that commits it.
+    bool copying = false;
+    ck::IndexInfo info;
+    uint64_t bytes = 0;  // of every rank's shard
     bool incremental = false;
     std::string why_full;                     // when a parent exists but the snapshot is full: why
     std::unique_ptr<ck::ShardWriter> writer;  // lives on the I/O thread between waves
@@ -205,7 +215,7 @@ struct Snapshotter::Impl {
           "snapshot (snapshot.resume = PATH), move the damaged ones away, or set snapshot.resume "
           "= \"\" to start fresh on purpose.",
           *seen, dir));
-    if (c.path.empty())
+    if (c.path.empty() && !(tier && tier->restoring()))  // else the memory tier's turn
       spdlog::info("snapshot.resume = latest: no snapshot in {}; starting fresh", dir);
     return c;
   }
@@ -279,6 +289,11 @@ struct Snapshotter::Impl {
     const bool latest = r.snapshot.resume == "latest";
     int64_t before = -1, seen = 0;
     const auto t0 = Clock::now();
+    // A restart after a failure tries the memory tier first, when it is newer than the disk's
+    // newest good snapshot; `tier_why` says why it was not used.
+    bool try_memory = tier && tier->restoring();
+    std::string tier_why;
+    int64_t disk_step = 0, memory_step = -1;
     for (;;) {
       Choice c;
       agree_on(world, [&] {
@@ -287,7 +302,25 @@ struct Snapshotter::Impl {
       broadcast_string(world, c.path);
       world.broadcast(&c.step, 1, 0);
       world.broadcast(&c.id, 1, 0);
-      if (c.path.empty()) return 0;
+      bool memory = false;
+      if (try_memory) {
+        try_memory = false;
+        disk_step = c.path.empty() ? 0 : c.step;
+        Choice m;
+        m.path = tier->prepare_restore(disk_step, &m.step, &m.id, &tier_why);
+        memory_step =
+            m.path.empty() && tier_why.find("no complete") != std::string::npos ? -1 : m.step;
+        if (!m.path.empty()) c = m, memory = true;
+      }
+      if (c.path.empty()) {
+        if (tier && tier->restoring() && mesh.rank() == 0)
+          spdlog::info(
+              "snapshot.resume = latest: no snapshot in {} nor in the memory tier ({}); "
+              "starting fresh",
+              dir, tier_why);
+        record_restore("disk", 0, disk_step, memory_step, tier_why);
+        return 0;
+      }
       std::string error, layout;
       bool internal = false;  // every rank must reach the agreement below, whatever it threw
       try {
@@ -301,13 +334,25 @@ struct Snapshotter::Impl {
       world.all_reduce(&first_failed, 1, parallel::ReduceOp::min);
       if (first_failed == world.size()) {
         // Every rank says what it restored (ranks > 0 into their own logs).
-        spdlog::info("resumed from {} after step {}{} in {:.1f} s", c.path, c.step,
-                     layout == layout_of(r)
-                         ? ""
-                         : fmt::format(" (resharded: {} -> {})", layout, layout_of(r)),
-                     seconds_since(t0));
-        last_good = c.path;
+        spdlog::info(
+            "resumed from {} after step {}{} in {:.1f} s{}", c.path, c.step,
+            layout == layout_of(r) ? ""
+                                   : fmt::format(" (resharded: {} -> {})", layout, layout_of(r)),
+            seconds_since(t0),
+            !tier    ? ""
+            : memory ? " (tier: memory)"
+                     : fmt::format(" (tier: disk{})", tier_why.empty() ? "" : ": " + tier_why));
+        if (!memory) last_good = c.path;
+        record_restore(memory ? "memory" : "disk", c.step, disk_step, memory_step, tier_why);
         return c.step;
+      }
+      if (memory) {
+        // The memory tier's snapshot cannot be read on some rank: the disk tier's newest it is.
+        broadcast_string(world, error, first_failed);
+        tier_why = fmt::format("restoring the memory tier's step {} failed on rank {}: {}", c.step,
+                               first_failed, error);
+        if (mesh.rank() == 0) spdlog::warn("{}; falling back to the disk tier", tier_why);
+        continue;
       }
       // An explicit snapshot that fails is an error (the failing rank's message, once).
       if (!latest)
@@ -321,6 +366,26 @@ struct Snapshotter::Impl {
                      first_failed, error);
       before = c.step;
     }
+  }
+
+  // Rank 0 of a restart after a failure with the memory tier on: which tier the job resumed from
+  // (step 0: none, a fresh start), and why not the memory tier, as a line of incidents.jsonl
+  // (docs/resilience.md) after the supervisor's incident.
+  void record_restore(const char* used, int64_t step, int64_t disk_step, int64_t memory_step,
+                      const std::string& why) {
+    if (!tier || !tier->restoring() || mesh.rank() != 0) return;
+    const std::time_t now = std::time(nullptr);
+    char stamp[32];
+    std::strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+    std::FILE* f = std::fopen((job.run_dir + "/incidents.jsonl").c_str(), "a");
+    if (!f) return;
+    std::fprintf(f,
+                 "{\"time\": %s, \"event\": \"restore\", \"tier\": \"%s\", \"snapshot_step\": "
+                 "%lld, \"disk_step\": %lld, \"memory_step\": %lld, \"why\": %s}\n",
+                 parallel::trace::json_string(stamp).c_str(), used, static_cast<long long>(step),
+                 static_cast<long long>(disk_step), static_cast<long long>(memory_step),
+                 parallel::trace::json_string(std::string(used) == "memory" ? "" : why).c_str());
+    std::fclose(f);
   }
 
   // This rank's boxes and the waves they are staged in; the staging itself is allocated by
@@ -471,19 +536,28 @@ struct Snapshotter::Impl {
     return true;
   }
 
-  void start(int64_t step) {
+  // The directory a snapshot goes to: snapshot.dir, or this host's memory tier.
+  const std::string& dir_of(const Pending& p) const { return p.memory ? tier->dir() : dir; }
+
+  // Starts the snapshot of `step` (into the memory tier with `memory`: the same shards, full and
+  // uncompressed, through the same staging and I/O thread).
+  void start(int64_t step, bool memory = false) {
     const auto t0 = Clock::now();
     parallel::trace::Span span("snapshot staging", "io");
-    if (pending) commit();  // training waits for the previous snapshot: part of the stall
+    // Training waits for the previous snapshot (a memory one may take two commits: its shards,
+    // then its buddy copies): part of the stall.
+    while (pending) commit();
     pending.emplace();
     Pending* p = &*pending;
     p->step = step;
-    p->incremental = incremental_next(&p->why_full);
-    const std::string shard = ck::shard_path(dir, step, mesh.rank());
+    p->memory = memory;
+    p->incremental = !memory && incremental_next(&p->why_full);
+    const std::string shard = ck::shard_path(dir_of(*p), step, mesh.rank());
     ck::WriteOptions opt;
-    opt.deflate = static_cast<int>(r.snapshot.deflate);
-    opt.fault = ck::fault_from_env(step, mesh.rank());
-    if (parent) opt.previous_hashes = &parent->hashes, opt.skip_unchanged = p->incremental;
+    opt.deflate = memory ? 0 : static_cast<int>(r.snapshot.deflate);
+    if (!memory) opt.fault = ck::fault_from_env(step, mesh.rank());
+    if (parent && !memory)
+      opt.previous_hashes = &parent->hashes, opt.skip_unchanged = p->incremental;
     // The jobs read the parent's hashes, which change only in commit(), after they end.
     const auto wave_job = [this, p, shard, opt](size_t w) {
       return [this, p, shard, opt, w] {
@@ -529,7 +603,9 @@ struct Snapshotter::Impl {
   }
 
   bool all_ranks_done() {
-    int done = pending->done.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+    int done = pending->copying
+                   ? tier->copies_done()
+                   : pending->done.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
     mesh.world().all_reduce(&done, 1, parallel::ReduceOp::min);
     return done == 1;
   }
@@ -574,8 +650,11 @@ struct Snapshotter::Impl {
 
   // Rank 0: the index of snapshot `p` from every rank's report, written (the commit) and older
   // snapshots retired. Returns whether it committed; a failure drops this snapshot only.
-  bool write_index(const Pending& p, const std::vector<uint64_t>& reports, ck::IndexInfo& info,
-                   Totals& t) {
+  // The index of snapshot `p` from every rank's report (the world rank of each shard in
+  // `writers`); rank 0's counters.
+  ck::IndexInfo index_info(const Pending& p, const std::vector<uint64_t>& reports,
+                           std::vector<int>* writers = nullptr) const {
+    ck::IndexInfo info;
     info.step = p.step;
     info.id = std::random_device{}() ^ (uint64_t(std::random_device{}()) << 32) ^ uint64_t(p.step);
     if (p.incremental) info.parent = parent->name, info.parent_id = parent->id;
@@ -592,7 +671,14 @@ struct Snapshotter::Impl {
       if (!rep[0]) continue;
       const auto rel = fs::path(ck::shard_path(dir, p.step, k)).lexically_relative(dir);
       info.shards.push_back({rel.string(), rep[1], rep[2]});
+      if (writers) writers->push_back(k);
     }
+    return info;
+  }
+
+  bool write_index(const Pending& p, const std::vector<uint64_t>& reports, ck::IndexInfo& info,
+                   Totals& t) {
+    info = index_info(p, reports);
     const auto i0 = Clock::now();
     bool committed = false;
     try {
@@ -662,6 +748,11 @@ struct Snapshotter::Impl {
   }
 
   void commit() {
+    if (pending->copying) {
+      Pending p = std::move(*pending);
+      pending.reset();
+      return commit_copies(p);
+    }
     pending->done.wait();  // the job writes into *pending: finish before moving it
     Pending p = std::move(*pending);
     pending.reset();
@@ -672,10 +763,13 @@ struct Snapshotter::Impl {
       error = e.what();
     }
     const auto& world = mesh.world();
-    const std::string shard = ck::shard_path(dir, p.step, mesh.rank());
+    const std::string shard = ck::shard_path(dir_of(p), p.step, mesh.rank());
     // Agree that every write succeeded before anything becomes visible.
     const int first_failed = publish_all(shard, error);
-    if (first_failed != world.size()) return fail(p, first_failed, error, shard);
+    if (first_failed != world.size()) {
+      if (p.memory) return fail_memory(p, first_failed, error, shard);
+      return fail(p, first_failed, error, shard);
+    }
 
     const ck::ShardResult& res = p.result;
     const uint64_t report[kReport] = {mine.empty() ? 0u : 1u,
@@ -689,6 +783,7 @@ struct Snapshotter::Impl {
     world.all_gather(report, reports.data(), kReport);
     double times[2] = {p.stall_s, p.write_s};
     world.all_reduce(times, 2, parallel::ReduceOp::max);
+    if (p.memory) return commit_memory(p, reports, times);
 
     // Rank 0 writes the index; all ranks learn whether it committed, because the next
     // snapshot's parent (and whether it may be incremental) depends on it.
@@ -711,6 +806,69 @@ struct Snapshotter::Impl {
                       deltas, unchanged};
     }
     if (world.rank() == 0) log_commit(p, info, totals, times);
+  }
+
+  // A memory snapshot whose shard failed: dropped and said; neither the disk tier nor the run's
+  // give-up count is touched (the previous memory snapshot stays the restart's).
+  void fail_memory(const Pending& p, int first_failed, const std::string& error,
+                   const std::string& shard) {
+    ck::discard(shard);
+    std::string message = error;
+    broadcast_string(mesh.world(), message, first_failed);
+    if (mesh.rank() == 0)
+      spdlog::error("memory snapshot at step {} failed on rank {}: {}; training continues", p.step,
+                    first_failed, message);
+  }
+
+  // Collective, after every rank's shard of `p` is in its host's memory tier: starts the buddy
+  // copies; the snapshot stays pending (copying) until a later step boundary finds them all
+  // arrived, or the next snapshot or the end waits for them. With one host there are none.
+  void commit_memory(Pending& p, const std::vector<uint64_t>& reports, const double times[2]) {
+    // Every host's first rank writes the manifest: rank 0's content hashes go into each.
+    int64_t hashes[2] = {tokenizer_hash_, data_hash_};
+    mesh.world().broadcast(hashes, 2, 0);
+    tokenizer_hash_ = hashes[0], data_hash_ = hashes[1];
+    std::vector<int> writers;
+    p.info = index_info(p, reports, &writers);
+    mesh.world().broadcast(&p.info.id, 1, 0);
+    tier->start_copies(p.info, writers);
+    p.copying = true;
+    p.stall_s = times[0], p.write_s = times[1];
+    p.bytes = totals_of(reports).bytes;
+    pending.emplace(std::move(p));
+    if (!tier->ring().copies()) commit();
+  }
+
+  // Collective: the buddy copies of memory snapshot `p` arrived; commits it. Rank 0 says how it
+  // went.
+  void commit_copies(Pending& p) {
+    double copy_s = 0;
+    uint64_t copied = 0;
+    const std::string error = tier->finish_commit(p.info, &copy_s, &copied);
+    if (mesh.rank() != 0) return;
+    if (!error.empty()) {
+      spdlog::error("memory snapshot at step {} not committed: {}; training continues", p.step,
+                    error);
+      if (metrics)
+        metrics->write({{"memory_snapshot_step", double(p.step)}, {"memory_snapshot_ok", 0}});
+      return;
+    }
+    const uint64_t bytes = p.bytes;
+    spdlog::info(
+        "memory snapshot step {}: {} in {} shard(s) in /dev/shm; stall {:.1f} ms, write {:.1f} ms "
+        "(slowest rank), buddy copies {}",
+        p.step, kernels::format_bytes(bytes), p.info.shards.size(), 1e3 * p.stall_s,
+        1e3 * p.write_s,
+        copied ? fmt::format("{} to the next host, committed {:.1f} ms after they started",
+                             kernels::format_bytes(copied), 1e3 * copy_s)
+               : std::string("none (one host)"));
+    if (metrics)
+      metrics->write({{"memory_snapshot_step", double(p.step)},
+                      {"memory_snapshot_ok", 1},
+                      {"memory_snapshot_stall_s", p.stall_s},
+                      {"memory_snapshot_write_s", p.write_s},
+                      {"memory_snapshot_copy_s", copy_s},
+                      {"memory_snapshot_bytes", double(bytes)}});
   }
 
   void fail(const Pending& p, int first_failed, const std::string& error,
@@ -757,16 +915,38 @@ Snapshotter::Snapshotter(const Job& job, Model& model, const ShardedState& state
     : impl_(std::make_unique<Impl>(job, model, state, metrics)) {
   auto& m = *impl_;
   m.io = std::make_unique<ck::IoThread>();
+  if (m.r.snapshot.memory_every > 0) {
+    m.tier = std::make_unique<MemoryTier>(job, *m.io);
+    if (!m.tier->enabled()) {
+      m.tier.reset();
+      if (m.mesh.rank() == 0)
+        spdlog::warn(
+            "snapshot.memory_every = {} ({}) is ignored: the memory tier serves the restarts of "
+            "a self-launched job (titan3d train without mpirun or srun around it), and under "
+            "an external launcher nothing restarts from it",
+            m.r.snapshot.memory_every, m.r.origin("snapshot.memory_every"));
+    }
+  }
+  // A memory snapshot is not taken where a disk one is: on multiples of snapshot.every alone
+  // there would be none.
+  if (m.tier && m.r.snapshot.every > 0 && m.r.snapshot.memory_every % m.r.snapshot.every == 0 &&
+      m.mesh.rank() == 0)
+    spdlog::warn(
+        "snapshot.memory_every = {} is a multiple of snapshot.every = {}: every memory snapshot "
+        "would fall on a disk snapshot's step, where none is taken, so the memory tier stays "
+        "empty; set snapshot.memory_every below snapshot.every (e.g. snapshot.every / 10)",
+        m.r.snapshot.memory_every, m.r.snapshot.every);
   if (m.r.snapshot.every <= 0) {
     if (m.mesh.rank() == 0 && m.r.train.steps > 0)
       spdlog::warn(
-          "snapshot.every = 0 ({}): this run writes no snapshot, so what it trains is "
+          "snapshot.every = 0 ({}): this run writes no snapshot{}, so what it trains is "
           "lost when it ends; set snapshot.every = N to keep it",
-          m.r.origin("snapshot.every"));
-    return;
+          m.r.origin("snapshot.every"), m.tier ? " to disk (only to the memory tier)" : "");
+    if (!m.tier) return;
+  } else {
+    check_writable_dir(m.dir, m.r.origin("snapshot.dir"), m.mesh.rank());
+    if (m.r.snapshot.deflate > 0) m.io->run(ck::require_deflate);
   }
-  check_writable_dir(m.dir, m.r.origin("snapshot.dir"), m.mesh.rank());
-  if (m.r.snapshot.deflate > 0) m.io->run(ck::require_deflate);
   m.plan_staging();
 }
 
@@ -774,8 +954,15 @@ Snapshotter::Snapshotter(const Job& job, Model& model, const ShardedState& state
 Snapshotter::~Snapshotter() { impl_->io.reset(); }
 
 int64_t Snapshotter::restore() {
-  if (impl_->r.snapshot.every > 0) impl_->reserve_staging();
-  return impl_->restore();
+  auto& m = *impl_;
+  if (m.r.snapshot.every > 0 || m.tier) m.reserve_staging();
+  if (m.tier) {
+    uint64_t mine = 0;
+    for (const auto& b : m.mine) mine += 4 * static_cast<uint64_t>(kernels::numel(b.shape));
+    // A shard is its floats and HDF5's metadata (a few kB per box).
+    m.tier->start(mine + (mine ? 16384 * (m.mine.size() + 1) : 0));
+  }
+  return m.restore();
 }
 
 size_t Snapshotter::staging_bytes() const { return impl_->staging_floats * sizeof(float); }
@@ -783,14 +970,29 @@ size_t Snapshotter::staging_bytes() const { return impl_->staging_floats * sizeo
 void Snapshotter::after_step(int64_t steps_done, bool last) {
   auto& m = *impl_;
   const int64_t every = m.r.snapshot.every;
-  if (every <= 0) return;
-  const bool due = steps_done % every == 0 || last;
+  if (every <= 0 && !m.tier) return;
+  const bool due = every > 0 && (steps_done % every == 0 || last);
+  const bool memory_due = m.tier && !due && steps_done % m.r.snapshot.memory_every == 0;
   if (m.pending && !due && m.all_ranks_done()) m.commit();
-  if (due) m.start(steps_done);
+  if (due) {
+    m.start(steps_done);
+  } else if (memory_due) {
+    // A disk snapshot still being written keeps the staging: rather than wait for it, this
+    // memory snapshot is skipped (every rank alike: all_ranks_done agreed).
+    if (!m.pending)
+      m.start(steps_done, true);
+    else if (m.mesh.rank() == 0)
+      spdlog::info(
+          "memory snapshot at step {} skipped: the snapshot of step {} is still being written",
+          steps_done, m.pending->step);
+  }
 }
 
 void Snapshotter::finish() {
-  if (impl_->pending) impl_->commit();
+  while (impl_->pending) impl_->commit();
+  // The job ends (done, or stopped by a signal with its disk snapshot committed): the memory
+  // tier does not outlive it.
+  if (impl_->tier) impl_->tier->remove();
   // The run's last snapshot failed: its final state is lost, which is not a success.
   if (!impl_->failed_steps.empty()) impl_->give_up("the run ends without its final state");
 }

@@ -14,10 +14,16 @@
 #      from its environment) with run.elastic: host B's link cut after a snapshot; the job
 #      finishes on host A alone, pp2 × dp1 × tp2 with twice the micro-batches, and every step's
 #      loss equals the uninterrupted two-host run's within 5e-5 (fp32, OpenBLAS: pinned).
-#   6. The same without run.elastic: the job stops, naming host B as unreachable.
+#   6. The same without run.elastic: the job stops, naming host B as unreachable (and, with the
+#      memory tier on, leaves nothing of it in /dev/shm).
 #   7. Regrow: as 5, but host B's link comes back while the shrunk job runs; the job probes it
 #      (run.elastic_regrow_s), stops at a snapshot and continues on both hosts as pp2 × dp2 × tp2,
-#      every step's loss again within 5e-5 of the uninterrupted run's.
+#      every step's loss again within 5e-5 of the uninterrupted run's. This run keeps its
+#      snapshots in the memory tier (snapshot.memory_every = 10; on disk only the stop's snapshot),
+#      and host B's /dev/shm directory is deleted with the host (here both "hosts" share
+#      /dev/shm): the shrunk job restores the memory tier, host B's shards from their buddy copies
+#      on host A, resharded onto pp2 × dp1 × tp2, and nothing of the job is left in /dev/shm at
+#      its end.
 # Traffic stays inside the two namespaces made here. Skips (exit 77) when not root or when network
 # namespaces cannot be made. Everything started in the namespaces is ended on exit.
 set -u
@@ -202,15 +208,22 @@ every_step_as_straight elastic "dp2 -> dp1 on host A"
 # 7. Regrow: host B comes back while the job runs shrunk on host A.
 ip -n "$ns_b" link set "t3b$tag" up
 self_launched --set run.dir="$work/regrow" --set run.elastic=true --set run.max_restarts=2 \
-  --set run.elastic_regrow_s=1 > "$work/regrow.log" 2>&1 &
+  --set run.elastic_regrow_s=1 --set snapshot.every=1000 --set snapshot.memory_every=10 \
+  > "$work/regrow.log" 2>&1 &
 job=$!
 cut_after regrow 50
 wait_for 120 grep -q 'elastic: unreachable' "$work/regrow.log"
 for pid in $(ip netns pids "$ns_b"); do kill -9 "$pid" 2> /dev/null; done
+tier=$(grep -o '/dev/shm/titan3d-[0-9a-f]*-[0-9a-f]*-' "$work/regrow.log" | head -1)
+rm -rf "${tier:-/nonexistent/}hostb"  # host B's memory went with it
 ip -n "$ns_b" link set "t3b$tag" up
 wait "$job"
 rc=$?
 check "[ $rc -eq 0 ]" "regrow: the job finished (rc $rc)" || tail -30 "$work/regrow.log"
+restore=$(grep -m1 '"event": "restore"' "$work/regrow/incidents.jsonl" 2> /dev/null)
+check "grep -q '\"tier\": \"memory\", \"snapshot_step\": [1-9][0-9]*[05], \"disk_step\": 0,' <<<\"\$restore\" && grep -q 'memory tier: step [0-9]* complete among the 1 living host(s): hosta' '$work/regrow.log' && grep -q '(resharded: .*dp=2.* -> .*dp=1.*) in .* (tier: memory)' '$work/regrow.log'" \
+  "memory tier: host B lost with its /dev/shm, the shrunk job restored the memory tier from host A's buddy copies, resharded: ${restore#*\"tier\"}" ||
+  { grep -E 'memory tier|resumed|elastic' "$work/regrow.log" | tail -8; cat "$work/regrow/incidents.jsonl"; }
 line=$(grep -m1 'reachable again' "$work/regrow.log")
 check "grep -q 'elastic: host 10.97.0.2 reachable again; stopped at the snapshot of step [0-9]* and continuing on all 2 hosts: pp2 dp1 tp2 (4 ranks, 4 micro-batches per replica) -> pp2 dp2 tp2 (8 ranks, 2 micro-batches per replica)' <<<\"\$line\"" \
   "regrow: the log says so: ${line#titan3d: }" || tail -30 "$work/regrow.log"
@@ -219,9 +232,11 @@ check "grep -q '\"restarts\": 1' '$work/regrow/summary.json' && grep -q '\"kind\
 hosts=$(last_hosts "$work/regrow.log" 8)
 check "[ '$hosts' = '0hosta 1hosta 2hosta 3hosta 4hostb 5hostb 6hostb 7hostb' ]" "regrow: the continued job runs on both hosts again ($hosts)"
 every_step_as_straight regrow "dp2 -> dp1 -> dp2"
+check "[ -n '$tier' ] && ! compgen -G '$tier*' > /dev/null" "memory tier: nothing of the job left in /dev/shm ($tier*)"
 
 ip -n "$ns_b" link set "t3b$tag" up
-self_launched --set run.dir="$work/rigid" --set run.max_restarts=1 > "$work/rigid.log" 2>&1 &
+self_launched --set run.dir="$work/rigid" --set run.max_restarts=1 --set snapshot.memory_every=10 \
+  > "$work/rigid.log" 2>&1 &
 job=$!
 cut_after rigid 50
 wait "$job"
@@ -229,4 +244,7 @@ rc=$?
 line=$(grep -m1 'unreachable host' "$work/rigid.log")
 check "[ $rc -ne 0 ] && [ -s '$work/rigid/restart.toml' ] && grep -q 'unreachable host 10.97.0.2 (mpirun .*a restart on the same hosts cannot start. Set run.elastic = true' <<<\"\$line\"" \
   "without run.elastic: stops naming the host (rc $rc): ${line#titan3d: }" || tail -10 "$work/rigid.log"
+tier=$(grep -o '/dev/shm/titan3d-[0-9a-f]*-[0-9a-f]*-' "$work/rigid.log" | head -1)
+check "[ -n '$tier' ] && ! compgen -G '$tier*' > /dev/null" \
+  "without run.elastic, with the memory tier: nothing of the stopped job left in /dev/shm ($tier*)"
 exit $fail

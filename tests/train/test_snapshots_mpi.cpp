@@ -1,19 +1,26 @@
 // Snapshotter on 2 data-parallel ranks with a tiny real Model and ShardedState, against a
 // temporary directory: stage, write, commit (the index and published shards), restore into a
 // fresh state (another seed) bit for bit under every ZeRO stage; a failed write dropped with the
-// previous snapshot still restorable; retention that removes only this run's older snapshots.
+// previous snapshot still restorable; retention that removes only this run's older snapshots; the
+// memory tier over two hosts faked by name (each rank its own): buddy copies, and a restart whose
+// host lost its /dev/shm directory gets every shard moved to it and restores bit for bit.
 // The Job is built by hand: a recipe struct and the mesh of the two ranks (pp 1, dp 2).
 #include <gtest/gtest.h>
 #include <mpi.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
+#include "checkpoint/memory_tier.h"
 #include "checkpoint/snapshot.h"
 #include "kernels/arena.h"
 #include "parallel/comm.h"
@@ -271,6 +278,85 @@ TEST_F(SnapshotsTest, RetentionRemovesOnlyThisRunsOlderSnapshots) {
   EXPECT_EQ(set_aside, 1);
 
   expect_latest_is(base, 3, newest);
+}
+
+// The memory tier with each rank on a "host" of its own (names given, as a two-host job's would
+// be): a memory snapshot is committed in both hosts' directories, each holding its rank's shard and
+// the other's buddy copy. Host B's directory is then lost while host B lives: the restart moves
+// every shard to it from host A over MPI, writes the index on both, and both ranks restore step
+// 10 bit for bit (tier: memory); a clean end removes both directories.
+TEST_F(SnapshotsTest, MemoryTierBuddyCopiesAndAHostThatLostItsDirectory) {
+  int32_t nonce = (std::rand() ^ static_cast<int32_t>(getpid())) & 0x7fffffff;
+  world.broadcast(&nonce, 1, 0);
+  char id[64];
+  std::snprintf(id, sizeof(id), "7e57%012x-%08x", static_cast<unsigned>(nonce),
+                static_cast<unsigned>(nonce));
+  ::setenv("T3D_MEMORY_TIER_JOB", id, 1);
+  const std::vector<std::string> hosts = {"t3dtest-a", "t3dtest-b"};
+  const auto on_hosts = [&](Rank& r) {
+    r.job.hosts = hosts;
+    r.job.hostname = hosts[static_cast<size_t>(world.rank())];
+    r.job.run_dir = fs::path(dir).parent_path().string();
+  };
+  Recipe run = recipe(dir, 1);
+  run.snapshot.every = 0;  // only the memory tier
+  run.snapshot.memory_every = 10;
+  const std::string mine = ck::memory_tier_dir(id, hosts[static_cast<size_t>(world.rank())]);
+  const std::string other = ck::memory_tier_dir(id, hosts[static_cast<size_t>(1 - world.rank())]);
+  Rank a(run, 7);
+  on_hosts(a);
+  a.step(1);
+  std::vector<float> want;
+  {
+    ::setenv("T3D_MEMORY_TIER_RESTORE", "0", 1);
+    Snapshotter snap(a.job, *a.model, *a.state, nullptr);
+    EXPECT_EQ(snap.restore(), 0);
+    snap.after_step(10, false);  // memory snapshot 10: written in the background
+    want = a.owned();
+    a.step(2);
+    // Step boundaries until it is committed on both hosts: its shards written, then its copies
+    // moved (each found done at a later boundary), then the manifests.
+    for (int64_t step = 11, committed = 0; step < 20 && !committed; ++step) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      snap.after_step(step, false);
+      committed = ck::manifest_steps(mine).empty() ? 0 : 1;
+      world.all_reduce(&committed, 1, parallel::ReduceOp::min);
+    }
+  }
+  world.barrier();
+  // Both directories: the manifest of step 10 and both shards (one of them the buddy copy).
+  for (const std::string& d : {mine, other}) {
+    EXPECT_EQ(ck::manifest_steps(d), std::vector<int64_t>{10}) << d;
+    for (int k = 0; k < 2; ++k) EXPECT_TRUE(fs::exists(ck::shard_path(d, 10, k))) << d << " " << k;
+  }
+  world.barrier();
+  if (world.rank() == 1) fs::remove_all(mine);  // host B lost its /dev/shm, and lives on
+  world.barrier();
+
+  run.snapshot.resume = "latest";
+  ::setenv("T3D_MEMORY_TIER_RESTORE", "1", 1);
+  Rank b(run, 99);
+  on_hosts(b);
+  {
+    Snapshotter snap(b.job, *b.model, *b.state, nullptr);
+    EXPECT_EQ(snap.restore(), 10);
+    b.state->restored();
+    EXPECT_TRUE(same_bits(want, b.owned()));
+    for (int k = 0; k < 2; ++k) EXPECT_TRUE(fs::exists(ck::shard_path(mine, 10, k))) << k;
+    EXPECT_TRUE(fs::exists(ck::index_path(mine, 10)));
+    snap.finish();  // a clean end: the tier goes
+  }
+  world.barrier();
+  EXPECT_FALSE(fs::exists(mine));
+  if (world.rank() == 0) {
+    std::ifstream incidents(fs::path(dir).parent_path() / "incidents.jsonl");
+    std::string line;
+    ASSERT_TRUE(std::getline(incidents, line));
+    EXPECT_NE(line.find("\"tier\": \"memory\", \"snapshot_step\": 10,"), std::string::npos) << line;
+  }
+  ::unsetenv("T3D_MEMORY_TIER_JOB");
+  ::unsetenv("T3D_MEMORY_TIER_RESTORE");
+  ck::remove_memory_tiers(std::string(id) + "-");
 }
 
 }  // namespace

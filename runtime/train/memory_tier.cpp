@@ -1,0 +1,462 @@
+// The memory tier's buddy copies, commit and restore inventory (memory_tier.h).
+#include "runtime/train/memory_tier.h"
+
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <optional>
+
+#include "checkpoint/memory_tier.h"
+#include "kernels/arena.h"
+#include "kernels/check.h"
+#include "runtime/launch/logging.h"
+
+namespace t3d::runtime {
+
+namespace fs = std::filesystem;
+namespace ck = checkpoint;
+
+namespace {
+
+constexpr int kMoveTag = 30571;
+constexpr size_t kPiece = size_t(1) << 28;  // bytes per message: far below MPI's int count
+
+// `s` of world rank `root` on every rank (collective).
+void broadcast_text(const parallel::Comm& world, std::string& s, int root) {
+  uint64_t n = s.size();
+  world.broadcast(&n, 1, root);
+  s.resize(n);
+  if (n) world.broadcast(s.data(), n, root);
+}
+
+// Collective: "" when `error` is empty on every rank, else the lowest failing rank's error,
+// prefixed with that rank (alike on every rank).
+std::string agreed_error(const parallel::Comm& world, const std::string& error) {
+  int first = error.empty() ? world.size() : world.rank();
+  world.all_reduce(&first, 1, parallel::ReduceOp::min);
+  if (first == world.size()) return "";
+  std::string message = error;
+  broadcast_text(world, message, first);
+  return "rank " + std::to_string(first) + ": " + message;
+}
+
+// A file mapped into memory (read, or created at a size and written), unmapped and closed at the
+// end; errors name the file.
+class Mapped {
+ public:
+  Mapped(const std::string& path, uint64_t create_bytes, bool create) : path_(path) {
+    fd_ = create ? ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600)
+                 : ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    T3D_USER_CHECK(fd_ >= 0, "cannot open `", path, "`: ", std::strerror(errno));
+    if (create) {
+      T3D_USER_CHECK(::ftruncate(fd_, static_cast<off_t>(create_bytes)) == 0, "cannot size `", path,
+                     "`: ", std::strerror(errno));
+      bytes_ = create_bytes;
+    } else {
+      bytes_ = static_cast<uint64_t>(::lseek(fd_, 0, SEEK_END));
+    }
+    if (bytes_ == 0) return;
+    void* p =
+        ::mmap(nullptr, bytes_, create ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd_, 0);
+    T3D_USER_CHECK(p != MAP_FAILED, "cannot map `", path, "`: ", std::strerror(errno));
+    data_ = static_cast<char*>(p);
+  }
+  ~Mapped() {
+    if (data_) ::munmap(data_, bytes_);
+    if (fd_ >= 0) ::close(fd_);
+  }
+  Mapped(const Mapped&) = delete;
+  Mapped& operator=(const Mapped&) = delete;
+  char* data() const { return data_; }
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  char* data_ = nullptr;
+  uint64_t bytes_ = 0;
+};
+
+// Bytes of the files under `dir` (0 when it does not exist).
+uint64_t bytes_under(const std::string& dir) {
+  uint64_t n = 0;
+  std::error_code ec;
+  for (const auto& e : fs::recursive_directory_iterator(dir, ec))
+    if (e.is_regular_file(ec)) n += e.file_size(ec);
+  return n;
+}
+
+}  // namespace
+
+HostRing host_ring(const std::vector<std::string>& host_of_rank) {
+  HostRing ring;
+  for (size_t r = 0; r < host_of_rank.size(); ++r) {
+    const auto it = std::find(ring.names.begin(), ring.names.end(), host_of_rank[r]);
+    if (it == ring.names.end()) {
+      ring.host_of.push_back(static_cast<int>(ring.names.size()));
+      ring.names.push_back(host_of_rank[r]);
+      ring.leader.push_back(static_cast<int>(r));
+    } else {
+      ring.host_of.push_back(static_cast<int>(it - ring.names.begin()));
+    }
+  }
+  return ring;
+}
+
+MemoryTier::MemoryTier(const Job& job, ck::IoThread& io) : job_(job), io_(io) {
+  if (job.recipe.snapshot.memory_every <= 0) return;
+  if (const char* id = std::getenv("T3D_MEMORY_TIER_JOB")) job_id_ = id;
+  if (job_id_.empty()) return;
+  const char* again = std::getenv("T3D_MEMORY_TIER_RESTORE");
+  restoring_ = again && std::string(again) == "1" && job.recipe.snapshot.resume == "latest";
+  dir_ = ck::memory_tier_dir(job_id_, job.hostname);
+  ring_ = host_ring(job.hosts);
+}
+
+bool MemoryTier::leader() const {
+  return ring_.leader[ring_.host_of[job_.mesh->rank()]] == job_.mesh->rank();
+}
+
+void MemoryTier::start(uint64_t mine_bytes) {
+  const auto& world = job_.mesh->world();
+  const std::string run_key = job_id_.substr(0, job_id_.find('-'));
+  std::vector<std::string> removed;
+  if (leader())
+    removed =
+        ck::remove_memory_tiers(run_key + "-", job_.hostname, restoring_ ? job_id_ + "-" : "");
+  for (const auto& path : removed)
+    spdlog::warn(
+        "memory tier: removed {}, left in /dev/shm by a job of this run directory that no "
+        "longer runs",
+        path);
+  // Per rank: host index, shard bytes; a host keeps two snapshots of its ranks' shards and of
+  // the buddy copies it receives.
+  const uint64_t mine[2] = {static_cast<uint64_t>(ring_.host_of[world.rank()]), mine_bytes};
+  std::vector<uint64_t> all(2 * static_cast<size_t>(world.size()));
+  world.all_gather(mine, all.data(), 2);
+  const int host = ring_.host_of[world.rank()];
+  uint64_t own = 0, buddies = 0;
+  for (int k = 0; k < world.size(); ++k) {
+    const auto b = all[2 * static_cast<size_t>(k) + 1];
+    if (ring_.host_of[k] == host) own += b;
+    if (ring_.copies() && ring_.host_of[ring_.buddy(k)] == host && ring_.host_of[k] != host)
+      buddies += b;
+  }
+  const uint64_t need = 2 * (own + buddies);
+  agree_on(world, [&] {
+    if (!leader()) return;
+    std::error_code ec;
+    fs::create_directories(dir_, ec);
+    T3D_USER_CHECK(!ec, "snapshot.memory_every: cannot create `", dir_, "`: ", ec.message());
+    // What this job's directory holds now (a restart's snapshot) is replaced as it goes.
+    const uint64_t free = ck::memory_tier_free_bytes() + (restoring_ ? bytes_under(dir_) : 0);
+    T3D_USER_CHECK(
+        need <= free, "recipe error: ", job_.recipe.origin("snapshot.memory_every"),
+        ": `snapshot.memory_every` = ", job_.recipe.snapshot.memory_every, ": /dev/shm on host ",
+        job_.hostname, " cannot hold the memory tier: it needs ", kernels::format_bytes(need),
+        " (two snapshots of its ranks' shards, ", kernels::format_bytes(own),
+        ", and of the buddy copies it keeps, ", kernels::format_bytes(buddies), ") and has ",
+        kernels::format_bytes(free),
+        " free. Enlarge /dev/shm (mount -o remount,size=...), run fewer ranks per host, or set "
+        "snapshot.memory_every = 0.");
+  });
+  if (world.rank() == 0)
+    spdlog::info(
+        "memory tier: a snapshot every {} steps in {} (each host its own), {}; /dev/shm needs "
+        "{} on this host",
+        job_.recipe.snapshot.memory_every, ck::memory_tier_dir(job_id_, "<host>"),
+        ring_.copies()
+            ? fmt::format("each host's shards also copied to the next host's ({} -> {})",
+                          fmt::join(ring_.names, " -> "), ring_.names.front())
+            : std::string("one host, so the buddy copy adds nothing: the snapshot lives in this "
+                          "host's /dev/shm only (it survives a rank's failure, not the host's)"),
+        kernels::format_bytes(need));
+}
+
+std::string MemoryTier::move_files(const std::vector<FileMove>& moves) {
+  const auto& world = job_.mesh->world();
+  const int me = world.rank();
+  std::string error;
+  // Sends first (non-blocking, from the mapped files), then the receives in list order, which is
+  // each pair's send order, then the sends' completion. A file that cannot be read is announced
+  // by its header (UINT64_MAX) so that its receiver does not wait for it.
+  std::vector<std::unique_ptr<Mapped>> sources;
+  std::vector<uint64_t> headers(moves.size(), 0);
+  std::vector<std::pair<MPI_Request, int>> sends;
+  for (size_t i = 0; i < moves.size(); ++i) {
+    const FileMove& m = moves[i];
+    if (m.src != me) continue;
+    std::unique_ptr<Mapped> file;
+    try {
+      file = std::make_unique<Mapped>(dir_ + "/" + m.file, 0, false);
+      T3D_USER_CHECK(file->bytes() == m.bytes, "`", dir_, "/", m.file, "` holds ", file->bytes(),
+                     " bytes, not ", m.bytes);
+    } catch (const std::exception& e) {
+      if (error.empty()) error = e.what();
+      file.reset();
+    }
+    headers[i] = file ? m.bytes : UINT64_MAX;
+    sends.emplace_back(world.isend(&headers[i], 1, m.dst, kMoveTag), m.dst);
+    if (file)
+      for (uint64_t at = 0; at < m.bytes; at += kPiece)
+        sends.emplace_back(world.isend(file->data() + at, std::min<uint64_t>(kPiece, m.bytes - at),
+                                       m.dst, kMoveTag),
+                           m.dst);
+    sources.push_back(std::move(file));
+  }
+  for (const FileMove& m : moves) {
+    if (m.dst != me) continue;
+    uint64_t bytes = 0;
+    world.recv(&bytes, 1, m.src, kMoveTag);
+    if (bytes == UINT64_MAX) {
+      if (error.empty()) error = "rank " + std::to_string(m.src) + " could not read " + m.file;
+      continue;
+    }
+    const std::string path = dir_ + "/" + m.file, tmp = ck::temp_path(path);
+    std::unique_ptr<Mapped> file;
+    try {
+      std::error_code ec;
+      fs::create_directories(fs::path(path).parent_path(), ec);
+      file = std::make_unique<Mapped>(tmp, bytes, true);
+    } catch (const std::exception& e) {
+      if (error.empty()) error = e.what();
+    }
+    // The bytes are received whatever happens here (the sender waits for them).
+    std::vector<char> sink;
+    for (uint64_t at = 0; at < bytes; at += kPiece) {
+      const size_t n = std::min<uint64_t>(kPiece, bytes - at);
+      if (!file) sink.resize(n);
+      world.recv(file ? file->data() + at : sink.data(), n, m.src, kMoveTag);
+    }
+    if (!file) continue;
+    file.reset();
+    std::error_code ec;
+    fs::rename(tmp, path, ec);
+    if (ec && error.empty()) error = "cannot rename `" + tmp + "`: " + ec.message();
+  }
+  for (auto& [request, peer] : sends) world.wait(request, "memory tier copy", peer);
+  return agreed_error(world, error);
+}
+
+// The buddy copies in flight: the files mapped on both sides, the requests and the received
+// temporaries to rename once they arrived.
+struct MemoryTier::Copies {
+  std::vector<std::unique_ptr<Mapped>> files;
+  std::vector<std::vector<char>> sinks;  // where a receive goes whose file cannot be made
+  std::vector<std::pair<MPI_Request, int>> requests;  // with the peer, for the watchdog's message
+  std::vector<std::pair<std::string, std::string>> received;  // temporary, final path
+  std::string error;
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  uint64_t bytes = 0;
+};
+
+MemoryTier::~MemoryTier() {
+  if (!copies_) return;
+  const auto& requests = copies_->requests;
+  // MPI may still write into or read from them until the process ends: left mapped.
+  if (std::any_of(requests.begin(), requests.end(),
+                  [](const auto& r) { return r.first != MPI_REQUEST_NULL; }))
+    (void)copies_.release();
+}
+
+void MemoryTier::start_copies(const ck::IndexInfo& info, const std::vector<int>& writers) {
+  const auto& world = job_.mesh->world();
+  const int me = world.rank();
+  copies_ = std::make_unique<Copies>();
+  Copies& c = *copies_;
+  if (!ring_.copies()) return;
+  static const char nothing = 0;
+  for (size_t i = 0; i < info.shards.size(); ++i) {
+    const int src = writers[i], dst = ring_.buddy(src);
+    const uint64_t bytes = info.shards[i].bytes;
+    const std::string path = dir_ + "/" + info.shards[i].file;
+    c.bytes += bytes;
+    // Both sides cut the file into the same pieces. A file that cannot be read is sent as empty
+    // pieces (a receive may take less than it asked for) and its error agreed on at the end.
+    if (src == me) {
+      const char* data = &nothing;
+      try {
+        c.files.push_back(std::make_unique<Mapped>(path, 0, false));
+        T3D_USER_CHECK(c.files.back()->bytes() == bytes, "`", path, "` holds ",
+                       c.files.back()->bytes(), " bytes, not ", bytes);
+        data = c.files.back()->data();
+      } catch (const std::exception& e) {
+        if (c.error.empty()) c.error = e.what();
+      }
+      for (uint64_t at = 0; at < bytes; at += kPiece) {
+        const size_t n = data == &nothing ? 0 : std::min<uint64_t>(kPiece, bytes - at);
+        c.requests.emplace_back(world.isend(data == &nothing ? data : data + at, n, dst, kMoveTag),
+                                dst);
+      }
+    }
+    if (dst == me) {
+      char* into = nullptr;
+      const std::string tmp = ck::temp_path(path);
+      try {
+        std::error_code ec;
+        fs::create_directories(fs::path(path).parent_path(), ec);
+        c.files.push_back(std::make_unique<Mapped>(tmp, bytes, true));
+        into = c.files.back()->data();
+        c.received.emplace_back(tmp, path);
+      } catch (const std::exception& e) {
+        if (c.error.empty()) c.error = e.what();
+        c.sinks.emplace_back(bytes);
+        into = c.sinks.back().data();
+      }
+      for (uint64_t at = 0; at < bytes; at += kPiece) {
+        MPI_Request r;
+        T3D_MPI(MPI_Irecv(into + at, static_cast<int>(std::min<uint64_t>(kPiece, bytes - at)),
+                          MPI_CHAR, src, kMoveTag, world.handle(), &r));
+        c.requests.emplace_back(r, src);
+      }
+    }
+  }
+}
+
+bool MemoryTier::copies_done() {
+  bool done = true;
+  for (auto& [request, peer] : copies_->requests) done = job_.mesh->world().test(request) && done;
+  return done;
+}
+
+std::string MemoryTier::finish_commit(const ck::IndexInfo& info, double* copy_s, uint64_t* copied) {
+  const auto& world = job_.mesh->world();
+  Copies& c = *copies_;
+  for (auto& [request, peer] : c.requests) world.wait(request, "memory tier copy", peer);
+  c.files.clear();  // unmapped and closed: what arrived is in the files
+  std::string error = c.error;
+  for (const auto& [tmp, path] : c.received) {
+    std::error_code ec;
+    if (error.empty()) fs::rename(tmp, path, ec);
+    if (ec && error.empty()) error = "cannot rename `" + tmp + "`: " + ec.message();
+  }
+  *copy_s = seconds_since(c.t0);
+  *copied = c.bytes;
+  error = agreed_error(world, error);
+  if (!error.empty()) {
+    for (const auto& [tmp, path] : c.received) {
+      std::error_code ec;
+      fs::remove(tmp, ec);
+    }
+    copies_.reset();
+    return "its buddy copy failed on " + error;
+  }
+  copies_.reset();
+  std::string mine;
+  if (leader()) try {
+      ck::write_manifest(dir_, info);
+    } catch (const std::exception& e) {
+      mine = e.what();
+    }
+  error = agreed_error(world, mine);
+  if (!error.empty()) return "writing its manifest failed on " + error;
+  if (leader()) ck::retain_memory_snapshot(dir_, info.step);
+  return "";
+}
+
+std::string MemoryTier::prepare_restore(int64_t disk_step, int64_t* step, uint64_t* id,
+                                        std::string* why) {
+  const auto& world = job_.mesh->world();
+  const auto t0 = std::chrono::steady_clock::now();
+  // Per rank: newest manifest's step + 1 (0: none; only hosts' leaders look) and its id.
+  uint64_t mine[2] = {0, 0};
+  std::optional<ck::IndexInfo> manifest;
+  if (leader()) {
+    const auto steps = ck::manifest_steps(dir_);
+    if (!steps.empty()) manifest = ck::read_manifest(dir_, steps.back());
+    if (manifest) mine[0] = static_cast<uint64_t>(manifest->step) + 1, mine[1] = manifest->id;
+  }
+  std::vector<uint64_t> all(2 * static_cast<size_t>(world.size()));
+  world.all_gather(mine, all.data(), 2);
+  int root = -1;
+  for (int k = 0; k < world.size(); ++k)
+    if (all[2 * k] > 0 && (root < 0 || all[2 * k] > all[2 * root])) root = k;
+  const std::string living =
+      fmt::format("{} living host(s): {}", ring_.names.size(), fmt::join(ring_.names, ", "));
+  if (root < 0) {
+    *why = "no complete memory snapshot in /dev/shm on the " + living;
+    return "";
+  }
+  *step = static_cast<int64_t>(all[2 * root]) - 1;
+  *id = all[2 * root + 1];
+  if (*step <= disk_step) {
+    *why = fmt::format(
+        "the memory tier's newest complete snapshot (step {}) is not newer than the disk's "
+        "(step {})",
+        *step, disk_step);
+    return "";
+  }
+  std::string text = world.rank() == root ? ck::manifest_text(*manifest) : "";
+  broadcast_text(world, text, root);
+  const auto info = ck::parse_manifest(text);
+  T3D_ASSERT(info.has_value(), "memory tier manifest garbled in transit");
+  const size_t n = info->shards.size();
+  // Which host's directory holds which shard of that snapshot (whole: its size checked here, its
+  // hash by the reader).
+  std::vector<char> have(n, 0), held(n * static_cast<size_t>(world.size()), 0);
+  if (leader())
+    for (size_t i = 0; i < n; ++i) {
+      std::error_code ec;
+      const auto size = fs::file_size(dir_ + "/" + info->shards[i].file, ec);
+      have[i] = !ec && size == info->shards[i].bytes ? 1 : 0;
+    }
+  world.all_gather(have.data(), held.data(), n);
+  std::vector<FileMove> moves;
+  uint64_t moved = 0;
+  for (size_t i = 0; i < n; ++i) {
+    int source = -1;
+    for (int k = 0; k < world.size() && source < 0; ++k)
+      if (held[k * n + i]) source = k;
+    if (source < 0) {
+      *why = fmt::format(
+          "the memory tier's step {} has no living copy of shard {} (neither its host's "
+          "/dev/shm nor its buddy's is among the {})",
+          *step, info->shards[i].file, living);
+      return "";
+    }
+    for (const int leader_rank : ring_.leader)
+      if (!held[leader_rank * n + i]) {
+        moves.push_back({source, leader_rank, info->shards[i].file, info->shards[i].bytes});
+        moved += info->shards[i].bytes;
+      }
+  }
+  if (std::string error = move_files(moves); !error.empty()) {
+    *why = "moving the memory tier's shards between hosts failed on " + error;
+    return "";
+  }
+  std::string failed;
+  if (leader()) try {
+      if (!manifest || manifest->step != *step) ck::write_manifest(dir_, *info);
+      io_.run([&] { ck::write_index(dir_, *info); });
+    } catch (const std::exception& e) {
+      failed = e.what();
+    }
+  if (std::string error = agreed_error(world, failed); !error.empty()) {
+    *why = "writing the memory tier's index failed on " + error;
+    return "";
+  }
+  if (world.rank() == 0)
+    spdlog::info(
+        "memory tier: step {} complete among the {}; {} shard(s) ({}) moved between hosts; "
+        "indexed in {:.2f} s",
+        *step, living, moves.size(), kernels::format_bytes(moved), seconds_since(t0));
+  return ck::index_path(dir_, *step);
+}
+
+void MemoryTier::remove() {
+  job_.mesh->world().barrier();
+  if (!leader()) return;
+  std::error_code ec;
+  fs::remove_all(dir_, ec);
+}
+
+}  // namespace t3d::runtime
