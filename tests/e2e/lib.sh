@@ -42,3 +42,21 @@ wait_for_step() {  # wait_for_step RUN STEP: until its metrics.jsonl logs step >
   return 1
 }
 rank_pid() { cut -d" " -f1 "$work/$1/pids/rank${2:-0}.pid" 2>/dev/null; }  # rank_pid RUN [RANK]
+# check CONDITION MESSAGE: prints "ok: MESSAGE" or "FAIL: MESSAGE"; a failure sets fail=1 and
+# returns 1, so that `check ... || show_why` prints what explains it.
+fail=0
+check() {
+  if eval "$1"; then echo "ok: $2"; else echo "FAIL: $2"; fail=1; return 1; fi
+}
+# Supervised runs of $steps steps against the uninterrupted run $work/straight (restart.sh,
+# memory_tier.sh). params_hash RUN: SHA-256 of its final snapshot's exported parameters.
+params_hash() {
+  "$titan3d" export "$work/$1/snapshots/step_$(printf %08d $steps).h5" --out "$work/$1.export" \
+    > /dev/null 2>&1 && sha256sum < "$work/$1.export/model.safetensors" | cut -c1-16
+}
+same_as_straight() {  # same_as_straight RUN WHAT
+  check "diff <(final_losses $work/straight/metrics.jsonl) <(final_losses $work/$1/metrics.jsonl) > /dev/null && [ \$(final_losses $work/$1/metrics.jsonl | wc -l) -eq $steps ]" \
+    "$2: all $steps losses bit-identical to the uninterrupted run"
+  check "h=\$(params_hash $1) && [ -n \"\$h\" ] && [ \"\$h\" = \"\$(params_hash straight)\" ]" \
+    "$2: final parameters bit-identical"
+}

@@ -20,20 +20,16 @@ titan3d=$1
 source "$(dirname "$0")/lib.sh"
 require_corpus
 make_work_dir
-fail=0
-check() {  # check CONDITION MESSAGE
-  if eval "$1"; then echo "ok: $2"; else echo "FAIL: $2"; fail=1; fi
-}
 base=("$repo/recipes/tiny.toml" --set data.path="$corpus" --set train.val_every=0
       --set train.log_every=100000 --set hardware.gemm=openblas --set run.log_level=warn)
-params_hash() {  # params_hash SNAPSHOT: SHA-256 of its exported parameters
+snapshot_hash() {  # snapshot_hash SNAPSHOT: SHA-256 of its exported parameters
   rm -rf "$work/export.tmp"
   "$titan3d" export "$1" --out "$work/export.tmp" > /dev/null 2>&1 &&
     sha256sum < "$work/export.tmp/model.safetensors" | cut -c1-16
 }
 same_params() {  # same_params SNAPSHOT_A SNAPSHOT_B: both export, to the same bytes
   local a b
-  a=$(params_hash "$1") && b=$(params_hash "$2") && [ -n "$a" ] && [ "$a" = "$b" ]
+  a=$(snapshot_hash "$1") && b=$(snapshot_hash "$2") && [ -n "$a" ] && [ "$a" = "$b" ]
 }
 same_losses() {  # same_losses RUN_A RUN_B FROM TO: steps FROM..TO bit-identical, all present
   diff <(final_losses "$work/$1/metrics.jsonl" | awk -v a="$3" -v b="$4" '$1 >= a && $1 <= b') \

@@ -17,24 +17,10 @@ titan3d=$1
 source "$(dirname "$0")/lib.sh"
 require_corpus
 make_work_dir
-fail=0
 steps=200
 recipe=(train "$repo/recipes/tiny.toml" --set data.path="$corpus" --set parallel.dp=2
         --set train.steps=$steps --set train.val_every=0 --set train.log_every=100000
         --set hardware.gemm=openblas --set parallel.timeout_s=4 --set snapshot.memory_every=10)
-check() {  # check CONDITION MESSAGE
-  if eval "$1"; then echo "ok: $2"; else echo "FAIL: $2"; fail=1; return 1; fi
-}
-params_hash() {  # params_hash RUN: SHA-256 of the final snapshot's exported parameters
-  "$titan3d" export "$work/$1/snapshots/step_$(printf %08d $steps).h5" --out "$work/$1.export" \
-    > /dev/null 2>&1 && sha256sum < "$work/$1.export/model.safetensors" | cut -c1-16
-}
-same_as_straight() {  # same_as_straight RUN WHAT
-  check "diff <(final_losses $work/straight/metrics.jsonl) <(final_losses $work/$1/metrics.jsonl) > /dev/null && [ \$(final_losses $work/$1/metrics.jsonl | wc -l) -eq $steps ]" \
-    "$2: all $steps losses bit-identical to the uninterrupted run"
-  check "h=\$(params_hash $1) && [ -n \"\$h\" ] && [ \"\$h\" = \"\$(params_hash straight)\" ]" \
-    "$2: final parameters bit-identical"
-}
 # tier RUN: the job's memory-tier directory prefix in /dev/shm, from its log line.
 tier() { grep -o '/dev/shm/titan3d-[0-9a-f]*-[0-9a-f]*-' "$work/$1.log" | head -1; }
 no_tier_left() {  # no_tier_left RUN WHAT

@@ -20,10 +20,6 @@ titan3d=$1
 source "$(dirname "$0")/lib.sh"
 require_corpus
 make_work_dir
-fail=0
-check() {  # check CONDITION MESSAGE
-  if eval "$1"; then echo "ok: $2"; else echo "FAIL: $2"; fail=1; fi
-}
 steps=50
 common=(--set data.path="$corpus" --set model.dim=64 --set model.n_layers=4 --set model.n_heads=4
         --set model.n_kv_heads=2 --set model.seq_len=32 --set train.global_batch=8

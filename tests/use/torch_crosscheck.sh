@@ -46,24 +46,21 @@ check "[ \$? -eq 0 ]" "train a tiny Mixtral-style MoE on pp2 × dp2" || cat "$wo
 "$titan3d" export "$work/moe/snapshots/step_00000020.h5" --out "$work/hf_moe" >"$work/moe_export.log" 2>&1
 check "[ \$? -eq 0 ] && grep -q MixtralForCausalLM $work/hf_moe/config.json" \
   "export writes Mixtral's config" || cat "$work/moe_export.log"
-"$titan3d" eval "$work/moe/snapshots/step_00000020.h5" --data "$work/part.txt" \
-  --json "$work/moe_eval.json" >"$work/moe_eval.log" 2>&1
-"$py" "$(dirname "$0")/torch_eval.py" "$work/hf_moe" "$work/part.txt" >"$work/moe_torch.json" \
-  2>"$work/moe_torch.err"
-check "[ \$? -eq 0 ]" "PyTorch eval of the exported Mixtral" || cat "$work/moe_torch.err"
-cat "$work/moe_eval.json" "$work/moe_torch.json" | sed 's/^/  /'
-check "rel_close \$(json_loss $work/moe_eval.json) \$(json_loss $work/moe_torch.json) 1e-4" \
-  "titan3d eval of the MoE equals PyTorch's Mixtral loss from the export (rel 1e-4)"
+# torch_agrees NAME SNAPSHOT HF_DIR WHAT: titan3d eval of SNAPSHOT equals torch_eval.py of HF_DIR.
+torch_agrees() {
+  "$titan3d" eval "$2" --data "$work/part.txt" --json "$work/$1_eval.json" >"$work/$1_eval.log" 2>&1
+  "$py" "$(dirname "$0")/torch_eval.py" "$3" "$work/part.txt" >"$work/$1_torch.json" 2>"$work/$1_torch.err"
+  check "[ \$? -eq 0 ]" "PyTorch eval of $3" || cat "$work/$1_torch.err"
+  cat "$work/$1_eval.json" "$work/$1_torch.json" | sed 's/^/  /'
+  check "rel_close \$(json_loss $work/$1_eval.json) \$(json_loss $work/$1_torch.json) 1e-4" "$4 (rel 1e-4)"
+}
+torch_agrees moe "$work/moe/snapshots/step_00000020.h5" "$work/hf_moe" \
+  "titan3d eval of the MoE equals PyTorch's Mixtral loss from the export"
 # A Mixtral written by an independent writer (numpy, Hugging Face's names), imported.
 "$py" "$(dirname "$0")/safetensors_tool.py" mixtral "$work/hf_mixtral"
 "$titan3d" import "$work/hf_mixtral" --out "$work/imp_mixtral" >"$work/imp_mixtral.log" 2>&1
 check "[ \$? -eq 0 ] && grep -q 'router_aux_loss_coef' $work/imp_mixtral.log" \
   "import a Mixtral written by numpy (saying what it did not take)" || cat "$work/imp_mixtral.log"
-"$titan3d" eval "$work/imp_mixtral/step_00000000.h5" --data "$work/part.txt" \
-  --json "$work/mixtral_eval.json" >"$work/mixtral_eval.log" 2>&1
-"$py" "$(dirname "$0")/torch_eval.py" "$work/hf_mixtral" "$work/part.txt" >"$work/mixtral_torch.json" \
-  2>"$work/mixtral_torch.err"
-cat "$work/mixtral_eval.json" "$work/mixtral_torch.json" | sed 's/^/  /'
-check "rel_close \$(json_loss $work/mixtral_eval.json) \$(json_loss $work/mixtral_torch.json) 1e-4" \
-  "titan3d eval of the imported Mixtral equals PyTorch's on the writer's files (rel 1e-4)"
+torch_agrees mixtral "$work/imp_mixtral/step_00000000.h5" "$work/hf_mixtral" \
+  "titan3d eval of the imported Mixtral equals PyTorch's on the writer's files"
 exit $fail
