@@ -18,11 +18,22 @@
 # not run; any bf16 run over TORCH_BF16_LIMIT_S (300) seconds is recorded so too.
 # BASELINE=/path/to/an/older/titan3d also runs that binary (both layouts) in every round, with
 # train.precision = BASELINE_PRECISION (default fp32; auto compares the bf16 paths before/after).
+# EXPERTS=E (TOPK=K, MOE_FFN=F, default the dense ffn / K) benchmarks a mixture of experts instead
+# (docs/moe.md; PyTorch: Hugging Face's Mixtral block), and adds titan3d's dense model with the
+# same active parameters (ffn_dim = K·F) to every round.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$repo"
 runs=${RUNS:-3} steps=${STEPS:-12} threads=${THREADS:-$(nproc)}
 dim=${DIM:-512} layers=${LAYERS:-8} heads=${HEADS:-8} seq=${SEQ:-256} batch=${BATCH:-8}
+experts=${EXPERTS:-0} topk=${TOPK:-2}
+dense_ffn=$(( (8 * dim / 3 + 63) / 64 * 64 ))
+moe_ffn=${MOE_FFN:-$(( dense_ffn / topk ))}
+moe_sets=() moe_args=()
+if [ "$experts" -gt 0 ]; then
+  moe_sets=(--set model.n_experts="$experts" --set model.experts_per_token="$topk" --set model.moe_ffn_dim="$moe_ffn")
+  moe_args=(--n_experts "$experts" --experts_per_token "$topk" --moe_ffn_dim "$moe_ffn")
+fi
 python=/usr/bin/python3  # Debian's interpreter: it sees python3-torch
 $python -c "import torch" 2>/dev/null || { echo "needs Debian's python3-torch: apt-get install python3-torch"; exit 1; }
 [ -s data/fortunes_train.bin ] || bash scripts/get_data.sh
@@ -55,11 +66,13 @@ record() { tok[$1]+="$2 " mfu[$1]+="$3 " gemm_mfu[$1]+="$4 "; }
 titan3d() {
   local name=$1 binary=$2; shift 2
   local dir=$work/$name.$round
+  local model_sets=("${moe_sets[@]}")  # the dense model of equal active parameters: its own ffn
+  [ "$name" != t_dense_active ] || model_sets=(--set model.ffn_dim=$((topk * moe_ffn)))
   "$binary" train recipes/tiny.toml --set model.dim="$dim" --set model.n_layers="$layers" \
     --set model.n_heads="$heads" --set model.n_kv_heads="$heads" --set model.seq_len="$seq" \
     --set train.global_batch="$batch" --set train.micro_batches=1 --set train.steps="$steps" \
     --set train.val_every=0 --set data.path=data/fortunes_train.bin --set data.val_fraction=0 \
-    --set hardware.hbm_gib=8 --set run.dir="$dir" "$@" > "$dir.log" 2>&1 ||
+    --set hardware.hbm_gib=8 --set run.dir="$dir" "${model_sets[@]}" "$@" > "$dir.log" 2>&1 ||
     { tail "$dir.log" >&2; exit 1; }
   record "$name" "$(field "$dir/metrics.jsonl" tokens_per_s)" "$(field "$dir/metrics.jsonl" mfu)" \
          "$(field "$dir/metrics.jsonl" mfu_gemm)"
@@ -85,7 +98,7 @@ pytorch() {  # pytorch NAME passive|spin [--bf16]
   env ${coretype:+OPENBLAS_CORETYPE=$coretype} "${policy[@]}" OMP_NUM_THREADS=$threads \
     "${limit[@]}" $python bench/e2e/llama_torch.py --dim "$dim" --n_layers "$layers" --n_heads "$heads" \
     --n_kv_heads "$heads" --seq_len "$seq" --batch "$batch" --steps "$steps" --threads "$threads" \
-    "$@" > "$work/$name.$round.json" || status=$?
+    "${moe_args[@]}" "$@" > "$work/$name.$round.json" || status=$?
   if [ "$status" = 124 ]; then
     not_competitive[$name]="over $torch_bf16_limit_s s for $steps steps; later rounds not run"
     record "$name" nan nan nan; return
@@ -102,6 +115,8 @@ for round in $(seq "$runs"); do
   pytorch torch_bf16_spin spin --bf16
   titan3d t_fp32_dp "$bin" --set train.precision=fp32 --set parallel.dp="$threads" --set hardware.threads_per_rank=1 "$@"
   titan3d t_auto_dp "$bin" --set train.precision=auto --set parallel.dp="$threads" --set hardware.threads_per_rank=1 "$@"
+  [ "$experts" = 0 ] ||
+    titan3d t_dense_active "$bin" --set train.precision=auto --set hardware.threads_per_rank="$threads" "$@"
   if [ -n "${BASELINE:-}" ]; then
     titan3d base_1rank "$BASELINE" --set train.precision="${BASELINE_PRECISION:-fp32}" --set hardware.threads_per_rank="$threads" "$@"
     titan3d base_dp "$BASELINE" --set train.precision="${BASELINE_PRECISION:-fp32}" --set parallel.dp="$threads" --set hardware.threads_per_rank=1 "$@"
@@ -118,14 +133,17 @@ sort -u "$work/peaks" | sed 's/^/titan3d: /'
 echo "PyTorch: $(cat "$work/torch_fp32.1.json")"
 for n in "${!not_competitive[@]}"; do echo "$n: not competitive (${not_competitive[$n]})"; done
 echo "model: dim $dim, $layers layers, $heads heads, seq $seq, batch $batch, vocab 256, $threads threads; medians over $runs rounds"
+[ "$experts" = 0 ] || echo "mixture of experts: $experts experts, $topk per token, expert ffn $moe_ffn (dense ffn of equal active parameters: $((topk * moe_ffn)))"
 printf '%-42s %9s %8s %10s  %s\n' configuration tokens/s MFU mfu_gemm GEMM
 names=(torch_fp32 torch_bf16 torch_bf16_spin t_fp32_1rank t_fp32_dp t_auto_1rank t_auto_dp)
 [ -n "${BASELINE:-}" ] && names+=(base_1rank base_dp)
+[ "$experts" = 0 ] || names+=(t_dense_active)
 declare -A label=([torch_fp32]="PyTorch fp32, 1 × $threads threads" [torch_bf16]="PyTorch bf16 autocast, 1 × $threads threads"
   [torch_bf16_spin]="PyTorch bf16 autocast, spinning OpenMP"
   [t_fp32_1rank]="titan3d fp32, 1 rank × $threads threads" [t_fp32_dp]="titan3d fp32, dp=$threads × 1 thread"
   [t_auto_1rank]="titan3d auto, 1 rank × $threads threads" [t_auto_dp]="titan3d auto, dp=$threads × 1 thread"
-  [base_1rank]="baseline ${BASELINE_PRECISION:-fp32}, 1 rank × $threads threads" [base_dp]="baseline ${BASELINE_PRECISION:-fp32}, dp=$threads × 1 thread")
+  [base_1rank]="baseline ${BASELINE_PRECISION:-fp32}, 1 rank × $threads threads" [base_dp]="baseline ${BASELINE_PRECISION:-fp32}, dp=$threads × 1 thread"
+  [t_dense_active]="titan3d dense, equal active params, auto")
 pct() { awk -v m="$1" 'BEGIN { if (m == "nan") print "-"; else printf "%.1f%%", 100 * m }'; }
 for n in "${names[@]}"; do
   printf "%-42s %9s %8s %10s  %s\n" "${label[$n]}" "$(awk -v t="$(med "${tok[$n]}")" 'BEGIN { if (t == "nan") print "-"; else printf "%.0f", t }')" \
@@ -141,3 +159,7 @@ awk -v pf="$(med "${tok[torch_fp32]}")" -v pb="$(med "${tok[torch_bf16]}")" \
   printf "titan3d best layout, MFU:                %.1f%% of the hardware peak (target >= 70%%)\n", 100 * m
   printf "1 rank x n threads / dp=n x 1 thread:    %.2fx auto, %.2fx fp32 (target >= 0.95x)\n", a1 / ad, f1 / fd
   printf "titan3d fp32 best / PyTorch fp32:        %.2fx\n", (f1 > fd ? f1 : fd) / pf }'
+if [ "$experts" -gt 0 ]; then
+  awk -v a="$(med "${tok[t_auto_1rank]}")" -v d="$(med "${tok[t_dense_active]}")" 'BEGIN {
+    printf "titan3d MoE / dense of equal active params: %.2fx (1 rank, auto; target >= 0.8x)\n", a / d }'
+fi

@@ -36,6 +36,36 @@ def apply_rope(x, cos, sin):  # x (B, H, T, D), rotate-half convention
     return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
+class SparseMoe(nn.Module):
+    """A mixture of experts as Hugging Face's MixtralSparseMoeBlock computes it (titan3d's
+    docs/moe.md with a softmax router over normalised top-k gates): per expert, the tokens routed
+    to it are gathered, run through its SwiGLU and added back weighted by their gates."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.k = c.experts_per_token
+        self.gate = nn.Linear(c.dim, c.n_experts, bias=False)
+        self.w1 = nn.ModuleList([nn.Linear(c.dim, c.moe_ffn_dim, bias=False) for _ in range(c.n_experts)])
+        self.w3 = nn.ModuleList([nn.Linear(c.dim, c.moe_ffn_dim, bias=False) for _ in range(c.n_experts)])
+        self.w2 = nn.ModuleList([nn.Linear(c.moe_ffn_dim, c.dim, bias=False) for _ in range(c.n_experts)])
+
+    def forward(self, h):
+        B, T, C = h.shape
+        x = h.reshape(-1, C)
+        probs = F.softmax(self.gate(x).float(), dim=-1)
+        top, idx = probs.topk(self.k, dim=-1)
+        top = (top / top.sum(-1, keepdim=True)).to(x.dtype)
+        out = torch.zeros_like(x)
+        for e in range(len(self.w1)):
+            token, slot = torch.where(idx == e)
+            if token.numel() == 0:
+                continue
+            xe = x[token]
+            ye = self.w2[e](F.silu(self.w1[e](xe)) * self.w3[e](xe))
+            out.index_add_(0, token, (ye * top[token, slot, None]).to(out.dtype))
+        return out.view(B, T, C)
+
+
 class Block(nn.Module):
     def __init__(self, c):
         super().__init__()
@@ -47,6 +77,9 @@ class Block(nn.Module):
         self.v_proj = nn.Linear(c.dim, c.n_kv_heads * D, bias=False)
         self.o_proj = nn.Linear(c.n_heads * D, c.dim, bias=False)
         self.post_attention_layernorm = RMSNorm(c.dim, c.norm_eps)
+        if c.n_experts > 0:
+            self.moe = SparseMoe(c)
+            return
         self.gate_proj = nn.Linear(c.dim, c.ffn_dim, bias=False)
         self.up_proj = nn.Linear(c.dim, c.ffn_dim, bias=False)
         self.down_proj = nn.Linear(c.ffn_dim, c.dim, bias=False)
@@ -66,6 +99,8 @@ class Block(nn.Module):
         y = F.softmax(att, dim=-1) @ v
         x = x + self.o_proj(y.transpose(1, 2).reshape(B, T, C))
         h = self.post_attention_layernorm(x)
+        if self.c.n_experts > 0:
+            return x + self.moe(h)
         return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
 
 
@@ -85,7 +120,8 @@ class Llama(nn.Module):
         std, out_std = 0.02, 0.02 / math.sqrt(2 * c.n_layers)
         for name, p in self.named_parameters():
             if p.dim() == 2:
-                nn.init.normal_(p, std=out_std if ("o_proj" in name or "down_proj" in name) else std)
+                residual_out = "o_proj" in name or "down_proj" in name or ".w2." in name
+                nn.init.normal_(p, std=out_std if residual_out else std)
 
     def forward(self, idx, targets):
         x = self.embed_tokens(idx)
@@ -98,7 +134,8 @@ class Llama(nn.Module):
 def main():
     ap = argparse.ArgumentParser()
     for k, v in dict(vocab_size=256, dim=512, n_layers=8, n_heads=8, n_kv_heads=8, ffn_dim=0,
-                     seq_len=256, batch=8, steps=12, warmup=2, threads=2).items():
+                     seq_len=256, batch=8, steps=12, warmup=2, threads=2, n_experts=0,
+                     experts_per_token=2, moe_ffn_dim=0).items():
         ap.add_argument("--" + k, type=int, default=v)
     ap.add_argument("--lr", type=float, default=3e-4)
     ap.add_argument("--data", default="data/fortunes_train.bin")
@@ -109,6 +146,8 @@ def main():
     c.rope_theta, c.norm_eps = 10000.0, 1e-5
     if c.ffn_dim == 0:
         c.ffn_dim = (8 * c.dim // 3 + 63) // 64 * 64
+    if c.moe_ffn_dim == 0:
+        c.moe_ffn_dim = c.ffn_dim
     torch.set_num_threads(c.threads)
     torch.manual_seed(c.seed)
     raw = open(c.data, "rb").read()
