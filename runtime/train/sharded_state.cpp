@@ -6,7 +6,6 @@
 
 #include "kernels/check.h"
 #include "kernels/ops.h"
-#include "kernels/ops_moe.h"
 
 namespace t3d::runtime {
 
@@ -238,15 +237,11 @@ void ShardedState::step_router_bias(const Piece& p, const RouterBiasStep& bias) 
   const auto& layers = *bias.layers;
   const auto at = std::find(layers.begin(), layers.end(), info.unit);
   T3D_ASSERT(at != layers.end(), info.name, " is not a router bias of a held block");
-  const int64_t E = model_.config().n_experts;
-  const double* counts = bias.counts->data() + (at - layers.begin()) * E;
-  // The rule over all E (a delta from zero), then the piece's share of it: one rule, whatever
-  // part of the tensor this rank owns.
-  std::vector<float> delta(static_cast<size_t>(E), 0.0f);
-  kernels::moe_bias_update(delta.data(), counts, E, bias.rate);
-  const int64_t first = p.lo - model_.layout().at(info.name).offset;
+  // The piece's share of its block's deltas, whatever part of the tensor this rank owns.
+  const float* delta = bias.deltas->data() + (at - layers.begin()) * model_.config().n_experts +
+                       (p.lo - model_.layout().at(info.name).offset);
   float* data = params(p);
-  for (int64_t i = 0; i < p.size(); ++i) data[i] += delta[static_cast<size_t>(first + i)];
+  for (int64_t i = 0; i < p.size(); ++i) data[i] += delta[i];
 }
 
 void ShardedState::adamw_step(const TrainConfig& t, double lr, int64_t step, float grad_scale,
@@ -261,7 +256,7 @@ void ShardedState::adamw_step(const TrainConfig& t, double lr, int64_t step, flo
   for_each_piece(owned(), [&](const Piece& p) {
     const ParamInfo& info = tensors[p.param];
     if (!info.trained) {
-      if (bias.rate > 0) step_router_bias(p, bias);
+      if (bias.layers) step_router_bias(p, bias);
       return;
     }
     cfg.weight_decay = info.decay ? static_cast<float>(t.weight_decay) : 0.0f;

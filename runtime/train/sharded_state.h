@@ -34,14 +34,13 @@
 
 namespace t3d::runtime {
 
-// Aux-loss-free balancing of a mixture of experts (model.router_bias_rate): each router bias
-// moves by rate·sign(mean − count) (kernels::moe_bias_update), `counts` being the tokens the
-// step routed to each expert over the whole batch, E per block of `layers` (Model's
-// moe_layers() and expert_counts(), summed over dp × cp).
+// Aux-loss-free balancing of a mixture of experts (model.router_bias_rate): what each router
+// bias moves by this step, E per block of `layers` (Model's moe_layers()): rate·sign(mean −
+// count) of the tokens the step routed over the whole batch (kernels::moe_bias_update from 0).
+// No layers: no step.
 struct RouterBiasStep {
   const std::vector<int64_t>* layers = nullptr;
-  const std::vector<double>* counts = nullptr;
-  float rate = 0;
+  const std::vector<float>* deltas = nullptr;
 };
 
 class ShardedState {

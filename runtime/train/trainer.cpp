@@ -16,6 +16,7 @@
 #include "kernels/blas.h"
 #include "kernels/check.h"
 #include "kernels/gemm.h"
+#include "kernels/ops_moe.h"
 #include "parallel/fault.h"
 #include "parallel/trace.h"
 #include "parallel/zero.h"
@@ -457,6 +458,7 @@ struct Trainer::Impl {
   // dp × cp (the ranks that saw other tokens of this stage's blocks), give the imbalance (the
   // largest over every stage's blocks) and the router biases' step. Then the counts restart.
   std::vector<double> expert_counts;
+  std::vector<float> bias_deltas;  // RouterBiasStep's, reused step after step
   RouterBiasStep expert_balance(StepRecord& rec) {
     if (!r.model.moe()) return {};
     expert_counts = model->expert_counts();
@@ -474,7 +476,13 @@ struct Trainer::Impl {
     mesh.world().all_reduce(largest, 2, parallel::ReduceOp::max);
     rec.expert_imbalance = largest[0];
     rec.routed_slots = largest[1];
-    return {&model->moe_layers(), &expert_counts, static_cast<float>(r.model.router_bias_rate)};
+    if (r.model.router_bias_rate <= 0) return {};
+    bias_deltas.assign(expert_counts.size(), 0.0f);
+    for (size_t b = 0; b < expert_counts.size(); b += E)
+      kernels::moe_bias_update(bias_deltas.data() + b, expert_counts.data() + b,
+                               static_cast<int64_t>(E),
+                               static_cast<float>(r.model.router_bias_rate));
+    return {&model->moe_layers(), &bias_deltas};
   }
 
   // Rank 0's failed metrics write, kept until every rank learns of it (no extra collective).

@@ -60,3 +60,16 @@ same_as_straight() {  # same_as_straight RUN WHAT
   check "h=\$(params_hash $1) && [ -n \"\$h\" ] && [ \"\$h\" = \"\$(params_hash straight)\" ]" \
     "$2: final parameters bit-identical"
 }
+# choose_bf16 [--set ...]: bf16=(...) the settings of a bf16 run of tiny.toml with those
+# settings, and bf16_gemm the GEMM it runs: oneDNN's bf16 GEMMs, or where oneDNN cannot run
+# them (no AVX-512) bf16 storage and traffic with OpenBLAS fp32 GEMMs, saying so.
+choose_bf16() {
+  bf16=(--set train.precision=bf16 --set hardware.gemm=onednn) bf16_gemm=onednn-bf16
+  if ! "$titan3d" train "$repo/recipes/tiny.toml" "$@" --set train.steps=1 \
+       --set run.dir="$work/probe_bf16" "${bf16[@]}" > "$work/probe_bf16.log" 2>&1; then
+    grep -q "oneDNN cannot run" "$work/probe_bf16.log" ||
+      { echo "FAIL: bf16 probe"; tail "$work/probe_bf16.log"; exit 1; }
+    echo "NOTE: no bf16 GEMMs on this CPU: the bf16 runs below use fp32 GEMMs (bf16 storage)"
+    bf16=(--set train.precision=bf16 --set hardware.gemm=openblas) bf16_gemm=openblas-fp32
+  fi
+}

@@ -78,13 +78,7 @@ check "[ \"\$(field $work/micro4/metrics.jsonl routed_slots | sort -u)\" = $slot
 run reference_noaux --set model.router_aux_coef=0
 run cp2 --set model.router_aux_coef=0 --set parallel.cp=2
 within cp2 reference_noaux 1e-5
-bf16=(--set train.precision=bf16 --set hardware.gemm=onednn)
-if ! "$titan3d" train "$repo/recipes/tiny.toml" "${common[@]}" --set train.steps=1 \
-     --set run.dir="$work/probe_bf16" "${bf16[@]}" > "$work/probe_bf16.log" 2>&1; then
-  grep -q "oneDNN cannot run" "$work/probe_bf16.log" || { echo "FAIL: bf16 probe"; tail "$work/probe_bf16.log"; exit 1; }
-  echo "NOTE: no bf16 GEMMs on this CPU: the bf16 runs below use fp32 GEMMs (bf16 storage)"
-  bf16=(--set train.precision=bf16 --set hardware.gemm=openblas)
-fi
+choose_bf16 "${common[@]}"
 # bf16 rounds values that fp32 only reorders, and 50 steps of Adam carry the difference along:
 # the dense model's own pp2 × dp2 against 1 rank (run here, without experts) sets the bar.
 run bf16 "${bf16[@]}"

@@ -27,13 +27,7 @@ check() {  # check NAME [--set ...]: fp32, only the order of additions differs
 # stay far inside 1e-3.
 # Where oneDNN cannot run bf16 GEMMs (no AVX-512) the layouts still check bf16 storage and
 # traffic, with fp32 GEMMs, and say so.
-bf16=(--set train.precision=bf16 --set hardware.gemm=onednn) bf16_gemm=onednn-bf16
-if ! "$titan3d" train "$repo/recipes/tiny.toml" "${common[@]}" --set train.steps=1 \
-     --set run.dir="$work/probe_bf16" "${bf16[@]}" > "$work/probe_bf16.log" 2>&1; then
-  grep -q "oneDNN cannot run" "$work/probe_bf16.log" || { echo "FAIL: bf16 probe"; tail "$work/probe_bf16.log"; exit 1; }
-  echo "NOTE: no bf16 GEMMs on this CPU: the bf16 layouts below run fp32 GEMMs"
-  bf16=(--set train.precision=bf16 --set hardware.gemm=openblas) bf16_gemm=openblas-fp32
-fi
+choose_bf16 "${common[@]}"
 run reference_bf16 "${bf16[@]}"
 check_bf16() { reference=reference_bf16 check_within 1e-3 "$@" "${bf16[@]}"; }
 check_within() {  # check_within RTOL NAME [--set ...]; $reference: the run compared against

@@ -14,7 +14,18 @@
 #include <string>
 #include <vector>
 
+#include "kernels/blas.h"
+
 namespace t3d::kernels::ref {
+
+// Runs fn with `threads` BLAS threads (the kernels' thread count), restoring the old count.
+template <class Fn>
+void with_threads(int threads, Fn&& fn) {
+  const int saved = blas_threads();
+  set_blas_threads(threads);
+  fn();
+  set_blas_threads(saved);
+}
 
 using Vec = std::vector<double>;
 

@@ -18,6 +18,7 @@ namespace t3d::kernels {
 namespace {
 
 using ref::Vec;
+using ref::with_threads;
 using I32 = std::vector<std::int32_t>;
 
 constexpr GemmKind kFp32 = GemmKind::kOpenBlasF32;
@@ -556,14 +557,6 @@ TEST(kernels_moe_balance, BiasUpdateBySign) {
 }
 
 // ---- threads ------------------------------------------------------------------------------
-
-template <class Fn>
-void with_threads(int threads, Fn&& fn) {
-  const int saved = blas_threads();
-  set_blas_threads(threads);
-  fn();
-  set_blas_threads(saved);
-}
 
 // Large enough for the threaded row loops (N E and N K C over 64k floats): two threads give the
 // one-thread bits for the router, gather and combine.

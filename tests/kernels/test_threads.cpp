@@ -9,9 +9,12 @@
 #include "kernels/blas.h"
 #include "kernels/ops.h"
 #include "kernels/simd_rows.h"
+#include "reference.h"
 
 namespace t3d::kernels {
 namespace {
+
+using ref::with_threads;
 
 constexpr GemmKind kFp32 = GemmKind::kOpenBlasF32;  // attention's fp32 tiles
 
@@ -21,15 +24,6 @@ std::vector<float> random_vec(std::size_t n, unsigned seed, float scale = 1.0f) 
   std::vector<float> v(n);
   for (auto& x : v) x = d(rng);
   return v;
-}
-
-// Runs fn with `threads` BLAS threads (the kernels' thread count), restoring the old count.
-template <class Fn>
-void with_threads(int threads, Fn&& fn) {
-  const int saved = blas_threads();
-  set_blas_threads(threads);
-  fn();
-  set_blas_threads(saved);
 }
 
 struct AttnOut {
