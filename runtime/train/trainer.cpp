@@ -406,7 +406,7 @@ struct Trainer::Impl {
       state->reducer().finish();
       // One all-reduce for the loss and the exact global gradient norm (each dp × cp rank sums
       // its partition, so every element counts once).
-      // MoE: the auxiliary loss rides along (tp ranks hold the same value: rank 0's counts).
+      // MoE: the auxiliary loss rides along (tp ranks hold the same value: tp rank 0 gives it).
       double sums[3] = {holds_loss ? loss_sum : 0.0, state->grad_sum_of_squares(),
                         mesh.coord().tp == 0 ? model->aux_loss() : 0.0};
       mesh.world().all_reduce(sums, r.model.moe() ? 3 : 2);
