@@ -15,7 +15,8 @@ namespace t3d::runtime {
 namespace k = t3d::kernels;
 
 const float* Model::unit_weights(int64_t unit) const {
-  if (weight_source_) return weight_source_(unit);
+  const auto& source = weight_source_[static_cast<size_t>(state_group(config_, unit))];
+  if (source) return source(unit);
   T3D_ASSERT(state_.params.data(), "a model without a parameter region needs a weight source");
   return state_.params.data() + unit_begin_.at(static_cast<size_t>(unit + 1));
 }
@@ -28,13 +29,15 @@ const float* Model::w(const std::string& name, int64_t unit) const {
 Model::ConstBlock Model::block_weights(int64_t l) const {
   const BlockTensors<int64_t>& o = block_offsets_.at(static_cast<size_t>(l));
   const float* base = unit_weights(l);
+  const float* experts = moe_block(l) ? unit_weights(experts_unit(config_, l)) : nullptr;
   ConstBlock b;
-  for (const BlockWeight t : kAllBlockWeights) b[t] = base + o[t];
+  for (const BlockWeight t : kAllBlockWeights) b[t] = (is_expert_weight(t) ? experts : base) + o[t];
   return b;
 }
 
 float* Model::unit_grads(int64_t unit) const {
-  if (grad_source_) return grad_source_(unit);
+  const auto& source = grad_source_[static_cast<size_t>(state_group(config_, unit))];
+  if (source) return source(unit);
   T3D_ASSERT(state_.grads.data(), "a model without a gradient region needs a grad source");
   return state_.grads.data() + unit_begin_.at(static_cast<size_t>(unit + 1));
 }
@@ -47,9 +50,20 @@ float* Model::g(const std::string& name, int64_t unit) const {
 Model::BlockParams Model::block_grads(int64_t l) const {
   const BlockTensors<int64_t>& o = block_offsets_.at(static_cast<size_t>(l));
   float* base = unit_grads(l);
+  float* experts = moe_block(l) ? unit_grads(experts_unit(config_, l)) : nullptr;
   BlockParams b;
-  for (const BlockWeight t : kAllBlockWeights) b[t] = base + o[t];
+  for (const BlockWeight t : kAllBlockWeights) b[t] = (is_expert_weight(t) ? experts : base) + o[t];
   return b;
+}
+
+void Model::unit_done(int64_t unit) const {
+  const auto& hook = grad_hook_[static_cast<size_t>(state_group(config_, unit))];
+  if (hook) hook(unit);
+}
+
+void Model::block_done(int64_t l) const {
+  unit_done(l);
+  if (moe_block(l)) unit_done(experts_unit(config_, l));
 }
 
 float* Model::input(int chunk, int slot) { return acts_.at(chunk).at(slot)->x[0]; }
@@ -298,7 +312,7 @@ double Model::forward_head(ChunkActs& c, const int32_t* targets, float grad_scal
     const float* dxn_rows = reduce_rows(s.dxn);
     k::rmsnorm_backward(c.dx_last, g("model.norm.weight", norm_unit), dxn_rows, x_last,
                         w("model.norm.weight", norm_unit), c.rstdf, Nl, C);
-    if (grad_hook_) grad_hook_(config_.n_layers);
+    unit_done(config_.n_layers);
   }
   return loss_sum;
 }
@@ -341,7 +355,7 @@ void Model::backward_weight(int chunk, int slot) {
     if (recomputed(i) || moe_block(l)) continue;  // done in B
     if (stored16(i)) decode16(a.stored[i], a.layers[i]);
     backward_layer_weights(l, a.layers[i], block_copies(a, i), a.wgrads[i]);
-    if (grad_hook_) grad_hook_(l);
+    block_done(l);
   }
 }
 
@@ -359,13 +373,13 @@ void Model::backward_impl(int chunk, int slot, const float* dout, bool defer_wei
     if (stored16(i)) decode16(a.stored[i], a.layers[i]);
     const bool defer = defer_weights && !recomputed(i) && !moe_block(l);
     backward_layer(l, a.layers[i], block_copies(a, i), a.x[i], dx, defer ? &a.wgrads[i] : nullptr);
-    if (!defer && grad_hook_) grad_hook_(l);
+    if (!defer) block_done(l);
   }
   if (range.first) {
     const float* dy = gather_rows(dx, scratch_->all_rows);
     k::embedding_backward(g("model.embed_tokens.weight", -1), dy, a.tokens, N, C, vocab_start_,
                           vocab_start_ + vocab_);
-    if (grad_hook_) grad_hook_(-1);
+    unit_done(-1);
   }
 }
 

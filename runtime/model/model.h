@@ -77,6 +77,10 @@ struct ModelOptions {
   // Mixture of experts: the weight of one sequence's auxiliary balance loss in the training
   // loss (model.router_aux_coef / sequences in the global batch); 0: none.
   double moe_aux_weight = 0;
+  // Expert parallelism (parallel.ep > 1): this rank's EP group. EP rank r holds the routed
+  // experts expert_share(config, ep, r) of every MoE block; each block's token slots travel to
+  // the rank holding their expert and back (docs/moe.md). nullptr or size 1: every expert here.
+  const parallel::Comm* ep = nullptr;
 };
 
 // Context parallelism: cp rank `cp_rank`'s tokens of `rows` whole sequences of `seq_len` (row
@@ -143,25 +147,33 @@ class Model final : public StageModel {
   const float* input_grad(int chunk, int slot) const override;
 
   // Gradient units: float ranges of the gradient region that become final together. Unit -1 is
-  // the embedding, l a transformer block, n_layers the final norm and LM head. In region order.
+  // the embedding, l a transformer block, n_layers the final norm and LM head, experts_unit(l)
+  // block l's routed experts (model_spec.h). In region order; those of one state group are
+  // contiguous, the dense group first.
   struct GradUnit {
     int64_t unit;
     parallel::FloatRange range;
   };
-  std::vector<GradUnit> grad_units() const;
+  std::vector<GradUnit> grad_units() const { return units_; }
+  std::vector<GradUnit> grad_units(StateGroup group) const;
+  // The routed experts this rank holds (all, or its EP rank's share).
+  const ExpertRange& experts() const { return experts_; }
+  // The hooks below are per state group: each group's ShardedState sets its own.
   // Called with a unit id each time a micro-batch has added its gradient to that unit (the data
   // parallel reducer starts a bucket once all micro-batches have).
-  void set_grad_hook(std::function<void(int64_t unit)> hook) { grad_hook_ = std::move(hook); }
+  void set_grad_hook(StateGroup group, std::function<void(int64_t unit)> hook) {
+    grad_hook_[static_cast<size_t>(group)] = std::move(hook);
+  }
   // Where a unit's gradients accumulate (its first float), asked right before every write to them
   // (a pointer is not kept across another unit's writes: ZeRO-2 may move the unit meanwhile).
   // Default: the gradient region.
-  void set_grad_source(std::function<float*(int64_t unit)> source) {
-    grad_source_ = std::move(source);
+  void set_grad_source(StateGroup group, std::function<float*(int64_t unit)> source) {
+    grad_source_[static_cast<size_t>(group)] = std::move(source);
   }
   // Where a unit's weights are (its first float), asked right before every read of them, as for
   // gradients. Default: the parameter region. ZeRO-3 gathers them there.
-  void set_weight_source(std::function<const float*(int64_t unit)> source) {
-    weight_source_ = std::move(source);
+  void set_weight_source(StateGroup group, std::function<const float*(int64_t unit)> source) {
+    weight_source_[static_cast<size_t>(group)] = std::move(source);
   }
 
   // Memory this model took from the arena at build time, by kind.
@@ -294,9 +306,14 @@ class Model final : public StageModel {
   std::vector<std::vector<std::unique_ptr<ChunkActs>>> acts_;  // [chunk][slot]
   std::unique_ptr<Scratch> scratch_;
   Footprint footprint_;
-  std::function<void(int64_t)> grad_hook_;
-  std::function<float*(int64_t)> grad_source_;
-  std::function<const float*(int64_t)> weight_source_;
+  // Per StateGroup.
+  std::array<std::function<void(int64_t)>, 2> grad_hook_;
+  std::array<std::function<float*(int64_t)>, 2> grad_source_;
+  std::array<std::function<const float*(int64_t)>, 2> weight_source_;
+  void unit_done(int64_t unit) const;  // the unit's group's grad hook, if any
+  // Block l's gradients are complete for this micro-batch: its unit and its experts' unit.
+  void block_done(int64_t layer) const;
+  ExpertRange experts_;
   std::vector<int64_t> moe_layers_;    // held mixture-of-experts blocks, in layer order
   std::vector<double> expert_counts_;  // E per held MoE block
   double aux_loss_ = 0;

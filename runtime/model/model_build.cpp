@@ -68,17 +68,19 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
 }
 
 void Model::build_params() {
-  params_ = param_table(config_, chunks_);
+  experts_ = options_.ep ? expert_share(config_, options_.ep->size(), options_.ep->rank())
+                         : ExpertRange{0, config_.n_experts};
+  params_ = param_table(config_, chunks_, experts_);
   std::vector<k::TensorSpec> table;
   for (const auto& p : params_)
     table.push_back({p.name, tp_shard_box(p, tp_.size(), tp_.rank()).shape});
   layout_ = k::ParamLayout(std::move(table));
   state_ = k::ModelState::allocate(arena_, layout_, options_.with_optimizer, options_.grad_region,
                                    options_.param_region);
-  const ParamUnits units = param_units(config_, chunks_, tp_.size());
+  const ParamUnits units = param_units(config_, chunks_, tp_.size(), experts_);
   T3D_ASSERT(units.total_floats == layout_.total_floats(), "the spec's parameter region (",
              units.total_floats, " floats) is not the layout's (", layout_.total_floats(), ")");
-  unit_begin_.assign(static_cast<size_t>(config_.n_layers + 2), -1);
+  unit_begin_.assign(static_cast<size_t>(unit_slots(config_)), -1);
   for (const auto& u : units.units) {
     units_.push_back({u.unit, {u.begin, u.end}});
     unit_begin_[static_cast<size_t>(u.unit + 1)] = u.begin;
@@ -89,17 +91,20 @@ void Model::build_params() {
   block_offsets_.resize(static_cast<size_t>(config_.n_layers));
   for (const auto& range : chunks_)
     for (int64_t l = range.begin; l < range.end; ++l) {
-      const int64_t unit0 = unit_begin_[static_cast<size_t>(l + 1)];
       for (const BlockWeight t : kAllBlockWeights) {
         if (!block_has(config_, l, t)) continue;
-        const int64_t first = layout_.at(block_param_name(l, t)).offset;
+        const bool expert = is_expert_weight(t);
+        const int64_t unit0 =
+            unit_begin_[static_cast<size_t>((expert ? experts_unit(config_, l) : l) + 1)];
+        const int64_t first =
+            layout_.at(block_param_name(l, t, expert ? experts_.begin : 0)).offset;
         block_offsets_[l][t] = first - unit0;
-        if (!is_expert_weight(t)) continue;
-        // The grouped pass reads a routed experts' row as one stack of E matrices.
-        for (int64_t e = 1; e < config_.n_experts; ++e) {
-          const auto& x = layout_.at(block_param_name(l, t, e));
-          T3D_ASSERT(x.offset == first + e * x.numel, block_param_name(l, t, e),
-                     " does not follow expert ", e - 1,
+        if (!expert) continue;
+        // The grouped pass reads a routed experts' row as one stack of the rank's experts.
+        for (int64_t e = 1; e < experts_.size(config_); ++e) {
+          const auto& x = layout_.at(block_param_name(l, t, experts_.begin + e));
+          T3D_ASSERT(x.offset == first + e * x.numel, block_param_name(l, t, experts_.begin + e),
+                     " does not follow expert ", experts_.begin + e - 1,
                      " in the region: recipe validation lets through an expert whose matrix is no "
                      "multiple of the arena's alignment");
         }
@@ -356,6 +361,11 @@ void Model::init(uint64_t seed, float* region) {
   }
 }
 
-std::vector<Model::GradUnit> Model::grad_units() const { return units_; }
+std::vector<Model::GradUnit> Model::grad_units(StateGroup group) const {
+  std::vector<GradUnit> out;
+  for (const auto& u : units_)
+    if (state_group(config_, u.unit) == group) out.push_back(u);
+  return out;
+}
 
 }  // namespace t3d::runtime

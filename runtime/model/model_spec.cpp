@@ -191,22 +191,35 @@ bool is_expert_weight(BlockWeight w) {
   return kBlockWeightParts[static_cast<size_t>(w)] == BlockPart::kExperts;
 }
 
+int64_t ExpertRange::size(const ModelConfig& config) const {
+  return (end < 0 ? config.n_experts : end) - begin;
+}
+
+ExpertRange expert_share(const ModelConfig& config, int64_t ep, int64_t rank) {
+  const int64_t n = config.n_experts / ep;
+  return {rank * n, (rank + 1) * n};
+}
+
 std::vector<ParamInfo> param_table(const ModelConfig& m,
-                                   const std::vector<parallel::LayerRange>& chunks) {
+                                   const std::vector<parallel::LayerRange>& chunks,
+                                   ExpertRange experts) {
   const int64_t C = m.dim, D = m.head_dim(), V = m.vocab_size;
   const int64_t H = m.n_heads, Hkv = m.n_kv_heads, F = m.ffn_dim;
   const int64_t E = m.n_experts, Fe = m.moe_ffn_dim, Fs = m.shared_ffn_dim();
+  const int64_t first = experts.begin, last = experts.begin + experts.size(m);
   using enum ParamInit;
-  std::vector<ParamInfo> t;
+  std::vector<ParamInfo> t, routed;
   for (const auto& range : chunks) {
     if (range.first) t.push_back({"model.embed_tokens.weight", {V, C}, 0, true, kNormal, -1});
     for (int64_t l = range.begin; l < range.end; ++l) {
-#define T3D_ROW(e, member, suffix, shape, split_dim, decay, init, part)                       \
-  if (block_has(m, l, BlockPart::part)) {                                                     \
-    const bool experts = BlockPart::part == BlockPart::kExperts;                              \
-    for (int64_t x = 0; x < (experts ? E : 1); ++x)                                           \
-      t.push_back({block_param_name(l, BlockWeight::e, x), T3D_SHAPE shape, split_dim, decay, \
-                   init, l, BlockWeight::e != BlockWeight::kRouterBias, experts ? x : -1});   \
+#define T3D_ROW(e, member, suffix, shape, split_dim, decay, init, part)                            \
+  if (BlockPart::part == BlockPart::kExperts && block_has(m, l, BlockPart::part)) {                \
+    for (int64_t x = first; x < last; ++x)                                                         \
+      routed.push_back({block_param_name(l, BlockWeight::e, x), T3D_SHAPE shape, split_dim, decay, \
+                        init, experts_unit(m, l), true, x});                                       \
+  } else if (block_has(m, l, BlockPart::part)) {                                                   \
+    t.push_back({block_param_name(l, BlockWeight::e), T3D_SHAPE shape, split_dim, decay, init, l,  \
+                 BlockWeight::e != BlockWeight::kRouterBias});                                     \
   }
       T3D_BLOCK_WEIGHTS(T3D_ROW)
 #undef T3D_ROW
@@ -216,6 +229,7 @@ std::vector<ParamInfo> param_table(const ModelConfig& m,
       if (!m.tie_embeddings) t.push_back({"lm_head.weight", {V, C}, 0, true, kNormal, m.n_layers});
     }
   }
+  t.insert(t.end(), routed.begin(), routed.end());
   return t;
 }
 
@@ -240,9 +254,9 @@ TensorBox tp_shard_box(const ParamInfo& p, int64_t tp, int64_t rank) {
 }
 
 ParamUnits param_units(const ModelConfig& config, const std::vector<parallel::LayerRange>& chunks,
-                       int64_t tp) {
+                       int64_t tp, ExpertRange experts) {
   ParamUnits out;
-  for (const ParamInfo& p : param_table(config, chunks)) {
+  for (const ParamInfo& p : param_table(config, chunks, experts)) {
     const int64_t n = tp_shard_box(p, tp, 0).numel();
     if (out.units.empty() || out.units.back().unit != p.unit)
       out.units.push_back({p.unit, out.total_floats, 0});

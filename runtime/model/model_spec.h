@@ -213,18 +213,53 @@ struct ParamInfo {
   int split_dim = -1;  // -1 replicated over tp; 0 rows (column-parallel, vocab); 1 columns
   bool decay = true;   // AdamW weight decay (norm weights: no)
   ParamInit init = ParamInit::kNormal;
-  int64_t unit = 0;  // gradient unit: -1 the embedding, l block l, n_layers final norm and head
+  // Gradient unit: -1 the embedding, l block l, n_layers final norm and head, experts_unit(l)
+  // the routed experts of block l.
+  int64_t unit = 0;
   // false: no gradient ever reaches it (the router's selection bias, which its own rule updates
   // after each optimizer step instead of AdamW).
   bool trained = true;
   int64_t expert = -1;  // a routed expert's tensor: its expert; -1 otherwise
 };
 
+// Gradient units past the final norm and head: the routed experts of mixture-of-experts block l
+// are unit n_layers + 1 + l, laid out after every other unit of the rank. They are a state group
+// of their own (StateGroup::kExperts), reduced and sharded over the expert-data-parallel ranks
+// (runtime/train/sharded_state.h), while everything else is StateGroup::kDense.
+inline int64_t experts_unit(const ModelConfig& config, int64_t layer) {
+  return config.n_layers + 1 + layer;
+}
+// Unit ids run from -1 to 2·n_layers: tables indexed by unit + 1 have this many entries.
+inline int64_t unit_slots(const ModelConfig& config) { return 2 * config.n_layers + 2; }
+enum class StateGroup : uint8_t { kDense, kExperts };
+inline constexpr StateGroup kStateGroups[] = {StateGroup::kDense, StateGroup::kExperts};
+inline StateGroup state_group(const ModelConfig& config, int64_t unit) {
+  return unit > config.n_layers ? StateGroup::kExperts : StateGroup::kDense;
+}
+// The block a unit belongs to (its experts' unit: the block), -1 the embedding, n_layers the head.
+inline int64_t unit_block(const ModelConfig& config, int64_t unit) {
+  return unit > config.n_layers ? unit - config.n_layers - 1 : unit;
+}
+
+// The routed experts a rank holds, [begin, end) of model.n_experts: all of them, or with expert
+// parallelism its EP rank's share (expert_share).
+struct ExpertRange {
+  int64_t begin = 0, end = -1;  // end -1: to model.n_experts
+  int64_t size(const ModelConfig& config) const;
+  bool all(const ModelConfig& config) const {
+    return begin == 0 && size(config) == config.n_experts;
+  }
+};
+// EP rank `rank` of `ep` holds n_experts / ep consecutive experts.
+ExpertRange expert_share(const ModelConfig& config, int64_t ep, int64_t rank);
+
 // The parameters of `chunks`, in layout order: per chunk the embedding (first), its blocks, then
-// the final norm and (untied) LM head (last). The one LLaMA parameter table: the Model's layout,
-// the snapshot's tensors, `export`, `import` and `generate` all read it.
+// the final norm and (untied) LM head (last); after every chunk, the routed experts `experts` of
+// each mixture-of-experts block (their own gradient units). The one LLaMA parameter table: the
+// Model's layout, the snapshot's tensors, `export`, `import` and `generate` all read it.
 std::vector<ParamInfo> param_table(const ModelConfig& config,
-                                   const std::vector<parallel::LayerRange>& chunks);
+                                   const std::vector<parallel::LayerRange>& chunks,
+                                   ExpertRange experts = {});
 // The whole model's parameters (one chunk holding every layer).
 std::vector<ParamInfo> param_table(const ModelConfig& config);
 
@@ -248,7 +283,7 @@ struct ParamUnits {
   int64_t total_floats = 0;  // the region, alignment padding included
 };
 ParamUnits param_units(const ModelConfig& config, const std::vector<parallel::LayerRange>& chunks,
-                       int64_t tp);
+                       int64_t tp, ExpertRange experts = {});
 // Floats the largest transformer block's parameters take in the region on one tp rank, padding
 // included.
 int64_t block_param_floats(const ModelConfig& config, int64_t tp);

@@ -35,18 +35,37 @@ std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> flat_boxes(
 // The sections of the state a snapshot holds, as dataset-path prefixes.
 constexpr const char* kSections[] = {"model/", "optim/exp_avg/", "optim/exp_avg_sq/"};
 
+// The part of the Model's region that the units of `kind` take: from the first unit's start to
+// the next group's (padding included), so the groups' parts tile the region.
+parallel::FloatRange group_region(const Model& model, StateGroup kind) {
+  const auto units = model.grad_units(kind);
+  T3D_ASSERT(!units.empty(), "the model holds no gradient unit of this state group");
+  int64_t end = model.layout().total_floats();
+  for (const auto& u : model.grad_units())
+    if (u.range.begin > units.back().range.begin) {
+      end = u.range.begin;
+      break;
+    }
+  return {units.front().range.begin, end};
+}
+
 }  // namespace
 
-ShardedState::ShardedState(Model& model, const parallel::Comm& group, int zero, double bucket_mb,
-                           kernels::Arena& arena)
-    : model_(model), group_(group), zero_(zero), bucket_mb_(bucket_mb) {
+ShardedState::ShardedState(Model& model, StateGroup kind, const parallel::Comm& group, int zero,
+                           double bucket_mb, kernels::Arena& arena)
+    : model_(model),
+      kind_(kind),
+      region_(group_region(model, kind)),
+      group_(group),
+      zero_(zero),
+      bucket_mb_(bucket_mb) {
   const parallel::FullRegions full = parallel::full_regions(zero_);
   T3D_ASSERT(full.params == (model.state().params.data() != nullptr) &&
                  full.grads == (model.state().grads.data() != nullptr) &&
                  full.moments == (model.state().adam_m.data() != nullptr),
              "ZeRO ", zero_, ": the model's regions do not fit the stage");
   std::vector<parallel::FloatRange> units;
-  for (const auto& u : model.grad_units()) units.push_back(u.range);
+  for (const auto& u : model.grad_units(kind)) units.push_back(u.range);
   partition_ = parallel::BucketPartition(
       parallel::make_buckets(units, parallel::bucket_floats(bucket_mb), &units_per_bucket_),
       group.size(), group.rank());
@@ -67,10 +86,10 @@ ShardedState::~ShardedState() = default;
 void ShardedState::attach_to_model() {
   const auto& buckets = partition_.buckets;
   // [unit + 1] -> its bucket, and its offset from the bucket's start.
-  std::vector<int> bucket_of(static_cast<size_t>(model_.config().n_layers + 2), -1);
+  std::vector<int> bucket_of(static_cast<size_t>(unit_slots(model_.config())), -1);
   std::vector<int64_t> unit_offset(bucket_of.size(), 0);
   size_t b = 0;
-  for (const auto& u : model_.grad_units()) {
+  for (const auto& u : model_.grad_units(kind_)) {
     while (u.range.begin >= buckets[b].end) ++b;
     bucket_of[static_cast<size_t>(u.unit + 1)] = static_cast<int>(b);
     unit_offset[static_cast<size_t>(u.unit + 1)] = u.range.begin - buckets[b].begin;
@@ -80,28 +99,24 @@ void ShardedState::attach_to_model() {
   red->set_before_reduce([model, red](int bucket, float* data) {
     model->sum_replicated_grads(red->buckets()[bucket], data);  // sequence parallel only
   });
-  model_.set_grad_source([red, bucket_of, unit_offset](int64_t unit) {
+  model_.set_grad_source(kind_, [red, bucket_of, unit_offset](int64_t unit) {
     const auto u = static_cast<size_t>(unit + 1);
     return red->bucket_grads(bucket_of[u]) + unit_offset[u];
   });
-  model_.set_grad_hook(
-      [red, bucket_of](int64_t unit) { red->unit_done(bucket_of[static_cast<size_t>(unit + 1)]); });
+  model_.set_grad_hook(kind_, [red, bucket_of](int64_t unit) {
+    red->unit_done(bucket_of[static_cast<size_t>(unit + 1)]);
+  });
   if (buffers_.param_shard)
-    model_.set_weight_source([red, bucket_of, unit_offset](int64_t unit) {
+    model_.set_weight_source(kind_, [red, bucket_of, unit_offset](int64_t unit) {
       const auto u = static_cast<size_t>(unit + 1);
       return red->bucket_params(bucket_of[u]) + unit_offset[u];
     });
 }
 
-void ShardedState::init(uint64_t seed) {
-  if (!buffers_.param_shard) return model_.init(seed);
-  // ZeRO-3: the full model exists only here, on the host, long enough to keep this rank's shard.
-  std::vector<float> full(static_cast<size_t>(model_.layout().total_floats()), 0.0f);
-  model_.init(seed, full.data());
+void ShardedState::keep_shard(const float* full) {
   for (size_t b = 0; b < partition_.buckets.size(); ++b)
-    std::copy_n(full.data() + partition_.mine[b].begin, partition_.mine[b].size(),
+    std::copy_n(full + partition_.mine[b].begin, partition_.mine[b].size(),
                 buffers_.param_shard + partition_.shard_offset[b]);
-  reducer_->gather_params(nullptr);  // the gather buffers hold nothing of the new shard
 }
 
 void ShardedState::restored() {
@@ -109,7 +124,7 @@ void ShardedState::restored() {
 }
 
 parallel::StateBytes ShardedState::footprint() const {
-  const auto region = static_cast<double>(model_.layout().total_floats());
+  const auto region = static_cast<double>(region_.size());
   return parallel::zero_state_bytes(zero_,
                                     {region, static_cast<double>(partition_.shard_floats),
                                      static_cast<double>(partition_.largest_bucket)},
@@ -172,8 +187,7 @@ float* ShardedState::exp_avg_sq(const Piece& p) const {
 
 ShardedState::Store ShardedState::store(const std::vector<parallel::FloatRange>& ranges,
                                         float* shard, float* region) const {
-  const auto whole = static_cast<int64_t>(model_.state().params.size());
-  if (!shard) return {{{0, whole}}, region, whole, false};
+  if (!shard) return {{region_}, region, region_.size(), false};
   int64_t floats = 0;
   for (const auto& r : ranges) floats += r.size();
   return {ranges, shard, floats, true};
@@ -188,10 +202,8 @@ ShardedState::Store ShardedState::exp_avg_sq_store() const {
   return store(owned(), v_shard_, model_.state().adam_v.data());
 }
 
-std::vector<checkpoint::Slice> ShardedState::boxes(const float* params, const float* exp_avg,
-                                                   const float* exp_avg_sq, bool only_owned,
-                                                   const parallel::Comm& replicas) const {
-  const int writers = replicas.size(), me = replicas.rank();
+std::vector<checkpoint::Slice> ShardedState::boxes(bool only_owned) const {
+  const int writers = group_.size(), me = group_.rank();
   std::vector<checkpoint::Slice> out;
   const auto& table = model_.params();
   // One section from an array holding `store.ranges` of the region (back to back if sharded).
@@ -214,9 +226,11 @@ std::vector<checkpoint::Slice> ShardedState::boxes(const float* params, const fl
       }
     });
   };
-  add_section(0, params, param_store());
-  add_section(1, exp_avg, exp_avg_store());
-  add_section(2, exp_avg_sq, exp_avg_sq_store());
+  const Store params = param_store(), exp_avg = exp_avg_store(), exp_avg_sq = exp_avg_sq_store();
+  T3D_USER_CHECK(exp_avg.data && exp_avg_sq.data, "snapshots need the optimizer state");
+  add_section(0, params.data, params);
+  add_section(1, exp_avg.data, exp_avg);
+  add_section(2, exp_avg_sq.data, exp_avg_sq);
   return out;
 }
 
@@ -263,6 +277,80 @@ void ShardedState::adamw_step(const TrainConfig& t, double lr, int64_t step, flo
     kernels::adamw_step(params(p), grads(p), exp_avg(p), exp_avg_sq(p), p.size(), cfg, step);
   });
   reducer_->gather_params(model_.state().params.data());
+}
+
+TrainingState::TrainingState(Model& model, const parallel::Comm& dense_group,
+                             const parallel::Comm& experts_group, int zero, double bucket_mb,
+                             kernels::Arena& arena)
+    : model_(model) {
+  groups_.push_back(std::make_unique<ShardedState>(model, StateGroup::kDense, dense_group, zero,
+                                                   bucket_mb, arena));
+  if (!model.grad_units(StateGroup::kExperts).empty())
+    groups_.push_back(std::make_unique<ShardedState>(model, StateGroup::kExperts, experts_group,
+                                                     zero, bucket_mb, arena));
+}
+
+void TrainingState::init(uint64_t seed) {
+  if (!dense().param_shard()) {
+    model_.init(seed);
+  } else {
+    // ZeRO-3: the full model exists only here, on the host, long enough to keep this rank's
+    // shards.
+    std::vector<float> full(static_cast<size_t>(model_.layout().total_floats()), 0.0f);
+    model_.init(seed, full.data());
+    for (const auto& g : groups_) g->keep_shard(full.data());
+  }
+  restored();
+}
+
+void TrainingState::restored() {
+  for (const auto& g : groups_) g->restored();
+}
+
+void TrainingState::begin_step(int micro_batches) {
+  for (const auto& g : groups_) g->reducer().begin_step(micro_batches);
+}
+
+void TrainingState::finish_step() {
+  for (const auto& g : groups_) g->reducer().finish();
+}
+
+parallel::StateBytes TrainingState::footprint() const {
+  parallel::StateBytes sum;
+  for (const auto& g : groups_) {
+    const parallel::StateBytes b = g->footprint();
+    sum.params += b.params, sum.grads += b.grads, sum.optimizer += b.optimizer;
+  }
+  return sum;
+}
+
+void TrainingState::log_footprint(bool rank0) const {
+  for (const auto& g : groups_) g->log_footprint(rank0);
+}
+
+void TrainingState::log_counters() const {
+  for (const auto& g : groups_) g->log_counters();
+}
+
+std::vector<checkpoint::Slice> TrainingState::boxes(bool only_owned) const {
+  std::vector<checkpoint::Slice> out;
+  for (const auto& g : groups_) {
+    auto mine = g->boxes(only_owned);
+    out.insert(out.end(), std::make_move_iterator(mine.begin()),
+               std::make_move_iterator(mine.end()));
+  }
+  return out;
+}
+
+double TrainingState::grad_sum_of_squares() const {
+  double sum = 0;
+  for (const auto& g : groups_) sum += g->grad_sum_of_squares();
+  return sum;
+}
+
+void TrainingState::adamw_step(const TrainConfig& t, double lr, int64_t step, float grad_scale,
+                               const RouterBiasStep& bias) {
+  for (const auto& g : groups_) g->adamw_step(t, lr, step, grad_scale, bias);
 }
 
 }  // namespace t3d::runtime

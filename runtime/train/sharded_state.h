@@ -1,19 +1,20 @@
-// The training state this rank updates, one owner for all of it: the ZeRO partition of the
-// Model's flat parameter region over the data-parallel group, the shards and buffers each stage
-// keeps (parallel/zero.h), the AdamW moments, and the gradient reducer that moves bucket bytes
-// between them (parallel/grad_reducer.h). It initialises, restores and reports that state; the
-// trainer and the snapshotter walk it without knowing the ZeRO stage.
+// The training state this rank updates, one owner for all of it: per state group (model_spec.h:
+// the dense parameters, a mixture of experts' routed experts) a ShardedState, the ZeRO partition
+// of the group's part of the Model's flat parameter region over the group's data-parallel ranks,
+// the shards and buffers each stage keeps (parallel/zero.h), the AdamW moments, and the gradient
+// reducer that moves bucket bytes between them (parallel/grad_reducer.h). TrainingState holds the
+// groups; it initialises, restores and reports that state, and the trainer and the snapshotter
+// walk it without knowing the ZeRO stage or the groups.
+//
+// A group's data-parallel ranks: dp × cp (Mesh::dp_cp) for the dense group; for the experts the
+// ranks that hold the same experts (the expert-data-parallel group: dp × cp when parallel.ep =
+// 1). "dp rank" below means a rank of the group's.
 //
 //   ZeRO 0   owns everything; parameters, gradients and moments are the Model's regions.
-// The group is dp × cp (Mesh::dp_cp): "dp rank" below means a rank of it.
-//
 //   ZeRO 1   owns its dp slice of every bucket (partition()); moments are a shard holding the
 //            owned ranges back to back ("compact"); gradients, parameters regions.
 //   ZeRO 2   gradients are a compact shard too.
 //   ZeRO 3   parameters are a compact shard too (gathered bucket by bucket for the model).
-//
-// A second group of parameters with a data-parallel group of its own (experts) is a second
-// instance over its own region and group.
 //
 // Everything that walks the owned state — AdamW, gradient clipping, the global gradient norm,
 // the snapshot boxes — walks it through for_each_piece: (tensor, part of the region, its offset
@@ -46,22 +47,23 @@ struct RouterBiasStep {
 class ShardedState {
  public:
   // `model` built with the regions parallel::full_regions(zero) keeps (build_stage does). Cuts
-  // the model's gradient units into buckets of about `bucket_mb`, partitions them over `group`,
-  // allocates this rank's shards, buffers and moments (zeroed) from `arena`, and points the
-  // model's gradient source and hook (ZeRO 3: its weight source) at the reducer. The model's
-  // parameters are not initialised yet: call init or restore through a snapshot.
-  ShardedState(Model& model, const parallel::Comm& group, int zero, double bucket_mb,
-               kernels::Arena& arena);
+  // the gradient units of `kind` into buckets of about `bucket_mb`, partitions them over
+  // `group`, allocates this rank's shards, buffers and moments (zeroed) from `arena`, and points
+  // the model's gradient source and hook (ZeRO 3: its weight source) of `kind` at the reducer.
+  // The model holds units of `kind`.
+  ShardedState(Model& model, StateGroup kind, const parallel::Comm& group, int zero,
+               double bucket_mb, kernels::Arena& arena);
   ~ShardedState();
   ShardedState(const ShardedState&) = delete;
   ShardedState& operator=(const ShardedState&) = delete;
 
-  // Parameters from `seed` (Model::init); ZeRO 3 initialises the whole model on the host once
-  // and keeps this rank's slices.
-  void init(uint64_t seed);
-  // After a snapshot was read into the stores: makes every rank's parameters current (ZeRO 3:
-  // the gathered buffers are stale).
+  // ZeRO 3: keeps this rank's slices of `full`, a whole parameter region (TrainingState::init).
+  void keep_shard(const float* full);
+  // After the stores were initialised or restored: makes every rank's parameters current (ZeRO
+  // 3: the gathered buffers are stale).
   void restored();
+  StateGroup kind() const { return kind_; }
+  bool param_shard() const { return buffers_.param_shard != nullptr; }
 
   parallel::GradReducer& reducer() { return *reducer_; }
   // What the optimizer updates: everything (ZeRO 0) or this dp rank's partition.
@@ -110,14 +112,12 @@ class ShardedState {
   int64_t moment_floats() const { return exp_avg_store().floats; }
 
   // This rank's boxes of the global tensors in a snapshot ("model/<name>", "optim/exp_avg/<name>",
-  // "optim/exp_avg_sq/<name>"), the data in arrays laid out as param_store() and the moment
-  // stores. Writing (`only_owned`), every box gets exactly one writer among the `replicas` (the
-  // dp × cp ranks holding this stage and tp shard): tensor i of an unsharded store by replica
-  // i mod size, a sharded store's pieces by the replica that owns them, tp-replicated tensors by
-  // tp rank 0. Reading, a rank asks for everything it holds, whatever layout wrote the snapshot.
-  std::vector<checkpoint::Slice> boxes(const float* params, const float* exp_avg,
-                                       const float* exp_avg_sq, bool only_owned,
-                                       const parallel::Comm& replicas) const;
+  // "optim/exp_avg_sq/<name>"), the data in the stores. Writing (`only_owned`), every box gets
+  // exactly one writer among the group's ranks (which hold this stage, tp shard and experts):
+  // tensor i of an unsharded store by rank i mod size, a sharded store's pieces by the rank that
+  // owns them, tp-replicated tensors by tp rank 0. Reading, a rank asks for everything it holds,
+  // whatever layout wrote the snapshot.
+  std::vector<checkpoint::Slice> boxes(bool only_owned) const;
 
   // Sum of squared gradients over partition(): tp-replicated tensors count on tp rank 0 only, so
   // the sum over dp, tp and pp is the global sum exactly.
@@ -137,6 +137,8 @@ class ShardedState {
   void step_router_bias(const Piece& p, const RouterBiasStep& bias) const;
 
   Model& model_;
+  StateGroup kind_;
+  parallel::FloatRange region_;  // the group's part of the Model's region
   const parallel::Comm& group_;
   int zero_;
   double bucket_mb_;
@@ -146,6 +148,44 @@ class ShardedState {
   std::unique_ptr<parallel::GradReducer> reducer_;
   float* m_shard_ = nullptr;  // ZeRO >= 1: the owned ranges' moments back to back
   float* v_shard_ = nullptr;
+};
+
+// Every state group of this rank's Model, each a ShardedState over its own ranks.
+class TrainingState {
+ public:
+  // The dense group over `dense_group` (dp × cp), the experts (when the Model holds any) over
+  // `experts_group` (the expert-data-parallel ranks), both with the same ZeRO stage and bucket
+  // size.
+  TrainingState(Model& model, const parallel::Comm& dense_group,
+                const parallel::Comm& experts_group, int zero, double bucket_mb,
+                kernels::Arena& arena);
+
+  // Parameters from `seed` (Model::init); with ZeRO 3 the whole model is initialised on the host
+  // once and each group keeps its rank's slices.
+  void init(uint64_t seed);
+  // After a snapshot was read into the stores (ShardedState::restored).
+  void restored();
+
+  const std::vector<std::unique_ptr<ShardedState>>& groups() const { return groups_; }
+  ShardedState& dense() const { return *groups_.front(); }
+
+  // A step's gradient reductions (parallel::GradReducer), every group's.
+  void begin_step(int micro_batches);
+  void finish_step();
+
+  parallel::StateBytes footprint() const;  // the groups' together
+  void log_footprint(bool rank0) const;
+  void log_counters() const;
+  std::vector<checkpoint::Slice> boxes(bool only_owned) const;  // the groups' together
+  // Over every group's partition(): summed over the world, the global sum exactly (each element
+  // once).
+  double grad_sum_of_squares() const;
+  void adamw_step(const TrainConfig& t, double lr, int64_t step, float grad_scale,
+                  const RouterBiasStep& bias = RouterBiasStep{});
+
+ private:
+  Model& model_;
+  std::vector<std::unique_ptr<ShardedState>> groups_;
 };
 
 }  // namespace t3d::runtime

@@ -105,7 +105,7 @@ struct Snapshotter::Impl {
   const Recipe& r;
   const parallel::Mesh& mesh;
   Model& model;
-  const ShardedState& state;
+  const TrainingState& state;
   MetricsWriter* metrics;
   std::string dir;
   std::unique_ptr<ck::IoThread> io;
@@ -161,7 +161,7 @@ struct Snapshotter::Impl {
   // changed during the run does not change what the snapshots record.
   int64_t tokenizer_hash_ = 0;
 
-  Impl(const Job& j, Model& m, const ShardedState& st, MetricsWriter* w)
+  Impl(const Job& j, Model& m, const TrainingState& st, MetricsWriter* w)
       : job(j), r(j.recipe), mesh(*j.mesh), model(m), state(st), metrics(w), dir(r.snapshot.dir) {
     if (mesh.rank() == 0) tokenizer_hash_ = tokenizer_hash(r);
     if (mesh.rank() == 0 && r.snapshot.every > 0) data_hash_ = data_hash(r);
@@ -222,8 +222,7 @@ struct Snapshotter::Impl {
 
   // Reads this rank's state from `c`, refusing a snapshot that is not the one rank 0 resolved.
   void load(const Choice& c, std::string* layout) {
-    const auto pa = state.param_store(), m = state.exp_avg_store(), v = state.exp_avg_sq_store();
-    T3D_USER_CHECK(m.data && v.data, "resume needs the optimizer state");
+    const auto boxes = state.boxes(false);
     io->run([&] {
       ck::SnapshotReader reader(c.path);
       const auto& info = reader.info();
@@ -236,8 +235,7 @@ struct Snapshotter::Impl {
                      "snapshot `", c.path,
                      "` has no step counter, or one that differs from its "
                      "step attribute");
-      for (const auto& s : state.boxes(pa.data, m.data, v.data, false, mesh.dp_cp()))
-        reader.read(s);
+      for (const auto& s : boxes) reader.read(s);
       *layout = info.layout;
     });
   }
@@ -391,8 +389,7 @@ struct Snapshotter::Impl {
   // This rank's boxes and the waves they are staged in; the staging itself is allocated by
   // reserve_staging() once every host is known to have the memory.
   void plan_staging() {
-    const auto pa = state.param_store(), m = state.exp_avg_store(), v = state.exp_avg_sq_store();
-    mine = state.boxes(pa.data, m.data, v.data, true, mesh.dp_cp());
+    mine = state.boxes(true);
     int64_t total = 0, largest_chunk = 1;
     for (const auto& b : mine) {
       total += kernels::numel(b.shape);
@@ -910,7 +907,7 @@ struct Snapshotter::Impl {
   }
 };
 
-Snapshotter::Snapshotter(const Job& job, Model& model, const ShardedState& state,
+Snapshotter::Snapshotter(const Job& job, Model& model, const TrainingState& state,
                          MetricsWriter* metrics)
     : impl_(std::make_unique<Impl>(job, model, state, metrics)) {
   auto& m = *impl_;

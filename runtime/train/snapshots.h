@@ -45,14 +45,14 @@ namespace t3d::runtime {
 
 class Model;
 class MetricsWriter;
-class ShardedState;
+class TrainingState;
 
 class Snapshotter {
  public:
   // `metrics`: rank 0's writer (null elsewhere). When snapshot.every > 0, checks that this rank
   // can write into snapshot.dir (UserError naming the key) and allocates the host staging memory.
   // `state`: what this rank owns (its boxes of the global tensors).
-  Snapshotter(const Job& job, Model& model, const ShardedState& state, MetricsWriter* metrics);
+  Snapshotter(const Job& job, Model& model, const TrainingState& state, MetricsWriter* metrics);
   ~Snapshotter();  // lets a write in flight finish; an uncommitted snapshot stays unpublished
   Snapshotter(const Snapshotter&) = delete;
   Snapshotter& operator=(const Snapshotter&) = delete;

@@ -79,8 +79,8 @@ struct Trainer::Impl {
   std::unique_ptr<kernels::Arena> arena;
   std::unique_ptr<PipelineExecutor> executor;
   std::unique_ptr<Model> model;
-  std::unique_ptr<ShardedState> state;  // what this rank updates: ZeRO shards, moments, reducer
-  std::optional<MicroBatchFeed> feed;   // a step's micro-batches, cut to this cp rank
+  std::unique_ptr<TrainingState> state;  // what this rank updates: ZeRO shards, moments, reducers
+  std::optional<MicroBatchFeed> feed;    // a step's micro-batches, cut to this cp rank
   int cp = 1, cp_rank = 0;
   std::unique_ptr<MetricsWriter> metrics;
   std::unique_ptr<Snapshotter> snapshots;
@@ -124,8 +124,9 @@ struct Trainer::Impl {
                           SamplerConfig{SampleMode::kSequential, seed, t.global_batch, T});
     // Over dp × cp: one overlapped reduction sums the gradients of other rows (dp) and of other
     // positions of the same rows (cp); ZeRO shards over the same ranks.
-    state = std::make_unique<ShardedState>(*model, mesh.dp_cp(), static_cast<int>(r.parallel.zero),
-                                           r.parallel.bucket_mb, *arena);
+    state = std::make_unique<TrainingState>(*model, mesh.dp_cp(), mesh.dp_cp(),
+                                            static_cast<int>(r.parallel.zero), r.parallel.bucket_mb,
+                                            *arena);
     state->init(seed);
     feed.emplace(rows, T, cp, cp_rank, n_micro);
     flops_per_token = model_train_flops_per_token(r.model);
@@ -214,25 +215,30 @@ struct Trainer::Impl {
     std::vector<int64_t> bad_params(L + 2, 0), bad_grads(L + 2, 0);
     std::vector<double> grad_sq(L + 2, 0.0);
     const auto units = model->grad_units();
-    const auto part_of = [&](int64_t offset) {  // index unit + 1 of the unit holding `offset`
+    // Index block + 1 of the unit holding `offset` (a block's experts count as the block).
+    const auto part_of = [&](int64_t offset) {
       for (const auto& u : units)
-        if (offset >= u.range.begin && offset < u.range.end) return static_cast<size_t>(u.unit + 1);
+        if (offset >= u.range.begin && offset < u.range.end)
+          return static_cast<size_t>(unit_block(r.model, u.unit) + 1);
       return size_t{0};
     };
-    state->for_each_piece(state->partition(), [&](const ShardedState::Piece& p) {
-      const size_t i = part_of(p.lo);
-      // Each dp × cp rank checks its partition's parameters: together, every parameter once.
-      if (!std::all_of(state->params(p), state->params(p) + p.size(),
-                       [](float x) { return std::isfinite(x); }))
-        bad_params[i] = 1;
-      const float* g = state->grads(p);
-      for (int64_t k = 0; k < p.size(); ++k) {
-        if (!std::isfinite(g[k]))
-          bad_grads[i] = 1;
-        else
-          grad_sq[i] += double(g[k]) * g[k];
-      }
-    });
+    for (const auto& group : state->groups()) {
+      const ShardedState& st = *group;
+      st.for_each_piece(st.partition(), [&](const ShardedState::Piece& p) {
+        const size_t i = part_of(p.lo);
+        // Each rank checks its partition's parameters: together, every parameter once.
+        if (!std::all_of(st.params(p), st.params(p) + p.size(),
+                         [](float x) { return std::isfinite(x); }))
+          bad_params[i] = 1;
+        const float* g = st.grads(p);
+        for (int64_t k = 0; k < p.size(); ++k) {
+          if (!std::isfinite(g[k]))
+            bad_grads[i] = 1;
+          else
+            grad_sq[i] += double(g[k]) * g[k];
+        }
+      });
+    }
     mesh.world().all_reduce(bad_params.data(), bad_params.size(), parallel::ReduceOp::max);
     mesh.world().all_reduce(bad_grads.data(), bad_grads.size(), parallel::ReduceOp::max);
     mesh.world().all_reduce(grad_sq.data(), grad_sq.size());
@@ -399,11 +405,11 @@ struct Trainer::Impl {
       step_span.arg("step", step + 1);
       double waited[4];
       for (int i = 0; i < 4; ++i) waited[i] = groups[i]->counters().wait_s;
-      state->reducer().begin_step(n_micro);
+      state->begin_step(n_micro);
       const double loss_sum = executor->run(*model, source(*train_sampler, step), grad_scale, true);
       // Data and context parallel: buckets were reduced over dp × cp during the backward; the
       // gradients are means over the global batch's tokens once summed.
-      state->reducer().finish();
+      state->finish_step();
       // One all-reduce for the loss and the exact global gradient norm (each dp × cp rank sums
       // its partition, so every element counts once).
       // MoE: the auxiliary loss rides along (tp ranks hold the same value: tp rank 0 gives it).

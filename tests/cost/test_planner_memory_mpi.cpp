@@ -98,7 +98,7 @@ void expect_zero_arena_matches(const parallel::Comm& dp, const parallel::Comm& t
     options.with_optimizer = full.moments;
     Model model(p.model, chunks, tp, arena, options);
     const size_t before = arena.used();
-    const ShardedState state(model, dp, static_cast<int>(zero), bucket_mb, arena);
+    const TrainingState state(model, dp, dp, static_cast<int>(zero), bucket_mb, arena);
     const size_t sharded = arena.used() - before;  // shards, buffers and moments
     const auto& f = model.footprint();
     EXPECT_EQ(static_cast<double>(f.activations), predicted.activations);

@@ -324,24 +324,51 @@ TEST(ModelSpec, MoeParameterTableHasATensorPerExpert) {
     return c;
   }();
   std::map<std::string, std::vector<int64_t>> shapes;
-  std::vector<std::string> block1;  // block 1's tensors, in layout order
-  for (const auto& p : param_table(m)) {
+  // Block 1's tensors and its experts' unit, in layout order.
+  std::vector<std::string> block1, experts1;
+  const auto table = param_table(m);
+  bool experts_seen = false;
+  for (const auto& p : table) {
     shapes[p.name] = p.global_shape;
     if (p.unit == 1) block1.push_back(p.name);
+    if (p.unit == experts_unit(m, 1)) experts1.push_back(p.name);
     EXPECT_EQ(p.trained, p.name.find("router.bias") == std::string::npos) << p.name;
+    // The experts' units follow every other unit: the state groups are contiguous.
+    const bool expert = state_group(m, p.unit) == StateGroup::kExperts;
+    EXPECT_EQ(expert, p.expert >= 0) << p.name;
+    EXPECT_TRUE(expert || !experts_seen) << p.name << " follows an expert";
+    experts_seen |= expert;
   }
+  const std::vector<std::string> mlp(block1.begin() + 6, block1.end());
+  EXPECT_EQ(mlp, (std::vector<std::string>{"model.layers.1.mlp.router.weight",
+                                           "model.layers.1.mlp.router.bias",
+                                           "model.layers.1.mlp.shared_experts.gate_proj.weight",
+                                           "model.layers.1.mlp.shared_experts.up_proj.weight",
+                                           "model.layers.1.mlp.shared_experts.down_proj.weight"}));
   // Each projection's E experts back to back (the stack the grouped pass reads).
   const std::string e = "model.layers.1.mlp.experts.";
-  const std::vector<std::string> mlp(block1.begin() + 6, block1.end());
-  EXPECT_EQ(mlp, (std::vector<std::string>{
-                     "model.layers.1.mlp.router.weight", "model.layers.1.mlp.router.bias",
-                     e + "0.gate_proj.weight", e + "1.gate_proj.weight", e + "2.gate_proj.weight",
-                     e + "3.gate_proj.weight", e + "0.up_proj.weight", e + "1.up_proj.weight",
-                     e + "2.up_proj.weight", e + "3.up_proj.weight", e + "0.down_proj.weight",
-                     e + "1.down_proj.weight", e + "2.down_proj.weight", e + "3.down_proj.weight",
-                     "model.layers.1.mlp.shared_experts.gate_proj.weight",
-                     "model.layers.1.mlp.shared_experts.up_proj.weight",
-                     "model.layers.1.mlp.shared_experts.down_proj.weight"}));
+  EXPECT_EQ(experts1,
+            (std::vector<std::string>{
+                e + "0.gate_proj.weight", e + "1.gate_proj.weight", e + "2.gate_proj.weight",
+                e + "3.gate_proj.weight", e + "0.up_proj.weight", e + "1.up_proj.weight",
+                e + "2.up_proj.weight", e + "3.up_proj.weight", e + "0.down_proj.weight",
+                e + "1.down_proj.weight", e + "2.down_proj.weight", e + "3.down_proj.weight"}));
+  EXPECT_EQ(unit_block(m, experts_unit(m, 1)), 1);
+  // Expert parallelism: EP rank 1 of 2 holds experts 2 and 3 under their global names, and
+  // nothing else differs.
+  std::vector<std::string> share1, dense;
+  for (const auto& p :
+       param_table(m, {parallel::LayerRange{0, m.n_layers, true, true}}, expert_share(m, 2, 1))) {
+    if (p.unit == experts_unit(m, 1)) share1.push_back(p.name);
+    if (p.expert < 0) dense.push_back(p.name);
+  }
+  EXPECT_EQ(share1, (std::vector<std::string>{e + "2.gate_proj.weight", e + "3.gate_proj.weight",
+                                              e + "2.up_proj.weight", e + "3.up_proj.weight",
+                                              e + "2.down_proj.weight", e + "3.down_proj.weight"}));
+  std::vector<std::string> all_dense;
+  for (const auto& p : table)
+    if (p.expert < 0) all_dense.push_back(p.name);
+  EXPECT_EQ(dense, all_dense);
   EXPECT_EQ(shapes.count("model.layers.0.mlp.gate_proj.weight"), 1u);
   EXPECT_EQ(shapes.count("model.layers.0.mlp.router.weight"), 0u);
   EXPECT_EQ(shapes.count("model.layers.1.mlp.gate_proj.weight"), 0u);

@@ -25,7 +25,8 @@ struct Rank {
   kernels::Arena arena{size_t{64} << 20};
   std::unique_ptr<Model> model;
   size_t model_bytes = 0;  // the arena after the model: its regions, activations, scratch
-  std::unique_ptr<ShardedState> state;
+  std::unique_ptr<TrainingState> training;
+  ShardedState* state = nullptr;  // the dense model's only group
 
   Rank(const parallel::Comm& dp, const parallel::Comm& tp, int zero) {
     ModelOptions o;
@@ -34,8 +35,9 @@ struct Rank {
     model = std::make_unique<Model>(
         small_model(), std::vector<parallel::LayerRange>{{0, 3, true, true}}, tp, arena, o);
     model_bytes = arena.used();
-    state = std::make_unique<ShardedState>(*model, dp, zero, kBucketMb, arena);
-    state->init(kSeed);
+    training = std::make_unique<TrainingState>(*model, dp, dp, zero, kBucketMb, arena);
+    training->init(kSeed);
+    state = &training->dense();
   }
 };
 

@@ -61,7 +61,8 @@ struct Rank {
   Job job;
   kernels::Arena arena{size_t{64} << 20};
   std::unique_ptr<Model> model;
-  std::unique_ptr<ShardedState> state;
+  std::unique_ptr<TrainingState> training;
+  ShardedState* state = nullptr;  // the dense model's only group
 
   Rank(const Recipe& recipe, uint64_t seed) {
     job.recipe = recipe;
@@ -75,8 +76,10 @@ struct Rank {
     model =
         std::make_unique<Model>(recipe.model, std::vector<parallel::LayerRange>{{0, 3, true, true}},
                                 job.mesh->group(parallel::Dim::tp), arena, o);
-    state = std::make_unique<ShardedState>(*model, job.mesh->dp_cp(), zero, kBucketMb, arena);
-    state->init(seed);
+    training = std::make_unique<TrainingState>(*model, job.mesh->dp_cp(), job.mesh->dp_cp(), zero,
+                                               kBucketMb, arena);
+    training->init(seed);
+    state = &training->dense();
   }
 
   // An AdamW step on gradients derived from `salt`: parameters and both moments change.
@@ -153,7 +156,7 @@ class SnapshotsTest : public ::testing::Test {
   static void expect_latest_is(Recipe run, int64_t step, const std::vector<float>& want) {
     run.snapshot.resume = "latest";
     Rank b(run, 99);
-    Snapshotter snap(b.job, *b.model, *b.state, nullptr);
+    Snapshotter snap(b.job, *b.model, *b.training, nullptr);
     EXPECT_EQ(snap.restore(), step);
     b.state->restored();
     EXPECT_TRUE(same_bits(want, b.owned()));
@@ -176,7 +179,7 @@ TEST_F(SnapshotsTest, WriteCommitRestoreEveryZeroStage) {
     a.step(1);
     std::vector<float> want, want_params;
     {
-      Snapshotter snap(a.job, *a.model, *a.state, nullptr);
+      Snapshotter snap(a.job, *a.model, *a.training, nullptr);
       EXPECT_EQ(snap.restore(), 0);  // nothing to resume: a fresh start
       snap.after_step(1, false);     // due: staged, written in the background
       want = a.owned();
@@ -196,7 +199,7 @@ TEST_F(SnapshotsTest, WriteCommitRestoreEveryZeroStage) {
     resume.snapshot.resume = ck::index_path(here, 1);
     Rank b(resume, 99);
     ASSERT_NE(b.owned(), want) << "another seed gives the same state: the test proves nothing";
-    Snapshotter snap(b.job, *b.model, *b.state, nullptr);
+    Snapshotter snap(b.job, *b.model, *b.training, nullptr);
     EXPECT_EQ(snap.restore(), 1);
     b.state->restored();
     EXPECT_TRUE(same_bits(want, b.owned()));
@@ -211,7 +214,7 @@ TEST_F(SnapshotsTest, FailedWriteIsDroppedAndThePreviousOneRestores) {
   a.step(1);
   std::vector<float> want;
   {
-    Snapshotter snap(a.job, *a.model, *a.state, nullptr);
+    Snapshotter snap(a.job, *a.model, *a.training, nullptr);
     snap.restore();
     snap.after_step(1, false);
     want = a.owned();
@@ -245,7 +248,7 @@ TEST_F(SnapshotsTest, RetentionRemovesOnlyThisRunsOlderSnapshots) {
   base.snapshot.keep = 2;
   {
     Rank previous(base, 7);
-    Snapshotter snap(previous.job, *previous.model, *previous.state, nullptr);
+    Snapshotter snap(previous.job, *previous.model, *previous.training, nullptr);
     snap.restore();
     for (int64_t s = 1; s <= 5; ++s) snap.after_step(s, s == 5);
     snap.finish();
@@ -253,7 +256,7 @@ TEST_F(SnapshotsTest, RetentionRemovesOnlyThisRunsOlderSnapshots) {
   EXPECT_EQ(committed(), (std::vector<int64_t>{4, 5}));
 
   Rank run(base, 11);
-  Snapshotter snap(run.job, *run.model, *run.state, nullptr);
+  Snapshotter snap(run.job, *run.model, *run.training, nullptr);
   EXPECT_EQ(snap.restore(), 0);  // a fresh start: the previous run's snapshots are set aside
   EXPECT_TRUE(committed().empty());
   std::vector<float> newest;
@@ -309,7 +312,7 @@ TEST_F(SnapshotsTest, MemoryTierBuddyCopiesAndAHostThatLostItsDirectory) {
   std::vector<float> want;
   {
     ::setenv("T3D_MEMORY_TIER_RESTORE", "0", 1);
-    Snapshotter snap(a.job, *a.model, *a.state, nullptr);
+    Snapshotter snap(a.job, *a.model, *a.training, nullptr);
     EXPECT_EQ(snap.restore(), 0);
     snap.after_step(10, false);  // memory snapshot 10: written in the background
     want = a.owned();
@@ -338,7 +341,7 @@ TEST_F(SnapshotsTest, MemoryTierBuddyCopiesAndAHostThatLostItsDirectory) {
   Rank b(run, 99);
   on_hosts(b);
   {
-    Snapshotter snap(b.job, *b.model, *b.state, nullptr);
+    Snapshotter snap(b.job, *b.model, *b.training, nullptr);
     EXPECT_EQ(snap.restore(), 10);
     b.state->restored();
     EXPECT_TRUE(same_bits(want, b.owned()));
