@@ -103,6 +103,17 @@ void moe_experts_backward(GemmKind kind,
                           const float* wg, const float* wu, const float* wd,
                           const std::int64_t* offsets, const ExpertShape& s);
 
+// Expert parallelism: P ranks hold El experts each, and a rank's experts receive counts[s·El + j]
+// rows of source rank s for its local expert j (s < P, j < El). Source-major order (s, j, row) is
+// how an all-to-all delivers them (each source's rows sorted by expert); expert-major order
+// (j, s, row) is the grouped pass's. Copies rows of `width` floats from one order to the other
+// (`to_expert_major`) or back; row order inside a (source, expert) block is kept.
+void moe_ep_reorder(float* dst, const float* src, const std::int32_t* counts, std::int64_t P,
+                    std::int64_t El, std::int64_t width, bool to_expert_major);
+// The local experts' row offsets (El + 1) in expert-major order.
+void moe_ep_offsets(std::int64_t* offsets, const std::int32_t* counts, std::int64_t P,
+                    std::int64_t El);
+
 // Tokens routed to each expert: counts[e] += number of slots with chosen == e (over N·K).
 void moe_count(double* counts, const std::int32_t* chosen, std::int64_t N, std::int64_t E,
                std::int64_t K);

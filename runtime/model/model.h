@@ -256,6 +256,11 @@ class Model final : public StageModel {
   void moe_backward(int64_t layer, LayerActs& a, const BlockCopies& copies, const ConstBlock& w,
                     const BlockParams& g, const float* dy);
   kernels::RouterShape router_shape() const;
+  // Expert parallelism: the routed experts' part of moe_forward / moe_backward on the EP group.
+  int ep_size() const { return options_.ep ? options_.ep->size() : 1; }
+  void moe_experts_ep_forward(LayerActs& a, const ConstBlock& w);
+  void moe_experts_ep_backward(LayerActs& a, const ConstBlock& w, const BlockParams& g);
+  void ep_plan(const int32_t* recv);  // ep_route_ from the counts each EP rank sends here
   bool moe_block(int64_t layer) const { return config_.moe_block(layer); }
   void backward_layer(int64_t layer, LayerActs& a, const BlockCopies& copies, const float* x_in,
                       float* dx_io, const LayerGrads* keep);
@@ -318,6 +323,12 @@ class Model final : public StageModel {
   std::vector<double> expert_counts_;  // E per held MoE block
   double aux_loss_ = 0;
   std::vector<int64_t> expert_offsets_;  // E + 1: the permutation's expert boundaries
+  // Expert parallelism's exchange of one block (ep_plan), sized once: rows per EP rank.
+  struct EpRoute {
+    std::vector<int32_t> mine;  // E: this rank's rows per expert
+    std::vector<int> send_counts, send_displs, recv_counts, recv_displs;  // P each
+    std::vector<int64_t> local_offsets;  // El + 1: the local experts' rows, expert-major
+  } ep_route_;
 };
 
 }  // namespace t3d::runtime

@@ -46,7 +46,8 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
   spec_options.split_backward = options_.split_backward;
   spec_options.storage = options_.bf16 ? ActivationStorage::kBf16Copies : ActivationStorage::kFp32;
   const SpecLayout spec_layout{chunks_, tp_.size(), options_.sequence_parallel,
-                               options_.cp ? options_.cp->size() : 1};
+                               options_.cp ? options_.cp->size() : 1,
+                               options_.ep ? options_.ep->size() : 1};
   const ActivationSpec spec = activation_spec(config_, spec_layout, spec_options);
   const ModelDims& d = spec.dims;
   heads_ = d.H, kv_heads_ = d.Hkv, ffn_ = d.F, vocab_ = d.V;
@@ -113,6 +114,12 @@ void Model::build_params() {
     }
   expert_counts_.assign(moe_layers_.size() * static_cast<size_t>(config_.n_experts), 0.0);
   expert_offsets_.assign(static_cast<size_t>(config_.n_experts + 1), 0);
+  const auto P = static_cast<size_t>(options_.ep ? options_.ep->size() : 1);
+  ep_route_.mine.assign(static_cast<size_t>(config_.n_experts), 0);
+  for (auto* v : {&ep_route_.send_counts, &ep_route_.send_displs, &ep_route_.recv_counts,
+                  &ep_route_.recv_displs})
+    v->assign(P, 0);
+  ep_route_.local_offsets.assign(static_cast<size_t>(experts_.size(config_) + 1), 0);
   const size_t region = static_cast<size_t>(layout_.total_floats()) * sizeof(float);
   footprint_.params = options_.param_region ? region : 0;
   footprint_.grads = options_.grad_region ? region : 0;
@@ -178,6 +185,8 @@ void Model::allocate_scratch(const ActivationSpec& spec) {
       for (int64_t i = 0; i < chunks_[ci].size(); ++i)
         if (recomputed(i) || stored16(i)) slot->layers[static_cast<size_t>(i)] = work;
   stored_block_ = spec.stored_block;
+  if (scratch_->moe_ep_index)  // the identity: expert parallelism's rows are their own slots
+    for (int64_t r = 0; r < spec.dims.R; ++r) scratch_->moe_ep_index[r] = static_cast<int32_t>(r);
   k::rope_table(scratch_->rope, config_.seq_len, config_.head_dim(), config_.rope_theta);
   footprint_.scratch = arena_.used() - before;
   T3D_ASSERT(footprint_.scratch == spec.scratch_bytes(), "scratch took ", footprint_.scratch,

@@ -57,8 +57,11 @@ void Model::moe_forward(int64_t l, LayerActs& a, const BlockCopies& copies, cons
   int64_t* offsets = expert_offsets_.data();
   k::moe_permute(offsets, s.moe_row_of_slot, s.moe_slot_of_row, chosen, N, E, K);
   k::moe_gather(s.moe_rows, a.xn2, s.moe_slot_of_row, S, K, C);
-  k::moe_experts_forward(kind, s.moe_out, a.egate, a.eup, a.eh, s.moe_rows, w.expert_gate,
-                         w.expert_up, w.expert_down, offsets, {E, C, Fe});
+  if (ep_size() > 1)
+    moe_experts_ep_forward(a, w);
+  else
+    k::moe_experts_forward(kind, s.moe_out, a.egate, a.eup, a.eh, s.moe_rows, w.expert_gate,
+                           w.expert_up, w.expert_down, offsets, {E, C, Fe});
   k::moe_combine(s.tmp, s.moe_out, a.gates, s.moe_row_of_slot, N, K, C, k::Out::kWrite);
   if (block_has(config_, l, BlockWeight::kSharedGate)) {
     const int64_t Fs = config_.shared_ffn_dim() / tp_.size();
@@ -89,12 +92,16 @@ void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, con
   int64_t* offsets = expert_offsets_.data();
   k::moe_permute(offsets, s.moe_row_of_slot, s.moe_slot_of_row, chosen, N, E, K);
   // Routed experts: xs in moe_rows, dy's rows in moe_out (clobbered), dxs in moe_grad.
-  k::moe_gather(s.moe_rows, a.xn2, s.moe_slot_of_row, S, K, C);
   k::moe_gather(s.moe_out, dy, s.moe_slot_of_row, S, K, C);
-  k::moe_experts_backward(kind, s.moe_grad, s.moe_dgates, g.expert_gate, g.expert_up, g.expert_down,
-                          s.moe_dh, s.moe_dgate, s.moe_dup, s.moe_out, a.gates, s.moe_slot_of_row,
-                          s.moe_rows, a.egate, a.eup, a.eh, w.expert_gate, w.expert_up,
-                          w.expert_down, offsets, {E, C, Fe});
+  if (ep_size() > 1) {
+    moe_experts_ep_backward(a, w, g);
+  } else {
+    k::moe_gather(s.moe_rows, a.xn2, s.moe_slot_of_row, S, K, C);
+    k::moe_experts_backward(kind, s.moe_grad, s.moe_dgates, g.expert_gate, g.expert_up,
+                            g.expert_down, s.moe_dh, s.moe_dgate, s.moe_dup, s.moe_out, a.gates,
+                            s.moe_slot_of_row, s.moe_rows, a.egate, a.eup, a.eh, w.expert_gate,
+                            w.expert_up, w.expert_down, offsets, {E, C, Fe});
+  }
   k::moe_combine(s.dxn, s.moe_grad, nullptr, s.moe_row_of_slot, N, K, C, k::Out::kWrite);
   // Each tp rank holds a slice of every expert's width: its gate gradients are partial sums.
   if (tp_.size() > 1) tp_.all_reduce(s.moe_dgates, static_cast<size_t>(S));
@@ -130,6 +137,84 @@ void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, con
   }
   const int64_t first = sp_ ? tp_.rank() * rows_local_ : 0, rows = sp_ ? rows_local_ : N;
   k::linear_backward_weight(rk, g.router, s.moe_dlogits + first * E, a.xn2 + first * C, rows, C, E);
+}
+
+// Expert parallelism (docs/moe.md). The slots this rank routed are sorted by expert (moe_permute,
+// rows in scratch moe_rows); the rows of EP rank q's experts go to q. First every rank tells every
+// other how many rows each of its experts gets (an all-to-all of El counts per pair, kept in
+// a.erecv for the backward), then the rows travel (an all-to-allv, source-rank order), are
+// reordered expert-major, run through the local experts, and come back the same way.
+void Model::ep_plan(const int32_t* recv) {
+  const int64_t P = ep_size(), El = experts_.size(config_);
+  const int64_t* offsets = expert_offsets_.data();
+  int send_at = 0, recv_at = 0;
+  for (int64_t q = 0; q < P; ++q) {
+    const auto to_q = static_cast<int>(offsets[(q + 1) * El] - offsets[q * El]);
+    int from_q = 0;
+    for (int64_t j = 0; j < El; ++j) from_q += recv[q * El + j];
+    const auto i = static_cast<size_t>(q);
+    ep_route_.send_counts[i] = to_q, ep_route_.send_displs[i] = send_at;
+    ep_route_.recv_counts[i] = from_q, ep_route_.recv_displs[i] = recv_at;
+    send_at += to_q, recv_at += from_q;
+  }
+  k::moe_ep_offsets(ep_route_.local_offsets.data(), recv, P, El);
+}
+
+void Model::moe_experts_ep_forward(LayerActs& a, const ConstBlock& w) {
+  const parallel::Comm& ep = *options_.ep;
+  const int64_t P = ep_size(), E = config_.n_experts, El = experts_.size(config_), C = config_.dim,
+                Fe = config_.moe_ffn_dim / tp_.size();
+  auto& s = *scratch_;
+  auto* recv = reinterpret_cast<int32_t*>(a.erecv);
+  for (int64_t e = 0; e < E; ++e)
+    ep_route_.mine[static_cast<size_t>(e)] =
+        static_cast<int32_t>(expert_offsets_[e + 1] - expert_offsets_[e]);
+  ep.all_to_all(ep_route_.mine.data(), recv, static_cast<size_t>(El));
+  ep_plan(recv);
+  const auto& r = ep_route_;
+  const auto width = static_cast<size_t>(C);
+  ep.all_to_allv(s.moe_rows, r.send_counts, r.send_displs, s.moe_ep_rows, r.recv_counts,
+                 r.recv_displs, width);
+  k::moe_ep_reorder(a.ex, s.moe_ep_rows, recv, P, El, C, true);
+  k::moe_experts_forward(options_.gemm, s.moe_ep_out, a.egate, a.eup, a.eh, a.ex, w.expert_gate,
+                         w.expert_up, w.expert_down, r.local_offsets.data(), {El, C, Fe});
+  k::moe_ep_reorder(s.moe_ep_rows, s.moe_ep_out, recv, P, El, C, false);
+  ep.all_to_allv(s.moe_ep_rows, r.recv_counts, r.recv_displs, s.moe_out, r.send_counts,
+                 r.send_displs, width);
+}
+
+// The mirror image: each row's output gradient (scratch moe_out) and gate travel to its expert,
+// the experts' backward runs on the rows they took in the forward (a.ex), and every row's input
+// gradient (into moe_grad) and gate gradient (into moe_dgates, by slot) come back.
+void Model::moe_experts_ep_backward(LayerActs& a, const ConstBlock& w, const BlockParams& g) {
+  const parallel::Comm& ep = *options_.ep;
+  const int64_t P = ep_size(), El = experts_.size(config_), C = config_.dim,
+                Fe = config_.moe_ffn_dim / tp_.size(), S = rows_ * config_.experts_per_token;
+  auto& s = *scratch_;
+  const auto* recv = reinterpret_cast<const int32_t*>(a.erecv);
+  ep_plan(recv);
+  const auto& r = ep_route_;
+  const auto width = static_cast<size_t>(C);
+  for (int64_t row = 0; row < S; ++row) s.moe_ep_gates[row] = a.gates[s.moe_slot_of_row[row]];
+  ep.all_to_allv(s.moe_ep_gates, r.send_counts, r.send_displs, s.moe_ep_dgates, r.recv_counts,
+                 r.recv_displs);
+  k::moe_ep_reorder(s.moe_ep_gates, s.moe_ep_dgates, recv, P, El, 1, true);
+  ep.all_to_allv(s.moe_out, r.send_counts, r.send_displs, s.moe_ep_rows, r.recv_counts,
+                 r.recv_displs, width);
+  k::moe_ep_reorder(s.moe_ep_out, s.moe_ep_rows, recv, P, El, C, true);
+  // The rows are their own slots here (moe_ep_index is the identity): gates and gate gradients
+  // by row.
+  k::moe_experts_backward(options_.gemm, s.moe_ep_rows, s.moe_ep_dgates, g.expert_gate, g.expert_up,
+                          g.expert_down, s.moe_dh, s.moe_dgate, s.moe_dup, s.moe_ep_out,
+                          s.moe_ep_gates, s.moe_ep_index, a.ex, a.egate, a.eup, a.eh, w.expert_gate,
+                          w.expert_up, w.expert_down, r.local_offsets.data(), {El, C, Fe});
+  k::moe_ep_reorder(s.moe_ep_out, s.moe_ep_rows, recv, P, El, C, false);
+  ep.all_to_allv(s.moe_ep_out, r.recv_counts, r.recv_displs, s.moe_grad, r.send_counts,
+                 r.send_displs, width);
+  k::moe_ep_reorder(s.moe_ep_gates, s.moe_ep_dgates, recv, P, El, 1, false);
+  ep.all_to_allv(s.moe_ep_gates, r.recv_counts, r.recv_displs, s.moe_ep_dgates, r.send_counts,
+                 r.send_displs);
+  for (int64_t row = 0; row < S; ++row) s.moe_dgates[s.moe_slot_of_row[row]] = s.moe_ep_dgates[row];
 }
 
 }  // namespace t3d::runtime

@@ -393,13 +393,16 @@ ModelDims model_dims(const ModelConfig& config, const SpecLayout& layout, int64_
     d.Fs = config.shared_ffn_dim() / tps;
     d.aux = config.router_aux_coef > 0;
     d.Fw = std::max(d.Fw, d.Fs);
+    d.P = layout.ep;
+    d.El = d.E / d.P;
+    d.R = d.P * d.S;
   }
   return d;
 }
 
 BlockDims block_dims(const ModelDims& d, bool moe) {
   if (!moe) return {d.F, 0, 0, 0, 0, 0};
-  return {0, d.E, d.K, d.S, d.Fe, d.Fs};
+  return {0, d.E, d.K, d.S, d.Fe, d.Fs, d.P, d.El, d.R};
 }
 
 ActivationSpec activation_spec(const ModelConfig& config, const SpecLayout& layout,

@@ -76,9 +76,12 @@ namespace t3d::runtime {
   X(kScores, scores, "router_scores", true, d.N * b.E)    /* router scores (N, E) */            \
   X(kChosen, chosen, "router_chosen", true, d.N * b.K)    /* chosen experts (N, K), int32 */    \
   X(kGates,  gates,  "router_gates",  true, d.N * b.K)    /* their gates (N, K) */              \
-  X(kEGate,  egate,  "expert_gate",   false, b.S * b.Fe)  /* per permuted row (S = N·K) */      \
-  X(kEUp,    eup,    "expert_up",     false, b.S * b.Fe)                                        \
-  X(kEH,     eh,     "expert_h",      false, b.S * b.Fe)                                        \
+  X(kEGate,  egate,  "expert_gate",   false, b.R * b.Fe)  /* per row the experts take (R) */    \
+  X(kEUp,    eup,    "expert_up",     false, b.R * b.Fe)                                        \
+  X(kEH,     eh,     "expert_h",      false, b.R * b.Fe)                                        \
+  /* expert parallelism: the rows the experts took (expert-major) and how many from whom */     \
+  X(kEX,     ex,     "expert_x",      true,  b.P > 1 ? b.R * d.C : 0)                           \
+  X(kERecv,  erecv,  "expert_recv",   true,  b.P > 1 ? b.P * b.El : 0) /* int32 (P, El) */      \
   X(kSGate,  sgate,  "shared_gate",   false, d.N * b.Fs)  /* shared experts */                  \
   X(kSUp,    sup,    "shared_up",     false, d.N * b.Fs)                                        \
   X(kSH,     sh,     "shared_h",      false, d.N * b.Fs)
@@ -121,9 +124,16 @@ namespace t3d::runtime {
   X(kMoeRows,        moe_rows,  "moe_rows",        float, kWide, d.E > 0, d.S * d.C)          \
   X(kMoeOut,         moe_out,   "moe_out",         float, kWide, d.E > 0, d.S * d.C)          \
   X(kMoeGrad,        moe_grad,  "moe_grad",        float, kWide, d.E > 0, d.S * d.C)          \
-  X(kMoeDh,          moe_dh,    "moe_dh",          float, kWide, d.E > 0, d.S * d.Fe)         \
-  X(kMoeDgate,       moe_dgate, "moe_dgate",       float, kWide, d.E > 0, d.S * d.Fe)         \
-  X(kMoeDup,         moe_dup,   "moe_dup",         float, kWide, d.E > 0, d.S * d.Fe)         \
+  X(kMoeDh,          moe_dh,    "moe_dh",          float, kWide, d.E > 0, d.R * d.Fe)         \
+  X(kMoeDgate,       moe_dgate, "moe_dgate",       float, kWide, d.E > 0, d.R * d.Fe)         \
+  X(kMoeDup,         moe_dup,   "moe_dup",         float, kWide, d.E > 0, d.R * d.Fe)         \
+  /* expert parallelism: rows the experts take (R), in the all-to-all's order or theirs, a    \
+     gate and a gate gradient per row, and the rows' own slot index (the identity) */          \
+  X(kMoeEpRows,      moe_ep_rows, "moe_ep_rows",   float, kWide, d.P > 1, d.R * d.C)          \
+  X(kMoeEpOut,       moe_ep_out, "moe_ep_out",     float, kWide, d.P > 1, d.R * d.C)          \
+  X(kMoeEpGates,     moe_ep_gates, "moe_ep_gates", float, kF32,  d.P > 1, d.R)                \
+  X(kMoeEpDgates,    moe_ep_dgates, "moe_ep_dgates", float, kF32, d.P > 1, d.R)               \
+  X(kMoeEpIndex,     moe_ep_index, "moe_ep_index", int32_t, kI32, d.P > 1, d.R)               \
   X(kMoeDlogits,     moe_dlogits, "moe_dlogits",   float, kF32,  d.E > 0, d.N * d.E)          \
   X(kMoeDscores,     moe_dscores, "moe_dscores",   float, kF32,  d.aux,   d.N * d.E)       \
   X(kMoeDgates,      moe_dgates, "moe_dgates",     float, kF32,  d.E > 0, d.S)                \
@@ -336,6 +346,7 @@ struct SpecLayout {
   int64_t tp = 1;
   bool sequence_parallel = false;  // Megatron SP (has an effect with tp > 1 only)
   int64_t cp = 1;                  // context parallelism: the zig-zag split over 2·cp parts
+  int64_t ep = 1;                  // expert parallelism: the EP group's size
 };
 
 struct SpecOptions {
@@ -362,6 +373,9 @@ struct ModelDims {
   // expert's and the shared experts' width (local to a tp rank). Dense blocks exist (F > 0
   // for them) when the model is dense or keeps leading dense blocks.
   int64_t E = 0, K = 0, S = 0, Fe = 0, Fs = 0;
+  // Expert parallelism: the EP group's size, the experts this rank holds (E / P), and the rows
+  // they may receive in one micro-batch: every slot of the group (P·S, dropless), S when P = 1.
+  int64_t P = 1, El = 0, R = 0;
   bool dense_blocks = true;
   bool aux = false;  // the auxiliary balance loss is on
   int64_t Fw = 0;    // the widest dense-shaped SwiGLU: F (dense blocks) or Fs (shared experts)
@@ -371,7 +385,7 @@ ModelDims model_dims(const ModelConfig& config, const SpecLayout& layout, int64_
 // The sizes of one block's own rows (T3D_BLOCK_ACTS' `b`): a dense block has F, a mixture of
 // experts E, K, S, Fe and Fs; the other kind's are 0.
 struct BlockDims {
-  int64_t F = 0, E = 0, K = 0, S = 0, Fe = 0, Fs = 0;
+  int64_t F = 0, E = 0, K = 0, S = 0, Fe = 0, Fs = 0, P = 1, El = 0, R = 0;
 };
 BlockDims block_dims(const ModelDims& d, bool moe);
 

@@ -330,6 +330,34 @@ TEST(kernels_moe_permute, EmptyExpertsAndAllToOne) {
   }
 }
 
+// Expert parallelism's reorder against a plain reference: element by element, both directions,
+// with empty (source, expert) blocks.
+TEST(kernels_moe_ep, ReorderBetweenSourceAndExpertMajor) {
+  const int P = 3, El = 2, W = 5;
+  const I32 counts = {2, 0, 1, 3, 0, 4};  // [s·El + j]
+  int rows = 0;
+  for (const int c : counts) rows += c;
+  std::vector<float> source(static_cast<size_t>(rows * W));
+  for (size_t i = 0; i < source.size(); ++i) source[i] = static_cast<float>(i) + 0.5f;
+  // Reference: walk the blocks in expert-major order, finding each in source-major order.
+  std::vector<float> want;
+  for (int j = 0; j < El; ++j)
+    for (int s = 0; s < P; ++s) {
+      int at = 0;
+      for (int i = 0; i < s * El + j; ++i) at += counts[static_cast<size_t>(i)];
+      for (int r = 0; r < counts[static_cast<size_t>(s * El + j)]; ++r)
+        for (int c = 0; c < W; ++c) want.push_back(source[static_cast<size_t>((at + r) * W + c)]);
+    }
+  std::vector<float> expert(source.size(), -1.0f), back(source.size(), -1.0f);
+  moe_ep_reorder(expert.data(), source.data(), counts.data(), P, El, W, true);
+  EXPECT_EQ(expert, want);
+  moe_ep_reorder(back.data(), expert.data(), counts.data(), P, El, W, false);
+  EXPECT_EQ(back, source);
+  std::vector<std::int64_t> offsets(El + 1);
+  moe_ep_offsets(offsets.data(), counts.data(), P, El);
+  EXPECT_EQ(offsets, (std::vector<std::int64_t>{0, 3, 10}));
+}
+
 TEST(kernels_moe_combine, GatherAndCombine) {
   const int N = 5, K = 3, C = 7, E = 4;
   const I32 chosen = {0, 1, 3, 3, 0, 2, 1, 3, 0, 2, 1, 0, 3, 2, 1};
