@@ -16,7 +16,8 @@
 //   T3D_FAULT=slow_step:RANK:MS     RANK sleeps MS milliseconds at the start of every training
 //                                   step (a step longer than a stop's time limit)
 //
-// GROUP is a group name (tp, dp, cp, pp, world) or `*` for any. A malformed value is a UserError.
+// GROUP is a group name (tp, dp, cp, pp, dp_cp, ep, edp, world) or `*` for any. A malformed value
+// is a UserError.
 #pragma once
 
 #include <mpi.h>

@@ -157,6 +157,7 @@ struct ParallelConfig {
   int64_t dp = 1;  // -1: the rest of the world
   int64_t cp = 1;
   int64_t tp = 1;
+  int64_t ep = 1;  // expert parallelism, folded into dp × cp (docs/parallelism.md)
   bool sequence_parallel = false;
   parallel::ScheduleKind schedule = parallel::ScheduleKind::k1F1B;
   int64_t virtual_stages = 1;
