@@ -325,6 +325,7 @@ void Comm::send_raw(const void* data, size_t count, MPI_Datatype type, int peer,
   span.arg("group", name_).arg("bytes", static_cast<int64_t>(bytes_of(count, type)));
   counters_.bytes += bytes_of(count, type);
   if (fault::drop_send(world_ranks_[rank_])) return;
+  fault::delay_send(world_ranks_[rank_], world_ranks_.at(peer));
   MPI_Request r;
   T3D_MPI(MPI_Isend(data, checked_count(count), type, peer, tag, comm_, &r));
   wait(r, "send", peer);
@@ -337,6 +338,7 @@ MPI_Request Comm::isend_raw(const void* data, size_t count, MPI_Datatype type, i
   span.arg("group", name_).arg("bytes", static_cast<int64_t>(bytes_of(count, type)));
   counters_.bytes += bytes_of(count, type);
   if (fault::drop_send(world_ranks_[rank_])) return MPI_REQUEST_NULL;
+  fault::delay_send(world_ranks_[rank_], world_ranks_.at(peer));
   MPI_Request r;
   T3D_MPI(MPI_Isend(data, checked_count(count), type, peer, tag, comm_, &r));
   return r;
