@@ -262,6 +262,54 @@ void Comm::reduce_scatter_raw(const void* send, void* recv, size_t count, MPI_Da
   wait(r, "reduce_scatter");
 }
 
+void Comm::all_to_all_raw(const void* send, void* recv, size_t count, MPI_Datatype type) const {
+  if (fault::skip_operation(name_, world_ranks_[rank_])) return;  // test-only (fault.h)
+  const uint64_t bytes = bytes_of(count * (size_ - 1), type);     // the block to itself stays
+  trace::Span span("all_to_all", "comm");
+  span.arg("group", name_).arg("bytes", static_cast<int64_t>(bytes));
+  counters_.bytes += bytes;
+  MPI_Request r;
+  const int n = checked_count(count);
+  T3D_MPI(MPI_Ialltoall(send, n, type, recv, n, type, comm_, &r));
+  wait(r, "all_to_all");
+}
+
+void Comm::all_to_allv_raw(const void* send, const std::vector<int>& send_counts,
+                           const std::vector<int>& send_displs, void* recv,
+                           const std::vector<int>& recv_counts, const std::vector<int>& recv_displs,
+                           size_t row_size, MPI_Datatype type) const {
+  const size_t n = static_cast<size_t>(size_);
+  T3D_ASSERT(send_counts.size() == n && send_displs.size() == n && recv_counts.size() == n &&
+                 recv_displs.size() == n,
+             "all_to_allv counts / displacements for ", send_counts.size(), ", ",
+             send_displs.size(), ", ", recv_counts.size(), ", ", recv_displs.size(),
+             " ranks on a group of ", size_);
+  if (fault::skip_operation(name_, world_ranks_[rank_])) return;  // test-only (fault.h)
+  // Rows to elements: MPI's counts are ints, so every count and end is checked to fit.
+  std::vector<int> elements(4 * n);
+  size_t sent_rows = 0;
+  for (size_t p = 0; p < n; ++p) {
+    T3D_ASSERT(
+        send_counts[p] >= 0 && send_displs[p] >= 0 && recv_counts[p] >= 0 && recv_displs[p] >= 0,
+        "all_to_allv: negative count or displacement for group rank ", p);
+    checked_count((static_cast<size_t>(send_displs[p]) + send_counts[p]) * row_size);
+    checked_count((static_cast<size_t>(recv_displs[p]) + recv_counts[p]) * row_size);
+    elements[p] = static_cast<int>(send_counts[p] * row_size);
+    elements[n + p] = static_cast<int>(send_displs[p] * row_size);
+    elements[2 * n + p] = static_cast<int>(recv_counts[p] * row_size);
+    elements[3 * n + p] = static_cast<int>(recv_displs[p] * row_size);
+    if (static_cast<int>(p) != rank_) sent_rows += static_cast<size_t>(send_counts[p]);
+  }
+  const uint64_t bytes = bytes_of(sent_rows * row_size, type);  // the rows to itself stay
+  trace::Span span("all_to_allv", "comm");
+  span.arg("group", name_).arg("bytes", static_cast<int64_t>(bytes));
+  counters_.bytes += bytes;
+  MPI_Request r;
+  T3D_MPI(MPI_Ialltoallv(send, elements.data(), elements.data() + n, type, recv,
+                         elements.data() + 2 * n, elements.data() + 3 * n, type, comm_, &r));
+  wait(r, "all_to_allv");
+}
+
 void Comm::broadcast_raw(void* data, size_t count, MPI_Datatype type, int root) const {
   if (fault::skip_operation(name_, world_ranks_[rank_])) return;  // test-only (fault.h)
   trace::Span span("broadcast", "comm");
@@ -277,6 +325,7 @@ void Comm::send_raw(const void* data, size_t count, MPI_Datatype type, int peer,
   span.arg("group", name_).arg("bytes", static_cast<int64_t>(bytes_of(count, type)));
   counters_.bytes += bytes_of(count, type);
   if (fault::drop_send(world_ranks_[rank_])) return;
+  fault::delay_send(world_ranks_[rank_], world_ranks_.at(peer));
   MPI_Request r;
   T3D_MPI(MPI_Isend(data, checked_count(count), type, peer, tag, comm_, &r));
   wait(r, "send", peer);
@@ -289,6 +338,7 @@ MPI_Request Comm::isend_raw(const void* data, size_t count, MPI_Datatype type, i
   span.arg("group", name_).arg("bytes", static_cast<int64_t>(bytes_of(count, type)));
   counters_.bytes += bytes_of(count, type);
   if (fault::drop_send(world_ranks_[rank_])) return MPI_REQUEST_NULL;
+  fault::delay_send(world_ranks_[rank_], world_ranks_.at(peer));
   MPI_Request r;
   T3D_MPI(MPI_Isend(data, checked_count(count), type, peer, tag, comm_, &r));
   return r;
@@ -369,8 +419,10 @@ Mesh::Mesh(const MeshShape& shape, Comm world)
     groups_[static_cast<int>(d)] =
         world_.split(shape_.group_index(d, rank()), coord_[d], dim_name(d));
   }
-  dp_cp_ = world_.split(coord_.pp * shape_.size(Dim::tp) + coord_.tp,
-                        coord_.cp * shape_.size(Dim::dp) + coord_.dp, "dp_cp");
+  const int dp_cp_rank = shape_.dp_cp_rank(rank());
+  dp_cp_ = world_.split(shape_.dp_cp_group_index(rank()), dp_cp_rank, "dp_cp");
+  ep_ = world_.split(shape_.ep_group_index(rank()), dp_cp_rank % shape_.ep(), "ep");
+  edp_ = world_.split(shape_.edp_group_index(rank()), dp_cp_rank / shape_.ep(), "edp");
 }
 
 }  // namespace t3d::parallel

@@ -85,6 +85,28 @@ class Comm {
   void reduce_scatter(const T* send, T* recv, size_t count) const {
     reduce_scatter_raw(send, recv, count, mpi_type<T>());
   }
+  // All-to-all of `count` elements per peer (the per-expert token counts): block p of `send`
+  // (count·size elements, rank-major) goes to group rank p, and block p of `recv` comes from
+  // group rank p.
+  template <typename T>
+  void all_to_all(const T* send, T* recv, size_t count) const {
+    all_to_all_raw(send, recv, count, mpi_type<T>());
+  }
+  // All-to-all of rows of `row_size` elements (the tokens of expert parallelism: float, or bf16
+  // bits as uint16_t on the wire). send_counts[p] rows from send + send_displs[p]·row_size go to
+  // group rank p; the recv_counts[p] rows from group rank p land at recv + recv_displs[p]·row_size.
+  // Counts and displacements in rows, one per group rank; zero counts are fine. The placement is
+  // fixed by the displacements alone (source rank order when they ascend), so the result never
+  // depends on arrival order. recv_counts[p] must equal what rank p sends here (all_to_all of
+  // the counts first).
+  template <typename T>
+  void all_to_allv(const T* send, const std::vector<int>& send_counts,
+                   const std::vector<int>& send_displs, T* recv,
+                   const std::vector<int>& recv_counts, const std::vector<int>& recv_displs,
+                   size_t row_size = 1) const {
+    all_to_allv_raw(send, send_counts, send_displs, recv, recv_counts, recv_displs, row_size,
+                    mpi_type<T>());
+  }
   template <typename T>
   void broadcast(T* data, size_t count, int root) const {
     broadcast_raw(data, count, mpi_type<T>(), root);
@@ -125,7 +147,8 @@ class Comm {
   double timeout_s() const { return timeout_s_; }
 
   // Cumulative time this rank spent waiting on this group's operations, and bytes it sent or
-  // contributed: per-step differences give the communication share of each dimension.
+  // contributed (an all-to-all counts the bytes it sent to other ranks: its block to itself does
+  // not move): per-step differences give the communication share of each dimension.
   struct Counters {
     double wait_s = 0;
     uint64_t bytes = 0;
@@ -136,6 +159,11 @@ class Comm {
   void all_reduce_raw(void* data, size_t count, MPI_Datatype type, ReduceOp op) const;
   void all_gather_raw(const void* send, void* recv, size_t count, MPI_Datatype type) const;
   void reduce_scatter_raw(const void* send, void* recv, size_t count, MPI_Datatype type) const;
+  void all_to_all_raw(const void* send, void* recv, size_t count, MPI_Datatype type) const;
+  void all_to_allv_raw(const void* send, const std::vector<int>& send_counts,
+                       const std::vector<int>& send_displs, void* recv,
+                       const std::vector<int>& recv_counts, const std::vector<int>& recv_displs,
+                       size_t row_size, MPI_Datatype type) const;
   void broadcast_raw(void* data, size_t count, MPI_Datatype type, int root) const;
   void send_raw(const void* data, size_t count, MPI_Datatype type, int peer, int tag) const;
   void recv_raw(void* data, size_t count, MPI_Datatype type, int peer, int tag) const;
@@ -166,6 +194,13 @@ class Mesh {
   // cp ranks other positions of the same rows) and ZeRO shards the training state over it.
   // Rank = cp · dp_size + dp, so the dp neighbours of one cp rank are adjacent.
   const Comm& dp_cp() const { return dp_cp_; }
+  // Expert parallelism folded into dp_cp (MeshShape::ep_group, docs/parallelism.md). ep(): the
+  // ep consecutive dp_cp ranks that split the experts and exchange tokens by all-to-all (group
+  // rank = dp_cp rank mod ep). edp(): the ranks holding the same experts, over which expert
+  // gradients are reduced (group rank = dp_cp rank / ep). ep = 1: ep() is this rank alone and
+  // edp() has dp_cp's members.
+  const Comm& ep() const { return ep_; }
+  const Comm& edp() const { return edp_; }
   std::string label() const { return shape_.label(rank()); }
 
  private:
@@ -174,6 +209,8 @@ class Mesh {
   Coord coord_;
   std::array<Comm, 4> groups_;
   Comm dp_cp_;
+  Comm ep_;
+  Comm edp_;
 };
 
 }  // namespace t3d::parallel

@@ -17,13 +17,14 @@ namespace t3d::parallel::fault::detail {
 
 namespace {
 
-enum class Kind { none, skip, die, corrupt, nosend, die_at_step, slow_step };
+enum class Kind { none, skip, die, corrupt, nosend, die_at_step, slow_step, slow_link };
 
 struct Spec {
   Kind kind = Kind::none;
   int rank = -1;
   std::string group = "*";
   long n = 0;
+  int peer = -1;  // slow_link's other rank
 };
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -40,28 +41,31 @@ Spec parse(const char* text) {
   const auto bad = [&] {
     return UserError(std::string("T3D_FAULT=`") + text +
                      "` is malformed: expected skip:RANK:GROUP:N, die:RANK:GROUP:N, corrupt:RANK, "
-                     "nosend:RANK, die_at_step:RANK:STEP or slow_step:RANK:MS (test-only; see "
-                     "parallel/fault.h)");
+                     "nosend:RANK, die_at_step:RANK:STEP, slow_step:RANK:MS or slow_link:A:B:MS "
+                     "(test-only; see parallel/fault.h)");
   };
   const std::map<std::string, Kind> kinds = {{"skip", Kind::skip},
                                              {"die", Kind::die},
                                              {"corrupt", Kind::corrupt},
                                              {"nosend", Kind::nosend},
                                              {"die_at_step", Kind::die_at_step},
-                                             {"slow_step", Kind::slow_step}};
+                                             {"slow_step", Kind::slow_step},
+                                             {"slow_link", Kind::slow_link}};
   if (parts.size() < 2 || !kinds.count(parts[0])) throw bad();
   s.kind = kinds.at(parts[0]);
   const bool counted = s.kind == Kind::skip || s.kind == Kind::die;
   const bool stepped = s.kind == Kind::die_at_step || s.kind == Kind::slow_step;
-  if (parts.size() != (counted ? 4u : stepped ? 3u : 2u)) throw bad();
+  const bool link = s.kind == Kind::slow_link;
+  if (parts.size() != (counted || link ? 4u : stepped ? 3u : 2u)) throw bad();
   try {
     s.rank = std::stoi(parts[1]);
     if (counted) s.group = parts[2], s.n = std::stol(parts[3]);
     if (stepped) s.n = std::stol(parts[2]);
+    if (link) s.peer = std::stoi(parts[2]), s.n = std::stol(parts[3]);
   } catch (const std::exception&) {
     throw bad();
   }
-  if (s.rank < 0 || ((counted || stepped) && s.n < 1)) throw bad();
+  if (s.rank < 0 || ((counted || stepped || link) && s.n < 1) || (link && s.peer < 0)) throw bad();
   return s;
 }
 
@@ -111,5 +115,13 @@ void at_step(int world_rank, long step) {
 }
 
 bool drop_send(int world_rank) { return spec().kind == Kind::nosend && spec().rank == world_rank; }
+
+void delay_send(int from_world_rank, int to_world_rank) {
+  const Spec& s = spec();
+  if (s.kind != Kind::slow_link) return;
+  if ((s.rank == from_world_rank && s.peer == to_world_rank) ||
+      (s.rank == to_world_rank && s.peer == from_world_rank))
+    std::this_thread::sleep_for(std::chrono::milliseconds(s.n));
+}
 
 }  // namespace t3d::parallel::fault::detail

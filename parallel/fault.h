@@ -15,8 +15,11 @@
 //                                   run that reaches it (a deterministic crash)
 //   T3D_FAULT=slow_step:RANK:MS     RANK sleeps MS milliseconds at the start of every training
 //                                   step (a step longer than a stop's time limit)
+//   T3D_FAULT=slow_link:A:B:MS      every point-to-point send between world ranks A and B (either
+//                                   way) waits MS milliseconds first (a slow link of one pair)
 //
-// GROUP is a group name (tp, dp, cp, pp, world) or `*` for any. A malformed value is a UserError.
+// GROUP is a group name (tp, dp, cp, pp, dp_cp, ep, edp, world) or `*` for any. A malformed value
+// is a UserError.
 #pragma once
 
 #include <mpi.h>
@@ -31,6 +34,7 @@ bool active();  // T3D_FAULT is set (parsed on first use)
 bool before_operation(const std::string& group, int world_rank);
 void corrupt_sum(void* data, size_t count, MPI_Datatype type, int world_rank);
 bool drop_send(int world_rank);
+void delay_send(int from_world_rank, int to_world_rank);
 void at_step(int world_rank, long step);
 }  // namespace detail
 
@@ -43,6 +47,10 @@ inline void corrupt_contribution(void* data, size_t count, MPI_Datatype type, in
   if (detail::active()) detail::corrupt_sum(data, count, type, world_rank);
 }
 inline bool drop_send(int world_rank) { return detail::active() && detail::drop_send(world_rank); }
+// Before a point-to-point send leaves this rank for `to`; may sleep (slow_link).
+inline void delay_send(int from_world_rank, int to_world_rank) {
+  if (detail::active()) detail::delay_send(from_world_rank, to_world_rank);
+}
 // When training step `step` (1-based) starts; may not return (die_at_step), may sleep
 // (slow_step).
 inline void step_starts(int world_rank, long step) {

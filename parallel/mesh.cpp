@@ -25,8 +25,9 @@ int& Coord::operator[](Dim d) {
 
 int Coord::operator[](Dim d) const { return const_cast<Coord&>(*this)[d]; }
 
-MeshShape::MeshShape(int pp, int dp, int cp, int tp) : sizes_{pp, dp, cp, tp} {
+MeshShape::MeshShape(int pp, int dp, int cp, int tp, int ep) : sizes_{pp, dp, cp, tp}, ep_(ep) {
   for (int s : sizes_) T3D_ASSERT(s >= 1, "mesh sizes must be positive");
+  T3D_ASSERT(ep >= 1 && dp * cp % ep == 0, "ep = ", ep, " does not divide dp·cp = ", dp * cp);
   // Row-major over (pp, dp, cp, tp): tp varies fastest.
   strides_[3] = 1;
   for (int i = 2; i >= 0; --i) strides_[i] = strides_[i + 1] * sizes_[i + 1];
@@ -76,6 +77,47 @@ std::string MeshShape::label(int rank) const {
   std::string s = "[pp" + std::to_string(c.pp) + " dp" + std::to_string(c.dp);
   if (size(Dim::cp) > 1) s += " cp" + std::to_string(c.cp);
   return s + " tp" + std::to_string(c.tp) + "]";
+}
+
+int MeshShape::dp_cp_rank(int rank) const {
+  const Coord c = coord_of(rank);
+  return c.cp * size(Dim::dp) + c.dp;
+}
+
+std::vector<int> MeshShape::dp_cp_group(int rank) const {
+  Coord c = coord_of(rank);
+  std::vector<int> members;
+  for (c.cp = 0; c.cp < size(Dim::cp); ++c.cp)
+    for (c.dp = 0; c.dp < size(Dim::dp); ++c.dp) members.push_back(rank_of(c));
+  return members;
+}
+
+int MeshShape::dp_cp_group_index(int rank) const {
+  const Coord c = coord_of(rank);
+  return c.pp * size(Dim::tp) + c.tp;
+}
+
+std::vector<int> MeshShape::ep_group(int rank) const {
+  const std::vector<int> dp_cp = dp_cp_group(rank);
+  const int first = dp_cp_rank(rank) / ep_ * ep_;
+  return {dp_cp.begin() + first, dp_cp.begin() + first + ep_};
+}
+
+std::vector<int> MeshShape::edp_group(int rank) const {
+  const std::vector<int> dp_cp = dp_cp_group(rank);
+  std::vector<int> members;
+  for (size_t i = static_cast<size_t>(dp_cp_rank(rank) % ep_); i < dp_cp.size(); i += ep_)
+    members.push_back(dp_cp[i]);
+  return members;
+}
+
+int MeshShape::ep_group_index(int rank) const {
+  const int blocks = size(Dim::dp) * size(Dim::cp) / ep_;
+  return dp_cp_group_index(rank) * blocks + dp_cp_rank(rank) / ep_;
+}
+
+int MeshShape::edp_group_index(int rank) const {
+  return dp_cp_group_index(rank) * ep_ + dp_cp_rank(rank) % ep_;
 }
 
 }  // namespace t3d::parallel

@@ -168,7 +168,7 @@ Job join_world(Recipe recipe, const std::string& log_level_override, bool needs_
   job.recipe = std::move(recipe);
   const auto& p = job.recipe.parallel;
   parallel::MeshShape shape(static_cast<int>(p.pp), static_cast<int>(p.dp), static_cast<int>(p.cp),
-                            static_cast<int>(p.tp));
+                            static_cast<int>(p.tp), static_cast<int>(p.ep));
   job.run_dir = job_run_dir(job.recipe.run.dir, job.env);
   const int rank = world.rank();
   agree_on(world, [&] {

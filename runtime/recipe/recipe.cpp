@@ -321,6 +321,11 @@ const std::vector<Field>& schema() {
             "parts)."),
       field("parallel", "tp", &R::parallel, &ParallelConfig::tp,
             "Tensor-parallel ranks (innermost: contiguous ranks, keep inside a node)."),
+      field("parallel", "ep", &R::parallel, &ParallelConfig::ep,
+            "Expert-parallel ranks (mixture of experts): each holds n_experts / ep of the "
+            "experts, and tokens travel to theirs by all-to-all. Carved out of the dp × cp ranks "
+            "(ep divides dp·cp); expert gradients are summed over the dp·cp / ep ranks holding "
+            "the same experts. See docs/parallelism.md."),
       field("parallel", "sequence_parallel", &R::parallel, &ParallelConfig::sequence_parallel,
             "Megatron sequence parallelism inside the tp group."),
       field("parallel", "schedule", &R::parallel, &ParallelConfig::schedule,
@@ -554,6 +559,7 @@ void validate_limits(const Recipe& r) {
   at_most("parallel.dp", p.dp, kMaxRanks);
   at_most("parallel.cp", p.cp, kMaxRanks);
   at_most("parallel.tp", p.tp, kMaxRanks);
+  at_most("parallel.ep", p.ep, kMaxRanks);
   at_most("parallel.virtual_stages", p.virtual_stages, kMaxLayers);
   at_most("train.global_batch", t.global_batch, kMaxBatch);
   at_most("train.micro_batches", t.micro_batches, kMaxBatch);
@@ -639,6 +645,14 @@ void validate_model(const Recipe& r) {
             "only 0 (dropless routing) is supported so far, got " + is(m.capacity_factor));
 }
 
+// ep must divide dp·cp (MeshShape::ep_group): said alike before and after dp = -1 resolves.
+std::string ep_fold_complaint(const ParallelConfig& p) {
+  return "ep = " + is(p.ep) + " does not divide dp·cp = " + is(p.dp) + "·" + is(p.cp) + " = " +
+         is(p.dp * p.cp) +
+         ": the EP groups are carved out of the dp × cp ranks (docs/parallelism.md); choose an ep "
+         "that divides dp·cp, or more dp ranks";
+}
+
 void validate_parallel(const Recipe& r) {
   const Validator v(r);
   const auto& m = r.model;
@@ -670,6 +684,17 @@ void validate_parallel(const Recipe& r) {
               "the shared experts' width n_shared_experts·moe_ffn_dim = " + is(m.shared_ffn_dim()) +
                   " is not divisible by tp = " + is(p.tp));
   }
+  v.require(p.ep >= 1, "parallel.ep",
+            "must be ≥ 1 (1: every rank holds every expert), got " + is(p.ep));
+  v.require(p.ep == 1 || m.moe(), "parallel.ep",
+            "ep = " + is(p.ep) +
+                " spreads experts over ranks, but the model has none (model.n_experts = 0); "
+                "set parallel.ep = 1 or give the model experts");
+  v.require(!m.moe() || m.n_experts % p.ep == 0, "parallel.ep",
+            "model.n_experts = " + is(m.n_experts) + " is not divisible by ep = " + is(p.ep) +
+                "; each EP rank holds n_experts / ep experts");
+  if (p.dp >= 1)  // dp = -1: checked when resolve_world() knows dp
+    v.require(p.dp * p.cp % p.ep == 0, "parallel.ep", ep_fold_complaint(p));
   v.require(!m.moe() || m.router_aux_coef == 0 || p.cp == 1, "model.router_aux_coef",
             "the sequence-wise auxiliary loss needs whole sequences on a rank: parallel.cp = 1, "
             "or router_aux_coef = 0 (router_bias_rate balances without it)");
@@ -1083,6 +1108,10 @@ void Recipe::resolve_world(int64_t world) {
                    " is not divisible by dp·micro_batches = ", parallel.dp, "·",
                    train.micro_batches, " (dp = -1 resolved from a world of ", world, ")");
   }
+  T3D_USER_CHECK(parallel.dp * parallel.cp % parallel.ep == 0,
+                 "recipe error: ", origin("parallel.ep"),
+                 ": `parallel.ep`: ", ep_fold_complaint(parallel),
+                 " (dp = -1 resolved from a world of ", world, ")");
   T3D_USER_CHECK(world_size() == world, "recipe error: ", origin("parallel.dp"),
                  ": `parallel`: the recipe asks for pp·dp·cp·tp = ", parallel.pp, "·", parallel.dp,
                  "·", parallel.cp, "·", parallel.tp, " = ", world_size(),
@@ -1109,6 +1138,15 @@ std::string Recipe::to_toml() const {
     out += f.key + " = " + f.write(stored) + "\n";
   }
   return out;
+}
+
+void check_trainable(const Recipe& r) {
+  const Validator v(r);
+  // TEMPORARY (issue 27): the model side of expert parallelism (dispatch, combine, expert
+  // gradients over edp, snapshots) has not landed; delete this line when it does.
+  v.require(r.parallel.ep == 1, "parallel.ep",
+            "parallel.ep > 1: expert parallelism is not implemented yet; train with parallel.ep "
+            "= 1 (`titan3d selfcheck` already checks the EP groups)");
 }
 
 std::vector<KeyDoc> recipe_key_docs() {

@@ -157,6 +157,7 @@ struct ParallelConfig {
   int64_t dp = 1;  // -1: the rest of the world
   int64_t cp = 1;
   int64_t tp = 1;
+  int64_t ep = 1;  // expert parallelism, folded into dp × cp (docs/parallelism.md)
   bool sequence_parallel = false;
   parallel::ScheduleKind schedule = parallel::ScheduleKind::k1F1B;
   int64_t virtual_stages = 1;
@@ -266,6 +267,10 @@ std::string toml_string(const std::string& s);
 Recipe load_recipe(const std::string& path, const std::vector<Override>& overrides = {});
 Recipe parse_recipe(const std::string& toml_text, const std::string& source_name,
                     const std::vector<Override>& overrides = {});
+
+// What the recipe may say but `train` and `resume` cannot run yet (UserError naming the key). Only
+// the training verbs call it, before any rank starts: `selfcheck` still checks such a layout.
+void check_trainable(const Recipe& recipe);
 
 // Every key the schema knows, "section.key", with type, default and meaning (for docs and tests).
 struct KeyDoc {

@@ -158,7 +158,7 @@ TEST(Launch, RunDirectoryNamesTheSlurmJob) {
 }
 
 TEST(Launch, TpGroupsInsideHostsAreFine) {
-  const t3d::parallel::MeshShape shape(2, 2, 1, 2);  // tp groups {0,1} {2,3} {4,5} {6,7}
+  const t3d::parallel::MeshShape shape(2, 2, 1, 2, 1);  // tp groups {0,1} {2,3} {4,5} {6,7}
   const std::vector<std::string> hosts = {"a", "a", "a", "a", "b", "b", "b", "b"};
   EXPECT_TRUE(tp_groups_straddling_hosts(shape, hosts).empty());
   EXPECT_EQ(tp_placement_warning(shape, hosts, LaunchEnv{}), "");
@@ -166,7 +166,7 @@ TEST(Launch, TpGroupsInsideHostsAreFine) {
 
 TEST(Launch, TpGroupStraddlingHostsIsNamed) {
   // 3 tasks per node put tp group {2,3} across hosts a and b.
-  const t3d::parallel::MeshShape shape(1, 3, 1, 2);
+  const t3d::parallel::MeshShape shape(1, 3, 1, 2, 1);
   const std::vector<std::string> hosts = {"a", "a", "a", "b", "b", "b"};
   const auto groups = tp_groups_straddling_hosts(shape, hosts);
   ASSERT_EQ(groups.size(), 1u);

@@ -1,6 +1,6 @@
 // 8 ranks: each group's all-reduce of the world rank equals the sum over exactly the expected
-// members, for pp2×dp2×tp2 and for pp1×dp2×cp2×tp2, and so does the flattened dp×cp group. Run by
-// ctest under mpirun -np 8.
+// members, for pp2×dp2×tp2, pp1×dp2×cp2×tp2 and dp8, and so do the flattened dp×cp group and the
+// expert-parallel groups folded into it (ep = 1, 2, 4, 8). Run by ctest under mpirun -np 8.
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -37,15 +37,39 @@ void check_groups(const MeshShape& shape) {
     for (int dp = 0; dp < shape.size(Dim::dp); ++dp)
       expected.push_back(shape.rank_of(Coord{me.pp, dp, cp, me.tp}));
   EXPECT_EQ(flat.world_ranks(), expected);
+  EXPECT_EQ(flat.world_ranks(), shape.dp_cp_group(mesh.rank()));
+  // Expert parallelism folded into dp × cp: the communicators hold the pure function's members,
+  // in its order, under the names a stuck collective reports.
+  EXPECT_EQ(mesh.ep().world_ranks(), shape.ep_group(mesh.rank()));
+  EXPECT_EQ(mesh.edp().world_ranks(), shape.edp_group(mesh.rank()));
+  EXPECT_EQ(mesh.ep().name(), "ep");
+  EXPECT_EQ(mesh.edp().name(), "edp");
+  int64_t sum = mesh.rank();
+  mesh.edp().all_reduce(&sum, 1);
+  int64_t edp_expected = 0;
+  for (int member : shape.edp_group(mesh.rank())) edp_expected += member;
+  EXPECT_EQ(sum, edp_expected);
 }
 }  // namespace
 
-TEST(MeshMpi, Pp2Dp2Tp2GroupsHoldExactlyTheExpectedMembers) { check_groups(MeshShape(2, 2, 1, 2)); }
+TEST(MeshMpi, Pp2Dp2Tp2GroupsHoldExactlyTheExpectedMembers) {
+  check_groups(MeshShape(2, 2, 1, 2, 1));
+  check_groups(MeshShape(2, 2, 1, 2, 2));
+}
 
-TEST(MeshMpi, Dp2Cp2Tp2GroupsHoldExactlyTheExpectedMembers) { check_groups(MeshShape(1, 2, 2, 2)); }
+TEST(MeshMpi, Dp2Cp2Tp2GroupsHoldExactlyTheExpectedMembers) {
+  check_groups(MeshShape(1, 2, 2, 2, 1));
+  check_groups(MeshShape(1, 2, 2, 2, 2));
+  check_groups(MeshShape(1, 2, 2, 2, 4));
+}
+
+TEST(MeshMpi, Dp8ExpertGroups) {
+  check_groups(MeshShape(1, 8, 1, 1, 4));
+  check_groups(MeshShape(1, 8, 1, 1, 8));
+}
 
 TEST(MeshMpi, CollectivesComputeTheRightValues) {
-  Mesh mesh(MeshShape(2, 2, 1, 2), Comm::world(60.0));
+  Mesh mesh(MeshShape(2, 2, 1, 2, 1), Comm::world(60.0));
   const Comm& w = mesh.world();
   // reduce_scatter: rank r contributes (r+1)·(i+1) to block i; block r sums to (i+1)·Σ(r+1).
   std::vector<float> send(w.size() * 3), recv(3);

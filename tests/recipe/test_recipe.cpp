@@ -214,6 +214,26 @@ TEST(Recipe, WorldResolution) {
   }
 }
 
+// parallel.ep must divide dp·cp also when dp = -1 is resolved from the world (the other ep rules
+// are bad recipes in tests/e2e/bad_recipes); check_trainable refuses ep > 1 until EP trains.
+TEST(Recipe, ExpertParallelismFoldsIntoTheResolvedDp) {
+  const std::string moe = "[model]\nn_experts = 4\n[parallel]\ndp = -1\nep = 2\n";
+  Recipe r = parse_recipe(moe, "r.toml");
+  r.resolve_world(4);
+  EXPECT_EQ(r.parallel.dp, 4);
+  Recipe bad = parse_recipe(moe + "[train]\nglobal_batch = 9\n", "r.toml");
+  try {
+    bad.resolve_world(3);
+    FAIL() << "ep = 2 accepted on dp = 3";
+  } catch (const t3d::UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("`parallel.ep`: ep = 2 does not divide dp·cp = 3·1"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(check_trainable(r), t3d::UserError);
+  EXPECT_NO_THROW(check_trainable(parse_recipe("[model]\nn_experts = 4\n", "r.toml")));
+}
+
 TEST(Recipe, ToTomlRoundTripsEveryKey) {
   const Recipe r = parse_recipe(
       "[model]\ndim = 128\nn_heads = 4\nrope_theta = 500000.0\n[parallel]\npp = 2\n"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `titan3d selfcheck --quick` passes on 1, 2, 4 and 8 ranks (the 8 as pp2×dp2×tp2) with a valid
 # JSON report, and fails naming the culprit under injected faults (parallel/fault.h): a rank whose
-# all-reduce contribution arrives corrupted, and a rank that never sends.
+# all-reduce contribution arrives corrupted, and a rank that never sends; with expert parallelism
+# it checks the EP groups' all-to-all and pairs, naming a slow pair and a silent rank.
 set -u
 titan3d=$1
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -37,4 +38,20 @@ out=$(T3D_FAULT=nosend:4 "$titan3d" selfcheck "$recipe" --quick --set run.dir="$
       --set parallel.timeout_s=4 2>&1); rc=$?
 check "[ $rc -eq 5 ] && grep -q '^FAILED: 1 of .*p2p on pp (world rank 4)' <<<\"\$out\" && grep -q 'nothing from world rank 4' <<<\"\$out\"" \
   "rank 4 never sends: rc $rc, $(tail -1 <<<"$out")" || echo "$out"
+# Expert parallelism (ep=4 on dp=4, a recipe `train` still refuses): the EP groups' all-to-all and
+# every pair pass; a slow link between ranks 1 and 2 is a WARN naming that pair; a rank that never
+# sends fails the pair check naming it.
+ep=(--quick --np 4 --set model.n_experts=4 --set parallel.ep=4)
+out=$("$titan3d" selfcheck "${ep[@]}" --set run.dir="$work/ep" 2>&1); rc=$?
+check "[ $rc -eq 0 ] && grep -q '^OK: ' <<<\"\$out\" && grep -q 'mesh pp=1 dp=4 cp=1 tp=1 ep=4' <<<\"\$out\" && grep -q '^all_to_all *ep .* OK' <<<\"\$out\" && grep -q '^p2p *ep .* OK' <<<\"\$out\" && grep -q '^pair_time *ep *6 pairs' <<<\"\$out\" && grep -q '^all_reduce *edp .* OK' <<<\"\$out\"" \
+  "ep=4: $(tail -1 <<<"$out")" || echo "$out"
+
+out=$(T3D_FAULT=slow_link:1:2:300 "$titan3d" selfcheck "${ep[@]}" --set run.dir="$work/ep_slow" 2>&1); rc=$?
+check "[ $rc -eq 0 ] && grep -q '^pair_time *ep *ranks 1,2 *WARN *world ranks 1 <-> 2' <<<\"\$out\" && grep -q '^pair_time *ep *6 pairs *WARN .*slowest .* (world ranks 1,2)' <<<\"\$out\"" \
+  "ep=4, slow link 1<->2: $(grep '^pair_time' <<<"$out" | head -2 | tr '\n' ' ')" || echo "$out"
+
+out=$(T3D_FAULT=nosend:3 "$titan3d" selfcheck "${ep[@]}" --set run.dir="$work/ep_nosend" \
+      --set parallel.timeout_s=4 2>&1); rc=$?
+check "[ $rc -eq 5 ] && grep -q '^FAILED: 1 of .*p2p on ep (world rank 3)' <<<\"\$out\" && grep -q 'nothing from world rank 3' <<<\"\$out\"" \
+  "ep=4, rank 3 never sends: rc $rc, $(tail -1 <<<"$out")" || echo "$out"
 exit $fail

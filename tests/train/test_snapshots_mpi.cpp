@@ -67,7 +67,7 @@ struct Rank {
   Rank(const Recipe& recipe, uint64_t seed) {
     job.recipe = recipe;
     job.set_precision({});  // fp32 OpenBLAS, as the Model's options: what snapshots record
-    job.mesh = std::make_unique<parallel::Mesh>(parallel::MeshShape(1, 2, 1, 1),
+    job.mesh = std::make_unique<parallel::Mesh>(parallel::MeshShape(1, 2, 1, 1, 1),
                                                 parallel::Comm::world(60.0));
     const int zero = static_cast<int>(recipe.parallel.zero);
     ModelOptions o;
