@@ -71,7 +71,6 @@ bool speaks_before_mpi() {
 
 // `train` and `resume` differ only in where the recipe comes from.
 int run_training(runtime::Recipe recipe, const Options& o, const std::vector<std::string>& argv) {
-  runtime::check_trainable(recipe);
   runtime::check_inputs(recipe);
   if (recipe.data.tokenizer != runtime::kByteTokenizerName) runtime::check_tokenizer(recipe);
   // Not inside a launcher: become the job's parent (mpirun, restarts after failures).
@@ -126,7 +125,6 @@ int train(const Options& o, const std::vector<std::string>& argv) {
   runtime::Recipe recipe = runtime::load_recipe(o.recipe, overrides(o));
   if (!o.dry_run) return run_training(std::move(recipe), o, argv);
   // Everything that is checked before a rank starts, and nothing else (docs/recipe.md).
-  runtime::check_trainable(recipe);
   runtime::check_inputs(recipe);
   if (recipe.data.tokenizer != runtime::kByteTokenizerName) runtime::check_tokenizer(recipe);
   if (o.np > 0) recipe.resolve_world(o.np);

@@ -1140,15 +1140,6 @@ std::string Recipe::to_toml() const {
   return out;
 }
 
-void check_trainable(const Recipe& r) {
-  const Validator v(r);
-  // TEMPORARY (issue 27): the model side of expert parallelism (dispatch, combine, expert
-  // gradients over edp, snapshots) has not landed; delete this line when it does.
-  v.require(r.parallel.ep == 1, "parallel.ep",
-            "parallel.ep > 1: expert parallelism is not implemented yet; train with parallel.ep "
-            "= 1 (`titan3d selfcheck` already checks the EP groups)");
-}
-
 std::vector<KeyDoc> recipe_key_docs() {
   const Recipe defaults;
   std::vector<KeyDoc> docs;

@@ -268,10 +268,6 @@ Recipe load_recipe(const std::string& path, const std::vector<Override>& overrid
 Recipe parse_recipe(const std::string& toml_text, const std::string& source_name,
                     const std::vector<Override>& overrides = {});
 
-// What the recipe may say but `train` and `resume` cannot run yet (UserError naming the key). Only
-// the training verbs call it, before any rank starts: `selfcheck` still checks such a layout.
-void check_trainable(const Recipe& recipe);
-
 // Every key the schema knows, "section.key", with type, default and meaning (for docs and tests).
 struct KeyDoc {
   std::string key, type, default_value, meaning;

@@ -124,7 +124,8 @@ struct Trainer::Impl {
                           SamplerConfig{SampleMode::kSequential, seed, t.global_batch, T});
     // Over dp × cp: one overlapped reduction sums the gradients of other rows (dp) and of other
     // positions of the same rows (cp); ZeRO shards over the same ranks.
-    state = std::make_unique<TrainingState>(*model, mesh.dp_cp(), mesh.dp_cp(),
+    // The routed experts over the ranks holding the same ones (dp × cp when parallel.ep = 1).
+    state = std::make_unique<TrainingState>(*model, mesh.dp_cp(), mesh.edp(),
                                             static_cast<int>(r.parallel.zero), r.parallel.bucket_mb,
                                             *arena);
     state->init(seed);
