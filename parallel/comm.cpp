@@ -287,7 +287,7 @@ void Comm::all_to_allv_raw(const void* send, const std::vector<int>& send_counts
   if (fault::skip_operation(name_, world_ranks_[rank_])) return;  // test-only (fault.h)
   // Rows to elements: MPI's counts are ints, so every count and end is checked to fit.
   std::vector<int> elements(4 * n);
-  size_t sent_rows = 0;
+  size_t sent_rows = 0, send_end = 0;
   for (size_t p = 0; p < n; ++p) {
     T3D_ASSERT(
         send_counts[p] >= 0 && send_displs[p] >= 0 && recv_counts[p] >= 0 && recv_displs[p] >= 0,
@@ -299,6 +299,14 @@ void Comm::all_to_allv_raw(const void* send, const std::vector<int>& send_counts
     elements[2 * n + p] = static_cast<int>(recv_counts[p] * row_size);
     elements[3 * n + p] = static_cast<int>(recv_displs[p] * row_size);
     if (static_cast<int>(p) != rank_) sent_rows += static_cast<size_t>(send_counts[p]);
+    send_end = std::max(send_end, static_cast<size_t>(send_displs[p]) + send_counts[p]);
+  }
+  std::vector<char> corrupted;  // test-only (fault.h): a corrupting rank's rows leave doubled
+  if (fault::corrupts(world_ranks_[rank_])) {
+    const auto* bytes = static_cast<const char*>(send);
+    corrupted.assign(bytes, bytes + bytes_of(send_end * row_size, type));
+    fault::corrupt_contribution(corrupted.data(), send_end * row_size, type, world_ranks_[rank_]);
+    send = corrupted.data();
   }
   const uint64_t bytes = bytes_of(sent_rows * row_size, type);  // the rows to itself stay
   trace::Span span("all_to_allv", "comm");

@@ -97,8 +97,10 @@ bool before_operation(const std::string& group, int world_rank) {
   return true;
 }
 
+bool corrupts(int world_rank) { return spec().kind == Kind::corrupt && spec().rank == world_rank; }
+
 void corrupt_sum(void* data, size_t count, MPI_Datatype type, int world_rank) {
-  if (spec().kind != Kind::corrupt || spec().rank != world_rank) return;
+  if (!corrupts(world_rank)) return;
   if (type == MPI_FLOAT) double_all<float>(data, count);
   if (type == MPI_DOUBLE) double_all<double>(data, count);
 }

@@ -6,9 +6,9 @@
 //                                   collective, send or receive) on group GROUP without taking
 //                                   part, as a rank with a bug that misses a collective would
 //   T3D_FAULT=die:RANK:GROUP:N      ... SIGKILLs itself at that operation instead (a crashed rank)
-//   T3D_FAULT=corrupt:RANK          RANK's contributions to floating-point sum all-reduces arrive
-//                                   doubled (one flipped exponent bit per element: bad memory or
-//                                   a bad link)
+//   T3D_FAULT=corrupt:RANK          RANK's contributions to floating-point sum all-reduces, and
+//                                   the float rows it sends by all_to_allv, arrive doubled (one
+//                                   flipped exponent bit per element: bad memory or a bad link)
 //   T3D_FAULT=nosend:RANK           RANK's point-to-point sends are dropped (a rank that never
 //                                   sends)
 //   T3D_FAULT=die_at_step:RANK:K    RANK SIGKILLs itself when training step K starts, in every
@@ -32,6 +32,7 @@ namespace t3d::parallel::fault {
 namespace detail {
 bool active();  // T3D_FAULT is set (parsed on first use)
 bool before_operation(const std::string& group, int world_rank);
+bool corrupts(int world_rank);
 void corrupt_sum(void* data, size_t count, MPI_Datatype type, int world_rank);
 bool drop_send(int world_rank);
 void delay_send(int from_world_rank, int to_world_rank);
@@ -46,6 +47,9 @@ inline bool skip_operation(const std::string& group, int world_rank) {
 inline void corrupt_contribution(void* data, size_t count, MPI_Datatype type, int world_rank) {
   if (detail::active()) detail::corrupt_sum(data, count, type, world_rank);
 }
+// Does this rank corrupt what it sends (corrupt:RANK)? Callers with a const send buffer corrupt a
+// copy.
+inline bool corrupts(int world_rank) { return detail::active() && detail::corrupts(world_rank); }
 inline bool drop_send(int world_rank) { return detail::active() && detail::drop_send(world_rank); }
 // Before a point-to-point send leaves this rank for `to`; may sleep (slow_link).
 inline void delay_send(int from_world_rank, int to_world_rank) {

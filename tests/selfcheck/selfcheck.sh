@@ -54,4 +54,14 @@ out=$(T3D_FAULT=nosend:3 "$titan3d" selfcheck "${ep[@]}" --set run.dir="$work/ep
       --set parallel.timeout_s=4 2>&1); rc=$?
 check "[ $rc -eq 5 ] && grep -q '^FAILED: 1 of .*p2p on ep (world rank 3)' <<<\"\$out\" && grep -q 'nothing from world rank 3' <<<\"\$out\"" \
   "ep=4, rank 3 never sends: rc $rc, $(tail -1 <<<"$out")" || echo "$out"
+out=$(T3D_FAULT=corrupt:2 "$titan3d" selfcheck "${ep[@]}" --set run.dir="$work/ep_corrupt" 2>&1); rc=$?
+check "[ $rc -eq 5 ] && grep -q '^all_to_all *ep .* FAILED .*from world rank 2 wrong' <<<\"\$out\" && grep -q '^FAILED: .*all_to_all on ep (world rank 2)' <<<\"\$out\" && grep -q '^p2p *ep .* OK' <<<\"\$out\"" \
+  "ep=4, rank 2's rows arrive corrupted: rc $rc, $(grep -m1 '^all_to_all' <<<"$out" | cut -c1-140)" || echo "$out"
+
+# A rank that misses the all-to-all: the watchdog names the operation and group `ep` (exit 3).
+# Operation 7 on ep is the all_to_allv (after the collectives' 5 and the all_to_all of counts).
+out=$(T3D_FAULT=skip:1:ep:7 timeout 120 "$titan3d" selfcheck "${ep[@]}" --set run.dir="$work/ep_skip" \
+      --set parallel.timeout_s=4 2>&1); rc=$?
+check "[ $rc -eq 3 ] && grep -q 'waited more than 4 s (parallel.timeout_s) in all_to_allv on group .ep. (members world ranks {0,1,2,3})' <<<\"\$out\"" \
+  "ep=4, rank 1 skips the all_to_allv: rc $rc, $(grep -m1 -o 'in all_to_allv on group[^;]*' <<<"$out")" || echo "$out"
 exit $fail
