@@ -227,33 +227,45 @@ void moe_experts_backward(GemmKind kind, float* dxs, float* dgates, float* dwg, 
       for (std::int64_t c = 0; c < C; ++c) dy[c] *= g;
     }
   });
-  for (std::int64_t e = 0; e < s.E; ++e) {
-    const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
-    if (rows == 0) continue;
-    linear_backward_weight(kind, dwd + e * C * Fe, dys + r0 * C, h + r0 * Fe, rows, Fe, C);
-  }
+  // Expert e's weight-gradient parts: rows [part(e, p), part(e, p + 1)).
+  const std::int64_t parts = s.part_offsets ? s.parts : 1;
+  const auto part = [&](std::int64_t e, std::int64_t p) {
+    return s.part_offsets ? s.part_offsets[e * parts + p] : offsets[e + p];
+  };
+  for (std::int64_t e = 0; e < s.E; ++e)
+    for (std::int64_t p = 0; p < parts; ++p) {
+      const std::int64_t r0 = part(e, p), rows = part(e, p + 1) - r0;
+      if (rows == 0) continue;
+      linear_backward_weight(kind, dwd + e * C * Fe, dys + r0 * C, h + r0 * Fe, rows, Fe, C);
+    }
   swiglu_backward(dgate, dup, dh, gate, up, S * Fe);
   for (std::int64_t e = 0; e < s.E; ++e) {
     const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
     if (rows == 0) continue;
-    const float* dg = dgate + r0 * Fe;
-    const float* du = dup + r0 * Fe;
     float* dx = dxs + r0 * C;
     // dxs = dgate wg[e] (written), then += dup wu[e].
-    linear_backward_input(kind, dx, dg, wg + e * Fe * C, rows, C, Fe);
-    gemm(kind, Trans::kNo, Trans::kNo, rows, C, Fe, du, Fe, wu + e * Fe * C, C, true, dx, C);
-    const LinearInput x(kind, xs + r0 * C, rows, C);  // read by two GEMMs: rounded once (bf16)
-    linear_backward_weight(dwg + e * Fe * C, LinearInput(kind, dg, rows, Fe), x);
-    linear_backward_weight(dwu + e * Fe * C, LinearInput(kind, du, rows, Fe), x);
+    linear_backward_input(kind, dx, dgate + r0 * Fe, wg + e * Fe * C, rows, C, Fe);
+    gemm(kind, Trans::kNo, Trans::kNo, rows, C, Fe, dup + r0 * Fe, Fe, wu + e * Fe * C, C, true, dx,
+         C);
+    for (std::int64_t p = 0; p < parts; ++p) {
+      const std::int64_t q0 = part(e, p), n = part(e, p + 1) - q0;
+      if (n == 0) continue;
+      const LinearInput x(kind, xs + q0 * C, n, C);  // read by two GEMMs: rounded once (bf16)
+      linear_backward_weight(dwg + e * Fe * C, LinearInput(kind, dgate + q0 * Fe, n, Fe), x);
+      linear_backward_weight(dwu + e * Fe * C, LinearInput(kind, dup + q0 * Fe, n, Fe), x);
+    }
   }
 }
 
-void moe_ep_offsets(std::int64_t* offsets, const std::int32_t* counts, std::int64_t P,
-                    std::int64_t El) {
-  offsets[0] = 0;
+void moe_ep_offsets(std::int64_t* offsets, std::int64_t* block_offsets, const std::int32_t* counts,
+                    std::int64_t P, std::int64_t El) {
+  offsets[0] = block_offsets[0] = 0;
   for (std::int64_t j = 0; j < El; ++j) {
     offsets[j + 1] = offsets[j];
-    for (std::int64_t s = 0; s < P; ++s) offsets[j + 1] += counts[s * El + j];
+    for (std::int64_t s = 0; s < P; ++s) {
+      offsets[j + 1] += counts[s * El + j];
+      block_offsets[j * P + s + 1] = offsets[j + 1];
+    }
   }
 }
 

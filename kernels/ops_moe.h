@@ -70,6 +70,13 @@ void moe_combine(float* y, const float* rows, const float* w, const std::int32_t
 // wd (E, C, Fe), each expert's matrix contiguous. `kind`: the GEMM kind (kernels/gemm.h).
 struct ExpertShape {
   std::int64_t E = 0, C = 0, Fe = 0;
+  // The backward's weight gradients in parts: expert e's rows split at part_offsets[e·parts + p]
+  // (E·parts + 1 entries, within the expert's rows), one GEMM per part added in part order.
+  // Expert parallelism takes each source rank's rows apart, so that the sum over the sources is
+  // in the order, and with the rounding, of the data-parallel reduction without it. nullptr: one
+  // GEMM per expert.
+  std::int64_t parts = 1;
+  const std::int64_t* part_offsets = nullptr;
 };
 void moe_experts_forward(GemmKind kind,
                          float* y,         // y (S, C) = expert outputs per row
@@ -110,9 +117,10 @@ void moe_experts_backward(GemmKind kind,
 // (`to_expert_major`) or back; row order inside a (source, expert) block is kept.
 void moe_ep_reorder(float* dst, const float* src, const std::int32_t* counts, std::int64_t P,
                     std::int64_t El, std::int64_t width, bool to_expert_major);
-// The local experts' row offsets (El + 1) in expert-major order.
-void moe_ep_offsets(std::int64_t* offsets, const std::int32_t* counts, std::int64_t P,
-                    std::int64_t El);
+// The local experts' row offsets (El + 1) in expert-major order, and those of their (expert,
+// source) blocks (El·P + 1; ExpertShape::part_offsets).
+void moe_ep_offsets(std::int64_t* offsets, std::int64_t* block_offsets, const std::int32_t* counts,
+                    std::int64_t P, std::int64_t El);
 
 // Tokens routed to each expert: counts[e] += number of slots with chosen == e (over N·K).
 void moe_count(double* counts, const std::int32_t* chosen, std::int64_t N, std::int64_t E,

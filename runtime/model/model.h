@@ -327,7 +327,8 @@ class Model final : public StageModel {
   struct EpRoute {
     std::vector<int32_t> mine;  // E: this rank's rows per expert
     std::vector<int> send_counts, send_displs, recv_counts, recv_displs;  // P each
-    std::vector<int64_t> local_offsets;  // El + 1: the local experts' rows, expert-major
+    std::vector<int64_t> local_offsets;   // El + 1: the local experts' rows, expert-major
+    std::vector<int64_t> source_offsets;  // El·P + 1: their (expert, source rank) blocks
   } ep_route_;
 };
 

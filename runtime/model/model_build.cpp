@@ -120,6 +120,7 @@ void Model::build_params() {
                   &ep_route_.recv_displs})
     v->assign(P, 0);
   ep_route_.local_offsets.assign(static_cast<size_t>(experts_.size(config_) + 1), 0);
+  ep_route_.source_offsets.assign(P * static_cast<size_t>(experts_.size(config_)) + 1, 0);
   const size_t region = static_cast<size_t>(layout_.total_floats()) * sizeof(float);
   footprint_.params = options_.param_region ? region : 0;
   footprint_.grads = options_.grad_region ? region : 0;

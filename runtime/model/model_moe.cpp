@@ -157,7 +157,7 @@ void Model::ep_plan(const int32_t* recv) {
     ep_route_.recv_counts[i] = from_q, ep_route_.recv_displs[i] = recv_at;
     send_at += to_q, recv_at += from_q;
   }
-  k::moe_ep_offsets(ep_route_.local_offsets.data(), recv, P, El);
+  k::moe_ep_offsets(ep_route_.local_offsets.data(), ep_route_.source_offsets.data(), recv, P, El);
 }
 
 void Model::moe_experts_ep_forward(LayerActs& a, const ConstBlock& w) {
@@ -207,7 +207,8 @@ void Model::moe_experts_ep_backward(LayerActs& a, const ConstBlock& w, const Blo
   k::moe_experts_backward(options_.gemm, s.moe_ep_rows, s.moe_ep_dgates, g.expert_gate, g.expert_up,
                           g.expert_down, s.moe_dh, s.moe_dgate, s.moe_dup, s.moe_ep_out,
                           s.moe_ep_gates, s.moe_ep_index, a.ex, a.egate, a.eup, a.eh, w.expert_gate,
-                          w.expert_up, w.expert_down, r.local_offsets.data(), {El, C, Fe});
+                          w.expert_up, w.expert_down, r.local_offsets.data(),
+                          {El, C, Fe, P, r.source_offsets.data()});
   k::moe_ep_reorder(s.moe_ep_out, s.moe_ep_rows, recv, P, El, C, false);
   ep.all_to_allv(s.moe_ep_out, r.recv_counts, r.recv_displs, s.moe_grad, r.send_counts,
                  r.send_displs, width);

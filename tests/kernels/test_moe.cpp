@@ -353,9 +353,10 @@ TEST(kernels_moe_ep, ReorderBetweenSourceAndExpertMajor) {
   EXPECT_EQ(expert, want);
   moe_ep_reorder(back.data(), expert.data(), counts.data(), P, El, W, false);
   EXPECT_EQ(back, source);
-  std::vector<std::int64_t> offsets(El + 1);
-  moe_ep_offsets(offsets.data(), counts.data(), P, El);
+  std::vector<std::int64_t> offsets(El + 1), blocks(El * P + 1);
+  moe_ep_offsets(offsets.data(), blocks.data(), counts.data(), P, El);
   EXPECT_EQ(offsets, (std::vector<std::int64_t>{0, 3, 10}));
+  EXPECT_EQ(blocks, (std::vector<std::int64_t>{0, 2, 3, 3, 3, 6, 10}));
 }
 
 TEST(kernels_moe_combine, GatherAndCombine) {
