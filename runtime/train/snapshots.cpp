@@ -94,8 +94,8 @@ void broadcast_string(const parallel::Comm& comm, std::string& s, int root = 0) 
 
 std::string layout_of(const Recipe& r) {
   const auto& p = r.parallel;
-  return fmt::format("pp={} dp={} cp={} tp={} zero={} schedule={} virtual_stages={}", p.pp, p.dp,
-                     p.cp, p.tp, p.zero, choice_name(p.schedule), p.virtual_stages);
+  return fmt::format("pp={} dp={} cp={} tp={} ep={} zero={} schedule={} virtual_stages={}", p.pp,
+                     p.dp, p.cp, p.tp, p.ep, p.zero, choice_name(p.schedule), p.virtual_stages);
 }
 
 }  // namespace

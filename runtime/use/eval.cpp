@@ -44,6 +44,7 @@ Recipe load_eval_recipe(const std::string& snapshot, const std::vector<Override>
                                {"parallel.dp", "1"},
                                {"parallel.cp", "1"},
                                {"parallel.tp", "1"},
+                               {"parallel.ep", "1"},
                                {"parallel.zero", "0"},
                                {"parallel.virtual_stages", "1"},
                                {"parallel.pipeline_split", "[]"},

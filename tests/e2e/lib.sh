@@ -11,9 +11,12 @@ require_corpus() {
 }
 # losses FILE: the per-step training losses of a metrics.jsonl, one per line.
 losses() { sed -n 's/.*"loss": \([^,]*\),.*/\1/p' "$1"; }
-# compare_losses A B RTOL: every step's loss agrees within RTOL relative; prints the worst.
+# field FILE NAME: a metrics.jsonl field's value per step, one per line.
+field() { sed -n "s/.*\"$2\": \\([^,}]*\\).*/\\1/p" "$1"; }
+# compare_losses A B RTOL [FIELD]: every step's loss (or FIELD) agrees within RTOL relative;
+# prints the worst.
 compare_losses() {
-  paste <(losses "$1") <(losses "$2") | awk -v rtol="$3" -v a="$1" -v b="$2" '
+  paste <(field "$1" "${4:-loss}") <(field "$2" "${4:-loss}") | awk -v rtol="$3" -v a="$1" -v b="$2" '
     { n++; d = ($1 - $2); if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > worst) worst = r;
       if (r > rtol) bad++ }
     END { if (n == 0) { print "FAIL: no losses in " a " or " b; exit 1 }

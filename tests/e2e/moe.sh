@@ -34,9 +34,6 @@ run() {  # run NAME [--set ...]: trains into $work/NAME
   "$titan3d" train "$repo/recipes/tiny.toml" "${common[@]}" --set run.dir="$work/$name" "$@" \
     > "$work/$name.log" 2>&1 || { echo "FAIL: $name exited $?"; tail -20 "$work/$name.log"; exit 1; }
 }
-field() {  # field METRICS NAME: the field's value per step
-  sed -n "s/.*\"$2\": \\([^,}]*\\).*/\\1/p" "$1"
-}
 within() {  # within NAME REFERENCE RTOL
   printf '%-26s' "$1:"
   compare_losses "$work/$1/metrics.jsonl" "$work/$2/metrics.jsonl" "$3" || fail=1

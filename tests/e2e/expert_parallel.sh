@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# Expert parallelism (docs/moe.md, docs/parallelism.md): the EP degree changes nothing but speed
+# and memory. The tiny MoE model of moe.sh (4 routed experts, 2 per token, a shared expert, bias
+# and auxiliary loss), fp32 with oneDNN's GEMMs, 50 steps.
+#  1. Bit for bit, the same losses, gradient norms and final parameters as ep = 1 on the same
+#     layout, with one micro-batch per step on dp2 (ZeRO 0, 1 and 3) and on dp2 × tp2 with SP: the
+#     experts' weight gradients are summed per source rank in rank order, which is the order and
+#     the rounding of the 2-rank reduction without EP, and a row's product does not depend on the
+#     other rows of its GEMM. That holds for oneDNN's fp32 GEMMs; OpenBLAS's tail kernels round
+#     a row differently by its place in the GEMM, so with OpenBLAS the pair agrees within the
+#     tolerance of 2. Activation checkpointing: the same bits, and each slot counted once.
+#  2. Within the dense layout-parity tolerance (1e-5 relative), losses and gradient norms, where
+#     the order of additions must differ: dp4 with ep 2 and 4 (Open MPI adds 4 ranks' gradients
+#     in another order than one rank adds its sources), 2 micro-batches (gradient accumulation
+#     adds a micro-batch's sources at once), pp2 × dp2. Each would fail with expert gradients
+#     ep times too large or a norm counting experts twice or not at all.
+#  3. The auxiliary loss of step 1 is ep=1's with 2 micro-batches and with pp2.
+#  4. Snapshots hold every expert once under its global name: ep2 and ep1 snapshots of the same
+#     training export the same bytes and resume on 1 rank to the same bits (a missing expert fails
+#     the resume, another rank's experts or moments change the losses); an ep4 snapshot resumes
+#     bit for bit on ep4 and within the tolerance on ep2 and on ep1 with ZeRO-3.
+set -u
+titan3d=$1
+source "$(dirname "$0")/lib.sh"
+require_corpus
+make_work_dir; [ -n "${KEEP:-}" ] && { trap - EXIT; echo "work: $work"; }
+steps=50
+common=(--set data.path="$corpus" --set model.dim=64 --set model.n_layers=4 --set model.n_heads=4
+        --set model.n_kv_heads=2 --set model.seq_len=32 --set train.global_batch=8
+        --set train.micro_batches=1 --set train.steps=$steps --set train.warmup_steps=5
+        --set train.val_every=0 --set train.log_every=100000 --set hardware.hbm_gib=0.25
+        --set hardware.gemm=onednn --set run.log_level=warn --set snapshot.every=25
+        --set model.n_experts=4 --set model.experts_per_token=2 --set model.n_shared_experts=1
+        --set model.moe_ffn_dim=32 --set model.dense_layers=1 --set model.router_bias_rate=1e-3
+        --set model.router_aux_coef=1e-2)
+run() {  # run NAME [--set ...]: trains into $work/NAME
+  local name=$1; shift
+  "$titan3d" train "$repo/recipes/tiny.toml" "${common[@]}" --set run.dir="$work/$name" "$@" \
+    > "$work/$name.log" 2>&1 || { echo "FAIL: $name exited $?"; tail -20 "$work/$name.log"; exit 1; }
+}
+metrics() { echo "$work/$1/metrics.jsonl"; }
+identical() {  # identical RUN REFERENCE WHAT: losses and gradient norms bit for bit
+  check "diff <(field $(metrics $1) loss; field $(metrics $1) grad_norm) <(field $(metrics $2) loss; field $(metrics $2) grad_norm) > /dev/null && [ \$(losses $(metrics $1) | wc -l) -eq $steps ]" \
+    "$3: losses and gradient norms bit-identical to $2"
+}
+within() {  # within RUN REFERENCE: losses and gradient norms within the parity tolerance
+  printf '%-24s loss:      ' "$1"
+  compare_losses "$(metrics $1)" "$(metrics $2)" 1e-5 || fail=1
+  printf '%-24s grad_norm: ' "$1"
+  compare_losses "$(metrics $1)" "$(metrics $2)" 1e-5 grad_norm || fail=1
+}
+dp2=(--set parallel.dp=2)
+dp4=(--set parallel.dp=4)
+
+# --- 1. Bit for bit. ---
+run dp2_ep1 "${dp2[@]}"
+run dp2_ep2 "${dp2[@]}" --set parallel.ep=2
+identical dp2_ep2 dp2_ep1 "dp2, ep2"
+eval_loss() {  # eval_loss RUN: its final snapshot's validation loss, on 1 rank
+  "$titan3d" eval "$work/$1/snapshots/step_000000$steps.h5" --batches 2 2>&1 | sed -n 's/.*loss \([0-9.]*\) nats.*/\1/p'
+}
+check "a=\$(eval_loss dp2_ep2) && [ -n \"\$a\" ] && [ \"\$a\" = \"\$(eval_loss dp2_ep1)\" ]" \
+  "dp2, ep2: eval of the final snapshot on 1 rank (every expert read back) is ep1's: $(eval_loss dp2_ep2)"
+"$titan3d" generate "$work/dp2_ep2/snapshots/step_000000$steps.h5" --prompt "The " --max-tokens 10 \
+  --seed 1 > "$work/gen.out" 2>&1
+check "[ $? -eq 0 ] && [ \$(wc -c < $work/gen.out) -ge 10 ]" "generate runs on an ep2 snapshot"
+for zero in 1 3; do
+  run dp2_ep2_zero$zero "${dp2[@]}" --set parallel.ep=2 --set parallel.zero=$zero
+  identical dp2_ep2_zero$zero dp2_ep1 "dp2, ep2, ZeRO-$zero"
+done
+tp_sp=(--set parallel.dp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true)
+run dp2_tp2_sp_ep1 "${tp_sp[@]}"
+run dp2_tp2_sp_ep2 "${tp_sp[@]}" --set parallel.ep=2
+identical dp2_tp2_sp_ep2 dp2_tp2_sp_ep1 "dp2 × tp2 with SP, ep2"
+run dp2_ep2_recompute "${dp2[@]}" --set parallel.ep=2 --set train.activation_checkpoint=full
+identical dp2_ep2_recompute dp2_ep2 "activation checkpointing, ep2"
+slots=$((8 * 32 * 2))
+check "[ \"\$(field $(metrics dp2_ep2_recompute) routed_slots | sort -u)\" = $slots ]" \
+  "activation checkpointing, ep2: each of the $slots slots counted once per block"
+
+# --- 2. Within the tolerance. ---
+run dp4_ep1 "${dp4[@]}"
+for ep in 2 4; do
+  run dp4_ep$ep "${dp4[@]}" --set parallel.ep=$ep
+  within dp4_ep$ep dp4_ep1
+done
+openblas=(--set hardware.gemm=openblas)
+run dp2_ep1_openblas "${dp2[@]}" "${openblas[@]}"
+run dp2_ep2_openblas "${dp2[@]}" "${openblas[@]}" --set parallel.ep=2
+within dp2_ep2_openblas dp2_ep1_openblas
+micro2=(--set train.micro_batches=2)
+run dp2_micro2_ep1 "${dp2[@]}" "${micro2[@]}"
+run dp2_micro2_ep2 "${dp2[@]}" "${micro2[@]}" --set parallel.ep=2
+within dp2_micro2_ep2 dp2_micro2_ep1
+pp2=(--set parallel.pp=2 --set parallel.dp=2 "${micro2[@]}")
+run pp2_dp2_ep1 "${pp2[@]}"
+run pp2_dp2_ep2 "${pp2[@]}" --set parallel.ep=2
+within pp2_dp2_ep2 pp2_dp2_ep1
+
+# --- 3. The auxiliary loss of step 1. ---
+aux1() { field "$(metrics $1)" aux_loss | head -1; }
+for other in dp2_micro2_ep2 pp2_dp2_ep2; do
+  check "awk -v a=$(aux1 dp2_ep1) -v b=$(aux1 $other) 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(a > 0 && d <= 1e-6 * a) }'" \
+    "step 1's aux loss: $other $(aux1 $other) = dp2 ep1's $(aux1 dp2_ep1)"
+done
+
+# --- 4. Snapshots. ---
+resume() {  # resume NAME FROM-RUN [--set ...]: from FROM-RUN's step 25
+  local name=$1 from=$2; shift 2
+  run "$name" --set snapshot.every=0 \
+    --set snapshot.resume="$work/$from/snapshots/step_00000025.h5" "$@"
+}
+tail_of() { grep '"loss": ' "$(metrics $1)" | tail -25 > "$work/$1_26_50.jsonl"; echo "$work/$1_26_50.jsonl"; }
+resume one_from_ep2 dp2_ep2
+resume one_from_ep1 dp2_ep1
+check "diff <(losses $(metrics one_from_ep2)) <(losses $(metrics one_from_ep1)) > /dev/null && [ \$(losses $(metrics one_from_ep1) | wc -l) -eq 25 ]" \
+  "the ep2 and ep1 snapshots of one training resume on 1 rank to the same 25 losses, bit for bit"
+printf '%-24s loss:      ' one_from_ep2
+compare_losses "$(metrics one_from_ep2)" "$(tail_of dp2_ep1)" 1e-5 || fail=1
+resume dp4_ep4_again dp4_ep4 "${dp4[@]}" --set parallel.ep=4
+check "diff <(losses $(metrics dp4_ep4_again)) <(losses $(tail_of dp4_ep4)) > /dev/null" \
+  "an ep4 snapshot resumes on ep4: steps 26-50 bit for bit"
+resume dp2_ep2_from_ep4 dp4_ep4 "${dp2[@]}" --set parallel.ep=2
+printf '%-24s loss:      ' dp2_ep2_from_ep4
+compare_losses "$(metrics dp2_ep2_from_ep4)" "$(tail_of dp4_ep4)" 1e-5 || fail=1
+resume dp2_zero3_from_ep4 dp4_ep4 "${dp2[@]}" --set parallel.zero=3
+printf '%-24s loss:      ' dp2_zero3_from_ep4
+compare_losses "$(metrics dp2_zero3_from_ep4)" "$(tail_of dp4_ep4)" 1e-5 || fail=1
+check "h5dump -a layout $work/dp4_ep4/snapshots/step_00000025.h5 2>/dev/null | grep -q 'ep=4'" \
+  "the snapshot records the EP layout it was written on"
+exit $fail
