@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "runtime/launch/job.h"
+#include "runtime/train/expert_load.h"
 
 namespace t3d::runtime {
 
@@ -26,6 +27,7 @@ struct StepRecord {
   // over MoE blocks of the busiest expert's tokens to the mean (1: balanced), and the most token
   // slots a block counted (global_batch · seq_len · experts_per_token when each is counted once).
   double aux_loss = 0, expert_imbalance = 0, routed_slots = 0;
+  ExpertLoad expert_load;  // per MoE layer, the dropped slots, the router bias range
 };
 
 struct TrainSummary {
