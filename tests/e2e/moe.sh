@@ -182,6 +182,11 @@ for layout in "cap_dp2 --set parallel.dp=2 --set train.micro_batches=1" \
   run $layout "${cap[@]}"
   within "${layout%% *}" cap 1e-5
 done
+step1_load() {  # step1_load RUN: step 1's load fields (summed over dp, gathered over pp)
+  head -1 "$work/$1/metrics.jsonl" | grep -oE '"(dropped_slots|expert_imbalance_layer_[0-9]+|idle_experts_layer_[0-9]+)": [^,}]*'
+}
+check "[ \"\$(step1_load cap_dp2)\" = \"\$(step1_load cap)\" ] && [ \"\$(step1_load cap_pp2)\" = \"\$(step1_load cap)\" ]" \
+  "step 1's dropped slots and per-layer load: dp2 and pp2 report 1 rank's"
 run cap_recompute "${cap[@]}" --set train.activation_checkpoint=full
 check "diff <(losses $work/cap/metrics.jsonl) <(losses $work/cap_recompute/metrics.jsonl) > /dev/null" \
   "capacity with activation checkpointing: the same losses, bit for bit (the same slots drop)"
