@@ -98,11 +98,16 @@ StageCost cost_of_stage(const PlanProblem& p, const Layout& l,
   const BlockFlops block = block_flops_per_token(p.model, l.tp);
   const double mm = block.matmul, att = block.attention;
   // A mixture of experts' leading dense blocks (model.dense_layers) differ by their MLP: what
-  // they add over the stage's blocks and over its recomputed ones (0 for a dense model).
+  // they add over the stage's blocks and over its recomputed ones (0 for a dense model). Its MoE
+  // blocks run their weight gradients with their input gradients (docs/moe.md): in b, not w.
   double dense_extra = 0, dense_extra_recomputed = 0;
+  int64_t moe_blocks = 0;
   for (const auto& r : ranges)
     for (int64_t layer = r.begin; p.model.moe() && layer < r.end; ++layer) {
-      if (p.model.moe_block(layer)) continue;
+      if (p.model.moe_block(layer)) {
+        ++moe_blocks;
+        continue;
+      }
       const double extra = block_flops_per_token(p.model, l.tp, layer).matmul - mm;
       dense_extra += extra;
       if (recomputed_block(layer - r.begin, l.checkpoint_every)) dense_extra_recomputed += extra;
@@ -120,8 +125,8 @@ StageCost cost_of_stage(const PlanProblem& p, const Layout& l,
   }
   c.f = layers * N * (mm + att) / flops_s + N * dense_extra / flops_s;
   c.b = (layers * N * (mm + 2 * att) + recomputed * N * (mm + att)) / flops_s +
-        N * (dense_extra + dense_extra_recomputed) / flops_s;
-  c.w = layers * N * mm / flops_s + N * dense_extra / flops_s;
+        N * (dense_extra + dense_extra_recomputed) / flops_s + moe_blocks * N * mm / flops_s;
+  c.w = (layers - moe_blocks) * N * mm / flops_s + N * dense_extra / flops_s;
   // Two all-reduces per block forward (o_proj, down_proj) and two backward (the inputs of the
   // column-parallel q/k/v and gate/up); recomputing a block repeats its forward pair.
   c.f_tp = 2 * layers * ar;

@@ -198,6 +198,7 @@ TEST(Planner, StepTimePartsAddUpAndBubbleIsTheSimulators) {
 // A mixture of experts is priced block by block along its active path: on one stage the step's
 // compute is exactly the FLOPs MFU counts (model_train_flops_per_token: the router and K of E
 // experts per MoE block, the MLP of a leading dense block), and fewer experts per token cost less.
+// Only the dense blocks have a W pass of their own.
 TEST(Planner, MoeComputeIsTheActivePathsFlops) {
   PlanProblem p = load_problem("moe.toml", "npu64.toml");
   ASSERT_TRUE(p.model.moe());
@@ -214,6 +215,12 @@ TEST(Planner, MoeComputeIsTheActivePathsFlops) {
   const double top2 = step_time(p, l, s).compute;
   p.model.experts_per_token = 1;
   EXPECT_LT(step_time(p, l, s).compute, top2);
+  // A MoE block's weight gradients run in its B (docs/moe.md): the zero-bubble schedules can
+  // defer only the dense blocks' W.
+  p.model.dense_layers = 0;
+  EXPECT_EQ(stage_costs(p, l).w, 0.0);
+  p.model.dense_layers = 1;
+  EXPECT_GT(stage_costs(p, l).w, 0.0);
 }
 
 TEST(Planner, RingFormulasAndLinks) {
