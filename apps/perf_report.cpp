@@ -74,9 +74,10 @@ PerfSummary summarize_performance(const Recipe& r, const JobPrecision& precision
   p.tokens_per_s_per_device = p.tokens_per_s / std::max(1, devices);
   p.bubble = q.pp > 1 ? simulated_bubble(r) : 0.0;
   if (r.model.moe() && !steps.empty()) {
-    p.imbalance_first = steps.front().expert_imbalance;
-    p.imbalance_last = steps.back().expert_imbalance;
-    for (const auto& s : steps) p.imbalance_max = std::max(p.imbalance_max, s.expert_imbalance);
+    p.imbalance_first = steps.front().expert_load.largest_imbalance;
+    p.imbalance_last = steps.back().expert_load.largest_imbalance;
+    for (const auto& s : steps)
+      p.imbalance_max = std::max(p.imbalance_max, s.expert_load.largest_imbalance);
   }
   return p;
 }

@@ -22,11 +22,14 @@ ExpertLoad measure_expert_load(const parallel::Mesh& mesh, const Model& model,
   std::vector<double> dropped = model.dropped_slots();
   if (!dropped.empty()) mesh.dp_cp().all_reduce(dropped.data(), dropped.size());
   // One max-reduction over the world: per layer the imbalance and the idle experts (0 on the
-  // stages that do not hold it; tp and dp × cp ranks agree), the most dropped, and the bias range
-  // as (−min, max).
+  // stages that do not hold it; tp and dp × cp ranks agree), then the most slots a block routed
+  // and dropped, and the bias range as (−min, max).
   constexpr double kLowest = std::numeric_limits<double>::lowest();
-  std::vector<double> all(2 * n + 3, 0.0);
-  all[2 * n + 1] = all[2 * n + 2] = kLowest;
+  std::vector<double> all(2 * n + 4, 0.0);
+  double* routed = &all[2 * n];
+  double* most_dropped = &all[2 * n + 1];
+  double* bias_range = &all[2 * n + 2];
+  bias_range[0] = bias_range[1] = kLowest;
   const auto& held = model.moe_layers();
   for (size_t b = 0; b < held.size(); ++b) {
     const size_t at = static_cast<size_t>(
@@ -38,7 +41,8 @@ ExpertLoad measure_expert_load(const parallel::Mesh& mesh, const Model& model,
     }
     all[at] = total > 0 ? busiest * static_cast<double>(E) / total : 0.0;
     all[n + at] = idle;
-    all[2 * n] = std::max(all[2 * n], dropped[b]);
+    *routed = std::max(*routed, total);
+    *most_dropped = std::max(*most_dropped, dropped[b]);
   }
   if (m.router_bias_rate > 0) {
     const auto& params = model.params();
@@ -46,8 +50,8 @@ ExpertLoad measure_expert_load(const parallel::Mesh& mesh, const Model& model,
       if (params[p.param].trained) return;  // the router biases are the untrained tensors
       const float* v = state.params(p);
       for (int64_t i = 0; i < p.size(); ++i) {
-        all[2 * n + 1] = std::max(all[2 * n + 1], -static_cast<double>(v[i]));
-        all[2 * n + 2] = std::max(all[2 * n + 2], static_cast<double>(v[i]));
+        bias_range[0] = std::max(bias_range[0], -static_cast<double>(v[i]));
+        bias_range[1] = std::max(bias_range[1], static_cast<double>(v[i]));
       }
     });
   }
@@ -55,8 +59,10 @@ ExpertLoad measure_expert_load(const parallel::Mesh& mesh, const Model& model,
   load.imbalance.assign(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n));
   load.idle.assign(all.begin() + static_cast<std::ptrdiff_t>(n),
                    all.begin() + static_cast<std::ptrdiff_t>(2 * n));
-  load.dropped_slots = all[2 * n];
-  if (m.router_bias_rate > 0) load.bias_min = -all[2 * n + 1], load.bias_max = all[2 * n + 2];
+  load.largest_imbalance = *std::max_element(load.imbalance.begin(), load.imbalance.end());
+  load.routed_slots = *routed;
+  load.dropped_slots = *most_dropped;
+  if (m.router_bias_rate > 0) load.bias_min = -bias_range[0], load.bias_max = bias_range[1];
   return load;
 }
 

@@ -20,6 +20,8 @@ struct ExpertLoad {
   std::vector<int64_t> layers;        // the model's MoE blocks (global index), ascending
   std::vector<double> imbalance;      // per layer: the busiest expert's tokens over the mean
   std::vector<double> idle;           // per layer: experts that got no token
+  double largest_imbalance = 0;       // over the layers
+  double routed_slots = 0;            // the most slots a block routed (each counted once)
   double dropped_slots = 0;           // the most slots a block dropped (model.capacity_factor)
   double bias_min = 0, bias_max = 0;  // over every block's router bias (router_bias_rate > 0)
 };
