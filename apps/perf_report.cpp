@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <iterator>
@@ -72,6 +73,12 @@ PerfSummary summarize_performance(const Recipe& r, const JobPrecision& precision
                        choice_name(precision.train));
   p.tokens_per_s_per_device = p.tokens_per_s / std::max(1, devices);
   p.bubble = q.pp > 1 ? simulated_bubble(r) : 0.0;
+  if (r.model.moe() && !steps.empty()) {
+    p.imbalance_first = steps.front().expert_load.largest_imbalance;
+    p.imbalance_last = steps.back().expert_load.largest_imbalance;
+    for (const auto& s : steps)
+      p.imbalance_max = std::max(p.imbalance_max, s.expert_load.largest_imbalance);
+  }
   return p;
 }
 
@@ -94,6 +101,10 @@ std::string format_performance(const PerfSummary& p) {
   row("GEMM", p.gemm);
   row("MFU", percent(p.mfu) + " (of the hardware peak)");
   row("MFU against the GEMM's own rate", percent(p.mfu_gemm));
+  if (p.imbalance_max >= 0)
+    row("expert imbalance first/last/max",
+        fmt::format("{:.2f} / {:.2f} / {:.2f} (busiest expert over the mean, worst MoE layer)",
+                    p.imbalance_first, p.imbalance_last, p.imbalance_max));
   return out;
 }
 
@@ -104,11 +115,16 @@ std::string performance_json(const PerfSummary& p) {
       "\"tokens_per_s_per_device\": {}, \"tokens_per_s\": {}, \"tp_comm_share\": {}, "
       "\"dp_comm_share\": {}, \"pp_wait_share\": {}, \"cp_comm_share\": {}, \"bubble_simulated\": "
       "{}, \"mfu\": {}, "
-      "\"mfu_gemm\": {}, \"gemm\": \"{}\"}}",
+      "\"mfu_gemm\": {}, \"gemm\": \"{}\"{}}}",
       p.layout, p.devices, p.steps_measured, num(p.peak_mem_gib), num(p.tokens_per_s_per_device),
       num(p.tokens_per_s), num(p.tp_comm_share), num(p.dp_comm_share), num(p.pp_wait_share),
       num(p.cp_comm_share), p.bubble < 0 ? "null" : num(p.bubble), num(p.mfu), num(p.mfu_gemm),
-      p.gemm);
+      p.gemm,
+      p.imbalance_max < 0
+          ? ""
+          : fmt::format(", \"expert_imbalance_first\": {}, \"expert_imbalance_last\": {}, "
+                        "\"expert_imbalance_max\": {}",
+                        num(p.imbalance_first), num(p.imbalance_last), num(p.imbalance_max)));
 }
 
 std::string format_supervision(const SupervisedRun& run) {

@@ -24,6 +24,10 @@ struct PerfSummary {
   double mfu = 0;            // over the hardware peak of the GEMMs' precision
   double mfu_gemm = 0;       // over the chosen GEMM's measured rate at the model's shapes
   std::string gemm;          // the linear layers' GEMM kind ("onednn-bf16")
+  // Mixture of experts: the largest imbalance over layers (ExpertLoad) at the first and last
+  // step and its largest
+  // over the run (every step counted); < 0 for a dense model.
+  double imbalance_first = -1, imbalance_last = -1, imbalance_max = -1;
 };
 
 PerfSummary summarize_performance(const Recipe& recipe, const JobPrecision& precision, int devices,

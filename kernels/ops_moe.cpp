@@ -4,6 +4,7 @@
 // so their results do not depend on the thread count (kernels/threads.h).
 #include "kernels/ops_moe.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -122,26 +123,42 @@ void moe_route_backward(float* dlogits, const float* dgates, const float* dscore
   });
 }
 
-// Counting sort with offsets as the only state: counts into offsets[e + 1], prefix sums give
-// the starts, offsets[e] then serves as expert e's cursor (ending at the next expert's start),
-// and a shift by one restores the starts.
-void moe_permute(std::int64_t* offsets, std::int32_t* row_of_slot, std::int32_t* slot_of_row,
-                 const std::int32_t* chosen, std::int64_t N, std::int64_t E, std::int64_t K) {
+std::int64_t moe_capacity(double factor, std::int64_t N, std::int64_t E, std::int64_t K) {
+  if (factor <= 0) return 0;
+  const double share = factor * static_cast<double>(N * K) / static_cast<double>(E);
+  return std::max<std::int64_t>(1, static_cast<std::int64_t>(std::ceil(share)));
+}
+
+// Counting sort without scratch: the first pass counts each expert's slots into offsets[e + 1]
+// and leaves in row_of_slot[i] the slot's ordinal among its expert's slots (slot order); the
+// counts clamped to the capacity and summed give the starts; a slot whose ordinal reaches the
+// capacity drops, the others land at their expert's start plus their ordinal.
+std::int64_t moe_permute(std::int64_t* offsets, std::int32_t* row_of_slot,
+                         std::int32_t* slot_of_row, const std::int32_t* chosen, std::int64_t N,
+                         std::int64_t E, std::int64_t K, std::int64_t capacity) {
   const std::int64_t S = N * K;
+  const std::int64_t limit = capacity > 0 ? capacity : S;
   for (std::int64_t e = 0; e <= E; ++e) offsets[e] = 0;
   for (std::int64_t i = 0; i < S; ++i) {
     T3D_ASSERT(chosen[i] >= 0 && chosen[i] < E, "slot ", i, " routed to expert ", chosen[i], " of ",
                E);
-    ++offsets[chosen[i] + 1];
+    row_of_slot[i] = static_cast<std::int32_t>(offsets[chosen[i] + 1]++);
   }
-  for (std::int64_t e = 0; e < E; ++e) offsets[e + 1] += offsets[e];
-  for (std::int64_t i = 0; i < S; ++i) {  // slots ascending: stable
-    const std::int64_t row = offsets[chosen[i]]++;
+  for (std::int64_t e = 0; e < E; ++e)
+    offsets[e + 1] = offsets[e] + std::min(offsets[e + 1], limit);
+  std::int64_t dropped = 0;
+  for (std::int64_t i = 0; i < S; ++i) {
+    const std::int64_t ordinal = row_of_slot[i];
+    if (ordinal >= limit) {
+      row_of_slot[i] = -1;
+      ++dropped;
+      continue;
+    }
+    const std::int64_t row = offsets[chosen[i]] + ordinal;
     row_of_slot[i] = static_cast<std::int32_t>(row);
     slot_of_row[row] = static_cast<std::int32_t>(i);
   }
-  for (std::int64_t e = E; e > 0; --e) offsets[e] = offsets[e - 1];
-  offsets[0] = 0;
+  return dropped;
 }
 
 void moe_gather(float* rows, const float* x, const std::int32_t* slot_of_row, std::int64_t S,
@@ -163,11 +180,16 @@ void moe_combine(float* y, const float* rows, const float* w, const std::int32_t
       for (std::int64_t c = 0; c < C; ++c) {
         // The sum of the K products first, then written or added: the same bits whatever the
         // mode, for the part the combine computes.
+        // A dropped slot (row -1) is skipped; the first kept product starts the sum.
         float acc = 0.0f;
+        bool started = false;
         for (std::int64_t j = 0; j < K; ++j) {
-          const float v = rows[row_of_slot[t * K + j] * C + c];
+          const std::int32_t row = row_of_slot[t * K + j];
+          if (row < 0) continue;
+          const float v = rows[row * C + c];
           const float p = w ? w[t * K + j] * v : v;
-          acc = j == 0 ? p : acc + p;
+          acc = started ? acc + p : p;
+          started = true;
         }
         yt[c] = mode == Out::kAccumulate ? yt[c] + acc : acc;
       }

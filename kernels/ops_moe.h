@@ -51,17 +51,26 @@ void moe_route_backward(float* dlogits,              // dlogits (N, E) =
                         const std::int32_t* chosen,  // chosen (N, K) from forward
                         const RouterShape& r);
 
-// The permutation of the N·K slots by expert (a stable counting sort of `chosen`):
-// offsets (E + 1): expert e's rows are [offsets[e], offsets[e + 1]) (offsets[E] = S);
-// row_of_slot (S): the permuted row of slot t·K + j;  slot_of_row (S): its inverse.
-void moe_permute(std::int64_t* offsets, std::int32_t* row_of_slot, std::int32_t* slot_of_row,
-                 const std::int32_t* chosen, std::int64_t N, std::int64_t E, std::int64_t K);
-// rows (S, C): row r = x[slot_of_row[r] / K] (the token of each permuted row).
+// Expert capacity (docs/moe.md): with factor c > 0 an expert takes at most ceil(c · N·K / E) of
+// the N·K slots (at least 1); c = 0 returns 0, no limit (dropless).
+std::int64_t moe_capacity(double factor, std::int64_t N, std::int64_t E, std::int64_t K);
+
+// The permutation of the N·K slots by expert (a stable counting sort of `chosen`), keeping at most
+// `capacity` rows per expert (0: all): slots are taken in slot order (token order, then the
+// token's rank j), so an expert keeps its first `capacity` slots and the later ones drop.
+// offsets (E + 1): expert e's rows are [offsets[e], offsets[e + 1]); offsets[E] = the kept rows
+// (S = N·K when none drop); row_of_slot (N·K): the permuted row of slot t·K + j, -1 when it
+// dropped; slot_of_row (offsets[E] used): its inverse. Returns the slots that dropped.
+std::int64_t moe_permute(std::int64_t* offsets, std::int32_t* row_of_slot,
+                         std::int32_t* slot_of_row, const std::int32_t* chosen, std::int64_t N,
+                         std::int64_t E, std::int64_t K, std::int64_t capacity = 0);
+// rows (S, C): row r = x[slot_of_row[r] / K] (the token of each permuted row); S = offsets[E].
 void moe_gather(float* rows, const float* x, const std::int32_t* slot_of_row, std::int64_t S,
                 std::int64_t K, std::int64_t C);
 // The combine: y[t] = Σ_{j=0..K-1} w[t·K + j] · rows[row_of_slot[t·K + j]], j ascending, each
 // product rounded to fp32 and added in that order (w = gates in forward; w = nullptr: weight 1,
-// the backward's sum of the slots' input gradients). `mode`: y written, or that sum added to y.
+// the backward's sum of the slots' input gradients). A dropped slot (row -1) adds nothing; a
+// token whose K slots all dropped sums to 0. `mode`: y written, or that sum added to y.
 void moe_combine(float* y, const float* rows, const float* w, const std::int32_t* row_of_slot,
                  std::int64_t N, std::int64_t K, std::int64_t C, Out mode);
 
@@ -94,7 +103,8 @@ void moe_experts_forward(GemmKind kind,
 //   dys (S, C): row r holds dy of the token of row r (moe_gather of dy); clobbered (scaled by
 //     the rows' gates in place, for wd's gradient);
 //   dgates (N·K): by slot, dgates[slot_of_row[r]] = Σ_f U[r, f] · h[r, f] (this rank's Fe: a
-//     partial sum under tp, which the caller all-reduces);
+//     partial sum under tp, which the caller all-reduces); a dropped slot's entry is not
+//     written (its gradient is 0: the caller zeroes dgates when slots may drop);
 //   gates (N·K): the forward's gates, by slot;
 //   dh, dgate, dup (S, Fe): scratch.
 void moe_experts_backward(GemmKind kind,
@@ -122,7 +132,8 @@ void moe_ep_reorder(float* dst, const float* src, const std::int32_t* counts, st
 void moe_ep_offsets(std::int64_t* offsets, std::int64_t* block_offsets, const std::int32_t* counts,
                     std::int64_t P, std::int64_t El);
 
-// Tokens routed to each expert: counts[e] += number of slots with chosen == e (over N·K).
+// Tokens routed to each expert: counts[e] += number of slots with chosen == e (over N·K), the
+// router's choices before any capacity drop (as the auxiliary loss's f).
 void moe_count(double* counts, const std::int32_t* chosen, std::int64_t N, std::int64_t E,
                std::int64_t K);
 

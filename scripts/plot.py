@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Draws a run directory: loss and validation-loss curves from metrics.jsonl (loss.png, loss.svg)
-and, when the run was traced (--trace), the pipeline timeline of its last step from trace.json
+"""Draws a run directory: loss and validation-loss curves from metrics.jsonl (loss.png, loss.svg);
+for a mixture of experts the expert load over steps (experts.png, experts.svg: each MoE layer's
+busiest expert over the mean, and the slots the capacity dropped when any did); and, when the run
+was traced (--trace), the pipeline timeline of its last step from trace.json
 (timeline.png, timeline.svg): one row per rank, forward / backward / weight-gradient spans per
 micro-batch and chunk, communication in grey, idle time blank.
 
@@ -41,6 +43,48 @@ def plot_loss(run, out):
     written = []
     for ext in ("png", "svg"):
         path = os.path.join(out, f"loss.{ext}")
+        fig.savefig(path, dpi=120, bbox_inches="tight")
+        written.append(path)
+    return written
+
+
+def plot_experts(run, out):
+    """A mixture of experts' load per layer over steps (docs/metrics.md); nothing for a dense run."""
+    prefix = "expert_imbalance_layer_"
+    steps, layers, dropped = [], {}, []
+    with open(os.path.join(run, "metrics.jsonl")) as f:
+        for line in f:
+            m = json.loads(line)
+            if "expert_imbalance" not in m:
+                continue
+            steps.append(m["step"])
+            dropped.append(m.get("dropped_slots") or 0)
+            for k, v in m.items():
+                if k.startswith(prefix):
+                    layers.setdefault(int(k[len(prefix):]), []).append((m["step"], v))
+    if not steps:
+        return []
+    show_drops = any(d > 0 for d in dropped)
+    fig, axes = plt.subplots(2 if show_drops else 1, 1, figsize=(8, 6.5 if show_drops else 4.5),
+                             sharex=True, squeeze=False)
+    ax = axes[0][0]
+    for layer in sorted(layers):
+        xs, ys = zip(*layers[layer])
+        ax.plot(xs, ys, label=f"layer {layer}", linewidth=1)
+    ax.axhline(1.0, color="grey", linewidth=0.8, linestyle="--")
+    ax.set_ylabel("expert imbalance (busiest / mean)")
+    ax.set_title(os.path.basename(os.path.normpath(run)) + ": expert load")
+    ax.grid(alpha=0.3)
+    if layers:
+        ax.legend(fontsize="small")
+    if show_drops:
+        axes[1][0].plot(steps, dropped, linewidth=1, color="#c44e52")
+        axes[1][0].set_ylabel("dropped slots (worst layer)")
+        axes[1][0].grid(alpha=0.3)
+    axes[-1][0].set_xlabel("step")
+    written = []
+    for ext in ("png", "svg"):
+        path = os.path.join(out, f"experts.{ext}")
         fig.savefig(path, dpi=120, bbox_inches="tight")
         written.append(path)
     return written
@@ -112,7 +156,7 @@ def main():
     run = sys.argv[1]
     out = sys.argv[2] if len(sys.argv) > 2 else run
     os.makedirs(out, exist_ok=True)
-    for p in plot_loss(run, out) + plot_timeline(run, out):
+    for p in plot_loss(run, out) + plot_experts(run, out) + plot_timeline(run, out):
         print(p)
 
 

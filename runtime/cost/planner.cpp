@@ -177,6 +177,7 @@ std::string format_ranked(const PlanProblem& p, const Plan& plan, int64_t top) {
       "dp    pp    bubble  tokens/s/device\n",
       plan.evaluated, plan.ranked.size(), p.cluster.hbm_gib,
       std::min<int64_t>(top, static_cast<int64_t>(plan.ranked.size())));
+  out = moe_summary(p.model) + out;  // a mixture of experts' total and active parameters first
   for (int64_t i = 0; i < top && i < static_cast<int64_t>(plan.ranked.size()); ++i) {
     const Candidate& c = plan.ranked[static_cast<size_t>(i)];
     const Layout& l = c.layout;
@@ -215,6 +216,7 @@ std::string explain(const PlanProblem& p, const Layout& l) {
   T3D_USER_CHECK(why.empty(), "plan: layout ", l.label(), " cannot run: ", why);
   const parallel::Schedule s = make_layout_schedule(l);
   std::ostringstream os;
+  os << moe_summary(p.model);
   os << "Layout " << l.label() << ": " << micro_rows(p, l) << " sequence(s) of " << p.model.seq_len
      << " tokens per micro-batch\n";
   const Memory m = peak_memory(p, l, s, &os);

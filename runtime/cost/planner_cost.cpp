@@ -10,6 +10,7 @@
 #include "kernels/ops.h"
 #include "parallel/pipeline_split.h"
 #include "parallel/zero.h"
+#include "runtime/cost/planner.h"
 #include "runtime/data/data_sampler.h"
 #include "runtime/model/model_spec.h"
 
@@ -93,9 +94,24 @@ StageCost cost_of_stage(const PlanProblem& p, const Layout& l,
   const double B = static_cast<double>(micro_rows(p, l)), N = B * double(p.model.seq_len);
   const double flops_s = p.cluster.peak_tflops * 1e12 * p.cluster.compute_efficiency;
   // Per token of one block (tp-local), the model spec's count: f = mm + att, b = mm + 2·att,
-  // w = mm.
+  // w = mm. The last block's mm: in a mixture of experts its router and K of its E experts.
   const BlockFlops block = block_flops_per_token(p.model, l.tp);
   const double mm = block.matmul, att = block.attention;
+  // A mixture of experts' leading dense blocks (model.dense_layers) differ by their MLP: what
+  // they add over the stage's blocks and over its recomputed ones (0 for a dense model). Its MoE
+  // blocks run their weight gradients with their input gradients (docs/moe.md): in b, not w.
+  double dense_extra = 0, dense_extra_recomputed = 0;
+  int64_t moe_blocks = 0;
+  for (const auto& r : ranges)
+    for (int64_t layer = r.begin; p.model.moe() && layer < r.end; ++layer) {
+      if (p.model.moe_block(layer)) {
+        ++moe_blocks;
+        continue;
+      }
+      const double extra = block_flops_per_token(p.model, l.tp, layer).matmul - mm;
+      dense_extra += extra;
+      if (recomputed_block(layer - r.begin, l.checkpoint_every)) dense_extra_recomputed += extra;
+    }
   const Link tp_link = group_link(p.cluster, 1, l.tp);
   const double act_msg = N * double(p.model.dim) * p.precision.activation;
   const double ar = ring_all_reduce_s(act_msg, l.tp, tp_link);
@@ -107,9 +123,10 @@ StageCost cost_of_stage(const PlanProblem& p, const Layout& l,
     recomputed += recomputed_blocks(r.size(), l.checkpoint_every);
     first |= r.first, last |= r.last;
   }
-  c.f = layers * N * (mm + att) / flops_s;
-  c.b = (layers * N * (mm + 2 * att) + recomputed * N * (mm + att)) / flops_s;
-  c.w = layers * N * mm / flops_s;
+  c.f = layers * N * (mm + att) / flops_s + N * dense_extra / flops_s;
+  c.b = (layers * N * (mm + 2 * att) + recomputed * N * (mm + att)) / flops_s +
+        N * (dense_extra + dense_extra_recomputed) / flops_s + moe_blocks * N * mm / flops_s;
+  c.w = (layers - moe_blocks) * N * mm / flops_s + N * dense_extra / flops_s;
   // Two all-reduces per block forward (o_proj, down_proj) and two backward (the inputs of the
   // column-parallel q/k/v and gate/up); recomputing a block repeats its forward pair.
   c.f_tp = 2 * layers * ar;
@@ -437,6 +454,29 @@ StepTime step_time(const PlanProblem& p, const Layout& l, const parallel::Schedu
         sec(t.dp), sec(t.pp), sec(t.bubble), p.global_batch, p.model.seq_len, sec(t.total),
         l.world(), t.tokens_per_s_per_device);
   return t;
+}
+
+std::string moe_summary(const ModelConfig& m) {
+  if (!m.moe()) return "";
+  double total = 0, experts = 0, routers = 0;
+  for (const ParamInfo& p : param_table(m)) {
+    double n = 1;
+    for (const int64_t d : p.global_shape) n *= static_cast<double>(d);
+    total += n;
+    if (p.expert >= 0) experts += n;
+    if (p.name.find("mlp.router.weight") != std::string::npos) routers += n;
+  }
+  const double active_share =
+      static_cast<double>(m.experts_per_token) / static_cast<double>(m.n_experts);
+  const double active = total - experts * (1 - active_share);
+  return fmt::format(
+      "Mixture of experts: {} parameters in all, {} active per token ({} of {} routed experts, "
+      "{} shared); the routed experts hold {} ({:.0f}%), in memory on every rank of their "
+      "stage (tp splits them); training FLOPs per token {} (the active path), {} of them the "
+      "routers'\n",
+      thousands(total), thousands(active), m.experts_per_token, m.n_experts, m.n_shared_experts,
+      thousands(experts), 100 * experts / total, thousands(model_train_flops_per_token(m)),
+      thousands(6 * routers));
 }
 
 }  // namespace t3d::runtime

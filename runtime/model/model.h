@@ -194,9 +194,11 @@ class Model final : public StageModel {
 
   // Mixture of experts, since the last reset_moe_stats: the tokens routed to each expert by the
   // training forwards (recomputes not counted), E per held MoE block in moe_layers() order, and
-  // the weighted auxiliary loss they added (ModelOptions::moe_aux_weight; 0 when off).
+  // the weighted auxiliary loss they added (ModelOptions::moe_aux_weight; 0 when off), and the
+  // slots the capacity dropped, one per held MoE block.
   const std::vector<int64_t>& moe_layers() const { return moe_layers_; }
   const std::vector<double>& expert_counts() const { return expert_counts_; }
+  const std::vector<double>& dropped_slots() const { return dropped_slots_; }
   double aux_loss() const { return aux_loss_; }
   void reset_moe_stats();
 
@@ -321,6 +323,7 @@ class Model final : public StageModel {
   ExpertRange experts_;
   std::vector<int64_t> moe_layers_;    // held mixture-of-experts blocks, in layer order
   std::vector<double> expert_counts_;  // E per held MoE block
+  std::vector<double> dropped_slots_;  // per held MoE block
   double aux_loss_ = 0;
   std::vector<int64_t> expert_offsets_;  // E + 1: the permutation's expert boundaries
   // Expert parallelism's exchange of one block (ep_plan), sized once: rows per EP rank.

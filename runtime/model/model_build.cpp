@@ -113,6 +113,7 @@ void Model::build_params() {
       if (config_.moe_block(l)) moe_layers_.push_back(l);
     }
   expert_counts_.assign(moe_layers_.size() * static_cast<size_t>(config_.n_experts), 0.0);
+  dropped_slots_.assign(moe_layers_.size(), 0.0);
   expert_offsets_.assign(static_cast<size_t>(config_.n_experts + 1), 0);
   const auto P = static_cast<size_t>(options_.ep ? options_.ep->size() : 1);
   ep_route_.mine.assign(static_cast<size_t>(config_.n_experts), 0);

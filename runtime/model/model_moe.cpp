@@ -37,6 +37,7 @@ k::RouterShape Model::router_shape() const {
 
 void Model::reset_moe_stats() {
   std::fill(expert_counts_.begin(), expert_counts_.end(), 0.0);
+  std::fill(dropped_slots_.begin(), dropped_slots_.end(), 0.0);
   aux_loss_ = 0;
 }
 
@@ -54,9 +55,12 @@ void Model::moe_forward(int64_t l, LayerActs& a, const BlockCopies& copies, cons
   k::moe_route_forward(a.scores, chosen, a.gates, a.scores,
                        block_has(config_, l, BlockWeight::kRouterBias) ? w.router_bias : nullptr,
                        r);
+  // The capacity drops the same slots in the backward and in a recompute: they depend on
+  // `chosen` alone.
   int64_t* offsets = expert_offsets_.data();
-  k::moe_permute(offsets, s.moe_row_of_slot, s.moe_slot_of_row, chosen, N, E, K);
-  k::moe_gather(s.moe_rows, a.xn2, s.moe_slot_of_row, S, K, C);
+  const int64_t dropped = k::moe_permute(offsets, s.moe_row_of_slot, s.moe_slot_of_row, chosen, N,
+                                         E, K, k::moe_capacity(config_.capacity_factor, N, E, K));
+  k::moe_gather(s.moe_rows, a.xn2, s.moe_slot_of_row, offsets[E], K, C);
   if (ep_size() > 1)
     moe_experts_ep_forward(a, w);
   else
@@ -74,6 +78,7 @@ void Model::moe_forward(int64_t l, LayerActs& a, const BlockCopies& copies, cons
   const size_t at = static_cast<size_t>(
       std::lower_bound(moe_layers_.begin(), moe_layers_.end(), l) - moe_layers_.begin());
   k::moe_count(expert_counts_.data() + at * static_cast<size_t>(E), chosen, N, E, K);
+  dropped_slots_[at] += static_cast<double>(dropped);
   if (options_.moe_aux_weight > 0)
     aux_loss_ += options_.moe_aux_weight *
                  k::moe_aux_loss(nullptr, a.scores, chosen, options_.micro_rows, seq_local_, r, 0);
@@ -90,13 +95,17 @@ void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, con
   if (copies.xn2 && k::gemm_kind_is_bf16(kind)) k::bf16_to_float_threads(a.xn2, copies.xn2, N * C);
   const auto* chosen = reinterpret_cast<const int32_t*>(a.chosen);
   int64_t* offsets = expert_offsets_.data();
-  k::moe_permute(offsets, s.moe_row_of_slot, s.moe_slot_of_row, chosen, N, E, K);
-  // Routed experts: xs in moe_rows, dy's rows in moe_out (clobbered), dxs in moe_grad.
-  k::moe_gather(s.moe_out, dy, s.moe_slot_of_row, S, K, C);
+  k::moe_permute(offsets, s.moe_row_of_slot, s.moe_slot_of_row, chosen, N, E, K,
+                 k::moe_capacity(config_.capacity_factor, N, E, K));
+  // Routed experts: xs in moe_rows, dy's rows in moe_out (clobbered), dxs in moe_grad. A dropped
+  // slot has no row: its gate's gradient stays 0.
+  const int64_t kept = offsets[E];
+  k::moe_gather(s.moe_out, dy, s.moe_slot_of_row, kept, K, C);
+  std::fill_n(s.moe_dgates, S, 0.0f);
   if (ep_size() > 1) {
     moe_experts_ep_backward(a, w, g);
   } else {
-    k::moe_gather(s.moe_rows, a.xn2, s.moe_slot_of_row, S, K, C);
+    k::moe_gather(s.moe_rows, a.xn2, s.moe_slot_of_row, kept, K, C);
     k::moe_experts_backward(kind, s.moe_grad, s.moe_dgates, g.expert_gate, g.expert_up,
                             g.expert_down, s.moe_dh, s.moe_dgate, s.moe_dup, s.moe_out, a.gates,
                             s.moe_slot_of_row, s.moe_rows, a.egate, a.eup, a.eh, w.expert_gate,
@@ -189,13 +198,13 @@ void Model::moe_experts_ep_forward(LayerActs& a, const ConstBlock& w) {
 void Model::moe_experts_ep_backward(LayerActs& a, const ConstBlock& w, const BlockParams& g) {
   const parallel::Comm& ep = *options_.ep;
   const int64_t P = ep_size(), El = experts_.size(config_), C = config_.dim,
-                Fe = config_.moe_ffn_dim / tp_.size(), S = rows_ * config_.experts_per_token;
+                Fe = config_.moe_ffn_dim / tp_.size(), kept = expert_offsets_[config_.n_experts];
   auto& s = *scratch_;
   const auto* recv = reinterpret_cast<const int32_t*>(a.erecv);
   ep_plan(recv);
   const auto& r = ep_route_;
   const auto width = static_cast<size_t>(C);
-  for (int64_t row = 0; row < S; ++row) s.moe_ep_gates[row] = a.gates[s.moe_slot_of_row[row]];
+  for (int64_t row = 0; row < kept; ++row) s.moe_ep_gates[row] = a.gates[s.moe_slot_of_row[row]];
   ep.all_to_allv(s.moe_ep_gates, r.send_counts, r.send_displs, s.moe_ep_dgates, r.recv_counts,
                  r.recv_displs);
   k::moe_ep_reorder(s.moe_ep_gates, s.moe_ep_dgates, recv, P, El, 1, true);
@@ -215,7 +224,8 @@ void Model::moe_experts_ep_backward(LayerActs& a, const ConstBlock& w, const Blo
   k::moe_ep_reorder(s.moe_ep_gates, s.moe_ep_dgates, recv, P, El, 1, false);
   ep.all_to_allv(s.moe_ep_gates, r.recv_counts, r.recv_displs, s.moe_ep_dgates, r.send_counts,
                  r.send_displs);
-  for (int64_t row = 0; row < S; ++row) s.moe_dgates[s.moe_slot_of_row[row]] = s.moe_ep_dgates[row];
+  for (int64_t row = 0; row < kept; ++row)
+    s.moe_dgates[s.moe_slot_of_row[row]] = s.moe_ep_dgates[row];
 }
 
 }  // namespace t3d::runtime

@@ -310,8 +310,8 @@ const std::vector<Field>& schema() {
             "Coefficient of the sequence-wise auxiliary balance loss (E·Σ f·P per sequence, "
             "averaged over the batch's sequences, summed over MoE blocks); 0: off."),
       field("model", "capacity_factor", &R::model, &ModelConfig::capacity_factor,
-            "Tokens an expert takes per micro-batch, as a multiple of an even share; 0: "
-            "dropless (every routed token is computed)."),
+            "Token slots an expert takes per micro-batch of a rank, as a multiple of an even "
+            "share: ceil(capacity_factor·N·K / E); later slots drop (docs/moe.md); 0: dropless."),
 
       field("parallel", "pp", &R::parallel, &ParallelConfig::pp, "Pipeline-parallel stages."),
       field("parallel", "dp", &R::parallel, &ParallelConfig::dp,
@@ -641,8 +641,8 @@ void validate_model(const Recipe& r) {
             "must be ≥ 0 (0: off), got " + is(m.router_bias_rate));
   v.require(m.router_aux_coef >= 0 && std::isfinite(m.router_aux_coef), "model.router_aux_coef",
             "must be ≥ 0 (0: off), got " + is(m.router_aux_coef));
-  v.require(m.capacity_factor == 0, "model.capacity_factor",
-            "only 0 (dropless routing) is supported so far, got " + is(m.capacity_factor));
+  v.require(m.capacity_factor >= 0 && std::isfinite(m.capacity_factor), "model.capacity_factor",
+            "must be ≥ 0 (0: dropless), got " + is(m.capacity_factor));
 }
 
 // ep must divide dp·cp (MeshShape::ep_group): said alike before and after dp = -1 resolves.

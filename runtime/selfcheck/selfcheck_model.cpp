@@ -1,10 +1,11 @@
-// The selfcheck rows that need the model or the machine: replica consistency, memory plan, GEMM
-// speed per rank, host map (see selfcheck.h).
+// The selfcheck rows that need the model or the machine: replica consistency, memory plan, idle
+// experts of a run, GEMM speed per rank, host map (see selfcheck.h).
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <thread>
 
 #include "kernels/arena.h"
@@ -18,6 +19,7 @@
 #include "runtime/model/model.h"
 #include "runtime/selfcheck/selfcheck_internal.h"
 #include "runtime/stage/stage.h"
+#include "runtime/train/expert_load.h"
 
 namespace t3d::runtime::selfcheck {
 
@@ -151,6 +153,58 @@ void check_memory(const Job& job, std::vector<CheckRow>& rows) {
   rows.push_back(agree_row(world, "memory", "world", "largest stage", v,
                            fmt::format("planned {:.3f} GiB of {:g} GiB arena (hardware.hbm_gib)",
                                        planned / (1ull << 30), r.hardware.hbm_gib)));
+}
+
+void check_idle_experts(const Job& job, std::vector<CheckRow>& rows) {
+  const auto& world = job.mesh->world();
+  const auto& m = job.recipe.model;
+  if (!m.moe()) return;
+  // Rank 0 reads the file and decides; the others take its row (a fixed-size message).
+  struct Wire {
+    int32_t present = 0, warn = 0;
+    char scope[64] = {}, detail[960] = {};
+  } w;
+  const std::string path = job.run_dir + "/metrics.jsonl";
+  if (world.rank() == 0) {
+    std::ifstream in(path);
+    if (in) {
+      std::vector<int64_t> layers;
+      for (int64_t l = 0; l < m.n_layers; ++l)
+        if (m.moe_block(l)) layers.push_back(l);
+      IdleExpertWatch watch;
+      std::string line;
+      int64_t steps = 0, last = 0;
+      // A number after `"key": ` in a line, or `otherwise` (metrics.h writes flat objects).
+      const auto number = [&](const std::string& key, double otherwise) {
+        const std::string quoted = "\"" + key + "\": ";
+        const size_t at = line.find(quoted);
+        return at == std::string::npos ? otherwise : std::atof(line.c_str() + at + quoted.size());
+      };
+      while (std::getline(in, line)) {
+        const double step = number("step", -1);
+        if (step < 0) continue;
+        last = static_cast<int64_t>(step);
+        std::vector<double> idle(layers.size());
+        for (size_t i = 0; i < layers.size(); ++i) idle[i] = number(idle_field(layers[i]), 0);
+        watch.step(last, layers, idle);
+        ++steps;
+      }
+      const auto flagged = watch.flagged();
+      w.present = 1;
+      w.warn = flagged.empty() ? 0 : 1;
+      const std::string detail =
+          flagged.empty()
+              ? fmt::format("no MoE layer had idle experts in {} consecutive steps up to step {}",
+                            kIdleExpertSteps, last)
+              : IdleExpertWatch::describe(flagged);
+      std::strncpy(w.scope, fmt::format("{} steps", steps).c_str(), sizeof(w.scope) - 1);
+      std::strncpy(w.detail, detail.c_str(), sizeof(w.detail) - 1);
+    }
+  }
+  world.broadcast(reinterpret_cast<char*>(&w), sizeof(w), 0);
+  if (!w.present) return;
+  rows.push_back(CheckRow{
+      "experts", "run", w.scope, w.warn ? CheckStatus::warn : CheckStatus::ok, w.detail, {}});
 }
 
 void check_gemm(const Job& job, bool quick, std::vector<CheckRow>& rows) {

@@ -28,6 +28,7 @@
 #include "runtime/model/model.h"
 #include "runtime/stage/executor.h"
 #include "runtime/stage/stage.h"
+#include "runtime/train/expert_load.h"
 #include "runtime/train/metrics.h"
 #include "runtime/train/sharded_state.h"
 #include "runtime/train/snapshots.h"
@@ -462,27 +463,18 @@ struct Trainer::Impl {
   }
 
   // Mixture of experts, once per step: the tokens the step routed to each expert, summed over
-  // dp × cp (the ranks that saw other tokens of this stage's blocks), give the imbalance (the
-  // largest over every stage's blocks) and the router biases' step. Then the counts restart.
+  // dp × cp (the ranks that saw other tokens of this stage's blocks), give the load the metrics
+  // report (every stage's blocks) and the router biases' step. Then the counts restart.
   std::vector<double> expert_counts;
   std::vector<float> bias_deltas;  // RouterBiasStep's, reused step after step
   RouterBiasStep expert_balance(StepRecord& rec) {
     if (!r.model.moe()) return {};
     expert_counts = model->expert_counts();
     if (!expert_counts.empty()) mesh.dp_cp().all_reduce(expert_counts.data(), expert_counts.size());
+    rec.expert_load = measure_expert_load(mesh, *model, state->dense(), expert_counts);
+    watch_idle_experts(rec);
     model->reset_moe_stats();
     const size_t E = static_cast<size_t>(r.model.n_experts);
-    double largest[2] = {0, 0};  // imbalance, slots
-    for (size_t b = 0; b < expert_counts.size(); b += E) {
-      double total = 0, busiest = 0;
-      for (size_t e = b; e < b + E; ++e)
-        total += expert_counts[e], busiest = std::max(busiest, expert_counts[e]);
-      if (total > 0) largest[0] = std::max(largest[0], busiest * static_cast<double>(E) / total);
-      largest[1] = std::max(largest[1], total);
-    }
-    mesh.world().all_reduce(largest, 2, parallel::ReduceOp::max);
-    rec.expert_imbalance = largest[0];
-    rec.routed_slots = largest[1];
     if (r.model.router_bias_rate <= 0) return {};
     bias_deltas.assign(expert_counts.size(), 0.0f);
     for (size_t b = 0; b < expert_counts.size(); b += E)
@@ -490,6 +482,14 @@ struct Trainer::Impl {
                                static_cast<int64_t>(E),
                                static_cast<float>(r.model.router_bias_rate));
     return {&model->moe_layers(), &bias_deltas};
+  }
+
+  // Rank 0 warns once per streak when a MoE layer's router has collapsed (expert_load.h).
+  IdleExpertWatch idle_experts;
+  void watch_idle_experts(const StepRecord& rec) {
+    const ExpertLoad& load = rec.expert_load;
+    for (const auto& flag : idle_experts.step(rec.step, load.layers, load.idle))
+      if (mesh.rank() == 0) spdlog::warn("{}", IdleExpertWatch::describe({flag}));
   }
 
   // Rank 0's failed metrics write, kept until every rank learns of it (no extra collective).
@@ -529,8 +529,18 @@ struct Trainer::Impl {
         {"skipped", rec.skipped ? 1.0 : 0.0}};
     if (r.model.moe()) {
       fields.push_back({"aux_loss", rec.aux_loss});
-      fields.push_back({"expert_imbalance", rec.expert_imbalance});
-      fields.push_back({"routed_slots", rec.routed_slots});
+      const ExpertLoad& load = rec.expert_load;
+      fields.push_back({"expert_imbalance", load.largest_imbalance});
+      fields.push_back({"routed_slots", load.routed_slots});
+      fields.push_back({"dropped_slots", load.dropped_slots});
+      if (r.model.router_bias_rate > 0) {
+        fields.push_back({"router_bias_min", load.bias_min});
+        fields.push_back({"router_bias_max", load.bias_max});
+      }
+      for (size_t i = 0; i < load.layers.size(); ++i)
+        fields.push_back({imbalance_field(load.layers[i]), load.imbalance[i]});
+      for (size_t i = 0; i < load.layers.size(); ++i)
+        fields.push_back({idle_field(load.layers[i]), load.idle[i]});
     }
     metrics->write(fields);
     const int64_t steps = r.train.steps;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "runtime/launch/job.h"
+#include "runtime/train/expert_load.h"
 
 namespace t3d::runtime {
 
@@ -22,10 +23,10 @@ struct StepRecord {
   double tp_comm_share = 0, dp_comm_share = 0, pp_wait_share = 0, cp_comm_share = 0;
   double peak_mem_gib = 0;  // largest arena peak over all ranks
   bool skipped = false;     // dynamic loss scaling skipped a non-finite step
-  // Mixture of experts: the weighted auxiliary balance loss (not in `loss`), the largest ratio
-  // over MoE blocks of the busiest expert's tokens to the mean (1: balanced), and the most token
-  // slots a block counted (global_batch · seq_len · experts_per_token when each is counted once).
-  double aux_loss = 0, expert_imbalance = 0, routed_slots = 0;
+  // Mixture of experts: the weighted auxiliary balance loss (not in `loss`), and the load: per
+  // MoE layer, the largest imbalance over layers, the routed and dropped slots, the bias range.
+  double aux_loss = 0;
+  ExpertLoad expert_load;
 };
 
 struct TrainSummary {

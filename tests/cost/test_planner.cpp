@@ -6,6 +6,7 @@
 
 #include "kernels/check.h"
 #include "runtime/cost/planner.h"
+#include "runtime/model/model_spec.h"
 
 namespace t3d::runtime {
 namespace {
@@ -192,6 +193,34 @@ TEST(Planner, StepTimePartsAddUpAndBubbleIsTheSimulators) {
   EXPECT_NEAR(ideal.bubble / ideal.total, 1.0 / 9.0, 1e-6);
   EXPECT_NEAR(ideal.compute, t.compute, 1e-12);
   EXPECT_NEAR(ideal.bubble_fraction, 1.0 / 9.0, 1e-6);
+}
+
+// A mixture of experts is priced block by block along its active path: on one stage the step's
+// compute is exactly the FLOPs MFU counts (model_train_flops_per_token: the router and K of E
+// experts per MoE block, the MLP of a leading dense block), and fewer experts per token cost less.
+// Only the dense blocks have a W pass of their own.
+TEST(Planner, MoeComputeIsTheActivePathsFlops) {
+  PlanProblem p = load_problem("moe.toml", "npu64.toml");
+  ASSERT_TRUE(p.model.moe());
+  const double flops_s = p.cluster.peak_tflops * 1e12 * p.cluster.compute_efficiency;
+  const Layout l{1, 1, 1, 4, ScheduleKind::k1F1B, 1, 0, 0};
+  const auto s = make_layout_schedule(l);
+  for (const int64_t dense_layers : {0, 1, 3}) {
+    SCOPED_TRACE(testing::Message() << "dense_layers " << dense_layers);
+    p.model.dense_layers = dense_layers;
+    const double flops = static_cast<double>(p.global_batch * p.model.seq_len) *
+                         model_train_flops_per_token(p.model);
+    EXPECT_NEAR(step_time(p, l, s).compute * flops_s, flops, 1e-9 * flops);
+  }
+  const double top2 = step_time(p, l, s).compute;
+  p.model.experts_per_token = 1;
+  EXPECT_LT(step_time(p, l, s).compute, top2);
+  // A MoE block's weight gradients run in its B (docs/moe.md): the zero-bubble schedules can
+  // defer only the dense blocks' W.
+  p.model.dense_layers = 0;
+  EXPECT_EQ(stage_costs(p, l).w, 0.0);
+  p.model.dense_layers = 1;
+  EXPECT_GT(stage_costs(p, l).w, 0.0);
 }
 
 TEST(Planner, RingFormulasAndLinks) {

@@ -15,6 +15,13 @@
 #  5. eval and generate run on a MoE snapshot; export / import in Mixtral's layout, bit-exact both
 #     ways in fp32 and bf16, refused (naming the key) for what Mixtral cannot hold; bad MoE keys
 #     exit 2 naming them.
+#  6. A capacity factor: dp2 (1 micro-batch) against 1 rank (2 micro-batches: the same rows per
+#     micro-batch, so the same slots drop), tp2 with SP and pp2 against 1 rank, all within the
+#     parity tolerance; activation checkpointing gives the same bits; a tight capacity drops slots
+#     (dropped_slots) and the model still learns.
+#  7. Seeing it: per-layer imbalance and idle experts, the bias range, the end-of-run table; a
+#     router without balancing that leaves experts idle makes the trainer warn and selfcheck flag
+#     the layer, and a balanced run passes.
 set -u
 titan3d=$1
 source "$(dirname "$0")/lib.sh"
@@ -151,9 +158,84 @@ refused() {  # refused KEY [--set ...]: exit 2 naming KEY
 }
 refused model.experts_per_token --set model.experts_per_token=5
 refused model.dense_layers --set model.dense_layers=4
-refused model.capacity_factor --set model.capacity_factor=1.25
 refused model.router_score --set model.router_score=relu
 refused parallel.tp --set parallel.tp=2 --set model.moe_ffn_dim=33
 refused model.router_aux_coef --set parallel.cp=2
 refused model.n_experts --set model.n_experts=-1
+refused model.capacity_factor --set model.capacity_factor=-0.5
+
+# --- 6. Capacity factor. ---
+# Rows per micro-batch: 8 / 2 = 4 sequences on 1 rank, 8 / (2 · 1) on dp2 with 1 micro-batch.
+cap=(--set model.capacity_factor=1)
+run cap "${cap[@]}"
+check "field $work/cap/metrics.jsonl dropped_slots | awk '\$1 <= 0 { bad = 1 } END { exit bad || NR != $steps }'" \
+  "capacity 1: every step drops slots (dropped_slots > 0)"
+check "! diff <(losses $work/reference/metrics.jsonl) <(losses $work/cap/metrics.jsonl) > /dev/null" \
+  "capacity 1: the losses differ from the dropless run's"
+for layout in "cap_dp2 --set parallel.dp=2 --set train.micro_batches=1" \
+              "cap_tp2_sp --set parallel.tp=2 --set parallel.sequence_parallel=true" \
+              "cap_pp2 --set parallel.pp=2"; do
+  # shellcheck disable=SC2086
+  run $layout "${cap[@]}"
+  within "${layout%% *}" cap 1e-5
+done
+step1_load() {  # step1_load RUN: step 1's load fields (summed over dp, gathered over pp)
+  head -1 "$work/$1/metrics.jsonl" | grep -oE '"(dropped_slots|expert_imbalance_layer_[0-9]+|idle_experts_layer_[0-9]+)": [^,}]*'
+}
+check "[ \"\$(step1_load cap_dp2)\" = \"\$(step1_load cap)\" ] && [ \"\$(step1_load cap_pp2)\" = \"\$(step1_load cap)\" ]" \
+  "step 1's dropped slots and per-layer load: dp2 and pp2 report 1 rank's"
+run cap_recompute "${cap[@]}" --set train.activation_checkpoint=full
+check "diff <(losses $work/cap/metrics.jsonl) <(losses $work/cap_recompute/metrics.jsonl) > /dev/null" \
+  "capacity with activation checkpointing: the same losses, bit for bit (the same slots drop)"
+# Capacity 0.5: ceil(0.5 · 128 · 2 / 4) = 32 slots per expert of a micro-batch's 256, so at least
+# 128 drop per micro-batch and block: 256 per step.
+run cap_tight --set model.capacity_factor=0.5
+check "field $work/cap_tight/metrics.jsonl dropped_slots | awk '\$1 < 256 { bad = 1 } END { exit bad || NR != $steps }'" \
+  "capacity 0.5: each step drops at least 256 slots per block"
+tight_last=$(losses "$work/cap_tight/metrics.jsonl" | tail -1)
+check "awk -v a=$first -v b=$tight_last 'BEGIN { exit !(b < a - 1.0) }'" \
+  "capacity 0.5: the model still learns: loss $first -> $tight_last"
+
+# --- 7. Seeing it. ---
+line=$(grep '"loss"' "$work/reference/metrics.jsonl" | tail -1)
+for key in expert_imbalance_layer_1 expert_imbalance_layer_3 idle_experts_layer_1 \
+           idle_experts_layer_3 router_bias_min router_bias_max dropped_slots; do
+  check "grep -q '\"$key\": [0-9.e-]' <<<'$line'" "metrics.jsonl reports $key"
+done
+check "! grep -q 'expert_imbalance_layer_0' <<<'$line'" "no per-layer load for the dense block 0"
+check "awk -v lo=\$(field $work/reference/metrics.jsonl router_bias_min | tail -1) -v hi=\$(field $work/reference/metrics.jsonl router_bias_max | tail -1) 'BEGIN { exit !(lo < 0 && hi > 0 && hi <= 50 * 1e-3) }'" \
+  "the router bias range spreads around 0 within rate · steps"
+# The largest per-layer imbalance is the model's expert_imbalance, at every step.
+largest_layer_is_model() {
+  /usr/bin/python3 - "$1" <<'PY'
+import json, sys
+for line in open(sys.argv[1]):
+    m = json.loads(line)
+    if "expert_imbalance" in m and m["expert_imbalance"] != max(
+            v for k, v in m.items() if k.startswith("expert_imbalance_layer_")):
+        sys.exit(1)
+PY
+}
+check "largest_layer_is_model $work/reference/metrics.jsonl" \
+  "expert_imbalance is the largest expert_imbalance_layer_<l> at every step"
+check "grep -q '\"expert_imbalance_max\": [0-9]' $work/reference/summary.json" \
+  "the end-of-run table (summary.json) shows the load imbalance"
+# 8 experts, 1 per token, no balancing: the routers collapse within a few steps, experts go idle.
+run collapsed --set model.router_bias_rate=0 --set model.router_aux_coef=0 --set model.n_experts=8 \
+  --set model.experts_per_token=1
+check "grep -qE 'MoE layer [1-3] \(20 steps since step [0-9]+\): some of its experts got no token' $work/collapsed.log" \
+  "a router that leaves experts idle for 20 steps: the trainer warns" ||
+  field "$work/collapsed/metrics.jsonl" idle_experts_layer_1 | tr '\n' ' '
+selfcheck() {  # selfcheck NAME [--set ...]: titan3d selfcheck on that run's recipe
+  local name=$1; shift
+  "$titan3d" selfcheck "$repo/recipes/tiny.toml" "${common[@]}" --set run.dir="$work/$name" \
+    "$@" --quick > "$work/$name.selfcheck" 2>&1
+}
+selfcheck collapsed --set model.router_bias_rate=0 --set model.router_aux_coef=0 \
+  --set model.n_experts=8 --set model.experts_per_token=1
+check "[ $? -eq 0 ] && grep -E '^experts +run +50 steps +WARN +MoE layers? [1-3] \([0-9]+ steps since step [0-9]+\).*got no token' $work/collapsed.selfcheck" \
+  "selfcheck on the collapsed run flags its layer (a warning, exit 0)" || tail -5 "$work/collapsed.selfcheck"
+selfcheck reference
+check "[ $? -eq 0 ] && grep -E '^experts +run +50 steps +OK +no MoE layer had idle experts' $work/reference.selfcheck" \
+  "selfcheck on the balanced run: experts OK" || grep -E '^experts' "$work/reference.selfcheck"
 exit $fail

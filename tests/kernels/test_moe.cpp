@@ -64,13 +64,24 @@ struct Weights {
   Vec wg, wu, wd;  // (E, Fe, C), (E, Fe, C), (E, C, Fe)
 };
 
+// Which slots an expert capacity keeps, by its definition: walking the slots in order (token,
+// then rank j), each expert keeps its first `capacity` (0: every slot is kept).
+std::vector<bool> kept_ref(const I32& chosen, int E, int capacity) {
+  std::vector<bool> kept(chosen.size(), true);
+  std::vector<int> taken(E, 0);
+  for (size_t i = 0; i < chosen.size(); ++i)
+    kept[i] = capacity == 0 || taken[chosen[i]]++ < capacity;
+  return kept;
+}
+
 // The routed layer token by token: out[t] = Σ_j gates[t K + j] · FFN_{chosen[t K + j]}(x[t]),
-// each expert's SwiGLU FFN written out as loops.
+// each expert's SwiGLU FFN written out as loops; slots not `kept` (when given) add nothing.
 Vec layer_ref(const Vec& x, const Vec& gates, const Weights& w, const I32& chosen, int N, int K,
-              int C, int Fe) {
+              int C, int Fe, const std::vector<bool>* kept = nullptr) {
   Vec out(N * C, 0.0), h(Fe);
   for (int t = 0; t < N; ++t)
     for (int j = 0; j < K; ++j) {
+      if (kept && !(*kept)[t * K + j]) continue;
       const int e = chosen[t * K + j];
       for (int f = 0; f < Fe; ++f) {
         double g = 0, u = 0;
@@ -268,9 +279,11 @@ struct Perm {
   I32 row_of_slot, slot_of_row;
 };
 
-Perm permute(const I32& chosen, int N, int E, int K) {
+Perm permute(const I32& chosen, int N, int E, int K, int capacity = 0) {
   Perm p{std::vector<std::int64_t>(E + 1, -7), I32(N * K, -7), I32(N * K, -7)};
-  moe_permute(p.offsets.data(), p.row_of_slot.data(), p.slot_of_row.data(), chosen.data(), N, E, K);
+  const std::int64_t dropped = moe_permute(p.offsets.data(), p.row_of_slot.data(),
+                                           p.slot_of_row.data(), chosen.data(), N, E, K, capacity);
+  EXPECT_EQ(dropped, N * K - p.offsets[E]);
   return p;
 }
 
@@ -327,6 +340,64 @@ TEST(kernels_moe_permute, EmptyExpertsAndAllToOne) {
     expect_valid_permutation(p, chosen, E);
     EXPECT_EQ(p.offsets, (std::vector<std::int64_t>{0, 0, 0, N, N}));
     for (int i = 0; i < N; ++i) EXPECT_EQ(p.slot_of_row[i], i);
+  }
+}
+
+TEST(kernels_moe_permute, CapacityRoundsUp) {
+  EXPECT_EQ(moe_capacity(0.0, 128, 4, 2), 0);   // dropless
+  EXPECT_EQ(moe_capacity(1.0, 128, 4, 2), 64);  // an even share
+  EXPECT_EQ(moe_capacity(1.25, 5, 4, 2), 4);    // 3.125 rounded up
+  EXPECT_EQ(moe_capacity(1e-6, 5, 4, 2), 1);    // at least one slot
+  EXPECT_EQ(moe_capacity(8.0, 10, 4, 1), 20);   // more than any expert can receive: no drop
+}
+
+TEST(kernels_moe_permute, CapacityKeepsTheFirstSlotsByHand) {
+  // Slots 0..7 go to experts 2, 0 | 0, 1 | 2, 1 | 2, 0; capacity 2: expert 0 keeps slots 1, 2
+  // and drops 7; expert 2 keeps 0, 4 and drops 6; expert 1 keeps both; expert 3 gets none.
+  const I32 chosen = {2, 0, 0, 1, 2, 1, 2, 0};
+  const Perm p = permute(chosen, 4, 4, 2, 2);
+  EXPECT_EQ(p.offsets, (std::vector<std::int64_t>{0, 2, 4, 6, 6}));
+  EXPECT_EQ(I32(p.slot_of_row.begin(), p.slot_of_row.begin() + 6), (I32{1, 2, 3, 5, 0, 4}));
+  EXPECT_EQ(p.row_of_slot, (I32{4, 0, 1, 2, 5, 3, -1, -1}));
+  // Capacity 1: the first slot of each expert.
+  const Perm q = permute(chosen, 4, 4, 2, 1);
+  EXPECT_EQ(q.offsets, (std::vector<std::int64_t>{0, 1, 2, 3, 3}));
+  EXPECT_EQ(q.row_of_slot, (I32{2, 0, -1, 1, -1, -1, -1, -1}));
+  // A capacity no expert reaches is the dropless permutation.
+  const Perm all = permute(chosen, 4, 4, 2), roomy = permute(chosen, 4, 4, 2, 4);
+  EXPECT_EQ(all.offsets, roomy.offsets);
+  EXPECT_EQ(all.row_of_slot, roomy.row_of_slot);
+  EXPECT_EQ(all.slot_of_row, roomy.slot_of_row);
+}
+
+TEST(kernels_moe_permute, CapacityMatchesItsDefinition) {
+  const int N = 50, E = 6, K = 3;
+  std::mt19937 rng(131);
+  I32 chosen(N * K);
+  for (int t = 0; t < N; ++t) {  // K distinct experts, skewed toward the low ones
+    I32 pool(E);
+    std::iota(pool.begin(), pool.end(), 0);
+    std::shuffle(pool.begin(), pool.end(), rng);
+    std::sort(pool.begin(), pool.begin() + K + 1);
+    for (int j = 0; j < K; ++j) chosen[t * K + j] = pool[j];
+  }
+  for (int capacity : {1, 7, 20, 30}) {
+    SCOPED_TRACE(testing::Message() << "capacity " << capacity);
+    const Perm p = permute(chosen, N, E, K, capacity);
+    const std::vector<bool> kept = kept_ref(chosen, E, capacity);
+    I32 kept_chosen;  // the kept slots alone form a dropless permutation's input
+    for (int i = 0; i < N * K; ++i) {
+      EXPECT_EQ(p.row_of_slot[i] >= 0, kept[i]) << "slot " << i;
+      if (kept[i]) kept_chosen.push_back(chosen[i]);
+    }
+    for (int e = 0; e < E; ++e) EXPECT_LE(p.offsets[e + 1] - p.offsets[e], capacity);
+    for (std::int64_t r = 0; r < p.offsets[E]; ++r) {
+      EXPECT_EQ(p.row_of_slot[p.slot_of_row[r]], r);
+      if (r > 0 && chosen[p.slot_of_row[r - 1]] == chosen[p.slot_of_row[r]]) {
+        EXPECT_LT(p.slot_of_row[r - 1], p.slot_of_row[r]) << "row " << r;
+      }
+    }
+    EXPECT_EQ(p.offsets[E], static_cast<std::int64_t>(kept_chosen.size()));
   }
 }
 
@@ -400,10 +471,14 @@ TEST(kernels_moe_combine, GatherAndCombine) {
 // out = combine(experts_forward(gather(x)), gates) against layer_ref; the backward (gather of
 // dy, experts_backward, combine of dxs with weight 1) against central differences of layer_ref
 // in x, the gates and the three weights. Weight gradients accumulate onto 0.5; experts without
-// tokens keep exactly that.
-void check_routed_layer(const I32& chosen, int N, int E, int K, int C, int Fe, std::uint32_t seed) {
+// tokens keep exactly that. With a capacity, the reference keeps the slots kept_ref says, and a
+// dropped slot's gate gradient is exactly 0 (the caller's zeroed dgates).
+void check_routed_layer(const I32& chosen, int N, int E, int K, int C, int Fe, std::uint32_t seed,
+                        int capacity = 0) {
   const int S = N * K;
-  const Perm p = permute(chosen, N, E, K);
+  const Perm p = permute(chosen, N, E, K, capacity);
+  const std::vector<bool> kept = kept_ref(chosen, E, capacity);
+  const int rows = static_cast<int>(p.offsets[E]);
   const auto x = ref::random_floats(N * C, seed);
   const auto gates = ref::random_floats(S, seed + 1, 0.1f, 1.0f);
   const auto wg = ref::random_floats(E * Fe * C, seed + 2),
@@ -412,19 +487,24 @@ void check_routed_layer(const I32& chosen, int N, int E, int K, int C, int Fe, s
   const ExpertShape es{E, C, Fe};
 
   std::vector<float> xs(S * C), ys(S * C), gate(S * Fe), up(S * Fe), h(S * Fe), out(N * C);
-  moe_gather(xs.data(), x.data(), p.slot_of_row.data(), S, K, C);
+  moe_gather(xs.data(), x.data(), p.slot_of_row.data(), rows, K, C);
   moe_experts_forward(kFp32, ys.data(), gate.data(), up.data(), h.data(), xs.data(), wg.data(),
                       wu.data(), wd.data(), p.offsets.data(), es);
   moe_combine(out.data(), ys.data(), gates.data(), p.row_of_slot.data(), N, K, C, Out::kWrite);
   const Vec xd = ref::to_double(x), gd = ref::to_double(gates);
   const Weights w{ref::to_double(wg), ref::to_double(wu), ref::to_double(wd)};
-  ref::expect_close(out, layer_ref(xd, gd, w, chosen, N, K, C, Fe), 1e-5, 1e-5, "out");
+  const auto layer = [&](const Vec& xv, const Vec& gv, const Weights& wv) {
+    return layer_ref(xv, gv, wv, chosen, N, K, C, Fe, &kept);
+  };
+  ref::expect_close(out, layer(xd, gd, w), 1e-5, 1e-5, "out");
 
   const auto dy = ref::random_floats(N * C, seed + 5);
-  std::vector<float> dys(S * C), dxs(S * C, 99.0f), dgates(S, 99.0f), dx(N * C, 99.0f);
+  std::vector<float> dys(S * C), dxs(S * C, 99.0f), dx(N * C, 99.0f);
+  // Dropless, every slot's gate gradient is written; with drops the caller zeroes them first.
+  std::vector<float> dgates(S, capacity == 0 ? 99.0f : 0.0f);
   std::vector<float> dwg(wg.size(), 0.5f), dwu(wu.size(), 0.5f), dwd(wd.size(), 0.5f);
   std::vector<float> dh(S * Fe), dgate(S * Fe), dup(S * Fe);
-  moe_gather(dys.data(), dy.data(), p.slot_of_row.data(), S, K, C);
+  moe_gather(dys.data(), dy.data(), p.slot_of_row.data(), rows, K, C);
   moe_experts_backward(kFp32, dxs.data(), dgates.data(), dwg.data(), dwu.data(), dwd.data(),
                        dh.data(), dgate.data(), dup.data(), dys.data(), gates.data(),
                        p.slot_of_row.data(), xs.data(), gate.data(), up.data(), h.data(), wg.data(),
@@ -437,16 +517,17 @@ void check_routed_layer(const I32& chosen, int N, int E, int K, int C, int Fe, s
     for (auto& v : g) v += acc;
     return g;
   };
-  ref::expect_close(
-      dx, grad([&](const Vec& v) { return layer_ref(v, gd, w, chosen, N, K, C, Fe); }, xd, 0), 1e-4,
-      1e-5, "dx");
-  ref::expect_close(
-      dgates, grad([&](const Vec& v) { return layer_ref(xd, v, w, chosen, N, K, C, Fe); }, gd, 0),
-      1e-4, 1e-5, "dgates");
+  ref::expect_close(dx, grad([&](const Vec& v) { return layer(v, gd, w); }, xd, 0), 1e-4, 1e-5,
+                    "dx");
+  ref::expect_close(dgates, grad([&](const Vec& v) { return layer(xd, v, w); }, gd, 0), 1e-4, 1e-5,
+                    "dgates");
+  for (int i = 0; i < S; ++i) {
+    if (!kept[i]) EXPECT_EQ(dgates[i], 0.0f) << "dropped slot " << i;
+  }
   const auto with = [&](int which, const Vec& v) {
     Weights ww = w;
     (which == 0 ? ww.wg : which == 1 ? ww.wu : ww.wd) = v;
-    return layer_ref(xd, gd, ww, chosen, N, K, C, Fe);
+    return layer(xd, gd, ww);
   };
   ref::expect_close(dwg, grad([&](const Vec& v) { return with(0, v); }, w.wg, 0.5), 1e-4, 1e-5,
                     "dwg");
@@ -481,6 +562,24 @@ TEST(kernels_moe_experts, AllTokensShareOneExpertTopThree) {
   const int N = 5, E = 6, K = 3;
   const I32 chosen = {4, 0, 1, 2, 4, 5, 0, 3, 4, 4, 5, 2, 1, 4, 0};
   check_routed_layer(chosen, N, E, K, 7, 4, 170);
+}
+
+TEST(kernels_moe_experts, CapacityDropsLaterSlots) {
+  // The idle-expert routing of LayerWithAnIdleExpertMatchesReference with room for 2 slots per
+  // expert: experts 0, 1, 3 and 4 drop their later slots; tokens 4 to 6 lose both experts.
+  const int N = 7, E = 5, K = 2;
+  const I32 chosen = {0, 1, 3, 0, 1, 4, 4, 3, 0, 3, 1, 0, 3, 4};
+  check_routed_layer(chosen, N, E, K, 9, 5, 155, /*capacity=*/2);
+  check_routed_layer(chosen, N, E, K, 9, 5, 156, /*capacity=*/3);
+}
+
+TEST(kernels_moe_experts, CapacityWithAllTokensToOneExpert) {
+  // Every token to expert 1 (K = 1) with room for 2: tokens 0 and 1 computed, 2..5 give 0.
+  const int N = 6, E = 3, K = 1;
+  check_routed_layer(I32(N, 1), N, E, K, 8, 6, 165, /*capacity=*/2);
+  // Top 3 with expert 4 in every token's choice: it keeps its first 2 slots only.
+  const I32 chosen = {4, 0, 1, 2, 4, 5, 0, 3, 4, 4, 5, 2, 1, 4, 0};
+  check_routed_layer(chosen, 5, 6, 3, 7, 4, 175, /*capacity=*/2);
 }
 
 // Under tensor parallelism each rank holds an Fe slice of every expert: the slices' dgates and

@@ -3,6 +3,7 @@
 // tp = 2 model against the tp = 1 model, shard by shard. Run under mpirun -np 2.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -102,17 +103,27 @@ TEST(ModelMpi, EveryParameterGradientMatchesFiniteDifferences) {
   EXPECT_EQ(checked, 3 * static_cast<int>(m.params().size()));
 }
 
-// The same for a mixture of experts (softmax and sigmoid routers), with the auxiliary loss in
-// the objective: the loss the forward sums plus the auxiliary loss it reports. A weight step
-// small enough to keep every token's top-k choice (FD across a change of routing would see a
-// jump, not the slope the backward computes).
+// The same for a mixture of experts (softmax and sigmoid routers; softmax with a capacity that
+// drops slots), with the auxiliary loss in the objective: the loss the forward sums plus the
+// auxiliary loss it reports. A weight step small enough to keep every token's top-k choice (FD
+// across a change of routing would see a jump, not the slope the backward computes), and with
+// it the dropped slots.
 TEST(ModelMpi, MoeEveryParameterGradientMatchesFiniteDifferences) {
   auto world = parallel::Comm::world(60.0);
   const auto self = world.split(world.rank(), 0, "self");
-  for (const auto score : {kernels::RouterScore::kSoftmax, kernels::RouterScore::kSigmoid}) {
-    SCOPED_TRACE(score == kernels::RouterScore::kSoftmax ? "softmax" : "sigmoid");
+  struct Case {
+    kernels::RouterScore score;
+    double capacity_factor;
+  };
+  for (const Case c :
+       {Case{kernels::RouterScore::kSoftmax, 0.0}, Case{kernels::RouterScore::kSigmoid, 0.0},
+        Case{kernels::RouterScore::kSoftmax, 0.75}}) {
+    SCOPED_TRACE(testing::Message()
+                 << (c.score == kernels::RouterScore::kSoftmax ? "softmax" : "sigmoid")
+                 << ", capacity factor " << c.capacity_factor);
     auto cfg = moe_config();
-    cfg.router_score = score;
+    cfg.router_score = c.score;
+    cfg.capacity_factor = c.capacity_factor;
     kernels::Arena arena(64 << 20);
     runtime::ModelOptions options{2, 1, false};
     options.moe_aux_weight = 0.5;
@@ -125,9 +136,32 @@ TEST(ModelMpi, MoeEveryParameterGradientMatchesFiniteDifferences) {
       const double loss = m.forward(0, 0, b.tokens.data(), b.targets.data(), 1.0f, true);
       return loss + m.aux_loss();
     };
+    // The gradients on fresh scratch, then after a step on other tokens, which route elsewhere:
+    // the scratch then holds another routing's values where this batch's slots drop, and a
+    // dropped slot's gate gradient must still be 0. The same bits both times.
+    const auto gradients = [&] {
+      m.state().grads.zero();
+      objective();
+      m.backward(0, 0, nullptr);
+      return std::vector<float>(m.state().grads.data(),
+                                m.state().grads.data() + m.layout().total_floats());
+    };
+    const std::vector<float> on_fresh_scratch = gradients();
+    Batch other = b;
+    std::reverse(other.tokens.begin(), other.tokens.end());
+    m.forward(0, 0, other.tokens.data(), other.targets.data(), 1.0f, true);
+    m.backward(0, 0, nullptr);
+    EXPECT_TRUE(gradients() == on_fresh_scratch) << "the backward reads stale scratch";
     m.state().grads.zero();
     objective();
     EXPECT_GT(m.aux_loss(), 0);
+    double dropped = 0;
+    for (const double d : m.dropped_slots()) dropped += d;
+    if (c.capacity_factor > 0) {
+      EXPECT_GT(dropped, 0) << "the capacity drops slots";
+    } else {
+      EXPECT_EQ(dropped, 0);
+    }
     m.backward(0, 0, nullptr);
     // A training forward computes the LM head's gradient at once: keep the backward's.
     const std::vector<float> grad_region(m.state().grads.data(),

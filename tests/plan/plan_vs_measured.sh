@@ -3,7 +3,8 @@
 # ranks, `plan --explain 0` (its largest stage) must be within 10% of the largest arena peak any
 # rank reports (peak_mem_gib in metrics.jsonl), and with snapshots its host snapshot staging the
 # largest any rank logs. They share one memory model, so this catches the
-# two drifting apart (a new buffer in the model that the planner does not know about).
+# two drifting apart (a new buffer in the model that the planner does not know about). Dense
+# layouts, then mixtures of experts.
 set -u
 titan3d=$1
 source "$(dirname "$0")/../e2e/lib.sh"
@@ -47,4 +48,14 @@ check zero2 --set parallel.zero=2
 check zero2_small_buckets --set parallel.zero=2 --set parallel.bucket_mb=0.05
 # ZeRO-3: also the parameter shard plus two gather buffers of the largest bucket.
 check zero3_small_buckets --set parallel.zero=3 --set parallel.bucket_mb=0.05 --set snapshot.every=2
+# A mixture of experts (docs/moe.md): the experts' stacked matrices, the router, the routed rows
+# and scores; a leading dense block on stage 0, the selection bias, sequence parallelism, ZeRO-1.
+moe=(--set model.n_experts=4 --set model.experts_per_token=2 --set model.n_shared_experts=1
+     --set model.moe_ffn_dim=64 --set model.dense_layers=1 --set model.router_bias_rate=1e-3
+     --set model.router_aux_coef=1e-2)
+check moe_pp2_dp2_tp2 "${moe[@]}"
+check moe_sp_zero1_ckpt "${moe[@]}" --set parallel.sequence_parallel=true --set parallel.zero=1 \
+      --set train.activation_checkpoint=full --set model.capacity_factor=1.25
+check moe_zero3_m4 "${moe[@]}" --set parallel.zero=3 --set train.micro_batches=4 \
+      --set train.global_batch=16
 exit $fail

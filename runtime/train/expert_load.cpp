@@ -1,0 +1,112 @@
+#include "runtime/train/expert_load.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "parallel/comm.h"
+#include "runtime/model/model.h"
+#include "runtime/train/sharded_state.h"
+
+namespace t3d::runtime {
+
+ExpertLoad measure_expert_load(const parallel::Mesh& mesh, const Model& model,
+                               const ShardedState& state, const std::vector<double>& counts) {
+  const ModelConfig& m = model.config();
+  const size_t E = static_cast<size_t>(m.n_experts);
+  ExpertLoad load;
+  for (int64_t l = 0; l < m.n_layers; ++l)
+    if (m.moe_block(l)) load.layers.push_back(l);
+  const size_t n = load.layers.size();
+  std::vector<double> dropped = model.dropped_slots();
+  if (!dropped.empty()) mesh.dp_cp().all_reduce(dropped.data(), dropped.size());
+  // One max-reduction over the world: per layer the imbalance and the idle experts (0 on the
+  // stages that do not hold it; tp and dp × cp ranks agree), then the most slots a block routed
+  // and dropped, and the bias range as (−min, max).
+  constexpr double kLowest = std::numeric_limits<double>::lowest();
+  std::vector<double> all(2 * n + 4, 0.0);
+  double* routed = &all[2 * n];
+  double* most_dropped = &all[2 * n + 1];
+  double* bias_range = &all[2 * n + 2];
+  bias_range[0] = bias_range[1] = kLowest;
+  const auto& held = model.moe_layers();
+  for (size_t b = 0; b < held.size(); ++b) {
+    const size_t at = static_cast<size_t>(
+        std::lower_bound(load.layers.begin(), load.layers.end(), held[b]) - load.layers.begin());
+    double total = 0, busiest = 0, idle = 0;
+    for (size_t e = b * E; e < (b + 1) * E; ++e) {
+      total += counts[e], busiest = std::max(busiest, counts[e]);
+      if (counts[e] == 0) ++idle;
+    }
+    all[at] = total > 0 ? busiest * static_cast<double>(E) / total : 0.0;
+    all[n + at] = idle;
+    *routed = std::max(*routed, total);
+    *most_dropped = std::max(*most_dropped, dropped[b]);
+  }
+  if (m.router_bias_rate > 0) {
+    const auto& params = model.params();
+    state.for_each_piece(state.owned(), [&](const ShardedState::Piece& p) {
+      if (params[p.param].trained) return;  // the router biases are the untrained tensors
+      const float* v = state.params(p);
+      for (int64_t i = 0; i < p.size(); ++i) {
+        bias_range[0] = std::max(bias_range[0], -static_cast<double>(v[i]));
+        bias_range[1] = std::max(bias_range[1], static_cast<double>(v[i]));
+      }
+    });
+  }
+  mesh.world().all_reduce(all.data(), all.size(), parallel::ReduceOp::max);
+  load.imbalance.assign(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n));
+  load.idle.assign(all.begin() + static_cast<std::ptrdiff_t>(n),
+                   all.begin() + static_cast<std::ptrdiff_t>(2 * n));
+  load.largest_imbalance = *std::max_element(load.imbalance.begin(), load.imbalance.end());
+  load.routed_slots = *routed;
+  load.dropped_slots = *most_dropped;
+  if (m.router_bias_rate > 0) load.bias_min = -bias_range[0], load.bias_max = bias_range[1];
+  return load;
+}
+
+std::string imbalance_field(int64_t layer) {
+  return fmt::format("expert_imbalance_layer_{}", layer);
+}
+std::string idle_field(int64_t layer) { return fmt::format("idle_experts_layer_{}", layer); }
+
+std::vector<IdleExpertWatch::Flag> IdleExpertWatch::step(int64_t step,
+                                                         const std::vector<int64_t>& layers,
+                                                         const std::vector<double>& idle) {
+  std::vector<Flag> reached;
+  for (size_t i = 0; i < layers.size(); ++i) {
+    auto it = std::find_if(streaks_.begin(), streaks_.end(),
+                           [&](const Streak& s) { return s.layer == layers[i]; });
+    if (it == streaks_.end()) it = streaks_.insert(streaks_.end(), Streak{layers[i]});
+    if (idle[i] <= 0) {
+      it->steps = 0;
+      continue;
+    }
+    if (it->steps == 0) it->since_step = step;
+    if (++it->steps == kIdleExpertSteps) reached.push_back({it->layer, it->since_step, it->steps});
+  }
+  return reached;
+}
+
+std::vector<IdleExpertWatch::Flag> IdleExpertWatch::flagged() const {
+  std::vector<Flag> out;
+  for (const auto& s : streaks_)
+    if (s.steps >= kIdleExpertSteps) out.push_back({s.layer, s.since_step, s.steps});
+  return out;
+}
+
+std::string IdleExpertWatch::describe(const std::vector<Flag>& flags) {
+  std::string which;
+  for (const auto& f : flags)
+    which += fmt::format("{}{} ({} steps since step {})", which.empty() ? "" : ", ", f.layer,
+                         f.steps, f.since_step);
+  const bool one = flags.size() == 1;
+  return fmt::format(
+      "MoE layer{} {}: some of {} experts got no token in any of those steps; {} collapsed onto "
+      "the other experts (balance with model.router_bias_rate or model.router_aux_coef, "
+      "docs/moe.md)",
+      one ? "" : "s", which, one ? "its" : "their", one ? "its router has" : "their routers have");
+}
+
+}  // namespace t3d::runtime
