@@ -396,8 +396,9 @@ TEST(ModelSpec, RowsHaveDistinctNamesAndScratchFollowsItsTable) {
     o.split_backward = true;
     o.micro_rows = 2;
     o.chunk_slots = {1};
+    // The MoE model with expert parallelism too (ep = 2 divides its 4 experts).
     const ActivationSpec spec = activation_spec(moe ? small_moe_model() : small_model(),
-                                                {{{0, 4, true, true}}, 2, true, 2}, o);
+                                                {{{0, 4, true, true}}, 2, true, 2, moe ? 2 : 1}, o);
     std::vector<std::string> names;
     for (const auto& t : spec.chunks[0].per_slot) names.push_back(t.name());
     for (const auto& t : spec.scratch) names.push_back(t.name());
@@ -417,8 +418,8 @@ TEST(ModelSpec, RowsHaveDistinctNamesAndScratchFollowsItsTable) {
       ++scratch_rows;
     }
     EXPECT_TRUE(work_seen);
-    // sp, cp, the last chunk and bf16 copies: every row but a dense model's 11 MoE rows.
-    EXPECT_EQ(scratch_rows, kScratchBufs - (moe ? 0 : 11));
+    // sp, cp, ep, the last chunk and bf16 copies: every row but a dense model's 16 MoE rows.
+    EXPECT_EQ(scratch_rows, kScratchBufs - (moe ? 0 : 16));
   }
 }
 
