@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
 # Expert parallelism (docs/moe.md, docs/parallelism.md): the EP degree changes nothing but speed
-# and memory. The tiny MoE model of moe.sh (4 routed experts, 2 per token, a shared expert, bias
-# and auxiliary loss), fp32 with oneDNN's GEMMs, 50 steps.
+# and memory. lib.sh's tiny mixture of experts, fp32 with oneDNN's GEMMs, 50 steps.
 #  1. Bit for bit, the same losses, gradient norms and final parameters as ep = 1 on the same
 #     layout, with one micro-batch per step on dp2 (ZeRO 0, 1 and 3) and on dp2 × tp2 with SP: the
 #     experts' weight gradients are summed per source rank in rank order, which is the order and
@@ -25,19 +24,8 @@ source "$(dirname "$0")/lib.sh"
 require_corpus
 make_work_dir; [ -n "${KEEP:-}" ] && { trap - EXIT; echo "work: $work"; }
 steps=50
-common=(--set data.path="$corpus" --set model.dim=64 --set model.n_layers=4 --set model.n_heads=4
-        --set model.n_kv_heads=2 --set model.seq_len=32 --set train.global_batch=8
-        --set train.micro_batches=1 --set train.steps=$steps --set train.warmup_steps=5
-        --set train.val_every=0 --set train.log_every=100000 --set hardware.hbm_gib=0.25
-        --set hardware.gemm=onednn --set run.log_level=warn --set snapshot.every=25
-        --set model.n_experts=4 --set model.experts_per_token=2 --set model.n_shared_experts=1
-        --set model.moe_ffn_dim=32 --set model.dense_layers=1 --set model.router_bias_rate=1e-3
-        --set model.router_aux_coef=1e-2)
-run() {  # run NAME [--set ...]: trains into $work/NAME
-  local name=$1; shift
-  "$titan3d" train "$repo/recipes/tiny.toml" "${common[@]}" --set run.dir="$work/$name" "$@" \
-    > "$work/$name.log" 2>&1 || { echo "FAIL: $name exited $?"; tail -20 "$work/$name.log"; exit 1; }
-}
+common=(--set data.path="$corpus" "${tiny_moe[@]}" --set train.micro_batches=1
+        --set train.steps=$steps --set hardware.gemm=onednn --set snapshot.every=25)
 metrics() { echo "$work/$1/metrics.jsonl"; }
 identical() {  # identical RUN REFERENCE WHAT: losses and gradient norms bit for bit
   check "diff <(field $(metrics $1) loss; field $(metrics $1) grad_norm) <(field $(metrics $2) loss; field $(metrics $2) grad_norm) > /dev/null && [ \$(losses $(metrics $1) | wc -l) -eq $steps ]" \
@@ -113,8 +101,11 @@ resume() {  # resume NAME FROM-RUN [--set ...]: from FROM-RUN's step 25
 tail_of() { grep '"loss": ' "$(metrics $1)" | tail -25 > "$work/$1_26_50.jsonl"; echo "$work/$1_26_50.jsonl"; }
 resume one_from_ep2 dp2_ep2
 resume one_from_ep1 dp2_ep1
-check "diff <(losses $(metrics one_from_ep2)) <(losses $(metrics one_from_ep1)) > /dev/null && [ \$(losses $(metrics one_from_ep1) | wc -l) -eq 25 ]" \
-  "the ep2 and ep1 snapshots of one training resume on 1 rank to the same 25 losses, bit for bit"
+resume one_from_ep2_zero3 dp2_ep2_zero3
+for from in ep2 ep2_zero3; do
+  check "diff <(losses $(metrics one_from_$from)) <(losses $(metrics one_from_ep1)) > /dev/null && [ \$(losses $(metrics one_from_ep1) | wc -l) -eq 25 ]" \
+    "the dp2 $from and ep1 snapshots of one training resume on 1 rank without ZeRO to the same 25 losses, bit for bit"
+done
 printf '%-24s loss:      ' one_from_ep2
 compare_losses "$(metrics one_from_ep2)" "$(tail_of dp2_ep1)" 1e-5 || fail=1
 resume dp4_ep4_again dp4_ep4 "${dp4[@]}" --set parallel.ep=4

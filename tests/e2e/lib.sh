@@ -45,6 +45,22 @@ wait_for_step() {  # wait_for_step RUN STEP: until its metrics.jsonl logs step >
   return 1
 }
 rank_pid() { cut -d" " -f1 "$work/$1/pids/rank${2:-0}.pid" 2>/dev/null; }  # rank_pid RUN [RANK]
+# run NAME [--set ...]: trains recipes/tiny.toml with the script's ${common[@]} and the settings
+# given into $work/NAME (its output in $work/NAME.log); a failure ends the script.
+run() {
+  local name=$1; shift
+  "$titan3d" train "$repo/recipes/tiny.toml" "${common[@]}" --set run.dir="$work/$name" "$@" \
+    > "$work/$name.log" 2>&1 || { echo "FAIL: $name exited $?"; tail -20 "$work/$name.log"; exit 1; }
+}
+# The tiny mixture of experts of moe.sh and expert_parallel.sh, on top of tiny.toml: block 0
+# dense, blocks 1-3 with 4 routed experts (2 per token) of width 32 and a shared expert, the
+# selection bias and the auxiliary loss.
+tiny_moe=(--set model.dim=64 --set model.n_layers=4 --set model.n_heads=4 --set model.n_kv_heads=2
+          --set model.seq_len=32 --set train.global_batch=8 --set train.warmup_steps=5
+          --set train.val_every=0 --set train.log_every=100000 --set hardware.hbm_gib=0.25
+          --set run.log_level=warn --set model.n_experts=4 --set model.experts_per_token=2
+          --set model.n_shared_experts=1 --set model.moe_ffn_dim=32 --set model.dense_layers=1
+          --set model.router_bias_rate=1e-3 --set model.router_aux_coef=1e-2)
 # check CONDITION MESSAGE: prints "ok: MESSAGE" or "FAIL: MESSAGE"; a failure sets fail=1 and
 # returns 1, so that `check ... || show_why` prints what explains it.
 fail=0

@@ -12,13 +12,8 @@ require_corpus
 make_work_dir
 common=(--set data.path="$corpus" --set model.dim=128 --set model.n_layers=4 --set model.n_heads=4
         --set model.seq_len=32 --set train.global_batch=4 --set train.steps=1 --set train.val_every=0)
-run() {
-  local name=$1; shift
-  "$titan3d" train "$repo/recipes/tiny.toml" "${common[@]}" --set run.dir="$work/$name" "$@" \
-    > "$work/$name.log" 2>&1 || { echo "FAIL: $name exited $?"; tail -5 "$work/$name.log"; exit 1; }
-}
-# field RUN KIND: the largest value of KIND over the run's ranks.
-field() {
+# largest_bytes RUN KIND: the largest value of KIND over the run's ranks.
+largest_bytes() {
   cat "$work/$1"/logs/rank*.log | sed -n "s/.*memory bytes: .*\\b$2 \\([0-9]*\\).*/\\1/p" | sort -n | tail -1
 }
 run one
@@ -45,46 +40,46 @@ ratio() {  # ratio NAME VALUE BASE LO HI
     r = v / b; printf "%-34s %10d / %10d = %.3f (expected %.2f..%.2f)\n", n, v, b, r, lo, hi;
     exit !(r >= lo && r <= hi) }' || fail=1
 }
-ratio "params per rank, tp=2" "$(field tp2 params)" "$(field one params)" 0.45 0.60
-ratio "params per rank, pp=2 (largest stage)" "$(field pp2 params)" "$(field one params)" 0.45 0.60
-ratio "optimizer per rank, ZeRO-1 dp=2" "$(field zero1 optimizer)" "$(field one optimizer)" 0.45 0.55
-ratio "optimizer per rank, ZeRO-0 dp=2" "$(field zero0 optimizer)" "$(field one optimizer)" 0.99 1.01
+ratio "params per rank, tp=2" "$(largest_bytes tp2 params)" "$(largest_bytes one params)" 0.45 0.60
+ratio "params per rank, pp=2 (largest stage)" "$(largest_bytes pp2 params)" "$(largest_bytes one params)" 0.45 0.60
+ratio "optimizer per rank, ZeRO-1 dp=2" "$(largest_bytes zero1 optimizer)" "$(largest_bytes one optimizer)" 0.45 0.55
+ratio "optimizer per rank, ZeRO-0 dp=2" "$(largest_bytes zero0 optimizer)" "$(largest_bytes one optimizer)" 0.99 1.01
 # ZeRO-2 line: "ZeRO-2 gradient bytes: shard S + 2 staging buffers × W (the largest bucket)".
 z2() { cat "$work/zero2_deep"/logs/rank*.log | sed -n "s/.*ZeRO-2 gradient bytes: shard \([0-9]*\) + \([0-9]*\) staging buffers × \([0-9]*\).*/\1 \2 \3/p" | sort -n | tail -1; }
 read -r shard nstaging staging <<<"$(z2)"
-full=$(field zero1_deep grads)
+full=$(largest_bytes zero1_deep grads)
 ratio "grads per rank, ZeRO-2 dp=2: shard only" "$shard" "$full" 0.49 0.51
-ratio "grads per rank, ZeRO-2 dp=2: shard + staging" "$(field zero2_deep grads)" "$full" 0.55 0.66
+ratio "grads per rank, ZeRO-2 dp=2: shard + staging" "$(largest_bytes zero2_deep grads)" "$full" 0.55 0.66
 ratio "  of which staging (${nstaging:-?} × largest bucket)" "$((${nstaging:-0} * ${staging:-0}))" "$full" 0.08 0.16
 # Nothing else changes: the arena peak drops by exactly the gradient bytes saved.
 ratio "peak saving, ZeRO-2 vs ZeRO-1 (bytes / grads saved)" \
-  "$(( $(field zero1_deep peak) - $(field zero2_deep peak) ))" "$(( full - $(field zero2_deep grads) ))" 1.0 1.0
-[ "$(field zero2_deep grads)" = "$((shard + nstaging * staging))" ] ||
-  { echo "FAIL: ZeRO-2 grads $(field zero2_deep grads) != shard $shard + $nstaging × $staging"; fail=1; }
+  "$(( $(largest_bytes zero1_deep peak) - $(largest_bytes zero2_deep peak) ))" "$(( full - $(largest_bytes zero2_deep grads) ))" 1.0 1.0
+[ "$(largest_bytes zero2_deep grads)" = "$((shard + nstaging * staging))" ] ||
+  { echo "FAIL: ZeRO-2 grads $(largest_bytes zero2_deep grads) != shard $shard + $nstaging × $staging"; fail=1; }
 # ZeRO-3 shards the parameters the same way: a shard of half plus two gather buffers of the
 # largest bucket; gradients as ZeRO-2; the peak drops by exactly the parameter bytes saved.
 read -r pshard ngather gather <<<"$(cat "$work/zero3_deep"/logs/rank*.log | sed -n "s/.*ZeRO-3 parameter bytes: shard \([0-9]*\) + \([0-9]*\) gather buffers × \([0-9]*\).*/\1 \2 \3/p" | sort -n | tail -1)"
-pfull=$(field zero1_deep params)
+pfull=$(largest_bytes zero1_deep params)
 ratio "params per rank, ZeRO-3 dp=2: shard only" "$pshard" "$pfull" 0.49 0.51
-ratio "params per rank, ZeRO-3 dp=2: shard + gather" "$(field zero3_deep params)" "$pfull" 0.55 0.66
-ratio "grads per rank, ZeRO-3 vs ZeRO-2" "$(field zero3_deep grads)" "$(field zero2_deep grads)" 1.0 1.0
+ratio "params per rank, ZeRO-3 dp=2: shard + gather" "$(largest_bytes zero3_deep params)" "$pfull" 0.55 0.66
+ratio "grads per rank, ZeRO-3 vs ZeRO-2" "$(largest_bytes zero3_deep grads)" "$(largest_bytes zero2_deep grads)" 1.0 1.0
 ratio "peak saving, ZeRO-3 vs ZeRO-2 (bytes / params saved)" \
-  "$(( $(field zero2_deep peak) - $(field zero3_deep peak) ))" "$(( pfull - $(field zero3_deep params) ))" 1.0 1.0
-[ "$(field zero3_deep params)" = "$((pshard + ngather * gather))" ] ||
-  { echo "FAIL: ZeRO-3 params $(field zero3_deep params) != shard $pshard + $ngather × $gather"; fail=1; }
+  "$(( $(largest_bytes zero2_deep peak) - $(largest_bytes zero3_deep peak) ))" "$(( pfull - $(largest_bytes zero3_deep params) ))" 1.0 1.0
+[ "$(largest_bytes zero3_deep params)" = "$((pshard + ngather * gather))" ] ||
+  { echo "FAIL: ZeRO-3 params $(largest_bytes zero3_deep params) != shard $pshard + $ngather × $gather"; fail=1; }
 # comm GROUP RUN: the largest bytes any rank of RUN sent on GROUP ("communication bytes" line).
 comm() {
   cat "$work/$2"/logs/rank*.log | sed -n "s/.*communication bytes: .*\b$1 \([0-9]*\).*/\1/p" | sort -n | tail -1
 }
 # bf16 stores the large saved tensors in bf16 (the residual stream stays fp32) and halves the
 # bytes of TP and PP traffic; sequence parallelism sends 1/tp of the rows between stages.
-ratio "activations, bf16" "$(field bf16 activations)" "$(field one activations)" 0.45 0.65
+ratio "activations, bf16" "$(largest_bytes bf16 activations)" "$(largest_bytes one activations)" 0.45 0.65
 ratio "tp bytes, bf16" "$(comm tp pp2tp2_bf16)" "$(comm tp pp2tp2)" 0.49 0.51
 ratio "pp bytes, bf16" "$(comm pp pp2tp2_bf16)" "$(comm pp pp2tp2)" 0.49 0.51
 ratio "pp bytes, sequence parallel" "$(comm pp pp2tp2_sp)" "$(comm pp pp2tp2)" 0.49 0.51
 # Full checkpointing keeps only the residual stream per block (1 of its ~12 tensors of N×C-ish).
-ratio "activations, checkpoint full" "$(field ckpt activations)" "$(field one activations)" 0.05 0.30
+ratio "activations, checkpoint full" "$(largest_bytes ckpt activations)" "$(largest_bytes one activations)" 0.05 0.30
 # Context parallelism: each rank keeps half of every sequence's positions; the whole sequence's
 # keys and values live only in per-step scratch (gathered per block, not kept).
-ratio "activations, cp=2" "$(field cp2 activations)" "$(field one activations)" 0.49 0.51
+ratio "activations, cp=2" "$(largest_bytes cp2 activations)" "$(largest_bytes one activations)" 0.49 0.51
 exit $fail

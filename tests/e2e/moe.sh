@@ -28,19 +28,8 @@ source "$(dirname "$0")/lib.sh"
 require_corpus
 make_work_dir
 steps=50
-common=(--set data.path="$corpus" --set model.dim=64 --set model.n_layers=4 --set model.n_heads=4
-        --set model.n_kv_heads=2 --set model.seq_len=32 --set train.global_batch=8
-        --set train.micro_batches=2 --set train.steps=$steps --set train.warmup_steps=5
-        --set train.val_every=0 --set train.log_every=100000 --set hardware.hbm_gib=0.25
-        --set hardware.gemm=openblas --set run.log_level=warn
-        --set model.n_experts=4 --set model.experts_per_token=2 --set model.n_shared_experts=1
-        --set model.moe_ffn_dim=32 --set model.dense_layers=1 --set model.router_bias_rate=1e-3
-        --set model.router_aux_coef=1e-2)
-run() {  # run NAME [--set ...]: trains into $work/NAME
-  local name=$1; shift
-  "$titan3d" train "$repo/recipes/tiny.toml" "${common[@]}" --set run.dir="$work/$name" "$@" \
-    > "$work/$name.log" 2>&1 || { echo "FAIL: $name exited $?"; tail -20 "$work/$name.log"; exit 1; }
-}
+common=(--set data.path="$corpus" "${tiny_moe[@]}" --set train.micro_batches=2
+        --set train.steps=$steps --set hardware.gemm=openblas)
 within() {  # within NAME REFERENCE RTOL
   printf '%-26s' "$1:"
   compare_losses "$work/$1/metrics.jsonl" "$work/$2/metrics.jsonl" "$3" || fail=1

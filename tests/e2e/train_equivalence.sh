@@ -10,11 +10,6 @@ common=(--set data.path="$corpus" --set model.dim=64 --set model.n_layers=4 --se
         --set model.n_kv_heads=2 --set model.seq_len=32 --set train.global_batch=8
         --set train.micro_batches=2 --set train.steps=6 --set train.warmup_steps=2
         --set train.val_every=3 --set train.val_batches=2 --set hardware.hbm_gib=0.25)
-run() {  # run NAME [--set ...]: trains into $work/NAME
-  local name=$1; shift
-  "$titan3d" train "$repo/recipes/tiny.toml" "${common[@]}" --set run.dir="$work/$name" "$@" \
-    > "$work/$name.log" 2>&1 || { echo "FAIL: $name exited $?"; tail -20 "$work/$name.log"; exit 1; }
-}
 run reference --set snapshot.every=6
 fail=0
 check() {  # check NAME [--set ...]: fp32, only the order of additions differs
