@@ -17,6 +17,16 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
 
+def save(fig, out, name):
+    """Writes `fig` as out/NAME.png and out/NAME.svg; returns the paths."""
+    written = []
+    for ext in ("png", "svg"):
+        path = os.path.join(out, f"{name}.{ext}")
+        fig.savefig(path, dpi=120, bbox_inches="tight")
+        written.append(path)
+    return written
+
+
 def plot_loss(run, out):
     steps, loss, vsteps, vloss = [], [], [], []
     with open(os.path.join(run, "metrics.jsonl")) as f:
@@ -40,12 +50,7 @@ def plot_loss(run, out):
     ax.set_title(os.path.basename(os.path.normpath(run)))
     ax.grid(alpha=0.3)
     ax.legend()
-    written = []
-    for ext in ("png", "svg"):
-        path = os.path.join(out, f"loss.{ext}")
-        fig.savefig(path, dpi=120, bbox_inches="tight")
-        written.append(path)
-    return written
+    return save(fig, out, "loss")
 
 
 def plot_experts(run, out):
@@ -82,12 +87,7 @@ def plot_experts(run, out):
         axes[1][0].set_ylabel("dropped slots (worst layer)")
         axes[1][0].grid(alpha=0.3)
     axes[-1][0].set_xlabel("step")
-    written = []
-    for ext in ("png", "svg"):
-        path = os.path.join(out, f"experts.{ext}")
-        fig.savefig(path, dpi=120, bbox_inches="tight")
-        written.append(path)
-    return written
+    return save(fig, out, "experts")
 
 
 COLOURS = {"forward": "#4c72b0", "backward": "#dd8452", "backward (input grads)": "#dd8452",
@@ -142,12 +142,7 @@ def plot_timeline(run, out):
                         "other"], loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=5,
               fontsize=8)
     ax.set_title("pipeline timeline, last step (numbers: micro-batch)")
-    written = []
-    for ext in ("png", "svg"):
-        p = os.path.join(out, f"timeline.{ext}")
-        fig.savefig(p, dpi=120, bbox_inches="tight")
-        written.append(p)
-    return written
+    return save(fig, out, "timeline")
 
 
 def main():
