@@ -263,6 +263,12 @@ class Model final : public StageModel {
   void moe_experts_ep_forward(LayerActs& a, const ConstBlock& w);
   void moe_experts_ep_backward(LayerActs& a, const ConstBlock& w, const BlockParams& g);
   void ep_plan(const int32_t* recv);  // ep_route_ from the counts each EP rank sends here
+  // An all-to-allv of rows of model.dim floats over the EP group: `sent` rows per EP rank out
+  // of `send`, `received` into `recv` (ep_route_'s counts, or their mirror). fp32, or bf16 when
+  // the model stores bf16 (the precision of TP traffic too): each row rounded once on the way.
+  void ep_exchange(const float* send, const std::vector<int>& sent, const std::vector<int>& sent_at,
+                   float* recv, const std::vector<int>& received,
+                   const std::vector<int>& received_at);
   bool moe_block(int64_t layer) const { return config_.moe_block(layer); }
   void backward_layer(int64_t layer, LayerActs& a, const BlockCopies& copies, const float* x_in,
                       float* dx_io, const LayerGrads* keep);

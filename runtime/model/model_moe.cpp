@@ -181,15 +181,13 @@ void Model::moe_experts_ep_forward(LayerActs& a, const ConstBlock& w) {
   ep.all_to_all(ep_route_.mine.data(), recv, static_cast<size_t>(El));
   ep_plan(recv);
   const auto& r = ep_route_;
-  const auto width = static_cast<size_t>(C);
-  ep.all_to_allv(s.moe_rows, r.send_counts, r.send_displs, s.moe_ep_rows, r.recv_counts,
-                 r.recv_displs, width);
+  ep_exchange(s.moe_rows, r.send_counts, r.send_displs, s.moe_ep_rows, r.recv_counts,
+              r.recv_displs);
   k::moe_ep_reorder(a.ex, s.moe_ep_rows, recv, P, El, C, true);
   k::moe_experts_forward(options_.gemm, s.moe_ep_out, a.egate, a.eup, a.eh, a.ex, w.expert_gate,
                          w.expert_up, w.expert_down, r.local_offsets.data(), {El, C, Fe});
   k::moe_ep_reorder(s.moe_ep_rows, s.moe_ep_out, recv, P, El, C, false);
-  ep.all_to_allv(s.moe_ep_rows, r.recv_counts, r.recv_displs, s.moe_out, r.send_counts,
-                 r.send_displs, width);
+  ep_exchange(s.moe_ep_rows, r.recv_counts, r.recv_displs, s.moe_out, r.send_counts, r.send_displs);
 }
 
 // The mirror image: each row's output gradient (scratch moe_out) and gate travel to its expert,
@@ -203,13 +201,11 @@ void Model::moe_experts_ep_backward(LayerActs& a, const ConstBlock& w, const Blo
   const auto* recv = reinterpret_cast<const int32_t*>(a.erecv);
   ep_plan(recv);
   const auto& r = ep_route_;
-  const auto width = static_cast<size_t>(C);
   for (int64_t row = 0; row < kept; ++row) s.moe_ep_gates[row] = a.gates[s.moe_slot_of_row[row]];
   ep.all_to_allv(s.moe_ep_gates, r.send_counts, r.send_displs, s.moe_ep_dgates, r.recv_counts,
                  r.recv_displs);
   k::moe_ep_reorder(s.moe_ep_gates, s.moe_ep_dgates, recv, P, El, 1, true);
-  ep.all_to_allv(s.moe_out, r.send_counts, r.send_displs, s.moe_ep_rows, r.recv_counts,
-                 r.recv_displs, width);
+  ep_exchange(s.moe_out, r.send_counts, r.send_displs, s.moe_ep_rows, r.recv_counts, r.recv_displs);
   k::moe_ep_reorder(s.moe_ep_out, s.moe_ep_rows, recv, P, El, C, true);
   // The rows are their own slots here (moe_ep_index is the identity): gates and gate gradients
   // by row.
@@ -219,13 +215,27 @@ void Model::moe_experts_ep_backward(LayerActs& a, const ConstBlock& w, const Blo
                           w.expert_up, w.expert_down, r.local_offsets.data(),
                           {El, C, Fe, P, r.source_offsets.data()});
   k::moe_ep_reorder(s.moe_ep_out, s.moe_ep_rows, recv, P, El, C, false);
-  ep.all_to_allv(s.moe_ep_out, r.recv_counts, r.recv_displs, s.moe_grad, r.send_counts,
-                 r.send_displs, width);
+  ep_exchange(s.moe_ep_out, r.recv_counts, r.recv_displs, s.moe_grad, r.send_counts, r.send_displs);
   k::moe_ep_reorder(s.moe_ep_gates, s.moe_ep_dgates, recv, P, El, 1, false);
   ep.all_to_allv(s.moe_ep_gates, r.recv_counts, r.recv_displs, s.moe_ep_dgates, r.send_counts,
                  r.send_displs);
   for (int64_t row = 0; row < kept; ++row)
     s.moe_dgates[s.moe_slot_of_row[row]] = s.moe_ep_dgates[row];
+}
+
+void Model::ep_exchange(const float* send, const std::vector<int>& sent,
+                        const std::vector<int>& sent_at, float* recv,
+                        const std::vector<int>& received, const std::vector<int>& received_at) {
+  const parallel::Comm& ep = *options_.ep;
+  const auto C = static_cast<size_t>(config_.dim);
+  if (!options_.bf16) return ep.all_to_allv(send, sent, sent_at, recv, received, received_at, C);
+  const auto rows = [](const std::vector<int>& n, const std::vector<int>& at) {
+    return static_cast<int64_t>(at.back()) + n.back();
+  };
+  auto& s = *scratch_;
+  k::float_to_bf16_threads(s.ep16_send, send, rows(sent, sent_at) * config_.dim);
+  ep.all_to_allv(s.ep16_send, sent, sent_at, s.ep16_recv, received, received_at, C);
+  k::bf16_to_float_threads(recv, s.ep16_recv, rows(received, received_at) * config_.dim);
 }
 
 }  // namespace t3d::runtime

@@ -157,7 +157,10 @@ namespace t3d::runtime {
   X(kCpKeyValuePart, cp_kv_part, "cp_key_value_part_grads", float, kWide, d.cp, 2 * x.whole_kv) \
   /* bf16 copies: TP all-reduces on the wire, and SP's gathers / scatters */                    \
   X(kTpBf16,         tp16,      "tp_bf16",         uint16_t, kBF16, x.copies,        d.N * d.C) \
-  X(kTpBf16Rows,     tp16_rows, "tp_bf16_rows",    uint16_t, kBF16, x.copies && d.sp, d.N * d.C)
+  X(kTpBf16Rows,     tp16_rows, "tp_bf16_rows",    uint16_t, kBF16, x.copies && d.sp, d.N * d.C) \
+  /* expert parallelism's rows on the wire: what this rank sends and receives */               \
+  X(kEpBf16Send,     ep16_send, "ep_bf16_send",    uint16_t, kBF16, x.copies && d.P > 1, d.R * d.C) \
+  X(kEpBf16Recv,     ep16_recv, "ep_bf16_recv",    uint16_t, kBF16, x.copies && d.P > 1, d.R * d.C)
 
 #define T3D_ROW_ENUM(e, ...) e,
 enum class BlockWeight : uint8_t { T3D_BLOCK_WEIGHTS(T3D_ROW_ENUM) };
