@@ -41,8 +41,9 @@ PerfSummary summarize_performance(const Recipe& r, const JobPrecision& precision
                                   const TrainSummary& summary) {
   PerfSummary p;
   const auto& q = r.parallel;
-  p.layout = fmt::format("pp{} dp{} tp{}{}, {}, {} micro-batch{}", q.pp, q.dp, q.tp,
-                         q.cp > 1 ? fmt::format(" cp{}", q.cp) : "", choice_name(q.schedule),
+  p.layout = fmt::format("pp{} dp{} tp{}{}{}, {}, {} micro-batch{}", q.pp, q.dp, q.tp,
+                         q.cp > 1 ? fmt::format(" cp{}", q.cp) : "",
+                         q.ep > 1 ? fmt::format(" ep{}", q.ep) : "", choice_name(q.schedule),
                          r.train.micro_batches, r.train.micro_batches > 1 ? "es" : "");
   p.devices = devices;
   // Step 1 pays for first touches of memory and connections: averaged over the rest when any.
@@ -57,6 +58,7 @@ PerfSummary summarize_performance(const Recipe& r, const JobPrecision& precision
     p.dp_comm_share += s.dp_comm_share * s.step_time_s;
     p.pp_wait_share += s.pp_wait_share * s.step_time_s;
     p.cp_comm_share += s.cp_comm_share * s.step_time_s;
+    p.ep_comm_share += s.ep_comm_share * s.step_time_s;
     p.mfu += s.mfu * s.step_time_s;
     p.mfu_gemm += s.mfu_gemm * s.step_time_s;
     p.peak_mem_gib = std::max(p.peak_mem_gib, s.peak_mem_gib);
@@ -65,7 +67,7 @@ PerfSummary summarize_performance(const Recipe& r, const JobPrecision& precision
   if (seconds > 0) {
     p.tokens_per_s = tokens / seconds;
     p.tp_comm_share /= seconds, p.dp_comm_share /= seconds, p.pp_wait_share /= seconds,
-        p.cp_comm_share /= seconds;
+        p.cp_comm_share /= seconds, p.ep_comm_share /= seconds;
     p.mfu /= seconds;
     p.mfu_gemm /= seconds;
   }
@@ -97,6 +99,7 @@ std::string format_performance(const PerfSummary& p) {
   row("communication share DP", percent(p.dp_comm_share));
   row("communication share PP", percent(p.pp_wait_share) + " (bubble + transfers, measured)");
   row("communication share CP", percent(p.cp_comm_share));
+  row("communication share EP", percent(p.ep_comm_share) + " (the experts' all-to-alls)");
   row("pipeline bubble", percent(p.bubble) + " (the schedule, simulated)");
   row("GEMM", p.gemm);
   row("MFU", percent(p.mfu) + " (of the hardware peak)");
@@ -113,13 +116,14 @@ std::string performance_json(const PerfSummary& p) {
   return fmt::format(
       "{{\"layout\": \"{}\", \"devices\": {}, \"steps_measured\": {}, \"peak_mem_gib\": {}, "
       "\"tokens_per_s_per_device\": {}, \"tokens_per_s\": {}, \"tp_comm_share\": {}, "
-      "\"dp_comm_share\": {}, \"pp_wait_share\": {}, \"cp_comm_share\": {}, \"bubble_simulated\": "
+      "\"dp_comm_share\": {}, \"pp_wait_share\": {}, \"cp_comm_share\": {}, \"ep_comm_share\": {}, "
+      "\"bubble_simulated\": "
       "{}, \"mfu\": {}, "
       "\"mfu_gemm\": {}, \"gemm\": \"{}\"{}}}",
       p.layout, p.devices, p.steps_measured, num(p.peak_mem_gib), num(p.tokens_per_s_per_device),
       num(p.tokens_per_s), num(p.tp_comm_share), num(p.dp_comm_share), num(p.pp_wait_share),
-      num(p.cp_comm_share), p.bubble < 0 ? "null" : num(p.bubble), num(p.mfu), num(p.mfu_gemm),
-      p.gemm,
+      num(p.cp_comm_share), num(p.ep_comm_share), p.bubble < 0 ? "null" : num(p.bubble), num(p.mfu),
+      num(p.mfu_gemm), p.gemm,
       p.imbalance_max < 0
           ? ""
           : fmt::format(", \"expert_imbalance_first\": {}, \"expert_imbalance_last\": {}, "

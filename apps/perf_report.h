@@ -1,6 +1,6 @@
 // The end-of-run performance table (the reference's: layout, devices, per-device peak memory,
-// tokens/s per device and in all, communication share of TP, DP and PP, pipeline bubble, MFU),
-// computed from the TrainSummary the trainer returns. Formulas in docs/metrics.md.
+// tokens/s per device and in all, communication share of TP, DP and PP (and CP, EP), pipeline
+// bubble, MFU), computed from the TrainSummary the trainer returns. Formulas in docs/metrics.md.
 #pragma once
 
 #include <string>
@@ -18,8 +18,8 @@ struct PerfSummary {
   double peak_mem_gib = 0;  // largest arena peak of any rank
   double tokens_per_s = 0;  // all devices
   double tokens_per_s_per_device = 0;
-  double tp_comm_share = 0, dp_comm_share = 0, pp_wait_share = 0,
-         cp_comm_share = 0;  // of step time, mean over ranks
+  double tp_comm_share = 0, dp_comm_share = 0, pp_wait_share = 0, cp_comm_share = 0,
+         ep_comm_share = 0;  // of step time, mean over ranks
   double bubble = -1;        // the schedule's simulated bubble fraction (< 0: unknown)
   double mfu = 0;            // over the hardware peak of the GEMMs' precision
   double mfu_gemm = 0;       // over the chosen GEMM's measured rate at the model's shapes

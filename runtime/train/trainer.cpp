@@ -323,28 +323,32 @@ struct Trainer::Impl {
         step, loss, norm, consecutive_skips);
   }
 
+  // The groups whose waits the step's communication shares are: tp, dp × cp, pp, cp, ep, and edp
+  // (the routed experts' gradient reduction: in the dp share).
+  static constexpr int kGroups = 6;
   // Speed, communication shares (mean over ranks since `waited`) and the largest arena peak of a
   // step whose step_time_s is set: two small all-reduces, the first also counting the ranks a
   // stop signal reached (returned: every rank sees the same count and cause).
-  StopSignals measure_step(StepRecord& rec, const parallel::Comm* const groups[4],
-                           const double waited[4]) {
-    double shares[7];
-    for (int i = 0; i < 4; ++i)
+  StopSignals measure_step(StepRecord& rec, const parallel::Comm* const groups[kGroups],
+                           const double waited[kGroups]) {
+    double shares[kGroups + 3];
+    for (int i = 0; i < kGroups; ++i)
       shares[i] =
           (groups[i]->counters().wait_s - waited[i]) / rec.step_time_s / mesh.world().size();
-    shares[4] = stop_requested() != 0 ? 1.0 : 0.0;
-    shares[5] = metrics_error.empty() ? 0.0 : 1.0;  // the previous step's metrics write
-    shares[6] = stop_is_interrupt() ? 1.0 : 0.0;
-    mesh.world().all_reduce(shares, 7);
-    if (shares[5] > 0) stop_on_metrics_error();
+    shares[kGroups] = stop_requested() != 0 ? 1.0 : 0.0;
+    shares[kGroups + 1] = metrics_error.empty() ? 0.0 : 1.0;  // the previous step's metrics write
+    shares[kGroups + 2] = stop_is_interrupt() ? 1.0 : 0.0;
+    mesh.world().all_reduce(shares, kGroups + 3);
+    if (shares[kGroups + 1] > 0) stop_on_metrics_error();
     rec.tp_comm_share = shares[0], rec.dp_comm_share = shares[1], rec.pp_wait_share = shares[2];
-    rec.cp_comm_share = shares[3];
+    rec.cp_comm_share = shares[3], rec.ep_comm_share = shares[4];
+    rec.dp_comm_share += shares[5];
     rec.peak_mem_gib = arena->peak() / double(1 << 30);
     mesh.world().all_reduce(&rec.peak_mem_gib, 1, parallel::ReduceOp::max);
     rec.tokens_per_s = static_cast<double>(r.train.global_batch * T) / rec.step_time_s;
     rec.mfu = flops_per_token * rec.tokens_per_s / (hosts * peaks.hardware_gflops * 1e9);
     rec.mfu_gemm = flops_per_token * rec.tokens_per_s / (hosts * peaks.gemm_gflops * 1e9);
-    return {static_cast<int>(shares[4] + 0.5), shares[6] > 0};
+    return {static_cast<int>(shares[kGroups] + 0.5), shares[kGroups + 2] > 0};
   }
 
   // After the snapshot of `step` started on every rank: waits for its commit and ends the run
@@ -384,9 +388,12 @@ struct Trainer::Impl {
     const double tokens_per_step = static_cast<double>(t.global_batch * T);
     const float grad_scale = static_cast<float>(1.0 / tokens_per_step);
     const auto run_start = Clock::now();
-    // The gradient reduction runs on dp × cp: its waits are dp_comm_share.
-    const parallel::Comm* groups[4] = {&mesh.group(Dim::tp), &mesh.dp_cp(), &mesh.group(Dim::pp),
-                                       &mesh.group(Dim::cp)};
+    // The gradient reduction runs on dp × cp, the routed experts' on edp: their waits are
+    // dp_comm_share. The experts' all-to-alls run on the EP group (one rank alone when
+    // parallel.ep = 1: no waits).
+    const parallel::Comm* groups[kGroups] = {&mesh.group(Dim::tp), &mesh.dp_cp(),
+                                             &mesh.group(Dim::pp), &mesh.group(Dim::cp),
+                                             &mesh.ep(),           &mesh.edp()};
     install_stop_signals();  // also done before MPI started (apps): idempotent
     // A stop signal that came while the job started: nothing has been trained to save.
     int early[2] = {stop_requested() != 0 ? 1 : 0, stop_is_interrupt() ? 1 : 0};
@@ -405,8 +412,8 @@ struct Trainer::Impl {
       const auto t0 = Clock::now();
       parallel::trace::Span step_span("step", "train");
       step_span.arg("step", step + 1);
-      double waited[4];
-      for (int i = 0; i < 4; ++i) waited[i] = groups[i]->counters().wait_s;
+      double waited[kGroups];
+      for (int i = 0; i < kGroups; ++i) waited[i] = groups[i]->counters().wait_s;
       state->begin_step(n_micro);
       const double loss_sum = executor->run(*model, source(*train_sampler, step), grad_scale, true);
       // Data and context parallel: buckets were reduced over dp × cp during the backward; the
@@ -455,9 +462,10 @@ struct Trainer::Impl {
     summary.peak_arena_bytes = arena->peak();
     // Every rank's own log: bytes it sent or contributed per group (tests check that bf16 and
     // sequence parallelism halve them).
-    spdlog::info("communication bytes: tp {} dp {} pp {} cp {}", groups[0]->counters().bytes,
-                 groups[1]->counters().bytes, groups[2]->counters().bytes,
-                 groups[3]->counters().bytes);
+    spdlog::info("communication bytes: tp {} dp {} pp {} cp {} ep {} edp {}",
+                 groups[0]->counters().bytes, groups[1]->counters().bytes,
+                 groups[2]->counters().bytes, groups[3]->counters().bytes,
+                 groups[4]->counters().bytes, groups[5]->counters().bytes);
     state->log_counters();
     return summary;
   }
@@ -525,6 +533,7 @@ struct Trainer::Impl {
         {"dp_comm_share", rec.dp_comm_share},
         {"pp_wait_share", rec.pp_wait_share},
         {"cp_comm_share", rec.cp_comm_share},
+        {"ep_comm_share", rec.ep_comm_share},
         {"val_loss", rec.val_loss >= 0 ? rec.val_loss : NAN},
         {"skipped", rec.skipped ? 1.0 : 0.0}};
     if (r.model.moe()) {
@@ -549,11 +558,12 @@ struct Trainer::Impl {
     std::string val = rec.val_loss >= 0 ? fmt::format(" | val {:.4f}", rec.val_loss) : "";
     spdlog::info(
         "step {:>{}}/{} {:3.0f}% | loss {:.4f}{} | lr {:.2e} | gnorm {:.3f} | {:.0f} tok/s "
-        "| MFU {:.1f}% | comm tp {:.0f}% dp {:.0f}% pp {:.0f}%{} | mem {:.3f} GiB | eta {}",
+        "| MFU {:.1f}% | comm tp {:.0f}% dp {:.0f}% pp {:.0f}%{}{} | mem {:.3f} GiB | eta {}",
         rec.step, std::to_string(steps).size(), steps, 100.0 * rec.step / steps, rec.loss, val,
         rec.lr, rec.grad_norm, rec.tokens_per_s, 100 * rec.mfu, 100 * rec.tp_comm_share,
         100 * rec.dp_comm_share, 100 * rec.pp_wait_share,
-        cp > 1 ? fmt::format(" cp {:.0f}%", 100 * rec.cp_comm_share) : "", peak_gib,
+        cp > 1 ? fmt::format(" cp {:.0f}%", 100 * rec.cp_comm_share) : "",
+        r.parallel.ep > 1 ? fmt::format(" ep {:.0f}%", 100 * rec.ep_comm_share) : "", peak_gib,
         format_duration(eta));
   }
 };

@@ -18,9 +18,11 @@ struct StepRecord {
   double mfu = 0;        // model FLOPs/s over the hardware peak of the GEMMs' precision
   double mfu_gemm = 0;   // the same over the chosen GEMM's own rate at the model's shapes
   double val_loss = -1;  // < 0: not measured at this step
-  // Share of the step each rank spent waiting on its tp / dp / pp group, averaged over ranks. The
-  // pp share is the measured pipeline bubble plus activation transfer time.
-  double tp_comm_share = 0, dp_comm_share = 0, pp_wait_share = 0, cp_comm_share = 0;
+  // Share of the step each rank spent waiting on its tp / dp / pp / cp / ep group, averaged over
+  // ranks. The pp share is the measured pipeline bubble plus activation transfer time; the ep
+  // share the experts' all-to-alls.
+  double tp_comm_share = 0, dp_comm_share = 0, pp_wait_share = 0, cp_comm_share = 0,
+         ep_comm_share = 0;
   double peak_mem_gib = 0;  // largest arena peak over all ranks
   bool skipped = false;     // dynamic loss scaling skipped a non-finite step
   // Mixture of experts: the weighted auxiliary balance loss (not in `loss`), and the load: per

@@ -44,6 +44,10 @@ dp4=(--set parallel.dp=4)
 run dp2_ep1 "${dp2[@]}"
 run dp2_ep2 "${dp2[@]}" --set parallel.ep=2
 identical dp2_ep2 dp2_ep1 "dp2, ep2"
+# The all-to-alls' share of the step (docs/metrics.md): on ep2 every step waits on the ep group,
+# on ep1 (a group of one) none does; summary.json reports it too.
+check "field $(metrics dp2_ep2) ep_comm_share | awk '\$1 > 0 { n++ } END { exit n != $steps }' && field $(metrics dp2_ep1) ep_comm_share | awk '\$1 != 0 { bad++ } END { exit NR != $steps || bad }' && grep -q '\"ep_comm_share\": ' $work/dp2_ep2/summary.json" \
+  "ep_comm_share > 0 on every ep2 step, 0 on every ep1 step, and in summary.json"
 eval_loss() {  # eval_loss RUN: its final snapshot's validation loss, on 1 rank
   "$titan3d" eval "$work/$1/snapshots/step_000000$steps.h5" --batches 2 2>&1 | sed -n 's/.*loss \([0-9.]*\) nats.*/\1/p'
 }

@@ -1,0 +1,299 @@
+// Expert parallelism at the model level (runtime/model/model_moe.cpp): every rank builds the same
+// small MoE model twice, with ep = world size (the EP group is the world) and as an ep = 1
+// reference over a one-rank group, from the same seed, and feeds both this rank's own tokens.
+// The dispatch and combine must change nothing that the rank computes: its loss, its statistics,
+// the input gradient of the MoE chunk and every dense weight gradient are the reference's, and
+// each expert's weight gradient on the rank holding it is the sum over all ranks of the
+// reference's gradient for that expert (what the data-parallel reduction without EP would hold).
+// Run under mpirun -np 2 and -np 4 (E = 4: two experts per rank, or one).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/arena.h"
+#include "kernels/gemm.h"
+#include "parallel/comm.h"
+#include "runtime/model/model.h"
+
+using namespace t3d;
+using runtime::Model;
+
+namespace {
+
+// Block 0 dense, block 1 a mixture of 4 routed experts (2 per token), one shared expert, the
+// selection bias and the auxiliary loss (test_model_mpi.cpp's moe_config).
+runtime::ModelConfig moe_config() {
+  runtime::ModelConfig c{.vocab_size = 16,
+                         .dim = 16,
+                         .n_layers = 2,
+                         .n_heads = 4,
+                         .n_kv_heads = 2,
+                         .ffn_dim = 32,
+                         .seq_len = 8};
+  c.n_experts = 4;
+  c.experts_per_token = 2;
+  c.n_shared_experts = 1;
+  c.moe_ffn_dim = 8;
+  c.dense_layers = 1;
+  c.router_bias_rate = 1e-3;
+  c.router_aux_coef = 0.1;
+  return c;
+}
+
+constexpr int64_t kMoeLayer = 1;
+
+struct Batch {
+  std::vector<int32_t> tokens, targets;
+};
+
+Batch make_batch(int64_t rows, const runtime::ModelConfig& c, unsigned seed) {
+  std::mt19937 rng(seed);
+  Batch b;
+  for (int64_t i = 0; i < rows * c.seq_len; ++i) {
+    b.tokens.push_back(static_cast<int32_t>(rng() % c.vocab_size));
+    b.targets.push_back(static_cast<int32_t>(rng() % c.vocab_size));
+  }
+  return b;
+}
+
+// What one training micro-batch leaves: the summed loss (grad_scale 1), the MoE statistics, the
+// gradient of the MoE chunk's input and the gradient region.
+struct Pass {
+  double loss = 0, aux_loss = 0;
+  std::vector<double> expert_counts, dropped_slots;
+  std::vector<float> input_grad, grads;
+};
+
+// Two chunks, the dense block with the embedding and the MoE block with the head, so that the
+// MoE chunk's input gradient is there to compare (a first chunk stops at the embedding). The
+// caller moves activations and gradients between them as the pipeline executor would.
+Pass train_pass(Model& m, const Batch& b) {
+  m.state().grads.zero();
+  m.reset_moe_stats();
+  Pass p;
+  m.forward(0, 0, b.tokens.data(), nullptr, 1.0f, true);
+  std::copy_n(m.output(0, 0), m.io_floats(), m.input(1, 0));
+  p.loss = m.forward(1, 0, nullptr, b.targets.data(), 1.0f, true);
+  m.backward(1, 0, nullptr);
+  p.input_grad.assign(m.input_grad(1, 0), m.input_grad(1, 0) + m.io_floats());
+  m.backward(0, 0, p.input_grad.data());
+  p.aux_loss = m.aux_loss();
+  p.expert_counts = m.expert_counts();
+  p.dropped_slots = m.dropped_slots();
+  p.grads.assign(m.state().grads.data(), m.state().grads.data() + m.layout().total_floats());
+  return p;
+}
+
+// `rtol` 0: bit for bit. Otherwise every element within rtol of the largest magnitude of
+// `expected` (a GEMM's rounding error scales with its sums, not with the element).
+void expect_same(const float* actual, const float* expected, int64_t n, double rtol,
+                 const std::string& what) {
+  double scale = 0;
+  for (int64_t i = 0; i < n; ++i) scale = std::max(scale, std::fabs(double(expected[i])));
+  int64_t bad = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const bool same = rtol == 0 ? actual[i] == expected[i]
+                                : std::fabs(double(actual[i]) - expected[i]) <= rtol * scale;
+    if (!same && bad++ < 3)
+      ADD_FAILURE() << what << "[" << i << "]: " << actual[i] << ", expected " << expected[i]
+                    << (rtol == 0 ? " (bit for bit)" : " (within " + std::to_string(rtol) + ")");
+  }
+  EXPECT_EQ(bad, 0) << what << ": elements that differ";
+}
+
+struct Case {
+  const char* what;
+  int64_t experts_per_token = 2;
+  double capacity_factor = 0;
+  // The router's selection bias per expert on this rank (empty: as initialised, zeros). It picks
+  // the experts without entering the gates (aux-loss-free balancing), so a large value forces
+  // the choice and leaves the math as it is.
+  std::function<std::vector<float>(int rank)> bias;
+};
+
+// The gradient of every routed expert tensor of `m`, in its params() order, one after the other.
+std::vector<float> expert_grads(const Model& m, const std::vector<float>& grads) {
+  std::vector<float> out;
+  for (const auto& p : m.params()) {
+    if (p.expert < 0) continue;
+    const auto& t = m.layout().at(p.name);
+    out.insert(out.end(), grads.begin() + t.offset, grads.begin() + t.offset + t.numel);
+  }
+  return out;
+}
+
+void check_case(const parallel::Comm& world, const parallel::Comm& self, const Case& c,
+                kernels::GemmKind gemm, double rtol) {
+  auto cfg = moe_config();
+  cfg.experts_per_token = c.experts_per_token;
+  cfg.capacity_factor = c.capacity_factor;
+  const std::vector<parallel::LayerRange> chunks = {{0, 1, true, false}, {1, 2, false, true}};
+  runtime::ModelOptions options{2, 1, false};
+  options.gemm = gemm;
+  options.moe_aux_weight = 0.5;
+  runtime::ModelOptions ep_options = options;
+  ep_options.ep = &world;
+  kernels::Arena arena(64 << 20);
+  Model ep(cfg, chunks, self, arena, ep_options);
+  Model reference(cfg, chunks, self, arena, options);
+  ASSERT_EQ(ep.experts().size(cfg), cfg.n_experts / world.size());
+  ep.init(5);
+  reference.init(5);
+  if (c.bias) {
+    const std::vector<float> bias = c.bias(world.rank());
+    const std::string name =
+        runtime::block_param_name(kMoeLayer, runtime::BlockWeight::kRouterBias);
+    for (Model* m : {&ep, &reference}) {
+      const auto view = m->state().params.view(name);
+      ASSERT_EQ(view.numel, static_cast<int64_t>(bias.size()));
+      std::copy(bias.begin(), bias.end(), view.data);
+    }
+  }
+  const Batch b = make_batch(2, cfg, 7 + 101 * static_cast<unsigned>(world.rank()));
+  const Pass got = train_pass(ep, b), want = train_pass(reference, b);
+
+  // What this rank computes of its own tokens.
+  if (rtol == 0)
+    EXPECT_EQ(got.loss, want.loss);
+  else
+    EXPECT_NEAR(got.loss, want.loss, rtol * std::fabs(want.loss));
+  EXPECT_EQ(got.aux_loss, want.aux_loss) << "the router runs on this rank alone";
+  EXPECT_EQ(got.expert_counts, want.expert_counts);
+  EXPECT_EQ(got.dropped_slots, want.dropped_slots);
+  expect_same(got.input_grad.data(), want.input_grad.data(),
+              static_cast<int64_t>(want.input_grad.size()), rtol, "MoE chunk input gradient");
+
+  // Dense tensors: this rank's own gradients. Experts: the sum over the ranks in rank order (the
+  // order ExpertShape::part_offsets adds the sources in).
+  const std::vector<float> mine = expert_grads(reference, want.grads);
+  std::vector<float> all(mine.size() * static_cast<size_t>(world.size()));
+  world.all_gather(mine.data(), all.data(), mine.size());
+  int64_t experts_checked = 0;
+  for (const auto& p : ep.params()) {
+    const auto& t = ep.layout().at(p.name);
+    const float* g = got.grads.data() + t.offset;
+    if (p.expert < 0) {
+      expect_same(g, want.grads.data() + reference.layout().at(p.name).offset, t.numel, rtol,
+                  p.name);
+      continue;
+    }
+    EXPECT_GE(p.expert, ep.experts().begin);
+    EXPECT_LT(p.expert, ep.experts().begin + ep.experts().size(cfg));
+    // Its place among the reference's expert tensors, which are in the same order.
+    int64_t at = 0;
+    for (const auto& q : reference.params()) {
+      if (q.name == p.name) break;
+      if (q.expert >= 0) at += reference.layout().at(q.name).numel;
+    }
+    std::vector<float> sum(static_cast<size_t>(t.numel), 0.0f);
+    for (int r = 0; r < world.size(); ++r)
+      for (int64_t i = 0; i < t.numel; ++i)
+        sum[static_cast<size_t>(i)] += all[r * mine.size() + static_cast<size_t>(at + i)];
+    expect_same(g, sum.data(), t.numel, rtol, p.name + " (sum over ranks)");
+    ++experts_checked;
+  }
+  EXPECT_EQ(experts_checked, 3 * ep.experts().size(cfg)) << "gate, up, down per local expert";
+}
+
+std::vector<Case> cases(int ranks) {
+  const auto cfg = moe_config();
+  std::vector<Case> out;
+  out.push_back({"normal routing", 2, 0, nullptr});
+  // Experts E/2.. (the upper half of the ranks) win every token of every rank: the lower ranks
+  // receive no rows and send all of theirs, the upper ones keep theirs and receive the rest.
+  out.push_back({"every token to the upper ranks' experts", 2, 0, [cfg](int) {
+                   std::vector<float> bias(static_cast<size_t>(cfg.n_experts), 0.0f);
+                   for (int64_t e = cfg.n_experts / 2; e < cfg.n_experts; ++e) bias[e] = 10.0f;
+                   return bias;
+                 }});
+  // One expert per token, and it is the last rank's last expert for every token: one expert
+  // receives every slot of every rank.
+  out.push_back({"every slot to one expert", 1, 0, [cfg](int) {
+                   std::vector<float> bias(static_cast<size_t>(cfg.n_experts), 0.0f);
+                   bias.back() = 10.0f;
+                   return bias;
+                 }});
+  // Each rank's own choice of the expert that wins everything: rank r's tokens all go to rank
+  // (r + 1) mod P's first expert, so every rank sends all and receives another rank's all.
+  out.push_back({"each rank's slots to the next rank's expert", 1, 0, [cfg, ranks](int rank) {
+                   std::vector<float> bias(static_cast<size_t>(cfg.n_experts), 0.0f);
+                   bias[((rank + 1) % ranks) * (cfg.n_experts / ranks)] = 10.0f;
+                   return bias;
+                 }});
+  // A capacity of 6 rows per expert (ceil(0.75 · 32 slots / 4 experts)): the slots past it drop
+  // on their own rank, before any leaves it.
+  out.push_back({"capacity factor 0.75 drops slots", 2, 0.75, nullptr});
+  return out;
+}
+
+}  // namespace
+
+// oneDNN's fp32 GEMMs compute a row's product independently of the other rows of the GEMM, and
+// the sources' gradient parts are added in rank order: every comparison bit for bit.
+TEST(ModelEpMpi, DispatchAndCombineChangeNothingOneDnn) {
+  auto world = parallel::Comm::world(60.0);
+  ASSERT_EQ(moe_config().n_experts % world.size(), 0);
+  const auto self = world.split(world.rank(), 0, "self");
+  for (const Case& c : cases(world.size())) {
+    SCOPED_TRACE(c.what);
+    check_case(world, self, c, kernels::GemmKind::kOneDnnF32, 0);
+  }
+}
+
+// OpenBLAS's tail kernels round a row differently by its place in the GEMM, and the experts'
+// GEMMs see other rows around a row with EP than without: the same math within 1e-5 of each
+// tensor's largest magnitude (fp32 sums of at most C = 16 or Fe = 8 products per element, and
+// of up to 32 rows per weight gradient, differ by a few ulps).
+TEST(ModelEpMpi, DispatchAndCombineChangeNothingOpenBlas) {
+  auto world = parallel::Comm::world(60.0);
+  const auto self = world.split(world.rank(), 0, "self");
+  for (const Case& c : cases(world.size())) {
+    SCOPED_TRACE(c.what);
+    check_case(world, self, c, kernels::GemmKind::kOpenBlasF32, 1e-5);
+  }
+}
+
+// The capacity case really drops slots, and the forced cases route as they say: otherwise the
+// cases above would test normal routing five times.
+TEST(ModelEpMpi, TheCasesRouteAsIntended) {
+  auto world = parallel::Comm::world(60.0);
+  const auto self = world.split(world.rank(), 0, "self");
+  const auto all = cases(world.size());
+  for (const Case& c : all) {
+    SCOPED_TRACE(c.what);
+    auto cfg = moe_config();
+    cfg.experts_per_token = c.experts_per_token;
+    cfg.capacity_factor = c.capacity_factor;
+    kernels::Arena arena(64 << 20);
+    runtime::ModelOptions options{2, 1, false};
+    options.ep = &world;
+    Model m(cfg, {{0, 1, true, false}, {1, 2, false, true}}, self, arena, options);
+    m.init(5);
+    if (c.bias) {
+      const std::vector<float> bias = c.bias(world.rank());
+      const auto view = m.state().params.view(
+          runtime::block_param_name(kMoeLayer, runtime::BlockWeight::kRouterBias));
+      std::copy(bias.begin(), bias.end(), view.data);
+    }
+    const Pass p = train_pass(m, make_batch(2, cfg, 7 + 101 * static_cast<unsigned>(world.rank())));
+    const double slots = 2.0 * cfg.seq_len * cfg.experts_per_token;
+    double routed = 0;
+    for (const double n : p.expert_counts) routed += n;
+    EXPECT_EQ(routed, slots);
+    const std::string what = c.what;
+    if (c.capacity_factor > 0) {
+      EXPECT_GT(p.dropped_slots[0], 0);
+    }
+    if (what == "every slot to one expert") {
+      EXPECT_EQ(p.expert_counts.back(), slots);
+    }
+    if (what == "every token to the upper ranks' experts") {
+      for (int64_t e = 0; e < cfg.n_experts / 2; ++e) EXPECT_EQ(p.expert_counts[e], 0) << e;
+    }
+  }
+}
