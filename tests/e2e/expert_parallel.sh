@@ -12,7 +12,8 @@
 #     the order of additions must differ: dp4 with ep 2 and 4 (Open MPI adds 4 ranks' gradients
 #     in another order than one rank adds its sources), 2 micro-batches (gradient accumulation
 #     adds a micro-batch's sources at once), pp2 × dp2. Each would fail with expert gradients
-#     ep times too large or a norm counting experts twice or not at all.
+#     ep times too large or a norm counting experts twice or not at all. bf16 (rows travel in
+#     bf16): within twice the dense model's own pp2-against-pp1 drift.
 #  3. The auxiliary loss of step 1 is ep=1's with 2 micro-batches and with pp2.
 #  4. Snapshots hold every expert once under its global name: ep2 and ep1 snapshots of the same
 #     training export the same bytes and resume on 1 rank to the same bits (a missing expert fails
@@ -88,6 +89,20 @@ pp2=(--set parallel.pp=2 --set parallel.dp=2 "${micro2[@]}")
 run pp2_dp2_ep1 "${pp2[@]}"
 run pp2_dp2_ep2 "${pp2[@]}" --set parallel.ep=2
 within pp2_dp2_ep2 pp2_dp2_ep1
+
+# bf16 (stored activations, bf16 rows on the wire, bf16 GEMMs where the CPU has them) rounds what
+# fp32 only reorders: as in moe.sh, the dense model's own layout drift over the same steps sets
+# the bar.
+choose_bf16 "${common[@]}"
+run bf16_dp2_ep1 "${dp2[@]}" "${bf16[@]}"
+run bf16_dp2_ep2 "${dp2[@]}" "${bf16[@]}" --set parallel.ep=2
+dense=(--set model.n_experts=0 "${bf16[@]}")
+run dense_bf16_dp2 "${dp2[@]}" "${dense[@]}"
+run dense_bf16_pp2_dp2 "${dp2[@]}" "${dense[@]}" --set parallel.pp=2
+worst() { compare_losses "$(metrics $1)" "$(metrics $2)" 1 | sed -n 's/.*difference \([^ ]*\) .*/\1/p'; }
+ep_worst=$(worst bf16_dp2_ep2 bf16_dp2_ep1) dense_worst=$(worst dense_bf16_pp2_dp2 dense_bf16_dp2)
+check "awk -v m=$ep_worst -v d=$dense_worst 'BEGIN { exit !(m <= (2 * d > 1e-3 ? 2 * d : 1e-3)) }'" \
+  "bf16 ($bf16_gemm), dp2 ep2 against ep1 over $steps steps: $ep_worst, within max(1e-3, 2 × the dense model's pp2-against-pp1 $dense_worst)"
 
 # --- 3. The auxiliary loss of step 1. ---
 aux1() { field "$(metrics $1)" aux_loss | head -1; }
