@@ -62,11 +62,12 @@ std::string pct(double part, double whole) {
   return fmt::format("{:.0f}%", whole > 0 ? 100 * part / whole : 0.0);
 }
 
+// The schedule column: the pipeline schedule, and expert parallelism when the layout has it.
 std::string schedule_label(const Layout& l) {
-  if (l.pp == 1) return "-";
-  std::string s(parallel::to_string(l.schedule));
-  if (l.virtual_stages > 1 && l.schedule != parallel::ScheduleKind::kZBV)  // zb_v: always 2
-    s += "×" + std::to_string(l.virtual_stages);
+  std::string s = l.pp == 1 ? "-" : std::string(parallel::to_string(l.schedule));
+  if (l.pp > 1 && l.virtual_stages > 1 && l.schedule != parallel::ScheduleKind::kZBV)
+    s += "×" + std::to_string(l.virtual_stages);  // zb_v: always 2
+  if (l.ep > 1) s += " ep" + std::to_string(l.ep);
   return s;
 }
 
@@ -126,10 +127,11 @@ std::vector<Layout> enumerate_layouts(const PlanProblem& p, const PlanSpace& spa
         for (auto [kind, v] : schedules)
           for (int64_t zero : space.zero) {
             if (dp == 1 && zero > 0) continue;  // nothing to shard over
-            for (int64_t ck : space.checkpoint) {
-              Layout l{dp, tp, pp, mb, kind, v, zero, ck};
-              if (invalid_reason(p, l).empty()) out.push_back(l);
-            }
+            for (int64_t ck : space.checkpoint)
+              for (int64_t ep : m.moe() ? divisors(dp) : std::vector<int64_t>{1}) {
+                Layout l{dp, tp, pp, mb, kind, v, zero, ck, ep};
+                if (invalid_reason(p, l).empty()) out.push_back(l);
+              }
           }
       }
     }
@@ -187,12 +189,12 @@ std::string format_ranked(const PlanProblem& p, const Plan& plan, int64_t top) {
         "{:>5} {:>6}  {:>15}\n",
         i + 1, l.dp, l.tp, l.pp, schedule_label(l), l.micro_batches, l.zero, l.checkpoint_name(),
         c.memory.total() / kGiB, fmt::format("{:.3g} s", t.total), pct(t.compute, t.total),
-        pct(t.tp, t.total), pct(t.dp, t.total), pct(t.pp, t.total), pct(t.bubble, t.total),
+        pct(t.tp + t.ep, t.total), pct(t.dp, t.total), pct(t.pp, t.total), pct(t.bubble, t.total),
         thousands(t.tokens_per_s_per_device));
   }
   out +=
       "memory in GiB per device (the stage needing most); compute .. bubble: shares of the "
-      "step; micro: micro-batches per dp rank.\n";
+      "step (tp: with expert parallelism's all-to-alls); micro: micro-batches per dp rank.\n";
   return out;
 }
 
@@ -249,6 +251,7 @@ Layout layout_of_recipe(const Recipe& r, const Cluster& c) {
   l.virtual_stages = r.parallel.virtual_stages;
   l.zero = r.parallel.zero;
   l.checkpoint_every = r.train.activation_checkpoint.every;
+  l.ep = r.parallel.ep;
   return l;
 }
 
@@ -261,6 +264,7 @@ Recipe recipe_with_layout(const Recipe& recipe, const Layout& l, const Cluster& 
   r.parallel.virtual_stages = l.virtual_stages;
   r.parallel.pipeline_split.clear();
   r.parallel.zero = l.zero;
+  r.parallel.ep = l.ep;
   r.train.micro_batches = l.micro_batches;
   r.train.activation_checkpoint = {l.checkpoint_every};
   r.hardware.hbm_gib = c.hbm_gib;

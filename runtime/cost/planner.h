@@ -45,7 +45,8 @@ PlanProblem make_problem(const Recipe& recipe, const Cluster& cluster);
 
 // Every valid layout: tp divides a node and the heads, pp divides the layers, dp = world/(tp·pp)
 // divides the global batch, micro-batches divide each dp rank's share; per pp > 1 every schedule
-// (interleaved with v dividing the layers per stage); every ZeRO stage and checkpointing choice.
+// (interleaved with v dividing the layers per stage); every ZeRO stage and checkpointing choice;
+// for a mixture of experts every ep dividing dp and n_experts.
 std::vector<Layout> enumerate_layouts(const PlanProblem& problem, const PlanSpace& space);
 
 // Memory first; the simulator runs only for layouts that fit.

@@ -19,31 +19,55 @@ namespace {
 
 constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
-// Parameter elements (alignment padding included) of a stage's chunks on one tp rank.
-double stage_param_elems(const ModelConfig& m, const std::vector<parallel::LayerRange>& ranges,
-                         int64_t tp) {
-  return static_cast<double>(param_units(m, ranges, tp).total_floats);
+// The parameter units of a stage's chunks on one tp rank and one EP rank (every EP rank holds as
+// many experts).
+ParamUnits stage_units(const ModelConfig& m, const std::vector<parallel::LayerRange>& ranges,
+                       int64_t tp, int64_t ep) {
+  return param_units(m, ranges, tp, m.moe() ? expert_share(m, ep, 0) : ExpertRange{});
 }
 
-// ZeRO's per-rank sizes of a stage (parallel/zero.h: every bucket split over dp): the region,
-// the largest shard over the dp ranks, and the largest bucket, in floats.
-parallel::ZeroFloats zero_floats(const ModelConfig& m,
-                                 const std::vector<parallel::LayerRange>& ranges, int64_t tp,
-                                 int64_t dp, double bucket_mb) {
-  const ParamUnits param = param_units(m, ranges, tp);
-  std::vector<parallel::FloatRange> units;
-  for (const auto& u : param.units) units.push_back({u.begin, u.end});
-  std::vector<int> per_bucket;
-  const auto buckets =
-      parallel::make_buckets(units, parallel::bucket_floats(bucket_mb), &per_bucket);
-  parallel::ZeroFloats z;
-  z.region = static_cast<double>(param.total_floats);
-  for (int64_t d = 0; d < dp; ++d) {
-    const parallel::BucketPartition part(buckets, static_cast<int>(dp), static_cast<int>(d));
-    z.owned = std::max(z.owned, static_cast<double>(part.shard_floats));
-    z.largest_bucket = static_cast<double>(part.largest_bucket);
+// Parameter elements (alignment padding included) of a stage's chunks on one tp and EP rank.
+double stage_param_elems(const ModelConfig& m, const std::vector<parallel::LayerRange>& ranges,
+                         int64_t tp, int64_t ep) {
+  return static_cast<double>(stage_units(m, ranges, tp, ep).total_floats);
+}
+
+// ZeRO's per-rank sizes of a stage, per state group as runtime/train/sharded_state.h keeps them
+// (parallel/zero.h: every bucket of the group split over its ranks, dp for the dense group and
+// dp / ep for the routed experts): the group's region, the largest shard over its ranks, and its
+// largest bucket, in floats. With `zero` 0: the regions alone.
+std::vector<parallel::ZeroFloats> zero_floats(const ModelConfig& m,
+                                              const std::vector<parallel::LayerRange>& ranges,
+                                              int64_t tp, int64_t dp, int64_t ep, int64_t zero,
+                                              double bucket_mb) {
+  const ParamUnits param = stage_units(m, ranges, tp, ep);
+  std::vector<parallel::ZeroFloats> out;
+  for (const StateGroup group : kStateGroups) {
+    std::vector<parallel::FloatRange> units;
+    int64_t end = param.total_floats;  // the group's region: to the next group's first unit
+    for (const auto& u : param.units) {
+      if (state_group(m, u.unit) == group)
+        units.push_back({u.begin, u.end});
+      else if (!units.empty() && end == param.total_floats)
+        end = u.begin;
+    }
+    if (units.empty()) continue;
+    parallel::ZeroFloats z;
+    z.region = static_cast<double>(end - units.front().begin);
+    if (zero >= 1) {
+      const int64_t ranks = group == StateGroup::kExperts ? dp / ep : dp;
+      std::vector<int> per_bucket;
+      const auto buckets =
+          parallel::make_buckets(units, parallel::bucket_floats(bucket_mb), &per_bucket);
+      for (int64_t d = 0; d < ranks; ++d) {
+        const parallel::BucketPartition part(buckets, static_cast<int>(ranks), static_cast<int>(d));
+        z.owned = std::max(z.owned, static_cast<double>(part.shard_floats));
+        z.largest_bucket = static_cast<double>(part.largest_bucket);
+      }
+    }
+    out.push_back(z);
   }
-  return z;
+  return out;
 }
 
 // The model spec table (runtime/model/model_spec.h) of a stage as the planner prices it: precision
@@ -60,7 +84,7 @@ ActivationSpec stage_activations(const PlanProblem& p, const Layout& l,
   o.split_backward =
       l.schedule == parallel::ScheduleKind::kZBH1 || l.schedule == parallel::ScheduleKind::kZBV;
   o.storage = p.precision.activation == 2 ? ActivationStorage::kBf16 : ActivationStorage::kFp32;
-  return activation_spec(p.model, {ranges, l.tp}, o);
+  return activation_spec(p.model, {ranges, l.tp, false, 1, l.ep}, o);
 }
 
 std::string gib(double bytes) { return fmt::format("{:.4g} GiB", bytes / kGiB); }
@@ -86,7 +110,8 @@ std::vector<parallel::LayerRange> ranges_of_stage(const std::vector<parallel::La
 struct StageCost {
   double f = 0, b = 0, w = 0;  // compute seconds
   double f_tp = 0, b_tp = 0;   // TP all-reduce seconds inside the forward / backward
-  double total() const { return f + b + w + f_tp + b_tp; }
+  double f_ep = 0, b_ep = 0;   // expert parallelism's all-to-all seconds, the same
+  double total() const { return f + b + w + f_tp + b_tp + f_ep + b_ep; }
 };
 
 StageCost cost_of_stage(const PlanProblem& p, const Layout& l,
@@ -132,6 +157,25 @@ StageCost cost_of_stage(const PlanProblem& p, const Layout& l,
   c.f_tp = 2 * layers * ar;
   c.b_tp = 2 * (layers + recomputed) * ar;
   if (first) c.f_tp += ar;  // vocab-parallel embedding rows
+  // Expert parallelism (docs/moe.md): per MoE block the rows of a micro-batch's N·K slots go to
+  // their experts' ranks and back in the forward (two all-to-alls), their gradients the same way
+  // in the backward, and a recomputed block repeats its forward's. A rank keeps 1/ep of its rows
+  // on average and sends the rest: (ep − 1)/ep of N·K·C activation-sized values per exchange,
+  // over links at stride tp (dp neighbours), with a latency per peer.
+  if (l.ep > 1 && moe_blocks > 0) {
+    const Link ep_link = group_link(p.cluster, l.tp, l.ep);
+    const double peers = static_cast<double>(l.ep - 1);
+    const double sent = N * double(p.model.experts_per_token) * double(p.model.dim) *
+                        p.precision.activation * peers / static_cast<double>(l.ep);
+    const double exchange = sent / ep_link.bytes_per_s + peers * ep_link.latency_s;
+    int64_t moe_recomputed = 0;
+    for (const auto& r : ranges)
+      for (int64_t layer = r.begin; layer < r.end; ++layer)
+        moe_recomputed +=
+            p.model.moe_block(layer) && recomputed_block(layer - r.begin, l.checkpoint_every);
+    c.f_ep = 2 * static_cast<double>(moe_blocks) * exchange;
+    c.b_ep = 2 * static_cast<double>(moe_blocks + moe_recomputed) * exchange;
+  }
   if (last) {
     // titan3d runs the LM head's forward and backward inside the last chunk's forward.
     c.f += N * head_train_flops_per_token(p.model, l.tp) / flops_s;
@@ -147,6 +191,9 @@ StageCost cost_of_stage(const PlanProblem& p, const Layout& l,
         num(p.cluster.peak_tflops), num(p.cluster.compute_efficiency),
         last ? " (LM head fwd+bwd in f)" : "", num(p.precision.activation), num(act_msg), l.tp,
         sec(ar), sec(c.f_tp), sec(c.b_tp));
+  if (why && l.ep > 1)
+    *why << fmt::format("  ep: all-to-alls of the routed rows over {} ranks: {} in f, {} in b\n",
+                        l.ep, sec(c.f_ep), sec(c.b_ep));
   return c;
 }
 
@@ -181,7 +228,8 @@ std::string Layout::label() const {
   std::string sched(parallel::to_string(schedule));
   if (virtual_stages > 1 && schedule != parallel::ScheduleKind::kZBV)  // zb_v: always 2
     sched += "×" + std::to_string(virtual_stages);
-  return fmt::format("dp{} tp{} pp{} {} m{} z{} ckpt:{}", dp, tp, pp, sched, micro_batches, zero,
+  return fmt::format("dp{} tp{} pp{}{} {} m{} z{} ckpt:{}", dp, tp, pp,
+                     ep > 1 ? " ep" + std::to_string(ep) : "", sched, micro_batches, zero,
                      checkpoint_name());
 }
 
@@ -213,6 +261,9 @@ std::string invalid_reason(const PlanProblem& p, const Layout& l) {
       (l.pp == 1 || l.virtual_stages < 2 || l.micro_batches % l.pp))
     return "interleaved_1f1b needs pp > 1, virtual_stages > 1, micro_batches % pp == 0";
   if (l.zero < 0 || l.zero > 3) return "zero must be 0..3";
+  if (l.ep < 1 || (l.ep > 1 && !m.moe()) || (m.moe() && m.n_experts % l.ep) || l.dp % l.ep)
+    return fmt::format("ep = {} needs a mixture of experts whose n_experts and dp it divides",
+                       l.ep);
   return "";
 }
 
@@ -251,17 +302,23 @@ Memory stage_memory(const PlanProblem& p, const Layout& l, const parallel::Sched
                     int64_t stage, std::ostream* why) {
   const auto ranges = ranges_of_stage(layer_split(p.model, l), l, stage);
   const Precision& pr = p.precision;
-  const double elems = stage_param_elems(p.model, ranges, l.tp);
+  const double elems = stage_param_elems(p.model, ranges, l.tp, l.ep);
   const double largest_layer = static_cast<double>(block_param_floats(p.model, l.tp));
-  // ZeRO as titan3d allocates it (parallel/zero.h, the rule ShardedState reports by): with the
-  // largest shard over dp, the rank the planner prices.
+  // ZeRO as titan3d allocates it (parallel/zero.h, the rule ShardedState reports by), per state
+  // group: with the largest shard over the group's ranks, the rank the planner prices.
   Memory mem;
   mem.stage = stage;
-  const parallel::ZeroFloats z = l.zero >= 1 ? zero_floats(p.model, ranges, l.tp, l.dp, p.bucket_mb)
-                                             : parallel::ZeroFloats{elems, 0, 0};
+  parallel::ZeroFloats z;  // the groups together, for the explanation: largest bucket of any
+  parallel::StateBytes state;
+  for (const parallel::ZeroFloats& g :
+       zero_floats(p.model, ranges, l.tp, l.dp, l.ep, l.zero, p.bucket_mb)) {
+    const parallel::StateBytes b = parallel::zero_state_bytes(
+        static_cast<int>(l.zero), g, {pr.weight, pr.grad, pr.moment, pr.master});
+    state.params += b.params, state.grads += b.grads, state.optimizer += b.optimizer;
+    z.region += g.region, z.owned += g.owned;
+    z.largest_bucket = std::max(z.largest_bucket, g.largest_bucket);
+  }
   const double kept = l.zero >= 1 ? z.owned : elems;  // elements of state kept per sharded kind
-  const parallel::StateBytes state = parallel::zero_state_bytes(
-      static_cast<int>(l.zero), z, {pr.weight, pr.grad, pr.moment, pr.master});
   mem.params = state.params;
   mem.grads = state.grads;
   mem.optimizer = state.optimizer;
@@ -373,7 +430,7 @@ double p2p_s(double bytes, const Link& link) { return bytes / link.bytes_per_s +
 parallel::Costs stage_costs(const PlanProblem& p, const Layout& l) {
   const StageCost c = slowest_stage(p, l);
   const double act = micro_rows(p, l) * p.model.seq_len * p.model.dim * p.precision.activation;
-  return {c.f + c.f_tp, c.b + c.b_tp, c.w,
+  return {c.f + c.f_tp + c.f_ep, c.b + c.b_tp + c.b_ep, c.w,
           l.pp > 1 ? p2p_s(act, group_link(p.cluster, l.tp * l.dp, l.pp)) : 0.0};
 }
 
@@ -397,6 +454,7 @@ StepTime step_time(const PlanProblem& p, const Layout& l, const parallel::Schedu
   const double busy = m * (t.costs.f + t.costs.b + t.costs.w);
   t.compute = m * (c.f + c.b + c.w);
   t.tp = m * (c.f_tp + c.b_tp);
+  t.ep = m * (c.f_ep + c.b_ep);
   t.bubble = std::max(0.0, makespan0 - busy);
   t.pp = with.makespan - makespan0;
   t.bubble_fraction = with.bubble_fraction;
@@ -404,7 +462,7 @@ StepTime step_time(const PlanProblem& p, const Layout& l, const parallel::Schedu
   // Data-parallel gradient sync, for the stage holding the most parameters.
   double elems = 0;
   for (int64_t st = 0; st < l.pp; ++st)
-    elems = std::max(elems, stage_param_elems(p.model, ranges_of_stage(split, l, st), l.tp));
+    elems = std::max(elems, stage_param_elems(p.model, ranges_of_stage(split, l, st), l.tp, l.ep));
   const Link dp_link = group_link(p.cluster, l.tp, l.dp);
   const double g = elems * p.precision.grad, w = elems * p.precision.weight;
   const double rs = ring_reduce_scatter_s(g, l.dp, dp_link);
@@ -440,7 +498,7 @@ StepTime step_time(const PlanProblem& p, const Layout& l, const parallel::Schedu
         "{} of it hidden behind compute, {} exposed\n"
         "pipeline ({}, {} micro-batches, simulated): makespan {} = busy {} + bubble {} + "
         "transfers {} (bubble fraction {:.1f}%)\n"
-        "step {} = compute {} + tp {} + dp {} + pp {} + bubble {}\n"
+        "step {} = compute {} + tp {} + ep {} + dp {} + pp {} + bubble {}\n"
         "tokens/s/device = {} · {} / {} / {} = {:.0f}\n",
         num(micro_rows(p, l) * p.model.seq_len * p.model.dim * p.precision.activation),
         sec(t.costs.comm),
@@ -451,8 +509,8 @@ StepTime step_time(const PlanProblem& p, const Layout& l, const parallel::Schedu
         dp_link.bytes_per_s / 1e9, l.zero, sec(traffic), sec(std::min(traffic, window)), sec(t.dp),
         parallel::to_string(l.schedule), l.micro_batches, sec(with.makespan), sec(busy),
         sec(t.bubble), sec(t.pp), 100 * t.bubble_fraction, sec(t.total), sec(t.compute), sec(t.tp),
-        sec(t.dp), sec(t.pp), sec(t.bubble), p.global_batch, p.model.seq_len, sec(t.total),
-        l.world(), t.tokens_per_s_per_device);
+        sec(t.ep), sec(t.dp), sec(t.pp), sec(t.bubble), p.global_batch, p.model.seq_len,
+        sec(t.total), l.world(), t.tokens_per_s_per_device);
   return t;
 }
 

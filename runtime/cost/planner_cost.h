@@ -38,9 +38,12 @@ struct Layout {
   int64_t virtual_stages = 1;
   int64_t zero = 0;              // ZeRO stage 0..3
   int64_t checkpoint_every = 0;  // 0 none; 1 full; K: every K-th layer of a chunk recomputed
+  // Expert-parallel ranks (a mixture of experts; parallel.ep): carved out of dp, each holding
+  // n_experts / ep of every MoE block's routed experts.
+  int64_t ep = 1;
 
   std::string checkpoint_name() const;  // the recipe's spelling: none | full | every:K
-  std::string label() const;            // "dp8 tp4 pp2 1f1b m8 z0 ckpt:full"
+  std::string label() const;            // "dp8 tp4 pp2 1f1b m8 z0 ckpt:full" (" ep2" with EP)
   int64_t world() const { return dp * tp * pp; }
 };
 
@@ -94,6 +97,7 @@ struct StepTime {
   parallel::Costs costs;  // per micro-batch on the slowest stage, as fed to the simulator
   double compute = 0;     // FLOPs at peak · efficiency, recomputation included
   double tp = 0;          // tensor-parallel all-reduces (on the critical path: not overlapped)
+  double ep = 0;          // expert parallelism's all-to-alls (on the critical path too)
   double dp = 0;          // data-parallel gradient sync not hidden behind backward
   double pp = 0;          // point-to-point transfers: makespan with them minus without
   double bubble = 0;      // pipeline idle time: makespan without transfers minus busy time

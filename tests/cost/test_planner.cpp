@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "kernels/check.h"
 #include "runtime/cost/planner.h"
@@ -183,7 +184,7 @@ TEST(Planner, StepTimePartsAddUpAndBubbleIsTheSimulators) {
   const Layout l{8, 4, 2, 8, ScheduleKind::k1F1B, 1, 0, 0};
   const auto s = make_layout_schedule(l);
   const StepTime t = step_time(p, l, s);
-  EXPECT_NEAR(t.compute + t.tp + t.dp + t.pp + t.bubble, t.total, 1e-9 * t.total);
+  EXPECT_NEAR(t.compute + t.tp + t.ep + t.dp + t.pp + t.bubble, t.total, 1e-9 * t.total);
   EXPECT_GT(t.tp, 0);
   EXPECT_GT(t.pp, 0);
   // Free, instant links leave compute and the textbook 1F1B bubble (p-1)/(m+p-1) alone.
@@ -221,6 +222,42 @@ TEST(Planner, MoeComputeIsTheActivePathsFlops) {
   EXPECT_EQ(stage_costs(p, l).w, 0.0);
   p.model.dense_layers = 1;
   EXPECT_GT(stage_costs(p, l).w, 0.0);
+}
+
+// Expert parallelism (docs/moe.md): each of ep ranks keeps n_experts / ep of the routed experts'
+// state, so exactly (ep − 1)/ep of the experts' bytes leave the rank's memory; the all-to-alls
+// cost time that ep = 1 does not, the FLOPs are the same; the search tries every ep dividing dp
+// and n_experts, for a mixture of experts only.
+TEST(Planner, ExpertParallelismShardsTheExpertsAndPricesTheAllToAll) {
+  PlanProblem p = load_problem("moe.toml", "npu64.toml");
+  ASSERT_TRUE(p.model.moe());
+  // Every routed expert's tensors, whole (their tp = 4 slices are multiples of the alignment).
+  double expert_floats = 0;
+  for (const auto& t : param_table(p.model))
+    if (t.expert >= 0) expert_floats += static_cast<double>(tp_shard_box(t, 1, 0).numel());
+  const Layout one{16, 4, 1, 1, ScheduleKind::k1F1B, 1, 0, 0, 1};
+  Layout four = one;
+  four.ep = 4;
+  ASSERT_EQ(invalid_reason(p, four), "");
+  const auto s = make_layout_schedule(one);
+  const Memory m1 = stage_memory(p, one, s, 0), m4 = stage_memory(p, four, s, 0);
+  const double weight = p.precision.weight, freed = expert_floats * 3 / 4 / 4;  // tp = 4
+  EXPECT_NEAR(m1.params - m4.params, freed * weight, 1e-6 * m1.params);
+  const StepTime t1 = step_time(p, one, s), t4 = step_time(p, four, s);
+  EXPECT_EQ(t1.ep, 0.0);
+  EXPECT_GT(t4.ep, 0.0);
+  EXPECT_DOUBLE_EQ(t4.compute, t1.compute);
+  std::set<int64_t> eps;
+  for (const Layout& l : enumerate_layouts(p, PlanSpace{}))
+    if (l.dp == 16) eps.insert(l.ep);
+  EXPECT_EQ(eps, (std::set<int64_t>{1, 2, 4, 8}));  // 8 experts
+  Layout three = one;
+  three.ep = 3;
+  EXPECT_NE(invalid_reason(p, three), "");
+  PlanProblem dense = p;
+  dense.model.n_experts = 0;
+  EXPECT_NE(invalid_reason(dense, four), "");
+  for (const Layout& l : enumerate_layouts(dense, PlanSpace{})) EXPECT_EQ(l.ep, 1);
 }
 
 TEST(Planner, RingFormulasAndLinks) {

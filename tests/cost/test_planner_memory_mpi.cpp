@@ -73,19 +73,23 @@ void expect_arena_matches(const parallel::Comm& tp, int64_t pp, int64_t v,
 // shard and staging buffers, with ZeRO-3 the parameter shard and gather buffers
 // (ShardedState, as training builds them), take exactly the bytes the planner predicts on the
 // rank with the larger share.
+// With `ep` = 2 (a mixture of experts): the routed experts are a second state group, one EP rank
+// holding each half, sharded over nobody (the expert-data-parallel group is the rank alone).
 void expect_zero_arena_matches(const parallel::Comm& dp, const parallel::Comm& tp, int64_t pp,
                                int64_t v, parallel::ScheduleKind kind, int64_t micro_batches,
-                               int64_t zero, double bucket_mb) {
+                               int64_t zero, double bucket_mb,
+                               const ModelConfig& model = small_model(), int64_t ep = 1) {
   PlanProblem p;
-  p.model = small_model();
+  p.model = model;
   p.global_batch = 2 * micro_batches * 2;
   p.bucket_mb = bucket_mb;
   p.precision = Precision::from_recipe(TrainPrecision::kFp32);
   p.cluster.nodes = 2 * pp;
   p.cluster.devices_per_node = 1;
-  Layout l{2, 1, pp, micro_batches, kind, v, zero, 0};
+  Layout l{2, 1, pp, micro_batches, kind, v, zero, 0, ep};
   ASSERT_EQ(invalid_reason(p, l), "");
   const auto schedule = make_layout_schedule(l);
+  const parallel::Comm experts_group = dp.split(ep > 1 ? dp.rank() : 0, 0, "edp");
   for (int64_t stage = 0; stage < pp; ++stage) {
     SCOPED_TRACE(l.label() + " bucket_mb " + std::to_string(bucket_mb) + " stage " +
                  std::to_string(stage) + " dp rank " + std::to_string(dp.rank()));
@@ -96,9 +100,10 @@ void expect_zero_arena_matches(const parallel::Comm& dp, const parallel::Comm& t
     const parallel::FullRegions full = parallel::full_regions(static_cast<int>(zero));
     options.param_region = full.params, options.grad_region = full.grads;
     options.with_optimizer = full.moments;
+    if (ep > 1) options.ep = &dp;
     Model model(p.model, chunks, tp, arena, options);
     const size_t before = arena.used();
-    const TrainingState state(model, dp, dp, static_cast<int>(zero), bucket_mb, arena);
+    const TrainingState state(model, dp, experts_group, static_cast<int>(zero), bucket_mb, arena);
     const size_t sharded = arena.used() - before;  // shards, buffers and moments
     const auto& f = model.footprint();
     EXPECT_EQ(static_cast<double>(f.activations), predicted.activations);
@@ -135,6 +140,22 @@ TEST(PlannerMemory, ZeroShardsMatchTheArenaExactly) {
                                 bucket_mb);
       expect_zero_arena_matches(world, alone, 3, 2, parallel::ScheduleKind::kInterleaved1F1B, 3,
                                 zero, bucket_mb);
+    }
+}
+
+// A mixture of experts without and with expert parallelism (ep = 2 over the two ranks), every
+// ZeRO stage: the dense and the experts' state groups each as the planner prices them.
+TEST(PlannerMemory, ExpertStateGroupsMatchTheArenaExactly) {
+  parallel::Comm world = parallel::Comm::world(60.0);
+  const parallel::Comm alone = world.split(world.rank(), 0, "alone");
+  ModelConfig moe = small_model();
+  moe.n_experts = 4, moe.experts_per_token = 2, moe.moe_ffn_dim = 32, moe.dense_layers = 1;
+  for (int64_t ep : {1, 2})
+    for (int64_t zero : {0, 1, 2, 3}) {
+      expect_zero_arena_matches(world, alone, 1, 1, parallel::ScheduleKind::k1F1B, 2, zero, 0.01,
+                                moe, ep);
+      expect_zero_arena_matches(world, alone, 3, 1, parallel::ScheduleKind::kGPipe, 2, zero, 4.0,
+                                moe, ep);
     }
 }
 
