@@ -13,6 +13,10 @@ Shrink plan_shrink(const Recipe& recipe, int capacity) {
     s.dp = dp;
     s.micro_batches = recipe.train.micro_batches * (p.dp / dp);
     s.ranks = static_cast<int>(dp * rest);
+    // Expert parallelism folds into dp × cp: the largest divisor of the old ep that still divides
+    // it, each rank then holding more of the experts (the snapshot reshards them).
+    s.ep = p.ep;
+    while ((dp * p.cp) % s.ep != 0 || p.ep % s.ep != 0) --s.ep;
     return s;
   }
   s.why_not = fmt::format(
@@ -31,8 +35,9 @@ int remaining_capacity(const std::vector<HostEntry>& all, const std::vector<Host
 
 std::string describe_layout(const Recipe& r) {
   const auto& p = r.parallel;
-  return fmt::format("pp{} dp{}{} tp{} ({} ranks, {} micro-batch{} per replica)", p.pp, p.dp,
-                     p.cp > 1 ? fmt::format(" cp{}", p.cp) : "", p.tp, r.world_size(),
+  return fmt::format("pp{} dp{}{} tp{}{} ({} ranks, {} micro-batch{} per replica)", p.pp, p.dp,
+                     p.cp > 1 ? fmt::format(" cp{}", p.cp) : "", p.tp,
+                     p.ep > 1 ? fmt::format(" ep{}", p.ep) : "", r.world_size(),
                      r.train.micro_batches, r.train.micro_batches == 1 ? "" : "es");
 }
 

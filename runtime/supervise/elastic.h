@@ -17,13 +17,15 @@ namespace t3d::runtime {
 // The layout of a shrunk job, or why there is none.
 struct Shrink {
   int64_t dp = 0, micro_batches = 0;  // the new parallel.dp and train.micro_batches
+  int64_t ep = 1;                     // the new parallel.ep: the old one, or its largest divisor
+                                      // that still divides dp·cp
   int ranks = 0;                      // pp·dp·cp·tp after the shrink
   std::string why_not;                // non-empty: no smaller layout fits
 };
 
 // The largest dp below `recipe`'s (dp resolved) that divides it and whose world fits `capacity`
 // ranks, with micro_batches scaled by the ratio so that dp·micro_batches, and so the rows of
-// every micro-batch, stay as they were.
+// every micro-batch, stay as they were, and expert parallelism folded into what is left.
 Shrink plan_shrink(const Recipe& recipe, int capacity);
 
 // How many ranks the hosts that remain can take: their slots when the hostfile gives every

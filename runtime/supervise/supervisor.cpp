@@ -391,6 +391,7 @@ std::string handle_lost_hosts(Loop& loop, Incident& incident) {
   Recipe smaller = loop.recipe;
   smaller.parallel.dp = shrink.dp;
   smaller.train.micro_batches = shrink.micro_batches;
+  smaller.parallel.ep = shrink.ep;
   const std::string change = describe_layout(loop.recipe) + " -> " + describe_layout(smaller);
   // restart.toml names the hostfile it runs on, so that continuing it by hand starts the same.
   smaller.run.hostfile = loop.run_dir + "/hostfile.elastic";

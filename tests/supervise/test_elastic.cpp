@@ -38,6 +38,21 @@ TEST(Elastic, TakesTheLargestDivisorThatFits) {
   EXPECT_EQ(plan_shrink(r, 100).dp, 4) << "a shrink is smaller than the old dp";
 }
 
+// Expert parallelism folds into dp × cp: a shrink keeps ep where it still divides, else takes
+// its largest divisor that does (the experts then spread over fewer ranks).
+TEST(Elastic, FoldsExpertParallelismIntoTheSmallerDp) {
+  Recipe r = parse_recipe(
+      "[model]\nn_experts = 8\n[parallel]\ndp = 8\nep = 4\n"
+      "[train]\nglobal_batch = 32\n",
+      "r.toml");
+  EXPECT_EQ(plan_shrink(r, 7).ep, 4);  // dp 4
+  EXPECT_EQ(plan_shrink(r, 3).ep, 2);  // dp 2
+  EXPECT_EQ(plan_shrink(r, 1).ep, 1);  // dp 1
+  r.parallel.ep = 8;
+  EXPECT_EQ(plan_shrink(r, 7).ep, 4);
+  EXPECT_EQ(describe_layout(r), "pp1 dp8 tp1 ep8 (8 ranks, 1 micro-batch per replica)");
+}
+
 TEST(Elastic, SaysWhyItCannotShrink) {
   const Shrink one = plan_shrink(layout(2, 1, 2, 1, 8), 100);
   EXPECT_EQ(one.dp, 0);
