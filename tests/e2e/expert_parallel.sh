@@ -18,7 +18,8 @@
 #  4. Snapshots hold every expert once under its global name: ep2 and ep1 snapshots of the same
 #     training export the same bytes and resume on 1 rank to the same bits (a missing expert fails
 #     the resume, another rank's experts or moments change the losses); an ep4 snapshot resumes
-#     bit for bit on ep4 and within the tolerance on ep2 and on ep1 with ZeRO-3.
+#     bit for bit on ep4 and within the tolerance on dp2 ep2, pp2 × dp2 ep2 and dp2 ep1 with
+#     ZeRO-3.
 set -u
 titan3d=$1
 source "$(dirname "$0")/lib.sh"
@@ -133,6 +134,9 @@ check "diff <(losses $(metrics dp4_ep4_again)) <(losses $(tail_of dp4_ep4)) > /d
 resume dp2_ep2_from_ep4 dp4_ep4 "${dp2[@]}" --set parallel.ep=2
 printf '%-24s loss:      ' dp2_ep2_from_ep4
 compare_losses "$(metrics dp2_ep2_from_ep4)" "$(tail_of dp4_ep4)" 1e-5 || fail=1
+resume pp2_dp2_ep2_from_ep4 dp4_ep4 --set parallel.pp=2 "${dp2[@]}" --set parallel.ep=2
+printf '%-24s loss:      ' pp2_dp2_ep2_from_ep4
+compare_losses "$(metrics pp2_dp2_ep2_from_ep4)" "$(tail_of dp4_ep4)" 1e-5 || fail=1
 resume dp2_zero3_from_ep4 dp4_ep4 "${dp2[@]}" --set parallel.zero=3
 printf '%-24s loss:      ' dp2_zero3_from_ep4
 compare_losses "$(metrics dp2_zero3_from_ep4)" "$(tail_of dp4_ep4)" 1e-5 || fail=1
