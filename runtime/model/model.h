@@ -339,6 +339,7 @@ class Model final : public StageModel {
     std::vector<int64_t> local_offsets;   // El + 1: the local experts' rows, expert-major
     std::vector<int64_t> source_offsets;  // El·P + 1: their (expert, source rank) blocks
   } ep_route_;
+  int64_t ep_rows_ = 0;  // ModelDims::R: the rows this rank's experts may take
 };
 
 }  // namespace t3d::runtime

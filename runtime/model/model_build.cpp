@@ -187,6 +187,7 @@ void Model::allocate_scratch(const ActivationSpec& spec) {
       for (int64_t i = 0; i < chunks_[ci].size(); ++i)
         if (recomputed(i) || stored16(i)) slot->layers[static_cast<size_t>(i)] = work;
   stored_block_ = spec.stored_block;
+  ep_rows_ = spec.dims.R;
   if (scratch_->moe_ep_index)  // the identity: expert parallelism's rows are their own slots
     for (int64_t r = 0; r < spec.dims.R; ++r) scratch_->moe_ep_index[r] = static_cast<int32_t>(r);
   k::rope_table(scratch_->rope, config_.seq_len, config_.head_dim(), config_.rope_theta);

@@ -60,6 +60,8 @@ void Model::moe_forward(int64_t l, LayerActs& a, const BlockCopies& copies, cons
   int64_t* offsets = expert_offsets_.data();
   const int64_t dropped = k::moe_permute(offsets, s.moe_row_of_slot, s.moe_slot_of_row, chosen, N,
                                          E, K, k::moe_capacity(config_.capacity_factor, N, E, K));
+  T3D_ASSERT(offsets[E] <= ep_rows_, "the experts take ", offsets[E], " rows, more than the ",
+             ep_rows_, " their buffers hold");
   k::moe_gather(s.moe_rows, a.xn2, s.moe_slot_of_row, offsets[E], K, C);
   if (ep_size() > 1)
     moe_experts_ep_forward(a, w);
@@ -167,6 +169,8 @@ void Model::ep_plan(const int32_t* recv) {
     send_at += to_q, recv_at += from_q;
   }
   k::moe_ep_offsets(ep_route_.local_offsets.data(), ep_route_.source_offsets.data(), recv, P, El);
+  T3D_ASSERT(recv_at <= ep_rows_, "the experts of this rank take ", recv_at,
+             " rows, more than the ", ep_rows_, " their buffers hold");
 }
 
 void Model::moe_experts_ep_forward(LayerActs& a, const ConstBlock& w) {

@@ -6,6 +6,7 @@
 #include "kernels/arena.h"
 #include "kernels/check.h"
 #include "kernels/ops.h"
+#include "kernels/ops_moe.h"
 
 namespace t3d::runtime {
 
@@ -396,6 +397,9 @@ ModelDims model_dims(const ModelConfig& config, const SpecLayout& layout, int64_
     d.P = layout.ep;
     d.El = d.E / d.P;
     d.R = d.P * d.S;
+    // With a capacity every expert takes at most its capacity from each source rank: E of them.
+    if (config.capacity_factor > 0)
+      d.R = std::min(d.R, d.E * kernels::moe_capacity(config.capacity_factor, d.N, d.E, d.K));
   }
   return d;
 }

@@ -377,7 +377,8 @@ struct ModelDims {
   // for them) when the model is dense or keeps leading dense blocks.
   int64_t E = 0, K = 0, S = 0, Fe = 0, Fs = 0;
   // Expert parallelism: the EP group's size, the experts this rank holds (E / P), and the rows
-  // they may receive in one micro-batch: every slot of the group (P·S, dropless), S when P = 1.
+  // they may take in one micro-batch: every slot of the group (P·S, dropless; S when P = 1), or
+  // with a capacity factor at most E times the capacity, if that is fewer.
   int64_t P = 1, El = 0, R = 0;
   bool dense_blocks = true;
   bool aux = false;  // the auxiliary balance loss is on

@@ -7,7 +7,8 @@
 #     the rounding of the 2-rank reduction without EP, and a row's product does not depend on the
 #     other rows of its GEMM. That holds for oneDNN's fp32 GEMMs; OpenBLAS's tail kernels round
 #     a row differently by its place in the GEMM, so with OpenBLAS the pair agrees within the
-#     tolerance of 2. Activation checkpointing: the same bits, and each slot counted once.
+#     tolerance of 2. Activation checkpointing and a capacity factor: the same bits, each slot
+#     counted once, and the capacity shrinks the activations an expert rank keeps.
 #  2. Within the dense layout-parity tolerance (1e-5 relative), losses and gradient norms, where
 #     the order of additions must differ: dp4 with ep 2 and 4 (Open MPI adds 4 ranks' gradients
 #     in another order than one rank adds its sources), 2 micro-batches (gradient accumulation
@@ -68,6 +69,17 @@ run dp2_tp2_sp_ep2 "${tp_sp[@]}" --set parallel.ep=2
 identical dp2_tp2_sp_ep2 dp2_tp2_sp_ep1 "dp2 × tp2 with SP, ep2"
 run dp2_ep2_recompute "${dp2[@]}" --set parallel.ep=2 --set train.activation_checkpoint=full
 identical dp2_ep2_recompute dp2_ep2 "activation checkpointing, ep2"
+# A capacity factor: the same drops on both (capacity is per rank's micro-batch), and it bounds
+# the rows an expert rank may take (E times the capacity instead of ep·N·K), so the arena's
+# activations shrink.
+cap=(--set model.capacity_factor=1.0 --set run.log_level=info)
+run dp2_ep1_cap "${dp2[@]}" "${cap[@]}"
+run dp2_ep2_cap "${dp2[@]}" "${cap[@]}" --set parallel.ep=2
+identical dp2_ep2_cap dp2_ep1_cap "dp2, ep2, capacity factor 1"
+run dp2_ep2_info "${dp2[@]}" --set parallel.ep=2 --set run.log_level=info --set train.steps=1
+acts() { sed -n 's/.*memory bytes: .* activations \([0-9]*\) .*/\1/p' "$work/$1/logs/rank0.log" | head -1; }
+check "[ -n \"\$(acts dp2_ep2_cap)\" ] && [ \$(acts dp2_ep2_cap) -lt \$(acts dp2_ep2_info) ]" \
+  "ep2: a capacity factor shrinks the activations an expert rank keeps: $(acts dp2_ep2_cap) < $(acts dp2_ep2_info) bytes"
 slots=$((8 * 32 * 2))
 check "[ \"\$(field $(metrics dp2_ep2_recompute) routed_slots | sort -u)\" = $slots ]" \
   "activation checkpointing, ep2: each of the $slots slots counted once per block"
