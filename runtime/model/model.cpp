@@ -153,12 +153,13 @@ void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, c
   float* dv = keep ? keep->dv : s.dv;
   const int64_t Nl = rows_local_;
   const float* dy = gather_rows(dx, s.all_rows);  // SP: the gradient of all rows
-  if (keep) std::memcpy(keep->dy_down, dy, sizeof(float) * N * C);
+  if (keep && !moe_block(l)) std::memcpy(keep->dy_down, dy, sizeof(float) * N * C);
   // Each GEMM input read twice or more is rounded once (bf16 GEMMs): k::LinearInput. The
   // block's own inputs come from its bf16 copies when it has them.
   using Copy = k::LinearInput::Copy;
   if (moe_block(l)) {
-    T3D_ASSERT(!keep, "a mixture-of-experts block's weight gradients are not deferred");
+    // Its MLP's weight gradients (router, experts, shared experts) are computed here in any case:
+    // only the attention's are left to W.
     moe_backward(l, a, copies, pw, pg, dy);
   } else {
     {
@@ -256,9 +257,9 @@ void Model::backward_layer_weights(int64_t l, const LayerActs& a, const BlockCop
   const int64_t N = rows_, C = config_.dim, qd = heads_ * config_.head_dim();
   const int64_t kvd = kv_heads_ * config_.head_dim();
   using Copy = k::LinearInput::Copy;
-  k::linear_backward_weight(pg.down, k::LinearInput(kind, kg.dy_down, N, C),
-                            k::LinearInput(kind, a.h, copies.h, Copy::kFilled, N, ffn_));
-  {
+  if (!moe_block(l)) {  // a mixture of experts' MLP did its weight gradients in B
+    k::linear_backward_weight(pg.down, k::LinearInput(kind, kg.dy_down, N, C),
+                              k::LinearInput(kind, a.h, copies.h, Copy::kFilled, N, ffn_));
     const k::LinearInput x(kind, a.xn2, copies.xn2, Copy::kFilled, N, C);  // rounded once for both
     // B's fused SwiGLU left dgate and dup rounded, in the first half of their buffers.
     const auto as16 = [&](float* d) {
@@ -352,10 +353,10 @@ void Model::backward_weight(int chunk, int slot) {
   ChunkActs& a = *acts_.at(chunk).at(slot);
   for (int64_t l = range.end - 1; l >= range.begin; --l) {
     const int64_t i = l - range.begin;
-    if (recomputed(i) || moe_block(l)) continue;  // done in B
+    if (recomputed(i)) continue;  // done in B
     if (stored16(i)) decode16(a.stored[i], a.layers[i]);
     backward_layer_weights(l, a.layers[i], block_copies(a, i), a.wgrads[i]);
-    block_done(l);
+    unit_done(l);  // a mixture of experts' experts were done in B
   }
 }
 
@@ -371,9 +372,12 @@ void Model::backward_impl(int chunk, int slot, const float* dout, bool defer_wei
     // (already consumed by the blocks above) is harmless and needs no extra buffer.
     if (recomputed(i)) forward_layer(l, a.layers[i], {}, a.x[i], a.x[i + 1], false);
     if (stored16(i)) decode16(a.stored[i], a.layers[i]);
-    const bool defer = defer_weights && !recomputed(i) && !moe_block(l);
+    const bool defer = defer_weights && !recomputed(i);
     backward_layer(l, a.layers[i], block_copies(a, i), a.x[i], dx, defer ? &a.wgrads[i] : nullptr);
-    if (!defer) block_done(l);
+    if (!defer)
+      block_done(l);
+    else if (moe_block(l))  // its routed experts' gradients are final; the attention's come in W
+      unit_done(experts_unit(config_, l));
   }
   if (range.first) {
     const float* dy = gather_rows(dx, scratch_->all_rows);

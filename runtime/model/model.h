@@ -136,7 +136,8 @@ class Model final : public StageModel {
   // The same backward in two parts (ModelOptions::split_backward): B computes the input gradient
   // (and the cheap norm and embedding weight gradients) and keeps what W needs; W, run later,
   // computes the projections' weight gradients. Recomputed blocks do all of it in B, since their
-  // activations live in a buffer the next recompute overwrites.
+  // activations live in a buffer the next recompute overwrites; a mixture-of-experts block leaves
+  // only its attention's to W (its MLP's, at the experts' ranks under expert parallelism, in B).
   void backward_input(int chunk, int slot, const float* dout) override;
   void backward_weight(int chunk, int slot) override;
 

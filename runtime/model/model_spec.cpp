@@ -106,10 +106,15 @@ ChunkSpec chunk_spec(const ModelConfig& config, const ModelDims& d,
     b.block(rows, copies ? Role::kBlockStored : Role::kBlock, l);
   }
   for (int64_t l = range.begin; o.split_backward && l < range.end; ++l) {
-    // Done in B: recomputed blocks, and mixtures of experts (whose W pass is not split off).
-    if (recomputed_block(l - range.begin, o.checkpoint_every) || config.moe_block(l)) continue;
-    const auto w = wgrad_elems(d);
-    for (int i = 0; i < kWGrads; ++i) rows.push_back({Role::kWGrad, i, l, b.wide(), w[i]});
+    // Done in B: recomputed blocks. A mixture of experts' W is its attention's alone: no dense
+    // MLP rows.
+    if (recomputed_block(l - range.begin, o.checkpoint_every)) continue;
+    auto w = wgrad_elems(d);
+    if (config.moe_block(l))
+      for (const WGrad mlp : {WGrad::kDyDown, WGrad::kDgate, WGrad::kDup})
+        w[static_cast<size_t>(mlp)] = 0;
+    for (int i = 0; i < kWGrads; ++i)
+      if (w[static_cast<size_t>(i)] > 0) rows.push_back({Role::kWGrad, i, l, b.wide(), w[i]});
   }
   if (range.first) rows.push_back({Role::kTokens, 0, -1, Dtype::kI32, d.N});
   if (range.last) {

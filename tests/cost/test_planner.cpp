@@ -216,12 +216,18 @@ TEST(Planner, MoeComputeIsTheActivePathsFlops) {
   const double top2 = step_time(p, l, s).compute;
   p.model.experts_per_token = 1;
   EXPECT_LT(step_time(p, l, s).compute, top2);
-  // A MoE block's weight gradients run in its B (docs/moe.md): the zero-bubble schedules can
-  // defer only the dense blocks' W.
+  // A MoE block's MLP weight gradients run in its B (docs/moe.md): the zero-bubble schedules
+  // defer only its attention's (q, k, v, o: 2·(2·H + 2·Hkv)·D·C FLOPs per token) and the dense
+  // blocks' whole W.
   p.model.dense_layers = 0;
-  EXPECT_EQ(stage_costs(p, l).w, 0.0);
+  const double rows = static_cast<double>(micro_rows(p, l) * p.model.seq_len);
+  const double attention =
+      2.0 * (2 * p.model.n_heads + 2 * p.model.n_kv_heads) * p.model.head_dim() * p.model.dim;
+  EXPECT_NEAR(stage_costs(p, l).w * flops_s, p.model.n_layers * rows * attention,
+              1e-9 * p.model.n_layers * rows * attention);
+  const double moe_w = stage_costs(p, l).w;
   p.model.dense_layers = 1;
-  EXPECT_GT(stage_costs(p, l).w, 0.0);
+  EXPECT_GT(stage_costs(p, l).w, moe_w);
 }
 
 // Expert parallelism (docs/moe.md): each of ep ranks keeps n_experts / ep of the routed experts'

@@ -13,9 +13,12 @@ require_corpus() {
 losses() { sed -n 's/.*"loss": \([^,]*\),.*/\1/p' "$1"; }
 # field FILE NAME: a metrics.jsonl field's value per step, one per line.
 field() { sed -n "s/.*\"$2\": \\([^,}]*\\).*/\\1/p" "$1"; }
-# compare_losses A B RTOL [FIELD]: every step's loss (or FIELD) agrees within RTOL relative;
-# prints the worst.
+# compare_losses A B RTOL [FIELD]: both files log as many steps, and every step's loss (or FIELD)
+# agrees within RTOL relative; prints the worst.
 compare_losses() {
+  local na nb
+  na=$(field "$1" "${4:-loss}" | wc -l) nb=$(field "$2" "${4:-loss}" | wc -l)
+  [ "$na" -eq "$nb" ] || { echo "FAIL: $na steps in $1, $nb in $2"; return 1; }
   paste <(field "$1" "${4:-loss}") <(field "$2" "${4:-loss}") | awk -v rtol="$3" -v a="$1" -v b="$2" '
     { n++; d = ($1 - $2); if (d < 0) d = -d; r = d / ($2 < 0 ? -$2 : $2); if (r > worst) worst = r;
       if (r > rtol) bad++ }

@@ -3,9 +3,9 @@
 # routed experts (2 per token) and a shared expert, the selection bias and the auxiliary loss.
 #  1. The loss falls; each step counts every token slot once per block (routed_slots), also
 #     with activation checkpointing and with 4 micro-batches.
-#  2. Layout parity over 50 steps: the 1-rank run against dp2, dp2 with ZeRO-3, pp2 (1f1b, zb_h1,
-#     interleaved), pp2 × dp2 with ZeRO-1, 4 micro-batches, tp2 with and without sequence
-#     parallelism, pp2 × dp2 × tp2 with SP and ZeRO-1: the same losses within 1e-5 relative
+#  2. Layout parity over 50 steps: the 1-rank run against dp2, dp2 with ZeRO-3, pp2 (1f1b, zb_h1
+#     and zb_v, which defer a MoE block's attention weight gradients to W, interleaved), pp2 ×
+#     dp2 with ZeRO-1, 4 micro-batches, tp2 with and without sequence parallelism, pp2 × dp2 × tp2 with SP and ZeRO-1: the same losses within 1e-5 relative
 #     (fp32: only the order of additions differs, and no token changes its experts); activation
 #     checkpointing: the same bits. cp2 against 1 rank without the auxiliary loss. bf16 (stored
 #     activations, and bf16 GEMMs where the CPU has them): pp2 × dp2 against 1 rank within 1e-3.
@@ -56,6 +56,7 @@ for layout in "dp2 --set parallel.dp=2" \
               "dp2_zero3 --set parallel.dp=2 --set parallel.zero=3" \
               "pp2_1f1b --set parallel.pp=2" \
               "pp2_zb_h1 --set parallel.pp=2 --set parallel.schedule=zb_h1" \
+              "pp2_zb_v --set parallel.pp=2 --set parallel.schedule=zb_v" \
               "pp2_interleaved --set parallel.pp=2 --set parallel.schedule=interleaved_1f1b --set parallel.virtual_stages=2" \
               "pp2_dp2_zero1 --set parallel.pp=2 --set parallel.dp=2 --set parallel.zero=1" \
               "micro4 --set train.micro_batches=4" \

@@ -337,6 +337,12 @@ TEST(ModelMpi, BoundRowsTileTheArena) {
     cases.push_back({"mixture of experts: bf16 copies", whole(2), &self, stored, &moe});
     cases.push_back({"only mixtures of experts, no shared expert", whole(2), &self,
                      runtime::ModelOptions{2, 1, false}, &moe_only});
+    runtime::ModelOptions ep{2, 2, false};
+    ep.ep = &world;  // each rank half the experts; the exchange's rows, and in bf16 its wire
+    ep.bf16 = true;
+    ep.split_backward = true;
+    cases.push_back({"mixture of experts: expert parallelism, bf16 copies, split backward",
+                     whole(2), &self, ep, &moe});
   }
   for (const auto& c : cases) {
     SCOPED_TRACE(c.what);

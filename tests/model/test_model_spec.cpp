@@ -308,13 +308,20 @@ TEST(ModelSpec, MoeBlocksKeepTheirOwnRows) {
   EXPECT_EQ(own[0], 3 * N * 176);
   for (int64_t l = 1; l < 4; ++l)
     EXPECT_EQ(own[l], N * E + 2 * N * K + 3 * N * K * 32 + 3 * N * 32) << "layer " << l;
-  // Split backward keeps W's gradients of the dense block only: a MoE block does W in B.
+  // Split backward keeps W's gradients of every block; a MoE block's are its attention's alone
+  // (its MLP does its weight gradients in B).
   o.split_backward = true;
   const ActivationSpec split = activation_spec(m, {{{0, 4, true, true}}, 1}, o);
-  std::set<int64_t> deferred;
+  std::map<int64_t, std::set<int>> deferred;  // layer -> its WGrad rows
   for (const auto& t : split.chunks[0].per_slot)
-    if (t.role == SpecTensor::Role::kWGrad) deferred.insert(t.layer);
-  EXPECT_EQ(deferred, std::set<int64_t>{0});
+    if (t.role == SpecTensor::Role::kWGrad) deferred[t.layer].insert(t.index);
+  const auto row = [](WGrad w) { return static_cast<int>(w); };
+  const std::set<int> attention = {row(WGrad::kDyO), row(WGrad::kDq), row(WGrad::kDk),
+                                   row(WGrad::kDv)};
+  std::set<int> all = attention;
+  for (const WGrad w : {WGrad::kDyDown, WGrad::kDgate, WGrad::kDup}) all.insert(row(w));
+  EXPECT_EQ(deferred[0], all);
+  for (int64_t l = 1; l < 4; ++l) EXPECT_EQ(deferred[l], attention) << "layer " << l;
 }
 
 TEST(ModelSpec, MoeParameterTableHasATensorPerExpert) {
