@@ -44,7 +44,9 @@ munged --force --socket="$work/munge/socket" --key-file="$work/munge/munge.key" 
   skip "munged does not start here: $(tail -2 "$work/log/munged.log" 2>/dev/null)"
 
 # slurm.conf for this machine. Ports: two unprivileged ports derived from our pid, so that two
-# runs of the suite do not collide. CPUs: SLURM refuses more tasks per node than CPUs, even with
+# runs of the suite do not collide; TmpFS too (the PMIx plugin names its client directories
+# there by job and step only: two clusters' job 3 step 0 would share one, and their ranks each
+# other's PMIx servers). CPUs: SLURM refuses more tasks per node than CPUs, even with
 # --overcommit, and the test needs 4 ranks on a 2-core CI machine: declare at least 4 and let
 # slurmd accept the declaration (config_overrides), as every test here oversubscribes its cores.
 # Proctrack/task/accounting plugins that need no cgroups: this runs in a container.
@@ -53,6 +55,7 @@ port=$(( 20000 + ($$ % 4000) * 2 ))
 cpus=$(nproc)
 [ "$cpus" -ge 4 ] || cpus=4
 export SLURM_CONF=$work/slurm.conf
+mkdir -p "$work/tmpfs"
 cat > "$SLURM_CONF" <<CONF
 ClusterName=t3dtest
 SlurmctldHost=$host(127.0.0.1)
@@ -65,6 +68,7 @@ AuthInfo=socket=$work/munge/socket
 CredType=cred/munge
 StateSaveLocation=$work/state
 SlurmdSpoolDir=$work/spool
+TmpFS=$work/tmpfs
 SlurmctldPidFile=$work/slurmctld.pid
 SlurmdPidFile=$work/slurmd.pid
 SlurmctldLogFile=$work/log/slurmctld.log
