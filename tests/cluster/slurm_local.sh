@@ -50,6 +50,8 @@ munged --force --socket="$work/munge/socket" --key-file="$work/munge/munge.key" 
 # --overcommit, and the test needs 4 ranks on a 2-core CI machine: declare at least 4 and let
 # slurmd accept the declaration (config_overrides), as every test here oversubscribes its cores.
 # Proctrack/task/accounting plugins that need no cgroups: this runs in a container.
+# sched_interval: a pending job whose begin time has passed (the requeued one below) starts at the
+# scheduler's next full pass, by default up to 60 s later; here within a second.
 host=$(hostname -s)
 port=$(( 20000 + ($$ % 4000) * 2 ))
 cpus=$(nproc)
@@ -77,6 +79,7 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 SchedulerType=sched/builtin
+SchedulerParameters=sched_interval=1
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SlurmdParameters=config_overrides
@@ -148,10 +151,11 @@ if [ -z "$job" ] || ! wait_for 120 past_step 100; then
 fi
 scancel --signal=USR1 --batch "$job"
 # Done when the job completed after its requeue. SLURM holds a requeued job for about two minutes
-# (Reason=BeginTime, measured here); the test waits it out: moving the start to now (scontrol
-# update StartTime=now) let the old instance's late end be counted as the new one's (seen here:
-# the new job marked COMPLETED 55 ms after it started, its srun step aborted). The uninterrupted
-# reference, self-launched, runs meanwhile.
+# (Reason=BeginTime, measured here: AuthInfo's cred_expire, 120 s by default; set to 10 s, the
+# requeued job's srun step hung once, its ranks never started); the test waits it out: moving
+# the start to now (scontrol update StartTime=now) let the old instance's late end be counted as
+# the new one's (seen here: the new job marked COMPLETED 55 ms after it started, its srun step
+# aborted). The uninterrupted reference, self-launched, runs meanwhile.
 "$titan3d" train "$repo/recipes/tiny.toml" "${long[@]}" --set run.dir="$work/long_reference" \
   > "$work/long_reference.log" 2>&1 || { echo "FAIL: long reference run"; tail "$work/long_reference.log"; exit 1; }
 finished() { [ "$(job_field JobState)" = COMPLETED ] && past_step $steps; }

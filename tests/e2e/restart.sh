@@ -25,7 +25,9 @@ titan3d=$1
 source "$(dirname "$0")/lib.sh"
 require_corpus
 make_work_dir
-steps=1200
+# Every fault below comes by step ~810 (the kills), ~400 (the rest): 1000 steps leave each
+# restart well over 100 steps to continue bit for bit.
+steps=1000
 recipe=(train "$repo/recipes/tiny.toml" --set data.path="$corpus" --set parallel.dp=2
         --set train.steps=$steps --set train.val_every=0 --set train.log_every=100000
         --set snapshot.every=10 --set snapshot.keep=2 --set parallel.timeout_s=4)
@@ -40,7 +42,7 @@ job=$!
 RANDOM=7
 at=0
 for kill in 1 2 3; do
-  at=$((at + 150 + RANDOM % 150))  # past the previous kill: progress between failures
+  at=$((at + 120 + RANDOM % 150))  # past the previous kill: progress between failures
   wait_for_step killed $at || { echo "FAIL: the killed run never reached step $at"; break; }
   if [ $kill = 2 ]; then  # while a shard is being written (its temp file exists)
     for _ in $(seq 1 2000); do compgen -G "$work/killed/snapshots/*/*.tmp" > /dev/null && break; done
