@@ -81,8 +81,8 @@ Stage build_stage(const Job& job, StagePurpose purpose) {
       stores_bf16(job.precision()) ? WirePrecision::kBf16 : WirePrecision::kFp32);
   s.arena = std::make_unique<kernels::Arena>(
       static_cast<size_t>(r.hardware.hbm_gib * 1024.0 * 1024.0 * 1024.0));
-  ModelOptions options = model_options(r, job.precision(), purpose, s.micro_rows,
-                                       s.executor.get(), &mesh.group(Dim::cp));
+  ModelOptions options = model_options(r, job.precision(), purpose, s.micro_rows, s.executor.get(),
+                                       &mesh.group(Dim::cp));
   options.ep = &mesh.ep();  // every EP rank runs the same forwards and backwards
   s.model = std::make_unique<Model>(r.model, s.layers, mesh.group(Dim::tp), *s.arena, options);
   s.holds_loss = s.layers.back().last && mesh.coord().tp == 0;
