@@ -19,31 +19,13 @@
 #include "kernels/gemm.h"
 #include "parallel/comm.h"
 #include "runtime/model/model.h"
+#include "tests/model/tiny_models.h"
 
 using namespace t3d;
 using runtime::Model;
+using runtime::moe_config;
 
 namespace {
-
-// Block 0 dense, block 1 a mixture of 4 routed experts (2 per token), one shared expert, the
-// selection bias and the auxiliary loss (test_model_mpi.cpp's moe_config).
-runtime::ModelConfig moe_config() {
-  runtime::ModelConfig c{.vocab_size = 16,
-                         .dim = 16,
-                         .n_layers = 2,
-                         .n_heads = 4,
-                         .n_kv_heads = 2,
-                         .ffn_dim = 32,
-                         .seq_len = 8};
-  c.n_experts = 4;
-  c.experts_per_token = 2;
-  c.n_shared_experts = 1;
-  c.moe_ffn_dim = 8;
-  c.dense_layers = 1;
-  c.router_bias_rate = 1e-3;
-  c.router_aux_coef = 0.1;
-  return c;
-}
 
 constexpr int64_t kMoeLayer = 1;
 

@@ -13,35 +13,14 @@
 #include "kernels/gemm.h"
 #include "parallel/comm.h"
 #include "runtime/model/model.h"
+#include "tests/model/tiny_models.h"
 
 using namespace t3d;
 using runtime::Model;
+using runtime::moe_config;
+using runtime::tiny_config;
 
 namespace {
-
-runtime::ModelConfig tiny_config() {
-  return runtime::ModelConfig{.vocab_size = 16,
-                              .dim = 16,
-                              .n_layers = 2,
-                              .n_heads = 4,
-                              .n_kv_heads = 2,
-                              .ffn_dim = 32,
-                              .seq_len = 8};
-}
-
-// A mixture of experts: block 0 dense, block 1 with 4 routed experts (2 per token), one shared
-// expert, the selection bias and the auxiliary loss.
-runtime::ModelConfig moe_config() {
-  runtime::ModelConfig c = tiny_config();
-  c.n_experts = 4;
-  c.experts_per_token = 2;
-  c.n_shared_experts = 1;
-  c.moe_ffn_dim = 8;
-  c.dense_layers = 1;
-  c.router_bias_rate = 1e-3;
-  c.router_aux_coef = 0.1;
-  return c;
-}
 
 struct Batch {
   std::vector<int32_t> tokens, targets;
