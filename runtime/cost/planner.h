@@ -85,6 +85,11 @@ RecipePlan plan_of_recipe(const Recipe& recipe);
 // everything the measured numbers depend on.
 std::string calibration_cache_path(const Recipe& recipe);
 
+// A mixture of experts as the planner prices it (docs/planner.md): its parameters in all and
+// those one token uses (the K of E routed experts), the experts' share, the training FLOPs per
+// token of that active path and the routers' part of them. Empty for a dense model.
+std::string moe_summary(const ModelConfig& model);
+
 // 1234567 as "1,234,567": the tables' numbers.
 std::string thousands(double x);
 

@@ -10,7 +10,6 @@
 #include "kernels/ops.h"
 #include "parallel/pipeline_split.h"
 #include "parallel/zero.h"
-#include "runtime/cost/planner.h"
 #include "runtime/data/data_sampler.h"
 #include "runtime/model/model_spec.h"
 
@@ -520,29 +519,6 @@ StepTime step_time(const PlanProblem& p, const Layout& l, const parallel::Schedu
         sec(t.ep), sec(t.dp), sec(t.pp), sec(t.bubble), p.global_batch, p.model.seq_len,
         sec(t.total), l.world(), t.tokens_per_s_per_device);
   return t;
-}
-
-std::string moe_summary(const ModelConfig& m) {
-  if (!m.moe()) return "";
-  double total = 0, experts = 0, routers = 0;
-  for (const ParamInfo& p : param_table(m)) {
-    double n = 1;
-    for (const int64_t d : p.global_shape) n *= static_cast<double>(d);
-    total += n;
-    if (p.expert >= 0) experts += n;
-    if (p.name.find("mlp.router.weight") != std::string::npos) routers += n;
-  }
-  const double active_share =
-      static_cast<double>(m.experts_per_token) / static_cast<double>(m.n_experts);
-  const double active = total - experts * (1 - active_share);
-  return fmt::format(
-      "Mixture of experts: {} parameters in all, {} active per token ({} of {} routed experts, "
-      "{} shared); the routed experts hold {} ({:.0f}%), in memory on every rank of their "
-      "stage (tp splits them); training FLOPs per token {} (the active path), {} of them the "
-      "routers'\n",
-      thousands(total), thousands(active), m.experts_per_token, m.n_experts, m.n_shared_experts,
-      thousands(experts), 100 * experts / total, thousands(model_train_flops_per_token(m)),
-      thousands(6 * routers));
 }
 
 }  // namespace t3d::runtime

@@ -109,11 +109,6 @@ struct StepTime {
 StepTime step_time(const PlanProblem& problem, const Layout& layout,
                    const parallel::Schedule& schedule, std::ostream* why = nullptr);
 
-// A mixture of experts as the planner prices it (docs/planner.md): its parameters in all and
-// those one token uses (the K of E routed experts), the experts' share, the training FLOPs per
-// token of that active path and the routers' part of them. Empty for a dense model.
-std::string moe_summary(const ModelConfig& model);
-
 // The per-micro-batch stage costs the simulator is fed, also for `plan --schedule`.
 parallel::Costs stage_costs(const PlanProblem& problem, const Layout& layout);
 

@@ -31,7 +31,7 @@ void check_replicas(const Job& job, std::vector<CheckRow>& rows);
 void check_gemm(const Job& job, bool quick, std::vector<CheckRow>& rows);
 void check_memory(const Job& job, std::vector<CheckRow>& rows);
 // A mixture of experts whose run directory holds a metrics.jsonl (a run trained or under way):
-// WARN for each MoE layer the idle-expert rule (runtime/train/expert_load.h) flags at its last
+// WARN for each MoE layer the idle-expert rule (runtime/model/expert_idle.h) flags at its last
 // step. No row without such a file.
 void check_idle_experts(const Job& job, std::vector<CheckRow>& rows);
 void host_map(const Job& job, std::vector<CheckRow>& rows);

@@ -16,10 +16,10 @@
 #include "parallel/pipeline_split.h"
 #include "runtime/cost/planner.h"
 #include "runtime/machine/machine.h"
+#include "runtime/model/expert_idle.h"
 #include "runtime/model/model.h"
 #include "runtime/selfcheck/selfcheck_internal.h"
 #include "runtime/stage/stage.h"
-#include "runtime/train/expert_load.h"
 
 namespace t3d::runtime::selfcheck {
 
