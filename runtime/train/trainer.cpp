@@ -492,7 +492,7 @@ struct Trainer::Impl {
     return {&model->moe_layers(), &bias_deltas};
   }
 
-  // Rank 0 warns once per streak when a MoE layer's router has collapsed (expert_load.h).
+  // Rank 0 warns once per streak when a MoE layer's router has collapsed (model/expert_idle.h).
   IdleExpertWatch idle_experts;
   void watch_idle_experts(const StepRecord& rec) {
     const ExpertLoad& load = rec.expert_load;
