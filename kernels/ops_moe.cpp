@@ -291,21 +291,18 @@ void moe_ep_offsets(std::int64_t* offsets, std::int64_t* block_offsets, const st
   }
 }
 
-void moe_ep_reorder(float* dst, const float* src, const std::int32_t* counts, std::int64_t P,
-                    std::int64_t El, std::int64_t width, bool to_expert_major) {
-  // Row offsets of block (s, j) in both orders.
-  std::int64_t source_at = 0;
+void moe_ep_reorder(float* dst, const float* src, const std::int32_t* counts,
+                    const std::int64_t* block_offsets, std::int64_t P, std::int64_t El,
+                    std::int64_t width, bool to_expert_major) {
+  std::int64_t source_at = 0;  // rows before block (s, j) in source-major order
   for (std::int64_t s = 0; s < P; ++s)
     for (std::int64_t j = 0; j < El; ++j) {
-      std::int64_t expert_at = 0;  // rows before (j, s) in expert-major order
-      for (std::int64_t jj = 0; jj < j; ++jj)
-        for (std::int64_t ss = 0; ss < P; ++ss) expert_at += counts[ss * El + jj];
-      for (std::int64_t ss = 0; ss < s; ++ss) expert_at += counts[ss * El + j];
-      const std::int64_t n = counts[s * El + j] * width;
+      const std::int64_t expert_at = block_offsets[j * P + s], rows = counts[s * El + j];
       const std::int64_t from = (to_expert_major ? source_at : expert_at) * width;
       const std::int64_t to = (to_expert_major ? expert_at : source_at) * width;
-      if (n > 0) std::memcpy(dst + to, src + from, sizeof(float) * static_cast<size_t>(n));
-      source_at += counts[s * El + j];
+      if (rows > 0)
+        std::memcpy(dst + to, src + from, sizeof(float) * static_cast<size_t>(rows * width));
+      source_at += rows;
     }
 }
 

@@ -123,14 +123,16 @@ void moe_experts_backward(GemmKind kind,
 // Expert parallelism: P ranks hold El experts each, and a rank's experts receive counts[s·El + j]
 // rows of source rank s for its local expert j (s < P, j < El). Source-major order (s, j, row) is
 // how an all-to-all delivers them (each source's rows sorted by expert); expert-major order
-// (j, s, row) is the grouped pass's. Copies rows of `width` floats from one order to the other
-// (`to_expert_major`) or back; row order inside a (source, expert) block is kept.
-void moe_ep_reorder(float* dst, const float* src, const std::int32_t* counts, std::int64_t P,
-                    std::int64_t El, std::int64_t width, bool to_expert_major);
+// (j, s, row) is the grouped pass's.
 // The local experts' row offsets (El + 1) in expert-major order, and those of their (expert,
 // source) blocks (El·P + 1; ExpertShape::part_offsets).
 void moe_ep_offsets(std::int64_t* offsets, std::int64_t* block_offsets, const std::int32_t* counts,
                     std::int64_t P, std::int64_t El);
+// Copies rows of `width` floats from source-major to expert-major order (`to_expert_major`) or
+// back; row order inside a (source, expert) block is kept. `block_offsets` from moe_ep_offsets.
+void moe_ep_reorder(float* dst, const float* src, const std::int32_t* counts,
+                    const std::int64_t* block_offsets, std::int64_t P, std::int64_t El,
+                    std::int64_t width, bool to_expert_major);
 
 // Tokens routed to each expert: counts[e] += number of slots with chosen == e (over N·K), the
 // router's choices before any capacity drop (as the auxiliary loss's f).

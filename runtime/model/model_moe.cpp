@@ -187,10 +187,10 @@ void Model::moe_experts_ep_forward(LayerActs& a, const ConstBlock& w) {
   const auto& r = ep_route_;
   ep_exchange(s.moe_rows, r.send_counts, r.send_displs, s.moe_ep_rows, r.recv_counts,
               r.recv_displs);
-  k::moe_ep_reorder(a.ex, s.moe_ep_rows, recv, P, El, C, true);
+  k::moe_ep_reorder(a.ex, s.moe_ep_rows, recv, r.source_offsets.data(), P, El, C, true);
   k::moe_experts_forward(options_.gemm, s.moe_ep_out, a.egate, a.eup, a.eh, a.ex, w.expert_gate,
                          w.expert_up, w.expert_down, r.local_offsets.data(), {El, C, Fe});
-  k::moe_ep_reorder(s.moe_ep_rows, s.moe_ep_out, recv, P, El, C, false);
+  k::moe_ep_reorder(s.moe_ep_rows, s.moe_ep_out, recv, r.source_offsets.data(), P, El, C, false);
   ep_exchange(s.moe_ep_rows, r.recv_counts, r.recv_displs, s.moe_out, r.send_counts, r.send_displs);
 }
 
@@ -208,9 +208,9 @@ void Model::moe_experts_ep_backward(LayerActs& a, const ConstBlock& w, const Blo
   for (int64_t row = 0; row < kept; ++row) s.moe_ep_gates[row] = a.gates[s.moe_slot_of_row[row]];
   ep.all_to_allv(s.moe_ep_gates, r.send_counts, r.send_displs, s.moe_ep_dgates, r.recv_counts,
                  r.recv_displs);
-  k::moe_ep_reorder(s.moe_ep_gates, s.moe_ep_dgates, recv, P, El, 1, true);
+  k::moe_ep_reorder(s.moe_ep_gates, s.moe_ep_dgates, recv, r.source_offsets.data(), P, El, 1, true);
   ep_exchange(s.moe_out, r.send_counts, r.send_displs, s.moe_ep_rows, r.recv_counts, r.recv_displs);
-  k::moe_ep_reorder(s.moe_ep_out, s.moe_ep_rows, recv, P, El, C, true);
+  k::moe_ep_reorder(s.moe_ep_out, s.moe_ep_rows, recv, r.source_offsets.data(), P, El, C, true);
   // The rows are their own slots here (moe_ep_index is the identity): gates and gate gradients
   // by row.
   k::moe_experts_backward(options_.gemm, s.moe_ep_rows, s.moe_ep_dgates, g.expert_gate, g.expert_up,
@@ -218,9 +218,10 @@ void Model::moe_experts_ep_backward(LayerActs& a, const ConstBlock& w, const Blo
                           s.moe_ep_gates, s.moe_ep_index, a.ex, a.egate, a.eup, a.eh, w.expert_gate,
                           w.expert_up, w.expert_down, r.local_offsets.data(),
                           {El, C, Fe, P, r.source_offsets.data()});
-  k::moe_ep_reorder(s.moe_ep_out, s.moe_ep_rows, recv, P, El, C, false);
+  k::moe_ep_reorder(s.moe_ep_out, s.moe_ep_rows, recv, r.source_offsets.data(), P, El, C, false);
   ep_exchange(s.moe_ep_out, r.recv_counts, r.recv_displs, s.moe_grad, r.send_counts, r.send_displs);
-  k::moe_ep_reorder(s.moe_ep_gates, s.moe_ep_dgates, recv, P, El, 1, false);
+  k::moe_ep_reorder(s.moe_ep_gates, s.moe_ep_dgates, recv, r.source_offsets.data(), P, El, 1,
+                    false);
   ep.all_to_allv(s.moe_ep_gates, r.recv_counts, r.recv_displs, s.moe_ep_dgates, r.send_counts,
                  r.send_displs);
   for (int64_t row = 0; row < kept; ++row)

@@ -1,7 +1,5 @@
 #include "runtime/train/expert_load.h"
 
-#include <fmt/format.h>
-
 #include <algorithm>
 #include <limits>
 

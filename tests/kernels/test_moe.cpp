@@ -419,15 +419,15 @@ TEST(kernels_moe_ep, ReorderBetweenSourceAndExpertMajor) {
       for (int r = 0; r < counts[static_cast<size_t>(s * El + j)]; ++r)
         for (int c = 0; c < W; ++c) want.push_back(source[static_cast<size_t>((at + r) * W + c)]);
     }
-  std::vector<float> expert(source.size(), -1.0f), back(source.size(), -1.0f);
-  moe_ep_reorder(expert.data(), source.data(), counts.data(), P, El, W, true);
-  EXPECT_EQ(expert, want);
-  moe_ep_reorder(back.data(), expert.data(), counts.data(), P, El, W, false);
-  EXPECT_EQ(back, source);
   std::vector<std::int64_t> offsets(El + 1), blocks(El * P + 1);
   moe_ep_offsets(offsets.data(), blocks.data(), counts.data(), P, El);
   EXPECT_EQ(offsets, (std::vector<std::int64_t>{0, 3, 10}));
   EXPECT_EQ(blocks, (std::vector<std::int64_t>{0, 2, 3, 3, 3, 6, 10}));
+  std::vector<float> expert(source.size(), -1.0f), back(source.size(), -1.0f);
+  moe_ep_reorder(expert.data(), source.data(), counts.data(), blocks.data(), P, El, W, true);
+  EXPECT_EQ(expert, want);
+  moe_ep_reorder(back.data(), expert.data(), counts.data(), blocks.data(), P, El, W, false);
+  EXPECT_EQ(back, source);
 }
 
 TEST(kernels_moe_combine, GatherAndCombine) {
