@@ -42,17 +42,12 @@ std::vector<parallel::ZeroFloats> zero_floats(const ModelConfig& m,
   const ParamUnits param = stage_units(m, ranges, tp, ep);
   std::vector<parallel::ZeroFloats> out;
   for (const StateGroup group : kStateGroups) {
+    const GroupUnits g = group_units(m, param, group);
+    if (g.units.empty()) continue;
     std::vector<parallel::FloatRange> units;
-    int64_t end = param.total_floats;  // the group's region: to the next group's first unit
-    for (const auto& u : param.units) {
-      if (state_group(m, u.unit) == group)
-        units.push_back({u.begin, u.end});
-      else if (!units.empty() && end == param.total_floats)
-        end = u.begin;
-    }
-    if (units.empty()) continue;
+    for (const auto& u : g.units) units.push_back({u.begin, u.end});
     parallel::ZeroFloats z;
-    z.region = static_cast<double>(end - units.front().begin);
+    z.region = static_cast<double>(g.end - g.begin);
     if (zero >= 1) {
       const int64_t ranks = group == StateGroup::kExperts ? dp / ep : dp;
       std::vector<int> per_bucket;

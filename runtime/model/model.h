@@ -157,6 +157,10 @@ class Model final : public StageModel {
   };
   std::vector<GradUnit> grad_units() const { return units_; }
   std::vector<GradUnit> grad_units(StateGroup group) const;
+  // The part of the region a state group's units take (group_units in model_spec.h).
+  const parallel::FloatRange& group_region(StateGroup group) const {
+    return group_region_[static_cast<size_t>(group)];
+  }
   // The routed experts this rank holds (all, or its EP rank's share).
   const ExpertRange& experts() const { return experts_; }
   // The hooks below are per state group: each group's ShardedState sets its own.
@@ -328,6 +332,7 @@ class Model final : public StageModel {
   // Block l's gradients are complete for this micro-batch: its unit and its experts' unit.
   void block_done(int64_t layer) const;
   ExpertRange experts_;
+  std::array<parallel::FloatRange, 2> group_region_{};  // per StateGroup
   std::vector<int64_t> moe_layers_;    // held mixture-of-experts blocks, in layer order
   std::vector<double> expert_counts_;  // E per held MoE block
   std::vector<double> dropped_slots_;  // per held MoE block

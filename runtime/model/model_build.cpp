@@ -81,6 +81,10 @@ void Model::build_params() {
   const ParamUnits units = param_units(config_, chunks_, tp_.size(), experts_);
   T3D_ASSERT(units.total_floats == layout_.total_floats(), "the spec's parameter region (",
              units.total_floats, " floats) is not the layout's (", layout_.total_floats(), ")");
+  for (const StateGroup group : kStateGroups) {
+    const GroupUnits g = group_units(config_, units, group);
+    group_region_[static_cast<size_t>(group)] = {g.begin, g.end};
+  }
   unit_begin_.assign(static_cast<size_t>(unit_slots(config_)), -1);
   for (const auto& u : units.units) {
     units_.push_back({u.unit, {u.begin, u.end}});

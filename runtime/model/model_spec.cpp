@@ -272,6 +272,20 @@ ParamUnits param_units(const ModelConfig& config, const std::vector<parallel::La
   return out;
 }
 
+GroupUnits group_units(const ModelConfig& config, const ParamUnits& all, StateGroup group) {
+  GroupUnits out;
+  for (const auto& u : all.units) {
+    if (state_group(config, u.unit) == group) {
+      if (out.units.empty()) out.begin = out.end = u.begin;
+      out.units.push_back(u);
+    } else if (!out.units.empty() && out.end == out.begin) {
+      out.end = u.begin;  // the next group starts
+    }
+  }
+  if (!out.units.empty() && out.end == out.begin) out.end = all.total_floats;
+  return out;
+}
+
 int64_t block_param_floats(const ModelConfig& config, int64_t tp) {
   int64_t largest = 0;  // a dense block (the first) and a mixture of experts (the last)
   for (const int64_t l : {int64_t{0}, config.n_layers - 1})

@@ -297,6 +297,14 @@ struct ParamUnits {
 };
 ParamUnits param_units(const ModelConfig& config, const std::vector<parallel::LayerRange>& chunks,
                        int64_t tp, ExpertRange experts = {});
+// The units of one state group, in region order, and the part of the region they take: from the
+// group's first unit to the next group's first (padding included), so the groups' parts tile
+// the region. A group without units has none and an empty part.
+struct GroupUnits {
+  std::vector<ParamUnit> units;
+  int64_t begin = 0, end = 0;
+};
+GroupUnits group_units(const ModelConfig& config, const ParamUnits& all, StateGroup group);
 // Floats the largest transformer block's parameters take in the region on one tp rank, padding
 // included.
 int64_t block_param_floats(const ModelConfig& config, int64_t tp);

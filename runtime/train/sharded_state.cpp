@@ -35,27 +35,13 @@ std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> flat_boxes(
 // The sections of the state a snapshot holds, as dataset-path prefixes.
 constexpr const char* kSections[] = {"model/", "optim/exp_avg/", "optim/exp_avg_sq/"};
 
-// The part of the Model's region that the units of `kind` take: from the first unit's start to
-// the next group's (padding included), so the groups' parts tile the region.
-parallel::FloatRange group_region(const Model& model, StateGroup kind) {
-  const auto units = model.grad_units(kind);
-  T3D_ASSERT(!units.empty(), "the model holds no gradient unit of this state group");
-  int64_t end = model.layout().total_floats();
-  for (const auto& u : model.grad_units())
-    if (u.range.begin > units.back().range.begin) {
-      end = u.range.begin;
-      break;
-    }
-  return {units.front().range.begin, end};
-}
-
 }  // namespace
 
 ShardedState::ShardedState(Model& model, StateGroup kind, const parallel::Comm& group, int zero,
                            double bucket_mb, kernels::Arena& arena)
     : model_(model),
       kind_(kind),
-      region_(group_region(model, kind)),
+      region_(model.group_region(kind)),
       group_(group),
       zero_(zero),
       bucket_mb_(bucket_mb) {
@@ -66,6 +52,7 @@ ShardedState::ShardedState(Model& model, StateGroup kind, const parallel::Comm& 
              "ZeRO ", zero_, ": the model's regions do not fit the stage");
   std::vector<parallel::FloatRange> units;
   for (const auto& u : model.grad_units(kind)) units.push_back(u.range);
+  T3D_ASSERT(!units.empty(), "the model holds no gradient unit of this state group");
   partition_ = parallel::BucketPartition(
       parallel::make_buckets(units, parallel::bucket_floats(bucket_mb), &units_per_bucket_),
       group.size(), group.rank());
