@@ -112,6 +112,17 @@ Handle open_file(const std::string& path) {
   return {T3D_H5(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl), path), H5Fclose};
 }
 
+Handle open_file(const ReadOnlyFile& file) {
+  silence_errors();
+  const Handle fapl = file_access();
+  // HDF5 resolves the descriptor's name to the file's real path, which a deleted file lacks.
+  T3D_USER_CHECK(!file.deleted(), "`", file.path(),
+                 "` was deleted or replaced while titan3d read it; run the command again once "
+                 "nothing else writes that directory");
+  return {T3D_H5(H5Fopen(file.descriptor_path().c_str(), H5F_ACC_RDONLY, fapl), file.path()),
+          H5Fclose};
+}
+
 Handle open_dataset(hid_t file, const std::string& path, const std::string& what) {
   return {T3D_H5(H5Dopen2(file, path.c_str(), H5P_DEFAULT), what + ":" + path), H5Dclose};
 }

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/paths.h"
+
 namespace t3d::checkpoint::h5 {
 
 // Checks an HDF5 return value (negative = failure); `what` names the file or object in messages.
@@ -61,6 +63,8 @@ class Handle {
 // flushes, is the one that reports a full disk instead of a later implicit one swallowing it.
 Handle create_file(const std::string& path);
 Handle open_file(const std::string& path);  // read-only
+// Read-only, the file behind `file`'s descriptor (not whatever its path names now).
+Handle open_file(const ReadOnlyFile& file);
 // A file only in memory (HDF5's core driver, nothing on disk); `name` for messages. file_image()
 // returns its bytes once every object in it is closed, for the caller to write and check itself.
 Handle create_memory_file(const std::string& name);

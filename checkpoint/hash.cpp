@@ -1,11 +1,10 @@
 #include "checkpoint/hash.h"
 
-#include <cstdio>
+#include <algorithm>
 #include <cstring>
-#include <memory>
 #include <vector>
 
-#include "kernels/check.h"
+#include "checkpoint/paths.h"
 
 namespace t3d::checkpoint {
 
@@ -51,19 +50,24 @@ uint64_t hash64(const void* data, size_t bytes, uint64_t seed) {
 }
 
 FileDigest digest_file(const std::string& path) {
-  std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), std::fclose);
-  T3D_USER_CHECK(f, "cannot read snapshot file `", path, "`: ", std::strerror(errno));
+  return digest_file(ReadOnlyFile::open(path, "snapshot file"));
+}
+
+FileDigest digest_file(const ReadOnlyFile& file) {
   // Hash of per-block hashes: streaming without keeping the file in memory.
   constexpr size_t kBlock = 4 << 20;
   std::vector<unsigned char> buf(kBlock);
   FileDigest d;
   uint64_t h = 0;
-  for (size_t n; (n = std::fread(buf.data(), 1, kBlock, f.get())) > 0;) {
+  for (uint64_t at = 0;; at += kBlock) {
+    // Blocks at fixed offsets: the digest does not depend on how the kernel splits reads.
+    if (at >= file.size()) break;
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(kBlock, file.size() - at));
+    file.read_at(at, buf.data(), n);
     d.bytes += n;
     const uint64_t block = hash64(buf.data(), n, d.bytes);
     h = hash64(&block, sizeof(block), h);
   }
-  T3D_USER_CHECK(!std::ferror(f.get()), "error reading snapshot file `", path, "`");
   d.hash = h;
   return d;
 }

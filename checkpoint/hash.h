@@ -18,6 +18,8 @@ struct FileDigest {
   uint64_t hash = 0;
 };
 FileDigest digest_file(const std::string& path);
+class ReadOnlyFile;
+FileDigest digest_file(const ReadOnlyFile& file);  // the descriptor's file, from its start
 
 // out = a XOR b on the fp32 bit patterns: the incremental snapshot's delta, lossless whatever the
 // floats are (NaN, -0, denormals), and its own inverse. `out` may alias `a`.

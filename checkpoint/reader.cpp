@@ -48,9 +48,9 @@ void check_index_file(const std::string& path) {
 
 // The index file, verified as bytes and opened only if its commit record (`complete`, written
 // last) is there.
-h5::Handle open_committed_index(const std::string& path) {
-  check_index_file(path);
-  h5::Handle f = h5::open_image(path, read_verified_index(path));
+h5::Handle open_committed_index(const ReadOnlyFile& index) {
+  const std::string& path = index.path();
+  h5::Handle f = h5::open_image(path, read_verified_index(index));
   T3D_USER_CHECK(h5::has_attr(f, "complete") && h5::read_int_attr(f, "complete", path) == 1,
                  "snapshot `", path,
                  "` is incomplete (no `complete` mark): it was never committed. Resume from an "
@@ -79,8 +79,8 @@ struct Level {
   std::map<std::string, Tensor> tensors;
   std::map<std::string, h5::Handle> open_shards;  // verified shard files, by relative name
 
-  void load_index() {
-    const h5::Handle f = open_committed_index(path);
+  void load_index(const ReadOnlyFile& index) {
+    const h5::Handle f = open_committed_index(index);
     const int64_t version = h5::read_int_attr(f, "format_version", path);
     T3D_USER_CHECK(version >= kOldestFormatVersion && version <= kFormatVersion, "snapshot `", path,
                    "` has format version ", version, "; this titan3d reads versions ",
@@ -96,6 +96,7 @@ struct Level {
     const auto bytes = h5::read_ints_attr(f, "shard_bytes", path);
     const auto hashes = h5::read_uints_attr(f, "shard_hash", path);
     for (std::string file; std::getline(files, file);) {
+      // The name is checked here; the file is opened by ReadOnlyFile::open_inside when read.
       path_inside(dir, file, "snapshot index `" + path + "` (shard_files)");
       const size_t i = info.shards.size();
       T3D_USER_CHECK(i < bytes.size() && i < hashes.size(), "snapshot `", path,
@@ -192,8 +193,10 @@ struct Level {
     T3D_USER_CHECK(entry != info.shards.end(), "snapshot `", path, "` maps a tensor to `", full,
                    "`, which its shard list does not name");
     T3D_USER_CHECK(fs::exists(full), "snapshot `", path, "`: shard file `", full, "` is missing");
-    require_regular_file(full, "snapshot shard");
-    const FileDigest d = digest_file(full);
+    // Hashed and then opened through one descriptor: the file verified is the file read.
+    const ReadOnlyFile shard_file =
+        ReadOnlyFile::open_inside(dir, file, "snapshot index `" + path + "` (shard_files)");
+    const FileDigest d = digest_file(shard_file);
     T3D_USER_CHECK(d.bytes == entry->bytes, "snapshot shard `", full, "` has ", d.bytes,
                    " bytes, the index recorded ", entry->bytes,
                    ": the file is truncated or "
@@ -201,7 +204,7 @@ struct Level {
     T3D_USER_CHECK(d.hash == entry->hash, "snapshot shard `", full, "` is damaged: its hash ",
                    to_hex(d.hash), " differs from the index's ", to_hex(entry->hash),
                    " (a flipped or overwritten byte). Resume from another snapshot.");
-    return open_shards.emplace(file, h5::open_file(full)).first->second;
+    return open_shards.emplace(file, h5::open_file(shard_file)).first->second;
   }
 
   // The piece of tensor `name` with exactly this box: a chain shares one writer layout.
@@ -288,7 +291,8 @@ struct SnapshotReader::Impl {
   // Loads the index at `path` and, for an incremental snapshot, each ancestor's.
   void load(const std::string& path) {
     std::vector<std::unique_ptr<Level>> rev;
-    rev.push_back(open_level(path));
+    check_index_file(path);
+    rev.push_back(open_level(ReadOnlyFile::open(path, "snapshot index")));
     while (!rev.back()->info.parent.empty()) {
       const Level& child = *rev.back();
       // The parent is an index of the same directory, named without a directory.
@@ -305,7 +309,8 @@ struct SnapshotReader::Impl {
                      "snapshot whose chain is complete, or from a full one (empty `parent`).");
       std::unique_ptr<Level> lv;
       try {
-        lv = open_level(parent);
+        lv = open_level(ReadOnlyFile::open_inside(child.dir, child.info.parent,
+                                                  "snapshot `" + child.path + "` (parent)"));
       } catch (const UserError& e) {
         throw UserError("snapshot `" + path + "` is incremental and needs its ancestor `" + parent +
                         "`, which is unusable: " + e.what());
@@ -321,12 +326,12 @@ struct SnapshotReader::Impl {
     chain.assign(std::make_move_iterator(rev.rbegin()), std::make_move_iterator(rev.rend()));
   }
 
-  static std::unique_ptr<Level> open_level(const std::string& path) {
+  static std::unique_ptr<Level> open_level(const ReadOnlyFile& index) {
     auto lv = std::make_unique<Level>();
-    lv->path = path;
-    lv->dir = fs::path(path).parent_path().string();
+    lv->path = index.path();
+    lv->dir = fs::path(lv->path).parent_path().string();
     if (lv->dir.empty()) lv->dir = ".";
-    lv->load_index();
+    lv->load_index(index);
     return lv;
   }
 
@@ -433,21 +438,19 @@ void SnapshotReader::read(const Slice& want) {
 }
 
 std::string read_recipe(const std::string& index_path) {
-  const h5::Handle f = open_committed_index(index_path);
+  check_index_file(index_path);
+  const h5::Handle f = open_committed_index(ReadOnlyFile::open(index_path, "snapshot index"));
   return h5::read_string_attr(f, "recipe", index_path);
 }
 
 std::vector<char> read_verified_index(const std::string& path) {
-  require_regular_file(path, "snapshot index");
-  std::FILE* in = std::fopen(path.c_str(), "rb");
-  T3D_USER_CHECK(in, "cannot open snapshot index `", path, "`: ", std::strerror(errno));
-  std::vector<char> bytes;
-  char buf[1 << 16];
-  for (size_t n; (n = std::fread(buf, 1, sizeof(buf), in)) > 0;)
-    bytes.insert(bytes.end(), buf, buf + n);
-  const bool failed = std::ferror(in);
-  std::fclose(in);
-  T3D_USER_CHECK(!failed, "cannot read snapshot index `", path, "`");
+  return read_verified_index(ReadOnlyFile::open(path, "snapshot index"));
+}
+
+std::vector<char> read_verified_index(const ReadOnlyFile& index) {
+  const std::string& path = index.path();
+  std::vector<char> bytes(index.size());
+  index.read_at(0, bytes.data(), bytes.size());
   const auto u64_at = [&](size_t at) {
     uint64_t v = 0;
     for (int i = 7; i >= 0; --i) v = v << 8 | static_cast<unsigned char>(bytes[at + i]);

@@ -155,20 +155,19 @@ nlohmann::json parse_json_text(const std::string& text, const std::string& sourc
   }
 }
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  require_regular_file(path, "safetensors file");
-  std::ifstream in(path, std::ios::binary);
-  T3D_USER_CHECK(in.good(), "cannot open safetensors file `", path, "`");
-  std::error_code ec;
-  const uint64_t size = std::filesystem::file_size(path, ec);
-  T3D_USER_CHECK(!ec, "cannot read safetensors file `", path, "`: ", ec.message());
+SafetensorsFile::SafetensorsFile(const std::string& path)
+    : SafetensorsFile(ReadOnlyFile::open(path, "safetensors file")) {}
+
+SafetensorsFile::SafetensorsFile(ReadOnlyFile file) : file_(std::move(file)) {
+  const std::string& path = file_.path();
+  const uint64_t size = file_.size();
   uint64_t n = 0;
-  in.read(reinterpret_cast<char*>(&n), sizeof n);
-  T3D_USER_CHECK(in.good() && n + 8 <= size && n < (uint64_t{1} << 30), "`", path,
+  if (size >= sizeof n) file_.read_at(0, &n, sizeof n);
+  T3D_USER_CHECK(size >= sizeof n && n + 8 <= size && n < (uint64_t{1} << 30), "`", path,
                  "` is not a safetensors file (its header length ", n, " does not fit its ", size,
                  " bytes)");
   std::string text(n, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(n));
+  file_.read_at(8, text.data(), n);
   data_start_ = 8 + n;
   const nlohmann::json header = parse_json_text(text, "`" + path + "`: the safetensors header");
   T3D_USER_CHECK(header.is_object(), "`", path, "`: the safetensors header is not an object");
@@ -236,17 +235,14 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
 
 std::vector<float> SafetensorsFile::read_f32(const std::string& name) const {
   const auto it = entries_.find(name);
-  T3D_USER_CHECK(it != entries_.end(), "`", path_, "` has no tensor `", name, "`");
+  T3D_USER_CHECK(it != entries_.end(), "`", path(), "` has no tensor `", name, "`");
   const StEntry& e = it->second;
-  T3D_USER_CHECK(e.dtype == "F32" || e.dtype == "BF16" || e.dtype == "F16", "`", path_,
+  T3D_USER_CHECK(e.dtype == "F32" || e.dtype == "BF16" || e.dtype == "F16", "`", path(),
                  "`: tensor `", name, "` is ", e.dtype,
                  "; titan3d imports F32, BF16 and F16 tensors");
   const uint64_t width = dtype_width(e.dtype);
   std::string raw(e.end - e.begin, '\0');
-  std::ifstream in(path_, std::ios::binary);
-  in.seekg(static_cast<std::streamoff>(data_start_ + e.begin));
-  in.read(raw.data(), static_cast<std::streamsize>(raw.size()));
-  T3D_USER_CHECK(in.good(), "short read of tensor `", name, "` from `", path_, "`");
+  file_.read_at(data_start_ + e.begin, raw.data(), raw.size());
   std::vector<float> out((e.end - e.begin) / width);
   if (e.dtype == "F32") {
     std::memcpy(out.data(), raw.data(), raw.size());

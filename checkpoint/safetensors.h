@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "checkpoint/paths.h"
+
 namespace t3d::checkpoint {
 
 struct TensorRef {
@@ -48,13 +50,15 @@ struct StEntry {
 class SafetensorsFile {
  public:
   explicit SafetensorsFile(const std::string& path);
-  const std::string& path() const { return path_; }
+  // Reads through `file`'s descriptor only (see ReadOnlyFile::open_inside).
+  explicit SafetensorsFile(ReadOnlyFile file);
+  const std::string& path() const { return file_.path(); }
   const std::map<std::string, StEntry>& entries() const { return entries_; }
   // The tensor as fp32 (F32 copied, BF16 and F16 widened exactly); UserError for another dtype.
   std::vector<float> read_f32(const std::string& name) const;
 
  private:
-  std::string path_;
+  ReadOnlyFile file_;
   uint64_t data_start_ = 0;
   std::map<std::string, StEntry> entries_;
 };

@@ -160,6 +160,7 @@ inline constexpr size_t kIndexTrailer = 24;
 // The HDF5 image of index `path`, read whole and checked against its trailer; UserError naming
 // the file and what is wrong (no trailer, truncated, a flipped byte) otherwise.
 std::vector<char> read_verified_index(const std::string& path);
+std::vector<char> read_verified_index(const ReadOnlyFile& index);
 
 // Builds the index in memory with `complete` set last, writes it with its trailer under a
 // temporary name (every write, fsync and close checked), re-reads and verifies it, renames it into

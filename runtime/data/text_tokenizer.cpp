@@ -31,8 +31,14 @@ TextTokenizer TextTokenizer::open(const std::string& spec, const std::string& ke
   T3D_USER_CHECK(fs::is_regular_file(spec, ec), "`", key, "`: tokenizer model `", spec,
                  "` does not exist (relative paths start at ", fs::current_path().string(),
                  "); give \"bytes\" or a SentencePiece model file (titan3d tokenize writes one)");
+  return load(checkpoint::read_regular_file(spec, "tokenizer model"), spec, key, bos);
+}
+
+TextTokenizer TextTokenizer::load(std::string model_bytes, const std::string& spec,
+                                  const std::string& key, bool bos) {
+  TextTokenizer t;
   t.spec_ = spec;
-  t.model_bytes_ = checkpoint::read_regular_file(spec, "tokenizer model");
+  t.model_bytes_ = std::move(model_bytes);
   auto proc = std::make_shared<sp::SentencePieceProcessor>();
   const auto status = proc->LoadFromSerializedProto(t.model_bytes_);
   T3D_USER_CHECK(status.ok(), "`", key, "`: `", spec, "` is not a SentencePiece model (",

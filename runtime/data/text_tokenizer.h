@@ -38,6 +38,10 @@ class TextTokenizer {
   // without <s>).
   static TextTokenizer open(const std::string& spec, const std::string& key = "data.tokenizer",
                             bool bos = false);
+  // The SentencePiece model in `model_bytes` (read by the caller, e.g. through a descriptor
+  // checked to lie inside a directory); `spec` names it in messages and is its spec().
+  static TextTokenizer load(std::string model_bytes, const std::string& spec,
+                            const std::string& key, bool bos = false);
 
   bool is_bytes() const { return sp_ == nullptr; }
   int vocab_size() const;

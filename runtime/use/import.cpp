@@ -176,6 +176,12 @@ fs::path in_model_dir(const fs::path& dir, const std::string& name) {
   return ck::path_inside(dir.string(), name, "the model directory `" + dir.string() + "`");
 }
 
+// That file opened: its checks hold for the descriptor that is read (ReadOnlyFile::open_inside).
+ck::ReadOnlyFile open_in_model_dir(const fs::path& dir, const std::string& name) {
+  return ck::ReadOnlyFile::open_inside(dir.string(), name,
+                                       "the model directory `" + dir.string() + "`");
+}
+
 // The weights' files: model.safetensors, or the shards model.safetensors.index.json names.
 // Returns tensor name -> opened file.
 std::map<std::string, std::shared_ptr<ck::SafetensorsFile>> open_weights(
@@ -187,7 +193,7 @@ std::map<std::string, std::shared_ptr<ck::SafetensorsFile>> open_weights(
   if (fs::exists(index)) {
     json j;
     try {
-      j = ck::parse_json_text(ck::read_regular_file(index.string(), "safetensors index"),
+      j = ck::parse_json_text(open_in_model_dir(dir, "model.safetensors.index.json").read_all(),
                               index.string());
       for (const auto& [tensor, file] : j.at("weight_map").items())
         names.push_back(file.get<std::string>());
@@ -204,8 +210,8 @@ std::map<std::string, std::shared_ptr<ck::SafetensorsFile>> open_weights(
     names.push_back("model.safetensors");
   }
   for (const auto& name : names) {
-    const auto file =
-        std::make_shared<ck::SafetensorsFile>(ck::path_inside(dir.string(), name, source));
+    const auto file = std::make_shared<ck::SafetensorsFile>(
+        ck::ReadOnlyFile::open_inside(dir.string(), name, source));
     files->push_back(file->path());
     for (const auto& [tensor, entry] : file->entries()) {
       T3D_USER_CHECK(!where.count(tensor), "tensor `", tensor, "` is in both `",
@@ -274,7 +280,8 @@ std::string import_tokenizer(const fs::path& hf, const fs::path& out, ImportSumm
   int64_t ids = 0;
   std::string model;
   try {
-    const TextTokenizer tok = TextTokenizer::open(src.string(), "tokenizer.model");
+    const TextTokenizer tok = TextTokenizer::load(
+        open_in_model_dir(hf, "tokenizer.model").read_all(), src.string(), "tokenizer.model");
     ids = tok.vocab_size();
     model = tok.model_bytes();
   } catch (const UserError& e) {
@@ -306,8 +313,8 @@ bool import_bos(const fs::path& hf, const std::string& tokenizer, ImportSummary&
         "no tokenizer_config.json: data.bos = true (LlamaTokenizer's default add_bos_token)");
     return true;
   }
-  const json c = ck::parse_json_text(
-      ck::read_regular_file(config.string(), "tokenizer_config.json"), config.string());
+  const json c = ck::parse_json_text(open_in_model_dir(hf, "tokenizer_config.json").read_all(),
+                                     config.string());
   T3D_USER_CHECK(c.is_object(), config.string(),
                  " is not a JSON object; fix or remove it (without it, data.bos = true)");
   if (!c.contains("add_bos_token") || c.at("add_bos_token").is_null()) {
@@ -370,7 +377,7 @@ ImportSummary import_hf(const std::string& hf_dir, const std::string& out) {
                  "model directory (config.json and safetensors weights)");
   const fs::path config = in_model_dir(hf, "config.json");
   ImportSummary s;
-  s.recipe.model = llama_model_from_config(ck::read_regular_file(config.string(), "config.json"),
+  s.recipe.model = llama_model_from_config(open_in_model_dir(hf, "config.json").read_all(),
                                            config.string(), &s.notes);
   const bool existed = fs::exists(out_dir);
   T3D_USER_CHECK(!existed || ck::committed_steps(out_dir).empty(), "`", out_dir,
