@@ -98,6 +98,18 @@ void check_model_limits(const ModelConfig& m, const std::string& src) {
 
 // true for Mixtral (a mixture of experts), false for LLaMA; UserError for anything else.
 bool check_architecture(const json& c, const std::string& src) {
+  // Qwen2-MoE's block differs from titan3d's MoE block in ways no setting maps: named, so that
+  // nobody converts it by renaming tensors.
+  T3D_USER_CHECK(!c.contains("model_type") || c.at("model_type") != "qwen2_moe", src,
+                 ": `model_type` is \"qwen2_moe\", whose block titan3d cannot represent exactly: "
+                 "its q/k/v projections have biases (Qwen2's attention always does; titan3d's "
+                 "have none), its shared expert's output is scaled by a learned sigmoid gate "
+                 "(`mlp.shared_expert_gate`; titan3d adds shared experts ungated)",
+                 c.contains("norm_topk_prob") && c.at("norm_topk_prob") == false
+                     ? ", and `norm_topk_prob` is false (titan3d's softmax router renormalises "
+                       "the chosen k gates)"
+                     : "",
+                 ". titan3d imports LLaMA (\"llama\") and Mixtral (\"mixtral\") models");
   const bool mixtral = c.contains("model_type") && c.at("model_type") == "mixtral";
   T3D_USER_CHECK(mixtral || (c.contains("model_type") && c.at("model_type") == "llama"), src,
                  ": `model_type` is ",

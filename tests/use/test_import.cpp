@@ -159,6 +159,18 @@ TEST(use_Import, ConfigKeysTitanCannotRepresentAreRefusedByName) {
     EXPECT_NE(std::string(e.what()).find("`vocab_size`"), std::string::npos) << e.what();
   }
   EXPECT_THROW(llama_model_from_config(R"({"model_type": "gpt2"})", "c.json", &notes), UserError);
+  // Qwen2-MoE: refused saying which parts of its block have no place in titan3d's.
+  try {
+    llama_model_from_config(R"({"model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"],
+        "num_experts": 4, "num_experts_per_tok": 2, "shared_expert_intermediate_size": 64,
+        "norm_topk_prob": false})",
+                            "c.json", &notes);
+    FAIL();
+  } catch (const UserError& e) {
+    for (const char* part :
+         {"c.json", "qwen2_moe", "biases", "`mlp.shared_expert_gate`", "`norm_topk_prob` is false"})
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << part << ": " << e.what();
+  }
 }
 
 // A tiny Hugging Face directory titan3d can import: config.json (`extra` spliced into it) and every
