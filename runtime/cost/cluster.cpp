@@ -47,6 +47,13 @@ const std::vector<Key>& schema() {
        member(&Cluster::inter_node_gbps)},
       {"network", "inter_node_latency_us", "Latency of one message between nodes, µs (default 5).",
        false, false, member(&Cluster::inter_node_latency_us)},
+      {"network", "all_to_all_gbps",
+       "Measured all-to-all of the expert-parallel group: GB/s a rank sends (plan --calibrate "
+       "writes it; default: priced from the links).",
+       false, false, member(&Cluster::all_to_all_gbps)},
+      {"network", "all_to_all_latency_us",
+       "Measured all-to-all latency per peer, µs (with all_to_all_gbps).", false, false,
+       member(&Cluster::all_to_all_latency_us)},
   };
   return keys;
 }

@@ -22,6 +22,10 @@ struct Cluster {
   double intra_node_latency_us = 1;  // per message inside a node
   double inter_node_gbps = 0;        // GB/s one direction, per node (all its NICs together)
   double inter_node_latency_us = 5;  // per message between nodes
+  // Measured all-to-all of an expert-parallel group (plan --calibrate): bytes a rank sends per
+  // second and the latency per peer. 0: priced from the links above.
+  double all_to_all_gbps = 0;
+  double all_to_all_latency_us = 0;
 
   std::string source;  // file it came from, for messages
   int64_t world() const { return nodes * devices_per_node; }

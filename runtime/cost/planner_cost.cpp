@@ -165,7 +165,11 @@ StageCost cost_of_stage(const PlanProblem& p, const Layout& l,
   // on average and sends the rest: (ep − 1)/ep of N·K·C activation-sized values per exchange,
   // over links at stride tp (dp neighbours), with a latency per peer.
   if (l.ep > 1 && moe_blocks > 0) {
-    const Link ep_link = group_link(p.cluster, l.tp, l.ep);
+    Link ep_link = group_link(p.cluster, l.tp, l.ep);
+    if (p.cluster.all_to_all_gbps > 0) {  // measured (plan --calibrate) beats the link model
+      ep_link.bytes_per_s = p.cluster.all_to_all_gbps * 1e9;
+      ep_link.latency_s = p.cluster.all_to_all_latency_us * 1e-6;
+    }
     const double peers = static_cast<double>(l.ep - 1);
     const double sent = N * double(p.model.experts_per_token) * double(p.model.dim) *
                         p.precision.activation * peers / static_cast<double>(l.ep);

@@ -68,6 +68,9 @@ struct Measured {
   double latency_s = 0, bytes_per_s = 0;             // fitted ring parameters
   double block_s = 0, tp_allreduce_s = 0;            // one block fwd+bwd; its TP all-reduce
   double block_flops = 0, tflops = 0;
+  int a2a_size = 1;                                              // ranks in the measured all-to-all
+  double a2a_small_s = 0, a2a_large_s = 0, a2a_large_bytes = 0;  // per peer: bytes of a block
+  double a2a_latency_s = 0, a2a_bytes_per_s = 0;                 // fitted per peer, per rank
 };
 
 // Ring all-reduce (planner_cost.cpp): 2(n−1)·α + 2(n−1)/n · bytes / bw. Two sizes give α (the
@@ -86,6 +89,25 @@ void measure_links(const Comm& world, const Comm& group, const std::string& name
   const double hops = 2.0 * (n - 1);
   m.latency_s = m.small_s / hops;
   m.bytes_per_s = hops / n * m.large_bytes / std::max(m.large_s - m.small_s, 1e-9);
+}
+
+// Expert parallelism's exchange as the planner prices it (planner_cost.cpp): a rank sends
+// (n−1) blocks, t = (n−1)·α + (n−1)·block / bw. Two block sizes give α and bw as for the ring.
+void measure_all_to_all(const Comm& world, const Comm& group, Measured& m) {
+  const int n = group.size();
+  m.a2a_size = n;
+  if (n < 2) return;
+  const size_t small_block = 8, large_block = (256 << 10) / sizeof(float);
+  std::vector<float> send(large_block * n, 0.0f), recv(large_block * n, 0.0f);
+  m.a2a_large_bytes = static_cast<double>(large_block * sizeof(float));
+  m.a2a_small_s = time_per_call(
+      world, [&] { group.all_to_all(send.data(), recv.data(), small_block); }, 0.04);
+  m.a2a_large_s = time_per_call(
+      world, [&] { group.all_to_all(send.data(), recv.data(), large_block); }, 0.06);
+  const double peers = n - 1.0;
+  m.a2a_latency_s = m.a2a_small_s / peers;
+  m.a2a_bytes_per_s = peers * (m.a2a_large_bytes - small_block * sizeof(float)) /
+                      std::max(m.a2a_large_s - m.a2a_small_s, 1e-9);
 }
 
 // One transformer block, forward then backward (input and weight gradients), as the middle chunk
@@ -167,6 +189,11 @@ std::string cluster_toml(const Recipe& r, const Measured& m, const std::string& 
      << fmt::format("intra_node_latency_us = {:.6g}\n", lat_us)
      << fmt::format("inter_node_gbps = {:.6g}\n", gbps)
      << fmt::format("inter_node_latency_us = {:.6g}\n", lat_us);
+  if (m.a2a_bytes_per_s > 0)
+    os << fmt::format("# all-to-all over {} ranks: 32 B {:.4g} us, {:.4g} B per peer {:.4g} us\n",
+                      m.a2a_size, m.a2a_small_s * 1e6, m.a2a_large_bytes, m.a2a_large_s * 1e6)
+       << fmt::format("all_to_all_gbps = {:.6g}\n", m.a2a_bytes_per_s / 1e9)
+       << fmt::format("all_to_all_latency_us = {:.6g}\n", std::max(m.a2a_latency_s * 1e6, 1e-3));
   return os.str();
 }
 
@@ -195,6 +222,10 @@ void run_calibration_probe(const Job& job, const std::string& out) {
     measure_links(mesh.world(), mesh.group(Dim::tp), "tp", m);
   else
     measure_links(mesh.world(), mesh.world(), "world", m);
+  // A mixture of experts: the all-to-all of the EP group the recipe has, else of the whole world
+  // (plan searches every ep; on one machine the groups share its memory system).
+  if (job.recipe.model.moe())
+    measure_all_to_all(mesh.world(), mesh.ep().size() > 1 ? mesh.ep() : mesh.world(), m);
   measure_block(job, m);
   if (mesh.rank() != 0) return;
   std::ofstream f(out);

@@ -253,6 +253,16 @@ TEST(Planner, ExpertParallelismShardsTheExpertsAndPricesTheAllToAll) {
   EXPECT_EQ(t1.ep, 0.0);
   EXPECT_GT(t4.ep, 0.0);
   EXPECT_DOUBLE_EQ(t4.compute, t1.compute);
+  // A measured all-to-all (plan --calibrate) prices the exchange instead of the links: without
+  // latency, twice its bandwidth halves the time.
+  PlanProblem measured = p;
+  measured.cluster.all_to_all_gbps = 10;
+  const double at10 = step_time(measured, four, s).ep;
+  measured.cluster.all_to_all_gbps = 20;
+  EXPECT_NE(at10, t4.ep);
+  EXPECT_NEAR(step_time(measured, four, s).ep, at10 / 2, 1e-12 * at10);
+  measured.cluster.all_to_all_latency_us = 50;
+  EXPECT_GT(step_time(measured, four, s).ep, at10 / 2);
   std::set<int64_t> eps;
   for (const Layout& l : enumerate_layouts(p, PlanSpace{}))
     if (l.dp == 16) eps.insert(l.ep);
