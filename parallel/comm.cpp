@@ -278,15 +278,27 @@ void Comm::all_to_allv_raw(const void* send, const std::vector<int>& send_counts
                            const std::vector<int>& send_displs, void* recv,
                            const std::vector<int>& recv_counts, const std::vector<int>& recv_displs,
                            size_t row_size, MPI_Datatype type) const {
+  Exchange x = start_all_to_allv_raw(send, send_counts, send_displs, recv, recv_counts, recv_displs,
+                                     row_size, type);
+  wait(x);
+}
+
+Comm::Exchange Comm::start_all_to_allv_raw(const void* send, const std::vector<int>& send_counts,
+                                           const std::vector<int>& send_displs, void* recv,
+                                           const std::vector<int>& recv_counts,
+                                           const std::vector<int>& recv_displs, size_t row_size,
+                                           MPI_Datatype type) const {
   const size_t n = static_cast<size_t>(size_);
   T3D_ASSERT(send_counts.size() == n && send_displs.size() == n && recv_counts.size() == n &&
                  recv_displs.size() == n,
              "all_to_allv counts / displacements for ", send_counts.size(), ", ",
              send_displs.size(), ", ", recv_counts.size(), ", ", recv_displs.size(),
              " ranks on a group of ", size_);
-  if (fault::skip_operation(name_, world_ranks_[rank_])) return;  // test-only (fault.h)
+  Exchange x;
+  if (fault::skip_operation(name_, world_ranks_[rank_])) return x;  // test-only (fault.h)
   // Rows to elements: MPI's counts are ints, so every count and end is checked to fit.
-  std::vector<int> elements(4 * n);
+  std::vector<int>& elements = x.elements;
+  elements.resize(4 * n);
   size_t sent_rows = 0, send_end = 0;
   for (size_t p = 0; p < n; ++p) {
     T3D_ASSERT(
@@ -301,21 +313,20 @@ void Comm::all_to_allv_raw(const void* send, const std::vector<int>& send_counts
     if (static_cast<int>(p) != rank_) sent_rows += static_cast<size_t>(send_counts[p]);
     send_end = std::max(send_end, static_cast<size_t>(send_displs[p]) + send_counts[p]);
   }
-  std::vector<char> corrupted;  // test-only (fault.h): a corrupting rank's rows leave doubled
-  if (fault::corrupts(world_ranks_[rank_])) {
+  if (fault::corrupts(world_ranks_[rank_])) {  // test-only (fault.h): rows leave doubled
     const auto* bytes = static_cast<const char*>(send);
-    corrupted.assign(bytes, bytes + bytes_of(send_end * row_size, type));
-    fault::corrupt_contribution(corrupted.data(), send_end * row_size, type, world_ranks_[rank_]);
-    send = corrupted.data();
+    x.corrupted.assign(bytes, bytes + bytes_of(send_end * row_size, type));
+    fault::corrupt_contribution(x.corrupted.data(), send_end * row_size, type, world_ranks_[rank_]);
+    send = x.corrupted.data();
   }
   const uint64_t bytes = bytes_of(sent_rows * row_size, type);  // the rows to itself stay
   trace::Span span("all_to_allv", "comm");
   span.arg("group", name_).arg("bytes", static_cast<int64_t>(bytes));
   counters_.bytes += bytes;
-  MPI_Request r;
   T3D_MPI(MPI_Ialltoallv(send, elements.data(), elements.data() + n, type, recv,
-                         elements.data() + 2 * n, elements.data() + 3 * n, type, comm_, &r));
-  wait(r, "all_to_allv");
+                         elements.data() + 2 * n, elements.data() + 3 * n, type, comm_,
+                         &x.request));
+  return x;
 }
 
 void Comm::broadcast_raw(void* data, size_t count, MPI_Datatype type, int root) const {

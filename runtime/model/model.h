@@ -265,15 +265,33 @@ class Model final : public StageModel {
   kernels::RouterShape router_shape() const;
   // Expert parallelism: the routed experts' part of moe_forward / moe_backward on the EP group.
   int ep_size() const { return options_.ep ? options_.ep->size() : 1; }
-  void moe_experts_ep_forward(LayerActs& a, const ConstBlock& w);
-  void moe_experts_ep_backward(LayerActs& a, const ConstBlock& w, const BlockParams& g);
+  // The forward's dispatch is started (counts exchanged, rows under way) before the shared
+  // experts' compute and finished after it: moe_experts_ep_forward takes the rows in flight.
+  struct RowsInFlight {
+    parallel::Comm::Exchange exchange;
+    float* recv = nullptr;  // where the rows land (bf16 on the wire: widened at finish)
+    int64_t rows = 0;
+  };
+  RowsInFlight moe_ep_dispatch(LayerActs& a);
+  void moe_experts_ep_forward(LayerActs& a, const ConstBlock& w, RowsInFlight& dispatch);
+  // The backward's: the gates and output gradients go out, the shared experts' gradients that
+  // need nothing back are computed meanwhile, then the routed experts' backward.
+  RowsInFlight moe_ep_dispatch_backward(LayerActs& a);
+  void moe_experts_ep_backward(LayerActs& a, const ConstBlock& w, const BlockParams& g,
+                               RowsInFlight& dispatch);
   void ep_plan(const int32_t* recv);  // ep_route_ from the counts each EP rank sends here
   // An all-to-allv of rows of model.dim floats over the EP group: `sent` rows per EP rank out
   // of `send`, `received` into `recv` (ep_route_'s counts, or their mirror). fp32, or bf16 when
   // the model stores bf16 (the precision of TP traffic too): each row rounded once on the way.
+  // ep_exchange = start_ep_exchange, then finish_ep_exchange.
   void ep_exchange(const float* send, const std::vector<int>& sent, const std::vector<int>& sent_at,
                    float* recv, const std::vector<int>& received,
                    const std::vector<int>& received_at);
+  RowsInFlight start_ep_exchange(const float* send, const std::vector<int>& sent,
+                                 const std::vector<int>& sent_at, float* recv,
+                                 const std::vector<int>& received,
+                                 const std::vector<int>& received_at);
+  void finish_ep_exchange(RowsInFlight& rows);
   bool moe_block(int64_t layer) const { return config_.moe_block(layer); }
   void backward_layer(int64_t layer, LayerActs& a, const BlockCopies& copies, const float* x_in,
                       float* dx_io, const LayerGrads* keep);

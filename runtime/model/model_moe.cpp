@@ -45,7 +45,7 @@ void Model::moe_forward(int64_t l, LayerActs& a, const BlockCopies& copies, cons
                         bool first_pass) {
   const k::GemmKind kind = options_.gemm;
   const k::RouterShape r = router_shape();
-  const int64_t N = rows_, C = config_.dim, E = r.E, K = r.K, S = N * K;
+  const int64_t N = rows_, C = config_.dim, E = r.E, K = r.K;
   const int64_t Fe = config_.moe_ffn_dim / tp_.size();
   auto& s = *scratch_;
   // A bf16-stored block keeps xn2 only as the copy its forward fills (encode16 leaves it out).
@@ -63,19 +63,26 @@ void Model::moe_forward(int64_t l, LayerActs& a, const BlockCopies& copies, cons
   T3D_ASSERT(offsets[E] <= ep_rows_, "the experts take ", offsets[E], " rows, more than the ",
              ep_rows_, " their buffers hold");
   k::moe_gather(s.moe_rows, a.xn2, s.moe_slot_of_row, offsets[E], K, C);
-  if (ep_size() > 1)
-    moe_experts_ep_forward(a, w);
-  else
-    k::moe_experts_forward(kind, s.moe_out, a.egate, a.eup, a.eh, s.moe_rows, w.expert_gate,
-                           w.expert_up, w.expert_down, offsets, {E, C, Fe});
-  k::moe_combine(s.tmp, s.moe_out, a.gates, s.moe_row_of_slot, N, K, C, k::Out::kWrite);
-  if (block_has(config_, l, BlockWeight::kSharedGate)) {
-    const int64_t Fs = config_.shared_ffn_dim() / tp_.size();
+  const bool shared = block_has(config_, l, BlockWeight::kSharedGate);
+  const int64_t Fs = shared ? config_.shared_ffn_dim() / tp_.size() : 0;
+  // The shared experts' hidden layer needs nothing routed: under expert parallelism it runs
+  // while the routed rows travel. Only its down projection, added to the routed output, waits.
+  const auto shared_hidden = [&] {
     k::linear_forward(kind, a.sgate, a.xn2, w.shared_gate, N, C, Fs);
     k::linear_forward(kind, a.sup, a.xn2, w.shared_up, N, C, Fs);
     k::swiglu_forward(a.sh, a.sgate, a.sup, N * Fs);
-    k::linear_forward(kind, s.tmp, a.sh, w.shared_down, N, Fs, C, k::Out::kAccumulate);
+  };
+  if (ep_size() > 1) {
+    RowsInFlight dispatch = moe_ep_dispatch(a);
+    if (shared) shared_hidden();
+    moe_experts_ep_forward(a, w, dispatch);
+  } else {
+    k::moe_experts_forward(kind, s.moe_out, a.egate, a.eup, a.eh, s.moe_rows, w.expert_gate,
+                           w.expert_up, w.expert_down, offsets, {E, C, Fe});
+    if (shared) shared_hidden();
   }
+  k::moe_combine(s.tmp, s.moe_out, a.gates, s.moe_row_of_slot, N, K, C, k::Out::kWrite);
+  if (shared) k::linear_forward(kind, s.tmp, a.sh, w.shared_down, N, Fs, C, k::Out::kAccumulate);
   if (!first_pass) return;
   const size_t at = static_cast<size_t>(
       std::lower_bound(moe_layers_.begin(), moe_layers_.end(), l) - moe_layers_.begin());
@@ -104,29 +111,37 @@ void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, con
   const int64_t kept = offsets[E];
   k::moe_gather(s.moe_out, dy, s.moe_slot_of_row, kept, K, C);
   std::fill_n(s.moe_dgates, S, 0.0f);
+  const bool shared = block_has(config_, l, BlockWeight::kSharedGate);
+  const int64_t Fs = shared ? config_.shared_ffn_dim() / tp_.size() : 0;
+  // The shared experts' gradients that add nothing to dxn: under expert parallelism they run
+  // while the routed rows' output gradients travel.
+  const auto shared_weights = [&] {
+    k::linear_backward_input(kind, s.dh, dy, w.shared_down, N, Fs, C);
+    k::linear_backward_weight(kind, g.shared_down, dy, a.sh, N, Fs, C);
+    k::swiglu_backward(s.dgate, s.dup, s.dh, a.sgate, a.sup, N * Fs);
+    k::linear_backward_weight(kind, g.shared_gate, s.dgate, a.xn2, N, C, Fs);
+    k::linear_backward_weight(kind, g.shared_up, s.dup, a.xn2, N, C, Fs);
+  };
   if (ep_size() > 1) {
-    moe_experts_ep_backward(a, w, g);
+    RowsInFlight dispatch = moe_ep_dispatch_backward(a);
+    if (shared) shared_weights();
+    moe_experts_ep_backward(a, w, g, dispatch);
   } else {
     k::moe_gather(s.moe_rows, a.xn2, s.moe_slot_of_row, kept, K, C);
     k::moe_experts_backward(kind, s.moe_grad, s.moe_dgates, g.expert_gate, g.expert_up,
                             g.expert_down, s.moe_dh, s.moe_dgate, s.moe_dup, s.moe_out, a.gates,
                             s.moe_slot_of_row, s.moe_rows, a.egate, a.eup, a.eh, w.expert_gate,
                             w.expert_up, w.expert_down, offsets, {E, C, Fe});
+    if (shared) shared_weights();
   }
   k::moe_combine(s.dxn, s.moe_grad, nullptr, s.moe_row_of_slot, N, K, C, k::Out::kWrite);
   // Each tp rank holds a slice of every expert's width: its gate gradients are partial sums.
   if (tp_.size() > 1) tp_.all_reduce(s.moe_dgates, static_cast<size_t>(S));
-  if (block_has(config_, l, BlockWeight::kSharedGate)) {
-    const int64_t Fs = config_.shared_ffn_dim() / tp_.size();
-    k::linear_backward_input(kind, s.dh, dy, w.shared_down, N, Fs, C);
-    k::linear_backward_weight(kind, g.shared_down, dy, a.sh, N, Fs, C);
-    k::swiglu_backward(s.dgate, s.dup, s.dh, a.sgate, a.sup, N * Fs);
+  if (shared) {
     k::linear_backward_input(kind, s.dtmp, s.dgate, w.shared_gate, N, C, Fs);
     k::add_inplace(s.dxn, s.dtmp, N * C);
     k::linear_backward_input(kind, s.dtmp, s.dup, w.shared_up, N, C, Fs);
     k::add_inplace(s.dxn, s.dtmp, N * C);
-    k::linear_backward_weight(kind, g.shared_gate, s.dgate, a.xn2, N, C, Fs);
-    k::linear_backward_weight(kind, g.shared_up, s.dup, a.xn2, N, C, Fs);
   }
   // The router: the gates' gradient (and the auxiliary loss's, injected here at the layer, so
   // that it is the same under any pipeline split), through the scores to the logits.
@@ -173,10 +188,9 @@ void Model::ep_plan(const int32_t* recv) {
              " rows, more than the ", ep_rows_, " their buffers hold");
 }
 
-void Model::moe_experts_ep_forward(LayerActs& a, const ConstBlock& w) {
+Model::RowsInFlight Model::moe_ep_dispatch(LayerActs& a) {
   const parallel::Comm& ep = *options_.ep;
-  const int64_t P = ep_size(), E = config_.n_experts, El = experts_.size(config_), C = config_.dim,
-                Fe = config_.moe_ffn_dim / tp_.size();
+  const int64_t E = config_.n_experts, El = experts_.size(config_);
   auto& s = *scratch_;
   auto* recv = reinterpret_cast<int32_t*>(a.erecv);
   for (int64_t e = 0; e < E; ++e)
@@ -185,8 +199,17 @@ void Model::moe_experts_ep_forward(LayerActs& a, const ConstBlock& w) {
   ep.all_to_all(ep_route_.mine.data(), recv, static_cast<size_t>(El));
   ep_plan(recv);
   const auto& r = ep_route_;
-  ep_exchange(s.moe_rows, r.send_counts, r.send_displs, s.moe_ep_rows, r.recv_counts,
-              r.recv_displs);
+  return start_ep_exchange(s.moe_rows, r.send_counts, r.send_displs, s.moe_ep_rows, r.recv_counts,
+                           r.recv_displs);
+}
+
+void Model::moe_experts_ep_forward(LayerActs& a, const ConstBlock& w, RowsInFlight& dispatch) {
+  const int64_t P = ep_size(), El = experts_.size(config_), C = config_.dim,
+                Fe = config_.moe_ffn_dim / tp_.size();
+  auto& s = *scratch_;
+  const auto* recv = reinterpret_cast<const int32_t*>(a.erecv);
+  const auto& r = ep_route_;
+  finish_ep_exchange(dispatch);
   k::moe_ep_reorder(a.ex, s.moe_ep_rows, recv, r.source_offsets.data(), P, El, C, true);
   k::moe_experts_forward(options_.gemm, s.moe_ep_out, a.egate, a.eup, a.eh, a.ex, w.expert_gate,
                          w.expert_up, w.expert_down, r.local_offsets.data(), {El, C, Fe});
@@ -197,10 +220,10 @@ void Model::moe_experts_ep_forward(LayerActs& a, const ConstBlock& w) {
 // The mirror image: each row's output gradient (scratch moe_out) and gate travel to its expert,
 // the experts' backward runs on the rows they took in the forward (a.ex), and every row's input
 // gradient (into moe_grad) and gate gradient (into moe_dgates, by slot) come back.
-void Model::moe_experts_ep_backward(LayerActs& a, const ConstBlock& w, const BlockParams& g) {
+Model::RowsInFlight Model::moe_ep_dispatch_backward(LayerActs& a) {
   const parallel::Comm& ep = *options_.ep;
-  const int64_t P = ep_size(), El = experts_.size(config_), C = config_.dim,
-                Fe = config_.moe_ffn_dim / tp_.size(), kept = expert_offsets_[config_.n_experts];
+  const int64_t P = ep_size(), El = experts_.size(config_),
+                kept = expert_offsets_[config_.n_experts];
   auto& s = *scratch_;
   const auto* recv = reinterpret_cast<const int32_t*>(a.erecv);
   ep_plan(recv);
@@ -209,7 +232,19 @@ void Model::moe_experts_ep_backward(LayerActs& a, const ConstBlock& w, const Blo
   ep.all_to_allv(s.moe_ep_gates, r.send_counts, r.send_displs, s.moe_ep_dgates, r.recv_counts,
                  r.recv_displs);
   k::moe_ep_reorder(s.moe_ep_gates, s.moe_ep_dgates, recv, r.source_offsets.data(), P, El, 1, true);
-  ep_exchange(s.moe_out, r.send_counts, r.send_displs, s.moe_ep_rows, r.recv_counts, r.recv_displs);
+  return start_ep_exchange(s.moe_out, r.send_counts, r.send_displs, s.moe_ep_rows, r.recv_counts,
+                           r.recv_displs);
+}
+
+void Model::moe_experts_ep_backward(LayerActs& a, const ConstBlock& w, const BlockParams& g,
+                                    RowsInFlight& dispatch) {
+  const parallel::Comm& ep = *options_.ep;
+  const int64_t P = ep_size(), El = experts_.size(config_), C = config_.dim,
+                Fe = config_.moe_ffn_dim / tp_.size(), kept = expert_offsets_[config_.n_experts];
+  auto& s = *scratch_;
+  const auto* recv = reinterpret_cast<const int32_t*>(a.erecv);
+  const auto& r = ep_route_;
+  finish_ep_exchange(dispatch);
   k::moe_ep_reorder(s.moe_ep_out, s.moe_ep_rows, recv, r.source_offsets.data(), P, El, C, true);
   // The rows are their own slots here (moe_ep_index is the identity): gates and gate gradients
   // by row.
@@ -231,16 +266,35 @@ void Model::moe_experts_ep_backward(LayerActs& a, const ConstBlock& w, const Blo
 void Model::ep_exchange(const float* send, const std::vector<int>& sent,
                         const std::vector<int>& sent_at, float* recv,
                         const std::vector<int>& received, const std::vector<int>& received_at) {
+  RowsInFlight rows = start_ep_exchange(send, sent, sent_at, recv, received, received_at);
+  finish_ep_exchange(rows);
+}
+
+Model::RowsInFlight Model::start_ep_exchange(const float* send, const std::vector<int>& sent,
+                                             const std::vector<int>& sent_at, float* recv,
+                                             const std::vector<int>& received,
+                                             const std::vector<int>& received_at) {
   const parallel::Comm& ep = *options_.ep;
   const auto C = static_cast<size_t>(config_.dim);
-  if (!options_.bf16) return ep.all_to_allv(send, sent, sent_at, recv, received, received_at, C);
-  const auto rows = [](const std::vector<int>& n, const std::vector<int>& at) {
-    return static_cast<int64_t>(at.back()) + n.back();
-  };
+  RowsInFlight f;
+  f.recv = recv;
+  f.rows = static_cast<int64_t>(received_at.back()) + received.back();
+  if (!options_.bf16) {
+    f.exchange = ep.start_all_to_allv(send, sent, sent_at, recv, received, received_at, C);
+    return f;
+  }
   auto& s = *scratch_;
-  k::float_to_bf16_threads(s.ep16_send, send, rows(sent, sent_at) * config_.dim);
-  ep.all_to_allv(s.ep16_send, sent, sent_at, s.ep16_recv, received, received_at, C);
-  k::bf16_to_float_threads(recv, s.ep16_recv, rows(received, received_at) * config_.dim);
+  const int64_t sent_rows = static_cast<int64_t>(sent_at.back()) + sent.back();
+  k::float_to_bf16_threads(s.ep16_send, send, sent_rows * config_.dim);
+  f.exchange =
+      ep.start_all_to_allv(s.ep16_send, sent, sent_at, s.ep16_recv, received, received_at, C);
+  return f;
+}
+
+void Model::finish_ep_exchange(RowsInFlight& rows) {
+  options_.ep->wait(rows.exchange);
+  if (options_.bf16)
+    k::bf16_to_float_threads(rows.recv, scratch_->ep16_recv, rows.rows * config_.dim);
 }
 
 }  // namespace t3d::runtime
