@@ -440,6 +440,29 @@ parallel::Costs stage_costs(const PlanProblem& p, const Layout& l) {
           l.pp > 1 ? p2p_s(act, group_link(p.cluster, l.tp * l.dp, l.pp)) : 0.0};
 }
 
+DpSync dp_sync(const PlanProblem& p, const Layout& l) {
+  const auto split = layer_split(p.model, l);
+  DpSync best;
+  for (int64_t st = 0; st < l.pp; ++st) {
+    const ParamUnits units = stage_units(p.model, ranges_of_stage(split, l, st), l.tp, l.ep);
+    DpSync stage;
+    for (const StateGroup group : kStateGroups) {
+      const GroupUnits g = group_units(p.model, units, group);
+      const double n = static_cast<double>(g.end - g.begin);
+      const bool experts = group == StateGroup::kExperts;
+      const int64_t ranks = experts ? l.dp / l.ep : l.dp;
+      const Link link = group_link(p.cluster, experts ? l.tp * l.ep : l.tp, ranks);
+      stage.elems += n;
+      stage.reduce_scatter_s += ring_reduce_scatter_s(n * p.precision.grad, ranks, link);
+      stage.all_gather_s += ring_reduce_scatter_s(n * p.precision.weight, ranks, link);
+    }
+    if (st == 0 ||
+        stage.reduce_scatter_s + stage.all_gather_s > best.reduce_scatter_s + best.all_gather_s)
+      best = stage;
+  }
+  return best;
+}
+
 StepTime step_time(const PlanProblem& p, const Layout& l, const parallel::Schedule& schedule,
                    std::ostream* why) {
   int64_t slow = 0;
@@ -465,14 +488,9 @@ StepTime step_time(const PlanProblem& p, const Layout& l, const parallel::Schedu
   t.pp = with.makespan - makespan0;
   t.bubble_fraction = with.bubble_fraction;
 
-  // Data-parallel gradient sync, for the stage holding the most parameters.
-  double elems = 0;
-  for (int64_t st = 0; st < l.pp; ++st)
-    elems = std::max(elems, stage_param_elems(p.model, ranges_of_stage(split, l, st), l.tp, l.ep));
+  const DpSync sync = dp_sync(p, l);
+  const double elems = sync.elems, rs = sync.reduce_scatter_s, ag = sync.all_gather_s;
   const Link dp_link = group_link(p.cluster, l.tp, l.dp);
-  const double g = elems * p.precision.grad, w = elems * p.precision.weight;
-  const double rs = ring_reduce_scatter_s(g, l.dp, dp_link);
-  const double ag = ring_reduce_scatter_s(w, l.dp, dp_link);
   double traffic = 0, window = 0;
   const double backward = t.costs.b + t.costs.w;
   switch (l.zero) {

@@ -106,6 +106,16 @@ struct StepTime {
   double tokens_per_s_per_device = 0;
 };
 
+// The data-parallel sync of one step's gradients (reduce-scatter) and weights (all-gather) per
+// state group, as TrainingState runs them: the dense parameters over dp (stride tp), a mixture of
+// experts' routed experts over the dp/ep ranks holding the same ones (stride tp·ep); for the
+// stage whose sync takes longest. Seconds of one ring pass each, before ZeRO's repetitions.
+struct DpSync {
+  double elems = 0;  // that stage's parameter elements, both groups
+  double reduce_scatter_s = 0, all_gather_s = 0;
+};
+DpSync dp_sync(const PlanProblem& problem, const Layout& layout);
+
 StepTime step_time(const PlanProblem& problem, const Layout& layout,
                    const parallel::Schedule& schedule, std::ostream* why = nullptr);
 

@@ -263,6 +263,27 @@ TEST(Planner, ExpertParallelismShardsTheExpertsAndPricesTheAllToAll) {
   EXPECT_NEAR(step_time(measured, four, s).ep, at10 / 2, 1e-12 * at10);
   measured.cluster.all_to_all_latency_us = 50;
   EXPECT_GT(step_time(measured, four, s).ep, at10 / 2);
+  // The DP sync per state group: the dense parameters over dp (stride tp), the experts by a ring
+  // of their own over the dp/ep ranks holding the same ones (stride tp·ep).
+  Layout eight = one;
+  eight.ep = 8;
+  ASSERT_EQ(invalid_reason(p, eight), "");
+  // Floats of a state group on a rank holding the experts of EP rank 0 of `ep` (tp = 4).
+  const auto group_floats = [&](StateGroup group, int64_t ep) {
+    const ParamUnits units =
+        param_units(p.model, {{0, p.model.n_layers, true, true}}, 4, expert_share(p.model, ep, 0));
+    const GroupUnits g = group_units(p.model, units, group);
+    return static_cast<double>(g.end - g.begin);
+  };
+  const double grad = p.precision.grad;
+  const double dense_s = ring_reduce_scatter_s(group_floats(StateGroup::kDense, 1) * grad, 16,
+                                               group_link(p.cluster, 4, 16));
+  EXPECT_DOUBLE_EQ(dp_sync(p, one).reduce_scatter_s,
+                   dense_s + ring_reduce_scatter_s(group_floats(StateGroup::kExperts, 1) * grad, 16,
+                                                   group_link(p.cluster, 4, 16)));
+  EXPECT_DOUBLE_EQ(dp_sync(p, eight).reduce_scatter_s,
+                   dense_s + ring_reduce_scatter_s(group_floats(StateGroup::kExperts, 8) * grad, 2,
+                                                   group_link(p.cluster, 32, 2)));
   std::set<int64_t> eps;
   for (const Layout& l : enumerate_layouts(p, PlanSpace{}))
     if (l.dp == 16) eps.insert(l.ep);
