@@ -30,7 +30,11 @@ steps=50
 common=(--set data.path="$corpus" "${tiny_moe[@]}" --set train.micro_batches=1
         --set train.steps=$steps --set hardware.gemm=onednn --set snapshot.every=25)
 metrics() { echo "$work/$1/metrics.jsonl"; }
-identical() {  # identical RUN REFERENCE WHAT: losses and gradient norms bit for bit
+identical() {  # identical RUN REFERENCE WHAT: bit for bit where GEMM rows are computed alone
+  [ $rows_alone = 1 ] || { within "$1" "$2"; return; }
+  bit_identical "$@"
+}
+bit_identical() {  # bit_identical RUN REFERENCE WHAT: losses and gradient norms bit for bit
   check "diff <(field $(metrics $1) loss; field $(metrics $1) grad_norm) <(field $(metrics $2) loss; field $(metrics $2) grad_norm) > /dev/null && [ \$(losses $(metrics $1) | wc -l) -eq $steps ]" \
     "$3: losses and gradient norms bit-identical to $2"
 }
@@ -42,6 +46,17 @@ within() {  # within RUN REFERENCE: losses and gradient norms within the parity 
 }
 dp2=(--set parallel.dp=2)
 dp4=(--set parallel.dp=4)
+# oneDNN's fp32 GEMMs compute each row alone with their AVX-512 kernels only. Without AVX-512 (AMD
+# Zen 3, or ONEDNN_MAX_CPU_ISA below AVX512_CORE, which titan3d honours too) its AVX2 kernels
+# round a row by its place in the GEMM, as OpenBLAS's tails do, so every "bit for bit" pair of 1
+# and 4 is checked within the tolerance of 2 instead (test_model_ep_mpi probes the property).
+rows_alone=1
+for flag in avx512f avx512bw avx512vl; do grep -qw $flag /proc/cpuinfo || rows_alone=0; done
+case "$(echo "${ONEDNN_MAX_CPU_ISA:-${DNNL_MAX_CPU_ISA:-}}" | tr a-z A-Z)" in
+  SSE41 | AVX | AVX2 | AVX2_VNNI) rows_alone=0 ;;
+esac
+[ $rows_alone = 1 ] ||
+  echo "note: oneDNN has no AVX-512 kernels here: the bit-for-bit pairs are checked within 1e-5"
 
 # --- 1. Bit for bit. ---
 run dp2_ep1 "${dp2[@]}"
@@ -66,8 +81,13 @@ for ep in 1 2; do
     > "$work/mixtral_ep$ep.export.log" 2>&1
 done
 exported() { sha256sum < "$work/mixtral_ep$1.hf/model.safetensors" 2>/dev/null | cut -c1-16; }
-check "[ -n \"\$(exported 2)\" ] && [ \"\$(exported 2)\" = \"\$(exported 1)\" ]" \
-  "export of an ep2 snapshot (every expert, from both ranks) is the ep1 one's, byte for byte"
+if [ $rows_alone = 1 ]; then
+  check "[ -n \"\$(exported 2)\" ] && [ \"\$(exported 2)\" = \"\$(exported 1)\" ]" \
+    "export of an ep2 snapshot (every expert, from both ranks) is the ep1 one's, byte for byte"
+else  # 5 steps of AdamW on last-bit differences: within 1e-3 of each tensor's largest weight
+  check "python3 $(dirname "$0")/../use/safetensors_tool.py close $work/mixtral_ep1.hf/model.safetensors $work/mixtral_ep2.hf/model.safetensors 1e-3" \
+    "export of an ep2 snapshot (every expert, from both ranks) is the ep1 one's, within 1e-3"
+fi
 "$titan3d" generate "$work/dp2_ep2/snapshots/step_000000$steps.h5" --prompt "The " --max-tokens 10 \
   --seed 1 > "$work/gen.out" 2>&1
 check "[ $? -eq 0 ] && [ \$(wc -c < $work/gen.out) -ge 10 ]" "generate runs on an ep2 snapshot"
@@ -80,7 +100,7 @@ run dp2_tp2_sp_ep1 "${tp_sp[@]}"
 run dp2_tp2_sp_ep2 "${tp_sp[@]}" --set parallel.ep=2
 identical dp2_tp2_sp_ep2 dp2_tp2_sp_ep1 "dp2 × tp2 with SP, ep2"
 run dp2_ep2_recompute "${dp2[@]}" --set parallel.ep=2 --set train.activation_checkpoint=full
-identical dp2_ep2_recompute dp2_ep2 "activation checkpointing, ep2"
+bit_identical dp2_ep2_recompute dp2_ep2 "activation checkpointing, ep2"
 # A capacity factor: the same drops on both (capacity is per rank's micro-batch), and it bounds
 # the rows an expert rank may take (E times the capacity instead of ep·N·K), so the arena's
 # activations shrink.
@@ -147,8 +167,13 @@ resume one_from_ep2 dp2_ep2
 resume one_from_ep1 dp2_ep1
 resume one_from_ep2_zero3 dp2_ep2_zero3
 for from in ep2 ep2_zero3; do
-  check "diff <(losses $(metrics one_from_$from)) <(losses $(metrics one_from_ep1)) > /dev/null && [ \$(losses $(metrics one_from_ep1) | wc -l) -eq 25 ]" \
-    "the dp2 $from and ep1 snapshots of one training resume on 1 rank without ZeRO to the same 25 losses, bit for bit"
+  if [ $rows_alone = 1 ]; then
+    check "diff <(losses $(metrics one_from_$from)) <(losses $(metrics one_from_ep1)) > /dev/null && [ \$(losses $(metrics one_from_ep1) | wc -l) -eq 25 ]" \
+      "the dp2 $from and ep1 snapshots of one training resume on 1 rank without ZeRO to the same 25 losses, bit for bit"
+  else
+    printf '%-24s loss:      ' one_from_$from
+    compare_losses "$(metrics one_from_$from)" "$(metrics one_from_ep1)" 1e-5 || fail=1
+  fi
 done
 printf '%-24s loss:      ' one_from_ep2
 compare_losses "$(metrics one_from_ep2)" "$(tail_of dp2_ep1)" 1e-5 || fail=1

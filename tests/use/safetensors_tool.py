@@ -2,6 +2,8 @@
 """safetensors files for the import tests, with numpy only (an independent reader and writer).
 
   same A B              exit 0 when A and B hold the same tensors, bit for bit (metadata aside)
+  close A B RTOL        exit 0 when A and B hold the same tensor names, dtypes and shapes, every
+                        element within RTOL of its tensor's largest magnitude in A
   bf16of F32 BF16       exit 0 when BF16's tensors are F32's rounded to nearest even
   widened HALF F32      exit 0 when F32's tensors are HALF's (BF16 or F16) widened exactly
   shard SRC DIR N       writes SRC's tensors as N files + model.safetensors.index.json in DIR
@@ -63,6 +65,18 @@ def main():
         bad = [k for k in a if k not in b or a[k][0] != b[k][0] or not np.array_equal(bits(a[k][1]), bits(b[k][1]))]
         bad += [k for k in b if k not in a]
         print(f"{len(a)} tensors, {len(bad)} differ {bad[:3]}")
+        return 1 if bad else 0
+    if cmd == "close":
+        a, b, rtol = read(args[0]), read(args[1]), float(args[2])
+        bad = [k for k in b if k not in a]
+        for k, (d, x) in a.items():
+            if k not in b or b[k][0] != d or b[k][1].shape != x.shape:
+                bad.append(k)
+                continue
+            x, y = widen(d, x).astype(np.float64), widen(d, b[k][1]).astype(np.float64)
+            if np.abs(x - y).max(initial=0) > rtol * np.abs(x).max(initial=0):
+                bad.append(k)
+        print(f"{len(a)} tensors, {len(bad)} differ by more than {rtol} {bad[:3]}")
         return 1 if bad else 0
     if cmd == "bf16of":
         a, b = read(args[0]), read(args[1])
