@@ -1,0 +1,242 @@
+#include "checkpoint/shard_file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+
+#include "checkpoint/h5.h"
+
+namespace t3d::checkpoint {
+
+namespace {
+
+// O_DIRECT transfers: file offsets, memory addresses and lengths in multiples of this (the
+// largest logical block size in use, so it holds on every device).
+constexpr uint64_t kAlign = 4096;
+// Raw data not aligned in memory goes to the device through a bounce buffer of this size.
+constexpr size_t kBounce = 8 << 20;
+// Largest single O_DIRECT write (the kernel caps a write at just under 2 GiB).
+constexpr size_t kMaxWrite = 256 << 20;
+
+struct Driver {
+  H5FD_t pub;          // first: HDF5 casts between the two
+  int fd = -1;         // through the page cache
+  int direct_fd = -1;  // O_DIRECT, or -1 where the file system refuses it
+  haddr_t eoa = 0, eof = 0;
+  dev_t dev = 0;
+  ino_t ino = 0;
+  ShardFileLog* log = nullptr;
+  void* bounce = nullptr;
+};
+
+struct Info {
+  ShardFileLog* log;
+};
+
+herr_t fail(const char* func, hid_t minor, const char* what) {
+  const int err = errno;
+  H5Epush2(H5E_DEFAULT, __FILE__, func, __LINE__, H5E_ERR_CLS, H5E_VFL, minor,
+           "%s failed: errno = %d, error message = '%s'", what, err, std::strerror(err));
+  return -1;
+}
+
+// pwrite of all `size` bytes at `at`, retried over short writes and EINTR.
+bool write_all(int fd, const void* data, size_t size, uint64_t at) {
+  const auto* p = static_cast<const char*>(data);
+  while (size > 0) {
+    const ssize_t n = ::pwrite(fd, p, std::min(size, kMaxWrite), static_cast<off_t>(at));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      if (n == 0) errno = EIO;
+      return false;
+    }
+    p += n, at += static_cast<uint64_t>(n), size -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+H5FD_t* open_file(const char* name, unsigned flags, hid_t fapl, haddr_t maxaddr) {
+  const auto* info = static_cast<const Info*>(H5Pget_driver_info(fapl));
+  if (!info || !info->log || !(flags & H5F_ACC_RDWR)) {
+    errno = EINVAL;
+    fail("open_file", H5E_CANTOPENFILE, "shard driver (write only, with a log)");
+    return nullptr;
+  }
+  int o = O_RDWR | O_CLOEXEC;
+  if (flags & H5F_ACC_TRUNC) o |= O_TRUNC;
+  if (flags & H5F_ACC_CREAT) o |= O_CREAT;
+  if (flags & H5F_ACC_EXCL) o |= O_EXCL;
+  const int fd = ::open(name, o, 0644);
+  if (fd < 0) return fail("open_file", H5E_CANTOPENFILE, "open"), nullptr;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    fail("open_file", H5E_CANTOPENFILE, "fstat");
+    ::close(fd);
+    return nullptr;
+  }
+  auto* d = new Driver{};
+  d->fd = fd;
+  d->direct_fd = ::open(name, O_WRONLY | O_CLOEXEC | O_DIRECT);  // -1: page cache only
+  d->eof = static_cast<haddr_t>(st.st_size);
+  d->dev = st.st_dev, d->ino = st.st_ino;
+  d->log = info->log;
+  (void)maxaddr;
+  return &d->pub;
+}
+
+herr_t close_file(H5FD_t* file) {
+  auto* d = reinterpret_cast<Driver*>(file);
+  int rc = ::close(d->fd);
+  if (d->direct_fd >= 0 && ::close(d->direct_fd) != 0) rc = -1;
+  std::free(d->bounce);
+  const herr_t ret = rc == 0 ? 0 : fail("close_file", H5E_CLOSEERROR, "close");
+  delete d;
+  return ret;
+}
+
+int compare(const H5FD_t* a, const H5FD_t* b) {
+  const auto* x = reinterpret_cast<const Driver*>(a);
+  const auto* y = reinterpret_cast<const Driver*>(b);
+  if (x->dev != y->dev) return x->dev < y->dev ? -1 : 1;
+  if (x->ino != y->ino) return x->ino < y->ino ? -1 : 1;
+  return 0;
+}
+
+herr_t query(const H5FD_t*, unsigned long* flags) {
+  // No data sieving: contiguous raw data reaches write() straight from the caller's buffer.
+  if (flags)
+    *flags = H5FD_FEAT_AGGREGATE_METADATA | H5FD_FEAT_ACCUMULATE_METADATA |
+             H5FD_FEAT_AGGREGATE_SMALLDATA;
+  return 0;
+}
+
+haddr_t get_eoa(const H5FD_t* file, H5FD_mem_t) {
+  return reinterpret_cast<const Driver*>(file)->eoa;
+}
+herr_t set_eoa(H5FD_t* file, H5FD_mem_t, haddr_t addr) {
+  reinterpret_cast<Driver*>(file)->eoa = addr;
+  return 0;
+}
+haddr_t get_eof(const H5FD_t* file, H5FD_mem_t) {
+  return reinterpret_cast<const Driver*>(file)->eof;
+}
+herr_t get_handle(H5FD_t* file, hid_t, void** handle) {
+  *handle = &reinterpret_cast<Driver*>(file)->fd;
+  return 0;
+}
+
+herr_t read(H5FD_t* file, H5FD_mem_t, hid_t, haddr_t addr, size_t size, void* buf) {
+  auto* d = reinterpret_cast<Driver*>(file);
+  auto* p = static_cast<char*>(buf);
+  while (size > 0) {
+    const ssize_t n = ::pread(d->fd, p, size, static_cast<off_t>(addr));
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return fail("read", H5E_READERROR, "file read");
+    if (n == 0) {  // past the end of the file: zeros, as HDF5 expects
+      std::memset(p, 0, size);
+      break;
+    }
+    p += n, addr += static_cast<haddr_t>(n), size -= static_cast<size_t>(n);
+  }
+  return 0;
+}
+
+// Raw data: the aligned middle with O_DIRECT (from `buf` itself when it is aligned there, else
+// through the bounce buffer), the unaligned edges through the page cache. A page is thus only
+// ever written one way, so the two paths never see each other's stale copies.
+bool write_raw(Driver* d, haddr_t addr, size_t size, const char* buf) {
+  const uint64_t begin = addr, end = addr + size;
+  const uint64_t a0 = std::min(end, (begin + kAlign - 1) / kAlign * kAlign);
+  const uint64_t a1 = std::max(a0, end / kAlign * kAlign);
+  if (d->direct_fd < 0 || a1 - a0 < kAlign) {
+    d->log->buffered_bytes += size;
+    return write_all(d->fd, buf, size, addr);
+  }
+  if (a0 > begin && !write_all(d->fd, buf, a0 - begin, begin)) return false;
+  if (end > a1 && !write_all(d->fd, buf + (a1 - begin), end - a1, a1)) return false;
+  d->log->buffered_bytes += (a0 - begin) + (end - a1);
+  d->log->direct_bytes += a1 - a0;
+  const char* mid = buf + (a0 - begin);
+  if (reinterpret_cast<uintptr_t>(mid) % kAlign == 0)
+    return write_all(d->direct_fd, mid, a1 - a0, a0);
+  if (!d->bounce && ::posix_memalign(&d->bounce, kAlign, kBounce) != 0) {
+    d->bounce = nullptr;
+    errno = ENOMEM;
+    return false;
+  }
+  for (uint64_t at = a0; at < a1; at += kBounce) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(kBounce, a1 - at));
+    std::memcpy(d->bounce, mid + (at - a0), n);
+    if (!write_all(d->direct_fd, d->bounce, n, at)) return false;
+  }
+  return true;
+}
+
+herr_t write(H5FD_t* file, H5FD_mem_t type, hid_t, haddr_t addr, size_t size, const void* buf) {
+  auto* d = reinterpret_cast<Driver*>(file);
+  const auto* p = static_cast<const char*>(buf);
+  bool ok;
+  if (type == H5FD_MEM_DRAW) {
+    d->log->digest.written(addr, p, size);
+    ok = write_raw(d, addr, size, p);
+  } else {
+    d->log->digest.overwritten(addr, size);
+    d->log->buffered_bytes += size;
+    ok = write_all(d->fd, p, size, addr);
+  }
+  if (!ok) return fail("write", H5E_WRITEERROR, "file write");
+  d->eof = std::max<haddr_t>(d->eof, addr + size);
+  return 0;
+}
+
+herr_t truncate(H5FD_t* file, hid_t, hbool_t) {
+  auto* d = reinterpret_cast<Driver*>(file);
+  if (d->eoa == d->eof) return 0;
+  if (::ftruncate(d->fd, static_cast<off_t>(d->eoa)) != 0)
+    return fail("truncate", H5E_SEEKERROR, "ftruncate");
+  d->log->digest.overwritten(std::min(d->eoa, d->eof), d->eoa > d->eof ? d->eoa - d->eof : 0);
+  d->eof = d->eoa;
+  return 0;
+}
+
+hid_t driver_id() {
+  static const H5FD_class_t cls = [] {
+    H5FD_class_t c{};
+    c.name = "titan3d_shard";
+    c.maxaddr = static_cast<haddr_t>((uint64_t{1} << 62) - 1);
+    c.fc_degree = H5F_CLOSE_WEAK;
+    c.fapl_size = sizeof(Info);
+    c.open = open_file;
+    c.close = close_file;
+    c.cmp = compare;
+    c.query = query;
+    c.get_eoa = get_eoa;
+    c.set_eoa = set_eoa;
+    c.get_eof = get_eof;
+    c.get_handle = get_handle;
+    c.read = read;
+    c.write = write;
+    c.truncate = truncate;
+    const H5FD_mem_t map[] = H5FD_FLMAP_DICHOTOMY;
+    std::copy(std::begin(map), std::end(map), c.fl_map);
+    return c;
+  }();
+  static const hid_t id = T3D_H5(H5FDregister(&cls), "the shard file driver");
+  return id;
+}
+
+}  // namespace
+
+void use_shard_driver(hid_t fapl, ShardFileLog* log) {
+  const Info info{log};
+  T3D_H5(H5Pset_driver(fapl, driver_id(), &info), "file access list");
+  T3D_H5(H5Pset_meta_block_size(fapl, 1 << 20), "file access list");
+}
+
+}  // namespace t3d::checkpoint
