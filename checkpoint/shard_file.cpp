@@ -19,7 +19,7 @@ namespace {
 // O_DIRECT transfers: file offsets, memory addresses and lengths in multiples of this (the
 // largest logical block size in use, so it holds on every device).
 constexpr uint64_t kAlign = 4096;
-// Raw data not aligned in memory goes to the device through a bounce buffer of this size.
+// Raw data is gathered into O_DIRECT writes of up to this size.
 constexpr size_t kBounce = 8 << 20;
 // Largest single O_DIRECT write (the kernel caps a write at just under 2 GiB).
 constexpr size_t kMaxWrite = 256 << 20;
@@ -32,7 +32,11 @@ struct Driver {
   dev_t dev = 0;
   ino_t ino = 0;
   ShardFileLog* log = nullptr;
-  void* bounce = nullptr;
+  // Raw bytes gathered for one O_DIRECT write: file range [run_start, run_end) of a run of
+  // contiguous raw writes (write_raw); run_start is aligned.
+  char* bounce = nullptr;
+  bool run_open = false;
+  uint64_t run_start = 0, run_end = 0;
 };
 
 struct Info {
@@ -90,12 +94,17 @@ H5FD_t* open_file(const char* name, unsigned flags, hid_t fapl, haddr_t maxaddr)
   return &d->pub;
 }
 
+bool end_run(Driver* d);
+
 herr_t close_file(H5FD_t* file) {
   auto* d = reinterpret_cast<Driver*>(file);
+  const bool ended = end_run(d);
+  const int err = errno;
   int rc = ::close(d->fd);
   if (d->direct_fd >= 0 && ::close(d->direct_fd) != 0) rc = -1;
   std::free(d->bounce);
-  const herr_t ret = rc == 0 ? 0 : fail("close_file", H5E_CLOSEERROR, "close");
+  if (!ended) errno = err;
+  const herr_t ret = ended && rc == 0 ? 0 : fail("close_file", H5E_CLOSEERROR, "close");
   delete d;
   return ret;
 }
@@ -133,6 +142,7 @@ herr_t get_handle(H5FD_t* file, hid_t, void** handle) {
 
 herr_t read(H5FD_t* file, H5FD_mem_t, hid_t, haddr_t addr, size_t size, void* buf) {
   auto* d = reinterpret_cast<Driver*>(file);
+  if (!end_run(d)) return fail("read", H5E_WRITEERROR, "file write");
   auto* p = static_cast<char*>(buf);
   while (size > 0) {
     const ssize_t n = ::pread(d->fd, p, size, static_cast<off_t>(addr));
@@ -147,33 +157,51 @@ herr_t read(H5FD_t* file, H5FD_mem_t, hid_t, haddr_t addr, size_t size, void* bu
   return 0;
 }
 
-// Raw data: the aligned middle with O_DIRECT (from `buf` itself when it is aligned there, else
-// through the bounce buffer), the unaligned edges through the page cache. A page is thus only
-// ever written one way, so the two paths never see each other's stale copies.
-bool write_raw(Driver* d, haddr_t addr, size_t size, const char* buf) {
-  const uint64_t begin = addr, end = addr + size;
-  const uint64_t a0 = std::min(end, (begin + kAlign - 1) / kAlign * kAlign);
-  const uint64_t a1 = std::max(a0, end / kAlign * kAlign);
-  if (d->direct_fd < 0 || a1 - a0 < kAlign) {
+// Raw data goes through the bounce buffer, which gathers contiguous raw writes (a box's rows, an
+// incremental shard's chunks one after the other) into large O_DIRECT writes: a run starts at a
+// 4 KiB-aligned offset (the bytes before it, through the page cache), is written whenever the
+// buffer fills, and its last partial page goes through the page cache when the run ends (a raw
+// write elsewhere, a read, a flush, the close). A page is thus only ever written one way, so the
+// two paths never see each other's stale copies.
+bool end_run(Driver* d) {
+  if (!d->run_open) return true;
+  d->run_open = false;
+  const uint64_t held = d->run_end - d->run_start, aligned = held / kAlign * kAlign;
+  d->log->direct_bytes += aligned;
+  d->log->buffered_bytes += held - aligned;
+  return (!aligned || write_all(d->direct_fd, d->bounce, aligned, d->run_start)) &&
+         (held == aligned ||
+          write_all(d->fd, d->bounce + aligned, held - aligned, d->run_start + aligned));
+}
+
+bool write_raw(Driver* d, haddr_t addr, size_t size, const char* p) {
+  if (d->direct_fd < 0) {
     d->log->buffered_bytes += size;
-    return write_all(d->fd, buf, size, addr);
+    return write_all(d->fd, p, size, addr);
   }
-  if (a0 > begin && !write_all(d->fd, buf, a0 - begin, begin)) return false;
-  if (end > a1 && !write_all(d->fd, buf + (a1 - begin), end - a1, a1)) return false;
-  d->log->buffered_bytes += (a0 - begin) + (end - a1);
-  d->log->direct_bytes += a1 - a0;
-  const char* mid = buf + (a0 - begin);
-  if (reinterpret_cast<uintptr_t>(mid) % kAlign == 0)
-    return write_all(d->direct_fd, mid, a1 - a0, a0);
-  if (!d->bounce && ::posix_memalign(&d->bounce, kAlign, kBounce) != 0) {
-    d->bounce = nullptr;
-    errno = ENOMEM;
-    return false;
+  if (d->run_open && addr != d->run_end && !end_run(d)) return false;
+  if (!d->run_open) {
+    const uint64_t head = std::min<uint64_t>(size, (kAlign - addr % kAlign) % kAlign);
+    if (head && !write_all(d->fd, p, head, addr)) return false;
+    d->log->buffered_bytes += head;
+    p += head, addr += head, size -= head;
+    if (!size) return true;
+    if (!d->bounce) {
+      void* b = nullptr;
+      if (::posix_memalign(&b, kAlign, kBounce) != 0) return errno = ENOMEM, false;
+      d->bounce = static_cast<char*>(b);
+    }
+    d->run_open = true, d->run_start = d->run_end = addr;
   }
-  for (uint64_t at = a0; at < a1; at += kBounce) {
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(kBounce, a1 - at));
-    std::memcpy(d->bounce, mid + (at - a0), n);
-    if (!write_all(d->direct_fd, d->bounce, n, at)) return false;
+  while (size > 0) {
+    const size_t n = std::min<size_t>(size, kBounce - (d->run_end - d->run_start));
+    std::memcpy(d->bounce + (d->run_end - d->run_start), p, n);
+    d->run_end += n, p += n, size -= n;
+    if (d->run_end - d->run_start == kBounce) {  // full: written, the run goes on after it
+      if (!write_all(d->direct_fd, d->bounce, kBounce, d->run_start)) return false;
+      d->log->direct_bytes += kBounce;
+      d->run_start = d->run_end;
+    }
   }
   return true;
 }
@@ -195,8 +223,13 @@ herr_t write(H5FD_t* file, H5FD_mem_t type, hid_t, haddr_t addr, size_t size, co
   return 0;
 }
 
+herr_t flush(H5FD_t* file, hid_t, hbool_t) {
+  return end_run(reinterpret_cast<Driver*>(file)) ? 0 : fail("flush", H5E_WRITEERROR, "file write");
+}
+
 herr_t truncate(H5FD_t* file, hid_t, hbool_t) {
   auto* d = reinterpret_cast<Driver*>(file);
+  if (!end_run(d)) return fail("truncate", H5E_WRITEERROR, "file write");
   if (d->eoa == d->eof) return 0;
   if (::ftruncate(d->fd, static_cast<off_t>(d->eoa)) != 0)
     return fail("truncate", H5E_SEEKERROR, "ftruncate");
@@ -222,6 +255,7 @@ hid_t driver_id() {
     c.get_handle = get_handle;
     c.read = read;
     c.write = write;
+    c.flush = flush;
     c.truncate = truncate;
     const H5FD_mem_t map[] = H5FD_FLMAP_DICHOTOMY;
     std::copy(std::begin(map), std::end(map), c.fl_map);
