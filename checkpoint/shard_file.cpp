@@ -6,9 +6,13 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include "checkpoint/h5.h"
 
@@ -24,6 +28,86 @@ constexpr size_t kBounce = 8 << 20;
 // Largest single O_DIRECT write (the kernel caps a write at just under 2 GiB).
 constexpr size_t kMaxWrite = 256 << 20;
 
+// pwrite of all `size` bytes at `at`, retried over short writes and EINTR.
+bool write_all(int fd, const void* data, size_t size, uint64_t at);
+
+// O_DIRECT writes on a thread of their own, one at a time, so that the device streams while the
+// caller hashes and copies the next bytes: of two buffers one is being filled, the other written.
+class DirectWriter {
+ public:
+  explicit DirectWriter(int fd) : fd_(fd) {}
+  ~DirectWriter() {
+    if (thread_.joinable()) {
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        stop_ = true;
+      }
+      ready_.notify_all();
+      thread_.join();
+    }
+    for (char* b : buffers_) std::free(b);
+  }
+  // The buffer to fill, of kBounce bytes, aligned; null (errno ENOMEM) when it cannot be had.
+  char* buffer() {
+    for (char*& b : buffers_) {
+      void* p = nullptr;
+      if (!b && ::posix_memalign(&p, kAlign, kBounce) != 0) return errno = ENOMEM, nullptr;
+      if (!b) b = static_cast<char*>(p);
+    }
+    return buffers_[filling_];
+  }
+  // Writes the first `size` bytes of buffer() at `at` in the background, once the write before
+  // it is done; the other buffer becomes buffer(). False (errno set) when an earlier write failed.
+  bool submit(size_t size, uint64_t at) {
+    if (!wait()) return false;
+    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      job_ = {buffers_[filling_], size, at}, busy_ = true;
+    }
+    ready_.notify_all();
+    filling_ = 1 - filling_;
+    return true;
+  }
+  // Waits for the write in flight; false (errno set) when a write failed.
+  bool wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_.wait(lock, [this] { return !busy_; });
+    if (error_) errno = error_;
+    return error_ == 0;
+  }
+
+ private:
+  struct Job {
+    const char* data = nullptr;
+    size_t size = 0;
+    uint64_t at = 0;
+  };
+  void run() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (;;) {
+      ready_.wait(lock, [this] { return busy_ || stop_; });
+      if (!busy_) return;
+      const Job job = job_;
+      lock.unlock();
+      const int err = write_all(fd_, job.data, job.size, job.at) ? 0 : errno;
+      lock.lock();
+      if (err && !error_) error_ = err;
+      busy_ = false;
+      done_.notify_all();
+    }
+  }
+  int fd_;
+  char* buffers_[2] = {nullptr, nullptr};
+  int filling_ = 0;
+  std::thread thread_;
+  std::mutex mutex_;
+  std::condition_variable ready_, done_;
+  Job job_;
+  bool busy_ = false, stop_ = false;
+  int error_ = 0;
+};
+
 struct Driver {
   H5FD_t pub;          // first: HDF5 casts between the two
   int fd = -1;         // through the page cache
@@ -32,9 +116,9 @@ struct Driver {
   dev_t dev = 0;
   ino_t ino = 0;
   ShardFileLog* log = nullptr;
-  // Raw bytes gathered for one O_DIRECT write: file range [run_start, run_end) of a run of
-  // contiguous raw writes (write_raw); run_start is aligned.
-  char* bounce = nullptr;
+  // Raw bytes gathered for one O_DIRECT write, in direct->buffer(): file range
+  // [run_start, run_end) of a run of contiguous raw writes (write_raw); run_start is aligned.
+  std::unique_ptr<DirectWriter> direct;
   bool run_open = false;
   uint64_t run_start = 0, run_end = 0;
 };
@@ -50,7 +134,6 @@ herr_t fail(const char* func, hid_t minor, const char* what) {
   return -1;
 }
 
-// pwrite of all `size` bytes at `at`, retried over short writes and EINTR.
 bool write_all(int fd, const void* data, size_t size, uint64_t at) {
   const auto* p = static_cast<const char*>(data);
   while (size > 0) {
@@ -87,6 +170,7 @@ H5FD_t* open_file(const char* name, unsigned flags, hid_t fapl, haddr_t maxaddr)
   auto* d = new Driver{};
   d->fd = fd;
   d->direct_fd = ::open(name, O_WRONLY | O_CLOEXEC | O_DIRECT);  // -1: page cache only
+  if (d->direct_fd >= 0) d->direct = std::make_unique<DirectWriter>(d->direct_fd);
   d->eof = static_cast<haddr_t>(st.st_size);
   d->dev = st.st_dev, d->ino = st.st_ino;
   d->log = info->log;
@@ -94,15 +178,17 @@ H5FD_t* open_file(const char* name, unsigned flags, hid_t fapl, haddr_t maxaddr)
   return &d->pub;
 }
 
-bool end_run(Driver* d);
+// Ends the run of raw writes being gathered (write_raw); with `wait`, also waits until every
+// O_DIRECT write is done. False (errno set) when a write failed.
+bool end_run(Driver* d, bool wait);
 
 herr_t close_file(H5FD_t* file) {
   auto* d = reinterpret_cast<Driver*>(file);
-  const bool ended = end_run(d);
+  const bool ended = end_run(d, true);
   const int err = errno;
+  d->direct.reset();
   int rc = ::close(d->fd);
   if (d->direct_fd >= 0 && ::close(d->direct_fd) != 0) rc = -1;
-  std::free(d->bounce);
   if (!ended) errno = err;
   const herr_t ret = ended && rc == 0 ? 0 : fail("close_file", H5E_CLOSEERROR, "close");
   delete d;
@@ -142,7 +228,7 @@ herr_t get_handle(H5FD_t* file, hid_t, void** handle) {
 
 herr_t read(H5FD_t* file, H5FD_mem_t, hid_t, haddr_t addr, size_t size, void* buf) {
   auto* d = reinterpret_cast<Driver*>(file);
-  if (!end_run(d)) return fail("read", H5E_WRITEERROR, "file write");
+  if (!end_run(d, true)) return fail("read", H5E_WRITEERROR, "file write");
   auto* p = static_cast<char*>(buf);
   while (size > 0) {
     const ssize_t n = ::pread(d->fd, p, size, static_cast<off_t>(addr));
@@ -157,48 +243,48 @@ herr_t read(H5FD_t* file, H5FD_mem_t, hid_t, haddr_t addr, size_t size, void* bu
   return 0;
 }
 
-// Raw data goes through the bounce buffer, which gathers contiguous raw writes (a box's rows, an
-// incremental shard's chunks one after the other) into large O_DIRECT writes: a run starts at a
-// 4 KiB-aligned offset (the bytes before it, through the page cache), is written whenever the
+// Raw data goes through the DirectWriter's buffers, which gather contiguous raw writes (a box's
+// rows, an incremental shard's chunks one after the other) into large O_DIRECT writes: a run starts
+// at a 4 KiB-aligned offset (the bytes before it, through the page cache), is written whenever the
 // buffer fills, and its last partial page goes through the page cache when the run ends (a raw
 // write elsewhere, a read, a flush, the close). A page is thus only ever written one way, so the
 // two paths never see each other's stale copies.
-bool end_run(Driver* d) {
-  if (!d->run_open) return true;
-  d->run_open = false;
-  const uint64_t held = d->run_end - d->run_start, aligned = held / kAlign * kAlign;
-  d->log->direct_bytes += aligned;
-  d->log->buffered_bytes += held - aligned;
-  return (!aligned || write_all(d->direct_fd, d->bounce, aligned, d->run_start)) &&
-         (held == aligned ||
-          write_all(d->fd, d->bounce + aligned, held - aligned, d->run_start + aligned));
+bool end_run(Driver* d, bool wait) {
+  if (d->run_open) {
+    d->run_open = false;
+    const uint64_t held = d->run_end - d->run_start, aligned = held / kAlign * kAlign;
+    d->log->direct_bytes += aligned;
+    d->log->buffered_bytes += held - aligned;
+    const char* b = d->direct->buffer();
+    if (held > aligned && !write_all(d->fd, b + aligned, held - aligned, d->run_start + aligned))
+      return false;
+    if (aligned && !d->direct->submit(aligned, d->run_start)) return false;
+  }
+  return !wait || !d->direct || d->direct->wait();
 }
 
 bool write_raw(Driver* d, haddr_t addr, size_t size, const char* p) {
-  if (d->direct_fd < 0) {
+  if (!d->direct) {
     d->log->buffered_bytes += size;
     return write_all(d->fd, p, size, addr);
   }
-  if (d->run_open && addr != d->run_end && !end_run(d)) return false;
+  if (d->run_open && addr != d->run_end && !end_run(d, false)) return false;
   if (!d->run_open) {
     const uint64_t head = std::min<uint64_t>(size, (kAlign - addr % kAlign) % kAlign);
     if (head && !write_all(d->fd, p, head, addr)) return false;
     d->log->buffered_bytes += head;
     p += head, addr += head, size -= head;
     if (!size) return true;
-    if (!d->bounce) {
-      void* b = nullptr;
-      if (::posix_memalign(&b, kAlign, kBounce) != 0) return errno = ENOMEM, false;
-      d->bounce = static_cast<char*>(b);
-    }
     d->run_open = true, d->run_start = d->run_end = addr;
   }
   while (size > 0) {
+    char* b = d->direct->buffer();
+    if (!b) return false;
     const size_t n = std::min<size_t>(size, kBounce - (d->run_end - d->run_start));
-    std::memcpy(d->bounce + (d->run_end - d->run_start), p, n);
+    std::memcpy(b + (d->run_end - d->run_start), p, n);
     d->run_end += n, p += n, size -= n;
     if (d->run_end - d->run_start == kBounce) {  // full: written, the run goes on after it
-      if (!write_all(d->direct_fd, d->bounce, kBounce, d->run_start)) return false;
+      if (!d->direct->submit(kBounce, d->run_start)) return false;
       d->log->direct_bytes += kBounce;
       d->run_start = d->run_end;
     }
@@ -224,12 +310,14 @@ herr_t write(H5FD_t* file, H5FD_mem_t type, hid_t, haddr_t addr, size_t size, co
 }
 
 herr_t flush(H5FD_t* file, hid_t, hbool_t) {
-  return end_run(reinterpret_cast<Driver*>(file)) ? 0 : fail("flush", H5E_WRITEERROR, "file write");
+  return end_run(reinterpret_cast<Driver*>(file), true)
+             ? 0
+             : fail("flush", H5E_WRITEERROR, "file write");
 }
 
 herr_t truncate(H5FD_t* file, hid_t, hbool_t) {
   auto* d = reinterpret_cast<Driver*>(file);
-  if (!end_run(d)) return fail("truncate", H5E_WRITEERROR, "file write");
+  if (!end_run(d, true)) return fail("truncate", H5E_WRITEERROR, "file write");
   if (d->eoa == d->eof) return 0;
   if (::ftruncate(d->fd, static_cast<off_t>(d->eoa)) != 0)
     return fail("truncate", H5E_SEEKERROR, "ftruncate");

@@ -1,9 +1,11 @@
-// The HDF5 file driver shards are written through. Raw data (tensor values, stored chunks) goes
-// from the caller's memory to the device with O_DIRECT, so the kernel neither copies it into the
-// page cache nor writes it back later; HDF5's metadata and the unaligned edges of raw writes go
-// through the page cache as usual. Every raw byte is also handed to a FileDigestBuilder as it is
-// written, so the shard's whole-file digest needs no second read of the file. The file is an
-// ordinary HDF5 file: readers open it with HDF5's default driver.
+// The HDF5 file driver shards are written through. Raw data (tensor values, stored chunks) is
+// gathered into 8 MiB buffers and goes to the device with O_DIRECT, written by a helper thread
+// while the next buffer fills, so the kernel neither copies it into the page cache nor writes it
+// back later, and the device streams while the caller hashes; HDF5's metadata and the unaligned
+// edges of raw runs go through the page cache as usual. The helper makes no HDF5 call. Every raw
+// byte is also handed to a FileDigestBuilder as it is written, so the shard's whole-file digest
+// needs no second read of the file. The file is an ordinary HDF5 file: readers open it with HDF5's
+// default driver.
 //
 // Where O_DIRECT is refused (a file system without it), everything goes through the page cache.
 // Runs on the I/O thread, as every HDF5 call.
