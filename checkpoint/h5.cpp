@@ -68,10 +68,11 @@ Handle file_access() {
 }
 }  // namespace
 
-Handle create_file(const std::string& path) {
+Handle create_file(const std::string& path, const std::function<void(hid_t fapl)>& configure) {
   silence_errors();
   const Handle fapl = file_access();
   T3D_H5(H5Pset_fclose_degree(fapl, H5F_CLOSE_SEMI), path);
+  if (configure) configure(fapl);
   return {T3D_H5(H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl), path), H5Fclose};
 }
 

@@ -8,6 +8,7 @@
 #include <hdf5.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -61,7 +62,8 @@ class Handle {
 // Files: created with the 1.10 format (checksummed metadata, virtual datasets). A created file
 // refuses to close while any object in it is open (H5F_CLOSE_SEMI), so that the close, which
 // flushes, is the one that reports a full disk instead of a later implicit one swallowing it.
-Handle create_file(const std::string& path);
+// `configure`, if given, adds to the file access list (a file driver).
+Handle create_file(const std::string& path, const std::function<void(hid_t fapl)>& configure = {});
 Handle open_file(const std::string& path);  // read-only
 // Read-only, the file behind `file`'s descriptor (not whatever its path names now).
 Handle open_file(const ReadOnlyFile& file);

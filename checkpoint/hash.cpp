@@ -1,10 +1,13 @@
 #include "checkpoint/hash.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "checkpoint/paths.h"
+#include "kernels/check.h"
 
 namespace t3d::checkpoint {
 
@@ -25,50 +28,151 @@ inline uint64_t merge(uint64_t acc, uint64_t lane) { return (acc ^ round(0, lane
 
 }  // namespace
 
-uint64_t hash64(const void* data, size_t bytes, uint64_t seed) {
+Hash64Stream::Hash64Stream(uint64_t seed)
+    : v_{seed + kP1 + kP2, seed + kP2, seed, seed - kP1}, seed_(seed) {}
+
+void Hash64Stream::update(const void* data, size_t bytes) {
   const auto* p = static_cast<const unsigned char*>(data);
   const unsigned char* end = p + bytes;
-  uint64_t h;
-  if (bytes >= 32) {
-    uint64_t v1 = seed + kP1 + kP2, v2 = seed + kP2, v3 = seed, v4 = seed - kP1;
-    for (; p + 32 <= end; p += 32) {
-      v1 = round(v1, load64(p));
-      v2 = round(v2, load64(p + 8));
-      v3 = round(v3, load64(p + 16));
-      v4 = round(v4, load64(p + 24));
-    }
-    h = rotl(v1, 1) + rotl(v2, 7) + rotl(v3, 12) + rotl(v4, 18);
-    h = merge(merge(merge(merge(h, v1), v2), v3), v4);
-  } else {
-    h = seed + kP5;
+  total_ += bytes;
+  const auto stripe = [this](const unsigned char* s) {
+    v_[0] = round(v_[0], load64(s)), v_[1] = round(v_[1], load64(s + 8));
+    v_[2] = round(v_[2], load64(s + 16)), v_[3] = round(v_[3], load64(s + 24));
+  };
+  if (held_) {
+    const size_t take = std::min<size_t>(32 - held_, bytes);
+    std::memcpy(buf_ + held_, p, take);
+    held_ += take, p += take;
+    if (held_ < 32) return;
+    stripe(buf_), held_ = 0;
   }
-  h += bytes;
+  // Four independent lanes, kept in registers over the bulk of the bytes.
+  uint64_t v1 = v_[0], v2 = v_[1], v3 = v_[2], v4 = v_[3];
+  for (; p + 32 <= end; p += 32) {
+    v1 = round(v1, load64(p));
+    v2 = round(v2, load64(p + 8));
+    v3 = round(v3, load64(p + 16));
+    v4 = round(v4, load64(p + 24));
+  }
+  v_[0] = v1, v_[1] = v2, v_[2] = v3, v_[3] = v4;
+  held_ = static_cast<size_t>(end - p);
+  std::memcpy(buf_, p, held_);
+}
+
+uint64_t Hash64Stream::value() const {
+  uint64_t h;
+  if (total_ >= 32) {
+    h = rotl(v_[0], 1) + rotl(v_[1], 7) + rotl(v_[2], 12) + rotl(v_[3], 18);
+    h = merge(merge(merge(merge(h, v_[0]), v_[1]), v_[2]), v_[3]);
+  } else {
+    h = seed_ + kP5;
+  }
+  h += total_;
+  const unsigned char *p = buf_, *end = buf_ + held_;
   for (; p + 8 <= end; p += 8) h = rotl(h ^ round(0, load64(p)), 27) * kP1 + kP4;
   for (; p < end; ++p) h = rotl(h ^ (*p * kP5), 11) * kP1;
   h ^= h >> 33, h *= kP2, h ^= h >> 29, h *= kP3, h ^= h >> 32;
   return h;
 }
 
+uint64_t hash64(const void* data, size_t bytes, uint64_t seed) {
+  Hash64Stream s(seed);
+  s.update(data, bytes);
+  return s.value();
+}
+
+namespace {
+
+// A file's digest: hash64 of every kDigestBlock bytes, seeded with the bytes up to the block's
+// end, chained in order.
+constexpr size_t kDigestBlock = 4 << 20;
+uint64_t chain(uint64_t h, uint64_t block) { return hash64(&block, sizeof(block), h); }
+
+struct File {
+  std::FILE* f;
+  explicit File(const std::string& path) : f(std::fopen(path.c_str(), "rb")) {
+    T3D_USER_CHECK(f, "cannot read snapshot file `", path, "`: ", std::strerror(errno));
+  }
+  ~File() { std::fclose(f); }
+};
+
+}  // namespace
+
 FileDigest digest_file(const std::string& path) {
   return digest_file(ReadOnlyFile::open(path, "snapshot file"));
 }
 
 FileDigest digest_file(const ReadOnlyFile& file) {
-  // Hash of per-block hashes: streaming without keeping the file in memory.
-  constexpr size_t kBlock = 4 << 20;
-  std::vector<unsigned char> buf(kBlock);
+  // Blocks at fixed offsets, streamed without keeping the file in memory.
+  std::vector<unsigned char> buf(kDigestBlock);
   FileDigest d;
-  uint64_t h = 0;
-  for (uint64_t at = 0;; at += kBlock) {
-    // Blocks at fixed offsets: the digest does not depend on how the kernel splits reads.
-    if (at >= file.size()) break;
-    const size_t n = static_cast<size_t>(std::min<uint64_t>(kBlock, file.size() - at));
+  for (uint64_t at = 0; at < file.size(); at += kDigestBlock) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(kDigestBlock, file.size() - at));
     file.read_at(at, buf.data(), n);
     d.bytes += n;
-    const uint64_t block = hash64(buf.data(), n, d.bytes);
-    h = hash64(&block, sizeof(block), h);
+    d.hash = chain(d.hash, hash64(buf.data(), n, d.bytes));
   }
-  d.hash = h;
+  return d;
+}
+
+FileDigestBuilder::Block& FileDigestBuilder::block(uint64_t k) {
+  if (k >= state_.size()) state_.resize(k + 1, Block::kNone), hash_.resize(k + 1, 0);
+  return state_[k];
+}
+
+void FileDigestBuilder::written(uint64_t offset, const void* data, size_t bytes) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (uint64_t at = offset, end = offset + bytes; at < end;) {
+    const uint64_t k = at / kDigestBlock, block_end = (k + 1) * kDigestBlock;
+    const size_t len = static_cast<size_t>(std::min(end, block_end) - at);
+    Block& b = block(k);
+    if (b == Block::kNone && k != current_ && at == k * kDigestBlock) {
+      current_ = k, next_ = at, stream_ = Hash64Stream(block_end);  // a block begins
+    }
+    if (b == Block::kNone && k == current_ && at == next_) {
+      stream_.update(p + (at - offset), len);
+      next_ += len;
+      if (next_ == block_end) b = Block::kHashed, hash_[k] = stream_.value(), current_ = ~0ull;
+    } else {
+      b = Block::kStale;  // out of order, or written twice: read back
+      if (k == current_) current_ = ~0ull;
+    }
+    at += len;
+  }
+}
+
+void FileDigestBuilder::overwritten(uint64_t offset, size_t bytes) {
+  if (!bytes) return;
+  for (uint64_t k = offset / kDigestBlock; k <= (offset + bytes - 1) / kDigestBlock; ++k) {
+    block(k) = Block::kStale;
+    if (k == current_) current_ = ~0ull;
+  }
+}
+
+FileDigest FileDigestBuilder::finish(const std::string& path, uint64_t* read_back) const {
+  File f(path);
+  T3D_USER_CHECK(std::fseek(f.f, 0, SEEK_END) == 0, "cannot read snapshot file `", path, "`");
+  const long size = std::ftell(f.f);
+  T3D_USER_CHECK(size >= 0, "cannot read snapshot file `", path, "`");
+  FileDigest d;
+  d.bytes = static_cast<uint64_t>(size);
+  std::vector<unsigned char> buf;
+  uint64_t read = 0;
+  for (uint64_t k = 0; k * kDigestBlock < d.bytes; ++k) {
+    const uint64_t end = std::min<uint64_t>(d.bytes, (k + 1) * kDigestBlock);
+    if (k < state_.size() && state_[k] == Block::kHashed && end == (k + 1) * kDigestBlock) {
+      d.hash = chain(d.hash, hash_[k]);
+      continue;
+    }
+    const size_t n = static_cast<size_t>(end - k * kDigestBlock);
+    buf.resize(n);
+    T3D_USER_CHECK(std::fseek(f.f, static_cast<long>(k * kDigestBlock), SEEK_SET) == 0 &&
+                       std::fread(buf.data(), 1, n, f.f) == n,
+                   "error reading snapshot file `", path, "`");
+    d.hash = chain(d.hash, hash64(buf.data(), n, end));
+    read += n;
+  }
+  if (read_back) *read_back = read;
   return d;
 }
 

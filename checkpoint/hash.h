@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace t3d::checkpoint {
 
@@ -11,6 +12,21 @@ namespace t3d::checkpoint {
 // structure), several GB/s per core: hashing never dominates a snapshot. Not cryptographic: it
 // detects damage, not tampering.
 uint64_t hash64(const void* data, size_t bytes, uint64_t seed = 0);
+
+// hash64 of bytes handed over in pieces: after update() with pieces whose concatenation is X,
+// value() == hash64(X, seed). hash64 itself is this over one piece.
+class Hash64Stream {
+ public:
+  explicit Hash64Stream(uint64_t seed = 0);
+  void update(const void* data, size_t bytes);
+  uint64_t value() const;
+
+ private:
+  uint64_t v_[4];
+  uint64_t seed_, total_ = 0;
+  unsigned char buf_[32];  // the last partial 32-byte stripe
+  size_t held_ = 0;
+};
 
 // Size and hash64 of a whole file, streamed. UserError naming the file if it cannot be read.
 struct FileDigest {
@@ -20,6 +36,28 @@ struct FileDigest {
 FileDigest digest_file(const std::string& path);
 class ReadOnlyFile;
 FileDigest digest_file(const ReadOnlyFile& file);  // the descriptor's file, from its start
+
+// digest_file's value for a file being written, from the bytes as they are written instead of
+// reading the file again. written() hands over bytes going to the file at `offset` (in any
+// order); overwritten() reports any other write. finish() then reads from the file only the
+// digest blocks (4 MiB) that written() bytes did not cover whole and in order, or that a later
+// write touched, and returns exactly what digest_file(path) would.
+class FileDigestBuilder {
+ public:
+  void written(uint64_t offset, const void* data, size_t bytes);
+  void overwritten(uint64_t offset, size_t bytes);
+  // `read_back`: bytes read from the file for it (for measurements).
+  FileDigest finish(const std::string& path, uint64_t* read_back = nullptr) const;
+
+ private:
+  enum class Block : unsigned char { kNone, kHashed, kStale };
+  Block& block(uint64_t k);
+  std::vector<Block> state_;
+  std::vector<uint64_t> hash_;  // of the kHashed blocks
+  uint64_t current_ = ~0ull;    // the block being hashed, if any
+  uint64_t next_ = 0;           // its next offset
+  Hash64Stream stream_;
+};
 
 // out = a XOR b on the fp32 bit patterns: the incremental snapshot's delta, lossless whatever the
 // floats are (NaN, -0, denormals), and its own inverse. `out` may alias `a`.

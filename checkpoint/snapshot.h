@@ -90,6 +90,9 @@ struct ShardResult {
   uint64_t raw_bytes = 0;                     // of the state the shard holds (4 per element)
   int64_t chunks = 0, chunks_written = 0;     // an incremental shard skips unchanged chunks
   int64_t chunks_unchanged = 0;               // hash equal to the previous snapshot's
+  // How it was written (checkpoint/shard_file.h): bytes that went to the device with O_DIRECT,
+  // and bytes read back for the digest (those the writes did not cover in whole blocks).
+  uint64_t direct_bytes = 0, read_back_bytes = 0;
 };
 
 // Host staging of one rank's snapshot, bytes: all it writes (`snapshot_bytes`) when that fits
@@ -162,12 +165,24 @@ inline constexpr size_t kIndexTrailer = 24;
 std::vector<char> read_verified_index(const std::string& path);
 std::vector<char> read_verified_index(const ReadOnlyFile& index);
 
+// A box of a global tensor as a shard file stores it: the index's catalog entry.
+struct ShardPiece {
+  std::string file;  // the shard, relative to the snapshot directory
+  std::string path;  // its dataset (a second or third box of a tensor: `<tensor>~1`, `~2`)
+  std::vector<int64_t> global_shape, offset, shape;
+};
+// The pieces of shard `file` of the snapshot directory `dir`, read from the file.
+std::vector<ShardPiece> shard_pieces(const std::string& dir, const std::string& file);
+
 // Builds the index in memory with `complete` set last, writes it with its trailer under a
 // temporary name (every write, fsync and close checked), re-reads and verifies it, renames it into
 // place and fsyncs the directory: when this returns the snapshot is committed and durable. Then
 // points <dir>/latest at it (written aside and renamed, so it is never empty); a failure there is
 // returned as a warning ("" when fine), since the commit stands. Shards must be published.
-std::string write_index(const std::string& dir, const IndexInfo& info);
+// `pieces`: the catalog of every shard, when some shard files are not in `dir` (the memory
+// tier's hosts hold only the shards their ranks read); null: read from the shards.
+std::string write_index(const std::string& dir, const IndexInfo& info,
+                        const std::vector<ShardPiece>* pieces = nullptr);
 
 // Steps of the committed snapshots (an index file exists) in `dir`, ascending. Not verified.
 std::vector<int64_t> committed_steps(const std::string& dir);

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "checkpoint/h5.h"
+#include "checkpoint/shard_file.h"
 #include "checkpoint/snapshot.h"
 #include "kernels/arena.h"
 #include "kernels/check.h"
@@ -140,6 +141,7 @@ struct ShardWriter::Impl {
   int rank = 0;
   std::vector<Slice> boxes;
   WriteOptions opt;
+  ShardFileLog log;  // before `file`, which writes into it until it closes
   h5::Handle file, lcpl;
   ShardResult result;
   std::string names;
@@ -283,7 +285,7 @@ ShardWriter::ShardWriter(const std::string& path, int rank, std::vector<Slice> b
   T3D_USER_CHECK(!ec && fs::is_directory(fs::path(path).parent_path()),
                  "cannot create snapshot directory `", fs::path(path).parent_path().string(),
                  "`: ", ec ? ec.message() : "a file of that name is in the way");
-  m.file = h5::create_file(m.tmp);
+  m.file = h5::create_file(m.tmp, [&m](hid_t fapl) { use_shard_driver(fapl, &m.log); });
   m.lcpl = h5::intermediate_groups();
 }
 
@@ -327,7 +329,8 @@ ShardResult ShardWriter::finish() {
     throw;
   }
   fsync_path(m.tmp, false);
-  m.result.digest = digest_file(m.tmp);
+  m.result.digest = m.log.digest.finish(m.tmp, &m.result.read_back_bytes);
+  m.result.direct_bytes = m.log.direct_bytes;
   return std::move(m.result);
 }
 
@@ -371,47 +374,25 @@ namespace {
 // One virtual dataset per global tensor, so h5py and h5dump see whole tensors; its mapping is
 // also the catalog SnapshotReader uses (it reads the shards itself, never through the VDS,
 // whose missing sources read as fill values without an error).
-void write_virtual_datasets(hid_t index, const std::string& dir, const IndexInfo& info,
+void write_virtual_datasets(hid_t index, const std::vector<ShardPiece>& pieces_of_shards,
                             const std::string& where) {
-  struct Piece {
-    std::string file, path;
-    std::vector<int64_t> global_shape, offset, shape;
-  };
-  std::map<std::string, std::vector<Piece>> tensors;  // sorted by path: a stable index
-  for (const auto& shard : info.shards) {
-    const std::string shard_file = dir + "/" + shard.file;
-    const h5::Handle f = h5::open_file(shard_file);
-    std::istringstream names(h5::read_string_attr(f, "tensors", shard_file));
-    for (std::string path; std::getline(names, path);) {
-      const h5::Handle d = h5::open_dataset(f, path, shard_file);
-      Piece p{shard.file,
-              path,
-              h5::read_ints_attr(d, "global_shape", shard_file + ":" + path),
-              h5::read_ints_attr(d, "offset", shard_file + ":" + path),
-              {}};
-      const h5::Handle space(T3D_H5(H5Dget_space(d), shard_file), H5Sclose);
-      std::vector<hsize_t> dims(p.offset.size());
-      T3D_H5(H5Sget_simple_extent_dims(space, dims.data(), nullptr), shard_file);
-      p.shape.assign(dims.begin(), dims.end());
-      tensors[path.substr(0, path.find(kBoxSuffix))].push_back(std::move(p));
-    }
-  }
+  std::map<std::string, std::vector<const ShardPiece*>> tensors;  // by path: a stable index
+  for (const auto& p : pieces_of_shards)
+    tensors[p.path.substr(0, p.path.find(kBoxSuffix))].push_back(&p);
   const h5::Handle lcpl = h5::intermediate_groups();
   for (const auto& [path, pieces] : tensors) {
     const h5::Handle dcpl(T3D_H5(H5Pcreate(H5P_DATASET_CREATE), where), H5Pclose);
-    const h5::Handle vspace = h5::simple_space(pieces.front().global_shape);
-    for (const auto& p : pieces) {
-      T3D_USER_CHECK(p.global_shape == pieces.front().global_shape,
-                     "shards disagree on the "
-                     "shape of ",
-                     path, " (", p.file, ")");
-      const std::vector<hsize_t> start(p.offset.begin(), p.offset.end());
-      const std::vector<hsize_t> count(p.shape.begin(), p.shape.end());
+    const h5::Handle vspace = h5::simple_space(pieces.front()->global_shape);
+    for (const ShardPiece* p : pieces) {
+      T3D_USER_CHECK(p->global_shape == pieces.front()->global_shape,
+                     "shards disagree on the shape of ", path, " (", p->file, ")");
+      const std::vector<hsize_t> start(p->offset.begin(), p->offset.end());
+      const std::vector<hsize_t> count(p->shape.begin(), p->shape.end());
       T3D_H5(
           H5Sselect_hyperslab(vspace, H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr),
           where);
-      const h5::Handle src = h5::simple_space(p.shape);
-      T3D_H5(H5Pset_virtual(dcpl, vspace, p.file.c_str(), p.path.c_str(), src), where);
+      const h5::Handle src = h5::simple_space(p->shape);
+      T3D_H5(H5Pset_virtual(dcpl, vspace, p->file.c_str(), p->path.c_str(), src), where);
     }
     T3D_H5(H5Sselect_all(vspace), where);
     const h5::Handle d(
@@ -423,7 +404,33 @@ void write_virtual_datasets(hid_t index, const std::string& dir, const IndexInfo
 
 }  // namespace
 
-std::string write_index(const std::string& dir, const IndexInfo& info) {
+std::vector<ShardPiece> shard_pieces(const std::string& dir, const std::string& file) {
+  const std::string shard_file = dir + "/" + file;
+  const h5::Handle f = h5::open_file(shard_file);
+  std::vector<ShardPiece> pieces;
+  std::istringstream names(h5::read_string_attr(f, "tensors", shard_file));
+  for (std::string path; std::getline(names, path);) {
+    const std::string what = shard_file + ":" + path;
+    const h5::Handle d = h5::open_dataset(f, path, shard_file);
+    ShardPiece p{file,
+                 path,
+                 h5::read_ints_attr(d, "global_shape", what),
+                 h5::read_ints_attr(d, "offset", what),
+                 {}};
+    const h5::Handle space(T3D_H5(H5Dget_space(d), shard_file), H5Sclose);
+    T3D_USER_CHECK(H5Sget_simple_extent_ndims(space) == static_cast<int>(p.offset.size()) &&
+                       p.offset.size() == p.global_shape.size(),
+                   "snapshot shard `", shard_file, "`: `", path, "` has inconsistent ranks");
+    std::vector<hsize_t> dims(p.offset.size());
+    T3D_H5(H5Sget_simple_extent_dims(space, dims.data(), nullptr), shard_file);
+    p.shape.assign(dims.begin(), dims.end());
+    pieces.push_back(std::move(p));
+  }
+  return pieces;
+}
+
+std::string write_index(const std::string& dir, const IndexInfo& info,
+                        const std::vector<ShardPiece>* pieces) {
   const std::string path = index_path(dir, info.step), tmp = temp_path(path);
   T3D_USER_CHECK(!info.shards.empty(), "snapshot ", path, " has no shards");
   // Built in memory: HDF5 never writes to the disk, so a full disk is an error of our own checked
@@ -455,7 +462,11 @@ std::string write_index(const std::string& dir, const IndexInfo& info) {
       for (const auto& [key, value] : info.counters) h5::write_attr(state, key, value);
       state.close(tmp + ":/state");
     }
-    write_virtual_datasets(f, dir, info, tmp);
+    std::vector<ShardPiece> read;
+    if (!pieces)
+      for (const auto& shard : info.shards)
+        for (auto& p : shard_pieces(dir, shard.file)) read.push_back(std::move(p));
+    write_virtual_datasets(f, pieces ? *pieces : read, tmp);
     h5::write_attr(f, "complete", int64_t{1});  // last: the commit mark
     image = h5::file_image(f, tmp);
     f.close(tmp);

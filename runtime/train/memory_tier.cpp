@@ -12,8 +12,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
+#include <sstream>
 
 #include "checkpoint/memory_tier.h"
 #include "kernels/arena.h"
@@ -47,6 +49,36 @@ std::string agreed_error(const parallel::Comm& world, const std::string& error) 
   std::string message = error;
   broadcast_text(world, message, first);
   return "rank " + std::to_string(first) + ": " + message;
+}
+
+// Pieces as text, one per line: file, dataset, then global shape, offset and shape (each a
+// comma-separated list), tab-separated; and back.
+std::string pieces_text(const std::vector<ck::ShardPiece>& pieces) {
+  const auto ints = [](const std::vector<int64_t>& v) {
+    return fmt::format("{}", fmt::join(v, ","));
+  };
+  std::string out;
+  for (const auto& p : pieces)
+    out += fmt::format("{}\t{}\t{}\t{}\t{}\n", p.file, p.path, ints(p.global_shape), ints(p.offset),
+                       ints(p.shape));
+  return out;
+}
+std::vector<ck::ShardPiece> parse_pieces(const std::string& text) {
+  const auto ints = [](const std::string& s) {
+    std::vector<int64_t> v;
+    std::istringstream in(s);
+    for (std::string x; std::getline(in, x, ',');) v.push_back(std::stoll(x));
+    return v;
+  };
+  std::vector<ck::ShardPiece> pieces;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream in(line);
+    std::string f[5];
+    for (auto& x : f) std::getline(in, x, '\t');
+    pieces.push_back({f[0], f[1], ints(f[2]), ints(f[3]), ints(f[4])});
+  }
+  return pieces;
 }
 
 // A file mapped into memory (read, or created at a size and written), unmapped and closed at the
@@ -96,6 +128,53 @@ uint64_t bytes_under(const std::string& dir) {
 }
 
 }  // namespace
+
+namespace {
+// The first world rank whose host holds shard i of n (`held`: rank-major), or -1.
+int first_holder(const std::vector<char>& held, size_t n, size_t i) {
+  for (size_t k = 0; k * n < held.size(); ++k)
+    if (held[k * n + i]) return static_cast<int>(k);
+  return -1;
+}
+}  // namespace
+
+std::vector<char> shards_read(const std::vector<ck::ShardEntry>& shards,
+                              const std::vector<ck::ShardPiece>& pieces,
+                              const std::vector<ck::Slice>& boxes) {
+  const auto overlaps = [](const ck::ShardPiece& p, const ck::Slice& s) {
+    if (p.path.substr(0, p.path.find(ck::kBoxSuffix)) != s.path ||
+        p.offset.size() != s.offset.size() || p.shape.size() != s.shape.size())
+      return false;
+    for (size_t d = 0; d < s.offset.size(); ++d)
+      if (p.offset[d] >= s.offset[d] + s.shape[d] || s.offset[d] >= p.offset[d] + p.shape[d])
+        return false;
+    return true;
+  };
+  std::vector<char> read(shards.size(), 0);
+  for (size_t i = 0; i < shards.size(); ++i)
+    for (const auto& p : pieces)
+      if (p.file == shards[i].file)
+        for (const auto& box : boxes) read[i] = read[i] || overlaps(p, box);
+  return read;
+}
+
+std::vector<FileMove> restore_moves(const HostRing& ring, const std::vector<ck::ShardEntry>& shards,
+                                    const std::vector<char>& held, const std::vector<char>& read) {
+  const size_t n = shards.size();
+  std::vector<FileMove> moves;
+  for (size_t h = 0; h < ring.leader.size(); ++h) {
+    const int to = ring.leader[h];
+    for (size_t i = 0; i < n; ++i) {
+      bool wanted = false;
+      for (size_t k = 0; k < ring.host_of.size(); ++k)
+        wanted = wanted || (ring.host_of[k] == static_cast<int>(h) && read[k * n + i]);
+      const int from = first_holder(held, n, i);
+      if (wanted && !held[static_cast<size_t>(to) * n + i] && from >= 0)
+        moves.push_back({from, to, shards[i].file, shards[i].bytes});
+    }
+  }
+  return moves;
+}
 
 HostRing host_ring(const std::vector<std::string>& host_of_rank) {
   HostRing ring;
@@ -363,8 +442,8 @@ std::string MemoryTier::finish_commit(const ck::IndexInfo& info, double* copy_s,
   return "";
 }
 
-std::string MemoryTier::prepare_restore(int64_t disk_step, int64_t* step, uint64_t* id,
-                                        std::string* why) {
+std::string MemoryTier::prepare_restore(int64_t disk_step, const std::vector<ck::Slice>& boxes,
+                                        int64_t* step, uint64_t* id, std::string* why) {
   const auto& world = job_.mesh->world();
   const auto t0 = std::chrono::steady_clock::now();
   // Per rank: newest manifest's step + 1 (0: none; only hosts' leaders look) and its id.
@@ -410,25 +489,52 @@ std::string MemoryTier::prepare_restore(int64_t disk_step, int64_t* step, uint64
       have[i] = !ec && size == info->shards[i].bytes ? 1 : 0;
     }
   world.all_gather(have.data(), held.data(), n);
-  std::vector<FileMove> moves;
-  uint64_t moved = 0;
+  // Each shard comes from the first rank whose host holds it.
+  std::vector<int> source(n, -1);
   for (size_t i = 0; i < n; ++i) {
-    int source = -1;
-    for (int k = 0; k < world.size() && source < 0; ++k)
-      if (held[k * n + i]) source = k;
-    if (source < 0) {
+    source[i] = first_holder(held, n, i);
+    if (source[i] < 0) {
       *why = fmt::format(
           "the memory tier's step {} has no living copy of shard {} (neither its host's "
           "/dev/shm nor its buddy's is among the {})",
           *step, info->shards[i].file, living);
       return "";
     }
-    for (const int leader_rank : ring_.leader)
-      if (!held[leader_rank * n + i]) {
-        moves.push_back({source, leader_rank, info->shards[i].file, info->shards[i].bytes});
-        moved += info->shards[i].bytes;
-      }
   }
+  // The catalog (which box of which tensor each shard holds), read by each shard's source and
+  // shared, so that every host can index the snapshot while holding only the shards it reads.
+  std::string catalog, unreadable;
+  try {
+    std::vector<ck::ShardPiece> read;
+    io_.run([&] {
+      for (size_t i = 0; i < n; ++i)
+        if (source[i] == world.rank())
+          for (auto& p : ck::shard_pieces(dir_, info->shards[i].file)) read.push_back(std::move(p));
+    });
+    catalog = pieces_text(read);
+  } catch (const std::exception& e) {
+    unreadable = e.what();
+  }
+  if (std::string error = agreed_error(world, unreadable); !error.empty()) {
+    *why = "reading the memory tier's catalog failed on " + error;
+    return "";
+  }
+  std::map<std::string, std::vector<ck::ShardPiece>> by_file;
+  for (const int leader_rank : ring_.leader) {
+    std::string part = world.rank() == leader_rank ? catalog : "";
+    broadcast_text(world, part, leader_rank);
+    for (auto& p : parse_pieces(part)) by_file[p.file].push_back(std::move(p));
+  }
+  std::vector<ck::ShardPiece> pieces;  // in the order of the shard list
+  for (const auto& shard : info->shards)
+    for (auto& p : by_file[shard.file]) pieces.push_back(std::move(p));
+  // The shards each rank reads; each host gets those of its ranks.
+  const std::vector<char> need = shards_read(info->shards, pieces, boxes);
+  std::vector<char> needed(n * static_cast<size_t>(world.size()), 0);
+  world.all_gather(need.data(), needed.data(), n);
+  const std::vector<FileMove> moves = restore_moves(ring_, info->shards, held, needed);
+  uint64_t moved = 0;
+  for (const auto& m : moves) moved += m.bytes;
   if (std::string error = move_files(moves); !error.empty()) {
     *why = "moving the memory tier's shards between hosts failed on " + error;
     return "";
@@ -436,7 +542,7 @@ std::string MemoryTier::prepare_restore(int64_t disk_step, int64_t* step, uint64
   std::string failed;
   if (leader()) try {
       if (!manifest || manifest->step != *step) ck::write_manifest(dir_, *info);
-      io_.run([&] { ck::write_index(dir_, *info); });
+      io_.run([&] { ck::write_index(dir_, *info, &pieces); });
     } catch (const std::exception& e) {
       failed = e.what();
     }
@@ -446,8 +552,8 @@ std::string MemoryTier::prepare_restore(int64_t disk_step, int64_t* step, uint64
   }
   if (world.rank() == 0)
     spdlog::info(
-        "memory tier: step {} complete among the {}; {} shard(s) ({}) moved between hosts; "
-        "indexed in {:.2f} s",
+        "memory tier: step {} complete among the {}; {} shard(s) ({}) moved to the hosts whose "
+        "ranks read them; indexed in {:.2f} s",
         *step, living, moves.size(), kernels::format_bytes(moved), seconds_since(t0));
   return ck::index_path(dir_, *step);
 }

@@ -1,7 +1,8 @@
 // The memory tier's side that needs the job (docs/resilience.md, "The memory tier"): which host
 // keeps whose copy, the buddy copies over MPI, the commit of a memory snapshot, and at a restart
-// the inventory of what survived, which brings every shard into every living host's directory
-// so that the ordinary reader (resharding included) restores it. The files themselves are
+// the inventory of what survived, which brings into each living host's directory the shards its
+// ranks read and indexes the snapshot there, so that the ordinary reader (resharding included)
+// restores it. The files themselves are
 // checkpoint/memory_tier.h's business; Snapshotter (snapshots.h) writes the shards with its
 // staging and I/O thread, as it does the disk tier's.
 //
@@ -41,6 +42,18 @@ struct FileMove {
   uint64_t bytes = 0;
 };
 
+// Restore: which of `shards` hold an element of one of `boxes` (what a rank restores), by the
+// snapshot's catalog `pieces`.
+std::vector<char> shards_read(const std::vector<checkpoint::ShardEntry>& shards,
+                              const std::vector<checkpoint::ShardPiece>& pieces,
+                              const std::vector<checkpoint::Slice>& boxes);
+// Restore: the moves that bring into each host's directory the shards its ranks read and it
+// lacks, each from the first rank whose host holds it. `held` (whether the rank's host holds the
+// shard) and `read` (whether the rank reads it) are per world rank, then shard.
+std::vector<FileMove> restore_moves(const HostRing& ring,
+                                    const std::vector<checkpoint::ShardEntry>& shards,
+                                    const std::vector<char>& held, const std::vector<char>& read);
+
 class MemoryTier {
  public:
   // From T3D_MEMORY_TIER_JOB (the supervisor's job id); enabled() is false without it.
@@ -75,10 +88,12 @@ class MemoryTier {
   std::string finish_commit(const checkpoint::IndexInfo& info, double* copy_s, uint64_t* copied);
 
   // Collective, at a restart: the newest memory snapshot complete among the living hosts, if it
-  // is newer than `disk_step`, with every shard brought into every host's directory and its index
-  // written there. Returns that index path (on this host) and fills step and id; "" with `why`
-  // (alike on every rank) when the memory tier cannot be used.
-  std::string prepare_restore(int64_t disk_step, int64_t* step, uint64_t* id, std::string* why);
+  // is newer than `disk_step`, with the shards holding any of the hosts' ranks' `boxes` (what
+  // each rank restores) brought into their host's directory, and its index written there.
+  // Returns that index path (on this host) and fills step and id; "" with `why` (alike on every
+  // rank) when the memory tier cannot be used.
+  std::string prepare_restore(int64_t disk_step, const std::vector<checkpoint::Slice>& boxes,
+                              int64_t* step, uint64_t* id, std::string* why);
 
   // This host's directory removed (after the job ended gracefully; collective: no rank still
   // reads it).

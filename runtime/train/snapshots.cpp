@@ -305,7 +305,7 @@ struct Snapshotter::Impl {
         try_memory = false;
         disk_step = c.path.empty() ? 0 : c.step;
         Choice m;
-        m.path = tier->prepare_restore(disk_step, &m.step, &m.id, &tier_why);
+        m.path = tier->prepare_restore(disk_step, state.boxes(false), &m.step, &m.id, &tier_why);
         memory_step =
             m.path.empty() && tier_why.find("no complete") != std::string::npos ? -1 : m.step;
         if (!m.path.empty()) c = m, memory = true;

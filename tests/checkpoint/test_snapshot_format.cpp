@@ -481,6 +481,99 @@ TEST(SnapshotChunks, WholeRowsOfAboutOneMiB) {
   EXPECT_EQ(chunk_elems({10, 300}) % 300, 0);
 }
 
+// The digest a shard writer records, built from the bytes as they went out (O_DIRECT, no second
+// read of the file), is the one a reader computes from the file, whatever the shapes, the pieces
+// the shard is handed over in, incremental or deflated; and it reads back only a few blocks.
+TEST_F(IncrementalSnapshot, RecordedDigestIsTheFilesDigest) {
+  io_.run([&] {
+    std::vector<float> big(40 * kChunkElems + 12345), odd(1000 * 37), tiny(5);
+    for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i) * 0.25f;
+    for (size_t i = 0; i < odd.size(); ++i) odd[i] = static_cast<float>(i) * -1.5f;
+    tiny = {1, 2, 3, 4, 5};
+    const std::vector<Slice> boxes{slice(data_),
+                                   {"optim/exp_avg/big",
+                                    {static_cast<int64_t>(big.size())},
+                                    {0},
+                                    {static_cast<int64_t>(big.size())},
+                                    big.data()},
+                                   {"model/norm", {5}, {0}, {5}, tiny.data()},
+                                   {"model/odd", {1000, 74}, {0, 37}, {1000, 37}, odd.data()}};
+    const auto check = [&](const std::string& path, const ShardResult& r, const char* what) {
+      const FileDigest d = digest_file(temp_path(path));
+      EXPECT_EQ(r.digest.bytes, d.bytes) << what;
+      EXPECT_EQ(r.digest.hash, d.hash) << what;
+    };
+    // Whole, then in pieces that cut boxes mid-way (as staging waves do).
+    const ShardResult whole = write_shard(shard_path(dir_, 1, 0), 0, boxes);
+    check(shard_path(dir_, 1, 0), whole, "whole");
+    EXPECT_GT(whole.direct_bytes, whole.raw_bytes / 2);
+    // Read back: the blocks with metadata (at the start) and the last, partial one.
+    EXPECT_GT(whole.digest.bytes, 40u << 20);
+    EXPECT_LE(whole.read_back_bytes, 3u * (4 << 20)) << whole.read_back_bytes;
+    ShardWriter w(shard_path(dir_, 2, 0), 0, boxes);
+    for (size_t b = 0; b < boxes.size(); ++b)
+      for (int64_t c = 0; c < w.chunks(b); ++c)
+        w.write(b, c, c + 1, boxes[b].data + c * w.chunk_elems_of(b));
+    check(shard_path(dir_, 2, 0), w.finish(), "chunk by chunk");
+    // Incremental (one chunk of the first box changed), stored as is and deflated.
+    data_[3] += 1.0f;
+    for (const int deflate : {0, 1}) {
+      WriteOptions opt;
+      opt.previous_hashes = &whole.hashes, opt.skip_unchanged = true, opt.deflate = deflate;
+      const std::string path = shard_path(dir_, 3 + deflate, 0);
+      const ShardResult r = write_shard(path, 0, boxes, opt);
+      EXPECT_EQ(r.chunks_written, 1);
+      check(path, r, deflate ? "incremental, deflated" : "incremental");
+    }
+  });
+}
+
+TEST(SnapshotHash, StreamedInPiecesEqualsWhole) {
+  std::vector<unsigned char> a(1000);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<unsigned char>(i * 7 + 3);
+  for (size_t n : {0, 5, 31, 32, 33, 64, 100, 1000})
+    for (size_t cut : {0, 1, 7, 31, 32, 40, 63, 999}) {
+      if (cut > n) continue;
+      Hash64Stream s(n);
+      s.update(a.data(), cut);
+      for (size_t i = cut; i < n; i += 3) s.update(a.data() + i, std::min<size_t>(3, n - i));
+      EXPECT_EQ(s.value(), hash64(a.data(), n, n)) << n << " cut at " << cut;
+    }
+}
+
+// Blocks written out of order, twice, in part, or overwritten are read back: the digest is
+// digest_file's either way.
+TEST_F(SnapshotFormat, DigestOfWrittenBytesEqualsTheFiles) {
+  const size_t block = 4 << 20;
+  std::vector<unsigned char> bytes(3 * block + 1000);
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<unsigned char>(i * 31 + 7);
+  const std::string path = dir_ + "/f.bin";
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(bytes.data()),
+             static_cast<std::streamsize>(bytes.size()));
+  const FileDigest want = digest_file(path);
+  FileDigestBuilder in_order;
+  in_order.written(0, bytes.data(), 100);
+  in_order.written(100, bytes.data() + 100, bytes.size() - 100);
+  uint64_t read_back = 0;
+  FileDigest got = in_order.finish(path, &read_back);
+  EXPECT_EQ(got.hash, want.hash);
+  EXPECT_EQ(got.bytes, want.bytes);
+  EXPECT_EQ(read_back, 1000u);  // only the last, partial block
+  FileDigestBuilder mixed;
+  mixed.written(block, bytes.data() + block, block);                // block 1 whole
+  mixed.written(2 * block + 8, bytes.data() + 2 * block + 8, 100);  // block 2 from its middle
+  mixed.written(0, bytes.data(), block);                            // block 0, after block 1
+  mixed.overwritten(block + 5, 1);                                  // block 1 touched again
+  EXPECT_EQ(mixed.finish(path, &read_back).hash, want.hash);
+  EXPECT_EQ(read_back, 2 * block + 1000);  // blocks 1, 2 and the partial one
+  FileDigestBuilder wrong;  // bytes other than the file's in a block taken from memory
+  std::vector<unsigned char> other(bytes.begin(), bytes.begin() + block);
+  other[17] ^= 1;
+  wrong.written(0, other.data(), block);
+  EXPECT_NE(wrong.finish(path).hash, want.hash);
+}
+
 TEST(SnapshotHash, SensitiveToEveryByte) {
   std::vector<unsigned char> a(1000, 3);
   const uint64_t h = hash64(a.data(), a.size());

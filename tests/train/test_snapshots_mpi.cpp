@@ -28,6 +28,7 @@
 #include "parallel/zero.h"
 #include "runtime/launch/job.h"
 #include "runtime/model/model.h"
+#include "runtime/train/memory_tier.h"
 #include "runtime/train/sharded_state.h"
 #include "runtime/train/snapshots.h"
 #include "tests/train/small_model.h"
@@ -360,6 +361,47 @@ TEST_F(SnapshotsTest, MemoryTierBuddyCopiesAndAHostThatLostItsDirectory) {
   ::unsetenv("T3D_MEMORY_TIER_JOB");
   ::unsetenv("T3D_MEMORY_TIER_RESTORE");
   ck::remove_memory_tiers(std::string(id) + "-");
+}
+
+// A memory-tier restore brings each host only the shards its ranks read: a tensor split by
+// rows over shards 0 and 1, and shard 2 holding another tensor's ZeRO piece (`~1`). Three
+// hosts (ranks 0 and 1 on the first); the first holds shards 0 and 2, the third shard 1.
+TEST(MemoryTierRestore, EachHostGetsOnlyTheShardsItsRanksRead) {
+  const std::vector<ck::ShardEntry> shards = {
+      {"s/r0.h5", 10, 0}, {"s/r1.h5", 20, 0}, {"s/r2.h5", 30, 0}};
+  const std::vector<ck::ShardPiece> pieces = {{"s/r0.h5", "model/w", {4, 6}, {0, 0}, {2, 6}},
+                                              {"s/r1.h5", "model/w", {4, 6}, {2, 0}, {2, 6}},
+                                              {"s/r2.h5", "optim/exp_avg/v~1", {100}, {40}, {60}}};
+  float x = 0;
+  const auto box = [&](const char* path, std::vector<int64_t> g, std::vector<int64_t> o,
+                       std::vector<int64_t> sh) {
+    return ck::Slice{path, g, o, sh, &x};
+  };
+  // Rows 2..3: shard 1 only; a column strip: both; the moment's first 40: none; 30..50: shard 2.
+  EXPECT_EQ(shards_read(shards, pieces, {box("model/w", {4, 6}, {2, 0}, {2, 6})}),
+            (std::vector<char>{0, 1, 0}));
+  EXPECT_EQ(shards_read(shards, pieces, {box("model/w", {4, 6}, {0, 5}, {4, 1})}),
+            (std::vector<char>{1, 1, 0}));
+  EXPECT_EQ(shards_read(shards, pieces, {box("optim/exp_avg/v", {100}, {0}, {40})}),
+            (std::vector<char>{0, 0, 0}));
+  EXPECT_EQ(shards_read(shards, pieces,
+                        {box("optim/exp_avg/v", {100}, {30}, {20}),
+                         box("model/w", {4, 6}, {0, 0}, {1, 6})}),
+            (std::vector<char>{1, 0, 1}));
+
+  const HostRing ring = host_ring({"a", "a", "b", "c"});
+  ASSERT_EQ(ring.leader, (std::vector<int>{0, 2, 3}));
+  // Per rank, then shard. Held: host a (ranks 0, 1: only its leader reports) shards 0 and 2,
+  // host c shard 1; host b nothing.
+  const std::vector<char> held = {1, 0, 1, /*1*/ 0, 0, 0, /*2*/ 0, 0, 0, /*3*/ 0, 1, 0};
+  // Rank 1 (host a) reads shard 1; rank 2 (host b) shard 0; rank 3 (host c) shards 1 and 2.
+  const std::vector<char> read = {1, 0, 0, /*1*/ 0, 1, 0, /*2*/ 1, 0, 0, /*3*/ 0, 1, 1};
+  const auto moves = restore_moves(ring, shards, held, read);
+  std::vector<std::string> got;
+  for (const auto& m : moves)
+    got.push_back(std::to_string(m.src) + ">" + std::to_string(m.dst) + " " + m.file + " " +
+                  std::to_string(m.bytes));
+  EXPECT_EQ(got, (std::vector<std::string>{"3>0 s/r1.h5 20", "0>2 s/r0.h5 10", "0>3 s/r2.h5 30"}));
 }
 
 }  // namespace

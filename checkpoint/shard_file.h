@@ -1,0 +1,34 @@
+// The HDF5 file driver shards are written through. Raw data (tensor values, stored chunks) is
+// gathered into 8 MiB buffers and goes to the device with O_DIRECT, written by a helper thread
+// while the next buffer fills, so the kernel neither copies it into the page cache nor writes it
+// back later, and the device streams while the caller hashes; HDF5's metadata and the unaligned
+// edges of raw runs go through the page cache as usual. The helper makes no HDF5 call. Every raw
+// byte is also handed to a FileDigestBuilder as it is written, so the shard's whole-file digest
+// needs no second read of the file. The file is an ordinary HDF5 file: readers open it with HDF5's
+// default driver.
+//
+// Where O_DIRECT is refused (a file system without it), everything goes through the page cache.
+// Runs on the I/O thread, as every HDF5 call.
+#pragma once
+
+#include <hdf5.h>
+
+#include <cstdint>
+
+#include "checkpoint/hash.h"
+
+namespace t3d::checkpoint {
+
+// What one shard file's writes went through; the driver fills it while the file is open.
+struct ShardFileLog {
+  FileDigestBuilder digest;
+  uint64_t direct_bytes = 0;    // raw bytes written with O_DIRECT
+  uint64_t buffered_bytes = 0;  // everything else (metadata, edges of raw writes)
+};
+
+// Makes `fapl` create the file through the shard driver, logging into `log`, which must outlive
+// the file. Also sizes HDF5's metadata aggregation so that metadata gathers in a few large blocks
+// instead of between the raw data (each interruption costs the digest a block read back).
+void use_shard_driver(hid_t fapl, ShardFileLog* log);
+
+}  // namespace t3d::checkpoint
