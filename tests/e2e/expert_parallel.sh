@@ -84,9 +84,13 @@ exported() { sha256sum < "$work/mixtral_ep$1.hf/model.safetensors" 2>/dev/null |
 if [ $rows_alone = 1 ]; then
   check "[ -n \"\$(exported 2)\" ] && [ \"\$(exported 2)\" = \"\$(exported 1)\" ]" \
     "export of an ep2 snapshot (every expert, from both ranks) is the ep1 one's, byte for byte"
-else  # 5 steps of AdamW on last-bit differences: within 1e-3 of each tensor's largest weight
-  check "python3 $(dirname "$0")/../use/safetensors_tool.py close $work/mixtral_ep1.hf/model.safetensors $work/mixtral_ep2.hf/model.safetensors 1e-3" \
-    "export of an ep2 snapshot (every expert, from both ranks) is the ep1 one's, within 1e-3"
+else
+  # AdamW's first steps move a weight by up to lr whatever its gradient's size, so last-bit
+  # differences of tiny gradients become differences of up to 2·lr per step (measured under
+  # ONEDNN_MAX_CPU_ISA=AVX2: 3% of a tensor's largest weight after 5 steps). Another expert's,
+  # a zero or an initial tensor in an expert's place differs by about the largest weight itself.
+  check "/usr/bin/python3 $(dirname "$0")/../use/safetensors_tool.py close $work/mixtral_ep1.hf/model.safetensors $work/mixtral_ep2.hf/model.safetensors 0.1" \
+    "export of an ep2 snapshot (every expert, from both ranks) is the ep1 one's, within 10% of each tensor's largest weight"
 fi
 "$titan3d" generate "$work/dp2_ep2/snapshots/step_000000$steps.h5" --prompt "The " --max-tokens 10 \
   --seed 1 > "$work/gen.out" 2>&1
