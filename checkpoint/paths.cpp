@@ -49,6 +49,12 @@ bool lies_inside(const fs::path& root, const fs::path& target) {
 
 std::string descriptor_name(int fd) { return "/proc/self/fd/" + std::to_string(fd); }
 
+// UserError unless the open of `full` (named by `source`) gave a descriptor; `err` its errno.
+void require_opened(int fd, int err, const std::string& full, const std::string& source) {
+  T3D_USER_CHECK(fd >= 0 || err != ENOENT, "`", full, "` (named by ", source, ") does not exist");
+  T3D_USER_CHECK(fd >= 0, "cannot open `", full, "` (named by ", source, "): ", std::strerror(err));
+}
+
 }  // namespace
 
 std::string path_inside(const std::string& dir, const std::string& name,
@@ -113,8 +119,7 @@ ReadOnlyFile ReadOnlyFile::open_inside(const std::string& dir, const std::string
     path_inside(dir, name, source);  // names the target when it still leads outside
     refuse_outside(dir, full, "a path outside it", source);
   }
-  T3D_USER_CHECK(fd >= 0 || err != ENOENT, "`", full, "` (named by ", source, ") does not exist");
-  T3D_USER_CHECK(fd >= 0, "cannot open `", full, "` (named by ", source, "): ", std::strerror(err));
+  require_opened(fd, err, full, source);
   return ReadOnlyFile(fd, full, "file");
 }
 
@@ -125,9 +130,7 @@ ReadOnlyFile ReadOnlyFile::open_inside_without_openat2(const std::string& dir,
   // between the first check and the open cannot make the descriptor's path lie.
   const std::string full = path_inside(dir, name, source);
   const int fd = ::open(full.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
-  T3D_USER_CHECK(fd >= 0 || errno != ENOENT, "`", full, "` (named by ", source, ") does not exist");
-  T3D_USER_CHECK(fd >= 0, "cannot open `", full, "` (named by ", source,
-                 "): ", std::strerror(errno));
+  require_opened(fd, fd < 0 ? errno : 0, full, source);
   std::error_code ec_root, ec_fd;
   const fs::path root = fs::weakly_canonical(dir, ec_root);
   const fs::path opened = fs::read_symlink(descriptor_name(fd), ec_fd);
@@ -173,15 +176,6 @@ void ReadOnlyFile::read_at(uint64_t offset, void* out, size_t bytes) const {
   }
 }
 
-size_t ReadOnlyFile::read_some(void* out, size_t bytes) const {
-  for (;;) {
-    const ssize_t n = ::read(fd_, out, bytes);
-    if (n < 0 && errno == EINTR) continue;
-    T3D_USER_CHECK(n >= 0, "cannot read ", what_, " `", path_, "`: ", std::strerror(errno));
-    return static_cast<size_t>(n);
-  }
-}
-
 std::string ReadOnlyFile::read_all() const {
   std::string bytes(static_cast<size_t>(size_), '\0');
   read_at(0, bytes.data(), bytes.size());
@@ -193,10 +187,6 @@ std::string ReadOnlyFile::descriptor_path() const { return descriptor_name(fd_);
 bool ReadOnlyFile::deleted() const {
   struct stat st {};
   return ::fstat(fd_, &st) != 0 || st.st_nlink == 0;
-}
-
-void require_regular_file(const std::string& path, const std::string& what) {
-  ReadOnlyFile::open(path, what);
 }
 
 std::string read_regular_file(const std::string& path, const std::string& what) {

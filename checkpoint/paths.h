@@ -50,8 +50,6 @@ class ReadOnlyFile {
   uint64_t size() const { return size_; }
   // `bytes` from `offset`; UserError naming the file when the file ends first or a read fails.
   void read_at(uint64_t offset, void* out, size_t bytes) const;
-  // Bytes read from the current offset up to `bytes`, 0 at the end (streaming reads).
-  size_t read_some(void* out, size_t bytes) const;
   std::string read_all() const;
   // A name that opens this very file (/proc/self/fd/N), for libraries that open by name (HDF5):
   // the file behind the descriptor, whatever now lies at path().
@@ -66,9 +64,6 @@ class ReadOnlyFile {
   uint64_t size_ = 0;
 };
 
-// UserError naming `what` and `path` unless `path` is a regular file (ReadOnlyFile::open's check,
-// for callers that only need to know).
-void require_regular_file(const std::string& path, const std::string& what);
 // The whole of regular file `path` (ReadOnlyFile::open); UserErrors name `what` and path.
 std::string read_regular_file(const std::string& path, const std::string& what);
 
