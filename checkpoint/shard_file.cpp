@@ -31,10 +31,13 @@ constexpr size_t kMaxWrite = 256 << 20;
 // pwrite of all `size` bytes at `at`, retried over short writes and EINTR.
 bool write_all(int fd, const void* data, size_t size, uint64_t at);
 
-// O_DIRECT writes on a thread of their own, one at a time, so that the device streams while the
-// caller hashes and copies the next bytes: of two buffers one is being filled, the other written.
+// O_DIRECT writes on a thread of their own, in the order submitted, so that the device streams
+// while the caller hashes and copies the next bytes. Of kDepth buffers one is being filled and the
+// others wait for or are in the device: the device keeps streaming through the caller's stalls
+// (descheduled while training's threads have the cores) of up to kDepth - 1 writes.
 class DirectWriter {
  public:
+  static constexpr int kDepth = 4;
   explicit DirectWriter(int fd) : fd_(fd) {}
   ~DirectWriter() {
     if (thread_.joinable()) {
@@ -47,32 +50,36 @@ class DirectWriter {
     }
     for (char* b : buffers_) std::free(b);
   }
-  // The buffer to fill, of kBounce bytes, aligned; null (errno ENOMEM) when it cannot be had.
+  // The buffer to fill, of kBounce bytes, aligned, once no write reads it any more; null (errno
+  // ENOMEM) when it cannot be had.
   char* buffer() {
-    for (char*& b : buffers_) {
+    char*& b = buffers_[submitted_ % kDepth];
+    if (!b) {
       void* p = nullptr;
-      if (!b && ::posix_memalign(&p, kAlign, kBounce) != 0) return errno = ENOMEM, nullptr;
-      if (!b) b = static_cast<char*>(p);
+      if (::posix_memalign(&p, kAlign, kBounce) != 0) return errno = ENOMEM, nullptr;
+      b = static_cast<char*>(p);
     }
-    return buffers_[filling_];
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_.wait(lock, [this] { return submitted_ - written_ < kDepth; });
+    return b;
   }
-  // Writes the first `size` bytes of buffer() at `at` in the background, once the write before
-  // it is done; the other buffer becomes buffer(). False (errno set) when an earlier write failed.
+  // Queues the first `size` bytes of buffer() for writing at `at`; the next buffer becomes
+  // buffer(). False (errno set) when an earlier write failed.
   bool submit(size_t size, uint64_t at) {
-    if (!wait()) return false;
     if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      job_ = {buffers_[filling_], size, at}, busy_ = true;
+      if (error_) return errno = error_, false;
+      jobs_[submitted_ % kDepth] = {buffers_[submitted_ % kDepth], size, at};
+      ++submitted_;
     }
     ready_.notify_all();
-    filling_ = 1 - filling_;
     return true;
   }
-  // Waits for the write in flight; false (errno set) when a write failed.
+  // Waits for every queued write; false (errno set) when a write failed.
   bool wait() {
     std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [this] { return !busy_; });
+    done_.wait(lock, [this] { return written_ == submitted_; });
     if (error_) errno = error_;
     return error_ == 0;
   }
@@ -86,25 +93,27 @@ class DirectWriter {
   void run() {
     std::unique_lock<std::mutex> lock(mutex_);
     for (;;) {
-      ready_.wait(lock, [this] { return busy_ || stop_; });
-      if (!busy_) return;
-      const Job job = job_;
+      ready_.wait(lock, [this] { return written_ < submitted_ || stop_; });
+      if (written_ == submitted_) return;
+      const Job job = jobs_[written_ % kDepth];
+      const bool failed_before = error_ != 0;  // the file is abandoned: the rest is not written
       lock.unlock();
-      const int err = write_all(fd_, job.data, job.size, job.at) ? 0 : errno;
+      const int err = failed_before || write_all(fd_, job.data, job.size, job.at) ? 0 : errno;
       lock.lock();
       if (err && !error_) error_ = err;
-      busy_ = false;
+      ++written_;
       done_.notify_all();
     }
   }
   int fd_;
-  char* buffers_[2] = {nullptr, nullptr};
-  int filling_ = 0;
+  char* buffers_[kDepth] = {};
+  Job jobs_[kDepth];
+  uint64_t submitted_ = 0;  // writes queued so far; buffer() is buffers_[submitted_ % kDepth]
+  uint64_t written_ = 0;    // of which done (the thread takes them in order)
   std::thread thread_;
   std::mutex mutex_;
   std::condition_variable ready_, done_;
-  Job job_;
-  bool busy_ = false, stop_ = false;
+  bool stop_ = false;
   int error_ = 0;
 };
 
@@ -113,6 +122,7 @@ struct Driver {
   int fd = -1;         // through the page cache
   int direct_fd = -1;  // O_DIRECT, or -1 where the file system refuses it
   haddr_t eoa = 0, eof = 0;
+  uint64_t allocated = 0;  // the file's size after allocating its blocks up front, if it was
   dev_t dev = 0;
   ino_t ino = 0;
   ShardFileLog* log = nullptr;
@@ -171,6 +181,11 @@ H5FD_t* open_file(const char* name, unsigned flags, hid_t fapl, haddr_t maxaddr)
   d->fd = fd;
   d->direct_fd = ::open(name, O_WRONLY | O_CLOEXEC | O_DIRECT);  // -1: page cache only
   if (d->direct_fd >= 0) d->direct = std::make_unique<DirectWriter>(d->direct_fd);
+  // Room for the raw data and HDF5's metadata around it; where the file system cannot allocate
+  // ahead (or the space is short), writes extend the file as they go.
+  const uint64_t ahead = info->log->size_hint ? info->log->size_hint + (8 << 20) : 0;
+  if (d->direct && ahead && ::fallocate(fd, 0, 0, static_cast<off_t>(ahead)) == 0)
+    d->allocated = ahead;
   d->eof = static_cast<haddr_t>(st.st_size);
   d->dev = st.st_dev, d->ino = st.st_ino;
   d->log = info->log;
@@ -318,11 +333,11 @@ herr_t flush(H5FD_t* file, hid_t, hbool_t) {
 herr_t truncate(H5FD_t* file, hid_t, hbool_t) {
   auto* d = reinterpret_cast<Driver*>(file);
   if (!end_run(d, true)) return fail("truncate", H5E_WRITEERROR, "file write");
-  if (d->eoa == d->eof) return 0;
+  if (d->eoa == d->eof && d->allocated <= d->eoa) return 0;
   if (::ftruncate(d->fd, static_cast<off_t>(d->eoa)) != 0)
     return fail("truncate", H5E_SEEKERROR, "ftruncate");
   d->log->digest.overwritten(std::min(d->eoa, d->eof), d->eoa > d->eof ? d->eoa - d->eof : 0);
-  d->eof = d->eoa;
+  d->eof = d->eoa, d->allocated = 0;
   return 0;
 }
 

@@ -285,6 +285,12 @@ ShardWriter::ShardWriter(const std::string& path, int rank, std::vector<Slice> b
   T3D_USER_CHECK(!ec && fs::is_directory(fs::path(path).parent_path()),
                  "cannot create snapshot directory `", fs::path(path).parent_path().string(),
                  "`: ", ec ? ec.message() : "a file of that name is in the way");
+  // Stored as is, a box takes its elements (contiguous) or its whole chunks (the last padded);
+  // deflated, about that or less (a hint: writes past it extend the file).
+  for (size_t i = 0; i < m.boxes.size(); ++i)
+    m.log.size_hint +=
+        sizeof(float) * static_cast<uint64_t>(m.chunked() ? m.chunks_of(i) * m.chunk_of(i)
+                                                          : kernels::numel(m.boxes[i].shape));
   m.file = h5::create_file(m.tmp, [&m](hid_t fapl) { use_shard_driver(fapl, &m.log); });
   m.lcpl = h5::intermediate_groups();
 }

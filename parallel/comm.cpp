@@ -329,6 +329,13 @@ Comm::Exchange Comm::start_all_to_allv_raw(const void* send, const std::vector<i
   return x;
 }
 
+void Comm::broadcast(std::string& text, int root) const {
+  uint64_t n = text.size();
+  broadcast(&n, 1, root);
+  text.resize(n);
+  if (n) broadcast(text.data(), n, root);
+}
+
 void Comm::broadcast_raw(void* data, size_t count, MPI_Datatype type, int root) const {
   if (fault::skip_operation(name_, world_ranks_[rank_])) return;  // test-only (fault.h)
   trace::Span span("broadcast", "comm");

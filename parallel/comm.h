@@ -70,6 +70,8 @@ class Comm {
   void all_reduce(T* data, size_t count, ReduceOp op = ReduceOp::sum) const {
     all_reduce_raw(data, count, mpi_type<T>(), op);
   }
+  // Group rank `root`'s text on every rank (its length first, then the bytes).
+  void broadcast(std::string& text, int root) const;
   // Sum of bf16 values (raw uint16 bits): each pairwise sum is computed in fp32 and rounded to
   // bf16, so the result may differ from an fp32 sum by a few bf16 ulps.
   void all_reduce_bf16(uint16_t* data, size_t count) const;

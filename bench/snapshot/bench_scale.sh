@@ -2,11 +2,12 @@
 # Snapshots at the sizes users train, one model per line (1 rank, fp32, vocab 32000):
 #   bash bench/snapshot/bench_scale.sh [build/apps/titan3d] [snapshot dir] [sizes]
 # sizes: any of 0.2b 0.5b 1b (default all three). For each model it measures
-#  - the file system's sequential rate: dd of the same bytes as one full snapshot, fsynced, into
-#    the snapshot directory;
-#  - a run with a snapshot every 2 steps: write rate of each full snapshot (bytes / write time of
-#    the slowest rank, from metrics.jsonl), the stall per snapshot, the step time of the steps
-#    without one, and the stall as a share of step time at snapshot.every = 10 and 100;
+#  - ROUNDS (default 3) runs with a snapshot every 2 steps: write rate of each full snapshot (bytes
+#    / write time of the slowest rank, from metrics.jsonl), the stall per snapshot, the step time of
+#    the steps without one, and the stall as a share of step time at snapshot.every = 10 and 100;
+#  - after each of those runs, the file system's sequential rate: dd of the same bytes as one full
+#    snapshot into the snapshot directory, fsynced, through the page cache and with O_DIRECT, the
+#    better of the two; write/seq is the median over the rounds of each run's ratio to it;
 #  - peak host memory (max RSS of the rank) with snapshots and without (snapshot.every = 0);
 #  - restore: resuming the snapshot before the last, the time rank 0's log gives for it ("resumed
 #    from ... in T s": choosing, verifying and reading), and that the resumed run's first loss
@@ -38,6 +39,7 @@ model_args() {  # size -> --set for [model] and the arena
     1b) echo "--set model.dim=2048 --set model.n_layers=16 --set model.n_heads=16 --set hardware.hbm_gib=17" ;;
   esac
 }
+median() { sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 field() { sed -n "s/.*\"$1\": \\([0-9.e+-]*\\).*/\\1/p"; }
 max_rss_gib() { sed -n 's/.*Maximum resident set size (kbytes): \([0-9]*\).*/\1/p' "$1" | sort -n | tail -1 | awk '{ printf "%.2f", $1 / 2^20 }'; }
 
@@ -48,25 +50,40 @@ for size in $sizes; do
         --set train.warmup_steps=1 --set train.val_every=0 --set data.path="$repo/data/fortunes.txt"
         --set hardware.gemm=openblas --set train.precision=fp32 --set run.max_restarts=0
         --set run.log_level=info)
-  /usr/bin/time -v "$titan3d" "${base[@]}" --set snapshot.every=$every --set snapshot.keep=2 \
-    --set run.dir="$work/$size" > "$work/$size.log" 2>&1 || { echo "$size: training failed"; tail -5 "$work/$size.log"; continue; }
+  # ROUNDS runs with snapshots, each followed by the file system's sequential rate for the same
+  # bytes: dd with fdatasync through the page cache (bs=64M) and with O_DIRECT (bs=8M), the better
+  # of the two (which one wins swings with the CPU load: the page-cache copy needs a core).
+  # write/seq is the median of the rounds' ratios, each against the rate measured right after it.
+  dd_rate() {  # dd's "copied, T s, R MB/s" in MB/s
+    dd if=/dev/zero of="$work/dd.bin" "$@" conv=fdatasync 2>&1 |
+      sed -n 's/.* s, \([0-9.]*\) \([GM]B\)\/s/\1 \2/p' | awk '{ print ($2 == "GB") ? $1 * 1000 : $1 }'
+    rm -f "$work/dd.bin"
+  }
+  rounds=${ROUNDS:-3} writes=() seqs=() ratios=() stalls=() steps=()
+  for ((round = 1; round <= rounds; ++round)); do
+    rm -rf "$work/$size"
+    /usr/bin/time -v "$titan3d" "${base[@]}" --set snapshot.every=$every --set snapshot.keep=2 \
+      --set run.dir="$work/$size" > "$work/$size.log" 2>&1 || { echo "$size: training failed"; tail -5 "$work/$size.log"; continue 2; }
+    m=$work/$size/metrics.jsonl
+    bytes=$(grep '"snapshot_ok": 1' "$m" | head -1 | field snapshot_raw_bytes)
+    buffered=$(dd_rate bs=64M count=$(( (${bytes%.*} + 67108863) / 67108864 )))
+    direct=$(dd_rate bs=8M count=$(( (${bytes%.*} + 8388607) / 8388608 )) oflag=direct)
+    seq=$(awk -v a="$buffered" -v b="${direct:-0}" 'BEGIN { print (a > b) ? a : b }')
+    # Full snapshots: write rate (median), stall (every one); step time of steps without a snapshot.
+    write=$(grep '"snapshot_ok": 1' "$m" | grep '"snapshot_incremental": 0' |
+            awk '{ match($0, /"snapshot_bytes": [0-9.e+]+/); b = substr($0, RSTART + 18, RLENGTH - 18); match($0, /"snapshot_write_s": [0-9.e+-]+/); w = substr($0, RSTART + 20, RLENGTH - 20); print b / w / 1e6 }' | median)
+    writes+=("$write") seqs+=("$seq") ratios+=("$(awk -v w="$write" -v s="$seq" 'BEGIN { print w / s }')")
+    stalls+=($(grep '"snapshot_ok": 1' "$m" | field snapshot_stall_s))
+    steps+=($(grep '"loss"' "$m" | awk -v e=$every '{ match($0, /"step": [0-9]+/); s = substr($0, RSTART + 8, RLENGTH - 8) + 0; match($0, /"step_time_s": [0-9.e+-]+/); t = substr($0, RSTART + 15, RLENGTH - 15); if (s > 1 && (s - 1) % e != 0) print t }'))
+    echo "      round $round: write $(printf %.0f "$write") MB/s; dd $buffered MB/s through the page cache, ${direct:-refused} with O_DIRECT; load $(cut -d' ' -f1 /proc/loadavg)" >> "$work/rounds.txt"
+  done
+  write=$(printf '%s\n' "${writes[@]}" | median) seq=$(printf '%s\n' "${seqs[@]}" | median)
+  ratio=$(printf '%s\n' "${ratios[@]}" | median)
+  stall=$(printf '%s\n' "${stalls[@]}" | median) step=$(printf '%s\n' "${steps[@]}" | median)
   /usr/bin/time -v "$titan3d" "${base[@]}" --set snapshot.every=0 --set run.dir="$work/$size.none" \
     > "$work/$size.none.log" 2>&1
-  m=$work/$size/metrics.jsonl
-  bytes=$(grep '"snapshot_ok": 1' "$m" | head -1 | field snapshot_raw_bytes)
   params=$(sed -n 's/.*model: .*; \([0-9.]*\) M parameters in all.*/\1/p' "$work/$size.log" | head -1)
   state=$(sed -n 's/.*memory bytes: params \([0-9]*\) grads \([0-9]*\) optimizer \([0-9]*\) .*/\1 \2 \3/p' "$work/$size.log" | head -1 | awk '{ printf "%.2f", ($1 + $2 + $3) / 1e9 }')
-  # The file system's rate for the same bytes, fsynced.
-  seq=$(dd if=/dev/zero of="$work/dd.bin" bs=64M count=$(( (${bytes%.*} + 67108863) / 67108864 )) conv=fdatasync 2>&1 |
-        sed -n 's/.* s, \([0-9.]*\) \([GM]B\)\/s/\1 \2/p' | awk '{ print ($2 == "GB") ? $1 * 1000 : $1 }')
-  rm -f "$work/dd.bin"
-  # Full snapshots: write rate (median), stall (median); step time of steps without a snapshot.
-  write=$(grep '"snapshot_ok": 1' "$m" | grep '"snapshot_incremental": 0' |
-          awk '{ match($0, /"snapshot_bytes": [0-9.e+]+/); b = substr($0, RSTART + 18, RLENGTH - 18); match($0, /"snapshot_write_s": [0-9.e+-]+/); w = substr($0, RSTART + 20, RLENGTH - 20); print b / w / 1e6 }' |
-          sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
-  stall=$(grep '"snapshot_ok": 1' "$m" | field snapshot_stall_s | sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
-  step=$(grep '"loss"' "$m" | awk -v e=$every '{ match($0, /"step": [0-9]+/); s = substr($0, RSTART + 8, RLENGTH - 8) + 0; match($0, /"step_time_s": [0-9.e+-]+/); t = substr($0, RSTART + 15, RLENGTH - 15); if (s > 1 && (s - 1) % e != 0) print t }' |
-         sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }')
   # Restore: resume the snapshot before the last one and run to the end.
   last=$(ls "$work/$size/snapshots" | sed -n 's/^step_\([0-9]*\)\.h5$/\1/p' | sort -n | tail -2 | head -1)
   "$titan3d" resume "$work/$size/snapshots/step_$last.h5" \
@@ -77,11 +94,12 @@ for size in $sizes; do
   same=$([ -n "$want" ] && [ "$want" = "$got" ] && echo bit-exact || echo "DIFFERS ($want vs $got)")
   [ -n "$want" ] || same="(no step $((10#$last + 1)) in the straight run)"
   printf '%-5s %6sM %9s %9.0f %7.0f %9.2f %9.2f %9.2f %8.2f %8.3f %9s %9s %9s %9s\n' "$size" "$params" "$state" \
-    "$seq" "$write" "$(awk -v w="$write" -v s="$seq" 'BEGIN { print w / s }')" "$stall" "$step" \
+    "$seq" "$write" "$ratio" "$stall" "$step" \
     "$(awk -v a="$stall" -v s="$step" 'BEGIN { print 100 * a / (10 * s) }')" \
     "$(awk -v a="$stall" -v s="$step" 'BEGIN { print 100 * a / (100 * s) }')" \
     "$(max_rss_gib "$work/$size.log")" "$(max_rss_gib "$work/$size.none.log")" "$restore" "$same"
   grep -o 'snapshot step [0-9]* ([^)]*)[^;]*; stall [^,]*,[^>]*' "$work/$size.log" | sed 's/^/      /' | cut -c1-220
+  cat "$work/rounds.txt" && rm -f "$work/rounds.txt"
   rm -rf "$work/$size" "$work/$size.none" "$work/$size.r"
 done
 
@@ -123,7 +141,6 @@ for size in $sizes; do
     --set snapshot.memory_every=$every --set run.max_restarts=0 --set run.dir="$work/$size.mem" \
     > "$work/$size.mem.log" 2>&1 || { echo "$size: memory-tier run failed"; tail -5 "$work/$size.mem.log"; continue; }
   m=$work/$size.mem/metrics.jsonl
-  median() { sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
   mw=$(grep '"memory_snapshot_ok": 1' "$m" | field memory_snapshot_write_s | median)
   ms=$(grep '"memory_snapshot_ok": 1' "$m" | field memory_snapshot_stall_s | median)
   rm -rf "$work/$size.mem"

@@ -32,14 +32,6 @@ namespace {
 constexpr int kMoveTag = 30571;
 constexpr size_t kPiece = size_t(1) << 28;  // bytes per message: far below MPI's int count
 
-// `s` of world rank `root` on every rank (collective).
-void broadcast_text(const parallel::Comm& world, std::string& s, int root) {
-  uint64_t n = s.size();
-  world.broadcast(&n, 1, root);
-  s.resize(n);
-  if (n) world.broadcast(s.data(), n, root);
-}
-
 // Collective: "" when `error` is empty on every rank, else the lowest failing rank's error,
 // prefixed with that rank (alike on every rank).
 std::string agreed_error(const parallel::Comm& world, const std::string& error) {
@@ -47,7 +39,7 @@ std::string agreed_error(const parallel::Comm& world, const std::string& error) 
   world.all_reduce(&first, 1, parallel::ReduceOp::min);
   if (first == world.size()) return "";
   std::string message = error;
-  broadcast_text(world, message, first);
+  world.broadcast(message, first);
   return "rank " + std::to_string(first) + ": " + message;
 }
 
@@ -475,7 +467,7 @@ std::string MemoryTier::prepare_restore(int64_t disk_step, const std::vector<ck:
     return "";
   }
   std::string text = world.rank() == root ? ck::manifest_text(*manifest) : "";
-  broadcast_text(world, text, root);
+  world.broadcast(text, root);
   const auto info = ck::parse_manifest(text);
   T3D_ASSERT(info.has_value(), "memory tier manifest garbled in transit");
   const size_t n = info->shards.size();
@@ -522,7 +514,7 @@ std::string MemoryTier::prepare_restore(int64_t disk_step, const std::vector<ck:
   std::map<std::string, std::vector<ck::ShardPiece>> by_file;
   for (const int leader_rank : ring_.leader) {
     std::string part = world.rank() == leader_rank ? catalog : "";
-    broadcast_text(world, part, leader_rank);
+    world.broadcast(part, leader_rank);
     for (auto& p : parse_pieces(part)) by_file[p.file].push_back(std::move(p));
   }
   std::vector<ck::ShardPiece> pieces;  // in the order of the shard list

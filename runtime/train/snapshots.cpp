@@ -84,14 +84,6 @@ void check_writable_dir(const std::string& dir, const std::string& origin, int r
                  "snapshot.every = 0 to train without snapshots.");
 }
 
-// `s` of rank `root` on every rank of `comm` (collective).
-void broadcast_string(const parallel::Comm& comm, std::string& s, int root = 0) {
-  uint64_t n = s.size();
-  comm.broadcast(&n, 1, root);
-  s.resize(n);
-  if (n) comm.broadcast(s.data(), n, root);
-}
-
 std::string layout_of(const Recipe& r) {
   const auto& p = r.parallel;
   return fmt::format("pp={} dp={} cp={} tp={} ep={} zero={} schedule={} virtual_stages={}", p.pp,
@@ -297,7 +289,7 @@ struct Snapshotter::Impl {
       agree_on(world, [&] {
         if (world.rank() == 0) c = resolve(before, &seen);
       });
-      broadcast_string(world, c.path);
+      world.broadcast(c.path, 0);
       world.broadcast(&c.step, 1, 0);
       world.broadcast(&c.id, 1, 0);
       bool memory = false;
@@ -346,7 +338,7 @@ struct Snapshotter::Impl {
       }
       if (memory) {
         // The memory tier's snapshot cannot be read on some rank: the disk tier's newest it is.
-        broadcast_string(world, error, first_failed);
+        world.broadcast(error, first_failed);
         tier_why = fmt::format("restoring the memory tier's step {} failed on rank {}: {}", c.step,
                                first_failed, error);
         if (mesh.rank() == 0) spdlog::warn("{}; falling back to the disk tier", tier_why);
@@ -358,7 +350,7 @@ struct Snapshotter::Impl {
           if (internal) throw InternalError(error);
           if (!error.empty()) throw UserError(error);
         });
-      broadcast_string(world, error, first_failed);
+      world.broadcast(error, first_failed);
       if (mesh.rank() == 0)
         spdlog::warn("snapshot.resume = latest: skipping {}: rank {} cannot restore it: {}", c.path,
                      first_failed, error);
@@ -811,7 +803,7 @@ struct Snapshotter::Impl {
                    const std::string& shard) {
     ck::discard(shard);
     std::string message = error;
-    broadcast_string(mesh.world(), message, first_failed);
+    mesh.world().broadcast(message, first_failed);
     if (mesh.rank() == 0)
       spdlog::error("memory snapshot at step {} failed on rank {}: {}; training continues", p.step,
                     first_failed, message);
@@ -871,9 +863,8 @@ struct Snapshotter::Impl {
   void fail(const Pending& p, int first_failed, const std::string& error,
             const std::string& shard) {
     ck::discard(shard);
-    char message[1024] = {};
-    if (mesh.rank() == first_failed) std::snprintf(message, sizeof(message), "%s", error.c_str());
-    mesh.world().broadcast(message, sizeof(message), first_failed);
+    std::string message = error;
+    mesh.world().broadcast(message, first_failed);
     if (mesh.rank() == 0) {
       spdlog::error(
           "snapshot at step {} failed on rank {}: {}. It was not committed; the last "
