@@ -273,7 +273,7 @@ class Model final : public StageModel {
   // The forward's dispatch is started (counts exchanged, rows under way) before the shared
   // experts' compute and finished after it: moe_experts_ep_forward takes the rows in flight.
   struct RowsInFlight {
-    parallel::Comm::Exchange exchange;
+    parallel::Comm::Exchange* exchange = nullptr;  // ep_exchange_
     float* recv = nullptr;  // where the rows land (bf16 on the wire: widened at finish)
     int64_t rows = 0;
   };
@@ -369,6 +369,9 @@ class Model final : public StageModel {
     std::vector<int64_t> source_offsets;  // El·P + 1: their (expert, source rank) blocks
   } ep_route_;
   int64_t ep_rows_ = 0;  // ModelDims::R: the rows this rank's experts may take
+  // Every all_to_allv of the EP group runs in this one exchange, one at a time (its count buffer
+  // reused: the exchanges of a step allocate nothing).
+  parallel::Comm::Exchange ep_exchange_;
 };
 
 }  // namespace t3d::runtime

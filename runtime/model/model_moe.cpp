@@ -287,8 +287,9 @@ Model::RowsInFlight Model::moe_ep_dispatch_backward(LayerActs& a) {
   ep_plan(recv);
   const auto& r = ep_route_;
   for (int64_t row = 0; row < kept; ++row) s.moe_ep_gates[row] = a.gates[s.moe_slot_of_row[row]];
-  ep.all_to_allv(s.moe_ep_gates, r.send_counts, r.send_displs, s.moe_ep_dgates, r.recv_counts,
-                 r.recv_displs);
+  ep.start_all_to_allv(ep_exchange_, s.moe_ep_gates, r.send_counts, r.send_displs, s.moe_ep_dgates,
+                       r.recv_counts, r.recv_displs);
+  ep.wait(ep_exchange_);
   k::moe_ep_reorder(s.moe_ep_gates, s.moe_ep_dgates, recv, r.source_offsets.data(), P, El, 1, true);
   return start_ep_exchange(s.moe_out, r.send_counts, r.send_displs, s.moe_ep_rows, r.recv_counts,
                            r.recv_displs);
@@ -323,8 +324,9 @@ void Model::moe_experts_ep_backward(LayerActs& a, const ConstBlock& w, const Blo
   ep_exchange(s.moe_ep_out, r.recv_counts, r.recv_displs, s.moe_grad, r.send_counts, r.send_displs);
   k::moe_ep_reorder(s.moe_ep_gates, s.moe_ep_dgates, recv, r.source_offsets.data(), P, El, 1,
                     false);
-  ep.all_to_allv(s.moe_ep_gates, r.recv_counts, r.recv_displs, s.moe_ep_dgates, r.send_counts,
-                 r.send_displs);
+  ep.start_all_to_allv(ep_exchange_, s.moe_ep_gates, r.recv_counts, r.recv_displs, s.moe_ep_dgates,
+                       r.send_counts, r.send_displs);
+  ep.wait(ep_exchange_);
   for (int64_t row = 0; row < kept; ++row)
     s.moe_dgates[s.moe_slot_of_row[row]] = s.moe_ep_dgates[row];
 }
@@ -343,22 +345,23 @@ Model::RowsInFlight Model::start_ep_exchange(const float* send, const std::vecto
   const parallel::Comm& ep = *options_.ep;
   const auto C = static_cast<size_t>(config_.dim);
   RowsInFlight f;
+  f.exchange = &ep_exchange_;
   f.recv = recv;
   f.rows = static_cast<int64_t>(received_at.back()) + received.back();
   if (!options_.bf16) {
-    f.exchange = ep.start_all_to_allv(send, sent, sent_at, recv, received, received_at, C);
+    ep.start_all_to_allv(ep_exchange_, send, sent, sent_at, recv, received, received_at, C);
     return f;
   }
   auto& s = *scratch_;
   const int64_t sent_rows = static_cast<int64_t>(sent_at.back()) + sent.back();
   k::float_to_bf16_threads(s.ep16_send, send, sent_rows * config_.dim);
-  f.exchange =
-      ep.start_all_to_allv(s.ep16_send, sent, sent_at, s.ep16_recv, received, received_at, C);
+  ep.start_all_to_allv(ep_exchange_, s.ep16_send, sent, sent_at, s.ep16_recv, received, received_at,
+                       C);
   return f;
 }
 
 void Model::finish_ep_exchange(RowsInFlight& rows) {
-  options_.ep->wait(rows.exchange);
+  options_.ep->wait(*rows.exchange);
   if (options_.bf16)
     k::bf16_to_float_threads(rows.recv, scratch_->ep16_recv, rows.rows * config_.dim);
 }
