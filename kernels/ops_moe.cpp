@@ -223,12 +223,11 @@ void moe_experts_forward(GemmKind kind, float* y, float* gate, float* up, float*
 //   dys *= g, dh *= g                    (the gradients of h wd[e]^T's output and of h)
 //   dwd[e] += dys^T h;  swiglu backward → dgate, dup;
 //   dxs = dgate wg[e] + dup wu[e];  dwg[e] += dgate^T xs;  dwu[e] += dup^T xs.
-void moe_experts_backward(GemmKind kind, float* dxs, float* dgates, float* dwg, float* dwu,
-                          float* dwd, float* dh, float* dgate, float* dup, float* dys,
-                          const float* gates, const std::int32_t* slot_of_row, const float* xs,
-                          const float* gate, const float* up, const float* h, const float* wg,
-                          const float* wu, const float* wd, const std::int64_t* offsets,
-                          const ExpertShape& s) {
+void moe_experts_backward_input(GemmKind kind, float* dxs, float* dgates, float* dh, float* dgate,
+                                float* dup, float* dys, const float* gates,
+                                const std::int32_t* slot_of_row, const float* gate, const float* up,
+                                const float* h, const float* wg, const float* wu, const float* wd,
+                                const std::int64_t* offsets, const ExpertShape& s) {
   const std::int64_t C = s.C, Fe = s.Fe, S = offsets[s.E];
   for (std::int64_t e = 0; e < s.E; ++e) {
     const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
@@ -249,6 +248,23 @@ void moe_experts_backward(GemmKind kind, float* dxs, float* dgates, float* dwg, 
       for (std::int64_t c = 0; c < C; ++c) dy[c] *= g;
     }
   });
+  swiglu_backward(dgate, dup, dh, gate, up, S * Fe);
+  for (std::int64_t e = 0; e < s.E; ++e) {
+    const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
+    if (rows == 0) continue;
+    float* dx = dxs + r0 * C;
+    // dxs = dgate wg[e] (written), then += dup wu[e].
+    linear_backward_input(kind, dx, dgate + r0 * Fe, wg + e * Fe * C, rows, C, Fe);
+    gemm(kind, Trans::kNo, Trans::kNo, rows, C, Fe, dup + r0 * Fe, Fe, wu + e * Fe * C, C, true, dx,
+         C);
+  }
+}
+
+void moe_experts_backward_weight(GemmKind kind, float* dwg, float* dwu, float* dwd,
+                                 const float* dys, const float* dgate, const float* dup,
+                                 const float* xs, const float* h, const std::int64_t* offsets,
+                                 const ExpertShape& s) {
+  const std::int64_t C = s.C, Fe = s.Fe;
   // Expert e's weight-gradient parts: rows [part(e, p), part(e, p + 1)).
   const std::int64_t parts = s.part_offsets ? s.parts : 1;
   const auto part = [&](std::int64_t e, std::int64_t p) {
@@ -260,15 +276,7 @@ void moe_experts_backward(GemmKind kind, float* dxs, float* dgates, float* dwg, 
       if (rows == 0) continue;
       linear_backward_weight(kind, dwd + e * C * Fe, dys + r0 * C, h + r0 * Fe, rows, Fe, C);
     }
-  swiglu_backward(dgate, dup, dh, gate, up, S * Fe);
-  for (std::int64_t e = 0; e < s.E; ++e) {
-    const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
-    if (rows == 0) continue;
-    float* dx = dxs + r0 * C;
-    // dxs = dgate wg[e] (written), then += dup wu[e].
-    linear_backward_input(kind, dx, dgate + r0 * Fe, wg + e * Fe * C, rows, C, Fe);
-    gemm(kind, Trans::kNo, Trans::kNo, rows, C, Fe, dup + r0 * Fe, Fe, wu + e * Fe * C, C, true, dx,
-         C);
+  for (std::int64_t e = 0; e < s.E; ++e)
     for (std::int64_t p = 0; p < parts; ++p) {
       const std::int64_t q0 = part(e, p), n = part(e, p + 1) - q0;
       if (n == 0) continue;
@@ -276,7 +284,17 @@ void moe_experts_backward(GemmKind kind, float* dxs, float* dgates, float* dwg, 
       linear_backward_weight(dwg + e * Fe * C, LinearInput(kind, dgate + q0 * Fe, n, Fe), x);
       linear_backward_weight(dwu + e * Fe * C, LinearInput(kind, dup + q0 * Fe, n, Fe), x);
     }
-  }
+}
+
+void moe_experts_backward(GemmKind kind, float* dxs, float* dgates, float* dwg, float* dwu,
+                          float* dwd, float* dh, float* dgate, float* dup, float* dys,
+                          const float* gates, const std::int32_t* slot_of_row, const float* xs,
+                          const float* gate, const float* up, const float* h, const float* wg,
+                          const float* wu, const float* wd, const std::int64_t* offsets,
+                          const ExpertShape& s) {
+  moe_experts_backward_input(kind, dxs, dgates, dh, dgate, dup, dys, gates, slot_of_row, gate, up,
+                             h, wg, wu, wd, offsets, s);
+  moe_experts_backward_weight(kind, dwg, dwu, dwd, dys, dgate, dup, xs, h, offsets, s);
 }
 
 void moe_ep_offsets(std::int64_t* offsets, std::int64_t* block_offsets, const std::int32_t* counts,

@@ -120,6 +120,29 @@ void moe_experts_backward(GemmKind kind,
                           const float* wg, const float* wu, const float* wd,
                           const std::int64_t* offsets, const ExpertShape& s);
 
+// The two halves of moe_experts_backward, for the zero-bubble schedules' B and W passes: the one
+// then the other gives moe_experts_backward's bits. _input writes dxs and dgates and leaves what
+// _weight reads: in dys the rows' output gradients scaled by their gates (in place), in dgate and
+// dup (S, Fe) the gradients of the experts' gate and up projections; dh is its scratch.
+void moe_experts_backward_input(GemmKind kind,
+                                float* dxs,          // dxs (S, C) =
+                                float* dgates,       // dgates (N·K) =
+                                float* dh,           // scratch (S, Fe)
+                                float* dgate,        // dgate (S, Fe) =
+                                float* dup,          // dup (S, Fe) =
+                                float* dys,          // dys (S, C), scaled by the gates in place
+                                const float* gates,  // gates (N·K) by slot
+                                const std::int32_t* slot_of_row,  // (S) from moe_permute
+                                const float* gate, const float* up, const float* h,  // (S, Fe)
+                                const float* wg, const float* wu, const float* wd,
+                                const std::int64_t* offsets, const ExpertShape& s);
+// The weight gradients (+=) from what _input left (dys gated, dgate, dup) and the forward's rows
+// xs (S, C) and h (S, Fe), in ExpertShape's parts.
+void moe_experts_backward_weight(GemmKind kind, float* dwg, float* dwu, float* dwd,
+                                 const float* dys, const float* dgate, const float* dup,
+                                 const float* xs, const float* h, const std::int64_t* offsets,
+                                 const ExpertShape& s);
+
 // Expert parallelism: P ranks hold El experts each, and a rank's experts receive counts[s·El + j]
 // rows of source rank s for its local expert j (s < P, j < El). Source-major order (s, j, row) is
 // how an all-to-all delivers them (each source's rows sorted by expert); expert-major order

@@ -278,24 +278,26 @@ void Comm::all_to_allv_raw(const void* send, const std::vector<int>& send_counts
                            const std::vector<int>& send_displs, void* recv,
                            const std::vector<int>& recv_counts, const std::vector<int>& recv_displs,
                            size_t row_size, MPI_Datatype type) const {
-  Exchange x = start_all_to_allv_raw(send, send_counts, send_displs, recv, recv_counts, recv_displs,
-                                     row_size, type);
+  Exchange x;
+  start_all_to_allv_raw(x, send, send_counts, send_displs, recv, recv_counts, recv_displs, row_size,
+                        type);
   wait(x);
 }
 
-Comm::Exchange Comm::start_all_to_allv_raw(const void* send, const std::vector<int>& send_counts,
-                                           const std::vector<int>& send_displs, void* recv,
-                                           const std::vector<int>& recv_counts,
-                                           const std::vector<int>& recv_displs, size_t row_size,
-                                           MPI_Datatype type) const {
+void Comm::start_all_to_allv_raw(Exchange& x, const void* send, const std::vector<int>& send_counts,
+                                 const std::vector<int>& send_displs, void* recv,
+                                 const std::vector<int>& recv_counts,
+                                 const std::vector<int>& recv_displs, size_t row_size,
+                                 MPI_Datatype type) const {
+  T3D_ASSERT(x.request == MPI_REQUEST_NULL,
+             "all_to_allv started in an exchange whose previous one is still in flight");
   const size_t n = static_cast<size_t>(size_);
   T3D_ASSERT(send_counts.size() == n && send_displs.size() == n && recv_counts.size() == n &&
                  recv_displs.size() == n,
              "all_to_allv counts / displacements for ", send_counts.size(), ", ",
              send_displs.size(), ", ", recv_counts.size(), ", ", recv_displs.size(),
              " ranks on a group of ", size_);
-  Exchange x;
-  if (fault::skip_operation(name_, world_ranks_[rank_])) return x;  // test-only (fault.h)
+  if (fault::skip_operation(name_, world_ranks_[rank_])) return;  // test-only (fault.h)
   // Rows to elements: MPI's counts are ints, so every count and end is checked to fit.
   std::vector<int>& elements = x.elements;
   elements.resize(4 * n);
@@ -326,7 +328,6 @@ Comm::Exchange Comm::start_all_to_allv_raw(const void* send, const std::vector<i
   T3D_MPI(MPI_Ialltoallv(send, elements.data(), elements.data() + n, type, recv,
                          elements.data() + 2 * n, elements.data() + 3 * n, type, comm_,
                          &x.request));
-  return x;
 }
 
 void Comm::broadcast(std::string& text, int root) const {

@@ -109,20 +109,24 @@ class Comm {
     all_to_allv_raw(send, send_counts, send_displs, recv, recv_counts, recv_displs, row_size,
                     mpi_type<T>());
   }
-  // all_to_allv started: the buffers stay untouched until wait() (watchdog, wait time counted
-  // as for the blocking one) on the returned exchange. Overlaps the rows' journey with compute.
+  // An all_to_allv in flight. The caller owns it and starts one exchange after another in it:
+  // its buffers keep their capacity, so a steady stream of exchanges on one group allocates
+  // nothing after the first.
   struct Exchange {
-    MPI_Request request = MPI_REQUEST_NULL;
+    MPI_Request request = MPI_REQUEST_NULL;  // MPI_REQUEST_NULL: none in flight
     std::vector<int> elements;    // counts and displacements in elements, read by MPI until done
     std::vector<char> corrupted;  // test-only (fault.h): the corrupted copy being sent
   };
+  // all_to_allv started in `exchange` (whose previous one must be finished): the buffers stay
+  // untouched until wait() (watchdog, wait time counted as for the blocking one) on it. Overlaps
+  // the rows' journey with compute.
   template <typename T>
-  Exchange start_all_to_allv(const T* send, const std::vector<int>& send_counts,
-                             const std::vector<int>& send_displs, T* recv,
-                             const std::vector<int>& recv_counts,
-                             const std::vector<int>& recv_displs, size_t row_size = 1) const {
-    return start_all_to_allv_raw(send, send_counts, send_displs, recv, recv_counts, recv_displs,
-                                 row_size, mpi_type<T>());
+  void start_all_to_allv(Exchange& exchange, const T* send, const std::vector<int>& send_counts,
+                         const std::vector<int>& send_displs, T* recv,
+                         const std::vector<int>& recv_counts, const std::vector<int>& recv_displs,
+                         size_t row_size = 1) const {
+    start_all_to_allv_raw(exchange, send, send_counts, send_displs, recv, recv_counts, recv_displs,
+                          row_size, mpi_type<T>());
   }
   void wait(Exchange& exchange) const { wait(exchange.request, "all_to_allv"); }
   template <typename T>
@@ -182,11 +186,12 @@ class Comm {
                        const std::vector<int>& send_displs, void* recv,
                        const std::vector<int>& recv_counts, const std::vector<int>& recv_displs,
                        size_t row_size, MPI_Datatype type) const;
-  Exchange start_all_to_allv_raw(const void* send, const std::vector<int>& send_counts,
-                                 const std::vector<int>& send_displs, void* recv,
-                                 const std::vector<int>& recv_counts,
-                                 const std::vector<int>& recv_displs, size_t row_size,
-                                 MPI_Datatype type) const;
+  void start_all_to_allv_raw(Exchange& exchange, const void* send,
+                             const std::vector<int>& send_counts,
+                             const std::vector<int>& send_displs, void* recv,
+                             const std::vector<int>& recv_counts,
+                             const std::vector<int>& recv_displs, size_t row_size,
+                             MPI_Datatype type) const;
   void broadcast_raw(void* data, size_t count, MPI_Datatype type, int root) const;
   void send_raw(const void* data, size_t count, MPI_Datatype type, int peer, int tag) const;
   void recv_raw(void* data, size_t count, MPI_Datatype type, int peer, int tag) const;

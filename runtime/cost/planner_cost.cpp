@@ -117,9 +117,7 @@ StageCost cost_of_stage(const PlanProblem& p, const Layout& l,
   const BlockFlops block = block_flops_per_token(p.model, l.tp);
   const double mm = block.matmul, att = block.attention;
   // A mixture of experts' leading dense blocks (model.dense_layers) differ by their MLP: what
-  // they add over the stage's blocks and over its recomputed ones (0 for a dense model). Its MoE
-  // blocks run their MLP's weight gradients with their input gradients (docs/moe.md): in b, not
-  // w; only their attention's are w.
+  // they add over the stage's blocks and over its recomputed ones (0 for a dense model).
   double dense_extra = 0, dense_extra_recomputed = 0;
   int64_t moe_blocks = 0;
   for (const auto& r : ranges)
@@ -143,17 +141,11 @@ StageCost cost_of_stage(const PlanProblem& p, const Layout& l,
     recomputed += recomputed_blocks(r.size(), l.checkpoint_every);
     first |= r.first, last |= r.last;
   }
-  // A MoE block's W is its attention's projections (q, k, v, o on this tp rank) only.
-  const double D = static_cast<double>(p.model.head_dim()), C = static_cast<double>(p.model.dim);
-  const double attention_mm = 2 * 2 * D * C *
-                              static_cast<double>(p.model.n_heads + p.model.n_kv_heads) /
-                              static_cast<double>(l.tp);
+  // Every block's W holds all its weight-gradient GEMMs, a MoE block's router and experts too.
   c.f = layers * N * (mm + att) / flops_s + N * dense_extra / flops_s;
   c.b = (layers * N * (mm + 2 * att) + recomputed * N * (mm + att)) / flops_s +
-        N * (dense_extra + dense_extra_recomputed) / flops_s +
-        moe_blocks * N * (mm - attention_mm) / flops_s;
-  c.w = (layers - moe_blocks) * N * mm / flops_s + moe_blocks * N * attention_mm / flops_s +
-        N * dense_extra / flops_s;
+        N * (dense_extra + dense_extra_recomputed) / flops_s;
+  c.w = layers * N * mm / flops_s + N * dense_extra / flops_s;
   // Two all-reduces per block forward (o_proj, down_proj) and two backward (the inputs of the
   // column-parallel q/k/v and gate/up); recomputing a block repeats its forward pair.
   c.f_tp = 2 * layers * ar;

@@ -153,14 +153,13 @@ void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, c
   float* dv = keep ? keep->dv : s.dv;
   const int64_t Nl = rows_local_;
   const float* dy = gather_rows(dx, s.all_rows);  // SP: the gradient of all rows
-  if (keep && !moe_block(l)) std::memcpy(keep->dy_down, dy, sizeof(float) * N * C);
+  // A SwiGLU's down projection (the dense MLP's, or the shared experts') reads dy in W.
+  if (keep && keep->dy_down) std::memcpy(keep->dy_down, dy, sizeof(float) * N * C);
   // Each GEMM input read twice or more is rounded once (bf16 GEMMs): k::LinearInput. The
   // block's own inputs come from its bf16 copies when it has them.
   using Copy = k::LinearInput::Copy;
   if (moe_block(l)) {
-    // Its MLP's weight gradients (router, experts, shared experts) are computed here in any case:
-    // only the attention's are left to W.
-    moe_backward(l, a, copies, pw, pg, dy);
+    moe_backward(l, a, copies, pw, pg, dy, keep);
   } else {
     {
       const k::LinearInput dy_down(kind, dy, N, C);
@@ -257,7 +256,9 @@ void Model::backward_layer_weights(int64_t l, const LayerActs& a, const BlockCop
   const int64_t N = rows_, C = config_.dim, qd = heads_ * config_.head_dim();
   const int64_t kvd = kv_heads_ * config_.head_dim();
   using Copy = k::LinearInput::Copy;
-  if (!moe_block(l)) {  // a mixture of experts' MLP did its weight gradients in B
+  if (moe_block(l)) {
+    moe_backward_weights(l, a, copies, pg, kg);
+  } else {
     k::linear_backward_weight(pg.down, k::LinearInput(kind, kg.dy_down, N, C),
                               k::LinearInput(kind, a.h, copies.h, Copy::kFilled, N, ffn_));
     const k::LinearInput x(kind, a.xn2, copies.xn2, Copy::kFilled, N, C);  // rounded once for both
@@ -356,7 +357,7 @@ void Model::backward_weight(int chunk, int slot) {
     if (recomputed(i)) continue;  // done in B
     if (stored16(i)) decode16(a.stored[i], a.layers[i]);
     backward_layer_weights(l, a.layers[i], block_copies(a, i), a.wgrads[i]);
-    unit_done(l);  // a mixture of experts' experts were done in B
+    block_done(l);
   }
 }
 
@@ -374,10 +375,7 @@ void Model::backward_impl(int chunk, int slot, const float* dout, bool defer_wei
     if (stored16(i)) decode16(a.stored[i], a.layers[i]);
     const bool defer = defer_weights && !recomputed(i);
     backward_layer(l, a.layers[i], block_copies(a, i), a.x[i], dx, defer ? &a.wgrads[i] : nullptr);
-    if (!defer)
-      block_done(l);
-    else if (moe_block(l))  // its routed experts' gradients are final; the attention's come in W
-      unit_done(experts_unit(config_, l));
+    if (!defer) block_done(l);  // otherwise in W
   }
   if (range.first) {
     const float* dy = gather_rows(dx, scratch_->all_rows);

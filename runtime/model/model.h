@@ -135,9 +135,10 @@ class Model final : public StageModel {
   void backward(int chunk, int slot, const float* dout) override;
   // The same backward in two parts (ModelOptions::split_backward): B computes the input gradient
   // (and the cheap norm and embedding weight gradients) and keeps what W needs; W, run later,
-  // computes the projections' weight gradients. Recomputed blocks do all of it in B, since their
-  // activations live in a buffer the next recompute overwrites; a mixture-of-experts block leaves
-  // only its attention's to W (its MLP's, at the experts' ranks under expert parallelism, in B).
+  // computes the projections' weight gradients (a mixture-of-experts block's router, routed and
+  // shared experts' too; under expert parallelism the routed experts' at their ranks, from the
+  // rows kept there, with no exchange in W). Recomputed blocks do all of it in B, since their
+  // activations live in a buffer the next recompute overwrites.
   void backward_input(int chunk, int slot, const float* dout) override;
   void backward_weight(int chunk, int slot) override;
 
@@ -260,15 +261,19 @@ class Model final : public StageModel {
   // tp reduction); and its backward from dy (N, C) to the gradient of xn2 in scratch dxn.
   void moe_forward(int64_t layer, LayerActs& a, const BlockCopies& copies, const ConstBlock& w,
                    bool first_pass);
+  // With `keep` (split backward) its weight gradients are left to moe_backward_weights (W),
+  // the output gradients they need kept there.
   void moe_backward(int64_t layer, LayerActs& a, const BlockCopies& copies, const ConstBlock& w,
-                    const BlockParams& g, const float* dy);
+                    const BlockParams& g, const float* dy, const LayerGrads* keep);
+  void moe_backward_weights(int64_t layer, const LayerActs& a, const BlockCopies& copies,
+                            const BlockParams& g, const LayerGrads& kept);
   kernels::RouterShape router_shape() const;
   // Expert parallelism: the routed experts' part of moe_forward / moe_backward on the EP group.
   int ep_size() const { return options_.ep ? options_.ep->size() : 1; }
   // The forward's dispatch is started (counts exchanged, rows under way) before the shared
   // experts' compute and finished after it: moe_experts_ep_forward takes the rows in flight.
   struct RowsInFlight {
-    parallel::Comm::Exchange exchange;
+    parallel::Comm::Exchange* exchange = nullptr;  // ep_exchange_
     float* recv = nullptr;  // where the rows land (bf16 on the wire: widened at finish)
     int64_t rows = 0;
   };
@@ -278,7 +283,7 @@ class Model final : public StageModel {
   // need nothing back are computed meanwhile, then the routed experts' backward.
   RowsInFlight moe_ep_dispatch_backward(LayerActs& a);
   void moe_experts_ep_backward(LayerActs& a, const ConstBlock& w, const BlockParams& g,
-                               RowsInFlight& dispatch);
+                               RowsInFlight& dispatch, const LayerGrads* keep);
   void ep_plan(const int32_t* recv);  // ep_route_ from the counts each EP rank sends here
   // An all-to-allv of rows of model.dim floats over the EP group: `sent` rows per EP rank out
   // of `send`, `received` into `recv` (ep_route_'s counts, or their mirror). fp32, or bf16 when
@@ -364,6 +369,9 @@ class Model final : public StageModel {
     std::vector<int64_t> source_offsets;  // El·P + 1: their (expert, source rank) blocks
   } ep_route_;
   int64_t ep_rows_ = 0;  // ModelDims::R: the rows this rank's experts may take
+  // Every all_to_allv of the EP group runs in this one exchange, one at a time (its count buffer
+  // reused: the exchanges of a step allocate nothing).
+  parallel::Comm::Exchange ep_exchange_;
 };
 
 }  // namespace t3d::runtime

@@ -94,7 +94,7 @@ void Model::moe_forward(int64_t l, LayerActs& a, const BlockCopies& copies, cons
 }
 
 void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, const ConstBlock& w,
-                         const BlockParams& g, const float* dy) {
+                         const BlockParams& g, const float* dy, const LayerGrads* keep) {
   const k::GemmKind kind = options_.gemm;
   const k::RouterShape r = router_shape();
   const int64_t N = rows_, C = config_.dim, E = r.E, K = r.K, S = N * K;
@@ -109,38 +109,50 @@ void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, con
   // Routed experts: xs in moe_rows, dy's rows in moe_out (clobbered), dxs in moe_grad. A dropped
   // slot has no row: its gate's gradient stays 0.
   const int64_t kept = offsets[E];
-  k::moe_gather(s.moe_out, dy, s.moe_slot_of_row, kept, K, C);
+  // With `keep` the experts' gated output gradients and their gate and up gradients are written
+  // where W reads them.
+  float* dys = keep && ep_size() == 1 ? keep->expert_dy : s.moe_out;
+  k::moe_gather(dys, dy, s.moe_slot_of_row, kept, K, C);
   std::fill_n(s.moe_dgates, S, 0.0f);
   const bool shared = block_has(config_, l, BlockWeight::kSharedGate);
   const int64_t Fs = shared ? config_.shared_ffn_dim() / tp_.size() : 0;
+  float* shared_dgate = keep ? keep->dgate : s.dgate;
+  float* shared_dup = keep ? keep->dup : s.dup;
   // The shared experts' gradients that add nothing to dxn: under expert parallelism they run
   // while the routed rows' output gradients travel.
-  const auto shared_weights = [&] {
+  const auto shared_backward = [&] {
     k::linear_backward_input(kind, s.dh, dy, w.shared_down, N, Fs, C);
-    k::linear_backward_weight(kind, g.shared_down, dy, a.sh, N, Fs, C);
-    k::swiglu_backward(s.dgate, s.dup, s.dh, a.sgate, a.sup, N * Fs);
-    k::linear_backward_weight(kind, g.shared_gate, s.dgate, a.xn2, N, C, Fs);
-    k::linear_backward_weight(kind, g.shared_up, s.dup, a.xn2, N, C, Fs);
+    if (!keep) k::linear_backward_weight(kind, g.shared_down, dy, a.sh, N, Fs, C);
+    k::swiglu_backward(shared_dgate, shared_dup, s.dh, a.sgate, a.sup, N * Fs);
+    if (keep) return;
+    k::linear_backward_weight(kind, g.shared_gate, shared_dgate, a.xn2, N, C, Fs);
+    k::linear_backward_weight(kind, g.shared_up, shared_dup, a.xn2, N, C, Fs);
   };
   if (ep_size() > 1) {
     RowsInFlight dispatch = moe_ep_dispatch_backward(a);
-    if (shared) shared_weights();
-    moe_experts_ep_backward(a, w, g, dispatch);
+    if (shared) shared_backward();
+    moe_experts_ep_backward(a, w, g, dispatch, keep);
+  } else if (keep) {
+    k::moe_experts_backward_input(kind, s.moe_grad, s.moe_dgates, s.moe_dh, keep->expert_dgate,
+                                  keep->expert_dup, dys, a.gates, s.moe_slot_of_row, a.egate, a.eup,
+                                  a.eh, w.expert_gate, w.expert_up, w.expert_down, offsets,
+                                  {E, C, Fe});
+    if (shared) shared_backward();
   } else {
     k::moe_gather(s.moe_rows, a.xn2, s.moe_slot_of_row, kept, K, C);
     k::moe_experts_backward(kind, s.moe_grad, s.moe_dgates, g.expert_gate, g.expert_up,
-                            g.expert_down, s.moe_dh, s.moe_dgate, s.moe_dup, s.moe_out, a.gates,
+                            g.expert_down, s.moe_dh, s.moe_dgate, s.moe_dup, dys, a.gates,
                             s.moe_slot_of_row, s.moe_rows, a.egate, a.eup, a.eh, w.expert_gate,
                             w.expert_up, w.expert_down, offsets, {E, C, Fe});
-    if (shared) shared_weights();
+    if (shared) shared_backward();
   }
   k::moe_combine(s.dxn, s.moe_grad, nullptr, s.moe_row_of_slot, N, K, C, k::Out::kWrite);
   // Each tp rank holds a slice of every expert's width: its gate gradients are partial sums.
   if (tp_.size() > 1) tp_.all_reduce(s.moe_dgates, static_cast<size_t>(S));
   if (shared) {
-    k::linear_backward_input(kind, s.dtmp, s.dgate, w.shared_gate, N, C, Fs);
+    k::linear_backward_input(kind, s.dtmp, shared_dgate, w.shared_gate, N, C, Fs);
     k::add_inplace(s.dxn, s.dtmp, N * C);
-    k::linear_backward_input(kind, s.dtmp, s.dup, w.shared_up, N, C, Fs);
+    k::linear_backward_input(kind, s.dtmp, shared_dup, w.shared_up, N, C, Fs);
     k::add_inplace(s.dxn, s.dtmp, N * C);
   }
   // The router: the gates' gradient (and the auxiliary loss's, injected here at the layer, so
@@ -161,8 +173,54 @@ void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, con
     k::linear_backward_input(rk, s.dtmp, s.moe_dlogits, w.router, N, C, E);
     k::add_inplace(s.dxn, s.dtmp, N * C);
   }
-  const int64_t first = sp_ ? tp_.rank() * rows_local_ : 0, rows = sp_ ? rows_local_ : N;
-  k::linear_backward_weight(rk, g.router, s.moe_dlogits + first * E, a.xn2 + first * C, rows, C, E);
+  const int64_t first = sp_ ? tp_.rank() * rows_local_ : 0;
+  if (keep)
+    std::copy_n(s.moe_dlogits + first * E, rows_local_ * E, keep->router_dlogits);
+  else
+    k::linear_backward_weight(rk, g.router, s.moe_dlogits + first * E, a.xn2 + first * C,
+                              rows_local_, C, E);
+}
+
+// W of a mixture-of-experts block's MLP: every weight gradient moe_backward left to it, from the
+// output gradients it kept and the forward's activations (the same GEMMs on the same values).
+void Model::moe_backward_weights(int64_t l, const LayerActs& a, const BlockCopies& copies,
+                                 const BlockParams& g, const LayerGrads& kept) {
+  const k::GemmKind kind = options_.gemm;
+  const int64_t N = rows_, C = config_.dim, E = config_.n_experts, K = config_.experts_per_token;
+  const int64_t Fe = config_.moe_ffn_dim / tp_.size();
+  auto& s = *scratch_;
+  if (copies.xn2 && k::gemm_kind_is_bf16(kind)) k::bf16_to_float_threads(a.xn2, copies.xn2, N * C);
+  if (ep_size() > 1) {
+    // The rows the experts took are kept (a.ex); their expert-major blocks by source rank from
+    // the counts the forward received.
+    const int64_t P = ep_size(), El = experts_.size(config_);
+    auto& route = ep_route_;
+    k::moe_ep_offsets(route.local_offsets.data(), route.source_offsets.data(),
+                      reinterpret_cast<const int32_t*>(a.erecv), P, El);
+    k::moe_experts_backward_weight(kind, g.expert_gate, g.expert_up, g.expert_down, kept.expert_dy,
+                                   kept.expert_dgate, kept.expert_dup, a.ex, a.eh,
+                                   route.local_offsets.data(),
+                                   {El, C, Fe, P, route.source_offsets.data()});
+  } else {
+    // The experts' input rows again: the same permutation of the same routing, the same gather.
+    int64_t* offsets = expert_offsets_.data();
+    k::moe_permute(offsets, s.moe_row_of_slot, s.moe_slot_of_row,
+                   reinterpret_cast<const int32_t*>(a.chosen), N, E, K,
+                   k::moe_capacity(config_.capacity_factor, N, E, K));
+    k::moe_gather(s.moe_rows, a.xn2, s.moe_slot_of_row, offsets[E], K, C);
+    k::moe_experts_backward_weight(kind, g.expert_gate, g.expert_up, g.expert_down, kept.expert_dy,
+                                   kept.expert_dgate, kept.expert_dup, s.moe_rows, a.eh, offsets,
+                                   {E, C, Fe});
+  }
+  if (block_has(config_, l, BlockWeight::kSharedGate)) {
+    const int64_t Fs = config_.shared_ffn_dim() / tp_.size();
+    k::linear_backward_weight(kind, g.shared_down, kept.dy_down, a.sh, N, Fs, C);
+    k::linear_backward_weight(kind, g.shared_gate, kept.dgate, a.xn2, N, C, Fs);
+    k::linear_backward_weight(kind, g.shared_up, kept.dup, a.xn2, N, C, Fs);
+  }
+  const int64_t first = sp_ ? tp_.rank() * rows_local_ : 0;
+  k::linear_backward_weight(router_kind(kind), g.router, kept.router_dlogits, a.xn2 + first * C,
+                            rows_local_, C, E);
 }
 
 // Expert parallelism (docs/moe.md). The slots this rank routed are sorted by expert (moe_permute,
@@ -229,15 +287,16 @@ Model::RowsInFlight Model::moe_ep_dispatch_backward(LayerActs& a) {
   ep_plan(recv);
   const auto& r = ep_route_;
   for (int64_t row = 0; row < kept; ++row) s.moe_ep_gates[row] = a.gates[s.moe_slot_of_row[row]];
-  ep.all_to_allv(s.moe_ep_gates, r.send_counts, r.send_displs, s.moe_ep_dgates, r.recv_counts,
-                 r.recv_displs);
+  ep.start_all_to_allv(ep_exchange_, s.moe_ep_gates, r.send_counts, r.send_displs, s.moe_ep_dgates,
+                       r.recv_counts, r.recv_displs);
+  ep.wait(ep_exchange_);
   k::moe_ep_reorder(s.moe_ep_gates, s.moe_ep_dgates, recv, r.source_offsets.data(), P, El, 1, true);
   return start_ep_exchange(s.moe_out, r.send_counts, r.send_displs, s.moe_ep_rows, r.recv_counts,
                            r.recv_displs);
 }
 
 void Model::moe_experts_ep_backward(LayerActs& a, const ConstBlock& w, const BlockParams& g,
-                                    RowsInFlight& dispatch) {
+                                    RowsInFlight& dispatch, const LayerGrads* keep) {
   const parallel::Comm& ep = *options_.ep;
   const int64_t P = ep_size(), El = experts_.size(config_), C = config_.dim,
                 Fe = config_.moe_ffn_dim / tp_.size(), kept = expert_offsets_[config_.n_experts];
@@ -245,20 +304,29 @@ void Model::moe_experts_ep_backward(LayerActs& a, const ConstBlock& w, const Blo
   const auto* recv = reinterpret_cast<const int32_t*>(a.erecv);
   const auto& r = ep_route_;
   finish_ep_exchange(dispatch);
-  k::moe_ep_reorder(s.moe_ep_out, s.moe_ep_rows, recv, r.source_offsets.data(), P, El, C, true);
+  // With `keep` the gated output gradients and the gate and up gradients stay for W.
+  float* dys = keep ? keep->expert_dy : s.moe_ep_out;
+  k::moe_ep_reorder(dys, s.moe_ep_rows, recv, r.source_offsets.data(), P, El, C, true);
   // The rows are their own slots here (moe_ep_index is the identity): gates and gate gradients
   // by row.
-  k::moe_experts_backward(options_.gemm, s.moe_ep_rows, s.moe_ep_dgates, g.expert_gate, g.expert_up,
-                          g.expert_down, s.moe_dh, s.moe_dgate, s.moe_dup, s.moe_ep_out,
-                          s.moe_ep_gates, s.moe_ep_index, a.ex, a.egate, a.eup, a.eh, w.expert_gate,
-                          w.expert_up, w.expert_down, r.local_offsets.data(),
-                          {El, C, Fe, P, r.source_offsets.data()});
+  const k::ExpertShape shape{El, C, Fe, P, r.source_offsets.data()};
+  if (keep)
+    k::moe_experts_backward_input(options_.gemm, s.moe_ep_rows, s.moe_ep_dgates, s.moe_dh,
+                                  keep->expert_dgate, keep->expert_dup, dys, s.moe_ep_gates,
+                                  s.moe_ep_index, a.egate, a.eup, a.eh, w.expert_gate, w.expert_up,
+                                  w.expert_down, r.local_offsets.data(), shape);
+  else
+    k::moe_experts_backward(
+        options_.gemm, s.moe_ep_rows, s.moe_ep_dgates, g.expert_gate, g.expert_up, g.expert_down,
+        s.moe_dh, s.moe_dgate, s.moe_dup, dys, s.moe_ep_gates, s.moe_ep_index, a.ex, a.egate, a.eup,
+        a.eh, w.expert_gate, w.expert_up, w.expert_down, r.local_offsets.data(), shape);
   k::moe_ep_reorder(s.moe_ep_out, s.moe_ep_rows, recv, r.source_offsets.data(), P, El, C, false);
   ep_exchange(s.moe_ep_out, r.recv_counts, r.recv_displs, s.moe_grad, r.send_counts, r.send_displs);
   k::moe_ep_reorder(s.moe_ep_gates, s.moe_ep_dgates, recv, r.source_offsets.data(), P, El, 1,
                     false);
-  ep.all_to_allv(s.moe_ep_gates, r.recv_counts, r.recv_displs, s.moe_ep_dgates, r.send_counts,
-                 r.send_displs);
+  ep.start_all_to_allv(ep_exchange_, s.moe_ep_gates, r.recv_counts, r.recv_displs, s.moe_ep_dgates,
+                       r.send_counts, r.send_displs);
+  ep.wait(ep_exchange_);
   for (int64_t row = 0; row < kept; ++row)
     s.moe_dgates[s.moe_slot_of_row[row]] = s.moe_ep_dgates[row];
 }
@@ -277,22 +345,23 @@ Model::RowsInFlight Model::start_ep_exchange(const float* send, const std::vecto
   const parallel::Comm& ep = *options_.ep;
   const auto C = static_cast<size_t>(config_.dim);
   RowsInFlight f;
+  f.exchange = &ep_exchange_;
   f.recv = recv;
   f.rows = static_cast<int64_t>(received_at.back()) + received.back();
   if (!options_.bf16) {
-    f.exchange = ep.start_all_to_allv(send, sent, sent_at, recv, received, received_at, C);
+    ep.start_all_to_allv(ep_exchange_, send, sent, sent_at, recv, received, received_at, C);
     return f;
   }
   auto& s = *scratch_;
   const int64_t sent_rows = static_cast<int64_t>(sent_at.back()) + sent.back();
   k::float_to_bf16_threads(s.ep16_send, send, sent_rows * config_.dim);
-  f.exchange =
-      ep.start_all_to_allv(s.ep16_send, sent, sent_at, s.ep16_recv, received, received_at, C);
+  ep.start_all_to_allv(ep_exchange_, s.ep16_send, sent, sent_at, s.ep16_recv, received, received_at,
+                       C);
   return f;
 }
 
 void Model::finish_ep_exchange(RowsInFlight& rows) {
-  options_.ep->wait(rows.exchange);
+  options_.ep->wait(*rows.exchange);
   if (options_.bf16)
     k::bf16_to_float_threads(rows.recv, scratch_->ep16_recv, rows.rows * config_.dim);
 }

@@ -57,9 +57,14 @@ std::array<BlockRow, kBlockActs> block_rows(const ModelDims& d, int64_t layer, b
   return rows;
 }
 
-std::array<int64_t, kWGrads> wgrad_elems(const ModelDims& d) {
-#define T3D_ROW(e, member, name, elems) elems,
-  return {T3D_WGRADS(T3D_ROW)};
+// The W rows of a block of dims `b` in WGrad order: elements, and whether the row stays fp32.
+struct WGradRow {
+  int64_t elems;
+  bool fp32;
+};
+std::array<WGradRow, kWGrads> wgrad_rows(const ModelDims& d, const BlockDims& b) {
+#define T3D_ROW(e, member, name, fp32, elems) WGradRow{elems, fp32},
+  return {{T3D_WGRADS(T3D_ROW)}};
 #undef T3D_ROW
 }
 
@@ -106,15 +111,11 @@ ChunkSpec chunk_spec(const ModelConfig& config, const ModelDims& d,
     b.block(rows, copies ? Role::kBlockStored : Role::kBlock, l);
   }
   for (int64_t l = range.begin; o.split_backward && l < range.end; ++l) {
-    // Done in B: recomputed blocks. A mixture of experts' W is its attention's alone: no dense
-    // MLP rows.
-    if (recomputed_block(l - range.begin, o.checkpoint_every)) continue;
-    auto w = wgrad_elems(d);
-    if (config.moe_block(l))
-      for (const WGrad mlp : {WGrad::kDyDown, WGrad::kDgate, WGrad::kDup})
-        w[static_cast<size_t>(mlp)] = 0;
+    if (recomputed_block(l - range.begin, o.checkpoint_every)) continue;  // done in B
+    const auto w = wgrad_rows(d, block_dims(d, config.moe_block(l)));
     for (int i = 0; i < kWGrads; ++i)
-      if (w[static_cast<size_t>(i)] > 0) rows.push_back({Role::kWGrad, i, l, b.wide(), w[i]});
+      if (w[static_cast<size_t>(i)].elems > 0)
+        rows.push_back({Role::kWGrad, i, l, w[i].fp32 ? Dtype::kF32 : b.wide(), w[i].elems});
   }
   if (range.first) rows.push_back({Role::kTokens, 0, -1, Dtype::kI32, d.N});
   if (range.last) {

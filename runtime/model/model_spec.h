@@ -86,17 +86,28 @@ namespace t3d::runtime {
   X(kSUp,    sup,    "shared_up",     false, d.N * b.Fs)                                        \
   X(kSH,     sh,     "shared_h",      false, d.N * b.Fs)
 
-// The output gradients a block's deferred weight-gradient pass (W) needs, per micro-batch:
-// X(enum, member, name, elements): the gradients of the block output and of xmid (the inputs of
-// down_proj's and o_proj's weight gradients), of gate and up, and of q (before RoPE), k and v.
+// The output gradients a block's deferred weight-gradient pass (W) needs, per micro-batch, so
+// that W runs every weight-gradient GEMM of the block: X(enum, member, name, fp32, elements).
+// Elements are over `d` (ModelDims) and `b` (the block's BlockDims: a row its kind lacks has 0
+// elements and is absent); an fp32 row stays fp32 whatever the storage, the others take the
+// activation storage's type. The SwiGLU's (the dense MLP's, or the shared experts' of a mixture
+// of experts): the gradients of the block output (down_proj's input), of gate and up. The routed
+// experts' rows (R, expert-major as the grouped pass takes them): their output gradients scaled
+// by their gates, the gradients of their gate and up. The router's: the gradient of the logits
+// of the rows its weight gradient sums here (Nl: this rank's with sequence parallelism), fp32 as
+// the router. The attention's: the gradients of xmid (o_proj's input), of q (before RoPE), k, v.
 #define T3D_WGRADS(X)                                                                             \
-  X(kDyDown, dy_down, "dy_down", d.N * d.C)                                                     \
-  X(kDgate,  dgate,   "dgate",   d.N * d.F)                                                     \
-  X(kDup,    dup,     "dup",     d.N * d.F)                                                     \
-  X(kDyO,    dy_o,    "dy_o",    d.N * d.C)                                                     \
-  X(kDq,     dq,      "dq",      d.N * d.H * d.D)                                               \
-  X(kDk,     dk,      "dk",      d.N * d.Hkv * d.D)                                             \
-  X(kDv,     dv,      "dv",      d.N * d.Hkv * d.D)
+  X(kDyDown,        dy_down,        "dy_down",        false, b.F + b.Fs > 0 ? d.N * d.C : 0)    \
+  X(kDgate,         dgate,          "dgate",          false, d.N * (b.F + b.Fs))                \
+  X(kDup,           dup,            "dup",            false, d.N * (b.F + b.Fs))                \
+  X(kExpertDy,      expert_dy,      "expert_dy",      false, b.R * d.C)                         \
+  X(kExpertDgate,   expert_dgate,   "expert_dgate",   false, b.R * b.Fe)                        \
+  X(kExpertDup,     expert_dup,     "expert_dup",     false, b.R * b.Fe)                        \
+  X(kRouterDlogits, router_dlogits, "router_dlogits", true,  d.Nl * b.E)                        \
+  X(kDyO,           dy_o,           "dy_o",           false, d.N * d.C)                         \
+  X(kDq,            dq,             "dq",             false, d.N * d.H * d.D)                   \
+  X(kDk,            dk,             "dk",             false, d.N * d.Hkv * d.D)                 \
+  X(kDv,            dv,             "dv",             false, d.N * d.Hkv * d.D)
 
 // The per-rank buffers every chunk and slot shares (one forward or backward runs at a time), in
 // allocation order: X(enum, member, name, pointer type, precision, present, elements).

@@ -199,7 +199,6 @@ TEST(Planner, StepTimePartsAddUpAndBubbleIsTheSimulators) {
 // A mixture of experts is priced block by block along its active path: on one stage the step's
 // compute is exactly the FLOPs MFU counts (model_train_flops_per_token: the router and K of E
 // experts per MoE block, the MLP of a leading dense block), and fewer experts per token cost less.
-// Only the dense blocks have a W pass of their own.
 TEST(Planner, MoeComputeIsTheActivePathsFlops) {
   PlanProblem p = load_problem("moe.toml", "npu64.toml");
   ASSERT_TRUE(p.model.moe());
@@ -216,18 +215,17 @@ TEST(Planner, MoeComputeIsTheActivePathsFlops) {
   const double top2 = step_time(p, l, s).compute;
   p.model.experts_per_token = 1;
   EXPECT_LT(step_time(p, l, s).compute, top2);
-  // A MoE block's MLP weight gradients run in its B (docs/moe.md): the zero-bubble schedules
-  // defer only its attention's (q, k, v, o: 2·(2·H + 2·Hkv)·D·C FLOPs per token) and the dense
-  // blocks' whole W.
-  p.model.dense_layers = 0;
+  // Every block's W holds all its weight-gradient GEMMs (docs/moe.md): a MoE block's router, K of
+  // its E experts, its shared experts and its attention, one matmul pass as a dense block's.
   const double rows = static_cast<double>(micro_rows(p, l) * p.model.seq_len);
-  const double attention =
-      2.0 * (2 * p.model.n_heads + 2 * p.model.n_kv_heads) * p.model.head_dim() * p.model.dim;
-  EXPECT_NEAR(stage_costs(p, l).w * flops_s, p.model.n_layers * rows * attention,
-              1e-9 * p.model.n_layers * rows * attention);
-  const double moe_w = stage_costs(p, l).w;
-  p.model.dense_layers = 1;
-  EXPECT_GT(stage_costs(p, l).w, moe_w);
+  for (const int64_t dense_layers : {0, 1}) {
+    SCOPED_TRACE(testing::Message() << "W, dense_layers " << dense_layers);
+    p.model.dense_layers = dense_layers;
+    double matmul = 0;
+    for (int64_t layer = 0; layer < p.model.n_layers; ++layer)
+      matmul += block_flops_per_token(p.model, l.tp, layer).matmul;
+    EXPECT_NEAR(stage_costs(p, l).w * flops_s, rows * matmul, 1e-9 * rows * matmul);
+  }
 }
 
 // Expert parallelism (docs/moe.md): each of ep ranks keeps n_experts / ep of the routed experts'

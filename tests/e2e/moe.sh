@@ -4,10 +4,10 @@
 #  1. The loss falls; each step counts every token slot once per block (routed_slots), also
 #     with activation checkpointing and with 4 micro-batches.
 #  2. Layout parity over 50 steps: the 1-rank run against dp2, dp2 with ZeRO-3, pp2 (1f1b, zb_h1
-#     and zb_v, which defer a MoE block's attention weight gradients to W, interleaved), pp2 ×
+#     and zb_v, which defer every weight gradient of a block to W, interleaved), pp2 ×
 #     dp2 with ZeRO-1, 4 micro-batches, tp2 with and without sequence parallelism, pp2 × dp2 × tp2 with SP and ZeRO-1: the same losses within 1e-5 relative
 #     (fp32: only the order of additions differs, and no token changes its experts); activation
-#     checkpointing: the same bits. cp2 against 1 rank without the auxiliary loss. bf16 (stored
+#     checkpointing, and zb_h1 against 1f1b (losses and gradient norms): the same bits. cp2 against 1 rank without the auxiliary loss. bf16 (stored
 #     activations, and bf16 GEMMs where the CPU has them): pp2 × dp2 against 1 rank within 1e-3.
 #  3. The auxiliary loss of step 1 is the same whatever the micro-batches and pp (a 1/micro-batch
 #     factor would show), and the selection bias moves (aux-loss-free balancing).
@@ -67,6 +67,11 @@ for layout in "dp2 --set parallel.dp=2" \
   run $layout
   within "${layout%% *}" reference 1e-5
 done
+# W adds each micro-batch's weight gradients (a MoE block's router and experts' too) in the order
+# 1F1B's whole backward does, on the same stages: the same bits.
+steps_of() { losses "$work/$1/metrics.jsonl"; field "$work/$1/metrics.jsonl" grad_norm; }
+check "diff <(steps_of pp2_zb_h1) <(steps_of pp2_1f1b) > /dev/null" \
+  "zb_h1: the losses and gradient norms of 1f1b, bit for bit"
 check "[ \"\$(field $work/micro4/metrics.jsonl routed_slots | sort -u)\" = $slots ]" \
   "4 micro-batches: each slot counted once"
 run reference_noaux --set model.router_aux_coef=0

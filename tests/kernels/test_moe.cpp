@@ -625,6 +625,70 @@ TEST(kernels_moe_experts, FfnSlicesSumToTheWhole) {
   ref::expect_close(whole.dgates, dgates, 1e-5, 1e-5, "dgates");
 }
 
+// The zero-bubble split: moe_experts_backward_input (B) then moe_experts_backward_weight (W) gives
+// every output of moe_experts_backward bit for bit, with one GEMM per expert and with the weight
+// gradients in parts (expert parallelism's sources); and B alone leaves the weight gradients as
+// they were.
+TEST(kernels_moe_experts, InputThenWeightIsTheWholeBackward) {
+  const int N = 6, E = 3, K = 2, C = 5, Fe = 8, S = N * K;
+  const I32 chosen = {0, 2, 2, 0, 0, 2, 2, 0, 0, 2, 1, 0};
+  const Perm p = permute(chosen, N, E, K);
+  const auto xs = ref::random_floats(S * C, 190), dy = ref::random_floats(S * C, 191);
+  const auto gates = ref::random_floats(S, 192, 0.1f, 1.0f);
+  const auto wg = ref::random_floats(E * Fe * C, 193), wu = ref::random_floats(E * Fe * C, 194),
+             wd = ref::random_floats(E * C * Fe, 195);
+  // Two parts per expert: its rows split after the first (an empty part where it has one row).
+  std::vector<std::int64_t> parts(2 * E + 1);
+  for (int e = 0; e < E; ++e) {
+    parts[2 * e] = p.offsets[e];
+    parts[2 * e + 1] = std::min(p.offsets[e] + 1, p.offsets[e + 1]);
+  }
+  parts[2 * E] = p.offsets[E];
+  for (const bool in_parts : {false, true}) {
+    SCOPED_TRACE(in_parts ? "two parts per expert" : "one GEMM per expert");
+    const ExpertShape es =
+        in_parts ? ExpertShape{E, C, Fe, 2, parts.data()} : ExpertShape{E, C, Fe};
+    std::vector<float> ys(S * C), gate(S * Fe), up(S * Fe), h(S * Fe);
+    moe_experts_forward(kFp32, ys.data(), gate.data(), up.data(), h.data(), xs.data(), wg.data(),
+                        wu.data(), wd.data(), p.offsets.data(), es);
+    struct Out {
+      std::vector<float> dxs, dgates, dwg, dwu, dwd;
+    };
+    const auto fresh = [&] {
+      return Out{std::vector<float>(S * C), std::vector<float>(S),
+                 ref::random_floats(E * Fe * C, 196), ref::random_floats(E * Fe * C, 197),
+                 ref::random_floats(E * C * Fe, 198)};  // gradients already holding a micro-batch
+    };
+    std::vector<float> dh(S * Fe), dg(S * Fe), du(S * Fe);
+    Out whole = fresh();
+    std::vector<float> dys = dy;
+    moe_experts_backward(kFp32, whole.dxs.data(), whole.dgates.data(), whole.dwg.data(),
+                         whole.dwu.data(), whole.dwd.data(), dh.data(), dg.data(), du.data(),
+                         dys.data(), gates.data(), p.slot_of_row.data(), xs.data(), gate.data(),
+                         up.data(), h.data(), wg.data(), wu.data(), wd.data(), p.offsets.data(),
+                         es);
+    Out split = fresh();
+    const Out before = fresh();
+    std::vector<float> kept_dys = dy, kept_dg(S * Fe), kept_du(S * Fe);
+    moe_experts_backward_input(kFp32, split.dxs.data(), split.dgates.data(), dh.data(),
+                               kept_dg.data(), kept_du.data(), kept_dys.data(), gates.data(),
+                               p.slot_of_row.data(), gate.data(), up.data(), h.data(), wg.data(),
+                               wu.data(), wd.data(), p.offsets.data(), es);
+    EXPECT_EQ(split.dxs, whole.dxs);
+    EXPECT_EQ(split.dgates, whole.dgates);
+    EXPECT_EQ(split.dwg, before.dwg);
+    EXPECT_EQ(split.dwu, before.dwu);
+    EXPECT_EQ(split.dwd, before.dwd);
+    moe_experts_backward_weight(kFp32, split.dwg.data(), split.dwu.data(), split.dwd.data(),
+                                kept_dys.data(), kept_dg.data(), kept_du.data(), xs.data(),
+                                h.data(), p.offsets.data(), es);
+    EXPECT_EQ(split.dwg, whole.dwg);
+    EXPECT_EQ(split.dwu, whole.dwu);
+    EXPECT_EQ(split.dwd, whole.dwd);
+    EXPECT_NE(split.dwd, before.dwd);
+  }
+}
+
 // ---- counts, auxiliary loss, bias ----------------------------------------------------------
 
 TEST(kernels_moe_balance, CountAccumulates) {

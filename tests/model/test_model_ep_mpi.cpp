@@ -324,3 +324,82 @@ TEST(ModelEpMpi, TheCasesRouteAsIntended) {
     }
   }
 }
+
+// The zero-bubble split (Model::backward_input, then backward_weight) leaves every weight-gradient
+// GEMM of a block to W: for the MoE block its router, routed and shared experts' too, with and
+// without expert parallelism. After B the matrices' gradients are still zero and their units not
+// done (the norms', the embedding's and the head's, which B or the forward computes, already
+// final); after W the whole gradient region is the unsplit backward's, bit for bit, and so is
+// the input gradient: the same GEMMs on the same values, only later.
+TEST(ModelEpMpi, SplitBackwardLeavesEveryWeightGradientToW) {
+  auto world = parallel::Comm::world(60.0);
+  const auto self = world.split(world.rank(), 0, "self");
+  const auto cfg = moe_config();
+  ASSERT_GT(cfg.n_shared_experts, 0);
+  const std::vector<parallel::LayerRange> chunks = {{0, 1, true, false}, {1, 2, false, true}};
+  for (const bool expert_parallel : {false, true})
+    for (const bool bf16 : {false, true}) {
+      SCOPED_TRACE(testing::Message() << (expert_parallel ? "ep = world" : "ep = 1")
+                                      << (bf16 ? ", bf16 copies" : ", fp32"));
+      runtime::ModelOptions options{2, 1, false};
+      options.moe_aux_weight = 0.5;
+      options.bf16 = bf16;
+      if (expert_parallel) options.ep = &world;
+      runtime::ModelOptions split_options = options;
+      split_options.split_backward = true;
+      kernels::Arena arena(64 << 20);
+      Model whole(cfg, chunks, self, arena, options);
+      Model split(cfg, chunks, self, arena, split_options);
+      whole.init(5);
+      split.init(5);
+      const Batch b = make_batch(2, cfg, 7 + 101 * static_cast<unsigned>(world.rank()));
+      const Pass want = train_pass(whole, b);
+
+      std::vector<int64_t> done;  // units whose gradients a pass completed, in order
+      for (const auto group : runtime::kStateGroups)
+        split.set_grad_hook(group, [&done](int64_t unit) { done.push_back(unit); });
+      split.state().grads.zero();
+      split.forward(0, 0, b.tokens.data(), nullptr, 1.0f, true);
+      std::copy_n(split.output(0, 0), split.io_floats(), split.input(1, 0));
+      EXPECT_EQ(split.forward(1, 0, nullptr, b.targets.data(), 1.0f, true), want.loss);
+      split.backward_input(1, 0, nullptr);
+      const std::vector<float> input_grad(split.input_grad(1, 0),
+                                          split.input_grad(1, 0) + split.io_floats());
+      expect_same(input_grad.data(), want.input_grad.data(),
+                  static_cast<int64_t>(input_grad.size()), 0, "MoE chunk input gradient after B");
+      split.backward_input(0, 0, input_grad.data());
+      // Only the head (done in the forward) and the embedding (B) are complete.
+      EXPECT_EQ(done, (std::vector<int64_t>{cfg.n_layers, -1}));
+
+      const float* grads = split.state().grads.data();
+      int64_t deferred = 0, routed = 0;
+      for (const auto& p : split.params()) {
+        const auto& t = split.layout().at(p.name);
+        const bool block_matrix =
+            p.unit >= 0 && p.unit != cfg.n_layers && p.trained && p.global_shape.size() == 2;
+        const float* w = want.grads.data() + t.offset;
+        if (!block_matrix) {  // norms, embedding, head, the untrained bias: final after B
+          expect_same(grads + t.offset, w, t.numel, 0, p.name + " after B");
+          continue;
+        }
+        ++deferred;
+        routed += p.expert >= 0;
+        EXPECT_TRUE(std::any_of(w, w + t.numel, [](float x) { return x != 0.0f; }))
+            << p.name << ": the unsplit backward gives it no gradient, the check below is empty";
+        EXPECT_TRUE(std::all_of(grads + t.offset, grads + t.offset + t.numel,
+                                [](float x) { return x == 0.0f; }))
+            << p.name << " has a gradient before W";
+      }
+      // Block 0: q, k, v, o, gate, up, down; block 1: q, k, v, o, router, the shared experts'
+      // three and three per local expert.
+      EXPECT_EQ(routed, 3 * split.experts().size(cfg));
+      EXPECT_EQ(deferred, 7 + 4 + 1 + 3 + routed);
+
+      split.backward_weight(1, 0);
+      split.backward_weight(0, 0);
+      const int64_t experts_unit = runtime::experts_unit(cfg, 1);
+      EXPECT_EQ(done, (std::vector<int64_t>{cfg.n_layers, -1, 1, experts_unit, 0}));
+      expect_same(grads, want.grads.data(), split.layout().total_floats(), 0,
+                  "gradient region after W");
+    }
+}

@@ -308,20 +308,50 @@ TEST(ModelSpec, MoeBlocksKeepTheirOwnRows) {
   EXPECT_EQ(own[0], 3 * N * 176);
   for (int64_t l = 1; l < 4; ++l)
     EXPECT_EQ(own[l], N * E + 2 * N * K + 3 * N * K * 32 + 3 * N * 32) << "layer " << l;
-  // Split backward keeps W's gradients of every block; a MoE block's are its attention's alone
-  // (its MLP does its weight gradients in B).
+  // Split backward keeps what W needs for every weight-gradient GEMM of a block: a dense block's
+  // MLP and attention; a MoE block's shared experts (dy_down, dgate, dup: N·C, N·Fs, N·Fs), routed
+  // experts (expert_dy, expert_dgate, expert_dup over the R = N·K rows: R·(C + 2·Fe)), router
+  // (router_dlogits, N·E, fp32) and attention.
   o.split_backward = true;
   const ActivationSpec split = activation_spec(m, {{{0, 4, true, true}}, 1}, o);
   std::map<int64_t, std::set<int>> deferred;  // layer -> its WGrad rows
-  for (const auto& t : split.chunks[0].per_slot)
-    if (t.role == SpecTensor::Role::kWGrad) deferred[t.layer].insert(t.index);
+  std::map<int64_t, int64_t> mlp_floats;      // layer -> floats of its MLP's W rows
+  for (const auto& t : split.chunks[0].per_slot) {
+    if (t.role != SpecTensor::Role::kWGrad) continue;
+    deferred[t.layer].insert(t.index);
+    const auto w = static_cast<WGrad>(t.index);
+    if (w != WGrad::kDyO && w != WGrad::kDq && w != WGrad::kDk && w != WGrad::kDv)
+      mlp_floats[t.layer] += t.elems;
+    EXPECT_EQ(t.dtype, Dtype::kF32) << t.name();
+  }
   const auto row = [](WGrad w) { return static_cast<int>(w); };
   const std::set<int> attention = {row(WGrad::kDyO), row(WGrad::kDq), row(WGrad::kDk),
                                    row(WGrad::kDv)};
-  std::set<int> all = attention;
-  for (const WGrad w : {WGrad::kDyDown, WGrad::kDgate, WGrad::kDup}) all.insert(row(w));
-  EXPECT_EQ(deferred[0], all);
-  for (int64_t l = 1; l < 4; ++l) EXPECT_EQ(deferred[l], attention) << "layer " << l;
+  std::set<int> dense = attention, moe = attention;
+  for (const WGrad w : {WGrad::kDyDown, WGrad::kDgate, WGrad::kDup}) {
+    dense.insert(row(w));
+    moe.insert(row(w));
+  }
+  for (const WGrad w :
+       {WGrad::kExpertDy, WGrad::kExpertDgate, WGrad::kExpertDup, WGrad::kRouterDlogits})
+    moe.insert(row(w));
+  EXPECT_EQ(deferred[0], dense);
+  EXPECT_EQ(mlp_floats[0], N * 64 + 2 * N * 176);
+  const int64_t C = 64, Fe = 32, Fs = 32, R = N * K;
+  for (int64_t l = 1; l < 4; ++l) {
+    EXPECT_EQ(deferred[l], moe) << "layer " << l;
+    EXPECT_EQ(mlp_floats[l], N * C + 2 * N * Fs + R * (C + 2 * Fe) + N * E) << "layer " << l;
+  }
+  // Without shared experts a MoE block keeps no SwiGLU rows of its own.
+  ModelConfig routed_only = m;
+  routed_only.n_shared_experts = 0;
+  for (const auto& t :
+       activation_spec(routed_only, {{{0, 4, true, true}}, 1}, o).chunks[0].per_slot)
+    if (t.role == SpecTensor::Role::kWGrad && t.layer > 0) {
+      EXPECT_TRUE(t.index != row(WGrad::kDyDown) && t.index != row(WGrad::kDgate) &&
+                  t.index != row(WGrad::kDup))
+          << t.name();
+    }
 }
 
 TEST(ModelSpec, MoeParameterTableHasATensorPerExpert) {
