@@ -165,8 +165,9 @@ last_hosts() { sed -n 's/.*rank *\([0-9]\) \[.*host \(host[ab]\).*/\1\2/p' "$1" 
 # every_step_as_straight RUN WHAT: RUN logged every step, each loss within 5e-5 of the
 # uninterrupted run's (straight.losses). The continuation sums in another order (dp1 with twice
 # the micro-batches) for up to ~160 steps, and fp32 rounding differences grow with them: measured
-# up to 1.3e-5 over ~340 such steps (AMD EPYC Zen 5, openblas-fp32). A wrong continuation (a
-# micro-batch lost, another lr or sampler position) differs by orders of magnitude more.
+# up to 4.5e-8 (AMD EPYC Zen 5, openblas-fp32), and 1.3e-5 over 340 such steps. A wrong
+# continuation (a micro-batch lost, another lr or sampler position) differs by orders of magnitude
+# more.
 every_step_as_straight() {
   counted_losses "$work/$1/metrics.jsonl" > "$work/$1.losses"
   local n
