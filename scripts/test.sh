@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh python3 python3-torch python3-h5py python3-sentencepiece clang-format
 bash scripts/build.sh
 bash scripts/get_data.sh   # the e2e tests train on the real corpus
-# Two tests at a time: each test's PROCESSORS and RESOURCE_LOCK say what may run beside it
-# (tests/CMakeLists.txt): single-process tests, and one deterministic training at a time, fill the
-# SLURM test's requeue wait and run beside each other; nothing runs beside a deadline-bound test.
+# Two tests at a time: each test's PROCESSORS says what may run beside it (tests/CMakeLists.txt):
+# single-process tests and deterministic trainings fill the SLURM test's requeue wait and run
+# beside each other; nothing runs beside a deadline-bound test.
 ctest --test-dir build --output-on-failure --timeout 600 -j2 "$@"

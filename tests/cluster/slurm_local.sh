@@ -132,8 +132,10 @@ submit() {  # submit LAUNCH: sbatch --wait the template; checks the job and its 
 submit srun
 submit mpirun
 
-# Preemption: the warning signal to the batch shell, which passes it to the job step.
-steps=1500
+# Preemption: the warning signal to the batch shell, which passes it to the job step. It comes once
+# the job is past step 100 and arrives within a second or two (~140 here): 600 steps leave the job
+# running when it does and the requeued job several hundred steps to continue bit for bit.
+steps=600
 long=(--set data.path="$corpus" --set parallel.dp=2 --set parallel.tp=2 --set train.steps=$steps
       --set train.val_every=0 --set snapshot.every=500 --set snapshot.keep=10
       --set run.max_restarts=0)

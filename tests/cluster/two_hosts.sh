@@ -155,14 +155,19 @@ ip -n "$ns_b" link set "t3b$tag" up
 self_launched() {
   timeout "${SUP_TIMEOUT:-300}" env OMPI_MCA_plm_rsh_agent="$work/agent"     OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_tcp_if_include=10.97.0.0/24     OMPI_MCA_oob_tcp_if_include=10.97.0.0/24     "$work/agent" hosta "$titan3d" train "$repo/recipes/tiny.toml" "${model[@]}" "${layout[@]}"     --set run.hostfile="$work/hostfile" --set train.steps=$long_steps --set snapshot.every=20     --set parallel.timeout_s=5 --set train.precision=fp32 --set hardware.gemm=openblas "$@"
 }
-long_steps=400
+# The regrow run's shrunk job must still be training when host B answers again (B comes back as
+# soon as the shrink is logged; the job probes it once it logged a step and run.elastic_regrow_s
+# passed): measured 12 steps from its resume to the stop. Cut after step 50, 200 steps leave it
+# about 140.
+long_steps=200
 # last_hosts LOG N: "<rank><host>" of the last N rank lines of LOG (its last launch), by rank.
 last_hosts() { sed -n 's/.*rank *\([0-9]\) \[.*host \(host[ab]\).*/\1\2/p' "$1" | tail -"$2" | sort | xargs; }
 # every_step_as_straight RUN WHAT: RUN logged every step, each loss within 5e-5 of the
 # uninterrupted run's (straight.losses). The continuation sums in another order (dp1 with twice
-# the micro-batches) for up to ~340 steps, and fp32 rounding differences grow with them: measured
-# up to 1.3e-5 (AMD EPYC Zen 5, openblas-fp32), 2.5e-6 for the regrow. A wrong continuation (a
-# micro-batch lost, another lr or sampler position) differs by orders of magnitude more.
+# the micro-batches) for up to ~160 steps, and fp32 rounding differences grow with them: measured
+# up to 4.5e-8 (AMD EPYC Zen 5, openblas-fp32), and 1.3e-5 over 340 such steps. A wrong
+# continuation (a micro-batch lost, another lr or sampler position) differs by orders of magnitude
+# more.
 every_step_as_straight() {
   counted_losses "$work/$1/metrics.jsonl" > "$work/$1.losses"
   local n

@@ -3,7 +3,13 @@
 #  1. The default recipe's model, data and schedule trained 200 steps in bf16 ends within 1% of
 #     fp32: the loss averaged over every 20-step window, and the last validation loss. (Layout
 #     dp = 2 instead of the recipe's pp2 × dp2 × tp2, to keep the suite short: the layout does not
-#     change what is computed, train_layout_equivalence shows that.)
+#     change what is computed, train_layout_equivalence shows that.) The fp32 side runs on the
+#     kernels golden_losses_portable pins (OPENBLAS_CORETYPE=Haswell, T3D_SIMD=avx2, one thread
+#     per rank) for the same bits on every x86-64 CPU with AVX2 and FMA, so its losses are
+#     recorded once, in tests/e2e/golden/bf16_fp32_reference.txt. The file is used only while its
+#     key is the SHA-256 of what those bits depend on: the portable goldens (re-recorded whenever
+#     what is computed changes), recipes/default.toml, the corpus and the settings below; else
+#     this script trains the fp32 run itself and says so. BF16_RECORD=1 re-records the file.
 #  2. Two bf16 runs with the same choice give bit-identical losses.
 #  3. The choice is recorded (run directory, snapshot) and `resume` continues with it bit for bit;
 #     a resume forced onto another GEMM says that it will not be bit-identical.
@@ -17,8 +23,11 @@ source "$(dirname "$0")/lib.sh"
 require_corpus
 make_work_dir
 fail=0
-default=(--set data.path="$corpus" --set parallel.pp=1 --set parallel.tp=1 --set parallel.dp=2
-         --set train.val_every=100 --set train.log_every=50)
+settings=(--set parallel.pp=1 --set parallel.tp=1 --set parallel.dp=2 --set train.val_every=100
+          --set train.log_every=50)
+default=(--set data.path="$corpus" "${settings[@]}")
+fp32=(--set train.precision=fp32 --set hardware.gemm=openblas --set hardware.openblas_coretype=Haswell
+      --set hardware.threads_per_rank=1)
 bf16=(--set train.precision=bf16 --set hardware.gemm=onednn)
 train() {  # train NAME RECIPE [args]
   local name=$1 recipe=$2; shift 2
@@ -32,16 +41,34 @@ if ! "$titan3d" train "$repo/recipes/tiny.toml" --set data.path="$corpus" --set 
     { echo "SKIP: $(grep -o 'oneDNN cannot run.*' "$work/probe.log" | head -1)"; exit 77; }
   echo "FAIL: a one-step bf16 run exited non-zero"; tail "$work/probe.log"; exit 1
 fi
-train fp32 "$repo/recipes/default.toml" "${default[@]}" --set train.precision=fp32 --set hardware.gemm=openblas
+reference=$repo/tests/e2e/golden/bf16_fp32_reference.txt
+key=$({ sha256sum < "$repo/tests/e2e/golden/portable.txt"; sha256sum < "$repo/recipes/default.toml"
+        sha256sum < "$corpus"; echo "${settings[*]} ${fp32[*]}"; } | sha256sum | cut -d' ' -f1)
+if [ "${BF16_RECORD:-0}" != 1 ] && grep -qx "key $key" "$reference" 2> /dev/null; then
+  sed -n 's/^loss //p' "$reference" | tr , '\n' > "$work/fp32.losses"
+  vf=$(sed -n 's/^val //p' "$reference")
+  echo "fp32 reference: $reference"
+else
+  [ "${BF16_RECORD:-0}" = 1 ] ||
+    echo "NOTE: $reference is not for this arithmetic, recipe or corpus: training the fp32 reference here (BF16_RECORD=1 $0 TITAN3D re-records it)"
+  OPENBLAS_CORETYPE=Haswell T3D_SIMD=avx2 train fp32 "$repo/recipes/default.toml" "${default[@]}" "${fp32[@]}"
+  losses "$work/fp32/metrics.jsonl" > "$work/fp32.losses"
+  vf=$(sed -n 's/.*"val_loss": \([0-9.]*\).*/\1/p' "$work/fp32/metrics.jsonl" | tail -1)
+  if [ "${BF16_RECORD:-0}" = 1 ]; then
+    { echo "# fp32 side of tests/e2e/train_bf16.sh (1.): its losses and last validation loss; the key"
+      echo "# names what they depend on. Re-record: BF16_RECORD=1 tests/e2e/train_bf16.sh build/apps/titan3d"
+      echo "key $key"; echo "val $vf"; echo "loss $(paste -sd, "$work/fp32.losses")"; } > "$reference"
+    echo "recorded $reference"
+  fi
+fi
 train bf16 "$repo/recipes/default.toml" "${default[@]}" "${bf16[@]}"
 grep -q '"kind": "onednn-bf16"' "$work/bf16/gemm_choice.json" ||
   { echo "FAIL: the bf16 run did not record onednn-bf16: $(cat "$work/bf16/gemm_choice.json")"; fail=1; }
-paste <(losses "$work/fp32/metrics.jsonl") <(losses "$work/bf16/metrics.jsonl") | awk '
+paste "$work/fp32.losses" <(losses "$work/bf16/metrics.jsonl") | awk '
   { a += $1; b += $2; n++
     if (n % 20 == 0) { r = (b - a) / a; if (r < 0) r = -r; if (r > worst) worst = r; if (r > 0.01) bad++; a = b = 0 } }
   END { printf "bf16 vs fp32, 200 steps: worst 20-step window differs by %.3f%% (tolerance 1%%)\n", 100 * worst
         exit !(n == 200 && bad == 0) }' || { echo "FAIL: bf16 losses not within 1% of fp32"; fail=1; }
-vf=$(sed -n 's/.*"val_loss": \([0-9.]*\).*/\1/p' "$work/fp32/metrics.jsonl" | tail -1)
 vb=$(sed -n 's/.*"val_loss": \([0-9.]*\).*/\1/p' "$work/bf16/metrics.jsonl" | tail -1)
 awk -v f="$vf" -v b="$vb" 'BEGIN { d = (b - f) / f; if (d < 0) d = -d
   printf "validation loss fp32 %s, bf16 %s (%.3f%%)\n", f, b, 100 * d; exit !(f != "" && d <= 0.01) }' ||
