@@ -6,10 +6,13 @@
 # pp_wait_share (the share of the step a rank waited on its pipeline peer, mean over ranks), and
 # the largest activation bytes a rank logged (the W rows a split backward keeps are in them).
 # SCHEDULE=zb_h1 (default) or zb_v; EP=2 adds parallel.dp = parallel.ep = 2 (4 ranks).
+# BASELINE_SCHEDULE runs the baseline under another schedule (default: SCHEDULE); with
+# BASELINE=build/apps/titan3d it compares two schedules of one build side by side.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$repo"
 runs=${RUNS:-3} steps=${STEPS:-8} m=${MICRO:-8} schedule=${SCHEDULE:-zb_h1} ep=${EP:-1}
+baseline_schedule=${BASELINE_SCHEDULE:-$schedule}
 baseline=${BASELINE:?BASELINE=path/to/titan3d of the build to compare with}
 [ -s data/fortunes_train.bin ] || bash scripts/get_data.sh
 work=$(mktemp -d)
@@ -18,8 +21,8 @@ median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "nan"; else pr
 field() { tail -n +3 "$1" | sed -n "s/.*\"$2\": \\([0-9.e+-]*\\).*/\\1/p" | median; }  # steps 3..
 for i in $(seq "$runs"); do
   for who in this baseline; do
-    bin=build/apps/titan3d
-    [ "$who" = baseline ] && bin=$baseline
+    bin=build/apps/titan3d sched=$schedule
+    [ "$who" = baseline ] && bin=$baseline sched=$baseline_schedule
     dir=$work/$who$i
     "$bin" train recipes/tiny.toml --set model.dim=256 --set model.n_layers=8 \
       --set model.n_heads=8 --set model.seq_len=128 --set model.n_experts=8 \
@@ -28,7 +31,7 @@ for i in $(seq "$runs"); do
       --set train.micro_batches="$m" --set train.steps="$steps" --set train.val_every=0 \
       --set train.precision=fp32 --set data.path=data/fortunes_train.bin \
       --set data.val_fraction=0 --set snapshot.every=0 --set parallel.pp=2 \
-      --set parallel.dp="$ep" --set parallel.ep="$ep" --set parallel.schedule="$schedule" \
+      --set parallel.dp="$ep" --set parallel.ep="$ep" --set parallel.schedule="$sched" \
       --set run.dir="$dir" > "$work/log" 2>&1 || { tail "$work/log"; exit 1; }
     field "$dir/metrics.jsonl" tokens_per_s >> "$work/$who.tok"
     field "$dir/metrics.jsonl" pp_wait_share >> "$work/$who.wait"
