@@ -25,8 +25,6 @@ namespace {
 
 using parallel::ScheduleKind;
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
 std::vector<int64_t> divisors(int64_t n) {
   std::vector<int64_t> out;
   for (int64_t d = 1; d <= n; ++d)

@@ -16,8 +16,6 @@
 namespace t3d::runtime {
 namespace {
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
 // The parameter units of a stage's chunks on one tp rank and one EP rank (every EP rank holds as
 // many experts).
 ParamUnits stage_units(const ModelConfig& m, const std::vector<parallel::LayerRange>& ranges,

@@ -17,10 +17,6 @@
 
 namespace t3d::runtime {
 
-namespace {
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-}  // namespace
-
 int run_plan(const PlanOptions& o) {
   const Recipe recipe = load_recipe(o.recipe, o.overrides);
   if (!o.calibrate_probe.empty()) {  // a rank of `plan --calibrate`'s probe (calibrate.h)

@@ -13,7 +13,6 @@ namespace t3d::runtime {
 namespace {
 
 using parallel::ScheduleKind;
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
 
 PlanProblem load_problem(const std::string& recipe, const std::string& cluster) {
   return make_problem(load_recipe(T3D_SOURCE_DIR "/recipes/" + recipe),

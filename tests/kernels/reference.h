@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/blas.h"
+#include "kernels/gemm.h"
 
 namespace t3d::kernels::ref {
 
@@ -28,6 +29,9 @@ void with_threads(int threads, Fn&& fn) {
 }
 
 using Vec = std::vector<double>;
+
+// The fp32 GEMM the exact-layer and attention tests pin (its tiles are what they compare).
+inline constexpr GemmKind kFp32 = GemmKind::kOpenBlasF32;
 
 inline std::vector<float> random_floats(std::size_t n, std::uint32_t seed, float lo = -1.0f,
                                         float hi = 1.0f) {

@@ -13,7 +13,7 @@ namespace {
 
 using ref::Vec;
 
-constexpr GemmKind kFp32 = GemmKind::kOpenBlasF32;  // attention's fp32 tiles
+using ref::kFp32;
 
 struct Case {
   int B, T, H, Hkv, D, tile;

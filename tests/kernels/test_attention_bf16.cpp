@@ -61,23 +61,23 @@ double max_abs_diff(const std::vector<float>& a, const Vec& b) {
   return e;
 }
 
-struct Case {
+struct Bf16Case {
   int B, T, H, Hkv, D, tile;
   float q_scale;
 };
 
-void PrintTo(const Case& c, std::ostream* os) {
+void PrintTo(const Bf16Case& c, std::ostream* os) {
   *os << "B" << c.B << "_T" << c.T << "_H" << c.H << "_Hkv" << c.Hkv << "_D" << c.D << "_tile"
       << c.tile << "_qs" << c.q_scale;
 }
 
-struct Inputs {
+struct Bf16Inputs {
   std::vector<float> q, k, v;  // bf16-exact values: the reference sees what the kernel sees
   AttentionShape shape;
 };
 
-Inputs make_inputs(const Case& c) {
-  Inputs in;
+Bf16Inputs make_bf16_inputs(const Bf16Case& c) {
+  Bf16Inputs in;
   in.shape = {c.B, c.T, c.H, c.Hkv, c.D, c.tile};
   in.q = ref::random_floats((std::size_t)c.B * c.T * c.H * c.D, 70);
   for (auto& x : in.q) x *= c.q_scale;
@@ -87,12 +87,12 @@ Inputs make_inputs(const Case& c) {
   return in;
 }
 
-class kernels_attention_bf16 : public ::testing::TestWithParam<Case> {};
+class kernels_attention_bf16 : public ::testing::TestWithParam<Bf16Case> {};
 
 TEST_P(kernels_attention_bf16, ForwardMatchesFullSoftmaxOfRoundedInputs) {
   SKIP_WITHOUT_BF16_TILES();
-  const Case c = GetParam();
-  const Inputs in = make_inputs(c);
+  const Bf16Case c = GetParam();
+  const Bf16Inputs in = make_bf16_inputs(c);
   std::vector<float> out(in.q.size(), 123.0f), lse((std::size_t)c.B * c.H * c.T);
   std::vector<float> scratch(attention_scratch_floats(in.shape));
   attention_forward(kBf16, out.data(), lse.data(), in.q.data(), in.k.data(), in.v.data(),
@@ -107,8 +107,8 @@ TEST_P(kernels_attention_bf16, ForwardMatchesFullSoftmaxOfRoundedInputs) {
 
 TEST_P(kernels_attention_bf16, BackwardMatchesFiniteDifferencesOfRoundedInputs) {
   SKIP_WITHOUT_BF16_TILES();
-  const Case c = GetParam();
-  const Inputs in = make_inputs(c);
+  const Bf16Case c = GetParam();
+  const Bf16Inputs in = make_bf16_inputs(c);
   std::vector<float> out(in.q.size()), lse((std::size_t)c.B * c.H * c.T);
   std::vector<float> scratch(attention_scratch_floats(in.shape));
   attention_forward(kBf16, out.data(), lse.data(), in.q.data(), in.k.data(), in.v.data(),
@@ -136,12 +136,13 @@ TEST_P(kernels_attention_bf16, BackwardMatchesFiniteDifferencesOfRoundedInputs) 
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, kernels_attention_bf16,
-    ::testing::Values(Case{2, 37, 4, 2, 8, 8, 1.0f},     // GQA, T not a multiple of the tile
-                      Case{1, 23, 3, 1, 6, 5, 1.0f},     // multi-query, odd tile (key tile 6)
-                      Case{1, 16, 2, 2, 8, 16, 1.0f},    // plain MHA, exactly one tile
-                      Case{1, 9, 2, 2, 5, 64, 1.0f},     // tile larger than T, odd head dim
-                      Case{1, 29, 4, 2, 8, 4, 12.0f},    // peaked softmax, many small tiles
-                      Case{1, 40, 2, 1, 36, 13, 1.0f}),  // 18 pairs of D: two column-pair blocks
+    ::testing::Values(Bf16Case{2, 37, 4, 2, 8, 8, 1.0f},   // GQA, T not a multiple of the tile
+                      Bf16Case{1, 23, 3, 1, 6, 5, 1.0f},   // multi-query, odd tile (key tile 6)
+                      Bf16Case{1, 16, 2, 2, 8, 16, 1.0f},  // plain MHA, exactly one tile
+                      Bf16Case{1, 9, 2, 2, 5, 64, 1.0f},   // tile larger than T, odd head dim
+                      Bf16Case{1, 29, 4, 2, 8, 4, 12.0f},  // peaked softmax, many small tiles
+                      Bf16Case{1, 40, 2, 1, 36, 13,
+                               1.0f}),  // 18 pairs of D: two column-pair blocks
     [](const auto& info) { return ref::param_name(info); });
 
 // Larger shapes, too large for finite differences: the bf16 tiles against the fp32 tiles (checked
@@ -219,9 +220,10 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(kernels_attention_bf16_threads, TwoThreadsEqualOneAndRepeat) {
   SKIP_WITHOUT_BF16_TILES();
   // Large enough for the threaded path; the second has several key tiles per query tile.
-  for (const Case c : {Case{2, 200, 4, 2, 48, 64, 2.0f}, Case{2, 300, 4, 2, 64, 64, 2.0f}}) {
+  for (const Bf16Case c :
+       {Bf16Case{2, 200, 4, 2, 48, 64, 2.0f}, Bf16Case{2, 300, 4, 2, 64, 64, 2.0f}}) {
     SCOPED_TRACE("T=" + std::to_string(c.T));
-    const Inputs in = make_inputs(c);
+    const Bf16Inputs in = make_bf16_inputs(c);
     const AttentionShape& s = in.shape;
     const std::vector<float> dout = ref::random_floats(in.q.size(), 75);
     const auto run = [&](int threads) {

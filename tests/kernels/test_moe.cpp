@@ -21,7 +21,7 @@ using ref::Vec;
 using ref::with_threads;
 using I32 = std::vector<std::int32_t>;
 
-constexpr GemmKind kFp32 = GemmKind::kOpenBlasF32;
+using ref::kFp32;
 
 // ---- references ---------------------------------------------------------------------------
 

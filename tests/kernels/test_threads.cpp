@@ -16,7 +16,7 @@ namespace {
 
 using ref::with_threads;
 
-constexpr GemmKind kFp32 = GemmKind::kOpenBlasF32;  // attention's fp32 tiles
+using ref::kFp32;
 
 std::vector<float> random_vec(std::size_t n, unsigned seed, float scale = 1.0f) {
   std::mt19937 rng(seed);
