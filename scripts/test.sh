@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh python3 python3-torch python3-h5py python3-sentencepiece clang-format
 bash scripts/build.sh
 bash scripts/get_data.sh   # the e2e tests train on the real corpus
-# Two tests at a time: each test's PROCESSORS says what may run beside it (tests/CMakeLists.txt):
-# single-process tests and deterministic trainings fill the SLURM test's requeue wait and run
-# beside each other; nothing runs beside a deadline-bound test.
-ctest --test-dir build --output-on-failure --timeout 600 -j2 "$@"
+# Two tests at a time: each test's PROCESSORS says what may run beside it, in units of a budget
+# of 5 (tests/CMakeLists.txt): single-process tests and deterministic trainings run beside each
+# other and two of them beside the SLURM test's requeue wait; nothing beside a deadline-bound test.
+ctest --test-dir build --output-on-failure --timeout 600 -j5 "$@"
