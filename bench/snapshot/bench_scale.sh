@@ -8,6 +8,9 @@
 #  - after each of those runs, the file system's sequential rate: dd of the same bytes as one full
 #    snapshot into the snapshot directory, fsynced, through the page cache and with O_DIRECT, the
 #    better of the two; write/seq is the median over the rounds of each run's ratio to it;
+#  - and the same dd, both paths, while the same training runs without snapshots (seq_tr, the
+#    better of the two; write/seq_tr as above): what the file system gives a writer that shares
+#    the cores with training, as the snapshot writer does;
 #  - peak host memory (max RSS of the rank) with snapshots and without (snapshot.every = 0);
 #  - restore: resuming the snapshot before the last, the time rank 0's log gives for it ("resumed
 #    from ... in T s": choosing, verifying and reading), and that the resumed run's first loss
@@ -43,7 +46,7 @@ median() { sort -n | awk '{ a[NR] = $1 } END { print a[int((NR + 1) / 2)] }'; }
 field() { sed -n "s/.*\"$1\": \\([0-9.e+-]*\\).*/\\1/p"; }
 max_rss_gib() { sed -n 's/.*Maximum resident set size (kbytes): \([0-9]*\).*/\1/p' "$1" | sort -n | tail -1 | awk '{ printf "%.2f", $1 / 2^20 }'; }
 
-printf '%-5s %7s %9s %9s %7s %9s %9s %9s %8s %8s %9s %9s %9s %9s\n' model params state_GB seq_MB/s write full/seq stall_s step_s "%@10" "%@100" rss_snap rss_none restore_s resumed
+printf '%-5s %7s %9s %9s %7s %9s %9s %11s %9s %9s %8s %8s %9s %9s %9s %9s\n' model params state_GB seq_MB/s write full/seq seq_tr full/seq_tr stall_s step_s "%@10" "%@100" rss_snap rss_none restore_s resumed
 for size in $sizes; do
   base=(train "$repo/recipes/tiny.toml" $(model_args "$size") --set model.vocab_size=32000
         --set model.seq_len=128 --set train.global_batch=2 --set train.steps=$steps
@@ -59,7 +62,22 @@ for size in $sizes; do
       sed -n 's/.* s, \([0-9.]*\) \([GM]B\)\/s/\1 \2/p' | awk '{ print ($2 == "GB") ? $1 * 1000 : $1 }'
     rm -f "$work/dd.bin"
   }
-  rounds=${ROUNDS:-3} writes=() seqs=() ratios=() stalls=() steps=()
+  # seq_beside_training: dd_rate's both paths while the same model trains without snapshots
+  # (started in a session of its own, ended with SIGKILL once dd is done), the better of the two.
+  seq_beside_training() {  # BYTES -> "page-cache direct better" in MB/s
+    local dir=$work/$size.beside pid b d
+    rm -rf "$dir"
+    setsid "$titan3d" "${base[@]}" --set train.steps=100000 --set snapshot.every=0 \
+      --set run.dir="$dir" > "$dir.log" 2>&1 &
+    pid=$!
+    for _ in $(seq 1 1200); do grep -qs '"step": 2,' "$dir/metrics.jsonl" && break; sleep 0.25; done
+    b=$(dd_rate bs=64M count=$(( ($1 + 67108863) / 67108864 )))
+    d=$(dd_rate bs=8M count=$(( ($1 + 8388607) / 8388608 )) oflag=direct)
+    kill -KILL -- -"$pid" 2> /dev/null; wait "$pid" 2> /dev/null
+    rm -rf "$dir"
+    echo "$b ${d:-0} $(awk -v a="$b" -v b="${d:-0}" 'BEGIN { print (a > b) ? a : b }')"
+  }
+  rounds=${ROUNDS:-3} writes=() seqs=() ratios=() stalls=() steps=() seqs_tr=() ratios_tr=()
   for ((round = 1; round <= rounds; ++round)); do
     rm -rf "$work/$size"
     /usr/bin/time -v "$titan3d" "${base[@]}" --set snapshot.every=$every --set snapshot.keep=2 \
@@ -69,16 +87,19 @@ for size in $sizes; do
     buffered=$(dd_rate bs=64M count=$(( (${bytes%.*} + 67108863) / 67108864 )))
     direct=$(dd_rate bs=8M count=$(( (${bytes%.*} + 8388607) / 8388608 )) oflag=direct)
     seq=$(awk -v a="$buffered" -v b="${direct:-0}" 'BEGIN { print (a > b) ? a : b }')
+    read -r buffered_tr direct_tr seq_tr <<< "$(seq_beside_training "${bytes%.*}")"
     # Full snapshots: write rate (median), stall (every one); step time of steps without a snapshot.
     write=$(grep '"snapshot_ok": 1' "$m" | grep '"snapshot_incremental": 0' |
             awk '{ match($0, /"snapshot_bytes": [0-9.e+]+/); b = substr($0, RSTART + 18, RLENGTH - 18); match($0, /"snapshot_write_s": [0-9.e+-]+/); w = substr($0, RSTART + 20, RLENGTH - 20); print b / w / 1e6 }' | median)
     writes+=("$write") seqs+=("$seq") ratios+=("$(awk -v w="$write" -v s="$seq" 'BEGIN { print w / s }')")
+    seqs_tr+=("$seq_tr") ratios_tr+=("$(awk -v w="$write" -v s="$seq_tr" 'BEGIN { print w / s }')")
     stalls+=($(grep '"snapshot_ok": 1' "$m" | field snapshot_stall_s))
     steps+=($(grep '"loss"' "$m" | awk -v e=$every '{ match($0, /"step": [0-9]+/); s = substr($0, RSTART + 8, RLENGTH - 8) + 0; match($0, /"step_time_s": [0-9.e+-]+/); t = substr($0, RSTART + 15, RLENGTH - 15); if (s > 1 && (s - 1) % e != 0) print t }'))
-    echo "      round $round: write $(printf %.0f "$write") MB/s; dd $buffered MB/s through the page cache, ${direct:-refused} with O_DIRECT; load $(cut -d' ' -f1 /proc/loadavg)" >> "$work/rounds.txt"
+    echo "      round $round: write $(printf %.0f "$write") MB/s; dd $buffered MB/s through the page cache, ${direct:-refused} with O_DIRECT; beside training $buffered_tr and $direct_tr; load $(cut -d' ' -f1 /proc/loadavg)" >> "$work/rounds.txt"
   done
   write=$(printf '%s\n' "${writes[@]}" | median) seq=$(printf '%s\n' "${seqs[@]}" | median)
   ratio=$(printf '%s\n' "${ratios[@]}" | median)
+  seq_tr=$(printf '%s\n' "${seqs_tr[@]}" | median) ratio_tr=$(printf '%s\n' "${ratios_tr[@]}" | median)
   stall=$(printf '%s\n' "${stalls[@]}" | median) step=$(printf '%s\n' "${steps[@]}" | median)
   /usr/bin/time -v "$titan3d" "${base[@]}" --set snapshot.every=0 --set run.dir="$work/$size.none" \
     > "$work/$size.none.log" 2>&1
@@ -93,8 +114,8 @@ for size in $sizes; do
   got=$(grep "\"step\": $((10#$last + 1))," "$work/$size.r/metrics.jsonl" | field loss)
   same=$([ -n "$want" ] && [ "$want" = "$got" ] && echo bit-exact || echo "DIFFERS ($want vs $got)")
   [ -n "$want" ] || same="(no step $((10#$last + 1)) in the straight run)"
-  printf '%-5s %6sM %9s %9.0f %7.0f %9.2f %9.2f %9.2f %8.2f %8.3f %9s %9s %9s %9s\n' "$size" "$params" "$state" \
-    "$seq" "$write" "$ratio" "$stall" "$step" \
+  printf '%-5s %6sM %9s %9.0f %7.0f %9.2f %9.0f %11.2f %9.2f %9.2f %8.2f %8.3f %9s %9s %9s %9s\n' "$size" "$params" "$state" \
+    "$seq" "$write" "$ratio" "$seq_tr" "$ratio_tr" "$stall" "$step" \
     "$(awk -v a="$stall" -v s="$step" 'BEGIN { print 100 * a / (10 * s) }')" \
     "$(awk -v a="$stall" -v s="$step" 'BEGIN { print 100 * a / (100 * s) }')" \
     "$(max_rss_gib "$work/$size.log")" "$(max_rss_gib "$work/$size.none.log")" "$restore" "$same"
