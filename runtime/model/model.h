@@ -272,8 +272,8 @@ class Model final : public StageModel {
   int ep_size() const { return options_.ep ? options_.ep->size() : 1; }
   // The forward's dispatch is started (counts exchanged, rows under way) before the shared
   // experts' compute and finished after it: moe_experts_ep_forward takes the rows in flight.
+  // Its exchange is ep_exchange_, which carries one exchange at a time.
   struct RowsInFlight {
-    parallel::Comm::Exchange* exchange = nullptr;  // ep_exchange_
     float* recv = nullptr;  // where the rows land (bf16 on the wire: widened at finish)
     int64_t rows = 0;
   };

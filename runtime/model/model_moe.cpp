@@ -345,7 +345,6 @@ Model::RowsInFlight Model::start_ep_exchange(const float* send, const std::vecto
   const parallel::Comm& ep = *options_.ep;
   const auto C = static_cast<size_t>(config_.dim);
   RowsInFlight f;
-  f.exchange = &ep_exchange_;
   f.recv = recv;
   f.rows = static_cast<int64_t>(received_at.back()) + received.back();
   if (!options_.bf16) {
@@ -361,7 +360,7 @@ Model::RowsInFlight Model::start_ep_exchange(const float* send, const std::vecto
 }
 
 void Model::finish_ep_exchange(RowsInFlight& rows) {
-  options_.ep->wait(*rows.exchange);
+  options_.ep->wait(ep_exchange_);
   if (options_.bf16)
     k::bf16_to_float_threads(rows.recv, scratch_->ep16_recv, rows.rows * config_.dim);
 }

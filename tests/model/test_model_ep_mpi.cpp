@@ -261,8 +261,9 @@ TEST(ModelEpMpi, DispatchAndCombineChangeNothingOneDnn) {
   const auto self = world.split(world.rank(), 0, "self");
   const bool independent = rows_independent(kernels::GemmKind::kOneDnnF32);
   const auto cpu = kernels::detect_cpu_features();
-  if (cpu.avx512f && cpu.avx512bw && cpu.avx512vl)
+  if (cpu.avx512f && cpu.avx512bw && cpu.avx512vl) {
     EXPECT_TRUE(independent) << "oneDNN's AVX-512 fp32 GEMMs round a row by its place";
+  }
   if (!independent && world.rank() == 0)
     std::printf(
         "oneDNN's fp32 GEMMs here round a row by its place: within 1e-5, not bit for bit\n");
