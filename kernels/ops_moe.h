@@ -87,6 +87,17 @@ struct ExpertShape {
   std::int64_t parts = 1;
   const std::int64_t* part_offsets = nullptr;
 };
+// With bf16 GEMMs over bf16-stored activations, the experts' SwiGLU is the dense MLP's fused one
+// (kernels/ops.h swiglu_forward_bf16 / _backward_bf16): the forward writes gate, up and h rounded
+// into these copies, and h's floats are not written (the down GEMM reads the copy); the backward
+// reads gate, up and h from the copies alone (their floats are not read) and writes dgate and dup
+// rounded, in the first half of their fp32 buffers, where the GEMMs (and W) read them. The same
+// bits as the fp32 activations rounded and stored, then decoded. All null (the default): the fp32
+// activations, with any GEMM kind.
+struct ExpertCopies {
+  bf16 *gate = nullptr, *up = nullptr, *h = nullptr;  // (S, Fe) each, or all null
+  bool fused() const { return h != nullptr; }
+};
 void moe_experts_forward(GemmKind kind,
                          float* y,         // y (S, C) = expert outputs per row
                          float* gate,      // gate (S, Fe) = xs · wg[e]^T
@@ -95,7 +106,7 @@ void moe_experts_forward(GemmKind kind,
                          const float* xs,  // xs (S, C) permuted rows
                          const float* wg, const float* wu, const float* wd,
                          const std::int64_t* offsets,  // offsets (E + 1) from moe_permute
-                         const ExpertShape& s);
+                         const ExpertShape& s, const ExpertCopies& copies = {});
 // Backward of the experts and the combine together, without the experts' outputs: with U the
 // gradient of an expert's output rows before the gate (dys · wd[e], (rows, Fe)), a row's gate
 // gradient is U · h (the dot of dy with the expert's output) and the gradient of its h is
@@ -118,7 +129,8 @@ void moe_experts_backward(GemmKind kind,
                           const float* xs,                      // xs (S, C) forward input
                           const float* gate, const float* up, const float* h,  // (S, Fe) forward
                           const float* wg, const float* wu, const float* wd,
-                          const std::int64_t* offsets, const ExpertShape& s);
+                          const std::int64_t* offsets, const ExpertShape& s,
+                          const ExpertCopies& copies = {});
 
 // The two halves of moe_experts_backward, for the zero-bubble schedules' B and W passes: the one
 // then the other gives moe_experts_backward's bits. _input writes dxs and dgates and leaves what
@@ -135,13 +147,14 @@ void moe_experts_backward_input(GemmKind kind,
                                 const std::int32_t* slot_of_row,  // (S) from moe_permute
                                 const float* gate, const float* up, const float* h,  // (S, Fe)
                                 const float* wg, const float* wu, const float* wd,
-                                const std::int64_t* offsets, const ExpertShape& s);
+                                const std::int64_t* offsets, const ExpertShape& s,
+                                const ExpertCopies& copies = {});
 // The weight gradients (+=) from what _input left (dys gated, dgate, dup) and the forward's rows
 // xs (S, C) and h (S, Fe), in ExpertShape's parts.
 void moe_experts_backward_weight(GemmKind kind, float* dwg, float* dwu, float* dwd,
                                  const float* dys, const float* dgate, const float* dup,
                                  const float* xs, const float* h, const std::int64_t* offsets,
-                                 const ExpertShape& s);
+                                 const ExpertShape& s, const ExpertCopies& copies = {});
 
 // Expert parallelism: P ranks hold El experts each, and a rank's experts receive counts[s·El + j]
 // rows of source rank s for its local expert j (s < P, j < El). Source-major order (s, j, row) is
