@@ -161,13 +161,25 @@ std::int64_t moe_permute(std::int64_t* offsets, std::int32_t* row_of_slot,
   return dropped;
 }
 
-void moe_gather(float* rows, const float* x, const std::int32_t* slot_of_row, std::int64_t S,
-                std::int64_t K, std::int64_t C) {
+namespace {
+template <class T>
+void gather_rows(T* rows, const T* x, const std::int32_t* slot_of_row, std::int64_t S,
+                 std::int64_t K, std::int64_t C) {
   detail::split_rows(S, C, [&](std::int64_t lo, std::int64_t hi) {
     for (std::int64_t r = lo; r < hi; ++r)
-      std::memcpy(rows + r * C, x + (slot_of_row[r] / K) * C,
-                  sizeof(float) * static_cast<size_t>(C));
+      std::memcpy(rows + r * C, x + (slot_of_row[r] / K) * C, sizeof(T) * static_cast<size_t>(C));
   });
+}
+}  // namespace
+
+void moe_gather(float* rows, const float* x, const std::int32_t* slot_of_row, std::int64_t S,
+                std::int64_t K, std::int64_t C) {
+  gather_rows(rows, x, slot_of_row, S, K, C);
+}
+
+void moe_gather(bf16* rows, const bf16* x, const std::int32_t* slot_of_row, std::int64_t S,
+                std::int64_t K, std::int64_t C) {
+  gather_rows(rows, x, slot_of_row, S, K, C);
 }
 
 // Per token, the K slots' products are summed j-outer over the row (in chunks of a stack row
@@ -219,6 +231,7 @@ namespace {
 void check_copies(GemmKind kind, const ExpertCopies& c) {
   T3D_ASSERT(!c.fused() || (gemm_kind_is_bf16(kind) && c.gate && c.up),
              "the experts' fused bf16 SwiGLU needs bf16 GEMMs and all three copies");
+  T3D_ASSERT(!c.xs || gemm_kind_is_bf16(kind), "rounded expert rows need bf16 GEMMs");
 }
 
 // The rows' gate gradients: dgates[slot_of_row[r]] = Σ_f U[r, f] · h[r, f] in double, each row's
@@ -280,11 +293,14 @@ void moe_experts_forward(GemmKind kind, float* y, float* gate, float* up, float*
                          const std::int64_t* offsets, const ExpertShape& s,
                          const ExpertCopies& copies) {
   check_copies(kind, copies);
+  using Copy = LinearInput::Copy;
   const std::int64_t C = s.C, Fe = s.Fe, S = offsets[s.E];
   for (std::int64_t e = 0; e < s.E; ++e) {
     const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
     if (rows == 0) continue;
-    const LinearInput x(kind, xs + r0 * C, rows, C);  // read by two GEMMs: rounded once (bf16)
+    // Read by two GEMMs: rounded once (bf16), or already.
+    bf16* xs16 = copies.xs ? const_cast<bf16*>(copies.xs) + r0 * C : nullptr;
+    const LinearInput x(kind, xs + r0 * C, xs16, xs16 ? Copy::kFilled : Copy::kFill, rows, C);
     linear_forward(gate + r0 * Fe, x, wg + e * Fe * C, Fe);
     linear_forward(up + r0 * Fe, x, wu + e * Fe * C, Fe);
   }
@@ -363,6 +379,7 @@ void moe_experts_backward_weight(GemmKind kind, float* dwg, float* dwu, float* d
     return s.part_offsets ? s.part_offsets[e * parts + p] : offsets[e + p];
   };
   const auto at = [](const bf16* p, std::int64_t i) { return p ? p + i : nullptr; };
+  using Copy = LinearInput::Copy;
   for (std::int64_t e = 0; e < s.E; ++e)
     for (std::int64_t p = 0; p < parts; ++p) {
       const std::int64_t r0 = part(e, p), rows = part(e, p + 1) - r0;
@@ -375,7 +392,9 @@ void moe_experts_backward_weight(GemmKind kind, float* dwg, float* dwu, float* d
     for (std::int64_t p = 0; p < parts; ++p) {
       const std::int64_t q0 = part(e, p), n = part(e, p + 1) - q0;
       if (n == 0) continue;
-      const LinearInput x(kind, xs + q0 * C, n, C);  // read by two GEMMs: rounded once (bf16)
+      // Read by two GEMMs: rounded once (bf16), or already.
+      bf16* xs16 = copies.xs ? const_cast<bf16*>(copies.xs) + q0 * C : nullptr;
+      const LinearInput x(kind, xs + q0 * C, xs16, xs16 ? Copy::kFilled : Copy::kFill, n, C);
       const GemmOperand xo{x.data(), C, x.rounded()};
       // dwg[e], dwu[e] (Fe, C) += dgate^T, dup^T (Fe, n) · x (n, C)
       gemm(kind, Trans::kYes, Trans::kNo, Fe, C, n,

@@ -67,6 +67,9 @@ std::int64_t moe_permute(std::int64_t* offsets, std::int32_t* row_of_slot,
 // rows (S, C): row r = x[slot_of_row[r] / K] (the token of each permuted row); S = offsets[E].
 void moe_gather(float* rows, const float* x, const std::int32_t* slot_of_row, std::int64_t S,
                 std::int64_t K, std::int64_t C);
+// The same of a bf16 copy of x: the gathered rows rounded, for bf16 GEMMs (ExpertCopies::xs).
+void moe_gather(bf16* rows, const bf16* x, const std::int32_t* slot_of_row, std::int64_t S,
+                std::int64_t K, std::int64_t C);
 // The combine: y[t] = Σ_{j=0..K-1} w[t·K + j] · rows[row_of_slot[t·K + j]], j ascending, each
 // product rounded to fp32 and added in that order (w = gates in forward; w = nullptr: weight 1,
 // the backward's sum of the slots' input gradients). A dropped slot (row -1) adds nothing; a
@@ -94,8 +97,12 @@ struct ExpertShape {
 // rounded, in the first half of their fp32 buffers, where the GEMMs (and W) read them. The same
 // bits as the fp32 activations rounded and stored, then decoded. All null (the default): the fp32
 // activations, with any GEMM kind.
+// `xs` (with or without the others): the rows' inputs already rounded (S, C), read by the gate
+// and up GEMMs and the weight gradients instead of rounding xs per expert (its floats are then not
+// read; bf16 GEMMs only). A bf16-stored block gathers them from its rounded copy of the input.
 struct ExpertCopies {
   bf16 *gate = nullptr, *up = nullptr, *h = nullptr;  // (S, Fe) each, or all null
+  const bf16* xs = nullptr;                           // (S, C) or null
   bool fused() const { return h != nullptr; }
 };
 void moe_experts_forward(GemmKind kind,

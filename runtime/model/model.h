@@ -282,6 +282,12 @@ class Model final : public StageModel {
     float* recv = nullptr;  // where the rows land (bf16 on the wire: widened at finish)
     int64_t rows = 0;
   };
+  // The routed experts' input rows (one rank's experts: the permuted slots of xn2, `rows` of
+  // them) into scratch moe_rows: with the fused SwiGLU gathered from xn2's rounded copy into the
+  // first half of moe_rows (the rows rounded, whose floats are not written), else the floats.
+  // Returns the experts' copies to run with.
+  kernels::ExpertCopies gather_expert_rows(const LayerActs& a, const BlockCopies& copies,
+                                           int64_t rows);
   RowsInFlight moe_ep_dispatch(LayerActs& a);
   void moe_experts_ep_forward(LayerActs& a, const BlockCopies& copies, const ConstBlock& w,
                               RowsInFlight& dispatch);

@@ -793,17 +793,17 @@ TEST(kernels_moe_experts, FusedBf16SwigluIsTheStoredPath) {
   const auto gates = ref::random_floats(S, 242, 0.1f, 1.0f);
   const auto wg = ref::random_floats(E * Fe * C, 243), wu = ref::random_floats(E * Fe * C, 244),
              wd = ref::random_floats(E * C * Fe, 245);
+  const auto rounded = [](const std::vector<float>& x) {
+    std::vector<bf16> r(x.size());
+    float_to_bf16(r.data(), x.data(), static_cast<std::int64_t>(x.size()));
+    return r;
+  };
   const auto round_trip = [](const std::vector<float>& x) {
     std::vector<bf16> r(x.size());
     float_to_bf16(r.data(), x.data(), static_cast<std::int64_t>(x.size()));
     std::vector<float> f(x.size());
     bf16_to_float(f.data(), r.data(), static_cast<std::int64_t>(x.size()));
     return f;
-  };
-  const auto rounded = [](const std::vector<float>& x) {
-    std::vector<bf16> r(x.size());
-    float_to_bf16(r.data(), x.data(), static_cast<std::int64_t>(x.size()));
-    return r;
   };
   const float nan = std::numeric_limits<float>::quiet_NaN();
   std::vector<std::int64_t> parts(2 * E + 1);
@@ -813,7 +813,8 @@ TEST(kernels_moe_experts, FusedBf16SwigluIsTheStoredPath) {
   }
   parts[2 * E] = p.offsets[E];
   for (const bool in_parts : {false, true}) {
-    SCOPED_TRACE(in_parts ? "weight gradients in parts" : "one GEMM per expert");
+    SCOPED_TRACE(in_parts ? "weight gradients in parts, rows rounded already"
+                          : "one GEMM per expert");
     const ExpertShape es =
         in_parts ? ExpertShape{E, C, Fe, 2, parts.data()} : ExpertShape{E, C, Fe};
     struct Out {
@@ -840,13 +841,17 @@ TEST(kernels_moe_experts, FusedBf16SwigluIsTheStoredPath) {
                          want.dys.data(), gates.data(), p.slot_of_row.data(), xs.data(),
                          gate_r.data(), up_r.data(), h_r.data(), wg.data(), wu.data(), wd.data(),
                          p.offsets.data(), es);
-    // Fused: the copies only.
+    // Fused: the copies only, and (in parts) the rows rounded already.
     std::vector<bf16> gate16(S * Fe), up16(S * Fe), h16(S * Fe);
-    const ExpertCopies copies{gate16.data(), up16.data(), h16.data()};
+    const std::vector<bf16> xs16 = rounded(xs);
+    const ExpertCopies copies{gate16.data(), up16.data(), h16.data(),
+                              in_parts ? xs16.data() : nullptr};
     std::vector<float> fgate(S * Fe), fup(S * Fe), fh(S * Fe, nan);
     Out whole = fresh();
-    moe_experts_forward(kBf16, whole.ys.data(), fgate.data(), fup.data(), fh.data(), xs.data(),
-                        wg.data(), wu.data(), wd.data(), p.offsets.data(), es, copies);
+    const std::vector<float> nan_xs(S * C, nan);
+    const float* fxs = copies.xs ? nan_xs.data() : xs.data();  // with the rounded rows: not read
+    moe_experts_forward(kBf16, whole.ys.data(), fgate.data(), fup.data(), fh.data(), fxs, wg.data(),
+                        wu.data(), wd.data(), p.offsets.data(), es, copies);
     EXPECT_EQ(whole.ys, want.ys);
     EXPECT_EQ(gate16, rounded(gate));
     EXPECT_EQ(up16, rounded(up));
@@ -855,9 +860,9 @@ TEST(kernels_moe_experts, FusedBf16SwigluIsTheStoredPath) {
     std::fill(fup.begin(), fup.end(), nan);
     moe_experts_backward(kBf16, whole.dxs.data(), whole.dgates.data(), whole.dwg.data(),
                          whole.dwu.data(), whole.dwd.data(), dh.data(), dg.data(), du.data(),
-                         whole.dys.data(), gates.data(), p.slot_of_row.data(), xs.data(),
-                         fgate.data(), fup.data(), fh.data(), wg.data(), wu.data(), wd.data(),
-                         p.offsets.data(), es, copies);
+                         whole.dys.data(), gates.data(), p.slot_of_row.data(), fxs, fgate.data(),
+                         fup.data(), fh.data(), wg.data(), wu.data(), wd.data(), p.offsets.data(),
+                         es, copies);
     EXPECT_EQ(whole.dxs, want.dxs);
     EXPECT_EQ(whole.dgates, want.dgates);
     EXPECT_EQ(whole.dwg, want.dwg);
@@ -872,7 +877,7 @@ TEST(kernels_moe_experts, FusedBf16SwigluIsTheStoredPath) {
                                fgate.data(), fup.data(), fh.data(), wg.data(), wu.data(), wd.data(),
                                p.offsets.data(), es, copies);
     moe_experts_backward_weight(kBf16, split.dwg.data(), split.dwu.data(), split.dwd.data(),
-                                split.dys.data(), kdg.data(), kdu.data(), xs.data(), fh.data(),
+                                split.dys.data(), kdg.data(), kdu.data(), fxs, fh.data(),
                                 p.offsets.data(), es, copies);
     EXPECT_EQ(split.dxs, want.dxs);
     EXPECT_EQ(split.dgates, want.dgates);
