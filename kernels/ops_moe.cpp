@@ -161,59 +161,161 @@ std::int64_t moe_permute(std::int64_t* offsets, std::int32_t* row_of_slot,
   return dropped;
 }
 
-void moe_gather(float* rows, const float* x, const std::int32_t* slot_of_row, std::int64_t S,
-                std::int64_t K, std::int64_t C) {
+namespace {
+template <class T>
+void gather_rows(T* rows, const T* x, const std::int32_t* slot_of_row, std::int64_t S,
+                 std::int64_t K, std::int64_t C) {
   detail::split_rows(S, C, [&](std::int64_t lo, std::int64_t hi) {
-    for (std::int64_t r = lo; r < hi; ++r) {
-      const float* src = x + (slot_of_row[r] / K) * C;
-      float* dst = rows + r * C;
-      for (std::int64_t c = 0; c < C; ++c) dst[c] = src[c];
-    }
+    for (std::int64_t r = lo; r < hi; ++r)
+      std::memcpy(rows + r * C, x + (slot_of_row[r] / K) * C, sizeof(T) * static_cast<size_t>(C));
   });
 }
+}  // namespace
 
+void moe_gather(float* rows, const float* x, const std::int32_t* slot_of_row, std::int64_t S,
+                std::int64_t K, std::int64_t C) {
+  gather_rows(rows, x, slot_of_row, S, K, C);
+}
+
+void moe_gather(bf16* rows, const bf16* x, const std::int32_t* slot_of_row, std::int64_t S,
+                std::int64_t K, std::int64_t C) {
+  gather_rows(rows, x, slot_of_row, S, K, C);
+}
+
+// Per token, the K slots' products are summed j-outer over the row (in chunks of a stack row
+// when adding to y), so that the inner loops run over c and vectorize: each element is still
+// the first kept product, plus the next, and so on for j ascending, then written or added.
 void moe_combine(float* y, const float* rows, const float* w, const std::int32_t* row_of_slot,
                  std::int64_t N, std::int64_t K, std::int64_t C, Out mode) {
   detail::split_rows(N, K * C, [&](std::int64_t lo, std::int64_t hi) {
+    constexpr std::int64_t kChunk = 512;
+    float sum[kChunk];
     for (std::int64_t t = lo; t < hi; ++t) {
-      float* yt = y + t * C;
-      for (std::int64_t c = 0; c < C; ++c) {
+      const std::int32_t* slots = row_of_slot + t * K;
+      for (std::int64_t c0 = 0; c0 < C; c0 += kChunk) {
+        const std::int64_t n = std::min(kChunk, C - c0);
+        float* yt = y + t * C + c0;
         // The sum of the K products first, then written or added: the same bits whatever the
-        // mode, for the part the combine computes.
-        // A dropped slot (row -1) is skipped; the first kept product starts the sum.
-        float acc = 0.0f;
+        // mode, for the part the combine computes. Written: summed in y's row itself.
+        float* acc = mode == Out::kAccumulate ? sum : yt;
         bool started = false;
         for (std::int64_t j = 0; j < K; ++j) {
-          const std::int32_t row = row_of_slot[t * K + j];
-          if (row < 0) continue;
-          const float v = rows[row * C + c];
-          const float p = w ? w[t * K + j] * v : v;
-          acc = started ? acc + p : p;
+          const std::int32_t row = slots[j];
+          if (row < 0) continue;  // a dropped slot; the first kept product starts the sum
+          const float* v = rows + row * C + c0;
+          if (w) {
+            const float g = w[t * K + j];
+            if (started)
+              for (std::int64_t c = 0; c < n; ++c) acc[c] = acc[c] + g * v[c];
+            else
+              for (std::int64_t c = 0; c < n; ++c) acc[c] = g * v[c];
+          } else {
+            if (started)
+              for (std::int64_t c = 0; c < n; ++c) acc[c] = acc[c] + v[c];
+            else
+              for (std::int64_t c = 0; c < n; ++c) acc[c] = v[c];
+          }
           started = true;
         }
-        yt[c] = mode == Out::kAccumulate ? yt[c] + acc : acc;
+        if (!started)  // every slot dropped: the sum is +0
+          for (std::int64_t c = 0; c < n; ++c) acc[c] = 0.0f;
+        if (mode == Out::kAccumulate)
+          for (std::int64_t c = 0; c < n; ++c) yt[c] = yt[c] + acc[c];
       }
     }
   });
 }
 
+namespace {
+
+void check_copies(GemmKind kind, const ExpertCopies& c) {
+  T3D_ASSERT(!c.fused() || (gemm_kind_is_bf16(kind) && c.gate && c.up),
+             "the experts' fused bf16 SwiGLU needs bf16 GEMMs and all three copies");
+  T3D_ASSERT(!c.xs || gemm_kind_is_bf16(kind), "rounded expert rows need bf16 GEMMs");
+}
+
+// The rows' gate gradients: dgates[slot_of_row[r]] = Σ_f U[r, f] · h[r, f] in double, each row's
+// sum sequential over f and rounded once (four rows' sums side by side: independent chains, each
+// in its own order); then U and the row's dys scaled by its gate. `hv(r, f)` reads h.
+template <class H>
+void gate_grads_and_scale(float* dgates, float* dh, float* dys, const float* gates,
+                          const std::int32_t* slot_of_row, std::int64_t S, std::int64_t C,
+                          std::int64_t Fe, H&& hv) {
+  detail::split_rows(S, C + 2 * Fe, [&](std::int64_t lo, std::int64_t hi) {
+    constexpr std::int64_t kRows = 4;
+    for (std::int64_t r0 = lo; r0 < hi; r0 += kRows) {
+      const std::int64_t nr = std::min(kRows, hi - r0);
+      double dot[kRows] = {0.0, 0.0, 0.0, 0.0};
+      if (nr == kRows) {
+        const float *u0 = dh + r0 * Fe, *u1 = u0 + Fe, *u2 = u1 + Fe, *u3 = u2 + Fe;
+        double d0 = 0.0, d1 = 0.0, d2 = 0.0, d3 = 0.0;
+        for (std::int64_t f = 0; f < Fe; ++f) {
+          d0 += static_cast<double>(u0[f]) * hv(r0, f);
+          d1 += static_cast<double>(u1[f]) * hv(r0 + 1, f);
+          d2 += static_cast<double>(u2[f]) * hv(r0 + 2, f);
+          d3 += static_cast<double>(u3[f]) * hv(r0 + 3, f);
+        }
+        dot[0] = d0, dot[1] = d1, dot[2] = d2, dot[3] = d3;
+      } else {
+        for (std::int64_t i = 0; i < nr; ++i) {
+          const float* u = dh + (r0 + i) * Fe;
+          double d = 0.0;
+          for (std::int64_t f = 0; f < Fe; ++f) d += static_cast<double>(u[f]) * hv(r0 + i, f);
+          dot[i] = d;
+        }
+      }
+      for (std::int64_t i = 0; i < nr; ++i) {
+        const std::int64_t r = r0 + i;
+        const std::int32_t slot = slot_of_row[r];
+        dgates[slot] = static_cast<float>(dot[i]);
+        const float g = gates[slot];
+        float* u = dh + r * Fe;
+        for (std::int64_t f = 0; f < Fe; ++f) u[f] *= g;
+        float* dy = dys + r * C;
+        for (std::int64_t c = 0; c < C; ++c) dy[c] *= g;
+      }
+    }
+  });
+}
+
+// dgate's and dup's rounded copies of a fused backward: the first half of their fp32 buffers.
+bf16* first_half(float* d, const ExpertCopies& c) {
+  return c.fused() ? reinterpret_cast<bf16*>(d) : nullptr;
+}
+const bf16* first_half(const float* d, const ExpertCopies& c) {
+  return c.fused() ? reinterpret_cast<const bf16*>(d) : nullptr;
+}
+
+}  // namespace
+
 void moe_experts_forward(GemmKind kind, float* y, float* gate, float* up, float* h, const float* xs,
                          const float* wg, const float* wu, const float* wd,
-                         const std::int64_t* offsets, const ExpertShape& s) {
+                         const std::int64_t* offsets, const ExpertShape& s,
+                         const ExpertCopies& copies) {
+  check_copies(kind, copies);
+  using Copy = LinearInput::Copy;
   const std::int64_t C = s.C, Fe = s.Fe, S = offsets[s.E];
   for (std::int64_t e = 0; e < s.E; ++e) {
     const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
     if (rows == 0) continue;
-    const LinearInput x(kind, xs + r0 * C, rows, C);  // read by two GEMMs: rounded once (bf16)
+    // Read by two GEMMs: rounded once (bf16), or already.
+    bf16* xs16 = copies.xs ? const_cast<bf16*>(copies.xs) + r0 * C : nullptr;
+    const LinearInput x(kind, xs + r0 * C, xs16, xs16 ? Copy::kFilled : Copy::kFill, rows, C);
     linear_forward(gate + r0 * Fe, x, wg + e * Fe * C, Fe);
     linear_forward(up + r0 * Fe, x, wu + e * Fe * C, Fe);
   }
   // Every row belongs to an expert, so one pass over all S rows is each expert's SwiGLU.
-  swiglu_forward(h, gate, up, S * Fe);
+  if (copies.fused())
+    swiglu_forward_bf16(copies.h, copies.gate, copies.up, gate, up, S * Fe);
+  else
+    swiglu_forward(h, gate, up, S * Fe);
   for (std::int64_t e = 0; e < s.E; ++e) {
     const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
     if (rows == 0) continue;
-    linear_forward(kind, y + r0 * C, h + r0 * Fe, wd + e * C * Fe, rows, Fe, C);
+    // y (rows, C) = h (rows, Fe) · wd[e]^T; fused, h is read from its copy.
+    gemm(kind, Trans::kNo, Trans::kYes, rows, C, Fe,
+         GemmOperand{h + r0 * Fe, Fe, copies.fused() ? copies.h + r0 * Fe : nullptr},
+         GemmOperand{wd + e * C * Fe, Fe}, false, y + r0 * C, C);
   }
 }
 
@@ -227,62 +329,78 @@ void moe_experts_backward_input(GemmKind kind, float* dxs, float* dgates, float*
                                 float* dup, float* dys, const float* gates,
                                 const std::int32_t* slot_of_row, const float* gate, const float* up,
                                 const float* h, const float* wg, const float* wu, const float* wd,
-                                const std::int64_t* offsets, const ExpertShape& s) {
+                                const std::int64_t* offsets, const ExpertShape& s,
+                                const ExpertCopies& copies) {
+  check_copies(kind, copies);
   const std::int64_t C = s.C, Fe = s.Fe, S = offsets[s.E];
   for (std::int64_t e = 0; e < s.E; ++e) {
     const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
     if (rows == 0) continue;
     linear_backward_input(kind, dh + r0 * Fe, dys + r0 * C, wd + e * C * Fe, rows, Fe, C);
   }
-  detail::split_rows(S, C + 2 * Fe, [&](std::int64_t lo, std::int64_t hi) {
-    for (std::int64_t r = lo; r < hi; ++r) {
-      float* u = dh + r * Fe;
-      const float* hr = h + r * Fe;
-      double dot = 0.0;
-      for (std::int64_t f = 0; f < Fe; ++f) dot += static_cast<double>(u[f]) * hr[f];
-      const std::int32_t slot = slot_of_row[r];
-      dgates[slot] = static_cast<float>(dot);
-      const float g = gates[slot];
-      for (std::int64_t f = 0; f < Fe; ++f) u[f] *= g;
-      float* dy = dys + r * C;
-      for (std::int64_t c = 0; c < C; ++c) dy[c] *= g;
-    }
-  });
-  swiglu_backward(dgate, dup, dh, gate, up, S * Fe);
+  bf16* dgate16 = first_half(dgate, copies);
+  bf16* dup16 = first_half(dup, copies);
+  if (copies.fused()) {
+    const bf16* h16 = copies.h;
+    gate_grads_and_scale(
+        dgates, dh, dys, gates, slot_of_row, S, C, Fe,
+        [&](std::int64_t r, std::int64_t f) { return bf16_to_float(h16[r * Fe + f]); });
+    swiglu_backward_bf16(dgate16, dup16, dh, copies.gate, copies.up, S * Fe);
+  } else {
+    gate_grads_and_scale(dgates, dh, dys, gates, slot_of_row, S, C, Fe,
+                         [&](std::int64_t r, std::int64_t f) { return h[r * Fe + f]; });
+    swiglu_backward(dgate, dup, dh, gate, up, S * Fe);
+  }
   for (std::int64_t e = 0; e < s.E; ++e) {
     const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
     if (rows == 0) continue;
     float* dx = dxs + r0 * C;
     // dxs = dgate wg[e] (written), then += dup wu[e].
-    linear_backward_input(kind, dx, dgate + r0 * Fe, wg + e * Fe * C, rows, C, Fe);
-    gemm(kind, Trans::kNo, Trans::kNo, rows, C, Fe, dup + r0 * Fe, Fe, wu + e * Fe * C, C, true, dx,
-         C);
+    gemm(kind, Trans::kNo, Trans::kNo, rows, C, Fe,
+         GemmOperand{dgate + r0 * Fe, Fe, dgate16 ? dgate16 + r0 * Fe : nullptr},
+         GemmOperand{wg + e * Fe * C, C}, false, dx, C);
+    gemm(kind, Trans::kNo, Trans::kNo, rows, C, Fe,
+         GemmOperand{dup + r0 * Fe, Fe, dup16 ? dup16 + r0 * Fe : nullptr},
+         GemmOperand{wu + e * Fe * C, C}, true, dx, C);
   }
 }
 
 void moe_experts_backward_weight(GemmKind kind, float* dwg, float* dwu, float* dwd,
                                  const float* dys, const float* dgate, const float* dup,
                                  const float* xs, const float* h, const std::int64_t* offsets,
-                                 const ExpertShape& s) {
+                                 const ExpertShape& s, const ExpertCopies& copies) {
+  check_copies(kind, copies);
   const std::int64_t C = s.C, Fe = s.Fe;
+  const bf16* dgate16 = first_half(dgate, copies);
+  const bf16* dup16 = first_half(dup, copies);
   // Expert e's weight-gradient parts: rows [part(e, p), part(e, p + 1)).
   const std::int64_t parts = s.part_offsets ? s.parts : 1;
   const auto part = [&](std::int64_t e, std::int64_t p) {
     return s.part_offsets ? s.part_offsets[e * parts + p] : offsets[e + p];
   };
+  const auto at = [](const bf16* p, std::int64_t i) { return p ? p + i : nullptr; };
+  using Copy = LinearInput::Copy;
   for (std::int64_t e = 0; e < s.E; ++e)
     for (std::int64_t p = 0; p < parts; ++p) {
       const std::int64_t r0 = part(e, p), rows = part(e, p + 1) - r0;
       if (rows == 0) continue;
-      linear_backward_weight(kind, dwd + e * C * Fe, dys + r0 * C, h + r0 * Fe, rows, Fe, C);
+      // dwd[e] (C, Fe) += dys^T (C, rows) · h (rows, Fe)
+      gemm(kind, Trans::kYes, Trans::kNo, C, Fe, rows, GemmOperand{dys + r0 * C, C},
+           GemmOperand{h + r0 * Fe, Fe, at(copies.h, r0 * Fe)}, true, dwd + e * C * Fe, Fe);
     }
   for (std::int64_t e = 0; e < s.E; ++e)
     for (std::int64_t p = 0; p < parts; ++p) {
       const std::int64_t q0 = part(e, p), n = part(e, p + 1) - q0;
       if (n == 0) continue;
-      const LinearInput x(kind, xs + q0 * C, n, C);  // read by two GEMMs: rounded once (bf16)
-      linear_backward_weight(dwg + e * Fe * C, LinearInput(kind, dgate + q0 * Fe, n, Fe), x);
-      linear_backward_weight(dwu + e * Fe * C, LinearInput(kind, dup + q0 * Fe, n, Fe), x);
+      // Read by two GEMMs: rounded once (bf16), or already.
+      bf16* xs16 = copies.xs ? const_cast<bf16*>(copies.xs) + q0 * C : nullptr;
+      const LinearInput x(kind, xs + q0 * C, xs16, xs16 ? Copy::kFilled : Copy::kFill, n, C);
+      const GemmOperand xo{x.data(), C, x.rounded()};
+      // dwg[e], dwu[e] (Fe, C) += dgate^T, dup^T (Fe, n) · x (n, C)
+      gemm(kind, Trans::kYes, Trans::kNo, Fe, C, n,
+           GemmOperand{dgate + q0 * Fe, Fe, at(dgate16, q0 * Fe)}, xo, true, dwg + e * Fe * C, C);
+      gemm(kind, Trans::kYes, Trans::kNo, Fe, C, n,
+           GemmOperand{dup + q0 * Fe, Fe, at(dup16, q0 * Fe)}, xo, true, dwu + e * Fe * C, C);
     }
 }
 
@@ -291,10 +409,10 @@ void moe_experts_backward(GemmKind kind, float* dxs, float* dgates, float* dwg, 
                           const float* gates, const std::int32_t* slot_of_row, const float* xs,
                           const float* gate, const float* up, const float* h, const float* wg,
                           const float* wu, const float* wd, const std::int64_t* offsets,
-                          const ExpertShape& s) {
+                          const ExpertShape& s, const ExpertCopies& copies) {
   moe_experts_backward_input(kind, dxs, dgates, dh, dgate, dup, dys, gates, slot_of_row, gate, up,
-                             h, wg, wu, wd, offsets, s);
-  moe_experts_backward_weight(kind, dwg, dwu, dwd, dys, dgate, dup, xs, h, offsets, s);
+                             h, wg, wu, wd, offsets, s, copies);
+  moe_experts_backward_weight(kind, dwg, dwu, dwd, dys, dgate, dup, xs, h, offsets, s, copies);
 }
 
 void moe_ep_offsets(std::int64_t* offsets, std::int64_t* block_offsets, const std::int32_t* counts,

@@ -67,6 +67,9 @@ std::int64_t moe_permute(std::int64_t* offsets, std::int32_t* row_of_slot,
 // rows (S, C): row r = x[slot_of_row[r] / K] (the token of each permuted row); S = offsets[E].
 void moe_gather(float* rows, const float* x, const std::int32_t* slot_of_row, std::int64_t S,
                 std::int64_t K, std::int64_t C);
+// The same of a bf16 copy of x: the gathered rows rounded, for bf16 GEMMs (ExpertCopies::xs).
+void moe_gather(bf16* rows, const bf16* x, const std::int32_t* slot_of_row, std::int64_t S,
+                std::int64_t K, std::int64_t C);
 // The combine: y[t] = Σ_{j=0..K-1} w[t·K + j] · rows[row_of_slot[t·K + j]], j ascending, each
 // product rounded to fp32 and added in that order (w = gates in forward; w = nullptr: weight 1,
 // the backward's sum of the slots' input gradients). A dropped slot (row -1) adds nothing; a
@@ -87,6 +90,21 @@ struct ExpertShape {
   std::int64_t parts = 1;
   const std::int64_t* part_offsets = nullptr;
 };
+// With bf16 GEMMs over bf16-stored activations, the experts' SwiGLU is the dense MLP's fused one
+// (kernels/ops.h swiglu_forward_bf16 / _backward_bf16): the forward writes gate, up and h rounded
+// into these copies, and h's floats are not written (the down GEMM reads the copy); the backward
+// reads gate, up and h from the copies alone (their floats are not read) and writes dgate and dup
+// rounded, in the first half of their fp32 buffers, where the GEMMs (and W) read them. The same
+// bits as the fp32 activations rounded and stored, then decoded. All null (the default): the fp32
+// activations, with any GEMM kind.
+// `xs` (with or without the others): the rows' inputs already rounded (S, C), read by the gate
+// and up GEMMs and the weight gradients instead of rounding xs per expert (its floats are then not
+// read; bf16 GEMMs only). A bf16-stored block gathers them from its rounded copy of the input.
+struct ExpertCopies {
+  bf16 *gate = nullptr, *up = nullptr, *h = nullptr;  // (S, Fe) each, or all null
+  const bf16* xs = nullptr;                           // (S, C) or null
+  bool fused() const { return h != nullptr; }
+};
 void moe_experts_forward(GemmKind kind,
                          float* y,         // y (S, C) = expert outputs per row
                          float* gate,      // gate (S, Fe) = xs · wg[e]^T
@@ -95,7 +113,7 @@ void moe_experts_forward(GemmKind kind,
                          const float* xs,  // xs (S, C) permuted rows
                          const float* wg, const float* wu, const float* wd,
                          const std::int64_t* offsets,  // offsets (E + 1) from moe_permute
-                         const ExpertShape& s);
+                         const ExpertShape& s, const ExpertCopies& copies = {});
 // Backward of the experts and the combine together, without the experts' outputs: with U the
 // gradient of an expert's output rows before the gate (dys · wd[e], (rows, Fe)), a row's gate
 // gradient is U · h (the dot of dy with the expert's output) and the gradient of its h is
@@ -118,7 +136,8 @@ void moe_experts_backward(GemmKind kind,
                           const float* xs,                      // xs (S, C) forward input
                           const float* gate, const float* up, const float* h,  // (S, Fe) forward
                           const float* wg, const float* wu, const float* wd,
-                          const std::int64_t* offsets, const ExpertShape& s);
+                          const std::int64_t* offsets, const ExpertShape& s,
+                          const ExpertCopies& copies = {});
 
 // The two halves of moe_experts_backward, for the zero-bubble schedules' B and W passes: the one
 // then the other gives moe_experts_backward's bits. _input writes dxs and dgates and leaves what
@@ -135,13 +154,14 @@ void moe_experts_backward_input(GemmKind kind,
                                 const std::int32_t* slot_of_row,  // (S) from moe_permute
                                 const float* gate, const float* up, const float* h,  // (S, Fe)
                                 const float* wg, const float* wu, const float* wd,
-                                const std::int64_t* offsets, const ExpertShape& s);
+                                const std::int64_t* offsets, const ExpertShape& s,
+                                const ExpertCopies& copies = {});
 // The weight gradients (+=) from what _input left (dys gated, dgate, dup) and the forward's rows
 // xs (S, C) and h (S, Fe), in ExpertShape's parts.
 void moe_experts_backward_weight(GemmKind kind, float* dwg, float* dwu, float* dwd,
                                  const float* dys, const float* dgate, const float* dup,
                                  const float* xs, const float* h, const std::int64_t* offsets,
-                                 const ExpertShape& s);
+                                 const ExpertShape& s, const ExpertCopies& copies = {});
 
 // Expert parallelism: P ranks hold El experts each, and a rank's experts receive counts[s·El + j]
 // rows of source rank s for its local expert j (s < P, j < El). Source-major order (s, j, row) is

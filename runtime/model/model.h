@@ -231,7 +231,12 @@ class Model final : public StageModel {
   struct BlockCopies {
     kernels::bf16 *xn1 = nullptr, *att = nullptr, *xn2 = nullptr, *h = nullptr;
     kernels::bf16 *gate = nullptr, *up = nullptr;
+    kernels::bf16 *egate = nullptr, *eup = nullptr, *eh = nullptr;  // the routed experts' rows
     bool fused_swiglu = false;  // bf16 GEMMs: SwiGLU reads and writes the copies
+    // The routed experts' copies for their fused SwiGLU (kernels/ops_moe.h), or all null.
+    kernels::ExpertCopies experts() const {
+      return fused_swiglu ? kernels::ExpertCopies{egate, eup, eh} : kernels::ExpertCopies{};
+    }
   };
   BlockCopies block_copies(ChunkActs& a, int64_t local_layer) const;
   static bool filled_by_forward(int index, bool bf16_gemms);
@@ -277,13 +282,21 @@ class Model final : public StageModel {
     float* recv = nullptr;  // where the rows land (bf16 on the wire: widened at finish)
     int64_t rows = 0;
   };
+  // The routed experts' input rows (one rank's experts: the permuted slots of xn2, `rows` of
+  // them) into scratch moe_rows: with the fused SwiGLU gathered from xn2's rounded copy into the
+  // first half of moe_rows (the rows rounded, whose floats are not written), else the floats.
+  // Returns the experts' copies to run with.
+  kernels::ExpertCopies gather_expert_rows(const LayerActs& a, const BlockCopies& copies,
+                                           int64_t rows);
   RowsInFlight moe_ep_dispatch(LayerActs& a);
-  void moe_experts_ep_forward(LayerActs& a, const ConstBlock& w, RowsInFlight& dispatch);
+  void moe_experts_ep_forward(LayerActs& a, const BlockCopies& copies, const ConstBlock& w,
+                              RowsInFlight& dispatch);
   // The backward's: the gates and output gradients go out, the shared experts' gradients that
   // need nothing back are computed meanwhile, then the routed experts' backward.
   RowsInFlight moe_ep_dispatch_backward(LayerActs& a);
-  void moe_experts_ep_backward(LayerActs& a, const ConstBlock& w, const BlockParams& g,
-                               RowsInFlight& dispatch, const LayerGrads* keep);
+  void moe_experts_ep_backward(LayerActs& a, const BlockCopies& copies, const ConstBlock& w,
+                               const BlockParams& g, RowsInFlight& dispatch,
+                               const LayerGrads* keep);
   void ep_plan(const int32_t* recv);  // ep_route_ from the counts each EP rank sends here
   // An all-to-allv of rows of model.dim floats over the EP group: `sent` rows per EP rank out
   // of `send`, `received` into `recv` (ep_route_'s counts, or their mirror). fp32, or bf16 when

@@ -282,29 +282,35 @@ float*& Model::wgrad(LayerGrads& g, int index) {
   return g.*kMember[index];
 }
 
+namespace {
+// The routed experts' SwiGLU rows, which their fused bf16 SwiGLU writes and reads as copies.
+bool expert_row(BlockAct row) {
+  return row == BlockAct::kEGate || row == BlockAct::kEUp || row == BlockAct::kEH;
+}
+}  // namespace
+
 bool Model::filled_by_forward(int index, bool bf16_gemms) {
   const auto row = static_cast<BlockAct>(index);
   return row == BlockAct::kXn1 || row == BlockAct::kAttn || row == BlockAct::kXn2 ||
-         row == BlockAct::kH || (bf16_gemms && (row == BlockAct::kGate || row == BlockAct::kUp));
+         row == BlockAct::kH || (bf16_gemms && (row == BlockAct::kGate || row == BlockAct::kUp)) ||
+         (bf16_gemms && expert_row(row));
 }
 
 bool Model::only_copy_read(int index, bool bf16_gemms) {
   const auto row = static_cast<BlockAct>(index);
   return bf16_gemms && (row == BlockAct::kXn1 || row == BlockAct::kXn2 || row == BlockAct::kH ||
-                        row == BlockAct::kGate || row == BlockAct::kUp);
+                        row == BlockAct::kGate || row == BlockAct::kUp || expert_row(row));
 }
 
 Model::BlockCopies Model::block_copies(ChunkActs& a, int64_t local_layer) const {
   if (!stored16(local_layer)) return {};
   const StoredBlock& st = a.stored[static_cast<size_t>(local_layer)];
   const auto at = [&](BlockAct row) { return static_cast<k::bf16*>(st[static_cast<size_t>(row)]); };
-  return {at(BlockAct::kXn1),
-          at(BlockAct::kAttn),
-          at(BlockAct::kXn2),
-          at(BlockAct::kH),
-          at(BlockAct::kGate),
-          at(BlockAct::kUp),
-          k::gemm_kind_is_bf16(options_.gemm)};
+  return {at(BlockAct::kXn1),   at(BlockAct::kAttn),
+          at(BlockAct::kXn2),   at(BlockAct::kH),
+          at(BlockAct::kGate),  at(BlockAct::kUp),
+          at(BlockAct::kEGate), at(BlockAct::kEUp),
+          at(BlockAct::kEH),    k::gemm_kind_is_bf16(options_.gemm)};
 }
 
 // The codec of bf16-stored blocks: the spec's stored rows, each copied between the block's fp32

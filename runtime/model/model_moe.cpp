@@ -62,7 +62,11 @@ void Model::moe_forward(int64_t l, LayerActs& a, const BlockCopies& copies, cons
                                          E, K, k::moe_capacity(config_.capacity_factor, N, E, K));
   T3D_ASSERT(offsets[E] <= ep_rows_, "the experts take ", offsets[E], " rows, more than the ",
              ep_rows_, " their buffers hold");
-  k::moe_gather(s.moe_rows, a.xn2, s.moe_slot_of_row, offsets[E], K, C);
+  k::ExpertCopies ec;  // under expert parallelism the rows travel as floats
+  if (ep_size() > 1)
+    k::moe_gather(s.moe_rows, a.xn2, s.moe_slot_of_row, offsets[E], K, C);
+  else
+    ec = gather_expert_rows(a, copies, offsets[E]);
   const bool shared = block_has(config_, l, BlockWeight::kSharedGate);
   const int64_t Fs = shared ? config_.shared_ffn_dim() / tp_.size() : 0;
   // The shared experts' hidden layer needs nothing routed: under expert parallelism it runs
@@ -75,10 +79,10 @@ void Model::moe_forward(int64_t l, LayerActs& a, const BlockCopies& copies, cons
   if (ep_size() > 1) {
     RowsInFlight dispatch = moe_ep_dispatch(a);
     if (shared) shared_hidden();
-    moe_experts_ep_forward(a, w, dispatch);
+    moe_experts_ep_forward(a, copies, w, dispatch);
   } else {
     k::moe_experts_forward(kind, s.moe_out, a.egate, a.eup, a.eh, s.moe_rows, w.expert_gate,
-                           w.expert_up, w.expert_down, offsets, {E, C, Fe});
+                           w.expert_up, w.expert_down, offsets, {E, C, Fe}, ec);
     if (shared) shared_hidden();
   }
   k::moe_combine(s.tmp, s.moe_out, a.gates, s.moe_row_of_slot, N, K, C, k::Out::kWrite);
@@ -131,19 +135,19 @@ void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, con
   if (ep_size() > 1) {
     RowsInFlight dispatch = moe_ep_dispatch_backward(a);
     if (shared) shared_backward();
-    moe_experts_ep_backward(a, w, g, dispatch, keep);
+    moe_experts_ep_backward(a, copies, w, g, dispatch, keep);
   } else if (keep) {
     k::moe_experts_backward_input(kind, s.moe_grad, s.moe_dgates, s.moe_dh, keep->expert_dgate,
                                   keep->expert_dup, dys, a.gates, s.moe_slot_of_row, a.egate, a.eup,
                                   a.eh, w.expert_gate, w.expert_up, w.expert_down, offsets,
-                                  {E, C, Fe});
+                                  {E, C, Fe}, copies.experts());
     if (shared) shared_backward();
   } else {
-    k::moe_gather(s.moe_rows, a.xn2, s.moe_slot_of_row, kept, K, C);
+    const k::ExpertCopies ec = gather_expert_rows(a, copies, kept);
     k::moe_experts_backward(kind, s.moe_grad, s.moe_dgates, g.expert_gate, g.expert_up,
                             g.expert_down, s.moe_dh, s.moe_dgate, s.moe_dup, dys, a.gates,
                             s.moe_slot_of_row, s.moe_rows, a.egate, a.eup, a.eh, w.expert_gate,
-                            w.expert_up, w.expert_down, offsets, {E, C, Fe});
+                            w.expert_up, w.expert_down, offsets, {E, C, Fe}, ec);
     if (shared) shared_backward();
   }
   k::moe_combine(s.dxn, s.moe_grad, nullptr, s.moe_row_of_slot, N, K, C, k::Out::kWrite);
@@ -200,17 +204,17 @@ void Model::moe_backward_weights(int64_t l, const LayerActs& a, const BlockCopie
     k::moe_experts_backward_weight(kind, g.expert_gate, g.expert_up, g.expert_down, kept.expert_dy,
                                    kept.expert_dgate, kept.expert_dup, a.ex, a.eh,
                                    route.local_offsets.data(),
-                                   {El, C, Fe, P, route.source_offsets.data()});
+                                   {El, C, Fe, P, route.source_offsets.data()}, copies.experts());
   } else {
     // The experts' input rows again: the same permutation of the same routing, the same gather.
     int64_t* offsets = expert_offsets_.data();
     k::moe_permute(offsets, s.moe_row_of_slot, s.moe_slot_of_row,
                    reinterpret_cast<const int32_t*>(a.chosen), N, E, K,
                    k::moe_capacity(config_.capacity_factor, N, E, K));
-    k::moe_gather(s.moe_rows, a.xn2, s.moe_slot_of_row, offsets[E], K, C);
+    const k::ExpertCopies ec = gather_expert_rows(a, copies, offsets[E]);
     k::moe_experts_backward_weight(kind, g.expert_gate, g.expert_up, g.expert_down, kept.expert_dy,
                                    kept.expert_dgate, kept.expert_dup, s.moe_rows, a.eh, offsets,
-                                   {E, C, Fe});
+                                   {E, C, Fe}, ec);
   }
   if (block_has(config_, l, BlockWeight::kSharedGate)) {
     const int64_t Fs = config_.shared_ffn_dim() / tp_.size();
@@ -221,6 +225,21 @@ void Model::moe_backward_weights(int64_t l, const LayerActs& a, const BlockCopie
   const int64_t first = sp_ ? tp_.rank() * rows_local_ : 0;
   k::linear_backward_weight(router_kind(kind), g.router, kept.router_dlogits, a.xn2 + first * C,
                             rows_local_, C, E);
+}
+
+k::ExpertCopies Model::gather_expert_rows(const LayerActs& a, const BlockCopies& copies,
+                                          int64_t rows) {
+  auto& s = *scratch_;
+  const int64_t K = config_.experts_per_token, C = config_.dim;
+  k::ExpertCopies ec = copies.experts();
+  if (!ec.fused() || !copies.xn2) {
+    k::moe_gather(s.moe_rows, a.xn2, s.moe_slot_of_row, rows, K, C);
+    return ec;
+  }
+  auto* rows16 = reinterpret_cast<k::bf16*>(s.moe_rows);
+  k::moe_gather(rows16, copies.xn2, s.moe_slot_of_row, rows, K, C);
+  ec.xs = rows16;
+  return ec;
 }
 
 // Expert parallelism (docs/moe.md). The slots this rank routed are sorted by expert (moe_permute,
@@ -261,7 +280,8 @@ Model::RowsInFlight Model::moe_ep_dispatch(LayerActs& a) {
                            r.recv_displs);
 }
 
-void Model::moe_experts_ep_forward(LayerActs& a, const ConstBlock& w, RowsInFlight& dispatch) {
+void Model::moe_experts_ep_forward(LayerActs& a, const BlockCopies& copies, const ConstBlock& w,
+                                   RowsInFlight& dispatch) {
   const int64_t P = ep_size(), El = experts_.size(config_), C = config_.dim,
                 Fe = config_.moe_ffn_dim / tp_.size();
   auto& s = *scratch_;
@@ -270,7 +290,8 @@ void Model::moe_experts_ep_forward(LayerActs& a, const ConstBlock& w, RowsInFlig
   finish_ep_exchange(dispatch);
   k::moe_ep_reorder(a.ex, s.moe_ep_rows, recv, r.source_offsets.data(), P, El, C, true);
   k::moe_experts_forward(options_.gemm, s.moe_ep_out, a.egate, a.eup, a.eh, a.ex, w.expert_gate,
-                         w.expert_up, w.expert_down, r.local_offsets.data(), {El, C, Fe});
+                         w.expert_up, w.expert_down, r.local_offsets.data(), {El, C, Fe},
+                         copies.experts());
   k::moe_ep_reorder(s.moe_ep_rows, s.moe_ep_out, recv, r.source_offsets.data(), P, El, C, false);
   ep_exchange(s.moe_ep_rows, r.recv_counts, r.recv_displs, s.moe_out, r.send_counts, r.send_displs);
 }
@@ -295,8 +316,9 @@ Model::RowsInFlight Model::moe_ep_dispatch_backward(LayerActs& a) {
                            r.recv_displs);
 }
 
-void Model::moe_experts_ep_backward(LayerActs& a, const ConstBlock& w, const BlockParams& g,
-                                    RowsInFlight& dispatch, const LayerGrads* keep) {
+void Model::moe_experts_ep_backward(LayerActs& a, const BlockCopies& copies, const ConstBlock& w,
+                                    const BlockParams& g, RowsInFlight& dispatch,
+                                    const LayerGrads* keep) {
   const parallel::Comm& ep = *options_.ep;
   const int64_t P = ep_size(), El = experts_.size(config_), C = config_.dim,
                 Fe = config_.moe_ffn_dim / tp_.size(), kept = expert_offsets_[config_.n_experts];
@@ -314,12 +336,13 @@ void Model::moe_experts_ep_backward(LayerActs& a, const ConstBlock& w, const Blo
     k::moe_experts_backward_input(options_.gemm, s.moe_ep_rows, s.moe_ep_dgates, s.moe_dh,
                                   keep->expert_dgate, keep->expert_dup, dys, s.moe_ep_gates,
                                   s.moe_ep_index, a.egate, a.eup, a.eh, w.expert_gate, w.expert_up,
-                                  w.expert_down, r.local_offsets.data(), shape);
+                                  w.expert_down, r.local_offsets.data(), shape, copies.experts());
   else
-    k::moe_experts_backward(
-        options_.gemm, s.moe_ep_rows, s.moe_ep_dgates, g.expert_gate, g.expert_up, g.expert_down,
-        s.moe_dh, s.moe_dgate, s.moe_dup, dys, s.moe_ep_gates, s.moe_ep_index, a.ex, a.egate, a.eup,
-        a.eh, w.expert_gate, w.expert_up, w.expert_down, r.local_offsets.data(), shape);
+    k::moe_experts_backward(options_.gemm, s.moe_ep_rows, s.moe_ep_dgates, g.expert_gate,
+                            g.expert_up, g.expert_down, s.moe_dh, s.moe_dgate, s.moe_dup, dys,
+                            s.moe_ep_gates, s.moe_ep_index, a.ex, a.egate, a.eup, a.eh,
+                            w.expert_gate, w.expert_up, w.expert_down, r.local_offsets.data(),
+                            shape, copies.experts());
   k::moe_ep_reorder(s.moe_ep_out, s.moe_ep_rows, recv, r.source_offsets.data(), P, El, C, false);
   ep_exchange(s.moe_ep_out, r.recv_counts, r.recv_displs, s.moe_grad, r.send_counts, r.send_displs);
   k::moe_ep_reorder(s.moe_ep_gates, s.moe_ep_dgates, recv, r.source_offsets.data(), P, El, 1,

@@ -6,11 +6,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <vector>
 
 #include "kernels/blas.h"
+#include "kernels/check.h"
 #include "kernels/ops_moe.h"
 #include "reference.h"
 
@@ -466,6 +468,50 @@ TEST(kernels_moe_combine, GatherAndCombine) {
   }
 }
 
+// The combine's bits against its contract written as the scalar loop it was (per element: the
+// first kept product, then + each next for j ascending; a token with every slot dropped sums to
+// +0; then written or added), with dropped slots, both modes, with and without weights, over a C
+// longer than the kernel's chunk and not a multiple of it, onto a y holding -0 and other values.
+TEST(kernels_moe_combine, BitsOfTheScalarContract) {
+  const int N = 9, K = 3, C = 1100, E = 4;
+  I32 chosen(N * K);
+  for (int i = 0; i < N * K; ++i) chosen[i] = (i / K + i % K) % E;  // token t: t, t + 1, t + 2
+  const Perm p = permute(chosen, N, E, K, /*capacity=*/4);          // drops some slots
+  I32 row_of_slot = p.row_of_slot;
+  row_of_slot[4 * K + 0] = row_of_slot[4 * K + 1] = row_of_slot[4 * K + 2] = -1;  // all dropped
+  const auto rows = ref::random_floats(N * K * C, 144);
+  const auto w = ref::random_floats(N * K, 145);
+  auto prev = ref::random_floats(N * C, 146);
+  for (int i = 0; i < N * C; i += 7) prev[i] = -0.0f;
+  for (const float* wp : {w.data(), static_cast<const float*>(nullptr)})
+    for (const Out mode : {Out::kWrite, Out::kAccumulate}) {
+      std::vector<float> want = prev;
+      for (int t = 0; t < N; ++t)
+        for (int c = 0; c < C; ++c) {
+          float acc = 0.0f;
+          bool started = false;
+          for (int j = 0; j < K; ++j) {
+            const std::int32_t row = row_of_slot[t * K + j];
+            if (row < 0) continue;
+            const float v = rows[row * C + c];
+            const float prod = wp ? wp[t * K + j] * v : v;
+            acc = started ? acc + prod : prod;
+            started = true;
+          }
+          want[t * C + c] = mode == Out::kAccumulate ? want[t * C + c] + acc : acc;
+        }
+      for (const int threads : {1, 2}) {
+        std::vector<float> y = prev;
+        with_threads(threads, [&] {
+          moe_combine(y.data(), rows.data(), wp, row_of_slot.data(), N, K, C, mode);
+        });
+        ASSERT_EQ(0, std::memcmp(y.data(), want.data(), sizeof(float) * want.size()))
+            << (wp ? "weighted" : "unweighted") << (mode == Out::kWrite ? ", written" : ", added")
+            << ", " << threads << " threads";
+      }
+    }
+}
+
 // ---- the routed layer ---------------------------------------------------------------------
 
 // out = combine(experts_forward(gather(x)), gates) against layer_ref; the backward (gather of
@@ -686,6 +732,158 @@ TEST(kernels_moe_experts, InputThenWeightIsTheWholeBackward) {
     EXPECT_EQ(split.dwu, whole.dwu);
     EXPECT_EQ(split.dwd, whole.dwd);
     EXPECT_NE(split.dwd, before.dwd);
+  }
+}
+
+// The backward's row loop by its contract, bit for bit: with U = dys · wd[e] (the same GEMM),
+// dgates[slot] = the sequential double sum over f of U[r, f] · h[r, f], rounded once; then U and
+// dys scaled by the row's gate. Row counts that are not multiples of the loop's groups.
+TEST(kernels_moe_experts, BackwardRowLoopBits) {
+  const int N = 11, E = 3, K = 2, C = 6, Fe = 13, S = N * K;
+  const I32 chosen = {0, 2, 2, 0, 0, 2, 2, 0, 0, 2, 1, 0, 1, 2, 0, 1, 2, 1, 0, 1, 2, 0};
+  const Perm p = permute(chosen, N, E, K);
+  const auto xs = ref::random_floats(S * C, 230), dy = ref::random_floats(S * C, 231);
+  const auto gates = ref::random_floats(S, 232, 0.1f, 1.0f);
+  const auto wg = ref::random_floats(E * Fe * C, 233), wu = ref::random_floats(E * Fe * C, 234),
+             wd = ref::random_floats(E * C * Fe, 235);
+  const ExpertShape es{E, C, Fe};
+  std::vector<float> ys(S * C), gate(S * Fe), up(S * Fe), h(S * Fe);
+  moe_experts_forward(kFp32, ys.data(), gate.data(), up.data(), h.data(), xs.data(), wg.data(),
+                      wu.data(), wd.data(), p.offsets.data(), es);
+  std::vector<float> u(S * Fe);
+  for (int e = 0; e < E; ++e) {
+    const std::int64_t r0 = p.offsets[e], rows = p.offsets[e + 1] - r0;
+    if (rows > 0)
+      linear_backward_input(kFp32, u.data() + r0 * Fe, dy.data() + r0 * C, wd.data() + e * C * Fe,
+                            rows, Fe, C);
+  }
+  std::vector<float> want_dgates(S), want_dys = dy;
+  for (int r = 0; r < S; ++r) {
+    double dot = 0.0;
+    for (int f = 0; f < Fe; ++f) dot += static_cast<double>(u[r * Fe + f]) * h[r * Fe + f];
+    const int slot = p.slot_of_row[r];
+    want_dgates[slot] = static_cast<float>(dot);
+    for (int c = 0; c < C; ++c) want_dys[r * C + c] *= gates[slot];
+  }
+  std::vector<float> dxs(S * C), dgates(S), dh(S * Fe), dg(S * Fe), du(S * Fe), dys = dy;
+  moe_experts_backward_input(kFp32, dxs.data(), dgates.data(), dh.data(), dg.data(), du.data(),
+                             dys.data(), gates.data(), p.slot_of_row.data(), gate.data(), up.data(),
+                             h.data(), wg.data(), wu.data(), wd.data(), p.offsets.data(), es);
+  EXPECT_EQ(dgates, want_dgates);
+  EXPECT_EQ(dys, want_dys);
+}
+
+// The fused bf16 SwiGLU of the experts (ExpertCopies, bf16 GEMMs) against the path it replaces:
+// the fp32 activations rounded to bf16 and widened again (a bf16-stored block's encode and
+// decode), every output bit for bit: the forward's rows and copies, and the backward's dxs,
+// dgates, weight gradients and the gated dys, whole and split into B and W (with the weight
+// gradients in parts). The fused path reads no float activation: those buffers hold NaN.
+TEST(kernels_moe_experts, FusedBf16SwigluIsTheStoredPath) {
+  constexpr GemmKind kBf16 = GemmKind::kOneDnnBf16;
+  try {
+    verify_gemm_kind(kBf16);
+  } catch (const UserError& e) {
+    GTEST_SKIP() << e.what();
+  }
+  const int N = 10, E = 3, K = 2, C = 16, Fe = 24, S = N * K;
+  I32 chosen(S);
+  for (int i = 0; i < S; ++i) chosen[i] = (i / K * 2 + i % K) % E;
+  const Perm p = permute(chosen, N, E, K);
+  const auto xs = ref::random_floats(S * C, 240), dy = ref::random_floats(S * C, 241);
+  const auto gates = ref::random_floats(S, 242, 0.1f, 1.0f);
+  const auto wg = ref::random_floats(E * Fe * C, 243), wu = ref::random_floats(E * Fe * C, 244),
+             wd = ref::random_floats(E * C * Fe, 245);
+  const auto rounded = [](const std::vector<float>& x) {
+    std::vector<bf16> r(x.size());
+    float_to_bf16(r.data(), x.data(), static_cast<std::int64_t>(x.size()));
+    return r;
+  };
+  const auto round_trip = [](const std::vector<float>& x) {
+    std::vector<bf16> r(x.size());
+    float_to_bf16(r.data(), x.data(), static_cast<std::int64_t>(x.size()));
+    std::vector<float> f(x.size());
+    bf16_to_float(f.data(), r.data(), static_cast<std::int64_t>(x.size()));
+    return f;
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<std::int64_t> parts(2 * E + 1);
+  for (int e = 0; e < E; ++e) {
+    parts[2 * e] = p.offsets[e];
+    parts[2 * e + 1] = std::min(p.offsets[e] + 2, p.offsets[e + 1]);
+  }
+  parts[2 * E] = p.offsets[E];
+  for (const bool in_parts : {false, true}) {
+    SCOPED_TRACE(in_parts ? "weight gradients in parts, rows rounded already"
+                          : "one GEMM per expert");
+    const ExpertShape es =
+        in_parts ? ExpertShape{E, C, Fe, 2, parts.data()} : ExpertShape{E, C, Fe};
+    struct Out {
+      std::vector<float> ys, dxs, dgates, dwg, dwu, dwd, dys;
+    };
+    const auto fresh = [&] {
+      return Out{std::vector<float>(S * C),
+                 std::vector<float>(S * C),
+                 std::vector<float>(S),
+                 ref::random_floats(E * Fe * C, 246),
+                 ref::random_floats(E * Fe * C, 247),
+                 ref::random_floats(E * C * Fe, 248),
+                 dy};
+    };
+    // The stored path: fp32 activations, rounded and widened before the backward.
+    Out want = fresh();
+    std::vector<float> gate(S * Fe), up(S * Fe), h(S * Fe);
+    moe_experts_forward(kBf16, want.ys.data(), gate.data(), up.data(), h.data(), xs.data(),
+                        wg.data(), wu.data(), wd.data(), p.offsets.data(), es);
+    const auto gate_r = round_trip(gate), up_r = round_trip(up), h_r = round_trip(h);
+    std::vector<float> dh(S * Fe), dg(S * Fe), du(S * Fe);
+    moe_experts_backward(kBf16, want.dxs.data(), want.dgates.data(), want.dwg.data(),
+                         want.dwu.data(), want.dwd.data(), dh.data(), dg.data(), du.data(),
+                         want.dys.data(), gates.data(), p.slot_of_row.data(), xs.data(),
+                         gate_r.data(), up_r.data(), h_r.data(), wg.data(), wu.data(), wd.data(),
+                         p.offsets.data(), es);
+    // Fused: the copies only, and (in parts) the rows rounded already.
+    std::vector<bf16> gate16(S * Fe), up16(S * Fe), h16(S * Fe);
+    const std::vector<bf16> xs16 = rounded(xs);
+    const ExpertCopies copies{gate16.data(), up16.data(), h16.data(),
+                              in_parts ? xs16.data() : nullptr};
+    std::vector<float> fgate(S * Fe), fup(S * Fe), fh(S * Fe, nan);
+    Out whole = fresh();
+    const std::vector<float> nan_xs(S * C, nan);
+    const float* fxs = copies.xs ? nan_xs.data() : xs.data();  // with the rounded rows: not read
+    moe_experts_forward(kBf16, whole.ys.data(), fgate.data(), fup.data(), fh.data(), fxs, wg.data(),
+                        wu.data(), wd.data(), p.offsets.data(), es, copies);
+    EXPECT_EQ(whole.ys, want.ys);
+    EXPECT_EQ(gate16, rounded(gate));
+    EXPECT_EQ(up16, rounded(up));
+    EXPECT_EQ(h16, rounded(h));
+    std::fill(fgate.begin(), fgate.end(), nan);
+    std::fill(fup.begin(), fup.end(), nan);
+    moe_experts_backward(kBf16, whole.dxs.data(), whole.dgates.data(), whole.dwg.data(),
+                         whole.dwu.data(), whole.dwd.data(), dh.data(), dg.data(), du.data(),
+                         whole.dys.data(), gates.data(), p.slot_of_row.data(), fxs, fgate.data(),
+                         fup.data(), fh.data(), wg.data(), wu.data(), wd.data(), p.offsets.data(),
+                         es, copies);
+    EXPECT_EQ(whole.dxs, want.dxs);
+    EXPECT_EQ(whole.dgates, want.dgates);
+    EXPECT_EQ(whole.dwg, want.dwg);
+    EXPECT_EQ(whole.dwu, want.dwu);
+    EXPECT_EQ(whole.dwd, want.dwd);
+    EXPECT_EQ(whole.dys, want.dys);
+    // B then W, fused: what B leaves in dgate and dup (their rounded first halves) W reads.
+    Out split = fresh();
+    std::vector<float> kdg(S * Fe), kdu(S * Fe);
+    moe_experts_backward_input(kBf16, split.dxs.data(), split.dgates.data(), dh.data(), kdg.data(),
+                               kdu.data(), split.dys.data(), gates.data(), p.slot_of_row.data(),
+                               fgate.data(), fup.data(), fh.data(), wg.data(), wu.data(), wd.data(),
+                               p.offsets.data(), es, copies);
+    moe_experts_backward_weight(kBf16, split.dwg.data(), split.dwu.data(), split.dwd.data(),
+                                split.dys.data(), kdg.data(), kdu.data(), fxs, fh.data(),
+                                p.offsets.data(), es, copies);
+    EXPECT_EQ(split.dxs, want.dxs);
+    EXPECT_EQ(split.dgates, want.dgates);
+    EXPECT_EQ(split.dwg, want.dwg);
+    EXPECT_EQ(split.dwu, want.dwu);
+    EXPECT_EQ(split.dwd, want.dwd);
   }
 }
 
