@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Golden losses: a covering set of recipes (1 rank; pp2×dp2×tp2 with each ZeRO stage; cp2; ZB-V;
-# interleaved; activation checkpointing; bf16 storage; snapshot/resume and a resharded resume)
+# interleaved; activation checkpointing; bf16 storage; snapshot/resume and a resharded resume; a
+# mixture of experts on those layouts and on expert parallelism)
 # trains 4 steps, and every step's loss (printed to 9 significant digits, exact for fp32) and the
 # SHA-256 of the final parameters (exported safetensors) must equal what the file
 # tests/e2e/golden/GROUP.txt recorded. A restructuring that changes no arithmetic keeps them
@@ -36,8 +37,14 @@ fp32=(--set train.precision=fp32 --set hardware.gemm=openblas)
 bf16_storage=(--set train.precision=bf16 --set hardware.gemm=openblas)
 bf16_gemm=(--set train.precision=bf16 --set hardware.gemm=onednn)
 pp2_dp2_tp2=(--set parallel.pp=2 --set parallel.dp=2 --set parallel.tp=2)
+# A mixture of experts with every part on: a dense first block, a shared expert, the selection
+# bias and the auxiliary loss.
+moe=(--set model.n_experts=4 --set model.experts_per_token=2 --set model.moe_ffn_dim=48
+     --set model.n_shared_experts=1 --set model.dense_layers=1 --set model.router_bias_rate=1e-3
+     --set model.router_aux_coef=1e-2)
 results=$work/results.txt
 : > "$results"
+recorder=record  # how train and resume record a run
 
 # record NAME: appends NAME, its losses and validation losses, and its parameters' hash.
 record() {
@@ -51,11 +58,28 @@ record() {
     "$(sed -n 's/.*"val_loss": \([^,}]*\).*/\1/p' "$work/$name/metrics.jsonl" | paste -sd,)" \
     "$(sha256sum < "$work/$name.export/model.safetensors" | cut -c1-16)" >> "$results"
 }
+# record_snapshot NAME: as record, the parameters' hash taken from the last snapshot's /model
+# datasets (every parameter and router bias, by name, in little-endian binary) instead of an
+# export, for models Hugging Face's layouts cannot hold (shared experts).
+record_snapshot() {
+  local name=$1 snap d
+  snap=$(ls "$work/$name"/snapshots/step_*.h5 2>/dev/null | sort | tail -1)
+  [ -n "$snap" ] || { echo "FAIL: $name wrote no snapshot"; exit 1; }
+  for d in $(h5ls -r "$snap/model" | awk '$2 == "Dataset" { print $1 }' | sort); do
+    h5dump -b LE -d "/model$d" -o "$work/dataset.bin" "$snap" > /dev/null ||
+      { echo "FAIL: h5dump of /model$d in $snap"; exit 1; }
+    printf '%s\n' "$d"; cat "$work/dataset.bin"
+  done > "$work/$name.params"
+  printf '%s\tloss %s\tval %s\tsnapshot params %s\n' "$name" \
+    "$(losses "$work/$name/metrics.jsonl" | paste -sd,)" \
+    "$(sed -n 's/.*"val_loss": \([^,}]*\).*/\1/p' "$work/$name/metrics.jsonl" | paste -sd,)" \
+    "$(sha256sum < "$work/$name.params" | cut -c1-16)" >> "$results"
+}
 train() {  # train NAME [--set ...]
   local name=$1; shift
   "$titan3d" train "$repo/recipes/tiny.toml" "${common[@]}" --set run.dir="$work/$name" "$@" \
     > "$work/$name.log" 2>&1 || { echo "FAIL: $name exited $?"; tail -20 "$work/$name.log"; exit 1; }
-  record "$name"
+  "$recorder" "$name"
 }
 resume() {  # resume NAME FROM_RUN STEP [--set ...]: continues FROM_RUN's snapshot of STEP
   local name=$1 from=$2 step=$3; shift 3
@@ -63,7 +87,7 @@ resume() {  # resume NAME FROM_RUN STEP [--set ...]: continues FROM_RUN's snapsh
     --set run.dir="$work/$name" --set snapshot.dir="$work/$name/snapshots" "$@" \
     > "$work/$name.log" 2>&1 ||
     { echo "FAIL: $name exited $?"; tail -20 "$work/$name.log"; exit 1; }
-  record "$name"
+  "$recorder" "$name"
 }
 
 case $group in
@@ -88,6 +112,16 @@ case $group in
     train bf16_storage_r1 "${bf16_storage[@]}"
     train bf16_storage_pp2_dp2_tp2_sp_zero1 "${bf16_storage[@]}" "${pp2_dp2_tp2[@]}" \
       --set parallel.zero=1 --set parallel.sequence_parallel=true
+    recorder=record_snapshot
+    train moe_r1 "${fp32[@]}" "${moe[@]}"
+    train moe_pp2_dp2_tp2_sp_zb_h1 "${fp32[@]}" "${moe[@]}" "${pp2_dp2_tp2[@]}" \
+      --set parallel.sequence_parallel=true --set parallel.schedule=zb_h1
+    train moe_dp2_ep2_zero3_capacity "${fp32[@]}" "${moe[@]}" --set parallel.dp=2 \
+      --set parallel.ep=2 --set parallel.zero=3 --set model.capacity_factor=1.25
+    resume moe_r1_resharded_dp2_ep2 moe_r1 2 "${fp32[@]}" "${moe[@]}" --set parallel.dp=2 \
+      --set parallel.ep=2
+    train moe_bf16_storage_dp2_ep2_ckpt "${bf16_storage[@]}" "${moe[@]}" --set parallel.dp=2 \
+      --set parallel.ep=2 --set train.activation_checkpoint=full
     ;;
   onednn)
     if ! "$titan3d" train "$repo/recipes/tiny.toml" "${common[@]}" "${bf16_gemm[@]}" \
