@@ -203,7 +203,8 @@ void linear_backward_weight(GemmKind kind,
                             const float* dy,  // dy (N, out)
                             const float* x,   // x (N, in)
                             std::int64_t N, std::int64_t in, std::int64_t out);
-void linear_backward_input(float* dx, const LinearInput& dy, const float* w, std::int64_t in);
+void linear_backward_input(float* dx, const LinearInput& dy, const float* w, std::int64_t in,
+                           Out mode = Out::kWrite);  // dx = or += dy · w
 void linear_backward_weight(float* dw, const LinearInput& dy,
                             const LinearInput& x);  // dy and x of one kind
 

@@ -85,10 +85,11 @@ void linear_forward(float* y, const LinearInput& x, const float* w, std::int64_t
        mode == Out::kAccumulate, y, out);
 }
 
-void linear_backward_input(float* dx, const LinearInput& dy, const float* w, std::int64_t in) {
+void linear_backward_input(float* dx, const LinearInput& dy, const float* w, std::int64_t in,
+                           Out mode) {
   const std::int64_t N = dy.rows(), out = dy.cols();
-  gemm(dy.kind(), Trans::kNo, Trans::kNo, N, in, out, operand(dy), GemmOperand{w, in}, false, dx,
-       in);
+  gemm(dy.kind(), Trans::kNo, Trans::kNo, N, in, out, operand(dy), GemmOperand{w, in},
+       mode == Out::kAccumulate, dx, in);
 }
 
 void linear_backward_weight(float* dw, const LinearInput& dy, const LinearInput& x) {

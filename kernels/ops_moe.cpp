@@ -278,6 +278,10 @@ void gate_grads_and_scale(float* dgates, float* dh, float* dys, const float* gat
   });
 }
 
+// A caller's rounded copy from row offset i on, or null. LinearInput takes its copy non-const for
+// Copy::kFill; the experts only pass copies as kFilled, which are never written.
+bf16* copy_at(const bf16* p, std::int64_t i) { return p ? const_cast<bf16*>(p) + i : nullptr; }
+
 // dgate's and dup's rounded copies of a fused backward: the first half of their fp32 buffers.
 bf16* first_half(float* d, const ExpertCopies& c) {
   return c.fused() ? reinterpret_cast<bf16*>(d) : nullptr;
@@ -299,7 +303,7 @@ void moe_experts_forward(GemmKind kind, float* y, float* gate, float* up, float*
     const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
     if (rows == 0) continue;
     // Read by two GEMMs: rounded once (bf16), or already.
-    bf16* xs16 = copies.xs ? const_cast<bf16*>(copies.xs) + r0 * C : nullptr;
+    bf16* xs16 = copy_at(copies.xs, r0 * C);
     const LinearInput x(kind, xs + r0 * C, xs16, xs16 ? Copy::kFilled : Copy::kFill, rows, C);
     linear_forward(gate + r0 * Fe, x, wg + e * Fe * C, Fe);
     linear_forward(up + r0 * Fe, x, wu + e * Fe * C, Fe);
@@ -313,9 +317,8 @@ void moe_experts_forward(GemmKind kind, float* y, float* gate, float* up, float*
     const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
     if (rows == 0) continue;
     // y (rows, C) = h (rows, Fe) · wd[e]^T; fused, h is read from its copy.
-    gemm(kind, Trans::kNo, Trans::kYes, rows, C, Fe,
-         GemmOperand{h + r0 * Fe, Fe, copies.fused() ? copies.h + r0 * Fe : nullptr},
-         GemmOperand{wd + e * C * Fe, Fe}, false, y + r0 * C, C);
+    const LinearInput hx(kind, h + r0 * Fe, copy_at(copies.h, r0 * Fe), Copy::kFilled, rows, Fe);
+    linear_forward(y + r0 * C, hx, wd + e * C * Fe, C);
   }
 }
 
@@ -332,6 +335,7 @@ void moe_experts_backward_input(GemmKind kind, float* dxs, float* dgates, float*
                                 const std::int64_t* offsets, const ExpertShape& s,
                                 const ExpertCopies& copies) {
   check_copies(kind, copies);
+  using Copy = LinearInput::Copy;
   const std::int64_t C = s.C, Fe = s.Fe, S = offsets[s.E];
   for (std::int64_t e = 0; e < s.E; ++e) {
     const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
@@ -355,13 +359,11 @@ void moe_experts_backward_input(GemmKind kind, float* dxs, float* dgates, float*
     const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
     if (rows == 0) continue;
     float* dx = dxs + r0 * C;
-    // dxs = dgate wg[e] (written), then += dup wu[e].
-    gemm(kind, Trans::kNo, Trans::kNo, rows, C, Fe,
-         GemmOperand{dgate + r0 * Fe, Fe, dgate16 ? dgate16 + r0 * Fe : nullptr},
-         GemmOperand{wg + e * Fe * C, C}, false, dx, C);
-    gemm(kind, Trans::kNo, Trans::kNo, rows, C, Fe,
-         GemmOperand{dup + r0 * Fe, Fe, dup16 ? dup16 + r0 * Fe : nullptr},
-         GemmOperand{wu + e * Fe * C, C}, true, dx, C);
+    // dxs = dgate wg[e] (written), then += dup wu[e]; fused, both are read from their copies.
+    const LinearInput dg(kind, dgate + r0 * Fe, copy_at(dgate16, r0 * Fe), Copy::kFilled, rows, Fe);
+    const LinearInput du(kind, dup + r0 * Fe, copy_at(dup16, r0 * Fe), Copy::kFilled, rows, Fe);
+    linear_backward_input(dx, dg, wg + e * Fe * C, C);
+    linear_backward_input(dx, du, wu + e * Fe * C, C, Out::kAccumulate);
   }
 }
 
@@ -378,29 +380,28 @@ void moe_experts_backward_weight(GemmKind kind, float* dwg, float* dwu, float* d
   const auto part = [&](std::int64_t e, std::int64_t p) {
     return s.part_offsets ? s.part_offsets[e * parts + p] : offsets[e + p];
   };
-  const auto at = [](const bf16* p, std::int64_t i) { return p ? p + i : nullptr; };
   using Copy = LinearInput::Copy;
   for (std::int64_t e = 0; e < s.E; ++e)
     for (std::int64_t p = 0; p < parts; ++p) {
       const std::int64_t r0 = part(e, p), rows = part(e, p + 1) - r0;
       if (rows == 0) continue;
       // dwd[e] (C, Fe) += dys^T (C, rows) · h (rows, Fe)
-      gemm(kind, Trans::kYes, Trans::kNo, C, Fe, rows, GemmOperand{dys + r0 * C, C},
-           GemmOperand{h + r0 * Fe, Fe, at(copies.h, r0 * Fe)}, true, dwd + e * C * Fe, Fe);
+      const LinearInput dy(kind, dys + r0 * C, rows, C);
+      const LinearInput hx(kind, h + r0 * Fe, copy_at(copies.h, r0 * Fe), Copy::kFilled, rows, Fe);
+      linear_backward_weight(dwd + e * C * Fe, dy, hx);
     }
   for (std::int64_t e = 0; e < s.E; ++e)
     for (std::int64_t p = 0; p < parts; ++p) {
       const std::int64_t q0 = part(e, p), n = part(e, p + 1) - q0;
       if (n == 0) continue;
       // Read by two GEMMs: rounded once (bf16), or already.
-      bf16* xs16 = copies.xs ? const_cast<bf16*>(copies.xs) + q0 * C : nullptr;
+      bf16* xs16 = copy_at(copies.xs, q0 * C);
       const LinearInput x(kind, xs + q0 * C, xs16, xs16 ? Copy::kFilled : Copy::kFill, n, C);
-      const GemmOperand xo{x.data(), C, x.rounded()};
       // dwg[e], dwu[e] (Fe, C) += dgate^T, dup^T (Fe, n) · x (n, C)
-      gemm(kind, Trans::kYes, Trans::kNo, Fe, C, n,
-           GemmOperand{dgate + q0 * Fe, Fe, at(dgate16, q0 * Fe)}, xo, true, dwg + e * Fe * C, C);
-      gemm(kind, Trans::kYes, Trans::kNo, Fe, C, n,
-           GemmOperand{dup + q0 * Fe, Fe, at(dup16, q0 * Fe)}, xo, true, dwu + e * Fe * C, C);
+      const LinearInput dg(kind, dgate + q0 * Fe, copy_at(dgate16, q0 * Fe), Copy::kFilled, n, Fe);
+      const LinearInput du(kind, dup + q0 * Fe, copy_at(dup16, q0 * Fe), Copy::kFilled, n, Fe);
+      linear_backward_weight(dwg + e * Fe * C, dg, x);
+      linear_backward_weight(dwu + e * Fe * C, du, x);
     }
 }
 
