@@ -20,6 +20,7 @@
 #include "kernels/blas.h"
 #include "kernels/check.h"
 #include "parallel/trace.h"
+#include "runtime/cost/planner.h"
 #include "runtime/data/text_tokenizer.h"
 #include "runtime/launch/job.h"
 #include "runtime/launch/launch.h"
@@ -75,8 +76,10 @@ int run_training(runtime::Recipe recipe, const Options& o, const std::vector<std
   if (recipe.data.tokenizer != runtime::kByteTokenizerName) runtime::check_tokenizer(recipe);
   // Not inside a launcher: become the job's parent (mpirun, restarts after failures).
   if (runtime::detect_launch_env().launcher == runtime::Launcher::none) {
-    const runtime::SupervisedRun run = runtime::supervise_training(
-        recipe, runtime::make_spawn_plan(recipe, argv, o.np), o.log_level);
+    // An elastic shrink is priced by the cost model, which the supervisor cannot link.
+    const runtime::SupervisedRun run =
+        runtime::supervise_training(recipe, runtime::make_spawn_plan(recipe, argv, o.np),
+                                    o.log_level, runtime::planned_rank_bytes);
     if (run.code == 0)
       runtime::report_supervision(
           run, runtime::job_run_dir(recipe.run.dir, runtime::detect_launch_env()));

@@ -235,6 +235,12 @@ RecipePlan plan_of_recipe(const Recipe& recipe) {
   return p;
 }
 
+std::optional<double> planned_rank_bytes(const Recipe& recipe) {
+  if (recipe.parallel.cp > 1) return std::nullopt;
+  const RecipePlan plan = plan_of_recipe(recipe);
+  return peak_memory(plan.problem, plan.layout, plan.schedule).total();
+}
+
 Layout layout_of_recipe(const Recipe& r, const Cluster& c) {
   Layout l;
   l.tp = r.parallel.tp;

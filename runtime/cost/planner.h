@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -78,6 +79,12 @@ struct RecipePlan {
   parallel::Schedule schedule;
 };
 RecipePlan plan_of_recipe(const Recipe& recipe);
+
+// The device bytes one rank of `recipe`'s own layout needs: peak_memory (its largest pipeline
+// stage) of plan_of_recipe, the figure selfcheck's memory check holds against hardware.hbm_gib.
+// nullopt with cp > 1, which the cost model would price as cp = 1 (docs/planner.md). The elastic
+// shrink asks it through apps/ (runtime/supervise/elastic.h).
+std::optional<double> planned_rank_bytes(const Recipe& recipe);
 
 // Where the calibration of `recipe`'s shape on this machine is cached:
 // <cache_dir()>/calibration-<hash>.toml (runtime/machine/machine.h). The hash covers the host,

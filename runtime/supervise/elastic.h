@@ -4,8 +4,15 @@
 // dp. train.global_batch stays: each remaining replica takes more micro-batches (gradient
 // accumulation), and since the sampler's rows depend only on (seed, step) and a snapshot reshards
 // onto any layout, the continued run computes the same steps up to the order of fp32 sums.
+//
+// A mixture of experts' shrink also folds parallel.ep into the smaller dp·cp, so each rank holds
+// more experts (and, as for any shrink, larger ZeRO shards and more micro-batches per step): it
+// is priced before it is taken, and when no smaller layout fits hardware.hbm_gib the job stops,
+// saying so (docs/moe.md, "Elastic shrink").
 #pragma once
 
+#include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,12 +28,23 @@ struct Shrink {
                                       // that still divides dp·cp
   int ranks = 0;                      // pp·dp·cp·tp after the shrink
   std::string why_not;                // non-empty: no smaller layout fits
+  std::string note;                   // why a larger dp was passed over (memory), or empty
 };
+
+// The device bytes one rank of a recipe's layout needs, or nullopt where they are not priced.
+// supervise sits below the cost model (CONTRIBUTING.md, "Layers"): apps/ passes its
+// planned_rank_bytes (runtime/cost/planner.h), the figure `plan` and selfcheck use.
+using RankBytes = std::function<std::optional<double>(const Recipe&)>;
 
 // The largest dp below `recipe`'s (dp resolved) that divides it and whose world fits `capacity`
 // ranks, with micro_batches scaled by the ratio so that dp·micro_batches, and so the rows of
-// every micro-batch, stay as they were, and expert parallelism folded into what is left.
-Shrink plan_shrink(const Recipe& recipe, int capacity);
+// every micro-batch, stay as they were, and expert parallelism folded into what is left. For a
+// mixture of experts, given `rank_bytes`, also the largest whose layout fits hardware.hbm_gib;
+// none: why_not names the experts per rank, the GiB and what to do.
+Shrink plan_shrink(const Recipe& recipe, int capacity, const RankBytes& rank_bytes = {});
+
+// `recipe` in the layout `shrink` gives it.
+Recipe shrunk_recipe(const Recipe& recipe, const Shrink& shrink);
 
 // How many ranks the hosts that remain can take: their slots when the hostfile gives every
 // host's, else the world's share of the remaining hosts.

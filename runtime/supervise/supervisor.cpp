@@ -259,6 +259,7 @@ struct Loop {
   std::optional<Incident> previous;
   long started_at = 0;     // the step the current attempt resumed from (0: the beginning)
   std::string memory_job;  // the memory tier's job id (snapshot.memory_every > 0), else empty
+  RankBytes rank_bytes;    // prices a shrink (elastic.h)
   SupervisedRun result;
 
   Placement placement() const { return {recipe, hosts, plan.ranks, plan.slots, plan.hostfile}; }
@@ -384,14 +385,14 @@ std::string handle_lost_hosts(Loop& loop, Incident& incident) {
     return "stop: unreachable " + names + "; run.elastic would shrink, but run.max_restarts (" +
            std::to_string(loop.recipe.run.max_restarts) + ") is reached";
   const int capacity = remaining_capacity(loop.hosts, remaining, loop.plan.ranks);
-  const Shrink shrink = plan_shrink(loop.recipe, capacity);
-  if (!shrink.why_not.empty())
-    return "stop: unreachable " + names + "; run.elastic cannot shrink: " + shrink.why_not;
+  const Shrink shrink = plan_shrink(loop.recipe, capacity, loop.rank_bytes);
+  if (!shrink.why_not.empty()) {
+    restart_argv(loop.recipe, loop.plan.argv.at(0), loop.run_dir, loop.log_level);
+    return "stop: unreachable " + names + "; run.elastic cannot shrink: " + shrink.why_not +
+           "; then continue with `titan3d train " + loop.run_dir + "/restart.toml`";
+  }
   if (!loop.before_shrink) loop.before_shrink = loop.placement();
-  Recipe smaller = loop.recipe;
-  smaller.parallel.dp = shrink.dp;
-  smaller.train.micro_batches = shrink.micro_batches;
-  smaller.parallel.ep = shrink.ep;
+  Recipe smaller = shrunk_recipe(loop.recipe, shrink);
   const std::string change = describe_layout(loop.recipe) + " -> " + describe_layout(smaller);
   // restart.toml names the hostfile it runs on, so that continuing it by hand starts the same.
   smaller.run.hostfile = loop.run_dir + "/hostfile.elastic";
@@ -400,9 +401,10 @@ std::string handle_lost_hosts(Loop& loop, Incident& incident) {
   loop.result.layout_changes.push_back({false, change + " without " + names});
   std::fprintf(stderr,
                "titan3d: elastic: unreachable %s; continuing on the %zu remaining host(s) (%s): "
-               "%s, train.global_batch = %lld kept\n",
+               "%s, train.global_batch = %lld kept%s\n",
                names.c_str(), remaining.size(), loop.plan.hostfile.c_str(), change.c_str(),
-               static_cast<long long>(smaller.train.global_batch));
+               static_cast<long long>(smaller.train.global_batch),
+               shrink.note.empty() ? "" : ("; " + shrink.note).c_str());
   incident.action = "shrink to " + describe_layout(smaller) + " without " + names + "; ";
   return "";
 }
@@ -410,6 +412,10 @@ std::string handle_lost_hosts(Loop& loop, Incident& incident) {
 // One failed attempt: the incident, and whether (and how) the job goes on. Returns false when
 // the loop must stop (the incident is recorded and explained).
 bool after_failure(Loop& loop, const MpirunOutcome& out, int attempt, long offset) {
+  // A launch that failed before any rank started (a host already lost) made no run directory:
+  // the incident, restart.toml and an elastic shrink's hostfile go there.
+  std::error_code ec;
+  fs::create_directories(loop.run_dir, ec);
   Incident incident;
   incident.attempt = attempt;
   std::tie(incident.cause, incident.rank) = cause_of(out);
@@ -501,10 +507,11 @@ void remove_memory_tier(const Loop& loop, const MpirunOutcome& out) {
 
 }  // namespace
 
-SupervisedRun supervise_training(const Recipe& recipe, SpawnPlan plan,
-                                 const std::string& log_level) {
+SupervisedRun supervise_training(const Recipe& recipe, SpawnPlan plan, const std::string& log_level,
+                                 const RankBytes& rank_bytes) {
   Loop loop;
   loop.recipe = recipe;
+  loop.rank_bytes = rank_bytes;
   if (!recipe.snapshot.resume.empty()) loop.started_at = resume_point(recipe).step;
   loop.plan = std::move(plan);
   loop.run_dir = fs::path(loop.plan.log_dir).parent_path().string();

@@ -25,6 +25,7 @@
 
 #include "runtime/launch/launch.h"
 #include "runtime/recipe/recipe.h"
+#include "runtime/supervise/elastic.h"
 
 namespace t3d::runtime {
 
@@ -52,7 +53,8 @@ struct SupervisedRun {
 // stops the job, naming it, or with run.elastic shrinks it onto the others. A shrunk job probes
 // the hosts it dropped every run.elastic_regrow_s; once all answer, it is stopped at a snapshot
 // of its step (as a preemption) and relaunched in the layout it had before, on every host.
-SupervisedRun supervise_training(const Recipe& recipe, SpawnPlan plan,
-                                 const std::string& log_level);
+// `rank_bytes` prices a shrink's layout (elastic.h; empty: a shrink is not priced).
+SupervisedRun supervise_training(const Recipe& recipe, SpawnPlan plan, const std::string& log_level,
+                                 const RankBytes& rank_bytes = {});
 
 }  // namespace t3d::runtime
