@@ -118,10 +118,11 @@ int remaining_capacity(const std::vector<HostEntry>& all, const std::vector<Host
 
 std::string describe_layout(const Recipe& r) {
   const auto& p = r.parallel;
-  return fmt::format("pp{} dp{}{} tp{}{} ({} ranks, {} micro-batch{} per replica)", p.pp, p.dp,
+  return fmt::format("pp{} dp{}{} tp{}{} ({} rank{}, {} micro-batch{} per replica)", p.pp, p.dp,
                      p.cp > 1 ? fmt::format(" cp{}", p.cp) : "", p.tp,
                      p.ep > 1 ? fmt::format(" ep{}", p.ep) : "", r.world_size(),
-                     r.train.micro_batches, r.train.micro_batches == 1 ? "" : "es");
+                     r.world_size() == 1 ? "" : "s", r.train.micro_batches,
+                     r.train.micro_batches == 1 ? "" : "es");
 }
 
 std::vector<LostHost> unreachable_hosts(const std::vector<HostEntry>& hosts, bool as_root,

@@ -136,7 +136,7 @@ TEST(Elastic, MoeShrinkWhoseExpertsDoNotFitSaysWhy) {
                   "every MoE block (4 now)"))
       << w;
   EXPECT_TRUE(
-      has(w, "pp1 dp1 tp1 (1 ranks, 2 micro-batches per replica) needs about " +
+      has(w, "pp1 dp1 tp1 (1 rank, 2 micro-batches per replica) needs about " +
                  fmt::format("{:.3g} GiB per rank ({:.3g} in the present layout", after, before)))
       << w;
   EXPECT_TRUE(has(w, fmt::format("against hardware.hbm_gib = {:g}", r.hardware.hbm_gib))) << w;
