@@ -241,6 +241,18 @@ void gemm(GemmKind kind, Trans trans_a, Trans trans_b, std::int64_t M, std::int6
   onednn_gemm(kind == GemmKind::kOneDnnBf16, trans_a, trans_b, M, N, K, A, B, accumulate, C, ldc);
 }
 
+std::int64_t gemm_row_bucket(GemmKind kind) {
+  if (kind == GemmKind::kOpenBlasF32) return 1;
+  switch (dnnl::get_effective_cpu_isa()) {
+    case dnnl::cpu_isa::avx512_core:
+    case dnnl::cpu_isa::avx512_core_vnni:
+    case dnnl::cpu_isa::avx512_core_bf16:
+      return 32;
+    default:
+      return 1;
+  }
+}
+
 void set_rank_threads(int n) {
   set_blas_threads(n);
   omp_set_num_threads(n);

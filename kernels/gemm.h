@@ -61,6 +61,16 @@ inline void gemm(GemmKind kind, Trans trans_a, Trans trans_b, std::int64_t M, st
        ldc);
 }
 
+// What M a GEMM of `kind` whose row count changes from call to call (a mixture of experts'
+// rows per expert) is best rounded up to, running the extra rows for nothing: oneDNN compiles a
+// primitive per shape (0.3-1 ms each, bench/kernels/bench_expert_rows.cpp), and its AVX-512
+// kernels without AMX compute each row of C from that row of op(A) alone, so rows added after the
+// real ones change none of their bits. 1 (run M as it is) where either does not hold: OpenBLAS
+// compiles nothing, oneDNN's AVX2 kernels (AMD Zen 3) round a row by its place in the GEMM, and
+// so do its AMX bf16 kernels for some row counts (measured on an Intel Xeon with AMX). A test
+// checks the promise on the machine it runs on (kernels_gemm, RowBucketKeepsTheRows).
+std::int64_t gemm_row_bucket(GemmKind kind);
+
 // The rank's compute threads: the OpenMP pool every kernel runs on, and the count OpenBLAS is
 // told (its GEMMs are split over the OpenMP threads: see above).
 void set_rank_threads(int n);

@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "kernels/check.h"
+#include "kernels/gemm.h"
 #include "kernels/ops.h"
 #include "kernels/threads.h"
 
@@ -290,6 +291,23 @@ const bf16* first_half(const float* d, const ExpertCopies& c) {
   return c.fused() ? reinterpret_cast<const bf16*>(d) : nullptr;
 }
 
+// Runs run(lo, n) over row ranges that cover an expert's rows [r0, r0 + rows) of the `end`
+// rows, for the experts' M-row GEMMs (forward and input gradient): the rows rounded up to
+// `bucket` (gemm_row_bucket) where that stays inside the `end` rows, else the rows rounded down
+// to it and then the rest. So an expert's row count reaches the GEMM as one of about
+// end / bucket + bucket shapes, not one per count. The extra rows are the next experts': read,
+// and written with values those experts' own GEMMs overwrite, so the experts must run in
+// ascending order, and every one of their M-row GEMMs writes (or first writes, then adds).
+template <class Run>
+void for_expert_rows(std::int64_t r0, std::int64_t rows, std::int64_t end, std::int64_t bucket,
+                     Run&& run) {
+  const std::int64_t padded = (rows + bucket - 1) / bucket * bucket;
+  if (r0 + padded <= end) return run(r0, padded);
+  const std::int64_t whole = rows / bucket * bucket;
+  if (whole > 0) run(r0, whole);
+  if (rows > whole) run(r0 + whole, rows - whole);
+}
+
 }  // namespace
 
 void moe_experts_forward(GemmKind kind, float* y, float* gate, float* up, float* h, const float* xs,
@@ -298,15 +316,17 @@ void moe_experts_forward(GemmKind kind, float* y, float* gate, float* up, float*
                          const ExpertCopies& copies) {
   check_copies(kind, copies);
   using Copy = LinearInput::Copy;
-  const std::int64_t C = s.C, Fe = s.Fe, S = offsets[s.E];
+  const std::int64_t C = s.C, Fe = s.Fe, S = offsets[s.E], bucket = gemm_row_bucket(kind);
   for (std::int64_t e = 0; e < s.E; ++e) {
     const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
     if (rows == 0) continue;
-    // Read by two GEMMs: rounded once (bf16), or already.
-    bf16* xs16 = copy_at(copies.xs, r0 * C);
-    const LinearInput x(kind, xs + r0 * C, xs16, xs16 ? Copy::kFilled : Copy::kFill, rows, C);
-    linear_forward(gate + r0 * Fe, x, wg + e * Fe * C, Fe);
-    linear_forward(up + r0 * Fe, x, wu + e * Fe * C, Fe);
+    for_expert_rows(r0, rows, S, bucket, [&](std::int64_t lo, std::int64_t n) {
+      // Read by two GEMMs: rounded once (bf16), or already.
+      bf16* xs16 = copy_at(copies.xs, lo * C);
+      const LinearInput x(kind, xs + lo * C, xs16, xs16 ? Copy::kFilled : Copy::kFill, n, C);
+      linear_forward(gate + lo * Fe, x, wg + e * Fe * C, Fe);
+      linear_forward(up + lo * Fe, x, wu + e * Fe * C, Fe);
+    });
   }
   // Every row belongs to an expert, so one pass over all S rows is each expert's SwiGLU.
   if (copies.fused())
@@ -317,8 +337,10 @@ void moe_experts_forward(GemmKind kind, float* y, float* gate, float* up, float*
     const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
     if (rows == 0) continue;
     // y (rows, C) = h (rows, Fe) · wd[e]^T; fused, h is read from its copy.
-    const LinearInput hx(kind, h + r0 * Fe, copy_at(copies.h, r0 * Fe), Copy::kFilled, rows, Fe);
-    linear_forward(y + r0 * C, hx, wd + e * C * Fe, C);
+    for_expert_rows(r0, rows, S, bucket, [&](std::int64_t lo, std::int64_t n) {
+      const LinearInput hx(kind, h + lo * Fe, copy_at(copies.h, lo * Fe), Copy::kFilled, n, Fe);
+      linear_forward(y + lo * C, hx, wd + e * C * Fe, C);
+    });
   }
 }
 
@@ -336,11 +358,13 @@ void moe_experts_backward_input(GemmKind kind, float* dxs, float* dgates, float*
                                 const ExpertCopies& copies) {
   check_copies(kind, copies);
   using Copy = LinearInput::Copy;
-  const std::int64_t C = s.C, Fe = s.Fe, S = offsets[s.E];
+  const std::int64_t C = s.C, Fe = s.Fe, S = offsets[s.E], bucket = gemm_row_bucket(kind);
   for (std::int64_t e = 0; e < s.E; ++e) {
     const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
     if (rows == 0) continue;
-    linear_backward_input(kind, dh + r0 * Fe, dys + r0 * C, wd + e * C * Fe, rows, Fe, C);
+    for_expert_rows(r0, rows, S, bucket, [&](std::int64_t lo, std::int64_t n) {
+      linear_backward_input(kind, dh + lo * Fe, dys + lo * C, wd + e * C * Fe, n, Fe, C);
+    });
   }
   bf16* dgate16 = first_half(dgate, copies);
   bf16* dup16 = first_half(dup, copies);
@@ -358,12 +382,13 @@ void moe_experts_backward_input(GemmKind kind, float* dxs, float* dgates, float*
   for (std::int64_t e = 0; e < s.E; ++e) {
     const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
     if (rows == 0) continue;
-    float* dx = dxs + r0 * C;
     // dxs = dgate wg[e] (written), then += dup wu[e]; fused, both are read from their copies.
-    const LinearInput dg(kind, dgate + r0 * Fe, copy_at(dgate16, r0 * Fe), Copy::kFilled, rows, Fe);
-    const LinearInput du(kind, dup + r0 * Fe, copy_at(dup16, r0 * Fe), Copy::kFilled, rows, Fe);
-    linear_backward_input(dx, dg, wg + e * Fe * C, C);
-    linear_backward_input(dx, du, wu + e * Fe * C, C, Out::kAccumulate);
+    for_expert_rows(r0, rows, S, bucket, [&](std::int64_t lo, std::int64_t n) {
+      const LinearInput dg(kind, dgate + lo * Fe, copy_at(dgate16, lo * Fe), Copy::kFilled, n, Fe);
+      const LinearInput du(kind, dup + lo * Fe, copy_at(dup16, lo * Fe), Copy::kFilled, n, Fe);
+      linear_backward_input(dxs + lo * C, dg, wg + e * Fe * C, C);
+      linear_backward_input(dxs + lo * C, du, wu + e * Fe * C, C, Out::kAccumulate);
+    });
   }
 }
 

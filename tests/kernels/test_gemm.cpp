@@ -11,9 +11,11 @@
 //     the fp32 level somewhere, or the "bf16" path would not be rounding at all.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
@@ -269,6 +271,52 @@ TEST_P(GemmKinds, LinearInputIsTheSameBitsAsRoundingPerGemm) {
     EXPECT_EQ(dw, e_dw) << round;
   }
   set_rank_threads(1);
+}
+
+// gemm_row_bucket's promise: where a kind pads (bucket > 1), the rows of an M-row product are bit
+// for bit those of the same rows in a GEMM of M rounded up to the bucket, whatever the extra rows
+// hold, and of the rows split at a multiple of the bucket (the experts' two ways,
+// kernels/ops_moe.cpp), at the experts' two products and 1 and 2 threads. A kind whose rows
+// depend on the others (oneDNN's AVX2 kernels, AMD Zen 3) must not pad.
+TEST_P(GemmKinds, RowBucketKeepsTheRows) {
+  const GemmKind kind = GetParam();
+  const std::int64_t bucket = gemm_row_bucket(kind);
+  ASSERT_GE(bucket, 1);
+  const int probe = bucket > 1 ? static_cast<int>(bucket) : 32;  // what a pad would be
+  const int out = 56, in = 72, most = 224;                       // w (out, in)
+  const auto w = ref::random_floats(out * in, 60);
+  const auto a = ref::random_floats(most * in, 61);  // rows past M: whatever they hold
+  std::string first_difference;
+  for (const int threads : {1, 2}) {
+    set_rank_threads(threads);
+    for (const Trans tb : {Trans::kYes, Trans::kNo}) {  // forward x·Wᵀ, input gradient dy·W
+      const int N = tb == Trans::kYes ? out : in, K = tb == Trans::kYes ? in : out;
+      const auto product = [&](int row0, int rows, float* c) {
+        gemm(kind, Trans::kNo, tb, rows, N, K, a.data() + row0 * K, K, w.data(), in, false, c, N);
+      };
+      for (int M = 1; M <= 200 && first_difference.empty(); M += M < 70 ? 1 : 43) {
+        std::vector<float> exact(static_cast<std::size_t>(M) * N),
+            padded(static_cast<std::size_t>((M + probe - 1) / probe * probe) * N),
+            split(exact.size());
+        product(0, M, exact.data());
+        product(0, (M + probe - 1) / probe * probe, padded.data());
+        const int whole = M / probe * probe;
+        if (whole > 0) product(0, whole, split.data());
+        if (M > whole) product(whole, M - whole, split.data() + whole * N);
+        if (!std::equal(exact.begin(), exact.end(), padded.begin()) || split != exact)
+          first_difference = ::t3d::detail::concat("M = ", M, ", ", threads, " thread(s), ",
+                                                   tb == Trans::kYes ? "x·Wᵀ" : "dy·W");
+      }
+    }
+  }
+  set_rank_threads(1);
+  if (bucket > 1) {
+    EXPECT_EQ(first_difference, "") << gemm_kind_name(kind) << " pads M to " << bucket
+                                    << " rows but a row's bits depend on the other rows";
+  } else if (!first_difference.empty()) {
+    std::printf("%s: rows depend on the other rows here (%s): M is not padded\n",
+                gemm_kind_name(kind), first_difference.c_str());
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(kernels_gemm, GemmKinds,

@@ -568,7 +568,9 @@ void check_routed_layer(const I32& chosen, int N, int E, int K, int C, int Fe, s
   ref::expect_close(dgates, grad([&](const Vec& v) { return layer(xd, v, w); }, gd, 0), 1e-4, 1e-5,
                     "dgates");
   for (int i = 0; i < S; ++i) {
-    if (!kept[i]) EXPECT_EQ(dgates[i], 0.0f) << "dropped slot " << i;
+    if (!kept[i]) {
+      EXPECT_EQ(dgates[i], 0.0f) << "dropped slot " << i;
+    }
   }
   const auto with = [&](int which, const Vec& v) {
     Weights ww = w;
