@@ -258,7 +258,9 @@ const std::vector<Field>& schema() {
             "Self-launched jobs with run.hostfile: when a restart finds a host unreachable, "
             "continue on the remaining hosts with a smaller dp (a divisor of parallel.dp that "
             "fits their slots) and the same train.global_batch, each replica taking more "
-            "micro-batches, resharded from the newest snapshot. false: stop, naming the host."),
+            "micro-batches, resharded from the newest snapshot; a mixture of experts folds "
+            "parallel.ep into the smaller dp and takes the largest dp whose experts per rank fit "
+            "hardware.hbm_gib (docs/moe.md). false: stop, naming the host."),
       field("run", "elastic_regrow_s", &R::run, &RunConfig::elastic_regrow_s,
             "After an elastic shrink: probe the dropped hosts this often (seconds); once all "
             "answer, the job stops at a snapshot of its step and continues on every host in its "
