@@ -24,7 +24,12 @@ std::string memory_why_not(const Recipe& recipe, const Shrink& s, double need, d
   const auto& p = recipe.parallel;
   const int64_t e = recipe.model.n_experts;
   const std::string holds =
-      s.ep < p.ep
+      !recipe.model.moe()
+          ? fmt::format(
+                "dp would fall from {} to {}, and ZeRO's shards and the micro-batches per step "
+                "grow with it",
+                p.dp, s.dp)
+      : s.ep < p.ep
           ? fmt::format(
                 "ep would fall from {} to {}, each rank holding {} of the {} routed experts "
                 "of every MoE block ({} now)",
@@ -47,12 +52,12 @@ Shrink plan_shrink(const Recipe& recipe, int capacity, const RankBytes& rank_byt
   const auto& p = recipe.parallel;
   const int64_t rest = p.pp * p.cp * p.tp;  // what a shrink keeps: one replica's ranks
   const double hbm = recipe.hardware.hbm_gib * kBytesPerGiB;
-  // A mixture of experts' layouts are priced (dense ones are not yet), the present one first.
-  // Where even that is above hardware.hbm_gib, the estimate overprices this recipe (sequence
-  // parallelism, say, is priced as without: docs/planner.md) and tells nothing: the shrink goes
-  // ahead unpriced and the arena's own check at the relaunch has the last word.
+  // Every layout is priced, the present one first. Where even that is above hardware.hbm_gib,
+  // the estimate overprices this recipe (sequence parallelism, say, is priced as without:
+  // docs/planner.md) and tells nothing: the shrink goes ahead unpriced and the arena's own check
+  // at the relaunch has the last word.
   std::optional<double> now;
-  if (recipe.model.moe() && rank_bytes) now = rank_bytes(recipe);
+  if (rank_bytes) now = rank_bytes(recipe);
   if (now && *now > hbm) now.reset();
   // Every dp that fits the ranks is tried, largest first, not only the largest: memory is not
   // monotone in dp. ZeRO's shards and the micro-batches per step only grow as dp falls, but the

@@ -5,10 +5,10 @@
 // accumulation), and since the sampler's rows depend only on (seed, step) and a snapshot reshards
 // onto any layout, the continued run computes the same steps up to the order of fp32 sums.
 //
-// A mixture of experts' shrink also folds parallel.ep into the smaller dp·cp, so each rank holds
-// more experts (and, as for any shrink, larger ZeRO shards and more micro-batches per step): it
-// is priced before it is taken, and when no smaller layout fits hardware.hbm_gib the job stops,
-// saying so (docs/moe.md, "Elastic shrink").
+// A shrink gives each rank larger ZeRO shards and more micro-batches per step, and a mixture of
+// experts' shrink also folds parallel.ep into the smaller dp·cp, so each rank holds more experts:
+// every shrink is priced before it is taken, and when no smaller layout fits hardware.hbm_gib
+// the job stops, saying so (docs/moe.md, "Elastic shrink").
 #pragma once
 
 #include <functional>

@@ -183,6 +183,25 @@ TEST(Elastic, TakesASmallerDpThatHoldsFewerExperts) {
 
 // A dense shrink is not priced: the same layout as before, even where the estimate is far above
 // hardware.hbm_gib.
+// A dense model's shrink is priced too: ZeRO-3 on dp 4 keeps a quarter of the state per rank,
+// dp 2 a half. With hardware.hbm_gib between the two, no shrink fits and the job says why.
+TEST(Elastic, DenseShrinkWhoseShardsDoNotFitSaysWhy) {
+  Recipe r =
+      parse_recipe("[model]\ndim = 1024\nn_layers = 8\nn_heads = 8\nseq_len = 32\n", "dense.toml",
+                   {{"parallel.dp", "4"}, {"parallel.zero", "3"}, {"train.global_batch", "8"}});
+  const double before = rank_gib(r), after = rank_gib(at(r, 2, 1));
+  ASSERT_GT(after, before * 1.2);
+  r.hardware.hbm_gib = (before + after) / 2;
+  const Shrink s = plan_shrink(r, 2, planned_rank_bytes);
+  EXPECT_EQ(s.dp, 0);
+  EXPECT_TRUE(has(s.why_not, "dp would fall from 4 to 2, and ZeRO's shards")) << s.why_not;
+  EXPECT_FALSE(has(s.why_not, "expert")) << s.why_not;
+  EXPECT_TRUE(has(s.why_not, "Raise hardware.hbm_gib to at least")) << s.why_not;
+  r.hardware.hbm_gib = after * 1.01;
+  EXPECT_EQ(plan_shrink(r, 2, planned_rank_bytes).dp, 2) << "with room it shrinks";
+}
+
+// A dense recipe the estimate already puts above hardware.hbm_gib shrinks unpriced, as before.
 TEST(Elastic, DenseShrinkUnchanged) {
   Recipe r = layout(2, 2, 2, 2, 8);
   r.hardware.hbm_gib = 1e-4;
