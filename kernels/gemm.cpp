@@ -7,6 +7,7 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <random>
 #include <tuple>
@@ -241,16 +242,66 @@ void gemm(GemmKind kind, Trans trans_a, Trans trans_b, std::int64_t M, std::int6
   onednn_gemm(kind == GemmKind::kOneDnnBf16, trans_a, trans_b, M, N, K, A, B, accumulate, C, ldc);
 }
 
+namespace {
+
+constexpr std::int64_t kRowBucket = 32;
+
+// Whether GEMMs of `kind` give the rows of an M-row product the bits of the same rows in a GEMM
+// of M rounded up to kRowBucket (other rows after them) and of the rows split at a multiple of
+// it, at both of an expert's products, this rank's thread count and one thread, for a spread of
+// M: the promise gemm_row_bucket makes, measured where it is made.
+bool padding_keeps_the_rows(GemmKind kind) {
+  const std::int64_t out = 40, in = 56, most = 128;  // w (out, in)
+  std::mt19937 rng(17);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> w(static_cast<std::size_t>(out * in)), a(static_cast<std::size_t>(most * in));
+  for (auto& v : w) v = dist(rng);
+  for (auto& v : a) v = dist(rng);
+  const int threads = omp_get_max_threads();
+  bool same = true;
+  for (const int t : {threads, 1}) {
+    omp_set_num_threads(t);
+    for (const Trans tb : {Trans::kYes, Trans::kNo}) {  // x·Wᵀ and dy·W
+      const std::int64_t N = tb == Trans::kYes ? out : in, K = tb == Trans::kYes ? in : out;
+      const auto product = [&](std::int64_t row0, std::int64_t rows, float* c) {
+        onednn_gemm(kind == GemmKind::kOneDnnBf16, Trans::kNo, tb, rows, N, K,
+                    GemmOperand{a.data() + row0 * K, K}, GemmOperand{w.data(), in}, false, c, N);
+      };
+      for (const std::int64_t M : {1, 7, 31, 33, 50, 64, 95}) {
+        const std::int64_t padded = (M + kRowBucket - 1) / kRowBucket * kRowBucket;
+        const std::int64_t whole = M / kRowBucket * kRowBucket;
+        std::vector<float> exact(static_cast<std::size_t>(M * N)),
+            pad(static_cast<std::size_t>(padded * N)), split(exact.size());
+        product(0, M, exact.data());
+        product(0, padded, pad.data());
+        if (whole > 0) product(0, whole, split.data());
+        if (M > whole) product(whole, M - whole, split.data() + whole * N);
+        same = same && std::equal(exact.begin(), exact.end(), pad.begin()) && split == exact;
+      }
+    }
+  }
+  omp_set_num_threads(threads);
+  return same;
+}
+
+}  // namespace
+
 std::int64_t gemm_row_bucket(GemmKind kind) {
   if (kind == GemmKind::kOpenBlasF32) return 1;
   switch (dnnl::get_effective_cpu_isa()) {
     case dnnl::cpu_isa::avx512_core:
     case dnnl::cpu_isa::avx512_core_vnni:
     case dnnl::cpu_isa::avx512_core_bf16:
-      return 32;
+      break;
     default:
       return 1;
   }
+  // Measured once per kind and process (the kind runs here: its caller verified it).
+  static std::once_flag measured[2];
+  static bool keeps[2];
+  const int i = kind == GemmKind::kOneDnnBf16 ? 1 : 0;
+  std::call_once(measured[i], [&] { keeps[i] = padding_keeps_the_rows(kind); });
+  return keeps[i] ? kRowBucket : 1;
 }
 
 void set_rank_threads(int n) {

@@ -67,8 +67,9 @@ inline void gemm(GemmKind kind, Trans trans_a, Trans trans_b, std::int64_t M, st
 // kernels without AMX compute each row of C from that row of op(A) alone, so rows added after the
 // real ones change none of their bits. 1 (run M as it is) where either does not hold: OpenBLAS
 // compiles nothing, oneDNN's AVX2 kernels (AMD Zen 3) round a row by its place in the GEMM, and
-// so do its AMX bf16 kernels for some row counts (measured on an Intel Xeon with AMX). A test
-// checks the promise on the machine it runs on (kernels_gemm, RowBucketKeepsTheRows).
+// so do its AMX bf16 kernels for some row counts (measured on an Intel Xeon with AMX). The first
+// call for a kind also measures the promise here (a few small GEMMs, ~0.1 s) and answers 1 where
+// it fails; a test checks it over more row counts (kernels_gemm, RowBucketKeepsTheRows).
 std::int64_t gemm_row_bucket(GemmKind kind);
 
 // The rank's compute threads: the OpenMP pool every kernel runs on, and the count OpenBLAS is
