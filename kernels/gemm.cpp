@@ -284,24 +284,29 @@ bool padding_keeps_the_rows(GemmKind kind) {
   return same;
 }
 
-}  // namespace
-
-std::int64_t gemm_row_bucket(GemmKind kind) {
-  if (kind == GemmKind::kOpenBlasF32) return 1;
+// oneDNN's AVX-512 kernels other than AMX: the ones whose rows may be padded (gemm.h).
+bool avx512_without_amx() {
   switch (dnnl::get_effective_cpu_isa()) {
     case dnnl::cpu_isa::avx512_core:
     case dnnl::cpu_isa::avx512_core_vnni:
     case dnnl::cpu_isa::avx512_core_bf16:
-      break;
+      return true;
     default:
-      return 1;
+      return false;
   }
-  // Measured once per kind and process (the kind runs here: its caller verified it).
-  static std::once_flag measured[2];
-  static bool keeps[2];
+}
+
+}  // namespace
+
+std::int64_t gemm_row_bucket(GemmKind kind) {
+  if (kind == GemmKind::kOpenBlasF32) return 1;
+  // Decided once per kind and process (the kind runs here: its caller verified it).
+  static std::once_flag decided[2];
+  static bool pads[2];
   const int i = kind == GemmKind::kOneDnnBf16 ? 1 : 0;
-  std::call_once(measured[i], [&] { keeps[i] = padding_keeps_the_rows(kind); });
-  return keeps[i] ? kRowBucket : 1;
+  std::call_once(decided[i],
+                 [&] { pads[i] = avx512_without_amx() && padding_keeps_the_rows(kind); });
+  return pads[i] ? kRowBucket : 1;
 }
 
 void set_rank_threads(int n) {

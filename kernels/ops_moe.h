@@ -105,6 +105,10 @@ struct ExpertCopies {
   const bf16* xs = nullptr;                           // (S, C) or null
   bool fused() const { return h != nullptr; }
 };
+// The experts' M-row GEMMs (forward, input gradient) may run over rows past an expert's own, up to
+// S, which later experts then overwrite (gemm_row_bucket, kernels/gemm.h): what they write (y,
+// gate, up; dh, dxs) must not overlap another of the buffers (a copy in the first half of its own
+// buffer, as ExpertCopies describes, is not written).
 void moe_experts_forward(GemmKind kind,
                          float* y,         // y (S, C) = expert outputs per row
                          float* gate,      // gate (S, Fe) = xs · wg[e]^T

@@ -21,8 +21,6 @@
 
 namespace t3d::runtime {
 
-inline constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;  // bytes
-
 // Bytes per element of each kind of training state.
 struct Precision {
   double weight = 4, grad = 4, master = 0, moment = 4, activation = 4;

@@ -19,6 +19,8 @@
 
 namespace t3d::runtime {
 
+inline constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;  // bytes (hardware.hbm_gib and the like)
+
 // train.precision: fp32, or bf16 (fp32 master weights; bf16 stored activations, traffic and, with
 // a bf16 GEMM, GEMM inputs), or auto (resolved at start by measuring:
 // runtime/machine/gemm_choice.h).

@@ -79,8 +79,7 @@ Stage build_stage(const Job& job, StagePurpose purpose) {
   s.executor = std::make_unique<PipelineExecutor>(
       std::move(schedule), mesh.group(Dim::pp),
       stores_bf16(job.precision()) ? WirePrecision::kBf16 : WirePrecision::kFp32);
-  s.arena = std::make_unique<kernels::Arena>(
-      static_cast<size_t>(r.hardware.hbm_gib * 1024.0 * 1024.0 * 1024.0));
+  s.arena = std::make_unique<kernels::Arena>(static_cast<size_t>(r.hardware.hbm_gib * kGiB));
   ModelOptions options = model_options(r, job.precision(), purpose, s.micro_rows, s.executor.get(),
                                        &mesh.group(Dim::cp));
   options.ep = &mesh.ep();  // every EP rank runs the same forwards and backwards

@@ -9,11 +9,9 @@ namespace t3d::runtime {
 
 namespace {
 
-constexpr double kBytesPerGiB = 1024.0 * 1024.0 * 1024.0;
-
 // `bytes` in GiB to three significant digits, rounded up with `up` (a budget that suffices).
 std::string gib(double bytes, bool up = false) {
-  const double g = bytes / kBytesPerGiB;
+  const double g = bytes / kGiB;
   if (!up || g <= 0) return fmt::format("{:.3g}", g);
   const double step = std::pow(10.0, std::floor(std::log10(g)) - 2);
   return fmt::format("{:.3g}", std::ceil(g / step) * step);
@@ -51,7 +49,7 @@ std::string memory_why_not(const Recipe& recipe, const Shrink& s, double need, d
 Shrink plan_shrink(const Recipe& recipe, int capacity, const RankBytes& rank_bytes) {
   const auto& p = recipe.parallel;
   const int64_t rest = p.pp * p.cp * p.tp;  // what a shrink keeps: one replica's ranks
-  const double hbm = recipe.hardware.hbm_gib * kBytesPerGiB;
+  const double hbm = recipe.hardware.hbm_gib * kGiB;
   // Every layout is priced, the present one first. Where even that is above hardware.hbm_gib,
   // the estimate overprices this recipe (sequence parallelism, say, is priced as without:
   // docs/planner.md) and tells nothing: the shrink goes ahead unpriced and the arena's own check

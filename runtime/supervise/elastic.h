@@ -38,9 +38,10 @@ using RankBytes = std::function<std::optional<double>(const Recipe&)>;
 
 // The largest dp below `recipe`'s (dp resolved) that divides it and whose world fits `capacity`
 // ranks, with micro_batches scaled by the ratio so that dp·micro_batches, and so the rows of
-// every micro-batch, stay as they were, and expert parallelism folded into what is left. For a
-// mixture of experts, given `rank_bytes`, also the largest whose layout fits hardware.hbm_gib;
-// none: why_not names the experts per rank, the GiB and what to do.
+// every micro-batch, stay as they were, and expert parallelism folded into what is left. Given
+// `rank_bytes`, also the largest whose layout fits hardware.hbm_gib; none: why_not names what
+// grew (ZeRO's shards, the micro-batches, a mixture of experts' experts per rank), the GiB and
+// what to do.
 Shrink plan_shrink(const Recipe& recipe, int capacity, const RankBytes& rank_bytes = {});
 
 // `recipe` in the layout `shrink` gives it.

@@ -16,6 +16,7 @@
 
 #include "kernels/blas.h"
 #include "kernels/gemm.h"
+#include "kernels/precision.h"
 
 namespace t3d::kernels::ref {
 
@@ -43,6 +44,18 @@ inline std::vector<float> random_floats(std::size_t n, std::uint32_t seed, float
 }
 
 inline Vec to_double(const std::vector<float>& v) { return Vec(v.begin(), v.end()); }
+
+// x rounded to bf16 (nearest even, the kernels' float_to_bf16), and bf16 values widened back.
+inline std::vector<bf16> rounded(const std::vector<float>& x) {
+  std::vector<bf16> r(x.size());
+  float_to_bf16(r.data(), x.data(), static_cast<std::int64_t>(x.size()));
+  return r;
+}
+inline std::vector<float> widened(const std::vector<bf16>& x) {
+  std::vector<float> f(x.size());
+  bf16_to_float(f.data(), x.data(), static_cast<std::int64_t>(x.size()));
+  return f;
+}
 
 // Every element within atol + rtol * |expected|; reports the first few offenders.
 inline void expect_close(const std::vector<float>& actual, const Vec& expected, double rtol,

@@ -160,16 +160,7 @@ TEST(kernels_swiglu, Bf16CopiesAreThePlainResultsRounded) {
   auto gate = ref::random_floats(n, 53, -8, 8), up = ref::random_floats(n, 54, -3, 3);
   const auto dh = ref::random_floats(n, 55, -1, 1);
   gate[0] = 0.0f, gate[1] = -0.0f, up[2] = 1e-39f;  // zeros and a denormal
-  const auto rounded = [](const std::vector<float>& x) {
-    std::vector<bf16> r(x.size());
-    float_to_bf16(r.data(), x.data(), static_cast<std::int64_t>(x.size()));
-    return r;
-  };
-  const auto widened = [](const std::vector<bf16>& x) {
-    std::vector<float> f(x.size());
-    bf16_to_float(f.data(), x.data(), static_cast<std::int64_t>(x.size()));
-    return f;
-  };
+  using ref::rounded, ref::widened;
   std::vector<float> h(n);
   swiglu_forward(h.data(), gate.data(), up.data(), n);
   std::vector<bf16> h16(n), gate16(n), up16(n);

@@ -289,6 +289,18 @@ Perm permute(const I32& chosen, int N, int E, int K, int capacity = 0) {
   return p;
 }
 
+// ExpertShape::part_offsets of two parts per expert: its rows split after the first `first`
+// (an empty second part where it has no more).
+std::vector<std::int64_t> two_parts(const std::vector<std::int64_t>& offsets, int E, int first) {
+  std::vector<std::int64_t> parts(2 * E + 1);
+  for (int e = 0; e < E; ++e) {
+    parts[2 * e] = offsets[e];
+    parts[2 * e + 1] = std::min(offsets[e] + first, offsets[e + 1]);
+  }
+  parts[2 * E] = offsets[E];
+  return parts;
+}
+
 // Offsets are the counts' prefix sums, the two maps are inverse, and each expert's rows hold its
 // slots in ascending order.
 void expect_valid_permutation(const Perm& p, const I32& chosen, int E) {
@@ -686,12 +698,7 @@ TEST(kernels_moe_experts, InputThenWeightIsTheWholeBackward) {
   const auto wg = ref::random_floats(E * Fe * C, 193), wu = ref::random_floats(E * Fe * C, 194),
              wd = ref::random_floats(E * C * Fe, 195);
   // Two parts per expert: its rows split after the first (an empty part where it has one row).
-  std::vector<std::int64_t> parts(2 * E + 1);
-  for (int e = 0; e < E; ++e) {
-    parts[2 * e] = p.offsets[e];
-    parts[2 * e + 1] = std::min(p.offsets[e] + 1, p.offsets[e + 1]);
-  }
-  parts[2 * E] = p.offsets[E];
+  const std::vector<std::int64_t> parts = two_parts(p.offsets, E, 1);
   for (const bool in_parts : {false, true}) {
     SCOPED_TRACE(in_parts ? "two parts per expert" : "one GEMM per expert");
     const ExpertShape es =
@@ -795,25 +802,10 @@ TEST(kernels_moe_experts, FusedBf16SwigluIsTheStoredPath) {
   const auto gates = ref::random_floats(S, 242, 0.1f, 1.0f);
   const auto wg = ref::random_floats(E * Fe * C, 243), wu = ref::random_floats(E * Fe * C, 244),
              wd = ref::random_floats(E * C * Fe, 245);
-  const auto rounded = [](const std::vector<float>& x) {
-    std::vector<bf16> r(x.size());
-    float_to_bf16(r.data(), x.data(), static_cast<std::int64_t>(x.size()));
-    return r;
-  };
-  const auto round_trip = [](const std::vector<float>& x) {
-    std::vector<bf16> r(x.size());
-    float_to_bf16(r.data(), x.data(), static_cast<std::int64_t>(x.size()));
-    std::vector<float> f(x.size());
-    bf16_to_float(f.data(), r.data(), static_cast<std::int64_t>(x.size()));
-    return f;
-  };
+  using ref::rounded;
+  const auto round_trip = [](const std::vector<float>& x) { return ref::widened(rounded(x)); };
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  std::vector<std::int64_t> parts(2 * E + 1);
-  for (int e = 0; e < E; ++e) {
-    parts[2 * e] = p.offsets[e];
-    parts[2 * e + 1] = std::min(p.offsets[e] + 2, p.offsets[e + 1]);
-  }
-  parts[2 * E] = p.offsets[E];
+  const std::vector<std::int64_t> parts = two_parts(p.offsets, E, 2);
   for (const bool in_parts : {false, true}) {
     SCOPED_TRACE(in_parts ? "weight gradients in parts, rows rounded already"
                           : "one GEMM per expert");

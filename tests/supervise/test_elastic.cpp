@@ -35,8 +35,6 @@ Recipe moe(int64_t dp, int64_t ep, int64_t global, int64_t zero = 0) {
        {"train.global_batch", std::to_string(global)}});
 }
 
-constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
-
 double rank_gib(const Recipe& r) { return planned_rank_bytes(r).value() / kGiB; }
 
 // `r` as plan_shrink would leave it at dp (and ep).
