@@ -26,7 +26,12 @@ void check_same_model(const std::string& saved_toml, const Recipe& now, const st
       {"n_heads", {a.n_heads, b.n_heads}},
       {"n_kv_heads", {a.n_kv_heads, b.n_kv_heads}},
       {"ffn_dim", {a.ffn_dim, b.ffn_dim}},
-      {"tie_embeddings", {a.tie_embeddings, b.tie_embeddings}}};
+      {"tie_embeddings", {a.tie_embeddings, b.tie_embeddings}},
+      {"n_experts", {a.n_experts, b.n_experts}},
+      // The experts' shapes mean something only in a mixture of experts (n_experts equal above).
+      {"n_shared_experts", {a.moe() ? a.n_shared_experts : 0, b.moe() ? b.n_shared_experts : 0}},
+      {"moe_ffn_dim", {a.moe() ? a.moe_ffn_dim : 0, b.moe() ? b.moe_ffn_dim : 0}},
+      {"dense_layers", {a.moe() ? a.dense_layers : 0, b.moe() ? b.dense_layers : 0}}};
   for (const auto& [key, v] : keys)
     T3D_USER_CHECK(
         v.first == v.second, "cannot ", verb, " `", path, "`: model.", key, " is ", v.first,

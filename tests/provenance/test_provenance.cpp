@@ -8,6 +8,8 @@
 #include <functional>
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "kernels/check.h"
 #include "runtime/provenance/provenance.h"
@@ -50,6 +52,33 @@ TEST_F(Provenance, OnlyTheSameModelShapeMayContinue) {
   const std::string e = error_of([&] { check_same_model(stored, wider, "s.h5", "resume from"); });
   EXPECT_NE(e.find("cannot resume from `s.h5`"), std::string::npos) << e;
   EXPECT_NE(e.find("model.dim is 96 in the snapshot but 192"), std::string::npos) << e;
+}
+
+// A mixture of experts' shape keys are the model's shape too; its balancing keys are training's.
+TEST_F(Provenance, TheExpertsShapeMayNotChange) {
+  const Recipe saved = parse_recipe(
+      "[model]\ndim = 64\nn_heads = 4\nn_layers = 3\nn_experts = 4\nmoe_ffn_dim = 32\n",
+      "saved.toml");
+  const std::string stored = saved.to_toml();
+  const Recipe rebalanced = parse_recipe(stored, "now.toml",
+                                         {{"model.router_bias_rate", "1e-3"},
+                                          {"model.router_aux_coef", "1e-2"},
+                                          {"model.capacity_factor", "1.25"}});
+  EXPECT_EQ(error_of([&] { check_same_model(stored, rebalanced, "s.h5", "resume from"); }), "");
+  for (const auto& [key, value] :
+       std::vector<std::pair<std::string, std::string>>{{"n_experts", "8"},
+                                                        {"n_shared_experts", "1"},
+                                                        {"moe_ffn_dim", "64"},
+                                                        {"dense_layers", "1"}}) {
+    const Recipe changed = parse_recipe(stored, "now.toml", {{"model." + key, value}});
+    const std::string e = error_of([&] { check_same_model(stored, changed, "s.h5", "evaluate"); });
+    EXPECT_NE(e.find("cannot evaluate `s.h5`: model." + key + " is "), std::string::npos) << e;
+    EXPECT_NE(e.find("but " + value + " in this run"), std::string::npos) << e;
+  }
+  // A dense model's unused expert keys are not its shape.
+  const std::string dense = parse_recipe("[model]\ndim = 64\nn_heads = 4\n", "d.toml").to_toml();
+  const Recipe dense_now = parse_recipe(dense, "now.toml", {{"model.moe_ffn_dim", "128"}});
+  EXPECT_EQ(error_of([&] { check_same_model(dense, dense_now, "s.h5", "resume from"); }), "");
 }
 
 TEST_F(Provenance, TheTokenizerMustBeTheRecordedOne) {
