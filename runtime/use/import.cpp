@@ -1,6 +1,7 @@
 #include "runtime/use/import.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -245,8 +246,17 @@ std::vector<GlobalTensor> read_tensors(
     const std::string hf = hf_tensor_name(m, t.name);  // Mixtral's names for the experts
     known.insert(hf);
     const auto it = where.find(hf);
-    T3D_USER_CHECK(it != where.end(), "the weights have no tensor `", hf, "`",
-                   hf == "lm_head.weight" ? " (config.json: tie_word_embeddings is false)" : "");
+    if (it == where.end()) {
+      std::set<std::string> files;
+      for (const auto& [name, file] : where) files.insert(file->path());
+      throw UserError(fmt::format(
+          "no weight file ({}) holds tensor `{}`, which config.json's model needs{}: the "
+          "weights are incomplete, or config.json is not theirs",
+          fmt::join(files, ", "), hf,
+          hf == "lm_head.weight" ? " (tie_word_embeddings is false)"
+          : m.moe()              ? fmt::format(" (num_local_experts = {})", m.n_experts)
+                                 : ""));
+    }
     const ck::StEntry& e = it->second->entries().at(hf);
     T3D_USER_CHECK(e.shape == t.shape, "`", it->second->path(), "`: tensor `", hf, "` has shape ",
                    json(e.shape).dump(), " but config.json implies ", json(t.shape).dump());
@@ -272,7 +282,7 @@ std::vector<GlobalTensor> read_tensors(
       continue;
     }
     throw UserError(
-        fmt::format("`{}`: tensor `{}` has no place in titan3d's LLaMA (biases, "
+        fmt::format("`{}`: tensor `{}` has no place in titan3d's model (biases, "
                     "extra norms or heads are not represented); refusing to drop it",
                     file->path(), name));
   }

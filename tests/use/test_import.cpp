@@ -385,5 +385,17 @@ TEST(use_Import, RefusesNonFiniteWeightsNamingTheTensor) {
   }
 }
 
+// A tensor the config implies but no file holds: refused naming the tensor and the files read.
+TEST(use_Import, RefusesAMissingTensorNamingItAndTheFiles) {
+  HfDir hf("missing");
+  const std::string lost = hf.tensors[2].name;
+  hf.tensors.erase(hf.tensors.begin() + 2);
+  hf.weights(hf.dir / "model.safetensors");
+  const std::string e = hf.import_error();
+  EXPECT_NE(e.find("holds tensor `" + lost + "`"), std::string::npos) << e;
+  EXPECT_NE(e.find((hf.dir / "model.safetensors").string()), std::string::npos) << e;
+  EXPECT_NE(e.find("config.json"), std::string::npos) << e;
+}
+
 }  // namespace
 }  // namespace t3d::runtime
