@@ -291,23 +291,6 @@ const bf16* first_half(const float* d, const ExpertCopies& c) {
   return c.fused() ? reinterpret_cast<const bf16*>(d) : nullptr;
 }
 
-// Runs run(lo, n) over row ranges that cover an expert's rows [r0, r0 + rows) of the `end`
-// rows, for the experts' M-row GEMMs (forward and input gradient): the rows rounded up to
-// `bucket` (gemm_row_bucket) where that stays inside the `end` rows, else the rows rounded down
-// to it and then the rest. So an expert's row count reaches the GEMM as one of about
-// end / bucket + bucket shapes, not one per count. The extra rows are the next experts': read,
-// and written with values those experts' own GEMMs overwrite, so the experts must run in
-// ascending order, and every one of their M-row GEMMs writes (or first writes, then adds).
-template <class Run>
-void for_expert_rows(std::int64_t r0, std::int64_t rows, std::int64_t end, std::int64_t bucket,
-                     Run&& run) {
-  const std::int64_t padded = (rows + bucket - 1) / bucket * bucket;
-  if (r0 + padded <= end) return run(r0, padded);
-  const std::int64_t whole = rows / bucket * bucket;
-  if (whole > 0) run(r0, whole);
-  if (rows > whole) run(r0 + whole, rows - whole);
-}
-
 }  // namespace
 
 void moe_experts_forward(GemmKind kind, float* y, float* gate, float* up, float* h, const float* xs,

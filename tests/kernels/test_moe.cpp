@@ -9,6 +9,7 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <random>
 #include <vector>
 
 #include "kernels/blas.h"
@@ -602,6 +603,57 @@ void check_routed_layer(const I32& chosen, int N, int E, int K, int C, int Fe, s
       EXPECT_EQ(dwu[e * Fe * C + i], 0.5f) << "expert " << e;
       EXPECT_EQ(dwd[e * C * Fe + i], 0.5f) << "expert " << e;
     }
+  }
+}
+
+// for_expert_rows on every machine (gemm_row_bucket pads only on some): the ranges of each expert
+// start at its first row, cover its rows once, stay inside the S rows, and take a bounded set of
+// lengths; and the rows a padded range computes for the next experts end up as theirs when the
+// experts run in ascending order, with a write then an accumulate into the same rows.
+TEST(kernels_moe_experts, PaddedRowRangesAreOverwrittenByLaterExperts) {
+  std::mt19937 rng(321);
+  for (const std::int64_t bucket : {1, 4, 32}) {
+    std::vector<std::int64_t> lengths;
+    for (int trial = 0; trial < 200; ++trial) {
+      const int E = 1 + static_cast<int>(rng() % 9);
+      std::vector<std::int64_t> offsets(E + 1, 0);
+      for (int e = 0; e < E; ++e)  // a third of the experts idle, the others 1..80 rows
+        offsets[e + 1] =
+            offsets[e] + (rng() % 3 == 0 ? 0 : 1 + static_cast<std::int64_t>(rng() % 80));
+      const std::int64_t S = offsets[E];
+      std::vector<int> expert_of(S);
+      for (int e = 0; e < E; ++e)
+        for (std::int64_t r = offsets[e]; r < offsets[e + 1]; ++r) expert_of[r] = e;
+      // A row-wise "GEMM" whose output row depends on the expert and the input row: written,
+      // then accumulated, as moe_experts_backward_input's dxs is.
+      const auto value = [](int e, std::int64_t r, int pass) {
+        return 1000.0f * e + r + 0.25f * pass;
+      };
+      std::vector<float> out(S, -1.0f);
+      for (int e = 0; e < E; ++e) {
+        const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
+        if (rows == 0) continue;
+        std::int64_t next = r0;
+        for_expert_rows(r0, rows, S, bucket, [&](std::int64_t lo, std::int64_t n) {
+          ASSERT_EQ(lo, next) << "ranges are contiguous from the expert's first row";
+          ASSERT_GE(n, 1);
+          ASSERT_LE(lo + n, S) << "a range stays inside the S rows";
+          next = lo + n;
+          lengths.push_back(n);
+          for (std::int64_t r = lo; r < lo + n; ++r) out[r] = value(e, r, 0);
+          for (std::int64_t r = lo; r < lo + n; ++r) out[r] += value(e, r, 1);
+        });
+        ASSERT_GE(next, r0 + rows) << "every row of expert " << e << " covered";
+        ASSERT_LT(next - (r0 + rows), bucket) << "padding by less than a bucket";
+      }
+      for (std::int64_t r = 0; r < S; ++r)
+        ASSERT_EQ(out[r], value(expert_of[r], r, 0) + value(expert_of[r], r, 1))
+            << "row " << r << " of expert " << expert_of[r] << ", bucket " << bucket;
+    }
+    std::sort(lengths.begin(), lengths.end());
+    lengths.erase(std::unique(lengths.begin(), lengths.end()), lengths.end());
+    for (const std::int64_t n : lengths)  // a multiple of the bucket, or a last expert's tail
+      EXPECT_TRUE(n % bucket == 0 || n < bucket) << n << " rows, bucket " << bucket;
   }
 }
 
