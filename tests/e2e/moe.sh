@@ -11,7 +11,8 @@
 #     activations, and bf16 GEMMs where the CPU has them): pp2 × dp2 against 1 rank within 1e-3.
 #  3. The auxiliary loss of step 1 is the same whatever the micro-batches and pp (a 1/micro-batch
 #     factor would show), and the selection bias moves (aux-loss-free balancing).
-#  4. Snapshots: resume bit for bit on the same layout, and onto dp2 within the parity tolerance.
+#  4. Snapshots: resume bit for bit on the same layout, also through a chain of incremental
+#     snapshots, and onto dp2 within the parity tolerance.
 #  5. eval and generate run on a MoE snapshot; export / import in Mixtral's layout, bit-exact both
 #     ways in fp32 and bf16, refused (naming the key) for what Mixtral cannot hold; bad MoE keys
 #     exit 2 naming them.
@@ -110,6 +111,26 @@ run resumed_dp2 --set parallel.dp=2 --set snapshot.resume="$work/reference/snaps
 grep '"loss": ' "$work/reference/metrics.jsonl" | tail -25 > "$work/reference_26_50.jsonl"
 printf '%-26s' "resumed_dp2:"
 compare_losses "$work/resumed_dp2/metrics.jsonl" "$work/reference_26_50.jsonl" 1e-5 || fail=1
+
+# Incremental snapshots (full at step 2, incremental at 4 and 6) keep the experts and the selection
+# bias (state, not a parameter) as they change: a resume through the chain 6 -> 4 -> 2 is bit
+# for bit, losses, bias range and final parameters and moments (a bias restored from step 2 or 4,
+# or not at all, would change the bias range and the routing).
+run chain --set train.steps=8 --set snapshot.every=2 --set snapshot.full_every=3 \
+  --set snapshot.incremental_min_unchanged=0
+check "[ \"\$(field $work/chain/metrics.jsonl snapshot_incremental | tr -dc 01)\" = 0110 ]" \
+  "MoE snapshots at steps 2, 4, 6, 8: full, incremental, incremental, full"
+"$titan3d" resume "$work/chain/snapshots/step_00000006.h5" --set run.dir="$work/chain.r" \
+  --set snapshot.dir="$work/chain.r/snapshots" > "$work/chain.r.log" 2>&1
+rc=$?
+steps_with_bias() {  # steps_with_bias RUN: "loss bias_min bias_max" of each step
+  paste -d' ' <(losses "$work/$1/metrics.jsonl") <(field "$work/$1/metrics.jsonl" router_bias_min) \
+    <(field "$work/$1/metrics.jsonl" router_bias_max)
+}
+same_state() { h5diff "$work/chain/snapshots/step_00000008.h5" "$work/chain.r/snapshots/step_00000008.h5" "$1" "$1" > /dev/null; }
+check "[ $rc -eq 0 ] && diff <(steps_with_bias chain | tail -2) <(steps_with_bias chain.r) && same_state /model && same_state /optim" \
+  "resumed through the incremental chain: steps 7-8 (losses, bias range), parameters and moments bit for bit" ||
+  tail -5 "$work/chain.r.log"
 
 # --- 5. Using it; refusals. ---
 snap=$work/reference/snapshots/step_00000050.h5
