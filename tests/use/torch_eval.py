@@ -74,8 +74,9 @@ def mixtral_moe(W, c, p, h):
     return out.view(h.shape)
 
 
-def loss_tensor(W, c, x_ids, y_ids):
-    """loss_sum as a 0-d tensor (differentiable in W); `c` holds config.json's keys."""
+def loss_tensor(W, c, x_ids, y_ids, mlp=None):
+    """loss_sum as a 0-d tensor (differentiable in W); `c` holds config.json's keys. `mlp(l, p, h)`,
+    when given, is block l's MLP output for its normed input h, or None for the dense SwiGLU."""
     B, T = x_ids.shape
     H, Hkv, C = c["num_attention_heads"], c["num_key_value_heads"], c["hidden_size"]
     D, eps = C // H, c["rms_norm_eps"]
@@ -95,6 +96,10 @@ def loss_tensor(W, c, x_ids, y_ids):
         att = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(D) + mask, dim=-1) @ v
         x = x + att.transpose(1, 2).reshape(B, T, H * D) @ W[p + "self_attn.o_proj.weight"].T
         h = rms_norm(x, W[p + "post_attention_layernorm.weight"], eps)
+        y = mlp(l, p, h) if mlp else None
+        if y is not None:
+            x = x + y
+            continue
         if c.get("num_local_experts"):
             x = x + mixtral_moe(W, c, p, h)
             continue

@@ -2,9 +2,11 @@
 """Replays the first steps of a titan3d training run in PyTorch (float64) from the formulas of
 docs/training-math.md alone, sharing no code with titan3d: the initialisation, the sampler's
 windows, the loss (mean over global_batch · seq_len tokens), the global gradient norm, the clip,
-the lr schedule, the weight-decay set and AdamW. Compares, step by step, with the run's
-metrics.jsonl (loss, lr, grad_norm) and with the parameters and AdamW moments of every snapshot
-the run wrote; also checks that the AdamW of the page is torch.optim.AdamW.
+the lr schedule, the weight-decay set and AdamW; for a mixture of experts also from
+docs/moe.md (routing, capacity, shared experts, the selection bias and its update, the auxiliary
+loss). Compares, step by step, with the run's metrics.jsonl (loss, lr, grad_norm; aux_loss and the
+expert load for a mixture of experts) and with the parameters, AdamW moments (and selection biases)
+of every snapshot the run wrote; also checks that the AdamW of the page is torch.optim.AdamW.
 
 Usage: torch_train_step.py RUN_DIR   (run from the directory the run was started in: the
 recipe's data.path is relative to it)
@@ -94,10 +96,24 @@ def param_table(m):
                 (p + "self_attn.k_proj.weight", (Hkv * D, C), True),
                 (p + "self_attn.v_proj.weight", (Hkv * D, C), True),
                 (p + "self_attn.o_proj.weight", (C, H * D), True),
-                (p + "post_attention_layernorm.weight", (C,), False),
-                (p + "mlp.gate_proj.weight", (Fd, C), True),
-                (p + "mlp.up_proj.weight", (Fd, C), True),
-                (p + "mlp.down_proj.weight", (C, Fd), True)]
+                (p + "post_attention_layernorm.weight", (C,), False)]
+        if not moe_block(m, l):
+            out += [(p + "mlp.gate_proj.weight", (Fd, C), True),
+                    (p + "mlp.up_proj.weight", (Fd, C), True),
+                    (p + "mlp.down_proj.weight", (C, Fd), True)]
+            continue
+        # docs/moe.md, "Parameters and snapshots": the router and every expert are matrices
+        # (decayed); the selection bias is state, not a parameter (MoeReplay.bias).
+        E, Fe, Fs = m["n_experts"], m["moe_ffn_dim"], m["n_shared_experts"] * m["moe_ffn_dim"]
+        out.append((p + "mlp.router.weight", (E, C), True))
+        for e in range(E):
+            q = p + "mlp.experts.%d." % e
+            out += [(q + "gate_proj.weight", (Fe, C), True), (q + "up_proj.weight", (Fe, C), True),
+                    (q + "down_proj.weight", (C, Fe), True)]
+        if Fs:
+            q = p + "mlp.shared_experts."
+            out += [(q + "gate_proj.weight", (Fs, C), True), (q + "up_proj.weight", (Fs, C), True),
+                    (q + "down_proj.weight", (C, Fs), True)]
     out.append(("model.norm.weight", (C,), False))
     if not m["tie_embeddings"]:
         out.append(("lm_head.weight", (V, C), True))
@@ -120,13 +136,94 @@ def init_tensor(name, shape, seed, n_layers):
     return (std * z).astype(np.float32).reshape(shape)  # an fp32 product
 
 
-def loss_sum(W, m, x_ids, y_ids):
+def moe_block(m, l):
+    return m.get("n_experts", 0) > 0 and l >= m["dense_layers"]
+
+
+def swiglu(W, q, x):
+    g, u = x @ W[q + "gate_proj.weight"].T, x @ W[q + "up_proj.weight"].T
+    return (torch.nn.functional.silu(g) * u) @ W[q + "down_proj.weight"].T
+
+
+class MoeReplay:
+    """docs/moe.md's MoE block, as torch_eval.loss_tensor's `mlp` hook, with the selection biases
+    it routes with and what a step's forward counted (load, drops, auxiliary loss)."""
+
+    def __init__(self, m, rows_per_micro_batch):
+        self.m, self.E, self.K = m, m["n_experts"], m["experts_per_token"]
+        self.R = rows_per_micro_batch  # capacity counts the slots of one rank's micro-batch
+        self.W = None  # the parameters the forward reads (set by main)
+        self.bias = {l: np.zeros(self.E, dtype=np.float32)
+                     for l in range(m["n_layers"]) if moe_block(m, l)}
+        self.start_step()
+
+    def start_step(self):
+        self.counts, self.dropped, self.aux = {}, {}, 0.0
+        self.smallest_gap = math.inf  # of the K-th choice's s + b over the next: a near-tie shows
+
+    def __call__(self, l, p, h):
+        if not moe_block(self.m, l):
+            return None
+        m, E, K = self.m, self.E, self.K
+        B, T, C = h.shape
+        u = h.reshape(-1, C)  # token order: row, then position
+        logits = u @ self.W[p + "mlp.router.weight"].T
+        s = torch.softmax(logits, -1) if m["router_score"] == "softmax" else torch.sigmoid(logits)
+        ranked = s.detach() + torch.tensor(self.bias[l], dtype=torch.float64)
+        # descending s + b, equal values: the lower expert index first (a stable sort)
+        order = torch.sort(-ranked, dim=-1, stable=True).indices
+        chosen = order[:, :K]
+        if K < E:
+            top = ranked.gather(1, order[:, K - 1:K + 1])
+            self.smallest_gap = min(self.smallest_gap, float((top[:, 0] - top[:, 1]).min()))
+        g = s.gather(1, chosen)
+        if m["router_norm_topk"]:
+            g = g / g.sum(-1, keepdim=True)
+        g = g * m["router_scale"]
+        keep = torch.ones_like(chosen, dtype=torch.bool)
+        c = m["capacity_factor"]
+        if c > 0:  # per micro-batch of R rows: slots t·K + j in order, the first `capacity` kept
+            n = self.R * T
+            capacity = max(1, math.ceil(c * n * K / E))
+            for first in range(0, B * T, n):
+                taken = [0] * E
+                for t in range(first, first + n):
+                    for j in range(K):
+                        e = int(chosen[t, j])
+                        keep[t, j] = taken[e] < capacity
+                        taken[e] += 1
+        y = torch.zeros_like(u)
+        for e in range(E):
+            weight = (g * ((chosen == e) & keep)).sum(-1, keepdim=True)
+            if bool((weight != 0).any()):
+                y = y + weight * swiglu(self.W, p + "mlp.experts.%d." % e, u)
+        if m["n_shared_experts"]:
+            y = y + swiglu(self.W, p + "mlp.shared_experts.", u)
+        self.counts[l] = torch.bincount(chosen.reshape(-1), minlength=E).numpy()
+        self.dropped[l] = int((~keep).sum())
+        if m["router_aux_coef"] > 0:  # sequence-wise: f a constant, P the mean score per sequence
+            pr = s if m["router_score"] == "softmax" else s / s.sum(-1, keepdim=True)
+            f = torch.stack([torch.bincount(chosen[q * T:(q + 1) * T].reshape(-1), minlength=E)
+                             for q in range(B)]).to(torch.float64) / (T * K)
+            P = pr.view(B, T, E).mean(1)
+            self.aux = self.aux + m["router_aux_coef"] * E * (f * P).sum() / B
+        return y.view(B, T, C)
+
+    def update_bias(self, rate):
+        """After the optimizer step: b += γ · sign(mean − count), in fp32, per MoE block."""
+        for l, count in self.counts.items():
+            mean = count.sum() / self.E
+            self.bias[l] = (self.bias[l] + np.float32(rate) * np.sign(mean - count).astype(np.float32)
+                            ).astype(np.float32)
+
+
+def loss_sum(W, m, x_ids, y_ids, mlp=None):
     """Summed next-token cross-entropy (nats) of a batch of windows: torch_eval.py's LLaMA forward
-    (Hugging Face semantics) on the recipe's [model] keys."""
+    (Hugging Face semantics) on the recipe's [model] keys, a mixture of experts' blocks by `mlp`."""
     c = {"num_attention_heads": m["n_heads"], "num_key_value_heads": m["n_kv_heads"] or m["n_heads"],
          "hidden_size": m["dim"], "rms_norm_eps": m["norm_eps"], "rope_theta": m["rope_theta"],
          "num_hidden_layers": m["n_layers"], "tie_word_embeddings": m["tie_embeddings"]}
-    return torch_eval.loss_tensor(W, c, x_ids, y_ids)
+    return torch_eval.loss_tensor(W, c, x_ids, y_ids, mlp)
 
 
 # ---- data (docs/training-math.md, "Data") ------------------------------------------------------
@@ -142,14 +239,14 @@ def train_and_val_tokens(recipe):
             torch.tensor(tokens[n - n_val:], dtype=torch.int64))
 
 
-def validation_loss(W, m, val, recipe):
+def validation_loss(W, m, val, recipe, mlp=None):
     """Mean loss over val_batches global batches of the validation tail, sequential windows."""
     B, T, batches = recipe["train"]["global_batch"], m["seq_len"], recipe["train"]["val_batches"]
     total = 0.0
     for b in range(batches):
         starts = [window_start("sequential", 0, b, r, B, T, len(val)) for r in range(B)]
         rows = torch.stack([val[o:o + T + 1] for o in starts])
-        total += loss_sum(W, m, rows[:, :-1], rows[:, 1:]).item()
+        total += loss_sum(W, m, rows[:, :-1], rows[:, 1:], mlp).item()
     return total / (batches * B * T)
 
 
@@ -213,11 +310,26 @@ def main():
           % (steps, run, B, T, t["warmup_steps"], t["steps"], t["grad_clip"], t["weight_decay"],
              recipe["data"]["sampler"], m["tie_embeddings"]))
 
+    moe = None
+    if m.get("n_experts", 0) > 0:
+        par = recipe["parallel"]
+        assert par["cp"] == 1, "the replay's capacity and auxiliary loss take whole sequences (cp = 1)"
+        assert m["capacity_factor"] == 0 or t["val_every"] == 0, \
+            "validation's micro-batches are not replayed: a capacity with val_every = 0 only"
+        moe = MoeReplay(m, B // (par["dp"] * t["micro_batches"]))
+        print("mixture of experts: E=%d K=%d score=%s norm_topk=%s scale=%g shared=%d dense_layers=%d "
+              "bias_rate=%g aux_coef=%g capacity=%g rows per micro-batch=%d"
+              % (moe.E, moe.K, m["router_score"], m["router_norm_topk"], m["router_scale"],
+                 m["n_shared_experts"], m["dense_layers"], m["router_bias_rate"],
+                 m["router_aux_coef"], m["capacity_factor"], moe.R))
+
     torch.set_num_threads(1)
     table = param_table(m)
     W = {n: torch.tensor(init_tensor(n, shape, seed, m["n_layers"]), dtype=torch.float64,
                          requires_grad=True) for n, shape, _ in table}
     decay = {n: d for n, _, d in table}
+    if moe:
+        moe.W = W
     M = {n: torch.zeros_like(w) for n, w in W.items()}
     V = {n: torch.zeros_like(w) for n, w in W.items()}
     # torch.optim.AdamW on a copy, two groups as the page says: the page's AdamW must be torch's.
@@ -240,8 +352,16 @@ def main():
               % (s + 1, rec["lr"], lr, s, rel, TOL_LR))
         starts = [window_start(recipe["data"]["sampler"], seed, s, r, B, T, N) for r in range(B)]
         rows = torch.stack([tokens[o:o + T + 1] for o in starts])
-        loss = loss_sum(W, m, rows[:, :-1], rows[:, 1:]) / (B * T)
-        grads = torch.autograd.grad(loss, list(W.values()))
+        if moe:
+            moe.start_step()
+            bias_range = (min(float(b.min()) for b in moe.bias.values()),
+                          max(float(b.max()) for b in moe.bias.values()))
+        loss = loss_sum(W, m, rows[:, :-1], rows[:, 1:], moe) / (B * T)
+        # docs/moe.md: the objective is loss + L_aux; metrics.jsonl's loss is the language model's
+        objective = loss + moe.aux if moe else loss
+        # an expert no token reached has a zero gradient (it still decays and moves by its moments)
+        grads = [g if g is not None else torch.zeros_like(w) for g, w in
+                 zip(torch.autograd.grad(objective, list(W.values()), allow_unused=True), W.values())]
         G = dict(zip(W.keys(), grads))
         norm = math.sqrt(sum(float(g.pow(2).sum()) for g in grads))
         rel = abs(rec["loss"] - loss.item()) / loss.item()
@@ -250,6 +370,8 @@ def main():
         rel = abs(rec["grad_norm"] - norm) / norm
         check(rel <= TOL_NORM, "step %d: grad_norm %.9g logged, %.9g replayed (rel %.1e, tol %g)"
               % (s + 1, rec["grad_norm"], norm, rel, TOL_NORM))
+        if moe:
+            compare_moe_metrics(s + 1, rec, moe, bias_range, B * T)
         clip = t["grad_clip"]
         coef = f32(clip / norm) if clip > 0 and norm > clip else 1.0
         clipped += coef != 1.0
@@ -263,27 +385,61 @@ def main():
         for group in opt.param_groups:
             group["lr"] = lr32
         opt.step()
+        if moe and m["router_bias_rate"] > 0:
+            moe.update_bias(m["router_bias_rate"])
         worst = max(float((shadow[n] - w).abs().max()) for n, w in W.items())
         check(worst <= TOL_TORCH_ADAMW, "step %d: the page's AdamW equals torch.optim.AdamW "
               "(max |Δθ| %.1e, tol %g)" % (s + 1, worst, TOL_TORCH_ADAMW))
         if rec.get("val_loss") is not None:  # after this step's update
             validated += 1
             with torch.no_grad():
-                val = validation_loss(W, m, val_tokens, recipe)
+                val = validation_loss(W, m, val_tokens, recipe, moe)
             rel = abs(rec["val_loss"] - val) / val
             check(rel <= TOL_LOSS, "step %d: val_loss %.9g logged, %.9g replayed (rel %.1e, tol %g)"
                   % (s + 1, rec["val_loss"], val, rel, TOL_LOSS))
         if s + 1 in snaps:
             compare_snapshot(s + 1, snaps[s + 1], W, M, V, f32(t["lr"]))
+            if moe and m["router_bias_rate"] > 0:
+                with h5py.File(snaps[s + 1], "r") as f:
+                    same = all(np.array_equal(f["model/model.layers.%d.mlp.router.bias" % l][()], b)
+                               for l, b in moe.bias.items())
+                check(same, "snapshot of step %d: every selection bias equals the replay's, bit for bit"
+                      % (s + 1))
     check(clipped > 0 and unclipped > 0, "the run exercises clipping (%d steps clipped, %d not): "
           "train.grad_clip must lie between the steps' gradient norms" % (clipped, unclipped))
     check(len([k for k in snaps if k <= steps]) > 0, "the run left snapshots to compare with")
     if t["val_every"] > 0:
         check(validated > 0, "the run logged a val_loss to compare with")
+    if moe:  # titan3d chooses from fp32 scores: a near-tie could choose otherwise than float64
+        print("smallest margin of a routing decision (K-th choice's s + b over the next): %.2e%s"
+              % (moe.smallest_gap, " (a near-tie: a failure above may be fp32 choosing another "
+                 "expert, not a wrong formula)" if moe.smallest_gap < 1e-7 else ""))
     if failures:
         print("FAILED %d check(s); the formulas are in docs/training-math.md" % len(failures))
         return 1
     return 0
+
+
+def compare_moe_metrics(step, rec, moe, bias_range, tokens):
+    """metrics.jsonl's mixture-of-experts fields of a step (docs/moe.md, Metrics) against the
+    replay's forward: counts and drops exactly, the auxiliary loss within TOL_LOSS."""
+    counts = list(moe.counts.values())
+    imbalance = max(float(c.max()) / (c.sum() / moe.E) for c in counts)
+    routed, dropped = max(int(c.sum()) for c in counts), max(moe.dropped.values())
+    check(routed == tokens * moe.K and rec["routed_slots"] == routed,
+          "step %d: routed_slots %d logged, %d counted (B·T·K = %d)"
+          % (step, rec["routed_slots"], routed, tokens * moe.K))
+    check(abs(rec["expert_imbalance"] - imbalance) <= 1e-7 * imbalance and rec["dropped_slots"] == dropped,
+          "step %d: expert_imbalance %.9g and dropped_slots %d logged, %.9g and %d replayed"
+          % (step, rec["expert_imbalance"], rec["dropped_slots"], imbalance, dropped))
+    aux = float(moe.aux)
+    ok = abs(rec["aux_loss"] - aux) <= TOL_LOSS * max(aux, 1e-300) if aux else rec["aux_loss"] == 0
+    check(ok, "step %d: aux_loss %.9g logged, %.9g replayed (tol %g)"
+          % (step, rec["aux_loss"], aux, TOL_LOSS))
+    if moe.m["router_bias_rate"] > 0:
+        logged = (f32(rec["router_bias_min"]), f32(rec["router_bias_max"]))
+        check(logged == bias_range, "step %d: router bias range [%.9g, %.9g] logged, [%.9g, %.9g] "
+              "replayed (the biases the step routed with)" % ((step,) + logged + bias_range))
 
 
 def compare_snapshot(step, path, W, M, V, lr_peak):

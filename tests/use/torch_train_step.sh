@@ -9,6 +9,14 @@
 #  1. random sampler, untied LM head, 2 micro-batches, one rank; warm-up of 2 then the cosine;
 #     validation after steps 3 and 6;
 #  2. sequential sampler, tied embeddings, dp = 2; no warm-up (the cosine from step 0).
+# and two mixtures of experts from docs/moe.md (routing, gates, capacity, shared experts, the
+# selection bias and its update, the auxiliary loss; metrics' expert load, drops and bias range;
+# the snapshots' biases bit for bit):
+#  3. run 1's settings with block 0 dense and 4 routed experts (2 per token) and a shared expert in
+#     blocks 1-2, softmax router, the selection bias (rate 1e-2: it moves every step) and the
+#     auxiliary loss over 2 micro-batches;
+#  4. run 2's dp = 2 (no warm-up) with every block a mixture: sigmoid router, unnormalised gates
+#     scaled by 2.5, the bias, and a capacity factor of 1 that drops slots on each rank.
 # Skips loudly (exit 77) when Debian's python3-torch or python3-h5py is missing.
 set -u
 py=/usr/bin/python3
@@ -41,4 +49,23 @@ check "replay random" "PyTorch rebuilds run 1 from docs/training-math.md"
   --set parallel.dp=2 --set run.dir="$work/sequential" >"$work/sequential.log" 2>&1
 check "[ \$? -eq 0 ]" "train 5 steps: sequential sampler, tied embeddings, dp2" || cat "$work/sequential.log"
 check "replay sequential" "PyTorch rebuilds run 2 from docs/training-math.md"
+
+moe=(--set model.n_experts=4 --set model.experts_per_token=2 --set model.moe_ffn_dim=32
+     --set model.router_bias_rate=1e-2)
+"$titan3d" train "${tiny[@]}" "${pinned[@]}" "${moe[@]}" --set train.steps=6 --set train.warmup_steps=2 \
+  --set train.micro_batches=2 --set train.val_every=3 --set model.n_layers=3 --set model.dense_layers=1 \
+  --set model.n_shared_experts=1 --set model.router_aux_coef=1e-2 --set run.dir="$work/moe_softmax" \
+  >"$work/moe_softmax.log" 2>&1
+check "[ \$? -eq 0 ]" "train 6 steps: MoE, softmax router, shared expert, bias and auxiliary loss" ||
+  cat "$work/moe_softmax.log"
+check "replay moe_softmax" "PyTorch rebuilds run 3 from docs/training-math.md and docs/moe.md"
+
+"$titan3d" train "${tiny[@]}" "${pinned[@]}" "${moe[@]}" --set train.steps=5 --set train.warmup_steps=0 \
+  --set train.val_every=0 --set parallel.dp=2 --set model.router_score=sigmoid \
+  --set model.router_norm_topk=false --set model.router_scale=2.5 --set model.capacity_factor=1.0 \
+  --set run.dir="$work/moe_sigmoid" >"$work/moe_sigmoid.log" 2>&1
+check "[ \$? -eq 0 ]" "train 5 steps: MoE on dp2, sigmoid router, scaled gates, capacity" ||
+  cat "$work/moe_sigmoid.log"
+check "replay moe_sigmoid && grep -q 'dropped_slots [1-9]' $work/moe_sigmoid.txt" \
+  "PyTorch rebuilds run 4 from docs/training-math.md and docs/moe.md, dropped slots included"
 exit $fail
