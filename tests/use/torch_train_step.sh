@@ -15,8 +15,9 @@
 #  3. run 1's settings with block 0 dense and 4 routed experts (2 per token) and a shared expert in
 #     blocks 1-2, softmax router, the selection bias (rate 1e-2: it moves every step) and the
 #     auxiliary loss over 2 micro-batches;
-#  4. run 2's dp = 2 (no warm-up) with every block a mixture: sigmoid router, unnormalised gates
-#     scaled by 2.5, the bias, and a capacity factor of 1 that drops slots on each rank.
+#  4. run 2's dp = 2 (no warm-up), with expert parallelism (ep = 2: each rank holds 2 of the 4
+#     experts), every block a mixture: sigmoid router, unnormalised gates scaled by 2.5, the bias,
+#     and a capacity factor of 1 that drops slots on each rank.
 # Skips loudly (exit 77) when Debian's python3-torch or python3-h5py is missing.
 set -u
 py=/usr/bin/python3
@@ -61,10 +62,10 @@ check "[ \$? -eq 0 ]" "train 6 steps: MoE, softmax router, shared expert, bias a
 check "replay moe_softmax" "PyTorch rebuilds run 3 from docs/training-math.md and docs/moe.md"
 
 "$titan3d" train "${tiny[@]}" "${pinned[@]}" "${moe[@]}" --set train.steps=5 --set train.warmup_steps=0 \
-  --set train.val_every=0 --set parallel.dp=2 --set model.router_score=sigmoid \
+  --set train.val_every=0 --set parallel.dp=2 --set parallel.ep=2 --set model.router_score=sigmoid \
   --set model.router_norm_topk=false --set model.router_scale=2.5 --set model.capacity_factor=1.0 \
   --set run.dir="$work/moe_sigmoid" >"$work/moe_sigmoid.log" 2>&1
-check "[ \$? -eq 0 ]" "train 5 steps: MoE on dp2, sigmoid router, scaled gates, capacity" ||
+check "[ \$? -eq 0 ]" "train 5 steps: MoE on dp2 ep2, sigmoid router, scaled gates, capacity" ||
   cat "$work/moe_sigmoid.log"
 check "replay moe_sigmoid && grep -q 'dropped_slots [1-9]' $work/moe_sigmoid.txt" \
   "PyTorch rebuilds run 4 from docs/training-math.md and docs/moe.md, dropped slots included"
