@@ -419,7 +419,9 @@ int main(int argc, char** argv) {
 
   std::string out_dir;
   auto* export_cmd = app.add_subcommand(
-      "export", "Write model.safetensors + config.json (Hugging Face LlamaForCausalLM)");
+      "export",
+      "Write model.safetensors + config.json (Hugging Face LlamaForCausalLM; a mixture "
+      "of experts as MixtralForCausalLM or Qwen2MoeForCausalLM)");
   export_cmd->add_option("snapshot", snapshot, "Snapshot file (.h5)")->required();
   export_cmd->add_option("--out", out_dir, "Output directory")->required();
   runtime::ExportOptions export_opts;
@@ -428,7 +430,9 @@ int main(int argc, char** argv) {
 
   std::string hf_dir;
   auto* import_cmd = app.add_subcommand(
-      "import", "Read a Hugging Face LLaMA directory into a snapshot at step 0 (to fine-tune)");
+      "import",
+      "Read a Hugging Face LLaMA, Mixtral or Qwen2-MoE directory into a snapshot at step 0 "
+      "(to fine-tune)");
   import_cmd->add_option("hf_dir", hf_dir, "Directory: config.json + safetensors weights")
       ->required();
   import_cmd

@@ -1,6 +1,7 @@
 #include "runtime/use/export.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <filesystem>
 #include <fstream>
@@ -25,37 +26,88 @@ std::vector<GlobalTensor> llama_tensor_table(const ModelConfig& m) {
   return t;
 }
 
-std::string hf_tensor_name(const ModelConfig& m, const std::string& name) {
-  if (!m.moe()) return name;
-  const auto swap = [](std::string s, const std::string& from, const std::string& to) {
-    const size_t at = s.find(from);
-    if (at != std::string::npos) s.replace(at, from.size(), to);
-    return s;
-  };
-  if (name.ends_with(".mlp.router.weight"))
-    return swap(name, ".mlp.router.weight", ".block_sparse_moe.gate.weight");
-  if (name.find(".mlp.experts.") == std::string::npos) return name;
-  const std::string s = swap(name, ".mlp.experts.", ".block_sparse_moe.experts.");
-  for (const auto& [from, to] : {std::pair<std::string, std::string>{".gate_proj.", ".w1."},
-                                 {".down_proj.", ".w2."},
-                                 {".up_proj.", ".w3."}})
-    if (s.find(from) != std::string::npos) return swap(s, from, to);
+HfLayout hf_layout(const ModelConfig& m) {
+  if (!m.moe()) return HfLayout::kLlama;
+  return m.n_shared_experts > 0 || m.dense_layers > 0 ? HfLayout::kQwen2Moe : HfLayout::kMixtral;
+}
+
+namespace {
+
+std::string swapped(std::string s, const std::string& from, const std::string& to) {
+  const size_t at = s.find(from);
+  if (at != std::string::npos) s.replace(at, from.size(), to);
   return s;
 }
 
-void check_mixtral_layout(const ModelConfig& m, const std::string& what) {
-  const auto refuse = [&](bool bad, const char* key, const std::string& why) {
-    T3D_USER_CHECK(!bad, what, ": ", key, " = ", why,
-                   "; Mixtral's layout (the one mixture of experts titan3d exports and imports) "
-                   "has no place for it");
+const char* family_name(HfLayout layout) {
+  return layout == HfLayout::kMixtral ? "Mixtral's layout" : "Qwen2-MoE's layout";
+}
+
+}  // namespace
+
+std::string hf_tensor_name(const ModelConfig& m, const std::string& name) {
+  switch (hf_layout(m)) {
+    case HfLayout::kLlama:
+      return name;
+    case HfLayout::kQwen2Moe:
+      if (name.ends_with(".mlp.router.weight"))
+        return swapped(name, ".mlp.router.weight", ".mlp.gate.weight");
+      return swapped(name, ".mlp.shared_experts.", ".mlp.shared_expert.");
+    case HfLayout::kMixtral:
+      break;
+  }
+  if (name.ends_with(".mlp.router.weight"))
+    return swapped(name, ".mlp.router.weight", ".block_sparse_moe.gate.weight");
+  if (name.find(".mlp.experts.") == std::string::npos) return name;
+  const std::string s = swapped(name, ".mlp.experts.", ".block_sparse_moe.experts.");
+  for (const auto& [from, to] : {std::pair<std::string, std::string>{".gate_proj.", ".w1."},
+                                 {".down_proj.", ".w2."},
+                                 {".up_proj.", ".w3."}})
+    if (s.find(from) != std::string::npos) return swapped(s, from, to);
+  return s;
+}
+
+void check_hf_layout(const ModelConfig& m, const std::string& what) {
+  const HfLayout layout = hf_layout(m);
+  if (layout == HfLayout::kLlama) return;
+  const auto refuse = [&](bool bad, const char* key, const std::string& why,
+                          const std::string& instead = "") {
+    T3D_USER_CHECK(!bad, what, ": ", key, " = ", why, "; ", family_name(layout),
+                   " (the one Hugging Face family titan3d exports such a mixture of experts as) "
+                   "has no place for it",
+                   instead);
   };
-  refuse(m.n_shared_experts > 0, "model.n_shared_experts", std::to_string(m.n_shared_experts));
-  refuse(m.dense_layers > 0, "model.dense_layers", std::to_string(m.dense_layers));
+  // Qwen2-MoE always has a shared expert: a model with dense blocks but none has no family.
+  refuse(m.n_shared_experts == 0 && m.dense_layers > 0, "model.dense_layers",
+         std::to_string(m.dense_layers) + " without shared experts",
+         " (Mixtral's has no dense blocks either)");
   refuse(m.router_score != kernels::RouterScore::kSoftmax, "model.router_score", "\"sigmoid\"");
-  refuse(!m.router_norm_topk, "model.router_norm_topk", "false");
+  refuse(layout == HfLayout::kMixtral && !m.router_norm_topk, "model.router_norm_topk", "false");
   refuse(m.router_scale != 1.0, "model.router_scale", fmt::format("{}", m.router_scale));
   refuse(m.router_bias_rate > 0, "model.router_bias_rate",
          fmt::format("{} (a selection bias)", m.router_bias_rate));
+}
+
+bool is_shared_down_proj(const std::string& name) {
+  return name.ends_with(".mlp.shared_experts.down_proj.weight");
+}
+
+std::vector<GlobalTensor> qwen2_moe_zero_tensors(const ModelConfig& m) {
+  std::vector<GlobalTensor> t;
+  const auto zeros = [&](std::string name, std::vector<int64_t> shape) {
+    int64_t n = 1;
+    for (const int64_t d : shape) n *= d;
+    t.push_back({std::move(name), std::move(shape), std::vector<float>(static_cast<size_t>(n))});
+  };
+  const int64_t D = m.head_dim();
+  for (int64_t l = 0; l < m.n_layers; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    zeros(p + "self_attn.q_proj.bias", {m.n_heads * D});
+    zeros(p + "self_attn.k_proj.bias", {m.n_kv_heads * D});
+    zeros(p + "self_attn.v_proj.bias", {m.n_kv_heads * D});
+    if (m.moe_block(l)) zeros(p + "mlp.shared_expert_gate.weight", {1, m.dim});
+  }
+  return t;
 }
 
 const GlobalTensor& SnapshotWeights::at(const std::string& name) const {
@@ -85,9 +137,40 @@ SnapshotWeights load_snapshot_weights(const std::string& snapshot) {
 }
 
 std::string llama_config_json(const ModelConfig& m, const std::string& dtype, bool special_ids) {
-  // Keys as transformers' LlamaConfig names them. Weights are in Hugging Face's own layout
+  // Keys as transformers' config classes name them. Weights are in Hugging Face's own layout
   // ([out, in], rotate-half RoPE on the q/k projections' outputs): no permutation is needed.
   // The byte tokenizer has no BOS/EOS (ids are bytes); SentencePiece's are <s> = 1, </s> = 2.
+  const HfLayout layout = hf_layout(m);
+  std::string family;  // the keys of the mixture of experts' family
+  if (layout == HfLayout::kMixtral)
+    // titan3d's auxiliary loss is per sequence (docs/moe.md), not Mixtral's.
+    family = fmt::format(
+        ",\n  \"num_local_experts\": {},\n  \"num_experts_per_tok\": {},\n"
+        "  \"router_aux_loss_coef\": {},\n  \"output_router_logits\": false,\n"
+        "  \"router_jitter_noise\": 0.0,\n  \"sliding_window\": null",
+        m.n_experts, m.experts_per_token, m.router_aux_coef);
+  if (layout == HfLayout::kQwen2Moe) {
+    std::vector<int64_t> dense(static_cast<size_t>(m.dense_layers));
+    for (int64_t l = 0; l < m.dense_layers; ++l) dense[static_cast<size_t>(l)] = l;
+    family = fmt::format(
+        ",\n  \"num_experts\": {},\n  \"num_experts_per_tok\": {},\n"
+        "  \"moe_intermediate_size\": {},\n  \"shared_expert_intermediate_size\": {},\n"
+        "  \"norm_topk_prob\": {},\n  \"decoder_sparse_step\": 1,\n  \"mlp_only_layers\": [{}],\n"
+        "  \"qkv_bias\": true,\n  \"router_aux_loss_coef\": {},\n"
+        "  \"output_router_logits\": false,\n  \"use_sliding_window\": false,\n"
+        "  \"sliding_window\": null,\n  \"max_window_layers\": {}",
+        m.n_experts, m.experts_per_token, m.moe_ffn_dim, m.shared_ffn_dim(),
+        m.router_norm_topk ? "true" : "false", fmt::join(dense, ", "), m.router_aux_coef,
+        m.n_layers);
+  }
+  const char* architecture = layout == HfLayout::kLlama     ? "LlamaForCausalLM"
+                             : layout == HfLayout::kMixtral ? "MixtralForCausalLM"
+                                                            : "Qwen2MoeForCausalLM";
+  const char* model_type = layout == HfLayout::kLlama     ? "llama"
+                           : layout == HfLayout::kMixtral ? "mixtral"
+                                                          : "qwen2_moe";
+  // Mixtral's intermediate_size is an expert's; Qwen2-MoE's the dense blocks' MLP.
+  const int64_t intermediate = layout == HfLayout::kMixtral ? m.moe_ffn_dim : m.ffn_dim;
   return fmt::format(
       "{{\n"
       "  \"architectures\": [\"{}\"],\n"
@@ -115,16 +198,10 @@ std::string llama_config_json(const ModelConfig& m, const std::string& dtype, bo
       "  \"eos_token_id\": {},\n"
       "  \"torch_dtype\": \"{}\"{}\n"
       "}}\n",
-      m.moe() ? "MixtralForCausalLM" : "LlamaForCausalLM", m.moe() ? "mixtral" : "llama",
-      m.vocab_size, m.dim, m.moe() ? m.moe_ffn_dim : m.ffn_dim, m.n_layers, m.n_heads, m.n_kv_heads,
-      m.head_dim(), m.seq_len, m.norm_eps, m.rope_theta, m.tie_embeddings ? "true" : "false",
-      special_ids ? "1" : "null", special_ids ? "2" : "null", dtype,
-      // Mixtral's keys; titan3d's auxiliary loss is per sequence (docs/moe.md), not Mixtral's.
-      m.moe() ? fmt::format(",\n  \"num_local_experts\": {},\n  \"num_experts_per_tok\": {},\n"
-                            "  \"router_aux_loss_coef\": {},\n  \"output_router_logits\": false,\n"
-                            "  \"router_jitter_noise\": 0.0,\n  \"sliding_window\": null",
-                            m.n_experts, m.experts_per_token, m.router_aux_coef)
-              : "");
+      architecture, model_type, m.vocab_size, m.dim, intermediate, m.n_layers, m.n_heads,
+      m.n_kv_heads, m.head_dim(), m.seq_len, m.norm_eps, m.rope_theta,
+      m.tie_embeddings ? "true" : "false", special_ids ? "1" : "null", special_ids ? "2" : "null",
+      dtype, family);
 }
 
 std::string llama_tokenizer_config_json(const ModelConfig& m, bool add_bos) {
@@ -151,7 +228,8 @@ ExportSummary export_snapshot(const std::string& snapshot, const std::string& ou
                  "`; give fp32 or bf16");
   const bool bf16 = options.dtype == "bf16";
   const SnapshotWeights w = load_snapshot_weights(snapshot);
-  if (w.recipe.model.moe()) check_mixtral_layout(w.recipe.model, "`" + snapshot + "`");
+  const ModelConfig& m = w.recipe.model;
+  check_hf_layout(m, "`" + snapshot + "`");
   const TextTokenizer tokenizer = TextTokenizer::open(w.recipe.data.tokenizer);
   std::error_code ec;
   const bool existed = fs::exists(out_dir);
@@ -162,14 +240,17 @@ ExportSummary export_snapshot(const std::string& snapshot, const std::string& ou
   s.step = w.step;
   s.safetensors = (fs::path(out_dir) / "model.safetensors").string();
   s.config = (fs::path(out_dir) / "config.json").string();
-  std::vector<ck::TensorRef> refs;
-  std::vector<std::string> names;  // Hugging Face's, kept alive for refs
-  for (const auto& t : w.tensors) names.push_back(hf_tensor_name(w.recipe.model, t.name));
-  for (size_t i = 0; i < w.tensors.size(); ++i) {
-    const auto& t = w.tensors[i];
-    refs.push_back({names[i], t.shape, t.data.data()});
-    s.parameters += static_cast<int64_t>(t.data.size());
+  std::vector<GlobalTensor> tensors = w.tensors;  // under Hugging Face's names, in its values
+  for (auto& t : tensors) t.name = hf_tensor_name(m, t.name);
+  if (hf_layout(m) == HfLayout::kQwen2Moe) {
+    for (size_t i = 0; i < tensors.size(); ++i)
+      if (is_shared_down_proj(w.tensors[i].name))
+        for (float& v : tensors[i].data) v *= kQwen2SharedDownScale;
+    for (auto& t : qwen2_moe_zero_tensors(m)) tensors.push_back(std::move(t));
   }
+  std::vector<ck::TensorRef> refs;
+  for (const auto& t : tensors) refs.push_back({t.name, t.shape, t.data.data()});
+  for (const auto& t : w.tensors) s.parameters += static_cast<int64_t>(t.data.size());
   s.tensors = static_cast<int64_t>(refs.size());
   std::vector<std::string> written;  // removed again if a later file fails
   try {

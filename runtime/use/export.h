@@ -26,15 +26,31 @@ struct GlobalTensor {
 // (runtime/model/model_spec.h, param_table), data still empty.
 std::vector<GlobalTensor> llama_tensor_table(const ModelConfig& config);
 
-// A tensor's name in the Hugging Face model `export` writes and `import` reads: the table's own
-// name, except in a mixture of experts, which is Mixtral's (MixtralForCausalLM): the router
-// `mlp.router.weight` is `block_sparse_moe.gate.weight`, expert e's gate, down and up
-// projections `block_sparse_moe.experts.<e>.w1 / w2 / w3.weight`.
+// The Hugging Face family `export` writes a model as and `import` reads back: LLaMA
+// (LlamaForCausalLM) for a dense model; for a mixture of experts Mixtral's (MixtralForCausalLM)
+// when every block is one without shared experts, else Qwen2-MoE's (Qwen2MoeForCausalLM: shared
+// experts, leading dense blocks as its `mlp_only_layers`).
+enum class HfLayout { kLlama, kMixtral, kQwen2Moe };
+HfLayout hf_layout(const ModelConfig& config);
+
+// A tensor's name in that family: the table's own name, except for a mixture of experts' router
+// and experts. Mixtral: the router `mlp.router.weight` is `block_sparse_moe.gate.weight`, expert
+// e's gate, down and up projections `block_sparse_moe.experts.<e>.w1 / w2 / w3.weight`.
+// Qwen2-MoE: the router is `mlp.gate.weight`, the shared experts `mlp.shared_expert.*`.
 std::string hf_tensor_name(const ModelConfig& config, const std::string& name);
-// UserError unless Mixtral's layout can hold the mixture of experts `config` (the key that
-// prevents it named): softmax router over normalised top-k gates, no shared experts, no dense
-// blocks, no selection bias, no gate scale. `what` names the model in the message.
-void check_mixtral_layout(const ModelConfig& config, const std::string& what);
+// UserError unless hf_layout's family can hold the model `config` exactly (the key that prevents
+// it named): a softmax router without a selection bias or a gate scale; Mixtral's also over
+// normalised gates. `what` names the model in the message.
+void check_hf_layout(const ModelConfig& config, const std::string& what);
+
+// Qwen2-MoE has parts titan3d's block has not: q/k/v biases and, per MoE block, a sigmoid gate on
+// the shared experts' output (`mlp.shared_expert_gate.weight`, (1, dim)). Written as zeros, with
+// the shared experts' down projection doubled, they compute titan3d's block exactly (a bias of 0
+// adds nothing; sigmoid(0) = 1/2 halves the doubled output, both steps exact in fp32 and bf16);
+// `import` takes such a model back (its zeros checked, the doubling undone) and refuses others.
+std::vector<GlobalTensor> qwen2_moe_zero_tensors(const ModelConfig& config);
+inline constexpr float kQwen2SharedDownScale = 2.0f;
+bool is_shared_down_proj(const std::string& name);  // the table's name of a shared down projection
 
 struct SnapshotWeights {
   std::string path;  // the snapshot's index file
@@ -49,8 +65,8 @@ struct SnapshotWeights {
 // UserError naming the file when it is missing, incomplete, damaged or not a snapshot.
 SnapshotWeights load_snapshot_weights(const std::string& snapshot);
 
-// config.json for transformers' LlamaForCausalLM (MixtralForCausalLM for a mixture of experts)
-// describing `config`. `dtype`: "float32" or
+// config.json for transformers' class of hf_layout(config) describing `config`. `dtype`:
+// "float32" or
 // "bfloat16" (torch_dtype). `special_ids`: a SentencePiece tokenizer's <s> = 1 and </s> = 2 are
 // named as bos / eos; the byte tokenizer has none (null).
 std::string llama_config_json(const ModelConfig& config, const std::string& dtype = "float32",

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
+#include <tuple>
 
 #include "checkpoint/paths.h"
 #include "checkpoint/safetensors.h"
@@ -69,7 +70,7 @@ T optional_value(const json& c, const std::string& src, const char* key, T fallb
 
 // The recipe's own bounds and consistency checks on the shape, before anything is sized from it
 // (2^31 layers would be a tensor table of 2^34 entries); the message names the config key too.
-void check_model_limits(const ModelConfig& m, const std::string& src) {
+void check_model_limits(const ModelConfig& m, const std::string& src, HfLayout layout) {
   Recipe r;
   r.model = m;
   try {
@@ -88,42 +89,82 @@ void check_model_limits(const ModelConfig& m, const std::string& src) {
         {"model.n_experts", "num_local_experts"},
         {"model.experts_per_token", "num_experts_per_tok"},
         {"model.moe_ffn_dim", "intermediate_size"}};
+    const bool qwen = layout == HfLayout::kQwen2Moe;
     std::string named;
-    for (const auto& [recipe_key, config_key] : keys)
+    for (auto [recipe_key, config_key] : keys) {
+      if (qwen && recipe_key == std::string("model.n_experts")) config_key = "num_experts";
+      if (qwen && recipe_key == std::string("model.moe_ffn_dim"))
+        config_key = "moe_intermediate_size";
       if (std::string(e.what()).find(recipe_key) != std::string::npos)
         named += fmt::format("{}`{}` sets {}", named.empty() ? " (config.json's " : ", ",
                              config_key, recipe_key);
+    }
     throw UserError(e.what() + named + (named.empty() ? "" : ")"));
   }
 }
 
-// true for Mixtral (a mixture of experts), false for LLaMA; UserError for anything else.
-bool check_architecture(const json& c, const std::string& src) {
-  // Qwen2-MoE's block differs from titan3d's MoE block in ways no setting maps: named, so that
-  // nobody converts it by renaming tensors.
-  T3D_USER_CHECK(!c.contains("model_type") || c.at("model_type") != "qwen2_moe", src,
-                 ": `model_type` is \"qwen2_moe\", whose block titan3d cannot represent exactly: "
-                 "its q/k/v projections have biases (Qwen2's attention always does; titan3d's "
-                 "have none), its shared expert's output is scaled by a learned sigmoid gate "
-                 "(`mlp.shared_expert_gate`; titan3d adds shared experts ungated)",
-                 c.contains("norm_topk_prob") && c.at("norm_topk_prob") == false
-                     ? ", and `norm_topk_prob` is false (titan3d's softmax router renormalises "
-                       "the chosen k gates)"
-                     : "",
-                 ". titan3d imports LLaMA (\"llama\") and Mixtral (\"mixtral\") models");
-  const bool mixtral = c.contains("model_type") && c.at("model_type") == "mixtral";
-  T3D_USER_CHECK(mixtral || (c.contains("model_type") && c.at("model_type") == "llama"), src,
-                 ": `model_type` is ",
-                 c.contains("model_type") ? c.at("model_type").dump() : "absent",
-                 "; titan3d imports LLaMA models (model_type \"llama\") and Mixtral's mixtures of "
-                 "experts (\"mixtral\")");
-  if (!c.contains("architectures")) return mixtral;
-  const auto& a = c.at("architectures");
-  const char* architecture = mixtral ? "MixtralForCausalLM" : "LlamaForCausalLM";
-  T3D_USER_CHECK(a.is_array() && std::find(a.begin(), a.end(), architecture) != a.end(), src,
-                 ": `architectures` is ", a.dump(), "; titan3d imports ", architecture,
-                 " for this model_type");
-  return mixtral;
+// The family config.json names (model_type, and architectures when given); UserError for a
+// family titan3d does not import.
+HfLayout check_architecture(const json& c, const std::string& src) {
+  static const std::tuple<const char*, const char*, HfLayout> families[] = {
+      {"llama", "LlamaForCausalLM", HfLayout::kLlama},
+      {"mixtral", "MixtralForCausalLM", HfLayout::kMixtral},
+      {"qwen2_moe", "Qwen2MoeForCausalLM", HfLayout::kQwen2Moe}};
+  const std::string type = c.contains("model_type") && c.at("model_type").is_string()
+                               ? c.at("model_type").get<std::string>()
+                               : "";
+  for (const auto& [model_type, architecture, layout] : families) {
+    if (type != model_type) continue;
+    if (!c.contains("architectures")) return layout;
+    const auto& a = c.at("architectures");
+    T3D_USER_CHECK(a.is_array() && std::find(a.begin(), a.end(), architecture) != a.end(), src,
+                   ": `architectures` is ", a.dump(), "; titan3d imports ", architecture,
+                   " for this model_type");
+    return layout;
+  }
+  throw UserError(fmt::format(
+      "{}: `model_type` is {}; titan3d imports LLaMA models (model_type \"llama\") and the "
+      "mixtures of experts of Mixtral (\"mixtral\") and Qwen2-MoE (\"qwen2_moe\")",
+      src, c.contains("model_type") ? c.at("model_type").dump() : "absent"));
+}
+
+// Qwen2-MoE's keys (transformers' Qwen2MoeConfig) as titan3d's block: its mixture-of-experts
+// blocks every layer but the leading `mlp_only_layers`, shared experts a whole number of experts
+// wide (titan3d's shared width is n_shared_experts · moe_ffn_dim).
+void qwen2_moe_keys(const json& c, const std::string& src, ModelConfig& m,
+                    std::vector<std::string>* notes) {
+  refuse_unless(c, src, "use_sliding_window", false, "titan3d's attention is fully causal");
+  refuse_unless(c, src, "decoder_sparse_step", 1,
+                "titan3d's mixture-of-experts blocks follow each other from model.dense_layers on");
+  m.n_experts = required_int(c, src, "num_experts");
+  m.experts_per_token = required_int(c, src, "num_experts_per_tok");
+  m.moe_ffn_dim = required_int(c, src, "moe_intermediate_size");
+  const int64_t shared = required_int(c, src, "shared_expert_intermediate_size");
+  T3D_USER_CHECK(
+      m.moe_ffn_dim > 0 && shared > 0 && shared % m.moe_ffn_dim == 0, src,
+      ": `shared_expert_intermediate_size` is ", shared,
+      "; titan3d's shared experts are a whole number (at least 1) of experts wide, so it "
+      "must be a multiple of `moe_intermediate_size` (",
+      m.moe_ffn_dim, ")");
+  m.n_shared_experts = shared / m.moe_ffn_dim;
+  // transformers' Qwen2MoeConfig leaves the gates unnormalised unless told.
+  m.router_norm_topk =
+      optional_value<bool>(c, src, "norm_topk_prob", false,
+                           "model.router_norm_topk = false (Qwen2-MoE's default)", notes);
+  if (c.contains("mlp_only_layers") && !c.at("mlp_only_layers").is_null()) {
+    const json& dense = c.at("mlp_only_layers");
+    bool leading = dense.is_array();
+    for (size_t i = 0; leading && i < dense.size(); ++i)
+      leading = dense[i].is_number_integer() && dense[i].get<int64_t>() == static_cast<int64_t>(i);
+    T3D_USER_CHECK(leading, src, ": `mlp_only_layers` is ", dense.dump(),
+                   "; titan3d's dense blocks are the leading ones (model.dense_layers): give "
+                   "[0, 1, ..., k-1] or []");
+    m.dense_layers = static_cast<int64_t>(dense.size());
+  }
+  if (c.contains("router_aux_loss_coef") && !c.at("router_aux_loss_coef").is_null())
+    notes->push_back("`router_aux_loss_coef` " + c.at("router_aux_loss_coef").dump() +
+                     " not taken: titan3d's auxiliary loss is per sequence (docs/moe.md); set "
+                     "model.router_aux_coef to fine-tune with one");
 }
 
 }  // namespace
@@ -132,7 +173,8 @@ ModelConfig llama_model_from_config(const std::string& text, const std::string& 
                                     std::vector<std::string>* notes) {
   const json c = ck::parse_json_text(text, src);
   T3D_USER_CHECK(c.is_object(), src, " is not a JSON object");
-  const bool mixtral = check_architecture(c, src);
+  const HfLayout layout = check_architecture(c, src);
+  const bool mixtral = layout == HfLayout::kMixtral;
   refuse_unless(c, src, "rope_scaling", nullptr, "titan3d's RoPE has no scaling");
   refuse_unless(c, src, "attention_bias", false, "titan3d's attention projections have no bias");
   refuse_unless(c, src, "mlp_bias", false, "titan3d's MLP projections have no bias");
@@ -175,10 +217,11 @@ ModelConfig llama_model_from_config(const std::string& text, const std::string& 
       notes->push_back("`router_jitter_noise` " + c.at("router_jitter_noise").dump() +
                        " ignored: titan3d's router adds no noise");
   }
+  if (layout == HfLayout::kQwen2Moe) qwen2_moe_keys(c, src, m, notes);
   if (c.contains("pretraining_tp") && c.at("pretraining_tp") != 1)
     notes->push_back("`pretraining_tp` is " + c.at("pretraining_tp").dump() +
                      ": ignored (it slices the same products; the values do not change)");
-  check_model_limits(m, src);
+  check_model_limits(m, src, layout);
   return m;
 }
 
@@ -235,6 +278,48 @@ std::map<std::string, std::shared_ptr<ck::SafetensorsFile>> open_weights(
   return where;
 }
 
+// Qwen2-MoE's parts titan3d's block has not (export.h, qwen2_moe_zero_tensors), taken only as
+// export writes them: q/k/v biases zero (or absent: qkv_bias false), every shared-expert gate
+// zero, so that the gate's sigmoid halves the shared experts' output and their down projection,
+// halved exactly here, is titan3d's. Anything else is refused naming the tensor.
+void read_qwen2_moe_parts(const ModelConfig& m,
+                          const std::map<std::string, std::shared_ptr<ck::SafetensorsFile>>& where,
+                          std::vector<GlobalTensor>& table, std::set<std::string>& known) {
+  for (const GlobalTensor& zero : qwen2_moe_zero_tensors(m)) {
+    const auto it = where.find(zero.name);
+    const bool gate = zero.name.ends_with("shared_expert_gate.weight");
+    T3D_USER_CHECK(it != where.end() || !gate, "no weight file holds tensor `", zero.name,
+                   "`, the shared experts' gate config.json's Qwen2-MoE needs");
+    if (it == where.end()) continue;  // a bias of a model without qkv_bias
+    known.insert(zero.name);
+    const ck::StEntry& e = it->second->entries().at(zero.name);
+    T3D_USER_CHECK(e.shape == zero.shape, "`", it->second->path(), "`: tensor `", zero.name,
+                   "` has shape ", json(e.shape).dump(), " but config.json implies ",
+                   json(zero.shape).dump());
+    const std::vector<float> v = it->second->read_f32(zero.name);
+    const auto nonzero = std::find_if(v.begin(), v.end(), [](float x) { return x != 0.0f; });
+    T3D_USER_CHECK(
+        nonzero == v.end(), "`", it->second->path(), "`: tensor `", zero.name, "` holds ",
+        nonzero == v.end() ? 0.0f : *nonzero, " at element ", nonzero - v.begin(),
+        gate ? "; titan3d adds its shared experts ungated, which a Qwen2-MoE computes only with "
+               "a zero `shared_expert_gate` (what titan3d's export writes)"
+             : "; titan3d's attention projections have no bias, so it imports a Qwen2-MoE only "
+               "with zero q/k/v biases (what titan3d's export writes)",
+        ". This model's block differs from titan3d's: it cannot be imported exactly.");
+  }
+  for (GlobalTensor& t : table) {
+    if (!is_shared_down_proj(t.name)) continue;
+    for (float& v : t.data) {
+      const float halved = v / kQwen2SharedDownScale;
+      T3D_USER_CHECK(halved * kQwen2SharedDownScale == v, "tensor `", hf_tensor_name(m, t.name),
+                     "` holds ", v,
+                     ", which halving (the shared expert gate's 1/2, titan3d's "
+                     "shared experts are ungated) does not keep exactly");
+      v = halved;
+    }
+  }
+}
+
 // Every tensor of the model, read and checked against the table's shape; unknown names refused.
 std::vector<GlobalTensor> read_tensors(
     const ModelConfig& m, const std::map<std::string, std::shared_ptr<ck::SafetensorsFile>>& where,
@@ -271,6 +356,7 @@ std::vector<GlobalTensor> read_tensors(
     dtypes.insert(e.dtype);
     s.parameters += static_cast<int64_t>(t.data.size());
   }
+  if (hf_layout(m) == HfLayout::kQwen2Moe) read_qwen2_moe_parts(m, where, table, known);
   for (const auto& [name, file] : where) {
     if (known.count(name)) continue;
     // Buffers some checkpoints carry: recomputed by titan3d (RoPE) or the tied embedding again.

@@ -2,7 +2,8 @@
 // which `titan3d resume` (with any --set of training, parallel, data or snapshot keys) fine-tunes
 // on any layout. The inverse of `titan3d export`.
 //
-// Read: config.json (model_type llama, LlamaForCausalLM), the weights from model.safetensors or
+// Read: config.json (model_type llama, LlamaForCausalLM; a mixture of experts as Mixtral or as
+// Qwen2-MoE in the form export writes it, export.h), the weights from model.safetensors or
 // the shards model.safetensors.index.json names (F32, BF16 or F16, widened to fp32 exactly), tied
 // or untied embeddings, grouped-query attention; tokenizer.model when present and usable (byte
 // fallback) becomes data.tokenizer, copied beside the snapshot. What titan3d cannot represent is

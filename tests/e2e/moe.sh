@@ -13,9 +13,10 @@
 #     factor would show), and the selection bias moves (aux-loss-free balancing).
 #  4. Snapshots: resume bit for bit on the same layout, also through a chain of incremental
 #     snapshots, and onto dp2 within the parity tolerance.
-#  5. eval and generate run on a MoE snapshot; export / import in Mixtral's layout, bit-exact both
-#     ways in fp32 and bf16, refused (naming the key) for what Mixtral cannot hold; bad MoE keys
-#     exit 2 naming them.
+#  5. eval and generate run on a MoE snapshot; export / import in Mixtral's layout and, with shared
+#     experts and a dense block, in Qwen2-MoE's, bit-exact both ways in fp32 and bf16; export
+#     refused (naming the key) for what neither holds, import for a Qwen2-MoE whose biases or
+#     shared-expert gate are not zero; bad MoE keys exit 2 naming them.
 #  6. A capacity factor: dp2 (1 micro-batch) against 1 rank (2 micro-batches: the same rows per
 #     micro-batch, so the same slots drop), tp2 with SP and pp2 against 1 rank, all within the
 #     parity tolerance; activation checkpointing gives the same bits; a tight capacity drops slots
@@ -140,8 +141,8 @@ check "[ $? -eq 0 ] && grep -q loss $work/eval.out" "eval runs on a MoE snapshot
 check "[ $? -eq 0 ] && [ \$(wc -c < $work/gen.out) -ge 20 ]" "generate runs on a MoE snapshot" || tail -3 "$work/gen.out"
 "$titan3d" export "$snap" --out "$work/export" > "$work/export.out" 2>&1
 rc=$?
-check "[ $rc -eq 2 ] && grep -q 'model.n_shared_experts' $work/export.out" \
-  "export refuses a MoE that Mixtral's layout cannot hold, naming the key (rc $rc)"
+check "[ $rc -eq 2 ] && grep -q 'model.router_bias_rate' $work/export.out" \
+  "export refuses a MoE no Hugging Face family can hold (a selection bias), naming the key (rc $rc)"
 # Mixtral's layout: export, import, export again: the same bytes (fp32 and bf16); the import
 # evaluates as the original (PyTorch's Mixtral agrees: use_torch_crosscheck).
 st() { /usr/bin/python3 "$repo/tests/use/safetensors_tool.py" "$@"; }
@@ -158,6 +159,33 @@ for dtype in fp32 bf16; do
 done
 check "grep -q '\"model_type\": \"mixtral\"' $work/hf_fp32/config.json && grep -q '\"num_local_experts\": 4' $work/hf_fp32/config.json" \
   "the export is Mixtral's config"
+# Qwen2-MoE's layout for the shared experts and the dense first block (no selection bias): the
+# same round trip; its zero biases and gates are checked on import (a nonzero one is refused).
+run qwen2 --set model.router_bias_rate=0 --set model.router_norm_topk=false --set train.steps=10 \
+  --set snapshot.every=10 --set train.micro_batches=1
+qsnap=$work/qwen2/snapshots/step_00000010.h5
+for dtype in fp32 bf16; do
+  "$titan3d" export "$qsnap" --dtype $dtype --out "$work/q_$dtype" > /dev/null 2>&1 &&
+    "$titan3d" import "$work/q_$dtype" --out "$work/qimp_$dtype" > "$work/qimp_$dtype.log" 2>&1 &&
+    "$titan3d" export "$work/qimp_$dtype/step_00000000.h5" --dtype $dtype --out "$work/q2_$dtype" > /dev/null 2>&1
+  check "[ $? -eq 0 ] && st same $work/q_$dtype/model.safetensors $work/q2_$dtype/model.safetensors" \
+    "Qwen2-MoE round trip ($dtype): export∘import∘export is bit-exact" || cat "$work/qimp_$dtype.log"
+done
+check "grep -q '\"model_type\": \"qwen2_moe\"' $work/q_fp32/config.json && grep -q '\"mlp_only_layers\": \[0\]' $work/q_fp32/config.json && grep -q '\"norm_topk_prob\": false' $work/q_fp32/config.json" \
+  "the export is Qwen2-MoE's config (block 0 dense, unnormalised gates)"
+"$titan3d" eval "$qsnap" --data "$corpus" --batches 4 --json "$work/qe1.json" > /dev/null 2>&1
+"$titan3d" eval "$work/qimp_fp32/step_00000000.h5" --data "$corpus" --batches 4 --json "$work/qe2.json" > /dev/null 2>&1
+qoriginal=$(sed -E 's/.*"loss": ([^,}]+).*/\1/' "$work/qe1.json") qimported=$(sed -E 's/.*"loss": ([^,}]+).*/\1/' "$work/qe2.json")
+check "[ -n '$qoriginal' ] && [ '$qoriginal' = '$qimported' ]" \
+  "the imported Qwen2-MoE's eval equals the original's ($qoriginal, $qimported)"
+for part in self_attn.q_proj.bias mlp.shared_expert_gate.weight; do
+  mkdir -p "$work/qbad_$part" && cp "$work/q_fp32/config.json" "$work/qbad_$part/"
+  st set "$work/q_fp32/model.safetensors" "$work/qbad_$part/model.safetensors" "model.layers.1.$part" 3 0.5
+  "$titan3d" import "$work/qbad_$part" --out "$work/qbad_imp_$part" > "$work/qbad_$part.log" 2>&1
+  rc=$?
+  check "[ $rc -eq 2 ] && grep -q 'model.layers.1.$part. holds 0.5 at element 3' $work/qbad_$part.log" \
+    "import refuses a Qwen2-MoE whose $part is not zero, naming the tensor (rc $rc)" || cat "$work/qbad_$part.log"
+done
 "$titan3d" eval "$msnap" --data "$corpus" --batches 4 --json "$work/me1.json" > /dev/null 2>&1
 "$titan3d" eval "$work/imp_fp32/step_00000000.h5" --data "$corpus" --batches 4 --json "$work/me2.json" > /dev/null 2>&1
 json_loss() { sed -E 's/.*"loss": ([^,}]+).*/\1/' "$1"; }

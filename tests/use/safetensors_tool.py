@@ -8,6 +8,7 @@
   widened HALF F32      exit 0 when F32's tensors are HALF's (BF16 or F16) widened exactly
   shard SRC DIR N       writes SRC's tensors as N files + model.safetensors.index.json in DIR
   f16 SRC DST           writes SRC's tensors as F16 (rounded by numpy) to DST
+  set SRC DST NAME I V   writes SRC's tensors to DST with element I (flat) of F32 tensor NAME = V
   mixtral DIR           writes a small random Mixtral (MixtralForCausalLM: config.json and
                         model.safetensors, Hugging Face's names) to DIR
 """
@@ -109,6 +110,15 @@ def main():
     if cmd == "f16":
         src = read(args[0])
         write(args[1], {k: ("F16", widen(d, x).astype(np.float16)) for k, (d, x) in src.items()})
+        return 0
+    if cmd == "set":
+        src, name, i, value = read(args[0]), args[2], int(args[3]), float(args[4])
+        dtype, x = src[name]
+        assert dtype == "F32", (name, dtype)
+        x = x.copy()
+        x.reshape(-1)[i] = value
+        src[name] = (dtype, x)
+        write(args[1], src)
         return 0
     if cmd == "mixtral":
         out = args[0]

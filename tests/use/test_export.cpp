@@ -236,5 +236,66 @@ TEST_F(use_export, missing_snapshot_is_a_user_error) {
   EXPECT_THROW(export_snapshot(dir_ + "/step_00000001.h5", dir_ + "/out"), UserError);
 }
 
+// The family a mixture of experts is written as, its names, its extra zero tensors, and what no
+// family holds (named by key).
+TEST(use_export_layout, MixturesOfExpertsChooseTheirFamily) {
+  ModelConfig m;
+  m.dim = 64, m.n_heads = 4, m.n_kv_heads = 2, m.n_layers = 3, m.ffn_dim = 128;
+  EXPECT_EQ(hf_layout(m), HfLayout::kLlama);
+  m.n_experts = 4, m.experts_per_token = 2, m.moe_ffn_dim = 32;
+  EXPECT_EQ(hf_layout(m), HfLayout::kMixtral);
+  EXPECT_EQ(hf_tensor_name(m, "model.layers.1.mlp.router.weight"),
+            "model.layers.1.block_sparse_moe.gate.weight");
+  EXPECT_EQ(hf_tensor_name(m, "model.layers.1.mlp.experts.3.down_proj.weight"),
+            "model.layers.1.block_sparse_moe.experts.3.w2.weight");
+  EXPECT_TRUE(qwen2_moe_zero_tensors(m).size() > 0);  // defined for any shape; used for Qwen2-MoE
+  m.n_shared_experts = 2, m.dense_layers = 1;
+  EXPECT_EQ(hf_layout(m), HfLayout::kQwen2Moe);
+  EXPECT_EQ(hf_tensor_name(m, "model.layers.1.mlp.router.weight"),
+            "model.layers.1.mlp.gate.weight");
+  EXPECT_EQ(hf_tensor_name(m, "model.layers.1.mlp.experts.3.down_proj.weight"),
+            "model.layers.1.mlp.experts.3.down_proj.weight");
+  EXPECT_EQ(hf_tensor_name(m, "model.layers.2.mlp.shared_experts.up_proj.weight"),
+            "model.layers.2.mlp.shared_expert.up_proj.weight");
+  EXPECT_EQ(hf_tensor_name(m, "model.layers.0.mlp.gate_proj.weight"),
+            "model.layers.0.mlp.gate_proj.weight");
+  // q/k/v biases of every block, a (1, dim) shared-expert gate of each MoE block (1 and 2): zeros.
+  std::map<std::string, std::vector<int64_t>> zeros;
+  for (const auto& t : qwen2_moe_zero_tensors(m)) {
+    zeros[t.name] = t.shape;
+    for (const float v : t.data) EXPECT_EQ(v, 0.0f) << t.name;
+  }
+  EXPECT_EQ(zeros.size(), 3u * 3 + 2);
+  EXPECT_EQ(zeros.at("model.layers.0.self_attn.k_proj.bias"), (std::vector<int64_t>{32}));
+  EXPECT_EQ(zeros.at("model.layers.2.mlp.shared_expert_gate.weight"),
+            (std::vector<int64_t>{1, 64}));
+  EXPECT_FALSE(zeros.count("model.layers.0.mlp.shared_expert_gate.weight"));  // a dense block
+  EXPECT_NO_THROW(check_hf_layout(m, "s.h5"));
+  m.router_norm_topk = false;  // Qwen2-MoE's norm_topk_prob = false
+  EXPECT_NO_THROW(check_hf_layout(m, "s.h5"));
+  const auto refusal = [](const ModelConfig& c) {
+    try {
+      check_hf_layout(c, "s.h5");
+      return std::string();
+    } catch (const UserError& e) {
+      return std::string(e.what());
+    }
+  };
+  ModelConfig sigmoid = m, scaled = m, biased = m, dense_only = m, mixtral = m;
+  sigmoid.router_score = kernels::RouterScore::kSigmoid;
+  scaled.router_scale = 2.5;
+  biased.router_bias_rate = 1e-3;
+  dense_only.n_shared_experts = 0;  // dense blocks without a shared expert: no family
+  mixtral.n_shared_experts = 0, mixtral.dense_layers = 0;  // Mixtral always normalises the gates
+  for (const auto& [c, key] : {std::pair<ModelConfig, std::string>{sigmoid, "model.router_score"},
+                               {scaled, "model.router_scale"},
+                               {biased, "model.router_bias_rate"},
+                               {dense_only, "model.dense_layers"},
+                               {mixtral, "model.router_norm_topk"}}) {
+    const std::string e = refusal(c);
+    EXPECT_NE(e.find("s.h5: " + key), std::string::npos) << key << ": " << e;
+  }
+}
+
 }  // namespace
 }  // namespace t3d::runtime

@@ -56,6 +56,21 @@ torch_agrees() {
 }
 torch_agrees moe "$work/moe/snapshots/step_00000020.h5" "$work/hf_moe" \
   "titan3d eval of the MoE equals PyTorch's Mixtral loss from the export"
+# Shared experts (two experts wide) and a dense first block: the export is Qwen2MoeForCausalLM
+# (zero q/k/v biases, zero shared-expert gates over a doubled down projection), and PyTorch's
+# Qwen2-MoE block (torch_eval.py: biases added, sigmoid-gated shared expert, mlp_only_layers,
+# unnormalised gates) evaluates it as titan3d does.
+"$titan3d" train "${tiny[@]}" "${moe[@]}" --set model.n_layers=3 --set model.n_shared_experts=2 \
+  --set model.dense_layers=1 --set model.router_norm_topk=false --set model.router_aux_coef=1e-2 \
+  --set parallel.pp=2 --set parallel.dp=2 --set train.steps=20 --set train.val_every=0 \
+  --set snapshot.every=20 --set run.dir="$work/qwen2" >"$work/qwen2_train.log" 2>&1
+check "[ \$? -eq 0 ]" "train a tiny MoE with shared experts and a dense block on pp2 × dp2" ||
+  cat "$work/qwen2_train.log"
+"$titan3d" export "$work/qwen2/snapshots/step_00000020.h5" --out "$work/hf_qwen2" >"$work/qwen2_export.log" 2>&1
+check "[ \$? -eq 0 ] && grep -q Qwen2MoeForCausalLM $work/hf_qwen2/config.json" \
+  "export writes Qwen2-MoE's config" || cat "$work/qwen2_export.log"
+torch_agrees qwen2 "$work/qwen2/snapshots/step_00000020.h5" "$work/hf_qwen2" \
+  "titan3d eval of the MoE equals PyTorch's Qwen2-MoE loss from the export"
 # A Mixtral written by an independent writer (numpy, Hugging Face's names), imported.
 "$py" "$(dirname "$0")/safetensors_tool.py" mixtral "$work/hf_mixtral"
 "$titan3d" import "$work/hf_mixtral" --out "$work/imp_mixtral" >"$work/imp_mixtral.log" 2>&1

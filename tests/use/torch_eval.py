@@ -3,7 +3,8 @@
 its own parser (json + raw bytes), config.json for the shape, runs a plain PyTorch LLaMA forward
 (float64, written here from the architecture's definition, sharing no code with titan3d) over the
 same windows `titan3d eval --data FILE` reads (seq_len + 1 tokens every seq_len tokens from the
-start), and prints the mean cross-entropy in nats per token as JSON.
+start), and prints the mean cross-entropy in nats per token as JSON. Mixtral's and Qwen2-MoE's
+mixture-of-experts blocks are written here from their Hugging Face definitions too.
 
 Usage: torch_eval.py EXPORT_DIR DATA_FILE [--windows N]
 Exit 77 (ctest's skip code here) when torch is missing, after saying so."""
@@ -74,6 +75,28 @@ def mixtral_moe(W, c, p, h):
     return out.view(h.shape)
 
 
+def qwen2_moe(W, c, p, h):
+    """Qwen2-MoE's sparse MoE block (Hugging Face Qwen2MoeSparseMoeBlock semantics): softmax
+    router `mlp.gate`, top-k, the k gates renormalised only with norm_topk_prob, each expert a
+    SwiGLU, plus the shared expert's SwiGLU times sigmoid(shared_expert_gate · h)."""
+    E, K = c["num_experts"], c["num_experts_per_tok"]
+    flat = h.reshape(-1, h.shape[-1])
+    probs = torch.softmax(flat @ W[p + "mlp.gate.weight"].T, dim=-1)
+    top, idx = probs.topk(K, dim=-1)
+    if c.get("norm_topk_prob", False):
+        top = top / top.sum(-1, keepdim=True)
+
+    def swiglu(q, x):
+        return (F.silu(x @ W[q + "gate_proj.weight"].T) * (x @ W[q + "up_proj.weight"].T)) @ W[q + "down_proj.weight"].T
+
+    out = torch.zeros_like(flat)
+    for e in range(E):
+        out = out + (top * (idx == e)).sum(-1, keepdim=True) * swiglu(p + f"mlp.experts.{e}.", flat)
+    shared = swiglu(p + "mlp.shared_expert.", flat)
+    out = out + torch.sigmoid(flat @ W[p + "mlp.shared_expert_gate.weight"].T) * shared
+    return out.view(h.shape)
+
+
 def loss_tensor(W, c, x_ids, y_ids, mlp=None):
     """loss_sum as a 0-d tensor (differentiable in W); `c` holds config.json's keys. `mlp(l, p, h)`,
     when given, is block l's MLP output for its normed input h, or None for the dense SwiGLU."""
@@ -88,9 +111,13 @@ def loss_tensor(W, c, x_ids, y_ids, mlp=None):
     for l in range(c["num_hidden_layers"]):
         p = f"model.layers.{l}."
         h = rms_norm(x, W[p + "input_layernorm.weight"], eps)
-        q = (h @ W[p + "self_attn.q_proj.weight"].T).view(B, T, H, D).transpose(1, 2)
-        k = (h @ W[p + "self_attn.k_proj.weight"].T).view(B, T, Hkv, D).transpose(1, 2)
-        v = (h @ W[p + "self_attn.v_proj.weight"].T).view(B, T, Hkv, D).transpose(1, 2)
+
+        def proj(name):  # Qwen2's q/k/v projections carry a bias
+            y = h @ W[p + "self_attn." + name + ".weight"].T
+            return y + W[p + "self_attn." + name + ".bias"] if p + "self_attn." + name + ".bias" in W else y
+        q = proj("q_proj").view(B, T, H, D).transpose(1, 2)
+        k = proj("k_proj").view(B, T, Hkv, D).transpose(1, 2)
+        v = proj("v_proj").view(B, T, Hkv, D).transpose(1, 2)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
         att = torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(D) + mask, dim=-1) @ v
@@ -102,6 +129,10 @@ def loss_tensor(W, c, x_ids, y_ids, mlp=None):
             continue
         if c.get("num_local_experts"):
             x = x + mixtral_moe(W, c, p, h)
+            continue
+        if c.get("model_type") == "qwen2_moe" and l not in c.get("mlp_only_layers", []):
+            assert c.get("decoder_sparse_step", 1) == 1
+            x = x + qwen2_moe(W, c, p, h)
             continue
         g, u = h @ W[p + "mlp.gate_proj.weight"].T, h @ W[p + "mlp.up_proj.weight"].T
         x = x + (F.silu(g) * u) @ W[p + "mlp.down_proj.weight"].T
@@ -119,7 +150,8 @@ def main():
         del args[i:i + 2]
     out_dir, data = args
     c = json.load(open(out_dir + "/config.json"))
-    assert c["architectures"] in (["LlamaForCausalLM"], ["MixtralForCausalLM"]), c["architectures"]
+    assert c["architectures"] in (["LlamaForCausalLM"], ["MixtralForCausalLM"],
+                                  ["Qwen2MoeForCausalLM"]), c["architectures"]
     W = read_safetensors(out_dir + "/model.safetensors")
     tokens = read_tokens(data)
     T = c["max_position_embeddings"]  # titan3d exports its training seq_len here
