@@ -143,55 +143,47 @@ check "[ $? -eq 0 ] && [ \$(wc -c < $work/gen.out) -ge 20 ]" "generate runs on a
 rc=$?
 check "[ $rc -eq 2 ] && grep -q 'model.router_bias_rate' $work/export.out" \
   "export refuses a MoE no Hugging Face family can hold (a selection bias), naming the key (rc $rc)"
-# Mixtral's layout: export, import, export again: the same bytes (fp32 and bf16); the import
-# evaluates as the original (PyTorch's Mixtral agrees: use_torch_crosscheck).
+# Each Hugging Face family: export, import, export again: the same bytes (fp32 and bf16); the
+# import evaluates as the original (PyTorch's blocks agree: use_torch_crosscheck).
 st() { /usr/bin/python3 "$repo/tests/use/safetensors_tool.py" "$@"; }
+json_loss() { sed -E 's/.*"loss": ([^,}]+).*/\1/' "$1"; }
+round_trip() {  # round_trip RUN FAMILY: RUN's step-10 snapshot exported as FAMILY into $work/RUN_hf_*
+  local snap=$work/$1/snapshots/step_00000010.h5 dtype
+  for dtype in fp32 bf16; do
+    "$titan3d" export "$snap" --dtype $dtype --out "$work/$1_hf_$dtype" > /dev/null 2>&1 &&
+      "$titan3d" import "$work/$1_hf_$dtype" --out "$work/$1_imp_$dtype" > "$work/$1_imp_$dtype.log" 2>&1 &&
+      "$titan3d" export "$work/$1_imp_$dtype/step_00000000.h5" --dtype $dtype --out "$work/$1_hf2_$dtype" > /dev/null 2>&1
+    check "[ \$? -eq 0 ] && st same $work/$1_hf_$dtype/model.safetensors $work/$1_hf2_$dtype/model.safetensors" \
+      "$2 round trip ($dtype): export∘import∘export is bit-exact" || cat "$work/$1_imp_$dtype.log"
+  done
+  "$titan3d" eval "$snap" --data "$corpus" --batches 4 --json "$work/$1_e1.json" > /dev/null 2>&1
+  "$titan3d" eval "$work/$1_imp_fp32/step_00000000.h5" --data "$corpus" --batches 4 --json "$work/$1_e2.json" > /dev/null 2>&1
+  local original imported
+  original=$(json_loss "$work/$1_e1.json") imported=$(json_loss "$work/$1_e2.json")
+  check "[ -n '$original' ] && [ '$original' = '$imported' ]" \
+    "the imported $2's eval equals the original's ($original, $imported)"
+}
 # One micro-batch, as the import records: eval then runs the same GEMM shapes on both.
 run mixtral --set model.n_shared_experts=0 --set model.dense_layers=0 --set model.router_bias_rate=0 \
   --set train.steps=10 --set snapshot.every=10 --set train.micro_batches=1
-msnap=$work/mixtral/snapshots/step_00000010.h5
-for dtype in fp32 bf16; do
-  "$titan3d" export "$msnap" --dtype $dtype --out "$work/hf_$dtype" > /dev/null 2>&1 &&
-    "$titan3d" import "$work/hf_$dtype" --out "$work/imp_$dtype" > "$work/imp_$dtype.log" 2>&1 &&
-    "$titan3d" export "$work/imp_$dtype/step_00000000.h5" --dtype $dtype --out "$work/hf2_$dtype" > /dev/null 2>&1
-  check "[ $? -eq 0 ] && st same $work/hf_$dtype/model.safetensors $work/hf2_$dtype/model.safetensors" \
-    "Mixtral round trip ($dtype): export∘import∘export is bit-exact" || cat "$work/imp_$dtype.log"
-done
-check "grep -q '\"model_type\": \"mixtral\"' $work/hf_fp32/config.json && grep -q '\"num_local_experts\": 4' $work/hf_fp32/config.json" \
+round_trip mixtral Mixtral
+check "grep -q '\"model_type\": \"mixtral\"' $work/mixtral_hf_fp32/config.json && grep -q '\"num_local_experts\": 4' $work/mixtral_hf_fp32/config.json" \
   "the export is Mixtral's config"
-# Qwen2-MoE's layout for the shared experts and the dense first block (no selection bias): the
-# same round trip; its zero biases and gates are checked on import (a nonzero one is refused).
+# Qwen2-MoE's layout for the shared experts and the dense first block (no selection bias); its
+# zero biases and gates are checked on import (a nonzero one is refused).
 run qwen2 --set model.router_bias_rate=0 --set model.router_norm_topk=false --set train.steps=10 \
   --set snapshot.every=10 --set train.micro_batches=1
-qsnap=$work/qwen2/snapshots/step_00000010.h5
-for dtype in fp32 bf16; do
-  "$titan3d" export "$qsnap" --dtype $dtype --out "$work/q_$dtype" > /dev/null 2>&1 &&
-    "$titan3d" import "$work/q_$dtype" --out "$work/qimp_$dtype" > "$work/qimp_$dtype.log" 2>&1 &&
-    "$titan3d" export "$work/qimp_$dtype/step_00000000.h5" --dtype $dtype --out "$work/q2_$dtype" > /dev/null 2>&1
-  check "[ $? -eq 0 ] && st same $work/q_$dtype/model.safetensors $work/q2_$dtype/model.safetensors" \
-    "Qwen2-MoE round trip ($dtype): export∘import∘export is bit-exact" || cat "$work/qimp_$dtype.log"
-done
-check "grep -q '\"model_type\": \"qwen2_moe\"' $work/q_fp32/config.json && grep -q '\"mlp_only_layers\": \[0\]' $work/q_fp32/config.json && grep -q '\"norm_topk_prob\": false' $work/q_fp32/config.json" \
+round_trip qwen2 Qwen2-MoE
+check "grep -q '\"model_type\": \"qwen2_moe\"' $work/qwen2_hf_fp32/config.json && grep -q '\"mlp_only_layers\": \[0\]' $work/qwen2_hf_fp32/config.json && grep -q '\"norm_topk_prob\": false' $work/qwen2_hf_fp32/config.json" \
   "the export is Qwen2-MoE's config (block 0 dense, unnormalised gates)"
-"$titan3d" eval "$qsnap" --data "$corpus" --batches 4 --json "$work/qe1.json" > /dev/null 2>&1
-"$titan3d" eval "$work/qimp_fp32/step_00000000.h5" --data "$corpus" --batches 4 --json "$work/qe2.json" > /dev/null 2>&1
-qoriginal=$(sed -E 's/.*"loss": ([^,}]+).*/\1/' "$work/qe1.json") qimported=$(sed -E 's/.*"loss": ([^,}]+).*/\1/' "$work/qe2.json")
-check "[ -n '$qoriginal' ] && [ '$qoriginal' = '$qimported' ]" \
-  "the imported Qwen2-MoE's eval equals the original's ($qoriginal, $qimported)"
 for part in self_attn.q_proj.bias mlp.shared_expert_gate.weight; do
-  mkdir -p "$work/qbad_$part" && cp "$work/q_fp32/config.json" "$work/qbad_$part/"
-  st set "$work/q_fp32/model.safetensors" "$work/qbad_$part/model.safetensors" "model.layers.1.$part" 3 0.5
+  mkdir -p "$work/qbad_$part" && cp "$work/qwen2_hf_fp32/config.json" "$work/qbad_$part/"
+  st set "$work/qwen2_hf_fp32/model.safetensors" "$work/qbad_$part/model.safetensors" "model.layers.1.$part" 3 0.5
   "$titan3d" import "$work/qbad_$part" --out "$work/qbad_imp_$part" > "$work/qbad_$part.log" 2>&1
   rc=$?
   check "[ $rc -eq 2 ] && grep -q 'model.layers.1.$part. holds 0.5 at element 3' $work/qbad_$part.log" \
     "import refuses a Qwen2-MoE whose $part is not zero, naming the tensor (rc $rc)" || cat "$work/qbad_$part.log"
 done
-"$titan3d" eval "$msnap" --data "$corpus" --batches 4 --json "$work/me1.json" > /dev/null 2>&1
-"$titan3d" eval "$work/imp_fp32/step_00000000.h5" --data "$corpus" --batches 4 --json "$work/me2.json" > /dev/null 2>&1
-json_loss() { sed -E 's/.*"loss": ([^,}]+).*/\1/' "$1"; }
-original=$(json_loss "$work/me1.json") imported=$(json_loss "$work/me2.json")
-check "[ -n '$original' ] && [ '$original' = '$imported' ]" \
-  "the imported Mixtral's eval equals the original's ($original, $imported)"
 refused() {  # refused KEY [--set ...]: exit 2 naming KEY
   local key=$1; shift
   "$titan3d" train "$repo/recipes/tiny.toml" "${common[@]}" --set run.dir="$work/refused" "$@" \
