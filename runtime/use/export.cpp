@@ -169,6 +169,7 @@ std::string llama_config_json(const ModelConfig& m, const std::string& dtype, bo
   const char* model_type = layout == HfLayout::kLlama     ? "llama"
                            : layout == HfLayout::kMixtral ? "mixtral"
                                                           : "qwen2_moe";
+  const bool llama_keys = layout != HfLayout::kQwen2Moe;
   // Mixtral's intermediate_size is an expert's; Qwen2-MoE's the dense blocks' MLP.
   const int64_t intermediate = layout == HfLayout::kMixtral ? m.moe_ffn_dim : m.ffn_dim;
   return fmt::format(
@@ -186,11 +187,8 @@ std::string llama_config_json(const ModelConfig& m, const std::string& dtype, bo
       "  \"rms_norm_eps\": {},\n"
       "  \"rope_theta\": {},\n"
       "  \"rope_scaling\": null,\n"
-      "  \"hidden_act\": \"silu\",\n"
-      "  \"attention_bias\": false,\n"
-      "  \"attention_dropout\": 0.0,\n"
-      "  \"mlp_bias\": false,\n"
-      "  \"pretraining_tp\": 1,\n"
+      "  \"hidden_act\": \"silu\",\n{}"
+      "  \"attention_dropout\": 0.0,\n{}"
       "  \"tie_word_embeddings\": {},\n"
       "  \"initializer_range\": 0.02,\n"
       "  \"use_cache\": true,\n"
@@ -200,6 +198,9 @@ std::string llama_config_json(const ModelConfig& m, const std::string& dtype, bo
       "}}\n",
       architecture, model_type, m.vocab_size, m.dim, intermediate, m.n_layers, m.n_heads,
       m.n_kv_heads, m.head_dim(), m.seq_len, m.norm_eps, m.rope_theta,
+      // LlamaConfig's keys (Mixtral's loaders ignore them); Qwen2-MoE's q/k/v have biases.
+      llama_keys ? "  \"attention_bias\": false,\n" : "",
+      llama_keys ? "  \"mlp_bias\": false,\n  \"pretraining_tp\": 1,\n" : "",
       m.tie_embeddings ? "true" : "false", special_ids ? "1" : "null", special_ids ? "2" : "null",
       dtype, family);
 }
