@@ -88,7 +88,9 @@ void check_model_limits(const ModelConfig& m, const std::string& src, HfLayout l
         {"model.rope_theta", "rope_theta"},
         {"model.n_experts", "num_local_experts"},
         {"model.experts_per_token", "num_experts_per_tok"},
-        {"model.moe_ffn_dim", "intermediate_size"}};
+        {"model.moe_ffn_dim", "intermediate_size"},
+        {"model.dense_layers", "mlp_only_layers"},
+        {"model.n_shared_experts", "shared_expert_intermediate_size"}};
     const bool qwen = layout == HfLayout::kQwen2Moe;
     std::string named;
     for (auto [recipe_key, config_key] : keys) {
@@ -128,6 +130,14 @@ HfLayout check_architecture(const json& c, const std::string& src) {
       src, c.contains("model_type") ? c.at("model_type").dump() : "absent"));
 }
 
+// Mixtral's and Qwen2-MoE's auxiliary loss is over the batch, titan3d's per sequence: not taken.
+void note_aux_loss_coef(const json& c, std::vector<std::string>* notes) {
+  if (c.contains("router_aux_loss_coef") && !c.at("router_aux_loss_coef").is_null())
+    notes->push_back("`router_aux_loss_coef` " + c.at("router_aux_loss_coef").dump() +
+                     " not taken: titan3d's auxiliary loss is per sequence (docs/moe.md); set "
+                     "model.router_aux_coef to fine-tune with one");
+}
+
 // Qwen2-MoE's keys (transformers' Qwen2MoeConfig) as titan3d's block: its mixture-of-experts
 // blocks every layer but the leading `mlp_only_layers`, shared experts a whole number of experts
 // wide (titan3d's shared width is n_shared_experts · moe_ffn_dim).
@@ -161,10 +171,7 @@ void qwen2_moe_keys(const json& c, const std::string& src, ModelConfig& m,
                    "[0, 1, ..., k-1] or []");
     m.dense_layers = static_cast<int64_t>(dense.size());
   }
-  if (c.contains("router_aux_loss_coef") && !c.at("router_aux_loss_coef").is_null())
-    notes->push_back("`router_aux_loss_coef` " + c.at("router_aux_loss_coef").dump() +
-                     " not taken: titan3d's auxiliary loss is per sequence (docs/moe.md); set "
-                     "model.router_aux_coef to fine-tune with one");
+  note_aux_loss_coef(c, notes);
 }
 
 }  // namespace
@@ -208,10 +215,7 @@ ModelConfig llama_model_from_config(const std::string& text, const std::string& 
     m.n_experts = required_int(c, src, "num_local_experts");
     m.experts_per_token = required_int(c, src, "num_experts_per_tok");
     m.moe_ffn_dim = m.ffn_dim;
-    if (c.contains("router_aux_loss_coef") && !c.at("router_aux_loss_coef").is_null())
-      notes->push_back("`router_aux_loss_coef` " + c.at("router_aux_loss_coef").dump() +
-                       " not taken: titan3d's auxiliary loss is per sequence (docs/moe.md); set "
-                       "model.router_aux_coef to fine-tune with one");
+    note_aux_loss_coef(c, notes);
     if (c.contains("router_jitter_noise") && c.at("router_jitter_noise") != 0 &&
         !c.at("router_jitter_noise").is_null())
       notes->push_back("`router_jitter_noise` " + c.at("router_jitter_noise").dump() +
