@@ -60,7 +60,7 @@ record() {
 }
 # record_snapshot NAME: as record, the parameters' hash taken from the last snapshot's /model
 # datasets (every parameter and router bias, by name, in little-endian binary) instead of an
-# export, for models Hugging Face's layouts cannot hold (shared experts).
+# export, for models no Hugging Face layout can hold (a selection bias: docs/moe.md).
 record_snapshot() {
   local name=$1 snap d
   snap=$(ls "$work/$name"/snapshots/step_*.h5 2>/dev/null | sort | tail -1)
