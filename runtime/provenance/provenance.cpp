@@ -1,5 +1,6 @@
 #include "runtime/provenance/provenance.h"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <filesystem>
@@ -39,6 +40,34 @@ void check_same_model(const std::string& saved_toml, const Recipe& now, const st
         now.origin(std::string("model.") + key),
         "). A snapshot holds one model: only training, parallel, data and snapshot keys may "
         "change, not its [model] shape.");
+}
+
+std::vector<std::string> changed_model_function(const std::string& saved_toml, const Recipe& now,
+                                                const std::string& path) {
+  const Recipe saved = parse_recipe(saved_toml, path + " (recipe)");
+  const auto& a = saved.model;
+  const auto& b = now.model;
+  const auto score = [](kernels::RouterScore s) {
+    return s == kernels::RouterScore::kSoftmax ? "\"softmax\"" : "\"sigmoid\"";
+  };
+  std::vector<std::pair<std::string, std::pair<std::string, std::string>>> keys = {
+      {"rope_theta", {fmt::format("{}", a.rope_theta), fmt::format("{}", b.rope_theta)}},
+      {"norm_eps", {fmt::format("{}", a.norm_eps), fmt::format("{}", b.norm_eps)}}};
+  if (a.moe() && b.moe())
+    keys.insert(
+        keys.end(),
+        {{"experts_per_token",
+          {std::to_string(a.experts_per_token), std::to_string(b.experts_per_token)}},
+         {"router_score", {score(a.router_score), score(b.router_score)}},
+         {"router_norm_topk",
+          {a.router_norm_topk ? "true" : "false", b.router_norm_topk ? "true" : "false"}},
+         {"router_scale", {fmt::format("{}", a.router_scale), fmt::format("{}", b.router_scale)}}});
+  std::vector<std::string> changed;
+  for (const auto& [key, v] : keys)
+    if (v.first != v.second)
+      changed.push_back(fmt::format("model.{}: {} in the snapshot, {} in this run ({})", key,
+                                    v.first, v.second, now.origin("model." + key)));
+  return changed;
 }
 
 int64_t tokenizer_hash(const Recipe& recipe) {

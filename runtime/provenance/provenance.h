@@ -19,6 +19,14 @@ namespace t3d::runtime {
 void check_same_model(const std::string& saved_toml, const Recipe& now, const std::string& path,
                       const std::string& verb);
 
+// The [model] keys that change what a snapshot's weights compute without changing a tensor
+// (RoPE's base, the norms' epsilon, the routing: experts_per_token, router_score,
+// router_norm_topk, router_scale), each "model.KEY: SAVED in the snapshot, NOW in this run (WHERE)"
+// where `now` differs from the stored recipe. A resume or eval may change them on purpose (a
+// longer RoPE base, another top-k); the caller says so once (rank 0).
+std::vector<std::string> changed_model_function(const std::string& saved_toml, const Recipe& now,
+                                                const std::string& path);
+
 // The recipe stored in a snapshot, with `overrides` applied and snapshot.resume set to the
 // snapshot: what `titan3d resume` runs. UserError naming the file if it is not a snapshot.
 Recipe load_resume_recipe(const std::string& snapshot, const std::vector<Override>& overrides);

@@ -177,6 +177,8 @@ struct Snapshotter::Impl {
       check_same_model(reader.info().recipe, r, reader.path(), "resume from");
       check_same_tokenizer(reader.info().counters, r, reader.path(), "resume from");
       warn_if_data_changed(reader.info().counters, reader.info().recipe, r, reader.path());
+      for (const auto& change : changed_model_function(reader.info().recipe, r, reader.path()))
+        spdlog::warn("resuming {} with another model function: {}", reader.path(), change);
       c.step = reader.info().step;
       c.id = reader.info().id;
     };

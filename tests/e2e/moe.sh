@@ -199,6 +199,11 @@ refused parallel.tp --set parallel.tp=2 --set model.moe_ffn_dim=33
 refused model.router_aux_coef --set parallel.cp=2
 refused model.n_experts --set model.n_experts=-1
 refused model.capacity_factor --set model.capacity_factor=-0.5
+# Another top-k on resume: allowed (no tensor changes), and said once, naming the key.
+"$titan3d" resume "$snap" --set model.experts_per_token=1 --set train.steps=51 \
+  --set run.dir="$work/topk1" --set run.log_level=warn > "$work/topk1.log" 2>&1
+check "[ \$? -eq 0 ] && [ \$(grep -c 'another model function: model.experts_per_token: 2 in the snapshot, 1 in this run' $work/topk1.log) -eq 1 ]" \
+  "a resume with another experts_per_token runs and says so once" || tail -3 "$work/topk1.log"
 
 # --- 6. Capacity factor. ---
 # Rows per micro-batch: 8 / 2 = 4 sequences on 1 rank, 8 / (2 · 1) on dp2 with 1 micro-batch.

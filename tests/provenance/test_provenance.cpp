@@ -81,6 +81,28 @@ TEST_F(Provenance, TheExpertsShapeMayNotChange) {
   EXPECT_EQ(error_of([&] { check_same_model(dense, dense_now, "s.h5", "resume from"); }), "");
 }
 
+// Keys that change what the weights compute but no tensor: allowed, and each named when changed.
+TEST_F(Provenance, AChangedModelFunctionIsNamed) {
+  const std::string stored =
+      parse_recipe("[model]\ndim = 64\nn_heads = 4\nn_experts = 4\nmoe_ffn_dim = 32\n", "s.toml")
+          .to_toml();
+  const Recipe same = parse_recipe(stored, "now.toml", {{"train.lr", "1e-4"}});
+  EXPECT_TRUE(changed_model_function(stored, same, "s.h5").empty());
+  const Recipe changed = parse_recipe(stored, "now.toml",
+                                      {{"model.experts_per_token", "1"},
+                                       {"model.router_score", "sigmoid"},
+                                       {"model.rope_theta", "500000"},
+                                       {"model.router_bias_rate", "1e-3"}});  // training's
+  const auto c = changed_model_function(stored, changed, "s.h5");
+  ASSERT_EQ(c.size(), 3u);
+  EXPECT_EQ(c[0].rfind("model.rope_theta: 10000 in the snapshot, 500000 in this run", 0), 0u)
+      << c[0];
+  EXPECT_EQ(c[1].rfind("model.experts_per_token: 2 in the snapshot, 1 in this run", 0), 0u) << c[1];
+  EXPECT_NE(c[1].find("--set model.experts_per_token=1"), std::string::npos) << c[1];
+  EXPECT_EQ(c[2].rfind("model.router_score: \"softmax\" in the snapshot, \"sigmoid\"", 0), 0u)
+      << c[2];
+}
+
 TEST_F(Provenance, TheTokenizerMustBeTheRecordedOne) {
   const Recipe bytes = parse_recipe("", "r.toml");
   std::map<std::string, int64_t> none;  // made with the byte tokenizer: no hash recorded
