@@ -17,7 +17,6 @@
 #include "apps/io_verbs.h"
 #include "apps/perf_report.h"
 #include "checkpoint/paths.h"
-#include "checkpoint/snapshot.h"
 #include "kernels/blas.h"
 #include "kernels/check.h"
 #include "parallel/trace.h"
@@ -194,10 +193,6 @@ int eval(const std::string& snapshot, const runtime::EvalOptions& options, const
   runtime::MpiRuntime mpi;
   runtime::Job job = runtime::join_world(std::move(recipe), o.log_level, /*needs_data=*/false);
   job.set_precision(runtime::recorded_precision(job.recipe));  // the GEMM the snapshot trained with
-  if (job.mesh->rank() == 0)
-    for (const auto& change :
-         runtime::changed_model_function(checkpoint::read_recipe(snapshot), job.recipe, snapshot))
-      spdlog::warn("evaluating {} as another model: {}", snapshot, change);
   const runtime::EvalResult res = runtime::run_eval(job, snapshot, options);
   if (job.mesh->rank() != 0) return 0;
   const auto& p = job.recipe.parallel;

@@ -114,6 +114,9 @@ EvalResult run_eval(const Job& job, const std::string& snapshot, const EvalOptio
       checkpoint::SnapshotReader reader(snapshot);
       res.step = reader.info().step;
       check_same_tokenizer(reader.info().counters, r, snapshot, "evaluate");
+      if (mesh.rank() == 0)
+        for (const auto& change : changed_model_function(reader.info().recipe, r, snapshot))
+          spdlog::warn("evaluating {} as another model: {}", snapshot, change);
       float* params = model->state().params.data();
       for (const auto& p : model->params()) {
         const TensorBox box = tp_shard_box(p, model->tp_size(), model->tp_rank());

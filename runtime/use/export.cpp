@@ -228,7 +228,7 @@ ExportSummary export_snapshot(const std::string& snapshot, const std::string& ou
   T3D_USER_CHECK(options.dtype == "fp32" || options.dtype == "bf16", "--dtype is `", options.dtype,
                  "`; give fp32 or bf16");
   const bool bf16 = options.dtype == "bf16";
-  const SnapshotWeights w = load_snapshot_weights(snapshot);
+  SnapshotWeights w = load_snapshot_weights(snapshot);
   const ModelConfig& m = w.recipe.model;
   check_hf_layout(m, "`" + snapshot + "`");
   const TextTokenizer tokenizer = TextTokenizer::open(w.recipe.data.tokenizer);
@@ -241,17 +241,20 @@ ExportSummary export_snapshot(const std::string& snapshot, const std::string& ou
   s.step = w.step;
   s.safetensors = (fs::path(out_dir) / "model.safetensors").string();
   s.config = (fs::path(out_dir) / "config.json").string();
-  std::vector<GlobalTensor> tensors = w.tensors;  // under Hugging Face's names, in its values
-  for (auto& t : tensors) t.name = hf_tensor_name(m, t.name);
-  if (hf_layout(m) == HfLayout::kQwen2Moe) {
-    for (size_t i = 0; i < tensors.size(); ++i)
-      if (is_shared_down_proj(w.tensors[i].name))
-        for (float& v : tensors[i].data) v *= kQwen2SharedDownScale;
-    for (auto& t : qwen2_moe_zero_tensors(m)) tensors.push_back(std::move(t));
-  }
-  std::vector<ck::TensorRef> refs;
-  for (const auto& t : tensors) refs.push_back({t.name, t.shape, t.data.data()});
   for (const auto& t : w.tensors) s.parameters += static_cast<int64_t>(t.data.size());
+  // Hugging Face's names and values, in place (no second copy of the model in host memory),
+  // and the parts of its family titan3d's model has not.
+  std::vector<GlobalTensor> extra;
+  if (hf_layout(m) == HfLayout::kQwen2Moe) {
+    for (auto& t : w.tensors)
+      if (is_shared_down_proj(t.name))
+        for (float& v : t.data) v *= kQwen2SharedDownScale;
+    extra = qwen2_moe_zero_tensors(m);
+  }
+  for (auto& t : w.tensors) t.name = hf_tensor_name(m, t.name);
+  std::vector<ck::TensorRef> refs;
+  for (const auto* group : {&w.tensors, &extra})
+    for (const auto& t : *group) refs.push_back({t.name, t.shape, t.data.data()});
   s.tensors = static_cast<int64_t>(refs.size());
   std::vector<std::string> written;  // removed again if a later file fails
   try {

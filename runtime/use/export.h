@@ -66,9 +66,8 @@ struct SnapshotWeights {
 SnapshotWeights load_snapshot_weights(const std::string& snapshot);
 
 // config.json for transformers' class of hf_layout(config) describing `config`. `dtype`:
-// "float32" or
-// "bfloat16" (torch_dtype). `special_ids`: a SentencePiece tokenizer's <s> = 1 and </s> = 2 are
-// named as bos / eos; the byte tokenizer has none (null).
+// "float32" or "bfloat16" (torch_dtype). `special_ids`: a SentencePiece tokenizer's <s> = 1 and
+// </s> = 2 are named as bos / eos; the byte tokenizer has none (null).
 std::string llama_config_json(const ModelConfig& config, const std::string& dtype = "float32",
                               bool special_ids = false);
 

@@ -282,6 +282,15 @@ std::map<std::string, std::shared_ptr<ck::SafetensorsFile>> open_weights(
   return where;
 }
 
+// Tensor `name` of `file` as fp32, refused unless it has the `shape` config.json implies.
+std::vector<float> read_with_shape(const ck::SafetensorsFile& file, const std::string& name,
+                                   const std::vector<int64_t>& shape) {
+  const ck::StEntry& e = file.entries().at(name);
+  T3D_USER_CHECK(e.shape == shape, "`", file.path(), "`: tensor `", name, "` has shape ",
+                 json(e.shape).dump(), " but config.json implies ", json(shape).dump());
+  return file.read_f32(name);
+}
+
 // Qwen2-MoE's parts titan3d's block has not (export.h, qwen2_moe_zero_tensors), taken only as
 // export writes them: q/k/v biases zero (or absent: qkv_bias false), every shared-expert gate
 // zero, so that the gate's sigmoid halves the shared experts' output and their down projection,
@@ -293,14 +302,10 @@ void read_qwen2_moe_parts(const ModelConfig& m,
     const auto it = where.find(zero.name);
     const bool gate = zero.name.ends_with("shared_expert_gate.weight");
     T3D_USER_CHECK(it != where.end() || !gate, "no weight file holds tensor `", zero.name,
-                   "`, the shared experts' gate config.json's Qwen2-MoE needs");
+                   "`, the shared experts' gate, which config.json's Qwen2-MoE needs");
     if (it == where.end()) continue;  // a bias of a model without qkv_bias
     known.insert(zero.name);
-    const ck::StEntry& e = it->second->entries().at(zero.name);
-    T3D_USER_CHECK(e.shape == zero.shape, "`", it->second->path(), "`: tensor `", zero.name,
-                   "` has shape ", json(e.shape).dump(), " but config.json implies ",
-                   json(zero.shape).dump());
-    const std::vector<float> v = it->second->read_f32(zero.name);
+    const std::vector<float> v = read_with_shape(*it->second, zero.name, zero.shape);
     const auto nonzero = std::find_if(v.begin(), v.end(), [](float x) { return x != 0.0f; });
     T3D_USER_CHECK(
         nonzero == v.end(), "`", it->second->path(), "`: tensor `", zero.name, "` holds ",
@@ -332,7 +337,7 @@ std::vector<GlobalTensor> read_tensors(
   std::set<std::string> known;
   std::set<std::string> dtypes;
   for (auto& t : table) {
-    const std::string hf = hf_tensor_name(m, t.name);  // Mixtral's names for the experts
+    const std::string hf = hf_tensor_name(m, t.name);  // the family's names for the experts
     known.insert(hf);
     const auto it = where.find(hf);
     if (it == where.end()) {
@@ -343,13 +348,13 @@ std::vector<GlobalTensor> read_tensors(
           "weights are incomplete, or config.json is not theirs",
           fmt::join(files, ", "), hf,
           hf == "lm_head.weight" ? " (tie_word_embeddings is false)"
-          : m.moe()              ? fmt::format(" (num_local_experts = {})", m.n_experts)
-                                 : ""));
+          : m.moe()              ? fmt::format(
+                                       " ({} = {})",
+                          hf_layout(m) == HfLayout::kMixtral ? "num_local_experts" : "num_experts",
+                                       m.n_experts)
+                    : ""));
     }
-    const ck::StEntry& e = it->second->entries().at(hf);
-    T3D_USER_CHECK(e.shape == t.shape, "`", it->second->path(), "`: tensor `", hf, "` has shape ",
-                   json(e.shape).dump(), " but config.json implies ", json(t.shape).dump());
-    t.data = it->second->read_f32(hf);
+    t.data = read_with_shape(*it->second, hf, t.shape);
     // A weight that is NaN or infinite makes every loss NaN: refused, not trained from.
     const auto bad =
         std::find_if(t.data.begin(), t.data.end(), [](float v) { return !std::isfinite(v); });
@@ -357,7 +362,7 @@ std::vector<GlobalTensor> read_tensors(
                    *bad, " at element ", bad - t.data.begin(),
                    " (flat index); a model with non-finite weights cannot be trained or used. "
                    "Import a sound copy of the weights.");
-    dtypes.insert(e.dtype);
+    dtypes.insert(it->second->entries().at(hf).dtype);
     s.parameters += static_cast<int64_t>(t.data.size());
   }
   if (hf_layout(m) == HfLayout::kQwen2Moe) read_qwen2_moe_parts(m, where, table, known);
