@@ -120,7 +120,7 @@ void pack_col_pairs(u32* dst, const float* src, i64 rows, i64 cols, i64 ld, i64 
 
 inline __m256i to_bf16(__m512 x) { return (__m256i)_mm512_cvtneps_pbh(x); }
 
-// exp(x) for x <= 0: kernels/vec_math.h's exp_neg (Cephes polynomial, rel. error ~2e-7) on 16
+// exp(x) for x <= 0: kernels/row_math.h's exp_neg (Cephes polynomial, rel. error ~2e-7) on 16
 // lanes, with the 2^n scaling done by vscalefps.
 inline __m512 exp_neg16(__m512 x) {
   x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));

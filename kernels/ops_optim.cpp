@@ -42,16 +42,7 @@ double sum_of_squares(const float* x, std::int64_t n) {
 void adamw_step(float* params, const float* grads, float* m, float* v, std::int64_t n,
                 const AdamWConfig& cfg, std::int64_t step) {
   T3D_ASSERT(step >= 1, "AdamW step counts from 1, got ", step);
-  // Bias corrections in double: beta2^t with beta2 = 0.999 and large t needs the precision.
-  const double bc1 = 1.0 - std::pow(static_cast<double>(cfg.beta1), static_cast<double>(step));
-  const double bc2 = 1.0 - std::pow(static_cast<double>(cfg.beta2), static_cast<double>(step));
-  const detail::AdamWScalars scalars{cfg.beta1,
-                                     cfg.beta2,
-                                     cfg.eps,
-                                     1.0f - cfg.lr * cfg.weight_decay,
-                                     static_cast<float>(cfg.lr / bc1),
-                                     static_cast<float>(1.0 / std::sqrt(bc2)),
-                                     cfg.grad_scale};
+  const detail::AdamWScalars scalars = detail::adamw_scalars(cfg, step);
   const auto& rows = detail::simd_rows();
   detail::split_range(n, [&](std::int64_t lo, std::int64_t hi) {
     rows.adamw(params + lo, grads + lo, m + lo, v + lo, hi - lo, scalars);

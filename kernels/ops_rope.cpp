@@ -2,6 +2,7 @@
 
 #include "kernels/check.h"
 #include "kernels/ops.h"
+#include "kernels/row_math.h"
 #include "kernels/threads.h"
 
 namespace t3d::kernels {
@@ -24,9 +25,7 @@ void rope_apply(float* out, const float* inp, const float* table, std::int64_t B
       float* y = out + bt * row + h * D;
       for (std::int64_t i = 0; i < half; ++i) {
         const float x1 = x[i], x2 = x[i + half];  // read both before writing (in place)
-        const float s = sign * sin[i];
-        y[i] = x1 * cos[i] - x2 * s;
-        y[i + half] = x2 * cos[i] + x1 * s;
+        detail::rope_rotate(x1, x2, cos[i], sign * sin[i], y[i], y[i + half]);
       }
     }
   }

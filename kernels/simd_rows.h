@@ -9,16 +9,9 @@
 
 #include <cstdint>
 
-namespace t3d::kernels::detail {
+#include "kernels/row_math.h"
 
-// AdamW's per-step scalars (kernels/ops.h adamw_step computes them once per call).
-struct AdamWScalars {
-  float beta1, beta2, eps;
-  float decay;         // 1 - lr · weight_decay
-  float step_size;     // lr / (1 - beta1^t)
-  float inv_sqrt_bc2;  // 1 / sqrt(1 - beta2^t)
-  float grad_scale;    // multiplies each gradient first (clipping; 1 without)
-};
+namespace t3d::kernels::detail {
 
 struct SimdRows {
   const char* isa;

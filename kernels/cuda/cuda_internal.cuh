@@ -1,0 +1,62 @@
+// Internal to kernels/cuda/: error checks, the Stream's state, launch shapes.
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/check.h"
+#include "kernels/cuda/cuda_ops.h"
+
+// Every CUDA runtime call is checked: a failure throws InternalError naming the call, the file
+// and line and CUDA's own message (a sticky error, e.g. an illegal address, surfaces at the next
+// checked call on that device).
+#define T3D_CUDA_CHECK(call)                                                               \
+  do {                                                                                     \
+    const cudaError_t t3d_err_ = (call);                                                   \
+    if (t3d_err_ != cudaSuccess)                                                           \
+      throw ::t3d::InternalError(::t3d::detail::concat(__FILE__, ":", __LINE__, ": ", #call, \
+                                                       " failed: ",                        \
+                                                       cudaGetErrorString(t3d_err_)));     \
+  } while (0)
+
+#define T3D_CUBLAS_CHECK(call)                                                             \
+  do {                                                                                     \
+    const cublasStatus_t t3d_st_ = (call);                                                 \
+    if (t3d_st_ != CUBLAS_STATUS_SUCCESS)                                                  \
+      throw ::t3d::InternalError(::t3d::detail::concat(__FILE__, ":", __LINE__, ": ", #call, \
+                                                       " failed: ",                        \
+                                                       cublasGetStatusString(t3d_st_)));   \
+  } while (0)
+
+// After a launch: a bad configuration is reported here, not at some later call.
+#define T3D_CUDA_LAUNCHED() T3D_CUDA_CHECK(cudaGetLastError())
+
+namespace t3d::kernels::cuda {
+
+struct Stream::Impl {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t blas = nullptr;
+  // cuBLAS's workspace, fixed for the stream's life (cublasSetWorkspace): with the algorithm
+  // heuristics given the same workspace every call, cuBLAS repeats its bits.
+  void* blas_workspace = nullptr;
+  // The partial sums of sum_of_squares (kSumBlocks doubles).
+  double* partial_sums = nullptr;
+  // bf16 copies of GEMM inputs, grown to the largest call and kept (library memory outside the
+  // arena, as the CPU's per-thread bf16 buffers are).
+  bf16* gemm_inputs = nullptr;
+  std::size_t gemm_input_elems = 0;
+  bf16* gemm_inputs_for(std::size_t elems);  // at least `elems`, synchronising to grow
+};
+
+// Grid-stride launches over n elements: a fixed block size and a grid capped so that a launch
+// shape depends on n only.
+inline constexpr int kBlock = 256;
+inline unsigned grid_for(std::int64_t n) {
+  const std::int64_t blocks = (n + kBlock - 1) / kBlock;
+  return static_cast<unsigned>(blocks < 65535 * 8 ? (blocks > 0 ? blocks : 1) : 65535 * 8);
+}
+
+}  // namespace t3d::kernels::cuda

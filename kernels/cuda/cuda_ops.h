@@ -1,0 +1,181 @@
+// The CUDA backend of the kernel layer: the ops of kernels/ops.h on an NVIDIA GPU, on device
+// pointers, each enqueued on a Stream. This header names no CUDA type, so host code that does not
+// include the CUDA runtime can call it.
+//
+// Contracts are those of kernels/ops.h (shapes, accumulate vs write, ignore index, the vocab
+// slice), and each op is tested against its CPU twin on a GPU (tests/kernels/test_cuda_ops.cpp):
+//   - bit for bit where both backends evaluate the same element arithmetic (kernels/row_math.h) in
+//     the same order: embedding, RMSNorm, RoPE, AdamW, the bf16 casts, and SwiGLU against the
+//     CPU's SSE2 path (its AVX paths contract to FMAs);
+//   - within fp32 rounding where the order of a sum differs: the GEMMs (cuBLAS), attention, the
+//     cross-entropy (libm's exp against CUDA's expf), the sum of squares.
+// Deterministic: no floating-point atomics; every reduction has a fixed order that depends on the
+// shapes only (not the GPU's SM count); cuBLAS runs on one stream with a fixed workspace and TF32
+// off, so two runs give the same bits.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "kernels/ops.h"
+
+namespace t3d::kernels::cuda {
+
+// ---- devices ------------------------------------------------------------------------------------
+
+struct DeviceInfo {
+  int index = 0;
+  std::string name;  // "NVIDIA H100 80GB HBM3"
+  std::size_t total_bytes = 0, free_bytes = 0;
+  int cc_major = 0, cc_minor = 0;  // compute capability
+  int sm_count = 0;
+  int driver_version = 0, runtime_version = 0;  // 13000 = CUDA 13.0
+};
+
+// The GPUs this process sees. Empty when there are none; `why` then says why (no driver, no
+// device, CUDA_VISIBLE_DEVICES empty, a driver older than the runtime).
+std::vector<DeviceInfo> visible_devices(std::string* why = nullptr);
+// "NVIDIA H100 80GB HBM3, 79.1 GiB (78.5 free), sm_90, 132 SMs, driver CUDA 13.0, runtime 13.0"
+std::string describe(const DeviceInfo& d);
+// The GPU of a rank: its node-local rank modulo the GPUs it sees, so ranks may share a GPU.
+int device_for_local_rank(int local_rank, int visible_count);
+
+// ---- streams and memory -------------------------------------------------------------------------
+
+// GEMM inputs: fp32 (TF32 off, as precision = fp32 promises) or rounded to bf16 with fp32
+// accumulation and output (precision = bf16, PyTorch's autocast).
+enum class GemmPrecision { kFp32, kBf16 };
+
+// One CUDA stream on one device, with its cuBLAS handle and a fixed cuBLAS workspace (fixed
+// algorithms and workspace are what make cuBLAS repeat its bits). Every op below is enqueued on
+// the stream it is given and returns without waiting.
+class Stream {
+ public:
+  explicit Stream(int device);
+  ~Stream();
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  int device() const;
+  void synchronize() const;  // waits for everything enqueued; throws the first CUDA error
+  struct Impl;
+  Impl& impl() const { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// An owned cudaMalloc'd block (never managed memory). Throws UserError naming `what`, the bytes
+// asked and the bytes free when the device is out of memory.
+class DeviceMemory {
+ public:
+  DeviceMemory() = default;
+  DeviceMemory(std::size_t bytes, std::string_view what);
+  ~DeviceMemory();
+  DeviceMemory(DeviceMemory&& other) noexcept;
+  DeviceMemory& operator=(DeviceMemory&& other) noexcept;
+  void* data() const { return data_; }
+  template <class T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+  std::size_t bytes() const { return bytes_; }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+// The named crossings between host and device memory, ordered on the stream. Host memory that is
+// not pinned makes them synchronous (CUDA stages it).
+void copy_to_device(const Stream& s, void* device_dst, const void* host_src, std::size_t bytes);
+void copy_to_host(const Stream& s, void* host_dst, const void* device_src, std::size_t bytes);
+
+// ---- element-wise and reductions (ops_elementwise.cu) -------------------------------------------
+
+void zero(const Stream& s, float* x, std::int64_t n);
+void add(const Stream& s, float* out, const float* x, const float* y, std::int64_t n);
+void add_inplace(const Stream& s, float* x, const float* y, std::int64_t n);
+// *out (one double in device memory) = sum of x^2 in double, in a fixed order: kSumBlocks
+// blocks each sum a strided share, then one block sums their results pairwise.
+inline constexpr int kSumBlocks = 512;
+void sum_of_squares(const Stream& s, double* out, const float* x, std::int64_t n);
+void adamw_step(const Stream& s, float* params, const float* grads, float* m, float* v,
+                std::int64_t n, const AdamWConfig& cfg, std::int64_t step);
+void float_to_bf16(const Stream& s, bf16* out, const float* in, std::int64_t n);
+void bf16_to_float(const Stream& s, float* out, const bf16* in, std::int64_t n);
+
+// ---- embedding, RMSNorm, RoPE, SwiGLU (ops_rows.cu) ---------------------------------------------
+
+void embedding_forward(const Stream& s, float* out, const std::int32_t* tokens, const float* wte,
+                       std::int64_t N, std::int64_t C, std::int64_t vocab_start,
+                       std::int64_t vocab_end);
+// dwte += in token order, one thread per column: the CPU's order, so the same bits.
+void embedding_backward(const Stream& s, float* dwte, const float* dout,
+                        const std::int32_t* tokens, std::int64_t N, std::int64_t C,
+                        std::int64_t vocab_start, std::int64_t vocab_end);
+void rmsnorm_forward(const Stream& s, float* out, float* rstd, const float* inp,
+                     const float* weight, std::int64_t N, std::int64_t C, float eps);
+void rmsnorm_backward(const Stream& s, float* dinp, float* dweight, const float* dout,
+                      const float* inp, const float* weight, const float* rstd, std::int64_t N,
+                      std::int64_t C, Out mode = Out::kWrite);
+// table: the CPU's rope_table (kernels/ops.h), copied to the device once per run.
+void rope_forward(const Stream& s, float* out, const float* inp, const float* table, std::int64_t B,
+                  std::int64_t T, std::int64_t n_heads, std::int64_t D, std::int64_t pos_offset);
+void rope_backward(const Stream& s, float* dinp, const float* dout, const float* table,
+                   std::int64_t B, std::int64_t T, std::int64_t n_heads, std::int64_t D,
+                   std::int64_t pos_offset);
+void swiglu_forward(const Stream& s, float* h, const float* gate, const float* up, std::int64_t n);
+void swiglu_backward(const Stream& s, float* dgate, float* dup, const float* dh, const float* gate,
+                     const float* up, std::int64_t n);
+void swiglu_forward_bf16(const Stream& s, bf16* h16, bf16* gate16, bf16* up16, const float* gate,
+                         const float* up, std::int64_t n);
+void swiglu_backward_bf16(const Stream& s, bf16* dgate16, bf16* dup16, const float* dh,
+                          const bf16* gate16, const bf16* up16, std::int64_t n);
+
+// ---- linear layers (ops_linear.cu): cuBLAS --------------------------------------------------------
+
+// The three GEMMs of kernels/ops.h's linear ops, W stored [out, in] row-major. With kBf16 the
+// inputs are rounded to bf16 (nearest even, as the CPU rounds) into the stream's workspace first.
+void linear_forward(const Stream& s, GemmPrecision p, float* y, const float* x, const float* w,
+                    std::int64_t N, std::int64_t in, std::int64_t out, Out mode = Out::kWrite);
+void linear_backward_input(const Stream& s, GemmPrecision p, float* dx, const float* dy,
+                           const float* w, std::int64_t N, std::int64_t in, std::int64_t out,
+                           Out mode = Out::kWrite);
+void linear_backward_weight(const Stream& s, GemmPrecision p, float* dw, const float* dy,
+                            const float* x, std::int64_t N, std::int64_t in, std::int64_t out);
+
+// ---- cross-entropy (ops_loss.cu) -------------------------------------------------------------------
+
+// As kernels/ops.h; the targets are checked on the host before the call (check_token_ids).
+void cross_entropy_fused(const Stream& s, float* logits, float* losses,
+                         const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                         float grad_scale);
+void ce_local_max(const Stream& s, float* row_max, const float* logits, std::int64_t N,
+                  std::int64_t V);
+void ce_local_sum_exp(const Stream& s, float* sum_exp, const float* logits, const float* row_max,
+                      std::int64_t N, std::int64_t V);
+void ce_local_target_logit(const Stream& s, float* target_logit, const float* logits,
+                           const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                           std::int64_t vocab_start);
+void ce_loss_and_grad(const Stream& s, float* logits, float* losses, const std::int32_t* targets,
+                      const float* row_max, const float* sum_exp, const float* target_logit,
+                      std::int64_t N, std::int64_t V, std::int64_t vocab_start, float grad_scale);
+
+// ---- causal grouped-query attention (ops_attention.cu) ------------------------------------------
+
+// As kernels/ops.h (fp32, context-parallel positions included), with no T x T matrix in memory
+// and no scratch: the forward streams over keys with an online softmax, the backward recomputes
+// the probabilities from lse, computing dq per query row and dk, dv per key row (no atomics).
+// Needs head_dim <= kMaxHeadDim.
+inline constexpr std::int64_t kMaxHeadDim = 256;
+void attention_forward(const Stream& s, float* out, float* lse, const float* q, const float* k,
+                       const float* v, const AttentionShape& shape);
+void attention_backward(const Stream& s, float* dq, float* dk, float* dv, const float* dout,
+                        const float* q, const float* k, const float* v, const float* out,
+                        const float* lse, const AttentionShape& shape);
+
+}  // namespace t3d::kernels::cuda

@@ -1,0 +1,158 @@
+// Devices, streams, device memory and the host <-> device copies of the CUDA backend.
+#include <cstdio>
+#include <utility>
+
+#include "kernels/arena.h"
+#include "kernels/cuda/cuda_internal.cuh"
+
+namespace t3d::kernels::cuda {
+namespace {
+
+constexpr std::size_t kBlasWorkspaceBytes = 32u << 20;  // cuBLAS's advice for Hopper: 32 MiB
+
+std::string cuda_version(int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); }
+
+}  // namespace
+
+std::vector<DeviceInfo> visible_devices(std::string* why) {
+  std::vector<DeviceInfo> out;
+  int driver = 0, runtime = 0;
+  cudaRuntimeGetVersion(&runtime);
+  if (cudaDriverGetVersion(&driver) != cudaSuccess || driver == 0) {
+    if (why) *why = "no NVIDIA driver is loaded (libcuda not found)";
+    return out;
+  }
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess || count == 0) {
+    if (why) {
+      *why = err == cudaSuccess ? "the driver sees no GPU" : cudaGetErrorString(err);
+      if (driver < runtime)
+        *why += " (driver supports CUDA " + cuda_version(driver) + ", titan3d was built with " +
+                cuda_version(runtime) + ")";
+    }
+    cudaGetLastError();  // clear the error so later calls start clean
+    return out;
+  }
+  for (int i = 0; i < count; ++i) {
+    cudaDeviceProp p{};
+    T3D_CUDA_CHECK(cudaGetDeviceProperties(&p, i));
+    DeviceInfo d;
+    d.index = i;
+    d.name = p.name;
+    d.cc_major = p.major;
+    d.cc_minor = p.minor;
+    d.sm_count = p.multiProcessorCount;
+    d.driver_version = driver;
+    d.runtime_version = runtime;
+    int previous = 0;
+    T3D_CUDA_CHECK(cudaGetDevice(&previous));
+    T3D_CUDA_CHECK(cudaSetDevice(i));
+    T3D_CUDA_CHECK(cudaMemGetInfo(&d.free_bytes, &d.total_bytes));
+    T3D_CUDA_CHECK(cudaSetDevice(previous));
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+std::string describe(const DeviceInfo& d) {
+  char mem[64];
+  std::snprintf(mem, sizeof mem, "%.1f GiB (%.1f free)", d.total_bytes / double(1u << 30),
+                d.free_bytes / double(1u << 30));
+  return d.name + ", " + mem + ", sm_" + std::to_string(d.cc_major) + std::to_string(d.cc_minor) +
+         ", " + std::to_string(d.sm_count) + " SMs, driver CUDA " + cuda_version(d.driver_version) +
+         ", runtime " + cuda_version(d.runtime_version);
+}
+
+int device_for_local_rank(int local_rank, int visible_count) {
+  T3D_USER_CHECK(visible_count > 0, "no GPU is visible to this rank");
+  T3D_ASSERT(local_rank >= 0, "negative local rank ", local_rank);
+  return local_rank % visible_count;
+}
+
+bf16* Stream::Impl::gemm_inputs_for(std::size_t elems) {
+  if (elems > gemm_input_elems) {
+    T3D_CUDA_CHECK(cudaStreamSynchronize(stream));  // the old buffer may still be read
+    if (gemm_inputs) T3D_CUDA_CHECK(cudaFree(gemm_inputs));
+    gemm_inputs = nullptr;
+    gemm_input_elems = 0;
+    T3D_CUDA_CHECK(cudaMalloc(&gemm_inputs, elems * sizeof(bf16)));
+    gemm_input_elems = elems;
+  }
+  return gemm_inputs;
+}
+
+Stream::Stream(int device) : impl_(std::make_unique<Impl>()) {
+  impl_->device = device;
+  T3D_CUDA_CHECK(cudaSetDevice(device));
+  T3D_CUDA_CHECK(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking));
+  T3D_CUBLAS_CHECK(cublasCreate(&impl_->blas));
+  T3D_CUBLAS_CHECK(cublasSetStream(impl_->blas, impl_->stream));
+  // Pedantic: no TF32 and no reduced-precision reductions, whatever NVIDIA_TF32_OVERRIDE says.
+  T3D_CUBLAS_CHECK(cublasSetMathMode(impl_->blas, CUBLAS_PEDANTIC_MATH));
+  T3D_CUBLAS_CHECK(cublasSetAtomicsMode(impl_->blas, CUBLAS_ATOMICS_NOT_ALLOWED));
+  T3D_CUDA_CHECK(cudaMalloc(&impl_->blas_workspace, kBlasWorkspaceBytes));
+  T3D_CUBLAS_CHECK(cublasSetWorkspace(impl_->blas, impl_->blas_workspace, kBlasWorkspaceBytes));
+  T3D_CUDA_CHECK(cudaMalloc(&impl_->partial_sums, kSumBlocks * sizeof(double)));
+}
+
+Stream::~Stream() {
+  if (!impl_) return;
+  cudaSetDevice(impl_->device);
+  if (impl_->stream) cudaStreamSynchronize(impl_->stream);
+  if (impl_->blas) cublasDestroy(impl_->blas);
+  cudaFree(impl_->blas_workspace);
+  cudaFree(impl_->partial_sums);
+  cudaFree(impl_->gemm_inputs);
+  if (impl_->stream) cudaStreamDestroy(impl_->stream);
+}
+
+int Stream::device() const { return impl_->device; }
+
+void Stream::synchronize() const { T3D_CUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }
+
+DeviceMemory::DeviceMemory(std::size_t bytes, std::string_view what) : bytes_(bytes) {
+  if (bytes == 0) return;
+  const cudaError_t err = cudaMalloc(&data_, bytes);
+  if (err == cudaErrorMemoryAllocation) {
+    cudaGetLastError();
+    std::size_t free_bytes = 0, total = 0;
+    cudaMemGetInfo(&free_bytes, &total);
+    throw UserError(::t3d::detail::concat("out of GPU memory allocating ", what, ": asked ",
+                                   format_bytes(bytes), ", ", format_bytes(free_bytes),
+                                   " free of ", format_bytes(total),
+                                   "; lower hardware.hbm_gib's use (smaller micro-batches, "
+                                   "recompute, ZeRO) or use more GPUs"));
+  }
+  T3D_CUDA_CHECK(err);
+}
+
+DeviceMemory::~DeviceMemory() {
+  if (data_) cudaFree(data_);
+}
+
+DeviceMemory::DeviceMemory(DeviceMemory&& other) noexcept
+    : data_(std::exchange(other.data_, nullptr)), bytes_(std::exchange(other.bytes_, 0)) {}
+
+DeviceMemory& DeviceMemory::operator=(DeviceMemory&& other) noexcept {
+  if (this != &other) {
+    if (data_) cudaFree(data_);
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+void copy_to_device(const Stream& s, void* device_dst, const void* host_src, std::size_t bytes) {
+  if (bytes == 0) return;
+  T3D_CUDA_CHECK(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice,
+                                 s.impl().stream));
+}
+
+void copy_to_host(const Stream& s, void* host_dst, const void* device_src, std::size_t bytes) {
+  if (bytes == 0) return;
+  T3D_CUDA_CHECK(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost,
+                                 s.impl().stream));
+}
+
+}  // namespace t3d::kernels::cuda

@@ -1,0 +1,106 @@
+// Element-wise range operations and the deterministic sum of squares on the GPU.
+#include "kernels/cuda/cuda_internal.cuh"
+#include "kernels/row_math.h"
+
+namespace t3d::kernels::cuda {
+namespace {
+
+__global__ void add_kernel(float* out, const float* x, const float* y, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x)
+    out[i] = x[i] + y[i];
+}
+
+// Block b's threads sum x[i]^2 for i ≡ b·kBlock + t (mod kSumBlocks·kBlock) in increasing i, in
+// double; then the block's kBlock sums pairwise (halves folded onto the first half).
+__global__ void sum_squares_partial(double* partial, const float* x, std::int64_t n) {
+  __shared__ double acc[kBlock];
+  double s = 0.0;
+  for (std::int64_t i = blockIdx.x * std::int64_t{kBlock} + threadIdx.x; i < n;
+       i += std::int64_t{kSumBlocks} * kBlock)
+    s += static_cast<double>(x[i]) * x[i];
+  acc[threadIdx.x] = s;
+  __syncthreads();
+  for (int w = kBlock / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) acc[threadIdx.x] += acc[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = acc[0];
+}
+
+// One block of kSumBlocks threads folds the partial sums the same way.
+__global__ void sum_partials(double* out, const double* partial) {
+  __shared__ double acc[kSumBlocks];
+  acc[threadIdx.x] = partial[threadIdx.x];
+  __syncthreads();
+  for (int w = kSumBlocks / 2; w > 0; w /= 2) {
+    if (threadIdx.x < w) acc[threadIdx.x] += acc[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *out = acc[0];
+}
+
+__global__ void adamw_kernel(float* params, const float* grads, float* m, float* v, std::int64_t n,
+                             detail::AdamWScalars s) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x)
+    detail::adamw_element(params[i], grads[i], m[i], v[i], s);
+}
+
+__global__ void to_bf16_kernel(bf16* out, const float* in, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x)
+    out[i] = detail::bf16_of(in[i]);
+}
+
+__global__ void from_bf16_kernel(float* out, const bf16* in, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x)
+    out[i] = detail::float_of(in[i]);
+}
+
+}  // namespace
+
+void zero(const Stream& s, float* x, std::int64_t n) {
+  if (n <= 0) return;
+  T3D_CUDA_CHECK(cudaMemsetAsync(x, 0, static_cast<std::size_t>(n) * sizeof(float),
+                                 s.impl().stream));
+}
+
+void add(const Stream& s, float* out, const float* x, const float* y, std::int64_t n) {
+  if (n <= 0) return;
+  add_kernel<<<grid_for(n), kBlock, 0, s.impl().stream>>>(out, x, y, n);
+  T3D_CUDA_LAUNCHED();
+}
+
+void add_inplace(const Stream& s, float* x, const float* y, std::int64_t n) { add(s, x, x, y, n); }
+
+void sum_of_squares(const Stream& s, double* out, const float* x, std::int64_t n) {
+  sum_squares_partial<<<kSumBlocks, kBlock, 0, s.impl().stream>>>(s.impl().partial_sums, x, n);
+  T3D_CUDA_LAUNCHED();
+  sum_partials<<<1, kSumBlocks, 0, s.impl().stream>>>(out, s.impl().partial_sums);
+  T3D_CUDA_LAUNCHED();
+}
+
+void adamw_step(const Stream& s, float* params, const float* grads, float* m, float* v,
+                std::int64_t n, const AdamWConfig& cfg, std::int64_t step) {
+  T3D_ASSERT(step >= 1, "AdamW step counts from 1, got ", step);
+  if (n <= 0) return;
+  adamw_kernel<<<grid_for(n), kBlock, 0, s.impl().stream>>>(params, grads, m, v, n,
+                                                             detail::adamw_scalars(cfg, step));
+  T3D_CUDA_LAUNCHED();
+}
+
+void float_to_bf16(const Stream& s, bf16* out, const float* in, std::int64_t n) {
+  if (n <= 0) return;
+  to_bf16_kernel<<<grid_for(n), kBlock, 0, s.impl().stream>>>(out, in, n);
+  T3D_CUDA_LAUNCHED();
+}
+
+void bf16_to_float(const Stream& s, float* out, const bf16* in, std::int64_t n) {
+  if (n <= 0) return;
+  from_bf16_kernel<<<grid_for(n), kBlock, 0, s.impl().stream>>>(out, in, n);
+  T3D_CUDA_LAUNCHED();
+}
+
+}  // namespace t3d::kernels::cuda

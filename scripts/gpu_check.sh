@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Everything the GPU needs checking, in one go on a machine with an NVIDIA GPU (at most ~8
+# minutes): the CUDA backend's tests against the CPU backend, compute-sanitizer's memcheck and
+# racecheck over its kernels, and the kernel benchmark beside PyTorch's at the same shapes.
+#
+# It runs the binaries of gpu_bundle/bundle.tar.xz, made here by scripts/gpu_bundle.sh (a GPU
+# machine may lack OpenBLAS, oneDNN, MPI and HDF5; the bundle brings the libraries the binaries
+# need besides CUDA's). CONTRIBUTING.md says how to carry it. Logs go to $OUT/gpu_check (or
+# /tmp/gpu_check); the summary is printed at the end. Exit status: 0 when every step passed.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+logs=${OUT:-/tmp}/gpu_check
+mkdir -p "$logs"
+status=0
+step() {  # step NAME SECONDS CMD...: runs CMD with a time limit, logs it, records pass/fail
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$logs/$name.log" 2>&1
+  local rc=$?
+  local verdict=passed
+  [ $rc -eq 0 ] || { verdict="FAILED (exit $rc$([ $rc -eq 124 ] && echo ", over ${limit} s"))"; status=1; }
+  printf '%-22s %-28s %4d s\n' "$name" "$verdict" $((SECONDS - t0)) | tee -a "$logs/summary.txt"
+}
+
+echo "== gpu_check at $(cat gpu_bundle/commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null)" | tee "$logs/summary.txt"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$logs/summary.txt"
+lscpu 2>/dev/null | grep -m1 "Model name" | tee -a "$logs/summary.txt"
+[ -s gpu_bundle/bundle.tar.xz ] || { echo "no gpu_bundle/bundle.tar.xz: run scripts/gpu_bundle.sh here first"; exit 2; }
+root=$(mktemp -d)
+tar -C "$root" -xJf gpu_bundle/bundle.tar.xz
+# CUDA's libraries from this machine: the toolkit's, else the ones PyTorch's wheels bring.
+cuda_libs=/usr/local/cuda/lib64
+if [ ! -e "$cuda_libs/libcublasLt.so.13" ]; then
+  found=$(find / -name 'libcublasLt.so.13' -not -path '/proc/*' 2>/dev/null | head -n 1)
+  [ -n "$found" ] && cuda_libs=$(dirname "$found")
+fi
+export LD_LIBRARY_PATH="$root/lib:$cuda_libs:/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+if ! "$root/bin/test_kernels_cuda" --gtest_list_tests >/dev/null 2>"$logs/load.log"; then
+  echo "the test binary does not load here:"; cat "$logs/load.log"; ldd "$root/bin/test_kernels_cuda"; exit 2
+fi
+
+step gpu_tests 120 "$root/bin/test_kernels_cuda"
+grep -E "^GPU 0|PASSED|FAILED|SKIPPED \]" "$logs/gpu_tests.log" | sort -u | head -n 20
+# On a GPU machine a skipped GPU test is a failure: it did not run.
+if grep -q "SKIPPED \]" "$logs/gpu_tests.log"; then
+  echo "gpu_tests              FAILED: tests skipped on a GPU machine" | tee -a "$logs/summary.txt"
+  status=1
+fi
+sanitized='CudaElementwise.*:CudaRows.*:CudaLoss.*:CudaAttention.*'
+if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
+  cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
+  step memcheck 120 "$cs" --tool memcheck --error-exitcode 9 "$root/bin/test_kernels_cuda" --gtest_filter="$sanitized"
+  step racecheck 120 "$cs" --tool racecheck --error-exitcode 9 "$root/bin/test_kernels_cuda" --gtest_filter="$sanitized"
+  grep -h "ERROR SUMMARY\|RACECHECK SUMMARY" "$logs/memcheck.log" "$logs/racecheck.log" 2>/dev/null
+else
+  echo "compute-sanitizer not found: memcheck and racecheck not run" | tee -a "$logs/summary.txt"
+fi
+step bench_titan3d 90 "$root/bin/bench_cuda"
+python=$(command -v python3 || command -v python)
+step bench_pytorch 120 "$python" "$root/bin/bench_cuda_torch.py"
+
+echo "== kernels at a ~1 B LLaMA's shapes: median ms (rate), titan3d vs PyTorch on this GPU" | tee -a "$logs/summary.txt"
+grep -h "^DEVICE" "$logs/bench_titan3d.log" | tee -a "$logs/summary.txt"
+"$python" - "$logs/bench_titan3d.log" "$logs/bench_pytorch.log" <<'PY' | tee -a "$logs/summary.txt"
+import sys
+def read(path):
+    rows = {}
+    try:
+        for line in open(path):
+            if line.startswith("BENCH "):
+                _, name, ms, rate, unit = line.split()
+                rows[name] = (float(ms), float(rate), unit)
+    except OSError:
+        pass
+    return rows
+ours, theirs = read(sys.argv[1]), read(sys.argv[2])
+print(f"{'op':<28} {'titan3d ms':>11} {'PyTorch ms':>11} {'speed vs PyTorch':>17}  rate (titan3d / PyTorch)")
+for name, (ms, rate, unit) in ours.items():
+    if name in theirs:
+        tms, trate, _ = theirs[name]
+        print(f"{name:<28} {ms:11.3f} {tms:11.3f} {tms / ms:16.2f}x  {rate:.2f} / {trate:.2f} {unit}")
+    else:
+        print(f"{name:<28} {ms:11.3f} {'-':>11} {'-':>17}  {rate:.2f} {unit}")
+PY
+echo "== summary (logs in $logs)"
+cat "$logs/summary.txt" | grep -E "passed|FAILED|not run"
+exit $status

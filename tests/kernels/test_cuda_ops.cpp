@@ -1,0 +1,425 @@
+// The CUDA backend against the CPU backend, op by op, on random inputs: bit for bit where
+// kernels/cuda/cuda_ops.h promises it, within stated tolerances where sums run in another order,
+// and every GPU op twice with the same bits (determinism). Each test needs a GPU and skips with
+// the reason where the process sees none.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "kernels/check.h"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/ops.h"
+#include "kernels/row_math.h"
+#include "tests/kernels/reference.h"
+
+namespace t3d::kernels {
+namespace {
+
+namespace gpu = cuda;
+using ref::random_floats;
+
+// The one GPU every test runs on, or the reason there is none.
+struct Gpu {
+  std::vector<gpu::DeviceInfo> devices;
+  std::string why;
+  std::unique_ptr<gpu::Stream> stream;
+  Gpu() {
+    devices = gpu::visible_devices(&why);
+    if (!devices.empty()) stream = std::make_unique<gpu::Stream>(0);
+  }
+};
+Gpu& the_gpu() {
+  static Gpu g;
+  return g;
+}
+#define REQUIRE_GPU()                                                               \
+  do {                                                                              \
+    if (the_gpu().devices.empty()) GTEST_SKIP() << "no GPU: " << the_gpu().why; \
+  } while (0)
+
+const gpu::Stream& S() { return *the_gpu().stream; }
+
+// A device copy of a host vector, read back with host().
+template <class T>
+struct Dev {
+  gpu::DeviceMemory mem;
+  std::size_t n = 0;
+  explicit Dev(const std::vector<T>& h) : mem(h.size() * sizeof(T), "test"), n(h.size()) {
+    gpu::copy_to_device(S(), mem.data(), h.data(), n * sizeof(T));
+  }
+  explicit Dev(std::size_t count) : Dev(std::vector<T>(count)) {}
+  T* p() const { return mem.as<T>(); }
+  std::vector<T> host() const {
+    std::vector<T> h(n);
+    gpu::copy_to_host(S(), h.data(), mem.data(), n * sizeof(T));
+    S().synchronize();
+    return h;
+  }
+};
+
+template <class T>
+void expect_same_bits(const std::vector<T>& gpu_out, const std::vector<T>& cpu_out,
+                      const char* what) {
+  ASSERT_EQ(gpu_out.size(), cpu_out.size()) << what;
+  int bad = 0;
+  for (std::size_t i = 0; i < gpu_out.size(); ++i) {
+    if (std::memcmp(&gpu_out[i], &cpu_out[i], sizeof(T)) != 0) {
+      ADD_FAILURE() << what << "[" << i << "]: GPU " << +gpu_out[i] << ", CPU " << +cpu_out[i];
+      if (++bad == 5) return;
+    }
+  }
+}
+
+void expect_close(const std::vector<float>& gpu_out, const std::vector<float>& cpu_out,
+                  double rtol, double atol, const char* what) {
+  ref::expect_close(gpu_out, ref::to_double(cpu_out), rtol, atol, what);
+}
+
+std::vector<std::int32_t> random_tokens(std::size_t n, int lo, int hi, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> dist(lo, hi - 1);
+  std::vector<std::int32_t> t(n);
+  for (auto& x : t) x = dist(rng);
+  return t;
+}
+
+TEST(CudaDevice, RanksShareGpusByLocalRank) {  // host logic: runs everywhere
+  EXPECT_EQ(gpu::device_for_local_rank(0, 1), 0);
+  EXPECT_EQ(gpu::device_for_local_rank(7, 1), 0);
+  EXPECT_EQ(gpu::device_for_local_rank(5, 4), 1);
+  EXPECT_THROW(gpu::device_for_local_rank(0, 0), UserError);
+}
+
+TEST(CudaDevice, NamesTheGpu) {
+  REQUIRE_GPU();
+  const auto& d = the_gpu().devices[0];
+  const std::string text = gpu::describe(d);
+  std::printf("GPU 0: %s\n", text.c_str());
+  EXPECT_NE(text.find(d.name), std::string::npos);
+  EXPECT_GT(d.total_bytes, std::size_t{1} << 30);
+  EXPECT_GE(d.cc_major, 7);
+}
+
+TEST(CudaDevice, OutOfMemoryNamesTheTensor) {
+  REQUIRE_GPU();
+  try {
+    gpu::DeviceMemory huge(std::size_t{1} << 50, "model.layers.0.mlp.up_proj.weight");
+    FAIL() << "1 PiB was allocated";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("up_proj"), std::string::npos) << e.what();
+  }
+  Dev<float> still_works(std::vector<float>{1.0f, 2.0f});
+  EXPECT_EQ(still_works.host()[1], 2.0f);
+}
+
+TEST(CudaElementwise, AddAndCastsAreTheCpuBits) {
+  REQUIRE_GPU();
+  const std::size_t n = 100003;
+  auto x = random_floats(n, 1, -3, 3), y = random_floats(n, 2, -3, 3);
+  // Rounding edge cases for the casts: NaN, infinities, denormals, ties.
+  x[0] = std::numeric_limits<float>::quiet_NaN();
+  x[1] = std::numeric_limits<float>::infinity();
+  x[2] = -std::numeric_limits<float>::infinity();
+  x[3] = std::numeric_limits<float>::denorm_min();
+  x[4] = 1.0f + 1.0f / 256.0f;  // a tie in bf16
+  x[5] = std::numeric_limits<float>::max();
+  Dev<float> dx(x), dy(y), dout(n);
+  gpu::add(S(), dout.p(), dx.p(), dy.p(), n);
+  std::vector<float> cpu(n);
+  add(cpu.data(), x.data(), y.data(), n);
+  expect_same_bits(dout.host(), cpu, "add");
+
+  Dev<bf16> d16(n);
+  gpu::float_to_bf16(S(), d16.p(), dx.p(), n);
+  std::vector<bf16> cpu16(n);
+  float_to_bf16(cpu16.data(), x.data(), n);
+  expect_same_bits(d16.host(), cpu16, "float_to_bf16");
+  gpu::bf16_to_float(S(), dout.p(), d16.p(), n);
+  bf16_to_float(cpu.data(), cpu16.data(), n);
+  expect_same_bits(dout.host(), cpu, "bf16_to_float");
+}
+
+TEST(CudaElementwise, AdamWIsTheCpuBits) {
+  REQUIRE_GPU();
+  const std::size_t n = 50021;
+  auto p = random_floats(n, 3), g = random_floats(n, 4, -1e-2f, 1e-2f);
+  std::vector<float> m(n, 0.0f), v(n, 0.0f);
+  Dev<float> dp(p), dg(g), dm(m), dv(v);
+  AdamWConfig cfg;
+  cfg.lr = 1e-3f;
+  cfg.weight_decay = 0.1f;
+  cfg.grad_scale = 0.7f;
+  for (std::int64_t step = 1; step <= 5; ++step) {
+    adamw_step(p.data(), g.data(), m.data(), v.data(), n, cfg, step);
+    gpu::adamw_step(S(), dp.p(), dg.p(), dm.p(), dv.p(), n, cfg, step);
+  }
+  expect_same_bits(dp.host(), p, "params");
+  expect_same_bits(dm.host(), m, "exp_avg");
+  expect_same_bits(dv.host(), v, "exp_avg_sq");
+}
+
+TEST(CudaElementwise, SumOfSquaresIsDeterministicAndClose) {
+  REQUIRE_GPU();
+  for (std::size_t n : {std::size_t{1}, std::size_t{1000}, std::size_t{3000017}}) {
+    const auto x = random_floats(n, 5);
+    Dev<float> dx(x);
+    Dev<double> out(2);
+    gpu::sum_of_squares(S(), out.p(), dx.p(), n);
+    gpu::sum_of_squares(S(), out.p() + 1, dx.p(), n);
+    const auto got = out.host();
+    const double cpu = sum_of_squares(x.data(), n);
+    EXPECT_EQ(std::memcmp(&got[0], &got[1], sizeof(double)), 0) << "n=" << n;
+    EXPECT_NEAR(got[0], cpu, 1e-12 * cpu) << "n=" << n;  // double sums of n <= 3e6 terms
+  }
+}
+
+TEST(CudaRows, EmbeddingIsTheCpuBits) {
+  REQUIRE_GPU();
+  const int N = 301, C = 96, V = 50, lo = 10, hi = 35;  // a vocab slice [10, 35), repeated tokens
+  const auto tokens = random_tokens(N, 0, V, 6);
+  const auto wte = random_floats(static_cast<std::size_t>(hi - lo) * C, 7);
+  const auto dout = random_floats(static_cast<std::size_t>(N) * C, 8);
+  auto dwte = random_floats(wte.size(), 9);  // accumulated into
+  Dev<std::int32_t> dt(tokens);
+  Dev<float> dw(wte), dd(dout), ddw(dwte), dout_e(static_cast<std::size_t>(N) * C);
+  gpu::embedding_forward(S(), dout_e.p(), dt.p(), dw.p(), N, C, lo, hi);
+  gpu::embedding_backward(S(), ddw.p(), dd.p(), dt.p(), N, C, lo, hi);
+  std::vector<float> out(static_cast<std::size_t>(N) * C);
+  embedding_forward(out.data(), tokens.data(), wte.data(), N, C, lo, hi);
+  embedding_backward(dwte.data(), dout.data(), tokens.data(), N, C, lo, hi);
+  expect_same_bits(dout_e.host(), out, "embedding_forward");
+  expect_same_bits(ddw.host(), dwte, "embedding_backward");
+}
+
+TEST(CudaRows, RmsNormIsTheCpuBits) {
+  REQUIRE_GPU();
+  for (int C : {7, 64, 1000}) {
+    const int N = 37;
+    const auto x = random_floats(static_cast<std::size_t>(N) * C, 10, -2, 2);
+    const auto w = random_floats(C, 11, 0.5f, 1.5f);
+    const auto dy = random_floats(x.size(), 12);
+    auto dx = random_floats(x.size(), 13), dw = random_floats(C, 14);
+    Dev<float> gx(x), gw(w), gdy(dy), gdx(dx), gdw(dw), gout(x.size()), grstd(N);
+    std::vector<float> out(x.size()), rstd(N);
+    rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+    gpu::rmsnorm_forward(S(), gout.p(), grstd.p(), gx.p(), gw.p(), N, C, 1e-5f);
+    expect_same_bits(gout.host(), out, "rmsnorm out");
+    expect_same_bits(grstd.host(), rstd, "rmsnorm rstd");
+    for (Out mode : {Out::kAccumulate, Out::kWrite}) {
+      rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C,
+                       mode);
+      gpu::rmsnorm_backward(S(), gdx.p(), gdw.p(), gdy.p(), gx.p(), gw.p(), grstd.p(), N, C, mode);
+      expect_same_bits(gdx.host(), dx, "rmsnorm dinp");
+      expect_same_bits(gdw.host(), dw, "rmsnorm dweight");
+    }
+  }
+}
+
+TEST(CudaRows, RopeIsTheCpuBits) {
+  REQUIRE_GPU();
+  const int B = 2, T = 19, H = 3, D = 16, offset = 40;
+  std::vector<float> table(static_cast<std::size_t>(offset + T) * D);
+  rope_table(table.data(), offset + T, D, 10000.0);
+  const auto x = random_floats(static_cast<std::size_t>(B) * T * H * D, 15);
+  Dev<float> gt(table), gx(x), gy(x.size()), gback(x.size());
+  std::vector<float> y(x.size()), back(x.size());
+  rope_forward(y.data(), x.data(), table.data(), B, T, H, D, offset);
+  rope_backward(back.data(), y.data(), table.data(), B, T, H, D, offset);
+  gpu::rope_forward(S(), gy.p(), gx.p(), gt.p(), B, T, H, D, offset);
+  gpu::rope_backward(S(), gback.p(), gy.p(), gt.p(), B, T, H, D, offset);
+  expect_same_bits(gy.host(), y, "rope_forward");
+  expect_same_bits(gback.host(), back, "rope_backward");
+}
+
+// SwiGLU: the GPU evaluates row_math.h as written; this file is baseline x86-64 (no FMA), so the
+// same functions here give the GPU's bits. The CPU op may contract to FMAs (AVX2/AVX-512): close.
+TEST(CudaRows, SwiGluIsRowMathBitsAndCloseToTheCpu) {
+  REQUIRE_GPU();
+  const std::size_t n = 70001;
+  const auto g = random_floats(n, 16, -8, 8), u = random_floats(n, 17), dh = random_floats(n, 18);
+  Dev<float> gg(g), gu(u), gdh(dh), gh(n), gdg(n), gdu(n);
+  gpu::swiglu_forward(S(), gh.p(), gg.p(), gu.p(), n);
+  gpu::swiglu_backward(S(), gdg.p(), gdu.p(), gdh.p(), gg.p(), gu.p(), n);
+  std::vector<float> h(n), dg(n), du(n), h_cpu(n), dg_cpu(n), du_cpu(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    h[i] = detail::swiglu_value(g[i], u[i]);
+    detail::swiglu_grads(dh[i], g[i], u[i], dg[i], du[i]);
+  }
+  expect_same_bits(gh.host(), h, "swiglu h");
+  expect_same_bits(gdg.host(), dg, "swiglu dgate");
+  expect_same_bits(gdu.host(), du, "swiglu dup");
+  swiglu_forward(h_cpu.data(), g.data(), u.data(), n);
+  swiglu_backward(dg_cpu.data(), du_cpu.data(), dh.data(), g.data(), u.data(), n);
+  expect_close(gh.host(), h_cpu, 1e-6, 1e-7, "swiglu h vs CPU");
+  expect_close(gdg.host(), dg_cpu, 1e-6, 1e-7, "swiglu dgate vs CPU");
+
+  Dev<bf16> h16(n), g16(n), u16(n), dg16(n), du16(n);
+  gpu::swiglu_forward_bf16(S(), h16.p(), g16.p(), u16.p(), gg.p(), gu.p(), n);
+  gpu::swiglu_backward_bf16(S(), dg16.p(), du16.p(), gdh.p(), g16.p(), u16.p(), n);
+  std::vector<bf16> eh(n), eg(n), eu(n), edg(n), edu(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    eh[i] = detail::bf16_of(detail::swiglu_value(g[i], u[i]));
+    eg[i] = detail::bf16_of(g[i]);
+    eu[i] = detail::bf16_of(u[i]);
+    float a, b;
+    detail::swiglu_grads(dh[i], detail::float_of(eg[i]), detail::float_of(eu[i]), a, b);
+    edg[i] = detail::bf16_of(a);
+    edu[i] = detail::bf16_of(b);
+  }
+  expect_same_bits(h16.host(), eh, "swiglu_bf16 h");
+  expect_same_bits(g16.host(), eg, "swiglu_bf16 gate");
+  expect_same_bits(dg16.host(), edg, "swiglu_bf16 dgate");
+  expect_same_bits(du16.host(), edu, "swiglu_bf16 dup");
+}
+
+// The three GEMMs of a linear layer against the CPU's OpenBLAS fp32 (and, for bf16, against the
+// CPU fed the same rounded inputs): the sums run in another order, so within fp32 rounding of a
+// K-term sum; and twice on the GPU with the same bits.
+TEST(CudaLinear, GemmsMatchTheCpuAndRepeatTheirBits) {
+  REQUIRE_GPU();
+  const int N = 129, in = 200, out = 72;
+  for (auto p : {gpu::GemmPrecision::kFp32, gpu::GemmPrecision::kBf16}) {
+    const bool bf = p == gpu::GemmPrecision::kBf16;
+    auto x = random_floats(static_cast<std::size_t>(N) * in, 19);
+    auto w = random_floats(static_cast<std::size_t>(out) * in, 20);
+    auto dy = random_floats(static_cast<std::size_t>(N) * out, 21);
+    const auto dw0 = random_floats(w.size(), 22);
+    Dev<float> gx(x), gw(w), gdy(dy), gy(static_cast<std::size_t>(N) * out), gdx(x.size()),
+        gdw(dw0), gy2(static_cast<std::size_t>(N) * out);
+    gpu::linear_forward(S(), p, gy.p(), gx.p(), gw.p(), N, in, out);
+    gpu::linear_forward(S(), p, gy2.p(), gx.p(), gw.p(), N, in, out);
+    gpu::linear_backward_input(S(), p, gdx.p(), gdy.p(), gw.p(), N, in, out);
+    gpu::linear_backward_weight(S(), p, gdw.p(), gdy.p(), gx.p(), N, in, out);
+    expect_same_bits(gy.host(), gy2.host(), "GPU forward twice");
+    if (bf) {  // the CPU reference gets the inputs the GPU's GEMMs read
+      x = ref::widened(ref::rounded(x));
+      w = ref::widened(ref::rounded(w));
+      dy = ref::widened(ref::rounded(dy));
+    }
+    std::vector<float> y(static_cast<std::size_t>(N) * out), dx(x.size()), dw = dw0;
+    linear_forward(ref::kFp32, y.data(), x.data(), w.data(), N, in, out);
+    linear_backward_input(ref::kFp32, dx.data(), dy.data(), w.data(), N, in, out);
+    linear_backward_weight(ref::kFp32, dw.data(), dy.data(), x.data(), N, in, out);
+    // |terms| <= 1, K <= 200 terms: fp32 sums in any order agree to ~K·2^-24 of the sum of |terms|.
+    expect_close(gy.host(), y, 1e-5, 2e-5, bf ? "bf16 forward" : "fp32 forward");
+    expect_close(gdx.host(), dx, 1e-5, 2e-5, bf ? "bf16 backward input" : "fp32 backward input");
+    expect_close(gdw.host(), dw, 1e-5, 2e-5, bf ? "bf16 backward weight" : "fp32 backward weight");
+  }
+}
+
+TEST(CudaLoss, CrossEntropyMatchesTheCpuWholeAndVocabParallel) {
+  REQUIRE_GPU();
+  const int N = 41, V = 1003;
+  const auto logits = random_floats(static_cast<std::size_t>(N) * V, 23, -6, 6);
+  auto targets = random_tokens(N, 0, V, 24);
+  targets[3] = kIgnoreIndex;
+  const float scale = 1.0f / (N - 1);
+  Dev<float> gl(logits), glosses(N);
+  Dev<std::int32_t> gt(targets);
+  gpu::cross_entropy_fused(S(), gl.p(), glosses.p(), gt.p(), N, V, scale);
+  std::vector<float> l = logits, losses(N);
+  cross_entropy_fused(l.data(), losses.data(), targets.data(), N, V, scale);
+  expect_close(glosses.host(), losses, 1e-6, 1e-6, "fused losses");
+  expect_close(gl.host(), l, 1e-5, 1e-9, "fused dlogits");
+  // Two vocab halves, the all-reduces done here on the host: the fused result again.
+  const int V0 = 500;
+  std::vector<float> maxes[2], sums[2], tls[2], grads[2];
+  for (int part = 0; part < 2; ++part) {
+    const int lo = part ? V0 : 0, width = part ? V - V0 : V0;
+    std::vector<float> slice(static_cast<std::size_t>(N) * width);
+    for (int i = 0; i < N; ++i)
+      std::memcpy(&slice[static_cast<std::size_t>(i) * width], &logits[static_cast<std::size_t>(i) * V + lo],
+                  width * sizeof(float));
+    Dev<float> gs(slice), gm(N), gtl(N);
+    gpu::ce_local_max(S(), gm.p(), gs.p(), N, width);
+    gpu::ce_local_target_logit(S(), gtl.p(), gs.p(), gt.p(), N, width, lo);
+    maxes[part] = gm.host();
+    tls[part] = gtl.host();
+    grads[part] = slice;
+  }
+  std::vector<float> row_max(N), target_logit(N), sum_exp(N, 0.0f), losses_vp(N);
+  for (int i = 0; i < N; ++i) {
+    row_max[i] = std::max(maxes[0][i], maxes[1][i]);
+    target_logit[i] = tls[0][i] + tls[1][i];
+  }
+  for (int part = 0; part < 2; ++part) {
+    const int lo = part ? V0 : 0, width = part ? V - V0 : V0;
+    Dev<float> gs(grads[part]), gm(row_max), gse(N);
+    gpu::ce_local_sum_exp(S(), gse.p(), gs.p(), gm.p(), N, width);
+    sums[part] = gse.host();
+    (void)lo;
+  }
+  for (int i = 0; i < N; ++i) sum_exp[i] = sums[0][i] + sums[1][i];
+  for (int part = 0; part < 2; ++part) {
+    const int lo = part ? V0 : 0, width = part ? V - V0 : V0;
+    Dev<float> gs(grads[part]), gm(row_max), gse(sum_exp), gtl(target_logit), gls(N);
+    gpu::ce_loss_and_grad(S(), gs.p(), gls.p(), gt.p(), gm.p(), gse.p(), gtl.p(), N, width, lo,
+                          scale);
+    const auto g = gs.host();
+    losses_vp = gls.host();
+    for (int i = 0; i < N; ++i)
+      for (int j = 0; j < width; ++j)
+        EXPECT_NEAR(g[static_cast<std::size_t>(i) * width + j], l[static_cast<std::size_t>(i) * V + lo + j],
+                    1e-5 * scale + 1e-9)
+            << "row " << i << " column " << lo + j;
+  }
+  expect_close(losses_vp, losses, 1e-6, 1e-6, "vocab-parallel losses");
+}
+
+// Attention against the CPU's fp32 tiles: grouped heads, several key chunks, a context-parallel
+// chunk (queries at positions 70.., keys 0..), head dims below, at and above one chunk of threads.
+TEST(CudaAttention, MatchesTheCpuAndRepeatsItsBits) {
+  REQUIRE_GPU();
+  struct Case {
+    std::int64_t B, T, H, Hkv, D, q_pos, kv_len;
+  };
+  for (const Case c : {Case{2, 150, 4, 2, 64, 0, 0}, Case{1, 60, 2, 1, 40, 70, 130},
+                       Case{1, 33, 2, 2, 160, 0, 0}}) {
+    AttentionShape s;
+    s.B = c.B, s.T = c.T, s.n_heads = c.H, s.n_kv_heads = c.Hkv, s.head_dim = c.D;
+    s.q_pos = c.q_pos, s.kv_len = c.kv_len, s.tile = 32;
+    const std::size_t nq = c.B * c.T * c.H * c.D, nkv = c.B * s.keys() * c.Hkv * c.D;
+    const auto q = random_floats(nq, 25, -2, 2), k = random_floats(nkv, 26, -2, 2),
+               v = random_floats(nkv, 27), dout = random_floats(nq, 28);
+    std::vector<float> out(nq), lse(c.B * c.H * c.T), dq(nq), dk(nkv), dv(nkv),
+        scratch(attention_scratch_floats(s));
+    ref::with_threads(1, [&] {
+      attention_forward(ref::kFp32, out.data(), lse.data(), q.data(), k.data(), v.data(),
+                        scratch.data(), s);
+      attention_backward(ref::kFp32, dq.data(), dk.data(), dv.data(), dout.data(), q.data(),
+                         k.data(), v.data(), out.data(), lse.data(), scratch.data(), s);
+    });
+    Dev<float> gq(q), gk(k), gv(v), gdo(dout), go(nq), glse(lse.size()), gdq(nq), gdk(nkv),
+        gdv(nkv), gdq2(nq);
+    gpu::attention_forward(S(), go.p(), glse.p(), gq.p(), gk.p(), gv.p(), s);
+    gpu::attention_backward(S(), gdq.p(), gdk.p(), gdv.p(), gdo.p(), gq.p(), gk.p(), gv.p(),
+                            go.p(), glse.p(), s);
+    const std::string at = "B" + std::to_string(c.B) + " T" + std::to_string(c.T) + " D" +
+                           std::to_string(c.D) + " q_pos" + std::to_string(c.q_pos);
+    expect_close(go.host(), out, 1e-4, 1e-5, ("out " + at).c_str());
+    expect_close(glse.host(), lse, 1e-5, 1e-5, ("lse " + at).c_str());
+    expect_close(gdq.host(), dq, 1e-4, 1e-4, ("dq " + at).c_str());
+    expect_close(gdk.host(), dk, 1e-4, 1e-4, ("dk " + at).c_str());
+    expect_close(gdv.host(), dv, 1e-4, 1e-4, ("dv " + at).c_str());
+    Dev<float> gdk2(nkv), gdv2(nkv);
+    gpu::attention_backward(S(), gdq2.p(), gdk2.p(), gdv2.p(), gdo.p(), gq.p(), gk.p(), gv.p(),
+                            go.p(), glse.p(), s);
+    expect_same_bits(gdq2.host(), gdq.host(), "dq twice");
+    expect_same_bits(gdk2.host(), gdk.host(), "dk twice");
+  }
+}
+
+TEST(CudaAttention, RefusesAHeadDimItCannotHold) {
+  REQUIRE_GPU();
+  AttentionShape s;
+  s.B = 1, s.T = 4, s.n_heads = 1, s.n_kv_heads = 1, s.head_dim = gpu::kMaxHeadDim + 2;
+  EXPECT_THROW(gpu::attention_forward(S(), nullptr, nullptr, nullptr, nullptr, nullptr, s),
+               UserError);
+}
+
+}  // namespace
+}  // namespace t3d::kernels
