@@ -7,6 +7,7 @@
 //   - bit for bit where both backends evaluate the same element arithmetic (kernels/row_math.h) in
 //     the same order: embedding, RMSNorm, RoPE, AdamW, the bf16 casts, and SwiGLU against the
 //     CPU's SSE2 path (its AVX paths contract to FMAs);
+//     (a NaN result is the GPU's canonical NaN, not an operand's payload);
 //   - within fp32 rounding where the order of a sum differs: the GEMMs (cuBLAS), attention, the
 //     cross-entropy (libm's exp against CUDA's expf), the sum of squares.
 // Deterministic: no floating-point atomics; every reduction has a fixed order that depends on the
@@ -177,5 +178,12 @@ void attention_forward(const Stream& s, float* out, float* lse, const float* q, 
 void attention_backward(const Stream& s, float* dq, float* dk, float* dv, const float* dout,
                         const float* q, const float* k, const float* v, const float* out,
                         const float* lse, const AttentionShape& shape);
+
+// Decoding (kernels/ops_decode.h): one query row per head at position n - 1 against n cached
+// keys and values: the forward above with B = 1, T = 1, q_pos = n - 1, kv_len = n. lse (H) is
+// scratch.
+void attention_decode(const Stream& s, float* out, const float* q, const float* k_cache,
+                      const float* v_cache, float* lse, std::int64_t n, std::int64_t n_heads,
+                      std::int64_t n_kv_heads, std::int64_t head_dim);
 
 }  // namespace t3d::kernels::cuda

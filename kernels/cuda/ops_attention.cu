@@ -1,7 +1,15 @@
-// Causal grouped-query attention on the GPU, fp32, deterministic. Simple by design (the speed is
-// a later step): one block per query row for the forward and dq, one block per key row for dk and
-// dv, each streaming over the other side in chunks of kChunk with fixed-order sums, so no T x T
-// matrix, no scratch and no atomics. Layouts, positions and the mask are kernels/ops.h's.
+// Causal grouped-query attention on the GPU, fp32, flash-attention 2's tiling: the forward and dq
+// run one block per (query tile, head, batch) streaming over key tiles with an online softmax; dk
+// and dv run one block per (key tile, kv head, batch) streaming over the group's query heads and
+// the query tiles that see the keys. Tiles live in shared memory; probabilities are recomputed
+// from lse; no T x T matrix, no scratch, no atomics. Every sum has a fixed order (a thread's own
+// loop, then 16-lane shuffle trees), so two runs give the same bits. Layouts, positions and the
+// mask are kernels/ops.h's.
+//
+// Threads: 256 per block as 16 groups (ty) of 16 lanes (tx). For a score tile S (TILE x TILE) a
+// thread holds rows ty·RS + i and columns tx + 16·j; for a row tile of width D (O, dQ, dK, dV) rows
+// ty·RS + i and columns tx + 16·m. Shared rows are padded by one float (no bank conflicts when
+// the 16 lanes read 16 rows at one column).
 #include <cmath>
 
 #include "kernels/cuda/cuda_internal.cuh"
@@ -9,156 +17,314 @@
 namespace t3d::kernels::cuda {
 namespace {
 
-constexpr int kChunk = 128;                       // threads per block = keys (queries) per chunk
-constexpr int kSlots = kMaxHeadDim / kChunk;      // output columns per thread: d = tid + k·kChunk
+constexpr int kThreads = 256, kLanes = 16;
 
-struct Geometry {  // strides of q/out/dq (ld_q) and k/v/dk/dv (ld_kv), the GQA group
+struct Geometry {
   std::int64_t T, keys, H, Hkv, D, group, ld_q, ld_kv, q_pos;
   float scale;
 };
 
-__device__ float dot(const float* a, const float* b, std::int64_t D) {
-  float s = 0.0f;
-  for (std::int64_t d = 0; d < D; ++d) s += a[d] * b[d];
-  return s;
-}
-
-template <class T, class Op>
-__device__ T fold(T mine, Op op) {  // the block's values folded pairwise; every thread gets it
-  __shared__ T buf[kChunk];
-  buf[threadIdx.x] = mine;
-  __syncthreads();
-  for (int w = kChunk / 2; w > 0; w /= 2) {
-    if (threadIdx.x < w) buf[threadIdx.x] = op(buf[threadIdx.x], buf[threadIdx.x + w]);
-    __syncthreads();
-  }
-  const T all = buf[0];
-  __syncthreads();
-  return all;
-}
-struct MaxOp {
-  __device__ float operator()(float a, float b) const { return b > a ? b : a; }
-};
-struct SumOp {
-  __device__ float operator()(float a, float b) const { return a + b; }
+// Shared-memory views: a tile of `rows` rows of `width` floats, padded by one.
+struct Tile {
+  float* p;
+  int stride;
+  __device__ float& at(int r, int c) const { return p[r * stride + c]; }
 };
 
-// Block (i, h, b): query row i of head h, batch b.
-__global__ void forward_kernel(float* out, float* lse, const float* q, const float* k,
-                               const float* v, Geometry g) {
-  const std::int64_t i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const int tid = threadIdx.x;
-  const float* qi = q + (b * g.T + i) * g.ld_q + h * g.D;
-  const float* kh = k + b * g.keys * g.ld_kv + (h / g.group) * g.D;
-  const float* vh = v + b * g.keys * g.ld_kv + (h / g.group) * g.D;
-  __shared__ float p[kChunk];
-  const std::int64_t visible = g.q_pos + i + 1;  // keys 0 .. q_pos + i
-  float m = -INFINITY, l = 0.0f, o[kSlots] = {};
-  for (std::int64_t j0 = 0; j0 < visible; j0 += kChunk) {
-    const std::int64_t j = j0 + tid;
-    const int n = static_cast<int>(visible - j0 < kChunk ? visible - j0 : kChunk);
-    const float score = j < visible ? g.scale * dot(qi, kh + j * g.ld_kv, g.D) : -INFINITY;
-    const float m_new = fmaxf(m, fold(score, MaxOp{}));
-    const float e = j < visible ? expf(score - m_new) : 0.0f;
-    p[tid] = e;
-    const float sum = fold(e, SumOp{});  // also orders the writes of p before the reads below
-    const float alpha = m == -INFINITY ? 0.0f : expf(m - m_new);
-    l = l * alpha + sum;
-    for (int k2 = 0; k2 < kSlots; ++k2) {
-      const std::int64_t d = tid + k2 * kChunk;
-      if (d >= g.D) break;
-      float acc = o[k2] * alpha;
-      for (int t = 0; t < n; ++t) acc += p[t] * vh[(j0 + t) * g.ld_kv + d];
-      o[k2] = acc;
-    }
-    m = m_new;
-    __syncthreads();  // p is rewritten by the next chunk
-  }
-  const float inv = 1.0f / l;
-  for (int k2 = 0; k2 < kSlots; ++k2) {
-    const std::int64_t d = tid + k2 * kChunk;
-    if (d < g.D) out[(b * g.T + i) * g.ld_q + h * g.D + d] = o[k2] * inv;
-  }
-  if (tid == 0) lse[(b * g.H + h) * g.T + i] = m + logf(l);
-}
-
-// Block (i, h, b): dq of query row i, dq = scale Σ_j dS_ij k_j with dS = P (dP - rowsum(dO·O)).
-__global__ void dq_kernel(float* dq, const float* dout, const float* q, const float* k,
-                          const float* v, const float* out, const float* lse, Geometry g) {
-  const std::int64_t i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-  const int tid = threadIdx.x;
-  const std::int64_t row = (b * g.T + i) * g.ld_q + h * g.D;
-  const float* kh = k + b * g.keys * g.ld_kv + (h / g.group) * g.D;
-  const float* vh = v + b * g.keys * g.ld_kv + (h / g.group) * g.D;
-  const float delta = dot(out + row, dout + row, g.D);  // every thread, the same order
-  const float lse_i = lse[(b * g.H + h) * g.T + i];
-  __shared__ float ds[kChunk];
-  const std::int64_t visible = g.q_pos + i + 1;
-  float acc[kSlots] = {};
-  for (std::int64_t j0 = 0; j0 < visible; j0 += kChunk) {
-    const std::int64_t j = j0 + tid;
-    const int n = static_cast<int>(visible - j0 < kChunk ? visible - j0 : kChunk);
-    float d_s = 0.0f;
-    if (j < visible) {
-      const float pij = expf(g.scale * dot(q + row, kh + j * g.ld_kv, g.D) - lse_i);
-      d_s = pij * (dot(dout + row, vh + j * g.ld_kv, g.D) - delta);
-    }
-    ds[tid] = d_s;
-    __syncthreads();
-    for (int k2 = 0; k2 < kSlots; ++k2) {
-      const std::int64_t d = tid + k2 * kChunk;
-      if (d >= g.D) break;
-      for (int t = 0; t < n; ++t) acc[k2] += ds[t] * kh[(j0 + t) * g.ld_kv + d];
-    }
-    __syncthreads();
-  }
-  for (int k2 = 0; k2 < kSlots; ++k2) {
-    const std::int64_t d = tid + k2 * kChunk;
-    if (d < g.D) dq[row + d] = g.scale * acc[k2];
+// Loads rows [r0, r0 + rows) of a strided global matrix (row r at base + r·ld, D floats), zeros past
+// `limit` rows, into a tile.
+template <int TILE>
+__device__ void load_rows(Tile t, const float* base, std::int64_t ld, std::int64_t r0,
+                          std::int64_t limit, int D) {
+  for (int e = threadIdx.x; e < TILE * D; e += kThreads) {
+    const int r = e / D, c = e % D;
+    t.at(r, c) = r0 + r < limit ? base[(r0 + r) * ld + c] : 0.0f;
   }
 }
 
-// Block (j, kvh, b): dk and dv of key row j of kv head kvh, over the group's query heads in order
-// and, per head, the query rows that see key j (positions >= j) in order.
-__global__ void dkv_kernel(float* dk, float* dv, const float* dout, const float* q, const float* k,
-                           const float* v, const float* out, const float* lse, Geometry g) {
-  const std::int64_t j = blockIdx.x, kvh = blockIdx.y, b = blockIdx.z;
-  const int tid = threadIdx.x;
-  const std::int64_t kv_row = (b * g.keys + j) * g.ld_kv + kvh * g.D;
-  __shared__ float p[kChunk], ds[kChunk];
-  float acc_k[kSlots] = {}, acc_v[kSlots] = {};
-  const std::int64_t first = j > g.q_pos ? j - g.q_pos : 0;  // the first row whose position >= j
+// The 16 lanes of a group folded pairwise (8, 4, 2, 1), the result in every lane.
+__device__ float lanes_sum(float v) {
+  for (int w = kLanes / 2; w >= 1; w /= 2) v += __shfl_xor_sync(0xffffffffu, v, w, kLanes);
+  return v;
+}
+__device__ float lanes_max(float v) {
+  for (int w = kLanes / 2; w >= 1; w /= 2) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, w, kLanes));
+  return v;
+}
+
+// acc[i][j] = Σ_d A[ty·RS + i][d] · B[tx + 16 j][d]: a score tile from two row tiles.
+template <int TILE>
+__device__ void scores(float (&acc)[TILE / 16][TILE / 16], Tile A, Tile B, int D) {
+  constexpr int RS = TILE / 16;
+  const int ty = threadIdx.x / kLanes, tx = threadIdx.x % kLanes;
+#pragma unroll
+  for (int i = 0; i < RS; ++i)
+#pragma unroll
+    for (int j = 0; j < RS; ++j) acc[i][j] = 0.0f;
+  for (int d = 0; d < D; ++d) {
+    float a[RS], b[RS];
+#pragma unroll
+    for (int i = 0; i < RS; ++i) a[i] = A.at(ty * RS + i, d);
+#pragma unroll
+    for (int j = 0; j < RS; ++j) b[j] = B.at(tx + 16 * j, d);
+#pragma unroll
+    for (int i = 0; i < RS; ++i)
+#pragma unroll
+      for (int j = 0; j < RS; ++j) acc[i][j] += a[i] * b[j];
+  }
+}
+
+// acc[i][m] += Σ_c W(ty·RS + i, c) · V[c][tx + 16 m] over c < TILE, with W(r, c) = Wt.at(r, c), or
+// Wt.at(c, r) when `transposed` (dV += Pᵀ dO, dK += dSᵀ Q).
+template <int TILE, int DMAX, bool transposed>
+__device__ void accumulate_rows(float (&acc)[TILE / 16][DMAX / 16], Tile W, Tile V, int D) {
+  constexpr int RS = TILE / 16, CM = DMAX / 16;
+  const int ty = threadIdx.x / kLanes, tx = threadIdx.x % kLanes;
+  for (int c = 0; c < TILE; ++c) {
+    float w[RS];
+#pragma unroll
+    for (int i = 0; i < RS; ++i) w[i] = transposed ? W.at(c, ty * RS + i) : W.at(ty * RS + i, c);
+#pragma unroll
+    for (int m = 0; m < CM; ++m) {
+      const int col = tx + 16 * m;
+      if (col < D) {
+        const float v = V.at(c, col);
+#pragma unroll
+        for (int i = 0; i < RS; ++i) acc[i][m] += w[i] * v;
+      }
+    }
+  }
+}
+
+template <int TILE>
+constexpr int tile_floats(int dmax) {
+  return TILE * (dmax + 1);
+}
+
+// ---- forward ------------------------------------------------------------------------------------
+
+template <int TILE, int DMAX>
+__global__ void __launch_bounds__(kThreads) forward_kernel(float* out, float* lse, const float* q,
+                                                           const float* k, const float* v,
+                                                           Geometry g) {
+  constexpr int RS = TILE / 16, CM = DMAX / 16;
+  extern __shared__ float smem[];
+  const int D = static_cast<int>(g.D), stride = D + 1;
+  Tile Q{smem, stride}, K{smem + TILE * stride, stride}, V{smem + 2 * TILE * stride, stride};
+  Tile P{smem + 3 * TILE * stride, TILE + 1};
+  const std::int64_t i0 = std::int64_t{blockIdx.x} * TILE, h = blockIdx.y, b = blockIdx.z;
+  const int ty = threadIdx.x / kLanes, tx = threadIdx.x % kLanes;
+  const float* qh = q + b * g.T * g.ld_q + h * g.D;
+  const float* kh = k + b * g.keys * g.ld_kv + (h / g.group) * g.D;
+  const float* vh = v + b * g.keys * g.ld_kv + (h / g.group) * g.D;
+  load_rows<TILE>(Q, qh, g.ld_q, i0, g.T, D);
+  float m[RS], l[RS], o[RS][CM];
+#pragma unroll
+  for (int i = 0; i < RS; ++i) {
+    m[i] = -INFINITY;
+    l[i] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < CM; ++c) o[i][c] = 0.0f;
+  }
+  const std::int64_t last_row = (i0 + TILE < g.T ? i0 + TILE : g.T) - 1;
+  const std::int64_t key_end = g.q_pos + last_row + 1;  // keys [0, key_end) are seen by the tile
+  for (std::int64_t j0 = 0; j0 < key_end; j0 += TILE) {
+    __syncthreads();  // the previous tile's K, V, P are no longer read
+    load_rows<TILE>(K, kh, g.ld_kv, j0, key_end, D);
+    load_rows<TILE>(V, vh, g.ld_kv, j0, key_end, D);
+    __syncthreads();
+    float s[RS][RS];
+    scores<TILE>(s, Q, K, D);
+#pragma unroll
+    for (int i = 0; i < RS; ++i) {
+      const std::int64_t row = i0 + ty * RS + i, pos = g.q_pos + row;
+      float tile_max = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < RS; ++j) {
+        const std::int64_t key = j0 + tx + 16 * j;
+        const bool seen = row < g.T && key <= pos;
+        s[i][j] = seen ? s[i][j] * g.scale : -INFINITY;
+        tile_max = fmaxf(tile_max, s[i][j]);
+      }
+      const float m_new = fmaxf(m[i], lanes_max(tile_max));
+      float sum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < RS; ++j) {
+        const float p = s[i][j] == -INFINITY ? 0.0f : expf(s[i][j] - m_new);
+        P.at(ty * RS + i, tx + 16 * j) = p;
+        sum += p;
+      }
+      const float alpha = m[i] == -INFINITY ? 0.0f : expf(m[i] - m_new);
+      l[i] = l[i] * alpha + lanes_sum(sum);
+      m[i] = m_new;
+#pragma unroll
+      for (int c = 0; c < CM; ++c) o[i][c] *= alpha;
+    }
+    __syncthreads();
+    accumulate_rows<TILE, DMAX, false>(o, P, V, D);
+  }
+#pragma unroll
+  for (int i = 0; i < RS; ++i) {
+    const std::int64_t row = i0 + ty * RS + i;
+    if (row >= g.T) continue;
+    const float inv = 1.0f / l[i];
+#pragma unroll
+    for (int c = 0; c < CM; ++c) {
+      const int col = tx + 16 * c;
+      if (col < D) out[(b * g.T + row) * g.ld_q + h * g.D + col] = o[i][c] * inv;
+    }
+    if (tx == 0) lse[(b * g.H + h) * g.T + row] = m[i] + logf(l[i]);
+  }
+}
+
+// ---- backward -----------------------------------------------------------------------------------
+
+// delta[r] = rowsum(dO · O) of the query tile's rows, into shared memory (zero past T).
+template <int TILE, int DMAX>
+__device__ void row_deltas(float* delta, Tile dO, const float* oh, std::int64_t ld,
+                           std::int64_t i0, std::int64_t T, int D) {
+  constexpr int RS = TILE / 16, CM = DMAX / 16;
+  const int ty = threadIdx.x / kLanes, tx = threadIdx.x % kLanes;
+#pragma unroll
+  for (int i = 0; i < RS; ++i) {
+    const int r = ty * RS + i;
+    float part = 0.0f;
+    if (i0 + r < T) {
+#pragma unroll
+      for (int c = 0; c < CM; ++c) {
+        const int col = tx + 16 * c;
+        if (col < D) part += oh[(i0 + r) * ld + col] * dO.at(r, col);
+      }
+    }
+    const float all = lanes_sum(part);
+    if (tx == 0) delta[r] = all;
+  }
+}
+
+// For one (query tile, key tile) pair: P = exp(scale·Q Kᵀ − lse) and dS = P (dO Vᵀ − delta) into
+// shared tiles, with the causal mask and the rows past T zero.
+template <int TILE>
+__device__ void probabilities_and_grads(Tile P, Tile dS, Tile Q, Tile K, Tile dO, Tile V,
+                                        const float* lse_rows, const float* delta,
+                                        std::int64_t i0, std::int64_t j0, const Geometry& g,
+                                        int D) {
+  constexpr int RS = TILE / 16;
+  const int ty = threadIdx.x / kLanes, tx = threadIdx.x % kLanes;
+  float s[RS][RS], dp[RS][RS];
+  scores<TILE>(s, Q, K, D);
+  scores<TILE>(dp, dO, V, D);
+#pragma unroll
+  for (int i = 0; i < RS; ++i) {
+    const int r = ty * RS + i;
+    const std::int64_t row = i0 + r, pos = g.q_pos + row;
+#pragma unroll
+    for (int j = 0; j < RS; ++j) {
+      const int c = tx + 16 * j;
+      const std::int64_t key = j0 + c;
+      const bool seen = row < g.T && key < g.keys && key <= pos;
+      const float p = seen ? expf(s[i][j] * g.scale - lse_rows[r]) : 0.0f;
+      P.at(r, c) = p;
+      dS.at(r, c) = p * (dp[i][j] - delta[r]);
+    }
+  }
+}
+
+template <int TILE, int DMAX>
+__global__ void __launch_bounds__(kThreads) dq_kernel(float* dq, const float* dout, const float* q,
+                                                      const float* k, const float* v,
+                                                      const float* out, const float* lse,
+                                                      Geometry g) {
+  constexpr int RS = TILE / 16, CM = DMAX / 16;
+  extern __shared__ float smem[];
+  const int D = static_cast<int>(g.D), stride = D + 1;
+  Tile Q{smem, stride}, dO{smem + TILE * stride, stride}, K{smem + 2 * TILE * stride, stride},
+      V{smem + 3 * TILE * stride, stride};
+  Tile P{smem + 4 * TILE * stride, TILE + 1}, dS{P.p + TILE * (TILE + 1), TILE + 1};
+  float* lse_rows = dS.p + TILE * (TILE + 1);
+  float* delta = lse_rows + TILE;
+  const std::int64_t i0 = std::int64_t{blockIdx.x} * TILE, h = blockIdx.y, b = blockIdx.z;
+  const int ty = threadIdx.x / kLanes, tx = threadIdx.x % kLanes;
+  const std::int64_t q_off = b * g.T * g.ld_q + h * g.D;
+  const std::int64_t kv_off = b * g.keys * g.ld_kv + (h / g.group) * g.D;
+  load_rows<TILE>(Q, q + q_off, g.ld_q, i0, g.T, D);
+  load_rows<TILE>(dO, dout + q_off, g.ld_q, i0, g.T, D);
+  for (int r = threadIdx.x; r < TILE; r += kThreads)
+    lse_rows[r] = i0 + r < g.T ? lse[(b * g.H + h) * g.T + i0 + r] : 0.0f;
+  __syncthreads();
+  row_deltas<TILE, DMAX>(delta, dO, out + q_off, g.ld_q, i0, g.T, D);
+  float acc[RS][CM] = {};
+  const std::int64_t last_row = (i0 + TILE < g.T ? i0 + TILE : g.T) - 1;
+  const std::int64_t key_end = g.q_pos + last_row + 1;
+  for (std::int64_t j0 = 0; j0 < key_end; j0 += TILE) {
+    __syncthreads();
+    load_rows<TILE>(K, k + kv_off, g.ld_kv, j0, key_end, D);
+    load_rows<TILE>(V, v + kv_off, g.ld_kv, j0, key_end, D);
+    __syncthreads();
+    probabilities_and_grads<TILE>(P, dS, Q, K, dO, V, lse_rows, delta, i0, j0, g, D);
+    __syncthreads();
+    accumulate_rows<TILE, DMAX, false>(acc, dS, K, D);  // dQ += dS K
+  }
+#pragma unroll
+  for (int i = 0; i < RS; ++i) {
+    const std::int64_t row = i0 + ty * RS + i;
+    if (row >= g.T) continue;
+#pragma unroll
+    for (int c = 0; c < CM; ++c) {
+      const int col = tx + 16 * c;
+      if (col < D) dq[q_off + row * g.ld_q + col] = g.scale * acc[i][c];
+    }
+  }
+}
+
+template <int TILE, int DMAX>
+__global__ void __launch_bounds__(kThreads) dkv_kernel(float* dk, float* dv, const float* dout,
+                                                       const float* q, const float* k,
+                                                       const float* v, const float* out,
+                                                       const float* lse, Geometry g) {
+  constexpr int RS = TILE / 16, CM = DMAX / 16;
+  extern __shared__ float smem[];
+  const int D = static_cast<int>(g.D), stride = D + 1;
+  Tile Q{smem, stride}, dO{smem + TILE * stride, stride}, K{smem + 2 * TILE * stride, stride},
+      V{smem + 3 * TILE * stride, stride};
+  Tile P{smem + 4 * TILE * stride, TILE + 1}, dS{P.p + TILE * (TILE + 1), TILE + 1};
+  float* lse_rows = dS.p + TILE * (TILE + 1);
+  float* delta = lse_rows + TILE;
+  const std::int64_t j0 = std::int64_t{blockIdx.x} * TILE, kvh = blockIdx.y, b = blockIdx.z;
+  const int ty = threadIdx.x / kLanes, tx = threadIdx.x % kLanes;
+  const std::int64_t kv_off = b * g.keys * g.ld_kv + kvh * g.D;
+  load_rows<TILE>(K, k + kv_off, g.ld_kv, j0, g.keys, D);
+  load_rows<TILE>(V, v + kv_off, g.ld_kv, j0, g.keys, D);
+  float acc_k[RS][CM] = {}, acc_v[RS][CM] = {};
+  // The first query row whose position reaches this tile's first key.
+  const std::int64_t first = j0 > g.q_pos ? j0 - g.q_pos : 0;
   for (std::int64_t h = kvh * g.group; h < (kvh + 1) * g.group; ++h) {
-    for (std::int64_t i0 = first; i0 < g.T; i0 += kChunk) {
-      const std::int64_t i = i0 + tid;
-      const int n = static_cast<int>(g.T - i0 < kChunk ? g.T - i0 : kChunk);
-      float pij = 0.0f, d_s = 0.0f;
-      if (i < g.T) {
-        const std::int64_t row = (b * g.T + i) * g.ld_q + h * g.D;
-        const float delta = dot(out + row, dout + row, g.D);
-        pij = expf(g.scale * dot(q + row, k + kv_row, g.D) - lse[(b * g.H + h) * g.T + i]);
-        d_s = pij * (dot(dout + row, v + kv_row, g.D) - delta);
-      }
-      p[tid] = pij;
-      ds[tid] = d_s;
+    const std::int64_t q_off = b * g.T * g.ld_q + h * g.D;
+    for (std::int64_t i0 = first; i0 < g.T; i0 += TILE) {
       __syncthreads();
-      for (int k2 = 0; k2 < kSlots; ++k2) {
-        const std::int64_t d = tid + k2 * kChunk;
-        if (d >= g.D) break;
-        for (int t = 0; t < n; ++t) {
-          const std::int64_t row = (b * g.T + i0 + t) * g.ld_q + h * g.D + d;
-          acc_v[k2] += p[t] * dout[row];
-          acc_k[k2] += ds[t] * q[row];
-        }
-      }
+      load_rows<TILE>(Q, q + q_off, g.ld_q, i0, g.T, D);
+      load_rows<TILE>(dO, dout + q_off, g.ld_q, i0, g.T, D);
+      for (int r = threadIdx.x; r < TILE; r += kThreads)
+        lse_rows[r] = i0 + r < g.T ? lse[(b * g.H + h) * g.T + i0 + r] : 0.0f;
       __syncthreads();
+      row_deltas<TILE, DMAX>(delta, dO, out + q_off, g.ld_q, i0, g.T, D);
+      __syncthreads();
+      probabilities_and_grads<TILE>(P, dS, Q, K, dO, V, lse_rows, delta, i0, j0, g, D);
+      __syncthreads();
+      accumulate_rows<TILE, DMAX, true>(acc_v, P, dO, D);  // dV += Pᵀ dO
+      accumulate_rows<TILE, DMAX, true>(acc_k, dS, Q, D);  // dK += dSᵀ Q
     }
   }
-  for (int k2 = 0; k2 < kSlots; ++k2) {
-    const std::int64_t d = tid + k2 * kChunk;
-    if (d >= g.D) continue;
-    dk[kv_row + d] = g.scale * acc_k[k2];
-    dv[kv_row + d] = acc_v[k2];
+#pragma unroll
+  for (int i = 0; i < RS; ++i) {
+    const std::int64_t key = j0 + ty * RS + i;
+    if (key >= g.keys) continue;
+#pragma unroll
+    for (int c = 0; c < CM; ++c) {
+      const int col = tx + 16 * c;
+      if (col >= D) continue;
+      dk[kv_off + key * g.ld_kv + col] = g.scale * acc_k[i][c];
+      dv[kv_off + key * g.ld_kv + col] = acc_v[i][c];
+    }
   }
 }
 
@@ -182,29 +348,78 @@ Geometry geometry(const AttentionShape& s) {
           1.0f / std::sqrt(static_cast<float>(s.head_dim))};
 }
 
+// Shared bytes: the forward's 3 row tiles and P; the backward's 4 row tiles, P, dS, lse, delta.
+template <int TILE>
+std::size_t forward_smem(int D) {
+  return sizeof(float) * (3 * TILE * (D + 1) + TILE * (TILE + 1));
+}
+template <int TILE>
+std::size_t backward_smem(int D) {
+  return sizeof(float) * (4 * TILE * (D + 1) + 2 * TILE * (TILE + 1) + 2 * TILE);
+}
+
+template <class Kernel>
+void allow_smem(Kernel kernel, std::size_t bytes) {
+  T3D_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      static_cast<int>(bytes)));
+}
+
+dim3 grid(std::int64_t rows, int tile, std::int64_t heads, std::int64_t B) {
+  return dim3(static_cast<unsigned>((rows + tile - 1) / tile), static_cast<unsigned>(heads),
+              static_cast<unsigned>(B));
+}
+
+template <int TILE, int DMAX>
+void forward(const Stream& s, float* out, float* lse, const float* q, const float* k,
+             const float* v, const Geometry& g, std::int64_t B) {
+  const std::size_t bytes = forward_smem<TILE>(static_cast<int>(g.D));
+  allow_smem(forward_kernel<TILE, DMAX>, bytes);
+  forward_kernel<TILE, DMAX><<<grid(g.T, TILE, g.H, B), kThreads, bytes, s.impl().stream>>>(
+      out, lse, q, k, v, g);
+  T3D_CUDA_LAUNCHED();
+}
+
+template <int TILE, int DMAX>
+void backward(const Stream& s, float* dq, float* dk, float* dv, const float* dout, const float* q,
+              const float* k, const float* v, const float* out, const float* lse,
+              const Geometry& g, std::int64_t B) {
+  const std::size_t bytes = backward_smem<TILE>(static_cast<int>(g.D));
+  allow_smem(dq_kernel<TILE, DMAX>, bytes);
+  allow_smem(dkv_kernel<TILE, DMAX>, bytes);
+  dq_kernel<TILE, DMAX><<<grid(g.T, TILE, g.H, B), kThreads, bytes, s.impl().stream>>>(
+      dq, dout, q, k, v, out, lse, g);
+  T3D_CUDA_LAUNCHED();
+  dkv_kernel<TILE, DMAX><<<grid(g.keys, TILE, g.Hkv, B), kThreads, bytes, s.impl().stream>>>(
+      dk, dv, dout, q, k, v, out, lse, g);
+  T3D_CUDA_LAUNCHED();
+}
+
 }  // namespace
 
+// Tiles of 64 rows up to head_dim 128, of 32 up to 256 (the shared memory a block may hold).
 void attention_forward(const Stream& s, float* out, float* lse, const float* q, const float* k,
                        const float* v, const AttentionShape& shape) {
   const Geometry g = geometry(shape);
-  const dim3 grid(static_cast<unsigned>(g.T), static_cast<unsigned>(g.H),
-                  static_cast<unsigned>(shape.B));
-  forward_kernel<<<grid, kChunk, 0, s.impl().stream>>>(out, lse, q, k, v, g);
-  T3D_CUDA_LAUNCHED();
+  if (g.D <= 128) return forward<64, 128>(s, out, lse, q, k, v, g, shape.B);
+  forward<32, 256>(s, out, lse, q, k, v, g, shape.B);
 }
 
 void attention_backward(const Stream& s, float* dq, float* dk, float* dv, const float* dout,
                         const float* q, const float* k, const float* v, const float* out,
                         const float* lse, const AttentionShape& shape) {
   const Geometry g = geometry(shape);
-  const dim3 q_grid(static_cast<unsigned>(g.T), static_cast<unsigned>(g.H),
-                    static_cast<unsigned>(shape.B));
-  dq_kernel<<<q_grid, kChunk, 0, s.impl().stream>>>(dq, dout, q, k, v, out, lse, g);
-  T3D_CUDA_LAUNCHED();
-  const dim3 kv_grid(static_cast<unsigned>(g.keys), static_cast<unsigned>(g.Hkv),
-                     static_cast<unsigned>(shape.B));
-  dkv_kernel<<<kv_grid, kChunk, 0, s.impl().stream>>>(dk, dv, dout, q, k, v, out, lse, g);
-  T3D_CUDA_LAUNCHED();
+  if (g.D <= 128) return backward<64, 128>(s, dq, dk, dv, dout, q, k, v, out, lse, g, shape.B);
+  backward<32, 256>(s, dq, dk, dv, dout, q, k, v, out, lse, g, shape.B);
+}
+
+void attention_decode(const Stream& s, float* out, const float* q, const float* k_cache,
+                      const float* v_cache, float* lse, std::int64_t n, std::int64_t n_heads,
+                      std::int64_t n_kv_heads, std::int64_t head_dim) {
+  T3D_ASSERT(n > 0, "decoding needs at least the query's own key, got n = ", n);
+  AttentionShape shape;
+  shape.B = 1, shape.T = 1, shape.n_heads = n_heads, shape.n_kv_heads = n_kv_heads;
+  shape.head_dim = head_dim, shape.q_pos = n - 1, shape.kv_len = n;
+  attention_forward(s, out, lse, q, k_cache, v_cache, shape);
 }
 
 }  // namespace t3d::kernels::cuda
