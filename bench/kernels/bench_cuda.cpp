@@ -31,8 +31,8 @@ double median_ms(const gpu::Stream& s, const std::function<void()>& op) {
     const auto t0 = std::chrono::steady_clock::now();
     op();
     s.synchronize();
-    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-                     .count());
+    ms.push_back(
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
   }
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
@@ -43,10 +43,12 @@ void report(const char* name, double ms, double amount, const char* unit) {
   std::fflush(stdout);
 }
 
-gpu::DeviceMemory floats(std::size_t n, const char* what, const gpu::Stream& s, float value = 0.01f) {
+gpu::DeviceMemory floats(std::size_t n, const char* what, const gpu::Stream& s,
+                         float value = 0.01f) {
   gpu::DeviceMemory m(n * sizeof(float), what);
   std::vector<float> h(n);
-  for (std::size_t i = 0; i < n; ++i) h[i] = value * static_cast<float>((i * 2654435761u) % 1000) / 1000.0f - value / 2;
+  for (std::size_t i = 0; i < n; ++i)
+    h[i] = value * static_cast<float>((i * 2654435761u) % 1000) / 1000.0f - value / 2;
   gpu::copy_to_device(s, m.data(), h.data(), n * sizeof(float));
   s.synchronize();
   return m;
@@ -70,13 +72,25 @@ int main() {
   for (auto p : {gpu::GemmPrecision::kFp32, gpu::GemmPrecision::kBf16}) {
     const bool bf = p == gpu::GemmPrecision::kBf16;
     report(bf ? "gemm_bf16_forward" : "gemm_fp32_forward",
-           median_ms(s, [&] { gpu::linear_forward(s, p, y.as<float>(), x.as<float>(), w.as<float>(), N, C, F); }),
+           median_ms(s,
+                     [&] {
+                       gpu::linear_forward(s, p, y.as<float>(), x.as<float>(), w.as<float>(), N, C,
+                                           F);
+                     }),
            gemm_flops, "TFLOP/s");
     report(bf ? "gemm_bf16_backward_input" : "gemm_fp32_backward_input",
-           median_ms(s, [&] { gpu::linear_backward_input(s, p, dx.as<float>(), y.as<float>(), w.as<float>(), N, C, F); }),
+           median_ms(s,
+                     [&] {
+                       gpu::linear_backward_input(s, p, dx.as<float>(), y.as<float>(),
+                                                  w.as<float>(), N, C, F);
+                     }),
            gemm_flops, "TFLOP/s");
     report(bf ? "gemm_bf16_backward_weight" : "gemm_fp32_backward_weight",
-           median_ms(s, [&] { gpu::linear_backward_weight(s, p, dw.as<float>(), y.as<float>(), x.as<float>(), N, C, F); }),
+           median_ms(s,
+                     [&] {
+                       gpu::linear_backward_weight(s, p, dw.as<float>(), y.as<float>(),
+                                                   x.as<float>(), N, C, F);
+                     }),
            gemm_flops, "TFLOP/s");
   }
   {  // attention: B 4, T 2048, 16 heads of 128 (causal: half the T x T products)
@@ -89,23 +103,39 @@ int main() {
          dout = floats(n, "dout", s, 1.0f);
     const double fwd = 4.0 * a.B * a.n_heads * a.T * a.T * a.head_dim / 2;
     report("attention_fp32_forward",
-           median_ms(s, [&] { gpu::attention_forward(s, o.as<float>(), lse.as<float>(), q.as<float>(), k.as<float>(), v.as<float>(), a); }),
+           median_ms(s,
+                     [&] {
+                       gpu::attention_forward(s, o.as<float>(), lse.as<float>(), q.as<float>(),
+                                              k.as<float>(), v.as<float>(), a);
+                     }),
            fwd, "TFLOP/s");
     report("attention_fp32_backward",
-           median_ms(s, [&] {
-             gpu::attention_backward(s, dq.as<float>(), dk.as<float>(), dv.as<float>(), dout.as<float>(), q.as<float>(),
-                                     k.as<float>(), v.as<float>(), o.as<float>(), lse.as<float>(), a);
-           }),
+           median_ms(s,
+                     [&] {
+                       gpu::attention_backward(s, dq.as<float>(), dk.as<float>(), dv.as<float>(),
+                                               dout.as<float>(), q.as<float>(), k.as<float>(),
+                                               v.as<float>(), o.as<float>(), lse.as<float>(), a);
+                     }),
            2.5 * fwd, "TFLOP/s");
   }
   {  // memory-bound rows: bytes read and written
     auto wn = floats(C, "norm weight", s, 1.0f), rstd = floats(N, "rstd", s);
-    report("rmsnorm_forward", median_ms(s, [&] { gpu::rmsnorm_forward(s, dx.as<float>(), rstd.as<float>(), x.as<float>(), wn.as<float>(), N, C, 1e-5f); }),
+    report("rmsnorm_forward",
+           median_ms(s,
+                     [&] {
+                       gpu::rmsnorm_forward(s, dx.as<float>(), rstd.as<float>(), x.as<float>(),
+                                            wn.as<float>(), N, C, 1e-5f);
+                     }),
            2.0 * N * C * 4, "TB/s");
     const std::int64_t P = F * C;  // 11.5 M parameters
     auto m = floats(P, "m", s), v2 = floats(P, "v", s);
     t3d::kernels::AdamWConfig cfg;
-    report("adamw_11.5M", median_ms(s, [&] { gpu::adamw_step(s, w.as<float>(), dw.as<float>(), m.as<float>(), v2.as<float>(), P, cfg, 3); }),
+    report("adamw_11.5M",
+           median_ms(s,
+                     [&] {
+                       gpu::adamw_step(s, w.as<float>(), dw.as<float>(), m.as<float>(),
+                                       v2.as<float>(), P, cfg, 3);
+                     }),
            7.0 * P * 4, "TB/s");
   }
   {  // cross-entropy over a 32k vocabulary, 8192 rows (1 GiB of fp32 logits)
@@ -114,7 +144,12 @@ int main() {
     std::vector<std::int32_t> t(N);
     for (std::int64_t i = 0; i < N; ++i) t[i] = static_cast<std::int32_t>((i * 7919) % V);
     gpu::copy_to_device(s, targets.data(), t.data(), N * sizeof(std::int32_t));
-    report("cross_entropy_32k", median_ms(s, [&] { gpu::cross_entropy_fused(s, logits.as<float>(), losses.as<float>(), targets.as<std::int32_t>(), N, V, 1.0f / N); }),
+    report("cross_entropy_32k",
+           median_ms(s,
+                     [&] {
+                       gpu::cross_entropy_fused(s, logits.as<float>(), losses.as<float>(),
+                                                targets.as<std::int32_t>(), N, V, 1.0f / N);
+                     }),
            2.0 * N * V * 4, "TB/s");
   }
   return 0;

@@ -12,22 +12,20 @@
 // Every CUDA runtime call is checked: a failure throws InternalError naming the call, the file
 // and line and CUDA's own message (a sticky error, e.g. an illegal address, surfaces at the next
 // checked call on that device).
-#define T3D_CUDA_CHECK(call)                                                               \
-  do {                                                                                     \
-    const cudaError_t t3d_err_ = (call);                                                   \
-    if (t3d_err_ != cudaSuccess)                                                           \
-      throw ::t3d::InternalError(::t3d::detail::concat(__FILE__, ":", __LINE__, ": ", #call, \
-                                                       " failed: ",                        \
-                                                       cudaGetErrorString(t3d_err_)));     \
+#define T3D_CUDA_CHECK(call)                                                                 \
+  do {                                                                                       \
+    const cudaError_t t3d_err_ = (call);                                                     \
+    if (t3d_err_ != cudaSuccess)                                                             \
+      throw ::t3d::InternalError(::t3d::detail::concat(                                      \
+          __FILE__, ":", __LINE__, ": ", #call, " failed: ", cudaGetErrorString(t3d_err_))); \
   } while (0)
 
-#define T3D_CUBLAS_CHECK(call)                                                             \
-  do {                                                                                     \
-    const cublasStatus_t t3d_st_ = (call);                                                 \
-    if (t3d_st_ != CUBLAS_STATUS_SUCCESS)                                                  \
-      throw ::t3d::InternalError(::t3d::detail::concat(__FILE__, ":", __LINE__, ": ", #call, \
-                                                       " failed: ",                        \
-                                                       cublasGetStatusString(t3d_st_)));   \
+#define T3D_CUBLAS_CHECK(call)                                                                 \
+  do {                                                                                         \
+    const cublasStatus_t t3d_st_ = (call);                                                     \
+    if (t3d_st_ != CUBLAS_STATUS_SUCCESS)                                                      \
+      throw ::t3d::InternalError(::t3d::detail::concat(                                        \
+          __FILE__, ":", __LINE__, ": ", #call, " failed: ", cublasGetStatusString(t3d_st_))); \
   } while (0)
 
 // After a launch: a bad configuration is reported here, not at some later call.

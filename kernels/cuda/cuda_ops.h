@@ -115,9 +115,9 @@ void embedding_forward(const Stream& s, float* out, const std::int32_t* tokens, 
                        std::int64_t N, std::int64_t C, std::int64_t vocab_start,
                        std::int64_t vocab_end);
 // dwte += in token order, one thread per column: the CPU's order, so the same bits.
-void embedding_backward(const Stream& s, float* dwte, const float* dout,
-                        const std::int32_t* tokens, std::int64_t N, std::int64_t C,
-                        std::int64_t vocab_start, std::int64_t vocab_end);
+void embedding_backward(const Stream& s, float* dwte, const float* dout, const std::int32_t* tokens,
+                        std::int64_t N, std::int64_t C, std::int64_t vocab_start,
+                        std::int64_t vocab_end);
 void rmsnorm_forward(const Stream& s, float* out, float* rstd, const float* inp,
                      const float* weight, std::int64_t N, std::int64_t C, float eps);
 void rmsnorm_backward(const Stream& s, float* dinp, float* dweight, const float* dout,
@@ -137,7 +137,8 @@ void swiglu_forward_bf16(const Stream& s, bf16* h16, bf16* gate16, bf16* up16, c
 void swiglu_backward_bf16(const Stream& s, bf16* dgate16, bf16* dup16, const float* dh,
                           const bf16* gate16, const bf16* up16, std::int64_t n);
 
-// ---- linear layers (ops_linear.cu): cuBLAS --------------------------------------------------------
+// ---- linear layers (ops_linear.cu): cuBLAS
+// --------------------------------------------------------
 
 // The three GEMMs of kernels/ops.h's linear ops, W stored [out, in] row-major. With kBf16 the
 // inputs are rounded to bf16 (nearest even, as the CPU rounds) into the stream's workspace first.
@@ -149,12 +150,12 @@ void linear_backward_input(const Stream& s, GemmPrecision p, float* dx, const fl
 void linear_backward_weight(const Stream& s, GemmPrecision p, float* dw, const float* dy,
                             const float* x, std::int64_t N, std::int64_t in, std::int64_t out);
 
-// ---- cross-entropy (ops_loss.cu) -------------------------------------------------------------------
+// ---- cross-entropy (ops_loss.cu)
+// -------------------------------------------------------------------
 
 // As kernels/ops.h; the targets are checked on the host before the call (check_token_ids).
-void cross_entropy_fused(const Stream& s, float* logits, float* losses,
-                         const std::int32_t* targets, std::int64_t N, std::int64_t V,
-                         float grad_scale);
+void cross_entropy_fused(const Stream& s, float* logits, float* losses, const std::int32_t* targets,
+                         std::int64_t N, std::int64_t V, float grad_scale);
 void ce_local_max(const Stream& s, float* row_max, const float* logits, std::int64_t N,
                   std::int64_t V);
 void ce_local_sum_exp(const Stream& s, float* sum_exp, const float* logits, const float* row_max,

@@ -10,7 +10,9 @@ namespace {
 
 constexpr std::size_t kBlasWorkspaceBytes = 32u << 20;  // cuBLAS's advice for Hopper: 32 MiB
 
-std::string cuda_version(int v) { return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10); }
+std::string cuda_version(int v) {
+  return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
+}
 
 }  // namespace
 
@@ -119,10 +121,10 @@ DeviceMemory::DeviceMemory(std::size_t bytes, std::string_view what) : bytes_(by
     std::size_t free_bytes = 0, total = 0;
     cudaMemGetInfo(&free_bytes, &total);
     throw UserError(::t3d::detail::concat("out of GPU memory allocating ", what, ": asked ",
-                                   format_bytes(bytes), ", ", format_bytes(free_bytes),
-                                   " free of ", format_bytes(total),
-                                   "; lower hardware.hbm_gib's use (smaller micro-batches, "
-                                   "recompute, ZeRO) or use more GPUs"));
+                                          format_bytes(bytes), ", ", format_bytes(free_bytes),
+                                          " free of ", format_bytes(total),
+                                          "; lower hardware.hbm_gib's use (smaller micro-batches, "
+                                          "recompute, ZeRO) or use more GPUs"));
   }
   T3D_CUDA_CHECK(err);
 }
@@ -145,14 +147,14 @@ DeviceMemory& DeviceMemory::operator=(DeviceMemory&& other) noexcept {
 
 void copy_to_device(const Stream& s, void* device_dst, const void* host_src, std::size_t bytes) {
   if (bytes == 0) return;
-  T3D_CUDA_CHECK(cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice,
-                                 s.impl().stream));
+  T3D_CUDA_CHECK(
+      cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, s.impl().stream));
 }
 
 void copy_to_host(const Stream& s, void* host_dst, const void* device_src, std::size_t bytes) {
   if (bytes == 0) return;
-  T3D_CUDA_CHECK(cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost,
-                                 s.impl().stream));
+  T3D_CUDA_CHECK(
+      cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, s.impl().stream));
 }
 
 }  // namespace t3d::kernels::cuda

@@ -31,8 +31,8 @@ struct Tile {
   __device__ float& at(int r, int c) const { return p[r * stride + c]; }
 };
 
-// Loads rows [r0, r0 + rows) of a strided global matrix (row r at base + r·ld, D floats), zeros past
-// `limit` rows, into a tile.
+// Loads rows [r0, r0 + rows) of a strided global matrix (row r at base + r·ld, D floats), zeros
+// past `limit` rows, into a tile.
 template <int TILE>
 __device__ void load_rows(Tile t, const float* base, std::int64_t ld, std::int64_t r0,
                           std::int64_t limit, int D) {
@@ -104,9 +104,9 @@ constexpr int tile_floats(int dmax) {
 // ---- forward ------------------------------------------------------------------------------------
 
 template <int TILE, int DMAX>
-__global__ void __launch_bounds__(kThreads) forward_kernel(float* out, float* lse, const float* q,
-                                                           const float* k, const float* v,
-                                                           Geometry g) {
+__global__ void __launch_bounds__(kThreads)
+    forward_kernel(float* out, float* lse, const float* q, const float* k, const float* v,
+                   Geometry g) {
   constexpr int RS = TILE / 16, CM = DMAX / 16;
   extern __shared__ float smem[];
   const int D = static_cast<int>(g.D), stride = D + 1;
@@ -181,8 +181,8 @@ __global__ void __launch_bounds__(kThreads) forward_kernel(float* out, float* ls
 
 // delta[r] = rowsum(dO · O) of the query tile's rows, into shared memory (zero past T).
 template <int TILE, int DMAX>
-__device__ void row_deltas(float* delta, Tile dO, const float* oh, std::int64_t ld,
-                           std::int64_t i0, std::int64_t T, int D) {
+__device__ void row_deltas(float* delta, Tile dO, const float* oh, std::int64_t ld, std::int64_t i0,
+                           std::int64_t T, int D) {
   constexpr int RS = TILE / 16, CM = DMAX / 16;
   const int ty = threadIdx.x / kLanes, tx = threadIdx.x % kLanes;
 #pragma unroll
@@ -205,9 +205,8 @@ __device__ void row_deltas(float* delta, Tile dO, const float* oh, std::int64_t 
 // shared tiles, with the causal mask and the rows past T zero.
 template <int TILE>
 __device__ void probabilities_and_grads(Tile P, Tile dS, Tile Q, Tile K, Tile dO, Tile V,
-                                        const float* lse_rows, const float* delta,
-                                        std::int64_t i0, std::int64_t j0, const Geometry& g,
-                                        int D) {
+                                        const float* lse_rows, const float* delta, std::int64_t i0,
+                                        std::int64_t j0, const Geometry& g, int D) {
   constexpr int RS = TILE / 16;
   const int ty = threadIdx.x / kLanes, tx = threadIdx.x % kLanes;
   float s[RS][RS], dp[RS][RS];
@@ -230,10 +229,9 @@ __device__ void probabilities_and_grads(Tile P, Tile dS, Tile Q, Tile K, Tile dO
 }
 
 template <int TILE, int DMAX>
-__global__ void __launch_bounds__(kThreads) dq_kernel(float* dq, const float* dout, const float* q,
-                                                      const float* k, const float* v,
-                                                      const float* out, const float* lse,
-                                                      Geometry g) {
+__global__ void __launch_bounds__(kThreads)
+    dq_kernel(float* dq, const float* dout, const float* q, const float* k, const float* v,
+              const float* out, const float* lse, Geometry g) {
   constexpr int RS = TILE / 16, CM = DMAX / 16;
   extern __shared__ float smem[];
   const int D = static_cast<int>(g.D), stride = D + 1;
@@ -277,10 +275,9 @@ __global__ void __launch_bounds__(kThreads) dq_kernel(float* dq, const float* do
 }
 
 template <int TILE, int DMAX>
-__global__ void __launch_bounds__(kThreads) dkv_kernel(float* dk, float* dv, const float* dout,
-                                                       const float* q, const float* k,
-                                                       const float* v, const float* out,
-                                                       const float* lse, Geometry g) {
+__global__ void __launch_bounds__(kThreads)
+    dkv_kernel(float* dk, float* dv, const float* dout, const float* q, const float* k,
+               const float* v, const float* out, const float* lse, Geometry g) {
   constexpr int RS = TILE / 16, CM = DMAX / 16;
   extern __shared__ float smem[];
   const int D = static_cast<int>(g.D), stride = D + 1;
@@ -374,15 +371,15 @@ void forward(const Stream& s, float* out, float* lse, const float* q, const floa
              const float* v, const Geometry& g, std::int64_t B) {
   const std::size_t bytes = forward_smem<TILE>(static_cast<int>(g.D));
   allow_smem(forward_kernel<TILE, DMAX>, bytes);
-  forward_kernel<TILE, DMAX><<<grid(g.T, TILE, g.H, B), kThreads, bytes, s.impl().stream>>>(
-      out, lse, q, k, v, g);
+  forward_kernel<TILE, DMAX>
+      <<<grid(g.T, TILE, g.H, B), kThreads, bytes, s.impl().stream>>>(out, lse, q, k, v, g);
   T3D_CUDA_LAUNCHED();
 }
 
 template <int TILE, int DMAX>
 void backward(const Stream& s, float* dq, float* dk, float* dv, const float* dout, const float* q,
-              const float* k, const float* v, const float* out, const float* lse,
-              const Geometry& g, std::int64_t B) {
+              const float* k, const float* v, const float* out, const float* lse, const Geometry& g,
+              std::int64_t B) {
   const std::size_t bytes = backward_smem<TILE>(static_cast<int>(g.D));
   allow_smem(dq_kernel<TILE, DMAX>, bytes);
   allow_smem(dkv_kernel<TILE, DMAX>, bytes);

@@ -63,8 +63,8 @@ __global__ void from_bf16_kernel(float* out, const bf16* in, std::int64_t n) {
 
 void zero(const Stream& s, float* x, std::int64_t n) {
   if (n <= 0) return;
-  T3D_CUDA_CHECK(cudaMemsetAsync(x, 0, static_cast<std::size_t>(n) * sizeof(float),
-                                 s.impl().stream));
+  T3D_CUDA_CHECK(
+      cudaMemsetAsync(x, 0, static_cast<std::size_t>(n) * sizeof(float), s.impl().stream));
 }
 
 void add(const Stream& s, float* out, const float* x, const float* y, std::int64_t n) {
@@ -87,7 +87,7 @@ void adamw_step(const Stream& s, float* params, const float* grads, float* m, fl
   T3D_ASSERT(step >= 1, "AdamW step counts from 1, got ", step);
   if (n <= 0) return;
   adamw_kernel<<<grid_for(n), kBlock, 0, s.impl().stream>>>(params, grads, m, v, n,
-                                                             detail::adamw_scalars(cfg, step));
+                                                            detail::adamw_scalars(cfg, step));
   T3D_CUDA_LAUNCHED();
 }
 

@@ -32,8 +32,7 @@ void gemm(const Stream& s, GemmPrecision p, bool trans_a, bool trans_b, std::int
   T3D_CUBLAS_CHECK(cublasGemmEx(st.blas, op_b, op_a, static_cast<int>(N), static_cast<int>(M),
                                 static_cast<int>(K), &alpha, b, type, static_cast<int>(ldb), a,
                                 type, static_cast<int>(lda), &beta, C, CUDA_R_32F,
-                                static_cast<int>(ldc), CUBLAS_COMPUTE_32F,
-                                CUBLAS_GEMM_DEFAULT));
+                                static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace

@@ -42,8 +42,7 @@ __device__ float row_sum_exp(const float* x, std::int64_t V, float max) {
 
 // x = (softmax - onehot) · grad_scale; the row's loss from thread 0.
 __device__ void loss_and_grad_row(float* x, float* loss, std::int64_t V, float max, float sum_exp,
-                                  float target_logit, std::int64_t local_target,
-                                  float grad_scale) {
+                                  float target_logit, std::int64_t local_target, float grad_scale) {
   const float inv_sum = 1.0f / sum_exp;
   for (std::int64_t j = threadIdx.x; j < V; j += kBlock)
     x[j] = expf(x[j] - max) * inv_sum * grad_scale;
@@ -108,12 +107,11 @@ __global__ void loss_and_grad_kernel(float* logits, float* losses, const std::in
 
 }  // namespace
 
-void cross_entropy_fused(const Stream& s, float* logits, float* losses,
-                         const std::int32_t* targets, std::int64_t N, std::int64_t V,
-                         float grad_scale) {
+void cross_entropy_fused(const Stream& s, float* logits, float* losses, const std::int32_t* targets,
+                         std::int64_t N, std::int64_t V, float grad_scale) {
   if (N <= 0) return;
-  fused_kernel<<<static_cast<unsigned>(N), kBlock, 0, s.impl().stream>>>(logits, losses, targets,
-                                                                          V, grad_scale);
+  fused_kernel<<<static_cast<unsigned>(N), kBlock, 0, s.impl().stream>>>(logits, losses, targets, V,
+                                                                         grad_scale);
   T3D_CUDA_LAUNCHED();
 }
 
@@ -127,8 +125,8 @@ void ce_local_max(const Stream& s, float* row_max, const float* logits, std::int
 void ce_local_sum_exp(const Stream& s, float* sum_exp, const float* logits, const float* row_max,
                       std::int64_t N, std::int64_t V) {
   if (N <= 0) return;
-  sum_exp_kernel<<<static_cast<unsigned>(N), kBlock, 0, s.impl().stream>>>(sum_exp, logits,
-                                                                            row_max, V);
+  sum_exp_kernel<<<static_cast<unsigned>(N), kBlock, 0, s.impl().stream>>>(sum_exp, logits, row_max,
+                                                                           V);
   T3D_CUDA_LAUNCHED();
 }
 

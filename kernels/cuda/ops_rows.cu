@@ -86,7 +86,8 @@ __global__ void rmsnorm_dweight_kernel(float* dweight, const float* dout, const 
   const std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
   if (c >= C) return;
   float acc = dweight[c];
-  for (std::int64_t i = 0; i < N; ++i) acc += detail::rms_dweight_term(dout[i * C + c], inp[i * C + c], rstd[i]);
+  for (std::int64_t i = 0; i < N; ++i)
+    acc += detail::rms_dweight_term(dout[i * C + c], inp[i * C + c], rstd[i]);
   dweight[c] = acc;
 }
 
@@ -106,7 +107,8 @@ __global__ void rope_kernel(float* out, const float* inp, const float* table, st
   }
 }
 
-__global__ void swiglu_forward_kernel(float* h, const float* gate, const float* up, std::int64_t n) {
+__global__ void swiglu_forward_kernel(float* h, const float* gate, const float* up,
+                                      std::int64_t n) {
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
        i += std::int64_t{gridDim.x} * blockDim.x)
     h[i] = detail::swiglu_value(gate[i], up[i]);
@@ -152,14 +154,14 @@ void embedding_forward(const Stream& s, float* out, const std::int32_t* tokens, 
   T3D_ASSERT(vocab_start >= 0 && vocab_start <= vocab_end, "vocab slice [", vocab_start, ", ",
              vocab_end, ")");
   if (N * C <= 0) return;
-  embedding_forward_kernel<<<grid_for(N * C), kBlock, 0, s.impl().stream>>>(
-      out, tokens, wte, N, C, vocab_start, vocab_end);
+  embedding_forward_kernel<<<grid_for(N * C), kBlock, 0, s.impl().stream>>>(out, tokens, wte, N, C,
+                                                                            vocab_start, vocab_end);
   T3D_CUDA_LAUNCHED();
 }
 
-void embedding_backward(const Stream& s, float* dwte, const float* dout,
-                        const std::int32_t* tokens, std::int64_t N, std::int64_t C,
-                        std::int64_t vocab_start, std::int64_t vocab_end) {
+void embedding_backward(const Stream& s, float* dwte, const float* dout, const std::int32_t* tokens,
+                        std::int64_t N, std::int64_t C, std::int64_t vocab_start,
+                        std::int64_t vocab_end) {
   if (N * C <= 0) return;
   embedding_backward_kernel<<<blocks_of(C, kBlock), kBlock, 0, s.impl().stream>>>(
       dwte, dout, tokens, N, C, vocab_start, vocab_end);
@@ -182,7 +184,7 @@ void rmsnorm_backward(const Stream& s, float* dinp, float* dweight, const float*
       dinp, dout, inp, weight, rstd, N, C, mode == Out::kAccumulate);
   T3D_CUDA_LAUNCHED();
   rmsnorm_dweight_kernel<<<blocks_of(C, kBlock), kBlock, 0, s.impl().stream>>>(dweight, dout, inp,
-                                                                              rstd, N, C);
+                                                                               rstd, N, C);
   T3D_CUDA_LAUNCHED();
 }
 
@@ -202,8 +204,8 @@ void rope_backward(const Stream& s, float* dinp, const float* dout, const float*
   T3D_ASSERT(D % 2 == 0 && pos_offset >= 0, "RoPE head_dim ", D, " offset ", pos_offset);
   const std::int64_t pairs = B * T * n_heads * (D / 2);
   if (pairs <= 0) return;
-  rope_kernel<<<grid_for(pairs), kBlock, 0, s.impl().stream>>>(dinp, dout, table, B, T, n_heads,
-                                                               D, pos_offset, -1.0f);
+  rope_kernel<<<grid_for(pairs), kBlock, 0, s.impl().stream>>>(dinp, dout, table, B, T, n_heads, D,
+                                                               pos_offset, -1.0f);
   T3D_CUDA_LAUNCHED();
 }
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every C++ file of the product, the tests and the benchmarks is formatted by .clang-format
+# Every C++ file (and CUDA .cu/.cuh) of the product, the tests and the benchmarks is formatted by .clang-format
 # (clang-format --dry-run -Werror): a formatting error fails the suite, as CI runs it. Format a
 # change with `clang-format -i FILE...` (or `git clang-format`).
 set -u
@@ -17,7 +17,7 @@ if [ "$major" != 14 ]; then
 fi
 cd "$repo"
 mapfile -t files < <(find apps runtime parallel checkpoint kernels tests bench \
-                       \( -name '*.cpp' -o -name '*.h' \) -type f | sort)
+                       \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' -o -name '*.cuh' \) -type f | sort)
 [ "${#files[@]}" -gt 150 ] || { echo "FAIL: only ${#files[@]} C++ files found"; exit 1; }
 if ! "$tool" --dry-run -Werror "${files[@]}"; then
   echo "FAIL: the files above are not formatted; run: $tool -i FILE..."

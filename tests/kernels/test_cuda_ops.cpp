@@ -38,8 +38,8 @@ Gpu& the_gpu() {
   static Gpu g;
   return g;
 }
-#define REQUIRE_GPU()                                                               \
-  do {                                                                              \
+#define REQUIRE_GPU()                                                           \
+  do {                                                                          \
     if (the_gpu().devices.empty()) GTEST_SKIP() << "no GPU: " << the_gpu().why; \
   } while (0)
 
@@ -85,8 +85,8 @@ void expect_same_bits(const std::vector<T>& gpu_out, const std::vector<T>& cpu_o
   }
 }
 
-void expect_close(const std::vector<float>& gpu_out, const std::vector<float>& cpu_out,
-                  double rtol, double atol, const char* what) {
+void expect_close(const std::vector<float>& gpu_out, const std::vector<float>& cpu_out, double rtol,
+                  double atol, const char* what) {
   ref::expect_close(gpu_out, ref::to_double(cpu_out), rtol, atol, what);
 }
 
@@ -343,8 +343,8 @@ TEST(CudaLoss, CrossEntropyMatchesTheCpuWholeAndVocabParallel) {
     const int lo = part ? V0 : 0, width = part ? V - V0 : V0;
     std::vector<float> slice(static_cast<std::size_t>(N) * width);
     for (int i = 0; i < N; ++i)
-      std::memcpy(&slice[static_cast<std::size_t>(i) * width], &logits[static_cast<std::size_t>(i) * V + lo],
-                  width * sizeof(float));
+      std::memcpy(&slice[static_cast<std::size_t>(i) * width],
+                  &logits[static_cast<std::size_t>(i) * V + lo], width * sizeof(float));
     Dev<float> gs(slice), gm(N), gtl(N);
     gpu::ce_local_max(S(), gm.p(), gs.p(), N, width);
     gpu::ce_local_target_logit(S(), gtl.p(), gs.p(), gt.p(), N, width, lo);
@@ -374,8 +374,8 @@ TEST(CudaLoss, CrossEntropyMatchesTheCpuWholeAndVocabParallel) {
     losses_vp = gls.host();
     for (int i = 0; i < N; ++i)
       for (int j = 0; j < width; ++j)
-        EXPECT_NEAR(g[static_cast<std::size_t>(i) * width + j], l[static_cast<std::size_t>(i) * V + lo + j],
-                    1e-5 * scale + 1e-9)
+        EXPECT_NEAR(g[static_cast<std::size_t>(i) * width + j],
+                    l[static_cast<std::size_t>(i) * V + lo + j], 1e-5 * scale + 1e-9)
             << "row " << i << " column " << lo + j;
   }
   expect_close(losses_vp, losses, 1e-6, 1e-6, "vocab-parallel losses");
@@ -407,8 +407,8 @@ TEST(CudaAttention, MatchesTheCpuAndRepeatsItsBits) {
     Dev<float> gq(q), gk(k), gv(v), gdo(dout), go(nq), glse(lse.size()), gdq(nq), gdk(nkv),
         gdv(nkv), gdq2(nq);
     gpu::attention_forward(S(), go.p(), glse.p(), gq.p(), gk.p(), gv.p(), s);
-    gpu::attention_backward(S(), gdq.p(), gdk.p(), gdv.p(), gdo.p(), gq.p(), gk.p(), gv.p(),
-                            go.p(), glse.p(), s);
+    gpu::attention_backward(S(), gdq.p(), gdk.p(), gdv.p(), gdo.p(), gq.p(), gk.p(), gv.p(), go.p(),
+                            glse.p(), s);
     const std::string at = "B" + std::to_string(c.B) + " T" + std::to_string(c.T) + " D" +
                            std::to_string(c.D) + " q_pos" + std::to_string(c.q_pos);
     expect_close(go.host(), out, 1e-4, 1e-5, ("out " + at).c_str());
