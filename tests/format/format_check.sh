@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Every C++ file (and CUDA .cu/.cuh) of the product, the tests and the benchmarks is formatted by .clang-format
-# (clang-format --dry-run -Werror): a formatting error fails the suite, as CI runs it. Format a
+# Every C++ and CUDA file (.cpp, .h, .cu, .cuh) of the product, the tests and the benchmarks is
+# formatted by .clang-format (clang-format --dry-run -Werror): a formatting error fails the suite,
+# as CI runs it. Format a
 # change with `clang-format -i FILE...` (or `git clang-format`).
 set -u
 repo=$(cd "$(dirname "$0")/../.." && pwd)
