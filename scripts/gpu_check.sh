@@ -62,6 +62,7 @@ step bench_pytorch 120 "$python" "$root/bin/bench_cuda_torch.py"
 
 echo "== kernels at a ~1 B LLaMA's shapes: median ms (rate), titan3d vs PyTorch on this GPU" | tee -a "$logs/summary.txt"
 grep -h "^DEVICE" "$logs/bench_titan3d.log" | tee -a "$logs/summary.txt"
+grep -h "^PYTORCH" "$logs/bench_pytorch.log" | tee -a "$logs/summary.txt"
 "$python" - "$logs/bench_titan3d.log" "$logs/bench_pytorch.log" <<'PY' | tee -a "$logs/summary.txt"
 import sys
 def read(path):

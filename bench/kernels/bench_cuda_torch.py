@@ -37,6 +37,7 @@ def main():
     if not torch.cuda.is_available():
         print("no GPU visible to PyTorch")
         return 0
+    print(f"PYTORCH {torch.__version__} CUDA {torch.version.cuda}", flush=True)
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     dev = "cuda"
