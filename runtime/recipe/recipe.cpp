@@ -1,6 +1,7 @@
-// One file for the whole recipe on purpose: the schema table (every key once), the TOML codec it
-// drives, `--set`, validation and world resolution all read the same Field rows, and splitting
-// them would put a key's type, default and checks in different files.
+// One file for the whole recipe on purpose: the schema table (every key once, its Field rows)
+// drives the TOML codec, `--set`, `titan3d keys` and writing a recipe back; validation and world
+// resolution read the typed Recipe it fills, naming each key and where it was set. Splitting them
+// would put a key's type, default and checks in different files.
 #include "runtime/recipe/recipe.h"
 
 #include <strings.h>
