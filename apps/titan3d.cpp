@@ -1,6 +1,5 @@
 // titan3d: the command line. Thin: parses arguments, calls into runtime/, maps failures to exit
-// codes (0 ok, 1 internal error, 2 user error, 3 watchdog abort, 4 not implemented yet,
-// 5 selfcheck found a fault).
+// codes, as the one table of them says: docs/resilience.md#exit-codes.
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 

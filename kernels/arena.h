@@ -1,4 +1,6 @@
-// The device memory of one rank: a single arena whose capacity is the rank's HBM budget.
+// A rank's memory as one bump-allocated arena. The device arena (its capacity the rank's HBM
+// budget) holds the model's state, activations and scratch; a second one holds the host staging
+// of snapshots (runtime/train/snapshots.cpp).
 //
 // Layout (llm.c style): parameters, gradients and the AdamW moments m and v each live in ONE
 // contiguous region, so zeroing, the optimizer step, checkpoint I/O and ZeRO slicing are each one

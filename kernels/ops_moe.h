@@ -26,6 +26,10 @@ namespace t3d::kernels {
 
 enum class RouterScore : uint8_t { kSoftmax, kSigmoid };
 
+// The most experts a model may have, routed or shared (docs/recipe.md, "Limits"): recipe
+// validation refuses more, and moe_aux_loss keeps one sequence's per-expert counts on the stack.
+inline constexpr std::int64_t kMaxExperts = 1024;
+
 struct RouterShape {
   std::int64_t N = 0, E = 0, K = 0;
   RouterScore score = RouterScore::kSoftmax;

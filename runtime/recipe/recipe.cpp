@@ -1,6 +1,7 @@
-// One file for the whole recipe on purpose: the schema table (every key once), the TOML codec it
-// drives, `--set`, validation and world resolution all read the same Field rows, and splitting
-// them would put a key's type, default and checks in different files.
+// One file for the whole recipe on purpose: the schema table (every key once, its Field rows)
+// drives the TOML codec, `--set`, `titan3d keys` and writing a recipe back; validation and world
+// resolution read the typed Recipe it fills, naming each key and where it was set. Splitting them
+// would put a key's type, default and checks in different files.
 #include "runtime/recipe/recipe.h"
 
 #include <strings.h>
@@ -464,14 +465,15 @@ const std::vector<Field>& schema() {
 // ---- Validation of values and combinations ------------------------------------------------------
 
 // Upper bounds (docs/recipe.md, "Limits"): far beyond any real run, small enough that every size
-// the trainer derives from them fits in 64 bits.
+// the trainer derives for a dense model fits in 64 bits (validate_train's rough counts cover the
+// dense parameters and the activations, not a mixture of experts' expert weights). The experts'
+// bound is kernels::kMaxExperts, which the MoE kernels share.
 constexpr int64_t kMaxVocab = int64_t{1} << 24;
 constexpr int64_t kMaxDim = int64_t{1} << 17;
 constexpr int64_t kMaxFfn = int64_t{1} << 20;
-constexpr int64_t kMaxExperts = 1024;
 constexpr int64_t kMaxSeqLen = int64_t{1} << 24;
-constexpr int64_t kMaxRanks = int64_t{1} << 20;          // each of pp, dp, cp, tp and their product
-constexpr int64_t kMaxBatch = int64_t{1} << 30;          // global_batch, micro_batches, val_batches
+constexpr int64_t kMaxRanks = int64_t{1} << 20;  // each of pp, dp, cp, tp, ep; pp·dp·cp·tp
+constexpr int64_t kMaxBatch = int64_t{1} << 30;  // global_batch, micro_batches, val_batches
 constexpr int64_t kMaxTokensPerStep = int64_t{1} << 36;  // global_batch · seq_len
 constexpr int64_t kMaxSteps = int64_t{1} << 40;
 constexpr double kMaxElements = double(int64_t{1} << 50);  // activations, parameters (floats)
@@ -619,14 +621,15 @@ void validate_model(const Recipe& r) {
   v.require(m.seq_len >= 1, "model.seq_len", "must be positive, got " + is(m.seq_len));
   v.require(m.rope_theta > 0, "model.rope_theta", "must be positive");
   v.require(m.norm_eps > 0, "model.norm_eps", "must be positive");
-  v.require(m.n_experts >= 0 && m.n_experts <= kMaxExperts, "model.n_experts",
-            "must lie in [0, " + is(kMaxExperts) + "] (0: dense), got " + is(m.n_experts));
+  v.require(m.n_experts >= 0 && m.n_experts <= kernels::kMaxExperts, "model.n_experts",
+            "must lie in [0, " + is(kernels::kMaxExperts) + "] (0: dense), got " + is(m.n_experts));
   if (!m.moe()) return;
   v.require(m.experts_per_token >= 1 && m.experts_per_token <= m.n_experts,
             "model.experts_per_token",
             "must lie in [1, n_experts = " + is(m.n_experts) + "], got " + is(m.experts_per_token));
-  v.require(m.n_shared_experts >= 0 && m.n_shared_experts <= kMaxExperts, "model.n_shared_experts",
-            "must lie in [0, " + is(kMaxExperts) + "], got " + is(m.n_shared_experts));
+  v.require(m.n_shared_experts >= 0 && m.n_shared_experts <= kernels::kMaxExperts,
+            "model.n_shared_experts",
+            "must lie in [0, " + is(kernels::kMaxExperts) + "], got " + is(m.n_shared_experts));
   v.require(
       m.moe_ffn_dim >= 1 && m.moe_ffn_dim <= kMaxFfn, "model.moe_ffn_dim",
       "must lie in [1, " + is(kMaxFfn) + "] (0 means model.ffn_dim), got " + is(m.moe_ffn_dim));

@@ -1,4 +1,4 @@
-// The step loop of one rank. One file (a little over 500 lines) on purpose: every phase of a step
+// The step loop of one rank. One file (under 600 lines) on purpose: every phase of a step
 // (sampling, the executor, reduction, norm and clipping, AdamW, validation, divergence handling,
 // metrics) reads the same Trainer::Impl state; the parts that stand alone live beside it
 // (sharded_state, metrics, snapshots, stop_signal, training_math).

@@ -190,7 +190,7 @@ TEST(GradReducer, ZeroThreeGathersTheParameters) {
   GradReducer reducer(dp, 3, part, per, nullptr, buffers);
   std::vector<float> full(static_cast<size_t>(buckets.back().end));
   for (size_t i = 0; i < full.size(); ++i) full[i] = float(i) * 0.5f - 3.0f;
-  for (size_t b = 0; b < buckets.size(); ++b)  // this rank's slices, as ShardedState::init keeps
+  for (size_t b = 0; b < buckets.size(); ++b)  // this rank's slices (ShardedState::keep_shard)
     std::copy_n(full.data() + part.mine[b].begin, part.mine[b].size(),
                 buffers.param_shard + part.shard_offset[b]);
   int64_t shard = 0;

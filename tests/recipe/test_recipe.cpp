@@ -366,6 +366,18 @@ TEST(RecipeLimits, HugeCountsAreRefusedNamingTheKey) {
   EXPECT_EQ(error_of("[train]\nactivation_checkpoint = \"every:2\"\n"), "");
 }
 
+// One bound on experts for the recipe and the MoE kernels (kernels::kMaxExperts), the figure
+// docs/recipe.md's "Limits" gives.
+TEST(RecipeLimits, ExpertCountsStopAtTheKernelsBound) {
+  EXPECT_EQ(t3d::kernels::kMaxExperts, 1024);
+  const std::string most = std::to_string(t3d::kernels::kMaxExperts);
+  const std::string over = std::to_string(t3d::kernels::kMaxExperts + 1);
+  EXPECT_EQ(error_of("[model]\nn_experts = " + most + "\n"), "");
+  EXPECT_TRUE(names(error_of("[model]\nn_experts = " + over + "\n"), "model.n_experts"));
+  EXPECT_TRUE(names(error_of("[model]\nn_experts = 4\nn_shared_experts = " + over + "\n"),
+                    "model.n_shared_experts"));
+}
+
 TEST(RecipeLimits, NonsenseValuesAreRefusedNamingTheKey) {
   const std::pair<std::string, std::string> cases[] = {
       {"parallel.bucket_mb=inf", "parallel.bucket_mb"},
