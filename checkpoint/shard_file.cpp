@@ -13,6 +13,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "checkpoint/h5.h"
 
@@ -122,7 +123,8 @@ struct Driver {
   int fd = -1;         // through the page cache
   int direct_fd = -1;  // O_DIRECT, or -1 where the file system refuses it
   haddr_t eoa = 0, eof = 0;
-  uint64_t allocated = 0;  // the file's size after allocating its blocks up front, if it was
+  uint64_t allocated = 0;         // the file's size after allocating its blocks up front, if it was
+  bool allocation_tried = false;  // at the first raw write (allocate_ahead)
   dev_t dev = 0;
   ino_t ino = 0;
   ShardFileLog* log = nullptr;
@@ -181,11 +183,6 @@ H5FD_t* open_file(const char* name, unsigned flags, hid_t fapl, haddr_t maxaddr)
   d->fd = fd;
   d->direct_fd = ::open(name, O_WRONLY | O_CLOEXEC | O_DIRECT);  // -1: page cache only
   if (d->direct_fd >= 0) d->direct = std::make_unique<DirectWriter>(d->direct_fd);
-  // Room for the raw data and HDF5's metadata around it; where the file system cannot allocate
-  // ahead (or the space is short), writes extend the file as they go.
-  const uint64_t ahead = info->log->size_hint ? info->log->size_hint + (8 << 20) : 0;
-  if (d->direct && ahead && ::fallocate(fd, 0, 0, static_cast<off_t>(ahead)) == 0)
-    d->allocated = ahead;
   d->eof = static_cast<haddr_t>(st.st_size);
   d->dev = st.st_dev, d->ino = st.st_ino;
   d->log = info->log;
@@ -278,7 +275,32 @@ bool end_run(Driver* d, bool wait) {
   return !wait || !d->direct || d->direct->wait();
 }
 
+// At the first raw write, at `addr`: allocates the blocks of the raw bytes to come (size_hint) from
+// there, no more (HDF5's metadata before it stays a sparse hole where unused; what a deflated or
+// incremental shard leaves unwritten is cut off by `truncate`). Where the file system cannot
+// allocate ahead, writes extend the file as they go. Where the space is short (ENOSPC), whatever
+// the file system allocated before giving up (ext4 keeps it) is released, and the rest of the file
+// goes through the page cache, which takes blocks only as bytes are written: a shard that fits
+// must not fail for want of the surplus. False (errno set) when a write failed.
+bool allocate_ahead(Driver* d, haddr_t addr) {
+  d->allocation_tried = true;
+  const uint64_t ahead = d->log->size_hint;
+  if (!ahead) return true;
+  struct stat st {};
+  if (::fstat(d->fd, &st) != 0) return false;
+  if (::fallocate(d->fd, 0, static_cast<off_t>(addr), static_cast<off_t>(ahead)) == 0) {
+    d->allocated = addr + ahead;
+    return true;
+  }
+  if (errno != ENOSPC) return true;
+  if (::ftruncate(d->fd, st.st_size) != 0 || !end_run(d, true)) return false;
+  d->direct.reset();
+  const int direct_fd = std::exchange(d->direct_fd, -1);
+  return ::close(direct_fd) == 0;
+}
+
 bool write_raw(Driver* d, haddr_t addr, size_t size, const char* p) {
+  if (d->direct && !d->allocation_tried && !allocate_ahead(d, addr)) return false;
   if (!d->direct) {
     d->log->buffered_bytes += size;
     return write_all(d->fd, p, size, addr);

@@ -1,5 +1,5 @@
 // The HDF5 file driver shards are written through. Raw data (tensor values, stored chunks) is
-// gathered into 8 MiB buffers and goes to the device with O_DIRECT, into blocks allocated up front,
+// gathered into 8 MiB buffers and goes to the device with O_DIRECT, into blocks allocated ahead,
 // written in order by a helper thread while the next buffers fill: the kernel neither copies it
 // into the page cache nor writes it back later, and the device streams while the caller hashes.
 // HDF5's metadata and the unaligned edges of raw runs go through the page cache as usual. The
@@ -22,9 +22,11 @@ namespace t3d::checkpoint {
 // What one shard file's writes went through; the driver fills it while the file is open.
 struct ShardFileLog {
   // Set before the file is created: the most raw bytes it will hold (0: unknown). The driver then
-  // allocates the file's blocks up front, since O_DIRECT writes that extend a file are much slower
-  // than writes into allocated blocks (ext4: 390-400 against 550-740 MB/s of 8 MiB writes on this
-  // project's machine), and trims what is left over when the file closes.
+  // allocates that many blocks at the first raw write, since O_DIRECT writes that extend a file
+  // are much slower than writes into allocated blocks (ext4: 390-400 against 550-740 MB/s of 8 MiB
+  // writes on this project's machine), and trims what is left over when the file closes, before
+  // the caller writes anything else. Where the space is short (ENOSPC) it allocates nothing ahead
+  // and writes through the page cache: the shard needs no more room than its bytes.
   uint64_t size_hint = 0;
   FileDigestBuilder digest;
   uint64_t direct_bytes = 0;    // raw bytes written with O_DIRECT

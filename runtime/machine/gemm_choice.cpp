@@ -3,6 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -87,14 +89,60 @@ Shapes shapes_of(const Recipe& r) {
   return s;
 }
 
-std::string cache_key(const Shapes& s, int threads, int local_ranks,
-                      const std::vector<GemmKind>& candidates) {
-  std::ostringstream k;
-  k << kernels::cpu_model_name() << "|cpus" << std::thread::hardware_concurrency() << "|local"
+// A measurement's cache key: what decides the rates besides the model (CPU, threads, libraries),
+// the model's shapes, the candidates. Under the same machine and candidates, the rates cached at
+// other shapes are this CPU's figures a new measurement is checked against (nearest_cached).
+struct CacheKey {
+  std::string machine, shapes, candidates;
+  std::string text() const { return machine + shapes + candidates; }
+};
+
+CacheKey cache_key(const Shapes& s, int threads, int local_ranks,
+                   const std::vector<GemmKind>& candidates) {
+  std::ostringstream m, c;
+  m << kernels::cpu_model_name() << "|cpus" << std::thread::hardware_concurrency() << "|local"
     << local_ranks << "|threads" << threads << "|" << kernels::openblas_corename() << "|"
-    << kernels::onednn_version_string() << "|" << s.text() << "|";
-  for (GemmKind c : candidates) k << kernels::gemm_kind_name(c) << ",";
-  return k.str();
+    << kernels::onednn_version_string() << "|";
+  c << "|";
+  for (GemmKind k : candidates) c << kernels::gemm_kind_name(k) << ",";
+  return {m.str(), s.text(), c.str()};
+}
+
+// The rates cached under `key`'s machine and candidates at the shapes nearest `key`'s (the least
+// summed |log ratio| of rows, dim, ffn and attention width), `count` values; empty when none.
+// `shapes_out`: those shapes.
+std::vector<double> nearest_cached(const fs::path& file, const CacheKey& key, const Shapes& mine,
+                                   size_t count, std::string* shapes_out) {
+  const std::string head = cache_key_text(key.machine),
+                    tail = cache_key_text(key.candidates) + '\t';
+  std::ifstream in(file);
+  std::vector<double> best;
+  double best_distance = 0;
+  for (std::string line; std::getline(in, line);) {
+    const size_t end = line.find('\t');
+    if (end == std::string::npos || end < head.size() + tail.size() - 1 ||
+        line.compare(0, head.size(), head) != 0 ||
+        line.compare(end + 1 - tail.size(), tail.size(), tail) != 0)
+      continue;
+    const std::string shapes = line.substr(head.size(), end + 1 - tail.size() - head.size());
+    long rows = 0, dim = 0, ffn = 0, attn = 0;
+    if (std::sscanf(shapes.c_str(), "rows%ld_dim%ld_ffn%ld_attn%ld", &rows, &dim, &ffn, &attn) !=
+            4 ||
+        std::min({rows, dim, ffn, attn}) <= 0)
+      continue;
+    std::istringstream text(line.substr(end + 1));
+    std::vector<double> values;
+    for (double v; text >> v;) values.push_back(v);
+    if (values.size() != count) continue;
+    const auto apart = [](double a, double b) { return std::abs(std::log(a / b)); };
+    const double distance = apart(rows, mine.rows) + apart(dim, mine.dim) + apart(ffn, mine.ffn) +
+                            apart(attn, mine.attn);
+    if (best.empty() || distance < best_distance) {
+      best = std::move(values), best_distance = distance;
+      *shapes_out = shapes;
+    }
+  }
+  return best;
 }
 
 // The (precision, gemm) recorded in the snapshot `snapshot.resume` names, if it can be read.
@@ -244,6 +292,36 @@ size_t preferred_gemm(const std::vector<MeasuredGemm>& rates) {
   return winner;
 }
 
+GemmDecision decide_gemm(const std::vector<MeasuredGemm>& measured,
+                         const std::vector<MeasuredGemm>& cached) {
+  bool comparable = cached.size() == measured.size();
+  for (size_t i = 0; comparable && i < cached.size(); ++i)
+    comparable = cached[i].kind == measured[i].kind;
+  GemmDecision d;
+  for (size_t i = 0; i < measured.size() && d.interference.empty(); ++i) {
+    const MeasuredGemm& m = measured[i];
+    if (m.fastest <= 0) continue;  // cannot run here
+    const char* kind = kernels::gemm_kind_name(m.kind);
+    if (m.slowest * kGemmRoundSpread < m.fastest)
+      d.interference = fmt::format("{}'s rounds ranged from {:.1f} to {:.1f} GFLOP/s per rank",
+                                   kind, m.slowest, m.fastest);
+    else if (comparable && m.fastest * kGemmCachedDrop < cached[i].fastest)
+      d.interference = fmt::format("{} reached {:.1f} GFLOP/s per rank, {:.1f} cached for this CPU",
+                                   kind, m.fastest, cached[i].fastest);
+  }
+  if (d.interference.empty()) {
+    d.winner = preferred_gemm(measured);
+    return d;
+  }
+  if (comparable) {
+    d.winner = preferred_gemm(cached);
+    if (measured[d.winner].fastest > 0) return d;
+  }
+  d.winner = 0;
+  while (d.winner + 1 < measured.size() && measured[d.winner].fastest <= 0) ++d.winner;
+  return d;
+}
+
 GemmChoice choose_gemm(const Job& job) {
   const Recipe& r = job.recipe;
   const parallel::Comm& world = job.mesh->world();
@@ -268,11 +346,12 @@ GemmChoice choose_gemm(const Job& job) {
   int winner = 0;
   if (candidates.size() > 1) {
     const Shapes shapes = shapes_of(r);
-    const std::string key = cache_key(shapes, c.threads, local, candidates);
-    std::vector<double> rates(2 * candidates.size());
+    const CacheKey key = cache_key(shapes, c.threads, local, candidates);
+    const size_t n = candidates.size();
+    std::vector<double> rates(2 * n);
     int cached = 0;
     if (root) {
-      rates = read_cached(cache_file(), key, 2 * candidates.size());
+      rates = read_cached(cache_file(), key.text(), 2 * n);
       cached = !rates.empty();
     }
     world.broadcast(&cached, 1, 0);
@@ -288,7 +367,6 @@ GemmChoice choose_gemm(const Job& job) {
       std::vector<bool> runnable;
       for (GemmKind k : candidates)
         runnable.push_back(runs_here(k, candidates));  // rate 0: never chosen
-      const size_t n = candidates.size();
       for (int round = 0; round < kMeasureRounds; ++round)
         for (size_t i = 0; i < n; ++i)
           if (runnable[i]) {
@@ -298,12 +376,34 @@ GemmChoice choose_gemm(const Job& job) {
           }
       world.all_reduce(rates.data(), rates.size());
       for (auto& v : rates) v /= world.size();  // mean rate per rank
-      if (root) write_cached(cache_file(), key, rates);
       c.source = "measured";
     }
-    for (size_t i = 0; i < candidates.size(); ++i)
-      c.rates.push_back({candidates[i], rates[i], rates[candidates.size() + i]});
-    if (root) winner = static_cast<int>(preferred_gemm(c.rates));
+    for (size_t i = 0; i < n; ++i) c.rates.push_back({candidates[i], rates[i], rates[n + i]});
+    if (root && cached) {
+      winner = static_cast<int>(preferred_gemm(c.rates));
+    } else if (root) {
+      // A measurement disturbed by load from elsewhere neither decides nor is cached.
+      std::string near;
+      const std::vector<double> figures = nearest_cached(cache_file(), key, shapes, 2 * n, &near);
+      std::vector<MeasuredGemm> reference;
+      for (size_t i = 0; i < n && !figures.empty(); ++i)
+        reference.push_back({candidates[i], figures[i], figures[n + i]});
+      const GemmDecision d = decide_gemm(c.rates, reference);
+      winner = static_cast<int>(d.winner);
+      if (d.interference.empty()) {
+        write_cached(cache_file(), key.text(), rates);
+      } else {
+        const std::string kept =
+            reference.empty() ? "the first candidate in order of preference (nothing cached for "
+                                "this CPU to compare with)"
+                              : "the choice of the rates cached for this CPU at " + near;
+        spdlog::warn(
+            "GEMM measurement disturbed by load from elsewhere ({}): keeping {}, {}, rather than "
+            "a choice the load made; not cached (a start on a quiet machine measures again)",
+            d.interference, kernels::gemm_kind_name(candidates[d.winner]), kept);
+        c.source = "measured under load from elsewhere; kept " + kept;
+      }
+    }
     world.broadcast(&winner, 1, 0);
   }
   c.kind = candidates[static_cast<size_t>(winner)];

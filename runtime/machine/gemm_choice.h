@@ -16,6 +16,8 @@
 // that one's fastest round by kGemmSwitchMargin (preferred_gemm): kinds whose rates overlap
 // within the machine's noise keep the earlier one, so re-measuring (a new machine, an emptied
 // cache, another layout's key) gives the same answer, and only a clear speed-up changes bits.
+// A measurement disturbed by load from elsewhere keeps the choice cached for this CPU instead,
+// says so in the log and is not cached (decide_gemm).
 //
 // The decision is a value, JobPrecision (runtime/launch/job.h): the verb stores it in its Job once
 // (Job::set_precision) and everything that computes reads it from there (the stage's Model, the
@@ -46,6 +48,27 @@ inline constexpr double kGemmSwitchMargin = 1.05;
 // a later candidate wins only when its slowest round is kGemmSwitchMargin times faster than the
 // current winner's fastest round.
 size_t preferred_gemm(const std::vector<MeasuredGemm>& rates);
+
+// Load from elsewhere while measuring (other jobs on the cores) can depress one candidate for
+// every round (oneDNN fp32 at 0.5 GFLOP/s instead of 195 on a busy 2-core machine) and so flip the
+// choice, and with it a fresh run's last bits. A measurement is taken for disturbed when a
+// candidate's rounds differ by more than kGemmRoundSpread, or its fastest round is more than
+// kGemmCachedDrop below the rate cached for it on this CPU (decide_gemm).
+inline constexpr double kGemmRoundSpread = 2;
+inline constexpr double kGemmCachedDrop = 8;
+
+struct GemmDecision {
+  size_t winner = 0;         // index into the candidates
+  std::string interference;  // empty: the measurement decided; else what showed the load
+};
+
+// The choice from this run's measurement `measured` (gemm_candidates' order; rate 0: cannot run
+// here) and `cached`, the rates cached for the same CPU, threads, libraries and candidates at the
+// nearest other model shapes (empty: none). Undisturbed: preferred_gemm(measured). Disturbed: the
+// choice the cached rates make (preferred_gemm(cached)), or without them the first candidate that
+// runs (the order's tie-break), rather than a choice the load made; `interference` says why.
+GemmDecision decide_gemm(const std::vector<MeasuredGemm>& measured,
+                         const std::vector<MeasuredGemm>& cached);
 
 struct GemmChoice {
   kernels::GemmKind kind = kernels::GemmKind::kOpenBlasF32;

@@ -61,7 +61,15 @@ std::vector<std::string> changed_model_function(const std::string& saved_toml, c
          {"router_score", {score(a.router_score), score(b.router_score)}},
          {"router_norm_topk",
           {a.router_norm_topk ? "true" : "false", b.router_norm_topk ? "true" : "false"}},
-         {"router_scale", {fmt::format("{}", a.router_scale), fmt::format("{}", b.router_scale)}}});
+         {"router_scale", {fmt::format("{}", a.router_scale), fmt::format("{}", b.router_scale)}},
+         {"capacity_factor",
+          {fmt::format("{}", a.capacity_factor), fmt::format("{}", b.capacity_factor)}}});
+  // The learned selection bias: set aside at 0 (not restored), moved at another rate from the next
+  // step. From 0 there is no bias to continue and the restore refuses the missing tensor.
+  if (a.moe() && b.moe() && a.router_bias_rate > 0)
+    keys.push_back(
+        {"router_bias_rate",
+         {fmt::format("{}", a.router_bias_rate), fmt::format("{}", b.router_bias_rate)}});
   std::vector<std::string> changed;
   for (const auto& [key, v] : keys)
     if (v.first != v.second)

@@ -21,7 +21,8 @@ void check_same_model(const std::string& saved_toml, const Recipe& now, const st
 
 // The [model] keys that change what a snapshot's weights compute without changing a tensor
 // (RoPE's base, the norms' epsilon, the routing: experts_per_token, router_score,
-// router_norm_topk, router_scale), each "model.KEY: SAVED in the snapshot, NOW in this run (WHERE)"
+// router_norm_topk, router_scale, capacity_factor, and router_bias_rate where the snapshot has a
+// selection bias), each "model.KEY: SAVED in the snapshot, NOW in this run (WHERE)"
 // where `now` differs from the stored recipe. A resume or eval may change them on purpose (a
 // longer RoPE base, another top-k); the caller says so once (rank 0).
 std::vector<std::string> changed_model_function(const std::string& saved_toml, const Recipe& now,

@@ -97,6 +97,22 @@ void record(const std::string& run_dir, const Incident& i) {
       i.tier.empty() ? "" : ", \"tier\": " + parallel::trace::json_string(i.tier));
 }
 
+// The end of a job that a signal stopped while it waited to restart after incident `i`: a stop line
+// after that incident's (whose action said it would restart), so that incidents.jsonl ends with
+// what happened: {"time", "event": "stop", "attempt", "signal", "exit_code", "snapshot_step",
+// "action"}.
+void record_stop(const std::string& run_dir, const Incident& i, int sig, int code) {
+  std::ofstream f(run_dir + "/incidents.jsonl", std::ios::app);
+  f << fmt::format(
+      "{{\"time\": {}, \"event\": \"stop\", \"attempt\": {}, \"signal\": {}, \"exit_code\": {}, "
+      "\"snapshot_step\": {}, \"action\": {}}}\n",
+      parallel::trace::json_string(now_iso()), i.attempt, sig, code, i.snapshot_step,
+      parallel::trace::json_string(fmt::format(
+          "stop: signal {} while waiting to restart, not restarting; continue with `titan3d "
+          "train {}/restart.toml`",
+          sig, run_dir)));
+}
+
 // The newest memory-tier snapshot of job `job_id` committed in this host's /dev/shm (0: none):
 // what a restart is expected to resume when it is newer than the disk's (the ranks decide, over
 // every host's, and say so in the restore line of incidents.jsonl).
@@ -473,6 +489,7 @@ bool after_failure(Loop& loop, const MpirunOutcome& out, int attempt, long offse
                  "titan3d: signal %d while waiting to restart: not restarting (exit %d); continue "
                  "with `titan3d train %s/restart.toml`\n",
                  sig, loop.result.code, loop.run_dir.c_str());
+    record_stop(loop.run_dir, incident, sig, loop.result.code);
     restart_argv(loop.recipe, loop.plan.argv.at(0), loop.run_dir, loop.log_level);
     return false;
   }

@@ -48,6 +48,16 @@ int64_t required_int(const json& c, const std::string& src, const char* key) {
   return c.at(key).get<int64_t>();
 }
 
+// A mixture's expert count (Mixtral's num_local_experts, Qwen2-MoE's num_experts): at least 1, as
+// titan3d's n_experts = 0 is a dense model, whose tensors a mixture's checkpoint has not.
+int64_t required_experts(const json& c, const std::string& src, const char* key) {
+  const int64_t n = required_int(c, src, key);
+  T3D_USER_CHECK(n > 0, src, ": `", key, "` is ", n,
+                 "; a mixture of experts needs at least one expert (a dense model is "
+                 "model_type \"llama\")");
+  return n;
+}
+
 // A value the config may leave out: transformers' LlamaConfig default then, said in `notes`.
 // Present, it must have T's JSON type (an integer, any number, a boolean).
 template <typename T>
@@ -146,7 +156,7 @@ void qwen2_moe_keys(const json& c, const std::string& src, ModelConfig& m,
   refuse_unless(c, src, "use_sliding_window", false, "titan3d's attention is fully causal");
   refuse_unless(c, src, "decoder_sparse_step", 1,
                 "titan3d's mixture-of-experts blocks follow each other from model.dense_layers on");
-  m.n_experts = required_int(c, src, "num_experts");
+  m.n_experts = required_experts(c, src, "num_experts");
   m.experts_per_token = required_int(c, src, "num_experts_per_tok");
   m.moe_ffn_dim = required_int(c, src, "moe_intermediate_size");
   const int64_t shared = required_int(c, src, "shared_expert_intermediate_size");
@@ -212,7 +222,7 @@ ModelConfig llama_model_from_config(const std::string& text, const std::string& 
     // Mixtral: every block a mixture of experts of intermediate_size each, softmax router over
     // normalised top-k gates (docs/moe.md).
     refuse_unless(c, src, "sliding_window", nullptr, "titan3d's attention is fully causal");
-    m.n_experts = required_int(c, src, "num_local_experts");
+    m.n_experts = required_experts(c, src, "num_local_experts");
     m.experts_per_token = required_int(c, src, "num_experts_per_tok");
     m.moe_ffn_dim = m.ffn_dim;
     note_aux_loss_coef(c, notes);

@@ -10,7 +10,8 @@
 #     so): its retention keeps its own, and its restart resumes its own, not the older run's
 #     higher step; with its newest snapshot damaged, the incident names the older one resumed.
 #  4. A supervised job that ends by a failure leaves no lock in its run directory.
-#  5. SIGTERM while the supervisor waits to restart: exit 75, not killed by the signal.
+#  5. SIGTERM while the supervisor waits to restart: exit 75, not killed by the signal, and
+#     incidents.jsonl ends with a stop line after the incident that was to restart.
 #  6. SIGUSR1 in the job's first moments (before the ranks are up): exit 75, saying that
 #     nothing new was trained to snapshot; no rank killed by the signal.
 #  7. SIGKILL of the supervisor: mpirun and the ranks stop too.
@@ -121,6 +122,8 @@ kill -TERM $job
 wait $job; rc=$?
 check "[ $rc -eq 75 ] && grep -q 'while waiting to restart' $work/backoff.log" \
   "SIGTERM while waiting to restart: exit 75 (rc $rc)" || tail -3 "$work/backoff.log"
+check "tail -1 $work/backoff/incidents.jsonl | grep -q '\"event\": \"stop\", \"attempt\": 1, \"signal\": 15, \"exit_code\": 75, .*\"action\": \"stop: signal 15 while waiting to restart'" \
+  "incidents.jsonl ends with the stop, after the incident that was to restart" || cat "$work/backoff/incidents.jsonl"
 
 # --- 6. SIGUSR1 before the ranks are up. ---
 "$titan3d" train "${base[@]}" --set train.steps=2000 --set snapshot.every=1000 --set run.dir="$work/early" \

@@ -73,5 +73,48 @@ TEST(GemmChoice, OverlappingRatesKeepThePreferredKind) {
   EXPECT_EQ(preferred_gemm({M{GemmKind::kOneDnnF32, 50, 40}}), 0u);
 }
 
+// Load from elsewhere while measuring: on a busy 2-core machine oneDNN fp32 measured 0.5 GFLOP/s
+// in every round (195 idle), and the choice flipped to OpenBLAS, and with it a fresh run's last
+// bits. A disturbed measurement keeps the choice the rates cached for this CPU make, or without
+// them the first candidate that runs; an undisturbed one decides as preferred_gemm.
+TEST(GemmChoice, ADisturbedMeasurementKeepsTheCachedChoice) {
+  using M = MeasuredGemm;
+  const GemmKind blas = GemmKind::kOpenBlasF32, dnn = GemmKind::kOneDnnF32;
+  const std::vector<M> idle = {M{blas, 150, 140}, M{dnn, 195, 185}};  // cached: oneDNN wins
+  // Far below the cached rate in every round: the cached choice, not the flip.
+  const std::vector<M> busy = {M{blas, 100, 95}, M{dnn, 0.5, 0.5}};
+  ASSERT_EQ(preferred_gemm(busy), 0u);
+  GemmDecision d = decide_gemm(busy, idle);
+  EXPECT_EQ(d.winner, 1u);
+  EXPECT_NE(d.interference.find("onednn-fp32 reached 0.5 GFLOP/s per rank, 195.0 cached"),
+            std::string::npos)
+      << d.interference;
+  // Rounds that disagree widely: the cached choice (OpenBLAS, the rates overlapping) again.
+  const std::vector<M> close = {M{blas, 100, 95}, M{dnn, 98, 92}};
+  const std::vector<M> spread = {M{blas, 100, 30}, M{dnn, 120, 115}};
+  ASSERT_EQ(preferred_gemm(spread), 1u);
+  d = decide_gemm(spread, close);
+  EXPECT_EQ(d.winner, 0u);
+  EXPECT_NE(d.interference.find("openblas-fp32's rounds ranged from 30.0 to 100.0"),
+            std::string::npos)
+      << d.interference;
+  // Nothing cached to compare with (or figures of other candidates): the first candidate that
+  // runs here.
+  EXPECT_EQ(decide_gemm({M{blas, 100, 20}, M{dnn, 150, 140}}, {}).winner, 0u);
+  EXPECT_EQ(decide_gemm({M{blas, 100, 20}, M{dnn, 150, 140}}, {M{dnn, 1, 1}, M{blas, 1, 1}}).winner,
+            0u);
+  EXPECT_EQ(decide_gemm({M{dnn, 0, 0}, M{GemmKind::kOneDnnBf16, 100, 20}}, {}).winner, 1u);
+  // Undisturbed: slower than the cached figures (other shapes) but within kGemmCachedDrop, rounds
+  // that agree: the measurement decides, said by no interference.
+  d = decide_gemm({M{blas, 80, 75}, M{dnn, 100, 92}}, idle);
+  EXPECT_EQ(d.winner, 1u);
+  EXPECT_EQ(d.interference, "");
+  d = decide_gemm({M{blas, 80, 75}, M{dnn, 82, 78}}, {});
+  EXPECT_EQ(d.winner, 0u);
+  EXPECT_EQ(d.interference, "");
+  // A kind that cannot run here (rate 0) is no sign of load.
+  EXPECT_EQ(decide_gemm({M{blas, 80, 75}, M{GemmKind::kOneDnnBf16, 0, 0}}, {}).interference, "");
+}
+
 }  // namespace
 }  // namespace t3d::runtime

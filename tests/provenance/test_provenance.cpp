@@ -92,15 +92,34 @@ TEST_F(Provenance, AChangedModelFunctionIsNamed) {
                                       {{"model.experts_per_token", "1"},
                                        {"model.router_score", "sigmoid"},
                                        {"model.rope_theta", "500000"},
-                                       {"model.router_bias_rate", "1e-3"}});  // training's
+                                       {"model.capacity_factor", "1.25"},
+                                       // No bias in the snapshot to route by: not named (the
+                                       // restore refuses the missing bias tensor).
+                                       {"model.router_bias_rate", "1e-3"}});
   const auto c = changed_model_function(stored, changed, "s.h5");
-  ASSERT_EQ(c.size(), 3u);
+  ASSERT_EQ(c.size(), 4u);
   EXPECT_EQ(c[0].rfind("model.rope_theta: 10000 in the snapshot, 500000 in this run", 0), 0u)
       << c[0];
   EXPECT_EQ(c[1].rfind("model.experts_per_token: 2 in the snapshot, 1 in this run", 0), 0u) << c[1];
   EXPECT_NE(c[1].find("--set model.experts_per_token=1"), std::string::npos) << c[1];
   EXPECT_EQ(c[2].rfind("model.router_score: \"softmax\" in the snapshot, \"sigmoid\"", 0), 0u)
       << c[2];
+  // Capacity drops slots in training and eval: another function of the same weights.
+  EXPECT_EQ(c[3].rfind("model.capacity_factor: 0 in the snapshot, 1.25 in this run", 0), 0u)
+      << c[3];
+  // A snapshot's learned selection bias, set aside (rate 0) or moved at another rate.
+  const std::string biased =
+      parse_recipe(stored, "b.toml", {{"model.router_bias_rate", "1e-3"}}).to_toml();
+  for (const std::string rate : {"0", "0.01"}) {
+    const auto b = changed_model_function(
+        biased, parse_recipe(biased, "now.toml", {{"model.router_bias_rate", rate}}), "s.h5");
+    ASSERT_EQ(b.size(), 1u) << rate;
+    EXPECT_EQ(
+        b[0].rfind("model.router_bias_rate: 0.001 in the snapshot, " + rate + " in this run", 0),
+        0u)
+        << b[0];
+  }
+  EXPECT_TRUE(changed_model_function(biased, parse_recipe(biased, "now.toml"), "s.h5").empty());
 }
 
 TEST_F(Provenance, TheTokenizerMustBeTheRecordedOne) {

@@ -209,6 +209,37 @@ TEST(use_Import, Qwen2MoeConfigMapsOntoTheBlock) {
   }
 }
 
+// A mixture of experts of no experts: titan3d's n_experts = 0 is a dense model, which would look
+// for dense tensors the MoE checkpoint has not. Refused naming the family's count key and the file.
+TEST(use_Import, AMixtureOfNoExpertsIsRefusedByItsKey) {
+  const std::string shape = R"("vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2,
+      "num_attention_heads": 4, "intermediate_size": 128, "num_experts_per_tok": 2)";
+  const std::pair<std::string, std::string> families[] = {
+      {R"("model_type": "mixtral", )", "num_local_experts"},
+      {R"("model_type": "qwen2_moe", "moe_intermediate_size": 32,
+          "shared_expert_intermediate_size": 32, )",
+       "num_experts"}};
+  for (const auto& [family, key] : families) {
+    std::vector<std::string> notes;
+    for (const char* count : {"0", "-1"}) {
+      try {
+        llama_model_from_config("{" + family + shape + ", \"" + key + "\": " + count + "}",
+                                "c.json", &notes);
+        ADD_FAILURE() << key << " = " << count;
+      } catch (const UserError& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find("`" + key + "`"), std::string::npos) << what;
+        EXPECT_NE(what.find("c.json"), std::string::npos) << what;
+      }
+    }
+    // Two experts, both chosen by every token: a mixture titan3d represents.
+    EXPECT_EQ(
+        llama_model_from_config("{" + family + shape + ", \"" + key + "\": 2}", "c.json", &notes)
+            .n_experts,
+        2);
+  }
+}
+
 // A tiny Hugging Face directory titan3d can import: config.json (`extra` spliced into it) and every
 // tensor of its model in `weights` (a file name inside the directory), zeros.
 const char* kTinyConfig = R"({"model_type": "llama", "vocab_size": 256, "hidden_size": 16,
