@@ -3,13 +3,15 @@
 # (fixtures/format1, written by the last version writing it) evaluates to the numbers that version
 # computed, and resumes into format-2 snapshots. The fixture pins OpenBLAS, whose kernels differ by
 # CPU (its SkylakeX and Haswell kernels, an AVX-512 CPU's and Zen 3's, give losses 1.7e-10 apart):
-# bit for bit on the kind of CPU that wrote it (AVX-512), within 1e-9 elsewhere. A chain read
-# wrongly (a mask not applied, a chunk from the wrong parent) moves the loss by far more.
+# bit for bit on the kind of CPU that wrote it (AVX-512), within 1e-9 elsewhere. The row loops are
+# pinned to their SSE2 build (T3D_SIMD), which every x86-64 runs and which computed the fixture's
+# numbers: their AVX2 and AVX-512 builds contract to FMAs (1e-10 apart; kernels/row_math.h). A chain
+# read wrongly (a mask not applied, a chunk from the wrong parent) moves the loss by far more.
 set -u
 source "$(dirname "$0")/common.sh"
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 cp -r "$(dirname "$0")/fixtures/format1" "$work/snapshots"
-"$titan3d" eval "$work/snapshots/step_00000004.h5" --set data.path="$repo/data/fortunes.txt" \
+T3D_SIMD=sse2 "$titan3d" eval "$work/snapshots/step_00000004.h5" --set data.path="$repo/data/fortunes.txt" \
   --json "$work/eval.json" >"$work/eval.log" 2>&1
 loss_of() { sed -E 's/.*"loss": ([^,}]+).*/\1/' "$1"; }
 if grep -qw avx512f /proc/cpuinfo &&
