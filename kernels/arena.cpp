@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "kernels/check.h"
+#include "kernels/cuda/cuda_ops.h"
 
 namespace t3d::kernels {
 namespace {
@@ -29,8 +30,19 @@ std::string format_bytes(std::size_t bytes) {
   return buf;
 }
 
-Arena::Arena(std::size_t capacity_bytes) : capacity_(round_up(capacity_bytes, kAlignment)) {
+Arena::Arena(std::size_t capacity_bytes, Memory memory)
+    : memory_(memory), capacity_(round_up(capacity_bytes, kAlignment)) {
   if (capacity_ == 0) return;
+  if (memory == Memory::kDevice) {
+#ifdef T3D_HAVE_CUDA
+    base_ = static_cast<std::byte*>(cuda::device_alloc_zeroed(capacity_, "the device arena"));
+    return;
+#else
+    throw UserError(
+        "a GPU arena was asked of a titan3d built without the CUDA backend: build "
+        "where the CUDA toolkit is installed (docs/gpu.md)");
+#endif
+  }
   // MAP_NORESERVE: reserve address space only. Physical pages arrive on first touch, so several
   // oversubscribed ranks with large budgets can coexist on a small machine until they really use
   // the memory. mmap memory is page-aligned, hence kAlignment-aligned.
@@ -47,7 +59,14 @@ Arena::Arena(std::size_t capacity_bytes) : capacity_(round_up(capacity_bytes, kA
 }
 
 Arena::~Arena() {
-  if (base_) munmap(base_, capacity_);
+  if (!base_) return;
+#ifdef T3D_HAVE_CUDA
+  if (memory_ == Memory::kDevice) {
+    cuda::device_free(base_);
+    return;
+  }
+#endif
+  munmap(base_, capacity_);
 }
 
 void* Arena::alloc_bytes(std::string_view name, std::size_t bytes) {

@@ -31,23 +31,30 @@ inline constexpr std::size_t aligned_bytes(std::size_t bytes) {
 // Bytes -> "12.0 MiB" for messages.
 std::string format_bytes(std::size_t bytes);
 
+// Where an arena's memory is: host memory (the CPU backend, and host staging), or one GPU's memory
+// (the CUDA backend: kernels/exec.h; only ops given a GPU Exec may touch it).
+enum class Memory { kHost, kDevice };
+
 class Arena {
  public:
-  // Reserves `capacity_bytes` of address space. Pages are committed lazily by the OS as they
-  // are first touched, so an 80 GiB budget on a smaller test machine costs nothing until used.
-  explicit Arena(std::size_t capacity_bytes);
+  // kHost: reserves `capacity_bytes` of address space. Pages are committed lazily by the OS as
+  // they are first touched, so an 80 GiB budget on a smaller test machine costs nothing until
+  // used. kDevice: cudaMalloc's the whole capacity on the current GPU at once and zeroes it
+  // (UserError naming the bytes when the GPU lacks them, or when the build has no CUDA backend).
+  explicit Arena(std::size_t capacity_bytes, Memory memory = Memory::kHost);
   ~Arena();
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
 
   // Allocates `bytes` (rounded up to kAlignment) for the tensor called `name`. Throws UserError
   // naming the tensor, the bytes asked and the bytes left when the budget is exceeded.
-  // Memory is zero (fresh pages from the OS).
+  // Memory is zero (fresh pages from the OS, or the device block zeroed when it was made).
   void* alloc_bytes(std::string_view name, std::size_t bytes);
   float* alloc_floats(std::string_view name, std::size_t count) {
     return static_cast<float*>(alloc_bytes(name, count * sizeof(float)));
   }
 
+  Memory memory() const { return memory_; }
   std::size_t capacity() const { return capacity_; }
   std::size_t used() const { return used_; }
   std::size_t available() const { return capacity_ - used_; }
@@ -60,6 +67,7 @@ class Arena {
     std::size_t bytes;
   };
   std::byte* base_ = nullptr;
+  Memory memory_ = Memory::kHost;
   std::size_t capacity_ = 0;
   std::size_t used_ = 0;
   std::size_t peak_ = 0;

@@ -1,4 +1,7 @@
-// Forward and backward operators of a LLaMA-style transformer, fp32, row-major, CPU.
+// Forward and backward operators of a LLaMA-style transformer, fp32, row-major. The ops that take
+// an Exec (kernels/exec.h) run on its backend, on pointers of its memory: the CPU (this folder) or
+// an NVIDIA GPU (kernels/cuda/, where every op here has a twin; docs/gpu.md); the others are the
+// CPU's until the runtime hands them an Exec too.
 //
 // Accumulation contract (the same for every op below):
 //   - parameter gradients are ACCUMULATED:   dweight += ...  (micro-batches add up; the caller
@@ -26,6 +29,7 @@
 
 #include <cstdint>
 
+#include "kernels/exec.h"
 #include "kernels/gemm.h"
 #include "kernels/precision.h"
 
@@ -123,7 +127,7 @@ std::int64_t attention_scratch_floats(const AttentionShape& s);
 // layers' GEMM kind: the tile products run in fp32 (OpenBLAS), or, when `kind` is a bf16 kind and
 // the CPU has AVX512-BF16, with bf16 operands and fp32 sums (kernels/attention_bf16.h); forward
 // and backward of one micro-batch must be given the same kind.
-void attention_forward(GemmKind kind,
+void attention_forward(const Exec& exec,
                        float* out,      // out (B, T, H * D)
                        float* lse,      // lse (B, H, T)
                        const float* q,  // q (B, T, H * D)   (after RoPE)
@@ -132,7 +136,7 @@ void attention_forward(GemmKind kind,
                        float* scratch,  // scratch (attention_scratch_floats)
                        const AttentionShape& s);
 // Recomputes the scores tile by tile from q, k and lse (flash-attention 2 backward).
-void attention_backward(GemmKind kind,
+void attention_backward(const Exec& exec,
                         float* dq,          // dq (B, T, H * D) =
                         float* dk,          // dk (B, keys, Hkv * D) =
                         float* dv,          // dv (B, keys, Hkv * D) =
@@ -150,7 +154,7 @@ void attention_backward(GemmKind kind,
 // y = x W^T with W stored [out, in] row-major (Hugging Face layout). No bias (LLaMA has none).
 // Every linear op runs the GEMM kind its caller gives (kernels/gemm.h): nothing here is global, so
 // two models of one process may run different kinds.
-void linear_forward(GemmKind kind,
+void linear_forward(const Exec& exec,
                     float* y,        // y (N, out) = or +=
                     const float* x,  // x (N, in)
                     const float* w,  // w (out, in)
@@ -164,14 +168,14 @@ void linear_forward(GemmKind kind,
 // caller's own copy (a bf16-stored activation, which the backward then reads without rounding).
 class LinearInput {
  public:
-  LinearInput(GemmKind kind, const float* x, std::int64_t rows,
+  LinearInput(const Exec& exec, const float* x, std::int64_t rows,
               std::int64_t cols);  // x (rows, cols)
   // With the caller's bf16 copy of x (rows × cols, packed; nullptr: as the constructor above).
   // kFill rounds x into it, whatever the GEMM kind, so that the copy always holds x; kFilled
   // takes it as holding x rounded already (the same bits rounding gives: with bf16 GEMMs the
   // floats at x are then not read and may be stale).
   enum class Copy { kFill, kFilled };
-  LinearInput(GemmKind kind, const float* x, bf16* copy, Copy how, std::int64_t rows,
+  LinearInput(const Exec& exec, const float* x, bf16* copy, Copy how, std::int64_t rows,
               std::int64_t cols);
   ~LinearInput();
   LinearInput(const LinearInput&) = delete;
@@ -193,12 +197,12 @@ void linear_forward(float* y, const LinearInput& x, const float* w, std::int64_t
                     Out mode = Out::kWrite);  // x (N, in) as above
 // The backward is split in two so that zero-bubble pipeline schedules can run the input
 // gradient (B) now and the weight gradient (W) later.
-void linear_backward_input(GemmKind kind,
+void linear_backward_input(const Exec& exec,
                            float* dx,        // dx (N, in) =
                            const float* dy,  // dy (N, out)
                            const float* w,   // w (out, in)
                            std::int64_t N, std::int64_t in, std::int64_t out);
-void linear_backward_weight(GemmKind kind,
+void linear_backward_weight(const Exec& exec,
                             float* dw,        // dw (out, in) +=
                             const float* dy,  // dy (N, out)
                             const float* x,   // x (N, in)

@@ -22,6 +22,7 @@
 #include "kernels/attention_bf16.h"
 #include "kernels/blas.h"
 #include "kernels/check.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/gemm.h"
 #include "kernels/ops.h"
 #include "kernels/simd_rows.h"
@@ -162,8 +163,10 @@ void attention_forward_head(float* out, float* lse, const float* q, const float*
 
 }  // namespace
 
-void attention_forward(GemmKind kind, float* out, float* lse, const float* q, const float* k,
+void attention_forward(const Exec& exec, float* out, float* lse, const float* q, const float* k,
                        const float* v, float* scratch, const AttentionShape& s) {
+  T3D_ON_GPU(exec, cuda::attention_forward(*exec.stream, out, lse, q, k, v, s));
+  const GemmKind kind = exec.gemm;
   check_shape(s);
   // Work of one call ~ B H T^2 D / 2 multiply-adds; parallel over (batch, query head).
   if (bf16_tiles(kind))
@@ -240,9 +243,11 @@ void attention_backward_group(float* dq, float* dk, float* dv, const float* dout
 
 }  // namespace
 
-void attention_backward(GemmKind kind, float* dq, float* dk, float* dv, const float* dout,
+void attention_backward(const Exec& exec, float* dq, float* dk, float* dv, const float* dout,
                         const float* q, const float* k, const float* v, const float* out,
                         const float* lse, float* scratch, const AttentionShape& s) {
+  T3D_ON_GPU(exec, cuda::attention_backward(*exec.stream, dq, dk, dv, dout, q, k, v, out, lse, s));
+  const GemmKind kind = exec.gemm;
   check_shape(s);
   // Parallel over (batch, kv head): dk and dv rows of a kv head belong to one item. The bf16
   // items write all of their dq, dk and dv rows themselves.

@@ -6,6 +6,7 @@
 
 #include "kernels/blas.h"
 #include "kernels/check.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/gemm.h"
 #include "kernels/ops.h"
 #include "kernels/simd_rows.h"
@@ -13,20 +14,29 @@
 
 namespace t3d::kernels {
 
-void linear_forward(GemmKind kind, float* y, const float* x, const float* w, std::int64_t N,
+void linear_forward(const Exec& exec, float* y, const float* x, const float* w, std::int64_t N,
                     std::int64_t in, std::int64_t out, Out mode) {
+  T3D_ON_GPU(exec, cuda::linear_forward(*exec.stream, cuda::gemm_precision(exec), y, x, w, N, in,
+                                        out, mode));
+  const GemmKind kind = exec.gemm;
   // y (N, out) = x (N, in) . w^T (in, out): w is [out, in], read transposed in place.
   gemm(kind, Trans::kNo, Trans::kYes, N, out, in, x, in, w, in, mode == Out::kAccumulate, y, out);
 }
 
-void linear_backward_input(GemmKind kind, float* dx, const float* dy, const float* w,
+void linear_backward_input(const Exec& exec, float* dx, const float* dy, const float* w,
                            std::int64_t N, std::int64_t in, std::int64_t out) {
+  T3D_ON_GPU(exec, cuda::linear_backward_input(*exec.stream, cuda::gemm_precision(exec), dx, dy, w,
+                                               N, in, out));
+  const GemmKind kind = exec.gemm;
   // dx (N, in) = dy (N, out) . w (out, in)
   gemm(kind, Trans::kNo, Trans::kNo, N, in, out, dy, out, w, in, false, dx, in);
 }
 
-void linear_backward_weight(GemmKind kind, float* dw, const float* dy, const float* x,
+void linear_backward_weight(const Exec& exec, float* dw, const float* dy, const float* x,
                             std::int64_t N, std::int64_t in, std::int64_t out) {
+  T3D_ON_GPU(exec, cuda::linear_backward_weight(*exec.stream, cuda::gemm_precision(exec), dw, dy, x,
+                                                N, in, out));
+  const GemmKind kind = exec.gemm;
   // dw (out, in) += dy^T (out, N) . x (N, in)
   gemm(kind, Trans::kYes, Trans::kNo, out, in, N, dy, out, x, in, true, dw, in);
 }
@@ -47,12 +57,15 @@ GemmOperand operand(const LinearInput& m) { return {m.data(), m.cols(), m.rounde
 
 }  // namespace
 
-LinearInput::LinearInput(GemmKind kind, const float* x, std::int64_t rows, std::int64_t cols)
-    : LinearInput(kind, x, nullptr, Copy::kFill, rows, cols) {}
+LinearInput::LinearInput(const Exec& exec, const float* x, std::int64_t rows, std::int64_t cols)
+    : LinearInput(exec, x, nullptr, Copy::kFill, rows, cols) {}
 
-LinearInput::LinearInput(GemmKind kind, const float* x, bf16* copy, Copy how, std::int64_t rows,
+LinearInput::LinearInput(const Exec& exec, const float* x, bf16* copy, Copy how, std::int64_t rows,
                          std::int64_t cols)
-    : kind_(kind), x_(x), rows_(rows), cols_(cols) {
+    : kind_(exec.gemm), x_(x), rows_(rows), cols_(cols) {
+  T3D_USER_CHECK(!exec.on_gpu(), "LinearInput (bf16 copies shared by several GEMMs) has no CUDA ",
+                 "version yet: run this model on the CPU (docs/gpu.md)");
+  const GemmKind kind = exec.gemm;
   const bool bf16_gemm = gemm_kind_is_bf16(kind);
   if (!copy) {  // a buffer of the pool, only worth filling for bf16 GEMMs
     if (!bf16_gemm) return;

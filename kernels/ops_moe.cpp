@@ -293,10 +293,13 @@ const bf16* first_half(const float* d, const ExpertCopies& c) {
 
 }  // namespace
 
-void moe_experts_forward(GemmKind kind, float* y, float* gate, float* up, float* h, const float* xs,
-                         const float* wg, const float* wu, const float* wd,
+void moe_experts_forward(const Exec& exec, float* y, float* gate, float* up, float* h,
+                         const float* xs, const float* wg, const float* wu, const float* wd,
                          const std::int64_t* offsets, const ExpertShape& s,
                          const ExpertCopies& copies) {
+  T3D_USER_CHECK(!exec.on_gpu(), "the mixture-of-experts ops have no CUDA version yet: train ",
+                 "this model on the CPU (docs/gpu.md)");
+  const GemmKind kind = exec.gemm;
   check_copies(kind, copies);
   using Copy = LinearInput::Copy;
   const std::int64_t C = s.C, Fe = s.Fe, S = offsets[s.E], bucket = gemm_row_bucket(kind);
@@ -333,12 +336,15 @@ void moe_experts_forward(GemmKind kind, float* y, float* gate, float* up, float*
 //   dys *= g, dh *= g                    (the gradients of h wd[e]^T's output and of h)
 //   dwd[e] += dys^T h;  swiglu backward → dgate, dup;
 //   dxs = dgate wg[e] + dup wu[e];  dwg[e] += dgate^T xs;  dwu[e] += dup^T xs.
-void moe_experts_backward_input(GemmKind kind, float* dxs, float* dgates, float* dh, float* dgate,
-                                float* dup, float* dys, const float* gates,
+void moe_experts_backward_input(const Exec& exec, float* dxs, float* dgates, float* dh,
+                                float* dgate, float* dup, float* dys, const float* gates,
                                 const std::int32_t* slot_of_row, const float* gate, const float* up,
                                 const float* h, const float* wg, const float* wu, const float* wd,
                                 const std::int64_t* offsets, const ExpertShape& s,
                                 const ExpertCopies& copies) {
+  T3D_USER_CHECK(!exec.on_gpu(), "the mixture-of-experts ops have no CUDA version yet: train ",
+                 "this model on the CPU (docs/gpu.md)");
+  const GemmKind kind = exec.gemm;
   check_copies(kind, copies);
   using Copy = LinearInput::Copy;
   const std::int64_t C = s.C, Fe = s.Fe, S = offsets[s.E], bucket = gemm_row_bucket(kind);
@@ -375,10 +381,13 @@ void moe_experts_backward_input(GemmKind kind, float* dxs, float* dgates, float*
   }
 }
 
-void moe_experts_backward_weight(GemmKind kind, float* dwg, float* dwu, float* dwd,
+void moe_experts_backward_weight(const Exec& exec, float* dwg, float* dwu, float* dwd,
                                  const float* dys, const float* dgate, const float* dup,
                                  const float* xs, const float* h, const std::int64_t* offsets,
                                  const ExpertShape& s, const ExpertCopies& copies) {
+  T3D_USER_CHECK(!exec.on_gpu(), "the mixture-of-experts ops have no CUDA version yet: train ",
+                 "this model on the CPU (docs/gpu.md)");
+  const GemmKind kind = exec.gemm;
   check_copies(kind, copies);
   const std::int64_t C = s.C, Fe = s.Fe;
   const bf16* dgate16 = first_half(dgate, copies);
@@ -413,12 +422,15 @@ void moe_experts_backward_weight(GemmKind kind, float* dwg, float* dwu, float* d
     }
 }
 
-void moe_experts_backward(GemmKind kind, float* dxs, float* dgates, float* dwg, float* dwu,
+void moe_experts_backward(const Exec& exec, float* dxs, float* dgates, float* dwg, float* dwu,
                           float* dwd, float* dh, float* dgate, float* dup, float* dys,
                           const float* gates, const std::int32_t* slot_of_row, const float* xs,
                           const float* gate, const float* up, const float* h, const float* wg,
                           const float* wu, const float* wd, const std::int64_t* offsets,
                           const ExpertShape& s, const ExpertCopies& copies) {
+  T3D_USER_CHECK(!exec.on_gpu(), "the mixture-of-experts ops have no CUDA version yet: train ",
+                 "this model on the CPU (docs/gpu.md)");
+  const GemmKind kind = exec.gemm;
   moe_experts_backward_input(kind, dxs, dgates, dh, dgate, dup, dys, gates, slot_of_row, gate, up,
                              h, wg, wu, wd, offsets, s, copies);
   moe_experts_backward_weight(kind, dwg, dwu, dwd, dys, dgate, dup, xs, h, offsets, s, copies);

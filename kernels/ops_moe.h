@@ -130,7 +130,7 @@ void for_expert_rows(std::int64_t r0, std::int64_t rows, std::int64_t end, std::
 // S, which later experts then overwrite (gemm_row_bucket, kernels/gemm.h): what they write (y,
 // gate, up; dh, dxs) must not overlap another of the buffers (a copy in the first half of its own
 // buffer, as ExpertCopies describes, is not written).
-void moe_experts_forward(GemmKind kind,
+void moe_experts_forward(const Exec& exec,
                          float* y,         // y (S, C) = expert outputs per row
                          float* gate,      // gate (S, Fe) = xs · wg[e]^T
                          float* up,        // up (S, Fe) = xs · wu[e]^T
@@ -150,7 +150,7 @@ void moe_experts_forward(GemmKind kind,
 //     written (its gradient is 0: the caller zeroes dgates when slots may drop);
 //   gates (N·K): the forward's gates, by slot;
 //   dh, dgate, dup (S, Fe): scratch.
-void moe_experts_backward(GemmKind kind,
+void moe_experts_backward(const Exec& exec,
                           float* dxs,                           // dxs (S, C) =
                           float* dgates,                        // dgates (N·K) =
                           float* dwg, float* dwu, float* dwd,   // as wg, wu, wd; +=
@@ -168,7 +168,7 @@ void moe_experts_backward(GemmKind kind,
 // then the other gives moe_experts_backward's bits. _input writes dxs and dgates and leaves what
 // _weight reads: in dys the rows' output gradients scaled by their gates (in place), in dgate and
 // dup (S, Fe) the gradients of the experts' gate and up projections; dh is its scratch.
-void moe_experts_backward_input(GemmKind kind,
+void moe_experts_backward_input(const Exec& exec,
                                 float* dxs,          // dxs (S, C) =
                                 float* dgates,       // dgates (N·K) =
                                 float* dh,           // scratch (S, Fe)
@@ -183,7 +183,7 @@ void moe_experts_backward_input(GemmKind kind,
                                 const ExpertCopies& copies = {});
 // The weight gradients (+=) from what _input left (dys gated, dgate, dup) and the forward's rows
 // xs (S, C) and h (S, Fe), in ExpertShape's parts.
-void moe_experts_backward_weight(GemmKind kind, float* dwg, float* dwu, float* dwd,
+void moe_experts_backward_weight(const Exec& exec, float* dwg, float* dwu, float* dwd,
                                  const float* dys, const float* dgate, const float* dup,
                                  const float* xs, const float* h, const std::int64_t* offsets,
                                  const ExpertShape& s, const ExpertCopies& copies = {});

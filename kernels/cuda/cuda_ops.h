@@ -50,6 +50,10 @@ int device_for_local_rank(int local_rank, int visible_count);
 // GEMM inputs: fp32 (TF32 off, as precision = fp32 promises) or rounded to bf16 with fp32
 // accumulation and output (precision = bf16, PyTorch's autocast).
 enum class GemmPrecision { kFp32, kBf16 };
+// The precision an Exec's GEMM kind asks for (kernels/exec.h).
+inline GemmPrecision gemm_precision(const Exec& exec) {
+  return gemm_kind_is_bf16(exec.gemm) ? GemmPrecision::kBf16 : GemmPrecision::kFp32;
+}
 
 // One CUDA stream on one device, with its cuBLAS handle and a fixed cuBLAS workspace (fixed
 // algorithms and workspace are what make cuBLAS repeat its bits). Every op below is enqueued on
@@ -89,6 +93,11 @@ class DeviceMemory {
   void* data_ = nullptr;
   std::size_t bytes_ = 0;
 };
+
+// The device block behind an Arena of Memory::kDevice (kernels/arena.h): `bytes` on the current
+// GPU, zeroed; UserError as DeviceMemory's. device_free gives it back.
+void* device_alloc_zeroed(std::size_t bytes, std::string_view what);
+void device_free(void* p) noexcept;
 
 // The named crossings between host and device memory, ordered on the stream. Host memory that is
 // not pinned makes them synchronous (CUDA stages it).

@@ -115,7 +115,12 @@ void Stream::synchronize() const { T3D_CUDA_CHECK(cudaStreamSynchronize(impl_->s
 
 DeviceMemory::DeviceMemory(std::size_t bytes, std::string_view what) : bytes_(bytes) {
   if (bytes == 0) return;
-  const cudaError_t err = cudaMalloc(&data_, bytes);
+  data_ = device_alloc_zeroed(bytes, what);
+}
+
+void* device_alloc_zeroed(std::size_t bytes, std::string_view what) {
+  void* data = nullptr;
+  const cudaError_t err = cudaMalloc(&data, bytes);
   if (err == cudaErrorMemoryAllocation) {
     cudaGetLastError();
     std::size_t free_bytes = 0, total = 0;
@@ -126,7 +131,19 @@ DeviceMemory::DeviceMemory(std::size_t bytes, std::string_view what) : bytes_(by
                                           "; lower hardware.hbm_gib's use (smaller micro-batches, "
                                           "recompute, ZeRO) or use more GPUs"));
   }
+  if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver) {
+    cudaGetLastError();
+    throw UserError(::t3d::detail::concat("no GPU to allocate ", what,
+                                          " on: ", cudaGetErrorString(err),
+                                          "; run on the CPU or where a GPU is visible"));
+  }
   T3D_CUDA_CHECK(err);
+  T3D_CUDA_CHECK(cudaMemset(data, 0, bytes));
+  return data;
+}
+
+void device_free(void* p) noexcept {
+  if (p) cudaFree(p);
 }
 
 DeviceMemory::~DeviceMemory() {

@@ -11,6 +11,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels/arena.h"
 #include "kernels/check.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/ops.h"
@@ -103,6 +104,28 @@ TEST(CudaDevice, RanksShareGpusByLocalRank) {  // host logic: runs everywhere
   EXPECT_EQ(gpu::device_for_local_rank(7, 1), 0);
   EXPECT_EQ(gpu::device_for_local_rank(5, 4), 1);
   EXPECT_THROW(gpu::device_for_local_rank(0, 0), UserError);
+}
+
+TEST(CudaDevice, ADeviceArenaNeedsAGpu) {  // runs everywhere: without a GPU it must say so
+  if (!the_gpu().devices.empty()) {
+    Arena arena(std::size_t{1} << 20, Memory::kDevice);
+    EXPECT_EQ(arena.memory(), Memory::kDevice);
+    float* x = arena.alloc_floats("x", 1000);
+    float* y = arena.alloc_floats("y", 24);
+    std::vector<float> h(1024, 1.0f);
+    gpu::copy_to_host(S(), h.data(), x, 1024 * sizeof(float));  // x and y lie back to back
+    S().synchronize();
+    for (float v : h) ASSERT_EQ(v, 0.0f) << "a device arena starts zeroed";
+    (void)y;
+    EXPECT_THROW(arena.alloc_floats("model.norm.weight", 1 << 20), UserError);
+    return;
+  }
+  try {
+    Arena arena(std::size_t{1} << 20, Memory::kDevice);
+    FAIL() << "a device arena without a GPU";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("GPU"), std::string::npos) << e.what();
+  }
 }
 
 TEST(CudaDevice, NamesTheGpu) {
@@ -434,6 +457,45 @@ TEST(CudaAttention, DecodingMatchesTheCpu) {
   Dev<float> gq(q), gk(kc), gv(vc), gout(H * D), glse(H);
   gpu::attention_decode(S(), gout.p(), gq.p(), gk.p(), gv.p(), glse.p(), n, H, Hkv, D);
   expect_close(gout.host(), out, 1e-5, 1e-6, "decode");
+}
+
+// The kernel layer's own ops (kernels/ops.h) given a GPU Exec run the CUDA twins on device memory:
+// the same bits as calling the twins, and the CPU's results within their tolerances.
+TEST(CudaDispatch, OpsGivenAGpuExecRunOnTheGpu) {
+  REQUIRE_GPU();
+  const int N = 64, in = 96, out = 80;
+  const auto x = random_floats(static_cast<std::size_t>(N) * in, 32);
+  const auto w = random_floats(static_cast<std::size_t>(out) * in, 33);
+  Arena arena(std::size_t{8} << 20, Memory::kDevice);
+  float* dx = arena.alloc_floats("x", x.size());
+  float* dw = arena.alloc_floats("w", w.size());
+  float* dy = arena.alloc_floats("y", static_cast<std::size_t>(N) * out);
+  float* dy2 = arena.alloc_floats("y2", static_cast<std::size_t>(N) * out);
+  gpu::copy_to_device(S(), dx, x.data(), x.size() * sizeof(float));
+  gpu::copy_to_device(S(), dw, w.data(), w.size() * sizeof(float));
+  for (GemmKind kind : {GemmKind::kOpenBlasF32, GemmKind::kOneDnnBf16}) {
+    const Exec exec(kind, S());
+    linear_forward(exec, dy, dx, dw, N, in, out);
+    gpu::linear_forward(S(), gpu::gemm_precision(exec), dy2, dx, dw, N, in, out);
+    std::vector<float> got(static_cast<std::size_t>(N) * out), twin(got.size());
+    gpu::copy_to_host(S(), got.data(), dy, got.size() * sizeof(float));
+    gpu::copy_to_host(S(), twin.data(), dy2, twin.size() * sizeof(float));
+    S().synchronize();
+    expect_same_bits(got, twin, gemm_kind_name(kind));
+    if (kind == GemmKind::kOpenBlasF32) {
+      std::vector<float> cpu(got.size());
+      linear_forward(ref::kFp32, cpu.data(), x.data(), w.data(), N, in, out);
+      expect_close(got, cpu, 1e-5, 2e-5, "dispatched forward vs CPU");
+    }
+  }
+  AttentionShape s;
+  s.B = 1, s.T = 70, s.n_heads = 2, s.n_kv_heads = 1, s.head_dim = 32;
+  const auto q = random_floats(70 * 2 * 32, 34), kv = random_floats(70 * 32, 35);
+  Dev<float> gq(q), gk(kv), gv(kv), go(q.size()), glse(2 * 70), go2(q.size()), glse2(2 * 70);
+  attention_forward(Exec(GemmKind::kOpenBlasF32, S()), go.p(), glse.p(), gq.p(), gk.p(), gv.p(),
+                    nullptr, s);
+  gpu::attention_forward(S(), go2.p(), glse2.p(), gq.p(), gk.p(), gv.p(), s);
+  expect_same_bits(go.host(), go2.host(), "dispatched attention");
 }
 
 TEST(CudaAttention, RefusesAHeadDimItCannotHold) {

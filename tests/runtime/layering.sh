@@ -6,7 +6,8 @@
 set -u
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 declare -A allowed=(
-  [kernels]="kernels"
+  [kernels]="kernels kernels/cuda"  # the CPU ops dispatch to their CUDA twins (kernels/exec.h)
+  [kernels/cuda]="kernels/cuda kernels"
   [parallel]="parallel kernels"
   [checkpoint]="checkpoint kernels"
   [runtime/recipe]="runtime/recipe runtime/data parallel/schedule_kind.h kernels"
@@ -26,7 +27,8 @@ declare -A allowed=(
 fail=0 checked=0
 for folder in "${!allowed[@]}"; do
   [ -d "$repo/$folder" ] || { echo "FAIL: $folder is in the layering but not in the tree"; fail=1; continue; }
-  for file in "$repo/$folder"/*.h "$repo/$folder"/*.cpp "$repo/$folder"/*.inc; do
+  for file in "$repo/$folder"/*.h "$repo/$folder"/*.cpp "$repo/$folder"/*.inc "$repo/$folder"/*.cu \
+    "$repo/$folder"/*.cuh; do
     [ -f "$file" ] || continue
     while IFS= read -r inc; do
       checked=$((checked + 1))
@@ -35,7 +37,7 @@ for folder in "${!allowed[@]}"; do
         *" $target "* | *" $inc "*) ;;  # a whole folder, or one named header of it
         *) echo "FAIL: ${file#$repo/} includes \"$inc\": $folder may include only ${allowed[$folder]}"; fail=1 ;;
       esac
-    done < <(sed -n 's/^#include "\([a-z_]*\(\/[a-z_]*\)*\/[a-z_0-9]*\.\(h\|inc\)\)".*/\1/p' "$file")
+    done < <(sed -n 's/^#include "\([a-z_]*\(\/[a-z_]*\)*\/[a-z_0-9]*\.\(h\|inc\|cuh\)\)".*/\1/p' "$file")
   done
 done
 # Every room of runtime/ is in the table above (a new room states its place).
