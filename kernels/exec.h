@@ -30,6 +30,11 @@ struct Exec {
   bool on_gpu() const { return backend == Backend::kCuda; }
 };
 
+// The CPU, for an op that runs no GEMM, where its caller has no Exec of its own yet: each use above
+// kernels/ is a place the seam has still to reach (the runtime's state outside the Model: the
+// optimizer's shards, the gradient reducer, decoding).
+inline constexpr Exec kCpu{GemmKind::kOpenBlasF32};
+
 // Whether this build has the CUDA backend (T3D_CUDA, docs/gpu.md).
 constexpr bool have_cuda_backend() {
 #ifdef T3D_HAVE_CUDA

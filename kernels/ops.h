@@ -39,27 +39,29 @@ namespace t3d::kernels {
 
 enum class Out { kWrite, kAccumulate };  // y = ... or y += ... (residual stream)
 
-void zero(float* x, std::int64_t n);                                   // x (n) = 0
-void add_inplace(float* x, const float* y, std::int64_t n);            // x (n) += y (n): residual
-void add(float* out, const float* x, const float* y, std::int64_t n);  // out (n) = x + y
+void zero(const Exec& exec, float* x, std::int64_t n);  // x (n) = 0
+void add_inplace(const Exec& exec, float* x, const float* y,
+                 std::int64_t n);  // x (n) += y (n): residual
+void add(const Exec& exec, float* out, const float* x, const float* y,
+         std::int64_t n);  // out (n) = x + y
 // sum of x^2 over a range, accumulated in double. Global-norm clipping: each rank sums its
 // ranges, the caller all-reduces the partial sums, then passes min(1, max/norm) to adamw_step
 // (AdamWConfig::grad_scale).
-double sum_of_squares(const float* x, std::int64_t n);  // x (n)
+double sum_of_squares(const Exec& exec, const float* x, std::int64_t n);  // x (n)
 
 // ---- token embedding (ops_embedding.cpp) --------------------------------------------------------
 
 // Rows of a vocab slice [vocab_start, vocab_end) (the whole vocab on one rank). Token ids outside
 // the slice produce zero rows in forward and no gradient in backward: with a vocab-parallel
 // embedding the owning rank supplies them and an all-reduce sums the rows.
-void embedding_forward(float* out,                  // out (N, C)
-                       const std::int32_t* tokens,  // tokens (N)
-                       const float* wte,            // wte (vocab_end - vocab_start, C)
+void embedding_forward(const Exec& exec, float* out,  // out (N, C)
+                       const std::int32_t* tokens,    // tokens (N)
+                       const float* wte,              // wte (vocab_end - vocab_start, C)
                        std::int64_t N, std::int64_t C, std::int64_t vocab_start,
                        std::int64_t vocab_end);
-void embedding_backward(float* dwte,                 // dwte (vocab_end - vocab_start, C) +=
-                        const float* dout,           // dout (N, C)
-                        const std::int32_t* tokens,  // tokens (N)
+void embedding_backward(const Exec& exec, float* dwte,  // dwte (vocab_end - vocab_start, C) +=
+                        const float* dout,              // dout (N, C)
+                        const std::int32_t* tokens,     // tokens (N)
                         std::int64_t N, std::int64_t C, std::int64_t vocab_start,
                         std::int64_t vocab_end);
 // UserError naming the first token id outside [0, vocab_size) (bad tokenizer or data file).
@@ -68,12 +70,13 @@ void check_token_ids(const std::int32_t* tokens, std::int64_t N, std::int64_t vo
 // ---- RMSNorm (ops_norm.cpp) ---------------------------------------------------------------------
 
 // out = inp / sqrt(mean(inp^2) + eps) * weight; saves rstd = 1 / sqrt(mean(inp^2) + eps).
-void rmsnorm_forward(float* out,           // out (N, C)
-                     float* rstd,          // rstd (N)
-                     const float* inp,     // inp (N, C)
-                     const float* weight,  // weight (C)
+void rmsnorm_forward(const Exec& exec, float* out,  // out (N, C)
+                     float* rstd,                   // rstd (N)
+                     const float* inp,              // inp (N, C)
+                     const float* weight,           // weight (C)
                      std::int64_t N, std::int64_t C, float eps);
-void rmsnorm_backward(float* dinp,          // dinp (N, C) = or += (mode: into the residual's)
+void rmsnorm_backward(const Exec& exec,
+                      float* dinp,          // dinp (N, C) = or += (mode: into the residual's)
                       float* dweight,       // dweight (C) +=
                       const float* dout,    // dout (N, C)
                       const float* inp,     // inp (N, C)
@@ -89,15 +92,15 @@ void rope_table(float* table,  // table (max_pos, D): [cos(angle_0..D/2-1) | sin
                 std::int64_t max_pos, std::int64_t D, double theta);
 // Position of row t is pos_offset + t (a later sequence chunk, or KV-cached decoding).
 // In place is allowed (out == inp).
-void rope_forward(float* out,          // out (B, T, n_heads * D)
-                  const float* inp,    // inp (B, T, n_heads * D)
-                  const float* table,  // table (max_pos, D), max_pos >= pos_offset + T
+void rope_forward(const Exec& exec, float* out,  // out (B, T, n_heads * D)
+                  const float* inp,              // inp (B, T, n_heads * D)
+                  const float* table,            // table (max_pos, D), max_pos >= pos_offset + T
                   std::int64_t B, std::int64_t T, std::int64_t n_heads, std::int64_t D,
                   std::int64_t pos_offset);
 // The rotation is orthogonal, so the gradient is the inverse rotation of dout. dinp == dout ok.
-void rope_backward(float* dinp,         // dinp (B, T, n_heads * D) =
-                   const float* dout,   // dout (B, T, n_heads * D)
-                   const float* table,  // table (max_pos, D)
+void rope_backward(const Exec& exec, float* dinp,  // dinp (B, T, n_heads * D) =
+                   const float* dout,              // dout (B, T, n_heads * D)
+                   const float* table,             // table (max_pos, D)
                    std::int64_t B, std::int64_t T, std::int64_t n_heads, std::int64_t D,
                    std::int64_t pos_offset);
 
@@ -213,24 +216,24 @@ void linear_backward_weight(float* dw, const LinearInput& dy,
                             const LinearInput& x);  // dy and x of one kind
 
 // h = silu(gate) * up, silu(x) = x * sigmoid(x). gate and up are the two projection outputs.
-void swiglu_forward(float* h,            // h (N, F)
-                    const float* gate,   // gate (N, F)
-                    const float* up,     // up (N, F)
-                    std::int64_t n);     // n = N * F
-void swiglu_backward(float* dgate,       // dgate (N, F) =
-                     float* dup,         // dup (N, F) =
-                     const float* dh,    // dh (N, F)
-                     const float* gate,  // gate (N, F)
-                     const float* up,    // up (N, F)
+void swiglu_forward(const Exec& exec, float* h,       // h (N, F)
+                    const float* gate,                // gate (N, F)
+                    const float* up,                  // up (N, F)
+                    std::int64_t n);                  // n = N * F
+void swiglu_backward(const Exec& exec, float* dgate,  // dgate (N, F) =
+                     float* dup,                      // dup (N, F) =
+                     const float* dh,                 // dh (N, F)
+                     const float* gate,               // gate (N, F)
+                     const float* up,                 // up (N, F)
                      std::int64_t n);
 // The same two with bf16 copies, for bf16 GEMMs over bf16-stored activations, in one pass each
 // (the values are those of swiglu_forward / swiglu_backward, rounded as float_to_bf16 rounds):
 // forward writes h, gate and up rounded (h for down_proj's GEMMs, gate and up for the backward);
 // backward reads gate and up from those copies and writes dgate and dup rounded (for GEMMs).
-void swiglu_forward_bf16(bf16* h16, bf16* gate16, bf16* up16, const float* gate, const float* up,
-                         std::int64_t n);
-void swiglu_backward_bf16(bf16* dgate16, bf16* dup16, const float* dh, const bf16* gate16,
-                          const bf16* up16, std::int64_t n);
+void swiglu_forward_bf16(const Exec& exec, bf16* h16, bf16* gate16, bf16* up16, const float* gate,
+                         const float* up, std::int64_t n);
+void swiglu_backward_bf16(const Exec& exec, bf16* dgate16, bf16* dup16, const float* dh,
+                          const bf16* gate16, const bf16* up16, std::int64_t n);
 
 // ---- softmax cross-entropy (ops_loss.cpp) -------------------------------------------------------
 
@@ -240,9 +243,9 @@ inline constexpr std::int32_t kIgnoreIndex = -100;
 // Fused loss and gradient for the whole vocabulary on one rank: losses[i] = -log softmax(i)[t_i],
 // and logits are overwritten with dlogits = (softmax - onehot(t)) * grad_scale (for a mean loss,
 // grad_scale = 1 / number of non-ignored targets).
-void cross_entropy_fused(float* logits,                // logits (N, V) in, dlogits (N, V) out
-                         float* losses,                // losses (N)
-                         const std::int32_t* targets,  // targets (N)
+void cross_entropy_fused(const Exec& exec, float* logits,  // logits (N, V) in, dlogits (N, V) out
+                         float* losses,                    // losses (N)
+                         const std::int32_t* targets,      // targets (N)
                          std::int64_t N, std::int64_t V, float grad_scale);
 
 // The same, in pieces, for a vocab-parallel LM head where this rank holds columns
@@ -251,23 +254,24 @@ void cross_entropy_fused(float* logits,                // logits (N, V) in, dlog
 //   2. ce_local_sum_exp(row_max) -> all-reduce SUM -> sum_exp
 //   3. ce_local_target_logit   -> all-reduce SUM   -> target_logit (zero on ranks not owning it)
 //   4. ce_loss_and_grad(row_max, sum_exp, target_logit) on every rank.
-void ce_local_max(float* row_max,       // row_max (N)
-                  const float* logits,  // logits (N, V)
+void ce_local_max(const Exec& exec, float* row_max,  // row_max (N)
+                  const float* logits,               // logits (N, V)
                   std::int64_t N, std::int64_t V);
-void ce_local_sum_exp(float* sum_exp,        // sum_exp (N): sum_j exp(logit_j - row_max)
+void ce_local_sum_exp(const Exec& exec,
+                      float* sum_exp,        // sum_exp (N): sum_j exp(logit_j - row_max)
                       const float* logits,   // logits (N, V)
                       const float* row_max,  // row_max (N), global
                       std::int64_t N, std::int64_t V);
-void ce_local_target_logit(float* target_logit,          // target_logit (N)
-                           const float* logits,          // logits (N, V)
-                           const std::int32_t* targets,  // targets (N), global ids
+void ce_local_target_logit(const Exec& exec, float* target_logit,  // target_logit (N)
+                           const float* logits,                    // logits (N, V)
+                           const std::int32_t* targets,            // targets (N), global ids
                            std::int64_t N, std::int64_t V, std::int64_t vocab_start);
-void ce_loss_and_grad(float* logits,                // logits (N, V) in, dlogits (N, V) out
-                      float* losses,                // losses (N)
-                      const std::int32_t* targets,  // targets (N), global ids
-                      const float* row_max,         // row_max (N), global
-                      const float* sum_exp,         // sum_exp (N), global
-                      const float* target_logit,    // target_logit (N), global
+void ce_loss_and_grad(const Exec& exec, float* logits,  // logits (N, V) in, dlogits (N, V) out
+                      float* losses,                    // losses (N)
+                      const std::int32_t* targets,      // targets (N), global ids
+                      const float* row_max,             // row_max (N), global
+                      const float* sum_exp,             // sum_exp (N), global
+                      const float* target_logit,        // target_logit (N), global
                       std::int64_t N, std::int64_t V, std::int64_t vocab_start, float grad_scale);
 
 // ---- optimizer (ops_optim.cpp) ------------------------------------------------------------------
@@ -287,10 +291,10 @@ struct AdamWConfig {
 //   p -= lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)
 // `step` is t, counted from 1. No-decay parameters (norms): call again on their range with
 // weight_decay = 0.
-void adamw_step(float* params,       // params (n)
-                const float* grads,  // grads (n)
-                float* m,            // m (n), first moment
-                float* v,            // v (n), second moment
+void adamw_step(const Exec& exec, float* params,  // params (n)
+                const float* grads,               // grads (n)
+                float* m,                         // m (n), first moment
+                float* v,                         // v (n), second moment
                 std::int64_t n, const AdamWConfig& cfg, std::int64_t step);
 
 }  // namespace t3d::kernels

@@ -259,9 +259,9 @@ void attention_backward(const Exec& exec, float* dq, float* dk, float* dv, const
                                i / s.n_kv_heads, i % s.n_kv_heads);
                          });
   // Activation gradients are written (=), but the fp32 tiles accumulate into them: zero first.
-  zero(dq, s.B * s.T * s.n_heads * s.head_dim);
-  zero(dk, s.B * s.keys() * s.n_kv_heads * s.head_dim);
-  zero(dv, s.B * s.keys() * s.n_kv_heads * s.head_dim);
+  zero(kCpu, dq, s.B * s.T * s.n_heads * s.head_dim);
+  zero(kCpu, dk, s.B * s.keys() * s.n_kv_heads * s.head_dim);
+  zero(kCpu, dv, s.B * s.keys() * s.n_kv_heads * s.head_dim);
   for_each_item(s.B * s.n_kv_heads, s.B * s.n_heads * s.T * s.head_dim, scratch,
                 attention_scratch_floats(s), [&](std::int64_t i, float* scr) {
                   attention_backward_group(dq, dk, dv, dout, q, k, v, out, lse, scr, s,

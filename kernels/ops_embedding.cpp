@@ -1,12 +1,16 @@
 #include <cstring>
 
 #include "kernels/check.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/ops.h"
 
 namespace t3d::kernels {
 
-void embedding_forward(float* out, const std::int32_t* tokens, const float* wte, std::int64_t N,
-                       std::int64_t C, std::int64_t vocab_start, std::int64_t vocab_end) {
+void embedding_forward(const Exec& exec, float* out, const std::int32_t* tokens, const float* wte,
+                       std::int64_t N, std::int64_t C, std::int64_t vocab_start,
+                       std::int64_t vocab_end) {
+  T3D_ON_GPU(exec,
+             cuda::embedding_forward(*exec.stream, out, tokens, wte, N, C, vocab_start, vocab_end));
   T3D_ASSERT(vocab_start >= 0 && vocab_start <= vocab_end, "vocab slice [", vocab_start, ", ",
              vocab_end, ")");
   const std::size_t row_bytes = static_cast<std::size_t>(C) * sizeof(float);
@@ -21,8 +25,11 @@ void embedding_forward(float* out, const std::int32_t* tokens, const float* wte,
   }
 }
 
-void embedding_backward(float* dwte, const float* dout, const std::int32_t* tokens, std::int64_t N,
-                        std::int64_t C, std::int64_t vocab_start, std::int64_t vocab_end) {
+void embedding_backward(const Exec& exec, float* dwte, const float* dout,
+                        const std::int32_t* tokens, std::int64_t N, std::int64_t C,
+                        std::int64_t vocab_start, std::int64_t vocab_end) {
+  T3D_ON_GPU(exec, cuda::embedding_backward(*exec.stream, dwte, dout, tokens, N, C, vocab_start,
+                                            vocab_end));
   for (std::int64_t i = 0; i < N; ++i) {
     const std::int64_t t = tokens[i];
     if (t < vocab_start || t >= vocab_end) continue;

@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "kernels/check.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/ops.h"
 #include "kernels/threads.h"
 
@@ -39,8 +40,11 @@ void zero_row(float* x, std::int64_t V) {
 
 }  // namespace
 
-void cross_entropy_fused(float* logits, float* losses, const std::int32_t* targets, std::int64_t N,
-                         std::int64_t V, float grad_scale) {
+void cross_entropy_fused(const Exec& exec, float* logits, float* losses,
+                         const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                         float grad_scale) {
+  T3D_ON_GPU(exec,
+             cuda::cross_entropy_fused(*exec.stream, logits, losses, targets, N, V, grad_scale));
   for (std::int64_t i = 0; i < N; ++i)  // checked before the threads: a throw cannot leave them
     T3D_USER_CHECK(targets[i] == kIgnoreIndex || (targets[i] >= 0 && targets[i] < V),
                    "target token ", targets[i], " at row ", i, " is outside the vocabulary [0, ", V,
@@ -63,21 +67,27 @@ void cross_entropy_fused(float* logits, float* losses, const std::int32_t* targe
   });
 }
 
-void ce_local_max(float* row_max, const float* logits, std::int64_t N, std::int64_t V) {
+void ce_local_max(const Exec& exec, float* row_max, const float* logits, std::int64_t N,
+                  std::int64_t V) {
+  T3D_ON_GPU(exec, cuda::ce_local_max(*exec.stream, row_max, logits, N, V));
   detail::split_rows(N, V, [&](std::int64_t lo, std::int64_t hi) {
     for (std::int64_t i = lo; i < hi; ++i) row_max[i] = row_max_of(logits + i * V, V);
   });
 }
 
-void ce_local_sum_exp(float* sum_exp, const float* logits, const float* row_max, std::int64_t N,
-                      std::int64_t V) {
+void ce_local_sum_exp(const Exec& exec, float* sum_exp, const float* logits, const float* row_max,
+                      std::int64_t N, std::int64_t V) {
+  T3D_ON_GPU(exec, cuda::ce_local_sum_exp(*exec.stream, sum_exp, logits, row_max, N, V));
   detail::split_rows(N, V, [&](std::int64_t lo, std::int64_t hi) {
     for (std::int64_t i = lo; i < hi; ++i) sum_exp[i] = row_sum_exp(logits + i * V, V, row_max[i]);
   });
 }
 
-void ce_local_target_logit(float* target_logit, const float* logits, const std::int32_t* targets,
-                           std::int64_t N, std::int64_t V, std::int64_t vocab_start) {
+void ce_local_target_logit(const Exec& exec, float* target_logit, const float* logits,
+                           const std::int32_t* targets, std::int64_t N, std::int64_t V,
+                           std::int64_t vocab_start) {
+  T3D_ON_GPU(exec, cuda::ce_local_target_logit(*exec.stream, target_logit, logits, targets, N, V,
+                                               vocab_start));
   for (std::int64_t i = 0; i < N; ++i) {
     const std::int64_t local = static_cast<std::int64_t>(targets[i]) - vocab_start;
     // Zero on ranks that do not own the target, so an all-reduce SUM yields the value.
@@ -86,9 +96,11 @@ void ce_local_target_logit(float* target_logit, const float* logits, const std::
   }
 }
 
-void ce_loss_and_grad(float* logits, float* losses, const std::int32_t* targets,
+void ce_loss_and_grad(const Exec& exec, float* logits, float* losses, const std::int32_t* targets,
                       const float* row_max, const float* sum_exp, const float* target_logit,
                       std::int64_t N, std::int64_t V, std::int64_t vocab_start, float grad_scale) {
+  T3D_ON_GPU(exec, cuda::ce_loss_and_grad(*exec.stream, logits, losses, targets, row_max, sum_exp,
+                                          target_logit, N, V, vocab_start, grad_scale));
   detail::split_rows(N, V, [&](std::int64_t lo, std::int64_t hi) {
     for (std::int64_t i = lo; i < hi; ++i) {
       float* x = logits + i * V;

@@ -113,7 +113,9 @@ void linear_backward_weight(float* dw, const LinearInput& dy, const LinearInput&
   gemm(x.kind(), Trans::kYes, Trans::kNo, out, in, N, operand(dy), operand(x), true, dw, in);
 }
 
-void swiglu_forward(float* h, const float* gate, const float* up, std::int64_t n) {
+void swiglu_forward(const Exec& exec, float* h, const float* gate, const float* up,
+                    std::int64_t n) {
+  T3D_ON_GPU(exec, cuda::swiglu_forward(*exec.stream, h, gate, up, n));
   const auto& rows = detail::simd_rows();
   detail::split_range(n, [&](std::int64_t lo, std::int64_t hi) {
     rows.swiglu_fwd(h + lo, gate + lo, up + lo, hi - lo);
@@ -121,24 +123,27 @@ void swiglu_forward(float* h, const float* gate, const float* up, std::int64_t n
 }
 
 // h = g s(g) u with s the sigmoid: dh/du = g s(g), dh/dg = u s(g) (1 + g (1 - s(g))).
-void swiglu_backward(float* dgate, float* dup, const float* dh, const float* gate, const float* up,
-                     std::int64_t n) {
+void swiglu_backward(const Exec& exec, float* dgate, float* dup, const float* dh, const float* gate,
+                     const float* up, std::int64_t n) {
+  T3D_ON_GPU(exec, cuda::swiglu_backward(*exec.stream, dgate, dup, dh, gate, up, n));
   const auto& rows = detail::simd_rows();
   detail::split_range(n, [&](std::int64_t lo, std::int64_t hi) {
     rows.swiglu_bwd(dgate + lo, dup + lo, dh + lo, gate + lo, up + lo, hi - lo);
   });
 }
 
-void swiglu_forward_bf16(bf16* h16, bf16* gate16, bf16* up16, const float* gate, const float* up,
-                         std::int64_t n) {
+void swiglu_forward_bf16(const Exec& exec, bf16* h16, bf16* gate16, bf16* up16, const float* gate,
+                         const float* up, std::int64_t n) {
+  T3D_ON_GPU(exec, cuda::swiglu_forward_bf16(*exec.stream, h16, gate16, up16, gate, up, n));
   const auto& rows = detail::simd_rows();
   detail::split_range(n, [&](std::int64_t lo, std::int64_t hi) {
     rows.swiglu_fwd_bf16(h16 + lo, gate16 + lo, up16 + lo, gate + lo, up + lo, hi - lo);
   });
 }
 
-void swiglu_backward_bf16(bf16* dgate16, bf16* dup16, const float* dh, const bf16* gate16,
-                          const bf16* up16, std::int64_t n) {
+void swiglu_backward_bf16(const Exec& exec, bf16* dgate16, bf16* dup16, const float* dh,
+                          const bf16* gate16, const bf16* up16, std::int64_t n) {
+  T3D_ON_GPU(exec, cuda::swiglu_backward_bf16(*exec.stream, dgate16, dup16, dh, gate16, up16, n));
   const auto& rows = detail::simd_rows();
   detail::split_range(n, [&](std::int64_t lo, std::int64_t hi) {
     rows.swiglu_bwd_bf16(dgate16 + lo, dup16 + lo, dh + lo, gate16 + lo, up16 + lo, hi - lo);

@@ -316,9 +316,9 @@ void moe_experts_forward(const Exec& exec, float* y, float* gate, float* up, flo
   }
   // Every row belongs to an expert, so one pass over all S rows is each expert's SwiGLU.
   if (copies.fused())
-    swiglu_forward_bf16(copies.h, copies.gate, copies.up, gate, up, S * Fe);
+    swiglu_forward_bf16(kCpu, copies.h, copies.gate, copies.up, gate, up, S * Fe);
   else
-    swiglu_forward(h, gate, up, S * Fe);
+    swiglu_forward(kCpu, h, gate, up, S * Fe);
   for (std::int64_t e = 0; e < s.E; ++e) {
     const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
     if (rows == 0) continue;
@@ -362,11 +362,11 @@ void moe_experts_backward_input(const Exec& exec, float* dxs, float* dgates, flo
     gate_grads_and_scale(
         dgates, dh, dys, gates, slot_of_row, S, C, Fe,
         [&](std::int64_t r, std::int64_t f) { return bf16_to_float(h16[r * Fe + f]); });
-    swiglu_backward_bf16(dgate16, dup16, dh, copies.gate, copies.up, S * Fe);
+    swiglu_backward_bf16(kCpu, dgate16, dup16, dh, copies.gate, copies.up, S * Fe);
   } else {
     gate_grads_and_scale(dgates, dh, dys, gates, slot_of_row, S, C, Fe,
                          [&](std::int64_t r, std::int64_t f) { return h[r * Fe + f]; });
-    swiglu_backward(dgate, dup, dh, gate, up, S * Fe);
+    swiglu_backward(kCpu, dgate, dup, dh, gate, up, S * Fe);
   }
   for (std::int64_t e = 0; e < s.E; ++e) {
     const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;

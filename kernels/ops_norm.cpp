@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/ops.h"
 #include "kernels/simd_rows.h"
 #include "kernels/threads.h"
@@ -8,8 +9,9 @@
 namespace t3d::kernels {
 
 // Rows split over threads; each row's arithmetic is in kernels/simd_rows.inc.
-void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* weight, std::int64_t N,
-                     std::int64_t C, float eps) {
+void rmsnorm_forward(const Exec& exec, float* out, float* rstd, const float* inp,
+                     const float* weight, std::int64_t N, std::int64_t C, float eps) {
+  T3D_ON_GPU(exec, cuda::rmsnorm_forward(*exec.stream, out, rstd, inp, weight, N, C, eps));
   const auto& simd = detail::simd_rows();
   detail::split_rows(N, C, [&](std::int64_t lo, std::int64_t hi) {
     simd.rmsnorm_fwd(out + lo * C, rstd + lo, inp + lo * C, weight, hi - lo, C, eps);
@@ -18,9 +20,11 @@ void rmsnorm_forward(float* out, float* rstd, const float* inp, const float* wei
 
 // y_c = x_c r w_c with r = (mean(x^2) + eps)^-1/2, so dr/dx_c = -r^3 x_c / C and
 //   dx_c = r w_c dy_c - (r^3 / C) x_c sum_j(dy_j w_j x_j),   dw_c += sum_rows(dy_c x_c r).
-void rmsnorm_backward(float* dinp, float* dweight, const float* dout, const float* inp,
-                      const float* weight, const float* rstd, std::int64_t N, std::int64_t C,
-                      Out mode) {
+void rmsnorm_backward(const Exec& exec, float* dinp, float* dweight, const float* dout,
+                      const float* inp, const float* weight, const float* rstd, std::int64_t N,
+                      std::int64_t C, Out mode) {
+  T3D_ON_GPU(exec, cuda::rmsnorm_backward(*exec.stream, dinp, dweight, dout, inp, weight, rstd, N,
+                                          C, mode));
   const auto& simd = detail::simd_rows();
   const bool accumulate = mode == Out::kAccumulate;
   detail::split_rows(N, C, [&](std::int64_t lo, std::int64_t hi) {

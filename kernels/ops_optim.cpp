@@ -4,27 +4,33 @@
 #include <cstring>
 
 #include "kernels/check.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/ops.h"
 #include "kernels/simd_rows.h"
 #include "kernels/threads.h"
 
 namespace t3d::kernels {
 
-void zero(float* x, std::int64_t n) {
+void zero(const Exec& exec, float* x, std::int64_t n) {
+  T3D_ON_GPU(exec, cuda::zero(*exec.stream, x, n));
   if (n <= 0) return;
   detail::split_range(n, [&](std::int64_t lo, std::int64_t hi) {
     std::memset(x + lo, 0, static_cast<std::size_t>(hi - lo) * sizeof(float));
   });
 }
 
-void add_inplace(float* x, const float* y, std::int64_t n) { add(x, x, y, n); }
+void add_inplace(const Exec& exec, float* x, const float* y, std::int64_t n) {
+  add(exec, x, x, y, n);
+}
 
-void add(float* out, const float* x, const float* y, std::int64_t n) {
+void add(const Exec& exec, float* out, const float* x, const float* y, std::int64_t n) {
+  T3D_ON_GPU(exec, cuda::add(*exec.stream, out, x, y, n));
 #pragma omp parallel for simd num_threads(detail::op_threads(n)) schedule(static)
   for (std::int64_t i = 0; i < n; ++i) out[i] = x[i] + y[i];
 }
 
-double sum_of_squares(const float* x, std::int64_t n) {
+double sum_of_squares(const Exec& exec, const float* x, std::int64_t n) {
+  T3D_ON_GPU(exec, cuda::sum_of_squares_to_host(*exec.stream, x, n));
   // Double accumulation: ~1e9 squared gradients summed in fp32 would lose the small ones.
   // Four partial sums break the dependency chain so the loop is not latency-bound.
   double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
@@ -39,8 +45,9 @@ double sum_of_squares(const float* x, std::int64_t n) {
   return (s0 + s1) + (s2 + s3);
 }
 
-void adamw_step(float* params, const float* grads, float* m, float* v, std::int64_t n,
-                const AdamWConfig& cfg, std::int64_t step) {
+void adamw_step(const Exec& exec, float* params, const float* grads, float* m, float* v,
+                std::int64_t n, const AdamWConfig& cfg, std::int64_t step) {
+  T3D_ON_GPU(exec, cuda::adamw_step(*exec.stream, params, grads, m, v, n, cfg, step));
   T3D_ASSERT(step >= 1, "AdamW step counts from 1, got ", step);
   const detail::AdamWScalars scalars = detail::adamw_scalars(cfg, step);
   const auto& rows = detail::simd_rows();

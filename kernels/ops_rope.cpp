@@ -1,6 +1,7 @@
 #include <cmath>
 
 #include "kernels/check.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/ops.h"
 #include "kernels/row_math.h"
 #include "kernels/threads.h"
@@ -49,13 +50,18 @@ void rope_table(float* table, std::int64_t max_pos, std::int64_t D, double theta
   }
 }
 
-void rope_forward(float* out, const float* inp, const float* table, std::int64_t B, std::int64_t T,
-                  std::int64_t n_heads, std::int64_t D, std::int64_t pos_offset) {
+void rope_forward(const Exec& exec, float* out, const float* inp, const float* table,
+                  std::int64_t B, std::int64_t T, std::int64_t n_heads, std::int64_t D,
+                  std::int64_t pos_offset) {
+  T3D_ON_GPU(exec, cuda::rope_forward(*exec.stream, out, inp, table, B, T, n_heads, D, pos_offset));
   rope_apply(out, inp, table, B, T, n_heads, D, pos_offset, 1.0f);
 }
 
-void rope_backward(float* dinp, const float* dout, const float* table, std::int64_t B,
-                   std::int64_t T, std::int64_t n_heads, std::int64_t D, std::int64_t pos_offset) {
+void rope_backward(const Exec& exec, float* dinp, const float* dout, const float* table,
+                   std::int64_t B, std::int64_t T, std::int64_t n_heads, std::int64_t D,
+                   std::int64_t pos_offset) {
+  T3D_ON_GPU(exec,
+             cuda::rope_backward(*exec.stream, dinp, dout, table, B, T, n_heads, D, pos_offset));
   rope_apply(dinp, dout, table, B, T, n_heads, D, pos_offset, -1.0f);
 }
 

@@ -48,9 +48,9 @@ void GradReducer::begin_step(int micro_batches) {
   }
   // With the rank's threads (kernels::zero): the gradient region is the largest memset of a step.
   if (zero_ >= 2)
-    kernels::zero(shard_, part_.shard_floats);
+    kernels::zero(kernels::kCpu, shard_, part_.shard_floats);
   else if (!part_.buckets.empty())
-    kernels::zero(grads_, part_.buckets.back().end);
+    kernels::zero(kernels::kCpu, grads_, part_.buckets.back().end);
 }
 
 float* GradReducer::bucket_grads(int b) {

@@ -40,7 +40,7 @@ struct Stream::Impl {
   // cuBLAS's workspace, fixed for the stream's life (cublasSetWorkspace): with the algorithm
   // heuristics given the same workspace every call, cuBLAS repeats its bits.
   void* blas_workspace = nullptr;
-  // The partial sums of sum_of_squares (kSumBlocks doubles).
+  // The partial sums of sum_of_squares (kSumBlocks doubles, then one for the result).
   double* partial_sums = nullptr;
   // bf16 copies of GEMM inputs, grown to the largest call and kept (library memory outside the
   // arena, as the CPU's per-thread bf16 buffers are).

@@ -113,6 +113,8 @@ void add_inplace(const Stream& s, float* x, const float* y, std::int64_t n);
 // blocks each sum a strided share, then one block sums their results pairwise.
 inline constexpr int kSumBlocks = 512;
 void sum_of_squares(const Stream& s, double* out, const float* x, std::int64_t n);
+// The same, waited for and copied to the host (a step scalar: kernels::sum_of_squares on a GPU).
+double sum_of_squares_to_host(const Stream& s, const float* x, std::int64_t n);
 void adamw_step(const Stream& s, float* params, const float* grads, float* m, float* v,
                 std::int64_t n, const AdamWConfig& cfg, std::int64_t step);
 void float_to_bf16(const Stream& s, bf16* out, const float* in, std::int64_t n);

@@ -82,6 +82,15 @@ void sum_of_squares(const Stream& s, double* out, const float* x, std::int64_t n
   T3D_CUDA_LAUNCHED();
 }
 
+double sum_of_squares_to_host(const Stream& s, const float* x, std::int64_t n) {
+  double* result = s.impl().partial_sums + kSumBlocks;
+  sum_of_squares(s, result, x, n);
+  double host = 0.0;
+  copy_to_host(s, &host, result, sizeof host);
+  s.synchronize();
+  return host;
+}
+
 void adamw_step(const Stream& s, float* params, const float* grads, float* m, float* v,
                 std::int64_t n, const AdamWConfig& cfg, std::int64_t step) {
   T3D_ASSERT(step >= 1, "AdamW step counts from 1, got ", step);

@@ -74,7 +74,7 @@ const float* Model::input_grad(int chunk, int slot) const {
 
 void Model::forward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, const float* x_in,
                           float* x_out, bool first_pass) {
-  const k::GemmKind kind = options_.gemm;
+  const k::Exec& exec = options_.exec;
   const ConstBlock pw = block_weights(l);
   const int64_t N = rows_, C = config_.dim, D = config_.head_dim();
   const int64_t B = options_.micro_rows;
@@ -82,11 +82,12 @@ void Model::forward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, co
   auto& s = *scratch_;
   const int64_t Nl = rows_local_;
   float* xn1_rows = sp_ ? s.rows : a.xn1;  // SP: normalise this rank's rows, then gather
-  k::rmsnorm_forward(xn1_rows, a.rstd1, x_in, pw.ln1, Nl, C, static_cast<float>(config_.norm_eps));
+  k::rmsnorm_forward(options_.exec, xn1_rows, a.rstd1, x_in, pw.ln1, Nl, C,
+                     static_cast<float>(config_.norm_eps));
   gather_rows(xn1_rows, a.xn1);
   using Copy = k::LinearInput::Copy;
   {
-    const k::LinearInput x(kind, a.xn1, copies.xn1, Copy::kFill, N, C);
+    const k::LinearInput x(exec, a.xn1, copies.xn1, Copy::kFill, N, C);
     k::linear_forward(a.q, x, pw.q, qd);
     k::linear_forward(a.kk, x, pw.k, kvd);
     k::linear_forward(a.v, x, pw.v, kvd);
@@ -94,50 +95,51 @@ void Model::forward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, co
   // Each part of this rank's positions (one without context parallelism) is (B, len) rows.
   const int64_t len = part_len_, part_rows = B * len;
   for (int64_t part = 0; part < parts_; ++part) {
-    k::rope_forward(a.q + part * part_rows * qd, a.q + part * part_rows * qd, s.rope, B, len,
-                    heads_, D, part_begin(part));
-    k::rope_forward(a.kk + part * part_rows * kvd, a.kk + part * part_rows * kvd, s.rope, B, len,
-                    kv_heads_, D, part_begin(part));
+    k::rope_forward(options_.exec, a.q + part * part_rows * qd, a.q + part * part_rows * qd, s.rope,
+                    B, len, heads_, D, part_begin(part));
+    k::rope_forward(options_.exec, a.kk + part * part_rows * kvd, a.kk + part * part_rows * kvd,
+                    s.rope, B, len, kv_heads_, D, part_begin(part));
   }
   if (cp_) {
     gather_sequence(a.kk, s.k_all, kvd);
     gather_sequence(a.v, s.v_all, kvd);
   }
   for (int64_t part = 0; part < parts_; ++part)
-    k::attention_forward(kind, a.att + part * part_rows * qd, a.lse + part * B * heads_ * len,
+    k::attention_forward(exec, a.att + part * part_rows * qd, a.lse + part * B * heads_ * len,
                          a.q + part * part_rows * qd, cp_ ? s.k_all : a.kk, cp_ ? s.v_all : a.v,
                          s.attn, attention_shape(part));
-  k::linear_forward(s.tmp, k::LinearInput(kind, a.att, copies.att, Copy::kFill, N, qd), pw.o, C);
+  k::linear_forward(s.tmp, k::LinearInput(exec, a.att, copies.att, Copy::kFill, N, qd), pw.o, C);
   const float* branch = reduce_rows(s.tmp);  // row-parallel: partial sums before the residual add
-  k::add(a.xmid, x_in, branch, Nl * C);
+  k::add(options_.exec, a.xmid, x_in, branch, Nl * C);
 
   float* xn2_rows = sp_ ? s.rows : a.xn2;
-  k::rmsnorm_forward(xn2_rows, a.rstd2, a.xmid, pw.ln2, Nl, C,
+  k::rmsnorm_forward(options_.exec, xn2_rows, a.rstd2, a.xmid, pw.ln2, Nl, C,
                      static_cast<float>(config_.norm_eps));
   gather_rows(xn2_rows, a.xn2);
   if (moe_block(l)) {
     moe_forward(l, a, copies, pw, first_pass);
   } else {
     {
-      const k::LinearInput x(kind, a.xn2, copies.xn2, Copy::kFill, N, C);
+      const k::LinearInput x(exec, a.xn2, copies.xn2, Copy::kFill, N, C);
       k::linear_forward(a.gate, x, pw.gate, ffn_);
       k::linear_forward(a.up, x, pw.up, ffn_);
     }
     if (copies.fused_swiglu) {
-      k::swiglu_forward_bf16(copies.h, copies.gate, copies.up, a.gate, a.up, N * ffn_);
+      k::swiglu_forward_bf16(options_.exec, copies.h, copies.gate, copies.up, a.gate, a.up,
+                             N * ffn_);
     } else {
-      k::swiglu_forward(a.h, a.gate, a.up, N * ffn_);
+      k::swiglu_forward(options_.exec, a.h, a.gate, a.up, N * ffn_);
     }
     const auto h_filled = copies.fused_swiglu ? Copy::kFilled : Copy::kFill;
-    k::linear_forward(s.tmp, k::LinearInput(kind, a.h, copies.h, h_filled, N, ffn_), pw.down, C);
+    k::linear_forward(s.tmp, k::LinearInput(exec, a.h, copies.h, h_filled, N, ffn_), pw.down, C);
   }
   branch = reduce_rows(s.tmp);
-  k::add(x_out, a.xmid, branch, Nl * C);
+  k::add(options_.exec, x_out, a.xmid, branch, Nl * C);
 }
 
 void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, const float* x_in,
                            float* dx, const LayerGrads* keep) {
-  const k::GemmKind kind = options_.gemm;
+  const k::Exec& exec = options_.exec;
   const ConstBlock pw = block_weights(l);
   const BlockParams pg = block_grads(l);
   // dx (N, C): gradient of the block's output on entry, of its input on return. With `keep` the
@@ -162,27 +164,28 @@ void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, c
     moe_backward(l, a, copies, pw, pg, dy, keep);
   } else {
     {
-      const k::LinearInput dy_down(kind, dy, N, C);
+      const k::LinearInput dy_down(exec, dy, N, C);
       k::linear_backward_input(s.dh, dy_down, pw.down, ffn_);
       if (!keep)
         k::linear_backward_weight(pg.down, dy_down,
-                                  k::LinearInput(kind, a.h, copies.h, Copy::kFilled, N, ffn_));
+                                  k::LinearInput(exec, a.h, copies.h, Copy::kFilled, N, ffn_));
     }
     // Fused: dgate and dup exist only rounded, in the first half of their fp32 buffers.
     k::bf16* dgate16 = copies.fused_swiglu ? reinterpret_cast<k::bf16*>(dgate) : nullptr;
     k::bf16* dup16 = copies.fused_swiglu ? reinterpret_cast<k::bf16*>(dup) : nullptr;
     if (copies.fused_swiglu)
-      k::swiglu_backward_bf16(dgate16, dup16, s.dh, copies.gate, copies.up, N * ffn_);
+      k::swiglu_backward_bf16(options_.exec, dgate16, dup16, s.dh, copies.gate, copies.up,
+                              N * ffn_);
     else
-      k::swiglu_backward(dgate, dup, s.dh, a.gate, a.up, N * ffn_);
+      k::swiglu_backward(options_.exec, dgate, dup, s.dh, a.gate, a.up, N * ffn_);
     {
-      const k::LinearInput dg(kind, dgate, dgate16, Copy::kFilled, N, ffn_),
-          du(kind, dup, dup16, Copy::kFilled, N, ffn_);
+      const k::LinearInput dg(exec, dgate, dgate16, Copy::kFilled, N, ffn_),
+          du(exec, dup, dup16, Copy::kFilled, N, ffn_);
       k::linear_backward_input(s.dxn, dg, pw.gate, C);
       k::linear_backward_input(s.dtmp, du, pw.up, C);
-      k::add_inplace(s.dxn, s.dtmp, N * C);
+      k::add_inplace(options_.exec, s.dxn, s.dtmp, N * C);
       if (!keep) {
-        const k::LinearInput x(kind, a.xn2, copies.xn2, Copy::kFilled, N, C);
+        const k::LinearInput x(exec, a.xn2, copies.xn2, Copy::kFilled, N, C);
         k::linear_backward_weight(pg.gate, dg, x);
         k::linear_backward_weight(pg.up, du, x);
       }
@@ -190,17 +193,17 @@ void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, c
   }
   // Column-parallel: the shared input's gradient is a partial sum (SP: of this rank's rows).
   const float* dxn_rows = reduce_rows(s.dxn);
-  k::rmsnorm_backward(dx, pg.ln2, dxn_rows, a.xmid, pw.ln2, a.rstd2, Nl, C,
+  k::rmsnorm_backward(options_.exec, dx, pg.ln2, dxn_rows, a.xmid, pw.ln2, a.rstd2, Nl, C,
                       k::Out::kAccumulate);  // dx is now d xmid
   dy = gather_rows(dx, s.all_rows);
 
   if (keep) std::memcpy(keep->dy_o, dy, sizeof(float) * N * C);
   {
-    const k::LinearInput dy_o(kind, dy, N, C);
+    const k::LinearInput dy_o(exec, dy, N, C);
     k::linear_backward_input(s.datt, dy_o, pw.o, qd);
     if (!keep)
       k::linear_backward_weight(pg.o, dy_o,
-                                k::LinearInput(kind, a.att, copies.att, Copy::kFilled, N, qd));
+                                k::LinearInput(exec, a.att, copies.att, Copy::kFilled, N, qd));
   }
   const int64_t len = part_len_, part_rows = B * len;
   if (cp_) {  // the whole sequence's keys and values again (not kept: cp times their memory)
@@ -211,47 +214,47 @@ void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, c
     for (int64_t part = 0; part < 2; ++part) {
       float* dk_part = part == 0 ? s.dk_all : s.cp_kv_part;
       float* dv_part = part == 0 ? s.dv_all : s.cp_kv_part + whole;
-      k::attention_backward(kind, dq + part * part_rows * qd, dk_part, dv_part,
+      k::attention_backward(exec, dq + part * part_rows * qd, dk_part, dv_part,
                             s.datt + part * part_rows * qd, a.q + part * part_rows * qd, s.k_all,
                             s.v_all, a.att + part * part_rows * qd, a.lse + part * B * heads_ * len,
                             s.attn, attention_shape(part));
     }
-    k::add_inplace(s.dk_all, s.cp_kv_part, whole);
-    k::add_inplace(s.dv_all, s.cp_kv_part + whole, whole);
+    k::add_inplace(options_.exec, s.dk_all, s.cp_kv_part, whole);
+    k::add_inplace(options_.exec, s.dv_all, s.cp_kv_part + whole, whole);
     scatter_sequence_grad(s.dk_all, dk, kvd);
     scatter_sequence_grad(s.dv_all, dv, kvd);
   } else {
-    k::attention_backward(kind, dq, dk, dv, s.datt, a.q, a.kk, a.v, a.att, a.lse, s.attn,
+    k::attention_backward(exec, dq, dk, dv, s.datt, a.q, a.kk, a.v, a.att, a.lse, s.attn,
                           attention_shape(0));
   }
   for (int64_t part = 0; part < parts_; ++part) {
-    k::rope_backward(dq + part * part_rows * qd, dq + part * part_rows * qd, s.rope, B, len, heads_,
-                     D, part_begin(part));
-    k::rope_backward(dk + part * part_rows * kvd, dk + part * part_rows * kvd, s.rope, B, len,
-                     kv_heads_, D, part_begin(part));
+    k::rope_backward(options_.exec, dq + part * part_rows * qd, dq + part * part_rows * qd, s.rope,
+                     B, len, heads_, D, part_begin(part));
+    k::rope_backward(options_.exec, dk + part * part_rows * kvd, dk + part * part_rows * kvd,
+                     s.rope, B, len, kv_heads_, D, part_begin(part));
   }
   {
-    const k::LinearInput dq_in(kind, dq, N, qd), dk_in(kind, dk, N, kvd), dv_in(kind, dv, N, kvd);
+    const k::LinearInput dq_in(exec, dq, N, qd), dk_in(exec, dk, N, kvd), dv_in(exec, dv, N, kvd);
     k::linear_backward_input(s.dxn, dq_in, pw.q, C);
     k::linear_backward_input(s.dtmp, dk_in, pw.k, C);
-    k::add_inplace(s.dxn, s.dtmp, N * C);
+    k::add_inplace(options_.exec, s.dxn, s.dtmp, N * C);
     k::linear_backward_input(s.dtmp, dv_in, pw.v, C);
-    k::add_inplace(s.dxn, s.dtmp, N * C);
+    k::add_inplace(options_.exec, s.dxn, s.dtmp, N * C);
     if (!keep) {
-      const k::LinearInput x(kind, a.xn1, copies.xn1, Copy::kFilled, N, C);
+      const k::LinearInput x(exec, a.xn1, copies.xn1, Copy::kFilled, N, C);
       k::linear_backward_weight(pg.q, dq_in, x);
       k::linear_backward_weight(pg.k, dk_in, x);
       k::linear_backward_weight(pg.v, dv_in, x);
     }
   }
   dxn_rows = reduce_rows(s.dxn);
-  k::rmsnorm_backward(dx, pg.ln1, dxn_rows, x_in, pw.ln1, a.rstd1, Nl, C,
+  k::rmsnorm_backward(options_.exec, dx, pg.ln1, dxn_rows, x_in, pw.ln1, a.rstd1, Nl, C,
                       k::Out::kAccumulate);  // dx is now d x_in
 }
 
 void Model::backward_layer_weights(int64_t l, const LayerActs& a, const BlockCopies& copies,
                                    const LayerGrads& kg) {
-  const k::GemmKind kind = options_.gemm;
+  const k::Exec& exec = options_.exec;
   const BlockParams pg = block_grads(l);
   const int64_t N = rows_, C = config_.dim, qd = heads_ * config_.head_dim();
   const int64_t kvd = kv_heads_ * config_.head_dim();
@@ -259,28 +262,28 @@ void Model::backward_layer_weights(int64_t l, const LayerActs& a, const BlockCop
   if (moe_block(l)) {
     moe_backward_weights(l, a, copies, pg, kg);
   } else {
-    k::linear_backward_weight(pg.down, k::LinearInput(kind, kg.dy_down, N, C),
-                              k::LinearInput(kind, a.h, copies.h, Copy::kFilled, N, ffn_));
-    const k::LinearInput x(kind, a.xn2, copies.xn2, Copy::kFilled, N, C);  // rounded once for both
+    k::linear_backward_weight(pg.down, k::LinearInput(exec, kg.dy_down, N, C),
+                              k::LinearInput(exec, a.h, copies.h, Copy::kFilled, N, ffn_));
+    const k::LinearInput x(exec, a.xn2, copies.xn2, Copy::kFilled, N, C);  // rounded once for both
     // B's fused SwiGLU left dgate and dup rounded, in the first half of their buffers.
     const auto as16 = [&](float* d) {
       return copies.fused_swiglu ? reinterpret_cast<k::bf16*>(d) : nullptr;
     };
     k::linear_backward_weight(
-        pg.gate, k::LinearInput(kind, kg.dgate, as16(kg.dgate), Copy::kFilled, N, ffn_), x);
+        pg.gate, k::LinearInput(exec, kg.dgate, as16(kg.dgate), Copy::kFilled, N, ffn_), x);
     k::linear_backward_weight(
-        pg.up, k::LinearInput(kind, kg.dup, as16(kg.dup), Copy::kFilled, N, ffn_), x);
+        pg.up, k::LinearInput(exec, kg.dup, as16(kg.dup), Copy::kFilled, N, ffn_), x);
   }
-  k::linear_backward_weight(pg.o, k::LinearInput(kind, kg.dy_o, N, C),
-                            k::LinearInput(kind, a.att, copies.att, Copy::kFilled, N, qd));
-  const k::LinearInput x(kind, a.xn1, copies.xn1, Copy::kFilled, N, C);
-  k::linear_backward_weight(pg.q, k::LinearInput(kind, kg.dq, N, qd), x);
-  k::linear_backward_weight(pg.k, k::LinearInput(kind, kg.dk, N, kvd), x);
-  k::linear_backward_weight(pg.v, k::LinearInput(kind, kg.dv, N, kvd), x);
+  k::linear_backward_weight(pg.o, k::LinearInput(exec, kg.dy_o, N, C),
+                            k::LinearInput(exec, a.att, copies.att, Copy::kFilled, N, qd));
+  const k::LinearInput x(exec, a.xn1, copies.xn1, Copy::kFilled, N, C);
+  k::linear_backward_weight(pg.q, k::LinearInput(exec, kg.dq, N, qd), x);
+  k::linear_backward_weight(pg.k, k::LinearInput(exec, kg.dk, N, kvd), x);
+  k::linear_backward_weight(pg.v, k::LinearInput(exec, kg.dv, N, kvd), x);
 }
 
 double Model::forward_head(ChunkActs& c, const int32_t* targets, float grad_scale, bool training) {
-  const k::GemmKind kind = options_.gemm;
+  const k::Exec& exec = options_.exec;
   const int64_t N = rows_, C = config_.dim;
   auto& s = *scratch_;
   const std::string head = config_.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
@@ -289,31 +292,31 @@ double Model::forward_head(ChunkActs& c, const int32_t* targets, float grad_scal
   const int64_t Nl = rows_local_;
   float* xf_rows = sp_ ? s.rows : c.xf;
   const int64_t norm_unit = config_.n_layers;
-  k::rmsnorm_forward(xf_rows, c.rstdf, x_last, w("model.norm.weight", norm_unit), Nl, C,
-                     static_cast<float>(config_.norm_eps));
+  k::rmsnorm_forward(options_.exec, xf_rows, c.rstdf, x_last, w("model.norm.weight", norm_unit), Nl,
+                     C, static_cast<float>(config_.norm_eps));
   gather_rows(xf_rows, c.xf);
-  k::linear_forward(kind, s.logits, c.xf, w(head, head_unit), N, C, vocab_);
+  k::linear_forward(exec, s.logits, c.xf, w(head, head_unit), N, C, vocab_);
   if (tp_.size() == 1) {
-    k::cross_entropy_fused(s.logits, s.losses, targets, N, vocab_, grad_scale);
+    k::cross_entropy_fused(options_.exec, s.logits, s.losses, targets, N, vocab_, grad_scale);
   } else {
     // Vocab-parallel cross-entropy: three all-reduces of N floats instead of N·V logits.
-    k::ce_local_max(s.row_max, s.logits, N, vocab_);
+    k::ce_local_max(options_.exec, s.row_max, s.logits, N, vocab_);
     tp_.all_reduce(s.row_max, static_cast<size_t>(N), parallel::ReduceOp::max);
-    k::ce_local_sum_exp(s.sum_exp, s.logits, s.row_max, N, vocab_);
+    k::ce_local_sum_exp(options_.exec, s.sum_exp, s.logits, s.row_max, N, vocab_);
     tp_.all_reduce(s.sum_exp, static_cast<size_t>(N));
-    k::ce_local_target_logit(s.target, s.logits, targets, N, vocab_, vocab_start_);
+    k::ce_local_target_logit(options_.exec, s.target, s.logits, targets, N, vocab_, vocab_start_);
     tp_.all_reduce(s.target, static_cast<size_t>(N));
-    k::ce_loss_and_grad(s.logits, s.losses, targets, s.row_max, s.sum_exp, s.target, N, vocab_,
-                        vocab_start_, grad_scale);
+    k::ce_loss_and_grad(options_.exec, s.logits, s.losses, targets, s.row_max, s.sum_exp, s.target,
+                        N, vocab_, vocab_start_, grad_scale);
   }
   double loss_sum = 0;
   for (int64_t i = 0; i < N; ++i) loss_sum += s.losses[i];
   if (training) {
-    k::linear_backward_input(kind, s.dxn, s.logits, w(head, head_unit), N, C, vocab_);
-    k::linear_backward_weight(kind, g(head, head_unit), s.logits, c.xf, N, C, vocab_);
+    k::linear_backward_input(exec, s.dxn, s.logits, w(head, head_unit), N, C, vocab_);
+    k::linear_backward_weight(exec, g(head, head_unit), s.logits, c.xf, N, C, vocab_);
     const float* dxn_rows = reduce_rows(s.dxn);
-    k::rmsnorm_backward(c.dx_last, g("model.norm.weight", norm_unit), dxn_rows, x_last,
-                        w("model.norm.weight", norm_unit), c.rstdf, Nl, C);
+    k::rmsnorm_backward(options_.exec, c.dx_last, g("model.norm.weight", norm_unit), dxn_rows,
+                        x_last, w("model.norm.weight", norm_unit), c.rstdf, Nl, C);
     unit_done(config_.n_layers);
   }
   return loss_sum;
@@ -329,7 +332,8 @@ double Model::forward(int chunk, int slot, const int32_t* tokens, const int32_t*
     std::memcpy(a.tokens, tokens, sizeof(int32_t) * N);
     const float* emb = w("model.embed_tokens.weight", -1);
     // Vocab-parallel: each id's row comes from the rank owning it (SP: scattered by rows).
-    k::embedding_forward(scratch_->tmp, tokens, emb, N, C, vocab_start_, vocab_start_ + vocab_);
+    k::embedding_forward(options_.exec, scratch_->tmp, tokens, emb, N, C, vocab_start_,
+                         vocab_start_ + vocab_);
     std::memcpy(a.x[0], reduce_rows(scratch_->tmp), sizeof(float) * rows_local_ * C);
   }
   for (int64_t l = range.begin; l < range.end; ++l) {
@@ -379,8 +383,8 @@ void Model::backward_impl(int chunk, int slot, const float* dout, bool defer_wei
   }
   if (range.first) {
     const float* dy = gather_rows(dx, scratch_->all_rows);
-    k::embedding_backward(g("model.embed_tokens.weight", -1), dy, a.tokens, N, C, vocab_start_,
-                          vocab_start_ + vocab_);
+    k::embedding_backward(options_.exec, g("model.embed_tokens.weight", -1), dy, a.tokens, N, C,
+                          vocab_start_, vocab_start_ + vocab_);
     unit_done(-1);
   }
 }

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "kernels/arena.h"
+#include "kernels/exec.h"
 #include "kernels/ops.h"
 #include "kernels/ops_moe.h"
 #include "parallel/comm.h"
@@ -56,11 +57,12 @@ struct ModelOptions {
   // traffic travels in bf16 (the pipeline's is the executor's WirePrecision); master weights,
   // the optimizer and accumulation stay fp32. Whether GEMM inputs are bf16 is `gemm`'s.
   bool bf16 = false;
-  // The GEMM kind of the linear layers (kernels/gemm.h), which also decides attention's tile
-  // precision: the job's measured or recorded choice (runtime/machine/gemm_choice.h). With a bf16
-  // kind and `bf16` the stored copies feed the GEMMs. Every kernel call of this Model gets it as
-  // an argument, so Models of one process with different kinds each compute in their own.
-  kernels::GemmKind gemm = kernels::GemmKind::kOpenBlasF32;
+  // Where and how this Model's ops run (kernels/exec.h): today always the CPU, with the GEMM kind
+  // of the linear layers (kernels/gemm.h), which also decides attention's tile precision: the
+  // job's measured or recorded choice (runtime/machine/gemm_choice.h). With a bf16 kind and
+  // `bf16` the stored copies feed the GEMMs. Every kernel call of this Model gets it as an
+  // argument, so Models of one process with different kinds each compute in their own.
+  kernels::Exec exec = kernels::GemmKind::kOpenBlasF32;
   // Megatron sequence parallelism: outside the TP blocks (norms, residual stream, pipeline
   // traffic) each tp rank keeps only its 1/tp of the micro-batch's rows.
   bool sequence_parallel = false;

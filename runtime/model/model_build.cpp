@@ -310,14 +310,14 @@ Model::BlockCopies Model::block_copies(ChunkActs& a, int64_t local_layer) const 
           at(BlockAct::kXn2),   at(BlockAct::kH),
           at(BlockAct::kGate),  at(BlockAct::kUp),
           at(BlockAct::kEGate), at(BlockAct::kEUp),
-          at(BlockAct::kEH),    k::gemm_kind_is_bf16(options_.gemm)};
+          at(BlockAct::kEH),    k::gemm_kind_is_bf16(options_.exec.gemm)};
 }
 
 // The codec of bf16-stored blocks: the spec's stored rows, each copied between the block's fp32
 // buffers and its stored copy (bf16, or fp32 for the per-row statistics), except the rows the
 // forward fills itself and those only read from the copy (BlockCopies).
 void Model::encode16(LayerActs& from, const StoredBlock& to) const {
-  const bool bf16_gemms = k::gemm_kind_is_bf16(options_.gemm);
+  const bool bf16_gemms = k::gemm_kind_is_bf16(options_.exec.gemm);
   for (const auto& t : stored_block_) {
     if (filled_by_forward(t.index, bf16_gemms)) continue;
     const float* f = block_act(from, t.index);
@@ -331,7 +331,7 @@ void Model::encode16(LayerActs& from, const StoredBlock& to) const {
 }
 
 void Model::decode16(const StoredBlock& from, LayerActs& to) const {
-  const bool bf16_gemms = k::gemm_kind_is_bf16(options_.gemm);
+  const bool bf16_gemms = k::gemm_kind_is_bf16(options_.exec.gemm);
   for (const auto& t : stored_block_) {
     if (only_copy_read(t.index, bf16_gemms)) continue;
     float* f = block_act(to, t.index);

@@ -43,7 +43,8 @@ void Model::reset_moe_stats() {
 
 void Model::moe_forward(int64_t l, LayerActs& a, const BlockCopies& copies, const ConstBlock& w,
                         bool first_pass) {
-  const k::GemmKind kind = options_.gemm;
+  const k::Exec& exec = options_.exec;
+  const k::GemmKind kind = exec.gemm;
   const k::RouterShape r = router_shape();
   const int64_t N = rows_, C = config_.dim, E = r.E, K = r.K;
   const int64_t Fe = config_.moe_ffn_dim / tp_.size();
@@ -72,21 +73,21 @@ void Model::moe_forward(int64_t l, LayerActs& a, const BlockCopies& copies, cons
   // The shared experts' hidden layer needs nothing routed: under expert parallelism it runs
   // while the routed rows travel. Only its down projection, added to the routed output, waits.
   const auto shared_hidden = [&] {
-    k::linear_forward(kind, a.sgate, a.xn2, w.shared_gate, N, C, Fs);
-    k::linear_forward(kind, a.sup, a.xn2, w.shared_up, N, C, Fs);
-    k::swiglu_forward(a.sh, a.sgate, a.sup, N * Fs);
+    k::linear_forward(exec, a.sgate, a.xn2, w.shared_gate, N, C, Fs);
+    k::linear_forward(exec, a.sup, a.xn2, w.shared_up, N, C, Fs);
+    k::swiglu_forward(options_.exec, a.sh, a.sgate, a.sup, N * Fs);
   };
   if (ep_size() > 1) {
     RowsInFlight dispatch = moe_ep_dispatch(a);
     if (shared) shared_hidden();
     moe_experts_ep_forward(a, copies, w, dispatch);
   } else {
-    k::moe_experts_forward(kind, s.moe_out, a.egate, a.eup, a.eh, s.moe_rows, w.expert_gate,
+    k::moe_experts_forward(exec, s.moe_out, a.egate, a.eup, a.eh, s.moe_rows, w.expert_gate,
                            w.expert_up, w.expert_down, offsets, {E, C, Fe}, ec);
     if (shared) shared_hidden();
   }
   k::moe_combine(s.tmp, s.moe_out, a.gates, s.moe_row_of_slot, N, K, C, k::Out::kWrite);
-  if (shared) k::linear_forward(kind, s.tmp, a.sh, w.shared_down, N, Fs, C, k::Out::kAccumulate);
+  if (shared) k::linear_forward(exec, s.tmp, a.sh, w.shared_down, N, Fs, C, k::Out::kAccumulate);
   if (!first_pass) return;
   const size_t at = static_cast<size_t>(
       std::lower_bound(moe_layers_.begin(), moe_layers_.end(), l) - moe_layers_.begin());
@@ -99,7 +100,8 @@ void Model::moe_forward(int64_t l, LayerActs& a, const BlockCopies& copies, cons
 
 void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, const ConstBlock& w,
                          const BlockParams& g, const float* dy, const LayerGrads* keep) {
-  const k::GemmKind kind = options_.gemm;
+  const k::Exec& exec = options_.exec;
+  const k::GemmKind kind = exec.gemm;
   const k::RouterShape r = router_shape();
   const int64_t N = rows_, C = config_.dim, E = r.E, K = r.K, S = N * K;
   const int64_t Fe = config_.moe_ffn_dim / tp_.size();
@@ -125,26 +127,26 @@ void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, con
   // The shared experts' gradients that add nothing to dxn: under expert parallelism they run
   // while the routed rows' output gradients travel.
   const auto shared_backward = [&] {
-    k::linear_backward_input(kind, s.dh, dy, w.shared_down, N, Fs, C);
-    if (!keep) k::linear_backward_weight(kind, g.shared_down, dy, a.sh, N, Fs, C);
-    k::swiglu_backward(shared_dgate, shared_dup, s.dh, a.sgate, a.sup, N * Fs);
+    k::linear_backward_input(exec, s.dh, dy, w.shared_down, N, Fs, C);
+    if (!keep) k::linear_backward_weight(exec, g.shared_down, dy, a.sh, N, Fs, C);
+    k::swiglu_backward(options_.exec, shared_dgate, shared_dup, s.dh, a.sgate, a.sup, N * Fs);
     if (keep) return;
-    k::linear_backward_weight(kind, g.shared_gate, shared_dgate, a.xn2, N, C, Fs);
-    k::linear_backward_weight(kind, g.shared_up, shared_dup, a.xn2, N, C, Fs);
+    k::linear_backward_weight(exec, g.shared_gate, shared_dgate, a.xn2, N, C, Fs);
+    k::linear_backward_weight(exec, g.shared_up, shared_dup, a.xn2, N, C, Fs);
   };
   if (ep_size() > 1) {
     RowsInFlight dispatch = moe_ep_dispatch_backward(a);
     if (shared) shared_backward();
     moe_experts_ep_backward(a, copies, w, g, dispatch, keep);
   } else if (keep) {
-    k::moe_experts_backward_input(kind, s.moe_grad, s.moe_dgates, s.moe_dh, keep->expert_dgate,
+    k::moe_experts_backward_input(exec, s.moe_grad, s.moe_dgates, s.moe_dh, keep->expert_dgate,
                                   keep->expert_dup, dys, a.gates, s.moe_slot_of_row, a.egate, a.eup,
                                   a.eh, w.expert_gate, w.expert_up, w.expert_down, offsets,
                                   {E, C, Fe}, copies.experts());
     if (shared) shared_backward();
   } else {
     const k::ExpertCopies ec = gather_expert_rows(a, copies, kept);
-    k::moe_experts_backward(kind, s.moe_grad, s.moe_dgates, g.expert_gate, g.expert_up,
+    k::moe_experts_backward(exec, s.moe_grad, s.moe_dgates, g.expert_gate, g.expert_up,
                             g.expert_down, s.moe_dh, s.moe_dgate, s.moe_dup, dys, a.gates,
                             s.moe_slot_of_row, s.moe_rows, a.egate, a.eup, a.eh, w.expert_gate,
                             w.expert_up, w.expert_down, offsets, {E, C, Fe}, ec);
@@ -154,10 +156,10 @@ void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, con
   // Each tp rank holds a slice of every expert's width: its gate gradients are partial sums.
   if (tp_.size() > 1) tp_.all_reduce(s.moe_dgates, static_cast<size_t>(S));
   if (shared) {
-    k::linear_backward_input(kind, s.dtmp, shared_dgate, w.shared_gate, N, C, Fs);
-    k::add_inplace(s.dxn, s.dtmp, N * C);
-    k::linear_backward_input(kind, s.dtmp, shared_dup, w.shared_up, N, C, Fs);
-    k::add_inplace(s.dxn, s.dtmp, N * C);
+    k::linear_backward_input(exec, s.dtmp, shared_dgate, w.shared_gate, N, C, Fs);
+    k::add_inplace(options_.exec, s.dxn, s.dtmp, N * C);
+    k::linear_backward_input(exec, s.dtmp, shared_dup, w.shared_up, N, C, Fs);
+    k::add_inplace(options_.exec, s.dxn, s.dtmp, N * C);
   }
   // The router: the gates' gradient (and the auxiliary loss's, injected here at the layer, so
   // that it is the same under any pipeline split), through the scores to the logits.
@@ -175,7 +177,7 @@ void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, con
   const k::GemmKind rk = router_kind(kind);
   if (tp_.rank() == 0) {
     k::linear_backward_input(rk, s.dtmp, s.moe_dlogits, w.router, N, C, E);
-    k::add_inplace(s.dxn, s.dtmp, N * C);
+    k::add_inplace(options_.exec, s.dxn, s.dtmp, N * C);
   }
   const int64_t first = sp_ ? tp_.rank() * rows_local_ : 0;
   if (keep)
@@ -189,7 +191,8 @@ void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, con
 // output gradients it kept and the forward's activations (the same GEMMs on the same values).
 void Model::moe_backward_weights(int64_t l, const LayerActs& a, const BlockCopies& copies,
                                  const BlockParams& g, const LayerGrads& kept) {
-  const k::GemmKind kind = options_.gemm;
+  const k::Exec& exec = options_.exec;
+  const k::GemmKind kind = exec.gemm;
   const int64_t N = rows_, C = config_.dim, E = config_.n_experts, K = config_.experts_per_token;
   const int64_t Fe = config_.moe_ffn_dim / tp_.size();
   auto& s = *scratch_;
@@ -201,7 +204,7 @@ void Model::moe_backward_weights(int64_t l, const LayerActs& a, const BlockCopie
     auto& route = ep_route_;
     k::moe_ep_offsets(route.local_offsets.data(), route.source_offsets.data(),
                       reinterpret_cast<const int32_t*>(a.erecv), P, El);
-    k::moe_experts_backward_weight(kind, g.expert_gate, g.expert_up, g.expert_down, kept.expert_dy,
+    k::moe_experts_backward_weight(exec, g.expert_gate, g.expert_up, g.expert_down, kept.expert_dy,
                                    kept.expert_dgate, kept.expert_dup, a.ex, a.eh,
                                    route.local_offsets.data(),
                                    {El, C, Fe, P, route.source_offsets.data()}, copies.experts());
@@ -212,15 +215,15 @@ void Model::moe_backward_weights(int64_t l, const LayerActs& a, const BlockCopie
                    reinterpret_cast<const int32_t*>(a.chosen), N, E, K,
                    k::moe_capacity(config_.capacity_factor, N, E, K));
     const k::ExpertCopies ec = gather_expert_rows(a, copies, offsets[E]);
-    k::moe_experts_backward_weight(kind, g.expert_gate, g.expert_up, g.expert_down, kept.expert_dy,
+    k::moe_experts_backward_weight(exec, g.expert_gate, g.expert_up, g.expert_down, kept.expert_dy,
                                    kept.expert_dgate, kept.expert_dup, s.moe_rows, a.eh, offsets,
                                    {E, C, Fe}, ec);
   }
   if (block_has(config_, l, BlockWeight::kSharedGate)) {
     const int64_t Fs = config_.shared_ffn_dim() / tp_.size();
-    k::linear_backward_weight(kind, g.shared_down, kept.dy_down, a.sh, N, Fs, C);
-    k::linear_backward_weight(kind, g.shared_gate, kept.dgate, a.xn2, N, C, Fs);
-    k::linear_backward_weight(kind, g.shared_up, kept.dup, a.xn2, N, C, Fs);
+    k::linear_backward_weight(exec, g.shared_down, kept.dy_down, a.sh, N, Fs, C);
+    k::linear_backward_weight(exec, g.shared_gate, kept.dgate, a.xn2, N, C, Fs);
+    k::linear_backward_weight(exec, g.shared_up, kept.dup, a.xn2, N, C, Fs);
   }
   const int64_t first = sp_ ? tp_.rank() * rows_local_ : 0;
   k::linear_backward_weight(router_kind(kind), g.router, kept.router_dlogits, a.xn2 + first * C,
@@ -289,7 +292,7 @@ void Model::moe_experts_ep_forward(LayerActs& a, const BlockCopies& copies, cons
   const auto& r = ep_route_;
   finish_ep_exchange(dispatch);
   k::moe_ep_reorder(a.ex, s.moe_ep_rows, recv, r.source_offsets.data(), P, El, C, true);
-  k::moe_experts_forward(options_.gemm, s.moe_ep_out, a.egate, a.eup, a.eh, a.ex, w.expert_gate,
+  k::moe_experts_forward(options_.exec, s.moe_ep_out, a.egate, a.eup, a.eh, a.ex, w.expert_gate,
                          w.expert_up, w.expert_down, r.local_offsets.data(), {El, C, Fe},
                          copies.experts());
   k::moe_ep_reorder(s.moe_ep_rows, s.moe_ep_out, recv, r.source_offsets.data(), P, El, C, false);
@@ -333,12 +336,12 @@ void Model::moe_experts_ep_backward(LayerActs& a, const BlockCopies& copies, con
   // by row.
   const k::ExpertShape shape{El, C, Fe, P, r.source_offsets.data()};
   if (keep)
-    k::moe_experts_backward_input(options_.gemm, s.moe_ep_rows, s.moe_ep_dgates, s.moe_dh,
+    k::moe_experts_backward_input(options_.exec, s.moe_ep_rows, s.moe_ep_dgates, s.moe_dh,
                                   keep->expert_dgate, keep->expert_dup, dys, s.moe_ep_gates,
                                   s.moe_ep_index, a.egate, a.eup, a.eh, w.expert_gate, w.expert_up,
                                   w.expert_down, r.local_offsets.data(), shape, copies.experts());
   else
-    k::moe_experts_backward(options_.gemm, s.moe_ep_rows, s.moe_ep_dgates, g.expert_gate,
+    k::moe_experts_backward(options_.exec, s.moe_ep_rows, s.moe_ep_dgates, g.expert_gate,
                             g.expert_up, g.expert_down, s.moe_dh, s.moe_dgate, s.moe_dup, dys,
                             s.moe_ep_gates, s.moe_ep_index, a.ex, a.egate, a.eup, a.eh,
                             w.expert_gate, w.expert_up, w.expert_down, r.local_offsets.data(),

@@ -46,7 +46,7 @@ ModelOptions model_options(const Recipe& r, const JobPrecision& precision, Stage
   // sequence parallelism moves the norms: all change the last bits of a loss, so every purpose
   // builds the stage as training does.
   o.bf16 = stores_bf16(precision);
-  o.gemm = precision.gemm;
+  o.exec = precision.gemm;
   o.sequence_parallel = r.parallel.sequence_parallel;
   o.cp = cp;
   if (purpose == StagePurpose::kForward) return o;

@@ -228,7 +228,7 @@ double ShardedState::grad_sum_of_squares() const {
   for_each_piece(partition(), [&](const Piece& p) {
     if (tensors[p.param].split_dim < 0 && !tp_rank0)
       return;  // replicated: identical on every tp rank
-    sum += kernels::sum_of_squares(grads(p), p.size());
+    sum += kernels::sum_of_squares(kernels::kCpu, grads(p), p.size());
   });
   return sum;
 }
@@ -261,7 +261,8 @@ void ShardedState::adamw_step(const TrainConfig& t, double lr, int64_t step, flo
       return;
     }
     cfg.weight_decay = info.decay ? static_cast<float>(t.weight_decay) : 0.0f;
-    kernels::adamw_step(params(p), grads(p), exp_avg(p), exp_avg_sq(p), p.size(), cfg, step);
+    kernels::adamw_step(kernels::kCpu, params(p), grads(p), exp_avg(p), exp_avg_sq(p), p.size(),
+                        cfg, step);
   });
   reducer_->gather_params(model_.state().params.data());
 }

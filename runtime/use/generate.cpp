@@ -79,30 +79,30 @@ std::span<const float> Decoder::step(int32_t token) {
   const int64_t C = m.dim, D = m.head_dim(), H = m.n_heads, Hkv = m.n_kv_heads, F = m.ffn_dim;
   const float eps = static_cast<float>(m.norm_eps);
   // One row through the same ops as Model::forward_layer, N = 1, positions pos_ .. pos_.
-  k::embedding_forward(x_.data(), &token, embed_, 1, C, 0, m.vocab_size);
+  k::embedding_forward(k::kCpu, x_.data(), &token, embed_, 1, C, 0, m.vocab_size);
   for (auto& L : layers_) {
     float* kc = L.k_cache.data() + pos_ * Hkv * D;  // this position's row of the caches
     float* vc = L.v_cache.data() + pos_ * Hkv * D;
-    k::rmsnorm_forward(xn_.data(), &rstd_, x_.data(), L.ln1, 1, C, eps);
+    k::rmsnorm_forward(k::kCpu, xn_.data(), &rstd_, x_.data(), L.ln1, 1, C, eps);
     k::linear_forward(gemm_, q_.data(), xn_.data(), L.q, 1, C, H * D);
     k::linear_forward(gemm_, kc, xn_.data(), L.k, 1, C, Hkv * D);
     k::linear_forward(gemm_, vc, xn_.data(), L.v, 1, C, Hkv * D);
-    k::rope_forward(q_.data(), q_.data(), rope_.data(), 1, 1, H, D, pos_);
-    k::rope_forward(kc, kc, rope_.data(), 1, 1, Hkv, D, pos_);
+    k::rope_forward(k::kCpu, q_.data(), q_.data(), rope_.data(), 1, 1, H, D, pos_);
+    k::rope_forward(k::kCpu, kc, kc, rope_.data(), 1, 1, Hkv, D, pos_);
     k::attention_decode(att_.data(), q_.data(), L.k_cache.data(), L.v_cache.data(), scores_.data(),
                         pos_ + 1, H, Hkv, D);
     k::linear_forward(gemm_, x_.data(), att_.data(), L.o, 1, H * D, C, k::Out::kAccumulate);
-    k::rmsnorm_forward(xn_.data(), &rstd_, x_.data(), L.ln2, 1, C, eps);
+    k::rmsnorm_forward(k::kCpu, xn_.data(), &rstd_, x_.data(), L.ln2, 1, C, eps);
     if (L.router) {
       moe_step(L);
       continue;
     }
     k::linear_forward(gemm_, gate_.data(), xn_.data(), L.gate, 1, C, F);
     k::linear_forward(gemm_, up_.data(), xn_.data(), L.up, 1, C, F);
-    k::swiglu_forward(h_.data(), gate_.data(), up_.data(), F);
+    k::swiglu_forward(k::kCpu, h_.data(), gate_.data(), up_.data(), F);
     k::linear_forward(gemm_, x_.data(), h_.data(), L.down, 1, F, C, k::Out::kAccumulate);
   }
-  k::rmsnorm_forward(xn_.data(), &rstd_, x_.data(), norm_, 1, C, eps);
+  k::rmsnorm_forward(k::kCpu, xn_.data(), &rstd_, x_.data(), norm_, 1, C, eps);
   k::linear_forward(gemm_, logits_.data(), xn_.data(), head_, 1, C, m.vocab_size);
   ++pos_;
   return logits_;
@@ -129,11 +129,11 @@ void Decoder::moe_step(const Layer& L) {
     const int64_t Fs = m.shared_ffn_dim();
     k::linear_forward(gemm_, gate_.data(), xn_.data(), L.shared_gate, 1, C, Fs);
     k::linear_forward(gemm_, up_.data(), xn_.data(), L.shared_up, 1, C, Fs);
-    k::swiglu_forward(h_.data(), gate_.data(), up_.data(), Fs);
+    k::swiglu_forward(k::kCpu, h_.data(), gate_.data(), up_.data(), Fs);
     k::linear_forward(gemm_, branch_.data(), h_.data(), L.shared_down, 1, Fs, C,
                       k::Out::kAccumulate);
   }
-  k::add_inplace(x_.data(), branch_.data(), C);
+  k::add_inplace(k::kCpu, x_.data(), branch_.data(), C);
 }
 
 int32_t pick_token(std::span<const float> logits, int64_t vocab_limit,

@@ -164,7 +164,7 @@ TEST(CudaElementwise, AddAndCastsAreTheCpuBits) {
   Dev<float> dx(x), dy(y), dout(n);
   gpu::add(S(), dout.p(), dx.p(), dy.p(), n);
   std::vector<float> cpu(n);
-  add(cpu.data(), x.data(), y.data(), n);
+  add(kCpu, cpu.data(), x.data(), y.data(), n);
   expect_same_bits(dout.host(), cpu, "add");
 
   Dev<bf16> d16(n);
@@ -188,7 +188,7 @@ TEST(CudaElementwise, AdamWIsTheCpuBits) {
   cfg.weight_decay = 0.1f;
   cfg.grad_scale = 0.7f;
   for (std::int64_t step = 1; step <= 5; ++step) {
-    adamw_step(p.data(), g.data(), m.data(), v.data(), n, cfg, step);
+    adamw_step(kCpu, p.data(), g.data(), m.data(), v.data(), n, cfg, step);
     gpu::adamw_step(S(), dp.p(), dg.p(), dm.p(), dv.p(), n, cfg, step);
   }
   expect_same_bits(dp.host(), p, "params");
@@ -205,7 +205,7 @@ TEST(CudaElementwise, SumOfSquaresIsDeterministicAndClose) {
     gpu::sum_of_squares(S(), out.p(), dx.p(), n);
     gpu::sum_of_squares(S(), out.p() + 1, dx.p(), n);
     const auto got = out.host();
-    const double cpu = sum_of_squares(x.data(), n);
+    const double cpu = sum_of_squares(kCpu, x.data(), n);
     EXPECT_EQ(std::memcmp(&got[0], &got[1], sizeof(double)), 0) << "n=" << n;
     EXPECT_NEAR(got[0], cpu, 1e-12 * cpu) << "n=" << n;  // double sums of n <= 3e6 terms
   }
@@ -223,8 +223,8 @@ TEST(CudaRows, EmbeddingIsTheCpuBits) {
   gpu::embedding_forward(S(), dout_e.p(), dt.p(), dw.p(), N, C, lo, hi);
   gpu::embedding_backward(S(), ddw.p(), dd.p(), dt.p(), N, C, lo, hi);
   std::vector<float> out(static_cast<std::size_t>(N) * C);
-  embedding_forward(out.data(), tokens.data(), wte.data(), N, C, lo, hi);
-  embedding_backward(dwte.data(), dout.data(), tokens.data(), N, C, lo, hi);
+  embedding_forward(kCpu, out.data(), tokens.data(), wte.data(), N, C, lo, hi);
+  embedding_backward(kCpu, dwte.data(), dout.data(), tokens.data(), N, C, lo, hi);
   expect_same_bits(dout_e.host(), out, "embedding_forward");
   expect_same_bits(ddw.host(), dwte, "embedding_backward");
 }
@@ -239,12 +239,12 @@ TEST(CudaRows, RmsNormIsTheCpuBits) {
     auto dx = random_floats(x.size(), 13), dw = random_floats(C, 14);
     Dev<float> gx(x), gw(w), gdy(dy), gdx(dx), gdw(dw), gout(x.size()), grstd(N);
     std::vector<float> out(x.size()), rstd(N);
-    rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+    rmsnorm_forward(kCpu, out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
     gpu::rmsnorm_forward(S(), gout.p(), grstd.p(), gx.p(), gw.p(), N, C, 1e-5f);
     expect_same_bits(gout.host(), out, "rmsnorm out");
     expect_same_bits(grstd.host(), rstd, "rmsnorm rstd");
     for (Out mode : {Out::kAccumulate, Out::kWrite}) {
-      rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C,
+      rmsnorm_backward(kCpu, dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C,
                        mode);
       gpu::rmsnorm_backward(S(), gdx.p(), gdw.p(), gdy.p(), gx.p(), gw.p(), grstd.p(), N, C, mode);
       expect_same_bits(gdx.host(), dx, "rmsnorm dinp");
@@ -261,8 +261,8 @@ TEST(CudaRows, RopeIsTheCpuBits) {
   const auto x = random_floats(static_cast<std::size_t>(B) * T * H * D, 15);
   Dev<float> gt(table), gx(x), gy(x.size()), gback(x.size());
   std::vector<float> y(x.size()), back(x.size());
-  rope_forward(y.data(), x.data(), table.data(), B, T, H, D, offset);
-  rope_backward(back.data(), y.data(), table.data(), B, T, H, D, offset);
+  rope_forward(kCpu, y.data(), x.data(), table.data(), B, T, H, D, offset);
+  rope_backward(kCpu, back.data(), y.data(), table.data(), B, T, H, D, offset);
   gpu::rope_forward(S(), gy.p(), gx.p(), gt.p(), B, T, H, D, offset);
   gpu::rope_backward(S(), gback.p(), gy.p(), gt.p(), B, T, H, D, offset);
   expect_same_bits(gy.host(), y, "rope_forward");
@@ -286,8 +286,8 @@ TEST(CudaRows, SwiGluIsRowMathBitsAndCloseToTheCpu) {
   expect_same_bits(gh.host(), h, "swiglu h");
   expect_same_bits(gdg.host(), dg, "swiglu dgate");
   expect_same_bits(gdu.host(), du, "swiglu dup");
-  swiglu_forward(h_cpu.data(), g.data(), u.data(), n);
-  swiglu_backward(dg_cpu.data(), du_cpu.data(), dh.data(), g.data(), u.data(), n);
+  swiglu_forward(kCpu, h_cpu.data(), g.data(), u.data(), n);
+  swiglu_backward(kCpu, dg_cpu.data(), du_cpu.data(), dh.data(), g.data(), u.data(), n);
   expect_close(gh.host(), h_cpu, 1e-6, 1e-7, "swiglu h vs CPU");
   expect_close(gdg.host(), dg_cpu, 1e-6, 1e-7, "swiglu dgate vs CPU");
 
@@ -356,7 +356,7 @@ TEST(CudaLoss, CrossEntropyMatchesTheCpuWholeAndVocabParallel) {
   Dev<std::int32_t> gt(targets);
   gpu::cross_entropy_fused(S(), gl.p(), glosses.p(), gt.p(), N, V, scale);
   std::vector<float> l = logits, losses(N);
-  cross_entropy_fused(l.data(), losses.data(), targets.data(), N, V, scale);
+  cross_entropy_fused(kCpu, l.data(), losses.data(), targets.data(), N, V, scale);
   expect_close(glosses.host(), losses, 1e-6, 1e-6, "fused losses");
   expect_close(gl.host(), l, 1e-5, 1e-9, "fused dlogits");
   // Two vocab halves, the all-reduces done here on the host: the fused result again.
@@ -496,6 +496,88 @@ TEST(CudaDispatch, OpsGivenAGpuExecRunOnTheGpu) {
                     nullptr, s);
   gpu::attention_forward(S(), go2.p(), glse2.p(), gq.p(), gk.p(), gv.p(), s);
   expect_same_bits(go.host(), go2.host(), "dispatched attention");
+}
+
+// Every other op with a CUDA twin, given a GPU Exec: the twin's bits (so the dispatch passes each
+// argument where the twin expects it).
+TEST(CudaDispatch, EveryDispatchedOpIsItsTwin) {
+  REQUIRE_GPU();
+  const Exec exec(GemmKind::kOpenBlasF32, S());
+  const int N = 24, C = 40, V = 30, B = 2, T = 12, H = 2, D = 20;  // N = B·T; C = H·D
+  const auto a = random_floats(N * C, 40), b = random_floats(N * C, 41), w = random_floats(C, 42);
+  const auto tokens = random_tokens(N, 0, V, 43);
+  std::vector<float> table(T * D);
+  rope_table(table.data(), T, D, 10000.0);
+  Dev<float> ga(a), gb(b), gw(w), gt(table), x1(N * C), x2(N * C), r1(N), r2(N), w1(w), w2(w);
+  Dev<std::int32_t> gtok(tokens);
+  const auto same = [](const Dev<float>& p, const Dev<float>& q, const char* what) {
+    expect_same_bits(p.host(), q.host(), what);
+  };
+  zero(exec, x1.p(), N * C);
+  gpu::zero(S(), x2.p(), N * C);
+  same(x1, x2, "zero");
+  add(exec, x1.p(), ga.p(), gb.p(), N * C);
+  gpu::add(S(), x2.p(), ga.p(), gb.p(), N * C);
+  add_inplace(exec, x1.p(), ga.p(), N * C);
+  gpu::add_inplace(S(), x2.p(), ga.p(), N * C);
+  same(x1, x2, "add, add_inplace");
+  rmsnorm_forward(exec, x1.p(), r1.p(), ga.p(), gw.p(), N, C, 1e-5f);
+  gpu::rmsnorm_forward(S(), x2.p(), r2.p(), ga.p(), gw.p(), N, C, 1e-5f);
+  same(x1, x2, "rmsnorm_forward");
+  rmsnorm_backward(exec, x1.p(), w1.p(), gb.p(), ga.p(), gw.p(), r1.p(), N, C, Out::kAccumulate);
+  gpu::rmsnorm_backward(S(), x2.p(), w2.p(), gb.p(), ga.p(), gw.p(), r2.p(), N, C,
+                        Out::kAccumulate);
+  same(x1, x2, "rmsnorm_backward dinp");
+  same(w1, w2, "rmsnorm_backward dweight");
+  rope_forward(exec, x1.p(), ga.p(), gt.p(), B, T, H, D, 0);
+  gpu::rope_forward(S(), x2.p(), ga.p(), gt.p(), B, T, H, D, 0);
+  rope_backward(exec, x1.p(), x1.p(), gt.p(), B, T, H, D, 0);
+  gpu::rope_backward(S(), x2.p(), x2.p(), gt.p(), B, T, H, D, 0);
+  same(x1, x2, "rope");
+  swiglu_forward(exec, x1.p(), ga.p(), gb.p(), N * C);
+  gpu::swiglu_forward(S(), x2.p(), ga.p(), gb.p(), N * C);
+  same(x1, x2, "swiglu_forward");
+  Dev<float> y1(N * C), y2(N * C);
+  swiglu_backward(exec, x1.p(), y1.p(), gw.p(), ga.p(), gb.p(), C);
+  gpu::swiglu_backward(S(), x2.p(), y2.p(), gw.p(), ga.p(), gb.p(), C);
+  same(x1, x2, "swiglu_backward dgate");
+  same(y1, y2, "swiglu_backward dup");
+  embedding_forward(exec, x1.p(), gtok.p(), ga.p(), N, C, 0, V - 7);
+  gpu::embedding_forward(S(), x2.p(), gtok.p(), ga.p(), N, C, 0, V - 7);
+  same(x1, x2, "embedding_forward");
+  embedding_backward(exec, y1.p(), gb.p(), gtok.p(), N, C, 0, V - 7);
+  gpu::embedding_backward(S(), y2.p(), gb.p(), gtok.p(), N, C, 0, V - 7);
+  same(y1, y2, "embedding_backward");
+  Dev<float> l1(a), l2(a), loss1(N), loss2(N);  // logits (N, V = C here)
+  cross_entropy_fused(exec, l1.p(), loss1.p(), gtok.p(), N, C, 0.5f);
+  gpu::cross_entropy_fused(S(), l2.p(), loss2.p(), gtok.p(), N, C, 0.5f);
+  same(l1, l2, "cross_entropy_fused dlogits");
+  same(loss1, loss2, "cross_entropy_fused losses");
+  Dev<float> m1(N), m2(N), e1(N), e2(N), t1(N), t2(N);
+  ce_local_max(exec, m1.p(), ga.p(), N, C);
+  gpu::ce_local_max(S(), m2.p(), ga.p(), N, C);
+  ce_local_sum_exp(exec, e1.p(), ga.p(), m1.p(), N, C);
+  gpu::ce_local_sum_exp(S(), e2.p(), ga.p(), m2.p(), N, C);
+  ce_local_target_logit(exec, t1.p(), ga.p(), gtok.p(), N, C, 3);
+  gpu::ce_local_target_logit(S(), t2.p(), ga.p(), gtok.p(), N, C, 3);
+  same(m1, m2, "ce_local_max");
+  same(e1, e2, "ce_local_sum_exp");
+  same(t1, t2, "ce_local_target_logit");
+  Dev<float> g1(a), g2(a);
+  ce_loss_and_grad(exec, g1.p(), loss1.p(), gtok.p(), m1.p(), e1.p(), t1.p(), N, C, 3, 0.25f);
+  gpu::ce_loss_and_grad(S(), g2.p(), loss2.p(), gtok.p(), m2.p(), e2.p(), t2.p(), N, C, 3, 0.25f);
+  same(g1, g2, "ce_loss_and_grad");
+  same(loss1, loss2, "ce_loss_and_grad losses");
+  AdamWConfig cfg;
+  cfg.weight_decay = 0.1f;
+  Dev<float> p1(a), p2(a), mm1(N * C), mm2(N * C), v1(N * C), v2(N * C);
+  adamw_step(exec, p1.p(), gb.p(), mm1.p(), v1.p(), N * C, cfg, 2);
+  gpu::adamw_step(S(), p2.p(), gb.p(), mm2.p(), v2.p(), N * C, cfg, 2);
+  same(p1, p2, "adamw_step");
+  Dev<double> sq(1);
+  gpu::sum_of_squares(S(), sq.p(), ga.p(), N * C);
+  const double twin = sq.host()[0], dispatched = sum_of_squares(exec, ga.p(), N * C);
+  EXPECT_EQ(std::memcmp(&twin, &dispatched, sizeof twin), 0) << "sum_of_squares";
 }
 
 TEST(CudaAttention, RefusesAHeadDimItCannotHold) {

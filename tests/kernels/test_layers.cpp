@@ -23,7 +23,7 @@ TEST(kernels_embedding, ForwardBackwardWithVocabSlice) {
   const int start = 3, end = 6;
   std::vector<float> shard(wte_full.begin() + start * C, wte_full.begin() + end * C);
   std::vector<float> out(N * C, -1.0f);
-  embedding_forward(out.data(), tokens.data(), shard.data(), N, C, start, end);
+  embedding_forward(kCpu, out.data(), tokens.data(), shard.data(), N, C, start, end);
   Vec expected(N * C, 0.0);
   for (int i = 0; i < N; ++i)
     if (tokens[i] >= start && tokens[i] < end)
@@ -33,7 +33,7 @@ TEST(kernels_embedding, ForwardBackwardWithVocabSlice) {
   // Backward accumulates (+=) into the shard gradient; repeated token 3 gets two rows.
   auto dout = ref::random_floats(N * C, 11);
   std::vector<float> dwte(shard.size(), 1.0f);
-  embedding_backward(dwte.data(), dout.data(), tokens.data(), N, C, start, end);
+  embedding_backward(kCpu, dwte.data(), dout.data(), tokens.data(), N, C, start, end);
   Vec dexp(shard.size(), 1.0);
   for (int i = 0; i < N; ++i)
     if (tokens[i] >= start && tokens[i] < end)
@@ -59,13 +59,13 @@ TEST(kernels_rmsnorm, ForwardAndGradients) {
   auto x = ref::random_floats(N * C, 20, -2, 2);
   auto w = ref::random_floats(C, 21, 0.5, 1.5);
   std::vector<float> out(N * C), rstd(N);
-  rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, eps);
+  rmsnorm_forward(kCpu, out.data(), rstd.data(), x.data(), w.data(), N, C, eps);
   ref::expect_close(out, ref::rmsnorm(ref::to_double(x), ref::to_double(w), N, C, eps), 1e-5, 1e-6,
                     "out");
 
   const auto r = ref::to_double(ref::random_floats(N * C, 22));
   std::vector<float> dout(r.begin(), r.end()), dx(N * C, 99.0f), dw(C, 0.5f);
-  rmsnorm_backward(dx.data(), dw.data(), dout.data(), x.data(), w.data(), rstd.data(), N, C);
+  rmsnorm_backward(kCpu, dx.data(), dw.data(), dout.data(), x.data(), w.data(), rstd.data(), N, C);
   const auto xd = ref::to_double(x), wd = ref::to_double(w);
   const Vec gx =
       ref::numeric_grad([&](const Vec& xx) { return ref::rmsnorm(xx, wd, N, C, eps); }, xd, r);
@@ -82,23 +82,23 @@ TEST(kernels_rope, ForwardMatchesHfFormulaWithOffsetAndBackwardIsInverse) {
   rope_table(table.data(), offset + T, D, theta);
   auto x = ref::random_floats(B * T * H * D, 30);
   std::vector<float> out(x.size());
-  rope_forward(out.data(), x.data(), table.data(), B, T, H, D, offset);
+  rope_forward(kCpu, out.data(), x.data(), table.data(), B, T, H, D, offset);
   const auto fwd = [&](const Vec& xx) { return ref::rope(xx, B, T, H, D, offset, theta); };
   ref::expect_close(out, fwd(ref::to_double(x)), 1e-5, 1e-6, "out");
   // Offset matters: position 0 would be the identity, position 11 is not.
   std::vector<float> no_offset(x.size());
-  rope_forward(no_offset.data(), x.data(), table.data(), B, T, H, D, 0);
+  rope_forward(kCpu, no_offset.data(), x.data(), table.data(), B, T, H, D, 0);
   EXPECT_EQ(no_offset[3], x[3]);  // t = 0, angle 0
   EXPECT_NE(out[3], x[3]);
 
   // In place, as the model will call it.
   std::vector<float> inplace = x;
-  rope_forward(inplace.data(), inplace.data(), table.data(), B, T, H, D, offset);
+  rope_forward(kCpu, inplace.data(), inplace.data(), table.data(), B, T, H, D, offset);
   EXPECT_EQ(inplace, out);
 
   const auto r = ref::to_double(ref::random_floats(x.size(), 31));
   std::vector<float> dout(r.begin(), r.end()), dx(x.size());
-  rope_backward(dx.data(), dout.data(), table.data(), B, T, H, D, offset);
+  rope_backward(kCpu, dx.data(), dout.data(), table.data(), B, T, H, D, offset);
   ref::expect_close(dx, ref::numeric_grad(fwd, ref::to_double(x), r), 1e-4, 1e-6, "dinp");
 }
 
@@ -139,13 +139,13 @@ TEST(kernels_swiglu, ForwardAndGradients) {
   const int n = 97;
   auto gate = ref::random_floats(n, 50, -6, 6), up = ref::random_floats(n, 51, -2, 2);
   std::vector<float> h(n);
-  swiglu_forward(h.data(), gate.data(), up.data(), n);
+  swiglu_forward(kCpu, h.data(), gate.data(), up.data(), n);
   const auto gd = ref::to_double(gate), ud = ref::to_double(up);
   ref::expect_close(h, ref::swiglu(gd, ud), 1e-5, 1e-6, "h");
 
   const auto r = ref::to_double(ref::random_floats(n, 52));
   std::vector<float> dh(r.begin(), r.end()), dgate(n), dup(n);
-  swiglu_backward(dgate.data(), dup.data(), dh.data(), gate.data(), up.data(), n);
+  swiglu_backward(kCpu, dgate.data(), dup.data(), dh.data(), gate.data(), up.data(), n);
   ref::expect_close(dgate,
                     ref::numeric_grad([&](const Vec& g) { return ref::swiglu(g, ud); }, gd, r),
                     1e-4, 1e-5, "dgate");
@@ -162,27 +162,28 @@ TEST(kernels_swiglu, Bf16CopiesAreThePlainResultsRounded) {
   gate[0] = 0.0f, gate[1] = -0.0f, up[2] = 1e-39f;  // zeros and a denormal
   using ref::rounded, ref::widened;
   std::vector<float> h(n);
-  swiglu_forward(h.data(), gate.data(), up.data(), n);
+  swiglu_forward(kCpu, h.data(), gate.data(), up.data(), n);
   std::vector<bf16> h16(n), gate16(n), up16(n);
-  swiglu_forward_bf16(h16.data(), gate16.data(), up16.data(), gate.data(), up.data(), n);
+  swiglu_forward_bf16(kCpu, h16.data(), gate16.data(), up16.data(), gate.data(), up.data(), n);
   EXPECT_EQ(h16, rounded(h));
   EXPECT_EQ(gate16, rounded(gate));
   EXPECT_EQ(up16, rounded(up));
 
   std::vector<float> dgate(n), dup(n);
   const auto gate_r = widened(gate16), up_r = widened(up16);
-  swiglu_backward(dgate.data(), dup.data(), dh.data(), gate_r.data(), up_r.data(), n);
+  swiglu_backward(kCpu, dgate.data(), dup.data(), dh.data(), gate_r.data(), up_r.data(), n);
   std::vector<bf16> dgate16(n), dup16(n);
-  swiglu_backward_bf16(dgate16.data(), dup16.data(), dh.data(), gate16.data(), up16.data(), n);
+  swiglu_backward_bf16(kCpu, dgate16.data(), dup16.data(), dh.data(), gate16.data(), up16.data(),
+                       n);
   EXPECT_EQ(dgate16, rounded(dgate));
   EXPECT_EQ(dup16, rounded(dup));
 }
 
 TEST(kernels_elementwise, AddAndZero) {
   std::vector<float> x = {1, 2, 3}, y = {10, 20, 30};
-  add_inplace(x.data(), y.data(), 3);
+  add_inplace(kCpu, x.data(), y.data(), 3);
   EXPECT_EQ(x, (std::vector<float>{11, 22, 33}));
-  zero(x.data(), 2);
+  zero(kCpu, x.data(), 2);
   EXPECT_EQ(x, (std::vector<float>{0, 0, 33}));
 }
 

@@ -25,7 +25,7 @@ TEST(kernels_cross_entropy, FusedLossAndGradient) {
   const Vec ld = ref::to_double(logits);
   const float grad_scale = 1.0f / 4;  // 4 non-ignored targets: mean loss
   std::vector<float> losses(kN, 99.0f);
-  cross_entropy_fused(logits.data(), losses.data(), kTargets.data(), kN, kV, grad_scale);
+  cross_entropy_fused(kCpu, logits.data(), losses.data(), kTargets.data(), kN, kV, grad_scale);
   ref::expect_close(losses, ref::cross_entropy(ld, kTargets, kN, kV), 1e-5, 1e-6, "losses");
   // dlogits = d(grad_scale * sum(losses)) / dlogits; the ignored row is all zeros.
   const Vec r(kN, grad_scale);
@@ -40,7 +40,7 @@ TEST(kernels_cross_entropy, StableForLargeLogits) {
   std::vector<float> logits = {1000.0f, 0.0f, -1000.0f};
   const std::int32_t t = 1;
   float loss = 0;
-  cross_entropy_fused(logits.data(), &loss, &t, 1, 3, 1.0f);
+  cross_entropy_fused(kCpu, logits.data(), &loss, &t, 1, 3, 1.0f);
   EXPECT_FLOAT_EQ(loss, 1000.0f);
   EXPECT_FLOAT_EQ(logits[0], 1.0f);
   EXPECT_FLOAT_EQ(logits[1], -1.0f);
@@ -51,7 +51,7 @@ TEST(kernels_cross_entropy, OutOfRangeTargetIsUserError) {
   std::vector<float> logits(4, 0.0f);
   const std::int32_t t = 4;
   float loss;
-  EXPECT_THROW(cross_entropy_fused(logits.data(), &loss, &t, 1, 4, 1.0f), UserError);
+  EXPECT_THROW(cross_entropy_fused(kCpu, logits.data(), &loss, &t, 1, 4, 1.0f), UserError);
 }
 
 // Two "ranks" holding vocab columns [0, 6) and [6, 11): the pieces plus hand-made all-reduces
@@ -60,7 +60,7 @@ TEST(kernels_cross_entropy, VocabParallelPiecesComposeToFused) {
   const auto logits = ref::random_floats(kN * kV, 71, -4, 4);
   const float grad_scale = 0.25f;
   std::vector<float> fused = logits, fused_loss(kN);
-  cross_entropy_fused(fused.data(), fused_loss.data(), kTargets.data(), kN, kV, grad_scale);
+  cross_entropy_fused(kCpu, fused.data(), fused_loss.data(), kTargets.data(), kN, kV, grad_scale);
 
   const int split = 6, widths[2] = {split, kV - split}, starts[2] = {0, split};
   std::vector<float> shard[2];
@@ -70,21 +70,21 @@ TEST(kernels_cross_entropy, VocabParallelPiecesComposeToFused) {
                       logits.begin() + i * kV + starts[r] + widths[r]);
   std::vector<float> part[2] = {std::vector<float>(kN), std::vector<float>(kN)};
   std::vector<float> row_max(kN), sum_exp(kN, 0.0f), target(kN, 0.0f);
-  for (int r = 0; r < 2; ++r) ce_local_max(part[r].data(), shard[r].data(), kN, widths[r]);
+  for (int r = 0; r < 2; ++r) ce_local_max(kCpu, part[r].data(), shard[r].data(), kN, widths[r]);
   for (int i = 0; i < kN; ++i) row_max[i] = std::max(part[0][i], part[1][i]);  // all-reduce MAX
   for (int r = 0; r < 2; ++r) {
-    ce_local_sum_exp(part[r].data(), shard[r].data(), row_max.data(), kN, widths[r]);
+    ce_local_sum_exp(kCpu, part[r].data(), shard[r].data(), row_max.data(), kN, widths[r]);
     for (int i = 0; i < kN; ++i) sum_exp[i] += part[r][i];  // all-reduce SUM
   }
   for (int r = 0; r < 2; ++r) {
-    ce_local_target_logit(part[r].data(), shard[r].data(), kTargets.data(), kN, widths[r],
+    ce_local_target_logit(kCpu, part[r].data(), shard[r].data(), kTargets.data(), kN, widths[r],
                           starts[r]);
     for (int i = 0; i < kN; ++i) target[i] += part[r][i];  // all-reduce SUM
   }
   for (int r = 0; r < 2; ++r) {
     std::vector<float> loss(kN);
-    ce_loss_and_grad(shard[r].data(), loss.data(), kTargets.data(), row_max.data(), sum_exp.data(),
-                     target.data(), kN, widths[r], starts[r], grad_scale);
+    ce_loss_and_grad(kCpu, shard[r].data(), loss.data(), kTargets.data(), row_max.data(),
+                     sum_exp.data(), target.data(), kN, widths[r], starts[r], grad_scale);
     ref::expect_close(loss, Vec(fused_loss.begin(), fused_loss.end()), 1e-6, 1e-6, "loss");
     for (int i = 0; i < kN; ++i)
       for (int j = 0; j < widths[r]; ++j)
@@ -102,7 +102,7 @@ TEST(kernels_adamw, MatchesHandDerivedStepsWithDecoupledDecay) {
   Vec pe = ref::to_double(p), me(n, 0.0), ve(n, 0.0);
   for (int t = 1; t <= steps; ++t) {
     const auto g = ref::random_floats(n, 81 + t);
-    adamw_step(p.data(), g.data(), m.data(), v.data(), n, cfg, t);
+    adamw_step(kCpu, p.data(), g.data(), m.data(), v.data(), n, cfg, t);
     for (int i = 0; i < n; ++i) {
       pe[i] *= 1.0 - 1e-2 * 0.1;  // decoupled decay, applied before the update (as torch)
       me[i] = 0.9 * me[i] + 0.1 * g[i];
@@ -119,11 +119,11 @@ TEST(kernels_adamw, MatchesHandDerivedStepsWithDecoupledDecay) {
 TEST(kernels_adamw, FirstStepMovesEachParameterByLrAgainstTheGradientSign) {
   // Bias correction makes step 1 exactly p -= lr * g / (|g| + eps): a classic sanity check.
   std::vector<float> p = {1.0f, 1.0f, 1.0f}, g = {0.5f, -2.0f, 1e-3f}, m(3, 0), v(3, 0);
-  adamw_step(p.data(), g.data(), m.data(), v.data(), 3, {0.1f, 0.9f, 0.999f, 1e-8f, 0.0f}, 1);
+  adamw_step(kCpu, p.data(), g.data(), m.data(), v.data(), 3, {0.1f, 0.9f, 0.999f, 1e-8f, 0.0f}, 1);
   EXPECT_NEAR(p[0], 0.9f, 1e-6);
   EXPECT_NEAR(p[1], 1.1f, 1e-6);
   EXPECT_NEAR(p[2], 0.9f, 1e-5);
-  EXPECT_THROW(adamw_step(p.data(), g.data(), m.data(), v.data(), 3, {}, 0), InternalError);
+  EXPECT_THROW(adamw_step(kCpu, p.data(), g.data(), m.data(), v.data(), 3, {}, 0), InternalError);
 }
 
 TEST(kernels_grad_clip, SumOfSquaresOverRanges) {
@@ -131,30 +131,30 @@ TEST(kernels_grad_clip, SumOfSquaresOverRanges) {
   auto g = ref::random_floats(n, 90);
   double expected = 0;
   for (float x : g) expected += (double)x * x;
-  EXPECT_NEAR(sum_of_squares(g.data(), n), expected, 1e-12 * expected);
+  EXPECT_NEAR(sum_of_squares(kCpu, g.data(), n), expected, 1e-12 * expected);
   // Partial sums over two ranges add up (what an all-reduce of per-rank partials relies on).
-  EXPECT_NEAR(sum_of_squares(g.data(), 500) + sum_of_squares(g.data() + 500, n - 500), expected,
-              1e-12 * expected);
+  EXPECT_NEAR(sum_of_squares(kCpu, g.data(), 500) + sum_of_squares(kCpu, g.data() + 500, n - 500),
+              expected, 1e-12 * expected);
 }
 
 // Clipping folded into AdamW (grad_scale) updates exactly as the gradients scaled beforehand.
 TEST(kernels_grad_clip, AdamWGradScaleIsScalingTheGradientsFirst) {
   const int n = 1003;
   const auto g = ref::random_floats(n, 91), p0 = ref::random_floats(n, 92);
-  const double norm = std::sqrt(sum_of_squares(g.data(), n)), max_norm = 1.0;
+  const double norm = std::sqrt(sum_of_squares(kCpu, g.data(), n)), max_norm = 1.0;
   const auto factor = static_cast<float>(max_norm / norm);
   std::vector<float> scaled(g);
   for (auto& x : scaled) x *= factor;
   std::vector<float> p_first(p0), m_first(n, 0.1f), v_first(n, 0.01f);
-  adamw_step(p_first.data(), scaled.data(), m_first.data(), v_first.data(), n,
+  adamw_step(kCpu, p_first.data(), scaled.data(), m_first.data(), v_first.data(), n,
              {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f}, 2);
   std::vector<float> p(p0), m(n, 0.1f), v(n, 0.01f);
-  adamw_step(p.data(), g.data(), m.data(), v.data(), n, {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, factor},
-             2);
+  adamw_step(kCpu, p.data(), g.data(), m.data(), v.data(), n,
+             {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, factor}, 2);
   EXPECT_EQ(p, p_first);
   EXPECT_EQ(m, m_first);
   EXPECT_EQ(v, v_first);
-  EXPECT_NEAR(std::sqrt(sum_of_squares(scaled.data(), n)), max_norm, 1e-6);
+  EXPECT_NEAR(std::sqrt(sum_of_squares(kCpu, scaled.data(), n)), max_norm, 1e-6);
   EXPECT_NE(p, p0);
 }
 

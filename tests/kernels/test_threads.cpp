@@ -70,20 +70,22 @@ TEST(kernels_threads, ElementwiseTwoThreadsEqualsOne) {
     for (std::int64_t i = 0; i < N; ++i)
       targets[i] = i % 7 == 3 ? kIgnoreIndex : static_cast<std::int32_t>((i * 37) % C);
     with_threads(threads, [&] {
-      cross_entropy_fused(logits.data(), losses.data(), targets.data(), N, C, 0.01f);
-      ce_local_max(row_max.data(), piece_logits.data(), N, C);
-      ce_local_sum_exp(sum_exp.data(), piece_logits.data(), row_max.data(), N, C);
-      ce_local_target_logit(target_logit.data(), piece_logits.data(), targets.data(), N, C, 0);
-      ce_loss_and_grad(piece_logits.data(), piece_losses.data(), targets.data(), row_max.data(),
-                       sum_exp.data(), target_logit.data(), N, C, 0, 0.01f);
-      zero(zeroed.data(), n);
-      adamw_step(p.data(), dy.data(), m.data(), v.data(), n,
+      cross_entropy_fused(kCpu, logits.data(), losses.data(), targets.data(), N, C, 0.01f);
+      ce_local_max(kCpu, row_max.data(), piece_logits.data(), N, C);
+      ce_local_sum_exp(kCpu, sum_exp.data(), piece_logits.data(), row_max.data(), N, C);
+      ce_local_target_logit(kCpu, target_logit.data(), piece_logits.data(), targets.data(), N, C,
+                            0);
+      ce_loss_and_grad(kCpu, piece_logits.data(), piece_losses.data(), targets.data(),
+                       row_max.data(), sum_exp.data(), target_logit.data(), N, C, 0, 0.01f);
+      zero(kCpu, zeroed.data(), n);
+      adamw_step(kCpu, p.data(), dy.data(), m.data(), v.data(), n,
                  {1e-2f, 0.9f, 0.95f, 1e-8f, 0.1f, 0.37f}, 3);
-      rmsnorm_forward(out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
-      rmsnorm_backward(dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C);
-      swiglu_forward(h.data(), x.data(), y.data(), n);
-      swiglu_backward(dg.data(), du.data(), dy.data(), x.data(), y.data(), n);
-      add_inplace(r.data(), y.data(), n);
+      rmsnorm_forward(kCpu, out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
+      rmsnorm_backward(kCpu, dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N,
+                       C);
+      swiglu_forward(kCpu, h.data(), x.data(), y.data(), n);
+      swiglu_backward(kCpu, dg.data(), du.data(), dy.data(), x.data(), y.data(), n);
+      add_inplace(kCpu, r.data(), y.data(), n);
     });
     EXPECT_EQ(zeroed, std::vector<float>(n, 0.0f));
     EXPECT_EQ(piece_logits, logits);  // one vocab slice: the pieces are the fused kernel

@@ -119,7 +119,7 @@ void check_case(const parallel::Comm& world, const parallel::Comm& self, const C
   cfg.capacity_factor = c.capacity_factor;
   const std::vector<parallel::LayerRange> chunks = {{0, 1, true, false}, {1, 2, false, true}};
   runtime::ModelOptions options{2, 1, false};
-  options.gemm = gemm;
+  options.exec = gemm;
   options.moe_aux_weight = 0.5;
   runtime::ModelOptions ep_options = options;
   ep_options.ep = &world;

@@ -222,9 +222,9 @@ TEST(ModelMpi, TwoModelsOfOneProcessEachRunTheirOwnGemmKind) {
   const auto cfg = tiny_config();
   const Batch b = make_batch(2, cfg.seq_len, cfg.vocab_size);
   runtime::ModelOptions fp32{2, 1, false};
-  fp32.gemm = kernels::GemmKind::kOpenBlasF32;
+  fp32.exec = kernels::GemmKind::kOpenBlasF32;
   runtime::ModelOptions bf16 = fp32;
-  bf16.gemm = kernels::GemmKind::kOneDnnBf16;
+  bf16.exec = kernels::GemmKind::kOneDnnBf16;
   kernels::Arena arena32(64 << 20), arena16(64 << 20);
   Model m32(cfg, whole(cfg.n_layers), self, arena32, fp32);
   Model m16(cfg, whole(cfg.n_layers), self, arena16, bf16);

@@ -78,29 +78,30 @@ std::vector<float> full_forward(const SnapshotWeights& w, const std::vector<int3
   const k::AttentionShape shape{1, T, H, Hkv, D, 8};
   std::vector<float> scratch(k::attention_scratch_floats(shape));
   k::rope_table(rope.data(), T, D, m.rope_theta);
-  k::embedding_forward(x.data(), tokens.data(), W("model.embed_tokens.weight"), T, C, 0, V);
+  k::embedding_forward(k::kCpu, x.data(), tokens.data(), W("model.embed_tokens.weight"), T, C, 0,
+                       V);
   for (int64_t l = 0; l < m.n_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    k::rmsnorm_forward(xn.data(), rstd.data(), x.data(), W(p + "input_layernorm.weight"), T, C,
-                       eps);
+    k::rmsnorm_forward(k::kCpu, xn.data(), rstd.data(), x.data(), W(p + "input_layernorm.weight"),
+                       T, C, eps);
     k::linear_forward(kFp32, q.data(), xn.data(), W(p + "self_attn.q_proj.weight"), T, C, H * D);
     k::linear_forward(kFp32, kk.data(), xn.data(), W(p + "self_attn.k_proj.weight"), T, C, Hkv * D);
     k::linear_forward(kFp32, v.data(), xn.data(), W(p + "self_attn.v_proj.weight"), T, C, Hkv * D);
-    k::rope_forward(q.data(), q.data(), rope.data(), 1, T, H, D, 0);
-    k::rope_forward(kk.data(), kk.data(), rope.data(), 1, T, Hkv, D, 0);
+    k::rope_forward(k::kCpu, q.data(), q.data(), rope.data(), 1, T, H, D, 0);
+    k::rope_forward(k::kCpu, kk.data(), kk.data(), rope.data(), 1, T, Hkv, D, 0);
     k::attention_forward(kFp32, att.data(), lse.data(), q.data(), kk.data(), v.data(),
                          scratch.data(), shape);
     k::linear_forward(kFp32, x.data(), att.data(), W(p + "self_attn.o_proj.weight"), T, H * D, C,
                       k::Out::kAccumulate);
-    k::rmsnorm_forward(xn.data(), rstd.data(), x.data(), W(p + "post_attention_layernorm.weight"),
-                       T, C, eps);
+    k::rmsnorm_forward(k::kCpu, xn.data(), rstd.data(), x.data(),
+                       W(p + "post_attention_layernorm.weight"), T, C, eps);
     k::linear_forward(kFp32, gate.data(), xn.data(), W(p + "mlp.gate_proj.weight"), T, C, F);
     k::linear_forward(kFp32, up.data(), xn.data(), W(p + "mlp.up_proj.weight"), T, C, F);
-    k::swiglu_forward(h.data(), gate.data(), up.data(), T * F);
+    k::swiglu_forward(k::kCpu, h.data(), gate.data(), up.data(), T * F);
     k::linear_forward(kFp32, x.data(), h.data(), W(p + "mlp.down_proj.weight"), T, F, C,
                       k::Out::kAccumulate);
   }
-  k::rmsnorm_forward(xn.data(), rstd.data(), x.data(), W("model.norm.weight"), T, C, eps);
+  k::rmsnorm_forward(k::kCpu, xn.data(), rstd.data(), x.data(), W("model.norm.weight"), T, C, eps);
   k::linear_forward(kFp32, logits.data(), xn.data(), W("lm_head.weight"), T, C, V);
   return logits;
 }
