@@ -43,7 +43,12 @@ void zero(const Exec& exec, float* x, std::int64_t n);  // x (n) = 0
 void add_inplace(const Exec& exec, float* x, const float* y,
                  std::int64_t n);  // x (n) += y (n): residual
 void add(const Exec& exec, float* out, const float* x, const float* y,
-         std::int64_t n);  // out (n) = x + y
+         std::int64_t n);                                                   // out (n) = x + y
+void copy(const Exec& exec, float* dst, const float* src, std::int64_t n);  // dst (n) = src (n)
+// Elements of x (n) that are NaN or infinite.
+std::int64_t count_nonfinite(const Exec& exec, const float* x, std::int64_t n);
+// x[0] + x[1] + ... + x[n-1] in that order, in double (a micro-batch's per-row losses).
+double sum_in_order(const Exec& exec, const float* x, std::int64_t n);
 // sum of x^2 over a range, accumulated in double. Global-norm clipping: each rank sums its
 // ranges, the caller all-reduces the partial sums, then passes min(1, max/norm) to adamw_step
 // (AdamWConfig::grad_scale).

@@ -19,6 +19,25 @@ void zero(const Exec& exec, float* x, std::int64_t n) {
   });
 }
 
+void copy(const Exec& exec, float* dst, const float* src, std::int64_t n) {
+  T3D_ON_GPU(exec, cuda::copy(*exec.stream, dst, src, n));
+  if (n > 0) std::memcpy(dst, src, static_cast<std::size_t>(n) * sizeof(float));
+}
+
+std::int64_t count_nonfinite(const Exec& exec, const float* x, std::int64_t n) {
+  T3D_ON_GPU(exec, cuda::count_nonfinite_to_host(*exec.stream, x, n));
+  std::int64_t bad = 0;
+  for (std::int64_t i = 0; i < n; ++i) bad += !std::isfinite(x[i]);
+  return bad;
+}
+
+double sum_in_order(const Exec& exec, const float* x, std::int64_t n) {
+  T3D_ON_GPU(exec, cuda::sum_in_order_to_host(*exec.stream, x, n));
+  double s = 0.0;
+  for (std::int64_t i = 0; i < n; ++i) s += x[i];
+  return s;
+}
+
 void add_inplace(const Exec& exec, float* x, const float* y, std::int64_t n) {
   add(exec, x, x, y, n);
 }

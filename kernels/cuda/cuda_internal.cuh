@@ -40,8 +40,11 @@ struct Stream::Impl {
   // cuBLAS's workspace, fixed for the stream's life (cublasSetWorkspace): with the algorithm
   // heuristics given the same workspace every call, cuBLAS repeats its bits.
   void* blas_workspace = nullptr;
-  // The partial sums of sum_of_squares (kSumBlocks doubles, then one for the result).
+  // The partial sums of sum_of_squares (kSumBlocks doubles, then one for the result), and the
+  // step scalars read back: a sum, a count.
   double* partial_sums = nullptr;
+  double* scalar_sum = nullptr;
+  unsigned long long* scalar_count = nullptr;
   // bf16 copies of GEMM inputs, grown to the largest call and kept (library memory outside the
   // arena, as the CPU's per-thread bf16 buffers are).
   bf16* gemm_inputs = nullptr;

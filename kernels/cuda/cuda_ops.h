@@ -107,6 +107,11 @@ void copy_to_host(const Stream& s, void* host_dst, const void* device_src, std::
 // ---- element-wise and reductions (ops_elementwise.cu) -------------------------------------------
 
 void zero(const Stream& s, float* x, std::int64_t n);
+void copy(const Stream& s, float* dst, const float* src, std::int64_t n);  // device to device
+// kernels::count_nonfinite and sum_in_order, waited for and read back (step scalars). The sum is
+// one thread's loop, so it is the CPU's bits.
+std::int64_t count_nonfinite_to_host(const Stream& s, const float* x, std::int64_t n);
+double sum_in_order_to_host(const Stream& s, const float* x, std::int64_t n);
 void add(const Stream& s, float* out, const float* x, const float* y, std::int64_t n);
 void add_inplace(const Stream& s, float* x, const float* y, std::int64_t n);
 // *out (one double in device memory) = sum of x^2 in double, in a fixed order: kSumBlocks

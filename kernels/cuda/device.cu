@@ -96,6 +96,8 @@ Stream::Stream(int device) : impl_(std::make_unique<Impl>()) {
   T3D_CUDA_CHECK(cudaMalloc(&impl_->blas_workspace, kBlasWorkspaceBytes));
   T3D_CUBLAS_CHECK(cublasSetWorkspace(impl_->blas, impl_->blas_workspace, kBlasWorkspaceBytes));
   T3D_CUDA_CHECK(cudaMalloc(&impl_->partial_sums, (kSumBlocks + 1) * sizeof(double)));
+  T3D_CUDA_CHECK(cudaMalloc(&impl_->scalar_sum, sizeof(double)));
+  T3D_CUDA_CHECK(cudaMalloc(&impl_->scalar_count, sizeof(unsigned long long)));
 }
 
 Stream::~Stream() {
@@ -105,6 +107,8 @@ Stream::~Stream() {
   if (impl_->blas) cublasDestroy(impl_->blas);
   cudaFree(impl_->blas_workspace);
   cudaFree(impl_->partial_sums);
+  cudaFree(impl_->scalar_sum);
+  cudaFree(impl_->scalar_count);
   cudaFree(impl_->gemm_inputs);
   if (impl_->stream) cudaStreamDestroy(impl_->stream);
 }

@@ -40,6 +40,22 @@ __global__ void sum_partials(double* out, const double* partial) {
   if (threadIdx.x == 0) *out = acc[0];
 }
 
+// One thread: the CPU's loop, so its bits.
+__global__ void sum_in_order_kernel(double* out, const float* x, std::int64_t n) {
+  double s = 0.0;
+  for (std::int64_t i = 0; i < n; ++i) s += x[i];
+  *out = s;
+}
+
+// An integer count: atomics on integers are exact in any order.
+__global__ void count_nonfinite_kernel(unsigned long long* out, const float* x, std::int64_t n) {
+  unsigned long long mine = 0;
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x)
+    mine += !isfinite(x[i]);
+  if (mine) atomicAdd(out, mine);
+}
+
 __global__ void adamw_kernel(float* params, const float* grads, float* m, float* v, std::int64_t n,
                              detail::AdamWScalars s) {
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
@@ -65,6 +81,34 @@ void zero(const Stream& s, float* x, std::int64_t n) {
   if (n <= 0) return;
   T3D_CUDA_CHECK(
       cudaMemsetAsync(x, 0, static_cast<std::size_t>(n) * sizeof(float), s.impl().stream));
+}
+
+void copy(const Stream& s, float* dst, const float* src, std::int64_t n) {
+  if (n <= 0) return;
+  T3D_CUDA_CHECK(cudaMemcpyAsync(dst, src, static_cast<std::size_t>(n) * sizeof(float),
+                                 cudaMemcpyDeviceToDevice, s.impl().stream));
+}
+
+std::int64_t count_nonfinite_to_host(const Stream& s, const float* x, std::int64_t n) {
+  unsigned long long* count = s.impl().scalar_count;
+  T3D_CUDA_CHECK(cudaMemsetAsync(count, 0, sizeof *count, s.impl().stream));
+  if (n > 0) {
+    count_nonfinite_kernel<<<grid_for(n), kBlock, 0, s.impl().stream>>>(count, x, n);
+    T3D_CUDA_LAUNCHED();
+  }
+  unsigned long long host = 0;
+  copy_to_host(s, &host, count, sizeof host);
+  s.synchronize();
+  return static_cast<std::int64_t>(host);
+}
+
+double sum_in_order_to_host(const Stream& s, const float* x, std::int64_t n) {
+  sum_in_order_kernel<<<1, 1, 0, s.impl().stream>>>(s.impl().scalar_sum, x, n);
+  T3D_CUDA_LAUNCHED();
+  double host = 0.0;
+  copy_to_host(s, &host, s.impl().scalar_sum, sizeof host);
+  s.synchronize();
+  return host;
 }
 
 void add(const Stream& s, float* out, const float* x, const float* y, std::int64_t n) {

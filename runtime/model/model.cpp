@@ -156,7 +156,7 @@ void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, c
   const int64_t Nl = rows_local_;
   const float* dy = gather_rows(dx, s.all_rows);  // SP: the gradient of all rows
   // A SwiGLU's down projection (the dense MLP's, or the shared experts') reads dy in W.
-  if (keep && keep->dy_down) std::memcpy(keep->dy_down, dy, sizeof(float) * N * C);
+  if (keep && keep->dy_down) k::copy(options_.exec, keep->dy_down, dy, N * C);
   // Each GEMM input read twice or more is rounded once (bf16 GEMMs): k::LinearInput. The
   // block's own inputs come from its bf16 copies when it has them.
   using Copy = k::LinearInput::Copy;
@@ -197,7 +197,7 @@ void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, c
                       k::Out::kAccumulate);  // dx is now d xmid
   dy = gather_rows(dx, s.all_rows);
 
-  if (keep) std::memcpy(keep->dy_o, dy, sizeof(float) * N * C);
+  if (keep) k::copy(options_.exec, keep->dy_o, dy, N * C);
   {
     const k::LinearInput dy_o(exec, dy, N, C);
     k::linear_backward_input(s.datt, dy_o, pw.o, qd);
@@ -309,8 +309,7 @@ double Model::forward_head(ChunkActs& c, const int32_t* targets, float grad_scal
     k::ce_loss_and_grad(options_.exec, s.logits, s.losses, targets, s.row_max, s.sum_exp, s.target,
                         N, vocab_, vocab_start_, grad_scale);
   }
-  double loss_sum = 0;
-  for (int64_t i = 0; i < N; ++i) loss_sum += s.losses[i];
+  const double loss_sum = k::sum_in_order(options_.exec, s.losses, N);
   if (training) {
     k::linear_backward_input(exec, s.dxn, s.logits, w(head, head_unit), N, C, vocab_);
     k::linear_backward_weight(exec, g(head, head_unit), s.logits, c.xf, N, C, vocab_);
@@ -334,7 +333,7 @@ double Model::forward(int chunk, int slot, const int32_t* tokens, const int32_t*
     // Vocab-parallel: each id's row comes from the rank owning it (SP: scattered by rows).
     k::embedding_forward(options_.exec, scratch_->tmp, tokens, emb, N, C, vocab_start_,
                          vocab_start_ + vocab_);
-    std::memcpy(a.x[0], reduce_rows(scratch_->tmp), sizeof(float) * rows_local_ * C);
+    k::copy(options_.exec, a.x[0], reduce_rows(scratch_->tmp), rows_local_ * C);
   }
   for (int64_t l = range.begin; l < range.end; ++l) {
     const int64_t i = l - range.begin;
@@ -370,7 +369,7 @@ void Model::backward_impl(int chunk, int slot, const float* dout, bool defer_wei
   ChunkActs& a = *acts_.at(chunk).at(slot);
   const int64_t N = rows_, C = config_.dim;
   float* dx = range.first ? scratch_->dx : a.dx_in;
-  std::memcpy(dx, range.last ? a.dx_last : dout, sizeof(float) * rows_local_ * C);
+  k::copy(options_.exec, dx, range.last ? a.dx_last : dout, rows_local_ * C);
   for (int64_t l = range.end - 1; l >= range.begin; --l) {
     const int64_t i = l - range.begin;
     // Recompute: the same forward on the same input gives the same bits, so rewriting x[i + 1]
@@ -391,9 +390,7 @@ void Model::backward_impl(int chunk, int slot, const float* dout, bool defer_wei
 
 int64_t Model::first_nonfinite_layer(int slot) const {
   const auto finite = [&](const float* x) {
-    for (int64_t i = 0; i < rows_local_ * config_.dim; ++i)
-      if (!std::isfinite(x[i])) return false;
-    return true;
+    return k::count_nonfinite(options_.exec, x, rows_local_ * config_.dim) == 0;
   };
   for (size_t ci = 0; ci < chunks_.size(); ++ci) {
     const auto& range = chunks_[ci];

@@ -64,8 +64,8 @@ ShardedState::ShardedState(Model& model, StateGroup kind, const parallel::Comm& 
   const auto n = static_cast<size_t>(partition_.shard_floats);
   m_shard_ = arena.alloc_floats("optimizer.exp_avg (ZeRO shard)", n);
   v_shard_ = arena.alloc_floats("optimizer.exp_avg_sq (ZeRO shard)", n);
-  std::fill(m_shard_, m_shard_ + n, 0.0f);
-  std::fill(v_shard_, v_shard_ + n, 0.0f);
+  kernels::zero(kernels::kCpu, m_shard_, static_cast<int64_t>(n));
+  kernels::zero(kernels::kCpu, v_shard_, static_cast<int64_t>(n));
 }
 
 ShardedState::~ShardedState() = default;
@@ -102,8 +102,8 @@ void ShardedState::attach_to_model() {
 
 void ShardedState::keep_shard(const float* full) {
   for (size_t b = 0; b < partition_.buckets.size(); ++b)
-    std::copy_n(full + partition_.mine[b].begin, partition_.mine[b].size(),
-                buffers_.param_shard + partition_.shard_offset[b]);
+    kernels::copy(kernels::kCpu, buffers_.param_shard + partition_.shard_offset[b],
+                  full + partition_.mine[b].begin, partition_.mine[b].size());
 }
 
 void ShardedState::restored() {
@@ -241,8 +241,7 @@ void ShardedState::step_router_bias(const Piece& p, const RouterBiasStep& bias) 
   // The piece's share of its block's deltas, whatever part of the tensor this rank owns.
   const float* delta = bias.deltas->data() + (at - layers.begin()) * model_.config().n_experts +
                        (p.lo - model_.layout().at(info.name).offset);
-  float* data = params(p);
-  for (int64_t i = 0; i < p.size(); ++i) data[i] += delta[i];
+  kernels::add_inplace(kernels::kCpu, params(p), delta, p.size());
 }
 
 void ShardedState::adamw_step(const TrainConfig& t, double lr, int64_t step, float grad_scale,

@@ -229,9 +229,7 @@ struct Trainer::Impl {
       st.for_each_piece(st.partition(), [&](const ShardedState::Piece& p) {
         const size_t i = part_of(p.lo);
         // Each rank checks its partition's parameters: together, every parameter once.
-        if (!std::all_of(st.params(p), st.params(p) + p.size(),
-                         [](float x) { return std::isfinite(x); }))
-          bad_params[i] = 1;
+        if (kernels::count_nonfinite(kernels::kCpu, st.params(p), p.size()) > 0) bad_params[i] = 1;
         const float* g = st.grads(p);
         for (int64_t k = 0; k < p.size(); ++k) {
           if (!std::isfinite(g[k]))

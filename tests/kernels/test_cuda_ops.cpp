@@ -177,6 +177,21 @@ TEST(CudaElementwise, AddAndCastsAreTheCpuBits) {
   expect_same_bits(dout.host(), cpu, "bf16_to_float");
 }
 
+TEST(CudaElementwise, StepScalarsAndCopyAreTheCpus) {
+  REQUIRE_GPU();
+  auto x = random_floats(100001, 51, -3, 3);
+  x[3] = std::numeric_limits<float>::quiet_NaN();
+  x[99999] = -std::numeric_limits<float>::infinity();
+  const Exec exec(GemmKind::kOpenBlasF32, S());
+  Dev<float> gx(x), gy(x.size());
+  EXPECT_EQ(count_nonfinite(exec, gx.p(), x.size()), 2);
+  const double gpu_sum = sum_in_order(exec, gx.p() + 4, 99990);
+  const double cpu_sum = sum_in_order(kCpu, x.data() + 4, 99990);
+  EXPECT_EQ(std::memcmp(&gpu_sum, &cpu_sum, sizeof gpu_sum), 0) << gpu_sum << " " << cpu_sum;
+  copy(exec, gy.p(), gx.p(), x.size());
+  expect_same_bits(gy.host(), x, "copy");
+}
+
 TEST(CudaElementwise, AdamWIsTheCpuBits) {
   REQUIRE_GPU();
   const std::size_t n = 50021;

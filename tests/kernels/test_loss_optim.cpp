@@ -20,6 +20,24 @@ constexpr int kN = 5, kV = 11;
 const std::vector<std::int32_t> kTargets = {3, 0, kIgnoreIndex, 10, 7};
 
 // Tolerance: losses 1e-5 relative; gradients 1e-4 relative + 1e-6 absolute.
+// The scalars the step reads back and the plain copy, against loops written here.
+TEST(StepScalars, CountSumAndCopyAreTheirDefinitions) {
+  auto x = ref::random_floats(1001, 50, -3, 3);
+  x[7] = std::numeric_limits<float>::quiet_NaN();
+  x[500] = std::numeric_limits<float>::infinity();
+  x[1000] = -std::numeric_limits<float>::infinity();
+  EXPECT_EQ(count_nonfinite(kCpu, x.data(), 1001), 3);
+  EXPECT_EQ(count_nonfinite(kCpu, x.data(), 7), 0);
+  double s = 0.0;  // in index order, in double: a reordered sum would differ in the last bits
+  for (int i = 0; i < 500; ++i) s += x[i + 8];
+  const double got = sum_in_order(kCpu, x.data() + 8, 500);
+  EXPECT_EQ(std::memcmp(&got, &s, sizeof s), 0);
+  std::vector<float> y(1001, 0.0f);
+  copy(kCpu, y.data(), x.data() + 8, 400);
+  EXPECT_EQ(std::memcmp(y.data(), x.data() + 8, 400 * sizeof(float)), 0);
+  EXPECT_EQ(y[400], 0.0f);
+}
+
 TEST(kernels_cross_entropy, FusedLossAndGradient) {
   auto logits = ref::random_floats(kN * kV, 70, -4, 4);
   const Vec ld = ref::to_double(logits);
