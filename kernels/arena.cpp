@@ -154,8 +154,10 @@ ModelState ModelState::allocate(Arena& arena, const ParamLayout& layout, bool wi
     s.adam_m = Region(arena.alloc_floats("optimizer.exp_avg", n), &layout);
     s.adam_v = Region(arena.alloc_floats("optimizer.exp_avg_sq", n), &layout);
   }
-  // Padding must be zero (see ParamLayout): the regions are zeroed explicitly.
-  for (const Region* r : {&s.params, &s.grads, &s.adam_m, &s.adam_v}) r->zero();
+  // Padding must be zero (see ParamLayout): host regions are zeroed explicitly; a device arena's
+  // memory was zeroed when the arena was made, and a bump allocator never hands it out twice.
+  if (arena.memory() == Memory::kHost)
+    for (const Region* r : {&s.params, &s.grads, &s.adam_m, &s.adam_v}) r->zero();
   return s;
 }
 

@@ -129,7 +129,7 @@ class Region {
   std::int64_t size() const { return layout_ ? layout_->total_floats() : 0; }
   const ParamLayout& layout() const { return *layout_; }
   TensorView view(std::string_view name) const;
-  void zero() const;
+  void zero() const;  // host memory only (a CPU Region); on a GPU: kernels::zero with its Exec
 
  private:
   float* data_ = nullptr;

@@ -118,6 +118,14 @@ TEST(CudaDevice, ADeviceArenaNeedsAGpu) {  // runs everywhere: without a GPU it 
     for (float v : h) ASSERT_EQ(v, 0.0f) << "a device arena starts zeroed";
     (void)y;
     EXPECT_THROW(arena.alloc_floats("model.norm.weight", 1 << 20), UserError);
+    // The model's regions come from it zeroed, without a host write (which would crash here).
+    Arena state_arena(std::size_t{1} << 20, Memory::kDevice);
+    const ParamLayout layout({{"w", {3, 5}}, {"b", {7}}});
+    const ModelState st = ModelState::allocate(state_arena, layout, true);
+    std::vector<float> m(static_cast<std::size_t>(layout.total_floats()), 1.0f);
+    gpu::copy_to_host(S(), m.data(), st.adam_m.data(), m.size() * sizeof(float));
+    S().synchronize();
+    for (float v : m) ASSERT_EQ(v, 0.0f);
     return;
   }
   try {
