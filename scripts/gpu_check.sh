@@ -47,7 +47,7 @@ if grep -q "SKIPPED \]" "$logs/gpu_tests.log"; then
   echo "gpu_tests              FAILED: tests skipped on a GPU machine" | tee -a "$logs/summary.txt"
   status=1
 fi
-sanitized='CudaElementwise.*:CudaRows.*:CudaLoss.*:CudaAttention.*'
+sanitized='CudaElementwise.*:CudaRows.*:CudaLoss.*:CudaAttention.*:CudaDispatch.*:CudaDevice.ADeviceArenaNeedsAGpu'
 if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
   cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   step memcheck 120 "$cs" --tool memcheck --error-exitcode 9 "$root/bin/test_kernels_cuda" --gtest_filter="$sanitized"
