@@ -465,9 +465,9 @@ const std::vector<Field>& schema() {
 // ---- Validation of values and combinations ------------------------------------------------------
 
 // Upper bounds (docs/recipe.md, "Limits"): far beyond any real run, small enough that every size
-// the trainer derives for a dense model fits in 64 bits (validate_train's rough counts cover the
-// dense parameters and the activations, not a mixture of experts' expert weights). The experts'
-// bound is kernels::kMaxExperts, which the MoE kernels share.
+// the trainer derives fits in 64 bits (validate_train's rough counts of the parameters and the
+// activations, a mixture of experts' included). The experts' bound is kernels::kMaxExperts, which
+// the MoE kernels share.
 constexpr int64_t kMaxVocab = int64_t{1} << 24;
 constexpr int64_t kMaxDim = int64_t{1} << 17;
 constexpr int64_t kMaxFfn = int64_t{1} << 20;
@@ -678,26 +678,37 @@ void validate_train(const Recipe& r) {
     // The bounds above keep each count in range but not their product: a rough count of one
     // micro-batch's activations and of the parameters (doubles, no overflow) keeps every byte
     // size the model derives far inside 64 bits. Below these limits the arena's own check against
-    // hardware.hbm_gib says whether the run fits.
+    // hardware.hbm_gib says whether the run fits. Per block: attention and norms; a dense block's
+    // SwiGLU (F); a mixture of experts' router (E), routed experts (E of width Fe; an EP rank
+    // takes the K routed rows of every token of its ep ranks) and shared experts (width Fs).
     // rows_per_micro's rows, in doubles: this guard must not overflow on the values it refuses.
     const double rows = static_cast<double>(t.global_batch) /
                         (static_cast<double>(std::max<int64_t>(p.dp, 1)) * t.micro_batches);
     const double T = static_cast<double>(m.seq_len), L = static_cast<double>(m.n_layers);
+    const double C = static_cast<double>(m.dim), F = static_cast<double>(m.ffn_dim);
+    const double moe_blocks = m.moe() ? static_cast<double>(m.n_layers - m.dense_layers) : 0;
+    const double dense_blocks = L - moe_blocks;
+    const double E = static_cast<double>(m.n_experts), Fe = static_cast<double>(m.moe_ffn_dim);
+    const double Fs = static_cast<double>(m.shared_ffn_dim());
+    const double K = static_cast<double>(m.experts_per_token), P = static_cast<double>(p.ep);
     const double activations =
         std::max(rows, 1.0) * T *
-        (L * (16.0 * m.dim + 4.0 * m.ffn_dim + static_cast<double>(m.n_heads) * T) +
-         2.0 * m.vocab_size);
+        (L * (16.0 * C + static_cast<double>(m.n_heads) * T) + dense_blocks * 4.0 * F +
+         moe_blocks * (E + 2.0 * K + P * K * (4.0 * Fe + 2.0 * C) + 4.0 * Fs) + 2.0 * m.vocab_size);
     v.require(activations <= kMaxElements, "train.global_batch",
               "one micro-batch of global_batch / (dp·micro_batches) = " + is(rows) +
                   " sequences of seq_len = " + is(m.seq_len) + " needs about " +
                   is(activations * 4 / double(int64_t{1} << 40)) +
                   " TiB of activations per rank, far beyond any device; lower "
                   "train.global_batch or model.seq_len, or raise train.micro_batches");
-    const double params =
-        L * (4.0 * m.dim * m.dim + 3.0 * m.dim * m.ffn_dim) + 2.0 * m.vocab_size * m.dim;
-    v.require(params <= kMaxElements, "model.dim",
-              "the model has about " + is(params) +
-                  " parameters (model.dim, n_layers, ffn_dim, vocab_size), far beyond any device");
+    const double experts = moe_blocks * E * 3.0 * C * Fe;
+    const double params = L * 4.0 * C * C + dense_blocks * 3.0 * C * F +
+                          moe_blocks * (E * C + 3.0 * C * Fs) + experts + 2.0 * m.vocab_size * C;
+    v.require(params <= kMaxElements, experts > params / 2 ? "model.n_experts" : "model.dim",
+              "the model has about " + is(params) + " parameters, " + is(experts) +
+                  " of them routed experts (model.dim, n_layers, ffn_dim, vocab_size; "
+                  "n_experts·3·dim·moe_ffn_dim per mixture-of-experts block, n_shared_experts), "
+                  "far beyond any device");
   }
   v.require(t.lr > 0 && std::isfinite(t.lr), "train.lr", "must be a positive number");
   v.require(t.min_lr >= 0 && t.min_lr <= t.lr, "train.min_lr", "must lie in [0, train.lr]");
