@@ -245,11 +245,12 @@ Layout layout_of_recipe(const Recipe& r, const Cluster& c) {
   Layout l;
   l.tp = r.parallel.tp;
   l.pp = r.parallel.pp;
+  l.cp = r.parallel.cp;
   l.dp = r.parallel.dp;
   if (l.dp == -1) {
-    T3D_USER_CHECK(c.world() % (l.tp * l.pp) == 0, "plan: the cluster's ", c.world(),
-                   " devices are not divisible by the recipe's pp·tp = ", l.pp * l.tp);
-    l.dp = c.world() / (l.tp * l.pp);
+    T3D_USER_CHECK(c.world() % (l.tp * l.pp * l.cp) == 0, "plan: the cluster's ", c.world(),
+                   " devices are not divisible by the recipe's pp·cp·tp = ", l.pp * l.cp * l.tp);
+    l.dp = c.world() / (l.tp * l.pp * l.cp);
   }
   l.micro_batches = r.train.micro_batches;
   l.schedule = r.parallel.schedule;
@@ -262,16 +263,7 @@ Layout layout_of_recipe(const Recipe& r, const Cluster& c) {
 
 Recipe recipe_with_layout(const Recipe& recipe, const Layout& l, const Cluster& c) {
   Recipe r = recipe;
-  r.parallel.dp = l.dp;
-  r.parallel.tp = l.tp;
-  r.parallel.pp = l.pp;
-  r.parallel.schedule = l.schedule;
-  r.parallel.virtual_stages = l.virtual_stages;
-  r.parallel.pipeline_split.clear();
-  r.parallel.zero = l.zero;
-  r.parallel.ep = l.ep;
-  r.train.micro_batches = l.micro_batches;
-  r.train.activation_checkpoint = {l.checkpoint_every};
+  l.write_into(r.parallel, r.train);
   r.hardware.hbm_gib = c.hbm_gib;
   return parse_recipe(r.to_toml(), "<plan>");  // validates the combination
 }

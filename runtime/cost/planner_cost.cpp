@@ -224,9 +224,23 @@ std::string Layout::label() const {
   std::string sched(parallel::to_string(schedule));
   if (virtual_stages > 1 && schedule != parallel::ScheduleKind::kZBV)  // zb_v: always 2
     sched += "×" + std::to_string(virtual_stages);
-  return fmt::format("dp{} tp{} pp{}{} {} m{} z{} ckpt:{}", dp, tp, pp,
-                     ep > 1 ? " ep" + std::to_string(ep) : "", sched, micro_batches, zero,
-                     checkpoint_name());
+  return fmt::format(
+      "dp{} tp{} pp{}{}{} {} m{} z{} ckpt:{}", dp, tp, pp, cp > 1 ? " cp" + std::to_string(cp) : "",
+      ep > 1 ? " ep" + std::to_string(ep) : "", sched, micro_batches, zero, checkpoint_name());
+}
+
+void Layout::write_into(ParallelConfig& parallel, TrainConfig& train) const {
+  parallel.pp = pp;
+  parallel.dp = dp;
+  parallel.cp = cp;
+  parallel.tp = tp;
+  parallel.ep = ep;
+  parallel.schedule = schedule;
+  parallel.virtual_stages = virtual_stages;
+  parallel.pipeline_split.clear();
+  parallel.zero = zero;
+  train.micro_batches = micro_batches;
+  train.activation_checkpoint = {checkpoint_every};
 }
 
 int64_t micro_rows(const PlanProblem& p, const Layout& l) {
@@ -234,33 +248,17 @@ int64_t micro_rows(const PlanProblem& p, const Layout& l) {
 }
 
 std::string invalid_reason(const PlanProblem& p, const Layout& l) {
-  const auto& m = p.model;
   const auto& c = p.cluster;
   if (l.world() != c.world())
-    return fmt::format("dp·tp·pp = {} is not the cluster's {} devices", l.world(), c.world());
+    return fmt::format("dp·cp·tp·pp = {} is not the cluster's {} devices", l.world(), c.world());
   if (c.devices_per_node % l.tp != 0)
     return fmt::format("tp = {} does not divide a node's {} devices", l.tp, c.devices_per_node);
-  if (m.n_heads % l.tp || m.n_kv_heads % l.tp || m.ffn_dim % l.tp || m.vocab_size % l.tp)
-    return fmt::format("tp = {} does not divide heads / kv heads / ffn_dim / vocab", l.tp);
-  if (m.n_layers % (l.pp * l.virtual_stages))
-    return fmt::format("pp·virtual_stages = {} does not divide {} layers", l.pp * l.virtual_stages,
-                       m.n_layers);
-  if (p.global_batch % (l.dp * l.micro_batches))
-    return fmt::format("global_batch {} is not divisible by dp·micro_batches = {}", p.global_batch,
-                       l.dp * l.micro_batches);
-  if (l.schedule == parallel::ScheduleKind::kZBV && (l.pp == 1 || l.virtual_stages != 2))
-    return "zb_v needs pp > 1 and virtual_stages = 2";
-  if (l.virtual_stages > 1 && l.schedule != parallel::ScheduleKind::kInterleaved1F1B &&
-      l.schedule != parallel::ScheduleKind::kZBV)
-    return "virtual_stages > 1 needs interleaved_1f1b";
-  if (l.schedule == parallel::ScheduleKind::kInterleaved1F1B &&
-      (l.pp == 1 || l.virtual_stages < 2 || l.micro_batches % l.pp))
-    return "interleaved_1f1b needs pp > 1, virtual_stages > 1, micro_batches % pp == 0";
-  if (l.zero < 0 || l.zero > 3) return "zero must be 0..3";
-  if (l.ep < 1 || (l.ep > 1 && !m.moe()) || (m.moe() && m.n_experts % l.ep) || l.dp % l.ep)
-    return fmt::format("ep = {} needs a mixture of experts whose n_experts and dp it divides",
-                       l.ep);
-  return "";
+  ParallelConfig parallel;
+  TrainConfig train;
+  train.global_batch = p.global_batch;
+  l.write_into(parallel, train);
+  const LayoutProblem rule = layout_problem(p.model, parallel, train);
+  return rule.none() ? "" : rule.key + ": " + rule.reason;
 }
 
 parallel::Schedule make_layout_schedule(const Layout& l) {

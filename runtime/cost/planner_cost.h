@@ -38,13 +38,21 @@ struct Layout {
   int64_t virtual_stages = 1;
   int64_t zero = 0;              // ZeRO stage 0..3
   int64_t checkpoint_every = 0;  // 0 none; 1 full; K: every K-th layer of a chunk recomputed
-  // Expert-parallel ranks (a mixture of experts; parallel.ep): carved out of dp, each holding
-  // n_experts / ep of every MoE block's routed experts.
+  // Expert-parallel ranks (a mixture of experts; parallel.ep): carved out of dp × cp, each
+  // holding n_experts / ep of every MoE block's routed experts.
   int64_t ep = 1;
+  // Context-parallel ranks (parallel.cp): the search keeps 1, and the cost model prices a layout
+  // as if it were 1 (docs/planner.md); a recipe's own layout carries it for the rule and the
+  // rank count.
+  int64_t cp = 1;
 
   std::string checkpoint_name() const;  // the recipe's spelling: none | full | every:K
-  std::string label() const;            // "dp8 tp4 pp2 1f1b m8 z0 ckpt:full" (" ep2" with EP)
-  int64_t world() const { return dp * tp * pp; }
+  // "dp8 tp4 pp2 1f1b m8 z0 ckpt:full" (" ep2" with EP, " cp2" with CP)
+  std::string label() const;
+  int64_t world() const { return dp * cp * tp * pp; }
+  // The recipe keys the layout sets: parallel's pp, dp, cp, tp, ep, schedule, virtual_stages,
+  // zero (pipeline_split cleared: balanced), train's micro_batches and activation_checkpoint.
+  void write_into(ParallelConfig& parallel, TrainConfig& train) const;
 };
 
 // What stays fixed while layouts vary.
@@ -58,7 +66,9 @@ struct PlanProblem {
   double staging_gib = 0;  // snapshot.staging_gib
 };
 
-// "" when `layout` can run `problem`, else why not (for --explain of a recipe's own layout).
+// "" when `layout` can run `problem`, else why not (for --explain of a recipe's own layout):
+// the cluster's facts (its device count, a node holding a tp group), then the one rule of
+// recipe validation, layout_problem (runtime/recipe/recipe.h), as "key: reason".
 std::string invalid_reason(const PlanProblem& problem, const Layout& layout);
 
 // Sequences per micro-batch: global_batch / (dp · micro_batches).

@@ -77,11 +77,20 @@ int run_plan(const PlanOptions& o) {
         kernels::measure_sgemm_gflops(1024, 1024, 1024, threads), threads);
   }
 
+  const auto say_cp = [&] {
+    if (recipe.parallel.cp > 1)
+      std::printf(
+          "\nThe recipe has parallel.cp = %lld: the planner does not model context "
+          "parallelism yet; it searches cp = 1 and prices the recipe's own layout as if cp were "
+          "1.\n",
+          static_cast<long long>(recipe.parallel.cp));
+  };
   if (o.schedule) {
     const Layout l = layout_of_recipe(recipe, cluster);
     const std::string why = invalid_reason(p, l);
     T3D_USER_CHECK(why.empty(), "plan --schedule: the recipe's layout ", l.label(),
                    " cannot run on this cluster: ", why);
+    say_cp();
     const parallel::Schedule s = make_layout_schedule(l);
     const parallel::Costs costs = stage_costs(p, l);
     const parallel::Timeline t = parallel::simulate(s, costs);
@@ -106,11 +115,7 @@ int run_plan(const PlanOptions& o) {
   std::printf("\n%s%s", format_ranked(p, plan, o.top).c_str(), format_meshes(p, plan).c_str());
 
   const Layout own = layout_of_recipe(recipe, cluster);
-  if (recipe.parallel.cp > 1)
-    std::printf(
-        "\nThe recipe has parallel.cp = %lld: the planner does not model context "
-        "parallelism yet and plans, and compares with, cp = 1.\n",
-        static_cast<long long>(recipe.parallel.cp));
+  say_cp();
   const std::string own_invalid = invalid_reason(p, own);
   if (own_invalid.empty()) {
     const Candidate c = evaluate(p, own);

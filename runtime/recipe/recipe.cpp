@@ -465,9 +465,9 @@ const std::vector<Field>& schema() {
 // ---- Validation of values and combinations ------------------------------------------------------
 
 // Upper bounds (docs/recipe.md, "Limits"): far beyond any real run, small enough that every size
-// the trainer derives for a dense model fits in 64 bits (validate_train's rough counts cover the
-// dense parameters and the activations, not a mixture of experts' expert weights). The experts'
-// bound is kernels::kMaxExperts, which the MoE kernels share.
+// the trainer derives fits in 64 bits (validate_train's rough counts of the parameters and the
+// activations, a mixture of experts' included). The experts' bound is kernels::kMaxExperts, which
+// the MoE kernels share.
 constexpr int64_t kMaxVocab = int64_t{1} << 24;
 constexpr int64_t kMaxDim = int64_t{1} << 17;
 constexpr int64_t kMaxFfn = int64_t{1} << 20;
@@ -660,86 +660,9 @@ std::string ep_fold_complaint(const ParallelConfig& p) {
 
 void validate_parallel(const Recipe& r) {
   const Validator v(r);
-  const auto& m = r.model;
   const auto& p = r.parallel;
-  const auto& t = r.train;
-  v.require(p.pp >= 1, "parallel.pp", "must be ≥ 1, got " + is(p.pp));
-  v.require(p.tp >= 1, "parallel.tp", "must be ≥ 1, got " + is(p.tp));
-  v.require(p.cp >= 1, "parallel.cp", "must be ≥ 1, got " + is(p.cp));
-  v.require(p.dp >= 1 || p.dp == -1, "parallel.dp",
-            "must be ≥ 1, or -1 for the rest of the world; got " + is(p.dp));
-  v.require(p.cp <= 1 || m.seq_len % (2 * p.cp) == 0, "parallel.cp",
-            "model.seq_len = " + is(m.seq_len) + " is not divisible by 2·cp = " + is(2 * p.cp) +
-                "; each cp rank holds two equal parts of every sequence (the zig-zag split)");
-  v.require(m.n_heads % p.tp == 0, "parallel.tp",
-            "model.n_heads = " + is(m.n_heads) + " is not divisible by tp = " + is(p.tp) +
-                "; each tp rank must hold whole heads");
-  v.require(m.n_kv_heads % p.tp == 0, "parallel.tp",
-            "model.n_kv_heads = " + is(m.n_kv_heads) + " is not divisible by tp = " + is(p.tp));
-  v.require(m.vocab_size % p.tp == 0, "parallel.tp",
-            "model.vocab_size = " + is(m.vocab_size) + " is not divisible by tp = " + is(p.tp) +
-                " (vocab-parallel embedding and loss)");
-  v.require(m.ffn_dim % p.tp == 0, "parallel.tp",
-            "model.ffn_dim = " + is(m.ffn_dim) + " is not divisible by tp = " + is(p.tp));
-  if (m.moe()) {
-    v.require(m.moe_ffn_dim % p.tp == 0 && m.moe_ffn_dim / p.tp * m.dim % 16 == 0, "parallel.tp",
-              "model.moe_ffn_dim = " + is(m.moe_ffn_dim) + " must split over tp = " + is(p.tp) +
-                  " into slices whose matrices (slice·dim) are multiples of 16 floats");
-    v.require(m.shared_ffn_dim() % p.tp == 0, "parallel.tp",
-              "the shared experts' width n_shared_experts·moe_ffn_dim = " + is(m.shared_ffn_dim()) +
-                  " is not divisible by tp = " + is(p.tp));
-  }
-  v.require(p.ep >= 1, "parallel.ep",
-            "must be ≥ 1 (1: every rank holds every expert), got " + is(p.ep));
-  v.require(p.ep == 1 || m.moe(), "parallel.ep",
-            "ep = " + is(p.ep) +
-                " spreads experts over ranks, but the model has none (model.n_experts = 0); "
-                "set parallel.ep = 1 or give the model experts");
-  v.require(!m.moe() || m.n_experts % p.ep == 0, "parallel.ep",
-            "model.n_experts = " + is(m.n_experts) + " is not divisible by ep = " + is(p.ep) +
-                "; each EP rank holds n_experts / ep experts");
-  if (p.dp >= 1)  // dp = -1: checked when resolve_world() knows dp
-    v.require(p.dp * p.cp % p.ep == 0, "parallel.ep", ep_fold_complaint(p));
-  v.require(!m.moe() || m.router_aux_coef == 0 || p.cp == 1, "model.router_aux_coef",
-            "the sequence-wise auxiliary loss needs whole sequences on a rank: parallel.cp = 1, "
-            "or router_aux_coef = 0 (router_bias_rate balances without it)");
-  v.require(p.virtual_stages >= 1, "parallel.virtual_stages", "must be ≥ 1");
-  // ZB-V folds exactly two chunks per stage into a V: pp = 1 has nothing to fold.
-  v.require(p.schedule != ScheduleKind::kZBV || p.pp > 1, "parallel.schedule",
-            "zb_v needs parallel.pp ≥ 2 (got " + is(p.pp) +
-                "): one stage has no pipeline bubble to fill; use 1f1b");
-  v.require(p.schedule != ScheduleKind::kZBV || p.virtual_stages == 2, "parallel.virtual_stages",
-            "virtual_stages = " + is(p.virtual_stages) +
-                " contradicts parallel.schedule = \"zb_v\", which always places 2 chunks per "
-                "stage (a V); leave virtual_stages out or set it to 2");
-  v.require(p.virtual_stages == 1 || p.schedule == ScheduleKind::kInterleaved1F1B ||
-                p.schedule == ScheduleKind::kZBV,
-            "parallel.virtual_stages",
-            "virtual_stages > 1 needs parallel.schedule = \"interleaved_1f1b\" (or \"zb_v\", "
-            "which uses 2)");
-  v.require(p.virtual_stages == 1 || p.pp > 1, "parallel.virtual_stages",
-            "virtual stages interleave chunks over pipeline stages; they need parallel.pp > 1");
-  v.require(p.schedule != ScheduleKind::kInterleaved1F1B || t.micro_batches % p.pp == 0,
-            "train.micro_batches",
-            "interleaved_1f1b needs micro_batches (" + is(t.micro_batches) +
-                ") to be a multiple of pp (" + is(p.pp) + "), as Megatron does");
-  v.require(m.n_layers >= p.pp * p.virtual_stages, "parallel.pp",
-            "model.n_layers = " + is(m.n_layers) + " is fewer than pp·virtual_stages = " +
-                is(p.pp * p.virtual_stages) + " pipeline chunks");
-  if (!p.pipeline_split.empty()) {
-    v.require(static_cast<int64_t>(p.pipeline_split.size()) == p.pp * p.virtual_stages - 1,
-              "parallel.pipeline_split",
-              "needs pp·virtual_stages - 1 = " + is(p.pp * p.virtual_stages - 1) +
-                  " split points, got " + is(p.pipeline_split.size()));
-    int64_t prev = 0;
-    for (int64_t s : p.pipeline_split) {
-      v.require(s > prev && s < m.n_layers, "parallel.pipeline_split",
-                "split points must increase strictly within (0, n_layers = " + is(m.n_layers) +
-                    "); got " + is(s));
-      prev = s;
-    }
-  }
-  v.require(p.zero >= 0 && p.zero <= 3, "parallel.zero", "must be 0, 1, 2 or 3, got " + is(p.zero));
+  const LayoutProblem layout = layout_problem(r.model, p, r.train);
+  v.require(layout.none(), layout.key, layout.reason);
   v.require(p.bucket_mb > 0, "parallel.bucket_mb", "must be positive");
   v.require(p.timeout_s > 0, "parallel.timeout_s", "must be positive seconds");
 }
@@ -751,35 +674,41 @@ void validate_train(const Recipe& r) {
   const auto& t = r.train;
   v.require(t.steps >= 0, "train.steps", "must be ≥ 0");
   v.require(t.global_batch >= 1, "train.global_batch", "must be positive");
-  v.require(t.micro_batches >= 1, "train.micro_batches", "must be positive");
-  if (p.dp >= 1)
-    v.require(t.global_batch % (p.dp * t.micro_batches) == 0, "train.global_batch",
-              "global_batch = " + is(t.global_batch) + " is not divisible by dp·micro_batches = " +
-                  is(p.dp) + "·" + is(t.micro_batches));
   {
     // The bounds above keep each count in range but not their product: a rough count of one
     // micro-batch's activations and of the parameters (doubles, no overflow) keeps every byte
     // size the model derives far inside 64 bits. Below these limits the arena's own check against
-    // hardware.hbm_gib says whether the run fits.
+    // hardware.hbm_gib says whether the run fits. Per block: attention and norms; a dense block's
+    // SwiGLU (F); a mixture of experts' router (E), routed experts (E of width Fe; an EP rank
+    // takes the K routed rows of every token of its ep ranks) and shared experts (width Fs).
     // rows_per_micro's rows, in doubles: this guard must not overflow on the values it refuses.
     const double rows = static_cast<double>(t.global_batch) /
                         (static_cast<double>(std::max<int64_t>(p.dp, 1)) * t.micro_batches);
     const double T = static_cast<double>(m.seq_len), L = static_cast<double>(m.n_layers);
+    const double C = static_cast<double>(m.dim), F = static_cast<double>(m.ffn_dim);
+    const double moe_blocks = m.moe() ? static_cast<double>(m.n_layers - m.dense_layers) : 0;
+    const double dense_blocks = L - moe_blocks;
+    const double E = static_cast<double>(m.n_experts), Fe = static_cast<double>(m.moe_ffn_dim);
+    const double Fs = static_cast<double>(m.shared_ffn_dim());
+    const double K = static_cast<double>(m.experts_per_token), P = static_cast<double>(p.ep);
     const double activations =
         std::max(rows, 1.0) * T *
-        (L * (16.0 * m.dim + 4.0 * m.ffn_dim + static_cast<double>(m.n_heads) * T) +
-         2.0 * m.vocab_size);
+        (L * (16.0 * C + static_cast<double>(m.n_heads) * T) + dense_blocks * 4.0 * F +
+         moe_blocks * (E + 2.0 * K + P * K * (4.0 * Fe + 2.0 * C) + 4.0 * Fs) + 2.0 * m.vocab_size);
     v.require(activations <= kMaxElements, "train.global_batch",
               "one micro-batch of global_batch / (dp·micro_batches) = " + is(rows) +
                   " sequences of seq_len = " + is(m.seq_len) + " needs about " +
                   is(activations * 4 / double(int64_t{1} << 40)) +
                   " TiB of activations per rank, far beyond any device; lower "
                   "train.global_batch or model.seq_len, or raise train.micro_batches");
-    const double params =
-        L * (4.0 * m.dim * m.dim + 3.0 * m.dim * m.ffn_dim) + 2.0 * m.vocab_size * m.dim;
-    v.require(params <= kMaxElements, "model.dim",
-              "the model has about " + is(params) +
-                  " parameters (model.dim, n_layers, ffn_dim, vocab_size), far beyond any device");
+    const double experts = moe_blocks * E * 3.0 * C * Fe;
+    const double params = L * 4.0 * C * C + dense_blocks * 3.0 * C * F +
+                          moe_blocks * (E * C + 3.0 * C * Fs) + experts + 2.0 * m.vocab_size * C;
+    v.require(params <= kMaxElements, experts > params / 2 ? "model.n_experts" : "model.dim",
+              "the model has about " + is(params) + " parameters, " + is(experts) +
+                  " of them routed experts (model.dim, n_layers, ffn_dim, vocab_size; "
+                  "n_experts·3·dim·moe_ffn_dim per mixture-of-experts block, n_shared_experts), "
+                  "far beyond any device");
   }
   v.require(t.lr > 0 && std::isfinite(t.lr), "train.lr", "must be a positive number");
   v.require(t.min_lr >= 0 && t.min_lr <= t.lr, "train.min_lr", "must lie in [0, train.lr]");
@@ -942,6 +871,106 @@ void apply_override(toml::value& root, const Override& o) {
 
 }  // namespace
 
+LayoutProblem layout_problem(const ModelConfig& m, const ParallelConfig& p, const TrainConfig& t) {
+  // The first check that fails is the answer; later checks divide by what earlier ones found
+  // positive.
+  if (p.pp < 1) return {"parallel.pp", "must be ≥ 1, got " + is(p.pp)};
+  if (p.tp < 1) return {"parallel.tp", "must be ≥ 1, got " + is(p.tp)};
+  if (p.cp < 1) return {"parallel.cp", "must be ≥ 1, got " + is(p.cp)};
+  if (p.dp < 1 && p.dp != -1)
+    return {"parallel.dp", "must be ≥ 1, or -1 for the rest of the world; got " + is(p.dp)};
+  if (p.cp > 1 && m.seq_len % (2 * p.cp) != 0)
+    return {"parallel.cp", "model.seq_len = " + is(m.seq_len) +
+                               " is not divisible by 2·cp = " + is(2 * p.cp) +
+                               "; each cp rank holds two equal parts of every sequence (the "
+                               "zig-zag split)"};
+  if (m.n_heads % p.tp != 0)
+    return {"parallel.tp", "model.n_heads = " + is(m.n_heads) + " is not divisible by tp = " +
+                               is(p.tp) + "; each tp rank must hold whole heads"};
+  if (m.n_kv_heads % p.tp != 0)
+    return {"parallel.tp",
+            "model.n_kv_heads = " + is(m.n_kv_heads) + " is not divisible by tp = " + is(p.tp)};
+  if (m.vocab_size % p.tp != 0)
+    return {"parallel.tp", "model.vocab_size = " + is(m.vocab_size) + " is not divisible by tp = " +
+                               is(p.tp) + " (vocab-parallel embedding and loss)"};
+  if (m.ffn_dim % p.tp != 0)
+    return {"parallel.tp",
+            "model.ffn_dim = " + is(m.ffn_dim) + " is not divisible by tp = " + is(p.tp)};
+  if (m.moe() && (m.moe_ffn_dim % p.tp != 0 || m.moe_ffn_dim / p.tp * m.dim % 16 != 0))
+    return {"parallel.tp", "model.moe_ffn_dim = " + is(m.moe_ffn_dim) +
+                               " must split over tp = " + is(p.tp) +
+                               " into slices whose matrices (slice·dim) are multiples of 16 "
+                               "floats"};
+  if (m.moe() && m.shared_ffn_dim() % p.tp != 0)
+    return {"parallel.tp", "the shared experts' width n_shared_experts·moe_ffn_dim = " +
+                               is(m.shared_ffn_dim()) + " is not divisible by tp = " + is(p.tp)};
+  if (p.ep < 1)
+    return {"parallel.ep", "must be ≥ 1 (1: every rank holds every expert), got " + is(p.ep)};
+  if (p.ep != 1 && !m.moe())
+    return {"parallel.ep", "ep = " + is(p.ep) +
+                               " spreads experts over ranks, but the model has none "
+                               "(model.n_experts = 0); set parallel.ep = 1 or give the model "
+                               "experts"};
+  if (m.moe() && m.n_experts % p.ep != 0)
+    return {"parallel.ep", "model.n_experts = " + is(m.n_experts) + " is not divisible by ep = " +
+                               is(p.ep) + "; each EP rank holds n_experts / ep experts"};
+  if (p.dp >= 1 && p.dp * p.cp % p.ep != 0) return {"parallel.ep", ep_fold_complaint(p)};
+  if (m.moe() && m.router_aux_coef != 0 && p.cp != 1)
+    return {"model.router_aux_coef",
+            "the sequence-wise auxiliary loss needs whole sequences on a rank: parallel.cp = 1, "
+            "or router_aux_coef = 0 (router_bias_rate balances without it)"};
+  if (p.virtual_stages < 1) return {"parallel.virtual_stages", "must be ≥ 1"};
+  // ZB-V folds exactly two chunks per stage into a V: pp = 1 has nothing to fold.
+  if (p.schedule == ScheduleKind::kZBV && p.pp < 2)
+    return {"parallel.schedule", "zb_v needs parallel.pp ≥ 2 (got " + is(p.pp) +
+                                     "): one stage has no pipeline bubble to fill; use 1f1b"};
+  if (p.schedule == ScheduleKind::kZBV && p.virtual_stages != 2)
+    return {"parallel.virtual_stages",
+            "virtual_stages = " + is(p.virtual_stages) +
+                " contradicts parallel.schedule = \"zb_v\", which always places 2 chunks per "
+                "stage (a V); leave virtual_stages out or set it to 2"};
+  // interleaved_1f1b with one chunk per stage is 1F1B with a longer warm-up: it trains.
+  if (p.virtual_stages != 1 && p.schedule != ScheduleKind::kInterleaved1F1B &&
+      p.schedule != ScheduleKind::kZBV)
+    return {"parallel.virtual_stages",
+            "virtual_stages > 1 needs parallel.schedule = \"interleaved_1f1b\" (or \"zb_v\", "
+            "which uses 2)"};
+  if (p.virtual_stages != 1 && p.pp == 1)
+    return {"parallel.virtual_stages",
+            "virtual stages interleave chunks over pipeline stages; they need parallel.pp > 1"};
+  if (t.micro_batches < 1) return {"train.micro_batches", "must be positive"};
+  if (p.schedule == ScheduleKind::kInterleaved1F1B && t.micro_batches % p.pp != 0)
+    return {"train.micro_batches", "interleaved_1f1b needs micro_batches (" + is(t.micro_batches) +
+                                       ") to be a multiple of pp (" + is(p.pp) +
+                                       "), as Megatron does"};
+  // Chunks need not hold equally many layers: parallel::split_layers balances them (or takes
+  // pipeline_split), one layer at least each.
+  if (m.n_layers < p.pp * p.virtual_stages)
+    return {"parallel.pp", "model.n_layers = " + is(m.n_layers) +
+                               " is fewer than pp·virtual_stages = " + is(p.pp * p.virtual_stages) +
+                               " pipeline chunks"};
+  if (!p.pipeline_split.empty()) {
+    if (static_cast<int64_t>(p.pipeline_split.size()) != p.pp * p.virtual_stages - 1)
+      return {"parallel.pipeline_split",
+              "needs pp·virtual_stages - 1 = " + is(p.pp * p.virtual_stages - 1) +
+                  " split points, got " + is(p.pipeline_split.size())};
+    int64_t prev = 0;
+    for (int64_t s : p.pipeline_split) {
+      if (s <= prev || s >= m.n_layers)
+        return {"parallel.pipeline_split",
+                "split points must increase strictly within (0, n_layers = " + is(m.n_layers) +
+                    "); got " + is(s)};
+      prev = s;
+    }
+  }
+  if (p.zero < 0 || p.zero > 3) return {"parallel.zero", "must be 0, 1, 2 or 3, got " + is(p.zero)};
+  if (p.dp >= 1 && t.global_batch % (p.dp * t.micro_batches) != 0)
+    return {"train.global_batch", "global_batch = " + is(t.global_batch) +
+                                      " is not divisible by dp·micro_batches = " + is(p.dp) + "·" +
+                                      is(t.micro_batches)};
+  return {};
+}
+
 std::string toml_string(const std::string& s) {
   std::string out = "\"";
   for (const char ch : s) {
@@ -1102,21 +1131,20 @@ void Recipe::resolve_world(int64_t world) {
   const int64_t fixed = parallel.pp * parallel.cp * parallel.tp;
   const std::string layout = "pp·cp·tp = " + std::to_string(parallel.pp) + "·" +
                              std::to_string(parallel.cp) + "·" + std::to_string(parallel.tp);
-  if (parallel.dp == -1) {
+  const bool resolves_dp = parallel.dp == -1;
+  if (resolves_dp) {
     T3D_USER_CHECK(world % fixed == 0, "recipe error: ", origin("parallel.dp"),
                    ": `parallel.dp` = -1: the world of ", world, " ranks is not divisible by ",
                    layout, "; launch a multiple of ", fixed, " ranks");
     parallel.dp = world / fixed;
-    T3D_USER_CHECK(train.global_batch % (parallel.dp * train.micro_batches) == 0,
-                   "recipe error: ", origin("train.global_batch"),
-                   ": `train.global_batch` = ", train.global_batch,
-                   " is not divisible by dp·micro_batches = ", parallel.dp, "·",
-                   train.micro_batches, " (dp = -1 resolved from a world of ", world, ")");
   }
-  T3D_USER_CHECK(parallel.dp * parallel.cp % parallel.ep == 0,
-                 "recipe error: ", origin("parallel.ep"),
-                 ": `parallel.ep`: ", ep_fold_complaint(parallel),
-                 " (dp = -1 resolved from a world of ", world, ")");
+  // What validation skipped while dp was -1, by the same rule.
+  const LayoutProblem problem = layout_problem(model, parallel, train);
+  if (!problem.none())
+    fail(origin(problem.key), problem.key,
+         problem.reason + (resolves_dp
+                               ? " (dp = -1 resolved from a world of " + std::to_string(world) + ")"
+                               : ""));
   T3D_USER_CHECK(world_size() == world, "recipe error: ", origin("parallel.dp"),
                  ": `parallel`: the recipe asks for pp·dp·cp·tp = ", parallel.pp, "·", parallel.dp,
                  "·", parallel.cp, "·", parallel.tp, " = ", world_size(),

@@ -246,13 +246,29 @@ struct Recipe {
   // Sequences in one micro-batch of one dp rank (rows_per_micro; dp = -1 counts as 1 until
   // resolve_world() fills it in). UserError naming train.global_batch unless it divides.
   int64_t micro_batch_rows() const;
-  // Fills dp = -1 from the world size and checks pp·dp·cp·tp == world (UserError otherwise).
+  // Fills dp = -1 from the world size, then checks layout_problem and pp·dp·cp·tp == world
+  // (UserError otherwise).
   void resolve_world(int64_t world);
   // Effective recipe as TOML text (overrides applied): snapshots and `plan` write it. Every key,
   // but values derived from other keys (run.dir, snapshot.dir, parallel.virtual_stages) are
   // written as left out when they equal what is derived.
   std::string to_toml() const;
 };
+
+// Why titan3d cannot train a layout: the recipe key to change and what is wrong with it.
+struct LayoutProblem {
+  std::string key;  // "" when there is no problem
+  std::string reason;
+  bool none() const { return key.empty(); }
+};
+
+// The one rule of which layouts train (docs/recipe.md, "Layouts"): pp, dp, cp, tp, ep,
+// schedule, virtual_stages, pipeline_split, zero and train.micro_batches against the model and
+// train.global_batch. Recipe validation and the planner (runtime/cost) both ask it; the planner
+// adds only what its cluster decides. dp = -1 skips what needs dp (resolve_world asks again).
+// Expects the model's own keys valid (validate_model) and every count within the "Limits".
+LayoutProblem layout_problem(const ModelConfig& model, const ParallelConfig& parallel,
+                             const TrainConfig& train);
 
 // One `--set a.b=value` override; value is a TOML literal, or a bare string.
 struct Override {

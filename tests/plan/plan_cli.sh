@@ -1,6 +1,7 @@
 #!/bin/bash
 # `titan3d plan` from the command line: the ranked table, --explain, --write-recipe (a recipe the
-# planner accepts again), --schedule with --svg, and exit code 2 with a named key on a bad cluster.
+# planner accepts again), --schedule with --svg, --schedule of layouts that train (the one layout
+# rule), and exit code 2 with a named key on a bad cluster.
 set -euo pipefail
 bin=$1
 src=$2
@@ -32,6 +33,26 @@ grep -q "is it meant for a cluster? Give --cluster FILE or set hardware.cluster"
 out=$("${plan13[@]}" --schedule --svg "$tmp/timeline.svg")
 grep -q "bubble" <<<"$out" || fail "--schedule printed no summary: $out"
 grep -q "<svg" "$tmp/timeline.svg" || fail "no SVG written"
+
+# --schedule of recipes that train (tiny.toml with these, run for real in issue 39): chunks of
+# unequal layer counts, interleaved_1f1b with one chunk per stage, ep folded over dp × cp. The
+# planner asks recipe validation's rule (layout_problem), so what trains is not refused.
+tiny=("$bin" plan "$src/recipes/tiny.toml")
+for sets in "model.n_layers=3 parallel.pp=2" \
+  "parallel.pp=2 parallel.schedule=interleaved_1f1b train.micro_batches=2" \
+  "model.n_experts=4 parallel.cp=2 parallel.ep=2"; do
+  args=()
+  for s in $sets; do args+=(--set "$s"); done
+  "$bin" train "$src/recipes/tiny.toml" --dry-run --set data.path="$0" "${args[@]}" >/dev/null ||
+    fail "tiny.toml with $sets is no longer a recipe that trains"
+  out=$("${tiny[@]}" "${args[@]}" --schedule 2>&1) || fail "--schedule refused $sets: $out"
+  grep -q "bubble" <<<"$out" || fail "--schedule of $sets printed no summary: $out"
+done
+# The search leaves out the tp whose experts' width does not split (it used to price it and stop
+# on the model's assertion, exit 1).
+out=$("${tiny[@]}" --set model.n_experts=4 --set model.moe_ffn_dim=1 --set train.global_batch=64 \
+  --cluster "$src/recipes/clusters/npu64.toml" --top 1 2>&1) || fail "MoE search: $out"
+grep -Eq "^ +64 +1 +1 " <<<"$out" || fail "MoE search: no tp = 1 mesh: $out"
 
 printf '[cluster]\nnodes = 8\ndevices_per_node = 8\n[device]\nhbm_gb = 32\n' >"$tmp/bad.toml"
 set +e

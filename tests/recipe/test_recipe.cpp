@@ -378,6 +378,26 @@ TEST(RecipeLimits, ExpertCountsStopAtTheKernelsBound) {
                     "model.n_shared_experts"));
 }
 
+// The 64-bit guard counts a mixture of experts' weights (n_experts·3·dim·moe_ffn_dim per MoE
+// block): here 3·2^60 floats of experts, 3·2^62 bytes, beyond int64, while the dense part
+// (8192·4·2^34 ≈ 2^49 floats) passes. And the routed rows among a micro-batch's activations:
+// each token's experts_per_token rows, 2^21 tokens · 1024 blocks · 1024 rows · 4·1024 ≈ 2^53.
+TEST(RecipeLimits, ExpertWeightsCountInTheOverflowGuard) {
+  const std::string huge =
+      "[model]\ndim = 131072\nn_heads = 8\nn_layers = 8192\nffn_dim = 64\nn_experts = 1024\n"
+      "moe_ffn_dim = 1048576\n";
+  const std::string e = error_of(huge);
+  EXPECT_TRUE(names(e, "model.n_experts")) << e;
+  EXPECT_NE(e.find("n_experts·3·dim·moe_ffn_dim"), std::string::npos) << e;
+  EXPECT_EQ(error_of(huge, {parse_override("model.moe_ffn_dim=64")}), "");  // 3·2^46 floats
+  EXPECT_EQ(error_of(huge, {parse_override("model.n_experts=0")}), "");     // the dense model
+  const std::string rows =
+      "[model]\nn_layers = 1024\nn_experts = 1024\nexperts_per_token = 1024\n"
+      "moe_ffn_dim = 1024\n[train]\nglobal_batch = 16384\n";
+  EXPECT_TRUE(names(error_of(rows), "train.global_batch")) << error_of(rows);
+  EXPECT_EQ(error_of(rows, {parse_override("model.experts_per_token=2")}), "");
+}
+
 TEST(RecipeLimits, NonsenseValuesAreRefusedNamingTheKey) {
   const std::pair<std::string, std::string> cases[] = {
       {"parallel.bucket_mb=inf", "parallel.bucket_mb"},
