@@ -32,17 +32,6 @@ namespace {
 constexpr int kMoveTag = 30571;
 constexpr size_t kPiece = size_t(1) << 28;  // bytes per message: far below MPI's int count
 
-// Collective: "" when `error` is empty on every rank, else the lowest failing rank's error,
-// prefixed with that rank (alike on every rank).
-std::string agreed_error(const parallel::Comm& world, const std::string& error) {
-  int first = error.empty() ? world.size() : world.rank();
-  world.all_reduce(&first, 1, parallel::ReduceOp::min);
-  if (first == world.size()) return "";
-  std::string message = error;
-  world.broadcast(message, first);
-  return "rank " + std::to_string(first) + ": " + message;
-}
-
 // Pieces as text, one per line: file, dataset, then global shape, offset and shape (each a
 // comma-separated list), tab-separated; and back.
 std::string pieces_text(const std::vector<ck::ShardPiece>& pieces) {

@@ -182,8 +182,7 @@ int64_t SnapshotRestore::restore_chosen() {
     } catch (const std::exception& e) {
       error = e.what(), internal = true;
     }
-    int first_failed = error.empty() ? world.size() : world.rank();
-    world.all_reduce(&first_failed, 1, parallel::ReduceOp::min);
+    const int first_failed = first_failing_rank(world, !error.empty());
     if (first_failed == world.size()) {
       // Every rank says what it restored (ranks > 0 into their own logs).
       spdlog::info("resumed from {} after step {}{} in {:.1f} s{}", c.path, c.step,

@@ -152,20 +152,17 @@ bool SnapshotWriter::all_ranks_done() {
 // lowest failing world rank, or the world size when all succeeded; `error` holds this rank's.
 int SnapshotWriter::publish_all(const std::string& shard, std::string& error) {
   const auto& world = mesh_.world();
-  int first_failed = error.empty() ? world.size() : world.rank();
-  world.all_reduce(&first_failed, 1, parallel::ReduceOp::min);
+  const int first_failed = first_failing_rank(world, !error.empty());
   if (first_failed != world.size()) return first_failed;
   if (!staging_.boxes().empty()) {
     try {
       ck::publish(shard);
     } catch (const std::exception& e) {
       error = e.what();
-      first_failed = world.rank();
     }
   }
   // Every rank joins, writers or not (a rank may hold no box of its own).
-  world.all_reduce(&first_failed, 1, parallel::ReduceOp::min);
-  return first_failed;
+  return first_failing_rank(world, !error.empty());
 }
 
 SnapshotWriter::Totals SnapshotWriter::totals_of(const std::vector<uint64_t>& reports) const {
