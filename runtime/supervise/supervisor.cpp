@@ -14,7 +14,7 @@
 #include <optional>
 #include <thread>
 
-#include "checkpoint/memory_tier.h"
+#include "checkpoint/memory_tier_files.h"
 #include "checkpoint/snapshot.h"
 #include "parallel/trace.h"
 #include "runtime/launch/job.h"
@@ -497,7 +497,7 @@ bool after_failure(Loop& loop, const MpirunOutcome& out, int attempt, long offse
   loop.previous = incident;
   loop.started_at = incident.snapshot_step;
   loop.plan.argv = restart_argv(loop.recipe, loop.plan.argv.at(0), loop.run_dir, loop.log_level);
-  // The relaunch takes the memory tier's inventory (runtime/train/memory_tier.h).
+  // The relaunch takes the memory tier's inventory (runtime/train/memory_tier_copies.h).
   if (!loop.memory_job.empty()) set_env(loop.plan, "T3D_MEMORY_TIER_RESTORE", "1");
   loop.result.lost_s += seconds_since(down);
   return true;

@@ -14,7 +14,7 @@
 #include "parallel/trace.h"
 #include "runtime/launch/logging.h"
 #include "runtime/provenance/provenance.h"
-#include "runtime/train/memory_tier.h"
+#include "runtime/train/memory_tier_copies.h"
 #include "runtime/train/sharded_state.h"
 #include "runtime/train/snapshot_writer.h"
 

@@ -13,7 +13,7 @@
 #include "runtime/launch/logging.h"
 #include "runtime/machine/gemm_choice.h"
 #include "runtime/provenance/provenance.h"
-#include "runtime/train/memory_tier.h"
+#include "runtime/train/memory_tier_copies.h"
 #include "runtime/train/metrics.h"
 
 namespace t3d::runtime {

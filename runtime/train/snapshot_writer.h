@@ -2,7 +2,7 @@
 // the asynchronous write on the I/O thread, the agreement that every rank's write succeeded,
 // publishing the shards, rank 0's index (the commit) and retention; incremental snapshots on the
 // last committed one; the memory tier's snapshots, committed once their buddy copies arrived
-// (memory_tier.h). A failed snapshot is dropped and said; three in a row end the run.
+// (memory_tier_copies.h). A failed snapshot is dropped and said; three in a row end the run.
 #pragma once
 
 #include <cstdint>

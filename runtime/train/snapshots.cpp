@@ -1,7 +1,7 @@
 // A run's snapshots: the parts meet here (snapshots.h). Restoring is SnapshotRestore
 // (snapshot_restore.h), writing and committing SnapshotWriter (snapshot_writer.h), the host
 // memory they stage in SnapshotStaging (snapshot_staging.h); the file format lives in
-// checkpoint/, the memory tier's copies and inventory in memory_tier.h.
+// checkpoint/, the memory tier's copies and inventory in memory_tier_copies.h.
 #include "runtime/train/snapshots.h"
 
 #include <spdlog/spdlog.h>
@@ -15,7 +15,7 @@
 #include "checkpoint/snapshot.h"
 #include "kernels/check.h"
 #include "runtime/provenance/provenance.h"
-#include "runtime/train/memory_tier.h"
+#include "runtime/train/memory_tier_copies.h"
 #include "runtime/train/snapshot_restore.h"
 #include "runtime/train/snapshot_staging.h"
 #include "runtime/train/snapshot_writer.h"
@@ -55,7 +55,8 @@ struct Snapshotter::Impl {
   Model& model;
   const TrainingState& state;
   std::unique_ptr<ck::IoThread> io;
-  // The memory tier (memory_tier.h): null when snapshot.memory_every = 0 or not self-launched.
+  // The memory tier (memory_tier_copies.h): null when snapshot.memory_every = 0 or not
+  // self-launched.
   std::unique_ptr<MemoryTier> tier;
   // Both null without snapshots (snapshot.every = 0 and no memory tier).
   std::unique_ptr<SnapshotStaging> staging;

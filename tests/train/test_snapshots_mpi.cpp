@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include "checkpoint/memory_tier.h"
+#include "checkpoint/memory_tier_files.h"
 #include "checkpoint/snapshot.h"
 #include "kernels/arena.h"
 #include "parallel/comm.h"
@@ -28,7 +28,7 @@
 #include "parallel/zero.h"
 #include "runtime/launch/job.h"
 #include "runtime/model/model.h"
-#include "runtime/train/memory_tier.h"
+#include "runtime/train/memory_tier_copies.h"
 #include "runtime/train/sharded_state.h"
 #include "runtime/train/snapshots.h"
 #include "tests/train/small_model.h"

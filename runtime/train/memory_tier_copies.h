@@ -2,7 +2,7 @@
 // keeps whose copy, the buddy copies over MPI, the commit of a memory snapshot, and at a restart
 // the inventory of what survived, which brings into each living host's directory the shards its
 // ranks read and indexes the snapshot there, so that the ordinary reader (resharding included)
-// restores it. The files themselves are checkpoint/memory_tier.h's business; SnapshotWriter
+// restores it. The files themselves are checkpoint/memory_tier_files.h's business; SnapshotWriter
 // (snapshot_writer.h) writes the shards with its staging and I/O thread, as it does the disk
 // tier's.
 //

@@ -1,5 +1,5 @@
-// The memory tier's buddy copies, commit and restore inventory (memory_tier.h).
-#include "runtime/train/memory_tier.h"
+// The memory tier's buddy copies, commit and restore inventory (memory_tier_copies.h).
+#include "runtime/train/memory_tier_copies.h"
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
@@ -17,7 +17,7 @@
 #include <optional>
 #include <sstream>
 
-#include "checkpoint/memory_tier.h"
+#include "checkpoint/memory_tier_files.h"
 #include "kernels/arena.h"
 #include "kernels/check.h"
 #include "runtime/launch/logging.h"
