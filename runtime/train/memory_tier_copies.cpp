@@ -389,6 +389,34 @@ std::string MemoryTier::finish_commit(const ck::IndexInfo& info, double* copy_s,
   return "";
 }
 
+std::string MemoryTier::share_catalog(const ck::IndexInfo& info, const std::vector<int>& source,
+                                      std::vector<ck::ShardPiece>* pieces) {
+  const auto& world = job_.mesh->world();
+  const size_t n = info.shards.size();
+  std::string catalog, unreadable;
+  try {
+    std::vector<ck::ShardPiece> read;
+    io_.run([&] {
+      for (size_t i = 0; i < n; ++i)
+        if (source[i] == world.rank())
+          for (auto& p : ck::shard_pieces(dir_, info.shards[i].file)) read.push_back(std::move(p));
+    });
+    catalog = pieces_text(read);
+  } catch (const std::exception& e) {
+    unreadable = e.what();
+  }
+  if (std::string error = agreed_error(world, unreadable); !error.empty()) return error;
+  std::map<std::string, std::vector<ck::ShardPiece>> by_file;
+  for (const int leader_rank : ring_.leader) {
+    std::string part = world.rank() == leader_rank ? catalog : "";
+    world.broadcast(part, leader_rank);
+    for (auto& p : parse_pieces(part)) by_file[p.file].push_back(std::move(p));
+  }
+  for (const auto& shard : info.shards)
+    for (auto& p : by_file[shard.file]) pieces->push_back(std::move(p));
+  return "";
+}
+
 std::string MemoryTier::prepare_restore(int64_t disk_step, const std::vector<ck::Slice>& boxes,
                                         int64_t* step, uint64_t* id, std::string* why) {
   const auto& world = job_.mesh->world();
@@ -448,33 +476,12 @@ std::string MemoryTier::prepare_restore(int64_t disk_step, const std::vector<ck:
       return "";
     }
   }
-  // The catalog (which box of which tensor each shard holds), read by each shard's source and
-  // shared, so that every host can index the snapshot while holding only the shards it reads.
-  std::string catalog, unreadable;
-  try {
-    std::vector<ck::ShardPiece> read;
-    io_.run([&] {
-      for (size_t i = 0; i < n; ++i)
-        if (source[i] == world.rank())
-          for (auto& p : ck::shard_pieces(dir_, info->shards[i].file)) read.push_back(std::move(p));
-    });
-    catalog = pieces_text(read);
-  } catch (const std::exception& e) {
-    unreadable = e.what();
-  }
-  if (std::string error = agreed_error(world, unreadable); !error.empty()) {
+  // The catalog, so that every host can index the snapshot while holding only the shards it reads.
+  std::vector<ck::ShardPiece> pieces;
+  if (std::string error = share_catalog(*info, source, &pieces); !error.empty()) {
     *why = "reading the memory tier's catalog failed on " + error;
     return "";
   }
-  std::map<std::string, std::vector<ck::ShardPiece>> by_file;
-  for (const int leader_rank : ring_.leader) {
-    std::string part = world.rank() == leader_rank ? catalog : "";
-    world.broadcast(part, leader_rank);
-    for (auto& p : parse_pieces(part)) by_file[p.file].push_back(std::move(p));
-  }
-  std::vector<ck::ShardPiece> pieces;  // in the order of the shard list
-  for (const auto& shard : info->shards)
-    for (auto& p : by_file[shard.file]) pieces.push_back(std::move(p));
   // The shards each rank reads; each host gets those of its ranks.
   const std::vector<char> need = shards_read(info->shards, pieces, boxes);
   std::vector<char> needed(n * static_cast<size_t>(world.size()), 0);

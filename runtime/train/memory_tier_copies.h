@@ -102,6 +102,11 @@ class MemoryTier {
  private:
   // Moves `moves` (collective; every rank passes the same list). Returns "" or the first error.
   std::string move_files(const std::vector<FileMove>& moves);
+  // Collective, at a restore: the catalog of `info`'s shards (which box of which tensor each
+  // holds), read by each shard's `source` rank and shared, in the order of the shard list.
+  // Returns "" or the agreed error.
+  std::string share_catalog(const checkpoint::IndexInfo& info, const std::vector<int>& source,
+                            std::vector<checkpoint::ShardPiece>* pieces);
   struct Copies;
   std::unique_ptr<Copies> copies_;  // the buddy copies of the snapshot being committed
   const Job& job_;
