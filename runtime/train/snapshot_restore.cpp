@@ -226,18 +226,12 @@ int64_t SnapshotRestore::restore_chosen() {
 void SnapshotRestore::record_restore(const char* used, int64_t step, int64_t disk_step,
                                      int64_t memory_step, const std::string& why) {
   if (!tier_ || !tier_->restoring() || mesh_.rank() != 0) return;
-  const std::time_t now = std::time(nullptr);
-  char stamp[32];
-  std::strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  std::FILE* f = std::fopen((job_.run_dir + "/incidents.jsonl").c_str(), "a");
-  if (!f) return;
-  std::fprintf(f,
-               "{\"time\": %s, \"event\": \"restore\", \"tier\": \"%s\", \"snapshot_step\": "
-               "%lld, \"disk_step\": %lld, \"memory_step\": %lld, \"why\": %s}\n",
-               parallel::trace::json_string(stamp).c_str(), used, static_cast<long long>(step),
-               static_cast<long long>(disk_step), static_cast<long long>(memory_step),
-               parallel::trace::json_string(std::string(used) == "memory" ? "" : why).c_str());
-  std::fclose(f);
+  append_incident(
+      job_.run_dir,
+      fmt::format("\"event\": \"restore\", \"tier\": \"{}\", \"snapshot_step\": {}, "
+                  "\"disk_step\": {}, \"memory_step\": {}, \"why\": {}",
+                  used, step, disk_step, memory_step,
+                  parallel::trace::json_string(std::string(used) == "memory" ? "" : why)));
 }
 
 }  // namespace t3d::runtime
