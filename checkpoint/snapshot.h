@@ -90,8 +90,8 @@ struct ShardResult {
   uint64_t raw_bytes = 0;                     // of the state the shard holds (4 per element)
   int64_t chunks = 0, chunks_written = 0;     // an incremental shard skips unchanged chunks
   int64_t chunks_unchanged = 0;               // hash equal to the previous snapshot's
-  // How it was written (checkpoint/shard_file.h): bytes that went to the device with O_DIRECT,
-  // and bytes read back for the digest (those the writes did not cover in whole blocks).
+  // How it was written (checkpoint/h5_direct_driver.h): bytes that went to the device with
+  // O_DIRECT, and bytes read back for the digest (those the writes did not cover in whole blocks).
   uint64_t direct_bytes = 0, read_back_bytes = 0;
 };
 

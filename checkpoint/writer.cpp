@@ -16,7 +16,7 @@
 #include <sstream>
 
 #include "checkpoint/h5.h"
-#include "checkpoint/shard_file.h"
+#include "checkpoint/h5_direct_driver.h"
 #include "checkpoint/snapshot.h"
 #include "kernels/arena.h"
 #include "kernels/check.h"

@@ -428,6 +428,15 @@ void Comm::recv_raw(void* data, size_t count, MPI_Datatype type, int peer, int t
   wait(r, "recv", peer);
 }
 
+MPI_Request Comm::irecv_raw(void* data, size_t count, MPI_Datatype type, int peer, int tag) const {
+  if (fault::skip_operation(name_, world_ranks_[rank_])) return MPI_REQUEST_NULL;  // test-only
+  trace::Span span("irecv", "comm");
+  span.arg("group", name_).arg("bytes", static_cast<int64_t>(bytes_of(count, type)));
+  MPI_Request r;
+  T3D_MPI(MPI_Irecv(data, checked_count(count), type, peer, tag, comm_, &r));
+  return r;
+}
+
 void Comm::barrier() const {
   if (fault::skip_operation(name_, world_ranks_[rank_])) return;  // test-only (fault.h)
   trace::Span span("barrier", "comm");

@@ -146,6 +146,13 @@ class Comm {
   MPI_Request isend(const T* data, size_t count, int peer, int tag) const {
     return isend_raw(data, count, mpi_type<T>(), peer, tag);
   }
+  // Non-blocking receive of at most `count` elements (a message may be shorter): the buffer is
+  // MPI's until wait() (watchdog) or test() reports the request done. Traced like recv, and,
+  // like it, not counted: counters() count the bytes a rank sends.
+  template <typename T>
+  MPI_Request irecv(T* data, size_t count, int peer, int tag) const {
+    return irecv_raw(data, count, mpi_type<T>(), peer, tag);
+  }
   // Non-blocking float collectives, through the same test-only fault switch, trace span (named
   // `what`, with `tag` as its "bucket" argument when >= 0) and byte count as the blocking ones.
   // Buffers stay untouched until wait() (watchdog) or test() reports the request done.
@@ -196,6 +203,7 @@ class Comm {
   void send_raw(const void* data, size_t count, MPI_Datatype type, int peer, int tag) const;
   void recv_raw(void* data, size_t count, MPI_Datatype type, int peer, int tag) const;
   MPI_Request isend_raw(const void* data, size_t count, MPI_Datatype type, int peer, int tag) const;
+  MPI_Request irecv_raw(void* data, size_t count, MPI_Datatype type, int peer, int tag) const;
   void reset() noexcept;
 
   MPI_Comm comm_ = MPI_COMM_NULL;

@@ -116,8 +116,7 @@ void agree_on(const parallel::Comm& world, const std::function<void()>& setup) {
     error = std::string("internal error: ") + e.what(), code = 1;
   }
   // Lowest failing rank, or size() if none: that rank alone prints.
-  int first = code ? world.rank() : world.size();
-  world.all_reduce(&first, 1, parallel::ReduceOp::min);
+  const int first = first_failing_rank(world, code != 0);
   if (first == world.size()) return;
   int agreed = code;
   world.broadcast(&agreed, 1, first);
@@ -128,6 +127,20 @@ void agree_on(const parallel::Comm& world, const std::function<void()>& setup) {
   }
   world.barrier();  // the message is out before any rank can exit and have mpirun end the job
   throw AgreedFailure{agreed};
+}
+
+int first_failing_rank(const parallel::Comm& world, bool failed) {
+  int first = failed ? world.rank() : world.size();
+  world.all_reduce(&first, 1, parallel::ReduceOp::min);
+  return first;
+}
+
+std::string agreed_error(const parallel::Comm& world, const std::string& error) {
+  const int first = first_failing_rank(world, !error.empty());
+  if (first == world.size()) return "";
+  std::string message = error;
+  world.broadcast(message, first);
+  return "rank " + std::to_string(first) + ": " + message;
 }
 
 void Job::set_precision(const JobPrecision& precision) {

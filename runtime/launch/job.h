@@ -105,6 +105,12 @@ struct AgreedFailure {
   int exit_code;
 };
 void agree_on(const parallel::Comm& world, const std::function<void()>& setup);
+// Collective: the lowest rank of `world` on which `failed` holds, or world.size() when none; the
+// one agreement on a failure that agree_on, agreed_error and the snapshots' commits share.
+int first_failing_rank(const parallel::Comm& world, bool failed);
+// Collective: "" when `error` is empty on every rank, else the lowest failing rank's error as
+// "rank N: <error>", alike on every rank.
+std::string agreed_error(const parallel::Comm& world, const std::string& error);
 
 // Every group's all-reduce of world ranks equals the sum over the expected members: the
 // communicators were built right. Returns the number of groups checked; throws on a mismatch.

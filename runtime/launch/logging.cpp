@@ -6,7 +6,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <ctime>
 #include <filesystem>
+
+#include "parallel/trace.h"
 
 namespace t3d::runtime {
 
@@ -23,6 +27,18 @@ void setup_logging(const std::string& label, const std::string& log_file, bool c
   logger->set_level(spdlog::level::from_str(level));
   logger->flush_on(spdlog::level::info);
   spdlog::set_default_logger(logger);
+}
+
+void append_incident(const std::string& run_dir, const std::string& fields) {
+  const std::time_t now = std::time(nullptr);
+  char stamp[32];
+  std::strftime(stamp, sizeof(stamp), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
+  const std::string line =
+      "{\"time\": " + parallel::trace::json_string(stamp) + ", " + fields + "}\n";
+  std::FILE* f = std::fopen((run_dir + "/incidents.jsonl").c_str(), "a");
+  if (!f) return;
+  std::fwrite(line.data(), 1, line.size(), f);
+  std::fclose(f);
 }
 
 std::string format_duration(double seconds) {

@@ -19,4 +19,9 @@ inline double seconds_since(std::chrono::steady_clock::time_point start) {
 // "1m23s" / "45s" for progress lines.
 std::string format_duration(double seconds);
 
+// Appends one line to <run_dir>/incidents.jsonl (docs/resilience.md), the one writer of that
+// file: {"time": <now, UTC, ISO 8601>, <fields>}, `fields` being JSON members ("\"a\": 1, ...").
+// Best effort: a line that cannot be written is lost, silently.
+void append_incident(const std::string& run_dir, const std::string& fields);
+
 }  // namespace t3d::runtime

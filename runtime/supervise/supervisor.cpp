@@ -14,7 +14,7 @@
 #include <optional>
 #include <thread>
 
-#include "checkpoint/memory_tier.h"
+#include "checkpoint/memory_tier_files.h"
 #include "checkpoint/snapshot.h"
 #include "parallel/trace.h"
 #include "runtime/launch/job.h"
@@ -78,23 +78,18 @@ bool restartable(const MpirunOutcome& out) {
   }
 }
 
-std::string now_iso() {
-  const std::time_t t = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&t));
-  return buf;
-}
-
 void record(const std::string& run_dir, const Incident& i) {
-  std::ofstream f(run_dir + "/incidents.jsonl", std::ios::app);
-  f << fmt::format(
-      "{{\"time\": {}, \"attempt\": {}, \"cause\": {}, \"rank\": {}, \"host\": {}, "
-      "\"exit_code\": {}, \"last_step\": {}, \"snapshot_step\": {}, \"lost_steps\": {}, "
-      "\"lost_s\": {:.3f}, \"action\": {}{}}}\n",
-      parallel::trace::json_string(now_iso()), i.attempt, parallel::trace::json_string(i.cause),
-      i.rank, parallel::trace::json_string(i.host), i.exit_code, i.last_step, i.snapshot_step,
-      std::max(0L, i.last_step - i.snapshot_step), i.lost_s, parallel::trace::json_string(i.action),
-      i.tier.empty() ? "" : ", \"tier\": " + parallel::trace::json_string(i.tier));
+  append_incident(
+      run_dir,
+      fmt::format(
+          "\"attempt\": {}, \"cause\": {}, \"rank\": {}, \"host\": {}, "
+          "\"exit_code\": {}, \"last_step\": {}, \"snapshot_step\": {}, \"lost_steps\": {}, "
+          "\"lost_s\": {:.3f}, \"action\": {}{}",
+          i.attempt, parallel::trace::json_string(i.cause), i.rank,
+          parallel::trace::json_string(i.host), i.exit_code, i.last_step, i.snapshot_step,
+          std::max(0L, i.last_step - i.snapshot_step), i.lost_s,
+          parallel::trace::json_string(i.action),
+          i.tier.empty() ? "" : ", \"tier\": " + parallel::trace::json_string(i.tier)));
 }
 
 // The end of a job that a signal stopped while it waited to restart after incident `i`: a stop line
@@ -102,15 +97,16 @@ void record(const std::string& run_dir, const Incident& i) {
 // what happened: {"time", "event": "stop", "attempt", "signal", "exit_code", "snapshot_step",
 // "action"}.
 void record_stop(const std::string& run_dir, const Incident& i, int sig, int code) {
-  std::ofstream f(run_dir + "/incidents.jsonl", std::ios::app);
-  f << fmt::format(
-      "{{\"time\": {}, \"event\": \"stop\", \"attempt\": {}, \"signal\": {}, \"exit_code\": {}, "
-      "\"snapshot_step\": {}, \"action\": {}}}\n",
-      parallel::trace::json_string(now_iso()), i.attempt, sig, code, i.snapshot_step,
-      parallel::trace::json_string(fmt::format(
-          "stop: signal {} while waiting to restart, not restarting; continue with `titan3d "
-          "train {}/restart.toml`",
-          sig, run_dir)));
+  append_incident(
+      run_dir,
+      fmt::format(
+          "\"event\": \"stop\", \"attempt\": {}, \"signal\": {}, \"exit_code\": {}, "
+          "\"snapshot_step\": {}, \"action\": {}",
+          i.attempt, sig, code, i.snapshot_step,
+          parallel::trace::json_string(fmt::format(
+              "stop: signal {} while waiting to restart, not restarting; continue with `titan3d "
+              "train {}/restart.toml`",
+              sig, run_dir))));
 }
 
 // The newest memory-tier snapshot of job `job_id` committed in this host's /dev/shm (0: none):
@@ -497,7 +493,7 @@ bool after_failure(Loop& loop, const MpirunOutcome& out, int attempt, long offse
   loop.previous = incident;
   loop.started_at = incident.snapshot_step;
   loop.plan.argv = restart_argv(loop.recipe, loop.plan.argv.at(0), loop.run_dir, loop.log_level);
-  // The relaunch takes the memory tier's inventory (runtime/train/memory_tier.h).
+  // The relaunch takes the memory tier's inventory (runtime/train/memory_tier_copies.h).
   if (!loop.memory_job.empty()) set_env(loop.plan, "T3D_MEMORY_TIER_RESTORE", "1");
   loop.result.lost_s += seconds_since(down);
   return true;

@@ -26,10 +26,10 @@
 // commits, which all ranks agree on, so it is alike everywhere. The first two snapshots after a
 // start or resume are full (the second measures).
 //
-// The memory tier (snapshot.memory_every, memory_tier.h): between disk snapshots, the same shards
-// (full, uncompressed) into this host's /dev/shm through the same staging and I/O thread, plus
-// buddy copies on the next host; committed by a manifest once every copy arrived. restore() of a
-// relaunch after a failure takes the newer of the memory tier's newest complete snapshot and the
+// The memory tier (snapshot.memory_every, memory_tier_copies.h): between disk snapshots, the same
+// shards (full, uncompressed) into this host's /dev/shm through the same staging and I/O thread,
+// plus buddy copies on the next host; committed by a manifest once every copy arrived. restore() of
+// a relaunch after a failure takes the newer of the memory tier's newest complete snapshot and the
 // disk's.
 #pragma once
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A snapshot that fits on a nearly full ext4 is written (checkpoint/shard_file.h): the shard
+# A snapshot that fits on a nearly full ext4 is written (checkpoint/h5_direct_driver.h): the shard
 # writer allocates only its raw bytes ahead, cuts what is left over before the index and `latest`,
 # and where even that is refused (ENOSPC; ext4 keeps what a failed fallocate took) releases it and
 # writes through the page cache. On small ext4 images (loop devices, a private mount namespace):

@@ -94,3 +94,21 @@ TEST(MeshMpi, CollectivesComputeTheRightValues) {
     EXPECT_EQ(token, mesh.rank() - 4);
   }
 }
+
+TEST(MeshMpi, NonBlockingSendsAndReceivesGoAroundARing) {
+  Mesh mesh(MeshShape(2, 2, 1, 2, 1), Comm::world(60.0));
+  const Comm& w = mesh.world();
+  const int next = (w.rank() + 1) % w.size(), prev = (w.rank() + w.size() - 1) % w.size();
+  // Each rank sends 2 values to the next; its receive asks for 4 (a message may be shorter),
+  // and an empty message completes a receive too (what memory tier copies of unreadable files
+  // rely on).
+  const int64_t mine[2] = {w.rank(), 10 * w.rank()};
+  int64_t got[4] = {-1, -1, -1, -1}, nothing = -1;
+  MPI_Request sent = w.isend(mine, 2, next, 9), empty = w.isend(mine, 0, next, 9);
+  MPI_Request received = w.irecv(got, 4, prev, 9), none = w.irecv(&nothing, 1, prev, 9);
+  for (MPI_Request* r : {&sent, &empty, &received, &none}) w.wait(*r, "ring", -1);
+  EXPECT_EQ(got[0], prev);
+  EXPECT_EQ(got[1], 10 * prev);
+  EXPECT_EQ(got[2], -1);
+  EXPECT_EQ(nothing, -1);
+}

@@ -20,7 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include "checkpoint/memory_tier.h"
+#include "checkpoint/memory_tier_files.h"
 #include "checkpoint/snapshot.h"
 #include "kernels/arena.h"
 #include "parallel/comm.h"
@@ -28,7 +28,7 @@
 #include "parallel/zero.h"
 #include "runtime/launch/job.h"
 #include "runtime/model/model.h"
-#include "runtime/train/memory_tier.h"
+#include "runtime/train/memory_tier_copies.h"
 #include "runtime/train/sharded_state.h"
 #include "runtime/train/snapshots.h"
 #include "tests/train/small_model.h"
@@ -402,6 +402,20 @@ TEST(MemoryTierRestore, EachHostGetsOnlyTheShardsItsRanksRead) {
     got.push_back(std::to_string(m.src) + ">" + std::to_string(m.dst) + " " + m.file + " " +
                   std::to_string(m.bytes));
   EXPECT_EQ(got, (std::vector<std::string>{"3>0 s/r1.h5 20", "0>2 s/r0.h5 10", "0>3 s/r2.h5 30"}));
+}
+
+// The one agreement on a failure (job.h) that agree_on and the snapshots' commits share: the
+// lowest failing rank, and its error, alike on every rank.
+TEST(AgreedFailure, TheLowestFailingRankAndItsErrorReachEveryRank) {
+  const parallel::Comm world = parallel::Comm::world(60.0);
+  ASSERT_EQ(world.size(), 2);
+  EXPECT_EQ(first_failing_rank(world, false), 2);
+  EXPECT_EQ(first_failing_rank(world, true), 0);
+  EXPECT_EQ(first_failing_rank(world, world.rank() == 1), 1);
+  EXPECT_EQ(agreed_error(world, ""), "");
+  EXPECT_EQ(agreed_error(world, world.rank() == 1 ? "disk full" : ""), "rank 1: disk full");
+  EXPECT_EQ(agreed_error(world, "failed on " + std::to_string(world.rank())),
+            "rank 0: failed on 0");
 }
 
 }  // namespace

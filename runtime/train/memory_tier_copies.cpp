@@ -1,5 +1,5 @@
-// The memory tier's buddy copies, commit and restore inventory (memory_tier.h).
-#include "runtime/train/memory_tier.h"
+// The memory tier's buddy copies, commit and restore inventory (memory_tier_copies.h).
+#include "runtime/train/memory_tier_copies.h"
 
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
@@ -17,7 +17,7 @@
 #include <optional>
 #include <sstream>
 
-#include "checkpoint/memory_tier.h"
+#include "checkpoint/memory_tier_files.h"
 #include "kernels/arena.h"
 #include "kernels/check.h"
 #include "runtime/launch/logging.h"
@@ -31,17 +31,6 @@ namespace {
 
 constexpr int kMoveTag = 30571;
 constexpr size_t kPiece = size_t(1) << 28;  // bytes per message: far below MPI's int count
-
-// Collective: "" when `error` is empty on every rank, else the lowest failing rank's error,
-// prefixed with that rank (alike on every rank).
-std::string agreed_error(const parallel::Comm& world, const std::string& error) {
-  int first = error.empty() ? world.size() : world.rank();
-  world.all_reduce(&first, 1, parallel::ReduceOp::min);
-  if (first == world.size()) return "";
-  std::string message = error;
-  world.broadcast(message, first);
-  return "rank " + std::to_string(first) + ": " + message;
-}
 
 // Pieces as text, one per line: file, dataset, then global shape, offset and shape (each a
 // comma-separated list), tab-separated; and back.
@@ -119,9 +108,93 @@ uint64_t bytes_under(const std::string& dir) {
   return n;
 }
 
-}  // namespace
+// Files moving between ranks without blocking: both sides know each file's size and cut it into
+// the same pieces of at most kPiece bytes, sent straight from the file mapped on one side and
+// received straight into a temporary mapped on the other (no staging copy). A file that cannot be
+// read (or has another size) is sent as empty pieces (a receive may take less than it asked for)
+// and one whose temporary cannot be made is received into a sink, so that no peer waits for
+// ever; the error is kept for the agreement. Pieces of one pair of ranks match by order, so both
+// sides post a pair's files in the same order.
+class FileTransfer {
+ public:
+  explicit FileTransfer(const parallel::Comm& world) : world_(world) {}
+  // Sends `path`, which must hold `bytes`, to rank `dst`.
+  void send(const std::string& path, uint64_t bytes, int dst) {
+    static const char nothing = 0;
+    const char* data = &nothing;
+    try {
+      files_.push_back(std::make_unique<Mapped>(path, 0, false));
+      T3D_USER_CHECK(files_.back()->bytes() == bytes, "`", path, "` holds ", files_.back()->bytes(),
+                     " bytes, not ", bytes);
+      data = files_.back()->data();
+    } catch (const std::exception& e) {
+      if (error_.empty()) error_ = e.what();
+    }
+    for (uint64_t at = 0; at < bytes; at += kPiece) {
+      const size_t n = data == &nothing ? 0 : std::min<uint64_t>(kPiece, bytes - at);
+      requests_.emplace_back(world_.isend(data == &nothing ? data : data + at, n, dst, kMoveTag),
+                             dst);
+    }
+  }
+  // Receives `bytes` from rank `src` into a temporary of `path`, renamed by complete().
+  void receive(const std::string& path, uint64_t bytes, int src) {
+    char* into = nullptr;
+    const std::string tmp = ck::temp_path(path);
+    try {
+      std::error_code ec;
+      fs::create_directories(fs::path(path).parent_path(), ec);
+      files_.push_back(std::make_unique<Mapped>(tmp, bytes, true));
+      into = files_.back()->data();
+      received_.emplace_back(tmp, path);
+    } catch (const std::exception& e) {
+      if (error_.empty()) error_ = e.what();
+      sinks_.emplace_back(bytes);
+      into = sinks_.back().data();
+    }
+    for (uint64_t at = 0; at < bytes; at += kPiece)
+      requests_.emplace_back(
+          world_.irecv(into + at, std::min<uint64_t>(kPiece, bytes - at), src, kMoveTag), src);
+  }
+  // Whether every piece left and arrived (never blocks; not collective).
+  bool arrived() {
+    bool done = true;
+    for (auto& [request, peer] : requests_) done = world_.test(request) && done;
+    return done;
+  }
+  // Whether MPI may still read or write a buffer (then they must stay mapped).
+  bool in_flight() const {
+    return std::any_of(requests_.begin(), requests_.end(),
+                       [](const auto& r) { return r.first != MPI_REQUEST_NULL; });
+  }
+  // Waits for every piece (watchdog), unmaps the files and, unless this rank failed, renames
+  // what it received into place. Returns this rank's first error ("" none).
+  std::string complete() {
+    for (auto& [request, peer] : requests_) world_.wait(request, "memory tier copy", peer);
+    files_.clear();  // unmapped and closed: what arrived is in the files
+    for (const auto& [tmp, path] : received_) {
+      std::error_code ec;
+      if (error_.empty()) fs::rename(tmp, path, ec);
+      if (ec && error_.empty()) error_ = "cannot rename `" + tmp + "`: " + ec.message();
+    }
+    return error_;
+  }
+  // Removes the temporaries received (after a failure agreed on; renamed ones stay).
+  void discard() {
+    for (const auto& [tmp, path] : received_) {
+      std::error_code ec;
+      fs::remove(tmp, ec);
+    }
+  }
 
-namespace {
+ private:
+  const parallel::Comm& world_;
+  std::vector<std::unique_ptr<Mapped>> files_;
+  std::vector<std::vector<char>> sinks_;  // where a receive goes whose file cannot be made
+  std::vector<std::pair<MPI_Request, int>> requests_;  // with the peer, for the watchdog's message
+  std::vector<std::pair<std::string, std::string>> received_;  // temporary, final path
+  std::string error_;
+};
+
 // The first world rank whose host holds shard i of n (`held`: rank-major), or -1.
 int first_holder(const std::vector<char>& held, size_t n, size_t i) {
   for (size_t k = 0; k * n < held.size(); ++k)
@@ -255,169 +328,51 @@ void MemoryTier::start(uint64_t mine_bytes) {
 
 std::string MemoryTier::move_files(const std::vector<FileMove>& moves) {
   const auto& world = job_.mesh->world();
-  const int me = world.rank();
-  std::string error;
-  // Sends first (non-blocking, from the mapped files), then the receives in list order, which is
-  // each pair's send order, then the sends' completion. A file that cannot be read is announced
-  // by its header (UINT64_MAX) so that its receiver does not wait for it.
-  std::vector<std::unique_ptr<Mapped>> sources;
-  std::vector<uint64_t> headers(moves.size(), 0);
-  std::vector<std::pair<MPI_Request, int>> sends;
-  for (size_t i = 0; i < moves.size(); ++i) {
-    const FileMove& m = moves[i];
-    if (m.src != me) continue;
-    std::unique_ptr<Mapped> file;
-    try {
-      file = std::make_unique<Mapped>(dir_ + "/" + m.file, 0, false);
-      T3D_USER_CHECK(file->bytes() == m.bytes, "`", dir_, "/", m.file, "` holds ", file->bytes(),
-                     " bytes, not ", m.bytes);
-    } catch (const std::exception& e) {
-      if (error.empty()) error = e.what();
-      file.reset();
-    }
-    headers[i] = file ? m.bytes : UINT64_MAX;
-    sends.emplace_back(world.isend(&headers[i], 1, m.dst, kMoveTag), m.dst);
-    if (file)
-      for (uint64_t at = 0; at < m.bytes; at += kPiece)
-        sends.emplace_back(world.isend(file->data() + at, std::min<uint64_t>(kPiece, m.bytes - at),
-                                       m.dst, kMoveTag),
-                           m.dst);
-    sources.push_back(std::move(file));
-  }
+  FileTransfer transfer(world);
   for (const FileMove& m : moves) {
-    if (m.dst != me) continue;
-    uint64_t bytes = 0;
-    world.recv(&bytes, 1, m.src, kMoveTag);
-    if (bytes == UINT64_MAX) {
-      if (error.empty()) error = "rank " + std::to_string(m.src) + " could not read " + m.file;
-      continue;
-    }
-    const std::string path = dir_ + "/" + m.file, tmp = ck::temp_path(path);
-    std::unique_ptr<Mapped> file;
-    try {
-      std::error_code ec;
-      fs::create_directories(fs::path(path).parent_path(), ec);
-      file = std::make_unique<Mapped>(tmp, bytes, true);
-    } catch (const std::exception& e) {
-      if (error.empty()) error = e.what();
-    }
-    // The bytes are received whatever happens here (the sender waits for them).
-    std::vector<char> sink;
-    for (uint64_t at = 0; at < bytes; at += kPiece) {
-      const size_t n = std::min<uint64_t>(kPiece, bytes - at);
-      if (!file) sink.resize(n);
-      world.recv(file ? file->data() + at : sink.data(), n, m.src, kMoveTag);
-    }
-    if (!file) continue;
-    file.reset();
-    std::error_code ec;
-    fs::rename(tmp, path, ec);
-    if (ec && error.empty()) error = "cannot rename `" + tmp + "`: " + ec.message();
+    if (m.src == world.rank()) transfer.send(dir_ + "/" + m.file, m.bytes, m.dst);
+    if (m.dst == world.rank()) transfer.receive(dir_ + "/" + m.file, m.bytes, m.src);
   }
-  for (auto& [request, peer] : sends) world.wait(request, "memory tier copy", peer);
-  return agreed_error(world, error);
+  return agreed_error(world, transfer.complete());
 }
 
-// The buddy copies in flight: the files mapped on both sides, the requests and the received
-// temporaries to rename once they arrived.
+// The buddy copies in flight, and when and how many bytes they started.
 struct MemoryTier::Copies {
-  std::vector<std::unique_ptr<Mapped>> files;
-  std::vector<std::vector<char>> sinks;  // where a receive goes whose file cannot be made
-  std::vector<std::pair<MPI_Request, int>> requests;  // with the peer, for the watchdog's message
-  std::vector<std::pair<std::string, std::string>> received;  // temporary, final path
-  std::string error;
+  explicit Copies(const parallel::Comm& world) : transfer(world) {}
+  FileTransfer transfer;
   std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
   uint64_t bytes = 0;
 };
 
 MemoryTier::~MemoryTier() {
-  if (!copies_) return;
-  const auto& requests = copies_->requests;
-  // MPI may still write into or read from them until the process ends: left mapped.
-  if (std::any_of(requests.begin(), requests.end(),
-                  [](const auto& r) { return r.first != MPI_REQUEST_NULL; }))
-    (void)copies_.release();
+  // MPI may still write into or read from the files until the process ends: left mapped.
+  if (copies_ && copies_->transfer.in_flight()) (void)copies_.release();
 }
 
 void MemoryTier::start_copies(const ck::IndexInfo& info, const std::vector<int>& writers) {
   const auto& world = job_.mesh->world();
-  const int me = world.rank();
-  copies_ = std::make_unique<Copies>();
-  Copies& c = *copies_;
+  copies_ = std::make_unique<Copies>(world);
   if (!ring_.copies()) return;
-  static const char nothing = 0;
   for (size_t i = 0; i < info.shards.size(); ++i) {
     const int src = writers[i], dst = ring_.buddy(src);
-    const uint64_t bytes = info.shards[i].bytes;
     const std::string path = dir_ + "/" + info.shards[i].file;
-    c.bytes += bytes;
-    // Both sides cut the file into the same pieces. A file that cannot be read is sent as empty
-    // pieces (a receive may take less than it asked for) and its error agreed on at the end.
-    if (src == me) {
-      const char* data = &nothing;
-      try {
-        c.files.push_back(std::make_unique<Mapped>(path, 0, false));
-        T3D_USER_CHECK(c.files.back()->bytes() == bytes, "`", path, "` holds ",
-                       c.files.back()->bytes(), " bytes, not ", bytes);
-        data = c.files.back()->data();
-      } catch (const std::exception& e) {
-        if (c.error.empty()) c.error = e.what();
-      }
-      for (uint64_t at = 0; at < bytes; at += kPiece) {
-        const size_t n = data == &nothing ? 0 : std::min<uint64_t>(kPiece, bytes - at);
-        c.requests.emplace_back(world.isend(data == &nothing ? data : data + at, n, dst, kMoveTag),
-                                dst);
-      }
-    }
-    if (dst == me) {
-      char* into = nullptr;
-      const std::string tmp = ck::temp_path(path);
-      try {
-        std::error_code ec;
-        fs::create_directories(fs::path(path).parent_path(), ec);
-        c.files.push_back(std::make_unique<Mapped>(tmp, bytes, true));
-        into = c.files.back()->data();
-        c.received.emplace_back(tmp, path);
-      } catch (const std::exception& e) {
-        if (c.error.empty()) c.error = e.what();
-        c.sinks.emplace_back(bytes);
-        into = c.sinks.back().data();
-      }
-      for (uint64_t at = 0; at < bytes; at += kPiece) {
-        MPI_Request r;
-        T3D_MPI(MPI_Irecv(into + at, static_cast<int>(std::min<uint64_t>(kPiece, bytes - at)),
-                          MPI_CHAR, src, kMoveTag, world.handle(), &r));
-        c.requests.emplace_back(r, src);
-      }
-    }
+    copies_->bytes += info.shards[i].bytes;
+    if (src == world.rank()) copies_->transfer.send(path, info.shards[i].bytes, dst);
+    if (dst == world.rank()) copies_->transfer.receive(path, info.shards[i].bytes, src);
   }
 }
 
-bool MemoryTier::copies_done() {
-  bool done = true;
-  for (auto& [request, peer] : copies_->requests) done = job_.mesh->world().test(request) && done;
-  return done;
-}
+bool MemoryTier::copies_done() { return copies_->transfer.arrived(); }
 
 std::string MemoryTier::finish_commit(const ck::IndexInfo& info, double* copy_s, uint64_t* copied) {
   const auto& world = job_.mesh->world();
   Copies& c = *copies_;
-  for (auto& [request, peer] : c.requests) world.wait(request, "memory tier copy", peer);
-  c.files.clear();  // unmapped and closed: what arrived is in the files
-  std::string error = c.error;
-  for (const auto& [tmp, path] : c.received) {
-    std::error_code ec;
-    if (error.empty()) fs::rename(tmp, path, ec);
-    if (ec && error.empty()) error = "cannot rename `" + tmp + "`: " + ec.message();
-  }
+  std::string error = c.transfer.complete();
   *copy_s = seconds_since(c.t0);
   *copied = c.bytes;
   error = agreed_error(world, error);
   if (!error.empty()) {
-    for (const auto& [tmp, path] : c.received) {
-      std::error_code ec;
-      fs::remove(tmp, ec);
-    }
+    c.transfer.discard();
     copies_.reset();
     return "its buddy copy failed on " + error;
   }
@@ -431,6 +386,34 @@ std::string MemoryTier::finish_commit(const ck::IndexInfo& info, double* copy_s,
   error = agreed_error(world, mine);
   if (!error.empty()) return "writing its manifest failed on " + error;
   if (leader()) ck::retain_memory_snapshot(dir_, info.step);
+  return "";
+}
+
+std::string MemoryTier::share_catalog(const ck::IndexInfo& info, const std::vector<int>& source,
+                                      std::vector<ck::ShardPiece>* pieces) {
+  const auto& world = job_.mesh->world();
+  const size_t n = info.shards.size();
+  std::string catalog, unreadable;
+  try {
+    std::vector<ck::ShardPiece> read;
+    io_.run([&] {
+      for (size_t i = 0; i < n; ++i)
+        if (source[i] == world.rank())
+          for (auto& p : ck::shard_pieces(dir_, info.shards[i].file)) read.push_back(std::move(p));
+    });
+    catalog = pieces_text(read);
+  } catch (const std::exception& e) {
+    unreadable = e.what();
+  }
+  if (std::string error = agreed_error(world, unreadable); !error.empty()) return error;
+  std::map<std::string, std::vector<ck::ShardPiece>> by_file;
+  for (const int leader_rank : ring_.leader) {
+    std::string part = world.rank() == leader_rank ? catalog : "";
+    world.broadcast(part, leader_rank);
+    for (auto& p : parse_pieces(part)) by_file[p.file].push_back(std::move(p));
+  }
+  for (const auto& shard : info.shards)
+    for (auto& p : by_file[shard.file]) pieces->push_back(std::move(p));
   return "";
 }
 
@@ -493,33 +476,12 @@ std::string MemoryTier::prepare_restore(int64_t disk_step, const std::vector<ck:
       return "";
     }
   }
-  // The catalog (which box of which tensor each shard holds), read by each shard's source and
-  // shared, so that every host can index the snapshot while holding only the shards it reads.
-  std::string catalog, unreadable;
-  try {
-    std::vector<ck::ShardPiece> read;
-    io_.run([&] {
-      for (size_t i = 0; i < n; ++i)
-        if (source[i] == world.rank())
-          for (auto& p : ck::shard_pieces(dir_, info->shards[i].file)) read.push_back(std::move(p));
-    });
-    catalog = pieces_text(read);
-  } catch (const std::exception& e) {
-    unreadable = e.what();
-  }
-  if (std::string error = agreed_error(world, unreadable); !error.empty()) {
+  // The catalog, so that every host can index the snapshot while holding only the shards it reads.
+  std::vector<ck::ShardPiece> pieces;
+  if (std::string error = share_catalog(*info, source, &pieces); !error.empty()) {
     *why = "reading the memory tier's catalog failed on " + error;
     return "";
   }
-  std::map<std::string, std::vector<ck::ShardPiece>> by_file;
-  for (const int leader_rank : ring_.leader) {
-    std::string part = world.rank() == leader_rank ? catalog : "";
-    world.broadcast(part, leader_rank);
-    for (auto& p : parse_pieces(part)) by_file[p.file].push_back(std::move(p));
-  }
-  std::vector<ck::ShardPiece> pieces;  // in the order of the shard list
-  for (const auto& shard : info->shards)
-    for (auto& p : by_file[shard.file]) pieces.push_back(std::move(p));
   // The shards each rank reads; each host gets those of its ranks.
   const std::vector<char> need = shards_read(info->shards, pieces, boxes);
   std::vector<char> needed(n * static_cast<size_t>(world.size()), 0);

@@ -3,9 +3,9 @@
 // written in order by a helper thread while the next buffers fill: the kernel neither copies it
 // into the page cache nor writes it back later, and the device streams while the caller hashes.
 // HDF5's metadata and the unaligned edges of raw runs go through the page cache as usual. The
-// helper makes no HDF5 call. Every raw byte is also handed to a FileDigestBuilder as it is
-// written, so the shard's whole-file digest needs no second read of the file. The file is an
-// ordinary HDF5 file: readers open it with HDF5's default driver.
+// helper (DirectWriter, direct_writer.h) makes no HDF5 call. Every raw byte is also handed to a
+// FileDigestBuilder as it is written, so the shard's whole-file digest needs no second read of
+// the file. The file is an ordinary HDF5 file: readers open it with HDF5's default driver.
 //
 // Where O_DIRECT is refused (a file system without it), everything goes through the page cache.
 // Runs on the I/O thread, as every HDF5 call.

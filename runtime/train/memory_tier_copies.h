@@ -2,9 +2,9 @@
 // keeps whose copy, the buddy copies over MPI, the commit of a memory snapshot, and at a restart
 // the inventory of what survived, which brings into each living host's directory the shards its
 // ranks read and indexes the snapshot there, so that the ordinary reader (resharding included)
-// restores it. The files themselves are
-// checkpoint/memory_tier.h's business; Snapshotter (snapshots.h) writes the shards with its
-// staging and I/O thread, as it does the disk tier's.
+// restores it. The files themselves are checkpoint/memory_tier_files.h's business; SnapshotWriter
+// (snapshot_writer.h) writes the shards with its staging and I/O thread, as it does the disk
+// tier's.
 //
 // The buddy ring: hosts in the order of their first world rank; every rank of host h sends its
 // shard to the first rank of host h + 1 (mod hosts), which writes it into its own host's
@@ -102,6 +102,11 @@ class MemoryTier {
  private:
   // Moves `moves` (collective; every rank passes the same list). Returns "" or the first error.
   std::string move_files(const std::vector<FileMove>& moves);
+  // Collective, at a restore: the catalog of `info`'s shards (which box of which tensor each
+  // holds), read by each shard's `source` rank and shared, in the order of the shard list.
+  // Returns "" or the agreed error.
+  std::string share_catalog(const checkpoint::IndexInfo& info, const std::vector<int>& source,
+                            std::vector<checkpoint::ShardPiece>* pieces);
   struct Copies;
   std::unique_ptr<Copies> copies_;  // the buddy copies of the snapshot being committed
   const Job& job_;

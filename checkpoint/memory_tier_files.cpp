@@ -1,5 +1,5 @@
-// The memory tier's directories and manifests (memory_tier.h).
-#include "checkpoint/memory_tier.h"
+// The memory tier's directories and manifests (memory_tier_files.h).
+#include "checkpoint/memory_tier_files.h"
 
 #include <sys/statvfs.h>
 

@@ -1,4 +1,5 @@
-#include "checkpoint/shard_file.h"
+// The HDF5 file driver shards are written through (h5_direct_driver.h).
+#include "checkpoint/h5_direct_driver.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -6,117 +7,18 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <utility>
 
+#include "checkpoint/direct_writer.h"
 #include "checkpoint/h5.h"
 
 namespace t3d::checkpoint {
 
 namespace {
-
-// O_DIRECT transfers: file offsets, memory addresses and lengths in multiples of this (the
-// largest logical block size in use, so it holds on every device).
-constexpr uint64_t kAlign = 4096;
-// Raw data is gathered into O_DIRECT writes of up to this size.
-constexpr size_t kBounce = 8 << 20;
-// Largest single O_DIRECT write (the kernel caps a write at just under 2 GiB).
-constexpr size_t kMaxWrite = 256 << 20;
-
-// pwrite of all `size` bytes at `at`, retried over short writes and EINTR.
-bool write_all(int fd, const void* data, size_t size, uint64_t at);
-
-// O_DIRECT writes on a thread of their own, in the order submitted, so that the device streams
-// while the caller hashes and copies the next bytes. Of kDepth buffers one is being filled and the
-// others wait for or are in the device: the device keeps streaming through the caller's stalls
-// (descheduled while training's threads have the cores) of up to kDepth - 1 writes.
-class DirectWriter {
- public:
-  static constexpr int kDepth = 4;
-  explicit DirectWriter(int fd) : fd_(fd) {}
-  ~DirectWriter() {
-    if (thread_.joinable()) {
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        stop_ = true;
-      }
-      ready_.notify_all();
-      thread_.join();
-    }
-    for (char* b : buffers_) std::free(b);
-  }
-  // The buffer to fill, of kBounce bytes, aligned, once no write reads it any more; null (errno
-  // ENOMEM) when it cannot be had.
-  char* buffer() {
-    char*& b = buffers_[submitted_ % kDepth];
-    if (!b) {
-      void* p = nullptr;
-      if (::posix_memalign(&p, kAlign, kBounce) != 0) return errno = ENOMEM, nullptr;
-      b = static_cast<char*>(p);
-    }
-    std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [this] { return submitted_ - written_ < kDepth; });
-    return b;
-  }
-  // Queues the first `size` bytes of buffer() for writing at `at`; the next buffer becomes
-  // buffer(). False (errno set) when an earlier write failed.
-  bool submit(size_t size, uint64_t at) {
-    if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (error_) return errno = error_, false;
-      jobs_[submitted_ % kDepth] = {buffers_[submitted_ % kDepth], size, at};
-      ++submitted_;
-    }
-    ready_.notify_all();
-    return true;
-  }
-  // Waits for every queued write; false (errno set) when a write failed.
-  bool wait() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    done_.wait(lock, [this] { return written_ == submitted_; });
-    if (error_) errno = error_;
-    return error_ == 0;
-  }
-
- private:
-  struct Job {
-    const char* data = nullptr;
-    size_t size = 0;
-    uint64_t at = 0;
-  };
-  void run() {
-    std::unique_lock<std::mutex> lock(mutex_);
-    for (;;) {
-      ready_.wait(lock, [this] { return written_ < submitted_ || stop_; });
-      if (written_ == submitted_) return;
-      const Job job = jobs_[written_ % kDepth];
-      const bool failed_before = error_ != 0;  // the file is abandoned: the rest is not written
-      lock.unlock();
-      const int err = failed_before || write_all(fd_, job.data, job.size, job.at) ? 0 : errno;
-      lock.lock();
-      if (err && !error_) error_ = err;
-      ++written_;
-      done_.notify_all();
-    }
-  }
-  int fd_;
-  char* buffers_[kDepth] = {};
-  Job jobs_[kDepth];
-  uint64_t submitted_ = 0;  // writes queued so far; buffer() is buffers_[submitted_ % kDepth]
-  uint64_t written_ = 0;    // of which done (the thread takes them in order)
-  std::thread thread_;
-  std::mutex mutex_;
-  std::condition_variable ready_, done_;
-  bool stop_ = false;
-  int error_ = 0;
-};
 
 struct Driver {
   H5FD_t pub;          // first: HDF5 casts between the two
@@ -144,20 +46,6 @@ herr_t fail(const char* func, hid_t minor, const char* what) {
   H5Epush2(H5E_DEFAULT, __FILE__, func, __LINE__, H5E_ERR_CLS, H5E_VFL, minor,
            "%s failed: errno = %d, error message = '%s'", what, err, std::strerror(err));
   return -1;
-}
-
-bool write_all(int fd, const void* data, size_t size, uint64_t at) {
-  const auto* p = static_cast<const char*>(data);
-  while (size > 0) {
-    const ssize_t n = ::pwrite(fd, p, std::min(size, kMaxWrite), static_cast<off_t>(at));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      if (n == 0) errno = EIO;
-      return false;
-    }
-    p += n, at += static_cast<uint64_t>(n), size -= static_cast<size_t>(n);
-  }
-  return true;
 }
 
 H5FD_t* open_file(const char* name, unsigned flags, hid_t fapl, haddr_t maxaddr) {
