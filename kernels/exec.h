@@ -35,15 +35,6 @@ struct Exec {
 // optimizer's shards, the gradient reducer, decoding).
 inline constexpr Exec kCpu{GemmKind::kOpenBlasF32};
 
-// Whether this build has the CUDA backend (T3D_CUDA, docs/gpu.md).
-constexpr bool have_cuda_backend() {
-#ifdef T3D_HAVE_CUDA
-  return true;
-#else
-  return false;
-#endif
-}
-
 }  // namespace t3d::kernels
 
 // T3D_ON_GPU(exec, call): the first line of an op that has a CUDA twin: returns `call` (the twin,

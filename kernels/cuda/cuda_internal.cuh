@@ -40,8 +40,8 @@ struct Stream::Impl {
   // cuBLAS's workspace, fixed for the stream's life (cublasSetWorkspace): with the algorithm
   // heuristics given the same workspace every call, cuBLAS repeats its bits.
   void* blas_workspace = nullptr;
-  // The partial sums of sum_of_squares (kSumBlocks doubles, then one for the result), and the
-  // step scalars read back: a sum, a count.
+  // The partial sums of sum_of_squares (kSumBlocks doubles), and the step scalars read back to
+  // the host: a sum, a count.
   double* partial_sums = nullptr;
   double* scalar_sum = nullptr;
   unsigned long long* scalar_count = nullptr;

@@ -95,7 +95,7 @@ Stream::Stream(int device) : impl_(std::make_unique<Impl>()) {
   T3D_CUBLAS_CHECK(cublasSetAtomicsMode(impl_->blas, CUBLAS_ATOMICS_NOT_ALLOWED));
   T3D_CUDA_CHECK(cudaMalloc(&impl_->blas_workspace, kBlasWorkspaceBytes));
   T3D_CUBLAS_CHECK(cublasSetWorkspace(impl_->blas, impl_->blas_workspace, kBlasWorkspaceBytes));
-  T3D_CUDA_CHECK(cudaMalloc(&impl_->partial_sums, (kSumBlocks + 1) * sizeof(double)));
+  T3D_CUDA_CHECK(cudaMalloc(&impl_->partial_sums, kSumBlocks * sizeof(double)));
   T3D_CUDA_CHECK(cudaMalloc(&impl_->scalar_sum, sizeof(double)));
   T3D_CUDA_CHECK(cudaMalloc(&impl_->scalar_count, sizeof(unsigned long long)));
 }

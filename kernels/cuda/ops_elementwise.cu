@@ -89,6 +89,15 @@ void copy(const Stream& s, float* dst, const float* src, std::int64_t n) {
                                  cudaMemcpyDeviceToDevice, s.impl().stream));
 }
 
+// A step scalar the stream computed, waited for and copied to the host.
+template <class T>
+T read_back(const Stream& s, const T* device_value) {
+  T host{};
+  copy_to_host(s, &host, device_value, sizeof host);
+  s.synchronize();
+  return host;
+}
+
 std::int64_t count_nonfinite_to_host(const Stream& s, const float* x, std::int64_t n) {
   unsigned long long* count = s.impl().scalar_count;
   T3D_CUDA_CHECK(cudaMemsetAsync(count, 0, sizeof *count, s.impl().stream));
@@ -96,19 +105,13 @@ std::int64_t count_nonfinite_to_host(const Stream& s, const float* x, std::int64
     count_nonfinite_kernel<<<grid_for(n), kBlock, 0, s.impl().stream>>>(count, x, n);
     T3D_CUDA_LAUNCHED();
   }
-  unsigned long long host = 0;
-  copy_to_host(s, &host, count, sizeof host);
-  s.synchronize();
-  return static_cast<std::int64_t>(host);
+  return static_cast<std::int64_t>(read_back(s, count));
 }
 
 double sum_in_order_to_host(const Stream& s, const float* x, std::int64_t n) {
   sum_in_order_kernel<<<1, 1, 0, s.impl().stream>>>(s.impl().scalar_sum, x, n);
   T3D_CUDA_LAUNCHED();
-  double host = 0.0;
-  copy_to_host(s, &host, s.impl().scalar_sum, sizeof host);
-  s.synchronize();
-  return host;
+  return read_back(s, s.impl().scalar_sum);
 }
 
 void add(const Stream& s, float* out, const float* x, const float* y, std::int64_t n) {
@@ -127,12 +130,8 @@ void sum_of_squares(const Stream& s, double* out, const float* x, std::int64_t n
 }
 
 double sum_of_squares_to_host(const Stream& s, const float* x, std::int64_t n) {
-  double* result = s.impl().partial_sums + kSumBlocks;
-  sum_of_squares(s, result, x, n);
-  double host = 0.0;
-  copy_to_host(s, &host, result, sizeof host);
-  s.synchronize();
-  return host;
+  sum_of_squares(s, s.impl().scalar_sum, x, n);
+  return read_back(s, s.impl().scalar_sum);
 }
 
 void adamw_step(const Stream& s, float* params, const float* grads, float* m, float* v,

@@ -82,7 +82,7 @@ void Model::forward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, co
   auto& s = *scratch_;
   const int64_t Nl = rows_local_;
   float* xn1_rows = sp_ ? s.rows : a.xn1;  // SP: normalise this rank's rows, then gather
-  k::rmsnorm_forward(options_.exec, xn1_rows, a.rstd1, x_in, pw.ln1, Nl, C,
+  k::rmsnorm_forward(exec, xn1_rows, a.rstd1, x_in, pw.ln1, Nl, C,
                      static_cast<float>(config_.norm_eps));
   gather_rows(xn1_rows, a.xn1);
   using Copy = k::LinearInput::Copy;
@@ -95,10 +95,10 @@ void Model::forward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, co
   // Each part of this rank's positions (one without context parallelism) is (B, len) rows.
   const int64_t len = part_len_, part_rows = B * len;
   for (int64_t part = 0; part < parts_; ++part) {
-    k::rope_forward(options_.exec, a.q + part * part_rows * qd, a.q + part * part_rows * qd, s.rope,
-                    B, len, heads_, D, part_begin(part));
-    k::rope_forward(options_.exec, a.kk + part * part_rows * kvd, a.kk + part * part_rows * kvd,
-                    s.rope, B, len, kv_heads_, D, part_begin(part));
+    k::rope_forward(exec, a.q + part * part_rows * qd, a.q + part * part_rows * qd, s.rope, B, len,
+                    heads_, D, part_begin(part));
+    k::rope_forward(exec, a.kk + part * part_rows * kvd, a.kk + part * part_rows * kvd, s.rope, B,
+                    len, kv_heads_, D, part_begin(part));
   }
   if (cp_) {
     gather_sequence(a.kk, s.k_all, kvd);
@@ -110,10 +110,10 @@ void Model::forward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, co
                          s.attn, attention_shape(part));
   k::linear_forward(s.tmp, k::LinearInput(exec, a.att, copies.att, Copy::kFill, N, qd), pw.o, C);
   const float* branch = reduce_rows(s.tmp);  // row-parallel: partial sums before the residual add
-  k::add(options_.exec, a.xmid, x_in, branch, Nl * C);
+  k::add(exec, a.xmid, x_in, branch, Nl * C);
 
   float* xn2_rows = sp_ ? s.rows : a.xn2;
-  k::rmsnorm_forward(options_.exec, xn2_rows, a.rstd2, a.xmid, pw.ln2, Nl, C,
+  k::rmsnorm_forward(exec, xn2_rows, a.rstd2, a.xmid, pw.ln2, Nl, C,
                      static_cast<float>(config_.norm_eps));
   gather_rows(xn2_rows, a.xn2);
   if (moe_block(l)) {
@@ -125,16 +125,15 @@ void Model::forward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, co
       k::linear_forward(a.up, x, pw.up, ffn_);
     }
     if (copies.fused_swiglu) {
-      k::swiglu_forward_bf16(options_.exec, copies.h, copies.gate, copies.up, a.gate, a.up,
-                             N * ffn_);
+      k::swiglu_forward_bf16(exec, copies.h, copies.gate, copies.up, a.gate, a.up, N * ffn_);
     } else {
-      k::swiglu_forward(options_.exec, a.h, a.gate, a.up, N * ffn_);
+      k::swiglu_forward(exec, a.h, a.gate, a.up, N * ffn_);
     }
     const auto h_filled = copies.fused_swiglu ? Copy::kFilled : Copy::kFill;
     k::linear_forward(s.tmp, k::LinearInput(exec, a.h, copies.h, h_filled, N, ffn_), pw.down, C);
   }
   branch = reduce_rows(s.tmp);
-  k::add(options_.exec, x_out, a.xmid, branch, Nl * C);
+  k::add(exec, x_out, a.xmid, branch, Nl * C);
 }
 
 void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, const float* x_in,
@@ -156,7 +155,7 @@ void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, c
   const int64_t Nl = rows_local_;
   const float* dy = gather_rows(dx, s.all_rows);  // SP: the gradient of all rows
   // A SwiGLU's down projection (the dense MLP's, or the shared experts') reads dy in W.
-  if (keep && keep->dy_down) k::copy(options_.exec, keep->dy_down, dy, N * C);
+  if (keep && keep->dy_down) k::copy(exec, keep->dy_down, dy, N * C);
   // Each GEMM input read twice or more is rounded once (bf16 GEMMs): k::LinearInput. The
   // block's own inputs come from its bf16 copies when it has them.
   using Copy = k::LinearInput::Copy;
@@ -174,16 +173,15 @@ void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, c
     k::bf16* dgate16 = copies.fused_swiglu ? reinterpret_cast<k::bf16*>(dgate) : nullptr;
     k::bf16* dup16 = copies.fused_swiglu ? reinterpret_cast<k::bf16*>(dup) : nullptr;
     if (copies.fused_swiglu)
-      k::swiglu_backward_bf16(options_.exec, dgate16, dup16, s.dh, copies.gate, copies.up,
-                              N * ffn_);
+      k::swiglu_backward_bf16(exec, dgate16, dup16, s.dh, copies.gate, copies.up, N * ffn_);
     else
-      k::swiglu_backward(options_.exec, dgate, dup, s.dh, a.gate, a.up, N * ffn_);
+      k::swiglu_backward(exec, dgate, dup, s.dh, a.gate, a.up, N * ffn_);
     {
       const k::LinearInput dg(exec, dgate, dgate16, Copy::kFilled, N, ffn_),
           du(exec, dup, dup16, Copy::kFilled, N, ffn_);
       k::linear_backward_input(s.dxn, dg, pw.gate, C);
       k::linear_backward_input(s.dtmp, du, pw.up, C);
-      k::add_inplace(options_.exec, s.dxn, s.dtmp, N * C);
+      k::add_inplace(exec, s.dxn, s.dtmp, N * C);
       if (!keep) {
         const k::LinearInput x(exec, a.xn2, copies.xn2, Copy::kFilled, N, C);
         k::linear_backward_weight(pg.gate, dg, x);
@@ -193,11 +191,11 @@ void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, c
   }
   // Column-parallel: the shared input's gradient is a partial sum (SP: of this rank's rows).
   const float* dxn_rows = reduce_rows(s.dxn);
-  k::rmsnorm_backward(options_.exec, dx, pg.ln2, dxn_rows, a.xmid, pw.ln2, a.rstd2, Nl, C,
+  k::rmsnorm_backward(exec, dx, pg.ln2, dxn_rows, a.xmid, pw.ln2, a.rstd2, Nl, C,
                       k::Out::kAccumulate);  // dx is now d xmid
   dy = gather_rows(dx, s.all_rows);
 
-  if (keep) k::copy(options_.exec, keep->dy_o, dy, N * C);
+  if (keep) k::copy(exec, keep->dy_o, dy, N * C);
   {
     const k::LinearInput dy_o(exec, dy, N, C);
     k::linear_backward_input(s.datt, dy_o, pw.o, qd);
@@ -219,8 +217,8 @@ void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, c
                             s.v_all, a.att + part * part_rows * qd, a.lse + part * B * heads_ * len,
                             s.attn, attention_shape(part));
     }
-    k::add_inplace(options_.exec, s.dk_all, s.cp_kv_part, whole);
-    k::add_inplace(options_.exec, s.dv_all, s.cp_kv_part + whole, whole);
+    k::add_inplace(exec, s.dk_all, s.cp_kv_part, whole);
+    k::add_inplace(exec, s.dv_all, s.cp_kv_part + whole, whole);
     scatter_sequence_grad(s.dk_all, dk, kvd);
     scatter_sequence_grad(s.dv_all, dv, kvd);
   } else {
@@ -228,18 +226,18 @@ void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, c
                           attention_shape(0));
   }
   for (int64_t part = 0; part < parts_; ++part) {
-    k::rope_backward(options_.exec, dq + part * part_rows * qd, dq + part * part_rows * qd, s.rope,
-                     B, len, heads_, D, part_begin(part));
-    k::rope_backward(options_.exec, dk + part * part_rows * kvd, dk + part * part_rows * kvd,
-                     s.rope, B, len, kv_heads_, D, part_begin(part));
+    k::rope_backward(exec, dq + part * part_rows * qd, dq + part * part_rows * qd, s.rope, B, len,
+                     heads_, D, part_begin(part));
+    k::rope_backward(exec, dk + part * part_rows * kvd, dk + part * part_rows * kvd, s.rope, B, len,
+                     kv_heads_, D, part_begin(part));
   }
   {
     const k::LinearInput dq_in(exec, dq, N, qd), dk_in(exec, dk, N, kvd), dv_in(exec, dv, N, kvd);
     k::linear_backward_input(s.dxn, dq_in, pw.q, C);
     k::linear_backward_input(s.dtmp, dk_in, pw.k, C);
-    k::add_inplace(options_.exec, s.dxn, s.dtmp, N * C);
+    k::add_inplace(exec, s.dxn, s.dtmp, N * C);
     k::linear_backward_input(s.dtmp, dv_in, pw.v, C);
-    k::add_inplace(options_.exec, s.dxn, s.dtmp, N * C);
+    k::add_inplace(exec, s.dxn, s.dtmp, N * C);
     if (!keep) {
       const k::LinearInput x(exec, a.xn1, copies.xn1, Copy::kFilled, N, C);
       k::linear_backward_weight(pg.q, dq_in, x);
@@ -248,7 +246,7 @@ void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, c
     }
   }
   dxn_rows = reduce_rows(s.dxn);
-  k::rmsnorm_backward(options_.exec, dx, pg.ln1, dxn_rows, x_in, pw.ln1, a.rstd1, Nl, C,
+  k::rmsnorm_backward(exec, dx, pg.ln1, dxn_rows, x_in, pw.ln1, a.rstd1, Nl, C,
                       k::Out::kAccumulate);  // dx is now d x_in
 }
 
@@ -292,30 +290,30 @@ double Model::forward_head(ChunkActs& c, const int32_t* targets, float grad_scal
   const int64_t Nl = rows_local_;
   float* xf_rows = sp_ ? s.rows : c.xf;
   const int64_t norm_unit = config_.n_layers;
-  k::rmsnorm_forward(options_.exec, xf_rows, c.rstdf, x_last, w("model.norm.weight", norm_unit), Nl,
-                     C, static_cast<float>(config_.norm_eps));
+  k::rmsnorm_forward(exec, xf_rows, c.rstdf, x_last, w("model.norm.weight", norm_unit), Nl, C,
+                     static_cast<float>(config_.norm_eps));
   gather_rows(xf_rows, c.xf);
   k::linear_forward(exec, s.logits, c.xf, w(head, head_unit), N, C, vocab_);
   if (tp_.size() == 1) {
-    k::cross_entropy_fused(options_.exec, s.logits, s.losses, targets, N, vocab_, grad_scale);
+    k::cross_entropy_fused(exec, s.logits, s.losses, targets, N, vocab_, grad_scale);
   } else {
     // Vocab-parallel cross-entropy: three all-reduces of N floats instead of N·V logits.
-    k::ce_local_max(options_.exec, s.row_max, s.logits, N, vocab_);
+    k::ce_local_max(exec, s.row_max, s.logits, N, vocab_);
     tp_.all_reduce(s.row_max, static_cast<size_t>(N), parallel::ReduceOp::max);
-    k::ce_local_sum_exp(options_.exec, s.sum_exp, s.logits, s.row_max, N, vocab_);
+    k::ce_local_sum_exp(exec, s.sum_exp, s.logits, s.row_max, N, vocab_);
     tp_.all_reduce(s.sum_exp, static_cast<size_t>(N));
-    k::ce_local_target_logit(options_.exec, s.target, s.logits, targets, N, vocab_, vocab_start_);
+    k::ce_local_target_logit(exec, s.target, s.logits, targets, N, vocab_, vocab_start_);
     tp_.all_reduce(s.target, static_cast<size_t>(N));
-    k::ce_loss_and_grad(options_.exec, s.logits, s.losses, targets, s.row_max, s.sum_exp, s.target,
-                        N, vocab_, vocab_start_, grad_scale);
+    k::ce_loss_and_grad(exec, s.logits, s.losses, targets, s.row_max, s.sum_exp, s.target, N,
+                        vocab_, vocab_start_, grad_scale);
   }
-  const double loss_sum = k::sum_in_order(options_.exec, s.losses, N);
+  const double loss_sum = k::sum_in_order(exec, s.losses, N);
   if (training) {
     k::linear_backward_input(exec, s.dxn, s.logits, w(head, head_unit), N, C, vocab_);
     k::linear_backward_weight(exec, g(head, head_unit), s.logits, c.xf, N, C, vocab_);
     const float* dxn_rows = reduce_rows(s.dxn);
-    k::rmsnorm_backward(options_.exec, c.dx_last, g("model.norm.weight", norm_unit), dxn_rows,
-                        x_last, w("model.norm.weight", norm_unit), c.rstdf, Nl, C);
+    k::rmsnorm_backward(exec, c.dx_last, g("model.norm.weight", norm_unit), dxn_rows, x_last,
+                        w("model.norm.weight", norm_unit), c.rstdf, Nl, C);
     unit_done(config_.n_layers);
   }
   return loss_sum;
@@ -323,6 +321,7 @@ double Model::forward_head(ChunkActs& c, const int32_t* targets, float grad_scal
 
 double Model::forward(int chunk, int slot, const int32_t* tokens, const int32_t* targets,
                       float grad_scale, bool training) {
+  const k::Exec& exec = options_.exec;
   const auto& range = chunks_.at(chunk);
   ChunkActs& a = *acts_.at(chunk).at(slot);
   const int64_t N = rows_, C = config_.dim;
@@ -331,9 +330,9 @@ double Model::forward(int chunk, int slot, const int32_t* tokens, const int32_t*
     std::memcpy(a.tokens, tokens, sizeof(int32_t) * N);
     const float* emb = w("model.embed_tokens.weight", -1);
     // Vocab-parallel: each id's row comes from the rank owning it (SP: scattered by rows).
-    k::embedding_forward(options_.exec, scratch_->tmp, tokens, emb, N, C, vocab_start_,
+    k::embedding_forward(exec, scratch_->tmp, tokens, emb, N, C, vocab_start_,
                          vocab_start_ + vocab_);
-    k::copy(options_.exec, a.x[0], reduce_rows(scratch_->tmp), rows_local_ * C);
+    k::copy(exec, a.x[0], reduce_rows(scratch_->tmp), rows_local_ * C);
   }
   for (int64_t l = range.begin; l < range.end; ++l) {
     const int64_t i = l - range.begin;
@@ -365,11 +364,12 @@ void Model::backward_weight(int chunk, int slot) {
 }
 
 void Model::backward_impl(int chunk, int slot, const float* dout, bool defer_weights) {
+  const k::Exec& exec = options_.exec;
   const auto& range = chunks_.at(chunk);
   ChunkActs& a = *acts_.at(chunk).at(slot);
   const int64_t N = rows_, C = config_.dim;
   float* dx = range.first ? scratch_->dx : a.dx_in;
-  k::copy(options_.exec, dx, range.last ? a.dx_last : dout, rows_local_ * C);
+  k::copy(exec, dx, range.last ? a.dx_last : dout, rows_local_ * C);
   for (int64_t l = range.end - 1; l >= range.begin; --l) {
     const int64_t i = l - range.begin;
     // Recompute: the same forward on the same input gives the same bits, so rewriting x[i + 1]
@@ -382,15 +382,16 @@ void Model::backward_impl(int chunk, int slot, const float* dout, bool defer_wei
   }
   if (range.first) {
     const float* dy = gather_rows(dx, scratch_->all_rows);
-    k::embedding_backward(options_.exec, g("model.embed_tokens.weight", -1), dy, a.tokens, N, C,
+    k::embedding_backward(exec, g("model.embed_tokens.weight", -1), dy, a.tokens, N, C,
                           vocab_start_, vocab_start_ + vocab_);
     unit_done(-1);
   }
 }
 
 int64_t Model::first_nonfinite_layer(int slot) const {
+  const k::Exec& exec = options_.exec;
   const auto finite = [&](const float* x) {
-    return k::count_nonfinite(options_.exec, x, rows_local_ * config_.dim) == 0;
+    return k::count_nonfinite(exec, x, rows_local_ * config_.dim) == 0;
   };
   for (size_t ci = 0; ci < chunks_.size(); ++ci) {
     const auto& range = chunks_[ci];

@@ -75,7 +75,7 @@ void Model::moe_forward(int64_t l, LayerActs& a, const BlockCopies& copies, cons
   const auto shared_hidden = [&] {
     k::linear_forward(exec, a.sgate, a.xn2, w.shared_gate, N, C, Fs);
     k::linear_forward(exec, a.sup, a.xn2, w.shared_up, N, C, Fs);
-    k::swiglu_forward(options_.exec, a.sh, a.sgate, a.sup, N * Fs);
+    k::swiglu_forward(exec, a.sh, a.sgate, a.sup, N * Fs);
   };
   if (ep_size() > 1) {
     RowsInFlight dispatch = moe_ep_dispatch(a);
@@ -129,7 +129,7 @@ void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, con
   const auto shared_backward = [&] {
     k::linear_backward_input(exec, s.dh, dy, w.shared_down, N, Fs, C);
     if (!keep) k::linear_backward_weight(exec, g.shared_down, dy, a.sh, N, Fs, C);
-    k::swiglu_backward(options_.exec, shared_dgate, shared_dup, s.dh, a.sgate, a.sup, N * Fs);
+    k::swiglu_backward(exec, shared_dgate, shared_dup, s.dh, a.sgate, a.sup, N * Fs);
     if (keep) return;
     k::linear_backward_weight(exec, g.shared_gate, shared_dgate, a.xn2, N, C, Fs);
     k::linear_backward_weight(exec, g.shared_up, shared_dup, a.xn2, N, C, Fs);
@@ -157,9 +157,9 @@ void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, con
   if (tp_.size() > 1) tp_.all_reduce(s.moe_dgates, static_cast<size_t>(S));
   if (shared) {
     k::linear_backward_input(exec, s.dtmp, shared_dgate, w.shared_gate, N, C, Fs);
-    k::add_inplace(options_.exec, s.dxn, s.dtmp, N * C);
+    k::add_inplace(exec, s.dxn, s.dtmp, N * C);
     k::linear_backward_input(exec, s.dtmp, shared_dup, w.shared_up, N, C, Fs);
-    k::add_inplace(options_.exec, s.dxn, s.dtmp, N * C);
+    k::add_inplace(exec, s.dxn, s.dtmp, N * C);
   }
   // The router: the gates' gradient (and the auxiliary loss's, injected here at the layer, so
   // that it is the same under any pipeline split), through the scores to the logits.
@@ -177,7 +177,7 @@ void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, con
   const k::GemmKind rk = router_kind(kind);
   if (tp_.rank() == 0) {
     k::linear_backward_input(rk, s.dtmp, s.moe_dlogits, w.router, N, C, E);
-    k::add_inplace(options_.exec, s.dxn, s.dtmp, N * C);
+    k::add_inplace(exec, s.dxn, s.dtmp, N * C);
   }
   const int64_t first = sp_ ? tp_.rank() * rows_local_ : 0;
   if (keep)
