@@ -11,6 +11,7 @@
 #include "checkpoint/snapshot.h"
 #include "kernels/arena.h"
 #include "kernels/check.h"
+#include "kernels/ops.h"
 
 namespace t3d::checkpoint {
 
@@ -397,7 +398,7 @@ void SnapshotReader::verify() {
     });
 }
 
-void SnapshotReader::read(const Slice& want) {
+void SnapshotReader::read(const Slice& want, const kernels::Exec& into) {
   auto& m = impl_->top();
   const auto it = m.tensors.find(want.path);
   T3D_USER_CHECK(it != m.tensors.end(), "snapshot `", m.path, "` has no tensor `", want.path,
@@ -414,21 +415,22 @@ void SnapshotReader::read(const Slice& want) {
     const int64_t r0 = std::max(w.r0, b.r0), r1 = std::min(w.r0 + w.rows, b.r0 + b.rows);
     const int64_t c0 = std::max(w.c0, b.c0), c1 = std::min(w.c0 + w.cols, b.c0 + b.cols);
     if (r0 >= r1 || c0 >= c1) continue;
-    // A piece that is exactly the box wanted (a resume on the writer's layout) is rebuilt in
-    // place; any other is rebuilt whole into scratch and the overlap copied.
-    if (p.offset == want.offset && p.shape == want.shape) {
-      impl_->rebuild(want.path, p, want.data);
-      covered += kernels::numel(want.shape);
-      continue;
-    }
+    // Each piece is rebuilt whole into host scratch, then the overlap crosses: one copy when the
+    // piece is the box wanted (a resume on the writer's layout), else one per row.
     auto& data = impl_->box_scratch;
     if (data.size() < static_cast<size_t>(kernels::numel(p.shape)))
       data.resize(static_cast<size_t>(kernels::numel(p.shape)));
     impl_->rebuild(want.path, p, data.data());
+    if (p.offset == want.offset && p.shape == want.shape) {
+      kernels::copy_from_host(into, want.data, data.data(),
+                              sizeof(float) * static_cast<size_t>(kernels::numel(want.shape)));
+      covered += kernels::numel(want.shape);
+      continue;
+    }
     for (int64_t r = r0; r < r1; ++r)
-      std::memcpy(want.data + (r - w.r0) * w.cols + (c0 - w.c0),
-                  data.data() + (r - b.r0) * b.cols + (c0 - b.c0),
-                  static_cast<size_t>(c1 - c0) * sizeof(float));
+      kernels::copy_from_host(into, want.data + (r - w.r0) * w.cols + (c0 - w.c0),
+                              data.data() + (r - b.r0) * b.cols + (c0 - b.c0),
+                              static_cast<size_t>(c1 - c0) * sizeof(float));
     covered += (r1 - r0) * (c1 - c0);
   }
   // Pieces never overlap (each box has one writer), so the areas add up exactly when covered.

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "checkpoint/hash.h"
+#include "kernels/exec.h"
 
 namespace t3d::checkpoint {
 
@@ -212,9 +213,11 @@ class SnapshotReader {
 
   const IndexInfo& info() const;
   const std::string& path() const;
-  // Fills slice.data with the box slice.offset/shape of the global tensor slice.path, gathered
-  // from whichever pieces cover it (any writer layout: this is resharding).
-  void read(const Slice& slice);
+  // Fills slice.data, memory of `into` (the arena's Exec, or kernels::kCpu for a host buffer),
+  // with the box slice.offset/shape of the global tensor slice.path, gathered from whichever
+  // pieces cover it (any writer layout: this is resharding). Pieces are rebuilt and their hashes
+  // checked in host memory; each row of the box then crosses once (kernels::copy_from_host).
+  void read(const Slice& slice, const kernels::Exec& into);
   // Checks every shard file of the snapshot and its ancestors now, rather than when first read.
   void verify();
   // Index paths of the chain, full base first, this snapshot last.

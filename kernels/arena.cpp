@@ -69,6 +69,15 @@ Arena::~Arena() {
   munmap(base_, capacity_);
 }
 
+void Buffer::reserve(const Exec& exec, std::size_t bytes, std::string_view name) {
+  if (bytes <= bytes_) return;
+  data_ = nullptr;
+  memory_.reset();  // the old one first: the new one may need its memory
+  memory_ = std::make_unique<Arena>(bytes, exec.on_gpu() ? Memory::kDevice : Memory::kHost);
+  data_ = memory_->alloc_bytes(name, bytes);
+  bytes_ = bytes;
+}
+
 void* Arena::alloc_bytes(std::string_view name, std::size_t bytes) {
   const std::size_t rounded = aligned_bytes(std::max<std::size_t>(bytes, 1));
   if (rounded > available()) {

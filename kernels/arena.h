@@ -13,10 +13,13 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <vector>
+
+#include "kernels/exec.h"
 
 namespace t3d::kernels {
 
@@ -72,6 +75,25 @@ class Arena {
   std::size_t used_ = 0;
   std::size_t peak_ = 0;
   std::vector<Live> live_;  // for the OOM message: what is holding the memory
+};
+
+// A buffer of its own in the memory of an Exec (host for the CPU, the GPU's for a GPU Exec), for
+// the few buffers whose number is known only while running: the pipeline executor's hand-over and
+// send staging, made during the first step and reused afterwards. reserve() grows it (zeroed,
+// like arena memory), dropping what it held.
+class Buffer {
+ public:
+  void reserve(const Exec& exec, std::size_t bytes, std::string_view name);
+  std::size_t bytes() const { return bytes_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(data_);
+  }
+
+ private:
+  std::unique_ptr<Arena> memory_;
+  void* data_ = nullptr;
+  std::size_t bytes_ = 0;
 };
 
 // One entry of a parameter table: a Hugging Face name and its (global or local) shape, e.g.

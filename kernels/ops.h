@@ -27,6 +27,7 @@
 // No op allocates: scratch memory comes from the caller (the arena).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "kernels/exec.h"
@@ -45,6 +46,16 @@ void add_inplace(const Exec& exec, float* x, const float* y,
 void add(const Exec& exec, float* out, const float* x, const float* y,
          std::int64_t n);                                                   // out (n) = x + y
 void copy(const Exec& exec, float* dst, const float* src, std::int64_t n);  // dst (n) = src (n)
+// bf16 copies of arena data, rounded and widened as precision.h's float_to_bf16 / bf16_to_float
+// (the same bits on every backend): out (n) = bf16(in (n)), out (n) = float(in (n)).
+void float_to_bf16(const Exec& exec, bf16* out, const float* in, std::int64_t n);
+void bf16_to_float(const Exec& exec, float* out, const bf16* in, std::int64_t n);
+// The named crossings between host memory and the Exec's memory, the only ones the runtime
+// makes (data in, initial values, restore, snapshot staging, the step's scalars, MoE routing
+// counts): a memcpy on the CPU, a copy ordered on the stream on a GPU. Both return when the
+// host buffer may be reused (copy_from_host) or holds the bytes (copy_to_host).
+void copy_from_host(const Exec& exec, void* dst, const void* host_src, std::size_t bytes);
+void copy_to_host(const Exec& exec, void* host_dst, const void* src, std::size_t bytes);
 // Elements of x (n) that are NaN or infinite.
 std::int64_t count_nonfinite(const Exec& exec, const float* x, std::int64_t n);
 // x[0] + x[1] + ... + x[n-1] in that order, in double (a micro-batch's per-row losses).

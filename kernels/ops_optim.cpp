@@ -24,6 +24,32 @@ void copy(const Exec& exec, float* dst, const float* src, std::int64_t n) {
   if (n > 0) std::memcpy(dst, src, static_cast<std::size_t>(n) * sizeof(float));
 }
 
+void float_to_bf16(const Exec& exec, bf16* out, const float* in, std::int64_t n) {
+  T3D_ON_GPU(exec, cuda::float_to_bf16(*exec.stream, out, in, n));
+  float_to_bf16_threads(out, in, n);
+}
+
+void bf16_to_float(const Exec& exec, float* out, const bf16* in, std::int64_t n) {
+  T3D_ON_GPU(exec, cuda::bf16_to_float(*exec.stream, out, in, n));
+  bf16_to_float_threads(out, in, n);
+}
+
+void copy_from_host(const Exec& exec, void* dst, const void* host_src, std::size_t bytes) {
+  if (exec.on_gpu()) {  // synchronised: the host buffer may be pinned (then the copy is async)
+    T3D_ON_GPU(exec, (cuda::copy_to_device(*exec.stream, dst, host_src, bytes),
+                      exec.stream->synchronize()));
+  }
+  if (bytes) std::memcpy(dst, host_src, bytes);
+}
+
+void copy_to_host(const Exec& exec, void* host_dst, const void* src, std::size_t bytes) {
+  if (exec.on_gpu()) {
+    T3D_ON_GPU(
+        exec, (cuda::copy_to_host(*exec.stream, host_dst, src, bytes), exec.stream->synchronize()));
+  }
+  if (bytes) std::memcpy(host_dst, src, bytes);
+}
+
 std::int64_t count_nonfinite(const Exec& exec, const float* x, std::int64_t n) {
   T3D_ON_GPU(exec, cuda::count_nonfinite_to_host(*exec.stream, x, n));
   std::int64_t bad = 0;

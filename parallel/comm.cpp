@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <thread>
 
 #include "kernels/check.h"
@@ -37,6 +38,22 @@ MPI_Op to_mpi(ReduceOp op) {
       return MPI_MIN;
   }
   return MPI_SUM;
+}
+
+// A Request carries an MPI_Request's bits; MPI_REQUEST_NULL is the done Request.
+static_assert(sizeof(MPI_Request) <= sizeof(uint64_t), "an MPI_Request must fit a Request handle");
+Request wrap(MPI_Request r) {
+  Request q;
+  if (r == MPI_REQUEST_NULL) return q;
+  q.pending = true;
+  std::memcpy(&q.handle, &r, sizeof r);
+  return q;
+}
+MPI_Request unwrap(const Request& q) {
+  if (!q.pending) return MPI_REQUEST_NULL;
+  MPI_Request r;
+  std::memcpy(&r, &q.handle, sizeof r);
+  return r;
 }
 
 int checked_count(size_t count) {
@@ -109,7 +126,13 @@ void Comm::set_world_hosts(std::vector<std::string> host_of_world_rank) {
   world_hosts_ = std::make_shared<const std::vector<std::string>>(std::move(host_of_world_rank));
 }
 
-void Comm::wait(MPI_Request& request, const char* what, int peer) const {
+void Comm::wait(Request& request, const char* what, int peer) const {
+  MPI_Request r = unwrap(request);
+  wait_mpi(r, what, peer);
+  request = Request{};
+}
+
+void Comm::wait_mpi(MPI_Request& request, const char* what, int peer) const {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   int done = 0;
@@ -183,11 +206,19 @@ uint64_t bytes_of(size_t count, MPI_Datatype type) {
 }
 }  // namespace
 
-bool Comm::test(MPI_Request& request) const {
-  if (request == MPI_REQUEST_NULL) return true;
+bool Comm::test(Request& request) const {
+  if (!request.pending) return true;
+  MPI_Request r = unwrap(request);
   int done = 0;
-  T3D_MPI(MPI_Test(&request, &done, MPI_STATUS_IGNORE));
+  T3D_MPI(MPI_Test(&r, &done, MPI_STATUS_IGNORE));
+  request = wrap(r);
   return done != 0;
+}
+
+void Comm::release(Request& request) const {
+  MPI_Request r = unwrap(request);
+  if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+  request = Request{};
 }
 
 void Comm::all_reduce_raw(void* data, size_t count, MPI_Datatype type, ReduceOp op) const {
@@ -198,7 +229,7 @@ void Comm::all_reduce_raw(void* data, size_t count, MPI_Datatype type, ReduceOp 
   if (op == ReduceOp::sum) fault::corrupt_contribution(data, count, type, world_ranks_[rank_]);
   MPI_Request r;
   T3D_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, checked_count(count), type, to_mpi(op), comm_, &r));
-  wait(r, "all_reduce");
+  wait_mpi(r, "all_reduce");
 }
 
 namespace {
@@ -227,7 +258,7 @@ void Comm::all_reduce_bf16(uint16_t* data, size_t count) const {
   MPI_Request r;
   T3D_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, checked_count(count), MPI_UINT16_T, bf16_sum_op(),
                          comm_, &r));
-  wait(r, "all_reduce (bf16)");
+  wait_mpi(r, "all_reduce (bf16)");
 }
 
 void Comm::reduce_scatter_bf16(const uint16_t* send, uint16_t* recv, size_t count) const {
@@ -238,7 +269,7 @@ void Comm::reduce_scatter_bf16(const uint16_t* send, uint16_t* recv, size_t coun
   MPI_Request r;
   T3D_MPI(MPI_Ireduce_scatter_block(send, recv, checked_count(count), MPI_UINT16_T, bf16_sum_op(),
                                     comm_, &r));
-  wait(r, "reduce_scatter (bf16)");
+  wait_mpi(r, "reduce_scatter (bf16)");
 }
 
 void Comm::all_gather_raw(const void* send, void* recv, size_t count, MPI_Datatype type) const {
@@ -249,7 +280,7 @@ void Comm::all_gather_raw(const void* send, void* recv, size_t count, MPI_Dataty
   MPI_Request r;
   const int n = checked_count(count);
   T3D_MPI(MPI_Iallgather(send, n, type, recv, n, type, comm_, &r));
-  wait(r, "all_gather");
+  wait_mpi(r, "all_gather");
 }
 
 void Comm::reduce_scatter_raw(const void* send, void* recv, size_t count, MPI_Datatype type) const {
@@ -259,7 +290,7 @@ void Comm::reduce_scatter_raw(const void* send, void* recv, size_t count, MPI_Da
   counters_.bytes += bytes_of(count * size_, type);
   MPI_Request r;
   T3D_MPI(MPI_Ireduce_scatter_block(send, recv, checked_count(count), type, MPI_SUM, comm_, &r));
-  wait(r, "reduce_scatter");
+  wait_mpi(r, "reduce_scatter");
 }
 
 void Comm::all_to_all_raw(const void* send, void* recv, size_t count, MPI_Datatype type) const {
@@ -271,7 +302,7 @@ void Comm::all_to_all_raw(const void* send, void* recv, size_t count, MPI_Dataty
   MPI_Request r;
   const int n = checked_count(count);
   T3D_MPI(MPI_Ialltoall(send, n, type, recv, n, type, comm_, &r));
-  wait(r, "all_to_all");
+  wait_mpi(r, "all_to_all");
 }
 
 void Comm::all_to_allv_raw(const void* send, const std::vector<int>& send_counts,
@@ -289,7 +320,7 @@ void Comm::start_all_to_allv_raw(Exchange& x, const void* send, const std::vecto
                                  const std::vector<int>& recv_counts,
                                  const std::vector<int>& recv_displs, size_t row_size,
                                  MPI_Datatype type) const {
-  T3D_ASSERT(x.request == MPI_REQUEST_NULL,
+  T3D_ASSERT(!x.request.pending,
              "all_to_allv started in an exchange whose previous one is still in flight");
   const size_t n = static_cast<size_t>(size_);
   T3D_ASSERT(send_counts.size() == n && send_displs.size() == n && recv_counts.size() == n &&
@@ -322,12 +353,13 @@ void Comm::start_all_to_allv_raw(Exchange& x, const void* send, const std::vecto
     send = x.corrupted.data();
   }
   const uint64_t bytes = bytes_of(sent_rows * row_size, type);  // the rows to itself stay
+  MPI_Request r;
   trace::Span span("all_to_allv", "comm");
   span.arg("group", name_).arg("bytes", static_cast<int64_t>(bytes));
   counters_.bytes += bytes;
   T3D_MPI(MPI_Ialltoallv(send, elements.data(), elements.data() + n, type, recv,
-                         elements.data() + 2 * n, elements.data() + 3 * n, type, comm_,
-                         &x.request));
+                         elements.data() + 2 * n, elements.data() + 3 * n, type, comm_, &r));
+  x.request = wrap(r);
 }
 
 void Comm::broadcast(std::string& text, int root) const {
@@ -343,7 +375,7 @@ void Comm::broadcast_raw(void* data, size_t count, MPI_Datatype type, int root) 
   span.arg("group", name_).arg("bytes", static_cast<int64_t>(bytes_of(count, type)));
   MPI_Request r;
   T3D_MPI(MPI_Ibcast(data, checked_count(count), type, root, comm_, &r));
-  wait(r, "broadcast", root);
+  wait_mpi(r, "broadcast", root);
 }
 
 void Comm::send_raw(const void* data, size_t count, MPI_Datatype type, int peer, int tag) const {
@@ -355,38 +387,38 @@ void Comm::send_raw(const void* data, size_t count, MPI_Datatype type, int peer,
   fault::delay_send(world_ranks_[rank_], world_ranks_.at(peer));
   MPI_Request r;
   T3D_MPI(MPI_Isend(data, checked_count(count), type, peer, tag, comm_, &r));
-  wait(r, "send", peer);
+  wait_mpi(r, "send", peer);
 }
 
-MPI_Request Comm::isend_raw(const void* data, size_t count, MPI_Datatype type, int peer,
-                            int tag) const {
-  if (fault::skip_operation(name_, world_ranks_[rank_])) return MPI_REQUEST_NULL;  // test-only
+Request Comm::isend_raw(const void* data, size_t count, MPI_Datatype type, int peer,
+                        int tag) const {
+  if (fault::skip_operation(name_, world_ranks_[rank_])) return Request{};  // test-only
   trace::Span span("isend", "comm");
   span.arg("group", name_).arg("bytes", static_cast<int64_t>(bytes_of(count, type)));
   counters_.bytes += bytes_of(count, type);
-  if (fault::drop_send(world_ranks_[rank_])) return MPI_REQUEST_NULL;
+  if (fault::drop_send(world_ranks_[rank_])) return Request{};
   fault::delay_send(world_ranks_[rank_], world_ranks_.at(peer));
   MPI_Request r;
   T3D_MPI(MPI_Isend(data, checked_count(count), type, peer, tag, comm_, &r));
-  return r;
+  return wrap(r);
 }
 
-MPI_Request Comm::iall_reduce_sum(float* data, size_t count, const char* what, int64_t tag) const {
-  if (fault::skip_operation(name_, world_ranks_[rank_])) return MPI_REQUEST_NULL;  // test-only
+Request Comm::iall_reduce_sum(float* data, size_t count, const char* what, int64_t tag) const {
+  if (fault::skip_operation(name_, world_ranks_[rank_])) return Request{};  // test-only
   trace::Span span(what, "comm");
   span.arg("group", name_).arg("bytes", static_cast<int64_t>(count * sizeof(float)));
   if (tag >= 0) span.arg("bucket", tag);
   counters_.bytes += count * sizeof(float);
   MPI_Request r;
   T3D_MPI(MPI_Iallreduce(MPI_IN_PLACE, data, checked_count(count), MPI_FLOAT, MPI_SUM, comm_, &r));
-  return r;
+  return wrap(r);
 }
 
-MPI_Request Comm::ireduce_scatter_sum(float* data, const std::vector<int>& counts, const char* what,
-                                      int64_t tag) const {
+Request Comm::ireduce_scatter_sum(float* data, const std::vector<int>& counts, const char* what,
+                                  int64_t tag) const {
   T3D_ASSERT(static_cast<int>(counts.size()) == size_, "counts for ", counts.size(),
              " ranks on a group of ", size_);
-  if (fault::skip_operation(name_, world_ranks_[rank_])) return MPI_REQUEST_NULL;  // test-only
+  if (fault::skip_operation(name_, world_ranks_[rank_])) return Request{};  // test-only
   int64_t total = 0;
   for (int c : counts) total += c;
   trace::Span span(what, "comm");
@@ -395,15 +427,14 @@ MPI_Request Comm::ireduce_scatter_sum(float* data, const std::vector<int>& count
   counters_.bytes += static_cast<uint64_t>(total) * sizeof(float);
   MPI_Request r;
   T3D_MPI(MPI_Ireduce_scatter(MPI_IN_PLACE, data, counts.data(), MPI_FLOAT, MPI_SUM, comm_, &r));
-  return r;
+  return wrap(r);
 }
 
-MPI_Request Comm::iall_gatherv(const float* mine, float* recv, const std::vector<int>& counts,
-                               const std::vector<int>& displs, const char* what,
-                               int64_t tag) const {
+Request Comm::iall_gatherv(const float* mine, float* recv, const std::vector<int>& counts,
+                           const std::vector<int>& displs, const char* what, int64_t tag) const {
   T3D_ASSERT(static_cast<int>(counts.size()) == size_ && displs.size() == counts.size(),
              "counts / displacements for ", counts.size(), " ranks on a group of ", size_);
-  if (fault::skip_operation(name_, world_ranks_[rank_])) return MPI_REQUEST_NULL;  // test-only
+  if (fault::skip_operation(name_, world_ranks_[rank_])) return Request{};  // test-only
   const int64_t bytes = static_cast<int64_t>(counts[rank_]) * static_cast<int64_t>(sizeof(float));
   trace::Span span(what, "comm");
   span.arg("group", name_).arg("bytes", bytes);
@@ -416,7 +447,7 @@ MPI_Request Comm::iall_gatherv(const float* mine, float* recv, const std::vector
   else
     T3D_MPI(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, recv, counts.data(), displs.data(),
                             MPI_FLOAT, comm_, &r));
-  return r;
+  return wrap(r);
 }
 
 void Comm::recv_raw(void* data, size_t count, MPI_Datatype type, int peer, int tag) const {
@@ -425,16 +456,16 @@ void Comm::recv_raw(void* data, size_t count, MPI_Datatype type, int peer, int t
   span.arg("group", name_).arg("bytes", static_cast<int64_t>(bytes_of(count, type)));
   MPI_Request r;
   T3D_MPI(MPI_Irecv(data, checked_count(count), type, peer, tag, comm_, &r));
-  wait(r, "recv", peer);
+  wait_mpi(r, "recv", peer);
 }
 
-MPI_Request Comm::irecv_raw(void* data, size_t count, MPI_Datatype type, int peer, int tag) const {
-  if (fault::skip_operation(name_, world_ranks_[rank_])) return MPI_REQUEST_NULL;  // test-only
+Request Comm::irecv_raw(void* data, size_t count, MPI_Datatype type, int peer, int tag) const {
+  if (fault::skip_operation(name_, world_ranks_[rank_])) return Request{};  // test-only
   trace::Span span("irecv", "comm");
   span.arg("group", name_).arg("bytes", static_cast<int64_t>(bytes_of(count, type)));
   MPI_Request r;
   T3D_MPI(MPI_Irecv(data, checked_count(count), type, peer, tag, comm_, &r));
-  return r;
+  return wrap(r);
 }
 
 void Comm::barrier() const {
@@ -443,7 +474,7 @@ void Comm::barrier() const {
   span.arg("group", name_);
   MPI_Request r;
   T3D_MPI(MPI_Ibarrier(comm_, &r));
-  wait(r, "barrier");
+  wait_mpi(r, "barrier");
 }
 
 Mesh::Mesh(const MeshShape& shape, Comm world)

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "parallel/mesh.h"
+#include "parallel/tensor_comm.h"
 
 namespace t3d::parallel {
 
@@ -39,9 +40,8 @@ inline MPI_Datatype mpi_type() {
   // clang-format on
 }
 
-enum class ReduceOp { sum, max, min };
-
-class Comm {
+// The MPI communicator: control traffic on host memory, and the tensor transfers of TensorComm.
+class Comm final : public TensorComm {
  public:
   Comm() = default;  // null communicator
   // Duplicates MPI_COMM_WORLD so titan3d's traffic never mixes with anyone else's.
@@ -55,8 +55,8 @@ class Comm {
   // Collective over this communicator: ranks with equal colour form a new group named `name`.
   Comm split(int colour, int key, std::string name) const;
 
-  int rank() const { return rank_; }
-  int size() const { return size_; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
   const std::string& name() const { return name_; }
   MPI_Comm handle() const { return comm_; }
   // World ranks of this group's members, by group rank (for messages naming peers).
@@ -70,22 +70,27 @@ class Comm {
   void all_reduce(T* data, size_t count, ReduceOp op = ReduceOp::sum) const {
     all_reduce_raw(data, count, mpi_type<T>(), op);
   }
+  void all_reduce(float* data, size_t count, ReduceOp op = ReduceOp::sum) const override {
+    all_reduce_raw(data, count, mpi_type<float>(), op);
+  }
   // Group rank `root`'s text on every rank (its length first, then the bytes).
   void broadcast(std::string& text, int root) const;
-  // Sum of bf16 values (raw uint16 bits): each pairwise sum is computed in fp32 and rounded to
-  // bf16, so the result may differ from an fp32 sum by a few bf16 ulps.
-  void all_reduce_bf16(uint16_t* data, size_t count) const;
-  // The same sum as a reduce-scatter: send count·size bf16 values, rank-major; recv count.
-  void reduce_scatter_bf16(const uint16_t* send, uint16_t* recv, size_t count) const;
+  void all_reduce_bf16(uint16_t* data, size_t count) const override;
+  void reduce_scatter_bf16(const uint16_t* send, uint16_t* recv, size_t count) const override;
   // send: count elements per rank; recv: count·size elements, rank-major.
   template <typename T>
   void all_gather(const T* send, T* recv, size_t count) const {
     all_gather_raw(send, recv, count, mpi_type<T>());
   }
+  void all_gather(const float* send, float* recv, size_t count) const override {
+    all_gather_raw(send, recv, count, mpi_type<float>());
+  }
+  void all_gather(const uint16_t* send, uint16_t* recv, size_t count) const override {
+    all_gather_raw(send, recv, count, mpi_type<uint16_t>());
+  }
   // send: count·size elements, rank-major; recv: this rank's count-element block of the sum.
-  template <typename T>
-  void reduce_scatter(const T* send, T* recv, size_t count) const {
-    reduce_scatter_raw(send, recv, count, mpi_type<T>());
+  void reduce_scatter(const float* send, float* recv, size_t count) const override {
+    reduce_scatter_raw(send, recv, count, mpi_type<float>());
   }
   // All-to-all of `count` elements per peer (the per-expert token counts): block p of `send`
   // (count·size elements, rank-major) goes to group rank p, and block p of `recv` comes from
@@ -109,14 +114,7 @@ class Comm {
     all_to_allv_raw(send, send_counts, send_displs, recv, recv_counts, recv_displs, row_size,
                     mpi_type<T>());
   }
-  // An all_to_allv in flight. The caller owns it and starts one exchange after another in it:
-  // its buffers keep their capacity, so a steady stream of exchanges on one group allocates
-  // nothing after the first.
-  struct Exchange {
-    MPI_Request request = MPI_REQUEST_NULL;  // MPI_REQUEST_NULL: none in flight
-    std::vector<int> elements;    // counts and displacements in elements, read by MPI until done
-    std::vector<char> corrupted;  // test-only (fault.h): the corrupted copy being sent
-  };
+  using Exchange = parallel::Exchange;
   // all_to_allv started in `exchange` (whose previous one must be finished): the buffers stay
   // untouched until wait() (watchdog, wait time counted as for the blocking one) on it. Overlaps
   // the rows' journey with compute.
@@ -128,7 +126,21 @@ class Comm {
     start_all_to_allv_raw(exchange, send, send_counts, send_displs, recv, recv_counts, recv_displs,
                           row_size, mpi_type<T>());
   }
-  void wait(Exchange& exchange) const { wait(exchange.request, "all_to_allv"); }
+  void start_all_to_allv(Exchange& exchange, const float* send, const std::vector<int>& send_counts,
+                         const std::vector<int>& send_displs, float* recv,
+                         const std::vector<int>& recv_counts, const std::vector<int>& recv_displs,
+                         size_t row_size) const override {
+    start_all_to_allv_raw(exchange, send, send_counts, send_displs, recv, recv_counts, recv_displs,
+                          row_size, mpi_type<float>());
+  }
+  void start_all_to_allv(Exchange& exchange, const uint16_t* send,
+                         const std::vector<int>& send_counts, const std::vector<int>& send_displs,
+                         uint16_t* recv, const std::vector<int>& recv_counts,
+                         const std::vector<int>& recv_displs, size_t row_size) const override {
+    start_all_to_allv_raw(exchange, send, send_counts, send_displs, recv, recv_counts, recv_displs,
+                          row_size, mpi_type<uint16_t>());
+  }
+  using TensorComm::wait;
   template <typename T>
   void broadcast(T* data, size_t count, int root) const {
     broadcast_raw(data, count, mpi_type<T>(), root);
@@ -141,36 +153,43 @@ class Comm {
   void recv(T* data, size_t count, int peer, int tag) const {
     recv_raw(data, count, mpi_type<T>(), peer, tag);
   }
+  void recv(float* data, size_t count, int peer, int tag) const override {
+    recv_raw(data, count, mpi_type<float>(), peer, tag);
+  }
+  void recv(uint16_t* data, size_t count, int peer, int tag) const override {
+    recv_raw(data, count, mpi_type<uint16_t>(), peer, tag);
+  }
   // Non-blocking send: the buffer must stay untouched until wait() on the returned request.
   template <typename T>
-  MPI_Request isend(const T* data, size_t count, int peer, int tag) const {
+  Request isend(const T* data, size_t count, int peer, int tag) const {
     return isend_raw(data, count, mpi_type<T>(), peer, tag);
+  }
+  Request isend(const float* data, size_t count, int peer, int tag) const override {
+    return isend_raw(data, count, mpi_type<float>(), peer, tag);
+  }
+  Request isend(const uint16_t* data, size_t count, int peer, int tag) const override {
+    return isend_raw(data, count, mpi_type<uint16_t>(), peer, tag);
   }
   // Non-blocking receive of at most `count` elements (a message may be shorter): the buffer is
   // MPI's until wait() (watchdog) or test() reports the request done. Traced like recv, and,
   // like it, not counted: counters() count the bytes a rank sends.
   template <typename T>
-  MPI_Request irecv(T* data, size_t count, int peer, int tag) const {
+  Request irecv(T* data, size_t count, int peer, int tag) const {
     return irecv_raw(data, count, mpi_type<T>(), peer, tag);
   }
-  // Non-blocking float collectives, through the same test-only fault switch, trace span (named
-  // `what`, with `tag` as its "bucket" argument when >= 0) and byte count as the blocking ones.
-  // Buffers stay untouched until wait() (watchdog) or test() reports the request done.
-  //   iall_reduce_sum:     sum of `count` floats in place.
-  //   ireduce_scatter_sum: in place; `data` holds the whole (sum of counts) input, this rank's
-  //                        counts[rank()] reduced floats land at its start.
-  //   iall_gatherv:        rank i's counts[i] floats to recv + displs[i] on every rank; `mine`
-  //                        null: this rank's part is already in place in recv.
-  MPI_Request iall_reduce_sum(float* data, size_t count, const char* what, int64_t tag = -1) const;
-  MPI_Request ireduce_scatter_sum(float* data, const std::vector<int>& counts, const char* what,
-                                  int64_t tag = -1) const;
-  MPI_Request iall_gatherv(const float* mine, float* recv, const std::vector<int>& counts,
-                           const std::vector<int>& displs, const char* what,
-                           int64_t tag = -1) const;
-  // Waits with the watchdog deadline; on expiry logs `what` and the peers, then MPI_Abort.
-  void wait(MPI_Request& request, const char* what, int peer = -1) const;
-  // Has the request completed (and been released)? Never blocks.
-  bool test(MPI_Request& request) const;
+  // The started float collectives go through the same test-only fault switch, trace span and
+  // byte count as the blocking ones.
+  Request iall_reduce_sum(float* data, size_t count, const char* what,
+                          int64_t tag = -1) const override;
+  Request ireduce_scatter_sum(float* data, const std::vector<int>& counts, const char* what,
+                              int64_t tag = -1) const override;
+  Request iall_gatherv(const float* mine, float* recv, const std::vector<int>& counts,
+                       const std::vector<int>& displs, const char* what,
+                       int64_t tag = -1) const override;
+  // On expiry of the deadline: logs `what` and the peers (their hosts when known), then MPI_Abort.
+  void wait(Request& request, const char* what, int peer = -1) const override;
+  bool test(Request& request) const override;
+  void release(Request& request) const override;
   void barrier() const;
 
   double timeout_s() const { return timeout_s_; }
@@ -202,8 +221,9 @@ class Comm {
   void broadcast_raw(void* data, size_t count, MPI_Datatype type, int root) const;
   void send_raw(const void* data, size_t count, MPI_Datatype type, int peer, int tag) const;
   void recv_raw(void* data, size_t count, MPI_Datatype type, int peer, int tag) const;
-  MPI_Request isend_raw(const void* data, size_t count, MPI_Datatype type, int peer, int tag) const;
-  MPI_Request irecv_raw(void* data, size_t count, MPI_Datatype type, int peer, int tag) const;
+  Request isend_raw(const void* data, size_t count, MPI_Datatype type, int peer, int tag) const;
+  Request irecv_raw(void* data, size_t count, MPI_Datatype type, int peer, int tag) const;
+  void wait_mpi(MPI_Request& request, const char* what, int peer = -1) const;
   void reset() noexcept;
 
   MPI_Comm comm_ = MPI_COMM_NULL;

@@ -8,10 +8,11 @@
 
 namespace t3d::parallel {
 
-GradReducer::GradReducer(const Comm& dp, int zero_stage, const BucketPartition& partition,
-                         std::vector<int> units_per_bucket, float* grads,
-                         const ZeroBuffers& buffers)
-    : dp_(dp),
+GradReducer::GradReducer(const kernels::Exec& exec, const TensorComm& dp, int zero_stage,
+                         const BucketPartition& partition, std::vector<int> units_per_bucket,
+                         float* grads, const ZeroBuffers& buffers)
+    : exec_(exec),
+      dp_(dp),
       zero_(zero_stage),
       part_(partition),
       units_(std::move(units_per_bucket)),
@@ -27,7 +28,7 @@ GradReducer::GradReducer(const Comm& dp, int zero_stage, const BucketPartition& 
   T3D_ASSERT(full.grads == (grads_ != nullptr) && full.grads == (shard_ == nullptr) &&
                  full.params == (param_shard_ == nullptr),
              "ZeRO ", zero_, ": the gradient region or the shards do not fit the stage");
-  requests_.assign(part_.buckets.size(), MPI_REQUEST_NULL);
+  requests_.assign(part_.buckets.size(), Request{});
   pending_.assign(part_.buckets.size(), 0);
   open_.assign(part_.buckets.size(), -1);
   for (float* g : buffers.gathered) gathered_.push_back({g});
@@ -35,10 +36,8 @@ GradReducer::GradReducer(const Comm& dp, int zero_stage, const BucketPartition& 
 }
 
 GradReducer::~GradReducer() {
-  for (auto& r : requests_)
-    if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
-  for (auto& s : staging_)
-    if (s.request != MPI_REQUEST_NULL) MPI_Request_free(&s.request);
+  for (auto& r : requests_) dp_.release(r);
+  for (auto& s : staging_) dp_.release(s.request);
 }
 
 void GradReducer::begin_step(int micro_batches) {
@@ -48,9 +47,9 @@ void GradReducer::begin_step(int micro_batches) {
   }
   // With the rank's threads (kernels::zero): the gradient region is the largest memset of a step.
   if (zero_ >= 2)
-    kernels::zero(kernels::kCpu, shard_, part_.shard_floats);
+    kernels::zero(exec_, shard_, part_.shard_floats);
   else if (!part_.buckets.empty())
-    kernels::zero(kernels::kCpu, grads_, part_.buckets.back().end);
+    kernels::zero(exec_, grads_, part_.buckets.back().end);
 }
 
 float* GradReducer::bucket_grads(int b) {
@@ -76,7 +75,7 @@ float* GradReducer::bucket_grads(int b) {
   }
   T3D_ASSERT(s >= 0, "no ZeRO-2 staging buffer free after a reduction completed");
   Staging& st = staging_[s];
-  std::fill(st.data, st.data + part_.buckets[b].size(), 0.0f);
+  kernels::zero(exec_, st.data, part_.buckets[b].size());
   st.bucket = b;
   st.reported = 0;
   st.opened = opened_++;
@@ -129,14 +128,14 @@ void GradReducer::accumulate(const Staging& st) {
   const float* from = dp_.size() == 1 ? st.data + part_.displs[b][dp_.rank()] : st.data;
   float* to = shard_ + part_.shard_offset[b];
   const int64_t n = part_.counts[b][dp_.rank()];
-  for (int64_t i = 0; i < n; ++i) to[i] += from[i];
+  kernels::add_inplace(exec_, to, from, n);
 }
 
 void GradReducer::complete_oldest() {
   const int s = reducing_.front();
   reducing_.pop_front();
   Staging& st = staging_[s];
-  if (st.request != MPI_REQUEST_NULL) dp_.wait(st.request, "gradient reduce_scatter");
+  if (st.request.pending) dp_.wait(st.request, "gradient reduce_scatter");
   accumulate(st);
   st.bucket = -1;
   st.reducing = false;
@@ -167,7 +166,7 @@ void GradReducer::finish() {
     return;
   }
   for (size_t b = 0; b < part_.buckets.size(); ++b) {
-    if (requests_[b] == MPI_REQUEST_NULL) continue;
+    if (!requests_[b].pending) continue;
     dp_.wait(requests_[b], "gradient all_reduce");
   }
 }
@@ -202,11 +201,11 @@ const float* GradReducer::bucket_params(int b) {
   const int me = dp_.rank();
   const float* mine = param_shard_ + part_.shard_offset[b];
   if (dp_.size() == 1) {
-    std::memcpy(slot->data, mine, sizeof(float) * static_cast<size_t>(part_.counts[b][me]));
+    kernels::copy(exec_, slot->data, mine, part_.counts[b][me]);
     return slot->data;
   }
-  MPI_Request request = dp_.iall_gatherv(mine, slot->data, part_.counts[b], part_.displs[b],
-                                         "all_gather (parameter bucket, ZeRO-3)", b);
+  Request request = dp_.iall_gatherv(mine, slot->data, part_.counts[b], part_.displs[b],
+                                     "all_gather (parameter bucket, ZeRO-3)", b);
   dp_.wait(request, "parameter all_gather (ZeRO-3)");
   return slot->data;
 }

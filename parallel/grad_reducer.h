@@ -37,7 +37,8 @@
 #include <functional>
 #include <vector>
 
-#include "parallel/comm.h"
+#include "kernels/exec.h"
+#include "parallel/tensor_comm.h"
 #include "parallel/zero.h"
 
 namespace t3d::parallel {
@@ -47,8 +48,9 @@ class GradReducer {
   // `partition` (which must outlive the reducer) over `dp`'s ranks. `grads`: the full-size
   // gradient region (ZeRO 0 and 1), nullptr with ZeRO 2 and 3, which use `buffers` (the shard
   // and staging buffers; ZeRO 3 also the parameter shard and gather buffers).
-  GradReducer(const Comm& dp, int zero_stage, const BucketPartition& partition,
-              std::vector<int> units_per_bucket, float* grads, const ZeroBuffers& buffers);
+  GradReducer(const kernels::Exec& exec, const TensorComm& dp, int zero_stage,
+              const BucketPartition& partition, std::vector<int> units_per_bucket, float* grads,
+              const ZeroBuffers& buffers);
   ~GradReducer();
   GradReducer(const GradReducer&) = delete;
   GradReducer& operator=(const GradReducer&) = delete;
@@ -90,7 +92,7 @@ class GradReducer {
     int bucket = -1;   // bucket it holds, -1 when free
     int reported = 0;  // unit_done calls since it was taken
     bool reducing = false;
-    MPI_Request request = MPI_REQUEST_NULL;
+    Request request;
     uint64_t opened = 0;  // order taken, to pick the oldest
   };
   void start_reduce(int b);            // ZeRO 0, 1: all-reduce in the region
@@ -98,11 +100,12 @@ class GradReducer {
   void complete_oldest();              // ZeRO 2: wait for the oldest reduction, add, free
   void accumulate(const Staging& st);  // ZeRO 2: this rank's reduced slice into the shard
 
-  const Comm& dp_;
+  kernels::Exec exec_;  // where the buffers are and the reducer's own copies and sums run
+  const TensorComm& dp_;
   int zero_;
   const BucketPartition& part_;
   std::vector<int> units_;
-  std::vector<MPI_Request> requests_;
+  std::vector<Request> requests_;
   std::vector<int> pending_;  // per bucket: unit reports still to come this step
   float* grads_ = nullptr;    // ZeRO 0, 1
   float* shard_ = nullptr;    // ZeRO 2: owned slices back to back

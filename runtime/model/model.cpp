@@ -280,10 +280,13 @@ void Model::backward_layer_weights(int64_t l, const LayerActs& a, const BlockCop
   k::linear_backward_weight(pg.v, k::LinearInput(exec, kg.dv, N, kvd), x);
 }
 
-double Model::forward_head(ChunkActs& c, const int32_t* targets, float grad_scale, bool training) {
+double Model::forward_head(ChunkActs& c, const int32_t* host_targets, float grad_scale,
+                           bool training) {
   const k::Exec& exec = options_.exec;
   const int64_t N = rows_, C = config_.dim;
   auto& s = *scratch_;
+  const int32_t* targets = s.targets;
+  k::copy_from_host(exec, s.targets, host_targets, sizeof(int32_t) * N);  // the data's crossing
   const std::string head = config_.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
   const int64_t head_unit = config_.tie_embeddings ? -1 : config_.n_layers;
   const float* x_last = c.x.back();
@@ -327,10 +330,10 @@ double Model::forward(int chunk, int slot, const int32_t* tokens, const int32_t*
   const int64_t N = rows_, C = config_.dim;
   if (range.first) {
     k::check_token_ids(tokens, N, config_.vocab_size);
-    std::memcpy(a.tokens, tokens, sizeof(int32_t) * N);
+    k::copy_from_host(exec, a.tokens, tokens, sizeof(int32_t) * N);  // the data's crossing
     const float* emb = w("model.embed_tokens.weight", -1);
     // Vocab-parallel: each id's row comes from the rank owning it (SP: scattered by rows).
-    k::embedding_forward(exec, scratch_->tmp, tokens, emb, N, C, vocab_start_,
+    k::embedding_forward(exec, scratch_->tmp, a.tokens, emb, N, C, vocab_start_,
                          vocab_start_ + vocab_);
     k::copy(exec, a.x[0], reduce_rows(scratch_->tmp), rows_local_ * C);
   }

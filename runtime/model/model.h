@@ -75,7 +75,7 @@ struct ModelOptions {
   // every rank then has the same attention work); attention all-gathers keys and values over the
   // group (Llama 3's all-gather CP) and reduce-scatters their gradients. nullptr or size 1: none.
   // The rank's tokens are ordered (part, row, position): see cp_local_positions.
-  const parallel::Comm* cp = nullptr;
+  const parallel::TensorComm* cp = nullptr;
   // Mixture of experts: the weight of one sequence's auxiliary balance loss in the training
   // loss (model.router_aux_coef / sequences in the global batch); 0: none.
   double moe_aux_weight = 0;
@@ -97,7 +97,7 @@ class Model final : public StageModel {
  public:
   // `chunks`: this rank's layer ranges; `tp`: its tensor-parallel group (size 1: no sharding).
   Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks,
-        const parallel::Comm& tp, kernels::Arena& arena, const ModelOptions& options);
+        const parallel::TensorComm& tp, kernels::Arena& arena, const ModelOptions& options);
   ~Model();
   Model(const Model&) = delete;
   Model& operator=(const Model&) = delete;
@@ -111,6 +111,7 @@ class Model final : public StageModel {
   // Floats of one chunk input / output / input gradient on this rank: rows·C, or rows/tp·C with
   // sequence parallelism (what pipeline stages send each other).
   int64_t io_floats() const override { return rows_local_ * config_.dim; }
+  const kernels::Exec& exec() const override { return options_.exec; }
   // Sequence parallelism leaves each tp rank with the norm-weight gradient of its own rows only:
   // sum those over tp, before the dp reduction, for the replicated tensors that lie inside
   // `range` (of the gradient region), whose gradients start at `data`.
@@ -120,9 +121,12 @@ class Model final : public StageModel {
 
   // Deterministic and layout-independent: element g of a global tensor is drawn from a counter
   // hash of (seed, name, g), so every layout starts from the same global model.
-  // `region`: where to write the full parameter region (default: the model's own; a ZeRO-3 model
-  // has none, its caller initialises a host copy and keeps its shard of it).
-  void init(uint64_t seed, float* region = nullptr);
+  // Each tensor is drawn on the host and handed to `keep` with its offset in the parameter
+  // region (floats); the default keeps it in the model's own region (a named crossing,
+  // kernels::copy_from_host). A ZeRO-3 model has no region: its caller keeps the shard's slices,
+  // so the whole model never exists on one rank.
+  using InitSink = std::function<void(int64_t offset, const float* values, int64_t n)>;
+  void init(uint64_t seed, const InitSink& keep = {});
 
   // Forward of `chunk` for the micro-batch in `slot`. The first chunk reads `tokens` (rows); other
   // chunks read input(chunk, slot), filled by the caller (pipeline receive). The last chunk also
@@ -215,6 +219,8 @@ class Model final : public StageModel {
   int64_t first_nonfinite_layer(int slot) const;
 
  private:
+  // The tp shard of `p` (row-major) drawn from N(0, stddev²) by element of the global tensor.
+  void draw_normal(const ParamInfo& p, uint64_t key, float stddev, float* data) const;
   using BlockParams = BlockTensors<float*>;       // one transformer block's gradients
   using ConstBlock = BlockTensors<const float*>;  // one transformer block's weights
   struct LayerActs;
@@ -318,7 +324,7 @@ class Model final : public StageModel {
   void backward_layer_weights(int64_t layer, const LayerActs& a, const BlockCopies& copies,
                               const LayerGrads& keep);
   void backward_impl(int chunk, int slot, const float* dout, bool defer_weights);
-  double forward_head(ChunkActs& c, const int32_t* targets, float grad_scale, bool training);
+  double forward_head(ChunkActs& c, const int32_t* host_targets, float grad_scale, bool training);
   // Weight and gradient of `name`, a tensor of unit `unit`; and of block l's tensors.
   const float* w(const std::string& name, int64_t unit) const;
   float* g(const std::string& name, int64_t unit) const;
@@ -339,7 +345,7 @@ class Model final : public StageModel {
 
   ModelConfig config_;
   std::vector<parallel::LayerRange> chunks_;
-  const parallel::Comm& tp_;
+  const parallel::TensorComm& tp_;
   kernels::Arena& arena_;
   ModelOptions options_;
   int64_t rows_ = 0;

@@ -33,7 +33,7 @@ float normal_at(uint64_t key, uint64_t index) {
 }  // namespace
 
 Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks,
-             const parallel::Comm& tp, k::Arena& arena, const ModelOptions& options)
+             const parallel::TensorComm& tp, k::Arena& arena, const ModelOptions& options)
     : config_(config), chunks_(std::move(chunks)), tp_(tp), arena_(arena), options_(options) {
   T3D_ASSERT(options_.chunk_slots.empty() || options_.chunk_slots.size() == chunks_.size(),
              options_.chunk_slots.size(), " slot counts for ", chunks_.size(), " chunks");
@@ -324,9 +324,9 @@ void Model::encode16(LayerActs& from, const StoredBlock& to) const {
     void* stored = to[static_cast<size_t>(t.index)];
     if (!stored) continue;  // a row of the other kind of block (dense or mixture of experts)
     if (t.dtype == Dtype::kBF16)
-      k::float_to_bf16_threads(static_cast<uint16_t*>(stored), f, t.elems);
+      k::float_to_bf16(options_.exec, static_cast<k::bf16*>(stored), f, t.elems);
     else
-      std::memcpy(stored, f, t.bytes());
+      k::copy(options_.exec, static_cast<float*>(stored), f, t.elems);
   }
 }
 
@@ -338,47 +338,57 @@ void Model::decode16(const StoredBlock& from, LayerActs& to) const {
     const void* stored = from[static_cast<size_t>(t.index)];
     if (!stored) continue;  // a row of the other kind of block (dense or mixture of experts)
     if (t.dtype == Dtype::kBF16)
-      k::bf16_to_float_threads(f, static_cast<const uint16_t*>(stored), t.elems);
+      k::bf16_to_float(options_.exec, f, static_cast<const k::bf16*>(stored), t.elems);
     else
-      std::memcpy(f, stored, t.bytes());
+      k::copy(options_.exec, f, static_cast<const float*>(stored), t.elems);
   }
 }
 
-void Model::init(uint64_t seed, float* region) {
-  if (!region) region = state_.params.data();
-  T3D_ASSERT(region, "a model without a parameter region initialises into a caller's buffer");
+void Model::init(uint64_t seed, const InitSink& keep) {
+  T3D_ASSERT(keep || state_.params.data(),
+             "a model without a parameter region initialises into its caller's sink");
   const double base_std = 0.02;
   // GPT-2 / Megatron: projections into the residual stream shrink with depth.
   const double out_std = base_std / std::sqrt(2.0 * config_.n_layers);
+  std::vector<float> values;  // one tensor at a time, on the host
   for (const auto& p : params_) {
     const auto& e = layout_.at(p.name);
-    float* data = region + e.offset;
+    values.resize(static_cast<size_t>(e.numel));
     if (p.init == ParamInit::kOnes || p.init == ParamInit::kZeros) {
-      const float value = p.init == ParamInit::kOnes ? 1.0f : 0.0f;
-      for (int64_t i = 0; i < e.numel; ++i) data[i] = value;
-      continue;
+      std::fill(values.begin(), values.end(), p.init == ParamInit::kOnes ? 1.0f : 0.0f);
+    } else {
+      const auto stddev =
+          static_cast<float>(p.init == ParamInit::kResidualOut ? out_std : base_std);
+      draw_normal(p, splitmix64(static_cast<uint64_t>(seed) ^ k::fnv1a64(p.name)), stddev,
+                  values.data());
     }
-    const float std = static_cast<float>(p.init == ParamInit::kResidualOut ? out_std : base_std);
-    const uint64_t key = splitmix64(static_cast<uint64_t>(seed) ^ k::fnv1a64(p.name));
-    T3D_ASSERT(p.global_shape.size() >= 2, p.name, ": normal init of a matrix or a stack of them");
-    // Element g of the global tensor (row-major) draws normal_at(key, g): the box's rows are
-    // walked as (leading indices, last dimension), each row contiguous locally.
-    const TensorBox box = tp_shard_box(p, tp_.size(), tp_.rank());
-    const size_t dims = box.shape.size();
-    const int64_t cols = box.shape[dims - 1], col0 = box.offset[dims - 1];
-    const int64_t rows = box.numel() / cols;
-    std::vector<int64_t> index(dims - 1, 0);  // the local row's leading indices
-    for (int64_t r = 0; r < rows; ++r) {
-      int64_t g = 0;  // the global flat index of the row's first element
-      for (size_t i = 0; i + 1 < dims; ++i)
-        g = (g + box.offset[i] + index[i]) * p.global_shape[i + 1];
-      g += col0;
-      for (int64_t c = 0; c < cols; ++c)
-        data[r * cols + c] = std * normal_at(key, static_cast<uint64_t>(g + c));
-      for (size_t i = dims - 1; i-- > 0;) {  // next row: odometer over the leading indices
-        if (++index[i] < box.shape[i]) break;
-        index[i] = 0;
-      }
+    if (keep)
+      keep(e.offset, values.data(), e.numel);
+    else
+      k::copy_from_host(options_.exec, state_.params.data() + e.offset, values.data(),
+                        values.size() * sizeof(float));
+  }
+}
+
+void Model::draw_normal(const ParamInfo& p, uint64_t key, float stddev, float* data) const {
+  T3D_ASSERT(p.global_shape.size() >= 2, p.name, ": normal init of a matrix or a stack of them");
+  // Element g of the global tensor (row-major) draws normal_at(key, g): the box's rows are
+  // walked as (leading indices, last dimension), each row contiguous locally.
+  const TensorBox box = tp_shard_box(p, tp_.size(), tp_.rank());
+  const size_t dims = box.shape.size();
+  const int64_t cols = box.shape[dims - 1], col0 = box.offset[dims - 1];
+  const int64_t rows = box.numel() / cols;
+  std::vector<int64_t> index(dims - 1, 0);  // the local row's leading indices
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t g = 0;  // the global flat index of the row's first element
+    for (size_t i = 0; i + 1 < dims; ++i)
+      g = (g + box.offset[i] + index[i]) * p.global_shape[i + 1];
+    g += col0;
+    for (int64_t c = 0; c < cols; ++c)
+      data[r * cols + c] = stddev * normal_at(key, static_cast<uint64_t>(g + c));
+    for (size_t i = dims - 1; i-- > 0;) {  // next row: odometer over the leading indices
+      if (++index[i] < box.shape[i]) break;
+      index[i] = 0;
     }
   }
 }

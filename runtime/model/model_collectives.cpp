@@ -2,10 +2,8 @@
 // reduce-scatters) and context parallelism (the zig-zag split, key/value gathers and gradient
 // reduce-scatters). The math they serve is in model.cpp.
 #include <algorithm>
-#include <cstring>
 
 #include "kernels/ops.h"
-#include "kernels/precision.h"
 #include "runtime/model/model.h"
 #include "runtime/model/model_scratch.h"
 
@@ -17,9 +15,9 @@ void Model::tp_sum(float* data, int64_t n) const {
   if (tp_.size() == 1) return;
   if (!options_.bf16) return tp_.all_reduce(data, static_cast<size_t>(n));
   // bf16 on the wire: half the bytes; each partial sum is rounded to bf16 once per hop.
-  k::float_to_bf16(scratch_->tp16, data, n);
+  k::float_to_bf16(options_.exec, scratch_->tp16, data, n);
   tp_.all_reduce_bf16(scratch_->tp16, static_cast<size_t>(n));
-  k::bf16_to_float(data, scratch_->tp16, n);
+  k::bf16_to_float(options_.exec, data, scratch_->tp16, n);
 }
 
 // Sequence parallelism (Megatron): outside the tensor-parallel blocks each tp rank holds only its
@@ -32,9 +30,9 @@ const float* Model::gather_rows(const float* local, float* full) const {
   if (!options_.bf16) {
     tp_.all_gather(local, full, static_cast<size_t>(n));
   } else {
-    k::float_to_bf16(s.tp16, local, n);
+    k::float_to_bf16(options_.exec, s.tp16, local, n);
     tp_.all_gather(s.tp16, s.tp16_rows, static_cast<size_t>(n));
-    k::bf16_to_float(full, s.tp16_rows, n * tp_.size());
+    k::bf16_to_float(options_.exec, full, s.tp16_rows, n * tp_.size());
   }
   return full;
 }
@@ -78,9 +76,9 @@ void Model::gather_sequence(const float* local, float* full, int64_t width) cons
   for (int r = 0; r < cps; ++r)
     for (int64_t part = 0; part < 2; ++part)
       for (int64_t b = 0; b < B; ++b)
-        std::memcpy(full + (b * config_.seq_len + zigzag_part(cps, r, part) * len) * width,
-                    s.cp_stage + (((r * 2 + part) * B + b) * len) * width,
-                    sizeof(float) * len * width);
+        k::copy(options_.exec,
+                full + (b * config_.seq_len + zigzag_part(cps, r, part) * len) * width,
+                s.cp_stage + (((r * 2 + part) * B + b) * len) * width, len * width);
 }
 
 void Model::scatter_sequence_grad(const float* full, float* local, int64_t width) const {
@@ -90,9 +88,9 @@ void Model::scatter_sequence_grad(const float* full, float* local, int64_t width
   for (int r = 0; r < cps; ++r)
     for (int64_t part = 0; part < 2; ++part)
       for (int64_t b = 0; b < B; ++b)
-        std::memcpy(s.cp_stage + (((r * 2 + part) * B + b) * len) * width,
-                    full + (b * config_.seq_len + zigzag_part(cps, r, part) * len) * width,
-                    sizeof(float) * len * width);
+        k::copy(options_.exec, s.cp_stage + (((r * 2 + part) * B + b) * len) * width,
+                full + (b * config_.seq_len + zigzag_part(cps, r, part) * len) * width,
+                len * width);
   options_.cp->reduce_scatter(s.cp_stage, local, static_cast<size_t>(B * seq_local_ * width));
 }
 
@@ -106,9 +104,9 @@ float* Model::reduce_rows(float* partial) const {
   if (!options_.bf16) {
     tp_.reduce_scatter(partial, s.rows, static_cast<size_t>(n));
   } else {
-    k::float_to_bf16(s.tp16, partial, n * tp_.size());
+    k::float_to_bf16(options_.exec, s.tp16, partial, n * tp_.size());
     tp_.reduce_scatter_bf16(s.tp16, s.tp16_rows, static_cast<size_t>(n));
-    k::bf16_to_float(s.rows, s.tp16_rows, n);
+    k::bf16_to_float(options_.exec, s.rows, s.tp16_rows, n);
   }
   return s.rows;
 }

@@ -154,6 +154,7 @@ namespace t3d::runtime {
   /* the last chunk's logits (N, Vl) and cross-entropy statistics stay fp32 */                  \
   X(kLogits,         logits,    "logits",          float, kF32,  x.last, d.N * d.V)             \
   X(kLosses,         losses,    "losses",          float, kF32,  x.last, d.N)                   \
+  X(kTargets,        targets,   "targets",         int32_t, kI32, x.last, d.N)                  \
   X(kRowMax,         row_max,   "ce_row_max",      float, kF32,  x.last, d.N)                   \
   X(kSumExp,         sum_exp,   "ce_sum_exp",      float, kF32,  x.last, d.N)                   \
   X(kTarget,         target,    "ce_target_logit", float, kF32,  x.last, d.N)                   \

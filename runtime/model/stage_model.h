@@ -12,13 +12,15 @@
 //   - backward / backward_input: `dout` is the gradient of the chunk's output (nullptr for the
 //     last chunk); every chunk but the first leaves the gradient of its input in
 //     input_grad(chunk, slot). backward_weight runs after backward_input of the same slot.
-//   - input, output and input_grad each hold io_floats() floats.
+//   - input, output and input_grad each hold io_floats() floats, in the memory of exec() (the
+//     executor's hand-over buffers are made there and filled by kernel ops on it).
 // One virtual call per micro-batch action: nothing inside a pass goes through this interface.
 #pragma once
 
 #include <cstdint>
 #include <vector>
 
+#include "kernels/exec.h"
 #include "parallel/pipeline_split.h"
 
 namespace t3d::runtime {
@@ -27,6 +29,7 @@ class StageModel {
  public:
   virtual const std::vector<parallel::LayerRange>& chunks() const = 0;
   virtual int64_t io_floats() const = 0;
+  virtual const kernels::Exec& exec() const = 0;
 
   virtual double forward(int chunk, int slot, const int32_t* tokens, const int32_t* targets,
                          float grad_scale, bool training) = 0;

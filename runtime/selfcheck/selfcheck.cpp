@@ -211,7 +211,7 @@ Verdict check_p2p(const Group& pp, double seconds) {
     const int to = s + dir, from = s - dir, tag = dir > 0 ? 1 : 2;
     const float offset = dir > 0 ? 0.5f : 0.25f;
     for (size_t i = 0; i < n; ++i) out[i] = value(pp.me(), i) + offset;
-    MPI_Request sent = MPI_REQUEST_NULL;
+    parallel::Request sent;
     if (to >= 0 && to < stages) sent = pp.comm->isend(out.data(), n, to, tag);
     if (from >= 0 && from < stages) {
       const int peer = pp.members[from];
@@ -327,7 +327,7 @@ void ep_pair_rows(const Job& job, const Group& g, bool quick, double seconds,
     if (p >= 0) {
       const int peer = g.members[p];
       for (size_t i = 0; i < count; ++i) out[i] = row_value(g.me(), peer, r, i % 4099);
-      MPI_Request sent = g.comm->isend(out.data(), count, p, 1000 + r);
+      parallel::Request sent = g.comm->isend(out.data(), count, p, 1000 + r);
       if (!recv_before(*g.comm, in.data(), count, p, 1000 + r, seconds)) {
         v.fail(fmt::format("nothing from world rank {} within {:g} s", peer, seconds), peer);
         broken = 1;
@@ -349,7 +349,7 @@ void ep_pair_rows(const Job& job, const Group& g, bool quick, double seconds,
     std::vector<double> times;
     for (int it = -1; it < iters; ++it) {  // it = -1: warm-up
       const auto t0 = Clock::now();
-      MPI_Request s = g.comm->isend(out.data(), count, p, 2000 + r);
+      parallel::Request s = g.comm->isend(out.data(), count, p, 2000 + r);
       g.comm->recv(in.data(), count, p, 2000 + r);
       g.comm->wait(s, "selfcheck ep pair send", p);
       if (it >= 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());

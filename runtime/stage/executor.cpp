@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "kernels/check.h"
-#include "kernels/precision.h"
+#include "kernels/ops.h"
 #include "parallel/trace.h"
 
 namespace t3d::runtime {
@@ -17,7 +17,7 @@ int tag_of(int mb, int chunk, int chunks, bool gradient) {
 }
 }  // namespace
 
-PipelineExecutor::PipelineExecutor(parallel::Schedule schedule, const parallel::Comm& pp,
+PipelineExecutor::PipelineExecutor(parallel::Schedule schedule, const parallel::TensorComm& pp,
                                    WirePrecision wire)
     : schedule_(std::move(schedule)), pp_(pp), wire_(wire) {
   T3D_ASSERT(schedule_.pp == pp_.size(), "schedule for ", schedule_.pp, " stages on a pp group of ",
@@ -44,7 +44,7 @@ bool PipelineExecutor::local(int chunk_a, int chunk_b) const {
   return schedule_.chunk_stage[chunk_a] == schedule_.chunk_stage[chunk_b];
 }
 
-void PipelineExecutor::put_local(const float* data, size_t n, int tag) {
+void PipelineExecutor::put_local(const kernels::Exec& exec, const float* data, size_t n, int tag) {
   int i;
   if (local_free_.empty()) {
     i = static_cast<int>(local_pool_.size());
@@ -53,17 +53,18 @@ void PipelineExecutor::put_local(const float* data, size_t n, int tag) {
     i = local_free_.back();
     local_free_.pop_back();
   }
-  local_pool_[i].assign(data, data + n);
+  local_pool_[i].reserve(exec, n * sizeof(float), "pipeline hand-over");
+  kernels::copy(exec, local_pool_[i].as<float>(), data, static_cast<int64_t>(n));
   T3D_ASSERT(local_of_tag_.emplace(tag, i).second, "local hand-over ", tag, " posted twice");
 }
 
-void PipelineExecutor::take_local(float* data, size_t n, int tag) {
+void PipelineExecutor::take_local(const kernels::Exec& exec, float* data, size_t n, int tag) {
   const auto it = local_of_tag_.find(tag);
   // The validator orders a producer before its consumer on the same rank: a miss is a bug.
   T3D_ASSERT(it != local_of_tag_.end(), "local hand-over ", tag, " taken before it was made");
   const auto& buf = local_pool_[it->second];
-  T3D_ASSERT(buf.size() == n, "local hand-over size");
-  std::copy(buf.begin(), buf.end(), data);
+  T3D_ASSERT(buf.bytes() >= n * sizeof(float), "local hand-over size");
+  kernels::copy(exec, data, buf.as<float>(), static_cast<int64_t>(n));
   local_free_.push_back(it->second);
   local_of_tag_.erase(it);
 }
@@ -86,8 +87,8 @@ int PipelineExecutor::local_chunk(int global_chunk) const {
 double PipelineExecutor::run(StageModel& model, const MicroBatchSource& source, float grad_scale,
                              bool training) {
   if (!training) return run_forward_only(model, source);
-  const size_t n = static_cast<size_t>(model.io_floats());
-  if (grad_in_.size() < n) grad_in_.resize(n);
+  grad_in_.reserve(model.exec(), sizeof(float) * static_cast<size_t>(model.io_floats()),
+                   "pipeline gradient received");
   const size_t chunks = slots_.size();
   // Slot of each (micro-batch, local chunk) while it is alive, and free slots per chunk.
   slot_of_.assign(static_cast<size_t>(schedule_.n_micro) * chunks, -1);
@@ -133,7 +134,7 @@ double PipelineExecutor::run_forward(StageModel& model, const MicroBatchSource& 
   if (!range.first) {
     const int tag = tag_of(a.mb, a.chunk, K, false);
     if (local(a.chunk - 1, a.chunk))
-      take_local(model.input(c, slot), n, tag);
+      take_local(model.exec(), model.input(c, slot), n, tag);
     else
       receive(model, model.input(c, slot), schedule_.chunk_stage[a.chunk - 1], tag);
   }
@@ -143,7 +144,7 @@ double PipelineExecutor::run_forward(StageModel& model, const MicroBatchSource& 
   if (!range.last) {
     const int tag = tag_of(a.mb, a.chunk + 1, K, false);
     if (local(a.chunk, a.chunk + 1))
-      put_local(model.output(c, slot), n, tag);
+      put_local(model.exec(), model.output(c, slot), n, tag);
     else
       send(model, model.output(c, slot), schedule_.chunk_stage[a.chunk + 1], tag);
   }
@@ -169,10 +170,10 @@ void PipelineExecutor::run_backward(StageModel& model, const parallel::Action& a
   if (!range.last) {
     const int tag = tag_of(a.mb, a.chunk, K, true);
     if (local(a.chunk, a.chunk + 1))
-      take_local(grad_in_.data(), n, tag);
+      take_local(model.exec(), grad_in_.as<float>(), n, tag);
     else
-      receive(model, grad_in_.data(), schedule_.chunk_stage[a.chunk + 1], tag);
-    dout = grad_in_.data();
+      receive(model, grad_in_.as<float>(), schedule_.chunk_stage[a.chunk + 1], tag);
+    dout = grad_in_.as<float>();
   }
   parallel::trace::Span span(a.op == Op::kB ? "backward (input grads)" : "backward", "compute");
   span.arg("mb", a.mb).arg("chunk", a.chunk);
@@ -183,7 +184,7 @@ void PipelineExecutor::run_backward(StageModel& model, const parallel::Action& a
   if (!range.first) {
     const int tag = tag_of(a.mb, a.chunk - 1, K, true);
     if (local(a.chunk - 1, a.chunk))
-      put_local(model.input_grad(c, slot), n, tag);
+      put_local(model.exec(), model.input_grad(c, slot), n, tag);
     else
       send(model, model.input_grad(c, slot), schedule_.chunk_stage[a.chunk - 1], tag);
   }
@@ -198,18 +199,21 @@ void PipelineExecutor::send(StageModel& model, const float* data, int peer, int 
   const size_t n = static_cast<size_t>(model.io_floats());
   Staging* s = nullptr;
   for (auto& st : staging_)
-    if (st.request == MPI_REQUEST_NULL || pp_.test(st.request)) {
+    if (pp_.test(st.request)) {
       s = &st;
       break;
     }
   if (!s) s = &staging_.emplace_back();
+  const kernels::Exec& exec = model.exec();
   if (wire_ == WirePrecision::kBf16) {
-    s->b16.resize(n);
-    kernels::float_to_bf16(s->b16.data(), data, static_cast<int64_t>(n));  // half the bytes
-    s->request = pp_.isend(s->b16.data(), n, peer, tag);
+    s->data.reserve(exec, n * sizeof(kernels::bf16), "pipeline send staging");
+    auto* b16 = s->data.as<kernels::bf16>();
+    kernels::float_to_bf16(exec, b16, data, static_cast<int64_t>(n));  // half the bytes
+    s->request = pp_.isend(b16, n, peer, tag);
   } else {
-    s->f32.assign(data, data + n);
-    s->request = pp_.isend(s->f32.data(), n, peer, tag);
+    s->data.reserve(exec, n * sizeof(float), "pipeline send staging");
+    kernels::copy(exec, s->data.as<float>(), data, static_cast<int64_t>(n));
+    s->request = pp_.isend(s->data.as<float>(), n, peer, tag);
   }
 }
 
@@ -220,9 +224,10 @@ void PipelineExecutor::wait_sends() {
 void PipelineExecutor::receive(StageModel& model, float* data, int peer, int tag) {
   const size_t n = static_cast<size_t>(model.io_floats());
   if (wire_ == WirePrecision::kFp32) return pp_.recv(data, n, peer, tag);
-  recv16_.resize(n);  // sized once, on the first receive
-  pp_.recv(recv16_.data(), n, peer, tag);
-  kernels::bf16_to_float(data, recv16_.data(), static_cast<int64_t>(n));
+  recv16_.reserve(model.exec(), n * sizeof(kernels::bf16), "pipeline receive (bf16)");
+  auto* b16 = recv16_.as<kernels::bf16>();
+  pp_.recv(b16, n, peer, tag);
+  kernels::bf16_to_float(model.exec(), data, b16, static_cast<int64_t>(n));
 }
 
 double PipelineExecutor::run_forward_only(StageModel& model, const MicroBatchSource& source) {
@@ -243,7 +248,7 @@ double PipelineExecutor::run_forward_only(StageModel& model, const MicroBatchSou
       const size_t n = static_cast<size_t>(model.io_floats());
       if (!range.first) {
         if (local(k - 1, k))
-          take_local(model.input(c, 0), n, tag_of(mb, k, K, false));
+          take_local(model.exec(), model.input(c, 0), n, tag_of(mb, k, K, false));
         else
           receive(model, model.input(c, 0), schedule_.chunk_stage[k - 1], tag_of(mb, k, K, false));
       }
@@ -252,7 +257,7 @@ double PipelineExecutor::run_forward_only(StageModel& model, const MicroBatchSou
       loss += model.forward(c, 0, tokens, targets, 0.0f, false);
       if (!range.last) {
         if (local(k, k + 1)) {
-          put_local(model.output(c, 0), n, tag_of(mb, k + 1, K, false));
+          put_local(model.exec(), model.output(c, 0), n, tag_of(mb, k + 1, K, false));
           continue;
         }
         send(model, model.output(c, 0), schedule_.chunk_stage[k + 1], tag_of(mb, k + 1, K, false));

@@ -5,7 +5,9 @@
 // Zero-bubble tables split the backward into B (input gradients, sent upstream at once) and W
 // (weight gradients, deferred into what would be bubble); a slot stays taken until its W.
 // Consecutive chunks on one stage (ZB-V's V turns on stage pp-1; pp = 1 with two chunks) hand the
-// activation and its gradient over in memory, in fp32, without MPI.
+// activation and its gradient over in memory, in fp32, without a transfer. Every buffer the
+// executor keeps is in the stage's memory (StageModel::exec(): the GPU's on a GPU backend), filled
+// by kernel ops, and moved through the tensor communicator (parallel/tensor_comm.h).
 #pragma once
 
 #include <array>
@@ -15,8 +17,9 @@
 #include <map>
 #include <vector>
 
-#include "parallel/comm.h"
+#include "kernels/arena.h"
 #include "parallel/schedule.h"
+#include "parallel/tensor_comm.h"
 #include "runtime/model/stage_model.h"
 
 namespace t3d::runtime {
@@ -32,7 +35,7 @@ enum class WirePrecision { kFp32, kBf16 };
 class PipelineExecutor {
  public:
   // `schedule` is the whole table; this rank runs ranks[pp.rank()].
-  PipelineExecutor(parallel::Schedule schedule, const parallel::Comm& pp, WirePrecision wire);
+  PipelineExecutor(parallel::Schedule schedule, const parallel::TensorComm& pp, WirePrecision wire);
 
   // Activation slots each local chunk needs (peak micro-batches alive on it), index = local chunk.
   const std::vector<int>& slots_per_chunk() const { return slots_; }
@@ -61,28 +64,27 @@ class PipelineExecutor {
   void receive(StageModel& model, float* data, int peer, int tag);
   // The in-memory hand-over between consecutive chunks on this stage, keyed like the MPI tags.
   bool local(int chunk_a, int chunk_b) const;
-  void put_local(const float* data, size_t n, int tag);
-  void take_local(float* data, size_t n, int tag);
+  void put_local(const kernels::Exec& exec, const float* data, size_t n, int tag);
+  void take_local(const kernels::Exec& exec, float* data, size_t n, int tag);
 
   parallel::Schedule schedule_;
-  const parallel::Comm& pp_;
+  const parallel::TensorComm& pp_;
   WirePrecision wire_;
-  std::vector<uint16_t> recv16_;      // bf16 wire: (rows, C) a receive lands in before its decode
+  kernels::Buffer recv16_;            // bf16 wire: (rows, C) a receive lands in before its decode
   std::vector<int> local_of_global_;  // global chunk -> index in model.chunks(), or -1
   std::vector<int> slots_;
-  std::vector<float> grad_in_;  // (rows, C) gradient received for the chunk being backpropagated
+  kernels::Buffer grad_in_;  // (rows, C) gradient received for the chunk being backpropagated
   // Per-step bookkeeping, kept between steps so a step does not allocate.
   std::vector<int> slot_of_;            // [mb · chunks + c] -> slot or -1
   std::vector<std::vector<int>> free_;  // [c] free slots
   struct Staging {  // one send in flight: a copy of its data, in the wire precision
-    std::vector<float> f32;
-    std::vector<uint16_t> b16;
-    MPI_Request request = MPI_REQUEST_NULL;
+    kernels::Buffer data;
+    parallel::Request request;
   };
   std::deque<Staging> staging_;  // a deque: growing it never moves a buffer a send still reads
-  std::vector<std::vector<float>> local_pool_;  // hand-over buffers, reused across steps
-  std::vector<int> local_free_;                 // indices into local_pool_
-  std::map<int, int> local_of_tag_;             // tag -> buffer holding that message
+  std::vector<kernels::Buffer> local_pool_;  // hand-over buffers (fp32), reused across steps
+  std::vector<int> local_free_;              // indices into local_pool_
+  std::map<int, int> local_of_tag_;          // tag -> buffer holding that message
 };
 
 }  // namespace t3d::runtime

@@ -164,7 +164,7 @@ class FileTransfer {
   // Whether MPI may still read or write a buffer (then they must stay mapped).
   bool in_flight() const {
     return std::any_of(requests_.begin(), requests_.end(),
-                       [](const auto& r) { return r.first != MPI_REQUEST_NULL; });
+                       [](const auto& r) { return r.first.pending; });
   }
   // Waits for every piece (watchdog), unmaps the files and, unless this rank failed, renames
   // what it received into place. Returns this rank's first error ("" none).
@@ -190,7 +190,8 @@ class FileTransfer {
   const parallel::Comm& world_;
   std::vector<std::unique_ptr<Mapped>> files_;
   std::vector<std::vector<char>> sinks_;  // where a receive goes whose file cannot be made
-  std::vector<std::pair<MPI_Request, int>> requests_;  // with the peer, for the watchdog's message
+  std::vector<std::pair<parallel::Request, int>>
+      requests_;  // with the peer, for the watchdog's message
   std::vector<std::pair<std::string, std::string>> received_;  // temporary, final path
   std::string error_;
 };

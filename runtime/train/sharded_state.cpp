@@ -57,15 +57,16 @@ ShardedState::ShardedState(Model& model, StateGroup kind, const parallel::Comm& 
       parallel::make_buckets(units, parallel::bucket_floats(bucket_mb), &units_per_bucket_),
       group.size(), group.rank());
   buffers_ = parallel::ZeroBuffers::allocate(zero_, partition_, arena);
-  reducer_ = std::make_unique<parallel::GradReducer>(group, zero_, partition_, units_per_bucket_,
-                                                     model.state().grads.data(), buffers_);
+  reducer_ = std::make_unique<parallel::GradReducer>(model.exec(), group, zero_, partition_,
+                                                     units_per_bucket_, model.state().grads.data(),
+                                                     buffers_);
   attach_to_model();
   if (full.moments) return;
   const auto n = static_cast<size_t>(partition_.shard_floats);
   m_shard_ = arena.alloc_floats("optimizer.exp_avg (ZeRO shard)", n);
   v_shard_ = arena.alloc_floats("optimizer.exp_avg_sq (ZeRO shard)", n);
-  kernels::zero(kernels::kCpu, m_shard_, static_cast<int64_t>(n));
-  kernels::zero(kernels::kCpu, v_shard_, static_cast<int64_t>(n));
+  kernels::zero(model_.exec(), m_shard_, static_cast<int64_t>(n));
+  kernels::zero(model_.exec(), v_shard_, static_cast<int64_t>(n));
 }
 
 ShardedState::~ShardedState() = default;
@@ -100,10 +101,15 @@ void ShardedState::attach_to_model() {
     });
 }
 
-void ShardedState::keep_shard(const float* full) {
-  for (size_t b = 0; b < partition_.buckets.size(); ++b)
-    kernels::copy(kernels::kCpu, buffers_.param_shard + partition_.shard_offset[b],
-                  full + partition_.mine[b].begin, partition_.mine[b].size());
+void ShardedState::keep_shard(int64_t offset, const float* values, int64_t n) {
+  for (size_t b = 0; b < partition_.buckets.size(); ++b) {
+    const parallel::FloatRange& mine = partition_.mine[b];
+    const int64_t lo = std::max(mine.begin, offset), hi = std::min(mine.end, offset + n);
+    if (lo >= hi) continue;
+    kernels::copy_from_host(model_.exec(),
+                            buffers_.param_shard + partition_.shard_offset[b] + (lo - mine.begin),
+                            values + (lo - offset), sizeof(float) * static_cast<size_t>(hi - lo));
+  }
 }
 
 void ShardedState::restored() {
@@ -228,7 +234,7 @@ double ShardedState::grad_sum_of_squares() const {
   for_each_piece(partition(), [&](const Piece& p) {
     if (tensors[p.param].split_dim < 0 && !tp_rank0)
       return;  // replicated: identical on every tp rank
-    sum += kernels::sum_of_squares(kernels::kCpu, grads(p), p.size());
+    sum += kernels::sum_of_squares(model_.exec(), grads(p), p.size());
   });
   return sum;
 }
@@ -241,7 +247,7 @@ void ShardedState::step_router_bias(const Piece& p, const RouterBiasStep& bias) 
   // The piece's share of its block's deltas, whatever part of the tensor this rank owns.
   const float* delta = bias.deltas->data() + (at - layers.begin()) * model_.config().n_experts +
                        (p.lo - model_.layout().at(info.name).offset);
-  kernels::add_inplace(kernels::kCpu, params(p), delta, p.size());
+  kernels::add_inplace(model_.exec(), params(p), delta, p.size());
 }
 
 void ShardedState::adamw_step(const TrainConfig& t, double lr, int64_t step, float grad_scale,
@@ -260,7 +266,7 @@ void ShardedState::adamw_step(const TrainConfig& t, double lr, int64_t step, flo
       return;
     }
     cfg.weight_decay = info.decay ? static_cast<float>(t.weight_decay) : 0.0f;
-    kernels::adamw_step(kernels::kCpu, params(p), grads(p), exp_avg(p), exp_avg_sq(p), p.size(),
+    kernels::adamw_step(model_.exec(), params(p), grads(p), exp_avg(p), exp_avg_sq(p), p.size(),
                         cfg, step);
   });
   reducer_->gather_params(model_.state().params.data());
@@ -281,11 +287,10 @@ void TrainingState::init(uint64_t seed) {
   if (!dense().param_shard()) {
     model_.init(seed);
   } else {
-    // ZeRO-3: the full model exists only here, on the host, long enough to keep this rank's
-    // shards.
-    std::vector<float> full(static_cast<size_t>(model_.layout().total_floats()), 0.0f);
-    model_.init(seed, full.data());
-    for (const auto& g : groups_) g->keep_shard(full.data());
+    // ZeRO-3: each tensor exists on the host long enough to keep this rank's slices of it.
+    model_.init(seed, [&](int64_t offset, const float* values, int64_t n) {
+      for (const auto& g : groups_) g->keep_shard(offset, values, n);
+    });
   }
   restored();
 }

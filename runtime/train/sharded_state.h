@@ -57,8 +57,9 @@ class ShardedState {
   ShardedState(const ShardedState&) = delete;
   ShardedState& operator=(const ShardedState&) = delete;
 
-  // ZeRO 3: keeps this rank's slices of `full`, a whole parameter region (TrainingState::init).
-  void keep_shard(const float* full);
+  // ZeRO 3: keeps this rank's slices of `n` initial values (host memory) of the parameter region
+  // from float `offset` on (TrainingState::init, one tensor at a time).
+  void keep_shard(int64_t offset, const float* values, int64_t n);
   // After the stores were initialised or restored: makes every rank's parameters current (ZeRO
   // 3: the gathered buffers are stale).
   void restored();
@@ -160,14 +161,16 @@ class TrainingState {
                 const parallel::Comm& experts_group, int zero, double bucket_mb,
                 kernels::Arena& arena);
 
-  // Parameters from `seed` (Model::init); with ZeRO 3 the whole model is initialised on the host
-  // once and each group keeps its rank's slices.
+  // Parameters from `seed` (Model::init); with ZeRO 3 each tensor is drawn on the host and each
+  // group keeps its rank's slices of it.
   void init(uint64_t seed);
   // After a snapshot was read into the stores (ShardedState::restored).
   void restored();
 
   const std::vector<std::unique_ptr<ShardedState>>& groups() const { return groups_; }
   ShardedState& dense() const { return *groups_.front(); }
+  // Where the state lives and its ops run: the Model's.
+  const kernels::Exec& exec() const { return model_.exec(); }
 
   // A step's gradient reductions (parallel::GradReducer), every group's.
   void begin_step(int micro_batches);

@@ -92,7 +92,7 @@ void SnapshotRestore::load(const Choice& c, std::string* layout) {
                    c.path,
                    "` has no step counter, or one that differs from its "
                    "step attribute");
-    for (const auto& s : boxes) reader.read(s);
+    for (const auto& s : boxes) reader.read(s, state_.exec());
     *layout = info.layout;
   });
 }

@@ -46,7 +46,8 @@ uint64_t resident_bytes() { return proc_bytes("/proc/self/status", "VmRSS"); }
 
 }  // namespace
 
-SnapshotStaging::SnapshotStaging(const Recipe& r, const TrainingState& state) : r_(r) {
+SnapshotStaging::SnapshotStaging(const Recipe& r, const TrainingState& state)
+    : r_(r), exec_(state.exec()) {
   mine_ = state.boxes(true);
   int64_t total = 0, largest_chunk = 1;
   for (const auto& b : mine_) {
@@ -150,8 +151,8 @@ void SnapshotStaging::stage(size_t w) {
     const ck::Slice& box = mine_[p.box];
     const int64_t chunk = ck::chunk_elems(box.shape), n = kernels::numel(box.shape);
     const int64_t begin = p.first * chunk, end = std::min(n, p.last * chunk);
-    std::memcpy(staging_ + p.at, box.data + begin,
-                static_cast<size_t>(end - begin) * sizeof(float));
+    kernels::copy_to_host(exec_, staging_ + p.at, box.data + begin,
+                          static_cast<size_t>(end - begin) * sizeof(float));
   }
 }
 

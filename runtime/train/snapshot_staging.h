@@ -46,7 +46,7 @@ class SnapshotStaging {
   // Waves of at most bytes(): each is written before the next is copied, and training goes on
   // while the last one is written.
   const std::vector<std::vector<Part>>& waves() const { return waves_; }
-  // Copies the parts of wave `w` from the arena into the staging.
+  // Copies the parts of wave `w` from the arena into the staging (kernels::copy_to_host).
   void stage(size_t w);
   const float* data() const { return staging_; }
   // Host memory the staging takes (the cap, or all of this rank's boxes when smaller).
@@ -59,6 +59,7 @@ class SnapshotStaging {
   void plan_waves();
 
   const Recipe& r_;
+  kernels::Exec exec_;  // the memory of the boxes (the state's)
   std::vector<checkpoint::Slice> mine_;
   std::vector<std::vector<Part>> waves_;
   int64_t largest_chunk_floats_ = 1;

@@ -229,14 +229,12 @@ struct Trainer::Impl {
       st.for_each_piece(st.partition(), [&](const ShardedState::Piece& p) {
         const size_t i = part_of(p.lo);
         // Each rank checks its partition's parameters: together, every parameter once.
-        if (kernels::count_nonfinite(kernels::kCpu, st.params(p), p.size()) > 0) bad_params[i] = 1;
-        const float* g = st.grads(p);
-        for (int64_t k = 0; k < p.size(); ++k) {
-          if (!std::isfinite(g[k]))
-            bad_grads[i] = 1;
-          else
-            grad_sq[i] += double(g[k]) * g[k];
-        }
+        const kernels::Exec& exec = model->exec();
+        if (kernels::count_nonfinite(exec, st.params(p), p.size()) > 0) bad_params[i] = 1;
+        if (kernels::count_nonfinite(exec, st.grads(p), p.size()) > 0)
+          bad_grads[i] = 1;
+        else  // read only while every gradient is finite
+          grad_sq[i] += kernels::sum_of_squares(exec, st.grads(p), p.size());
       });
     }
     mesh.world().all_reduce(bad_params.data(), bad_params.size(), parallel::ReduceOp::max);

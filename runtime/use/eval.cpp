@@ -121,7 +121,8 @@ EvalResult run_eval(const Job& job, const std::string& snapshot, const EvalOptio
       for (const auto& p : model->params()) {
         const TensorBox box = tp_shard_box(p, model->tp_size(), model->tp_rank());
         reader.read({"model/" + p.name, p.global_shape, box.offset, box.shape,
-                     params + model->layout().at(p.name).offset});
+                     params + model->layout().at(p.name).offset},
+                    model->exec());
       }
     });
   });

@@ -129,7 +129,8 @@ SnapshotWeights load_snapshot_weights(const std::string& snapshot) {
     t.data.assign(static_cast<size_t>(n), 0.0f);
     // The whole tensor as one box: the reader gathers it from the writers' pieces.
     reader.read({"model/" + t.name, t.shape, std::vector<int64_t>(t.shape.size(), 0), t.shape,
-                 t.data.data()});
+                 t.data.data()},
+                kernels::kCpu);  // a host copy of the model, for the file
   }
   // The tokenizer the weights were trained with: still the file the snapshot recorded.
   check_same_tokenizer(reader.info().counters, w.recipe, snapshot, "read");

@@ -61,15 +61,17 @@ TEST_F(SnapshotFormat, ReadsAnyBoxAcrossShards) {
     EXPECT_EQ(reader.info().step, 7);
     EXPECT_EQ(reader.info().counters.at("step"), 7);
     std::vector<float> whole(30);
-    reader.read({"model/w", {6, 5}, {0, 0}, {6, 5}, whole.data()});
+    reader.read({"model/w", {6, 5}, {0, 0}, {6, 5}, whole.data()}, kernels::kCpu);
     EXPECT_EQ(whole, global_);
     // A column split straddling both row shards (a tp2 row-parallel layout).
     std::vector<float> cols(6 * 2);
-    reader.read({"model/w", {6, 5}, {0, 3}, {6, 2}, cols.data()});
+    reader.read({"model/w", {6, 5}, {0, 3}, {6, 2}, cols.data()}, kernels::kCpu);
     for (int r = 0; r < 6; ++r)
       for (int c = 0; c < 2; ++c) EXPECT_EQ(cols[r * 2 + c], global_[r * 5 + 3 + c]);
-    EXPECT_THROW(reader.read({"model/w", {6, 4}, {0, 0}, {6, 4}, whole.data()}), UserError);
-    EXPECT_THROW(reader.read({"model/x", {6, 5}, {0, 0}, {6, 5}, whole.data()}), UserError);
+    EXPECT_THROW(reader.read({"model/w", {6, 4}, {0, 0}, {6, 4}, whole.data()}, kernels::kCpu),
+                 UserError);
+    EXPECT_THROW(reader.read({"model/x", {6, 5}, {0, 0}, {6, 5}, whole.data()}, kernels::kCpu),
+                 UserError);
   });
 }
 
@@ -85,7 +87,7 @@ TEST_F(SnapshotFormat, RefusesDamagedShard) {
     SnapshotReader reader(index);
     std::vector<float> whole(30);
     try {
-      reader.read({"model/w", {6, 5}, {0, 0}, {6, 5}, whole.data()});
+      reader.read({"model/w", {6, 5}, {0, 0}, {6, 5}, whole.data()}, kernels::kCpu);
       FAIL() << "a damaged shard was read";
     } catch (const UserError& e) {
       EXPECT_NE(std::string(e.what()).find("rank00001.h5"), std::string::npos) << e.what();
@@ -178,7 +180,7 @@ TEST_F(SnapshotFormat, ReadsOnlyRegularFilesInsideItsDirectory) {
         SnapshotReader reader(index);
         reader.verify();
         std::vector<float> whole(30);
-        reader.read({"model/w", {6, 5}, {0, 0}, {6, 5}, whole.data()});
+        reader.read({"model/w", {6, 5}, {0, 0}, {6, 5}, whole.data()}, kernels::kCpu);
       } catch (const UserError& e) {
         return e.what();
       }
@@ -309,7 +311,7 @@ class IncrementalSnapshot : public SnapshotFormat {
   std::vector<float> read(int64_t step) {
     std::vector<float> out(data_.size());
     SnapshotReader reader(index_path(dir_, step));
-    reader.read(slice(out));
+    reader.read(slice(out), kernels::kCpu);
     return out;
   }
   static bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
@@ -351,7 +353,8 @@ class IncrementalSnapshot : public SnapshotFormat {
     EXPECT_EQ(reader.info().parent, "step_00000002.h5");
     // Another layout's box (a column split) rebuilt through the chain.
     std::vector<float> cols(kRows * 3);
-    reader.read({"model/w", {kRows, kCols}, {0, kCols - 3}, {kRows, 3}, cols.data()});
+    reader.read({"model/w", {kRows, kCols}, {0, kCols - 3}, {kRows, 3}, cols.data()},
+                kernels::kCpu);
     for (int64_t r = 0; r < kRows; ++r)
       for (int64_t c = 0; c < 3; ++c) EXPECT_EQ(cols[r * 3 + c], v3[r * kCols + kCols - 3 + c]);
     // An unchanged snapshot is nearly free: no chunk is written.

@@ -6,6 +6,7 @@
 #include <limits>
 #include <vector>
 
+#include "kernels/arena.h"
 #include "kernels/check.h"
 #include "kernels/ops.h"
 #include "kernels/precision.h"
@@ -36,6 +37,40 @@ TEST(StepScalars, CountSumAndCopyAreTheirDefinitions) {
   copy(kCpu, y.data(), x.data() + 8, 400);
   EXPECT_EQ(std::memcmp(y.data(), x.data() + 8, 400 * sizeof(float)), 0);
   EXPECT_EQ(y[400], 0.0f);
+}
+
+// The casts with an Exec are precision.h's rounding and widening; the host crossings move the bytes
+// and nothing around them; a Buffer grows zeroed and keeps its size when asked for less.
+TEST(StepScalars, CastsCrossingsAndBuffersAreTheirDefinitions) {
+  auto x = ref::random_floats(777, 51, -3, 3);
+  x[3] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<bf16> h(777), want(777);
+  for (int i = 0; i < 777; ++i) want[i] = float_to_bf16(x[i]);
+  float_to_bf16(kCpu, h.data(), x.data(), 777);
+  EXPECT_EQ(std::memcmp(h.data(), want.data(), h.size() * sizeof(bf16)), 0);
+  std::vector<float> back(777);
+  bf16_to_float(kCpu, back.data(), h.data(), 777);
+  for (int i = 0; i < 777; ++i) {
+    const float widened = bf16_to_float(h[i]);
+    ASSERT_EQ(std::memcmp(&back[i], &widened, sizeof widened), 0) << i;
+  }
+  std::vector<float> y(10, -1.0f);
+  copy_from_host(kCpu, y.data() + 1, x.data(), 8 * sizeof(float));
+  copy_to_host(kCpu, y.data() + 9, x.data() + 8, sizeof(float));
+  EXPECT_EQ(y[0], -1.0f);
+  EXPECT_EQ(std::memcmp(y.data() + 1, x.data(), 8 * sizeof(float)), 0);
+  EXPECT_EQ(y[9], x[8]);
+  Buffer buffer;
+  EXPECT_EQ(buffer.bytes(), 0u);
+  buffer.reserve(kCpu, 100, "test");
+  ASSERT_NE(buffer.as<char>(), nullptr);
+  for (int i = 0; i < 100; ++i) ASSERT_EQ(buffer.as<char>()[i], 0);
+  float* first = buffer.as<float>();
+  buffer.reserve(kCpu, 40, "test");  // smaller: the same memory
+  EXPECT_EQ(buffer.as<float>(), first);
+  buffer.reserve(kCpu, 4000, "test");
+  EXPECT_EQ(buffer.bytes(), 4000u);
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(buffer.as<float>()[i], 0.0f);
 }
 
 TEST(kernels_cross_entropy, FusedLossAndGradient) {

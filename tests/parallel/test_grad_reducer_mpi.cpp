@@ -91,7 +91,8 @@ Result run(const Comm& dp, int zero, int64_t bucket_floats, const std::vector<Ph
   std::vector<float> region(static_cast<size_t>(u.back().end));
   const BucketPartition part(buckets, dp.size(), dp.rank());
   const ZeroBuffers buffers = ZeroBuffers::allocate(zero, part, arena);
-  GradReducer reducer(dp, zero, part, per_bucket, zero >= 2 ? nullptr : region.data(), buffers);
+  GradReducer reducer(kernels::kCpu, dp, zero, part, per_bucket,
+                      zero >= 2 ? nullptr : region.data(), buffers);
   const bool compact = zero >= 2;
   const std::vector<FloatRange>& owned = zero > 0 ? part.mine : part.buckets;
   Result result;
@@ -187,7 +188,7 @@ TEST(GradReducer, ZeroThreeGathersTheParameters) {
   auto buckets = make_buckets(units(), 8, &per);
   const BucketPartition part(buckets, dp.size(), dp.rank());
   const ZeroBuffers buffers = ZeroBuffers::allocate(3, part, arena);
-  GradReducer reducer(dp, 3, part, per, nullptr, buffers);
+  GradReducer reducer(kernels::kCpu, dp, 3, part, per, nullptr, buffers);
   std::vector<float> full(static_cast<size_t>(buckets.back().end));
   for (size_t i = 0; i < full.size(); ++i) full[i] = float(i) * 0.5f - 3.0f;
   for (size_t b = 0; b < buckets.size(); ++b)  // this rank's slices (ShardedState::keep_shard)
@@ -219,7 +220,8 @@ TEST(GradReducer, MissingUnitIsReported) {
   std::vector<int> per;
   auto buckets = make_buckets(units(), 8, &per);
   const BucketPartition part(buckets, dp.size(), dp.rank());
-  GradReducer reducer(dp, 2, part, per, nullptr, ZeroBuffers::allocate(2, part, arena));
+  GradReducer reducer(kernels::kCpu, dp, 2, part, per, nullptr,
+                      ZeroBuffers::allocate(2, part, arena));
   reducer.begin_step(1);
   reducer.bucket_grads(0);
   reducer.unit_done(0);  // bucket 0 has two units: one report short

@@ -104,9 +104,9 @@ TEST(MeshMpi, NonBlockingSendsAndReceivesGoAroundARing) {
   // rely on).
   const int64_t mine[2] = {w.rank(), 10 * w.rank()};
   int64_t got[4] = {-1, -1, -1, -1}, nothing = -1;
-  MPI_Request sent = w.isend(mine, 2, next, 9), empty = w.isend(mine, 0, next, 9);
-  MPI_Request received = w.irecv(got, 4, prev, 9), none = w.irecv(&nothing, 1, prev, 9);
-  for (MPI_Request* r : {&sent, &empty, &received, &none}) w.wait(*r, "ring", -1);
+  Request sent = w.isend(mine, 2, next, 9), empty = w.isend(mine, 0, next, 9);
+  Request received = w.irecv(got, 4, prev, 9), none = w.irecv(&nothing, 1, prev, 9);
+  for (Request* r : {&sent, &empty, &received, &none}) w.wait(*r, "ring", -1);
   EXPECT_EQ(got[0], prev);
   EXPECT_EQ(got[1], 10 * prev);
   EXPECT_EQ(got[2], -1);

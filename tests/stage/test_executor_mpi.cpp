@@ -63,6 +63,7 @@ class FakeStage final : public StageModel {
 
   const std::vector<parallel::LayerRange>& chunks() const override { return ranges_; }
   int64_t io_floats() const override { return kIo; }
+  const kernels::Exec& exec() const override { return kernels::kCpu; }
 
   double forward(int c, int slot, const int32_t* tokens, const int32_t* targets, float grad_scale,
                  bool training) override {
