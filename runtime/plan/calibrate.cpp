@@ -134,13 +134,17 @@ void measure_block(const Job& job, Measured& m) {
   const int64_t n = model.io_floats();
   std::vector<float> dout(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) dout[i] = 1e-3f * static_cast<float>((i * 7919) % 201 - 100);
-  float* in = model.input(0, 0);
-  std::copy(dout.begin(), dout.end(), in);
+  // The probe's input and output gradient: the same values, in the model's memory.
+  kernels::Buffer grad;
+  grad.reserve(model.exec(), dout.size() * sizeof(float), "calibration output gradient");
+  kernels::copy_from_host(model.exec(), grad.as<float>(), dout.data(), dout.size() * sizeof(float));
+  kernels::copy_from_host(model.exec(), model.input(0, 0), dout.data(),
+                          dout.size() * sizeof(float));
   m.block_s = time_per_call(
       world,
       [&] {
         model.forward(0, 0, nullptr, nullptr, 1.0f, true);
-        model.backward(0, 0, dout.data());
+        model.backward(0, 0, grad.as<float>());
       },
       0.3);
   if (tp.size() > 1) {

@@ -81,24 +81,31 @@ void check_replicas(const Job& job, std::vector<CheckRow>& rows) {
     Model ref(r.model, chunks, self, ref_arena, options);
     model.init(static_cast<uint64_t>(r.train.seed));
     ref.init(static_cast<uint64_t>(r.train.seed));
+    std::vector<float> mine, full;  // host copies of the tensor being compared
+    const auto to_host = [](Model& m, const std::string& name, std::vector<float>& out) {
+      const auto& e = m.layout().at(name);
+      out.resize(static_cast<size_t>(e.numel));
+      kernels::copy_to_host(m.exec(), out.data(), m.state().params.data() + e.offset,
+                            out.size() * sizeof(float));
+      return out.data();
+    };
     for (const auto& p : model.params()) {
-      const auto& e = model.layout().at(p.name);
-      const float* mine = model.state().params.data() + e.offset;
-      const float* full = ref.state().params.data() + ref.layout().at(p.name).offset;
+      to_host(model, p.name, mine);
+      to_host(ref, p.name, full);
       const bool matrix = p.global_shape.size() == 2;
       const int64_t grows = matrix ? p.global_shape[0] : 1;
       const int64_t gcols = matrix ? p.global_shape[1] : p.global_shape[0];
       const TensorBox box = tp_shard_box(p, tp.size(), tp.rank());
       Slice s{matrix ? box.shape[0] : 1, matrix ? box.shape[1] : box.shape[0],
               matrix ? box.offset[0] : 0, matrix ? box.offset[1] : box.offset[0], gcols};
-      const uint64_t held = checksum(mine, s, s.cols, s.row0, s.col0);
-      if (held != checksum(full, s, gcols, 0, 0))
+      const uint64_t held = checksum(mine.data(), s, s.cols, s.row0, s.col0);
+      if (held != checksum(full.data(), s, gcols, 0, 0))
         v.fail(fmt::format("its tp shard {} of `{}` differs from the single-rank tensor", tp.rank(),
                            p.name));
       names.push_back(p.name);
       split.push_back(p.split_dim);
       shard_sums.push_back(held);
-      full_sums.push_back(checksum(full, Slice{grows, gcols, 0, 0, gcols}, gcols, 0, 0));
+      full_sums.push_back(checksum(full.data(), Slice{grows, gcols, 0, 0, gcols}, gcols, 0, 0));
     }
   } catch (const std::exception& e) {
     v.fail(std::string("cannot build the model: ") + e.what());
