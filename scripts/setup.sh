@@ -7,7 +7,8 @@ packages=(build-essential cmake pkg-config git
           libcli11-dev libtoml11-dev libspdlog-dev
           libhdf5-dev hdf5-tools
           libopenblas-dev libgtest-dev libdnnl-dev
-          libsentencepiece-dev nlohmann-json3-dev)
+          libsentencepiece-dev nlohmann-json3-dev
+          libpcre2-dev libutf8proc-dev)
 packages+=("$@")  # callers may ask for more (e.g. fortunes for the default corpus)
 missing=()
 for p in "${packages[@]}"; do

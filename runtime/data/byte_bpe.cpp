@@ -1,0 +1,366 @@
+#include "runtime/data/byte_bpe.h"
+
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include <pcre2.h>
+#include <utf8proc.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdlib>
+#include <nlohmann/json.hpp>
+
+#include "kernels/check.h"
+
+namespace t3d::runtime {
+
+using nlohmann::json;
+
+namespace {
+
+// GPT-2's pre-tokenizer pattern ("ByteLevel" with use_regex = true).
+constexpr const char* kGpt2Pattern =
+    R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+)";
+
+void append_utf8(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+// GPT-2's bytes_to_unicode: the printable bytes stand for themselves, the others for U+0100 on.
+struct ByteAlphabet {
+  std::array<std::string, 256> char_of_byte;
+  std::unordered_map<uint32_t, uint8_t> byte_of_char;
+  ByteAlphabet() {
+    const auto printable = [](int b) {
+      return (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    };
+    uint32_t next = 256;
+    for (int b = 0; b < 256; ++b) {
+      const uint32_t cp = printable(b) ? static_cast<uint32_t>(b) : next++;
+      append_utf8(char_of_byte[b], cp);
+      byte_of_char[cp] = static_cast<uint8_t>(b);
+    }
+  }
+};
+const ByteAlphabet& alphabet() {
+  static const ByteAlphabet a;
+  return a;
+}
+
+uint64_t pair_key(uint32_t left, uint32_t right) { return (uint64_t{left} << 32) | right; }
+
+// The byte lengths of the maximal valid UTF-8 runs and single invalid bytes of `s`, in order,
+// positive for a valid run, -1 for an invalid byte.
+std::vector<int64_t> utf8_runs(std::string_view s) {
+  std::vector<int64_t> runs;
+  size_t i = 0;
+  int64_t valid = 0;
+  while (i < s.size()) {
+    utf8proc_int32_t cp;
+    const auto n = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(s.data() + i),
+                                    static_cast<utf8proc_ssize_t>(s.size() - i), &cp);
+    if (n > 0) {
+      valid += n;
+      i += static_cast<size_t>(n);
+      continue;
+    }
+    if (valid) runs.push_back(valid), valid = 0;
+    runs.push_back(-1);
+    ++i;
+  }
+  if (valid) runs.push_back(valid);
+  return runs;
+}
+
+std::string nfc(std::string_view s) {
+  std::string out;
+  size_t at = 0;
+  for (const int64_t run : utf8_runs(s)) {
+    if (run < 0) {  // an invalid byte passes through as is
+      out += s[at++];
+      continue;
+    }
+    utf8proc_uint8_t* composed = nullptr;
+    const auto n =
+        utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(s.data() + at), run, &composed,
+                     static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+    T3D_ASSERT(n >= 0, "NFC of a valid UTF-8 run failed: ", utf8proc_errmsg(n));
+    out.append(reinterpret_cast<const char*>(composed), static_cast<size_t>(n));
+    std::free(composed);
+    at += static_cast<size_t>(run);
+  }
+  return out;
+}
+
+// Reading tokenizer.json: every refusal names the file and the key.
+struct Reader {
+  const std::string& source;
+  [[noreturn]] void refuse(const std::string& key, const std::string& why) const {
+    throw UserError("tokenizer `" + source + "`: " + key + " " + why +
+                    "; titan3d reads byte-level BPE tokenizers (GPT-2, Llama 3, Qwen2)");
+  }
+  void require_null(const json& j, const char* key, const std::string& where) const {
+    if (j.contains(key) && !j[key].is_null())
+      refuse(where + key, "is " + j[key].dump() + ", which titan3d does not implement");
+  }
+  void require_false(const json& j, const char* key, const std::string& where) const {
+    if (j.contains(key) && j[key].is_boolean() && j[key].get<bool>())
+      refuse(where + key, "is true, which titan3d does not implement");
+  }
+  std::string type_of(const json& j, const std::string& key) const {
+    if (!j.is_object() || !j.contains("type") || !j["type"].is_string())
+      refuse(key, "has no \"type\"");
+    return j["type"].get<std::string>();
+  }
+};
+
+}  // namespace
+
+struct ByteLevelBpe::Regex {
+  pcre2_code* code = nullptr;
+  ~Regex() { pcre2_code_free(code); }
+};
+
+ByteLevelBpe::~ByteLevelBpe() = default;
+ByteLevelBpe::ByteLevelBpe(ByteLevelBpe&&) noexcept = default;
+ByteLevelBpe& ByteLevelBpe::operator=(ByteLevelBpe&&) noexcept = default;
+
+ByteLevelBpe ByteLevelBpe::parse(const std::string& json_text, const std::string& source) {
+  const Reader in{source};
+  json j;
+  try {
+    j = json::parse(json_text);
+  } catch (const json::exception& e) {
+    throw UserError("tokenizer `" + source + "` is not JSON: " + e.what());
+  }
+  if (!j.is_object() || !j.contains("model")) in.refuse("\"model\"", "is missing");
+  in.require_null(j, "truncation", "");
+  in.require_null(j, "padding", "");
+  ByteLevelBpe t;
+  // The model: BPE over the byte alphabet.
+  const json& m = j["model"];
+  if (in.type_of(m, "model") != "BPE") in.refuse("model.type", "is " + m["type"].dump());
+  in.require_null(m, "dropout", "model.");
+  in.require_false(m, "byte_fallback", "model.");
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
+    if (m.contains(key) && !m[key].is_null() && m[key] != "")
+      in.refuse(std::string("model.") + key, "is " + m[key].dump() + " (not byte-level BPE)");
+  t.ignore_merges_ = m.value("ignore_merges", false);
+  if (!m.contains("vocab") || !m["vocab"].is_object()) in.refuse("model.vocab", "is missing");
+  const auto add_token = [&](const std::string& token, int64_t id, const std::string& key) {
+    if (id < 0 || id >= (int64_t{1} << 31)) in.refuse(key, "has the id " + std::to_string(id));
+    const auto i = static_cast<size_t>(id);
+    if (t.token_of_id_.size() <= i) t.token_of_id_.resize(i + 1), t.is_added_.resize(i + 1);
+    t.token_of_id_[i] = token;
+    t.id_of_token_.emplace(token, static_cast<uint32_t>(id));
+  };
+  for (const auto& [token, id] : m["vocab"].items())
+    add_token(token, id.get<int64_t>(), "model.vocab[\"" + token + "\"]");
+  for (int b = 0; b < 256; ++b) {
+    const auto it = t.id_of_token_.find(alphabet().char_of_byte[b]);
+    if (it == t.id_of_token_.end())
+      in.refuse("model.vocab", "lacks the token of byte " + std::to_string(b) +
+                                   " (a byte-level vocabulary holds all 256)");
+    t.byte_id_[b] = it->second;
+  }
+  const json merges = m.value("merges", json::array());
+  for (size_t rank = 0; rank < merges.size(); ++rank) {
+    std::string left, right;
+    const json& entry = merges[rank];
+    if (entry.is_string()) {  // "left right", the older spelling
+      const std::string s = entry.get<std::string>();
+      const size_t space = s.find(' ', 1);
+      if (space == std::string::npos) in.refuse("model.merges[" + std::to_string(rank) + "]", s);
+      left = s.substr(0, space), right = s.substr(space + 1);
+    } else if (entry.is_array() && entry.size() == 2) {
+      left = entry[0].get<std::string>(), right = entry[1].get<std::string>();
+    } else {
+      in.refuse("model.merges[" + std::to_string(rank) + "]", "is " + entry.dump());
+    }
+    const auto l = t.id_of_token_.find(left), r = t.id_of_token_.find(right),
+               both = t.id_of_token_.find(left + right);
+    if (l == t.id_of_token_.end() || r == t.id_of_token_.end() || both == t.id_of_token_.end())
+      in.refuse("model.merges[" + std::to_string(rank) + "]",
+                "merges `" + left + "` and `" + right + "`, which the vocabulary lacks");
+    t.merge_.emplace(pair_key(l->second, r->second),
+                     std::pair{static_cast<uint32_t>(rank), both->second});
+  }
+  // Added tokens: cut out of the text before anything else.
+  for (const json& a : j.value("added_tokens", json::array())) {
+    const std::string key = "added_tokens[" + a.value("content", std::string("?")) + "]";
+    for (const char* flag : {"single_word", "lstrip", "rstrip"})
+      in.require_false(a, flag, key + ".");
+    const std::string content = a.at("content").get<std::string>();
+    add_token(content, a.at("id").get<int64_t>(), key);
+    const uint32_t id = a["id"].get<uint32_t>();
+    t.is_added_[id] = true;
+    t.added_.push_back({content, id});
+    if (a.value("normalized", false) && j.contains("normalizer") && !j["normalizer"].is_null())
+      in.refuse(key + ".normalized", "is true with a normalizer");
+  }
+  std::sort(t.added_.begin(), t.added_.end(),
+            [](const Added& a, const Added& b) { return a.content.size() > b.content.size(); });
+  // The normalizer: none, or NFC.
+  if (j.contains("normalizer") && !j["normalizer"].is_null()) {
+    if (in.type_of(j["normalizer"], "normalizer") != "NFC")
+      in.refuse("normalizer.type", "is " + j["normalizer"]["type"].dump() + " (none or NFC)");
+    t.nfc_ = true;
+  }
+  // The pre-tokenizer: ByteLevel, or a Split then ByteLevel without its own pattern.
+  if (!j.contains("pre_tokenizer") || j["pre_tokenizer"].is_null())
+    in.refuse("pre_tokenizer", "is missing (byte-level BPE needs ByteLevel)");
+  const json& pre = j["pre_tokenizer"];
+  std::string pattern;
+  bool literal = false;
+  json byte_level;
+  if (in.type_of(pre, "pre_tokenizer") == "ByteLevel") {
+    byte_level = pre;
+  } else if (pre["type"] == "Sequence" && pre.value("pretokenizers", json::array()).size() == 2) {
+    const json& split = pre["pretokenizers"][0];
+    byte_level = pre["pretokenizers"][1];
+    if (in.type_of(split, "pre_tokenizer.pretokenizers[0]") != "Split")
+      in.refuse("pre_tokenizer.pretokenizers[0].type", "is " + split["type"].dump());
+    if (split.value("behavior", std::string()) != "Isolated")
+      in.refuse("pre_tokenizer.pretokenizers[0].behavior", "is " + split["behavior"].dump());
+    in.require_false(split, "invert", "pre_tokenizer.pretokenizers[0].");
+    const json& p = split.at("pattern");
+    literal = p.contains("String");
+    pattern = literal ? p["String"].get<std::string>() : p.at("Regex").get<std::string>();
+    if (byte_level.value("use_regex", true))
+      in.refuse("pre_tokenizer.pretokenizers[1].use_regex", "is true after a Split");
+  } else {
+    in.refuse("pre_tokenizer", "is " + pre["type"].dump() + " (ByteLevel, or Split + ByteLevel)");
+  }
+  if (in.type_of(byte_level, "pre_tokenizer") != "ByteLevel")
+    in.refuse("pre_tokenizer.pretokenizers[1].type", "is " + byte_level["type"].dump());
+  in.require_false(byte_level, "add_prefix_space", "pre_tokenizer (ByteLevel).");
+  if (pattern.empty()) pattern = kGpt2Pattern;
+  if (j.contains("decoder") && !j["decoder"].is_null() &&
+      in.type_of(j["decoder"], "decoder") != "ByteLevel")
+    in.refuse("decoder.type", "is " + j["decoder"]["type"].dump() + " (ByteLevel)");
+  int error = 0;
+  PCRE2_SIZE at = 0;
+  t.split_ = std::make_unique<Regex>();
+  t.split_->code =
+      pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                    PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | (literal ? PCRE2_LITERAL : 0),
+                    &error, &at, nullptr);
+  if (!t.split_->code) {
+    PCRE2_UCHAR text[256];
+    pcre2_get_error_message(error, text, sizeof text);
+    in.refuse("pre_tokenizer's pattern", "does not compile at offset " + std::to_string(at) + ": " +
+                                             reinterpret_cast<const char*>(text));
+  }
+  pcre2_jit_compile(t.split_->code, PCRE2_JIT_COMPLETE);  // interpreted where JIT is unavailable
+  return t;
+}
+
+int ByteLevelBpe::id_of(std::string_view token) const {
+  const auto it = id_of_token_.find(std::string(token));
+  return it == id_of_token_.end() ? -1 : static_cast<int>(it->second);
+}
+
+std::vector<uint32_t> ByteLevelBpe::encode(std::string_view text) const {
+  std::vector<uint32_t> out;
+  size_t from = 0;  // start of the stretch not yet encoded
+  for (size_t i = 0; i < text.size(); ++i) {
+    for (const Added& a : added_) {
+      if (text.compare(i, a.content.size(), a.content) != 0) continue;
+      encode_stretch(text.substr(from, i - from), out);
+      out.push_back(a.id);
+      i += a.content.size() - 1;
+      from = i + 1;
+      break;
+    }
+  }
+  encode_stretch(text.substr(from), out);
+  return out;
+}
+
+void ByteLevelBpe::encode_stretch(std::string_view raw, std::vector<uint32_t>& out) const {
+  if (raw.empty()) return;
+  std::string normalized;
+  if (nfc_) normalized = nfc(raw), raw = normalized;
+  // Matches of the pattern and the text between them are the pieces (behaviour "Isolated").
+  const auto* subject = reinterpret_cast<PCRE2_SPTR>(raw.data());
+  pcre2_match_data* match = pcre2_match_data_create_from_pattern(split_->code, nullptr);
+  size_t start = 0, gap = 0;
+  while (start < raw.size()) {
+    const int rc = pcre2_match(split_->code, subject, raw.size(), start, 0, match, nullptr);
+    if (rc == PCRE2_ERROR_NOMATCH) break;
+    T3D_ASSERT(rc > 0, "the tokenizer's pattern failed on a text (PCRE2 error ", rc, ")");
+    const PCRE2_SIZE* span = pcre2_get_ovector_pointer(match);
+    if (span[1] == span[0]) {  // an empty match ends no piece: look one byte further
+      start = span[0] + 1;
+      continue;
+    }
+    if (span[0] > gap) encode_piece(raw.substr(gap, span[0] - gap), out);
+    encode_piece(raw.substr(span[0], span[1] - span[0]), out);
+    start = gap = span[1];
+  }
+  pcre2_match_data_free(match);
+  if (gap < raw.size()) encode_piece(raw.substr(gap), out);
+}
+
+void ByteLevelBpe::encode_piece(std::string_view bytes, std::vector<uint32_t>& out) const {
+  if (ignore_merges_) {
+    std::string whole;
+    for (const char c : bytes) whole += alphabet().char_of_byte[static_cast<uint8_t>(c)];
+    if (const auto it = id_of_token_.find(whole); it != id_of_token_.end()) {
+      out.push_back(it->second);
+      return;
+    }
+  }
+  std::vector<uint32_t> symbols;
+  symbols.reserve(bytes.size());
+  for (const char c : bytes) symbols.push_back(byte_id_[static_cast<uint8_t>(c)]);
+  // Merge the lowest-ranked adjacent pair (the leftmost of equals) until none is ranked.
+  for (;;) {
+    size_t best = symbols.size();
+    uint32_t best_rank = UINT32_MAX, merged = 0;
+    for (size_t i = 0; i + 1 < symbols.size(); ++i) {
+      const auto it = merge_.find(pair_key(symbols[i], symbols[i + 1]));
+      if (it != merge_.end() && it->second.first < best_rank)
+        best = i, best_rank = it->second.first, merged = it->second.second;
+    }
+    if (best == symbols.size()) break;
+    symbols[best] = merged;
+    symbols.erase(symbols.begin() + static_cast<std::ptrdiff_t>(best) + 1);
+  }
+  out.insert(out.end(), symbols.begin(), symbols.end());
+}
+
+std::string ByteLevelBpe::decode(std::span<const uint32_t> ids) const {
+  std::string out;
+  for (const uint32_t id : ids) {
+    T3D_USER_CHECK(id < token_of_id_.size() && !token_of_id_[id].empty(), "token id ", id,
+                   " is not in the tokenizer's vocabulary of ", token_of_id_.size(), " ids");
+    const std::string& token = token_of_id_[id];
+    if (is_added_[id]) {
+      out += token;
+      continue;
+    }
+    for (size_t i = 0; i < token.size();) {  // byte-level characters back to bytes
+      utf8proc_int32_t cp;
+      const auto n = utf8proc_iterate(reinterpret_cast<const utf8proc_uint8_t*>(token.data() + i),
+                                      static_cast<utf8proc_ssize_t>(token.size() - i), &cp);
+      const auto it = n > 0 ? alphabet().byte_of_char.find(static_cast<uint32_t>(cp))
+                            : alphabet().byte_of_char.end();
+      T3D_USER_CHECK(it != alphabet().byte_of_char.end(), "token ", id, " (`", token,
+                     "`) holds a character outside the byte-level alphabet");
+      out += static_cast<char>(it->second);
+      i += static_cast<size_t>(n);
+    }
+  }
+  return out;
+}
+
+}  // namespace t3d::runtime
