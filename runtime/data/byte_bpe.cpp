@@ -122,6 +122,22 @@ struct Reader {
   }
 };
 
+// The first special token of the post-processor's template for one text (TemplateProcessing,
+// alone or in a Sequence), as `id_of` finds it; -1 when there is none.
+template <typename IdOf>
+int template_bos(const json& post, const IdOf& id_of) {
+  if (!post.is_object()) return -1;
+  if (post.value("type", std::string()) == "Sequence") {
+    for (const json& p : post.value("processors", json::array()))
+      if (const int id = template_bos(p, id_of); id >= 0) return id;
+    return -1;
+  }
+  if (post.value("type", std::string()) != "TemplateProcessing") return -1;
+  const json single = post.value("single", json::array());
+  if (single.empty() || !single[0].contains("SpecialToken")) return -1;
+  return id_of(single[0]["SpecialToken"].value("id", std::string()));
+}
+
 }  // namespace
 
 struct ByteLevelBpe::Regex {
@@ -260,6 +276,8 @@ ByteLevelBpe ByteLevelBpe::parse(const std::string& json_text, const std::string
                                              reinterpret_cast<const char*>(text));
   }
   pcre2_jit_compile(t.split_->code, PCRE2_JIT_COMPLETE);  // interpreted where JIT is unavailable
+  t.bos_id_ = template_bos(j.value("post_processor", json()),
+                           [&](std::string_view token) { return t.id_of(token); });
   return t;
 }
 

@@ -41,6 +41,9 @@ class ByteLevelBpe {
 
   int vocab_size() const { return static_cast<int>(token_of_id_.size()); }
   int id_of(std::string_view token) const;  // a vocabulary or added token; -1 when absent
+  // The id the file's post-processor puts first (TemplateProcessing's first special token, e.g.
+  // Llama 3's <|begin_of_text|>); -1 when it puts none (GPT-2, Qwen2). encode never adds it.
+  int bos_id() const { return bos_id_; }
   std::vector<uint32_t> encode(std::string_view text) const;
   // UserError on an id outside the vocabulary. Added tokens decode to their content.
   std::string decode(std::span<const uint32_t> ids) const;
@@ -64,6 +67,7 @@ class ByteLevelBpe {
   bool nfc_ = false;
   bool add_prefix_space_ = false;
   bool ignore_merges_ = false;
+  int bos_id_ = -1;
   uint32_t byte_id_[256] = {};  // the id of each byte's one-character token
 };
 

@@ -11,6 +11,7 @@
 
 #include "checkpoint/paths.h"
 #include "kernels/check.h"
+#include "runtime/data/byte_bpe.h"
 #include "runtime/data/tokenizer.h"
 
 namespace t3d::runtime {
@@ -25,8 +26,8 @@ TextTokenizer TextTokenizer::open(const std::string& spec, const std::string& ke
                  key, "` is \"bytes\"); leave BOS off, or give a SentencePiece model with <s>");
   if (spec == kByteTokenizerName) return t;
   T3D_USER_CHECK(!spec.empty(), "`", key,
-                 "` is empty; give \"bytes\" or a SentencePiece model "
-                 "file (titan3d tokenize writes one)");
+                 "` is empty; give \"bytes\", a SentencePiece model file (titan3d tokenize "
+                 "writes one) or a byte-level BPE tokenizer.json");
   std::error_code ec;
   T3D_USER_CHECK(fs::is_regular_file(spec, ec), "`", key, "`: tokenizer model `", spec,
                  "` does not exist (relative paths start at ", fs::current_path().string(),
@@ -39,6 +40,16 @@ TextTokenizer TextTokenizer::load(std::string model_bytes, const std::string& sp
   TextTokenizer t;
   t.spec_ = spec;
   t.model_bytes_ = std::move(model_bytes);
+  const size_t first = t.model_bytes_.find_first_not_of(" \t\r\n");
+  if (first != std::string::npos && t.model_bytes_[first] == '{') {  // a tokenizer.json
+    t.bpe_ = std::make_shared<const ByteLevelBpe>(ByteLevelBpe::parse(t.model_bytes_, spec));
+    T3D_USER_CHECK(!bos || t.bpe_->bos_id() >= 0, "a BOS id is asked for (data.bos / --bos), but `",
+                   key, "`: `", spec,
+                   "` names none (its post_processor's template puts no special token first); "
+                   "leave BOS off");
+    t.bos_ = bos;
+    return t;
+  }
   auto proc = std::make_shared<sp::SentencePieceProcessor>();
   const auto status = proc->LoadFromSerializedProto(t.model_bytes_);
   T3D_USER_CHECK(status.ok(), "`", key, "`: `", spec, "` is not a SentencePiece model (",
@@ -57,19 +68,27 @@ TextTokenizer TextTokenizer::load(std::string model_bytes, const std::string& sp
   return t;
 }
 
-int TextTokenizer::bos_id() const { return sp_ ? sp_->bos_id() : -1; }
+int TextTokenizer::bos_id() const {
+  if (bpe_) return bpe_->bos_id();
+  return sp_ ? sp_->bos_id() : -1;
+}
+
+int TextTokenizer::eos_id() const { return sp_ ? sp_->eos_id() : -1; }
 
 int TextTokenizer::vocab_size() const {
+  if (bpe_) return bpe_->vocab_size();
   return sp_ ? sp_->GetPieceSize() : ByteTokenizer::kVocabSize;
 }
 
 std::string TextTokenizer::describe() const {
-  if (!sp_) return "bytes (256 ids)";
-  return spec_ + " (SentencePiece, " + std::to_string(vocab_size()) + " ids" +
+  if (is_bytes()) return "bytes (256 ids)";
+  return spec_ + (bpe_ ? " (byte-level BPE, " : " (SentencePiece, ") +
+         std::to_string(vocab_size()) + " ids" +
          (bos_ ? ", BOS " + std::to_string(bos_id()) + " first" : "") + ")";
 }
 
 std::vector<uint32_t> TextTokenizer::encode(std::string_view text) const {
+  if (bpe_) return bpe_->encode(text);
   std::vector<uint32_t> out;
   if (!sp_) {
     const auto bytes = ByteTokenizer{}.encode(text);
@@ -99,11 +118,12 @@ std::vector<uint32_t> TextTokenizer::encode_document(std::string_view text) cons
 }
 
 std::string TextTokenizer::decode(std::span<const int32_t> ids) const {
-  if (!sp_) return ByteTokenizer{}.decode(ids);
+  if (is_bytes()) return ByteTokenizer{}.decode(ids);
   const int n = vocab_size();
   for (size_t i = 0; i < ids.size(); ++i)
     T3D_USER_CHECK(ids[i] >= 0 && ids[i] < n, "tokenizer ", spec_, ": id ", ids[i], " at position ",
                    i, " is outside [0, ", n, "); the ids come from another vocabulary");
+  if (bpe_) return bpe_->decode(std::vector<uint32_t>(ids.begin(), ids.end()));
   std::string text;
   const auto status = sp_->Decode(std::vector<int>(ids.begin(), ids.end()), &text);
   T3D_ASSERT(status.ok(), "SentencePiece cannot decode: ", status.ToString());

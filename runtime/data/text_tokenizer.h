@@ -1,18 +1,23 @@
 // The tokenizer a run reads text through (recipe key data.tokenizer): the byte tokenizer
-// ("bytes", the default: token = byte) or a SentencePiece model file (BPE or unigram, trained by
-// `titan3d tokenize` or taken from a Hugging Face LLaMA directory's tokenizer.model).
+// ("bytes", the default: token = byte), a SentencePiece model file (BPE or unigram, trained by
+// `titan3d tokenize` or taken from a Hugging Face LLaMA directory's tokenizer.model), or a
+// byte-level BPE `tokenizer.json` (GPT-2, Llama 3, Qwen2: runtime/data/byte_bpe.h), told apart by
+// the file's content.
 //
-// Encoding contract (both kinds): the text is cut at '\n'; each line (without its '\n') goes
-// through the tokenizer, and each '\n' becomes one token, the byte piece <0x0A> of a SentencePiece
-// model (its byte fallback) or byte 10. So a model sees the same ids for a line wherever the line
-// sits in a file, memory stays bounded by the longest line, and a Python user reproduces the ids
-// with `sp.encode(line)` per line (tests/use/sentencepiece_check.py does). encode adds no BOS or
-// EOS id; encode_document, what a text file or a prompt becomes, starts with the BOS id when the
-// tokenizer was opened with `bos` (recipe key data.bos, as Hugging Face's LLaMA tokenizer does with
-// add_bos_token: once per text, not per line). decode(encode(text)) == text for every valid UTF-8
-// text when the model has byte fallback and the identity normalisation, as `titan3d tokenize`
-// trains it (SentencePiece replaces each invalid UTF-8 byte with U+FFFD); a model with another
-// normaliser (NFKC) may map some characters to others.
+// Encoding contract. Bytes and SentencePiece: the text is cut at '\n'; each line (without its
+// '\n') goes through the tokenizer, and each '\n' becomes one token, the byte piece <0x0A> of a
+// SentencePiece model (its byte fallback) or byte 10. So a model sees the same ids for a line
+// wherever the line sits in a file, memory stays bounded by the longest line, and a Python user
+// reproduces the ids with `sp.encode(line)` per line (tests/use/sentencepiece_check.py does).
+// Byte-level BPE: the whole text goes through the tokenizer at once (its patterns treat newlines
+// as text), the ids Hugging Face's `tokenizer.encode(text, add_special_tokens=False)` gives.
+// encode adds no BOS or EOS id; encode_document, what a text file or a prompt becomes, starts
+// with the BOS id when the tokenizer was opened with `bos` (recipe key data.bos, as Hugging Face's
+// LLaMA tokenizers do: once per text, not per line). decode(encode(text)) == text for every valid
+// UTF-8 text when the model has byte fallback and the identity normalisation, as `titan3d
+// tokenize` trains it (SentencePiece replaces each invalid UTF-8 byte with U+FFFD); a model with
+// another normaliser (NFKC; NFC for Qwen2's BPE) may map some characters to others. Byte-level
+// BPE round-trips invalid UTF-8 bytes too.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +32,8 @@ class SentencePieceProcessor;
 }
 
 namespace t3d::runtime {
+
+class ByteLevelBpe;
 
 inline constexpr const char* kByteTokenizerName = "bytes";
 
@@ -43,7 +50,8 @@ class TextTokenizer {
   static TextTokenizer load(std::string model_bytes, const std::string& spec,
                             const std::string& key, bool bos = false);
 
-  bool is_bytes() const { return sp_ == nullptr; }
+  bool is_bytes() const { return sp_ == nullptr && bpe_ == nullptr; }
+  bool is_byte_level_bpe() const { return bpe_ != nullptr; }
   int vocab_size() const;
   const std::string& spec() const { return spec_; }
   std::string describe() const;  // "bytes (256 ids)" / "path (BPE, 512 ids)" for logs
@@ -53,17 +61,22 @@ class TextTokenizer {
   std::vector<uint32_t> encode_document(std::string_view text) const;
   bool adds_bos() const { return bos_; }
   int bos_id() const;  // the model's BOS id (<s>), -1 when it has none (bytes: none)
+  // The model's EOS id (</s>); -1 when it has none or does not say (bytes; a tokenizer.json).
+  int eos_id() const;
   // UserError on an id outside the vocabulary (the ids come from another tokenizer).
   std::string decode(std::span<const int32_t> ids) const;
   std::string decode(std::span<const uint32_t> ids) const;
 
-  // The model file's bytes ("" for bytes): export copies them as tokenizer.model.
+  // The model file's bytes ("" for bytes), and the name Hugging Face gives such a file
+  // (tokenizer.model, tokenizer.json): export and import copy it under that name.
   const std::string& model_bytes() const { return model_bytes_; }
+  const char* file_name() const { return bpe_ ? "tokenizer.json" : "tokenizer.model"; }
 
  private:
   std::string spec_ = kByteTokenizerName;
   std::string model_bytes_;
   std::shared_ptr<const sentencepiece::SentencePieceProcessor> sp_;
+  std::shared_ptr<const ByteLevelBpe> bpe_;
   int32_t newline_id_ = '\n';
   bool bos_ = false;
 };

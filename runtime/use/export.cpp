@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 
 #include "checkpoint/paths.h"
 #include "checkpoint/safetensors.h"
@@ -137,10 +138,10 @@ SnapshotWeights load_snapshot_weights(const std::string& snapshot) {
   return w;
 }
 
-std::string llama_config_json(const ModelConfig& m, const std::string& dtype, bool special_ids) {
+std::string llama_config_json(const ModelConfig& m, const std::string& dtype, int bos_id,
+                              int eos_id) {
   // Keys as transformers' config classes name them. Weights are in Hugging Face's own layout
   // ([out, in], rotate-half RoPE on the q/k projections' outputs): no permutation is needed.
-  // The byte tokenizer has no BOS/EOS (ids are bytes); SentencePiece's are <s> = 1, </s> = 2.
   const HfLayout layout = hf_layout(m);
   std::string family;  // the keys of the mixture of experts' family
   if (layout == HfLayout::kMixtral)
@@ -202,11 +203,27 @@ std::string llama_config_json(const ModelConfig& m, const std::string& dtype, bo
       // LlamaConfig's keys (Mixtral's loaders ignore them); Qwen2-MoE's q/k/v have biases.
       llama_keys ? "  \"attention_bias\": false,\n" : "",
       llama_keys ? "  \"mlp_bias\": false,\n  \"pretraining_tp\": 1,\n" : "",
-      m.tie_embeddings ? "true" : "false", special_ids ? "1" : "null", special_ids ? "2" : "null",
-      dtype, family);
+      m.tie_embeddings ? "true" : "false", bos_id >= 0 ? std::to_string(bos_id) : "null",
+      eos_id >= 0 ? std::to_string(eos_id) : "null", dtype, family);
 }
 
-std::string llama_tokenizer_config_json(const ModelConfig& m, bool add_bos) {
+std::string tokenizer_config_json(const ModelConfig& m, const TextTokenizer& tokenizer,
+                                  bool add_bos) {
+  if (tokenizer.is_byte_level_bpe()) {
+    const int bos = tokenizer.bos_id();
+    const std::string bos_token =
+        bos >= 0 ? nlohmann::json(tokenizer.decode(std::vector<int32_t>{bos})).dump() : "null";
+    return fmt::format(
+        "{{\n"
+        "  \"tokenizer_class\": \"PreTrainedTokenizerFast\",\n"
+        "  \"bos_token\": {},\n"
+        "  \"eos_token\": null,\n"
+        "  \"add_bos_token\": {},\n"
+        "  \"clean_up_tokenization_spaces\": false,\n"
+        "  \"model_max_length\": {}\n"
+        "}}\n",
+        bos_token, add_bos ? "true" : "false", m.seq_len);
+  }
   return fmt::format(
       "{{\n"
       "  \"tokenizer_class\": \"LlamaTokenizer\",\n"
@@ -271,13 +288,13 @@ ExportSummary export_snapshot(const std::string& snapshot, const std::string& ou
       ck::write_file_atomically(path, text, "--out");
       written.push_back(path);
     };
-    write(s.config,
-          llama_config_json(w.recipe.model, bf16 ? "bfloat16" : "float32", !tokenizer.is_bytes()));
+    write(s.config, llama_config_json(w.recipe.model, bf16 ? "bfloat16" : "float32",
+                                      tokenizer.bos_id(), tokenizer.eos_id()));
     if (!tokenizer.is_bytes()) {
-      s.tokenizer = (fs::path(out_dir) / "tokenizer.model").string();
+      s.tokenizer = (fs::path(out_dir) / tokenizer.file_name()).string();
       write(s.tokenizer, tokenizer.model_bytes());
       write((fs::path(out_dir) / "tokenizer_config.json").string(),
-            llama_tokenizer_config_json(w.recipe.model, w.recipe.data.bos));
+            tokenizer_config_json(w.recipe.model, tokenizer, w.recipe.data.bos));
     }
   } catch (...) {
     for (const auto& path : written) fs::remove(path, ec);

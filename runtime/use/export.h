@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/data/text_tokenizer.h"
 #include "runtime/recipe/recipe.h"
 
 namespace t3d::runtime {
@@ -66,15 +67,18 @@ struct SnapshotWeights {
 SnapshotWeights load_snapshot_weights(const std::string& snapshot);
 
 // config.json for transformers' class of hf_layout(config) describing `config`. `dtype`:
-// "float32" or "bfloat16" (torch_dtype). `special_ids`: a SentencePiece tokenizer's <s> = 1 and
-// </s> = 2 are named as bos / eos; the byte tokenizer has none (null).
+// "float32" or "bfloat16" (torch_dtype). `bos_id`, `eos_id`: the tokenizer's (a SentencePiece
+// model's <s> = 1 and </s> = 2; a byte-level BPE's BOS when its template has one), -1 for none
+// (null; the byte tokenizer has none).
 std::string llama_config_json(const ModelConfig& config, const std::string& dtype = "float32",
-                              bool special_ids = false);
+                              int bos_id = -1, int eos_id = -1);
 
-// tokenizer_config.json in the LlamaTokenizer form for a SentencePiece model trained by titan3d:
-// add_bos_token as the run read its text (data.bos), no EOS added, legacy encoding, no prefix
-// space.
-std::string llama_tokenizer_config_json(const ModelConfig& config, bool add_bos);
+// tokenizer_config.json for the run's tokenizer: in the LlamaTokenizer form for a SentencePiece
+// model trained by titan3d (no EOS added, legacy encoding, no prefix space), in the
+// PreTrainedTokenizerFast form beside a tokenizer.json (its BOS token named when it has one);
+// add_bos_token as the run read its text (data.bos) in both.
+std::string tokenizer_config_json(const ModelConfig& config, const TextTokenizer& tokenizer,
+                                  bool add_bos);
 
 struct ExportOptions {
   std::string dtype = "fp32";  // fp32 | bf16 (the safetensors tensors)

@@ -396,32 +396,43 @@ std::vector<GlobalTensor> read_tensors(
   return table;
 }
 
-// tokenizer.model of the directory, when titan3d can read text through it: copied beside the
-// snapshot and named by data.tokenizer. "bytes" otherwise, with a note saying why.
+// The directory's tokenizer, when titan3d can read text through it: tokenizer.model
+// (SentencePiece), else tokenizer.json (byte-level BPE), copied beside the snapshot and named by
+// data.tokenizer. "bytes" when it has neither; a file titan3d cannot read is an error naming it.
 std::string import_tokenizer(const fs::path& hf, const fs::path& out, ImportSummary& s) {
-  const fs::path src = in_model_dir(hf, "tokenizer.model");
+  const char* name = "tokenizer.model";
+  fs::path src = in_model_dir(hf, name);
+  if (!fs::is_regular_file(src)) name = "tokenizer.json", src = in_model_dir(hf, name);
   if (!fs::is_regular_file(src)) {
-    s.notes.push_back("no tokenizer.model: data.tokenizer = \"bytes\"");
+    s.notes.push_back("no tokenizer.model or tokenizer.json: data.tokenizer = \"bytes\"");
     return kByteTokenizerName;
   }
   int64_t ids = 0;
   std::string model;
-  try {
-    const TextTokenizer tok = TextTokenizer::load(
-        open_in_model_dir(hf, "tokenizer.model").read_all(), src.string(), "tokenizer.model");
+  if (std::string(name) == "tokenizer.json") {  // what it cannot encode exactly is refused
+    const TextTokenizer tok =
+        TextTokenizer::load(open_in_model_dir(hf, name).read_all(), src.string(), name);
     ids = tok.vocab_size();
     model = tok.model_bytes();
-  } catch (const UserError& e) {
-    s.notes.push_back(std::string("tokenizer.model not used, data.tokenizer = \"bytes\": ") +
-                      e.what());
-    return kByteTokenizerName;
+  } else {
+    try {
+      const TextTokenizer tok =
+          TextTokenizer::load(open_in_model_dir(hf, name).read_all(), src.string(), name);
+      ids = tok.vocab_size();
+      model = tok.model_bytes();
+    } catch (const UserError& e) {
+      s.notes.push_back(std::string("tokenizer.model not used, data.tokenizer = \"bytes\": ") +
+                        e.what());
+      return kByteTokenizerName;
+    }
   }
   // A usable tokenizer the model cannot read through is an error, not a silent fallback.
   T3D_USER_CHECK(ids <= s.recipe.model.vocab_size, "`", src.string(), "` has ", ids,
                  " ids but config.json's `vocab_size` is ", s.recipe.model.vocab_size,
                  ": the model has no embedding rows for the others. Give the model's own "
-                 "tokenizer, or remove tokenizer.model to import with the byte tokenizer.");
-  const fs::path dst = out / "tokenizer.model";
+                 "tokenizer, or remove ",
+                 name, " to import with the byte tokenizer.");
+  const fs::path dst = out / name;
   ck::write_file_atomically(dst.string(), model, "--out");
   return dst.string();
 }
@@ -430,8 +441,8 @@ std::string import_tokenizer(const fs::path& hf, const fs::path& out, ImportSumm
 // LlamaTokenizer adds BOS by default) when the tokenizer has a BOS id; false with the byte one.
 bool import_bos(const fs::path& hf, const std::string& tokenizer, ImportSummary& s) {
   if (tokenizer == kByteTokenizerName) return false;
-  if (TextTokenizer::open(tokenizer, "tokenizer.model").bos_id() < 0) {
-    s.notes.push_back("tokenizer.model has no BOS piece: data.bos = false");
+  if (TextTokenizer::open(tokenizer, "the imported tokenizer").bos_id() < 0) {
+    s.notes.push_back(fs::path(tokenizer).filename().string() + " has no BOS id: data.bos = false");
     return false;
   }
   const fs::path config = in_model_dir(hf, "tokenizer_config.json");

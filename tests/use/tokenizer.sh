@@ -8,6 +8,10 @@
 #  - data.bos: export writes add_bos_token as the run read text, import takes it back (true when
 #    tokenizer_config.json is absent, LlamaTokenizer's default); generate then starts the prompt
 #    with <s>, and export of that import says add_bos_token true;
+#  - byte-level BPE (a Llama-3-style tokenizer.json from tests/data/fixtures/bpe): the corpus
+#    encodes and decodes back byte for byte, a tiny model trains on text read through it, export
+#    writes the same tokenizer.json (PreTrainedTokenizerFast), import takes it back, and eval of the
+#    import equals the original's;
 #  - a vocabulary too small for the tokenizer, a missing model file, a snapshot read with
 #    another tokenizer (or a changed file), and data.bos with the byte tokenizer are exit 2,
 #    naming the keys.
@@ -82,6 +86,27 @@ check "[ \$(count $work/f512_bos.bin) -eq \$((\$(count $work/f512.bin) + 1)) ] &
 "$titan3d" train "${tiny[@]}" --set data.bos=true --set train.steps=1 --set run.dir="$work/bad" >"$work/bb.log" 2>&1
 check "[ \$? -eq 2 ] && grep -q 'data.bos' $work/bb.log" \
   "data.bos with the byte tokenizer: exit 2 naming data.bos" || cat "$work/bb.log"
+
+# Byte-level BPE, read from a tokenizer.json.
+json_tok=$repo/tests/data/fixtures/bpe/llama3/tokenizer.json
+"$titan3d" tokenize "$corpus" --tokenizer "$json_tok" --out "$work/bpe.bin" >"$work/bt.log" 2>&1
+"$titan3d" tokenize "$work/bpe.bin" --decode --tokenizer "$json_tok" --out "$work/bpe_back.txt" >/dev/null 2>&1
+check "cmp -s $work/bpe_back.txt $corpus && [ \$(stat -c %s $work/bpe.bin) -lt \$((1024 + 4 * \$(stat -c %s $corpus) / 2)) ]" \
+  "byte-level BPE: decode(encode(corpus)) is the corpus, in fewer ids than half its bytes" || cat "$work/bt.log"
+bbpe=("${tiny[@]}" --set hardware.gemm=openblas --set model.vocab_size=704 --set "data.tokenizer=\"$json_tok\"")
+"$titan3d" train "${bbpe[@]}" --set train.steps=20 --set train.val_every=20 --set snapshot.every=20 \
+  --set run.dir="$work/brun" >"$work/btrain.log" 2>&1
+check "[ \$? -eq 0 ] && [ -s $work/brun/snapshots/step_00000020.h5 ]" "train tiny on byte-level BPE tokens" \
+  || cat "$work/btrain.log"
+bsnap=$work/brun/snapshots/step_00000020.h5
+"$titan3d" eval "$bsnap" --json "$work/be.json" >/dev/null 2>&1
+"$titan3d" export "$bsnap" --out "$work/bhf" >"$work/bx.log" 2>&1
+check "[ \$? -eq 0 ] && cmp -s $work/bhf/tokenizer.json $json_tok && grep -q PreTrainedTokenizerFast $work/bhf/tokenizer_config.json && [ ! -e $work/bhf/tokenizer.model ]" \
+  "export writes tokenizer.json (the same bytes) and a PreTrainedTokenizerFast config" || cat "$work/bx.log"
+"$titan3d" import "$work/bhf" --out "$work/bimp" >"$work/bi.log" 2>&1
+"$titan3d" eval "$work/bimp/step_00000000.h5" --json "$work/bei.json" >/dev/null 2>&1
+check "cmp -s $work/bimp/tokenizer.json $json_tok && [ -n \"\$(json_loss $work/be.json)\" ] && [ \"\$(json_loss $work/bei.json)\" = \"\$(json_loss $work/be.json)\" ]" \
+  "import takes tokenizer.json back; eval of the import equals the original's" || cat "$work/bi.log"
 
 # Refusals, exit 2 with the keys named.
 "$titan3d" train "${tiny[@]}" --set "data.tokenizer=\"$tok\"" --set train.steps=1 --set run.dir="$work/bad" >"$work/v.log" 2>&1
