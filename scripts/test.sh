@@ -10,6 +10,8 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh python3 python3-torch python3-h5py python3-sentencepiece clang-format
 bash scripts/build.sh
 bash scripts/get_data.sh   # the e2e tests train on the real corpus
+# Hugging Face tokenizers from PyPI, for the byte-level BPE cross-check (which skips without it).
+bash scripts/hf_venv.sh || echo "test: no Hugging Face tokenizers environment; data_bpe_crosscheck will skip"
 # Two tests at a time: each test's PROCESSORS says what may run beside it, in units of a budget
 # of 5 (tests/CMakeLists.txt): single-process tests and deterministic trainings run beside each
 # other and two of them beside the SLURM test's requeue wait; nothing beside a deadline-bound test.
