@@ -103,9 +103,28 @@ void rmsnorm_backward(const Exec& exec,
 // ---- rotary position embedding (ops_rope.cpp) ---------------------------------------------------
 
 // Hugging Face LLaMA convention ("rotate half"): for i < D/2 the pair is (x[i], x[i + D/2]),
-// rotated by angle pos * theta^(-2i/D). Computed once per run into a table:
+// rotated by angle pos · f_i, f_i = theta^(-2i/D) unless scaled (transformers' rope_scaling):
+//   kLinear: f_i / factor;
+//   kLlama3 (Llama 3.1+): with wavelength w_i = 2π / f_i, L = original_context,
+//     w_i > L / low_freq_factor:  f_i / factor              (long wavelengths slowed down)
+//     w_i < L / high_freq_factor: f_i                       (short ones kept)
+//     otherwise, s = (L / w_i − low_freq_factor) / (high_freq_factor − low_freq_factor):
+//                                  (1 − s) · f_i / factor + s · f_i.
+struct RopeScaling {
+  enum class Kind { kNone, kLinear, kLlama3 };
+  Kind kind = Kind::kNone;
+  double factor = 1.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  double original_context = 8192.0;
+};
+// The frequencies f_i above (i < D/2), in double. UserError on a factor that is not positive, or
+// (kLlama3) a high_freq_factor not above low_freq_factor.
+void rope_frequencies(double* freq, std::int64_t D, double theta, const RopeScaling& scaling);
+// Computed once per run into a host table (the caller copies it where its Exec needs it):
 void rope_table(float* table,  // table (max_pos, D): [cos(angle_0..D/2-1) | sin(angle_0..D/2-1)]
-                std::int64_t max_pos, std::int64_t D, double theta);
+                std::int64_t max_pos, std::int64_t D, double theta,
+                const RopeScaling& scaling = {});
 // Position of row t is pos_offset + t (a later sequence chunk, or KV-cached decoding).
 // In place is allowed (out == inp).
 void rope_forward(const Exec& exec, float* out,  // out (B, T, n_heads * D)

@@ -102,6 +102,49 @@ TEST(kernels_rope, ForwardMatchesHfFormulaWithOffsetAndBackwardIsInverse) {
   ref::expect_close(dx, ref::numeric_grad(fwd, ref::to_double(x), r), 1e-4, 1e-6, "dinp");
 }
 
+// transformers' rope_scaling, written here as its _compute_llama3_parameters reads: every
+// frequency against that, the three regimes each present, linear = f / factor, none = theta's.
+TEST(kernels_rope, ScaledFrequenciesAreTransformersDefinitions) {
+  const int D = 128;
+  const double theta = 500000.0, pi = 3.14159265358979323846;
+  RopeScaling llama3;
+  llama3.kind = RopeScaling::Kind::kLlama3;
+  llama3.factor = 8, llama3.low_freq_factor = 1, llama3.high_freq_factor = 4;
+  llama3.original_context = 8192;
+  std::vector<double> got(D / 2), none(D / 2), linear(D / 2);
+  rope_frequencies(got.data(), D, theta, llama3);
+  rope_frequencies(none.data(), D, theta, {});
+  RopeScaling lin;
+  lin.kind = RopeScaling::Kind::kLinear, lin.factor = 4;
+  rope_frequencies(linear.data(), D, theta, lin);
+  int slowed = 0, kept = 0, smoothed = 0;
+  for (int i = 0; i < D / 2; ++i) {
+    const double f = 1.0 / std::pow(theta, 2.0 * i / D);
+    EXPECT_NEAR(none[i], f, 1e-15 * f);
+    EXPECT_NEAR(linear[i], f / 4, 1e-15 * f);
+    const double wavelen = 2 * pi / f, low_wl = 8192.0 / 1, high_wl = 8192.0 / 4;
+    double want = wavelen > low_wl ? f / 8 : f;
+    const double smooth = (8192.0 / wavelen - 1) / (4 - 1);
+    if (!(wavelen < high_wl) && !(wavelen > low_wl)) want = (1 - smooth) * want / 8 + smooth * want;
+    EXPECT_NEAR(got[i], want, 1e-14 * f) << i;
+    slowed += wavelen > low_wl, kept += wavelen < high_wl;
+    smoothed += !(wavelen < high_wl) && !(wavelen > low_wl);
+  }
+  EXPECT_GT(slowed, 0);
+  EXPECT_GT(kept, 0);
+  EXPECT_GT(smoothed, 0);
+  // The table is cos/sin of position × frequency.
+  std::vector<float> table(20 * D);
+  rope_table(table.data(), 20, D, theta, llama3);
+  EXPECT_EQ(table[19 * D + 40], static_cast<float>(std::cos(19 * got[40])));
+  EXPECT_EQ(table[19 * D + D / 2 + 63], static_cast<float>(std::sin(19 * got[63])));
+  RopeScaling bad = llama3;
+  bad.high_freq_factor = 1;
+  EXPECT_THROW(rope_frequencies(got.data(), D, theta, bad), UserError);
+  bad = lin, bad.factor = 0;
+  EXPECT_THROW(rope_frequencies(got.data(), D, theta, bad), UserError);
+}
+
 TEST(kernels_rope, RejectsOddHeadDim) {
   std::vector<float> table(10 * 3);
   EXPECT_THROW(rope_table(table.data(), 10, 3, 10000.0), UserError);
