@@ -192,9 +192,17 @@ void Model::allocate_scratch(const ActivationSpec& spec) {
         if (recomputed(i) || stored16(i)) slot->layers[static_cast<size_t>(i)] = work;
   stored_block_ = spec.stored_block;
   ep_rows_ = spec.dims.R;
-  if (scratch_->moe_ep_index)  // the identity: expert parallelism's rows are their own slots
-    for (int64_t r = 0; r < spec.dims.R; ++r) scratch_->moe_ep_index[r] = static_cast<int32_t>(r);
-  k::rope_table(scratch_->rope, config_.seq_len, config_.head_dim(), config_.rope_theta);
+  // Built on the host once, then copied in (the initial values' crossing).
+  if (scratch_->moe_ep_index) {  // the identity: expert parallelism's rows are their own slots
+    std::vector<int32_t> identity(static_cast<size_t>(spec.dims.R));
+    for (int64_t r = 0; r < spec.dims.R; ++r)
+      identity[static_cast<size_t>(r)] = static_cast<int32_t>(r);
+    k::copy_from_host(options_.exec, scratch_->moe_ep_index, identity.data(),
+                      identity.size() * sizeof(int32_t));
+  }
+  std::vector<float> rope(static_cast<size_t>(config_.seq_len * config_.head_dim()));
+  k::rope_table(rope.data(), config_.seq_len, config_.head_dim(), config_.rope_theta);
+  k::copy_from_host(options_.exec, scratch_->rope, rope.data(), rope.size() * sizeof(float));
   footprint_.scratch = arena_.used() - before;
   T3D_ASSERT(footprint_.scratch == spec.scratch_bytes(), "scratch took ", footprint_.scratch,
              " bytes, the spec says ", spec.scratch_bytes());
