@@ -21,6 +21,7 @@
 
 #include "kernels/gemm.h"
 #include "kernels/ops.h"  // Out
+#include "kernels/ops_swiglu.h"
 
 namespace t3d::kernels {
 
@@ -81,6 +82,15 @@ void moe_gather(bf16* rows, const bf16* x, const std::int32_t* slot_of_row, std:
 void moe_combine(float* y, const float* rows, const float* w, const std::int32_t* row_of_slot,
                  std::int64_t N, std::int64_t K, std::int64_t C, Out mode);
 
+// One float per slot, moved between slot order and permuted-row order (r < rows, rows =
+// offsets[E]): the gather writes by_row[r] = by_slot[slot_of_row[r]], the scatter writes
+// by_slot[slot_of_row[r]] = by_row[r] (slots without a row are left as they are). Expert
+// parallelism sends its rows' gates this way and takes their gradients back.
+void moe_gather_slots(const Exec& exec, float* by_row, const float* by_slot,
+                      const std::int32_t* slot_of_row, std::int64_t rows);
+void moe_scatter_slots(const Exec& exec, float* by_slot, const float* by_row,
+                       const std::int32_t* slot_of_row, std::int64_t rows);
+
 // The routed experts' SwiGLU FFNs over the permuted rows, one GEMM per expert with rows (the
 // grouped pass; experts with no rows are skipped). Expert e's weights: wg and wu (E, Fe, C),
 // wd (E, C, Fe), each expert's matrix contiguous. `kind`: the GEMM kind (kernels/gemm.h).
@@ -108,6 +118,7 @@ struct ExpertCopies {
   bf16 *gate = nullptr, *up = nullptr, *h = nullptr;  // (S, Fe) each, or all null
   const bf16* xs = nullptr;                           // (S, C) or null
   bool fused() const { return h != nullptr; }
+  SwigluCopies swiglu() const { return {gate, up, h, fused()}; }  // the activation's copies
 };
 // Runs run(lo, n) over row ranges that cover an expert's rows [r0, r0 + rows) of the `end`
 // rows, for the experts' M-row GEMMs (forward and input gradient): the rows rounded up to
@@ -126,67 +137,95 @@ void for_expert_rows(std::int64_t r0, std::int64_t rows, std::int64_t end, std::
   if (rows > whole) run(r0 + whole, rows - whole);
 }
 
+// The routed experts' weights, each projection's E matrices back to back (expert-major, as the
+// grouped pass reads them): gate and up (E, Fe, C), down (E, C, Fe). ExpertGrads: their gradients
+// (same shapes; the backward adds to them).
+struct ExpertWeights {
+  const float *gate = nullptr, *up = nullptr, *down = nullptr;
+};
+struct ExpertGrads {
+  float *gate = nullptr, *up = nullptr, *down = nullptr;
+};
+// Per permuted row (S, Fe) each: the forward's activations (gate = xs · wg[e]^T, up = xs · wu[e]^T,
+// h = silu(gate) · up, the SwiGLU of kernels/ops_swiglu.h), written by moe_experts_forward and read
+// by the backward; and the backward's gradients of them (dh: scratch; dgate, dup: written by
+// _input, read by _weight).
+using ExpertActs = SwigluActs;
+struct ExpertActGrads {
+  float *dh = nullptr, *dgate = nullptr, *dup = nullptr;
+};
+// The rows' gates and their gradients, by slot: gates (N·K) the forward's, dgates (N·K) written
+// by the backward; slot_of_row (S) the permutation's (moe_permute).
+struct ExpertGating {
+  const float* gates = nullptr;
+  float* dgates = nullptr;
+  const std::int32_t* slot_of_row = nullptr;
+};
+
+// Runs run(e, lo, n) over each expert e with rows (ascending; experts without rows skipped), for
+// the row ranges for_expert_rows gives with `bucket` inside the offsets[E] rows (bucket 1: each
+// expert's exact rows). The one loop over the grouped pass's experts.
+template <class Run>
+void for_each_expert(const std::int64_t* offsets, std::int64_t E, std::int64_t bucket, Run&& run) {
+  for (std::int64_t e = 0; e < E; ++e) {
+    const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
+    if (rows == 0) continue;
+    for_expert_rows(r0, rows, offsets[E], bucket,
+                    [&](std::int64_t lo, std::int64_t n) { run(e, lo, n); });
+  }
+}
+
 // The experts' M-row GEMMs (forward, input gradient) may run over rows past an expert's own, up to
 // S, which later experts then overwrite (gemm_row_bucket, kernels/gemm.h): what they write (y,
 // gate, up; dh, dxs) must not overlap another of the buffers (a copy in the first half of its own
 // buffer, as ExpertCopies describes, is not written).
 void moe_experts_forward(const Exec& exec,
-                         float* y,         // y (S, C) = expert outputs per row
-                         float* gate,      // gate (S, Fe) = xs · wg[e]^T
-                         float* up,        // up (S, Fe) = xs · wu[e]^T
-                         float* h,         // h (S, Fe) = silu(gate) · up
-                         const float* xs,  // xs (S, C) permuted rows
-                         const float* wg, const float* wu, const float* wd,
+                         float* y,                     // y (S, C) = expert outputs per row
+                         const ExpertActs& acts,       // gate, up, h (S, Fe) =
+                         const float* xs,              // xs (S, C) permuted rows
+                         const ExpertWeights& w,       //
                          const std::int64_t* offsets,  // offsets (E + 1) from moe_permute
                          const ExpertShape& s, const ExpertCopies& copies = {});
 // Backward of the experts and the combine together, without the experts' outputs: with U the
 // gradient of an expert's output rows before the gate (dys · wd[e], (rows, Fe)), a row's gate
 // gradient is U · h (the dot of dy with the expert's output) and the gradient of its h is
-// gate · U. Writes dxs and dgates, accumulates the weight gradients.
+// gate · U. Writes dxs and the gate gradients, accumulates the weight gradients.
 //   dys (S, C): row r holds dy of the token of row r (moe_gather of dy); clobbered (scaled by
 //     the rows' gates in place, for wd's gradient);
-//   dgates (N·K): by slot, dgates[slot_of_row[r]] = Σ_f U[r, f] · h[r, f] (this rank's Fe: a
-//     partial sum under tp, which the caller all-reduces); a dropped slot's entry is not
+//   gating.dgates (N·K): by slot, dgates[slot_of_row[r]] = Σ_f U[r, f] · h[r, f] (this rank's
+//     Fe: a partial sum under tp, which the caller all-reduces); a dropped slot's entry is not
 //     written (its gradient is 0: the caller zeroes dgates when slots may drop);
-//   gates (N·K): the forward's gates, by slot;
-//   dh, dgate, dup (S, Fe): scratch.
+//   d: scratch (S, Fe) each.
 void moe_experts_backward(const Exec& exec,
-                          float* dxs,                           // dxs (S, C) =
-                          float* dgates,                        // dgates (N·K) =
-                          float* dwg, float* dwu, float* dwd,   // as wg, wu, wd; +=
-                          float* dh, float* dgate, float* dup,  // scratch (S, Fe)
-                          float* dys,                           // dys (S, C), clobbered
-                          const float* gates,                   // gates (N·K) by slot
-                          const std::int32_t* slot_of_row,      // (S) from moe_permute
-                          const float* xs,                      // xs (S, C) forward input
-                          const float* gate, const float* up, const float* h,  // (S, Fe) forward
-                          const float* wg, const float* wu, const float* wd,
-                          const std::int64_t* offsets, const ExpertShape& s,
+                          float* dxs,                  // dxs (S, C) =
+                          const ExpertGating& gating,  // dgates (N·K) =
+                          const ExpertGrads& g,        // +=
+                          const ExpertActGrads& d,     // scratch (S, Fe) each
+                          float* dys,                  // dys (S, C), clobbered
+                          const float* xs,             // xs (S, C) forward input
+                          const ExpertActs& acts,      // (S, Fe) each, from the forward
+                          const ExpertWeights& w, const std::int64_t* offsets, const ExpertShape& s,
                           const ExpertCopies& copies = {});
 
 // The two halves of moe_experts_backward, for the zero-bubble schedules' B and W passes: the one
-// then the other gives moe_experts_backward's bits. _input writes dxs and dgates and leaves what
-// _weight reads: in dys the rows' output gradients scaled by their gates (in place), in dgate and
-// dup (S, Fe) the gradients of the experts' gate and up projections; dh is its scratch.
+// then the other gives moe_experts_backward's bits. _input writes dxs and the gate gradients and
+// leaves what _weight reads: in dys the rows' output gradients scaled by their gates (in place),
+// in d.dgate and d.dup (S, Fe) the gradients of the experts' gate and up projections; d.dh is its
+// scratch.
 void moe_experts_backward_input(const Exec& exec,
-                                float* dxs,          // dxs (S, C) =
-                                float* dgates,       // dgates (N·K) =
-                                float* dh,           // scratch (S, Fe)
-                                float* dgate,        // dgate (S, Fe) =
-                                float* dup,          // dup (S, Fe) =
-                                float* dys,          // dys (S, C), scaled by the gates in place
-                                const float* gates,  // gates (N·K) by slot
-                                const std::int32_t* slot_of_row,  // (S) from moe_permute
-                                const float* gate, const float* up, const float* h,  // (S, Fe)
-                                const float* wg, const float* wu, const float* wd,
-                                const std::int64_t* offsets, const ExpertShape& s,
-                                const ExpertCopies& copies = {});
-// The weight gradients (+=) from what _input left (dys gated, dgate, dup) and the forward's rows
-// xs (S, C) and h (S, Fe), in ExpertShape's parts.
-void moe_experts_backward_weight(const Exec& exec, float* dwg, float* dwu, float* dwd,
-                                 const float* dys, const float* dgate, const float* dup,
-                                 const float* xs, const float* h, const std::int64_t* offsets,
-                                 const ExpertShape& s, const ExpertCopies& copies = {});
+                                float* dxs,                  // dxs (S, C) =
+                                const ExpertGating& gating,  // dgates (N·K) =
+                                const ExpertActGrads& d,     // dgate, dup (S, Fe) =; dh scratch
+                                float* dys,              // dys (S, C), scaled by the gates in place
+                                const ExpertActs& acts,  // (S, Fe) each, from the forward
+                                const ExpertWeights& w, const std::int64_t* offsets,
+                                const ExpertShape& s, const ExpertCopies& copies = {});
+// The weight gradients (+=) from what _input left (dys gated, d.dgate, d.dup) and the forward's
+// rows xs (S, C) and h (S, Fe), in ExpertShape's parts.
+void moe_experts_backward_weight(const Exec& exec, const ExpertGrads& g, const float* dys,
+                                 const ExpertActGrads& d, const float* xs, const float* h,
+                                 const std::int64_t* offsets, const ExpertShape& s,
+                                 const ExpertCopies& copies = {});
 
 // Expert parallelism: P ranks hold El experts each, and a rank's experts receive counts[s·El + j]
 // rows of source rank s for its local expert j (s < P, j < El). Source-major order (s, j, row) is
@@ -218,9 +257,10 @@ void moe_count(double* counts, const std::int32_t* chosen, std::int64_t N, std::
 double moe_aux_loss(float* dscores, const float* scores, const std::int32_t* chosen, std::int64_t B,
                     std::int64_t T, const RouterShape& r, float weight);
 
-// Auxiliary-loss-free balancing (DeepSeek-V3): bias[e] += rate · sign(mean − counts[e]), mean
-// the average of counts over the E experts, sign(0) = 0. Applied once per optimizer step to the
-// counts summed over the whole batch.
-void moe_bias_update(float* bias, const double* counts, std::int64_t E, float rate);
+// Auxiliary-loss-free balancing (DeepSeek-V3): the step of each bias, delta[e] = rate ·
+// sign(mean − counts[e]), mean the average of counts over the E experts, sign(0) = 0. Taken once
+// per optimizer step from the counts summed over the whole batch (runtime/train/router_balance.h
+// applies it to the biases).
+void moe_bias_delta(float* delta, const double* counts, std::int64_t E, float rate);
 
 }  // namespace t3d::kernels

@@ -28,6 +28,7 @@
 #include "kernels/exec.h"
 #include "kernels/ops.h"
 #include "kernels/ops_moe.h"
+#include "kernels/ops_swiglu.h"
 #include "parallel/comm.h"
 #include "parallel/pipeline_split.h"
 #include "parallel/zero.h"
@@ -223,8 +224,11 @@ class Model final : public StageModel {
   struct Scratch;
   // A bf16-stored block's kept tensors, by BlockAct: bf16 or fp32 as the spec's stored rows say.
   using StoredBlock = std::array<void*, kBlockActs>;
-  static float*& block_act(LayerActs& a, int index);  // the member of row `index` (BlockAct)
-  static float*& wgrad(LayerGrads& g, int index);     // the member of row `index` (WGrad)
+  // The member of row `index` (BlockAct), of the row's element type (T3D_BLOCK_ACTS): read, and
+  // bound to arena memory.
+  static void* block_act(const LayerActs& a, int index);
+  static void set_block_act(LayerActs& a, int index, void* p);
+  static float*& wgrad(LayerGrads& g, int index);  // the member of row `index` (WGrad)
   bool stored16(int64_t local_layer) const { return options_.bf16 && !recomputed(local_layer); }
   // The bf16 copies a bf16-stored block's forward fills itself (all null for other blocks): its
   // GEMM inputs, rounded once there and read as they are by the backward's GEMMs, and with bf16
@@ -239,6 +243,8 @@ class Model final : public StageModel {
     kernels::ExpertCopies experts() const {
       return fused_swiglu ? kernels::ExpertCopies{egate, eup, eh} : kernels::ExpertCopies{};
     }
+    // The dense MLP's (kernels/ops_swiglu.h).
+    kernels::SwigluCopies mlp() const { return {gate, up, h, fused_swiglu}; }
   };
   BlockCopies block_copies(ChunkActs& a, int64_t local_layer) const;
   static bool filled_by_forward(int index, bool bf16_gemms);
@@ -274,7 +280,18 @@ class Model final : public StageModel {
                     const BlockParams& g, const float* dy, const LayerGrads* keep);
   void moe_backward_weights(int64_t layer, const LayerActs& a, const BlockCopies& copies,
                             const BlockParams& g, const LayerGrads& kept);
-  kernels::RouterShape router_shape() const;
+  // The routing's permutation of a.chosen into expert_offsets_ and the scratch slot maps (the
+  // capacity's drops included); returns the slots dropped.
+  int64_t route_offsets(const LayerActs& a);
+  // A training forward's routing statistics of block `layer`: counts, drops, auxiliary loss.
+  void count_routing(int64_t layer, const LayerActs& a, int64_t dropped,
+                     const kernels::RouterShape& r);
+  // The router's backward from the gates' gradient (scratch moe_dgates) into scratch dxn and its
+  // weight gradient (or, with `keep`, the dlogits W reads).
+  void router_backward(const LayerActs& a, const ConstBlock& w, const BlockParams& g,
+                       const LayerGrads* keep);
+  kernels::ExpertShape expert_shape() const;  // every routed expert on this rank (no EP)
+  static kernels::SwigluWeights shared_weights(const ConstBlock& w);
   // Expert parallelism: the routed experts' part of moe_forward / moe_backward on the EP group.
   int ep_size() const { return options_.ep ? options_.ep->size() : 1; }
   // The forward's dispatch is started (counts exchanged, rows under way) before the shared
@@ -350,6 +367,7 @@ class Model final : public StageModel {
   bool cp_ = false;         // options_.cp spans more than one rank
   bool sp_ = false;
   int64_t heads_ = 0, kv_heads_ = 0, ffn_ = 0, vocab_ = 0, vocab_start_ = 0;  // local to tp rank
+  ModelDims dims_;  // the spec's sizes on this rank (model_spec.h)
   std::vector<ParamInfo> params_;
   kernels::ParamLayout layout_;
   kernels::ModelState state_;

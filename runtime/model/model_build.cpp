@@ -50,6 +50,7 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
                                options_.ep ? options_.ep->size() : 1};
   const ActivationSpec spec = activation_spec(config_, spec_layout, spec_options);
   const ModelDims& d = spec.dims;
+  dims_ = d;
   heads_ = d.H, kv_heads_ = d.Hkv, ffn_ = d.F, vocab_ = d.V;
   vocab_start_ = vocab_ * tp_.rank();
   cp_ = d.cp, sp_ = d.sp;
@@ -162,7 +163,7 @@ void Model::bind(ChunkActs& a, const parallel::LayerRange& range, const SpecTens
   // clang-format off
   switch (t.role) {
     case Role::kResidual: a.x[static_cast<size_t>(t.index)] = f; return;
-    case Role::kBlock: block_act(a.layers[i], t.index) = f; return;
+    case Role::kBlock: set_block_act(a.layers[i], t.index, p); return;
     case Role::kBlockStored: a.stored[i][static_cast<size_t>(t.index)] = p; return;
     case Role::kWGrad: wgrad(a.wgrads[i], t.index) = f; return;
     case Role::kTokens: a.tokens = static_cast<int32_t*>(p); return;
@@ -182,7 +183,7 @@ void Model::allocate_scratch(const ActivationSpec& spec) {
   for (const auto& t : spec.scratch) {
     void* p = arena_.alloc_bytes(t.name(), t.bytes());
     if (t.role == SpecTensor::Role::kWorkBlock)
-      block_act(work, t.index) = static_cast<float*>(p);
+      set_block_act(work, t.index, p);
     else
       bind_scratch(static_cast<ScratchBuf>(t.index), p);
   }
@@ -220,7 +221,7 @@ const void* Model::bound(const ChunkActs& a, const parallel::LayerRange& range,
     case Role::kResidual:
       return a.x[static_cast<size_t>(t.index)];
     case Role::kBlock:
-      return block_act(const_cast<LayerActs&>(a.layers[i]), t.index);
+      return block_act(a.layers[i], t.index);
     case Role::kBlockStored:
       return a.stored[i][static_cast<size_t>(t.index)];
     case Role::kWGrad:
@@ -242,8 +243,7 @@ const void* Model::bound(const ChunkActs& a, const parallel::LayerRange& range,
 
 const void* Model::bound_scratch(const SpecTensor& t) const {
   const Scratch& s = *scratch_;
-  if (t.role == SpecTensor::Role::kWorkBlock)
-    return block_act(const_cast<LayerActs&>(s.work), t.index);
+  if (t.role == SpecTensor::Role::kWorkBlock) return block_act(s.work, t.index);
   switch (static_cast<ScratchBuf>(t.index)) {
 #define T3D_ROW_READ(e, member, ...) \
   case ScratchBuf::e:                \
@@ -268,11 +268,26 @@ std::vector<Model::BoundRow> Model::bound_rows() const {
 
 Model::~Model() = default;
 
-float*& Model::block_act(LayerActs& a, int index) {
-#define T3D_ROW_MEMBER_PTR(e, member, ...) &LayerActs::member,
-  static constexpr float* LayerActs::*kMember[kBlockActs] = {T3D_BLOCK_ACTS(T3D_ROW_MEMBER_PTR)};
-#undef T3D_ROW_MEMBER_PTR
-  return a.*kMember[index];
+void* Model::block_act(const LayerActs& a, int index) {
+  switch (static_cast<BlockAct>(index)) {
+#define T3D_ROW_READ(e, member, ...) \
+  case BlockAct::e:                  \
+    return a.member;
+    T3D_BLOCK_ACTS(T3D_ROW_READ)
+#undef T3D_ROW_READ
+  }
+  return nullptr;
+}
+
+void Model::set_block_act(LayerActs& a, int index, void* p) {
+  switch (static_cast<BlockAct>(index)) {
+#define T3D_ROW_BIND(e, member, name, type, ...) \
+  case BlockAct::e:                              \
+    a.member = static_cast<type*>(p);            \
+    return;
+    T3D_BLOCK_ACTS(T3D_ROW_BIND)
+#undef T3D_ROW_BIND
+  }
 }
 
 float*& Model::wgrad(LayerGrads& g, int index) {
@@ -320,11 +335,12 @@ void Model::encode16(LayerActs& from, const StoredBlock& to) const {
   const bool bf16_gemms = k::gemm_kind_is_bf16(options_.exec.gemm);
   for (const auto& t : stored_block_) {
     if (filled_by_forward(t.index, bf16_gemms)) continue;
-    const float* f = block_act(from, t.index);
+    const void* f = block_act(from, t.index);
     void* stored = to[static_cast<size_t>(t.index)];
     if (!stored) continue;  // a row of the other kind of block (dense or mixture of experts)
     if (t.dtype == Dtype::kBF16)
-      k::float_to_bf16_threads(static_cast<uint16_t*>(stored), f, t.elems);
+      k::float_to_bf16_threads(static_cast<uint16_t*>(stored), static_cast<const float*>(f),
+                               t.elems);
     else
       std::memcpy(stored, f, t.bytes());
   }
@@ -334,11 +350,12 @@ void Model::decode16(const StoredBlock& from, LayerActs& to) const {
   const bool bf16_gemms = k::gemm_kind_is_bf16(options_.exec.gemm);
   for (const auto& t : stored_block_) {
     if (only_copy_read(t.index, bf16_gemms)) continue;
-    float* f = block_act(to, t.index);
+    void* f = block_act(to, t.index);
     const void* stored = from[static_cast<size_t>(t.index)];
     if (!stored) continue;  // a row of the other kind of block (dense or mixture of experts)
     if (t.dtype == Dtype::kBF16)
-      k::bf16_to_float_threads(f, static_cast<const uint16_t*>(stored), t.elems);
+      k::bf16_to_float_threads(static_cast<float*>(f), static_cast<const uint16_t*>(stored),
+                               t.elems);
     else
       std::memcpy(f, stored, t.bytes());
   }

@@ -40,7 +40,7 @@ struct BlockRow {
   bool statistic;
 };
 std::array<BlockRow, kBlockActs> block_rows(const ModelDims& d, const BlockDims& b) {
-#define T3D_ROW(e, member, name, statistic, elems) BlockRow{elems, statistic},
+#define T3D_ROW(e, member, name, type, statistic, elems) BlockRow{elems, statistic},
   return {{T3D_BLOCK_ACTS(T3D_ROW)}};
 #undef T3D_ROW
 }

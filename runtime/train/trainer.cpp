@@ -484,9 +484,9 @@ struct Trainer::Impl {
     if (r.model.router_bias_rate <= 0) return {};
     bias_deltas.assign(expert_counts.size(), 0.0f);
     for (size_t b = 0; b < expert_counts.size(); b += E)
-      kernels::moe_bias_update(bias_deltas.data() + b, expert_counts.data() + b,
-                               static_cast<int64_t>(E),
-                               static_cast<float>(r.model.router_bias_rate));
+      kernels::moe_bias_delta(bias_deltas.data() + b, expert_counts.data() + b,
+                              static_cast<int64_t>(E),
+                              static_cast<float>(r.model.router_bias_rate));
     return {&model->moe_layers(), &bias_deltas};
   }
 

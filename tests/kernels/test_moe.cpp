@@ -547,8 +547,8 @@ void check_routed_layer(const I32& chosen, int N, int E, int K, int C, int Fe, s
 
   std::vector<float> xs(S * C), ys(S * C), gate(S * Fe), up(S * Fe), h(S * Fe), out(N * C);
   moe_gather(xs.data(), x.data(), p.slot_of_row.data(), rows, K, C);
-  moe_experts_forward(kFp32, ys.data(), gate.data(), up.data(), h.data(), xs.data(), wg.data(),
-                      wu.data(), wd.data(), p.offsets.data(), es);
+  moe_experts_forward(kFp32, ys.data(), {gate.data(), up.data(), h.data()}, xs.data(),
+                      {wg.data(), wu.data(), wd.data()}, p.offsets.data(), es);
   moe_combine(out.data(), ys.data(), gates.data(), p.row_of_slot.data(), N, K, C, Out::kWrite);
   const Vec xd = ref::to_double(x), gd = ref::to_double(gates);
   const Weights w{ref::to_double(wg), ref::to_double(wu), ref::to_double(wd)};
@@ -564,10 +564,10 @@ void check_routed_layer(const I32& chosen, int N, int E, int K, int C, int Fe, s
   std::vector<float> dwg(wg.size(), 0.5f), dwu(wu.size(), 0.5f), dwd(wd.size(), 0.5f);
   std::vector<float> dh(S * Fe), dgate(S * Fe), dup(S * Fe);
   moe_gather(dys.data(), dy.data(), p.slot_of_row.data(), rows, K, C);
-  moe_experts_backward(kFp32, dxs.data(), dgates.data(), dwg.data(), dwu.data(), dwd.data(),
-                       dh.data(), dgate.data(), dup.data(), dys.data(), gates.data(),
-                       p.slot_of_row.data(), xs.data(), gate.data(), up.data(), h.data(), wg.data(),
-                       wu.data(), wd.data(), p.offsets.data(), es);
+  moe_experts_backward(kFp32, dxs.data(), {gates.data(), dgates.data(), p.slot_of_row.data()},
+                       {dwg.data(), dwu.data(), dwd.data()}, {dh.data(), dgate.data(), dup.data()},
+                       dys.data(), xs.data(), {gate.data(), up.data(), h.data()},
+                       {wg.data(), wu.data(), wd.data()}, p.offsets.data(), es);
   moe_combine(dx.data(), dxs.data(), nullptr, p.row_of_slot.data(), N, K, C, Out::kWrite);
 
   const Vec r = ref::to_double(dy);
@@ -720,13 +720,14 @@ TEST(kernels_moe_experts, FfnSlicesSumToTheWhole) {
     const ExpertShape es{E, C, F};
     std::vector<float> ys(S * C), gate(S * F), up(S * F), h(S * F), dh(S * F), dg(S * F), du(S * F),
         dys = dy, dwg(g.size()), dwu(u.size()), dwd(d.size());
-    moe_experts_forward(kFp32, ys.data(), gate.data(), up.data(), h.data(), xs.data(), g.data(),
-                        u.data(), d.data(), p.offsets.data(), es);
+    moe_experts_forward(kFp32, ys.data(), {gate.data(), up.data(), h.data()}, xs.data(),
+                        {g.data(), u.data(), d.data()}, p.offsets.data(), es);
     Grads out{std::vector<float>(S * C), std::vector<float>(S)};
-    moe_experts_backward(kFp32, out.dxs.data(), out.dgates.data(), dwg.data(), dwu.data(),
-                         dwd.data(), dh.data(), dg.data(), du.data(), dys.data(), gates.data(),
-                         p.slot_of_row.data(), xs.data(), gate.data(), up.data(), h.data(),
-                         g.data(), u.data(), d.data(), p.offsets.data(), es);
+    moe_experts_backward(kFp32, out.dxs.data(),
+                         {gates.data(), out.dgates.data(), p.slot_of_row.data()},
+                         {dwg.data(), dwu.data(), dwd.data()}, {dh.data(), dg.data(), du.data()},
+                         dys.data(), xs.data(), {gate.data(), up.data(), h.data()},
+                         {g.data(), u.data(), d.data()}, p.offsets.data(), es);
     return out;
   };
   const Grads whole = run(0, Fe), a = run(0, half), b = run(half, Fe - half);
@@ -756,8 +757,8 @@ TEST(kernels_moe_experts, InputThenWeightIsTheWholeBackward) {
     const ExpertShape es =
         in_parts ? ExpertShape{E, C, Fe, 2, parts.data()} : ExpertShape{E, C, Fe};
     std::vector<float> ys(S * C), gate(S * Fe), up(S * Fe), h(S * Fe);
-    moe_experts_forward(kFp32, ys.data(), gate.data(), up.data(), h.data(), xs.data(), wg.data(),
-                        wu.data(), wd.data(), p.offsets.data(), es);
+    moe_experts_forward(kFp32, ys.data(), {gate.data(), up.data(), h.data()}, xs.data(),
+                        {wg.data(), wu.data(), wd.data()}, p.offsets.data(), es);
     struct Out {
       std::vector<float> dxs, dgates, dwg, dwu, dwd;
     };
@@ -769,26 +770,27 @@ TEST(kernels_moe_experts, InputThenWeightIsTheWholeBackward) {
     std::vector<float> dh(S * Fe), dg(S * Fe), du(S * Fe);
     Out whole = fresh();
     std::vector<float> dys = dy;
-    moe_experts_backward(kFp32, whole.dxs.data(), whole.dgates.data(), whole.dwg.data(),
-                         whole.dwu.data(), whole.dwd.data(), dh.data(), dg.data(), du.data(),
-                         dys.data(), gates.data(), p.slot_of_row.data(), xs.data(), gate.data(),
-                         up.data(), h.data(), wg.data(), wu.data(), wd.data(), p.offsets.data(),
-                         es);
+    moe_experts_backward(
+        kFp32, whole.dxs.data(), {gates.data(), whole.dgates.data(), p.slot_of_row.data()},
+        {whole.dwg.data(), whole.dwu.data(), whole.dwd.data()}, {dh.data(), dg.data(), du.data()},
+        dys.data(), xs.data(), {gate.data(), up.data(), h.data()},
+        {wg.data(), wu.data(), wd.data()}, p.offsets.data(), es);
     Out split = fresh();
     const Out before = fresh();
     std::vector<float> kept_dys = dy, kept_dg(S * Fe), kept_du(S * Fe);
-    moe_experts_backward_input(kFp32, split.dxs.data(), split.dgates.data(), dh.data(),
-                               kept_dg.data(), kept_du.data(), kept_dys.data(), gates.data(),
-                               p.slot_of_row.data(), gate.data(), up.data(), h.data(), wg.data(),
-                               wu.data(), wd.data(), p.offsets.data(), es);
+    moe_experts_backward_input(kFp32, split.dxs.data(),
+                               {gates.data(), split.dgates.data(), p.slot_of_row.data()},
+                               {dh.data(), kept_dg.data(), kept_du.data()}, kept_dys.data(),
+                               {gate.data(), up.data(), h.data()},
+                               {wg.data(), wu.data(), wd.data()}, p.offsets.data(), es);
     EXPECT_EQ(split.dxs, whole.dxs);
     EXPECT_EQ(split.dgates, whole.dgates);
     EXPECT_EQ(split.dwg, before.dwg);
     EXPECT_EQ(split.dwu, before.dwu);
     EXPECT_EQ(split.dwd, before.dwd);
-    moe_experts_backward_weight(kFp32, split.dwg.data(), split.dwu.data(), split.dwd.data(),
-                                kept_dys.data(), kept_dg.data(), kept_du.data(), xs.data(),
-                                h.data(), p.offsets.data(), es);
+    moe_experts_backward_weight(kFp32, {split.dwg.data(), split.dwu.data(), split.dwd.data()},
+                                kept_dys.data(), {nullptr, kept_dg.data(), kept_du.data()},
+                                xs.data(), h.data(), p.offsets.data(), es);
     EXPECT_EQ(split.dwg, whole.dwg);
     EXPECT_EQ(split.dwu, whole.dwu);
     EXPECT_EQ(split.dwd, whole.dwd);
@@ -809,8 +811,8 @@ TEST(kernels_moe_experts, BackwardRowLoopBits) {
              wd = ref::random_floats(E * C * Fe, 235);
   const ExpertShape es{E, C, Fe};
   std::vector<float> ys(S * C), gate(S * Fe), up(S * Fe), h(S * Fe);
-  moe_experts_forward(kFp32, ys.data(), gate.data(), up.data(), h.data(), xs.data(), wg.data(),
-                      wu.data(), wd.data(), p.offsets.data(), es);
+  moe_experts_forward(kFp32, ys.data(), {gate.data(), up.data(), h.data()}, xs.data(),
+                      {wg.data(), wu.data(), wd.data()}, p.offsets.data(), es);
   std::vector<float> u(S * Fe);
   for (int e = 0; e < E; ++e) {
     const std::int64_t r0 = p.offsets[e], rows = p.offsets[e + 1] - r0;
@@ -827,9 +829,10 @@ TEST(kernels_moe_experts, BackwardRowLoopBits) {
     for (int c = 0; c < C; ++c) want_dys[r * C + c] *= gates[slot];
   }
   std::vector<float> dxs(S * C), dgates(S), dh(S * Fe), dg(S * Fe), du(S * Fe), dys = dy;
-  moe_experts_backward_input(kFp32, dxs.data(), dgates.data(), dh.data(), dg.data(), du.data(),
-                             dys.data(), gates.data(), p.slot_of_row.data(), gate.data(), up.data(),
-                             h.data(), wg.data(), wu.data(), wd.data(), p.offsets.data(), es);
+  moe_experts_backward_input(kFp32, dxs.data(), {gates.data(), dgates.data(), p.slot_of_row.data()},
+                             {dh.data(), dg.data(), du.data()}, dys.data(),
+                             {gate.data(), up.data(), h.data()}, {wg.data(), wu.data(), wd.data()},
+                             p.offsets.data(), es);
   EXPECT_EQ(dgates, want_dgates);
   EXPECT_EQ(dys, want_dys);
 }
@@ -878,15 +881,15 @@ TEST(kernels_moe_experts, FusedBf16SwigluIsTheStoredPath) {
     // The stored path: fp32 activations, rounded and widened before the backward.
     Out want = fresh();
     std::vector<float> gate(S * Fe), up(S * Fe), h(S * Fe);
-    moe_experts_forward(kBf16, want.ys.data(), gate.data(), up.data(), h.data(), xs.data(),
-                        wg.data(), wu.data(), wd.data(), p.offsets.data(), es);
-    const auto gate_r = round_trip(gate), up_r = round_trip(up), h_r = round_trip(h);
+    moe_experts_forward(kBf16, want.ys.data(), {gate.data(), up.data(), h.data()}, xs.data(),
+                        {wg.data(), wu.data(), wd.data()}, p.offsets.data(), es);
+    auto gate_r = round_trip(gate), up_r = round_trip(up), h_r = round_trip(h);
     std::vector<float> dh(S * Fe), dg(S * Fe), du(S * Fe);
-    moe_experts_backward(kBf16, want.dxs.data(), want.dgates.data(), want.dwg.data(),
-                         want.dwu.data(), want.dwd.data(), dh.data(), dg.data(), du.data(),
-                         want.dys.data(), gates.data(), p.slot_of_row.data(), xs.data(),
-                         gate_r.data(), up_r.data(), h_r.data(), wg.data(), wu.data(), wd.data(),
-                         p.offsets.data(), es);
+    moe_experts_backward(
+        kBf16, want.dxs.data(), {gates.data(), want.dgates.data(), p.slot_of_row.data()},
+        {want.dwg.data(), want.dwu.data(), want.dwd.data()}, {dh.data(), dg.data(), du.data()},
+        want.dys.data(), xs.data(), {gate_r.data(), up_r.data(), h_r.data()},
+        {wg.data(), wu.data(), wd.data()}, p.offsets.data(), es);
     // Fused: the copies only, and (in parts) the rows rounded already.
     std::vector<bf16> gate16(S * Fe), up16(S * Fe), h16(S * Fe);
     const std::vector<bf16> xs16 = rounded(xs);
@@ -896,19 +899,19 @@ TEST(kernels_moe_experts, FusedBf16SwigluIsTheStoredPath) {
     Out whole = fresh();
     const std::vector<float> nan_xs(S * C, nan);
     const float* fxs = copies.xs ? nan_xs.data() : xs.data();  // with the rounded rows: not read
-    moe_experts_forward(kBf16, whole.ys.data(), fgate.data(), fup.data(), fh.data(), fxs, wg.data(),
-                        wu.data(), wd.data(), p.offsets.data(), es, copies);
+    moe_experts_forward(kBf16, whole.ys.data(), {fgate.data(), fup.data(), fh.data()}, fxs,
+                        {wg.data(), wu.data(), wd.data()}, p.offsets.data(), es, copies);
     EXPECT_EQ(whole.ys, want.ys);
     EXPECT_EQ(gate16, rounded(gate));
     EXPECT_EQ(up16, rounded(up));
     EXPECT_EQ(h16, rounded(h));
     std::fill(fgate.begin(), fgate.end(), nan);
     std::fill(fup.begin(), fup.end(), nan);
-    moe_experts_backward(kBf16, whole.dxs.data(), whole.dgates.data(), whole.dwg.data(),
-                         whole.dwu.data(), whole.dwd.data(), dh.data(), dg.data(), du.data(),
-                         whole.dys.data(), gates.data(), p.slot_of_row.data(), fxs, fgate.data(),
-                         fup.data(), fh.data(), wg.data(), wu.data(), wd.data(), p.offsets.data(),
-                         es, copies);
+    moe_experts_backward(
+        kBf16, whole.dxs.data(), {gates.data(), whole.dgates.data(), p.slot_of_row.data()},
+        {whole.dwg.data(), whole.dwu.data(), whole.dwd.data()}, {dh.data(), dg.data(), du.data()},
+        whole.dys.data(), fxs, {fgate.data(), fup.data(), fh.data()},
+        {wg.data(), wu.data(), wd.data()}, p.offsets.data(), es, copies);
     EXPECT_EQ(whole.dxs, want.dxs);
     EXPECT_EQ(whole.dgates, want.dgates);
     EXPECT_EQ(whole.dwg, want.dwg);
@@ -918,12 +921,13 @@ TEST(kernels_moe_experts, FusedBf16SwigluIsTheStoredPath) {
     // B then W, fused: what B leaves in dgate and dup (their rounded first halves) W reads.
     Out split = fresh();
     std::vector<float> kdg(S * Fe), kdu(S * Fe);
-    moe_experts_backward_input(kBf16, split.dxs.data(), split.dgates.data(), dh.data(), kdg.data(),
-                               kdu.data(), split.dys.data(), gates.data(), p.slot_of_row.data(),
-                               fgate.data(), fup.data(), fh.data(), wg.data(), wu.data(), wd.data(),
-                               p.offsets.data(), es, copies);
-    moe_experts_backward_weight(kBf16, split.dwg.data(), split.dwu.data(), split.dwd.data(),
-                                split.dys.data(), kdg.data(), kdu.data(), fxs, fh.data(),
+    moe_experts_backward_input(kBf16, split.dxs.data(),
+                               {gates.data(), split.dgates.data(), p.slot_of_row.data()},
+                               {dh.data(), kdg.data(), kdu.data()}, split.dys.data(),
+                               {fgate.data(), fup.data(), fh.data()},
+                               {wg.data(), wu.data(), wd.data()}, p.offsets.data(), es, copies);
+    moe_experts_backward_weight(kBf16, {split.dwg.data(), split.dwu.data(), split.dwd.data()},
+                                split.dys.data(), {nullptr, kdg.data(), kdu.data()}, fxs, fh.data(),
                                 p.offsets.data(), es, copies);
     EXPECT_EQ(split.dxs, want.dxs);
     EXPECT_EQ(split.dgates, want.dgates);
@@ -983,13 +987,14 @@ TEST(kernels_moe_balance, AuxLossGradientMatchesFiniteDifferences) {
   }
 }
 
-TEST(kernels_moe_balance, BiasUpdateBySign) {
-  // mean = 8: expert 0 over it (bias down), expert 1 under (up), 2 and 3 at it (unchanged).
+TEST(kernels_moe_balance, BiasDeltaBySign) {
+  // mean = 8: expert 0 over it (bias down), expert 1 under (up), 2 and 3 at it (unchanged). The
+  // delta is written, whatever the buffer held.
   const std::vector<double> counts = {10, 6, 8, 8};
-  std::vector<float> bias = {0.1f, -0.2f, 0.3f, 0.0f};
+  std::vector<float> delta = {0.1f, -0.2f, 0.3f, 0.0f};
   const float rate = 0.001f;
-  moe_bias_update(bias.data(), counts.data(), 4, rate);
-  EXPECT_EQ(bias, (std::vector<float>{0.1f - rate, -0.2f + rate, 0.3f, 0.0f}));
+  moe_bias_delta(delta.data(), counts.data(), 4, rate);
+  EXPECT_EQ(delta, (std::vector<float>{-rate, rate, 0.0f, 0.0f}));
 }
 
 // ---- threads ------------------------------------------------------------------------------
