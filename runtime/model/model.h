@@ -280,9 +280,9 @@ class Model final : public StageModel {
                     const BlockParams& g, const float* dy, const LayerGrads* keep);
   void moe_backward_weights(int64_t layer, const LayerActs& a, const BlockCopies& copies,
                             const BlockParams& g, const LayerGrads& kept);
-  // The routing's permutation of a.chosen into expert_offsets_ and the scratch slot maps (the
-  // capacity's drops included); returns the slots dropped.
-  int64_t route_offsets(const LayerActs& a);
+  // The routing's permutation of a.chosen into expert_offsets_ (host) and the scratch slot maps
+  // (the capacity's drops included); returns the slots dropped. The named host crossing below.
+  int64_t routing_to_host(const LayerActs& a);
   // A training forward's routing statistics of block `layer`: counts, drops, auxiliary loss.
   void count_routing(int64_t layer, const LayerActs& a, int64_t dropped,
                      const kernels::RouterShape& r);
@@ -393,6 +393,9 @@ class Model final : public StageModel {
   std::vector<double> expert_counts_;  // E per held MoE block
   std::vector<double> dropped_slots_;  // per held MoE block
   double aux_loss_ = 0;
+  // The MoE routing counts on the host: the one place a block's math reads arena memory on the
+  // host, for the experts' GEMM shapes and the all-to-alls' counts. Read from a.chosen
+  // (routing_to_host) and, under expert parallelism, a.erecv (ep_plan, moe_backward_weights).
   std::vector<int64_t> expert_offsets_;  // E + 1: the permutation's expert boundaries
   // Expert parallelism's exchange of one block (ep_plan), sized once: rows per EP rank.
   struct EpRoute {

@@ -29,7 +29,7 @@ k::SwigluWeights Model::shared_weights(const ConstBlock& w) {
   return {w.shared_gate, w.shared_up, w.shared_down};
 }
 
-int64_t Model::route_offsets(const LayerActs& a) {
+int64_t Model::routing_to_host(const LayerActs& a) {
   const int64_t N = rows_, E = dims_.E, K = dims_.K;
   // The capacity drops the same slots in the backward and in a recompute: they depend on
   // `chosen` alone.
@@ -48,7 +48,7 @@ void Model::moe_forward(int64_t l, LayerActs& a, const BlockCopies& copies, cons
   if (copies.xn2) k::float_to_bf16_threads(copies.xn2, a.xn2, N * C);
   route(exec, a.scores, a.chosen, a.gates, a.xn2, w.router,
         block_has(config_, l, BlockWeight::kRouterBias) ? w.router_bias : nullptr, r, C);
-  const int64_t dropped = route_offsets(a);
+  const int64_t dropped = routing_to_host(a);
   const int64_t* offsets = expert_offsets_.data();
   T3D_ASSERT(offsets[E] <= ep_rows_, "the experts take ", offsets[E], " rows, more than the ",
              ep_rows_, " their buffers hold");
@@ -100,7 +100,7 @@ void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, con
   // With bf16 GEMMs decode16 leaves xn2 in its copy only: the router and the gathers read floats.
   if (copies.xn2 && k::gemm_kind_is_bf16(exec.gemm))
     k::bf16_to_float_threads(a.xn2, copies.xn2, N * C);
-  route_offsets(a);
+  routing_to_host(a);
   // Routed experts: xs in moe_rows, dy's rows in moe_out (clobbered), dxs in moe_grad. A dropped
   // slot has no row: its gate's gradient stays 0.
   const int64_t kept = expert_offsets_[dims_.E];
@@ -205,7 +205,7 @@ void Model::moe_backward_weights(int64_t l, const LayerActs& a, const BlockCopie
         {El, C, dims_.Fe, P, route.source_offsets.data()}, copies.experts());
   } else {
     // The experts' input rows again: the same permutation of the same routing, the same gather.
-    route_offsets(a);
+    routing_to_host(a);
     const k::ExpertCopies ec = gather_expert_rows(a, copies, expert_offsets_[E]);
     k::moe_experts_backward_weight(exec, eg, kept.expert_dy, ed, scratch_->moe_rows, a.eh,
                                    expert_offsets_.data(), expert_shape(), ec);

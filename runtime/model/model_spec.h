@@ -13,6 +13,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -241,10 +242,13 @@ struct ParamInfo {
   // Gradient unit: -1 the embedding, l block l, n_layers final norm and head, experts_unit(l)
   // the routed experts of block l.
   int64_t unit = 0;
-  // false: no gradient ever reaches it (the router's selection bias, which its own rule updates
-  // after each optimizer step instead of AdamW).
-  bool trained = true;
+  // A block tensor's row of T3D_BLOCK_WEIGHTS; none for the embedding, final norm and head.
+  std::optional<BlockWeight> row = std::nullopt;
   int64_t expert = -1;  // a routed expert's tensor: its expert; -1 otherwise
+  // The router's selection bias: no gradient ever reaches it, its own rule moves it after each
+  // optimizer step instead of AdamW (runtime/train/router_balance.h).
+  bool router_bias() const { return row == BlockWeight::kRouterBias; }
+  bool trained() const { return !router_bias(); }  // AdamW updates it
 };
 
 // Gradient units past the final norm and head: the routed experts of mixture-of-experts block l

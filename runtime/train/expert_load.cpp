@@ -45,7 +45,7 @@ ExpertLoad measure_expert_load(const parallel::Mesh& mesh, const Model& model,
   if (m.router_bias_rate > 0) {
     const auto& params = model.params();
     state.for_each_piece(state.owned(), [&](const ShardedState::Piece& p) {
-      if (params[p.param].trained) return;  // the router biases are the untrained tensors
+      if (!params[p.param].router_bias()) return;
       const float* v = state.params(p);
       for (int64_t i = 0; i < p.size(); ++i) {
         bias_range[0] = std::max(bias_range[0], -static_cast<double>(v[i]));

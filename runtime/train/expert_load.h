@@ -28,7 +28,8 @@ struct ExpertLoad {
   double bias_min = 0, bias_max = 0;  // over every block's router bias (router_bias_rate > 0)
 };
 
-// Collective over the mesh's world, once per step, before Model::reset_moe_stats. `counts`: E
+// RouterBalance::measure's (router_balance.h). Collective over the mesh's world, once per step,
+// before Model::reset_moe_stats. `counts`: E
 // per held block in Model::moe_layers() order, already summed over dp × cp; the dropped slots
 // are summed here. Every rank returns the whole model's values (each pp stage gives its blocks').
 // `state`: the dense state group, which holds the router biases.
