@@ -1,16 +1,16 @@
 // A mixture of experts' routing, once per optimizer step, with one owner (docs/moe.md,
 // "Balancing" and "Metrics"): the tokens the step routed to each expert (the Model's counts)
-// summed over dp × cp, the load they show (ExpertLoad, expert_load.h) and the idle-expert warning,
+// summed over dp × cp, the load they show (ExpertLoad) and the idle-expert warning,
 // and aux-loss-free balancing (model.router_bias_rate): each router bias's step
 // (kernels::moe_bias_delta), added to the biases this rank owns when the step is applied. The
 // biases are the tensors of row BlockWeight::kRouterBias (ParamInfo::router_bias), which AdamW
 // leaves alone.
 #pragma once
 
+#include <cstdint>
 #include <vector>
 
 #include "runtime/model/expert_idle.h"
-#include "runtime/train/expert_load.h"
 
 namespace t3d::parallel {
 class Mesh;
@@ -20,6 +20,18 @@ namespace t3d::runtime {
 
 class Model;
 class ShardedState;
+
+// What a step's routing looked like in every MoE block of the model (metrics.jsonl's MoE fields,
+// docs/moe.md "Metrics").
+struct ExpertLoad {
+  std::vector<int64_t> layers;        // the model's MoE blocks (global index), ascending
+  std::vector<double> imbalance;      // per layer: the busiest expert's tokens over the mean
+  std::vector<double> idle;           // per layer: experts that got no token
+  double largest_imbalance = 0;       // over the layers
+  double routed_slots = 0;            // the most slots a block routed (each counted once)
+  double dropped_slots = 0;           // the most slots a block dropped (model.capacity_factor)
+  double bias_min = 0, bias_max = 0;  // over every block's router bias (router_bias_rate > 0)
+};
 
 class RouterBalance {
  public:
