@@ -69,8 +69,9 @@ void check_router(const RouterShape& r) {
 
 }  // namespace
 
-void moe_route_forward(float* scores, std::int32_t* chosen, float* gates, const float* logits,
-                       const float* bias, const RouterShape& r) {
+void moe_route_forward(const Exec& exec, float* scores, std::int32_t* chosen, float* gates,
+                       const float* logits, const float* bias, const RouterShape& r) {
+  refuse_gpu(exec);
   check_router(r);
   const std::int64_t E = r.E, K = r.K;
   detail::split_rows(r.N, E, [&](std::int64_t lo, std::int64_t hi) {
@@ -110,8 +111,10 @@ void moe_route_forward(float* scores, std::int32_t* chosen, float* gates, const 
 // the chosen experts are distinct, so each gate's gradient lands on its own score. Then
 // softmax: dlogits = s ⊙ (ds − Σ_e s ds); sigmoid: dlogits = ds s (1 − s).
 // ds is built in the dlogits row, which the score function's backward then rewrites in place.
-void moe_route_backward(float* dlogits, const float* dgates, const float* dscores_extra,
-                        const float* scores, const std::int32_t* chosen, const RouterShape& r) {
+void moe_route_backward(const Exec& exec, float* dlogits, const float* dgates,
+                        const float* dscores_extra, const float* scores, const std::int32_t* chosen,
+                        const RouterShape& r) {
+  refuse_gpu(exec);
   check_router(r);
   const std::int64_t E = r.E, K = r.K;
   detail::split_rows(r.N, E, [&](std::int64_t lo, std::int64_t hi) {
@@ -188,21 +191,25 @@ void gather_rows(T* rows, const T* x, const std::int32_t* slot_of_row, std::int6
 }
 }  // namespace
 
-void moe_gather(float* rows, const float* x, const std::int32_t* slot_of_row, std::int64_t S,
-                std::int64_t K, std::int64_t C) {
+void moe_gather(const Exec& exec, float* rows, const float* x, const std::int32_t* slot_of_row,
+                std::int64_t S, std::int64_t K, std::int64_t C) {
+  refuse_gpu(exec);
   gather_rows(rows, x, slot_of_row, S, K, C);
 }
 
-void moe_gather(bf16* rows, const bf16* x, const std::int32_t* slot_of_row, std::int64_t S,
-                std::int64_t K, std::int64_t C) {
+void moe_gather(const Exec& exec, bf16* rows, const bf16* x, const std::int32_t* slot_of_row,
+                std::int64_t S, std::int64_t K, std::int64_t C) {
+  refuse_gpu(exec);
   gather_rows(rows, x, slot_of_row, S, K, C);
 }
 
 // Per token, the K slots' products are summed j-outer over the row (in chunks of a stack row
 // when adding to y), so that the inner loops run over c and vectorize: each element is still
 // the first kept product, plus the next, and so on for j ascending, then written or added.
-void moe_combine(float* y, const float* rows, const float* w, const std::int32_t* row_of_slot,
-                 std::int64_t N, std::int64_t K, std::int64_t C, Out mode) {
+void moe_combine(const Exec& exec, float* y, const float* rows, const float* w,
+                 const std::int32_t* row_of_slot, std::int64_t N, std::int64_t K, std::int64_t C,
+                 Out mode) {
+  refuse_gpu(exec);
   detail::split_rows(N, K * C, [&](std::int64_t lo, std::int64_t hi) {
     constexpr std::int64_t kChunk = 512;
     float sum[kChunk];
@@ -431,9 +438,10 @@ void moe_ep_offsets(std::int64_t* offsets, std::int64_t* block_offsets, const st
   }
 }
 
-void moe_ep_reorder(float* dst, const float* src, const std::int32_t* counts,
+void moe_ep_reorder(const Exec& exec, float* dst, const float* src, const std::int32_t* counts,
                     const std::int64_t* block_offsets, std::int64_t P, std::int64_t El,
                     std::int64_t width, bool to_expert_major) {
+  refuse_gpu(exec);
   std::int64_t source_at = 0;  // rows before block (s, j) in source-major order
   for (std::int64_t s = 0; s < P; ++s)
     for (std::int64_t j = 0; j < El; ++j) {
@@ -456,8 +464,10 @@ void moe_count(double* counts, const std::int32_t* chosen, std::int64_t N, std::
 //   loss_b = E Σ_e f_e P_e = (E / T) Σ_t Σ_e f_e p[t, e];
 //   d(weight loss_b)/ds[t, e] = weight (E / T) f_e                        (softmax: p = s)
 //                             = weight (E / T) (f_e − Σ_e' f_e' p[t, e']) / Σ   (sigmoid).
-double moe_aux_loss(float* dscores, const float* scores, const std::int32_t* chosen, std::int64_t B,
-                    std::int64_t T, const RouterShape& r, float weight) {
+double moe_aux_loss(const Exec& exec, float* dscores, const float* scores,
+                    const std::int32_t* chosen, std::int64_t B, std::int64_t T,
+                    const RouterShape& r, float weight) {
+  refuse_gpu(exec);
   check_router(r);
   const std::int64_t E = r.E, K = r.K;
   // f of one sequence on the stack: the op allocates nothing, so E has a ceiling (recipe

@@ -14,7 +14,11 @@
 // A slot is (token t, rank j < K): slot t·K + j. The permutation orders the slots by expert,
 // and inside an expert by slot index, so an expert's rows are contiguous and in token order.
 //
-// No op allocates: every buffer comes from the caller.
+// No op allocates: every buffer comes from the caller. The ops over arena memory take the
+// Exec first (kernels/exec.h) and, with no CUDA twin yet, refuse a GPU one. Those that take none
+// read the routing on the host, the MoE block's one named crossing (the routing counts:
+// moe_permute's offsets, moe_ep_offsets, moe_count), or are arithmetic on host values
+// (moe_capacity, moe_bias_delta).
 #pragma once
 
 #include <cstdint>
@@ -40,7 +44,8 @@ struct RouterShape {
 
 // Router forward from the logits (N, E) (the caller's fp32 GEMM of the normalised input with
 // the router weight). `bias` (E) or nullptr only shifts the selection.
-void moe_route_forward(float* scores,         // scores (N, E) =
+void moe_route_forward(const Exec& exec,
+                       float* scores,         // scores (N, E) =
                        std::int32_t* chosen,  // chosen (N, K) =
                        float* gates,          // gates (N, K) =
                        const float* logits,   // logits (N, E); may alias scores
@@ -49,7 +54,8 @@ void moe_route_forward(float* scores,         // scores (N, E) =
 // Router backward: the gradient of the logits from that of the gates (the selection is a
 // constant) plus `dscores_extra` (N, E) or nullptr, a gradient of the scores from elsewhere (the
 // auxiliary loss), added before the score function's backward.
-void moe_route_backward(float* dlogits,              // dlogits (N, E) =
+void moe_route_backward(const Exec& exec,
+                        float* dlogits,              // dlogits (N, E) =
                         const float* dgates,         // dgates (N, K)
                         const float* dscores_extra,  // (N, E) or nullptr
                         const float* scores,         // scores (N, E) from forward
@@ -70,17 +76,18 @@ std::int64_t moe_permute(std::int64_t* offsets, std::int32_t* row_of_slot,
                          std::int32_t* slot_of_row, const std::int32_t* chosen, std::int64_t N,
                          std::int64_t E, std::int64_t K, std::int64_t capacity = 0);
 // rows (S, C): row r = x[slot_of_row[r] / K] (the token of each permuted row); S = offsets[E].
-void moe_gather(float* rows, const float* x, const std::int32_t* slot_of_row, std::int64_t S,
-                std::int64_t K, std::int64_t C);
+void moe_gather(const Exec& exec, float* rows, const float* x, const std::int32_t* slot_of_row,
+                std::int64_t S, std::int64_t K, std::int64_t C);
 // The same of a bf16 copy of x: the gathered rows rounded, for bf16 GEMMs (ExpertCopies::xs).
-void moe_gather(bf16* rows, const bf16* x, const std::int32_t* slot_of_row, std::int64_t S,
-                std::int64_t K, std::int64_t C);
+void moe_gather(const Exec& exec, bf16* rows, const bf16* x, const std::int32_t* slot_of_row,
+                std::int64_t S, std::int64_t K, std::int64_t C);
 // The combine: y[t] = Σ_{j=0..K-1} w[t·K + j] · rows[row_of_slot[t·K + j]], j ascending, each
 // product rounded to fp32 and added in that order (w = gates in forward; w = nullptr: weight 1,
 // the backward's sum of the slots' input gradients). A dropped slot (row -1) adds nothing; a
 // token whose K slots all dropped sums to 0. `mode`: y written, or that sum added to y.
-void moe_combine(float* y, const float* rows, const float* w, const std::int32_t* row_of_slot,
-                 std::int64_t N, std::int64_t K, std::int64_t C, Out mode);
+void moe_combine(const Exec& exec, float* y, const float* rows, const float* w,
+                 const std::int32_t* row_of_slot, std::int64_t N, std::int64_t K, std::int64_t C,
+                 Out mode);
 
 // One float per slot, moved between slot order and permuted-row order (r < rows, rows =
 // offsets[E]): the gather writes by_row[r] = by_slot[slot_of_row[r]], the scatter writes
@@ -237,7 +244,7 @@ void moe_ep_offsets(std::int64_t* offsets, std::int64_t* block_offsets, const st
                     std::int64_t P, std::int64_t El);
 // Copies rows of `width` floats from source-major to expert-major order (`to_expert_major`) or
 // back; row order inside a (source, expert) block is kept. `block_offsets` from moe_ep_offsets.
-void moe_ep_reorder(float* dst, const float* src, const std::int32_t* counts,
+void moe_ep_reorder(const Exec& exec, float* dst, const float* src, const std::int32_t* counts,
                     const std::int64_t* block_offsets, std::int64_t P, std::int64_t El,
                     std::int64_t width, bool to_expert_major);
 
@@ -254,8 +261,9 @@ void moe_count(double* counts, const std::int32_t* chosen, std::int64_t N, std::
 // E ≤ 4096 (one sequence's f is kept on the stack).
 // With `dscores` (N, E) non-null, writes the gradient of weight · Σ_b loss_b with respect to the
 // scores (f is a constant, as in Switch and DeepSeek-V3).
-double moe_aux_loss(float* dscores, const float* scores, const std::int32_t* chosen, std::int64_t B,
-                    std::int64_t T, const RouterShape& r, float weight);
+double moe_aux_loss(const Exec& exec, float* dscores, const float* scores,
+                    const std::int32_t* chosen, std::int64_t B, std::int64_t T,
+                    const RouterShape& r, float weight);
 
 // Auxiliary-loss-free balancing (DeepSeek-V3): the step of each bias, delta[e] = rate ·
 // sign(mean − counts[e]), mean the average of counts over the E experts, sign(0) = 0. Taken once

@@ -54,7 +54,7 @@ void Model::moe_forward(int64_t l, LayerActs& a, const BlockCopies& copies, cons
              ep_rows_, " their buffers hold");
   k::ExpertCopies ec;  // under expert parallelism the rows travel as floats
   if (ep_size() > 1)
-    k::moe_gather(s.moe_rows, a.xn2, s.moe_slot_of_row, offsets[E], K, C);
+    k::moe_gather(options_.exec, s.moe_rows, a.xn2, s.moe_slot_of_row, offsets[E], K, C);
   else
     ec = gather_expert_rows(a, copies, offsets[E]);
   const bool shared = block_has(config_, l, BlockWeight::kSharedGate);
@@ -75,7 +75,8 @@ void Model::moe_forward(int64_t l, LayerActs& a, const BlockCopies& copies, cons
                            ec);
     if (shared) shared_hidden();
   }
-  k::moe_combine(s.tmp, s.moe_out, a.gates, s.moe_row_of_slot, N, K, C, k::Out::kWrite);
+  k::moe_combine(options_.exec, s.tmp, s.moe_out, a.gates, s.moe_row_of_slot, N, K, C,
+                 k::Out::kWrite);
   if (shared)
     k::swiglu_mlp_down(exec, s.tmp, k::Out::kAccumulate, shared_weights(w), sa, {}, N, C, dims_.Fs);
   if (first_pass) count_routing(l, a, dropped, r);
@@ -88,8 +89,9 @@ void Model::count_routing(int64_t l, const LayerActs& a, int64_t dropped, const 
   k::moe_count(expert_counts_.data() + at * static_cast<size_t>(E), a.chosen, rows_, E, dims_.K);
   dropped_slots_[at] += static_cast<double>(dropped);
   if (options_.moe_aux_weight > 0)
-    aux_loss_ += options_.moe_aux_weight * k::moe_aux_loss(nullptr, a.scores, a.chosen,
-                                                           options_.micro_rows, seq_local_, r, 0);
+    aux_loss_ +=
+        options_.moe_aux_weight * k::moe_aux_loss(options_.exec, nullptr, a.scores, a.chosen,
+                                                  options_.micro_rows, seq_local_, r, 0);
 }
 
 void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, const ConstBlock& w,
@@ -107,7 +109,7 @@ void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, con
   // With `keep` the experts' gated output gradients and their gate and up gradients are written
   // where W reads them.
   float* dys = keep && ep_size() == 1 ? keep->expert_dy : s.moe_out;
-  k::moe_gather(dys, dy, s.moe_slot_of_row, kept, K, C);
+  k::moe_gather(options_.exec, dys, dy, s.moe_slot_of_row, kept, K, C);
   k::zero(exec, s.moe_dgates, S);
   const bool shared = block_has(config_, l, BlockWeight::kSharedGate);
   float* shared_dgate = keep ? keep->dgate : s.dgate;
@@ -143,7 +145,8 @@ void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, con
                             expert_offsets_.data(), expert_shape(), ec);
     if (shared) shared_backward();
   }
-  k::moe_combine(s.dxn, s.moe_grad, nullptr, s.moe_row_of_slot, N, K, C, k::Out::kWrite);
+  k::moe_combine(options_.exec, s.dxn, s.moe_grad, nullptr, s.moe_row_of_slot, N, K, C,
+                 k::Out::kWrite);
   // Each tp rank holds a slice of every expert's width: its gate gradients are partial sums.
   if (tp_.size() > 1) tp_.all_reduce(s.moe_dgates, static_cast<size_t>(S));
   if (shared)
@@ -162,11 +165,12 @@ void Model::router_backward(const LayerActs& a, const ConstBlock& w, const Block
   auto& s = *scratch_;
   const float* dscores_aux = nullptr;
   if (options_.moe_aux_weight > 0) {
-    k::moe_aux_loss(s.moe_dscores, a.scores, a.chosen, options_.micro_rows, seq_local_, r,
-                    static_cast<float>(options_.moe_aux_weight));
+    k::moe_aux_loss(options_.exec, s.moe_dscores, a.scores, a.chosen, options_.micro_rows,
+                    seq_local_, r, static_cast<float>(options_.moe_aux_weight));
     dscores_aux = s.moe_dscores;
   }
-  k::moe_route_backward(s.moe_dlogits, s.moe_dgates, dscores_aux, a.scores, a.chosen, r);
+  k::moe_route_backward(options_.exec, s.moe_dlogits, s.moe_dgates, dscores_aux, a.scores, a.chosen,
+                        r);
   // The router is replicated over tp and every rank's dlogits are the same: its part of the
   // input gradient joins the others' partial sums on one rank only. Its weight gradient is
   // whole on every rank, or with sequence parallelism this rank's rows' part, which
@@ -227,11 +231,11 @@ k::ExpertCopies Model::gather_expert_rows(const LayerActs& a, const BlockCopies&
   const int64_t K = dims_.K, C = dims_.C;
   k::ExpertCopies ec = copies.experts();
   if (!ec.fused() || !copies.xn2) {
-    k::moe_gather(s.moe_rows, a.xn2, s.moe_slot_of_row, rows, K, C);
+    k::moe_gather(options_.exec, s.moe_rows, a.xn2, s.moe_slot_of_row, rows, K, C);
     return ec;
   }
   auto* rows16 = reinterpret_cast<k::bf16*>(s.moe_rows);
-  k::moe_gather(rows16, copies.xn2, s.moe_slot_of_row, rows, K, C);
+  k::moe_gather(options_.exec, rows16, copies.xn2, s.moe_slot_of_row, rows, K, C);
   ec.xs = rows16;
   return ec;
 }
@@ -280,11 +284,13 @@ void Model::moe_experts_ep_forward(LayerActs& a, const BlockCopies& copies, cons
   const int32_t* recv = a.erecv;
   const auto& r = ep_route_;
   finish_ep_exchange(dispatch);
-  k::moe_ep_reorder(a.ex, s.moe_ep_rows, recv, r.source_offsets.data(), P, El, C, true);
+  k::moe_ep_reorder(options_.exec, a.ex, s.moe_ep_rows, recv, r.source_offsets.data(), P, El, C,
+                    true);
   k::moe_experts_forward(options_.exec, s.moe_ep_out, {a.egate, a.eup, a.eh}, a.ex,
                          {w.expert_gate, w.expert_up, w.expert_down}, r.local_offsets.data(),
                          {El, C, dims_.Fe}, copies.experts());
-  k::moe_ep_reorder(s.moe_ep_rows, s.moe_ep_out, recv, r.source_offsets.data(), P, El, C, false);
+  k::moe_ep_reorder(options_.exec, s.moe_ep_rows, s.moe_ep_out, recv, r.source_offsets.data(), P,
+                    El, C, false);
   ep_exchange(s.moe_ep_rows, r.recv_counts, r.recv_displs, s.moe_out, r.send_counts, r.send_displs);
 }
 
@@ -302,7 +308,8 @@ Model::RowsInFlight Model::moe_ep_dispatch_backward(LayerActs& a) {
   ep.start_all_to_allv(ep_exchange_, s.moe_ep_gates, r.send_counts, r.send_displs, s.moe_ep_dgates,
                        r.recv_counts, r.recv_displs);
   ep.wait(ep_exchange_);
-  k::moe_ep_reorder(s.moe_ep_gates, s.moe_ep_dgates, recv, r.source_offsets.data(), P, El, 1, true);
+  k::moe_ep_reorder(options_.exec, s.moe_ep_gates, s.moe_ep_dgates, recv, r.source_offsets.data(),
+                    P, El, 1, true);
   return start_ep_exchange(s.moe_out, r.send_counts, r.send_displs, s.moe_ep_rows, r.recv_counts,
                            r.recv_displs);
 }
@@ -318,7 +325,8 @@ void Model::moe_experts_ep_backward(LayerActs& a, const BlockCopies& copies, con
   finish_ep_exchange(dispatch);
   // With `keep` the gated output gradients and the gate and up gradients stay for W.
   float* dys = keep ? keep->expert_dy : s.moe_ep_out;
-  k::moe_ep_reorder(dys, s.moe_ep_rows, recv, r.source_offsets.data(), P, El, C, true);
+  k::moe_ep_reorder(options_.exec, dys, s.moe_ep_rows, recv, r.source_offsets.data(), P, El, C,
+                    true);
   // The rows are their own slots here (moe_ep_index is the identity): gates and gate gradients
   // by row.
   const k::ExpertShape shape{El, C, dims_.Fe, P, r.source_offsets.data()};
@@ -334,10 +342,11 @@ void Model::moe_experts_ep_backward(LayerActs& a, const BlockCopies& copies, con
                             {g.expert_gate, g.expert_up, g.expert_down},
                             {s.moe_dh, s.moe_dgate, s.moe_dup}, dys, a.ex, acts, ew,
                             r.local_offsets.data(), shape, copies.experts());
-  k::moe_ep_reorder(s.moe_ep_out, s.moe_ep_rows, recv, r.source_offsets.data(), P, El, C, false);
+  k::moe_ep_reorder(options_.exec, s.moe_ep_out, s.moe_ep_rows, recv, r.source_offsets.data(), P,
+                    El, C, false);
   ep_exchange(s.moe_ep_out, r.recv_counts, r.recv_displs, s.moe_grad, r.send_counts, r.send_displs);
-  k::moe_ep_reorder(s.moe_ep_gates, s.moe_ep_dgates, recv, r.source_offsets.data(), P, El, 1,
-                    false);
+  k::moe_ep_reorder(options_.exec, s.moe_ep_gates, s.moe_ep_dgates, recv, r.source_offsets.data(),
+                    P, El, 1, false);
   ep.start_all_to_allv(ep_exchange_, s.moe_ep_gates, r.recv_counts, r.recv_displs, s.moe_ep_dgates,
                        r.send_counts, r.send_displs);
   ep.wait(ep_exchange_);

@@ -26,7 +26,7 @@ k::RouterShape router_shape(const ModelConfig& config, int64_t rows) {
 void route(const k::Exec& exec, float* scores, int32_t* chosen, float* gates, const float* x,
            const float* router, const float* bias, const k::RouterShape& r, int64_t C) {
   k::linear_forward(router_exec(exec), scores, x, router, r.N, C, r.E);  // the logits
-  k::moe_route_forward(scores, chosen, gates, scores, bias, r);
+  k::moe_route_forward(exec, scores, chosen, gates, scores, bias, r);
 }
 
 }  // namespace t3d::runtime

@@ -119,12 +119,12 @@ void Decoder::moe_step(const Layer& L) {
         L.router_bias, r, C);
   k::moe_permute(expert_offsets_.data(), row_of_slot_.data(), slot_of_row_.data(), chosen_.data(),
                  1, E, K);
-  k::moe_gather(rows_in_.data(), xn_.data(), slot_of_row_.data(), K, K, C);
+  k::moe_gather(gemm_, rows_in_.data(), xn_.data(), slot_of_row_.data(), K, K, C);
   k::moe_experts_forward(gemm_, rows_out_.data(), {egate_.data(), eup_.data(), eh_.data()},
                          rows_in_.data(), {L.expert_gate, L.expert_up, L.expert_down},
                          expert_offsets_.data(), {E, C, m.moe_ffn_dim});
-  k::moe_combine(branch_.data(), rows_out_.data(), gates_.data(), row_of_slot_.data(), 1, K, C,
-                 k::Out::kWrite);
+  k::moe_combine(gemm_, branch_.data(), rows_out_.data(), gates_.data(), row_of_slot_.data(), 1, K,
+                 C, k::Out::kWrite);
   if (L.shared_gate)
     k::swiglu_mlp_forward(gemm_, branch_.data(), k::Out::kAccumulate,
                           k::LinearInput(gemm_, xn_.data(), 1, C),

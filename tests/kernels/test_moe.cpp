@@ -116,7 +116,7 @@ TEST(kernels_moe_router, ForwardMatchesReference) {
           const RouterShape r{N, E, K, score, normalize, scale};
           std::vector<float> scores(N * E), gates(N * K, -1.0f);
           I32 chosen(N * K, -1);
-          moe_route_forward(scores.data(), chosen.data(), gates.data(), logits.data(),
+          moe_route_forward(kCpu, scores.data(), chosen.data(), gates.data(), logits.data(),
                             b ? b->data() : nullptr, r);
           const RouteRef want = route_ref(ref::to_double(logits), b, r);
           ref::expect_close(scores, want.scores, 1e-6, 1e-7, "scores");
@@ -126,7 +126,7 @@ TEST(kernels_moe_router, ForwardMatchesReference) {
           // In place (scores over the logits), as the model may call it: the same bits.
           std::vector<float> inplace = logits, gates2(N * K);
           I32 chosen2(N * K);
-          moe_route_forward(inplace.data(), chosen2.data(), gates2.data(), inplace.data(),
+          moe_route_forward(kCpu, inplace.data(), chosen2.data(), gates2.data(), inplace.data(),
                             b ? b->data() : nullptr, r);
           EXPECT_EQ(inplace, scores);
           EXPECT_EQ(chosen2, chosen);
@@ -145,7 +145,7 @@ TEST(kernels_moe_router, TiesGoToTheLowerIndex) {
     const RouterShape r{3, E, K, score, true, 1.0f};
     std::vector<float> scores(3 * E), gates(3 * K);
     I32 chosen(3 * K);
-    moe_route_forward(scores.data(), chosen.data(), gates.data(), logits.data(), nullptr, r);
+    moe_route_forward(kCpu, scores.data(), chosen.data(), gates.data(), logits.data(), nullptr, r);
     EXPECT_EQ(chosen, (I32{0, 1, 2, 1, 2, 4, 4, 0, 1}));
     for (int j = 0; j < K; ++j) EXPECT_EQ(gates[j], gates[0]);  // equal scores, equal gates
   }
@@ -154,7 +154,7 @@ TEST(kernels_moe_router, TiesGoToTheLowerIndex) {
   const RouterShape r{1, 4, 3, RouterScore::kSigmoid, true, 1.0f};
   std::vector<float> scores(4), gates(3);
   I32 chosen(3);
-  moe_route_forward(scores.data(), chosen.data(), gates.data(), zeros.data(), bias.data(), r);
+  moe_route_forward(kCpu, scores.data(), chosen.data(), gates.data(), zeros.data(), bias.data(), r);
   EXPECT_EQ(chosen, (I32{1, 3, 0}));
   for (float g : gates) EXPECT_FLOAT_EQ(g, 1.0f / 3);  // the bias is not in the gates
 }
@@ -170,7 +170,7 @@ TEST(kernels_moe_router, NanLogitsStillChooseValidExperts) {
     const RouterShape r{2, 5, 3, score, true, 1.0f};
     std::vector<float> scores(10), gates(6);
     I32 chosen(6);
-    moe_route_forward(scores.data(), chosen.data(), gates.data(), logits.data(), nullptr, r);
+    moe_route_forward(kCpu, scores.data(), chosen.data(), gates.data(), logits.data(), nullptr, r);
     EXPECT_EQ(I32(chosen.begin() + 3, chosen.end()), (I32{0, 1, 2}));
     if (score == RouterScore::kSigmoid) {  // softmax spreads the NaN over the whole row
       EXPECT_EQ(I32(chosen.begin(), chosen.begin() + 3), (I32{3, 1, 4}));
@@ -190,8 +190,8 @@ TEST(kernels_moe_router, BiasChangesTheSelectionNotTheGates) {
     const RouterShape r{N, E, K, score, false, 1.0f};
     std::vector<float> s0(N * E), g0(N * K), s1(N * E), g1(N * K);
     I32 c0(N * K), c1(N * K);
-    moe_route_forward(s0.data(), c0.data(), g0.data(), logits.data(), nullptr, r);
-    moe_route_forward(s1.data(), c1.data(), g1.data(), logits.data(), bias.data(), r);
+    moe_route_forward(kCpu, s0.data(), c0.data(), g0.data(), logits.data(), nullptr, r);
+    moe_route_forward(kCpu, s1.data(), c1.data(), g1.data(), logits.data(), bias.data(), r);
     EXPECT_EQ(s0, s1);
     int changed = 0;
     for (int t = 0; t < N; ++t) {
@@ -218,9 +218,9 @@ TEST(kernels_moe_router, BackwardMatchesFiniteDifferences) {
         const RouterShape r{N, E, K, score, normalize, 1.7f};
         std::vector<float> scores(N * E), gates(N * K), dlogits(N * E, 99.0f);
         I32 chosen(N * K);
-        moe_route_forward(scores.data(), chosen.data(), gates.data(), logits.data(), bias.data(),
-                          r);
-        moe_route_backward(dlogits.data(), dg.data(), with_extra ? extra.data() : nullptr,
+        moe_route_forward(kCpu, scores.data(), chosen.data(), gates.data(), logits.data(),
+                          bias.data(), r);
+        moe_route_backward(kCpu, dlogits.data(), dg.data(), with_extra ? extra.data() : nullptr,
                            scores.data(), chosen.data(), r);
         // f(logits) = [gates, scores], weighed by [dg, extra or 0]; the reference re-selects
         // and must find the forward's experts at every perturbed point.
@@ -377,9 +377,9 @@ TEST(kernels_moe_ep, ReorderBetweenSourceAndExpertMajor) {
   EXPECT_EQ(offsets, (std::vector<std::int64_t>{0, 3, 10}));
   EXPECT_EQ(blocks, (std::vector<std::int64_t>{0, 2, 3, 3, 3, 6, 10}));
   std::vector<float> expert(source.size(), -1.0f), back(source.size(), -1.0f);
-  moe_ep_reorder(expert.data(), source.data(), counts.data(), blocks.data(), P, El, W, true);
+  moe_ep_reorder(kCpu, expert.data(), source.data(), counts.data(), blocks.data(), P, El, W, true);
   EXPECT_EQ(expert, want);
-  moe_ep_reorder(back.data(), expert.data(), counts.data(), blocks.data(), P, El, W, false);
+  moe_ep_reorder(kCpu, back.data(), expert.data(), counts.data(), blocks.data(), P, El, W, false);
   EXPECT_EQ(back, source);
 }
 
@@ -389,7 +389,7 @@ TEST(kernels_moe_combine, GatherAndCombine) {
   const Perm p = permute(chosen, N, E, K);
   const auto x = ref::random_floats(N * C, 140);
   std::vector<float> rows(N * K * C);
-  moe_gather(rows.data(), x.data(), p.slot_of_row.data(), N * K, K, C);
+  moe_gather(kCpu, rows.data(), x.data(), p.slot_of_row.data(), N * K, K, C);
   for (int r = 0; r < N * K; ++r)
     for (int c = 0; c < C; ++c) EXPECT_EQ(rows[r * C + c], x[(p.slot_of_row[r] / K) * C + c]);
 
@@ -409,10 +409,10 @@ TEST(kernels_moe_combine, GatherAndCombine) {
         want[t * C + c] = acc;
       }
     std::vector<float> y(N * C, 99.0f);
-    moe_combine(y.data(), rows.data(), wp, p.row_of_slot.data(), N, K, C, Out::kWrite);
+    moe_combine(kCpu, y.data(), rows.data(), wp, p.row_of_slot.data(), N, K, C, Out::kWrite);
     EXPECT_EQ(y, want);
     std::vector<float> acc = prev;
-    moe_combine(acc.data(), rows.data(), wp, p.row_of_slot.data(), N, K, C, Out::kAccumulate);
+    moe_combine(kCpu, acc.data(), rows.data(), wp, p.row_of_slot.data(), N, K, C, Out::kAccumulate);
     Vec want_acc(N * C);
     for (int i = 0; i < N * C; ++i) want_acc[i] = double(prev[i]) + want[i];
     ref::expect_close(acc, want_acc, 1e-6, 1e-6, "accumulated");
@@ -454,7 +454,7 @@ TEST(kernels_moe_combine, BitsOfTheScalarContract) {
       for (const int threads : {1, 2}) {
         std::vector<float> y = prev;
         with_threads(threads, [&] {
-          moe_combine(y.data(), rows.data(), wp, row_of_slot.data(), N, K, C, mode);
+          moe_combine(kCpu, y.data(), rows.data(), wp, row_of_slot.data(), N, K, C, mode);
         });
         ASSERT_EQ(0, std::memcmp(y.data(), want.data(), sizeof(float) * want.size()))
             << (wp ? "weighted" : "unweighted") << (mode == Out::kWrite ? ", written" : ", added")
@@ -482,14 +482,14 @@ TEST(kernels_moe_balance, AuxLossByHand) {
                                 0.2f, 0.2f, 0.6f, 0.7f, 0.2f, 0.1f};
   const I32 chosen = {0, 1, 1, 2, 2, 0, 0, 2};
   const RouterShape soft{4, 3, 2, RouterScore::kSoftmax, true, 1.0f};
-  EXPECT_NEAR(moe_aux_loss(nullptr, s.data(), chosen.data(), 2, 2, soft, 1.0f), 2.2875, 1e-6);
+  EXPECT_NEAR(moe_aux_loss(kCpu, nullptr, s.data(), chosen.data(), 2, 2, soft, 1.0f), 2.2875, 1e-6);
   // Sigmoid, B = 1, T = 2, E = 2, K = 1, both tokens to expert 0: f = (1, 0);
   // p rows (0.6, 0.2) / 0.8 = (0.75, 0.25) and (0.1, 0.4) / 0.5 = (0.2, 0.8);
   // P_0 = (0.75 + 0.2) / 2 = 0.475; loss = 2 · 1 · 0.475 = 0.95.
   const std::vector<float> sg = {0.6f, 0.2f, 0.1f, 0.4f};
   const I32 c2 = {0, 0};
   const RouterShape sig{2, 2, 1, RouterScore::kSigmoid, true, 1.0f};
-  EXPECT_NEAR(moe_aux_loss(nullptr, sg.data(), c2.data(), 1, 2, sig, 1.0f), 0.95, 1e-6);
+  EXPECT_NEAR(moe_aux_loss(kCpu, nullptr, sg.data(), c2.data(), 1, 2, sig, 1.0f), 0.95, 1e-6);
 }
 
 TEST(kernels_moe_balance, AuxLossGradientMatchesFiniteDifferences) {
@@ -500,16 +500,17 @@ TEST(kernels_moe_balance, AuxLossGradientMatchesFiniteDifferences) {
     const RouterShape r{N, E, K, score, true, 1.0f};
     std::vector<float> scores(N * E), gates(N * K), dscores(N * E, 99.0f);
     I32 chosen(N * K);
-    moe_route_forward(scores.data(), chosen.data(), gates.data(),
+    moe_route_forward(kCpu, scores.data(), chosen.data(), gates.data(),
                       ref::random_floats(N * E, 190, -2, 2).data(), nullptr, r);
     const bool sigmoid = score == RouterScore::kSigmoid;
-    const double loss = moe_aux_loss(dscores.data(), scores.data(), chosen.data(), B, T, r, weight);
+    const double loss =
+        moe_aux_loss(kCpu, dscores.data(), scores.data(), chosen.data(), B, T, r, weight);
     const Vec sd = ref::to_double(scores);
     EXPECT_NEAR(loss, aux_ref(sd, chosen, B, T, E, K, sigmoid), 1e-6);
     const auto f = [&](const Vec& v) { return Vec{aux_ref(v, chosen, B, T, E, K, sigmoid)}; };
     ref::expect_close(dscores, ref::numeric_grad(f, sd, Vec{weight}), 1e-4, 1e-6, "dscores");
     // The value does not depend on whether the gradient is asked for.
-    EXPECT_EQ(moe_aux_loss(nullptr, scores.data(), chosen.data(), B, T, r, weight), loss);
+    EXPECT_EQ(moe_aux_loss(kCpu, nullptr, scores.data(), chosen.data(), B, T, r, weight), loss);
   }
 }
 
@@ -540,12 +541,13 @@ TEST(kernels_moe_threads, RowLoopsTwoThreadsEqualOne) {
     Result o{std::vector<float>(N * E),     std::vector<float>(N * K), std::vector<float>(N * E),
              std::vector<float>(N * K * C), std::vector<float>(N * C), I32(N * K)};
     with_threads(threads, [&] {
-      moe_route_forward(o.scores.data(), o.chosen.data(), o.gates.data(), logits.data(), nullptr,
-                        r);
-      moe_route_backward(o.dlogits.data(), dg.data(), nullptr, o.scores.data(), o.chosen.data(), r);
+      moe_route_forward(kCpu, o.scores.data(), o.chosen.data(), o.gates.data(), logits.data(),
+                        nullptr, r);
+      moe_route_backward(kCpu, o.dlogits.data(), dg.data(), nullptr, o.scores.data(),
+                         o.chosen.data(), r);
       const Perm p = permute(o.chosen, N, E, K);
-      moe_gather(o.rows.data(), x.data(), p.slot_of_row.data(), N * K, K, C);
-      moe_combine(o.y.data(), o.rows.data(), o.gates.data(), p.row_of_slot.data(), N, K, C,
+      moe_gather(kCpu, o.rows.data(), x.data(), p.slot_of_row.data(), N * K, K, C);
+      moe_combine(kCpu, o.y.data(), o.rows.data(), o.gates.data(), p.row_of_slot.data(), N, K, C,
                   Out::kWrite);
     });
     return o;

@@ -50,10 +50,11 @@ void check_routed_layer(const I32& chosen, int N, int E, int K, int C, int Fe, s
   const ExpertShape es{E, C, Fe};
 
   std::vector<float> xs(S * C), ys(S * C), gate(S * Fe), up(S * Fe), h(S * Fe), out(N * C);
-  moe_gather(xs.data(), x.data(), p.slot_of_row.data(), rows, K, C);
+  moe_gather(kCpu, xs.data(), x.data(), p.slot_of_row.data(), rows, K, C);
   moe_experts_forward(kFp32, ys.data(), {gate.data(), up.data(), h.data()}, xs.data(),
                       {wg.data(), wu.data(), wd.data()}, p.offsets.data(), es);
-  moe_combine(out.data(), ys.data(), gates.data(), p.row_of_slot.data(), N, K, C, Out::kWrite);
+  moe_combine(kCpu, out.data(), ys.data(), gates.data(), p.row_of_slot.data(), N, K, C,
+              Out::kWrite);
   const Vec xd = ref::to_double(x), gd = ref::to_double(gates);
   const Weights w{ref::to_double(wg), ref::to_double(wu), ref::to_double(wd)};
   const auto layer = [&](const Vec& xv, const Vec& gv, const Weights& wv) {
@@ -67,12 +68,12 @@ void check_routed_layer(const I32& chosen, int N, int E, int K, int C, int Fe, s
   std::vector<float> dgates(S, capacity == 0 ? 99.0f : 0.0f);
   std::vector<float> dwg(wg.size(), 0.5f), dwu(wu.size(), 0.5f), dwd(wd.size(), 0.5f);
   std::vector<float> dh(S * Fe), dgate(S * Fe), dup(S * Fe);
-  moe_gather(dys.data(), dy.data(), p.slot_of_row.data(), rows, K, C);
+  moe_gather(kCpu, dys.data(), dy.data(), p.slot_of_row.data(), rows, K, C);
   moe_experts_backward(kFp32, dxs.data(), {gates.data(), dgates.data(), p.slot_of_row.data()},
                        {dwg.data(), dwu.data(), dwd.data()}, {dh.data(), dgate.data(), dup.data()},
                        dys.data(), xs.data(), {gate.data(), up.data(), h.data()},
                        {wg.data(), wu.data(), wd.data()}, p.offsets.data(), es);
-  moe_combine(dx.data(), dxs.data(), nullptr, p.row_of_slot.data(), N, K, C, Out::kWrite);
+  moe_combine(kCpu, dx.data(), dxs.data(), nullptr, p.row_of_slot.data(), N, K, C, Out::kWrite);
 
   const Vec r = ref::to_double(dy);
   const auto grad = [&](auto&& f, const Vec& at, double acc) {
