@@ -238,13 +238,15 @@ class Model final : public StageModel {
     kernels::bf16 *xn1 = nullptr, *att = nullptr, *xn2 = nullptr, *h = nullptr;
     kernels::bf16 *gate = nullptr, *up = nullptr;
     kernels::bf16 *egate = nullptr, *eup = nullptr, *eh = nullptr;  // the routed experts' rows
+    kernels::bf16 *sgate = nullptr, *sup = nullptr, *sh = nullptr;  // the shared experts' rows
     bool fused_swiglu = false;  // bf16 GEMMs: SwiGLU reads and writes the copies
     // The routed experts' copies for their fused SwiGLU (kernels/ops_moe.h), or all null.
     kernels::ExpertCopies experts() const {
       return fused_swiglu ? kernels::ExpertCopies{egate, eup, eh} : kernels::ExpertCopies{};
     }
-    // The dense MLP's (kernels/ops_swiglu.h).
+    // The dense MLP's and the shared experts' (kernels/ops_swiglu.h).
     kernels::SwigluCopies mlp() const { return {gate, up, h, fused_swiglu}; }
+    kernels::SwigluCopies shared() const { return {sgate, sup, sh, fused_swiglu}; }
   };
   BlockCopies block_copies(ChunkActs& a, int64_t local_layer) const;
   static bool filled_by_forward(int index, bool bf16_gemms);

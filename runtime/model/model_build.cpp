@@ -298,16 +298,21 @@ float*& Model::wgrad(LayerGrads& g, int index) {
 }
 
 namespace {
-// The routed experts' SwiGLU rows, which their fused bf16 SwiGLU writes and reads as copies.
+// The SwiGLU rows a fused bf16 SwiGLU writes and reads as copies: the routed experts' and the
+// shared experts' (the dense MLP's are kGate, kUp, kH).
 bool expert_row(BlockAct row) {
-  return row == BlockAct::kEGate || row == BlockAct::kEUp || row == BlockAct::kEH;
+  return row == BlockAct::kEGate || row == BlockAct::kEUp || row == BlockAct::kEH ||
+         row == BlockAct::kSGate || row == BlockAct::kSUp || row == BlockAct::kSH;
 }
 }  // namespace
 
+// h's copies (the dense MLP's and the shared experts') are filled by the forward even unfused:
+// the down GEMM's input rounded there (kernels/ops_swiglu.h).
 bool Model::filled_by_forward(int index, bool bf16_gemms) {
   const auto row = static_cast<BlockAct>(index);
   return row == BlockAct::kXn1 || row == BlockAct::kAttn || row == BlockAct::kXn2 ||
-         row == BlockAct::kH || (bf16_gemms && (row == BlockAct::kGate || row == BlockAct::kUp)) ||
+         row == BlockAct::kH || row == BlockAct::kSH ||
+         (bf16_gemms && (row == BlockAct::kGate || row == BlockAct::kUp)) ||
          (bf16_gemms && expert_row(row));
 }
 
@@ -321,11 +326,13 @@ Model::BlockCopies Model::block_copies(ChunkActs& a, int64_t local_layer) const 
   if (!stored16(local_layer)) return {};
   const StoredBlock& st = a.stored[static_cast<size_t>(local_layer)];
   const auto at = [&](BlockAct row) { return static_cast<k::bf16*>(st[static_cast<size_t>(row)]); };
-  return {at(BlockAct::kXn1),   at(BlockAct::kAttn),
-          at(BlockAct::kXn2),   at(BlockAct::kH),
-          at(BlockAct::kGate),  at(BlockAct::kUp),
-          at(BlockAct::kEGate), at(BlockAct::kEUp),
-          at(BlockAct::kEH),    k::gemm_kind_is_bf16(options_.exec.gemm)};
+  BlockCopies c;
+  c.xn1 = at(BlockAct::kXn1), c.att = at(BlockAct::kAttn), c.xn2 = at(BlockAct::kXn2);
+  c.gate = at(BlockAct::kGate), c.up = at(BlockAct::kUp), c.h = at(BlockAct::kH);
+  c.egate = at(BlockAct::kEGate), c.eup = at(BlockAct::kEUp), c.eh = at(BlockAct::kEH);
+  c.sgate = at(BlockAct::kSGate), c.sup = at(BlockAct::kSUp), c.sh = at(BlockAct::kSH);
+  c.fused_swiglu = k::gemm_kind_is_bf16(options_.exec.gemm);
+  return c;
 }
 
 // The codec of bf16-stored blocks: the spec's stored rows, each copied between the block's fp32

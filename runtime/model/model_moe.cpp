@@ -63,7 +63,7 @@ void Model::moe_forward(int64_t l, LayerActs& a, const BlockCopies& copies, cons
   // while the routed rows travel. Only its down projection, added to the routed output, waits.
   const auto shared_hidden = [&] {
     const k::LinearInput x(exec, a.xn2, copies.xn2, copies.xn2 ? Copy::kFilled : Copy::kFill, N, C);
-    k::swiglu_mlp_hidden(exec, x, shared_weights(w), sa, {}, dims_.Fs);
+    k::swiglu_mlp_hidden(exec, x, shared_weights(w), sa, copies.shared(), dims_.Fs);
   };
   if (ep_size() > 1) {
     RowsInFlight dispatch = moe_ep_dispatch(a);
@@ -78,7 +78,8 @@ void Model::moe_forward(int64_t l, LayerActs& a, const BlockCopies& copies, cons
   k::moe_combine(options_.exec, s.tmp, s.moe_out, a.gates, s.moe_row_of_slot, N, K, C,
                  k::Out::kWrite);
   if (shared)
-    k::swiglu_mlp_down(exec, s.tmp, k::Out::kAccumulate, shared_weights(w), sa, {}, N, C, dims_.Fs);
+    k::swiglu_mlp_down(exec, s.tmp, k::Out::kAccumulate, shared_weights(w), sa, copies.shared(), N,
+                       C, dims_.Fs);
   if (first_pass) count_routing(l, a, dropped, r);
 }
 
@@ -120,11 +121,11 @@ void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, con
   const auto shared_backward = [&] {
     const k::LinearInput dy_in(exec, dy, N, C);
     k::swiglu_mlp_backward_hidden(exec, shared_dgate, shared_dup, s.dh, dy_in, shared_weights(w),
-                                  sa, {}, Fs);
+                                  sa, copies.shared(), Fs);
     if (keep) return;
     const k::LinearInput x(exec, a.xn2, copies.xn2, Copy::kFilled, N, C);
     k::swiglu_mlp_backward_weight(exec, {g.shared_gate, g.shared_up, g.shared_down}, dy_in, x,
-                                  shared_dgate, shared_dup, sa, {}, Fs);
+                                  shared_dgate, shared_dup, sa, copies.shared(), Fs);
   };
   const k::ExpertGating gating{a.gates, s.moe_dgates, s.moe_slot_of_row};
   const k::ExpertWeights ew{w.expert_gate, w.expert_up, w.expert_down};
@@ -151,7 +152,7 @@ void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, con
   if (tp_.size() > 1) tp_.all_reduce(s.moe_dgates, static_cast<size_t>(S));
   if (shared)
     k::swiglu_mlp_backward_input(exec, s.dxn, k::Out::kAccumulate, s.dtmp, shared_dgate, shared_dup,
-                                 shared_weights(w), {}, N, C, Fs);
+                                 shared_weights(w), copies.shared(), N, C, Fs);
   router_backward(a, w, g, keep);
 }
 
@@ -218,7 +219,8 @@ void Model::moe_backward_weights(int64_t l, const LayerActs& a, const BlockCopie
     const k::LinearInput dy(exec, kept.dy_down, N, C);
     const k::LinearInput x(exec, a.xn2, copies.xn2, Copy::kFilled, N, C);
     k::swiglu_mlp_backward_weight(exec, {g.shared_gate, g.shared_up, g.shared_down}, dy, x,
-                                  kept.dgate, kept.dup, {a.sgate, a.sup, a.sh}, {}, dims_.Fs);
+                                  kept.dgate, kept.dup, {a.sgate, a.sup, a.sh}, copies.shared(),
+                                  dims_.Fs);
   }
   const int64_t first = sp_ ? tp_.rank() * rows_local_ : 0;
   k::linear_backward_weight(router_exec(exec), g.router, kept.router_dlogits, a.xn2 + first * C,
