@@ -54,7 +54,7 @@ void Model::moe_forward(int64_t l, LayerActs& a, const BlockCopies& copies, cons
              ep_rows_, " their buffers hold");
   k::ExpertCopies ec;  // under expert parallelism the rows travel as floats
   if (ep_size() > 1)
-    k::moe_gather(options_.exec, s.moe_rows, a.xn2, s.moe_slot_of_row, offsets[E], K, C);
+    k::moe_gather(exec, s.moe_rows, a.xn2, s.moe_slot_of_row, offsets[E], K, C);
   else
     ec = gather_expert_rows(a, copies, offsets[E]);
   const bool shared = block_has(config_, l, BlockWeight::kSharedGate);
@@ -75,8 +75,7 @@ void Model::moe_forward(int64_t l, LayerActs& a, const BlockCopies& copies, cons
                            ec);
     if (shared) shared_hidden();
   }
-  k::moe_combine(options_.exec, s.tmp, s.moe_out, a.gates, s.moe_row_of_slot, N, K, C,
-                 k::Out::kWrite);
+  k::moe_combine(exec, s.tmp, s.moe_out, a.gates, s.moe_row_of_slot, N, K, C, k::Out::kWrite);
   if (shared)
     k::swiglu_mlp_down(exec, s.tmp, k::Out::kAccumulate, shared_weights(w), sa, copies.shared(), N,
                        C, dims_.Fs);
@@ -84,15 +83,15 @@ void Model::moe_forward(int64_t l, LayerActs& a, const BlockCopies& copies, cons
 }
 
 void Model::count_routing(int64_t l, const LayerActs& a, int64_t dropped, const k::RouterShape& r) {
+  const k::Exec& exec = options_.exec;
   const int64_t E = dims_.E;
   const size_t at = static_cast<size_t>(
       std::lower_bound(moe_layers_.begin(), moe_layers_.end(), l) - moe_layers_.begin());
   k::moe_count(expert_counts_.data() + at * static_cast<size_t>(E), a.chosen, rows_, E, dims_.K);
   dropped_slots_[at] += static_cast<double>(dropped);
   if (options_.moe_aux_weight > 0)
-    aux_loss_ +=
-        options_.moe_aux_weight * k::moe_aux_loss(options_.exec, nullptr, a.scores, a.chosen,
-                                                  options_.micro_rows, seq_local_, r, 0);
+    aux_loss_ += options_.moe_aux_weight * k::moe_aux_loss(exec, nullptr, a.scores, a.chosen,
+                                                           options_.micro_rows, seq_local_, r, 0);
 }
 
 void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, const ConstBlock& w,
@@ -110,7 +109,7 @@ void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, con
   // With `keep` the experts' gated output gradients and their gate and up gradients are written
   // where W reads them.
   float* dys = keep && ep_size() == 1 ? keep->expert_dy : s.moe_out;
-  k::moe_gather(options_.exec, dys, dy, s.moe_slot_of_row, kept, K, C);
+  k::moe_gather(exec, dys, dy, s.moe_slot_of_row, kept, K, C);
   k::zero(exec, s.moe_dgates, S);
   const bool shared = block_has(config_, l, BlockWeight::kSharedGate);
   float* shared_dgate = keep ? keep->dgate : s.dgate;
@@ -146,8 +145,7 @@ void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, con
                             expert_offsets_.data(), expert_shape(), ec);
     if (shared) shared_backward();
   }
-  k::moe_combine(options_.exec, s.dxn, s.moe_grad, nullptr, s.moe_row_of_slot, N, K, C,
-                 k::Out::kWrite);
+  k::moe_combine(exec, s.dxn, s.moe_grad, nullptr, s.moe_row_of_slot, N, K, C, k::Out::kWrite);
   // Each tp rank holds a slice of every expert's width: its gate gradients are partial sums.
   if (tp_.size() > 1) tp_.all_reduce(s.moe_dgates, static_cast<size_t>(S));
   if (shared)
@@ -166,12 +164,11 @@ void Model::router_backward(const LayerActs& a, const ConstBlock& w, const Block
   auto& s = *scratch_;
   const float* dscores_aux = nullptr;
   if (options_.moe_aux_weight > 0) {
-    k::moe_aux_loss(options_.exec, s.moe_dscores, a.scores, a.chosen, options_.micro_rows,
-                    seq_local_, r, static_cast<float>(options_.moe_aux_weight));
+    k::moe_aux_loss(exec, s.moe_dscores, a.scores, a.chosen, options_.micro_rows, seq_local_, r,
+                    static_cast<float>(options_.moe_aux_weight));
     dscores_aux = s.moe_dscores;
   }
-  k::moe_route_backward(options_.exec, s.moe_dlogits, s.moe_dgates, dscores_aux, a.scores, a.chosen,
-                        r);
+  k::moe_route_backward(exec, s.moe_dlogits, s.moe_dgates, dscores_aux, a.scores, a.chosen, r);
   // The router is replicated over tp and every rank's dlogits are the same: its part of the
   // input gradient joins the others' partial sums on one rank only. Its weight gradient is
   // whole on every rank, or with sequence parallelism this rank's rows' part, which
@@ -229,15 +226,16 @@ void Model::moe_backward_weights(int64_t l, const LayerActs& a, const BlockCopie
 
 k::ExpertCopies Model::gather_expert_rows(const LayerActs& a, const BlockCopies& copies,
                                           int64_t rows) {
+  const k::Exec& exec = options_.exec;
   auto& s = *scratch_;
   const int64_t K = dims_.K, C = dims_.C;
   k::ExpertCopies ec = copies.experts();
   if (!ec.fused() || !copies.xn2) {
-    k::moe_gather(options_.exec, s.moe_rows, a.xn2, s.moe_slot_of_row, rows, K, C);
+    k::moe_gather(exec, s.moe_rows, a.xn2, s.moe_slot_of_row, rows, K, C);
     return ec;
   }
   auto* rows16 = reinterpret_cast<k::bf16*>(s.moe_rows);
-  k::moe_gather(options_.exec, rows16, copies.xn2, s.moe_slot_of_row, rows, K, C);
+  k::moe_gather(exec, rows16, copies.xn2, s.moe_slot_of_row, rows, K, C);
   ec.xs = rows16;
   return ec;
 }
@@ -281,18 +279,18 @@ Model::RowsInFlight Model::moe_ep_dispatch(LayerActs& a) {
 
 void Model::moe_experts_ep_forward(LayerActs& a, const BlockCopies& copies, const ConstBlock& w,
                                    RowsInFlight& dispatch) {
+  const k::Exec& exec = options_.exec;
   const int64_t P = ep_size(), El = dims_.El, C = dims_.C;
   auto& s = *scratch_;
   const int32_t* recv = a.erecv;
   const auto& r = ep_route_;
   finish_ep_exchange(dispatch);
-  k::moe_ep_reorder(options_.exec, a.ex, s.moe_ep_rows, recv, r.source_offsets.data(), P, El, C,
-                    true);
-  k::moe_experts_forward(options_.exec, s.moe_ep_out, {a.egate, a.eup, a.eh}, a.ex,
+  k::moe_ep_reorder(exec, a.ex, s.moe_ep_rows, recv, r.source_offsets.data(), P, El, C, true);
+  k::moe_experts_forward(exec, s.moe_ep_out, {a.egate, a.eup, a.eh}, a.ex,
                          {w.expert_gate, w.expert_up, w.expert_down}, r.local_offsets.data(),
                          {El, C, dims_.Fe}, copies.experts());
-  k::moe_ep_reorder(options_.exec, s.moe_ep_rows, s.moe_ep_out, recv, r.source_offsets.data(), P,
-                    El, C, false);
+  k::moe_ep_reorder(exec, s.moe_ep_rows, s.moe_ep_out, recv, r.source_offsets.data(), P, El, C,
+                    false);
   ep_exchange(s.moe_ep_rows, r.recv_counts, r.recv_displs, s.moe_out, r.send_counts, r.send_displs);
 }
 
@@ -300,18 +298,19 @@ void Model::moe_experts_ep_forward(LayerActs& a, const BlockCopies& copies, cons
 // the experts' backward runs on the rows they took in the forward (a.ex), and every row's input
 // gradient (into moe_grad) and gate gradient (into moe_dgates, by slot) come back.
 Model::RowsInFlight Model::moe_ep_dispatch_backward(LayerActs& a) {
+  const k::Exec& exec = options_.exec;
   const parallel::Comm& ep = *options_.ep;
   const int64_t P = ep_size(), El = dims_.El, kept = expert_offsets_[dims_.E];
   auto& s = *scratch_;
   const int32_t* recv = a.erecv;
   ep_plan(recv);
   const auto& r = ep_route_;
-  k::moe_gather_slots(options_.exec, s.moe_ep_gates, a.gates, s.moe_slot_of_row, kept);
+  k::moe_gather_slots(exec, s.moe_ep_gates, a.gates, s.moe_slot_of_row, kept);
   ep.start_all_to_allv(ep_exchange_, s.moe_ep_gates, r.send_counts, r.send_displs, s.moe_ep_dgates,
                        r.recv_counts, r.recv_displs);
   ep.wait(ep_exchange_);
-  k::moe_ep_reorder(options_.exec, s.moe_ep_gates, s.moe_ep_dgates, recv, r.source_offsets.data(),
-                    P, El, 1, true);
+  k::moe_ep_reorder(exec, s.moe_ep_gates, s.moe_ep_dgates, recv, r.source_offsets.data(), P, El, 1,
+                    true);
   return start_ep_exchange(s.moe_out, r.send_counts, r.send_displs, s.moe_ep_rows, r.recv_counts,
                            r.recv_displs);
 }
@@ -319,6 +318,7 @@ Model::RowsInFlight Model::moe_ep_dispatch_backward(LayerActs& a) {
 void Model::moe_experts_ep_backward(LayerActs& a, const BlockCopies& copies, const ConstBlock& w,
                                     const BlockParams& g, RowsInFlight& dispatch,
                                     const LayerGrads* keep) {
+  const k::Exec& exec = options_.exec;
   const parallel::Comm& ep = *options_.ep;
   const int64_t P = ep_size(), El = dims_.El, C = dims_.C, kept = expert_offsets_[dims_.E];
   auto& s = *scratch_;
@@ -327,8 +327,7 @@ void Model::moe_experts_ep_backward(LayerActs& a, const BlockCopies& copies, con
   finish_ep_exchange(dispatch);
   // With `keep` the gated output gradients and the gate and up gradients stay for W.
   float* dys = keep ? keep->expert_dy : s.moe_ep_out;
-  k::moe_ep_reorder(options_.exec, dys, s.moe_ep_rows, recv, r.source_offsets.data(), P, El, C,
-                    true);
+  k::moe_ep_reorder(exec, dys, s.moe_ep_rows, recv, r.source_offsets.data(), P, El, C, true);
   // The rows are their own slots here (moe_ep_index is the identity): gates and gate gradients
   // by row.
   const k::ExpertShape shape{El, C, dims_.Fe, P, r.source_offsets.data()};
@@ -336,23 +335,23 @@ void Model::moe_experts_ep_backward(LayerActs& a, const BlockCopies& copies, con
   const k::ExpertActs acts{a.egate, a.eup, a.eh};
   const k::ExpertWeights ew{w.expert_gate, w.expert_up, w.expert_down};
   if (keep)
-    k::moe_experts_backward_input(options_.exec, s.moe_ep_rows, gating,
+    k::moe_experts_backward_input(exec, s.moe_ep_rows, gating,
                                   {s.moe_dh, keep->expert_dgate, keep->expert_dup}, dys, acts, ew,
                                   r.local_offsets.data(), shape, copies.experts());
   else
-    k::moe_experts_backward(options_.exec, s.moe_ep_rows, gating,
+    k::moe_experts_backward(exec, s.moe_ep_rows, gating,
                             {g.expert_gate, g.expert_up, g.expert_down},
                             {s.moe_dh, s.moe_dgate, s.moe_dup}, dys, a.ex, acts, ew,
                             r.local_offsets.data(), shape, copies.experts());
-  k::moe_ep_reorder(options_.exec, s.moe_ep_out, s.moe_ep_rows, recv, r.source_offsets.data(), P,
-                    El, C, false);
+  k::moe_ep_reorder(exec, s.moe_ep_out, s.moe_ep_rows, recv, r.source_offsets.data(), P, El, C,
+                    false);
   ep_exchange(s.moe_ep_out, r.recv_counts, r.recv_displs, s.moe_grad, r.send_counts, r.send_displs);
-  k::moe_ep_reorder(options_.exec, s.moe_ep_gates, s.moe_ep_dgates, recv, r.source_offsets.data(),
-                    P, El, 1, false);
+  k::moe_ep_reorder(exec, s.moe_ep_gates, s.moe_ep_dgates, recv, r.source_offsets.data(), P, El, 1,
+                    false);
   ep.start_all_to_allv(ep_exchange_, s.moe_ep_gates, r.recv_counts, r.recv_displs, s.moe_ep_dgates,
                        r.send_counts, r.send_displs);
   ep.wait(ep_exchange_);
-  k::moe_scatter_slots(options_.exec, s.moe_dgates, s.moe_ep_dgates, s.moe_slot_of_row, kept);
+  k::moe_scatter_slots(exec, s.moe_dgates, s.moe_ep_dgates, s.moe_slot_of_row, kept);
 }
 
 void Model::ep_exchange(const float* send, const std::vector<int>& sent,
