@@ -46,14 +46,32 @@ void select_row(std::int32_t* chosen, const float* s, const float* bias, std::in
   }
 }
 
+// Each of the n slots' expert, checked against E once here: fn(slot, expert) in slot order. The
+// one pass that counts slots per expert (moe_permute, moe_count, moe_aux_loss).
+template <class Fn>
+void for_each_slot(const std::int32_t* chosen, std::int64_t n, std::int64_t E, Fn&& fn) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    T3D_ASSERT(chosen[i] >= 0 && chosen[i] < E, "slot ", i, " routed to expert ", chosen[i], " of ",
+               E);
+    fn(i, chosen[i]);
+  }
+}
+
+// The MoE ops have no CUDA twin yet: a GPU Exec is refused, naming the way out.
+void refuse_gpu(const Exec& exec) {
+  T3D_USER_CHECK(!exec.on_gpu(), "the mixture-of-experts ops have no CUDA version yet: train ",
+                 "this model on the CPU (docs/gpu.md)");
+}
+
 void check_router(const RouterShape& r) {
   T3D_ASSERT(r.E > 0 && r.K > 0 && r.K <= r.E, "router with E = ", r.E, ", K = ", r.K);
 }
 
 }  // namespace
 
-void moe_route_forward(float* scores, std::int32_t* chosen, float* gates, const float* logits,
-                       const float* bias, const RouterShape& r) {
+void moe_route_forward(const Exec& exec, float* scores, std::int32_t* chosen, float* gates,
+                       const float* logits, const float* bias, const RouterShape& r) {
+  refuse_gpu(exec);
   check_router(r);
   const std::int64_t E = r.E, K = r.K;
   detail::split_rows(r.N, E, [&](std::int64_t lo, std::int64_t hi) {
@@ -93,8 +111,10 @@ void moe_route_forward(float* scores, std::int32_t* chosen, float* gates, const 
 // the chosen experts are distinct, so each gate's gradient lands on its own score. Then
 // softmax: dlogits = s ⊙ (ds − Σ_e s ds); sigmoid: dlogits = ds s (1 − s).
 // ds is built in the dlogits row, which the score function's backward then rewrites in place.
-void moe_route_backward(float* dlogits, const float* dgates, const float* dscores_extra,
-                        const float* scores, const std::int32_t* chosen, const RouterShape& r) {
+void moe_route_backward(const Exec& exec, float* dlogits, const float* dgates,
+                        const float* dscores_extra, const float* scores, const std::int32_t* chosen,
+                        const RouterShape& r) {
+  refuse_gpu(exec);
   check_router(r);
   const std::int64_t E = r.E, K = r.K;
   detail::split_rows(r.N, E, [&](std::int64_t lo, std::int64_t hi) {
@@ -140,11 +160,9 @@ std::int64_t moe_permute(std::int64_t* offsets, std::int32_t* row_of_slot,
   const std::int64_t S = N * K;
   const std::int64_t limit = capacity > 0 ? capacity : S;
   for (std::int64_t e = 0; e <= E; ++e) offsets[e] = 0;
-  for (std::int64_t i = 0; i < S; ++i) {
-    T3D_ASSERT(chosen[i] >= 0 && chosen[i] < E, "slot ", i, " routed to expert ", chosen[i], " of ",
-               E);
-    row_of_slot[i] = static_cast<std::int32_t>(offsets[chosen[i] + 1]++);
-  }
+  for_each_slot(chosen, S, E, [&](std::int64_t i, std::int32_t e) {
+    row_of_slot[i] = static_cast<std::int32_t>(offsets[e + 1]++);
+  });
   for (std::int64_t e = 0; e < E; ++e)
     offsets[e + 1] = offsets[e] + std::min(offsets[e + 1], limit);
   std::int64_t dropped = 0;
@@ -173,21 +191,25 @@ void gather_rows(T* rows, const T* x, const std::int32_t* slot_of_row, std::int6
 }
 }  // namespace
 
-void moe_gather(float* rows, const float* x, const std::int32_t* slot_of_row, std::int64_t S,
-                std::int64_t K, std::int64_t C) {
+void moe_gather(const Exec& exec, float* rows, const float* x, const std::int32_t* slot_of_row,
+                std::int64_t S, std::int64_t K, std::int64_t C) {
+  refuse_gpu(exec);
   gather_rows(rows, x, slot_of_row, S, K, C);
 }
 
-void moe_gather(bf16* rows, const bf16* x, const std::int32_t* slot_of_row, std::int64_t S,
-                std::int64_t K, std::int64_t C) {
+void moe_gather(const Exec& exec, bf16* rows, const bf16* x, const std::int32_t* slot_of_row,
+                std::int64_t S, std::int64_t K, std::int64_t C) {
+  refuse_gpu(exec);
   gather_rows(rows, x, slot_of_row, S, K, C);
 }
 
 // Per token, the K slots' products are summed j-outer over the row (in chunks of a stack row
 // when adding to y), so that the inner loops run over c and vectorize: each element is still
 // the first kept product, plus the next, and so on for j ascending, then written or added.
-void moe_combine(float* y, const float* rows, const float* w, const std::int32_t* row_of_slot,
-                 std::int64_t N, std::int64_t K, std::int64_t C, Out mode) {
+void moe_combine(const Exec& exec, float* y, const float* rows, const float* w,
+                 const std::int32_t* row_of_slot, std::int64_t N, std::int64_t K, std::int64_t C,
+                 Out mode) {
+  refuse_gpu(exec);
   detail::split_rows(N, K * C, [&](std::int64_t lo, std::int64_t hi) {
     constexpr std::int64_t kChunk = 512;
     float sum[kChunk];
@@ -227,6 +249,18 @@ void moe_combine(float* y, const float* rows, const float* w, const std::int32_t
   });
 }
 
+void moe_gather_slots(const Exec& exec, float* by_row, const float* by_slot,
+                      const std::int32_t* slot_of_row, std::int64_t rows) {
+  refuse_gpu(exec);
+  for (std::int64_t r = 0; r < rows; ++r) by_row[r] = by_slot[slot_of_row[r]];
+}
+
+void moe_scatter_slots(const Exec& exec, float* by_slot, const float* by_row,
+                       const std::int32_t* slot_of_row, std::int64_t rows) {
+  refuse_gpu(exec);
+  for (std::int64_t r = 0; r < rows; ++r) by_slot[slot_of_row[r]] = by_row[r];
+}
+
 namespace {
 
 void check_copies(GemmKind kind, const ExpertCopies& c) {
@@ -239,9 +273,8 @@ void check_copies(GemmKind kind, const ExpertCopies& c) {
 // sum sequential over f and rounded once (four rows' sums side by side: independent chains, each
 // in its own order); then U and the row's dys scaled by its gate. `hv(r, f)` reads h.
 template <class H>
-void gate_grads_and_scale(float* dgates, float* dh, float* dys, const float* gates,
-                          const std::int32_t* slot_of_row, std::int64_t S, std::int64_t C,
-                          std::int64_t Fe, H&& hv) {
+void gate_grads_and_scale(const ExpertGating& gating, float* dh, float* dys, std::int64_t S,
+                          std::int64_t C, std::int64_t Fe, H&& hv) {
   detail::split_rows(S, C + 2 * Fe, [&](std::int64_t lo, std::int64_t hi) {
     constexpr std::int64_t kRows = 4;
     for (std::int64_t r0 = lo; r0 < hi; r0 += kRows) {
@@ -267,9 +300,9 @@ void gate_grads_and_scale(float* dgates, float* dh, float* dys, const float* gat
       }
       for (std::int64_t i = 0; i < nr; ++i) {
         const std::int64_t r = r0 + i;
-        const std::int32_t slot = slot_of_row[r];
-        dgates[slot] = static_cast<float>(dot[i]);
-        const float g = gates[slot];
+        const std::int32_t slot = gating.slot_of_row[r];
+        gating.dgates[slot] = static_cast<float>(dot[i]);
+        const float g = gating.gates[slot];
         float* u = dh + r * Fe;
         for (std::int64_t f = 0; f < Fe; ++f) u[f] *= g;
         float* dy = dys + r * C;
@@ -283,51 +316,30 @@ void gate_grads_and_scale(float* dgates, float* dh, float* dys, const float* gat
 // Copy::kFill; the experts only pass copies as kFilled, which are never written.
 bf16* copy_at(const bf16* p, std::int64_t i) { return p ? const_cast<bf16*>(p) + i : nullptr; }
 
-// dgate's and dup's rounded copies of a fused backward: the first half of their fp32 buffers.
-bf16* first_half(float* d, const ExpertCopies& c) {
-  return c.fused() ? reinterpret_cast<bf16*>(d) : nullptr;
-}
-const bf16* first_half(const float* d, const ExpertCopies& c) {
-  return c.fused() ? reinterpret_cast<const bf16*>(d) : nullptr;
-}
-
 }  // namespace
 
-void moe_experts_forward(const Exec& exec, float* y, float* gate, float* up, float* h,
-                         const float* xs, const float* wg, const float* wu, const float* wd,
-                         const std::int64_t* offsets, const ExpertShape& s,
+void moe_experts_forward(const Exec& exec, float* y, const ExpertActs& acts, const float* xs,
+                         const ExpertWeights& w, const std::int64_t* offsets, const ExpertShape& s,
                          const ExpertCopies& copies) {
-  T3D_USER_CHECK(!exec.on_gpu(), "the mixture-of-experts ops have no CUDA version yet: train ",
-                 "this model on the CPU (docs/gpu.md)");
+  refuse_gpu(exec);
   const GemmKind kind = exec.gemm;
   check_copies(kind, copies);
   using Copy = LinearInput::Copy;
   const std::int64_t C = s.C, Fe = s.Fe, S = offsets[s.E], bucket = gemm_row_bucket(kind);
-  for (std::int64_t e = 0; e < s.E; ++e) {
-    const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
-    if (rows == 0) continue;
-    for_expert_rows(r0, rows, S, bucket, [&](std::int64_t lo, std::int64_t n) {
-      // Read by two GEMMs: rounded once (bf16), or already.
-      bf16* xs16 = copy_at(copies.xs, lo * C);
-      const LinearInput x(kind, xs + lo * C, xs16, xs16 ? Copy::kFilled : Copy::kFill, n, C);
-      linear_forward(gate + lo * Fe, x, wg + e * Fe * C, Fe);
-      linear_forward(up + lo * Fe, x, wu + e * Fe * C, Fe);
-    });
-  }
+  for_each_expert(offsets, s.E, bucket, [&](std::int64_t e, std::int64_t lo, std::int64_t n) {
+    // Read by two GEMMs: rounded once (bf16), or already.
+    bf16* xs16 = copy_at(copies.xs, lo * C);
+    const LinearInput x(kind, xs + lo * C, xs16, xs16 ? Copy::kFilled : Copy::kFill, n, C);
+    linear_forward(acts.gate + lo * Fe, x, w.gate + e * Fe * C, Fe);
+    linear_forward(acts.up + lo * Fe, x, w.up + e * Fe * C, Fe);
+  });
   // Every row belongs to an expert, so one pass over all S rows is each expert's SwiGLU.
-  if (copies.fused())
-    swiglu_forward_bf16(kCpu, copies.h, copies.gate, copies.up, gate, up, S * Fe);
-  else
-    swiglu_forward(kCpu, h, gate, up, S * Fe);
-  for (std::int64_t e = 0; e < s.E; ++e) {
-    const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
-    if (rows == 0) continue;
-    // y (rows, C) = h (rows, Fe) · wd[e]^T; fused, h is read from its copy.
-    for_expert_rows(r0, rows, S, bucket, [&](std::int64_t lo, std::int64_t n) {
-      const LinearInput hx(kind, h + lo * Fe, copy_at(copies.h, lo * Fe), Copy::kFilled, n, Fe);
-      linear_forward(y + lo * C, hx, wd + e * C * Fe, C);
-    });
-  }
+  swiglu_act_forward(exec, acts, copies.swiglu(), S * Fe);
+  // y (rows, C) = h (rows, Fe) · wd[e]^T; fused, h is read from its copy.
+  for_each_expert(offsets, s.E, bucket, [&](std::int64_t e, std::int64_t lo, std::int64_t n) {
+    const LinearInput hx(kind, acts.h + lo * Fe, copy_at(copies.h, lo * Fe), Copy::kFilled, n, Fe);
+    linear_forward(y + lo * C, hx, w.down + e * C * Fe, C);
+  });
 }
 
 // Per row r of expert e with gate g (the forward's output row is g · h wd[e]^T):
@@ -336,104 +348,82 @@ void moe_experts_forward(const Exec& exec, float* y, float* gate, float* up, flo
 //   dys *= g, dh *= g                    (the gradients of h wd[e]^T's output and of h)
 //   dwd[e] += dys^T h;  swiglu backward → dgate, dup;
 //   dxs = dgate wg[e] + dup wu[e];  dwg[e] += dgate^T xs;  dwu[e] += dup^T xs.
-void moe_experts_backward_input(const Exec& exec, float* dxs, float* dgates, float* dh,
-                                float* dgate, float* dup, float* dys, const float* gates,
-                                const std::int32_t* slot_of_row, const float* gate, const float* up,
-                                const float* h, const float* wg, const float* wu, const float* wd,
-                                const std::int64_t* offsets, const ExpertShape& s,
-                                const ExpertCopies& copies) {
-  T3D_USER_CHECK(!exec.on_gpu(), "the mixture-of-experts ops have no CUDA version yet: train ",
-                 "this model on the CPU (docs/gpu.md)");
+void moe_experts_backward_input(const Exec& exec, float* dxs, const ExpertGating& gating,
+                                const ExpertActGrads& d, float* dys, const ExpertActs& acts,
+                                const ExpertWeights& w, const std::int64_t* offsets,
+                                const ExpertShape& s, const ExpertCopies& copies) {
+  refuse_gpu(exec);
   const GemmKind kind = exec.gemm;
   check_copies(kind, copies);
   using Copy = LinearInput::Copy;
   const std::int64_t C = s.C, Fe = s.Fe, S = offsets[s.E], bucket = gemm_row_bucket(kind);
-  for (std::int64_t e = 0; e < s.E; ++e) {
-    const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
-    if (rows == 0) continue;
-    for_expert_rows(r0, rows, S, bucket, [&](std::int64_t lo, std::int64_t n) {
-      linear_backward_input(kind, dh + lo * Fe, dys + lo * C, wd + e * C * Fe, n, Fe, C);
-    });
-  }
-  bf16* dgate16 = first_half(dgate, copies);
-  bf16* dup16 = first_half(dup, copies);
+  for_each_expert(offsets, s.E, bucket, [&](std::int64_t e, std::int64_t lo, std::int64_t n) {
+    linear_backward_input(kind, d.dh + lo * Fe, dys + lo * C, w.down + e * C * Fe, n, Fe, C);
+  });
   if (copies.fused()) {
     const bf16* h16 = copies.h;
-    gate_grads_and_scale(
-        dgates, dh, dys, gates, slot_of_row, S, C, Fe,
-        [&](std::int64_t r, std::int64_t f) { return bf16_to_float(h16[r * Fe + f]); });
-    swiglu_backward_bf16(kCpu, dgate16, dup16, dh, copies.gate, copies.up, S * Fe);
-  } else {
-    gate_grads_and_scale(dgates, dh, dys, gates, slot_of_row, S, C, Fe,
-                         [&](std::int64_t r, std::int64_t f) { return h[r * Fe + f]; });
-    swiglu_backward(kCpu, dgate, dup, dh, gate, up, S * Fe);
-  }
-  for (std::int64_t e = 0; e < s.E; ++e) {
-    const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
-    if (rows == 0) continue;
-    // dxs = dgate wg[e] (written), then += dup wu[e]; fused, both are read from their copies.
-    for_expert_rows(r0, rows, S, bucket, [&](std::int64_t lo, std::int64_t n) {
-      const LinearInput dg(kind, dgate + lo * Fe, copy_at(dgate16, lo * Fe), Copy::kFilled, n, Fe);
-      const LinearInput du(kind, dup + lo * Fe, copy_at(dup16, lo * Fe), Copy::kFilled, n, Fe);
-      linear_backward_input(dxs + lo * C, dg, wg + e * Fe * C, C);
-      linear_backward_input(dxs + lo * C, du, wu + e * Fe * C, C, Out::kAccumulate);
+    gate_grads_and_scale(gating, d.dh, dys, S, C, Fe, [&](std::int64_t r, std::int64_t f) {
+      return bf16_to_float(h16[r * Fe + f]);
     });
+  } else {
+    const float* h = acts.h;
+    gate_grads_and_scale(gating, d.dh, dys, S, C, Fe,
+                         [&](std::int64_t r, std::int64_t f) { return h[r * Fe + f]; });
   }
+  swiglu_act_backward(exec, d.dgate, d.dup, d.dh, acts, copies.swiglu(), S * Fe);
+  // dxs = dgate wg[e] (written), then += dup wu[e]; fused, both are read from their copies.
+  bf16* dgate16 = dgate_copy(d.dgate, copies.swiglu());
+  bf16* dup16 = dgate_copy(d.dup, copies.swiglu());
+  for_each_expert(offsets, s.E, bucket, [&](std::int64_t e, std::int64_t lo, std::int64_t n) {
+    const LinearInput dg(kind, d.dgate + lo * Fe, copy_at(dgate16, lo * Fe), Copy::kFilled, n, Fe);
+    const LinearInput du(kind, d.dup + lo * Fe, copy_at(dup16, lo * Fe), Copy::kFilled, n, Fe);
+    linear_backward_input(dxs + lo * C, dg, w.gate + e * Fe * C, C);
+    linear_backward_input(dxs + lo * C, du, w.up + e * Fe * C, C, Out::kAccumulate);
+  });
 }
 
-void moe_experts_backward_weight(const Exec& exec, float* dwg, float* dwu, float* dwd,
-                                 const float* dys, const float* dgate, const float* dup,
-                                 const float* xs, const float* h, const std::int64_t* offsets,
-                                 const ExpertShape& s, const ExpertCopies& copies) {
-  T3D_USER_CHECK(!exec.on_gpu(), "the mixture-of-experts ops have no CUDA version yet: train ",
-                 "this model on the CPU (docs/gpu.md)");
+void moe_experts_backward_weight(const Exec& exec, const ExpertGrads& g, const float* dys,
+                                 const ExpertActGrads& d, const float* xs, const float* h,
+                                 const std::int64_t* offsets, const ExpertShape& s,
+                                 const ExpertCopies& copies) {
+  refuse_gpu(exec);
   const GemmKind kind = exec.gemm;
   check_copies(kind, copies);
   const std::int64_t C = s.C, Fe = s.Fe;
-  const bf16* dgate16 = first_half(dgate, copies);
-  const bf16* dup16 = first_half(dup, copies);
-  // Expert e's weight-gradient parts: rows [part(e, p), part(e, p + 1)).
+  bf16* dgate16 = dgate_copy(d.dgate, copies.swiglu());
+  bf16* dup16 = dgate_copy(d.dup, copies.swiglu());
+  // Expert e's weight-gradient parts, rows [part(e, p), part(e, p + 1)): the (expert, part)
+  // blocks in order, each its exact rows (bucket 1); block i is expert i / parts's.
   const std::int64_t parts = s.part_offsets ? s.parts : 1;
-  const auto part = [&](std::int64_t e, std::int64_t p) {
-    return s.part_offsets ? s.part_offsets[e * parts + p] : offsets[e + p];
-  };
+  const std::int64_t* blocks = s.part_offsets ? s.part_offsets : offsets;
   using Copy = LinearInput::Copy;
-  for (std::int64_t e = 0; e < s.E; ++e)
-    for (std::int64_t p = 0; p < parts; ++p) {
-      const std::int64_t r0 = part(e, p), rows = part(e, p + 1) - r0;
-      if (rows == 0) continue;
-      // dwd[e] (C, Fe) += dys^T (C, rows) · h (rows, Fe)
-      const LinearInput dy(kind, dys + r0 * C, rows, C);
-      const LinearInput hx(kind, h + r0 * Fe, copy_at(copies.h, r0 * Fe), Copy::kFilled, rows, Fe);
-      linear_backward_weight(dwd + e * C * Fe, dy, hx);
-    }
-  for (std::int64_t e = 0; e < s.E; ++e)
-    for (std::int64_t p = 0; p < parts; ++p) {
-      const std::int64_t q0 = part(e, p), n = part(e, p + 1) - q0;
-      if (n == 0) continue;
-      // Read by two GEMMs: rounded once (bf16), or already.
-      bf16* xs16 = copy_at(copies.xs, q0 * C);
-      const LinearInput x(kind, xs + q0 * C, xs16, xs16 ? Copy::kFilled : Copy::kFill, n, C);
-      // dwg[e], dwu[e] (Fe, C) += dgate^T, dup^T (Fe, n) · x (n, C)
-      const LinearInput dg(kind, dgate + q0 * Fe, copy_at(dgate16, q0 * Fe), Copy::kFilled, n, Fe);
-      const LinearInput du(kind, dup + q0 * Fe, copy_at(dup16, q0 * Fe), Copy::kFilled, n, Fe);
-      linear_backward_weight(dwg + e * Fe * C, dg, x);
-      linear_backward_weight(dwu + e * Fe * C, du, x);
-    }
+  for_each_expert(blocks, s.E * parts, 1, [&](std::int64_t b, std::int64_t r0, std::int64_t rows) {
+    // dwd[e] (C, Fe) += dys^T (C, rows) · h (rows, Fe)
+    const LinearInput dy(kind, dys + r0 * C, rows, C);
+    const LinearInput hx(kind, h + r0 * Fe, copy_at(copies.h, r0 * Fe), Copy::kFilled, rows, Fe);
+    linear_backward_weight(g.down + b / parts * C * Fe, dy, hx);
+  });
+  for_each_expert(blocks, s.E * parts, 1, [&](std::int64_t b, std::int64_t q0, std::int64_t n) {
+    const std::int64_t e = b / parts;
+    // Read by two GEMMs: rounded once (bf16), or already.
+    bf16* xs16 = copy_at(copies.xs, q0 * C);
+    const LinearInput x(kind, xs + q0 * C, xs16, xs16 ? Copy::kFilled : Copy::kFill, n, C);
+    // dwg[e], dwu[e] (Fe, C) += dgate^T, dup^T (Fe, n) · x (n, C)
+    const LinearInput dg(kind, d.dgate + q0 * Fe, copy_at(dgate16, q0 * Fe), Copy::kFilled, n, Fe);
+    const LinearInput du(kind, d.dup + q0 * Fe, copy_at(dup16, q0 * Fe), Copy::kFilled, n, Fe);
+    linear_backward_weight(g.gate + e * Fe * C, dg, x);
+    linear_backward_weight(g.up + e * Fe * C, du, x);
+  });
 }
 
-void moe_experts_backward(const Exec& exec, float* dxs, float* dgates, float* dwg, float* dwu,
-                          float* dwd, float* dh, float* dgate, float* dup, float* dys,
-                          const float* gates, const std::int32_t* slot_of_row, const float* xs,
-                          const float* gate, const float* up, const float* h, const float* wg,
-                          const float* wu, const float* wd, const std::int64_t* offsets,
-                          const ExpertShape& s, const ExpertCopies& copies) {
-  T3D_USER_CHECK(!exec.on_gpu(), "the mixture-of-experts ops have no CUDA version yet: train ",
-                 "this model on the CPU (docs/gpu.md)");
-  const GemmKind kind = exec.gemm;
-  moe_experts_backward_input(kind, dxs, dgates, dh, dgate, dup, dys, gates, slot_of_row, gate, up,
-                             h, wg, wu, wd, offsets, s, copies);
-  moe_experts_backward_weight(kind, dwg, dwu, dwd, dys, dgate, dup, xs, h, offsets, s, copies);
+void moe_experts_backward(const Exec& exec, float* dxs, const ExpertGating& gating,
+                          const ExpertGrads& g, const ExpertActGrads& d, float* dys,
+                          const float* xs, const ExpertActs& acts, const ExpertWeights& w,
+                          const std::int64_t* offsets, const ExpertShape& s,
+                          const ExpertCopies& copies) {
+  refuse_gpu(exec);
+  moe_experts_backward_input(exec, dxs, gating, d, dys, acts, w, offsets, s, copies);
+  moe_experts_backward_weight(exec, g, dys, d, xs, acts.h, offsets, s, copies);
 }
 
 void moe_ep_offsets(std::int64_t* offsets, std::int64_t* block_offsets, const std::int32_t* counts,
@@ -448,9 +438,10 @@ void moe_ep_offsets(std::int64_t* offsets, std::int64_t* block_offsets, const st
   }
 }
 
-void moe_ep_reorder(float* dst, const float* src, const std::int32_t* counts,
+void moe_ep_reorder(const Exec& exec, float* dst, const float* src, const std::int32_t* counts,
                     const std::int64_t* block_offsets, std::int64_t P, std::int64_t El,
                     std::int64_t width, bool to_expert_major) {
+  refuse_gpu(exec);
   std::int64_t source_at = 0;  // rows before block (s, j) in source-major order
   for (std::int64_t s = 0; s < P; ++s)
     for (std::int64_t j = 0; j < El; ++j) {
@@ -465,11 +456,7 @@ void moe_ep_reorder(float* dst, const float* src, const std::int32_t* counts,
 
 void moe_count(double* counts, const std::int32_t* chosen, std::int64_t N, std::int64_t E,
                std::int64_t K) {
-  for (std::int64_t i = 0; i < N * K; ++i) {
-    T3D_ASSERT(chosen[i] >= 0 && chosen[i] < E, "slot ", i, " routed to expert ", chosen[i], " of ",
-               E);
-    counts[chosen[i]] += 1.0;
-  }
+  for_each_slot(chosen, N * K, E, [&](std::int64_t, std::int32_t e) { counts[e] += 1.0; });
 }
 
 // Per sequence, with n_e the slots routed to e, f_e = n_e / (T K) and p the scores normalised
@@ -477,8 +464,10 @@ void moe_count(double* counts, const std::int32_t* chosen, std::int64_t N, std::
 //   loss_b = E Σ_e f_e P_e = (E / T) Σ_t Σ_e f_e p[t, e];
 //   d(weight loss_b)/ds[t, e] = weight (E / T) f_e                        (softmax: p = s)
 //                             = weight (E / T) (f_e − Σ_e' f_e' p[t, e']) / Σ   (sigmoid).
-double moe_aux_loss(float* dscores, const float* scores, const std::int32_t* chosen, std::int64_t B,
-                    std::int64_t T, const RouterShape& r, float weight) {
+double moe_aux_loss(const Exec& exec, float* dscores, const float* scores,
+                    const std::int32_t* chosen, std::int64_t B, std::int64_t T,
+                    const RouterShape& r, float weight) {
+  refuse_gpu(exec);
   check_router(r);
   const std::int64_t E = r.E, K = r.K;
   // f of one sequence on the stack: the op allocates nothing, so E has a ceiling (recipe
@@ -491,12 +480,7 @@ double moe_aux_loss(float* dscores, const float* scores, const std::int32_t* cho
   double total = 0.0;
   for (std::int64_t b = 0; b < B; ++b) {
     for (std::int64_t e = 0; e < E; ++e) f[e] = 0.0;
-    const std::int32_t* c = chosen + b * T * K;
-    for (std::int64_t i = 0; i < T * K; ++i) {
-      T3D_ASSERT(c[i] >= 0 && c[i] < E, "slot ", b * T * K + i, " routed to expert ", c[i], " of ",
-                 E);
-      f[c[i]] += 1.0;
-    }
+    for_each_slot(chosen + b * T * K, T * K, E, [&](std::int64_t, std::int32_t e) { f[e] += 1.0; });
     for (std::int64_t e = 0; e < E; ++e) f[e] /= static_cast<double>(T * K);
     const double coef = static_cast<double>(E) / static_cast<double>(T);
     double loss = 0.0;
@@ -522,14 +506,13 @@ double moe_aux_loss(float* dscores, const float* scores, const std::int32_t* cho
   return total;
 }
 
-void moe_bias_update(float* bias, const double* counts, std::int64_t E, float rate) {
+void moe_bias_delta(float* delta, const double* counts, std::int64_t E, float rate) {
   double mean = 0.0;
   for (std::int64_t e = 0; e < E; ++e) mean += counts[e];
   mean /= static_cast<double>(E);
   for (std::int64_t e = 0; e < E; ++e) {
     const double diff = mean - counts[e];
-    if (diff > 0) bias[e] += rate;
-    if (diff < 0) bias[e] -= rate;
+    delta[e] = diff > 0 ? rate : diff < 0 ? -rate : 0.0f;
   }
 }
 

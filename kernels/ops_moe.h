@@ -14,13 +14,18 @@
 // A slot is (token t, rank j < K): slot t·K + j. The permutation orders the slots by expert,
 // and inside an expert by slot index, so an expert's rows are contiguous and in token order.
 //
-// No op allocates: every buffer comes from the caller.
+// No op allocates: every buffer comes from the caller. The ops over arena memory take the
+// Exec first (kernels/exec.h) and, with no CUDA twin yet, refuse a GPU one. Those that take none
+// read the routing on the host, the MoE block's one named crossing (the routing counts:
+// moe_permute's offsets, moe_ep_offsets, moe_count), or are arithmetic on host values
+// (moe_capacity, moe_bias_delta).
 #pragma once
 
 #include <cstdint>
 
 #include "kernels/gemm.h"
 #include "kernels/ops.h"  // Out
+#include "kernels/ops_swiglu.h"
 
 namespace t3d::kernels {
 
@@ -39,7 +44,8 @@ struct RouterShape {
 
 // Router forward from the logits (N, E) (the caller's fp32 GEMM of the normalised input with
 // the router weight). `bias` (E) or nullptr only shifts the selection.
-void moe_route_forward(float* scores,         // scores (N, E) =
+void moe_route_forward(const Exec& exec,
+                       float* scores,         // scores (N, E) =
                        std::int32_t* chosen,  // chosen (N, K) =
                        float* gates,          // gates (N, K) =
                        const float* logits,   // logits (N, E); may alias scores
@@ -48,7 +54,8 @@ void moe_route_forward(float* scores,         // scores (N, E) =
 // Router backward: the gradient of the logits from that of the gates (the selection is a
 // constant) plus `dscores_extra` (N, E) or nullptr, a gradient of the scores from elsewhere (the
 // auxiliary loss), added before the score function's backward.
-void moe_route_backward(float* dlogits,              // dlogits (N, E) =
+void moe_route_backward(const Exec& exec,
+                        float* dlogits,              // dlogits (N, E) =
                         const float* dgates,         // dgates (N, K)
                         const float* dscores_extra,  // (N, E) or nullptr
                         const float* scores,         // scores (N, E) from forward
@@ -69,17 +76,27 @@ std::int64_t moe_permute(std::int64_t* offsets, std::int32_t* row_of_slot,
                          std::int32_t* slot_of_row, const std::int32_t* chosen, std::int64_t N,
                          std::int64_t E, std::int64_t K, std::int64_t capacity = 0);
 // rows (S, C): row r = x[slot_of_row[r] / K] (the token of each permuted row); S = offsets[E].
-void moe_gather(float* rows, const float* x, const std::int32_t* slot_of_row, std::int64_t S,
-                std::int64_t K, std::int64_t C);
+void moe_gather(const Exec& exec, float* rows, const float* x, const std::int32_t* slot_of_row,
+                std::int64_t S, std::int64_t K, std::int64_t C);
 // The same of a bf16 copy of x: the gathered rows rounded, for bf16 GEMMs (ExpertCopies::xs).
-void moe_gather(bf16* rows, const bf16* x, const std::int32_t* slot_of_row, std::int64_t S,
-                std::int64_t K, std::int64_t C);
+void moe_gather(const Exec& exec, bf16* rows, const bf16* x, const std::int32_t* slot_of_row,
+                std::int64_t S, std::int64_t K, std::int64_t C);
 // The combine: y[t] = Σ_{j=0..K-1} w[t·K + j] · rows[row_of_slot[t·K + j]], j ascending, each
 // product rounded to fp32 and added in that order (w = gates in forward; w = nullptr: weight 1,
 // the backward's sum of the slots' input gradients). A dropped slot (row -1) adds nothing; a
 // token whose K slots all dropped sums to 0. `mode`: y written, or that sum added to y.
-void moe_combine(float* y, const float* rows, const float* w, const std::int32_t* row_of_slot,
-                 std::int64_t N, std::int64_t K, std::int64_t C, Out mode);
+void moe_combine(const Exec& exec, float* y, const float* rows, const float* w,
+                 const std::int32_t* row_of_slot, std::int64_t N, std::int64_t K, std::int64_t C,
+                 Out mode);
+
+// One float per slot, moved between slot order and permuted-row order (r < rows, rows =
+// offsets[E]): the gather writes by_row[r] = by_slot[slot_of_row[r]], the scatter writes
+// by_slot[slot_of_row[r]] = by_row[r] (slots without a row are left as they are). Expert
+// parallelism sends its rows' gates this way and takes their gradients back.
+void moe_gather_slots(const Exec& exec, float* by_row, const float* by_slot,
+                      const std::int32_t* slot_of_row, std::int64_t rows);
+void moe_scatter_slots(const Exec& exec, float* by_slot, const float* by_row,
+                       const std::int32_t* slot_of_row, std::int64_t rows);
 
 // The routed experts' SwiGLU FFNs over the permuted rows, one GEMM per expert with rows (the
 // grouped pass; experts with no rows are skipped). Expert e's weights: wg and wu (E, Fe, C),
@@ -108,6 +125,7 @@ struct ExpertCopies {
   bf16 *gate = nullptr, *up = nullptr, *h = nullptr;  // (S, Fe) each, or all null
   const bf16* xs = nullptr;                           // (S, C) or null
   bool fused() const { return h != nullptr; }
+  SwigluCopies swiglu() const { return {gate, up, h, fused()}; }  // the activation's copies
 };
 // Runs run(lo, n) over row ranges that cover an expert's rows [r0, r0 + rows) of the `end`
 // rows, for the experts' M-row GEMMs (forward and input gradient): the rows rounded up to
@@ -126,67 +144,95 @@ void for_expert_rows(std::int64_t r0, std::int64_t rows, std::int64_t end, std::
   if (rows > whole) run(r0 + whole, rows - whole);
 }
 
+// The routed experts' weights, each projection's E matrices back to back (expert-major, as the
+// grouped pass reads them): gate and up (E, Fe, C), down (E, C, Fe). ExpertGrads: their gradients
+// (same shapes; the backward adds to them).
+struct ExpertWeights {
+  const float *gate = nullptr, *up = nullptr, *down = nullptr;
+};
+struct ExpertGrads {
+  float *gate = nullptr, *up = nullptr, *down = nullptr;
+};
+// Per permuted row (S, Fe) each: the forward's activations (gate = xs · wg[e]^T, up = xs · wu[e]^T,
+// h = silu(gate) · up, the SwiGLU of kernels/ops_swiglu.h), written by moe_experts_forward and read
+// by the backward; and the backward's gradients of them (dh: scratch; dgate, dup: written by
+// _input, read by _weight).
+using ExpertActs = SwigluActs;
+struct ExpertActGrads {
+  float *dh = nullptr, *dgate = nullptr, *dup = nullptr;
+};
+// The rows' gates and their gradients, by slot: gates (N·K) the forward's, dgates (N·K) written
+// by the backward; slot_of_row (S) the permutation's (moe_permute).
+struct ExpertGating {
+  const float* gates = nullptr;
+  float* dgates = nullptr;
+  const std::int32_t* slot_of_row = nullptr;
+};
+
+// Runs run(e, lo, n) over each expert e with rows (ascending; experts without rows skipped), for
+// the row ranges for_expert_rows gives with `bucket` inside the offsets[E] rows (bucket 1: each
+// expert's exact rows). The one loop over the grouped pass's experts.
+template <class Run>
+void for_each_expert(const std::int64_t* offsets, std::int64_t E, std::int64_t bucket, Run&& run) {
+  for (std::int64_t e = 0; e < E; ++e) {
+    const std::int64_t r0 = offsets[e], rows = offsets[e + 1] - r0;
+    if (rows == 0) continue;
+    for_expert_rows(r0, rows, offsets[E], bucket,
+                    [&](std::int64_t lo, std::int64_t n) { run(e, lo, n); });
+  }
+}
+
 // The experts' M-row GEMMs (forward, input gradient) may run over rows past an expert's own, up to
 // S, which later experts then overwrite (gemm_row_bucket, kernels/gemm.h): what they write (y,
 // gate, up; dh, dxs) must not overlap another of the buffers (a copy in the first half of its own
 // buffer, as ExpertCopies describes, is not written).
 void moe_experts_forward(const Exec& exec,
-                         float* y,         // y (S, C) = expert outputs per row
-                         float* gate,      // gate (S, Fe) = xs · wg[e]^T
-                         float* up,        // up (S, Fe) = xs · wu[e]^T
-                         float* h,         // h (S, Fe) = silu(gate) · up
-                         const float* xs,  // xs (S, C) permuted rows
-                         const float* wg, const float* wu, const float* wd,
+                         float* y,                     // y (S, C) = expert outputs per row
+                         const ExpertActs& acts,       // gate, up, h (S, Fe) =
+                         const float* xs,              // xs (S, C) permuted rows
+                         const ExpertWeights& w,       //
                          const std::int64_t* offsets,  // offsets (E + 1) from moe_permute
                          const ExpertShape& s, const ExpertCopies& copies = {});
 // Backward of the experts and the combine together, without the experts' outputs: with U the
 // gradient of an expert's output rows before the gate (dys · wd[e], (rows, Fe)), a row's gate
 // gradient is U · h (the dot of dy with the expert's output) and the gradient of its h is
-// gate · U. Writes dxs and dgates, accumulates the weight gradients.
+// gate · U. Writes dxs and the gate gradients, accumulates the weight gradients.
 //   dys (S, C): row r holds dy of the token of row r (moe_gather of dy); clobbered (scaled by
 //     the rows' gates in place, for wd's gradient);
-//   dgates (N·K): by slot, dgates[slot_of_row[r]] = Σ_f U[r, f] · h[r, f] (this rank's Fe: a
-//     partial sum under tp, which the caller all-reduces); a dropped slot's entry is not
+//   gating.dgates (N·K): by slot, dgates[slot_of_row[r]] = Σ_f U[r, f] · h[r, f] (this rank's
+//     Fe: a partial sum under tp, which the caller all-reduces); a dropped slot's entry is not
 //     written (its gradient is 0: the caller zeroes dgates when slots may drop);
-//   gates (N·K): the forward's gates, by slot;
-//   dh, dgate, dup (S, Fe): scratch.
+//   d: scratch (S, Fe) each.
 void moe_experts_backward(const Exec& exec,
-                          float* dxs,                           // dxs (S, C) =
-                          float* dgates,                        // dgates (N·K) =
-                          float* dwg, float* dwu, float* dwd,   // as wg, wu, wd; +=
-                          float* dh, float* dgate, float* dup,  // scratch (S, Fe)
-                          float* dys,                           // dys (S, C), clobbered
-                          const float* gates,                   // gates (N·K) by slot
-                          const std::int32_t* slot_of_row,      // (S) from moe_permute
-                          const float* xs,                      // xs (S, C) forward input
-                          const float* gate, const float* up, const float* h,  // (S, Fe) forward
-                          const float* wg, const float* wu, const float* wd,
-                          const std::int64_t* offsets, const ExpertShape& s,
+                          float* dxs,                  // dxs (S, C) =
+                          const ExpertGating& gating,  // dgates (N·K) =
+                          const ExpertGrads& g,        // +=
+                          const ExpertActGrads& d,     // scratch (S, Fe) each
+                          float* dys,                  // dys (S, C), clobbered
+                          const float* xs,             // xs (S, C) forward input
+                          const ExpertActs& acts,      // (S, Fe) each, from the forward
+                          const ExpertWeights& w, const std::int64_t* offsets, const ExpertShape& s,
                           const ExpertCopies& copies = {});
 
 // The two halves of moe_experts_backward, for the zero-bubble schedules' B and W passes: the one
-// then the other gives moe_experts_backward's bits. _input writes dxs and dgates and leaves what
-// _weight reads: in dys the rows' output gradients scaled by their gates (in place), in dgate and
-// dup (S, Fe) the gradients of the experts' gate and up projections; dh is its scratch.
+// then the other gives moe_experts_backward's bits. _input writes dxs and the gate gradients and
+// leaves what _weight reads: in dys the rows' output gradients scaled by their gates (in place),
+// in d.dgate and d.dup (S, Fe) the gradients of the experts' gate and up projections; d.dh is its
+// scratch.
 void moe_experts_backward_input(const Exec& exec,
-                                float* dxs,          // dxs (S, C) =
-                                float* dgates,       // dgates (N·K) =
-                                float* dh,           // scratch (S, Fe)
-                                float* dgate,        // dgate (S, Fe) =
-                                float* dup,          // dup (S, Fe) =
-                                float* dys,          // dys (S, C), scaled by the gates in place
-                                const float* gates,  // gates (N·K) by slot
-                                const std::int32_t* slot_of_row,  // (S) from moe_permute
-                                const float* gate, const float* up, const float* h,  // (S, Fe)
-                                const float* wg, const float* wu, const float* wd,
-                                const std::int64_t* offsets, const ExpertShape& s,
-                                const ExpertCopies& copies = {});
-// The weight gradients (+=) from what _input left (dys gated, dgate, dup) and the forward's rows
-// xs (S, C) and h (S, Fe), in ExpertShape's parts.
-void moe_experts_backward_weight(const Exec& exec, float* dwg, float* dwu, float* dwd,
-                                 const float* dys, const float* dgate, const float* dup,
-                                 const float* xs, const float* h, const std::int64_t* offsets,
-                                 const ExpertShape& s, const ExpertCopies& copies = {});
+                                float* dxs,                  // dxs (S, C) =
+                                const ExpertGating& gating,  // dgates (N·K) =
+                                const ExpertActGrads& d,     // dgate, dup (S, Fe) =; dh scratch
+                                float* dys,              // dys (S, C), scaled by the gates in place
+                                const ExpertActs& acts,  // (S, Fe) each, from the forward
+                                const ExpertWeights& w, const std::int64_t* offsets,
+                                const ExpertShape& s, const ExpertCopies& copies = {});
+// The weight gradients (+=) from what _input left (dys gated, d.dgate, d.dup) and the forward's
+// rows xs (S, C) and h (S, Fe), in ExpertShape's parts.
+void moe_experts_backward_weight(const Exec& exec, const ExpertGrads& g, const float* dys,
+                                 const ExpertActGrads& d, const float* xs, const float* h,
+                                 const std::int64_t* offsets, const ExpertShape& s,
+                                 const ExpertCopies& copies = {});
 
 // Expert parallelism: P ranks hold El experts each, and a rank's experts receive counts[s·El + j]
 // rows of source rank s for its local expert j (s < P, j < El). Source-major order (s, j, row) is
@@ -198,7 +244,7 @@ void moe_ep_offsets(std::int64_t* offsets, std::int64_t* block_offsets, const st
                     std::int64_t P, std::int64_t El);
 // Copies rows of `width` floats from source-major to expert-major order (`to_expert_major`) or
 // back; row order inside a (source, expert) block is kept. `block_offsets` from moe_ep_offsets.
-void moe_ep_reorder(float* dst, const float* src, const std::int32_t* counts,
+void moe_ep_reorder(const Exec& exec, float* dst, const float* src, const std::int32_t* counts,
                     const std::int64_t* block_offsets, std::int64_t P, std::int64_t El,
                     std::int64_t width, bool to_expert_major);
 
@@ -215,12 +261,14 @@ void moe_count(double* counts, const std::int32_t* chosen, std::int64_t N, std::
 // E ≤ 4096 (one sequence's f is kept on the stack).
 // With `dscores` (N, E) non-null, writes the gradient of weight · Σ_b loss_b with respect to the
 // scores (f is a constant, as in Switch and DeepSeek-V3).
-double moe_aux_loss(float* dscores, const float* scores, const std::int32_t* chosen, std::int64_t B,
-                    std::int64_t T, const RouterShape& r, float weight);
+double moe_aux_loss(const Exec& exec, float* dscores, const float* scores,
+                    const std::int32_t* chosen, std::int64_t B, std::int64_t T,
+                    const RouterShape& r, float weight);
 
-// Auxiliary-loss-free balancing (DeepSeek-V3): bias[e] += rate · sign(mean − counts[e]), mean
-// the average of counts over the E experts, sign(0) = 0. Applied once per optimizer step to the
-// counts summed over the whole batch.
-void moe_bias_update(float* bias, const double* counts, std::int64_t E, float rate);
+// Auxiliary-loss-free balancing (DeepSeek-V3): the step of each bias, delta[e] = rate ·
+// sign(mean − counts[e]), mean the average of counts over the E experts, sign(0) = 0. Taken once
+// per optimizer step from the counts summed over the whole batch (runtime/train/router_balance.h
+// applies it to the biases).
+void moe_bias_delta(float* delta, const double* counts, std::int64_t E, float rate);
 
 }  // namespace t3d::kernels

@@ -1,5 +1,5 @@
 // A mixture of experts' idle-expert rule and the metrics.jsonl names of its per-layer load: the
-// trainer's warning (runtime/train/expert_load.h) and `titan3d selfcheck`, which reads a run's
+// trainer's warning (runtime/train/router_balance.h) and `titan3d selfcheck`, which reads a run's
 // metrics.jsonl, share them (docs/moe.md, "Idle experts").
 #pragma once
 

@@ -7,12 +7,19 @@
 
 #include "kernels/check.h"
 #include "kernels/ops.h"
+#include "kernels/ops_swiglu.h"
 #include "kernels/precision.h"
 #include "runtime/model/model_scratch.h"
 
 namespace t3d::runtime {
 
 namespace k = t3d::kernels;
+
+namespace {
+k::SwigluWeights dense_weights(const BlockTensors<const float*>& w) {
+  return {w.gate, w.up, w.down};
+}
+}  // namespace
 
 const float* Model::unit_weights(int64_t unit) const {
   const auto& source = weight_source_[static_cast<size_t>(state_group(config_, unit))];
@@ -119,18 +126,9 @@ void Model::forward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, co
   if (moe_block(l)) {
     moe_forward(l, a, copies, pw, first_pass);
   } else {
-    {
-      const k::LinearInput x(exec, a.xn2, copies.xn2, Copy::kFill, N, C);
-      k::linear_forward(a.gate, x, pw.gate, ffn_);
-      k::linear_forward(a.up, x, pw.up, ffn_);
-    }
-    if (copies.fused_swiglu) {
-      k::swiglu_forward_bf16(exec, copies.h, copies.gate, copies.up, a.gate, a.up, N * ffn_);
-    } else {
-      k::swiglu_forward(exec, a.h, a.gate, a.up, N * ffn_);
-    }
-    const auto h_filled = copies.fused_swiglu ? Copy::kFilled : Copy::kFill;
-    k::linear_forward(s.tmp, k::LinearInput(exec, a.h, copies.h, h_filled, N, ffn_), pw.down, C);
+    const k::LinearInput x(exec, a.xn2, copies.xn2, Copy::kFill, N, C);
+    k::swiglu_mlp_forward(exec, s.tmp, k::Out::kWrite, x, dense_weights(pw), {a.gate, a.up, a.h},
+                          copies.mlp(), ffn_);
   }
   branch = reduce_rows(s.tmp);
   k::add(exec, x_out, a.xmid, branch, Nl * C);
@@ -162,31 +160,16 @@ void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, c
   if (moe_block(l)) {
     moe_backward(l, a, copies, pw, pg, dy, keep);
   } else {
-    {
-      const k::LinearInput dy_down(exec, dy, N, C);
-      k::linear_backward_input(s.dh, dy_down, pw.down, ffn_);
-      if (!keep)
-        k::linear_backward_weight(pg.down, dy_down,
-                                  k::LinearInput(exec, a.h, copies.h, Copy::kFilled, N, ffn_));
-    }
-    // Fused: dgate and dup exist only rounded, in the first half of their fp32 buffers.
-    k::bf16* dgate16 = copies.fused_swiglu ? reinterpret_cast<k::bf16*>(dgate) : nullptr;
-    k::bf16* dup16 = copies.fused_swiglu ? reinterpret_cast<k::bf16*>(dup) : nullptr;
-    if (copies.fused_swiglu)
-      k::swiglu_backward_bf16(exec, dgate16, dup16, s.dh, copies.gate, copies.up, N * ffn_);
-    else
-      k::swiglu_backward(exec, dgate, dup, s.dh, a.gate, a.up, N * ffn_);
-    {
-      const k::LinearInput dg(exec, dgate, dgate16, Copy::kFilled, N, ffn_),
-          du(exec, dup, dup16, Copy::kFilled, N, ffn_);
-      k::linear_backward_input(s.dxn, dg, pw.gate, C);
-      k::linear_backward_input(s.dtmp, du, pw.up, C);
-      k::add_inplace(exec, s.dxn, s.dtmp, N * C);
-      if (!keep) {
-        const k::LinearInput x(exec, a.xn2, copies.xn2, Copy::kFilled, N, C);
-        k::linear_backward_weight(pg.gate, dg, x);
-        k::linear_backward_weight(pg.up, du, x);
-      }
+    const k::SwigluActs acts{a.gate, a.up, a.h};
+    const k::LinearInput dy_down(exec, dy, N, C);
+    k::swiglu_mlp_backward_hidden(exec, dgate, dup, s.dh, dy_down, dense_weights(pw), acts,
+                                  copies.mlp(), ffn_);
+    k::swiglu_mlp_backward_input(exec, s.dxn, k::Out::kWrite, s.dtmp, dgate, dup, dense_weights(pw),
+                                 copies.mlp(), N, C, ffn_);
+    if (!keep) {
+      const k::LinearInput x(exec, a.xn2, copies.xn2, Copy::kFilled, N, C);
+      k::swiglu_mlp_backward_weight(exec, {pg.gate, pg.up, pg.down}, dy_down, x, dgate, dup, acts,
+                                    copies.mlp(), ffn_);
     }
   }
   // Column-parallel: the shared input's gradient is a partial sum (SP: of this rank's rows).
@@ -260,17 +243,11 @@ void Model::backward_layer_weights(int64_t l, const LayerActs& a, const BlockCop
   if (moe_block(l)) {
     moe_backward_weights(l, a, copies, pg, kg);
   } else {
-    k::linear_backward_weight(pg.down, k::LinearInput(exec, kg.dy_down, N, C),
-                              k::LinearInput(exec, a.h, copies.h, Copy::kFilled, N, ffn_));
+    const k::LinearInput dy(exec, kg.dy_down, N, C);
     const k::LinearInput x(exec, a.xn2, copies.xn2, Copy::kFilled, N, C);  // rounded once for both
     // B's fused SwiGLU left dgate and dup rounded, in the first half of their buffers.
-    const auto as16 = [&](float* d) {
-      return copies.fused_swiglu ? reinterpret_cast<k::bf16*>(d) : nullptr;
-    };
-    k::linear_backward_weight(
-        pg.gate, k::LinearInput(exec, kg.dgate, as16(kg.dgate), Copy::kFilled, N, ffn_), x);
-    k::linear_backward_weight(
-        pg.up, k::LinearInput(exec, kg.dup, as16(kg.dup), Copy::kFilled, N, ffn_), x);
+    k::swiglu_mlp_backward_weight(exec, {pg.gate, pg.up, pg.down}, dy, x, kg.dgate, kg.dup,
+                                  {a.gate, a.up, a.h}, copies.mlp(), ffn_);
   }
   k::linear_backward_weight(pg.o, k::LinearInput(exec, kg.dy_o, N, C),
                             k::LinearInput(exec, a.att, copies.att, Copy::kFilled, N, qd));

@@ -28,6 +28,7 @@
 #include "kernels/exec.h"
 #include "kernels/ops.h"
 #include "kernels/ops_moe.h"
+#include "kernels/ops_swiglu.h"
 #include "parallel/comm.h"
 #include "parallel/pipeline_split.h"
 #include "parallel/zero.h"
@@ -229,8 +230,11 @@ class Model final : public StageModel {
   struct Scratch;
   // A bf16-stored block's kept tensors, by BlockAct: bf16 or fp32 as the spec's stored rows say.
   using StoredBlock = std::array<void*, kBlockActs>;
-  static float*& block_act(LayerActs& a, int index);  // the member of row `index` (BlockAct)
-  static float*& wgrad(LayerGrads& g, int index);     // the member of row `index` (WGrad)
+  // The member of row `index` (BlockAct), of the row's element type (T3D_BLOCK_ACTS): read, and
+  // bound to arena memory.
+  static void* block_act(const LayerActs& a, int index);
+  static void set_block_act(LayerActs& a, int index, void* p);
+  static float*& wgrad(LayerGrads& g, int index);  // the member of row `index` (WGrad)
   bool stored16(int64_t local_layer) const { return options_.bf16 && !recomputed(local_layer); }
   // The bf16 copies a bf16-stored block's forward fills itself (all null for other blocks): its
   // GEMM inputs, rounded once there and read as they are by the backward's GEMMs, and with bf16
@@ -240,11 +244,15 @@ class Model final : public StageModel {
     kernels::bf16 *xn1 = nullptr, *att = nullptr, *xn2 = nullptr, *h = nullptr;
     kernels::bf16 *gate = nullptr, *up = nullptr;
     kernels::bf16 *egate = nullptr, *eup = nullptr, *eh = nullptr;  // the routed experts' rows
+    kernels::bf16 *sgate = nullptr, *sup = nullptr, *sh = nullptr;  // the shared experts' rows
     bool fused_swiglu = false;  // bf16 GEMMs: SwiGLU reads and writes the copies
     // The routed experts' copies for their fused SwiGLU (kernels/ops_moe.h), or all null.
     kernels::ExpertCopies experts() const {
       return fused_swiglu ? kernels::ExpertCopies{egate, eup, eh} : kernels::ExpertCopies{};
     }
+    // The dense MLP's and the shared experts' (kernels/ops_swiglu.h).
+    kernels::SwigluCopies mlp() const { return {gate, up, h, fused_swiglu}; }
+    kernels::SwigluCopies shared() const { return {sgate, sup, sh, fused_swiglu}; }
   };
   BlockCopies block_copies(ChunkActs& a, int64_t local_layer) const;
   static bool filled_by_forward(int index, bool bf16_gemms);
@@ -280,7 +288,18 @@ class Model final : public StageModel {
                     const BlockParams& g, const float* dy, const LayerGrads* keep);
   void moe_backward_weights(int64_t layer, const LayerActs& a, const BlockCopies& copies,
                             const BlockParams& g, const LayerGrads& kept);
-  kernels::RouterShape router_shape() const;
+  // The routing's permutation of a.chosen into expert_offsets_ (host) and the scratch slot maps
+  // (the capacity's drops included); returns the slots dropped. The named host crossing below.
+  int64_t routing_to_host(const LayerActs& a);
+  // A training forward's routing statistics of block `layer`: counts, drops, auxiliary loss.
+  void count_routing(int64_t layer, const LayerActs& a, int64_t dropped,
+                     const kernels::RouterShape& r);
+  // The router's backward from the gates' gradient (scratch moe_dgates) into scratch dxn and its
+  // weight gradient (or, with `keep`, the dlogits W reads).
+  void router_backward(const LayerActs& a, const ConstBlock& w, const BlockParams& g,
+                       const LayerGrads* keep);
+  kernels::ExpertShape expert_shape() const;  // every routed expert on this rank (no EP)
+  static kernels::SwigluWeights shared_weights(const ConstBlock& w);
   // Expert parallelism: the routed experts' part of moe_forward / moe_backward on the EP group.
   int ep_size() const { return options_.ep ? options_.ep->size() : 1; }
   // The forward's dispatch is started (counts exchanged, rows under way) before the shared
@@ -356,6 +375,7 @@ class Model final : public StageModel {
   bool cp_ = false;         // options_.cp spans more than one rank
   bool sp_ = false;
   int64_t heads_ = 0, kv_heads_ = 0, ffn_ = 0, vocab_ = 0, vocab_start_ = 0;  // local to tp rank
+  ModelDims dims_;  // the spec's sizes on this rank (model_spec.h)
   std::vector<ParamInfo> params_;
   kernels::ParamLayout layout_;
   kernels::ModelState state_;
@@ -381,6 +401,9 @@ class Model final : public StageModel {
   std::vector<double> expert_counts_;  // E per held MoE block
   std::vector<double> dropped_slots_;  // per held MoE block
   double aux_loss_ = 0;
+  // The MoE routing counts on the host: the one place a block's math reads arena memory on the
+  // host, for the experts' GEMM shapes and the all-to-alls' counts. Read from a.chosen
+  // (routing_to_host) and, under expert parallelism, a.erecv (ep_plan, moe_backward_weights).
   std::vector<int64_t> expert_offsets_;  // E + 1: the permutation's expert boundaries
   // Expert parallelism's exchange of one block (ep_plan), sized once: rows per EP rank.
   struct EpRoute {

@@ -50,6 +50,7 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
                                options_.ep ? options_.ep->size() : 1};
   const ActivationSpec spec = activation_spec(config_, spec_layout, spec_options);
   const ModelDims& d = spec.dims;
+  dims_ = d;
   heads_ = d.H, kv_heads_ = d.Hkv, ffn_ = d.F, vocab_ = d.V;
   vocab_start_ = vocab_ * tp_.rank();
   cp_ = d.cp, sp_ = d.sp;
@@ -162,7 +163,7 @@ void Model::bind(ChunkActs& a, const parallel::LayerRange& range, const SpecTens
   // clang-format off
   switch (t.role) {
     case Role::kResidual: a.x[static_cast<size_t>(t.index)] = f; return;
-    case Role::kBlock: block_act(a.layers[i], t.index) = f; return;
+    case Role::kBlock: set_block_act(a.layers[i], t.index, p); return;
     case Role::kBlockStored: a.stored[i][static_cast<size_t>(t.index)] = p; return;
     case Role::kWGrad: wgrad(a.wgrads[i], t.index) = f; return;
     case Role::kTokens: a.tokens = static_cast<int32_t*>(p); return;
@@ -182,7 +183,7 @@ void Model::allocate_scratch(const ActivationSpec& spec) {
   for (const auto& t : spec.scratch) {
     void* p = arena_.alloc_bytes(t.name(), t.bytes());
     if (t.role == SpecTensor::Role::kWorkBlock)
-      block_act(work, t.index) = static_cast<float*>(p);
+      set_block_act(work, t.index, p);
     else
       bind_scratch(static_cast<ScratchBuf>(t.index), p);
   }
@@ -228,7 +229,7 @@ const void* Model::bound(const ChunkActs& a, const parallel::LayerRange& range,
     case Role::kResidual:
       return a.x[static_cast<size_t>(t.index)];
     case Role::kBlock:
-      return block_act(const_cast<LayerActs&>(a.layers[i]), t.index);
+      return block_act(a.layers[i], t.index);
     case Role::kBlockStored:
       return a.stored[i][static_cast<size_t>(t.index)];
     case Role::kWGrad:
@@ -250,8 +251,7 @@ const void* Model::bound(const ChunkActs& a, const parallel::LayerRange& range,
 
 const void* Model::bound_scratch(const SpecTensor& t) const {
   const Scratch& s = *scratch_;
-  if (t.role == SpecTensor::Role::kWorkBlock)
-    return block_act(const_cast<LayerActs&>(s.work), t.index);
+  if (t.role == SpecTensor::Role::kWorkBlock) return block_act(s.work, t.index);
   switch (static_cast<ScratchBuf>(t.index)) {
 #define T3D_ROW_READ(e, member, ...) \
   case ScratchBuf::e:                \
@@ -276,11 +276,26 @@ std::vector<Model::BoundRow> Model::bound_rows() const {
 
 Model::~Model() = default;
 
-float*& Model::block_act(LayerActs& a, int index) {
-#define T3D_ROW_MEMBER_PTR(e, member, ...) &LayerActs::member,
-  static constexpr float* LayerActs::*kMember[kBlockActs] = {T3D_BLOCK_ACTS(T3D_ROW_MEMBER_PTR)};
-#undef T3D_ROW_MEMBER_PTR
-  return a.*kMember[index];
+void* Model::block_act(const LayerActs& a, int index) {
+  switch (static_cast<BlockAct>(index)) {
+#define T3D_ROW_READ(e, member, ...) \
+  case BlockAct::e:                  \
+    return a.member;
+    T3D_BLOCK_ACTS(T3D_ROW_READ)
+#undef T3D_ROW_READ
+  }
+  return nullptr;
+}
+
+void Model::set_block_act(LayerActs& a, int index, void* p) {
+  switch (static_cast<BlockAct>(index)) {
+#define T3D_ROW_BIND(e, member, name, type, ...) \
+  case BlockAct::e:                              \
+    a.member = static_cast<type*>(p);            \
+    return;
+    T3D_BLOCK_ACTS(T3D_ROW_BIND)
+#undef T3D_ROW_BIND
+  }
 }
 
 float*& Model::wgrad(LayerGrads& g, int index) {
@@ -291,16 +306,21 @@ float*& Model::wgrad(LayerGrads& g, int index) {
 }
 
 namespace {
-// The routed experts' SwiGLU rows, which their fused bf16 SwiGLU writes and reads as copies.
+// The SwiGLU rows a fused bf16 SwiGLU writes and reads as copies: the routed experts' and the
+// shared experts' (the dense MLP's are kGate, kUp, kH).
 bool expert_row(BlockAct row) {
-  return row == BlockAct::kEGate || row == BlockAct::kEUp || row == BlockAct::kEH;
+  return row == BlockAct::kEGate || row == BlockAct::kEUp || row == BlockAct::kEH ||
+         row == BlockAct::kSGate || row == BlockAct::kSUp || row == BlockAct::kSH;
 }
 }  // namespace
 
+// h's copies (the dense MLP's and the shared experts') are filled by the forward even unfused:
+// the down GEMM's input rounded there (kernels/ops_swiglu.h).
 bool Model::filled_by_forward(int index, bool bf16_gemms) {
   const auto row = static_cast<BlockAct>(index);
   return row == BlockAct::kXn1 || row == BlockAct::kAttn || row == BlockAct::kXn2 ||
-         row == BlockAct::kH || (bf16_gemms && (row == BlockAct::kGate || row == BlockAct::kUp)) ||
+         row == BlockAct::kH || row == BlockAct::kSH ||
+         (bf16_gemms && (row == BlockAct::kGate || row == BlockAct::kUp)) ||
          (bf16_gemms && expert_row(row));
 }
 
@@ -314,11 +334,13 @@ Model::BlockCopies Model::block_copies(ChunkActs& a, int64_t local_layer) const 
   if (!stored16(local_layer)) return {};
   const StoredBlock& st = a.stored[static_cast<size_t>(local_layer)];
   const auto at = [&](BlockAct row) { return static_cast<k::bf16*>(st[static_cast<size_t>(row)]); };
-  return {at(BlockAct::kXn1),   at(BlockAct::kAttn),
-          at(BlockAct::kXn2),   at(BlockAct::kH),
-          at(BlockAct::kGate),  at(BlockAct::kUp),
-          at(BlockAct::kEGate), at(BlockAct::kEUp),
-          at(BlockAct::kEH),    k::gemm_kind_is_bf16(options_.exec.gemm)};
+  BlockCopies c;
+  c.xn1 = at(BlockAct::kXn1), c.att = at(BlockAct::kAttn), c.xn2 = at(BlockAct::kXn2);
+  c.gate = at(BlockAct::kGate), c.up = at(BlockAct::kUp), c.h = at(BlockAct::kH);
+  c.egate = at(BlockAct::kEGate), c.eup = at(BlockAct::kEUp), c.eh = at(BlockAct::kEH);
+  c.sgate = at(BlockAct::kSGate), c.sup = at(BlockAct::kSUp), c.sh = at(BlockAct::kSH);
+  c.fused_swiglu = k::gemm_kind_is_bf16(options_.exec.gemm);
+  return c;
 }
 
 // The codec of bf16-stored blocks: the spec's stored rows, each copied between the block's fp32
@@ -328,13 +350,14 @@ void Model::encode16(LayerActs& from, const StoredBlock& to) const {
   const bool bf16_gemms = k::gemm_kind_is_bf16(options_.exec.gemm);
   for (const auto& t : stored_block_) {
     if (filled_by_forward(t.index, bf16_gemms)) continue;
-    const float* f = block_act(from, t.index);
+    const void* f = block_act(from, t.index);
     void* stored = to[static_cast<size_t>(t.index)];
     if (!stored) continue;  // a row of the other kind of block (dense or mixture of experts)
     if (t.dtype == Dtype::kBF16)
-      k::float_to_bf16(options_.exec, static_cast<k::bf16*>(stored), f, t.elems);
-    else
-      k::copy(options_.exec, static_cast<float*>(stored), f, t.elems);
+      k::float_to_bf16(options_.exec, static_cast<k::bf16*>(stored), static_cast<const float*>(f),
+                       t.elems);
+    else  // fp32 or int32 rows: a bit copy of 4-byte elements
+      k::copy(options_.exec, static_cast<float*>(stored), static_cast<const float*>(f), t.elems);
   }
 }
 
@@ -342,13 +365,14 @@ void Model::decode16(const StoredBlock& from, LayerActs& to) const {
   const bool bf16_gemms = k::gemm_kind_is_bf16(options_.exec.gemm);
   for (const auto& t : stored_block_) {
     if (only_copy_read(t.index, bf16_gemms)) continue;
-    float* f = block_act(to, t.index);
+    void* f = block_act(to, t.index);
     const void* stored = from[static_cast<size_t>(t.index)];
     if (!stored) continue;  // a row of the other kind of block (dense or mixture of experts)
     if (t.dtype == Dtype::kBF16)
-      k::bf16_to_float(options_.exec, f, static_cast<const k::bf16*>(stored), t.elems);
-    else
-      k::copy(options_.exec, f, static_cast<const float*>(stored), t.elems);
+      k::bf16_to_float(options_.exec, static_cast<float*>(f), static_cast<const k::bf16*>(stored),
+                       t.elems);
+    else  // fp32 or int32 rows: a bit copy of 4-byte elements
+      k::copy(options_.exec, static_cast<float*>(f), static_cast<const float*>(stored), t.elems);
   }
 }
 

@@ -10,30 +10,12 @@
 #include "kernels/precision.h"
 #include "runtime/model/model.h"
 #include "runtime/model/model_scratch.h"
+#include "runtime/model/moe_block.h"
 
 namespace t3d::runtime {
 
 namespace k = t3d::kernels;
-
-namespace {
-
-// The router runs in fp32 whatever the GEMM kind: with bf16 GEMMs, oneDNN's fp32.
-k::GemmKind router_kind(k::GemmKind kind) {
-  return k::gemm_kind_is_bf16(kind) ? k::GemmKind::kOneDnnF32 : kind;
-}
-
-}  // namespace
-
-k::RouterShape Model::router_shape() const {
-  k::RouterShape r;
-  r.N = rows_;
-  r.E = config_.n_experts;
-  r.K = config_.experts_per_token;
-  r.score = config_.router_score;
-  r.normalize = config_.router_norm_topk;
-  r.scale = static_cast<float>(config_.router_scale);
-  return r;
-}
+using Copy = k::LinearInput::Copy;
 
 void Model::reset_moe_stats() {
   std::fill(expert_counts_.begin(), expert_counts_.end(), 0.0);
@@ -41,149 +23,166 @@ void Model::reset_moe_stats() {
   aux_loss_ = 0;
 }
 
+k::ExpertShape Model::expert_shape() const { return {dims_.E, dims_.C, dims_.Fe}; }
+
+k::SwigluWeights Model::shared_weights(const ConstBlock& w) {
+  return {w.shared_gate, w.shared_up, w.shared_down};
+}
+
+int64_t Model::routing_to_host(const LayerActs& a) {
+  const int64_t N = rows_, E = dims_.E, K = dims_.K;
+  // The capacity drops the same slots in the backward and in a recompute: they depend on
+  // `chosen` alone.
+  return k::moe_permute(expert_offsets_.data(), scratch_->moe_row_of_slot,
+                        scratch_->moe_slot_of_row, a.chosen, N, E, K,
+                        k::moe_capacity(config_.capacity_factor, N, E, K));
+}
+
 void Model::moe_forward(int64_t l, LayerActs& a, const BlockCopies& copies, const ConstBlock& w,
                         bool first_pass) {
   const k::Exec& exec = options_.exec;
-  const k::GemmKind kind = exec.gemm;
-  const k::RouterShape r = router_shape();
-  const int64_t N = rows_, C = config_.dim, E = r.E, K = r.K;
-  const int64_t Fe = config_.moe_ffn_dim / tp_.size();
+  const k::RouterShape r = router_shape(config_, rows_);
+  const int64_t N = rows_, C = dims_.C, E = dims_.E, K = dims_.K;
   auto& s = *scratch_;
   // A bf16-stored block keeps xn2 only as the copy its forward fills (encode16 leaves it out).
-  if (copies.xn2) k::float_to_bf16_threads(copies.xn2, a.xn2, N * C);
-  auto* chosen = reinterpret_cast<int32_t*>(a.chosen);
-  k::linear_forward(router_kind(kind), a.scores, a.xn2, w.router, N, C, E);  // the logits
-  k::moe_route_forward(a.scores, chosen, a.gates, a.scores,
-                       block_has(config_, l, BlockWeight::kRouterBias) ? w.router_bias : nullptr,
-                       r);
-  // The capacity drops the same slots in the backward and in a recompute: they depend on
-  // `chosen` alone.
-  int64_t* offsets = expert_offsets_.data();
-  const int64_t dropped = k::moe_permute(offsets, s.moe_row_of_slot, s.moe_slot_of_row, chosen, N,
-                                         E, K, k::moe_capacity(config_.capacity_factor, N, E, K));
+  if (copies.xn2) k::float_to_bf16(options_.exec, copies.xn2, a.xn2, N * C);
+  route(exec, a.scores, a.chosen, a.gates, a.xn2, w.router,
+        block_has(config_, l, BlockWeight::kRouterBias) ? w.router_bias : nullptr, r, C);
+  const int64_t dropped = routing_to_host(a);
+  const int64_t* offsets = expert_offsets_.data();
   T3D_ASSERT(offsets[E] <= ep_rows_, "the experts take ", offsets[E], " rows, more than the ",
              ep_rows_, " their buffers hold");
   k::ExpertCopies ec;  // under expert parallelism the rows travel as floats
   if (ep_size() > 1)
-    k::moe_gather(s.moe_rows, a.xn2, s.moe_slot_of_row, offsets[E], K, C);
+    k::moe_gather(exec, s.moe_rows, a.xn2, s.moe_slot_of_row, offsets[E], K, C);
   else
     ec = gather_expert_rows(a, copies, offsets[E]);
   const bool shared = block_has(config_, l, BlockWeight::kSharedGate);
-  const int64_t Fs = shared ? config_.shared_ffn_dim() / tp_.size() : 0;
+  const k::SwigluActs sa{a.sgate, a.sup, a.sh};
   // The shared experts' hidden layer needs nothing routed: under expert parallelism it runs
   // while the routed rows travel. Only its down projection, added to the routed output, waits.
   const auto shared_hidden = [&] {
-    k::linear_forward(exec, a.sgate, a.xn2, w.shared_gate, N, C, Fs);
-    k::linear_forward(exec, a.sup, a.xn2, w.shared_up, N, C, Fs);
-    k::swiglu_forward(exec, a.sh, a.sgate, a.sup, N * Fs);
+    const k::LinearInput x(exec, a.xn2, copies.xn2, copies.xn2 ? Copy::kFilled : Copy::kFill, N, C);
+    k::swiglu_mlp_hidden(exec, x, shared_weights(w), sa, copies.shared(), dims_.Fs);
   };
   if (ep_size() > 1) {
     RowsInFlight dispatch = moe_ep_dispatch(a);
     if (shared) shared_hidden();
     moe_experts_ep_forward(a, copies, w, dispatch);
   } else {
-    k::moe_experts_forward(exec, s.moe_out, a.egate, a.eup, a.eh, s.moe_rows, w.expert_gate,
-                           w.expert_up, w.expert_down, offsets, {E, C, Fe}, ec);
+    k::moe_experts_forward(exec, s.moe_out, {a.egate, a.eup, a.eh}, s.moe_rows,
+                           {w.expert_gate, w.expert_up, w.expert_down}, offsets, expert_shape(),
+                           ec);
     if (shared) shared_hidden();
   }
-  k::moe_combine(s.tmp, s.moe_out, a.gates, s.moe_row_of_slot, N, K, C, k::Out::kWrite);
-  if (shared) k::linear_forward(exec, s.tmp, a.sh, w.shared_down, N, Fs, C, k::Out::kAccumulate);
-  if (!first_pass) return;
+  k::moe_combine(exec, s.tmp, s.moe_out, a.gates, s.moe_row_of_slot, N, K, C, k::Out::kWrite);
+  if (shared)
+    k::swiglu_mlp_down(exec, s.tmp, k::Out::kAccumulate, shared_weights(w), sa, copies.shared(), N,
+                       C, dims_.Fs);
+  if (first_pass) count_routing(l, a, dropped, r);
+}
+
+void Model::count_routing(int64_t l, const LayerActs& a, int64_t dropped, const k::RouterShape& r) {
+  const k::Exec& exec = options_.exec;
+  const int64_t E = dims_.E;
   const size_t at = static_cast<size_t>(
       std::lower_bound(moe_layers_.begin(), moe_layers_.end(), l) - moe_layers_.begin());
-  k::moe_count(expert_counts_.data() + at * static_cast<size_t>(E), chosen, N, E, K);
+  k::moe_count(expert_counts_.data() + at * static_cast<size_t>(E), a.chosen, rows_, E, dims_.K);
   dropped_slots_[at] += static_cast<double>(dropped);
   if (options_.moe_aux_weight > 0)
-    aux_loss_ += options_.moe_aux_weight *
-                 k::moe_aux_loss(nullptr, a.scores, chosen, options_.micro_rows, seq_local_, r, 0);
+    aux_loss_ += options_.moe_aux_weight * k::moe_aux_loss(exec, nullptr, a.scores, a.chosen,
+                                                           options_.micro_rows, seq_local_, r, 0);
 }
 
 void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, const ConstBlock& w,
                          const BlockParams& g, const float* dy, const LayerGrads* keep) {
   const k::Exec& exec = options_.exec;
-  const k::GemmKind kind = exec.gemm;
-  const k::RouterShape r = router_shape();
-  const int64_t N = rows_, C = config_.dim, E = r.E, K = r.K, S = N * K;
-  const int64_t Fe = config_.moe_ffn_dim / tp_.size();
+  const int64_t N = rows_, C = dims_.C, K = dims_.K, S = dims_.S, Fs = dims_.Fs;
   auto& s = *scratch_;
   // With bf16 GEMMs decode16 leaves xn2 in its copy only: the router and the gathers read floats.
-  if (copies.xn2 && k::gemm_kind_is_bf16(kind)) k::bf16_to_float_threads(a.xn2, copies.xn2, N * C);
-  const auto* chosen = reinterpret_cast<const int32_t*>(a.chosen);
-  int64_t* offsets = expert_offsets_.data();
-  k::moe_permute(offsets, s.moe_row_of_slot, s.moe_slot_of_row, chosen, N, E, K,
-                 k::moe_capacity(config_.capacity_factor, N, E, K));
+  if (copies.xn2 && k::gemm_kind_is_bf16(exec.gemm))
+    k::bf16_to_float(options_.exec, a.xn2, copies.xn2, N * C);
+  routing_to_host(a);
   // Routed experts: xs in moe_rows, dy's rows in moe_out (clobbered), dxs in moe_grad. A dropped
   // slot has no row: its gate's gradient stays 0.
-  const int64_t kept = offsets[E];
+  const int64_t kept = expert_offsets_[dims_.E];
   // With `keep` the experts' gated output gradients and their gate and up gradients are written
   // where W reads them.
   float* dys = keep && ep_size() == 1 ? keep->expert_dy : s.moe_out;
-  k::moe_gather(dys, dy, s.moe_slot_of_row, kept, K, C);
-  std::fill_n(s.moe_dgates, S, 0.0f);
+  k::moe_gather(exec, dys, dy, s.moe_slot_of_row, kept, K, C);
+  k::zero(exec, s.moe_dgates, S);
   const bool shared = block_has(config_, l, BlockWeight::kSharedGate);
-  const int64_t Fs = shared ? config_.shared_ffn_dim() / tp_.size() : 0;
   float* shared_dgate = keep ? keep->dgate : s.dgate;
   float* shared_dup = keep ? keep->dup : s.dup;
+  const k::SwigluActs sa{a.sgate, a.sup, a.sh};
   // The shared experts' gradients that add nothing to dxn: under expert parallelism they run
   // while the routed rows' output gradients travel.
   const auto shared_backward = [&] {
-    k::linear_backward_input(exec, s.dh, dy, w.shared_down, N, Fs, C);
-    if (!keep) k::linear_backward_weight(exec, g.shared_down, dy, a.sh, N, Fs, C);
-    k::swiglu_backward(exec, shared_dgate, shared_dup, s.dh, a.sgate, a.sup, N * Fs);
+    const k::LinearInput dy_in(exec, dy, N, C);
+    k::swiglu_mlp_backward_hidden(exec, shared_dgate, shared_dup, s.dh, dy_in, shared_weights(w),
+                                  sa, copies.shared(), Fs);
     if (keep) return;
-    k::linear_backward_weight(exec, g.shared_gate, shared_dgate, a.xn2, N, C, Fs);
-    k::linear_backward_weight(exec, g.shared_up, shared_dup, a.xn2, N, C, Fs);
+    const k::LinearInput x(exec, a.xn2, copies.xn2, Copy::kFilled, N, C);
+    k::swiglu_mlp_backward_weight(exec, {g.shared_gate, g.shared_up, g.shared_down}, dy_in, x,
+                                  shared_dgate, shared_dup, sa, copies.shared(), Fs);
   };
+  const k::ExpertGating gating{a.gates, s.moe_dgates, s.moe_slot_of_row};
+  const k::ExpertWeights ew{w.expert_gate, w.expert_up, w.expert_down};
+  const k::ExpertActs acts{a.egate, a.eup, a.eh};
   if (ep_size() > 1) {
     RowsInFlight dispatch = moe_ep_dispatch_backward(a);
     if (shared) shared_backward();
     moe_experts_ep_backward(a, copies, w, g, dispatch, keep);
   } else if (keep) {
-    k::moe_experts_backward_input(exec, s.moe_grad, s.moe_dgates, s.moe_dh, keep->expert_dgate,
-                                  keep->expert_dup, dys, a.gates, s.moe_slot_of_row, a.egate, a.eup,
-                                  a.eh, w.expert_gate, w.expert_up, w.expert_down, offsets,
-                                  {E, C, Fe}, copies.experts());
+    k::moe_experts_backward_input(exec, s.moe_grad, gating,
+                                  {s.moe_dh, keep->expert_dgate, keep->expert_dup}, dys, acts, ew,
+                                  expert_offsets_.data(), expert_shape(), copies.experts());
     if (shared) shared_backward();
   } else {
     const k::ExpertCopies ec = gather_expert_rows(a, copies, kept);
-    k::moe_experts_backward(exec, s.moe_grad, s.moe_dgates, g.expert_gate, g.expert_up,
-                            g.expert_down, s.moe_dh, s.moe_dgate, s.moe_dup, dys, a.gates,
-                            s.moe_slot_of_row, s.moe_rows, a.egate, a.eup, a.eh, w.expert_gate,
-                            w.expert_up, w.expert_down, offsets, {E, C, Fe}, ec);
+    k::moe_experts_backward(exec, s.moe_grad, gating, {g.expert_gate, g.expert_up, g.expert_down},
+                            {s.moe_dh, s.moe_dgate, s.moe_dup}, dys, s.moe_rows, acts, ew,
+                            expert_offsets_.data(), expert_shape(), ec);
     if (shared) shared_backward();
   }
-  k::moe_combine(s.dxn, s.moe_grad, nullptr, s.moe_row_of_slot, N, K, C, k::Out::kWrite);
+  k::moe_combine(exec, s.dxn, s.moe_grad, nullptr, s.moe_row_of_slot, N, K, C, k::Out::kWrite);
   // Each tp rank holds a slice of every expert's width: its gate gradients are partial sums.
   if (tp_.size() > 1) tp_.all_reduce(s.moe_dgates, static_cast<size_t>(S));
-  if (shared) {
-    k::linear_backward_input(exec, s.dtmp, shared_dgate, w.shared_gate, N, C, Fs);
-    k::add_inplace(exec, s.dxn, s.dtmp, N * C);
-    k::linear_backward_input(exec, s.dtmp, shared_dup, w.shared_up, N, C, Fs);
-    k::add_inplace(exec, s.dxn, s.dtmp, N * C);
-  }
-  // The router: the gates' gradient (and the auxiliary loss's, injected here at the layer, so
-  // that it is the same under any pipeline split), through the scores to the logits.
+  if (shared)
+    k::swiglu_mlp_backward_input(exec, s.dxn, k::Out::kAccumulate, s.dtmp, shared_dgate, shared_dup,
+                                 shared_weights(w), copies.shared(), N, C, Fs);
+  router_backward(a, w, g, keep);
+}
+
+// The router: the gates' gradient (and the auxiliary loss's, injected here at the layer, so that
+// it is the same under any pipeline split), through the scores to the logits.
+void Model::router_backward(const LayerActs& a, const ConstBlock& w, const BlockParams& g,
+                            const LayerGrads* keep) {
+  const k::Exec& exec = options_.exec;
+  const k::RouterShape r = router_shape(config_, rows_);
+  const int64_t N = rows_, C = dims_.C, E = dims_.E;
+  auto& s = *scratch_;
   const float* dscores_aux = nullptr;
   if (options_.moe_aux_weight > 0) {
-    k::moe_aux_loss(s.moe_dscores, a.scores, chosen, options_.micro_rows, seq_local_, r,
+    k::moe_aux_loss(exec, s.moe_dscores, a.scores, a.chosen, options_.micro_rows, seq_local_, r,
                     static_cast<float>(options_.moe_aux_weight));
     dscores_aux = s.moe_dscores;
   }
-  k::moe_route_backward(s.moe_dlogits, s.moe_dgates, dscores_aux, a.scores, chosen, r);
+  k::moe_route_backward(exec, s.moe_dlogits, s.moe_dgates, dscores_aux, a.scores, a.chosen, r);
   // The router is replicated over tp and every rank's dlogits are the same: its part of the
   // input gradient joins the others' partial sums on one rank only. Its weight gradient is
   // whole on every rank, or with sequence parallelism this rank's rows' part, which
   // sum_replicated_grads adds up over tp as it does the norms'.
-  const k::GemmKind rk = router_kind(kind);
+  const k::Exec rexec = router_exec(exec);
   if (tp_.rank() == 0) {
-    k::linear_backward_input(rk, s.dtmp, s.moe_dlogits, w.router, N, C, E);
+    k::linear_backward_input(rexec, s.dtmp, s.moe_dlogits, w.router, N, C, E);
     k::add_inplace(exec, s.dxn, s.dtmp, N * C);
   }
   const int64_t first = sp_ ? tp_.rank() * rows_local_ : 0;
   if (keep)
-    std::copy_n(s.moe_dlogits + first * E, rows_local_ * E, keep->router_dlogits);
+    k::copy(exec, keep->router_dlogits, s.moe_dlogits + first * E, rows_local_ * E);
   else
-    k::linear_backward_weight(rk, g.router, s.moe_dlogits + first * E, a.xn2 + first * C,
+    k::linear_backward_weight(rexec, g.router, s.moe_dlogits + first * E, a.xn2 + first * C,
                               rows_local_, C, E);
 }
 
@@ -192,55 +191,51 @@ void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, con
 void Model::moe_backward_weights(int64_t l, const LayerActs& a, const BlockCopies& copies,
                                  const BlockParams& g, const LayerGrads& kept) {
   const k::Exec& exec = options_.exec;
-  const k::GemmKind kind = exec.gemm;
-  const int64_t N = rows_, C = config_.dim, E = config_.n_experts, K = config_.experts_per_token;
-  const int64_t Fe = config_.moe_ffn_dim / tp_.size();
-  auto& s = *scratch_;
-  if (copies.xn2 && k::gemm_kind_is_bf16(kind)) k::bf16_to_float_threads(a.xn2, copies.xn2, N * C);
+  const int64_t N = rows_, C = dims_.C, E = dims_.E;
+  if (copies.xn2 && k::gemm_kind_is_bf16(exec.gemm))
+    k::bf16_to_float(options_.exec, a.xn2, copies.xn2, N * C);
+  const k::ExpertGrads eg{g.expert_gate, g.expert_up, g.expert_down};
+  const k::ExpertActGrads ed{nullptr, kept.expert_dgate, kept.expert_dup};
   if (ep_size() > 1) {
     // The rows the experts took are kept (a.ex); their expert-major blocks by source rank from
     // the counts the forward received.
-    const int64_t P = ep_size(), El = experts_.size(config_);
+    const int64_t P = ep_size(), El = dims_.El;
     auto& route = ep_route_;
-    k::moe_ep_offsets(route.local_offsets.data(), route.source_offsets.data(),
-                      reinterpret_cast<const int32_t*>(a.erecv), P, El);
-    k::moe_experts_backward_weight(exec, g.expert_gate, g.expert_up, g.expert_down, kept.expert_dy,
-                                   kept.expert_dgate, kept.expert_dup, a.ex, a.eh,
-                                   route.local_offsets.data(),
-                                   {El, C, Fe, P, route.source_offsets.data()}, copies.experts());
+    k::moe_ep_offsets(route.local_offsets.data(), route.source_offsets.data(), a.erecv, P, El);
+    k::moe_experts_backward_weight(
+        exec, eg, kept.expert_dy, ed, a.ex, a.eh, route.local_offsets.data(),
+        {El, C, dims_.Fe, P, route.source_offsets.data()}, copies.experts());
   } else {
     // The experts' input rows again: the same permutation of the same routing, the same gather.
-    int64_t* offsets = expert_offsets_.data();
-    k::moe_permute(offsets, s.moe_row_of_slot, s.moe_slot_of_row,
-                   reinterpret_cast<const int32_t*>(a.chosen), N, E, K,
-                   k::moe_capacity(config_.capacity_factor, N, E, K));
-    const k::ExpertCopies ec = gather_expert_rows(a, copies, offsets[E]);
-    k::moe_experts_backward_weight(exec, g.expert_gate, g.expert_up, g.expert_down, kept.expert_dy,
-                                   kept.expert_dgate, kept.expert_dup, s.moe_rows, a.eh, offsets,
-                                   {E, C, Fe}, ec);
+    routing_to_host(a);
+    const k::ExpertCopies ec = gather_expert_rows(a, copies, expert_offsets_[E]);
+    k::moe_experts_backward_weight(exec, eg, kept.expert_dy, ed, scratch_->moe_rows, a.eh,
+                                   expert_offsets_.data(), expert_shape(), ec);
   }
   if (block_has(config_, l, BlockWeight::kSharedGate)) {
-    const int64_t Fs = config_.shared_ffn_dim() / tp_.size();
-    k::linear_backward_weight(exec, g.shared_down, kept.dy_down, a.sh, N, Fs, C);
-    k::linear_backward_weight(exec, g.shared_gate, kept.dgate, a.xn2, N, C, Fs);
-    k::linear_backward_weight(exec, g.shared_up, kept.dup, a.xn2, N, C, Fs);
+    const k::LinearInput dy(exec, kept.dy_down, N, C);
+    const k::LinearInput x(exec, a.xn2, copies.xn2, Copy::kFilled, N, C);
+    k::swiglu_mlp_backward_weight(exec, {g.shared_gate, g.shared_up, g.shared_down}, dy, x,
+                                  kept.dgate, kept.dup, {a.sgate, a.sup, a.sh}, copies.shared(),
+                                  dims_.Fs);
   }
   const int64_t first = sp_ ? tp_.rank() * rows_local_ : 0;
-  k::linear_backward_weight(router_kind(kind), g.router, kept.router_dlogits, a.xn2 + first * C,
+  k::linear_backward_weight(router_exec(exec), g.router, kept.router_dlogits, a.xn2 + first * C,
                             rows_local_, C, E);
 }
 
 k::ExpertCopies Model::gather_expert_rows(const LayerActs& a, const BlockCopies& copies,
                                           int64_t rows) {
+  const k::Exec& exec = options_.exec;
   auto& s = *scratch_;
-  const int64_t K = config_.experts_per_token, C = config_.dim;
+  const int64_t K = dims_.K, C = dims_.C;
   k::ExpertCopies ec = copies.experts();
   if (!ec.fused() || !copies.xn2) {
-    k::moe_gather(s.moe_rows, a.xn2, s.moe_slot_of_row, rows, K, C);
+    k::moe_gather(exec, s.moe_rows, a.xn2, s.moe_slot_of_row, rows, K, C);
     return ec;
   }
   auto* rows16 = reinterpret_cast<k::bf16*>(s.moe_rows);
-  k::moe_gather(rows16, copies.xn2, s.moe_slot_of_row, rows, K, C);
+  k::moe_gather(exec, rows16, copies.xn2, s.moe_slot_of_row, rows, K, C);
   ec.xs = rows16;
   return ec;
 }
@@ -251,7 +246,7 @@ k::ExpertCopies Model::gather_expert_rows(const LayerActs& a, const BlockCopies&
 // a.erecv for the backward), then the rows travel (an all-to-allv, source-rank order), are
 // reordered expert-major, run through the local experts, and come back the same way.
 void Model::ep_plan(const int32_t* recv) {
-  const int64_t P = ep_size(), El = experts_.size(config_);
+  const int64_t P = ep_size(), El = dims_.El;
   const int64_t* offsets = expert_offsets_.data();
   int send_at = 0, recv_at = 0;
   for (int64_t q = 0; q < P; ++q) {
@@ -270,14 +265,13 @@ void Model::ep_plan(const int32_t* recv) {
 
 Model::RowsInFlight Model::moe_ep_dispatch(LayerActs& a) {
   const parallel::Comm& ep = *options_.ep;
-  const int64_t E = config_.n_experts, El = experts_.size(config_);
+  const int64_t E = dims_.E, El = dims_.El;
   auto& s = *scratch_;
-  auto* recv = reinterpret_cast<int32_t*>(a.erecv);
   for (int64_t e = 0; e < E; ++e)
     ep_route_.mine[static_cast<size_t>(e)] =
         static_cast<int32_t>(expert_offsets_[e + 1] - expert_offsets_[e]);
-  ep.all_to_all(ep_route_.mine.data(), recv, static_cast<size_t>(El));
-  ep_plan(recv);
+  ep.all_to_all(ep_route_.mine.data(), a.erecv, static_cast<size_t>(El));
+  ep_plan(a.erecv);
   const auto& r = ep_route_;
   return start_ep_exchange(s.moe_rows, r.send_counts, r.send_displs, s.moe_ep_rows, r.recv_counts,
                            r.recv_displs);
@@ -285,17 +279,18 @@ Model::RowsInFlight Model::moe_ep_dispatch(LayerActs& a) {
 
 void Model::moe_experts_ep_forward(LayerActs& a, const BlockCopies& copies, const ConstBlock& w,
                                    RowsInFlight& dispatch) {
-  const int64_t P = ep_size(), El = experts_.size(config_), C = config_.dim,
-                Fe = config_.moe_ffn_dim / tp_.size();
+  const k::Exec& exec = options_.exec;
+  const int64_t P = ep_size(), El = dims_.El, C = dims_.C;
   auto& s = *scratch_;
-  const auto* recv = reinterpret_cast<const int32_t*>(a.erecv);
+  const int32_t* recv = a.erecv;
   const auto& r = ep_route_;
   finish_ep_exchange(dispatch);
-  k::moe_ep_reorder(a.ex, s.moe_ep_rows, recv, r.source_offsets.data(), P, El, C, true);
-  k::moe_experts_forward(options_.exec, s.moe_ep_out, a.egate, a.eup, a.eh, a.ex, w.expert_gate,
-                         w.expert_up, w.expert_down, r.local_offsets.data(), {El, C, Fe},
-                         copies.experts());
-  k::moe_ep_reorder(s.moe_ep_rows, s.moe_ep_out, recv, r.source_offsets.data(), P, El, C, false);
+  k::moe_ep_reorder(exec, a.ex, s.moe_ep_rows, recv, r.source_offsets.data(), P, El, C, true);
+  k::moe_experts_forward(exec, s.moe_ep_out, {a.egate, a.eup, a.eh}, a.ex,
+                         {w.expert_gate, w.expert_up, w.expert_down}, r.local_offsets.data(),
+                         {El, C, dims_.Fe}, copies.experts());
+  k::moe_ep_reorder(exec, s.moe_ep_rows, s.moe_ep_out, recv, r.source_offsets.data(), P, El, C,
+                    false);
   ep_exchange(s.moe_ep_rows, r.recv_counts, r.recv_displs, s.moe_out, r.send_counts, r.send_displs);
 }
 
@@ -303,18 +298,19 @@ void Model::moe_experts_ep_forward(LayerActs& a, const BlockCopies& copies, cons
 // the experts' backward runs on the rows they took in the forward (a.ex), and every row's input
 // gradient (into moe_grad) and gate gradient (into moe_dgates, by slot) come back.
 Model::RowsInFlight Model::moe_ep_dispatch_backward(LayerActs& a) {
+  const k::Exec& exec = options_.exec;
   const parallel::Comm& ep = *options_.ep;
-  const int64_t P = ep_size(), El = experts_.size(config_),
-                kept = expert_offsets_[config_.n_experts];
+  const int64_t P = ep_size(), El = dims_.El, kept = expert_offsets_[dims_.E];
   auto& s = *scratch_;
-  const auto* recv = reinterpret_cast<const int32_t*>(a.erecv);
+  const int32_t* recv = a.erecv;
   ep_plan(recv);
   const auto& r = ep_route_;
-  for (int64_t row = 0; row < kept; ++row) s.moe_ep_gates[row] = a.gates[s.moe_slot_of_row[row]];
+  k::moe_gather_slots(exec, s.moe_ep_gates, a.gates, s.moe_slot_of_row, kept);
   ep.start_all_to_allv(ep_exchange_, s.moe_ep_gates, r.send_counts, r.send_displs, s.moe_ep_dgates,
                        r.recv_counts, r.recv_displs);
   ep.wait(ep_exchange_);
-  k::moe_ep_reorder(s.moe_ep_gates, s.moe_ep_dgates, recv, r.source_offsets.data(), P, El, 1, true);
+  k::moe_ep_reorder(exec, s.moe_ep_gates, s.moe_ep_dgates, recv, r.source_offsets.data(), P, El, 1,
+                    true);
   return start_ep_exchange(s.moe_out, r.send_counts, r.send_displs, s.moe_ep_rows, r.recv_counts,
                            r.recv_displs);
 }
@@ -322,39 +318,40 @@ Model::RowsInFlight Model::moe_ep_dispatch_backward(LayerActs& a) {
 void Model::moe_experts_ep_backward(LayerActs& a, const BlockCopies& copies, const ConstBlock& w,
                                     const BlockParams& g, RowsInFlight& dispatch,
                                     const LayerGrads* keep) {
+  const k::Exec& exec = options_.exec;
   const parallel::Comm& ep = *options_.ep;
-  const int64_t P = ep_size(), El = experts_.size(config_), C = config_.dim,
-                Fe = config_.moe_ffn_dim / tp_.size(), kept = expert_offsets_[config_.n_experts];
+  const int64_t P = ep_size(), El = dims_.El, C = dims_.C, kept = expert_offsets_[dims_.E];
   auto& s = *scratch_;
-  const auto* recv = reinterpret_cast<const int32_t*>(a.erecv);
+  const int32_t* recv = a.erecv;
   const auto& r = ep_route_;
   finish_ep_exchange(dispatch);
   // With `keep` the gated output gradients and the gate and up gradients stay for W.
   float* dys = keep ? keep->expert_dy : s.moe_ep_out;
-  k::moe_ep_reorder(dys, s.moe_ep_rows, recv, r.source_offsets.data(), P, El, C, true);
+  k::moe_ep_reorder(exec, dys, s.moe_ep_rows, recv, r.source_offsets.data(), P, El, C, true);
   // The rows are their own slots here (moe_ep_index is the identity): gates and gate gradients
   // by row.
-  const k::ExpertShape shape{El, C, Fe, P, r.source_offsets.data()};
+  const k::ExpertShape shape{El, C, dims_.Fe, P, r.source_offsets.data()};
+  const k::ExpertGating gating{s.moe_ep_gates, s.moe_ep_dgates, s.moe_ep_index};
+  const k::ExpertActs acts{a.egate, a.eup, a.eh};
+  const k::ExpertWeights ew{w.expert_gate, w.expert_up, w.expert_down};
   if (keep)
-    k::moe_experts_backward_input(options_.exec, s.moe_ep_rows, s.moe_ep_dgates, s.moe_dh,
-                                  keep->expert_dgate, keep->expert_dup, dys, s.moe_ep_gates,
-                                  s.moe_ep_index, a.egate, a.eup, a.eh, w.expert_gate, w.expert_up,
-                                  w.expert_down, r.local_offsets.data(), shape, copies.experts());
+    k::moe_experts_backward_input(exec, s.moe_ep_rows, gating,
+                                  {s.moe_dh, keep->expert_dgate, keep->expert_dup}, dys, acts, ew,
+                                  r.local_offsets.data(), shape, copies.experts());
   else
-    k::moe_experts_backward(options_.exec, s.moe_ep_rows, s.moe_ep_dgates, g.expert_gate,
-                            g.expert_up, g.expert_down, s.moe_dh, s.moe_dgate, s.moe_dup, dys,
-                            s.moe_ep_gates, s.moe_ep_index, a.ex, a.egate, a.eup, a.eh,
-                            w.expert_gate, w.expert_up, w.expert_down, r.local_offsets.data(),
-                            shape, copies.experts());
-  k::moe_ep_reorder(s.moe_ep_out, s.moe_ep_rows, recv, r.source_offsets.data(), P, El, C, false);
+    k::moe_experts_backward(exec, s.moe_ep_rows, gating,
+                            {g.expert_gate, g.expert_up, g.expert_down},
+                            {s.moe_dh, s.moe_dgate, s.moe_dup}, dys, a.ex, acts, ew,
+                            r.local_offsets.data(), shape, copies.experts());
+  k::moe_ep_reorder(exec, s.moe_ep_out, s.moe_ep_rows, recv, r.source_offsets.data(), P, El, C,
+                    false);
   ep_exchange(s.moe_ep_out, r.recv_counts, r.recv_displs, s.moe_grad, r.send_counts, r.send_displs);
-  k::moe_ep_reorder(s.moe_ep_gates, s.moe_ep_dgates, recv, r.source_offsets.data(), P, El, 1,
+  k::moe_ep_reorder(exec, s.moe_ep_gates, s.moe_ep_dgates, recv, r.source_offsets.data(), P, El, 1,
                     false);
   ep.start_all_to_allv(ep_exchange_, s.moe_ep_gates, r.recv_counts, r.recv_displs, s.moe_ep_dgates,
                        r.send_counts, r.send_displs);
   ep.wait(ep_exchange_);
-  for (int64_t row = 0; row < kept; ++row)
-    s.moe_dgates[s.moe_slot_of_row[row]] = s.moe_ep_dgates[row];
+  k::moe_scatter_slots(exec, s.moe_dgates, s.moe_ep_dgates, s.moe_slot_of_row, kept);
 }
 
 void Model::ep_exchange(const float* send, const std::vector<int>& sent,
@@ -379,7 +376,7 @@ Model::RowsInFlight Model::start_ep_exchange(const float* send, const std::vecto
   }
   auto& s = *scratch_;
   const int64_t sent_rows = static_cast<int64_t>(sent_at.back()) + sent.back();
-  k::float_to_bf16_threads(s.ep16_send, send, sent_rows * config_.dim);
+  k::float_to_bf16(options_.exec, s.ep16_send, send, sent_rows * config_.dim);
   ep.start_all_to_allv(ep_exchange_, s.ep16_send, sent, sent_at, s.ep16_recv, received, received_at,
                        C);
   return f;
@@ -388,7 +385,7 @@ Model::RowsInFlight Model::start_ep_exchange(const float* send, const std::vecto
 void Model::finish_ep_exchange(RowsInFlight& rows) {
   options_.ep->wait(ep_exchange_);
   if (options_.bf16)
-    k::bf16_to_float_threads(rows.recv, scratch_->ep16_recv, rows.rows * config_.dim);
+    k::bf16_to_float(options_.exec, rows.recv, scratch_->ep16_recv, rows.rows * config_.dim);
 }
 
 }  // namespace t3d::runtime

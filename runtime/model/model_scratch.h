@@ -12,7 +12,7 @@ namespace t3d::runtime {
 
 // Activations one transformer block keeps for its backward, for one micro-batch.
 struct Model::LayerActs {
-#define T3D_ROW_MEMBER(e, member, ...) float* member = nullptr;
+#define T3D_ROW_MEMBER(e, member, name, type, ...) type* member = nullptr;
   T3D_BLOCK_ACTS(T3D_ROW_MEMBER)
 #undef T3D_ROW_MEMBER
 };

@@ -40,7 +40,7 @@ struct BlockRow {
   bool statistic;
 };
 std::array<BlockRow, kBlockActs> block_rows(const ModelDims& d, const BlockDims& b) {
-#define T3D_ROW(e, member, name, statistic, elems) BlockRow{elems, statistic},
+#define T3D_ROW(e, member, name, type, statistic, elems) BlockRow{elems, statistic},
   return {{T3D_BLOCK_ACTS(T3D_ROW)}};
 #undef T3D_ROW
 }
@@ -223,10 +223,10 @@ std::vector<ParamInfo> param_table(const ModelConfig& m,
   if (BlockPart::part == BlockPart::kExperts && block_has(m, l, BlockPart::part)) {                \
     for (int64_t x = first; x < last; ++x)                                                         \
       routed.push_back({block_param_name(l, BlockWeight::e, x), T3D_SHAPE shape, split_dim, decay, \
-                        init, experts_unit(m, l), true, x});                                       \
+                        init, experts_unit(m, l), BlockWeight::e, x});                             \
   } else if (block_has(m, l, BlockPart::part)) {                                                   \
     t.push_back({block_param_name(l, BlockWeight::e), T3D_SHAPE shape, split_dim, decay, init, l,  \
-                 BlockWeight::e != BlockWeight::kRouterBias});                                     \
+                 BlockWeight::e});                                                                 \
   }
       T3D_BLOCK_WEIGHTS(T3D_ROW)
 #undef T3D_ROW

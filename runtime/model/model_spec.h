@@ -13,6 +13,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -54,37 +55,38 @@ namespace t3d::runtime {
   X(kSharedUp,    shared_up,   "mlp.shared_experts.up_proj.weight",   (Fs, C), 0, true, kNormal, kShared) \
   X(kSharedDown,  shared_down, "mlp.shared_experts.down_proj.weight", (C, Fs), 1, true, kResidualOut, kShared)
 
-// The activations a block keeps for its backward, per micro-batch: X(enum, member, name,
-// statistic, elements). Elements are over `d`, the rank's ModelDims; a statistic (a per-row or
-// per-head value) stays fp32 whatever the storage, the others take the activation storage's type.
-// `b` (BlockDims) holds the sizes of the block's kind: a row that kind lacks has 0 elements and
-// is not allocated. Router indices (int32) are statistics too: copied as they are.
-#define T3D_BLOCK_ACTS(X)                                                                         \
-  X(kRstd1, rstd1, "rstd1", true,  d.Nl)                  /* input_layernorm's 1/rms per row */ \
-  X(kXn1,   xn1,   "xn1",   false, d.N * d.C)             /* input_layernorm output */          \
-  X(kQ,     q,     "q",     false, d.N * d.H * d.D)       /* q after RoPE */                    \
-  X(kK,     kk,    "k",     false, d.N * d.Hkv * d.D)     /* k after RoPE */                    \
-  X(kV,     v,     "v",     false, d.N * d.Hkv * d.D)                                           \
-  X(kAttn,  att,   "attn",  false, d.N * d.H * d.D)       /* attention output, before o_proj */ \
-  X(kLse,   lse,   "lse",   true,  d.B * d.H * d.T)       /* attention logsumexp (B, Hl, T) */  \
-  X(kXmid,  xmid,  "xmid",  false, d.Nl * d.C)            /* residual after attention */        \
-  X(kRstd2, rstd2, "rstd2", true,  d.Nl)                                                        \
-  X(kXn2,   xn2,   "xn2",   false, d.N * d.C)             /* post_attention_layernorm output */ \
-  X(kGate,  gate,  "gate",  false, d.N * b.F)                                                   \
-  X(kUp,    up,    "up",    false, d.N * b.F)                                                   \
-  X(kH,     h,     "h",     false, d.N * b.F)             /* silu(gate)·up */                   \
-  X(kScores, scores, "router_scores", true, d.N * b.E)    /* router scores (N, E) */            \
-  X(kChosen, chosen, "router_chosen", true, d.N * b.K)    /* chosen experts (N, K), int32 */    \
-  X(kGates,  gates,  "router_gates",  true, d.N * b.K)    /* their gates (N, K) */              \
-  X(kEGate,  egate,  "expert_gate",   false, b.R * b.Fe)  /* per row the experts take (R) */    \
-  X(kEUp,    eup,    "expert_up",     false, b.R * b.Fe)                                        \
-  X(kEH,     eh,     "expert_h",      false, b.R * b.Fe)                                        \
-  /* expert parallelism: the rows the experts took (expert-major) and how many from whom */     \
-  X(kEX,     ex,     "expert_x",      true,  b.P > 1 ? b.R * d.C : 0)                           \
-  X(kERecv,  erecv,  "expert_recv",   true,  b.P > 1 ? b.P * b.El : 0) /* int32 (P, El) */      \
-  X(kSGate,  sgate,  "shared_gate",   false, d.N * b.Fs)  /* shared experts */                  \
-  X(kSUp,    sup,    "shared_up",     false, d.N * b.Fs)                                        \
-  X(kSH,     sh,     "shared_h",      false, d.N * b.Fs)
+// The activations a block keeps for its backward, per micro-batch: X(enum, member, name, element
+// type, statistic, elements). The type is the member's (`type* member`): float, or int32_t for
+// the router's indices. Elements are over `d`, the rank's ModelDims; a statistic (a per-row or
+// per-head value) stays as it is whatever the storage, the others (float) take the activation
+// storage's type. `b` (BlockDims) holds the sizes of the block's kind: a row that kind lacks has 0
+// elements and is not allocated. Router indices (int32) are statistics: copied as they are.
+#define T3D_BLOCK_ACTS(X)                                                                                      \
+  X(kRstd1,  rstd1,  "rstd1",         float,   true,  d.Nl)          /* input_layernorm's 1/rms per row */   \
+  X(kXn1,    xn1,    "xn1",           float,   false, d.N * d.C)     /* input_layernorm output */            \
+  X(kQ,      q,      "q",             float,   false, d.N * d.H * d.D) /* q after RoPE */                    \
+  X(kK,      kk,     "k",             float,   false, d.N * d.Hkv * d.D) /* k after RoPE */                  \
+  X(kV,      v,      "v",             float,   false, d.N * d.Hkv * d.D)                                     \
+  X(kAttn,   att,    "attn",          float,   false, d.N * d.H * d.D) /* attention output, before o_proj */ \
+  X(kLse,    lse,    "lse",           float,   true,  d.B * d.H * d.T) /* attention logsumexp (B, Hl, T) */  \
+  X(kXmid,   xmid,   "xmid",          float,   false, d.Nl * d.C)    /* residual after attention */          \
+  X(kRstd2,  rstd2,  "rstd2",         float,   true,  d.Nl)                                                  \
+  X(kXn2,    xn2,    "xn2",           float,   false, d.N * d.C)     /* post_attention_layernorm output */   \
+  X(kGate,   gate,   "gate",          float,   false, d.N * b.F)                                             \
+  X(kUp,     up,     "up",            float,   false, d.N * b.F)                                             \
+  X(kH,      h,      "h",             float,   false, d.N * b.F)     /* silu(gate)·up */                     \
+  X(kScores, scores, "router_scores", float,   true,  d.N * b.E)     /* router scores (N, E) */              \
+  X(kChosen, chosen, "router_chosen", int32_t, true,  d.N * b.K)     /* chosen experts (N, K) */             \
+  X(kGates,  gates,  "router_gates",  float,   true,  d.N * b.K)     /* their gates (N, K) */                \
+  X(kEGate,  egate,  "expert_gate",   float,   false, b.R * b.Fe)    /* per row the experts take (R) */      \
+  X(kEUp,    eup,    "expert_up",     float,   false, b.R * b.Fe)                                            \
+  X(kEH,     eh,     "expert_h",      float,   false, b.R * b.Fe)                                            \
+  /* expert parallelism: the rows the experts took (expert-major) and how many from whom */                  \
+  X(kEX,     ex,     "expert_x",      float,   true,  b.P > 1 ? b.R * d.C : 0)                               \
+  X(kERecv,  erecv,  "expert_recv",   int32_t, true,  b.P > 1 ? b.P * b.El : 0) /* (P, El) */                \
+  X(kSGate,  sgate,  "shared_gate",   float,   false, d.N * b.Fs)    /* shared experts */                    \
+  X(kSUp,    sup,    "shared_up",     float,   false, d.N * b.Fs)                                            \
+  X(kSH,     sh,     "shared_h",      float,   false, d.N * b.Fs)
 
 // The output gradients a block's deferred weight-gradient pass (W) needs, per micro-batch, so
 // that W runs every weight-gradient GEMM of the block: X(enum, member, name, fp32, elements).
@@ -241,10 +243,13 @@ struct ParamInfo {
   // Gradient unit: -1 the embedding, l block l, n_layers final norm and head, experts_unit(l)
   // the routed experts of block l.
   int64_t unit = 0;
-  // false: no gradient ever reaches it (the router's selection bias, which its own rule updates
-  // after each optimizer step instead of AdamW).
-  bool trained = true;
+  // A block tensor's row of T3D_BLOCK_WEIGHTS; none for the embedding, final norm and head.
+  std::optional<BlockWeight> row = std::nullopt;
   int64_t expert = -1;  // a routed expert's tensor: its expert; -1 otherwise
+  // The router's selection bias: no gradient ever reaches it, its own rule moves it after each
+  // optimizer step instead of AdamW (runtime/train/router_balance.h).
+  bool router_bias() const { return row == BlockWeight::kRouterBias; }
+  bool trained() const { return !router_bias(); }  // AdamW updates it
 };
 
 // Gradient units past the final norm and head: the routed experts of mixture-of-experts block l

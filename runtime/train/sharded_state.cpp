@@ -239,19 +239,7 @@ double ShardedState::grad_sum_of_squares() const {
   return sum;
 }
 
-void ShardedState::step_router_bias(const Piece& p, const RouterBiasStep& bias) const {
-  const ParamInfo& info = model_.params()[p.param];
-  const auto& layers = *bias.layers;
-  const auto at = std::find(layers.begin(), layers.end(), info.unit);
-  T3D_ASSERT(at != layers.end(), info.name, " is not a router bias of a held block");
-  // The piece's share of its block's deltas, whatever part of the tensor this rank owns.
-  const float* delta = bias.deltas->data() + (at - layers.begin()) * model_.config().n_experts +
-                       (p.lo - model_.layout().at(info.name).offset);
-  kernels::add_inplace(model_.exec(), params(p), delta, p.size());
-}
-
-void ShardedState::adamw_step(const TrainConfig& t, double lr, int64_t step, float grad_scale,
-                              const RouterBiasStep& bias) {
+void ShardedState::adamw_step(const TrainConfig& t, double lr, int64_t step, float grad_scale) {
   kernels::AdamWConfig cfg{static_cast<float>(lr),
                            static_cast<float>(t.beta1),
                            static_cast<float>(t.beta2),
@@ -261,10 +249,7 @@ void ShardedState::adamw_step(const TrainConfig& t, double lr, int64_t step, flo
   const auto& tensors = model_.params();
   for_each_piece(owned(), [&](const Piece& p) {
     const ParamInfo& info = tensors[p.param];
-    if (!info.trained) {
-      if (bias.layers) step_router_bias(p, bias);
-      return;
-    }
+    if (info.router_bias()) return;  // RouterBalance's
     cfg.weight_decay = info.decay ? static_cast<float>(t.weight_decay) : 0.0f;
     kernels::adamw_step(model_.exec(), params(p), grads(p), exp_avg(p), exp_avg_sq(p), p.size(),
                         cfg, step);
@@ -340,9 +325,8 @@ double TrainingState::grad_sum_of_squares() const {
   return sum;
 }
 
-void TrainingState::adamw_step(const TrainConfig& t, double lr, int64_t step, float grad_scale,
-                               const RouterBiasStep& bias) {
-  for (const auto& g : groups_) g->adamw_step(t, lr, step, grad_scale, bias);
+void TrainingState::adamw_step(const TrainConfig& t, double lr, int64_t step, float grad_scale) {
+  for (const auto& g : groups_) g->adamw_step(t, lr, step, grad_scale);
 }
 
 }  // namespace t3d::runtime

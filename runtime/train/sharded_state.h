@@ -35,15 +35,6 @@
 
 namespace t3d::runtime {
 
-// Aux-loss-free balancing of a mixture of experts (model.router_bias_rate): what each router
-// bias moves by this step, E per block of `layers` (Model's moe_layers()): rate·sign(mean −
-// count) of the tokens the step routed over the whole batch (kernels::moe_bias_update from 0).
-// No layers: no step.
-struct RouterBiasStep {
-  const std::vector<int64_t>* layers = nullptr;
-  const std::vector<float>* deltas = nullptr;
-};
-
 class ShardedState {
  public:
   // `model` built with the regions parallel::full_regions(zero) keeps (build_stage does). Cuts
@@ -125,17 +116,15 @@ class ShardedState {
   double grad_sum_of_squares() const;
   // AdamW over owned(), each piece with its tensor's weight decay (train.weight_decay for
   // matrices, none for norms: ParamInfo::decay), on the gradients times `grad_scale` (clipping;
-  // folded into the update, so the stored gradients stay unscaled). Tensors without gradients
-  // (ParamInfo::trained false: the router biases) take `bias`'s rule instead, on the same owned
-  // pieces, before the updated parameters are gathered.
-  void adamw_step(const TrainConfig& t, double lr, int64_t step, float grad_scale,
-                  const RouterBiasStep& bias = RouterBiasStep{});
+  // folded into the update, so the stored gradients stay unscaled); then gathers the updated
+  // parameters. The router biases (ParamInfo::router_bias) are left to RouterBalance
+  // (router_balance.h), which applies their step to the owned pieces before this.
+  void adamw_step(const TrainConfig& t, double lr, int64_t step, float grad_scale);
 
  private:
   Store store(const std::vector<parallel::FloatRange>& ranges, float* shard, float* region) const;
 
   void attach_to_model();
-  void step_router_bias(const Piece& p, const RouterBiasStep& bias) const;
 
   Model& model_;
   StateGroup kind_;
@@ -183,8 +172,7 @@ class TrainingState {
   // Over every group's partition(): summed over the world, the global sum exactly (each element
   // once).
   double grad_sum_of_squares() const;
-  void adamw_step(const TrainConfig& t, double lr, int64_t step, float grad_scale,
-                  const RouterBiasStep& bias = RouterBiasStep{});
+  void adamw_step(const TrainConfig& t, double lr, int64_t step, float grad_scale);
 
  private:
   Model& model_;

@@ -28,8 +28,8 @@
 #include "runtime/model/model.h"
 #include "runtime/stage/executor.h"
 #include "runtime/stage/stage.h"
-#include "runtime/train/expert_load.h"
 #include "runtime/train/metrics.h"
+#include "runtime/train/router_balance.h"
 #include "runtime/train/sharded_state.h"
 #include "runtime/train/snapshots.h"
 #include "runtime/train/training_math.h"
@@ -80,8 +80,9 @@ struct Trainer::Impl {
   std::unique_ptr<kernels::Arena> arena;
   std::unique_ptr<PipelineExecutor> executor;
   std::unique_ptr<Model> model;
-  std::unique_ptr<TrainingState> state;  // what this rank updates: ZeRO shards, moments, reducers
-  std::optional<MicroBatchFeed> feed;    // a step's micro-batches, cut to this cp rank
+  std::unique_ptr<TrainingState> state;    // what this rank updates: ZeRO shards, moments, reducers
+  std::unique_ptr<RouterBalance> balance;  // a mixture of experts' routing counts and biases
+  std::optional<MicroBatchFeed> feed;      // a step's micro-batches, cut to this cp rank
   int cp = 1, cp_rank = 0;
   std::unique_ptr<MetricsWriter> metrics;
   std::unique_ptr<Snapshotter> snapshots;
@@ -130,6 +131,7 @@ struct Trainer::Impl {
                                             static_cast<int>(r.parallel.zero), r.parallel.bucket_mb,
                                             *arena);
     state->init(seed);
+    balance = std::make_unique<RouterBalance>(mesh, *model, state->dense());
     feed.emplace(rows, T, cp, cp_rank, n_micro);
     flops_per_token = model_train_flops_per_token(r.model);
     if (mesh.rank() == 0)
@@ -428,7 +430,7 @@ struct Trainer::Impl {
       rec.grad_norm = norm;
       rec.lr = learning_rate(t, step);
       rec.aux_loss = sums[2];
-      const RouterBiasStep bias_step = expert_balance(rec);
+      rec.expert_load = balance->measure(rec.step);
       // loss and norm are all-reduced: every rank takes the same branch.
       if (diverged(loss, norm)) {
         skip_diverged(step + 1, loss, norm);
@@ -436,7 +438,8 @@ struct Trainer::Impl {
       } else {
         consecutive_skips = 0;
         parallel::trace::Span optimizer_span("optimizer", "compute");
-        state->adamw_step(t, rec.lr, step + 1, clip_coefficient(t.grad_clip, norm), bias_step);
+        balance->apply();
+        state->adamw_step(t, rec.lr, step + 1, clip_coefficient(t.grad_clip, norm));
       }
       const bool last = step + 1 == t.steps;
       if (val_sampler && t.val_every > 0 && ((step + 1) % t.val_every == 0 || last))
@@ -464,36 +467,6 @@ struct Trainer::Impl {
                  groups[4]->counters().bytes, groups[5]->counters().bytes);
     state->log_counters();
     return summary;
-  }
-
-  // Mixture of experts, once per step: the tokens the step routed to each expert, summed over
-  // dp × cp (the ranks that saw other tokens of this stage's blocks), give the load the metrics
-  // report (every stage's blocks) and the router biases' step. Then the counts restart.
-  std::vector<double> expert_counts;
-  std::vector<float> bias_deltas;  // RouterBiasStep's, reused step after step
-  RouterBiasStep expert_balance(StepRecord& rec) {
-    if (!r.model.moe()) return {};
-    expert_counts = model->expert_counts();
-    if (!expert_counts.empty()) mesh.dp_cp().all_reduce(expert_counts.data(), expert_counts.size());
-    rec.expert_load = measure_expert_load(mesh, *model, state->dense(), expert_counts);
-    watch_idle_experts(rec);
-    model->reset_moe_stats();
-    const size_t E = static_cast<size_t>(r.model.n_experts);
-    if (r.model.router_bias_rate <= 0) return {};
-    bias_deltas.assign(expert_counts.size(), 0.0f);
-    for (size_t b = 0; b < expert_counts.size(); b += E)
-      kernels::moe_bias_update(bias_deltas.data() + b, expert_counts.data() + b,
-                               static_cast<int64_t>(E),
-                               static_cast<float>(r.model.router_bias_rate));
-    return {&model->moe_layers(), &bias_deltas};
-  }
-
-  // Rank 0 warns once per streak when a MoE layer's router has collapsed (model/expert_idle.h).
-  IdleExpertWatch idle_experts;
-  void watch_idle_experts(const StepRecord& rec) {
-    const ExpertLoad& load = rec.expert_load;
-    for (const auto& flag : idle_experts.step(rec.step, load.layers, load.idle))
-      if (mesh.rank() == 0) spdlog::warn("{}", IdleExpertWatch::describe({flag}));
   }
 
   // Rank 0's failed metrics write, kept until every rank learns of it (no extra collective).

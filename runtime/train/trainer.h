@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "runtime/launch/job.h"
-#include "runtime/train/expert_load.h"
+#include "runtime/train/router_balance.h"
 
 namespace t3d::runtime {
 

@@ -9,6 +9,8 @@
 #include "kernels/ops.h"
 #include "kernels/ops_decode.h"
 #include "kernels/ops_moe.h"
+#include "kernels/ops_swiglu.h"
+#include "runtime/model/moe_block.h"
 
 namespace t3d::runtime {
 
@@ -97,10 +99,9 @@ std::span<const float> Decoder::step(int32_t token) {
       moe_step(L);
       continue;
     }
-    k::linear_forward(gemm_, gate_.data(), xn_.data(), L.gate, 1, C, F);
-    k::linear_forward(gemm_, up_.data(), xn_.data(), L.up, 1, C, F);
-    k::swiglu_forward(k::kCpu, h_.data(), gate_.data(), up_.data(), F);
-    k::linear_forward(gemm_, x_.data(), h_.data(), L.down, 1, F, C, k::Out::kAccumulate);
+    k::swiglu_mlp_forward(gemm_, x_.data(), k::Out::kAccumulate,
+                          k::LinearInput(gemm_, xn_.data(), 1, C), {L.gate, L.up, L.down},
+                          {gate_.data(), up_.data(), h_.data()}, {}, F);
   }
   k::rmsnorm_forward(k::kCpu, xn_.data(), &rstd_, x_.data(), norm_, 1, C, eps);
   k::linear_forward(gemm_, logits_.data(), xn_.data(), head_, 1, C, m.vocab_size);
@@ -108,31 +109,27 @@ std::span<const float> Decoder::step(int32_t token) {
   return logits_;
 }
 
+// The MoE block as training computes it on one rank without a capacity (one token never drops):
+// the same router (runtime/model/moe_block.h), experts and shared experts.
 void Decoder::moe_step(const Layer& L) {
   const auto& m = config_;
-  const int64_t C = m.dim, E = m.n_experts, K = m.experts_per_token, Fe = m.moe_ffn_dim;
-  k::RouterShape r{1, E, K, m.router_score, m.router_norm_topk, static_cast<float>(m.router_scale)};
-  const k::GemmKind router_gemm =
-      k::gemm_kind_is_bf16(gemm_) ? k::GemmKind::kOneDnnF32 : gemm_;  // fp32, as in training
-  k::linear_forward(router_gemm, router_scores_.data(), xn_.data(), L.router, 1, C, E);
-  k::moe_route_forward(router_scores_.data(), chosen_.data(), gates_.data(), router_scores_.data(),
-                       L.router_bias, r);
+  const int64_t C = m.dim, E = m.n_experts, K = m.experts_per_token;
+  const k::RouterShape r = router_shape(m, 1);
+  route(gemm_, router_scores_.data(), chosen_.data(), gates_.data(), xn_.data(), L.router,
+        L.router_bias, r, C);
   k::moe_permute(expert_offsets_.data(), row_of_slot_.data(), slot_of_row_.data(), chosen_.data(),
                  1, E, K);
-  k::moe_gather(rows_in_.data(), xn_.data(), slot_of_row_.data(), K, K, C);
-  k::moe_experts_forward(gemm_, rows_out_.data(), egate_.data(), eup_.data(), eh_.data(),
-                         rows_in_.data(), L.expert_gate, L.expert_up, L.expert_down,
-                         expert_offsets_.data(), {E, C, Fe});
-  k::moe_combine(branch_.data(), rows_out_.data(), gates_.data(), row_of_slot_.data(), 1, K, C,
-                 k::Out::kWrite);
-  if (L.shared_gate) {
-    const int64_t Fs = m.shared_ffn_dim();
-    k::linear_forward(gemm_, gate_.data(), xn_.data(), L.shared_gate, 1, C, Fs);
-    k::linear_forward(gemm_, up_.data(), xn_.data(), L.shared_up, 1, C, Fs);
-    k::swiglu_forward(k::kCpu, h_.data(), gate_.data(), up_.data(), Fs);
-    k::linear_forward(gemm_, branch_.data(), h_.data(), L.shared_down, 1, Fs, C,
-                      k::Out::kAccumulate);
-  }
+  k::moe_gather(gemm_, rows_in_.data(), xn_.data(), slot_of_row_.data(), K, K, C);
+  k::moe_experts_forward(gemm_, rows_out_.data(), {egate_.data(), eup_.data(), eh_.data()},
+                         rows_in_.data(), {L.expert_gate, L.expert_up, L.expert_down},
+                         expert_offsets_.data(), {E, C, m.moe_ffn_dim});
+  k::moe_combine(gemm_, branch_.data(), rows_out_.data(), gates_.data(), row_of_slot_.data(), 1, K,
+                 C, k::Out::kWrite);
+  if (L.shared_gate)
+    k::swiglu_mlp_forward(gemm_, branch_.data(), k::Out::kAccumulate,
+                          k::LinearInput(gemm_, xn_.data(), 1, C),
+                          {L.shared_gate, L.shared_up, L.shared_down},
+                          {gate_.data(), up_.data(), h_.data()}, {}, m.shared_ffn_dim());
   k::add_inplace(k::kCpu, x_.data(), branch_.data(), C);
 }
 

@@ -377,7 +377,7 @@ TEST(ModelEpMpi, SplitBackwardLeavesEveryWeightGradientToW) {
       for (const auto& p : split.params()) {
         const auto& t = split.layout().at(p.name);
         const bool block_matrix =
-            p.unit >= 0 && p.unit != cfg.n_layers && p.trained && p.global_shape.size() == 2;
+            p.unit >= 0 && p.unit != cfg.n_layers && p.trained() && p.global_shape.size() == 2;
         const float* w = want.grads.data() + t.offset;
         if (!block_matrix) {  // norms, embedding, head, the untrained bias: final after B
           expect_same(grads + t.offset, w, t.numel, 0, p.name + " after B");

@@ -369,7 +369,7 @@ TEST(ModelSpec, MoeParameterTableHasATensorPerExpert) {
     shapes[p.name] = p.global_shape;
     if (p.unit == 1) block1.push_back(p.name);
     if (p.unit == experts_unit(m, 1)) experts1.push_back(p.name);
-    EXPECT_EQ(p.trained, p.name.find("router.bias") == std::string::npos) << p.name;
+    EXPECT_EQ(p.trained(), p.name.find("router.bias") == std::string::npos) << p.name;
     // The experts' units follow every other unit: the state groups are contiguous.
     const bool expert = state_group(m, p.unit) == StateGroup::kExperts;
     EXPECT_EQ(expert, p.expert >= 0) << p.name;

@@ -1,9 +1,9 @@
-// The idle-expert rule (runtime/train/expert_load.h): a MoE layer is flagged once its experts
+// The idle-expert rule (runtime/model/expert_idle.h): a MoE layer is flagged once its experts
 // were idle in kIdleExpertSteps consecutive steps, reported once per streak, and a step in which
 // every expert got tokens starts the count anew.
 #include <gtest/gtest.h>
 
-#include "runtime/train/expert_load.h"
+#include "runtime/model/expert_idle.h"
 
 namespace t3d::runtime {
 namespace {
