@@ -339,18 +339,19 @@ LayoutProblem layout_problem(const ModelConfig& m, const ParallelConfig& p, cons
                                " is not divisible by 2·cp = " + is(2 * p.cp) +
                                "; each cp rank holds two equal parts of every sequence (the "
                                "zig-zag split)"};
-  if (m.n_heads % p.tp != 0)
-    return {"parallel.tp", "model.n_heads = " + is(m.n_heads) + " is not divisible by tp = " +
-                               is(p.tp) + "; each tp rank must hold whole heads"};
-  if (m.n_kv_heads % p.tp != 0)
-    return {"parallel.tp",
-            "model.n_kv_heads = " + is(m.n_kv_heads) + " is not divisible by tp = " + is(p.tp)};
-  if (m.vocab_size % p.tp != 0)
-    return {"parallel.tp", "model.vocab_size = " + is(m.vocab_size) + " is not divisible by tp = " +
-                               is(p.tp) + " (vocab-parallel embedding and loss)"};
-  if (m.ffn_dim % p.tp != 0)
-    return {"parallel.tp",
-            "model.ffn_dim = " + is(m.ffn_dim) + " is not divisible by tp = " + is(p.tp)};
+  // What tp splits whole, in the order they are checked.
+  const struct {
+    const char* key;
+    int64_t size;
+    const char* why;
+  } tp_splits[] = {{"model.n_heads", m.n_heads, "; each tp rank must hold whole heads"},
+                   {"model.n_kv_heads", m.n_kv_heads, ""},
+                   {"model.vocab_size", m.vocab_size, " (vocab-parallel embedding and loss)"},
+                   {"model.ffn_dim", m.ffn_dim, ""}};
+  for (const auto& split : tp_splits)
+    if (split.size % p.tp != 0)
+      return {"parallel.tp", std::string(split.key) + " = " + is(split.size) +
+                                 " is not divisible by tp = " + is(p.tp) + split.why};
   if (m.moe() && (m.moe_ffn_dim % p.tp != 0 || m.moe_ffn_dim / p.tp * m.dim % 16 != 0))
     return {"parallel.tp", "model.moe_ffn_dim = " + is(m.moe_ffn_dim) +
                                " must split over tp = " + is(p.tp) +
