@@ -326,9 +326,10 @@ void recipe_detail::validate(const Recipe& r) {
   validate_data_snapshot_run(r);
 }
 
-LayoutProblem layout_problem(const ModelConfig& m, const ParallelConfig& p, const TrainConfig& t) {
-  // The first check that fails is the answer; later checks divide by what earlier ones found
-  // positive.
+namespace {
+
+// Each rank count at least 1, and what cp and tp split divides by them.
+LayoutProblem split_problem(const ModelConfig& m, const ParallelConfig& p) {
   if (p.pp < 1) return {"parallel.pp", "must be ≥ 1, got " + is(p.pp)};
   if (p.tp < 1) return {"parallel.tp", "must be ≥ 1, got " + is(p.tp)};
   if (p.cp < 1) return {"parallel.cp", "must be ≥ 1, got " + is(p.cp)};
@@ -360,6 +361,11 @@ LayoutProblem layout_problem(const ModelConfig& m, const ParallelConfig& p, cons
   if (m.moe() && m.shared_ffn_dim() % p.tp != 0)
     return {"parallel.tp", "the shared experts' width n_shared_experts·moe_ffn_dim = " +
                                is(m.shared_ffn_dim()) + " is not divisible by tp = " + is(p.tp)};
+  return {};
+}
+
+// Expert parallelism: ep against the experts and the dp × cp ranks it is carved from.
+LayoutProblem expert_problem(const ModelConfig& m, const ParallelConfig& p) {
   if (p.ep < 1)
     return {"parallel.ep", "must be ≥ 1 (1: every rank holds every expert), got " + is(p.ep)};
   if (p.ep != 1 && !m.moe())
@@ -375,6 +381,12 @@ LayoutProblem layout_problem(const ModelConfig& m, const ParallelConfig& p, cons
     return {"model.router_aux_coef",
             "the sequence-wise auxiliary loss needs whole sequences on a rank: parallel.cp = 1, "
             "or router_aux_coef = 0 (router_bias_rate balances without it)"};
+  return {};
+}
+
+// The pipeline: virtual stages against the schedule, micro-batches, and the layers per chunk.
+LayoutProblem pipeline_problem(const ModelConfig& m, const ParallelConfig& p,
+                               const TrainConfig& t) {
   if (p.virtual_stages < 1) return {"parallel.virtual_stages", "must be ≥ 1"};
   // ZB-V folds exactly two chunks per stage into a V: pp = 1 has nothing to fold.
   if (p.schedule == ScheduleKind::kZBV && p.pp < 2)
@@ -419,6 +431,17 @@ LayoutProblem layout_problem(const ModelConfig& m, const ParallelConfig& p, cons
       prev = s;
     }
   }
+  return {};
+}
+
+}  // namespace
+
+LayoutProblem layout_problem(const ModelConfig& m, const ParallelConfig& p, const TrainConfig& t) {
+  // The first check that fails is the answer; later checks divide by what earlier ones found
+  // positive.
+  if (LayoutProblem problem = split_problem(m, p); !problem.none()) return problem;
+  if (LayoutProblem problem = expert_problem(m, p); !problem.none()) return problem;
+  if (LayoutProblem problem = pipeline_problem(m, p, t); !problem.none()) return problem;
   if (p.zero < 0 || p.zero > 3) return {"parallel.zero", "must be 0, 1, 2 or 3, got " + is(p.zero)};
   if (p.dp >= 1 && t.global_batch % (p.dp * t.micro_batches) != 0)
     return {"train.global_batch", "global_batch = " + is(t.global_batch) +
