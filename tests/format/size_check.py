@@ -6,8 +6,8 @@ Prints each offender and fails; split by job (a helper, a file per concern), nev
 A function is found by brace depth over the code with comments, string and character literals and
 preprocessor lines blanked out: a '{' at namespace or class scope, outside parentheses, opens a
 function body when the text since the previous declaration holds a ')' (a signature) and names no
-namespace/class/struct/union/enum; a member's brace initialiser in a constructor's list
-('X() : v_{1}') is not a body. The function's lines run from the first line of its declaration to
+namespace/class/struct/union/enum outside its template arguments and parentheses; a member's
+brace initialiser in a constructor's list ('X() : v_{1}') is not a body. The function's lines run from the first line of its declaration to
 its closing '}'; lambdas and local classes inside it count towards it. A ')' before an initialiser
 at namespace scope that is not a signature would be misread; the tree has none (the check also
 fails on unbalanced braces, so a misread shows).
@@ -20,7 +20,18 @@ MAX_FILE_LINES = 600
 MAX_FUNCTION_LINES = 100
 FOLDERS = ("apps", "runtime", "parallel", "checkpoint", "kernels")
 ENDINGS = (".cpp", ".h", ".inc", ".cu", ".cuh")
-CONTAINER = re.compile(r"^(?:template\s*<.*?>\s*)?(?:typedef\s+)?(namespace|class|struct|union|enum|extern)\b")
+CONTAINER = re.compile(r"^extern\b|\b(namespace|class|struct|union|enum)\b")
+
+
+def opens_container(header):
+    """Whether a declaration opens a namespace, class, struct, union, enum or extern "C" block: one
+    of those words outside its template arguments, parentheses (requires-clauses, parameters)."""
+    outer, previous = header, None
+    while outer != previous:  # innermost groups first: <...> without parentheses, then (...)
+        previous = outer
+        outer = re.sub(r"<[^<>()]*>", " ", outer)
+        outer = re.sub(r"\([^()]*\)", " ", outer)
+    return CONTAINER.search(outer) is not None
 
 
 def blank_non_code(text):
@@ -109,7 +120,7 @@ def long_functions(code):
         if c == "{" and parens == 0:
             text = "".join(header).strip()
             initialises_member = re.search(r"\)\s*:", text) and re.search(r"[\w>]\s*$", text)
-            if CONTAINER.match(text):
+            if opens_container(text):
                 scopes.append("container")
                 header, header_start = [], None
             elif ")" in text and not initialises_member:
