@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -296,6 +297,203 @@ int print_keys() {
   return 0;
 }
 
+// Every option's value, filled by CLI11; a verb's run reads its own.
+struct CommandLine {
+  Options o;
+  std::vector<std::string> argv;  // the whole command line (self-launch repeats it)
+  std::string snapshot, json, prompt, seed, out_dir, hf_dir;
+  int64_t max_tokens = 200;
+  runtime::SelfcheckOptions check;
+  runtime::PlanOptions plan;
+  runtime::EvalOptions eval;
+  runtime::SamplingOptions sampling;
+  runtime::ExportOptions export_opts;
+  runtime::TokenizeOptions tok;
+};
+
+// One verb: its subcommand, with its options, and what runs when it is the one given.
+struct Verb {
+  CLI::App* cmd;
+  std::function<int()> run;
+};
+
+void add_sets(CLI::App* cmd, Options& o) {
+  cmd->add_option("--set", o.sets, "Override a recipe key: --set parallel.tp=2 (repeatable)")
+      ->type_name("KEY=VALUE");
+}
+
+void add_restarts(CLI::App* cmd, Options& o) {
+  cmd->add_option("--max-restarts", o.max_restarts,
+                  "Relaunch a self-launched job from its newest snapshot after a rank died or "
+                  "hung, at most N times (run.max_restarts; 0: never)")
+      ->check(CLI::Range(0, 1000));
+}
+
+Verb train_verb(CLI::App& app, CommandLine& c) {
+  auto* cmd = app.add_subcommand("train", "Train the model a recipe describes");
+  cmd->add_option("recipe", c.o.recipe, "Recipe TOML file")->required();
+  add_sets(cmd, c.o);
+  cmd->add_option("--np", c.o.np,
+                  "Ranks to spawn when titan3d launches itself and parallel.dp = -1")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_flag("--dry-run", c.o.dry_run,
+                "Validate the recipe, overrides and input files as a run would before "
+                "starting any rank; start none (exit 0: fine, 2: a problem)");
+  cmd->add_flag("--trace", c.o.trace,
+                "Write a Chrome trace (trace.json in the run directory; run.trace = true)");
+  add_restarts(cmd, c.o);
+  return {cmd, [&c] { return train(c.o, c.argv); }};
+}
+
+Verb resume_verb(CLI::App& app, CommandLine& c) {
+  auto* cmd = app.add_subcommand("resume", "Continue a run from an HDF5 snapshot");
+  cmd->add_option("snapshot", c.snapshot, "Snapshot file (.h5)")->required();
+  add_sets(cmd, c.o);
+  add_restarts(cmd, c.o);
+  return {cmd, [&c] { return resume(c.snapshot, c.o, c.argv); }};
+}
+
+Verb selfcheck_verb(CLI::App& app, CommandLine& c) {
+  auto* cmd = app.add_subcommand(
+      "selfcheck", "Diagnose ranks and groups: collectives, P2P, replicas, bandwidth, GEMM speed");
+  cmd->add_option("recipe", c.o.recipe,
+                  "Recipe TOML file (its mesh and model are checked); default: the "
+                  "default model on dp = all ranks");
+  add_sets(cmd, c.o);
+  cmd->add_option("--json", c.json, "Also write the report as JSON to this file");
+  cmd->add_flag("--quick", c.check.quick, "Fewer message sizes and iterations");
+  cmd->add_option("--np", c.o.np,
+                  "Ranks to spawn when titan3d launches itself and parallel.dp = -1 "
+                  "(default 2 without a recipe)")
+      ->check(CLI::Range(1, 1 << 20));
+  return {cmd, [&c] { return selfcheck(c.o, c.check, c.json, c.argv); }};
+}
+
+// `plan`: options go straight into runtime::PlanOptions; see docs/planner.md.
+Verb plan_verb(CLI::App& app, CommandLine& c) {
+  runtime::PlanOptions& plan = c.plan;
+  auto* cmd = app.add_subcommand("plan", "Choose DP×TP×PP for a model and a cluster");
+  cmd->add_option("recipe", c.o.recipe, "Recipe TOML file (model and training shape)")->required();
+  add_sets(cmd, c.o);
+  cmd->add_option("--cluster", plan.cluster,
+                  "Cluster TOML file (recipes/clusters/); default: this machine");
+  cmd->add_option("--top", plan.top, "Rows of the ranked table")
+      ->capture_default_str()
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  cmd->add_option("--explain", plan.explain,
+                  "Show the arithmetic of table row N (0: the recipe's own layout)");
+  cmd->add_option("--write-recipe", plan.write_recipe, "Write the best layout as a recipe");
+  cmd->add_flag("--schedule", plan.schedule,
+                "Simulate the recipe's own layout: timeline and summary");
+  cmd->add_option("--svg", plan.svg, "With --schedule: also draw the timeline as SVG");
+  cmd->add_flag("--calibrate", plan.calibrate,
+                "Measure compute and MPI speeds here, with the recipe's ranks");
+  cmd->add_option("--calibrate-probe", plan.calibrate_probe)->group("");  // internal
+  cmd->add_option(
+         "--zero", plan.zero,
+         "ZeRO stages to try, e.g. --zero 0,1 (default: 0,1,2; 3 is priced only on request)")
+      ->delimiter(',');
+  return {cmd, [&c] {
+            c.plan.recipe = c.o.recipe;
+            c.plan.overrides = overrides(c.o);
+            c.plan.argv = c.argv;
+            return runtime::run_plan(c.plan);
+          }};
+}
+
+Verb keys_verb(CLI::App& app) {
+  return {app.add_subcommand("keys", "Print every recipe key: type, default, meaning"), print_keys};
+}
+
+// Using a trained model (docs/eval-generate-export.md): eval, generate, export.
+Verb eval_verb(CLI::App& app, CommandLine& c) {
+  auto* cmd = app.add_subcommand(
+      "eval", "Mean cross-entropy and perplexity of a snapshot's model over a data file");
+  cmd->add_option("snapshot", c.snapshot, "Snapshot file (.h5)")->required();
+  cmd->add_option("--data", c.eval.data,
+                  "Text (read through the snapshot's data.tokenizer) or token file; "
+                  "default: the recipe's validation data, as the trainer reads it");
+  cmd->add_option("--batches", c.eval.batches,
+                  "Batches of train.global_batch windows, 1 or more (default: every window of "
+                  "--data once; train.val_batches for the recipe's validation data)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
+  cmd->add_option("--json", c.eval.json, "Also write the result as JSON to this file");
+  add_sets(cmd, c.o);
+  return {cmd, [&c] { return eval(c.snapshot, c.eval, c.o, c.argv); }};
+}
+
+Verb generate_verb(CLI::App& app, CommandLine& c) {
+  auto* cmd = app.add_subcommand("generate", "Sample text from a snapshot's model (one process)");
+  cmd->add_option("snapshot", c.snapshot, "Snapshot file (.h5)")->required();
+  cmd->add_option("--prompt", c.prompt, "Text to continue")->required();
+  cmd->add_option("--max-tokens", c.max_tokens,
+                  "Tokens to generate, at most " + std::to_string(runtime::kMaxGenerateTokens))
+      ->capture_default_str();
+  cmd->add_option("--temperature", c.sampling.temperature, "Softmax temperature; 0: greedy")
+      ->capture_default_str();
+  cmd->add_option("--top-k", c.sampling.top_k, "Sample among the k most likely; 0: all")
+      ->capture_default_str();
+  // Parsed here: CLI11 wraps "-1" into an unsigned integer and saturates 2^64.
+  c.seed = std::to_string(c.sampling.seed);
+  cmd->add_option("--seed", c.seed, "Random seed, 0 to 2^64 - 1 (same seed, same text)")
+      ->capture_default_str();
+  return {cmd, [&c] {
+            reexec_with_openblas_coretype(c.argv);
+            const std::string& seed = c.seed;
+            const auto [end, ec] =
+                std::from_chars(seed.data(), seed.data() + seed.size(), c.sampling.seed);
+            T3D_USER_CHECK(ec == std::errc() && end == seed.data() + seed.size() && !seed.empty(),
+                           "--seed is `", seed, "`; give an integer from 0 to 2^64 - 1");
+            return generate(c.snapshot, c.prompt, c.max_tokens, c.sampling);
+          }};
+}
+
+Verb export_verb(CLI::App& app, CommandLine& c) {
+  auto* cmd = app.add_subcommand(
+      "export",
+      "Write model.safetensors + config.json (Hugging Face LlamaForCausalLM; a mixture "
+      "of experts as MixtralForCausalLM or Qwen2MoeForCausalLM)");
+  cmd->add_option("snapshot", c.snapshot, "Snapshot file (.h5)")->required();
+  cmd->add_option("--out", c.out_dir, "Output directory")->required();
+  cmd->add_option("--dtype", c.export_opts.dtype, "fp32 | bf16: the tensors' type")
+      ->capture_default_str();
+  return {cmd, [&c] { return export_model(c.snapshot, c.out_dir, c.export_opts); }};
+}
+
+Verb import_verb(CLI::App& app, CommandLine& c) {
+  auto* cmd = app.add_subcommand(
+      "import",
+      "Read a Hugging Face LLaMA, Mixtral or Qwen2-MoE directory into a snapshot at step 0 "
+      "(to fine-tune)");
+  cmd->add_option("hf_dir", c.hf_dir, "Directory: config.json + safetensors weights")->required();
+  cmd->add_option("--out", c.out_dir, "Snapshot directory DIR to create, or DIR/step_00000000.h5")
+      ->required();
+  return {cmd, [&c] { return app::import_model(c.hf_dir, c.out_dir); }};
+}
+
+Verb tokenize_verb(CLI::App& app, CommandLine& c) {
+  runtime::TokenizeOptions& tok = c.tok;
+  auto* cmd = app.add_subcommand(
+      "tokenize", "Train a SentencePiece tokenizer and encode text into token files (or decode)");
+  cmd->add_option("input", tok.input, "Text file (with --decode: a token file)")->required();
+  cmd->add_option("--tokenizer", tok.tokenizer,
+                  "SentencePiece model file: written with --vocab, read otherwise "
+                  "(\"bytes\": the byte tokenizer)")
+      ->required();
+  cmd->add_option("--vocab", tok.vocab,
+                  "Train a tokenizer of N ids on the input first (byte fallback on)")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 31));
+  cmd->add_option("--type", tok.type, "bpe | unigram (with --vocab)")->capture_default_str();
+  cmd->add_option("--out", tok.out,
+                  "Token file to write (llm.c layout; uint32 version 2 past 65,535); "
+                  "with --decode the text (default stdout)");
+  cmd->add_flag("--decode", tok.decode, "Decode the token file INPUT back into text");
+  cmd->add_flag("--bos", tok.bos,
+                "Start the token file with the BOS id <s>, as data.bos = true reads the "
+                "text (for a model imported with data.bos)");
+  return {cmd, [&c] { return app::tokenize(c.tok); }};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -303,171 +501,21 @@ int main(int argc, char** argv) {
       "titan3d: 3D-parallel (data × tensor × pipeline) training of LLaMA-style transformers over "
       "MPI"};
   app.require_subcommand(1);
-  Options o;
-  app.add_option("--log-level", o.log_level, "trace | debug | info | warn | error")
+  CommandLine c;
+  app.add_option("--log-level", c.o.log_level, "trace | debug | info | warn | error")
       ->check(CLI::IsMember({"trace", "debug", "info", "warn", "error"}));
-
-  auto add_sets = [&](CLI::App* cmd) {
-    cmd->add_option("--set", o.sets, "Override a recipe key: --set parallel.tp=2 (repeatable)")
-        ->type_name("KEY=VALUE");
-  };
-  auto add_restarts = [&](CLI::App* cmd) {
-    cmd->add_option("--max-restarts", o.max_restarts,
-                    "Relaunch a self-launched job from its newest snapshot after a rank died or "
-                    "hung, at most N times (run.max_restarts; 0: never)")
-        ->check(CLI::Range(0, 1000));
-  };
-  auto* train_cmd = app.add_subcommand("train", "Train the model a recipe describes");
-  train_cmd->add_option("recipe", o.recipe, "Recipe TOML file")->required();
-  add_sets(train_cmd);
-  train_cmd
-      ->add_option("--np", o.np, "Ranks to spawn when titan3d launches itself and parallel.dp = -1")
-      ->check(CLI::Range(1, 1 << 20));
-  train_cmd->add_flag("--dry-run", o.dry_run,
-                      "Validate the recipe, overrides and input files as a run would before "
-                      "starting any rank; start none (exit 0: fine, 2: a problem)");
-  train_cmd->add_flag("--trace", o.trace,
-                      "Write a Chrome trace (trace.json in the run directory; run.trace = true)");
-  add_restarts(train_cmd);
-
-  std::string snapshot;
-  auto* resume_cmd = app.add_subcommand("resume", "Continue a run from an HDF5 snapshot");
-  resume_cmd->add_option("snapshot", snapshot, "Snapshot file (.h5)")->required();
-  add_sets(resume_cmd);
-  add_restarts(resume_cmd);
-
-  std::string json;
-  runtime::SelfcheckOptions check;
-  auto* selfcheck_cmd = app.add_subcommand(
-      "selfcheck", "Diagnose ranks and groups: collectives, P2P, replicas, bandwidth, GEMM speed");
-  selfcheck_cmd->add_option("recipe", o.recipe,
-                            "Recipe TOML file (its mesh and model are checked); default: the "
-                            "default model on dp = all ranks");
-  add_sets(selfcheck_cmd);
-  selfcheck_cmd->add_option("--json", json, "Also write the report as JSON to this file");
-  selfcheck_cmd->add_flag("--quick", check.quick, "Fewer message sizes and iterations");
-  selfcheck_cmd
-      ->add_option("--np", o.np,
-                   "Ranks to spawn when titan3d launches itself and parallel.dp = -1 "
-                   "(default 2 without a recipe)")
-      ->check(CLI::Range(1, 1 << 20));
-
-  // `plan`: options go straight into runtime::PlanOptions; see docs/planner.md.
-  runtime::PlanOptions plan;
-  auto* plan_cmd = app.add_subcommand("plan", "Choose DP×TP×PP for a model and a cluster");
-  plan_cmd->add_option("recipe", o.recipe, "Recipe TOML file (model and training shape)")
-      ->required();
-  add_sets(plan_cmd);
-  plan_cmd->add_option("--cluster", plan.cluster,
-                       "Cluster TOML file (recipes/clusters/); default: this machine");
-  plan_cmd->add_option("--top", plan.top, "Rows of the ranked table")
-      ->capture_default_str()
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
-  plan_cmd->add_option("--explain", plan.explain,
-                       "Show the arithmetic of table row N (0: the recipe's own layout)");
-  plan_cmd->add_option("--write-recipe", plan.write_recipe, "Write the best layout as a recipe");
-  plan_cmd->add_flag("--schedule", plan.schedule,
-                     "Simulate the recipe's own layout: timeline and summary");
-  plan_cmd->add_option("--svg", plan.svg, "With --schedule: also draw the timeline as SVG");
-  plan_cmd->add_flag("--calibrate", plan.calibrate,
-                     "Measure compute and MPI speeds here, with the recipe's ranks");
-  plan_cmd->add_option("--calibrate-probe", plan.calibrate_probe)->group("");  // internal
-  plan_cmd
-      ->add_option(
-          "--zero", plan.zero,
-          "ZeRO stages to try, e.g. --zero 0,1 (default: 0,1,2; 3 is priced only on request)")
-      ->delimiter(',');
-
-  auto* keys_cmd = app.add_subcommand("keys", "Print every recipe key: type, default, meaning");
-
-  // Using a trained model (docs/eval-generate-export.md).
-  runtime::EvalOptions eval_opts;
-  auto* eval_cmd = app.add_subcommand(
-      "eval", "Mean cross-entropy and perplexity of a snapshot's model over a data file");
-  eval_cmd->add_option("snapshot", snapshot, "Snapshot file (.h5)")->required();
-  eval_cmd->add_option("--data", eval_opts.data,
-                       "Text (read through the snapshot's data.tokenizer) or token file; "
-                       "default: the recipe's validation data, as the trainer reads it");
-  eval_cmd
-      ->add_option("--batches", eval_opts.batches,
-                   "Batches of train.global_batch windows, 1 or more (default: every window of "
-                   "--data once; train.val_batches for the recipe's validation data)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 40));
-  eval_cmd->add_option("--json", eval_opts.json, "Also write the result as JSON to this file");
-  add_sets(eval_cmd);
-
-  std::string prompt;
-  int64_t max_tokens = 200;
-  runtime::SamplingOptions sampling;
-  auto* generate_cmd =
-      app.add_subcommand("generate", "Sample text from a snapshot's model (one process)");
-  generate_cmd->add_option("snapshot", snapshot, "Snapshot file (.h5)")->required();
-  generate_cmd->add_option("--prompt", prompt, "Text to continue")->required();
-  generate_cmd
-      ->add_option("--max-tokens", max_tokens,
-                   "Tokens to generate, at most " + std::to_string(runtime::kMaxGenerateTokens))
-      ->capture_default_str();
-  generate_cmd->add_option("--temperature", sampling.temperature, "Softmax temperature; 0: greedy")
-      ->capture_default_str();
-  generate_cmd->add_option("--top-k", sampling.top_k, "Sample among the k most likely; 0: all")
-      ->capture_default_str();
-  // Parsed here: CLI11 wraps "-1" into an unsigned integer and saturates 2^64.
-  std::string seed = std::to_string(sampling.seed);
-  generate_cmd->add_option("--seed", seed, "Random seed, 0 to 2^64 - 1 (same seed, same text)")
-      ->capture_default_str();
-
-  std::string out_dir;
-  auto* export_cmd = app.add_subcommand(
-      "export",
-      "Write model.safetensors + config.json (Hugging Face LlamaForCausalLM; a mixture "
-      "of experts as MixtralForCausalLM or Qwen2MoeForCausalLM)");
-  export_cmd->add_option("snapshot", snapshot, "Snapshot file (.h5)")->required();
-  export_cmd->add_option("--out", out_dir, "Output directory")->required();
-  runtime::ExportOptions export_opts;
-  export_cmd->add_option("--dtype", export_opts.dtype, "fp32 | bf16: the tensors' type")
-      ->capture_default_str();
-
-  std::string hf_dir;
-  auto* import_cmd = app.add_subcommand(
-      "import",
-      "Read a Hugging Face LLaMA, Mixtral or Qwen2-MoE directory into a snapshot at step 0 "
-      "(to fine-tune)");
-  import_cmd->add_option("hf_dir", hf_dir, "Directory: config.json + safetensors weights")
-      ->required();
-  import_cmd
-      ->add_option("--out", out_dir, "Snapshot directory DIR to create, or DIR/step_00000000.h5")
-      ->required();
-
-  runtime::TokenizeOptions tok;
-  auto* tokenize_cmd = app.add_subcommand(
-      "tokenize", "Train a SentencePiece tokenizer and encode text into token files (or decode)");
-  tokenize_cmd->add_option("input", tok.input, "Text file (with --decode: a token file)")
-      ->required();
-  tokenize_cmd
-      ->add_option("--tokenizer", tok.tokenizer,
-                   "SentencePiece model file: written with --vocab, read otherwise "
-                   "(\"bytes\": the byte tokenizer)")
-      ->required();
-  tokenize_cmd
-      ->add_option("--vocab", tok.vocab,
-                   "Train a tokenizer of N ids on the input first (byte fallback on)")
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 31));
-  tokenize_cmd->add_option("--type", tok.type, "bpe | unigram (with --vocab)")
-      ->capture_default_str();
-  tokenize_cmd->add_option("--out", tok.out,
-                           "Token file to write (llm.c layout; uint32 version 2 past 65,535); "
-                           "with --decode the text (default stdout)");
-  tokenize_cmd->add_flag("--decode", tok.decode, "Decode the token file INPUT back into text");
-  tokenize_cmd->add_flag("--bos", tok.bos,
-                         "Start the token file with the BOS id <s>, as data.bos = true reads the "
-                         "text (for a model imported with data.bos)");
+  // In the order `titan3d --help` lists them.
+  const std::vector<Verb> verbs = {
+      train_verb(app, c),  resume_verb(app, c),  selfcheck_verb(app, c), plan_verb(app, c),
+      keys_verb(app),      eval_verb(app, c),    generate_verb(app, c),  export_verb(app, c),
+      import_verb(app, c), tokenize_verb(app, c)};
 
   if (const std::string verb = unknown_verb(app, argc, argv); !verb.empty()) {
-    std::string verbs;
+    std::string names;
     for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; }))
-      verbs += (verbs.empty() ? "" : ", ") + sub->get_name();
+      names += (names.empty() ? "" : ", ") + sub->get_name();
     std::fprintf(stderr, "titan3d: unknown verb `%s`; the verbs are %s (titan3d --help)\n",
-                 verb.c_str(), verbs.c_str());
+                 verb.c_str(), names.c_str());
     return 2;
   }
   try {
@@ -476,33 +524,11 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
 
-  const std::vector<std::string> args(argv, argv + argc);
+  c.argv.assign(argv, argv + argc);
   try {
-    const int code = [&] {
-      if (train_cmd->parsed()) return train(o, args);
-      if (keys_cmd->parsed()) return print_keys();
-      if (resume_cmd->parsed()) return resume(snapshot, o, args);
-      if (selfcheck_cmd->parsed()) return selfcheck(o, check, json, args);
-      if (eval_cmd->parsed()) return eval(snapshot, eval_opts, o, args);
-      if (generate_cmd->parsed()) {
-        reexec_with_openblas_coretype(args);
-        const auto [end, ec] =
-            std::from_chars(seed.data(), seed.data() + seed.size(), sampling.seed);
-        T3D_USER_CHECK(ec == std::errc() && end == seed.data() + seed.size() && !seed.empty(),
-                       "--seed is `", seed, "`; give an integer from 0 to 2^64 - 1");
-        return generate(snapshot, prompt, max_tokens, sampling);
-      }
-      if (export_cmd->parsed()) return export_model(snapshot, out_dir, export_opts);
-      if (tokenize_cmd->parsed()) return app::tokenize(tok);
-      if (import_cmd->parsed()) return app::import_model(hf_dir, out_dir);
-      if (plan_cmd->parsed()) {
-        plan.recipe = o.recipe;
-        plan.overrides = overrides(o);
-        plan.argv = args;
-        return runtime::run_plan(plan);
-      }
-      return 1;
-    }();
+    int code = 1;
+    for (const Verb& verb : verbs)
+      if (verb.cmd->parsed()) code = verb.run();
     if (code == 0) check_stdout();
     return code;
   } catch (const runtime::AgreedFailure& f) {
@@ -514,5 +540,4 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "titan3d: internal error: %s\n", e.what());
     return 1;
   }
-  return 1;
 }

@@ -8,7 +8,6 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
-#include <regex>
 #include <sstream>
 
 #include "checkpoint/hash.h"
@@ -147,16 +146,7 @@ std::optional<IndexInfo> read_manifest(const std::string& dir, int64_t step) {
 }
 
 std::vector<int64_t> manifest_steps(const std::string& dir) {
-  static const std::regex kManifest(R"(step_(\d{8})\.manifest)");
-  std::vector<int64_t> steps;
-  std::error_code ec;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    std::smatch m;
-    const std::string name = e.path().filename().string();
-    if (std::regex_match(name, m, kManifest)) steps.push_back(std::stoll(m[1]));
-  }
-  std::sort(steps.begin(), steps.end());
-  return steps;
+  return steps_named(dir, ".manifest");
 }
 
 void retain_memory_snapshot(const std::string& dir, int64_t keep, int64_t writing) {

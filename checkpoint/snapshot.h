@@ -22,6 +22,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -185,6 +186,12 @@ std::vector<ShardPiece> shard_pieces(const std::string& dir, const std::string& 
 std::string write_index(const std::string& dir, const IndexInfo& info,
                         const std::vector<ShardPiece>* pieces = nullptr);
 
+// The step a name snapshot_name(step) + `suffix` stands for ("step_00000012.h5" with ".h5": 12);
+// nullopt for any other name.
+std::optional<int64_t> step_of(const std::string& name, const std::string& suffix);
+// Steps of the entries of `dir` named snapshot_name(step) + `suffix`, ascending; none when `dir`
+// cannot be listed.
+std::vector<int64_t> steps_named(const std::string& dir, const std::string& suffix);
 // Steps of the committed snapshots (an index file exists) in `dir`, ascending. Not verified.
 std::vector<int64_t> committed_steps(const std::string& dir);
 

@@ -161,85 +161,107 @@ ByteLevelBpe ByteLevelBpe::parse(const std::string& json_text, const std::string
   in.require_null(j, "truncation", "");
   in.require_null(j, "padding", "");
   ByteLevelBpe t;
-  // The model: BPE over the byte alphabet.
-  const json& m = j["model"];
-  if (in.type_of(m, "model") != "BPE") in.refuse("model.type", "is " + m["type"].dump());
-  in.require_null(m, "dropout", "model.");
-  in.require_false(m, "byte_fallback", "model.");
-  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
-    if (m.contains(key) && !m[key].is_null() && m[key] != "")
-      in.refuse(std::string("model.") + key, "is " + m[key].dump() + " (not byte-level BPE)");
-  t.ignore_merges_ = m.value("ignore_merges", false);
-  if (!m.contains("vocab") || !m["vocab"].is_object()) in.refuse("model.vocab", "is missing");
-  const auto add_token = [&](const std::string& token, int64_t id, const std::string& key) {
-    if (id < 0 || id >= (int64_t{1} << 31)) in.refuse(key, "has the id " + std::to_string(id));
-    const auto i = static_cast<size_t>(id);
-    if (t.token_of_id_.size() <= i) t.token_of_id_.resize(i + 1), t.is_added_.resize(i + 1);
-    t.token_of_id_[i] = token;
-    t.id_of_token_.emplace(token, static_cast<uint32_t>(id));
-  };
-  for (const auto& [token, id] : m["vocab"].items())
-    add_token(token, id.get<int64_t>(), "model.vocab[\"" + token + "\"]");
-  for (int b = 0; b < 256; ++b) {
-    const auto it = t.id_of_token_.find(alphabet().char_of_byte[b]);
-    if (it == t.id_of_token_.end())
-      in.refuse("model.vocab", "lacks the token of byte " + std::to_string(b) +
-                                   " (a byte-level vocabulary holds all 256)");
-    t.byte_id_[b] = it->second;
-  }
-  const json merges = m.value("merges", json::array());
-  for (size_t rank = 0; rank < merges.size(); ++rank) {
-    std::string left, right;
-    const json& entry = merges[rank];
-    if (entry.is_string()) {  // "left right", the older spelling
-      const std::string s = entry.get<std::string>();
-      const size_t space = s.find(' ', 1);
-      if (space == std::string::npos) in.refuse("model.merges[" + std::to_string(rank) + "]", s);
-      left = s.substr(0, space), right = s.substr(space + 1);
-    } else if (entry.is_array() && entry.size() == 2) {
-      left = entry[0].get<std::string>(), right = entry[1].get<std::string>();
-    } else {
-      in.refuse("model.merges[" + std::to_string(rank) + "]", "is " + entry.dump());
-    }
-    const auto l = t.id_of_token_.find(left), r = t.id_of_token_.find(right),
-               both = t.id_of_token_.find(left + right);
-    if (l == t.id_of_token_.end() || r == t.id_of_token_.end() || both == t.id_of_token_.end())
-      in.refuse("model.merges[" + std::to_string(rank) + "]",
-                "merges `" + left + "` and `" + right + "`, which the vocabulary lacks");
-    t.merge_.emplace(pair_key(l->second, r->second),
-                     std::pair{static_cast<uint32_t>(rank), both->second});
-  }
-  // Added tokens: cut out of the text before anything else.
-  for (const json& a : j.value("added_tokens", json::array())) {
-    const std::string key = "added_tokens[" + a.value("content", std::string("?")) + "]";
-    for (const char* flag : {"single_word", "lstrip", "rstrip"})
-      in.require_false(a, flag, key + ".");
-    const std::string content = a.at("content").get<std::string>();
-    add_token(content, a.at("id").get<int64_t>(), key);
-    const uint32_t id = a["id"].get<uint32_t>();
-    t.is_added_[id] = true;
-    t.added_.push_back({content, id});
-    if (a.value("normalized", false) && j.contains("normalizer") && !j["normalizer"].is_null())
-      in.refuse(key + ".normalized", "is true with a normalizer");
-  }
-  std::sort(t.added_.begin(), t.added_.end(),
-            [](const Added& a, const Added& b) { return a.content.size() > b.content.size(); });
+  t.read_model(j["model"], source);
+  t.read_added(j, source);
   // The normalizer: none, or NFC.
   if (j.contains("normalizer") && !j["normalizer"].is_null()) {
     if (in.type_of(j["normalizer"], "normalizer") != "NFC")
       in.refuse("normalizer.type", "is " + j["normalizer"]["type"].dump() + " (none or NFC)");
     t.nfc_ = true;
   }
-  // The pre-tokenizer: ByteLevel, or a Split then ByteLevel without its own pattern.
+  t.read_pre_tokenizer(j, source);
+  if (j.contains("decoder") && !j["decoder"].is_null() &&
+      in.type_of(j["decoder"], "decoder") != "ByteLevel")
+    in.refuse("decoder.type", "is " + j["decoder"]["type"].dump() + " (ByteLevel)");
+  t.bos_id_ = template_bos(j.value("post_processor", json()),
+                           [&](std::string_view token) { return t.id_of(token); });
+  return t;
+}
+
+void ByteLevelBpe::add_token(const std::string& token, int64_t id, const std::string& key,
+                             const std::string& source) {
+  if (id < 0 || id >= (int64_t{1} << 31))
+    Reader{source}.refuse(key, "has the id " + std::to_string(id));
+  const auto i = static_cast<size_t>(id);
+  if (token_of_id_.size() <= i) token_of_id_.resize(i + 1), is_added_.resize(i + 1);
+  token_of_id_[i] = token;
+  id_of_token_.emplace(token, static_cast<uint32_t>(id));
+}
+
+// The model: BPE over the byte alphabet, its vocabulary and merges.
+void ByteLevelBpe::read_model(const json& m, const std::string& source) {
+  const Reader in{source};
+  if (in.type_of(m, "model") != "BPE") in.refuse("model.type", "is " + m["type"].dump());
+  in.require_null(m, "dropout", "model.");
+  in.require_false(m, "byte_fallback", "model.");
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
+    if (m.contains(key) && !m[key].is_null() && m[key] != "")
+      in.refuse(std::string("model.") + key, "is " + m[key].dump() + " (not byte-level BPE)");
+  ignore_merges_ = m.value("ignore_merges", false);
+  if (!m.contains("vocab") || !m["vocab"].is_object()) in.refuse("model.vocab", "is missing");
+  for (const auto& [token, id] : m["vocab"].items())
+    add_token(token, id.get<int64_t>(), "model.vocab[\"" + token + "\"]", source);
+  for (int b = 0; b < 256; ++b) {
+    const auto it = id_of_token_.find(alphabet().char_of_byte[b]);
+    if (it == id_of_token_.end())
+      in.refuse("model.vocab", "lacks the token of byte " + std::to_string(b) +
+                                   " (a byte-level vocabulary holds all 256)");
+    byte_id_[b] = it->second;
+  }
+  const json merges = m.value("merges", json::array());
+  for (size_t rank = 0; rank < merges.size(); ++rank) {
+    const std::string key = "model.merges[" + std::to_string(rank) + "]";
+    std::string left, right;
+    const json& entry = merges[rank];
+    if (entry.is_string()) {  // "left right", the older spelling
+      const std::string text = entry.get<std::string>();
+      const size_t space = text.find(' ', 1);
+      if (space == std::string::npos) in.refuse(key, "is " + entry.dump());
+      left = text.substr(0, space), right = text.substr(space + 1);
+    } else if (entry.is_array() && entry.size() == 2) {
+      left = entry[0].get<std::string>(), right = entry[1].get<std::string>();
+    } else {
+      in.refuse(key, "is " + entry.dump());
+    }
+    const auto l = id_of_token_.find(left), r = id_of_token_.find(right),
+               both = id_of_token_.find(left + right);
+    if (l == id_of_token_.end() || r == id_of_token_.end() || both == id_of_token_.end())
+      in.refuse(key, "merges `" + left + "` and `" + right + "`, which the vocabulary lacks");
+    merge_.emplace(pair_key(l->second, r->second),
+                   std::pair{static_cast<uint32_t>(rank), both->second});
+  }
+}
+
+// Added tokens: cut out of the text before anything else, the longest first at one place.
+void ByteLevelBpe::read_added(const json& j, const std::string& source) {
+  const Reader in{source};
+  for (const json& a : j.value("added_tokens", json::array())) {
+    const std::string key = "added_tokens[" + a.value("content", std::string("?")) + "]";
+    for (const char* flag : {"single_word", "lstrip", "rstrip"})
+      in.require_false(a, flag, key + ".");
+    const std::string content = a.at("content").get<std::string>();
+    add_token(content, a.at("id").get<int64_t>(), key, source);
+    const uint32_t id = a["id"].get<uint32_t>();
+    is_added_[id] = true;
+    added_.push_back({content, id});
+    if (a.value("normalized", false) && j.contains("normalizer") && !j["normalizer"].is_null())
+      in.refuse(key + ".normalized", "is true with a normalizer");
+  }
+  std::sort(added_.begin(), added_.end(),
+            [](const Added& a, const Added& b) { return a.content.size() > b.content.size(); });
+}
+
+// The pre-tokenizer: ByteLevel with its own pattern, or a Split then ByteLevel without one.
+void ByteLevelBpe::read_pre_tokenizer(const json& j, const std::string& source) {
+  const Reader in{source};
   if (!j.contains("pre_tokenizer") || j["pre_tokenizer"].is_null())
     in.refuse("pre_tokenizer", "is missing (byte-level BPE needs ByteLevel)");
   const json& pre = j["pre_tokenizer"];
-  std::string pattern;
+  std::string pattern = kGpt2Pattern;
   bool literal = false;
-  json byte_level;
-  if (in.type_of(pre, "pre_tokenizer") == "ByteLevel") {
-    byte_level = pre;
-  } else if (pre["type"] == "Sequence" && pre.value("pretokenizers", json::array()).size() == 2) {
+  json byte_level = pre;
+  if (in.type_of(pre, "pre_tokenizer") == "Sequence" &&
+      pre.value("pretokenizers", json::array()).size() == 2) {
     const json& split = pre["pretokenizers"][0];
     byte_level = pre["pretokenizers"][1];
     if (in.type_of(split, "pre_tokenizer.pretokenizers[0]") != "Split")
@@ -252,33 +274,26 @@ ByteLevelBpe ByteLevelBpe::parse(const std::string& json_text, const std::string
     pattern = literal ? p["String"].get<std::string>() : p.at("Regex").get<std::string>();
     if (byte_level.value("use_regex", true))
       in.refuse("pre_tokenizer.pretokenizers[1].use_regex", "is true after a Split");
-  } else {
+  } else if (pre["type"] != "ByteLevel") {
     in.refuse("pre_tokenizer", "is " + pre["type"].dump() + " (ByteLevel, or Split + ByteLevel)");
   }
   if (in.type_of(byte_level, "pre_tokenizer") != "ByteLevel")
     in.refuse("pre_tokenizer.pretokenizers[1].type", "is " + byte_level["type"].dump());
   in.require_false(byte_level, "add_prefix_space", "pre_tokenizer (ByteLevel).");
-  if (pattern.empty()) pattern = kGpt2Pattern;
-  if (j.contains("decoder") && !j["decoder"].is_null() &&
-      in.type_of(j["decoder"], "decoder") != "ByteLevel")
-    in.refuse("decoder.type", "is " + j["decoder"]["type"].dump() + " (ByteLevel)");
   int error = 0;
   PCRE2_SIZE at = 0;
-  t.split_ = std::make_unique<Regex>();
-  t.split_->code =
+  split_ = std::make_unique<Regex>();
+  split_->code =
       pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
                     PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF | (literal ? PCRE2_LITERAL : 0),
                     &error, &at, nullptr);
-  if (!t.split_->code) {
+  if (!split_->code) {
     PCRE2_UCHAR text[256];
     pcre2_get_error_message(error, text, sizeof text);
     in.refuse("pre_tokenizer's pattern", "does not compile at offset " + std::to_string(at) + ": " +
                                              reinterpret_cast<const char*>(text));
   }
-  pcre2_jit_compile(t.split_->code, PCRE2_JIT_COMPLETE);  // interpreted where JIT is unavailable
-  t.bos_id_ = template_bos(j.value("post_processor", json()),
-                           [&](std::string_view token) { return t.id_of(token); });
-  return t;
+  pcre2_jit_compile(split_->code, PCRE2_JIT_COMPLETE);  // interpreted where JIT is unavailable
 }
 
 int ByteLevelBpe::id_of(std::string_view token) const {

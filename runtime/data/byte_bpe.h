@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <span>
 #include <string>
 #include <string_view>
@@ -55,6 +56,12 @@ class ByteLevelBpe {
     uint32_t id;
   };
   ByteLevelBpe() = default;
+  // The parts of parse(), each refusing by key what it does not implement.
+  void read_model(const nlohmann::json& model, const std::string& source);
+  void read_added(const nlohmann::json& file, const std::string& source);
+  void read_pre_tokenizer(const nlohmann::json& file, const std::string& source);
+  void add_token(const std::string& token, int64_t id, const std::string& key,
+                 const std::string& source);
   void encode_stretch(std::string_view text, std::vector<uint32_t>& out) const;
   void encode_piece(std::string_view bytes, std::vector<uint32_t>& out) const;
 

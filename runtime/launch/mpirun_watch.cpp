@@ -366,6 +366,21 @@ class WatchdogAbortGuard {
   std::optional<Clock::time_point> since_;
 };
 
+// The job's exit code (CONTRIBUTING: exit codes) from mpirun's wait `status` and how the job ended.
+int job_exit_code(int status, const MpirunOutcome& outcome, bool stalled,
+                  const std::string& pid_dir) {
+  int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  // The watchdog's exit code.
+  if (stalled || outcome.mpirun_killed) code = 3;
+  // Ended on a signal, or interrupted (the ranks of a training job exit with this code themselves).
+  if ((outcome.signal == -1 || outcome.signal == SIGINT) && code != 0) code = kExitInterrupted;
+  // The ranks agreed to stop and their snapshot committed: that is how the job ended, whatever
+  // mpirun's code says (stop_signal.h).
+  if (const int stopped = pid_dir.empty() ? 0 : recorded_stop(pid_dir); stopped != 0)
+    code = stopped;
+  return code;
+}
+
 }  // namespace
 
 int sleep_unless_signalled(double seconds) {
@@ -465,16 +480,7 @@ MpirunOutcome run_mpirun_watched(const std::vector<std::string>& argv, const std
   outcome.dead_signal = filter.dead_signal();
   outcome.dead_host = filter.dead_host();
   outcome.stalled_rank = stalls.killed_rank();
-  outcome.code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  // The watchdog's exit code (CONTRIBUTING: exit codes).
-  if (stalls.fired() || outcome.mpirun_killed) outcome.code = 3;
-  // Ended on a signal, or interrupted (the ranks of a training job exit with this code themselves).
-  if ((outcome.signal == -1 || outcome.signal == SIGINT) && outcome.code != 0)
-    outcome.code = kExitInterrupted;
-  // The ranks agreed to stop and their snapshot committed: that is how the job ended, whatever
-  // mpirun's code says (stop_signal.h).
-  if (const int stopped = pid_dir.empty() ? 0 : recorded_stop(pid_dir); stopped != 0)
-    outcome.code = stopped;
+  outcome.code = job_exit_code(status, outcome, stalls.fired(), pid_dir);
   if (relay.error() != 0) {
     print({"titan3d: " + standard_output_lost(relay.error())});
     if (outcome.code == 0) outcome.code = 2;  // a user error: the output went where it cannot

@@ -134,6 +134,43 @@ void Model::forward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, co
   k::add(exec, x_out, a.xmid, branch, Nl * C);
 }
 
+// Attention's backward from s.datt to dq, dk, dv (after RoPE's inverse): with context
+// parallelism over the whole sequence's keys and values, their gradients reduce-scattered back.
+void Model::backward_attention(const LayerActs& a, float* dq, float* dk, float* dv) {
+  const k::Exec& exec = options_.exec;
+  const int64_t D = config_.head_dim(), B = options_.micro_rows;
+  const int64_t qd = heads_ * D, kvd = kv_heads_ * D;
+  auto& s = *scratch_;
+  const int64_t len = part_len_, part_rows = B * len;
+  if (cp_) {  // the whole sequence's keys and values again (not kept: cp times their memory)
+    gather_sequence(a.kk, s.k_all, kvd);
+    gather_sequence(a.v, s.v_all, kvd);
+    // The kernel writes (not adds) dk, dv: the second part's go to a buffer, then added.
+    const int64_t whole = B * config_.seq_len * kvd;
+    for (int64_t part = 0; part < 2; ++part) {
+      float* dk_part = part == 0 ? s.dk_all : s.cp_kv_part;
+      float* dv_part = part == 0 ? s.dv_all : s.cp_kv_part + whole;
+      k::attention_backward(exec, dq + part * part_rows * qd, dk_part, dv_part,
+                            s.datt + part * part_rows * qd, a.q + part * part_rows * qd, s.k_all,
+                            s.v_all, a.att + part * part_rows * qd, a.lse + part * B * heads_ * len,
+                            s.attn, attention_shape(part));
+    }
+    k::add_inplace(exec, s.dk_all, s.cp_kv_part, whole);
+    k::add_inplace(exec, s.dv_all, s.cp_kv_part + whole, whole);
+    scatter_sequence_grad(s.dk_all, dk, kvd);
+    scatter_sequence_grad(s.dv_all, dv, kvd);
+  } else {
+    k::attention_backward(exec, dq, dk, dv, s.datt, a.q, a.kk, a.v, a.att, a.lse, s.attn,
+                          attention_shape(0));
+  }
+  for (int64_t part = 0; part < parts_; ++part) {
+    k::rope_backward(exec, dq + part * part_rows * qd, dq + part * part_rows * qd, s.rope, B, len,
+                     heads_, D, part_begin(part));
+    k::rope_backward(exec, dk + part * part_rows * kvd, dk + part * part_rows * kvd, s.rope, B, len,
+                     kv_heads_, D, part_begin(part));
+  }
+}
+
 void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, const float* x_in,
                            float* dx, const LayerGrads* keep) {
   const k::Exec& exec = options_.exec;
@@ -142,7 +179,6 @@ void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, c
   // dx (N, C): gradient of the block's output on entry, of its input on return. With `keep` the
   // projections' weight gradients are left to backward_layer_weights (W), their inputs kept.
   const int64_t N = rows_, C = config_.dim, D = config_.head_dim();
-  const int64_t B = options_.micro_rows;
   const int64_t qd = heads_ * D, kvd = kv_heads_ * D;
   auto& s = *scratch_;
   float* dgate = keep ? keep->dgate : s.dgate;
@@ -186,34 +222,7 @@ void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, c
       k::linear_backward_weight(pg.o, dy_o,
                                 k::LinearInput(exec, a.att, copies.att, Copy::kFilled, N, qd));
   }
-  const int64_t len = part_len_, part_rows = B * len;
-  if (cp_) {  // the whole sequence's keys and values again (not kept: cp times their memory)
-    gather_sequence(a.kk, s.k_all, kvd);
-    gather_sequence(a.v, s.v_all, kvd);
-    // The kernel writes (not adds) dk, dv: the second part's go to a buffer, then added.
-    const int64_t whole = B * config_.seq_len * kvd;
-    for (int64_t part = 0; part < 2; ++part) {
-      float* dk_part = part == 0 ? s.dk_all : s.cp_kv_part;
-      float* dv_part = part == 0 ? s.dv_all : s.cp_kv_part + whole;
-      k::attention_backward(exec, dq + part * part_rows * qd, dk_part, dv_part,
-                            s.datt + part * part_rows * qd, a.q + part * part_rows * qd, s.k_all,
-                            s.v_all, a.att + part * part_rows * qd, a.lse + part * B * heads_ * len,
-                            s.attn, attention_shape(part));
-    }
-    k::add_inplace(exec, s.dk_all, s.cp_kv_part, whole);
-    k::add_inplace(exec, s.dv_all, s.cp_kv_part + whole, whole);
-    scatter_sequence_grad(s.dk_all, dk, kvd);
-    scatter_sequence_grad(s.dv_all, dv, kvd);
-  } else {
-    k::attention_backward(exec, dq, dk, dv, s.datt, a.q, a.kk, a.v, a.att, a.lse, s.attn,
-                          attention_shape(0));
-  }
-  for (int64_t part = 0; part < parts_; ++part) {
-    k::rope_backward(exec, dq + part * part_rows * qd, dq + part * part_rows * qd, s.rope, B, len,
-                     heads_, D, part_begin(part));
-    k::rope_backward(exec, dk + part * part_rows * kvd, dk + part * part_rows * kvd, s.rope, B, len,
-                     kv_heads_, D, part_begin(part));
-  }
+  backward_attention(a, dq, dk, dv);
   {
     const k::LinearInput dq_in(exec, dq, N, qd), dk_in(exec, dk, N, kvd), dv_in(exec, dv, N, kvd);
     k::linear_backward_input(s.dxn, dq_in, pw.q, C);

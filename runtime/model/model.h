@@ -338,6 +338,7 @@ class Model final : public StageModel {
                                  const std::vector<int>& received_at);
   void finish_ep_exchange(RowsInFlight& rows);
   bool moe_block(int64_t layer) const { return config_.moe_block(layer); }
+  void backward_attention(const LayerActs& a, float* dq, float* dk, float* dv);
   void backward_layer(int64_t layer, LayerActs& a, const BlockCopies& copies, const float* x_in,
                       float* dx_io, const LayerGrads* keep);
   void backward_layer_weights(int64_t layer, const LayerActs& a, const BlockCopies& copies,

@@ -1,6 +1,7 @@
 // The recipe: a TOML file parsed into typed structs, validated strictly, overridable from the
-// command line (`--set parallel.tp=2`). Every key is declared once in recipe.cpp's schema, which
-// also drives unknown-key suggestions, docs/recipe.md and writing a recipe back out.
+// command line (`--set parallel.tp=2`). Every key is declared once in recipe_schema.cpp, which
+// also drives unknown-key suggestions, docs/recipe.md and writing a recipe back out; its checks
+// are in recipe_check.cpp.
 #pragma once
 
 #include <array>

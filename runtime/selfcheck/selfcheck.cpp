@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <functional>
 #include <map>
 #include <set>
 #include <thread>
@@ -70,25 +69,29 @@ CheckRow agree_row(const Comm& world, std::string check, std::string group, std:
   return row;
 }
 
+bool recv_before(const Comm& c, float* data, size_t count, int peer, int tag, double seconds) {
+  MPI_Request r;
+  T3D_MPI(MPI_Irecv(data, static_cast<int>(count), MPI_FLOAT, peer, tag, c.handle(), &r));
+  const auto start = Clock::now();
+  for (int done = 0;;) {
+    T3D_MPI(MPI_Test(&r, &done, MPI_STATUS_IGNORE));
+    if (done) return true;
+    if (std::chrono::duration<double>(Clock::now() - start).count() > seconds) break;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
+  T3D_MPI(MPI_Cancel(&r));
+  T3D_MPI(MPI_Wait(&r, MPI_STATUS_IGNORE));
+  return false;
+}
+
 }  // namespace selfcheck
 
 namespace {
 
 using selfcheck::Verdict;
 
-// A group of the mesh as this rank sees it.
-struct Group {
-  const Comm* comm;
-  std::string name;
-  std::vector<int> members;  // world ranks, by group rank
-  int count = 1;             // groups of this kind in the world
-  // Members of any world rank's group of this kind (MeshShape); null for the world.
-  std::function<std::vector<int>(int)> members_of;
-  std::string scope() const {
-    return fmt::format("{} group{} × {}", count, count > 1 ? "s" : "", members.size());
-  }
-  int me() const { return members.at(comm->rank()); }
-};
+using selfcheck::Group;
+using selfcheck::recv_before;
 
 constexpr size_t kCount = 1003;  // odd, so no algorithm's chunking divides it evenly
 
@@ -183,23 +186,6 @@ Verdict check_broadcast(const Group& g) {
   return v;
 }
 
-// A receive that gives up after `seconds` (cancelled) instead of leaving it to the watchdog, so a
-// silent peer becomes a FAILED row naming it rather than an aborted job.
-bool recv_before(const Comm& c, float* data, size_t count, int peer, int tag, double seconds) {
-  MPI_Request r;
-  T3D_MPI(MPI_Irecv(data, static_cast<int>(count), MPI_FLOAT, peer, tag, c.handle(), &r));
-  const auto start = Clock::now();
-  for (int done = 0;;) {
-    T3D_MPI(MPI_Test(&r, &done, MPI_STATUS_IGNORE));
-    if (done) return true;
-    if (std::chrono::duration<double>(Clock::now() - start).count() > seconds) break;
-    std::this_thread::sleep_for(std::chrono::microseconds(200));
-  }
-  T3D_MPI(MPI_Cancel(&r));
-  T3D_MPI(MPI_Wait(&r, MPI_STATUS_IGNORE));
-  return false;
-}
-
 // Every stage sends to the next and receives from the previous, then the reverse (the
 // activations' and the gradients' directions), each message checked element by element.
 Verdict check_p2p(const Group& pp, double seconds) {
@@ -232,186 +218,6 @@ Verdict check_p2p(const Group& pp, double seconds) {
     pp.comm->wait(sent, "selfcheck p2p send", to);
   }
   return v;
-}
-
-// ---- Expert parallelism: the all-to-all and every pair of the EP group ----
-
-constexpr size_t kRowFloats = 37;  // odd: rows straddle any chunking
-
-// Rows group rank `from` sends group rank `to`: uneven, zero for some pairs, as routing makes them.
-int rows_between(int from, int to) { return (3 * from + 5 * to + 1) % 4; }
-
-// Element k of row i that world rank `from` sends world rank `to`: an integer below 2^24, exact in
-// float, different for every sender, receiver and position.
-float row_value(int from, int to, int i, size_t k) {
-  const int64_t h =
-      (int64_t{from} * 7919 + int64_t{to} * 104729 + i * 31 + static_cast<int64_t>(k));
-  return static_cast<float>(h % 16777213);
-}
-
-// The dispatch's two steps: an all_to_all of row counts, then the all_to_allv of the rows they
-// announce. Every count and row is checked; a wrong one blames its sender.
-Verdict check_all_to_all(const Group& g) {
-  Verdict v;
-  const int n = static_cast<int>(g.members.size()), me = g.comm->rank();
-  std::vector<int32_t> send_counts(n), counts_seen(n, -1);
-  for (int p = 0; p < n; ++p) send_counts[p] = rows_between(me, p);
-  g.comm->all_to_all(send_counts.data(), counts_seen.data(), 1);
-  for (int p = 0; p < n && v.ok; ++p)
-    if (counts_seen[p] != rows_between(p, me))
-      v.fail(fmt::format("row count from world rank {} wrong: got {}, expected {}", g.members[p],
-                         counts_seen[p], rows_between(p, me)),
-             g.members[p]);
-  // The rows: received by the counts every rank knows, so a wrong count cannot derail them.
-  std::vector<int> send_rows(n), send_displs(n), recv_rows(n), recv_displs(n);
-  int sent = 0, received = 0;
-  for (int p = 0; p < n; ++p) {
-    send_rows[p] = send_counts[p], send_displs[p] = sent, sent += send_rows[p];
-    recv_rows[p] = rows_between(p, me), recv_displs[p] = received, received += recv_rows[p];
-  }
-  std::vector<float> send(sent * kRowFloats), recv(received * kRowFloats, -1.0f);
-  for (int p = 0; p < n; ++p)
-    for (int i = 0; i < send_rows[p]; ++i)
-      for (size_t k = 0; k < kRowFloats; ++k)
-        send[(send_displs[p] + i) * kRowFloats + k] = row_value(g.me(), g.members[p], i, k);
-  g.comm->all_to_allv(send.data(), send_rows, send_displs, recv.data(), recv_rows, recv_displs,
-                      kRowFloats);
-  for (int p = 0; p < n && v.ok; ++p)
-    for (int i = 0; i < recv_rows[p] && v.ok; ++i)
-      for (size_t k = 0; k < kRowFloats; ++k) {
-        const float got = recv[(recv_displs[p] + i) * kRowFloats + k];
-        if (got != row_value(g.members[p], g.me(), i, k)) {
-          v.fail(fmt::format("row {} from world rank {} wrong at element {}: got {}, expected {}",
-                             i, g.members[p], k, got, row_value(g.members[p], g.me(), i, k)),
-                 g.members[p]);
-          break;
-        }
-      }
-  return v;
-}
-
-// Partner of group rank i in round r of a round robin over n ranks (the circle method: every pair
-// meets once, in n − 1 rounds for even n, n for odd n); -1: i sits this round out.
-int round_robin_partner(int n, int r, int i) {
-  const int m = n % 2 ? n + 1 : n;  // a phantom rank m − 1 makes the count even
-  int j = 0;
-  if (i == m - 1) {
-    while ((2 * j) % (m - 1) != r % (m - 1)) ++j;  // m − 1 is odd: exactly one j
-  } else {
-    j = ((r - i) % (m - 1) + (m - 1)) % (m - 1);
-    if (j == i) j = m - 1;
-  }
-  return j < n ? j : -1;
-}
-
-// Every pair of every EP group exchanges a message both ways, one round robin round at a time
-// (the pairs of a round at once, as an all-to-all loads the links): content checked, then timed
-// over a few exchanges. A pair whose message is missing or wrong FAILS naming the sender; a pair
-// slower than twice the median pair (and by over 1 ms: timer and scheduling noise) is a WARN
-// naming both ranks.
-void ep_pair_rows(const Job& job, const Group& g, bool quick, double seconds,
-                  std::vector<CheckRow>& rows) {
-  const Comm& world = job.mesh->world();
-  const auto& shape = job.mesh->shape();
-  const int n = static_cast<int>(g.members.size()), me = g.comm->rank();
-  const size_t bytes = quick ? 256 << 10 : 4 << 20;
-  const size_t count = bytes / sizeof(float);
-  const int iters = quick ? 5 : 11;  // odd: one median
-  Verdict v;
-  std::vector<double> time_with(n, -1.0);  // by the partner's group rank; -1: not timed
-  std::vector<float> out(count), in(count);
-  const int rounds = n % 2 ? n : n - 1;
-  for (int r = 0; r < rounds; ++r) {
-    const int p = round_robin_partner(n, r, me);
-    int broken = 0;
-    if (p >= 0) {
-      const int peer = g.members[p];
-      for (size_t i = 0; i < count; ++i) out[i] = row_value(g.me(), peer, r, i % 4099);
-      parallel::Request sent = g.comm->isend(out.data(), count, p, 1000 + r);
-      if (!recv_before(*g.comm, in.data(), count, p, 1000 + r, seconds)) {
-        v.fail(fmt::format("nothing from world rank {} within {:g} s", peer, seconds), peer);
-        broken = 1;
-      } else {
-        for (size_t i = 0; i < count; ++i)
-          if (in[i] != row_value(peer, g.me(), r, i % 4099)) {
-            v.fail(fmt::format("message from world rank {} wrong at element {}", peer, i), peer);
-            broken = 1;
-            break;
-          }
-      }
-      g.comm->wait(sent, "selfcheck ep pair send", p);
-    }
-    // A pair is timed only when both of its ranks received intact (the other may not know).
-    std::vector<int> broken_by_rank(n);
-    g.comm->all_gather(&broken, broken_by_rank.data(), 1);
-    if (p < 0 || broken_by_rank[me] || broken_by_rank[p]) continue;
-    // The median exchange: a slow link is slow every time, a descheduled rank only now and then.
-    std::vector<double> times;
-    for (int it = -1; it < iters; ++it) {  // it = -1: warm-up
-      const auto t0 = Clock::now();
-      parallel::Request s = g.comm->isend(out.data(), count, p, 2000 + r);
-      g.comm->recv(in.data(), count, p, 2000 + r);
-      g.comm->wait(s, "selfcheck ep pair send", p);
-      if (it >= 0) times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-    }
-    std::sort(times.begin(), times.end());
-    time_with[p] = times[times.size() / 2];
-  }
-  rows.push_back(selfcheck::agree_row(world, "p2p", "ep", g.scope(), v,
-                                      "every pair of each EP group, both directions, exact"));
-
-  // Each pair's time, seen from both ends (the slower counts), agreed over the world.
-  std::vector<double> all(static_cast<size_t>(world.size()) * n);
-  world.all_gather(time_with.data(), all.data(), n);
-  struct Pair {
-    int a, b;
-    double seconds;
-  };
-  std::vector<Pair> pairs;
-  for (int a = 0; a < world.size(); ++a) {
-    const auto members = shape.ep_group(a);
-    const int ia = static_cast<int>(std::find(members.begin(), members.end(), a) - members.begin());
-    for (int ib = 0; ib < n; ++ib) {
-      const int b = members[ib];
-      const double t = std::max(all[a * n + ib], all[b * n + ia]);
-      if (b > a && all[a * n + ib] >= 0 && all[b * n + ia] >= 0) pairs.push_back({a, b, t});
-    }
-  }
-  if (pairs.empty()) return;
-  std::vector<double> sorted;
-  for (const auto& q : pairs) sorted.push_back(q.seconds);
-  std::sort(sorted.begin(), sorted.end());
-  const double median = (sorted[(sorted.size() - 1) / 2] + sorted[sorted.size() / 2]) / 2;
-  const auto slowest = std::max_element(pairs.begin(), pairs.end(),
-                                        [](auto& x, auto& y) { return x.seconds < y.seconds; });
-  CheckRow summary{"pair_time",
-                   "ep",
-                   fmt::format("{} pairs", pairs.size()),
-                   CheckStatus::info,
-                   fmt::format("exchange {} each way: median {:.3f} ms ({:.3f} GB/s), slowest "
-                               "{:.3f} ms (world ranks {},{})",
-                               selfcheck::bytes_label(bytes), median * 1e3, bytes / median / 1e9,
-                               slowest->seconds * 1e3, slowest->a, slowest->b),
-                   {}};
-  std::vector<CheckRow> slow;
-  for (const auto& q : pairs) {
-    if (q.seconds <= 2 * median || q.seconds - median <= 1e-3) continue;
-    summary.status = CheckStatus::warn;
-    summary.culprits.push_back(q.a), summary.culprits.push_back(q.b);
-    slow.push_back({"pair_time",
-                    "ep",
-                    fmt::format("ranks {},{}", q.a, q.b),
-                    CheckStatus::warn,
-                    fmt::format("world ranks {} <-> {}: {:.3f} ms, {:.1f}x the median pair: "
-                                "outlier",
-                                q.a, q.b, q.seconds * 1e3, q.seconds / median),
-                    {q.a, q.b}});
-  }
-  std::sort(summary.culprits.begin(), summary.culprits.end());
-  summary.culprits.erase(std::unique(summary.culprits.begin(), summary.culprits.end()),
-                         summary.culprits.end());
-  rows.push_back(std::move(summary));
-  rows.insert(rows.end(), slow.begin(), slow.end());
 }
 
 // nccl-tests' bus bandwidth factor for an all-reduce of n ranks (docs/selfcheck.md).
@@ -583,12 +389,7 @@ SelfcheckReport run_selfcheck(const Job& job, const SelfcheckOptions& options) {
   if (ep > 1) {
     const Group& ep_group = groups[4];
     const double seconds = std::min(10.0, world.timeout_s() / 2);
-    rows.push_back(selfcheck::agree_row(
-        world, "all_to_all", "ep", ep_group.scope(), check_all_to_all(ep_group),
-        fmt::format("counts, then uneven rows of {} floats (zeros included), exact, in source "
-                    "rank order",
-                    kRowFloats)));
-    ep_pair_rows(job, ep_group, options.quick, seconds, rows);
+    selfcheck::ep_rows(job, ep_group, options.quick, seconds, rows);
   }
   selfcheck::check_replicas(job, rows);
   selfcheck::check_memory(job, rows);

@@ -1,7 +1,12 @@
-// Shared by the selfcheck sources: how one rank's verdict on a check becomes one agreed row.
+// Shared by the selfcheck sources: a rank's verdict and the agreed row it becomes, the groups
+// checked, and the checks each file adds.
 #pragma once
 
+#include <fmt/format.h>
+
+#include <functional>
 #include <string>
+#include <vector>
 
 #include "parallel/comm.h"
 #include "runtime/selfcheck/selfcheck.h"
@@ -25,6 +30,30 @@ struct Verdict {
 CheckRow agree_row(const parallel::Comm& world, std::string check, std::string group,
                    std::string scope, const Verdict& mine, const std::string& ok_detail,
                    CheckStatus on_failure = CheckStatus::failed);
+
+// A group of the mesh as this rank sees it.
+struct Group {
+  const parallel::Comm* comm;
+  std::string name;
+  std::vector<int> members;  // world ranks, by group rank
+  int count = 1;             // groups of this kind in the world
+  // Members of any world rank's group of this kind (MeshShape); null for the world.
+  std::function<std::vector<int>(int)> members_of;
+  std::string scope() const {
+    return fmt::format("{} group{} × {}", count, count > 1 ? "s" : "", members.size());
+  }
+  int me() const { return members.at(comm->rank()); }
+};
+
+// A receive that gives up after `seconds` (cancelled) instead of leaving it to the watchdog, so a
+// silent peer becomes a FAILED row naming it rather than an aborted job.
+bool recv_before(const parallel::Comm& c, float* data, size_t count, int peer, int tag,
+                 double seconds);
+
+// Expert parallelism (selfcheck_ep.cpp): the dispatch's all-to-all over `ep_group` and every pair
+// of each EP group (content, then time), rows appended to `rows`. Collective over the world.
+void ep_rows(const Job& job, const Group& ep_group, bool quick, double seconds,
+             std::vector<CheckRow>& rows);
 
 // The model-level checks (selfcheck_model.cpp): rows appended to `rows`.
 void check_replicas(const Job& job, std::vector<CheckRow>& rows);
