@@ -299,7 +299,7 @@ void Model::moe_experts_ep_forward(LayerActs& a, const BlockCopies& copies, cons
 // gradient (into moe_grad) and gate gradient (into moe_dgates, by slot) come back.
 Model::RowsInFlight Model::moe_ep_dispatch_backward(LayerActs& a) {
   const k::Exec& exec = options_.exec;
-  const parallel::Comm& ep = *options_.ep;
+  const parallel::TensorComm& ep = *options_.ep;  // the rows: tensors
   const int64_t P = ep_size(), El = dims_.El, kept = expert_offsets_[dims_.E];
   auto& s = *scratch_;
   const int32_t* recv = a.erecv;
@@ -307,7 +307,7 @@ Model::RowsInFlight Model::moe_ep_dispatch_backward(LayerActs& a) {
   const auto& r = ep_route_;
   k::moe_gather_slots(exec, s.moe_ep_gates, a.gates, s.moe_slot_of_row, kept);
   ep.start_all_to_allv(ep_exchange_, s.moe_ep_gates, r.send_counts, r.send_displs, s.moe_ep_dgates,
-                       r.recv_counts, r.recv_displs);
+                       r.recv_counts, r.recv_displs, 1);  // one gate per row
   ep.wait(ep_exchange_);
   k::moe_ep_reorder(exec, s.moe_ep_gates, s.moe_ep_dgates, recv, r.source_offsets.data(), P, El, 1,
                     true);
@@ -319,7 +319,7 @@ void Model::moe_experts_ep_backward(LayerActs& a, const BlockCopies& copies, con
                                     const BlockParams& g, RowsInFlight& dispatch,
                                     const LayerGrads* keep) {
   const k::Exec& exec = options_.exec;
-  const parallel::Comm& ep = *options_.ep;
+  const parallel::TensorComm& ep = *options_.ep;  // the rows: tensors
   const int64_t P = ep_size(), El = dims_.El, C = dims_.C, kept = expert_offsets_[dims_.E];
   auto& s = *scratch_;
   const int32_t* recv = a.erecv;
@@ -349,7 +349,7 @@ void Model::moe_experts_ep_backward(LayerActs& a, const BlockCopies& copies, con
   k::moe_ep_reorder(exec, s.moe_ep_gates, s.moe_ep_dgates, recv, r.source_offsets.data(), P, El, 1,
                     false);
   ep.start_all_to_allv(ep_exchange_, s.moe_ep_gates, r.recv_counts, r.recv_displs, s.moe_ep_dgates,
-                       r.send_counts, r.send_displs);
+                       r.send_counts, r.send_displs, 1);  // one gate per row
   ep.wait(ep_exchange_);
   k::moe_scatter_slots(exec, s.moe_dgates, s.moe_ep_dgates, s.moe_slot_of_row, kept);
 }
@@ -365,7 +365,7 @@ Model::RowsInFlight Model::start_ep_exchange(const float* send, const std::vecto
                                              const std::vector<int>& sent_at, float* recv,
                                              const std::vector<int>& received,
                                              const std::vector<int>& received_at) {
-  const parallel::Comm& ep = *options_.ep;
+  const parallel::TensorComm& ep = *options_.ep;  // the rows: tensors
   const auto C = static_cast<size_t>(config_.dim);
   RowsInFlight f;
   f.recv = recv;
