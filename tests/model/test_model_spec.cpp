@@ -37,9 +37,10 @@ constexpr size_t kBlockStatistics = 2 * kRstd + kLse;
 // the final norm output, its rstd and the loss gradient.
 constexpr size_t kWholeSlot = 5 * kRowsC + 4 * kBlock + kRstd + kRowsC + kRstd + kRowsC;
 // Scratch: tmp, dx, dtmp, dxn, datt, dq; dk, dv; dh, dgate, dup; attention tiles
-// (2·64² + 2·64 floats); logits (64·96); losses and three CE statistics; the RoPE table (32·16).
+// (2·64² + 2·64 floats); logits (64·96); losses, the targets (int32) and three CE statistics;
+// the RoPE table (32·16).
 constexpr size_t kScratch =
-    6 * kRowsC + 2 * kKv + 3 * kFfn + 33280 + 24576 + 4 * kRstd + 2048;  // 310784
+    6 * kRowsC + 2 * kKv + 3 * kFfn + 33280 + 24576 + 5 * kRstd + 2048;  // 311040
 
 ActivationSpec whole_model(SpecOptions o, int64_t slots = 1) {
   o.micro_rows = 2;
@@ -64,7 +65,7 @@ TEST(ModelSpec, MiddleChunkKeepsItsInputGradientAndNoHead) {
   const ActivationSpec spec = activation_spec(small_model(), {{{1, 3, false, false}}, 1}, o);
   // 3 residual streams, 2 blocks, the input gradient.
   EXPECT_EQ(spec.chunks[0].slot_bytes(), 3 * kRowsC + 2 * kBlock + kRowsC);
-  EXPECT_EQ(spec.scratch_bytes(), kScratch - 24576 - 4 * kRstd);  // no logits, no loss
+  EXPECT_EQ(spec.scratch_bytes(), kScratch - 24576 - 5 * kRstd);  // no logits, loss, targets
 }
 
 TEST(ModelSpec, Bf16CopiesHalveExactlyTheStoredBlockTensors) {
@@ -91,7 +92,8 @@ TEST(ModelSpec, Bf16EverywhereHalvesEveryActivationSizedTensor) {
   const ActivationSpec spec = whole_model(o);
   const size_t statistics = 4 * kBlockStatistics + kRstd /* ids */ + kRstd /* final rstd */;
   EXPECT_EQ(spec.chunks[0].slot_bytes(), statistics + (kWholeSlot - statistics) / 2);
-  const size_t fp32 = 33280 + 24576 + 4 * kRstd + 2048;  // tiles, logits, losses, RoPE
+  // tiles, logits, losses, targets, CE statistics, RoPE: not halved
+  const size_t fp32 = 33280 + 24576 + 5 * kRstd + 2048;
   EXPECT_EQ(spec.scratch_bytes(), fp32 + (kScratch - fp32) / 2);
 }
 
