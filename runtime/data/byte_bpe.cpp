@@ -244,6 +244,7 @@ void ByteLevelBpe::read_added(const json& j, const std::string& source) {
     const uint32_t id = a["id"].get<uint32_t>();
     is_added_[id] = true;
     added_.push_back({content, id});
+    if (!content.empty()) added_starts_[static_cast<uint8_t>(content[0])] = true;
     if (a.value("normalized", false) && j.contains("normalizer") && !j["normalizer"].is_null())
       in.refuse(key + ".normalized", "is true with a normalizer");
   }
@@ -305,6 +306,7 @@ std::vector<uint32_t> ByteLevelBpe::encode(std::string_view text) const {
   std::vector<uint32_t> out;
   size_t from = 0;  // start of the stretch not yet encoded
   for (size_t i = 0; i < text.size(); ++i) {
+    if (!added_starts_[static_cast<uint8_t>(text[i])]) continue;
     for (const Added& a : added_) {
       if (text.compare(i, a.content.size(), a.content) != 0) continue;
       encode_stretch(text.substr(from, i - from), out);

@@ -70,6 +70,7 @@ class ByteLevelBpe {
   std::vector<bool> is_added_;                             // by id: decodes to its content as is
   std::unordered_map<uint64_t, std::pair<uint32_t, uint32_t>> merge_;  // (left, right) -> rank, id
   std::vector<Added> added_;                                           // longest first
+  bool added_starts_[256] = {};  // some added token starts with this byte: a cheap pre-test
   std::unique_ptr<Regex> split_;
   bool nfc_ = false;
   bool add_prefix_space_ = false;
