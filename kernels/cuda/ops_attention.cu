@@ -31,6 +31,28 @@ struct Tile {
   __device__ float& at(int r, int c) const { return p[r * stride + c]; }
 };
 
+// The backward kernels' shared memory, carved in this order: the row tiles Q, dO, K, V (TILE rows
+// of D floats, padded by one), the TILE × TILE tiles P and dS (padded by one), then TILE floats of
+// lse and TILE of delta. `floats` is the whole, which the launch requests (backward_smem).
+template <int TILE>
+struct BackwardTiles {
+  static constexpr std::size_t floats(int D) {
+    return 4 * std::size_t{TILE} * (D + 1) + 2 * std::size_t{TILE} * (TILE + 1) + 2 * TILE;
+  }
+  Tile Q, dO, K, V, P, dS;
+  float* lse_rows;
+  float* delta;
+  __device__ BackwardTiles(float* smem, int D)
+      : Q{smem, D + 1},
+        dO{Q.p + TILE * (D + 1), D + 1},
+        K{dO.p + TILE * (D + 1), D + 1},
+        V{K.p + TILE * (D + 1), D + 1},
+        P{V.p + TILE * (D + 1), TILE + 1},
+        dS{P.p + TILE * (TILE + 1), TILE + 1},
+        lse_rows(dS.p + TILE * (TILE + 1)),
+        delta(lse_rows + TILE) {}
+};
+
 // Loads rows [r0, r0 + rows) of a strided global matrix (row r at base + r·ld, D floats), zeros
 // past `limit` rows, into a tile.
 template <int TILE>
@@ -234,12 +256,11 @@ __global__ void __launch_bounds__(kThreads)
               const float* out, const float* lse, Geometry g) {
   constexpr int RS = TILE / 16, CM = DMAX / 16;
   extern __shared__ float smem[];
-  const int D = static_cast<int>(g.D), stride = D + 1;
-  Tile Q{smem, stride}, dO{smem + TILE * stride, stride}, K{smem + 2 * TILE * stride, stride},
-      V{smem + 3 * TILE * stride, stride};
-  Tile P{smem + 4 * TILE * stride, TILE + 1}, dS{P.p + TILE * (TILE + 1), TILE + 1};
-  float* lse_rows = dS.p + TILE * (TILE + 1);
-  float* delta = lse_rows + TILE;
+  const int D = static_cast<int>(g.D);
+  const BackwardTiles<TILE> t(smem, D);
+  const Tile Q = t.Q, dO = t.dO, K = t.K, V = t.V, P = t.P, dS = t.dS;
+  float* lse_rows = t.lse_rows;
+  float* delta = t.delta;
   const std::int64_t i0 = std::int64_t{blockIdx.x} * TILE, h = blockIdx.y, b = blockIdx.z;
   const int ty = threadIdx.x / kLanes, tx = threadIdx.x % kLanes;
   const std::int64_t q_off = b * g.T * g.ld_q + h * g.D;
@@ -280,12 +301,11 @@ __global__ void __launch_bounds__(kThreads)
                const float* v, const float* out, const float* lse, Geometry g) {
   constexpr int RS = TILE / 16, CM = DMAX / 16;
   extern __shared__ float smem[];
-  const int D = static_cast<int>(g.D), stride = D + 1;
-  Tile Q{smem, stride}, dO{smem + TILE * stride, stride}, K{smem + 2 * TILE * stride, stride},
-      V{smem + 3 * TILE * stride, stride};
-  Tile P{smem + 4 * TILE * stride, TILE + 1}, dS{P.p + TILE * (TILE + 1), TILE + 1};
-  float* lse_rows = dS.p + TILE * (TILE + 1);
-  float* delta = lse_rows + TILE;
+  const int D = static_cast<int>(g.D);
+  const BackwardTiles<TILE> t(smem, D);
+  const Tile Q = t.Q, dO = t.dO, K = t.K, V = t.V, P = t.P, dS = t.dS;
+  float* lse_rows = t.lse_rows;
+  float* delta = t.delta;
   const std::int64_t j0 = std::int64_t{blockIdx.x} * TILE, kvh = blockIdx.y, b = blockIdx.z;
   const int ty = threadIdx.x / kLanes, tx = threadIdx.x % kLanes;
   const std::int64_t kv_off = b * g.keys * g.ld_kv + kvh * g.D;
@@ -345,14 +365,14 @@ Geometry geometry(const AttentionShape& s) {
           1.0f / std::sqrt(static_cast<float>(s.head_dim))};
 }
 
-// Shared bytes: the forward's 3 row tiles and P; the backward's 4 row tiles, P, dS, lse, delta.
+// Shared bytes: the forward's 3 row tiles and P; the backward's BackwardTiles.
 template <int TILE>
 std::size_t forward_smem(int D) {
   return sizeof(float) * (3 * TILE * (D + 1) + TILE * (TILE + 1));
 }
 template <int TILE>
 std::size_t backward_smem(int D) {
-  return sizeof(float) * (4 * TILE * (D + 1) + 2 * TILE * (TILE + 1) + 2 * TILE);
+  return sizeof(float) * BackwardTiles<TILE>::floats(D);
 }
 
 template <class Kernel>
