@@ -223,6 +223,20 @@ __device__ void row_deltas(float* delta, Tile dO, const float* oh, std::int64_t 
   }
 }
 
+// Loads query tile i0 of one head (rows of Q and dO at q_off, the head's lse rows at lse_off)
+// and computes its deltas. The deltas are read only after the caller's next __syncthreads.
+template <int TILE, int DMAX>
+__device__ void load_query_tile(const BackwardTiles<TILE>& t, const float* q, const float* dout,
+                                const float* out, const float* lse, std::int64_t q_off,
+                                std::int64_t lse_off, std::int64_t i0, const Geometry& g, int D) {
+  load_rows<TILE>(t.Q, q + q_off, g.ld_q, i0, g.T, D);
+  load_rows<TILE>(t.dO, dout + q_off, g.ld_q, i0, g.T, D);
+  for (int r = threadIdx.x; r < TILE; r += kThreads)
+    t.lse_rows[r] = i0 + r < g.T ? lse[lse_off + i0 + r] : 0.0f;
+  __syncthreads();
+  row_deltas<TILE, DMAX>(t.delta, t.dO, out + q_off, g.ld_q, i0, g.T, D);
+}
+
 // For one (query tile, key tile) pair: P = exp(scale·Q Kᵀ − lse) and dS = P (dO Vᵀ − delta) into
 // shared tiles, with the causal mask and the rows past T zero.
 template <int TILE>
@@ -258,30 +272,23 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ float smem[];
   const int D = static_cast<int>(g.D);
   const BackwardTiles<TILE> t(smem, D);
-  const Tile Q = t.Q, dO = t.dO, K = t.K, V = t.V, P = t.P, dS = t.dS;
-  float* lse_rows = t.lse_rows;
-  float* delta = t.delta;
   const std::int64_t i0 = std::int64_t{blockIdx.x} * TILE, h = blockIdx.y, b = blockIdx.z;
   const int ty = threadIdx.x / kLanes, tx = threadIdx.x % kLanes;
   const std::int64_t q_off = b * g.T * g.ld_q + h * g.D;
   const std::int64_t kv_off = b * g.keys * g.ld_kv + (h / g.group) * g.D;
-  load_rows<TILE>(Q, q + q_off, g.ld_q, i0, g.T, D);
-  load_rows<TILE>(dO, dout + q_off, g.ld_q, i0, g.T, D);
-  for (int r = threadIdx.x; r < TILE; r += kThreads)
-    lse_rows[r] = i0 + r < g.T ? lse[(b * g.H + h) * g.T + i0 + r] : 0.0f;
-  __syncthreads();
-  row_deltas<TILE, DMAX>(delta, dO, out + q_off, g.ld_q, i0, g.T, D);
+  load_query_tile<TILE, DMAX>(t, q, dout, out, lse, q_off, (b * g.H + h) * g.T, i0, g, D);
   float acc[RS][CM] = {};
   const std::int64_t last_row = (i0 + TILE < g.T ? i0 + TILE : g.T) - 1;
   const std::int64_t key_end = g.q_pos + last_row + 1;
   for (std::int64_t j0 = 0; j0 < key_end; j0 += TILE) {
     __syncthreads();
-    load_rows<TILE>(K, k + kv_off, g.ld_kv, j0, key_end, D);
-    load_rows<TILE>(V, v + kv_off, g.ld_kv, j0, key_end, D);
+    load_rows<TILE>(t.K, k + kv_off, g.ld_kv, j0, key_end, D);
+    load_rows<TILE>(t.V, v + kv_off, g.ld_kv, j0, key_end, D);
     __syncthreads();
-    probabilities_and_grads<TILE>(P, dS, Q, K, dO, V, lse_rows, delta, i0, j0, g, D);
+    probabilities_and_grads<TILE>(t.P, t.dS, t.Q, t.K, t.dO, t.V, t.lse_rows, t.delta, i0, j0, g,
+                                  D);
     __syncthreads();
-    accumulate_rows<TILE, DMAX, false>(acc, dS, K, D);  // dQ += dS K
+    accumulate_rows<TILE, DMAX, false>(acc, t.dS, t.K, D);  // dQ += dS K
   }
 #pragma unroll
   for (int i = 0; i < RS; ++i) {
@@ -303,14 +310,11 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ float smem[];
   const int D = static_cast<int>(g.D);
   const BackwardTiles<TILE> t(smem, D);
-  const Tile Q = t.Q, dO = t.dO, K = t.K, V = t.V, P = t.P, dS = t.dS;
-  float* lse_rows = t.lse_rows;
-  float* delta = t.delta;
   const std::int64_t j0 = std::int64_t{blockIdx.x} * TILE, kvh = blockIdx.y, b = blockIdx.z;
   const int ty = threadIdx.x / kLanes, tx = threadIdx.x % kLanes;
   const std::int64_t kv_off = b * g.keys * g.ld_kv + kvh * g.D;
-  load_rows<TILE>(K, k + kv_off, g.ld_kv, j0, g.keys, D);
-  load_rows<TILE>(V, v + kv_off, g.ld_kv, j0, g.keys, D);
+  load_rows<TILE>(t.K, k + kv_off, g.ld_kv, j0, g.keys, D);
+  load_rows<TILE>(t.V, v + kv_off, g.ld_kv, j0, g.keys, D);
   float acc_k[RS][CM] = {}, acc_v[RS][CM] = {};
   // The first query row whose position reaches this tile's first key.
   const std::int64_t first = j0 > g.q_pos ? j0 - g.q_pos : 0;
@@ -318,17 +322,13 @@ __global__ void __launch_bounds__(kThreads)
     const std::int64_t q_off = b * g.T * g.ld_q + h * g.D;
     for (std::int64_t i0 = first; i0 < g.T; i0 += TILE) {
       __syncthreads();
-      load_rows<TILE>(Q, q + q_off, g.ld_q, i0, g.T, D);
-      load_rows<TILE>(dO, dout + q_off, g.ld_q, i0, g.T, D);
-      for (int r = threadIdx.x; r < TILE; r += kThreads)
-        lse_rows[r] = i0 + r < g.T ? lse[(b * g.H + h) * g.T + i0 + r] : 0.0f;
+      load_query_tile<TILE, DMAX>(t, q, dout, out, lse, q_off, (b * g.H + h) * g.T, i0, g, D);
       __syncthreads();
-      row_deltas<TILE, DMAX>(delta, dO, out + q_off, g.ld_q, i0, g.T, D);
+      probabilities_and_grads<TILE>(t.P, t.dS, t.Q, t.K, t.dO, t.V, t.lse_rows, t.delta, i0, j0, g,
+                                    D);
       __syncthreads();
-      probabilities_and_grads<TILE>(P, dS, Q, K, dO, V, lse_rows, delta, i0, j0, g, D);
-      __syncthreads();
-      accumulate_rows<TILE, DMAX, true>(acc_v, P, dO, D);  // dV += Pᵀ dO
-      accumulate_rows<TILE, DMAX, true>(acc_k, dS, Q, D);  // dK += dSᵀ Q
+      accumulate_rows<TILE, DMAX, true>(acc_v, t.P, t.dO, D);  // dV += Pᵀ dO
+      accumulate_rows<TILE, DMAX, true>(acc_k, t.dS, t.Q, D);  // dK += dSᵀ Q
     }
   }
 #pragma unroll
