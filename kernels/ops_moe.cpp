@@ -67,41 +67,48 @@ void check_router(const RouterShape& r) {
   T3D_ASSERT(r.E > 0 && r.K > 0 && r.K <= r.E, "router with E = ", r.E, ", K = ", r.K);
 }
 
+// Runs row(t) for every token t of a router op (the rows split over the threads; each row reads
+// and writes only its own E scores and K choices), after refusing a GPU Exec and a bad shape.
+template <class Row>
+void for_each_router_row(const Exec& exec, const RouterShape& r, Row row) {
+  refuse_gpu(exec);
+  check_router(r);
+  detail::split_rows(r.N, r.E, [&](std::int64_t lo, std::int64_t hi) {
+    for (std::int64_t t = lo; t < hi; ++t) row(t);
+  });
+}
+
 }  // namespace
 
 void moe_route_forward(const Exec& exec, float* scores, std::int32_t* chosen, float* gates,
                        const float* logits, const float* bias, const RouterShape& r) {
-  refuse_gpu(exec);
-  check_router(r);
   const std::int64_t E = r.E, K = r.K;
-  detail::split_rows(r.N, E, [&](std::int64_t lo, std::int64_t hi) {
-    for (std::int64_t t = lo; t < hi; ++t) {
-      const float* x = logits + t * E;
-      float* s = scores + t * E;  // may be x: each element is read before it is written
-      if (r.score == RouterScore::kSoftmax) {
-        float mx = -std::numeric_limits<float>::infinity();
-        for (std::int64_t e = 0; e < E; ++e) mx = x[e] > mx ? x[e] : mx;
-        double sum = 0.0;
-        for (std::int64_t e = 0; e < E; ++e) {
-          s[e] = std::exp(x[e] - mx);
-          sum += s[e];
-        }
-        const double inv = 1.0 / sum;
-        for (std::int64_t e = 0; e < E; ++e) s[e] = static_cast<float>(s[e] * inv);
-      } else {
-        for (std::int64_t e = 0; e < E; ++e) s[e] = 1.0f / (1.0f + std::exp(-x[e]));
+  for_each_router_row(exec, r, [&](std::int64_t t) {
+    const float* x = logits + t * E;
+    float* s = scores + t * E;  // may be x: each element is read before it is written
+    if (r.score == RouterScore::kSoftmax) {
+      float mx = -std::numeric_limits<float>::infinity();
+      for (std::int64_t e = 0; e < E; ++e) mx = x[e] > mx ? x[e] : mx;
+      double sum = 0.0;
+      for (std::int64_t e = 0; e < E; ++e) {
+        s[e] = std::exp(x[e] - mx);
+        sum += s[e];
       }
-      std::int32_t* c = chosen + t * K;
-      select_row(c, s, bias, E, K);
-      double norm = 1.0;
-      if (r.normalize) {
-        double sum = 0.0;
-        for (std::int64_t j = 0; j < K; ++j) sum += s[c[j]];
-        norm = 1.0 / sum;
-      }
-      for (std::int64_t j = 0; j < K; ++j)
-        gates[t * K + j] = static_cast<float>(s[c[j]] * norm * r.scale);
+      const double inv = 1.0 / sum;
+      for (std::int64_t e = 0; e < E; ++e) s[e] = static_cast<float>(s[e] * inv);
+    } else {
+      for (std::int64_t e = 0; e < E; ++e) s[e] = 1.0f / (1.0f + std::exp(-x[e]));
     }
+    std::int32_t* c = chosen + t * K;
+    select_row(c, s, bias, E, K);
+    double norm = 1.0;
+    if (r.normalize) {
+      double sum = 0.0;
+      for (std::int64_t j = 0; j < K; ++j) sum += s[c[j]];
+      norm = 1.0 / sum;
+    }
+    for (std::int64_t j = 0; j < K; ++j)
+      gates[t * K + j] = static_cast<float>(s[c[j]] * norm * r.scale);
   });
 }
 
@@ -114,32 +121,28 @@ void moe_route_forward(const Exec& exec, float* scores, std::int32_t* chosen, fl
 void moe_route_backward(const Exec& exec, float* dlogits, const float* dgates,
                         const float* dscores_extra, const float* scores, const std::int32_t* chosen,
                         const RouterShape& r) {
-  refuse_gpu(exec);
-  check_router(r);
   const std::int64_t E = r.E, K = r.K;
-  detail::split_rows(r.N, E, [&](std::int64_t lo, std::int64_t hi) {
-    for (std::int64_t t = lo; t < hi; ++t) {
-      const float* s = scores + t * E;
-      const float* dg = dgates + t * K;
-      const std::int32_t* c = chosen + t * K;
-      float* d = dlogits + t * E;
-      for (std::int64_t e = 0; e < E; ++e) d[e] = dscores_extra ? dscores_extra[t * E + e] : 0.0f;
-      if (r.normalize) {
-        double z = 0.0, dot = 0.0;
-        for (std::int64_t j = 0; j < K; ++j) z += s[c[j]];
-        for (std::int64_t j = 0; j < K; ++j) dot += static_cast<double>(dg[j]) * s[c[j]];
-        const double a_z = r.scale / z, mean = dot / z;
-        for (std::int64_t j = 0; j < K; ++j) d[c[j]] += static_cast<float>(a_z * (dg[j] - mean));
-      } else {
-        for (std::int64_t j = 0; j < K; ++j) d[c[j]] += r.scale * dg[j];
-      }
-      if (r.score == RouterScore::kSoftmax) {
-        double dot = 0.0;
-        for (std::int64_t e = 0; e < E; ++e) dot += static_cast<double>(s[e]) * d[e];
-        for (std::int64_t e = 0; e < E; ++e) d[e] = static_cast<float>(s[e] * (d[e] - dot));
-      } else {
-        for (std::int64_t e = 0; e < E; ++e) d[e] = d[e] * s[e] * (1.0f - s[e]);
-      }
+  for_each_router_row(exec, r, [&](std::int64_t t) {
+    const float* s = scores + t * E;
+    const float* dg = dgates + t * K;
+    const std::int32_t* c = chosen + t * K;
+    float* d = dlogits + t * E;
+    for (std::int64_t e = 0; e < E; ++e) d[e] = dscores_extra ? dscores_extra[t * E + e] : 0.0f;
+    if (r.normalize) {
+      double z = 0.0, dot = 0.0;
+      for (std::int64_t j = 0; j < K; ++j) z += s[c[j]];
+      for (std::int64_t j = 0; j < K; ++j) dot += static_cast<double>(dg[j]) * s[c[j]];
+      const double a_z = r.scale / z, mean = dot / z;
+      for (std::int64_t j = 0; j < K; ++j) d[c[j]] += static_cast<float>(a_z * (dg[j] - mean));
+    } else {
+      for (std::int64_t j = 0; j < K; ++j) d[c[j]] += r.scale * dg[j];
+    }
+    if (r.score == RouterScore::kSoftmax) {
+      double dot = 0.0;
+      for (std::int64_t e = 0; e < E; ++e) dot += static_cast<double>(s[e]) * d[e];
+      for (std::int64_t e = 0; e < E; ++e) d[e] = static_cast<float>(s[e] * (d[e] - dot));
+    } else {
+      for (std::int64_t e = 0; e < E; ++e) d[e] = d[e] * s[e] * (1.0f - s[e]);
     }
   });
 }
