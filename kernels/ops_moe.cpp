@@ -266,10 +266,14 @@ void moe_scatter_slots(const Exec& exec, float* by_slot, const float* by_row,
 
 namespace {
 
-void check_copies(GemmKind kind, const ExpertCopies& c) {
+// The experts' GEMM kind, after refusing a GPU Exec and copies that kind cannot use.
+GemmKind experts_gemm(const Exec& exec, const ExpertCopies& c) {
+  refuse_gpu(exec);
+  const GemmKind kind = exec.gemm;
   T3D_ASSERT(!c.fused() || (gemm_kind_is_bf16(kind) && c.gate && c.up),
              "the experts' fused bf16 SwiGLU needs bf16 GEMMs and all three copies");
   T3D_ASSERT(!c.xs || gemm_kind_is_bf16(kind), "rounded expert rows need bf16 GEMMs");
+  return kind;
 }
 
 // The rows' gate gradients: dgates[slot_of_row[r]] = Σ_f U[r, f] · h[r, f] in double, each row's
@@ -324,9 +328,7 @@ bf16* copy_at(const bf16* p, std::int64_t i) { return p ? const_cast<bf16*>(p) +
 void moe_experts_forward(const Exec& exec, float* y, const ExpertActs& acts, const float* xs,
                          const ExpertWeights& w, const std::int64_t* offsets, const ExpertShape& s,
                          const ExpertCopies& copies) {
-  refuse_gpu(exec);
-  const GemmKind kind = exec.gemm;
-  check_copies(kind, copies);
+  const GemmKind kind = experts_gemm(exec, copies);
   using Copy = LinearInput::Copy;
   const std::int64_t C = s.C, Fe = s.Fe, S = offsets[s.E], bucket = gemm_row_bucket(kind);
   for_each_expert(offsets, s.E, bucket, [&](std::int64_t e, std::int64_t lo, std::int64_t n) {
@@ -355,9 +357,7 @@ void moe_experts_backward_input(const Exec& exec, float* dxs, const ExpertGating
                                 const ExpertActGrads& d, float* dys, const ExpertActs& acts,
                                 const ExpertWeights& w, const std::int64_t* offsets,
                                 const ExpertShape& s, const ExpertCopies& copies) {
-  refuse_gpu(exec);
-  const GemmKind kind = exec.gemm;
-  check_copies(kind, copies);
+  const GemmKind kind = experts_gemm(exec, copies);
   using Copy = LinearInput::Copy;
   const std::int64_t C = s.C, Fe = s.Fe, S = offsets[s.E], bucket = gemm_row_bucket(kind);
   for_each_expert(offsets, s.E, bucket, [&](std::int64_t e, std::int64_t lo, std::int64_t n) {
@@ -389,9 +389,7 @@ void moe_experts_backward_weight(const Exec& exec, const ExpertGrads& g, const f
                                  const ExpertActGrads& d, const float* xs, const float* h,
                                  const std::int64_t* offsets, const ExpertShape& s,
                                  const ExpertCopies& copies) {
-  refuse_gpu(exec);
-  const GemmKind kind = exec.gemm;
-  check_copies(kind, copies);
+  const GemmKind kind = experts_gemm(exec, copies);
   const std::int64_t C = s.C, Fe = s.Fe;
   bf16* dgate16 = dgate_copy(d.dgate, copies.swiglu());
   bf16* dup16 = dgate_copy(d.dup, copies.swiglu());
