@@ -204,6 +204,9 @@ void linear_forward(const Exec& exec,
 // The rounded copy comes from a per-thread pool of library memory outside the arena (like the
 // GEMMs' own workspace, kernels/gemm.h), grown to the largest use and reused; or it is the
 // caller's own copy (a bf16-stored activation, which the backward then reads without rounding).
+// On a GPU Exec no copy is kept: the CUDA GEMMs round their inputs from the floats (the same
+// bits), so x must hold the input; a caller's copy with kFill is still filled (on the GPU), and
+// kFilled with a bf16 kind (whose floats may be stale) is refused.
 class LinearInput {
  public:
   LinearInput(const Exec& exec, const float* x, std::int64_t rows,
@@ -218,14 +221,15 @@ class LinearInput {
   ~LinearInput();
   LinearInput(const LinearInput&) = delete;
   LinearInput& operator=(const LinearInput&) = delete;
-  GemmKind kind() const { return kind_; }
+  GemmKind kind() const { return exec_.gemm; }
+  const Exec& exec() const { return exec_; }
   const float* data() const { return x_; }
   const bf16* rounded() const { return rounded_; }  // nullptr unless the GEMMs are bf16
   std::int64_t rows() const { return rows_; }
   std::int64_t cols() const { return cols_; }
 
  private:
-  GemmKind kind_;
+  Exec exec_;
   const float* x_;
   std::int64_t rows_, cols_;
   const bf16* rounded_ = nullptr;

@@ -1,21 +1,23 @@
 #!/usr/bin/env bash
 # Packs what scripts/gpu_check.sh runs on a GPU machine that has the CUDA toolkit but none of
-# titan3d's other libraries (no OpenBLAS, oneDNN): the GPU test and benchmark binaries built here,
-# the shared libraries they load from this machine (not glibc, not CUDA's: the GPU machine's own
+# titan3d's other libraries (no OpenBLAS, oneDNN, MPI): the GPU test and benchmark binaries built
+# here (the kernels' tests; the one-rank Model's training test, which loads MPI's libraries but
+# never starts MPI), the shared libraries they load from this machine (not glibc, not CUDA's: the GPU machine's own
 # CUDA 13 serves those), and the PyTorch benchmark, as gpu_bundle/bundle.tar.xz (git-ignored,
-# ~20 MiB: under the 64 MiB a device call carries). Usage: scripts/gpu_bundle.sh [build dir]
+# ~15-20 MiB: under the 64 MiB a device call carries). Usage: scripts/gpu_bundle.sh [build dir]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 grep -q "^T3D_HAVE_CUDA:INTERNAL=ON" "$build/CMakeCache.txt" 2>/dev/null ||
   { echo "$build has no CUDA backend: configure it where a CUDA toolkit is (scripts/build.sh)"; exit 1; }
-cmake --build "$build" -j"$(nproc)" --target test_kernels_cuda bench_cuda | tail -n 1
+cmake --build "$build" -j"$(nproc)" --target test_kernels_cuda test_model_gpu bench_cuda | tail -n 1
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib"
-cp "$build/tests/kernels/test_kernels_cuda" "$build/bench/kernels/bench_cuda" "$stage/bin/"
+cp "$build/tests/kernels/test_kernels_cuda" "$build/tests/model/test_model_gpu" \
+  "$build/bench/kernels/bench_cuda" "$stage/bin/"
 cp bench/kernels/bench_cuda_torch.py "$stage/bin/"
-for bin in "$stage"/bin/test_kernels_cuda "$stage"/bin/bench_cuda; do
+for bin in "$stage"/bin/test_kernels_cuda "$stage"/bin/test_model_gpu "$stage"/bin/bench_cuda; do
   ldd "$bin" | awk '/=> \// {print $3}'
 done | sort -u | while read -r lib; do
   case "$(basename "$lib")" in

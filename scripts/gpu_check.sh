@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Everything the GPU needs checking, in one go on a machine with an NVIDIA GPU (at most ~8
-# minutes): the CUDA backend's tests against the CPU backend, compute-sanitizer's memcheck and
-# racecheck over its kernels, and the kernel benchmark beside PyTorch's at the same shapes.
+# minutes): the CUDA backend's tests against the CPU backend, the Model's training steps on the
+# GPU against the CPU's, compute-sanitizer's memcheck and racecheck over its kernels, and the
+# kernel benchmark beside PyTorch's at the same shapes.
 #
 # It runs the binaries of gpu_bundle/bundle.tar.xz, made here by scripts/gpu_bundle.sh (a GPU
 # machine may lack OpenBLAS, oneDNN, MPI and HDF5; the bundle brings the libraries the binaries
@@ -45,6 +46,13 @@ grep -E "^GPU 0|PASSED|FAILED|SKIPPED \]" "$logs/gpu_tests.log" | sort -u | head
 # On a GPU machine a skipped GPU test is a failure: it did not run.
 if grep -q "SKIPPED \]" "$logs/gpu_tests.log"; then
   echo "gpu_tests              FAILED: tests skipped on a GPU machine" | tee -a "$logs/summary.txt"
+  status=1
+fi
+# The whole Model on the GPU: a dense model's training steps against the CPU's, twice for the bits.
+step gpu_model 120 "$root/bin/test_model_gpu"
+grep -E "OK \]|FAILED|SKIPPED \]|Failure|Expected|Which is|error" "$logs/gpu_model.log" | head -n 20
+if grep -q "SKIPPED \]" "$logs/gpu_model.log"; then
+  echo "gpu_model              FAILED: tests skipped on a GPU machine" | tee -a "$logs/summary.txt"
   status=1
 fi
 sanitized='CudaElementwise.*:CudaRows.*:CudaLoss.*:CudaAttention.*:CudaDispatch.*:CudaDevice.ADeviceArenaNeedsAGpu'
