@@ -12,8 +12,10 @@
 #                                        are pinned (OPENBLAS_CORETYPE=Haswell, T3D_SIMD=avx2,
 #                                        one thread per rank)
 #   golden_losses.sh TITAN3D onednn     bf16 GEMMs through oneDNN: its kernels depend on the ISA
-#                                        oneDNN picks, so the file records that ISA and the test
-#                                        skips (exit 77, saying why) on a CPU where it differs
+#                                        oneDNN picks, so there is one file per ISA,
+#                                        golden/onednn-ISA.txt (its first line names it), and the
+#                                        test skips (exit 77, saying why) on a CPU whose ISA has
+#                                        none recorded yet
 #
 # GOLDEN_RECORD=1 writes the file instead of comparing: do that only on a commit whose arithmetic
 # is trusted, and say why in the commit that changes a golden file. GOLDEN_KEEP=DIR keeps the runs
@@ -133,8 +135,10 @@ case $group in
     isa=$(grep -o 'cpu isa [a-z0-9_]*' "$work/probe/logs/rank0.log" | head -1)
     [ -n "$isa" ] || { echo "FAIL: rank 0's log does not name oneDNN's ISA"; exit 1; }
     echo "oneDNN $isa" >> "$results"
-    if [ "${GOLDEN_RECORD:-0}" != 1 ] && ! grep -qx "oneDNN $isa" "$golden"; then
-      echo "SKIP: $golden was recorded with $(grep '^oneDNN' "$golden"), this machine's oneDNN runs $isa: its bf16 kernels sum in another order"
+    golden=$repo/tests/e2e/golden/onednn-${isa#cpu isa }.txt
+    if [ "${GOLDEN_RECORD:-0}" != 1 ] && [ ! -f "$golden" ]; then
+      recorded=$(cd "$repo/tests/e2e/golden" && ls onednn-*.txt | sed 's/^onednn-//; s/\.txt$//' | paste -sd, -)
+      echo "SKIP: this machine's oneDNN runs $isa, and its bf16 kernels sum in another order than the ISAs recorded ($recorded); record $golden with GOLDEN_RECORD=1 on a commit whose arithmetic is trusted"
       exit 77
     fi
     train bf16_r1 "${bf16_gemm[@]}"
