@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/device.h"
 #include "kernels/ops_moe.h"
 #include "parallel/schedule_kind.h"
 #include "runtime/data/data.h"
@@ -54,6 +55,15 @@ struct Choices<GemmLibrary> {
       {GemmLibrary::kAuto, "auto"},
       {GemmLibrary::kOpenBlas, "openblas"},
       {GemmLibrary::kOneDnn, "onednn"},
+  }};
+};
+// hardware.device: where a rank computes (kernels/device.h).
+template <>
+struct Choices<kernels::DeviceChoice> {
+  static constexpr std::array<std::pair<kernels::DeviceChoice, std::string_view>, 3> kAll = {{
+      {kernels::DeviceChoice::kCpu, "cpu"},
+      {kernels::DeviceChoice::kCuda, "cuda"},
+      {kernels::DeviceChoice::kAuto, "auto"},
   }};
 };
 template <>
@@ -226,6 +236,7 @@ struct HardwareConfig {
   int64_t threads_per_rank = 0;            // 0: cores / ranks on this host, at least 1
   std::string openblas_coretype = "auto";  // auto: detect; otherwise passed to OpenBLAS as is
   GemmLibrary gemm = GemmLibrary::kAuto;
+  kernels::DeviceChoice device = kernels::DeviceChoice::kCpu;
   std::string cluster;  // the cluster file `plan` plans for without --cluster; empty: this machine
 };
 

@@ -461,6 +461,10 @@ std::vector<Field> hardware_keys() {
             "GEMM library of the linear layers: auto (measured at the model's shapes on this "
             "machine, cached: OpenBLAS unless another is over 5 % faster) | openblas (fp32 only) "
             "| onednn (bf16 inputs when train.precision is bf16)."),
+      field("hardware", "device", &R::hardware, &HardwareConfig::device,
+            "Where each rank computes: cpu | cuda (the GPU of its node-local rank modulo the "
+            "GPUs it sees; several ranks may share one; one rank per job and train.precision = "
+            "fp32 for now, dense models only) | auto (cuda where a GPU is visible, else cpu)."),
       field("hardware", "cluster", &R::hardware, &HardwareConfig::cluster,
             "Cluster TOML file (recipes/clusters/) that `titan3d plan` plans for when --cluster "
             "is not given; empty: this machine."),

@@ -1,9 +1,12 @@
 #include "runtime/stage/stage.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <string>
 
 #include "kernels/check.h"
+#include "kernels/device.h"
 #include "kernels/gemm.h"
 #include "parallel/zero.h"
 #include "runtime/data/data_sampler.h"
@@ -19,6 +22,28 @@ namespace {
 // train.precision = bf16 (the job's, resolved): activations stored and pipeline / TP traffic
 // sent in bf16.
 bool stores_bf16(const JobPrecision& p) { return p.train == TrainPrecision::kBf16; }
+
+// The rank's device (hardware.device), logged. On a GPU what the CUDA backend cannot run yet is
+// refused here, naming the key: layouts of more than one rank (tensor collectives between GPUs),
+// bf16 training (activations stored only as bf16 copies) and mixtures of experts.
+std::unique_ptr<kernels::Device> open_device(const Job& job) {
+  const Recipe& r = job.recipe;
+  auto device = kernels::Device::open(r.hardware.device, job.env.local_rank);
+  spdlog::info("device: {}", device->description());
+  if (!device->on_gpu()) return device;
+  const parallel::MeshShape& shape = job.mesh->shape();
+  for (const Dim d : parallel::kDims)  // ep lies inside dp × cp
+    T3D_USER_CHECK(shape.size(d) == 1, "hardware.device = cuda trains one rank per job for now, ",
+                   "and parallel.", parallel::dim_name(d), " is ", shape.size(d),
+                   ": the tensor collectives between GPUs are not there yet (set it to 1, or ",
+                   "hardware.device = \"cpu\")");
+  T3D_USER_CHECK(job.precision().train == TrainPrecision::kFp32,
+                 "hardware.device = cuda needs train.precision = \"fp32\" for now (bf16 "
+                 "activations stored as bf16 copies have no CUDA path yet)");
+  T3D_USER_CHECK(r.model.n_experts == 0, "hardware.device = cuda: model.n_experts must be 0 for ",
+                 "now (the mixture-of-experts ops have no CUDA path yet)");
+  return device;
+}
 
 }  // namespace
 
@@ -79,9 +104,12 @@ Stage build_stage(const Job& job, StagePurpose purpose) {
   s.executor = std::make_unique<PipelineExecutor>(
       std::move(schedule), mesh.group(Dim::pp),
       stores_bf16(job.precision()) ? WirePrecision::kBf16 : WirePrecision::kFp32);
-  s.arena = std::make_unique<kernels::Arena>(static_cast<size_t>(r.hardware.hbm_gib * kGiB));
+  s.device = open_device(job);
+  s.arena = std::make_unique<kernels::Arena>(static_cast<size_t>(r.hardware.hbm_gib * kGiB),
+                                             s.device->memory());
   ModelOptions options = model_options(r, job.precision(), purpose, s.micro_rows, s.executor.get(),
                                        &mesh.group(Dim::cp));
+  options.exec = s.device->exec(options.exec.gemm);
   options.ep = &mesh.ep();  // every EP rank runs the same forwards and backwards
   s.model = std::make_unique<Model>(r.model, s.layers, mesh.group(Dim::tp), *s.arena, options);
   s.holds_loss = s.layers.back().last && mesh.coord().tp == 0;

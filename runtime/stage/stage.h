@@ -52,6 +52,8 @@ ModelOptions model_options(const Recipe& r, const JobPrecision& precision, Stage
                            const parallel::Comm* cp);
 
 struct Stage {
+  // hardware.device: first, so that it outlives the memory and the Model built on its Exec.
+  std::unique_ptr<kernels::Device> device;
   int threads = 1;
   int64_t micro_rows = 0;  // sequences per micro-batch on this rank
   std::vector<parallel::LayerRange> layers;

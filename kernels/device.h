@@ -1,0 +1,45 @@
+// The device a rank computes on (the recipe's hardware.device): the host's CPU, or one GPU with
+// the stream every op of the rank is enqueued on. It owns that stream, so it must outlive the
+// arena, the Model and everything else built on its Exec.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "kernels/arena.h"
+#include "kernels/exec.h"
+
+namespace t3d::kernels {
+
+namespace cuda {
+class Stream;
+}
+
+enum class DeviceChoice { kCpu, kCuda, kAuto };
+
+class Device {
+ public:
+  // kCpu: the host. kCuda: the GPU `local_rank` modulo the GPUs this process sees (ranks may
+  // share one); a UserError naming `key` and the reason when there is none or the build has no
+  // CUDA backend. kAuto: kCuda where a GPU is visible, else kCpu.
+  static std::unique_ptr<Device> open(DeviceChoice choice, int local_rank,
+                                      const std::string& key = "hardware.device");
+  ~Device();
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+
+  bool on_gpu() const { return stream_ != nullptr; }
+  // This device's execution with GEMMs of `kind` (on a GPU: cuBLAS in kind's precision).
+  Exec exec(GemmKind kind) const;
+  // The memory an arena for this device's ops holds.
+  Memory memory() const { return on_gpu() ? Memory::kDevice : Memory::kHost; }
+  // "cpu", or the GPU: "cuda:0 NVIDIA H100 80GB HBM3, 79.1 GiB (78.5 free), sm_90, ..."
+  const std::string& description() const { return description_; }
+
+ private:
+  Device() = default;
+  std::unique_ptr<cuda::Stream> stream_;
+  std::string description_ = "cpu";
+};
+
+}  // namespace t3d::kernels
