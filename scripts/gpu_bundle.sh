@@ -4,20 +4,37 @@
 # here (the kernels' tests; the one-rank Model's training test, which loads MPI's libraries but
 # never starts MPI), the shared libraries they load from this machine (not glibc, not CUDA's: the GPU machine's own
 # CUDA 13 serves those), and the PyTorch benchmark, as gpu_bundle/bundle.tar.xz (git-ignored,
-# ~15-20 MiB: under the 64 MiB a device call carries). Usage: scripts/gpu_bundle.sh [build dir]
+# ~28 MiB: under the 64 MiB a device call carries). Usage: scripts/gpu_bundle.sh [build dir]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 grep -q "^T3D_HAVE_CUDA:INTERNAL=ON" "$build/CMakeCache.txt" 2>/dev/null ||
   { echo "$build has no CUDA backend: configure it where a CUDA toolkit is (scripts/build.sh)"; exit 1; }
-cmake --build "$build" -j"$(nproc)" --target test_kernels_cuda test_model_gpu bench_cuda | tail -n 1
+cmake --build "$build" -j"$(nproc)" --target test_kernels_cuda test_model_gpu bench_cuda titan3d |
+  tail -n 1
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib"
 cp "$build/tests/kernels/test_kernels_cuda" "$build/tests/model/test_model_gpu" \
   "$build/bench/kernels/bench_cuda" "$stage/bin/"
 cp bench/kernels/bench_cuda_torch.py "$stage/bin/"
-for bin in "$stage"/bin/test_kernels_cuda "$stage"/bin/test_model_gpu "$stage"/bin/bench_cuda; do
+# titan3d itself, with the Open MPI it starts its ranks through (mpirun, the plugins and help
+# files, found under OPAL_PREFIX = ompi/ by gpu_train_check.sh) and a 1 MB slice of the corpus.
+cp "$build/apps/titan3d" "$stage/bin/"
+cp -L "$(command -v mpirun)" "$stage/bin/mpirun"
+ompi_prefix=$(ompi_info --path prefix --parsable | cut -d: -f3)
+ompi_pkglib=$(ompi_info --path pkglibdir --parsable | cut -d: -f3)
+ompi_pkgdata=$(ompi_info --path pkgdatadir --parsable | cut -d: -f3)
+for dir in "$ompi_pkglib" "$ompi_pkgdata"; do  # the same place under the new prefix
+  mkdir -p "$stage/ompi/$(dirname "${dir#"$ompi_prefix"/}")"
+  cp -rL "$dir" "$stage/ompi/${dir#"$ompi_prefix"/}"
+done
+mkdir -p "$stage/data"
+[ -s data/fortunes.txt ] || bash scripts/get_data.sh > /dev/null
+head -c 1000000 data/fortunes.txt > "$stage/data/corpus.txt"
+cp scripts/gpu_train_check.sh "$stage/bin/"
+for bin in "$stage"/bin/test_kernels_cuda "$stage"/bin/test_model_gpu "$stage"/bin/bench_cuda \
+  "$stage"/bin/titan3d "$stage"/bin/mpirun $(find "$stage/ompi" -name '*.so'); do
   ldd "$bin" | awk '/=> \// {print $3}'
 done | sort -u | while read -r lib; do
   case "$(basename "$lib")" in
@@ -26,6 +43,6 @@ done | sort -u | while read -r lib; do
   esac
 done
 mkdir -p gpu_bundle
-tar -C "$stage" -cJf gpu_bundle/bundle.tar.xz bin lib
+tar -C "$stage" -cJf gpu_bundle/bundle.tar.xz bin lib ompi data
 git rev-parse --short HEAD > gpu_bundle/commit 2>/dev/null || true
 ls -la gpu_bundle/bundle.tar.xz

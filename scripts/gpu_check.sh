@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Everything the GPU needs checking, in one go on a machine with an NVIDIA GPU (at most ~8
 # minutes): the CUDA backend's tests against the CPU backend, the Model's training steps on the
-# GPU against the CPU's, compute-sanitizer's memcheck and racecheck over its kernels, and the
-# kernel benchmark beside PyTorch's at the same shapes.
+# GPU against the CPU's, titan3d training on the GPU (scripts/gpu_train_check.sh),
+# compute-sanitizer's memcheck and racecheck over its kernels, and the kernel benchmark beside
+# PyTorch's at the same shapes.
 #
 # It runs the binaries of gpu_bundle/bundle.tar.xz, made here by scripts/gpu_bundle.sh (a GPU
 # machine may lack OpenBLAS, oneDNN, MPI and HDF5; the bundle brings the libraries the binaries
@@ -55,6 +56,9 @@ if grep -q "SKIPPED \]" "$logs/gpu_model.log"; then
   echo "gpu_model              FAILED: tests skipped on a GPU machine" | tee -a "$logs/summary.txt"
   status=1
 fi
+# titan3d itself on the GPU (one rank, fp32): against the CPU, twice, and resumed from a snapshot.
+step gpu_train 240 bash "$root/bin/gpu_train_check.sh" "$root" "$PWD" "$logs/train"
+grep -E "device:|GPU|FAIL" "$logs/gpu_train.log" | head -n 12
 sanitized='CudaElementwise.*:CudaRows.*:CudaLoss.*:CudaAttention.*:CudaDispatch.*:CudaDevice.ADeviceArenaNeedsAGpu'
 if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
   cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
