@@ -5,9 +5,11 @@
 #      (the same arithmetic summed in another order, compounded over 20 updates);
 #   2. on the GPU twice: the same losses, bit for bit (deterministic);
 #   3. resumed on the GPU from its step-10 snapshot: steps 11-20 give the uninterrupted run's bits
-#      (the snapshot holds the device's state exactly).
+#      (the snapshot holds the device's state exactly);
+#   4. pp2 × tp2 (four ranks sharing the GPU, their collectives staged through host memory)
+#      against the same layout on the CPU, within 1e-4 relative.
 # Usage: gpu_train_check.sh BUNDLE_ROOT REPO LOG_DIR. DEVICE=cpu runs the "GPU" runs on the CPU
-# instead (to check this script and the bundle where no GPU is). Exit 0 when all three hold.
+# instead (to check this script and the bundle where no GPU is). Exit 0 when all four hold.
 set -uo pipefail
 root=$1 repo=$2 logs=$3
 device=${DEVICE:-cuda}
@@ -29,6 +31,8 @@ run gpu "$device" titan3d train recipes/tiny.toml
 run gpu_again "$device" titan3d train recipes/tiny.toml
 run gpu_resumed "$device" titan3d resume "$logs/gpu/snapshots/step_00000010.h5" \
   --set snapshot.dir="$logs/gpu_resumed/snapshots"
+run cpu_pp2_tp2 cpu titan3d train recipes/tiny.toml --set parallel.pp=2 --set parallel.tp=2
+run gpu_pp2_tp2 "$device" titan3d train recipes/tiny.toml --set parallel.pp=2 --set parallel.tp=2
 python3 - "$logs" <<'PY'
 import json, sys
 logs = sys.argv[1]
@@ -51,5 +55,9 @@ tail = {s: gpu[s] for s in resumed}
 resumed_ok = len(resumed) == 10 and resumed == tail
 print(f"GPU resumed from step 10: {'steps 11-20 bit-identical' if resumed_ok else 'DIFFERENT: ' + str(resumed) + ' vs ' + str(tail)}")
 ok &= resumed_ok
+cpu4, gpu4 = losses("cpu_pp2_tp2"), losses("gpu_pp2_tp2")
+worst4 = max(abs(gpu4[s] - cpu4[s]) / abs(cpu4[s]) for s in cpu4)
+print(f"GPU vs CPU, pp2 x tp2 on 4 ranks: largest relative difference {worst4:.2e} (within 1e-4)")
+ok &= len(gpu4) == len(cpu4) and worst4 <= 1e-4
 sys.exit(0 if ok else 1)
 PY

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <string>
 
 #include "kernels/check.h"
@@ -24,19 +25,20 @@ namespace {
 bool stores_bf16(const JobPrecision& p) { return p.train == TrainPrecision::kBf16; }
 
 // The rank's device (hardware.device), logged. On a GPU what the CUDA backend cannot run yet is
-// refused here, naming the key: layouts of more than one rank (tensor collectives between GPUs),
-// bf16 training (activations stored only as bf16 copies) and mixtures of experts.
+// refused here, naming the key: data or context parallelism (their gradient reduction runs on
+// the MPI groups directly), bf16 training (activations stored only as bf16 copies) and mixtures of
+// experts.
 std::unique_ptr<kernels::Device> open_device(const Job& job) {
   const Recipe& r = job.recipe;
   auto device = kernels::Device::open(r.hardware.device, job.env.local_rank);
   spdlog::info("device: {}", device->description());
   if (!device->on_gpu()) return device;
   const parallel::MeshShape& shape = job.mesh->shape();
-  for (const Dim d : parallel::kDims)  // ep lies inside dp × cp
-    T3D_USER_CHECK(shape.size(d) == 1, "hardware.device = cuda trains one rank per job for now, ",
-                   "and parallel.", parallel::dim_name(d), " is ", shape.size(d),
-                   ": the tensor collectives between GPUs are not there yet (set it to 1, or ",
-                   "hardware.device = \"cpu\")");
+  for (const Dim d : {Dim::dp, Dim::cp})  // ep lies inside dp × cp
+    T3D_USER_CHECK(shape.size(d) == 1, "hardware.device = cuda: parallel.", parallel::dim_name(d),
+                   " is ", shape.size(d), ", and data- and context-",
+                   "parallel gradients do not reach the GPU yet (pp and tp do): set it to 1, or ",
+                   "hardware.device = \"cpu\"");
   T3D_USER_CHECK(job.precision().train == TrainPrecision::kFp32,
                  "hardware.device = cuda needs train.precision = \"fp32\" for now (bf16 "
                  "activations stored as bf16 copies have no CUDA path yet)");
@@ -46,6 +48,17 @@ std::unique_ptr<kernels::Device> open_device(const Job& job) {
 }
 
 }  // namespace
+
+StageGroups::StageGroups(const parallel::Mesh& mesh, const kernels::Device& device) : mesh_(mesh) {
+  const char* forced = std::getenv("T3D_STAGE_COLLECTIVES");
+  if (!device.on_gpu() && !(forced && std::string(forced) == "1")) return;
+  const kernels::Exec exec = device.exec(kernels::GemmKind::kOpenBlasF32);  // copies only
+  tp_ = std::make_unique<parallel::StagedComm>(mesh.group(Dim::tp), exec);
+  pp_ = std::make_unique<parallel::StagedComm>(mesh.group(Dim::pp), exec);
+  cp_ = std::make_unique<parallel::StagedComm>(mesh.group(Dim::cp), exec);
+  spdlog::info("tensor collectives of tp, pp and cp staged through host memory ({})",
+               device.on_gpu() ? "the GPU's tensors" : "T3D_STAGE_COLLECTIVES=1");
+}
 
 parallel::Schedule stage_schedule(const Recipe& r, int pp) {
   return parallel::make_schedule(r.parallel.schedule, pp, static_cast<int>(r.train.micro_batches),
@@ -63,7 +76,7 @@ std::vector<parallel::LayerRange> stage_layers(const ModelConfig& model,
 
 ModelOptions model_options(const Recipe& r, const JobPrecision& precision, StagePurpose purpose,
                            int64_t micro_rows, const PipelineExecutor* executor,
-                           const parallel::Comm* cp) {
+                           const parallel::TensorComm* cp) {
   ModelOptions o;
   o.micro_rows = micro_rows;
   o.with_optimizer = false;
@@ -100,18 +113,19 @@ Stage build_stage(const Job& job, StagePurpose purpose) {
   s.micro_rows = rows_per_micro(r.train.global_batch, dp, n_micro);
   auto schedule = stage_schedule(r, pp);
   s.layers = stage_layers(r.model, r.parallel.pipeline_split, schedule, mesh.coord().pp);
+  s.device = open_device(job);
+  s.groups = std::make_unique<StageGroups>(mesh, *s.device);
   // bf16 training sends activations and their gradients between stages in bf16.
   s.executor = std::make_unique<PipelineExecutor>(
-      std::move(schedule), mesh.group(Dim::pp),
+      std::move(schedule), s.groups->pp(),
       stores_bf16(job.precision()) ? WirePrecision::kBf16 : WirePrecision::kFp32);
-  s.device = open_device(job);
   s.arena = std::make_unique<kernels::Arena>(static_cast<size_t>(r.hardware.hbm_gib * kGiB),
                                              s.device->memory());
-  ModelOptions options = model_options(r, job.precision(), purpose, s.micro_rows, s.executor.get(),
-                                       &mesh.group(Dim::cp));
+  ModelOptions options =
+      model_options(r, job.precision(), purpose, s.micro_rows, s.executor.get(), &s.groups->cp());
   options.exec = s.device->exec(options.exec.gemm);
   options.ep = &mesh.ep();  // every EP rank runs the same forwards and backwards
-  s.model = std::make_unique<Model>(r.model, s.layers, mesh.group(Dim::tp), *s.arena, options);
+  s.model = std::make_unique<Model>(r.model, s.layers, s.groups->tp(), *s.arena, options);
   s.holds_loss = s.layers.back().last && mesh.coord().tp == 0;
   return s;
 }

@@ -19,8 +19,10 @@
 #include <vector>
 
 #include "kernels/arena.h"
+#include "kernels/device.h"
 #include "parallel/pipeline_split.h"
 #include "parallel/schedule.h"
+#include "parallel/staged_comm.h"
 #include "runtime/data/data.h"
 #include "runtime/data/data_sampler.h"
 #include "runtime/launch/job.h"
@@ -49,11 +51,33 @@ std::vector<parallel::LayerRange> stage_layers(const ModelConfig& model,
 // the job's `precision`.
 ModelOptions model_options(const Recipe& r, const JobPrecision& precision, StagePurpose purpose,
                            int64_t micro_rows, const PipelineExecutor* executor,
-                           const parallel::Comm* cp);
+                           const parallel::TensorComm* cp);
+
+// The tensor groups of a stage's Model and executor: the mesh's own (MPI over host memory), or
+// StagedComms over them (parallel/staged_comm.h) where the stage's tensors are in device memory,
+// or where T3D_STAGE_COLLECTIVES=1 asks for them on a CPU (a check that staging changes no bit).
+class StageGroups {
+ public:
+  StageGroups(const parallel::Mesh& mesh, const kernels::Device& device);
+  const parallel::TensorComm& tp() const { return pick(tp_, parallel::Dim::tp); }
+  const parallel::TensorComm& pp() const { return pick(pp_, parallel::Dim::pp); }
+  const parallel::TensorComm& cp() const { return pick(cp_, parallel::Dim::cp); }
+  bool staged() const { return tp_ != nullptr; }
+
+ private:
+  const parallel::TensorComm& pick(const std::unique_ptr<parallel::StagedComm>& staged,
+                                   parallel::Dim d) const {
+    if (staged) return *staged;
+    return mesh_.group(d);
+  }
+  const parallel::Mesh& mesh_;
+  std::unique_ptr<parallel::StagedComm> tp_, pp_, cp_;
+};
 
 struct Stage {
   // hardware.device: first, so that it outlives the memory and the Model built on its Exec.
   std::unique_ptr<kernels::Device> device;
+  std::unique_ptr<StageGroups> groups;  // before the executor and Model, which hold its groups
   int threads = 1;
   int64_t micro_rows = 0;  // sequences per micro-batch on this rank
   std::vector<parallel::LayerRange> layers;

@@ -77,6 +77,10 @@ struct Trainer::Impl {
   int64_t rows = 0, T = 0;
   TokenStream train_tokens, val_tokens;
   std::optional<Sampler> train_sampler, val_sampler;
+  // The stage's parts (runtime/stage/stage.h), in its order: the device and groups outlive what
+  // is built on them.
+  std::unique_ptr<kernels::Device> device;
+  std::unique_ptr<StageGroups> groups;
   std::unique_ptr<kernels::Arena> arena;
   std::unique_ptr<PipelineExecutor> executor;
   std::unique_ptr<Model> model;
@@ -106,6 +110,8 @@ struct Trainer::Impl {
     // This rank's stage: threads, schedule and placement, executor, arena, model.
     Stage stage = build_stage(job, StagePurpose::kTrain);
     rows = stage.micro_rows;
+    device = std::move(stage.device);
+    groups = std::move(stage.groups);
     executor = std::move(stage.executor);
     arena = std::move(stage.arena);
     model = std::move(stage.model);

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# hardware.device and the staging of a GPU stage's collectives, on a machine without a GPU:
+#   - hardware.device = cuda exits 2 naming the key (no GPU visible, or no CUDA backend built);
+#     auto trains on the CPU and the rank's log says `device: cpu`;
+#   - the tensor collectives a GPU stage stages through host memory (parallel/staged_comm.h)
+#     change no bit: layouts with pipeline, tensor (with sequence parallelism) and context
+#     parallelism, fp32 and bf16 (bf16 wire and TP traffic), each trained 4 steps with the mesh's
+#     MPI groups and again with T3D_STAGE_COLLECTIVES=1 (the staged path on the CPU): every loss
+#     and gradient norm equal, and the staged runs' logs say they staged. Usage: device_staging.sh TITAN3D
+set -u
+titan3d=$1
+source "$(dirname "$0")/lib.sh"
+require_corpus
+make_work_dir
+common=(--set data.path="$corpus" --set model.dim=64 --set model.n_layers=4 --set model.n_heads=4
+        --set model.n_kv_heads=2 --set model.seq_len=32 --set train.global_batch=8
+        --set train.micro_batches=2 --set train.steps=4 --set train.val_every=0
+        --set hardware.hbm_gib=0.25 --set snapshot.every=0 --set hardware.gemm=openblas
+        --set hardware.threads_per_rank=1)
+fail=0
+check() {  # check NAME [--set ...]: direct vs staged
+  local name=$1; shift
+  "$titan3d" train "$repo/recipes/tiny.toml" "${common[@]}" "$@" --set run.dir="$work/$name" \
+    > "$work/$name.log" 2>&1 || { echo "FAIL: $name exited $?"; tail "$work/$name.log"; fail=1; return; }
+  T3D_STAGE_COLLECTIVES=1 "$titan3d" train "$repo/recipes/tiny.toml" "${common[@]}" "$@" \
+    --set run.dir="$work/$name.staged" > "$work/$name.staged.log" 2>&1 ||
+    { echo "FAIL: $name staged exited $?"; tail "$work/$name.staged.log"; fail=1; return; }
+  grep -q "staged through host memory (T3D_STAGE_COLLECTIVES=1)" "$work/$name.staged/logs/rank0.log" ||
+    { echo "FAIL: $name: the staged run's log does not say it staged"; fail=1; return; }
+  if diff <(field "$work/$name/metrics.jsonl" loss; field "$work/$name/metrics.jsonl" grad_norm) \
+          <(field "$work/$name.staged/metrics.jsonl" loss; field "$work/$name.staged/metrics.jsonl" grad_norm) \
+          > "$work/$name.diff"; then
+    echo "ok   $name: $(field "$work/$name/metrics.jsonl" loss | wc -l) steps bit-identical staged"
+  else
+    echo "FAIL: $name: staged differs (< direct, > staged):"; cat "$work/$name.diff"; fail=1
+  fi
+}
+if nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
+  echo "skip hardware.device without a GPU: this machine has one"
+else
+  out=$("$titan3d" train "$repo/recipes/tiny.toml" --set data.path="$corpus" --set train.steps=1 \
+    --set run.dir="$work/cuda" --set hardware.device=cuda 2>&1); rc=$?
+  if [ $rc -ne 2 ] || ! grep -qF 'hardware.device = "cuda", but this' <<<"$out"; then
+    echo "FAIL hardware.device = cuda without a GPU: rc=$rc $out"; fail=1
+  else echo "ok   hardware.device = cuda without a GPU: exit 2, $(grep -F 'hardware.device' <<<"$out" | head -1)"; fi
+  out=$("$titan3d" train "$repo/recipes/tiny.toml" --set data.path="$corpus" --set train.steps=1 \
+    --set run.dir="$work/auto" --set hardware.device=auto 2>&1); rc=$?
+  if [ $rc -ne 0 ] || ! grep -q 'device: cpu$' "$work/auto/logs/rank0.log"; then
+    echo "FAIL hardware.device = auto: rc=$rc $out"; fail=1
+  else echo "ok   hardware.device = auto trains on the CPU"; fi
+fi
+check pp2_tp2_sp --set train.precision=fp32 --set parallel.pp=2 --set parallel.tp=2 \
+  --set parallel.sequence_parallel=true
+check cp2_tp2_bf16 --set train.precision=bf16 --set parallel.cp=2 --set parallel.tp=2
+check pp2_zb_v_bf16 --set train.precision=bf16 --set parallel.pp=2 --set parallel.schedule=zb_v
+exit $fail
