@@ -6,8 +6,8 @@
 #   2. on the GPU twice: the same losses, bit for bit (deterministic);
 #   3. resumed on the GPU from its step-10 snapshot: steps 11-20 give the uninterrupted run's bits
 #      (the snapshot holds the device's state exactly);
-#   4. pp2 × tp2 (four ranks sharing the GPU, their collectives staged through host memory)
-#      against the same layout on the CPU, within 1e-4 relative.
+#   4. pp2 × dp2 × tp2 with ZeRO-1 (eight ranks sharing the GPU, their collectives staged through
+#      host memory) against the same layout on the CPU, within 1e-4 relative.
 # Usage: gpu_train_check.sh BUNDLE_ROOT REPO LOG_DIR. DEVICE=cpu runs the "GPU" runs on the CPU
 # instead (to check this script and the bundle where no GPU is). Exit 0 when all four hold.
 set -uo pipefail
@@ -31,8 +31,9 @@ run gpu "$device" titan3d train recipes/tiny.toml
 run gpu_again "$device" titan3d train recipes/tiny.toml
 run gpu_resumed "$device" titan3d resume "$logs/gpu/snapshots/step_00000010.h5" \
   --set snapshot.dir="$logs/gpu_resumed/snapshots"
-run cpu_pp2_tp2 cpu titan3d train recipes/tiny.toml --set parallel.pp=2 --set parallel.tp=2
-run gpu_pp2_tp2 "$device" titan3d train recipes/tiny.toml --set parallel.pp=2 --set parallel.tp=2
+layout=(--set parallel.pp=2 --set parallel.dp=2 --set parallel.tp=2 --set parallel.zero=1)
+run cpu_3d cpu titan3d train recipes/tiny.toml "${layout[@]}"
+run gpu_3d "$device" titan3d train recipes/tiny.toml "${layout[@]}"
 python3 - "$logs" <<'PY'
 import json, sys
 logs = sys.argv[1]
@@ -55,9 +56,9 @@ tail = {s: gpu[s] for s in resumed}
 resumed_ok = len(resumed) == 10 and resumed == tail
 print(f"GPU resumed from step 10: {'steps 11-20 bit-identical' if resumed_ok else 'DIFFERENT: ' + str(resumed) + ' vs ' + str(tail)}")
 ok &= resumed_ok
-cpu4, gpu4 = losses("cpu_pp2_tp2"), losses("gpu_pp2_tp2")
+cpu4, gpu4 = losses("cpu_3d"), losses("gpu_3d")
 worst4 = max(abs(gpu4[s] - cpu4[s]) / abs(cpu4[s]) for s in cpu4)
-print(f"GPU vs CPU, pp2 x tp2 on 4 ranks: largest relative difference {worst4:.2e} (within 1e-4)")
+print(f"GPU vs CPU, pp2 x dp2 x tp2 ZeRO-1 on 8 ranks: largest relative difference {worst4:.2e} (within 1e-4)")
 ok &= len(gpu4) == len(cpu4) and worst4 <= 1e-4
 sys.exit(0 if ok else 1)
 PY

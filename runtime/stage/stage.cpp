@@ -33,12 +33,6 @@ std::unique_ptr<kernels::Device> open_device(const Job& job) {
   auto device = kernels::Device::open(r.hardware.device, job.env.local_rank);
   spdlog::info("device: {}", device->description());
   if (!device->on_gpu()) return device;
-  const parallel::MeshShape& shape = job.mesh->shape();
-  for (const Dim d : {Dim::dp, Dim::cp})  // ep lies inside dp × cp
-    T3D_USER_CHECK(shape.size(d) == 1, "hardware.device = cuda: parallel.", parallel::dim_name(d),
-                   " is ", shape.size(d), ", and data- and context-",
-                   "parallel gradients do not reach the GPU yet (pp and tp do): set it to 1, or ",
-                   "hardware.device = \"cpu\"");
   T3D_USER_CHECK(job.precision().train == TrainPrecision::kFp32,
                  "hardware.device = cuda needs train.precision = \"fp32\" for now (bf16 "
                  "activations stored as bf16 copies have no CUDA path yet)");
@@ -56,8 +50,20 @@ StageGroups::StageGroups(const parallel::Mesh& mesh, const kernels::Device& devi
   tp_ = std::make_unique<parallel::StagedComm>(mesh.group(Dim::tp), exec);
   pp_ = std::make_unique<parallel::StagedComm>(mesh.group(Dim::pp), exec);
   cp_ = std::make_unique<parallel::StagedComm>(mesh.group(Dim::cp), exec);
-  spdlog::info("tensor collectives of tp, pp and cp staged through host memory ({})",
+  dp_cp_ = std::make_unique<parallel::StagedComm>(mesh.dp_cp(), exec);
+  edp_ = std::make_unique<parallel::StagedComm>(mesh.edp(), exec);
+  spdlog::info("tensor collectives of tp, pp, cp, dp × cp and edp staged through host memory ({})",
                device.on_gpu() ? "the GPU's tensors" : "T3D_STAGE_COLLECTIVES=1");
+}
+
+const parallel::TensorComm& StageGroups::dp_cp() const {
+  if (dp_cp_) return *dp_cp_;
+  return mesh_.dp_cp();
+}
+
+const parallel::TensorComm& StageGroups::edp() const {
+  if (edp_) return *edp_;
+  return mesh_.edp();
 }
 
 parallel::Schedule stage_schedule(const Recipe& r, int pp) {

@@ -53,15 +53,19 @@ ModelOptions model_options(const Recipe& r, const JobPrecision& precision, Stage
                            int64_t micro_rows, const PipelineExecutor* executor,
                            const parallel::TensorComm* cp);
 
-// The tensor groups of a stage's Model and executor: the mesh's own (MPI over host memory), or
-// StagedComms over them (parallel/staged_comm.h) where the stage's tensors are in device memory,
-// or where T3D_STAGE_COLLECTIVES=1 asks for them on a CPU (a check that staging changes no bit).
+// The tensor groups of a stage's Model, executor and training state: the mesh's own (MPI over host
+// memory), or StagedComms over them (parallel/staged_comm.h) where the stage's tensors are in
+// device memory, or where T3D_STAGE_COLLECTIVES=1 asks for them on a CPU (a check that staging
+// changes no bit).
 class StageGroups {
  public:
   StageGroups(const parallel::Mesh& mesh, const kernels::Device& device);
   const parallel::TensorComm& tp() const { return pick(tp_, parallel::Dim::tp); }
   const parallel::TensorComm& pp() const { return pick(pp_, parallel::Dim::pp); }
   const parallel::TensorComm& cp() const { return pick(cp_, parallel::Dim::cp); }
+  // The gradient groups (parallel/mesh.h): dense parameters over dp × cp, experts over edp.
+  const parallel::TensorComm& dp_cp() const;
+  const parallel::TensorComm& edp() const;
   bool staged() const { return tp_ != nullptr; }
 
  private:
@@ -71,7 +75,7 @@ class StageGroups {
     return mesh_.group(d);
   }
   const parallel::Mesh& mesh_;
-  std::unique_ptr<parallel::StagedComm> tp_, pp_, cp_;
+  std::unique_ptr<parallel::StagedComm> tp_, pp_, cp_, dp_cp_, edp_;
 };
 
 struct Stage {

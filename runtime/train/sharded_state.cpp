@@ -37,8 +37,8 @@ constexpr const char* kSections[] = {"model/", "optim/exp_avg/", "optim/exp_avg_
 
 }  // namespace
 
-ShardedState::ShardedState(Model& model, StateGroup kind, const parallel::Comm& group, int zero,
-                           double bucket_mb, kernels::Arena& arena)
+ShardedState::ShardedState(Model& model, StateGroup kind, const parallel::TensorComm& group,
+                           int zero, double bucket_mb, kernels::Arena& arena)
     : model_(model),
       kind_(kind),
       region_(model.group_region(kind)),
@@ -257,8 +257,8 @@ void ShardedState::adamw_step(const TrainConfig& t, double lr, int64_t step, flo
   reducer_->gather_params(model_.state().params.data());
 }
 
-TrainingState::TrainingState(Model& model, const parallel::Comm& dense_group,
-                             const parallel::Comm& experts_group, int zero, double bucket_mb,
+TrainingState::TrainingState(Model& model, const parallel::TensorComm& dense_group,
+                             const parallel::TensorComm& experts_group, int zero, double bucket_mb,
                              kernels::Arena& arena)
     : model_(model) {
   groups_.push_back(std::make_unique<ShardedState>(model, StateGroup::kDense, dense_group, zero,

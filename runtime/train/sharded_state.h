@@ -42,7 +42,7 @@ class ShardedState {
   // `group`, allocates this rank's shards, buffers and moments (zeroed) from `arena`, and points
   // the model's gradient source and hook (ZeRO 3: its weight source) of `kind` at the reducer.
   // The model holds units of `kind`.
-  ShardedState(Model& model, StateGroup kind, const parallel::Comm& group, int zero,
+  ShardedState(Model& model, StateGroup kind, const parallel::TensorComm& group, int zero,
                double bucket_mb, kernels::Arena& arena);
   ~ShardedState();
   ShardedState(const ShardedState&) = delete;
@@ -129,7 +129,7 @@ class ShardedState {
   Model& model_;
   StateGroup kind_;
   parallel::FloatRange region_;  // the group's part of the Model's region
-  const parallel::Comm& group_;
+  const parallel::TensorComm& group_;
   int zero_;
   double bucket_mb_;
   parallel::BucketPartition partition_;
@@ -146,8 +146,8 @@ class TrainingState {
   // The dense group over `dense_group` (dp × cp), the experts (when the Model holds any) over
   // `experts_group` (the expert-data-parallel ranks), both with the same ZeRO stage and bucket
   // size.
-  TrainingState(Model& model, const parallel::Comm& dense_group,
-                const parallel::Comm& experts_group, int zero, double bucket_mb,
+  TrainingState(Model& model, const parallel::TensorComm& dense_group,
+                const parallel::TensorComm& experts_group, int zero, double bucket_mb,
                 kernels::Arena& arena);
 
   // Parameters from `seed` (Model::init); with ZeRO 3 each tensor is drawn on the host and each

@@ -133,7 +133,7 @@ struct Trainer::Impl {
     // Over dp × cp: one overlapped reduction sums the gradients of other rows (dp) and of other
     // positions of the same rows (cp); ZeRO shards over the same ranks.
     // The routed experts over the ranks holding the same ones (dp × cp when parallel.ep = 1).
-    state = std::make_unique<TrainingState>(*model, mesh.dp_cp(), mesh.edp(),
+    state = std::make_unique<TrainingState>(*model, groups->dp_cp(), groups->edp(),
                                             static_cast<int>(r.parallel.zero), r.parallel.bucket_mb,
                                             *arena);
     state->init(seed);

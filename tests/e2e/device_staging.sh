@@ -3,8 +3,8 @@
 #   - hardware.device = cuda exits 2 naming the key (no GPU visible, or no CUDA backend built);
 #     auto trains on the CPU and the rank's log says `device: cpu`;
 #   - the tensor collectives a GPU stage stages through host memory (parallel/staged_comm.h)
-#     change no bit: layouts with pipeline, tensor (with sequence parallelism) and context
-#     parallelism, fp32 and bf16 (bf16 wire and TP traffic), each trained 4 steps with the mesh's
+#     change no bit: layouts with pipeline, tensor (with sequence parallelism), context and data
+#     parallelism (ZeRO 1-3, the experts' edp group), fp32 and bf16 (bf16 wire and TP traffic), each trained 4 steps with the mesh's
 #     MPI groups and again with T3D_STAGE_COLLECTIVES=1 (the staged path on the CPU): every loss
 #     and gradient norm equal, and the staged runs' logs say they staged. Usage: device_staging.sh TITAN3D
 set -u
@@ -53,4 +53,11 @@ check pp2_tp2_sp --set train.precision=fp32 --set parallel.pp=2 --set parallel.t
   --set parallel.sequence_parallel=true
 check cp2_tp2_bf16 --set train.precision=bf16 --set parallel.cp=2 --set parallel.tp=2
 check pp2_zb_v_bf16 --set train.precision=bf16 --set parallel.pp=2 --set parallel.schedule=zb_v
+check dp2_zero1 --set train.precision=fp32 --set parallel.dp=2 --set parallel.zero=1 \
+  --set parallel.bucket_mb=0.05
+check pp2_dp2_tp2_zero3 --set train.precision=fp32 --set parallel.pp=2 --set parallel.dp=2 \
+  --set parallel.tp=2 --set parallel.zero=3 --set parallel.bucket_mb=0.05
+check dp2_ep2_moe_zero2 --set train.precision=fp32 --set parallel.dp=2 --set parallel.ep=2 \
+  --set parallel.zero=2 --set model.n_experts=4 --set model.experts_per_token=2 \
+  --set model.moe_ffn_dim=48
 exit $fail
