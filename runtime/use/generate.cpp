@@ -70,7 +70,7 @@ Decoder::Decoder(const SnapshotWeights& w, k::GemmKind gemm)
   rope_.resize(n(T * D));
   scores_.resize(n(T));
   logits_.resize(n(m.vocab_size));
-  k::rope_table(rope_.data(), T, D, m.rope_theta);
+  k::rope_table(rope_.data(), T, D, m.rope_theta, m.rope());  // the Model's table
 }
 
 std::span<const float> Decoder::step(int32_t token) {

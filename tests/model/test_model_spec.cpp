@@ -248,6 +248,25 @@ TEST(ModelSpec, ParameterTableIsLlamasWithItsHuggingFaceNames) {
   }
 }
 
+// model.head_dim = 24 over dim 64 and 4 heads: q and o are 96 wide, k and v 48, the RoPE table
+// and attention are over 24-wide heads; nothing else changes.
+TEST(ModelSpec, HeadDimSetsTheAttentionShapesOnly) {
+  ModelConfig m = small_model();
+  m.explicit_head_dim = 24;
+  std::map<std::string, std::vector<int64_t>> shape;
+  for (const ParamInfo& p : param_table(m)) shape[p.name] = p.global_shape;
+  const std::string p = "model.layers.0.";
+  EXPECT_EQ(shape[p + "self_attn.q_proj.weight"], (std::vector<int64_t>{96, 64}));
+  EXPECT_EQ(shape[p + "self_attn.k_proj.weight"], (std::vector<int64_t>{48, 64}));
+  EXPECT_EQ(shape[p + "self_attn.v_proj.weight"], (std::vector<int64_t>{48, 64}));
+  EXPECT_EQ(shape[p + "self_attn.o_proj.weight"], (std::vector<int64_t>{64, 96}));
+  EXPECT_EQ(shape[p + "mlp.down_proj.weight"], (std::vector<int64_t>{64, 176}));
+  const ModelDims d = model_dims(m, {{{0, 4, true, true}}, 2}, 2);
+  EXPECT_EQ(d.D, 24);
+  EXPECT_EQ(d.H, 2);  // tp = 2 splits whole heads
+  EXPECT_EQ(d.C, 64);
+}
+
 TEST(ModelSpec, TpShardBoxIsTheRankSliceOfTheSplitDimension) {
   ParamInfo q{"q", {64, 32}, 0};
   ParamInfo o{"o", {32, 64}, 1};

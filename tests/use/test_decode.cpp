@@ -77,7 +77,7 @@ std::vector<float> full_forward(const SnapshotWeights& w, const std::vector<int3
       att(T * H * D), lse(H * T), gate(T * F), up(T * F), h(T * F), rope(T * D), logits(T * V);
   const k::AttentionShape shape{1, T, H, Hkv, D, 8};
   std::vector<float> scratch(k::attention_scratch_floats(shape));
-  k::rope_table(rope.data(), T, D, m.rope_theta);
+  k::rope_table(rope.data(), T, D, m.rope_theta, m.rope());
   k::embedding_forward(k::kCpu, x.data(), tokens.data(), W("model.embed_tokens.weight"), T, C, 0,
                        V);
   for (int64_t l = 0; l < m.n_layers; ++l) {
@@ -106,8 +106,8 @@ std::vector<float> full_forward(const SnapshotWeights& w, const std::vector<int3
   return logits;
 }
 
-TEST(use_decode, cached_logits_match_whole_sequence_forward) {
-  const ModelConfig m = tiny_config();
+// The Decoder's logits at every position against full_forward's, a full cache refused.
+void expect_cached_logits_match(const ModelConfig& m) {
   const SnapshotWeights w = random_weights(m);
   std::vector<int32_t> tokens;
   for (int t = 0; t < m.seq_len; ++t) tokens.push_back((7 * t + 3) % m.vocab_size);
@@ -125,6 +125,27 @@ TEST(use_decode, cached_logits_match_whole_sequence_forward) {
   decoder.reset();  // and starts over at position 0 with the same result
   const auto again = decoder.step(tokens[0]);
   for (int64_t j = 0; j < m.vocab_size; ++j) EXPECT_NEAR(again[j], expected[j], 1e-4);
+}
+
+TEST(use_decode, cached_logits_match_whole_sequence_forward) {
+  expect_cached_logits_match(tiny_config());
+}
+
+// Llama 3's RoPE scaling in the decoder's table: with a pretraining context of 8 positions the
+// head's lowest frequency is smoothed and the others slowed 4×, so a decoder that left the table
+// unscaled would differ from the whole-sequence forward within the 16 positions. Heads 12 wide
+// over dim 32 (model.head_dim): the cache and the projections are n_heads·head_dim wide.
+TEST(use_decode, cached_logits_match_with_scaled_rope_and_wide_heads) {
+  ModelConfig m = tiny_config();
+  m.explicit_head_dim = 12;
+  m.rope_scaling = k::RopeScaling::Kind::kLlama3;
+  m.rope_factor = 4.0;
+  m.rope_low_freq_factor = 1.0;
+  m.rope_high_freq_factor = 2.0;
+  m.rope_original_seq_len = 8;
+  expect_cached_logits_match(m);
+  m.rope_scaling = k::RopeScaling::Kind::kLinear;
+  expect_cached_logits_match(m);
 }
 
 TEST(use_decode, greedy_and_seeded_sampling_are_deterministic) {

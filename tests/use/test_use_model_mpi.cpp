@@ -45,10 +45,12 @@ TEST(UseModelMpi, TensorTableIsTheModelsParameterTable) {
   }
 }
 
-TEST(UseModelMpi, DecoderLossEqualsModelForward) {
+namespace {
+
+// The decoder's loss over one sequence, fed the weights of a Model of `cfg`, equals the Model's.
+void expect_decoder_loss_equals_model(const runtime::ModelConfig& cfg) {
   auto world = parallel::Comm::world(60.0);
   const auto self = world.split(world.rank(), 0, "self");
-  const auto cfg = config(false);
   kernels::Arena arena(64 << 20);
   runtime::Model m(cfg, {{0, cfg.n_layers, true, true}}, self, arena, {1, 1, false});
   m.init(5);
@@ -82,4 +84,23 @@ TEST(UseModelMpi, DecoderLossEqualsModelForward) {
   EXPECT_GT(model_loss, 1.0);
   EXPECT_NEAR(decoder_loss, model_loss, 1e-5 * model_loss)
       << "the decoder (KV cache, one row at a time) and Model::forward (whole sequence)";
+}
+
+}  // namespace
+
+TEST(UseModelMpi, DecoderLossEqualsModelForward) {
+  expect_decoder_loss_equals_model(config(false));
+}
+
+// Llama 3's scaled RoPE (a pretraining context of 4 positions, so it scales within the 12) and
+// heads 10 wide over dim 32: the Model's table and shapes are the decoder's (test_decode checks
+// the decoder against the definition).
+TEST(UseModelMpi, DecoderLossEqualsModelForwardWithScaledRopeAndWideHeads) {
+  auto cfg = config(false);
+  cfg.explicit_head_dim = 10;
+  cfg.rope_scaling = kernels::RopeScaling::Kind::kLlama3;
+  cfg.rope_factor = 8.0;
+  cfg.rope_high_freq_factor = 3.0;
+  cfg.rope_original_seq_len = 4;
+  expect_decoder_loss_equals_model(cfg);
 }
