@@ -82,19 +82,24 @@ std::string tokenizer_config_json(const ModelConfig& config, const TextTokenizer
 
 struct ExportOptions {
   std::string dtype = "fp32";  // fp32 | bf16 (the safetensors tensors)
+  // > 0: the weights as shards of at most this many MiB of tensors each (a larger tensor alone in
+  // its shard), model-0000i-of-0000N.safetensors in the model's tensor order, and
+  // model.safetensors.index.json naming each tensor's file, as transformers' save_pretrained
+  // writes them; 0: one model.safetensors.
+  double max_shard_mb = 0;
 };
 
 struct ExportSummary {
-  std::string safetensors, config;  // paths written
+  std::string safetensors, config;  // paths written (the weights: the file, or the shards' index)
   std::string tokenizer;            // tokenizer.model written ("" for the byte tokenizer)
-  int64_t step = 0, tensors = 0, parameters = 0;
-  uint64_t bytes = 0;  // of model.safetensors
+  int64_t step = 0, tensors = 0, parameters = 0, shards = 1;
+  uint64_t bytes = 0;  // of the safetensors file(s)
 };
 
-// Writes <out_dir>/model.safetensors and <out_dir>/config.json (creating out_dir), and with a
-// SentencePiece data.tokenizer its tokenizer.model and tokenizer_config.json beside them. All or
-// nothing: when one fails (a full disk), those already written are removed again, and out_dir
-// too when this call created it.
+// Writes <out_dir>/model.safetensors (or its shards and their index) and <out_dir>/config.json
+// (creating out_dir), and with a SentencePiece data.tokenizer its tokenizer.model and
+// tokenizer_config.json beside them. All or nothing: when one fails (a full disk), those already
+// written are removed again, and out_dir too when this call created it.
 ExportSummary export_snapshot(const std::string& snapshot, const std::string& out_dir,
                               const ExportOptions& options = {});
 

@@ -21,6 +21,7 @@
 #include "runtime/data/text_tokenizer.h"
 #include "runtime/provenance/provenance.h"
 #include "runtime/use/export.h"
+#include "runtime/use/hf_rope.h"
 
 namespace t3d::runtime {
 
@@ -96,6 +97,8 @@ void check_model_limits(const ModelConfig& m, const std::string& src, HfLayout l
         {"model.seq_len", "max_position_embeddings"},
         {"model.norm_eps", "rms_norm_eps"},
         {"model.rope_theta", "rope_theta"},
+        {"model.head_dim", "head_dim"},
+        {"model.rope_original_seq_len", "rope_scaling.original_max_position_embeddings"},
         {"model.n_experts", "num_local_experts"},
         {"model.experts_per_token", "num_experts_per_tok"},
         {"model.moe_ffn_dim", "intermediate_size"},
@@ -113,6 +116,22 @@ void check_model_limits(const ModelConfig& m, const std::string& src, HfLayout l
     }
     throw UserError(e.what() + named + (named.empty() ? "" : ")"));
   }
+}
+
+// `head_dim` (transformers: hidden_size / num_attention_heads when absent or null) as
+// model.head_dim, left 0 (derived) when it is that quotient.
+void head_dim_from_config(const json& c, const std::string& src, ModelConfig& m) {
+  if (!c.contains("head_dim") || c.at("head_dim").is_null()) {
+    T3D_USER_CHECK(m.dim % m.n_heads == 0, src, ": `hidden_size` ", m.dim,
+                   " is not a multiple of `num_attention_heads` ", m.n_heads,
+                   " and there is no `head_dim`; give the heads' width as `head_dim`");
+    return;
+  }
+  T3D_USER_CHECK(c.at("head_dim").is_number_integer() && c.at("head_dim").get<int64_t>() > 0, src,
+                 ": `head_dim` is ", c.at("head_dim").dump(), "; it must be a positive integer");
+  const int64_t head_dim = c.at("head_dim").get<int64_t>();
+  const bool derived = m.dim % m.n_heads == 0 && head_dim == m.dim / m.n_heads;
+  m.explicit_head_dim = derived ? 0 : head_dim;
 }
 
 // The family config.json names (model_type, and architectures when given); UserError for a
@@ -192,21 +211,18 @@ ModelConfig llama_model_from_config(const std::string& text, const std::string& 
   T3D_USER_CHECK(c.is_object(), src, " is not a JSON object");
   const HfLayout layout = check_architecture(c, src);
   const bool mixtral = layout == HfLayout::kMixtral;
-  refuse_unless(c, src, "rope_scaling", nullptr, "titan3d's RoPE has no scaling");
   refuse_unless(c, src, "attention_bias", false, "titan3d's attention projections have no bias");
   refuse_unless(c, src, "mlp_bias", false, "titan3d's MLP projections have no bias");
+  refuse_unless(c, src, "attention_dropout", 0, "titan3d's attention has no dropout");
   refuse_unless(c, src, "hidden_act", "silu", "titan3d's MLP is SwiGLU, silu only");
   ModelConfig m;
   m.vocab_size = required_int(c, src, "vocab_size");
   m.dim = required_int(c, src, "hidden_size");
   m.n_layers = required_int(c, src, "num_hidden_layers");
   m.n_heads = required_int(c, src, "num_attention_heads");
-  T3D_USER_CHECK(m.n_heads > 0 && m.dim % m.n_heads == 0, src, ": `hidden_size` ", m.dim,
-                 " is not a multiple of `num_attention_heads` ", m.n_heads);
-  if (c.contains("head_dim") && !c.at("head_dim").is_null())
-    T3D_USER_CHECK(c.at("head_dim") == m.dim / m.n_heads, src, ": `head_dim` is ",
-                   c.at("head_dim").dump(), " but hidden_size / num_attention_heads is ",
-                   m.dim / m.n_heads, "; titan3d's heads are hidden_size / num_attention_heads");
+  T3D_USER_CHECK(m.n_heads > 0, src, ": `num_attention_heads` is ", m.n_heads,
+                 "; it must be positive");
+  head_dim_from_config(c, src, m);
   m.n_kv_heads = optional_value<int64_t>(c, src, "num_key_value_heads", m.n_heads,
                                          "num_attention_heads (no grouped-query attention)", notes);
   m.ffn_dim = required_int(c, src, "intermediate_size");
@@ -218,6 +234,7 @@ ModelConfig llama_model_from_config(const std::string& text, const std::string& 
                                         "model.rope_theta = 10000 (transformers' default)", notes);
   m.tie_embeddings = optional_value<bool>(c, src, "tie_word_embeddings", false,
                                           "untied (transformers' default)", notes);
+  rope_scaling_from_config(c, src, m);
   if (mixtral) {
     // Mixtral: every block a mixture of experts of intermediate_size each, softmax router over
     // normalised top-k gates (docs/moe.md).
