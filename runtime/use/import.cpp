@@ -21,6 +21,7 @@
 #include "runtime/data/text_tokenizer.h"
 #include "runtime/provenance/provenance.h"
 #include "runtime/use/export.h"
+#include "runtime/use/hf_config_keys.h"
 #include "runtime/use/hf_rope.h"
 
 namespace t3d::runtime {
@@ -210,6 +211,7 @@ ModelConfig llama_model_from_config(const std::string& text, const std::string& 
   const json c = ck::parse_json_text(text, src);
   T3D_USER_CHECK(c.is_object(), src, " is not a JSON object");
   const HfLayout layout = check_architecture(c, src);
+  refuse_unknown_config_keys(c, src, layout);
   const bool mixtral = layout == HfLayout::kMixtral;
   refuse_unless(c, src, "attention_bias", false, "titan3d's attention projections have no bias");
   refuse_unless(c, src, "mlp_bias", false, "titan3d's MLP projections have no bias");

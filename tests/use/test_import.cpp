@@ -241,6 +241,30 @@ TEST(use_Import, Llama3RopeScalingAndHeadDimMapBothWays) {
   }
 }
 
+// A key the family's import neither maps, checks nor knows to change nothing is refused by name
+// (it may change the model: a quantization, a sliding window on a LLaMA); metadata is not.
+TEST(use_Import, UnknownConfigKeysAreRefusedByName) {
+  const std::string base = kMinimalConfig;
+  std::vector<std::string> notes;
+  EXPECT_NO_THROW(llama_model_from_config(
+      R"({"_name_or_path": "x", "transformers_version": "4.45.0", "torch_dtype": "bfloat16",
+          "use_cache": true, "initializer_range": 0.02, "bos_token_id": 128000,
+          "eos_token_id": [128001, 128009], "pad_token_id": null, )" +
+          base.substr(1),
+      "c.json", &notes));
+  for (const std::string key :
+       {"quantization_config", "sliding_window", "num_local_experts", "qk_layernorm"}) {
+    try {
+      llama_model_from_config("{\"" + key + "\": {\"bits\": 4}, " + base.substr(1), "c.json",
+                              &notes);
+      ADD_FAILURE() << key;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("c.json: `" + key + "`"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("remove it from config.json"), std::string::npos);
+    }
+  }
+}
+
 // Qwen2-MoE's config as titan3d's block: shared experts a whole number of experts wide, dense
 // blocks the leading mlp_only_layers, norm_topk_prob (default false) the gates' normalisation;
 // what has no place in titan3d's block refused by its key.
