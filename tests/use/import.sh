@@ -7,7 +7,8 @@
 #  - the imported snapshot fine-tunes with `titan3d resume` on another layout (tp2), starting
 #    from the imported weights, not from scratch;
 #  - a Llama 3.x (RoPE scaling, explicit head_dim) round-trips bit for bit, sharded in and out
-#    (export --max-shard-mb) and in bf16;
+#    (export --max-shard-mb) and in bf16, and fine-tunes on pp2×dp2×tp2 and cp2×dp2×tp2 with the
+#    1-rank losses;
 #  - every config key titan3d cannot represent is exit 2 naming it.
 # (The PyTorch cross-check of eval on an imported model is in torch_crosscheck.sh.)
 set -u
@@ -112,6 +113,31 @@ check "[ \$? -eq 2 ] && grep -q 'model.safetensors.index.json' $work/o.log && [ 
 "$titan3d" export "$work/l3bimp/step_00000000.h5" --out "$work/l3b2" --dtype bf16 >/dev/null 2>&1
 check "st bf16of $work/l3/model.safetensors $work/l3b/model.safetensors && st same $work/l3b/model.safetensors $work/l3b2/model.safetensors && same_config $work/l3 $work/l3b2 rope_scaling head_dim" \
   "Llama 3.x in bf16: export rounds, import∘export keeps the bf16 bits"
+
+# The Llama 3.x import fine-tunes 20 steps (fp32) on 1 rank and on pp2×dp2×tp2 and cp2×dp2×tp2 with
+# the same losses within 1e-5 relative (train_equivalence.sh's fp32 tolerance: only the order of
+# additions differs): head_dim 24 split by tp, the scaled RoPE table at cp's positions.
+tune() {  # NAME [--set ...]: 20 steps of the Llama 3.x import into $work/NAME
+  local name=$1
+  shift
+  "$titan3d" resume "$work/l3imp/step_00000000.h5" --set train.steps=20 --set hardware.gemm=openblas \
+    --set snapshot.every=0 --set run.log_level=warn --set run.dir="$work/$name" "$@" >"$work/$name.log" 2>&1
+}
+same_losses() {  # A B RTOL: both metrics.jsonl have 20 steps whose losses agree within RTOL
+  paste <(grep -o '"loss": [^,]*' "$1") <(grep -o '"loss": [^,]*' "$2") | sed 's/"loss"://g' |
+    awk -v t="$3" '{ d = $1 - $2; if (d < 0) d = -d; r = d / $2; if (r > worst) worst = r; n++ }
+      END { printf "  %d steps, largest relative difference %.2e (tolerance %g)\n", n, worst, t; exit !(n == 20 && worst <= t) }'
+}
+tune l3ft1
+check "[ \$? -eq 0 ]" "fine-tune the Llama 3.x import on 1 rank" || cat "$work/l3ft1.log"
+for layout in "pp=2 dp=2 tp=2" "cp=2 dp=2 tp=2"; do
+  sets=()
+  for kv in $layout; do sets+=(--set "parallel.$kv"); done
+  tune l3ft8 "${sets[@]}"
+  check "[ \$? -eq 0 ] && same_losses $work/l3ft8/metrics.jsonl $work/l3ft1/metrics.jsonl 1e-5" \
+    "the Llama 3.x fine-tune on $layout has the 1-rank losses" || cat "$work/l3ft8.log"
+  rm -rf "$work/l3ft8"
+done
 
 # Refusals: exit 2 naming the key.
 refuse_set() {  # KEY VALUE: the export's config.json with KEY's line set to VALUE
