@@ -152,6 +152,8 @@ struct ModelConfig {
   int64_t rope_original_seq_len = 8192;
   double norm_eps = 1e-5;
   bool tie_embeddings = false;
+  // Biases on the q, k and v projections (Qwen2, Qwen2.5), added before RoPE.
+  bool qkv_bias = false;
   // Mixture of experts (docs/moe.md): blocks from dense_layers on replace the SwiGLU MLP by
   // n_experts routed SwiGLU experts of width moe_ffn_dim, experts_per_token of them per token,
   // plus n_shared_experts on every token (one SwiGLU of n_shared_experts·moe_ffn_dim).

@@ -286,6 +286,9 @@ std::vector<Field> model_keys() {
       field("model", "norm_eps", &R::model, &ModelConfig::norm_eps, "RMSNorm epsilon."),
       field("model", "tie_embeddings", &R::model, &ModelConfig::tie_embeddings,
             "Share the token embedding with the LM head."),
+      field("model", "qkv_bias", &R::model, &ModelConfig::qkv_bias,
+            "Biases on the q, k and v projections (Qwen2, Qwen2.5), added before RoPE; zero at "
+            "initialisation and without weight decay."),
       field("model", "n_experts", &R::model, &ModelConfig::n_experts,
             "Mixture of experts (docs/moe.md): routed experts per MoE block; 0: a dense model."),
       field("model", "experts_per_token", &R::model, &ModelConfig::experts_per_token,

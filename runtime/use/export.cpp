@@ -70,6 +70,12 @@ std::string hf_tensor_name(const ModelConfig& m, const std::string& name) {
 }
 
 void check_hf_layout(const ModelConfig& m, const std::string& what) {
+  // LlamaForCausalLM's attention_bias puts a bias on o_proj too; Qwen2's family (q, k, v only)
+  // is not written yet.
+  T3D_USER_CHECK(!m.qkv_bias, what,
+                 ": model.qkv_bias = true; titan3d does not export a model with q/k/v biases yet "
+                 "(Qwen2ForCausalLM's layout), and LLaMA's attention_bias would add one to o_proj "
+                 "too");
   const HfLayout layout = hf_layout(m);
   if (layout == HfLayout::kLlama) return;
   const auto refuse = [&](bool bad, const char* key, const std::string& why,

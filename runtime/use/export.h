@@ -40,8 +40,9 @@ HfLayout hf_layout(const ModelConfig& config);
 // Qwen2-MoE: the router is `mlp.gate.weight`, the shared experts `mlp.shared_expert.*`.
 std::string hf_tensor_name(const ModelConfig& config, const std::string& name);
 // UserError unless hf_layout's family can hold the model `config` exactly (the key that prevents
-// it named): a softmax router without a selection bias or a gate scale; Mixtral's also over
-// normalised gates. `what` names the model in the message.
+// it named): no q/k/v biases (no family of them is written yet); a softmax router without a
+// selection bias or a gate scale; Mixtral's also over normalised gates. `what` names the model in
+// the message.
 void check_hf_layout(const ModelConfig& config, const std::string& what);
 
 // Qwen2-MoE has parts titan3d's block has not: q/k/v biases and, per MoE block, a sigmoid gate on

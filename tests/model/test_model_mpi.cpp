@@ -52,8 +52,10 @@ double loss_of(Model& m, const Batch& b, bool train) {
 TEST(ModelMpi, EveryParameterGradientMatchesFiniteDifferences) {
   auto world = parallel::Comm::world(60.0);
   const auto self = world.split(world.rank(), 0, "self");  // tp group of one
-  for (const auto& cfg : {tiny_config(), runtime::wide_head_config()}) {
-    SCOPED_TRACE(cfg.explicit_head_dim ? "head_dim 6, llama3 RoPE" : "tiny");
+  for (const auto& cfg : {tiny_config(), runtime::wide_head_config(), runtime::qkv_bias_config()}) {
+    SCOPED_TRACE(cfg.explicit_head_dim ? "head_dim 6, llama3 RoPE"
+                 : cfg.qkv_bias        ? "q/k/v biases"
+                                       : "tiny");
     kernels::Arena arena(64 << 20);
     Model m(cfg, whole(cfg.n_layers), self, arena, {2, 1, false});
     m.init(3);
@@ -180,10 +182,15 @@ TEST(ModelMpi, TensorParallelShardsEqualTheWholeModel) {
   auto world = parallel::Comm::world(60.0);
   ASSERT_EQ(world.size(), 2);
   const auto self = world.split(world.rank(), 0, "self");
-  for (const int kind : {0, 1, 2}) {  // dense, a mixture of experts, wide heads (tp splits them)
-    SCOPED_TRACE(kind == 1 ? "mixture of experts" : kind == 2 ? "head_dim 6" : "dense");
+  // Dense, a mixture of experts, wide heads and q/k/v biases (tp splits both with the heads).
+  for (const int kind : {0, 1, 2, 3}) {
+    SCOPED_TRACE(kind == 1   ? "mixture of experts"
+                 : kind == 2 ? "head_dim 6"
+                 : kind == 3 ? "q/k/v biases"
+                             : "dense");
     const auto cfg = kind == 1   ? moe_config()
                      : kind == 2 ? runtime::wide_head_config()
+                     : kind == 3 ? runtime::qkv_bias_config()
                                  : tiny_config();
     const Batch b = make_batch(2, cfg.seq_len, cfg.vocab_size);
     kernels::Arena arena(128 << 20);

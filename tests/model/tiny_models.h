@@ -27,6 +27,13 @@ inline ModelConfig wide_head_config() {
   return c;
 }
 
+// Qwen2's biases on q, k and v (model.qkv_bias).
+inline ModelConfig qkv_bias_config() {
+  ModelConfig c = tiny_config();
+  c.qkv_bias = true;
+  return c;
+}
+
 // Block 0 dense, block 1 a mixture of 4 routed experts (2 per token), one shared expert, the
 // selection bias and the auxiliary loss.
 inline ModelConfig moe_config() {

@@ -55,12 +55,17 @@ TEST_F(Provenance, OnlyTheSameModelShapeMayContinue) {
 }
 
 // model.head_dim is the shape of q, k, v and o: another one is refused, while an explicit one
-// equal to dim / n_heads is the same model.
+// equal to dim / n_heads is the same model. model.qkv_bias adds tensors: a shape key too.
 TEST_F(Provenance, TheHeadWidthIsTheModelsShape) {
   const std::string stored =
       parse_recipe("[model]\ndim = 64\nn_heads = 4\n", "saved.toml").to_toml();
   const Recipe same = parse_recipe(stored, "now.toml", {{"model.head_dim", "16"}});
   EXPECT_EQ(error_of([&] { check_same_model(stored, same, "s.h5", "evaluate"); }), "");
+  const Recipe biased = parse_recipe(stored, "now.toml", {{"model.qkv_bias", "true"}});
+  EXPECT_NE(error_of([&] {
+              check_same_model(stored, biased, "s.h5", "evaluate");
+            }).find("model.qkv_bias is 0 in the snapshot but 1"),
+            std::string::npos);
   const Recipe wide = parse_recipe(stored, "now.toml", {{"model.head_dim", "32"}});
   const std::string e = error_of([&] { check_same_model(stored, wide, "s.h5", "evaluate"); });
   EXPECT_NE(e.find("model.head_dim is 16 in the snapshot but 32 in this run"), std::string::npos)

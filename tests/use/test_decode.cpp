@@ -87,6 +87,11 @@ std::vector<float> full_forward(const SnapshotWeights& w, const std::vector<int3
     k::linear_forward(kFp32, q.data(), xn.data(), W(p + "self_attn.q_proj.weight"), T, C, H * D);
     k::linear_forward(kFp32, kk.data(), xn.data(), W(p + "self_attn.k_proj.weight"), T, C, Hkv * D);
     k::linear_forward(kFp32, v.data(), xn.data(), W(p + "self_attn.v_proj.weight"), T, C, Hkv * D);
+    for (int64_t t = 0; m.qkv_bias && t < T; ++t) {  // the biases, row by row
+      k::add_inplace(k::kCpu, q.data() + t * H * D, W(p + "self_attn.q_proj.bias"), H * D);
+      k::add_inplace(k::kCpu, kk.data() + t * Hkv * D, W(p + "self_attn.k_proj.bias"), Hkv * D);
+      k::add_inplace(k::kCpu, v.data() + t * Hkv * D, W(p + "self_attn.v_proj.bias"), Hkv * D);
+    }
     k::rope_forward(k::kCpu, q.data(), q.data(), rope.data(), 1, T, H, D, 0);
     k::rope_forward(k::kCpu, kk.data(), kk.data(), rope.data(), 1, T, Hkv, D, 0);
     k::attention_forward(kFp32, att.data(), lse.data(), q.data(), kk.data(), v.data(),
@@ -145,6 +150,13 @@ TEST(use_decode, cached_logits_match_with_scaled_rope_and_wide_heads) {
   m.rope_original_seq_len = 8;
   expect_cached_logits_match(m);
   m.rope_scaling = k::RopeScaling::Kind::kLinear;
+  expect_cached_logits_match(m);
+}
+
+// q/k/v biases (model.qkv_bias; random here, about 1): added to q and to the cached k and v.
+TEST(use_decode, cached_logits_match_with_qkv_biases) {
+  ModelConfig m = tiny_config();
+  m.qkv_bias = true;
   expect_cached_logits_match(m);
 }
 

@@ -58,6 +58,12 @@ void expect_decoder_loss_equals_model(const runtime::ModelConfig& cfg) {
   for (float* p = m.state().params.data(); p != m.state().params.data() + m.state().params.size();
        ++p)
     *p *= 10.0f;
+  // q/k/v biases start at zero: give them values, so that both sides must add them.
+  for (const auto& p : m.params()) {
+    if (!p.name.ends_with("_proj.bias")) continue;
+    const auto b = m.state().params.view(p.name);
+    for (int64_t i = 0; i < b.numel; ++i) b.data[i] = 0.5f * std::sin(0.7f * static_cast<float>(i));
+  }
   std::vector<int32_t> tokens, targets;
   for (int64_t t = 0; t < cfg.seq_len; ++t) {
     tokens.push_back(static_cast<int32_t>((5 * t + 1) % cfg.vocab_size));
@@ -102,5 +108,13 @@ TEST(UseModelMpi, DecoderLossEqualsModelForwardWithScaledRopeAndWideHeads) {
   cfg.rope_factor = 8.0;
   cfg.rope_high_freq_factor = 3.0;
   cfg.rope_original_seq_len = 4;
+  expect_decoder_loss_equals_model(cfg);
+}
+
+// q/k/v biases (model.qkv_bias), nonzero: the Model adds them as a K = 1 GEMM, the decoder as a
+// vector addition.
+TEST(UseModelMpi, DecoderLossEqualsModelForwardWithQkvBiases) {
+  auto cfg = config(false);
+  cfg.qkv_bias = true;
   expect_decoder_loss_equals_model(cfg);
 }
