@@ -29,7 +29,7 @@ std::vector<GlobalTensor> llama_tensor_table(const ModelConfig& m) {
 }
 
 HfLayout hf_layout(const ModelConfig& m) {
-  if (!m.moe()) return HfLayout::kLlama;
+  if (!m.moe()) return m.qkv_bias ? HfLayout::kQwen2 : HfLayout::kLlama;
   return m.n_shared_experts > 0 || m.dense_layers > 0 ? HfLayout::kQwen2Moe : HfLayout::kMixtral;
 }
 
@@ -50,6 +50,7 @@ const char* family_name(HfLayout layout) {
 std::string hf_tensor_name(const ModelConfig& m, const std::string& name) {
   switch (hf_layout(m)) {
     case HfLayout::kLlama:
+    case HfLayout::kQwen2:
       return name;
     case HfLayout::kQwen2Moe:
       if (name.ends_with(".mlp.router.weight"))
@@ -70,14 +71,13 @@ std::string hf_tensor_name(const ModelConfig& m, const std::string& name) {
 }
 
 void check_hf_layout(const ModelConfig& m, const std::string& what) {
-  // LlamaForCausalLM's attention_bias puts a bias on o_proj too; Qwen2's family (q, k, v only)
-  // is not written yet.
-  T3D_USER_CHECK(!m.qkv_bias, what,
-                 ": model.qkv_bias = true; titan3d does not export a model with q/k/v biases yet "
-                 "(Qwen2ForCausalLM's layout), and LLaMA's attention_bias would add one to o_proj "
-                 "too");
+  // A dense model's biases go out as Qwen2's (LLaMA's attention_bias would bias o_proj too);
+  // Qwen2-MoE's export writes zero biases of its own, so a mixture's are not written yet.
+  T3D_USER_CHECK(!m.qkv_bias || !m.moe(), what,
+                 ": model.qkv_bias = true in a mixture of experts; titan3d does not export its "
+                 "q/k/v biases yet (Qwen2-MoE's layout is written with zero biases)");
   const HfLayout layout = hf_layout(m);
-  if (layout == HfLayout::kLlama) return;
+  if (layout == HfLayout::kLlama || layout == HfLayout::kQwen2) return;
   const auto refuse = [&](bool bad, const char* key, const std::string& why,
                           const std::string& instead = "") {
     T3D_USER_CHECK(!bad, what, ": ", key, " = ", why, "; ", family_name(layout),
@@ -172,13 +172,19 @@ std::string llama_config_json(const ModelConfig& m, const std::string& dtype, in
         m.router_norm_topk ? "true" : "false", fmt::join(dense, ", "), m.router_aux_coef,
         m.n_layers);
   }
-  const char* architecture = layout == HfLayout::kLlama     ? "LlamaForCausalLM"
-                             : layout == HfLayout::kMixtral ? "MixtralForCausalLM"
-                                                            : "Qwen2MoeForCausalLM";
-  const char* model_type = layout == HfLayout::kLlama     ? "llama"
-                           : layout == HfLayout::kMixtral ? "mixtral"
-                                                          : "qwen2_moe";
-  const bool llama_keys = layout != HfLayout::kQwen2Moe;
+  // Qwen2: q/k/v biases always (transformers' Qwen2Attention), no sliding window.
+  if (layout == HfLayout::kQwen2)
+    family = fmt::format(
+        ",\n  \"use_sliding_window\": false,\n  \"sliding_window\": null,\n"
+        "  \"max_window_layers\": {}",
+        m.n_layers);
+  static const char* const kNames[][2] = {{"LlamaForCausalLM", "llama"},
+                                          {"MixtralForCausalLM", "mixtral"},
+                                          {"Qwen2MoeForCausalLM", "qwen2_moe"},
+                                          {"Qwen2ForCausalLM", "qwen2"}};
+  const char* architecture = kNames[static_cast<int>(layout)][0];
+  const char* model_type = kNames[static_cast<int>(layout)][1];
+  const bool llama_keys = layout == HfLayout::kLlama || layout == HfLayout::kMixtral;
   // Mixtral's intermediate_size is an expert's; Qwen2-MoE's the dense blocks' MLP.
   const int64_t intermediate = layout == HfLayout::kMixtral ? m.moe_ffn_dim : m.ffn_dim;
   return fmt::format(
@@ -207,7 +213,7 @@ std::string llama_config_json(const ModelConfig& m, const std::string& dtype, in
       "}}\n",
       architecture, model_type, m.vocab_size, m.dim, intermediate, m.n_layers, m.n_heads,
       m.n_kv_heads, m.head_dim(), m.seq_len, m.norm_eps, m.rope_theta, rope_scaling_json(m),
-      // LlamaConfig's keys (Mixtral's loaders ignore them); Qwen2-MoE's q/k/v have biases.
+      // LlamaConfig's keys (Mixtral's loaders ignore them); Qwen2's q/k/v have biases.
       llama_keys ? "  \"attention_bias\": false,\n" : "",
       llama_keys ? "  \"mlp_bias\": false,\n  \"pretraining_tp\": 1,\n" : "",
       m.tie_embeddings ? "true" : "false", bos_id >= 0 ? std::to_string(bos_id) : "null",

@@ -55,7 +55,20 @@ const std::set<std::string>& family_keys(HfLayout layout) {
                                                   "sliding_window",
                                                   "max_window_layers",
                                                   "qkv_bias"};
-  return layout == HfLayout::kMixtral ? mixtral : layout == HfLayout::kQwen2Moe ? qwen2_moe : none;
+  // Qwen2: the sliding window's settings, used only with use_sliding_window (refused).
+  static const std::set<std::string> qwen2 = {"use_sliding_window", "sliding_window",
+                                              "max_window_layers"};
+  switch (layout) {
+    case HfLayout::kMixtral:
+      return mixtral;
+    case HfLayout::kQwen2Moe:
+      return qwen2_moe;
+    case HfLayout::kQwen2:
+      return qwen2;
+    case HfLayout::kLlama:
+      break;
+  }
+  return none;
 }
 
 }  // namespace

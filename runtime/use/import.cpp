@@ -141,7 +141,8 @@ HfLayout check_architecture(const json& c, const std::string& src) {
   static const std::tuple<const char*, const char*, HfLayout> families[] = {
       {"llama", "LlamaForCausalLM", HfLayout::kLlama},
       {"mixtral", "MixtralForCausalLM", HfLayout::kMixtral},
-      {"qwen2_moe", "Qwen2MoeForCausalLM", HfLayout::kQwen2Moe}};
+      {"qwen2_moe", "Qwen2MoeForCausalLM", HfLayout::kQwen2Moe},
+      {"qwen2", "Qwen2ForCausalLM", HfLayout::kQwen2}};
   const std::string type = c.contains("model_type") && c.at("model_type").is_string()
                                ? c.at("model_type").get<std::string>()
                                : "";
@@ -155,8 +156,9 @@ HfLayout check_architecture(const json& c, const std::string& src) {
     return layout;
   }
   throw UserError(fmt::format(
-      "{}: `model_type` is {}; titan3d imports LLaMA models (model_type \"llama\") and the "
-      "mixtures of experts of Mixtral (\"mixtral\") and Qwen2-MoE (\"qwen2_moe\")",
+      "{}: `model_type` is {}; titan3d imports LLaMA models (model_type \"llama\"), Qwen2 and "
+      "Qwen2.5 (\"qwen2\") and the mixtures of experts of Mixtral (\"mixtral\") and Qwen2-MoE "
+      "(\"qwen2_moe\")",
       src, c.contains("model_type") ? c.at("model_type").dump() : "absent"));
 }
 
@@ -251,6 +253,10 @@ ModelConfig llama_model_from_config(const std::string& text, const std::string& 
                        " ignored: titan3d's router adds no noise");
   }
   if (layout == HfLayout::kQwen2Moe) qwen2_moe_keys(c, src, m, notes);
+  if (layout == HfLayout::kQwen2) {  // Qwen2 / Qwen2.5: q/k/v biases always (Qwen2Attention)
+    refuse_unless(c, src, "use_sliding_window", false, "titan3d's attention is fully causal");
+    m.qkv_bias = true;
+  }
   if (c.contains("pretraining_tp") && c.at("pretraining_tp") != 1)
     notes->push_back("`pretraining_tp` is " + c.at("pretraining_tp").dump() +
                      ": ignored (it slices the same products; the values do not change)");

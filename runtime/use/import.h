@@ -3,7 +3,8 @@
 // on any layout. The inverse of `titan3d export`.
 //
 // Read: config.json (model_type llama, LlamaForCausalLM, Llama 3.x's included: `rope_scaling` of
-// rope_type linear or llama3 and `head_dim` as the [model] keys, hf_rope.h; a mixture of experts
+// rope_type linear or llama3 and `head_dim` as the [model] keys, hf_rope.h; model_type qwen2,
+// Qwen2ForCausalLM, with model.qkv_bias and no sliding window; a mixture of experts
 // as Mixtral or as Qwen2-MoE in the form export writes it, export.h), the weights from
 // model.safetensors or the shards model.safetensors.index.json names (F32, BF16 or F16, widened
 // to fp32 exactly), tied or untied embeddings, grouped-query attention; tokenizer.model or

@@ -265,6 +265,34 @@ TEST(use_Import, UnknownConfigKeysAreRefusedByName) {
   }
 }
 
+// Qwen2 / Qwen2.5 (Qwen2ForCausalLM): q/k/v biases always (model.qkv_bias), the sliding window's
+// settings taken only while use_sliding_window is false; export writes the family back.
+TEST(use_Import, Qwen2ConfigHasQkvBiasesAndNoSlidingWindow) {
+  const std::string qwen2 = R"({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+      "vocab_size": 300, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "intermediate_size": 128, "max_position_embeddings": 32,
+      "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": true,
+      "sliding_window": 4096, "max_window_layers": 21, "use_sliding_window": false})";
+  std::vector<std::string> notes;
+  const ModelConfig m = llama_model_from_config(qwen2, "c.json", &notes);
+  EXPECT_TRUE(m.qkv_bias);
+  EXPECT_EQ(hf_layout(m), HfLayout::kQwen2);
+  const std::string exported = llama_config_json(m);
+  EXPECT_NE(exported.find(R"("architectures": ["Qwen2ForCausalLM"])"), std::string::npos);
+  EXPECT_EQ(exported.find("attention_bias"), std::string::npos) << exported;
+  EXPECT_EQ(llama_config_json(llama_model_from_config(exported, "e.json", &notes)), exported);
+  std::string sliding = qwen2;
+  sliding.replace(sliding.find(R"("use_sliding_window": false)"), 27,
+                  R"("use_sliding_window": true)");
+  try {
+    llama_model_from_config(sliding, "c.json", &notes);
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("c.json: `use_sliding_window`"), std::string::npos)
+        << e.what();
+  }
+}
+
 // Qwen2-MoE's config as titan3d's block: shared experts a whole number of experts wide, dense
 // blocks the leading mlp_only_layers, norm_topk_prob (default false) the gates' normalisation;
 // what has no place in titan3d's block refused by its key.

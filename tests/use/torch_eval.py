@@ -5,7 +5,8 @@ its own parser (json + raw bytes), config.json for the shape, runs a plain PyTor
 same windows `titan3d eval --data FILE` reads (seq_len + 1 tokens every seq_len tokens from the
 start), and prints the mean cross-entropy in nats per token as JSON. Mixtral's and Qwen2-MoE's
 mixture-of-experts blocks are written here from their Hugging Face definitions too, and so are
-Llama 3's: an explicit head_dim and RoPE scaling (rope_type linear or llama3). The weights may be
+Llama 3's: an explicit head_dim and RoPE scaling (rope_type linear or llama3), and Qwen2's q/k/v
+biases (added whenever the file has them). The weights may be
 sharded (model.safetensors.index.json). With --greedy it prints instead the N tokens greedy
 decoding appends to the PROMPT's bytes (whole-sequence forwards, argmax of the last position's
 logits, the lowest id on ties), as JSON.
@@ -201,7 +202,7 @@ def main():
         del args[i:i + 2]
     c = json.load(open(args[0] + "/config.json"))
     assert c["architectures"] in (["LlamaForCausalLM"], ["MixtralForCausalLM"],
-                                  ["Qwen2MoeForCausalLM"]), c["architectures"]
+                                  ["Qwen2MoeForCausalLM"], ["Qwen2ForCausalLM"]), c["architectures"]
     W = read_weights(args[0])
     torch.set_num_threads(1)
     if args[1] == "--greedy":  # titan3d's byte tokenizer: the prompt's bytes are its ids
