@@ -35,12 +35,26 @@ int import_model(const std::string& hf_dir, const std::string& out_dir) {
   for (const auto& d : s.dtypes) dtypes += (dtypes.empty() ? "" : "/") + d;
   std::printf(
       "import %s: %lld tensors (%s), %.2f M parameters from %zu file(s): vocab %lld, dim "
-      "%lld, %lld layers, %lld heads (%lld kv), ffn %lld, seq_len %lld, %s embeddings\n",
+      "%lld, %lld layers, %lld heads (%lld kv) of width %lld, ffn %lld, seq_len %lld, %s "
+      "embeddings\n",
       hf_dir.c_str(), static_cast<long long>(s.tensors), dtypes.c_str(), s.parameters / 1e6,
       s.files.size(), static_cast<long long>(m.vocab_size), static_cast<long long>(m.dim),
       static_cast<long long>(m.n_layers), static_cast<long long>(m.n_heads),
-      static_cast<long long>(m.n_kv_heads), static_cast<long long>(m.ffn_dim),
-      static_cast<long long>(m.seq_len), m.tie_embeddings ? "tied" : "untied");
+      static_cast<long long>(m.n_kv_heads), static_cast<long long>(m.head_dim()),
+      static_cast<long long>(m.ffn_dim), static_cast<long long>(m.seq_len),
+      m.tie_embeddings ? "tied" : "untied");
+  using Rope = kernels::RopeScaling::Kind;
+  if (m.rope_scaling == Rope::kLinear)
+    std::printf(
+        "import: model.rope_scaling = \"linear\", rope_factor = %g (config.json's "
+        "rope_scaling)\n",
+        m.rope_factor);
+  if (m.rope_scaling == Rope::kLlama3)
+    std::printf(
+        "import: model.rope_scaling = \"llama3\", rope_factor = %g, rope_low_freq_factor = %g, "
+        "rope_high_freq_factor = %g, rope_original_seq_len = %lld (config.json's rope_scaling)\n",
+        m.rope_factor, m.rope_low_freq_factor, m.rope_high_freq_factor,
+        static_cast<long long>(m.rope_original_seq_len));
   for (const auto& note : s.notes) std::printf("import: %s\n", note.c_str());
   std::printf(
       "import: run.name = %s, data.tokenizer = %s, data.bos = %s, snapshot.every = %lld; every "

@@ -285,9 +285,11 @@ int generate(const std::string& snapshot, const std::string& prompt, int64_t max
 int export_model(const std::string& snapshot, const std::string& out_dir,
                  const runtime::ExportOptions& options) {
   const runtime::ExportSummary s = runtime::export_snapshot(snapshot, out_dir, options);
-  std::printf("export %s (step %lld): %lld tensors, %.2f M parameters -> %s (%.1f MiB), %s\n",
+  const std::string shards = s.shards > 1 ? fmt::format(" in {} shards", s.shards) : "";
+  std::printf("export %s (step %lld): %lld tensors, %.2f M parameters -> %s (%.1f MiB%s), %s\n",
               snapshot.c_str(), static_cast<long long>(s.step), static_cast<long long>(s.tensors),
-              s.parameters / 1e6, s.safetensors.c_str(), s.bytes / 1048576.0, s.config.c_str());
+              s.parameters / 1e6, s.safetensors.c_str(), s.bytes / 1048576.0, shards.c_str(),
+              s.config.c_str());
   if (!s.tokenizer.empty()) std::printf("export: tokenizer -> %s\n", s.tokenizer.c_str());
   return 0;
 }
@@ -456,6 +458,10 @@ Verb export_verb(CLI::App& app, CommandLine& c) {
   cmd->add_option("snapshot", c.snapshot, "Snapshot file (.h5)")->required();
   cmd->add_option("--out", c.out_dir, "Output directory")->required();
   cmd->add_option("--dtype", c.export_opts.dtype, "fp32 | bf16: the tensors' type")
+      ->capture_default_str();
+  cmd->add_option("--max-shard-mb", c.export_opts.max_shard_mb,
+                  "Shards of at most this many MiB of tensors and model.safetensors.index.json; "
+                  "0: one model.safetensors")
       ->capture_default_str();
   return {cmd, [&c] { return export_model(c.snapshot, c.out_dir, c.export_opts); }};
 }

@@ -86,10 +86,11 @@ std::string thousands(double x) {
 std::string calibration_cache_path(const Recipe& r) {
   const auto& m = r.model;
   const std::string key = fmt::format(
-      "{}|w{} pp{} dp{} tp{} sp{}|rows{} seq{}|dim{} h{} kv{} ffn{} V{}|{}|threads{}", host_name(),
-      r.world_size(), r.parallel.pp, r.parallel.dp, r.parallel.tp, r.parallel.sequence_parallel,
-      r.micro_batch_rows(), m.seq_len, m.dim, m.n_heads, m.n_kv_heads, m.ffn_dim, m.vocab_size,
-      choice_name(r.train.precision), r.hardware.threads_per_rank);
+      "{}|w{} pp{} dp{} tp{} sp{}|rows{} seq{}|dim{} h{} kv{} hd{} ffn{} V{}|{}|threads{}",
+      host_name(), r.world_size(), r.parallel.pp, r.parallel.dp, r.parallel.tp,
+      r.parallel.sequence_parallel, r.micro_batch_rows(), m.seq_len, m.dim, m.n_heads, m.n_kv_heads,
+      m.head_dim(), m.ffn_dim, m.vocab_size, choice_name(r.train.precision),
+      r.hardware.threads_per_rank);
   return fmt::format("{}/calibration-{:016x}.toml", cache_dir(), std::hash<std::string>{}(key));
 }
 

@@ -99,6 +99,7 @@ void Model::forward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, co
     k::linear_forward(a.kk, x, pw.k, kvd);
     k::linear_forward(a.v, x, pw.v, kvd);
   }
+  if (config_.qkv_bias) add_qkv_bias(pw, a);
   // Each part of this rank's positions (one without context parallelism) is (B, len) rows.
   const int64_t len = part_len_, part_rows = B * len;
   for (int64_t part = 0; part < parts_; ++part) {
@@ -132,6 +133,36 @@ void Model::forward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, co
   }
   branch = reduce_rows(s.tmp);
   k::add(exec, x_out, a.xmid, branch, Nl * C);
+}
+
+namespace {
+
+// The biases' K = 1 GEMMs in fp32 whatever the model's GEMM kind: y + 1·b and Σ_rows dy·1 then
+// round once, as fp32 additions do (a bf16 kind would round the bias and the gradient to 8 bits).
+k::Exec fp32_gemms(k::Exec exec) {
+  if (k::gemm_kind_is_bf16(exec.gemm)) exec.gemm = k::GemmKind::kOneDnnF32;
+  return exec;
+}
+
+}  // namespace
+
+void Model::add_qkv_bias(const ConstBlock& w, LayerActs& a) const {
+  const k::Exec exec = fp32_gemms(options_.exec);
+  const int64_t N = rows_, qd = heads_ * config_.head_dim(), kvd = kv_heads_ * config_.head_dim();
+  const float* ones = scratch_->ones;  // (N, 1)
+  k::linear_forward(exec, a.q, ones, w.q_bias, N, 1, qd, k::Out::kAccumulate);
+  k::linear_forward(exec, a.kk, ones, w.k_bias, N, 1, kvd, k::Out::kAccumulate);
+  k::linear_forward(exec, a.v, ones, w.v_bias, N, 1, kvd, k::Out::kAccumulate);
+}
+
+void Model::qkv_bias_grads(const BlockParams& g, const float* dq, const float* dk,
+                           const float* dv) const {
+  const k::Exec exec = fp32_gemms(options_.exec);
+  const int64_t N = rows_, qd = heads_ * config_.head_dim(), kvd = kv_heads_ * config_.head_dim();
+  const float* ones = scratch_->ones;
+  k::linear_backward_weight(exec, g.q_bias, dq, ones, N, 1, qd);  // (qd, 1) += dq^T · 1
+  k::linear_backward_weight(exec, g.k_bias, dk, ones, N, 1, kvd);
+  k::linear_backward_weight(exec, g.v_bias, dv, ones, N, 1, kvd);
 }
 
 // Attention's backward from s.datt to dq, dk, dv (after RoPE's inverse): with context
@@ -235,6 +266,7 @@ void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, c
       k::linear_backward_weight(pg.q, dq_in, x);
       k::linear_backward_weight(pg.k, dk_in, x);
       k::linear_backward_weight(pg.v, dv_in, x);
+      if (config_.qkv_bias) qkv_bias_grads(pg, dq, dk, dv);
     }
   }
   dxn_rows = reduce_rows(s.dxn);
@@ -264,6 +296,7 @@ void Model::backward_layer_weights(int64_t l, const LayerActs& a, const BlockCop
   k::linear_backward_weight(pg.q, k::LinearInput(exec, kg.dq, N, qd), x);
   k::linear_backward_weight(pg.k, k::LinearInput(exec, kg.dk, N, kvd), x);
   k::linear_backward_weight(pg.v, k::LinearInput(exec, kg.dv, N, kvd), x);
+  if (config_.qkv_bias) qkv_bias_grads(pg, kg.dq, kg.dk, kg.dv);
 }
 
 double Model::forward_head(ChunkActs& c, const int32_t* host_targets, float grad_scale,

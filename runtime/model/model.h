@@ -339,6 +339,11 @@ class Model final : public StageModel {
   void finish_ep_exchange(RowsInFlight& rows);
   bool moe_block(int64_t layer) const { return config_.moe_block(layer); }
   void backward_attention(const LayerActs& a, float* dq, float* dk, float* dv);
+  // model.qkv_bias: q, k, v (this rank's heads, N rows) += their biases before RoPE; and the
+  // biases' gradients += the column sums of dq, dk, dv (before RoPE: backward_attention's).
+  void add_qkv_bias(const ConstBlock& w, LayerActs& a) const;
+  void qkv_bias_grads(const BlockParams& g, const float* dq, const float* dk,
+                      const float* dv) const;
   void backward_layer(int64_t layer, LayerActs& a, const BlockCopies& copies, const float* x_in,
                       float* dx_io, const LayerGrads* keep);
   void backward_layer_weights(int64_t layer, const LayerActs& a, const BlockCopies& copies,

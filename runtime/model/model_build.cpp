@@ -202,8 +202,13 @@ void Model::allocate_scratch(const ActivationSpec& spec) {
                       identity.size() * sizeof(int32_t));
   }
   std::vector<float> rope(static_cast<size_t>(config_.seq_len * config_.head_dim()));
-  k::rope_table(rope.data(), config_.seq_len, config_.head_dim(), config_.rope_theta);
+  k::rope_table(rope.data(), config_.seq_len, config_.head_dim(), config_.rope_theta,
+                config_.rope());
   k::copy_from_host(options_.exec, scratch_->rope, rope.data(), rope.size() * sizeof(float));
+  if (scratch_->ones) {
+    const std::vector<float> ones(static_cast<size_t>(rows_), 1.0f);
+    k::copy_from_host(options_.exec, scratch_->ones, ones.data(), ones.size() * sizeof(float));
+  }
   footprint_.scratch = arena_.used() - before;
   T3D_ASSERT(footprint_.scratch == spec.scratch_bytes(), "scratch took ", footprint_.scratch,
              " bytes, the spec says ", spec.scratch_bytes());

@@ -41,6 +41,9 @@ namespace t3d::runtime {
   X(kQ,    q,    "self_attn.q_proj.weight",         (H * D, C),    0, true,  kNormal, kAll)       \
   X(kK,    k,    "self_attn.k_proj.weight",         (Hkv * D, C),  0, true,  kNormal, kAll)       \
   X(kV,    v,    "self_attn.v_proj.weight",         (Hkv * D, C),  0, true,  kNormal, kAll)       \
+  X(kQBias, q_bias, "self_attn.q_proj.bias",        (H * D),       0, false, kZeros, kQkvBias)   \
+  X(kKBias, k_bias, "self_attn.k_proj.bias",        (Hkv * D),     0, false, kZeros, kQkvBias)   \
+  X(kVBias, v_bias, "self_attn.v_proj.bias",        (Hkv * D),     0, false, kZeros, kQkvBias)   \
   X(kO,    o,    "self_attn.o_proj.weight",         (C, H * D),    1, true,  kResidualOut, kAll)  \
   X(kLn2,  ln2,  "post_attention_layernorm.weight", (C),          -1, false, kOnes, kAll)         \
   X(kGate, gate, "mlp.gate_proj.weight",            (F, C),        0, true,  kNormal, kDense)     \
@@ -161,6 +164,8 @@ namespace t3d::runtime {
   X(kSumExp,         sum_exp,   "ce_sum_exp",      float, kF32,  x.last, d.N)                   \
   X(kTarget,         target,    "ce_target_logit", float, kF32,  x.last, d.N)                   \
   X(kRope,           rope,      "rope_table",      float, kF32,  true,  d.seq_len * d.D)        \
+  /* model.qkv_bias: a column of N ones, the biases' K = 1 GEMMs' other operand */              \
+  X(kOnes,           ones,      "ones",            float, kF32,  d.qkv_bias, d.N)             \
   /* CP: the whole sequence's keys and values (B, seq_len, Hkvl·D), their gradients, a staging \
      buffer in collective order (cp, 2, B, T/(2cp), width), and the second part's dk, dv */     \
   X(kCpKeys,         k_all,     "cp_keys",         float, kWide, d.cp,  x.whole_kv)             \
@@ -229,7 +234,7 @@ enum class ParamInit : uint8_t { kOnes, kNormal, kResidualOut, kZeros };
 // blocks (the SwiGLU MLP), mixture-of-experts blocks (router and routed experts), those with
 // aux-loss-free balancing (the router's selection bias), those with shared experts.
 // kExperts: the routed experts, a tensor per expert.
-enum class BlockPart : uint8_t { kAll, kDense, kRouted, kExperts, kRouterBias, kShared };
+enum class BlockPart : uint8_t { kAll, kDense, kRouted, kExperts, kRouterBias, kShared, kQkvBias };
 bool block_has(const ModelConfig& config, int64_t layer, BlockPart part);
 bool block_has(const ModelConfig& config, int64_t layer, BlockWeight w);
 
@@ -406,8 +411,9 @@ struct ModelDims {
   // with a capacity factor at most E times the capacity, if that is fewer.
   int64_t P = 1, El = 0, R = 0;
   bool dense_blocks = true;
-  bool aux = false;  // the auxiliary balance loss is on
-  int64_t Fw = 0;    // the widest dense-shaped SwiGLU: F (dense blocks) or Fs (shared experts)
+  bool aux = false;       // the auxiliary balance loss is on
+  bool qkv_bias = false;  // model.qkv_bias
+  int64_t Fw = 0;         // the widest dense-shaped SwiGLU: F (dense blocks) or Fs (shared experts)
 };
 ModelDims model_dims(const ModelConfig& config, const SpecLayout& layout, int64_t micro_rows);
 

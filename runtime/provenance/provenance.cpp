@@ -26,8 +26,10 @@ void check_same_model(const std::string& saved_toml, const Recipe& now, const st
       {"n_layers", {a.n_layers, b.n_layers}},
       {"n_heads", {a.n_heads, b.n_heads}},
       {"n_kv_heads", {a.n_kv_heads, b.n_kv_heads}},
+      {"head_dim", {a.head_dim(), b.head_dim()}},  // an explicit one equal to dim / n_heads is it
       {"ffn_dim", {a.ffn_dim, b.ffn_dim}},
       {"tie_embeddings", {a.tie_embeddings, b.tie_embeddings}},
+      {"qkv_bias", {a.qkv_bias, b.qkv_bias}},
       {"n_experts", {a.n_experts, b.n_experts}},
       // The experts' shapes mean something only in a mixture of experts (n_experts equal above).
       {"n_shared_experts", {a.moe() ? a.n_shared_experts : 0, b.moe() ? b.n_shared_experts : 0}},
@@ -52,6 +54,16 @@ std::vector<std::string> changed_model_function(const std::string& saved_toml, c
   };
   std::vector<std::pair<std::string, std::pair<std::string, std::string>>> keys = {
       {"rope_theta", {fmt::format("{}", a.rope_theta), fmt::format("{}", b.rope_theta)}},
+      {"rope_scaling",
+       {fmt::format("\"{}\"", choice_name(a.rope_scaling)),
+        fmt::format("\"{}\"", choice_name(b.rope_scaling))}},
+      {"rope_factor", {fmt::format("{}", a.rope_factor), fmt::format("{}", b.rope_factor)}},
+      {"rope_low_freq_factor",
+       {fmt::format("{}", a.rope_low_freq_factor), fmt::format("{}", b.rope_low_freq_factor)}},
+      {"rope_high_freq_factor",
+       {fmt::format("{}", a.rope_high_freq_factor), fmt::format("{}", b.rope_high_freq_factor)}},
+      {"rope_original_seq_len",
+       {std::to_string(a.rope_original_seq_len), std::to_string(b.rope_original_seq_len)}},
       {"norm_eps", {fmt::format("{}", a.norm_eps), fmt::format("{}", b.norm_eps)}}};
   if (a.moe() && b.moe())
     keys.insert(

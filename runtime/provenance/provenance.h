@@ -20,7 +20,7 @@ void check_same_model(const std::string& saved_toml, const Recipe& now, const st
                       const std::string& verb);
 
 // The [model] keys that change what a snapshot's weights compute without changing a tensor
-// (RoPE's base, the norms' epsilon, the routing: experts_per_token, router_score,
+// (RoPE's base and scaling keys, the norms' epsilon, the routing: experts_per_token, router_score,
 // router_norm_topk, router_scale, capacity_factor, and router_bias_rate where the snapshot has a
 // selection bias), each "model.KEY: SAVED in the snapshot, NOW in this run (WHERE)"
 // where `now` differs from the stored recipe. A resume or eval may change them on purpose (a

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kernels/device.h"
+#include "kernels/ops.h"
 #include "kernels/ops_moe.h"
 #include "parallel/schedule_kind.h"
 #include "runtime/data/data.h"
@@ -78,6 +79,14 @@ struct Choices<kernels::RouterScore> {
   }};
 };
 template <>
+struct Choices<kernels::RopeScaling::Kind> {
+  static constexpr std::array<std::pair<kernels::RopeScaling::Kind, std::string_view>, 3> kAll = {{
+      {kernels::RopeScaling::Kind::kNone, "none"},
+      {kernels::RopeScaling::Kind::kLinear, "linear"},
+      {kernels::RopeScaling::Kind::kLlama3, "llama3"},
+  }};
+};
+template <>
 struct Choices<DataFormat> {
   static constexpr const auto& kAll = kDataFormatNames;
 };
@@ -137,11 +146,24 @@ struct ModelConfig {
   int64_t n_layers = 4;
   int64_t n_heads = 8;
   int64_t n_kv_heads = 0;  // 0: same as n_heads
-  int64_t ffn_dim = 0;     // 0: LLaMA's rule, 8/3·dim rounded up to a multiple of 64
+  // model.head_dim: each head's width when it is not dim / n_heads (Qwen3, Llama 3.2's config
+  // key); 0: dim / n_heads. Read through head_dim().
+  int64_t explicit_head_dim = 0;
+  int64_t ffn_dim = 0;  // 0: LLaMA's rule, 8/3·dim rounded up to a multiple of 64
   int64_t seq_len = 128;
   double rope_theta = 10000.0;
+  // RoPE scaling (transformers' rope_scaling; kernels/ops.h has the frequencies): none, linear
+  // (rope_factor) or llama3 (rope_factor, the two frequency factors and the pretraining context
+  // rope_original_seq_len). A key the chosen kind does not read keeps its default (checked).
+  kernels::RopeScaling::Kind rope_scaling = kernels::RopeScaling::Kind::kNone;
+  double rope_factor = 1.0;
+  double rope_low_freq_factor = 1.0;
+  double rope_high_freq_factor = 4.0;
+  int64_t rope_original_seq_len = 8192;
   double norm_eps = 1e-5;
   bool tie_embeddings = false;
+  // Biases on the q, k and v projections (Qwen2, Qwen2.5), added before RoPE.
+  bool qkv_bias = false;
   // Mixture of experts (docs/moe.md): blocks from dense_layers on replace the SwiGLU MLP by
   // n_experts routed SwiGLU experts of width moe_ffn_dim, experts_per_token of them per token,
   // plus n_shared_experts on every token (one SwiGLU of n_shared_experts·moe_ffn_dim).
@@ -157,7 +179,13 @@ struct ModelConfig {
   double router_aux_coef = 0;    // sequence-wise auxiliary balance loss coefficient; 0: off
   double capacity_factor = 0;    // 0: dropless
 
-  int64_t head_dim() const { return dim / n_heads; }
+  int64_t head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : dim / n_heads; }
+  int64_t attention_width() const { return n_heads * head_dim(); }  // q_proj's rows, o_proj's cols
+  // The RoPE table's scaling, as the kernels take it.
+  kernels::RopeScaling rope() const {
+    return {rope_scaling, rope_factor, rope_low_freq_factor, rope_high_freq_factor,
+            static_cast<double>(rope_original_seq_len)};
+  }
   bool moe() const { return n_experts > 0; }
   // Block `layer` is a mixture of experts (else a dense SwiGLU MLP).
   bool moe_block(int64_t layer) const { return moe() && layer >= dense_layers; }

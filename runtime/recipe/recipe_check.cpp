@@ -111,6 +111,7 @@ void validate_limits(const Recipe& r) {
   at_most("model.n_layers", m.n_layers, kMaxLayers);
   at_most("model.n_heads", m.n_heads, kMaxDim);
   at_most("model.n_kv_heads", m.n_kv_heads, kMaxDim);
+  at_most("model.head_dim", m.explicit_head_dim, kMaxDim);
   at_most("model.ffn_dim", m.ffn_dim, kMaxFfn);
   at_most("model.seq_len", m.seq_len, kMaxSeqLen);
   at_most("parallel.pp", p.pp, kMaxRanks);
@@ -164,10 +165,18 @@ void validate_model(const Recipe& r) {
   v.require(m.n_layers >= 1, "model.n_layers", "must be positive, got " + is(m.n_layers));
   v.require(m.n_heads >= 1, "model.n_heads", "must be positive, got " + is(m.n_heads));
   v.require(m.n_kv_heads >= 0, "model.n_kv_heads", "must be ≥ 0 (0 means n_heads)");
-  v.require(m.dim % m.n_heads == 0, "model.n_heads",
-            "model.dim = " + is(m.dim) + " is not divisible by n_heads = " + is(m.n_heads));
-  v.require(m.head_dim() % 2 == 0, "model.n_heads",
-            "head_dim = dim / n_heads = " + is(m.head_dim()) + " must be even for RoPE");
+  v.require(m.explicit_head_dim >= 0, "model.head_dim",
+            "must be ≥ 0 (0 means dim / n_heads), got " + is(m.explicit_head_dim));
+  if (m.explicit_head_dim == 0) {
+    v.require(m.dim % m.n_heads == 0, "model.n_heads",
+              "model.dim = " + is(m.dim) + " is not divisible by n_heads = " + is(m.n_heads) +
+                  "; choose n_heads that divides it, or set model.head_dim");
+    v.require(m.head_dim() % 2 == 0, "model.n_heads",
+              "head_dim = dim / n_heads = " + is(m.head_dim()) + " must be even for RoPE");
+  } else {
+    v.require(m.head_dim() % 2 == 0, "model.head_dim",
+              "must be even for RoPE (it rotates pairs), got " + is(m.head_dim()));
+  }
   v.require(
       m.n_heads % m.n_kv_heads == 0, "model.n_kv_heads",
       "n_heads = " + is(m.n_heads) + " must be a multiple of n_kv_heads = " + is(m.n_kv_heads));
@@ -202,6 +211,46 @@ void validate_model(const Recipe& r) {
             "must be ≥ 0 (0: off), got " + is(m.router_aux_coef));
   v.require(m.capacity_factor >= 0 && std::isfinite(m.capacity_factor), "model.capacity_factor",
             "must be ≥ 0 (0: dropless), got " + is(m.capacity_factor));
+}
+
+// RoPE scaling: the chosen kind's parameters in range, and a parameter the kind does not read left
+// at its default (a factor set while rope_scaling = none would silently do nothing).
+void validate_rope(const Recipe& r) {
+  const Validator v(r);
+  const auto& m = r.model;
+  using Kind = kernels::RopeScaling::Kind;
+  const ModelConfig defaults;
+  const std::string kind =
+      "model.rope_scaling = \"" + std::string(choice_name(m.rope_scaling)) + "\"";
+  const auto unread = [&](bool at_default, const char* key, const char* reader) {
+    v.require(at_default, key,
+              std::string("is read only by ") + reader + ", but " + kind +
+                  ": leave it out, or set model.rope_scaling");
+  };
+  if (m.rope_scaling == Kind::kNone)
+    unread(m.rope_factor == defaults.rope_factor, "model.rope_factor",
+           "model.rope_scaling = \"linear\" or \"llama3\"");
+  else
+    v.require(m.rope_factor > 0, "model.rope_factor",
+              "must be positive with " + kind + ", got " + is(m.rope_factor));
+  if (m.rope_scaling != Kind::kLlama3) {
+    const char* llama3 = "model.rope_scaling = \"llama3\"";
+    unread(m.rope_low_freq_factor == defaults.rope_low_freq_factor, "model.rope_low_freq_factor",
+           llama3);
+    unread(m.rope_high_freq_factor == defaults.rope_high_freq_factor, "model.rope_high_freq_factor",
+           llama3);
+    unread(m.rope_original_seq_len == defaults.rope_original_seq_len, "model.rope_original_seq_len",
+           llama3);
+    return;
+  }
+  v.require(m.rope_low_freq_factor > 0, "model.rope_low_freq_factor",
+            "must be positive, got " + is(m.rope_low_freq_factor));
+  v.require(m.rope_high_freq_factor > m.rope_low_freq_factor, "model.rope_high_freq_factor",
+            "must be larger than model.rope_low_freq_factor = " + is(m.rope_low_freq_factor) +
+                ", got " + is(m.rope_high_freq_factor));
+  v.require(m.rope_original_seq_len >= 1 && m.rope_original_seq_len <= kMaxSeqLen,
+            "model.rope_original_seq_len",
+            "must lie in [1, " + is(kMaxSeqLen) + "], got " + is(m.rope_original_seq_len));
 }
 
 // ep must divide dp·cp (MeshShape::ep_group): said alike before and after dp = -1 resolves.
@@ -240,6 +289,7 @@ void validate_train(const Recipe& r) {
                         (static_cast<double>(std::max<int64_t>(p.dp, 1)) * t.micro_batches);
     const double T = static_cast<double>(m.seq_len), L = static_cast<double>(m.n_layers);
     const double C = static_cast<double>(m.dim), F = static_cast<double>(m.ffn_dim);
+    const double A = static_cast<double>(m.attention_width());  // C unless model.head_dim
     const double moe_blocks = m.moe() ? static_cast<double>(m.n_layers - m.dense_layers) : 0;
     const double dense_blocks = L - moe_blocks;
     const double E = static_cast<double>(m.n_experts), Fe = static_cast<double>(m.moe_ffn_dim);
@@ -247,7 +297,7 @@ void validate_train(const Recipe& r) {
     const double K = static_cast<double>(m.experts_per_token), P = static_cast<double>(p.ep);
     const double activations =
         std::max(rows, 1.0) * T *
-        (L * (16.0 * C + static_cast<double>(m.n_heads) * T) + dense_blocks * 4.0 * F +
+        (L * (8.0 * C + 8.0 * A + static_cast<double>(m.n_heads) * T) + dense_blocks * 4.0 * F +
          moe_blocks * (E + 2.0 * K + P * K * (4.0 * Fe + 2.0 * C) + 4.0 * Fs) + 2.0 * m.vocab_size);
     v.require(activations <= kMaxElements, "train.global_batch",
               "one micro-batch of global_batch / (dp·micro_batches) = " + is(rows) +
@@ -256,7 +306,7 @@ void validate_train(const Recipe& r) {
                   " TiB of activations per rank, far beyond any device; lower "
                   "train.global_batch or model.seq_len, or raise train.micro_batches");
     const double experts = moe_blocks * E * 3.0 * C * Fe;
-    const double params = L * 4.0 * C * C + dense_blocks * 3.0 * C * F +
+    const double params = L * 4.0 * C * A + dense_blocks * 3.0 * C * F +
                           moe_blocks * (E * C + 3.0 * C * Fs) + experts + 2.0 * m.vocab_size * C;
     v.require(params <= kMaxElements, experts > params / 2 ? "model.n_experts" : "model.dim",
               "the model has about " + is(params) + " parameters, " + is(experts) +
@@ -321,6 +371,7 @@ void validate_data_snapshot_run(const Recipe& r) {
 void recipe_detail::validate(const Recipe& r) {
   validate_limits(r);
   validate_model(r);
+  validate_rope(r);
   validate_parallel(r);
   validate_train(r);
   validate_data_snapshot_run(r);

@@ -262,13 +262,33 @@ std::vector<Field> model_keys() {
       field("model", "n_heads", &R::model, &ModelConfig::n_heads, "Attention (query) heads."),
       field("model", "n_kv_heads", &R::model, &ModelConfig::n_kv_heads,
             "Key/value heads for grouped-query attention; 0 means n_heads."),
+      field("model", "head_dim", &R::model, &ModelConfig::explicit_head_dim,
+            "Width of every attention head (even, for RoPE); 0 means dim / n_heads. Another "
+            "value makes the attention n_heads·head_dim wide, independent of dim (Qwen3)."),
       field("model", "ffn_dim", &R::model, &ModelConfig::ffn_dim,
             "SwiGLU hidden size; 0 means LLaMA's rule: 8/3·dim rounded up to a multiple of 64."),
       field("model", "seq_len", &R::model, &ModelConfig::seq_len, "Tokens per sequence."),
       field("model", "rope_theta", &R::model, &ModelConfig::rope_theta, "RoPE base frequency."),
+      field("model", "rope_scaling", &R::model, &ModelConfig::rope_scaling,
+            "RoPE frequency scaling (transformers' rope_scaling, docs/training-math.md): none; "
+            "linear (every frequency divided by rope_factor); llama3 (Llama 3.1+: wavelengths "
+            "longer than rope_original_seq_len / rope_low_freq_factor divided by rope_factor, "
+            "shorter than rope_original_seq_len / rope_high_freq_factor kept, smoothly between)."),
+      field("model", "rope_factor", &R::model, &ModelConfig::rope_factor,
+            "RoPE scaling factor (linear, llama3); 1 with rope_scaling = none."),
+      field("model", "rope_low_freq_factor", &R::model, &ModelConfig::rope_low_freq_factor,
+            "llama3 RoPE scaling: low_freq_factor (0 < it < rope_high_freq_factor)."),
+      field("model", "rope_high_freq_factor", &R::model, &ModelConfig::rope_high_freq_factor,
+            "llama3 RoPE scaling: high_freq_factor."),
+      field("model", "rope_original_seq_len", &R::model, &ModelConfig::rope_original_seq_len,
+            "llama3 RoPE scaling: the context the model was pretrained with "
+            "(original_max_position_embeddings)."),
       field("model", "norm_eps", &R::model, &ModelConfig::norm_eps, "RMSNorm epsilon."),
       field("model", "tie_embeddings", &R::model, &ModelConfig::tie_embeddings,
             "Share the token embedding with the LM head."),
+      field("model", "qkv_bias", &R::model, &ModelConfig::qkv_bias,
+            "Biases on the q, k and v projections (Qwen2, Qwen2.5), added before RoPE; zero at "
+            "initialisation and without weight decay."),
       field("model", "n_experts", &R::model, &ModelConfig::n_experts,
             "Mixture of experts (docs/moe.md): routed experts per MoE block; 0: a dense model."),
       field("model", "experts_per_token", &R::model, &ModelConfig::experts_per_token,

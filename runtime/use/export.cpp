@@ -14,6 +14,7 @@
 #include "runtime/data/text_tokenizer.h"
 #include "runtime/model/model_spec.h"
 #include "runtime/provenance/provenance.h"
+#include "runtime/use/hf_rope.h"
 
 namespace t3d::runtime {
 
@@ -28,7 +29,7 @@ std::vector<GlobalTensor> llama_tensor_table(const ModelConfig& m) {
 }
 
 HfLayout hf_layout(const ModelConfig& m) {
-  if (!m.moe()) return HfLayout::kLlama;
+  if (!m.moe()) return m.qkv_bias ? HfLayout::kQwen2 : HfLayout::kLlama;
   return m.n_shared_experts > 0 || m.dense_layers > 0 ? HfLayout::kQwen2Moe : HfLayout::kMixtral;
 }
 
@@ -49,6 +50,7 @@ const char* family_name(HfLayout layout) {
 std::string hf_tensor_name(const ModelConfig& m, const std::string& name) {
   switch (hf_layout(m)) {
     case HfLayout::kLlama:
+    case HfLayout::kQwen2:
       return name;
     case HfLayout::kQwen2Moe:
       if (name.ends_with(".mlp.router.weight"))
@@ -69,8 +71,13 @@ std::string hf_tensor_name(const ModelConfig& m, const std::string& name) {
 }
 
 void check_hf_layout(const ModelConfig& m, const std::string& what) {
+  // A dense model's biases go out as Qwen2's (LLaMA's attention_bias would bias o_proj too);
+  // Qwen2-MoE's export writes zero biases of its own, so a mixture's are not written yet.
+  T3D_USER_CHECK(!m.qkv_bias || !m.moe(), what,
+                 ": model.qkv_bias = true in a mixture of experts; titan3d does not export its "
+                 "q/k/v biases yet (Qwen2-MoE's layout is written with zero biases)");
   const HfLayout layout = hf_layout(m);
-  if (layout == HfLayout::kLlama) return;
+  if (layout == HfLayout::kLlama || layout == HfLayout::kQwen2) return;
   const auto refuse = [&](bool bad, const char* key, const std::string& why,
                           const std::string& instead = "") {
     T3D_USER_CHECK(!bad, what, ": ", key, " = ", why, "; ", family_name(layout),
@@ -165,13 +172,19 @@ std::string llama_config_json(const ModelConfig& m, const std::string& dtype, in
         m.router_norm_topk ? "true" : "false", fmt::join(dense, ", "), m.router_aux_coef,
         m.n_layers);
   }
-  const char* architecture = layout == HfLayout::kLlama     ? "LlamaForCausalLM"
-                             : layout == HfLayout::kMixtral ? "MixtralForCausalLM"
-                                                            : "Qwen2MoeForCausalLM";
-  const char* model_type = layout == HfLayout::kLlama     ? "llama"
-                           : layout == HfLayout::kMixtral ? "mixtral"
-                                                          : "qwen2_moe";
-  const bool llama_keys = layout != HfLayout::kQwen2Moe;
+  // Qwen2: q/k/v biases always (transformers' Qwen2Attention), no sliding window.
+  if (layout == HfLayout::kQwen2)
+    family = fmt::format(
+        ",\n  \"use_sliding_window\": false,\n  \"sliding_window\": null,\n"
+        "  \"max_window_layers\": {}",
+        m.n_layers);
+  static const char* const kNames[][2] = {{"LlamaForCausalLM", "llama"},
+                                          {"MixtralForCausalLM", "mixtral"},
+                                          {"Qwen2MoeForCausalLM", "qwen2_moe"},
+                                          {"Qwen2ForCausalLM", "qwen2"}};
+  const char* architecture = kNames[static_cast<int>(layout)][0];
+  const char* model_type = kNames[static_cast<int>(layout)][1];
+  const bool llama_keys = layout == HfLayout::kLlama || layout == HfLayout::kMixtral;
   // Mixtral's intermediate_size is an expert's; Qwen2-MoE's the dense blocks' MLP.
   const int64_t intermediate = layout == HfLayout::kMixtral ? m.moe_ffn_dim : m.ffn_dim;
   return fmt::format(
@@ -188,7 +201,7 @@ std::string llama_config_json(const ModelConfig& m, const std::string& dtype, in
       "  \"max_position_embeddings\": {},\n"
       "  \"rms_norm_eps\": {},\n"
       "  \"rope_theta\": {},\n"
-      "  \"rope_scaling\": null,\n"
+      "  \"rope_scaling\": {},\n"
       "  \"hidden_act\": \"silu\",\n{}"
       "  \"attention_dropout\": 0.0,\n{}"
       "  \"tie_word_embeddings\": {},\n"
@@ -199,8 +212,8 @@ std::string llama_config_json(const ModelConfig& m, const std::string& dtype, in
       "  \"torch_dtype\": \"{}\"{}\n"
       "}}\n",
       architecture, model_type, m.vocab_size, m.dim, intermediate, m.n_layers, m.n_heads,
-      m.n_kv_heads, m.head_dim(), m.seq_len, m.norm_eps, m.rope_theta,
-      // LlamaConfig's keys (Mixtral's loaders ignore them); Qwen2-MoE's q/k/v have biases.
+      m.n_kv_heads, m.head_dim(), m.seq_len, m.norm_eps, m.rope_theta, rope_scaling_json(m),
+      // LlamaConfig's keys (Mixtral's loaders ignore them); Qwen2's q/k/v have biases.
       llama_keys ? "  \"attention_bias\": false,\n" : "",
       llama_keys ? "  \"mlp_bias\": false,\n  \"pretraining_tp\": 1,\n" : "",
       m.tie_embeddings ? "true" : "false", bos_id >= 0 ? std::to_string(bos_id) : "null",
@@ -241,15 +254,71 @@ std::string tokenizer_config_json(const ModelConfig& m, const TextTokenizer& tok
       add_bos ? "true" : "false", m.seq_len);
 }
 
+namespace {
+
+// The weights as one file, or in shards of at most max_shard_mb MiB of tensors and their index.
+// Each path written is appended to `written` as soon as it exists.
+uint64_t write_weights(const std::vector<ck::TensorRef>& refs, const std::string& out_dir,
+                       const ExportOptions& options,
+                       const std::map<std::string, std::string>& metadata, ExportSummary& s,
+                       std::vector<std::string>& written) {
+  const bool bf16 = options.dtype == "bf16";
+  const ck::StDtype dtype = bf16 ? ck::StDtype::kBF16 : ck::StDtype::kF32;
+  if (options.max_shard_mb == 0) {
+    s.safetensors = (fs::path(out_dir) / "model.safetensors").string();
+    const uint64_t bytes = ck::write_safetensors(s.safetensors, refs, metadata, dtype);
+    written.push_back(s.safetensors);
+    return bytes;
+  }
+  const auto limit = static_cast<uint64_t>(options.max_shard_mb * 1024 * 1024);
+  std::vector<std::vector<ck::TensorRef>> shards;
+  uint64_t in_last = 0, total = 0;
+  for (const auto& t : refs) {
+    uint64_t bytes = bf16 ? 2 : 4;
+    for (const int64_t d : t.shape) bytes *= static_cast<uint64_t>(d);
+    if (shards.empty() || (in_last > 0 && in_last + bytes > limit))
+      shards.emplace_back(), in_last = 0;
+    shards.back().push_back(t);
+    in_last += bytes, total += bytes;
+  }
+  nlohmann::json index = {{"metadata", {{"total_size", total}}},
+                          {"weight_map", nlohmann::json::object()}};
+  uint64_t file_bytes = 0;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const std::string name =
+        fmt::format("model-{:05d}-of-{:05d}.safetensors", i + 1, shards.size());
+    const std::string path = (fs::path(out_dir) / name).string();
+    file_bytes += ck::write_safetensors(path, shards[i], metadata, dtype);
+    written.push_back(path);
+    for (const auto& t : shards[i]) index["weight_map"][t.name] = name;
+  }
+  s.safetensors = (fs::path(out_dir) / "model.safetensors.index.json").string();
+  ck::write_file_atomically(s.safetensors, index.dump(2) + "\n", "--out");
+  written.push_back(s.safetensors);
+  s.shards = static_cast<int64_t>(shards.size());
+  return file_bytes;
+}
+
+}  // namespace
+
 ExportSummary export_snapshot(const std::string& snapshot, const std::string& out_dir,
                               const ExportOptions& options) {
   T3D_USER_CHECK(options.dtype == "fp32" || options.dtype == "bf16", "--dtype is `", options.dtype,
                  "`; give fp32 or bf16");
+  T3D_USER_CHECK(options.max_shard_mb >= 0 && options.max_shard_mb <= 1e9, "--max-shard-mb is ",
+                 options.max_shard_mb, "; give a size in MiB (0: one model.safetensors)");
   const bool bf16 = options.dtype == "bf16";
   SnapshotWeights w = load_snapshot_weights(snapshot);
   const ModelConfig& m = w.recipe.model;
   check_hf_layout(m, "`" + snapshot + "`");
   const TextTokenizer tokenizer = TextTokenizer::open(w.recipe.data.tokenizer);
+  // The weights' other form from an earlier export would be read instead of this one's.
+  const char* other =
+      options.max_shard_mb > 0 ? "model.safetensors" : "model.safetensors.index.json";
+  T3D_USER_CHECK(!fs::exists(fs::path(out_dir) / other), "`", out_dir, "` (--out) already holds ",
+                 other,
+                 " of another export, which loaders would read instead of the weights this "
+                 "export writes; remove it or give another directory");
   std::error_code ec;
   const bool existed = fs::exists(out_dir);
   fs::create_directories(out_dir, ec);
@@ -257,7 +326,6 @@ ExportSummary export_snapshot(const std::string& snapshot, const std::string& ou
                  "` (--out): ", ec.message());
   ExportSummary s;
   s.step = w.step;
-  s.safetensors = (fs::path(out_dir) / "model.safetensors").string();
   s.config = (fs::path(out_dir) / "config.json").string();
   for (const auto& t : w.tensors) s.parameters += static_cast<int64_t>(t.data.size());
   // Hugging Face's names and values, in place (no second copy of the model in host memory),
@@ -277,13 +345,12 @@ ExportSummary export_snapshot(const std::string& snapshot, const std::string& ou
   std::vector<std::string> written;  // removed again if a later file fails
   try {
     // "format": "pt" is what transformers expects of a PyTorch-style safetensors file.
-    s.bytes = ck::write_safetensors(s.safetensors, refs,
-                                    {{"format", "pt"},
-                                     {"producer", "titan3d export"},
-                                     {"snapshot", fs::path(snapshot).filename().string()},
-                                     {"step", std::to_string(w.step)}},
-                                    bf16 ? ck::StDtype::kBF16 : ck::StDtype::kF32);
-    written.push_back(s.safetensors);
+    s.bytes = write_weights(refs, out_dir, options,
+                            {{"format", "pt"},
+                             {"producer", "titan3d export"},
+                             {"snapshot", fs::path(snapshot).filename().string()},
+                             {"step", std::to_string(w.step)}},
+                            s, written);
     const auto write = [&](const std::string& path, const std::string& text) {
       ck::write_file_atomically(path, text, "--out");
       written.push_back(path);

@@ -28,10 +28,11 @@ struct GlobalTensor {
 std::vector<GlobalTensor> llama_tensor_table(const ModelConfig& config);
 
 // The Hugging Face family `export` writes a model as and `import` reads back: LLaMA
-// (LlamaForCausalLM) for a dense model; for a mixture of experts Mixtral's (MixtralForCausalLM)
-// when every block is one without shared experts, else Qwen2-MoE's (Qwen2MoeForCausalLM: shared
-// experts, leading dense blocks as its `mlp_only_layers`).
-enum class HfLayout { kLlama, kMixtral, kQwen2Moe };
+// (LlamaForCausalLM) for a dense model, Qwen2's (Qwen2ForCausalLM) for a dense one with q/k/v
+// biases; for a mixture of experts Mixtral's (MixtralForCausalLM) when every block is one without
+// shared experts, else Qwen2-MoE's (Qwen2MoeForCausalLM: shared experts, leading dense blocks as
+// its `mlp_only_layers`).
+enum class HfLayout { kLlama, kMixtral, kQwen2Moe, kQwen2 };
 HfLayout hf_layout(const ModelConfig& config);
 
 // A tensor's name in that family: the table's own name, except for a mixture of experts' router
@@ -40,8 +41,9 @@ HfLayout hf_layout(const ModelConfig& config);
 // Qwen2-MoE: the router is `mlp.gate.weight`, the shared experts `mlp.shared_expert.*`.
 std::string hf_tensor_name(const ModelConfig& config, const std::string& name);
 // UserError unless hf_layout's family can hold the model `config` exactly (the key that prevents
-// it named): a softmax router without a selection bias or a gate scale; Mixtral's also over
-// normalised gates. `what` names the model in the message.
+// it named): no q/k/v biases in a mixture of experts (Qwen2-MoE's are written as zeros); a softmax
+// router without a selection bias or a gate scale; Mixtral's also over normalised gates. `what`
+// names the model in the message.
 void check_hf_layout(const ModelConfig& config, const std::string& what);
 
 // Qwen2-MoE has parts titan3d's block has not: q/k/v biases and, per MoE block, a sigmoid gate on
@@ -82,19 +84,24 @@ std::string tokenizer_config_json(const ModelConfig& config, const TextTokenizer
 
 struct ExportOptions {
   std::string dtype = "fp32";  // fp32 | bf16 (the safetensors tensors)
+  // > 0: the weights as shards of at most this many MiB of tensors each (a larger tensor alone in
+  // its shard), model-0000i-of-0000N.safetensors in the model's tensor order, and
+  // model.safetensors.index.json naming each tensor's file, as transformers' save_pretrained
+  // writes them; 0: one model.safetensors.
+  double max_shard_mb = 0;
 };
 
 struct ExportSummary {
-  std::string safetensors, config;  // paths written
+  std::string safetensors, config;  // paths written (the weights: the file, or the shards' index)
   std::string tokenizer;            // tokenizer.model written ("" for the byte tokenizer)
-  int64_t step = 0, tensors = 0, parameters = 0;
-  uint64_t bytes = 0;  // of model.safetensors
+  int64_t step = 0, tensors = 0, parameters = 0, shards = 1;
+  uint64_t bytes = 0;  // of the safetensors file(s)
 };
 
-// Writes <out_dir>/model.safetensors and <out_dir>/config.json (creating out_dir), and with a
-// SentencePiece data.tokenizer its tokenizer.model and tokenizer_config.json beside them. All or
-// nothing: when one fails (a full disk), those already written are removed again, and out_dir
-// too when this call created it.
+// Writes <out_dir>/model.safetensors (or its shards and their index) and <out_dir>/config.json
+// (creating out_dir), and with a SentencePiece data.tokenizer its tokenizer.model and
+// tokenizer_config.json beside them. All or nothing: when one fails (a full disk), those already
+// written are removed again, and out_dir too when this call created it.
 ExportSummary export_snapshot(const std::string& snapshot, const std::string& out_dir,
                               const ExportOptions& options = {});
 

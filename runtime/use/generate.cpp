@@ -70,7 +70,7 @@ Decoder::Decoder(const SnapshotWeights& w, k::GemmKind gemm)
   rope_.resize(n(T * D));
   scores_.resize(n(T));
   logits_.resize(n(m.vocab_size));
-  k::rope_table(rope_.data(), T, D, m.rope_theta);
+  k::rope_table(rope_.data(), T, D, m.rope_theta, m.rope());  // the Model's table
 }
 
 std::span<const float> Decoder::step(int32_t token) {
@@ -89,6 +89,11 @@ std::span<const float> Decoder::step(int32_t token) {
     k::linear_forward(gemm_, q_.data(), xn_.data(), L.q, 1, C, H * D);
     k::linear_forward(gemm_, kc, xn_.data(), L.k, 1, C, Hkv * D);
     k::linear_forward(gemm_, vc, xn_.data(), L.v, 1, C, Hkv * D);
+    if (L.q_bias) {  // model.qkv_bias, as Model::add_qkv_bias (an fp32 addition)
+      k::add_inplace(k::kCpu, q_.data(), L.q_bias, H * D);
+      k::add_inplace(k::kCpu, kc, L.k_bias, Hkv * D);
+      k::add_inplace(k::kCpu, vc, L.v_bias, Hkv * D);
+    }
     k::rope_forward(k::kCpu, q_.data(), q_.data(), rope_.data(), 1, 1, H, D, pos_);
     k::rope_forward(k::kCpu, kc, kc, rope_.data(), 1, 1, Hkv, D, pos_);
     k::attention_decode(att_.data(), q_.data(), L.k_cache.data(), L.v_cache.data(), scores_.data(),

@@ -21,6 +21,8 @@
 #include "runtime/data/text_tokenizer.h"
 #include "runtime/provenance/provenance.h"
 #include "runtime/use/export.h"
+#include "runtime/use/hf_config_keys.h"
+#include "runtime/use/hf_rope.h"
 
 namespace t3d::runtime {
 
@@ -96,6 +98,8 @@ void check_model_limits(const ModelConfig& m, const std::string& src, HfLayout l
         {"model.seq_len", "max_position_embeddings"},
         {"model.norm_eps", "rms_norm_eps"},
         {"model.rope_theta", "rope_theta"},
+        {"model.head_dim", "head_dim"},
+        {"model.rope_original_seq_len", "rope_scaling.original_max_position_embeddings"},
         {"model.n_experts", "num_local_experts"},
         {"model.experts_per_token", "num_experts_per_tok"},
         {"model.moe_ffn_dim", "intermediate_size"},
@@ -115,13 +119,30 @@ void check_model_limits(const ModelConfig& m, const std::string& src, HfLayout l
   }
 }
 
+// `head_dim` (transformers: hidden_size / num_attention_heads when absent or null) as
+// model.head_dim, left 0 (derived) when it is that quotient.
+void head_dim_from_config(const json& c, const std::string& src, ModelConfig& m) {
+  if (!c.contains("head_dim") || c.at("head_dim").is_null()) {
+    T3D_USER_CHECK(m.dim % m.n_heads == 0, src, ": `hidden_size` ", m.dim,
+                   " is not a multiple of `num_attention_heads` ", m.n_heads,
+                   " and there is no `head_dim`; give the heads' width as `head_dim`");
+    return;
+  }
+  T3D_USER_CHECK(c.at("head_dim").is_number_integer() && c.at("head_dim").get<int64_t>() > 0, src,
+                 ": `head_dim` is ", c.at("head_dim").dump(), "; it must be a positive integer");
+  const int64_t head_dim = c.at("head_dim").get<int64_t>();
+  const bool derived = m.dim % m.n_heads == 0 && head_dim == m.dim / m.n_heads;
+  m.explicit_head_dim = derived ? 0 : head_dim;
+}
+
 // The family config.json names (model_type, and architectures when given); UserError for a
 // family titan3d does not import.
 HfLayout check_architecture(const json& c, const std::string& src) {
   static const std::tuple<const char*, const char*, HfLayout> families[] = {
       {"llama", "LlamaForCausalLM", HfLayout::kLlama},
       {"mixtral", "MixtralForCausalLM", HfLayout::kMixtral},
-      {"qwen2_moe", "Qwen2MoeForCausalLM", HfLayout::kQwen2Moe}};
+      {"qwen2_moe", "Qwen2MoeForCausalLM", HfLayout::kQwen2Moe},
+      {"qwen2", "Qwen2ForCausalLM", HfLayout::kQwen2}};
   const std::string type = c.contains("model_type") && c.at("model_type").is_string()
                                ? c.at("model_type").get<std::string>()
                                : "";
@@ -135,8 +156,9 @@ HfLayout check_architecture(const json& c, const std::string& src) {
     return layout;
   }
   throw UserError(fmt::format(
-      "{}: `model_type` is {}; titan3d imports LLaMA models (model_type \"llama\") and the "
-      "mixtures of experts of Mixtral (\"mixtral\") and Qwen2-MoE (\"qwen2_moe\")",
+      "{}: `model_type` is {}; titan3d imports LLaMA models (model_type \"llama\"), Qwen2 and "
+      "Qwen2.5 (\"qwen2\") and the mixtures of experts of Mixtral (\"mixtral\") and Qwen2-MoE "
+      "(\"qwen2_moe\")",
       src, c.contains("model_type") ? c.at("model_type").dump() : "absent"));
 }
 
@@ -191,22 +213,20 @@ ModelConfig llama_model_from_config(const std::string& text, const std::string& 
   const json c = ck::parse_json_text(text, src);
   T3D_USER_CHECK(c.is_object(), src, " is not a JSON object");
   const HfLayout layout = check_architecture(c, src);
+  refuse_unknown_config_keys(c, src, layout);
   const bool mixtral = layout == HfLayout::kMixtral;
-  refuse_unless(c, src, "rope_scaling", nullptr, "titan3d's RoPE has no scaling");
   refuse_unless(c, src, "attention_bias", false, "titan3d's attention projections have no bias");
   refuse_unless(c, src, "mlp_bias", false, "titan3d's MLP projections have no bias");
+  refuse_unless(c, src, "attention_dropout", 0, "titan3d's attention has no dropout");
   refuse_unless(c, src, "hidden_act", "silu", "titan3d's MLP is SwiGLU, silu only");
   ModelConfig m;
   m.vocab_size = required_int(c, src, "vocab_size");
   m.dim = required_int(c, src, "hidden_size");
   m.n_layers = required_int(c, src, "num_hidden_layers");
   m.n_heads = required_int(c, src, "num_attention_heads");
-  T3D_USER_CHECK(m.n_heads > 0 && m.dim % m.n_heads == 0, src, ": `hidden_size` ", m.dim,
-                 " is not a multiple of `num_attention_heads` ", m.n_heads);
-  if (c.contains("head_dim") && !c.at("head_dim").is_null())
-    T3D_USER_CHECK(c.at("head_dim") == m.dim / m.n_heads, src, ": `head_dim` is ",
-                   c.at("head_dim").dump(), " but hidden_size / num_attention_heads is ",
-                   m.dim / m.n_heads, "; titan3d's heads are hidden_size / num_attention_heads");
+  T3D_USER_CHECK(m.n_heads > 0, src, ": `num_attention_heads` is ", m.n_heads,
+                 "; it must be positive");
+  head_dim_from_config(c, src, m);
   m.n_kv_heads = optional_value<int64_t>(c, src, "num_key_value_heads", m.n_heads,
                                          "num_attention_heads (no grouped-query attention)", notes);
   m.ffn_dim = required_int(c, src, "intermediate_size");
@@ -218,6 +238,7 @@ ModelConfig llama_model_from_config(const std::string& text, const std::string& 
                                         "model.rope_theta = 10000 (transformers' default)", notes);
   m.tie_embeddings = optional_value<bool>(c, src, "tie_word_embeddings", false,
                                           "untied (transformers' default)", notes);
+  rope_scaling_from_config(c, src, m);
   if (mixtral) {
     // Mixtral: every block a mixture of experts of intermediate_size each, softmax router over
     // normalised top-k gates (docs/moe.md).
@@ -232,6 +253,10 @@ ModelConfig llama_model_from_config(const std::string& text, const std::string& 
                        " ignored: titan3d's router adds no noise");
   }
   if (layout == HfLayout::kQwen2Moe) qwen2_moe_keys(c, src, m, notes);
+  if (layout == HfLayout::kQwen2) {  // Qwen2 / Qwen2.5: q/k/v biases always (Qwen2Attention)
+    refuse_unless(c, src, "use_sliding_window", false, "titan3d's attention is fully causal");
+    m.qkv_bias = true;
+  }
   if (c.contains("pretraining_tp") && c.at("pretraining_tp") != 1)
     notes->push_back("`pretraining_tp` is " + c.at("pretraining_tp").dump() +
                      ": ignored (it slices the same products; the values do not change)");

@@ -2,14 +2,17 @@
 // which `titan3d resume` (with any --set of training, parallel, data or snapshot keys) fine-tunes
 // on any layout. The inverse of `titan3d export`.
 //
-// Read: config.json (model_type llama, LlamaForCausalLM; a mixture of experts as Mixtral or as
-// Qwen2-MoE in the form export writes it, export.h), the weights from model.safetensors or
-// the shards model.safetensors.index.json names (F32, BF16 or F16, widened to fp32 exactly), tied
-// or untied embeddings, grouped-query attention; tokenizer.model when present and usable (byte
-// fallback) becomes data.tokenizer, copied beside the snapshot. What titan3d cannot represent is
-// refused with a UserError naming the config key (rope_scaling, attention_bias, mlp_bias,
-// hidden_act other than silu, head_dim other than hidden_size / num_attention_heads, another
-// model_type or architecture) or the tensor (a name titan3d has no place for, a wrong shape).
+// Read: config.json (model_type llama, LlamaForCausalLM, Llama 3.x's included: `rope_scaling` of
+// rope_type linear or llama3 and `head_dim` as the [model] keys, hf_rope.h; model_type qwen2,
+// Qwen2ForCausalLM, with model.qkv_bias and no sliding window; a mixture of experts
+// as Mixtral or as Qwen2-MoE in the form export writes it, export.h), the weights from
+// model.safetensors or the shards model.safetensors.index.json names (F32, BF16 or F16, widened
+// to fp32 exactly), tied or untied embeddings, grouped-query attention; tokenizer.model or
+// tokenizer.json when present and usable becomes data.tokenizer, copied beside the snapshot.
+// What titan3d cannot represent is refused with a UserError naming the config key (another
+// rope_type or a key of rope_scaling it does not read, attention_bias, mlp_bias, hidden_act other
+// than silu, partial_rotary_factor other than 1, another model_type or architecture) or the
+// tensor (a name titan3d has no place for, a wrong shape).
 //
 // Written with the snapshot writer (checkpoint/snapshot.h) as one shard from rank 0: the weights
 // under model/, zero AdamW moments, counters at step 0, and a recipe from the config, the keys the

@@ -335,7 +335,8 @@ TEST(ModelEpMpi, TheCasesRouteAsIntended) {
 TEST(ModelEpMpi, SplitBackwardLeavesEveryWeightGradientToW) {
   auto world = parallel::Comm::world(60.0);
   const auto self = world.split(world.rank(), 0, "self");
-  const auto cfg = moe_config();
+  auto cfg = moe_config();
+  cfg.qkv_bias = true;  // the q/k/v biases' gradients are W's too (dq, dk, dv kept for it)
   ASSERT_GT(cfg.n_shared_experts, 0);
   const std::vector<parallel::LayerRange> chunks = {{0, 1, true, false}, {1, 2, false, true}};
   for (const bool expert_parallel : {false, true})
@@ -376,8 +377,9 @@ TEST(ModelEpMpi, SplitBackwardLeavesEveryWeightGradientToW) {
       int64_t deferred = 0, routed = 0;
       for (const auto& p : split.params()) {
         const auto& t = split.layout().at(p.name);
-        const bool block_matrix =
-            p.unit >= 0 && p.unit != cfg.n_layers && p.trained() && p.global_shape.size() == 2;
+        const bool qkv_bias = p.name.ends_with("_proj.bias");
+        const bool block_matrix = p.unit >= 0 && p.unit != cfg.n_layers && p.trained() &&
+                                  (p.global_shape.size() == 2 || qkv_bias);
         const float* w = want.grads.data() + t.offset;
         if (!block_matrix) {  // norms, embedding, head, the untrained bias: final after B
           expect_same(grads + t.offset, w, t.numel, 0, p.name + " after B");
@@ -392,9 +394,9 @@ TEST(ModelEpMpi, SplitBackwardLeavesEveryWeightGradientToW) {
             << p.name << " has a gradient before W";
       }
       // Block 0: q, k, v, o, gate, up, down; block 1: q, k, v, o, router, the shared experts'
-      // three and three per local expert.
+      // three and three per local expert; the q/k/v biases of both.
       EXPECT_EQ(routed, 3 * split.experts().size(cfg));
-      EXPECT_EQ(deferred, 7 + 4 + 1 + 3 + routed);
+      EXPECT_EQ(deferred, 7 + 4 + 1 + 3 + routed + 6);
 
       split.backward_weight(1, 0);
       split.backward_weight(0, 0);

@@ -48,38 +48,43 @@ double loss_of(Model& m, const Batch& b, bool train) {
 
 }  // namespace
 
+// Also with heads wider than dim / n_heads and a scaled RoPE (wide_head_config).
 TEST(ModelMpi, EveryParameterGradientMatchesFiniteDifferences) {
   auto world = parallel::Comm::world(60.0);
   const auto self = world.split(world.rank(), 0, "self");  // tp group of one
-  const auto cfg = tiny_config();
-  kernels::Arena arena(64 << 20);
-  Model m(cfg, whole(cfg.n_layers), self, arena, {2, 1, false});
-  m.init(3);
-  const Batch b = make_batch(2, cfg.seq_len, cfg.vocab_size);
-  loss_of(m, b, true);
-  std::mt19937 rng(11 + world.rank());
-  int checked = 0;
-  for (const auto& p : m.params()) {
-    const auto params = m.state().params.view(p.name);
-    const auto grads = m.state().grads.view(p.name);
-    for (int trial = 0; trial < 3; ++trial) {
-      const int64_t i = rng() % params.numel;
-      const float saved = params.data[i];
-      // Weights start at std 0.02, so the step must be well below that for the quotient to see
-      // the slope rather than the curvature; summed losses keep fp32 rounding far below it.
-      const float eps = 3e-3f;
-      params.data[i] = saved + eps;
-      const double up = loss_of(m, b, false);
-      params.data[i] = saved - eps;
-      const double down = loss_of(m, b, false);
-      params.data[i] = saved;
-      const double fd = (up - down) / (2.0 * eps);
-      const double analytic = grads.data[i];
-      EXPECT_NEAR(analytic, fd, 2e-3 + 2e-2 * std::fabs(fd)) << p.name << "[" << i << "]";
-      ++checked;
+  for (const auto& cfg : {tiny_config(), runtime::wide_head_config(), runtime::qkv_bias_config()}) {
+    SCOPED_TRACE(cfg.explicit_head_dim ? "head_dim 6, llama3 RoPE"
+                 : cfg.qkv_bias        ? "q/k/v biases"
+                                       : "tiny");
+    kernels::Arena arena(64 << 20);
+    Model m(cfg, whole(cfg.n_layers), self, arena, {2, 1, false});
+    m.init(3);
+    const Batch b = make_batch(2, cfg.seq_len, cfg.vocab_size);
+    loss_of(m, b, true);
+    std::mt19937 rng(11 + world.rank());
+    int checked = 0;
+    for (const auto& p : m.params()) {
+      const auto params = m.state().params.view(p.name);
+      const auto grads = m.state().grads.view(p.name);
+      for (int trial = 0; trial < 3; ++trial) {
+        const int64_t i = rng() % params.numel;
+        const float saved = params.data[i];
+        // Weights start at std 0.02, so the step must be well below that for the quotient to see
+        // the slope rather than the curvature; summed losses keep fp32 rounding far below it.
+        const float eps = 3e-3f;
+        params.data[i] = saved + eps;
+        const double up = loss_of(m, b, false);
+        params.data[i] = saved - eps;
+        const double down = loss_of(m, b, false);
+        params.data[i] = saved;
+        const double fd = (up - down) / (2.0 * eps);
+        const double analytic = grads.data[i];
+        EXPECT_NEAR(analytic, fd, 2e-3 + 2e-2 * std::fabs(fd)) << p.name << "[" << i << "]";
+        ++checked;
+      }
     }
+    EXPECT_EQ(checked, 3 * static_cast<int>(m.params().size()));
   }
-  EXPECT_EQ(checked, 3 * static_cast<int>(m.params().size()));
 }
 
 // The same for a mixture of experts (softmax and sigmoid routers; softmax with a capacity that
@@ -177,9 +182,16 @@ TEST(ModelMpi, TensorParallelShardsEqualTheWholeModel) {
   auto world = parallel::Comm::world(60.0);
   ASSERT_EQ(world.size(), 2);
   const auto self = world.split(world.rank(), 0, "self");
-  for (const bool moe : {false, true}) {
-    SCOPED_TRACE(moe ? "mixture of experts" : "dense");
-    const auto cfg = moe ? moe_config() : tiny_config();
+  // Dense, a mixture of experts, wide heads and q/k/v biases (tp splits both with the heads).
+  for (const int kind : {0, 1, 2, 3}) {
+    SCOPED_TRACE(kind == 1   ? "mixture of experts"
+                 : kind == 2 ? "head_dim 6"
+                 : kind == 3 ? "q/k/v biases"
+                             : "dense");
+    const auto cfg = kind == 1   ? moe_config()
+                     : kind == 2 ? runtime::wide_head_config()
+                     : kind == 3 ? runtime::qkv_bias_config()
+                                 : tiny_config();
     const Batch b = make_batch(2, cfg.seq_len, cfg.vocab_size);
     kernels::Arena arena(128 << 20);
     Model full(cfg, whole(cfg.n_layers), self, arena, {2, 1, false});

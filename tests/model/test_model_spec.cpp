@@ -248,6 +248,57 @@ TEST(ModelSpec, ParameterTableIsLlamasWithItsHuggingFaceNames) {
   }
 }
 
+// model.head_dim = 24 over dim 64 and 4 heads: q and o are 96 wide, k and v 48, the RoPE table
+// and attention are over 24-wide heads; nothing else changes.
+TEST(ModelSpec, HeadDimSetsTheAttentionShapesOnly) {
+  ModelConfig m = small_model();
+  m.explicit_head_dim = 24;
+  std::map<std::string, std::vector<int64_t>> shape;
+  for (const ParamInfo& p : param_table(m)) shape[p.name] = p.global_shape;
+  const std::string p = "model.layers.0.";
+  EXPECT_EQ(shape[p + "self_attn.q_proj.weight"], (std::vector<int64_t>{96, 64}));
+  EXPECT_EQ(shape[p + "self_attn.k_proj.weight"], (std::vector<int64_t>{48, 64}));
+  EXPECT_EQ(shape[p + "self_attn.v_proj.weight"], (std::vector<int64_t>{48, 64}));
+  EXPECT_EQ(shape[p + "self_attn.o_proj.weight"], (std::vector<int64_t>{64, 96}));
+  EXPECT_EQ(shape[p + "mlp.down_proj.weight"], (std::vector<int64_t>{64, 176}));
+  const ModelDims d = model_dims(m, {{{0, 4, true, true}}, 2}, 2);
+  EXPECT_EQ(d.D, 24);
+  EXPECT_EQ(d.H, 2);  // tp = 2 splits whole heads
+  EXPECT_EQ(d.C, 64);
+}
+
+// model.qkv_bias: per block q/k/v biases after v_proj (split with the heads, no weight decay,
+// zero at init) and a column of N ones in the scratch; nothing without it.
+TEST(ModelSpec, QkvBiasAddsTheBiasesAndTheOnesColumn) {
+  ModelConfig m = small_model();
+  m.n_layers = 1;
+  m.qkv_bias = true;
+  const auto params = param_table(m);
+  ASSERT_GE(params.size(), 7u);
+  const std::string p = "model.layers.0.self_attn.";
+  const std::vector<std::pair<std::string, int64_t>> want = {
+      {p + "q_proj.bias", 64}, {p + "k_proj.bias", 32}, {p + "v_proj.bias", 32}};
+  for (size_t i = 0; i < want.size(); ++i) {
+    const ParamInfo& b = params[5 + i];  // embedding, ln1, q, k, v, then the biases
+    EXPECT_EQ(b.name, want[i].first);
+    EXPECT_EQ(b.global_shape, std::vector<int64_t>{want[i].second});
+    EXPECT_EQ(b.split_dim, 0);
+    EXPECT_FALSE(b.decay);
+    EXPECT_EQ(b.init, ParamInit::kZeros);
+  }
+  const auto ones = [](const ActivationSpec& spec) {
+    return std::count_if(spec.scratch.begin(), spec.scratch.end(),
+                         [](const SpecTensor& t) { return t.name() == "scratch.ones"; });
+  };
+  SpecOptions o;
+  o.micro_rows = 2;
+  o.chunk_slots = {1};
+  EXPECT_EQ(ones(activation_spec(m, {{{0, 1, true, true}}, 1}, o)), 1);
+  m.qkv_bias = false;
+  EXPECT_EQ(ones(activation_spec(m, {{{0, 1, true, true}}, 1}, o)), 0);
+  EXPECT_EQ(param_table(m).size(), params.size() - 3);
+}
+
 TEST(ModelSpec, TpShardBoxIsTheRankSliceOfTheSplitDimension) {
   ParamInfo q{"q", {64, 32}, 0};
   ParamInfo o{"o", {32, 64}, 1};
@@ -435,9 +486,11 @@ TEST(ModelSpec, RowsHaveDistinctNamesAndScratchFollowsItsTable) {
     o.split_backward = true;
     o.micro_rows = 2;
     o.chunk_slots = {1};
-    // The MoE model with expert parallelism too (ep = 2 divides its 4 experts).
-    const ActivationSpec spec = activation_spec(moe ? small_moe_model() : small_model(),
-                                                {{{0, 4, true, true}}, 2, true, 2, moe ? 2 : 1}, o);
+    // The MoE model with expert parallelism too (ep = 2 divides its 4 experts); q/k/v biases.
+    ModelConfig m = moe ? small_moe_model() : small_model();
+    m.qkv_bias = true;
+    const ActivationSpec spec =
+        activation_spec(m, {{{0, 4, true, true}}, 2, true, 2, moe ? 2 : 1}, o);
     std::vector<std::string> names;
     for (const auto& t : spec.chunks[0].per_slot) names.push_back(t.name());
     for (const auto& t : spec.scratch) names.push_back(t.name());
@@ -457,7 +510,8 @@ TEST(ModelSpec, RowsHaveDistinctNamesAndScratchFollowsItsTable) {
       ++scratch_rows;
     }
     EXPECT_TRUE(work_seen);
-    // sp, cp, ep, the last chunk and bf16 copies: every row but a dense model's 18 MoE rows.
+    // sp, cp, ep, the last chunk, bf16 copies and q/k/v biases: every row but a dense model's 18
+    // MoE rows.
     EXPECT_EQ(scratch_rows, kScratchBufs - (moe ? 0 : 18));
   }
 }

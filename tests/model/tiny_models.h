@@ -15,6 +15,25 @@ inline ModelConfig tiny_config() {
                      .seq_len = 8};
 }
 
+// Heads wider than dim / n_heads (model.head_dim, as Qwen3's: the attention 4·6 = 24 wide over
+// dim 16) and Llama 3's RoPE scaling over a pretraining context of 8 positions: the lowest of the
+// 3 frequencies is smoothed, the others slowed 8×.
+inline ModelConfig wide_head_config() {
+  ModelConfig c = tiny_config();
+  c.explicit_head_dim = 6;
+  c.rope_scaling = kernels::RopeScaling::Kind::kLlama3;
+  c.rope_factor = 8.0;
+  c.rope_original_seq_len = 8;
+  return c;
+}
+
+// Qwen2's biases on q, k and v (model.qkv_bias).
+inline ModelConfig qkv_bias_config() {
+  ModelConfig c = tiny_config();
+  c.qkv_bias = true;
+  return c;
+}
+
 // Block 0 dense, block 1 a mixture of 4 routed experts (2 per token), one shared expert, the
 // selection bias and the auxiliary loss.
 inline ModelConfig moe_config() {

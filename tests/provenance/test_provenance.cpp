@@ -54,6 +54,24 @@ TEST_F(Provenance, OnlyTheSameModelShapeMayContinue) {
   EXPECT_NE(e.find("model.dim is 96 in the snapshot but 192"), std::string::npos) << e;
 }
 
+// model.head_dim is the shape of q, k, v and o: another one is refused, while an explicit one
+// equal to dim / n_heads is the same model. model.qkv_bias adds tensors: a shape key too.
+TEST_F(Provenance, TheHeadWidthIsTheModelsShape) {
+  const std::string stored =
+      parse_recipe("[model]\ndim = 64\nn_heads = 4\n", "saved.toml").to_toml();
+  const Recipe same = parse_recipe(stored, "now.toml", {{"model.head_dim", "16"}});
+  EXPECT_EQ(error_of([&] { check_same_model(stored, same, "s.h5", "evaluate"); }), "");
+  const Recipe biased = parse_recipe(stored, "now.toml", {{"model.qkv_bias", "true"}});
+  EXPECT_NE(error_of([&] {
+              check_same_model(stored, biased, "s.h5", "evaluate");
+            }).find("model.qkv_bias is 0 in the snapshot but 1"),
+            std::string::npos);
+  const Recipe wide = parse_recipe(stored, "now.toml", {{"model.head_dim", "32"}});
+  const std::string e = error_of([&] { check_same_model(stored, wide, "s.h5", "evaluate"); });
+  EXPECT_NE(e.find("model.head_dim is 16 in the snapshot but 32 in this run"), std::string::npos)
+      << e;
+}
+
 // A mixture of experts' shape keys are the model's shape too; its balancing keys are training's.
 TEST_F(Provenance, TheExpertsShapeMayNotChange) {
   const Recipe saved = parse_recipe(
@@ -79,6 +97,26 @@ TEST_F(Provenance, TheExpertsShapeMayNotChange) {
   const std::string dense = parse_recipe("[model]\ndim = 64\nn_heads = 4\n", "d.toml").to_toml();
   const Recipe dense_now = parse_recipe(dense, "now.toml", {{"model.moe_ffn_dim", "128"}});
   EXPECT_EQ(error_of([&] { check_same_model(dense, dense_now, "s.h5", "resume from"); }), "");
+}
+
+// RoPE scaling changes the angles, not a tensor: each of its keys named when changed.
+TEST_F(Provenance, AChangedRopeScalingIsNamed) {
+  const std::string stored =
+      parse_recipe("[model]\ndim = 64\nn_heads = 4\nrope_scaling = \"linear\"\nrope_factor = 2.0\n",
+                   "s.toml")
+          .to_toml();
+  const Recipe changed = parse_recipe(stored, "now.toml",
+                                      {{"model.rope_scaling", "llama3"},
+                                       {"model.rope_factor", "8.0"},
+                                       {"model.rope_original_seq_len", "16"}});
+  const auto c = changed_model_function(stored, changed, "s.h5");
+  ASSERT_EQ(c.size(), 3u);
+  EXPECT_EQ(c[0].rfind("model.rope_scaling: \"linear\" in the snapshot, \"llama3\" in this run", 0),
+            0u)
+      << c[0];
+  EXPECT_EQ(c[1].rfind("model.rope_factor: 2 in the snapshot, 8 in this run", 0), 0u) << c[1];
+  EXPECT_EQ(c[2].rfind("model.rope_original_seq_len: 8192 in the snapshot, 16 in this run", 0), 0u)
+      << c[2];
 }
 
 // Keys that change what the weights compute but no tensor: allowed, and each named when changed.

@@ -133,6 +133,63 @@ TEST(Recipe, EnumeratedKeysParseEverySpellingOnce) {
       "parallel", "schedule", [](const Recipe& r) { return r.parallel.schedule; },
       "[model]\nn_layers = 8\n[train]\nmicro_batches = 4\n", "pp = 2\n");
   EXPECT_EQ(choice_list<SampleMode>(), "random, sequential");
+  expect_every_spelling<t3d::kernels::RopeScaling::Kind>(
+      "model", "rope_scaling", [](const Recipe& r) { return r.model.rope_scaling; });
+}
+
+// model.head_dim: 0 derives dim / n_heads (which must then divide); another even value is every
+// head's width whatever dim is, and an odd one is refused naming the key.
+TEST(Recipe, HeadDimIsDerivedOrExplicit) {
+  EXPECT_EQ(parse_recipe("[model]\ndim = 64\nn_heads = 4\n", "r.toml").model.head_dim(), 16);
+  const Recipe qwen3 =
+      parse_recipe("[model]\ndim = 64\nn_heads = 6\nn_kv_heads = 2\nhead_dim = 24\n", "r.toml");
+  EXPECT_EQ(qwen3.model.head_dim(), 24);
+  EXPECT_EQ(qwen3.model.attention_width(), 144);
+  EXPECT_EQ(parse_recipe(qwen3.to_toml(), "again.toml").model.head_dim(), 24);
+  const std::string odd = error_of("[model]\ndim = 64\nn_heads = 4\nhead_dim = 7\n");
+  EXPECT_NE(odd.find("`model.head_dim`: must be even"), std::string::npos) << odd;
+  EXPECT_NE(error_of("[model]\nhead_dim = -2\n").find("`model.head_dim`"), std::string::npos);
+  const std::string indivisible = error_of("[model]\ndim = 64\nn_heads = 6\n");
+  EXPECT_NE(indivisible.find("`model.n_heads`"), std::string::npos) << indivisible;
+  EXPECT_NE(indivisible.find("set model.head_dim"), std::string::npos) << indivisible;
+  EXPECT_NE(error_of("[model]\nhead_dim = 262144\n").find("`model.head_dim`"), std::string::npos);
+}
+
+// RoPE scaling: each kind's parameters in range, a parameter the kind does not read refused
+// unless at its default (named, with the kind), and the recipe's keys carried to the kernels'
+// struct.
+TEST(Recipe, RopeScalingKeysAreCheckedForTheirKind) {
+  const Recipe r = parse_recipe(
+      "[model]\nrope_scaling = \"llama3\"\nrope_factor = 32.0\nrope_low_freq_factor = 1.5\n"
+      "rope_high_freq_factor = 4.5\nrope_original_seq_len = 64\n",
+      "r.toml");
+  const t3d::kernels::RopeScaling s = r.model.rope();
+  EXPECT_EQ(s.kind, t3d::kernels::RopeScaling::Kind::kLlama3);
+  EXPECT_EQ(s.factor, 32.0);
+  EXPECT_EQ(s.low_freq_factor, 1.5);
+  EXPECT_EQ(s.high_freq_factor, 4.5);
+  EXPECT_EQ(s.original_context, 64.0);
+  EXPECT_EQ(parse_recipe(r.to_toml(), "again.toml").to_toml(), r.to_toml());
+  EXPECT_EQ(parse_recipe("", "d.toml").model.rope().kind, t3d::kernels::RopeScaling::Kind::kNone);
+  const std::pair<std::string, std::string> bad[] = {
+      {"rope_factor = 2.0\n", "model.rope_factor"},  // none reads no factor
+      {"rope_scaling = \"linear\"\nrope_factor = 0.0\n", "model.rope_factor"},
+      {"rope_scaling = \"linear\"\nrope_factor = -2.0\n", "model.rope_factor"},
+      {"rope_scaling = \"linear\"\nrope_low_freq_factor = 2.0\n", "model.rope_low_freq_factor"},
+      {"rope_high_freq_factor = 8.0\n", "model.rope_high_freq_factor"},
+      {"rope_original_seq_len = 4096\n", "model.rope_original_seq_len"},
+      {"rope_scaling = \"llama3\"\nrope_low_freq_factor = 0.0\n", "model.rope_low_freq_factor"},
+      {"rope_scaling = \"llama3\"\nrope_high_freq_factor = 1.0\n", "model.rope_high_freq_factor"},
+      {"rope_scaling = \"llama3\"\nrope_original_seq_len = 0\n", "model.rope_original_seq_len"},
+  };
+  for (const auto& [text, key] : bad) {
+    const std::string e = error_of("[model]\n" + text);
+    EXPECT_NE(e.find("`" + key + "`"), std::string::npos) << text << ": " << e;
+    EXPECT_NE(e.find("r.toml:"), std::string::npos) << e;
+  }
+  EXPECT_NE(error_of("[model]\nrope_factor = 2.0\n").find("model.rope_scaling = \"none\""),
+            std::string::npos);
+  EXPECT_EQ(error_of("[model]\nrope_scaling = \"linear\"\nrope_factor = 4.0\n"), "");
 }
 
 TEST(Recipe, ActivationCheckpointSpellings) {

@@ -11,6 +11,11 @@
   set SRC DST NAME I V   writes SRC's tensors to DST with element I (flat) of F32 tensor NAME = V
   mixtral DIR           writes a small random Mixtral (MixtralForCausalLM: config.json and
                         model.safetensors, Hugging Face's names) to DIR
+  qwen2 DIR             writes a small random Qwen2.5 (Qwen2ForCausalLM: q/k/v biases, tied
+                        embeddings, a sliding window configured but not used) to DIR
+  llama3 DIR [tied]     writes a small random Llama 3.x (LlamaForCausalLM as Llama 3.1-3.3 ship:
+                        rope_scaling of rope_type llama3, an explicit head_dim, here 24 while
+                        hidden_size / num_attention_heads is 16; tied embeddings with `tied`) to DIR
 """
 import json
 import os
@@ -57,6 +62,90 @@ def widen(dtype, arr):
     if dtype == "BF16":
         return (arr.astype(np.uint32) << 16).view(np.float32)
     return arr.astype(np.float32) if dtype == "F16" else arr
+
+
+def write_llama3(out, tied):
+    """Llama 3's config keys and tensors (transformers' LlamaConfig / LlamaForCausalLM). The RoPE
+    scaling's pretraining context of 64 positions with low / high frequency factors 2 and 8 puts
+    the head's 12 frequencies (theta 500000, 24 wide) in all three of llama3's bands: the fastest
+    kept (wavelength 2pi < 64 / 8), the next smoothed (18.7 between 8 and 32), the rest slowed by
+    the factor 8."""
+    os.makedirs(out, exist_ok=True)
+    V, C, L, H, Hkv, D, F, T = 256, 64, 2, 4, 2, 24, 96, 32
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": V,
+              "hidden_size": C, "intermediate_size": F, "num_hidden_layers": L,
+              "num_attention_heads": H, "num_key_value_heads": Hkv, "head_dim": D,
+              "max_position_embeddings": T, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+              "rope_scaling": {"factor": 8.0, "low_freq_factor": 2.0, "high_freq_factor": 8.0,
+                               "original_max_position_embeddings": 64, "rope_type": "llama3"},
+              "attention_bias": False, "attention_dropout": 0.0, "mlp_bias": False,
+              "hidden_act": "silu", "pretraining_tp": 1, "tie_word_embeddings": tied,
+              "initializer_range": 0.02, "use_cache": True, "bos_token_id": None,
+              "eos_token_id": None, "torch_dtype": "float32"}
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    rng = np.random.default_rng(7 if tied else 3)
+    t = {}
+
+    def put(name, *shape, norm=False):
+        x = rng.uniform(0.8, 1.2, shape) if norm else rng.normal(0, 0.08, shape)
+        t[name] = ("F32", x.astype(np.float32))
+    put("model.embed_tokens.weight", V, C)
+    for l in range(L):
+        p = f"model.layers.{l}."
+        put(p + "input_layernorm.weight", C, norm=True)
+        put(p + "self_attn.q_proj.weight", H * D, C)
+        put(p + "self_attn.k_proj.weight", Hkv * D, C)
+        put(p + "self_attn.v_proj.weight", Hkv * D, C)
+        put(p + "self_attn.o_proj.weight", C, H * D)
+        put(p + "post_attention_layernorm.weight", C, norm=True)
+        put(p + "mlp.gate_proj.weight", F, C)
+        put(p + "mlp.up_proj.weight", F, C)
+        put(p + "mlp.down_proj.weight", C, F)
+    put("model.norm.weight", C, norm=True)
+    if not tied:
+        put("lm_head.weight", V, C)
+    write(os.path.join(out, "model.safetensors"), t)
+    return 0
+
+
+def write_qwen2(out):
+    """Qwen2.5's config keys and tensors (transformers' Qwen2Config / Qwen2ForCausalLM, as
+    Qwen2.5-0.5B: tied embeddings, theta 1e6); biases of std 0.5, so that dropping one shows."""
+    os.makedirs(out, exist_ok=True)
+    V, C, L, H, Hkv, F, T = 256, 64, 2, 4, 2, 96, 32
+    D = C // H
+    config = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": V,
+              "hidden_size": C, "intermediate_size": F, "num_hidden_layers": L,
+              "num_attention_heads": H, "num_key_value_heads": Hkv, "max_position_embeddings": T,
+              "max_window_layers": L, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+              "rope_scaling": None, "sliding_window": T, "use_sliding_window": False,
+              "tie_word_embeddings": True, "hidden_act": "silu", "attention_dropout": 0.0,
+              "initializer_range": 0.02, "use_cache": True, "bos_token_id": None,
+              "eos_token_id": None, "torch_dtype": "float32"}
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    rng = np.random.default_rng(11)
+    t = {}
+
+    def put(name, *shape, norm=False, std=0.08):
+        x = rng.uniform(0.8, 1.2, shape) if norm else rng.normal(0, std, shape)
+        t[name] = ("F32", x.astype(np.float32))
+    put("model.embed_tokens.weight", V, C)
+    for l in range(L):
+        p = f"model.layers.{l}."
+        put(p + "input_layernorm.weight", C, norm=True)
+        for proj, rows in (("q_proj", H * D), ("k_proj", Hkv * D), ("v_proj", Hkv * D)):
+            put(p + f"self_attn.{proj}.weight", rows, C)
+            put(p + f"self_attn.{proj}.bias", rows, std=0.5)
+        put(p + "self_attn.o_proj.weight", C, H * D)
+        put(p + "post_attention_layernorm.weight", C, norm=True)
+        put(p + "mlp.gate_proj.weight", F, C)
+        put(p + "mlp.up_proj.weight", F, C)
+        put(p + "mlp.down_proj.weight", C, F)
+    put("model.norm.weight", C, norm=True)
+    write(os.path.join(out, "model.safetensors"), t)
+    return 0
 
 
 def main():
@@ -156,6 +245,10 @@ def main():
         put("lm_head.weight", V, C)
         write(os.path.join(out, "model.safetensors"), t)
         return 0
+    if cmd == "llama3":
+        return write_llama3(args[0], tied=args[1:] == ["tied"])
+    if cmd == "qwen2":
+        return write_qwen2(args[0])
     print(__doc__)
     return 2
 

@@ -77,7 +77,7 @@ std::vector<float> full_forward(const SnapshotWeights& w, const std::vector<int3
       att(T * H * D), lse(H * T), gate(T * F), up(T * F), h(T * F), rope(T * D), logits(T * V);
   const k::AttentionShape shape{1, T, H, Hkv, D, 8};
   std::vector<float> scratch(k::attention_scratch_floats(shape));
-  k::rope_table(rope.data(), T, D, m.rope_theta);
+  k::rope_table(rope.data(), T, D, m.rope_theta, m.rope());
   k::embedding_forward(k::kCpu, x.data(), tokens.data(), W("model.embed_tokens.weight"), T, C, 0,
                        V);
   for (int64_t l = 0; l < m.n_layers; ++l) {
@@ -87,6 +87,11 @@ std::vector<float> full_forward(const SnapshotWeights& w, const std::vector<int3
     k::linear_forward(kFp32, q.data(), xn.data(), W(p + "self_attn.q_proj.weight"), T, C, H * D);
     k::linear_forward(kFp32, kk.data(), xn.data(), W(p + "self_attn.k_proj.weight"), T, C, Hkv * D);
     k::linear_forward(kFp32, v.data(), xn.data(), W(p + "self_attn.v_proj.weight"), T, C, Hkv * D);
+    for (int64_t t = 0; m.qkv_bias && t < T; ++t) {  // the biases, row by row
+      k::add_inplace(k::kCpu, q.data() + t * H * D, W(p + "self_attn.q_proj.bias"), H * D);
+      k::add_inplace(k::kCpu, kk.data() + t * Hkv * D, W(p + "self_attn.k_proj.bias"), Hkv * D);
+      k::add_inplace(k::kCpu, v.data() + t * Hkv * D, W(p + "self_attn.v_proj.bias"), Hkv * D);
+    }
     k::rope_forward(k::kCpu, q.data(), q.data(), rope.data(), 1, T, H, D, 0);
     k::rope_forward(k::kCpu, kk.data(), kk.data(), rope.data(), 1, T, Hkv, D, 0);
     k::attention_forward(kFp32, att.data(), lse.data(), q.data(), kk.data(), v.data(),
@@ -106,8 +111,8 @@ std::vector<float> full_forward(const SnapshotWeights& w, const std::vector<int3
   return logits;
 }
 
-TEST(use_decode, cached_logits_match_whole_sequence_forward) {
-  const ModelConfig m = tiny_config();
+// The Decoder's logits at every position against full_forward's, a full cache refused.
+void expect_cached_logits_match(const ModelConfig& m) {
   const SnapshotWeights w = random_weights(m);
   std::vector<int32_t> tokens;
   for (int t = 0; t < m.seq_len; ++t) tokens.push_back((7 * t + 3) % m.vocab_size);
@@ -125,6 +130,34 @@ TEST(use_decode, cached_logits_match_whole_sequence_forward) {
   decoder.reset();  // and starts over at position 0 with the same result
   const auto again = decoder.step(tokens[0]);
   for (int64_t j = 0; j < m.vocab_size; ++j) EXPECT_NEAR(again[j], expected[j], 1e-4);
+}
+
+TEST(use_decode, cached_logits_match_whole_sequence_forward) {
+  expect_cached_logits_match(tiny_config());
+}
+
+// Llama 3's RoPE scaling in the decoder's table: with a pretraining context of 8 positions the
+// head's lowest frequency is smoothed and the others slowed 4×, so a decoder that left the table
+// unscaled would differ from the whole-sequence forward within the 16 positions. Heads 12 wide
+// over dim 32 (model.head_dim): the cache and the projections are n_heads·head_dim wide.
+TEST(use_decode, cached_logits_match_with_scaled_rope_and_wide_heads) {
+  ModelConfig m = tiny_config();
+  m.explicit_head_dim = 12;
+  m.rope_scaling = k::RopeScaling::Kind::kLlama3;
+  m.rope_factor = 4.0;
+  m.rope_low_freq_factor = 1.0;
+  m.rope_high_freq_factor = 2.0;
+  m.rope_original_seq_len = 8;
+  expect_cached_logits_match(m);
+  m.rope_scaling = k::RopeScaling::Kind::kLinear;
+  expect_cached_logits_match(m);
+}
+
+// q/k/v biases (model.qkv_bias; random here, about 1): added to q and to the cached k and v.
+TEST(use_decode, cached_logits_match_with_qkv_biases) {
+  ModelConfig m = tiny_config();
+  m.qkv_bias = true;
+  expect_cached_logits_match(m);
 }
 
 TEST(use_decode, greedy_and_seeded_sampling_are_deterministic) {

@@ -238,6 +238,24 @@ TEST_F(use_export, missing_snapshot_is_a_user_error) {
 
 // The family a mixture of experts is written as, its names, its extra zero tensors, and what no
 // family holds (named by key).
+// A dense model's q/k/v biases go out as Qwen2 (LLaMA's attention_bias would bias o_proj too); a
+// mixture of experts' are refused naming the key (Qwen2-MoE's export writes zero biases).
+TEST(use_export_layout, QkvBiasesExportAsQwen2) {
+  ModelConfig m;
+  m.qkv_bias = true;
+  EXPECT_EQ(hf_layout(m), HfLayout::kQwen2);
+  EXPECT_NO_THROW(check_hf_layout(m, "s.h5"));
+  EXPECT_EQ(hf_tensor_name(m, "model.layers.0.self_attn.q_proj.bias"),
+            "model.layers.0.self_attn.q_proj.bias");
+  m.n_experts = 4, m.experts_per_token = 2, m.moe_ffn_dim = 32;
+  try {
+    check_hf_layout(m, "s.h5");
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.qkv_bias"), std::string::npos) << e.what();
+  }
+}
+
 TEST(use_export_layout, MixturesOfExpertsChooseTheirFamily) {
   ModelConfig m;
   m.dim = 64, m.n_heads = 4, m.n_kv_heads = 2, m.n_layers = 3, m.ffn_dim = 128;

@@ -133,7 +133,10 @@ TEST(use_Import, ConfigKeysTitanCannotRepresentAreRefusedByName) {
       {"attention_bias", "true"},
       {"mlp_bias", "true"},
       {"hidden_act", R"("gelu")"},
-      {"head_dim", "32"},
+      {"head_dim", "7"},  // RoPE rotates pairs
+      {"head_dim", R"("16")"},
+      {"partial_rotary_factor", "0.5"},
+      {"attention_dropout", "0.1"},
       {"architectures", R"(["MistralForCausalLM"])"},
   };
   for (const auto& [key, value] : bad) {
@@ -150,7 +153,8 @@ TEST(use_Import, ConfigKeysTitanCannotRepresentAreRefusedByName) {
   std::vector<std::string> notes;
   // Explicit values titan3d has: accepted.
   EXPECT_NO_THROW(llama_model_from_config(
-      R"({"rope_scaling": null, "attention_bias": false, "head_dim": 16, )" + base.substr(1),
+      R"({"rope_scaling": null, "attention_bias": false, "head_dim": 16, "attention_dropout": 0.0, )" +
+          base.substr(1),
       "c.json", &notes));
   try {
     llama_model_from_config(R"({"model_type": "llama"})", "c.json", &notes);
@@ -159,6 +163,134 @@ TEST(use_Import, ConfigKeysTitanCannotRepresentAreRefusedByName) {
     EXPECT_NE(std::string(e.what()).find("`vocab_size`"), std::string::npos) << e.what();
   }
   EXPECT_THROW(llama_model_from_config(R"({"model_type": "gpt2"})", "c.json", &notes), UserError);
+}
+
+// Llama 3.x: `rope_scaling` (rope_type llama3 or linear, or the older `type`) as the model's
+// rope_* keys and `head_dim` as model.head_dim, and export's config.json read back to the same
+// model and the same text; every other kind, unknown key of the object or bad value refused
+// naming the file and the key.
+TEST(use_Import, Llama3RopeScalingAndHeadDimMapBothWays) {
+  const std::string base = kMinimalConfig;  // hidden 64, 4 heads
+  const std::string llama3 =
+      R"({"rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+      "original_max_position_embeddings": 8192, "rope_type": "llama3"}, "rope_theta": 500000.0,
+      "head_dim": 24, "tie_word_embeddings": true, )" +
+      base.substr(1);
+  std::vector<std::string> notes;
+  const ModelConfig m = llama_model_from_config(llama3, "c.json", &notes);
+  EXPECT_EQ(m.rope_scaling, kernels::RopeScaling::Kind::kLlama3);
+  EXPECT_EQ(m.rope_factor, 32.0);
+  EXPECT_EQ(m.rope_low_freq_factor, 1.0);
+  EXPECT_EQ(m.rope_high_freq_factor, 4.0);
+  EXPECT_EQ(m.rope_original_seq_len, 8192);
+  EXPECT_EQ(m.head_dim(), 24);
+  EXPECT_TRUE(m.tie_embeddings);
+  const std::string exported = llama_config_json(m);
+  EXPECT_NE(exported.find(R"("rope_type": "llama3", "factor": 32.0)"), std::string::npos)
+      << exported;
+  const ModelConfig again = llama_model_from_config(exported, "exported.json", &notes);
+  EXPECT_EQ(llama_config_json(again), exported);
+  EXPECT_EQ(again.rope_original_seq_len, 8192);
+  EXPECT_EQ(again.explicit_head_dim, 24);
+  // head_dim equal to hidden_size / num_attention_heads is the derived width; linear scaling in
+  // the older spelling; rope_type "default" is none.
+  const ModelConfig linear = llama_model_from_config(
+      R"({"head_dim": 16, "rope_scaling": {"type": "linear", "factor": 2.5}, )" + base.substr(1),
+      "c.json", &notes);
+  EXPECT_EQ(linear.explicit_head_dim, 0);
+  EXPECT_EQ(linear.rope_scaling, kernels::RopeScaling::Kind::kLinear);
+  EXPECT_EQ(linear.rope_factor, 2.5);
+  EXPECT_EQ(llama_model_from_config(llama_config_json(linear), "e.json", &notes).rope_factor, 2.5);
+  EXPECT_EQ(llama_model_from_config(
+                R"({"rope_scaling": {"rope_type": "default"}, )" + base.substr(1), "c.json", &notes)
+                .rope_scaling,
+            kernels::RopeScaling::Kind::kNone);
+  const std::pair<std::string, std::string> bad[] = {
+      {R"({"rope_type": "yarn", "factor": 4.0})", "`rope_scaling`"},
+      {R"({"type": "dynamic", "factor": 2.0})", "`rope_scaling`"},
+      {R"({"factor": 2.0})", "`rope_scaling`"},
+      {R"({"rope_type": "linear", "type": "llama3", "factor": 2.0})", "`rope_scaling.type`"},
+      {R"({"rope_type": "linear"})", "`rope_scaling.factor`"},
+      {R"({"rope_type": "linear", "factor": "2"})", "`rope_scaling.factor`"},
+      {R"({"rope_type": "linear", "factor": -2.0})", "`rope_scaling.factor`"},
+      {R"({"rope_type": "linear", "factor": 2.0, "original_max_position_embeddings": 8})",
+       "`rope_scaling.original_max_position_embeddings`"},
+      {R"({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0})",
+       "`rope_scaling.original_max_position_embeddings`"},
+      {R"({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 4.0, "high_freq_factor": 1.0,
+          "original_max_position_embeddings": 8192})",
+       "`rope_scaling.high_freq_factor`"},
+      {R"({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 8192.5})",
+       "`rope_scaling.original_max_position_embeddings`"},
+      {R"({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+          "original_max_position_embeddings": 8192, "attention_factor": 1.0})",
+       "`rope_scaling.attention_factor`"},
+      {R"("llama3")", "`rope_scaling`"},
+  };
+  for (const auto& [value, key] : bad) {
+    try {
+      llama_model_from_config(R"({"rope_scaling": )" + value + ", " + base.substr(1), "c.json",
+                              &notes);
+      ADD_FAILURE() << value;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("c.json"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// A key the family's import neither maps, checks nor knows to change nothing is refused by name
+// (it may change the model: a quantization, a sliding window on a LLaMA); metadata is not.
+TEST(use_Import, UnknownConfigKeysAreRefusedByName) {
+  const std::string base = kMinimalConfig;
+  std::vector<std::string> notes;
+  EXPECT_NO_THROW(llama_model_from_config(
+      R"({"_name_or_path": "x", "transformers_version": "4.45.0", "torch_dtype": "bfloat16",
+          "use_cache": true, "initializer_range": 0.02, "bos_token_id": 128000,
+          "eos_token_id": [128001, 128009], "pad_token_id": null, )" +
+          base.substr(1),
+      "c.json", &notes));
+  for (const std::string key :
+       {"quantization_config", "sliding_window", "num_local_experts", "qk_layernorm"}) {
+    try {
+      llama_model_from_config("{\"" + key + "\": {\"bits\": 4}, " + base.substr(1), "c.json",
+                              &notes);
+      ADD_FAILURE() << key;
+    } catch (const UserError& e) {
+      EXPECT_NE(std::string(e.what()).find("c.json: `" + key + "`"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("remove it from config.json"), std::string::npos);
+    }
+  }
+}
+
+// Qwen2 / Qwen2.5 (Qwen2ForCausalLM): q/k/v biases always (model.qkv_bias), the sliding window's
+// settings taken only while use_sliding_window is false; export writes the family back.
+TEST(use_Import, Qwen2ConfigHasQkvBiasesAndNoSlidingWindow) {
+  const std::string qwen2 = R"({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+      "vocab_size": 300, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "intermediate_size": 128, "max_position_embeddings": 32,
+      "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": true,
+      "sliding_window": 4096, "max_window_layers": 21, "use_sliding_window": false})";
+  std::vector<std::string> notes;
+  const ModelConfig m = llama_model_from_config(qwen2, "c.json", &notes);
+  EXPECT_TRUE(m.qkv_bias);
+  EXPECT_EQ(hf_layout(m), HfLayout::kQwen2);
+  const std::string exported = llama_config_json(m);
+  EXPECT_NE(exported.find(R"("architectures": ["Qwen2ForCausalLM"])"), std::string::npos);
+  EXPECT_EQ(exported.find("attention_bias"), std::string::npos) << exported;
+  EXPECT_EQ(llama_config_json(llama_model_from_config(exported, "e.json", &notes)), exported);
+  std::string sliding = qwen2;
+  sliding.replace(sliding.find(R"("use_sliding_window": false)"), 27,
+                  R"("use_sliding_window": true)");
+  try {
+    llama_model_from_config(sliding, "c.json", &notes);
+    FAIL();
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("c.json: `use_sliding_window`"), std::string::npos)
+        << e.what();
+  }
 }
 
 // Qwen2-MoE's config as titan3d's block: shared experts a whole number of experts wide, dense

@@ -45,10 +45,12 @@ TEST(UseModelMpi, TensorTableIsTheModelsParameterTable) {
   }
 }
 
-TEST(UseModelMpi, DecoderLossEqualsModelForward) {
+namespace {
+
+// The decoder's loss over one sequence, fed the weights of a Model of `cfg`, equals the Model's.
+void expect_decoder_loss_equals_model(const runtime::ModelConfig& cfg) {
   auto world = parallel::Comm::world(60.0);
   const auto self = world.split(world.rank(), 0, "self");
-  const auto cfg = config(false);
   kernels::Arena arena(64 << 20);
   runtime::Model m(cfg, {{0, cfg.n_layers, true, true}}, self, arena, {1, 1, false});
   m.init(5);
@@ -56,6 +58,12 @@ TEST(UseModelMpi, DecoderLossEqualsModelForward) {
   for (float* p = m.state().params.data(); p != m.state().params.data() + m.state().params.size();
        ++p)
     *p *= 10.0f;
+  // q/k/v biases start at zero: give them values, so that both sides must add them.
+  for (const auto& p : m.params()) {
+    if (!p.name.ends_with("_proj.bias")) continue;
+    const auto b = m.state().params.view(p.name);
+    for (int64_t i = 0; i < b.numel; ++i) b.data[i] = 0.5f * std::sin(0.7f * static_cast<float>(i));
+  }
   std::vector<int32_t> tokens, targets;
   for (int64_t t = 0; t < cfg.seq_len; ++t) {
     tokens.push_back(static_cast<int32_t>((5 * t + 1) % cfg.vocab_size));
@@ -82,4 +90,31 @@ TEST(UseModelMpi, DecoderLossEqualsModelForward) {
   EXPECT_GT(model_loss, 1.0);
   EXPECT_NEAR(decoder_loss, model_loss, 1e-5 * model_loss)
       << "the decoder (KV cache, one row at a time) and Model::forward (whole sequence)";
+}
+
+}  // namespace
+
+TEST(UseModelMpi, DecoderLossEqualsModelForward) {
+  expect_decoder_loss_equals_model(config(false));
+}
+
+// Llama 3's scaled RoPE (a pretraining context of 4 positions, so it scales within the 12) and
+// heads 10 wide over dim 32: the Model's table and shapes are the decoder's (test_decode checks
+// the decoder against the definition).
+TEST(UseModelMpi, DecoderLossEqualsModelForwardWithScaledRopeAndWideHeads) {
+  auto cfg = config(false);
+  cfg.explicit_head_dim = 10;
+  cfg.rope_scaling = kernels::RopeScaling::Kind::kLlama3;
+  cfg.rope_factor = 8.0;
+  cfg.rope_high_freq_factor = 3.0;
+  cfg.rope_original_seq_len = 4;
+  expect_decoder_loss_equals_model(cfg);
+}
+
+// q/k/v biases (model.qkv_bias), nonzero: the Model adds them as a K = 1 GEMM, the decoder as a
+// vector addition.
+TEST(UseModelMpi, DecoderLossEqualsModelForwardWithQkvBiases) {
+  auto cfg = config(false);
+  cfg.qkv_bias = true;
+  expect_decoder_loss_equals_model(cfg);
 }

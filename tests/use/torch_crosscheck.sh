@@ -4,7 +4,9 @@
 # files, within 1e-4 relative: the exported weights, names, shapes and config are the model
 # titan3d trained. The snapshot comes from a tp2×pp2 run (resharded into whole tensors) and is
 # incremental (a chain of two). The exported files imported back (titan3d import) evaluate to the
-# same loss on tp2. Skips loudly (exit 77) when Debian's python3-torch is missing.
+# same loss on tp2. Mixtral, Qwen2-MoE and Llama 3.x checkpoints written in Hugging Face's layout
+# are checked against PyTorch forwards of their definitions too (below). Skips loudly (exit 77)
+# when Debian's python3-torch is missing.
 set -u
 py=/usr/bin/python3
 if ! "$py" -c 'import torch' 2>/dev/null; then
@@ -78,4 +80,53 @@ check "[ \$? -eq 0 ] && grep -q 'router_aux_loss_coef' $work/imp_mixtral.log" \
   "import a Mixtral written by numpy (saying what it did not take)" || cat "$work/imp_mixtral.log"
 torch_agrees mixtral "$work/imp_mixtral/step_00000000.h5" "$work/hf_mixtral" \
   "titan3d eval of the imported Mixtral equals PyTorch's on the writer's files"
+# Llama 3.x as released (LlamaForCausalLM, rope_scaling of rope_type llama3, head_dim 24 while
+# hidden_size / num_attention_heads is 16), untied and tied, and a Qwen2.5 (Qwen2ForCausalLM: q/k/v
+# biases, tied), written by numpy from the families' definitions (safetensors_tool.py llama3,
+# qwen2) and imported: titan3d eval in fp32 equals PyTorch's
+# float64 forward of that definition (torch_eval.py: transformers' llama3 frequencies) within 1e-6
+# relative, on one rank and on tp2; the re-export's tensors are the written ones bit for bit; and
+# greedy generate (the KV-cache decoder) appends the tokens PyTorch's greedy decoding does.
+greedy_agrees() {  # GENERATED_TEXT TORCH_JSON PROMPT: the byte ids after the prompt are the JSON's
+  "$py" -c 'import json, sys
+out, want, prompt = open(sys.argv[1], "rb").read(), json.load(open(sys.argv[2]))["tokens"], sys.argv[3].encode()
+got = list(out[len(prompt):-1]) if out.startswith(prompt) and out.endswith(b"\n") else None
+print("  titan3d:", got); print("  PyTorch:", want); sys.exit(got != want)' "$@"
+}
+same_family() {  # A B: config.json of A and B name the same architectures and model_type
+  "$py" -c 'import json, sys; a, b = (json.load(open(d + "/config.json")) for d in sys.argv[1:]); sys.exit(any(a[k] != b[k] for k in ("architectures", "model_type")))' "$@"
+}
+for model in "llama3" "llama3 tied" "qwen2"; do
+  name=${model// /_}
+  case $model in
+    llama3) what="Llama 3.x (untied)" ;;
+    "llama3 tied") what="Llama 3.x (tied)" ;;
+    qwen2) what="Qwen2.5 (q/k/v biases, tied)" ;;
+  esac
+  hf=$work/$name
+  read -ra writer <<<"$model"
+  "$py" "$(dirname "$0")/safetensors_tool.py" "${writer[0]}" "$hf" "${writer[@]:1}"
+  "$titan3d" import "$hf" --out "$work/${name}_imp" >"$work/${name}_imp.log" 2>&1
+  check "[ \$? -eq 0 ]" "import a $what" || cat "$work/${name}_imp.log"
+  snap=$work/${name}_imp/step_00000000.h5
+  torch_json=$work/${name}_torch.json
+  "$py" "$(dirname "$0")/torch_eval.py" "$hf" "$work/part.txt" >"$torch_json" 2>"$work/family_torch.err"
+  check "[ \$? -eq 0 ]" "PyTorch forward of the definition of $what" || cat "$work/family_torch.err"
+  for tp in 1 2; do
+    "$titan3d" eval "$snap" --data "$work/part.txt" --set parallel.tp=$tp \
+      --json "$work/${name}_tp$tp.json" >"$work/family_eval.log" 2>&1
+    check "[ \$? -eq 0 ]" "titan3d eval of the import of $what on tp$tp" || cat "$work/family_eval.log"
+    cat "$work/${name}_tp$tp.json" | sed 's/^/  /'
+    check "rel_close \$(json_loss $work/${name}_tp$tp.json) \$(json_loss $torch_json) 1e-6" \
+      "$what, tp$tp: titan3d eval (fp32) equals PyTorch's forward of the definition (rel 1e-6)"
+  done
+  "$titan3d" export "$snap" --out "$work/${name}_out" >/dev/null 2>&1
+  check "\"$py\" \"$(dirname "$0")/safetensors_tool.py\" same $hf/model.safetensors $work/${name}_out/model.safetensors && same_family $hf $work/${name}_out" \
+    "$what: the re-export's tensors are the file's bit for bit, in its family"
+  "$titan3d" generate "$snap" --prompt "The " --max-tokens 24 --temperature 0 >"$work/family_gen.txt" 2>"$work/family_gen.err"
+  check "[ \$? -eq 0 ]" "generate from the import of $what" || cat "$work/family_gen.err"
+  "$py" "$(dirname "$0")/torch_eval.py" "$hf" --greedy "The " 24 >"$work/family_greedy.json" 2>"$work/family_torch.err"
+  check "greedy_agrees $work/family_gen.txt $work/family_greedy.json 'The '" \
+    "$what: greedy generate equals PyTorch's greedy tokens of the definition" || cat "$work/family_torch.err"
+done
 exit $fail

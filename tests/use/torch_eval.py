@@ -4,9 +4,15 @@ its own parser (json + raw bytes), config.json for the shape, runs a plain PyTor
 (float64, written here from the architecture's definition, sharing no code with titan3d) over the
 same windows `titan3d eval --data FILE` reads (seq_len + 1 tokens every seq_len tokens from the
 start), and prints the mean cross-entropy in nats per token as JSON. Mixtral's and Qwen2-MoE's
-mixture-of-experts blocks are written here from their Hugging Face definitions too.
+mixture-of-experts blocks are written here from their Hugging Face definitions too, and so are
+Llama 3's: an explicit head_dim and RoPE scaling (rope_type linear or llama3), and Qwen2's q/k/v
+biases (added whenever the file has them). The weights may be
+sharded (model.safetensors.index.json). With --greedy it prints instead the N tokens greedy
+decoding appends to the PROMPT's bytes (whole-sequence forwards, argmax of the last position's
+logits, the lowest id on ties), as JSON.
 
 Usage: torch_eval.py EXPORT_DIR DATA_FILE [--windows N]
+       torch_eval.py EXPORT_DIR --greedy PROMPT N
 Exit 77 (ctest's skip code here) when torch is missing, after saying so."""
 import json
 import math
@@ -19,6 +25,18 @@ try:
 except ImportError:
     print("SKIPPED: torch is not installed for", sys.executable, "(apt-get install python3-torch)")
     sys.exit(77)
+
+
+def read_weights(out_dir):
+    """Every tensor of model.safetensors, or of the shards model.safetensors.index.json names."""
+    try:
+        index = json.load(open(out_dir + "/model.safetensors.index.json"))
+    except FileNotFoundError:
+        return read_safetensors(out_dir + "/model.safetensors")
+    W = {}
+    for name in sorted(set(index["weight_map"].values())):
+        W.update(read_safetensors(out_dir + "/" + name))
+    return W
 
 
 def read_safetensors(path):
@@ -51,6 +69,27 @@ def rms_norm(x, w, eps):
 def rotate_half(x):
     h = x.shape[-1] // 2
     return torch.cat([-x[..., h:], x[..., :h]], dim=-1)
+
+
+def rope_frequencies(c, D):
+    """RoPE's inverse frequencies theta^(-2i/D), scaled as transformers' rope_scaling says
+    (_compute_linear_scaling_rope_parameters, _compute_llama3_parameters), in float64."""
+    inv = c["rope_theta"] ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
+    s = c.get("rope_scaling") or {}
+    kind = s.get("rope_type", s.get("type", "default"))
+    if kind == "linear":
+        return inv / s["factor"]
+    if kind == "llama3":
+        factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
+        old_context = s["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv
+        inv_llama = torch.where(wavelen > old_context / low, inv / factor, inv)
+        smooth = (old_context / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * inv_llama / factor + smooth * inv_llama
+        medium = ~(wavelen < old_context / high) * ~(wavelen > old_context / low)
+        return torch.where(medium, smoothed, inv_llama)
+    assert kind == "default", kind
+    return inv
 
 
 def loss_sum(W, c, x_ids, y_ids):
@@ -100,11 +139,16 @@ def qwen2_moe(W, c, p, h):
 def loss_tensor(W, c, x_ids, y_ids, mlp=None):
     """loss_sum as a 0-d tensor (differentiable in W); `c` holds config.json's keys. `mlp(l, p, h)`,
     when given, is block l's MLP output for its normed input h, or None for the dense SwiGLU."""
+    logits = forward(W, c, x_ids, mlp)
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y_ids.reshape(-1), reduction="sum")
+
+
+def forward(W, c, x_ids, mlp=None):
+    """The logits (B, T, V) of a batch of windows, Hugging Face LLaMA semantics (loss_tensor)."""
     B, T = x_ids.shape
     H, Hkv, C = c["num_attention_heads"], c["num_key_value_heads"], c["hidden_size"]
-    D, eps = C // H, c["rms_norm_eps"]
-    inv = c["rope_theta"] ** (-torch.arange(0, D, 2, dtype=torch.float64) / D)
-    ang = torch.outer(torch.arange(T, dtype=torch.float64), inv)
+    D, eps = c.get("head_dim") or C // H, c["rms_norm_eps"]
+    ang = torch.outer(torch.arange(T, dtype=torch.float64), rope_frequencies(c, D))
     cos, sin = torch.cat([ang.cos()] * 2, -1), torch.cat([ang.sin()] * 2, -1)  # (T, D)
     mask = torch.full((T, T), float("-inf"), dtype=torch.float64).triu(1)
     x = W["model.embed_tokens.weight"][x_ids]
@@ -137,8 +181,16 @@ def loss_tensor(W, c, x_ids, y_ids, mlp=None):
         g, u = h @ W[p + "mlp.gate_proj.weight"].T, h @ W[p + "mlp.up_proj.weight"].T
         x = x + (F.silu(g) * u) @ W[p + "mlp.down_proj.weight"].T
     head = W["model.embed_tokens.weight"] if c["tie_word_embeddings"] else W["lm_head.weight"]
-    logits = rms_norm(x, W["model.norm.weight"], eps) @ head.T
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y_ids.reshape(-1), reduction="sum")
+    return rms_norm(x, W["model.norm.weight"], eps) @ head.T
+
+
+def greedy(W, c, prompt, n):
+    """The n tokens greedy decoding appends to `prompt` (token ids), one whole forward each."""
+    ids = list(prompt)
+    for _ in range(n):
+        logits = forward(W, c, torch.tensor([ids], dtype=torch.int64))
+        ids.append(int(torch.argmax(logits[0, -1]).item()))
+    return ids[len(prompt):]
 
 
 def main():
@@ -148,11 +200,16 @@ def main():
         i = args.index("--windows")
         windows = int(args[i + 1])
         del args[i:i + 2]
-    out_dir, data = args
-    c = json.load(open(out_dir + "/config.json"))
+    c = json.load(open(args[0] + "/config.json"))
     assert c["architectures"] in (["LlamaForCausalLM"], ["MixtralForCausalLM"],
-                                  ["Qwen2MoeForCausalLM"]), c["architectures"]
-    W = read_safetensors(out_dir + "/model.safetensors")
+                                  ["Qwen2MoeForCausalLM"], ["Qwen2ForCausalLM"]), c["architectures"]
+    W = read_weights(args[0])
+    torch.set_num_threads(1)
+    if args[1] == "--greedy":  # titan3d's byte tokenizer: the prompt's bytes are its ids
+        tokens = greedy(W, c, list(args[2].encode()), int(args[3]))
+        print(json.dumps({"tokens": tokens, "torch": torch.__version__}))
+        return
+    data = args[1]
     tokens = read_tokens(data)
     T = c["max_position_embeddings"]  # titan3d exports its training seq_len here
     n_windows = (len(tokens) - 1) // T
@@ -160,7 +217,6 @@ def main():
         n_windows = min(n_windows, windows)
     starts = [k * T for k in range(n_windows)]
     total = 0.0
-    torch.set_num_threads(1)
     for i in range(0, len(starts), 64):
         rows = torch.stack([tokens[s:s + T + 1] for s in starts[i:i + 64]])
         total += loss_sum(W, c, rows[:, :-1], rows[:, 1:])

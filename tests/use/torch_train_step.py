@@ -87,15 +87,19 @@ def param_table(m):
     """(name, shape, decay) of every tensor, Hugging Face names and (out, in) layouts."""
     C, H, V, L = m["dim"], m["n_heads"], m["vocab_size"], m["n_layers"]
     Hkv = m["n_kv_heads"] or H
-    D, Fd = C // H, m["ffn_dim"]
+    D, Fd = m.get("head_dim") or C // H, m["ffn_dim"]
     out = [("model.embed_tokens.weight", (V, C), True)]
     for l in range(L):
         p = "model.layers.%d." % l
         out += [(p + "input_layernorm.weight", (C,), False),
                 (p + "self_attn.q_proj.weight", (H * D, C), True),
                 (p + "self_attn.k_proj.weight", (Hkv * D, C), True),
-                (p + "self_attn.v_proj.weight", (Hkv * D, C), True),
-                (p + "self_attn.o_proj.weight", (C, H * D), True),
+                (p + "self_attn.v_proj.weight", (Hkv * D, C), True)]
+        if m.get("qkv_bias"):  # the page's decay set leaves the biases out
+            out += [(p + "self_attn.q_proj.bias", (H * D,), False),
+                    (p + "self_attn.k_proj.bias", (Hkv * D,), False),
+                    (p + "self_attn.v_proj.bias", (Hkv * D,), False)]
+        out += [(p + "self_attn.o_proj.weight", (C, H * D), True),
                 (p + "post_attention_layernorm.weight", (C,), False)]
         if not moe_block(m, l):
             out += [(p + "mlp.gate_proj.weight", (Fd, C), True),
@@ -121,8 +125,8 @@ def param_table(m):
 
 
 def init_tensor(name, shape, seed, n_layers):
-    if len(shape) == 1:  # RMSNorm weights
-        return np.ones(shape, dtype=np.float32)
+    if len(shape) == 1:  # RMSNorm weights 1, the q/k/v biases 0
+        return (np.zeros if name.endswith(".bias") else np.ones)(shape, dtype=np.float32)
     residual_out = "o_proj" in name or "down_proj" in name
     std = np.float32(0.02 / math.sqrt(2.0 * n_layers) if residual_out else 0.02)
     key = np.uint64(splitmix64((seed & M64) ^ fnv1a64(name)))
@@ -222,7 +226,14 @@ def loss_sum(W, m, x_ids, y_ids, mlp=None):
     (Hugging Face semantics) on the recipe's [model] keys, a mixture of experts' blocks by `mlp`."""
     c = {"num_attention_heads": m["n_heads"], "num_key_value_heads": m["n_kv_heads"] or m["n_heads"],
          "hidden_size": m["dim"], "rms_norm_eps": m["norm_eps"], "rope_theta": m["rope_theta"],
-         "num_hidden_layers": m["n_layers"], "tie_word_embeddings": m["tie_embeddings"]}
+         "num_hidden_layers": m["n_layers"], "tie_word_embeddings": m["tie_embeddings"],
+         "head_dim": m.get("head_dim") or None}
+    kind = m.get("rope_scaling", "none")  # the page's RoPE scaling, as transformers spells it
+    if kind != "none":
+        c["rope_scaling"] = {"rope_type": kind, "factor": m["rope_factor"],
+                             "low_freq_factor": m["rope_low_freq_factor"],
+                             "high_freq_factor": m["rope_high_freq_factor"],
+                             "original_max_position_embeddings": m["rope_original_seq_len"]}
     return torch_eval.loss_tensor(W, c, x_ids, y_ids, mlp)
 
 

@@ -18,6 +18,10 @@
 #  4. run 2's dp = 2 (no warm-up), with expert parallelism (ep = 2: each rank holds 2 of the 4
 #     experts), every block a mixture: sigmoid router, unnormalised gates scaled by 2.5, the bias,
 #     and a capacity factor of 1 that drops slots on each rank.
+# and a Qwen2.5-shaped dense run with Llama 3's head and RoPE (docs/training-math.md's biases,
+# head_dim and scaled frequencies):
+#  5. run 2's dp = 2 and tied embeddings, q/k/v biases (zero at init, outside the decay set),
+#     head_dim 24 over dim 64 and 4 heads, llama3 RoPE scaling over a pretraining context of 16.
 # Skips loudly (exit 77) when Debian's python3-torch or python3-h5py is missing.
 set -u
 py=/usr/bin/python3
@@ -69,4 +73,12 @@ check "[ \$? -eq 0 ]" "train 5 steps: MoE on dp2 ep2, sigmoid router, scaled gat
   cat "$work/moe_sigmoid.log"
 check "replay moe_sigmoid && grep -q 'dropped_slots [1-9]' $work/moe_sigmoid.txt" \
   "PyTorch rebuilds run 4 from docs/training-math.md and docs/moe.md, dropped slots included"
+"$titan3d" train "${tiny[@]}" "${pinned[@]}" --set train.steps=5 --set train.warmup_steps=0 \
+  --set train.val_every=0 --set model.tie_embeddings=true --set parallel.dp=2 \
+  --set model.qkv_bias=true --set model.head_dim=24 --set model.rope_scaling=llama3 \
+  --set model.rope_factor=8.0 --set model.rope_original_seq_len=16 --set run.dir="$work/qwen25" \
+  >"$work/qwen25.log" 2>&1
+check "[ \$? -eq 0 ]" "train 5 steps: q/k/v biases, head_dim 24, llama3 RoPE, tied, dp2" ||
+  cat "$work/qwen25.log"
+check "replay qwen25" "PyTorch rebuilds run 5 (Qwen2.5-shaped) from docs/training-math.md"
 exit $fail
