@@ -163,10 +163,13 @@ struct Replay::Impl {
 
   void tap(size_t g, int b, const float* data, int64_t n) {
     if (!sink) return;
+    const auto t0 = Clock::now();
     checkpoint::Hash64Stream h;
     hash_into(h, model.exec(), data, n, host);
     sink->push_back(h.value());
-    if (sink == &own) where.push_back({g, static_cast<uint64_t>(b)});
+    if (sink != &own) return;  // a replayed pass: timed whole by begin_step
+    where.push_back({g, static_cast<uint64_t>(b)});
+    seconds += seconds_since(t0);  // the own pass's hashing is the replay's cost too
   }
 
   // A pass over replica `replica`'s share, reduced nowhere, its buckets' hashes into `into`.

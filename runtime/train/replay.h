@@ -76,7 +76,8 @@ class Replay {
   // After the optimizer step (collective on a replay step): the parameters' hashes; stops as
   // above on a mismatch.
   void check_parameters(int64_t step);
-  // This rank's seconds spent replaying, hashing and comparing in the current step.
+  // This rank's seconds spent replaying, hashing (its own pass's buckets too) and comparing in
+  // the current step.
   double seconds() const;
 
  private:
