@@ -12,6 +12,8 @@
 #       replica), and with dp4 settled on the flipped rank by the parameter hashes. Each: exit 6,
 #       one account on the console, one `corruption` line in incidents.jsonl naming the rank and
 #       its host, the snapshot of the last step checked (2) kept, none of step 4, no restart;
+#       resumed from that snapshot without the fault, the gradient flip's run gives the clean
+#       run's steps 3-6;
 #     - dp1 replays itself: clean with replay_every = 1, and a gradient flip is named;
 #     - a mixture of experts (dp2, ep = 1) clean with replay_every = 1 as well;
 #     - run.on_corruption = exclude, a negative replay_every, expert parallelism: exit 2 naming
@@ -47,6 +49,8 @@ clean() {
     "$name: replay_every = 1 reports nothing"
   check "[ \$(field $work/${name}_replayed/metrics.jsonl replay_s | awk '\$1 > 0' | wc -l) -eq 6 ] && ! grep -q replay_s $work/${name}_plain/metrics.jsonl" \
     "$name: replay_s logged at every step with replay, absent without"
+  check "grep -qE '\"replay_share\": 0\\.[0-9]' $work/${name}_replayed/summary.json && ! grep -q replay_share $work/${name}_plain/summary.json" \
+    "$name: summary.json gives the replay's share of the step time"
 }
 
 # caught NAME FAULT STEP WANT [--set ...]: the run with T3D_FAULT=FAULT and replay_every = 2
@@ -81,6 +85,15 @@ case $group in
       "without replay a gradient flip at step 4 goes unseen: exit 0, the losses change after it"
     caught dp2_grad flip:1:4:grad 4 "rank 1 \\[pp0 dp1 tp0\\]" --set parallel.dp=2
     incident_rank dp2_grad 1
+    # The account's advice taken: continuing from the snapshot of step 2 (without the fault) gives
+    # the clean run's steps 3-6, bit for bit.
+    "$titan3d" resume "$work/dp2_grad/snapshots/step_00000002.h5" "${common[@]}" --set parallel.dp=2 \
+      --set run.replay_every=2 --set run.dir="$work/dp2_resumed" \
+      --set snapshot.dir="$work/dp2_resumed/snapshots" > "$work/dp2_resumed.log" 2>&1
+    rc=$?
+    check "[ $rc -eq 0 ] && diff <(losses $work/dp2_plain/metrics.jsonl | tail -4) <(losses $work/dp2_resumed/metrics.jsonl) > /dev/null" \
+      "dp2_grad: resumed from the kept snapshot of step 2, steps 3-6 equal the clean run's" ||
+      tail -3 "$work/dp2_resumed.log"
     caught dp2_act flip:0:4:act 4 "rank 0 \\[pp0 dp0 tp0\\]" --set parallel.dp=2
     incident_rank dp2_act 0
     caught dp2_param flip:1:3:param 4 "rank 0 \\[pp0 dp0 tp0\\] on host [^ ]+ and rank 1 \\[pp0 dp1 tp0\\]" \
