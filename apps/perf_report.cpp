@@ -49,7 +49,7 @@ PerfSummary summarize_performance(const Recipe& r, const JobPrecision& precision
   // Step 1 pays for first touches of memory and connections: averaged over the rest when any.
   const auto& steps = summary.steps;
   const size_t first = steps.size() > 1 ? 1 : 0;
-  double seconds = 0, tokens = 0;
+  double seconds = 0, tokens = 0, replay = 0;
   for (size_t i = first; i < steps.size(); ++i) {
     const auto& s = steps[i];
     seconds += s.step_time_s;
@@ -61,6 +61,7 @@ PerfSummary summarize_performance(const Recipe& r, const JobPrecision& precision
     p.ep_comm_share += s.ep_comm_share * s.step_time_s;
     p.mfu += s.mfu * s.step_time_s;
     p.mfu_gemm += s.mfu_gemm * s.step_time_s;
+    replay += s.replay_s;
     p.peak_mem_gib = std::max(p.peak_mem_gib, s.peak_mem_gib);
     ++p.steps_measured;
   }
@@ -70,7 +71,9 @@ PerfSummary summarize_performance(const Recipe& r, const JobPrecision& precision
         p.cp_comm_share /= seconds, p.ep_comm_share /= seconds;
     p.mfu /= seconds;
     p.mfu_gemm /= seconds;
+    if (r.run.replay_every > 0) p.replay_share = replay / seconds;
   }
+  p.replay_every = r.run.replay_every;
   p.gemm = fmt::format("{} (train.precision = {})", kernels::gemm_kind_name(precision.gemm),
                        choice_name(precision.train));
   p.tokens_per_s_per_device = p.tokens_per_s / std::max(1, devices);
@@ -104,6 +107,11 @@ std::string format_performance(const PerfSummary& p) {
   row("GEMM", p.gemm);
   row("MFU", percent(p.mfu) + " (of the hardware peak)");
   row("MFU against the GEMM's own rate", percent(p.mfu_gemm));
+  if (p.replay_share >= 0)
+    row("replay (silent data corruption)",
+        percent(p.replay_share) +
+            fmt::format(" of step time (a check every {} step(s), run.replay_every)",
+                        p.replay_every));
   if (p.imbalance_max >= 0)
     row("expert imbalance first/last/max",
         fmt::format("{:.2f} / {:.2f} / {:.2f} (busiest expert over the mean, worst MoE layer)",
@@ -119,7 +127,7 @@ std::string performance_json(const PerfSummary& p) {
       "\"dp_comm_share\": {}, \"pp_wait_share\": {}, \"cp_comm_share\": {}, \"ep_comm_share\": {}, "
       "\"bubble_simulated\": "
       "{}, \"mfu\": {}, "
-      "\"mfu_gemm\": {}, \"gemm\": \"{}\"{}}}",
+      "\"mfu_gemm\": {}, \"gemm\": \"{}\"{}{}}}",
       p.layout, p.devices, p.steps_measured, num(p.peak_mem_gib), num(p.tokens_per_s_per_device),
       num(p.tokens_per_s), num(p.tp_comm_share), num(p.dp_comm_share), num(p.pp_wait_share),
       num(p.cp_comm_share), num(p.ep_comm_share), p.bubble < 0 ? "null" : num(p.bubble), num(p.mfu),
@@ -128,7 +136,8 @@ std::string performance_json(const PerfSummary& p) {
           ? ""
           : fmt::format(", \"expert_imbalance_first\": {}, \"expert_imbalance_last\": {}, "
                         "\"expert_imbalance_max\": {}",
-                        num(p.imbalance_first), num(p.imbalance_last), num(p.imbalance_max)));
+                        num(p.imbalance_first), num(p.imbalance_last), num(p.imbalance_max)),
+      p.replay_share < 0 ? "" : fmt::format(", \"replay_share\": {}", num(p.replay_share)));
 }
 
 std::string format_supervision(const SupervisedRun& run) {

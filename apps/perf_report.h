@@ -3,6 +3,7 @@
 // bubble, MFU), computed from the TrainSummary the trainer returns. Formulas in docs/metrics.md.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "runtime/launch/job.h"
@@ -28,6 +29,9 @@ struct PerfSummary {
   // step and its largest
   // over the run (every step counted); < 0 for a dense model.
   double imbalance_first = -1, imbalance_last = -1, imbalance_max = -1;
+  // run.replay_every > 0: the share of step time its checks took (replay_s); < 0 when off.
+  double replay_share = -1;
+  int64_t replay_every = 0;
 };
 
 PerfSummary summarize_performance(const Recipe& recipe, const JobPrecision& precision, int devices,

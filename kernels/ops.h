@@ -52,10 +52,14 @@ void float_to_bf16(const Exec& exec, bf16* out, const float* in, std::int64_t n)
 void bf16_to_float(const Exec& exec, float* out, const bf16* in, std::int64_t n);
 // The named crossings between host memory and the Exec's memory, the only ones the runtime
 // makes (data in, initial values, restore, snapshot staging, the step's scalars, MoE routing
-// counts): a memcpy on the CPU, a copy ordered on the stream on a GPU. Both return when the
-// host buffer may be reused (copy_from_host) or holds the bytes (copy_to_host).
+// counts, the replay's hashes): a memcpy on the CPU, a copy ordered on the stream on a GPU. Both
+// return when the host buffer may be reused (copy_from_host) or holds the bytes (copy_to_host).
 void copy_from_host(const Exec& exec, void* dst, const void* host_src, std::size_t bytes);
 void copy_to_host(const Exec& exec, void* host_dst, const void* src, std::size_t bytes);
+// Toggles bit `bit` (0-31) of element x[i] (silent data corruption for the tests of replay,
+// parallel/fault.h's flip): through the two crossings above, so one float travels each way and
+// every backend runs it alike.
+void flip_bit(const Exec& exec, float* x, std::int64_t i, int bit);
 // Elements of x (n) that are NaN or infinite.
 std::int64_t count_nonfinite(const Exec& exec, const float* x, std::int64_t n);
 // x[0] + x[1] + ... + x[n-1] in that order, in double (a micro-batch's per-row losses).

@@ -1,6 +1,7 @@
 // Element-wise range operations: residual add, scaling, norms, AdamW. They run over whole flat
 // regions (all parameters at once), which is why the regions are contiguous.
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 
 #include "kernels/check.h"
@@ -48,6 +49,14 @@ void copy_to_host(const Exec& exec, void* host_dst, const void* src, std::size_t
         exec, (cuda::copy_to_host(*exec.stream, host_dst, src, bytes), exec.stream->synchronize()));
   }
   if (bytes) std::memcpy(host_dst, src, bytes);
+}
+
+void flip_bit(const Exec& exec, float* x, std::int64_t i, int bit) {
+  T3D_ASSERT(bit >= 0 && bit < 32 && i >= 0, "flip_bit: bit ", bit, " of element ", i);
+  std::uint32_t word = 0;
+  copy_to_host(exec, &word, x + i, sizeof(word));
+  word ^= std::uint32_t{1} << bit;
+  copy_from_host(exec, x + i, &word, sizeof(word));
 }
 
 std::int64_t count_nonfinite(const Exec& exec, const float* x, std::int64_t n) {

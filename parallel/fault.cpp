@@ -17,7 +17,7 @@ namespace t3d::parallel::fault::detail {
 
 namespace {
 
-enum class Kind { none, skip, die, corrupt, nosend, die_at_step, slow_step, slow_link };
+enum class Kind { none, skip, die, corrupt, nosend, die_at_step, slow_step, slow_link, flip };
 
 struct Spec {
   Kind kind = Kind::none;
@@ -25,6 +25,7 @@ struct Spec {
   std::string group = "*";
   long n = 0;
   int peer = -1;  // slow_link's other rank
+  Flip flip = Flip::none;
 };
 
 std::vector<std::string> split(const std::string& s, char sep) {
@@ -41,7 +42,8 @@ Spec parse(const char* text) {
   const auto bad = [&] {
     return UserError(std::string("T3D_FAULT=`") + text +
                      "` is malformed: expected skip:RANK:GROUP:N, die:RANK:GROUP:N, corrupt:RANK, "
-                     "nosend:RANK, die_at_step:RANK:STEP, slow_step:RANK:MS or slow_link:A:B:MS "
+                     "nosend:RANK, die_at_step:RANK:STEP, slow_step:RANK:MS, slow_link:A:B:MS or "
+                     "flip:RANK:STEP:grad|param|act "
                      "(test-only; see parallel/fault.h)");
   };
   const std::map<std::string, Kind> kinds = {{"skip", Kind::skip},
@@ -50,22 +52,31 @@ Spec parse(const char* text) {
                                              {"nosend", Kind::nosend},
                                              {"die_at_step", Kind::die_at_step},
                                              {"slow_step", Kind::slow_step},
-                                             {"slow_link", Kind::slow_link}};
+                                             {"slow_link", Kind::slow_link},
+                                             {"flip", Kind::flip}};
+  const std::map<std::string, Flip> flips = {
+      {"grad", Flip::grad}, {"param", Flip::param}, {"act", Flip::act}};
   if (parts.size() < 2 || !kinds.count(parts[0])) throw bad();
   s.kind = kinds.at(parts[0]);
   const bool counted = s.kind == Kind::skip || s.kind == Kind::die;
   const bool stepped = s.kind == Kind::die_at_step || s.kind == Kind::slow_step;
-  const bool link = s.kind == Kind::slow_link;
-  if (parts.size() != (counted || link ? 4u : stepped ? 3u : 2u)) throw bad();
+  const bool link = s.kind == Kind::slow_link, flip = s.kind == Kind::flip;
+  if (parts.size() != (counted || link || flip ? 4u : stepped ? 3u : 2u)) throw bad();
   try {
     s.rank = std::stoi(parts[1]);
     if (counted) s.group = parts[2], s.n = std::stol(parts[3]);
     if (stepped) s.n = std::stol(parts[2]);
     if (link) s.peer = std::stoi(parts[2]), s.n = std::stol(parts[3]);
+    if (flip) s.n = std::stol(parts[2]);
   } catch (const std::exception&) {
     throw bad();
   }
-  if (s.rank < 0 || ((counted || stepped || link) && s.n < 1) || (link && s.peer < 0)) throw bad();
+  if (flip) {
+    if (!flips.count(parts[3])) throw bad();
+    s.flip = flips.at(parts[3]);
+  }
+  if (s.rank < 0 || ((counted || stepped || link || flip) && s.n < 1) || (link && s.peer < 0))
+    throw bad();
   return s;
 }
 
@@ -127,3 +138,18 @@ void delay_send(int from_world_rank, int to_world_rank) {
 }
 
 }  // namespace t3d::parallel::fault::detail
+
+namespace t3d::parallel::fault {
+
+Flip flip_at(int world_rank, long step) {
+  if (!detail::active()) return Flip::none;
+  const detail::Spec& s = detail::spec();
+  if (s.kind != detail::Kind::flip || s.rank != world_rank || s.n != step) return Flip::none;
+  static const char* const kWhat[] = {"", "its local gradient", "a parameter",
+                                      "a stored activation"};
+  spdlog::warn("T3D_FAULT: world rank {} flips bit {} of {} at step {}", world_rank, kFlipBit,
+               kWhat[static_cast<int>(s.flip)], step);
+  return s.flip;
+}
+
+}  // namespace t3d::parallel::fault

@@ -17,6 +17,15 @@
 //                                   step (a step longer than a stop's time limit)
 //   T3D_FAULT=slow_link:A:B:MS      every point-to-point send between world ranks A and B (either
 //                                   way) waits MS milliseconds first (a slow link of one pair)
+//   T3D_FAULT=flip:RANK:STEP:WHAT   at training step STEP, RANK flips bit kFlipBit of one element
+//                                   (silent data corruption, caught by run.replay_every:
+//                                   docs/resilience.md, Replay) of WHAT: `grad` its local gradient,
+//                                   the middle of the first bucket reduced, before the reduction;
+//                                   `param` its parameters (ZeRO-3: its shard), the middle of the
+//                                   dense ones, as the step starts; `act` a stored activation, the
+//                                   first element of the input its first chunk keeps for the
+//                                   backward of the first micro-batch, right after that forward.
+//                                   Only the step's own pass, never its replay (a transient fault)
 //
 // GROUP is a group name (tp, dp, cp, pp, dp_cp, ep, edp, world) or `*` for any. A malformed value
 // is a UserError.
@@ -38,6 +47,14 @@ bool drop_send(int world_rank);
 void delay_send(int from_world_rank, int to_world_rank);
 void at_step(int world_rank, long step);
 }  // namespace detail
+
+// What T3D_FAULT=flip:RANK:STEP:WHAT flips.
+enum class Flip { none, grad, param, act };
+// The bit a flip toggles: the highest mantissa bit, so a normal value changes by a factor between
+// 0.75 and 1.5 and stays finite (the divergence checks do not see it; only a replay does).
+inline constexpr int kFlipBit = 22;
+// What this rank flips at training step `step` (1-based), if anything. Logs a warning when it does.
+Flip flip_at(int world_rank, long step);
 
 // Before each operation on `group`: true means "skip it"; may not return at all (die).
 inline bool skip_operation(const std::string& group, int world_rank) {

@@ -40,7 +40,8 @@ GradReducer::~GradReducer() {
   for (auto& s : staging_) dp_.release(s.request);
 }
 
-void GradReducer::begin_step(int micro_batches) {
+void GradReducer::begin_step(int micro_batches, bool local) {
+  local_ = local;
   for (size_t b = 0; b < part_.buckets.size(); ++b) {
     T3D_ASSERT(open_[b] < 0, "bucket ", b, " still open at the start of a step");
     pending_[b] = units_[b] * micro_batches;
@@ -99,8 +100,9 @@ void GradReducer::unit_done(int b) {
 }
 
 void GradReducer::start_reduce(int b) {
-  ++reductions_;
   if (before_) before_(b, grads_ + part_.buckets[b].begin);
+  if (local_) return;
+  ++reductions_;
   if (dp_.size() == 1) return;
   requests_[b] = dp_.iall_reduce_sum(grads_ + part_.buckets[b].begin,
                                      static_cast<size_t>(part_.buckets[b].size()),
@@ -110,19 +112,20 @@ void GradReducer::start_reduce(int b) {
 void GradReducer::flush(int s, bool early) {
   Staging& st = staging_[s];
   const int b = st.bucket;
-  ++reductions_;
-  early_ += early;
+  reductions_ += !local_;
+  early_ += early && !local_;
   open_[b] = -1;
   if (before_) before_(b, st.data);
   st.reducing = true;
   reducing_.push_back(s);
-  if (dp_.size() == 1) return;
+  if (dp_.size() == 1 || local_) return;
   // In place: the input is the whole bucket; this rank's reduced slice lands at its start.
   st.request =
       dp_.ireduce_scatter_sum(st.data, part_.counts[b], "reduce_scatter (gradient bucket)", b);
 }
 
 void GradReducer::accumulate(const Staging& st) {
+  if (local_) return;  // a replayed pass's gradients reach no shard
   const int b = st.bucket;
   // dp = 1 skips the reduce-scatter: the slice is the whole bucket, still at its own offset.
   const float* from = dp_.size() == 1 ? st.data + part_.displs[b][dp_.rank()] : st.data;

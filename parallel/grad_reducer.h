@@ -61,8 +61,12 @@ class GradReducer {
   // gradients over tp there): bucket index and the bucket's first float.
   void set_before_reduce(std::function<void(int b, float* data)> fn) { before_ = std::move(fn); }
 
-  // Start of a step of `micro_batches`: zeroes the gradients (region or shard).
-  void begin_step(int micro_batches);
+  // Start of a step of `micro_batches`: zeroes the gradients (region or shard). `local`: a
+  // replayed pass (runtime/train/replay.h): every bucket still goes through the before-reduce
+  // hook when it would start, is then left where it is (no collective, nothing added to the
+  // shard) and is zeroed by the next begin_step; ZeRO-3's parameter gathers stay collective, so
+  // every rank of the group must replay alongside.
+  void begin_step(int micro_batches, bool local = false);
   // Where bucket b's gradients accumulate now (its first float): the region, or with ZeRO 2 its
   // staging buffer, taken from the pool and zeroed if it had none. Valid until the next call.
   float* bucket_grads(int b);
@@ -113,7 +117,8 @@ class GradReducer {
   std::vector<int> open_;     // per bucket: staging buffer index or -1
   std::deque<int> reducing_;  // staging buffers in flight, oldest first
   uint64_t opened_ = 0;
-  int64_t reductions_ = 0, early_ = 0;
+  int64_t reductions_ = 0, early_ = 0;  // not counting local passes
+  bool local_ = false;                  // this step's pass is local (begin_step)
   // ZeRO 3
   struct Gathered {
     float* data = nullptr;

@@ -103,6 +103,7 @@ PlanProblem make_problem(const Recipe& r, const Cluster& c) {
   p.cluster = c;
   p.snapshots = r.snapshot.every > 0;
   p.staging_gib = r.snapshot.staging_gib;
+  p.replay_every = r.run.replay_every;
   return p;
 }
 

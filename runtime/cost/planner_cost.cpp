@@ -500,7 +500,8 @@ StepTime step_time(const PlanProblem& p, const Layout& l, const parallel::Schedu
   // Gradients of a micro-batch are final only after its backward: the sync overlaps with the
   // backward compute that is still running (bucketed, as DDP / ZeRO do), the rest is exposed.
   t.dp = std::max(0.0, traffic - window);
-  t.total = with.makespan + t.dp;
+  if (p.replay_every > 0) t.replay = with.makespan / static_cast<double>(p.replay_every);
+  t.total = with.makespan + t.dp + t.replay;
   t.tokens_per_s_per_device = static_cast<double>(p.global_batch * p.model.seq_len) / t.total /
                               static_cast<double>(l.world());
   if (why)
@@ -510,7 +511,7 @@ StepTime step_time(const PlanProblem& p, const Layout& l, const parallel::Schedu
         "{} of it hidden behind compute, {} exposed\n"
         "pipeline ({}, {} micro-batches, simulated): makespan {} = busy {} + bubble {} + "
         "transfers {} (bubble fraction {:.1f}%)\n"
-        "step {} = compute {} + tp {} + ep {} + dp {} + pp {} + bubble {}\n"
+        "step {} = compute {} + tp {} + ep {} + dp {} + pp {} + bubble {}{}\n"
         "tokens/s/device = {} · {} / {} / {} = {:.0f}\n",
         num(micro_rows(p, l) * p.model.seq_len * p.model.dim * p.precision.activation),
         sec(t.costs.comm),
@@ -521,8 +522,11 @@ StepTime step_time(const PlanProblem& p, const Layout& l, const parallel::Schedu
         dp_link.bytes_per_s / 1e9, l.zero, sec(traffic), sec(std::min(traffic, window)), sec(t.dp),
         parallel::to_string(l.schedule), l.micro_batches, sec(with.makespan), sec(busy),
         sec(t.bubble), sec(t.pp), 100 * t.bubble_fraction, sec(t.total), sec(t.compute), sec(t.tp),
-        sec(t.ep), sec(t.dp), sec(t.pp), sec(t.bubble), p.global_batch, p.model.seq_len,
-        sec(t.total), l.world(), t.tokens_per_s_per_device);
+        sec(t.ep), sec(t.dp), sec(t.pp), sec(t.bubble),
+        t.replay > 0
+            ? fmt::format(" + replay {} (a pass every {} steps)", sec(t.replay), p.replay_every)
+            : "",
+        p.global_batch, p.model.seq_len, sec(t.total), l.world(), t.tokens_per_s_per_device);
   return t;
 }
 

@@ -62,8 +62,9 @@ struct PlanProblem {
   double bucket_mb = 4.0;    // parallel.bucket_mb: ZeRO-2's staging buffers hold the largest bucket
   Precision precision;
   Cluster cluster;
-  bool snapshots = false;  // snapshot.every > 0
-  double staging_gib = 0;  // snapshot.staging_gib
+  bool snapshots = false;    // snapshot.every > 0
+  double staging_gib = 0;    // snapshot.staging_gib
+  int64_t replay_every = 0;  // run.replay_every: every N-th step replays the pipeline's pass
 };
 
 // "" when `layout` can run `problem`, else why not (for --explain of a recipe's own layout):
@@ -111,6 +112,9 @@ struct StepTime {
   double dp = 0;          // data-parallel gradient sync not hidden behind backward
   double pp = 0;          // point-to-point transfers: makespan with them minus without
   double bubble = 0;      // pipeline idle time: makespan without transfers minus busy time
+  // run.replay_every = N: a replica replays a peer's pass every N steps (runtime/train/replay.h),
+  // one more makespan (its reduction is local), per step; its hashing is not priced.
+  double replay = 0;
   double total = 0;
   double bubble_fraction = 0;  // the simulator's, with transfers
   double tokens_per_s_per_device = 0;

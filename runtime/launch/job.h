@@ -104,6 +104,9 @@ Job join_world(Recipe recipe, const std::string& log_level_override, bool needs_
 struct AgreedFailure {
   int exit_code;
 };
+// Exit code of a training job that a replay's mismatch stopped (run.on_corruption = stop,
+// runtime/train/replay.h): silent data corruption, not to be restarted as it is.
+inline constexpr int kExitCorruption = 6;
 void agree_on(const parallel::Comm& world, const std::function<void()>& setup);
 // Collective: the lowest rank of `world` on which `failed` holds, or world.size() when none; the
 // one agreement on a failure that agree_on, agreed_error and the snapshots' commits share.

@@ -31,6 +31,9 @@ enum class TrainPrecision { kFp32, kBf16, kAuto };
 // hardware.gemm: the linear layers' GEMM library, auto resolved like train.precision.
 enum class GemmLibrary { kAuto, kOpenBlas, kOneDnn };
 
+// run.on_corruption: what a replay's mismatch does (docs/resilience.md#replay).
+enum class OnCorruption { kStop, kExclude };
+
 // train.activation_checkpoint, spelled none | full | every:K.
 struct ActivationCheckpoint {
   int64_t every = 0;  // 0 none; 1 full (every block recomputed); K: every K-th block of a stage
@@ -65,6 +68,13 @@ struct Choices<kernels::DeviceChoice> {
       {kernels::DeviceChoice::kCpu, "cpu"},
       {kernels::DeviceChoice::kCuda, "cuda"},
       {kernels::DeviceChoice::kAuto, "auto"},
+  }};
+};
+template <>
+struct Choices<OnCorruption> {
+  static constexpr std::array<std::pair<OnCorruption, std::string_view>, 2> kAll = {{
+      {OnCorruption::kStop, "stop"},
+      {OnCorruption::kExclude, "exclude"},
   }};
 };
 template <>
@@ -138,6 +148,11 @@ struct RunConfig {
   // snapshot) after it forwards them SIGTERM, before it SIGKILLs them; mpirun waits as long
   // after a rank fails, so a restart waits for it.
   double stop_grace_s = 1;
+  // Silent data corruption: every replay_every steps the data-parallel replicas compare parameter
+  // hashes and each replays a peer's step, comparing gradient hashes (runtime/train/replay.h).
+  // 0: off.
+  int64_t replay_every = 0;
+  OnCorruption on_corruption = OnCorruption::kStop;
 };
 
 struct ModelConfig {

@@ -327,6 +327,21 @@ void validate_train(const Recipe& r) {
   v.require(t.log_every >= 1, "train.log_every", "must be positive");
 }
 
+// run.replay_every and what it does not cover yet (issue 43's later parts).
+void validate_replay(const Recipe& r) {
+  const Validator v(r);
+  v.require(r.run.replay_every >= 0, "run.replay_every",
+            "must be ≥ 0 (0: off), got " + is(r.run.replay_every));
+  v.require(r.run.on_corruption == OnCorruption::kStop, "run.on_corruption",
+            "\"exclude\" is not implemented yet; use \"stop\" (exit 6) and resume without the "
+            "host named");
+  if (r.run.replay_every == 0) return;
+  // Expert parallelism's all-to-alls mix the replicas' tokens: no replica computes alone.
+  v.require(r.parallel.ep == 1, "run.replay_every",
+            "is not implemented yet with expert parallelism (parallel.ep = " + is(r.parallel.ep) +
+                "); set it to 0 or parallel.ep = 1");
+}
+
 void validate_data_snapshot_run(const Recipe& r) {
   const Validator v(r);
   v.require(r.data.val_fraction >= 0 && r.data.val_fraction < 1, "data.val_fraction",
@@ -355,6 +370,7 @@ void validate_data_snapshot_run(const Recipe& r) {
             "must be ≥ 0 (seconds; 0: stay shrunk), got " + is(r.run.elastic_regrow_s));
   v.require(r.run.restart_window_s > 0, "run.restart_window_s",
             "must be positive (seconds), got " + is(r.run.restart_window_s));
+  validate_replay(r);
   v.require(r.hardware.hbm_gib > 0, "hardware.hbm_gib", "must be positive");
   v.require(r.snapshot.incremental_min_unchanged >= 0 && r.snapshot.incremental_min_unchanged <= 1,
             "snapshot.incremental_min_unchanged",

@@ -249,6 +249,16 @@ std::vector<Field> run_keys() {
             "died: a restart then takes 2× longer to begin. Raise it when a step and its snapshot "
             "take longer than 1 s and such a SIGTERM may come; a SIGTERM to titan3d itself needs "
             "no grace."),
+      field("run", "replay_every", &R::run, &RunConfig::replay_every,
+            "Silent data corruption: every this many steps the data-parallel replicas compare a "
+            "hash of their parameters, and each replica recomputes a peer's step (dp = 1: its "
+            "own) and compares the gradient hashes before the reduction; a mismatch names the "
+            "step, rank and host (docs/resilience.md, Replay). Costs one forward and backward "
+            "more per check. Not yet with parallel.ep > 1. 0: off."),
+      field("run", "on_corruption", &R::run, &RunConfig::on_corruption,
+            "stop | exclude: what a replay's mismatch (run.replay_every) does. stop: name the "
+            "rank and host, keep the snapshots before it and exit 6. exclude: restart without "
+            "that host (not implemented yet: refused)."),
   };
 }
 

@@ -67,10 +67,11 @@ std::pair<std::string, int> cause_of(const MpirunOutcome& out) {
 bool restartable(const MpirunOutcome& out) {
   if (out.signal != 0) return false;  // the launcher was told to stop
   switch (out.code) {
-    case 0:               // done
-    case 2:               // user error: the same input fails the same way
-    case kExitPreempted:  // snapshot taken; the scheduler requeues
-    case 5:               // selfcheck verdict
+    case 0:                // done
+    case 2:                // user error: the same input fails the same way
+    case kExitPreempted:   // snapshot taken; the scheduler requeues
+    case 5:                // selfcheck verdict
+    case kExitCorruption:  // a replay's mismatch: the named host's results cannot be trusted
     case 130:
       return false;
     default:

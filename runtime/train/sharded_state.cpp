@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "kernels/check.h"
 #include "kernels/ops.h"
@@ -83,9 +84,11 @@ void ShardedState::attach_to_model() {
     unit_offset[static_cast<size_t>(u.unit + 1)] = u.range.begin - buckets[b].begin;
   }
   parallel::GradReducer* red = reducer_.get();
-  Model* model = &model_;
-  red->set_before_reduce([model, red](int bucket, float* data) {
-    model->sum_replicated_grads(red->buckets()[bucket], data);  // sequence parallel only
+  red->set_before_reduce([this, red](int bucket, float* data) {
+    model_.sum_replicated_grads(red->buckets()[bucket], data);  // sequence parallel only
+    const int64_t n = red->buckets()[bucket].size();
+    if (flip_bit_ >= 0) kernels::flip_bit(model_.exec(), data, n / 2, std::exchange(flip_bit_, -1));
+    if (tap_) tap_(bucket, data, n);
   });
   model_.set_grad_source(kind_, [red, bucket_of, unit_offset](int64_t unit) {
     const auto u = static_cast<size_t>(unit + 1);
@@ -284,8 +287,8 @@ void TrainingState::restored() {
   for (const auto& g : groups_) g->restored();
 }
 
-void TrainingState::begin_step(int micro_batches) {
-  for (const auto& g : groups_) g->reducer().begin_step(micro_batches);
+void TrainingState::begin_step(int micro_batches, bool local) {
+  for (const auto& g : groups_) g->reducer().begin_step(micro_batches, local);
 }
 
 void TrainingState::finish_step() {

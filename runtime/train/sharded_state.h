@@ -58,6 +58,14 @@ class ShardedState {
   bool param_shard() const { return buffers_.param_shard != nullptr; }
 
   parallel::GradReducer& reducer() { return *reducer_; }
+  // Each bucket as its reduction starts (after sequence parallelism's sum over tp, before any
+  // collective), for the replay's hashes (replay.h): bucket index, first float, floats. Empty:
+  // none.
+  using BucketTap = std::function<void(int bucket, const float* data, int64_t n)>;
+  void set_tap(BucketTap tap) { tap_ = std::move(tap); }
+  // T3D_FAULT=flip:...:grad (parallel/fault.h): bit `bit` of the middle float of the next bucket
+  // whose reduction starts is flipped, before the tap sees it.
+  void arm_grad_flip(int bit) { flip_bit_ = bit; }
   // What the optimizer updates: everything (ZeRO 0) or this dp rank's partition.
   const std::vector<parallel::FloatRange>& owned() const {
     return zero_ > 0 ? partition_.mine : partition_.buckets;
@@ -138,6 +146,8 @@ class ShardedState {
   std::unique_ptr<parallel::GradReducer> reducer_;
   float* m_shard_ = nullptr;  // ZeRO >= 1: the owned ranges' moments back to back
   float* v_shard_ = nullptr;
+  BucketTap tap_;
+  int flip_bit_ = -1;  // armed grad flip, -1: none
 };
 
 // Every state group of this rank's Model, each a ShardedState over its own ranks.
@@ -161,8 +171,9 @@ class TrainingState {
   // Where the state lives and its ops run: the Model's.
   const kernels::Exec& exec() const { return model_.exec(); }
 
-  // A step's gradient reductions (parallel::GradReducer), every group's.
-  void begin_step(int micro_batches);
+  // A step's gradient reductions (parallel::GradReducer), every group's; `local`: a replayed
+  // pass, reduced nowhere (GradReducer::begin_step).
+  void begin_step(int micro_batches, bool local = false);
   void finish_step();
 
   parallel::StateBytes footprint() const;  // the groups' together

@@ -29,6 +29,7 @@
 #include "runtime/stage/executor.h"
 #include "runtime/stage/stage.h"
 #include "runtime/train/metrics.h"
+#include "runtime/train/replay.h"
 #include "runtime/train/router_balance.h"
 #include "runtime/train/sharded_state.h"
 #include "runtime/train/snapshots.h"
@@ -90,9 +91,10 @@ struct Trainer::Impl {
   int cp = 1, cp_rank = 0;
   std::unique_ptr<MetricsWriter> metrics;
   std::unique_ptr<Snapshotter> snapshots;
-  int64_t first_step = 0;         // > 0 when resumed from a snapshot
-  int64_t consecutive_skips = 0;  // diverged steps in a row (train.dynamic_loss_scale)
-  bool holds_loss = false;        // last pipeline stage and tp rank 0: contributes the loss once
+  std::unique_ptr<Replay> replay;  // run.replay_every's checks, T3D_FAULT=flip's injections
+  int64_t first_step = 0;          // > 0 when resumed from a snapshot
+  int64_t consecutive_skips = 0;   // diverged steps in a row (train.dynamic_loss_scale)
+  bool holds_loss = false;         // last pipeline stage and tp rank 0: contributes the loss once
   double flops_per_token = 0;
   HostPeaks peaks;
   int hosts = 1;
@@ -150,6 +152,7 @@ struct Trainer::Impl {
   void restore() {
     first_step = snapshots->restore();
     state->restored();
+    replay = std::make_unique<Replay>(job, *model, *state, *snapshots, first_step);
   }
 
   void describe() {
@@ -380,6 +383,23 @@ struct Trainer::Impl {
     throw AgreedFailure{stop.exit_code()};
   }
 
+  // Collective, before the first step: a stop signal that came while the job started ends it
+  // (nothing has been trained to save).
+  void stop_if_signalled_early() {
+    install_stop_signals();  // also done before MPI started (apps): idempotent
+    int early[2] = {stop_requested() != 0 ? 1 : 0, stop_is_interrupt() ? 1 : 0};
+    mesh.world().all_reduce(early, 2);
+    if (const StopSignals stop{early[0], early[1] > 0}; stop.ranks > 0) {
+      if (mesh.rank() == 0)
+        spdlog::warn(
+            "{} before step {}: nothing new to snapshot; {} (exit {})", stop.cause(),
+            first_step + 1,
+            first_step > 0 ? "the snapshot it resumed from stands" : "the run had not trained yet",
+            stop.exit_code());
+      end_stopped(stop);
+    }
+  }
+
   TrainSummary run() {
     const auto& t = r.train;
     TrainSummary summary;
@@ -398,19 +418,7 @@ struct Trainer::Impl {
     const parallel::Comm* groups[kGroups] = {&mesh.group(Dim::tp), &mesh.dp_cp(),
                                              &mesh.group(Dim::pp), &mesh.group(Dim::cp),
                                              &mesh.ep(),           &mesh.edp()};
-    install_stop_signals();  // also done before MPI started (apps): idempotent
-    // A stop signal that came while the job started: nothing has been trained to save.
-    int early[2] = {stop_requested() != 0 ? 1 : 0, stop_is_interrupt() ? 1 : 0};
-    mesh.world().all_reduce(early, 2);
-    if (const StopSignals stop{early[0], early[1] > 0}; stop.ranks > 0) {
-      if (mesh.rank() == 0)
-        spdlog::warn(
-            "{} before step {}: nothing new to snapshot; {} (exit {})", stop.cause(),
-            first_step + 1,
-            first_step > 0 ? "the snapshot it resumed from stands" : "the run had not trained yet",
-            stop.exit_code());
-      end_stopped(stop);
-    }
+    stop_if_signalled_early();
     for (int64_t step = first_step; step < t.steps; ++step) {
       parallel::fault::step_starts(mesh.rank(), static_cast<long>(step + 1));
       const auto t0 = Clock::now();
@@ -418,11 +426,18 @@ struct Trainer::Impl {
       step_span.arg("step", step + 1);
       double waited[kGroups];
       for (int i = 0; i < kGroups; ++i) waited[i] = groups[i]->counters().wait_s;
+      // A replay (run.replay_every) runs replica `d`'s share of this step through this stage.
+      const Replay::Pass pass = [&](int d) {
+        executor->run(*model, feed->source(*train_sampler, step, d, dp, n_micro), grad_scale, true);
+      };
+      replay->begin_step(step + 1, pass);
       state->begin_step(n_micro);
-      const double loss_sum = executor->run(*model, source(*train_sampler, step), grad_scale, true);
+      const double loss_sum =
+          executor->run(replay->stage(), source(*train_sampler, step), grad_scale, true);
       // Data and context parallel: buckets were reduced over dp × cp during the backward; the
       // gradients are means over the global batch's tokens once summed.
       state->finish_step();
+      replay->check_gradients(step + 1, pass);
       // One all-reduce for the loss and the exact global gradient norm (each dp × cp rank sums
       // its partition, so every element counts once).
       // MoE: the auxiliary loss rides along (tp ranks hold the same value: tp rank 0 gives it).
@@ -447,6 +462,8 @@ struct Trainer::Impl {
         balance->apply();
         state->adamw_step(t, rec.lr, step + 1, clip_coefficient(t.grad_clip, norm));
       }
+      replay->check_parameters(step + 1);
+      rec.replay_s = replay->seconds();
       const bool last = step + 1 == t.steps;
       if (val_sampler && t.val_every > 0 && ((step + 1) % t.val_every == 0 || last))
         rec.val_loss = validate();
@@ -511,6 +528,7 @@ struct Trainer::Impl {
         {"ep_comm_share", rec.ep_comm_share},
         {"val_loss", rec.val_loss >= 0 ? rec.val_loss : NAN},
         {"skipped", rec.skipped ? 1.0 : 0.0}};
+    if (r.run.replay_every > 0) fields.push_back({"replay_s", rec.replay_s});
     if (r.model.moe()) {
       fields.push_back({"aux_loss", rec.aux_loss});
       const ExpertLoad& load = rec.expert_load;

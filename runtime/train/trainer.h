@@ -25,6 +25,7 @@ struct StepRecord {
          ep_comm_share = 0;
   double peak_mem_gib = 0;  // largest arena peak over all ranks
   bool skipped = false;     // dynamic loss scaling skipped a non-finite step
+  double replay_s = 0;  // rank 0's time replaying and comparing (run.replay_every), in step_time_s
   // Mixture of experts: the weighted auxiliary balance loss (not in `loss`), and the load: per
   // MoE layer, the largest imbalance over layers, the routed and dropped slots, the bias range.
   double aux_loss = 0;

@@ -193,6 +193,17 @@ TEST(Planner, StepTimePartsAddUpAndBubbleIsTheSimulators) {
   EXPECT_NEAR(ideal.bubble / ideal.total, 1.0 / 9.0, 1e-6);
   EXPECT_NEAR(ideal.compute, t.compute, 1e-12);
   EXPECT_NEAR(ideal.bubble_fraction, 1.0 / 9.0, 1e-6);
+  // run.replay_every = 4: one more pipeline pass (the makespan, without the dp sync) every 4
+  // steps, and nothing else changes.
+  PlanProblem checked = llama13b();
+  EXPECT_EQ(t.replay, 0);
+  checked.replay_every = 4;
+  const StepTime r = step_time(checked, l, s);
+  EXPECT_NEAR(r.replay, (t.total - t.dp) / 4, 1e-9 * t.total);
+  EXPECT_NEAR(r.total, t.total + r.replay, 1e-9 * t.total);
+  EXPECT_NEAR(r.compute + r.tp + r.ep + r.dp + r.pp + r.bubble + r.replay, r.total, 1e-9 * r.total);
+  EXPECT_EQ(
+      make_problem(parse_recipe("[run]\nreplay_every = 7\n", "r.toml"), p.cluster).replay_every, 7);
 }
 
 // A mixture of experts is priced block by block along its active path: on one stage the step's

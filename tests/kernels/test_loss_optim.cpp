@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -37,6 +38,26 @@ TEST(StepScalars, CountSumAndCopyAreTheirDefinitions) {
   copy(kCpu, y.data(), x.data() + 8, 400);
   EXPECT_EQ(std::memcmp(y.data(), x.data() + 8, 400 * sizeof(float)), 0);
   EXPECT_EQ(y[400], 0.0f);
+}
+
+// flip_bit toggles exactly the one bit of the one element, and twice restores the bits.
+TEST(StepScalars, FlipBitTogglesOneBitOfOneElement) {
+  auto x = ref::random_floats(64, 52, -3, 3);
+  const auto before = x;
+  flip_bit(kCpu, x.data(), 17, 22);
+  for (int i = 0; i < 64; ++i) {
+    std::uint32_t a = 0, b = 0;
+    std::memcpy(&a, &before[i], 4);
+    std::memcpy(&b, &x[i], 4);
+    ASSERT_EQ(a ^ b, i == 17 ? (1u << 22) : 0u) << i;
+  }
+  EXPECT_TRUE(std::isfinite(x[17]));
+  EXPECT_NE(x[17], before[17]);
+  flip_bit(kCpu, x.data(), 17, 22);
+  EXPECT_EQ(std::memcmp(x.data(), before.data(), x.size() * sizeof(float)), 0);
+  flip_bit(kCpu, x.data(), 0, 31);  // the sign
+  EXPECT_EQ(x[0], -before[0]);
+  EXPECT_THROW(flip_bit(kCpu, x.data(), 0, 32), InternalError);
 }
 
 // The casts with an Exec are precision.h's rounding and widening; the host crossings move the bytes

@@ -76,8 +76,11 @@ struct Result {
   int64_t early = 0;
 };
 
+// `replay`: every step is preceded by a local pass of the same writes (a replay,
+// GradReducer::begin_step), whose buckets the before-reduce hook must see holding this rank's own
+// sums (over all the times each bucket is handed over), and which must leave no trace in the step.
 Result run(const Comm& dp, int zero, int64_t bucket_floats, const std::vector<Phase>& phases,
-           int micro, int steps = 2) {
+           int micro, int steps = 2, bool replay = false) {
   const auto u = units();
   std::vector<int> per_bucket;
   auto buckets = make_buckets(u, bucket_floats, &per_bucket);
@@ -96,8 +99,14 @@ Result run(const Comm& dp, int zero, int64_t bucket_floats, const std::vector<Ph
   const bool compact = zero >= 2;
   const std::vector<FloatRange>& owned = zero > 0 ? part.mine : part.buckets;
   Result result;
-  for (int step = 0; step < steps; ++step) {  // the second step must not see the first's sums
-    reducer.begin_step(micro);
+  std::vector<float> seen(region.size());  // a local pass's buckets as the hook saw them, summed
+  bool local = false;
+  reducer.set_before_reduce([&](int b, float* data) {
+    if (local)
+      for (int64_t i = 0; i < buckets[b].size(); ++i) seen[buckets[b].begin + i] += data[i];
+  });
+  const auto pass = [&] {
+    reducer.begin_step(micro, local);
     for (const auto& ph : phases) {
       const FloatRange& unit = u[ph.unit];
       const int b = bucket_of[ph.unit];
@@ -108,6 +117,22 @@ Result run(const Comm& dp, int zero, int64_t bucket_floats, const std::vector<Ph
       if (ph.report) reducer.unit_done(b);
     }
     reducer.finish();
+  };
+  for (int step = 0; step < steps; ++step) {  // the second step must not see the first's sums
+    if (replay) {
+      local = true;
+      std::fill(seen.begin(), seen.end(), 0.0f);
+      const int64_t reductions = reducer.reductions();
+      pass();
+      EXPECT_EQ(reducer.reductions(), reductions) << "a local pass counts no reduction";
+      for (size_t i = 0; i < seen.size(); ++i) {
+        float want = 0;
+        for (int mb = 0; mb < micro; ++mb) want += contribution(dp.rank(), mb, int64_t(i));
+        EXPECT_EQ(seen[i], want) << "zero " << zero << " local pass, element " << i;
+      }
+      local = false;
+    }
+    pass();
   }
   const float* g = compact ? buffers.grad_shard : region.data();
   int64_t at = 0;
@@ -165,6 +190,20 @@ TEST(GradReducer, EveryStageSumsExactly) {
       run(dp, zero, bucket, sequential(n, micro), micro);
       run(dp, zero, bucket, head_first(n, micro), micro);
       run(dp, zero, bucket, split_units(n, micro), micro);
+    }
+}
+
+// A replay's local pass (runtime/train/replay.h) hands every bucket to the hook with this rank's
+// own gradients, reduces nothing, and the step after it sums exactly as without it (checked in
+// run). Each rank's local sums differ from the other's, so a reduction would show.
+TEST(GradReducer, LocalPassReducesNothingAndLeavesTheStepAsItWas) {
+  Comm dp = Comm::world(60.0);
+  const int n = static_cast<int>(units().size()), micro = 3;
+  for (int zero : {0, 1, 2})
+    for (int64_t bucket : {1, 8, 100}) {
+      SCOPED_TRACE("zero " + std::to_string(zero) + " bucket " + std::to_string(bucket));
+      run(dp, zero, bucket, sequential(n, micro), micro, 2, true);
+      run(dp, zero, bucket, split_units(n, micro), micro, 2, true);
     }
 }
 

@@ -1,0 +1,458 @@
+#include "runtime/train/replay.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "checkpoint/hash.h"
+#include "kernels/check.h"
+#include "kernels/ops.h"
+#include "parallel/fault.h"
+#include "parallel/trace.h"
+#include "runtime/launch/logging.h"
+#include "runtime/model/model.h"
+#include "runtime/train/sharded_state.h"
+#include "runtime/train/snapshots.h"
+
+namespace t3d::runtime {
+
+using parallel::Dim;
+using parallel::fault::Flip;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// Floats crossing to the host at a time to be hashed (4 MiB of staging).
+constexpr int64_t kHashChunk = int64_t{1} << 20;
+
+// Streams n floats of `exec`'s memory into `h` through the named host crossing (kernels/ops.h),
+// `host` the reused staging: the runtime reads no arena memory itself.
+void hash_into(checkpoint::Hash64Stream& h, const kernels::Exec& exec, const float* x, int64_t n,
+               std::vector<float>& host) {
+  host.resize(static_cast<size_t>(std::min(n, kHashChunk)));
+  for (int64_t at = 0; at < n; at += kHashChunk) {
+    const auto bytes = sizeof(float) * static_cast<size_t>(std::min(kHashChunk, n - at));
+    kernels::copy_to_host(exec, host.data(), x + at, bytes);
+    h.update(host.data(), bytes);
+  }
+}
+
+// What a check found about one rank; every rank learns every rank's (one all-gather).
+enum : uint64_t { kAgrees, kTransient, kDisagrees, kUnstable };  // Finding::verdict
+enum : uint64_t { kParamsAgree, kParamsMinority, kParamsUnsettled, kParamsNotCompared };
+struct Finding {
+  uint64_t verdict = kAgrees;  // of this rank's own gradients against its replayer's
+  uint64_t params = kParamsAgree;
+  uint64_t replayer = 0;                      // the world rank that replayed this rank's share
+  uint64_t differing = 0, reductions = 0;     // buckets whose hashes differ, of all reductions
+  uint64_t first = 0, group = 0, bucket = 0;  // the first differing reduction: index, where
+  uint64_t own = 0, replayed = 0;             // its hashes: this rank's and the replayer's
+  uint64_t param_hash = 0;
+};
+constexpr size_t kFindingWords = sizeof(Finding) / sizeof(uint64_t);
+static_assert(std::is_trivially_copyable_v<Finding> && sizeof(Finding) % sizeof(uint64_t) == 0,
+              "a Finding travels as words");
+
+// The own pass's model on a T3D_FAULT=flip:...:act step: after the first training forward of its
+// first chunk, a bit of that chunk's stored input (what its backward reads again) flips once.
+class ActFlipStage final : public StageModel {
+ public:
+  explicit ActFlipStage(Model& model) : m_(model) {}
+  void arm() { armed_ = true; }
+
+  const std::vector<parallel::LayerRange>& chunks() const override { return m_.chunks(); }
+  int64_t io_floats() const override { return m_.io_floats(); }
+  const kernels::Exec& exec() const override { return m_.exec(); }
+  double forward(int chunk, int slot, const int32_t* tokens, const int32_t* targets,
+                 float grad_scale, bool training) override {
+    const double loss = m_.forward(chunk, slot, tokens, targets, grad_scale, training);
+    if (armed_ && training && chunk == 0) {
+      kernels::flip_bit(m_.exec(), m_.input(chunk, slot), 0, parallel::fault::kFlipBit);
+      armed_ = false;
+    }
+    return loss;
+  }
+  void backward(int chunk, int slot, const float* dout) override { m_.backward(chunk, slot, dout); }
+  void backward_input(int chunk, int slot, const float* dout) override {
+    m_.backward_input(chunk, slot, dout);
+  }
+  void backward_weight(int chunk, int slot) override { m_.backward_weight(chunk, slot); }
+  float* input(int chunk, int slot) override { return m_.input(chunk, slot); }
+  const float* output(int chunk, int slot) const override { return m_.output(chunk, slot); }
+  const float* input_grad(int chunk, int slot) const override { return m_.input_grad(chunk, slot); }
+
+ private:
+  Model& m_;
+  bool armed_ = false;
+};
+
+}  // namespace
+
+struct Replay::Impl {
+  const Job& job;
+  const parallel::Mesh& mesh;
+  Model& model;
+  TrainingState& state;
+  Snapshotter& snapshots;
+  const parallel::Comm& dp_group;  // same pp, tp, cp coordinates; group rank = dp coordinate
+  const int dp, me;
+  const int64_t every;
+  const int micro;
+  bool params_comparable = true;          // no group keeps a ZeRO-3 shard
+  int64_t clean_through = 0;              // the last step whose checks passed (or the resumed step)
+  std::vector<uint64_t>* sink = nullptr;  // where the taps append a bucket's hash
+  std::vector<uint64_t> own, replayed, again;
+  std::vector<std::pair<uint64_t, uint64_t>> where;  // (group, bucket) of each own reduction
+  std::vector<float> host;
+  double seconds = 0;
+  Flip flip = Flip::none;
+  ActFlipStage act;
+
+  Impl(const Job& j, Model& m, TrainingState& s, Snapshotter& snap, int64_t first_step)
+      : job(j),
+        mesh(*j.mesh),
+        model(m),
+        state(s),
+        snapshots(snap),
+        dp_group(j.mesh->group(Dim::dp)),
+        dp(dp_group.size()),
+        me(dp_group.rank()),
+        every(j.recipe.run.replay_every),
+        micro(static_cast<int>(j.recipe.train.micro_batches)),
+        clean_through(first_step),
+        act(m) {
+    if (every == 0) return;  // no taps: the step runs as without replay
+    const auto& groups = state.groups();
+    for (size_t g = 0; g < groups.size(); ++g) {
+      if (groups[g]->param_store().sharded) params_comparable = false;
+      groups[g]->set_tap([this, g](int b, const float* data, int64_t n) { tap(g, b, data, n); });
+    }
+    if (mesh.rank() != 0) return;
+    spdlog::info(
+        "replay: every {} steps each data-parallel replica replays a peer's share of the step and "
+        "compares gradient hashes{}",
+        every,
+        params_comparable ? ", and the replicas compare parameter hashes"
+                          : "; parallel.zero = 3 keeps no parameters two replicas share, so "
+                            "parameter hashes are not compared");
+    if (dp == 1)
+      spdlog::warn(
+          "replay: parallel.dp = 1: no other replica holds these parameters, so each replica "
+          "replays its own step; this catches transient faults only, not a rank that is "
+          "persistently wrong");
+  }
+
+  ~Impl() {
+    for (const auto& g : state.groups()) g->set_tap({});
+  }
+
+  bool due(int64_t step) const { return every > 0 && step % every == 0; }
+  // Replica d replays replica (d + shift) mod dp at the check of `step`.
+  int shift(int64_t step) const {
+    return dp == 1 ? 0 : 1 + static_cast<int>((step / every - 1) % (dp - 1));
+  }
+
+  void tap(size_t g, int b, const float* data, int64_t n) {
+    if (!sink) return;
+    const auto t0 = Clock::now();
+    checkpoint::Hash64Stream h;
+    hash_into(h, model.exec(), data, n, host);
+    sink->push_back(h.value());
+    if (sink != &own) return;  // a replayed pass: timed whole by begin_step
+    where.push_back({g, static_cast<uint64_t>(b)});
+    seconds += seconds_since(t0);  // the own pass's hashing is the replay's cost too
+  }
+
+  // A pass over replica `replica`'s share, reduced nowhere, its buckets' hashes into `into`.
+  void run_local(const Pass& pass, int replica, std::vector<uint64_t>& into) {
+    parallel::trace::Span span("replay", "train");
+    into.clear();
+    sink = &into;
+    state.begin_step(micro, /*local=*/true);
+    pass(replica);
+    state.finish_step();
+    sink = nullptr;
+    // A mixture of experts counts the routing of its training forwards (RouterBalance reads the
+    // counts after the step for the load and the bias step): the step's own pass alone counts.
+    model.reset_moe_stats();
+  }
+
+  void flip_param() {
+    // The middle of the dense store: inside a block's weights, which every forward reads (the
+    // first element, token 0's embedding, may never be read).
+    const ShardedState::Store s = state.dense().param_store();
+    const parallel::FloatRange& r = s.ranges.front();
+    float* x = s.sharded ? s.data + s.floats / 2 : s.data + r.begin + r.size() / 2;
+    kernels::flip_bit(model.exec(), x, 0, parallel::fault::kFlipBit);
+  }
+
+  void begin_step(int64_t step, const Pass& pass) {
+    seconds = 0;
+    flip = parallel::fault::flip_at(mesh.rank(), static_cast<long>(step));
+    if (flip == Flip::param) flip_param();
+    if (due(step)) {
+      const auto t0 = Clock::now();
+      run_local(pass, (me + shift(step)) % dp, replayed);
+      own.clear();
+      where.clear();
+      sink = &own;
+      seconds += seconds_since(t0);
+    }
+    // Armed after the replay: the fault hits the step's own pass only.
+    if (flip == Flip::grad) state.dense().arm_grad_flip(parallel::fault::kFlipBit);
+    if (flip == Flip::act) act.arm();
+  }
+
+  uint64_t param_hash() {
+    checkpoint::Hash64Stream h;
+    for (const auto& g : state.groups()) {
+      const ShardedState::Store s = g->param_store();
+      for (const auto& r : s.ranges) hash_into(h, model.exec(), s.data + r.begin, r.size(), host);
+    }
+    return h.value();
+  }
+
+  // The parameter hashes of this rank's dp group: is this rank's the majority's?
+  void judge_params(Finding& f) {
+    if (!params_comparable) {
+      f.params = kParamsNotCompared;
+      return;
+    }
+    f.param_hash = param_hash();
+    std::vector<uint64_t> all(static_cast<size_t>(dp));
+    dp_group.all_gather(&f.param_hash, all.data(), 1);
+    std::map<uint64_t, int> votes;
+    for (const uint64_t h : all) ++votes[h];
+    int top = 0, tops = 0;
+    for (const auto& [h, n] : votes) top = std::max(top, n);
+    for (const auto& [h, n] : votes) tops += n == top;
+    if (votes.size() == 1 || (tops == 1 && votes[f.param_hash] == top))
+      f.params = kParamsAgree;
+    else
+      f.params = tops == 1 ? kParamsMinority : kParamsUnsettled;
+  }
+
+  void check_gradients(int64_t step, const Pass& pass) {
+    if (!due(step)) return;
+    const auto t0 = Clock::now();
+    sink = nullptr;
+    const size_t n = own.size();
+    T3D_ASSERT(replayed.size() == n && where.size() == n, "the replay made ", replayed.size(),
+               " reductions, the step's own pass ", n);
+    std::vector<uint64_t> all_replayed(n * static_cast<size_t>(dp));
+    dp_group.all_gather(replayed.data(), all_replayed.data(), n);
+    const int replayer = (me - shift(step) + dp) % dp;
+    const uint64_t* theirs = all_replayed.data() + static_cast<size_t>(replayer) * n;
+    Finding f;
+    f.replayer = static_cast<uint64_t>(dp_group.world_ranks().at(static_cast<size_t>(replayer)));
+    f.reductions = n;
+    for (size_t i = 0; i < n; ++i) {
+      if (own[i] == theirs[i] || f.differing++ > 0) continue;
+      f.first = i, f.group = where[i].first, f.bucket = where[i].second;
+      f.own = own[i], f.replayed = theirs[i];
+    }
+    int bad = f.differing > 0 ? 1 : 0;
+    mesh.world().all_reduce(&bad, 1, parallel::ReduceOp::max);
+    if (bad == 0) {
+      seconds += seconds_since(t0);
+      return;
+    }
+    // Settle: every replica computes its own share once more (collective, like the replay).
+    run_local(pass, me, again);
+    T3D_ASSERT(again.size() == n, "the recomputation made ", again.size(), " reductions, not ", n);
+    if (f.differing > 0) {
+      const bool like_replayer = std::equal(again.begin(), again.end(), theirs);
+      f.verdict = like_replayer ? kTransient : again == own ? kDisagrees : kUnstable;
+    }
+    judge_params(f);
+    stop(step, f, "gradients");
+  }
+
+  void check_parameters(int64_t step) {
+    if (!due(step)) return;
+    if (!params_comparable) {
+      clean_through = step;
+      return;
+    }
+    const auto t0 = Clock::now();
+    Finding f;
+    judge_params(f);
+    int bad = f.params != kParamsAgree ? 1 : 0;
+    mesh.world().all_reduce(&bad, 1, parallel::ReduceOp::max);
+    seconds += seconds_since(t0);
+    if (bad == 0) {
+      clean_through = step;
+      return;
+    }
+    stop(step, f, "parameters");
+  }
+
+  [[noreturn]] void stop(int64_t step, const Finding& mine, const char* check);
+  std::string rank_name(size_t r) const {
+    return fmt::format("rank {} {} on host {}", r, mesh.shape().label(static_cast<int>(r)),
+                       job.hosts.at(r));
+  }
+  struct Verdict {
+    std::vector<size_t> named;  // the culprit, or the candidates
+    bool settled = false;
+    std::string why;  // what the named rank(s) did, in words
+  };
+  Verdict judge(const std::vector<Finding>& all) const;
+  std::string detail(const std::vector<Finding>& all, size_t r) const;
+  void report(int64_t step, const char* check, const std::vector<Finding>& all,
+              const Verdict& v) const;
+};
+
+// Who is to blame, from every rank's finding (the same on every rank): a parameter hash outvoted
+// in its dp group; else ranks whose own pass was not reproduced (transient); else the ranks whose
+// parameter hashes differ without a majority (dp = 2: not settled); else the rank common to the
+// most persistent disagreements (settled when it is one rank and dp ≥ 3).
+Replay::Impl::Verdict Replay::Impl::judge(const std::vector<Finding>& all) const {
+  Verdict v;
+  std::vector<size_t> minority, transient, unsettled;
+  std::map<size_t, int> disputes;  // rank -> persistent disagreements it takes part in
+  for (size_t r = 0; r < all.size(); ++r) {
+    const Finding& f = all[r];
+    if (f.params == kParamsMinority) minority.push_back(r);
+    if (f.params == kParamsUnsettled) unsettled.push_back(r);
+    if (f.verdict == kTransient || f.verdict == kUnstable) transient.push_back(r);
+    if (f.verdict == kDisagrees) ++disputes[r], ++disputes[static_cast<size_t>(f.replayer)];
+  }
+  if (!minority.empty()) {
+    v.named = minority, v.settled = true;
+    v.why = "parameters whose hash differs from the other replicas' (outvoted in its dp group)";
+    return v;
+  }
+  if (!transient.empty()) {
+    // A value corrupted in the backward (a stored activation, a gradient) changes what the
+    // stages before it compute from its input gradient, never the stages after it: the most
+    // downstream stage comes first, then the rank with the most differing buckets. (A fault in
+    // the forward reaches every later stage too; all of them are named either way.)
+    const auto stage = [&](size_t r) { return mesh.shape().coord_of(static_cast<int>(r)).pp; };
+    std::stable_sort(transient.begin(), transient.end(), [&](size_t a, size_t b) {
+      if (stage(a) != stage(b)) return stage(a) > stage(b);
+      return all[a].differing > all[b].differing;
+    });
+    v.named = transient, v.settled = true;
+    v.why = all[transient[0]].verdict == kTransient
+                ? "gradients that neither a peer's replay nor its own recomputation reproduce (a "
+                  "transient fault)"
+                : "three passes over the same share gave three different gradients";
+    return v;
+  }
+  if (!unsettled.empty()) {
+    v.named = unsettled;
+    v.why = "parameter hashes that differ, with no majority in their dp group";
+    return v;
+  }
+  int top = 0;
+  for (const auto& [r, n] : disputes) top = std::max(top, n);
+  for (const auto& [r, n] : disputes)
+    if (n == top) v.named.push_back(r);
+  if (!v.named.empty()) {
+    v.settled = v.named.size() == 1 && dp >= 3;
+    v.why =
+        "each reproduces its own gradients, which the peer replaying it does not (a persistent "
+        "fault: its parameters or its arithmetic)";
+  }
+  return v;
+}
+
+// "; rank R: dense bucket B (...): hash H, its replay by rank Q: H'; parameter hash P".
+std::string Replay::Impl::detail(const std::vector<Finding>& all, size_t r) const {
+  const Finding& f = all[r];
+  std::string text;
+  if (f.differing > 0)
+    text = fmt::format(
+        " {} bucket {} (reduction {} of {}, {} differ): hash {}, its replay by rank {}: {};",
+        f.group == 0 ? "dense" : "experts", f.bucket, f.first + 1, f.reductions, f.differing,
+        checkpoint::to_hex(f.own), f.replayer, checkpoint::to_hex(f.replayed));
+  if (f.params == kParamsMinority || f.params == kParamsUnsettled)
+    text += " parameter hash " + checkpoint::to_hex(f.param_hash) + ";";
+  if (text.empty()) return "";
+  text.pop_back();
+  return "; rank " + std::to_string(r) + ":" + text;
+}
+
+// Rank 0's account: the log, stderr (as agree_on prints a failure) and incidents.jsonl.
+void Replay::Impl::report(int64_t step, const char* check, const std::vector<Finding>& all,
+                          const Verdict& v) const {
+  std::string names, details, ranks, hosts;
+  for (size_t r : v.named) {
+    names += (names.empty() ? "" : " and ") + rank_name(r);
+    details += detail(all, r);
+    ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    hosts += (hosts.empty() ? "" : ", ") + parallel::trace::json_string(job.hosts.at(r));
+  }
+  const std::string text = fmt::format(
+      "silent data corruption at step {} ({} check){}{}: {}{}{}. run.on_corruption = stop: step "
+      "{} is not applied; the last check passed at step {}: resume from the newest snapshot at or "
+      "before it (later ones are not verified) (exit {})",
+      step, check, v.settled ? ": " : ", not settled: candidates ", names, v.why,
+      !v.settled && dp == 2 ? "; with dp = 2 no third replica can say which is wrong" : "", details,
+      step, clean_through, kExitCorruption);
+  spdlog::error("{}", text);
+  std::fprintf(stderr, "titan3d: %s\n", text.c_str());
+  std::fflush(stderr);
+  const Finding& f = all.at(v.named.front());
+  append_incident(
+      job.run_dir,
+      fmt::format("\"event\": \"corruption\", \"step\": {}, \"check\": \"{}\", \"settled\": "
+                  "{}, \"rank\": {}, \"host\": {}, \"ranks\": [{}], \"hosts\": [{}], "
+                  "\"bucket\": {}, \"hash\": \"{}\", \"replayed_hash\": \"{}\", "
+                  "\"replayed_by\": {}, \"param_hash\": \"{}\", \"verified_step\": {}, "
+                  "\"action\": \"stop\", \"exit_code\": {}",
+                  step, check, v.settled ? "true" : "false",
+                  v.settled ? std::to_string(v.named.front()) : "-1",
+                  v.settled ? parallel::trace::json_string(job.hosts.at(v.named.front())) : "null",
+                  ranks, hosts, f.differing ? std::to_string(f.bucket) : "null",
+                  checkpoint::to_hex(f.own), checkpoint::to_hex(f.replayed),
+                  f.differing ? std::to_string(f.replayer) : "null",
+                  checkpoint::to_hex(f.param_hash), clean_through, kExitCorruption));
+}
+
+void Replay::Impl::stop(int64_t step, const Finding& mine, const char* check) {
+  const int world = mesh.world().size();
+  std::vector<uint64_t> words(kFindingWords * static_cast<size_t>(world));
+  mesh.world().all_gather(reinterpret_cast<const uint64_t*>(&mine), words.data(), kFindingWords);
+  std::vector<Finding> all(static_cast<size_t>(world));
+  std::memcpy(static_cast<void*>(all.data()), words.data(), words.size() * sizeof(uint64_t));
+  const std::string here = detail(all, static_cast<size_t>(mesh.rank()));
+  if (!here.empty()) spdlog::warn("replay at step {} ({} check): {}", step, check, here.substr(2));
+  Verdict v = judge(all);
+  if (v.named.empty()) {  // not expected: then name every rank whose hashes differ
+    for (size_t r = 0; r < all.size(); ++r)
+      if (!detail(all, r).empty()) v.named.push_back(r);
+    v.why = "hashes that differ";
+  }
+  T3D_ASSERT(!v.named.empty(), "a replay mismatch with no rank to name");
+  // The snapshots in flight are of earlier steps: they commit; this step is never snapshotted.
+  snapshots.finish();
+  if (mesh.rank() == 0) report(step, check, all, v);
+  mesh.world().barrier();  // the account is out before any rank exits
+  throw AgreedFailure{kExitCorruption};
+}
+
+Replay::Replay(const Job& job, Model& model, TrainingState& state, Snapshotter& snapshots,
+               int64_t first_step)
+    : impl_(std::make_unique<Impl>(job, model, state, snapshots, first_step)) {}
+Replay::~Replay() = default;
+void Replay::begin_step(int64_t step, const Pass& pass) { impl_->begin_step(step, pass); }
+StageModel& Replay::stage() {
+  if (impl_->flip == Flip::act) return impl_->act;
+  return impl_->model;
+}
+void Replay::check_gradients(int64_t step, const Pass& pass) { impl_->check_gradients(step, pass); }
+void Replay::check_parameters(int64_t step) { impl_->check_parameters(step); }
+double Replay::seconds() const { return impl_->seconds; }
+
+}  // namespace t3d::runtime
