@@ -58,7 +58,7 @@ void set_aside(const std::string& dir, const std::vector<int64_t>& steps, const 
     }
   std::ifstream latest(dir + "/latest");
   std::string named;
-  if (std::getline(latest, named) && moved(named)) discard(dir + "/latest");
+  if (std::getline(latest, named) && moved(named)) fs::remove(dir + "/latest", ec);
 }
 
 namespace {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "checkpoint/hash.h"
+#include "checkpoint/snapshot.h"
 #include "kernels/check.h"
 #include "kernels/ops.h"
 #include "parallel/fault.h"
@@ -308,6 +309,7 @@ struct Replay::Impl {
   };
   Verdict judge(const std::vector<Finding>& all) const;
   std::string detail(const std::vector<Finding>& all, size_t r) const;
+  void set_aside_unverified(int64_t step) const;
   void report(int64_t step, const char* check, const std::vector<Finding>& all,
               const Verdict& v) const;
 };
@@ -383,6 +385,28 @@ std::string Replay::Impl::detail(const std::vector<Finding>& all, size_t r) cons
   return "; rank " + std::to_string(r) + ":" + text;
 }
 
+// Rank 0: the committed snapshots after the last passed check may hold the corruption (a flip
+// lands up to replay_every steps before it is seen); they move to snapshot.dir/unverified-step-N,
+// so that `resume latest` and snapshot.keep see only verified ones. A failure to move them is
+// said, not fatal: the account names the step to resume from either way.
+void Replay::Impl::set_aside_unverified(int64_t step) const {
+  const std::string& dir = job.recipe.snapshot.dir;
+  if (job.recipe.snapshot.every <= 0) return;
+  std::vector<int64_t> later;
+  for (const int64_t s : checkpoint::committed_steps(dir))
+    if (s > clean_through) later.push_back(s);
+  if (later.empty()) return;
+  const std::string into = dir + "/unverified-step-" + std::to_string(step);
+  try {
+    checkpoint::set_aside(dir, later, into);
+    spdlog::warn("the snapshots after the last passed check (steps {}) moved to {}: not verified",
+                 fmt::join(later, ", "), into);
+  } catch (const UserError& e) {
+    spdlog::error("the snapshots after the last passed check (steps {}) could not be set aside: {}",
+                  fmt::join(later, ", "), e.what());
+  }
+}
+
 // Rank 0's account: the log, stderr (as agree_on prints a failure) and incidents.jsonl.
 void Replay::Impl::report(int64_t step, const char* check, const std::vector<Finding>& all,
                           const Verdict& v) const {
@@ -437,7 +461,11 @@ void Replay::Impl::stop(int64_t step, const Finding& mine, const char* check) {
   T3D_ASSERT(!v.named.empty(), "a replay mismatch with no rank to name");
   // The snapshots in flight are of earlier steps: they commit; this step is never snapshotted.
   snapshots.finish();
-  if (mesh.rank() == 0) report(step, check, all, v);
+  mesh.world().barrier();  // every rank's commits (the index and `latest`) are done
+  if (mesh.rank() == 0) {
+    set_aside_unverified(step);
+    report(step, check, all, v);
+  }
   mesh.world().barrier();  // the account is out before any rank exits
   throw AgreedFailure{kExitCorruption};
 }

@@ -364,6 +364,32 @@ class IncrementalSnapshot : public SnapshotFormat {
   }
 };
 
+// set_aside moves the named steps' snapshots out of the listing, and `latest` with them when it
+// names one of them (it names the newest commit, so it would point at a snapshot no longer here).
+TEST_F(SnapshotFormat, SetAsideMovesTheStepsAndTheLatestThatNamesOne) {
+  io_.run([&] {
+    for (int64_t step : {1, 2, 3}) {
+      IndexInfo info;
+      info.step = step, info.counters = {{"step", step}};
+      Slice s{"model/w", {6, 5}, {0, 0}, {6, 5}, global_.data()};
+      const std::string path = shard_path(dir_, step, 0);
+      const FileDigest d = write_shard(path, 0, {s}).digest;
+      publish(path);
+      info.shards.push_back({fs::path(path).lexically_relative(dir_).string(), d.bytes, d.hash});
+      write_index(dir_, info);
+    }
+    ASSERT_TRUE(fs::exists(dir_ + "/latest"));
+    set_aside(dir_, {1}, dir_ + "/aside-1");  // `latest` names step 3: it stays
+    EXPECT_EQ(committed_steps(dir_), (std::vector<int64_t>{2, 3}));
+    EXPECT_TRUE(fs::exists(dir_ + "/latest"));
+    set_aside(dir_, {3}, dir_ + "/aside-3");
+    EXPECT_EQ(committed_steps(dir_), (std::vector<int64_t>{2}));
+    EXPECT_EQ(committed_steps(dir_ + "/aside-3"), (std::vector<int64_t>{3}));
+    EXPECT_FALSE(fs::exists(dir_ + "/latest")) << "`latest` still names the step set aside";
+    EXPECT_EQ(find_latest(dir_, nullptr), index_path(dir_, 2));
+  });
+}
+
 TEST_F(IncrementalSnapshot, ChainRebuildsBitExactly) {
   io_.run([&] {
     require_deflate();  // Debian's HDF5 has zlib; the reason the default may compress

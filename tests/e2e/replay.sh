@@ -11,7 +11,8 @@
 #       3 is caught at step 4 with both dp2 ranks named as candidates, not settled (no third
 #       replica), and with dp4 settled on the flipped rank by the parameter hashes. Each: exit 6,
 #       one account on the console, one `corruption` line in incidents.jsonl naming the rank and
-#       its host, the snapshot of the last step checked (2) kept, none of step 4, no restart;
+#       its host, the snapshot of the last step checked (2) kept, none of step 4 (and with a
+#       snapshot every step, step 3's set aside as unverified), no restart;
 #       resumed from that snapshot without the fault, the gradient flip's run gives the clean
 #       run's steps 3-6;
 #     - dp1 replays itself: clean with replay_every = 1, and a gradient flip is named;
@@ -100,7 +101,13 @@ case $group in
       --set parallel.dp=2
     check "grep -q 'with dp = 2 no third replica can say which is wrong' $work/dp2_param.log && grep -q '\"settled\": false' $work/dp2_param/incidents.jsonl" \
       "dp2_param: not settled, said so"
-    caught dp4_param flip:2:3:param 4 "rank 2 \\[pp0 dp2 tp0\\]" --set parallel.dp=4
+    # With a snapshot every step, step 3's (taken after the flip, before the check) is set aside,
+    # so that `resume latest` continues from step 2's, the last verified one.
+    caught dp4_param flip:2:3:param 4 "rank 2 \\[pp0 dp2 tp0\\]" --set parallel.dp=4 \
+      --set snapshot.every=1
+    check "! compgen -G '$work/dp4_param/snapshots/step_00000003*' > /dev/null && compgen -G '$work/dp4_param/snapshots/unverified-step-4/step_00000003.h5' > /dev/null && ! grep -qs 'step_00000003' $work/dp4_param/snapshots/latest" \
+      "dp4_param: step 3's snapshot (after the flip) set aside as unverified, \`latest\` no longer names it" ||
+      ls -R "$work/dp4_param/snapshots" | head
     incident_rank dp4_param 2
     check "grep -q 'outvoted in its dp group' $work/dp4_param.log" "dp4_param: settled by the parameter hashes"
     clean dp1
