@@ -50,6 +50,20 @@ class SnapshotFormat : public ::testing::Test {
     return index_path(dir_, 7);
   }
 
+  // One-shard snapshots of the whole 6×5 tensor at each step (on the IO thread).
+  void write_whole_snapshots(std::initializer_list<int64_t> steps) {
+    for (int64_t step : steps) {
+      IndexInfo info;
+      info.step = step, info.counters = {{"step", step}};
+      Slice s{"model/w", {6, 5}, {0, 0}, {6, 5}, global_.data()};
+      const std::string path = shard_path(dir_, step, 0);
+      const FileDigest d = write_shard(path, 0, {s}).digest;
+      publish(path);
+      info.shards.push_back({fs::path(path).lexically_relative(dir_).string(), d.bytes, d.hash});
+      write_index(dir_, info);
+    }
+  }
+
   std::string dir_;
   std::vector<float> global_;
   IoThread io_;  // HDF5 on one thread, as in titan3d
@@ -257,16 +271,7 @@ TEST_F(SnapshotFormat, ReadsOnlyRegularFilesInsideItsDirectory) {
 
 TEST_F(SnapshotFormat, RetentionKeepsNewest) {
   io_.run([&] {
-    for (int64_t step : {1, 2, 3}) {
-      IndexInfo info;
-      info.step = step, info.counters = {{"step", step}};
-      Slice s{"model/w", {6, 5}, {0, 0}, {6, 5}, global_.data()};
-      const std::string path = shard_path(dir_, step, 0);
-      const FileDigest d = write_shard(path, 0, {s}).digest;
-      publish(path);
-      info.shards.push_back({fs::path(path).lexically_relative(dir_).string(), d.bytes, d.hash});
-      write_index(dir_, info);
-    }
+    write_whole_snapshots({1, 2, 3});
     retain(dir_, 2);
     EXPECT_EQ(committed_steps(dir_), (std::vector<int64_t>{2, 3}));
     EXPECT_FALSE(fs::exists(dir_ + "/step_00000001"));
@@ -368,16 +373,7 @@ class IncrementalSnapshot : public SnapshotFormat {
 // names one of them (it names the newest commit, so it would point at a snapshot no longer here).
 TEST_F(SnapshotFormat, SetAsideMovesTheStepsAndTheLatestThatNamesOne) {
   io_.run([&] {
-    for (int64_t step : {1, 2, 3}) {
-      IndexInfo info;
-      info.step = step, info.counters = {{"step", step}};
-      Slice s{"model/w", {6, 5}, {0, 0}, {6, 5}, global_.data()};
-      const std::string path = shard_path(dir_, step, 0);
-      const FileDigest d = write_shard(path, 0, {s}).digest;
-      publish(path);
-      info.shards.push_back({fs::path(path).lexically_relative(dir_).string(), d.bytes, d.hash});
-      write_index(dir_, info);
-    }
+    write_whole_snapshots({1, 2, 3});
     ASSERT_TRUE(fs::exists(dir_ + "/latest"));
     set_aside(dir_, {1}, dir_ + "/aside-1");  // `latest` names step 3: it stays
     EXPECT_EQ(committed_steps(dir_), (std::vector<int64_t>{2, 3}));

@@ -18,6 +18,7 @@
 #include "kernels/ops_decode.h"
 #include "kernels/row_math.h"
 #include "tests/kernels/reference.h"
+#include "tests/kernels/the_gpu.h"
 
 namespace t3d::kernels {
 namespace {
@@ -25,24 +26,7 @@ namespace {
 namespace gpu = cuda;
 using ref::random_floats;
 
-// The one GPU every test runs on, or the reason there is none.
-struct Gpu {
-  std::vector<gpu::DeviceInfo> devices;
-  std::string why;
-  std::unique_ptr<gpu::Stream> stream;
-  Gpu() {
-    devices = gpu::visible_devices(&why);
-    if (!devices.empty()) stream = std::make_unique<gpu::Stream>(0);
-  }
-};
-Gpu& the_gpu() {
-  static Gpu g;
-  return g;
-}
-#define REQUIRE_GPU()                                                           \
-  do {                                                                          \
-    if (the_gpu().devices.empty()) GTEST_SKIP() << "no GPU: " << the_gpu().why; \
-  } while (0)
+using cuda::testing::the_gpu;
 
 const gpu::Stream& S() { return *the_gpu().stream; }
 

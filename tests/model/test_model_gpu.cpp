@@ -18,11 +18,10 @@
 #include "kernels/ops.h"
 #include "parallel/tensor_comm.h"
 #include "runtime/model/model.h"
+#include "tests/kernels/the_gpu.h"
 
 namespace t3d::runtime {
 namespace {
-
-namespace gpu = kernels::cuda;
 
 // A tensor group of one rank: the Model with tp = 1 calls none of these, so each is a failure.
 class GroupOfOne final : public parallel::TensorComm {
@@ -71,19 +70,7 @@ class GroupOfOne final : public parallel::TensorComm {
   }
 };
 
-struct Gpu {
-  std::vector<gpu::DeviceInfo> devices;
-  std::string why;
-  std::unique_ptr<gpu::Stream> stream;
-  Gpu() {
-    devices = gpu::visible_devices(&why);
-    if (!devices.empty()) stream = std::make_unique<gpu::Stream>(0);
-  }
-};
-Gpu& the_gpu() {
-  static Gpu g;
-  return g;
-}
+using kernels::cuda::testing::the_gpu;
 
 // Big enough that every kernel tiles (attention's 64-row tiles, several GEMM blocks), small
 // enough for a second: 2 layers, GQA 4:2, head_dim 16.
@@ -161,7 +148,7 @@ TEST(GpuModel, TheCpuRunItComparesWithTrainsAndRepeats) {
 }
 
 TEST(GpuModel, DenseTrainingStepsAreTheCpusAndRepeatBitForBit) {
-  if (the_gpu().devices.empty()) GTEST_SKIP() << "no GPU: " << the_gpu().why;
+  REQUIRE_GPU();
   constexpr int kSteps = 4;
   const kernels::Exec on_gpu(kernels::GemmKind::kOpenBlasF32, *the_gpu().stream);
   const TrainedRun cpu = train(kernels::GemmKind::kOpenBlasF32, kernels::Memory::kHost, kSteps);
