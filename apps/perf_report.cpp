@@ -40,6 +40,7 @@ std::string percent(double share) {
 PerfSummary summarize_performance(const Recipe& r, const JobPrecision& precision, int devices,
                                   const TrainSummary& summary) {
   PerfSummary p;
+  p.device = summary.device;
   const auto& q = r.parallel;
   p.layout = fmt::format("pp{} dp{} tp{}{}{}, {}, {} micro-batch{}", q.pp, q.dp, q.tp,
                          q.cp > 1 ? fmt::format(" cp{}", q.cp) : "",
@@ -94,7 +95,7 @@ std::string format_performance(const PerfSummary& p) {
     out += fmt::format("  {:<34}{}\n", key, value);
   };
   row("layout", p.layout);
-  row("devices", std::to_string(p.devices));
+  row("devices", std::to_string(p.devices) + " (rank 0's: " + p.device + ")");
   row("peak memory per device", fmt::format("{:.3f} GiB", p.peak_mem_gib));
   row("tokens/s per device", fmt::format("{:.0f}", p.tokens_per_s_per_device));
   row("tokens/s in all", fmt::format("{:.0f}", p.tokens_per_s));
@@ -122,16 +123,18 @@ std::string format_performance(const PerfSummary& p) {
 std::string performance_json(const PerfSummary& p) {
   const auto num = [](double x) { return std::isfinite(x) ? fmt::format("{:.6g}", x) : "null"; };
   return fmt::format(
-      "{{\"layout\": \"{}\", \"devices\": {}, \"steps_measured\": {}, \"peak_mem_gib\": {}, "
+      "{{\"layout\": \"{}\", \"devices\": {}, \"device\": {}, \"steps_measured\": {}, "
+      "\"peak_mem_gib\": {}, "
       "\"tokens_per_s_per_device\": {}, \"tokens_per_s\": {}, \"tp_comm_share\": {}, "
       "\"dp_comm_share\": {}, \"pp_wait_share\": {}, \"cp_comm_share\": {}, \"ep_comm_share\": {}, "
       "\"bubble_simulated\": "
       "{}, \"mfu\": {}, "
       "\"mfu_gemm\": {}, \"gemm\": \"{}\"{}{}}}",
-      p.layout, p.devices, p.steps_measured, num(p.peak_mem_gib), num(p.tokens_per_s_per_device),
-      num(p.tokens_per_s), num(p.tp_comm_share), num(p.dp_comm_share), num(p.pp_wait_share),
-      num(p.cp_comm_share), num(p.ep_comm_share), p.bubble < 0 ? "null" : num(p.bubble), num(p.mfu),
-      num(p.mfu_gemm), p.gemm,
+      p.layout, p.devices, parallel::trace::json_string(p.device), p.steps_measured,
+      num(p.peak_mem_gib), num(p.tokens_per_s_per_device), num(p.tokens_per_s),
+      num(p.tp_comm_share), num(p.dp_comm_share), num(p.pp_wait_share), num(p.cp_comm_share),
+      num(p.ep_comm_share), p.bubble < 0 ? "null" : num(p.bubble), num(p.mfu), num(p.mfu_gemm),
+      p.gemm,
       p.imbalance_max < 0
           ? ""
           : fmt::format(", \"expert_imbalance_first\": {}, \"expert_imbalance_last\": {}, "

@@ -15,6 +15,7 @@ namespace t3d::runtime {
 struct PerfSummary {
   std::string layout;  // "pp2 dp2 tp2, 1f1b, 2 micro-batches"
   int devices = 0;
+  std::string device;       // rank 0's: "cpu", or "cuda:0 NVIDIA H100 80GB HBM3, ..."
   int steps_measured = 0;   // steps averaged (the first, warm-up, step is left out)
   double peak_mem_gib = 0;  // largest arena peak of any rank
   double tokens_per_s = 0;  // all devices

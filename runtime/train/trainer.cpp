@@ -407,6 +407,7 @@ struct Trainer::Impl {
     measure_peaks();
     summary.peak_gflops = peaks.hardware_gflops;
     summary.gemm_peak_gflops = peaks.gemm_gflops;
+    summary.device = device->description();
     describe();
 
     const double tokens_per_step = static_cast<double>(t.global_batch * T);

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "runtime/launch/job.h"
@@ -38,6 +39,7 @@ struct TrainSummary {
   size_t peak_arena_bytes = 0;
   double peak_gflops = 0;       // this host's measured hardware peak, MFU's denominator
   double gemm_peak_gflops = 0;  // this host's measured GEMM rate, mfu_gemm's denominator
+  std::string device = "cpu";   // rank 0's hardware.device, as kernels::Device describes it
 };
 
 class Trainer {

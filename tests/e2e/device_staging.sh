@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # hardware.device and the staging of a GPU stage's collectives, on a machine without a GPU:
 #   - hardware.device = cuda exits 2 naming the key (no GPU visible, or no CUDA backend built);
-#     auto trains on the CPU and the rank's log says `device: cpu`;
+#     auto trains on the CPU and the rank's log, the performance table and summary.json say so;
 #   - the tensor collectives a GPU stage stages through host memory (parallel/staged_comm.h)
 #     change no bit: layouts with pipeline, tensor (with sequence parallelism), context and data
 #     parallelism (ZeRO 1-3, the experts' edp group), fp32 and bf16 (bf16 wire and TP traffic), each trained 4 steps with the mesh's
@@ -45,9 +45,11 @@ else
   else echo "ok   hardware.device = cuda without a GPU: exit 2, $(grep -F 'hardware.device' <<<"$out" | head -1)"; fi
   out=$("$titan3d" train "$repo/recipes/tiny.toml" --set data.path="$corpus" --set train.steps=1 \
     --set run.dir="$work/auto" --set hardware.device=auto 2>&1); rc=$?
-  if [ $rc -ne 0 ] || ! grep -q 'device: cpu$' "$work/auto/logs/rank0.log"; then
+  if [ $rc -ne 0 ] || ! grep -q 'device: cpu$' "$work/auto/logs/rank0.log" ||
+     ! grep -q "devices  *1 (rank 0's: cpu)" <<<"$out" ||
+     ! python3 -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))["performance"]["device"] != "cpu")' "$work/auto/summary.json"; then
     echo "FAIL hardware.device = auto: rc=$rc $out"; fail=1
-  else echo "ok   hardware.device = auto trains on the CPU"; fi
+  else echo "ok   hardware.device = auto trains on the CPU; its log, table and summary.json say cpu"; fi
 fi
 check pp2_tp2_sp --set train.precision=fp32 --set parallel.pp=2 --set parallel.tp=2 \
   --set parallel.sequence_parallel=true
