@@ -25,8 +25,24 @@ T* as(std::vector<char>& host) {
 
 }  // namespace
 
+std::vector<char> StagedComm::take(size_t bytes) const {
+  if (spares_.empty()) return std::vector<char>(bytes);
+  // The smallest spare that holds `bytes`, else the largest (it grows once).
+  auto best = spares_.begin();
+  for (auto it = spares_.begin(); it != spares_.end(); ++it) {
+    const size_t c = it->capacity(), b = best->capacity();
+    if (c >= bytes ? (b < bytes || c < b) : (b < bytes && c > b)) best = it;
+  }
+  std::vector<char> host = std::move(*best);
+  spares_.erase(best);
+  host.resize(bytes);
+  return host;
+}
+
+void StagedComm::give(std::vector<char> host) const { spares_.push_back(std::move(host)); }
+
 std::vector<char> StagedComm::to_host(const void* device, size_t bytes) const {
-  std::vector<char> host(bytes);
+  std::vector<char> host = take(bytes);
   if (bytes) kernels::copy_to_host(exec_, host.data(), device, bytes);
   return host;
 }
@@ -35,52 +51,64 @@ void StagedComm::all_reduce(float* data, size_t count, ReduceOp op) const {
   std::vector<char> host = to_host(data, count * sizeof(float));
   inner_.all_reduce(as<float>(host), count, op);
   kernels::copy_from_host(exec_, data, host.data(), host.size());
+  give(std::move(host));
 }
 
 void StagedComm::all_reduce_bf16(uint16_t* data, size_t count) const {
   std::vector<char> host = to_host(data, count * sizeof(uint16_t));
   inner_.all_reduce_bf16(as<uint16_t>(host), count);
   kernels::copy_from_host(exec_, data, host.data(), host.size());
+  give(std::move(host));
 }
 
 void StagedComm::all_gather(const float* send, float* recv, size_t count) const {
   std::vector<char> mine = to_host(send, count * sizeof(float));
-  std::vector<char> all(count * sizeof(float) * static_cast<size_t>(size()));
+  std::vector<char> all = take(count * sizeof(float) * static_cast<size_t>(size()));
   inner_.all_gather(as<float>(mine), as<float>(all), count);
   kernels::copy_from_host(exec_, recv, all.data(), all.size());
+  give(std::move(mine));
+  give(std::move(all));
 }
 
 void StagedComm::all_gather(const uint16_t* send, uint16_t* recv, size_t count) const {
   std::vector<char> mine = to_host(send, count * sizeof(uint16_t));
-  std::vector<char> all(count * sizeof(uint16_t) * static_cast<size_t>(size()));
+  std::vector<char> all = take(count * sizeof(uint16_t) * static_cast<size_t>(size()));
   inner_.all_gather(as<uint16_t>(mine), as<uint16_t>(all), count);
   kernels::copy_from_host(exec_, recv, all.data(), all.size());
+  give(std::move(mine));
+  give(std::move(all));
 }
 
 void StagedComm::reduce_scatter(const float* send, float* recv, size_t count) const {
   std::vector<char> all = to_host(send, count * sizeof(float) * static_cast<size_t>(size()));
-  std::vector<char> mine(count * sizeof(float));
+  std::vector<char> mine = take(count * sizeof(float));
   inner_.reduce_scatter(as<float>(all), as<float>(mine), count);
   kernels::copy_from_host(exec_, recv, mine.data(), mine.size());
+  give(std::move(all));
+  give(std::move(mine));
 }
 
 void StagedComm::reduce_scatter_bf16(const uint16_t* send, uint16_t* recv, size_t count) const {
   std::vector<char> all = to_host(send, count * sizeof(uint16_t) * static_cast<size_t>(size()));
-  std::vector<char> mine(count * sizeof(uint16_t));
+  std::vector<char> mine = take(count * sizeof(uint16_t));
   inner_.reduce_scatter_bf16(as<uint16_t>(all), as<uint16_t>(mine), count);
   kernels::copy_from_host(exec_, recv, mine.data(), mine.size());
+  give(std::move(all));
+  give(std::move(mine));
 }
 
 void StagedComm::recv(float* data, size_t count, int peer, int tag) const {
-  std::vector<char> host(count * sizeof(float));
+  std::vector<char> host = take(count * sizeof(float));
   inner_.recv(as<float>(host), count, peer, tag);
   kernels::copy_from_host(exec_, data, host.data(), host.size());
+  give(std::move(host));
 }
 
 void StagedComm::recv(uint16_t* data, size_t count, int peer, int tag) const {
-  std::vector<char> host(count * sizeof(uint16_t));
+  std::vector<char> host = take(count * sizeof(uint16_t));
   inner_.recv(as<uint16_t>(host), count, peer, tag);
   kernels::copy_from_host(exec_, data, host.data(), host.size());
+  give(std::move(host));
 }
 
 Request StagedComm::isend(const float* data, size_t count, int peer, int tag) const {
@@ -135,7 +163,7 @@ void StagedComm::all_to_allv(Exchange& exchange, const T* send, const std::vecto
   // Send staging then receive staging, in one block kept until the exchange finishes.
   const size_t send_bytes = extent(send_counts, send_displs) * row_bytes;
   const size_t recv_bytes = extent(recv_counts, recv_displs) * row_bytes;
-  Staged s{std::vector<char>(send_bytes + recv_bytes), recv, send_bytes, recv_bytes};
+  Staged s{take(send_bytes + recv_bytes), recv, send_bytes, recv_bytes};
   if (send_bytes) kernels::copy_to_host(exec_, s.host.data(), send, send_bytes);
   inner_.start_all_to_allv(exchange, reinterpret_cast<const T*>(s.host.data()), send_counts,
                            send_displs, reinterpret_cast<T*>(s.host.data() + send_bytes),
@@ -164,6 +192,7 @@ Request StagedComm::track(Request inner, Staged staged) const {
     if (staged.back && staged.back_bytes)
       kernels::copy_from_host(exec_, staged.back, staged.host.data() + staged.back_offset,
                               staged.back_bytes);
+    give(std::move(staged.host));
     return inner;
   }
   const bool fresh = started_.emplace(inner.handle, std::move(staged)).second;
@@ -174,9 +203,10 @@ Request StagedComm::track(Request inner, Staged staged) const {
 void StagedComm::finish(uint64_t handle) const {
   const auto it = started_.find(handle);
   T3D_ASSERT(it != started_.end(), "a finished request this communicator did not start");
-  const Staged& s = it->second;
+  Staged& s = it->second;
   if (s.back && s.back_bytes)
     kernels::copy_from_host(exec_, s.back, s.host.data() + s.back_offset, s.back_bytes);
+  give(std::move(s.host));
   started_.erase(it);
 }
 

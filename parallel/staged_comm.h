@@ -63,6 +63,10 @@ class StagedComm final : public TensorComm {
     void* back = nullptr;
     size_t back_offset = 0, back_bytes = 0;
   };
+  // Host staging: a buffer from the spares (finished operations' staging, kept so that a steady
+  // stream of operations allocates nothing after the first), sized `bytes`; and its return.
+  std::vector<char> take(size_t bytes) const;
+  void give(std::vector<char> host) const;
   std::vector<char> to_host(const void* device, size_t bytes) const;
   // Records `staged` under the inner request's handle, or copies it back now when the inner
   // operation finished already (a request that was never pending).
@@ -78,6 +82,7 @@ class StagedComm final : public TensorComm {
   kernels::Exec exec_;
   mutable std::map<uint64_t, Staged> started_;  // by the inner request's handle
   mutable std::list<Staged> released_;          // dropped unfinished: kept until destruction
+  mutable std::vector<std::vector<char>> spares_;
 };
 
 }  // namespace t3d::parallel
