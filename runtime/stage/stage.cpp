@@ -25,9 +25,8 @@ namespace {
 bool stores_bf16(const JobPrecision& p) { return p.train == TrainPrecision::kBf16; }
 
 // The rank's device (hardware.device), logged. On a GPU what the CUDA backend cannot run yet is
-// refused here, naming the key: data or context parallelism (their gradient reduction runs on
-// the MPI groups directly), bf16 training (activations stored only as bf16 copies) and mixtures of
-// experts.
+// refused here, naming the key: bf16 training (activations stored only as bf16 copies) and
+// mixtures of experts.
 std::unique_ptr<kernels::Device> open_device(const Job& job) {
   const Recipe& r = job.recipe;
   auto device = kernels::Device::open(r.hardware.device, job.env.local_rank);
@@ -54,16 +53,6 @@ StageGroups::StageGroups(const parallel::Mesh& mesh, const kernels::Device& devi
   edp_ = std::make_unique<parallel::StagedComm>(mesh.edp(), exec);
   spdlog::info("tensor collectives of tp, pp, cp, dp × cp and edp staged through host memory ({})",
                device.on_gpu() ? "the GPU's tensors" : "T3D_STAGE_COLLECTIVES=1");
-}
-
-const parallel::TensorComm& StageGroups::dp_cp() const {
-  if (dp_cp_) return *dp_cp_;
-  return mesh_.dp_cp();
-}
-
-const parallel::TensorComm& StageGroups::edp() const {
-  if (edp_) return *edp_;
-  return mesh_.edp();
 }
 
 parallel::Schedule stage_schedule(const Recipe& r, int pp) {

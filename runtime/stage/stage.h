@@ -60,19 +60,18 @@ ModelOptions model_options(const Recipe& r, const JobPrecision& precision, Stage
 class StageGroups {
  public:
   StageGroups(const parallel::Mesh& mesh, const kernels::Device& device);
-  const parallel::TensorComm& tp() const { return pick(tp_, parallel::Dim::tp); }
-  const parallel::TensorComm& pp() const { return pick(pp_, parallel::Dim::pp); }
-  const parallel::TensorComm& cp() const { return pick(cp_, parallel::Dim::cp); }
+  const parallel::TensorComm& tp() const { return pick(tp_, mesh_.group(parallel::Dim::tp)); }
+  const parallel::TensorComm& pp() const { return pick(pp_, mesh_.group(parallel::Dim::pp)); }
+  const parallel::TensorComm& cp() const { return pick(cp_, mesh_.group(parallel::Dim::cp)); }
   // The gradient groups (parallel/mesh.h): dense parameters over dp × cp, experts over edp.
-  const parallel::TensorComm& dp_cp() const;
-  const parallel::TensorComm& edp() const;
-  bool staged() const { return tp_ != nullptr; }
+  const parallel::TensorComm& dp_cp() const { return pick(dp_cp_, mesh_.dp_cp()); }
+  const parallel::TensorComm& edp() const { return pick(edp_, mesh_.edp()); }
 
  private:
-  const parallel::TensorComm& pick(const std::unique_ptr<parallel::StagedComm>& staged,
-                                   parallel::Dim d) const {
+  static const parallel::TensorComm& pick(const std::unique_ptr<parallel::StagedComm>& staged,
+                                          const parallel::TensorComm& direct) {
     if (staged) return *staged;
-    return mesh_.group(d);
+    return direct;
   }
   const parallel::Mesh& mesh_;
   std::unique_ptr<parallel::StagedComm> tp_, pp_, cp_, dp_cp_, edp_;
