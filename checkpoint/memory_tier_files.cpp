@@ -77,7 +77,7 @@ std::string manifest_path(const std::string& dir, int64_t step) {
 std::string manifest_text(const IndexInfo& info) {
   std::ostringstream out;
   out << kManifestMagic << "\nstep " << info.step << "\nid " << info.id << "\nlayout "
-      << info.layout << "\n";
+      << info.layout << "\ndevice " << info.device << "\n";
   for (const auto& [name, value] : info.counters) out << "counter " << name << " " << value << "\n";
   for (const auto& s : info.shards)
     out << "shard " << s.bytes << " " << s.hash << " " << s.file << "\n";
@@ -107,6 +107,8 @@ std::optional<IndexInfo> parse_manifest(const std::string& text) {
       words >> info.id;
     } else if (key == "layout") {
       info.layout = line.size() > 7 ? line.substr(7) : "";
+    } else if (key == "device") {
+      info.device = line.size() > 7 ? line.substr(7) : "";
     } else if (key == "counter") {
       std::string name;
       int64_t value = 0;

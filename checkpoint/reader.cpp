@@ -93,6 +93,7 @@ struct Level {
     if (!info.parent.empty()) info.parent_id = h5::read_uints_attr(f, "parent_id", path).at(0);
     info.recipe = h5::read_string_attr(f, "recipe", path);
     info.layout = h5::read_string_attr(f, "layout", path);
+    if (h5::has_attr(f, "device")) info.device = h5::read_string_attr(f, "device", path);
     std::istringstream files(h5::read_string_attr(f, "shard_files", path));
     const auto bytes = h5::read_ints_attr(f, "shard_bytes", path);
     const auto hashes = h5::read_uints_attr(f, "shard_hash", path);

@@ -145,8 +145,11 @@ struct ShardEntry {
 
 struct IndexInfo {
   int64_t step = 0;
-  std::string recipe;                       // effective recipe, TOML
-  std::string layout;                       // e.g. "pp=2 dp=2 cp=1 tp=2", informational
+  std::string recipe;  // effective recipe, TOML
+  std::string layout;  // e.g. "pp=2 dp=2 cp=1 tp=2", informational
+  // Rank 0's device (kernels::Device::description: "cpu" or the GPU), informational; "" in
+  // snapshots written before it was recorded.
+  std::string device;
   std::map<std::string, int64_t> counters;  // step, sampler seed/position, AdamW step...
   std::vector<ShardEntry> shards;
   std::string parent;  // index file name in the same directory; "" for a full snapshot

@@ -7,28 +7,58 @@
 
 namespace t3d::kernels {
 
+namespace {
+
+// The GPU a rank of `local_rank` takes (index -1: none, `why` says why) and its description.
+struct GpuPick {
+  int index = -1;
+  std::string description, why;
+};
+
+GpuPick pick_gpu(int local_rank) {
+  GpuPick p;
+#ifdef T3D_HAVE_CUDA
+  const std::vector<cuda::DeviceInfo> gpus = cuda::visible_devices(&p.why);
+  if (gpus.empty()) return p;
+  p.index = cuda::device_for_local_rank(local_rank, static_cast<int>(gpus.size()));
+  p.description = "cuda:" + std::to_string(p.index) + " " + cuda::describe(gpus[p.index]);
+#else
+  (void)local_rank;
+  p.why = "built without the CUDA backend";
+#endif
+  return p;
+}
+
+}  // namespace
+
 Device::~Device() = default;
+
+std::string Device::describe(DeviceChoice choice, int local_rank) {
+  if (choice == DeviceChoice::kCpu) return "cpu";
+  const GpuPick p = pick_gpu(local_rank);
+  if (p.index >= 0) return p.description;
+  return choice == DeviceChoice::kAuto ? "cpu" : "cuda (none: " + p.why + ")";
+}
 
 std::unique_ptr<Device> Device::open(DeviceChoice choice, int local_rank, const std::string& key) {
   std::unique_ptr<Device> d(new Device);
   if (choice == DeviceChoice::kCpu) return d;
+  const GpuPick p = pick_gpu(local_rank);
+  if (p.index < 0) {
 #ifdef T3D_HAVE_CUDA
-  std::string why;
-  const std::vector<cuda::DeviceInfo> gpus = cuda::visible_devices(&why);
-  if (gpus.empty()) {
     T3D_USER_CHECK(choice == DeviceChoice::kAuto, key, " = \"cuda\", but this rank sees no GPU (",
-                   why, "): set ", key, " = \"cpu\" or \"auto\", or run where a GPU is visible");
+                   p.why, "): set ", key, " = \"cpu\" or \"auto\", or run where a GPU is visible");
+#else
+    T3D_USER_CHECK(choice == DeviceChoice::kAuto, key,
+                   " = \"cuda\", but this titan3d was built without the CUDA backend (no CUDA "
+                   "toolkit at configure time, or T3D_CUDA=OFF): rebuild where one is, or set ",
+                   key, " = \"cpu\"");
+#endif
     return d;
   }
-  const int index = cuda::device_for_local_rank(local_rank, static_cast<int>(gpus.size()));
-  d->stream_ = std::make_unique<cuda::Stream>(index);
-  d->description_ = "cuda:" + std::to_string(index) + " " + cuda::describe(gpus[index]);
-#else
-  T3D_USER_CHECK(choice == DeviceChoice::kAuto, key,
-                 " = \"cuda\", but this titan3d was built without the CUDA backend (no CUDA "
-                 "toolkit at configure time, or T3D_CUDA=OFF): rebuild where one is, or set ",
-                 key, " = \"cpu\"");
-  (void)local_rank;
+#ifdef T3D_HAVE_CUDA
+  d->stream_ = std::make_unique<cuda::Stream>(p.index);
+  d->description_ = p.description;
 #endif
   return d;
 }

@@ -24,6 +24,12 @@ class Device {
   // CUDA backend. kAuto: kCuda where a GPU is visible, else kCpu.
   static std::unique_ptr<Device> open(DeviceChoice choice, int local_rank,
                                       const std::string& key = "hardware.device");
+  // What open(choice, local_rank) would compute on, without opening it (no stream, no context
+  // kept): "cpu", the GPU's description(), or for kCuda where none is usable "cuda (none: why)"
+  // (open then refuses it). For the decisions made before the stage is built (the GEMM choice).
+  static std::string describe(DeviceChoice choice, int local_rank);
+  // Whether a description (describe's or description()) is of a usable GPU.
+  static bool is_gpu(const std::string& description) { return description.rfind("cuda:", 0) == 0; }
   ~Device();
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;

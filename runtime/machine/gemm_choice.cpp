@@ -14,7 +14,9 @@
 #include "checkpoint/snapshot.h"
 #include "kernels/blas.h"
 #include "kernels/check.h"
+#include "kernels/device.h"
 #include "kernels/peak.h"
+#include "parallel/trace.h"
 #include "runtime/machine/machine.h"
 
 namespace t3d::runtime {
@@ -231,16 +233,24 @@ void record(const GemmChoice& c, const std::string& run_dir) {
   for (const auto& m : c.rates)
     numbers += fmt::format("{}{} {:.1f} (slowest round {:.1f})", numbers.empty() ? "" : ", ",
                            kernels::gemm_kind_name(m.kind), m.fastest, m.slowest);
-  spdlog::info(
-      "GEMM: {} (train.precision = {}, hardware.gemm = {}; {}{}{}), {} thread(s) per rank; "
-      "{}; {}",
-      kernels::gemm_kind_name(c.kind), choice_name(c.precision), choice_name(c.library), c.source,
-      numbers.empty() ? "" : ": GFLOP/s per rank at the model's shapes ", numbers, c.threads,
-      kernels::cpu_model_name(), kernels::onednn_version_string());
+  if (kernels::Device::is_gpu(c.device))
+    spdlog::info(
+        "GEMM: cuBLAS with {} inputs and fp32 sums on {} (train.precision = {}; {}); {} stands "
+        "for it in snapshots, the GEMM a CPU resuming them runs",
+        kernels::gemm_kind_is_bf16(c.kind) ? "bf16" : "fp32", c.device, choice_name(c.precision),
+        c.source, kernels::gemm_kind_name(c.kind));
+  else
+    spdlog::info(
+        "GEMM: {} (train.precision = {}, hardware.gemm = {}; {}{}{}), {} thread(s) per rank; "
+        "{}; {}",
+        kernels::gemm_kind_name(c.kind), choice_name(c.precision), choice_name(c.library), c.source,
+        numbers.empty() ? "" : ": GFLOP/s per rank at the model's shapes ", numbers, c.threads,
+        kernels::cpu_model_name(), kernels::onednn_version_string());
   std::ostringstream out;
   out << "{\"kind\": \"" << kernels::gemm_kind_name(c.kind) << "\", \"precision\": \""
       << choice_name(c.precision) << "\", \"library\": \"" << choice_name(c.library)
-      << "\", \"threads_per_rank\": " << c.threads << ", \"cpu\": \"" << kernels::cpu_model_name()
+      << "\", \"device\": " << parallel::trace::json_string(c.device)
+      << ", \"threads_per_rank\": " << c.threads << ", \"cpu\": \"" << kernels::cpu_model_name()
       << "\", \"gflops_per_rank\": {";
   for (size_t i = 0; i < c.rates.size(); ++i)
     out << (i ? ", " : "") << "\"" << kernels::gemm_kind_name(c.rates[i].kind)
@@ -322,12 +332,86 @@ GemmDecision decide_gemm(const std::vector<MeasuredGemm>& measured,
   return d;
 }
 
+namespace {
+
+// Collective: the index of the winner among `candidates` (more than one), from the cache or a
+// measurement of every rank at once; c.rates and c.source say which numbers decided.
+int measured_winner(const Job& job, const std::vector<GemmKind>& candidates, GemmChoice& c) {
+  const Recipe& r = job.recipe;
+  const parallel::Comm& world = job.mesh->world();
+  const bool root = world.rank() == 0;
+  const int local = std::max(1, job.env.local_size);
+  int winner = 0;
+  const Shapes shapes = shapes_of(r);
+  const CacheKey key = cache_key(shapes, c.threads, local, candidates);
+  const size_t n = candidates.size();
+  std::vector<double> rates(2 * n);
+  int cached = 0;
+  if (root) {
+    rates = read_cached(cache_file(), key.text(), 2 * n);
+    cached = !rates.empty();
+  }
+  world.broadcast(&cached, 1, 0);
+  if (cached) {
+    world.broadcast(rates.data(), rates.size(), 0);
+    c.source = "cached in " + cache_file().string();
+  } else {
+    // Every rank at once, as they will train; the world's summed time per candidate decides.
+    // Rounds outside, candidates inside, each candidate's best round kept: load from elsewhere
+    // that comes and goes hits every candidate alike and lowers none for good.
+    world.barrier();
+    rates.assign(2 * candidates.size(), 0.0);  // fastest rounds, then slowest rounds
+    std::vector<bool> runnable;
+    for (GemmKind k : candidates)
+      runnable.push_back(runs_here(k, candidates));  // rate 0: never chosen
+    for (int round = 0; round < kMeasureRounds; ++round)
+      for (size_t i = 0; i < n; ++i)
+        if (runnable[i]) {
+          const double rate = measure_gflops(candidates[i], shapes, c.threads);
+          rates[i] = std::max(rates[i], rate);
+          rates[n + i] = round == 0 ? rate : std::min(rates[n + i], rate);
+        }
+    world.all_reduce(rates.data(), rates.size());
+    for (auto& v : rates) v /= world.size();  // mean rate per rank
+    c.source = "measured";
+  }
+  for (size_t i = 0; i < n; ++i) c.rates.push_back({candidates[i], rates[i], rates[n + i]});
+  if (root && cached) {
+    winner = static_cast<int>(preferred_gemm(c.rates));
+  } else if (root) {
+    // A measurement disturbed by load from elsewhere neither decides nor is cached.
+    std::string near;
+    const std::vector<double> figures = nearest_cached(cache_file(), key, shapes, 2 * n, &near);
+    std::vector<MeasuredGemm> reference;
+    for (size_t i = 0; i < n && !figures.empty(); ++i)
+      reference.push_back({candidates[i], figures[i], figures[n + i]});
+    const GemmDecision d = decide_gemm(c.rates, reference);
+    winner = static_cast<int>(d.winner);
+    if (d.interference.empty()) {
+      write_cached(cache_file(), key.text(), rates);
+    } else {
+      const std::string kept =
+          reference.empty() ? "the first candidate in order of preference (nothing cached for "
+                              "this CPU to compare with)"
+                            : "the choice of the rates cached for this CPU at " + near;
+      spdlog::warn(
+          "GEMM measurement disturbed by load from elsewhere ({}): keeping {}, {}, rather than "
+          "a choice the load made; not cached (a start on a quiet machine measures again)",
+          d.interference, kernels::gemm_kind_name(candidates[d.winner]), kept);
+      c.source = "measured under load from elsewhere; kept " + kept;
+    }
+  }
+  world.broadcast(&winner, 1, 0);
+  return winner;
+}
+
+}  // namespace
+
 GemmChoice choose_gemm(const Job& job) {
   const Recipe& r = job.recipe;
   const parallel::Comm& world = job.mesh->world();
   const bool root = world.rank() == 0;
   GemmChoice c;
-  const int local = std::max(1, job.env.local_size);
   c.threads = setup_rank_threads(r, job.env, /*report=*/false);
 
   TrainPrecision precision = r.train.precision;
@@ -343,68 +427,24 @@ GemmChoice choose_gemm(const Job& job) {
   T3D_ASSERT(!candidates.empty(), "no GEMM candidate for ", choice_name(precision), "/",
              choice_name(library));
 
+  // Rank 0's device decides for every rank. A GPU's GEMMs are cuBLAS in the precision's inputs:
+  // no CPU kind to measure; the kind chosen below only names that precision (and what a CPU
+  // resuming the snapshots runs).
+  if (root) c.device = kernels::Device::describe(r.hardware.device, job.env.local_rank);
+  world.broadcast(c.device, 0);
+  const bool gpu = kernels::Device::is_gpu(c.device);
   int winner = 0;
-  if (candidates.size() > 1) {
-    const Shapes shapes = shapes_of(r);
-    const CacheKey key = cache_key(shapes, c.threads, local, candidates);
-    const size_t n = candidates.size();
-    std::vector<double> rates(2 * n);
-    int cached = 0;
-    if (root) {
-      rates = read_cached(cache_file(), key.text(), 2 * n);
-      cached = !rates.empty();
-    }
-    world.broadcast(&cached, 1, 0);
-    if (cached) {
-      world.broadcast(rates.data(), rates.size(), 0);
-      c.source = "cached in " + cache_file().string();
-    } else {
-      // Every rank at once, as they will train; the world's summed time per candidate decides.
-      // Rounds outside, candidates inside, each candidate's best round kept: load from elsewhere
-      // that comes and goes hits every candidate alike and lowers none for good.
-      world.barrier();
-      rates.assign(2 * candidates.size(), 0.0);  // fastest rounds, then slowest rounds
-      std::vector<bool> runnable;
-      for (GemmKind k : candidates)
-        runnable.push_back(runs_here(k, candidates));  // rate 0: never chosen
-      for (int round = 0; round < kMeasureRounds; ++round)
-        for (size_t i = 0; i < n; ++i)
-          if (runnable[i]) {
-            const double rate = measure_gflops(candidates[i], shapes, c.threads);
-            rates[i] = std::max(rates[i], rate);
-            rates[n + i] = round == 0 ? rate : std::min(rates[n + i], rate);
-          }
-      world.all_reduce(rates.data(), rates.size());
-      for (auto& v : rates) v /= world.size();  // mean rate per rank
-      c.source = "measured";
-    }
-    for (size_t i = 0; i < n; ++i) c.rates.push_back({candidates[i], rates[i], rates[n + i]});
-    if (root && cached) {
-      winner = static_cast<int>(preferred_gemm(c.rates));
-    } else if (root) {
-      // A measurement disturbed by load from elsewhere neither decides nor is cached.
-      std::string near;
-      const std::vector<double> figures = nearest_cached(cache_file(), key, shapes, 2 * n, &near);
-      std::vector<MeasuredGemm> reference;
-      for (size_t i = 0; i < n && !figures.empty(); ++i)
-        reference.push_back({candidates[i], figures[i], figures[n + i]});
-      const GemmDecision d = decide_gemm(c.rates, reference);
-      winner = static_cast<int>(d.winner);
-      if (d.interference.empty()) {
-        write_cached(cache_file(), key.text(), rates);
-      } else {
-        const std::string kept =
-            reference.empty() ? "the first candidate in order of preference (nothing cached for "
-                                "this CPU to compare with)"
-                              : "the choice of the rates cached for this CPU at " + near;
-        spdlog::warn(
-            "GEMM measurement disturbed by load from elsewhere ({}): keeping {}, {}, rather than "
-            "a choice the load made; not cached (a start on a quiet machine measures again)",
-            d.interference, kernels::gemm_kind_name(candidates[d.winner]), kept);
-        c.source = "measured under load from elsewhere; kept " + kept;
+  if (gpu) {
+    // Until bf16 trains on a GPU (runtime/stage refuses it), auto is fp32 there.
+    if (precision == TrainPrecision::kAuto) precision = TrainPrecision::kFp32;
+    for (size_t i = 0; i < candidates.size(); ++i)
+      if (kernels::gemm_kind_is_bf16(candidates[i]) == (precision == TrainPrecision::kBf16)) {
+        winner = static_cast<int>(i);
+        break;
       }
-    }
-    world.broadcast(&winner, 1, 0);
+    c.source = "on a GPU nothing is measured on the CPU";
+  } else if (candidates.size() > 1) {
+    winner = measured_winner(job, candidates, c);
   }
   c.kind = candidates[static_cast<size_t>(winner)];
   c.library = library_of(c.kind);

@@ -19,6 +19,10 @@
 // A measurement disturbed by load from elsewhere keeps the choice cached for this CPU instead,
 // says so in the log and is not cached (decide_gemm).
 //
+// On a GPU (rank 0's hardware.device resolves to one) nothing is measured: the GEMMs are cuBLAS in
+// the precision's inputs, and the kind only names that precision for the snapshots (what a CPU
+// resuming them runs); auto precision is fp32 there until bf16 trains on a GPU.
+//
 // The decision is a value, JobPrecision (runtime/launch/job.h): the verb stores it in its Job once
 // (Job::set_precision) and everything that computes reads it from there (the stage's Model, the
 // peaks); the user's recipe is not changed. Snapshots record it as concrete recipe values
@@ -76,6 +80,7 @@ struct GemmChoice {
   GemmLibrary library = GemmLibrary::kOpenBlas;      // resolved: never auto
   std::string source;  // how it was decided: "measured", "cached", "the recipe", or a snapshot
   std::vector<MeasuredGemm> rates;  // per rank; empty when there was nothing to choose
+  std::string device = "cpu";       // rank 0's (kernels::Device::describe): a GPU measures nothing
   int threads = 1;
   JobPrecision job_precision() const { return {kind, precision}; }
 };

@@ -78,7 +78,7 @@ SnapshotRestore::Choice SnapshotRestore::resolve(int64_t before, int64_t* seen) 
   return c;
 }
 
-void SnapshotRestore::load(const Choice& c, std::string* layout) {
+void SnapshotRestore::load(const Choice& c, std::string* layout, std::string* device) {
   const auto boxes = state_.boxes(false);
   io_.run([&] {
     ck::SnapshotReader reader(c.path);
@@ -94,6 +94,7 @@ void SnapshotRestore::load(const Choice& c, std::string* layout) {
                    "step attribute");
     for (const auto& s : boxes) reader.read(s, state_.exec());
     *layout = info.layout;
+    *device = info.device;
   });
 }
 
@@ -173,10 +174,10 @@ int64_t SnapshotRestore::restore_chosen() {
       record_restore("disk", 0, disk_step, memory_step, tier_why);
       return 0;
     }
-    std::string error, layout;
+    std::string error, layout, device;
     bool internal = false;  // every rank must reach the agreement below, whatever it threw
     try {
-      load(c, &layout);
+      load(c, &layout, &device);
     } catch (const UserError& e) {
       error = e.what();
     } catch (const std::exception& e) {
@@ -185,11 +186,11 @@ int64_t SnapshotRestore::restore_chosen() {
     const int first_failed = first_failing_rank(world, !error.empty());
     if (first_failed == world.size()) {
       // Every rank says what it restored (ranks > 0 into their own logs).
-      spdlog::info("resumed from {} after step {}{} in {:.1f} s{}", c.path, c.step,
+      spdlog::info("resumed from {} after step {}{}{} in {:.1f} s{}", c.path, c.step,
                    layout == snapshot_layout(r_)
                        ? ""
                        : fmt::format(" (resharded: {} -> {})", layout, snapshot_layout(r_)),
-                   seconds_since(t0),
+                   device.empty() ? "" : ", written on " + device, seconds_since(t0),
                    !tier_ ? ""
                    : memory
                        ? " (tier: memory)"

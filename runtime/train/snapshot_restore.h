@@ -41,7 +41,7 @@ class SnapshotRestore {
   // empty path: start fresh. UserError when there is nothing good to restore.
   Choice resolve(int64_t before, int64_t* seen);
   // Reads this rank's state from `c`, refusing a snapshot that is not the one rank 0 resolved.
-  void load(const Choice& c, std::string* layout);
+  void load(const Choice& c, std::string* layout, std::string* device);
   // run() without setting aside: the memory tier first where it is newer, then the disk's.
   int64_t restore_chosen();
   // Rank 0 of a restart after a failure with the memory tier on: the restore line of

@@ -30,7 +30,7 @@ std::string snapshot_layout(const Recipe& r) {
 
 SnapshotWriter::SnapshotWriter(const Job& job, SnapshotStaging& staging, ck::IoThread& io,
                                MemoryTier* tier, MetricsWriter* metrics, int64_t tokenizer_hash,
-                               int64_t data_hash)
+                               int64_t data_hash, std::string device)
     : job_(job),
       r_(job.recipe),
       mesh_(*job.mesh),
@@ -40,7 +40,8 @@ SnapshotWriter::SnapshotWriter(const Job& job, SnapshotStaging& staging, ck::IoT
       tier_(tier),
       metrics_(metrics),
       tokenizer_hash_(tokenizer_hash),
-      data_hash_(data_hash) {}
+      data_hash_(data_hash),
+      device_(std::move(device)) {}
 
 SnapshotWriter::~SnapshotWriter() = default;
 
@@ -183,6 +184,7 @@ ck::IndexInfo SnapshotWriter::index_info(const Pending& p, const std::vector<uin
   if (p.incremental) info.parent = parent_->name, info.parent_id = parent_->id;
   info.recipe = recipe_as_run(job_).to_toml();  // the job's precision, for resume and eval
   info.layout = snapshot_layout(r_);
+  info.device = device_;
   info.counters = {{"step", p.step},
                    {"adamw_step", p.step},
                    {"sampler_seed", r_.train.seed},

@@ -28,10 +28,11 @@ std::string snapshot_layout(const Recipe& r);
 class SnapshotWriter {
  public:
   // `tier`: null without the memory tier; `metrics`: rank 0's writer (null elsewhere). The
-  // content hashes are rank 0's (0: not recorded), taken once at the start of the run.
+  // content hashes are rank 0's (0: not recorded), taken once at the start of the run; `device`
+  // is the rank's, recorded by rank 0's index.
   SnapshotWriter(const Job& job, SnapshotStaging& staging, checkpoint::IoThread& io,
                  MemoryTier* tier, MetricsWriter* metrics, int64_t tokenizer_hash,
-                 int64_t data_hash);
+                 int64_t data_hash, std::string device);
   ~SnapshotWriter();
   SnapshotWriter(const SnapshotWriter&) = delete;
   SnapshotWriter& operator=(const SnapshotWriter&) = delete;
@@ -130,6 +131,7 @@ class SnapshotWriter {
   // recorded), hashed once at the start: a file changed during the run does not change what the
   // snapshots record. Rank 0's, broadcast at a memory snapshot's commit.
   int64_t tokenizer_hash_ = 0, data_hash_ = 0;
+  std::string device_;  // this rank's device, for the index
   std::optional<Parent> parent_;
   std::optional<Pending> pending_;
   std::string last_good_;  // index of the newest committed snapshot, for messages

@@ -67,7 +67,7 @@ struct Snapshotter::Impl {
 };
 
 Snapshotter::Snapshotter(const Job& job, Model& model, const TrainingState& state,
-                         MetricsWriter* metrics)
+                         MetricsWriter* metrics, const std::string& device)
     : impl_(std::make_unique<Impl>(job, model, state)) {
   auto& m = *impl_;
   const int rank = job.mesh->rank();
@@ -109,7 +109,7 @@ Snapshotter::Snapshotter(const Job& job, Model& model, const TrainingState& stat
   }
   m.staging = std::make_unique<SnapshotStaging>(m.r, state);
   m.writer = std::make_unique<SnapshotWriter>(job, *m.staging, *m.io, m.tier.get(), metrics,
-                                              tokenizer, data);
+                                              tokenizer, data, device);
 }
 
 // The I/O thread goes first: a write still running uses the staging and the pending snapshot.

@@ -51,8 +51,10 @@ class Snapshotter {
  public:
   // `metrics`: rank 0's writer (null elsewhere). When snapshot.every > 0, checks that this rank
   // can write into snapshot.dir (UserError naming the key) and allocates the host staging memory.
-  // `state`: what this rank owns (its boxes of the global tensors).
-  Snapshotter(const Job& job, Model& model, const TrainingState& state, MetricsWriter* metrics);
+  // `state`: what this rank owns (its boxes of the global tensors). `device`: the rank's
+  // (kernels::Device::description), which rank 0's index records.
+  Snapshotter(const Job& job, Model& model, const TrainingState& state, MetricsWriter* metrics,
+              const std::string& device = "cpu");
   ~Snapshotter();  // lets a write in flight finish; an uncommitted snapshot stays unpublished
   Snapshotter(const Snapshotter&) = delete;
   Snapshotter& operator=(const Snapshotter&) = delete;

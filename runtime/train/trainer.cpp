@@ -145,7 +145,8 @@ struct Trainer::Impl {
     if (mesh.rank() == 0)
       metrics = std::make_unique<MetricsWriter>(job.run_dir + "/metrics.jsonl",
                                                 /*append=*/!r.snapshot.resume.empty());
-    snapshots = std::make_unique<Snapshotter>(job, *model, *state, metrics.get());
+    snapshots =
+        std::make_unique<Snapshotter>(job, *model, *state, metrics.get(), device->description());
   }
 
   // Collective, after build() succeeded on every rank: ranks agree on the snapshot they restore.

@@ -110,8 +110,10 @@ reshard cp2_dp2_zero1 cpto1 "cp2×dp2 ZeRO-1 -> 1 rank" "${one[@]}" --set parall
 # snapshot.resume = latest picks the newest complete snapshot and, here, has nothing left to do.
 out=$("$titan3d" train "$recipe" "${common[@]}" "${one[@]}" "${snap[@]}" --set train.steps=10 \
       --set run.dir="$work/one" --set snapshot.resume=latest --set run.log_level=info 2>&1)
-check "grep -q 'resumed from .*step_00000008.h5 after step 8' <<<\"\$out\" && [ \$(losses $work/one/metrics.jsonl | wc -l) -eq 10 ]" \
-  "snapshot.resume = latest continues from the newest snapshot (steps 9-10)"
+check "grep -q 'resumed from .*step_00000008.h5 after step 8, written on cpu' <<<\"\$out\" && [ \$(losses $work/one/metrics.jsonl | wc -l) -eq 10 ]" \
+  "snapshot.resume = latest continues from the newest snapshot (steps 9-10), naming the device it was written on"
+check "h5dump -a /device $work/mesh/snapshots/step_00000008.h5 | grep -q '\"cpu\"'" \
+  "the index records the device it was written on (/@device)"
 
 # The index is readable by the standard tools: h5ls lists global tensors, h5py reads them.
 check "h5ls -r $work/mesh/snapshots/step_00000008.h5 | grep -q 'model/model.embed_tokens.weight Dataset {256, 128}'" \

@@ -47,7 +47,7 @@ no_tier_left straight "a clean end"
 job=$!
 kill_rank_after killed 55
 wait $job; rc=$?
-check "[ $rc -eq 0 ] && grep -q '\"tier\": \"memory\"' $work/killed/incidents.jsonl && grep -q '\"event\": \"restore\", \"tier\": \"memory\", \"snapshot_step\": [1-9]' $work/killed/incidents.jsonl && grep -q 'after step [0-9]* in .* (tier: memory)' $work/killed.log" \
+check "[ $rc -eq 0 ] && grep -q '\"tier\": \"memory\"' $work/killed/incidents.jsonl && grep -q '\"event\": \"restore\", \"tier\": \"memory\", \"snapshot_step\": [1-9]' $work/killed/incidents.jsonl && grep -q 'after step [0-9]*, written on cpu in .* (tier: memory)' $work/killed.log" \
   "kill -9: the restart resumes the memory tier (incident and restore line say so; rc $rc)" ||
   { tail -5 "$work/killed.log"; cat "$work/killed/incidents.jsonl"; }
 same_as_straight killed "kill -9, memory tier"
@@ -69,7 +69,7 @@ check "[ $rc -eq 0 ] && restored newer | awk '\$1 == \"memory\" && \$2 > \$3 && 
 job=$!
 kill_rank_after lost 130 && rm -f "$(tier lost)"*/step_*/rank00001.h5
 wait $job; rc=$?
-check "[ $rc -eq 0 ] && restored lost | awk '\$1 == \"disk\" && \$2 == \$3 && \$3 > 0 { ok = 1 } END { exit !ok }' && grep -q '\"why\": \"the memory tier.s step [0-9]* has no living copy of shard step_[0-9]*/rank00001.h5' $work/lost/incidents.jsonl && grep -q 'after step [0-9]* in .* (tier: disk: .*no living copy' $work/lost.log" \
+check "[ $rc -eq 0 ] && restored lost | awk '\$1 == \"disk\" && \$2 == \$3 && \$3 > 0 { ok = 1 } END { exit !ok }' && grep -q '\"why\": \"the memory tier.s step [0-9]* has no living copy of shard step_[0-9]*/rank00001.h5' $work/lost/incidents.jsonl && grep -q 'after step [0-9]*, written on cpu in .* (tier: disk: .*no living copy' $work/lost.log" \
   "a memory snapshot with a shard gone: the restart falls back to the disk's, saying why ($(restored lost); rc $rc)" ||
   { tail -5 "$work/lost.log"; cat "$work/lost/incidents.jsonl"; }
 same_as_straight lost "memory tier lost, disk tier"

@@ -62,8 +62,8 @@ else
   fi
 fi
 train bf16 "$repo/recipes/default.toml" "${default[@]}" "${bf16[@]}"
-grep -q '"kind": "onednn-bf16"' "$work/bf16/gemm_choice.json" ||
-  { echo "FAIL: the bf16 run did not record onednn-bf16: $(cat "$work/bf16/gemm_choice.json")"; fail=1; }
+grep -q '"kind": "onednn-bf16"' "$work/bf16/gemm_choice.json" && grep -q '"device": "cpu"' "$work/bf16/gemm_choice.json" ||
+  { echo "FAIL: the bf16 run did not record onednn-bf16 on the cpu: $(cat "$work/bf16/gemm_choice.json")"; fail=1; }
 paste "$work/fp32.losses" <(losses "$work/bf16/metrics.jsonl") | awk '
   { a += $1; b += $2; n++
     if (n % 20 == 0) { r = (b - a) / a; if (r < 0) r = -r; if (r > worst) worst = r; if (r > 0.01) bad++; a = b = 0 } }

@@ -32,6 +32,20 @@ TEST(Device, AutoIsAGpuWhereOneIsVisibleElseTheCpu) {
   }
 }
 
+// describe() says what open() would compute on, without opening it: the same description.
+TEST(Device, DescribeSaysWhatOpenWouldGive) {
+  EXPECT_EQ(Device::describe(DeviceChoice::kCpu, 5), "cpu");
+  EXPECT_EQ(Device::describe(DeviceChoice::kAuto, 1),
+            Device::open(DeviceChoice::kAuto, 1)->description());
+  const std::string cuda = Device::describe(DeviceChoice::kCuda, 0);
+  const bool gpu = Device::open(DeviceChoice::kAuto, 0)->on_gpu();
+  EXPECT_EQ(Device::is_gpu(cuda), gpu) << cuda;
+  EXPECT_FALSE(Device::is_gpu("cpu"));
+  if (!gpu) {
+    EXPECT_EQ(cuda.rfind("cuda (none: ", 0), 0u) << cuda;  // the reason, as open's
+  }
+}
+
 TEST(Device, CudaWithoutAGpuIsRefusedNamingTheKey) {
   if (Device::open(DeviceChoice::kAuto, 0)->on_gpu()) GTEST_SKIP() << "this machine has a GPU";
   try {
