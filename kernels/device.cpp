@@ -11,8 +11,9 @@ namespace {
 
 // The GPU a rank of `local_rank` takes (index -1: none, `why` says why) and its description.
 struct GpuPick {
-  int index = -1;
+  int index = -1, visible = 0;
   std::string description, why;
+  const GpuSpec* spec = nullptr;
 };
 
 GpuPick pick_gpu(int local_rank) {
@@ -21,7 +22,10 @@ GpuPick pick_gpu(int local_rank) {
   const std::vector<cuda::DeviceInfo> gpus = cuda::visible_devices(&p.why);
   if (gpus.empty()) return p;
   p.index = cuda::device_for_local_rank(local_rank, static_cast<int>(gpus.size()));
-  p.description = "cuda:" + std::to_string(p.index) + " " + cuda::describe(gpus[p.index]);
+  const cuda::DeviceInfo& gpu = gpus[static_cast<size_t>(p.index)];
+  p.description = "cuda:" + std::to_string(p.index) + " " + cuda::describe(gpu);
+  p.spec = gpu_spec_of_device(gpu.name, static_cast<double>(gpu.total_bytes) / (1 << 30));
+  p.visible = static_cast<int>(gpus.size());
 #else
   (void)local_rank;
   p.why = "built without the CUDA backend";
@@ -59,6 +63,8 @@ std::unique_ptr<Device> Device::open(DeviceChoice choice, int local_rank, const 
 #ifdef T3D_HAVE_CUDA
   d->stream_ = std::make_unique<cuda::Stream>(p.index);
   d->description_ = p.description;
+  d->spec_ = p.spec;
+  d->visible_gpus_ = p.visible;
 #endif
   return d;
 }

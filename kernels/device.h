@@ -8,6 +8,7 @@
 
 #include "kernels/arena.h"
 #include "kernels/exec.h"
+#include "kernels/gpu_specs.h"
 
 namespace t3d::kernels {
 
@@ -41,11 +42,17 @@ class Device {
   Memory memory() const { return on_gpu() ? Memory::kDevice : Memory::kHost; }
   // "cpu", or the GPU: "cuda:0 NVIDIA H100 80GB HBM3, 79.1 GiB (78.5 free), sm_90, ..."
   const std::string& description() const { return description_; }
+  // On a GPU: its datasheet row (null when kernels/gpu_specs.h does not know it) and how many
+  // GPUs this process sees (the ranks of a host share them). Null and 0 on the CPU.
+  const GpuSpec* spec() const { return spec_; }
+  int visible_gpus() const { return visible_gpus_; }
 
  private:
   Device() = default;
   std::unique_ptr<cuda::Stream> stream_;
   std::string description_ = "cpu";
+  const GpuSpec* spec_ = nullptr;
+  int visible_gpus_ = 0;
 };
 
 }  // namespace t3d::kernels

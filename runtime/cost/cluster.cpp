@@ -8,6 +8,7 @@
 #include <toml.hpp>
 
 #include "kernels/check.h"
+#include "kernels/gpu_specs.h"
 #include "runtime/recipe/recipe.h"
 
 namespace t3d::runtime {
@@ -94,6 +95,7 @@ Cluster parse_cluster(const std::string& toml_text, const std::string& source_na
   c.source = source_name;
   c.name = source_name;
   std::set<std::string> seen;
+  const kernels::GpuSpec* gpu = nullptr;  // device.gpu: its datasheet's HBM and bf16 peak
   for (const auto& [section, body] : root.as_table()) {
     if (!body.is_table())
       fail(where(source_name, body), section,
@@ -108,6 +110,16 @@ Cluster parse_cluster(const std::string& toml_text, const std::string& source_na
       if (full == "cluster.name") {
         if (!value.is_string()) fail(where(source_name, value), full, "expected a string");
         c.name = value.as_string();
+        continue;
+      }
+      if (full == "device.gpu") {
+        if (!value.is_string()) fail(where(source_name, value), full, "expected a string");
+        const std::string name = value.as_string();
+        gpu = kernels::gpu_spec_by_key(name);
+        if (!gpu)
+          fail(where(source_name, value), full,
+               "unknown GPU \"" + name + "\"; known: " + kernels::gpu_spec_keys() +
+                   " (or give device.hbm_gib and device.peak_tflops instead)");
         continue;
       }
       auto k = std::find_if(schema().begin(), schema().end(),
@@ -131,6 +143,10 @@ Cluster parse_cluster(const std::string& toml_text, const std::string& source_na
       seen.insert(full);
     }
   }
+  // What the recipe's keys say wins over the datasheet's.
+  if (gpu && !seen.count("device.hbm_gib")) c.hbm_gib = gpu->hbm_gib, seen.insert("device.hbm_gib");
+  if (gpu && !seen.count("device.peak_tflops"))
+    c.peak_tflops = gpu->bf16_tflops, seen.insert("device.peak_tflops");
   for (const auto& k : schema())
     if (k.required && !seen.count(k.full()))
       fail(source_name, k.full(), "missing; it is required (" + k.meaning + ")");

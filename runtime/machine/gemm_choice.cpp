@@ -458,6 +458,24 @@ GemmChoice choose_gemm(const Job& job) {
   return c;
 }
 
+HostPeaks gpu_peaks(const kernels::Device& gpu, GemmKind kind, int local_ranks) {
+  HostPeaks p;
+  const kernels::GpuSpec* spec = gpu.spec();
+  const bool bf16 = kernels::gemm_kind_is_bf16(kind);
+  const int gpus = std::min(std::max(1, local_ranks), std::max(1, gpu.visible_gpus()));
+  if (!spec) {
+    spdlog::warn("MFU: {} is not in titan3d's GPU table (kernels/gpu_specs.h): no MFU (0)",
+                 gpu.description());
+    return p;
+  }
+  p.hardware_gflops = 1000 * (bf16 ? spec->bf16_tflops : spec->fp32_tflops) * gpus;
+  spdlog::info(
+      "MFU against {:.0f} GFLOP/s per host: {} GPU(s) × {} {} peak (its datasheet); no mfu_gemm "
+      "on a GPU",
+      p.hardware_gflops, gpus, spec->label, bf16 ? "dense bf16" : "fp32 (TF32 off)");
+  return p;
+}
+
 HostPeaks host_peaks(GemmKind kind, int64_t rows, int64_t in, int64_t out, int cores) {
   HostPeaks p;
   const std::string cpu = kernels::cpu_model_name();

@@ -35,6 +35,7 @@
 #include <utility>
 #include <vector>
 
+#include "kernels/device.h"
 #include "kernels/gemm.h"
 #include "runtime/launch/job.h"
 
@@ -107,9 +108,13 @@ GemmChoice choose_gemm(const Job& job);
 struct HostPeaks {
   double hardware_gflops = 0;
   double gemm_gflops = 0;
-  const char* hardware_what = "";  // "fp32 FMA" or "bf16 dot product"
+  const char* hardware_what = "";  // "fp32 FMA" or "bf16 dot product" (a CPU's)
 };
 HostPeaks host_peaks(kernels::GemmKind kind, int64_t rows, int64_t in, int64_t out, int cores);
+// On a GPU: the datasheet's dense peak (kernels/gpu_specs.h) in the precision `kind`'s GEMMs run
+// in, times the GPUs a host's `local_ranks` use (they may share one); no GEMM rate of its own
+// (gemm_gflops 0: no mfu_gemm). A GPU the table does not know has no MFU (0), said in the log.
+HostPeaks gpu_peaks(const kernels::Device& gpu, kernels::GemmKind kind, int local_ranks);
 
 // The choice a recipe records (a snapshot's, resolved by the run that wrote it), for a job that
 // does not measure (eval, selfcheck, calibration): no measurement, no collectives. A key left at

@@ -294,13 +294,15 @@ struct Trainer::Impl {
   // This host's hardware and GEMM peaks (rank 0 measures or reads the cache, all ranks agree).
   void measure_peaks() {
     const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    if (mesh.rank() == 0)
+    if (mesh.rank() == 0 && device->on_gpu())
+      peaks = gpu_peaks(*device, job.precision().gemm, job.env.local_size);
+    else if (mesh.rank() == 0)
       peaks = host_peaks(job.precision().gemm, std::max<int64_t>(rows * T / cp, 512), r.model.dim,
                          r.model.ffn_dim, cores);
     double both[2] = {peaks.hardware_gflops, peaks.gemm_gflops};
     mesh.world().broadcast(both, 2, 0);
     peaks.hardware_gflops = both[0], peaks.gemm_gflops = both[1];
-    if (mesh.rank() == 0)
+    if (mesh.rank() == 0 && !device->on_gpu())
       spdlog::info(
           "MFU against {:.0f} GFLOP/s per host ({} peak, measured: {} cores × one core); "
           "mfu_gemm against {:.0f} GFLOP/s ({} on one thread at the model's shapes × cores)",
@@ -354,8 +356,11 @@ struct Trainer::Impl {
     rec.peak_mem_gib = arena->peak() / double(1 << 30);
     mesh.world().all_reduce(&rec.peak_mem_gib, 1, parallel::ReduceOp::max);
     rec.tokens_per_s = static_cast<double>(r.train.global_batch * T) / rec.step_time_s;
-    rec.mfu = flops_per_token * rec.tokens_per_s / (hosts * peaks.hardware_gflops * 1e9);
-    rec.mfu_gemm = flops_per_token * rec.tokens_per_s / (hosts * peaks.gemm_gflops * 1e9);
+    const auto fraction_of = [&](double gflops) {  // 0 where there is no peak (a GPU's GEMMs)
+      return gflops > 0 ? flops_per_token * rec.tokens_per_s / (hosts * gflops * 1e9) : 0.0;
+    };
+    rec.mfu = fraction_of(peaks.hardware_gflops);
+    rec.mfu_gemm = fraction_of(peaks.gemm_gflops);
     return {static_cast<int>(shares[kGroups] + 0.5), shares[kGroups + 2] > 0};
   }
 

@@ -86,6 +86,41 @@ TEST(Cluster, ReferenceClustersLoad) {
   EXPECT_EQ(h100.world(), 1024);
   EXPECT_DOUBLE_EQ(h100.hbm_gib, 80);
   EXPECT_THROW(load_cluster("/nonexistent/cluster.toml"), UserError);
+  // device.gpu: the datasheet's HBM and dense bf16 peak.
+  const Cluster gpus = load_cluster(T3D_SOURCE_DIR "/recipes/clusters/h100_64.toml");
+  EXPECT_EQ(gpus.world(), 64);
+  EXPECT_DOUBLE_EQ(gpus.hbm_gib, 80);
+  EXPECT_DOUBLE_EQ(gpus.peak_tflops, 989.4);
+}
+
+// device.gpu names a GPU of kernels/gpu_specs.h: its figures fill the device keys not given, an
+// explicit key wins, an unknown GPU is refused listing the known ones.
+TEST(Cluster, AGpuByNameFillsTheDeviceKeys) {
+  const std::string net =
+      "[network]\nintra_node_gbps = 300.0\ninter_node_gbps = 200.0\n[cluster]\nnodes = 2\n"
+      "devices_per_node = 8\n";
+  const Cluster a100 = parse_cluster(net + "[device]\ngpu = \"a100-sxm-40\"\n", "a100.toml");
+  EXPECT_DOUBLE_EQ(a100.hbm_gib, 40);
+  EXPECT_DOUBLE_EQ(a100.peak_tflops, 312);
+  const Cluster h200 =
+      parse_cluster(net + "[device]\ngpu = \"h200\"\npeak_tflops = 700.0\n", "h200.toml");
+  EXPECT_DOUBLE_EQ(h200.hbm_gib, 141);
+  EXPECT_DOUBLE_EQ(h200.peak_tflops, 700);
+  try {
+    parse_cluster(net + "[device]\ngpu = \"h300\"\n", "x.toml");
+    FAIL() << "an unknown GPU was taken";
+  } catch (const UserError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("`device.gpu`: unknown GPU \"h300\"; known: h100-sxm"), std::string::npos)
+        << what;
+  }
+  // Without device.gpu the figures stay required.
+  try {
+    parse_cluster(net + "[device]\nhbm_gib = 80.0\n", "y.toml");
+    FAIL() << "a cluster without a peak was taken";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("device.peak_tflops"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -21,6 +21,12 @@ grep -q '^tp = ' "$tmp/best.toml" || fail "written recipe has no parallel.tp"
 "$bin" plan "$tmp/best.toml" --cluster "$src/recipes/clusters/npu64.toml" --top 1 >/dev/null \
   || fail "the written recipe is not accepted back"
 
+# The same model on 64 H100s (device.gpu = "h100-sxm": 80 GB, 989.4 TFLOP/s from the datasheet):
+# TP=4 DP=16, OOM in the NPUs' 32 GB, fits.
+out=$("$bin" plan "$src/recipes/llama13b_64npu.toml" --cluster "$src/recipes/clusters/h100_64.toml" --zero 0 --top 1)
+grep -q "80 GiB, 989.4 TFLOP/s" <<<"$out" || fail "the GPU cluster's figures are not the H100's: $out"
+grep -Eq "^ +16 +4 +1 +fits" <<<"$out" || fail "TP=4 DP=16 does not fit on 80 GB H100s: $out"
+
 # Without --cluster: the recipe's hardware.cluster (relative to the working directory); a recipe
 # with no cluster and far more ranks than cores here is told how to name one.
 out=$(cd "$src" && "$bin" plan recipes/llama13b_64npu.toml --zero 0 --top 3)
