@@ -35,6 +35,20 @@ GpuPick pick_gpu(int local_rank) {
 
 }  // namespace
 
+PinnedHostRegion::PinnedHostRegion(const Exec& exec, void* data, std::size_t bytes) {
+  if (!exec.on_gpu() || bytes == 0) return;
+#ifdef T3D_HAVE_CUDA
+  cuda::host_register(data, bytes);
+  data_ = data;
+#endif
+}
+
+PinnedHostRegion::~PinnedHostRegion() {
+#ifdef T3D_HAVE_CUDA
+  if (data_) cuda::host_unregister(data_);
+#endif
+}
+
 Device::~Device() = default;
 
 std::string Device::describe(DeviceChoice choice, int local_rank) {

@@ -18,6 +18,20 @@ class Stream;
 
 enum class DeviceChoice { kCpu, kCuda, kAuto };
 
+// Host memory [data, data + bytes) page-locked for the GPU's copies while this lives, where `exec`
+// is a GPU's (copy_to_host_started into it then runs at the link's rate instead of through
+// CUDA's own staging); nothing on the CPU. The memory must outlive it.
+class PinnedHostRegion {
+ public:
+  PinnedHostRegion(const Exec& exec, void* data, std::size_t bytes);
+  ~PinnedHostRegion();
+  PinnedHostRegion(const PinnedHostRegion&) = delete;
+  PinnedHostRegion& operator=(const PinnedHostRegion&) = delete;
+
+ private:
+  void* data_ = nullptr;  // registered; null on the CPU
+};
+
 class Device {
  public:
   // kCpu: the host. kCuda: the GPU `local_rank` modulo the GPUs this process sees (ranks may

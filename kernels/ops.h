@@ -56,6 +56,11 @@ void bf16_to_float(const Exec& exec, float* out, const bf16* in, std::int64_t n)
 // return when the host buffer may be reused (copy_from_host) or holds the bytes (copy_to_host).
 void copy_from_host(const Exec& exec, void* dst, const void* host_src, std::size_t bytes);
 void copy_to_host(const Exec& exec, void* host_dst, const void* src, std::size_t bytes);
+// copy_to_host for many pieces: each started on the stream (a memcpy on the CPU), all of them
+// finished by one wait_for_copies(exec), before which the host buffers must not be read. Into
+// pinned host memory (PinnedHostRegion) the GPU's copies run at the link's rate.
+void copy_to_host_started(const Exec& exec, void* host_dst, const void* src, std::size_t bytes);
+void wait_for_copies(const Exec& exec);
 // Toggles bit `bit` (0-31) of element x[i] (silent data corruption for the tests of replay,
 // parallel/fault.h's flip): through the two crossings above, so one float travels each way and
 // every backend runs it alike.

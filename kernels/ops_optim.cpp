@@ -51,6 +51,13 @@ void copy_to_host(const Exec& exec, void* host_dst, const void* src, std::size_t
   if (bytes) std::memcpy(host_dst, src, bytes);
 }
 
+void copy_to_host_started(const Exec& exec, void* host_dst, const void* src, std::size_t bytes) {
+  T3D_ON_GPU(exec, cuda::copy_to_host(*exec.stream, host_dst, src, bytes));
+  if (bytes) std::memcpy(host_dst, src, bytes);
+}
+
+void wait_for_copies(const Exec& exec) { T3D_ON_GPU(exec, exec.stream->synchronize()); }
+
 void flip_bit(const Exec& exec, float* x, std::int64_t i, int bit) {
   T3D_ASSERT(bit >= 0 && bit < 32 && i >= 0, "flip_bit: bit ", bit, " of element ", i);
   std::uint32_t word = 0;

@@ -103,6 +103,9 @@ void device_free(void* p) noexcept;
 // not pinned makes them synchronous (CUDA stages it).
 void copy_to_device(const Stream& s, void* device_dst, const void* host_src, std::size_t bytes);
 void copy_to_host(const Stream& s, void* host_dst, const void* device_src, std::size_t bytes);
+// Page-locks host memory for every GPU's copies (cudaHostRegister, portable) / gives it back.
+void host_register(void* p, std::size_t bytes);
+void host_unregister(void* p) noexcept;
 
 // ---- element-wise and reductions (ops_elementwise.cu) -------------------------------------------
 

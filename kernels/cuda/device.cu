@@ -172,6 +172,12 @@ void copy_to_device(const Stream& s, void* device_dst, const void* host_src, std
       cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, s.impl().stream));
 }
 
+void host_register(void* p, std::size_t bytes) {
+  if (bytes) T3D_CUDA_CHECK(cudaHostRegister(p, bytes, cudaHostRegisterPortable));
+}
+
+void host_unregister(void* p) noexcept { cudaHostUnregister(p); }
+
 void copy_to_host(const Stream& s, void* host_dst, const void* device_src, std::size_t bytes) {
   if (bytes == 0) return;
   T3D_CUDA_CHECK(

@@ -144,6 +144,8 @@ void SnapshotStaging::reserve(const Job& job, const Model& model, const Training
   staging_arena_ = std::make_unique<kernels::Arena>(staging_floats_ * sizeof(float));
   staging_ = staging_arena_->alloc_floats("snapshot staging", staging_floats_);
   std::memset(staging_, 0, staging_floats_ * sizeof(float));
+  pinned_ =
+      std::make_unique<kernels::PinnedHostRegion>(exec_, staging_, staging_floats_ * sizeof(float));
 }
 
 void SnapshotStaging::stage(size_t w) {
@@ -151,9 +153,10 @@ void SnapshotStaging::stage(size_t w) {
     const ck::Slice& box = mine_[p.box];
     const int64_t chunk = ck::chunk_elems(box.shape), n = kernels::numel(box.shape);
     const int64_t begin = p.first * chunk, end = std::min(n, p.last * chunk);
-    kernels::copy_to_host(exec_, staging_ + p.at, box.data + begin,
-                          static_cast<size_t>(end - begin) * sizeof(float));
+    kernels::copy_to_host_started(exec_, staging_ + p.at, box.data + begin,
+                                  static_cast<size_t>(end - begin) * sizeof(float));
   }
+  kernels::wait_for_copies(exec_);
 }
 
 }  // namespace t3d::runtime

@@ -11,6 +11,7 @@
 
 #include "checkpoint/snapshot.h"
 #include "kernels/arena.h"
+#include "kernels/device.h"
 #include "runtime/launch/job.h"
 
 namespace t3d::runtime {
@@ -46,7 +47,9 @@ class SnapshotStaging {
   // Waves of at most bytes(): each is written before the next is copied, and training goes on
   // while the last one is written.
   const std::vector<std::vector<Part>>& waves() const { return waves_; }
-  // Copies the parts of wave `w` from the arena into the staging (kernels::copy_to_host).
+  // Copies the parts of wave `w` from the arena into the staging: every part started, one wait
+  // (kernels::copy_to_host_started); on a GPU the staging is pinned, so they run at the link's
+  // rate.
   void stage(size_t w);
   const float* data() const { return staging_; }
   // Host memory the staging takes (the cap, or all of this rank's boxes when smaller).
@@ -67,6 +70,7 @@ class SnapshotStaging {
   // An arena of its own (huge pages where offered, like the device arena): staging_floats_.
   std::unique_ptr<kernels::Arena> staging_arena_;
   float* staging_ = nullptr;
+  std::unique_ptr<kernels::PinnedHostRegion> pinned_;  // on a GPU; declared last: unpinned first
 };
 
 }  // namespace t3d::runtime

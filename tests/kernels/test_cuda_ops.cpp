@@ -14,6 +14,7 @@
 #include "kernels/arena.h"
 #include "kernels/check.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/device.h"
 #include "kernels/ops.h"
 #include "kernels/ops_decode.h"
 #include "kernels/row_math.h"
@@ -182,6 +183,26 @@ TEST(CudaElementwise, StepScalarsAndCopyAreTheCpus) {
   EXPECT_EQ(std::memcmp(&gpu_sum, &cpu_sum, sizeof gpu_sum), 0) << gpu_sum << " " << cpu_sum;
   copy(exec, gy.p(), gx.p(), x.size());
   expect_same_bits(gy.host(), x, "copy");
+}
+
+// Snapshot staging's crossing: pieces started into pinned host memory, one wait, the bytes there;
+// and the region unpinned at its end (registering the same memory again works).
+TEST(CudaElementwise, StartedCopiesIntoPinnedMemoryHoldTheBytesAfterOneWait) {
+  REQUIRE_GPU();
+  const auto x = random_floats(1 << 20, 53, -3, 3);
+  const Exec exec(GemmKind::kOpenBlasF32, S());
+  Dev<float> gx(x);
+  std::vector<float> host(x.size() + 8, 0.0f);
+  for (int round = 0; round < 2; ++round) {
+    const PinnedHostRegion pinned(exec, host.data(), host.size() * sizeof(float));
+    const std::size_t half = x.size() / 2;
+    copy_to_host_started(exec, host.data() + 8, gx.p() + half, half * sizeof(float));
+    copy_to_host_started(exec, host.data() + 8 + half, gx.p(), half * sizeof(float));
+    wait_for_copies(exec);
+    std::vector<float> got(host.begin() + 8, host.end()), want(x.begin() + half, x.end());
+    want.insert(want.end(), x.begin(), x.begin() + half);
+    expect_same_bits(got, want, "staged pieces");
+  }
 }
 
 TEST(CudaElementwise, AdamWIsTheCpuBits) {

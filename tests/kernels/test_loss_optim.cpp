@@ -9,6 +9,7 @@
 
 #include "kernels/arena.h"
 #include "kernels/check.h"
+#include "kernels/device.h"
 #include "kernels/ops.h"
 #include "kernels/precision.h"
 #include "reference.h"
@@ -81,6 +82,13 @@ TEST(StepScalars, CastsCrossingsAndBuffersAreTheirDefinitions) {
   EXPECT_EQ(y[0], -1.0f);
   EXPECT_EQ(std::memcmp(y.data() + 1, x.data(), 8 * sizeof(float)), 0);
   EXPECT_EQ(y[9], x[8]);
+  {
+    const PinnedHostRegion pinned(kCpu, y.data(), y.size() * sizeof(float));  // nothing on a CPU
+    copy_to_host_started(kCpu, y.data() + 2, x.data() + 100, 3 * sizeof(float));
+    wait_for_copies(kCpu);
+  }
+  EXPECT_EQ(std::memcmp(y.data() + 2, x.data() + 100, 3 * sizeof(float)), 0);
+  EXPECT_EQ(y[0], -1.0f);
   Buffer buffer;
   EXPECT_EQ(buffer.bytes(), 0u);
   buffer.reserve(kCpu, 100, "test");
