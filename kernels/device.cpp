@@ -83,6 +83,18 @@ std::unique_ptr<Device> Device::open(DeviceChoice choice, int local_rank, const 
   return d;
 }
 
+Device::Rates Device::measure_rates(std::int64_t M, std::int64_t N, std::int64_t K,
+                                    std::size_t bytes, int rounds) const {
+  T3D_ASSERT(on_gpu(), "Device::measure_rates on the CPU");
+  Rates r;
+#ifdef T3D_HAVE_CUDA
+  r = cuda::measure_rates(*stream_, M, N, K, bytes, rounds);
+#else
+  (void)M, (void)N, (void)K, (void)bytes, (void)rounds;
+#endif
+  return r;
+}
+
 Exec Device::exec(GemmKind kind) const {
   if (stream_) return Exec(kind, *stream_);
   return Exec(kind);

@@ -3,6 +3,8 @@
 // arena, the Model and everything else built on its Exec.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -60,6 +62,15 @@ class Device {
   // GPUs this process sees (the ranks of a host share them). Null and 0 on the CPU.
   const GpuSpec* spec() const { return spec_; }
   int visible_gpus() const { return visible_gpus_; }
+
+  // A GPU's measured rates (selfcheck): cuBLAS GEMM TFLOP/s of an M x K by K x N linear layer in
+  // fp32 and bf16 inputs, and pinned host <-> device copies of `bytes`, the best of `rounds`.
+  // A GPU's only (InternalError on the CPU).
+  struct Rates {
+    double gemm_fp32_tflops = 0, gemm_bf16_tflops = 0, h2d_gbps = 0, d2h_gbps = 0;
+  };
+  Rates measure_rates(std::int64_t M, std::int64_t N, std::int64_t K, std::size_t bytes,
+                      int rounds) const;
 
  private:
   Device() = default;

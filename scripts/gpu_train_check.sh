@@ -7,9 +7,11 @@
 #   3. resumed on the GPU from its step-10 snapshot: steps 11-20 give the uninterrupted run's bits
 #      (the snapshot holds the device's state exactly);
 #   4. pp2 × dp2 × tp2 with ZeRO-1 (eight ranks sharing the GPU, their collectives staged through
-#      host memory) against the same layout on the CPU, within 1e-4 relative.
+#      host memory) against the same layout on the CPU, within 1e-4 relative;
+#   5. selfcheck's device rows on two ranks sharing the GPU (GEMM TFLOP/s against the datasheet,
+#      pinned copy GB/s): the run passes, and the rows are printed.
 # Usage: gpu_train_check.sh BUNDLE_ROOT REPO LOG_DIR. DEVICE=cpu runs the "GPU" runs on the CPU
-# instead (to check this script and the bundle where no GPU is). Exit 0 when all four hold.
+# instead (to check this script and the bundle where no GPU is). Exit 0 when all five hold.
 set -uo pipefail
 root=$1 repo=$2 logs=$3
 device=${DEVICE:-cuda}
@@ -62,3 +64,10 @@ print(f"GPU vs CPU, pp2 x dp2 x tp2 ZeRO-1 on 8 ranks: largest relative differen
 ok &= len(gpu4) == len(cpu4) and worst4 <= 1e-4
 sys.exit(0 if ok else 1)
 PY
+trained=$?
+titan3d selfcheck recipes/tiny.toml --quick --set parallel.dp=2 --set hardware.device="$device" \
+  --set data.path="$root/data/corpus.txt" --set run.dir="$logs/selfcheck" > "$logs/selfcheck.log" 2>&1
+checked=$?
+grep -E "^device" "$logs/selfcheck.log"
+[ $checked -eq 0 ] || { echo "FAIL: selfcheck on $device exited $checked"; tail -n 5 "$logs/selfcheck.log"; }
+[ $trained -eq 0 ] && [ $checked -eq 0 ]

@@ -22,6 +22,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kernels/device.h"
 #include "kernels/ops.h"
 
 namespace t3d::kernels::cuda {
@@ -106,6 +107,16 @@ void copy_to_host(const Stream& s, void* host_dst, const void* device_src, std::
 // Page-locks host memory for every GPU's copies (cudaHostRegister, portable) / gives it back.
 void host_register(void* p, std::size_t bytes);
 void host_unregister(void* p) noexcept;
+
+// ---- one GPU's rates (measure.cu): selfcheck's figures
+// --------------------------------------------
+
+// Device::measure_rates (kernels/device.h) on `s`'s GPU: the best of `rounds` timed runs on `s`
+// (each round waited for): four linear_forwards in each precision (bf16: its input rounding
+// included, as training runs it), then a copy each way. Allocates its buffers on the stream's GPU
+// and gives them back.
+Device::Rates measure_rates(const Stream& s, std::int64_t M, std::int64_t N, std::int64_t K,
+                            std::size_t bytes, int rounds);
 
 // ---- element-wise and reductions (ops_elementwise.cu) -------------------------------------------
 

@@ -395,6 +395,7 @@ SelfcheckReport run_selfcheck(const Job& job, const SelfcheckOptions& options) {
   selfcheck::check_memory(job, rows);
   selfcheck::check_idle_experts(job, rows);
   selfcheck::check_gemm(job, options.quick, rows);
+  selfcheck::check_device(job, options.quick, rows);
   bandwidth_rows(job, groups, options.quick, rows);
   if (world.size() > 1) host_link_rows(job, options.quick, rows);
   selfcheck::host_map(job, rows);

@@ -4,8 +4,9 @@
 // replica and that its tp shards reassemble to the single-rank tensors, and it measures what makes
 // a rank or a group slow: bandwidth per group and message size (algbw / busbw as nccl-tests
 // defines them, docs/selfcheck.md), GEMM speed per rank at the model's shapes, and the planned
-// memory against the arena. A host map says where each rank runs. For a mixture of experts whose
-// run directory has metrics, it also flags layers whose experts went idle.
+// memory against the arena; each rank's device opens, and a GPU's GEMM and copy rates are
+// measured against its datasheet. A host map says where each rank runs. For a mixture of experts
+// whose run directory has metrics, it also flags layers whose experts went idle.
 //
 // Every rank takes part; every row is agreed over the world, so all ranks know the verdict and
 // exit alike. A failing row names the ranks to blame where the check can tell them apart.
@@ -27,7 +28,7 @@ const char* status_name(CheckStatus s);
 
 struct CheckRow {
   std::string check;  // all_reduce, all_gather, reduce_scatter, broadcast, p2p, replica,
-                      // bandwidth, gemm, memory, experts, host
+                      // bandwidth, gemm, device, memory, experts, host
   std::string group;  // tp, dp, pp, cp, world, run (the run directory's metrics), or "rank N" /
                       // "stage N" for per-rank rows
   std::string scope;  // which groups or which message size, e.g. "4 groups × 2"

@@ -58,6 +58,10 @@ void ep_rows(const Job& job, const Group& ep_group, bool quick, double seconds,
 // The model-level checks (selfcheck_model.cpp): rows appended to `rows`.
 void check_replicas(const Job& job, std::vector<CheckRow>& rows);
 void check_gemm(const Job& job, bool quick, std::vector<CheckRow>& rows);
+// selfcheck_device.cpp: each rank's device (hardware.device), and on GPUs their cuBLAS GEMM and
+// pinned copy rates against their datasheets; a GPU slower than its peers by check_gemm's rule
+// is a WARN naming its rank, one that cannot open or measure a FAILED row naming it.
+void check_device(const Job& job, bool quick, std::vector<CheckRow>& rows);
 void check_memory(const Job& job, std::vector<CheckRow>& rows);
 // A mixture of experts whose run directory holds a metrics.jsonl (a run trained or under way):
 // WARN for each MoE layer the idle-expert rule (runtime/model/expert_idle.h) flags at its last

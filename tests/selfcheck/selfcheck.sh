@@ -21,6 +21,20 @@ for np in 1 2 4; do
   check "valid_json $work/np$np.json" "$np rank(s): --json is valid JSON"
 done
 
+# The device rows: the CPU everywhere by default; hardware.device = cuda where no GPU is visible
+# is a FAILED device row naming every rank, with the way out (on a machine with a GPU this part
+# is not run: there the row would pass).
+out=$("$titan3d" selfcheck --quick --np 2 --set run.dir="$work/dev" 2>&1)
+check "grep -q '^device *world *every rank *OK *hardware.device = cpu: every rank computes on its host' <<<\"\$out\"" \
+  "the device row: every rank on the CPU" || echo "$out"
+if [ -e /dev/nvidia0 ] || [ -e /dev/nvidiactl ]; then
+  echo "skip hardware.device = cuda without a GPU: this machine has one"
+else
+  out=$("$titan3d" selfcheck --quick --np 2 --set run.dir="$work/devcuda" --set hardware.device=cuda 2>&1); rc=$?
+  check "[ $rc -eq 5 ] && grep -q '^device *world *every rank *FAILED *world ranks 0,1: hardware.device = \"cuda\", but this' <<<\"\$out\" && grep -q '^FAILED: 1 of .*device on world (world ranks 0,1)' <<<\"\$out\"" \
+    "hardware.device = cuda without a GPU: the device row fails naming both ranks (rc $rc)" || echo "$out"
+fi
+
 recipe=$repo/recipes/3d_pp2_dp2_tp2.toml
 out=$("$titan3d" selfcheck "$recipe" --quick --set run.dir="$work/3d" --json "$work/3d.json" 2>&1); rc=$?
 check "[ $rc -eq 0 ] && grep -q '^OK: ' <<<\"\$out\" && grep -q '^p2p .* OK' <<<\"\$out\" && grep -q '^replica .* OK' <<<\"\$out\"" \
