@@ -36,7 +36,7 @@ struct PinnedBlock {
 }  // namespace
 
 Device::Rates measure_rates(const Stream& s, std::int64_t M, std::int64_t N, std::int64_t K,
-                       std::size_t bytes, int rounds) {
+                            std::size_t bytes, int rounds) {
   T3D_CUDA_CHECK(cudaSetDevice(s.device()));
   Device::Rates r;
   const DeviceMemory x(static_cast<std::size_t>(M * K) * sizeof(float), "selfcheck GEMM input");
@@ -45,8 +45,8 @@ Device::Rates measure_rates(const Stream& s, std::int64_t M, std::int64_t N, std
   zero(s, x.as<float>(), M * K);
   zero(s, w.as<float>(), N * K);
   constexpr int kReps = 4;  // GEMMs per timed round: launch gaps amortised
-  const double flops = 2.0 * static_cast<double>(M) * static_cast<double>(N) *
-                       static_cast<double>(K) * kReps;
+  const double flops =
+      2.0 * static_cast<double>(M) * static_cast<double>(N) * static_cast<double>(K) * kReps;
   for (const GemmPrecision p : {GemmPrecision::kFp32, GemmPrecision::kBf16}) {
     const auto gemms = [&] {
       for (int i = 0; i < kReps; ++i)
