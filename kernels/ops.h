@@ -213,9 +213,9 @@ void linear_forward(const Exec& exec,
 // The rounded copy comes from a per-thread pool of library memory outside the arena (like the
 // GEMMs' own workspace, kernels/gemm.h), grown to the largest use and reused; or it is the
 // caller's own copy (a bf16-stored activation, which the backward then reads without rounding).
-// On a GPU Exec no copy is kept: the CUDA GEMMs round their inputs from the floats (the same
-// bits), so x must hold the input; a caller's copy with kFill is still filled (on the GPU), and
-// kFilled with a bf16 kind (whose floats may be stale) is refused.
+// On a GPU Exec the pool is not used: without a caller's copy the CUDA GEMMs round their inputs
+// from the floats (the same bits); a caller's copy is filled (kFill) or taken as filled (kFilled)
+// and, with bf16 GEMMs, read by them in place of the floats, as on the CPU.
 class LinearInput {
  public:
   LinearInput(const Exec& exec, const float* x, std::int64_t rows,
@@ -233,7 +233,8 @@ class LinearInput {
   GemmKind kind() const { return exec_.gemm; }
   const Exec& exec() const { return exec_; }
   const float* data() const { return x_; }
-  const bf16* rounded() const { return rounded_; }  // nullptr unless the GEMMs are bf16
+  // nullptr unless the GEMMs are bf16 (on a GPU: and the caller gave a copy)
+  const bf16* rounded() const { return rounded_; }
   std::int64_t rows() const { return rows_; }
   std::int64_t cols() const { return cols_; }
 

@@ -65,11 +65,9 @@ LinearInput::LinearInput(const Exec& exec, const float* x, bf16* copy, Copy how,
     : exec_(exec), x_(x), rows_(rows), cols_(cols) {
   const GemmKind kind = exec.gemm;
   const bool bf16_gemm = gemm_kind_is_bf16(kind);
-  if (exec.on_gpu()) {
-    T3D_USER_CHECK(!(bf16_gemm && copy && how == Copy::kFilled),
-                   "bf16 activations stored only as their bf16 copies (train.precision = bf16) ",
-                   "have no CUDA path yet: on the GPU use train.precision = fp32 (docs/gpu.md)");
+  if (exec.on_gpu()) {  // no pool: without a copy cuBLAS rounds from the floats (the same bits)
     if (copy && how == Copy::kFill) float_to_bf16(exec, copy, x, rows * cols);
+    if (copy && bf16_gemm) rounded_ = copy;
     return;
   }
   if (!copy) {  // a buffer of the pool, only worth filling for bf16 GEMMs
@@ -100,7 +98,7 @@ LinearInput::~LinearInput() {
 void linear_forward(float* y, const LinearInput& x, const float* w, std::int64_t out, Out mode) {
   const std::int64_t N = x.rows(), in = x.cols();
   T3D_ON_GPU(x.exec(), cuda::linear_forward(*x.exec().stream, cuda::gemm_precision(x.exec()), y,
-                                            x.data(), w, N, in, out, mode));
+                                            x.data(), w, N, in, out, mode, x.rounded()));
   gemm(x.kind(), Trans::kNo, Trans::kYes, N, out, in, operand(x), GemmOperand{w, in},
        mode == Out::kAccumulate, y, out);
 }
@@ -110,7 +108,7 @@ void linear_backward_input(float* dx, const LinearInput& dy, const float* w, std
   const std::int64_t N = dy.rows(), out = dy.cols();
   T3D_ON_GPU(dy.exec(),
              cuda::linear_backward_input(*dy.exec().stream, cuda::gemm_precision(dy.exec()), dx,
-                                         dy.data(), w, N, in, out, mode));
+                                         dy.data(), w, N, in, out, mode, dy.rounded()));
   gemm(dy.kind(), Trans::kNo, Trans::kNo, N, in, out, operand(dy), GemmOperand{w, in},
        mode == Out::kAccumulate, dx, in);
 }
@@ -121,9 +119,9 @@ void linear_backward_weight(float* dw, const LinearInput& dy, const LinearInput&
              gemm_kind_name(x.kind()));
   T3D_ASSERT(dy.exec().on_gpu() == x.exec().on_gpu(), "dy and x prepared for different backends");
   const std::int64_t N = x.rows(), in = x.cols(), out = dy.cols();
-  T3D_ON_GPU(x.exec(),
-             cuda::linear_backward_weight(*x.exec().stream, cuda::gemm_precision(x.exec()), dw,
-                                          dy.data(), x.data(), N, in, out));
+  T3D_ON_GPU(x.exec(), cuda::linear_backward_weight(
+                           *x.exec().stream, cuda::gemm_precision(x.exec()), dw, dy.data(),
+                           x.data(), N, in, out, dy.rounded(), x.rounded()));
   gemm(x.kind(), Trans::kYes, Trans::kNo, out, in, N, operand(dy), operand(x), true, dw, in);
 }
 

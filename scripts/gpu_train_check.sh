@@ -8,10 +8,12 @@
 #      (the snapshot holds the device's state exactly);
 #   4. pp2 × dp2 × tp2 with ZeRO-1 (eight ranks sharing the GPU, their collectives staged through
 #      host memory) against the same layout on the CPU, within 1e-4 relative;
-#   5. selfcheck's device rows on two ranks sharing the GPU (GEMM TFLOP/s against the datasheet,
+#   5. bf16 on the GPU: recipes/default.toml's model on one rank, 200 steps, in fp32 and in bf16:
+#      the bf16 losses within 2% of the fp32 run's at every step;
+#   6. selfcheck's device rows on two ranks sharing the GPU (GEMM TFLOP/s against the datasheet,
 #      pinned copy GB/s): the run passes, and the rows are printed.
 # Usage: gpu_train_check.sh BUNDLE_ROOT REPO LOG_DIR. DEVICE=cpu runs the "GPU" runs on the CPU
-# instead (to check this script and the bundle where no GPU is). Exit 0 when all five hold.
+# instead (to check this script and the bundle where no GPU is). Exit 0 when all six hold.
 set -uo pipefail
 root=$1 repo=$2 logs=$3
 device=${DEVICE:-cuda}
@@ -36,6 +38,13 @@ run gpu_resumed "$device" titan3d resume "$logs/gpu/snapshots/step_00000010.h5" 
 layout=(--set parallel.pp=2 --set parallel.dp=2 --set parallel.tp=2 --set parallel.zero=1)
 run cpu_3d cpu titan3d train recipes/tiny.toml "${layout[@]}"
 run gpu_3d "$device" titan3d train recipes/tiny.toml "${layout[@]}"
+one=(--set parallel.pp=1 --set parallel.dp=1 --set parallel.tp=1 --set data.path="$root/data/corpus.txt"
+     --set train.val_every=0 --set snapshot.every=0 --set hardware.device="$device")
+for precision in fp32 bf16; do
+  titan3d train recipes/default.toml "${one[@]}" --set train.precision=$precision \
+    --set run.dir="$logs/default_$precision" > "$logs/default_$precision.log" 2>&1 ||
+    { echo "FAIL: default_$precision exited $?"; tail -n 20 "$logs/default_$precision.log"; exit 1; }
+done
 python3 - "$logs" <<'PY'
 import json, sys
 logs = sys.argv[1]
@@ -62,6 +71,10 @@ cpu4, gpu4 = losses("cpu_3d"), losses("gpu_3d")
 worst4 = max(abs(gpu4[s] - cpu4[s]) / abs(cpu4[s]) for s in cpu4)
 print(f"GPU vs CPU, pp2 x dp2 x tp2 ZeRO-1 on 8 ranks: largest relative difference {worst4:.2e} (within 1e-4)")
 ok &= len(gpu4) == len(cpu4) and worst4 <= 1e-4
+fp32, bf16 = losses("default_fp32"), losses("default_bf16")
+worst16 = max(abs(bf16[s] - fp32[s]) / abs(fp32[s]) for s in fp32)
+print(f"bf16 vs fp32 on the GPU, default model, {len(fp32)} steps: largest relative difference {worst16:.2e} at a step (within 2e-2)")
+ok &= len(fp32) == 200 and len(bf16) == 200 and worst16 <= 2e-2
 sys.exit(0 if ok else 1)
 PY
 trained=$?

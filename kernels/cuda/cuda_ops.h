@@ -171,14 +171,18 @@ void swiglu_backward_bf16(const Stream& s, bf16* dgate16, bf16* dup16, const flo
 // --------------------------------------------------------
 
 // The three GEMMs of kernels/ops.h's linear ops, W stored [out, in] row-major. With kBf16 the
-// inputs are rounded to bf16 (nearest even, as the CPU rounds) into the stream's workspace first.
+// inputs are rounded to bf16 (nearest even, as the CPU rounds) into the stream's workspace first;
+// an activation operand given with its rounded copy (`x16`, `dy16`: packed rows, a bf16-stored
+// activation or LinearInput's copy) is read from that copy instead and its floats are not read.
 void linear_forward(const Stream& s, GemmPrecision p, float* y, const float* x, const float* w,
-                    std::int64_t N, std::int64_t in, std::int64_t out, Out mode = Out::kWrite);
+                    std::int64_t N, std::int64_t in, std::int64_t out, Out mode = Out::kWrite,
+                    const bf16* x16 = nullptr);
 void linear_backward_input(const Stream& s, GemmPrecision p, float* dx, const float* dy,
                            const float* w, std::int64_t N, std::int64_t in, std::int64_t out,
-                           Out mode = Out::kWrite);
+                           Out mode = Out::kWrite, const bf16* dy16 = nullptr);
 void linear_backward_weight(const Stream& s, GemmPrecision p, float* dw, const float* dy,
-                            const float* x, std::int64_t N, std::int64_t in, std::int64_t out);
+                            const float* x, std::int64_t N, std::int64_t in, std::int64_t out,
+                            const bf16* dy16 = nullptr, const bf16* x16 = nullptr);
 
 // ---- cross-entropy (ops_loss.cu)
 // -------------------------------------------------------------------

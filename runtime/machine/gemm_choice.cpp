@@ -435,7 +435,7 @@ GemmChoice choose_gemm(const Job& job) {
   const bool gpu = kernels::Device::is_gpu(c.device);
   int winner = 0;
   if (gpu) {
-    // Until bf16 trains on a GPU (runtime/stage refuses it), auto is fp32 there.
+    // auto is fp32 on a GPU until bf16 there is measured against it (issue 41).
     if (precision == TrainPrecision::kAuto) precision = TrainPrecision::kFp32;
     for (size_t i = 0; i < candidates.size(); ++i)
       if (kernels::gemm_kind_is_bf16(candidates[i]) == (precision == TrainPrecision::kBf16)) {

@@ -21,7 +21,7 @@
 //
 // On a GPU (rank 0's hardware.device resolves to one) nothing is measured: the GEMMs are cuBLAS in
 // the precision's inputs, and the kind only names that precision for the snapshots (what a CPU
-// resuming them runs); auto precision is fp32 there until bf16 trains on a GPU.
+// resuming them runs); auto precision is fp32 there until bf16 there is measured against it.
 //
 // The decision is a value, JobPrecision (runtime/launch/job.h): the verb stores it in its Job once
 // (Job::set_precision) and everything that computes reads it from there (the stage's Model, the

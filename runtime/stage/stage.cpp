@@ -25,16 +25,12 @@ namespace {
 bool stores_bf16(const JobPrecision& p) { return p.train == TrainPrecision::kBf16; }
 
 // The rank's device (hardware.device), logged. On a GPU what the CUDA backend cannot run yet is
-// refused here, naming the key: bf16 training (activations stored only as bf16 copies) and
-// mixtures of experts.
+// refused here, naming the key: mixtures of experts.
 std::unique_ptr<kernels::Device> open_device(const Job& job) {
   const Recipe& r = job.recipe;
   auto device = kernels::Device::open(r.hardware.device, job.env.local_rank);
   spdlog::info("device: {}", device->description());
   if (!device->on_gpu()) return device;
-  T3D_USER_CHECK(job.precision().train == TrainPrecision::kFp32,
-                 "hardware.device = cuda needs train.precision = \"fp32\" for now (bf16 "
-                 "activations stored as bf16 copies have no CUDA path yet)");
   T3D_USER_CHECK(r.model.n_experts == 0, "hardware.device = cuda: model.n_experts must be 0 for ",
                  "now (the mixture-of-experts ops have no CUDA path yet)");
   return device;

@@ -14,7 +14,9 @@
 #include <vector>
 
 #include "kernels/arena.h"
+#include "kernels/check.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/gemm.h"
 #include "kernels/ops.h"
 #include "parallel/tensor_comm.h"
 #include "runtime/model/model.h"
@@ -89,9 +91,10 @@ struct TrainedRun {
   std::vector<float> grads, params;  // after the last step's backward / AdamW
 };
 
-// `steps` AdamW steps of one micro-batch of 2 sequences, fp32 GEMMs, on `exec` (arena memory
-// `memory`); the losses, and the state read back to the host.
-TrainedRun train(const kernels::Exec& exec, kernels::Memory memory, int steps) {
+// `steps` AdamW steps of one micro-batch of 2 sequences, GEMMs of exec's kind, on `exec` (arena
+// memory `memory`); with `bf16` the activations are stored as bf16 copies (train.precision =
+// bf16). The losses, and the state read back to the host.
+TrainedRun train(const kernels::Exec& exec, kernels::Memory memory, int steps, bool bf16 = false) {
   const ModelConfig cfg = config();
   const int64_t rows = 2, N = rows * cfg.seq_len;
   std::mt19937 rng(11);
@@ -102,6 +105,7 @@ TrainedRun train(const kernels::Exec& exec, kernels::Memory memory, int steps) {
   kernels::Arena arena(std::size_t{64} << 20, memory);
   ModelOptions options{rows, 1, true};
   options.exec = exec;
+  options.bf16 = bf16;
   Model m(cfg, {{0, cfg.n_layers, true, true}}, one, arena, options);
   m.init(5);
   const auto& s = m.state();
@@ -147,6 +151,25 @@ TEST(GpuModel, TheCpuRunItComparesWithTrainsAndRepeats) {
   EXPECT_TRUE(std::any_of(a.grads.begin(), a.grads.end(), [](float g) { return g != 0.0f; }));
 }
 
+// The bf16 harness on the CPU (where oneDNN runs bf16 GEMMs): it repeats its bits, trains, and
+// stays within the 2% the GPU's bf16 test allows of the fp32 run.
+TEST(GpuModel, TheCpuBf16RunTrainsRepeatsAndFollowsFp32) {
+  try {
+    kernels::verify_gemm_kind(kernels::GemmKind::kOneDnnBf16);
+  } catch (const GemmUnavailable& e) {
+    GTEST_SKIP() << "no bf16 GEMM on this CPU: " << e.reason();
+  }
+  const TrainedRun fp32 = train(kernels::GemmKind::kOpenBlasF32, kernels::Memory::kHost, 4);
+  const TrainedRun a = train(kernels::GemmKind::kOneDnnBf16, kernels::Memory::kHost, 4, true);
+  const TrainedRun b = train(kernels::GemmKind::kOneDnnBf16, kernels::Memory::kHost, 4, true);
+  EXPECT_EQ(a.losses, b.losses);
+  EXPECT_EQ(a.params, b.params);
+  for (size_t i = 0; i < fp32.losses.size(); ++i)
+    EXPECT_NEAR(a.losses[i], fp32.losses[i], 2e-2 * std::fabs(fp32.losses[i])) << "step " << i;
+  EXPECT_NE(a.losses, fp32.losses);
+  EXPECT_LT(a.losses.back(), a.losses.front());
+}
+
 TEST(GpuModel, DenseTrainingStepsAreTheCpusAndRepeatBitForBit) {
   REQUIRE_GPU();
   constexpr int kSteps = 4;
@@ -166,6 +189,29 @@ TEST(GpuModel, DenseTrainingStepsAreTheCpusAndRepeatBitForBit) {
   EXPECT_LT(relative_difference(first.grads, cpu.grads), 1e-4);
   EXPECT_LT(relative_difference(first.params, cpu.params), 1e-5);
   // And it trained: the loss fell (lr 1e-2 on one repeated batch).
+  EXPECT_LT(first.losses.back(), first.losses.front());
+}
+
+// train.precision = bf16 on the GPU: bf16-stored activations whose copies feed cuBLAS's bf16 GEMMs
+// (LinearInput's kFilled copies, the fused bf16 SwiGLU), fp32 attention and optimizer. Two runs
+// give the same bits; the losses stay within 2% of the GPU's fp32 run (bf16 rounding of GEMM
+// inputs, compounded over the steps) and it trains.
+TEST(GpuModel, Bf16TrainingStepsRepeatBitForBitAndFollowFp32) {
+  REQUIRE_GPU();
+  constexpr int kSteps = 4;
+  const kernels::Exec fp32(kernels::GemmKind::kOpenBlasF32, *the_gpu().stream);
+  const kernels::Exec bf16(kernels::GemmKind::kOneDnnBf16, *the_gpu().stream);
+  const TrainedRun reference = train(fp32, kernels::Memory::kDevice, kSteps);
+  const TrainedRun first = train(bf16, kernels::Memory::kDevice, kSteps, /*bf16=*/true);
+  const TrainedRun second = train(bf16, kernels::Memory::kDevice, kSteps, /*bf16=*/true);
+  EXPECT_EQ(first.losses, second.losses);
+  EXPECT_EQ(first.grads, second.grads);
+  EXPECT_EQ(first.params, second.params);
+  ASSERT_EQ(first.losses.size(), reference.losses.size());
+  for (size_t i = 0; i < reference.losses.size(); ++i)
+    EXPECT_NEAR(first.losses[i], reference.losses[i], 2e-2 * std::fabs(reference.losses[i]))
+        << "step " << i;
+  EXPECT_NE(first.losses, reference.losses);  // the bf16 path ran: its rounding shows
   EXPECT_LT(first.losses.back(), first.losses.front());
 }
 
