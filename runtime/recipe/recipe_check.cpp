@@ -332,9 +332,6 @@ void validate_replay(const Recipe& r) {
   const Validator v(r);
   v.require(r.run.replay_every >= 0, "run.replay_every",
             "must be ≥ 0 (0: off), got " + is(r.run.replay_every));
-  v.require(r.run.on_corruption == OnCorruption::kStop, "run.on_corruption",
-            "\"exclude\" is not implemented yet; use \"stop\" (exit 6) and resume without the "
-            "host named");
   if (r.run.replay_every == 0) return;
   // Expert parallelism's all-to-alls mix the tokens of an EP group's dp coordinates: whole EP
   // groups replay whole EP groups (replay.cpp), so a group must lie inside one cp rank's dp

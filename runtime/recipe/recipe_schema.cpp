@@ -259,8 +259,10 @@ std::vector<Field> run_keys() {
             "divide dp or be a multiple of it. 0: off."),
       field("run", "on_corruption", &R::run, &RunConfig::on_corruption,
             "stop | exclude: what a replay's mismatch (run.replay_every) does. stop: name the "
-            "rank and host, keep the snapshots before it and exit 6. exclude: restart without "
-            "that host (not implemented yet: refused)."),
+            "rank and host, keep the snapshots before it and exit 6. exclude: a self-launched "
+            "job on several hosts (run.hostfile) continues without that host through the "
+            "elastic shrink, from the last verified snapshot; otherwise (one host, candidates "
+            "on several hosts, SLURM) as stop."),
   };
 }
 

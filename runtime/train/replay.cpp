@@ -486,17 +486,35 @@ void Replay::Impl::report(int64_t step, const char* check, const std::vector<Fin
     ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
     hosts += (hosts.empty() ? "" : ", ") + parallel::trace::json_string(job.hosts.at(r));
   }
+  // run.on_corruption = exclude: the host of the culprit, or of every candidate when they share
+  // one (runtime/supervise/exclude.h reads it from incidents.jsonl).
+  const size_t first = v.named.front();
+  const bool one_host = std::all_of(v.named.begin(), v.named.end(), [&](size_t r) {
+    return job.hosts.at(r) == job.hosts.at(first);
+  });
+  const bool exclude = job.recipe.run.on_corruption == OnCorruption::kExclude && one_host;
+  const std::string action =
+      exclude ? fmt::format(
+                    "run.on_corruption = exclude: step {} is not applied; the last check "
+                    "passed at step {}: a self-launched job on several hosts continues "
+                    "without host {} from the newest snapshot at or before it (any other "
+                    "stops here)",
+                    step, clean_through, job.hosts.at(first))
+              : fmt::format(
+                    "run.on_corruption = stop{}: step {} is not applied; the last check "
+                    "passed at step {}: resume from the newest snapshot at or before it "
+                    "(later ones are not verified)",
+                    one_host ? "" : " (exclude: the candidates are on different hosts)", step,
+                    clean_through);
   const std::string text = fmt::format(
-      "silent data corruption at step {} ({} check){}{}: {}{}{}. run.on_corruption = stop: step "
-      "{} is not applied; the last check passed at step {}: resume from the newest snapshot at or "
-      "before it (later ones are not verified) (exit {})",
-      step, check, v.settled ? ": " : ", not settled: candidates ", names, v.why,
+      "silent data corruption at step {} ({} check){}{}: {}{}{}. {} (exit {})", step, check,
+      v.settled ? ": " : ", not settled: candidates ", names, v.why,
       !v.settled && dp == 2 ? "; with dp = 2 no third replica can say which is wrong" : "", details,
-      step, clean_through, kExitCorruption);
+      action, kExitCorruption);
   spdlog::error("{}", text);
   std::fprintf(stderr, "titan3d: %s\n", text.c_str());
   std::fflush(stderr);
-  const Finding& f = all.at(v.named.front());
+  const Finding& f = all.at(first);
   const std::string what = detail(all, v.named.front());  // "; rank R: ..." or empty
   append_incident(
       job.run_dir,
@@ -504,7 +522,8 @@ void Replay::Impl::report(int64_t step, const char* check, const std::vector<Fin
                   "{}, \"rank\": {}, \"host\": {}, \"ranks\": [{}], \"hosts\": [{}], "
                   "\"bucket\": {}, \"hash\": \"{}\", \"replayed_hash\": \"{}\", "
                   "\"replayed_by\": {}, \"param_hash\": \"{}\", \"what\": {}, "
-                  "\"verified_step\": {}, \"action\": \"stop\", \"exit_code\": {}",
+                  "\"verified_step\": {}, \"action\": \"{}\", \"exclude_host\": {}, "
+                  "\"exclude_rank\": {}, \"exit_code\": {}",
                   step, check, v.settled ? "true" : "false",
                   v.settled ? std::to_string(v.named.front()) : "-1",
                   v.settled ? parallel::trace::json_string(job.hosts.at(v.named.front())) : "null",
@@ -513,7 +532,9 @@ void Replay::Impl::report(int64_t step, const char* check, const std::vector<Fin
                   f.differing ? std::to_string(f.replayer) : "null",
                   checkpoint::to_hex(f.param_hash),
                   parallel::trace::json_string(what.size() > 2 ? what.substr(2) : what),
-                  clean_through, kExitCorruption));
+                  clean_through, exclude ? "exclude" : "stop",
+                  exclude ? parallel::trace::json_string(job.hosts.at(first)) : "null",
+                  exclude ? static_cast<int>(first) : -1, kExitCorruption));
 }
 
 void Replay::Impl::stop(int64_t step, const Finding& mine, const char* check) {

@@ -17,8 +17,10 @@
 #       run's steps 3-6;
 #     - dp1 replays itself: clean with replay_every = 1, and a gradient flip is named;
 #     - a mixture of experts (dp2, ep = 1) clean with replay_every = 1 as well;
-#     - run.on_corruption = exclude, a negative replay_every, an expert-parallel group that no
-#       other whole group can replay: exit 2 naming the key.
+#     - run.on_corruption = exclude on one host: the account names the host, the launcher stops
+#       (exit 6) saying that exclude needs several hosts;
+#     - a negative replay_every, an expert-parallel group that no other whole group can replay:
+#       exit 2 naming the key.
 #   replay.sh TITAN3D tp_pp   dp2 × tp2 and pp2 × dp2: the clean runs' losses equal the runs'
 #     without replay; gradient and activation flips name the flipped rank (an activation flip on
 #     the last stage first among the stages it reached); a parameter flip names it among the
@@ -119,7 +121,13 @@ case $group in
       "dp1: the log says a rank replays itself"
     caught dp1_grad flip:0:4:grad 4 "rank 0 \\[pp0 dp0 tp0\\]"
     clean moe_dp2 "${tiny_moe[@]}" --set parallel.dp=2
-    for bad in run.on_corruption=exclude run.replay_every=-1 ep3; do
+    # run.on_corruption = exclude on one host: nothing to leave out, the job stops as with stop.
+    caught dp2_exclude_one_host flip:1:4:grad 4 "rank 1 \\[pp0 dp1 tp0\\]" --set parallel.dp=2 \
+      --set run.on_corruption=exclude
+    check "grep -q 'run.on_corruption = exclude: step 4 is not applied; the last check passed at step 2: a self-launched job on several hosts continues without host $(hostname)' $work/dp2_exclude_one_host.log && grep -q '^titan3d: corruption found by replay at step 4 (rank 1: .*) after step 3; run.on_corruption = exclude needs the job on several hosts (run.hostfile)' $work/dp2_exclude_one_host.log && grep -q '\"action\": \"exclude\", \"exclude_host\": \"$(hostname)\", \"exclude_rank\": 1' $work/dp2_exclude_one_host/incidents.jsonl" \
+      "dp2_exclude_one_host: the account names the host to leave out; the launcher, with one host, stops, saying why" ||
+      tail -3 "$work/dp2_exclude_one_host.log"
+    for bad in run.replay_every=-1 ep3; do
       settings=(--set "$bad") key=${bad%%=*}
       # An expert-parallel group of dp2 x cp3 neither inside one cp rank's dp coordinates nor
       # holding all of them: no whole group replays another.
