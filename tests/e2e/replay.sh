@@ -184,6 +184,15 @@ case $group in
       --set parallel.zero=3
     caught dp2_zero2_param flip:0:3:param 4 "rank 0 \\[pp0 dp0 tp0\\]" --set parallel.dp=2 \
       --set parallel.zero=2 --set parallel.bucket_mb=0.05
+    # A shard flipped at step 5, after the last check (step 4) and at the run's last step, which
+    # is no check step: named there all the same.
+    T3D_FAULT=flip:1:5:param "$titan3d" train "$repo/recipes/tiny.toml" "${common[@]}" \
+      --set run.dir="$work/dp2_zero3_last" --set train.steps=5 --set run.replay_every=2 \
+      --set parallel.dp=2 --set parallel.zero=3 > "$work/dp2_zero3_last.log" 2>&1
+    rc=$?
+    check "[ $rc -eq 6 ] && grep -q '^titan3d: silent data corruption at step 5 (parameters at rest check): rank 1 \\[pp0 dp1 tp0\\].*the last check passed at step 4' $work/dp2_zero3_last.log" \
+      "dp2_zero3_last: a shard flipped at the run's last step, no check step, is named there" ||
+      tail -3 "$work/dp2_zero3_last.log"
     clean cp2_dp2 --set parallel.cp=2 --set parallel.dp=2
     caught cp2_dp2_grad flip:3:4:grad 4 "rank 3 \\[pp0 dp1 cp1 tp0\\]" --set parallel.cp=2 --set parallel.dp=2
     ;;
@@ -202,6 +211,13 @@ case $group in
       --set parallel.dp=2 --set parallel.ep=2
     caught moe_dp2_ep2_act flip:0:4:act 4 "rank 0 \\[pp0 dp0 tp0\\]" "${tiny_moe[@]}" \
       --set parallel.dp=2 --set parallel.ep=2
+    # pp2 with a dense first stage: only the second stage holds experts (no replica of them on
+    # dp2 × ep2, so only it hashes parameters at rest), yet every rank meets at the exchange of the
+    # run's last step, no check step: the run ends.
+    run moe_pp2_dp2_ep2 "${tiny_moe[@]}" --set model.n_layers=2 --set parallel.pp=2 \
+      --set parallel.dp=2 --set parallel.ep=2 --set train.steps=5 --set run.replay_every=2
+    check "[ \$(losses $work/moe_pp2_dp2_ep2/metrics.jsonl | wc -l) -eq 5 ] && ! grep -q corruption $work/moe_pp2_dp2_ep2.log" \
+      "moe_pp2_dp2_ep2: a stage with experts and one without finish the last step together"
     ;;
   *) echo "FAIL: unknown group $group"; exit 1 ;;
 esac
