@@ -49,6 +49,13 @@ PinnedHostRegion::~PinnedHostRegion() {
 #endif
 }
 
+#ifndef T3D_HAVE_CUDA
+// Built without the CUDA backend no Stream is ever made, but Device's unique_ptr names its
+// destructor: an empty one, so that such a build links.
+struct cuda::Stream::Impl {};
+cuda::Stream::~Stream() = default;
+#endif
+
 Device::~Device() = default;
 
 std::string Device::describe(DeviceChoice choice, int local_rank) {

@@ -332,14 +332,15 @@ void validate_replay(const Recipe& r) {
   const Validator v(r);
   v.require(r.run.replay_every >= 0, "run.replay_every",
             "must be ≥ 0 (0: off), got " + is(r.run.replay_every));
-  v.require(r.run.on_corruption == OnCorruption::kStop, "run.on_corruption",
-            "\"exclude\" is not implemented yet; use \"stop\" (exit 6) and resume without the "
-            "host named");
   if (r.run.replay_every == 0) return;
-  // Expert parallelism's all-to-alls mix the replicas' tokens: no replica computes alone.
-  v.require(r.parallel.ep == 1, "run.replay_every",
-            "is not implemented yet with expert parallelism (parallel.ep = " + is(r.parallel.ep) +
-                "); set it to 0 or parallel.ep = 1");
+  // Expert parallelism's all-to-alls mix the tokens of an EP group's dp coordinates: whole EP
+  // groups replay whole EP groups (replay.cpp), so a group must lie inside one cp rank's dp
+  // coordinates or hold all of them.
+  const int64_t ep = r.parallel.ep, dp = r.parallel.dp;
+  v.require(ep <= 1 || dp % ep == 0 || ep % dp == 0, "run.replay_every",
+            "needs parallel.ep to divide parallel.dp or be a multiple of it (an expert-parallel "
+            "group replays another whole), got ep = " +
+                is(ep) + ", dp = " + is(dp) + "; set run.replay_every = 0 or change the layout");
 }
 
 void validate_data_snapshot_run(const Recipe& r) {

@@ -21,6 +21,8 @@
 #include "runtime/launch/logging.h"
 #include "runtime/launch/stop_signal.h"
 #include "runtime/supervise/elastic.h"
+#include "runtime/supervise/exclude.h"
+#include "runtime/supervise/incident.h"
 
 namespace t3d::runtime {
 
@@ -28,87 +30,6 @@ namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-// One failed attempt, as incidents.jsonl records it.
-struct Incident {
-  int attempt = 0;
-  std::string cause;
-  int rank = -1;
-  std::string host;
-  int exit_code = 0;
-  long last_step = 0, snapshot_step = 0;
-  double lost_s = 0;
-  std::string action;
-  std::string tier;  // with the memory tier on: the tier the restart is expected to use
-
-  bool same_failure(const Incident& o) const {
-    return o.cause == cause && o.rank == rank && last_step <= o.last_step;
-  }
-};
-
-// What ended the attempt, in words, and the rank it names (-1: none).
-std::pair<std::string, int> cause_of(const MpirunOutcome& out) {
-  if (out.stalled_rank >= 0)
-    return {
-        "rank " + std::to_string(out.stalled_rank) + " hung (stopped; the stall watch killed it)",
-        out.stalled_rank};
-  if (out.dead_rank >= 0)
-    return {out.dead_signal
-                ? "rank " + std::to_string(out.dead_rank) + " died: signal " +
-                      std::to_string(out.dead_signal)
-                : "rank " + std::to_string(out.dead_rank) + " exited without finishing MPI",
-            out.dead_rank};
-  if (out.code == 3)
-    return {"a collective waited past parallel.timeout_s (a hung rank or an unreachable host)", -1};
-  return {"the job exited with code " + std::to_string(out.code), -1};
-}
-
-// Whether the job's end is a fault a relaunch may get past.
-bool restartable(const MpirunOutcome& out) {
-  if (out.signal != 0) return false;  // the launcher was told to stop
-  switch (out.code) {
-    case 0:                // done
-    case 2:                // user error: the same input fails the same way
-    case kExitPreempted:   // snapshot taken; the scheduler requeues
-    case 5:                // selfcheck verdict
-    case kExitCorruption:  // a replay's mismatch: the named host's results cannot be trusted
-    case 130:
-      return false;
-    default:
-      return true;
-  }
-}
-
-void record(const std::string& run_dir, const Incident& i) {
-  append_incident(
-      run_dir,
-      fmt::format(
-          "\"attempt\": {}, \"cause\": {}, \"rank\": {}, \"host\": {}, "
-          "\"exit_code\": {}, \"last_step\": {}, \"snapshot_step\": {}, \"lost_steps\": {}, "
-          "\"lost_s\": {:.3f}, \"action\": {}{}",
-          i.attempt, parallel::trace::json_string(i.cause), i.rank,
-          parallel::trace::json_string(i.host), i.exit_code, i.last_step, i.snapshot_step,
-          std::max(0L, i.last_step - i.snapshot_step), i.lost_s,
-          parallel::trace::json_string(i.action),
-          i.tier.empty() ? "" : ", \"tier\": " + parallel::trace::json_string(i.tier)));
-}
-
-// The end of a job that a signal stopped while it waited to restart after incident `i`: a stop line
-// after that incident's (whose action said it would restart), so that incidents.jsonl ends with
-// what happened: {"time", "event": "stop", "attempt", "signal", "exit_code", "snapshot_step",
-// "action"}.
-void record_stop(const std::string& run_dir, const Incident& i, int sig, int code) {
-  append_incident(
-      run_dir,
-      fmt::format(
-          "\"event\": \"stop\", \"attempt\": {}, \"signal\": {}, \"exit_code\": {}, "
-          "\"snapshot_step\": {}, \"action\": {}",
-          i.attempt, sig, code, i.snapshot_step,
-          parallel::trace::json_string(fmt::format(
-              "stop: signal {} while waiting to restart, not restarting; continue with `titan3d "
-              "train {}/restart.toml`",
-              sig, run_dir))));
-}
 
 // The newest memory-tier snapshot of job `job_id` committed in this host's /dev/shm (0: none):
 // what a restart is expected to resume when it is newer than the disk's (the ranks decide, over
@@ -236,7 +157,8 @@ std::string where_of(const Incident& i) {
 void explain_stop(const Incident& i, size_t restarts, const RunConfig& run,
                   const std::string& run_dir) {
   const std::string stop = "stop: ";
-  if (i.action.rfind(stop + "unreachable", 0) == 0)  // it names the hosts and what to do
+  // An unreachable host's stop, or run.on_corruption = exclude's: it names the hosts and why.
+  if (i.action.rfind(stop + "unreachable", 0) == 0 || i.exit_code == kExitCorruption)
     std::fprintf(stderr, "titan3d: %s%s; %s\n", i.cause.c_str(), where_of(i).c_str(),
                  i.action.substr(stop.size()).c_str());
   else if (i.action == "stop: the same failure again")
@@ -363,6 +285,41 @@ void regrow(Loop& loop, long offset) {
   if (!loop.memory_job.empty()) set_env(loop.plan, "T3D_MEMORY_TIER_RESTORE", "0");
 }
 
+// The elastic shrink onto `remaining` (loop.hosts less those `lost` names, "unreachable host X
+// (why)" or "host X (silent data corruption ...)"): rewrites the plan and the recipe the
+// relaunch runs and returns "", the incident's action saying what changed; or the stop reason
+// when it cannot (`by`: the key that asked for it).
+std::string shrink_onto(Loop& loop, Incident& incident, const std::vector<HostEntry>& remaining,
+                        const std::string& lost, const std::string& by) {
+  const std::string names = lost.substr(lost.find("host"));
+  if (static_cast<int64_t>(loop.restarts.size()) >= loop.recipe.run.max_restarts)
+    return "stop: " + lost + "; " + by + " would shrink, but run.max_restarts (" +
+           std::to_string(loop.recipe.run.max_restarts) + ") is reached";
+  const int capacity = remaining_capacity(loop.hosts, remaining, loop.plan.ranks);
+  const Shrink shrink = plan_shrink(loop.recipe, capacity, loop.rank_bytes);
+  if (!shrink.why_not.empty()) {
+    restart_argv(loop.recipe, loop.plan.argv.at(0), loop.run_dir, loop.log_level);
+    return "stop: " + lost + "; " + by + " cannot shrink: " + shrink.why_not +
+           "; then continue with `titan3d train " + loop.run_dir + "/restart.toml`";
+  }
+  if (!loop.before_shrink) loop.before_shrink = loop.placement();
+  Recipe smaller = shrunk_recipe(loop.recipe, shrink);
+  const std::string change = describe_layout(loop.recipe) + " -> " + describe_layout(smaller);
+  // restart.toml names the hostfile it runs on, so that continuing it by hand starts the same.
+  smaller.run.hostfile = loop.run_dir + "/hostfile.elastic";
+  loop.place({smaller, remaining, shrink.ranks, total_slots(remaining), smaller.run.hostfile});
+  write_hostfile(loop.plan.hostfile, remaining);
+  loop.result.layout_changes.push_back({false, change + " without " + names});
+  std::fprintf(stderr,
+               "titan3d: elastic: %s; continuing on the %zu remaining host(s) (%s): "
+               "%s, train.global_batch = %lld kept%s\n",
+               lost.c_str(), remaining.size(), loop.plan.hostfile.c_str(), change.c_str(),
+               static_cast<long long>(smaller.train.global_batch),
+               shrink.note.empty() ? "" : ("; " + shrink.note).c_str());
+  incident.action = "shrink to " + describe_layout(smaller) + " without " + names + "; ";
+  return "";
+}
+
 // With several hosts: the hosts mpirun cannot reach now. Without run.elastic that ends the job
 // (a relaunch on the same hosts cannot start): returns the stop reason. With it, drops them,
 // shrinks dp to what the others can take and rewrites the plan and the recipe the relaunch runs:
@@ -394,32 +351,35 @@ std::string handle_lost_hosts(Loop& loop, Incident& incident) {
                                 "`titan3d train " +
                                     loop.run_dir + "/restart.toml`");
   }
-  if (static_cast<int64_t>(loop.restarts.size()) >= loop.recipe.run.max_restarts)
-    return "stop: unreachable " + names + "; run.elastic would shrink, but run.max_restarts (" +
-           std::to_string(loop.recipe.run.max_restarts) + ") is reached";
-  const int capacity = remaining_capacity(loop.hosts, remaining, loop.plan.ranks);
-  const Shrink shrink = plan_shrink(loop.recipe, capacity, loop.rank_bytes);
-  if (!shrink.why_not.empty()) {
-    restart_argv(loop.recipe, loop.plan.argv.at(0), loop.run_dir, loop.log_level);
-    return "stop: unreachable " + names + "; run.elastic cannot shrink: " + shrink.why_not +
-           "; then continue with `titan3d train " + loop.run_dir + "/restart.toml`";
-  }
-  if (!loop.before_shrink) loop.before_shrink = loop.placement();
-  Recipe smaller = shrunk_recipe(loop.recipe, shrink);
-  const std::string change = describe_layout(loop.recipe) + " -> " + describe_layout(smaller);
-  // restart.toml names the hostfile it runs on, so that continuing it by hand starts the same.
-  smaller.run.hostfile = loop.run_dir + "/hostfile.elastic";
-  loop.place({smaller, remaining, shrink.ranks, total_slots(remaining), smaller.run.hostfile});
-  write_hostfile(loop.plan.hostfile, remaining);
-  loop.result.layout_changes.push_back({false, change + " without " + names});
-  std::fprintf(stderr,
-               "titan3d: elastic: unreachable %s; continuing on the %zu remaining host(s) (%s): "
-               "%s, train.global_batch = %lld kept%s\n",
-               names.c_str(), remaining.size(), loop.plan.hostfile.c_str(), change.c_str(),
-               static_cast<long long>(smaller.train.global_batch),
-               shrink.note.empty() ? "" : ("; " + shrink.note).c_str());
-  incident.action = "shrink to " + describe_layout(smaller) + " without " + names + "; ";
-  return "";
+  return shrink_onto(loop, incident, remaining, "unreachable " + names, "run.elastic");
+}
+
+// run.on_corruption = exclude after an exit 6: the host rank 0's account names (exclude.h) is left
+// out through the elastic shrink, and not taken back by a regrow. Returns the stop reason when it
+// cannot be (no single host named, one host only, not in the hostfile, no smaller layout).
+std::string exclude_corrupting_host(Loop& loop, Incident& incident) {
+  const auto account = last_corruption(loop.run_dir + "/incidents.jsonl");
+  if (!account) return "stop: exit 6 without a corruption account in incidents.jsonl";
+  incident.cause = "corruption found by replay at step " + std::to_string(account->step) + " (" +
+                   account->what + ")";
+  incident.rank = account->rank;
+  incident.host = account->host;
+  const std::string exclude = "run.on_corruption = exclude";
+  if (account->host.empty())
+    return "stop: " + exclude + ": the candidates are on different hosts, so none is left out";
+  const int at = host_index(loop.hosts, account->host, account->rank);
+  if (loop.hosts.size() < 2 || at < 0)
+    return "stop: " + exclude + " needs the job on several hosts (run.hostfile)" +
+           (loop.hosts.size() < 2 ? "" : ", and host " + account->host + " is not found in it");
+  std::vector<HostEntry> remaining = loop.hosts;
+  remaining.erase(remaining.begin() + at);
+  const std::string why = shrink_onto(loop, incident, remaining,
+                                      "host " + loop.hosts[static_cast<size_t>(at)].host +
+                                          " (silent data corruption at step " +
+                                          std::to_string(account->step) + ", excluded)",
+                                      exclude);
+  if (why.empty()) loop.before_shrink.reset();
+  return why;
 }
 
 // One failed attempt: the incident, and whether (and how) the job goes on. Returns false when
@@ -437,7 +397,10 @@ bool after_failure(Loop& loop, const MpirunOutcome& out, int attempt, long offse
   incident.exit_code = out.code;
   const ResumePoint resume = resume_point(loop.recipe);
   incident.snapshot_step = resume.step;  // where the relaunch continues, damaged ones skipped
-  const long memory_step = loop.memory_job.empty() ? 0 : newest_memory_snapshot(loop.memory_job);
+  // After a replay's mismatch the memory tier's newer snapshots are not verified: the disk's.
+  const bool corrupted = out.code == kExitCorruption;
+  const long memory_step =
+      loop.memory_job.empty() || corrupted ? 0 : newest_memory_snapshot(loop.memory_job);
   if (!loop.memory_job.empty()) incident.tier = memory_step > resume.step ? "memory" : "disk";
   if (memory_step > resume.step) incident.snapshot_step = memory_step;
   const LoggedSteps logged = read_logged_steps(loop.metrics, offset, incident.snapshot_step);
@@ -449,14 +412,15 @@ bool after_failure(Loop& loop, const MpirunOutcome& out, int attempt, long offse
   auto& restarts = loop.restarts;
   while (!restarts.empty() && seconds_since(restarts.front()) > loop.recipe.run.restart_window_s)
     restarts.pop_front();
-  std::string why = handle_lost_hosts(loop, incident);
+  std::string why =
+      corrupted ? exclude_corrupting_host(loop, incident) : handle_lost_hosts(loop, incident);
   const bool shrunk = !incident.action.empty();
   if (why.empty() && !shrunk)
     if (const char* repeat = stop_reason(incident, loop.previous, restarts.size(), loop.recipe.run))
       why = repeat;
   if (!why.empty()) {
     incident.action = why;
-    record(loop.run_dir, incident);
+    record_incident(loop.run_dir, incident);
     explain_stop(incident, restarts.size(), loop.recipe.run, loop.run_dir);
     return false;
   }
@@ -470,7 +434,7 @@ bool after_failure(Loop& loop, const MpirunOutcome& out, int attempt, long offse
                  : "restart from the beginning (no snapshot yet)")
           : "restart from " + resume.resume + " (step " + std::to_string(incident.snapshot_step) +
                 ", the snapshot the job started from; none of its own yet)";
-  record(loop.run_dir, incident);
+  record_incident(loop.run_dir, incident);
   std::fprintf(stderr,
                "titan3d: incident %d: %s%s; %s in %d s (restart %zu of at most %lld; %ld "
                "step(s), %.1f s of work lost)\n",
@@ -486,7 +450,7 @@ bool after_failure(Loop& loop, const MpirunOutcome& out, int attempt, long offse
                  "titan3d: signal %d while waiting to restart: not restarting (exit %d); continue "
                  "with `titan3d train %s/restart.toml`\n",
                  sig, loop.result.code, loop.run_dir.c_str());
-    record_stop(loop.run_dir, incident, sig, loop.result.code);
+    record_stop_incident(loop.run_dir, incident, sig, loop.result.code);
     restart_argv(loop.recipe, loop.plan.argv.at(0), loop.run_dir, loop.log_level);
     return false;
   }
@@ -495,7 +459,8 @@ bool after_failure(Loop& loop, const MpirunOutcome& out, int attempt, long offse
   loop.started_at = incident.snapshot_step;
   loop.plan.argv = restart_argv(loop.recipe, loop.plan.argv.at(0), loop.run_dir, loop.log_level);
   // The relaunch takes the memory tier's inventory (runtime/train/memory_tier_copies.h).
-  if (!loop.memory_job.empty()) set_env(loop.plan, "T3D_MEMORY_TIER_RESTORE", "1");
+  if (!loop.memory_job.empty())
+    set_env(loop.plan, "T3D_MEMORY_TIER_RESTORE", corrupted ? "0" : "1");
   loop.result.lost_s += seconds_since(down);
   return true;
 }
@@ -560,7 +525,10 @@ SupervisedRun supervise_training(const Recipe& recipe, SpawnPlan plan, const std
     }
     loop.result.code = out.code;
     loop.result.restarts = attempt - 1 - regrows;
-    if (out.code == 0 || !restartable(out) || !after_failure(loop, out, attempt, offset)) {
+    const bool exclude = out.code == kExitCorruption && out.signal == 0 &&
+                         loop.recipe.run.on_corruption == OnCorruption::kExclude;
+    if (out.code == 0 || !(restartable(out) || exclude) ||
+        !after_failure(loop, out, attempt, offset)) {
       // after_failure may have set the code of a stop during its backoff.
       if (out.code == 0)
         loop.result.useful_s += read_logged_steps(loop.metrics, offset, 0).seconds_total;

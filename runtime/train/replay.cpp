@@ -21,6 +21,7 @@
 #include "parallel/trace.h"
 #include "runtime/launch/logging.h"
 #include "runtime/model/model.h"
+#include "runtime/train/replay_kept.h"
 #include "runtime/train/sharded_state.h"
 #include "runtime/train/snapshots.h"
 
@@ -31,21 +32,6 @@ using parallel::fault::Flip;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-
-// Floats crossing to the host at a time to be hashed (4 MiB of staging).
-constexpr int64_t kHashChunk = int64_t{1} << 20;
-
-// Streams n floats of `exec`'s memory into `h` through the named host crossing (kernels/ops.h),
-// `host` the reused staging: the runtime reads no arena memory itself.
-void hash_into(checkpoint::Hash64Stream& h, const kernels::Exec& exec, const float* x, int64_t n,
-               std::vector<float>& host) {
-  host.resize(static_cast<size_t>(std::min(n, kHashChunk)));
-  for (int64_t at = 0; at < n; at += kHashChunk) {
-    const auto bytes = sizeof(float) * static_cast<size_t>(std::min(kHashChunk, n - at));
-    kernels::copy_to_host(exec, host.data(), x + at, bytes);
-    h.update(host.data(), bytes);
-  }
-}
 
 // What a check found about one rank; every rank learns every rank's (one all-gather).
 enum : uint64_t { kAgrees, kTransient, kDisagrees, kUnstable };  // Finding::verdict
@@ -58,6 +44,8 @@ struct Finding {
   uint64_t first = 0, group = 0, bucket = 0;  // the first differing reduction: index, where
   uint64_t own = 0, replayed = 0;             // its hashes: this rank's and the replayer's
   uint64_t param_hash = 0;
+  uint64_t at_rest = 0;  // KeptParams::Change: the step before whose update they were found changed
+  uint64_t rest_group = 0, rest_kept = 0, rest_found = 0;
 };
 constexpr size_t kFindingWords = sizeof(Finding) / sizeof(uint64_t);
 static_assert(std::is_trivially_copyable_v<Finding> && sizeof(Finding) % sizeof(uint64_t) == 0,
@@ -96,6 +84,14 @@ class ActFlipStage final : public StageModel {
   bool armed_ = false;
 };
 
+// Impl::unit. The recipe's validation allows expert parallelism when ep divides dp (an EP group
+// is ep consecutive dp coordinates of one cp rank) or dp divides ep (it holds every one).
+int replay_unit(const parallel::MeshShape& shape) {
+  const int dp = shape.size(Dim::dp), ep = shape.ep();
+  if (ep <= 1) return 1;
+  return dp % ep == 0 ? ep : dp;
+}
+
 }  // namespace
 
 struct Replay::Impl {
@@ -106,17 +102,22 @@ struct Replay::Impl {
   Snapshotter& snapshots;
   const parallel::Comm& dp_group;  // same pp, tp, cp coordinates; group rank = dp coordinate
   const int dp, me;
+  // dp coordinates that replay together: an EP group's (parallel.ep dividing dp), all of them
+  // (an EP group holding every dp coordinate: each replays itself), else 1.
+  const int unit;
   const int64_t every;
   const int micro;
   bool params_comparable = true;          // no group keeps a ZeRO-3 shard
   int64_t clean_through = 0;              // the last step whose checks passed (or the resumed step)
   std::vector<uint64_t>* sink = nullptr;  // where the taps append a bucket's hash
   std::vector<uint64_t> own, replayed, again;
+  std::vector<uint64_t> replayed_by;  // this rank's share's hashes as its replayer computed them
   std::vector<std::pair<uint64_t, uint64_t>> where;  // (group, bucket) of each own reduction
   std::vector<float> host;
   double seconds = 0;
   Flip flip = Flip::none;
   ActFlipStage act;
+  std::unique_ptr<KeptParams> kept;  // replay on: the parameters only this rank keeps
 
   Impl(const Job& j, Model& m, TrainingState& s, Snapshotter& snap, int64_t first_step)
       : job(j),
@@ -127,11 +128,13 @@ struct Replay::Impl {
         dp_group(j.mesh->group(Dim::dp)),
         dp(dp_group.size()),
         me(dp_group.rank()),
+        unit(replay_unit(j.mesh->shape())),
         every(j.recipe.run.replay_every),
         micro(static_cast<int>(j.recipe.train.micro_batches)),
         clean_through(first_step),
         act(m) {
     if (every == 0) return;  // no taps: the step runs as without replay
+    kept = std::make_unique<KeptParams>(state, static_cast<int>(j.recipe.parallel.zero));
     const auto& groups = state.groups();
     for (size_t g = 0; g < groups.size(); ++g) {
       if (groups[g]->param_store().sharded) params_comparable = false;
@@ -145,11 +148,19 @@ struct Replay::Impl {
         params_comparable ? ", and the replicas compare parameter hashes"
                           : "; parallel.zero = 3 keeps no parameters two replicas share, so "
                             "parameter hashes are not compared");
-    if (dp == 1)
+    if (kept->active())
+      spdlog::info(
+          "replay: the parameters no replica comparison covers (a ZeRO stage's, or a "
+          "replica's of one rank) are hashed after every update and before the next");
+    if (dp == unit)
       spdlog::warn(
-          "replay: parallel.dp = 1: no other replica holds these parameters, so each replica "
+          "replay: {}: no other replica holds these parameters, so each replica "
           "replays its own step; this catches transient faults only, not a rank that is "
-          "persistently wrong");
+          "persistently wrong",
+          dp == 1 ? std::string("parallel.dp = 1")
+                  : fmt::format("one expert-parallel group (parallel.ep = {}) spans every replica "
+                                "(parallel.dp = {})",
+                                mesh.shape().ep(), dp));
   }
 
   ~Impl() {
@@ -157,16 +168,18 @@ struct Replay::Impl {
   }
 
   bool due(int64_t step) const { return every > 0 && step % every == 0; }
-  // Replica d replays replica (d + shift) mod dp at the check of `step`.
+  // Replica d replays replica (d + shift) mod dp at the check of `step`: whole EP groups (unit
+  // dp coordinates each) replay whole EP groups, so their all-to-alls assemble the same tokens.
   int shift(int64_t step) const {
-    return dp == 1 ? 0 : 1 + static_cast<int>((step / every - 1) % (dp - 1));
+    const int replicas = dp / unit;
+    return replicas == 1 ? 0 : unit * (1 + static_cast<int>((step / every - 1) % (replicas - 1)));
   }
 
   void tap(size_t g, int b, const float* data, int64_t n) {
     if (!sink) return;
     const auto t0 = Clock::now();
     checkpoint::Hash64Stream h;
-    hash_into(h, model.exec(), data, n, host);
+    hash_floats(h, model.exec(), data, n, host);
     sink->push_back(h.value());
     if (sink != &own) return;  // a replayed pass: timed whole by begin_step
     where.push_back({g, static_cast<uint64_t>(b)});
@@ -213,39 +226,93 @@ struct Replay::Impl {
     if (flip == Flip::act) act.arm();
   }
 
-  uint64_t param_hash() {
-    checkpoint::Hash64Stream h;
+  // Each state group's parameter region, hashed.
+  std::vector<uint64_t> param_hashes() {
+    std::vector<uint64_t> out;
     for (const auto& g : state.groups()) {
       const ShardedState::Store s = g->param_store();
-      for (const auto& r : s.ranges) hash_into(h, model.exec(), s.data + r.begin, r.size(), host);
+      checkpoint::Hash64Stream h;
+      for (const auto& r : s.ranges) hash_floats(h, model.exec(), s.data + r.begin, r.size(), host);
+      out.push_back(h.value());
     }
-    return h.value();
+    return out;
   }
 
-  // The parameter hashes of this rank's dp group: is this rank's the majority's?
+  // The parameter hashes of this rank's dp group, per state group among the ranks that hold the
+  // same part (the dense one: every replica; the experts: the same dp coordinate mod ep): is this
+  // rank's the majority's in each?
   void judge_params(Finding& f) {
     if (!params_comparable) {
       f.params = kParamsNotCompared;
       return;
     }
-    f.param_hash = param_hash();
-    std::vector<uint64_t> all(static_cast<size_t>(dp));
-    dp_group.all_gather(&f.param_hash, all.data(), 1);
-    std::map<uint64_t, int> votes;
-    for (const uint64_t h : all) ++votes[h];
-    int top = 0, tops = 0;
-    for (const auto& [h, n] : votes) top = std::max(top, n);
-    for (const auto& [h, n] : votes) tops += n == top;
-    if (votes.size() == 1 || (tops == 1 && votes[f.param_hash] == top))
-      f.params = kParamsAgree;
-    else
-      f.params = tops == 1 ? kParamsMinority : kParamsUnsettled;
+    const std::vector<uint64_t> mine = param_hashes();
+    const size_t groups = mine.size();
+    std::vector<uint64_t> all(groups * static_cast<size_t>(dp));
+    dp_group.all_gather(mine.data(), all.data(), groups);
+    const int ep = mesh.shape().ep();
+    f.params = kParamsAgree;
+    f.param_hash = mine[0];
+    for (size_t g = 0; g < groups; ++g) {
+      std::map<uint64_t, int> votes;
+      for (int d = 0; d < dp; ++d)
+        if (g == 0 || d % ep == me % ep) ++votes[all[static_cast<size_t>(d) * groups + g]];
+      int top = 0, tops = 0;
+      for (const auto& [h, n] : votes) top = std::max(top, n);
+      for (const auto& [h, n] : votes) tops += n == top;
+      if (votes.size() == 1 || (tops == 1 && votes[mine[g]] == top)) continue;
+      const uint64_t verdict = tops == 1 ? kParamsMinority : kParamsUnsettled;
+      if (f.params == kParamsAgree || verdict == kParamsMinority)
+        f.params = verdict, f.param_hash = mine[g];
+    }
+  }
+
+  // Every step with replay on: the parameters KeptParams watches, before the update reads them;
+  // a change is reported at the next check (or at the run's last step).
+  void verify_kept(int64_t step, Finding& f) {
+    if (!kept || !kept->active()) return;
+    const auto t0 = Clock::now();
+    kept->verify(step);
+    const KeptParams::Change& c = kept->change();
+    f.at_rest = static_cast<uint64_t>(c.step);
+    f.rest_group = c.group, f.rest_kept = c.kept, f.rest_found = c.found;
+    seconds += seconds_since(t0);
   }
 
   void check_gradients(int64_t step, const Pass& pass) {
-    if (!due(step)) return;
+    Finding f;
+    verify_kept(step, f);
+    // Every rank alike (a stage without experts may watch nothing): the collective below runs at
+    // every check and at the run's last step.
+    const bool last = every > 0 && step == job.recipe.train.steps;
+    if (!due(step) && !last) return;
     const auto t0 = Clock::now();
     sink = nullptr;
+    const size_t n = due(step) ? own.size() : 0;
+    if (due(step)) compare_gradients(step, f);
+    int bad[2] = {f.differing > 0 ? 1 : 0, f.at_rest > 0 ? 1 : 0};
+    mesh.world().all_reduce(bad, 2, parallel::ReduceOp::max);
+    if (bad[0] == 0 && bad[1] == 0) {
+      seconds += seconds_since(t0);
+      return;
+    }
+    if (bad[0] != 0) {
+      // Settle: every replica computes its own share once more (collective, like the replay).
+      run_local(pass, me, again);
+      T3D_ASSERT(again.size() == n, "the recomputation made ", again.size(), " reductions, not ",
+                 n);
+      if (f.differing > 0) {
+        const uint64_t* theirs = replayed_by.data();
+        const bool like_replayer = std::equal(again.begin(), again.end(), theirs);
+        f.verdict = like_replayer ? kTransient : again == own ? kDisagrees : kUnstable;
+      }
+    }
+    judge_params(f);
+    stop(step, f, bad[0] != 0 ? "gradients" : "parameters at rest");
+  }
+
+  // This rank's own bucket hashes against its replayer's (one all-gather over the dp group).
+  void compare_gradients(int64_t step, Finding& f) {
     const size_t n = own.size();
     T3D_ASSERT(replayed.size() == n && where.size() == n, "the replay made ", replayed.size(),
                " reductions, the step's own pass ", n);
@@ -253,7 +320,7 @@ struct Replay::Impl {
     dp_group.all_gather(replayed.data(), all_replayed.data(), n);
     const int replayer = (me - shift(step) + dp) % dp;
     const uint64_t* theirs = all_replayed.data() + static_cast<size_t>(replayer) * n;
-    Finding f;
+    replayed_by.assign(theirs, theirs + n);
     f.replayer = static_cast<uint64_t>(dp_group.world_ranks().at(static_cast<size_t>(replayer)));
     f.reductions = n;
     for (size_t i = 0; i < n; ++i) {
@@ -261,24 +328,14 @@ struct Replay::Impl {
       f.first = i, f.group = where[i].first, f.bucket = where[i].second;
       f.own = own[i], f.replayed = theirs[i];
     }
-    int bad = f.differing > 0 ? 1 : 0;
-    mesh.world().all_reduce(&bad, 1, parallel::ReduceOp::max);
-    if (bad == 0) {
-      seconds += seconds_since(t0);
-      return;
-    }
-    // Settle: every replica computes its own share once more (collective, like the replay).
-    run_local(pass, me, again);
-    T3D_ASSERT(again.size() == n, "the recomputation made ", again.size(), " reductions, not ", n);
-    if (f.differing > 0) {
-      const bool like_replayer = std::equal(again.begin(), again.end(), theirs);
-      f.verdict = like_replayer ? kTransient : again == own ? kDisagrees : kUnstable;
-    }
-    judge_params(f);
-    stop(step, f, "gradients");
   }
 
   void check_parameters(int64_t step) {
+    if (kept) {
+      const auto t0 = Clock::now();
+      kept->updated();
+      seconds += seconds_since(t0);
+    }
     if (!due(step)) return;
     if (!params_comparable) {
       clean_through = step;
@@ -320,14 +377,22 @@ struct Replay::Impl {
 // most persistent disagreements (settled when it is one rank and dp ≥ 3).
 Replay::Impl::Verdict Replay::Impl::judge(const std::vector<Finding>& all) const {
   Verdict v;
-  std::vector<size_t> minority, transient, unsettled;
+  std::vector<size_t> at_rest, minority, transient, unsettled;
   std::map<size_t, int> disputes;  // rank -> persistent disagreements it takes part in
   for (size_t r = 0; r < all.size(); ++r) {
     const Finding& f = all[r];
+    if (f.at_rest != 0) at_rest.push_back(r);
     if (f.params == kParamsMinority) minority.push_back(r);
     if (f.params == kParamsUnsettled) unsettled.push_back(r);
     if (f.verdict == kTransient || f.verdict == kUnstable) transient.push_back(r);
     if (f.verdict == kDisagrees) ++disputes[r], ++disputes[static_cast<size_t>(f.replayer)];
+  }
+  if (!at_rest.empty()) {
+    v.named = at_rest, v.settled = true;
+    v.why =
+        "its parameters changed in its memory between two optimizer steps, when nothing writes "
+        "them";
+    return v;
   }
   if (!minority.empty()) {
     v.named = minority, v.settled = true;
@@ -380,6 +445,12 @@ std::string Replay::Impl::detail(const std::vector<Finding>& all, size_t r) cons
         checkpoint::to_hex(f.own), f.replayer, checkpoint::to_hex(f.replayed));
   if (f.params == kParamsMinority || f.params == kParamsUnsettled)
     text += " parameter hash " + checkpoint::to_hex(f.param_hash) + ";";
+  if (f.at_rest != 0)
+    text += fmt::format(
+        " its {} parameters changed in memory after step {}'s update: hash {} then, {} before "
+        "step {}'s;",
+        f.rest_group == 0 ? "dense" : "experts", f.at_rest - 1, checkpoint::to_hex(f.rest_kept),
+        checkpoint::to_hex(f.rest_found), f.at_rest);
   if (text.empty()) return "";
   text.pop_back();
   return "; rank " + std::to_string(r) + ":" + text;
@@ -417,31 +488,55 @@ void Replay::Impl::report(int64_t step, const char* check, const std::vector<Fin
     ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
     hosts += (hosts.empty() ? "" : ", ") + parallel::trace::json_string(job.hosts.at(r));
   }
+  // run.on_corruption = exclude: the host of the culprit, or of every candidate when they share
+  // one (runtime/supervise/exclude.h reads it from incidents.jsonl).
+  const size_t first = v.named.front();
+  const bool one_host = std::all_of(v.named.begin(), v.named.end(), [&](size_t r) {
+    return job.hosts.at(r) == job.hosts.at(first);
+  });
+  const bool exclude = job.recipe.run.on_corruption == OnCorruption::kExclude && one_host;
+  const std::string action =
+      exclude ? fmt::format(
+                    "run.on_corruption = exclude: step {} is not applied; the last check "
+                    "passed at step {}: a self-launched job on several hosts continues "
+                    "without host {} from the newest snapshot at or before it (any other "
+                    "stops here)",
+                    step, clean_through, job.hosts.at(first))
+              : fmt::format(
+                    "run.on_corruption = stop{}: step {} is not applied; the last check "
+                    "passed at step {}: resume from the newest snapshot at or before it "
+                    "(later ones are not verified)",
+                    one_host ? "" : " (exclude: the candidates are on different hosts)", step,
+                    clean_through);
   const std::string text = fmt::format(
-      "silent data corruption at step {} ({} check){}{}: {}{}{}. run.on_corruption = stop: step "
-      "{} is not applied; the last check passed at step {}: resume from the newest snapshot at or "
-      "before it (later ones are not verified) (exit {})",
-      step, check, v.settled ? ": " : ", not settled: candidates ", names, v.why,
+      "silent data corruption at step {} ({} check){}{}: {}{}{}. {} (exit {})", step, check,
+      v.settled ? ": " : ", not settled: candidates ", names, v.why,
       !v.settled && dp == 2 ? "; with dp = 2 no third replica can say which is wrong" : "", details,
-      step, clean_through, kExitCorruption);
+      action, kExitCorruption);
   spdlog::error("{}", text);
   std::fprintf(stderr, "titan3d: %s\n", text.c_str());
   std::fflush(stderr);
-  const Finding& f = all.at(v.named.front());
+  const Finding& f = all.at(first);
+  const std::string what = detail(all, v.named.front());  // "; rank R: ..." or empty
   append_incident(
       job.run_dir,
       fmt::format("\"event\": \"corruption\", \"step\": {}, \"check\": \"{}\", \"settled\": "
                   "{}, \"rank\": {}, \"host\": {}, \"ranks\": [{}], \"hosts\": [{}], "
                   "\"bucket\": {}, \"hash\": \"{}\", \"replayed_hash\": \"{}\", "
-                  "\"replayed_by\": {}, \"param_hash\": \"{}\", \"verified_step\": {}, "
-                  "\"action\": \"stop\", \"exit_code\": {}",
+                  "\"replayed_by\": {}, \"param_hash\": \"{}\", \"what\": {}, "
+                  "\"verified_step\": {}, \"action\": \"{}\", \"exclude_host\": {}, "
+                  "\"exclude_rank\": {}, \"exit_code\": {}",
                   step, check, v.settled ? "true" : "false",
                   v.settled ? std::to_string(v.named.front()) : "-1",
                   v.settled ? parallel::trace::json_string(job.hosts.at(v.named.front())) : "null",
                   ranks, hosts, f.differing ? std::to_string(f.bucket) : "null",
                   checkpoint::to_hex(f.own), checkpoint::to_hex(f.replayed),
                   f.differing ? std::to_string(f.replayer) : "null",
-                  checkpoint::to_hex(f.param_hash), clean_through, kExitCorruption));
+                  checkpoint::to_hex(f.param_hash),
+                  parallel::trace::json_string(what.size() > 2 ? what.substr(2) : what),
+                  clean_through, exclude ? "exclude" : "stop",
+                  exclude ? parallel::trace::json_string(job.hosts.at(first)) : "null",
+                  exclude ? static_cast<int>(first) : -1, kExitCorruption));
 }
 
 void Replay::Impl::stop(int64_t step, const Finding& mine, const char* check) {

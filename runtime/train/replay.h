@@ -9,7 +9,9 @@
 //     At the c-th check (c = step / replay_every, from 1) replica d replays replica
 //     (d + k) mod dp, k = 1 + (c − 1) mod (dp − 1): every replica is replayed by one peer per
 //     check, and by every other replica over dp − 1 checks. With dp = 1 a replica replays
-//     itself, which catches transient faults only (the log says so).
+//     itself, which catches transient faults only (the log says so). With expert parallelism
+//     whole EP groups replay whole EP groups (k a multiple of ep, their all-to-alls assemble
+//     the same tokens): replicas = dp / ep; one EP group holding every replica replays itself.
 //   - Then the step's own pass runs as always. Every bucket of both passes is hashed at the moment
 //     its reduction would start (after sequence parallelism's sum over tp, before any collective:
 //     ShardedState::set_tap), so the overlapped reduction is left as it is and each hash is of
@@ -18,10 +20,15 @@
 //     (same pp, tp, cp coordinates), with its replayer's.
 //   - After the optimizer step the dp group compares a hash of its parameters. ZeRO 0-2 keep the
 //     whole parameter region on every replica (ZeRO-1/2 after the step's all-gather), so the
-//     region's hash is comparable and that is the one taken; a ZeRO-3 rank keeps only its own
-//     shard, which no other rank holds, so that check is skipped there (the replay still runs).
+//     region's hash is comparable and that is the one taken (per state group, among the ranks
+//     holding the same experts); a ZeRO-3 rank keeps only its own shard, which no other rank
+//     holds, so that comparison is skipped there.
+//   - Every step, under ZeRO 1-3 or without replicas, the parameter store is hashed after the
+//     update and before the next (KeptParams, replay_kept.h): a change at rest is named, settled,
+//     at the next check or the run's last step.
 //
-// A mismatch is settled before it is reported: every replica recomputes its own share once more.
+// A rank whose parameters changed at rest is named first. A mismatch is settled before it is
+// reported: every replica recomputes its own share once more.
 // A rank whose first result differs from both recomputations had a transient fault; one that
 // reproduces its own result while its replayer computes another disagrees persistently, and the
 // parameter hashes (by majority, dp ≥ 3) or the rank common to several disagreements name it;
@@ -30,9 +37,9 @@
 // names step, rank(s), host(s), bucket and hashes in its log, on stderr and in incidents.jsonl,
 // and every rank exits kExitCorruption (runtime/launch/job.h).
 //
-// Not caught: a fault that corrupts every replica alike (inside the reduction, or in a ZeRO
-// owner's update that the all-gather hands to every replica), and a transient fault at a step
-// that is not replayed (it is averaged into every replica alike).
+// Not caught: a fault that corrupts every replica alike (inside the reduction, or in the
+// arithmetic of a ZeRO owner's update that the all-gather hands to every replica), and a
+// transient fault at a step that is not replayed (it is averaged into every replica alike).
 //
 // T3D_FAULT=flip (parallel/fault.h), which exists to test this, is injected here too.
 #pragma once

@@ -55,6 +55,8 @@ class ShardedState {
   // 3: the gathered buffers are stale).
   void restored();
   StateGroup kind() const { return kind_; }
+  int zero() const { return zero_; }
+  int group_size() const { return group_.size(); }  // the group's data-parallel ranks
   bool param_shard() const { return buffers_.param_shard != nullptr; }
 
   parallel::GradReducer& reducer() { return *reducer_; }

@@ -19,8 +19,8 @@
 #
 #   golden_losses.sh TITAN3D GROUP replayed   the same recipes with run.replay_every = 1 (every
 #                                        step replayed on a peer and checked: docs/resilience.md,
-#                                        Replay) give the same bits and no false alarm; the runs
-#                                        with expert parallelism, which replay refuses, left out
+#                                        Replay) give the same bits and no false alarm, the runs
+#                                        with expert parallelism included
 #
 # GOLDEN_RECORD=1 writes the file instead of comparing: do that only on a commit whose arithmetic
 # is trusted, and say why in the commit that changes a golden file. GOLDEN_KEEP=DIR keeps the runs
@@ -51,18 +51,10 @@ moe=(--set model.n_experts=4 --set model.experts_per_token=2 --set model.moe_ffn
      --set model.n_shared_experts=1 --set model.dense_layers=1 --set model.router_bias_rate=1e-3
      --set model.router_aux_coef=1e-2)
 results=$work/results.txt
-skipped=()  # runs the variant leaves out
 if [ "$variant" = replayed ]; then
   common+=(--set run.replay_every=1)
   [ "${GOLDEN_RECORD:-0}" = 1 ] && { echo "FAIL: record without the replayed variant"; exit 1; }
 fi
-# leave_out NAME ARGS...: whether the variant leaves run NAME out (recorded in $skipped).
-leave_out() {
-  local name=$1; shift
-  [ "$variant" = replayed ] || return 1
-  case " $* " in *" parallel.ep="[2-9]*) skipped+=("$name"); return 0 ;; esac
-  return 1
-}
 : > "$results"
 recorder=record  # how train and resume record a run
 
@@ -97,14 +89,12 @@ record_snapshot() {
 }
 train() {  # train NAME [--set ...]
   local name=$1; shift
-  leave_out "$name" "$@" && return
   "$titan3d" train "$repo/recipes/tiny.toml" "${common[@]}" --set run.dir="$work/$name" "$@" \
     > "$work/$name.log" 2>&1 || { echo "FAIL: $name exited $?"; tail -20 "$work/$name.log"; exit 1; }
   "$recorder" "$name"
 }
 resume() {  # resume NAME FROM_RUN STEP [--set ...]: continues FROM_RUN's snapshot of STEP
   local name=$1 from=$2 step=$3; shift 3
-  leave_out "$name" "$@" && return
   "$titan3d" resume "$work/$from/snapshots/step_$(printf %08d "$step").h5" "${common[@]}" \
     --set run.dir="$work/$name" --set snapshot.dir="$work/$name/snapshots" "$@" \
     > "$work/$name.log" 2>&1 ||
@@ -184,13 +174,6 @@ if [ "$variant" = replayed ]; then
     grep -q '"replay_s"' "$work/$run/metrics.jsonl" ||
       { echo "FAIL: $run logged no replay_s: nothing was replayed"; exit 1; }
   done
-  if [ ${#skipped[@]} -gt 0 ]; then
-    grep -v -F -f <(printf '%s\t\n' "${skipped[@]}") "$golden" > "$work/golden.txt"
-    echo "left out (expert parallelism, which replay refuses): ${skipped[*]}"
-  else
-    cp "$golden" "$work/golden.txt"
-  fi
-  expected=$work/golden.txt
 fi
 if diff "$expected" "$results" > "$work/diff.txt"; then
   echo "$(grep -c $'\tloss' "$results") runs bit-identical to $golden${variant:+ ($variant)}"

@@ -17,16 +17,22 @@
 #       run's steps 3-6;
 #     - dp1 replays itself: clean with replay_every = 1, and a gradient flip is named;
 #     - a mixture of experts (dp2, ep = 1) clean with replay_every = 1 as well;
-#     - run.on_corruption = exclude, a negative replay_every, expert parallelism: exit 2 naming
-#       the key.
+#     - run.on_corruption = exclude on one host: the account names the host, the launcher stops
+#       (exit 6) saying that exclude needs several hosts;
+#     - a negative replay_every, an expert-parallel group that no other whole group can replay:
+#       exit 2 naming the key.
 #   replay.sh TITAN3D tp_pp   dp2 × tp2 and pp2 × dp2: the clean runs' losses equal the runs'
 #     without replay; gradient and activation flips name the flipped rank (an activation flip on
 #     the last stage first among the stages it reached); a parameter flip names it among the
 #     candidates.
 #   replay.sh TITAN3D zero_cp  dp2 with ZeRO 1, 2, 3 (small buckets) and cp2 × dp2: clean runs
-#     unchanged; gradient and activation flips named; a ZeRO-1 parameter flip at the replayed step
-#     names both candidates; a ZeRO-3 shard's flip, gathered by every replica alike, goes unseen
-#     (documented, docs/resilience.md).
+#     unchanged; gradient and activation flips named; parameter flips under ZeRO 1, 2 and 3 (a
+#     ZeRO-3 shard's, which every replica gathers alike) named, settled, by the hashes of the
+#     parameters at rest, at the replayed step and at the check after it.
+#   replay.sh TITAN3D ep      a mixture of experts with expert parallelism (tiny_moe): dp4 × ep2
+#     (two EP groups, each replaying the other whole) and dp2 × ep2 (one EP group: each replica
+#     replays itself, said in the log), clean runs unchanged; gradient and activation flips named,
+#     a dp4 parameter flip outvoted.
 # REPLAY_KEEP=DIR keeps the runs in DIR.
 set -u
 titan3d=$1 group=$2
@@ -63,7 +69,7 @@ caught() {
     --set run.dir="$work/$name" --set run.replay_every=2 "$@" > "$work/$name.log" 2>&1
   local rc=$? msg
   msg=$(grep "^titan3d: silent data corruption" "$work/$name.log")
-  check "[ $rc -eq 6 ] && [ \$(grep -c '^titan3d: silent data corruption' $work/$name.log) -eq 1 ] && grep -qE \"at step $step \\((gradients|parameters) check\\)(: |, not settled: candidates )$want\" <<<\"\$msg\"" \
+  check "[ $rc -eq 6 ] && [ \$(grep -c '^titan3d: silent data corruption' $work/$name.log) -eq 1 ] && grep -qE \"at step $step \\((gradients|parameters|parameters at rest) check\\)(: |, not settled: candidates )$want\" <<<\"\$msg\"" \
     "$name ($fault): exit 6 at step $step naming $want" ||
     { echo "rc=$rc"; tail -5 "$work/$name.log"; }
   check "[ \$(grep -c '\"event\": \"corruption\", \"step\": $step,' $work/$name/incidents.jsonl) -eq 1 ] && grep -q '\"exit_code\": 6' $work/$name/incidents.jsonl && ! grep -q restart $work/$name/incidents.jsonl" \
@@ -115,10 +121,19 @@ case $group in
       "dp1: the log says a rank replays itself"
     caught dp1_grad flip:0:4:grad 4 "rank 0 \\[pp0 dp0 tp0\\]"
     clean moe_dp2 "${tiny_moe[@]}" --set parallel.dp=2
-    for bad in run.on_corruption=exclude run.replay_every=-1 ep2; do
+    # run.on_corruption = exclude on one host: nothing to leave out, the job stops as with stop.
+    caught dp2_exclude_one_host flip:1:4:grad 4 "rank 1 \\[pp0 dp1 tp0\\]" --set parallel.dp=2 \
+      --set run.on_corruption=exclude
+    check "grep -q 'run.on_corruption = exclude: step 4 is not applied; the last check passed at step 2: a self-launched job on several hosts continues without host $(hostname)' $work/dp2_exclude_one_host.log && grep -q '^titan3d: corruption found by replay at step 4 (rank 1: .*) after step 3; run.on_corruption = exclude needs the job on several hosts (run.hostfile)' $work/dp2_exclude_one_host.log && grep -q '\"action\": \"exclude\", \"exclude_host\": \"$(hostname)\", \"exclude_rank\": 1' $work/dp2_exclude_one_host/incidents.jsonl" \
+      "dp2_exclude_one_host: the account names the host to leave out; the launcher, with one host, stops, saying why" ||
+      tail -3 "$work/dp2_exclude_one_host.log"
+    for bad in run.replay_every=-1 ep3; do
       settings=(--set "$bad") key=${bad%%=*}
-      [ "$bad" = ep2 ] && key=run.replay_every settings=("${tiny_moe[@]}" --set parallel.dp=2
-                                                         --set parallel.ep=2 --set run.replay_every=1)
+      # An expert-parallel group of dp2 x cp3 neither inside one cp rank's dp coordinates nor
+      # holding all of them: no whole group replays another.
+      [ "$bad" = ep3 ] && key=run.replay_every settings=("${tiny_moe[@]}" --set model.n_experts=6
+        --set model.seq_len=48 --set model.router_aux_coef=0 --set parallel.dp=2
+        --set parallel.cp=3 --set parallel.ep=3 --set run.replay_every=1)
       out=$("$titan3d" train "$repo/recipes/tiny.toml" "${common[@]}" --set run.dir="$work/bad" \
             "${settings[@]}" --dry-run 2>&1); rc=$?
       check "[ $rc -eq 2 ] && grep -q '\`$key\`' <<<\"\$out\"" "$bad: exit 2 naming $key" ||
@@ -150,16 +165,59 @@ case $group in
       --set parallel.bucket_mb=0.05
     caught dp2_zero3_grad flip:0:4:grad 4 "rank 0 \\[pp0 dp0 tp0\\]" --set parallel.dp=2 --set parallel.zero=3
     caught dp2_zero3_act flip:1:4:act 4 "rank 1 \\[pp0 dp1 tp0\\]" --set parallel.dp=2 --set parallel.zero=3
-    # ZeRO-1: a parameter flipped as the replayed step starts is used by that step's forward.
-    caught dp2_zero1_param flip:1:4:param 4 "rank 0 \\[pp0 dp0 tp0\\] on host [^ ]+ and rank 1 " \
-      --set parallel.dp=2 --set parallel.zero=1
-    # Documented as not caught: a ZeRO-3 shard's flip is gathered by every replica alike.
-    T3D_FAULT=flip:1:3:param run dp2_zero3_param_unseen --set parallel.dp=2 --set parallel.zero=3 \
-      --set parallel.bucket_mb=0.05 --set run.replay_every=2
-    check "! diff <(losses $work/dp2_zero3_plain/metrics.jsonl) <(losses $work/dp2_zero3_param_unseen/metrics.jsonl) > /dev/null" \
-      "dp2_zero3: a flip of a ZeRO-3 shard changes every replica alike and goes unseen (documented)"
+    # ZeRO-1: a parameter flipped as the replayed step starts is used by that step's forward; the
+    # copy rank 1 reads changed after step 3's update, so the hashes of the parameters at rest
+    # name it, settled.
+    caught dp2_zero1_param flip:1:4:param 4 "rank 1 \\[pp0 dp1 tp0\\]" --set parallel.dp=2 \
+      --set parallel.zero=1
+    incident_rank dp2_zero1_param 1
+    # A ZeRO-3 shard's flip is gathered by every replica alike (their gradients agree), and a
+    # ZeRO-2 replica's flipped copy is overwritten by the step's all-gather after its forward read
+    # it: both are seen by the hashes of the parameters at rest, at the next check, settled. A
+    # shard's flip at the check step itself too.
+    caught dp2_zero3_param flip:1:3:param 4 "rank 1 \\[pp0 dp1 tp0\\]" --set parallel.dp=2 \
+      --set parallel.zero=3 --set parallel.bucket_mb=0.05
+    incident_rank dp2_zero3_param 1
+    check "grep -q 'its dense parameters changed in memory after step 2.s update' $work/dp2_zero3_param.log && grep -q '\"check\": \"parameters at rest\"' $work/dp2_zero3_param/incidents.jsonl" \
+      "dp2_zero3_param: the account says the shard changed at rest after step 2's update"
+    caught dp2_zero3_param_now flip:0:4:param 4 "rank 0 \\[pp0 dp0 tp0\\]" --set parallel.dp=2 \
+      --set parallel.zero=3
+    caught dp2_zero2_param flip:0:3:param 4 "rank 0 \\[pp0 dp0 tp0\\]" --set parallel.dp=2 \
+      --set parallel.zero=2 --set parallel.bucket_mb=0.05
+    # A shard flipped at step 5, after the last check (step 4) and at the run's last step, which
+    # is no check step: named there all the same.
+    T3D_FAULT=flip:1:5:param "$titan3d" train "$repo/recipes/tiny.toml" "${common[@]}" \
+      --set run.dir="$work/dp2_zero3_last" --set train.steps=5 --set run.replay_every=2 \
+      --set parallel.dp=2 --set parallel.zero=3 > "$work/dp2_zero3_last.log" 2>&1
+    rc=$?
+    check "[ $rc -eq 6 ] && grep -q '^titan3d: silent data corruption at step 5 (parameters at rest check): rank 1 \\[pp0 dp1 tp0\\].*the last check passed at step 4' $work/dp2_zero3_last.log" \
+      "dp2_zero3_last: a shard flipped at the run's last step, no check step, is named there" ||
+      tail -3 "$work/dp2_zero3_last.log"
     clean cp2_dp2 --set parallel.cp=2 --set parallel.dp=2
     caught cp2_dp2_grad flip:3:4:grad 4 "rank 3 \\[pp0 dp1 cp1 tp0\\]" --set parallel.cp=2 --set parallel.dp=2
+    ;;
+  ep)
+    clean moe_dp4_ep2 "${tiny_moe[@]}" --set parallel.dp=4 --set parallel.ep=2
+    caught moe_dp4_ep2_grad flip:3:4:grad 4 "rank 3 \\[pp0 dp3 tp0\\]" "${tiny_moe[@]}" \
+      --set parallel.dp=4 --set parallel.ep=2
+    check "grep -q 'its replay by rank 1' $work/moe_dp4_ep2_grad.log" \
+      "moe_dp4_ep2_grad: rank 3 replayed by rank 1, its place in the other EP group"
+    caught moe_dp4_ep2_param flip:1:3:param 4 "rank 1 \\[pp0 dp1 tp0\\]" "${tiny_moe[@]}" \
+      --set parallel.dp=4 --set parallel.ep=2
+    clean moe_dp2_ep2 "${tiny_moe[@]}" --set parallel.dp=2 --set parallel.ep=2
+    check "grep -q 'one expert-parallel group (parallel.ep = 2) spans every replica (parallel.dp = 2): .*replays its own step' $work/moe_dp2_ep2_replayed/logs/rank0.log" \
+      "moe_dp2_ep2: the log says each replica replays itself"
+    caught moe_dp2_ep2_grad flip:1:4:grad 4 "rank 1 \\[pp0 dp1 tp0\\]" "${tiny_moe[@]}" \
+      --set parallel.dp=2 --set parallel.ep=2
+    caught moe_dp2_ep2_act flip:0:4:act 4 "rank 0 \\[pp0 dp0 tp0\\]" "${tiny_moe[@]}" \
+      --set parallel.dp=2 --set parallel.ep=2
+    # pp2 with a dense first stage: only the second stage holds experts (no replica of them on
+    # dp2 × ep2, so only it hashes parameters at rest), yet every rank meets at the exchange of the
+    # run's last step, no check step: the run ends.
+    run moe_pp2_dp2_ep2 "${tiny_moe[@]}" --set model.n_layers=2 --set parallel.pp=2 \
+      --set parallel.dp=2 --set parallel.ep=2 --set train.steps=5 --set run.replay_every=2
+    check "[ \$(losses $work/moe_pp2_dp2_ep2/metrics.jsonl | wc -l) -eq 5 ] && ! grep -q corruption $work/moe_pp2_dp2_ep2.log" \
+      "moe_pp2_dp2_ep2: a stage with experts and one without finish the last step together"
     ;;
   *) echo "FAIL: unknown group $group"; exit 1 ;;
 esac
