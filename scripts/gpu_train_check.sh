@@ -8,12 +8,15 @@
 #      (the snapshot holds the device's state exactly);
 #   4. pp2 × dp2 × tp2 with ZeRO-1 (eight ranks sharing the GPU, their collectives staged through
 #      host memory) against the same layout on the CPU, within 1e-4 relative;
-#   5. bf16 on the GPU: recipes/default.toml's model on one rank, 200 steps, in fp32 and in bf16:
+#   5. across devices: the GPU's step-10 snapshot resumed on the CPU and the CPU's on the GPU, steps
+#      11-20 within 1e-4 of the run they continue; eval of the GPU's step-20 snapshot on the GPU
+#      and on the CPU within 1e-6 relative;
+#   6. bf16 on the GPU: recipes/default.toml's model on one rank, 200 steps, in fp32 and in bf16:
 #      the bf16 losses within 2% of the fp32 run's at every step;
-#   6. selfcheck's device rows on two ranks sharing the GPU (GEMM TFLOP/s against the datasheet,
+#   7. selfcheck's device rows on two ranks sharing the GPU (GEMM TFLOP/s against the datasheet,
 #      pinned copy GB/s): the run passes, and the rows are printed.
 # Usage: gpu_train_check.sh BUNDLE_ROOT REPO LOG_DIR. DEVICE=cpu runs the "GPU" runs on the CPU
-# instead (to check this script and the bundle where no GPU is). Exit 0 when all six hold.
+# instead (to check this script and the bundle where no GPU is). Exit 0 when all seven hold.
 set -uo pipefail
 root=$1 repo=$2 logs=$3
 device=${DEVICE:-cuda}
@@ -41,6 +44,15 @@ run gpu "$device" titan3d train recipes/tiny.toml
 run gpu_again "$device" titan3d train recipes/tiny.toml
 run gpu_resumed "$device" titan3d resume "$logs/gpu/snapshots/step_00000010.h5" \
   --set snapshot.dir="$logs/gpu_resumed/snapshots"
+run cpu_from_gpu cpu titan3d resume "$logs/gpu/snapshots/step_00000010.h5" \
+  --set snapshot.dir="$logs/cpu_from_gpu/snapshots"
+run gpu_from_cpu "$device" titan3d resume "$logs/cpu/snapshots/step_00000010.h5" \
+  --set snapshot.dir="$logs/gpu_from_cpu/snapshots"
+for dev in cpu "$device"; do
+  titan3d eval "$logs/gpu/snapshots/step_00000020.h5" --set hardware.device="$dev" \
+    --json "$logs/eval_$dev.json" > "$logs/eval_$dev.log" 2>&1 ||
+    { echo "FAIL: eval on $dev exited $?"; tail -n 5 "$logs/eval_$dev.log"; failed=1; }
+done
 layout=(--set parallel.pp=2 --set parallel.dp=2 --set parallel.tp=2 --set parallel.zero=1)
 run cpu_3d cpu titan3d train recipes/tiny.toml "${layout[@]}"
 run gpu_3d "$device" titan3d train recipes/tiny.toml "${layout[@]}"
@@ -51,7 +63,7 @@ for precision in fp32 bf16; do
     --set run.dir="$logs/default_$precision" > "$logs/default_$precision.log" 2>&1 ||
     { echo "FAIL: default_$precision exited $?"; tail -n 20 "$logs/default_$precision.log"; failed=1; }
 done
-python3 - "$logs" <<'PY'
+python3 - "$logs" "$device" <<'PY'
 import json, sys
 logs = sys.argv[1]
 def losses(name):  # {} when the run left no metrics (it failed, said above)
@@ -80,6 +92,20 @@ tail = {s: gpu.get(s) for s in resumed}
 resumed_ok = len(resumed) == 10 and resumed == tail
 print(f"GPU resumed from step 10: {'steps 11-20 bit-identical' if resumed_ok else 'DIFFERENT: ' + str(resumed) + ' vs ' + str(tail)}")
 ok &= resumed_ok
+for name, ref in (("cpu_from_gpu", gpu), ("gpu_from_cpu", cpu)):
+    cont = losses(name)
+    wc = worst(cont, {s: ref[s] for s in cont}) if len(cont) == 10 else float("inf")
+    print(f"{name}: steps 11-20 of {len(cont)} within {wc:.2e} of the run it continues (within 1e-4)")
+    ok &= wc <= 1e-4
+def eval_loss(dev):
+    try:
+        return json.load(open(f"{logs}/eval_{dev}.json"))["loss"]
+    except (OSError, ValueError, KeyError):
+        return float("nan")
+e_cpu, e_gpu = eval_loss("cpu"), eval_loss(sys.argv[2])
+we = abs(e_gpu - e_cpu) / abs(e_cpu) if e_cpu == e_cpu and e_gpu == e_gpu else float("inf")
+print(f"eval of the GPU's step-20 snapshot: {e_gpu:.9f} on the GPU, {e_cpu:.9f} on the CPU, {we:.1e} apart (within 1e-6)")
+ok &= we <= 1e-6
 cpu4, gpu4 = losses("cpu_3d"), losses("gpu_3d")
 w4 = worst(gpu4, cpu4)
 print(f"GPU vs CPU, pp2 x dp2 x tp2 ZeRO-1 on 8 ranks: largest relative difference {w4:.2e} (within 1e-4)")

@@ -21,45 +21,7 @@ need_root "network namespaces"
 need_packages iproute2 util-linux openmpi-bin
 require_corpus
 
-tag=$$
-ns_a=t3d_xa_$tag ns_b=t3d_xb_$tag
-work=$(mktemp -d /tmp/t3d_exclude.XXXXXX)
-cleanup() {
-  local ns pid
-  for ns in "$ns_a" "$ns_b"; do
-    # Every process in our namespaces is ours: mpirun, orted, ranks.
-    for pid in $(ip netns pids "$ns" 2> /dev/null); do kill -9 "$pid" 2> /dev/null; done
-    ip netns del "$ns" 2> /dev/null
-  done
-  [ -n "${T3D_KEEP:-}" ] || rm -rf "$work"  # T3D_KEEP=1: keep for a look
-}
-trap cleanup EXIT
-ip netns add "$ns_a" 2> "$work/netns.err" ||
-  skip "cannot create a network namespace here: $(cat "$work/netns.err")"
-ip netns add "$ns_b" 2> "$work/netns.err" ||
-  skip "cannot create a second network namespace here: $(cat "$work/netns.err")"
-ip netns exec "$ns_a" unshare --uts true 2> "$work/netns.err" ||
-  skip "cannot enter a network and UTS namespace here: $(cat "$work/netns.err")"
-ip link add "t3xa$tag" netns "$ns_a" type veth peer name "t3xb$tag" netns "$ns_b" 2> "$work/netns.err" ||
-  skip "cannot link two network namespaces (veth) here: $(cat "$work/netns.err")"
-ip -n "$ns_a" addr add 10.98.0.1/24 dev "t3xa$tag"
-ip -n "$ns_b" addr add 10.98.0.2/24 dev "t3xb$tag"
-for ns in "$ns_a" "$ns_b"; do ip -n "$ns" link set lo up; done
-ip -n "$ns_a" link set "t3xa$tag" up
-ip -n "$ns_b" link set "t3xb$tag" up
-
-# The launch agent, Open MPI's stand-in for ssh (two_hosts.sh).
-cat > "$work/agent" <<AGENT
-#!/bin/sh
-host=\$1; shift
-case \$host in
-  10.98.0.1|hosta) ns=$ns_a name=hosta ;;
-  10.98.0.2|hostb) ns=$ns_b name=hostb ;;
-  *) echo "agent: no such test host: \$host" >&2; exit 255 ;;
-esac
-exec ip netns exec \$ns unshare --uts sh -c "hostname \$name; \$*"
-AGENT
-chmod +x "$work/agent"
+make_two_hosts "x" 98 /tmp/t3d_exclude.XXXXXX
 printf '10.98.0.1 slots=1\n10.98.0.2 slots=1\n' > "$work/hostfile"
 
 # The GEMM, precision and threads pinned: losses are compared bit for bit.

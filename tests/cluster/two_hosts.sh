@@ -33,47 +33,7 @@ need_root "network namespaces"
 need_packages iproute2 util-linux openmpi-bin
 require_corpus
 
-tag=$$
-ns_a=t3d_a_$tag ns_b=t3d_b_$tag
-work=$(mktemp -d /tmp/t3d_2hosts.XXXXXX)
-cleanup() {
-  local ns pid
-  for ns in "$ns_a" "$ns_b"; do
-    # Every process in our namespaces is ours: mpirun, orted, ranks.
-    for pid in $(ip netns pids "$ns" 2> /dev/null); do kill -9 "$pid" 2> /dev/null; done
-    ip netns del "$ns" 2> /dev/null
-  done
-  [ -n "${T3D_KEEP:-}" ] || rm -rf "$work"  # T3D_KEEP=1: keep for a look
-}
-trap cleanup EXIT
-ip netns add "$ns_a" 2> "$work/netns.err" ||
-  skip "cannot create a network namespace here: $(cat "$work/netns.err")"
-ip netns add "$ns_b" 2> "$work/netns.err" ||
-  skip "cannot create a second network namespace here: $(cat "$work/netns.err")"
-# Making a namespace is not entering one: some sandboxes allow the first and refuse the second.
-ip netns exec "$ns_a" unshare --uts true 2> "$work/netns.err" ||
-  skip "cannot enter a network and UTS namespace here: $(cat "$work/netns.err")"
-ip link add "t3a$tag" netns "$ns_a" type veth peer name "t3b$tag" netns "$ns_b" 2> "$work/netns.err" ||
-  skip "cannot link two network namespaces (veth) here: $(cat "$work/netns.err")"
-ip -n "$ns_a" addr add 10.97.0.1/24 dev "t3a$tag"
-ip -n "$ns_b" addr add 10.97.0.2/24 dev "t3b$tag"
-for ns in "$ns_a" "$ns_b"; do ip -n "$ns" link set lo up; done
-ip -n "$ns_a" link set "t3a$tag" up
-ip -n "$ns_b" link set "t3b$tag" up
-
-# The launch agent, Open MPI's stand-in for ssh: `agent HOST COMMAND...` runs COMMAND through a
-# shell (as sshd would) in that host's network namespace, under its host name.
-cat > "$work/agent" <<AGENT
-#!/bin/sh
-host=\$1; shift
-case \$host in
-  10.97.0.1|hosta) ns=$ns_a name=hosta ;;
-  10.97.0.2|hostb) ns=$ns_b name=hostb ;;
-  *) echo "agent: no such test host: \$host" >&2; exit 255 ;;
-esac
-exec ip netns exec \$ns unshare --uts sh -c "hostname \$name; \$*"
-AGENT
-chmod +x "$work/agent"
+make_two_hosts "" 97 /tmp/t3d_2hosts.XXXXXX
 printf '10.97.0.1 slots=4\n10.97.0.2 slots=4\n' > "$work/hostfile"
 
 # mpi ARGS...: mpirun on host A (as a user would run it on the cluster's first node).
@@ -133,7 +93,7 @@ MPI_TIMEOUT=120 mpi "$titan3d" train "$repo/recipes/tiny.toml" "${model[@]}" "${
   > "$work/cut.log" 2>&1 &
 job=$!
 if wait_for 60 test -s "$work/cut/metrics.jsonl"; then
-  ip -n "$ns_b" link set "t3b$tag" down
+  ip -n "$ns_b" link set "$link_b" down
   cut_at=$(date +%s)
   wait_for 60 grep -q 'watchdog:' "$work/cut.log"
   took=$(( $(date +%s) - cut_at ))
@@ -151,7 +111,7 @@ wait "$job" 2> /dev/null
 
 # 5-6. Self-launched over both hosts: titan3d's own mpirun, run.hostfile, and Open MPI's launch
 # agent and networks from the environment (as a cluster's mca-params.conf would give them).
-ip -n "$ns_b" link set "t3b$tag" up
+ip -n "$ns_b" link set "$link_b" up
 self_launched() {
   timeout "${SUP_TIMEOUT:-300}" env OMPI_MCA_plm_rsh_agent="$work/agent"     OMPI_MCA_btl=self,vader,tcp OMPI_MCA_btl_tcp_if_include=10.97.0.0/24     OMPI_MCA_oob_tcp_if_include=10.97.0.0/24     "$work/agent" hosta "$titan3d" train "$repo/recipes/tiny.toml" "${model[@]}" "${layout[@]}"     --set run.hostfile="$work/hostfile" --set train.steps=$long_steps --set snapshot.every=20     --set parallel.timeout_s=5 --set train.precision=fp32 --set hardware.gemm=openblas "$@"
 }
@@ -179,7 +139,7 @@ every_step_as_straight() {
 # cut_after RUN STEP: cuts host B's link once RUN logged STEP (a snapshot before it committed).
 cut_after() {
   if wait_for 120 awk -v s="$2" '/^{"step"/ { split($2, a, ","); if (a[1] + 0 >= s) f = 1 } END { exit !f }' "$work/$1/metrics.jsonl"; then
-    ip -n "$ns_b" link set "t3b$tag" down
+    ip -n "$ns_b" link set "$link_b" down
     echo "     cut host B's link after step $(sed -n 's/^{"step": \([0-9]*\),.*/\1/p' "$work/$1/metrics.jsonl" | tail -1)"
   else
     echo "FAIL $1 did not reach step $2 within 120 s"; fail=1
@@ -211,7 +171,7 @@ counted_losses "$work/straight/metrics.jsonl" > "$work/straight.losses"
 every_step_as_straight elastic "dp2 -> dp1 on host A"
 
 # 7. Regrow: host B comes back while the job runs shrunk on host A.
-ip -n "$ns_b" link set "t3b$tag" up
+ip -n "$ns_b" link set "$link_b" up
 self_launched --set run.dir="$work/regrow" --set run.elastic=true --set run.max_restarts=2 \
   --set run.elastic_regrow_s=1 --set snapshot.every=1000 --set snapshot.memory_every=10 \
   > "$work/regrow.log" 2>&1 &
@@ -221,7 +181,7 @@ wait_for 120 grep -q 'elastic: unreachable' "$work/regrow.log"
 for pid in $(ip netns pids "$ns_b"); do kill -9 "$pid" 2> /dev/null; done
 tier=$(grep -o '/dev/shm/titan3d-[0-9a-f]*-[0-9a-f]*-' "$work/regrow.log" | head -1)
 rm -rf "${tier:-/nonexistent/}hostb"  # host B's memory went with it
-ip -n "$ns_b" link set "t3b$tag" up
+ip -n "$ns_b" link set "$link_b" up
 wait "$job"
 rc=$?
 check "[ $rc -eq 0 ]" "regrow: the job finished (rc $rc)" || tail -30 "$work/regrow.log"
@@ -239,7 +199,7 @@ check "[ '$hosts' = '0hosta 1hosta 2hosta 3hosta 4hostb 5hostb 6hostb 7hostb' ]"
 every_step_as_straight regrow "dp2 -> dp1 -> dp2"
 check "[ -n '$tier' ] && ! compgen -G '$tier*' > /dev/null" "memory tier: nothing of the job left in /dev/shm ($tier*)"
 
-ip -n "$ns_b" link set "t3b$tag" up
+ip -n "$ns_b" link set "$link_b" up
 self_launched --set run.dir="$work/rigid" --set run.max_restarts=1 --set snapshot.memory_every=10 \
   > "$work/rigid.log" 2>&1 &
 job=$!

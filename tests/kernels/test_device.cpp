@@ -67,22 +67,24 @@ namespace {
 // The names the CUDA runtime gives (as nvidia-smi shows them) find their datasheet rows; the
 // figures are the datasheets' dense ones.
 TEST(GpuSpecs, DeviceNamesFindTheirDatasheet) {
-  const auto key = [](std::string_view name, double gib) {
-    const GpuSpec* s = gpu_spec_of_device(name, gib);
-    return s ? std::string(s->key) : std::string("none");
+  struct Named {
+    const char* name;  // as the CUDA runtime gives it
+    double gib;        // its memory
+    const char* key;   // "none": not in the table
   };
-  EXPECT_EQ(key("NVIDIA H100 80GB HBM3", 79.1), "h100-sxm");
-  EXPECT_EQ(key("NVIDIA H100 PCIe", 79.6), "h100-pcie");
-  EXPECT_EQ(key("NVIDIA H100 NVL", 93.1), "h100-nvl");
-  EXPECT_EQ(key("NVIDIA H200", 139.8), "h200");
-  EXPECT_EQ(key("NVIDIA H200 NVL", 139.8), "h200-nvl");
-  EXPECT_EQ(key("NVIDIA GH200 480GB", 94.5), "gh200");
-  EXPECT_EQ(key("NVIDIA A100-SXM4-80GB", 79.2), "a100-sxm-80");
-  EXPECT_EQ(key("NVIDIA A100-SXM4-40GB", 39.4), "a100-sxm-40");
-  EXPECT_EQ(key("NVIDIA A100 80GB PCIe", 79.2), "a100-pcie-80");
-  EXPECT_EQ(key("NVIDIA A100-PCIE-40GB", 39.4), "a100-pcie-40");
-  EXPECT_EQ(key("NVIDIA L40S", 44.4), "l40s");
-  EXPECT_EQ(key("NVIDIA GeForce RTX 4090", 23.6), "none");
+  for (const Named& g :
+       {Named{"NVIDIA H100 80GB HBM3", 79.1, "h100-sxm"},
+        Named{"NVIDIA H100 PCIe", 79.6, "h100-pcie"}, Named{"NVIDIA H100 NVL", 93.1, "h100-nvl"},
+        Named{"NVIDIA H200", 139.8, "h200"}, Named{"NVIDIA H200 NVL", 139.8, "h200-nvl"},
+        Named{"NVIDIA GH200 480GB", 94.5, "gh200"},
+        Named{"NVIDIA A100-SXM4-80GB", 79.2, "a100-sxm-80"},
+        Named{"NVIDIA A100-SXM4-40GB", 39.4, "a100-sxm-40"},
+        Named{"NVIDIA A100 80GB PCIe", 79.2, "a100-pcie-80"},
+        Named{"NVIDIA A100-PCIE-40GB", 39.4, "a100-pcie-40"}, Named{"NVIDIA L40S", 44.4, "l40s"},
+        Named{"NVIDIA GeForce RTX 4090", 23.6, "none"}}) {
+    const GpuSpec* s = gpu_spec_of_device(g.name, g.gib);
+    EXPECT_EQ(s ? std::string(s->key) : std::string("none"), g.key) << g.name;
+  }
   const GpuSpec* h100 = gpu_spec_by_key("h100-sxm");
   ASSERT_NE(h100, nullptr);
   EXPECT_DOUBLE_EQ(h100->bf16_tflops, 989.4);
