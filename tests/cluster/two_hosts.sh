@@ -186,7 +186,7 @@ wait "$job"
 rc=$?
 check "[ $rc -eq 0 ]" "regrow: the job finished (rc $rc)" || tail -30 "$work/regrow.log"
 restore=$(grep -m1 '"event": "restore"' "$work/regrow/incidents.jsonl" 2> /dev/null)
-check "grep -q '\"tier\": \"memory\", \"snapshot_step\": [1-9][0-9]*[05], \"disk_step\": 0,' <<<\"\$restore\" && grep -q 'memory tier: step [0-9]* complete among the 1 living host(s): hosta' '$work/regrow.log' && grep -q '(resharded: .*dp=2.* -> .*dp=1.*) in .* (tier: memory)' '$work/regrow.log'" \
+check "grep -q '\"tier\": \"memory\", \"snapshot_step\": [1-9][0-9]*[05], \"disk_step\": 0,' <<<\"\$restore\" && grep -q 'memory tier: step [0-9]* complete among the 1 living host(s): hosta' '$work/regrow.log' && grep -q '(resharded: .*dp=2.* -> .*dp=1.*), written on cpu in .* (tier: memory)' '$work/regrow.log'" \
   "memory tier: host B lost with its /dev/shm, the shrunk job restored the memory tier from host A's buddy copies, resharded: ${restore#*\"tier\"}" ||
   { grep -E 'memory tier|resumed|elastic' "$work/regrow.log" | tail -8; cat "$work/regrow/incidents.jsonl"; }
 line=$(grep -m1 'reachable again' "$work/regrow.log")
