@@ -2,8 +2,9 @@
 # Everything the GPU needs checking, in one go on a machine with an NVIDIA GPU (at most ~8
 # minutes): the CUDA backend's tests against the CPU backend, the Model's training steps on the
 # GPU against the CPU's, titan3d training on the GPU (scripts/gpu_train_check.sh),
-# compute-sanitizer's memcheck and racecheck over its kernels, and the kernel benchmark beside
-# PyTorch's at the same shapes.
+# compute-sanitizer's memcheck and racecheck over its kernels, the kernel benchmark beside
+# PyTorch's at the same shapes, and last titan3d's training step against the same LLaMA in
+# PyTorch, eager and compiled (bench/gpu/bench_gpu.sh).
 #
 # It runs the binaries of gpu_bundle/bundle.tar.xz, made here by scripts/gpu_bundle.sh (a GPU
 # machine may lack OpenBLAS, oneDNN, MPI and HDF5; the bundle brings the libraries the binaries
@@ -57,8 +58,8 @@ if grep -q "SKIPPED \]" "$logs/gpu_model.log"; then
   status=1
 fi
 # titan3d itself on the GPU (one rank, fp32): against the CPU, twice, and resumed from a snapshot.
-step gpu_train 240 bash "$root/bin/gpu_train_check.sh" "$root" "$PWD" "$logs/train"
-grep -E "device:|GPU|FAIL" "$logs/gpu_train.log" | head -n 12
+step gpu_train 300 bash "$root/bin/gpu_train_check.sh" "$root" "$PWD" "$logs/train"
+grep -E "device:|GPU|FAIL|within|eval|^device" "$logs/gpu_train.log" | head -n 24
 sanitized='CudaElementwise.*:CudaRows.*:CudaLoss.*:CudaAttention.*:CudaDispatch.*:CudaDevice.ADeviceArenaNeedsAGpu'
 if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
   cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
@@ -96,6 +97,10 @@ for name, (ms, rate, unit) in ours.items():
     else:
         print(f"{name:<28} {ms:11.3f} {'-':>11} {'-':>17}  {rate:.2f} {unit}")
 PY
+# Last, as the longest: titan3d against the same LLaMA in PyTorch (eager, compiled), ~125 M and ~1 B.
+step bench_e2e 300 bash bench/gpu/bench_gpu.sh "$root" "$PWD" "$logs/e2e"
+echo "== end to end, bf16: titan3d vs PyTorch on this GPU" | tee -a "$logs/summary.txt"
+grep -E "^model|^125m|^1b|^gpu-bench|FAIL" "$logs/bench_e2e.log" | tee -a "$logs/summary.txt"
 echo "== summary (logs in $logs)"
 cat "$logs/summary.txt" | grep -E "passed|FAILED|not run"
 exit $status

@@ -95,8 +95,11 @@ class Block(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         rep = c.n_heads // c.n_kv_heads
         k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        att = (q @ k.transpose(-2, -1)) / math.sqrt(D) + mask
-        y = F.softmax(att, dim=-1) @ v
+        if c.sdpa:  # PyTorch's fused attention (flash on a GPU), causal
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            att = (q @ k.transpose(-2, -1)) / math.sqrt(D) + mask
+            y = F.softmax(att, dim=-1) @ v
         x = x + self.o_proj(y.transpose(1, 2).reshape(B, T, C))
         h = self.post_attention_layernorm(x)
         if self.c.n_experts > 0:
@@ -141,7 +144,12 @@ def main():
     ap.add_argument("--data", default="data/fortunes_train.bin")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--bf16", action="store_true",
-                    help="bf16 autocast around the forward (PyTorch's CPU mixed precision)")
+                    help="bf16 autocast around the forward (PyTorch's mixed precision)")
+    ap.add_argument("--device", default="cpu", help="cpu or cuda")
+    ap.add_argument("--sdpa", action="store_true",
+                    help="attention through F.scaled_dot_product_attention (flash on a GPU)")
+    ap.add_argument("--compile", action="store_true", help="torch.compile the model")
+    ap.add_argument("--fused", action="store_true", help="fused AdamW (a GPU's)")
     c = ap.parse_args()
     c.rope_theta, c.norm_eps = 10000.0, 1e-5
     if c.ffn_dim == 0:
@@ -151,27 +159,36 @@ def main():
     torch.set_num_threads(c.threads)
     torch.manual_seed(c.seed)
     raw = open(c.data, "rb").read()
-    header = 256 * 4 if int.from_bytes(raw[:4], "little") == 20240520 else 0
-    tokens = torch.frombuffer(bytearray(raw[header:]), dtype=torch.int16).to(torch.int64) & 0xFFFF
-    model = Llama(c)
+    if c.data.endswith(".bin"):  # titan3d tokenize's file: u16 ids after an optional header
+        header = 256 * 4 if int.from_bytes(raw[:4], "little") == 20240520 else 0
+        tokens = torch.frombuffer(bytearray(raw[header:]), dtype=torch.int16).to(torch.int64) & 0xFFFF
+    else:  # text: its bytes are the ids (titan3d's byte tokenizer)
+        tokens = torch.frombuffer(bytearray(raw), dtype=torch.uint8).to(torch.int64)
+    dev = torch.device(c.device)
+    model = Llama(c).to(dev)
     decay = [p for n, p in model.named_parameters() if p.dim() == 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                              {"params": no_decay, "weight_decay": 0.0}],
-                            lr=c.lr, betas=(0.9, 0.95), eps=1e-8)
+                            lr=c.lr, betas=(0.9, 0.95), eps=1e-8,
+                            **({"fused": True} if c.fused else {}))
+    step_model = torch.compile(model) if c.compile else model
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     g = torch.Generator().manual_seed(c.seed)
     times, losses = [], []
     for step in range(c.steps):
         starts = torch.randint(0, len(tokens) - c.seq_len - 1, (c.batch,), generator=g)
-        x = torch.stack([tokens[s:s + c.seq_len] for s in starts])
-        y = torch.stack([tokens[s + 1:s + 1 + c.seq_len] for s in starts])
+        x = torch.stack([tokens[s:s + c.seq_len] for s in starts]).to(dev)
+        y = torch.stack([tokens[s + 1:s + 1 + c.seq_len] for s in starts]).to(dev)
+        sync()
         t0 = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=c.bf16):
-            loss = model(x, y)
+        with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=c.bf16):
+            loss = step_model(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
+        sync()
         times.append(time.perf_counter() - t0)
         losses.append(loss.item())
     steady = sorted(times[c.warmup:])
@@ -180,6 +197,9 @@ def main():
                       "first_loss": losses[0], "last_loss": losses[-1],
                       "threads": torch.get_num_threads(), "torch": torch.__version__,
                       "precision": "bf16 autocast" if c.bf16 else "fp32",
+                      "device": torch.cuda.get_device_name() if dev.type == "cuda" else "cpu",
+                      "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if dev.type == "cuda" else 0,
+                      "compile": c.compile, "sdpa": c.sdpa,
                       "blas": torch.__config__.show().count("OpenBLAS") > 0}))
 
 

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# titan3d against the same LLaMA in PyTorch on one GPU, side by side in one call (issue 40's first
+# speed figure; issue 41's benchmark): a ~125 M model (dim 768, 12 layers, seq 1024) and a ~1 B
+# one (dim 2048, 16 layers, 16 heads of 128 with 8 kv heads, seq 2048), 32k vocabulary, bf16:
+#   - titan3d: `titan3d train`, hardware.device = cuda, train.precision = bf16, one rank;
+#   - PyTorch eager: bench/e2e/llama_torch.py --device cuda --bf16 (autocast) --sdpa --fused;
+#   - PyTorch compiled: the same with --compile.
+# Each reports median-step tokens/s; MFU is titan3d's own figure (against the GPU's datasheet bf16
+# peak, docs/metrics.md) scaled by the tokens/s ratio for PyTorch, so both use one FLOP count and
+# one peak. The last line summarises the ~1 B row:
+#   gpu-bench: <GPU> eager 1.23x compile 1.05x mfu 47.1%
+# Usage: bench_gpu.sh BUNDLE_ROOT REPO LOG_DIR (scripts/gpu_check.sh runs it from the bundle;
+# SIZES="125m" for one size, STEPS=10; DEVICE=cpu SIZES=tiny checks the script where no GPU is,
+# PyTorch then eager only, without its fused attention and AdamW).
+set -uo pipefail
+root=$1 repo=$2 logs=$3
+mkdir -p "$logs"
+export PATH="$root/bin:$PATH" OPAL_PREFIX="$root/ompi"
+export LD_LIBRARY_PATH="$root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+python=$(command -v python3 || command -v python)
+steps=${STEPS:-10} device=${DEVICE:-cuda}
+corpus=$root/data/corpus.txt
+cd "$repo" || exit 1
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+echo "GPU: ${gpu:-none}; host: $(lscpu | sed -n 's/^Model name: *//p')"
+# size: dim layers heads kv_heads seq batch hbm_gib
+declare -A shape=([125m]="768 12 12 12 1024 8 20" [1b]="2048 16 16 8 2048 4 70" [tiny]="64 2 4 2 64 2 1")
+fast=(--sdpa --fused)
+[ "$device" = cuda ] || fast=()
+status=0
+for size in ${SIZES:-125m 1b}; do
+  read -r dim layers heads kv seq batch hbm <<<"${shape[$size]}"
+  model=(--set model.vocab_size=32000 --set model.dim=$dim --set model.n_layers=$layers
+         --set model.n_heads=$heads --set model.n_kv_heads=$kv --set model.seq_len=$seq)
+  titan3d train recipes/default.toml "${model[@]}" --set parallel.pp=1 --set parallel.dp=1 \
+    --set parallel.tp=1 --set train.global_batch=$batch --set train.micro_batches=1 \
+    --set train.steps=$steps --set train.warmup_steps=2 --set train.val_every=0 \
+    --set snapshot.every=0 --set train.precision=bf16 --set hardware.device=$device \
+    --set hardware.hbm_gib=$hbm --set data.path="$corpus" --set run.dir="$logs/titan3d_$size" \
+    > "$logs/titan3d_$size.log" 2>&1 || { echo "FAIL: titan3d $size exited $?"; tail -n 5 "$logs/titan3d_$size.log"; status=1; }
+  torch=(--device $device --bf16 "${fast[@]}" --vocab_size 32000 --dim $dim --n_layers $layers
+         --n_heads $heads --n_kv_heads $kv --seq_len $seq --batch $batch --steps $((steps + 2))
+         --warmup 3 --data "$corpus")
+  "$python" bench/e2e/llama_torch.py "${torch[@]}" > "$logs/torch_eager_$size.json" 2> "$logs/torch_eager_$size.log" ||
+    { echo "FAIL: PyTorch eager $size"; tail -n 3 "$logs/torch_eager_$size.log"; status=1; }
+  [ "$device" = cuda ] || continue
+  "$python" bench/e2e/llama_torch.py "${torch[@]}" --compile > "$logs/torch_compile_$size.json" 2> "$logs/torch_compile_$size.log" ||
+    { echo "FAIL: PyTorch compile $size"; tail -n 3 "$logs/torch_compile_$size.log"; status=1; }
+done
+"$python" - "$logs" "${gpu:-unknown GPU}" ${SIZES:-125m 1b} <<'PY'
+import json, sys
+logs, gpu, sizes = sys.argv[1], sys.argv[2], sys.argv[3:]
+def read(path, *keys):
+    try:
+        d = json.load(open(path))
+        for k in keys:
+            d = d[k]
+        return d
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+print(f"{'model':6} {'titan3d tok/s':>14} {'MFU':>7} {'mem GiB':>8} {'eager tok/s':>12} {'MFU':>7} {'compile tok/s':>14} {'MFU':>7}  titan3d / eager, / compile")
+last = None
+for size in sizes:
+    perf = read(f"{logs}/titan3d_{size}/summary.json", "performance") or {}
+    t, mfu, mem = perf.get("tokens_per_s"), perf.get("mfu"), perf.get("peak_mem_gib")
+    e = read(f"{logs}/torch_eager_{size}.json", "tokens_per_s")
+    c = read(f"{logs}/torch_compile_{size}.json", "tokens_per_s")
+    def cell(x, fmt):
+        return format(x, fmt) if x is not None else format("-", ">" + fmt.split(",")[0].split(".")[0])
+    def pct(x):
+        return format(f"{x:.1f}%" if x is not None else "-", ">7")
+    def torch_mfu(x):
+        return 100 * mfu * x / t if x and t and mfu else None
+    ratio = lambda x: f"{t / x:.2f}x" if t and x else "-"
+    print(f"{size:6} {cell(t, '14,.0f')} {pct(100 * mfu if mfu is not None else None)} {cell(mem, '8.1f')} "
+          f"{cell(e, '12,.0f')} {pct(torch_mfu(e))} {cell(c, '14,.0f')} {pct(torch_mfu(c))}  {ratio(e)}, {ratio(c)}")
+    last = (size, t, e, c, mfu)
+if last:
+    size, t, e, c, mfu = last
+    r = lambda x: f"{t / x:.2f}x" if t and x else "-"
+    print(f"gpu-bench: {gpu} ({size}) eager {r(e)} compile {r(c)} mfu {100 * mfu:.1f}%" if mfu is not None
+          else f"gpu-bench: {gpu} ({size}) eager {r(e)} compile {r(c)} mfu -")
+PY
+exit $status
