@@ -73,12 +73,23 @@ CpuFeatures cpuid_features() {
   unsigned a = 0, b = 0, c = 0, d = 0;
   // CPUID leaf 7 sub-leaf 1, EAX bit 5: AVX512_BF16 (usable only with the AVX-512 state, above).
   f.avx512_bf16 = __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a >> 5 & 1u) && f.avx512f;
+  // Leaf 7 sub-leaf 0, EDX bits 22 (AMX-BF16) and 24 (AMX-TILE); usable where the OS enables the
+  // tile state (XCR0 bits 17 and 18, read with xgetbv where OSXSAVE says it may be).
+  unsigned a1 = 0, b1 = 0, c1 = 0, d1 = 0, a7 = 0, b7 = 0, c7 = 0, d7 = 0;
+  const bool osxsave = __get_cpuid(1, &a1, &b1, &c1, &d1) && (c1 >> 27 & 1u);
+  if (osxsave && __get_cpuid_count(7, 0, &a7, &b7, &c7, &d7) && (d7 >> 22 & 1u) &&
+      (d7 >> 24 & 1u)) {
+    unsigned lo = 0, hi = 0;
+    __asm__("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    f.amx_bf16 = (lo >> 17 & 3u) == 3u;
+  }
   return f;
 }
 
 bool same_features(const CpuFeatures& x, const CpuFeatures& y) {
   return x.avx2 == y.avx2 && x.fma == y.fma && x.avx512f == y.avx512f && x.avx512bw == y.avx512bw &&
-         x.avx512vl == y.avx512vl && x.avx512dq == y.avx512dq && x.avx512_bf16 == y.avx512_bf16;
+         x.avx512vl == y.avx512vl && x.avx512dq == y.avx512dq && x.avx512_bf16 == y.avx512_bf16 &&
+         x.amx_bf16 == y.amx_bf16;
 }
 
 }  // namespace
@@ -102,7 +113,9 @@ CpuFeatures cap_cpu_features(CpuFeatures f, const char* max_isa) {
   const bool below_bf16 = below_avx512 || isa == "AVX512_CORE" || isa == "AVX512_CORE_VNNI";
   if (below_avx2) f.avx2 = f.fma = false;
   if (below_avx512) f.avx512f = f.avx512bw = f.avx512vl = f.avx512dq = false;
+  const bool below_amx = below_bf16 || isa == "AVX512_CORE_BF16" || isa == "AVX512_CORE_FP16";
   if (below_bf16) f.avx512_bf16 = false;
+  if (below_amx) f.amx_bf16 = false;
   return f;
 }
 

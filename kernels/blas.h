@@ -36,6 +36,7 @@ struct CpuFeatures {
   bool avx2 = false, fma = false;
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
   bool avx512_bf16 = false;  // the AVX512-BF16 dot product (vdpbf16ps)
+  bool amx_bf16 = false;     // AMX tiles with the bf16 tile product (tdpbf16ps), OS-enabled
 };
 // This CPU's features as titan3d's kernels use them: cpuid (with the OS's AVX-512 state), capped
 // by oneDNN's own ONEDNN_MAX_CPU_ISA (or its older name DNNL_MAX_CPU_ISA), read on every call.
@@ -46,8 +47,8 @@ struct CpuFeatures {
 CpuFeatures detect_cpu_features();
 // `f` less what a oneDNN ISA cap leaves out (oneDNN's names, any case): SSE41 and AVX keep no AVX2,
 // FMA or AVX-512; AVX2 and AVX2_VNNI keep no AVX-512; AVX512_CORE and AVX512_CORE_VNNI keep no
-// AVX512-BF16. Null, empty, ALL, a later ISA or a name oneDNN does not know (which it ignores
-// too): `f` as it is.
+// AVX512-BF16; AVX512_CORE_BF16 and AVX512_CORE_FP16 keep no AMX. Null, empty, ALL, a later ISA or
+// a name oneDNN does not know (which it ignores too): `f` as it is.
 CpuFeatures cap_cpu_features(CpuFeatures f, const char* max_isa);
 // That variable's value when it takes a feature away from this CPU, else "": part of the CPU's
 // identity for caches and records (cpu_model_name), since what is measured under it differs.

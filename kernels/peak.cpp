@@ -57,6 +57,11 @@ std::string cpu_model_name() {
          cpuinfo_field(text, "model\t") + capped + ")";
 }
 
+bool cpu_runs_amx_bf16() {
+  static const bool granted = detect_cpu_features().amx_bf16 && detail::amx_tile_state_granted();
+  return granted && detect_cpu_features().amx_bf16;  // the cap is read on every call
+}
+
 CorePeak measure_core_peak(int rounds) {
   CorePeak p;
   const CpuFeatures f = detect_cpu_features();
@@ -70,6 +75,7 @@ CorePeak measure_core_peak(int rounds) {
     p.fp32_isa = "scalar";  // no vector FMA: no meaningful peak, MFU is reported as unknown
   }
   if (cpu_has_bf16_dot()) p.bf16_gflops = best_rate(detail::bf16_dot_loop_avx512, rounds);
+  if (cpu_runs_amx_bf16()) p.amx_bf16_gflops = best_rate(detail::bf16_tile_loop_amx, rounds);
   return p;
 }
 

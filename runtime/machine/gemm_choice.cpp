@@ -479,13 +479,15 @@ HostPeaks gpu_peaks(const kernels::Device& gpu, GemmKind kind, int local_ranks) 
 HostPeaks host_peaks(GemmKind kind, int64_t rows, int64_t in, int64_t out, int cores) {
   HostPeaks p;
   const std::string cpu = kernels::cpu_model_name();
+  // oneDNN runs bf16 GEMMs on AMX tiles where the CPU has them, else on the dot product.
+  const bool amx = kernels::gemm_kind_is_bf16(kind) && kernels::cpu_runs_amx_bf16();
   const bool bf16 = kernels::gemm_kind_is_bf16(kind) && kernels::cpu_has_bf16_dot();
-  p.hardware_what = bf16 ? "bf16 dot product" : "fp32 FMA";
+  p.hardware_what = amx ? "bf16 AMX tile" : bf16 ? "bf16 dot product" : "fp32 FMA";
   const fs::path dir = cache_dir();
   p.hardware_gflops =
       cores * cached_number(dir / "core_peak.txt", cpu + "|" + p.hardware_what, [&] {
         const auto peak = kernels::measure_core_peak();
-        return bf16 ? peak.bf16_gflops : peak.fp32_gflops;
+        return amx ? peak.amx_bf16_gflops : bf16 ? peak.bf16_gflops : peak.fp32_gflops;
       });
   // The best of a few medians, so a burst of load from elsewhere does not lower it.
   std::ostringstream key;

@@ -108,7 +108,7 @@ GemmChoice choose_gemm(const Job& job);
 struct HostPeaks {
   double hardware_gflops = 0;
   double gemm_gflops = 0;
-  const char* hardware_what = "";  // "fp32 FMA" or "bf16 dot product" (a CPU's)
+  const char* hardware_what = "";  // "fp32 FMA", "bf16 dot product" or "bf16 AMX tile" (a CPU's)
 };
 HostPeaks host_peaks(kernels::GemmKind kind, int64_t rows, int64_t in, int64_t out, int cores);
 // On a GPU: the datasheet's dense peak (kernels/gpu_specs.h) in the precision `kind`'s GEMMs run
