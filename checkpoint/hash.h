@@ -6,27 +6,13 @@
 #include <string>
 #include <vector>
 
+#include "kernels/hash.h"
+
 namespace t3d::checkpoint {
 
-// 64-bit hash, four independent multiply-rotate lanes over 32-byte blocks (the xxHash64 round
-// structure), several GB/s per core: hashing never dominates a snapshot. Not cryptographic: it
-// detects damage, not tampering.
-uint64_t hash64(const void* data, size_t bytes, uint64_t seed = 0);
-
-// hash64 of bytes handed over in pieces: after update() with pieces whose concatenation is X,
-// value() == hash64(X, seed). hash64 itself is this over one piece.
-class Hash64Stream {
- public:
-  explicit Hash64Stream(uint64_t seed = 0);
-  void update(const void* data, size_t bytes);
-  uint64_t value() const;
-
- private:
-  uint64_t v_[4];
-  uint64_t seed_, total_ = 0;
-  unsigned char buf_[32];  // the last partial 32-byte stripe
-  size_t held_ = 0;
-};
+// hash64 and Hash64Stream: kernels/hash.h (the replay hashes device memory through kernels ops).
+using kernels::hash64;
+using kernels::Hash64Stream;
 
 // Size and hash64 of a whole file, streamed. UserError naming the file if it cannot be read.
 struct FileDigest {

@@ -2,6 +2,7 @@
 // the data sampler and checksums all draw from these, so "the same seed" means the same bits.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 
@@ -21,5 +22,25 @@ inline uint64_t fnv1a64(std::string_view s) {
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
   return h;
 }
+
+// 64-bit hash, four independent multiply-rotate lanes over 32-byte blocks (the xxHash64 round
+// structure), several GB/s per core: hashing never dominates a snapshot. Not cryptographic: it
+// detects damage, not tampering.
+std::uint64_t hash64(const void* data, std::size_t bytes, std::uint64_t seed = 0);
+
+// hash64 of bytes handed over in pieces: after update() with pieces whose concatenation is X,
+// value() == hash64(X, seed). hash64 itself is this over one piece.
+class Hash64Stream {
+ public:
+  explicit Hash64Stream(std::uint64_t seed = 0);
+  void update(const void* data, std::size_t bytes);
+  std::uint64_t value() const;
+
+ private:
+  std::uint64_t v_[4];
+  std::uint64_t seed_, total_ = 0;
+  unsigned char buf_[32];  // the last partial 32-byte stripe
+  std::size_t held_ = 0;
+};
 
 }  // namespace t3d::kernels

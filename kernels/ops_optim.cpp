@@ -1,8 +1,10 @@
 // Element-wise range operations: residual add, scaling, norms, AdamW. They run over whole flat
 // regions (all parameters at once), which is why the regions are contiguous.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "kernels/check.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -57,6 +59,29 @@ void copy_to_host_started(const Exec& exec, void* host_dst, const void* src, std
 }
 
 void wait_for_copies(const Exec& exec) { T3D_ON_GPU(exec, exec.stream->synchronize()); }
+
+void hash_floats(const Exec& exec, Hash64Stream& h, const float* x, std::int64_t n) {
+  constexpr std::int64_t kPiece = std::int64_t{1} << 18;  // floats per piece hash (1 MiB)
+  const std::int64_t pieces = (n + kPiece - 1) / kPiece;
+  const auto piece_bytes = [&](std::int64_t p) {
+    return sizeof(float) * static_cast<std::size_t>(std::min(kPiece, n - p * kPiece));
+  };
+  std::vector<std::uint64_t> piece_hash(static_cast<std::size_t>(pieces));
+  if (!exec.on_gpu()) {  // in place, the pieces over the rank's threads
+    detail::split_rows(pieces, kPiece, [&](std::int64_t lo, std::int64_t hi) {
+      for (std::int64_t p = lo; p < hi; ++p)
+        piece_hash[static_cast<std::size_t>(p)] = hash64(x + p * kPiece, piece_bytes(p));
+    });
+  } else {  // each piece through the named crossing
+    thread_local std::vector<float> host;
+    host.resize(static_cast<std::size_t>(std::min(n, kPiece)));
+    for (std::int64_t p = 0; p < pieces; ++p) {
+      copy_to_host(exec, host.data(), x + p * kPiece, piece_bytes(p));
+      piece_hash[static_cast<std::size_t>(p)] = hash64(host.data(), piece_bytes(p));
+    }
+  }
+  h.update(piece_hash.data(), piece_hash.size() * sizeof(std::uint64_t));
+}
 
 void flip_bit(const Exec& exec, float* x, std::int64_t i, int bit) {
   T3D_ASSERT(bit >= 0 && bit < 32 && i >= 0, "flip_bit: bit ", bit, " of element ", i);

@@ -113,7 +113,6 @@ struct Replay::Impl {
   std::vector<uint64_t> own, replayed, again;
   std::vector<uint64_t> replayed_by;  // this rank's share's hashes as its replayer computed them
   std::vector<std::pair<uint64_t, uint64_t>> where;  // (group, bucket) of each own reduction
-  std::vector<float> host;
   double seconds = 0;
   Flip flip = Flip::none;
   ActFlipStage act;
@@ -179,7 +178,7 @@ struct Replay::Impl {
     if (!sink) return;
     const auto t0 = Clock::now();
     checkpoint::Hash64Stream h;
-    hash_floats(h, model.exec(), data, n, host);
+    kernels::hash_floats(model.exec(), h, data, n);
     sink->push_back(h.value());
     if (sink != &own) return;  // a replayed pass: timed whole by begin_step
     where.push_back({g, static_cast<uint64_t>(b)});
@@ -232,7 +231,8 @@ struct Replay::Impl {
     for (const auto& g : state.groups()) {
       const ShardedState::Store s = g->param_store();
       checkpoint::Hash64Stream h;
-      for (const auto& r : s.ranges) hash_floats(h, model.exec(), s.data + r.begin, r.size(), host);
+      for (const auto& r : s.ranges)
+        kernels::hash_floats(model.exec(), h, s.data + r.begin, r.size());
       out.push_back(h.value());
     }
     return out;

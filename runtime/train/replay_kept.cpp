@@ -7,21 +7,6 @@
 
 namespace t3d::runtime {
 
-namespace {
-// Floats crossing to the host at a time to be hashed (4 MiB of staging).
-constexpr int64_t kHashChunk = int64_t{1} << 20;
-}  // namespace
-
-void hash_floats(checkpoint::Hash64Stream& h, const kernels::Exec& exec, const float* x, int64_t n,
-                 std::vector<float>& host) {
-  host.resize(static_cast<size_t>(std::min(n, kHashChunk)));
-  for (int64_t at = 0; at < n; at += kHashChunk) {
-    const auto bytes = sizeof(float) * static_cast<size_t>(std::min(kHashChunk, n - at));
-    kernels::copy_to_host(exec, host.data(), x + at, bytes);
-    h.update(host.data(), bytes);
-  }
-}
-
 KeptParams::KeptParams(const TrainingState& state, int zero) : state_(state) {
   const auto& groups = state.groups();
   for (size_t g = 0; g < groups.size(); ++g)
@@ -34,9 +19,10 @@ uint64_t KeptParams::hash(size_t group) {
   const ShardedState::Store s = state_.groups()[group]->param_store();
   checkpoint::Hash64Stream h;
   if (s.sharded)  // the owned ranges back to back
-    hash_floats(h, state_.exec(), s.data, s.floats, host_);
+    kernels::hash_floats(state_.exec(), h, s.data, s.floats);
   else
-    for (const auto& r : s.ranges) hash_floats(h, state_.exec(), s.data + r.begin, r.size(), host_);
+    for (const auto& r : s.ranges)
+      kernels::hash_floats(state_.exec(), h, s.data + r.begin, r.size());
   return h.value();
 }
 

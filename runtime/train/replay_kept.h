@@ -18,11 +18,6 @@ namespace t3d::runtime {
 
 class TrainingState;
 
-// Streams n floats of `exec`'s memory into `h` through the named host crossing (kernels/ops.h),
-// `host` the reused staging: the runtime reads no arena memory itself.
-void hash_floats(checkpoint::Hash64Stream& h, const kernels::Exec& exec, const float* x, int64_t n,
-                 std::vector<float>& host);
-
 class KeptParams {
  public:
   // `zero`: parallel.zero. Records the hashes of the state as it is (restored or initialised).
@@ -45,7 +40,6 @@ class KeptParams {
   const TrainingState& state_;
   std::vector<size_t> watched_;  // groups with kept parameters
   std::vector<uint64_t> kept_;   // per watched group: the hash after the last update
-  std::vector<float> host_;
   Change change_;
 };
 

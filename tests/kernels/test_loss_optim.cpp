@@ -8,8 +8,10 @@
 #include <vector>
 
 #include "kernels/arena.h"
+#include "kernels/blas.h"
 #include "kernels/check.h"
 #include "kernels/device.h"
+#include "kernels/hash.h"
 #include "kernels/ops.h"
 #include "kernels/precision.h"
 #include "reference.h"
@@ -100,6 +102,34 @@ TEST(StepScalars, CastsCrossingsAndBuffersAreTheirDefinitions) {
   buffer.reserve(kCpu, 4000, "test");
   EXPECT_EQ(buffer.bytes(), 4000u);
   for (int i = 0; i < 1000; ++i) ASSERT_EQ(buffer.as<float>()[i], 0.0f);
+}
+
+// hash_floats is its definition (hash64 of each 1 MiB piece, streamed in order), whatever the
+// rank's threads, and a flipped bit anywhere changes it.
+TEST(StepScalars, HashFloatsStreamsThePiecesHashesInOrder) {
+  const std::int64_t n = (std::int64_t{1} << 18) * 3 + 1000;  // three whole pieces and a part
+  auto x = ref::random_floats(static_cast<int>(n), 61, -3, 3);
+  Hash64Stream want;
+  for (std::int64_t at = 0; at < n; at += std::int64_t{1} << 18) {
+    const std::uint64_t piece = hash64(
+        x.data() + at, sizeof(float) * std::min<std::int64_t>(std::int64_t{1} << 18, n - at));
+    want.update(&piece, sizeof piece);
+  }
+  const int threads = blas_threads();
+  for (int t : {1, 2}) {
+    set_blas_threads(t);
+    Hash64Stream got;
+    hash_floats(kCpu, got, x.data(), n);
+    EXPECT_EQ(got.value(), want.value()) << t << " thread(s)";
+  }
+  set_blas_threads(threads);
+  std::uint32_t word;
+  std::memcpy(&word, &x[n - 7], sizeof word);
+  word ^= 1u << 3;
+  std::memcpy(&x[n - 7], &word, sizeof word);
+  Hash64Stream flipped;
+  hash_floats(kCpu, flipped, x.data(), n);
+  EXPECT_NE(flipped.value(), want.value());
 }
 
 TEST(kernels_cross_entropy, FusedLossAndGradient) {
