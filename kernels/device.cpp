@@ -7,6 +7,13 @@
 
 namespace t3d::kernels {
 
+#ifndef T3D_HAVE_CUDA
+// Without the CUDA backend no Stream is ever made (open refuses "cuda"), but Device's unique_ptr
+// still names its destructor: an empty Impl gives it one.
+struct cuda::Stream::Impl {};
+cuda::Stream::~Stream() = default;
+#endif
+
 Device::~Device() = default;
 
 std::unique_ptr<Device> Device::open(DeviceChoice choice, int local_rank, const std::string& key) {
