@@ -76,6 +76,9 @@ void check_hf_layout(const ModelConfig& m, const std::string& what) {
   T3D_USER_CHECK(!m.qkv_bias || !m.moe(), what,
                  ": model.qkv_bias = true in a mixture of experts; titan3d does not export its "
                  "q/k/v biases yet (Qwen2-MoE's layout is written with zero biases)");
+  T3D_USER_CHECK(!m.qk_norm, what,
+                 ": model.qk_norm = true; titan3d does not export per-head q/k norms yet "
+                 "(Qwen3's layout)");
   const HfLayout layout = hf_layout(m);
   if (layout == HfLayout::kLlama || layout == HfLayout::kQwen2) return;
   const auto refuse = [&](bool bad, const char* key, const std::string& why,
