@@ -58,6 +58,15 @@ const std::set<std::string>& family_keys(HfLayout layout) {
   // Qwen2: the sliding window's settings, used only with use_sliding_window (refused).
   static const std::set<std::string> qwen2 = {"use_sliding_window", "sliding_window",
                                               "max_window_layers"};
+  // Qwen3: those and the blocks' attention kinds (refused unless all full attention).
+  static const std::set<std::string> qwen3 = {"use_sliding_window", "sliding_window",
+                                              "max_window_layers", "layer_types"};
+  // Qwen3-MoE: Qwen3's and its mixture of experts (no shared expert).
+  static const std::set<std::string> qwen3_moe = {
+      "use_sliding_window",    "sliding_window",       "max_window_layers",
+      "layer_types",           "num_experts",          "num_experts_per_tok",
+      "moe_intermediate_size", "norm_topk_prob",       "decoder_sparse_step",
+      "mlp_only_layers",       "router_aux_loss_coef", "output_router_logits"};
   switch (layout) {
     case HfLayout::kMixtral:
       return mixtral;
@@ -65,6 +74,10 @@ const std::set<std::string>& family_keys(HfLayout layout) {
       return qwen2_moe;
     case HfLayout::kQwen2:
       return qwen2;
+    case HfLayout::kQwen3:
+      return qwen3;
+    case HfLayout::kQwen3Moe:
+      return qwen3_moe;
     case HfLayout::kLlama:
       break;
   }
