@@ -63,6 +63,7 @@ std::string hf_tensor_name(const ModelConfig& m, const std::string& name) {
     case HfLayout::kLlama:
     case HfLayout::kQwen2:
     case HfLayout::kQwen3:
+    case HfLayout::kMistral:
       return name;
     case HfLayout::kQwen3Moe:  // its experts are named as titan3d's, with no shared ones
       return swapped(name, ".mlp.router.weight", ".mlp.gate.weight");
@@ -208,7 +209,8 @@ std::string llama_config_json(const ModelConfig& m, const std::string& dtype, in
   static const char* const kNames[][2] = {
       {"LlamaForCausalLM", "llama"},        {"MixtralForCausalLM", "mixtral"},
       {"Qwen2MoeForCausalLM", "qwen2_moe"}, {"Qwen2ForCausalLM", "qwen2"},
-      {"Qwen3ForCausalLM", "qwen3"},        {"Qwen3MoeForCausalLM", "qwen3_moe"}};
+      {"Qwen3ForCausalLM", "qwen3"},        {"Qwen3MoeForCausalLM", "qwen3_moe"},
+      {"MistralForCausalLM", "mistral"}};  // not chosen by hf_layout: exported as LLaMA
   const char* architecture = kNames[static_cast<int>(layout)][0];
   const char* model_type = kNames[static_cast<int>(layout)][1];
   const bool llama_keys = layout == HfLayout::kLlama || layout == HfLayout::kMixtral;

@@ -33,8 +33,9 @@ std::vector<GlobalTensor> llama_tensor_table(const ModelConfig& config);
 // norms Qwen3-MoE's (Qwen3MoeForCausalLM: no shared experts, leading dense blocks as its
 // `mlp_only_layers`), else Mixtral's (MixtralForCausalLM) when every block is one without shared
 // experts, else Qwen2-MoE's (Qwen2MoeForCausalLM: shared experts, leading dense blocks).
-// MistralForCausalLM is imported as LLaMA's layout (and exported as LlamaForCausalLM).
-enum class HfLayout { kLlama, kMixtral, kQwen2Moe, kQwen2, kQwen3, kQwen3Moe };
+// kMistral (MistralForCausalLM without a sliding window: LLaMA's block and names) is read by
+// `import` only: hf_layout never returns it, so such a model is exported as LlamaForCausalLM.
+enum class HfLayout { kLlama, kMixtral, kQwen2Moe, kQwen2, kQwen3, kQwen3Moe, kMistral };
 HfLayout hf_layout(const ModelConfig& config);
 
 // A tensor's name in that family: the table's own name, except for a mixture of experts' router

@@ -58,6 +58,8 @@ const std::set<std::string>& family_keys(HfLayout layout) {
   // Qwen2: the sliding window's settings, used only with use_sliding_window (refused).
   static const std::set<std::string> qwen2 = {"use_sliding_window", "sliding_window",
                                               "max_window_layers"};
+  // Mistral: its sliding window (must be null: refused otherwise).
+  static const std::set<std::string> mistral = {"sliding_window"};
   // Qwen3: those and the blocks' attention kinds (refused unless all full attention).
   static const std::set<std::string> qwen3 = {"use_sliding_window", "sliding_window",
                                               "max_window_layers", "layer_types"};
@@ -78,6 +80,8 @@ const std::set<std::string>& family_keys(HfLayout layout) {
       return qwen3;
     case HfLayout::kQwen3Moe:
       return qwen3_moe;
+    case HfLayout::kMistral:
+      return mistral;
     case HfLayout::kLlama:
       break;
   }

@@ -104,7 +104,8 @@ HfLayout check_architecture(const json& c, const std::string& src) {
       {"qwen2_moe", "Qwen2MoeForCausalLM", HfLayout::kQwen2Moe},
       {"qwen2", "Qwen2ForCausalLM", HfLayout::kQwen2},
       {"qwen3", "Qwen3ForCausalLM", HfLayout::kQwen3},
-      {"qwen3_moe", "Qwen3MoeForCausalLM", HfLayout::kQwen3Moe}};
+      {"qwen3_moe", "Qwen3MoeForCausalLM", HfLayout::kQwen3Moe},
+      {"mistral", "MistralForCausalLM", HfLayout::kMistral}};
   const std::string type = c.contains("model_type") && c.at("model_type").is_string()
                                ? c.at("model_type").get<std::string>()
                                : "";
@@ -119,7 +120,8 @@ HfLayout check_architecture(const json& c, const std::string& src) {
   }
   throw UserError(fmt::format(
       "{}: `model_type` is {}; titan3d imports LLaMA models (model_type \"llama\"), Qwen2 and "
-      "Qwen2.5 (\"qwen2\"), Qwen3 (\"qwen3\") and the mixtures of experts of Mixtral "
+      "Qwen2.5 (\"qwen2\"), Qwen3 (\"qwen3\"), Mistral (\"mistral\") and the mixtures of "
+      "experts of Mixtral "
       "(\"mixtral\"), Qwen2-MoE (\"qwen2_moe\") and Qwen3-MoE (\"qwen3_moe\")",
       src, c.contains("model_type") ? c.at("model_type").dump() : "absent"));
 }
@@ -172,6 +174,8 @@ ModelConfig llama_model_from_config(const std::string& text, const std::string& 
   }
   if (layout == HfLayout::kQwen2Moe) qwen2_moe_keys(c, src, m, notes);
   if (layout == HfLayout::kQwen3) qwen3_keys(c, src, m);  // q/k norms always (Qwen3Attention)
+  if (layout == HfLayout::kMistral)  // LLaMA's block, unless its attention has a window
+    refuse_unless(c, src, "sliding_window", nullptr, "titan3d's attention is fully causal");
   if (layout == HfLayout::kQwen3Moe) qwen3_moe_keys(c, src, m, notes);
   if (layout == HfLayout::kQwen2) {  // Qwen2 / Qwen2.5: q/k/v biases always (Qwen2Attention)
     refuse_unless(c, src, "use_sliding_window", false, "titan3d's attention is fully causal");

@@ -154,7 +154,7 @@ refuse_set rope_scaling '{"rope_type": "yarn", "factor": 2.0}'
 refuse_set attention_bias true
 refuse_set mlp_bias true
 refuse_set hidden_act '"gelu"'
-refuse_set model_type '"mistral"'
+refuse_set model_type '"gemma"'
 refuse_set architectures '["MistralForCausalLM"]'
 refuse_set head_dim 7
 "$titan3d" import "$work/hf" --out "$work/x/model.h5" >"$work/o.log" 2>&1

@@ -16,6 +16,7 @@
   llama3 DIR [tied]     writes a small random Llama 3.x (LlamaForCausalLM as Llama 3.1-3.3 ship:
                         rope_scaling of rope_type llama3, an explicit head_dim, here 24 while
                         hidden_size / num_attention_heads is 16; tied embeddings with `tied`) to DIR
+  mistral DIR           writes a small random Mistral (MistralForCausalLM, sliding_window null) to DIR
   qwen3 DIR [tied]      writes a small random Qwen3 (Qwen3ForCausalLM: q/k norms, head_dim 24) to DIR
   qwen3_moe DIR [unnormalised]
                         writes a small random Qwen3-MoE (Qwen3MoeForCausalLM: a dense first block,
@@ -86,9 +87,31 @@ def write_llama3(out, tied):
               "hidden_act": "silu", "pretraining_tp": 1, "tie_word_embeddings": tied,
               "initializer_range": 0.02, "use_cache": True, "bos_token_id": None,
               "eos_token_id": None, "torch_dtype": "float32"}
+    return write_dense(out, config, np.random.default_rng(7 if tied else 3))
+
+
+def write_mistral(out):
+    """Mistral's config keys (transformers' MistralConfig / MistralForCausalLM, as Mistral 7B
+    v0.3 ships: no sliding window, theta 1e6) over LLaMA's tensors."""
+    V, C, L, H, Hkv, F, T = 256, 64, 2, 4, 2, 96, 32
+    config = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "vocab_size": V,
+              "hidden_size": C, "intermediate_size": F, "num_hidden_layers": L,
+              "num_attention_heads": H, "num_key_value_heads": Hkv, "head_dim": None,
+              "max_position_embeddings": T, "rms_norm_eps": 1e-5, "rope_theta": 1000000.0,
+              "sliding_window": None, "attention_dropout": 0.0, "hidden_act": "silu",
+              "tie_word_embeddings": False, "initializer_range": 0.02, "use_cache": True,
+              "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32"}
+    return write_dense(out, config, np.random.default_rng(17))
+
+
+def write_dense(out, config, rng):
+    """config.json and a dense LLaMA-named model.safetensors of its shape, random weights."""
+    os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
-    rng = np.random.default_rng(7 if tied else 3)
+    V, C, L = config["vocab_size"], config["hidden_size"], config["num_hidden_layers"]
+    H, Hkv, F = config["num_attention_heads"], config["num_key_value_heads"], config["intermediate_size"]
+    D = config["head_dim"] or C // H
     t = {}
 
     def put(name, *shape, norm=False):
@@ -107,7 +130,7 @@ def write_llama3(out, tied):
         put(p + "mlp.up_proj.weight", F, C)
         put(p + "mlp.down_proj.weight", C, F)
     put("model.norm.weight", C, norm=True)
-    if not tied:
+    if not config["tie_word_embeddings"]:
         put("lm_head.weight", V, C)
     write(os.path.join(out, "model.safetensors"), t)
     return 0
@@ -316,6 +339,8 @@ def main():
         return write_llama3(args[0], tied=args[1:] == ["tied"])
     if cmd == "qwen2":
         return write_qwen2(args[0])
+    if cmd == "mistral":
+        return write_mistral(args[0])
     if cmd == "qwen3":  # DIR [tied]
         return write_qwen3(args[0], tied=args[1:] == ["tied"])
     if cmd == "qwen3_moe":  # DIR [unnormalised]: norm_topk_prob true, or false

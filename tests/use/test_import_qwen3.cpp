@@ -1,6 +1,6 @@
 // Qwen3 and Qwen3-MoE config.json both ways (no files): what each key maps to, the family export
 // chooses for q/k norms and writes back unchanged, and what has no place in titan3d's block
-// refused naming the key. End to end against PyTorch: tests/use/qwen3.sh.
+// refused naming the key. End to end against PyTorch: tests/use/families.sh.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -153,6 +153,26 @@ TEST(use_ImportQwen3, ExportRefusesWhatQwen3sFamiliesCannotHold) {
   EXPECT_NO_THROW(check_hf_layout(m, "s.h5")) << "Qwen3-MoE's dense blocks need no shared expert";
   m.router_score = kernels::RouterScore::kSigmoid;
   refused(m, "model.router_score");
+}
+
+// Mistral (MistralForCausalLM) is LLaMA's block when its sliding window is null: imported as the
+// LLaMA layout (exported back as LlamaForCausalLM); a window is refused naming it.
+TEST(use_ImportQwen3, MistralWithoutAWindowIsLlama) {
+  const std::string mistral = R"({"architectures": ["MistralForCausalLM"], "model_type": "mistral",
+      "vocab_size": 256, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "intermediate_size": 128, "max_position_embeddings": 32,
+      "rope_theta": 1000000.0, "rms_norm_eps": 1e-5, "head_dim": null, "attention_dropout": 0.0,
+      "hidden_act": "silu", "tie_word_embeddings": false, "sliding_window": null})";
+  std::vector<std::string> notes;
+  const ModelConfig m = llama_model_from_config(mistral, "c.json", &notes);
+  EXPECT_FALSE(m.qk_norm || m.qkv_bias || m.moe());
+  EXPECT_EQ(m.head_dim(), 16);
+  EXPECT_EQ(hf_layout(m), HfLayout::kLlama);
+  EXPECT_NE(llama_config_json(m).find(R"("architectures": ["LlamaForCausalLM"])"),
+            std::string::npos);
+  std::string windowed = mistral;
+  windowed.replace(windowed.find(R"("sliding_window": null)"), 22, R"("sliding_window": 4096)");
+  expect_refused(windowed, "sliding_window");
 }
 
 }  // namespace t3d::runtime

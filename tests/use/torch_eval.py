@@ -8,7 +8,7 @@ mixture-of-experts blocks are written here from their Hugging Face definitions t
 Llama 3's: an explicit head_dim and RoPE scaling (rope_type linear or llama3), Qwen2's q/k/v
 biases (added whenever the file has them), Qwen3's per-head q/k RMSNorm before RoPE (whenever
 the file has q_norm) and Qwen3-MoE's block (no shared expert, decoder_sparse_step and
-mlp_only_layers as transformers reads them). The weights may be
+mlp_only_layers as transformers reads them); a Mistral without a sliding window is LLaMA's. The weights may be
 sharded (model.safetensors.index.json). With --greedy it prints instead the N tokens greedy
 decoding appends to the PROMPT's bytes (whole-sequence forwards, argmax of the last position's
 logits, the lowest id on ties), as JSON.
@@ -210,7 +210,9 @@ def main():
     c = json.load(open(args[0] + "/config.json"))
     assert c["architectures"] in (["LlamaForCausalLM"], ["MixtralForCausalLM"],
                                   ["Qwen2MoeForCausalLM"], ["Qwen2ForCausalLM"],
-                                  ["Qwen3ForCausalLM"], ["Qwen3MoeForCausalLM"]), c["architectures"]
+                                  ["Qwen3ForCausalLM"], ["Qwen3MoeForCausalLM"],
+                                  ["MistralForCausalLM"]), c["architectures"]
+    assert c.get("sliding_window") is None or c["model_type"] != "mistral", "a windowed Mistral"
     W = read_weights(args[0])
     torch.set_num_threads(1)
     if args[1] == "--greedy":  # titan3d's byte tokenizer: the prompt's bytes are its ids

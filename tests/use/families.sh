@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Qwen3 (Qwen3ForCausalLM: per-head q/k RMSNorm, head_dim 24 while hidden_size / num_attention_heads
+# The families past LLaMA's own that import maps exactly: Qwen3 (Qwen3ForCausalLM: per-head q/k RMSNorm, head_dim 24 while hidden_size / num_attention_heads
 # is 16, untied and tied) and Qwen3-MoE (Qwen3MoeForCausalLM: a dense first block as
 # mlp_only_layers [0], 4 experts, no shared expert, norm_topk_prob true and false), written by
 # numpy from the families' definitions (safetensors_tool.py qwen3, qwen3_moe) and imported:
@@ -9,7 +9,10 @@
 #  - greedy generate (the KV-cache decoder) appends the tokens PyTorch's greedy decoding does;
 #  - the import fine-tunes 20 fp32 steps on 1 rank and on pp2×dp2×tp2 (and ep2 for the MoE) with
 #    the same losses within 1e-5 relative (import.sh's Llama 3.x tolerance);
-#  - config keys titan3d cannot represent are exit 2 naming the file and the key.
+#  - config keys titan3d cannot represent are exit 2 naming the file and the key;
+#  - a Mistral (MistralForCausalLM, sliding_window null) imports as LLaMA's block: eval within
+#    1e-6 of PyTorch's, greedy tokens equal, exported back as LlamaForCausalLM with the same tensors
+#    bit for bit; a sliding window is refused naming it.
 # Skips loudly (exit 77) when Debian's python3-torch is missing.
 set -u
 py=/usr/bin/python3
@@ -93,4 +96,22 @@ refuse_set qwen3 some_new_key 1
 refuse_set qwen3_moe mlp_only_layers '[1]'
 refuse_set qwen3_moe decoder_sparse_step 2
 refuse_set qwen3_moe shared_expert_intermediate_size 32
+
+# Mistral: LLaMA's block without a sliding window.
+st mistral "$work/mistral"
+"$titan3d" import "$work/mistral" --out "$work/mistral_imp" >"$work/mistral_imp.log" 2>&1
+check "[ \$? -eq 0 ]" "import a Mistral (sliding_window null)" || cat "$work/mistral_imp.log"
+snap=$work/mistral_imp/step_00000000.h5
+"$py" "$(dirname "$0")/torch_eval.py" "$work/mistral" "$work/part.txt" >"$work/mistral_torch.json" 2>"$work/torch.err"
+"$titan3d" eval "$snap" --data "$work/part.txt" --json "$work/mistral_eval.json" >"$work/eval.log" 2>&1
+check "rel_close \$(json_loss $work/mistral_eval.json) \$(json_loss $work/mistral_torch.json) 1e-6" \
+  "Mistral: titan3d eval (fp32) equals PyTorch's forward of the definition (rel 1e-6)" || cat "$work/torch.err" "$work/eval.log"
+"$titan3d" export "$snap" --out "$work/mistral_out" >/dev/null 2>&1
+check "st same $work/mistral/model.safetensors $work/mistral_out/model.safetensors && grep -q '\"LlamaForCausalLM\"' $work/mistral_out/config.json" \
+  "Mistral: exported as LlamaForCausalLM, the tensors the file's bit for bit"
+"$titan3d" generate "$snap" --prompt "The " --max-tokens 24 --temperature 0 >"$work/gen.txt" 2>"$work/gen.err"
+"$py" "$(dirname "$0")/torch_eval.py" "$work/mistral" --greedy "The " 24 >"$work/greedy.json" 2>"$work/torch.err"
+check "greedy_agrees $work/gen.txt $work/greedy.json 'The '" \
+  "Mistral: greedy generate equals PyTorch's greedy tokens of the definition" || cat "$work/gen.err" "$work/torch.err"
+refuse_set mistral sliding_window 4096
 exit $fail
