@@ -47,7 +47,7 @@ void note_aux_loss_coef(const json& c, std::vector<std::string>* notes) {
 // wide (titan3d's shared width is n_shared_experts · moe_ffn_dim).
 void qwen2_moe_keys(const json& c, const std::string& src, ModelConfig& m,
                     std::vector<std::string>* notes) {
-  refuse_unless(c, src, "use_sliding_window", false, "titan3d's attention is fully causal");
+  refuse_sliding_window(c, src);
   m.n_experts = required_experts(c, src, "num_experts");
   m.experts_per_token = required_int(c, src, "num_experts_per_tok");
   m.moe_ffn_dim = required_int(c, src, "moe_intermediate_size");
@@ -107,7 +107,7 @@ int64_t leading_dense_layers(const json& c, const std::string& src, int64_t n_la
   return leading;
 }
 
-void qwen3_keys(const json& c, const std::string& src, ModelConfig& m) {
+void refuse_sliding_window(const json& c, const std::string& src) {
   refuse_unless(c, src, "use_sliding_window", false, "titan3d's attention is fully causal");
   if (c.contains("layer_types") && !c.at("layer_types").is_null()) {
     const json& kinds = c.at("layer_types");
@@ -117,6 +117,10 @@ void qwen3_keys(const json& c, const std::string& src, ModelConfig& m) {
     T3D_USER_CHECK(full, src, ": `layer_types` is ", kinds.dump().substr(0, 200),
                    "; titan3d's attention is fully causal in every block (\"full_attention\")");
   }
+}
+
+void qwen3_keys(const json& c, const std::string& src, ModelConfig& m) {
+  refuse_sliding_window(c, src);
   m.qk_norm = true;
 }
 

@@ -53,12 +53,15 @@ T optional_value(const nlohmann::json& c, const std::string& src, const char* ke
 // block after a mixture of experts, or leaves no mixture at all.
 int64_t leading_dense_layers(const nlohmann::json& c, const std::string& src, int64_t n_layers);
 
+// The Qwen families' sliding window, refused: `use_sliding_window` true, or `layer_types` (newer
+// transformers' per-block attention kinds) other than all "full_attention".
+void refuse_sliding_window(const nlohmann::json& c, const std::string& src);
 // Qwen2-MoE (Qwen2MoeConfig): experts, shared experts a whole number of experts wide, dense blocks,
 // norm_topk_prob (default false), the sliding window refused.
 void qwen2_moe_keys(const nlohmann::json& c, const std::string& src, ModelConfig& m,
                     std::vector<std::string>* notes);
 // Qwen3 (Qwen3Config) and Qwen3-MoE: per-head q/k norms always (model.qk_norm); the sliding
-// window refused (`use_sliding_window` true, or `layer_types` other than full attention).
+// window refused (refuse_sliding_window).
 void qwen3_keys(const nlohmann::json& c, const std::string& src, ModelConfig& m);
 // Qwen3-MoE (Qwen3MoeConfig): no shared expert, softmax router, norm_topk_prob (default false),
 // dense blocks as leading_dense_layers says; then qwen3_keys.

@@ -178,7 +178,7 @@ ModelConfig llama_model_from_config(const std::string& text, const std::string& 
     refuse_unless(c, src, "sliding_window", nullptr, "titan3d's attention is fully causal");
   if (layout == HfLayout::kQwen3Moe) qwen3_moe_keys(c, src, m, notes);
   if (layout == HfLayout::kQwen2) {  // Qwen2 / Qwen2.5: q/k/v biases always (Qwen2Attention)
-    refuse_unless(c, src, "use_sliding_window", false, "titan3d's attention is fully causal");
+    refuse_sliding_window(c, src);
     m.qkv_bias = true;
   }
   if (c.contains("pretraining_tp") && c.at("pretraining_tp") != 1)

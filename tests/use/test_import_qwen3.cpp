@@ -80,6 +80,16 @@ TEST(use_ImportQwen3, Qwen3KeysWithoutAPlaceAreRefusedByName) {
   kinds.replace(kinds.find(R"(["full_attention", "full_attention"])"), 36,
                 R"(["full_attention", "sliding_attention"])");
   expect_refused(kinds, "layer_types");
+  // Qwen2's config in newer transformers carries layer_types too: all full attention is taken.
+  std::string qwen2 = "{" + kQwen3 + "}";
+  qwen2.replace(qwen2.find(R"(["Qwen3ForCausalLM"], "model_type": "qwen3")"), 43,
+                R"(["Qwen2ForCausalLM"], "model_type": "qwen2")");
+  qwen2.replace(qwen2.find(R"("attention_bias": false, )"), 24, "");
+  std::vector<std::string> notes;
+  EXPECT_TRUE(llama_model_from_config(qwen2, "c.json", &notes).qkv_bias);
+  qwen2.replace(qwen2.find(R"(["full_attention", "full_attention"])"), 36,
+                R"(["sliding_attention", "full_attention"])");
+  expect_refused(qwen2, "layer_types");
   expect_refused("{" + kQwen3 + R"(, "num_experts": 4})", "num_experts");  // not Qwen3's key
 }
 
