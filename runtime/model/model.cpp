@@ -93,13 +93,21 @@ void Model::forward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, co
                      static_cast<float>(config_.norm_eps));
   gather_rows(xn1_rows, a.xn1);
   using Copy = k::LinearInput::Copy;
+  // model.qk_norm: the projections (and biases) into qraw, kraw, normalised per head into q, kk.
+  float* q = config_.qk_norm ? a.qraw : a.q;
+  float* kk = config_.qk_norm ? a.kraw : a.kk;
   {
     const k::LinearInput x(exec, a.xn1, copies.xn1, Copy::kFill, N, C);
-    k::linear_forward(a.q, x, pw.q, qd);
-    k::linear_forward(a.kk, x, pw.k, kvd);
+    k::linear_forward(q, x, pw.q, qd);
+    k::linear_forward(kk, x, pw.k, kvd);
     k::linear_forward(a.v, x, pw.v, kvd);
   }
-  if (config_.qkv_bias) add_qkv_bias(pw, a);
+  if (config_.qkv_bias) add_qkv_bias(pw, q, kk, a.v);
+  if (config_.qk_norm) {
+    const auto eps = static_cast<float>(config_.norm_eps);
+    k::rmsnorm_forward(exec, a.q, a.rstdq, a.qraw, pw.q_norm, N * heads_, D, eps);
+    k::rmsnorm_forward(exec, a.kk, a.rstdk, a.kraw, pw.k_norm, N * kv_heads_, D, eps);
+  }
   // Each part of this rank's positions (one without context parallelism) is (B, len) rows.
   const int64_t len = part_len_, part_rows = B * len;
   for (int64_t part = 0; part < parts_; ++part) {
@@ -146,13 +154,24 @@ k::Exec fp32_gemms(k::Exec exec) {
 
 }  // namespace
 
-void Model::add_qkv_bias(const ConstBlock& w, LayerActs& a) const {
+void Model::add_qkv_bias(const ConstBlock& w, float* q, float* kk, float* v) const {
   const k::Exec exec = fp32_gemms(options_.exec);
   const int64_t N = rows_, qd = heads_ * config_.head_dim(), kvd = kv_heads_ * config_.head_dim();
   const float* ones = scratch_->ones;  // (N, 1)
-  k::linear_forward(exec, a.q, ones, w.q_bias, N, 1, qd, k::Out::kAccumulate);
-  k::linear_forward(exec, a.kk, ones, w.k_bias, N, 1, kvd, k::Out::kAccumulate);
-  k::linear_forward(exec, a.v, ones, w.v_bias, N, 1, kvd, k::Out::kAccumulate);
+  k::linear_forward(exec, q, ones, w.q_bias, N, 1, qd, k::Out::kAccumulate);
+  k::linear_forward(exec, kk, ones, w.k_bias, N, 1, kvd, k::Out::kAccumulate);
+  k::linear_forward(exec, v, ones, w.v_bias, N, 1, kvd, k::Out::kAccumulate);
+}
+
+void Model::qk_norm_backward(const LayerActs& a, const ConstBlock& w, const BlockParams& g,
+                             float* dq, float* dk) const {
+  const k::Exec& exec = options_.exec;
+  const int64_t N = rows_, D = config_.head_dim();
+  float* staged = scratch_->datt;  // (N, H·D): free once attention's backward has read it
+  k::rmsnorm_backward(exec, staged, g.q_norm, dq, a.qraw, w.q_norm, a.rstdq, N * heads_, D);
+  k::copy(exec, dq, staged, N * heads_ * D);
+  k::rmsnorm_backward(exec, staged, g.k_norm, dk, a.kraw, w.k_norm, a.rstdk, N * kv_heads_, D);
+  k::copy(exec, dk, staged, N * kv_heads_ * D);
 }
 
 void Model::qkv_bias_grads(const BlockParams& g, const float* dq, const float* dk,
@@ -254,6 +273,7 @@ void Model::backward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, c
                                 k::LinearInput(exec, a.att, copies.att, Copy::kFilled, N, qd));
   }
   backward_attention(a, dq, dk, dv);
+  if (config_.qk_norm) qk_norm_backward(a, pw, pg, dq, dk);  // now of the projections' outputs
   {
     const k::LinearInput dq_in(exec, dq, N, qd), dk_in(exec, dk, N, kvd), dv_in(exec, dv, N, kvd);
     k::linear_backward_input(s.dxn, dq_in, pw.q, C);

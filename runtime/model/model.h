@@ -113,9 +113,10 @@ class Model final : public StageModel {
   // sequence parallelism (what pipeline stages send each other).
   int64_t io_floats() const override { return rows_local_ * config_.dim; }
   const kernels::Exec& exec() const override { return options_.exec; }
-  // Sequence parallelism leaves each tp rank with the norm-weight gradient of its own rows only:
-  // sum those over tp, before the dp reduction, for the replicated tensors that lie inside
-  // `range` (of the gradient region), whose gradients start at `data`.
+  // Sequence parallelism leaves each tp rank with the norm-weight gradient of its own rows only,
+  // and the q/k norms' (model.qk_norm, whatever sp) hold its own heads' share: sum those over
+  // tp, before the dp reduction, for the replicated tensors that lie inside `range` (of the
+  // gradient region), whose gradients start at `data`.
   void sum_replicated_grads(const parallel::FloatRange& range, float* data) const;
   int tp_rank() const { return tp_.rank(); }
   int tp_size() const { return tp_.size(); }
@@ -339,11 +340,16 @@ class Model final : public StageModel {
   void finish_ep_exchange(RowsInFlight& rows);
   bool moe_block(int64_t layer) const { return config_.moe_block(layer); }
   void backward_attention(const LayerActs& a, float* dq, float* dk, float* dv);
-  // model.qkv_bias: q, k, v (this rank's heads, N rows) += their biases before RoPE; and the
-  // biases' gradients += the column sums of dq, dk, dv (before RoPE: backward_attention's).
-  void add_qkv_bias(const ConstBlock& w, LayerActs& a) const;
+  // model.qkv_bias: q, k, v (this rank's heads, N rows) += their biases before the q/k norms and
+  // RoPE; and the biases' gradients += the column sums of dq, dk, dv (the projections' outputs').
+  void add_qkv_bias(const ConstBlock& w, float* q, float* kk, float* v) const;
   void qkv_bias_grads(const BlockParams& g, const float* dq, const float* dk,
                       const float* dv) const;
+  // model.qk_norm: dq, dk (N rows of this rank's heads) from the gradients of the normalised q, k
+  // to those of the projections' outputs (in place, through s.datt); the norms' weight gradients
+  // += this rank's heads' share (sum_replicated_grads adds the tp ranks' up).
+  void qk_norm_backward(const LayerActs& a, const ConstBlock& w, const BlockParams& g, float* dq,
+                        float* dk) const;
   void backward_layer(int64_t layer, LayerActs& a, const BlockCopies& copies, const float* x_in,
                       float* dx_io, const LayerGrads* keep);
   void backward_layer_weights(int64_t layer, const LayerActs& a, const BlockCopies& copies,

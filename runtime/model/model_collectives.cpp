@@ -112,9 +112,11 @@ float* Model::reduce_rows(float* partial) const {
 }
 
 void Model::sum_replicated_grads(const parallel::FloatRange& range, float* data) const {
-  if (!sp_) return;
+  if (tp_.size() == 1 || (!sp_ && !config_.qk_norm)) return;
   for (const auto& p : params_) {
     if (p.split_dim >= 0) continue;
+    const bool per_head = p.row == BlockWeight::kQNorm || p.row == BlockWeight::kKNorm;
+    if (!sp_ && !per_head) continue;  // computed from every row: the same on each tp rank
     const auto& e = layout_.at(p.name);
     if (e.offset >= range.begin && e.offset + e.numel <= range.end)
       tp_.all_reduce(data + (e.offset - range.begin), static_cast<size_t>(e.numel));

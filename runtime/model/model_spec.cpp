@@ -184,6 +184,8 @@ bool block_has(const ModelConfig& m, int64_t layer, BlockPart part) {
       return m.moe_block(layer) && m.n_shared_experts > 0;
     case BlockPart::kQkvBias:
       return m.qkv_bias;
+    case BlockPart::kQkNorm:
+      return m.qk_norm;
   }
   return false;
 }
@@ -406,6 +408,7 @@ ModelDims model_dims(const ModelConfig& config, const SpecLayout& layout, int64_
   d.Nl = d.sp ? d.N / tps : d.N;
   d.dense_blocks = config.dense_blocks();
   d.qkv_bias = config.qkv_bias;
+  d.qk_norm = config.qk_norm;
   d.Fw = d.dense_blocks ? d.F : 0;
   if (config.moe()) {
     T3D_ASSERT(config.moe_ffn_dim % tps == 0 && config.shared_ffn_dim() % tps == 0,

@@ -45,6 +45,8 @@ namespace t3d::runtime {
   X(kKBias, k_bias, "self_attn.k_proj.bias",        (Hkv * D),     0, false, kZeros, kQkvBias)   \
   X(kVBias, v_bias, "self_attn.v_proj.bias",        (Hkv * D),     0, false, kZeros, kQkvBias)   \
   X(kO,    o,    "self_attn.o_proj.weight",         (C, H * D),    1, true,  kResidualOut, kAll)  \
+  X(kQNorm, q_norm, "self_attn.q_norm.weight",      (D),          -1, false, kOnes, kQkNorm)     \
+  X(kKNorm, k_norm, "self_attn.k_norm.weight",      (D),          -1, false, kOnes, kQkNorm)     \
   X(kLn2,  ln2,  "post_attention_layernorm.weight", (C),          -1, false, kOnes, kAll)         \
   X(kGate, gate, "mlp.gate_proj.weight",            (F, C),        0, true,  kNormal, kDense)     \
   X(kUp,   up,   "mlp.up_proj.weight",              (F, C),        0, true,  kNormal, kDense)     \
@@ -70,6 +72,11 @@ namespace t3d::runtime {
   X(kQ,      q,      "q",             float,   false, d.N * d.H * d.D) /* q after RoPE */                    \
   X(kK,      kk,     "k",             float,   false, d.N * d.Hkv * d.D) /* k after RoPE */                  \
   X(kV,      v,      "v",             float,   false, d.N * d.Hkv * d.D)                                     \
+  /* model.qk_norm: q and k before their per-head norm, and each (row, head)'s 1/rms */                     \
+  X(kQRaw,   qraw,   "q_raw",         float,   false, d.qk_norm ? d.N * d.H * d.D : 0)                       \
+  X(kKRaw,   kraw,   "k_raw",         float,   false, d.qk_norm ? d.N * d.Hkv * d.D : 0)                     \
+  X(kRstdQ,  rstdq,  "rstd_q",        float,   true,  d.qk_norm ? d.N * d.H : 0)                             \
+  X(kRstdK,  rstdk,  "rstd_k",        float,   true,  d.qk_norm ? d.N * d.Hkv : 0)                           \
   X(kAttn,   att,    "attn",          float,   false, d.N * d.H * d.D) /* attention output, before o_proj */ \
   X(kLse,    lse,    "lse",           float,   true,  d.B * d.H * d.T) /* attention logsumexp (B, Hl, T) */  \
   X(kXmid,   xmid,   "xmid",          float,   false, d.Nl * d.C)    /* residual after attention */          \
@@ -232,9 +239,19 @@ enum class ParamInit : uint8_t { kOnes, kNormal, kResidualOut, kZeros };
 
 // Which blocks hold a block weight row (T3D_BLOCK_WEIGHTS' last column): every block, dense
 // blocks (the SwiGLU MLP), mixture-of-experts blocks (router and routed experts), those with
-// aux-loss-free balancing (the router's selection bias), those with shared experts.
+// aux-loss-free balancing (the router's selection bias), those with shared experts; every block
+// of a model with q/k/v biases (model.qkv_bias), with q/k norms (model.qk_norm).
 // kExperts: the routed experts, a tensor per expert.
-enum class BlockPart : uint8_t { kAll, kDense, kRouted, kExperts, kRouterBias, kShared, kQkvBias };
+enum class BlockPart : uint8_t {
+  kAll,
+  kDense,
+  kRouted,
+  kExperts,
+  kRouterBias,
+  kShared,
+  kQkvBias,
+  kQkNorm
+};
 bool block_has(const ModelConfig& config, int64_t layer, BlockPart part);
 bool block_has(const ModelConfig& config, int64_t layer, BlockWeight w);
 
@@ -413,6 +430,7 @@ struct ModelDims {
   bool dense_blocks = true;
   bool aux = false;       // the auxiliary balance loss is on
   bool qkv_bias = false;  // model.qkv_bias
+  bool qk_norm = false;   // model.qk_norm
   int64_t Fw = 0;         // the widest dense-shaped SwiGLU: F (dense blocks) or Fs (shared experts)
 };
 ModelDims model_dims(const ModelConfig& config, const SpecLayout& layout, int64_t micro_rows);

@@ -30,6 +30,7 @@ void check_same_model(const std::string& saved_toml, const Recipe& now, const st
       {"ffn_dim", {a.ffn_dim, b.ffn_dim}},
       {"tie_embeddings", {a.tie_embeddings, b.tie_embeddings}},
       {"qkv_bias", {a.qkv_bias, b.qkv_bias}},
+      {"qk_norm", {a.qk_norm, b.qk_norm}},
       {"n_experts", {a.n_experts, b.n_experts}},
       // The experts' shapes mean something only in a mixture of experts (n_experts equal above).
       {"n_shared_experts", {a.moe() ? a.n_shared_experts : 0, b.moe() ? b.n_shared_experts : 0}},

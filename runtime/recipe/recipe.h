@@ -179,6 +179,10 @@ struct ModelConfig {
   bool tie_embeddings = false;
   // Biases on the q, k and v projections (Qwen2, Qwen2.5), added before RoPE.
   bool qkv_bias = false;
+  // Per-head RMSNorm of q and k (Qwen3, Qwen3-MoE): each head's head_dim values normalised with
+  // norm_eps and scaled by q_norm / k_norm (head_dim weights shared by the heads), after the
+  // projections and their biases, before RoPE.
+  bool qk_norm = false;
   // Mixture of experts (docs/moe.md): blocks from dense_layers on replace the SwiGLU MLP by
   // n_experts routed SwiGLU experts of width moe_ffn_dim, experts_per_token of them per token,
   // plus n_shared_experts on every token (one SwiGLU of n_shared_experts·moe_ffn_dim).

@@ -303,6 +303,9 @@ std::vector<Field> model_keys() {
       field("model", "qkv_bias", &R::model, &ModelConfig::qkv_bias,
             "Biases on the q, k and v projections (Qwen2, Qwen2.5), added before RoPE; zero at "
             "initialisation and without weight decay."),
+      field("model", "qk_norm", &R::model, &ModelConfig::qk_norm,
+            "Per-head RMSNorm of q and k before RoPE (Qwen3, Qwen3-MoE): weights of head_dim "
+            "shared by the heads, ones at initialisation and without weight decay."),
       field("model", "n_experts", &R::model, &ModelConfig::n_experts,
             "Mixture of experts (docs/moe.md): routed experts per MoE block; 0: a dense model."),
       field("model", "experts_per_token", &R::model, &ModelConfig::experts_per_token,

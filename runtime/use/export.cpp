@@ -29,7 +29,9 @@ std::vector<GlobalTensor> llama_tensor_table(const ModelConfig& m) {
 }
 
 HfLayout hf_layout(const ModelConfig& m) {
-  if (!m.moe()) return m.qkv_bias ? HfLayout::kQwen2 : HfLayout::kLlama;
+  if (!m.moe())
+    return m.qk_norm ? HfLayout::kQwen3 : m.qkv_bias ? HfLayout::kQwen2 : HfLayout::kLlama;
+  if (m.qk_norm) return HfLayout::kQwen3Moe;
   return m.n_shared_experts > 0 || m.dense_layers > 0 ? HfLayout::kQwen2Moe : HfLayout::kMixtral;
 }
 
@@ -41,8 +43,17 @@ std::string swapped(std::string s, const std::string& from, const std::string& t
   return s;
 }
 
+// 0, 1, ..., n - 1: the leading dense blocks as mlp_only_layers.
+std::vector<int64_t> leading(int64_t n) {
+  std::vector<int64_t> v(static_cast<size_t>(n));
+  for (int64_t l = 0; l < n; ++l) v[static_cast<size_t>(l)] = l;
+  return v;
+}
+
 const char* family_name(HfLayout layout) {
-  return layout == HfLayout::kMixtral ? "Mixtral's layout" : "Qwen2-MoE's layout";
+  return layout == HfLayout::kMixtral    ? "Mixtral's layout"
+         : layout == HfLayout::kQwen3Moe ? "Qwen3-MoE's layout"
+                                         : "Qwen2-MoE's layout";
 }
 
 }  // namespace
@@ -51,7 +62,11 @@ std::string hf_tensor_name(const ModelConfig& m, const std::string& name) {
   switch (hf_layout(m)) {
     case HfLayout::kLlama:
     case HfLayout::kQwen2:
+    case HfLayout::kQwen3:
+    case HfLayout::kMistral:
       return name;
+    case HfLayout::kQwen3Moe:  // its experts are named as titan3d's, with no shared ones
+      return swapped(name, ".mlp.router.weight", ".mlp.gate.weight");
     case HfLayout::kQwen2Moe:
       if (name.ends_with(".mlp.router.weight"))
         return swapped(name, ".mlp.router.weight", ".mlp.gate.weight");
@@ -76,8 +91,12 @@ void check_hf_layout(const ModelConfig& m, const std::string& what) {
   T3D_USER_CHECK(!m.qkv_bias || !m.moe(), what,
                  ": model.qkv_bias = true in a mixture of experts; titan3d does not export its "
                  "q/k/v biases yet (Qwen2-MoE's layout is written with zero biases)");
+  T3D_USER_CHECK(!m.qkv_bias || !m.qk_norm, what,
+                 ": model.qkv_bias = true with model.qk_norm; Qwen3's attention_bias (the family "
+                 "of q/k norms) would bias o_proj too, so titan3d does not export the pair");
   const HfLayout layout = hf_layout(m);
-  if (layout == HfLayout::kLlama || layout == HfLayout::kQwen2) return;
+  if (layout == HfLayout::kLlama || layout == HfLayout::kQwen2 || layout == HfLayout::kQwen3)
+    return;
   const auto refuse = [&](bool bad, const char* key, const std::string& why,
                           const std::string& instead = "") {
     T3D_USER_CHECK(!bad, what, ": ", key, " = ", why, "; ", family_name(layout),
@@ -86,8 +105,10 @@ void check_hf_layout(const ModelConfig& m, const std::string& what) {
                    instead);
   };
   // Qwen2-MoE always has a shared expert: a model with dense blocks but none has no family.
-  refuse(m.n_shared_experts == 0 && m.dense_layers > 0, "model.dense_layers",
-         std::to_string(m.dense_layers) + " without shared experts",
+  refuse(layout == HfLayout::kQwen3Moe && m.n_shared_experts > 0, "model.n_shared_experts",
+         std::to_string(m.n_shared_experts));
+  refuse(layout != HfLayout::kQwen3Moe && m.n_shared_experts == 0 && m.dense_layers > 0,
+         "model.dense_layers", std::to_string(m.dense_layers) + " without shared experts",
          " (Mixtral's has no dense blocks either)");
   refuse(m.router_score != kernels::RouterScore::kSoftmax, "model.router_score", "\"sigmoid\"");
   refuse(layout == HfLayout::kMixtral && !m.router_norm_topk, "model.router_norm_topk", "false");
@@ -159,8 +180,6 @@ std::string llama_config_json(const ModelConfig& m, const std::string& dtype, in
         "  \"router_jitter_noise\": 0.0,\n  \"sliding_window\": null",
         m.n_experts, m.experts_per_token, m.router_aux_coef);
   if (layout == HfLayout::kQwen2Moe) {
-    std::vector<int64_t> dense(static_cast<size_t>(m.dense_layers));
-    for (int64_t l = 0; l < m.dense_layers; ++l) dense[static_cast<size_t>(l)] = l;
     family = fmt::format(
         ",\n  \"num_experts\": {},\n  \"num_experts_per_tok\": {},\n"
         "  \"moe_intermediate_size\": {},\n  \"shared_expert_intermediate_size\": {},\n"
@@ -169,22 +188,35 @@ std::string llama_config_json(const ModelConfig& m, const std::string& dtype, in
         "  \"output_router_logits\": false,\n  \"use_sliding_window\": false,\n"
         "  \"sliding_window\": null,\n  \"max_window_layers\": {}",
         m.n_experts, m.experts_per_token, m.moe_ffn_dim, m.shared_ffn_dim(),
-        m.router_norm_topk ? "true" : "false", fmt::join(dense, ", "), m.router_aux_coef,
-        m.n_layers);
+        m.router_norm_topk ? "true" : "false", fmt::join(leading(m.dense_layers), ", "),
+        m.router_aux_coef, m.n_layers);
   }
-  // Qwen2: q/k/v biases always (transformers' Qwen2Attention), no sliding window.
-  if (layout == HfLayout::kQwen2)
+  // Qwen2: q/k/v biases always (transformers' Qwen2Attention), no sliding window; Qwen3 (q/k
+  // norms always) likewise, and Qwen3-MoE's experts (no shared expert) before them.
+  if (layout == HfLayout::kQwen3Moe)
     family = fmt::format(
+        ",\n  \"num_experts\": {},\n  \"num_experts_per_tok\": {},\n"
+        "  \"moe_intermediate_size\": {},\n  \"norm_topk_prob\": {},\n"
+        "  \"decoder_sparse_step\": 1,\n  \"mlp_only_layers\": [{}],\n"
+        "  \"router_aux_loss_coef\": {},\n  \"output_router_logits\": false",
+        m.n_experts, m.experts_per_token, m.moe_ffn_dim, m.router_norm_topk ? "true" : "false",
+        fmt::join(leading(m.dense_layers), ", "), m.router_aux_coef);
+  if (layout == HfLayout::kQwen2 || layout == HfLayout::kQwen3 || layout == HfLayout::kQwen3Moe)
+    family += fmt::format(
         ",\n  \"use_sliding_window\": false,\n  \"sliding_window\": null,\n"
         "  \"max_window_layers\": {}",
         m.n_layers);
-  static const char* const kNames[][2] = {{"LlamaForCausalLM", "llama"},
-                                          {"MixtralForCausalLM", "mixtral"},
-                                          {"Qwen2MoeForCausalLM", "qwen2_moe"},
-                                          {"Qwen2ForCausalLM", "qwen2"}};
+  static const char* const kNames[][2] = {
+      {"LlamaForCausalLM", "llama"},        {"MixtralForCausalLM", "mixtral"},
+      {"Qwen2MoeForCausalLM", "qwen2_moe"}, {"Qwen2ForCausalLM", "qwen2"},
+      {"Qwen3ForCausalLM", "qwen3"},        {"Qwen3MoeForCausalLM", "qwen3_moe"},
+      {"MistralForCausalLM", "mistral"}};  // not chosen by hf_layout: exported as LLaMA
   const char* architecture = kNames[static_cast<int>(layout)][0];
   const char* model_type = kNames[static_cast<int>(layout)][1];
   const bool llama_keys = layout == HfLayout::kLlama || layout == HfLayout::kMixtral;
+  // Qwen3's attention_bias (false: titan3d's Qwen3 has none) would bias q, k, v and o.
+  const bool attention_bias_key =
+      llama_keys || layout == HfLayout::kQwen3 || layout == HfLayout::kQwen3Moe;
   // Mixtral's intermediate_size is an expert's; Qwen2-MoE's the dense blocks' MLP.
   const int64_t intermediate = layout == HfLayout::kMixtral ? m.moe_ffn_dim : m.ffn_dim;
   return fmt::format(
@@ -214,7 +246,7 @@ std::string llama_config_json(const ModelConfig& m, const std::string& dtype, in
       architecture, model_type, m.vocab_size, m.dim, intermediate, m.n_layers, m.n_heads,
       m.n_kv_heads, m.head_dim(), m.seq_len, m.norm_eps, m.rope_theta, rope_scaling_json(m),
       // LlamaConfig's keys (Mixtral's loaders ignore them); Qwen2's q/k/v have biases.
-      llama_keys ? "  \"attention_bias\": false,\n" : "",
+      attention_bias_key ? "  \"attention_bias\": false,\n" : "",
       llama_keys ? "  \"mlp_bias\": false,\n  \"pretraining_tp\": 1,\n" : "",
       m.tie_embeddings ? "true" : "false", bos_id >= 0 ? std::to_string(bos_id) : "null",
       eos_id >= 0 ? std::to_string(eos_id) : "null", dtype, family);

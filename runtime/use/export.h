@@ -29,10 +29,13 @@ std::vector<GlobalTensor> llama_tensor_table(const ModelConfig& config);
 
 // The Hugging Face family `export` writes a model as and `import` reads back: LLaMA
 // (LlamaForCausalLM) for a dense model, Qwen2's (Qwen2ForCausalLM) for a dense one with q/k/v
-// biases; for a mixture of experts Mixtral's (MixtralForCausalLM) when every block is one without
-// shared experts, else Qwen2-MoE's (Qwen2MoeForCausalLM: shared experts, leading dense blocks as
-// its `mlp_only_layers`).
-enum class HfLayout { kLlama, kMixtral, kQwen2Moe, kQwen2 };
+// biases, Qwen3's (Qwen3ForCausalLM) for one with q/k norms; for a mixture of experts with q/k
+// norms Qwen3-MoE's (Qwen3MoeForCausalLM: no shared experts, leading dense blocks as its
+// `mlp_only_layers`), else Mixtral's (MixtralForCausalLM) when every block is one without shared
+// experts, else Qwen2-MoE's (Qwen2MoeForCausalLM: shared experts, leading dense blocks).
+// kMistral (MistralForCausalLM without a sliding window: LLaMA's block and names) is read by
+// `import` only: hf_layout never returns it, so such a model is exported as LlamaForCausalLM.
+enum class HfLayout { kLlama, kMixtral, kQwen2Moe, kQwen2, kQwen3, kQwen3Moe, kMistral };
 HfLayout hf_layout(const ModelConfig& config);
 
 // A tensor's name in that family: the table's own name, except for a mixture of experts' router
@@ -41,9 +44,10 @@ HfLayout hf_layout(const ModelConfig& config);
 // Qwen2-MoE: the router is `mlp.gate.weight`, the shared experts `mlp.shared_expert.*`.
 std::string hf_tensor_name(const ModelConfig& config, const std::string& name);
 // UserError unless hf_layout's family can hold the model `config` exactly (the key that prevents
-// it named): no q/k/v biases in a mixture of experts (Qwen2-MoE's are written as zeros); a softmax
-// router without a selection bias or a gate scale; Mixtral's also over normalised gates. `what`
-// names the model in the message.
+// it named): no q/k/v biases in a mixture of experts (Qwen2-MoE's are written as zeros) nor with
+// q/k norms (Qwen3's attention_bias would bias o_proj too); a softmax router without a selection
+// bias or a gate scale; Mixtral's also over normalised gates; Qwen3-MoE's without shared experts.
+// `what` names the model in the message.
 void check_hf_layout(const ModelConfig& config, const std::string& what);
 
 // Qwen2-MoE has parts titan3d's block has not: q/k/v biases and, per MoE block, a sigmoid gate on

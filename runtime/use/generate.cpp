@@ -48,6 +48,11 @@ Decoder::Decoder(const SnapshotWeights& w, k::GemmKind gemm)
   xn_.resize(n(C));
   q_.resize(n(m.n_heads * D));
   att_.resize(n(m.n_heads * D));
+  if (m.qk_norm) {
+    q_raw_.resize(q_.size());
+    k_raw_.resize(n(m.n_kv_heads * D));
+    head_rstd_.resize(n(m.n_heads));
+  }
   const int64_t F = std::max(m.ffn_dim, m.shared_ffn_dim());  // dense or shared experts' SwiGLU
   gate_.resize(n(F));
   up_.resize(n(F));
@@ -86,13 +91,20 @@ std::span<const float> Decoder::step(int32_t token) {
     float* kc = L.k_cache.data() + pos_ * Hkv * D;  // this position's row of the caches
     float* vc = L.v_cache.data() + pos_ * Hkv * D;
     k::rmsnorm_forward(k::kCpu, xn_.data(), &rstd_, x_.data(), L.ln1, 1, C, eps);
-    k::linear_forward(gemm_, q_.data(), xn_.data(), L.q, 1, C, H * D);
-    k::linear_forward(gemm_, kc, xn_.data(), L.k, 1, C, Hkv * D);
+    // model.qk_norm: q and k into their raw buffers, then normalised per head into q_ and kc.
+    float* q = L.q_norm ? q_raw_.data() : q_.data();
+    float* kk = L.q_norm ? k_raw_.data() : kc;
+    k::linear_forward(gemm_, q, xn_.data(), L.q, 1, C, H * D);
+    k::linear_forward(gemm_, kk, xn_.data(), L.k, 1, C, Hkv * D);
     k::linear_forward(gemm_, vc, xn_.data(), L.v, 1, C, Hkv * D);
     if (L.q_bias) {  // model.qkv_bias, as Model::add_qkv_bias (an fp32 addition)
-      k::add_inplace(k::kCpu, q_.data(), L.q_bias, H * D);
-      k::add_inplace(k::kCpu, kc, L.k_bias, Hkv * D);
+      k::add_inplace(k::kCpu, q, L.q_bias, H * D);
+      k::add_inplace(k::kCpu, kk, L.k_bias, Hkv * D);
       k::add_inplace(k::kCpu, vc, L.v_bias, Hkv * D);
+    }
+    if (L.q_norm) {  // as Model::forward_layer: rows = heads, width = D
+      k::rmsnorm_forward(k::kCpu, q_.data(), head_rstd_.data(), q, L.q_norm, H, D, eps);
+      k::rmsnorm_forward(k::kCpu, kc, head_rstd_.data(), kk, L.k_norm, Hkv, D, eps);
     }
     k::rope_forward(k::kCpu, q_.data(), q_.data(), rope_.data(), 1, 1, H, D, pos_);
     k::rope_forward(k::kCpu, kc, kc, rope_.data(), 1, 1, Hkv, D, pos_);

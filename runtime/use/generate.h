@@ -52,6 +52,8 @@ class Decoder {
   // up, silu(gate)·up, the RoPE table (seq_len, D), attention scores (seq_len), logits (vocab).
   std::vector<float> x_, xn_, q_, att_, gate_, up_, h_, rope_, scores_, logits_;
   float rstd_ = 0;
+  // model.qk_norm: q and k before their per-head norms (H·D, Hkv·D), the heads' 1/rms (H).
+  std::vector<float> q_raw_, k_raw_, head_rstd_;
   // A mixture-of-experts block's MLP part for the row (the training forward's kernels, N = 1):
   // its output added to the residual x_.
   void moe_step(const Layer& L);

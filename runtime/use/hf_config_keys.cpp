@@ -42,22 +42,29 @@ const std::set<std::string>& family_keys(HfLayout layout) {
   static const std::set<std::string> mixtral = {"num_local_experts",    "num_experts_per_tok",
                                                 "router_aux_loss_coef", "router_jitter_noise",
                                                 "output_router_logits", "sliding_window"};
-  static const std::set<std::string> qwen2_moe = {"num_experts",
-                                                  "num_experts_per_tok",
-                                                  "moe_intermediate_size",
-                                                  "shared_expert_intermediate_size",
-                                                  "norm_topk_prob",
-                                                  "decoder_sparse_step",
-                                                  "mlp_only_layers",
-                                                  "router_aux_loss_coef",
-                                                  "output_router_logits",
-                                                  "use_sliding_window",
-                                                  "sliding_window",
-                                                  "max_window_layers",
-                                                  "qkv_bias"};
-  // Qwen2: the sliding window's settings, used only with use_sliding_window (refused).
+  static const std::set<std::string> qwen2_moe = {
+      "num_experts",           "num_experts_per_tok",
+      "moe_intermediate_size", "shared_expert_intermediate_size",
+      "norm_topk_prob",        "decoder_sparse_step",
+      "mlp_only_layers",       "router_aux_loss_coef",
+      "output_router_logits",  "use_sliding_window",
+      "sliding_window",        "max_window_layers",
+      "layer_types",           "qkv_bias"};
+  // Qwen2: the sliding window's settings, used only with use_sliding_window (refused), and the
+  // blocks' attention kinds (newer transformers; refused unless all full attention).
   static const std::set<std::string> qwen2 = {"use_sliding_window", "sliding_window",
-                                              "max_window_layers"};
+                                              "max_window_layers", "layer_types"};
+  // Mistral: its sliding window (must be null: refused otherwise).
+  static const std::set<std::string> mistral = {"sliding_window"};
+  // Qwen3: those and the blocks' attention kinds (refused unless all full attention).
+  static const std::set<std::string> qwen3 = {"use_sliding_window", "sliding_window",
+                                              "max_window_layers", "layer_types"};
+  // Qwen3-MoE: Qwen3's and its mixture of experts (no shared expert).
+  static const std::set<std::string> qwen3_moe = {
+      "use_sliding_window",    "sliding_window",       "max_window_layers",
+      "layer_types",           "num_experts",          "num_experts_per_tok",
+      "moe_intermediate_size", "norm_topk_prob",       "decoder_sparse_step",
+      "mlp_only_layers",       "router_aux_loss_coef", "output_router_logits"};
   switch (layout) {
     case HfLayout::kMixtral:
       return mixtral;
@@ -65,6 +72,12 @@ const std::set<std::string>& family_keys(HfLayout layout) {
       return qwen2_moe;
     case HfLayout::kQwen2:
       return qwen2;
+    case HfLayout::kQwen3:
+      return qwen3;
+    case HfLayout::kQwen3Moe:
+      return qwen3_moe;
+    case HfLayout::kMistral:
+      return mistral;
     case HfLayout::kLlama:
       break;
   }

@@ -22,6 +22,7 @@
 #include "runtime/provenance/provenance.h"
 #include "runtime/use/export.h"
 #include "runtime/use/hf_config_keys.h"
+#include "runtime/use/hf_families.h"
 #include "runtime/use/hf_rope.h"
 
 namespace t3d::runtime {
@@ -31,54 +32,6 @@ namespace ck = checkpoint;
 using nlohmann::json;
 
 namespace {
-
-// A config value that must be absent, null or `allowed` (false for the biases): titan3d has no
-// place for anything else.
-void refuse_unless(const json& c, const std::string& src, const char* key, const json& allowed,
-                   const char* why) {
-  if (!c.contains(key) || c.at(key).is_null() || c.at(key) == allowed) return;
-  throw UserError(
-      fmt::format("{}: `{}` is {}; titan3d cannot represent it ({}). Import a "
-                  "model without it, or convert the model first.",
-                  src, key, c.at(key).dump(), why));
-}
-
-// An integer the config must give.
-int64_t required_int(const json& c, const std::string& src, const char* key) {
-  T3D_USER_CHECK(c.contains(key) && c.at(key).is_number_integer(), src, ": `", key,
-                 "` is missing or not an integer; a LLaMA config.json gives it");
-  return c.at(key).get<int64_t>();
-}
-
-// A mixture's expert count (Mixtral's num_local_experts, Qwen2-MoE's num_experts): at least 1, as
-// titan3d's n_experts = 0 is a dense model, whose tensors a mixture's checkpoint has not.
-int64_t required_experts(const json& c, const std::string& src, const char* key) {
-  const int64_t n = required_int(c, src, key);
-  T3D_USER_CHECK(n > 0, src, ": `", key, "` is ", n,
-                 "; a mixture of experts needs at least one expert (a dense model is "
-                 "model_type \"llama\")");
-  return n;
-}
-
-// A value the config may leave out: transformers' LlamaConfig default then, said in `notes`.
-// Present, it must have T's JSON type (an integer, any number, a boolean).
-template <typename T>
-T optional_value(const json& c, const std::string& src, const char* key, T fallback,
-                 const std::string& what, std::vector<std::string>* notes) {
-  if (c.contains(key) && !c.at(key).is_null()) {
-    const json& v = c.at(key);
-    const bool typed = std::is_same_v<T, bool> ? v.is_boolean()
-                       : std::is_integral_v<T> ? v.is_number_integer()
-                                               : v.is_number();
-    T3D_USER_CHECK(typed, src, ": `", key, "` is ", v.dump(), "; it must be ",
-                   std::is_same_v<T, bool> ? "true or false"
-                   : std::is_integral_v<T> ? "an integer"
-                                           : "a number");
-    return v.get<T>();
-  }
-  notes->push_back(fmt::format("config.json has no `{}`: {}", key, what));
-  return fallback;
-}
 
 // The recipe's own bounds and consistency checks on the shape, before anything is sized from it
 // (2^31 layers would be a tensor table of 2^34 entries); the message names the config key too.
@@ -105,7 +58,7 @@ void check_model_limits(const ModelConfig& m, const std::string& src, HfLayout l
         {"model.moe_ffn_dim", "intermediate_size"},
         {"model.dense_layers", "mlp_only_layers"},
         {"model.n_shared_experts", "shared_expert_intermediate_size"}};
-    const bool qwen = layout == HfLayout::kQwen2Moe;
+    const bool qwen = layout == HfLayout::kQwen2Moe || layout == HfLayout::kQwen3Moe;
     std::string named;
     for (auto [recipe_key, config_key] : keys) {
       if (qwen && recipe_key == std::string("model.n_experts")) config_key = "num_experts";
@@ -119,10 +72,17 @@ void check_model_limits(const ModelConfig& m, const std::string& src, HfLayout l
   }
 }
 
-// `head_dim` (transformers: hidden_size / num_attention_heads when absent or null) as
-// model.head_dim, left 0 (derived) when it is that quotient.
-void head_dim_from_config(const json& c, const std::string& src, ModelConfig& m) {
-  if (!c.contains("head_dim") || c.at("head_dim").is_null()) {
+// `head_dim` (transformers: hidden_size / num_attention_heads when absent or null; Qwen3's
+// config classes: 128) as model.head_dim, left 0 (derived) when it is that quotient.
+void head_dim_from_config(const json& c, const std::string& src, HfLayout layout, ModelConfig& m,
+                          std::vector<std::string>* notes) {
+  const bool absent = !c.contains("head_dim") || c.at("head_dim").is_null();
+  if (absent && (layout == HfLayout::kQwen3 || layout == HfLayout::kQwen3Moe)) {
+    notes->push_back("config.json has no `head_dim`: 128 (Qwen3's default)");
+    m.explicit_head_dim = m.dim % m.n_heads == 0 && m.dim / m.n_heads == 128 ? 0 : 128;
+    return;
+  }
+  if (absent) {
     T3D_USER_CHECK(m.dim % m.n_heads == 0, src, ": `hidden_size` ", m.dim,
                    " is not a multiple of `num_attention_heads` ", m.n_heads,
                    " and there is no `head_dim`; give the heads' width as `head_dim`");
@@ -142,7 +102,10 @@ HfLayout check_architecture(const json& c, const std::string& src) {
       {"llama", "LlamaForCausalLM", HfLayout::kLlama},
       {"mixtral", "MixtralForCausalLM", HfLayout::kMixtral},
       {"qwen2_moe", "Qwen2MoeForCausalLM", HfLayout::kQwen2Moe},
-      {"qwen2", "Qwen2ForCausalLM", HfLayout::kQwen2}};
+      {"qwen2", "Qwen2ForCausalLM", HfLayout::kQwen2},
+      {"qwen3", "Qwen3ForCausalLM", HfLayout::kQwen3},
+      {"qwen3_moe", "Qwen3MoeForCausalLM", HfLayout::kQwen3Moe},
+      {"mistral", "MistralForCausalLM", HfLayout::kMistral}};
   const std::string type = c.contains("model_type") && c.at("model_type").is_string()
                                ? c.at("model_type").get<std::string>()
                                : "";
@@ -157,53 +120,10 @@ HfLayout check_architecture(const json& c, const std::string& src) {
   }
   throw UserError(fmt::format(
       "{}: `model_type` is {}; titan3d imports LLaMA models (model_type \"llama\"), Qwen2 and "
-      "Qwen2.5 (\"qwen2\") and the mixtures of experts of Mixtral (\"mixtral\") and Qwen2-MoE "
-      "(\"qwen2_moe\")",
+      "Qwen2.5 (\"qwen2\"), Qwen3 (\"qwen3\"), Mistral (\"mistral\") and the mixtures of "
+      "experts of Mixtral "
+      "(\"mixtral\"), Qwen2-MoE (\"qwen2_moe\") and Qwen3-MoE (\"qwen3_moe\")",
       src, c.contains("model_type") ? c.at("model_type").dump() : "absent"));
-}
-
-// Mixtral's and Qwen2-MoE's auxiliary loss is over the batch, titan3d's per sequence: not taken.
-void note_aux_loss_coef(const json& c, std::vector<std::string>* notes) {
-  if (c.contains("router_aux_loss_coef") && !c.at("router_aux_loss_coef").is_null())
-    notes->push_back("`router_aux_loss_coef` " + c.at("router_aux_loss_coef").dump() +
-                     " not taken: titan3d's auxiliary loss is per sequence (docs/moe.md); set "
-                     "model.router_aux_coef to fine-tune with one");
-}
-
-// Qwen2-MoE's keys (transformers' Qwen2MoeConfig) as titan3d's block: its mixture-of-experts
-// blocks every layer but the leading `mlp_only_layers`, shared experts a whole number of experts
-// wide (titan3d's shared width is n_shared_experts · moe_ffn_dim).
-void qwen2_moe_keys(const json& c, const std::string& src, ModelConfig& m,
-                    std::vector<std::string>* notes) {
-  refuse_unless(c, src, "use_sliding_window", false, "titan3d's attention is fully causal");
-  refuse_unless(c, src, "decoder_sparse_step", 1,
-                "titan3d's mixture-of-experts blocks follow each other from model.dense_layers on");
-  m.n_experts = required_experts(c, src, "num_experts");
-  m.experts_per_token = required_int(c, src, "num_experts_per_tok");
-  m.moe_ffn_dim = required_int(c, src, "moe_intermediate_size");
-  const int64_t shared = required_int(c, src, "shared_expert_intermediate_size");
-  T3D_USER_CHECK(
-      m.moe_ffn_dim > 0 && shared > 0 && shared % m.moe_ffn_dim == 0, src,
-      ": `shared_expert_intermediate_size` is ", shared,
-      "; titan3d's shared experts are a whole number (at least 1) of experts wide, so it "
-      "must be a multiple of `moe_intermediate_size` (",
-      m.moe_ffn_dim, ")");
-  m.n_shared_experts = shared / m.moe_ffn_dim;
-  // transformers' Qwen2MoeConfig leaves the gates unnormalised unless told.
-  m.router_norm_topk =
-      optional_value<bool>(c, src, "norm_topk_prob", false,
-                           "model.router_norm_topk = false (Qwen2-MoE's default)", notes);
-  if (c.contains("mlp_only_layers") && !c.at("mlp_only_layers").is_null()) {
-    const json& dense = c.at("mlp_only_layers");
-    bool leading = dense.is_array();
-    for (size_t i = 0; leading && i < dense.size(); ++i)
-      leading = dense[i].is_number_integer() && dense[i].get<int64_t>() == static_cast<int64_t>(i);
-    T3D_USER_CHECK(leading, src, ": `mlp_only_layers` is ", dense.dump(),
-                   "; titan3d's dense blocks are the leading ones (model.dense_layers): give "
-                   "[0, 1, ..., k-1] or []");
-    m.dense_layers = static_cast<int64_t>(dense.size());
-  }
-  note_aux_loss_coef(c, notes);
 }
 
 }  // namespace
@@ -226,7 +146,7 @@ ModelConfig llama_model_from_config(const std::string& text, const std::string& 
   m.n_heads = required_int(c, src, "num_attention_heads");
   T3D_USER_CHECK(m.n_heads > 0, src, ": `num_attention_heads` is ", m.n_heads,
                  "; it must be positive");
-  head_dim_from_config(c, src, m);
+  head_dim_from_config(c, src, layout, m, notes);
   m.n_kv_heads = optional_value<int64_t>(c, src, "num_key_value_heads", m.n_heads,
                                          "num_attention_heads (no grouped-query attention)", notes);
   m.ffn_dim = required_int(c, src, "intermediate_size");
@@ -253,8 +173,12 @@ ModelConfig llama_model_from_config(const std::string& text, const std::string& 
                        " ignored: titan3d's router adds no noise");
   }
   if (layout == HfLayout::kQwen2Moe) qwen2_moe_keys(c, src, m, notes);
+  if (layout == HfLayout::kQwen3) qwen3_keys(c, src, m);  // q/k norms always (Qwen3Attention)
+  if (layout == HfLayout::kMistral)  // LLaMA's block, unless its attention has a window
+    refuse_unless(c, src, "sliding_window", nullptr, "titan3d's attention is fully causal");
+  if (layout == HfLayout::kQwen3Moe) qwen3_moe_keys(c, src, m, notes);
   if (layout == HfLayout::kQwen2) {  // Qwen2 / Qwen2.5: q/k/v biases always (Qwen2Attention)
-    refuse_unless(c, src, "use_sliding_window", false, "titan3d's attention is fully causal");
+    refuse_sliding_window(c, src);
     m.qkv_bias = true;
   }
   if (c.contains("pretraining_tp") && c.at("pretraining_tp") != 1)

@@ -337,6 +337,7 @@ TEST(ModelEpMpi, SplitBackwardLeavesEveryWeightGradientToW) {
   const auto self = world.split(world.rank(), 0, "self");
   auto cfg = moe_config();
   cfg.qkv_bias = true;  // the q/k/v biases' gradients are W's too (dq, dk, dv kept for it)
+  cfg.qk_norm = true;   // the q/k norms' are B's (as the other norms'); W's dq, dk are past them
   ASSERT_GT(cfg.n_shared_experts, 0);
   const std::vector<parallel::LayerRange> chunks = {{0, 1, true, false}, {1, 2, false, true}};
   for (const bool expert_parallel : {false, true})

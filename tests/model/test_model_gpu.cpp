@@ -91,11 +91,21 @@ struct TrainedRun {
   std::vector<float> grads, params;  // after the last step's backward / AdamW
 };
 
+// Qwen's attention: q/k/v biases, per-head q/k norms (RMSNorm rows of head_dim 24), heads wider
+// than dim / n_heads.
+ModelConfig qwen_config() {
+  ModelConfig c = config();
+  c.qkv_bias = true;
+  c.qk_norm = true;
+  c.explicit_head_dim = 24;
+  return c;
+}
+
 // `steps` AdamW steps of one micro-batch of 2 sequences, GEMMs of exec's kind, on `exec` (arena
 // memory `memory`); with `bf16` the activations are stored as bf16 copies (train.precision =
 // bf16). The losses, and the state read back to the host.
-TrainedRun train(const kernels::Exec& exec, kernels::Memory memory, int steps, bool bf16 = false) {
-  const ModelConfig cfg = config();
+TrainedRun train(const kernels::Exec& exec, kernels::Memory memory, int steps, bool bf16 = false,
+                 const ModelConfig& cfg = config()) {
   const int64_t rows = 2, N = rows * cfg.seq_len;
   std::mt19937 rng(11);
   std::vector<int32_t> tokens(static_cast<size_t>(N)), targets(static_cast<size_t>(N));
@@ -213,6 +223,26 @@ TEST(GpuModel, Bf16TrainingStepsRepeatBitForBitAndFollowFp32) {
         << "step " << i;
   EXPECT_NE(first.losses, reference.losses);  // the bf16 path ran: its rounding shows
   EXPECT_LT(first.losses.back(), first.losses.front());
+}
+
+// The same with Qwen's attention (model.qkv_bias, model.qk_norm, head_dim 24): the biases' K = 1
+// GEMMs and the per-head norms run on the GPU as on the CPU.
+TEST(GpuModel, QwenAttentionTrainingStepsAreTheCpus) {
+  REQUIRE_GPU();
+  constexpr int kSteps = 4;
+  const kernels::Exec on_gpu(kernels::GemmKind::kOpenBlasF32, *the_gpu().stream);
+  const ModelConfig cfg = qwen_config();
+  const TrainedRun cpu =
+      train(kernels::GemmKind::kOpenBlasF32, kernels::Memory::kHost, kSteps, false, cfg);
+  const TrainedRun first = train(on_gpu, kernels::Memory::kDevice, kSteps, false, cfg);
+  const TrainedRun second = train(on_gpu, kernels::Memory::kDevice, kSteps, false, cfg);
+  EXPECT_EQ(first.losses, second.losses);
+  EXPECT_EQ(first.params, second.params);
+  ASSERT_EQ(first.losses.size(), cpu.losses.size());
+  for (size_t i = 0; i < cpu.losses.size(); ++i)
+    EXPECT_NEAR(first.losses[i], cpu.losses[i], 1e-5 * std::fabs(cpu.losses[i])) << "step " << i;
+  EXPECT_LT(relative_difference(first.grads, cpu.grads), 1e-4);
+  EXPECT_LT(relative_difference(first.params, cpu.params), 1e-5);
 }
 
 }  // namespace

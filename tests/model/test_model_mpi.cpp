@@ -46,19 +46,36 @@ double loss_of(Model& m, const Batch& b, bool train) {
   return loss;
 }
 
+// q/k norm weights start at ones: move them to 1 ± 0.3, different per element, so that a wrong
+// weight or head indexing changes the loss.
+void perturb_qk_norms(Model& m) {
+  for (const auto& p : m.params()) {
+    if (!p.name.ends_with("q_norm.weight") && !p.name.ends_with("k_norm.weight")) continue;
+    const auto w = m.state().params.view(p.name);
+    const float phase = p.name.ends_with("q_norm.weight") ? 0.5f : 0.0f;
+    for (int64_t i = 0; i < w.numel; ++i)
+      w.data[i] = 1.0f + 0.3f * std::sin(1.3f * static_cast<float>(i) + phase);
+  }
+}
+
 }  // namespace
 
-// Also with heads wider than dim / n_heads and a scaled RoPE (wide_head_config).
+// Also with heads wider than dim / n_heads and a scaled RoPE (wide_head_config), q/k/v biases,
+// and per-head q/k norms over biases (qk_norm_config; its norm weights moved off their ones, so
+// the gradient through the weight is seen too).
 TEST(ModelMpi, EveryParameterGradientMatchesFiniteDifferences) {
   auto world = parallel::Comm::world(60.0);
   const auto self = world.split(world.rank(), 0, "self");  // tp group of one
-  for (const auto& cfg : {tiny_config(), runtime::wide_head_config(), runtime::qkv_bias_config()}) {
-    SCOPED_TRACE(cfg.explicit_head_dim ? "head_dim 6, llama3 RoPE"
-                 : cfg.qkv_bias        ? "q/k/v biases"
-                                       : "tiny");
+  for (const auto& cfg : {tiny_config(), runtime::wide_head_config(), runtime::qkv_bias_config(),
+                          runtime::qk_norm_config()}) {
+    SCOPED_TRACE(cfg.qk_norm             ? "q/k norms"
+                 : cfg.explicit_head_dim ? "head_dim 6, llama3 RoPE"
+                 : cfg.qkv_bias          ? "q/k/v biases"
+                                         : "tiny");
     kernels::Arena arena(64 << 20);
     Model m(cfg, whole(cfg.n_layers), self, arena, {2, 1, false});
     m.init(3);
+    perturb_qk_norms(m);
     const Batch b = make_batch(2, cfg.seq_len, cfg.vocab_size);
     loss_of(m, b, true);
     std::mt19937 rng(11 + world.rank());
@@ -182,15 +199,19 @@ TEST(ModelMpi, TensorParallelShardsEqualTheWholeModel) {
   auto world = parallel::Comm::world(60.0);
   ASSERT_EQ(world.size(), 2);
   const auto self = world.split(world.rank(), 0, "self");
-  // Dense, a mixture of experts, wide heads and q/k/v biases (tp splits both with the heads).
-  for (const int kind : {0, 1, 2, 3}) {
+  // Dense, a mixture of experts, wide heads, q/k/v biases (tp splits both with the heads) and
+  // per-head q/k norms (replicated weights, each rank's gradient its heads' share: summed over tp
+  // by sum_replicated_grads, as training does before the dp reduction).
+  for (const int kind : {0, 1, 2, 3, 4}) {
     SCOPED_TRACE(kind == 1   ? "mixture of experts"
                  : kind == 2 ? "head_dim 6"
                  : kind == 3 ? "q/k/v biases"
+                 : kind == 4 ? "q/k norms"
                              : "dense");
     const auto cfg = kind == 1   ? moe_config()
                      : kind == 2 ? runtime::wide_head_config()
                      : kind == 3 ? runtime::qkv_bias_config()
+                     : kind == 4 ? runtime::qk_norm_config()
                                  : tiny_config();
     const Batch b = make_batch(2, cfg.seq_len, cfg.vocab_size);
     kernels::Arena arena(128 << 20);
@@ -198,8 +219,12 @@ TEST(ModelMpi, TensorParallelShardsEqualTheWholeModel) {
     Model shard(cfg, whole(cfg.n_layers), world, arena, {2, 1, false});  // tp = 2
     full.init(5);
     shard.init(5);
+    perturb_qk_norms(full);
+    perturb_qk_norms(shard);
     const double loss_full = loss_of(full, b, true);
     const double loss_shard = loss_of(shard, b, true);
+    const int64_t region = shard.layout().total_floats();
+    shard.sum_replicated_grads({0, region}, shard.state().grads.data());
     EXPECT_NEAR(loss_shard, loss_full, 1e-5 * std::fabs(loss_full));
     // Each shard's parameters and gradients are exactly its slice of the whole model's.
     for (const auto& p : full.params()) {

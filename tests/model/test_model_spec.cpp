@@ -478,6 +478,46 @@ TEST(ModelSpec, MoeParameterTableHasATensorPerExpert) {
             static_cast<double>(attention + 2 * 3 * 176 * 64));
 }
 
+// model.qk_norm: per block q_norm and k_norm of head_dim after o_proj (replicated over tp, ones,
+// no weight decay), and per block the raw q, k (this rank's heads) and their per-head rstd;
+// nothing without it.
+TEST(ModelSpec, QkNormAddsTheNormsAndTheirActivations) {
+  ModelConfig m = small_model();
+  m.n_layers = 1;
+  m.qk_norm = true;
+  m.explicit_head_dim = 24;
+  const auto params = param_table(m);
+  const std::string p = "model.layers.0.self_attn.";
+  ASSERT_GE(params.size(), 8u);
+  for (size_t i = 0; i < 2; ++i) {
+    const ParamInfo& n = params[6 + i];  // embedding, ln1, q, k, v, o, then the norms
+    EXPECT_EQ(n.name, p + (i == 0 ? "q_norm.weight" : "k_norm.weight"));
+    EXPECT_EQ(n.global_shape, std::vector<int64_t>{24});
+    EXPECT_EQ(n.split_dim, -1);
+    EXPECT_FALSE(n.decay);
+    EXPECT_EQ(n.init, ParamInit::kOnes);
+  }
+  SpecOptions o;
+  o.micro_rows = 2;
+  o.chunk_slots = {1};
+  const auto rows = [&](const ModelConfig& c) {
+    std::map<std::string, int64_t> out;  // tp = 2: 2 of the 4 heads, 1 of the 2 kv heads
+    for (const auto& t : activation_spec(c, {{{0, 1, true, true}}, 2}, o).chunks[0].per_slot)
+      out[t.name()] = t.elems;
+    return out;
+  };
+  const auto with = rows(m);
+  const int64_t N = 2 * m.seq_len;
+  EXPECT_EQ(with.at("layer0.q_raw"), N * 2 * 24);
+  EXPECT_EQ(with.at("layer0.k_raw"), N * 1 * 24);
+  EXPECT_EQ(with.at("layer0.rstd_q"), N * 2);
+  EXPECT_EQ(with.at("layer0.rstd_k"), N * 1);
+  m.qk_norm = false;
+  EXPECT_EQ(rows(m).count("layer0.q_raw"), 0u);
+  EXPECT_EQ(rows(m).size(), with.size() - 4);
+  EXPECT_EQ(param_table(m).size(), params.size() - 2);
+}
+
 TEST(ModelSpec, RowsHaveDistinctNamesAndScratchFollowsItsTable) {
   for (const bool moe : {false, true}) {
     SCOPED_TRACE(moe ? "mixture of experts" : "dense");
@@ -486,9 +526,11 @@ TEST(ModelSpec, RowsHaveDistinctNamesAndScratchFollowsItsTable) {
     o.split_backward = true;
     o.micro_rows = 2;
     o.chunk_slots = {1};
-    // The MoE model with expert parallelism too (ep = 2 divides its 4 experts); q/k/v biases.
+    // The MoE model with expert parallelism too (ep = 2 divides its 4 experts); q/k/v biases
+    // and q/k norms (their activation rows too).
     ModelConfig m = moe ? small_moe_model() : small_model();
     m.qkv_bias = true;
+    m.qk_norm = true;
     const ActivationSpec spec =
         activation_spec(m, {{{0, 4, true, true}}, 2, true, 2, moe ? 2 : 1}, o);
     std::vector<std::string> names;

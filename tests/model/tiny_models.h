@@ -34,6 +34,16 @@ inline ModelConfig qkv_bias_config() {
   return c;
 }
 
+// Qwen3's attention (model.qk_norm): per-head q/k RMSNorm before RoPE, heads wider than
+// dim / n_heads, over the q/k/v biases (Qwen3 has none; both together test their order).
+inline ModelConfig qk_norm_config() {
+  ModelConfig c = tiny_config();
+  c.qk_norm = true;
+  c.qkv_bias = true;
+  c.explicit_head_dim = 6;
+  return c;
+}
+
 // Block 0 dense, block 1 a mixture of 4 routed experts (2 per token), one shared expert, the
 // selection bias and the auxiliary loss.
 inline ModelConfig moe_config() {

@@ -55,7 +55,8 @@ TEST_F(Provenance, OnlyTheSameModelShapeMayContinue) {
 }
 
 // model.head_dim is the shape of q, k, v and o: another one is refused, while an explicit one
-// equal to dim / n_heads is the same model. model.qkv_bias adds tensors: a shape key too.
+// equal to dim / n_heads is the same model. model.qkv_bias and model.qk_norm add tensors: shape
+// keys too.
 TEST_F(Provenance, TheHeadWidthIsTheModelsShape) {
   const std::string stored =
       parse_recipe("[model]\ndim = 64\nn_heads = 4\n", "saved.toml").to_toml();
@@ -65,6 +66,11 @@ TEST_F(Provenance, TheHeadWidthIsTheModelsShape) {
   EXPECT_NE(error_of([&] {
               check_same_model(stored, biased, "s.h5", "evaluate");
             }).find("model.qkv_bias is 0 in the snapshot but 1"),
+            std::string::npos);
+  const Recipe normed = parse_recipe(stored, "now.toml", {{"model.qk_norm", "true"}});
+  EXPECT_NE(error_of([&] {
+              check_same_model(stored, normed, "s.h5", "resume");
+            }).find("model.qk_norm is 0 in the snapshot but 1"),
             std::string::npos);
   const Recipe wide = parse_recipe(stored, "now.toml", {{"model.head_dim", "32"}});
   const std::string e = error_of([&] { check_same_model(stored, wide, "s.h5", "evaluate"); });

@@ -20,3 +20,18 @@ rel_close() {
   awk -v a="$1" -v b="$2" -v t="$3" 'BEGIN { if (a == "" || b == "") exit 1; d = a - b; if (d < 0) d = -d;
     r = d / (b < 0 ? -b : b); printf "  %s vs %s: relative difference %.2e (tolerance %g)\n", a, b, r, t; exit !(r <= t) }'
 }
+# greedy_agrees GENERATED_TEXT TORCH_JSON PROMPT: the byte ids after the prompt are the JSON's.
+greedy_agrees() {
+  /usr/bin/python3 -c 'import json, sys
+out, want, prompt = open(sys.argv[1], "rb").read(), json.load(open(sys.argv[2]))["tokens"], sys.argv[3].encode()
+got = list(out[len(prompt):-1]) if out.startswith(prompt) and out.endswith(b"\n") else None
+print("  titan3d:", got); print("  PyTorch:", want); sys.exit(got != want)' "$@"
+}
+same_family() {  # A B: config.json of A and B name the same architectures and model_type
+  /usr/bin/python3 -c 'import json, sys; a, b = (json.load(open(d + "/config.json")) for d in sys.argv[1:]); sys.exit(any(a[k] != b[k] for k in ("architectures", "model_type")))' "$@"
+}
+same_losses() {  # A B RTOL: both metrics.jsonl have 20 steps whose losses agree within RTOL
+  paste <(grep -o '"loss": [^,]*' "$1") <(grep -o '"loss": [^,]*' "$2") | sed 's/"loss"://g' |
+    awk -v t="$3" '{ d = $1 - $2; if (d < 0) d = -d; r = d / $2; if (r > worst) worst = r; n++ }
+      END { printf "  %d steps, largest relative difference %.2e (tolerance %g)\n", n, worst, t; exit !(n == 20 && worst <= t) }'
+}

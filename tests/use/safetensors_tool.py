@@ -16,6 +16,11 @@
   llama3 DIR [tied]     writes a small random Llama 3.x (LlamaForCausalLM as Llama 3.1-3.3 ship:
                         rope_scaling of rope_type llama3, an explicit head_dim, here 24 while
                         hidden_size / num_attention_heads is 16; tied embeddings with `tied`) to DIR
+  mistral DIR           writes a small random Mistral (MistralForCausalLM, sliding_window null) to DIR
+  qwen3 DIR [tied]      writes a small random Qwen3 (Qwen3ForCausalLM: q/k norms, head_dim 24) to DIR
+  qwen3_moe DIR [unnormalised]
+                        writes a small random Qwen3-MoE (Qwen3MoeForCausalLM: a dense first block,
+                        then 4 experts, norm_topk_prob true, or false with `unnormalised`) to DIR
 """
 import json
 import os
@@ -82,9 +87,31 @@ def write_llama3(out, tied):
               "hidden_act": "silu", "pretraining_tp": 1, "tie_word_embeddings": tied,
               "initializer_range": 0.02, "use_cache": True, "bos_token_id": None,
               "eos_token_id": None, "torch_dtype": "float32"}
+    return write_dense(out, config, np.random.default_rng(7 if tied else 3))
+
+
+def write_mistral(out):
+    """Mistral's config keys (transformers' MistralConfig / MistralForCausalLM, as Mistral 7B
+    v0.3 ships: no sliding window, theta 1e6) over LLaMA's tensors."""
+    V, C, L, H, Hkv, F, T = 256, 64, 2, 4, 2, 96, 32
+    config = {"architectures": ["MistralForCausalLM"], "model_type": "mistral", "vocab_size": V,
+              "hidden_size": C, "intermediate_size": F, "num_hidden_layers": L,
+              "num_attention_heads": H, "num_key_value_heads": Hkv, "head_dim": None,
+              "max_position_embeddings": T, "rms_norm_eps": 1e-5, "rope_theta": 1000000.0,
+              "sliding_window": None, "attention_dropout": 0.0, "hidden_act": "silu",
+              "tie_word_embeddings": False, "initializer_range": 0.02, "use_cache": True,
+              "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32"}
+    return write_dense(out, config, np.random.default_rng(17))
+
+
+def write_dense(out, config, rng):
+    """config.json and a dense LLaMA-named model.safetensors of its shape, random weights."""
+    os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
-    rng = np.random.default_rng(7 if tied else 3)
+    V, C, L = config["vocab_size"], config["hidden_size"], config["num_hidden_layers"]
+    H, Hkv, F = config["num_attention_heads"], config["num_key_value_heads"], config["intermediate_size"]
+    D = config["head_dim"] or C // H
     t = {}
 
     def put(name, *shape, norm=False):
@@ -103,7 +130,7 @@ def write_llama3(out, tied):
         put(p + "mlp.up_proj.weight", F, C)
         put(p + "mlp.down_proj.weight", C, F)
     put("model.norm.weight", C, norm=True)
-    if not tied:
+    if not config["tie_word_embeddings"]:
         put("lm_head.weight", V, C)
     write(os.path.join(out, "model.safetensors"), t)
     return 0
@@ -144,6 +171,69 @@ def write_qwen2(out):
         put(p + "mlp.up_proj.weight", F, C)
         put(p + "mlp.down_proj.weight", C, F)
     put("model.norm.weight", C, norm=True)
+    write(os.path.join(out, "model.safetensors"), t)
+    return 0
+
+
+def write_qwen3(out, tied, moe=False, norm_topk=True):
+    """Qwen3's config keys and tensors (transformers' Qwen3Config / Qwen3ForCausalLM, as Qwen3-0.6B:
+    per-head q_norm / k_norm of head_dim, head_dim 24 while hidden_size / num_attention_heads is
+    16, no attention bias, theta 1e6). With `moe` Qwen3-MoE's (Qwen3MoeConfig /
+    Qwen3MoeForCausalLM): 3 blocks, the first dense (mlp_only_layers [0]), then 4 experts of
+    width 32, 2 per token, softmax router `mlp.gate`, norm_topk_prob as given, no shared expert.
+    The norm weights are drawn about 1 (0.5 to 1.5), so that a norm left out or applied twice
+    shows."""
+    os.makedirs(out, exist_ok=True)
+    V, C, L, H, Hkv, D, F, T = 256, 64, 3 if moe else 2, 4, 2, 24, 96, 32
+    E, K, Fe = 4, 2, 32
+    config = {"architectures": ["Qwen3MoeForCausalLM" if moe else "Qwen3ForCausalLM"],
+              "model_type": "qwen3_moe" if moe else "qwen3", "vocab_size": V,
+              "hidden_size": C, "intermediate_size": F, "num_hidden_layers": L,
+              "num_attention_heads": H, "num_key_value_heads": Hkv, "head_dim": D,
+              "max_position_embeddings": T, "max_window_layers": L, "rms_norm_eps": 1e-6,
+              "rope_theta": 1000000.0, "rope_scaling": None, "attention_bias": False,
+              "attention_dropout": 0.0, "sliding_window": None, "use_sliding_window": False,
+              "tie_word_embeddings": tied, "hidden_act": "silu", "initializer_range": 0.02,
+              "use_cache": True, "bos_token_id": None, "eos_token_id": None,
+              "torch_dtype": "float32"}
+    if moe:
+        config.update({"num_experts": E, "num_experts_per_tok": K, "moe_intermediate_size": Fe,
+                       "norm_topk_prob": norm_topk, "decoder_sparse_step": 1,
+                       "mlp_only_layers": [0], "router_aux_loss_coef": 0.001,
+                       "output_router_logits": False})
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    rng = np.random.default_rng(13 + 2 * tied + 4 * moe)
+    t = {}
+
+    def put(name, *shape, norm=False):
+        x = rng.uniform(0.5, 1.5, shape) if norm else rng.normal(0, 0.08, shape)
+        t[name] = ("F32", x.astype(np.float32))
+
+    def swiglu(p, width):
+        put(p + "gate_proj.weight", width, C)
+        put(p + "up_proj.weight", width, C)
+        put(p + "down_proj.weight", C, width)
+    put("model.embed_tokens.weight", V, C)
+    for l in range(L):
+        p = f"model.layers.{l}."
+        put(p + "input_layernorm.weight", C, norm=True)
+        put(p + "self_attn.q_proj.weight", H * D, C)
+        put(p + "self_attn.k_proj.weight", Hkv * D, C)
+        put(p + "self_attn.v_proj.weight", Hkv * D, C)
+        put(p + "self_attn.o_proj.weight", C, H * D)
+        put(p + "self_attn.q_norm.weight", D, norm=True)
+        put(p + "self_attn.k_norm.weight", D, norm=True)
+        put(p + "post_attention_layernorm.weight", C, norm=True)
+        if moe and l > 0:
+            put(p + "mlp.gate.weight", E, C)
+            for e in range(E):
+                swiglu(p + f"mlp.experts.{e}.", Fe)
+        else:
+            swiglu(p + "mlp.", F)
+    put("model.norm.weight", C, norm=True)
+    if not tied:
+        put("lm_head.weight", V, C)
     write(os.path.join(out, "model.safetensors"), t)
     return 0
 
@@ -249,6 +339,12 @@ def main():
         return write_llama3(args[0], tied=args[1:] == ["tied"])
     if cmd == "qwen2":
         return write_qwen2(args[0])
+    if cmd == "mistral":
+        return write_mistral(args[0])
+    if cmd == "qwen3":  # DIR [tied]
+        return write_qwen3(args[0], tied=args[1:] == ["tied"])
+    if cmd == "qwen3_moe":  # DIR [unnormalised]: norm_topk_prob true, or false
+        return write_qwen3(args[0], tied=False, moe=True, norm_topk=args[1:] != ["unnormalised"])
     print(__doc__)
     return 2
 

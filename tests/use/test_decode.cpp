@@ -92,6 +92,14 @@ std::vector<float> full_forward(const SnapshotWeights& w, const std::vector<int3
       k::add_inplace(k::kCpu, kk.data() + t * Hkv * D, W(p + "self_attn.k_proj.bias"), Hkv * D);
       k::add_inplace(k::kCpu, v.data() + t * Hkv * D, W(p + "self_attn.v_proj.bias"), Hkv * D);
     }
+    if (m.qk_norm) {  // per head: T·H rows of D (qn, kn take the normalised copies)
+      std::vector<float> qn(q.size()), kn(kk.size()), head_rstd(T * H);
+      k::rmsnorm_forward(k::kCpu, qn.data(), head_rstd.data(), q.data(),
+                         W(p + "self_attn.q_norm.weight"), T * H, D, eps);
+      k::rmsnorm_forward(k::kCpu, kn.data(), head_rstd.data(), kk.data(),
+                         W(p + "self_attn.k_norm.weight"), T * Hkv, D, eps);
+      q = qn, kk = kn;
+    }
     k::rope_forward(k::kCpu, q.data(), q.data(), rope.data(), 1, T, H, D, 0);
     k::rope_forward(k::kCpu, kk.data(), kk.data(), rope.data(), 1, T, Hkv, D, 0);
     k::attention_forward(kFp32, att.data(), lse.data(), q.data(), kk.data(), v.data(),
@@ -157,6 +165,17 @@ TEST(use_decode, cached_logits_match_with_scaled_rope_and_wide_heads) {
 TEST(use_decode, cached_logits_match_with_qkv_biases) {
   ModelConfig m = tiny_config();
   m.qkv_bias = true;
+  expect_cached_logits_match(m);
+}
+
+// Per-head q/k norms (model.qk_norm; weights random about 1) after the biases, heads 12 wide:
+// applied to q and to the cached k.
+TEST(use_decode, cached_logits_match_with_qk_norm) {
+  ModelConfig m = tiny_config();
+  m.qk_norm = true;
+  expect_cached_logits_match(m);
+  m.qkv_bias = true;
+  m.explicit_head_dim = 12;
   expect_cached_logits_match(m);
 }
 

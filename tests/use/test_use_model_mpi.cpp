@@ -64,6 +64,13 @@ void expect_decoder_loss_equals_model(const runtime::ModelConfig& cfg) {
     const auto b = m.state().params.view(p.name);
     for (int64_t i = 0; i < b.numel; ++i) b.data[i] = 0.5f * std::sin(0.7f * static_cast<float>(i));
   }
+  // q/k norm weights (ones, then 10): about 1, different per element, so that both sides must
+  // apply them with the same weights.
+  for (const auto& p : m.params()) {
+    if (!p.name.ends_with("q_norm.weight") && !p.name.ends_with("k_norm.weight")) continue;
+    const auto g = m.state().params.view(p.name);
+    for (int64_t i = 0; i < g.numel; ++i) g.data[i] = 1.0f + 0.3f * std::cos(static_cast<float>(i));
+  }
   std::vector<int32_t> tokens, targets;
   for (int64_t t = 0; t < cfg.seq_len; ++t) {
     tokens.push_back(static_cast<int32_t>((5 * t + 1) % cfg.vocab_size));
@@ -116,5 +123,15 @@ TEST(UseModelMpi, DecoderLossEqualsModelForwardWithScaledRopeAndWideHeads) {
 TEST(UseModelMpi, DecoderLossEqualsModelForwardWithQkvBiases) {
   auto cfg = config(false);
   cfg.qkv_bias = true;
+  expect_decoder_loss_equals_model(cfg);
+}
+
+// Per-head q/k norms (model.qk_norm) after nonzero biases, heads 10 wide: the Model normalises
+// N·heads rows, the decoder the row's heads, q and the cached k.
+TEST(UseModelMpi, DecoderLossEqualsModelForwardWithQkNorm) {
+  auto cfg = config(false);
+  cfg.qk_norm = true;
+  cfg.qkv_bias = true;
+  cfg.explicit_head_dim = 10;
   expect_decoder_loss_equals_model(cfg);
 }

@@ -87,15 +87,6 @@ torch_agrees mixtral "$work/imp_mixtral/step_00000000.h5" "$work/hf_mixtral" \
 # float64 forward of that definition (torch_eval.py: transformers' llama3 frequencies) within 1e-6
 # relative, on one rank and on tp2; the re-export's tensors are the written ones bit for bit; and
 # greedy generate (the KV-cache decoder) appends the tokens PyTorch's greedy decoding does.
-greedy_agrees() {  # GENERATED_TEXT TORCH_JSON PROMPT: the byte ids after the prompt are the JSON's
-  "$py" -c 'import json, sys
-out, want, prompt = open(sys.argv[1], "rb").read(), json.load(open(sys.argv[2]))["tokens"], sys.argv[3].encode()
-got = list(out[len(prompt):-1]) if out.startswith(prompt) and out.endswith(b"\n") else None
-print("  titan3d:", got); print("  PyTorch:", want); sys.exit(got != want)' "$@"
-}
-same_family() {  # A B: config.json of A and B name the same architectures and model_type
-  "$py" -c 'import json, sys; a, b = (json.load(open(d + "/config.json")) for d in sys.argv[1:]); sys.exit(any(a[k] != b[k] for k in ("architectures", "model_type")))' "$@"
-}
 for model in "llama3" "llama3 tied" "qwen2"; do
   name=${model// /_}
   case $model in

@@ -5,8 +5,10 @@ its own parser (json + raw bytes), config.json for the shape, runs a plain PyTor
 same windows `titan3d eval --data FILE` reads (seq_len + 1 tokens every seq_len tokens from the
 start), and prints the mean cross-entropy in nats per token as JSON. Mixtral's and Qwen2-MoE's
 mixture-of-experts blocks are written here from their Hugging Face definitions too, and so are
-Llama 3's: an explicit head_dim and RoPE scaling (rope_type linear or llama3), and Qwen2's q/k/v
-biases (added whenever the file has them). The weights may be
+Llama 3's: an explicit head_dim and RoPE scaling (rope_type linear or llama3), Qwen2's q/k/v
+biases (added whenever the file has them), Qwen3's per-head q/k RMSNorm before RoPE (whenever
+the file has q_norm) and Qwen3-MoE's block (no shared expert, decoder_sparse_step and
+mlp_only_layers as transformers reads them); a Mistral without a sliding window is LLaMA's. The weights may be
 sharded (model.safetensors.index.json). With --greedy it prints instead the N tokens greedy
 decoding appends to the PROMPT's bytes (whole-sequence forwards, argmax of the last position's
 logits, the lowest id on ties), as JSON.
@@ -114,10 +116,11 @@ def mixtral_moe(W, c, p, h):
     return out.view(h.shape)
 
 
-def qwen2_moe(W, c, p, h):
-    """Qwen2-MoE's sparse MoE block (Hugging Face Qwen2MoeSparseMoeBlock semantics): softmax
-    router `mlp.gate`, top-k, the k gates renormalised only with norm_topk_prob, each expert a
-    SwiGLU, plus the shared expert's SwiGLU times sigmoid(shared_expert_gate · h)."""
+def qwen_moe(W, c, p, h):
+    """Qwen2-MoE's and Qwen3-MoE's sparse MoE blocks (Hugging Face Qwen2MoeSparseMoeBlock,
+    Qwen3MoeSparseMoeBlock semantics): softmax router `mlp.gate`, top-k, the k gates renormalised
+    only with norm_topk_prob, each expert a SwiGLU; Qwen2-MoE's also adds the shared expert's
+    SwiGLU times sigmoid(shared_expert_gate · h) (Qwen3-MoE has none)."""
     E, K = c["num_experts"], c["num_experts_per_tok"]
     flat = h.reshape(-1, h.shape[-1])
     probs = torch.softmax(flat @ W[p + "mlp.gate.weight"].T, dim=-1)
@@ -131,8 +134,9 @@ def qwen2_moe(W, c, p, h):
     out = torch.zeros_like(flat)
     for e in range(E):
         out = out + (top * (idx == e)).sum(-1, keepdim=True) * swiglu(p + f"mlp.experts.{e}.", flat)
-    shared = swiglu(p + "mlp.shared_expert.", flat)
-    out = out + torch.sigmoid(flat @ W[p + "mlp.shared_expert_gate.weight"].T) * shared
+    if c["model_type"] == "qwen2_moe":
+        shared = swiglu(p + "mlp.shared_expert.", flat)
+        out = out + torch.sigmoid(flat @ W[p + "mlp.shared_expert_gate.weight"].T) * shared
     return out.view(h.shape)
 
 
@@ -159,8 +163,11 @@ def forward(W, c, x_ids, mlp=None):
         def proj(name):  # Qwen2's q/k/v projections carry a bias
             y = h @ W[p + "self_attn." + name + ".weight"].T
             return y + W[p + "self_attn." + name + ".bias"] if p + "self_attn." + name + ".bias" in W else y
-        q = proj("q_proj").view(B, T, H, D).transpose(1, 2)
-        k = proj("k_proj").view(B, T, Hkv, D).transpose(1, 2)
+        q, k = proj("q_proj").view(B, T, H, D), proj("k_proj").view(B, T, Hkv, D)
+        if p + "self_attn.q_norm.weight" in W:  # Qwen3: each head RMS-normalised before RoPE
+            q = rms_norm(q, W[p + "self_attn.q_norm.weight"], eps)
+            k = rms_norm(k, W[p + "self_attn.k_norm.weight"], eps)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = proj("v_proj").view(B, T, Hkv, D).transpose(1, 2)
         q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
         k, v = k.repeat_interleave(H // Hkv, dim=1), v.repeat_interleave(H // Hkv, dim=1)
@@ -174,9 +181,9 @@ def forward(W, c, x_ids, mlp=None):
         if c.get("num_local_experts"):
             x = x + mixtral_moe(W, c, p, h)
             continue
-        if c.get("model_type") == "qwen2_moe" and l not in c.get("mlp_only_layers", []):
-            assert c.get("decoder_sparse_step", 1) == 1
-            x = x + qwen2_moe(W, c, p, h)
+        if c.get("model_type") in ("qwen2_moe", "qwen3_moe") and l not in c.get("mlp_only_layers", []) \
+                and (l + 1) % c.get("decoder_sparse_step", 1) == 0:
+            x = x + qwen_moe(W, c, p, h)
             continue
         g, u = h @ W[p + "mlp.gate_proj.weight"].T, h @ W[p + "mlp.up_proj.weight"].T
         x = x + (F.silu(g) * u) @ W[p + "mlp.down_proj.weight"].T
@@ -202,7 +209,10 @@ def main():
         del args[i:i + 2]
     c = json.load(open(args[0] + "/config.json"))
     assert c["architectures"] in (["LlamaForCausalLM"], ["MixtralForCausalLM"],
-                                  ["Qwen2MoeForCausalLM"], ["Qwen2ForCausalLM"]), c["architectures"]
+                                  ["Qwen2MoeForCausalLM"], ["Qwen2ForCausalLM"],
+                                  ["Qwen3ForCausalLM"], ["Qwen3MoeForCausalLM"],
+                                  ["MistralForCausalLM"]), c["architectures"]
+    assert c.get("sliding_window") is None or c["model_type"] != "mistral", "a windowed Mistral"
     W = read_weights(args[0])
     torch.set_num_threads(1)
     if args[1] == "--greedy":  # titan3d's byte tokenizer: the prompt's bytes are its ids

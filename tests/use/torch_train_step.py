@@ -99,8 +99,11 @@ def param_table(m):
             out += [(p + "self_attn.q_proj.bias", (H * D,), False),
                     (p + "self_attn.k_proj.bias", (Hkv * D,), False),
                     (p + "self_attn.v_proj.bias", (Hkv * D,), False)]
-        out += [(p + "self_attn.o_proj.weight", (C, H * D), True),
-                (p + "post_attention_layernorm.weight", (C,), False)]
+        out.append((p + "self_attn.o_proj.weight", (C, H * D), True))
+        if m.get("qk_norm"):  # per-head q/k norms: RMSNorm weights, outside the decay set
+            out += [(p + "self_attn.q_norm.weight", (D,), False),
+                    (p + "self_attn.k_norm.weight", (D,), False)]
+        out.append((p + "post_attention_layernorm.weight", (C,), False))
         if not moe_block(m, l):
             out += [(p + "mlp.gate_proj.weight", (Fd, C), True),
                     (p + "mlp.up_proj.weight", (Fd, C), True),
@@ -125,7 +128,7 @@ def param_table(m):
 
 
 def init_tensor(name, shape, seed, n_layers):
-    if len(shape) == 1:  # RMSNorm weights 1, the q/k/v biases 0
+    if len(shape) == 1:  # RMSNorm weights (the q/k norms' too) 1, the q/k/v biases 0
         return (np.zeros if name.endswith(".bias") else np.ones)(shape, dtype=np.float32)
     residual_out = "o_proj" in name or "down_proj" in name
     std = np.float32(0.02 / math.sqrt(2.0 * n_layers) if residual_out else 0.02)

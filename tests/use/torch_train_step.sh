@@ -22,6 +22,14 @@
 # head_dim and scaled frequencies):
 #  5. run 2's dp = 2 and tied embeddings, q/k/v biases (zero at init, outside the decay set),
 #     head_dim 24 over dim 64 and 4 heads, llama3 RoPE scaling over a pretraining context of 16.
+# and a Qwen3-MoE-shaped one (the page's per-head q/k norms, docs/moe.md's router):
+#  6. run 2's dp = 2 (untied) on tp = 2 and ep = 2, q/k norms (ones at init, outside the decay
+#     set) with head_dim 24, block 0 dense, then 4 routed experts (2 per token), no shared
+#     expert, softmax router with unnormalised gates, no selection bias. train.seed 2 and
+#     grad_clip 2.1 (step 2 clipped, the others not): seed 1's first gradient has an o_proj
+#     element of 6e-9, near AdamW's eps, where the fp32 first step's g / (|g| + eps) moves that
+#     weight by 0.14·lr more than float64's (the effect TOL_PARAM_MAX allows 0.05 for) and the
+#     runs drift apart past the tolerances; measured, not a formula's difference.
 # Skips loudly (exit 77) when Debian's python3-torch or python3-h5py is missing.
 set -u
 py=/usr/bin/python3
@@ -81,4 +89,13 @@ check "replay moe_sigmoid && grep -q 'dropped_slots [1-9]' $work/moe_sigmoid.txt
 check "[ \$? -eq 0 ]" "train 5 steps: q/k/v biases, head_dim 24, llama3 RoPE, tied, dp2" ||
   cat "$work/qwen25.log"
 check "replay qwen25" "PyTorch rebuilds run 5 (Qwen2.5-shaped) from docs/training-math.md"
+"$titan3d" train "${tiny[@]}" "${pinned[@]}" --set train.steps=5 --set train.warmup_steps=0 \
+  --set train.val_every=0 --set model.qk_norm=true --set model.head_dim=24 --set model.n_layers=3 \
+  --set model.dense_layers=1 --set model.n_experts=4 --set model.experts_per_token=2 \
+  --set model.moe_ffn_dim=32 --set model.router_norm_topk=false --set parallel.dp=2 \
+  --set parallel.tp=2 --set parallel.ep=2 --set train.seed=2 --set train.grad_clip=2.1 \
+  --set run.dir="$work/qwen3_moe" >"$work/qwen3_moe.log" 2>&1
+check "[ \$? -eq 0 ]" "train 5 steps: q/k norms, head_dim 24, MoE without shared experts, dp2 tp2 ep2" ||
+  cat "$work/qwen3_moe.log"
+check "replay qwen3_moe" "PyTorch rebuilds run 6 (Qwen3-MoE-shaped) from docs/training-math.md and docs/moe.md"
 exit $fail
