@@ -35,3 +35,41 @@ same_losses() {  # A B RTOL: both metrics.jsonl have 20 steps whose losses agree
     awk -v t="$3" '{ d = $1 - $2; if (d < 0) d = -d; r = d / $2; if (r > worst) worst = r; n++ }
       END { printf "  %d steps, largest relative difference %.2e (tolerance %g)\n", n, worst, t; exit !(n == 20 && worst <= t) }'
 }
+# check_family HF NAME WHAT [IMPORT_LOG_PATTERN]: a model directory HF in Hugging Face's layout,
+# written by safetensors_tool.py from its family's definition: imported (into $work/NAME_imp, its
+# log matching the pattern where one is given), evaluated by titan3d in fp32 on tp1 and tp2 over
+# $work/part.txt within 1e-6 relative of torch_eval.py's float64 forward of the definition,
+# exported back with the file's tensors bit for bit in its family, and its greedy generate equal
+# to the definition's greedy tokens. $py runs PyTorch.
+check_family() {
+  local hf=$1 name=$2 what=$3 pattern=${4:-} rc tp
+  local tools snap torch_json
+  tools=$(dirname "${BASH_SOURCE[0]}")
+  "$titan3d" import "$hf" --out "$work/${name}_imp" >"$work/${name}_imp.log" 2>&1
+  rc=$?
+  check "[ $rc -eq 0 ] && { [ -z '$pattern' ] || grep -q '$pattern' $work/${name}_imp.log; }" \
+    "import a $what" || cat "$work/${name}_imp.log"
+  snap=$work/${name}_imp/step_00000000.h5
+  torch_json=$work/${name}_torch.json
+  "$py" "$tools/torch_eval.py" "$hf" "$work/part.txt" >"$torch_json" 2>"$work/${name}_torch.err"
+  rc=$?
+  check "[ $rc -eq 0 ]" "PyTorch forward of the definition of $what" || cat "$work/${name}_torch.err"
+  for tp in 1 2; do
+    "$titan3d" eval "$snap" --data "$work/part.txt" --set parallel.tp=$tp \
+      --json "$work/${name}_tp$tp.json" >"$work/${name}_eval.log" 2>&1
+    rc=$?
+    check "[ $rc -eq 0 ]" "titan3d eval of the import of $what on tp$tp" || cat "$work/${name}_eval.log"
+    check "rel_close \$(json_loss $work/${name}_tp$tp.json) \$(json_loss $torch_json) 1e-6" \
+      "$what, tp$tp: titan3d eval (fp32) equals PyTorch's forward of the definition (rel 1e-6)"
+  done
+  "$titan3d" export "$snap" --out "$work/${name}_out" >/dev/null 2>&1
+  check "\"$py\" \"$tools/safetensors_tool.py\" same $hf/model.safetensors $work/${name}_out/model.safetensors && same_family $hf $work/${name}_out" \
+    "$what: the re-export's tensors are the file's bit for bit, in its family"
+  "$titan3d" generate "$snap" --prompt "The " --max-tokens 24 --temperature 0 \
+    >"$work/${name}_gen.txt" 2>"$work/${name}_gen.err"
+  rc=$?
+  check "[ $rc -eq 0 ]" "generate from the import of $what" || cat "$work/${name}_gen.err"
+  "$py" "$tools/torch_eval.py" "$hf" --greedy "The " 24 >"$work/${name}_greedy.json" 2>"$work/${name}_torch.err"
+  check "greedy_agrees $work/${name}_gen.txt $work/${name}_greedy.json 'The '" \
+    "$what: greedy generate equals PyTorch's greedy tokens of the definition" || cat "$work/${name}_torch.err"
+}

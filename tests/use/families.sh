@@ -35,27 +35,7 @@ for model in "qwen3" "qwen3 tied" "qwen3_moe" "qwen3_moe unnormalised"; do
   hf=$work/$name
   read -ra writer <<<"$model"
   st "${writer[0]}" "$hf" "${writer[@]:1}"
-  "$titan3d" import "$hf" --out "$work/${name}_imp" >"$work/${name}_imp.log" 2>&1
-  check "[ \$? -eq 0 ] && grep -q 'of width 24' $work/${name}_imp.log" "import a $what" || cat "$work/${name}_imp.log"
-  snap=$work/${name}_imp/step_00000000.h5
-  torch_json=$work/${name}_torch.json
-  "$py" "$(dirname "$0")/torch_eval.py" "$hf" "$work/part.txt" >"$torch_json" 2>"$work/torch.err"
-  check "[ \$? -eq 0 ]" "PyTorch forward of the definition of $what" || cat "$work/torch.err"
-  for tp in 1 2; do
-    "$titan3d" eval "$snap" --data "$work/part.txt" --set parallel.tp=$tp \
-      --json "$work/${name}_tp$tp.json" >"$work/eval.log" 2>&1
-    check "[ \$? -eq 0 ]" "titan3d eval of the import of $what on tp$tp" || cat "$work/eval.log"
-    check "rel_close \$(json_loss $work/${name}_tp$tp.json) \$(json_loss $torch_json) 1e-6" \
-      "$what, tp$tp: titan3d eval (fp32) equals PyTorch's forward of the definition (rel 1e-6)"
-  done
-  "$titan3d" export "$snap" --out "$work/${name}_out" >/dev/null 2>&1
-  check "st same $hf/model.safetensors $work/${name}_out/model.safetensors && same_family $hf $work/${name}_out" \
-    "$what: the re-export's tensors are the file's bit for bit, in its family"
-  "$titan3d" generate "$snap" --prompt "The " --max-tokens 24 --temperature 0 >"$work/gen.txt" 2>"$work/gen.err"
-  check "[ \$? -eq 0 ]" "generate from the import of $what" || cat "$work/gen.err"
-  "$py" "$(dirname "$0")/torch_eval.py" "$hf" --greedy "The " 24 >"$work/greedy.json" 2>"$work/torch.err"
-  check "greedy_agrees $work/gen.txt $work/greedy.json 'The '" \
-    "$what: greedy generate equals PyTorch's greedy tokens of the definition" || cat "$work/torch.err"
+  check_family "$hf" "$name" "$what" 'of width 24'
 done
 
 # Fine-tunes: 20 fp32 steps of an import on 1 rank and on 8 ranks, the same losses.

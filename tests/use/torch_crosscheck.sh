@@ -97,27 +97,6 @@ for model in "llama3" "llama3 tied" "qwen2"; do
   hf=$work/$name
   read -ra writer <<<"$model"
   "$py" "$(dirname "$0")/safetensors_tool.py" "${writer[0]}" "$hf" "${writer[@]:1}"
-  "$titan3d" import "$hf" --out "$work/${name}_imp" >"$work/${name}_imp.log" 2>&1
-  check "[ \$? -eq 0 ]" "import a $what" || cat "$work/${name}_imp.log"
-  snap=$work/${name}_imp/step_00000000.h5
-  torch_json=$work/${name}_torch.json
-  "$py" "$(dirname "$0")/torch_eval.py" "$hf" "$work/part.txt" >"$torch_json" 2>"$work/family_torch.err"
-  check "[ \$? -eq 0 ]" "PyTorch forward of the definition of $what" || cat "$work/family_torch.err"
-  for tp in 1 2; do
-    "$titan3d" eval "$snap" --data "$work/part.txt" --set parallel.tp=$tp \
-      --json "$work/${name}_tp$tp.json" >"$work/family_eval.log" 2>&1
-    check "[ \$? -eq 0 ]" "titan3d eval of the import of $what on tp$tp" || cat "$work/family_eval.log"
-    cat "$work/${name}_tp$tp.json" | sed 's/^/  /'
-    check "rel_close \$(json_loss $work/${name}_tp$tp.json) \$(json_loss $torch_json) 1e-6" \
-      "$what, tp$tp: titan3d eval (fp32) equals PyTorch's forward of the definition (rel 1e-6)"
-  done
-  "$titan3d" export "$snap" --out "$work/${name}_out" >/dev/null 2>&1
-  check "\"$py\" \"$(dirname "$0")/safetensors_tool.py\" same $hf/model.safetensors $work/${name}_out/model.safetensors && same_family $hf $work/${name}_out" \
-    "$what: the re-export's tensors are the file's bit for bit, in its family"
-  "$titan3d" generate "$snap" --prompt "The " --max-tokens 24 --temperature 0 >"$work/family_gen.txt" 2>"$work/family_gen.err"
-  check "[ \$? -eq 0 ]" "generate from the import of $what" || cat "$work/family_gen.err"
-  "$py" "$(dirname "$0")/torch_eval.py" "$hf" --greedy "The " 24 >"$work/family_greedy.json" 2>"$work/family_torch.err"
-  check "greedy_agrees $work/family_gen.txt $work/family_greedy.json 'The '" \
-    "$what: greedy generate equals PyTorch's greedy tokens of the definition" || cat "$work/family_torch.err"
+  check_family "$hf" "$name" "$what"
 done
 exit $fail
