@@ -66,7 +66,11 @@ void hash_floats(const Exec& exec, Hash64Stream& h, const float* x, std::int64_t
   const auto piece_bytes = [&](std::int64_t p) {
     return sizeof(float) * static_cast<std::size_t>(std::min(kPiece, n - p * kPiece));
   };
-  std::vector<std::uint64_t> piece_hash(static_cast<std::size_t>(pieces));
+  // Kept per calling thread (every step hashes); the workers below write through this reference,
+  // not their own thread_local copies.
+  thread_local std::vector<std::uint64_t> kept;
+  std::vector<std::uint64_t>& piece_hash = kept;
+  piece_hash.assign(static_cast<std::size_t>(pieces), 0);
   if (!exec.on_gpu()) {  // in place, the pieces over the rank's threads
     detail::split_rows(pieces, kPiece, [&](std::int64_t lo, std::int64_t hi) {
       for (std::int64_t p = lo; p < hi; ++p)

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <set>
@@ -20,6 +21,18 @@ using parallel::ReduceOp;
 using Clock = std::chrono::steady_clock;
 
 namespace selfcheck {
+
+Spread spread_of(const std::vector<double>& all) {
+  std::vector<double> sorted = all;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t n = sorted.size();
+  Spread s;
+  s.median = (sorted[(n - 1) / 2] + sorted[n / 2]) / 2;
+  double var = 0;
+  for (double x : all) var += (x - s.median) * (x - s.median);
+  s.sd = std::sqrt(var / static_cast<double>(n));
+  return s;
+}
 
 std::string bytes_label(double bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB"};

@@ -16,23 +16,6 @@ namespace t3d::runtime::selfcheck {
 
 namespace {
 
-// The median of `all` and its standard deviation around it: check_gemm's outlier rule.
-struct Spread {
-  double median = 0, sd = 0;
-  bool slow(double x) const { return x < 0.9 * median && median - x > sd; }
-};
-Spread spread_of(const std::vector<double>& all) {
-  std::vector<double> sorted = all;
-  std::sort(sorted.begin(), sorted.end());
-  const size_t n = sorted.size();
-  Spread s;
-  s.median = (sorted[(n - 1) / 2] + sorted[n / 2]) / 2;
-  double var = 0;
-  for (double x : all) var += (x - s.median) * (x - s.median);
-  s.sd = std::sqrt(var / static_cast<double>(n));
-  return s;
-}
-
 // "NN% of its datasheet" or "" when the GPU is not in kernels/gpu_specs.h.
 std::string of_peak(double tflops, double peak) {
   return peak > 0 ? fmt::format(" ({:.0f}% of {:.0f})", 100 * tflops / peak, peak) : "";

@@ -71,4 +71,12 @@ void host_map(const Job& job, std::vector<CheckRow>& rows);
 
 std::string bytes_label(double bytes);  // "64 MiB"
 
+// A per-rank rate against its peers: the median and the deviation around it, and Megatron's
+// gpu_sniff_test rule for a slow one (more than 10% and more than one deviation below the median).
+struct Spread {
+  double median = 0, sd = 0;
+  bool slow(double x) const { return x < 0.9 * median && median - x > sd; }
+};
+Spread spread_of(const std::vector<double>& all);  // all: one value per rank, not empty
+
 }  // namespace t3d::runtime::selfcheck

@@ -245,13 +245,8 @@ void check_gemm(const Job& job, bool quick, std::vector<CheckRow>& rows) {
   }
   std::vector<double> all(world.size());
   world.all_gather(&gflops, all.data(), 1);
-  std::vector<double> sorted = all;
-  std::sort(sorted.begin(), sorted.end());
-  const size_t n = sorted.size();
-  const double median = (sorted[(n - 1) / 2] + sorted[n / 2]) / 2, best = sorted.back();
-  double var = 0;
-  for (double g : all) var += (g - median) * (g - median);
-  const double sd = std::sqrt(var / all.size());
+  const Spread spread = spread_of(all);
+  const double median = spread.median, best = *std::max_element(all.begin(), all.end());
   const int best_rank = static_cast<int>(std::max_element(all.begin(), all.end()) - all.begin());
   // Megatron's gpu_sniff_test rule: slower than its peers by more than 10% and one deviation.
   CheckRow summary{"gemm",
@@ -262,7 +257,7 @@ void check_gemm(const Job& job, bool quick, std::vector<CheckRow>& rows) {
                                best, best_rank, turns ? "; measured in turns (shared cores)" : ""),
                    {}};
   for (int q = 0; q < world.size(); ++q) {
-    const bool slow = all[q] < 0.9 * median && median - all[q] > sd;
+    const bool slow = spread.slow(all[q]);
     if (slow) summary.culprits.push_back(q);
     rows.push_back({"gemm", fmt::format("rank {}", q),
                     fmt::format("{} thread{}", threads, threads > 1 ? "s" : ""),
