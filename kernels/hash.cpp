@@ -3,6 +3,9 @@
 
 #include <cstring>
 
+#define XXH_INLINE_ALL  // header only: the GPU bundle and the CPU binary need no libxxhash
+#include <xxhash.h>
+
 namespace t3d::kernels {
 
 namespace {
@@ -74,5 +77,7 @@ uint64_t hash64(const void* data, size_t bytes, uint64_t seed) {
   s.update(data, bytes);
   return s.value();
 }
+
+uint64_t hash64_xxh3(const void* data, size_t bytes) { return XXH3_64bits(data, bytes); }
 
 }  // namespace t3d::kernels

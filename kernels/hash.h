@@ -30,6 +30,14 @@ std::uint64_t hash64(const void* data, std::size_t bytes, std::uint64_t seed = 0
 
 // hash64 of bytes handed over in pieces: after update() with pieces whose concatenation is X,
 // value() == hash64(X, seed). hash64 itself is this over one piece.
+class Hash64Stream;
+
+// XXH3's 64-bit hash (Debian's libxxhash, compiled in from its header: no library at run time),
+// for memory compared within one run (the replay's checks, kernels::hash_floats): about 2.7×
+// hash64's speed on one core, at memory speed with AVX2. Never stored in a file: hash64 is the
+// snapshots' checksum, and stays so that older snapshots still verify.
+std::uint64_t hash64_xxh3(const void* data, std::size_t bytes);
+
 class Hash64Stream {
  public:
   explicit Hash64Stream(std::uint64_t seed = 0);

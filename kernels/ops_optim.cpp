@@ -74,14 +74,14 @@ void hash_floats(const Exec& exec, Hash64Stream& h, const float* x, std::int64_t
   if (!exec.on_gpu()) {  // in place, the pieces over the rank's threads
     detail::split_rows(pieces, kPiece, [&](std::int64_t lo, std::int64_t hi) {
       for (std::int64_t p = lo; p < hi; ++p)
-        piece_hash[static_cast<std::size_t>(p)] = hash64(x + p * kPiece, piece_bytes(p));
+        piece_hash[static_cast<std::size_t>(p)] = hash64_xxh3(x + p * kPiece, piece_bytes(p));
     });
   } else {  // each piece through the named crossing
     thread_local std::vector<float> host;
     host.resize(static_cast<std::size_t>(std::min(n, kPiece)));
     for (std::int64_t p = 0; p < pieces; ++p) {
       copy_to_host(exec, host.data(), x + p * kPiece, piece_bytes(p));
-      piece_hash[static_cast<std::size_t>(p)] = hash64(host.data(), piece_bytes(p));
+      piece_hash[static_cast<std::size_t>(p)] = hash64_xxh3(host.data(), piece_bytes(p));
     }
   }
   h.update(piece_hash.data(), piece_hash.size() * sizeof(std::uint64_t));

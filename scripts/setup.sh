@@ -8,7 +8,7 @@ packages=(build-essential cmake pkg-config git
           libhdf5-dev hdf5-tools
           libopenblas-dev libgtest-dev libdnnl-dev
           libsentencepiece-dev nlohmann-json3-dev
-          libpcre2-dev libutf8proc-dev)
+          libpcre2-dev libutf8proc-dev libxxhash-dev)
 packages+=("$@")  # callers may ask for more (e.g. fortunes for the default corpus)
 missing=()
 for p in "${packages[@]}"; do

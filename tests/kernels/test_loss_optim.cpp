@@ -104,14 +104,22 @@ TEST(StepScalars, CastsCrossingsAndBuffersAreTheirDefinitions) {
   for (int i = 0; i < 1000; ++i) ASSERT_EQ(buffer.as<float>()[i], 0.0f);
 }
 
-// hash_floats is its definition (hash64 of each 1 MiB piece, streamed in order), whatever the
+// hash64_xxh3 is XXH3's 64-bit hash with seed 0: xxHash's published value of the empty input, and
+// the value of "abc" that Debian's libxxhash.so gives (the inlined header must agree with it).
+TEST(StepScalars, Hash64Xxh3IsXxh3) {
+  EXPECT_EQ(hash64_xxh3("", 0), 0x2D06800538D394C2ull);
+  EXPECT_EQ(hash64_xxh3("abc", 3), 0x78AF5F94892F3950ull);
+  EXPECT_NE(hash64_xxh3("abd", 3), hash64_xxh3("abc", 3));
+}
+
+// hash_floats is its definition (hash64_xxh3 of each 1 MiB piece, streamed in order), whatever the
 // rank's threads, and a flipped bit anywhere changes it.
 TEST(StepScalars, HashFloatsStreamsThePiecesHashesInOrder) {
   const std::int64_t n = (std::int64_t{1} << 18) * 3 + 1000;  // three whole pieces and a part
   auto x = ref::random_floats(static_cast<int>(n), 61, -3, 3);
   Hash64Stream want;
   for (std::int64_t at = 0; at < n; at += std::int64_t{1} << 18) {
-    const std::uint64_t piece = hash64(
+    const std::uint64_t piece = hash64_xxh3(
         x.data() + at, sizeof(float) * std::min<std::int64_t>(std::int64_t{1} << 18, n - at));
     want.update(&piece, sizeof piece);
   }
