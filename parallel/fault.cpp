@@ -43,7 +43,7 @@ Spec parse(const char* text) {
     return UserError(std::string("T3D_FAULT=`") + text +
                      "` is malformed: expected skip:RANK:GROUP:N, die:RANK:GROUP:N, corrupt:RANK, "
                      "nosend:RANK, die_at_step:RANK:STEP, slow_step:RANK:MS, slow_link:A:B:MS or "
-                     "flip:RANK:STEP:grad|param|act "
+                     "flip:RANK:STEP:grad|param|act|update "
                      "(test-only; see parallel/fault.h)");
   };
   const std::map<std::string, Kind> kinds = {{"skip", Kind::skip},
@@ -55,7 +55,7 @@ Spec parse(const char* text) {
                                              {"slow_link", Kind::slow_link},
                                              {"flip", Kind::flip}};
   const std::map<std::string, Flip> flips = {
-      {"grad", Flip::grad}, {"param", Flip::param}, {"act", Flip::act}};
+      {"grad", Flip::grad}, {"param", Flip::param}, {"act", Flip::act}, {"update", Flip::update}};
   if (parts.size() < 2 || !kinds.count(parts[0])) throw bad();
   s.kind = kinds.at(parts[0]);
   const bool counted = s.kind == Kind::skip || s.kind == Kind::die;
@@ -146,7 +146,7 @@ Flip flip_at(int world_rank, long step) {
   const detail::Spec& s = detail::spec();
   if (s.kind != detail::Kind::flip || s.rank != world_rank || s.n != step) return Flip::none;
   static const char* const kWhat[] = {"", "its local gradient", "a parameter",
-                                      "a stored activation"};
+                                      "a stored activation", "its optimizer update's output"};
   spdlog::warn("T3D_FAULT: world rank {} flips bit {} of {} at step {}", world_rank, kFlipBit,
                kWhat[static_cast<int>(s.flip)], step);
   return s.flip;

@@ -25,6 +25,9 @@
 //                                   dense ones, as the step starts; `act` a stored activation, the
 //                                   first element of the input its first chunk keeps for the
 //                                   backward of the first micro-batch, right after that forward.
+//                                   `update` a parameter its AdamW update wrote (the middle of the
+//                                   first piece it updates), before the all-gather hands it on (an
+//                                   owner's wrong arithmetic).
 //                                   Only the step's own pass, never its replay (a transient fault)
 //
 // GROUP is a group name (tp, dp, cp, pp, dp_cp, ep, edp, world) or `*` for any. A malformed value
@@ -49,7 +52,7 @@ void at_step(int world_rank, long step);
 }  // namespace detail
 
 // What T3D_FAULT=flip:RANK:STEP:WHAT flips.
-enum class Flip { none, grad, param, act };
+enum class Flip { none, grad, param, act, update };
 // The bit a flip toggles: the highest mantissa bit, so a normal value changes by a factor between
 // 0.75 and 1.5 and stays finite (the divergence checks do not see it; only a replay does).
 inline constexpr int kFlipBit = 22;

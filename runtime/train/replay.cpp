@@ -22,6 +22,8 @@
 #include "runtime/launch/logging.h"
 #include "runtime/model/model.h"
 #include "runtime/train/replay_kept.h"
+#include "runtime/train/replay_update.h"
+#include "runtime/train/replay_verdict.h"
 #include "runtime/train/sharded_state.h"
 #include "runtime/train/snapshots.h"
 
@@ -30,26 +32,10 @@ namespace t3d::runtime {
 using parallel::Dim;
 using parallel::fault::Flip;
 using Clock = std::chrono::steady_clock;
+using Finding = ReplayFinding;
+using Verdict = ReplayVerdict;
 
 namespace {
-
-// What a check found about one rank; every rank learns every rank's (one all-gather).
-enum : uint64_t { kAgrees, kTransient, kDisagrees, kUnstable };  // Finding::verdict
-enum : uint64_t { kParamsAgree, kParamsMinority, kParamsUnsettled, kParamsNotCompared };
-struct Finding {
-  uint64_t verdict = kAgrees;  // of this rank's own gradients against its replayer's
-  uint64_t params = kParamsAgree;
-  uint64_t replayer = 0;                      // the world rank that replayed this rank's share
-  uint64_t differing = 0, reductions = 0;     // buckets whose hashes differ, of all reductions
-  uint64_t first = 0, group = 0, bucket = 0;  // the first differing reduction: index, where
-  uint64_t own = 0, replayed = 0;             // its hashes: this rank's and the replayer's
-  uint64_t param_hash = 0;
-  uint64_t at_rest = 0;  // KeptParams::Change: the step before whose update they were found changed
-  uint64_t rest_group = 0, rest_kept = 0, rest_found = 0;
-};
-constexpr size_t kFindingWords = sizeof(Finding) / sizeof(uint64_t);
-static_assert(std::is_trivially_copyable_v<Finding> && sizeof(Finding) % sizeof(uint64_t) == 0,
-              "a Finding travels as words");
 
 // The own pass's model on a T3D_FAULT=flip:...:act step: after the first training forward of its
 // first chunk, a bit of that chunk's stored input (what its backward reads again) flips once.
@@ -116,9 +102,11 @@ struct Replay::Impl {
   double seconds = 0;
   Flip flip = Flip::none;
   ActFlipStage act;
-  std::unique_ptr<KeptParams> kept;  // replay on: the parameters only this rank keeps
+  std::unique_ptr<KeptParams> kept;     // replay on: the parameters only this rank keeps
+  std::unique_ptr<UpdateCheck> update;  // replay on: peers recompute ZeRO owners' updates
 
-  Impl(const Job& j, Model& m, TrainingState& s, Snapshotter& snap, int64_t first_step)
+  Impl(const Job& j, Model& m, TrainingState& s, Snapshotter& snap, kernels::Arena& arena,
+       int64_t first_step)
       : job(j),
         mesh(*j.mesh),
         model(m),
@@ -134,6 +122,8 @@ struct Replay::Impl {
         act(m) {
     if (every == 0) return;  // no taps: the step runs as without replay
     kept = std::make_unique<KeptParams>(state, static_cast<int>(j.recipe.parallel.zero));
+    update =
+        std::make_unique<UpdateCheck>(mesh, state, static_cast<int>(j.recipe.parallel.zero), arena);
     const auto& groups = state.groups();
     for (size_t g = 0; g < groups.size(); ++g) {
       if (groups[g]->param_store().sharded) params_comparable = false;
@@ -151,6 +141,10 @@ struct Replay::Impl {
       spdlog::info(
           "replay: the parameters no replica comparison covers (a ZeRO stage's, or a "
           "replica's of one rank) are hashed after every update and before the next");
+    if (update->active())
+      spdlog::info(
+          "replay: at each check a peer recomputes each ZeRO owner's optimizer update from its "
+          "inputs (two peers where the state group has three ranks or more)");
     if (dp == unit)
       spdlog::warn(
           "replay: {}: no other replica holds these parameters, so each replica "
@@ -223,6 +217,15 @@ struct Replay::Impl {
     // Armed after the replay: the fault hits the step's own pass only.
     if (flip == Flip::grad) state.dense().arm_grad_flip(parallel::fault::kFlipBit);
     if (flip == Flip::act) act.arm();
+    if (flip == Flip::update) state.dense().arm_update_flip(parallel::fault::kFlipBit);
+  }
+
+  void before_update(int64_t step, double lr, float grad_scale) {
+    if (!due(step) || !update->active()) return;
+    const auto t0 = Clock::now();
+    parallel::trace::Span span("replay update", "train");
+    update->recompute(step / every, job.recipe.train, lr, step, grad_scale);
+    seconds += seconds_since(t0);
   }
 
   // Each state group's parameter region, hashed.
@@ -337,21 +340,19 @@ struct Replay::Impl {
       seconds += seconds_since(t0);
     }
     if (!due(step)) return;
-    if (!params_comparable) {
-      clean_through = step;
-      return;
-    }
     const auto t0 = Clock::now();
     Finding f;
+    f.update = update->compare();
     judge_params(f);
-    int bad = f.params != kParamsAgree ? 1 : 0;
-    mesh.world().all_reduce(&bad, 1, parallel::ReduceOp::max);
+    int bad[2] = {f.params == kParamsMinority || f.params == kParamsUnsettled ? 1 : 0,
+                  f.update.verdict != UpdateCheck::Finding::kAgrees ? 1 : 0};
+    mesh.world().all_reduce(bad, 2, parallel::ReduceOp::max);
     seconds += seconds_since(t0);
-    if (bad == 0) {
+    if (bad[0] == 0 && bad[1] == 0) {
       clean_through = step;
       return;
     }
-    stop(step, f, "parameters");
+    stop(step, f, bad[1] != 0 ? "update" : "parameters");
   }
 
   [[noreturn]] void stop(int64_t step, const Finding& mine, const char* check);
@@ -359,102 +360,10 @@ struct Replay::Impl {
     return fmt::format("rank {} {} on host {}", r, mesh.shape().label(static_cast<int>(r)),
                        job.hosts.at(r));
   }
-  struct Verdict {
-    std::vector<size_t> named;  // the culprit, or the candidates
-    bool settled = false;
-    std::string why;  // what the named rank(s) did, in words
-  };
-  Verdict judge(const std::vector<Finding>& all) const;
-  std::string detail(const std::vector<Finding>& all, size_t r) const;
   void set_aside_unverified(int64_t step) const;
   void report(int64_t step, const char* check, const std::vector<Finding>& all,
               const Verdict& v) const;
 };
-
-// Who is to blame, from every rank's finding (the same on every rank): a parameter hash outvoted
-// in its dp group; else ranks whose own pass was not reproduced (transient); else the ranks whose
-// parameter hashes differ without a majority (dp = 2: not settled); else the rank common to the
-// most persistent disagreements (settled when it is one rank and dp ≥ 3).
-Replay::Impl::Verdict Replay::Impl::judge(const std::vector<Finding>& all) const {
-  Verdict v;
-  std::vector<size_t> at_rest, minority, transient, unsettled;
-  std::map<size_t, int> disputes;  // rank -> persistent disagreements it takes part in
-  for (size_t r = 0; r < all.size(); ++r) {
-    const Finding& f = all[r];
-    if (f.at_rest != 0) at_rest.push_back(r);
-    if (f.params == kParamsMinority) minority.push_back(r);
-    if (f.params == kParamsUnsettled) unsettled.push_back(r);
-    if (f.verdict == kTransient || f.verdict == kUnstable) transient.push_back(r);
-    if (f.verdict == kDisagrees) ++disputes[r], ++disputes[static_cast<size_t>(f.replayer)];
-  }
-  if (!at_rest.empty()) {
-    v.named = at_rest, v.settled = true;
-    v.why =
-        "its parameters changed in its memory between two optimizer steps, when nothing writes "
-        "them";
-    return v;
-  }
-  if (!minority.empty()) {
-    v.named = minority, v.settled = true;
-    v.why = "parameters whose hash differs from the other replicas' (outvoted in its dp group)";
-    return v;
-  }
-  if (!transient.empty()) {
-    // A value corrupted in the backward (a stored activation, a gradient) changes what the
-    // stages before it compute from its input gradient, never the stages after it: the most
-    // downstream stage comes first, then the rank with the most differing buckets. (A fault in
-    // the forward reaches every later stage too; all of them are named either way.)
-    const auto stage = [&](size_t r) { return mesh.shape().coord_of(static_cast<int>(r)).pp; };
-    std::stable_sort(transient.begin(), transient.end(), [&](size_t a, size_t b) {
-      if (stage(a) != stage(b)) return stage(a) > stage(b);
-      return all[a].differing > all[b].differing;
-    });
-    v.named = transient, v.settled = true;
-    v.why = all[transient[0]].verdict == kTransient
-                ? "gradients that neither a peer's replay nor its own recomputation reproduce (a "
-                  "transient fault)"
-                : "three passes over the same share gave three different gradients";
-    return v;
-  }
-  if (!unsettled.empty()) {
-    v.named = unsettled;
-    v.why = "parameter hashes that differ, with no majority in their dp group";
-    return v;
-  }
-  int top = 0;
-  for (const auto& [r, n] : disputes) top = std::max(top, n);
-  for (const auto& [r, n] : disputes)
-    if (n == top) v.named.push_back(r);
-  if (!v.named.empty()) {
-    v.settled = v.named.size() == 1 && dp >= 3;
-    v.why =
-        "each reproduces its own gradients, which the peer replaying it does not (a persistent "
-        "fault: its parameters or its arithmetic)";
-  }
-  return v;
-}
-
-// "; rank R: dense bucket B (...): hash H, its replay by rank Q: H'; parameter hash P".
-std::string Replay::Impl::detail(const std::vector<Finding>& all, size_t r) const {
-  const Finding& f = all[r];
-  std::string text;
-  if (f.differing > 0)
-    text = fmt::format(
-        " {} bucket {} (reduction {} of {}, {} differ): hash {}, its replay by rank {}: {};",
-        f.group == 0 ? "dense" : "experts", f.bucket, f.first + 1, f.reductions, f.differing,
-        checkpoint::to_hex(f.own), f.replayer, checkpoint::to_hex(f.replayed));
-  if (f.params == kParamsMinority || f.params == kParamsUnsettled)
-    text += " parameter hash " + checkpoint::to_hex(f.param_hash) + ";";
-  if (f.at_rest != 0)
-    text += fmt::format(
-        " its {} parameters changed in memory after step {}'s update: hash {} then, {} before "
-        "step {}'s;",
-        f.rest_group == 0 ? "dense" : "experts", f.at_rest - 1, checkpoint::to_hex(f.rest_kept),
-        checkpoint::to_hex(f.rest_found), f.at_rest);
-  if (text.empty()) return "";
-  text.pop_back();
-  return "; rank " + std::to_string(r) + ":" + text;
-}
 
 // Rank 0: the committed snapshots after the last passed check may hold the corruption (a flip
 // lands up to replay_every steps before it is seen); they move to snapshot.dir/unverified-step-N,
@@ -484,7 +393,7 @@ void Replay::Impl::report(int64_t step, const char* check, const std::vector<Fin
   std::string names, details, ranks, hosts;
   for (size_t r : v.named) {
     names += (names.empty() ? "" : " and ") + rank_name(r);
-    details += detail(all, r);
+    details += replay_detail(all, r);
     ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
     hosts += (hosts.empty() ? "" : ", ") + parallel::trace::json_string(job.hosts.at(r));
   }
@@ -517,7 +426,7 @@ void Replay::Impl::report(int64_t step, const char* check, const std::vector<Fin
   std::fprintf(stderr, "titan3d: %s\n", text.c_str());
   std::fflush(stderr);
   const Finding& f = all.at(first);
-  const std::string what = detail(all, v.named.front());  // "; rank R: ..." or empty
+  const std::string what = replay_detail(all, v.named.front());  // "; rank R: ..." or empty
   append_incident(
       job.run_dir,
       fmt::format("\"event\": \"corruption\", \"step\": {}, \"check\": \"{}\", \"settled\": "
@@ -545,12 +454,12 @@ void Replay::Impl::stop(int64_t step, const Finding& mine, const char* check) {
   mesh.world().all_gather(reinterpret_cast<const uint64_t*>(&mine), words.data(), kFindingWords);
   std::vector<Finding> all(static_cast<size_t>(world));
   std::memcpy(static_cast<void*>(all.data()), words.data(), words.size() * sizeof(uint64_t));
-  const std::string here = detail(all, static_cast<size_t>(mesh.rank()));
+  const std::string here = replay_detail(all, static_cast<size_t>(mesh.rank()));
   if (!here.empty()) spdlog::warn("replay at step {} ({} check): {}", step, check, here.substr(2));
-  Verdict v = judge(all);
+  Verdict v = judge_replay(all, mesh.shape(), dp);
   if (v.named.empty()) {  // not expected: then name every rank whose hashes differ
     for (size_t r = 0; r < all.size(); ++r)
-      if (!detail(all, r).empty()) v.named.push_back(r);
+      if (!replay_detail(all, r).empty()) v.named.push_back(r);
     v.why = "hashes that differ";
   }
   T3D_ASSERT(!v.named.empty(), "a replay mismatch with no rank to name");
@@ -566,8 +475,8 @@ void Replay::Impl::stop(int64_t step, const Finding& mine, const char* check) {
 }
 
 Replay::Replay(const Job& job, Model& model, TrainingState& state, Snapshotter& snapshots,
-               int64_t first_step)
-    : impl_(std::make_unique<Impl>(job, model, state, snapshots, first_step)) {}
+               kernels::Arena& arena, int64_t first_step)
+    : impl_(std::make_unique<Impl>(job, model, state, snapshots, arena, first_step)) {}
 Replay::~Replay() = default;
 void Replay::begin_step(int64_t step, const Pass& pass) { impl_->begin_step(step, pass); }
 StageModel& Replay::stage() {
@@ -575,6 +484,9 @@ StageModel& Replay::stage() {
   return impl_->model;
 }
 void Replay::check_gradients(int64_t step, const Pass& pass) { impl_->check_gradients(step, pass); }
+void Replay::before_update(int64_t step, double lr, float grad_scale) {
+  impl_->before_update(step, lr, grad_scale);
+}
 void Replay::check_parameters(int64_t step) { impl_->check_parameters(step); }
 double Replay::seconds() const { return impl_->seconds; }
 

@@ -23,6 +23,9 @@
 //     region's hash is comparable and that is the one taken (per state group, among the ranks
 //     holding the same experts); a ZeRO-3 rank keeps only its own shard, which no other rank
 //     holds, so that comparison is skipped there.
+//   - Under ZeRO 1-3, peers recompute each owner's optimizer update from its inputs and compare
+//     hashes of the result (UpdateCheck, replay_update.h): the all-gather would hand a wrong
+//     update to every replica alike.
 //   - Every step, under ZeRO 1-3 or without replicas, the parameter store is hashed after the
 //     update and before the next (KeptParams, replay_kept.h): a change at rest is named, settled,
 //     at the next check or the run's last step.
@@ -37,9 +40,8 @@
 // names step, rank(s), host(s), bucket and hashes in its log, on stderr and in incidents.jsonl,
 // and every rank exits kExitCorruption (runtime/launch/job.h).
 //
-// Not caught: a fault that corrupts every replica alike (inside the reduction, or in the
-// arithmetic of a ZeRO owner's update that the all-gather hands to every replica), and a
-// transient fault at a step that is not replayed (it is averaged into every replica alike).
+// Not caught: a fault that corrupts every replica alike (inside the reduction), and a transient
+// fault at a step that is not checked (it is averaged into every replica alike).
 //
 // T3D_FAULT=flip (parallel/fault.h), which exists to test this, is injected here too.
 #pragma once
@@ -48,6 +50,7 @@
 #include <functional>
 #include <memory>
 
+#include "kernels/arena.h"
 #include "runtime/launch/job.h"
 #include "runtime/model/stage_model.h"
 
@@ -64,7 +67,7 @@ class Replay {
   using Pass = std::function<void(int replica)>;
   // `first_step`: the steps already taken (a resumed run's snapshot; the last state known good).
   Replay(const Job& job, Model& model, TrainingState& state, Snapshotter& snapshots,
-         int64_t first_step);
+         kernels::Arena& arena, int64_t first_step);
   ~Replay();
   Replay(const Replay&) = delete;
   Replay& operator=(const Replay&) = delete;
@@ -80,8 +83,12 @@ class Replay {
   // compares the gradient hashes; on a mismatch settles, reports and stops (AgreedFailure with
   // kExitCorruption on every rank; the optimizer step is not taken).
   void check_gradients(int64_t step, const Pass& pass);
-  // After the optimizer step (collective on a replay step): the parameters' hashes; stops as
-  // above on a mismatch.
+  // Right before the optimizer step, with its learning rate and clipping factor (collective on
+  // a replay step under ZeRO 1-3): peers recompute the owners' updates (UpdateCheck,
+  // replay_update.h).
+  void before_update(int64_t step, double lr, float grad_scale);
+  // After the optimizer step (collective on a replay step): the parameters' hashes and the
+  // recomputed updates'; stops as above on a mismatch.
   void check_parameters(int64_t step);
   // This rank's seconds spent replaying, hashing (its own pass's buckets too) and comparing in
   // the current step.

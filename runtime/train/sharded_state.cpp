@@ -242,21 +242,40 @@ double ShardedState::grad_sum_of_squares() const {
   return sum;
 }
 
+std::vector<parallel::FloatRange> ShardedState::partition_of(int r) const {
+  std::vector<parallel::FloatRange> out;
+  const auto rank = static_cast<size_t>(r);
+  for (size_t b = 0; b < partition_.buckets.size(); ++b) {
+    const int64_t begin = partition_.buckets[b].begin + partition_.displs[b][rank];
+    if (partition_.counts[b][rank] > 0) out.push_back({begin, begin + partition_.counts[b][rank]});
+  }
+  return out;
+}
+
+bool ShardedState::updates(const Piece& p) const { return !model_.params()[p.param].router_bias(); }
+
+kernels::AdamWConfig ShardedState::adamw_config(const TrainConfig& t, double lr, float grad_scale,
+                                                const Piece& p) const {
+  return {static_cast<float>(lr),
+          static_cast<float>(t.beta1),
+          static_cast<float>(t.beta2),
+          static_cast<float>(t.eps),
+          model_.params()[p.param].decay ? static_cast<float>(t.weight_decay) : 0.0f,
+          grad_scale};
+}
+
 void ShardedState::adamw_step(const TrainConfig& t, double lr, int64_t step, float grad_scale) {
-  kernels::AdamWConfig cfg{static_cast<float>(lr),
-                           static_cast<float>(t.beta1),
-                           static_cast<float>(t.beta2),
-                           static_cast<float>(t.eps),
-                           0.0f,
-                           grad_scale};
-  const auto& tensors = model_.params();
+  float* flip_at = nullptr;
   for_each_piece(owned(), [&](const Piece& p) {
-    const ParamInfo& info = tensors[p.param];
-    if (info.router_bias()) return;  // RouterBalance's
-    cfg.weight_decay = info.decay ? static_cast<float>(t.weight_decay) : 0.0f;
+    if (!updates(p)) return;  // RouterBalance's
     kernels::adamw_step(model_.exec(), params(p), grads(p), exp_avg(p), exp_avg_sq(p), p.size(),
-                        cfg, step);
+                        adamw_config(t, lr, grad_scale, p), step);
+    if (!flip_at) flip_at = params(p) + p.size() / 2;
   });
+  if (update_flip_bit_ >= 0 && flip_at) {
+    kernels::flip_bit(model_.exec(), flip_at, 0, update_flip_bit_);
+    update_flip_bit_ = -1;
+  }
   reducer_->gather_params(model_.state().params.data());
 }
 

@@ -68,6 +68,10 @@ class ShardedState {
   // T3D_FAULT=flip:...:grad (parallel/fault.h): bit `bit` of the middle float of the next bucket
   // whose reduction starts is flipped, before the tap sees it.
   void arm_grad_flip(int bit) { flip_bit_ = bit; }
+  // T3D_FAULT=flip:...:update: bit `bit` of the middle float of the first tensor piece the next
+  // adamw_step updates is flipped after the update and before the all-gather hands it on (an
+  // owner's wrong arithmetic).
+  void arm_update_flip(int bit) { update_flip_bit_ = bit; }
   // What the optimizer updates: everything (ZeRO 0) or this dp rank's partition.
   const std::vector<parallel::FloatRange>& owned() const {
     return zero_ > 0 ? partition_.mine : partition_.buckets;
@@ -75,6 +79,10 @@ class ShardedState {
   // This dp rank's slice of every bucket: each element of the region in exactly one dp rank's
   // partition (the norm counts each once).
   const std::vector<parallel::FloatRange>& partition() const { return partition_.mine; }
+  // Group rank `r`'s partition (partition() is this rank's), and the group over which it is
+  // partitioned: a peer recomputes the owner's update from them (replay_update.h).
+  std::vector<parallel::FloatRange> partition_of(int r) const;
+  const parallel::TensorComm& group() const { return group_; }
 
   // Arena bytes of parameters, gradients and optimizer state this rank keeps
   // (parallel::zero_state_bytes, the planner's rule).
@@ -130,6 +138,11 @@ class ShardedState {
   // parameters. The router biases (ParamInfo::router_bias) are left to RouterBalance
   // (router_balance.h), which applies their step to the owned pieces before this.
   void adamw_step(const TrainConfig& t, double lr, int64_t step, float grad_scale);
+  // Whether adamw_step updates piece `p` (not a router bias), and its settings for it (the
+  // tensor's weight decay): what a recomputation of the update needs besides the arrays.
+  bool updates(const Piece& p) const;
+  kernels::AdamWConfig adamw_config(const TrainConfig& t, double lr, float grad_scale,
+                                    const Piece& p) const;
 
  private:
   Store store(const std::vector<parallel::FloatRange>& ranges, float* shard, float* region) const;
@@ -149,7 +162,8 @@ class ShardedState {
   float* m_shard_ = nullptr;  // ZeRO >= 1: the owned ranges' moments back to back
   float* v_shard_ = nullptr;
   BucketTap tap_;
-  int flip_bit_ = -1;  // armed grad flip, -1: none
+  int flip_bit_ = -1;         // armed grad flip, -1: none
+  int update_flip_bit_ = -1;  // armed update flip, -1: none
 };
 
 // Every state group of this rank's Model, each a ShardedState over its own ranks.

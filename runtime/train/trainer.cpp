@@ -153,7 +153,7 @@ struct Trainer::Impl {
   void restore() {
     first_step = snapshots->restore();
     state->restored();
-    replay = std::make_unique<Replay>(job, *model, *state, *snapshots, first_step);
+    replay = std::make_unique<Replay>(job, *model, *state, *snapshots, *arena, first_step);
   }
 
   void describe() {
@@ -467,7 +467,9 @@ struct Trainer::Impl {
         consecutive_skips = 0;
         parallel::trace::Span optimizer_span("optimizer", "compute");
         balance->apply();
-        state->adamw_step(t, rec.lr, step + 1, clip_coefficient(t.grad_clip, norm));
+        const float clip = clip_coefficient(t.grad_clip, norm);
+        replay->before_update(step + 1, rec.lr, clip);
+        state->adamw_step(t, rec.lr, step + 1, clip);
       }
       replay->check_parameters(step + 1);
       rec.replay_s = replay->seconds();

@@ -28,7 +28,10 @@
 #   replay.sh TITAN3D zero_cp  dp2 with ZeRO 1, 2, 3 (small buckets) and cp2 × dp2: clean runs
 #     unchanged; gradient and activation flips named; parameter flips under ZeRO 1, 2 and 3 (a
 #     ZeRO-3 shard's, which every replica gathers alike) named, settled, by the hashes of the
-#     parameters at rest, at the replayed step and at the check after it.
+#     parameters at rest, at the replayed step and at the check after it; an owner's wrong
+#     optimizer update under ZeRO 1, 2 and 3 (a bit of its AdamW's output flipped before the
+#     all-gather) named by a peer's recomputation of the update (dp2: owner and checker as
+#     candidates; dp4: settled).
 #   replay.sh TITAN3D ep      a mixture of experts with expert parallelism (tiny_moe): dp4 × ep2
 #     (two EP groups, each replaying the other whole) and dp2 × ep2 (one EP group: each replica
 #     replays itself, said in the log), clean runs unchanged; gradient and activation flips named,
@@ -69,7 +72,7 @@ caught() {
     --set run.dir="$work/$name" --set run.replay_every=2 "$@" > "$work/$name.log" 2>&1
   local rc=$? msg
   msg=$(grep "^titan3d: silent data corruption" "$work/$name.log")
-  check "[ $rc -eq 6 ] && [ \$(grep -c '^titan3d: silent data corruption' $work/$name.log) -eq 1 ] && grep -qE \"at step $step \\((gradients|parameters|parameters at rest) check\\)(: |, not settled: candidates )$want\" <<<\"\$msg\"" \
+  check "[ $rc -eq 6 ] && [ \$(grep -c '^titan3d: silent data corruption' $work/$name.log) -eq 1 ] && grep -qE \"at step $step \\((gradients|parameters|parameters at rest|update) check\\)(: |, not settled: candidates )$want\" <<<\"\$msg\"" \
     "$name ($fault): exit 6 at step $step naming $want" ||
     { echo "rc=$rc"; tail -5 "$work/$name.log"; }
   check "[ \$(grep -c '\"event\": \"corruption\", \"step\": $step,' $work/$name/incidents.jsonl) -eq 1 ] && grep -q '\"exit_code\": 6' $work/$name/incidents.jsonl && ! grep -q restart $work/$name/incidents.jsonl" \
@@ -193,6 +196,19 @@ case $group in
     check "[ $rc -eq 6 ] && grep -q '^titan3d: silent data corruption at step 5 (parameters at rest check): rank 1 \\[pp0 dp1 tp0\\].*the last check passed at step 4' $work/dp2_zero3_last.log" \
       "dp2_zero3_last: a shard flipped at the run's last step, no check step, is named there" ||
       tail -3 "$work/dp2_zero3_last.log"
+    # An owner's wrong update (a bit of what its AdamW wrote, flipped before the all-gather hands
+    # it to every replica alike; the hashes at rest are taken after it): a peer's recomputation
+    # of the update names it, with dp2 the owner and its one checker as candidates, with dp4
+    # settled by the second checker.
+    caught dp2_zero1_update flip:1:4:update 4 "rank 0 \\[pp0 dp0 tp0\\] on host [^ ]+ and rank 1 \\[pp0 dp1 tp0\\]" \
+      --set parallel.dp=2 --set parallel.zero=1
+    check "grep -q '(update check), not settled' $work/dp2_zero1_update.log && grep -q 'rank 1: its update of the dense parameters: hash [0-9a-f]*, recomputed by rank 0' $work/dp2_zero1_update.log" \
+      "dp2_zero1_update: the account names the update check and the two hashes"
+    caught dp4_zero2_update flip:2:4:update 4 "rank 2 \\[pp0 dp2 tp0\\]" --set parallel.dp=4 \
+      --set parallel.zero=2 --set parallel.bucket_mb=0.05
+    incident_rank dp4_zero2_update 2
+    caught dp2_zero3_update flip:0:4:update 4 "rank 0 \\[pp0 dp0 tp0\\] on host [^ ]+ and rank 1 " \
+      --set parallel.dp=2 --set parallel.zero=3
     clean cp2_dp2 --set parallel.cp=2 --set parallel.dp=2
     caught cp2_dp2_grad flip:3:4:grad 4 "rank 3 \\[pp0 dp1 cp1 tp0\\]" --set parallel.cp=2 --set parallel.dp=2
     ;;
