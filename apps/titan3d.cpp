@@ -137,6 +137,10 @@ int train(const Options& o, const std::vector<std::string>& argv) {
       static_cast<long long>(recipe.parallel.dp), static_cast<long long>(recipe.parallel.cp),
       static_cast<long long>(recipe.parallel.tp), static_cast<long long>(recipe.world_size()),
       static_cast<long long>(recipe.train.steps));
+  // Where the run would write (inside a SLURM job, its job's directory): scripts/slurm/train.sbatch
+  // reads incidents.jsonl there.
+  std::printf("run directory: %s\n",
+              runtime::job_run_dir(recipe.run.dir, runtime::detect_launch_env()).c_str());
   return 0;
 }
 

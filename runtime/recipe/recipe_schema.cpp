@@ -254,15 +254,17 @@ std::vector<Field> run_keys() {
             "hash of their parameters, and each replica recomputes a peer's step (dp = 1: its "
             "own) and compares the gradient hashes before the reduction; a mismatch names the "
             "step, rank and host (docs/resilience.md, Replay). Costs one forward and backward "
-            "more per check; under ZeRO 1-3 (or without replicas) a rank's parameters are also "
-            "hashed after every update and before the next. With parallel.ep > 1, ep must "
-            "divide dp or be a multiple of it. 0: off."),
+            "more per check; under ZeRO 1-3 peers also recompute each owner's optimizer update "
+            "at a check, and (as without replicas) a rank's parameters are hashed after every "
+            "update and before the next. With parallel.ep > 1, ep must divide dp or be a "
+            "multiple of it. 0: off."),
       field("run", "on_corruption", &R::run, &RunConfig::on_corruption,
             "stop | exclude: what a replay's mismatch (run.replay_every) does. stop: name the "
             "rank and host, keep the snapshots before it and exit 6. exclude: a self-launched "
             "job on several hosts (run.hostfile) continues without that host through the "
-            "elastic shrink, from the last verified snapshot; otherwise (one host, candidates "
-            "on several hosts, SLURM) as stop."),
+            "elastic shrink, from the last verified snapshot; under SLURM, "
+            "scripts/slurm/train.sbatch submits the job again excluding that node; otherwise "
+            "(one host, candidates on several hosts) as stop."),
   };
 }
 

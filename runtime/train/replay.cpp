@@ -407,10 +407,13 @@ void Replay::Impl::report(int64_t step, const char* check, const std::vector<Fin
   const std::string action =
       exclude ? fmt::format(
                     "run.on_corruption = exclude: step {} is not applied; the last check "
-                    "passed at step {}: a self-launched job on several hosts continues "
-                    "without host {} from the newest snapshot at or before it (any other "
-                    "stops here)",
-                    step, clean_through, job.hosts.at(first))
+                    "passed at step {}: {} without host {} from the newest snapshot at or "
+                    "before it{}",
+                    step, clean_through,
+                    job.env.job_id.empty()
+                        ? "a self-launched job on several hosts continues"
+                        : "scripts/slurm/train.sbatch submits this SLURM job again",
+                    job.hosts.at(first), job.env.job_id.empty() ? " (any other stops here)" : "")
               : fmt::format(
                     "run.on_corruption = stop{}: step {} is not applied; the last check "
                     "passed at step {}: resume from the newest snapshot at or before it "

@@ -9,6 +9,8 @@
 # `--signal=B:USR1@120` sends before the time limit); it must snapshot the step it is in, exit 75,
 # requeue itself (same job id, Restarts=1), resume from that snapshot and finish with every
 # step's loss equal to the self-launched uninterrupted run's.
+# Silent data corruption with run.on_corruption = exclude: the job exits 6 and the batch script
+# submits it again without the named node (pending here, on one node: checked and cancelled).
 #
 # Skips (exit 77) when not root or when the packages cannot be installed. Daemons are stopped by
 # their pid files on exit, whatever happens.
@@ -49,7 +51,10 @@ munged --force --socket="$work/munge/socket" --key-file="$work/munge/munge.key" 
 # other's PMIx servers). CPUs: SLURM refuses more tasks per node than CPUs, even with
 # --overcommit, and the test needs 4 ranks on a 2-core CI machine: declare at least 4 and let
 # slurmd accept the declaration (config_overrides), as every test here oversubscribes its cores.
-# Proctrack/task/accounting plugins that need no cgroups: this runs in a container.
+# Proctrack/task/accounting plugins that need no cgroups: this runs in a container. A second node,
+# t3dspare, is declared and left down (no slurmd answers on its port): a job excluding this
+# machine's node is then a request the partition could meet, and waits, instead of being refused
+# at submission.
 # sched_interval: a pending job whose begin time has passed (the requeued one below) starts at the
 # scheduler's next full pass, by default up to 60 s later; here within a second.
 host=$(hostname -s)
@@ -86,17 +91,18 @@ SlurmdParameters=config_overrides
 MpiDefault=none
 ReturnToService=2
 NodeName=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=1000 State=UNKNOWN
-PartitionName=t3d Nodes=$host Default=YES MaxTime=10 State=UP
+NodeName=t3dspare NodeAddr=127.0.0.1 Port=$(( port + 2 )) CPUs=$cpus RealMemory=1000 State=DOWN Reason=no_slurmd
+PartitionName=t3d Nodes=$host,t3dspare Default=YES MaxTime=10 State=UP
 CONF
 slurmctld -f "$SLURM_CONF" || skip "slurmctld does not start here: $(tail -3 "$work/log/slurmctld.log")"
 slurmd -f "$SLURM_CONF" || skip "slurmd does not start here: $(tail -3 "$work/log/slurmd.log")"
-idle() { sinfo -h -N -o '%t' | grep -qx idle; }
+idle() { sinfo -h -N -n "$host" -o '%t' | grep -qx idle; }
 if ! wait_for 30 idle; then
   echo "FAIL: the node did not come up idle within 30 s: $(sinfo -N 2>&1 | tail -1)"
   tail -5 "$work/log/slurmctld.log" "$work/log/slurmd.log"
   exit 1
 fi
-echo "ok   one-node SLURM cluster up: $(sinfo -h -N -o '%N %c CPUs %t'), munge and slurm on 127.0.0.1:$port"
+echo "ok   one-node SLURM cluster up: $(sinfo -h -N -n "$host" -o '%N %c CPUs %t'), munge and slurm on 127.0.0.1:$port"
 
 recipe=(--set data.path="$corpus" --set parallel.dp=2 --set parallel.tp=2 --set train.steps=4
         --set train.val_every=0 --set run.max_restarts=0)
@@ -131,6 +137,32 @@ submit() {  # submit LAUNCH: sbatch --wait the template; checks the job and its 
 }
 submit srun
 submit mpirun
+
+# run.on_corruption = exclude under SLURM: a gradient flip found by replay at step 4 names rank 1
+# and this node; the job ends with exit 6 and the batch script submits it again excluding the
+# node (the same script, arguments, nodes and tasks). On this one-node cluster the new job can
+# only wait (checked, then cancelled); elsewhere another node takes it and it resumes from the
+# newest verified snapshot.
+out=$(cd "$work/jobs" && T3D_FAULT=flip:1:4:grad TITAN3D=$titan3d timeout 300 sbatch --wait \
+        --parsable --job-name=t3d_exclude --nodes=1 --ntasks-per-node=4 --cpus-per-task=1 \
+        --time=5 --output="$work/jobs/%x-%j.out" "$repo/scripts/slurm/train.sbatch" \
+        "$repo/recipes/tiny.toml" "${recipe[@]}" --set train.steps=6 --set run.replay_every=2 \
+        --set snapshot.every=2 --set run.on_corruption=exclude --set run.dir="$work/run_exclude" 2>&1)
+job=$(grep -Eo '^[0-9]+' <<<"$out" | head -1)
+log=$work/jobs/t3d_exclude-$job.out
+again=$(sed -n 's/^titan3d: silent data corruption on node .*; submitted job \([0-9]*\) without it.*/\1/p' "$log" 2>/dev/null)
+state=$(scontrol show job "$job" 2>/dev/null | grep -Eo 'ExitCode=[0-9:]+')
+check "[ '$state' = 'ExitCode=6:0' ] && grep -q 'scripts/slurm/train.sbatch submits this SLURM job again without host $host' '$log' && [ -n '$again' ]" \
+  "exclude: job ${job:-?} stopped with exit 6 naming host $host and submitted job ${again:-?} without it" ||
+  { echo "$out"; tail -20 "$log" 2>/dev/null; }
+if [ -n "$again" ]; then
+  shown=$(scontrol show job "$again" 2>/dev/null)
+  first=$(scontrol show job "$job" 2>/dev/null)
+  check "grep -q 'JobState=PENDING' <<<\"\$shown\" && grep -q 'ExcNodeList=$host\b' <<<\"\$shown\" && grep -qE 'NumNodes=1( |-1 )' <<<\"\$shown\" && grep -q 'NumTasks=4 ' <<<\"\$shown\" && [ \"\$(grep -o 'Command=[^ ]*' <<<\"\$shown\")\" = \"\$(grep -o 'Command=[^ ]*' <<<\"\$first\")\" ]" \
+    "exclude: job $again waits with ExcNodeList=$host, 1 node, 4 tasks, the same script" ||
+    echo "$shown"
+  scancel "$again"
+fi
 
 # Preemption: the warning signal to the batch shell, which passes it to the job step. It comes once
 # the job is past step 100 and arrives within a second or two (~140 here): 600 steps leave the job
