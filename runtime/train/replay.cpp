@@ -405,21 +405,21 @@ void Replay::Impl::report(int64_t step, const char* check, const std::vector<Fin
   });
   const bool exclude = job.recipe.run.on_corruption == OnCorruption::kExclude && one_host;
   const std::string action =
-      exclude ? fmt::format(
-                    "run.on_corruption = exclude: step {} is not applied; the last check "
-                    "passed at step {}: {} without host {} from the newest snapshot at or "
-                    "before it{}",
-                    step, clean_through,
-                    job.env.job_id.empty()
-                        ? "a self-launched job on several hosts continues"
-                        : "scripts/slurm/train.sbatch submits this SLURM job again",
-                    job.hosts.at(first), job.env.job_id.empty() ? " (any other stops here)" : "")
-              : fmt::format(
-                    "run.on_corruption = stop{}: step {} is not applied; the last check "
-                    "passed at step {}: resume from the newest snapshot at or before it "
-                    "(later ones are not verified)",
-                    one_host ? "" : " (exclude: the candidates are on different hosts)", step,
-                    clean_through);
+      exclude
+          ? fmt::format(
+                "run.on_corruption = exclude: step {} is not applied; the last check "
+                "passed at step {}: {} without host {} from the newest snapshot at or "
+                "before it{}",
+                step, clean_through,
+                job.env.job_id.empty() ? "a self-launched job on several hosts continues"
+                                       : "scripts/slurm/train.sbatch submits this SLURM job again",
+                job.hosts.at(first), job.env.job_id.empty() ? " (any other stops here)" : "")
+          : fmt::format(
+                "run.on_corruption = stop{}: step {} is not applied; the last check "
+                "passed at step {}: resume from the newest snapshot at or before it "
+                "(later ones are not verified)",
+                one_host ? "" : " (exclude: the candidates are on different hosts)", step,
+                clean_through);
   const std::string text = fmt::format(
       "silent data corruption at step {} ({} check){}{}: {}{}{}. {} (exit {})", step, check,
       v.settled ? ": " : ", not settled: candidates ", names, v.why,
