@@ -64,8 +64,9 @@ void copy_to_host_started(const Exec& exec, void* host_dst, const void* src, std
 void wait_for_copies(const Exec& exec);
 // Streams into `h` (kernels/hash.h) the hash64_xxh3 of each 1 MiB piece of n floats of the
 // Exec's memory, in order: the same value on either backend and any thread count. On the CPU the
-// pieces are hashed in place over the rank's threads, on a GPU each crosses through copy_to_host.
-// The replay's hashes of gradients and parameters.
+// pieces are hashed in place over the rank's threads, on a GPU in device memory (one thread a
+// piece, kernels/xxh3_words.h), only their hashes crossing. The replay's hashes of gradients and
+// parameters.
 void hash_floats(const Exec& exec, Hash64Stream& h, const float* x, std::int64_t n);
 // Toggles bit `bit` (0-31) of element x[i] (silent data corruption for the tests of replay,
 // parallel/fault.h's flip): through the two crossings above, so one float travels each way and

@@ -60,31 +60,33 @@ void copy_to_host_started(const Exec& exec, void* host_dst, const void* src, std
 
 void wait_for_copies(const Exec& exec) { T3D_ON_GPU(exec, exec.stream->synchronize()); }
 
+namespace {
+
+constexpr std::int64_t kHashPiece = std::int64_t{1} << 18;  // floats per piece hash (1 MiB)
+
+// The XXH3 of each piece, where the floats are (in place over the rank's threads on the CPU; in
+// device memory on a GPU, only the hashes crossing).
+void piece_hashes(const Exec& exec, std::uint64_t* out, const float* x, std::int64_t n) {
+  T3D_ON_GPU(exec, cuda::hash_pieces_to_host(*exec.stream, out, x, n, kHashPiece));
+  detail::split_rows(
+      (n + kHashPiece - 1) / kHashPiece, kHashPiece, [&](std::int64_t lo, std::int64_t hi) {
+        for (std::int64_t p = lo; p < hi; ++p) {
+          const std::int64_t floats = std::min(kHashPiece, n - p * kHashPiece);
+          out[p] =
+              hash64_xxh3(x + p * kHashPiece, sizeof(float) * static_cast<std::size_t>(floats));
+        }
+      });
+}
+
+}  // namespace
+
 void hash_floats(const Exec& exec, Hash64Stream& h, const float* x, std::int64_t n) {
-  constexpr std::int64_t kPiece = std::int64_t{1} << 18;  // floats per piece hash (1 MiB)
-  const std::int64_t pieces = (n + kPiece - 1) / kPiece;
-  const auto piece_bytes = [&](std::int64_t p) {
-    return sizeof(float) * static_cast<std::size_t>(std::min(kPiece, n - p * kPiece));
-  };
-  // Kept per calling thread (every step hashes); the workers below write through this reference,
-  // not their own thread_local copies.
+  // Kept per calling thread (every step hashes); the workers write through the pointer, not their
+  // own thread_local copies.
   thread_local std::vector<std::uint64_t> kept;
-  std::vector<std::uint64_t>& piece_hash = kept;
-  piece_hash.assign(static_cast<std::size_t>(pieces), 0);
-  if (!exec.on_gpu()) {  // in place, the pieces over the rank's threads
-    detail::split_rows(pieces, kPiece, [&](std::int64_t lo, std::int64_t hi) {
-      for (std::int64_t p = lo; p < hi; ++p)
-        piece_hash[static_cast<std::size_t>(p)] = hash64_xxh3(x + p * kPiece, piece_bytes(p));
-    });
-  } else {  // each piece through the named crossing
-    thread_local std::vector<float> host;
-    host.resize(static_cast<std::size_t>(std::min(n, kPiece)));
-    for (std::int64_t p = 0; p < pieces; ++p) {
-      copy_to_host(exec, host.data(), x + p * kPiece, piece_bytes(p));
-      piece_hash[static_cast<std::size_t>(p)] = hash64_xxh3(host.data(), piece_bytes(p));
-    }
-  }
-  h.update(piece_hash.data(), piece_hash.size() * sizeof(std::uint64_t));
+  kept.assign(static_cast<std::size_t>((n + kHashPiece - 1) / kHashPiece), 0);
+  piece_hashes(exec, kept.data(), x, n);
+  h.update(kept.data(), kept.size() * sizeof(std::uint64_t));
 }
 
 void flip_bit(const Exec& exec, float* x, std::int64_t i, int bit) {

@@ -126,6 +126,10 @@ void copy(const Stream& s, float* dst, const float* src, std::int64_t n);  // de
 // one thread's loop, so it is the CPU's bits.
 std::int64_t count_nonfinite_to_host(const Stream& s, const float* x, std::int64_t n);
 double sum_in_order_to_host(const Stream& s, const float* x, std::int64_t n);
+// kernels::hash_floats's piece hashes: host_out[p] = XXH3 of floats [p·piece, (p + 1)·piece) of
+// the n at x (kernels/xxh3_words.h), computed in device memory; waited for.
+void hash_pieces_to_host(const Stream& s, std::uint64_t* host_out, const float* x, std::int64_t n,
+                         std::int64_t piece);
 void add(const Stream& s, float* out, const float* x, const float* y, std::int64_t n);
 void add_inplace(const Stream& s, float* x, const float* y, std::int64_t n);
 // *out (one double in device memory) = sum of x^2 in double, in a fixed order: kSumBlocks

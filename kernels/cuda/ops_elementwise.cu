@@ -1,6 +1,7 @@
 // Element-wise range operations and the deterministic sum of squares on the GPU.
 #include "kernels/cuda/cuda_internal.cuh"
 #include "kernels/row_math.h"
+#include "kernels/xxh3_words.h"
 
 namespace t3d::kernels::cuda {
 namespace {
@@ -106,6 +107,34 @@ std::int64_t count_nonfinite_to_host(const Stream& s, const float* x, std::int64
     T3D_CUDA_LAUNCHED();
   }
   return static_cast<std::int64_t>(read_back(s, count));
+}
+
+__constant__ unsigned char kXxh3Secret[xxh3::kSecretBytes] = T3D_XXH3_SECRET;
+
+// One thread per piece of `piece` floats (the last may be shorter): its XXH3, as the CPU's
+// libxxhash computes it (kernels/xxh3_words.h).
+__global__ void hash_pieces_kernel(std::uint64_t* out, const float* x, std::int64_t n,
+                                   std::int64_t piece, std::int64_t pieces) {
+  const std::int64_t p = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
+  if (p >= pieces) return;
+  const std::int64_t lo = p * piece, len = n - lo < piece ? n - lo : piece;
+  out[p] = xxh3::hash_words(reinterpret_cast<const std::uint32_t*>(x + lo), len, kXxh3Secret);
+}
+
+void hash_pieces_to_host(const Stream& s, std::uint64_t* host_out, const float* x, std::int64_t n,
+                         std::int64_t piece) {
+  const std::int64_t pieces = (n + piece - 1) / piece;
+  if (pieces <= 0) return;
+  const std::size_t bytes = sizeof(std::uint64_t) * static_cast<std::size_t>(pieces);
+  std::uint64_t* hashes = nullptr;  // stream-ordered: no device-wide synchronisation
+  T3D_CUDA_CHECK(cudaMallocAsync(&hashes, bytes, s.impl().stream));
+  constexpr int kThreads = 128;
+  hash_pieces_kernel<<<static_cast<unsigned>((pieces + kThreads - 1) / kThreads), kThreads, 0,
+                       s.impl().stream>>>(hashes, x, n, piece, pieces);
+  T3D_CUDA_LAUNCHED();
+  copy_to_host(s, host_out, hashes, bytes);
+  T3D_CUDA_CHECK(cudaFreeAsync(hashes, s.impl().stream));
+  s.synchronize();
 }
 
 double sum_in_order_to_host(const Stream& s, const float* x, std::int64_t n) {

@@ -15,6 +15,7 @@
 #include "kernels/check.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/device.h"
+#include "kernels/hash.h"
 #include "kernels/ops.h"
 #include "kernels/ops_decode.h"
 #include "kernels/row_math.h"
@@ -183,6 +184,29 @@ TEST(CudaElementwise, StepScalarsAndCopyAreTheCpus) {
   EXPECT_EQ(std::memcmp(&gpu_sum, &cpu_sum, sizeof gpu_sum), 0) << gpu_sum << " " << cpu_sum;
   copy(exec, gy.p(), gx.p(), x.size());
   expect_same_bits(gy.host(), x, "copy");
+}
+
+// The replay's hashes: hash_floats of device memory (each 1 MiB piece hashed by a GPU thread,
+// kernels/xxh3_words.h) is the CPU's libxxhash value, at an offset that is only 4-byte aligned,
+// for a part of a piece and for several pieces with a short last one; a flipped bit changes it.
+TEST(CudaElementwise, HashFloatsIsTheCpus) {
+  REQUIRE_GPU();
+  const std::int64_t n = (std::int64_t{1} << 18) * 2 + 77;
+  auto x = random_floats(static_cast<int>(n + 1), 52, -3, 3);
+  const Exec exec(GemmKind::kOpenBlasF32, S());
+  Dev<float> gx(x);
+  for (const std::int64_t len : {std::int64_t{0}, std::int64_t{1}, std::int64_t{3},
+                                 std::int64_t{59}, std::int64_t{1000}, n}) {
+    Hash64Stream gpu_hash, cpu_hash;
+    hash_floats(exec, gpu_hash, gx.p() + 1, len);
+    hash_floats(kCpu, cpu_hash, x.data() + 1, len);
+    EXPECT_EQ(gpu_hash.value(), cpu_hash.value()) << len << " floats";
+  }
+  Hash64Stream before, after;
+  hash_floats(exec, before, gx.p(), n);
+  flip_bit(exec, gx.p(), n - 5, 3);
+  hash_floats(exec, after, gx.p(), n);
+  EXPECT_NE(before.value(), after.value());
 }
 
 // Snapshot staging's crossing: pieces started into pinned host memory, one wait, the bytes there;

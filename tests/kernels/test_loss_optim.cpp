@@ -14,6 +14,7 @@
 #include "kernels/hash.h"
 #include "kernels/ops.h"
 #include "kernels/precision.h"
+#include "kernels/xxh3_words.h"
 #include "reference.h"
 
 namespace t3d::kernels {
@@ -110,6 +111,25 @@ TEST(StepScalars, Hash64Xxh3IsXxh3) {
   EXPECT_EQ(hash64_xxh3("", 0), 0x2D06800538D394C2ull);
   EXPECT_EQ(hash64_xxh3("abc", 3), 0x78AF5F94892F3950ull);
   EXPECT_NE(hash64_xxh3("abd", 3), hash64_xxh3("abc", 3));
+}
+
+// The GPU's XXH3 (kernels/xxh3_words.h, plain arithmetic) equals libxxhash's on every length path:
+// 0, 4-16, 17-128, 129-240 bytes, and longer ones around the 1 KiB blocks and 64-byte stripes, up
+// to a whole 1 MiB piece.
+TEST(StepScalars, Xxh3WordsIsLibxxhash) {
+  const unsigned char secret[] = T3D_XXH3_SECRET;
+  static_assert(sizeof secret == xxh3::kSecretBytes);
+  std::vector<std::uint32_t> w(std::size_t{1} << 18);
+  std::uint64_t state = 5;
+  for (auto& x : w) x = static_cast<std::uint32_t>(state = splitmix64(state));
+  std::vector<std::int64_t> lengths;
+  for (std::int64_t n = 0; n <= 300; ++n) lengths.push_back(n);
+  for (std::int64_t n : {511, 512, 513, 767, 1023, 1024, 1025, 4096 + 17, 65536, 262143, 262144})
+    lengths.push_back(n);
+  for (std::int64_t n : lengths)
+    ASSERT_EQ(xxh3::hash_words(w.data(), n, secret),
+              hash64_xxh3(w.data(), 4 * static_cast<std::size_t>(n)))
+        << n << " words";
 }
 
 // hash_floats is its definition (hash64_xxh3 of each 1 MiB piece, streamed in order), whatever the
