@@ -24,15 +24,17 @@ namespace {
 // sent in bf16.
 bool stores_bf16(const JobPrecision& p) { return p.train == TrainPrecision::kBf16; }
 
-// The rank's device (hardware.device), logged. On a GPU what the CUDA backend cannot run yet is
-// refused here, naming the key: mixtures of experts.
+// The rank's device (hardware.device), logged. On a GPU what it cannot run yet is refused here,
+// naming the key: expert parallelism, whose rows' all-to-all goes through the MPI communicator on
+// host pointers (Model's options.ep), with no staged or device path yet. Mixtures of experts
+// without it run on a GPU (the MoE ops' CUDA twins, docs/gpu.md).
 std::unique_ptr<kernels::Device> open_device(const Job& job) {
   const Recipe& r = job.recipe;
   auto device = kernels::Device::open(r.hardware.device, job.env.local_rank);
   spdlog::info("device: {}", device->description());
   if (!device->on_gpu()) return device;
-  T3D_USER_CHECK(r.model.n_experts == 0, "hardware.device = cuda: model.n_experts must be 0 for ",
-                 "now (the mixture-of-experts ops have no CUDA path yet)");
+  T3D_USER_CHECK(r.parallel.ep == 1, "hardware.device = cuda: parallel.ep must be 1 for now (the ",
+                 "experts' rows have no all-to-all between GPUs yet; docs/gpu.md)");
   return device;
 }
 
