@@ -83,7 +83,11 @@ struct ModelOptions {
   // Expert parallelism (parallel.ep > 1): this rank's EP group. EP rank r holds the routed
   // experts expert_share(config, ep, r) of every MoE block; each block's token slots travel to
   // the rank holding their expert and back (docs/moe.md). nullptr or size 1: every expert here.
+  // Its counts travel on it (host values); its rows and gates on `ep_tensors` (the same group's
+  // tensor transfers: a StagedComm on a GPU, whose tensors are device memory), or on `ep` itself
+  // when that is null.
   const parallel::Comm* ep = nullptr;
+  const parallel::TensorComm* ep_tensors = nullptr;
 };
 
 // Context parallelism: cp rank `cp_rank`'s tokens of `rows` whole sequences of `seq_len` (row
@@ -304,6 +308,10 @@ class Model final : public StageModel {
   static kernels::SwigluWeights shared_weights(const ConstBlock& w);
   // Expert parallelism: the routed experts' part of moe_forward / moe_backward on the EP group.
   int ep_size() const { return options_.ep ? options_.ep->size() : 1; }
+  // The EP group's tensor transfers (ModelOptions::ep_tensors, else ep).
+  const parallel::TensorComm& ep_rows() const {
+    return options_.ep_tensors ? *options_.ep_tensors : *options_.ep;
+  }
   // The forward's dispatch is started (counts exchanged, rows under way) before the shared
   // experts' compute and finished after it: moe_experts_ep_forward takes the rows in flight.
   // Its exchange is ep_exchange_, which carries one exchange at a time.

@@ -322,7 +322,7 @@ void Model::moe_experts_ep_forward(LayerActs& a, const BlockCopies& copies, cons
 // gradient (into moe_grad) and gate gradient (into moe_dgates, by slot) come back.
 Model::RowsInFlight Model::moe_ep_dispatch_backward(LayerActs& a) {
   const k::Exec& exec = options_.exec;
-  const parallel::TensorComm& ep = *options_.ep;  // the rows: tensors
+  const parallel::TensorComm& ep = ep_rows();  // the rows: tensors
   const int64_t P = ep_size(), El = dims_.El, kept = expert_offsets_[dims_.E];
   auto& s = *scratch_;
   const int32_t* recv = ep_counts_to_host(a);
@@ -342,7 +342,7 @@ void Model::moe_experts_ep_backward(LayerActs& a, const BlockCopies& copies, con
                                     const BlockParams& g, RowsInFlight& dispatch,
                                     const LayerGrads* keep) {
   const k::Exec& exec = options_.exec;
-  const parallel::TensorComm& ep = *options_.ep;  // the rows: tensors
+  const parallel::TensorComm& ep = ep_rows();  // the rows: tensors
   const int64_t P = ep_size(), El = dims_.El, C = dims_.C, kept = expert_offsets_[dims_.E];
   auto& s = *scratch_;
   const int32_t* recv = ep_route_.recv.data();  // moe_ep_dispatch_backward's
@@ -388,7 +388,7 @@ Model::RowsInFlight Model::start_ep_exchange(const float* send, const std::vecto
                                              const std::vector<int>& sent_at, float* recv,
                                              const std::vector<int>& received,
                                              const std::vector<int>& received_at) {
-  const parallel::TensorComm& ep = *options_.ep;  // the rows: tensors
+  const parallel::TensorComm& ep = ep_rows();  // the rows: tensors
   const auto C = static_cast<size_t>(config_.dim);
   RowsInFlight f;
   f.recv = recv;
@@ -406,7 +406,7 @@ Model::RowsInFlight Model::start_ep_exchange(const float* send, const std::vecto
 }
 
 void Model::finish_ep_exchange(RowsInFlight& rows) {
-  options_.ep->wait(ep_exchange_);
+  ep_rows().wait(ep_exchange_);
   if (options_.bf16)
     k::bf16_to_float(options_.exec, rows.recv, scratch_->ep16_recv, rows.rows * config_.dim);
 }
