@@ -1,15 +1,17 @@
-// The CUDA backend of the kernel layer: the ops of kernels/ops.h on an NVIDIA GPU, on device
-// pointers, each enqueued on a Stream. This header names no CUDA type, so host code that does not
-// include the CUDA runtime can call it.
+// The CUDA backend of the kernel layer: the ops of kernels/ops.h and kernels/ops_moe.h on an
+// NVIDIA GPU, on device pointers, each enqueued on a Stream. This header names no CUDA type, so
+// host code that does not include the CUDA runtime can call it.
 //
 // Contracts are those of kernels/ops.h (shapes, accumulate vs write, ignore index, the vocab
-// slice), and each op is tested against its CPU twin on a GPU (tests/kernels/test_cuda_ops.cpp):
-//   - bit for bit where both backends evaluate the same element arithmetic (kernels/row_math.h) in
-//     the same order: embedding, RMSNorm, RoPE, AdamW, the bf16 casts, and SwiGLU against the
-//     CPU's SSE2 path (its AVX paths contract to FMAs);
+// slice), and each op is tested against its CPU twin on a GPU (tests/kernels/test_cuda_ops.cpp,
+// test_cuda_moe.cpp):
+//   - bit for bit where both backends evaluate the same element arithmetic (kernels/row_math.h,
+//     kernels/moe_math.h) in the same order: embedding, RMSNorm, RoPE, AdamW, the bf16 casts, the
+//     MoE row moves, combine, router backward, gate gradients and auxiliary loss, and SwiGLU
+//     against the CPU's SSE2 path (its AVX paths contract to FMAs);
 //     (a NaN result is the GPU's canonical NaN, not an operand's payload);
 //   - within fp32 rounding where the order of a sum differs: the GEMMs (cuBLAS), attention, the
-//     cross-entropy (libm's exp against CUDA's expf), the sum of squares.
+//     cross-entropy and the router's scores (libm's exp against CUDA's expf), the sum of squares.
 // Deterministic: no floating-point atomics; every reduction has a fixed order that depends on the
 // shapes only (not the GPU's SM count); cuBLAS runs on one stream with a fixed workspace and TF32
 // off, so two runs give the same bits.
