@@ -7,44 +7,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 
 #include "kernels/check.h"
+#include "kernels/cuda/cuda_ops.h"
 #include "kernels/gemm.h"
+#include "kernels/moe_math.h"
 #include "kernels/ops.h"
 #include "kernels/threads.h"
 
 namespace t3d::kernels {
 namespace {
-
-// The selection's key of a score: NaN ranks below every number (it is never preferred, and the
-// order stays total, so each of the K passes finds an expert).
-float select_key(float v) { return std::isnan(v) ? -std::numeric_limits<float>::infinity() : v; }
-
-// Whether (key a, index ia) comes before (key b, index ib): larger key first, ties to the lower
-// index. A strict total order over the E experts of a row.
-bool ranks_before(float a, std::int64_t ia, float b, std::int64_t ib) {
-  return a > b || (a == b && ia < ib);
-}
-
-// One row's top-k: pass j picks the best expert among those ranked after pass j - 1's pick, so
-// no marks are needed and the K picks are distinct and in rank order.
-void select_row(std::int32_t* chosen, const float* s, const float* bias, std::int64_t E,
-                std::int64_t K) {
-  float prev_key = std::numeric_limits<float>::infinity();
-  std::int64_t prev = -1;  // (+inf, -1) ranks before everything
-  for (std::int64_t j = 0; j < K; ++j) {
-    float best_key = 0.0f;
-    std::int64_t best = -1;
-    for (std::int64_t e = 0; e < E; ++e) {
-      const float key = select_key(bias ? s[e] + bias[e] : s[e]);
-      if (!ranks_before(prev_key, prev, key, e)) continue;  // taken by an earlier pass
-      if (best < 0 || ranks_before(key, e, best_key, best)) best_key = key, best = e;
-    }
-    chosen[j] = static_cast<std::int32_t>(best);
-    prev_key = best_key, prev = best;
-  }
-}
 
 // Each of the n slots' expert, checked against E once here: fn(slot, expert) in slot order. The
 // one pass that counts slots per expert (moe_permute, moe_count, moe_aux_loss).
@@ -57,21 +29,14 @@ void for_each_slot(const std::int32_t* chosen, std::int64_t n, std::int64_t E, F
   }
 }
 
-// The MoE ops have no CUDA twin yet: a GPU Exec is refused, naming the way out.
-void refuse_gpu(const Exec& exec) {
-  T3D_USER_CHECK(!exec.on_gpu(), "the mixture-of-experts ops have no CUDA version yet: train ",
-                 "this model on the CPU (docs/gpu.md)");
-}
-
 void check_router(const RouterShape& r) {
   T3D_ASSERT(r.E > 0 && r.K > 0 && r.K <= r.E, "router with E = ", r.E, ", K = ", r.K);
 }
 
-// Runs row(t) for every token t of a router op (the rows split over the threads; each row reads
-// and writes only its own E scores and K choices), after refusing a GPU Exec and a bad shape.
+// Runs row(t) for every token t of a router op on the CPU (the rows split over the threads; each
+// row reads and writes only its own E scores and K choices), after checking the shape.
 template <class Row>
-void for_each_router_row(const Exec& exec, const RouterShape& r, Row row) {
-  refuse_gpu(exec);
+void for_each_router_row(const RouterShape& r, Row row) {
   check_router(r);
   detail::split_rows(r.N, r.E, [&](std::int64_t lo, std::int64_t hi) {
     for (std::int64_t t = lo; t < hi; ++t) row(t);
@@ -82,68 +47,27 @@ void for_each_router_row(const Exec& exec, const RouterShape& r, Row row) {
 
 void moe_route_forward(const Exec& exec, float* scores, std::int32_t* chosen, float* gates,
                        const float* logits, const float* bias, const RouterShape& r) {
+  T3D_ON_GPU(exec, cuda::moe_route_forward(*exec.stream, scores, chosen, gates, logits, bias, r));
   const std::int64_t E = r.E, K = r.K;
-  for_each_router_row(exec, r, [&](std::int64_t t) {
-    const float* x = logits + t * E;
-    float* s = scores + t * E;  // may be x: each element is read before it is written
-    if (r.score == RouterScore::kSoftmax) {
-      float mx = -std::numeric_limits<float>::infinity();
-      for (std::int64_t e = 0; e < E; ++e) mx = x[e] > mx ? x[e] : mx;
-      double sum = 0.0;
-      for (std::int64_t e = 0; e < E; ++e) {
-        s[e] = std::exp(x[e] - mx);
-        sum += s[e];
-      }
-      const double inv = 1.0 / sum;
-      for (std::int64_t e = 0; e < E; ++e) s[e] = static_cast<float>(s[e] * inv);
-    } else {
-      for (std::int64_t e = 0; e < E; ++e) s[e] = 1.0f / (1.0f + std::exp(-x[e]));
-    }
-    std::int32_t* c = chosen + t * K;
-    select_row(c, s, bias, E, K);
-    double norm = 1.0;
-    if (r.normalize) {
-      double sum = 0.0;
-      for (std::int64_t j = 0; j < K; ++j) sum += s[c[j]];
-      norm = 1.0 / sum;
-    }
-    for (std::int64_t j = 0; j < K; ++j)
-      gates[t * K + j] = static_cast<float>(s[c[j]] * norm * r.scale);
+  const bool softmax = r.score == RouterScore::kSoftmax;
+  for_each_router_row(r, [&](std::int64_t t) {
+    detail::moe_route_row(scores + t * E, chosen + t * K, gates + t * K, logits + t * E, bias, E, K,
+                          softmax, r.normalize, r.scale);
   });
 }
 
-// With a = scale, c_j the chosen experts and Z = Σ_j s[c_j]:
-//   normalize: g_j = a s[c_j] / Z, so ds[c_k] = (a / Z) (dg_k − Σ_j dg_j s[c_j] / Z);
-//   otherwise: g_j = a s[c_j],     so ds[c_k] = a dg_k;
-// the chosen experts are distinct, so each gate's gradient lands on its own score. Then
-// softmax: dlogits = s ⊙ (ds − Σ_e s ds); sigmoid: dlogits = ds s (1 − s).
-// ds is built in the dlogits row, which the score function's backward then rewrites in place.
+// The arithmetic is detail::moe_route_backward_row's (kernels/moe_math.h).
 void moe_route_backward(const Exec& exec, float* dlogits, const float* dgates,
                         const float* dscores_extra, const float* scores, const std::int32_t* chosen,
                         const RouterShape& r) {
+  T3D_ON_GPU(exec, cuda::moe_route_backward(*exec.stream, dlogits, dgates, dscores_extra, scores,
+                                            chosen, r));
   const std::int64_t E = r.E, K = r.K;
-  for_each_router_row(exec, r, [&](std::int64_t t) {
-    const float* s = scores + t * E;
-    const float* dg = dgates + t * K;
-    const std::int32_t* c = chosen + t * K;
-    float* d = dlogits + t * E;
-    for (std::int64_t e = 0; e < E; ++e) d[e] = dscores_extra ? dscores_extra[t * E + e] : 0.0f;
-    if (r.normalize) {
-      double z = 0.0, dot = 0.0;
-      for (std::int64_t j = 0; j < K; ++j) z += s[c[j]];
-      for (std::int64_t j = 0; j < K; ++j) dot += static_cast<double>(dg[j]) * s[c[j]];
-      const double a_z = r.scale / z, mean = dot / z;
-      for (std::int64_t j = 0; j < K; ++j) d[c[j]] += static_cast<float>(a_z * (dg[j] - mean));
-    } else {
-      for (std::int64_t j = 0; j < K; ++j) d[c[j]] += r.scale * dg[j];
-    }
-    if (r.score == RouterScore::kSoftmax) {
-      double dot = 0.0;
-      for (std::int64_t e = 0; e < E; ++e) dot += static_cast<double>(s[e]) * d[e];
-      for (std::int64_t e = 0; e < E; ++e) d[e] = static_cast<float>(s[e] * (d[e] - dot));
-    } else {
-      for (std::int64_t e = 0; e < E; ++e) d[e] = d[e] * s[e] * (1.0f - s[e]);
-    }
+  const bool softmax = r.score == RouterScore::kSoftmax;
+  for_each_router_row(r, [&](std::int64_t t) {
+    detail::moe_route_backward_row(dlogits + t * E, dgates + t * K,
+                                   dscores_extra ? dscores_extra + t * E : nullptr, scores + t * E,
+                                   chosen + t * K, E, K, softmax, r.normalize, r.scale);
   });
 }
 
@@ -196,13 +120,13 @@ void gather_rows(T* rows, const T* x, const std::int32_t* slot_of_row, std::int6
 
 void moe_gather(const Exec& exec, float* rows, const float* x, const std::int32_t* slot_of_row,
                 std::int64_t S, std::int64_t K, std::int64_t C) {
-  refuse_gpu(exec);
+  T3D_ON_GPU(exec, cuda::moe_gather(*exec.stream, rows, x, slot_of_row, S, K, C));
   gather_rows(rows, x, slot_of_row, S, K, C);
 }
 
 void moe_gather(const Exec& exec, bf16* rows, const bf16* x, const std::int32_t* slot_of_row,
                 std::int64_t S, std::int64_t K, std::int64_t C) {
-  refuse_gpu(exec);
+  T3D_ON_GPU(exec, cuda::moe_gather(*exec.stream, rows, x, slot_of_row, S, K, C));
   gather_rows(rows, x, slot_of_row, S, K, C);
 }
 
@@ -212,7 +136,7 @@ void moe_gather(const Exec& exec, bf16* rows, const bf16* x, const std::int32_t*
 void moe_combine(const Exec& exec, float* y, const float* rows, const float* w,
                  const std::int32_t* row_of_slot, std::int64_t N, std::int64_t K, std::int64_t C,
                  Out mode) {
-  refuse_gpu(exec);
+  T3D_ON_GPU(exec, cuda::moe_combine(*exec.stream, y, rows, w, row_of_slot, N, K, C, mode));
   detail::split_rows(N, K * C, [&](std::int64_t lo, std::int64_t hi) {
     constexpr std::int64_t kChunk = 512;
     float sum[kChunk];
@@ -254,34 +178,36 @@ void moe_combine(const Exec& exec, float* y, const float* rows, const float* w,
 
 void moe_gather_slots(const Exec& exec, float* by_row, const float* by_slot,
                       const std::int32_t* slot_of_row, std::int64_t rows) {
-  refuse_gpu(exec);
+  T3D_ON_GPU(exec, cuda::moe_gather_slots(*exec.stream, by_row, by_slot, slot_of_row, rows));
   for (std::int64_t r = 0; r < rows; ++r) by_row[r] = by_slot[slot_of_row[r]];
 }
 
 void moe_scatter_slots(const Exec& exec, float* by_slot, const float* by_row,
                        const std::int32_t* slot_of_row, std::int64_t rows) {
-  refuse_gpu(exec);
+  T3D_ON_GPU(exec, cuda::moe_scatter_slots(*exec.stream, by_slot, by_row, slot_of_row, rows));
   for (std::int64_t r = 0; r < rows; ++r) by_slot[slot_of_row[r]] = by_row[r];
 }
 
 namespace {
 
-// The experts' GEMM kind, after refusing a GPU Exec and copies that kind cannot use.
-GemmKind experts_gemm(const Exec& exec, const ExpertCopies& c) {
-  refuse_gpu(exec);
+// The row bucket of the experts' M-row GEMMs (for_each_expert), after refusing copies the GEMM
+// kind cannot use. On a GPU each expert's exact rows: cuBLAS takes any row count, and the bucket
+// only spares the CPU's JIT'd kernels a shape per count (kernels/gemm.h).
+std::int64_t experts_bucket(const Exec& exec, const ExpertCopies& c) {
   const GemmKind kind = exec.gemm;
   T3D_ASSERT(!c.fused() || (gemm_kind_is_bf16(kind) && c.gate && c.up),
              "the experts' fused bf16 SwiGLU needs bf16 GEMMs and all three copies");
   T3D_ASSERT(!c.xs || gemm_kind_is_bf16(kind), "rounded expert rows need bf16 GEMMs");
-  return kind;
+  return exec.on_gpu() ? 1 : gemm_row_bucket(kind);
 }
 
-// The rows' gate gradients: dgates[slot_of_row[r]] = Σ_f U[r, f] · h[r, f] in double, each row's
-// sum sequential over f and rounded once (four rows' sums side by side: independent chains, each
-// in its own order); then U and the row's dys scaled by its gate. `hv(r, f)` reads h.
+// The rows' gate gradients on the CPU: dgates[slot_of_row[r]] = Σ_f U[r, f] · h[r, f] in double,
+// each row's sum sequential over f and rounded once (four rows' sums side by side: independent
+// chains, each in its own order); then U and the row's dys scaled by its gate. `hv(r, f)` reads h.
 template <class H>
-void gate_grads_and_scale(const ExpertGating& gating, float* dh, float* dys, std::int64_t S,
-                          std::int64_t C, std::int64_t Fe, H&& hv) {
+void gate_grads_rows(const ExpertGating& gating, float* dh, float* dys, std::int64_t S,
+                     std::int64_t C, std::int64_t Fe, H&& hv) {
+  using detail::moe_gate_term;
   detail::split_rows(S, C + 2 * Fe, [&](std::int64_t lo, std::int64_t hi) {
     constexpr std::int64_t kRows = 4;
     for (std::int64_t r0 = lo; r0 < hi; r0 += kRows) {
@@ -291,17 +217,17 @@ void gate_grads_and_scale(const ExpertGating& gating, float* dh, float* dys, std
         const float *u0 = dh + r0 * Fe, *u1 = u0 + Fe, *u2 = u1 + Fe, *u3 = u2 + Fe;
         double d0 = 0.0, d1 = 0.0, d2 = 0.0, d3 = 0.0;
         for (std::int64_t f = 0; f < Fe; ++f) {
-          d0 += static_cast<double>(u0[f]) * hv(r0, f);
-          d1 += static_cast<double>(u1[f]) * hv(r0 + 1, f);
-          d2 += static_cast<double>(u2[f]) * hv(r0 + 2, f);
-          d3 += static_cast<double>(u3[f]) * hv(r0 + 3, f);
+          d0 += moe_gate_term(u0[f], hv(r0, f));
+          d1 += moe_gate_term(u1[f], hv(r0 + 1, f));
+          d2 += moe_gate_term(u2[f], hv(r0 + 2, f));
+          d3 += moe_gate_term(u3[f], hv(r0 + 3, f));
         }
         dot[0] = d0, dot[1] = d1, dot[2] = d2, dot[3] = d3;
       } else {
         for (std::int64_t i = 0; i < nr; ++i) {
           const float* u = dh + (r0 + i) * Fe;
           double d = 0.0;
-          for (std::int64_t f = 0; f < Fe; ++f) d += static_cast<double>(u[f]) * hv(r0 + i, f);
+          for (std::int64_t f = 0; f < Fe; ++f) d += moe_gate_term(u[f], hv(r0 + i, f));
           dot[i] = d;
         }
       }
@@ -319,6 +245,20 @@ void gate_grads_and_scale(const ExpertGating& gating, float* dh, float* dys, std
   });
 }
 
+// gate_grads_rows on either backend over the S rows, h read from its bf16 copy h16 when there is
+// one (the fused SwiGLU), else from its floats.
+void gate_grads_and_scale(const Exec& exec, const ExpertGating& gating, float* dh, float* dys,
+                          const float* h, const bf16* h16, std::int64_t S, std::int64_t C,
+                          std::int64_t Fe) {
+  T3D_ON_GPU(exec, cuda::moe_gate_grads(*exec.stream, gating, dh, dys, h, h16, S, C, Fe));
+  if (h16)
+    gate_grads_rows(gating, dh, dys, S, C, Fe,
+                    [&](std::int64_t r, std::int64_t f) { return bf16_to_float(h16[r * Fe + f]); });
+  else
+    gate_grads_rows(gating, dh, dys, S, C, Fe,
+                    [&](std::int64_t r, std::int64_t f) { return h[r * Fe + f]; });
+}
+
 // A caller's rounded copy from row offset i on, or null. LinearInput takes its copy non-const for
 // Copy::kFill; the experts only pass copies as kFilled, which are never written.
 bf16* copy_at(const bf16* p, std::int64_t i) { return p ? const_cast<bf16*>(p) + i : nullptr; }
@@ -328,13 +268,12 @@ bf16* copy_at(const bf16* p, std::int64_t i) { return p ? const_cast<bf16*>(p) +
 void moe_experts_forward(const Exec& exec, float* y, const ExpertActs& acts, const float* xs,
                          const ExpertWeights& w, const std::int64_t* offsets, const ExpertShape& s,
                          const ExpertCopies& copies) {
-  const GemmKind kind = experts_gemm(exec, copies);
   using Copy = LinearInput::Copy;
-  const std::int64_t C = s.C, Fe = s.Fe, S = offsets[s.E], bucket = gemm_row_bucket(kind);
+  const std::int64_t C = s.C, Fe = s.Fe, S = offsets[s.E], bucket = experts_bucket(exec, copies);
   for_each_expert(offsets, s.E, bucket, [&](std::int64_t e, std::int64_t lo, std::int64_t n) {
     // Read by two GEMMs: rounded once (bf16), or already.
     bf16* xs16 = copy_at(copies.xs, lo * C);
-    const LinearInput x(kind, xs + lo * C, xs16, xs16 ? Copy::kFilled : Copy::kFill, n, C);
+    const LinearInput x(exec, xs + lo * C, xs16, xs16 ? Copy::kFilled : Copy::kFill, n, C);
     linear_forward(acts.gate + lo * Fe, x, w.gate + e * Fe * C, Fe);
     linear_forward(acts.up + lo * Fe, x, w.up + e * Fe * C, Fe);
   });
@@ -342,7 +281,7 @@ void moe_experts_forward(const Exec& exec, float* y, const ExpertActs& acts, con
   swiglu_act_forward(exec, acts, copies.swiglu(), S * Fe);
   // y (rows, C) = h (rows, Fe) · wd[e]^T; fused, h is read from its copy.
   for_each_expert(offsets, s.E, bucket, [&](std::int64_t e, std::int64_t lo, std::int64_t n) {
-    const LinearInput hx(kind, acts.h + lo * Fe, copy_at(copies.h, lo * Fe), Copy::kFilled, n, Fe);
+    const LinearInput hx(exec, acts.h + lo * Fe, copy_at(copies.h, lo * Fe), Copy::kFilled, n, Fe);
     linear_forward(y + lo * C, hx, w.down + e * C * Fe, C);
   });
 }
@@ -357,29 +296,21 @@ void moe_experts_backward_input(const Exec& exec, float* dxs, const ExpertGating
                                 const ExpertActGrads& d, float* dys, const ExpertActs& acts,
                                 const ExpertWeights& w, const std::int64_t* offsets,
                                 const ExpertShape& s, const ExpertCopies& copies) {
-  const GemmKind kind = experts_gemm(exec, copies);
   using Copy = LinearInput::Copy;
-  const std::int64_t C = s.C, Fe = s.Fe, S = offsets[s.E], bucket = gemm_row_bucket(kind);
+  const std::int64_t C = s.C, Fe = s.Fe, S = offsets[s.E], bucket = experts_bucket(exec, copies);
   for_each_expert(offsets, s.E, bucket, [&](std::int64_t e, std::int64_t lo, std::int64_t n) {
-    linear_backward_input(kind, d.dh + lo * Fe, dys + lo * C, w.down + e * C * Fe, n, Fe, C);
+    linear_backward_input(exec, d.dh + lo * Fe, dys + lo * C, w.down + e * C * Fe, n, Fe, C);
   });
-  if (copies.fused()) {
-    const bf16* h16 = copies.h;
-    gate_grads_and_scale(gating, d.dh, dys, S, C, Fe, [&](std::int64_t r, std::int64_t f) {
-      return bf16_to_float(h16[r * Fe + f]);
-    });
-  } else {
-    const float* h = acts.h;
-    gate_grads_and_scale(gating, d.dh, dys, S, C, Fe,
-                         [&](std::int64_t r, std::int64_t f) { return h[r * Fe + f]; });
-  }
+  // Fused, h exists only as its copy.
+  gate_grads_and_scale(exec, gating, d.dh, dys, acts.h, copies.fused() ? copies.h : nullptr, S, C,
+                       Fe);
   swiglu_act_backward(exec, d.dgate, d.dup, d.dh, acts, copies.swiglu(), S * Fe);
   // dxs = dgate wg[e] (written), then += dup wu[e]; fused, both are read from their copies.
   bf16* dgate16 = dgate_copy(d.dgate, copies.swiglu());
   bf16* dup16 = dgate_copy(d.dup, copies.swiglu());
   for_each_expert(offsets, s.E, bucket, [&](std::int64_t e, std::int64_t lo, std::int64_t n) {
-    const LinearInput dg(kind, d.dgate + lo * Fe, copy_at(dgate16, lo * Fe), Copy::kFilled, n, Fe);
-    const LinearInput du(kind, d.dup + lo * Fe, copy_at(dup16, lo * Fe), Copy::kFilled, n, Fe);
+    const LinearInput dg(exec, d.dgate + lo * Fe, copy_at(dgate16, lo * Fe), Copy::kFilled, n, Fe);
+    const LinearInput du(exec, d.dup + lo * Fe, copy_at(dup16, lo * Fe), Copy::kFilled, n, Fe);
     linear_backward_input(dxs + lo * C, dg, w.gate + e * Fe * C, C);
     linear_backward_input(dxs + lo * C, du, w.up + e * Fe * C, C, Out::kAccumulate);
   });
@@ -389,7 +320,7 @@ void moe_experts_backward_weight(const Exec& exec, const ExpertGrads& g, const f
                                  const ExpertActGrads& d, const float* xs, const float* h,
                                  const std::int64_t* offsets, const ExpertShape& s,
                                  const ExpertCopies& copies) {
-  const GemmKind kind = experts_gemm(exec, copies);
+  experts_bucket(exec, copies);  // the copies' check: the weight gradients take exact rows
   const std::int64_t C = s.C, Fe = s.Fe;
   bf16* dgate16 = dgate_copy(d.dgate, copies.swiglu());
   bf16* dup16 = dgate_copy(d.dup, copies.swiglu());
@@ -400,18 +331,18 @@ void moe_experts_backward_weight(const Exec& exec, const ExpertGrads& g, const f
   using Copy = LinearInput::Copy;
   for_each_expert(blocks, s.E * parts, 1, [&](std::int64_t b, std::int64_t r0, std::int64_t rows) {
     // dwd[e] (C, Fe) += dys^T (C, rows) · h (rows, Fe)
-    const LinearInput dy(kind, dys + r0 * C, rows, C);
-    const LinearInput hx(kind, h + r0 * Fe, copy_at(copies.h, r0 * Fe), Copy::kFilled, rows, Fe);
+    const LinearInput dy(exec, dys + r0 * C, rows, C);
+    const LinearInput hx(exec, h + r0 * Fe, copy_at(copies.h, r0 * Fe), Copy::kFilled, rows, Fe);
     linear_backward_weight(g.down + b / parts * C * Fe, dy, hx);
   });
   for_each_expert(blocks, s.E * parts, 1, [&](std::int64_t b, std::int64_t q0, std::int64_t n) {
     const std::int64_t e = b / parts;
     // Read by two GEMMs: rounded once (bf16), or already.
     bf16* xs16 = copy_at(copies.xs, q0 * C);
-    const LinearInput x(kind, xs + q0 * C, xs16, xs16 ? Copy::kFilled : Copy::kFill, n, C);
+    const LinearInput x(exec, xs + q0 * C, xs16, xs16 ? Copy::kFilled : Copy::kFill, n, C);
     // dwg[e], dwu[e] (Fe, C) += dgate^T, dup^T (Fe, n) · x (n, C)
-    const LinearInput dg(kind, d.dgate + q0 * Fe, copy_at(dgate16, q0 * Fe), Copy::kFilled, n, Fe);
-    const LinearInput du(kind, d.dup + q0 * Fe, copy_at(dup16, q0 * Fe), Copy::kFilled, n, Fe);
+    const LinearInput dg(exec, d.dgate + q0 * Fe, copy_at(dgate16, q0 * Fe), Copy::kFilled, n, Fe);
+    const LinearInput du(exec, d.dup + q0 * Fe, copy_at(dup16, q0 * Fe), Copy::kFilled, n, Fe);
     linear_backward_weight(g.gate + e * Fe * C, dg, x);
     linear_backward_weight(g.up + e * Fe * C, du, x);
   });
@@ -422,7 +353,6 @@ void moe_experts_backward(const Exec& exec, float* dxs, const ExpertGating& gati
                           const float* xs, const ExpertActs& acts, const ExpertWeights& w,
                           const std::int64_t* offsets, const ExpertShape& s,
                           const ExpertCopies& copies) {
-  refuse_gpu(exec);
   moe_experts_backward_input(exec, dxs, gating, d, dys, acts, w, offsets, s, copies);
   moe_experts_backward_weight(exec, g, dys, d, xs, acts.h, offsets, s, copies);
 }
@@ -439,18 +369,18 @@ void moe_ep_offsets(std::int64_t* offsets, std::int64_t* block_offsets, const st
   }
 }
 
+// Block copies of rows: kernels::copy on either backend (a device-to-device copy on a GPU); the
+// counts and block offsets are host memory.
 void moe_ep_reorder(const Exec& exec, float* dst, const float* src, const std::int32_t* counts,
                     const std::int64_t* block_offsets, std::int64_t P, std::int64_t El,
                     std::int64_t width, bool to_expert_major) {
-  refuse_gpu(exec);
   std::int64_t source_at = 0;  // rows before block (s, j) in source-major order
   for (std::int64_t s = 0; s < P; ++s)
     for (std::int64_t j = 0; j < El; ++j) {
       const std::int64_t expert_at = block_offsets[j * P + s], rows = counts[s * El + j];
       const std::int64_t from = (to_expert_major ? source_at : expert_at) * width;
       const std::int64_t to = (to_expert_major ? expert_at : source_at) * width;
-      if (rows > 0)
-        std::memcpy(dst + to, src + from, sizeof(float) * static_cast<size_t>(rows * width));
+      if (rows > 0) copy(exec, dst + to, src + from, rows * width);
       source_at += rows;
     }
 }
@@ -465,17 +395,20 @@ void moe_count(double* counts, const std::int32_t* chosen, std::int64_t N, std::
 //   loss_b = E Σ_e f_e P_e = (E / T) Σ_t Σ_e f_e p[t, e];
 //   d(weight loss_b)/ds[t, e] = weight (E / T) f_e                        (softmax: p = s)
 //                             = weight (E / T) (f_e − Σ_e' f_e' p[t, e']) / Σ   (sigmoid).
+// A token's part is detail::moe_aux_token (kernels/moe_math.h); the sums run over t, then b, in
+// order. On a GPU the same order (cuda::moe_aux_loss_to_host), whose result crosses to the host.
 double moe_aux_loss(const Exec& exec, float* dscores, const float* scores,
                     const std::int32_t* chosen, std::int64_t B, std::int64_t T,
                     const RouterShape& r, float weight) {
-  refuse_gpu(exec);
-  check_router(r);
-  const std::int64_t E = r.E, K = r.K;
-  // f of one sequence on the stack: the op allocates nothing, so E has a ceiling (recipe
-  // validation holds every model to it).
-  T3D_USER_CHECK(E <= kMaxExperts, "the MoE auxiliary loss supports up to ", kMaxExperts,
-                 " experts, not ", E);
+  // f of one sequence on the stack (the CPU) or in shared memory (the GPU): the op allocates
+  // nothing, so E has a ceiling (recipe validation holds every model to it).
+  T3D_USER_CHECK(r.E <= kMaxExperts, "the MoE auxiliary loss supports up to ", kMaxExperts,
+                 " experts, not ", r.E);
   T3D_ASSERT(B * T == r.N, "aux loss over ", B, " x ", T, " tokens, router of ", r.N);
+  check_router(r);
+  T3D_ON_GPU(exec,
+             cuda::moe_aux_loss_to_host(*exec.stream, dscores, scores, chosen, B, T, r, weight));
+  const std::int64_t E = r.E, K = r.K;
   double f[kMaxExperts];
   const bool sigmoid = r.score == RouterScore::kSigmoid;
   double total = 0.0;
@@ -484,23 +417,12 @@ double moe_aux_loss(const Exec& exec, float* dscores, const float* scores,
     for_each_slot(chosen + b * T * K, T * K, E, [&](std::int64_t, std::int32_t e) { f[e] += 1.0; });
     for (std::int64_t e = 0; e < E; ++e) f[e] /= static_cast<double>(T * K);
     const double coef = static_cast<double>(E) / static_cast<double>(T);
+    const double w = weight * coef;
     double loss = 0.0;
     for (std::int64_t t = 0; t < T; ++t) {
-      const float* s = scores + (b * T + t) * E;
-      double sum = 1.0;
-      if (sigmoid) {
-        sum = 0.0;
-        for (std::int64_t e = 0; e < E; ++e) sum += s[e];
-      }
-      double fp = 0.0;  // Σ_e f_e p[t, e]
-      for (std::int64_t e = 0; e < E; ++e) fp += f[e] * s[e];
-      fp /= sum;
-      loss += fp;
-      if (!dscores) continue;
-      float* d = dscores + (b * T + t) * E;
-      const double w = weight * coef;
-      for (std::int64_t e = 0; e < E; ++e)
-        d[e] = static_cast<float>(sigmoid ? w * (f[e] - fp) / sum : w * f[e]);
+      const std::int64_t row = (b * T + t) * E;
+      loss +=
+          detail::moe_aux_token(dscores ? dscores + row : nullptr, scores + row, f, E, sigmoid, w);
     }
     total += coef * loss;
   }

@@ -1,9 +1,10 @@
 // Mixture-of-experts operators (ops_moe.cpp): the router, the permutation of token slots by
 // expert, the experts' SwiGLU FFNs as one grouped pass over the permuted rows, the combine, the
-// sequence-wise auxiliary balance loss and the router-bias balancing rule. fp32, row-major, CPU;
-// the same accumulation contract as ops.h (parameter gradients accumulate, activation gradients
-// are written). Shapes: N tokens, C model dim, E experts, K experts per token (top-k), Fe one
-// expert's FFN width on this rank (its tp slice), S = N·K token slots.
+// sequence-wise auxiliary balance loss and the router-bias balancing rule. fp32, row-major, on
+// either backend (kernels/exec.h); the same accumulation contract as ops.h (parameter gradients
+// accumulate, activation gradients are written). Shapes: N tokens, C model dim, E experts, K
+// experts per token (top-k), Fe one expert's FFN width on this rank (its tp slice), S = N·K token
+// slots.
 //
 // Routing (docs/moe.md states the same math):
 //   scores s (N, E) = softmax(logits) per row, or sigmoid(logits) (RouterScore);
@@ -14,11 +15,16 @@
 // A slot is (token t, rank j < K): slot t·K + j. The permutation orders the slots by expert,
 // and inside an expert by slot index, so an expert's rows are contiguous and in token order.
 //
-// No op allocates: every buffer comes from the caller. The ops over arena memory take the
-// Exec first (kernels/exec.h) and, with no CUDA twin yet, refuse a GPU one. Those that take none
-// read the routing on the host, the MoE block's one named crossing (the routing counts:
-// moe_permute's offsets, moe_ep_offsets, moe_count), or are arithmetic on host values
-// (moe_capacity, moe_bias_delta).
+// No op allocates: every buffer comes from the caller (on a GPU the auxiliary loss keeps its
+// partial sums in the Stream's own buffer). The ops over the Exec's memory take the Exec first
+// and run their CUDA twin on a GPU one (kernels/cuda/cuda_ops.h; their row arithmetic is written
+// once, in kernels/moe_math.h). Those that take none read the routing on the host, so their
+// pointers are host memory: the MoE block copies `chosen` to the host, permutes it there and
+// copies the slot maps back (the one named crossing of the routing: moe_permute, moe_ep_offsets,
+// moe_count), or are arithmetic on host values (moe_capacity, moe_bias_delta). The expert
+// offsets the grouped pass and moe_ep_reorder take (offsets, part_offsets, counts,
+// block_offsets) are those host values on either backend: the host loops over the experts and
+// launches one GEMM each.
 #pragma once
 
 #include <cstdint>
@@ -257,8 +263,9 @@ void moe_count(double* counts, const std::int32_t* chosen, std::int64_t N, std::
 // per sequence: with f[b, e] = (slots of sequence b routed to e) / (T·K) and
 // P[b, e] = (1/T) Σ_t p[t, e], where p is the scores normalised over all E (softmax scores
 // already are; sigmoid scores divided by their row sum), loss_b = E · Σ_e f[b, e] · P[b, e].
-// Returns Σ_b loss_b (the caller weighs it: coefficient / sequences in the global batch).
-// E ≤ 4096 (one sequence's f is kept on the stack).
+// Returns Σ_b loss_b (the caller weighs it: coefficient / sequences in the global batch), a host
+// value: on a GPU the call waits for the stream (a crossing, as the step's scalars).
+// E ≤ kMaxExperts (one sequence's f is kept on the stack, or in a GPU block's shared memory).
 // With `dscores` (N, E) non-null, writes the gradient of weight · Σ_b loss_b with respect to the
 // scores (f is a constant, as in Switch and DeepSeek-V3).
 double moe_aux_loss(const Exec& exec, float* dscores, const float* scores,

@@ -160,14 +160,18 @@ void StagedComm::all_to_allv(Exchange& exchange, const T* send, const std::vecto
                              const std::vector<int>& recv_counts,
                              const std::vector<int>& recv_displs, size_t row_size) const {
   const size_t row_bytes = row_size * sizeof(T);
-  // Send staging then receive staging, in one block kept until the exchange finishes.
+  // Send staging then receive staging, in one block kept until the exchange finishes. The receive
+  // staging starts at least one element in, also when this rank sends nothing: a send buffer equal
+  // to the receive buffer is MPI_IN_PLACE to Open MPI's non-blocking collectives (libnbc), whose
+  // in-place exchange then waits for rows the peers never send.
   const size_t send_bytes = extent(send_counts, send_displs) * row_bytes;
   const size_t recv_bytes = extent(recv_counts, recv_displs) * row_bytes;
-  Staged s{take(send_bytes + recv_bytes), recv, send_bytes, recv_bytes};
+  const size_t recv_at = std::max(send_bytes, sizeof(T));
+  Staged s{take(recv_at + recv_bytes), recv, recv_at, recv_bytes};
   if (send_bytes) kernels::copy_to_host(exec_, s.host.data(), send, send_bytes);
   inner_.start_all_to_allv(exchange, reinterpret_cast<const T*>(s.host.data()), send_counts,
-                           send_displs, reinterpret_cast<T*>(s.host.data() + send_bytes),
-                           recv_counts, recv_displs, row_size);
+                           send_displs, reinterpret_cast<T*>(s.host.data() + recv_at), recv_counts,
+                           recv_displs, row_size);
   exchange.request = track(exchange.request, std::move(s));
 }
 

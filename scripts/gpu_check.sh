@@ -61,7 +61,8 @@ if grep -q "SKIPPED \]" "$logs/gpu_tests.log"; then
   echo "gpu_tests              FAILED: tests skipped on a GPU machine" | tee -a "$logs/summary.txt"
   status=1
 fi
-# The whole Model on the GPU: a dense model's training steps against the CPU's, twice for the bits.
+# The whole Model on the GPU: dense and MoE models' training steps against the CPU's, twice for the
+# bits.
 step gpu_model 120 "$root/bin/test_model_gpu"
 grep -E "OK \]|FAILED|SKIPPED \]|Failure|Expected|Which is|error" "$logs/gpu_model.log" | head -n 20
 if grep -q "SKIPPED \]" "$logs/gpu_model.log"; then
@@ -71,7 +72,7 @@ fi
 # titan3d itself on the GPU (one rank, fp32): against the CPU, twice, and resumed from a snapshot.
 step gpu_train 300 bash "$root/bin/gpu_train_check.sh" "$root" "$PWD" "$logs/train"
 grep -E "device:|GPU|FAIL|within|eval|^device" "$logs/gpu_train.log" | head -n 24
-sanitized='CudaElementwise.*:CudaRows.*:CudaLoss.*:CudaAttention.*:CudaDispatch.*:CudaDevice.ADeviceArenaNeedsAGpu'
+sanitized='CudaElementwise.*:CudaRows.*:CudaLoss.*:CudaAttention.*:CudaMoe.*:CudaDispatch.*:CudaDevice.ADeviceArenaNeedsAGpu'
 if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
   cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   step memcheck 120 "$cs" --tool memcheck --error-exitcode 9 "$root/bin/test_kernels_cuda" --gtest_filter="$sanitized"

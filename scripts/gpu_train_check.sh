@@ -14,9 +14,13 @@
 #   6. bf16 on the GPU: recipes/default.toml's model on one rank, 200 steps, in fp32 and in bf16:
 #      the bf16 losses within 2% of the fp32 run's at every step;
 #   7. selfcheck's device rows on two ranks sharing the GPU (GEMM TFLOP/s against the datasheet,
-#      pinned copy GB/s): the run passes, and the rows are printed.
+#      pinned copy GB/s): the run passes, and the rows are printed;
+#   8. a mixture of experts: recipes/moe.toml (pp2 × dp2, four ranks sharing the GPU; the router
+#      bias's balancing) with the auxiliary loss on, 20 fp32 steps, on the CPU and on the GPU, and
+#      again with expert parallelism (ep2: the rows' all-to-alls staged through host memory): the
+#      GPU's losses within 1e-4 relative of the CPU's (the MoE ops' CUDA twins, docs/moe.md).
 # Usage: gpu_train_check.sh BUNDLE_ROOT REPO LOG_DIR. DEVICE=cpu runs the "GPU" runs on the CPU
-# instead (to check this script and the bundle where no GPU is). Exit 0 when all seven hold.
+# instead (to check this script and the bundle where no GPU is). Exit 0 when all eight hold.
 set -uo pipefail
 root=$1 repo=$2 logs=$3
 device=${DEVICE:-cuda}
@@ -56,6 +60,12 @@ done
 layout=(--set parallel.pp=2 --set parallel.dp=2 --set parallel.tp=2 --set parallel.zero=1)
 run cpu_3d cpu titan3d train recipes/tiny.toml "${layout[@]}"
 run gpu_3d "$device" titan3d train recipes/tiny.toml "${layout[@]}"
+for ep in 1 2; do
+  run cpu_moe_ep$ep cpu titan3d train recipes/moe.toml --set model.router_aux_coef=0.01 \
+    --set parallel.ep=$ep
+  run gpu_moe_ep$ep "$device" titan3d train recipes/moe.toml --set model.router_aux_coef=0.01 \
+    --set parallel.ep=$ep
+done
 one=(--set parallel.pp=1 --set parallel.dp=1 --set parallel.tp=1 --set data.path="$root/data/corpus.txt"
      --set train.val_every=0 --set snapshot.every=0 --set hardware.device="$device")
 for precision in fp32 bf16; do
@@ -110,6 +120,11 @@ cpu4, gpu4 = losses("cpu_3d"), losses("gpu_3d")
 w4 = worst(gpu4, cpu4)
 print(f"GPU vs CPU, pp2 x dp2 x tp2 ZeRO-1 on 8 ranks: largest relative difference {w4:.2e} (within 1e-4)")
 ok &= len(cpu4) == 20 and len(gpu4) == len(cpu4) and w4 <= 1e-4
+for ep in (1, 2):
+    cpu_moe, gpu_moe = losses(f"cpu_moe_ep{ep}"), losses(f"gpu_moe_ep{ep}")
+    wm = worst(gpu_moe, cpu_moe)
+    print(f"GPU vs CPU, recipes/moe.toml (pp2 x dp2 ep{ep}, aux loss) on 4 ranks: largest relative difference {wm:.2e} (within 1e-4)")
+    ok &= len(cpu_moe) == 20 and len(gpu_moe) == len(cpu_moe) and wm <= 1e-4
 fp32, bf16 = losses("default_fp32"), losses("default_bf16")
 w16 = worst(bf16, fp32)
 print(f"bf16 vs fp32 on the GPU, default model, {len(bf16)} steps: largest relative difference {w16:.2e} at a step (within 2e-2)")

@@ -50,6 +50,11 @@ struct Stream::Impl {
   bf16* gemm_inputs = nullptr;
   std::size_t gemm_input_elems = 0;
   bf16* gemm_inputs_for(std::size_t elems);  // at least `elems`, synchronising to grow
+  // The MoE auxiliary loss's partial sums (per-sequence fractions, per-token terms, per-sequence
+  // losses and the total), grown and kept the same way.
+  double* moe_sums = nullptr;
+  std::size_t moe_sum_elems = 0;
+  double* moe_sums_for(std::size_t elems);
 };
 
 // Grid-stride launches over n elements: a fixed block size and a grid capped so that a launch

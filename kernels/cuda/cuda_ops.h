@@ -1,15 +1,17 @@
-// The CUDA backend of the kernel layer: the ops of kernels/ops.h on an NVIDIA GPU, on device
-// pointers, each enqueued on a Stream. This header names no CUDA type, so host code that does not
-// include the CUDA runtime can call it.
+// The CUDA backend of the kernel layer: the ops of kernels/ops.h and kernels/ops_moe.h on an
+// NVIDIA GPU, on device pointers, each enqueued on a Stream. This header names no CUDA type, so
+// host code that does not include the CUDA runtime can call it.
 //
 // Contracts are those of kernels/ops.h (shapes, accumulate vs write, ignore index, the vocab
-// slice), and each op is tested against its CPU twin on a GPU (tests/kernels/test_cuda_ops.cpp):
-//   - bit for bit where both backends evaluate the same element arithmetic (kernels/row_math.h) in
-//     the same order: embedding, RMSNorm, RoPE, AdamW, the bf16 casts, and SwiGLU against the
-//     CPU's SSE2 path (its AVX paths contract to FMAs);
+// slice), and each op is tested against its CPU twin on a GPU (tests/kernels/test_cuda_ops.cpp,
+// test_cuda_moe.cpp):
+//   - bit for bit where both backends evaluate the same element arithmetic (kernels/row_math.h,
+//     kernels/moe_math.h) in the same order: embedding, RMSNorm, RoPE, AdamW, the bf16 casts, the
+//     MoE row moves, combine, router backward, gate gradients and auxiliary loss, and SwiGLU
+//     against the CPU's SSE2 path (its AVX paths contract to FMAs);
 //     (a NaN result is the GPU's canonical NaN, not an operand's payload);
 //   - within fp32 rounding where the order of a sum differs: the GEMMs (cuBLAS), attention, the
-//     cross-entropy (libm's exp against CUDA's expf), the sum of squares.
+//     cross-entropy and the router's scores (libm's exp against CUDA's expf), the sum of squares.
 // Deterministic: no floating-point atomics; every reduction has a fixed order that depends on the
 // shapes only (not the GPU's SM count); cuBLAS runs on one stream with a fixed workspace and TF32
 // off, so two runs give the same bits.
@@ -24,6 +26,7 @@
 
 #include "kernels/device.h"
 #include "kernels/ops.h"
+#include "kernels/ops_moe.h"
 
 namespace t3d::kernels::cuda {
 
@@ -224,5 +227,42 @@ void attention_backward(const Stream& s, float* dq, float* dk, float* dv, const 
 void attention_decode(const Stream& s, float* out, const float* q, const float* k_cache,
                       const float* v_cache, float* lse, std::int64_t n, std::int64_t n_heads,
                       std::int64_t n_kv_heads, std::int64_t head_dim);
+
+// ---- mixture of experts (ops_moe.cu)
+// -------------------------------------------------------------
+
+// As kernels/ops_moe.h, on device pointers. The router: one thread per token through
+// kernels/moe_math.h's rows (the scores within 2 ulp of the CPU's: CUDA's expf; the rest the
+// CPU's arithmetic on them; the backward the CPU's bits).
+void moe_route_forward(const Stream& s, float* scores, std::int32_t* chosen, float* gates,
+                       const float* logits, const float* bias, const RouterShape& r);
+void moe_route_backward(const Stream& s, float* dlogits, const float* dgates,
+                        const float* dscores_extra, const float* scores, const std::int32_t* chosen,
+                        const RouterShape& r);
+// Row moves and the combine (each output element's sum over j in the CPU's order): same bits.
+void moe_gather(const Stream& s, float* rows, const float* x, const std::int32_t* slot_of_row,
+                std::int64_t S, std::int64_t K, std::int64_t C);
+void moe_gather(const Stream& s, bf16* rows, const bf16* x, const std::int32_t* slot_of_row,
+                std::int64_t S, std::int64_t K, std::int64_t C);
+void moe_combine(const Stream& s, float* y, const float* rows, const float* w,
+                 const std::int32_t* row_of_slot, std::int64_t N, std::int64_t K, std::int64_t C,
+                 Out mode);
+void moe_gather_slots(const Stream& s, float* by_row, const float* by_slot,
+                      const std::int32_t* slot_of_row, std::int64_t rows);
+void moe_scatter_slots(const Stream& s, float* by_slot, const float* by_row,
+                       const std::int32_t* slot_of_row, std::int64_t rows);
+// The experts' backward between its GEMMs (kernels/ops_moe.cpp gate_grads_and_scale): per row r
+// of the S, gating.dgates[slot_of_row[r]] = Σ_f dh[r, f] · h[r, f] (one thread's double sum over
+// f in order: the CPU's bits), then dh's and dys's rows scaled by the row's gate. h is read from
+// h16 (bf16) when it is given, else from h.
+void moe_gate_grads(const Stream& s, const ExpertGating& gating, float* dh, float* dys,
+                    const float* h, const bf16* h16, std::int64_t S, std::int64_t C,
+                    std::int64_t Fe);
+// kernels::moe_aux_loss: the per-sequence fractions (integer counts), each token's term and
+// gradient (moe_math.h), and the sums over t then b in the CPU's order: the CPU's bits. Waits for
+// the stream and returns the loss on the host (the op's crossing).
+double moe_aux_loss_to_host(const Stream& s, float* dscores, const float* scores,
+                            const std::int32_t* chosen, std::int64_t B, std::int64_t T,
+                            const RouterShape& r, float weight);
 
 }  // namespace t3d::kernels::cuda

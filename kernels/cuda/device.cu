@@ -72,16 +72,29 @@ int device_for_local_rank(int local_rank, int visible_count) {
   return local_rank % visible_count;
 }
 
-bf16* Stream::Impl::gemm_inputs_for(std::size_t elems) {
-  if (elems > gemm_input_elems) {
+namespace {
+// A buffer the stream keeps, of at least `elems` (`have` so far): reallocated only to grow, after
+// the stream has finished with the old one.
+template <class T>
+T* grown(cudaStream_t stream, T*& p, std::size_t& have, std::size_t elems) {
+  if (elems > have) {
     T3D_CUDA_CHECK(cudaStreamSynchronize(stream));  // the old buffer may still be read
-    if (gemm_inputs) T3D_CUDA_CHECK(cudaFree(gemm_inputs));
-    gemm_inputs = nullptr;
-    gemm_input_elems = 0;
-    T3D_CUDA_CHECK(cudaMalloc(&gemm_inputs, elems * sizeof(bf16)));
-    gemm_input_elems = elems;
+    if (p) T3D_CUDA_CHECK(cudaFree(p));
+    p = nullptr;
+    have = 0;
+    T3D_CUDA_CHECK(cudaMalloc(&p, elems * sizeof(T)));
+    have = elems;
   }
-  return gemm_inputs;
+  return p;
+}
+}  // namespace
+
+bf16* Stream::Impl::gemm_inputs_for(std::size_t elems) {
+  return grown(stream, gemm_inputs, gemm_input_elems, elems);
+}
+
+double* Stream::Impl::moe_sums_for(std::size_t elems) {
+  return grown(stream, moe_sums, moe_sum_elems, elems);
 }
 
 Stream::Stream(int device) : impl_(std::make_unique<Impl>()) {
@@ -110,6 +123,7 @@ Stream::~Stream() {
   cudaFree(impl_->scalar_sum);
   cudaFree(impl_->scalar_count);
   cudaFree(impl_->gemm_inputs);
+  cudaFree(impl_->moe_sums);
   if (impl_->stream) cudaStreamDestroy(impl_->stream);
 }
 

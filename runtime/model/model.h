@@ -83,7 +83,11 @@ struct ModelOptions {
   // Expert parallelism (parallel.ep > 1): this rank's EP group. EP rank r holds the routed
   // experts expert_share(config, ep, r) of every MoE block; each block's token slots travel to
   // the rank holding their expert and back (docs/moe.md). nullptr or size 1: every expert here.
+  // Its counts travel on it (host values); its rows and gates on `ep_tensors` (the same group's
+  // tensor transfers: a StagedComm on a GPU, whose tensors are device memory), or on `ep` itself
+  // when that is null.
   const parallel::Comm* ep = nullptr;
+  const parallel::TensorComm* ep_tensors = nullptr;
 };
 
 // Context parallelism: cp rank `cp_rank`'s tokens of `rows` whole sequences of `seq_len` (row
@@ -290,7 +294,8 @@ class Model final : public StageModel {
   void moe_backward_weights(int64_t layer, const LayerActs& a, const BlockCopies& copies,
                             const BlockParams& g, const LayerGrads& kept);
   // The routing's permutation of a.chosen into expert_offsets_ (host) and the scratch slot maps
-  // (the capacity's drops included); returns the slots dropped. The named host crossing below.
+  // (the capacity's drops included), through routing_host_; returns the slots dropped. The named
+  // host crossing below.
   int64_t routing_to_host(const LayerActs& a);
   // A training forward's routing statistics of block `layer`: counts, drops, auxiliary loss.
   void count_routing(int64_t layer, const LayerActs& a, int64_t dropped,
@@ -303,6 +308,10 @@ class Model final : public StageModel {
   static kernels::SwigluWeights shared_weights(const ConstBlock& w);
   // Expert parallelism: the routed experts' part of moe_forward / moe_backward on the EP group.
   int ep_size() const { return options_.ep ? options_.ep->size() : 1; }
+  // The EP group's tensor transfers (ModelOptions::ep_tensors, else ep).
+  const parallel::TensorComm& ep_rows() const {
+    return options_.ep_tensors ? *options_.ep_tensors : *options_.ep;
+  }
   // The forward's dispatch is started (counts exchanged, rows under way) before the shared
   // experts' compute and finished after it: moe_experts_ep_forward takes the rows in flight.
   // Its exchange is ep_exchange_, which carries one exchange at a time.
@@ -326,6 +335,8 @@ class Model final : public StageModel {
                                const BlockParams& g, RowsInFlight& dispatch,
                                const LayerGrads* keep);
   void ep_plan(const int32_t* recv);  // ep_route_ from the counts each EP rank sends here
+  // a.erecv (kept by the forward's dispatch) copied into ep_route_.recv, which it returns.
+  const int32_t* ep_counts_to_host(const LayerActs& a);
   // An all-to-allv of rows of model.dim floats over the EP group: `sent` rows per EP rank out
   // of `send`, `received` into `recv` (ep_route_'s counts, or their mirror). fp32, or bf16 when
   // the model stores bf16 (the precision of TP traffic too): each row rounded once on the way.
@@ -413,13 +424,19 @@ class Model final : public StageModel {
   std::vector<double> expert_counts_;  // E per held MoE block
   std::vector<double> dropped_slots_;  // per held MoE block
   double aux_loss_ = 0;
-  // The MoE routing counts on the host: the one place a block's math reads arena memory on the
-  // host, for the experts' GEMM shapes and the all-to-alls' counts. Read from a.chosen
-  // (routing_to_host) and, under expert parallelism, a.erecv (ep_plan, moe_backward_weights).
+  // The MoE routing counts on the host, for the experts' GEMM shapes and the all-to-alls' counts:
+  // the one place a block's math needs arena values on the host, copied there (named crossings)
+  // from a.chosen (routing_to_host) and, under expert parallelism, a.erecv (ep_counts_to_host).
   std::vector<int64_t> expert_offsets_;  // E + 1: the permutation's expert boundaries
+  // The routing's host side (routing_to_host), N·K each: a.chosen's copy, and the slot maps
+  // moe_permute builds here before they are copied into scratch moe_row_of_slot / moe_slot_of_row.
+  struct RoutingOnHost {
+    std::vector<int32_t> chosen, row_of_slot, slot_of_row;
+  } routing_host_;
   // Expert parallelism's exchange of one block (ep_plan), sized once: rows per EP rank.
   struct EpRoute {
     std::vector<int32_t> mine;  // E: this rank's rows per expert
+    std::vector<int32_t> recv;  // P·El: the rows each EP rank sends here (a.erecv's host copy)
     std::vector<int> send_counts, send_displs, recv_counts, recv_displs;  // P each
     std::vector<int64_t> local_offsets;   // El + 1: the local experts' rows, expert-major
     std::vector<int64_t> source_offsets;  // El·P + 1: their (expert, source rank) blocks

@@ -120,8 +120,11 @@ void Model::build_params() {
   expert_counts_.assign(moe_layers_.size() * static_cast<size_t>(config_.n_experts), 0.0);
   dropped_slots_.assign(moe_layers_.size(), 0.0);
   expert_offsets_.assign(static_cast<size_t>(config_.n_experts + 1), 0);
+  for (auto* v : {&routing_host_.chosen, &routing_host_.row_of_slot, &routing_host_.slot_of_row})
+    v->assign(static_cast<size_t>(dims_.S), 0);
   const auto P = static_cast<size_t>(options_.ep ? options_.ep->size() : 1);
   ep_route_.mine.assign(static_cast<size_t>(config_.n_experts), 0);
+  ep_route_.recv.assign(P * static_cast<size_t>(experts_.size(config_)), 0);
   for (auto* v : {&ep_route_.send_counts, &ep_route_.send_displs, &ep_route_.recv_counts,
                   &ep_route_.recv_displs})
     v->assign(P, 0);

@@ -30,12 +30,23 @@ k::SwigluWeights Model::shared_weights(const ConstBlock& w) {
 }
 
 int64_t Model::routing_to_host(const LayerActs& a) {
-  const int64_t N = rows_, E = dims_.E, K = dims_.K;
+  const k::Exec& exec = options_.exec;
+  const int64_t N = rows_, E = dims_.E, K = dims_.K, S = N * K;
+  auto& h = routing_host_;
+  // The crossing: `chosen` to the host, the permutation there (offsets for the experts' GEMM
+  // shapes, which the host launches), the slot maps back into the Exec's memory for the gathers
+  // and the combine. On a GPU each copy waits for the stream.
+  k::copy_to_host(exec, h.chosen.data(), a.chosen, static_cast<size_t>(S) * sizeof(int32_t));
   // The capacity drops the same slots in the backward and in a recompute: they depend on
   // `chosen` alone.
-  return k::moe_permute(expert_offsets_.data(), scratch_->moe_row_of_slot,
-                        scratch_->moe_slot_of_row, a.chosen, N, E, K,
-                        k::moe_capacity(config_.capacity_factor, N, E, K));
+  const int64_t dropped =
+      k::moe_permute(expert_offsets_.data(), h.row_of_slot.data(), h.slot_of_row.data(),
+                     h.chosen.data(), N, E, K, k::moe_capacity(config_.capacity_factor, N, E, K));
+  k::copy_from_host(exec, scratch_->moe_row_of_slot, h.row_of_slot.data(),
+                    static_cast<size_t>(S) * sizeof(int32_t));
+  k::copy_from_host(exec, scratch_->moe_slot_of_row, h.slot_of_row.data(),
+                    static_cast<size_t>(expert_offsets_[E]) * sizeof(int32_t));
+  return dropped;
 }
 
 void Model::moe_forward(int64_t l, LayerActs& a, const BlockCopies& copies, const ConstBlock& w,
@@ -87,7 +98,9 @@ void Model::count_routing(int64_t l, const LayerActs& a, int64_t dropped, const 
   const int64_t E = dims_.E;
   const size_t at = static_cast<size_t>(
       std::lower_bound(moe_layers_.begin(), moe_layers_.end(), l) - moe_layers_.begin());
-  k::moe_count(expert_counts_.data() + at * static_cast<size_t>(E), a.chosen, rows_, E, dims_.K);
+  // From the host copy of a.chosen routing_to_host has just made.
+  k::moe_count(expert_counts_.data() + at * static_cast<size_t>(E), routing_host_.chosen.data(),
+               rows_, E, dims_.K);
   dropped_slots_[at] += static_cast<double>(dropped);
   if (options_.moe_aux_weight > 0)
     aux_loss_ += options_.moe_aux_weight * k::moe_aux_loss(exec, nullptr, a.scores, a.chosen,
@@ -201,7 +214,8 @@ void Model::moe_backward_weights(int64_t l, const LayerActs& a, const BlockCopie
     // the counts the forward received.
     const int64_t P = ep_size(), El = dims_.El;
     auto& route = ep_route_;
-    k::moe_ep_offsets(route.local_offsets.data(), route.source_offsets.data(), a.erecv, P, El);
+    k::moe_ep_offsets(route.local_offsets.data(), route.source_offsets.data(), ep_counts_to_host(a),
+                      P, El);
     k::moe_experts_backward_weight(
         exec, eg, kept.expert_dy, ed, a.ex, a.eh, route.local_offsets.data(),
         {El, C, dims_.Fe, P, route.source_offsets.data()}, copies.experts());
@@ -263,6 +277,12 @@ void Model::ep_plan(const int32_t* recv) {
              " rows, more than the ", ep_rows_, " their buffers hold");
 }
 
+const int32_t* Model::ep_counts_to_host(const LayerActs& a) {
+  k::copy_to_host(options_.exec, ep_route_.recv.data(), a.erecv,
+                  ep_route_.recv.size() * sizeof(int32_t));
+  return ep_route_.recv.data();
+}
+
 Model::RowsInFlight Model::moe_ep_dispatch(LayerActs& a) {
   const parallel::Comm& ep = *options_.ep;
   const int64_t E = dims_.E, El = dims_.El;
@@ -270,8 +290,11 @@ Model::RowsInFlight Model::moe_ep_dispatch(LayerActs& a) {
   for (int64_t e = 0; e < E; ++e)
     ep_route_.mine[static_cast<size_t>(e)] =
         static_cast<int32_t>(expert_offsets_[e + 1] - expert_offsets_[e]);
-  ep.all_to_all(ep_route_.mine.data(), a.erecv, static_cast<size_t>(El));
-  ep_plan(a.erecv);
+  ep.all_to_all(ep_route_.mine.data(), ep_route_.recv.data(), static_cast<size_t>(El));
+  // Kept with the activations for the backward (a crossing into the Exec's memory).
+  k::copy_from_host(options_.exec, a.erecv, ep_route_.recv.data(),
+                    ep_route_.recv.size() * sizeof(int32_t));
+  ep_plan(ep_route_.recv.data());
   const auto& r = ep_route_;
   return start_ep_exchange(s.moe_rows, r.send_counts, r.send_displs, s.moe_ep_rows, r.recv_counts,
                            r.recv_displs);
@@ -282,7 +305,7 @@ void Model::moe_experts_ep_forward(LayerActs& a, const BlockCopies& copies, cons
   const k::Exec& exec = options_.exec;
   const int64_t P = ep_size(), El = dims_.El, C = dims_.C;
   auto& s = *scratch_;
-  const int32_t* recv = a.erecv;
+  const int32_t* recv = ep_route_.recv.data();  // moe_ep_dispatch's
   const auto& r = ep_route_;
   finish_ep_exchange(dispatch);
   k::moe_ep_reorder(exec, a.ex, s.moe_ep_rows, recv, r.source_offsets.data(), P, El, C, true);
@@ -299,10 +322,10 @@ void Model::moe_experts_ep_forward(LayerActs& a, const BlockCopies& copies, cons
 // gradient (into moe_grad) and gate gradient (into moe_dgates, by slot) come back.
 Model::RowsInFlight Model::moe_ep_dispatch_backward(LayerActs& a) {
   const k::Exec& exec = options_.exec;
-  const parallel::TensorComm& ep = *options_.ep;  // the rows: tensors
+  const parallel::TensorComm& ep = ep_rows();  // the rows: tensors
   const int64_t P = ep_size(), El = dims_.El, kept = expert_offsets_[dims_.E];
   auto& s = *scratch_;
-  const int32_t* recv = a.erecv;
+  const int32_t* recv = ep_counts_to_host(a);
   ep_plan(recv);
   const auto& r = ep_route_;
   k::moe_gather_slots(exec, s.moe_ep_gates, a.gates, s.moe_slot_of_row, kept);
@@ -319,10 +342,10 @@ void Model::moe_experts_ep_backward(LayerActs& a, const BlockCopies& copies, con
                                     const BlockParams& g, RowsInFlight& dispatch,
                                     const LayerGrads* keep) {
   const k::Exec& exec = options_.exec;
-  const parallel::TensorComm& ep = *options_.ep;  // the rows: tensors
+  const parallel::TensorComm& ep = ep_rows();  // the rows: tensors
   const int64_t P = ep_size(), El = dims_.El, C = dims_.C, kept = expert_offsets_[dims_.E];
   auto& s = *scratch_;
-  const int32_t* recv = a.erecv;
+  const int32_t* recv = ep_route_.recv.data();  // moe_ep_dispatch_backward's
   const auto& r = ep_route_;
   finish_ep_exchange(dispatch);
   // With `keep` the gated output gradients and the gate and up gradients stay for W.
@@ -365,7 +388,7 @@ Model::RowsInFlight Model::start_ep_exchange(const float* send, const std::vecto
                                              const std::vector<int>& sent_at, float* recv,
                                              const std::vector<int>& received,
                                              const std::vector<int>& received_at) {
-  const parallel::TensorComm& ep = *options_.ep;  // the rows: tensors
+  const parallel::TensorComm& ep = ep_rows();  // the rows: tensors
   const auto C = static_cast<size_t>(config_.dim);
   RowsInFlight f;
   f.recv = recv;
@@ -383,7 +406,7 @@ Model::RowsInFlight Model::start_ep_exchange(const float* send, const std::vecto
 }
 
 void Model::finish_ep_exchange(RowsInFlight& rows) {
-  options_.ep->wait(ep_exchange_);
+  ep_rows().wait(ep_exchange_);
   if (options_.bf16)
     k::bf16_to_float(options_.exec, rows.recv, scratch_->ep16_recv, rows.rows * config_.dim);
 }

@@ -24,15 +24,12 @@ namespace {
 // sent in bf16.
 bool stores_bf16(const JobPrecision& p) { return p.train == TrainPrecision::kBf16; }
 
-// The rank's device (hardware.device), logged. On a GPU what the CUDA backend cannot run yet is
-// refused here, naming the key: mixtures of experts.
+// The rank's device (hardware.device), logged. Every model and layout runs on a GPU (mixtures of
+// experts through the MoE ops' CUDA twins, expert parallelism's rows staged as the other tensor
+// collectives: docs/gpu.md).
 std::unique_ptr<kernels::Device> open_device(const Job& job) {
-  const Recipe& r = job.recipe;
-  auto device = kernels::Device::open(r.hardware.device, job.env.local_rank);
+  auto device = kernels::Device::open(job.recipe.hardware.device, job.env.local_rank);
   spdlog::info("device: {}", device->description());
-  if (!device->on_gpu()) return device;
-  T3D_USER_CHECK(r.model.n_experts == 0, "hardware.device = cuda: model.n_experts must be 0 for ",
-                 "now (the mixture-of-experts ops have no CUDA path yet)");
   return device;
 }
 
@@ -47,8 +44,10 @@ StageGroups::StageGroups(const parallel::Mesh& mesh, const kernels::Device& devi
   cp_ = std::make_unique<parallel::StagedComm>(mesh.group(Dim::cp), exec);
   dp_cp_ = std::make_unique<parallel::StagedComm>(mesh.dp_cp(), exec);
   edp_ = std::make_unique<parallel::StagedComm>(mesh.edp(), exec);
-  spdlog::info("tensor collectives of tp, pp, cp, dp × cp and edp staged through host memory ({})",
-               device.on_gpu() ? "the GPU's tensors" : "T3D_STAGE_COLLECTIVES=1");
+  ep_ = std::make_unique<parallel::StagedComm>(mesh.ep(), exec);
+  spdlog::info(
+      "tensor collectives of tp, pp, cp, dp × cp, edp and ep staged through host memory ({})",
+      device.on_gpu() ? "the GPU's tensors" : "T3D_STAGE_COLLECTIVES=1");
 }
 
 parallel::Schedule stage_schedule(const Recipe& r, int pp) {
@@ -116,6 +115,7 @@ Stage build_stage(const Job& job, StagePurpose purpose) {
       model_options(r, job.precision(), purpose, s.micro_rows, s.executor.get(), &s.groups->cp());
   options.exec = s.device->exec(options.exec.gemm);
   options.ep = &mesh.ep();  // every EP rank runs the same forwards and backwards
+  options.ep_tensors = &s.groups->ep();
   s.model = std::make_unique<Model>(r.model, s.layers, s.groups->tp(), *s.arena, options);
   s.holds_loss = s.layers.back().last && mesh.coord().tp == 0;
   return s;

@@ -66,6 +66,8 @@ class StageGroups {
   // The gradient groups (parallel/mesh.h): dense parameters over dp × cp, experts over edp.
   const parallel::TensorComm& dp_cp() const { return pick(dp_cp_, mesh_.dp_cp()); }
   const parallel::TensorComm& edp() const { return pick(edp_, mesh_.edp()); }
+  // The EP group's tensor transfers (the experts' rows and gates; its counts stay on mesh.ep()).
+  const parallel::TensorComm& ep() const { return pick(ep_, mesh_.ep()); }
 
  private:
   static const parallel::TensorComm& pick(const std::unique_ptr<parallel::StagedComm>& staged,
@@ -74,7 +76,7 @@ class StageGroups {
     return direct;
   }
   const parallel::Mesh& mesh_;
-  std::unique_ptr<parallel::StagedComm> tp_, pp_, cp_, dp_cp_, edp_;
+  std::unique_ptr<parallel::StagedComm> tp_, pp_, cp_, dp_cp_, edp_, ep_;
 };
 
 struct Stage {

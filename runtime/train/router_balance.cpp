@@ -53,10 +53,12 @@ ExpertLoad measure_load(const parallel::Mesh& mesh, const Model& model, const Sh
   }
   if (m.router_bias_rate > 0) {
     const auto& params = model.params();
+    std::vector<float> v;  // a bias piece, copied to the host (the Exec's memory may be a GPU's)
     state.for_each_piece(state.owned(), [&](const ShardedState::Piece& p) {
       if (!params[p.param].router_bias()) return;
-      const float* v = state.params(p);
-      for (int64_t i = 0; i < p.size(); ++i) {
+      v.resize(static_cast<size_t>(p.size()));
+      kernels::copy_to_host(model.exec(), v.data(), state.params(p), v.size() * sizeof(float));
+      for (size_t i = 0; i < v.size(); ++i) {
         bias_range[0] = std::max(bias_range[0], -static_cast<double>(v[i]));
         bias_range[1] = std::max(bias_range[1], static_cast<double>(v[i]));
       }

@@ -4,7 +4,8 @@
 #     auto trains on the CPU and the rank's log, the performance table and summary.json say so;
 #   - the tensor collectives a GPU stage stages through host memory (parallel/staged_comm.h)
 #     change no bit: layouts with pipeline, tensor (with sequence parallelism), context and data
-#     parallelism (ZeRO 1-3, the experts' edp group), fp32 and bf16 (bf16 wire and TP traffic), each trained 4 steps with the mesh's
+#     parallelism (ZeRO 1-3, the experts' edp group), expert parallelism's rows and gates (the ep
+#     group's all-to-alls), fp32 and bf16 (bf16 wire and TP traffic), each trained 4 steps with the mesh's
 #     MPI groups and again with T3D_STAGE_COLLECTIVES=1 (the staged path on the CPU): every loss
 #     and gradient norm equal, and the staged runs' logs say they staged. Usage: device_staging.sh TITAN3D
 set -u
@@ -62,4 +63,7 @@ check pp2_dp2_tp2_zero3 --set train.precision=fp32 --set parallel.pp=2 --set par
 check dp2_ep2_moe_zero2 --set train.precision=fp32 --set parallel.dp=2 --set parallel.ep=2 \
   --set parallel.zero=2 --set model.n_experts=4 --set model.experts_per_token=2 \
   --set model.moe_ffn_dim=48
+check dp2_ep2_moe_bf16_aux --set train.precision=bf16 --set parallel.dp=2 --set parallel.ep=2 \
+  --set model.n_experts=4 --set model.experts_per_token=2 --set model.moe_ffn_dim=48 \
+  --set model.router_aux_coef=0.01
 exit $fail

@@ -19,6 +19,7 @@
 #include "kernels/ops.h"
 #include "kernels/ops_decode.h"
 #include "kernels/row_math.h"
+#include "tests/kernels/gpu_compare.h"
 #include "tests/kernels/reference.h"
 #include "tests/kernels/the_gpu.h"
 
@@ -30,52 +31,11 @@ using ref::random_floats;
 
 using cuda::testing::the_gpu;
 
-const gpu::Stream& S() { return *the_gpu().stream; }
-
-// A device copy of a host vector, read back with host().
-template <class T>
-struct Dev {
-  gpu::DeviceMemory mem;
-  std::size_t n = 0;
-  explicit Dev(const std::vector<T>& h) : mem(h.size() * sizeof(T), "test"), n(h.size()) {
-    gpu::copy_to_device(S(), mem.data(), h.data(), n * sizeof(T));
-  }
-  explicit Dev(std::size_t count) : Dev(std::vector<T>(count)) {}
-  T* p() const { return mem.as<T>(); }
-  std::vector<T> host() const {
-    std::vector<T> h(n);
-    gpu::copy_to_host(S(), h.data(), mem.data(), n * sizeof(T));
-    S().synchronize();
-    return h;
-  }
-};
-
-// Bit for bit, except that any NaN equals any NaN: a GPU's arithmetic returns its canonical NaN
-// where the CPU passes an operand's payload on (the bf16 casts, integer code, keep payloads).
-template <class T>
-bool same_bits(const T& a, const T& b) {
-  if constexpr (std::is_floating_point_v<T>)
-    if (std::isnan(a) && std::isnan(b)) return true;
-  return std::memcmp(&a, &b, sizeof(T)) == 0;
-}
-
-template <class T>
-void expect_same_bits(const std::vector<T>& gpu_out, const std::vector<T>& cpu_out,
-                      const char* what) {
-  ASSERT_EQ(gpu_out.size(), cpu_out.size()) << what;
-  int bad = 0;
-  for (std::size_t i = 0; i < gpu_out.size(); ++i) {
-    if (!same_bits(gpu_out[i], cpu_out[i])) {
-      ADD_FAILURE() << what << "[" << i << "]: GPU " << +gpu_out[i] << ", CPU " << +cpu_out[i];
-      if (++bad == 5) return;
-    }
-  }
-}
-
-void expect_close(const std::vector<float>& gpu_out, const std::vector<float>& cpu_out, double rtol,
-                  double atol, const char* what) {
-  ref::expect_close(gpu_out, ref::to_double(cpu_out), rtol, atol, what);
-}
+using cuda::testing::Dev;
+using cuda::testing::expect_close;
+using cuda::testing::expect_same_bits;
+using cuda::testing::S;
+using cuda::testing::same_bits;
 
 std::vector<std::int32_t> random_tokens(std::size_t n, int lo, int hi, std::uint32_t seed) {
   std::mt19937 rng(seed);

@@ -1,7 +1,8 @@
 // The whole Model on a GPU (issue 40's first training check): a dense LLaMA block stack built in a
 // device arena and driven through its CUDA Exec (embedding, RMSNorm, RoPE, tiled attention, the
-// SwiGLU MLP through LinearInput, the fused loss, AdamW) trains as the same Model does on the CPU
-// within fp32 reordering tolerances, and two GPU runs give the same bits. One rank, no MPI: the
+// SwiGLU MLP through LinearInput, the fused loss, AdamW), and a mixture of experts on it (the MoE
+// ops' twins), trains as the same Model does on the CPU within fp32 reordering tolerances, and
+// two GPU runs give the same bits. One rank, no MPI: the
 // tp group is a group of one, on which the Model calls no collective. Each test needs a GPU and
 // skips with the reason where the process sees none (here: compiled, not run).
 #include <gtest/gtest.h>
@@ -88,6 +89,8 @@ ModelConfig config() {
 
 struct TrainedRun {
   std::vector<double> losses;
+  std::vector<double> aux_losses;    // a mixture of experts' weighted auxiliary loss per step
+  std::vector<double> routed;        // its tokens per expert over the steps (expert_counts)
   std::vector<float> grads, params;  // after the last step's backward / AdamW
 };
 
@@ -98,6 +101,33 @@ ModelConfig qwen_config() {
   c.qkv_bias = true;
   c.qk_norm = true;
   c.explicit_head_dim = 24;
+  return c;
+}
+
+// A mixture of experts on the same stack (issue 40's MoE check): block 0 dense, block 1 of 4
+// routed experts (2 per token) of width 48 and a shared expert, the selection bias and the
+// auxiliary loss, so that every MoE op runs: the router, the routing's host crossing, the grouped
+// experts (one cuBLAS GEMM per expert on a GPU), the combine, the auxiliary loss's host value.
+ModelConfig moe_config() {
+  ModelConfig c = config();
+  c.n_experts = 4;
+  c.experts_per_token = 2;
+  c.n_shared_experts = 1;
+  c.moe_ffn_dim = 48;
+  c.dense_layers = 1;
+  c.router_bias_rate = 1e-3;
+  c.router_aux_coef = 0.1;
+  return c;
+}
+
+// The other router: sigmoid scores, gates not normalised but scaled, and a capacity that drops
+// slots (a factor of 1 over 160 tokens' 320 slots: 80 a expert).
+ModelConfig moe_sigmoid_capacity_config() {
+  ModelConfig c = moe_config();
+  c.router_score = kernels::RouterScore::kSigmoid;
+  c.router_norm_topk = false;
+  c.router_scale = 2.0;
+  c.capacity_factor = 1.0;
   return c;
 }
 
@@ -116,6 +146,7 @@ TrainedRun train(const kernels::Exec& exec, kernels::Memory memory, int steps, b
   ModelOptions options{rows, 1, true};
   options.exec = exec;
   options.bf16 = bf16;
+  options.moe_aux_weight = cfg.router_aux_coef / static_cast<double>(rows);  // as the stage's
   Model m(cfg, {{0, cfg.n_layers, true, true}}, one, arena, options);
   m.init(5);
   const auto& s = m.state();
@@ -127,6 +158,7 @@ TrainedRun train(const kernels::Exec& exec, kernels::Memory memory, int steps, b
   for (int step = 1; step <= steps; ++step) {
     kernels::zero(exec, s.grads.data(), n);
     r.losses.push_back(m.forward(0, 0, tokens.data(), targets.data(), 1.0f / N, true));
+    r.aux_losses.push_back(m.aux_loss());
     m.backward(0, 0, nullptr);
     if (step == steps) {
       r.grads.resize(static_cast<size_t>(n));
@@ -135,6 +167,7 @@ TrainedRun train(const kernels::Exec& exec, kernels::Memory memory, int steps, b
     kernels::adamw_step(exec, s.params.data(), s.grads.data(), s.adam_m.data(), s.adam_v.data(), n,
                         adam, step);
   }
+  r.routed = m.expert_counts();
   r.params.resize(static_cast<size_t>(n));
   kernels::copy_to_host(exec, r.params.data(), s.params.data(), n * sizeof(float));
   return r;
@@ -243,6 +276,84 @@ TEST(GpuModel, QwenAttentionTrainingStepsAreTheCpus) {
     EXPECT_NEAR(first.losses[i], cpu.losses[i], 1e-5 * std::fabs(cpu.losses[i])) << "step " << i;
   EXPECT_LT(relative_difference(first.grads, cpu.grads), 1e-4);
   EXPECT_LT(relative_difference(first.params, cpu.params), 1e-5);
+}
+
+// The MoE harness on the CPU, for both routers: it repeats its bits, trains, routes to every
+// expert and adds an auxiliary loss, so that the GPU's comparisons below compare a run that
+// exercises every MoE op.
+TEST(GpuModel, TheCpuMoeRunItComparesWithTrainsAndRepeats) {
+  for (const ModelConfig& cfg : {moe_config(), moe_sigmoid_capacity_config()}) {
+    SCOPED_TRACE(cfg.capacity_factor > 0 ? "sigmoid, capacity" : "softmax, dropless");
+    const TrainedRun a =
+        train(kernels::GemmKind::kOpenBlasF32, kernels::Memory::kHost, 4, false, cfg);
+    const TrainedRun b =
+        train(kernels::GemmKind::kOpenBlasF32, kernels::Memory::kHost, 4, false, cfg);
+    EXPECT_EQ(a.losses, b.losses);
+    EXPECT_EQ(a.aux_losses, b.aux_losses);
+    EXPECT_EQ(a.params, b.params);
+    EXPECT_LT(a.losses.back(), a.losses.front());
+    ASSERT_EQ(a.routed.size(), 4u);  // one MoE block
+    double routed = 0;
+    for (double n : a.routed) {
+      EXPECT_GT(n, 0.0);
+      routed += n;
+    }
+    EXPECT_EQ(routed, 4.0 * 160 * 2);  // steps x tokens x K (counted before any capacity drop)
+    for (double aux : a.aux_losses) EXPECT_GT(aux, 0.0);
+  }
+}
+
+// A mixture of experts on the GPU against the CPU: the routing on the device (its scores within
+// CUDA's expf of the CPU's, so the same choices here), the permutation through the host, the
+// experts' GEMMs (cuBLAS, one per expert), the combine and the auxiliary loss; two GPU runs give
+// the same bits. Tolerances as the dense test's: fp32 sums in another order, compounded over the
+// steps' updates.
+TEST(GpuModel, MoeTrainingStepsAreTheCpusAndRepeatBitForBit) {
+  REQUIRE_GPU();
+  constexpr int kSteps = 4;
+  const kernels::Exec on_gpu(kernels::GemmKind::kOpenBlasF32, *the_gpu().stream);
+  for (const ModelConfig& cfg : {moe_config(), moe_sigmoid_capacity_config()}) {
+    SCOPED_TRACE(cfg.capacity_factor > 0 ? "sigmoid, capacity" : "softmax, dropless");
+    const TrainedRun cpu =
+        train(kernels::GemmKind::kOpenBlasF32, kernels::Memory::kHost, kSteps, false, cfg);
+    const TrainedRun first = train(on_gpu, kernels::Memory::kDevice, kSteps, false, cfg);
+    const TrainedRun second = train(on_gpu, kernels::Memory::kDevice, kSteps, false, cfg);
+    EXPECT_EQ(first.losses, second.losses);
+    EXPECT_EQ(first.aux_losses, second.aux_losses);
+    EXPECT_EQ(first.grads, second.grads);
+    EXPECT_EQ(first.params, second.params);
+    EXPECT_EQ(first.routed, cpu.routed);  // the same choices
+    ASSERT_EQ(first.losses.size(), cpu.losses.size());
+    for (size_t i = 0; i < cpu.losses.size(); ++i) {
+      EXPECT_NEAR(first.losses[i], cpu.losses[i], 1e-5 * std::fabs(cpu.losses[i])) << "step " << i;
+      EXPECT_NEAR(first.aux_losses[i], cpu.aux_losses[i], 1e-5 * std::fabs(cpu.aux_losses[i]))
+          << "step " << i;
+    }
+    EXPECT_LT(relative_difference(first.grads, cpu.grads), 1e-4);
+    EXPECT_LT(relative_difference(first.params, cpu.params), 1e-5);
+    EXPECT_LT(first.losses.back(), first.losses.front());
+  }
+}
+
+// The mixture of experts in bf16 on the GPU (bf16-stored activations, the experts' fused bf16
+// SwiGLU, their rows gathered rounded): two runs give the same bits, within 2% of the GPU's fp32
+// run, and it trains.
+TEST(GpuModel, MoeBf16TrainingStepsRepeatBitForBitAndFollowFp32) {
+  REQUIRE_GPU();
+  constexpr int kSteps = 4;
+  const kernels::Exec fp32(kernels::GemmKind::kOpenBlasF32, *the_gpu().stream);
+  const kernels::Exec bf16(kernels::GemmKind::kOneDnnBf16, *the_gpu().stream);
+  const ModelConfig cfg = moe_config();
+  const TrainedRun reference = train(fp32, kernels::Memory::kDevice, kSteps, false, cfg);
+  const TrainedRun first = train(bf16, kernels::Memory::kDevice, kSteps, true, cfg);
+  const TrainedRun second = train(bf16, kernels::Memory::kDevice, kSteps, true, cfg);
+  EXPECT_EQ(first.losses, second.losses);
+  EXPECT_EQ(first.params, second.params);
+  ASSERT_EQ(first.losses.size(), reference.losses.size());
+  for (size_t i = 0; i < reference.losses.size(); ++i)
+    EXPECT_NEAR(first.losses[i], reference.losses[i], 2e-2 * std::fabs(reference.losses[i]))
+        << "step " << i;
+  EXPECT_LT(first.losses.back(), first.losses.front());
 }
 
 }  // namespace

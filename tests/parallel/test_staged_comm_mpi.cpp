@@ -168,6 +168,28 @@ TEST(StagedComm, StartedCollectivesLandWhenWaitedOrTested) {
     staged.wait(eb);
     EXPECT_EQ(a, b);
   }
+  {  // all-to-allv where rank 0 sends nothing and receives from everyone (expert parallelism's
+     // return when its experts took no rows): the staged send and receive buffers stay apart, or
+     // MPI would take the exchange for an in-place one and send rows nobody receives (rows of
+     // 16 KiB: past the shared-memory transport's eager limit, where such a send never finishes)
+    const size_t row = 4096;
+    std::vector<int> sc(static_cast<size_t>(p), 0), sd(static_cast<size_t>(p), 0),
+        rc(static_cast<size_t>(p), 0), rd(static_cast<size_t>(p), 0);
+    for (int q = 0; q < p; ++q) {
+      if (w.rank() != 0) sc[static_cast<size_t>(q)] = q == 0 ? 3 : 0;
+      if (w.rank() == 0) rc[static_cast<size_t>(q)] = q == 0 ? 0 : 3;
+    }
+    std::exclusive_scan(sc.begin(), sc.end(), sd.begin(), 0);
+    std::exclusive_scan(rc.begin(), rc.end(), rd.begin(), 0);
+    const auto send = values(static_cast<size_t>(sd.back() + sc.back()) * row + 1, 13);
+    std::vector<float> a(static_cast<size_t>(rd.back() + rc.back()) * row + 1, -1.0f), b(a);
+    Exchange ea, eb;
+    w.start_all_to_allv(ea, send.data(), sc, sd, a.data(), rc, rd, row);
+    w.wait(ea);
+    staged.start_all_to_allv(eb, send.data(), sc, sd, b.data(), rc, rd, row);
+    staged.wait(eb);
+    EXPECT_EQ(a, b);
+  }
 }
 
 }  // namespace
