@@ -72,6 +72,10 @@ fi
 # titan3d itself on the GPU (one rank, fp32): against the CPU, twice, and resumed from a snapshot.
 step gpu_train 300 bash "$root/bin/gpu_train_check.sh" "$root" "$PWD" "$logs/train"
 grep -E "device:|GPU|FAIL|within|eval|^device" "$logs/gpu_train.log" | head -n 24
+# Every layout on the GPU (ranks sharing it): the pipeline schedules and ZeRO stages to the bit,
+# tp+SP, cp, ep within the CPU path's tolerance, a kill -9 and restart, memcheck over training.
+step gpu_layouts 150 bash "$root/bin/gpu_layout_check.sh" "$root" "$PWD" "$logs/layouts"
+grep -E "vs|FAIL|sanitizer" "$logs/gpu_layouts.log" | head -n 24
 sanitized='CudaElementwise.*:CudaRows.*:CudaLoss.*:CudaAttention.*:CudaMoe.*:CudaDispatch.*:CudaDevice.ADeviceArenaNeedsAGpu'
 if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
   cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
