@@ -437,11 +437,11 @@ struct ModelDims {
   // with a capacity factor at most E times the capacity, if that is fewer.
   int64_t P = 1, El = 0, R = 0;
   bool dense_blocks = true;
-  bool aux = false;       // the auxiliary balance loss is on
-  bool qkv_bias = false;  // model.qkv_bias
-  bool qk_norm = false;   // model.qk_norm
+  bool aux = false;          // the auxiliary balance loss is on
+  bool qkv_bias = false;     // model.qkv_bias
+  bool qk_norm = false;      // model.qk_norm
   bool shared_gate = false;  // model.shared_expert_gate in a mixture of experts
-  int64_t Fw = 0;         // the widest dense-shaped SwiGLU: F (dense blocks) or Fs (shared experts)
+  int64_t Fw = 0;  // the widest dense-shaped SwiGLU: F (dense blocks) or Fs (shared experts)
 };
 ModelDims model_dims(const ModelConfig& config, const SpecLayout& layout, int64_t micro_rows);
 

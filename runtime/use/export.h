@@ -44,8 +44,9 @@ HfLayout hf_layout(const ModelConfig& config);
 // Qwen2-MoE: the router is `mlp.gate.weight`, the shared experts `mlp.shared_expert.*`.
 std::string hf_tensor_name(const ModelConfig& config, const std::string& name);
 // UserError unless hf_layout's family can hold the model `config` exactly (the key that prevents
-// it named): no q/k/v biases in a mixture of experts but Qwen2-MoE's, nor with q/k norms (Qwen3's attention_bias would bias o_proj too); a softmax router without a selection
-// bias or a gate scale; Mixtral's also over normalised gates; Qwen3-MoE's without shared experts.
+// it named): no q/k/v biases in a mixture of experts but Qwen2-MoE's, nor with q/k norms (Qwen3's
+// attention_bias would bias o_proj too); a softmax router without a selection bias or a gate
+// scale; Mixtral's also over normalised gates; Qwen3-MoE's without shared experts.
 // `what` names the model in the message.
 void check_hf_layout(const ModelConfig& config, const std::string& what);
 
