@@ -99,6 +99,32 @@ T3D_HD inline void swiglu_grads(float dh, float g, float u, float& dg, float& du
   dg = dh * u * s * (1.0f + g * (1.0f - s));
 }
 
+// The shared experts' sigmoid gate (Qwen2-MoE; kernels/ops_gate.h): per row t of x (N, C),
+// z = x[t] · w summed in double over 16 lanes (lane j the columns c ≡ j mod 16 in increasing c,
+// then the lanes pairwise 8 + 8, 4 + 4, 2 + 2, 1 + 1: RMSNorm's order), and the same order for the
+// backward's dy[t] · shared[t]. One function evaluates a whole row, on the CPU and in one GPU
+// thread, so both backends give the same bits.
+T3D_HD inline double gate_row_dot(const float* a, const float* b, std::int64_t C) {
+  double lane[16] = {};
+  for (std::int64_t c = 0; c < C; ++c) lane[c % 16] += static_cast<double>(a[c]) * b[c];
+  for (int w = 8; w >= 1; w /= 2)
+    for (int j = 0; j < w; ++j) lane[j] += lane[j + w];
+  return lane[0];
+}
+// g = sigmoid(z), z rounded to fp32 first.
+T3D_HD inline float gate_value(double z) { return sigmoid(static_cast<float>(z)); }
+// out += g · shared (one element).
+T3D_HD inline float gate_apply(float out, float g, float shared) { return out + g * shared; }
+// dz = dg · g · (1 − g): the gradient of the gate's logit from that of g.
+T3D_HD inline float gate_dlogit(float dg, float g) { return dg * g * (1.0f - g); }
+// dw[c] += Σ_t dz[t] · x[t, c], t ascending, summed in double and added once, rounded to fp32.
+T3D_HD inline float gate_dweight(float dw, const float* dz, const float* x, std::int64_t rows,
+                                 std::int64_t C, std::int64_t c) {
+  double acc = 0.0;
+  for (std::int64_t t = 0; t < rows; ++t) acc += static_cast<double>(dz[t]) * x[t * C + c];
+  return static_cast<float>(static_cast<double>(dw) + acc);
+}
+
 // fp32 <-> bf16 exactly as precision.h's float_to_bf16 (ties to even, quiet NaN) and
 // bf16_to_float: integer arithmetic only, so every ISA and the GPU give the same bits (the
 // AVX512-BF16 conversion instruction would flush denormals to zero instead).

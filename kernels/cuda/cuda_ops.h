@@ -174,6 +174,21 @@ void swiglu_forward_bf16(const Stream& s, bf16* h16, bf16* gate16, bf16* up16, c
 void swiglu_backward_bf16(const Stream& s, bf16* dgate16, bf16* dup16, const float* dh,
                           const bf16* gate16, const bf16* up16, std::int64_t n);
 
+// ---- the shared experts' sigmoid gate (ops_gate.cu) -------------------------------------------
+
+// As kernels/ops_gate.h, element by element through kernels/row_math.h in the CPU's order: the
+// CPU's bits.
+void shared_gate_forward(const Stream& s, float* out, float* g, const float* x, const float* w,
+                         const float* shared, std::int64_t N, std::int64_t C);
+void shared_gate_backward_dot(const Stream& s, float* dg, const float* dy, const float* shared,
+                              std::int64_t N, std::int64_t C);
+void shared_gate_backward(const Stream& s, float* dshared, float* dz, const float* dg,
+                          const float* g, const float* dy, std::int64_t N, std::int64_t C);
+void shared_gate_backward_input(const Stream& s, float* dx, const float* dz, const float* w,
+                                std::int64_t N, std::int64_t C);
+void shared_gate_backward_weight(const Stream& s, float* dw, const float* dz, const float* x,
+                                 std::int64_t rows, std::int64_t C);
+
 // ---- linear layers (ops_linear.cu): cuBLAS
 // --------------------------------------------------------
 

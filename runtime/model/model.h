@@ -304,6 +304,18 @@ class Model final : public StageModel {
   // weight gradient (or, with `keep`, the dlogits W reads).
   void router_backward(const LayerActs& a, const ConstBlock& w, const BlockParams& g,
                        const LayerGrads* keep);
+  // The shared experts' sigmoid gate (model_shared_gate.cpp; model.shared_expert_gate): the
+  // shared experts' down projection added to scratch tmp, gated where the block has the gate;
+  // the gate's backward before the shared experts' (returns the gradient they take: g ⊙ dy, or
+  // dy without a gate; with `keep` also kept for W) and after (its part of dxn, and its weight
+  // gradient unless W takes it from the dz kept).
+  void shared_experts_down(int64_t layer, LayerActs& a, const BlockCopies& copies,
+                           const ConstBlock& w);
+  const float* shared_gate_backward(int64_t layer, const LayerActs& a, const BlockCopies& copies,
+                                    const ConstBlock& w, const float* dy, const LayerGrads* keep);
+  void shared_gate_backward_finish(int64_t layer, const LayerActs& a, const ConstBlock& w,
+                                   const BlockParams& g, const LayerGrads* keep);
+  void shared_gate_weight_grad(const LayerActs& a, const BlockParams& g, const float* dz);
   kernels::ExpertShape expert_shape() const;  // every routed expert on this rank (no EP)
   static kernels::SwigluWeights shared_weights(const ConstBlock& w);
   // Expert parallelism: the routed experts' part of moe_forward / moe_backward on the EP group.

@@ -87,9 +87,7 @@ void Model::moe_forward(int64_t l, LayerActs& a, const BlockCopies& copies, cons
     if (shared) shared_hidden();
   }
   k::moe_combine(exec, s.tmp, s.moe_out, a.gates, s.moe_row_of_slot, N, K, C, k::Out::kWrite);
-  if (shared)
-    k::swiglu_mlp_down(exec, s.tmp, k::Out::kAccumulate, shared_weights(w), sa, copies.shared(), N,
-                       C, dims_.Fs);
+  if (shared) shared_experts_down(l, a, copies, w);
   if (first_pass) count_routing(l, a, dropped, r);
 }
 
@@ -127,11 +125,13 @@ void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, con
   const bool shared = block_has(config_, l, BlockWeight::kSharedGate);
   float* shared_dgate = keep ? keep->dgate : s.dgate;
   float* shared_dup = keep ? keep->dup : s.dup;
+  // The shared experts' output gradient: dy, or g ⊙ dy behind their gate.
+  const float* shared_dy = shared ? shared_gate_backward(l, a, copies, w, dy, keep) : dy;
   const k::SwigluActs sa{a.sgate, a.sup, a.sh};
   // The shared experts' gradients that add nothing to dxn: under expert parallelism they run
   // while the routed rows' output gradients travel.
   const auto shared_backward = [&] {
-    const k::LinearInput dy_in(exec, dy, N, C);
+    const k::LinearInput dy_in(exec, shared_dy, N, C);
     k::swiglu_mlp_backward_hidden(exec, shared_dgate, shared_dup, s.dh, dy_in, shared_weights(w),
                                   sa, copies.shared(), Fs);
     if (keep) return;
@@ -164,6 +164,7 @@ void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, con
   if (shared)
     k::swiglu_mlp_backward_input(exec, s.dxn, k::Out::kAccumulate, s.dtmp, shared_dgate, shared_dup,
                                  shared_weights(w), copies.shared(), N, C, Fs);
+  if (shared) shared_gate_backward_finish(l, a, w, g, keep);
   router_backward(a, w, g, keep);
 }
 
@@ -232,6 +233,8 @@ void Model::moe_backward_weights(int64_t l, const LayerActs& a, const BlockCopie
     k::swiglu_mlp_backward_weight(exec, {g.shared_gate, g.shared_up, g.shared_down}, dy, x,
                                   kept.dgate, kept.dup, {a.sgate, a.sup, a.sh}, copies.shared(),
                                   dims_.Fs);
+    if (block_has(config_, l, BlockWeight::kSharedExpertGate))
+      shared_gate_weight_grad(a, g, kept.gate_dz);
   }
   const int64_t first = sp_ ? tp_.rank() * rows_local_ : 0;
   k::linear_backward_weight(router_exec(exec), g.router, kept.router_dlogits, a.xn2 + first * C,

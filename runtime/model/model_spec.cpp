@@ -186,6 +186,8 @@ bool block_has(const ModelConfig& m, int64_t layer, BlockPart part) {
       return m.qkv_bias;
     case BlockPart::kQkNorm:
       return m.qk_norm;
+    case BlockPart::kSharedGated:
+      return m.moe_block(layer) && m.n_shared_experts > 0 && m.shared_expert_gate;
   }
   return false;
 }
@@ -419,6 +421,7 @@ ModelDims model_dims(const ModelConfig& config, const SpecLayout& layout, int64_
     d.Fe = config.moe_ffn_dim / tps;
     d.Fs = config.shared_ffn_dim() / tps;
     d.aux = config.router_aux_coef > 0;
+    d.shared_gate = config.shared_expert_gate && config.n_shared_experts > 0;
     d.Fw = std::max(d.Fw, d.Fs);
     d.P = layout.ep;
     d.El = d.E / d.P;

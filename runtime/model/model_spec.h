@@ -58,7 +58,8 @@ namespace t3d::runtime {
   X(kExpertDown,  expert_down, "down_proj.weight",      (C, Fe),     1, true,  kResidualOut, kExperts) \
   X(kSharedGate,  shared_gate, "mlp.shared_experts.gate_proj.weight", (Fs, C), 0, true, kNormal, kShared) \
   X(kSharedUp,    shared_up,   "mlp.shared_experts.up_proj.weight",   (Fs, C), 0, true, kNormal, kShared) \
-  X(kSharedDown,  shared_down, "mlp.shared_experts.down_proj.weight", (C, Fs), 1, true, kResidualOut, kShared)
+  X(kSharedDown,  shared_down, "mlp.shared_experts.down_proj.weight", (C, Fs), 1, true, kResidualOut, kShared) \
+  X(kSharedExpertGate, shared_expert_gate, "mlp.shared_expert_gate.weight", (1, C), -1, true, kNormal, kSharedGated)
 
 // The activations a block keeps for its backward, per micro-batch: X(enum, member, name, element
 // type, statistic, elements). The type is the member's (`type* member`): float, or int32_t for
@@ -96,7 +97,9 @@ namespace t3d::runtime {
   X(kERecv,  erecv,  "expert_recv",   int32_t, true,  b.P > 1 ? b.P * b.El : 0) /* (P, El) */                \
   X(kSGate,  sgate,  "shared_gate",   float,   false, d.N * b.Fs)    /* shared experts */                    \
   X(kSUp,    sup,    "shared_up",     float,   false, d.N * b.Fs)                                            \
-  X(kSH,     sh,     "shared_h",      float,   false, d.N * b.Fs)
+  X(kSH,     sh,     "shared_h",      float,   false, d.N * b.Fs)                                            \
+  /* model.shared_expert_gate: sigmoid(u · w) per row, the shared experts' gate */                            \
+  X(kSGateG, sgate_g, "shared_expert_gate", float, true, d.shared_gate && b.Fs > 0 ? d.N : 0)
 
 // The output gradients a block's deferred weight-gradient pass (W) needs, per micro-batch, so
 // that W runs every weight-gradient GEMM of the block: X(enum, member, name, fp32, elements).
@@ -107,7 +110,8 @@ namespace t3d::runtime {
 // experts' rows (R, expert-major as the grouped pass takes them): their output gradients scaled
 // by their gates, the gradients of their gate and up. The router's: the gradient of the logits
 // of the rows its weight gradient sums here (Nl: this rank's with sequence parallelism), fp32 as
-// the router. The attention's: the gradients of xmid (o_proj's input), of q (before RoPE), k, v.
+// the router. The shared experts' gate's (model.shared_expert_gate): the gradient of each row's
+// gate logit, fp32. The attention's: the gradients of xmid (o_proj's input), of q (before RoPE), k, v.
 #define T3D_WGRADS(X)                                                                             \
   X(kDyDown,        dy_down,        "dy_down",        false, b.F + b.Fs > 0 ? d.N * d.C : 0)    \
   X(kDgate,         dgate,          "dgate",          false, d.N * (b.F + b.Fs))                \
@@ -116,6 +120,7 @@ namespace t3d::runtime {
   X(kExpertDgate,   expert_dgate,   "expert_dgate",   false, b.R * b.Fe)                        \
   X(kExpertDup,     expert_dup,     "expert_dup",     false, b.R * b.Fe)                        \
   X(kRouterDlogits, router_dlogits, "router_dlogits", true,  d.Nl * b.E)                        \
+  X(kGateDz,        gate_dz,        "shared_gate_dz", true,  d.shared_gate && b.Fs > 0 ? d.N : 0) \
   X(kDyO,           dy_o,           "dy_o",           false, d.N * d.C)                         \
   X(kDq,            dq,             "dq",             false, d.N * d.H * d.D)                   \
   X(kDk,            dk,             "dk",             false, d.N * d.Hkv * d.D)                 \
@@ -160,6 +165,8 @@ namespace t3d::runtime {
   X(kMoeDlogits,     moe_dlogits, "moe_dlogits",   float, kF32,  d.E > 0, d.N * d.E)          \
   X(kMoeDscores,     moe_dscores, "moe_dscores",   float, kF32,  d.aux,   d.N * d.E)       \
   X(kMoeDgates,      moe_dgates, "moe_dgates",     float, kF32,  d.E > 0, d.S)                \
+  /* model.shared_expert_gate: the gradient of each row's gate, then of its logit */           \
+  X(kSharedGateDg,   gate_dg,   "shared_gate_dg",  float, kF32,  d.shared_gate, d.N)          \
   X(kMoeRowOfSlot,   moe_row_of_slot, "moe_row_of_slot", int32_t, kI32, d.E > 0, d.S)          \
   X(kMoeSlotOfRow,   moe_slot_of_row, "moe_slot_of_row", int32_t, kI32, d.E > 0, d.S)          \
   X(kAttentionTiles, attn,      "attention_tiles", float, kF32,  true,  x.attention_tiles)      \
@@ -239,7 +246,8 @@ enum class ParamInit : uint8_t { kOnes, kNormal, kResidualOut, kZeros };
 
 // Which blocks hold a block weight row (T3D_BLOCK_WEIGHTS' last column): every block, dense
 // blocks (the SwiGLU MLP), mixture-of-experts blocks (router and routed experts), those with
-// aux-loss-free balancing (the router's selection bias), those with shared experts; every block
+// aux-loss-free balancing (the router's selection bias), those with shared experts (and their
+// sigmoid gate with model.shared_expert_gate, kSharedGated); every block
 // of a model with q/k/v biases (model.qkv_bias), with q/k norms (model.qk_norm).
 // kExperts: the routed experts, a tensor per expert.
 enum class BlockPart : uint8_t {
@@ -250,7 +258,8 @@ enum class BlockPart : uint8_t {
   kRouterBias,
   kShared,
   kQkvBias,
-  kQkNorm
+  kQkNorm,
+  kSharedGated  // the shared experts' sigmoid gate (model.shared_expert_gate)
 };
 bool block_has(const ModelConfig& config, int64_t layer, BlockPart part);
 bool block_has(const ModelConfig& config, int64_t layer, BlockWeight w);
@@ -428,10 +437,11 @@ struct ModelDims {
   // with a capacity factor at most E times the capacity, if that is fewer.
   int64_t P = 1, El = 0, R = 0;
   bool dense_blocks = true;
-  bool aux = false;       // the auxiliary balance loss is on
-  bool qkv_bias = false;  // model.qkv_bias
-  bool qk_norm = false;   // model.qk_norm
-  int64_t Fw = 0;         // the widest dense-shaped SwiGLU: F (dense blocks) or Fs (shared experts)
+  bool aux = false;          // the auxiliary balance loss is on
+  bool qkv_bias = false;     // model.qkv_bias
+  bool qk_norm = false;      // model.qk_norm
+  bool shared_gate = false;  // model.shared_expert_gate in a mixture of experts
+  int64_t Fw = 0;  // the widest dense-shaped SwiGLU: F (dense blocks) or Fs (shared experts)
 };
 ModelDims model_dims(const ModelConfig& config, const SpecLayout& layout, int64_t micro_rows);
 

@@ -34,6 +34,7 @@ void check_same_model(const std::string& saved_toml, const Recipe& now, const st
       {"n_experts", {a.n_experts, b.n_experts}},
       // The experts' shapes mean something only in a mixture of experts (n_experts equal above).
       {"n_shared_experts", {a.moe() ? a.n_shared_experts : 0, b.moe() ? b.n_shared_experts : 0}},
+      {"shared_expert_gate", {a.moe() && a.shared_expert_gate, b.moe() && b.shared_expert_gate}},
       {"moe_ffn_dim", {a.moe() ? a.moe_ffn_dim : 0, b.moe() ? b.moe_ffn_dim : 0}},
       {"dense_layers", {a.moe() ? a.dense_layers : 0, b.moe() ? b.dense_layers : 0}}};
   for (const auto& [key, v] : keys)

@@ -189,6 +189,9 @@ struct ModelConfig {
   int64_t n_experts = 0;  // 0: dense (every block a SwiGLU MLP)
   int64_t experts_per_token = 2;
   int64_t n_shared_experts = 0;
+  // Qwen2-MoE's sigmoid gate on the shared experts' output: y = routed + sigmoid(u · w) · Shared(u)
+  // with w (dim) per MoE block (docs/moe.md); needs n_shared_experts > 0.
+  bool shared_expert_gate = false;
   int64_t moe_ffn_dim = 0;   // 0: ffn_dim
   int64_t dense_layers = 0;  // leading blocks that keep the dense MLP
   kernels::RouterScore router_score = kernels::RouterScore::kSoftmax;

@@ -186,6 +186,10 @@ void validate_model(const Recipe& r) {
   v.require(m.norm_eps > 0, "model.norm_eps", "must be positive");
   v.require(m.n_experts >= 0 && m.n_experts <= kernels::kMaxExperts, "model.n_experts",
             "must lie in [0, " + is(kernels::kMaxExperts) + "] (0: dense), got " + is(m.n_experts));
+  v.require(!m.shared_expert_gate || (m.moe() && m.n_shared_experts > 0),
+            "model.shared_expert_gate",
+            "gates the shared experts' output: it needs model.n_experts > 0 and "
+            "model.n_shared_experts > 0");
   if (!m.moe()) return;
   v.require(m.experts_per_token >= 1 && m.experts_per_token <= m.n_experts,
             "model.experts_per_token",

@@ -315,6 +315,9 @@ std::vector<Field> model_keys() {
       field("model", "n_shared_experts", &R::model, &ModelConfig::n_shared_experts,
             "Shared experts: a SwiGLU of n_shared_experts·moe_ffn_dim on every token, added to "
             "the routed output."),
+      field("model", "shared_expert_gate", &R::model, &ModelConfig::shared_expert_gate,
+            "Qwen2-MoE's sigmoid gate on the shared experts: their output times sigmoid(u·w) "
+            "per token, w (dim) per MoE block; needs n_shared_experts > 0 (docs/moe.md)."),
       field("model", "moe_ffn_dim", &R::model, &ModelConfig::moe_ffn_dim,
             "One expert's SwiGLU hidden size; 0 means model.ffn_dim."),
       field("model", "dense_layers", &R::model, &ModelConfig::dense_layers,

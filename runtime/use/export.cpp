@@ -86,11 +86,13 @@ std::string hf_tensor_name(const ModelConfig& m, const std::string& name) {
 }
 
 void check_hf_layout(const ModelConfig& m, const std::string& what) {
-  // A dense model's biases go out as Qwen2's (LLaMA's attention_bias would bias o_proj too);
-  // Qwen2-MoE's export writes zero biases of its own, so a mixture's are not written yet.
-  T3D_USER_CHECK(!m.qkv_bias || !m.moe(), what,
-                 ": model.qkv_bias = true in a mixture of experts; titan3d does not export its "
-                 "q/k/v biases yet (Qwen2-MoE's layout is written with zero biases)");
+  // A dense model's biases go out as Qwen2's, a mixture's as Qwen2-MoE's (LLaMA's, Mixtral's and
+  // Qwen3-MoE's attention_bias would bias o_proj too).
+  T3D_USER_CHECK(!m.qkv_bias || !m.moe() || hf_layout(m) == HfLayout::kQwen2Moe, what,
+                 ": model.qkv_bias = true in a mixture of experts without shared experts or "
+                 "dense blocks; Qwen2-MoE (the one family with q/k/v biases and experts) always "
+                 "has a shared expert, and Mixtral's and Qwen3-MoE's attention_bias would bias "
+                 "o_proj too");
   T3D_USER_CHECK(!m.qkv_bias || !m.qk_norm, what,
                  ": model.qkv_bias = true with model.qk_norm; Qwen3's attention_bias (the family "
                  "of q/k norms) would bias o_proj too, so titan3d does not export the pair");
@@ -131,10 +133,13 @@ std::vector<GlobalTensor> qwen2_moe_zero_tensors(const ModelConfig& m) {
   const int64_t D = m.head_dim();
   for (int64_t l = 0; l < m.n_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
-    zeros(p + "self_attn.q_proj.bias", {m.n_heads * D});
-    zeros(p + "self_attn.k_proj.bias", {m.n_kv_heads * D});
-    zeros(p + "self_attn.v_proj.bias", {m.n_kv_heads * D});
-    if (m.moe_block(l)) zeros(p + "mlp.shared_expert_gate.weight", {1, m.dim});
+    if (!m.qkv_bias) {
+      zeros(p + "self_attn.q_proj.bias", {m.n_heads * D});
+      zeros(p + "self_attn.k_proj.bias", {m.n_kv_heads * D});
+      zeros(p + "self_attn.v_proj.bias", {m.n_kv_heads * D});
+    }
+    if (m.moe_block(l) && !m.shared_expert_gate)
+      zeros(p + "mlp.shared_expert_gate.weight", {1, m.dim});
   }
   return t;
 }
@@ -364,8 +369,8 @@ ExportSummary export_snapshot(const std::string& snapshot, const std::string& ou
   // and the parts of its family titan3d's model has not.
   std::vector<GlobalTensor> extra;
   if (hf_layout(m) == HfLayout::kQwen2Moe) {
-    for (auto& t : w.tensors)
-      if (is_shared_down_proj(t.name))
+    for (auto& t : w.tensors)  // the missing gate's 1/2 (a gate of its own: as it is)
+      if (!m.shared_expert_gate && is_shared_down_proj(t.name))
         for (float& v : t.data) v *= kQwen2SharedDownScale;
     extra = qwen2_moe_zero_tensors(m);
   }

@@ -44,17 +44,20 @@ HfLayout hf_layout(const ModelConfig& config);
 // Qwen2-MoE: the router is `mlp.gate.weight`, the shared experts `mlp.shared_expert.*`.
 std::string hf_tensor_name(const ModelConfig& config, const std::string& name);
 // UserError unless hf_layout's family can hold the model `config` exactly (the key that prevents
-// it named): no q/k/v biases in a mixture of experts (Qwen2-MoE's are written as zeros) nor with
-// q/k norms (Qwen3's attention_bias would bias o_proj too); a softmax router without a selection
-// bias or a gate scale; Mixtral's also over normalised gates; Qwen3-MoE's without shared experts.
+// it named): no q/k/v biases in a mixture of experts but Qwen2-MoE's, nor with q/k norms (Qwen3's
+// attention_bias would bias o_proj too); a softmax router without a selection bias or a gate
+// scale; Mixtral's also over normalised gates; Qwen3-MoE's without shared experts.
 // `what` names the model in the message.
 void check_hf_layout(const ModelConfig& config, const std::string& what);
 
-// Qwen2-MoE has parts titan3d's block has not: q/k/v biases and, per MoE block, a sigmoid gate on
-// the shared experts' output (`mlp.shared_expert_gate.weight`, (1, dim)). Written as zeros, with
-// the shared experts' down projection doubled, they compute titan3d's block exactly (a bias of 0
-// adds nothing; sigmoid(0) = 1/2 halves the doubled output, both steps exact in fp32 and bf16);
-// `import` takes such a model back (its zeros checked, the doubling undone) and refuses others.
+// Qwen2-MoE always has q/k/v biases and, per MoE block, a sigmoid gate on the shared experts'
+// output (`mlp.shared_expert_gate.weight`, (1, dim)). A model with model.qkv_bias and
+// model.shared_expert_gate has them as parameters; for one without, they are written as zeros,
+// with the shared experts' down projection doubled where the gate is missing, and compute
+// titan3d's block exactly (a bias of 0 adds nothing; sigmoid(0) = 1/2 halves the doubled output,
+// both steps exact in fp32 and bf16). The zero tensors of `config`: the biases unless qkv_bias,
+// the gates unless shared_expert_gate. `import` takes such zeros back as the model without them
+// (the doubling undone).
 std::vector<GlobalTensor> qwen2_moe_zero_tensors(const ModelConfig& config);
 inline constexpr float kQwen2SharedDownScale = 2.0f;
 bool is_shared_down_proj(const std::string& name);  // the table's name of a shared down projection

@@ -8,6 +8,7 @@
 #include "kernels/check.h"
 #include "kernels/ops.h"
 #include "kernels/ops_decode.h"
+#include "kernels/ops_gate.h"
 #include "kernels/ops_moe.h"
 #include "kernels/ops_swiglu.h"
 #include "runtime/model/moe_block.h"
@@ -142,11 +143,21 @@ void Decoder::moe_step(const Layer& L) {
                          expert_offsets_.data(), {E, C, m.moe_ffn_dim});
   k::moe_combine(gemm_, branch_.data(), rows_out_.data(), gates_.data(), row_of_slot_.data(), 1, K,
                  C, k::Out::kWrite);
-  if (L.shared_gate)
-    k::swiglu_mlp_forward(gemm_, branch_.data(), k::Out::kAccumulate,
+  // The shared experts: added to the routed output, or behind their sigmoid gate (model.shared_
+  // expert_gate) written into rows_out_ (read by the combine already) and added gated, as
+  // training's shared_experts_down does.
+  if (L.shared_gate) {
+    const bool gated = L.shared_expert_gate != nullptr;
+    k::swiglu_mlp_forward(gemm_, gated ? rows_out_.data() : branch_.data(),
+                          gated ? k::Out::kWrite : k::Out::kAccumulate,
                           k::LinearInput(gemm_, xn_.data(), 1, C),
                           {L.shared_gate, L.shared_up, L.shared_down},
                           {gate_.data(), up_.data(), h_.data()}, {}, m.shared_ffn_dim());
+    float g = 0;
+    if (gated)
+      k::shared_gate_forward(k::kCpu, branch_.data(), &g, xn_.data(), L.shared_expert_gate,
+                             rows_out_.data(), 1, C);
+  }
   k::add_inplace(k::kCpu, x_.data(), branch_.data(), C);
 }
 

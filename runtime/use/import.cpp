@@ -250,10 +250,38 @@ std::vector<float> read_with_shape(const ck::SafetensorsFile& file, const std::s
   return file.read_f32(name);
 }
 
-// Qwen2-MoE's parts titan3d's block has not (export.h, qwen2_moe_zero_tensors), taken only as
-// export writes them: q/k/v biases zero (or absent: qkv_bias false), every shared-expert gate
-// zero, so that the gate's sigmoid halves the shared experts' output and their down projection,
-// halved exactly here, is titan3d's. Anything else is refused naming the tensor.
+// Qwen2-MoE's q/k/v biases and shared-expert gates (export.h): model.qkv_bias when any bias is
+// nonzero, model.shared_expert_gate when any gate is, and then imported as they are. All zero
+// (what titan3d's export writes for a model without them), the model is imported without them:
+// a zero bias adds nothing, and the zero gate's sigmoid(0) = 1/2 is folded into the shared
+// experts' down projection, halved exactly (read_qwen2_moe_parts). The forward is the same; a
+// fine-tune then trains no gate and no bias, where Hugging Face's would: the notes say so.
+void qwen2_moe_options(ModelConfig& m,
+                       const std::map<std::string, std::shared_ptr<ck::SafetensorsFile>>& where,
+                       std::vector<std::string>& notes) {
+  ModelConfig without = m;
+  without.qkv_bias = without.shared_expert_gate = false;
+  for (const GlobalTensor& t : qwen2_moe_zero_tensors(without)) {
+    const auto it = where.find(t.name);
+    if (it == where.end()) continue;  // a missing gate is refused by read_qwen2_moe_parts
+    const std::vector<float> v = read_with_shape(*it->second, t.name, t.shape);
+    if (std::all_of(v.begin(), v.end(), [](float x) { return x == 0.0f; })) continue;
+    (t.name.ends_with("shared_expert_gate.weight") ? m.shared_expert_gate : m.qkv_bias) = true;
+  }
+  notes.push_back(
+      m.shared_expert_gate
+          ? "the shared experts' gates `mlp.shared_expert_gate.weight`: model.shared_expert_gate "
+            "= true"
+          : "every `mlp.shared_expert_gate.weight` is zero: imported without the gate "
+            "(model.shared_expert_gate = false), its sigmoid(0) = 1/2 folded exactly into "
+            "`mlp.shared_expert.down_proj`; a fine-tune trains no gate (Hugging Face's would)");
+  notes.push_back(m.qkv_bias ? "q/k/v biases: model.qkv_bias = true"
+                             : "every q/k/v bias is zero or absent: model.qkv_bias = false (a "
+                               "fine-tune trains no bias)");
+}
+
+// The zero biases and gates of a Qwen2-MoE imported without them (qwen2_moe_options): checked
+// zero, and the shared experts' down projection halved exactly where the gate is folded.
 void read_qwen2_moe_parts(const ModelConfig& m,
                           const std::map<std::string, std::shared_ptr<ck::SafetensorsFile>>& where,
                           std::vector<GlobalTensor>& table, std::set<std::string>& known) {
@@ -269,14 +297,14 @@ void read_qwen2_moe_parts(const ModelConfig& m,
     T3D_USER_CHECK(
         nonzero == v.end(), "`", it->second->path(), "`: tensor `", zero.name, "` holds ",
         nonzero == v.end() ? 0.0f : *nonzero, " at element ", nonzero - v.begin(),
-        gate ? "; titan3d adds its shared experts ungated, which a Qwen2-MoE computes only with "
-               "a zero `shared_expert_gate` (what titan3d's export writes)"
-             : "; titan3d's attention projections have no bias, so it imports a Qwen2-MoE only "
-               "with zero q/k/v biases (what titan3d's export writes)",
-        ". This model's block differs from titan3d's: it cannot be imported exactly.");
+        gate ? "; a model imported without the gate (model.shared_expert_gate = false) needs "
+               "every gate zero"
+             : "; a model imported without q/k/v biases (model.qkv_bias = false) needs every "
+               "bias zero",
+        ". This is a bug in the import (qwen2_moe_options chose so).");
   }
   for (GlobalTensor& t : table) {
-    if (!is_shared_down_proj(t.name)) continue;
+    if (m.shared_expert_gate || !is_shared_down_proj(t.name)) continue;
     for (float& v : t.data) {
       const float halved = v / kQwen2SharedDownScale;
       T3D_USER_CHECK(halved * kQwen2SharedDownScale == v, "tensor `", hf_tensor_name(m, t.name),
@@ -289,9 +317,11 @@ void read_qwen2_moe_parts(const ModelConfig& m,
 }
 
 // Every tensor of the model, read and checked against the table's shape; unknown names refused.
+// A Qwen2-MoE's biases and gates set m's options first (qwen2_moe_options).
 std::vector<GlobalTensor> read_tensors(
-    const ModelConfig& m, const std::map<std::string, std::shared_ptr<ck::SafetensorsFile>>& where,
+    ModelConfig& m, const std::map<std::string, std::shared_ptr<ck::SafetensorsFile>>& where,
     ImportSummary& s) {
+  if (hf_layout(m) == HfLayout::kQwen2Moe) qwen2_moe_options(m, where, s.notes);
   std::vector<GlobalTensor> table = llama_tensor_table(m);
   std::set<std::string> known;
   std::set<std::string> dtypes;

@@ -83,4 +83,20 @@ inline std::vector<std::int64_t> two_parts(const std::vector<std::int64_t>& offs
   return parts;
 }
 
+// The shared experts' sigmoid gate (kernels/ops_gate.h), in double: out = out0 + g ⊙ shared with
+// g[t] = sigmoid(x[t] · w); g returned through `g` when given.
+inline Vec shared_gate_ref(const Vec& out0, const Vec& x, const Vec& w, const Vec& shared, int N,
+                           int C, Vec* g = nullptr) {
+  Vec out = out0;
+  if (g) g->assign(N, 0.0);
+  for (int t = 0; t < N; ++t) {
+    double z = 0;
+    for (int c = 0; c < C; ++c) z += x[t * C + c] * w[c];
+    const double gt = 1.0 / (1.0 + std::exp(-z));
+    if (g) (*g)[t] = gt;
+    for (int c = 0; c < C; ++c) out[t * C + c] += gt * shared[t * C + c];
+  }
+  return out;
+}
+
 }  // namespace t3d::kernels::moe_test

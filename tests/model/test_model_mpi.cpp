@@ -115,14 +115,16 @@ TEST(ModelMpi, MoeEveryParameterGradientMatchesFiniteDifferences) {
   struct Case {
     kernels::RouterScore score;
     double capacity_factor;
+    bool gated = false;  // the shared expert behind its sigmoid gate (gated_moe_config)
   };
   for (const Case c :
        {Case{kernels::RouterScore::kSoftmax, 0.0}, Case{kernels::RouterScore::kSigmoid, 0.0},
-        Case{kernels::RouterScore::kSoftmax, 0.75}}) {
+        Case{kernels::RouterScore::kSoftmax, 0.75},
+        Case{kernels::RouterScore::kSoftmax, 0.0, true}}) {
     SCOPED_TRACE(testing::Message()
                  << (c.score == kernels::RouterScore::kSoftmax ? "softmax" : "sigmoid")
-                 << ", capacity factor " << c.capacity_factor);
-    auto cfg = moe_config();
+                 << ", capacity factor " << c.capacity_factor << (c.gated ? ", gated" : ""));
+    auto cfg = c.gated ? runtime::gated_moe_config() : moe_config();
     cfg.router_score = c.score;
     cfg.capacity_factor = c.capacity_factor;
     kernels::Arena arena(64 << 20);
@@ -201,22 +203,29 @@ TEST(ModelMpi, TensorParallelShardsEqualTheWholeModel) {
   const auto self = world.split(world.rank(), 0, "self");
   // Dense, a mixture of experts, wide heads, q/k/v biases (tp splits both with the heads) and
   // per-head q/k norms (replicated weights, each rank's gradient its heads' share: summed over tp
-  // by sum_replicated_grads, as training does before the dp reduction).
-  for (const int kind : {0, 1, 2, 3, 4}) {
+  // by sum_replicated_grads, as training does before the dp reduction); the shared expert's
+  // sigmoid gate (its dot summed over tp before its gradient; with sequence parallelism, 6, each
+  // rank's rows' share of its weight gradient summed by sum_replicated_grads).
+  for (const int kind : {0, 1, 2, 3, 4, 5, 6}) {
     SCOPED_TRACE(kind == 1   ? "mixture of experts"
                  : kind == 2 ? "head_dim 6"
                  : kind == 3 ? "q/k/v biases"
                  : kind == 4 ? "q/k norms"
+                 : kind == 5 ? "gated shared expert"
+                 : kind == 6 ? "gated shared expert, sequence parallel"
                              : "dense");
     const auto cfg = kind == 1   ? moe_config()
                      : kind == 2 ? runtime::wide_head_config()
                      : kind == 3 ? runtime::qkv_bias_config()
                      : kind == 4 ? runtime::qk_norm_config()
+                     : kind >= 5 ? runtime::gated_moe_config()
                                  : tiny_config();
     const Batch b = make_batch(2, cfg.seq_len, cfg.vocab_size);
     kernels::Arena arena(128 << 20);
     Model full(cfg, whole(cfg.n_layers), self, arena, {2, 1, false});
-    Model shard(cfg, whole(cfg.n_layers), world, arena, {2, 1, false});  // tp = 2
+    runtime::ModelOptions sharded{2, 1, false};
+    sharded.sequence_parallel = kind == 6;
+    Model shard(cfg, whole(cfg.n_layers), world, arena, sharded);  // tp = 2
     full.init(5);
     shard.init(5);
     perturb_qk_norms(full);

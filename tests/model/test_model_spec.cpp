@@ -518,6 +518,51 @@ TEST(ModelSpec, QkNormAddsTheNormsAndTheirActivations) {
   EXPECT_EQ(param_table(m).size(), params.size() - 2);
 }
 
+// model.shared_expert_gate: a (1, dim) weight per MoE block (replicated, decayed, drawn as a
+// matrix), its per-token gate kept per micro-batch, its logit gradient kept for W and a scratch
+// row; none in the dense block, none without the key.
+TEST(ModelSpec, SharedExpertGateRows) {
+  ModelConfig m = small_moe_model();  // block 0 dense
+  m.shared_expert_gate = true;
+  const auto params = param_table(m);
+  int gates = 0;
+  for (const auto& p : params) {
+    if (!p.name.ends_with("mlp.shared_expert_gate.weight")) continue;
+    ++gates;
+    EXPECT_NE(p.name.find("model.layers.0."), 0u) << p.name;  // not in the dense block
+    EXPECT_EQ(p.global_shape, (std::vector<int64_t>{1, m.dim}));
+    EXPECT_EQ(p.split_dim, -1);
+    EXPECT_TRUE(p.decay);
+    EXPECT_EQ(p.init, ParamInit::kNormal);
+  }
+  EXPECT_EQ(gates, m.n_layers - m.dense_layers);
+  SpecOptions o;
+  o.micro_rows = 2;
+  o.chunk_slots = {1};
+  o.split_backward = true;
+  const auto rows = [&](const ModelConfig& c) {
+    std::map<std::string, int64_t> out;
+    const ActivationSpec spec = activation_spec(c, {{{0, c.n_layers, true, true}}, 2}, o);
+    for (const auto& t : spec.chunks[0].per_slot) out[t.name()] = t.elems;
+    for (const auto& t : spec.scratch) out[t.name()] = t.elems;
+    return out;
+  };
+  const auto with = rows(m);
+  const int64_t N = 2 * m.seq_len;
+  EXPECT_EQ(with.count("layer0.shared_expert_gate"), 0u);
+  EXPECT_EQ(with.at("layer1.shared_expert_gate"), N);
+  EXPECT_EQ(with.at("scratch.shared_gate_dg"), N);
+  EXPECT_EQ(with.at("layer1.wgrad.shared_gate_dz"), N);
+  m.shared_expert_gate = false;
+  const auto without = rows(m);
+  EXPECT_EQ(without.count("layer1.shared_expert_gate"), 0u);
+  EXPECT_EQ(without.count("scratch.shared_gate_dg"), 0u);
+  // Per MoE block: the gate and its dz (W's); and the one scratch row.
+  const int64_t moe_blocks = m.n_layers - m.dense_layers;
+  EXPECT_EQ(with.size(), without.size() + 2 * static_cast<size_t>(moe_blocks) + 1);
+  EXPECT_EQ(param_table(m).size(), params.size() - static_cast<size_t>(moe_blocks));
+}
+
 TEST(ModelSpec, RowsHaveDistinctNamesAndScratchFollowsItsTable) {
   for (const bool moe : {false, true}) {
     SCOPED_TRACE(moe ? "mixture of experts" : "dense");
@@ -531,6 +576,7 @@ TEST(ModelSpec, RowsHaveDistinctNamesAndScratchFollowsItsTable) {
     ModelConfig m = moe ? small_moe_model() : small_model();
     m.qkv_bias = true;
     m.qk_norm = true;
+    m.shared_expert_gate = moe;  // the shared experts' gate: its dz row
     const ActivationSpec spec =
         activation_spec(m, {{{0, 4, true, true}}, 2, true, 2, moe ? 2 : 1}, o);
     std::vector<std::string> names;
@@ -552,9 +598,9 @@ TEST(ModelSpec, RowsHaveDistinctNamesAndScratchFollowsItsTable) {
       ++scratch_rows;
     }
     EXPECT_TRUE(work_seen);
-    // sp, cp, ep, the last chunk, bf16 copies and q/k/v biases: every row but a dense model's 18
-    // MoE rows.
-    EXPECT_EQ(scratch_rows, kScratchBufs - (moe ? 0 : 18));
+    // sp, cp, ep, the last chunk, bf16 copies, q/k/v biases and the shared experts' gate: every
+    // row but a dense model's 19 MoE rows.
+    EXPECT_EQ(scratch_rows, kScratchBufs - (moe ? 0 : 19));
   }
 }
 

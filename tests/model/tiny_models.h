@@ -58,4 +58,13 @@ inline ModelConfig moe_config() {
   return c;
 }
 
+// Qwen2-MoE's block: moe_config's with q/k/v biases and the shared expert behind its sigmoid gate
+// (model.shared_expert_gate).
+inline ModelConfig gated_moe_config() {
+  ModelConfig c = moe_config();
+  c.qkv_bias = true;
+  c.shared_expert_gate = true;
+  return c;
+}
+
 }  // namespace t3d::runtime

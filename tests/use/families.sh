@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # The families past LLaMA's own that import maps exactly: Qwen3 (Qwen3ForCausalLM: per-head q/k RMSNorm, head_dim 24 while hidden_size / num_attention_heads
-# is 16, untied and tied) and Qwen3-MoE (Qwen3MoeForCausalLM: a dense first block as
-# mlp_only_layers [0], 4 experts, no shared expert, norm_topk_prob true and false), written by
-# numpy from the families' definitions (safetensors_tool.py qwen3, qwen3_moe) and imported:
+# is 16, untied and tied), Qwen3-MoE (Qwen3MoeForCausalLM: a dense first block as
+# mlp_only_layers [0], 4 experts, no shared expert, norm_topk_prob true and false) and Qwen2-MoE
+# (Qwen2MoeForCausalLM: q/k/v biases, a shared expert behind a nonzero sigmoid gate), written by
+# numpy from the families' definitions (safetensors_tool.py qwen3, qwen3_moe, qwen2_moe) and
+# imported:
 #  - titan3d eval in fp32, on one rank and on tp2, equals PyTorch's float64 forward of the
 #    definition (torch_eval.py) within 1e-6 relative;
 #  - the re-export's tensors are the written ones bit for bit, in the same family;
 #  - greedy generate (the KV-cache decoder) appends the tokens PyTorch's greedy decoding does;
-#  - the import fine-tunes 20 fp32 steps on 1 rank and on pp2×dp2×tp2 (and ep2 for the MoE) with
-#    the same losses within 1e-5 relative (import.sh's Llama 3.x tolerance);
+#  - the import fine-tunes 20 fp32 steps on 1 rank and on pp2×dp2×tp2 (and ep2 for the MoE; with
+#    and without sequence parallelism for Qwen2-MoE) with the same losses within 1e-5 relative
+#    (import.sh's Llama 3.x tolerance);
+#  - the Qwen2-MoE fine-tune also under zb_h1 (the gate's gradient in W) and with every block
+#    recomputed; Qwen3, Qwen3-MoE and Qwen2-MoE fine-tune 20 steps in bf16 on pp2×dp2×tp2 (ep2)
+#    within 1e-3 of the 1-rank bf16 losses (docs/parallelism.md's bf16 layout tolerance);
 #  - config keys titan3d cannot represent are exit 2 naming the file and the key;
 #  - a Mistral (MistralForCausalLM, sliding_window null) imports as LLaMA's block: eval within
 #    1e-6 of PyTorch's, greedy tokens equal, exported back as LlamaForCausalLM with the same tensors
@@ -57,6 +63,51 @@ check "[ \$? -eq 0 ]" "fine-tune the Qwen3-MoE import on 1 rank" || cat "$work/m
 tune qwen3_moe m3ft8 "${eight[@]}" --set parallel.ep=2
 check "[ \$? -eq 0 ] && same_losses $work/m3ft8/metrics.jsonl $work/m3ft1/metrics.jsonl 1e-5" \
   "the Qwen3-MoE fine-tune on pp=2 dp=2 tp=2 ep=2 has the 1-rank losses" || cat "$work/m3ft8.log"
+
+# Qwen2-MoE as Qwen's own checkpoints are: nonzero q/k/v biases and a nonzero sigmoid gate on the
+# shared expert (model.qkv_bias, model.shared_expert_gate); the same checks, and a fine-tune on
+# pp2×dp2×tp2×ep2 with the 1-rank losses (the gate's gradient summed over tp where the math needs).
+st qwen2_moe "$work/qwen2_moe"
+check_family "$work/qwen2_moe" qwen2_moe "Qwen2-MoE (gated shared expert, q/k/v biases)" \
+  'model.shared_expert_gate = true'
+tune qwen2_moe m2ft1
+check "[ \$? -eq 0 ]" "fine-tune the Qwen2-MoE import on 1 rank" || cat "$work/m2ft1.log"
+tune qwen2_moe m2ft8 "${eight[@]}" --set parallel.ep=2
+check "[ \$? -eq 0 ] && same_losses $work/m2ft8/metrics.jsonl $work/m2ft1/metrics.jsonl 1e-5" \
+  "the Qwen2-MoE fine-tune on pp=2 dp=2 tp=2 ep=2 has the 1-rank losses" || cat "$work/m2ft8.log"
+tune qwen2_moe m2ft8sp "${eight[@]}" --set parallel.ep=2 --set parallel.sequence_parallel=true
+check "[ \$? -eq 0 ] && same_losses $work/m2ft8sp/metrics.jsonl $work/m2ft1/metrics.jsonl 1e-5" \
+  "the Qwen2-MoE fine-tune on pp=2 dp=2 tp=2 ep=2 with sequence parallelism has the 1-rank losses" ||
+  cat "$work/m2ft8sp.log"
+# The gate's weight gradient left to W (zero-bubble: from the dz B kept), and recomputed blocks.
+tune qwen2_moe m2zb --set parallel.pp=2 --set parallel.tp=2 --set parallel.schedule=zb_h1 \
+  --set train.micro_batches=4
+check "[ \$? -eq 0 ] && same_losses $work/m2zb/metrics.jsonl $work/m2ft1/metrics.jsonl 1e-5" \
+  "the Qwen2-MoE fine-tune on pp=2 tp=2 under zb_h1 has the 1-rank losses" || cat "$work/m2zb.log"
+tune qwen2_moe m2ck "${eight[@]}" --set parallel.ep=2 --set train.activation_checkpoint=full
+check "[ \$? -eq 0 ] && same_losses $work/m2ck/metrics.jsonl $work/m2ft1/metrics.jsonl 1e-5" \
+  "the Qwen2-MoE fine-tune on pp=2 dp=2 tp=2 ep=2 with every block recomputed has the 1-rank losses" ||
+  cat "$work/m2ck.log"
+
+# bf16 fine-tunes (train.precision = bf16, oneDNN's bf16 GEMMs): 20 steps on pp2×dp2×tp2 (ep2 for
+# the MoE) within 1e-3 relative of the 1-rank bf16 run, the layout tolerance docs/parallelism.md
+# states for bf16. Skipped on a CPU whose oneDNN has no bf16 GEMM (no AVX-512).
+bf16=(--set train.precision=bf16 --set hardware.gemm=onednn)
+if tune qwen3 bf16probe "${bf16[@]}" --set train.steps=1; then
+  for model in qwen3 qwen3_moe qwen2_moe; do
+    ep=()
+    [ "$model" != qwen3 ] && ep=(--set parallel.ep=2)
+    tune "$model" "${model}_bf1" "${bf16[@]}"
+    check "[ \$? -eq 0 ]" "fine-tune the $model import in bf16 on 1 rank" || cat "$work/${model}_bf1.log"
+    tune "$model" "${model}_bf8" "${bf16[@]}" "${eight[@]}" "${ep[@]}"
+    check "[ \$? -eq 0 ] && same_losses $work/${model}_bf8/metrics.jsonl $work/${model}_bf1/metrics.jsonl 1e-3" \
+      "the $model bf16 fine-tune on pp=2 dp=2 tp=2 ${ep[*]:+ep=2 }has the 1-rank bf16 losses (1e-3)" ||
+      cat "$work/${model}_bf8.log"
+  done
+else
+  grep -q "oneDNN cannot run" "$work/bf16probe.log" || { echo "FAIL: bf16 probe"; cat "$work/bf16probe.log"; fail=1; }
+  echo "SKIPPED (loudly): no bf16 GEMM on this CPU: the bf16 fine-tunes are not checked"
+fi
 
 # Refusals: exit 2 naming config.json and the key.
 refuse_set() {  # MODEL KEY VALUE: MODEL's config.json with KEY set to VALUE (added if absent)

@@ -21,6 +21,8 @@
   qwen3_moe DIR [unnormalised]
                         writes a small random Qwen3-MoE (Qwen3MoeForCausalLM: a dense first block,
                         then 4 experts, norm_topk_prob true, or false with `unnormalised`) to DIR
+  qwen2_moe DIR         writes a small random Qwen2-MoE (Qwen2MoeForCausalLM: q/k/v biases, a dense
+                        first block, 4 experts, a shared expert behind a nonzero sigmoid gate) to DIR
 """
 import json
 import os
@@ -238,6 +240,64 @@ def write_qwen3(out, tied, moe=False, norm_topk=True):
     return 0
 
 
+def write_qwen2_moe(out):
+    """Qwen2-MoE's config keys and tensors (transformers' Qwen2MoeConfig / Qwen2MoeForCausalLM, as
+    Qwen1.5-MoE-A2.7B: q/k/v biases, a softmax router `mlp.gate`, norm_topk_prob false, a shared
+    expert `mlp.shared_expert` whose output is scaled by sigmoid(h · mlp.shared_expert_gate)):
+    3 blocks, the first dense (mlp_only_layers [0]), then 4 experts of width 32, 2 per token,
+    a shared expert of width 64. The gates are drawn wide (std 0.3), so that sigmoid(h · w) is far
+    from 1/2 and a gate left out, or applied to the wrong rows, shows; the biases likewise."""
+    os.makedirs(out, exist_ok=True)
+    V, C, L, H, Hkv, F, T = 256, 64, 3, 4, 2, 96, 32
+    E, K, Fe, Fs = 4, 2, 32, 64
+    config = {"architectures": ["Qwen2MoeForCausalLM"], "model_type": "qwen2_moe",
+              "vocab_size": V, "hidden_size": C, "intermediate_size": F, "num_hidden_layers": L,
+              "num_attention_heads": H, "num_key_value_heads": Hkv, "max_position_embeddings": T,
+              "max_window_layers": L, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+              "rope_scaling": None, "attention_dropout": 0.0, "sliding_window": None,
+              "use_sliding_window": False, "tie_word_embeddings": False, "hidden_act": "silu",
+              "initializer_range": 0.02, "use_cache": True, "bos_token_id": None,
+              "eos_token_id": None, "torch_dtype": "float32", "qkv_bias": True,
+              "num_experts": E, "num_experts_per_tok": K, "moe_intermediate_size": Fe,
+              "shared_expert_intermediate_size": Fs, "norm_topk_prob": False,
+              "decoder_sparse_step": 1, "mlp_only_layers": [0], "router_aux_loss_coef": 0.001,
+              "output_router_logits": False}
+    with open(os.path.join(out, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    rng = np.random.default_rng(29)
+    t = {}
+
+    def put(name, *shape, norm=False, std=0.08):
+        x = rng.uniform(0.5, 1.5, shape) if norm else rng.normal(0, std, shape)
+        t[name] = ("F32", x.astype(np.float32))
+
+    def swiglu(p, width):
+        put(p + "gate_proj.weight", width, C)
+        put(p + "up_proj.weight", width, C)
+        put(p + "down_proj.weight", C, width)
+    put("model.embed_tokens.weight", V, C)
+    for l in range(L):
+        p = f"model.layers.{l}."
+        put(p + "input_layernorm.weight", C, norm=True)
+        for n, rows in (("q", H), ("k", Hkv), ("v", Hkv)):
+            put(p + f"self_attn.{n}_proj.weight", rows * (C // H), C)
+            put(p + f"self_attn.{n}_proj.bias", rows * (C // H), std=0.3)
+        put(p + "self_attn.o_proj.weight", C, C)
+        put(p + "post_attention_layernorm.weight", C, norm=True)
+        if l > 0:
+            put(p + "mlp.gate.weight", E, C)
+            for e in range(E):
+                swiglu(p + f"mlp.experts.{e}.", Fe)
+            swiglu(p + "mlp.shared_expert.", Fs)
+            put(p + "mlp.shared_expert_gate.weight", 1, C, std=0.3)
+        else:
+            swiglu(p + "mlp.", F)
+    put("model.norm.weight", C, norm=True)
+    put("lm_head.weight", V, C)
+    write(os.path.join(out, "model.safetensors"), t)
+    return 0
+
+
 def main():
     cmd, args = sys.argv[1], sys.argv[2:]
     if cmd == "same":
@@ -343,6 +403,8 @@ def main():
         return write_mistral(args[0])
     if cmd == "qwen3":  # DIR [tied]
         return write_qwen3(args[0], tied=args[1:] == ["tied"])
+    if cmd == "qwen2_moe":
+        return write_qwen2_moe(args[0])
     if cmd == "qwen3_moe":  # DIR [unnormalised]: norm_topk_prob true, or false
         return write_qwen3(args[0], tied=False, moe=True, norm_topk=args[1:] != ["unnormalised"])
     print(__doc__)

@@ -239,7 +239,8 @@ TEST_F(use_export, missing_snapshot_is_a_user_error) {
 // The family a mixture of experts is written as, its names, its extra zero tensors, and what no
 // family holds (named by key).
 // A dense model's q/k/v biases go out as Qwen2 (LLaMA's attention_bias would bias o_proj too); a
-// mixture of experts' are refused naming the key (Qwen2-MoE's export writes zero biases).
+// mixture of experts' as Qwen2-MoE's (MixturesOfExpertsChooseTheirFamily), and refused naming the
+// key where the mixture is Mixtral's (no shared expert, no dense block).
 TEST(use_export_layout, QkvBiasesExportAsQwen2) {
   ModelConfig m;
   m.qkv_bias = true;
@@ -288,6 +289,15 @@ TEST(use_export_layout, MixturesOfExpertsChooseTheirFamily) {
             (std::vector<int64_t>{1, 64}));
   EXPECT_FALSE(zeros.count("model.layers.0.mlp.shared_expert_gate.weight"));  // a dense block
   EXPECT_NO_THROW(check_hf_layout(m, "s.h5"));
+  // Biases and gates of its own (model.qkv_bias, model.shared_expert_gate): written as they are,
+  // named as the family names them, and no zeros in their place.
+  ModelConfig own = m;
+  own.qkv_bias = own.shared_expert_gate = true;
+  EXPECT_EQ(hf_layout(own), HfLayout::kQwen2Moe);
+  EXPECT_NO_THROW(check_hf_layout(own, "s.h5"));
+  EXPECT_TRUE(qwen2_moe_zero_tensors(own).empty());
+  EXPECT_EQ(hf_tensor_name(own, "model.layers.2.mlp.shared_expert_gate.weight"),
+            "model.layers.2.mlp.shared_expert_gate.weight");
   m.router_norm_topk = false;  // Qwen2-MoE's norm_topk_prob = false
   EXPECT_NO_THROW(check_hf_layout(m, "s.h5"));
   const auto refusal = [](const ModelConfig& c) {

@@ -121,6 +121,8 @@ def param_table(m):
             q = p + "mlp.shared_experts."
             out += [(q + "gate_proj.weight", (Fs, C), True), (q + "up_proj.weight", (Fs, C), True),
                     (q + "down_proj.weight", (C, Fs), True)]
+            if m.get("shared_expert_gate"):  # docs/moe.md: a (1, C) matrix, decayed as the router
+                out.append((p + "mlp.shared_expert_gate.weight", (1, C), True))
     out.append(("model.norm.weight", (C,), False))
     if not m["tie_embeddings"]:
         out.append(("lm_head.weight", (V, C), True))
@@ -205,7 +207,10 @@ class MoeReplay:
             if bool((weight != 0).any()):
                 y = y + weight * swiglu(self.W, p + "mlp.experts.%d." % e, u)
         if m["n_shared_experts"]:
-            y = y + swiglu(self.W, p + "mlp.shared_experts.", u)
+            shared = swiglu(self.W, p + "mlp.shared_experts.", u)
+            if m.get("shared_expert_gate"):  # sigmoid(u · w_s) per token (Qwen2-MoE)
+                shared = torch.sigmoid(u @ self.W[p + "mlp.shared_expert_gate.weight"].T) * shared
+            y = y + shared
         self.counts[l] = torch.bincount(chosen.reshape(-1), minlength=E).numpy()
         self.dropped[l] = int((~keep).sum())
         if m["router_aux_coef"] > 0:  # sequence-wise: f a constant, P the mean score per sequence

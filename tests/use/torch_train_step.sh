@@ -30,6 +30,12 @@
 #     element of 6e-9, near AdamW's eps, where the fp32 first step's g / (|g| + eps) moves that
 #     weight by 0.14·lr more than float64's (the effect TOL_PARAM_MAX allows 0.05 for) and the
 #     runs drift apart past the tolerances; measured, not a formula's difference.
+# and a Qwen2-MoE-shaped one (docs/moe.md's sigmoid gate on the shared expert):
+#  7. run 3's mixture (block 0 dense, 4 routed experts, a shared expert, the selection bias) with
+#     q/k/v biases and model.shared_expert_gate, on dp = 2 and tp = 2 with sequence parallelism:
+#     the gate's initialisation (by its name, std 0.02), its place in the decay set and its
+#     gradient summed over tp as docs/moe.md says. grad_clip 2.05: the norms (1.8 to 2.5) of
+#     some steps are clipped, of others not.
 # Skips loudly (exit 77) when Debian's python3-torch or python3-h5py is missing.
 set -u
 py=/usr/bin/python3
@@ -98,4 +104,12 @@ check "replay qwen25" "PyTorch rebuilds run 5 (Qwen2.5-shaped) from docs/trainin
 check "[ \$? -eq 0 ]" "train 5 steps: q/k norms, head_dim 24, MoE without shared experts, dp2 tp2 ep2" ||
   cat "$work/qwen3_moe.log"
 check "replay qwen3_moe" "PyTorch rebuilds run 6 (Qwen3-MoE-shaped) from docs/training-math.md and docs/moe.md"
+"$titan3d" train "${tiny[@]}" "${pinned[@]}" "${moe[@]}" --set train.steps=5 --set train.warmup_steps=0 \
+  --set train.val_every=0 --set model.n_layers=3 --set model.dense_layers=1 \
+  --set model.n_shared_experts=1 --set model.qkv_bias=true --set model.shared_expert_gate=true \
+  --set parallel.dp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true \
+  --set train.grad_clip=2.05 --set run.dir="$work/qwen2_moe" >"$work/qwen2_moe.log" 2>&1
+check "[ \$? -eq 0 ]" "train 5 steps: q/k/v biases, gated shared expert, dp2 tp2 with SP" ||
+  cat "$work/qwen2_moe.log"
+check "replay qwen2_moe" "PyTorch rebuilds run 7 (Qwen2-MoE-shaped) from docs/training-math.md and docs/moe.md"
 exit $fail
