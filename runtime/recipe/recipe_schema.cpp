@@ -505,8 +505,8 @@ std::vector<Field> hardware_keys() {
             "| onednn (bf16 inputs when train.precision is bf16)."),
       field("hardware", "device", &R::hardware, &HardwareConfig::device,
             "Where each rank computes: cpu | cuda (the GPU of its node-local rank modulo the "
-            "GPUs it sees; several ranks may share one; for now train.precision = fp32 and "
-            "dense models only) | auto (cuda where a GPU is visible, else cpu)."),
+            "GPUs it sees; several ranks may share one; docs/gpu.md) | auto (cuda where a GPU "
+            "is visible, else cpu)."),
       field("hardware", "cluster", &R::hardware, &HardwareConfig::cluster,
             "Cluster TOML file (recipes/clusters/) that `titan3d plan` plans for when --cluster "
             "is not given; empty: this machine."),
