@@ -19,6 +19,7 @@
 #include "checkpoint/paths.h"
 #include "kernels/blas.h"
 #include "kernels/check.h"
+#include "kernels/device.h"
 #include "parallel/trace.h"
 #include "runtime/cost/planner.h"
 #include "runtime/data/text_tokenizer.h"
@@ -237,7 +238,7 @@ void reexec_with_openblas_coretype(const std::vector<std::string>& argv) {
 
 // `generate`: one process, no MPI; the completion streams to stdout after the prompt.
 int generate(const std::string& snapshot, const std::string& prompt, int64_t max_tokens,
-             const runtime::SamplingOptions& sampling) {
+             const runtime::SamplingOptions& sampling, const std::string& device_name) {
   T3D_USER_CHECK(max_tokens >= 0 && max_tokens <= runtime::kMaxGenerateTokens, "--max-tokens is ",
                  max_tokens, "; give 0 to ", runtime::kMaxGenerateTokens);
   T3D_USER_CHECK(sampling.top_k >= 0, "--top-k is ", sampling.top_k, "; it must be >= 0");
@@ -247,8 +248,12 @@ int generate(const std::string& snapshot, const std::string& prompt, int64_t max
   kernels::set_blas_threads(1);  // one row at a time: GEMVs too small to share among threads
   const runtime::SnapshotWeights weights = runtime::load_snapshot_weights(snapshot);
   // One row at a time in exact fp32, whatever kind trained the snapshot: a bf16 GEMM would round
-  // every weight matrix again for each token's matrix-vector product.
-  runtime::Decoder decoder(weights, kernels::GemmKind::kOpenBlasF32);
+  // every weight matrix again for each token's matrix-vector product (on a GPU: cuBLAS in fp32).
+  kernels::DeviceChoice choice = kernels::DeviceChoice::kCpu;
+  for (const auto& [value, name] : runtime::Choices<kernels::DeviceChoice>::kAll)
+    if (name == device_name) choice = value;
+  const auto device = kernels::Device::open(choice, 0, "--device");
+  runtime::Decoder decoder(weights, device->exec(kernels::GemmKind::kOpenBlasF32));
   // The snapshot's tokenizer (data.tokenizer, its content hash checked by the load above).
   const auto tokenizer = runtime::TextTokenizer::open(weights.recipe.data.tokenizer,
                                                       "data.tokenizer", weights.recipe.data.bos);
@@ -272,10 +277,10 @@ int generate(const std::string& snapshot, const std::string& prompt, int64_t max
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("\n");
   std::fprintf(stderr,
-               "generate: %zu tokens in %.2f s (%.0f tokens/s) from %s (step %lld), prompt %zu "
-               "tokens%s, %s\n",
+               "generate: %zu tokens in %.2f s (%.0f tokens/s) from %s (step %lld) on %s, "
+               "prompt %zu tokens%s, %s\n",
                out.size(), s, out.size() / std::max(s, 1e-9), snapshot.c_str(),
-               static_cast<long long>(weights.step), ids.size(),
+               static_cast<long long>(weights.step), device->description().c_str(), ids.size(),
                tokenizer.adds_bos() ? " (BOS first, data.bos)" : "",
                sampling.temperature > 0
                    ? fmt::format("temperature {} top-k {} seed {}", sampling.temperature,
@@ -307,7 +312,7 @@ int print_keys() {
 struct CommandLine {
   Options o;
   std::vector<std::string> argv;  // the whole command line (self-launch repeats it)
-  std::string snapshot, json, prompt, seed, out_dir, hf_dir;
+  std::string snapshot, json, prompt, seed, out_dir, hf_dir, device = "cpu";
   int64_t max_tokens = 200;
   runtime::SelfcheckOptions check;
   runtime::PlanOptions plan;
@@ -443,6 +448,11 @@ Verb generate_verb(CLI::App& app, CommandLine& c) {
   c.seed = std::to_string(c.sampling.seed);
   cmd->add_option("--seed", c.seed, "Random seed, 0 to 2^64 - 1 (same seed, same text)")
       ->capture_default_str();
+  cmd->add_option("--device", c.device,
+                  "Where to decode: cpu, cuda (GPU 0 of those visible) or auto (cuda where a GPU "
+                  "is visible)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}))
+      ->capture_default_str();
   return {cmd, [&c] {
             reexec_with_openblas_coretype(c.argv);
             const std::string& seed = c.seed;
@@ -450,7 +460,7 @@ Verb generate_verb(CLI::App& app, CommandLine& c) {
                 std::from_chars(seed.data(), seed.data() + seed.size(), c.sampling.seed);
             T3D_USER_CHECK(ec == std::errc() && end == seed.data() + seed.size() && !seed.empty(),
                            "--seed is `", seed, "`; give an integer from 0 to 2^64 - 1");
-            return generate(c.snapshot, c.prompt, c.max_tokens, c.sampling);
+            return generate(c.snapshot, c.prompt, c.max_tokens, c.sampling, c.device);
           }};
 }
 

@@ -3,12 +3,15 @@
 #include <cmath>
 
 #include "kernels/check.h"
+#include "kernels/cuda/cuda_ops.h"
 
 namespace t3d::kernels {
 
-void attention_decode(float* out, const float* q, const float* k_cache, const float* v_cache,
-                      float* scores, std::int64_t n, std::int64_t H, std::int64_t Hkv,
-                      std::int64_t D) {
+void attention_decode(const Exec& exec, float* out, const float* q, const float* k_cache,
+                      const float* v_cache, float* scores, std::int64_t n, std::int64_t H,
+                      std::int64_t Hkv, std::int64_t D) {
+  T3D_ON_GPU(exec,
+             cuda::attention_decode(*exec.stream, out, q, k_cache, v_cache, scores, n, H, Hkv, D));
   T3D_ASSERT(n > 0 && H > 0 && Hkv > 0 && H % Hkv == 0 && D > 0, "n ", n, " H ", H, " Hkv ", Hkv,
              " D ", D);
   const std::int64_t kv_row = Hkv * D, group = H / Hkv;

@@ -17,7 +17,9 @@
 #      every 4 steps: the job continues from step 4 and every loss equals the uninterrupted dp2
 #      run's, bit for bit;
 #   5. compute-sanitizer (memcheck) over a 3-step one-rank training run started by mpirun: no
-#      error reported.
+#      error reported;
+#   6. `generate --device cuda` (the decoder's weights and KV cache in device memory) from the
+#      dp2 run's last snapshot: 60 greedy tokens, the same text as `--device cpu`.
 # Usage: gpu_layout_check.sh BUNDLE_ROOT REPO LOG_DIR. DEVICE=cpu runs everything on the CPU (to
 # check this script where no GPU is; check 5 then runs without the sanitizer). Exit 0 when all
 # hold.
@@ -76,6 +78,17 @@ if [ $rc -eq 0 ] && ! grep -q "ERROR SUMMARY: [1-9]" "$logs/sanitized.log"; then
   echo "compute-sanitizer memcheck over a 3-step training run on $device: $(grep -o 'ERROR SUMMARY: [0-9]* errors' "$logs/sanitized.log" || echo 'not run (cpu)')"
 else
   echo "FAIL: the sanitized run exited $rc"; grep -E "ERROR SUMMARY|Invalid|=========" "$logs/sanitized.log" | head -n 20; failed=1
+fi
+# 6. Decoding on the device, greedy, against the CPU's.
+for dev in cpu "$device"; do
+  titan3d generate "$logs/dp2_straight/snapshots/step_00000008.h5" --prompt "The " \
+    --max-tokens 60 --temperature 0 --device "$dev" > "$logs/generate_$dev.txt" 2> "$logs/generate_$dev.log" ||
+    { echo "FAIL: generate on $dev exited $?"; tail -n 5 "$logs/generate_$dev.log"; failed=1; }
+done
+if [ -s "$logs/generate_cpu.txt" ] && cmp -s "$logs/generate_cpu.txt" "$logs/generate_$device.txt"; then
+  echo "generate --device $device: the CPU's 60 greedy tokens ($(tail -n 1 "$logs/generate_$device.log" | cut -c1-90))"
+else
+  echo "FAIL: generate on $device differs from the CPU's:"; cat "$logs/generate_cpu.txt" "$logs/generate_$device.txt"; failed=1
 fi
 python3 - "$logs" <<'PY'
 import json, sys

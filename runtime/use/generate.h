@@ -9,11 +9,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <random>
 #include <span>
 #include <vector>
 
-#include "kernels/gemm.h"
+#include "kernels/arena.h"
+#include "kernels/exec.h"
 #include "runtime/data/text_tokenizer.h"
 #include "runtime/model/model_spec.h"
 #include "runtime/use/export.h"
@@ -22,12 +24,18 @@ namespace t3d::runtime {
 
 class Decoder {
  public:
-  // `weights` must outlive the decoder (it points into their tensors). `gemm`: the kind of its
-  // linear layers (kernels/gemm.h).
-  Decoder(const SnapshotWeights& weights, kernels::GemmKind gemm);
+  // `weights` must outlive the decoder: on the CPU it reads their tensors in place; on a GPU
+  // (`exec` a GPU execution) it copies them into device memory. `exec`: where it computes, and
+  // the kind of its linear layers (kernels/gemm.h). Its caches and buffers come from an arena of
+  // the exec's memory, sized once here.
+  Decoder(const SnapshotWeights& weights, const kernels::Exec& exec);
+  ~Decoder();
+  Decoder(const Decoder&) = delete;
+  Decoder& operator=(const Decoder&) = delete;
 
   // Appends `token` at position position() and returns the logits (vocab_size) of the next
-  // token; valid until the next call. UserError once the context (model.seq_len) is full.
+  // token, in host memory (on a GPU: the step's one crossing); valid until the next call.
+  // UserError once the context (model.seq_len) is full.
   std::span<const float> step(int32_t token);
   void reset() { pos_ = 0; }  // empties the cache
   int64_t position() const { return pos_; }
@@ -36,31 +44,43 @@ class Decoder {
 
  private:
   struct Layer : BlockTensors<const float*> {  // the block's weights, by the spec's rows
-    std::vector<float> k_cache, v_cache;       // (seq_len, Hkv·D) each, keys after RoPE
-    // A MoE block's routed experts' rows, each stacked (E matrices back to back) as the
-    // grouped pass reads them.
-    std::vector<std::vector<float>> expert_stacks;
+    float* k_cache = nullptr;                  // (seq_len, Hkv·D), keys after RoPE
+    float* v_cache = nullptr;                  // (seq_len, Hkv·D)
   };
+  // Points every weight, cache and buffer into `arena`'s memory (weights in place on the CPU),
+  // or with `arena` null only adds up the bytes that takes: the constructor sizes the arena so.
+  std::size_t place(const SnapshotWeights& w, kernels::Arena* arena);
+  // A MoE block's MLP part for the row (the training forward's kernels, N = 1): its output added
+  // to the residual x_.
+  void moe_step(const Layer& L);
+
   ModelConfig config_;
-  kernels::GemmKind gemm_;
-  const float* embed_;
-  const float* norm_;
-  const float* head_;
+  kernels::Exec exec_;
+  std::unique_ptr<kernels::Arena> arena_;
+  // A MoE block's routed experts' rows, each stacked (E matrices back to back) as the grouped
+  // pass reads them: host memory, copied into the arena on a GPU.
+  std::vector<std::vector<float>> expert_stacks_;
+  const float* embed_ = nullptr;
+  const float* norm_ = nullptr;
+  const float* head_ = nullptr;
   std::vector<Layer> layers_;
   int64_t pos_ = 0;
-  // Work buffers for one row: residual, normed, q, attention output, gate,
-  // up, silu(gate)·up, the RoPE table (seq_len, D), attention scores (seq_len), logits (vocab).
-  std::vector<float> x_, xn_, q_, att_, gate_, up_, h_, rope_, scores_, logits_;
-  float rstd_ = 0;
-  // model.qk_norm: q and k before their per-head norms (H·D, Hkv·D), the heads' 1/rms (H).
-  std::vector<float> q_raw_, k_raw_, head_rstd_;
-  // A mixture-of-experts block's MLP part for the row (the training forward's kernels, N = 1):
-  // its output added to the residual x_.
-  void moe_step(const Layer& L);
-  // Its buffers: router scores (E), chosen experts and gates (K), the permutation, the K
-  // permuted rows in and out (K, C), the experts' gate, up and h (K, Fe), the branch (C).
-  std::vector<float> router_scores_, gates_, rows_in_, rows_out_, egate_, eup_, eh_, branch_;
-  std::vector<int32_t> chosen_, row_of_slot_, slot_of_row_;
+  // One row's buffers: residual, normed, q, attention output, gate, up, silu(gate)·up, the RoPE
+  // table (seq_len, D), attention scratch (seq_len or H), logits (vocab), RMSNorm's 1/rms, the
+  // token; model.qk_norm: q and k before their per-head norms (H·D, Hkv·D), the heads' 1/rms (H).
+  float *x_ = nullptr, *xn_ = nullptr, *q_ = nullptr, *att_ = nullptr, *gate_ = nullptr,
+        *up_ = nullptr, *h_ = nullptr, *rope_ = nullptr, *scores_ = nullptr, *logits_ = nullptr,
+        *rstd_ = nullptr, *q_raw_ = nullptr, *k_raw_ = nullptr, *head_rstd_ = nullptr;
+  int32_t* token_ = nullptr;
+  std::vector<float> logits_host_;  // a GPU's logits, crossed
+  // A MoE block's: router scores (E), chosen experts and gates (K), the permutation, the K
+  // permuted rows in and out (K, C), the experts' gate, up and h (K, Fe), the branch (C), the
+  // shared expert's gate (1). The routing is permuted on the host (the block's named crossing).
+  float *router_scores_ = nullptr, *gates_ = nullptr, *rows_in_ = nullptr, *rows_out_ = nullptr,
+        *egate_ = nullptr, *eup_ = nullptr, *eh_ = nullptr, *branch_ = nullptr,
+        *shared_g_ = nullptr;
+  int32_t *chosen_ = nullptr, *row_of_slot_ = nullptr, *slot_of_row_ = nullptr;
+  std::vector<int32_t> chosen_host_, row_of_slot_host_, slot_of_row_host_;
   std::vector<int64_t> expert_offsets_;
 };
 

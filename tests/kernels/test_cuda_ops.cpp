@@ -465,10 +465,14 @@ TEST(CudaAttention, DecodingMatchesTheCpu) {
   const auto q = random_floats(H * D, 29, -2, 2), kc = random_floats(n * Hkv * D, 30, -2, 2),
              vc = random_floats(n * Hkv * D, 31);
   std::vector<float> out(H * D), scores(n);
-  attention_decode(out.data(), q.data(), kc.data(), vc.data(), scores.data(), n, H, Hkv, D);
-  Dev<float> gq(q), gk(kc), gv(vc), gout(H * D), glse(H);
+  attention_decode(kCpu, out.data(), q.data(), kc.data(), vc.data(), scores.data(), n, H, Hkv, D);
+  Dev<float> gq(q), gk(kc), gv(vc), gout(H * D), glse(H), gout2(H * D), gscratch(n);
   gpu::attention_decode(S(), gout.p(), gq.p(), gk.p(), gv.p(), glse.p(), n, H, Hkv, D);
   expect_close(gout.host(), out, 1e-5, 1e-6, "decode");
+  // The op given a GPU Exec is the twin.
+  attention_decode(Exec(GemmKind::kOpenBlasF32, S()), gout2.p(), gq.p(), gk.p(), gv.p(),
+                   gscratch.p(), n, H, Hkv, D);
+  expect_same_bits(gout2.host(), gout.host(), "attention_decode dispatched");
 }
 
 // The kernel layer's own ops (kernels/ops.h) given a GPU Exec run the CUDA twins on device memory:

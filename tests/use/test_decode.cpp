@@ -5,13 +5,18 @@
 
 #include <cmath>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "../kernels/reference.h"
 #include "kernels/check.h"
+#include "kernels/device.h"
 #include "kernels/ops.h"
 #include "kernels/ops_decode.h"
 #include "runtime/use/generate.h"
+#ifdef T3D_HAVE_CUDA
+#include "kernels/cuda/cuda_ops.h"
+#endif
 
 namespace t3d::runtime {
 namespace {
@@ -32,7 +37,7 @@ TEST(use_decode, attention_decode_matches_reference_at_every_position) {
   std::vector<float> out(size_t(H) * D), scores(T);
   for (int t = 0; t < T; ++t) {
     // Row t of causal attention is one query over the first t + 1 keys: the cache at step t.
-    k::attention_decode(out.data(), q.data() + size_t(t) * H * D, kk.data(), v.data(),
+    k::attention_decode(k::kCpu, out.data(), q.data() + size_t(t) * H * D, kk.data(), v.data(),
                         scores.data(), t + 1, H, Hkv, D);
     k::ref::expect_close(
         out, Vec(expected.begin() + size_t(t) * H * D, expected.begin() + size_t(t + 1) * H * D),
@@ -178,6 +183,30 @@ TEST(use_decode, cached_logits_match_with_qk_norm) {
   m.explicit_head_dim = 12;
   expect_cached_logits_match(m);
 }
+
+#ifdef T3D_HAVE_CUDA
+// The decoder on a GPU (its weights copied into device memory, each op's CUDA twin, the logits
+// crossing once a token): the CPU decoder's logits within 1e-4 at every position, with q/k/v
+// biases and per-head norms on; and a full cache refused there too.
+TEST(use_decode, gpu_logits_match_the_cpus) {
+  std::string why;
+  if (k::cuda::visible_devices(&why).empty()) GTEST_SKIP() << "no GPU: " << why;
+  const auto device = k::Device::open(k::DeviceChoice::kCuda, 0);
+  ModelConfig m = tiny_config();
+  m.qkv_bias = m.qk_norm = true;
+  const SnapshotWeights w = random_weights(m);
+  Decoder cpu(w, kFp32), gpu(w, device->exec(kFp32));
+  double worst = 0;
+  for (int t = 0; t < m.seq_len; ++t) {
+    const auto a = cpu.step((5 * t + 1) % m.vocab_size);
+    const auto b = gpu.step((5 * t + 1) % m.vocab_size);
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t j = 0; j < a.size(); ++j) worst = std::max(worst, double(std::abs(a[j] - b[j])));
+  }
+  EXPECT_LT(worst, 1e-4) << "GPU decoder vs CPU decoder";
+  EXPECT_THROW(gpu.step(0), UserError);
+}
+#endif
 
 TEST(use_decode, greedy_and_seeded_sampling_are_deterministic) {
   const ModelConfig m = tiny_config();
