@@ -3,6 +3,8 @@
 
 #include <cstring>
 
+#include "kernels/blas.h"  // detect_cpu_features
+
 #define XXH_INLINE_ALL  // header only: the GPU bundle and the CPU binary need no libxxhash
 #include <xxhash.h>
 
@@ -78,6 +80,11 @@ uint64_t hash64(const void* data, size_t bytes, uint64_t seed) {
   return s.value();
 }
 
-uint64_t hash64_xxh3(const void* data, size_t bytes) { return XXH3_64bits(data, bytes); }
+uint64_t hash64_xxh3_baseline(const void* data, size_t bytes) { return XXH3_64bits(data, bytes); }
+
+uint64_t hash64_xxh3(const void* data, size_t bytes) {
+  static const bool avx2 = detect_cpu_features().avx2;  // the same value either way: speed only
+  return avx2 ? hash64_xxh3_avx2(data, bytes) : hash64_xxh3_baseline(data, bytes);
+}
 
 }  // namespace t3d::kernels

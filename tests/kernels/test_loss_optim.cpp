@@ -126,10 +126,14 @@ TEST(StepScalars, Xxh3WordsIsLibxxhash) {
   for (std::int64_t n = 0; n <= 300; ++n) lengths.push_back(n);
   for (std::int64_t n : {511, 512, 513, 767, 1023, 1024, 1025, 4096 + 17, 65536, 262143, 262144})
     lengths.push_back(n);
-  for (std::int64_t n : lengths)
-    ASSERT_EQ(xxh3::hash_words(w.data(), n, secret),
-              hash64_xxh3(w.data(), 4 * static_cast<std::size_t>(n)))
-        << n << " words";
+  const bool avx2 = detect_cpu_features().avx2;
+  for (std::int64_t n : lengths) {
+    const std::size_t bytes = 4 * static_cast<std::size_t>(n);
+    const std::uint64_t want = xxh3::hash_words(w.data(), n, secret);
+    ASSERT_EQ(hash64_xxh3_baseline(w.data(), bytes), want) << n << " words (SSE2 build)";
+    if (avx2) ASSERT_EQ(hash64_xxh3_avx2(w.data(), bytes), want) << n << " words (AVX2)";
+    ASSERT_EQ(hash64_xxh3(w.data(), bytes), want) << n << " words";
+  }
 }
 
 // hash_floats is its definition (hash64_xxh3 of each 1 MiB piece, streamed in order), whatever the
