@@ -90,20 +90,13 @@ if [ -s "$logs/generate_cpu.txt" ] && cmp -s "$logs/generate_cpu.txt" "$logs/gen
 else
   echo "FAIL: generate on $device differs from the CPU's:"; cat "$logs/generate_cpu.txt" "$logs/generate_$device.txt"; failed=1
 fi
-python3 - "$logs" <<'PY'
-import json, sys
+python3 - "$logs" "$(dirname "$0")" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[2])
+from gpu_losses import worst, losses as losses_in
 logs = sys.argv[1]
-def losses(name):  # step -> loss; the last one logged for a step (a restart logs it again)
-    out = {}
-    try:
-        lines = open(f"{logs}/{name}/metrics.jsonl").readlines()
-    except OSError:
-        return out
-    for line in lines:
-        m = json.loads(line)
-        if "loss" in m and "step" in m:
-            out[m["step"]] = m["loss"]
-    return out
+def losses(name):
+    return losses_in(logs, name)
 ok = True
 def same(name, ref):
     global ok
@@ -114,7 +107,7 @@ def same(name, ref):
 def close(name, ref, rtol=1e-5):
     global ok
     a, b = losses(name), losses(ref)
-    w = max((abs(a[s] - b[s]) / abs(b[s]) if s in a else float("inf") for s in b), default=float("inf"))
+    w = worst(a, b)
     good = len(b) == 8 and w <= rtol
     print(f"{name} vs {ref}: largest relative difference {w:.2e} (within {rtol:g})")
     ok &= good

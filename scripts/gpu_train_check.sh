@@ -73,23 +73,13 @@ for precision in fp32 bf16; do
     --set run.dir="$logs/default_$precision" > "$logs/default_$precision.log" 2>&1 ||
     { echo "FAIL: default_$precision exited $?"; tail -n 20 "$logs/default_$precision.log"; failed=1; }
 done
-python3 - "$logs" "$device" <<'PY'
+python3 - "$logs" "$device" "$(dirname "$0")" <<'PY'
 import json, sys
+sys.path.insert(0, sys.argv[3])
+from gpu_losses import worst, losses as losses_in
 logs = sys.argv[1]
-def losses(name):  # {} when the run left no metrics (it failed, said above)
-    out = {}
-    try:
-        lines = open(f"{logs}/{name}/metrics.jsonl").readlines()
-    except OSError:
-        return out
-    for line in lines:
-        m = json.loads(line)
-        if "loss" in m and "step" in m:
-            out[m["step"]] = m["loss"]
-    return out
-def worst(a, b):  # the largest relative difference of a from b over b's steps; inf if a lacks one
-    return max((abs(a[s] - b[s]) / abs(b[s]) if s in a else float("inf") for s in b),
-               default=float("inf"))
+def losses(name):
+    return losses_in(logs, name)
 cpu, gpu, again, resumed = (losses(n) for n in ("cpu", "gpu", "gpu_again", "gpu_resumed"))
 ok = True
 w = worst(gpu, cpu)
