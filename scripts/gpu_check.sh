@@ -117,6 +117,10 @@ PY
 step bench_e2e 300 bash bench/gpu/bench_gpu.sh "$root" "$PWD" "$logs/e2e"
 echo "== end to end, bf16: titan3d vs PyTorch on this GPU" | tee -a "$logs/summary.txt"
 grep -E "^model|^125m|^1b|^gpu-bench|FAIL" "$logs/bench_e2e.log" | tee -a "$logs/summary.txt"
+# Then, if time is left: the 8-expert top-2 MoE against the dense model of equal active
+# parameters (issue 41), titan3d and PyTorch alike.
+step bench_moe 240 env SIZES="moe moe_dense" bash bench/gpu/bench_gpu.sh "$root" "$PWD" "$logs/e2e_moe"
+grep -E "^model|^moe|FAIL" "$logs/bench_moe.log" | tee -a "$logs/summary.txt"
 echo "== summary (logs in $logs)"
 cat "$logs/summary.txt" | grep -E "passed|FAILED|not run"
 exit $status

@@ -5,6 +5,10 @@
 #   - titan3d: `titan3d train`, hardware.device = cuda, train.precision = bf16, one rank;
 #   - PyTorch eager: bench/e2e/llama_torch.py --device cuda --bf16 (autocast) --sdpa --fused;
 #   - PyTorch compiled: the same with --compile.
+# And, with SIZES="moe moe_dense", issue 41's mixture of experts: 8 experts, top 2 (softmax router,
+# normalised gates), ~1.2 B parameters of which ~0.39 B active a token (dim 1024, 16 layers, expert
+# FFN 2816), against the dense model of equal active parameters (FFN 5632); the line
+#   moe-bench: <GPU> moe / dense-active tokens/s: titan3d 0.85x eager 0.40x compile 0.70x
 # Each reports median-step tokens/s; MFU is titan3d's own figure (against the GPU's datasheet bf16
 # peak, docs/metrics.md) scaled by the tokens/s ratio for PyTorch, so both use one FLOP count and
 # one peak. The last line summarises the ~1 B row:
@@ -23,15 +27,27 @@ corpus=$root/data/corpus.txt
 cd "$repo" || exit 1
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
 echo "GPU: ${gpu:-none}; host: $(lscpu | sed -n 's/^Model name: *//p')"
-# size: dim layers heads kv_heads seq batch hbm_gib
-declare -A shape=([125m]="768 12 12 12 1024 8 20" [1b]="2048 16 16 8 2048 4 70" [tiny]="64 2 4 2 64 2 1")
+# size: dim layers heads kv_heads seq batch hbm_gib experts ffn (experts 0: dense; ffn 0: the
+# default 8·dim/3 rounded, else the dense FFN or one expert's)
+declare -A shape=([125m]="768 12 12 12 1024 8 20 0 0" [1b]="2048 16 16 8 2048 4 70 0 0"
+                  [moe]="1024 16 16 8 2048 4 70 8 2816" [moe_dense]="1024 16 16 8 2048 4 70 0 5632"
+                  [tiny]="64 2 4 2 64 2 1 0 0" [tinymoe]="64 2 4 2 64 2 1 4 64"
+                  [tinymoe_dense]="64 2 4 2 64 2 1 0 128")
 fast=(--sdpa --fused)
 [ "$device" = cuda ] || fast=()
 status=0
 for size in ${SIZES:-125m 1b}; do
-  read -r dim layers heads kv seq batch hbm <<<"${shape[$size]}"
+  read -r dim layers heads kv seq batch hbm experts ffn <<<"${shape[$size]}"
   model=(--set model.vocab_size=32000 --set model.dim=$dim --set model.n_layers=$layers
          --set model.n_heads=$heads --set model.n_kv_heads=$kv --set model.seq_len=$seq)
+  shape_torch=()
+  if [ "$experts" -gt 0 ]; then
+    model+=(--set model.n_experts=$experts --set model.experts_per_token=2 --set model.moe_ffn_dim=$ffn)
+    shape_torch=(--n_experts $experts --experts_per_token 2 --moe_ffn_dim $ffn)
+  elif [ "$ffn" -gt 0 ]; then
+    model+=(--set model.ffn_dim=$ffn)
+    shape_torch=(--ffn_dim $ffn)
+  fi
   titan3d train recipes/default.toml "${model[@]}" --set parallel.pp=1 --set parallel.dp=1 \
     --set parallel.tp=1 --set train.global_batch=$batch --set train.micro_batches=1 \
     --set train.steps=$steps --set train.warmup_steps=2 --set train.val_every=0 \
@@ -40,7 +56,7 @@ for size in ${SIZES:-125m 1b}; do
     > "$logs/titan3d_$size.log" 2>&1 || { echo "FAIL: titan3d $size exited $?"; tail -n 5 "$logs/titan3d_$size.log"; status=1; }
   torch=(--device $device --bf16 "${fast[@]}" --vocab_size 32000 --dim $dim --n_layers $layers
          --n_heads $heads --n_kv_heads $kv --seq_len $seq --batch $batch --steps $((steps + 2))
-         --warmup 3 --data "$corpus")
+         --warmup 3 --data "$corpus" "${shape_torch[@]}")
   "$python" bench/e2e/llama_torch.py "${torch[@]}" > "$logs/torch_eager_$size.json" 2> "$logs/torch_eager_$size.log" ||
     { echo "FAIL: PyTorch eager $size"; tail -n 3 "$logs/torch_eager_$size.log"; status=1; }
   [ "$device" = cuda ] || continue
@@ -58,8 +74,8 @@ def read(path, *keys):
         return d
     except (OSError, ValueError, KeyError, TypeError):
         return None
-print(f"{'model':6} {'titan3d tok/s':>14} {'MFU':>7} {'mem GiB':>8} {'eager tok/s':>12} {'MFU':>7} {'compile tok/s':>14} {'MFU':>7}  titan3d / eager, / compile")
-last = None
+print(f"{'model':13} {'titan3d tok/s':>14} {'MFU':>7} {'mem GiB':>8} {'eager tok/s':>12} {'MFU':>7} {'compile tok/s':>14} {'MFU':>7}  titan3d / eager, / compile")
+last, rows = None, {}
 for size in sizes:
     perf = read(f"{logs}/titan3d_{size}/summary.json", "performance") or {}
     t, mfu, mem = perf.get("tokens_per_s"), perf.get("mfu"), perf.get("peak_mem_gib")
@@ -72,13 +88,19 @@ for size in sizes:
     def torch_mfu(x):
         return 100 * mfu * x / t if x and t and mfu else None
     ratio = lambda x: f"{t / x:.2f}x" if t and x else "-"
-    print(f"{size:6} {cell(t, '14,.0f')} {pct(100 * mfu if mfu is not None else None)} {cell(mem, '8.1f')} "
+    print(f"{size:13} {cell(t, '14,.0f')} {pct(100 * mfu if mfu is not None else None)} {cell(mem, '8.1f')} "
           f"{cell(e, '12,.0f')} {pct(torch_mfu(e))} {cell(c, '14,.0f')} {pct(torch_mfu(c))}  {ratio(e)}, {ratio(c)}")
-    last = (size, t, e, c, mfu)
+    rows[size] = (t, e, c)
+    if not size.endswith("moe") and not size.endswith("moe_dense"):
+        last = (size, t, e, c, mfu)
 if last:
     size, t, e, c, mfu = last
     r = lambda x: f"{t / x:.2f}x" if t and x else "-"
     print(f"gpu-bench: {gpu} ({size}) eager {r(e)} compile {r(c)} mfu {100 * mfu:.1f}%" if mfu is not None
           else f"gpu-bench: {gpu} ({size}) eager {r(e)} compile {r(c)} mfu -")
+for moe in ("moe", "tinymoe"):  # the mixture against the dense model of equal active parameters
+    if moe in rows and moe + "_dense" in rows:
+        q = [f"{m / d:.2f}x" if m and d else "-" for m, d in zip(rows[moe], rows[moe + "_dense"])]
+        print(f"moe-bench: {gpu} ({moe}) moe / dense-active tokens/s: titan3d {q[0]} eager {q[1]} compile {q[2]}")
 PY
 exit $status
