@@ -32,7 +32,7 @@ done
 mkdir -p "$stage/data"
 [ -s data/fortunes.txt ] || bash scripts/get_data.sh > /dev/null
 head -c 1000000 data/fortunes.txt > "$stage/data/corpus.txt"
-cp scripts/gpu_train_check.sh scripts/gpu_layout_check.sh scripts/gpu_losses.py "$stage/bin/"
+cp scripts/gpu_train_check.sh scripts/gpu_layout_check.sh scripts/gpu_losses.py scripts/gpu_env.sh "$stage/bin/"
 for bin in "$stage"/bin/test_kernels_cuda "$stage"/bin/test_model_gpu "$stage"/bin/bench_cuda \
   "$stage"/bin/titan3d "$stage"/bin/mpirun $(find "$stage/ompi" -name '*.so'); do
   ldd "$bin" | awk '/=> \// {print $3}'

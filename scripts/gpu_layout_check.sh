@@ -24,11 +24,7 @@
 # check this script where no GPU is; check 5 then runs without the sanitizer). Exit 0 when all
 # hold.
 set -uo pipefail
-root=$1 repo=$2 logs=$3
-device=${DEVICE:-cuda}
-mkdir -p "$logs"
-export PATH="$root/bin:$PATH" OPAL_PREFIX="$root/ompi"
-export LD_LIBRARY_PATH="$root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source "$(dirname "$0")/gpu_env.sh" "$@"  # root, repo, logs, device, here; the paths
 common=(--set data.path="$root/data/corpus.txt" --set model.n_layers=4 --set train.steps=8
         --set train.micro_batches=4 --set train.warmup_steps=2 --set train.val_every=0
         --set train.precision=fp32 --set hardware.gemm=openblas --set snapshot.every=0
@@ -90,7 +86,7 @@ if [ -s "$logs/generate_cpu.txt" ] && cmp -s "$logs/generate_cpu.txt" "$logs/gen
 else
   echo "FAIL: generate on $device differs from the CPU's:"; cat "$logs/generate_cpu.txt" "$logs/generate_$device.txt"; failed=1
 fi
-python3 - "$logs" "$(dirname "$0")" <<'PY'
+python3 - "$logs" "$here" <<'PY'
 import sys
 sys.path.insert(0, sys.argv[2])
 from gpu_losses import worst, losses as losses_in

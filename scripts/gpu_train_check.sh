@@ -22,11 +22,7 @@
 # Usage: gpu_train_check.sh BUNDLE_ROOT REPO LOG_DIR. DEVICE=cpu runs the "GPU" runs on the CPU
 # instead (to check this script and the bundle where no GPU is). Exit 0 when all eight hold.
 set -uo pipefail
-root=$1 repo=$2 logs=$3
-device=${DEVICE:-cuda}
-mkdir -p "$logs"
-export PATH="$root/bin:$PATH" OPAL_PREFIX="$root/ompi"
-export LD_LIBRARY_PATH="$root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+source "$(dirname "$0")/gpu_env.sh" "$@"  # root, repo, logs, device, here; the paths
 common=(--set data.path="$root/data/corpus.txt" --set train.steps=20 --set train.val_every=0
         --set train.precision=fp32 --set hardware.gemm=openblas --set snapshot.every=10
         --set snapshot.async=false)
@@ -73,7 +69,7 @@ for precision in fp32 bf16; do
     --set run.dir="$logs/default_$precision" > "$logs/default_$precision.log" 2>&1 ||
     { echo "FAIL: default_$precision exited $?"; tail -n 20 "$logs/default_$precision.log"; failed=1; }
 done
-python3 - "$logs" "$device" "$(dirname "$0")" <<'PY'
+python3 - "$logs" "$device" "$here" <<'PY'
 import json, sys
 sys.path.insert(0, sys.argv[3])
 from gpu_losses import worst, losses as losses_in

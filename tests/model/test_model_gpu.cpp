@@ -183,13 +183,46 @@ double relative_difference(const std::vector<float>& a, const std::vector<float>
   return diff / scale;
 }
 
+// Two runs of one kind: the same bits (no atomics in reductions, fixed cuBLAS algorithms).
+void expect_same_bits(const TrainedRun& a, const TrainedRun& b) {
+  EXPECT_EQ(a.losses, b.losses);
+  EXPECT_EQ(a.aux_losses, b.aux_losses);
+  EXPECT_EQ(a.grads, b.grads);
+  EXPECT_EQ(a.params, b.params);
+}
+
+// A GPU run against the CPU's: the same arithmetic summed in another order (GEMM blocking,
+// attention tiles), so fp32 reordering differences compounded over the steps' updates: per-step
+// losses (and auxiliary losses) within 1e-5, gradients within 1e-4 and parameters within 1e-5 of
+// the tensors' scale.
+void expect_follows_cpu(const TrainedRun& gpu, const TrainedRun& cpu) {
+  ASSERT_EQ(gpu.losses.size(), cpu.losses.size());
+  ASSERT_EQ(gpu.aux_losses.size(), cpu.aux_losses.size());
+  for (size_t i = 0; i < cpu.losses.size(); ++i)
+    EXPECT_NEAR(gpu.losses[i], cpu.losses[i], 1e-5 * std::fabs(cpu.losses[i])) << "step " << i;
+  for (size_t i = 0; i < cpu.aux_losses.size(); ++i)
+    EXPECT_NEAR(gpu.aux_losses[i], cpu.aux_losses[i], 1e-5 * std::fabs(cpu.aux_losses[i]))
+        << "step " << i;
+  EXPECT_LT(relative_difference(gpu.grads, cpu.grads), 1e-4);
+  EXPECT_LT(relative_difference(gpu.params, cpu.params), 1e-5);
+}
+
+// A bf16 run against the fp32 run of its device: every step's loss within 2% (bf16 rounding of
+// GEMM inputs, compounded over the steps), the rounding visible, and it trains.
+void expect_bf16_follows(const TrainedRun& bf16, const TrainedRun& fp32) {
+  ASSERT_EQ(bf16.losses.size(), fp32.losses.size());
+  for (size_t i = 0; i < fp32.losses.size(); ++i)
+    EXPECT_NEAR(bf16.losses[i], fp32.losses[i], 2e-2 * std::fabs(fp32.losses[i])) << "step " << i;
+  EXPECT_NE(bf16.losses, fp32.losses);  // the bf16 path ran: its rounding shows
+  EXPECT_LT(bf16.losses.back(), bf16.losses.front());
+}
+
 // The harness itself, where no GPU is needed: the one-rank Model without MPI trains on the CPU
 // (the loss falls) and repeats its bits, so a GPU failure above is the GPU's.
 TEST(GpuModel, TheCpuRunItComparesWithTrainsAndRepeats) {
   const TrainedRun a = train(kernels::GemmKind::kOpenBlasF32, kernels::Memory::kHost, 4);
   const TrainedRun b = train(kernels::GemmKind::kOpenBlasF32, kernels::Memory::kHost, 4);
-  EXPECT_EQ(a.losses, b.losses);
-  EXPECT_EQ(a.params, b.params);
+  expect_same_bits(a, b);
   EXPECT_LT(a.losses.back(), 0.9 * a.losses.front());
   EXPECT_TRUE(std::any_of(a.grads.begin(), a.grads.end(), [](float g) { return g != 0.0f; }));
 }
@@ -205,12 +238,8 @@ TEST(GpuModel, TheCpuBf16RunTrainsRepeatsAndFollowsFp32) {
   const TrainedRun fp32 = train(kernels::GemmKind::kOpenBlasF32, kernels::Memory::kHost, 4);
   const TrainedRun a = train(kernels::GemmKind::kOneDnnBf16, kernels::Memory::kHost, 4, true);
   const TrainedRun b = train(kernels::GemmKind::kOneDnnBf16, kernels::Memory::kHost, 4, true);
-  EXPECT_EQ(a.losses, b.losses);
-  EXPECT_EQ(a.params, b.params);
-  for (size_t i = 0; i < fp32.losses.size(); ++i)
-    EXPECT_NEAR(a.losses[i], fp32.losses[i], 2e-2 * std::fabs(fp32.losses[i])) << "step " << i;
-  EXPECT_NE(a.losses, fp32.losses);
-  EXPECT_LT(a.losses.back(), a.losses.front());
+  expect_same_bits(a, b);
+  expect_bf16_follows(a, fp32);
 }
 
 TEST(GpuModel, DenseTrainingStepsAreTheCpusAndRepeatBitForBit) {
@@ -220,17 +249,8 @@ TEST(GpuModel, DenseTrainingStepsAreTheCpusAndRepeatBitForBit) {
   const TrainedRun cpu = train(kernels::GemmKind::kOpenBlasF32, kernels::Memory::kHost, kSteps);
   const TrainedRun first = train(on_gpu, kernels::Memory::kDevice, kSteps);
   const TrainedRun second = train(on_gpu, kernels::Memory::kDevice, kSteps);
-  // Deterministic: no atomics in reductions, fixed cuBLAS algorithms.
-  EXPECT_EQ(first.losses, second.losses);
-  EXPECT_EQ(first.grads, second.grads);
-  EXPECT_EQ(first.params, second.params);
-  // The CPU's model: the same arithmetic summed in another order (GEMM blocking, attention
-  // tiles), so fp32 reordering differences, compounded over the steps' updates.
-  ASSERT_EQ(first.losses.size(), cpu.losses.size());
-  for (size_t i = 0; i < cpu.losses.size(); ++i)
-    EXPECT_NEAR(first.losses[i], cpu.losses[i], 1e-5 * std::fabs(cpu.losses[i])) << "step " << i;
-  EXPECT_LT(relative_difference(first.grads, cpu.grads), 1e-4);
-  EXPECT_LT(relative_difference(first.params, cpu.params), 1e-5);
+  expect_same_bits(first, second);
+  expect_follows_cpu(first, cpu);
   // And it trained: the loss fell (lr 1e-2 on one repeated batch).
   EXPECT_LT(first.losses.back(), first.losses.front());
 }
@@ -247,15 +267,8 @@ TEST(GpuModel, Bf16TrainingStepsRepeatBitForBitAndFollowFp32) {
   const TrainedRun reference = train(fp32, kernels::Memory::kDevice, kSteps);
   const TrainedRun first = train(bf16, kernels::Memory::kDevice, kSteps, /*bf16=*/true);
   const TrainedRun second = train(bf16, kernels::Memory::kDevice, kSteps, /*bf16=*/true);
-  EXPECT_EQ(first.losses, second.losses);
-  EXPECT_EQ(first.grads, second.grads);
-  EXPECT_EQ(first.params, second.params);
-  ASSERT_EQ(first.losses.size(), reference.losses.size());
-  for (size_t i = 0; i < reference.losses.size(); ++i)
-    EXPECT_NEAR(first.losses[i], reference.losses[i], 2e-2 * std::fabs(reference.losses[i]))
-        << "step " << i;
-  EXPECT_NE(first.losses, reference.losses);  // the bf16 path ran: its rounding shows
-  EXPECT_LT(first.losses.back(), first.losses.front());
+  expect_same_bits(first, second);
+  expect_bf16_follows(first, reference);
 }
 
 // The same with Qwen's attention (model.qkv_bias, model.qk_norm, head_dim 24): the biases' K = 1
@@ -269,13 +282,8 @@ TEST(GpuModel, QwenAttentionTrainingStepsAreTheCpus) {
       train(kernels::GemmKind::kOpenBlasF32, kernels::Memory::kHost, kSteps, false, cfg);
   const TrainedRun first = train(on_gpu, kernels::Memory::kDevice, kSteps, false, cfg);
   const TrainedRun second = train(on_gpu, kernels::Memory::kDevice, kSteps, false, cfg);
-  EXPECT_EQ(first.losses, second.losses);
-  EXPECT_EQ(first.params, second.params);
-  ASSERT_EQ(first.losses.size(), cpu.losses.size());
-  for (size_t i = 0; i < cpu.losses.size(); ++i)
-    EXPECT_NEAR(first.losses[i], cpu.losses[i], 1e-5 * std::fabs(cpu.losses[i])) << "step " << i;
-  EXPECT_LT(relative_difference(first.grads, cpu.grads), 1e-4);
-  EXPECT_LT(relative_difference(first.params, cpu.params), 1e-5);
+  expect_same_bits(first, second);
+  expect_follows_cpu(first, cpu);
 }
 
 // The MoE harness on the CPU, for both routers: it repeats its bits, trains, routes to every
@@ -288,9 +296,7 @@ TEST(GpuModel, TheCpuMoeRunItComparesWithTrainsAndRepeats) {
         train(kernels::GemmKind::kOpenBlasF32, kernels::Memory::kHost, 4, false, cfg);
     const TrainedRun b =
         train(kernels::GemmKind::kOpenBlasF32, kernels::Memory::kHost, 4, false, cfg);
-    EXPECT_EQ(a.losses, b.losses);
-    EXPECT_EQ(a.aux_losses, b.aux_losses);
-    EXPECT_EQ(a.params, b.params);
+    expect_same_bits(a, b);
     EXPECT_LT(a.losses.back(), a.losses.front());
     ASSERT_EQ(a.routed.size(), 4u);  // one MoE block
     double routed = 0;
@@ -318,19 +324,9 @@ TEST(GpuModel, MoeTrainingStepsAreTheCpusAndRepeatBitForBit) {
         train(kernels::GemmKind::kOpenBlasF32, kernels::Memory::kHost, kSteps, false, cfg);
     const TrainedRun first = train(on_gpu, kernels::Memory::kDevice, kSteps, false, cfg);
     const TrainedRun second = train(on_gpu, kernels::Memory::kDevice, kSteps, false, cfg);
-    EXPECT_EQ(first.losses, second.losses);
-    EXPECT_EQ(first.aux_losses, second.aux_losses);
-    EXPECT_EQ(first.grads, second.grads);
-    EXPECT_EQ(first.params, second.params);
+    expect_same_bits(first, second);
     EXPECT_EQ(first.routed, cpu.routed);  // the same choices
-    ASSERT_EQ(first.losses.size(), cpu.losses.size());
-    for (size_t i = 0; i < cpu.losses.size(); ++i) {
-      EXPECT_NEAR(first.losses[i], cpu.losses[i], 1e-5 * std::fabs(cpu.losses[i])) << "step " << i;
-      EXPECT_NEAR(first.aux_losses[i], cpu.aux_losses[i], 1e-5 * std::fabs(cpu.aux_losses[i]))
-          << "step " << i;
-    }
-    EXPECT_LT(relative_difference(first.grads, cpu.grads), 1e-4);
-    EXPECT_LT(relative_difference(first.params, cpu.params), 1e-5);
+    expect_follows_cpu(first, cpu);
     EXPECT_LT(first.losses.back(), first.losses.front());
   }
 }
@@ -347,13 +343,8 @@ TEST(GpuModel, MoeBf16TrainingStepsRepeatBitForBitAndFollowFp32) {
   const TrainedRun reference = train(fp32, kernels::Memory::kDevice, kSteps, false, cfg);
   const TrainedRun first = train(bf16, kernels::Memory::kDevice, kSteps, true, cfg);
   const TrainedRun second = train(bf16, kernels::Memory::kDevice, kSteps, true, cfg);
-  EXPECT_EQ(first.losses, second.losses);
-  EXPECT_EQ(first.params, second.params);
-  ASSERT_EQ(first.losses.size(), reference.losses.size());
-  for (size_t i = 0; i < reference.losses.size(); ++i)
-    EXPECT_NEAR(first.losses[i], reference.losses[i], 2e-2 * std::fabs(reference.losses[i]))
-        << "step " << i;
-  EXPECT_LT(first.losses.back(), first.losses.front());
+  expect_same_bits(first, second);
+  expect_bf16_follows(first, reference);
 }
 
 }  // namespace
