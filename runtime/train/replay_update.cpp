@@ -54,6 +54,20 @@ UpdateCheck::Plan UpdateCheck::plan_of(const Group& g, int group_rank) const {
   return plan;
 }
 
+void UpdateCheck::pack(const ShardedState& st, const Plan& plan, size_t& i, int64_t chunk,
+                       bool grads) {
+  const kernels::Exec& exec = state_.exec();
+  const int64_t n = plan.chunk_floats[static_cast<size_t>(chunk)];
+  for (; i < plan.segments.size() && plan.segments[i].chunk == chunk; ++i) {
+    const Segment& s = plan.segments[i];
+    const ShardedState::Piece p{s.param, s.lo, s.lo + s.n, s.at};
+    kernels::copy(exec, send_ + s.offset, st.params(p), s.n);
+    if (grads) kernels::copy(exec, send_ + n + s.offset, st.grads(p), s.n);
+    kernels::copy(exec, send_ + 2 * n + s.offset, st.exp_avg(p), s.n);
+    kernels::copy(exec, send_ + 3 * n + s.offset, st.exp_avg_sq(p), s.n);
+  }
+}
+
 void UpdateCheck::recompute(int64_t check, const TrainConfig& t, double lr, int64_t step,
                             float grad_scale) {
   for (Group& g : checked_) {
@@ -82,15 +96,7 @@ void UpdateCheck::stream(Group& g, int shift, size_t slot, const TrainConfig& t,
     parallel::Request sent;
     if (c < mine.chunk_floats.size()) {
       const int64_t n = mine.chunk_floats[c];
-      for (; im < mine.segments.size() && mine.segments[im].chunk == static_cast<int64_t>(c);
-           ++im) {
-        const Segment& s = mine.segments[im];
-        const ShardedState::Piece p{s.param, s.lo, s.lo + s.n, s.at};
-        kernels::copy(exec, send_ + s.offset, st.params(p), s.n);
-        kernels::copy(exec, send_ + n + s.offset, st.grads(p), s.n);
-        kernels::copy(exec, send_ + 2 * n + s.offset, st.exp_avg(p), s.n);
-        kernels::copy(exec, send_ + 3 * n + s.offset, st.exp_avg_sq(p), s.n);
-      }
+      pack(st, mine, im, static_cast<int64_t>(c), /*grads=*/true);
       sent = comm.isend(send_, static_cast<size_t>(kArrays * n), checker, kUpdateTag);
     }
     if (c < theirs.chunk_floats.size()) {
@@ -121,13 +127,7 @@ uint64_t UpdateCheck::own_hash(const Group& g) {
   size_t i = 0;
   for (size_t c = 0; c < mine.chunk_floats.size(); ++c) {
     const int64_t n = mine.chunk_floats[c];
-    for (; i < mine.segments.size() && mine.segments[i].chunk == static_cast<int64_t>(c); ++i) {
-      const Segment& s = mine.segments[i];
-      const ShardedState::Piece p{s.param, s.lo, s.lo + s.n, s.at};
-      kernels::copy(exec, send_ + s.offset, st.params(p), s.n);
-      kernels::copy(exec, send_ + 2 * n + s.offset, st.exp_avg(p), s.n);
-      kernels::copy(exec, send_ + 3 * n + s.offset, st.exp_avg_sq(p), s.n);
-    }
+    pack(st, mine, i, static_cast<int64_t>(c), /*grads=*/false);
     kernels::hash_floats(exec, h, send_, n);
     kernels::hash_floats(exec, h, send_ + 2 * n, n);
     kernels::hash_floats(exec, h, send_ + 3 * n, n);

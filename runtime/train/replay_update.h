@@ -29,6 +29,7 @@
 
 namespace t3d::runtime {
 
+class ShardedState;
 class TrainingState;
 
 class UpdateCheck {
@@ -83,6 +84,9 @@ class UpdateCheck {
     std::vector<int64_t> chunk_floats;
   };
   Plan plan_of(const Group& g, int group_rank) const;
+  // Copies chunk `chunk` of this rank's `plan` into send_ as [parameters | gradients | m | v]
+  // (without the gradients when !grads), its segments from index i on (advanced past them).
+  void pack(const ShardedState& st, const Plan& plan, size_t& i, int64_t chunk, bool grads);
   // The chunks of this rank's own parameters and moments (after its update), hashed as
   // stream() hashes a recomputation.
   uint64_t own_hash(const Group& g);
