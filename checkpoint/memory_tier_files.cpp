@@ -81,6 +81,8 @@ std::string manifest_text(const IndexInfo& info) {
   for (const auto& [name, value] : info.counters) out << "counter " << name << " " << value << "\n";
   for (const auto& s : info.shards)
     out << "shard " << s.bytes << " " << s.hash << " " << s.file << "\n";
+  if (!info.gemm_table.empty())
+    out << "gemm_table " << info.gemm_table.size() << "\n" << info.gemm_table << "\n";
   out << "recipe " << info.recipe.size() << "\n" << info.recipe;
   std::string body = out.str();
   return body + "\nend " + to_hex(hash64(body.data(), body.size())) + "\n";
@@ -118,6 +120,12 @@ std::optional<IndexInfo> parse_manifest(const std::string& text) {
       ShardEntry s;
       words >> s.bytes >> s.hash >> s.file;
       info.shards.push_back(s);
+    } else if (key == "gemm_table") {
+      size_t n = 0;
+      words >> n;
+      info.gemm_table.resize(n);
+      in.read(info.gemm_table.data(), static_cast<std::streamsize>(n));
+      if (static_cast<size_t>(in.gcount()) != n) return std::nullopt;
     } else if (key == "recipe") {
       size_t n = 0;
       words >> n;

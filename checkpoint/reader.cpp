@@ -94,6 +94,8 @@ struct Level {
     info.recipe = h5::read_string_attr(f, "recipe", path);
     info.layout = h5::read_string_attr(f, "layout", path);
     if (h5::has_attr(f, "device")) info.device = h5::read_string_attr(f, "device", path);
+    if (h5::has_attr(f, "gemm_table"))
+      info.gemm_table = h5::read_string_attr(f, "gemm_table", path);
     std::istringstream files(h5::read_string_attr(f, "shard_files", path));
     const auto bytes = h5::read_ints_attr(f, "shard_bytes", path);
     const auto hashes = h5::read_uints_attr(f, "shard_hash", path);
@@ -444,6 +446,12 @@ std::string read_recipe(const std::string& index_path) {
   check_index_file(index_path);
   const h5::Handle f = open_committed_index(ReadOnlyFile::open(index_path, "snapshot index"));
   return h5::read_string_attr(f, "recipe", index_path);
+}
+
+std::string read_gemm_table(const std::string& index_path) {
+  check_index_file(index_path);
+  const h5::Handle f = open_committed_index(ReadOnlyFile::open(index_path, "snapshot index"));
+  return h5::has_attr(f, "gemm_table") ? h5::read_string_attr(f, "gemm_table", index_path) : "";
 }
 
 std::vector<char> read_verified_index(const std::string& path) {

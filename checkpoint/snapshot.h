@@ -150,6 +150,9 @@ struct IndexInfo {
   // Rank 0's device (kernels::Device::description: "cpu" or the GPU), informational; "" in
   // snapshots written before it was recorded.
   std::string device;
+  // The GEMM algorithms of a GPU run (kernels/cuda/gemm_table.h's text), so that resume runs the
+  // same ones; "" on the CPU and in snapshots written before it was recorded.
+  std::string gemm_table;
   std::map<std::string, int64_t> counters;  // step, sampler seed/position, AdamW step...
   std::vector<ShardEntry> shards;
   std::string parent;  // index file name in the same directory; "" for a full snapshot
@@ -240,6 +243,8 @@ class SnapshotReader {
 
 // Reads only the recipe text of a snapshot (cheap; for `titan3d resume` before ranks start).
 std::string read_recipe(const std::string& index_path);
+// Reads only IndexInfo::gemm_table of a snapshot ("" when it has none).
+std::string read_gemm_table(const std::string& index_path);
 
 // The newest snapshot in `dir` older than step `before` (-1: any) whose index and shards verify
 // and that `accept` (if given) does not throw on, or "" when there is none. Broken ones are

@@ -446,6 +446,7 @@ std::string write_index(const std::string& dir, const IndexInfo& info,
     h5::write_attr(f, "recipe", info.recipe);
     h5::write_attr(f, "layout", info.layout);
     if (!info.device.empty()) h5::write_attr(f, "device", info.device);
+    if (!info.gemm_table.empty()) h5::write_attr(f, "gemm_table", info.gemm_table);
     h5::write_attr(f, "id", std::vector<uint64_t>{info.id});
     h5::write_attr(f, "parent", info.parent);
     if (!info.parent.empty()) h5::write_attr(f, "parent_id", std::vector<uint64_t>{info.parent_id});

@@ -102,6 +102,41 @@ Device::Rates Device::measure_rates(std::int64_t M, std::int64_t N, std::int64_t
   return r;
 }
 
+std::string Device::gemm_table() const {
+#ifdef T3D_HAVE_CUDA
+  if (stream_) return cuda::gemm_table_text(cuda::gemm_table(*stream_));
+#endif
+  return {};
+}
+
+std::string Device::use_gemm_table(const std::string& text) const {
+  T3D_ASSERT(on_gpu(), "Device::use_gemm_table on the CPU");
+#ifdef T3D_HAVE_CUDA
+  std::string why;
+  const std::optional<cuda::GemmTable> table = cuda::parse_gemm_table(text, &why);
+  if (!table) return why;
+  return cuda::use_gemm_table(*stream_, *table);
+#else
+  return text;
+#endif
+}
+
+std::string Device::tune_linear_gemms(const std::vector<LinearSize>& layers, GemmKind kind) const {
+  T3D_ASSERT(on_gpu(), "Device::tune_linear_gemms on the CPU");
+#ifdef T3D_HAVE_CUDA
+  std::vector<cuda::GemmShape> shapes;
+  const auto precision =
+      gemm_kind_is_bf16(kind) ? cuda::GemmPrecision::kBf16 : cuda::GemmPrecision::kFp32;
+  for (const LinearSize& l : layers)
+    for (const cuda::GemmShape& s : cuda::linear_gemm_shapes(precision, l.rows, l.in, l.out))
+      shapes.push_back(s);
+  return cuda::gemm_table_text(cuda::tune_gemms(*stream_, shapes));
+#else
+  (void)layers, (void)kind;
+  return {};
+#endif
+}
+
 Exec Device::exec(GemmKind kind) const {
   if (stream_) return Exec(kind, *stream_);
   return Exec(kind);

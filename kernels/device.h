@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "kernels/arena.h"
 #include "kernels/exec.h"
@@ -71,6 +72,21 @@ class Device {
   };
   Rates measure_rates(std::int64_t M, std::int64_t N, std::int64_t K, std::size_t bytes,
                       int rounds) const;
+
+  // The algorithms a GPU's GEMMs run (kernels/cuda/gemm_table.h), as the table's text: every
+  // shape its GEMMs ran or were given. Empty on the CPU.
+  std::string gemm_table() const;
+  // Installs a table's text (a job's measurement, or what a snapshot recorded). Returns why not
+  // when it cannot (malformed, or made for another cuBLASLt or GPU): the GPU then keeps its own
+  // table, whose shapes run cuBLASLt's first heuristic answer. A GPU's only.
+  std::string use_gemm_table(const std::string& text) const;
+  // Measures the GEMMs of linear layers of `rows` rows, in → out, in `kind`'s precision
+  // (kernels::cuda::tune_gemms: cuBLASLt's heuristic answers timed, the first kept unless
+  // another beats it clearly), installs them and returns the table's text. A GPU's only.
+  struct LinearSize {
+    std::int64_t rows = 0, in = 0, out = 0;
+  };
+  std::string tune_linear_gemms(const std::vector<LinearSize>& layers, GemmKind kind) const;
 
  private:
   Device() = default;

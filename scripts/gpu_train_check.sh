@@ -5,7 +5,7 @@
 #      (the same arithmetic summed in another order, compounded over 20 updates);
 #   2. on the GPU twice: the same losses, bit for bit (deterministic);
 #   3. resumed on the GPU from its step-10 snapshot: steps 11-20 give the uninterrupted run's bits
-#      (the snapshot holds the device's state exactly);
+#      (the snapshot holds the device's state exactly, and the GEMM algorithms it ran);
 #   4. pp2 × dp2 × tp2 with ZeRO-1 (eight ranks sharing the GPU, their collectives staged through
 #      host memory) against the same layout on the CPU, within 1e-4 relative;
 #   5. across devices: the GPU's step-10 snapshot resumed on the CPU and the CPU's on the GPU, steps
@@ -48,6 +48,16 @@ run cpu_from_gpu cpu titan3d resume "$logs/gpu/snapshots/step_00000010.h5" \
   --set snapshot.dir="$logs/cpu_from_gpu/snapshots"
 run gpu_from_cpu "$device" titan3d resume "$logs/cpu/snapshots/step_00000010.h5" \
   --set snapshot.dir="$logs/gpu_from_cpu/snapshots"
+# The resumed run installs the GEMM algorithms its snapshot recorded (runtime/machine/
+# gpu_gemm_table.h): the same algorithm per shape, so the same bits (check 3).
+if [ "$device" = cuda ]; then
+  if grep -q "algorithms recorded in" "$logs/gpu_resumed/logs/rank0.log"; then
+    echo "gpu_resumed: the snapshot's GEMM algorithms installed"
+  else
+    echo "FAIL: gpu_resumed did not take its snapshot's GEMM algorithms"; failed=1
+    grep -h "GEMM" "$logs/gpu_resumed/logs/rank0.log" | head -n 2
+  fi
+fi
 for dev in cpu "$device"; do
   titan3d eval "$logs/gpu/snapshots/step_00000020.h5" --set hardware.device="$dev" \
     --json "$logs/eval_$dev.json" > "$logs/eval_$dev.log" 2>&1 ||

@@ -1,10 +1,12 @@
 // Internal to kernels/cuda/: error checks, the Stream's state, launch shapes.
 #pragma once
 
-#include <cublas_v2.h>
+#include <cublasLt.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <map>
+#include <memory>
 
 #include "kernels/check.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -20,12 +22,12 @@
           __FILE__, ":", __LINE__, ": ", #call, " failed: ", cudaGetErrorString(t3d_err_))); \
   } while (0)
 
-#define T3D_CUBLAS_CHECK(call)                                                                 \
-  do {                                                                                         \
-    const cublasStatus_t t3d_st_ = (call);                                                     \
-    if (t3d_st_ != CUBLAS_STATUS_SUCCESS)                                                      \
-      throw ::t3d::InternalError(::t3d::detail::concat(                                        \
-          __FILE__, ":", __LINE__, ": ", #call, " failed: ", cublasGetStatusString(t3d_st_))); \
+#define T3D_CUBLAS_CHECK(call)                                                                   \
+  do {                                                                                           \
+    const cublasStatus_t t3d_st_ = (call);                                                       \
+    if (t3d_st_ != CUBLAS_STATUS_SUCCESS)                                                        \
+      throw ::t3d::InternalError(::t3d::detail::concat(                                          \
+          __FILE__, ":", __LINE__, ": ", #call, " failed: ", cublasLtGetStatusString(t3d_st_))); \
   } while (0)
 
 // After a launch: a bad configuration is reported here, not at some later call.
@@ -33,13 +35,21 @@
 
 namespace t3d::kernels::cuda {
 
+// cuBLASLt's workspace per stream: its advice for Hopper. Fixed for the stream's life, since the
+// heuristic's answers depend on the workspace they may use.
+inline constexpr std::size_t kBlasWorkspaceBytes = 32u << 20;
+
+struct GemmPlan;  // ops_linear.cu: a shape's cuBLASLt descriptors and algorithm
+
 struct Stream::Impl {
   int device = 0;
   cudaStream_t stream = nullptr;
-  cublasHandle_t blas = nullptr;
-  // cuBLAS's workspace, fixed for the stream's life (cublasSetWorkspace): with the algorithm
-  // heuristics given the same workspace every call, cuBLAS repeats its bits.
-  void* blas_workspace = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  void* blas_workspace = nullptr;  // kBlasWorkspaceBytes
+  // The algorithm of every GEMM shape met or given (kernels/cuda/gemm_table.h), and the
+  // descriptors made for each (a cache of the table: cleared whenever the table changes).
+  GemmTable gemm_table;
+  std::map<GemmShape, std::shared_ptr<GemmPlan>> gemm_plans;
   // The partial sums of sum_of_squares (kSumBlocks doubles), and the step scalars read back to
   // the host: a sum, a count.
   double* partial_sums = nullptr;

@@ -17,6 +17,7 @@
 // off, so two runs give the same bits.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -24,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include "kernels/cuda/gemm_table.h"
 #include "kernels/device.h"
 #include "kernels/ops.h"
 #include "kernels/ops_moe.h"
@@ -51,9 +53,6 @@ int device_for_local_rank(int local_rank, int visible_count);
 
 // ---- streams and memory -------------------------------------------------------------------------
 
-// GEMM inputs: fp32 (TF32 off, as precision = fp32 promises) or rounded to bf16 with fp32
-// accumulation and output (precision = bf16, PyTorch's autocast).
-enum class GemmPrecision { kFp32, kBf16 };
 // The precision an Exec's GEMM kind asks for (kernels/exec.h).
 inline GemmPrecision gemm_precision(const Exec& exec) {
   return gemm_kind_is_bf16(exec.gemm) ? GemmPrecision::kBf16 : GemmPrecision::kFp32;
@@ -189,13 +188,14 @@ void shared_gate_backward_input(const Stream& s, float* dx, const float* dz, con
 void shared_gate_backward_weight(const Stream& s, float* dw, const float* dz, const float* x,
                                  std::int64_t rows, std::int64_t C);
 
-// ---- linear layers (ops_linear.cu): cuBLAS
-// --------------------------------------------------------
+// ---- linear layers (ops_linear.cu): cuBLASLt ----------------------------------------------------
 
-// The three GEMMs of kernels/ops.h's linear ops, W stored [out, in] row-major. With kBf16 the
-// inputs are rounded to bf16 (nearest even, as the CPU rounds) into the stream's workspace first;
-// an activation operand given with its rounded copy (`x16`, `dy16`: packed rows, a bf16-stored
-// activation or LinearInput's copy) is read from that copy instead and its floats are not read.
+// The three GEMMs of kernels/ops.h's linear ops, W stored [out, in] row-major, each through
+// cuBLASLt with the algorithm the stream's table gives its shape (kernels/cuda/gemm_table.h). With
+// kBf16 the inputs are rounded to bf16 (nearest even, as the CPU rounds) into the stream's
+// workspace first; an activation operand given with its rounded copy (`x16`, `dy16`: packed rows, a
+// bf16-stored activation or LinearInput's copy) is read from that copy instead and its floats are
+// not read.
 void linear_forward(const Stream& s, GemmPrecision p, float* y, const float* x, const float* w,
                     std::int64_t N, std::int64_t in, std::int64_t out, Out mode = Out::kWrite,
                     const bf16* x16 = nullptr);
@@ -205,6 +205,25 @@ void linear_backward_input(const Stream& s, GemmPrecision p, float* dx, const fl
 void linear_backward_weight(const Stream& s, GemmPrecision p, float* dw, const float* dy,
                             const float* x, std::int64_t N, std::int64_t in, std::int64_t out,
                             const bf16* dy16 = nullptr, const bf16* x16 = nullptr);
+
+// The GEMMs a linear layer of N rows, in → out runs in precision p (forward, input gradient,
+// weight gradient), as the ops above call them on operands aligned to `align` bytes: the shapes to
+// tune for a model (runtime/machine/gemm_choice.h lists a model's layers).
+std::array<GemmShape, 3> linear_gemm_shapes(GemmPrecision p, std::int64_t N, std::int64_t in,
+                                            std::int64_t out, std::uint32_t align = kGemmAlignCap);
+// "cuBLASLt 130100 on NVIDIA H200 (sm_90)": the library and GPU a table of this stream holds for.
+std::string gemm_library(const Stream& s);
+// The stream's table: every shape it ran or was given, with its algorithm.
+GemmTable gemm_table(const Stream& s);
+// Installs `table` in place of the stream's. Refused (the stream's left as it is) when it was made
+// for another library or GPU: returns why, else an empty string.
+std::string use_gemm_table(const Stream& s, const GemmTable& table);
+// For each shape: up to `candidates` of cuBLASLt's heuristic answers, each timed `rounds` times
+// (scratch operands of the shape's extents, allocated here), the first answer replaced only by one
+// that beats_clearly; installs the winners in the stream's table (source "measured") and returns
+// it. Shapes already in the table are measured again.
+GemmTable tune_gemms(const Stream& s, const std::vector<GemmShape>& shapes, int candidates = 8,
+                     int rounds = 5);
 
 // ---- cross-entropy (ops_loss.cu)
 // -------------------------------------------------------------------

@@ -8,8 +8,6 @@
 namespace t3d::kernels::cuda {
 namespace {
 
-constexpr std::size_t kBlasWorkspaceBytes = 32u << 20;  // cuBLAS's advice for Hopper: 32 MiB
-
 std::string cuda_version(int v) {
   return std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
 }
@@ -101,13 +99,12 @@ Stream::Stream(int device) : impl_(std::make_unique<Impl>()) {
   impl_->device = device;
   T3D_CUDA_CHECK(cudaSetDevice(device));
   T3D_CUDA_CHECK(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking));
-  T3D_CUBLAS_CHECK(cublasCreate(&impl_->blas));
-  T3D_CUBLAS_CHECK(cublasSetStream(impl_->blas, impl_->stream));
-  // Pedantic: no TF32 and no reduced-precision reductions, whatever NVIDIA_TF32_OVERRIDE says.
-  T3D_CUBLAS_CHECK(cublasSetMathMode(impl_->blas, CUBLAS_PEDANTIC_MATH));
-  T3D_CUBLAS_CHECK(cublasSetAtomicsMode(impl_->blas, CUBLAS_ATOMICS_NOT_ALLOWED));
+  T3D_CUBLAS_CHECK(cublasLtCreate(&impl_->lt));
   T3D_CUDA_CHECK(cudaMalloc(&impl_->blas_workspace, kBlasWorkspaceBytes));
-  T3D_CUBLAS_CHECK(cublasSetWorkspace(impl_->blas, impl_->blas_workspace, kBlasWorkspaceBytes));
+  cudaDeviceProp prop{};
+  T3D_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  impl_->gemm_table.library = ::t3d::detail::concat(
+      "cuBLASLt ", cublasLtGetVersion(), " on ", prop.name, " (sm_", prop.major, prop.minor, ")");
   T3D_CUDA_CHECK(cudaMalloc(&impl_->partial_sums, kSumBlocks * sizeof(double)));
   T3D_CUDA_CHECK(cudaMalloc(&impl_->scalar_sum, sizeof(double)));
   T3D_CUDA_CHECK(cudaMalloc(&impl_->scalar_count, sizeof(unsigned long long)));
@@ -117,7 +114,7 @@ Stream::~Stream() {
   if (!impl_) return;
   cudaSetDevice(impl_->device);
   if (impl_->stream) cudaStreamSynchronize(impl_->stream);
-  if (impl_->blas) cublasDestroy(impl_->blas);
+  if (impl_->lt) cublasLtDestroy(impl_->lt);
   cudaFree(impl_->blas_workspace);
   cudaFree(impl_->partial_sums);
   cudaFree(impl_->scalar_sum);

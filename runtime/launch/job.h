@@ -72,6 +72,9 @@ bool release_lock_of_ended_job(const std::string& run_dir);
 struct JobPrecision {
   kernels::GemmKind gemm = kernels::GemmKind::kOpenBlasF32;
   TrainPrecision train = TrainPrecision::kFp32;
+  // On a GPU: the GEMM algorithms every rank installs (runtime/machine/gpu_gemm_table.h); "" on
+  // the CPU, or where none was chosen (each shape then runs cuBLASLt's first heuristic answer).
+  std::string gpu_gemm_table;
 };
 
 struct Job {

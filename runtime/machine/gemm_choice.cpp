@@ -17,6 +17,7 @@
 #include "kernels/device.h"
 #include "kernels/peak.h"
 #include "parallel/trace.h"
+#include "runtime/machine/gpu_gemm_table.h"
 #include "runtime/machine/machine.h"
 
 namespace t3d::runtime {
@@ -215,16 +216,18 @@ bool fill_one(E* mine, E theirs, E auto_value, const char* key, const std::strin
   return false;
 }
 
-void fill_from_snapshot(const Recipe& r, TrainPrecision* precision, GemmLibrary* library,
-                        std::string* source) {
+// Returns the snapshot's index path ("" when it cannot be read).
+std::string fill_from_snapshot(const Recipe& r, TrainPrecision* precision, GemmLibrary* library,
+                               std::string* source) {
   std::string path;
   const auto saved = recorded_in_snapshot(r, &path);
-  if (!saved) return;
+  if (!saved) return {};
   const bool filled_precision =
       fill_one(precision, saved->first, TrainPrecision::kAuto, "train.precision", path);
   const bool filled_library =
       fill_one(library, saved->second, GemmLibrary::kAuto, "hardware.gemm", path);
   if (filled_precision || filled_library) *source = "recorded in " + path;
+  return path;
 }
 
 // Rank 0: the decision with its numbers in the log and in <run dir>/gemm_choice.json.
@@ -235,10 +238,10 @@ void record(const GemmChoice& c, const std::string& run_dir) {
                            kernels::gemm_kind_name(m.kind), m.fastest, m.slowest);
   if (kernels::Device::is_gpu(c.device))
     spdlog::info(
-        "GEMM: cuBLAS with {} inputs and fp32 sums on {} (train.precision = {}; {}); {} stands "
-        "for it in snapshots, the GEMM a CPU resuming them runs",
+        "GEMM: cuBLASLt with {} inputs and fp32 sums on {} (train.precision = {}; {}), "
+        "algorithms {}; {} stands for it in snapshots, the GEMM a CPU resuming them runs",
         kernels::gemm_kind_is_bf16(c.kind) ? "bf16" : "fp32", c.device, choice_name(c.precision),
-        c.source, kernels::gemm_kind_name(c.kind));
+        c.source, c.gpu_gemm_table_source, kernels::gemm_kind_name(c.kind));
   else
     spdlog::info(
         "GEMM: {} (train.precision = {}, hardware.gemm = {}; {}{}{}), {} thread(s) per rank; "
@@ -259,7 +262,11 @@ void record(const GemmChoice& c, const std::string& run_dir) {
   for (size_t i = 0; i < c.rates.size(); ++i)
     out << (i ? ", " : "") << "\"" << kernels::gemm_kind_name(c.rates[i].kind)
         << "\": " << c.rates[i].slowest;
-  out << "}}\n";
+  out << "}";
+  if (!c.gpu_gemm_table_source.empty())
+    out << ", \"gpu_gemm_algorithms\": " << parallel::trace::json_string(c.gpu_gemm_table_source)
+        << ", \"gpu_gemm_table\": " << parallel::trace::json_string(c.gpu_gemm_table);
+  out << "}\n";
   // A record for people (the snapshots carry the choice): a failure is a warning, never a half
   // file.
   try {
@@ -417,7 +424,9 @@ GemmChoice choose_gemm(const Job& job) {
   TrainPrecision precision = r.train.precision;
   GemmLibrary library = r.hardware.gemm;
   c.source = "the recipe";
-  if (root && !r.snapshot.resume.empty()) fill_from_snapshot(r, &precision, &library, &c.source);
+  std::string resumed;  // rank 0's: the snapshot's index path
+  if (root && !r.snapshot.resume.empty())
+    resumed = fill_from_snapshot(r, &precision, &library, &c.source);
   // Rank 0's partial resolution, then the candidates every rank measures if any auto is left.
   int resolved[2] = {static_cast<int>(precision), static_cast<int>(library)};
   world.broadcast(resolved, 2, 0);
@@ -453,6 +462,11 @@ GemmChoice choose_gemm(const Job& job) {
     precision = kernels::gemm_kind_is_bf16(c.kind) ? TrainPrecision::kBf16 : TrainPrecision::kFp32;
   c.precision = precision;
   kernels::verify_gemm_kind(c.kind);
+  if (gpu) {
+    const GpuGemmTable table = choose_gpu_gemm_table(job, c.kind, resumed);
+    c.gpu_gemm_table = table.text;
+    c.gpu_gemm_table_source = table.source;
+  }
 
   if (root) record(c, job.run_dir);
   return c;
@@ -510,7 +524,7 @@ JobPrecision recorded_precision(const Recipe& recipe) {
                                        : recipe.train.precision;
   const GemmLibrary library =
       recipe.hardware.gemm == GemmLibrary::kAuto ? GemmLibrary::kOpenBlas : recipe.hardware.gemm;
-  return {gemm_kind_of(precision, library), precision};
+  return {gemm_kind_of(precision, library), precision, {}};
 }
 
 Recipe recipe_as_run(const Job& job) {

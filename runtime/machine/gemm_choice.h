@@ -83,7 +83,9 @@ struct GemmChoice {
   std::vector<MeasuredGemm> rates;  // per rank; empty when there was nothing to choose
   std::string device = "cpu";       // rank 0's (kernels::Device::describe): a GPU measures nothing
   int threads = 1;
-  JobPrecision job_precision() const { return {kind, precision}; }
+  // On a GPU: the GEMM algorithms (runtime/machine/gpu_gemm_table.h) and where they came from.
+  std::string gpu_gemm_table, gpu_gemm_table_source;
+  JobPrecision job_precision() const { return {kind, precision, gpu_gemm_table}; }
 };
 
 // The kind a resolved (precision, library) pair means; `auto` in either is a caller's bug.

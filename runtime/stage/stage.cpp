@@ -33,6 +33,18 @@ std::unique_ptr<kernels::Device> open_device(const Job& job) {
   return device;
 }
 
+// Installs the job's GEMM algorithms on a GPU (runtime/machine/gpu_gemm_table.h). A GPU that
+// cannot take them (another model or cuBLASLt than rank 0's) keeps cuBLASLt's heuristic answers.
+void use_gemm_table(const kernels::Device& device, const std::string& table) {
+  if (!device.on_gpu() || table.empty()) return;
+  if (const std::string why = device.use_gemm_table(table); !why.empty())
+    spdlog::warn(
+        "GEMM algorithms: the job's table is not used on this rank ({}); each shape runs "
+        "cuBLASLt's first heuristic answer, so its sums may differ from other ranks' in the last "
+        "bits",
+        why);
+}
+
 }  // namespace
 
 StageGroups::StageGroups(const parallel::Mesh& mesh, const kernels::Device& device) : mesh_(mesh) {
@@ -104,6 +116,7 @@ Stage build_stage(const Job& job, StagePurpose purpose) {
   auto schedule = stage_schedule(r, pp);
   s.layers = stage_layers(r.model, r.parallel.pipeline_split, schedule, mesh.coord().pp);
   s.device = open_device(job);
+  use_gemm_table(*s.device, job.precision().gpu_gemm_table);
   s.groups = std::make_unique<StageGroups>(mesh, *s.device);
   // bf16 training sends activations and their gradients between stages in bf16.
   s.executor = std::make_unique<PipelineExecutor>(

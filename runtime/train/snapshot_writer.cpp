@@ -185,6 +185,7 @@ ck::IndexInfo SnapshotWriter::index_info(const Pending& p, const std::vector<uin
   info.recipe = recipe_as_run(job_).to_toml();  // the job's precision, for resume and eval
   info.layout = snapshot_layout(r_);
   info.device = device_;
+  info.gemm_table = job_.precision().gpu_gemm_table;  // a GPU's algorithms: resume runs them again
   info.counters = {{"step", p.step},
                    {"adamw_step", p.step},
                    {"sampler_seed", r_.train.seed},

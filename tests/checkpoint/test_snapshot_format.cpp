@@ -15,6 +15,7 @@
 
 #include "checkpoint/h5.h"
 #include "checkpoint/io_thread.h"
+#include "checkpoint/memory_tier_files.h"
 #include "checkpoint/snapshot.h"
 #include "kernels/check.h"
 
@@ -68,6 +69,32 @@ class SnapshotFormat : public ::testing::Test {
   std::vector<float> global_;
   IoThread io_;  // HDF5 on one thread, as in titan3d
 };
+
+// A GPU run's GEMM algorithms (several lines of text) travel in the index, where resume reads them
+// alone (read_gemm_table), and in the memory tier's manifest; an index without them reads as "".
+TEST_F(SnapshotFormat, TheGemmTableTravelsInTheIndexAndTheManifest) {
+  const std::string table =
+      "t3d-gemm-table 1\nlibrary cuBLASLt 1 on X (sm_90)\nsource measured\n"
+      "8 8 8 8 8 8 0 1 0 bf16 64 0 0 0 0 0 0 0 1\n";
+  io_.run([&] {
+    IndexInfo info;
+    info.step = 3, info.recipe = "[model]\n", info.layout = "test", info.gemm_table = table;
+    info.counters = {{"step", 3}};
+    Slice s{"model/w", {6, 5}, {0, 0}, {6, 5}, global_.data()};
+    const std::string path = shard_path(dir_, 3, 0);
+    const FileDigest d = write_shard(path, 0, {s}).digest;
+    publish(path);
+    info.shards.push_back({fs::path(path).lexically_relative(dir_).string(), d.bytes, d.hash});
+    write_index(dir_, info);
+    EXPECT_EQ(read_gemm_table(index_path(dir_, 3)), table);
+    EXPECT_EQ(SnapshotReader(index_path(dir_, 3)).info().gemm_table, table);
+    const auto manifest = parse_manifest(manifest_text(info));
+    ASSERT_TRUE(manifest);
+    EXPECT_EQ(manifest->gemm_table, table);
+    EXPECT_EQ(manifest->recipe, info.recipe);
+    EXPECT_EQ(read_gemm_table(write_two_row_shards()), "");  // a CPU run's
+  });
+}
 
 TEST_F(SnapshotFormat, ReadsAnyBoxAcrossShards) {
   io_.run([&] {
