@@ -137,6 +137,21 @@ std::string Device::tune_linear_gemms(const std::vector<LinearSize>& layers, Gem
 #endif
 }
 
+void Device::set_op_timing(bool on) const {
+#ifdef T3D_HAVE_CUDA
+  if (stream_) cuda::set_op_timing(on);
+#else
+  (void)on;
+#endif
+}
+
+std::map<std::string, double> Device::take_op_seconds() const {
+#ifdef T3D_HAVE_CUDA
+  if (stream_) return cuda::take_op_seconds(*stream_);
+#endif
+  return {};
+}
+
 Exec Device::exec(GemmKind kind) const {
   if (stream_) return Exec(kind, *stream_);
   return Exec(kind);

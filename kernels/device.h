@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -87,6 +88,11 @@ class Device {
     std::int64_t rows = 0, in = 0, out = 0;
   };
   std::string tune_linear_gemms(const std::vector<LinearSize>& layers, GemmKind kind) const;
+
+  // Times a GPU's ops from now on, or stops (kernels/cuda/op_timer.h; nothing on the CPU), and
+  // their GPU seconds by op name since the last call (waits for the GPU; empty on the CPU).
+  void set_op_timing(bool on) const;
+  std::map<std::string, double> take_op_seconds() const;
 
  private:
   Device() = default;

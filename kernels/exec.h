@@ -40,9 +40,15 @@ inline constexpr Exec kCpu{GemmKind::kOpenBlasF32};
 // T3D_ON_GPU(exec, call): the first line of an op that has a CUDA twin: returns `call` (the twin,
 // kernels/cuda/cuda_ops.h) when `exec` is a GPU execution. In a build without the CUDA backend no
 // GPU Exec can exist (no cuda::Stream can be made), and the line only checks that.
+// On a GPU the call is timed when T3D_GPU_OP_TIMES=1 (kernels/cuda/op_timer.h), under the op's
+// name.
 #ifdef T3D_HAVE_CUDA
-#define T3D_ON_GPU(exec, call) \
-  if ((exec).on_gpu()) return call
+#include "kernels/cuda/op_timer.h"
+#define T3D_ON_GPU(exec, call)                                                   \
+  if ((exec).on_gpu()) {                                                         \
+    const ::t3d::kernels::cuda::OpTimer t3d_op_timer_(*(exec).stream, __func__); \
+    return call;                                                                 \
+  }
 #else
 #define T3D_ON_GPU(exec, call) \
   T3D_ASSERT(!(exec).on_gpu(), "a GPU execution in a build without the CUDA backend")

@@ -9,7 +9,8 @@
 # normalised gates), ~1.2 B parameters of which ~0.39 B active a token (dim 1024, 16 layers, expert
 # FFN 2816), against the dense model of equal active parameters (FFN 5632); the line
 #   moe-bench: <GPU> moe / dense-active tokens/s: titan3d 0.85x eager 0.40x compile 0.70x
-# Each reports median-step tokens/s; MFU is titan3d's own figure (against the GPU's datasheet bf16
+# Each reports median-step tokens/s, and titan3d its step-time breakdown (its last 3 steps' GPU
+# time by kind of op: GEMM, attention, ..., and what no GPU op covers); MFU is titan3d's own figure (against the GPU's datasheet bf16
 # peak, docs/metrics.md) scaled by the tokens/s ratio for PyTorch, so both use one FLOP count and
 # one peak. The last line summarises the ~1 B row:
 #   gpu-bench: <GPU> eager 1.23x compile 1.05x mfu 47.1%
@@ -48,7 +49,7 @@ for size in ${SIZES:-125m 1b}; do
     model+=(--set model.ffn_dim=$ffn)
     shape_torch=(--ffn_dim $ffn)
   fi
-  titan3d train recipes/default.toml "${model[@]}" --set parallel.pp=1 --set parallel.dp=1 \
+  T3D_GPU_OP_TIMES=3 titan3d train recipes/default.toml "${model[@]}" --set parallel.pp=1 --set parallel.dp=1 \
     --set parallel.tp=1 --set train.global_batch=$batch --set train.micro_batches=1 \
     --set train.steps=$steps --set train.warmup_steps=2 --set train.val_every=0 \
     --set snapshot.every=0 --set train.precision=bf16 --set hardware.device=$device \
@@ -103,4 +104,9 @@ for moe in ("moe", "tinymoe"):  # the mixture against the dense model of equal a
         q = [f"{m / d:.2f}x" if m and d else "-" for m, d in zip(rows[moe], rows[moe + "_dense"])]
         print(f"moe-bench: {gpu} ({moe}) moe / dense-active tokens/s: titan3d {q[0]} eager {q[1]} compile {q[2]}")
 PY
+# Where titan3d's step time goes: its last 3 steps timed op by op on the GPU (T3D_GPU_OP_TIMES=3,
+# docs/gpu.md; the median step above is an untimed one).
+for size in ${SIZES:-125m 1b}; do
+  grep -ho "GPU time per step.*" "$logs/titan3d_$size/logs/rank0.log" 2>/dev/null | sed "s/^/$size: /"
+done
 exit $status

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <vector>
 
 #include "kernels/check.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -50,6 +51,14 @@ struct Stream::Impl {
   // descriptors made for each (a cache of the table: cleared whenever the table changes).
   GemmTable gemm_table;
   std::map<GemmShape, std::shared_ptr<GemmPlan>> gemm_plans;
+  // kernels/cuda/op_timer.h: the events of the ops timed since the last take_op_seconds, in
+  // order (stop null: not recorded), and the events free for reuse.
+  struct TimedOp {
+    const char* op;
+    cudaEvent_t start, stop;
+  };
+  std::vector<TimedOp> timed_ops;
+  std::vector<cudaEvent_t> spare_events;
   // The partial sums of sum_of_squares (kSumBlocks doubles), and the step scalars read back to
   // the host: a sum, a count.
   double* partial_sums = nullptr;

@@ -115,6 +115,11 @@ Stream::~Stream() {
   cudaSetDevice(impl_->device);
   if (impl_->stream) cudaStreamSynchronize(impl_->stream);
   if (impl_->lt) cublasLtDestroy(impl_->lt);
+  for (const Impl::TimedOp& op : impl_->timed_ops) {
+    cudaEventDestroy(op.start);
+    if (op.stop) cudaEventDestroy(op.stop);
+  }
+  for (const cudaEvent_t e : impl_->spare_events) cudaEventDestroy(e);
   cudaFree(impl_->blas_workspace);
   cudaFree(impl_->partial_sums);
   cudaFree(impl_->scalar_sum);

@@ -28,6 +28,7 @@
 #include "runtime/model/model.h"
 #include "runtime/stage/executor.h"
 #include "runtime/stage/stage.h"
+#include "runtime/train/gpu_op_times.h"
 #include "runtime/train/metrics.h"
 #include "runtime/train/replay.h"
 #include "runtime/train/router_balance.h"
@@ -91,10 +92,11 @@ struct Trainer::Impl {
   int cp = 1, cp_rank = 0;
   std::unique_ptr<MetricsWriter> metrics;
   std::unique_ptr<Snapshotter> snapshots;
-  std::unique_ptr<Replay> replay;  // run.replay_every's checks, T3D_FAULT=flip's injections
-  int64_t first_step = 0;          // > 0 when resumed from a snapshot
-  int64_t consecutive_skips = 0;   // diverged steps in a row (train.dynamic_loss_scale)
-  bool holds_loss = false;         // last pipeline stage and tp rank 0: contributes the loss once
+  std::unique_ptr<Replay> replay;        // run.replay_every's checks, T3D_FAULT=flip's injections
+  std::unique_ptr<GpuOpTimes> op_times;  // T3D_GPU_OP_TIMES=1's step-time breakdown on a GPU
+  int64_t first_step = 0;                // > 0 when resumed from a snapshot
+  int64_t consecutive_skips = 0;         // diverged steps in a row (train.dynamic_loss_scale)
+  bool holds_loss = false;  // last pipeline stage and tp rank 0: contributes the loss once
   double flops_per_token = 0;
   HostPeaks peaks;
   int hosts = 1;
@@ -415,6 +417,7 @@ struct Trainer::Impl {
     summary.gemm_peak_gflops = peaks.gemm_gflops;
     summary.device = device->description();
     describe();
+    op_times = std::make_unique<GpuOpTimes>(*device, first_step, t.steps);
 
     const double tokens_per_step = static_cast<double>(t.global_batch * T);
     const float grad_scale = static_cast<float>(1.0 / tokens_per_step);
@@ -477,6 +480,7 @@ struct Trainer::Impl {
       if (val_sampler && t.val_every > 0 && ((step + 1) % t.val_every == 0 || last))
         rec.val_loss = validate();
       rec.step_time_s = seconds_since(t0);
+      op_times->after_step(rec.step, rec.step_time_s);
       const StopSignals stop = measure_step(rec, groups, waited);
       summary.steps.push_back(rec);
       // Rank 0 writes the metrics; a failed write (a full disk) ends every rank together at the
@@ -490,6 +494,7 @@ struct Trainer::Impl {
     mesh.world().all_reduce(&last_write_failed, 1);
     if (last_write_failed > 0) stop_on_metrics_error();
     snapshots->finish();
+    op_times->report();
     summary.peak_arena_bytes = arena->peak();
     // Every rank's own log: bytes it sent or contributed per group (tests check that bf16 and
     // sequence parallelism halve them).

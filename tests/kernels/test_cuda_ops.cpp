@@ -14,6 +14,7 @@
 #include "kernels/arena.h"
 #include "kernels/check.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/op_timer.h"
 #include "kernels/device.h"
 #include "kernels/hash.h"
 #include "kernels/ops.h"
@@ -516,6 +517,32 @@ TEST(CudaDispatch, OpsGivenAGpuExecRunOnTheGpu) {
 
 // Every other op with a CUDA twin, given a GPU Exec: the twin's bits (so the dispatch passes each
 // argument where the twin expects it).
+// T3D_GPU_OP_TIMES's timing (kernels/cuda/op_timer.h): while on, each dispatched op's GPU time
+// is kept under its name; off, nothing is.
+TEST(CudaDispatch, TimedOpsAreKeptByName) {
+  REQUIRE_GPU();
+  const Exec exec(GemmKind::kOpenBlasF32, S());
+  const int N = 256, in = 512, out = 512;
+  Dev<float> x(random_floats(static_cast<std::size_t>(N) * in, 50)),
+      w(random_floats(static_cast<std::size_t>(out) * in, 51)),
+      y(static_cast<std::size_t>(N) * out);
+  gpu::take_op_seconds(S());  // whatever earlier tests left
+  linear_forward(exec, y.p(), x.p(), w.p(), N, in, out);
+  EXPECT_TRUE(gpu::take_op_seconds(S()).empty()) << "timed while off";
+  gpu::set_op_timing(true);
+  linear_forward(exec, y.p(), x.p(), w.p(), N, in, out);
+  linear_forward(exec, y.p(), x.p(), w.p(), N, in, out);
+  zero(exec, y.p(), N * out);
+  gpu::set_op_timing(false);
+  const auto seconds = gpu::take_op_seconds(S());
+  ASSERT_EQ(seconds.count("linear_forward"), 1u);
+  ASSERT_EQ(seconds.count("zero"), 1u);
+  EXPECT_GT(seconds.at("linear_forward"), 0.0);
+  EXPECT_LT(seconds.at("linear_forward"), 1.0);
+  EXPECT_EQ(seconds.size(), 2u);
+  EXPECT_TRUE(gpu::take_op_seconds(S()).empty()) << "taken twice";
+}
+
 TEST(CudaDispatch, EveryDispatchedOpIsItsTwin) {
   REQUIRE_GPU();
   const Exec exec(GemmKind::kOpenBlasF32, S());
