@@ -57,11 +57,16 @@ void bf16_to_float(const Exec& exec, float* out, const bf16* in, std::int64_t n)
 // return when the host buffer may be reused (copy_from_host) or holds the bytes (copy_to_host).
 void copy_from_host(const Exec& exec, void* dst, const void* host_src, std::size_t bytes);
 void copy_to_host(const Exec& exec, void* host_dst, const void* src, std::size_t bytes);
-// copy_to_host for many pieces: each started on the stream (a memcpy on the CPU), all of them
-// finished by one wait_for_copies(exec), before which the host buffers must not be read. Into
+// copy_to_host for many pieces, in the background of the compute: on a GPU each is started on
+// the Exec's copy stream behind every op enqueued before it, so that ops enqueued after it run
+// while it copies (a memcpy on the CPU, done on return). wait_for_copies(exec) waits (the host,
+// from any thread) until every copy started so far is done, before which the host buffers must
+// not be read; compute_after_copies(exec) makes the ops enqueued after it wait for them without
+// waiting on the host: what an op that overwrites a copied source must be preceded by. Into
 // pinned host memory (PinnedHostRegion) the GPU's copies run at the link's rate.
 void copy_to_host_started(const Exec& exec, void* host_dst, const void* src, std::size_t bytes);
 void wait_for_copies(const Exec& exec);
+void compute_after_copies(const Exec& exec);
 // Streams into `h` (kernels/hash.h) the hash64_xxh3 of each 1 MiB piece of n floats of the
 // Exec's memory, in order: the same value on either backend and any thread count. On the CPU the
 // pieces are hashed in place over the rank's threads, on a GPU in device memory (one thread a

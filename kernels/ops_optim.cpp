@@ -54,11 +54,23 @@ void copy_to_host(const Exec& exec, void* host_dst, const void* src, std::size_t
 }
 
 void copy_to_host_started(const Exec& exec, void* host_dst, const void* src, std::size_t bytes) {
-  T3D_ON_GPU(exec, cuda::copy_to_host(*exec.stream, host_dst, src, bytes));
+  T3D_ON_GPU(exec, cuda::copy_to_host_behind(*exec.stream, host_dst, src, bytes));
   if (bytes) std::memcpy(host_dst, src, bytes);
 }
 
-void wait_for_copies(const Exec& exec) { T3D_ON_GPU(exec, exec.stream->synchronize()); }
+void wait_for_copies(const Exec& exec) {
+  // Not T3D_ON_GPU: called from any thread (a snapshot's I/O thread), where the op timer, which
+  // keeps its events per stream for the thread that computes, must not run.
+#ifdef T3D_HAVE_CUDA
+  if (exec.on_gpu()) cuda::wait_for_copies_behind(*exec.stream);
+#else
+  (void)exec;
+#endif
+}
+
+void compute_after_copies(const Exec& exec) {
+  T3D_ON_GPU(exec, cuda::compute_after_copies_behind(*exec.stream));
+}
 
 namespace {
 

@@ -45,6 +45,10 @@ struct GemmPlan;  // ops_linear.cu: a shape's cuBLASLt descriptors and algorithm
 struct Stream::Impl {
   int device = 0;
   cudaStream_t stream = nullptr;
+  // Copies in the background of the compute (copy_to_host_behind): their own stream, and the
+  // events that order it after the compute (compute_mark) and the compute after it (copies_mark).
+  cudaStream_t copy_stream = nullptr;
+  cudaEvent_t compute_mark = nullptr, copies_mark = nullptr;
   cublasLtHandle_t lt = nullptr;
   void* blas_workspace = nullptr;  // kBlasWorkspaceBytes
   // The algorithm of every GEMM shape met or given (kernels/cuda/gemm_table.h), and the

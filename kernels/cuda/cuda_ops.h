@@ -106,6 +106,12 @@ void device_free(void* p) noexcept;
 // not pinned makes them synchronous (CUDA stages it).
 void copy_to_device(const Stream& s, void* device_dst, const void* host_src, std::size_t bytes);
 void copy_to_host(const Stream& s, void* host_dst, const void* device_src, std::size_t bytes);
+// kernels::copy_to_host_started, wait_for_copies and compute_after_copies (ops.h): on the
+// stream's copy stream, behind an event of the compute enqueued so far.
+void copy_to_host_behind(const Stream& s, void* host_dst, const void* device_src,
+                         std::size_t bytes);
+void wait_for_copies_behind(const Stream& s);
+void compute_after_copies_behind(const Stream& s);
 // Page-locks host memory for every GPU's copies (cudaHostRegister, portable) / gives it back.
 void host_register(void* p, std::size_t bytes);
 void host_unregister(void* p) noexcept;

@@ -99,6 +99,9 @@ Stream::Stream(int device) : impl_(std::make_unique<Impl>()) {
   impl_->device = device;
   T3D_CUDA_CHECK(cudaSetDevice(device));
   T3D_CUDA_CHECK(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking));
+  T3D_CUDA_CHECK(cudaStreamCreateWithFlags(&impl_->copy_stream, cudaStreamNonBlocking));
+  T3D_CUDA_CHECK(cudaEventCreateWithFlags(&impl_->compute_mark, cudaEventDisableTiming));
+  T3D_CUDA_CHECK(cudaEventCreateWithFlags(&impl_->copies_mark, cudaEventDisableTiming));
   T3D_CUBLAS_CHECK(cublasLtCreate(&impl_->lt));
   T3D_CUDA_CHECK(cudaMalloc(&impl_->blas_workspace, kBlasWorkspaceBytes));
   cudaDeviceProp prop{};
@@ -114,6 +117,10 @@ Stream::~Stream() {
   if (!impl_) return;
   cudaSetDevice(impl_->device);
   if (impl_->stream) cudaStreamSynchronize(impl_->stream);
+  if (impl_->copy_stream) cudaStreamSynchronize(impl_->copy_stream);
+  if (impl_->compute_mark) cudaEventDestroy(impl_->compute_mark);
+  if (impl_->copies_mark) cudaEventDestroy(impl_->copies_mark);
+  if (impl_->copy_stream) cudaStreamDestroy(impl_->copy_stream);
   if (impl_->lt) cublasLtDestroy(impl_->lt);
   for (const Impl::TimedOp& op : impl_->timed_ops) {
     cudaEventDestroy(op.start);
@@ -198,6 +205,28 @@ void copy_to_host(const Stream& s, void* host_dst, const void* device_src, std::
   if (bytes == 0) return;
   T3D_CUDA_CHECK(
       cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, s.impl().stream));
+}
+
+void copy_to_host_behind(const Stream& s, void* host_dst, const void* device_src,
+                         std::size_t bytes) {
+  if (bytes == 0) return;
+  Stream::Impl& st = s.impl();
+  T3D_CUDA_CHECK(cudaEventRecord(st.compute_mark, st.stream));
+  T3D_CUDA_CHECK(cudaStreamWaitEvent(st.copy_stream, st.compute_mark, 0));
+  T3D_CUDA_CHECK(
+      cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, st.copy_stream));
+}
+
+void wait_for_copies_behind(const Stream& s) {
+  // From any host thread (the snapshot's I/O thread): the stream's device made current first.
+  T3D_CUDA_CHECK(cudaSetDevice(s.device()));
+  T3D_CUDA_CHECK(cudaStreamSynchronize(s.impl().copy_stream));
+}
+
+void compute_after_copies_behind(const Stream& s) {
+  Stream::Impl& st = s.impl();
+  T3D_CUDA_CHECK(cudaEventRecord(st.copies_mark, st.copy_stream));
+  T3D_CUDA_CHECK(cudaStreamWaitEvent(st.stream, st.copies_mark, 0));
 }
 
 }  // namespace t3d::kernels::cuda

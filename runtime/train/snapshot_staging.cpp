@@ -55,8 +55,13 @@ SnapshotStaging::SnapshotStaging(const Recipe& r, const TrainingState& state)
     largest_chunk =
         std::max(largest_chunk, std::min(kernels::numel(b.shape), ck::chunk_elems(b.shape)));
   }
-  const double cap = ck::staging_bytes(r.snapshot.staging_gib, state.footprint().total(),
-                                       4.0 * static_cast<double>(total));
+  // The default cap is half the training state where that state is in host memory too (the
+  // CPU); on a GPU, whose state is in device memory, the whole snapshot, so that it is staged in
+  // one wave copied beside the next step's compute (reserve() still fits it to the host).
+  const double cap = exec_.on_gpu() && r.snapshot.staging_gib == 0
+                         ? 4.0 * static_cast<double>(total)
+                         : ck::staging_bytes(r.snapshot.staging_gib, state.footprint().total(),
+                                             4.0 * static_cast<double>(total));
   T3D_USER_CHECK(cap >= 4.0 * static_cast<double>(largest_chunk) || r.snapshot.staging_gib == 0,
                  "recipe error: ", r.origin("snapshot.staging_gib"),
                  ": `snapshot.staging_gib` = ", r.snapshot.staging_gib,
@@ -156,7 +161,10 @@ void SnapshotStaging::stage(size_t w) {
     kernels::copy_to_host_started(exec_, staging_ + p.at, box.data + begin,
                                   static_cast<size_t>(end - begin) * sizeof(float));
   }
-  kernels::wait_for_copies(exec_);
 }
+
+void SnapshotStaging::wait_staged() const { kernels::wait_for_copies(exec_); }
+
+void SnapshotStaging::before_state_changes() const { kernels::compute_after_copies(exec_); }
 
 }  // namespace t3d::runtime

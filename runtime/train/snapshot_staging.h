@@ -47,10 +47,15 @@ class SnapshotStaging {
   // Waves of at most bytes(): each is written before the next is copied, and training goes on
   // while the last one is written.
   const std::vector<std::vector<Part>>& waves() const { return waves_; }
-  // Copies the parts of wave `w` from the arena into the staging: every part started, one wait
-  // (kernels::copy_to_host_started); on a GPU the staging is pinned, so they run at the link's
-  // rate.
+  // Starts copying the parts of wave `w` from the arena into the staging
+  // (kernels::copy_to_host_started): on a GPU on the copy stream, behind the compute enqueued so
+  // far and beside what is enqueued after (the staging is pinned: the link's rate); on the CPU
+  // done on return. wait_staged() waits for them (any thread), before the staging is read;
+  // before_state_changes() makes the compute enqueued after it wait for them (on the GPU, not the
+  // host): the optimizer must not overwrite parameters or moments still being copied.
   void stage(size_t w);
+  void wait_staged() const;
+  void before_state_changes() const;
   const float* data() const { return staging_; }
   // Host memory the staging takes (the cap, or all of this rank's boxes when smaller).
   size_t bytes() const { return staging_floats_ * sizeof(float); }

@@ -122,6 +122,7 @@ void SnapshotWriter::start(int64_t step, bool memory) {
     std::exception_ptr failed;
     for (size_t w = 0; w + 1 < staging_.waves().size() && !failed; ++w) {
       staging_.stage(w);
+      staging_.wait_staged();
       try {
         io_.run(wave_job(w));
       } catch (...) {
@@ -133,8 +134,13 @@ void SnapshotWriter::start(int64_t step, bool memory) {
       broken.set_exception(failed);
       p->done = broken.get_future();
     } else {
+      // The last wave's copies run beside the next step's compute (on a GPU); the I/O thread
+      // waits for them, the optimizer too (before_state_changes).
       staging_.stage(staging_.waves().size() - 1);
-      p->done = io_.submit(wave_job(staging_.waves().size() - 1));
+      p->done = io_.submit([this, job = wave_job(staging_.waves().size() - 1)] {
+        staging_.wait_staged();
+        job();
+      });
     }
   }
   p->stall_s = seconds_since(t0);

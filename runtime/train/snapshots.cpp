@@ -155,6 +155,10 @@ void Snapshotter::after_step(int64_t steps_done, bool last) {
   }
 }
 
+void Snapshotter::before_state_changes() const {
+  if (impl_->staging) impl_->staging->before_state_changes();
+}
+
 void Snapshotter::finish() {
   auto& m = *impl_;
   while (m.writer && m.writer->pending()) m.writer->commit();

@@ -74,6 +74,10 @@ class Snapshotter {
   // starts one when due (every `snapshot.every` steps and at the last step). Three failed
   // snapshots in a row end the run (AgreedFailure, exit 2).
   void after_step(int64_t steps_done, bool last);
+  // Before the optimizer changes parameters or moments: on a GPU the last snapshot's copies may
+  // still be running beside the step (SnapshotStaging::stage), and the ops enqueued after this
+  // wait for them (on the GPU; the host goes on). Nothing on the CPU.
+  void before_state_changes() const;
   // Waits for the snapshot in flight and commits it (collective). If the run's last snapshot
   // failed, its final state is lost: AgreedFailure (exit 2).
   void finish();

@@ -469,6 +469,7 @@ struct Trainer::Impl {
       } else {
         consecutive_skips = 0;
         parallel::trace::Span optimizer_span("optimizer", "compute");
+        snapshots->before_state_changes();
         balance->apply();
         const float clip = clip_coefficient(t.grad_clip, norm);
         replay->before_update(step + 1, rec.lr, clip);

@@ -543,6 +543,26 @@ TEST(CudaDispatch, TimedOpsAreKeptByName) {
   EXPECT_TRUE(gpu::take_op_seconds(S()).empty()) << "taken twice";
 }
 
+// Snapshot copies in the background (kernels/ops.h): a copy started after an op sees its result;
+// an op enqueued after compute_after_copies does not change what a started copy reads.
+TEST(CudaDispatch, BackgroundCopiesAreOrderedWithTheCompute) {
+  REQUIRE_GPU();
+  const Exec exec(GemmKind::kOpenBlasF32, S());
+  const std::size_t n = std::size_t{16} << 20;  // 64 MiB: a copy long enough to overlap
+  const std::vector<float> ones(n, 1.0f);
+  Dev<float> x(ones);
+  std::vector<float> host(n, -1.0f), zeros(n, -1.0f);
+  const PinnedHostRegion pin(exec, host.data(), n * sizeof(float));
+  copy_to_host_started(exec, host.data(), x.p(), n * sizeof(float));
+  compute_after_copies(exec);
+  zero(exec, x.p(), static_cast<std::int64_t>(n));  // must wait for the copy
+  wait_for_copies(exec);
+  EXPECT_EQ(host, ones) << "an op after compute_after_copies changed what the copy read";
+  copy_to_host_started(exec, zeros.data(), x.p(), n * sizeof(float));  // behind the zero
+  wait_for_copies(exec);
+  EXPECT_EQ(zeros, std::vector<float>(n, 0.0f)) << "a copy started before an earlier op's end";
+}
+
 TEST(CudaDispatch, EveryDispatchedOpIsItsTwin) {
   REQUIRE_GPU();
   const Exec exec(GemmKind::kOpenBlasF32, S());
