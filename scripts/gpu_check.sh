@@ -116,7 +116,7 @@ PY
 # Last, as the longest: titan3d against the same LLaMA in PyTorch (eager, compiled), ~125 M and ~1 B.
 step bench_e2e 300 bash bench/gpu/bench_gpu.sh "$root" "$PWD" "$logs/e2e"
 echo "== end to end, bf16: titan3d vs PyTorch on this GPU" | tee -a "$logs/summary.txt"
-grep -E "^model|^125m|^1b|^gpu-bench|FAIL" "$logs/bench_e2e.log" | tee -a "$logs/summary.txt"
+grep -E "^model|^125m|^1b|^gpu-bench|^snapshot-bench|FAIL" "$logs/bench_e2e.log" | tee -a "$logs/summary.txt"
 # Then, if time is left: the 8-expert top-2 MoE against the dense model of equal active
 # parameters (issue 41), titan3d and PyTorch alike.
 step bench_moe 240 env SIZES="moe moe_dense" bash bench/gpu/bench_gpu.sh "$root" "$PWD" "$logs/e2e_moe"

@@ -9,7 +9,8 @@
 # normalised gates), ~1.2 B parameters of which ~0.39 B active a token (dim 1024, 16 layers, expert
 # FFN 2816), against the dense model of equal active parameters (FFN 5632); the line
 #   moe-bench: <GPU> moe / dense-active tokens/s: titan3d 0.85x eager 0.40x compile 0.70x
-# Each reports median-step tokens/s, and titan3d its step-time breakdown (its last 3 steps' GPU
+# Each reports median-step tokens/s, titan3d its snapshots' stall (SNAPSHOT_SIZES, default 125m:
+# a `snapshot-bench:` line) and its step-time breakdown (its last 3 steps' GPU
 # time by kind of op: GEMM, attention, ..., and what no GPU op covers); MFU is titan3d's own figure (against the GPU's datasheet bf16
 # peak, docs/metrics.md) scaled by the tokens/s ratio for PyTorch, so both use one FLOP count and
 # one peak. The last line summarises the ~1 B row:
@@ -49,12 +50,19 @@ for size in ${SIZES:-125m 1b}; do
     model+=(--set model.ffn_dim=$ffn)
     shape_torch=(--ffn_dim $ffn)
   fi
+  # Snapshots (SNAPSHOT_SIZES, default the ~125 M model: its 1.5 GB states; the ~1 B model's
+  # are 11 GB each): every steps/2 steps, asynchronous, their stall read back below.
+  snap=(--set snapshot.every=0)
+  [[ " ${SNAPSHOT_SIZES-125m} " == *" $size "* ]] &&
+    snap=(--set snapshot.every=$((steps / 2)) --set snapshot.async=true
+          --set snapshot.dir="$logs/titan3d_$size/snapshots")
   T3D_GPU_OP_TIMES=3 titan3d train recipes/default.toml "${model[@]}" --set parallel.pp=1 --set parallel.dp=1 \
     --set parallel.tp=1 --set train.global_batch=$batch --set train.micro_batches=1 \
     --set train.steps=$steps --set train.warmup_steps=2 --set train.val_every=0 \
-    --set snapshot.every=0 --set train.precision=bf16 --set hardware.device=$device \
+    "${snap[@]}" --set train.precision=bf16 --set hardware.device=$device \
     --set hardware.hbm_gib=$hbm --set data.path="$corpus" --set run.dir="$logs/titan3d_$size" \
     > "$logs/titan3d_$size.log" 2>&1 || { echo "FAIL: titan3d $size exited $?"; tail -n 5 "$logs/titan3d_$size.log"; status=1; }
+  rm -rf "$logs/titan3d_$size/snapshots"  # the GPU machine's disk is small
   torch=(--device $device --bf16 "${fast[@]}" --vocab_size 32000 --dim $dim --n_layers $layers
          --n_heads $heads --n_kv_heads $kv --seq_len $seq --batch $batch --steps $((steps + 2))
          --warmup 3 --data "$corpus" "${shape_torch[@]}")
@@ -99,6 +107,22 @@ if last:
     r = lambda x: f"{t / x:.2f}x" if t and x else "-"
     print(f"gpu-bench: {gpu} ({size}) eager {r(e)} compile {r(c)} mfu {100 * mfu:.1f}%" if mfu is not None
           else f"gpu-bench: {gpu} ({size}) eager {r(e)} compile {r(c)} mfu -")
+# Snapshots out of the step (issue 41's target: every 100 steps, stall <= 1 % of the step time).
+for size in sizes:
+    stalls, steps = [], []
+    try:
+        for line in open(f"{logs}/titan3d_{size}/metrics.jsonl"):
+            m = json.loads(line)
+            if "snapshot_stall_s" in m:
+                stalls.append(m["snapshot_stall_s"])
+            elif m.get("step_time_s"):
+                steps.append(m["step_time_s"])
+    except (OSError, ValueError):
+        continue
+    if stalls and steps:
+        stall, step = sorted(stalls)[len(stalls) // 2], sorted(steps)[len(steps) // 2]
+        print(f"snapshot-bench: {gpu} ({size}) stall {1e3 * stall:.1f} ms per snapshot, median step "
+              f"{1e3 * step:.1f} ms: every 100 steps {100 * stall / (100 * step):.3f}% of the step time")
 for moe in ("moe", "tinymoe"):  # the mixture against the dense model of equal active parameters
     if moe in rows and moe + "_dense" in rows:
         q = [f"{m / d:.2f}x" if m and d else "-" for m, d in zip(rows[moe], rows[moe + "_dense"])]

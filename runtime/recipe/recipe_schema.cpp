@@ -480,11 +480,10 @@ std::vector<Field> snapshot_keys() {
             "Write snapshots on a background thread while training continues."),
       field("snapshot", "staging_gib", &R::snapshot, &SnapshotConfig::staging_gib,
             "Host memory per rank a snapshot is staged in, GiB; 0: half the rank's training "
-            "state (params, grads, optimizer), less where a host's ranks would need over 3/4 of "
-            "the memory their training leaves. A larger snapshot is staged and written in waves: "
-            "training "
-            "waits while all but the last are written. A host without the memory for its ranks' "
-            "staging is refused at start."),
+            "state (params, grads, optimizer), on a GPU the whole snapshot, less where a host's "
+            "ranks would need over 3/4 of the memory their training leaves. A larger snapshot is "
+            "staged and written in waves: training waits while all but the last are written. A "
+            "host without the memory for its ranks' staging is refused at start."),
       field("snapshot", "resume", &R::snapshot, &SnapshotConfig::resume,
             "Empty: fresh start; `latest`: newest complete snapshot in snapshot.dir; or a path."),
   };
