@@ -222,12 +222,10 @@ void linear_forward(const Exec& exec,
 // the weight gradient), prepared for GEMMs of `kind`: with a bf16 kind it is rounded to bf16 once,
 // here, instead of once per GEMM (the same bits); the linear ops given a LinearInput run its kind.
 // The caller keeps the floats unchanged while it lives.
-// The rounded copy comes from a per-thread pool of library memory outside the arena (like the
-// GEMMs' own workspace, kernels/gemm.h), grown to the largest use and reused; or it is the
-// caller's own copy (a bf16-stored activation, which the backward then reads without rounding).
-// On a GPU Exec the pool is not used: without a caller's copy the CUDA GEMMs round their inputs
-// from the floats (the same bits); a caller's copy is filled (kFill) or taken as filled (kFilled)
-// and, with bf16 GEMMs, read by them in place of the floats, as on the CPU.
+// The rounded copy comes from a pool of library memory outside the arena (like the GEMMs' own
+// workspace, kernels/gemm.h: per thread on the CPU, the stream's device memory on a GPU), grown to
+// the largest use and reused; or it is the caller's own copy (a bf16-stored activation, which the
+// backward then reads without rounding).
 class LinearInput {
  public:
   LinearInput(const Exec& exec, const float* x, std::int64_t rows,
@@ -245,7 +243,7 @@ class LinearInput {
   GemmKind kind() const { return exec_.gemm; }
   const Exec& exec() const { return exec_; }
   const float* data() const { return x_; }
-  // nullptr unless the GEMMs are bf16 (on a GPU: and the caller gave a copy)
+  // nullptr unless the GEMMs are bf16
   const bf16* rounded() const { return rounded_; }
   std::int64_t rows() const { return rows_; }
   std::int64_t cols() const { return cols_; }

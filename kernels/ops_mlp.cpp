@@ -65,11 +65,21 @@ LinearInput::LinearInput(const Exec& exec, const float* x, bf16* copy, Copy how,
     : exec_(exec), x_(x), rows_(rows), cols_(cols) {
   const GemmKind kind = exec.gemm;
   const bool bf16_gemm = gemm_kind_is_bf16(kind);
-  if (exec.on_gpu()) {  // no pool: without a copy cuBLAS rounds from the floats (the same bits)
-    if (copy && how == Copy::kFill) float_to_bf16(exec, copy, x, rows * cols);
-    if (copy && bf16_gemm) rounded_ = copy;
+#ifdef T3D_HAVE_CUDA
+  if (exec.on_gpu()) {  // the pool is the stream's (device memory)
+    if (!copy) {
+      if (!bf16_gemm) return;
+      const cuda::RoundedBuffer b =
+          cuda::take_rounded_buffer(*exec.stream, static_cast<std::size_t>(rows * cols));
+      copy = b.data;
+      buffer_ = b.slot;
+      how = Copy::kFill;
+    }
+    if (how == Copy::kFill) float_to_bf16(exec, copy, x, rows * cols);
+    if (bf16_gemm) rounded_ = copy;
     return;
   }
+#endif
   if (!copy) {  // a buffer of the pool, only worth filling for bf16 GEMMs
     if (!bf16_gemm) return;
     RoundedPool& pool = rounded_pool();
@@ -92,7 +102,14 @@ LinearInput::LinearInput(const Exec& exec, const float* x, bf16* copy, Copy how,
 }
 
 LinearInput::~LinearInput() {
-  if (buffer_ >= 0) rounded_pool().taken[static_cast<std::size_t>(buffer_)] = false;
+  if (buffer_ < 0) return;
+#ifdef T3D_HAVE_CUDA
+  if (exec_.on_gpu()) {
+    cuda::give_rounded_buffer(*exec_.stream, buffer_);
+    return;
+  }
+#endif
+  rounded_pool().taken[static_cast<std::size_t>(buffer_)] = false;
 }
 
 void linear_forward(float* y, const LinearInput& x, const float* w, std::int64_t out, Out mode) {

@@ -78,6 +78,14 @@ struct Stream::Impl {
   double* moe_sums = nullptr;
   std::size_t moe_sum_elems = 0;
   double* moe_sums_for(std::size_t elems);
+  // LinearInput's rounded copies (take_rounded_buffer): buffers grown to their largest use and
+  // kept, each taken or free.
+  struct RoundedBuffer {
+    bf16* data = nullptr;
+    std::size_t elems = 0;
+    bool taken = false;
+  };
+  std::vector<RoundedBuffer> rounded_buffers;
 };
 
 // Grid-stride launches over n elements: a fixed block size and a grid capped so that a launch

@@ -108,6 +108,16 @@ void copy_to_device(const Stream& s, void* device_dst, const void* host_src, std
 void copy_to_host(const Stream& s, void* host_dst, const void* device_src, std::size_t bytes);
 // kernels::copy_to_host_started, wait_for_copies and compute_after_copies (ops.h): on the
 // stream's copy stream, behind an event of the compute enqueued so far.
+// A bf16 buffer of the stream's pool, of at least `elems` (grown, after the stream is done with
+// it, where smaller), held until given back by its slot: LinearInput's rounded copy on a GPU
+// (kernels/ops.h). A buffer given back may be taken again at once: its next user's ops are
+// enqueued after its last user's on the one stream.
+struct RoundedBuffer {
+  bf16* data;
+  int slot;
+};
+RoundedBuffer take_rounded_buffer(const Stream& s, std::size_t elems);
+void give_rounded_buffer(const Stream& s, int slot) noexcept;
 void copy_to_host_behind(const Stream& s, void* host_dst, const void* device_src,
                          std::size_t bytes);
 void wait_for_copies_behind(const Stream& s);

@@ -133,6 +133,7 @@ Stream::~Stream() {
   cudaFree(impl_->scalar_count);
   cudaFree(impl_->gemm_inputs);
   cudaFree(impl_->moe_sums);
+  for (const Impl::RoundedBuffer& b : impl_->rounded_buffers) cudaFree(b.data);
   if (impl_->stream) cudaStreamDestroy(impl_->stream);
 }
 
@@ -227,6 +228,23 @@ void compute_after_copies_behind(const Stream& s) {
   Stream::Impl& st = s.impl();
   T3D_CUDA_CHECK(cudaEventRecord(st.copies_mark, st.copy_stream));
   T3D_CUDA_CHECK(cudaStreamWaitEvent(st.stream, st.copies_mark, 0));
+}
+
+RoundedBuffer take_rounded_buffer(const Stream& s, std::size_t elems) {
+  Stream::Impl& st = s.impl();
+  std::size_t slot = 0;
+  while (slot < st.rounded_buffers.size() && st.rounded_buffers[slot].taken) ++slot;
+  if (slot == st.rounded_buffers.size()) st.rounded_buffers.emplace_back();
+  Stream::Impl::RoundedBuffer& b = st.rounded_buffers[slot];
+  grown(st.stream, b.data, b.elems, elems);
+  b.taken = true;
+  return {b.data, static_cast<int>(slot)};
+}
+
+void give_rounded_buffer(const Stream& s, int slot) noexcept {
+  auto& buffers = s.impl().rounded_buffers;
+  if (slot >= 0 && static_cast<std::size_t>(slot) < buffers.size())
+    buffers[static_cast<std::size_t>(slot)].taken = false;
 }
 
 }  // namespace t3d::kernels::cuda
