@@ -74,8 +74,8 @@ class Device {
   Rates measure_rates(std::int64_t M, std::int64_t N, std::int64_t K, std::size_t bytes,
                       int rounds) const;
 
-  // The algorithms a GPU's GEMMs run (kernels/cuda/gemm_table.h), as the table's text: every
-  // shape its GEMMs ran or were given. Empty on the CPU.
+  // The algorithms a GPU's GEMMs were given or measured (kernels/cuda/gemm_table.h), as the
+  // table's text. Empty on the CPU.
   std::string gemm_table() const;
   // Installs a table's text (a job's measurement, or what a snapshot recorded). Returns why not
   // when it cannot (malformed, or made for another cuBLASLt or GPU): the GPU then keeps its own

@@ -229,8 +229,11 @@ std::array<GemmShape, 3> linear_gemm_shapes(GemmPrecision p, std::int64_t N, std
                                             std::int64_t out, std::uint32_t align = kGemmAlignCap);
 // "cuBLASLt 130100 on NVIDIA H200 (sm_90)": the library and GPU a table of this stream holds for.
 std::string gemm_library(const Stream& s);
-// The stream's table: every shape it ran or was given, with its algorithm.
+// The stream's table: the algorithms it was given or measured (a shape outside it runs cuBLASLt's
+// first heuristic answer, which the table does not keep).
 GemmTable gemm_table(const Stream& s);
+// The shapes the stream holds cuBLASLt plans for: those its GEMMs ran (at most the last 2048).
+std::vector<GemmShape> gemm_shapes_planned(const Stream& s);
 // Installs `table` in place of the stream's. Refused (the stream's left as it is) when it was made
 // for another library or GPU: returns why, else an empty string.
 std::string use_gemm_table(const Stream& s, const GemmTable& table);

@@ -7,7 +7,7 @@
 // rank installs the same table, and resume installs the table the run recorded: the same algorithm
 // for the same shape everywhere, the same bits. A shape the table lacks runs cuBLASLt's first
 // heuristic answer (a function of the shape, GPU model, library and workspace: the same on every
-// rank) and is added.
+// rank), not kept in the table.
 //
 // The algorithm is cuBLASLt's `cublasLtMatmulAlgo_t`, which its documentation says "can be
 // trivially serialized and later restored for use with the same version of cuBLAS library": the

@@ -89,17 +89,23 @@ struct GemmPlan {
 
 namespace {
 
+// Plans kept at most: a mixture of experts' GEMMs meet a new row count at nearly every call, and
+// a plan is a few cuBLASLt descriptors. Dropping them all changes nothing but the time to make
+// them again: a plan's algorithm is the table's, or the heuristic's first answer.
+constexpr std::size_t kMaxGemmPlans = 2048;
+
 // The stream's plan of `shape`: made at its first use, with the table's algorithm, or cuBLASLt's
-// first heuristic answer, then added to the table.
+// first heuristic answer (which the table does not keep: it is the same whenever asked).
 const GemmPlan& plan_of(Stream::Impl& st, const GemmShape& shape) {
-  auto& plan = st.gemm_plans[shape];
-  if (plan) return *plan;
-  plan = std::make_shared<GemmPlan>(shape);
-  auto found = st.gemm_table.algorithms.find(shape);
-  if (found == st.gemm_table.algorithms.end())
-    found = st.gemm_table.algorithms.emplace(shape, plan->candidates(st, shape, 1).front()).first;
-  plan->algorithm = found->second;
-  return *plan;
+  if (const auto kept = st.gemm_plans.find(shape); kept != st.gemm_plans.end())
+    return *kept->second;
+  if (st.gemm_plans.size() >= kMaxGemmPlans) st.gemm_plans.clear();
+  auto plan = std::make_shared<GemmPlan>(shape);
+  const auto found = st.gemm_table.algorithms.find(shape);
+  plan->algorithm = found != st.gemm_table.algorithms.end()
+                        ? found->second
+                        : plan->candidates(st, shape, 1).front();
+  return *st.gemm_plans.emplace(shape, std::move(plan)).first->second;
 }
 
 // C (M, N) = or += op(A) (M, K) · op(B) (K, N), row-major with leading dimensions lda, ldb, ldc.
@@ -195,6 +201,12 @@ std::array<GemmShape, 3> linear_gemm_shapes(GemmPrecision p, std::int64_t N, std
 std::string gemm_library(const Stream& s) { return s.impl().gemm_table.library; }
 
 GemmTable gemm_table(const Stream& s) { return s.impl().gemm_table; }
+
+std::vector<GemmShape> gemm_shapes_planned(const Stream& s) {
+  std::vector<GemmShape> shapes;
+  for (const auto& [shape, plan] : s.impl().gemm_plans) shapes.push_back(shape);
+  return shapes;
+}
 
 std::string use_gemm_table(const Stream& s, const GemmTable& table) {
   Stream::Impl& st = s.impl();
