@@ -35,19 +35,36 @@ std::unique_ptr<kernels::Device> open_device(const Job& job) {
 
 }  // namespace
 
-StageGroups::StageGroups(const parallel::Mesh& mesh, const kernels::Device& device) : mesh_(mesh) {
+StageGroups::StageGroups(const parallel::Mesh& mesh, const kernels::Device& device, DeviceComm key)
+    : mesh_(mesh) {
   const char* forced = std::getenv("T3D_STAGE_COLLECTIVES");
-  if (!device.on_gpu() && !(forced && std::string(forced) == "1")) return;
-  const kernels::Exec exec = device.exec(kernels::GemmKind::kOpenBlasF32);  // copies only
-  tp_ = std::make_unique<parallel::StagedComm>(mesh.group(Dim::tp), exec);
-  pp_ = std::make_unique<parallel::StagedComm>(mesh.group(Dim::pp), exec);
-  cp_ = std::make_unique<parallel::StagedComm>(mesh.group(Dim::cp), exec);
-  dp_cp_ = std::make_unique<parallel::StagedComm>(mesh.dp_cp(), exec);
-  edp_ = std::make_unique<parallel::StagedComm>(mesh.edp(), exec);
-  ep_ = std::make_unique<parallel::StagedComm>(mesh.ep(), exec);
-  spdlog::info(
-      "tensor collectives of tp, pp, cp, dp × cp, edp and ep staged through host memory ({})",
-      device.on_gpu() ? "the GPU's tensors" : "T3D_STAGE_COLLECTIVES=1");
+  const bool staged_on_cpu = forced && std::string(forced) == "1";
+  if (!device.on_gpu()) {
+    // A CPU rank's tensors are host memory: the MPI communicators carry them (staged copies
+    // only where T3D_STAGE_COLLECTIVES=1 checks that staging changes no bit). "nccl" is refused.
+    if (key == DeviceComm::kNccl)
+      choose_device_comm(key, "this rank", {RankDevice{}}, parallel::nccl_library());
+    if (!staged_on_cpu) return;
+    const kernels::Exec exec = device.exec(kernels::GemmKind::kOpenBlasF32);  // copies only
+    tp_ = std::make_unique<parallel::StagedComm>(mesh.group(Dim::tp), exec);
+    pp_ = std::make_unique<parallel::StagedComm>(mesh.group(Dim::pp), exec);
+    cp_ = std::make_unique<parallel::StagedComm>(mesh.group(Dim::cp), exec);
+    dp_cp_ = std::make_unique<parallel::StagedComm>(mesh.dp_cp(), exec);
+    edp_ = std::make_unique<parallel::StagedComm>(mesh.edp(), exec);
+    ep_ = std::make_unique<parallel::StagedComm>(mesh.ep(), exec);
+    spdlog::info(
+        "tensor collectives of tp, pp, cp, dp × cp, edp and ep staged through host memory "
+        "(T3D_STAGE_COLLECTIVES=1)");
+    return;
+  }
+  // A GPU rank: per group, NCCL or staged (runtime/stage/device_comm.h), each collective over
+  // its group, in the same order on every rank.
+  tp_ = open_device_comm(key, "tp", mesh.group(Dim::tp), device);
+  pp_ = open_device_comm(key, "pp", mesh.group(Dim::pp), device);
+  cp_ = open_device_comm(key, "cp", mesh.group(Dim::cp), device);
+  dp_cp_ = open_device_comm(key, "dp × cp", mesh.dp_cp(), device);
+  edp_ = open_device_comm(key, "edp", mesh.edp(), device);
+  ep_ = open_device_comm(key, "ep", mesh.ep(), device);
 }
 
 parallel::Schedule stage_schedule(const Recipe& r, int pp) {
@@ -104,7 +121,7 @@ Stage build_stage(const Job& job, StagePurpose purpose) {
   auto schedule = stage_schedule(r, pp);
   s.layers = stage_layers(r.model, r.parallel.pipeline_split, schedule, mesh.coord().pp);
   s.device = open_device(job);
-  s.groups = std::make_unique<StageGroups>(mesh, *s.device);
+  s.groups = std::make_unique<StageGroups>(mesh, *s.device, r.parallel.device_comm);
   // bf16 training sends activations and their gradients between stages in bf16.
   s.executor = std::make_unique<PipelineExecutor>(
       std::move(schedule), s.groups->pp(),

@@ -28,6 +28,7 @@
 #include "runtime/launch/job.h"
 #include "runtime/model/model.h"
 #include "runtime/recipe/recipe.h"
+#include "runtime/stage/device_comm.h"
 #include "runtime/stage/executor.h"
 
 namespace t3d::runtime {
@@ -54,12 +55,13 @@ ModelOptions model_options(const Recipe& r, const JobPrecision& precision, Stage
                            const parallel::TensorComm* cp);
 
 // The tensor groups of a stage's Model, executor and training state: the mesh's own (MPI over host
-// memory), or StagedComms over them (parallel/staged_comm.h) where the stage's tensors are in
-// device memory, or where T3D_STAGE_COLLECTIVES=1 asks for them on a CPU (a check that staging
-// changes no bit).
+// memory) on a CPU, or StagedComms over them where T3D_STAGE_COLLECTIVES=1 asks for them there (a
+// check that staging changes no bit); on a GPU, per group, NCCL or a StagedComm as
+// parallel.device_comm (`key`) and the group's devices decide (runtime/stage/device_comm.h),
+// each logged. Collective over every group.
 class StageGroups {
  public:
-  StageGroups(const parallel::Mesh& mesh, const kernels::Device& device);
+  StageGroups(const parallel::Mesh& mesh, const kernels::Device& device, DeviceComm key);
   const parallel::TensorComm& tp() const { return pick(tp_, mesh_.group(parallel::Dim::tp)); }
   const parallel::TensorComm& pp() const { return pick(pp_, mesh_.group(parallel::Dim::pp)); }
   const parallel::TensorComm& cp() const { return pick(cp_, mesh_.group(parallel::Dim::cp)); }
@@ -70,13 +72,13 @@ class StageGroups {
   const parallel::TensorComm& ep() const { return pick(ep_, mesh_.ep()); }
 
  private:
-  static const parallel::TensorComm& pick(const std::unique_ptr<parallel::StagedComm>& staged,
+  static const parallel::TensorComm& pick(const std::unique_ptr<parallel::TensorComm>& own,
                                           const parallel::TensorComm& direct) {
-    if (staged) return *staged;
+    if (own) return *own;
     return direct;
   }
   const parallel::Mesh& mesh_;
-  std::unique_ptr<parallel::StagedComm> tp_, pp_, cp_, dp_cp_, edp_, ep_;
+  std::unique_ptr<parallel::TensorComm> tp_, pp_, cp_, dp_cp_, edp_, ep_;
 };
 
 struct Stage {
