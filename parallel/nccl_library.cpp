@@ -67,10 +67,10 @@ NcclLibrary load(const char* env_path, NcclApi& api) {
     lib.why_not = where + ": ncclGetVersion failed";
     return lib;
   }
-  // The functions titan3d calls are NCCL 2.x's stable API; a library older than the header's
-  // major version would not have them.
-  if (lib.version < 20000) {
-    lib.why_not = where + " is NCCL " + std::to_string(lib.version) + ", older than 2.0";
+  // bf16 reductions (ncclBfloat16) came with NCCL 2.10; every other function titan3d calls is
+  // older.
+  if (lib.version < 21000) {
+    lib.why_not = where + " is NCCL " + lib.version_name() + ", older than 2.10 (bf16)";
     return lib;
   }
   lib.loaded = true;
