@@ -8,6 +8,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <string>
@@ -94,7 +95,11 @@ struct NcclComm::Impl {
   Impl(const Comm& group, const kernels::Exec& exec);
   ~Impl();
   void watch();
-  [[noreturn]] void abort_all(const char* what, int peer, const std::string& note);
+  // The watchdog's two ends: `what` (with `peer`, -1: the group) unfinished past
+  // parallel.timeout_s, or an error NCCL reported. Both abort the NCCL communicators, then the
+  // job (exit 3).
+  [[noreturn]] void abort_all(const char* what, int peer);
+  [[noreturn]] void abort_on_error(ncclResult_t error);
   // Runs `enqueue` (NCCL calls on `comm`) on `stream` after the compute stream's work so far;
   // returns the operation, its event recorded after it and watched.
   template <class F>
@@ -173,17 +178,34 @@ void NcclComm::Impl::watch() {
     }
     if (!hung && error == ncclSuccess) continue;
     lock.unlock();
-    if (hung) abort_all(hung->what, hung->peer, "; an NCCL operation on the GPU");
-    abort_all("an NCCL operation", -1,
-              std::string("; NCCL reported: ") + nccl_api().error_string(error));
+    if (hung) abort_all(hung->what, hung->peer);
+    abort_on_error(error);
   }
 }
 
-void NcclComm::Impl::abort_all(const char* what, int peer, const std::string& note) {
+void NcclComm::Impl::abort_all(const char* what, int peer) {
   // Aborting the NCCL communicators ends the GPU's waits, so the process can exit.
   for (ncclComm_t c : {main, up, down})
     if (c) nccl_api().comm_abort(c);
-  mpi.abort_hung(what, peer, note);
+  mpi.abort_hung(what, peer, " (an NCCL operation on the GPU)");
+}
+
+void NcclComm::Impl::abort_on_error(ncclResult_t error) {
+  for (ncclComm_t c : {main, up, down})
+    if (c) nccl_api().comm_abort(c);
+  // A peer that died or a broken link shows here (ncclRemoteError, ncclSystemError): the job
+  // ends as for a hang (exit 3), naming the group.
+  const std::string msg = "watchdog: NCCL reported \"" +
+                          std::string(nccl_api().error_string(error)) + "\" on group `" +
+                          mpi.name() + "` (world rank " +
+                          std::to_string(mpi.world_ranks().at(static_cast<size_t>(mpi.rank()))) +
+                          "); a peer is stuck or dead, or the network to its host is down. "
+                          "Aborting the job.";
+  spdlog::critical(msg);
+  std::fprintf(stderr, "%s\n", msg.c_str());
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 3);
+  std::abort();  // MPI_Abort does not return
 }
 
 template <class F>
