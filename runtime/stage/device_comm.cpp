@@ -79,15 +79,11 @@ std::vector<RankDevice> gather_devices(const parallel::Comm& group, const kernel
   return ranks;
 }
 
-std::unique_ptr<parallel::TensorComm> open_device_comm(DeviceComm key, const char* label,
+std::unique_ptr<parallel::TensorComm> open_device_comm(const DeviceCommPath& path,
+                                                       const char* label,
                                                        const parallel::Comm& group,
                                                        const kernels::Device& device) {
   const kernels::Exec exec = device.exec(kernels::GemmKind::kOpenBlasF32);  // copies only
-  // Only the staged path needs no agreement: every other key asks each rank's device.
-  const DeviceCommPath path =
-      key == DeviceComm::kStaged
-          ? choose_device_comm(key, label, {}, parallel::nccl_library())
-          : choose_device_comm(key, label, gather_devices(group, device), parallel::nccl_library());
   spdlog::info("tensor collectives of {}: {}", label, path.detail);
 #ifdef T3D_HAVE_NCCL
   if (path.nccl) return std::make_unique<parallel::NcclComm>(group, exec);

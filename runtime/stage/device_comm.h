@@ -41,9 +41,10 @@ DeviceCommPath choose_device_comm(DeviceComm key, const std::string& group,
 // Every rank's RankDevice over `group` (collective; control traffic on its MPI communicator).
 std::vector<RankDevice> gather_devices(const parallel::Comm& group, const kernels::Device& device);
 
-// The tensor communicator of `group` (collective over it) for a rank computing on `device` with
-// the key `key`: NCCL or a StagedComm over `group`, logged as "tensor collectives of <label>: ...".
-std::unique_ptr<parallel::TensorComm> open_device_comm(DeviceComm key, const char* label,
+// The communicator of a chosen path over `group` (collective over it when NCCL: its bootstrap),
+// logged as "tensor collectives of <label>: <path.detail>": NCCL or a StagedComm over `group`.
+std::unique_ptr<parallel::TensorComm> open_device_comm(const DeviceCommPath& path,
+                                                       const char* label,
                                                        const parallel::Comm& group,
                                                        const kernels::Device& device);
 

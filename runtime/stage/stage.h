@@ -94,9 +94,11 @@ struct Stage {
   bool holds_loss = false;  // last pipeline stage and tp rank 0: contributes the loss once
 };
 
-// Builds this rank's stage (not collective: wrap it in agree_on), in job.precision(), which must
-// be set. The Model's parameters are not initialised: training initialises or restores them,
-// eval reads them from a snapshot.
+// Builds this rank's stage, in job.precision(), which must be set. Collective over the job's
+// world: what a rank can fail at alone before the groups (threads, the GEMM check, the device) is
+// agreed there (agree_on), then the groups are made (collective on a GPU); wrap the call in
+// agree_on for what follows (the arena, the Model). The Model's parameters are not initialised:
+// training initialises or restores them, eval reads them from a snapshot.
 Stage build_stage(const Job& job, StagePurpose purpose);
 
 // The micro-batches a rank feeds its stage, training and eval alike: sampled for its data-parallel

@@ -168,8 +168,7 @@ TEST(DeviceCommChoice, RanksSharingTheGpuAreStaged) {
   EXPECT_THROW(
       runtime::choose_device_comm(runtime::DeviceComm::kNccl, "world", ranks, nccl_library()),
       UserError);
-  const auto comm =
-      runtime::open_device_comm(runtime::DeviceComm::kAuto, "world", world(), *g.device);
+  const auto comm = runtime::open_device_comm(path, "world", world(), *g.device);
   ASSERT_NE(dynamic_cast<const StagedComm*>(comm.get()), nullptr);
   const size_t n = 64;
   float* d = g.put(std::vector<float>(n, 1.0f));
