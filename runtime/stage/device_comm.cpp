@@ -19,7 +19,8 @@ namespace t3d::runtime {
 namespace {
 
 // Why NCCL cannot serve the group, or "" when it can.
-std::string why_not_nccl(const std::vector<RankDevice>& ranks, const parallel::NcclLibrary& nccl) {
+std::string why_not_nccl(const std::vector<RankDevice>& ranks, const parallel::NcclLibrary& nccl,
+                         bool in_send_order) {
   for (size_t r = 0; r < ranks.size(); ++r)
     if (ranks[r].gpu.empty())
       return "rank " + std::to_string(r) + " computes on the CPU (hardware.device)";
@@ -30,6 +31,9 @@ std::string why_not_nccl(const std::vector<RankDevice>& ranks, const parallel::N
       return "ranks " + std::to_string(it->second) + " and " + std::to_string(r) + " share GPU " +
              ranks[r].gpu + " on " + ranks[r].host + ", which NCCL refuses";
   }
+  if (!in_send_order)
+    return "its stages take messages out of send order (parallel.schedule = \"zb_v\"), which "
+           "NCCL's untagged point to point cannot match";
   if (!nccl.loaded) return "NCCL not loaded: " + nccl.why_not;
   for (size_t r = 0; r < ranks.size(); ++r)
     if (!ranks[r].nccl_loaded)
@@ -41,10 +45,10 @@ std::string why_not_nccl(const std::vector<RankDevice>& ranks, const parallel::N
 
 DeviceCommPath choose_device_comm(DeviceComm key, const std::string& group,
                                   const std::vector<RankDevice>& ranks,
-                                  const parallel::NcclLibrary& nccl) {
+                                  const parallel::NcclLibrary& nccl, bool in_send_order) {
   if (key == DeviceComm::kStaged)
     return {false, "staged through host memory (parallel.device_comm = \"staged\")"};
-  const std::string why = why_not_nccl(ranks, nccl);
+  const std::string why = why_not_nccl(ranks, nccl, in_send_order);
   T3D_USER_CHECK(key != DeviceComm::kNccl || why.empty(),
                  "parallel.device_comm = \"nccl\", but the tensor collectives of ", group,
                  " cannot use NCCL: ", why,

@@ -30,13 +30,16 @@ struct DeviceCommPath {
 };
 
 // The decision, a pure function of the group's devices (by group rank), what NCCL's loader
-// found on this rank (`nccl`: its version and, if it failed, where it looked) and the key. auto:
-// NCCL when every rank has a GPU of its own and NCCL loaded, else staged with the reason; staged:
-// staged; nccl: NCCL, or a UserError naming the key, the group and why (a rank on the CPU, two
-// ranks and the GPU they share, or where NCCL was looked for).
+// found on this rank (`nccl`: its version and, if it failed, where it looked), the key, and
+// whether the group's point-to-point messages are taken in the order they are sent (NCCL has no
+// tags: false for the pp group under ZB-V, parallel::receives_in_send_order). auto: NCCL when
+// every rank has a GPU of its own, the messages keep their order and NCCL loaded, else staged
+// with the reason; staged: staged; nccl: NCCL, or a UserError naming the key, the group and why
+// (a rank on the CPU, two ranks and the GPU they share, messages out of send order, or where
+// NCCL was looked for).
 DeviceCommPath choose_device_comm(DeviceComm key, const std::string& group,
                                   const std::vector<RankDevice>& ranks,
-                                  const parallel::NcclLibrary& nccl);
+                                  const parallel::NcclLibrary& nccl, bool in_send_order = true);
 
 // Every rank's RankDevice over `group` (collective; control traffic on its MPI communicator).
 std::vector<RankDevice> gather_devices(const parallel::Comm& group, const kernels::Device& device);

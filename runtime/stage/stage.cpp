@@ -36,7 +36,8 @@ std::unique_ptr<kernels::Device> open_device(const Job& job) {
 
 }  // namespace
 
-StageGroups::StageGroups(const parallel::Mesh& mesh, const kernels::Device& device, DeviceComm key)
+StageGroups::StageGroups(const parallel::Mesh& mesh, const kernels::Device& device, DeviceComm key,
+                         bool pp_in_send_order)
     : mesh_(mesh) {
   const char* forced = std::getenv("T3D_STAGE_COLLECTIVES");
   const bool staged_on_cpu = forced && std::string(forced) == "1";
@@ -78,7 +79,7 @@ StageGroups::StageGroups(const parallel::Mesh& mesh, const kernels::Device& devi
   for (size_t i = 0; i < groups.size(); ++i) {
     try {
       paths[i] = choose_device_comm(key, groups[i].first, gather_devices(*groups[i].second, device),
-                                    parallel::nccl_library());
+                                    parallel::nccl_library(), i != 1 || pp_in_send_order);
     } catch (const UserError& e) {
       if (refused.empty()) refused = e.what();
     }
@@ -149,7 +150,8 @@ Stage build_stage(const Job& job, StagePurpose purpose) {
     s.layers = stage_layers(r.model, r.parallel.pipeline_split, schedule, mesh.coord().pp);
     s.device = open_device(job);
   });
-  s.groups = std::make_unique<StageGroups>(mesh, *s.device, r.parallel.device_comm);
+  s.groups = std::make_unique<StageGroups>(mesh, *s.device, r.parallel.device_comm,
+                                           parallel::receives_in_send_order(schedule));
   // bf16 training sends activations and their gradients between stages in bf16.
   s.executor = std::make_unique<PipelineExecutor>(
       std::move(schedule), s.groups->pp(),

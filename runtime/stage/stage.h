@@ -61,7 +61,10 @@ ModelOptions model_options(const Recipe& r, const JobPrecision& precision, Stage
 // each logged. Collective over every group.
 class StageGroups {
  public:
-  StageGroups(const parallel::Mesh& mesh, const kernels::Device& device, DeviceComm key);
+  // pp_in_send_order: the schedule's stages take each other's messages in send order
+  // (parallel::receives_in_send_order), which the pp group needs for NCCL.
+  StageGroups(const parallel::Mesh& mesh, const kernels::Device& device, DeviceComm key,
+              bool pp_in_send_order);
   const parallel::TensorComm& tp() const { return pick(tp_, mesh_.group(parallel::Dim::tp)); }
   const parallel::TensorComm& pp() const { return pick(pp_, mesh_.group(parallel::Dim::pp)); }
   const parallel::TensorComm& cp() const { return pick(cp_, mesh_.group(parallel::Dim::cp)); }

@@ -107,6 +107,22 @@ TEST(DeviceComm, NcclNotLoadedIsStagedOrRefusedSayingWhereItLooked) {
   EXPECT_NE(q.detail.find("NCCL not loaded on rank 2"), std::string::npos) << q.detail;
 }
 
+// NCCL's point to point has no tags: a group whose messages are taken out of send order (the pp
+// group under ZB-V) is staged, or refused.
+TEST(DeviceComm, MessagesOutOfSendOrderAreStagedOrRefused) {
+  const DeviceCommPath p =
+      choose_device_comm(DeviceComm::kAuto, "pp", own_gpus(), loaded(), /*in_send_order=*/false);
+  EXPECT_FALSE(p.nccl);
+  EXPECT_NE(p.detail.find("out of send order (parallel.schedule = \"zb_v\")"), std::string::npos)
+      << p.detail;
+  try {
+    choose_device_comm(DeviceComm::kNccl, "pp", own_gpus(), loaded(), false);
+    ADD_FAILURE() << "nccl with messages out of send order was not refused";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("zb_v"), std::string::npos) << e.what();
+  }
+}
+
 TEST(NcclLibrary, VersionNames) {
   parallel::NcclLibrary lib;
   lib.version = 22809;
