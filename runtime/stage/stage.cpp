@@ -49,7 +49,8 @@ StageGroups::StageGroups(const parallel::Mesh& mesh, const kernels::Device& devi
     // The ranks' tensors are host memory: the MPI communicators carry them (staged copies only
     // where T3D_STAGE_COLLECTIVES=1 checks that staging changes no bit). "nccl" is refused.
     if (key == DeviceComm::kNccl)
-      choose_device_comm(key, "this rank", {RankDevice{}}, parallel::nccl_library());
+      choose_device_comm(key, "every group (no rank has a GPU)", {RankDevice{}},
+                         parallel::nccl_library());
     if (!staged_on_cpu) return;
     const kernels::Exec exec = device.exec(kernels::GemmKind::kOpenBlasF32);  // copies only
     tp_ = std::make_unique<parallel::StagedComm>(mesh.group(Dim::tp), exec);

@@ -8,7 +8,8 @@
 #     group's all-to-alls), fp32 and bf16 (bf16 wire and TP traffic), each trained 4 steps with the mesh's
 #     MPI groups and again with T3D_STAGE_COLLECTIVES=1 (the staged path on the CPU): every loss
 #     and gradient norm equal, and the staged runs' logs say they staged;
-#   - parallel.device_comm = nccl exits 2 naming the key where the ranks compute on the CPU.
+#   - parallel.device_comm = nccl exits 2 naming the key where the ranks compute on the CPU (the
+#     recipe check with hardware.device = cpu, the ranks alike with auto).
 # Usage: device_staging.sh TITAN3D
 set -u
 titan3d=$1
@@ -60,6 +61,13 @@ else
   if [ $rc -ne 2 ] || ! grep -qF 'parallel.device_comm' <<<"$out"; then
     echo "FAIL parallel.device_comm = nccl on the CPU: rc=$rc $out"; fail=1
   else echo "ok   parallel.device_comm = nccl on the CPU: exit 2, $(grep -F 'parallel.device_comm' <<<"$out" | head -1)"; fi
+  # hardware.device = auto passes the recipe check; the ranks, finding no GPU, refuse it alike.
+  out=$("$titan3d" train "$repo/recipes/tiny.toml" --set data.path="$corpus" --set train.steps=1 \
+    --set run.dir="$work/nccl_auto" --set hardware.device=auto --set parallel.device_comm=nccl \
+    --set parallel.dp=2 2>&1); rc=$?
+  if [ $rc -ne 2 ] || ! grep -qF 'parallel.device_comm = "nccl", but the tensor collectives' <<<"$out"; then
+    echo "FAIL parallel.device_comm = nccl with device auto on the CPU: rc=$rc $out"; fail=1
+  else echo "ok   parallel.device_comm = nccl, hardware.device = auto, no GPU: both ranks exit 2 saying why"; fi
 fi
 check pp2_tp2_sp --set train.precision=fp32 --set parallel.pp=2 --set parallel.tp=2 \
   --set parallel.sequence_parallel=true
