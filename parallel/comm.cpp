@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -149,53 +150,54 @@ void Comm::wait_mpi(MPI_Request& request, const char* what, int peer) const {
     else
       std::this_thread::sleep_for(std::chrono::microseconds(50));
     if ((polls & 255) == 0 &&
-        std::chrono::duration<double>(Clock::now() - start).count() > timeout_s_) {
-      std::string peers;
-      if (peer >= 0) {
-        peers = "peer world rank " + std::to_string(world_ranks_.at(peer));
-      } else {
-        for (size_t i = 0; i < world_ranks_.size(); ++i)
-          peers += (i ? "," : "") + std::to_string(world_ranks_[i]);
-        peers = "members world ranks {" + peers + "}";
-      }
-      // With hosts known: which other hosts this rank waits on (a cut link shows as their names).
-      std::string where;
-      if (world_hosts_) {
-        const auto host = [&](int group_rank) {
-          return world_hosts_->at(world_ranks_.at(group_rank));
-        };
-        std::vector<std::pair<std::string, std::string>> others;  // host, its world ranks
-        for (int i = 0; i < size_; ++i) {
-          if ((peer >= 0 && i != peer) || host(i) == host(rank_)) continue;
-          auto it = std::find_if(others.begin(), others.end(),
-                                 [&](const auto& o) { return o.first == host(i); });
-          if (it == others.end()) it = others.insert(others.end(), {host(i), ""});
-          it->second += (it->second.empty() ? "" : ",") + std::to_string(world_ranks_[i]);
-        }
-        where = "; on host " + host(rank_) + ", waiting on ";
-        if (others.empty()) where += "no other host";
-        for (size_t h = 0; h < others.size(); ++h)
-          where += (h ? ", host " : "host ") + others[h].first + " (world rank" +
-                   (others[h].second.find(',') == std::string::npos ? " " : "s ") +
-                   others[h].second + ")";
-      }
-      const std::string msg = "watchdog: world rank " + std::to_string(world_ranks_.at(rank_)) +
-                              " waited more than " + std::to_string(static_cast<int>(timeout_s_)) +
-                              " s (parallel.timeout_s) in " + what + " on group `" + name_ + "` (" +
-                              peers + ")" + where +
-                              "; a peer is stuck or dead, or the network to its host is down. "
-                              "Aborting the job.";
-      spdlog::critical(msg);
-      std::fprintf(stderr, "%s\n", msg.c_str());
-      std::fflush(stderr);
-      // The first rank to time out is often not the one that sees the cause: a rank waiting on a
-      // same-host peer fires while that peer still waits on the dead host. A short grace lets the
-      // other stuck ranks' watchdogs report too before the abort kills them.
-      std::this_thread::sleep_for(
-          std::chrono::duration<double>(std::clamp(timeout_s_ / 2, 0.5, 10.0)));
-      MPI_Abort(MPI_COMM_WORLD, 3);
-    }
+        std::chrono::duration<double>(Clock::now() - start).count() > timeout_s_)
+      abort_hung(what, peer);
   }
+}
+
+void Comm::abort_hung(const char* what, int peer, const std::string& note) const {
+  std::string peers;
+  if (peer >= 0) {
+    peers = "peer world rank " + std::to_string(world_ranks_.at(peer));
+  } else {
+    for (size_t i = 0; i < world_ranks_.size(); ++i)
+      peers += (i ? "," : "") + std::to_string(world_ranks_[i]);
+    peers = "members world ranks {" + peers + "}";
+  }
+  // With hosts known: which other hosts this rank waits on (a cut link shows as their names).
+  std::string where;
+  if (world_hosts_) {
+    const auto host = [&](int group_rank) { return world_hosts_->at(world_ranks_.at(group_rank)); };
+    std::vector<std::pair<std::string, std::string>> others;  // host, its world ranks
+    for (int i = 0; i < size_; ++i) {
+      if ((peer >= 0 && i != peer) || host(i) == host(rank_)) continue;
+      auto it = std::find_if(others.begin(), others.end(),
+                             [&](const auto& o) { return o.first == host(i); });
+      if (it == others.end()) it = others.insert(others.end(), {host(i), ""});
+      it->second += (it->second.empty() ? "" : ",") + std::to_string(world_ranks_[i]);
+    }
+    where = "; on host " + host(rank_) + ", waiting on ";
+    if (others.empty()) where += "no other host";
+    for (size_t h = 0; h < others.size(); ++h)
+      where += (h ? ", host " : "host ") + others[h].first + " (world rank" +
+               (others[h].second.find(',') == std::string::npos ? " " : "s ") + others[h].second +
+               ")";
+  }
+  const std::string msg = "watchdog: world rank " + std::to_string(world_ranks_.at(rank_)) +
+                          " waited more than " + std::to_string(static_cast<int>(timeout_s_)) +
+                          " s (parallel.timeout_s) in " + what + " on group `" + name_ + "` (" +
+                          peers + ")" + where + note +
+                          "; a peer is stuck or dead, or the network to its host is down. "
+                          "Aborting the job.";
+  spdlog::critical(msg);
+  std::fprintf(stderr, "%s\n", msg.c_str());
+  std::fflush(stderr);
+  // The first rank to time out is often not the one that sees the cause: a rank waiting on a
+  // same-host peer fires while that peer still waits on the dead host. A short grace lets the
+  // other stuck ranks' watchdogs report too before the abort kills them.
+  std::this_thread::sleep_for(std::chrono::duration<double>(std::clamp(timeout_s_ / 2, 0.5, 10.0)));
+  MPI_Abort(MPI_COMM_WORLD, 3);
+  std::abort();  // MPI_Abort does not return
 }
 
 namespace {

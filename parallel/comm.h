@@ -193,6 +193,11 @@ class Comm final : public TensorComm {
   void barrier() const;
 
   double timeout_s() const { return timeout_s_; }
+  // The watchdog's end of a wait on `what` (with `peer`, or the whole group when -1) that passed
+  // timeout_s: logs and prints which rank waited on whom (hosts when known) plus `note`, lets
+  // the other stuck ranks' watchdogs report for a short grace, then MPI_Abort 3. The device
+  // communicator (parallel/nccl_comm.h) ends its hung operations here too.
+  [[noreturn]] void abort_hung(const char* what, int peer, const std::string& note = "") const;
 
   // Cumulative time this rank spent waiting on this group's operations, and bytes it sent or
   // contributed (an all-to-all counts the bytes it sent to other ranks: its block to itself does

@@ -404,4 +404,28 @@ std::vector<std::string> validate(const Schedule& s) {
   return problems;
 }
 
+PipelineMessages pipeline_messages(const Schedule& s) {
+  PipelineMessages m;
+  const int K = s.num_chunks();
+  const auto stage = [&](int k) { return s.chunk_stage[static_cast<size_t>(k)]; };
+  for (int r = 0; r < s.pp; ++r) {
+    for (const Action& a : s.ranks[static_cast<size_t>(r)]) {
+      if (a.op == Op::kW) continue;
+      const bool forward = a.op == Op::kF;
+      const int from = forward ? a.chunk - 1 : a.chunk + 1;  // the chunk it receives from
+      const int to = forward ? a.chunk + 1 : a.chunk - 1;    // the chunk it sends to
+      if (from >= 0 && from < K && stage(from) != r)
+        m.taken[{stage(from), r}].emplace_back(a.mb, a.chunk, !forward);
+      if (to >= 0 && to < K && stage(to) != r)
+        m.sent[{r, stage(to)}].emplace_back(a.mb, to, !forward);
+    }
+  }
+  return m;
+}
+
+bool receives_in_send_order(const Schedule& s) {
+  const PipelineMessages m = pipeline_messages(s);
+  return m.sent == m.taken;
+}
+
 }  // namespace t3d::parallel

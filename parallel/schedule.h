@@ -27,8 +27,11 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "parallel/schedule_kind.h"
@@ -88,6 +91,20 @@ std::vector<int> peak_in_flight(const Schedule& s);
 //   1F1B, over all ranks: ZB-H1 spends the slack later stages have under 1F1B); ZB-V
 //   min(2 pp, 2 n_micro) chunks = min(pp, n_micro) micro-batches of a whole stage, 1F1B's peak.
 int promised_in_flight(const Schedule& s, int stage);
+
+// The messages between stages, per ordered pair (from, to): what each carries as (micro-batch,
+// chunk, gradient), in the order the sender sends them (`sent`) and the receiver takes them
+// (`taken`), as the executor does (F receives from the previous chunk's stage and sends to the
+// next's, B and BW the other way; hand-overs within a stage are not messages).
+struct PipelineMessages {
+  using Message = std::tuple<int, int, bool>;
+  std::map<std::pair<int, int>, std::vector<Message>> sent, taken;
+};
+PipelineMessages pipeline_messages(const Schedule& s);
+// Whether every stage takes each other stage's messages in the order they were sent: what NCCL's
+// point to point, which has no tags, needs (runtime/stage/device_comm.h). False for ZB-V, whose
+// turn of the V sends a stage activations and gradients in another order than it takes them.
+bool receives_in_send_order(const Schedule& s);
 
 // Every problem found, empty when the schedule is valid: placement (each action on the rank
 // holding its chunk), each F / B / W / BW present exactly once and B+W not mixed with BW, and a

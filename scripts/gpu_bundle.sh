@@ -10,13 +10,14 @@ cd "$(dirname "$0")/.."
 build=${1:-build}
 grep -q "^T3D_HAVE_CUDA:INTERNAL=ON" "$build/CMakeCache.txt" 2>/dev/null ||
   { echo "$build has no CUDA backend: configure it where a CUDA toolkit is (scripts/build.sh)"; exit 1; }
-cmake --build "$build" -j"$(nproc)" --target test_kernels_cuda test_model_gpu bench_cuda titan3d |
+cmake --build "$build" -j"$(nproc)" --target test_kernels_cuda test_model_gpu test_nccl_comm_mpi \
+  bench_cuda titan3d |
   tail -n 1
 stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib"
 cp "$build/tests/kernels/test_kernels_cuda" "$build/tests/model/test_model_gpu" \
-  "$build/bench/kernels/bench_cuda" "$stage/bin/"
+  "$build/tests/stage/test_nccl_comm_mpi" "$build/bench/kernels/bench_cuda" "$stage/bin/"
 cp bench/kernels/bench_cuda_torch.py "$stage/bin/"
 # titan3d itself, with the Open MPI it starts its ranks through (mpirun, the plugins and help
 # files, found under OPAL_PREFIX = ompi/ by gpu_train_check.sh) and a 1 MB slice of the corpus.
@@ -32,8 +33,10 @@ done
 mkdir -p "$stage/data"
 [ -s data/fortunes.txt ] || bash scripts/get_data.sh > /dev/null
 head -c 1000000 data/fortunes.txt > "$stage/data/corpus.txt"
-cp scripts/gpu_train_check.sh scripts/gpu_layout_check.sh scripts/gpu_losses.py scripts/gpu_env.sh "$stage/bin/"
-for bin in "$stage"/bin/test_kernels_cuda "$stage"/bin/test_model_gpu "$stage"/bin/bench_cuda \
+cp scripts/gpu_train_check.sh scripts/gpu_layout_check.sh scripts/gpu_losses.py scripts/gpu_env.sh \
+  scripts/gpu_nccl_check.sh "$stage/bin/"
+for bin in "$stage"/bin/test_kernels_cuda "$stage"/bin/test_model_gpu "$stage"/bin/test_nccl_comm_mpi \
+  "$stage"/bin/bench_cuda \
   "$stage"/bin/titan3d "$stage"/bin/mpirun $(find "$stage/ompi" -name '*.so'); do
   ldd "$bin" | awk '/=> \// {print $3}'
 done | sort -u | while read -r lib; do

@@ -69,6 +69,10 @@ if grep -q "SKIPPED \]" "$logs/gpu_model.log"; then
   echo "gpu_model              FAILED: tests skipped on a GPU machine" | tee -a "$logs/summary.txt"
   status=1
 fi
+# The NCCL device communicator: every call on a one-rank group, a started reduction overlapping
+# compute, two ranks sharing the GPU staged (scripts/gpu_nccl_check.sh, ~10 s).
+step gpu_nccl 40 bash "$root/bin/gpu_nccl_check.sh" "$root" "$PWD" "$logs/nccl"
+grep -E "NCCL|OK \]|FAIL|SKIPPED" "$logs/gpu_nccl.log" | head -n 12
 # titan3d itself on the GPU (one rank, fp32): against the CPU, twice, and resumed from a snapshot.
 step gpu_train 300 bash "$root/bin/gpu_train_check.sh" "$root" "$PWD" "$logs/train"
 grep -E "device:|GPU|FAIL|within|eval|^device" "$logs/gpu_train.log" | head -n 24

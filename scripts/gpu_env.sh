@@ -9,3 +9,14 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 mkdir -p "$logs"
 export PATH="$root/bin:$PATH" OPAL_PREFIX="$root/ompi"
 export LD_LIBRARY_PATH="$root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# NCCL for the device communicator (loaded at run time, never bundled: docs/gpu.md): the one
+# PyTorch's wheel brings (nvidia/nccl/lib under site-packages), unless T3D_NCCL_LIBRARY names one.
+if [ -z "${T3D_NCCL_LIBRARY:-}" ]; then
+  for site in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
+    if [ -f "$site/nvidia/nccl/lib/libnccl.so.2" ]; then
+      export T3D_NCCL_LIBRARY="$site/nvidia/nccl/lib/libnccl.so.2"
+      break
+    fi
+  done
+fi
+echo "NCCL: ${T3D_NCCL_LIBRARY:-none found (tensor collectives staged through host memory)}" >&2

@@ -4,6 +4,7 @@
 
 #include "kernels/arena.h"
 #include "kernels/cuda/cuda_internal.cuh"
+#include "kernels/cuda_native.h"
 
 namespace t3d::kernels::cuda {
 namespace {
@@ -140,6 +141,16 @@ Stream::~Stream() {
 int Stream::device() const { return impl_->device; }
 
 void Stream::synchronize() const { T3D_CUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }
+
+void* native_stream(const Stream& stream) { return stream.impl().stream; }
+
+int stream_device(const Stream& stream) { return stream.device(); }
+
+std::string pci_bus_id(const Stream& stream) {
+  char id[32] = {};
+  T3D_CUDA_CHECK(cudaDeviceGetPCIBusId(id, sizeof(id), stream.device()));
+  return id;
+}
 
 DeviceMemory::DeviceMemory(std::size_t bytes, std::string_view what) : bytes_(bytes) {
   if (bytes == 0) return;

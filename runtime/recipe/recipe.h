@@ -34,6 +34,11 @@ enum class GemmLibrary { kAuto, kOpenBlas, kOneDnn };
 // run.on_corruption: what a replay's mismatch does (docs/resilience.md#replay).
 enum class OnCorruption { kStop, kExclude };
 
+// parallel.device_comm: how a GPU rank's tensor collectives travel, per group (docs/gpu.md):
+// NCCL where the group's ranks each have a GPU of their own and NCCL loads (auto), NCCL or a
+// refusal at start (nccl), or staged through host memory over MPI always (staged).
+enum class DeviceComm { kAuto, kNccl, kStaged };
+
 // train.activation_checkpoint, spelled none | full | every:K.
 struct ActivationCheckpoint {
   int64_t every = 0;  // 0 none; 1 full (every block recomputed); K: every K-th block of a stage
@@ -68,6 +73,14 @@ struct Choices<kernels::DeviceChoice> {
       {kernels::DeviceChoice::kCpu, "cpu"},
       {kernels::DeviceChoice::kCuda, "cuda"},
       {kernels::DeviceChoice::kAuto, "auto"},
+  }};
+};
+template <>
+struct Choices<DeviceComm> {
+  static constexpr std::array<std::pair<DeviceComm, std::string_view>, 3> kAll = {{
+      {DeviceComm::kAuto, "auto"},
+      {DeviceComm::kNccl, "nccl"},
+      {DeviceComm::kStaged, "staged"},
   }};
 };
 template <>
@@ -228,6 +241,7 @@ struct ParallelConfig {
   int64_t zero = 0;                     // ZeRO stage 0..3
   double bucket_mb = 4.0;               // data-parallel gradient bucket size
   double timeout_s = 300.0;             // hang watchdog for every collective
+  DeviceComm device_comm = DeviceComm::kAuto;  // a GPU rank's tensor collectives
 };
 
 struct TrainConfig {

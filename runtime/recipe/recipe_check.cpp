@@ -272,6 +272,10 @@ void validate_parallel(const Recipe& r) {
   v.require(layout.none(), layout.key, layout.reason);
   v.require(p.bucket_mb > 0, "parallel.bucket_mb", "must be positive");
   v.require(p.timeout_s > 0, "parallel.timeout_s", "must be positive seconds");
+  v.require(p.device_comm != DeviceComm::kNccl || r.hardware.device != kernels::DeviceChoice::kCpu,
+            "parallel.device_comm",
+            "\"nccl\" moves tensors between GPUs, but hardware.device = \"cpu\": set "
+            "hardware.device = \"cuda\", or parallel.device_comm = \"auto\"");
 }
 
 void validate_train(const Recipe& r) {

@@ -378,6 +378,11 @@ std::vector<Field> parallel_keys() {
           "(and gather) buffers: keep it well below the stage's gradients / dp."),
       field("parallel", "timeout_s", &R::parallel, &ParallelConfig::timeout_s,
             "A collective or P2P waiting longer than this aborts the job, naming the operation."),
+      field("parallel", "device_comm", &R::parallel, &ParallelConfig::device_comm,
+            "GPU ranks' tensor collectives, per group: auto (NCCL where every rank of the group "
+            "has a GPU of its own and NCCL loads, else staged) | nccl (refused at start where it "
+            "cannot be) | staged (device -> host -> MPI -> device). The log names each group's "
+            "path; docs/gpu.md."),
   };
 }
 

@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdlib>
 #include <string>
 
@@ -47,19 +48,60 @@ void use_gemm_table(const kernels::Device& device, const std::string& table) {
 
 }  // namespace
 
-StageGroups::StageGroups(const parallel::Mesh& mesh, const kernels::Device& device) : mesh_(mesh) {
+StageGroups::StageGroups(const parallel::Mesh& mesh, const kernels::Device& device, DeviceComm key,
+                         bool pp_in_send_order)
+    : mesh_(mesh) {
   const char* forced = std::getenv("T3D_STAGE_COLLECTIVES");
-  if (!device.on_gpu() && !(forced && std::string(forced) == "1")) return;
-  const kernels::Exec exec = device.exec(kernels::GemmKind::kOpenBlasF32);  // copies only
-  tp_ = std::make_unique<parallel::StagedComm>(mesh.group(Dim::tp), exec);
-  pp_ = std::make_unique<parallel::StagedComm>(mesh.group(Dim::pp), exec);
-  cp_ = std::make_unique<parallel::StagedComm>(mesh.group(Dim::cp), exec);
-  dp_cp_ = std::make_unique<parallel::StagedComm>(mesh.dp_cp(), exec);
-  edp_ = std::make_unique<parallel::StagedComm>(mesh.edp(), exec);
-  ep_ = std::make_unique<parallel::StagedComm>(mesh.ep(), exec);
-  spdlog::info(
-      "tensor collectives of tp, pp, cp, dp × cp, edp and ep staged through host memory ({})",
-      device.on_gpu() ? "the GPU's tensors" : "T3D_STAGE_COLLECTIVES=1");
+  const bool staged_on_cpu = forced && std::string(forced) == "1";
+  // Collective over the world: with a GPU on any rank (hardware.device = "auto" over hosts with
+  // and without), every rank decides every group below, a CPU rank's groups being staged.
+  int gpus = device.on_gpu() ? 1 : 0;
+  mesh.world().all_reduce(&gpus, 1, parallel::ReduceOp::max);
+  if (gpus == 0) {
+    // The ranks' tensors are host memory: the MPI communicators carry them (staged copies only
+    // where T3D_STAGE_COLLECTIVES=1 checks that staging changes no bit). "nccl" is refused.
+    if (key == DeviceComm::kNccl)
+      choose_device_comm(key, "every group (no rank has a GPU)", {RankDevice{}},
+                         parallel::nccl_library());
+    if (!staged_on_cpu) return;
+    const kernels::Exec exec = device.exec(kernels::GemmKind::kOpenBlasF32);  // copies only
+    tp_ = std::make_unique<parallel::StagedComm>(mesh.group(Dim::tp), exec);
+    pp_ = std::make_unique<parallel::StagedComm>(mesh.group(Dim::pp), exec);
+    cp_ = std::make_unique<parallel::StagedComm>(mesh.group(Dim::cp), exec);
+    dp_cp_ = std::make_unique<parallel::StagedComm>(mesh.dp_cp(), exec);
+    edp_ = std::make_unique<parallel::StagedComm>(mesh.edp(), exec);
+    ep_ = std::make_unique<parallel::StagedComm>(mesh.ep(), exec);
+    spdlog::info(
+        "tensor collectives of tp, pp, cp, dp × cp, edp and ep staged through host memory "
+        "(T3D_STAGE_COLLECTIVES=1)");
+    return;
+  }
+  // Per group, NCCL or staged (runtime/stage/device_comm.h). Every rank decides every
+  // group in the same order (each decision gathers over its group), and the ranks agree on any
+  // refusal before a communicator is made, so that none waits in a bootstrap another left.
+  const std::array<std::pair<const char*, const parallel::Comm*>, 6> groups = {{
+      {"tp", &mesh.group(Dim::tp)},
+      {"pp", &mesh.group(Dim::pp)},
+      {"cp", &mesh.group(Dim::cp)},
+      {"dp × cp", &mesh.dp_cp()},
+      {"edp", &mesh.edp()},
+      {"ep", &mesh.ep()},
+  }};
+  std::array<DeviceCommPath, 6> paths;
+  std::string refused;
+  for (size_t i = 0; i < groups.size(); ++i) {
+    try {
+      paths[i] = choose_device_comm(key, groups[i].first, gather_devices(*groups[i].second, device),
+                                    parallel::nccl_library(), i != 1 || pp_in_send_order);
+    } catch (const UserError& e) {
+      if (refused.empty()) refused = e.what();
+    }
+  }
+  const std::string agreed = agreed_error(mesh.world(), refused);
+  T3D_USER_CHECK(agreed.empty(), agreed);
+  std::unique_ptr<parallel::TensorComm>* own[] = {&tp_, &pp_, &cp_, &dp_cp_, &edp_, &ep_};
+  for (size_t i = 0; i < groups.size(); ++i)
+    *own[i] = open_device_comm(paths[i], groups[i].first, *groups[i].second, device);
 }
 
 parallel::Schedule stage_schedule(const Recipe& r, int pp) {
@@ -108,16 +150,22 @@ Stage build_stage(const Job& job, StagePurpose purpose) {
   const Recipe& r = job.recipe;
   const parallel::Mesh& mesh = *job.mesh;
   Stage s;
-  s.threads = setup_rank_threads(r, job.env, purpose == StagePurpose::kTrain);
-  kernels::verify_gemm_kind(kernels::GemmKind::kOpenBlasF32);  // attention's GEMMs
   const int pp = mesh.shape().size(Dim::pp), dp = mesh.shape().size(Dim::dp);
-  const int n_micro = static_cast<int>(r.train.micro_batches);
-  s.micro_rows = rows_per_micro(r.train.global_batch, dp, n_micro);
-  auto schedule = stage_schedule(r, pp);
-  s.layers = stage_layers(r.model, r.parallel.pipeline_split, schedule, mesh.coord().pp);
-  s.device = open_device(job);
-  use_gemm_table(*s.device, job.precision().gpu_gemm_table);
-  s.groups = std::make_unique<StageGroups>(mesh, *s.device);
+  parallel::Schedule schedule;
+  // What a rank can fail at alone comes before the groups, which are collective on a GPU (device
+  // gathers, NCCL's bootstrap): agreed first, so that no rank waits there for one that failed.
+  agree_on(mesh.world(), [&] {
+    s.threads = setup_rank_threads(r, job.env, purpose == StagePurpose::kTrain);
+    kernels::verify_gemm_kind(kernels::GemmKind::kOpenBlasF32);  // attention's GEMMs
+    const int n_micro = static_cast<int>(r.train.micro_batches);
+    s.micro_rows = rows_per_micro(r.train.global_batch, dp, n_micro);
+    schedule = stage_schedule(r, pp);
+    s.layers = stage_layers(r.model, r.parallel.pipeline_split, schedule, mesh.coord().pp);
+    s.device = open_device(job);
+    use_gemm_table(*s.device, job.precision().gpu_gemm_table);
+  });
+  s.groups = std::make_unique<StageGroups>(mesh, *s.device, r.parallel.device_comm,
+                                           parallel::receives_in_send_order(schedule));
   // bf16 training sends activations and their gradients between stages in bf16.
   s.executor = std::make_unique<PipelineExecutor>(
       std::move(schedule), s.groups->pp(),

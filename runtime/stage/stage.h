@@ -28,6 +28,7 @@
 #include "runtime/launch/job.h"
 #include "runtime/model/model.h"
 #include "runtime/recipe/recipe.h"
+#include "runtime/stage/device_comm.h"
 #include "runtime/stage/executor.h"
 
 namespace t3d::runtime {
@@ -54,12 +55,16 @@ ModelOptions model_options(const Recipe& r, const JobPrecision& precision, Stage
                            const parallel::TensorComm* cp);
 
 // The tensor groups of a stage's Model, executor and training state: the mesh's own (MPI over host
-// memory), or StagedComms over them (parallel/staged_comm.h) where the stage's tensors are in
-// device memory, or where T3D_STAGE_COLLECTIVES=1 asks for them on a CPU (a check that staging
-// changes no bit).
+// memory) on a CPU, or StagedComms over them where T3D_STAGE_COLLECTIVES=1 asks for them there (a
+// check that staging changes no bit); on a GPU, per group, NCCL or a StagedComm as
+// parallel.device_comm (`key`) and the group's devices decide (runtime/stage/device_comm.h),
+// each logged. Collective over every group.
 class StageGroups {
  public:
-  StageGroups(const parallel::Mesh& mesh, const kernels::Device& device);
+  // pp_in_send_order: the schedule's stages take each other's messages in send order
+  // (parallel::receives_in_send_order), which the pp group needs for NCCL.
+  StageGroups(const parallel::Mesh& mesh, const kernels::Device& device, DeviceComm key,
+              bool pp_in_send_order);
   const parallel::TensorComm& tp() const { return pick(tp_, mesh_.group(parallel::Dim::tp)); }
   const parallel::TensorComm& pp() const { return pick(pp_, mesh_.group(parallel::Dim::pp)); }
   const parallel::TensorComm& cp() const { return pick(cp_, mesh_.group(parallel::Dim::cp)); }
@@ -70,13 +75,13 @@ class StageGroups {
   const parallel::TensorComm& ep() const { return pick(ep_, mesh_.ep()); }
 
  private:
-  static const parallel::TensorComm& pick(const std::unique_ptr<parallel::StagedComm>& staged,
+  static const parallel::TensorComm& pick(const std::unique_ptr<parallel::TensorComm>& own,
                                           const parallel::TensorComm& direct) {
-    if (staged) return *staged;
+    if (own) return *own;
     return direct;
   }
   const parallel::Mesh& mesh_;
-  std::unique_ptr<parallel::StagedComm> tp_, pp_, cp_, dp_cp_, edp_, ep_;
+  std::unique_ptr<parallel::TensorComm> tp_, pp_, cp_, dp_cp_, edp_, ep_;
 };
 
 struct Stage {
@@ -92,9 +97,11 @@ struct Stage {
   bool holds_loss = false;  // last pipeline stage and tp rank 0: contributes the loss once
 };
 
-// Builds this rank's stage (not collective: wrap it in agree_on), in job.precision(), which must
-// be set. The Model's parameters are not initialised: training initialises or restores them,
-// eval reads them from a snapshot.
+// Builds this rank's stage, in job.precision(), which must be set. Collective over the job's
+// world: what a rank can fail at alone before the groups (threads, the GEMM check, the device) is
+// agreed there (agree_on), then the groups are made (collective on a GPU); wrap the call in
+// agree_on for what follows (the arena, the Model). The Model's parameters are not initialised:
+// training initialises or restores them, eval reads them from a snapshot.
 Stage build_stage(const Job& job, StagePurpose purpose);
 
 // The micro-batches a rank feeds its stage, training and eval alike: sampled for its data-parallel

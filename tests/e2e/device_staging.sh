@@ -7,7 +7,10 @@
 #     parallelism (ZeRO 1-3, the experts' edp group), expert parallelism's rows and gates (the ep
 #     group's all-to-alls), fp32 and bf16 (bf16 wire and TP traffic), each trained 4 steps with the mesh's
 #     MPI groups and again with T3D_STAGE_COLLECTIVES=1 (the staged path on the CPU): every loss
-#     and gradient norm equal, and the staged runs' logs say they staged. Usage: device_staging.sh TITAN3D
+#     and gradient norm equal, and the staged runs' logs say they staged;
+#   - parallel.device_comm = nccl exits 2 naming the key where the ranks compute on the CPU (the
+#     recipe check with hardware.device = cpu, the ranks alike with auto).
+# Usage: device_staging.sh TITAN3D
 set -u
 titan3d=$1
 source "$(dirname "$0")/lib.sh"
@@ -51,6 +54,20 @@ else
      ! python3 -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))["performance"]["device"] != "cpu")' "$work/auto/summary.json"; then
     echo "FAIL hardware.device = auto: rc=$rc $out"; fail=1
   else echo "ok   hardware.device = auto trains on the CPU; its log, table and summary.json say cpu"; fi
+  # parallel.device_comm = "nccl" where the ranks compute on the CPU: refused before any rank
+  # starts, naming the key (auto and staged train as before: the runs below use the default).
+  out=$("$titan3d" train "$repo/recipes/tiny.toml" --set data.path="$corpus" --set train.steps=1 \
+    --set run.dir="$work/nccl" --set parallel.device_comm=nccl 2>&1); rc=$?
+  if [ $rc -ne 2 ] || ! grep -qF 'parallel.device_comm' <<<"$out"; then
+    echo "FAIL parallel.device_comm = nccl on the CPU: rc=$rc $out"; fail=1
+  else echo "ok   parallel.device_comm = nccl on the CPU: exit 2, $(grep -F 'parallel.device_comm' <<<"$out" | head -1)"; fi
+  # hardware.device = auto passes the recipe check; the ranks, finding no GPU, refuse it alike.
+  out=$("$titan3d" train "$repo/recipes/tiny.toml" --set data.path="$corpus" --set train.steps=1 \
+    --set run.dir="$work/nccl_auto" --set hardware.device=auto --set parallel.device_comm=nccl \
+    --set parallel.dp=2 2>&1); rc=$?
+  if [ $rc -ne 2 ] || ! grep -qF 'parallel.device_comm = "nccl", but the tensor collectives' <<<"$out"; then
+    echo "FAIL parallel.device_comm = nccl with device auto on the CPU: rc=$rc $out"; fail=1
+  else echo "ok   parallel.device_comm = nccl, hardware.device = auto, no GPU: both ranks exit 2 saying why"; fi
 fi
 check pp2_tp2_sp --set train.precision=fp32 --set parallel.pp=2 --set parallel.tp=2 \
   --set parallel.sequence_parallel=true

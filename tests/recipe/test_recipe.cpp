@@ -135,6 +135,21 @@ TEST(Recipe, EnumeratedKeysParseEverySpellingOnce) {
   EXPECT_EQ(choice_list<SampleMode>(), "random, sequential");
   expect_every_spelling<t3d::kernels::RopeScaling::Kind>(
       "model", "rope_scaling", [](const Recipe& r) { return r.model.rope_scaling; });
+  // hardware.device = "auto": "nccl" is refused on a CPU device (below).
+  expect_every_spelling<DeviceComm>(
+      "parallel", "device_comm", [](const Recipe& r) { return r.parallel.device_comm; },
+      "[hardware]\ndevice = \"auto\"\n");
+}
+
+// parallel.device_comm = "nccl" moves tensors between GPUs: refused where hardware.device is the
+// CPU, naming both keys; auto and staged run anywhere (a CPU rank's collectives stay on MPI).
+TEST(Recipe, NcclDeviceCommNeedsAGpuDevice) {
+  const std::string e = error_of("[parallel]\ndevice_comm = \"nccl\"\n");
+  EXPECT_NE(e.find("parallel.device_comm"), std::string::npos) << e;
+  EXPECT_NE(e.find("hardware.device = \"cpu\""), std::string::npos) << e;
+  EXPECT_EQ(error_of("[parallel]\ndevice_comm = \"nccl\"\n[hardware]\ndevice = \"cuda\"\n"), "");
+  EXPECT_EQ(error_of("[parallel]\ndevice_comm = \"staged\"\n"), "");
+  EXPECT_EQ(parse_recipe("", "r.toml").parallel.device_comm, DeviceComm::kAuto);
 }
 
 // model.head_dim: 0 derives dim / n_heads (which must then divide); another even value is every

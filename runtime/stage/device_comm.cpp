@@ -1,0 +1,102 @@
+#include "runtime/stage/device_comm.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <map>
+#include <utility>
+
+#include "kernels/check.h"
+#include "kernels/cuda_native.h"
+#include "parallel/staged_comm.h"
+#ifdef T3D_HAVE_NCCL
+#include "parallel/nccl_comm.h"
+#endif
+
+namespace t3d::runtime {
+
+namespace {
+
+// Why NCCL cannot serve the group, or "" when it can.
+std::string why_not_nccl(const std::vector<RankDevice>& ranks, const parallel::NcclLibrary& nccl,
+                         bool in_send_order) {
+  for (size_t r = 0; r < ranks.size(); ++r)
+    if (ranks[r].gpu.empty())
+      return "rank " + std::to_string(r) + " computes on the CPU (hardware.device)";
+  std::map<std::pair<std::string, std::string>, size_t> first;  // (host, GPU) -> its first rank
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const auto [it, fresh] = first.emplace(std::make_pair(ranks[r].host, ranks[r].gpu), r);
+    if (!fresh)
+      return "ranks " + std::to_string(it->second) + " and " + std::to_string(r) + " share GPU " +
+             ranks[r].gpu + " on " + ranks[r].host + ", which NCCL refuses";
+  }
+  if (!in_send_order)
+    return "its stages take messages out of send order (parallel.schedule = \"zb_v\"), which "
+           "NCCL's untagged point to point cannot match";
+  if (!nccl.loaded) return "NCCL not loaded: " + nccl.why_not;
+  for (size_t r = 0; r < ranks.size(); ++r)
+    if (!ranks[r].nccl_loaded)
+      return "NCCL not loaded on rank " + std::to_string(r) + " (its log says where it looked)";
+  return "";
+}
+
+}  // namespace
+
+DeviceCommPath choose_device_comm(DeviceComm key, const std::string& group,
+                                  const std::vector<RankDevice>& ranks,
+                                  const parallel::NcclLibrary& nccl, bool in_send_order) {
+  if (key == DeviceComm::kStaged)
+    return {false, "staged through host memory (parallel.device_comm = \"staged\")"};
+  const std::string why = why_not_nccl(ranks, nccl, in_send_order);
+  T3D_USER_CHECK(key != DeviceComm::kNccl || why.empty(),
+                 "parallel.device_comm = \"nccl\", but the tensor collectives of ", group,
+                 " cannot use NCCL: ", why,
+                 ". Give each rank a GPU of its own (as many ranks per host as GPUs), point "
+                 "T3D_NCCL_LIBRARY at a libnccl.so.2, or set parallel.device_comm = \"auto\"");
+  if (!why.empty()) return {false, "staged through host memory (" + why + ")"};
+  // A group of one rank moves nothing between ranks: auto spares it NCCL's start-up.
+  if (key == DeviceComm::kAuto && ranks.size() == 1)
+    return {false, "staged through host memory (one rank: NCCL would only add its start-up)"};
+  return {true, "NCCL " + nccl.version_name() + " (" + std::to_string(ranks.size()) +
+                    (ranks.size() == 1 ? " rank, its own GPU)" : " ranks, one GPU each)")};
+}
+
+std::vector<RankDevice> gather_devices(const parallel::Comm& group, const kernels::Device& device) {
+  // Fixed-width records: the host name and the bus id, each NUL-padded, then NCCL's load.
+  constexpr size_t kField = 256;
+  std::vector<char> mine(2 * kField + 1, '\0');
+  gethostname(mine.data(), kField - 1);
+  std::string gpu;  // empty on the CPU
+#ifdef T3D_HAVE_CUDA
+  if (device.on_gpu())
+    gpu = kernels::cuda::pci_bus_id(*device.exec(kernels::GemmKind::kOpenBlasF32).stream);
+#endif
+  std::strncpy(mine.data() + kField, gpu.c_str(), kField - 1);
+  mine[2 * kField] = parallel::nccl_library().loaded ? 1 : 0;
+  std::vector<char> all(mine.size() * static_cast<size_t>(group.size()));
+  group.all_gather(mine.data(), all.data(), mine.size());
+  std::vector<RankDevice> ranks(static_cast<size_t>(group.size()));
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    const char* rec = all.data() + r * mine.size();
+    ranks[r].host.assign(rec, strnlen(rec, kField));
+    ranks[r].gpu.assign(rec + kField, strnlen(rec + kField, kField));
+    ranks[r].nccl_loaded = rec[2 * kField] != 0;
+  }
+  return ranks;
+}
+
+std::unique_ptr<parallel::TensorComm> open_device_comm(const DeviceCommPath& path,
+                                                       const char* label,
+                                                       const parallel::Comm& group,
+                                                       const kernels::Device& device) {
+  const kernels::Exec exec = device.exec(kernels::GemmKind::kOpenBlasF32);  // copies only
+  spdlog::info("tensor collectives of {}: {}", label, path.detail);
+#ifdef T3D_HAVE_NCCL
+  if (path.nccl) return std::make_unique<parallel::NcclComm>(group, exec);
+#endif
+  T3D_ASSERT(!path.nccl, "NCCL chosen in a build without it");
+  return std::make_unique<parallel::StagedComm>(group, exec);
+}
+
+}  // namespace t3d::runtime

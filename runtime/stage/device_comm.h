@@ -1,0 +1,54 @@
+// Which path a GPU stage's tensor collectives take, per group (parallel.device_comm,
+// docs/gpu.md): NCCL between GPUs (parallel/nccl_comm.h) or staged through host memory over MPI
+// (parallel/staged_comm.h). NCCL refuses two ranks of one communicator on one GPU, so a group
+// whose ranks share a GPU is staged (auto) or refused (nccl).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "kernels/device.h"
+#include "parallel/comm.h"
+#include "parallel/nccl_library.h"
+#include "parallel/tensor_comm.h"
+#include "runtime/recipe/recipe.h"
+
+namespace t3d::runtime {
+
+// Where one rank of a group computes: its host and its GPU's PCI bus id (empty: the CPU), and
+// whether NCCL loaded there.
+struct RankDevice {
+  std::string host;
+  std::string gpu;
+  bool nccl_loaded = false;
+};
+
+struct DeviceCommPath {
+  bool nccl = false;
+  std::string detail;  // what the log says after "tensor collectives of <group>: "
+};
+
+// The decision, a pure function of the group's devices (by group rank), what NCCL's loader
+// found on this rank (`nccl`: its version and, if it failed, where it looked), the key, and
+// whether the group's point-to-point messages are taken in the order they are sent (NCCL has no
+// tags: false for the pp group under ZB-V, parallel::receives_in_send_order). auto: NCCL when
+// every rank has a GPU of its own, the messages keep their order and NCCL loaded, else staged
+// with the reason (a group of one rank included: it moves nothing between ranks); staged: staged; nccl: NCCL, or a UserError naming the key, the group and why
+// (a rank on the CPU, two ranks and the GPU they share, messages out of send order, or where
+// NCCL was looked for).
+DeviceCommPath choose_device_comm(DeviceComm key, const std::string& group,
+                                  const std::vector<RankDevice>& ranks,
+                                  const parallel::NcclLibrary& nccl, bool in_send_order = true);
+
+// Every rank's RankDevice over `group` (collective; control traffic on its MPI communicator).
+std::vector<RankDevice> gather_devices(const parallel::Comm& group, const kernels::Device& device);
+
+// The communicator of a chosen path over `group` (collective over it when NCCL: its bootstrap),
+// logged as "tensor collectives of <label>: <path.detail>": NCCL or a StagedComm over `group`.
+std::unique_ptr<parallel::TensorComm> open_device_comm(const DeviceCommPath& path,
+                                                       const char* label,
+                                                       const parallel::Comm& group,
+                                                       const kernels::Device& device);
+
+}  // namespace t3d::runtime
