@@ -34,9 +34,9 @@ struct DeviceCommPath {
 // whether the group's point-to-point messages are taken in the order they are sent (NCCL has no
 // tags: false for the pp group under ZB-V, parallel::receives_in_send_order). auto: NCCL when
 // every rank has a GPU of its own, the messages keep their order and NCCL loaded, else staged
-// with the reason (a group of one rank included: it moves nothing between ranks); staged: staged; nccl: NCCL, or a UserError naming the key, the group and why
-// (a rank on the CPU, two ranks and the GPU they share, messages out of send order, or where
-// NCCL was looked for).
+// with the reason (a group of one rank included: it moves nothing between ranks); staged: staged;
+// nccl: NCCL, or a UserError naming the key, the group and why (a rank on the CPU, two ranks and
+// the GPU they share, messages out of send order, or where NCCL was looked for).
 DeviceCommPath choose_device_comm(DeviceComm key, const std::string& group,
                                   const std::vector<RankDevice>& ranks,
                                   const parallel::NcclLibrary& nccl, bool in_send_order = true);

@@ -57,7 +57,8 @@ TEST(DeviceComm, AGpuPerRankAndNcclLoadedIsNccl) {
   const DeviceCommPath one = choose_device_comm(DeviceComm::kAuto, "tp", {own_gpus()[0]}, loaded());
   EXPECT_FALSE(one.nccl);
   EXPECT_NE(one.detail.find("one rank"), std::string::npos) << one.detail;
-  const DeviceCommPath asked = choose_device_comm(DeviceComm::kNccl, "tp", {own_gpus()[0]}, loaded());
+  const DeviceCommPath asked =
+      choose_device_comm(DeviceComm::kNccl, "tp", {own_gpus()[0]}, loaded());
   EXPECT_TRUE(asked.nccl);
   EXPECT_EQ(asked.detail, "NCCL 2.28.9 (1 rank, its own GPU)");
 }
