@@ -2,7 +2,8 @@
 // fragments for mma.m16n8k16"): which (row, col) of a tile a lane's register element holds.
 // Host-includable so the CPU tests check them (emulated warp); the bf16 attention kernel is to
 // load and store every fragment through these. groupID = lane >> 2, tig = lane & 3.
-// Not yet used by a kernel: the bf16 flash-attention kernel is still to be written.
+// Not yet used by a kernel (the bf16 tensor-core attention is still to be written); tested on
+// the CPU against the ISA's figures (tests/kernels/test_mma_layout.cpp).
 #pragma once
 
 #include "kernels/row_math.h"  // T3D_HD
