@@ -120,17 +120,12 @@ std::optional<IndexInfo> parse_manifest(const std::string& text) {
       ShardEntry s;
       words >> s.bytes >> s.hash >> s.file;
       info.shards.push_back(s);
-    } else if (key == "gemm_table") {
+    } else if (key == "gemm_table" || key == "recipe") {  // "<key> N", then N bytes
+      std::string& text = key == "recipe" ? info.recipe : info.gemm_table;
       size_t n = 0;
       words >> n;
-      info.gemm_table.resize(n);
-      in.read(info.gemm_table.data(), static_cast<std::streamsize>(n));
-      if (static_cast<size_t>(in.gcount()) != n) return std::nullopt;
-    } else if (key == "recipe") {
-      size_t n = 0;
-      words >> n;
-      info.recipe.resize(n);
-      in.read(info.recipe.data(), static_cast<std::streamsize>(n));
+      text.resize(n);
+      in.read(text.data(), static_cast<std::streamsize>(n));
       if (static_cast<size_t>(in.gcount()) != n) return std::nullopt;
     } else if (!key.empty()) {
       return std::nullopt;
