@@ -109,6 +109,13 @@ std::string Device::gemm_table() const {
   return {};
 }
 
+std::string Device::gemm_library() const {
+#ifdef T3D_HAVE_CUDA
+  if (stream_) return cuda::gemm_library(*stream_);
+#endif
+  return {};
+}
+
 std::string Device::use_gemm_table(const std::string& text) const {
   T3D_ASSERT(on_gpu(), "Device::use_gemm_table on the CPU");
 #ifdef T3D_HAVE_CUDA

@@ -77,6 +77,9 @@ class Device {
   // The algorithms a GPU's GEMMs were given or measured (kernels/cuda/gemm_table.h), as the
   // table's text. Empty on the CPU.
   std::string gemm_table() const;
+  // "cuBLASLt 130100 on NVIDIA H200 (sm_90)": the library and GPU a table of this GPU holds for
+  // (a table's cache key). Empty on the CPU.
+  std::string gemm_library() const;
   // Installs a table's text (a job's measurement, or what a snapshot recorded). Returns why not
   // when it cannot (malformed, or made for another cuBLASLt or GPU): the GPU then keeps its own
   // table, whose shapes run cuBLASLt's first heuristic answer. A GPU's only.

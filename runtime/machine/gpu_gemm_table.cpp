@@ -60,16 +60,13 @@ GpuGemmTable rank0_table(const Job& job, kernels::GemmKind kind, const std::stri
   }
   const auto device = kernels::Device::open(job.recipe.hardware.device, job.env.local_rank);
   const std::vector<kernels::Device::LinearSize> sizes = linear_sizes(job.recipe);
-  // The key: the GPU and cuBLASLt (the empty table's text names them), the precision, the sizes.
+  // The key: the GPU and cuBLASLt, the precision, the sizes.
   std::ostringstream key;
-  const std::string empty = device->gemm_table();
-  key << empty.substr(0, empty.find("\nsource")) << "|" << kernels::gemm_kind_name(kind);
+  key << device->gemm_library() << "|" << kernels::gemm_kind_name(kind);
   for (const auto& s : sizes) key << "|" << s.rows << "x" << s.in << "x" << s.out;
-  std::string k = key.str();
-  std::replace(k.begin(), k.end(), '\n', ' ');
-  if (std::string cached = read_cached_table(k); !cached.empty()) return {cached, "cached"};
+  if (std::string cached = read_cached_table(key.str()); !cached.empty()) return {cached, "cached"};
   const std::string measured = device->tune_linear_gemms(sizes, kind);
-  write_cached_table(k, measured);
+  write_cached_table(key.str(), measured);
   return {measured, "measured"};
 }
 

@@ -95,16 +95,20 @@ TEST(GemmTable, OnlyAClearGainReplacesTheHeuristicsFirstAnswer) {  // host code
 // ---- on a GPU
 // ------------------------------------------------------------------------------------
 
-// A linear layer's three GEMMs on the GPU into fresh outputs.
-std::vector<std::vector<float>> run_layer(GemmPrecision p, int N, int in, int out) {
+// A linear layer's three GEMMs on stream `s` into fresh outputs (the operands copied in on the
+// test binary's stream first).
+std::vector<std::vector<float>> run_layer(GemmPrecision p, int N, int in, int out,
+                                          const Stream& s = S()) {
   const auto x = ref::random_floats(static_cast<std::size_t>(N) * in, 31);
   const auto w = ref::random_floats(static_cast<std::size_t>(out) * in, 32);
   const auto dy = ref::random_floats(static_cast<std::size_t>(N) * out, 33);
   Dev<float> gx(x), gw(w), gdy(dy), gy(static_cast<std::size_t>(N) * out), gdx(x.size()),
       gdw(w.size());
-  linear_forward(S(), p, gy.p(), gx.p(), gw.p(), N, in, out);
-  linear_backward_input(S(), p, gdx.p(), gdy.p(), gw.p(), N, in, out);
-  linear_backward_weight(S(), p, gdw.p(), gdy.p(), gx.p(), N, in, out);
+  S().synchronize();
+  linear_forward(s, p, gy.p(), gx.p(), gw.p(), N, in, out);
+  linear_backward_input(s, p, gdx.p(), gdy.p(), gw.p(), N, in, out);
+  linear_backward_weight(s, p, gdw.p(), gdy.p(), gx.p(), N, in, out);
+  s.synchronize();
   return {gy.host(), gdx.host(), gdw.host()};
 }
 
@@ -141,6 +145,8 @@ TEST(GemmTable, AMeasuredTableGivesTheSameBitsOnAnotherStream) {
     Stream other(0);
     EXPECT_EQ(use_gemm_table(other, *parsed), "");
     EXPECT_EQ(gemm_table(other).algorithms, parsed->algorithms);
+    const auto there = run_layer(p, N, in, out, other);
+    for (int i = 0; i < 3; ++i) expect_same_bits(first[i], there[i], "another stream, the table");
   }
 }
 
