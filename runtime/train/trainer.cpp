@@ -93,7 +93,7 @@ struct Trainer::Impl {
   std::unique_ptr<MetricsWriter> metrics;
   std::unique_ptr<Snapshotter> snapshots;
   std::unique_ptr<Replay> replay;        // run.replay_every's checks, T3D_FAULT=flip's injections
-  std::unique_ptr<GpuOpTimes> op_times;  // T3D_GPU_OP_TIMES=1's step-time breakdown on a GPU
+  std::unique_ptr<GpuOpTimes> op_times;  // T3D_GPU_OP_TIMES's step-time breakdown on a GPU
   int64_t first_step = 0;                // > 0 when resumed from a snapshot
   int64_t consecutive_skips = 0;         // diverged steps in a row (train.dynamic_loss_scale)
   bool holds_loss = false;  // last pipeline stage and tp rank 0: contributes the loss once
