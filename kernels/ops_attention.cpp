@@ -9,6 +9,8 @@
 // Precision follows the linear layers: when the caller's GEMM kind is a bf16 one (kernels/gemm.h)
 // and the CPU has AVX512-BF16, the tiles run in bf16 with fp32 accumulation
 // (kernels/attention_bf16.h); otherwise, and always with fp32 GEMMs, in fp32 through OpenBLAS.
+// On a GPU a bf16 kind takes the bf16 tensor-core tiles (kernels/cuda/ops_attention_bf16.cu, the
+// same contract), any other kind the fp32 tiles.
 #include <omp.h>
 
 #include <algorithm>
@@ -165,7 +167,9 @@ void attention_forward_head(float* out, float* lse, const float* q, const float*
 
 void attention_forward(const Exec& exec, float* out, float* lse, const float* q, const float* k,
                        const float* v, float* scratch, const AttentionShape& s) {
-  T3D_ON_GPU(exec, cuda::attention_forward(*exec.stream, out, lse, q, k, v, s));
+  T3D_ON_GPU(exec, gemm_kind_is_bf16(exec.gemm)
+                       ? cuda::attention_forward_bf16(*exec.stream, out, lse, q, k, v, s)
+                       : cuda::attention_forward(*exec.stream, out, lse, q, k, v, s));
   const GemmKind kind = exec.gemm;
   check_shape(s);
   // Work of one call ~ B H T^2 D / 2 multiply-adds; parallel over (batch, query head).
@@ -246,7 +250,11 @@ void attention_backward_group(float* dq, float* dk, float* dv, const float* dout
 void attention_backward(const Exec& exec, float* dq, float* dk, float* dv, const float* dout,
                         const float* q, const float* k, const float* v, const float* out,
                         const float* lse, float* scratch, const AttentionShape& s) {
-  T3D_ON_GPU(exec, cuda::attention_backward(*exec.stream, dq, dk, dv, dout, q, k, v, out, lse, s));
+  T3D_ON_GPU(
+      exec,
+      gemm_kind_is_bf16(exec.gemm)
+          ? cuda::attention_backward_bf16(*exec.stream, dq, dk, dv, dout, q, k, v, out, lse, s)
+          : cuda::attention_backward(*exec.stream, dq, dk, dv, dout, q, k, v, out, lse, s));
   const GemmKind kind = exec.gemm;
   check_shape(s);
   // Parallel over (batch, kv head): dk and dv rows of a kv head belong to one item. The bf16

@@ -261,7 +261,8 @@ void ce_loss_and_grad(const Stream& s, float* logits, float* losses, const std::
                       const float* row_max, const float* sum_exp, const float* target_logit,
                       std::int64_t N, std::int64_t V, std::int64_t vocab_start, float grad_scale);
 
-// ---- causal grouped-query attention (ops_attention.cu) ------------------------------------------
+// ---- causal grouped-query attention (ops_attention.cu, ops_attention_bf16.cu)
+// --------------------
 
 // As kernels/ops.h (fp32, context-parallel positions included), with no T x T matrix in memory
 // and no scratch: the forward streams over keys with an online softmax, the backward recomputes
@@ -273,6 +274,18 @@ void attention_forward(const Stream& s, float* out, float* lse, const float* q, 
 void attention_backward(const Stream& s, float* dq, float* dk, float* dv, const float* dout,
                         const float* q, const float* k, const float* v, const float* out,
                         const float* lse, const AttentionShape& shape);
+
+// The same with bf16 tensor-core tiles (ops_attention_bf16.cu), what the linear layers' bf16
+// GEMM kinds take: q, k, v, dout, P and dS rounded to bf16 as they enter a tile product, fp32
+// sums, softmax and outputs (the CPU's bf16 tiles' contract, kernels/attention_bf16.h; within
+// bf16 rounding of them, not their bits). Head dims up to 128 (attention_bf16_tiles); a larger
+// one runs the fp32 tiles above. Two runs give the same bits.
+bool attention_bf16_tiles(const AttentionShape& shape);
+void attention_forward_bf16(const Stream& s, float* out, float* lse, const float* q, const float* k,
+                            const float* v, const AttentionShape& shape);
+void attention_backward_bf16(const Stream& s, float* dq, float* dk, float* dv, const float* dout,
+                             const float* q, const float* k, const float* v, const float* out,
+                             const float* lse, const AttentionShape& shape);
 
 // Decoding (kernels/ops_decode.h): one query row per head at position n - 1 against n cached
 // keys and values: the forward above with B = 1, T = 1, q_pos = n - 1, kv_len = n. lse (H) is

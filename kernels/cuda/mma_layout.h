@@ -1,12 +1,20 @@
 // Fragment maps of mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 (PTX ISA, "Matrix
 // fragments for mma.m16n8k16"): which (row, col) of a tile a lane's register element holds.
-// Host-includable so the CPU tests check them (emulated warp); the bf16 attention kernel is to
-// load and store every fragment through these. groupID = lane >> 2, tig = lane & 3.
-// Not yet used by a kernel (the bf16 tensor-core attention is still to be written); tested on
-// the CPU against the ISA's figures (tests/kernels/test_mma_layout.cpp).
+// Host-includable, so the CPU tests check them and the fragment loads below (an emulated warp,
+// tests/kernels/test_mma_layout.cpp); the bf16 attention kernel (ops_attention_bf16.cu) loads
+// every fragment through these. groupID = lane >> 2, tig = lane & 3.
 #pragma once
 
-#include "kernels/row_math.h"  // T3D_HD
+#include <cstdint>
+
+#include "kernels/row_math.h"  // T3D_HD, bf16_of
+
+// Fragment loops unrolled on the GPU (a fragment must stay in registers, not local memory).
+#ifdef __CUDA_ARCH__
+#define T3D_MMA_UNROLL _Pragma("unroll")
+#else
+#define T3D_MMA_UNROLL
+#endif
 
 namespace t3d::kernels::mma {
 
@@ -34,6 +42,61 @@ T3D_HD constexpr RowCol b_elem(int lane, int i) {
 // C/D (16 x 8, fp32), element i in 0..3 (c0..c3): row groupID, + 8 for i >= 2; col 2*tig + (i & 1).
 T3D_HD constexpr RowCol c_elem(int lane, int i) {
   return {group_id(lane) + (i >> 1) * 8, 2 * thread_in_group(lane) + (i & 1)};
+}
+
+// Two C fragments side by side (columns 0..7 of block 0, 8..15 of block 1) hold the elements of
+// one A fragment of their 16 columns, in the same lanes: A element i is C element
+// a_c_elem(i) of block a_c_block(i). So flash attention's P and dS pass from one product's output
+// to the next product's input in registers.
+T3D_HD constexpr int a_c_block(int i) { return i >> 2; }
+T3D_HD constexpr int a_c_elem(int i) { return i & 3; }
+
+// Two bf16 in one register as mma reads them: the lower-numbered element in the low half.
+T3D_HD inline std::uint32_t pack_bf16(float lo, float hi) {
+  return static_cast<std::uint32_t>(detail::bf16_of(lo)) |
+         static_cast<std::uint32_t>(detail::bf16_of(hi)) << 16;
+}
+
+// A tile of bf16 values (shared memory on the GPU), row-major with `stride` elements per row.
+// stride and every column asked for are even, so a pair of columns is one aligned 32-bit word.
+struct Bf16Tile {
+  std::uint16_t* p;
+  int stride;
+  T3D_HD std::uint32_t pair(int r, int c) const {
+    return *reinterpret_cast<const std::uint32_t*>(p + r * stride + c);
+  }
+  T3D_HD void set_pair(int r, int c, std::uint32_t w) const {
+    *reinterpret_cast<std::uint32_t*>(p + r * stride + c) = w;
+  }
+};
+
+// A fragment (16 x 16) of lane `lane`: rows r0.., columns k0.. of a row-major tile.
+T3D_HD inline void load_a(std::uint32_t (&a)[4], const Bf16Tile& t, int r0, int k0, int lane) {
+  T3D_MMA_UNROLL
+  for (int j = 0; j < 4; ++j) {
+    const RowCol e = a_elem(lane, 2 * j);  // elements 2j and 2j + 1: one register
+    a[j] = t.pair(r0 + e.row, k0 + e.col);
+  }
+}
+
+// B fragment (16 x 8, k x n) of lane `lane` with B[k][n] = t(n0 + n, k0 + k): the tile holds B's
+// columns as its rows (K for Q Kᵀ; Vᵀ for P V), so a register's two k are adjacent in a row.
+T3D_HD inline void load_b(std::uint32_t (&b)[2], const Bf16Tile& t, int n0, int k0, int lane) {
+  T3D_MMA_UNROLL
+  for (int j = 0; j < 2; ++j) {
+    const RowCol e = b_elem(lane, 2 * j);  // elements 2j and 2j + 1: k and k + 1
+    b[j] = t.pair(n0 + e.col, k0 + e.row);
+  }
+}
+
+// The A fragment of 16 columns from the fp32 C fragments of its two 8-column blocks, rounded to
+// bf16 (ties to even, as the CPU rounds).
+T3D_HD inline void a_from_c(std::uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
+  T3D_MMA_UNROLL
+  for (int j = 0; j < 4; ++j) {
+    const float* c = a_c_block(2 * j) == 0 ? c0 : c1;
+    a[j] = pack_bf16(c[a_c_elem(2 * j)], c[a_c_elem(2 * j + 1)]);
+  }
 }
 
 }  // namespace t3d::kernels::mma

@@ -12,17 +12,17 @@
 // the 16 lanes read 16 rows at one column).
 #include <cmath>
 
-#include "kernels/cuda/cuda_internal.cuh"
+#include "kernels/cuda/attention_geometry.cuh"
 
 namespace t3d::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256, kLanes = 16;
 
-struct Geometry {
-  std::int64_t T, keys, H, Hkv, D, group, ld_q, ld_kv, q_pos;
-  float scale;
-};
+using attention::allow_smem;
+using attention::Geometry;
+using attention::geometry;
+using attention::grid;
 
 // Shared-memory views: a tile of `rows` rows of `width` floats, padded by one.
 struct Tile {
@@ -345,26 +345,6 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-Geometry geometry(const AttentionShape& s) {
-  T3D_USER_CHECK(s.n_kv_heads > 0 && s.n_heads % s.n_kv_heads == 0, "n_heads (", s.n_heads,
-                 ") must be a positive multiple of n_kv_heads (", s.n_kv_heads, ")");
-  T3D_USER_CHECK(s.head_dim > 0 && s.head_dim <= kMaxHeadDim, "the CUDA attention takes head_dim ",
-                 "up to ", kMaxHeadDim, ", got ", s.head_dim);
-  T3D_ASSERT(s.B > 0 && s.T > 0, "attention shape B=", s.B, " T=", s.T);
-  T3D_ASSERT(s.q_pos >= 0 && s.q_pos + s.T <= s.keys(), "attention queries at positions ", s.q_pos,
-             "..", s.q_pos + s.T, " but ", s.keys(), " keys");
-  return {s.T,
-          s.keys(),
-          s.n_heads,
-          s.n_kv_heads,
-          s.head_dim,
-          s.n_heads / s.n_kv_heads,
-          s.n_heads * s.head_dim,
-          s.n_kv_heads * s.head_dim,
-          s.q_pos,
-          1.0f / std::sqrt(static_cast<float>(s.head_dim))};
-}
-
 // Shared bytes: the forward's 3 row tiles and P; the backward's BackwardTiles.
 template <int TILE>
 std::size_t forward_smem(int D) {
@@ -373,17 +353,6 @@ std::size_t forward_smem(int D) {
 template <int TILE>
 std::size_t backward_smem(int D) {
   return sizeof(float) * BackwardTiles<TILE>::floats(D);
-}
-
-template <class Kernel>
-void allow_smem(Kernel kernel, std::size_t bytes) {
-  T3D_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(bytes)));
-}
-
-dim3 grid(std::int64_t rows, int tile, std::int64_t heads, std::int64_t B) {
-  return dim3(static_cast<unsigned>((rows + tile - 1) / tile), static_cast<unsigned>(heads),
-              static_cast<unsigned>(B));
 }
 
 template <int TILE, int DMAX>

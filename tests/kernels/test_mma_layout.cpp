@@ -3,6 +3,10 @@
 // lane / 4 and threadID_in_group = lane % 4), and each map covers its tile exactly once.
 #include <gtest/gtest.h>
 
+#include <cstdint>
+#include <random>
+#include <vector>
+
 #include "kernels/cuda/mma_layout.h"
 
 namespace t3d::kernels::mma {
@@ -47,6 +51,104 @@ TEST(MmaLayout, EachMapCoversItsTileOnce) {
       EXPECT_EQ(c[r][n], 1) << r << "," << n;
     }
   }
+}
+
+TEST(MmaLayout, TwoCBlocksAreOneAFragment) {
+  for (int lane = 0; lane < 32; ++lane)
+    for (int i = 0; i < 8; ++i) {
+      const RowCol c = c_elem(lane, a_c_elem(i));
+      EXPECT_TRUE(same(a_elem(lane, i), c.row, c.col + 8 * a_c_block(i))) << lane << " " << i;
+    }
+}
+
+// ---- an emulated warp: the fragment loads of the bf16 attention kernel, on the CPU --------------
+
+float low(std::uint32_t w) { return detail::float_of(static_cast<std::uint16_t>(w & 0xFFFFu)); }
+float high(std::uint32_t w) { return detail::float_of(static_cast<std::uint16_t>(w >> 16)); }
+
+// What mma.m16n8k16 computes from the 32 lanes' registers: d += A B, each lane's elements placed
+// by the ISA's maps (a register's low half the even element), the sum exact (double).
+void mma_warp(float (&d)[32][4], const std::uint32_t (&a)[32][4], const std::uint32_t (&b)[32][2]) {
+  double A[16][16], B[16][8];
+  for (int lane = 0; lane < 32; ++lane) {
+    for (int i = 0; i < 8; ++i)
+      A[a_elem(lane, i).row][a_elem(lane, i).col] =
+          i % 2 ? high(a[lane][i / 2]) : low(a[lane][i / 2]);
+    for (int i = 0; i < 4; ++i)
+      B[b_elem(lane, i).row][b_elem(lane, i).col] =
+          i % 2 ? high(b[lane][i / 2]) : low(b[lane][i / 2]);
+  }
+  for (int lane = 0; lane < 32; ++lane)
+    for (int i = 0; i < 4; ++i) {
+      const RowCol e = c_elem(lane, i);
+      double sum = d[lane][i];
+      for (int k = 0; k < 16; ++k) sum += A[e.row][k] * B[k][e.col];
+      d[lane][i] = static_cast<float>(sum);
+    }
+}
+
+// A bf16 tile of `rows` x `cols` values (bf16-exact, small integers / 8) with padded rows.
+struct HostTile {
+  int rows, cols, stride;
+  std::vector<std::uint16_t> data;
+  HostTile(int r, int c, std::mt19937& rng) : rows(r), cols(c), stride(c + 8), data(r * (c + 8)) {
+    std::uniform_int_distribution<int> dist(-16, 16);
+    for (int i = 0; i < r; ++i)
+      for (int j = 0; j < c; ++j) data[i * stride + j] = detail::bf16_of(dist(rng) / 8.0f);
+  }
+  Bf16Tile tile() { return {data.data(), stride}; }
+  float at(int r, int c) const { return detail::float_of(data[r * stride + c]); }
+};
+
+// The forward's two products for 16 query rows, as the kernel chains them: S = Q Kᵀ (A from Q's
+// rows, B from K's rows), then O = bf16(S) V with S's C fragments turned into A fragments in
+// registers and B from Vᵀ's rows; against the same products written out.
+TEST(MmaLayout, AnEmulatedWarpChainsTheAttentionProducts) {
+  std::mt19937 rng(5);
+  constexpr int D = 32, keys = 16;
+  HostTile q(16, D, rng), k(keys, D, rng), vt(D, keys, rng);  // vt(d, key) = V[key][d]
+  float s[keys / 8][32][4] = {};
+  for (int kk = 0; kk < D / 16; ++kk) {
+    std::uint32_t a[32][4];
+    for (int lane = 0; lane < 32; ++lane) load_a(a[lane], q.tile(), 0, 16 * kk, lane);
+    for (int n = 0; n < keys / 8; ++n) {
+      std::uint32_t b[32][2];
+      for (int lane = 0; lane < 32; ++lane) load_b(b[lane], k.tile(), 8 * n, 16 * kk, lane);
+      mma_warp(s[n], a, b);
+    }
+  }
+  double S[16][keys];
+  for (int r = 0; r < 16; ++r)
+    for (int j = 0; j < keys; ++j) {
+      S[r][j] = 0;
+      for (int d = 0; d < D; ++d) S[r][j] += double{q.at(r, d)} * k.at(j, d);
+    }
+  for (int n = 0; n < keys / 8; ++n)
+    for (int lane = 0; lane < 32; ++lane)
+      for (int i = 0; i < 4; ++i) {
+        const RowCol e = c_elem(lane, i);
+        ASSERT_EQ(s[n][lane][i], S[e.row][8 * n + e.col])
+            << "S at " << e.row << "," << 8 * n + e.col;
+      }
+  float o[D / 8][32][4] = {};
+  std::uint32_t a[32][4];
+  for (int lane = 0; lane < 32; ++lane) a_from_c(a[lane], s[0][lane], s[1][lane]);
+  for (int n = 0; n < D / 8; ++n) {
+    std::uint32_t b[32][2];
+    for (int lane = 0; lane < 32; ++lane) load_b(b[lane], vt.tile(), 8 * n, 0, lane);
+    mma_warp(o[n], a, b);
+  }
+  for (int n = 0; n < D / 8; ++n)
+    for (int lane = 0; lane < 32; ++lane)
+      for (int i = 0; i < 4; ++i) {
+        const RowCol e = c_elem(lane, i);
+        double want = 0;
+        for (int j = 0; j < keys; ++j)
+          want += double{detail::float_of(detail::bf16_of(static_cast<float>(S[e.row][j])))} *
+                  vt.at(8 * n + e.col, j);
+        ASSERT_EQ(o[n][lane][i], static_cast<float>(want))
+            << "O at " << e.row << "," << 8 * n + e.col;
+      }
 }
 
 }  // namespace
