@@ -415,8 +415,9 @@ std::vector<Field> train_keys() {
       field("train", "precision", &R::train, &TrainConfig::precision,
             "fp32 | bf16 | auto. bf16: fp32 master weights and optimizer, bf16 stored activations, "
             "TP/PP traffic and (with a bf16-capable GEMM, see hardware.gemm) GEMM inputs with fp32 "
-            "accumulation; with bf16 GEMMs on a CPU with AVX512-BF16 the attention tiles too (q, "
-            "k, v, P and their gradients in bf16; softmax, logsumexp and every sum fp32). auto: "
+            "accumulation; with bf16 GEMMs on a CPU with AVX512-BF16 or on a GPU (head_dim <= 128) "
+            "the attention tiles too (q, k, v, P and their gradients in bf16; softmax, logsumexp "
+            "and every sum fp32). auto: "
             "bf16 where bf16 GEMMs measure faster on this machine, else fp32."),
       field("train", "activation_checkpoint", &R::train, &TrainConfig::activation_checkpoint,
             "none | full | every:K (recompute every K-th layer inside a stage)."),
