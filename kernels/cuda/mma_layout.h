@@ -89,6 +89,14 @@ T3D_HD inline void load_b(std::uint32_t (&b)[2], const Bf16Tile& t, int n0, int 
   }
 }
 
+// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 as the B fragments of two 8-column blocks of
+// B[k][n] = X(k0 + k, n0 + n), X a row-major tile (no transposed copy needed): lane l gives the
+// address of row k0 + (l & 15), columns n0 + 8 (l >> 4) .. + 7 (16 bytes, 16-byte aligned), so
+// matrices 0..3 are rows k0..k0+7 and k0+8..k0+15 of columns n0.. then of n0 + 8..; transposed,
+// registers 0, 1 are the B fragment (b0 b1, b2 b3) of columns n0..n0+7, registers 2, 3 of
+// n0+8..n0+15.
+T3D_HD constexpr RowCol ldmatrix_b_source(int lane) { return {lane & 15, 8 * (lane >> 4)}; }
+
 // The A fragment of 16 columns from the fp32 C fragments of its two 8-column blocks, rounded to
 // bf16 (ties to even, as the CPU rounds).
 T3D_HD inline void a_from_c(std::uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4]) {

@@ -102,7 +102,9 @@ struct HostTile {
 
 // The forward's two products for 16 query rows, as the kernel chains them: S = Q Kᵀ (A from Q's
 // rows, B from K's rows), then O = bf16(S) V with S's C fragments turned into A fragments in
-// registers and B from Vᵀ's rows; against the same products written out.
+// registers and B as load_b reads it from Vᵀ's rows (the kernel reads V's rows through
+// ldmatrix.trans: the next test shows the two give the same registers); against the same
+// products written out.
 TEST(MmaLayout, AnEmulatedWarpChainsTheAttentionProducts) {
   std::mt19937 rng(5);
   constexpr int D = 32, keys = 16;
@@ -149,6 +151,50 @@ TEST(MmaLayout, AnEmulatedWarpChainsTheAttentionProducts) {
         ASSERT_EQ(o[n][lane][i], static_cast<float>(want))
             << "O at " << e.row << "," << 8 * n + e.col;
       }
+}
+
+// ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 as the PTX ISA defines it: matrix i's row r is at
+// the address lane 8i + r gives; transposed, lane l's register i holds matrix i's elements
+// (row 2 (l % 4), column l / 4) in its low half and (row 2 (l % 4) + 1, column l / 4) in its high.
+void ldmatrix_x4_trans(std::uint32_t (&regs)[32][4], const std::uint16_t* const (&addr)[32]) {
+  for (int lane = 0; lane < 32; ++lane)
+    for (int i = 0; i < 4; ++i) {
+      const std::uint16_t* lo = addr[8 * i + 2 * (lane % 4)];
+      const std::uint16_t* hi = addr[8 * i + 2 * (lane % 4) + 1];
+      regs[lane][i] =
+          static_cast<std::uint32_t>(lo[lane / 4]) | static_cast<std::uint32_t>(hi[lane / 4]) << 16;
+    }
+}
+
+// The kernel reads B = X (k x n, row-major: V for P V, K for dS K) through ldmatrix.trans at the
+// addresses ldmatrix_b_source names: the registers must be load_b's fragments of X's transpose
+// (the layout load_b reads), for both 8-column blocks.
+TEST(MmaLayout, LdmatrixTransGivesTheBFragmentsOfARowMajorTile) {
+  std::mt19937 rng(9);
+  HostTile x(32, 32, rng);  // x(k, n)
+  std::vector<std::uint16_t> t(32 * 40);
+  const Bf16Tile xt{t.data(), 40};  // xt(n, k) = x(k, n)
+  for (int k = 0; k < 32; ++k)
+    for (int n = 0; n < 32; ++n) t[n * 40 + k] = x.data[k * x.stride + n];
+  for (int k0 : {0, 16})
+    for (int n0 : {0, 16}) {
+      const std::uint16_t* addr[32];
+      for (int lane = 0; lane < 32; ++lane) {
+        const RowCol e = ldmatrix_b_source(lane);
+        addr[lane] = x.data.data() + (k0 + e.row) * x.stride + n0 + e.col;
+      }
+      std::uint32_t regs[32][4];
+      ldmatrix_x4_trans(regs, addr);
+      for (int lane = 0; lane < 32; ++lane) {
+        std::uint32_t b0[2], b1[2];
+        load_b(b0, xt, n0, k0, lane);
+        load_b(b1, xt, n0 + 8, k0, lane);
+        EXPECT_EQ(regs[lane][0], b0[0]) << "lane " << lane << " at " << k0 << "," << n0;
+        EXPECT_EQ(regs[lane][1], b0[1]) << "lane " << lane << " at " << k0 << "," << n0;
+        EXPECT_EQ(regs[lane][2], b1[0]) << "lane " << lane << " at " << k0 << "," << n0;
+        EXPECT_EQ(regs[lane][3], b1[1]) << "lane " << lane << " at " << k0 << "," << n0;
+      }
+    }
 }
 
 }  // namespace
