@@ -6,14 +6,16 @@
 // rowsum(dO·O) and every output fp32. The sums run in another order than the CPU's, so results
 // agree within bf16 rounding, not bit for bit (docs/gpu.md).
 //
-// Tiling (flash-attention 2): the forward and dq run one block per (64 query rows, head, batch),
-// a warp per 16 rows, streaming over tiles of 64 keys with an online softmax; dk and dv run one
-// block per (64 keys, kv head, batch), a warp per 16 keys, streaming over the group's query heads
-// in order and, for each, the query tiles that see the keys. Probabilities are recomputed from
-// lse; no T x T matrix, no atomics. Each sum has an order fixed by the shape alone (a warp's mma
-// chain over k in order, the tiles in order, shuffle trees), so two runs give the same bits. Head
-// dims up to 128 (zero-padded to DP = 32, 64 or 128 columns); larger ones run the fp32 tiles
-// (ops_attention.cu).
+// Tiling (flash-attention 2): the forward runs one block per (128 query rows, head, batch), a warp
+// per 32 rows (two m-tiles sharing each K and V fragment) streaming over tiles of 64 keys (32 at
+// head dim 128) with an online softmax; dq one block per (64 query rows, head, batch), a warp per
+// 16 rows, over tiles of 64 keys; dk and
+// dv run one block per (64 keys, kv head, batch), a warp per 16 keys, streaming over the group's
+// query heads in order and, for each, the query tiles that see the keys. Probabilities are
+// recomputed from lse; no T x T matrix, no atomics. Each sum has an order fixed by the shape alone
+// (a warp's mma chain over k in order, the tiles in order, shuffle trees), so two runs give the
+// same bits. Head dims up to 128 (zero-padded to DP = 32, 64 or 128 columns); larger ones run the
+// fp32 tiles (ops_attention.cu).
 //
 // Each call first rounds its fp32 inputs once into head-major bf16 slabs of DP columns (a buffer
 // of the stream's pool: 2 bytes per element of q, k, v and, backward, dout; plus rowsum(dO·O) per
@@ -45,7 +47,7 @@ using mma::pack_bf16;
 
 constexpr int kWarps = 4, kThreads = 32 * kWarps;
 constexpr int kRows = 16 * kWarps;  // query rows of a forward or dq block; keys of a dkv block
-constexpr int kKeys = 64;           // keys per key tile of the forward and dq
+constexpr int kKeys = 64;           // keys per key tile of dq
 constexpr int kPad = 8;             // bf16 elements of padding per tile row
 constexpr int kMaxBf16HeadDim = 128;
 
@@ -155,106 +157,137 @@ __device__ const std::uint16_t* slab(const std::uint16_t* base, std::int64_t b, 
 
 // ---- forward ------------------------------------------------------------------------------------
 
+// The forward's warp holds MT m-tiles (16·MT query rows, 64·MT a block): the B fragments of K and
+// V it loads serve MT products, as flash-attention 2's forward does (2 at head dims up to 128).
+// Keys per tile: 32 at head dim 128 (the two m-tiles' D-wide accumulators take 128 registers of
+// a lane), else 64.
+constexpr int kForwardMTiles = 2;
+constexpr int kForwardRows = 16 * kWarps * kForwardMTiles;
+template <int DP>
+struct ForwardKeys {
+  static constexpr int keys = DP > 64 ? 32 : 64;
+};
+
 template <int DP>
 constexpr std::size_t forward_smem() {
-  return sizeof(std::uint16_t) * (kRows + 2 * kKeys) * (DP + kPad);
+  return sizeof(std::uint16_t) * (kForwardRows + 2 * ForwardKeys<DP>::keys) * (DP + kPad);
 }
 
 template <int DP>
 __global__ void __launch_bounds__(kThreads)
     forward_kernel(float* out, float* lse, const std::uint16_t* q16, const std::uint16_t* k16,
                    const std::uint16_t* v16, Geometry g) {
-  constexpr int KD = DP / 16, ND = DP / 8, NB = kKeys / 8, KK = kKeys / 16;
+  constexpr int MT = kForwardMTiles;
+  constexpr int KEYS = ForwardKeys<DP>::keys;
+  constexpr int KD = DP / 16, ND = DP / 8, NB = KEYS / 8, KK = KEYS / 16;
   extern __shared__ __align__(16) std::uint16_t fwd_smem[];
   const Bf16Tile Q{fwd_smem, DP + kPad};
-  const Bf16Tile K{Q.p + kRows * (DP + kPad), DP + kPad};
-  const Bf16Tile V{K.p + kKeys * (DP + kPad), DP + kPad};
+  const Bf16Tile K{Q.p + kForwardRows * (DP + kPad), DP + kPad};
+  const Bf16Tile V{K.p + KEYS * (DP + kPad), DP + kPad};
   // The longest query tiles (the last) first: they see the most keys.
-  const std::int64_t i0 = std::int64_t{gridDim.x - 1 - blockIdx.x} * kRows, h = blockIdx.y,
+  const std::int64_t i0 = std::int64_t{gridDim.x - 1 - blockIdx.x} * kForwardRows, h = blockIdx.y,
                      b = blockIdx.z;
-  const int D = static_cast<int>(g.D), lane = lane_id(), r_warp = 16 * warp_id();
+  const int D = static_cast<int>(g.D), lane = lane_id(), r_warp = 16 * MT * warp_id();
   const std::uint16_t* ks = slab<DP>(k16, b, h / g.group, g.Hkv, g.keys);
   const std::uint16_t* vs = slab<DP>(v16, b, h / g.group, g.Hkv, g.keys);
-  load_tile<kRows, DP>(Q, slab<DP>(q16, b, h, g.H, g.T), i0, g.T);
-  // Row half 0: the lane's row groupID of the warp's 16; half 1: groupID + 8.
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f}, o[ND][4];
+  load_tile<kForwardRows, DP>(Q, slab<DP>(q16, b, h, g.H, g.T), i0, g.T);
+  // m-tile t, row half 0: the lane's row groupID of the tile's 16; half 1: groupID + 8.
+  float m[MT][2], l[MT][2], o[MT][ND][4];
 #pragma unroll
-  for (int n = 0; n < ND; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-  const std::int64_t last_row = (i0 + kRows < g.T ? i0 + kRows : g.T) - 1;
+  for (int t = 0; t < MT; ++t) {
+    m[t][0] = m[t][1] = -INFINITY;
+    l[t][0] = l[t][1] = 0.0f;
+#pragma unroll
+    for (int n = 0; n < ND; ++n) o[t][n][0] = o[t][n][1] = o[t][n][2] = o[t][n][3] = 0.0f;
+  }
+  const std::int64_t last_row = (i0 + kForwardRows < g.T ? i0 + kForwardRows : g.T) - 1;
   const std::int64_t key_end = g.q_pos + last_row + 1;  // keys [0, key_end) are seen by the tile
-  for (std::int64_t j0 = 0; j0 < key_end; j0 += kKeys) {
+  for (std::int64_t j0 = 0; j0 < key_end; j0 += KEYS) {
     __syncthreads();  // the previous key tile is no longer read (and, first time, Q is written)
-    load_tile<kKeys, DP>(K, ks, j0, key_end);
-    load_tile<kKeys, DP>(V, vs, j0, key_end);
+    load_tile<KEYS, DP>(K, ks, j0, key_end);
+    load_tile<KEYS, DP>(V, vs, j0, key_end);
     __syncthreads();
-    float s[NB][4];
+    float s[MT][NB][4];
 #pragma unroll
-    for (int n = 0; n < NB; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    for (int t = 0; t < MT; ++t)
+#pragma unroll
+      for (int n = 0; n < NB; ++n) s[t][n][0] = s[t][n][1] = s[t][n][2] = s[t][n][3] = 0.0f;
 #pragma unroll
     for (int kk = 0; kk < KD; ++kk) {  // S = Q Kᵀ
-      std::uint32_t a[4];
-      load_a(a, Q, r_warp, 16 * kk, lane);
+      std::uint32_t a[MT][4];
+#pragma unroll
+      for (int t = 0; t < MT; ++t) load_a(a[t], Q, r_warp + 16 * t, 16 * kk, lane);
 #pragma unroll
       for (int n = 0; n < NB; ++n) {
         std::uint32_t bk[2];
         load_b(bk, K, 8 * n, 16 * kk, lane);
-        mma_bf16(s[n], a, bk);
+#pragma unroll
+        for (int t = 0; t < MT; ++t) mma_bf16(s[t][n], a[t], bk);
       }
     }
 #pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const std::int64_t row = i0 + r_warp + c_elem(lane, 2 * half).row, pos = g.q_pos + row;
-      float tile_max = -INFINITY;
+    for (int t = 0; t < MT; ++t)
 #pragma unroll
-      for (int n = 0; n < NB; ++n)
+      for (int half = 0; half < 2; ++half) {
+        const std::int64_t row = i0 + r_warp + 16 * t + c_elem(lane, 2 * half).row;
+        const std::int64_t pos = g.q_pos + row;
+        float tile_max = -INFINITY;
 #pragma unroll
-        for (int e = 2 * half; e < 2 * half + 2; ++e) {
-          const std::int64_t key = j0 + 8 * n + c_elem(lane, e).col;
-          s[n][e] = row < g.T && key <= pos ? s[n][e] * g.scale : -INFINITY;
-          tile_max = fmaxf(tile_max, s[n][e]);
-        }
-      const float m_new = fmaxf(m[half], quad_max(tile_max));
-      float sum = 0.0f;
+        for (int n = 0; n < NB; ++n)
 #pragma unroll
-      for (int n = 0; n < NB; ++n)
+          for (int e = 2 * half; e < 2 * half + 2; ++e) {
+            const std::int64_t key = j0 + 8 * n + c_elem(lane, e).col;
+            s[t][n][e] = row < g.T && key <= pos ? s[t][n][e] * g.scale : -INFINITY;
+            tile_max = fmaxf(tile_max, s[t][n][e]);
+          }
+        const float m_new = fmaxf(m[t][half], quad_max(tile_max));
+        float sum = 0.0f;
 #pragma unroll
-        for (int e = 2 * half; e < 2 * half + 2; ++e) {
-          s[n][e] = s[n][e] == -INFINITY ? 0.0f : expf(s[n][e] - m_new);
-          sum += s[n][e];
-        }
-      const float alpha = m[half] == -INFINITY ? 0.0f : expf(m[half] - m_new);
-      l[half] = l[half] * alpha + quad_sum(sum);
-      m[half] = m_new;
+        for (int n = 0; n < NB; ++n)
 #pragma unroll
-      for (int n = 0; n < ND; ++n) o[n][2 * half] *= alpha, o[n][2 * half + 1] *= alpha;
-    }
+          for (int e = 2 * half; e < 2 * half + 2; ++e) {
+            s[t][n][e] = s[t][n][e] == -INFINITY ? 0.0f : expf(s[t][n][e] - m_new);
+            sum += s[t][n][e];
+          }
+        const float alpha = m[t][half] == -INFINITY ? 0.0f : expf(m[t][half] - m_new);
+        l[t][half] = l[t][half] * alpha + quad_sum(sum);
+        m[t][half] = m_new;
+#pragma unroll
+        for (int n = 0; n < ND; ++n) o[t][n][2 * half] *= alpha, o[t][n][2 * half + 1] *= alpha;
+      }
 #pragma unroll
     for (int kk = 0; kk < KK; ++kk) {  // O += P V, P rounded to bf16 in registers
-      std::uint32_t a[4];
-      a_from_c(a, s[2 * kk], s[2 * kk + 1]);
+      std::uint32_t a[MT][4];
+#pragma unroll
+      for (int t = 0; t < MT; ++t) a_from_c(a[t], s[t][2 * kk], s[t][2 * kk + 1]);
 #pragma unroll
       for (int n = 0; n < ND; n += 2) {
         std::uint32_t b0[2], b1[2];
         load_b_trans(b0, b1, V, 16 * kk, 8 * n, lane);
-        mma_bf16(o[n], a, b0);
-        mma_bf16(o[n + 1], a, b1);
+#pragma unroll
+        for (int t = 0; t < MT; ++t) {
+          mma_bf16(o[t][n], a[t], b0);
+          mma_bf16(o[t][n + 1], a[t], b1);
+        }
       }
     }
   }
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const std::int64_t row = i0 + r_warp + c_elem(lane, 2 * half).row;
-    if (row >= g.T) continue;
-    const float inv = 1.0f / l[half];
+  for (int t = 0; t < MT; ++t)
 #pragma unroll
-    for (int n = 0; n < ND; ++n)
+    for (int half = 0; half < 2; ++half) {
+      const std::int64_t row = i0 + r_warp + 16 * t + c_elem(lane, 2 * half).row;
+      if (row >= g.T) continue;
+      const float inv = 1.0f / l[t][half];
 #pragma unroll
-      for (int e = 2 * half; e < 2 * half + 2; ++e) {
-        const int col = 8 * n + c_elem(lane, e).col;
-        if (col < D) out[(b * g.T + row) * g.ld_q + h * g.D + col] = o[n][e] * inv;
-      }
-    if (lane % 4 == 0) lse[(b * g.H + h) * g.T + row] = m[half] + logf(l[half]);
-  }
+      for (int n = 0; n < ND; ++n)
+#pragma unroll
+        for (int e = 2 * half; e < 2 * half + 2; ++e) {
+          const int col = 8 * n + c_elem(lane, e).col;
+          if (col < D) out[(b * g.T + row) * g.ld_q + h * g.D + col] = o[t][n][e] * inv;
+        }
+      if (lane % 4 == 0) lse[(b * g.H + h) * g.T + row] = m[t][half] + logf(l[t][half]);
+    }
 }
 
 // ---- backward: dq -------------------------------------------------------------------------------
@@ -510,8 +543,9 @@ void forward(const Stream& s, float* out, float* lse, const float* q, const floa
              const float* v, const Geometry& g, std::int64_t B) {
   const RoundedInputs<DP> in(s, g, B, q, k, v, nullptr, nullptr);
   allow_smem(forward_kernel<DP>, forward_smem<DP>());
-  forward_kernel<DP><<<grid(g.T, kRows, g.H, B), kThreads, forward_smem<DP>(), s.impl().stream>>>(
-      out, lse, in.q16, in.k16, in.v16, g);
+  forward_kernel<DP>
+      <<<grid(g.T, kForwardRows, g.H, B), kThreads, forward_smem<DP>(), s.impl().stream>>>(
+          out, lse, in.q16, in.k16, in.v16, g);
   T3D_CUDA_LAUNCHED();
 }
 
