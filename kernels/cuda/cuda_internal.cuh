@@ -78,6 +78,11 @@ struct Stream::Impl {
   double* moe_sums = nullptr;
   std::size_t moe_sum_elems = 0;
   double* moe_sums_for(std::size_t elems);
+  // Column sums of row chunks (RMSNorm's weight gradient, ops_rows.cu), grown and kept the same
+  // way.
+  float* row_chunk_sums = nullptr;
+  std::size_t row_chunk_sum_elems = 0;
+  float* row_chunk_sums_for(std::size_t elems);
   // LinearInput's rounded copies (take_rounded_buffer): buffers grown to their largest use and
   // kept, each taken or free.
   struct RoundedBuffer {

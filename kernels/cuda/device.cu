@@ -96,6 +96,10 @@ double* Stream::Impl::moe_sums_for(std::size_t elems) {
   return grown(stream, moe_sums, moe_sum_elems, elems);
 }
 
+float* Stream::Impl::row_chunk_sums_for(std::size_t elems) {
+  return grown(stream, row_chunk_sums, row_chunk_sum_elems, elems);
+}
+
 Stream::Stream(int device) : impl_(std::make_unique<Impl>()) {
   impl_->device = device;
   T3D_CUDA_CHECK(cudaSetDevice(device));
@@ -134,6 +138,7 @@ Stream::~Stream() {
   cudaFree(impl_->scalar_count);
   cudaFree(impl_->gemm_inputs);
   cudaFree(impl_->moe_sums);
+  cudaFree(impl_->row_chunk_sums);
   for (const Impl::RoundedBuffer& b : impl_->rounded_buffers) cudaFree(b.data);
   if (impl_->stream) cudaStreamDestroy(impl_->stream);
 }

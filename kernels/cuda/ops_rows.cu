@@ -80,14 +80,34 @@ __global__ void rmsnorm_backward_kernel(float* dinp, const float* dout, const fl
   }
 }
 
-// One thread per column, rows in order (the CPU's order).
-__global__ void rmsnorm_dweight_kernel(float* dweight, const float* dout, const float* inp,
-                                       const float* rstd, std::int64_t N, std::int64_t C) {
+// The weight gradient, dweight_c += sum over rows of row_math.h's rms_dweight_term, summed in
+// chunks of kDweightRows rows: one thread per (chunk, column) sums the chunk's rows in order from
+// 0 into sums[chunk][c]; then one thread per column adds the chunks' sums to dweight in chunk
+// order. The CPU sums each column's rows in one sequence, which leaves a GPU only C threads of
+// N sequential adds (a few SMs busy); the chunks regroup the same fp32 terms, so the result
+// is within fp32 rounding of the CPU's, and fixed by the shape.
+constexpr std::int64_t kDweightRows = 128;
+
+__global__ void rmsnorm_dweight_chunks_kernel(float* sums, const float* dout, const float* inp,
+                                              const float* rstd, std::int64_t N, std::int64_t C,
+                                              std::int64_t chunks) {
+  for (std::int64_t e = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; e < chunks * C;
+       e += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t c = e % C, i0 = e / C * kDweightRows;
+    const std::int64_t i1 = N - i0 < kDweightRows ? N : i0 + kDweightRows;
+    float part = 0.0f;
+    for (std::int64_t i = i0; i < i1; ++i)
+      part += detail::rms_dweight_term(dout[i * C + c], inp[i * C + c], rstd[i]);
+    sums[e] = part;
+  }
+}
+
+__global__ void rmsnorm_dweight_fold_kernel(float* dweight, const float* sums, std::int64_t C,
+                                            std::int64_t chunks) {
   const std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
   if (c >= C) return;
   float acc = dweight[c];
-  for (std::int64_t i = 0; i < N; ++i)
-    acc += detail::rms_dweight_term(dout[i * C + c], inp[i * C + c], rstd[i]);
+  for (std::int64_t k = 0; k < chunks; ++k) acc += sums[k * C + c];
   dweight[c] = acc;
 }
 
@@ -183,8 +203,13 @@ void rmsnorm_backward(const Stream& s, float* dinp, float* dweight, const float*
   rmsnorm_backward_kernel<<<blocks_of(N, kRowsPerBlock), kBlock, 0, s.impl().stream>>>(
       dinp, dout, inp, weight, rstd, N, C, mode == Out::kAccumulate);
   T3D_CUDA_LAUNCHED();
-  rmsnorm_dweight_kernel<<<blocks_of(C, kBlock), kBlock, 0, s.impl().stream>>>(dweight, dout, inp,
-                                                                               rstd, N, C);
+  const std::int64_t chunks = (N + kDweightRows - 1) / kDweightRows;
+  float* sums = s.impl().row_chunk_sums_for(static_cast<std::size_t>(chunks * C));
+  rmsnorm_dweight_chunks_kernel<<<grid_for(chunks * C), kBlock, 0, s.impl().stream>>>(
+      sums, dout, inp, rstd, N, C, chunks);
+  T3D_CUDA_LAUNCHED();
+  rmsnorm_dweight_fold_kernel<<<blocks_of(C, kBlock), kBlock, 0, s.impl().stream>>>(dweight, sums,
+                                                                                    C, chunks);
   T3D_CUDA_LAUNCHED();
 }
 

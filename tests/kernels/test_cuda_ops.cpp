@@ -9,6 +9,7 @@
 #include <limits>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kernels/arena.h"
@@ -244,8 +245,8 @@ TEST(CudaRows, EmbeddingIsTheCpuBits) {
 
 TEST(CudaRows, RmsNormIsTheCpuBits) {
   REQUIRE_GPU();
-  for (int C : {7, 64, 1000}) {
-    const int N = 37;
+  for (const auto& [N, C] : {std::pair{37, 7}, std::pair{300, 64}, std::pair{37, 1000}}) {
+    // 300 rows: 3 chunks of the GPU's weight gradient
     const auto x = random_floats(static_cast<std::size_t>(N) * C, 10, -2, 2);
     const auto w = random_floats(C, 11, 0.5f, 1.5f);
     const auto dy = random_floats(x.size(), 12);
@@ -261,7 +262,9 @@ TEST(CudaRows, RmsNormIsTheCpuBits) {
                        mode);
       gpu::rmsnorm_backward(S(), gdx.p(), gdw.p(), gdy.p(), gx.p(), gw.p(), grstd.p(), N, C, mode);
       expect_same_bits(gdx.host(), dx, "rmsnorm dinp");
-      expect_same_bits(gdw.host(), dw, "rmsnorm dweight");
+      // dweight sums the rows in chunks of 128 on the GPU, in one sequence on the CPU: the same
+      // fp32 terms regrouped, |difference| <= N 2^-24 max_c sum_i |term| (~1e-4 here), seen ~1e-6.
+      expect_close(gdw.host(), dw, 1e-5, 1e-4, "rmsnorm dweight");
     }
   }
 }
