@@ -83,6 +83,10 @@ struct Stream::Impl {
   float* row_chunk_sums = nullptr;
   std::size_t row_chunk_sum_elems = 0;
   float* row_chunk_sums_for(std::size_t elems);
+  // The embedding backward's sort (ops_rows.cu): bytes, grown and kept the same way.
+  unsigned char* sort_scratch = nullptr;
+  std::size_t sort_scratch_bytes = 0;
+  unsigned char* sort_scratch_for(std::size_t bytes);
   // LinearInput's rounded copies (take_rounded_buffer): buffers grown to their largest use and
   // kept, each taken or free.
   struct RoundedBuffer {

@@ -1,5 +1,7 @@
 // Embedding, RMSNorm, RoPE and SwiGLU on the GPU, each element through kernels/row_math.h in the
 // CPU's order, so that their bits equal the CPU backend's (cuda_ops.h says which).
+#include <cub/device/device_radix_sort.cuh>
+
 #include "kernels/cuda/cuda_internal.cuh"
 #include "kernels/row_math.h"
 
@@ -16,16 +18,27 @@ __global__ void embedding_forward_kernel(float* out, const std::int32_t* tokens,
   }
 }
 
-// One thread per column, rows in order: dwte[t][c] += dout[i][c] for i = 0..N-1 as on the CPU.
-__global__ void embedding_backward_kernel(float* dwte, const float* dout,
-                                          const std::int32_t* tokens, std::int64_t N,
-                                          std::int64_t C, std::int64_t vocab_start,
-                                          std::int64_t vocab_end) {
-  const std::int64_t c = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
-  if (c >= C) return;
-  for (std::int64_t i = 0; i < N; ++i) {
-    const std::int64_t t = tokens[i];
-    if (t >= vocab_start && t < vocab_end) dwte[(t - vocab_start) * C + c] += dout[i * C + c];
+__global__ void iota_kernel(std::int32_t* x, std::int64_t n) {
+  for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += std::int64_t{gridDim.x} * blockDim.x)
+    x[i] = static_cast<std::int32_t>(i);
+}
+
+// dwte[t][c] += dout[i][c] for the rows i of token t in increasing i: the CPU's sequence of adds
+// for each (t, c), so its bits. The rows come sorted by token, stably (`token` and `row` of
+// sorted position p); a thread per (position that starts a token's run, column) adds the run.
+__global__ void embedding_backward_runs_kernel(float* dwte, const float* dout,
+                                               const std::int32_t* token, const std::int32_t* row,
+                                               std::int64_t N, std::int64_t C,
+                                               std::int64_t vocab_start, std::int64_t vocab_end) {
+  for (std::int64_t e = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; e < N * C;
+       e += std::int64_t{gridDim.x} * blockDim.x) {
+    const std::int64_t p = e / C, c = e % C, t = token[p];
+    if ((p > 0 && token[p - 1] == t) || t < vocab_start || t >= vocab_end) continue;
+    float* w = dwte + (t - vocab_start) * C + c;
+    float acc = *w;
+    for (std::int64_t q = p; q < N && token[q] == t; ++q) acc += dout[row[q] * C + c];
+    *w = acc;
   }
 }
 
@@ -183,8 +196,27 @@ void embedding_backward(const Stream& s, float* dwte, const float* dout, const s
                         std::int64_t N, std::int64_t C, std::int64_t vocab_start,
                         std::int64_t vocab_end) {
   if (N * C <= 0) return;
-  embedding_backward_kernel<<<blocks_of(C, kBlock), kBlock, 0, s.impl().stream>>>(
-      dwte, dout, tokens, N, C, vocab_start, vocab_end);
+  // The rows sorted by token, stably (CUB's radix sort of (token, row) pairs: a sort's result is
+  // unique, so deterministic), in the stream's sort scratch: sorted tokens, rows 0..N-1, sorted
+  // rows, then CUB's temporary storage.
+  T3D_ASSERT(N <= INT32_MAX, "embedding rows ", N);
+  const int n = static_cast<int>(N);
+  cudaStream_t st = s.impl().stream;
+  std::size_t temp_bytes = 0;
+  T3D_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(
+      nullptr, temp_bytes, tokens, static_cast<std::int32_t*>(nullptr),
+      static_cast<const std::int32_t*>(nullptr), static_cast<std::int32_t*>(nullptr), n, 0, 32,
+      st));
+  const std::size_t ints = (3 * static_cast<std::size_t>(N) + 63) / 64 * 64;  // 256-byte aligned
+  auto* scratch = reinterpret_cast<std::int32_t*>(
+      s.impl().sort_scratch_for(ints * sizeof(std::int32_t) + temp_bytes));
+  std::int32_t *sorted_tokens = scratch, *rows = scratch + N, *sorted_rows = scratch + 2 * N;
+  iota_kernel<<<grid_for(N), kBlock, 0, st>>>(rows, N);
+  T3D_CUDA_LAUNCHED();
+  T3D_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(scratch + ints, temp_bytes, tokens, sorted_tokens,
+                                                 rows, sorted_rows, n, 0, 32, st));
+  embedding_backward_runs_kernel<<<grid_for(N * C), kBlock, 0, st>>>(
+      dwte, dout, sorted_tokens, sorted_rows, N, C, vocab_start, vocab_end);
   T3D_CUDA_LAUNCHED();
 }
 
