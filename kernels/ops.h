@@ -85,6 +85,10 @@ double sum_in_order(const Exec& exec, const float* x, std::int64_t n);
 // ranges, the caller all-reduces the partial sums, then passes min(1, max/norm) to adamw_step
 // (AdamWConfig::grad_scale).
 double sum_of_squares(const Exec& exec, const float* x, std::int64_t n);  // x (n)
+// out[j] = sum_of_squares(exec, x[j], n[j]) for j < count (the same values), waited for once: on a
+// GPU one crossing for all the ranges, not one each (the optimizer's pieces of a step's norm).
+void sum_of_squares_each(const Exec& exec, double* out, const float* const* x,
+                         const std::int64_t* n, std::int64_t count);
 
 // ---- token embedding (ops_embedding.cpp) --------------------------------------------------------
 

@@ -149,6 +149,12 @@ double sum_of_squares(const Exec& exec, const float* x, std::int64_t n) {
   return (s0 + s1) + (s2 + s3);
 }
 
+void sum_of_squares_each(const Exec& exec, double* out, const float* const* x,
+                         const std::int64_t* n, std::int64_t count) {
+  T3D_ON_GPU(exec, cuda::sum_of_squares_each_to_host(*exec.stream, out, x, n, count));
+  for (std::int64_t j = 0; j < count; ++j) out[j] = sum_of_squares(exec, x[j], n[j]);
+}
+
 void adamw_step(const Exec& exec, float* params, const float* grads, float* m, float* v,
                 std::int64_t n, const AdamWConfig& cfg, std::int64_t step) {
   T3D_ON_GPU(exec, cuda::adamw_step(*exec.stream, params, grads, m, v, n, cfg, step));

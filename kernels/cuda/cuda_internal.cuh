@@ -83,6 +83,10 @@ struct Stream::Impl {
   float* row_chunk_sums = nullptr;
   std::size_t row_chunk_sum_elems = 0;
   float* row_chunk_sums_for(std::size_t elems);
+  // sum_of_squares_each's per-range results, grown and kept the same way.
+  double* range_sums = nullptr;
+  std::size_t range_sum_elems = 0;
+  double* range_sums_for(std::size_t elems);
   // The embedding backward's sort (ops_rows.cu): bytes, grown and kept the same way.
   unsigned char* sort_scratch = nullptr;
   std::size_t sort_scratch_bytes = 0;

@@ -100,6 +100,10 @@ float* Stream::Impl::row_chunk_sums_for(std::size_t elems) {
   return grown(stream, row_chunk_sums, row_chunk_sum_elems, elems);
 }
 
+double* Stream::Impl::range_sums_for(std::size_t elems) {
+  return grown(stream, range_sums, range_sum_elems, elems);
+}
+
 unsigned char* Stream::Impl::sort_scratch_for(std::size_t bytes) {
   return grown(stream, sort_scratch, sort_scratch_bytes, bytes);
 }
@@ -144,6 +148,7 @@ Stream::~Stream() {
   cudaFree(impl_->moe_sums);
   cudaFree(impl_->row_chunk_sums);
   cudaFree(impl_->sort_scratch);
+  cudaFree(impl_->range_sums);
   for (const Impl::RoundedBuffer& b : impl_->rounded_buffers) cudaFree(b.data);
   if (impl_->stream) cudaStreamDestroy(impl_->stream);
 }

@@ -163,6 +163,15 @@ double sum_of_squares_to_host(const Stream& s, const float* x, std::int64_t n) {
   return read_back(s, s.impl().scalar_sum);
 }
 
+void sum_of_squares_each_to_host(const Stream& s, double* host_out, const float* const* x,
+                                 const std::int64_t* n, std::int64_t count) {
+  if (count <= 0) return;
+  double* sums = s.impl().range_sums_for(static_cast<std::size_t>(count));
+  for (std::int64_t j = 0; j < count; ++j) sum_of_squares(s, sums + j, x[j], n[j]);
+  copy_to_host(s, host_out, sums, static_cast<std::size_t>(count) * sizeof(double));
+  s.synchronize();
+}
+
 void adamw_step(const Stream& s, float* params, const float* grads, float* m, float* v,
                 std::int64_t n, const AdamWConfig& cfg, std::int64_t step) {
   T3D_ASSERT(step >= 1, "AdamW step counts from 1, got ", step);

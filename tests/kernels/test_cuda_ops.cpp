@@ -225,6 +225,29 @@ TEST(CudaElementwise, SumOfSquaresIsDeterministicAndClose) {
   }
 }
 
+// The ranges' sums in one crossing: each the bits of sum_of_squares alone (ranges of 0, 1 and
+// many floats, one range twice, more ranges than any earlier call: the device slots grow).
+TEST(CudaElementwise, SumOfSquaresOfEachRangeIsTheSingleSum) {
+  REQUIRE_GPU();
+  const auto x = random_floats(100000, 15);
+  Dev<float> dx(x);
+  std::vector<const float*> ranges;
+  std::vector<std::int64_t> sizes;
+  for (std::int64_t j = 0; j < 40; ++j) {
+    ranges.push_back(dx.p() + 2000 * j);
+    sizes.push_back(j == 3 ? 0 : j == 4 ? 1 : 1000 + 37 * j);
+  }
+  ranges.push_back(ranges[7]), sizes.push_back(sizes[7]);
+  std::vector<double> got(ranges.size(), -1.0);
+  sum_of_squares_each(Exec(GemmKind::kOpenBlasF32, S()), got.data(), ranges.data(), sizes.data(),
+                      static_cast<std::int64_t>(ranges.size()));
+  for (std::size_t j = 0; j < ranges.size(); ++j) {
+    const double single = gpu::sum_of_squares_to_host(S(), ranges[j], sizes[j]);
+    EXPECT_EQ(std::memcmp(&got[j], &single, sizeof single), 0) << "range " << j;
+  }
+  EXPECT_EQ(got[3], 0.0);
+}
+
 TEST(CudaRows, EmbeddingIsTheCpuBits) {
   REQUIRE_GPU();
   const int N = 301, C = 96, V = 50, lo = 10, hi = 35;  // a vocab slice [10, 35), repeated tokens

@@ -279,6 +279,14 @@ TEST(kernels_grad_clip, SumOfSquaresOverRanges) {
   // Partial sums over two ranges add up (what an all-reduce of per-rank partials relies on).
   EXPECT_NEAR(sum_of_squares(kCpu, g.data(), 500) + sum_of_squares(kCpu, g.data() + 500, n - 500),
               expected, 1e-12 * expected);
+  // sum_of_squares_each: each range's value as sum_of_squares gives it, an empty range 0.
+  const float* ranges[3] = {g.data(), g.data() + 500, g.data() + 7};
+  const std::int64_t sizes[3] = {500, n - 500, 0};
+  double each[3] = {-1, -1, -1};
+  sum_of_squares_each(kCpu, each, ranges, sizes, 3);
+  EXPECT_EQ(each[0], sum_of_squares(kCpu, g.data(), 500));
+  EXPECT_EQ(each[1], sum_of_squares(kCpu, g.data() + 500, n - 500));
+  EXPECT_EQ(each[2], 0.0);
 }
 
 // Clipping folded into AdamW (grad_scale) updates exactly as the gradients scaled beforehand.
