@@ -41,11 +41,22 @@ __global__ void sum_partials(double* out, const double* partial) {
   if (threadIdx.x == 0) *out = acc[0];
 }
 
-// One thread: the CPU's loop, so its bits.
+// The CPU's loop (s += x[i] in double, i ascending), so its bits, by thread 0 of one block; the
+// block's threads first load each chunk of x into shared memory together, so the one thread's
+// chain waits on shared memory, not on a global load per element.
+constexpr int kInOrderChunk = 8 * kBlock;
 __global__ void sum_in_order_kernel(double* out, const float* x, std::int64_t n) {
+  __shared__ float chunk[kInOrderChunk];
   double s = 0.0;
-  for (std::int64_t i = 0; i < n; ++i) s += x[i];
-  *out = s;
+  for (std::int64_t i0 = 0; i0 < n; i0 += kInOrderChunk) {
+    const int m = n - i0 < kInOrderChunk ? static_cast<int>(n - i0) : kInOrderChunk;
+    for (int j = threadIdx.x; j < m; j += blockDim.x) chunk[j] = x[i0 + j];
+    __syncthreads();
+    if (threadIdx.x == 0)
+      for (int j = 0; j < m; ++j) s += chunk[j];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *out = s;
 }
 
 // An integer count: atomics on integers are exact in any order.
@@ -138,7 +149,7 @@ void hash_pieces_to_host(const Stream& s, std::uint64_t* host_out, const float* 
 }
 
 double sum_in_order_to_host(const Stream& s, const float* x, std::int64_t n) {
-  sum_in_order_kernel<<<1, 1, 0, s.impl().stream>>>(s.impl().scalar_sum, x, n);
+  sum_in_order_kernel<<<1, kBlock, 0, s.impl().stream>>>(s.impl().scalar_sum, x, n);
   T3D_CUDA_LAUNCHED();
   return read_back(s, s.impl().scalar_sum);
 }
