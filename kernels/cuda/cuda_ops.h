@@ -279,7 +279,7 @@ void attention_backward(const Stream& s, float* dq, float* dk, float* dv, const 
                         const float* q, const float* k, const float* v, const float* out,
                         const float* lse, const AttentionShape& shape);
 
-// The same with bf16 tensor-core tiles (ops_attention_bf16.cu), what the linear layers' bf16
+// The same with bf16 tensor-core tiles (ops_attention_bf16*.cu), what the linear layers' bf16
 // GEMM kinds take: q, k, v, dout, P and dS rounded to bf16 as they enter a tile product, fp32
 // sums, softmax and outputs (the CPU's bf16 tiles' contract, kernels/attention_bf16.h; within
 // bf16 rounding of them, not their bits). Head dims up to 128 (attention_bf16_tiles); a larger
