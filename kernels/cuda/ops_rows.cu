@@ -51,6 +51,7 @@ template <bool Three>
 __device__ double row_sum16(const float* a, const float* b, const float* e, std::int64_t C,
                             int lane) {
   double s = 0.0;
+#pragma unroll 8  // loads of later columns in flight while the sum waits: same order, same bits
   for (std::int64_t c = lane; c < C; c += kLanes)
     s += Three ? detail::rms_term(a[c], b[c], e[c]) : detail::rms_term(a[c], b[c]);
   for (int w = kLanes / 2; w >= 1; w /= 2) s += __shfl_down_sync(0xffffffffu, s, w, kLanes);
@@ -69,6 +70,7 @@ __global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp
   const float* x = inp + row * C;
   const float r = detail::rms_rstd(row_sum16<false>(x, x, nullptr, C, lane), C, eps);
   if (!live) return;
+#pragma unroll 8
   for (std::int64_t c = lane; c < C; c += kLanes)
     out[row * C + c] = detail::rms_out(x[c], r, weight[c]);
   if (lane == 0) rstd[row] = r;
@@ -87,6 +89,7 @@ __global__ void rmsnorm_backward_kernel(float* dinp, const float* dout, const fl
   const float r = rstd[row];
   const float k = detail::rms_k(row_sum16<true>(dy, weight, x, C, lane), r, C);
   if (!live) return;
+#pragma unroll 8
   for (std::int64_t c = lane; c < C; c += kLanes) {
     const float d = detail::rms_dx(dy[c], x[c], weight[c], r, k);
     dx[c] = accumulate ? dx[c] + d : d;
