@@ -100,6 +100,17 @@ bool bf16_tiles(GemmKind kind) {
   return gemm_kind_is_bf16(kind) && detail::bf16_attention_supported();
 }
 
+// Whether a bf16 kind's attention on a GPU takes the bf16 tensor-core tiles: yes, unless
+// T3D_GPU_ATTENTION=fp32 (a diagnosis switch: scripts/gpu_check.sh sets it when the bf16 tiles
+// fail their GPU tests, so that the training checks and benchmarks after them still run).
+bool gpu_bf16_tiles(GemmKind kind) {
+  static const bool off = [] {
+    const char* env = std::getenv("T3D_GPU_ATTENTION");
+    return env != nullptr && std::strcmp(env, "fp32") == 0;
+  }();
+  return gemm_kind_is_bf16(kind) && !off;
+}
+
 // Runs fn(item, scratch) for item in [0, n_items): serially on the caller's scratch, or, for a
 // rank with several threads, one item per OpenMP iteration with per-thread scratch. Each item
 // writes only its own outputs, so the results are the same whichever thread runs it.
@@ -167,7 +178,7 @@ void attention_forward_head(float* out, float* lse, const float* q, const float*
 
 void attention_forward(const Exec& exec, float* out, float* lse, const float* q, const float* k,
                        const float* v, float* scratch, const AttentionShape& s) {
-  T3D_ON_GPU(exec, gemm_kind_is_bf16(exec.gemm)
+  T3D_ON_GPU(exec, gpu_bf16_tiles(exec.gemm)
                        ? cuda::attention_forward_bf16(*exec.stream, out, lse, q, k, v, s)
                        : cuda::attention_forward(*exec.stream, out, lse, q, k, v, s));
   const GemmKind kind = exec.gemm;
@@ -252,7 +263,7 @@ void attention_backward(const Exec& exec, float* dq, float* dk, float* dv, const
                         const float* lse, float* scratch, const AttentionShape& s) {
   T3D_ON_GPU(
       exec,
-      gemm_kind_is_bf16(exec.gemm)
+      gpu_bf16_tiles(exec.gemm)
           ? cuda::attention_backward_bf16(*exec.stream, dq, dk, dv, dout, q, k, v, out, lse, s)
           : cuda::attention_backward(*exec.stream, dq, dk, dv, dout, q, k, v, out, lse, s));
   const GemmKind kind = exec.gemm;

@@ -117,23 +117,28 @@ int main() {
                                                v.as<float>(), o.as<float>(), lse.as<float>(), a);
                      }),
            2.5 * fwd, "TFLOP/s");
-    // The bf16 tensor-core tiles (what a bf16 run takes): fp32 q, k, v rounded as they load.
-    report("attention_bf16_forward",
-           median_ms(s,
-                     [&] {
-                       gpu::attention_forward_bf16(s, o.as<float>(), lse.as<float>(), q.as<float>(),
-                                                   k.as<float>(), v.as<float>(), a);
-                     }),
-           fwd, "TFLOP/s");
-    report("attention_bf16_backward",
-           median_ms(s,
-                     [&] {
-                       gpu::attention_backward_bf16(s, dq.as<float>(), dk.as<float>(),
-                                                    dv.as<float>(), dout.as<float>(), q.as<float>(),
-                                                    k.as<float>(), v.as<float>(), o.as<float>(),
-                                                    lse.as<float>(), a);
-                     }),
-           2.5 * fwd, "TFLOP/s");
+    // The bf16 tensor-core tiles (what a bf16 run takes): fp32 q, k, v rounded once per call.
+    // Not with T3D_GPU_ATTENTION=fp32 (scripts/gpu_check.sh: they failed their tests).
+    const char* attention = std::getenv("T3D_GPU_ATTENTION");
+    if (!attention || std::string(attention) != "fp32") {
+      report("attention_bf16_forward",
+             median_ms(s,
+                       [&] {
+                         gpu::attention_forward_bf16(s, o.as<float>(), lse.as<float>(),
+                                                     q.as<float>(), k.as<float>(), v.as<float>(),
+                                                     a);
+                       }),
+             fwd, "TFLOP/s");
+      report("attention_bf16_backward",
+             median_ms(s,
+                       [&] {
+                         gpu::attention_backward_bf16(s, dq.as<float>(), dk.as<float>(),
+                                                      dv.as<float>(), dout.as<float>(),
+                                                      q.as<float>(), k.as<float>(), v.as<float>(),
+                                                      o.as<float>(), lse.as<float>(), a);
+                       }),
+             2.5 * fwd, "TFLOP/s");
+    }
   }
   {  // memory-bound rows: bytes read and written
     auto wn = floats(C, "norm weight", s, 1.0f), rstd = floats(N, "rstd", s);
