@@ -102,6 +102,11 @@ void measure(const Job& job, const std::string& group, const std::string& path,
 void device_comm_rows(const Job& job, bool quick, std::vector<CheckRow>& rows) {
   const auto device = gpu_everywhere(job);
   if (!device) return;  // the CPU: the MPI rows are the tensor collectives' own
+  tensor_group_rows(job, *device, quick, rows);
+}
+
+void tensor_group_rows(const Job& job, const kernels::Device& device, bool quick,
+                       std::vector<CheckRow>& rows) {
   const auto& mesh = *job.mesh;
   const auto& world = mesh.world();
   const Recipe& r = job.recipe;
@@ -112,7 +117,7 @@ void device_comm_rows(const Job& job, bool quick, std::vector<CheckRow>& rows) {
     Verdict chose;
     try {
       const bool in_order = parallel::receives_in_send_order(stage_schedule(r, pp));
-      path = choose_group_comm(r.parallel.device_comm, g, *device, in_order);
+      path = choose_group_comm(r.parallel.device_comm, g, device, in_order);
     } catch (const std::exception& e) {
       chose.fail(e.what());
     }
@@ -127,7 +132,7 @@ void device_comm_rows(const Job& job, bool quick, std::vector<CheckRow>& rows) {
     std::unique_ptr<parallel::TensorComm> comm;
     Verdict opened;
     try {
-      comm = open_device_comm(path, g.name, *g.comm, *device);
+      comm = open_device_comm(path, g.name, *g.comm, device);
     } catch (const std::exception& e) {
       opened.fail(fmt::format("opening the {} communicator: {}", path_name(path), e.what()),
                   world.rank());
@@ -135,7 +140,7 @@ void device_comm_rows(const Job& job, bool quick, std::vector<CheckRow>& rows) {
     const CheckRow open_row = agree_row(world, "device_comm", g.name, scope, opened, s.detail);
     rows.push_back(open_row);
     if (open_row.status == CheckStatus::failed || g.comm->size() < 2) continue;
-    measure(job, g.name, scope, *comm, *device, quick, rows);
+    measure(job, g.name, scope, *comm, device, quick, rows);
   }
 }
 

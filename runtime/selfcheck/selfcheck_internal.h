@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/device.h"
 #include "kernels/exec.h"
 #include "parallel/comm.h"
 #include "parallel/tensor_comm.h"
@@ -94,6 +95,10 @@ CheckRow bandwidth_row(const std::string& group, size_t bytes, double seconds, i
 // FAILED naming the group and the reason where it cannot be chosen or opened, then its bandwidth
 // rows on device memory, scope "<path> <size>". No row on the CPU. Collective over the world.
 void device_comm_rows(const Job& job, bool quick, std::vector<CheckRow>& rows);
+// Its rows for every tensor group, on `device` whatever it is (device_comm_rows on GPUs; tests on
+// the CPU, where a StagedComm over host memory is what training's open_device_comm opens).
+void tensor_group_rows(const Job& job, const kernels::Device& device, bool quick,
+                       std::vector<CheckRow>& rows);
 // The row's scope and detail for every rank's path of one group kind (world rank order; a path
 // with an empty detail, a rank that could not choose, is left out): the distinct path names
 // joined by "+", and the distinct details joined by "; ".
