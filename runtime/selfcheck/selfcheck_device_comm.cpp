@@ -111,6 +111,7 @@ void tensor_group_rows(const Job& job, const kernels::Device& device, bool quick
   const auto& world = mesh.world();
   const Recipe& r = job.recipe;
   const int pp = static_cast<int>(mesh.shape().size(parallel::Dim::pp));
+  std::vector<CheckRow> measured;  // after the device_comm rows, one block in the table
   // Every rank decides every group in training's order: each decision gathers over its group.
   for (const TensorGroup& g : tensor_groups(mesh)) {
     DeviceCommPath path;
@@ -140,8 +141,9 @@ void tensor_group_rows(const Job& job, const kernels::Device& device, bool quick
     const CheckRow open_row = agree_row(world, "device_comm", g.name, scope, opened, s.detail);
     rows.push_back(open_row);
     if (open_row.status == CheckStatus::failed || g.comm->size() < 2) continue;
-    measure(job, g.name, scope, *comm, device, quick, rows);
+    measure(job, g.name, scope, *comm, device, quick, measured);
   }
+  rows.insert(rows.end(), measured.begin(), measured.end());
 }
 
 }  // namespace t3d::runtime::selfcheck
