@@ -119,10 +119,19 @@ NcclComm::Impl::Impl(const Comm& group, const kernels::Exec& exec) : mpi(group) 
   const NcclApi& api = nccl_api();
   // Rank 0's ids for the three communicators (one where the group is a single rank: nothing
   // travels point to point), over the group's MPI communicator.
+  // Rank 0's result travels with them: where it cannot make them (no network interface NCCL
+  // may use, NCCL_SOCKET_IFNAME naming none), every rank throws its error instead of waiting.
   const int comms = group.size() > 1 ? 3 : 1;
   std::vector<ncclUniqueId> ids(static_cast<size_t>(comms));
+  int made = ncclSuccess;
   if (group.rank() == 0)
-    for (auto& id : ids) T3D_NCCL(api.get_unique_id(&id));
+    for (auto& id : ids)
+      if (made == ncclSuccess) made = api.get_unique_id(&id);
+  group.broadcast(&made, 1, 0);
+  if (made != ncclSuccess)
+    throw InternalError(::t3d::detail::concat("NCCL's bootstrap of group `", group.name(),
+                                              "`: ncclGetUniqueId failed on its rank 0: ",
+                                              api.error_string(static_cast<ncclResult_t>(made))));
   group.broadcast(reinterpret_cast<char*>(ids.data()), ids.size() * sizeof(ncclUniqueId), 0);
   T3D_CUDA(cudaSetDevice(device));
   ncclComm_t* comms_made[3] = {&main, &up, &down};

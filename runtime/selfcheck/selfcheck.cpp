@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "kernels/check.h"
+#include "kernels/ops.h"
 #include "runtime/selfcheck/selfcheck_internal.h"
 
 namespace t3d::runtime {
@@ -95,6 +96,43 @@ bool recv_before(const Comm& c, float* data, size_t count, int peer, int tag, do
   T3D_MPI(MPI_Cancel(&r));
   T3D_MPI(MPI_Wait(&r, MPI_STATUS_IGNORE));
   return false;
+}
+
+double all_reduce_bus_factor(int n) { return 2.0 * (n - 1) / n; }
+
+std::vector<size_t> bandwidth_sizes(bool quick) {
+  return quick ? std::vector<size_t>{1 << 10, 64 << 10, 1 << 20}
+               : std::vector<size_t>{1 << 10, 16 << 10, 256 << 10, 4 << 20, 64 << 20};
+}
+
+int bandwidth_iters(bool quick, size_t bytes) {
+  return quick ? 3 : bytes <= (256 << 10) ? 20 : bytes <= (4 << 20) ? 10 : 3;
+}
+
+double time_all_reduce(const parallel::TensorComm& comm, const Comm& world,
+                       const kernels::Exec& exec, float* data, size_t count, int iters) {
+  float probe = 0;  // a copy back of one float: returns once the device's stream has finished
+  comm.all_reduce(data, count);  // warm-up: connections, buffers
+  kernels::copy_to_host(exec, &probe, data, sizeof(float));
+  world.barrier();
+  const auto t0 = Clock::now();
+  for (int it = 0; it < iters; ++it) comm.all_reduce(data, count);
+  kernels::copy_to_host(exec, &probe, data, sizeof(float));
+  double seconds = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
+  world.all_reduce(&seconds, 1, ReduceOp::max);  // the slowest rank of the slowest group
+  return seconds;
+}
+
+CheckRow bandwidth_row(const std::string& group, size_t bytes, double seconds, int n,
+                       const std::string& where) {
+  const double algbw = static_cast<double>(bytes) / seconds / 1e9;
+  return {"bandwidth",
+          group,
+          bytes_label(static_cast<double>(bytes)),
+          CheckStatus::info,
+          fmt::format("all_reduce {:8.3f} ms  algbw {:7.3f} GB/s  busbw {:7.3f} GB/s  {}",
+                      seconds * 1e3, algbw, algbw * all_reduce_bus_factor(n), where),
+          {}};
 }
 
 }  // namespace selfcheck
@@ -233,9 +271,6 @@ Verdict check_p2p(const Group& pp, double seconds) {
   return v;
 }
 
-// nccl-tests' bus bandwidth factor for an all-reduce of n ranks (docs/selfcheck.md).
-double all_reduce_bus_factor(int n) { return 2.0 * (n - 1) / n; }
-
 // Where a kind of group runs, from every rank's host: "intra-host" when every group of the kind
 // lies inside one host, "inter-host" when every one spans hosts, else "mixed". Agreed: all ranks
 // compute it from the same host table and mesh.
@@ -308,31 +343,16 @@ void host_link_rows(const Job& job, bool quick, std::vector<CheckRow>& rows) {
 void bandwidth_rows(const Job& job, const std::vector<Group>& groups, bool quick,
                     std::vector<CheckRow>& rows) {
   const Comm& world = job.mesh->world();
-  const std::vector<size_t> sizes =
-      quick ? std::vector<size_t>{1 << 10, 64 << 10, 1 << 20}
-            : std::vector<size_t>{1 << 10, 16 << 10, 256 << 10, 4 << 20, 64 << 20};
   for (const auto& g : groups) {
     const int n = static_cast<int>(g.members.size());
     if (n < 2) continue;
     const std::string where = placement(job, g);
-    for (size_t bytes : sizes) {
+    for (size_t bytes : selfcheck::bandwidth_sizes(quick)) {
       std::vector<float> buf(bytes / sizeof(float), 0.0f);  // zeros stay zeros: no overflow
-      const int iters = quick ? 3 : bytes <= (256 << 10) ? 20 : bytes <= (4 << 20) ? 10 : 3;
-      g.comm->all_reduce(buf.data(), buf.size());  // warm-up: connections, buffers
-      world.barrier();
-      const auto t0 = Clock::now();
-      for (int it = 0; it < iters; ++it) g.comm->all_reduce(buf.data(), buf.size());
-      double seconds = std::chrono::duration<double>(Clock::now() - t0).count() / iters;
-      world.all_reduce(&seconds, 1, ReduceOp::max);  // the slowest rank of the slowest group
-      const double algbw = bytes / seconds / 1e9;
-      rows.push_back({"bandwidth",
-                      g.name,
-                      selfcheck::bytes_label(bytes),
-                      CheckStatus::info,
-                      fmt::format("all_reduce {:8.3f} ms  algbw {:7.3f} GB/s  busbw {:7.3f} GB/s"
-                                  "  {}",
-                                  seconds * 1e3, algbw, algbw * all_reduce_bus_factor(n), where),
-                      {}});
+      const double seconds =
+          selfcheck::time_all_reduce(*g.comm, world, kernels::kCpu, buf.data(), buf.size(),
+                                     selfcheck::bandwidth_iters(quick, bytes));
+      rows.push_back(selfcheck::bandwidth_row(g.name, bytes, seconds, n, where));
     }
   }
 }
@@ -410,6 +430,7 @@ SelfcheckReport run_selfcheck(const Job& job, const SelfcheckOptions& options) {
   selfcheck::check_gemm(job, options.quick, rows);
   selfcheck::check_device(job, options.quick, rows);
   bandwidth_rows(job, groups, options.quick, rows);
+  selfcheck::device_comm_rows(job, options.quick, rows);
   if (world.size() > 1) host_link_rows(job, options.quick, rows);
   selfcheck::host_map(job, rows);
   return report;

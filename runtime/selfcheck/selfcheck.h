@@ -5,7 +5,9 @@
 // a rank or a group slow: bandwidth per group and message size (algbw / busbw as nccl-tests
 // defines them, docs/selfcheck.md), GEMM speed per rank at the model's shapes, and the planned
 // memory against the arena; each rank's device opens, and a GPU's GEMM and copy rates are
-// measured against its datasheet. A host map says where each rank runs. For a mixture of experts
+// measured against its datasheet; on GPUs each tensor group's device communicator, the one
+// training chooses (NCCL or staged), is named and its bandwidth measured on device memory. A host
+// map says where each rank runs. For a mixture of experts
 // whose run directory has metrics, it also flags layers whose experts went idle.
 //
 // Every rank takes part; every row is agreed over the world, so all ranks know the verdict and
@@ -28,7 +30,7 @@ const char* status_name(CheckStatus s);
 
 struct CheckRow {
   std::string check;  // all_reduce, all_gather, reduce_scatter, broadcast, p2p, replica,
-                      // bandwidth, gemm, device, memory, experts, host
+                      // bandwidth, gemm, device, device_comm, memory, experts, host
   std::string group;  // tp, dp, pp, cp, world, run (the run directory's metrics), or "rank N" /
                       // "stage N" for per-rank rows
   std::string scope;  // which groups or which message size, e.g. "4 groups × 2"

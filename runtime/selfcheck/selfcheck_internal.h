@@ -8,8 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "kernels/device.h"
+#include "kernels/exec.h"
 #include "parallel/comm.h"
+#include "parallel/tensor_comm.h"
 #include "runtime/selfcheck/selfcheck.h"
+#include "runtime/stage/device_comm.h"
 
 namespace t3d::runtime::selfcheck {
 
@@ -70,6 +74,38 @@ void check_idle_experts(const Job& job, std::vector<CheckRow>& rows);
 void host_map(const Job& job, std::vector<CheckRow>& rows);
 
 std::string bytes_label(double bytes);  // "64 MiB"
+
+// The all-reduce bandwidth rows (docs/selfcheck.md), one way for the MPI communicators on host
+// memory and the device communicators training uses on a GPU: the message sizes and iterations,
+// nccl-tests' bus bandwidth factor 2(n-1)/n of an all-reduce over n ranks, the seconds of one
+// all-reduce of `count` floats at `data` (memory of `exec`) over `comm` after a warm-up, the
+// device's stream finished, the slowest rank's over the world (collective over the world), and
+// its row: check "bandwidth", the message size as its scope, `where` ending the detail.
+std::vector<size_t> bandwidth_sizes(bool quick);
+int bandwidth_iters(bool quick, size_t bytes);
+double all_reduce_bus_factor(int n);
+double time_all_reduce(const parallel::TensorComm& comm, const parallel::Comm& world,
+                       const kernels::Exec& exec, float* data, size_t count, int iters);
+CheckRow bandwidth_row(const std::string& group, size_t bytes, double seconds, int n,
+                       const std::string& where);
+
+// selfcheck_device_comm.cpp: where every rank computes on a GPU, per tensor group of training
+// (runtime/stage/device_comm.h's tensor_groups) a `device_comm` row naming the path training
+// chooses for it ("nccl", "staged" or, where the groups of a kind differ, "nccl+staged") and why,
+// FAILED naming the group and the reason where it cannot be chosen or opened, then its bandwidth
+// rows on device memory, scope "<path> <size>". No row on the CPU. Collective over the world.
+void device_comm_rows(const Job& job, bool quick, std::vector<CheckRow>& rows);
+// Its rows for every tensor group, on `device` whatever it is (device_comm_rows on GPUs; tests on
+// the CPU, where a StagedComm over host memory is what training's open_device_comm opens).
+void tensor_group_rows(const Job& job, const kernels::Device& device, bool quick,
+                       std::vector<CheckRow>& rows);
+// The row's scope and detail for every rank's path of one group kind (world rank order; a path
+// with an empty detail, a rank that could not choose, is left out): the distinct path names
+// joined by "+", and the distinct details joined by "; ".
+struct PathSummary {
+  std::string name, detail;
+};
+PathSummary summarize_paths(const std::vector<DeviceCommPath>& paths);
 
 // A per-rank rate against its peers: the median and the deviation around it, and Megatron's
 // gpu_sniff_test rule for a slow one (more than 10% and more than one deviation below the median).

@@ -30,19 +30,21 @@ int SelfcheckReport::warnings() const {
 std::string SelfcheckReport::table() const {
   std::string out =
       fmt::format("titan3d selfcheck: {} rank{}, mesh {}\n\n", world, world > 1 ? "s" : "", mesh);
-  out += fmt::format("{:<15}{:<8}{:<18}{:<8}{}\n", "check", "group", "scope", "result", "detail");
+  out +=
+      fmt::format("{:<14} {:<7} {:<17} {:<7} {}\n", "check", "group", "scope", "result", "detail");
   std::string last;
   int checks = 0;
   std::vector<std::string> failures;
   for (const auto& r : rows) {
-    // One block per group for the collectives, one per kind of check otherwise.
+    // One block per group for the collectives, one per kind of check otherwise. Columns as
+    // wide as before, a value that fills one still followed by a space.
     const bool collective = r.check == "all_reduce" || r.check == "all_gather" ||
                             r.check == "reduce_scatter" || r.check == "broadcast";
     const std::string block = collective ? "collectives " + r.group : r.check;
     if (!last.empty() && block != last) out += "\n";
     last = block;
     checks += r.status != CheckStatus::info;
-    out += fmt::format("{:<15}{:<8}{:<18}{:<8}{}\n", r.check, r.group, r.scope,
+    out += fmt::format("{:<14} {:<7} {:<17} {:<7} {}\n", r.check, r.group, r.scope,
                        status_name(r.status), r.detail);
     if (r.status == CheckStatus::failed)
       failures.push_back(

@@ -62,6 +62,26 @@ DeviceCommPath choose_device_comm(DeviceComm key, const std::string& group,
                     (ranks.size() == 1 ? " rank, its own GPU)" : " ranks, one GPU each)")};
 }
 
+const char* path_name(const DeviceCommPath& path) { return path.nccl ? "nccl" : "staged"; }
+
+std::array<TensorGroup, 6> tensor_groups(const parallel::Mesh& mesh) {
+  using parallel::Dim;
+  return {{
+      {"tp", &mesh.group(Dim::tp)},
+      {"pp", &mesh.group(Dim::pp), true},
+      {"cp", &mesh.group(Dim::cp)},
+      {"dp × cp", &mesh.dp_cp()},
+      {"edp", &mesh.edp()},
+      {"ep", &mesh.ep()},
+  }};
+}
+
+DeviceCommPath choose_group_comm(DeviceComm key, const TensorGroup& g,
+                                 const kernels::Device& device, bool pp_in_send_order) {
+  return choose_device_comm(key, g.name, gather_devices(*g.comm, device), parallel::nccl_library(),
+                            !g.pipeline || pp_in_send_order);
+}
+
 std::vector<RankDevice> gather_devices(const parallel::Comm& group, const kernels::Device& device) {
   // Fixed-width records: the host name and the bus id, each NUL-padded, then NCCL's load.
   constexpr size_t kField = 256;

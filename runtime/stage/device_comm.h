@@ -4,12 +4,14 @@
 // whose ranks share a GPU is staged (auto) or refused (nccl).
 #pragma once
 
+#include <array>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "kernels/device.h"
 #include "parallel/comm.h"
+#include "parallel/mesh.h"
 #include "parallel/nccl_library.h"
 #include "parallel/tensor_comm.h"
 #include "runtime/recipe/recipe.h"
@@ -40,6 +42,24 @@ struct DeviceCommPath {
 DeviceCommPath choose_device_comm(DeviceComm key, const std::string& group,
                                   const std::vector<RankDevice>& ranks,
                                   const parallel::NcclLibrary& nccl, bool in_send_order = true);
+
+// "nccl" or "staged": the path's name in selfcheck's rows (docs/selfcheck.md).
+const char* path_name(const DeviceCommPath& path);
+
+// The groups a GPU stage opens a device communicator for (StageGroups, runtime/stage/stage.h),
+// in the order every rank decides them; `pipeline` marks the one whose point to point needs its
+// messages in send order for NCCL. selfcheck measures the same groups.
+struct TensorGroup {
+  const char* name;  // "tp", "pp", "cp", "dp × cp", "edp", "ep"
+  const parallel::Comm* comm;
+  bool pipeline = false;
+};
+std::array<TensorGroup, 6> tensor_groups(const parallel::Mesh& mesh);
+
+// The path training takes for `g`: choose_device_comm over the group's gathered devices and this
+// rank's NCCL loader (collective over the group; throws choose_device_comm's UserError).
+DeviceCommPath choose_group_comm(DeviceComm key, const TensorGroup& g,
+                                 const kernels::Device& device, bool pp_in_send_order);
 
 // Every rank's RankDevice over `group` (collective; control traffic on its MPI communicator).
 std::vector<RankDevice> gather_devices(const parallel::Comm& group, const kernels::Device& device);

@@ -79,20 +79,12 @@ StageGroups::StageGroups(const parallel::Mesh& mesh, const kernels::Device& devi
   // Per group, NCCL or staged (runtime/stage/device_comm.h). Every rank decides every
   // group in the same order (each decision gathers over its group), and the ranks agree on any
   // refusal before a communicator is made, so that none waits in a bootstrap another left.
-  const std::array<std::pair<const char*, const parallel::Comm*>, 6> groups = {{
-      {"tp", &mesh.group(Dim::tp)},
-      {"pp", &mesh.group(Dim::pp)},
-      {"cp", &mesh.group(Dim::cp)},
-      {"dp × cp", &mesh.dp_cp()},
-      {"edp", &mesh.edp()},
-      {"ep", &mesh.ep()},
-  }};
-  std::array<DeviceCommPath, 6> paths;
+  const auto groups = tensor_groups(mesh);
+  std::array<DeviceCommPath, groups.size()> paths;
   std::string refused;
   for (size_t i = 0; i < groups.size(); ++i) {
     try {
-      paths[i] = choose_device_comm(key, groups[i].first, gather_devices(*groups[i].second, device),
-                                    parallel::nccl_library(), i != 1 || pp_in_send_order);
+      paths[i] = choose_group_comm(key, groups[i], device, pp_in_send_order);
     } catch (const UserError& e) {
       if (refused.empty()) refused = e.what();
     }
@@ -101,7 +93,7 @@ StageGroups::StageGroups(const parallel::Mesh& mesh, const kernels::Device& devi
   T3D_USER_CHECK(agreed.empty(), agreed);
   std::unique_ptr<parallel::TensorComm>* own[] = {&tp_, &pp_, &cp_, &dp_cp_, &edp_, &ep_};
   for (size_t i = 0; i < groups.size(); ++i)
-    *own[i] = open_device_comm(paths[i], groups[i].first, *groups[i].second, device);
+    *own[i] = open_device_comm(paths[i], groups[i].name, *groups[i].comm, device);
 }
 
 parallel::Schedule stage_schedule(const Recipe& r, int pp) {
