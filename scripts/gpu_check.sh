@@ -80,7 +80,7 @@ fi
 # The NCCL device communicator: every call on a one-rank group, a started reduction overlapping
 # compute, two ranks sharing the GPU staged, and selfcheck's device_comm rows
 # (scripts/gpu_nccl_check.sh, ~10 s and three selfcheck --quick runs).
-step gpu_nccl 120 bash "$root/bin/gpu_nccl_check.sh" "$root" "$PWD" "$logs/nccl"
+step gpu_nccl 60 bash "$root/bin/gpu_nccl_check.sh" "$root" "$PWD" "$logs/nccl"
 grep -E "NCCL|OK \]|FAIL|SKIPPED" "$logs/gpu_nccl.log" | head -n 12
 # titan3d itself on the GPU (one rank, fp32): against the CPU, twice, and resumed from a snapshot.
 step gpu_train 300 bash "$root/bin/gpu_train_check.sh" "$root" "$PWD" "$logs/train"
