@@ -11,23 +11,13 @@
 #include "parallel/nccl_library.h"
 #include "runtime/selfcheck/selfcheck_internal.h"
 #include "runtime/stage/device_comm.h"
+#include "tests/stage/nccl_fixtures.h"
 
 namespace t3d::runtime::selfcheck {
 namespace {
 
-parallel::NcclLibrary loaded() {
-  parallel::NcclLibrary lib;
-  lib.loaded = true;
-  lib.path = "libnccl.so.2";
-  lib.version = 22809;
-  return lib;
-}
-
-parallel::NcclLibrary missing() {
-  parallel::NcclLibrary lib;
-  lib.why_not = "looked for T3D_NCCL_LIBRARY=/nowhere/libnccl.so.2: no such file";
-  return lib;
-}
+using testing::loaded_nccl;
+using testing::missing_nccl;
 
 // One host, two GPUs, one rank each.
 std::vector<RankDevice> own_gpus() {
@@ -42,20 +32,20 @@ PathSummary row_of(DeviceComm key, const std::vector<RankDevice>& ranks,
 }
 
 TEST(SelfcheckDeviceComm, NamesNcclWhereEveryRankHasAGpuOfItsOwn) {
-  const PathSummary s = row_of(DeviceComm::kAuto, own_gpus(), loaded());
+  const PathSummary s = row_of(DeviceComm::kAuto, own_gpus(), loaded_nccl());
   EXPECT_EQ(s.name, "nccl");
   EXPECT_EQ(s.detail, "NCCL 2.28.9 (2 ranks, one GPU each)");
 }
 
 TEST(SelfcheckDeviceComm, NamesStagedAndWhyForOneRank) {
-  const PathSummary s = row_of(DeviceComm::kAuto, {own_gpus()[0]}, loaded());
+  const PathSummary s = row_of(DeviceComm::kAuto, {own_gpus()[0]}, loaded_nccl());
   EXPECT_EQ(s.name, "staged");
   EXPECT_EQ(s.detail, "staged through host memory (one rank: NCCL would only add its start-up)");
 }
 
 TEST(SelfcheckDeviceComm, NamesStagedAndWhyForRanksSharingAGpu) {
   const std::vector<RankDevice> shared = {{"a", "0000:1b:00.0", true}, {"a", "0000:1b:00.0", true}};
-  const PathSummary s = row_of(DeviceComm::kAuto, shared, loaded());
+  const PathSummary s = row_of(DeviceComm::kAuto, shared, loaded_nccl());
   EXPECT_EQ(s.name, "staged");
   EXPECT_EQ(s.detail,
             "staged through host memory (ranks 0 and 1 share GPU 0000:1b:00.0 on a, which NCCL "
@@ -63,13 +53,13 @@ TEST(SelfcheckDeviceComm, NamesStagedAndWhyForRanksSharingAGpu) {
 }
 
 TEST(SelfcheckDeviceComm, NamesStagedWhenTheKeyForcesIt) {
-  const PathSummary s = row_of(DeviceComm::kStaged, own_gpus(), loaded());
+  const PathSummary s = row_of(DeviceComm::kStaged, own_gpus(), loaded_nccl());
   EXPECT_EQ(s.name, "staged");
   EXPECT_EQ(s.detail, "staged through host memory (parallel.device_comm = \"staged\")");
 }
 
 TEST(SelfcheckDeviceComm, NamesStagedAndWhereNcclWasLookedForWhenItIsMissing) {
-  const PathSummary s = row_of(DeviceComm::kAuto, own_gpus(), missing());
+  const PathSummary s = row_of(DeviceComm::kAuto, own_gpus(), missing_nccl());
   EXPECT_EQ(s.name, "staged");
   EXPECT_EQ(s.detail,
             "staged through host memory (NCCL not loaded: looked for "
@@ -79,9 +69,10 @@ TEST(SelfcheckDeviceComm, NamesStagedAndWhereNcclWasLookedForWhenItIsMissing) {
 TEST(SelfcheckDeviceComm, GroupsOfAKindThatChooseDifferentlyShowBoth) {
   // Two tp groups: one on two GPUs, one on a shared GPU; a rank that could not choose (empty
   // detail, its failure is the row's) is left out.
-  const DeviceCommPath nccl = choose_device_comm(DeviceComm::kAuto, "tp", own_gpus(), loaded());
+  const DeviceCommPath nccl =
+      choose_device_comm(DeviceComm::kAuto, "tp", own_gpus(), loaded_nccl());
   const std::vector<RankDevice> shared = {{"b", "0000:1b:00.0", true}, {"b", "0000:1b:00.0", true}};
-  const DeviceCommPath staged = choose_device_comm(DeviceComm::kAuto, "tp", shared, loaded());
+  const DeviceCommPath staged = choose_device_comm(DeviceComm::kAuto, "tp", shared, loaded_nccl());
   const PathSummary s = summarize_paths({staged, nccl, nccl, staged, DeviceCommPath{}});
   EXPECT_EQ(s.name, "nccl+staged");
   EXPECT_EQ(s.detail, staged.detail + "; " + nccl.detail);

@@ -10,23 +10,13 @@
 #include "kernels/check.h"
 #include "parallel/nccl_library.h"
 #include "runtime/stage/device_comm.h"
+#include "tests/stage/nccl_fixtures.h"
 
 namespace t3d::runtime {
 namespace {
 
-parallel::NcclLibrary loaded() {
-  parallel::NcclLibrary lib;
-  lib.loaded = true;
-  lib.path = "libnccl.so.2";
-  lib.version = 22809;
-  return lib;
-}
-
-parallel::NcclLibrary missing() {
-  parallel::NcclLibrary lib;
-  lib.why_not = "looked for T3D_NCCL_LIBRARY=/nowhere/libnccl.so.2: no such file";
-  return lib;
-}
+using testing::loaded_nccl;
+using testing::missing_nccl;
 
 // Two hosts with two GPUs each, one rank per GPU.
 std::vector<RankDevice> own_gpus() {
@@ -48,23 +38,24 @@ std::string refusal(DeviceComm key, const std::vector<RankDevice>& ranks,
 
 TEST(DeviceComm, AGpuPerRankAndNcclLoadedIsNccl) {
   for (const DeviceComm key : {DeviceComm::kAuto, DeviceComm::kNccl}) {
-    const DeviceCommPath p = choose_device_comm(key, "dp × cp", own_gpus(), loaded());
+    const DeviceCommPath p = choose_device_comm(key, "dp × cp", own_gpus(), loaded_nccl());
     EXPECT_TRUE(p.nccl);
     // The same bus id on another host is another GPU.
     EXPECT_EQ(p.detail, "NCCL 2.28.9 (4 ranks, one GPU each)");
   }
   // One rank: auto stages (nothing crosses between ranks), nccl takes NCCL.
-  const DeviceCommPath one = choose_device_comm(DeviceComm::kAuto, "tp", {own_gpus()[0]}, loaded());
+  const DeviceCommPath one =
+      choose_device_comm(DeviceComm::kAuto, "tp", {own_gpus()[0]}, loaded_nccl());
   EXPECT_FALSE(one.nccl);
   EXPECT_NE(one.detail.find("one rank"), std::string::npos) << one.detail;
   const DeviceCommPath asked =
-      choose_device_comm(DeviceComm::kNccl, "tp", {own_gpus()[0]}, loaded());
+      choose_device_comm(DeviceComm::kNccl, "tp", {own_gpus()[0]}, loaded_nccl());
   EXPECT_TRUE(asked.nccl);
   EXPECT_EQ(asked.detail, "NCCL 2.28.9 (1 rank, its own GPU)");
 }
 
 TEST(DeviceComm, StagedIsAlwaysStaged) {
-  for (const auto& nccl : {loaded(), missing()}) {
+  for (const auto& nccl : {loaded_nccl(), missing_nccl()}) {
     const DeviceCommPath p = choose_device_comm(DeviceComm::kStaged, "tp", own_gpus(), nccl);
     EXPECT_FALSE(p.nccl);
     EXPECT_EQ(p.detail, "staged through host memory (parallel.device_comm = \"staged\")");
@@ -74,12 +65,12 @@ TEST(DeviceComm, StagedIsAlwaysStaged) {
 TEST(DeviceComm, RanksSharingAGpuAreStagedOrRefused) {
   auto ranks = own_gpus();
   ranks[3].gpu = ranks[2].gpu;  // host b's two ranks on one GPU
-  const DeviceCommPath p = choose_device_comm(DeviceComm::kAuto, "dp × cp", ranks, loaded());
+  const DeviceCommPath p = choose_device_comm(DeviceComm::kAuto, "dp × cp", ranks, loaded_nccl());
   EXPECT_FALSE(p.nccl);
   EXPECT_EQ(p.detail,
             "staged through host memory (ranks 2 and 3 share GPU 0000:1b:00.0 on b, which NCCL "
             "refuses)");
-  const std::string e = refusal(DeviceComm::kNccl, ranks, loaded());
+  const std::string e = refusal(DeviceComm::kNccl, ranks, loaded_nccl());
   EXPECT_NE(e.find("parallel.device_comm = \"nccl\""), std::string::npos) << e;
   EXPECT_NE(e.find("dp × cp"), std::string::npos) << e;
   EXPECT_NE(e.find("ranks 2 and 3 share GPU 0000:1b:00.0 on b"), std::string::npos) << e;
@@ -88,26 +79,26 @@ TEST(DeviceComm, RanksSharingAGpuAreStagedOrRefused) {
 TEST(DeviceComm, ARankOnTheCpuIsStagedOrRefused) {
   auto ranks = own_gpus();
   ranks[1].gpu.clear();
-  const DeviceCommPath p = choose_device_comm(DeviceComm::kAuto, "tp", ranks, loaded());
+  const DeviceCommPath p = choose_device_comm(DeviceComm::kAuto, "tp", ranks, loaded_nccl());
   EXPECT_FALSE(p.nccl);
   EXPECT_NE(p.detail.find("rank 1 computes on the CPU"), std::string::npos) << p.detail;
-  const std::string e = refusal(DeviceComm::kNccl, {RankDevice{}}, loaded());
+  const std::string e = refusal(DeviceComm::kNccl, {RankDevice{}}, loaded_nccl());
   EXPECT_NE(e.find("parallel.device_comm"), std::string::npos) << e;
   EXPECT_NE(e.find("rank 0 computes on the CPU"), std::string::npos) << e;
 }
 
 TEST(DeviceComm, NcclNotLoadedIsStagedOrRefusedSayingWhereItLooked) {
-  const DeviceCommPath p = choose_device_comm(DeviceComm::kAuto, "tp", own_gpus(), missing());
+  const DeviceCommPath p = choose_device_comm(DeviceComm::kAuto, "tp", own_gpus(), missing_nccl());
   EXPECT_FALSE(p.nccl);
   EXPECT_NE(p.detail.find("NCCL not loaded: looked for T3D_NCCL_LIBRARY=/nowhere/libnccl.so.2"),
             std::string::npos)
       << p.detail;
-  EXPECT_NE(refusal(DeviceComm::kNccl, own_gpus(), missing()).find("/nowhere/libnccl.so.2"),
+  EXPECT_NE(refusal(DeviceComm::kNccl, own_gpus(), missing_nccl()).find("/nowhere/libnccl.so.2"),
             std::string::npos);
   // Loaded here but not on another rank: every rank must agree, so the group is staged.
   auto ranks = own_gpus();
   ranks[2].nccl_loaded = false;
-  const DeviceCommPath q = choose_device_comm(DeviceComm::kAuto, "tp", ranks, loaded());
+  const DeviceCommPath q = choose_device_comm(DeviceComm::kAuto, "tp", ranks, loaded_nccl());
   EXPECT_FALSE(q.nccl);
   EXPECT_NE(q.detail.find("NCCL not loaded on rank 2"), std::string::npos) << q.detail;
 }
@@ -115,13 +106,13 @@ TEST(DeviceComm, NcclNotLoadedIsStagedOrRefusedSayingWhereItLooked) {
 // NCCL's point to point has no tags: a group whose messages are taken out of send order (the pp
 // group under ZB-V) is staged, or refused.
 TEST(DeviceComm, MessagesOutOfSendOrderAreStagedOrRefused) {
-  const DeviceCommPath p =
-      choose_device_comm(DeviceComm::kAuto, "pp", own_gpus(), loaded(), /*in_send_order=*/false);
+  const DeviceCommPath p = choose_device_comm(DeviceComm::kAuto, "pp", own_gpus(), loaded_nccl(),
+                                              /*in_send_order=*/false);
   EXPECT_FALSE(p.nccl);
   EXPECT_NE(p.detail.find("out of send order (parallel.schedule = \"zb_v\")"), std::string::npos)
       << p.detail;
   try {
-    choose_device_comm(DeviceComm::kNccl, "pp", own_gpus(), loaded(), false);
+    choose_device_comm(DeviceComm::kNccl, "pp", own_gpus(), loaded_nccl(), false);
     ADD_FAILURE() << "nccl with messages out of send order was not refused";
   } catch (const UserError& e) {
     EXPECT_NE(std::string(e.what()).find("zb_v"), std::string::npos) << e.what();
