@@ -7,6 +7,34 @@ namespace {
 
 using namespace attention_bf16;  // NOLINT: this file is their user
 
+// s = X Yᵀ and dp = U Wᵀ for the warp's 16 rows r0.. of X and U against the first NB·8 rows of Y
+// and W, over DP columns in order, from one k loop: the backward's scores and the products of
+// their gradients (dq: Q Kᵀ and dO Vᵀ; dk, dv: K Qᵀ and V dOᵀ).
+template <int DP, int NB>
+__device__ __forceinline__ void two_products(float (&s)[NB][4], float (&dp)[NB][4],
+                                             const Bf16Tile& X, const Bf16Tile& Y,
+                                             const Bf16Tile& U, const Bf16Tile& W, int r0,
+                                             int lane) {
+#pragma unroll
+  for (int n = 0; n < NB; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.0f;
+#pragma unroll
+  for (int kk = 0; kk < DP / 16; ++kk) {
+    std::uint32_t ax[4], au[4];
+    load_a(ax, X, r0, 16 * kk, lane);
+    load_a(au, U, r0, 16 * kk, lane);
+#pragma unroll
+    for (int n = 0; n < NB; ++n) {
+      std::uint32_t by[2], bw[2];
+      load_b(by, Y, 8 * n, 16 * kk, lane);
+      mma_bf16(s[n], ax, by);
+      load_b(bw, W, 8 * n, 16 * kk, lane);
+      mma_bf16(dp[n], au, bw);
+    }
+  }
+}
+
 // ---- backward: dq -------------------------------------------------------------------------------
 
 template <int DP>
@@ -19,7 +47,7 @@ __global__ void __launch_bounds__(kThreads)
     dq_kernel(float* dq, const std::uint16_t* dout16, const std::uint16_t* q16,
               const std::uint16_t* k16, const std::uint16_t* v16, const float* lse,
               const float* delta, Geometry g) {
-  constexpr int KD = DP / 16, ND = DP / 8, NB = kKeys / 8, KK = kKeys / 16;
+  constexpr int ND = DP / 8, NB = kKeys / 8, KK = kKeys / 16;
   extern __shared__ __align__(16) std::uint16_t dq_smem_words[];
   float* lse_rows = reinterpret_cast<float*>(dq_smem_words);
   float* delta_rows = lse_rows + kRows;
@@ -46,24 +74,7 @@ __global__ void __launch_bounds__(kThreads)
     load_tile<kKeys, DP>(V, vs, j0, key_end);
     __syncthreads();
     float s[NB][4], dp[NB][4];
-#pragma unroll
-    for (int n = 0; n < NB; ++n)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) s[n][e] = dp[n][e] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < KD; ++kk) {
-      std::uint32_t aq[4], ado[4];
-      load_a(aq, Q, r_warp, 16 * kk, lane);
-      load_a(ado, dO, r_warp, 16 * kk, lane);
-#pragma unroll
-      for (int n = 0; n < NB; ++n) {
-        std::uint32_t bk[2], bv[2];
-        load_b(bk, K, 8 * n, 16 * kk, lane);
-        mma_bf16(s[n], aq, bk);  // S = Q Kᵀ
-        load_b(bv, V, 8 * n, 16 * kk, lane);
-        mma_bf16(dp[n], ado, bv);  // dP = dO Vᵀ
-      }
-    }
+    two_products<DP>(s, dp, Q, K, dO, V, r_warp, lane);  // S = Q Kᵀ, dP = dO Vᵀ
 #pragma unroll
     for (int n = 0; n < NB; ++n)
 #pragma unroll
@@ -119,7 +130,7 @@ __global__ void __launch_bounds__(kThreads)
                const std::uint16_t* k16, const std::uint16_t* v16, const float* lse,
                const float* delta, Geometry g) {
   constexpr int BQ = DkvQueryTile<DP>::rows;
-  constexpr int KD = DP / 16, ND = DP / 8, NB = BQ / 8, KK = BQ / 16;
+  constexpr int ND = DP / 8, NB = BQ / 8, KK = BQ / 16;
   extern __shared__ __align__(16) std::uint16_t dkv_smem_words[];
   float* lse_rows = reinterpret_cast<float*>(dkv_smem_words);
   float* delta_rows = lse_rows + BQ;
@@ -148,24 +159,7 @@ __global__ void __launch_bounds__(kThreads)
       load_row_stats<BQ>(lse_rows, delta_rows, lse, delta, (b * g.H + h) * g.T, i0, g.T);
       __syncthreads();
       float st[NB][4], dpt[NB][4];  // Sᵀ and dPᵀ: the warp's 16 keys x BQ queries
-#pragma unroll
-      for (int n = 0; n < NB; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) st[n][e] = dpt[n][e] = 0.0f;
-#pragma unroll
-      for (int kk = 0; kk < KD; ++kk) {
-        std::uint32_t ak[4], av[4];
-        load_a(ak, K, r_warp, 16 * kk, lane);
-        load_a(av, V, r_warp, 16 * kk, lane);
-#pragma unroll
-        for (int n = 0; n < NB; ++n) {
-          std::uint32_t bq[2], bo[2];
-          load_b(bq, Q, 8 * n, 16 * kk, lane);
-          mma_bf16(st[n], ak, bq);  // Sᵀ = K Qᵀ
-          load_b(bo, dO, 8 * n, 16 * kk, lane);
-          mma_bf16(dpt[n], av, bo);  // dPᵀ = V dOᵀ
-        }
-      }
+      two_products<DP>(st, dpt, K, Q, V, dO, r_warp, lane);  // Sᵀ = K Qᵀ, dPᵀ = V dOᵀ
 #pragma unroll
       for (int n = 0; n < NB; ++n)
 #pragma unroll
