@@ -360,4 +360,18 @@ void adamw_step(const Exec& exec, float* params,  // params (n)
                 float* v,                         // v (n), second moment
                 std::int64_t n, const AdamWConfig& cfg, std::int64_t step);
 
+// One range of an AdamW step over many (the optimizer's pieces, each with its settings).
+struct AdamWTensor {
+  float* params;
+  const float* grads;
+  float* m;
+  float* v;
+  std::int64_t n;
+  AdamWConfig cfg;
+};
+// adamw_step on each of `count` ranges at `step`: the bits of one call each (every element is its
+// own update), on a GPU in a few launches for all instead of one a range.
+void adamw_step_many(const Exec& exec, const AdamWTensor* tensors, std::int64_t count,
+                     std::int64_t step);
+
 }  // namespace t3d::kernels

@@ -155,6 +155,15 @@ void sum_of_squares_each(const Exec& exec, double* out, const float* const* x,
   for (std::int64_t j = 0; j < count; ++j) out[j] = sum_of_squares(exec, x[j], n[j]);
 }
 
+void adamw_step_many(const Exec& exec, const AdamWTensor* tensors, std::int64_t count,
+                     std::int64_t step) {
+  T3D_ON_GPU(exec, cuda::adamw_step_many(*exec.stream, tensors, count, step));
+  for (std::int64_t j = 0; j < count; ++j) {
+    const AdamWTensor& t = tensors[j];
+    adamw_step(exec, t.params, t.grads, t.m, t.v, t.n, t.cfg, step);
+  }
+}
+
 void adamw_step(const Exec& exec, float* params, const float* grads, float* m, float* v,
                 std::int64_t n, const AdamWConfig& cfg, std::int64_t step) {
   T3D_ON_GPU(exec, cuda::adamw_step(*exec.stream, params, grads, m, v, n, cfg, step));

@@ -160,6 +160,10 @@ double sum_of_squares_to_host(const Stream& s, const float* x, std::int64_t n);
 // one copy of all and one wait (kernels::sum_of_squares_each).
 void sum_of_squares_each_to_host(const Stream& s, double* host_out, const float* const* x,
                                  const std::int64_t* n, std::int64_t count);
+// kernels::adamw_step_many: the ranges in launches of up to 24 (multi_tensor.h), a block per
+// chunk of 4096 elements, each element adamw_step's arithmetic (its bits).
+void adamw_step_many(const Stream& s, const AdamWTensor* tensors, std::int64_t count,
+                     std::int64_t step);
 void adamw_step(const Stream& s, float* params, const float* grads, float* m, float* v,
                 std::int64_t n, const AdamWConfig& cfg, std::int64_t step);
 void float_to_bf16(const Stream& s, bf16* out, const float* in, std::int64_t n);

@@ -1,5 +1,6 @@
 // Element-wise range operations and the deterministic sum of squares on the GPU.
 #include "kernels/cuda/cuda_internal.cuh"
+#include "kernels/cuda/multi_tensor.h"
 #include "kernels/row_math.h"
 #include "kernels/xxh3_words.h"
 
@@ -73,6 +74,18 @@ __global__ void adamw_kernel(float* params, const float* grads, float* m, float*
   for (std::int64_t i = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x; i < n;
        i += std::int64_t{gridDim.x} * blockDim.x)
     detail::adamw_element(params[i], grads[i], m[i], v[i], s);
+}
+
+// One launch of multi_tensor.h's plan: block b, its range and chunk found in the launch.
+__global__ void adamw_many_kernel(const multi_tensor::AdamWLaunch launch) {
+  const std::int64_t b = blockIdx.x;
+  int r = 0;
+  while (r + 1 < launch.count && launch.first_block[r + 1] <= b) ++r;
+  const multi_tensor::AdamWRange& t = launch.ranges[r];
+  const std::int64_t lo = (b - launch.first_block[r]) * multi_tensor::kChunk;
+  const std::int64_t hi = t.n - lo < multi_tensor::kChunk ? t.n : lo + multi_tensor::kChunk;
+  for (std::int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x)
+    detail::adamw_element(t.params[i], t.grads[i], t.m[i], t.v[i], t.scalars);
 }
 
 __global__ void to_bf16_kernel(bf16* out, const float* in, std::int64_t n) {
@@ -190,6 +203,16 @@ void adamw_step(const Stream& s, float* params, const float* grads, float* m, fl
   adamw_kernel<<<grid_for(n), kBlock, 0, s.impl().stream>>>(params, grads, m, v, n,
                                                             detail::adamw_scalars(cfg, step));
   T3D_CUDA_LAUNCHED();
+}
+
+void adamw_step_many(const Stream& s, const AdamWTensor* tensors, std::int64_t count,
+                     std::int64_t step) {
+  T3D_ASSERT(step >= 1, "AdamW step counts from 1, got ", step);
+  for (const multi_tensor::AdamWLaunch& launch : multi_tensor::plan_adamw(tensors, count, step)) {
+    T3D_ASSERT(launch.blocks < (std::int64_t{1} << 31), "AdamW chunks ", launch.blocks);
+    adamw_many_kernel<<<static_cast<unsigned>(launch.blocks), kBlock, 0, s.impl().stream>>>(launch);
+    T3D_CUDA_LAUNCHED();
+  }
 }
 
 void float_to_bf16(const Stream& s, bf16* out, const float* in, std::int64_t n) {

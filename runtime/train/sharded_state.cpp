@@ -273,12 +273,15 @@ kernels::AdamWConfig ShardedState::adamw_config(const TrainConfig& t, double lr,
 
 void ShardedState::adamw_step(const TrainConfig& t, double lr, int64_t step, float grad_scale) {
   float* flip_at = nullptr;
+  std::vector<kernels::AdamWTensor> tensors;  // every piece in one call: few launches on a GPU
   for_each_piece(owned(), [&](const Piece& p) {
     if (!updates(p)) return;  // RouterBalance's
-    kernels::adamw_step(model_.exec(), params(p), grads(p), exp_avg(p), exp_avg_sq(p), p.size(),
-                        adamw_config(t, lr, grad_scale, p), step);
+    tensors.push_back({params(p), grads(p), exp_avg(p), exp_avg_sq(p), p.size(),
+                       adamw_config(t, lr, grad_scale, p)});
     if (!flip_at) flip_at = params(p) + p.size() / 2;
   });
+  kernels::adamw_step_many(model_.exec(), tensors.data(), static_cast<int64_t>(tensors.size()),
+                           step);
   if (update_flip_bit_ >= 0 && flip_at) {
     kernels::flip_bit(model_.exec(), flip_at, 0, update_flip_bit_);
     update_flip_bit_ = -1;

@@ -15,6 +15,7 @@
 #include "kernels/arena.h"
 #include "kernels/check.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/multi_tensor.h"
 #include "kernels/cuda/op_timer.h"
 #include "kernels/device.h"
 #include "kernels/hash.h"
@@ -189,6 +190,65 @@ TEST(CudaElementwise, StartedCopiesIntoPinnedMemoryHoldTheBytesAfterOneWait) {
     want.insert(want.end(), x.begin(), x.begin() + half);
     expect_same_bits(got, want, "staged pieces");
   }
+}
+
+// The multi-tensor plan (host code, runs everywhere): ranges in order, 24 a launch, empty ones
+// skipped, a block per 4096-element chunk numbered through the launch, each range's scalars.
+TEST(CudaElementwise, MultiTensorAdamWPlansItsLaunches) {
+  std::vector<float> buf(10);
+  std::vector<AdamWTensor> tensors;
+  std::int64_t blocks_wanted = 0;
+  for (int j = 0; j < 30; ++j) {
+    const std::int64_t n = j == 5 ? 0 : j == 7 ? 3 * cuda::multi_tensor::kChunk + 1 : 100 + j;
+    AdamWConfig cfg;
+    cfg.lr = 1e-3f * (j + 1);
+    tensors.push_back({buf.data() + j % 10, buf.data(), buf.data(), buf.data(), n, cfg});
+    if (j < 25) blocks_wanted += (n + cuda::multi_tensor::kChunk - 1) / cuda::multi_tensor::kChunk;
+  }
+  const auto launches = cuda::multi_tensor::plan_adamw(tensors.data(), 30, 4);
+  ASSERT_EQ(launches.size(), 2u);
+  EXPECT_EQ(launches[0].count, 24);
+  EXPECT_EQ(launches[1].count, 5);               // 29 non-empty ranges
+  EXPECT_EQ(launches[0].blocks, blocks_wanted);  // ranges 0..24 less the empty 5th
+  EXPECT_EQ(launches[0].first_block[0], 0);
+  EXPECT_EQ(launches[0].first_block[6], 6);   // range 7 (the 7th kept): after six 1-chunk ones
+  EXPECT_EQ(launches[0].first_block[7], 10);  // range 7 took 4 chunks
+  EXPECT_EQ(launches[0].ranges[5].n, tensors[6].n);  // range 5 skipped
+  EXPECT_EQ(launches[1].ranges[0].params, tensors[25].params);
+  const auto want = detail::adamw_scalars(tensors[29].cfg, 4);
+  EXPECT_EQ(launches[1].ranges[4].scalars.step_size, want.step_size);
+  EXPECT_EQ(launches[1].ranges[4].scalars.inv_sqrt_bc2, want.inv_sqrt_bc2);
+}
+
+// Many ranges in few launches: each range the CPU's per-range bits, over more ranges than one
+// launch takes, ranges longer than a chunk, an empty one, two settings (decay and none).
+TEST(CudaElementwise, MultiTensorAdamWIsTheCpuBits) {
+  REQUIRE_GPU();
+  const std::size_t total = 200000;
+  auto p = random_floats(total, 31), g = random_floats(total, 32, -1e-2f, 1e-2f);
+  std::vector<float> m(total, 0.0f), v(total, 0.0f);
+  Dev<float> dp(p), dg(g), dm(m), dv(v);
+  std::vector<AdamWTensor> cpu, gpu_ranges;
+  std::size_t at = 0;
+  for (int j = 0; j < 40; ++j) {
+    const std::size_t n = j == 3 ? 0 : j % 9 == 0 ? 9000 + j : 1000 + 37 * j;
+    AdamWConfig cfg;
+    cfg.lr = 1e-3f;
+    cfg.weight_decay = j % 2 ? 0.0f : 0.1f;
+    cfg.grad_scale = 0.7f;
+    const auto n64 = static_cast<std::int64_t>(n);
+    cpu.push_back({p.data() + at, g.data() + at, m.data() + at, v.data() + at, n64, cfg});
+    gpu_ranges.push_back({dp.p() + at, dg.p() + at, dm.p() + at, dv.p() + at, n64, cfg});
+    at += n;
+  }
+  ASSERT_LE(at, total);
+  for (std::int64_t step = 1; step <= 3; ++step) {
+    adamw_step_many(kCpu, cpu.data(), 40, step);
+    adamw_step_many(Exec(GemmKind::kOpenBlasF32, S()), gpu_ranges.data(), 40, step);
+  }
+  expect_same_bits(dp.host(), p, "params");
+  expect_same_bits(dm.host(), m, "exp_avg");
+  expect_same_bits(dv.host(), v, "exp_avg_sq");
 }
 
 TEST(CudaElementwise, AdamWIsTheCpuBits) {

@@ -260,6 +260,30 @@ TEST(kernels_adamw, MatchesHandDerivedStepsWithDecoupledDecay) {
   }
 }
 
+// adamw_step_many: each range the bits of its own adamw_step call (its own settings), empty ones
+// untouched.
+TEST(kernels_adamw, ManyRangesAreOneCallEach) {
+  const std::int64_t sizes[] = {1003, 0, 17, 4096};
+  std::vector<std::vector<float>> p, g, m, v;
+  for (std::int64_t n : sizes) {
+    p.push_back(ref::random_floats(n, 40 + n));
+    g.push_back(ref::random_floats(n, 50 + n));
+    m.push_back(ref::random_floats(n, 60 + n, -1e-3f, 1e-3f));
+    v.push_back(ref::random_floats(n, 70 + n, 0.0f, 1e-4f));
+  }
+  auto p1 = p, m1 = m, v1 = v;
+  std::vector<AdamWTensor> tensors;
+  for (std::size_t j = 0; j < p.size(); ++j) {
+    AdamWConfig cfg{1e-3f * (j + 1), 0.9f, 0.95f, 1e-8f, j % 2 ? 0.0f : 0.1f, 0.5f + j};
+    tensors.push_back({p[j].data(), g[j].data(), m[j].data(), v[j].data(), sizes[j], cfg});
+    adamw_step(kCpu, p1[j].data(), g[j].data(), m1[j].data(), v1[j].data(), sizes[j], cfg, 3);
+  }
+  adamw_step_many(kCpu, tensors.data(), static_cast<std::int64_t>(tensors.size()), 3);
+  EXPECT_EQ(p, p1);
+  EXPECT_EQ(m, m1);
+  EXPECT_EQ(v, v1);
+}
+
 TEST(kernels_adamw, FirstStepMovesEachParameterByLrAgainstTheGradientSign) {
   // Bias correction makes step 1 exactly p -= lr * g / (|g| + eps): a classic sanity check.
   std::vector<float> p = {1.0f, 1.0f, 1.0f}, g = {0.5f, -2.0f, 1e-3f}, m(3, 0), v(3, 0);
