@@ -175,12 +175,12 @@ class RoundedInputs {
     const std::int64_t elems = nq + 2 * nkv + (dout ? nq + 2 * rows : 0);
     buffer_ = take_rounded_buffer(s, static_cast<std::size_t>(elems));
     q16 = buffer_.data, k16 = q16 + nq, v16 = k16 + nkv;
-    round(q16, q, B, g.T, g.H, g);
-    round(k16, k, B, g.keys, g.Hkv, g);
-    round(v16, v, B, g.keys, g.Hkv, g);
+    round(q16, q, B, g.T, g.H, g.ld_q, g.D);
+    round(k16, k, B, g.keys, g.Hkv, g.ld_kv, g.D);
+    round(v16, v, B, g.keys, g.Hkv, g.ld_kv, g.D);
     if (!dout) return;
     dout16 = v16 + nkv;
-    round(dout16, dout, B, g.T, g.H, g);
+    round(dout16, dout, B, g.T, g.H, g.ld_q, g.D);
     delta = reinterpret_cast<float*>(dout16 + nq);  // nq + 2 nkv + nq elements: 16-byte aligned
     deltas_kernel<<<grid_for(rows * 32), kBlock, 0, s.impl().stream>>>(delta, dout, out, g, rows);
     T3D_CUDA_LAUNCHED();
@@ -193,12 +193,12 @@ class RoundedInputs {
   float* delta = nullptr;
 
  private:
+  // x (B, rows, heads·D at row stride ld) into dst's slabs.
   void round(std::uint16_t* dst, const float* x, std::int64_t B, std::int64_t rows,
-             std::int64_t heads, const Geometry& g) {
+             std::int64_t heads, std::int64_t ld, std::int64_t D) {
     const std::int64_t pairs = B * heads * rows * (DP / 2);
-    const std::int64_t ld = heads == g.H ? g.ld_q : g.ld_kv;
     round_heads_kernel<DP><<<grid_for(pairs), kBlock, 0, s_.impl().stream>>>(
-        reinterpret_cast<std::uint32_t*>(dst), x, rows, heads, g.D, ld, pairs);
+        reinterpret_cast<std::uint32_t*>(dst), x, rows, heads, D, ld, pairs);
     T3D_CUDA_LAUNCHED();
   }
 
