@@ -65,7 +65,9 @@ struct Stream::Impl {
   std::vector<cudaEvent_t> spare_events;
   // The partial sums of sum_of_squares (kSumBlocks doubles), and the step scalars read back to
   // the host: a sum, a count.
-  double* partial_sums = nullptr;
+  double* partial_sums = nullptr;  // kSumBlocks a range of one launch, grown and kept
+  std::size_t partial_sum_elems = 0;
+  double* partial_sums_for(std::size_t elems);
   double* scalar_sum = nullptr;
   unsigned long long* scalar_count = nullptr;
   // bf16 copies of GEMM inputs, grown to the largest call and kept (library memory outside the

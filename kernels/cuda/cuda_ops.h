@@ -156,8 +156,8 @@ inline constexpr int kSumBlocks = 512;
 void sum_of_squares(const Stream& s, double* out, const float* x, std::int64_t n);
 // The same, waited for and copied to the host (a step scalar: kernels::sum_of_squares on a GPU).
 double sum_of_squares_to_host(const Stream& s, const float* x, std::int64_t n);
-// host_out[j] = sum_of_squares of x[j] (n[j] floats) for j < count: each into device memory, then
-// one copy of all and one wait (kernels::sum_of_squares_each).
+// host_out[j] = sum_of_squares of x[j] (n[j] floats) for j < count (its bits), two launches per 64
+// ranges into device memory, then one copy of all and one wait (kernels::sum_of_squares_each).
 void sum_of_squares_each_to_host(const Stream& s, double* host_out, const float* const* x,
                                  const std::int64_t* n, std::int64_t count);
 // kernels::adamw_step_many: the ranges in launches of up to 24 (multi_tensor.h), a block per

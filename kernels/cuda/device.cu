@@ -100,6 +100,10 @@ float* Stream::Impl::row_chunk_sums_for(std::size_t elems) {
   return grown(stream, row_chunk_sums, row_chunk_sum_elems, elems);
 }
 
+double* Stream::Impl::partial_sums_for(std::size_t elems) {
+  return grown(stream, partial_sums, partial_sum_elems, elems);
+}
+
 double* Stream::Impl::range_sums_for(std::size_t elems) {
   return grown(stream, range_sums, range_sum_elems, elems);
 }
@@ -122,6 +126,7 @@ Stream::Stream(int device) : impl_(std::make_unique<Impl>()) {
   impl_->gemm_table.library = ::t3d::detail::concat(
       "cuBLASLt ", cublasLtGetVersion(), " on ", prop.name, " (sm_", prop.major, prop.minor, ")");
   T3D_CUDA_CHECK(cudaMalloc(&impl_->partial_sums, kSumBlocks * sizeof(double)));
+  impl_->partial_sum_elems = kSumBlocks;
   T3D_CUDA_CHECK(cudaMalloc(&impl_->scalar_sum, sizeof(double)));
   T3D_CUDA_CHECK(cudaMalloc(&impl_->scalar_count, sizeof(unsigned long long)));
 }

@@ -13,10 +13,21 @@ __global__ void add_kernel(float* out, const float* x, const float* y, std::int6
     out[i] = x[i] + y[i];
 }
 
-// Block b's threads sum x[i]^2 for i ≡ b·kBlock + t (mod kSumBlocks·kBlock) in increasing i, in
-// double; then the block's kBlock sums pairwise (halves folded onto the first half).
-__global__ void sum_squares_partial(double* partial, const float* x, std::int64_t n) {
+// Up to kSquareRanges ranges of one launch of the sum of squares, passed by value (1 KiB).
+constexpr int kSquareRanges = 64;
+struct SquareRanges {
+  const float* x[kSquareRanges];
+  std::int64_t n[kSquareRanges];
+};
+
+// For range j = blockIdx.y: block b's threads sum x[i]^2 for i ≡ b·kBlock + t (mod
+// kSumBlocks·kBlock) in increasing i, in double; then the block's kBlock sums pairwise (halves
+// folded onto the first half) into partial[j·kSumBlocks + b]. A range's sum does not depend on
+// the others in its launch.
+__global__ void sum_squares_partial(double* partial, const SquareRanges ranges) {
   __shared__ double acc[kBlock];
+  const float* x = ranges.x[blockIdx.y];
+  const std::int64_t n = ranges.n[blockIdx.y];
   double s = 0.0;
   for (std::int64_t i = blockIdx.x * std::int64_t{kBlock} + threadIdx.x; i < n;
        i += std::int64_t{kSumBlocks} * kBlock)
@@ -27,19 +38,37 @@ __global__ void sum_squares_partial(double* partial, const float* x, std::int64_
     if (threadIdx.x < w) acc[threadIdx.x] += acc[threadIdx.x + w];
     __syncthreads();
   }
-  if (threadIdx.x == 0) partial[blockIdx.x] = acc[0];
+  if (threadIdx.x == 0) partial[blockIdx.y * std::int64_t{kSumBlocks} + blockIdx.x] = acc[0];
 }
 
-// One block of kSumBlocks threads folds the partial sums the same way.
-__global__ void sum_partials(double* out, const double* partial) {
+// Block j (kSumBlocks threads) folds range j's partial sums the same way into out[j].
+__global__ void sum_partials(double* out, const double* partials) {
   __shared__ double acc[kSumBlocks];
+  const double* partial = partials + blockIdx.x * std::int64_t{kSumBlocks};
   acc[threadIdx.x] = partial[threadIdx.x];
   __syncthreads();
   for (int w = kSumBlocks / 2; w > 0; w /= 2) {
     if (threadIdx.x < w) acc[threadIdx.x] += acc[threadIdx.x + w];
     __syncthreads();
   }
-  if (threadIdx.x == 0) *out = acc[0];
+  if (threadIdx.x == 0) out[blockIdx.x] = acc[0];
+}
+
+// out[j] = the sum of squares of range j (in device memory) for `count` ranges, each in the order
+// of the two kernels above, in launches of kSquareRanges ranges.
+void sums_of_squares(const Stream& s, double* out, const float* const* x, const std::int64_t* n,
+                     std::int64_t count) {
+  for (std::int64_t j0 = 0; j0 < count; j0 += kSquareRanges) {
+    const int m = static_cast<int>(count - j0 < kSquareRanges ? count - j0 : kSquareRanges);
+    SquareRanges ranges{};
+    for (int j = 0; j < m; ++j) ranges.x[j] = x[j0 + j], ranges.n[j] = n[j0 + j];
+    double* partials = s.impl().partial_sums_for(static_cast<std::size_t>(m) * kSumBlocks);
+    sum_squares_partial<<<dim3(kSumBlocks, static_cast<unsigned>(m)), kBlock, 0, s.impl().stream>>>(
+        partials, ranges);
+    T3D_CUDA_LAUNCHED();
+    sum_partials<<<static_cast<unsigned>(m), kSumBlocks, 0, s.impl().stream>>>(out + j0, partials);
+    T3D_CUDA_LAUNCHED();
+  }
 }
 
 // The CPU's loop (s += x[i] in double, i ascending), so its bits, by thread 0 of one block; the
@@ -176,10 +205,7 @@ void add(const Stream& s, float* out, const float* x, const float* y, std::int64
 void add_inplace(const Stream& s, float* x, const float* y, std::int64_t n) { add(s, x, x, y, n); }
 
 void sum_of_squares(const Stream& s, double* out, const float* x, std::int64_t n) {
-  sum_squares_partial<<<kSumBlocks, kBlock, 0, s.impl().stream>>>(s.impl().partial_sums, x, n);
-  T3D_CUDA_LAUNCHED();
-  sum_partials<<<1, kSumBlocks, 0, s.impl().stream>>>(out, s.impl().partial_sums);
-  T3D_CUDA_LAUNCHED();
+  sums_of_squares(s, out, &x, &n, 1);
 }
 
 double sum_of_squares_to_host(const Stream& s, const float* x, std::int64_t n) {
@@ -191,7 +217,7 @@ void sum_of_squares_each_to_host(const Stream& s, double* host_out, const float*
                                  const std::int64_t* n, std::int64_t count) {
   if (count <= 0) return;
   double* sums = s.impl().range_sums_for(static_cast<std::size_t>(count));
-  for (std::int64_t j = 0; j < count; ++j) sum_of_squares(s, sums + j, x[j], n[j]);
+  sums_of_squares(s, sums, x, n, count);
   copy_to_host(s, host_out, sums, static_cast<std::size_t>(count) * sizeof(double));
   s.synchronize();
 }

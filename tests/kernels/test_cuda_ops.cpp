@@ -286,14 +286,15 @@ TEST(CudaElementwise, SumOfSquaresIsDeterministicAndClose) {
 }
 
 // The ranges' sums in one crossing: each the bits of sum_of_squares alone (ranges of 0, 1 and
-// many floats, one range twice, more ranges than any earlier call: the device slots grow).
+// many floats, one range twice, more ranges than one launch takes (64) and than any earlier call:
+// the device slots grow).
 TEST(CudaElementwise, SumOfSquaresOfEachRangeIsTheSingleSum) {
   REQUIRE_GPU();
-  const auto x = random_floats(100000, 15);
+  const auto x = random_floats(200000, 15);
   Dev<float> dx(x);
   std::vector<const float*> ranges;
   std::vector<std::int64_t> sizes;
-  for (std::int64_t j = 0; j < 40; ++j) {
+  for (std::int64_t j = 0; j < 70; ++j) {
     ranges.push_back(dx.p() + 2000 * j);
     sizes.push_back(j == 3 ? 0 : j == 4 ? 1 : 1000 + 37 * j);
   }
