@@ -40,8 +40,8 @@ inline constexpr Exec kCpu{GemmKind::kOpenBlasF32};
 // T3D_ON_GPU(exec, call): the first line of an op that has a CUDA twin: returns `call` (the twin,
 // kernels/cuda/cuda_ops.h) when `exec` is a GPU execution. In a build without the CUDA backend no
 // GPU Exec can exist (no cuda::Stream can be made), and the line only checks that.
-// On a GPU the call is timed when T3D_GPU_OP_TIMES=1 (kernels/cuda/op_timer.h), under the op's
-// name.
+// On a GPU the call is timed while op timing is on (T3D_GPU_OP_TIMES, kernels/cuda/op_timer.h),
+// under the op's name.
 #ifdef T3D_HAVE_CUDA
 #include "kernels/cuda/op_timer.h"
 #define T3D_ON_GPU(exec, call)                                                   \

@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <vector>
@@ -42,6 +43,33 @@ inline constexpr std::size_t kBlasWorkspaceBytes = 32u << 20;
 
 struct GemmPlan;  // ops_linear.cu: a shape's cuBLASLt descriptors and algorithm
 
+// A device buffer a stream keeps for one use (library memory outside the arena, as the CPU's
+// per-thread buffers are): at least `elems` on each request, reallocated only to grow, after the
+// stream has finished with the old one (so a request synchronises the stream only when it grows).
+template <class T>
+class StreamBuffer {
+ public:
+  StreamBuffer() = default;
+  StreamBuffer(const StreamBuffer&) = delete;
+  StreamBuffer& operator=(const StreamBuffer&) = delete;
+  ~StreamBuffer() { cudaFree(data_); }
+  T* at_least(cudaStream_t stream, std::size_t elems) {
+    if (elems > elems_) {
+      T3D_CUDA_CHECK(cudaStreamSynchronize(stream));  // the old buffer may still be read
+      T3D_CUDA_CHECK(cudaFree(data_));
+      data_ = nullptr;
+      elems_ = 0;
+      T3D_CUDA_CHECK(cudaMalloc(&data_, elems * sizeof(T)));
+      elems_ = elems;
+    }
+    return data_;
+  }
+
+ private:
+  T* data_ = nullptr;
+  std::size_t elems_ = 0;
+};
+
 struct Stream::Impl {
   int device = 0;
   cudaStream_t stream = nullptr;
@@ -63,44 +91,22 @@ struct Stream::Impl {
   };
   std::vector<TimedOp> timed_ops;
   std::vector<cudaEvent_t> spare_events;
-  // The partial sums of sum_of_squares (kSumBlocks doubles), and the step scalars read back to
-  // the host: a sum, a count.
-  double* partial_sums = nullptr;  // kSumBlocks a range of one launch, grown and kept
-  std::size_t partial_sum_elems = 0;
-  double* partial_sums_for(std::size_t elems);
+  // The step scalars read back to the host: a sum, a count.
   double* scalar_sum = nullptr;
   unsigned long long* scalar_count = nullptr;
-  // bf16 copies of GEMM inputs, grown to the largest call and kept (library memory outside the
-  // arena, as the CPU's per-thread bf16 buffers are).
-  bf16* gemm_inputs = nullptr;
-  std::size_t gemm_input_elems = 0;
-  bf16* gemm_inputs_for(std::size_t elems);  // at least `elems`, synchronising to grow
-  // The MoE auxiliary loss's partial sums (per-sequence fractions, per-token terms, per-sequence
-  // losses and the total), grown and kept the same way.
-  double* moe_sums = nullptr;
-  std::size_t moe_sum_elems = 0;
-  double* moe_sums_for(std::size_t elems);
-  // Column sums of row chunks (RMSNorm's weight gradient, ops_rows.cu), grown and kept the same
-  // way.
-  float* row_chunk_sums = nullptr;
-  std::size_t row_chunk_sum_elems = 0;
-  float* row_chunk_sums_for(std::size_t elems);
-  // sum_of_squares_each's per-range results, grown and kept the same way.
-  double* range_sums = nullptr;
-  std::size_t range_sum_elems = 0;
-  double* range_sums_for(std::size_t elems);
-  // The embedding backward's sort (ops_rows.cu): bytes, grown and kept the same way.
-  unsigned char* sort_scratch = nullptr;
-  std::size_t sort_scratch_bytes = 0;
-  unsigned char* sort_scratch_for(std::size_t bytes);
-  // LinearInput's rounded copies (take_rounded_buffer): buffers grown to their largest use and
-  // kept, each taken or free.
+  StreamBuffer<double> partial_sums;         // sum_of_squares: kSumBlocks a range of one launch
+  StreamBuffer<double> range_sums;           // sum_of_squares_each's per-range results
+  StreamBuffer<bf16> gemm_inputs;            // bf16 copies of GEMM inputs not given rounded
+  StreamBuffer<double> moe_sums;             // the MoE auxiliary loss's partial sums
+  StreamBuffer<float> row_chunk_sums;        // RMSNorm's weight gradient: column sums of row chunks
+  StreamBuffer<unsigned char> sort_scratch;  // the embedding backward's sort
+  // LinearInput's and attention's rounded copies (take_rounded_buffer), each taken or free (a
+  // deque: its elements stay where they are as it grows).
   struct RoundedBuffer {
-    bf16* data = nullptr;
-    std::size_t elems = 0;
+    StreamBuffer<bf16> buffer;
     bool taken = false;
   };
-  std::vector<RoundedBuffer> rounded_buffers;
+  std::deque<RoundedBuffer> rounded_buffers;
 };
 
 // Grid-stride launches over n elements: a fixed block size and a grid capped so that a launch

@@ -71,47 +71,6 @@ int device_for_local_rank(int local_rank, int visible_count) {
   return local_rank % visible_count;
 }
 
-namespace {
-// A buffer the stream keeps, of at least `elems` (`have` so far): reallocated only to grow, after
-// the stream has finished with the old one.
-template <class T>
-T* grown(cudaStream_t stream, T*& p, std::size_t& have, std::size_t elems) {
-  if (elems > have) {
-    T3D_CUDA_CHECK(cudaStreamSynchronize(stream));  // the old buffer may still be read
-    if (p) T3D_CUDA_CHECK(cudaFree(p));
-    p = nullptr;
-    have = 0;
-    T3D_CUDA_CHECK(cudaMalloc(&p, elems * sizeof(T)));
-    have = elems;
-  }
-  return p;
-}
-}  // namespace
-
-bf16* Stream::Impl::gemm_inputs_for(std::size_t elems) {
-  return grown(stream, gemm_inputs, gemm_input_elems, elems);
-}
-
-double* Stream::Impl::moe_sums_for(std::size_t elems) {
-  return grown(stream, moe_sums, moe_sum_elems, elems);
-}
-
-float* Stream::Impl::row_chunk_sums_for(std::size_t elems) {
-  return grown(stream, row_chunk_sums, row_chunk_sum_elems, elems);
-}
-
-double* Stream::Impl::partial_sums_for(std::size_t elems) {
-  return grown(stream, partial_sums, partial_sum_elems, elems);
-}
-
-double* Stream::Impl::range_sums_for(std::size_t elems) {
-  return grown(stream, range_sums, range_sum_elems, elems);
-}
-
-unsigned char* Stream::Impl::sort_scratch_for(std::size_t bytes) {
-  return grown(stream, sort_scratch, sort_scratch_bytes, bytes);
-}
-
 Stream::Stream(int device) : impl_(std::make_unique<Impl>()) {
   impl_->device = device;
   T3D_CUDA_CHECK(cudaSetDevice(device));
@@ -125,8 +84,6 @@ Stream::Stream(int device) : impl_(std::make_unique<Impl>()) {
   T3D_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   impl_->gemm_table.library = ::t3d::detail::concat(
       "cuBLASLt ", cublasLtGetVersion(), " on ", prop.name, " (sm_", prop.major, prop.minor, ")");
-  T3D_CUDA_CHECK(cudaMalloc(&impl_->partial_sums, kSumBlocks * sizeof(double)));
-  impl_->partial_sum_elems = kSumBlocks;
   T3D_CUDA_CHECK(cudaMalloc(&impl_->scalar_sum, sizeof(double)));
   T3D_CUDA_CHECK(cudaMalloc(&impl_->scalar_count, sizeof(unsigned long long)));
 }
@@ -146,15 +103,8 @@ Stream::~Stream() {
   }
   for (const cudaEvent_t e : impl_->spare_events) cudaEventDestroy(e);
   cudaFree(impl_->blas_workspace);
-  cudaFree(impl_->partial_sums);
   cudaFree(impl_->scalar_sum);
   cudaFree(impl_->scalar_count);
-  cudaFree(impl_->gemm_inputs);
-  cudaFree(impl_->moe_sums);
-  cudaFree(impl_->row_chunk_sums);
-  cudaFree(impl_->sort_scratch);
-  cudaFree(impl_->range_sums);
-  for (const Impl::RoundedBuffer& b : impl_->rounded_buffers) cudaFree(b.data);
   if (impl_->stream) cudaStreamDestroy(impl_->stream);
 }
 
@@ -267,9 +217,9 @@ RoundedBuffer take_rounded_buffer(const Stream& s, std::size_t elems) {
   while (slot < st.rounded_buffers.size() && st.rounded_buffers[slot].taken) ++slot;
   if (slot == st.rounded_buffers.size()) st.rounded_buffers.emplace_back();
   Stream::Impl::RoundedBuffer& b = st.rounded_buffers[slot];
-  grown(st.stream, b.data, b.elems, elems);
+  bf16* data = b.buffer.at_least(st.stream, elems);
   b.taken = true;
-  return {b.data, static_cast<int>(slot)};
+  return {data, static_cast<int>(slot)};
 }
 
 void give_rounded_buffer(const Stream& s, int slot) noexcept {

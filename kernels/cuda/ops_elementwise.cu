@@ -62,7 +62,8 @@ void sums_of_squares(const Stream& s, double* out, const float* const* x, const 
     const int m = static_cast<int>(count - j0 < kSquareRanges ? count - j0 : kSquareRanges);
     SquareRanges ranges{};
     for (int j = 0; j < m; ++j) ranges.x[j] = x[j0 + j], ranges.n[j] = n[j0 + j];
-    double* partials = s.impl().partial_sums_for(static_cast<std::size_t>(m) * kSumBlocks);
+    double* partials =
+        s.impl().partial_sums.at_least(s.impl().stream, static_cast<std::size_t>(m) * kSumBlocks);
     sum_squares_partial<<<dim3(kSumBlocks, static_cast<unsigned>(m)), kBlock, 0, s.impl().stream>>>(
         partials, ranges);
     T3D_CUDA_LAUNCHED();
@@ -216,7 +217,7 @@ double sum_of_squares_to_host(const Stream& s, const float* x, std::int64_t n) {
 void sum_of_squares_each_to_host(const Stream& s, double* host_out, const float* const* x,
                                  const std::int64_t* n, std::int64_t count) {
   if (count <= 0) return;
-  double* sums = s.impl().range_sums_for(static_cast<std::size_t>(count));
+  double* sums = s.impl().range_sums.at_least(s.impl().stream, static_cast<std::size_t>(count));
   sums_of_squares(s, sums, x, n, count);
   copy_to_host(s, host_out, sums, static_cast<std::size_t>(count) * sizeof(double));
   s.synchronize();

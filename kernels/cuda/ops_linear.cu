@@ -126,7 +126,8 @@ void gemm(const Stream& s, GemmPrecision p, bool trans_a, bool trans_b, std::int
     constexpr std::int64_t kAlignElems = kGemmAlignCap / sizeof(bf16);
     const std::int64_t b_offset = A16 ? 0 : (a_elems + kAlignElems - 1) / kAlignElems * kAlignElems;
     const std::int64_t need = b_offset + (B16 ? 0 : b_elems);
-    bf16* rounded = need ? st.gemm_inputs_for(static_cast<std::size_t>(need)) : nullptr;
+    bf16* rounded =
+        need ? st.gemm_inputs.at_least(st.stream, static_cast<std::size_t>(need)) : nullptr;
     if (!A16) float_to_bf16(s, rounded, A, a_elems);
     if (!B16) float_to_bf16(s, rounded + b_offset, B, b_elems);
     a = A16 ? static_cast<const void*>(A16) : rounded;

@@ -232,7 +232,8 @@ double moe_aux_loss_to_host(const Stream& s, float* dscores, const float* scores
   const std::int64_t E = r.E, N = r.N;
   // The partial sums in the stream's buffer: f (B, E), the token terms (N), the sequences' losses
   // (B), the total.
-  double* f = s.impl().moe_sums_for(static_cast<std::size_t>(B * E + N + B + 1));
+  double* f =
+      s.impl().moe_sums.at_least(s.impl().stream, static_cast<std::size_t>(B * E + N + B + 1));
   double* fp = f + B * E;
   double* loss = fp + N;
   double* total = loss + B;

@@ -212,7 +212,7 @@ void embedding_backward(const Stream& s, float* dwte, const float* dout, const s
       st));
   const std::size_t ints = (3 * static_cast<std::size_t>(N) + 63) / 64 * 64;  // 256-byte aligned
   auto* scratch = reinterpret_cast<std::int32_t*>(
-      s.impl().sort_scratch_for(ints * sizeof(std::int32_t) + temp_bytes));
+      s.impl().sort_scratch.at_least(st, ints * sizeof(std::int32_t) + temp_bytes));
   std::int32_t *sorted_tokens = scratch, *rows = scratch + N, *sorted_rows = scratch + 2 * N;
   iota_kernel<<<grid_for(N), kBlock, 0, st>>>(rows, N);
   T3D_CUDA_LAUNCHED();
@@ -239,7 +239,8 @@ void rmsnorm_backward(const Stream& s, float* dinp, float* dweight, const float*
       dinp, dout, inp, weight, rstd, N, C, mode == Out::kAccumulate);
   T3D_CUDA_LAUNCHED();
   const std::int64_t chunks = (N + kDweightRows - 1) / kDweightRows;
-  float* sums = s.impl().row_chunk_sums_for(static_cast<std::size_t>(chunks * C));
+  float* sums =
+      s.impl().row_chunk_sums.at_least(s.impl().stream, static_cast<std::size_t>(chunks * C));
   rmsnorm_dweight_chunks_kernel<<<grid_for(chunks * C), kBlock, 0, s.impl().stream>>>(
       sums, dout, inp, rstd, N, C, chunks);
   T3D_CUDA_LAUNCHED();
