@@ -52,7 +52,7 @@ using mma::load_b;
 using mma::pack_bf16;
 
 constexpr int kWarps = 4, kThreads = 32 * kWarps;
-constexpr int kRows = 16 * kWarps;  // query rows of a forward or dq block; keys of a dkv block
+constexpr int kRows = 16 * kWarps;  // query rows of a dq block; keys of a dk/dv block
 constexpr int kKeys = 64;           // keys per key tile of dq
 constexpr int kPad = 8;             // bf16 elements of padding per tile row
 constexpr int kMaxBf16HeadDim = 128;

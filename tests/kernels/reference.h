@@ -58,6 +58,24 @@ inline std::vector<float> widened(const std::vector<bf16>& x) {
 }
 
 // Every element within atol + rtol * |expected|; reports the first few offenders.
+// max |actual - expected| <= tol * max |expected|.
+inline void expect_close_to_max(const std::vector<float>& actual, const Vec& expected, double tol,
+                                const char* what) {
+  ASSERT_EQ(actual.size(), expected.size()) << what;
+  double err = 0, big = 0;
+  for (std::size_t i = 0; i < actual.size(); ++i) {
+    err = std::max(err, std::abs(actual[i] - expected[i]));
+    big = std::max(big, std::abs(expected[i]));
+  }
+  EXPECT_LE(err, tol * big) << what << ": max error " << err << ", max |expected| " << big;
+}
+
+inline double max_abs_diff(const std::vector<float>& a, const Vec& b) {
+  double e = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) e = std::max(e, std::abs(a[i] - b[i]));
+  return e;
+}
+
 inline void expect_close(const std::vector<float>& actual, const Vec& expected, double rtol,
                          double atol, const char* what) {
   ASSERT_EQ(actual.size(), expected.size()) << what;

@@ -43,24 +43,6 @@ std::vector<float> rounded(std::vector<float> x) {
   return x;
 }
 
-// max |actual - expected| <= tol * max |expected|.
-void expect_close_to_max(const std::vector<float>& actual, const Vec& expected, double tol,
-                         const char* what) {
-  ASSERT_EQ(actual.size(), expected.size()) << what;
-  double err = 0, big = 0;
-  for (std::size_t i = 0; i < actual.size(); ++i) {
-    err = std::max(err, std::abs(actual[i] - expected[i]));
-    big = std::max(big, std::abs(expected[i]));
-  }
-  EXPECT_LE(err, tol * big) << what << ": max error " << err << ", max |expected| " << big;
-}
-
-double max_abs_diff(const std::vector<float>& a, const Vec& b) {
-  double e = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) e = std::max(e, std::abs(a[i] - b[i]));
-  return e;
-}
-
 struct Bf16Case {
   int B, T, H, Hkv, D, tile;
   float q_scale;
@@ -102,7 +84,7 @@ TEST_P(kernels_attention_bf16, ForwardMatchesFullSoftmaxOfRoundedInputs) {
                  c.Hkv, c.D, &out_ref, &lse_ref);
   ref::expect_close(out, out_ref, 0.0, std::ldexp(1.0, -8), "out");  // max|v| <= 1
   ref::expect_close(lse, lse_ref, 2e-5, 2e-6, "lse");
-  EXPECT_GT(max_abs_diff(out, out_ref), 1e-5) << "as exact as fp32: P not rounded to bf16";
+  EXPECT_GT(ref::max_abs_diff(out, out_ref), 1e-5) << "as exact as fp32: P not rounded to bf16";
 }
 
 TEST_P(kernels_attention_bf16, BackwardMatchesFiniteDifferencesOfRoundedInputs) {
@@ -128,10 +110,10 @@ TEST_P(kernels_attention_bf16, BackwardMatchesFiniteDifferencesOfRoundedInputs) 
   const Vec gq = ref::numeric_grad([&](const Vec& x) { return f(x, kd, vd); }, qd, r);
   const Vec gk = ref::numeric_grad([&](const Vec& x) { return f(qd, x, vd); }, kd, r);
   const Vec gv = ref::numeric_grad([&](const Vec& x) { return f(qd, kd, x); }, vd, r);
-  expect_close_to_max(dq, gq, 1e-2, "dq");
-  expect_close_to_max(dk, gk, 1e-2, "dk");
-  expect_close_to_max(dv, gv, 1e-2, "dv");
-  EXPECT_GT(max_abs_diff(dv, gv), 1e-5) << "as exact as fp32: P not rounded to bf16";
+  ref::expect_close_to_max(dq, gq, 1e-2, "dq");
+  ref::expect_close_to_max(dk, gk, 1e-2, "dk");
+  ref::expect_close_to_max(dv, gv, 1e-2, "dv");
+  EXPECT_GT(ref::max_abs_diff(dv, gv), 1e-5) << "as exact as fp32: P not rounded to bf16";
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -193,9 +175,9 @@ TEST_P(kernels_attention_bf16_large, MatchesFp32TilesOnRoundedInputs) {
   const Result b = run(kBf16);
   ref::expect_close(b.out, ref::to_double(fp32.out), 0.0, std::ldexp(1.0, -8), "out");
   ref::expect_close(b.lse, ref::to_double(fp32.lse), 2e-5, 2e-6, "lse");
-  expect_close_to_max(b.dq, ref::to_double(fp32.dq), 1e-2, "dq");
-  expect_close_to_max(b.dk, ref::to_double(fp32.dk), 1e-2, "dk");
-  expect_close_to_max(b.dv, ref::to_double(fp32.dv), 1e-2, "dv");
+  ref::expect_close_to_max(b.dq, ref::to_double(fp32.dq), 1e-2, "dq");
+  ref::expect_close_to_max(b.dk, ref::to_double(fp32.dk), 1e-2, "dk");
+  ref::expect_close_to_max(b.dv, ref::to_double(fp32.dv), 1e-2, "dv");
   EXPECT_NE(b.out, fp32.out) << "bf16 tiles not taken";
 }
 

@@ -97,24 +97,6 @@ Outputs gpu_run(const Exec& exec, const Inputs& in, const AttentionShape& s) {
   return {out.host(), lse.host(), dq.host(), dk.host(), dv.host()};
 }
 
-// max |actual - expected| <= tol * max |expected|.
-void expect_close_to_max(const std::vector<float>& actual, const std::vector<float>& expected,
-                         double tol, const std::string& what) {
-  ASSERT_EQ(actual.size(), expected.size()) << what;
-  double err = 0, big = 0;
-  for (std::size_t i = 0; i < actual.size(); ++i) {
-    err = std::max(err, std::abs(double{actual[i]} - expected[i]));
-    big = std::max(big, std::abs(double{expected[i]}));
-  }
-  EXPECT_LE(err, tol * big) << what << ": max error " << err << ", max |expected| " << big;
-}
-
-double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double e = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) e = std::max(e, std::abs(double{a[i]} - b[i]));
-  return e;
-}
-
 Exec gpu_bf16() { return Exec(GemmKind::kOneDnnBf16, S()); }
 Exec gpu_fp32() { return Exec(GemmKind::kOpenBlasF32, S()); }
 
@@ -139,11 +121,12 @@ TEST(CudaAttentionBf16, MatchesTheCpuWithinBf16Rounding) {
     const std::string at = name(c);
     ref::expect_close(got.out, ref::to_double(want.out), 0.0, std::ldexp(1.0, -8), at.c_str());
     ref::expect_close(got.lse, ref::to_double(want.lse), 2e-5, 2e-6, ("lse " + at).c_str());
-    expect_close_to_max(got.dq, want.dq, 1e-2, "dq " + at);
-    expect_close_to_max(got.dk, want.dk, 1e-2, "dk " + at);
-    expect_close_to_max(got.dv, want.dv, 1e-2, "dv " + at);
+    ref::expect_close_to_max(got.dq, ref::to_double(want.dq), 1e-2, ("dq " + at).c_str());
+    ref::expect_close_to_max(got.dk, ref::to_double(want.dk), 1e-2, ("dk " + at).c_str());
+    ref::expect_close_to_max(got.dv, ref::to_double(want.dv), 1e-2, ("dv " + at).c_str());
     if (c.T > 16) {  // control: P really rounded to bf16 (not the fp32 tiles' result)
-      EXPECT_GT(max_abs_diff(got.out, want.out), 1e-5) << "as exact as fp32: " << at;
+      EXPECT_GT(ref::max_abs_diff(got.out, ref::to_double(want.out)), 1e-5)
+          << "as exact as fp32: " << at;
     }
   }
 }
