@@ -83,6 +83,9 @@ struct Stream::Impl {
   // descriptors made for each (a cache of the table: cleared whenever the table changes).
   GemmTable gemm_table;
   std::map<GemmShape, std::shared_ptr<GemmPlan>> gemm_plans;
+  // The heuristic's first answer per row bucket's shape (ops_linear.cu untabled_algorithm);
+  // unbounded but small: a bucket per quarter power of two of rows, per weight shape.
+  std::map<GemmShape, GemmAlgorithm> bucket_algorithms;
   // kernels/cuda/op_timer.h: the events of the ops timed since the last take_op_seconds, in
   // order (stop null: not recorded), and the events free for reuse.
   struct TimedOp {

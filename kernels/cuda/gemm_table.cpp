@@ -51,6 +51,21 @@ std::uint32_t gemm_alignment(const void* a, const void* b, const void* c) {
   return std::min({alignment_of(a), alignment_of(b), alignment_of(c)});
 }
 
+std::int64_t gemm_row_bucket(std::int64_t rows) {
+  if (rows <= kGemmRowBucketMin) return kGemmRowBucketMin;
+  std::int64_t power = 1;  // the largest power of two below rows
+  while (power * 2 < rows) power *= 2;
+  const std::int64_t step = power / 4;
+  return (rows + step - 1) / step * step;
+}
+
+GemmShape gemm_bucket_shape(const GemmShape& shape) {
+  GemmShape bucket = shape;
+  if (!shape.trans_a) bucket.M = gemm_row_bucket(shape.M);
+  if (shape.trans_a && !shape.trans_b) bucket.K = gemm_row_bucket(shape.K);
+  return bucket;
+}
+
 std::string gemm_table_text(const GemmTable& table) {
   std::string out =
       std::string(kHeader) + "\nlibrary " + table.library + "\nsource " + table.source + "\n";

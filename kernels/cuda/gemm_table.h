@@ -7,7 +7,9 @@
 // rank installs the same table, and resume installs the table the run recorded: the same algorithm
 // for the same shape everywhere, the same bits. A shape the table lacks runs cuBLASLt's first
 // heuristic answer (a function of the shape, GPU model, library and workspace: the same on every
-// rank), not kept in the table.
+// rank), not kept in the table: the answer for its row bucket's shape (gemm_bucket_shape), so
+// that a mixture of experts' GEMMs, which meet a new row count at nearly every call, ask the
+// heuristic once per bucket instead of once per call.
 //
 // The algorithm is cuBLASLt's `cublasLtMatmulAlgo_t`, which its documentation says "can be
 // trivially serialized and later restored for use with the same version of cuBLAS library": the
@@ -70,6 +72,17 @@ struct GemmTable {
 // algorithm's eight words in hex. Parsing refuses anything else, naming the line.
 std::string gemm_table_text(const GemmTable& table);
 std::optional<GemmTable> parse_gemm_table(std::string_view text, std::string* why);
+
+// The shape whose heuristic answer a shape outside the table runs: its free row counts rounded up
+// to kGemmRowBucketMin, or above it to a quarter of their power of two (at most 25 % more rows).
+// Free means no operand's leading dimension bounds it: M when A is stored (M, K), i.e. not
+// transposed (the linear layers' forward and input gradient, M = the batch rows), and K when A is
+// stored (K, M) and B (K, N) (the weight gradient, K = the batch rows). The algorithm is then a
+// function of the shape alone, as the table's promise needs; ops_linear.cu checks it supports the
+// exact shape (cublasLtMatmulAlgoCheck) and otherwise asks the heuristic for the exact shape.
+inline constexpr std::int64_t kGemmRowBucketMin = 64;
+std::int64_t gemm_row_bucket(std::int64_t rows);
+GemmShape gemm_bucket_shape(const GemmShape& shape);
 
 // Whether `challenger`'s times (seconds, one per timed round) beat `incumbent`'s clearly enough
 // to replace it: its slowest round faster than the incumbent's fastest by kGemmAlgorithmMargin.

@@ -77,6 +77,16 @@ struct GemmPlan {
     return out;
   }
 
+  // Whether `g` runs this plan's shape within the stream's workspace (cublasLtMatmulAlgoCheck).
+  bool supports(const Stream::Impl& st, const GemmAlgorithm& g) const {
+    cublasLtMatmulAlgo_t algo;
+    std::memcpy(&algo, g.words.data(), sizeof algo);
+    cublasLtMatmulHeuristicResult_t result{};
+    return cublasLtMatmulAlgoCheck(st.lt, op, a, b, c, c, &algo, &result) ==
+               CUBLAS_STATUS_SUCCESS &&
+           result.workspaceSize <= kBlasWorkspaceBytes;
+  }
+
   void run(const Stream::Impl& st, const void* A, const void* B, float* C, bool accumulate) const {
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     cublasLtMatmulAlgo_t algo;
@@ -91,20 +101,35 @@ namespace {
 
 // Plans kept at most: a mixture of experts' GEMMs meet a new row count at nearly every call, and
 // a plan is a few cuBLASLt descriptors. Dropping them all changes nothing but the time to make
-// them again: a plan's algorithm is the table's, or the heuristic's first answer.
+// them again: a plan's algorithm is a function of its shape (plan_of).
 constexpr std::size_t kMaxGemmPlans = 2048;
 
-// The stream's plan of `shape`: made at its first use, with the table's algorithm, or cuBLASLt's
-// first heuristic answer (which the table does not keep: it is the same whenever asked).
+// The algorithm of a shape the table lacks: cuBLASLt's first heuristic answer for its row
+// bucket's shape (gemm_table.h: one query per bucket, not per row count), if that runs the exact
+// shape, else the first answer for the exact shape. Either way a function of the shape, the GPU
+// model and the library, whatever ran before.
+GemmAlgorithm untabled_algorithm(Stream::Impl& st, const GemmShape& shape, const GemmPlan& plan) {
+  const GemmShape bucket = gemm_bucket_shape(shape);
+  auto found = st.bucket_algorithms.find(bucket);
+  if (found == st.bucket_algorithms.end()) {
+    const GemmAlgorithm first = bucket == shape
+                                    ? plan.candidates(st, shape, 1).front()
+                                    : GemmPlan(bucket).candidates(st, bucket, 1).front();
+    found = st.bucket_algorithms.emplace(bucket, first).first;
+  }
+  return plan.supports(st, found->second) ? found->second : plan.candidates(st, shape, 1).front();
+}
+
+// The stream's plan of `shape`: made at its first use, with the table's algorithm or
+// untabled_algorithm's.
 const GemmPlan& plan_of(Stream::Impl& st, const GemmShape& shape) {
   if (const auto kept = st.gemm_plans.find(shape); kept != st.gemm_plans.end())
     return *kept->second;
   if (st.gemm_plans.size() >= kMaxGemmPlans) st.gemm_plans.clear();
   auto plan = std::make_shared<GemmPlan>(shape);
   const auto found = st.gemm_table.algorithms.find(shape);
-  plan->algorithm = found != st.gemm_table.algorithms.end()
-                        ? found->second
-                        : plan->candidates(st, shape, 1).front();
+  plan->algorithm = found != st.gemm_table.algorithms.end() ? found->second
+                                                            : untabled_algorithm(st, shape, *plan);
   return *st.gemm_plans.emplace(shape, std::move(plan)).first->second;
 }
 

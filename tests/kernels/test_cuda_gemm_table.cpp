@@ -92,6 +92,45 @@ TEST(GemmTable, OnlyAClearGainReplacesTheHeuristicsFirstAnswer) {  // host code
   EXPECT_TRUE(beats_clearly({0.80, 0.90}, {1.00, 1.10}));
 }
 
+TEST(GemmTable, RowBucketsRoundUpByAtMostAQuarter) {  // host code
+  EXPECT_EQ(gemm_row_bucket(1), kGemmRowBucketMin);
+  EXPECT_EQ(gemm_row_bucket(64), 64);
+  EXPECT_EQ(gemm_row_bucket(65), 80);
+  EXPECT_EQ(gemm_row_bucket(128), 128);
+  EXPECT_EQ(gemm_row_bucket(129), 160);
+  EXPECT_EQ(gemm_row_bucket(1000), 1024);
+  EXPECT_EQ(gemm_row_bucket(1025), 1280);
+  for (std::int64_t rows = 1; rows < 5000; ++rows) {
+    const std::int64_t b = gemm_row_bucket(rows);
+    ASSERT_GE(b, rows);
+    ASSERT_EQ(gemm_row_bucket(b), b) << rows;  // a bucket is its own bucket
+    if (rows > kGemmRowBucketMin) {
+      ASSERT_LE(b * 4, rows * 5) << rows;
+    }
+  }
+}
+
+// Each linear GEMM's bucket shape rounds up its batch rows, and only them: the weights' extents
+// and the leading dimensions stay, and every operand still fits its leading dimension (a layout
+// cuBLASLt accepts).
+TEST(GemmTable, ABucketShapeRoundsOnlyTheBatchRows) {  // host code
+  const std::int64_t in = 384, out = 200;
+  for (const std::int64_t rows : {1, 37, 64, 100, 777, 4096})
+    for (const auto p : {GemmPrecision::kFp32, GemmPrecision::kBf16}) {
+      const auto shapes = linear_gemm_shapes(p, rows, in, out, 16);
+      for (std::size_t i = 0; i < shapes.size(); ++i) {
+        const GemmShape& s = shapes[i];
+        const GemmShape b = gemm_bucket_shape(s);
+        GemmShape expected = s;
+        (i < 2 ? expected.M : expected.K) = gemm_row_bucket(rows);  // forward, dx: M; dw: K
+        EXPECT_EQ(b, expected) << "GEMM " << i << ", " << rows << " rows";
+        EXPECT_GE(b.lda, b.trans_a ? b.M : b.K);
+        EXPECT_GE(b.ldb, b.trans_b ? b.K : b.N);
+        EXPECT_GE(b.ldc, b.N);
+      }
+    }
+}
+
 // ---- on a GPU
 // ------------------------------------------------------------------------------------
 
@@ -147,6 +186,21 @@ TEST(GemmTable, AMeasuredTableGivesTheSameBitsOnAnotherStream) {
     EXPECT_EQ(gemm_table(other).algorithms, parsed->algorithms);
     const auto there = run_layer(p, N, in, out, other);
     for (int i = 0; i < 3; ++i) expect_same_bits(first[i], there[i], "another stream, the table");
+  }
+}
+
+// A shape outside the table (an expert's rows) runs its row bucket's algorithm: the same bits
+// on a fresh stream as after other row counts of its bucket planned theirs first.
+TEST(GemmTable, AnUntabledShapesBitsDoNotDependOnWhatRanBefore) {
+  REQUIRE_GPU();
+  const int in = 256, out = 384;
+  for (const auto p : {GemmPrecision::kFp32, GemmPrecision::kBf16}) {
+    Stream fresh(0), used(0);
+    const auto alone = run_layer(p, 70, in, out, fresh);
+    run_layer(p, 80, in, out, used);
+    run_layer(p, 66, in, out, used);
+    const auto after = run_layer(p, 70, in, out, used);
+    for (int i = 0; i < 3; ++i) expect_same_bits(alone[i], after[i], "after rows 80 and 66");
   }
 }
 
