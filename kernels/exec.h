@@ -7,6 +7,10 @@
 // The pointers an op is given must be of the Exec's memory (an Arena of that Memory).
 #pragma once
 
+#include <algorithm>
+#include <iterator>
+#include <vector>
+
 #include "kernels/check.h"
 #include "kernels/gemm.h"
 
@@ -18,16 +22,50 @@ class Stream;
 
 enum class Backend : std::uint8_t { kCpu, kCuda };
 
+// A bf16 copy of the fp32 weights of one region (a model's parameter region), rounded as a bf16
+// GEMM rounds its inputs (precision.h's float_to_bf16), in the Exec's memory. While `current`, a
+// bf16 GEMM of the linear ops (kernels/ops.h) whose weight lies in one of `tensors` reads the
+// copy instead of rounding the weight again: the same bits, one rounding of the weights per
+// training step instead of one per GEMM call. Each tensor's copy starts on kAlignment bytes, as
+// the tensor does, so that a GEMM's operands keep the alignment its algorithm was chosen for
+// (kernels/cuda/gemm_table.h). Its owner (runtime/model/model.h, Model::round_weights) makes it
+// current only while nothing writes the weights.
+struct WeightCopy {
+  struct Tensor {
+    std::int64_t begin = 0, end = 0;  // floats from `data`
+    std::int64_t at = 0;              // its copy's first element in `rounded`
+  };
+  const float* data = nullptr;
+  std::vector<Tensor> tensors;  // ascending, disjoint
+  const bf16* rounded = nullptr;
+  bool current = false;
+  const bf16* of(const float* w) const {
+    if (!current || w < data) return nullptr;
+    const std::int64_t i = w - data;
+    const auto after =
+        std::upper_bound(tensors.begin(), tensors.end(), i,
+                         [](std::int64_t v, const Tensor& t) { return v < t.begin; });
+    if (after == tensors.begin() || i >= std::prev(after)->end) return nullptr;
+    return rounded + std::prev(after)->at + (i - std::prev(after)->begin);
+  }
+};
+
 struct Exec {
   Backend backend = Backend::kCpu;
   GemmKind gemm = GemmKind::kOpenBlasF32;
   const cuda::Stream* stream = nullptr;  // kCuda only
+  // The weights' bf16 copy, or null: its owner outlives every use of this Exec by a linear op.
+  const WeightCopy* weight_copy = nullptr;
 
   // A CPU execution with GEMMs of `kind`: what every CPU caller means by a GEMM kind.
   constexpr Exec(GemmKind kind) : gemm(kind) {}  // NOLINT: implicit on purpose
   // A GPU execution on `s`, its GEMM precision that of `kind`.
   Exec(GemmKind kind, const cuda::Stream& s) : backend(Backend::kCuda), gemm(kind), stream(&s) {}
   bool on_gpu() const { return backend == Backend::kCuda; }
+  // The current bf16 copy of weight `w` (a bf16 GEMM kind only), or null.
+  const bf16* rounded_weight(const float* w) const {
+    return weight_copy && gemm_kind_is_bf16(gemm) ? weight_copy->of(w) : nullptr;
+  }
 };
 
 // The CPU, for an op that runs no GEMM, where its caller has no Exec of its own yet: each use above

@@ -16,20 +16,22 @@ namespace t3d::kernels {
 
 void linear_forward(const Exec& exec, float* y, const float* x, const float* w, std::int64_t N,
                     std::int64_t in, std::int64_t out, Out mode) {
+  const bf16* w16 = exec.rounded_weight(w);
   T3D_ON_GPU(exec, cuda::linear_forward(*exec.stream, cuda::gemm_precision(exec), y, x, w, N, in,
-                                        out, mode));
-  const GemmKind kind = exec.gemm;
+                                        out, mode, nullptr, w16));
   // y (N, out) = x (N, in) . w^T (in, out): w is [out, in], read transposed in place.
-  gemm(kind, Trans::kNo, Trans::kYes, N, out, in, x, in, w, in, mode == Out::kAccumulate, y, out);
+  gemm(exec.gemm, Trans::kNo, Trans::kYes, N, out, in, GemmOperand{x, in}, GemmOperand{w, in, w16},
+       mode == Out::kAccumulate, y, out);
 }
 
 void linear_backward_input(const Exec& exec, float* dx, const float* dy, const float* w,
                            std::int64_t N, std::int64_t in, std::int64_t out) {
+  const bf16* w16 = exec.rounded_weight(w);
   T3D_ON_GPU(exec, cuda::linear_backward_input(*exec.stream, cuda::gemm_precision(exec), dx, dy, w,
-                                               N, in, out));
-  const GemmKind kind = exec.gemm;
+                                               N, in, out, Out::kWrite, nullptr, w16));
   // dx (N, in) = dy (N, out) . w (out, in)
-  gemm(kind, Trans::kNo, Trans::kNo, N, in, out, dy, out, w, in, false, dx, in);
+  gemm(exec.gemm, Trans::kNo, Trans::kNo, N, in, out, GemmOperand{dy, out}, GemmOperand{w, in, w16},
+       false, dx, in);
 }
 
 void linear_backward_weight(const Exec& exec, float* dw, const float* dy, const float* x,
@@ -114,19 +116,21 @@ LinearInput::~LinearInput() {
 
 void linear_forward(float* y, const LinearInput& x, const float* w, std::int64_t out, Out mode) {
   const std::int64_t N = x.rows(), in = x.cols();
+  const bf16* w16 = x.exec().rounded_weight(w);
   T3D_ON_GPU(x.exec(), cuda::linear_forward(*x.exec().stream, cuda::gemm_precision(x.exec()), y,
-                                            x.data(), w, N, in, out, mode, x.rounded()));
-  gemm(x.kind(), Trans::kNo, Trans::kYes, N, out, in, operand(x), GemmOperand{w, in},
+                                            x.data(), w, N, in, out, mode, x.rounded(), w16));
+  gemm(x.kind(), Trans::kNo, Trans::kYes, N, out, in, operand(x), GemmOperand{w, in, w16},
        mode == Out::kAccumulate, y, out);
 }
 
 void linear_backward_input(float* dx, const LinearInput& dy, const float* w, std::int64_t in,
                            Out mode) {
   const std::int64_t N = dy.rows(), out = dy.cols();
+  const bf16* w16 = dy.exec().rounded_weight(w);
   T3D_ON_GPU(dy.exec(),
              cuda::linear_backward_input(*dy.exec().stream, cuda::gemm_precision(dy.exec()), dx,
-                                         dy.data(), w, N, in, out, mode, dy.rounded()));
-  gemm(dy.kind(), Trans::kNo, Trans::kNo, N, in, out, operand(dy), GemmOperand{w, in},
+                                         dy.data(), w, N, in, out, mode, dy.rounded(), w16));
+  gemm(dy.kind(), Trans::kNo, Trans::kNo, N, in, out, operand(dy), GemmOperand{w, in, w16},
        mode == Out::kAccumulate, dx, in);
 }
 

@@ -219,13 +219,14 @@ void shared_gate_backward_weight(const Stream& s, float* dw, const float* dz, co
 // kBf16 the inputs are rounded to bf16 (nearest even, as the CPU rounds) into the stream's
 // workspace first; an activation operand given with its rounded copy (`x16`, `dy16`: packed rows, a
 // bf16-stored activation or LinearInput's copy) is read from that copy instead and its floats are
-// not read.
+// not read; so is a weight given with its copy (`w16`: kernels/exec.h's WeightCopy).
 void linear_forward(const Stream& s, GemmPrecision p, float* y, const float* x, const float* w,
                     std::int64_t N, std::int64_t in, std::int64_t out, Out mode = Out::kWrite,
-                    const bf16* x16 = nullptr);
+                    const bf16* x16 = nullptr, const bf16* w16 = nullptr);
 void linear_backward_input(const Stream& s, GemmPrecision p, float* dx, const float* dy,
                            const float* w, std::int64_t N, std::int64_t in, std::int64_t out,
-                           Out mode = Out::kWrite, const bf16* dy16 = nullptr);
+                           Out mode = Out::kWrite, const bf16* dy16 = nullptr,
+                           const bf16* w16 = nullptr);
 void linear_backward_weight(const Stream& s, GemmPrecision p, float* dw, const float* dy,
                             const float* x, std::int64_t N, std::int64_t in, std::int64_t out,
                             const bf16* dy16 = nullptr, const bf16* x16 = nullptr);

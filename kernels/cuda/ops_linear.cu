@@ -197,16 +197,17 @@ std::array<double, 2> time_plan(const Stream::Impl& st, const GemmPlan& plan, co
 }  // namespace
 
 void linear_forward(const Stream& s, GemmPrecision p, float* y, const float* x, const float* w,
-                    std::int64_t N, std::int64_t in, std::int64_t out, Out mode, const bf16* x16) {
+                    std::int64_t N, std::int64_t in, std::int64_t out, Out mode, const bf16* x16,
+                    const bf16* w16) {
   // y (N, out) = x (N, in) · w^T (in, out)
-  gemm(s, p, false, true, N, out, in, x, in, w, in, mode == Out::kAccumulate, y, out, x16);
+  gemm(s, p, false, true, N, out, in, x, in, w, in, mode == Out::kAccumulate, y, out, x16, w16);
 }
 
 void linear_backward_input(const Stream& s, GemmPrecision p, float* dx, const float* dy,
                            const float* w, std::int64_t N, std::int64_t in, std::int64_t out,
-                           Out mode, const bf16* dy16) {
+                           Out mode, const bf16* dy16, const bf16* w16) {
   // dx (N, in) = dy (N, out) · w (out, in)
-  gemm(s, p, false, false, N, in, out, dy, out, w, in, mode == Out::kAccumulate, dx, in, dy16);
+  gemm(s, p, false, false, N, in, out, dy, out, w, in, mode == Out::kAccumulate, dx, in, dy16, w16);
 }
 
 void linear_backward_weight(const Stream& s, GemmPrecision p, float* dw, const float* dy,

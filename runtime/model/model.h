@@ -194,6 +194,16 @@ class Model final : public StageModel {
     weight_source_[static_cast<size_t>(group)] = std::move(source);
   }
 
+  // The bf16 GEMMs' copy of the weights (kernels/exec.h, WeightCopy; exec() carries it):
+  // round_weights rounds this rank's parameter region into it and makes it current, so that the
+  // passes that follow read it instead of rounding each weight at every GEMM call (the same
+  // bits); forget_rounded_weights ends that before anything writes a weight again (the
+  // optimizer, a restore). RoundedWeights (below) is the pair around a step's passes. Nothing
+  // without a bf16 GEMM kind or a parameter region (ZeRO-3's gathered weights are rounded per
+  // call). The copy is library memory outside the arena (2 bytes a parameter), made at first use.
+  void round_weights();
+  void forget_rounded_weights() { weight_copy_->current = false; }
+
   // Memory this model took from the arena at build time, by kind.
   struct Footprint {
     size_t params = 0, grads = 0, optimizer = 0, activations = 0, scratch = 0;
@@ -457,6 +467,21 @@ class Model final : public StageModel {
   // Every all_to_allv of the EP group runs in this one exchange, one at a time (its count buffer
   // reused: the exchanges of a step allocate nothing).
   parallel::Comm::Exchange ep_exchange_;
+  // round_weights' copy (options_.exec points at it: its address never changes) and its memory.
+  std::unique_ptr<kernels::WeightCopy> weight_copy_ = std::make_unique<kernels::WeightCopy>();
+  kernels::Buffer weight_copy_memory_;
+};
+
+// A step's passes read `model`'s rounded weights (Model::round_weights) while this lives.
+class RoundedWeights {
+ public:
+  explicit RoundedWeights(Model& model) : model_(model) { model_.round_weights(); }
+  ~RoundedWeights() { model_.forget_rounded_weights(); }
+  RoundedWeights(const RoundedWeights&) = delete;
+  RoundedWeights& operator=(const RoundedWeights&) = delete;
+
+ private:
+  Model& model_;
 };
 
 }  // namespace t3d::runtime

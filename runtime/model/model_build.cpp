@@ -64,6 +64,7 @@ Model::Model(const ModelConfig& config, std::vector<parallel::LayerRange> chunks
                  "same rank (parallel.pp = 1, or parallel.schedule = \"zb_v\", whose stage 0 "
                  "holds both)");
   build_params();
+  options_.exec.weight_copy = weight_copy_.get();
   allocate_activations(spec);
   allocate_scratch(spec);
   spec_ = spec;
@@ -283,6 +284,28 @@ std::vector<Model::BoundRow> Model::bound_rows() const {
 }
 
 Model::~Model() = default;
+
+void Model::round_weights() {
+  const k::Exec& exec = options_.exec;
+  if (!k::gemm_kind_is_bf16(exec.gemm) || !state_.params.data()) return;
+  k::WeightCopy& copy = *weight_copy_;
+  if (copy.tensors.empty()) {  // laid out at the first call: each tensor's copy on kAlignment
+    constexpr int64_t kAlign = static_cast<int64_t>(k::kAlignment / sizeof(k::bf16));
+    int64_t at = 0;
+    for (const auto& e : layout_.entries()) {
+      copy.tensors.push_back({e.offset, e.offset + e.numel, at});
+      at = (at + e.numel + kAlign - 1) / kAlign * kAlign;
+    }
+    weight_copy_memory_.reserve(exec, static_cast<size_t>(at) * sizeof(k::bf16),
+                                "the bf16 copy of the weights");
+    copy.rounded = weight_copy_memory_.as<k::bf16>();
+  }
+  copy.data = state_.params.data();
+  for (const auto& t : copy.tensors)
+    k::float_to_bf16(exec, weight_copy_memory_.as<k::bf16>() + t.at, copy.data + t.begin,
+                     t.end - t.begin);
+  copy.current = true;
+}
 
 void* Model::block_act(const LayerActs& a, int index) {
   switch (static_cast<BlockAct>(index)) {

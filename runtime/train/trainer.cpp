@@ -201,6 +201,14 @@ struct Trainer::Impl {
     return n;
   }
 
+  // The step's own pass (its loss sum), reading the weights' bf16 copy rounded here: after the
+  // replay's pass and its fault injection (which may flip a weight); nothing writes a weight until
+  // the optimizer.
+  double own_pass(int64_t step, float grad_scale) {
+    const RoundedWeights rounded(*model);
+    return executor->run(replay->stage(), source(*train_sampler, step), grad_scale, true);
+  }
+
   MicroBatchSource source(const Sampler& sampler, int64_t step) {
     return feed->source(sampler, step, dp_rank, dp, n_micro);
   }
@@ -442,8 +450,7 @@ struct Trainer::Impl {
       };
       replay->begin_step(step + 1, pass);
       state->begin_step(n_micro);
-      const double loss_sum =
-          executor->run(replay->stage(), source(*train_sampler, step), grad_scale, true);
+      const double loss_sum = own_pass(step, grad_scale);
       // Data and context parallel: buckets were reduced over dp × cp during the backward; the
       // gradients are means over the global batch's tokens once summed.
       state->finish_step();

@@ -178,6 +178,59 @@ TEST(kernels_linear, ForwardAccumulateAndSplitBackward) {
   ref::expect_close(dw, gw, 1e-4, 1e-5, "dw");
 }
 
+// A bf16 linear op whose Exec carries a current WeightCopy reads the weight's copy instead of
+// rounding the weight: the same bits. A copy that is not current, a weight outside its range and
+// fp32 GEMMs never read it (a copy of zeros shows which ran).
+TEST(kernels_linear, AWeightCopyIsReadInPlaceOfRoundingTheWeight) {
+  try {
+    verify_gemm_kind(GemmKind::kOneDnnBf16);
+  } catch (const UserError& e) {
+    GTEST_SKIP() << e.what();
+  }
+  const int N = 7, in = 24, out = 16;
+  const auto x = ref::random_floats(N * in, 43);
+  const auto region = ref::random_floats(2 * out * in, 44);  // two weights [out, in]
+  const float* w = region.data() + out * in;                 // the second
+  // The second's copy after a gap: the copy's offsets are its own.
+  const std::int64_t gap = 32, at = out * in + gap;
+  std::vector<bf16> rounded(static_cast<std::size_t>(at + out * in)), zeros(rounded.size());
+  float_to_bf16_threads(rounded.data(), region.data(), out * in);
+  float_to_bf16_threads(rounded.data() + at, w, out * in);
+  const Exec plain(GemmKind::kOneDnnBf16);
+  WeightCopy copy{
+      region.data(), {{0, out * in, 0}, {out * in, 2 * out * in, at}}, rounded.data(), true};
+  Exec with = plain;
+  with.weight_copy = &copy;
+  const auto dy = ref::random_floats(N * out, 45);
+  // y = x w^T, dx = dy w, by the raw ops and through LinearInput.
+  const auto run = [&](const Exec& e, const float* weight) {
+    std::vector<float> y(N * out), dx(N * in), y2(N * out), dx2(N * in);
+    linear_forward(e, y.data(), x.data(), weight, N, in, out);
+    linear_backward_input(e, dx.data(), dy.data(), weight, N, in, out);
+    linear_forward(y2.data(), LinearInput(e, x.data(), N, in), weight, out);
+    linear_backward_input(dx2.data(), LinearInput(e, dy.data(), N, out), weight, in);
+    return std::vector<std::vector<float>>{y, dx, y2, dx2};
+  };
+  const auto reference = run(plain, w);
+  EXPECT_EQ(run(with, w), reference) << "the copy's bits differ from rounding the weight";
+  const int out1 = out - 1;  // a weight starting inside a tensor: its rows 1..
+  std::vector<float> y_plain(N * out1), y_with(N * out1);
+  linear_forward(plain, y_plain.data(), x.data(), w + in, N, in, out1);
+  linear_forward(with, y_with.data(), x.data(), w + in, N, in, out1);
+  EXPECT_EQ(y_with, y_plain) << "inside a tensor";
+  copy.rounded = zeros.data();
+  for (const auto& out_of_copy : run(with, w))
+    EXPECT_EQ(out_of_copy, std::vector<float>(out_of_copy.size(), 0.0f)) << "the copy not read";
+  copy.current = false;
+  EXPECT_EQ(run(with, w), reference) << "a copy not current was read";
+  copy.current = true;
+  const std::vector<float> outside(region.begin() + out * in, region.end());
+  EXPECT_EQ(run(with, outside.data()), reference) << "a weight outside the copy's range";
+  Exec fp32 = with;
+  fp32.gemm = GemmKind::kOneDnnF32;
+  EXPECT_EQ(run(fp32, w), run(Exec(GemmKind::kOneDnnF32), w)) << "fp32 GEMMs read the copy";
+}
+
 TEST(kernels_swiglu, ForwardAndGradients) {
   const int n = 97;
   auto gate = ref::random_floats(n, 50, -6, 6), up = ref::random_floats(n, 51, -2, 2);

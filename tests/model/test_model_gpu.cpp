@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -134,8 +135,10 @@ ModelConfig moe_sigmoid_capacity_config() {
 // `steps` AdamW steps of one micro-batch of 2 sequences, GEMMs of exec's kind, on `exec` (arena
 // memory `memory`); with `bf16` the activations are stored as bf16 copies (train.precision =
 // bf16). The losses, and the state read back to the host.
+// `rounded_weights`: each step's passes read the weights' bf16 copy (RoundedWeights), as the
+// trainer's do.
 TrainedRun train(const kernels::Exec& exec, kernels::Memory memory, int steps, bool bf16 = false,
-                 const ModelConfig& cfg = config()) {
+                 const ModelConfig& cfg = config(), bool rounded_weights = false) {
   const int64_t rows = 2, N = rows * cfg.seq_len;
   std::mt19937 rng(11);
   std::vector<int32_t> tokens(static_cast<size_t>(N)), targets(static_cast<size_t>(N));
@@ -157,9 +160,13 @@ TrainedRun train(const kernels::Exec& exec, kernels::Memory memory, int steps, b
   TrainedRun r;
   for (int step = 1; step <= steps; ++step) {
     kernels::zero(exec, s.grads.data(), n);
-    r.losses.push_back(m.forward(0, 0, tokens.data(), targets.data(), 1.0f / N, true));
-    r.aux_losses.push_back(m.aux_loss());
-    m.backward(0, 0, nullptr);
+    {
+      std::optional<RoundedWeights> rounded;
+      if (rounded_weights) rounded.emplace(m);
+      r.losses.push_back(m.forward(0, 0, tokens.data(), targets.data(), 1.0f / N, true));
+      r.aux_losses.push_back(m.aux_loss());
+      m.backward(0, 0, nullptr);
+    }
     if (step == steps) {
       r.grads.resize(static_cast<size_t>(n));
       kernels::copy_to_host(exec, r.grads.data(), s.grads.data(), n * sizeof(float));
@@ -269,6 +276,8 @@ TEST(GpuModel, Bf16TrainingStepsRepeatBitForBitAndFollowFp32) {
   const TrainedRun second = train(bf16, kernels::Memory::kDevice, kSteps, /*bf16=*/true);
   expect_same_bits(first, second);
   expect_bf16_follows(first, reference);
+  // The trainer's passes read the weights' bf16 copy: the same bits.
+  expect_same_bits(first, train(bf16, kernels::Memory::kDevice, kSteps, true, config(), true));
 }
 
 // The same with Qwen's attention (model.qkv_bias, model.qk_norm, head_dim 24): the biases' K = 1
@@ -345,6 +354,7 @@ TEST(GpuModel, MoeBf16TrainingStepsRepeatBitForBitAndFollowFp32) {
   const TrainedRun second = train(bf16, kernels::Memory::kDevice, kSteps, true, cfg);
   expect_same_bits(first, second);
   expect_bf16_follows(first, reference);
+  expect_same_bits(first, train(bf16, kernels::Memory::kDevice, kSteps, true, cfg, true));
 }
 
 }  // namespace

@@ -294,6 +294,51 @@ TEST(ModelMpi, TwoModelsOfOneProcessEachRunTheirOwnGemmKind) {
   EXPECT_EQ(grads(m16), grads16);
 }
 
+// Model::round_weights: a step's passes read the weights' bf16 copy (the same bits as rounding
+// each weight per GEMM: loss and gradients), and once the window ends a changed weight is read
+// as it now is, not from the stale copy (what an evaluation between steps, after the optimizer,
+// relies on). The MoE model covers the experts' GEMMs and the router.
+TEST(ModelMpi, RoundedWeightsGiveTheSameBitsAndEndWithTheirWindow) {
+  try {
+    kernels::verify_gemm_kind(kernels::GemmKind::kOneDnnBf16);
+  } catch (const GemmUnavailable& e) {
+    GTEST_SKIP() << "no bf16 GEMM on this CPU: " << e.reason();
+  }
+  auto world = parallel::Comm::world(60.0);
+  const auto self = world.split(world.rank(), 0, "self");
+  for (const auto& cfg : {tiny_config(), moe_config()}) {
+    const Batch b = make_batch(2, cfg.seq_len, cfg.vocab_size);
+    runtime::ModelOptions bf16{2, 1, false};
+    bf16.exec = kernels::GemmKind::kOneDnnBf16;
+    kernels::Arena arena(64 << 20);
+    Model m(cfg, whole(cfg.n_layers), self, arena, bf16);
+    m.init(5);
+    const auto grads = [&] {
+      return std::vector<float>(m.state().grads.data(),
+                                m.state().grads.data() + m.state().grads.size());
+    };
+    const double per_call = loss_of(m, b, true);
+    const std::vector<float> per_call_grads = grads();
+    {
+      const runtime::RoundedWeights rounded(m);
+      ASSERT_NE(m.exec().weight_copy, nullptr);
+      EXPECT_TRUE(m.exec().weight_copy->current);
+      EXPECT_EQ(loss_of(m, b, true), per_call);
+      EXPECT_EQ(grads(), per_call_grads);
+    }
+    EXPECT_FALSE(m.exec().weight_copy->current);
+    // Scale every weight by 3 (an optimizer step): the loss follows, as a fresh copy's would.
+    float* params = m.state().params.data();
+    for (int64_t i = 0; i < m.state().params.size(); ++i) params[i] *= 3.0f;
+    const double changed = loss_of(m, b, false);
+    EXPECT_NE(changed, per_call);
+    {
+      const runtime::RoundedWeights rounded(m);
+      EXPECT_EQ(loss_of(m, b, false), changed);
+    }
+  }
+}
+
 TEST(ModelMpi, ArenaTooSmallFailsAtBuildNamingTheTensor) {
   auto world = parallel::Comm::world(60.0);
   const auto self = world.split(world.rank(), 0, "self");
