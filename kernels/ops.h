@@ -110,12 +110,15 @@ void check_token_ids(const std::int32_t* tokens, std::int64_t N, std::int64_t vo
 
 // ---- RMSNorm (ops_norm.cpp) ---------------------------------------------------------------------
 
-// out = inp / sqrt(mean(inp^2) + eps) * weight; saves rstd = 1 / sqrt(mean(inp^2) + eps).
+// out = inp / sqrt(mean(inp^2) + eps) * weight; saves rstd = 1 / sqrt(mean(inp^2) + eps). With
+// out16, out rounded to bf16 there too (precision.h's rounding, while the row is at hand): the
+// copy a bf16 GEMM reads (LinearInput's Copy::kFilled), without a pass of its own over out.
 void rmsnorm_forward(const Exec& exec, float* out,  // out (N, C)
                      float* rstd,                   // rstd (N)
                      const float* inp,              // inp (N, C)
                      const float* weight,           // weight (C)
-                     std::int64_t N, std::int64_t C, float eps);
+                     std::int64_t N, std::int64_t C, float eps,
+                     bf16* out16 = nullptr);  // out16 (N, C) or null
 void rmsnorm_backward(const Exec& exec,
                       float* dinp,          // dinp (N, C) = or += (mode: into the residual's)
                       float* dweight,       // dweight (C) +=

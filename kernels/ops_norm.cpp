@@ -10,11 +10,12 @@ namespace t3d::kernels {
 
 // Rows split over threads; each row's arithmetic is in kernels/simd_rows.inc.
 void rmsnorm_forward(const Exec& exec, float* out, float* rstd, const float* inp,
-                     const float* weight, std::int64_t N, std::int64_t C, float eps) {
-  T3D_ON_GPU(exec, cuda::rmsnorm_forward(*exec.stream, out, rstd, inp, weight, N, C, eps));
+                     const float* weight, std::int64_t N, std::int64_t C, float eps, bf16* out16) {
+  T3D_ON_GPU(exec, cuda::rmsnorm_forward(*exec.stream, out, rstd, inp, weight, N, C, eps, out16));
   const auto& simd = detail::simd_rows();
   detail::split_rows(N, C, [&](std::int64_t lo, std::int64_t hi) {
     simd.rmsnorm_fwd(out + lo * C, rstd + lo, inp + lo * C, weight, hi - lo, C, eps);
+    if (out16) float_to_bf16(out16 + lo * C, out + lo * C, (hi - lo) * C);  // rows still cached
   });
 }
 

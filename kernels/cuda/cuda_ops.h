@@ -179,7 +179,8 @@ void embedding_backward(const Stream& s, float* dwte, const float* dout, const s
                         std::int64_t N, std::int64_t C, std::int64_t vocab_start,
                         std::int64_t vocab_end);
 void rmsnorm_forward(const Stream& s, float* out, float* rstd, const float* inp,
-                     const float* weight, std::int64_t N, std::int64_t C, float eps);
+                     const float* weight, std::int64_t N, std::int64_t C, float eps,
+                     bf16* out16 = nullptr);
 void rmsnorm_backward(const Stream& s, float* dinp, float* dweight, const float* dout,
                       const float* inp, const float* weight, const float* rstd, std::int64_t N,
                       std::int64_t C, Out mode = Out::kWrite);

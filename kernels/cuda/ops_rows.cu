@@ -58,7 +58,7 @@ __device__ double row_sum16(const float* a, const float* b, const float* e, std:
   return __shfl_sync(0xffffffffu, s, 0, kLanes);  // lane 0 holds the row's sum
 }
 
-__global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp,
+__global__ void rmsnorm_forward_kernel(float* out, bf16* out16, float* rstd, const float* inp,
                                        const float* weight, std::int64_t N, std::int64_t C,
                                        float eps) {
   // Rows past N compute row N - 1 again and write nothing: every lane of the warp reaches the
@@ -71,8 +71,11 @@ __global__ void rmsnorm_forward_kernel(float* out, float* rstd, const float* inp
   const float r = detail::rms_rstd(row_sum16<false>(x, x, nullptr, C, lane), C, eps);
   if (!live) return;
 #pragma unroll 8
-  for (std::int64_t c = lane; c < C; c += kLanes)
-    out[row * C + c] = detail::rms_out(x[c], r, weight[c]);
+  for (std::int64_t c = lane; c < C; c += kLanes) {
+    const float y = detail::rms_out(x[c], r, weight[c]);
+    out[row * C + c] = y;
+    if (out16) out16[row * C + c] = detail::bf16_of(y);
+  }
   if (lane == 0) rstd[row] = r;
 }
 
@@ -224,10 +227,10 @@ void embedding_backward(const Stream& s, float* dwte, const float* dout, const s
 }
 
 void rmsnorm_forward(const Stream& s, float* out, float* rstd, const float* inp,
-                     const float* weight, std::int64_t N, std::int64_t C, float eps) {
+                     const float* weight, std::int64_t N, std::int64_t C, float eps, bf16* out16) {
   if (N <= 0) return;
   rmsnorm_forward_kernel<<<blocks_of(N, kRowsPerBlock), kBlock, 0, s.impl().stream>>>(
-      out, rstd, inp, weight, N, C, eps);
+      out, out16, rstd, inp, weight, N, C, eps);
   T3D_CUDA_LAUNCHED();
 }
 

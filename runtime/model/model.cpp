@@ -89,15 +89,18 @@ void Model::forward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, co
   auto& s = *scratch_;
   const int64_t Nl = rows_local_;
   float* xn1_rows = sp_ ? s.rows : a.xn1;  // SP: normalise this rank's rows, then gather
-  k::rmsnorm_forward(exec, xn1_rows, a.rstd1, x_in, pw.ln1, Nl, C,
-                     static_cast<float>(config_.norm_eps));
-  gather_rows(xn1_rows, a.xn1);
+  // Without SP the norms write the bf16 copies their GEMMs read (with SP those are filled after
+  // the gather).
   using Copy = k::LinearInput::Copy;
+  const Copy normed = sp_ ? Copy::kFill : Copy::kFilled;
+  k::rmsnorm_forward(exec, xn1_rows, a.rstd1, x_in, pw.ln1, Nl, C,
+                     static_cast<float>(config_.norm_eps), sp_ ? nullptr : copies.xn1);
+  gather_rows(xn1_rows, a.xn1);
   // model.qk_norm: the projections (and biases) into qraw, kraw, normalised per head into q, kk.
   float* q = config_.qk_norm ? a.qraw : a.q;
   float* kk = config_.qk_norm ? a.kraw : a.kk;
   {
-    const k::LinearInput x(exec, a.xn1, copies.xn1, Copy::kFill, N, C);
+    const k::LinearInput x(exec, a.xn1, copies.xn1, normed, N, C);
     k::linear_forward(q, x, pw.q, qd);
     k::linear_forward(kk, x, pw.k, kvd);
     k::linear_forward(a.v, x, pw.v, kvd);
@@ -130,12 +133,12 @@ void Model::forward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, co
 
   float* xn2_rows = sp_ ? s.rows : a.xn2;
   k::rmsnorm_forward(exec, xn2_rows, a.rstd2, a.xmid, pw.ln2, Nl, C,
-                     static_cast<float>(config_.norm_eps));
+                     static_cast<float>(config_.norm_eps), sp_ ? nullptr : copies.xn2);
   gather_rows(xn2_rows, a.xn2);
   if (moe_block(l)) {
     moe_forward(l, a, copies, pw, first_pass);
   } else {
-    const k::LinearInput x(exec, a.xn2, copies.xn2, Copy::kFill, N, C);
+    const k::LinearInput x(exec, a.xn2, copies.xn2, normed, N, C);
     k::swiglu_mlp_forward(exec, s.tmp, k::Out::kWrite, x, dense_weights(pw), {a.gate, a.up, a.h},
                           copies.mlp(), ffn_);
   }

@@ -55,8 +55,9 @@ void Model::moe_forward(int64_t l, LayerActs& a, const BlockCopies& copies, cons
   const k::RouterShape r = router_shape(config_, rows_);
   const int64_t N = rows_, C = dims_.C, E = dims_.E, K = dims_.K;
   auto& s = *scratch_;
-  // A bf16-stored block keeps xn2 only as the copy its forward fills (encode16 leaves it out).
-  if (copies.xn2) k::float_to_bf16(options_.exec, copies.xn2, a.xn2, N * C);
+  // A bf16-stored block keeps xn2 only as the copy its forward fills (encode16 leaves it out):
+  // the norm did, except after a sequence-parallel gather.
+  if (copies.xn2 && sp_) k::float_to_bf16(options_.exec, copies.xn2, a.xn2, N * C);
   route(exec, a.scores, a.chosen, a.gates, a.xn2, w.router,
         block_has(config_, l, BlockWeight::kRouterBias) ? w.router_bias : nullptr, r, C);
   const int64_t dropped = routing_to_host(a);

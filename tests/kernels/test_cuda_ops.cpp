@@ -337,10 +337,13 @@ TEST(CudaRows, RmsNormIsTheCpuBitsItsWeightGradientWithinRounding) {
     auto dx = random_floats(x.size(), 13), dw = random_floats(C, 14);
     Dev<float> gx(x), gw(w), gdy(dy), gdx(dx), gdw(dw), gout(x.size()), grstd(N);
     std::vector<float> out(x.size()), rstd(N);
-    rmsnorm_forward(kCpu, out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f);
-    gpu::rmsnorm_forward(S(), gout.p(), grstd.p(), gx.p(), gw.p(), N, C, 1e-5f);
+    std::vector<bf16> out16(x.size());
+    Dev<bf16> gout16(x.size());
+    rmsnorm_forward(kCpu, out.data(), rstd.data(), x.data(), w.data(), N, C, 1e-5f, out16.data());
+    gpu::rmsnorm_forward(S(), gout.p(), grstd.p(), gx.p(), gw.p(), N, C, 1e-5f, gout16.p());
     expect_same_bits(gout.host(), out, "rmsnorm out");
     expect_same_bits(grstd.host(), rstd, "rmsnorm rstd");
+    EXPECT_EQ(gout16.host(), out16) << "rmsnorm out's bf16 copy";
     for (Out mode : {Out::kAccumulate, Out::kWrite}) {
       rmsnorm_backward(kCpu, dx.data(), dw.data(), dy.data(), x.data(), w.data(), rstd.data(), N, C,
                        mode);

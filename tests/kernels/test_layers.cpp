@@ -62,6 +62,13 @@ TEST(kernels_rmsnorm, ForwardAndGradients) {
   rmsnorm_forward(kCpu, out.data(), rstd.data(), x.data(), w.data(), N, C, eps);
   ref::expect_close(out, ref::rmsnorm(ref::to_double(x), ref::to_double(w), N, C, eps), 1e-5, 1e-6,
                     "out");
+  // The bf16 copy it writes when asked: out rounded (and out itself unchanged).
+  std::vector<float> again(N * C), rstd_again(N);
+  std::vector<bf16> out16(N * C);
+  rmsnorm_forward(kCpu, again.data(), rstd_again.data(), x.data(), w.data(), N, C, eps,
+                  out16.data());
+  EXPECT_EQ(again, out);
+  for (int i = 0; i < N * C; ++i) ASSERT_EQ(out16[i], float_to_bf16(out[i])) << i;
 
   const auto r = ref::to_double(ref::random_floats(N * C, 22));
   std::vector<float> dout(r.begin(), r.end()), dx(N * C, 99.0f), dw(C, 0.5f);
