@@ -264,6 +264,12 @@ class LinearInput {
 };
 void linear_forward(float* y, const LinearInput& x, const float* w, std::int64_t out,
                     Out mode = Out::kWrite);  // x (N, in) as above
+// y (N, out) = residual (N, out) + x · wᵀ, y ≠ residual: a block's residual add (x + attn(x)) in
+// the GEMM, the values of linear_forward into scratch and add(y, residual, scratch). On a GPU one
+// cuBLASLt call whose epilogue reads the residual (no pass of its own over the product); on a CPU
+// the GEMM writes y and the residual is added to it.
+void linear_forward_residual(float* y, const float* residual, const LinearInput& x, const float* w,
+                             std::int64_t out);
 // The backward is split in two so that zero-bubble pipeline schedules can run the input
 // gradient (B) now and the weight gradient (W) later.
 void linear_backward_input(const Exec& exec,

@@ -123,6 +123,19 @@ void linear_forward(float* y, const LinearInput& x, const float* w, std::int64_t
        mode == Out::kAccumulate, y, out);
 }
 
+void linear_forward_residual(float* y, const float* residual, const LinearInput& x, const float* w,
+                             std::int64_t out) {
+  T3D_ASSERT(y != residual, "linear_forward_residual writes y beside the residual, not over it");
+  const std::int64_t N = x.rows(), in = x.cols();
+  const bf16* w16 = x.exec().rounded_weight(w);
+  T3D_ON_GPU(x.exec(),
+             cuda::linear_forward(*x.exec().stream, cuda::gemm_precision(x.exec()), y, x.data(), w,
+                                  N, in, out, Out::kWrite, x.rounded(), w16, residual));
+  gemm(x.kind(), Trans::kNo, Trans::kYes, N, out, in, operand(x), GemmOperand{w, in, w16}, false, y,
+       out);
+  add_inplace(x.exec(), y, residual, N * out);  // residual + product: IEEE addition commutes
+}
+
 void linear_backward_input(float* dx, const LinearInput& dy, const float* w, std::int64_t in,
                            Out mode) {
   const std::int64_t N = dy.rows(), out = dy.cols();

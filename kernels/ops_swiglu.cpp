@@ -22,9 +22,9 @@ void swiglu_act_backward(const Exec& exec, float* dgate, float* dup, const float
 
 void swiglu_mlp_forward(const Exec& exec, float* y, Out mode, const LinearInput& x,
                         const SwigluWeights& w, const SwigluActs& a, const SwigluCopies& c,
-                        std::int64_t F) {
+                        std::int64_t F, const float* residual) {
   swiglu_mlp_hidden(exec, x, w, a, c, F);
-  swiglu_mlp_down(exec, y, mode, w, a, c, x.rows(), x.cols(), F);
+  swiglu_mlp_down(exec, y, mode, w, a, c, x.rows(), x.cols(), F, residual);
 }
 
 void swiglu_mlp_hidden(const Exec& exec, const LinearInput& x, const SwigluWeights& w,
@@ -36,11 +36,15 @@ void swiglu_mlp_hidden(const Exec& exec, const LinearInput& x, const SwigluWeigh
 
 void swiglu_mlp_down(const Exec& exec, float* y, Out mode, const SwigluWeights& w,
                      const SwigluActs& a, const SwigluCopies& c, std::int64_t N, std::int64_t C,
-                     std::int64_t F) {
+                     std::int64_t F, const float* residual) {
   using Copy = LinearInput::Copy;
   // Fused, h exists only as its copy; else h is rounded once into its copy (if any) here.
   const LinearInput h(exec, a.h, c.h, c.fused ? Copy::kFilled : Copy::kFill, N, F);
-  linear_forward(y, h, w.down, C, mode);
+  T3D_ASSERT(!residual || mode == Out::kWrite, "a residual with Out::kAccumulate");
+  if (residual)
+    linear_forward_residual(y, residual, h, w.down, C);
+  else
+    linear_forward(y, h, w.down, C, mode);
 }
 
 void swiglu_mlp_backward_hidden(const Exec& exec, float* dgate, float* dup, float* dh,

@@ -52,16 +52,18 @@ void swiglu_act_backward(const Exec& exec, float* dgate, float* dup, const float
                          const SwigluActs& a, const SwigluCopies& c, std::int64_t n);
 
 // y (N, C) = or += (mode) the MLP of x (N, C), whose LinearInput has exec's GEMM kind; writes
-// a (and the copies). The two halves apart: swiglu_mlp_hidden (gate, up, h) then swiglu_mlp_down
-// (y from h), for a caller that runs something between them.
+// a (and the copies). With `residual` (mode kWrite; not y): y = residual + the MLP, the residual
+// added by the down projection's GEMM (linear_forward_residual). The two halves apart:
+// swiglu_mlp_hidden (gate, up, h) then swiglu_mlp_down (y from h), for a caller that runs
+// something between them.
 void swiglu_mlp_forward(const Exec& exec, float* y, Out mode, const LinearInput& x,
                         const SwigluWeights& w, const SwigluActs& a, const SwigluCopies& c,
-                        std::int64_t F);
+                        std::int64_t F, const float* residual = nullptr);
 void swiglu_mlp_hidden(const Exec& exec, const LinearInput& x, const SwigluWeights& w,
                        const SwigluActs& a, const SwigluCopies& c, std::int64_t F);
 void swiglu_mlp_down(const Exec& exec, float* y, Out mode, const SwigluWeights& w,
                      const SwigluActs& a, const SwigluCopies& c, std::int64_t N, std::int64_t C,
-                     std::int64_t F);
+                     std::int64_t F, const float* residual = nullptr);
 // B's first half, from dy (N, C) the gradient of y: dh = dy · Wd (scratch (N, F)), then dgate and
 // dup (N, F) = (fused: rounded, in their first halves).
 void swiglu_mlp_backward_hidden(const Exec& exec, float* dgate, float* dup, float* dh,

@@ -220,10 +220,12 @@ void shared_gate_backward_weight(const Stream& s, float* dw, const float* dz, co
 // kBf16 the inputs are rounded to bf16 (nearest even, as the CPU rounds) into the stream's
 // workspace first; an activation operand given with its rounded copy (`x16`, `dy16`: packed rows, a
 // bf16-stored activation or LinearInput's copy) is read from that copy instead and its floats are
-// not read; so is a weight given with its copy (`w16`: kernels/exec.h's WeightCopy).
+// not read; so is a weight given with its copy (`w16`: kernels/exec.h's WeightCopy). With
+// `residual` (mode kWrite), y = residual + x w^T in one call (the epilogue's C, beta 1).
 void linear_forward(const Stream& s, GemmPrecision p, float* y, const float* x, const float* w,
                     std::int64_t N, std::int64_t in, std::int64_t out, Out mode = Out::kWrite,
-                    const bf16* x16 = nullptr, const bf16* w16 = nullptr);
+                    const bf16* x16 = nullptr, const bf16* w16 = nullptr,
+                    const float* residual = nullptr);
 void linear_backward_input(const Stream& s, GemmPrecision p, float* dx, const float* dy,
                            const float* w, std::int64_t N, std::int64_t in, std::int64_t out,
                            Out mode = Out::kWrite, const bf16* dy16 = nullptr,

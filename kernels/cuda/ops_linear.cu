@@ -87,12 +87,14 @@ struct GemmPlan {
            result.workspaceSize <= kBlasWorkspaceBytes;
   }
 
-  void run(const Stream::Impl& st, const void* A, const void* B, float* C, bool accumulate) const {
+  // D = op(A) op(B) (+ C when accumulating: the epilogue's beta = 1; C may be D).
+  void run(const Stream::Impl& st, const void* A, const void* B, const float* C, float* D,
+           bool accumulate) const {
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     cublasLtMatmulAlgo_t algo;
     std::memcpy(&algo, algorithm.words.data(), sizeof algo);
     // Lt's A is our B and its B our A (the file's first comment).
-    T3D_CUBLAS_CHECK(cublasLtMatmul(st.lt, op, &alpha, B, a, A, b, &beta, C, c, C, c, &algo,
+    T3D_CUBLAS_CHECK(cublasLtMatmul(st.lt, op, &alpha, B, a, A, b, &beta, C, c, D, c, &algo,
                                     st.blas_workspace, kBlasWorkspaceBytes, st.stream));
   }
 };
@@ -133,13 +135,14 @@ const GemmPlan& plan_of(Stream::Impl& st, const GemmShape& shape) {
   return *st.gemm_plans.emplace(shape, std::move(plan)).first->second;
 }
 
-// C (M, N) = or += op(A) (M, K) · op(B) (K, N), row-major with leading dimensions lda, ldb, ldc.
+// C (M, N) = or += op(A) (M, K) · op(B) (K, N), row-major with leading dimensions lda, ldb, ldc;
+// with `C_in`, C = C_in + op(A) op(B) (C_in laid out as C).
 // bf16: A and B are rounded into the stream's workspace first (one buffer for both, B's part on
 // kGemmAlignCap bytes so that its alignment, and so the shape's algorithm, is A's size's alone).
 void gemm(const Stream& s, GemmPrecision p, bool trans_a, bool trans_b, std::int64_t M,
           std::int64_t N, std::int64_t K, const float* A, std::int64_t lda, const float* B,
           std::int64_t ldb, bool accumulate, float* C, std::int64_t ldc, const bf16* A16 = nullptr,
-          const bf16* B16 = nullptr) {
+          const bf16* B16 = nullptr, const float* C_in = nullptr) {
   if (M == 0 || N == 0) return;
   Stream::Impl& st = s.impl();
   const void* a = A;
@@ -158,9 +161,11 @@ void gemm(const Stream& s, GemmPrecision p, bool trans_a, bool trans_b, std::int
     a = A16 ? static_cast<const void*>(A16) : rounded;
     b = B16 ? static_cast<const void*>(B16) : rounded + b_offset;
   }
+  if (C_in) accumulate = true;
   GemmShape shape{M, N, K, lda, ldb, ldc, trans_a, trans_b, accumulate, p, 0};
-  shape.align = gemm_alignment(a, b, C);
-  plan_of(st, shape).run(st, a, b, C, accumulate);
+  shape.align =
+      std::min(gemm_alignment(a, b, C), C_in ? gemm_alignment(C_in, C_in, C_in) : kGemmAlignCap);
+  plan_of(st, shape).run(st, a, b, C_in ? C_in : C, C, accumulate);
 }
 
 // Extents in elements of a shape's operands, as they lie row-major.
@@ -178,10 +183,10 @@ std::array<double, 2> time_plan(const Stream::Impl& st, const GemmPlan& plan, co
   T3D_CUDA_CHECK(cudaEventCreate(&start));
   T3D_CUDA_CHECK(cudaEventCreate(&stop));
   std::array<double, 2> fastest_slowest{1e30, 0};
-  plan.run(st, A, B, C, accumulate);  // warm-up: the kernel loaded, caches warm
+  plan.run(st, A, B, C, C, accumulate);  // warm-up: the kernel loaded, caches warm
   for (int r = 0; r < rounds; ++r) {
     T3D_CUDA_CHECK(cudaEventRecord(start, st.stream));
-    plan.run(st, A, B, C, accumulate);
+    plan.run(st, A, B, C, C, accumulate);
     T3D_CUDA_CHECK(cudaEventRecord(stop, st.stream));
     T3D_CUDA_CHECK(cudaEventSynchronize(stop));
     float ms = 0;
@@ -198,9 +203,10 @@ std::array<double, 2> time_plan(const Stream::Impl& st, const GemmPlan& plan, co
 
 void linear_forward(const Stream& s, GemmPrecision p, float* y, const float* x, const float* w,
                     std::int64_t N, std::int64_t in, std::int64_t out, Out mode, const bf16* x16,
-                    const bf16* w16) {
-  // y (N, out) = x (N, in) · w^T (in, out)
-  gemm(s, p, false, true, N, out, in, x, in, w, in, mode == Out::kAccumulate, y, out, x16, w16);
+                    const bf16* w16, const float* residual) {
+  // y (N, out) = (residual +) x (N, in) · w^T (in, out)
+  gemm(s, p, false, true, N, out, in, x, in, w, in, mode == Out::kAccumulate, y, out, x16, w16,
+       residual);
 }
 
 void linear_backward_input(const Stream& s, GemmPrecision p, float* dx, const float* dy,

@@ -127,9 +127,16 @@ void Model::forward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, co
     k::attention_forward(exec, a.att + part * part_rows * qd, a.lse + part * B * heads_ * len,
                          a.q + part * part_rows * qd, cp_ ? s.k_all : a.kk, cp_ ? s.v_all : a.v,
                          s.attn, attention_shape(part));
-  k::linear_forward(s.tmp, k::LinearInput(exec, a.att, copies.att, Copy::kFill, N, qd), pw.o, C);
-  const float* branch = reduce_rows(s.tmp);  // row-parallel: partial sums before the residual add
-  k::add(exec, a.xmid, x_in, branch, Nl * C);
+  // Without tensor parallelism the residual adds are the projections' (their GEMMs' epilogues on a
+  // GPU); the row-parallel projections' partial sums are reduced first.
+  const bool residual_in_gemm = tp_.size() == 1;
+  if (residual_in_gemm) {
+    k::linear_forward_residual(
+        a.xmid, x_in, k::LinearInput(exec, a.att, copies.att, Copy::kFill, N, qd), pw.o, C);
+  } else {
+    k::linear_forward(s.tmp, k::LinearInput(exec, a.att, copies.att, Copy::kFill, N, qd), pw.o, C);
+    k::add(exec, a.xmid, x_in, reduce_rows(s.tmp), Nl * C);
+  }
 
   float* xn2_rows = sp_ ? s.rows : a.xn2;
   k::rmsnorm_forward(exec, xn2_rows, a.rstd2, a.xmid, pw.ln2, Nl, C,
@@ -139,11 +146,12 @@ void Model::forward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, co
     moe_forward(l, a, copies, pw, first_pass);
   } else {
     const k::LinearInput x(exec, a.xn2, copies.xn2, normed, N, C);
-    k::swiglu_mlp_forward(exec, s.tmp, k::Out::kWrite, x, dense_weights(pw), {a.gate, a.up, a.h},
-                          copies.mlp(), ffn_);
+    k::swiglu_mlp_forward(exec, residual_in_gemm ? x_out : s.tmp, k::Out::kWrite, x,
+                          dense_weights(pw), {a.gate, a.up, a.h}, copies.mlp(), ffn_,
+                          residual_in_gemm ? a.xmid : nullptr);
+    if (residual_in_gemm) return;
   }
-  branch = reduce_rows(s.tmp);
-  k::add(exec, x_out, a.xmid, branch, Nl * C);
+  k::add(exec, x_out, a.xmid, reduce_rows(s.tmp), Nl * C);
 }
 
 namespace {

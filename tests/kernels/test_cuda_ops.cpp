@@ -448,6 +448,34 @@ TEST(CudaLinear, GemmsMatchTheCpuAndRepeatTheirBits) {
   }
 }
 
+// y = residual + x wᵀ in one cuBLASLt call (the epilogue's C): the CPU's product plus the
+// residual within the GEMM's rounding, twice the same bits, the residual left as it was.
+TEST(CudaLinear, TheResidualInTheEpilogueIsTheProductPlusTheResidual) {
+  REQUIRE_GPU();
+  const int N = 129, in = 200, out = 72;
+  for (auto p : {gpu::GemmPrecision::kFp32, gpu::GemmPrecision::kBf16}) {
+    const bool bf = p == gpu::GemmPrecision::kBf16;
+    auto x = random_floats(static_cast<std::size_t>(N) * in, 23);
+    auto w = random_floats(static_cast<std::size_t>(out) * in, 24);
+    const auto residual = random_floats(static_cast<std::size_t>(N) * out, 25, -3, 3);
+    Dev<float> gx(x), gw(w), gr(residual), gy(residual.size()), gy2(residual.size());
+    gpu::linear_forward(S(), p, gy.p(), gx.p(), gw.p(), N, in, out, Out::kWrite, nullptr, nullptr,
+                        gr.p());
+    gpu::linear_forward(S(), p, gy2.p(), gx.p(), gw.p(), N, in, out, Out::kWrite, nullptr, nullptr,
+                        gr.p());
+    expect_same_bits(gy.host(), gy2.host(), "GPU residual forward twice");
+    expect_same_bits(gr.host(), residual, "the residual, read only");
+    if (bf) {
+      x = ref::widened(ref::rounded(x));
+      w = ref::widened(ref::rounded(w));
+    }
+    std::vector<float> y(residual.size());
+    linear_forward(ref::kFp32, y.data(), x.data(), w.data(), N, in, out);
+    for (std::size_t i = 0; i < y.size(); ++i) y[i] += residual[i];
+    expect_close(gy.host(), y, 1e-5, 2e-5, bf ? "bf16 residual forward" : "fp32 residual forward");
+  }
+}
+
 TEST(CudaLoss, CrossEntropyMatchesTheCpuWholeAndVocabParallel) {
   REQUIRE_GPU();
   const int N = 41, V = 1003;

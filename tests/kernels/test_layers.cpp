@@ -238,6 +238,28 @@ TEST(kernels_linear, AWeightCopyIsReadInPlaceOfRoundingTheWeight) {
   EXPECT_EQ(run(fp32, w), run(Exec(GemmKind::kOneDnnF32), w)) << "fp32 GEMMs read the copy";
 }
 
+// y = residual + x wᵀ in one op: the bits of the GEMM into scratch and then the add, every kind.
+TEST(kernels_linear, TheResidualInTheGemmIsTheGemmThenTheAdd) {
+  const int N = 6, in = 40, out = 24;
+  const auto x = ref::random_floats(N * in, 46);
+  const auto w = ref::random_floats(out * in, 47);
+  const auto residual = ref::random_floats(N * out, 48, -3, 3);
+  for (const GemmKind kind :
+       {GemmKind::kOpenBlasF32, GemmKind::kOneDnnF32, GemmKind::kOneDnnBf16}) {
+    try {
+      verify_gemm_kind(kind);
+    } catch (const UserError&) {
+      continue;  // not on this CPU (the GEMM tests say so)
+    }
+    std::vector<float> product(N * out), apart(N * out), fused(N * out, 7.0f);
+    linear_forward(kind, product.data(), x.data(), w.data(), N, in, out);
+    add(kind, apart.data(), residual.data(), product.data(), N * out);
+    linear_forward_residual(fused.data(), residual.data(), LinearInput(kind, x.data(), N, in),
+                            w.data(), out);
+    EXPECT_EQ(fused, apart) << gemm_kind_name(kind);
+  }
+}
+
 TEST(kernels_swiglu, ForwardAndGradients) {
   const int n = 97;
   auto gate = ref::random_floats(n, 50, -6, 6), up = ref::random_floats(n, 51, -2, 2);
