@@ -16,6 +16,7 @@
 # Usage: bench/e2e/bench_vs_pytorch.sh [extra titan3d --set ...]
 # On a CPU without avx512_bf16 (AMD EPYC Zen 3) the bf16 autocast rows are "not competitive" and
 # not run; any bf16 run over TORCH_BF16_LIMIT_S (300) seconds is recorded so too.
+# TITAN3D=/path/to/titan3d benchmarks that build instead of build/apps/titan3d.
 # BASELINE=/path/to/an/older/titan3d also runs that binary (both layouts) in every round, with
 # train.precision = BASELINE_PRECISION (default fp32; auto compares the bf16 paths before/after).
 # EXPERTS=E (TOPK=K, MOE_FFN=F, default the dense ffn / K) benchmarks a mixture of experts instead
@@ -37,8 +38,15 @@ fi
 python=/usr/bin/python3  # Debian's interpreter: it sees python3-torch
 $python -c "import torch" 2>/dev/null || { echo "needs Debian's python3-torch: apt-get install python3-torch"; exit 1; }
 [ -s data/fortunes_train.bin ] || bash scripts/get_data.sh
-bin=build/apps/titan3d
+bin=${TITAN3D:-build/apps/titan3d}  # TITAN3D=path: another build
 "$bin" keys >/dev/null
+# A stale build gives another commit's figures: say which binary runs, and warn when it is older
+# than this checkout's last commit.
+echo "titan3d: $(realpath "$bin"), built $(date -r "$bin" '+%F %T')"
+if [ "$(stat -c %Y "$bin")" -lt "$(git log -1 --format=%ct 2>/dev/null || echo 0)" ]; then
+  echo "WARNING: $bin is older than this checkout's last commit ($(git log -1 --format=%h)):" \
+       "rebuild (bash scripts/build.sh), or these are another commit's figures"
+fi
 # The OpenBLAS kernels titan3d's launcher picks for this CPU (SkylakeX needs AVX-512: forced on a
 # CPU without it, PyTorch dies with SIGILL at its first GEMM); empty: OpenBLAS's own detection.
 # BENCH_CPU_FLAGS stands in for /proc/cpuinfo's flags (to check this script's CPU cases).
