@@ -235,9 +235,10 @@ void linear_backward_weight(const Stream& s, GemmPrecision p, float* dw, const f
                             const bf16* dy16 = nullptr, const bf16* x16 = nullptr);
 
 // The GEMMs a linear layer of N rows, in → out runs in precision p (forward, input gradient,
-// weight gradient), as the ops above call them on operands aligned to `align` bytes: the shapes to
-// tune for a model (runtime/machine/gemm_choice.h lists a model's layers).
-std::array<GemmShape, 3> linear_gemm_shapes(GemmPrecision p, std::int64_t N, std::int64_t in,
+// weight gradient, and the forward with a residual: linear_forward_residual), as the ops above
+// call them on operands aligned to `align` bytes: the shapes to tune for a model
+// (runtime/machine/gemm_choice.h lists a model's layers).
+std::array<GemmShape, 4> linear_gemm_shapes(GemmPrecision p, std::int64_t N, std::int64_t in,
                                             std::int64_t out, std::uint32_t align = kGemmAlignCap);
 // "cuBLASLt 130100 on NVIDIA H200 (sm_90)": the library and GPU a table of this stream holds for.
 std::string gemm_library(const Stream& s);

@@ -223,12 +223,13 @@ void linear_backward_weight(const Stream& s, GemmPrecision p, float* dw, const f
   gemm(s, p, true, false, out, in, N, dy, out, x, in, true, dw, in, dy16, x16);
 }
 
-std::array<GemmShape, 3> linear_gemm_shapes(GemmPrecision p, std::int64_t N, std::int64_t in,
+std::array<GemmShape, 4> linear_gemm_shapes(GemmPrecision p, std::int64_t N, std::int64_t in,
                                             std::int64_t out, std::uint32_t align) {
   // The calls above, as gemm() keys them.
   return {GemmShape{N, out, in, in, in, out, false, true, false, p, align},
           GemmShape{N, in, out, out, in, in, false, false, false, p, align},
-          GemmShape{out, in, N, out, in, in, true, false, true, p, align}};
+          GemmShape{out, in, N, out, in, in, true, false, true, p, align},
+          GemmShape{N, out, in, in, in, out, false, true, true, p, align}};
 }
 
 std::string gemm_library(const Stream& s) { return s.impl().gemm_table.library; }

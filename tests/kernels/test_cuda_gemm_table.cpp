@@ -122,7 +122,7 @@ TEST(GemmTable, ABucketShapeRoundsOnlyTheBatchRows) {  // host code
         const GemmShape& s = shapes[i];
         const GemmShape b = gemm_bucket_shape(s);
         GemmShape expected = s;
-        (i < 2 ? expected.M : expected.K) = gemm_row_bucket(rows);  // forward, dx: M; dw: K
+        (i == 2 ? expected.K : expected.M) = gemm_row_bucket(rows);  // dw: K; the others: M
         EXPECT_EQ(b, expected) << "GEMM " << i << ", " << rows << " rows";
         EXPECT_GE(b.lda, b.trans_a ? b.M : b.K);
         EXPECT_GE(b.ldb, b.trans_b ? b.K : b.N);
@@ -134,21 +134,22 @@ TEST(GemmTable, ABucketShapeRoundsOnlyTheBatchRows) {  // host code
 // ---- on a GPU
 // ------------------------------------------------------------------------------------
 
-// A linear layer's three GEMMs on stream `s` into fresh outputs (the operands copied in on the
-// test binary's stream first).
+// A linear layer's four GEMMs on stream `s` into fresh outputs (the operands copied in on the
+// test binary's stream first): forward, input and weight gradients, the forward with a residual.
 std::vector<std::vector<float>> run_layer(GemmPrecision p, int N, int in, int out,
                                           const Stream& s = S()) {
   const auto x = ref::random_floats(static_cast<std::size_t>(N) * in, 31);
   const auto w = ref::random_floats(static_cast<std::size_t>(out) * in, 32);
   const auto dy = ref::random_floats(static_cast<std::size_t>(N) * out, 33);
   Dev<float> gx(x), gw(w), gdy(dy), gy(static_cast<std::size_t>(N) * out), gdx(x.size()),
-      gdw(w.size());
+      gdw(w.size()), gyr(static_cast<std::size_t>(N) * out);
   S().synchronize();
   linear_forward(s, p, gy.p(), gx.p(), gw.p(), N, in, out);
   linear_backward_input(s, p, gdx.p(), gdy.p(), gw.p(), N, in, out);
   linear_backward_weight(s, p, gdw.p(), gdy.p(), gx.p(), N, in, out);
+  linear_forward(s, p, gyr.p(), gx.p(), gw.p(), N, in, out, Out::kWrite, nullptr, nullptr, gdy.p());
   s.synchronize();
-  return {gy.host(), gdx.host(), gdw.host()};
+  return {gy.host(), gdx.host(), gdw.host(), gyr.host()};
 }
 
 TEST(GemmTable, TheLayersShapesAreTheOnesItsGemmsRun) {
@@ -162,7 +163,7 @@ TEST(GemmTable, TheLayersShapesAreTheOnesItsGemmsRun) {
       EXPECT_EQ(std::count(after.begin(), after.end(), s), 1)
           << "a shape linear_gemm_shapes lists that the GEMMs did not run: " << s.M << "x" << s.N
           << "x" << s.K << " (tuning it would be wasted)";
-    EXPECT_EQ(after.size(), before.size() + 3);
+    EXPECT_EQ(after.size(), before.size() + 4);
   }
 }
 
@@ -176,7 +177,8 @@ TEST(GemmTable, AMeasuredTableGivesTheSameBitsOnAnotherStream) {
     EXPECT_EQ(measured.source, "measured");
     const auto first = run_layer(p, N, in, out);
     const auto again = run_layer(p, N, in, out);
-    for (int i = 0; i < 3; ++i) expect_same_bits(first[i], again[i], "the same stream twice");
+    for (std::size_t i = 0; i < first.size(); ++i)
+      expect_same_bits(first[i], again[i], "the same stream twice");
     // A second stream given the text of the table (a resumed run) runs the same algorithms.
     std::string why;
     const auto parsed = parse_gemm_table(gemm_table_text(measured), &why);
@@ -185,7 +187,8 @@ TEST(GemmTable, AMeasuredTableGivesTheSameBitsOnAnotherStream) {
     EXPECT_EQ(use_gemm_table(other, *parsed), "");
     EXPECT_EQ(gemm_table(other).algorithms, parsed->algorithms);
     const auto there = run_layer(p, N, in, out, other);
-    for (int i = 0; i < 3; ++i) expect_same_bits(first[i], there[i], "another stream, the table");
+    for (std::size_t i = 0; i < first.size(); ++i)
+      expect_same_bits(first[i], there[i], "another stream, the table");
   }
 }
 
@@ -200,7 +203,8 @@ TEST(GemmTable, AnUntabledShapesBitsDoNotDependOnWhatRanBefore) {
     run_layer(p, 80, in, out, used);
     run_layer(p, 66, in, out, used);
     const auto after = run_layer(p, 70, in, out, used);
-    for (int i = 0; i < 3; ++i) expect_same_bits(alone[i], after[i], "after rows 80 and 66");
+    for (std::size_t i = 0; i < alone.size(); ++i)
+      expect_same_bits(alone[i], after[i], "after rows 80 and 66");
   }
 }
 
