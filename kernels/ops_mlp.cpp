@@ -127,12 +127,10 @@ void linear_forward_residual(float* y, const float* residual, const LinearInput&
                              std::int64_t out) {
   T3D_ASSERT(y != residual, "linear_forward_residual writes y beside the residual, not over it");
   const std::int64_t N = x.rows(), in = x.cols();
-  const bf16* w16 = x.exec().rounded_weight(w);
-  T3D_ON_GPU(x.exec(),
-             cuda::linear_forward(*x.exec().stream, cuda::gemm_precision(x.exec()), y, x.data(), w,
-                                  N, in, out, Out::kWrite, x.rounded(), w16, residual));
-  gemm(x.kind(), Trans::kNo, Trans::kYes, N, out, in, operand(x), GemmOperand{w, in, w16}, false, y,
-       out);
+  T3D_ON_GPU(x.exec(), cuda::linear_forward(*x.exec().stream, cuda::gemm_precision(x.exec()), y,
+                                            x.data(), w, N, in, out, Out::kWrite, x.rounded(),
+                                            x.exec().rounded_weight(w), residual));
+  linear_forward(y, x, w, out);
   add_inplace(x.exec(), y, residual, N * out);  // residual + product: IEEE addition commutes
 }
 
