@@ -67,6 +67,14 @@ void copy_to_host(const Exec& exec, void* host_dst, const void* src, std::size_t
 void copy_to_host_started(const Exec& exec, void* host_dst, const void* src, std::size_t bytes);
 void wait_for_copies(const Exec& exec);
 void compute_after_copies(const Exec& exec);
+// How many calls this process has made that make the host wait for the Exec's queued ops (on a
+// GPU each drains the stream, and the device idles until the host enqueues again):
+// copy_from_host, copy_to_host, wait_for_copies, and the ops that return a value of the Exec's
+// memory to the host (hash_floats, count_nonfinite, sum_in_order, sum_of_squares and _each,
+// moe_aux_loss). Counted on every backend alike (the same call sites), so that CPU tests pin
+// where a GPU's step waits.
+std::int64_t host_waits();
+void count_host_wait();  // what those ops call, once a call (kernels/ only)
 // Streams into `h` (kernels/hash.h) the hash64_xxh3 of each 1 MiB piece of n floats of the
 // Exec's memory, in order: the same value on either backend and any thread count. On the CPU the
 // pieces are hashed in place over the rank's threads, on a GPU in device memory (one thread a

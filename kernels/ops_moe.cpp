@@ -396,18 +396,22 @@ void moe_count(double* counts, const std::int32_t* chosen, std::int64_t N, std::
 //   d(weight loss_b)/ds[t, e] = weight (E / T) f_e                        (softmax: p = s)
 //                             = weight (E / T) (f_e − Σ_e' f_e' p[t, e']) / Σ   (sigmoid).
 // A token's part is detail::moe_aux_token (kernels/moe_math.h); the sums run over t, then b, in
-// order. On a GPU the same order (cuda::moe_aux_loss_to_host), whose result crosses to the host.
-double moe_aux_loss(const Exec& exec, float* dscores, const float* scores,
-                    const std::int32_t* chosen, std::int64_t B, std::int64_t T,
-                    const RouterShape& r, float weight) {
+// order. On a GPU the same order (cuda::moe_aux_loss), whose result crosses to the host.
+namespace {
+
+// moe_aux_loss, its value returned to the host (a wait on a GPU) or not.
+double aux_loss(const Exec& exec, float* dscores, const float* scores, const std::int32_t* chosen,
+                std::int64_t B, std::int64_t T, const RouterShape& r, float weight,
+                bool value_to_host) {
   // f of one sequence on the stack (the CPU) or in shared memory (the GPU): the op allocates
   // nothing, so E has a ceiling (recipe validation holds every model to it).
   T3D_USER_CHECK(r.E <= kMaxExperts, "the MoE auxiliary loss supports up to ", kMaxExperts,
                  " experts, not ", r.E);
   T3D_ASSERT(B * T == r.N, "aux loss over ", B, " x ", T, " tokens, router of ", r.N);
   check_router(r);
-  T3D_ON_GPU(exec,
-             cuda::moe_aux_loss_to_host(*exec.stream, dscores, scores, chosen, B, T, r, weight));
+  if (value_to_host) count_host_wait();
+  T3D_ON_GPU(exec, cuda::moe_aux_loss(*exec.stream, dscores, scores, chosen, B, T, r, weight,
+                                      value_to_host));
   const std::int64_t E = r.E, K = r.K;
   double f[kMaxExperts];
   const bool sigmoid = r.score == RouterScore::kSigmoid;
@@ -427,6 +431,21 @@ double moe_aux_loss(const Exec& exec, float* dscores, const float* scores,
     total += coef * loss;
   }
   return total;
+}
+
+}  // namespace
+
+double moe_aux_loss(const Exec& exec, float* dscores, const float* scores,
+                    const std::int32_t* chosen, std::int64_t B, std::int64_t T,
+                    const RouterShape& r, float weight) {
+  return aux_loss(exec, dscores, scores, chosen, B, T, r, weight, true);
+}
+
+void moe_aux_loss_backward(const Exec& exec, float* dscores, const float* scores,
+                           const std::int32_t* chosen, std::int64_t B, std::int64_t T,
+                           const RouterShape& r, float weight) {
+  T3D_ASSERT(dscores, "moe_aux_loss_backward without dscores");
+  aux_loss(exec, dscores, scores, chosen, B, T, r, weight, false);
 }
 
 void moe_bias_delta(float* delta, const double* counts, std::int64_t E, float rate) {

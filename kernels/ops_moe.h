@@ -271,6 +271,11 @@ void moe_count(double* counts, const std::int32_t* chosen, std::int64_t N, std::
 double moe_aux_loss(const Exec& exec, float* dscores, const float* scores,
                     const std::int32_t* chosen, std::int64_t B, std::int64_t T,
                     const RouterShape& r, float weight);
+// moe_aux_loss's gradient alone (dscores non-null), the same bits, without its value: nothing
+// crosses to the host, so on a GPU the call does not wait (the backward's use).
+void moe_aux_loss_backward(const Exec& exec, float* dscores, const float* scores,
+                           const std::int32_t* chosen, std::int64_t B, std::int64_t T,
+                           const RouterShape& r, float weight);
 
 // Auxiliary-loss-free balancing (DeepSeek-V3): the step of each bias, delta[e] = rate ·
 // sign(mean − counts[e]), mean the average of counts over the E experts, sign(0) = 0. Taken once

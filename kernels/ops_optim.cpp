@@ -1,6 +1,7 @@
 // Element-wise range operations: residual add, scaling, norms, AdamW. They run over whole flat
 // regions (all parameters at once), which is why the regions are contiguous.
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -37,7 +38,16 @@ void bf16_to_float(const Exec& exec, float* out, const bf16* in, std::int64_t n)
   bf16_to_float_threads(out, in, n);
 }
 
+namespace {
+std::atomic<std::int64_t> host_waits_made{0};
+}  // namespace
+
+std::int64_t host_waits() { return host_waits_made.load(std::memory_order_relaxed); }
+
+void count_host_wait() { host_waits_made.fetch_add(1, std::memory_order_relaxed); }
+
 void copy_from_host(const Exec& exec, void* dst, const void* host_src, std::size_t bytes) {
+  count_host_wait();
   if (exec.on_gpu()) {  // synchronised: the host buffer may be pinned (then the copy is async)
     T3D_ON_GPU(exec, (cuda::copy_to_device(*exec.stream, dst, host_src, bytes),
                       exec.stream->synchronize()));
@@ -46,6 +56,7 @@ void copy_from_host(const Exec& exec, void* dst, const void* host_src, std::size
 }
 
 void copy_to_host(const Exec& exec, void* host_dst, const void* src, std::size_t bytes) {
+  count_host_wait();
   if (exec.on_gpu()) {
     T3D_ON_GPU(
         exec, (cuda::copy_to_host(*exec.stream, host_dst, src, bytes), exec.stream->synchronize()));
@@ -59,6 +70,7 @@ void copy_to_host_started(const Exec& exec, void* host_dst, const void* src, std
 }
 
 void wait_for_copies(const Exec& exec) {
+  count_host_wait();
   // Not T3D_ON_GPU: called from any thread (a snapshot's I/O thread), where the op timer, which
   // keeps its events per stream for the thread that computes, must not run.
 #ifdef T3D_HAVE_CUDA
@@ -93,6 +105,7 @@ void piece_hashes(const Exec& exec, std::uint64_t* out, const float* x, std::int
 }  // namespace
 
 void hash_floats(const Exec& exec, Hash64Stream& h, const float* x, std::int64_t n) {
+  count_host_wait();
   // Kept per calling thread (every step hashes); the workers write through the pointer, not their
   // own thread_local copies.
   thread_local std::vector<std::uint64_t> kept;
@@ -110,6 +123,7 @@ void flip_bit(const Exec& exec, float* x, std::int64_t i, int bit) {
 }
 
 std::int64_t count_nonfinite(const Exec& exec, const float* x, std::int64_t n) {
+  count_host_wait();
   T3D_ON_GPU(exec, cuda::count_nonfinite_to_host(*exec.stream, x, n));
   std::int64_t bad = 0;
   for (std::int64_t i = 0; i < n; ++i) bad += !std::isfinite(x[i]);
@@ -117,6 +131,7 @@ std::int64_t count_nonfinite(const Exec& exec, const float* x, std::int64_t n) {
 }
 
 double sum_in_order(const Exec& exec, const float* x, std::int64_t n) {
+  count_host_wait();
   T3D_ON_GPU(exec, cuda::sum_in_order_to_host(*exec.stream, x, n));
   double s = 0.0;
   for (std::int64_t i = 0; i < n; ++i) s += x[i];
@@ -133,8 +148,9 @@ void add(const Exec& exec, float* out, const float* x, const float* y, std::int6
   for (std::int64_t i = 0; i < n; ++i) out[i] = x[i] + y[i];
 }
 
-double sum_of_squares(const Exec& exec, const float* x, std::int64_t n) {
-  T3D_ON_GPU(exec, cuda::sum_of_squares_to_host(*exec.stream, x, n));
+namespace {
+
+double sum_of_squares_on_cpu(const float* x, std::int64_t n) {
   // Double accumulation: ~1e9 squared gradients summed in fp32 would lose the small ones.
   // Four partial sums break the dependency chain so the loop is not latency-bound.
   double s0 = 0, s1 = 0, s2 = 0, s3 = 0;
@@ -149,10 +165,19 @@ double sum_of_squares(const Exec& exec, const float* x, std::int64_t n) {
   return (s0 + s1) + (s2 + s3);
 }
 
+}  // namespace
+
+double sum_of_squares(const Exec& exec, const float* x, std::int64_t n) {
+  count_host_wait();
+  T3D_ON_GPU(exec, cuda::sum_of_squares_to_host(*exec.stream, x, n));
+  return sum_of_squares_on_cpu(x, n);
+}
+
 void sum_of_squares_each(const Exec& exec, double* out, const float* const* x,
                          const std::int64_t* n, std::int64_t count) {
+  count_host_wait();
   T3D_ON_GPU(exec, cuda::sum_of_squares_each_to_host(*exec.stream, out, x, n, count));
-  for (std::int64_t j = 0; j < count; ++j) out[j] = sum_of_squares(exec, x[j], n[j]);
+  for (std::int64_t j = 0; j < count; ++j) out[j] = sum_of_squares_on_cpu(x[j], n[j]);
 }
 
 void adamw_step_many(const Exec& exec, const AdamWTensor* tensors, std::int64_t count,

@@ -338,10 +338,11 @@ void moe_gate_grads(const Stream& s, const ExpertGating& gating, float* dh, floa
                     const float* h, const bf16* h16, std::int64_t S, std::int64_t C,
                     std::int64_t Fe);
 // kernels::moe_aux_loss: the per-sequence fractions (integer counts), each token's term and
-// gradient (moe_math.h), and the sums over t then b in the CPU's order: the CPU's bits. Waits for
-// the stream and returns the loss on the host (the op's crossing).
-double moe_aux_loss_to_host(const Stream& s, float* dscores, const float* scores,
-                            const std::int32_t* chosen, std::int64_t B, std::int64_t T,
-                            const RouterShape& r, float weight);
+// gradient (moe_math.h), and the sums over t then b in the CPU's order: the CPU's bits. With
+// `value_to_host` waits for the stream and returns the loss on the host (the op's crossing);
+// without, enqueues the gradient only and returns 0.
+double moe_aux_loss(const Stream& s, float* dscores, const float* scores,
+                    const std::int32_t* chosen, std::int64_t B, std::int64_t T,
+                    const RouterShape& r, float weight, bool value_to_host);
 
 }  // namespace t3d::kernels::cuda

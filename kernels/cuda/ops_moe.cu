@@ -222,9 +222,9 @@ void moe_gate_grads(const Stream& s, const ExpertGating& gating, float* dh, floa
   T3D_CUDA_LAUNCHED();
 }
 
-double moe_aux_loss_to_host(const Stream& s, float* dscores, const float* scores,
-                            const std::int32_t* chosen, std::int64_t B, std::int64_t T,
-                            const RouterShape& r, float weight) {
+double moe_aux_loss(const Stream& s, float* dscores, const float* scores,
+                    const std::int32_t* chosen, std::int64_t B, std::int64_t T,
+                    const RouterShape& r, float weight, bool value_to_host) {
   check_router_shape(r);
   T3D_ASSERT(r.E <= kMaxExperts && B * T == r.N, "aux loss over ", B, " x ", T, " tokens of ", r.E,
              " experts, router of ", r.N);
@@ -244,6 +244,7 @@ double moe_aux_loss_to_host(const Stream& s, float* dscores, const float* scores
   aux_tokens_kernel<<<grid_for(N), kBlock, 0, st>>>(
       fp, dscores, scores, f, N, T, E, r.score == RouterScore::kSigmoid, weight * coef);
   T3D_CUDA_LAUNCHED();
+  if (!value_to_host) return 0.0;  // the gradient alone: the sums are not needed
   aux_total_kernel<<<1, kBlock, 0, st>>>(total, loss, fp, B, T, coef);
   T3D_CUDA_LAUNCHED();
   // The crossing: the loss is a host value (the step's auxiliary loss), so the call waits.

@@ -240,6 +240,15 @@ class Model final : public StageModel {
   using BlockParams = BlockTensors<float*>;       // one transformer block's gradients
   using ConstBlock = BlockTensors<const float*>;  // one transformer block's weights
   struct LayerActs;
+  // A mixture-of-experts block's routing counts as the host holds them for one micro-batch: the
+  // one place a block's math needs arena values on the host (the experts' GEMM shapes, the
+  // all-to-alls' counts). The forward makes them (routing_to_host, moe_ep_dispatch) and keeps
+  // them with the block's activations, so that its backward reads them without a crossing.
+  struct BlockRouting {
+    std::vector<int64_t> offsets;  // E + 1: the permutation's expert boundaries
+    std::vector<int32_t>
+        ep_recv;  // P·El under expert parallelism: the rows each EP rank sends here
+  };
   struct LayerGrads;
   struct ChunkActs;
   struct Scratch;
@@ -303,13 +312,15 @@ class Model final : public StageModel {
                     const BlockParams& g, const float* dy, const LayerGrads* keep);
   void moe_backward_weights(int64_t layer, const LayerActs& a, const BlockCopies& copies,
                             const BlockParams& g, const LayerGrads& kept);
-  // The routing's permutation of a.chosen into expert_offsets_ (host) and the scratch slot maps
-  // (the capacity's drops included), through routing_host_; returns the slots dropped. The named
-  // host crossing below.
+  // The forward's permutation of a.chosen into a.routing's offsets (host) and the slot maps
+  // a.row_of_slot / a.slot_of_row (the capacity's drops included), through routing_host_;
+  // returns the slots dropped. The named host crossing below: the backward and W read what it
+  // kept and make the host wait for nothing.
   int64_t routing_to_host(const LayerActs& a);
-  // A training forward's routing statistics of block `layer`: counts, drops, auxiliary loss.
-  void count_routing(int64_t layer, const LayerActs& a, int64_t dropped,
-                     const kernels::RouterShape& r);
+  // A training forward's routing statistics of block `layer`: the auxiliary loss (before the
+  // routing's crossing, whose wait then finds its value ready), then counts and drops.
+  void add_aux_loss(const LayerActs& a, const kernels::RouterShape& r);
+  void count_routing(int64_t layer, int64_t dropped);
   // The router's backward from the gates' gradient (scratch moe_dgates) into scratch dxn and its
   // weight gradient (or, with `keep`, the dlogits W reads).
   void router_backward(const LayerActs& a, const ConstBlock& w, const BlockParams& g,
@@ -356,9 +367,8 @@ class Model final : public StageModel {
   void moe_experts_ep_backward(LayerActs& a, const BlockCopies& copies, const ConstBlock& w,
                                const BlockParams& g, RowsInFlight& dispatch,
                                const LayerGrads* keep);
-  void ep_plan(const int32_t* recv);  // ep_route_ from the counts each EP rank sends here
-  // a.erecv (kept by the forward's dispatch) copied into ep_route_.recv, which it returns.
-  const int32_t* ep_counts_to_host(const LayerActs& a);
+  // ep_route_ from a block's routing: its offsets and the counts each EP rank sends here.
+  void ep_plan(const BlockRouting& routing);
   // An all-to-allv of rows of model.dim floats over the EP group: `sent` rows per EP rank out
   // of `send`, `received` into `recv` (ep_route_'s counts, or their mirror). fp32, or bf16 when
   // the model stores bf16 (the precision of TP traffic too): each row rounded once on the way.
@@ -446,19 +456,16 @@ class Model final : public StageModel {
   std::vector<double> expert_counts_;  // E per held MoE block
   std::vector<double> dropped_slots_;  // per held MoE block
   double aux_loss_ = 0;
-  // The MoE routing counts on the host, for the experts' GEMM shapes and the all-to-alls' counts:
-  // the one place a block's math needs arena values on the host, copied there (named crossings)
-  // from a.chosen (routing_to_host) and, under expert parallelism, a.erecv (ep_counts_to_host).
-  std::vector<int64_t> expert_offsets_;  // E + 1: the permutation's expert boundaries
   // The routing's host side (routing_to_host), N·K each: a.chosen's copy, and the slot maps
-  // moe_permute builds here before they are copied into scratch moe_row_of_slot / moe_slot_of_row.
+  // moe_permute builds here before they are copied into a.row_of_slot / a.slot_of_row.
   struct RoutingOnHost {
     std::vector<int32_t> chosen, row_of_slot, slot_of_row;
   } routing_host_;
+  // Every (chunk, slot, MoE block)'s BlockRouting (LayerActs::routing points at its own).
+  std::vector<std::unique_ptr<BlockRouting>> routings_;
   // Expert parallelism's exchange of one block (ep_plan), sized once: rows per EP rank.
   struct EpRoute {
     std::vector<int32_t> mine;  // E: this rank's rows per expert
-    std::vector<int32_t> recv;  // P·El: the rows each EP rank sends here (a.erecv's host copy)
     std::vector<int> send_counts, send_displs, recv_counts, recv_displs;  // P each
     std::vector<int64_t> local_offsets;   // El + 1: the local experts' rows, expert-major
     std::vector<int64_t> source_offsets;  // El·P + 1: their (expert, source rank) blocks

@@ -120,12 +120,10 @@ void Model::build_params() {
     }
   expert_counts_.assign(moe_layers_.size() * static_cast<size_t>(config_.n_experts), 0.0);
   dropped_slots_.assign(moe_layers_.size(), 0.0);
-  expert_offsets_.assign(static_cast<size_t>(config_.n_experts + 1), 0);
   for (auto* v : {&routing_host_.chosen, &routing_host_.row_of_slot, &routing_host_.slot_of_row})
     v->assign(static_cast<size_t>(dims_.S), 0);
   const auto P = static_cast<size_t>(options_.ep ? options_.ep->size() : 1);
   ep_route_.mine.assign(static_cast<size_t>(config_.n_experts), 0);
-  ep_route_.recv.assign(P * static_cast<size_t>(experts_.size(config_)), 0);
   for (auto* v : {&ep_route_.send_counts, &ep_route_.send_displs, &ep_route_.recv_counts,
                   &ep_route_.recv_displs})
     v->assign(P, 0);
@@ -193,8 +191,17 @@ void Model::allocate_scratch(const ActivationSpec& spec) {
   }
   for (size_t ci = 0; ci < chunks_.size(); ++ci)
     for (auto& slot : acts_[ci])
-      for (int64_t i = 0; i < chunks_[ci].size(); ++i)
-        if (recomputed(i) || stored16(i)) slot->layers[static_cast<size_t>(i)] = work;
+      for (int64_t i = 0; i < chunks_[ci].size(); ++i) {
+        LayerActs& a = slot->layers[static_cast<size_t>(i)];
+        if (recomputed(i) || stored16(i)) a = work;
+        if (!config_.moe_block(chunks_[ci].begin + i)) continue;
+        auto routing = std::make_unique<BlockRouting>();
+        routing->offsets.assign(static_cast<size_t>(config_.n_experts + 1), 0);
+        const int64_t P = options_.ep ? options_.ep->size() : 1;
+        routing->ep_recv.assign(static_cast<size_t>(P * experts_.size(config_)), 0);
+        a.routing = routing.get();
+        routings_.push_back(std::move(routing));
+      }
   stored_block_ = spec.stored_block;
   ep_rows_ = spec.dims.R;
   // Built on the host once, then copied in (the initial values' crossing).

@@ -33,19 +33,19 @@ int64_t Model::routing_to_host(const LayerActs& a) {
   const k::Exec& exec = options_.exec;
   const int64_t N = rows_, E = dims_.E, K = dims_.K, S = N * K;
   auto& h = routing_host_;
+  int64_t* offsets = a.routing->offsets.data();
   // The crossing: `chosen` to the host, the permutation there (offsets for the experts' GEMM
   // shapes, which the host launches), the slot maps back into the Exec's memory for the gathers
-  // and the combine. On a GPU each copy waits for the stream.
+  // and the combine. On a GPU the first copy waits for the stream; the others find it drained.
   k::copy_to_host(exec, h.chosen.data(), a.chosen, static_cast<size_t>(S) * sizeof(int32_t));
-  // The capacity drops the same slots in the backward and in a recompute: they depend on
-  // `chosen` alone.
+  // The capacity drops the same slots in a recompute: they depend on `chosen` alone.
   const int64_t dropped =
-      k::moe_permute(expert_offsets_.data(), h.row_of_slot.data(), h.slot_of_row.data(),
-                     h.chosen.data(), N, E, K, k::moe_capacity(config_.capacity_factor, N, E, K));
-  k::copy_from_host(exec, scratch_->moe_row_of_slot, h.row_of_slot.data(),
+      k::moe_permute(offsets, h.row_of_slot.data(), h.slot_of_row.data(), h.chosen.data(), N, E, K,
+                     k::moe_capacity(config_.capacity_factor, N, E, K));
+  k::copy_from_host(exec, a.row_of_slot, h.row_of_slot.data(),
                     static_cast<size_t>(S) * sizeof(int32_t));
-  k::copy_from_host(exec, scratch_->moe_slot_of_row, h.slot_of_row.data(),
-                    static_cast<size_t>(expert_offsets_[E]) * sizeof(int32_t));
+  k::copy_from_host(exec, a.slot_of_row, h.slot_of_row.data(),
+                    static_cast<size_t>(offsets[E]) * sizeof(int32_t));
   return dropped;
 }
 
@@ -60,13 +60,14 @@ void Model::moe_forward(int64_t l, LayerActs& a, const BlockCopies& copies, cons
   if (copies.xn2 && sp_) k::float_to_bf16(options_.exec, copies.xn2, a.xn2, N * C);
   route(exec, a.scores, a.chosen, a.gates, a.xn2, w.router,
         block_has(config_, l, BlockWeight::kRouterBias) ? w.router_bias : nullptr, r, C);
+  if (first_pass) add_aux_loss(a, r);
   const int64_t dropped = routing_to_host(a);
-  const int64_t* offsets = expert_offsets_.data();
+  const int64_t* offsets = a.routing->offsets.data();
   T3D_ASSERT(offsets[E] <= ep_rows_, "the experts take ", offsets[E], " rows, more than the ",
              ep_rows_, " their buffers hold");
   k::ExpertCopies ec;  // under expert parallelism the rows travel as floats
   if (ep_size() > 1)
-    k::moe_gather(exec, s.moe_rows, a.xn2, s.moe_slot_of_row, offsets[E], K, C);
+    k::moe_gather(exec, s.moe_rows, a.xn2, a.slot_of_row, offsets[E], K, C);
   else
     ec = gather_expert_rows(a, copies, offsets[E]);
   const bool shared = block_has(config_, l, BlockWeight::kSharedGate);
@@ -87,13 +88,19 @@ void Model::moe_forward(int64_t l, LayerActs& a, const BlockCopies& copies, cons
                            ec);
     if (shared) shared_hidden();
   }
-  k::moe_combine(exec, s.tmp, s.moe_out, a.gates, s.moe_row_of_slot, N, K, C, k::Out::kWrite);
+  k::moe_combine(exec, s.tmp, s.moe_out, a.gates, a.row_of_slot, N, K, C, k::Out::kWrite);
   if (shared) shared_experts_down(l, a, copies, w);
-  if (first_pass) count_routing(l, a, dropped, r);
+  if (first_pass) count_routing(l, dropped);
 }
 
-void Model::count_routing(int64_t l, const LayerActs& a, int64_t dropped, const k::RouterShape& r) {
-  const k::Exec& exec = options_.exec;
+void Model::add_aux_loss(const LayerActs& a, const k::RouterShape& r) {
+  if (options_.moe_aux_weight > 0)
+    aux_loss_ +=
+        options_.moe_aux_weight * k::moe_aux_loss(options_.exec, nullptr, a.scores, a.chosen,
+                                                  options_.micro_rows, seq_local_, r, 0);
+}
+
+void Model::count_routing(int64_t l, int64_t dropped) {
   const int64_t E = dims_.E;
   const size_t at = static_cast<size_t>(
       std::lower_bound(moe_layers_.begin(), moe_layers_.end(), l) - moe_layers_.begin());
@@ -101,9 +108,6 @@ void Model::count_routing(int64_t l, const LayerActs& a, int64_t dropped, const 
   k::moe_count(expert_counts_.data() + at * static_cast<size_t>(E), routing_host_.chosen.data(),
                rows_, E, dims_.K);
   dropped_slots_[at] += static_cast<double>(dropped);
-  if (options_.moe_aux_weight > 0)
-    aux_loss_ += options_.moe_aux_weight * k::moe_aux_loss(exec, nullptr, a.scores, a.chosen,
-                                                           options_.micro_rows, seq_local_, r, 0);
 }
 
 void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, const ConstBlock& w,
@@ -114,14 +118,15 @@ void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, con
   // With bf16 GEMMs decode16 leaves xn2 in its copy only: the router and the gathers read floats.
   if (copies.xn2 && k::gemm_kind_is_bf16(exec.gemm))
     k::bf16_to_float(options_.exec, a.xn2, copies.xn2, N * C);
-  routing_to_host(a);
-  // Routed experts: xs in moe_rows, dy's rows in moe_out (clobbered), dxs in moe_grad. A dropped
-  // slot has no row: its gate's gradient stays 0.
-  const int64_t kept = expert_offsets_[dims_.E];
+  // Routed experts (the forward's routing, a.routing and the slot maps): xs in moe_rows, dy's
+  // rows in moe_out (clobbered), dxs in moe_grad. A dropped slot has no row: its gate's gradient
+  // stays 0.
+  const int64_t* offsets = a.routing->offsets.data();
+  const int64_t kept = offsets[dims_.E];
   // With `keep` the experts' gated output gradients and their gate and up gradients are written
   // where W reads them.
   float* dys = keep && ep_size() == 1 ? keep->expert_dy : s.moe_out;
-  k::moe_gather(exec, dys, dy, s.moe_slot_of_row, kept, K, C);
+  k::moe_gather(exec, dys, dy, a.slot_of_row, kept, K, C);
   k::zero(exec, s.moe_dgates, S);
   const bool shared = block_has(config_, l, BlockWeight::kSharedGate);
   float* shared_dgate = keep ? keep->dgate : s.dgate;
@@ -140,7 +145,7 @@ void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, con
     k::swiglu_mlp_backward_weight(exec, {g.shared_gate, g.shared_up, g.shared_down}, dy_in, x,
                                   shared_dgate, shared_dup, sa, copies.shared(), Fs);
   };
-  const k::ExpertGating gating{a.gates, s.moe_dgates, s.moe_slot_of_row};
+  const k::ExpertGating gating{a.gates, s.moe_dgates, a.slot_of_row};
   const k::ExpertWeights ew{w.expert_gate, w.expert_up, w.expert_down};
   const k::ExpertActs acts{a.egate, a.eup, a.eh};
   if (ep_size() > 1) {
@@ -150,16 +155,16 @@ void Model::moe_backward(int64_t l, LayerActs& a, const BlockCopies& copies, con
   } else if (keep) {
     k::moe_experts_backward_input(exec, s.moe_grad, gating,
                                   {s.moe_dh, keep->expert_dgate, keep->expert_dup}, dys, acts, ew,
-                                  expert_offsets_.data(), expert_shape(), copies.experts());
+                                  offsets, expert_shape(), copies.experts());
     if (shared) shared_backward();
   } else {
     const k::ExpertCopies ec = gather_expert_rows(a, copies, kept);
     k::moe_experts_backward(exec, s.moe_grad, gating, {g.expert_gate, g.expert_up, g.expert_down},
-                            {s.moe_dh, s.moe_dgate, s.moe_dup}, dys, s.moe_rows, acts, ew,
-                            expert_offsets_.data(), expert_shape(), ec);
+                            {s.moe_dh, s.moe_dgate, s.moe_dup}, dys, s.moe_rows, acts, ew, offsets,
+                            expert_shape(), ec);
     if (shared) shared_backward();
   }
-  k::moe_combine(exec, s.dxn, s.moe_grad, nullptr, s.moe_row_of_slot, N, K, C, k::Out::kWrite);
+  k::moe_combine(exec, s.dxn, s.moe_grad, nullptr, a.row_of_slot, N, K, C, k::Out::kWrite);
   // Each tp rank holds a slice of every expert's width: its gate gradients are partial sums.
   if (tp_.size() > 1) tp_.all_reduce(s.moe_dgates, static_cast<size_t>(S));
   if (shared)
@@ -179,8 +184,8 @@ void Model::router_backward(const LayerActs& a, const ConstBlock& w, const Block
   auto& s = *scratch_;
   const float* dscores_aux = nullptr;
   if (options_.moe_aux_weight > 0) {
-    k::moe_aux_loss(exec, s.moe_dscores, a.scores, a.chosen, options_.micro_rows, seq_local_, r,
-                    static_cast<float>(options_.moe_aux_weight));
+    k::moe_aux_loss_backward(exec, s.moe_dscores, a.scores, a.chosen, options_.micro_rows,
+                             seq_local_, r, static_cast<float>(options_.moe_aux_weight));
     dscores_aux = s.moe_dscores;
   }
   k::moe_route_backward(exec, s.moe_dlogits, s.moe_dgates, dscores_aux, a.scores, a.chosen, r);
@@ -216,17 +221,17 @@ void Model::moe_backward_weights(int64_t l, const LayerActs& a, const BlockCopie
     // the counts the forward received.
     const int64_t P = ep_size(), El = dims_.El;
     auto& route = ep_route_;
-    k::moe_ep_offsets(route.local_offsets.data(), route.source_offsets.data(), ep_counts_to_host(a),
-                      P, El);
+    k::moe_ep_offsets(route.local_offsets.data(), route.source_offsets.data(),
+                      a.routing->ep_recv.data(), P, El);
     k::moe_experts_backward_weight(
         exec, eg, kept.expert_dy, ed, a.ex, a.eh, route.local_offsets.data(),
         {El, C, dims_.Fe, P, route.source_offsets.data()}, copies.experts());
   } else {
-    // The experts' input rows again: the same permutation of the same routing, the same gather.
-    routing_to_host(a);
-    const k::ExpertCopies ec = gather_expert_rows(a, copies, expert_offsets_[E]);
-    k::moe_experts_backward_weight(exec, eg, kept.expert_dy, ed, scratch_->moe_rows, a.eh,
-                                   expert_offsets_.data(), expert_shape(), ec);
+    // The experts' input rows again: the forward's routing, the same gather.
+    const int64_t* offsets = a.routing->offsets.data();
+    const k::ExpertCopies ec = gather_expert_rows(a, copies, offsets[E]);
+    k::moe_experts_backward_weight(exec, eg, kept.expert_dy, ed, scratch_->moe_rows, a.eh, offsets,
+                                   expert_shape(), ec);
   }
   if (block_has(config_, l, BlockWeight::kSharedGate)) {
     const k::LinearInput dy(exec, kept.dy_down, N, C);
@@ -249,11 +254,11 @@ k::ExpertCopies Model::gather_expert_rows(const LayerActs& a, const BlockCopies&
   const int64_t K = dims_.K, C = dims_.C;
   k::ExpertCopies ec = copies.experts();
   if (!ec.fused() || !copies.xn2) {
-    k::moe_gather(exec, s.moe_rows, a.xn2, s.moe_slot_of_row, rows, K, C);
+    k::moe_gather(exec, s.moe_rows, a.xn2, a.slot_of_row, rows, K, C);
     return ec;
   }
   auto* rows16 = reinterpret_cast<k::bf16*>(s.moe_rows);
-  k::moe_gather(exec, rows16, copies.xn2, s.moe_slot_of_row, rows, K, C);
+  k::moe_gather(exec, rows16, copies.xn2, a.slot_of_row, rows, K, C);
   ec.xs = rows16;
   return ec;
 }
@@ -261,11 +266,12 @@ k::ExpertCopies Model::gather_expert_rows(const LayerActs& a, const BlockCopies&
 // Expert parallelism (docs/moe.md). The slots this rank routed are sorted by expert (moe_permute,
 // rows in scratch moe_rows); the rows of EP rank q's experts go to q. First every rank tells every
 // other how many rows each of its experts gets (an all-to-all of El counts per pair, kept in
-// a.erecv for the backward), then the rows travel (an all-to-allv, source-rank order), are
+// a.routing for the backward), then the rows travel (an all-to-allv, source-rank order), are
 // reordered expert-major, run through the local experts, and come back the same way.
-void Model::ep_plan(const int32_t* recv) {
+void Model::ep_plan(const BlockRouting& routing) {
   const int64_t P = ep_size(), El = dims_.El;
-  const int64_t* offsets = expert_offsets_.data();
+  const int64_t* offsets = routing.offsets.data();
+  const int32_t* recv = routing.ep_recv.data();
   int send_at = 0, recv_at = 0;
   for (int64_t q = 0; q < P; ++q) {
     const auto to_q = static_cast<int>(offsets[(q + 1) * El] - offsets[q * El]);
@@ -281,24 +287,16 @@ void Model::ep_plan(const int32_t* recv) {
              " rows, more than the ", ep_rows_, " their buffers hold");
 }
 
-const int32_t* Model::ep_counts_to_host(const LayerActs& a) {
-  k::copy_to_host(options_.exec, ep_route_.recv.data(), a.erecv,
-                  ep_route_.recv.size() * sizeof(int32_t));
-  return ep_route_.recv.data();
-}
-
 Model::RowsInFlight Model::moe_ep_dispatch(LayerActs& a) {
   const parallel::Comm& ep = *options_.ep;
   const int64_t E = dims_.E, El = dims_.El;
   auto& s = *scratch_;
+  const int64_t* offsets = a.routing->offsets.data();
   for (int64_t e = 0; e < E; ++e)
-    ep_route_.mine[static_cast<size_t>(e)] =
-        static_cast<int32_t>(expert_offsets_[e + 1] - expert_offsets_[e]);
-  ep.all_to_all(ep_route_.mine.data(), ep_route_.recv.data(), static_cast<size_t>(El));
-  // Kept with the activations for the backward (a crossing into the Exec's memory).
-  k::copy_from_host(options_.exec, a.erecv, ep_route_.recv.data(),
-                    ep_route_.recv.size() * sizeof(int32_t));
-  ep_plan(ep_route_.recv.data());
+    ep_route_.mine[static_cast<size_t>(e)] = static_cast<int32_t>(offsets[e + 1] - offsets[e]);
+  // Host values both ways, kept with the block's routing for the backward.
+  ep.all_to_all(ep_route_.mine.data(), a.routing->ep_recv.data(), static_cast<size_t>(El));
+  ep_plan(*a.routing);
   const auto& r = ep_route_;
   return start_ep_exchange(s.moe_rows, r.send_counts, r.send_displs, s.moe_ep_rows, r.recv_counts,
                            r.recv_displs);
@@ -309,7 +307,7 @@ void Model::moe_experts_ep_forward(LayerActs& a, const BlockCopies& copies, cons
   const k::Exec& exec = options_.exec;
   const int64_t P = ep_size(), El = dims_.El, C = dims_.C;
   auto& s = *scratch_;
-  const int32_t* recv = ep_route_.recv.data();  // moe_ep_dispatch's
+  const int32_t* recv = a.routing->ep_recv.data();  // moe_ep_dispatch's
   const auto& r = ep_route_;
   finish_ep_exchange(dispatch);
   k::moe_ep_reorder(exec, a.ex, s.moe_ep_rows, recv, r.source_offsets.data(), P, El, C, true);
@@ -327,12 +325,12 @@ void Model::moe_experts_ep_forward(LayerActs& a, const BlockCopies& copies, cons
 Model::RowsInFlight Model::moe_ep_dispatch_backward(LayerActs& a) {
   const k::Exec& exec = options_.exec;
   const parallel::TensorComm& ep = ep_rows();  // the rows: tensors
-  const int64_t P = ep_size(), El = dims_.El, kept = expert_offsets_[dims_.E];
+  const int64_t P = ep_size(), El = dims_.El, kept = a.routing->offsets[dims_.E];
   auto& s = *scratch_;
-  const int32_t* recv = ep_counts_to_host(a);
-  ep_plan(recv);
+  const int32_t* recv = a.routing->ep_recv.data();  // the forward's
+  ep_plan(*a.routing);
   const auto& r = ep_route_;
-  k::moe_gather_slots(exec, s.moe_ep_gates, a.gates, s.moe_slot_of_row, kept);
+  k::moe_gather_slots(exec, s.moe_ep_gates, a.gates, a.slot_of_row, kept);
   ep.start_all_to_allv(ep_exchange_, s.moe_ep_gates, r.send_counts, r.send_displs, s.moe_ep_dgates,
                        r.recv_counts, r.recv_displs, 1);  // one gate per row
   ep.wait(ep_exchange_);
@@ -347,9 +345,9 @@ void Model::moe_experts_ep_backward(LayerActs& a, const BlockCopies& copies, con
                                     const LayerGrads* keep) {
   const k::Exec& exec = options_.exec;
   const parallel::TensorComm& ep = ep_rows();  // the rows: tensors
-  const int64_t P = ep_size(), El = dims_.El, C = dims_.C, kept = expert_offsets_[dims_.E];
+  const int64_t P = ep_size(), El = dims_.El, C = dims_.C, kept = a.routing->offsets[dims_.E];
   auto& s = *scratch_;
-  const int32_t* recv = ep_route_.recv.data();  // moe_ep_dispatch_backward's
+  const int32_t* recv = a.routing->ep_recv.data();  // the forward's
   const auto& r = ep_route_;
   finish_ep_exchange(dispatch);
   // With `keep` the gated output gradients and the gate and up gradients stay for W.
@@ -378,7 +376,7 @@ void Model::moe_experts_ep_backward(LayerActs& a, const BlockCopies& copies, con
   ep.start_all_to_allv(ep_exchange_, s.moe_ep_gates, r.recv_counts, r.recv_displs, s.moe_ep_dgates,
                        r.send_counts, r.send_displs, 1);  // one gate per row
   ep.wait(ep_exchange_);
-  k::moe_scatter_slots(exec, s.moe_dgates, s.moe_ep_dgates, s.moe_slot_of_row, kept);
+  k::moe_scatter_slots(exec, s.moe_dgates, s.moe_ep_dgates, a.slot_of_row, kept);
 }
 
 void Model::ep_exchange(const float* send, const std::vector<int>& sent,

@@ -15,6 +15,9 @@ struct Model::LayerActs {
 #define T3D_ROW_MEMBER(e, member, name, type, ...) type* member = nullptr;
   T3D_BLOCK_ACTS(T3D_ROW_MEMBER)
 #undef T3D_ROW_MEMBER
+  // Host memory, a mixture-of-experts block's only: this (chunk, slot, block)'s own, also where
+  // the block's arena rows are the shared work block's.
+  BlockRouting* routing = nullptr;
 };
 
 // Output gradients a block's deferred weight-gradient pass (W) needs.

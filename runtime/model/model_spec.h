@@ -88,13 +88,15 @@ namespace t3d::runtime {
   X(kH,      h,      "h",             float,   false, d.N * b.F)     /* silu(gate)·up */                     \
   X(kScores, scores, "router_scores", float,   true,  d.N * b.E)     /* router scores (N, E) */              \
   X(kChosen, chosen, "router_chosen", int32_t, true,  d.N * b.K)     /* chosen experts (N, K) */             \
+  /* the routing's slot maps (kernels/ops_moe.h moe_permute), kept so the backward needs no host */       \
+  X(kRowOfSlot, row_of_slot, "router_row_of_slot", int32_t, true, d.N * b.K) /* slot -> row, -1 dropped */ \
+  X(kSlotOfRow, slot_of_row, "router_slot_of_row", int32_t, true, d.N * b.K) /* kept row -> slot */       \
   X(kGates,  gates,  "router_gates",  float,   true,  d.N * b.K)     /* their gates (N, K) */                \
   X(kEGate,  egate,  "expert_gate",   float,   false, b.R * b.Fe)    /* per row the experts take (R) */      \
   X(kEUp,    eup,    "expert_up",     float,   false, b.R * b.Fe)                                            \
   X(kEH,     eh,     "expert_h",      float,   false, b.R * b.Fe)                                            \
-  /* expert parallelism: the rows the experts took (expert-major) and how many from whom */                  \
+  /* expert parallelism: the rows the experts took (expert-major) */                                        \
   X(kEX,     ex,     "expert_x",      float,   true,  b.P > 1 ? b.R * d.C : 0)                               \
-  X(kERecv,  erecv,  "expert_recv",   int32_t, true,  b.P > 1 ? b.P * b.El : 0) /* (P, El) */                \
   X(kSGate,  sgate,  "shared_gate",   float,   false, d.N * b.Fs)    /* shared experts */                    \
   X(kSUp,    sup,    "shared_up",     float,   false, d.N * b.Fs)                                            \
   X(kSH,     sh,     "shared_h",      float,   false, d.N * b.Fs)                                            \
@@ -167,8 +169,6 @@ namespace t3d::runtime {
   X(kMoeDgates,      moe_dgates, "moe_dgates",     float, kF32,  d.E > 0, d.S)                \
   /* model.shared_expert_gate: the gradient of each row's gate, then of its logit */           \
   X(kSharedGateDg,   gate_dg,   "shared_gate_dg",  float, kF32,  d.shared_gate, d.N)          \
-  X(kMoeRowOfSlot,   moe_row_of_slot, "moe_row_of_slot", int32_t, kI32, d.E > 0, d.S)          \
-  X(kMoeSlotOfRow,   moe_slot_of_row, "moe_slot_of_row", int32_t, kI32, d.E > 0, d.S)          \
   X(kAttentionTiles, attn,      "attention_tiles", float, kF32,  true,  x.attention_tiles)      \
   /* the last chunk's logits (N, Vl) and cross-entropy statistics stay fp32 */                  \
   X(kLogits,         logits,    "logits",          float, kF32,  x.last, d.N * d.V)             \

@@ -207,18 +207,21 @@ TEST(CudaMoe, AuxLossIsTheCpuBits) {
     const RouterShape r{N, E, K, score, true, 1.0f};
     const Routed fwd = route(kCpu, ref::random_floats(N * E, 440, -2, 2), nullptr, r);
     double loss[2][2];
-    std::vector<float> d[2];
+    std::vector<float> d[2], alone[2];
     for (int i = 0; i < 2; ++i) {
       const Exec exec = i ? on_gpu() : Exec(kCpu);
-      Mem<float> s(exec, fwd.scores), ds(exec, N * E, 99.0f);
+      Mem<float> s(exec, fwd.scores), ds(exec, N * E, 99.0f), ds_alone(exec, N * E, 99.0f);
       Mem<std::int32_t> c(exec, fwd.chosen);
       loss[i][0] = moe_aux_loss(exec, ds.p(), s.p(), c.p(), B, T, r, 0.3f);
       loss[i][1] = moe_aux_loss(exec, nullptr, s.p(), c.p(), B, T, r, 0.3f);
+      moe_aux_loss_backward(exec, ds_alone.p(), s.p(), c.p(), B, T, r, 0.3f);  // no value
       d[i] = ds.host();
+      alone[i] = ds_alone.host();
     }
     EXPECT_EQ(loss[1][0], loss[0][0]);
     EXPECT_EQ(loss[1][1], loss[0][1]);
     expect_same_bits(d[1], d[0], "dscores");
+    expect_same_bits(alone[1], d[0], "dscores without the value");
   }
 }
 

@@ -105,6 +105,46 @@ TEST(StepScalars, CastsCrossingsAndBuffersAreTheirDefinitions) {
   for (int i = 0; i < 1000; ++i) ASSERT_EQ(buffer.as<float>()[i], 0.0f);
 }
 
+// host_waits counts each call that makes the host wait for the Exec (once a call: the ranges of
+// sum_of_squares_each are one wait), and no op that stays in the Exec's memory.
+TEST(StepScalars, HostWaitsCountTheCallsThatWaitOnce) {
+  auto x = ref::random_floats(100, 52, -1, 1);
+  std::vector<float> y(100);
+  std::int64_t waits = host_waits();
+  const auto waited = [&](const char* what) {
+    const std::int64_t now = host_waits();
+    EXPECT_EQ(now - waits, 1) << what;
+    waits = now;
+  };
+  copy_from_host(kCpu, y.data(), x.data(), 10 * sizeof(float));
+  waited("copy_from_host");
+  copy_to_host(kCpu, y.data(), x.data(), 10 * sizeof(float));
+  waited("copy_to_host");
+  EXPECT_EQ(sum_in_order(kCpu, x.data(), 100), sum_in_order(kCpu, x.data(), 100));
+  EXPECT_EQ(host_waits() - waits, 2) << "sum_in_order";
+  waits = host_waits();
+  sum_of_squares(kCpu, x.data(), 100);
+  waited("sum_of_squares");
+  const float* ranges[3] = {x.data(), x.data() + 10, x.data() + 50};
+  const std::int64_t sizes[3] = {10, 40, 50};
+  double sums[3];
+  sum_of_squares_each(kCpu, sums, ranges, sizes, 3);
+  waited("sum_of_squares_each");
+  count_nonfinite(kCpu, x.data(), 100);
+  waited("count_nonfinite");
+  Hash64Stream h;
+  hash_floats(kCpu, h, x.data(), 100);
+  waited("hash_floats");
+  copy_to_host_started(kCpu, y.data(), x.data(), 10 * sizeof(float));  // started: no wait
+  EXPECT_EQ(host_waits(), waits);
+  wait_for_copies(kCpu);
+  waited("wait_for_copies");
+  add(kCpu, y.data(), x.data(), x.data(), 100);
+  zero(kCpu, y.data(), 100);
+  copy(kCpu, y.data(), x.data(), 100);
+  EXPECT_EQ(host_waits(), waits) << "ops within the Exec's memory";
+}
+
 // hash64_xxh3 is XXH3's 64-bit hash with seed 0: xxHash's published value of the empty input, and
 // the value of "abc" that Debian's libxxhash.so gives (the inlined header must agree with it).
 TEST(StepScalars, Hash64Xxh3IsXxh3) {

@@ -13,6 +13,7 @@
 
 #include "kernels/blas.h"
 #include "kernels/check.h"
+#include "kernels/ops.h"
 #include "kernels/ops_moe.h"
 #include "moe_reference.h"
 #include "reference.h"
@@ -509,8 +510,15 @@ TEST(kernels_moe_balance, AuxLossGradientMatchesFiniteDifferences) {
     EXPECT_NEAR(loss, aux_ref(sd, chosen, B, T, E, K, sigmoid), 1e-6);
     const auto f = [&](const Vec& v) { return Vec{aux_ref(v, chosen, B, T, E, K, sigmoid)}; };
     ref::expect_close(dscores, ref::numeric_grad(f, sd, Vec{weight}), 1e-4, 1e-6, "dscores");
-    // The value does not depend on whether the gradient is asked for.
+    // The value does not depend on whether the gradient is asked for; it is a host wait.
+    const std::int64_t waits = host_waits();
     EXPECT_EQ(moe_aux_loss(kCpu, nullptr, scores.data(), chosen.data(), B, T, r, weight), loss);
+    EXPECT_EQ(host_waits(), waits + 1);
+    // The gradient alone: the same bits, and no wait.
+    std::vector<float> alone(N * E, 99.0f);
+    moe_aux_loss_backward(kCpu, alone.data(), scores.data(), chosen.data(), B, T, r, weight);
+    EXPECT_EQ(host_waits(), waits + 1);
+    EXPECT_EQ(alone, dscores);
   }
 }
 

@@ -20,6 +20,7 @@
 #include "kernels/arena.h"
 #include "kernels/blas.h"
 #include "kernels/gemm.h"
+#include "kernels/ops.h"
 #include "parallel/comm.h"
 #include "runtime/model/model.h"
 #include "tests/model/tiny_models.h"
@@ -64,9 +65,12 @@ Pass train_pass(Model& m, const Batch& b) {
   m.forward(0, 0, b.tokens.data(), nullptr, 1.0f, true);
   std::copy_n(m.output(0, 0), m.io_floats(), m.input(1, 0));
   p.loss = m.forward(1, 0, nullptr, b.targets.data(), 1.0f, true);
+  const int64_t waits = kernels::host_waits();
   m.backward(1, 0, nullptr);
   p.input_grad.assign(m.input_grad(1, 0), m.input_grad(1, 0) + m.io_floats());
   m.backward(0, 0, p.input_grad.data());
+  // It reads the routing (and under EP the counts) its forward kept.
+  EXPECT_EQ(kernels::host_waits(), waits) << "the backward made the host wait";
   p.aux_loss = m.aux_loss();
   p.expert_counts = m.expert_counts();
   p.dropped_slots = m.dropped_slots();
@@ -365,6 +369,7 @@ TEST(ModelEpMpi, SplitBackwardLeavesEveryWeightGradientToW) {
       split.forward(0, 0, b.tokens.data(), nullptr, 1.0f, true);
       std::copy_n(split.output(0, 0), split.io_floats(), split.input(1, 0));
       EXPECT_EQ(split.forward(1, 0, nullptr, b.targets.data(), 1.0f, true), want.loss);
+      const int64_t waits = kernels::host_waits();
       split.backward_input(1, 0, nullptr);
       const std::vector<float> input_grad(split.input_grad(1, 0),
                                           split.input_grad(1, 0) + split.io_floats());
@@ -401,6 +406,7 @@ TEST(ModelEpMpi, SplitBackwardLeavesEveryWeightGradientToW) {
 
       split.backward_weight(1, 0);
       split.backward_weight(0, 0);
+      EXPECT_EQ(kernels::host_waits(), waits) << "B or W made the host wait";
       const int64_t experts_unit = runtime::experts_unit(cfg, 1);
       EXPECT_EQ(done, (std::vector<int64_t>{cfg.n_layers, -1, 1, experts_unit, 0}));
       expect_same(grads, want.grads.data(), split.layout().total_floats(), 0,

@@ -11,6 +11,7 @@
 #include "kernels/arena.h"
 #include "kernels/check.h"
 #include "kernels/gemm.h"
+#include "kernels/ops.h"
 #include "parallel/comm.h"
 #include "runtime/model/model.h"
 #include "tests/model/tiny_models.h"
@@ -335,6 +336,53 @@ TEST(ModelMpi, RoundedWeightsGiveTheSameBitsAndEndWithTheirWindow) {
     {
       const runtime::RoundedWeights rounded(m);
       EXPECT_EQ(loss_of(m, b, false), changed);
+    }
+  }
+}
+
+// What a GPU's step waits for (kernels::host_waits, counted on the CPU at the same call sites). A
+// forward waits to take its tokens and targets in and give its loss out, and each
+// mixture-of-experts block for its routing: `chosen` out, the two slot maps in, and in a training
+// forward the auxiliary loss's value. The backward, whole or as B then W, and with its blocks
+// stored in bf16 or recomputed, waits for nothing but a recomputed block's routing: it reads the
+// routing its forward kept. (Expert parallelism: test_model_ep_mpi.)
+TEST(ModelMpi, TheBackwardMakesTheHostWaitOnlyForARecomputedRouting) {
+  auto world = parallel::Comm::world(60.0);
+  const auto self = world.split(world.rank(), 0, "self");
+  struct Case {
+    bool split, bf16_stored;
+    int64_t checkpoint_every;
+  };
+  for (const Case c : {Case{false, false, 0}, Case{true, false, 0}, Case{false, true, 0},
+                       Case{true, true, 0}, Case{false, false, 1}}) {
+    for (const auto& cfg : {tiny_config(), moe_config()}) {
+      SCOPED_TRACE(testing::Message()
+                   << (cfg.n_experts ? "MoE" : "dense") << (c.split ? ", B then W" : "")
+                   << (c.bf16_stored ? ", bf16-stored" : "")
+                   << (c.checkpoint_every ? ", recomputed" : ""));
+      kernels::Arena arena(64 << 20);
+      runtime::ModelOptions options{2, 1, false};
+      options.moe_aux_weight = 0.5;
+      options.split_backward = c.split;
+      options.bf16 = c.bf16_stored;
+      options.checkpoint_every = c.checkpoint_every;
+      Model m(cfg, whole(cfg.n_layers), self, arena, options);
+      m.init(3);
+      const Batch b = make_batch(2, cfg.seq_len, cfg.vocab_size);
+      const int64_t moe_blocks = cfg.n_experts > 0 ? cfg.n_layers - cfg.dense_layers : 0;
+      for (const bool train : {false, true}) {  // the backward below follows the training one
+        const int64_t before = kernels::host_waits();
+        m.forward(0, 0, b.tokens.data(), b.targets.data(), 1.0f, train);
+        EXPECT_EQ(kernels::host_waits() - before, 3 + moe_blocks * (train ? 4 : 3));
+      }
+      const int64_t before = kernels::host_waits();
+      if (c.split) {
+        m.backward_input(0, 0, nullptr);
+        m.backward_weight(0, 0);
+      } else {
+        m.backward(0, 0, nullptr);
+      }
+      EXPECT_EQ(kernels::host_waits() - before, c.checkpoint_every ? 3 * moe_blocks : 0);
     }
   }
 }
