@@ -343,8 +343,9 @@ ModelConfig small_moe_model() {
 }
 
 // A dense block's and a mixture-of-experts block's own rows (per micro-batch of N tokens): the
-// dense MLP's gate, up, h (N·F each); the router's scores (N·E), chosen and gates (N·K), the
-// experts' gate, up, h per token slot (N·K·Fe each), the shared experts' (N·Fs each).
+// dense MLP's gate, up, h (N·F each); the router's scores (N·E), chosen, the routing's two slot
+// maps and gates (N·K each), the experts' gate, up, h per token slot (N·K·Fe each), the shared
+// experts' (N·Fs each).
 TEST(ModelSpec, MoeBlocksKeepTheirOwnRows) {
   SpecOptions o;
   o.micro_rows = 1;
@@ -360,7 +361,7 @@ TEST(ModelSpec, MoeBlocksKeepTheirOwnRows) {
   }
   EXPECT_EQ(own[0], 3 * N * 176);
   for (int64_t l = 1; l < 4; ++l)
-    EXPECT_EQ(own[l], N * E + 2 * N * K + 3 * N * K * 32 + 3 * N * 32) << "layer " << l;
+    EXPECT_EQ(own[l], N * E + 4 * N * K + 3 * N * K * 32 + 3 * N * 32) << "layer " << l;
   // Split backward keeps what W needs for every weight-gradient GEMM of a block: a dense block's
   // MLP and attention; a MoE block's shared experts (dy_down, dgate, dup: N·C, N·Fs, N·Fs), routed
   // experts (expert_dy, expert_dgate, expert_dup over the R = N·K rows: R·(C + 2·Fe)), router
@@ -599,8 +600,8 @@ TEST(ModelSpec, RowsHaveDistinctNamesAndScratchFollowsItsTable) {
     }
     EXPECT_TRUE(work_seen);
     // sp, cp, ep, the last chunk, bf16 copies, q/k/v biases and the shared experts' gate: every
-    // row but a dense model's 19 MoE rows.
-    EXPECT_EQ(scratch_rows, kScratchBufs - (moe ? 0 : 19));
+    // row but a dense model's 17 MoE rows.
+    EXPECT_EQ(scratch_rows, kScratchBufs - (moe ? 0 : 17));
   }
 }
 
