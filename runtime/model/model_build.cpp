@@ -189,6 +189,9 @@ void Model::allocate_scratch(const ActivationSpec& spec) {
     else
       bind_scratch(static_cast<ScratchBuf>(t.index), p);
   }
+  // Each MoE block of each slot its own routing on the host (expert parallelism's counts only
+  // with ep > 1), also where its arena rows are the work block's.
+  const int64_t ep_counts = ep_size() > 1 ? ep_size() * experts_.size(config_) : 0;
   for (size_t ci = 0; ci < chunks_.size(); ++ci)
     for (auto& slot : acts_[ci])
       for (int64_t i = 0; i < chunks_[ci].size(); ++i) {
@@ -197,8 +200,7 @@ void Model::allocate_scratch(const ActivationSpec& spec) {
         if (!config_.moe_block(chunks_[ci].begin + i)) continue;
         auto routing = std::make_unique<BlockRouting>();
         routing->offsets.assign(static_cast<size_t>(config_.n_experts + 1), 0);
-        const int64_t P = options_.ep ? options_.ep->size() : 1;
-        routing->ep_recv.assign(static_cast<size_t>(P * experts_.size(config_)), 0);
+        routing->ep_recv.assign(static_cast<size_t>(ep_counts), 0);
         a.routing = routing.get();
         routings_.push_back(std::move(routing));
       }

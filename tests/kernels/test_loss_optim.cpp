@@ -120,9 +120,8 @@ TEST(StepScalars, HostWaitsCountTheCallsThatWaitOnce) {
   waited("copy_from_host");
   copy_to_host(kCpu, y.data(), x.data(), 10 * sizeof(float));
   waited("copy_to_host");
-  EXPECT_EQ(sum_in_order(kCpu, x.data(), 100), sum_in_order(kCpu, x.data(), 100));
-  EXPECT_EQ(host_waits() - waits, 2) << "sum_in_order";
-  waits = host_waits();
+  sum_in_order(kCpu, x.data(), 100);
+  waited("sum_in_order");
   sum_of_squares(kCpu, x.data(), 100);
   waited("sum_of_squares");
   const float* ranges[3] = {x.data(), x.data() + 10, x.data() + 50};
