@@ -37,6 +37,17 @@ step() {  # step NAME SECONDS CMD...: runs CMD with a time limit, logs it, recor
   printf '%-22s %-28s %4d s\n' "$name" "$verdict" $((SECONDS - t0)) | tee -a "$logs/summary.txt"
 }
 
+# isolate BINARY STEP: after a sticky CUDA error or a crash in STEP's run of BINARY, its failed and
+# unreached tests each run alone (scripts/gpu_isolate.sh), so that one test's illegal address does
+# not hide whether the others pass; its lines join the summary.
+isolate() {
+  rm -f "$logs/$2.log.isolated"
+  local left=$((budget - SECONDS - 35))
+  [ $left -gt 90 ] && left=90
+  [ $left -ge 10 ] || return 0
+  bash scripts/gpu_isolate.sh "$root/bin/$1" "$logs/$2.log" "$left" 2>&1 | tee -a "$logs/summary.txt"
+}
+
 echo "== gpu_check at $(cat gpu_bundle/commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null)" | tee "$logs/summary.txt"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$logs/summary.txt"
 lscpu 2>/dev/null | grep -m1 "Model name" | tee -a "$logs/summary.txt"
@@ -55,6 +66,7 @@ if ! "$root/bin/test_kernels_cuda" --gtest_list_tests >/dev/null 2>"$logs/load.l
 fi
 
 step gpu_tests 120 "$root/bin/test_kernels_cuda"
+isolate test_kernels_cuda gpu_tests
 grep -E "^GPU 0|PASSED|FAILED|SKIPPED \]" "$logs/gpu_tests.log" | sort -u | head -n 20
 # On a GPU machine a skipped GPU test is a failure: it did not run.
 if grep -q "SKIPPED \]" "$logs/gpu_tests.log"; then
@@ -63,7 +75,8 @@ if grep -q "SKIPPED \]" "$logs/gpu_tests.log"; then
 fi
 # The bf16 attention tiles failing their tests (or crashing the binary) would take every bf16
 # training check and benchmark below with them: run those on the fp32 tiles then, and say so.
-if ! grep -q "OK \] CudaAttentionBf16.MatchesTheCpuWithinBf16Rounding" "$logs/gpu_tests.log"; then
+if ! cat "$logs/gpu_tests.log" "$logs/gpu_tests.log.isolated" 2>/dev/null |
+  grep -q "OK \] CudaAttentionBf16.MatchesTheCpuWithinBf16Rounding"; then  # in the run or alone
   export T3D_GPU_ATTENTION=fp32
   echo "bf16 attention         FAILED its tests: the checks below run the fp32 tiles (T3D_GPU_ATTENTION=fp32)" |
     tee -a "$logs/summary.txt"
@@ -72,6 +85,7 @@ fi
 # The whole Model on the GPU: dense and MoE models' training steps against the CPU's, twice for the
 # bits.
 step gpu_model 120 "$root/bin/test_model_gpu"
+isolate test_model_gpu gpu_model
 grep -E "OK \]|FAILED|SKIPPED \]|Failure|Expected|Which is|error" "$logs/gpu_model.log" | head -n 20
 if grep -q "SKIPPED \]" "$logs/gpu_model.log"; then
   echo "gpu_model              FAILED: tests skipped on a GPU machine" | tee -a "$logs/summary.txt"
