@@ -55,6 +55,10 @@ void bf16_to_float(const Exec& exec, float* out, const bf16* in, std::int64_t n)
 // makes (data in, initial values, restore, snapshot staging, the step's scalars, MoE routing
 // counts, the replay's hashes): a memcpy on the CPU, a copy ordered on the stream on a GPU. Both
 // return when the host buffer may be reused (copy_from_host) or holds the bytes (copy_to_host).
+// copy_from_host of at most kUnwaitedUploadBytes (a micro-batch's tokens, routing maps) makes
+// the host wait for nothing: on a GPU the bytes go through the stream's pinned staging ring and
+// the copy is enqueued from there; a larger one waits for the stream (initial values, restore).
+inline constexpr std::size_t kUnwaitedUploadBytes = std::size_t{1} << 20;
 void copy_from_host(const Exec& exec, void* dst, const void* host_src, std::size_t bytes);
 void copy_to_host(const Exec& exec, void* host_dst, const void* src, std::size_t bytes);
 // copy_to_host for many pieces, in the background of the compute: on a GPU each is started on
@@ -67,12 +71,13 @@ void copy_to_host(const Exec& exec, void* host_dst, const void* src, std::size_t
 void copy_to_host_started(const Exec& exec, void* host_dst, const void* src, std::size_t bytes);
 void wait_for_copies(const Exec& exec);
 void compute_after_copies(const Exec& exec);
-// How many calls this process has made that make the host wait for the Exec's queued ops (on a
+// How many calls this host thread has made that make it wait for the Exec's queued ops (on a
 // GPU each drains the stream, and the device idles until the host enqueues again):
-// copy_from_host, copy_to_host, wait_for_copies, and the ops that return a value of the Exec's
-// memory to the host (hash_floats, count_nonfinite, sum_in_order, sum_of_squares and _each,
-// moe_aux_loss). Counted on every backend alike (the same call sites), so that CPU tests pin
-// where a GPU's step waits.
+// copy_from_host of more than kUnwaitedUploadBytes, copy_to_host, wait_for_copies, and the ops
+// that return a value of the Exec's memory to the host (hash_floats, count_nonfinite,
+// sum_in_order, sum_of_squares and _each, moe_aux_loss). Counted on every backend alike (the
+// same call sites), so that CPU tests pin where a GPU's step waits; per thread, so that a
+// snapshot's I/O thread waiting for its copies is not counted in the training thread's step.
 std::int64_t host_waits();
 void count_host_wait();  // what those ops call, once a call (kernels/ only)
 // Streams into `h` (kernels/hash.h) the hash64_xxh3 of each 1 MiB piece of n floats of the
@@ -89,6 +94,9 @@ void flip_bit(const Exec& exec, float* x, std::int64_t i, int bit);
 std::int64_t count_nonfinite(const Exec& exec, const float* x, std::int64_t n);
 // x[0] + x[1] + ... + x[n-1] in that order, in double (a micro-batch's per-row losses).
 double sum_in_order(const Exec& exec, const float* x, std::int64_t n);
+// The same sum written to *out, a double of the Exec's memory, without a wait (a micro-batch's
+// loss kept there until the step reads its micro-batches' losses at once).
+void sum_in_order_into(const Exec& exec, double* out, const float* x, std::int64_t n);
 // sum of x^2 over a range, accumulated in double. Global-norm clipping: each rank sums its
 // ranges, the caller all-reduces the partial sums, then passes min(1, max/norm) to adamw_step
 // (AdamWConfig::grad_scale).

@@ -1,7 +1,6 @@
 // Element-wise range operations: residual add, scaling, norms, AdamW. They run over whole flat
 // regions (all parameters at once), which is why the regions are contiguous.
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -39,18 +38,22 @@ void bf16_to_float(const Exec& exec, float* out, const bf16* in, std::int64_t n)
 }
 
 namespace {
-std::atomic<std::int64_t> host_waits_made{0};
+thread_local std::int64_t host_waits_made = 0;
 }  // namespace
 
-std::int64_t host_waits() { return host_waits_made.load(std::memory_order_relaxed); }
+std::int64_t host_waits() { return host_waits_made; }
 
-void count_host_wait() { host_waits_made.fetch_add(1, std::memory_order_relaxed); }
+void count_host_wait() { ++host_waits_made; }
 
 void copy_from_host(const Exec& exec, void* dst, const void* host_src, std::size_t bytes) {
-  count_host_wait();
-  if (exec.on_gpu()) {  // synchronised: the host buffer may be pinned (then the copy is async)
-    T3D_ON_GPU(exec, (cuda::copy_to_device(*exec.stream, dst, host_src, bytes),
-                      exec.stream->synchronize()));
+  if (bytes <= kUnwaitedUploadBytes) {
+    T3D_ON_GPU(exec, cuda::copy_to_device_staged(*exec.stream, dst, host_src, bytes));
+  } else {
+    count_host_wait();
+    if (exec.on_gpu()) {  // synchronised: the host buffer may be pinned (then the copy is async)
+      T3D_ON_GPU(exec, (cuda::copy_to_device(*exec.stream, dst, host_src, bytes),
+                        exec.stream->synchronize()));
+    }
   }
   if (bytes) std::memcpy(dst, host_src, bytes);
 }
@@ -136,6 +139,13 @@ double sum_in_order(const Exec& exec, const float* x, std::int64_t n) {
   double s = 0.0;
   for (std::int64_t i = 0; i < n; ++i) s += x[i];
   return s;
+}
+
+void sum_in_order_into(const Exec& exec, double* out, const float* x, std::int64_t n) {
+  T3D_ON_GPU(exec, cuda::sum_in_order(*exec.stream, out, x, n));
+  double s = 0.0;
+  for (std::int64_t i = 0; i < n; ++i) s += x[i];
+  *out = s;
 }
 
 void add_inplace(const Exec& exec, float* x, const float* y, std::int64_t n) {

@@ -8,6 +8,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "kernels/check.h"
@@ -94,6 +95,15 @@ struct Stream::Impl {
   };
   std::vector<TimedOp> timed_ops;
   std::vector<cudaEvent_t> spare_events;
+  // copy_to_device_staged's pinned ring (allocated at its first use): kUploadSlots slots of
+  // kUnwaitedUploadBytes, each with the event of its last copy; `next` is the slot to take.
+  struct UploadRing {
+    unsigned char* pinned = nullptr;
+    cudaEvent_t copied[kUploadSlots] = {};
+    int next = 0;
+    std::mutex taking;
+  };
+  UploadRing uploads;
   // The step scalars read back to the host: a sum, a count.
   double* scalar_sum = nullptr;
   unsigned long long* scalar_count = nullptr;

@@ -105,6 +105,13 @@ void device_free(void* p) noexcept;
 // The named crossings between host and device memory, ordered on the stream. Host memory that is
 // not pinned makes them synchronous (CUDA stages it).
 void copy_to_device(const Stream& s, void* device_dst, const void* host_src, std::size_t bytes);
+// kernels::copy_from_host of at most kUnwaitedUploadBytes: the bytes copied into a slot of the
+// stream's pinned staging ring (waiting only for that slot's previous copy, kUploadSlots copies
+// back: by then long run, a step making a few), the copy enqueued from there; the host buffer
+// may be reused on return.
+inline constexpr int kUploadSlots = 8;
+void copy_to_device_staged(const Stream& s, void* device_dst, const void* host_src,
+                           std::size_t bytes);
 void copy_to_host(const Stream& s, void* host_dst, const void* device_src, std::size_t bytes);
 // kernels::copy_to_host_started, wait_for_copies and compute_after_copies (ops.h): on the
 // stream's copy stream, behind an event of the compute enqueued so far.
@@ -144,6 +151,8 @@ void copy(const Stream& s, float* dst, const float* src, std::int64_t n);  // de
 // one thread's loop (over chunks its block stages in shared memory), so it is the CPU's bits.
 std::int64_t count_nonfinite_to_host(const Stream& s, const float* x, std::int64_t n);
 double sum_in_order_to_host(const Stream& s, const float* x, std::int64_t n);
+void sum_in_order(const Stream& s, double* out, const float* x,
+                  std::int64_t n);  // *out in device memory
 // kernels::hash_floats's piece hashes: host_out[p] = XXH3 of floats [p·piece, (p + 1)·piece) of
 // the n at x (kernels/xxh3_words.h), computed in device memory; waited for.
 void hash_pieces_to_host(const Stream& s, std::uint64_t* host_out, const float* x, std::int64_t n,

@@ -1,10 +1,12 @@
 // Devices, streams, device memory and the host <-> device copies of the CUDA backend.
 #include <cstdio>
+#include <cstring>
 #include <utility>
 
 #include "kernels/arena.h"
 #include "kernels/cuda/cuda_internal.cuh"
 #include "kernels/cuda_native.h"
+#include "kernels/ops.h"  // kUnwaitedUploadBytes
 
 namespace t3d::kernels::cuda {
 namespace {
@@ -102,6 +104,9 @@ Stream::~Stream() {
     if (op.stop) cudaEventDestroy(op.stop);
   }
   for (const cudaEvent_t e : impl_->spare_events) cudaEventDestroy(e);
+  for (const cudaEvent_t e : impl_->uploads.copied)
+    if (e) cudaEventDestroy(e);
+  cudaFreeHost(impl_->uploads.pinned);
   cudaFree(impl_->blas_workspace);
   cudaFree(impl_->scalar_sum);
   cudaFree(impl_->scalar_count);
@@ -148,6 +153,10 @@ void* device_alloc_zeroed(std::size_t bytes, std::string_view what) {
   }
   T3D_CUDA_CHECK(err);
   T3D_CUDA_CHECK(cudaMemset(data, 0, bytes));
+  // cudaMemset runs on the legacy default stream, which the non-blocking streams do not wait for:
+  // without this, a stream's first writes (weights copied in, the bf16 weight copy) could be
+  // zeroed after the fact. Allocations are rare: the wait costs nothing.
+  T3D_CUDA_CHECK(cudaDeviceSynchronize());
   return data;
 }
 
@@ -175,6 +184,28 @@ void copy_to_device(const Stream& s, void* device_dst, const void* host_src, std
   if (bytes == 0) return;
   T3D_CUDA_CHECK(
       cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, s.impl().stream));
+}
+
+void copy_to_device_staged(const Stream& s, void* device_dst, const void* host_src,
+                           std::size_t bytes) {
+  T3D_ASSERT(bytes <= kUnwaitedUploadBytes, "a staged upload of ", bytes, " bytes");
+  if (bytes == 0) return;
+  Stream::Impl& st = s.impl();
+  Stream::Impl::UploadRing& ring = st.uploads;
+  const std::lock_guard<std::mutex> lock(ring.taking);
+  if (!ring.pinned) {
+    T3D_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&ring.pinned),
+                                 kUploadSlots * kUnwaitedUploadBytes, cudaHostAllocPortable));
+    for (cudaEvent_t& e : ring.copied)
+      T3D_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
+  const int slot = ring.next;
+  ring.next = (slot + 1) % kUploadSlots;
+  T3D_CUDA_CHECK(cudaEventSynchronize(ring.copied[slot]));  // the slot's previous copy has run
+  unsigned char* staged = ring.pinned + static_cast<std::size_t>(slot) * kUnwaitedUploadBytes;
+  std::memcpy(staged, host_src, bytes);
+  T3D_CUDA_CHECK(cudaMemcpyAsync(device_dst, staged, bytes, cudaMemcpyHostToDevice, st.stream));
+  T3D_CUDA_CHECK(cudaEventRecord(ring.copied[slot], st.stream));
 }
 
 void host_register(void* p, std::size_t bytes) {

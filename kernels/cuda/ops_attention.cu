@@ -359,7 +359,9 @@ template <int TILE, int DMAX>
 void forward(const Stream& s, float* out, float* lse, const float* q, const float* k,
              const float* v, const Geometry& g, std::int64_t B) {
   const std::size_t bytes = forward_smem<TILE>(static_cast<int>(g.D));
-  allow_smem(forward_kernel<TILE, DMAX>, bytes);
+  // The instance's largest need, the same on every call: host threads launching it with other
+  // head dims cannot lower the limit between another's setting and its launch.
+  allow_smem(forward_kernel<TILE, DMAX>, forward_smem<TILE>(DMAX));
   forward_kernel<TILE, DMAX>
       <<<grid(g.T, TILE, g.H, B), kThreads, bytes, s.impl().stream>>>(out, lse, q, k, v, g);
   T3D_CUDA_LAUNCHED();
@@ -370,8 +372,8 @@ void backward(const Stream& s, float* dq, float* dk, float* dv, const float* dou
               const float* k, const float* v, const float* out, const float* lse, const Geometry& g,
               std::int64_t B) {
   const std::size_t bytes = backward_smem<TILE>(static_cast<int>(g.D));
-  allow_smem(dq_kernel<TILE, DMAX>, bytes);
-  allow_smem(dkv_kernel<TILE, DMAX>, bytes);
+  allow_smem(dq_kernel<TILE, DMAX>, backward_smem<TILE>(DMAX));  // as in forward
+  allow_smem(dkv_kernel<TILE, DMAX>, backward_smem<TILE>(DMAX));
   dq_kernel<TILE, DMAX><<<grid(g.T, TILE, g.H, B), kThreads, bytes, s.impl().stream>>>(
       dq, dout, q, k, v, out, lse, g);
   T3D_CUDA_LAUNCHED();

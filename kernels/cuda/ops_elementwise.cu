@@ -191,9 +191,13 @@ void hash_pieces_to_host(const Stream& s, std::uint64_t* host_out, const float* 
   s.synchronize();
 }
 
-double sum_in_order_to_host(const Stream& s, const float* x, std::int64_t n) {
-  sum_in_order_kernel<<<1, kBlock, 0, s.impl().stream>>>(s.impl().scalar_sum, x, n);
+void sum_in_order(const Stream& s, double* out, const float* x, std::int64_t n) {
+  sum_in_order_kernel<<<1, kBlock, 0, s.impl().stream>>>(out, x, n);
   T3D_CUDA_LAUNCHED();
+}
+
+double sum_in_order_to_host(const Stream& s, const float* x, std::int64_t n) {
+  sum_in_order(s, s.impl().scalar_sum, x, n);
   return read_back(s, s.impl().scalar_sum);
 }
 

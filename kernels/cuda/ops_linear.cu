@@ -145,6 +145,16 @@ void gemm(const Stream& s, GemmPrecision p, bool trans_a, bool trans_b, std::int
           const bf16* B16 = nullptr, const float* C_in = nullptr) {
   if (M == 0 || N == 0) return;
   Stream::Impl& st = s.impl();
+  if (K == 0) {  // an empty product (no rows of a weight gradient): C = C_in, 0 or itself
+    const std::size_t pitch = static_cast<std::size_t>(ldc) * sizeof(float);
+    const std::size_t width = static_cast<std::size_t>(N) * sizeof(float);
+    if (C_in)
+      T3D_CUDA_CHECK(cudaMemcpy2DAsync(C, pitch, C_in, pitch, width, static_cast<std::size_t>(M),
+                                       cudaMemcpyDeviceToDevice, st.stream));
+    else if (!accumulate)
+      T3D_CUDA_CHECK(cudaMemset2DAsync(C, pitch, 0, width, static_cast<std::size_t>(M), st.stream));
+    return;
+  }
   const void* a = A;
   const void* b = B;
   if (p == GemmPrecision::kBf16) {

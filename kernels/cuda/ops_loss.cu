@@ -66,9 +66,12 @@ __global__ void fused_kernel(float* logits, float* losses, const std::int32_t* t
   if (t == kIgnoreIndex) return zero_row(x, losses + i, V);
   const float max = row_max_of(x, V);
   const float sum = row_sum_exp(x, V, max);
-  const float target_logit = x[t];  // read by every thread before any writes below
+  // A target outside the vocabulary (the CPU op refuses it; the data path never gives one) reads
+  // and writes nothing outside the row: its loss is NaN, which the step's divergence check names.
+  const bool in_vocab = t >= 0 && t < V;
+  const float target_logit = in_vocab ? x[t] : NAN;  // read by every thread before the writes
   __syncthreads();
-  loss_and_grad_row(x, losses + i, V, max, sum, target_logit, t, grad_scale);
+  loss_and_grad_row(x, losses + i, V, max, sum, target_logit, in_vocab ? t : -1, grad_scale);
 }
 
 __global__ void max_kernel(float* row_max, const float* logits, std::int64_t V) {

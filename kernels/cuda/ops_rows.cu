@@ -237,7 +237,7 @@ void rmsnorm_forward(const Stream& s, float* out, float* rstd, const float* inp,
 void rmsnorm_backward(const Stream& s, float* dinp, float* dweight, const float* dout,
                       const float* inp, const float* weight, const float* rstd, std::int64_t N,
                       std::int64_t C, Out mode) {
-  if (N <= 0) return;
+  if (N <= 0 || C <= 0) return;  // a launch of no blocks is an error
   rmsnorm_backward_kernel<<<blocks_of(N, kRowsPerBlock), kBlock, 0, s.impl().stream>>>(
       dinp, dout, inp, weight, rstd, N, C, mode == Out::kAccumulate);
   T3D_CUDA_LAUNCHED();

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #include "kernels/check.h"
 #include "kernels/ops.h"
@@ -330,8 +331,30 @@ void Model::backward_layer_weights(int64_t l, const LayerActs& a, const BlockCop
   if (config_.qkv_bias) qkv_bias_grads(pg, kg.dq, kg.dk, kg.dv);
 }
 
-double Model::forward_head(ChunkActs& c, const int32_t* host_targets, float grad_scale,
-                           bool training) {
+void Model::keep_loss_sum(const float* losses, int64_t n) {
+  const k::Exec& exec = options_.exec;
+  if (loss_sums_.bytes() == 0)
+    loss_sums_.reserve(exec, kKeptLossSums * sizeof(double), "the micro-batches' loss sums");
+  if (kept_loss_sums_ == kKeptLossSums) gather_loss_sums();
+  k::sum_in_order_into(exec, loss_sums_.as<double>() + kept_loss_sums_++, losses, n);
+}
+
+void Model::gather_loss_sums() {
+  if (kept_loss_sums_ == 0) return;
+  std::vector<double> sums(static_cast<size_t>(kept_loss_sums_));
+  k::copy_to_host(options_.exec, sums.data(), loss_sums_.as<double>(),
+                  sums.size() * sizeof(double));
+  for (const double s : sums) loss_sum_ += s;
+  kept_loss_sums_ = 0;
+}
+
+double Model::take_loss_sum() {
+  gather_loss_sums();
+  return std::exchange(loss_sum_, 0.0);
+}
+
+void Model::forward_head(ChunkActs& c, const int32_t* host_targets, float grad_scale,
+                         bool training) {
   const k::Exec& exec = options_.exec;
   const int64_t N = rows_, C = config_.dim;
   auto& s = *scratch_;
@@ -360,7 +383,7 @@ double Model::forward_head(ChunkActs& c, const int32_t* host_targets, float grad
     k::ce_loss_and_grad(exec, s.logits, s.losses, targets, s.row_max, s.sum_exp, s.target, N,
                         vocab_, vocab_start_, grad_scale);
   }
-  const double loss_sum = k::sum_in_order(exec, s.losses, N);
+  keep_loss_sum(s.losses, N);
   if (training) {
     k::linear_backward_input(exec, s.dxn, s.logits, w(head, head_unit), N, C, vocab_);
     k::linear_backward_weight(exec, g(head, head_unit), s.logits, c.xf, N, C, vocab_);
@@ -369,11 +392,10 @@ double Model::forward_head(ChunkActs& c, const int32_t* host_targets, float grad
                         w("model.norm.weight", norm_unit), c.rstdf, Nl, C);
     unit_done(config_.n_layers);
   }
-  return loss_sum;
 }
 
-double Model::forward(int chunk, int slot, const int32_t* tokens, const int32_t* targets,
-                      float grad_scale, bool training) {
+void Model::forward(int chunk, int slot, const int32_t* tokens, const int32_t* targets,
+                    float grad_scale, bool training) {
   const k::Exec& exec = options_.exec;
   const auto& range = chunks_.at(chunk);
   ChunkActs& a = *acts_.at(chunk).at(slot);
@@ -392,7 +414,7 @@ double Model::forward(int chunk, int slot, const int32_t* tokens, const int32_t*
     forward_layer(l, a.layers[i], block_copies(a, i), a.x[i], a.x[i + 1], training);
     if (stored16(i)) encode16(a.layers[i], a.stored[i]);
   }
-  return range.last ? forward_head(a, targets, grad_scale, training) : 0.0;
+  if (range.last) forward_head(a, targets, grad_scale, training);
 }
 
 void Model::backward(int chunk, int slot, const float* dout) {

@@ -136,11 +136,15 @@ class Model final : public StageModel {
 
   // Forward of `chunk` for the micro-batch in `slot`. The first chunk reads `tokens` (rows); other
   // chunks read input(chunk, slot), filled by the caller (pipeline receive). The last chunk also
-  // takes `targets` and returns the summed loss over the micro-batch's tokens; with `training` it
-  // computes the loss gradient scaled by `grad_scale` right away (no logits kept per slot).
-  // Returns 0 for chunks that are not last.
-  double forward(int chunk, int slot, const int32_t* tokens, const int32_t* targets,
-                 float grad_scale, bool training) override;
+  // takes `targets` and keeps the summed loss over the micro-batch's tokens in the Exec's memory
+  // (take_loss_sum reads it); with `training` it computes the loss gradient scaled by
+  // `grad_scale` right away (no logits kept per slot).
+  void forward(int chunk, int slot, const int32_t* tokens, const int32_t* targets, float grad_scale,
+               bool training) override;
+  // The kept losses of the last chunk's forwards since the last call, added in double in the
+  // order the forwards ran (0 when none): one crossing for all of them, so that a dense
+  // micro-batch's forward makes the host wait for nothing (on a GPU the stream runs on).
+  double take_loss_sum() override;
   // Backward of `chunk`: `dout` is the gradient of its output (nullptr for the last chunk, which
   // starts from its loss). Parameter gradients accumulate; the first chunk stops at the
   // embedding, others leave the gradient of their input in input_grad(chunk).
@@ -398,7 +402,11 @@ class Model final : public StageModel {
   void backward_layer_weights(int64_t layer, const LayerActs& a, const BlockCopies& copies,
                               const LayerGrads& keep);
   void backward_impl(int chunk, int slot, const float* dout, bool defer_weights);
-  double forward_head(ChunkActs& c, const int32_t* host_targets, float grad_scale, bool training);
+  void forward_head(ChunkActs& c, const int32_t* host_targets, float grad_scale, bool training);
+  // forward_head's micro-batch loss: summed in order into the next of loss_sums_'s doubles (the
+  // kept ones first added into loss_sum_ when all kKeptLossSums are taken).
+  void keep_loss_sum(const float* losses, int64_t n);
+  void gather_loss_sums();  // the kept sums added into loss_sum_, in order (one crossing)
   // Weight and gradient of `name`, a tensor of unit `unit`; and of block l's tensors.
   const float* w(const std::string& name, int64_t unit) const;
   float* g(const std::string& name, int64_t unit) const;
@@ -477,6 +485,11 @@ class Model final : public StageModel {
   // round_weights' copy (options_.exec points at it: its address never changes) and its memory.
   std::unique_ptr<kernels::WeightCopy> weight_copy_ = std::make_unique<kernels::WeightCopy>();
   kernels::Buffer weight_copy_memory_;
+  // The last chunk's micro-batch losses since take_loss_sum (keep_loss_sum).
+  static constexpr int kKeptLossSums = 256;
+  kernels::Buffer loss_sums_;  // kKeptLossSums doubles of the Exec's memory, `kept_loss_sums_` used
+  int kept_loss_sums_ = 0;
+  double loss_sum_ = 0;  // the sums gathered before those kept
 };
 
 // A step's passes read `model`'s rounded weights (Model::round_weights) while this lives.

@@ -8,7 +8,8 @@
 //     of that chunk, below the count the model was built with; one micro-batch per slot from its
 //     forward until its backward (BW) or deferred weight pass (W) has run.
 //   - forward: the first chunk reads `tokens`, the others input(chunk, slot); the last chunk also
-//     reads `targets` and returns the micro-batch's summed loss (0 from other chunks).
+//     reads `targets` and keeps the micro-batch's summed loss; take_loss_sum returns the kept
+//     losses since its last call, added in the order the forwards ran (0 on other stages).
 //   - backward / backward_input: `dout` is the gradient of the chunk's output (nullptr for the
 //     last chunk); every chunk but the first leaves the gradient of its input in
 //     input_grad(chunk, slot). backward_weight runs after backward_input of the same slot.
@@ -31,8 +32,9 @@ class StageModel {
   virtual int64_t io_floats() const = 0;
   virtual const kernels::Exec& exec() const = 0;
 
-  virtual double forward(int chunk, int slot, const int32_t* tokens, const int32_t* targets,
-                         float grad_scale, bool training) = 0;
+  virtual void forward(int chunk, int slot, const int32_t* tokens, const int32_t* targets,
+                       float grad_scale, bool training) = 0;
+  virtual double take_loss_sum() = 0;
   virtual void backward(int chunk, int slot, const float* dout) = 0;
   virtual void backward_input(int chunk, int slot, const float* dout) = 0;
   virtual void backward_weight(int chunk, int slot) = 0;

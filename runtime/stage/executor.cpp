@@ -97,15 +97,14 @@ double PipelineExecutor::run(StageModel& model, const MicroBatchSource& source, 
     free_[c].clear();
     for (int s = slots_[c] - 1; s >= 0; --s) free_[c].push_back(s);
   }
-  double loss = 0;
   for (const auto& a : schedule_.ranks[pp_.rank()]) {
     if (a.op == Op::kF)
-      loss += run_forward(model, source, a, grad_scale);
+      run_forward(model, source, a, grad_scale);
     else
       run_backward(model, a);
   }
   wait_sends();
-  return loss;
+  return model.take_loss_sum();  // the step's one wait for its losses
 }
 
 int PipelineExecutor::take_slot(int c, int mb) {
@@ -121,8 +120,8 @@ void PipelineExecutor::release_slot(int c, int mb) {
   slot_of_[mb * slots_.size() + c] = -1;
 }
 
-double PipelineExecutor::run_forward(StageModel& model, const MicroBatchSource& source,
-                                     const parallel::Action& a, float grad_scale) {
+void PipelineExecutor::run_forward(StageModel& model, const MicroBatchSource& source,
+                                   const parallel::Action& a, float grad_scale) {
   const int K = schedule_.num_chunks();
   const size_t n = static_cast<size_t>(model.io_floats());
   const int c = local_chunk(a.chunk);
@@ -140,7 +139,7 @@ double PipelineExecutor::run_forward(StageModel& model, const MicroBatchSource& 
   }
   parallel::trace::Span span("forward", "compute");
   span.arg("mb", a.mb).arg("chunk", a.chunk);
-  const double loss = model.forward(c, slot, tokens, targets, grad_scale, true);
+  model.forward(c, slot, tokens, targets, grad_scale, true);
   if (!range.last) {
     const int tag = tag_of(a.mb, a.chunk + 1, K, false);
     if (local(a.chunk, a.chunk + 1))
@@ -148,7 +147,6 @@ double PipelineExecutor::run_forward(StageModel& model, const MicroBatchSource& 
     else
       send(model, model.output(c, slot), schedule_.chunk_stage[a.chunk + 1], tag);
   }
-  return loss;
 }
 
 // B, W or BW of one (micro-batch, chunk): W and BW free the micro-batch's slot afterwards.
@@ -236,7 +234,6 @@ double PipelineExecutor::run_forward_only(StageModel& model, const MicroBatchSou
   // further along the same micro-batch's path, so waits never form a cycle.
   const int K = schedule_.num_chunks();
   const int stage = pp_.rank();
-  double loss = 0;
   for (int mb = 0; mb < schedule_.n_micro; ++mb)
     for (int k = 0; k < K; ++k) {
       if (schedule_.chunk_stage[k] != stage) continue;
@@ -254,7 +251,7 @@ double PipelineExecutor::run_forward_only(StageModel& model, const MicroBatchSou
       }
       parallel::trace::Span span("forward (validation)", "compute");
       span.arg("mb", mb).arg("chunk", k);
-      loss += model.forward(c, 0, tokens, targets, 0.0f, false);
+      model.forward(c, 0, tokens, targets, 0.0f, false);
       if (!range.last) {
         if (local(k, k + 1)) {
           put_local(model.exec(), model.output(c, 0), n, tag_of(mb, k + 1, K, false));
@@ -264,7 +261,7 @@ double PipelineExecutor::run_forward_only(StageModel& model, const MicroBatchSou
         wait_sends();
       }
     }
-  return loss;
+  return model.take_loss_sum();
 }
 
 }  // namespace t3d::runtime

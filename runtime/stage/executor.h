@@ -45,16 +45,16 @@ class PipelineExecutor {
 
   // One step: every action of this rank on `model`, whose chunks() are this rank's chunks of the
   // schedule in model order. Returns the summed loss over the micro-batches of the last chunk (0
-  // on ranks without it). `training` needs slots_per_chunk() slots per chunk; false runs forwards
-  // only (validation), on slot 0.
+  // on ranks without it), taken once at the end (StageModel::take_loss_sum). `training` needs
+  // slots_per_chunk() slots per chunk; false runs forwards only (validation), on slot 0.
   double run(StageModel& model, const MicroBatchSource& source, float grad_scale, bool training);
 
  private:
   int local_chunk(int global_chunk) const;
   double run_forward_only(StageModel& model, const MicroBatchSource& source);
-  // One action of a training schedule; run_forward returns the micro-batch's loss share.
-  double run_forward(StageModel& model, const MicroBatchSource& source, const parallel::Action& a,
-                     float grad_scale);
+  // One action of a training schedule.
+  void run_forward(StageModel& model, const MicroBatchSource& source, const parallel::Action& a,
+                   float grad_scale);
   void run_backward(StageModel& model, const parallel::Action& a);
   int take_slot(int c, int mb);  // a free activation slot of local chunk c for micro-batch mb
   void release_slot(int c, int mb);

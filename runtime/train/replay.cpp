@@ -47,15 +47,15 @@ class ActFlipStage final : public StageModel {
   const std::vector<parallel::LayerRange>& chunks() const override { return m_.chunks(); }
   int64_t io_floats() const override { return m_.io_floats(); }
   const kernels::Exec& exec() const override { return m_.exec(); }
-  double forward(int chunk, int slot, const int32_t* tokens, const int32_t* targets,
-                 float grad_scale, bool training) override {
-    const double loss = m_.forward(chunk, slot, tokens, targets, grad_scale, training);
+  void forward(int chunk, int slot, const int32_t* tokens, const int32_t* targets, float grad_scale,
+               bool training) override {
+    m_.forward(chunk, slot, tokens, targets, grad_scale, training);
     if (armed_ && training && chunk == 0) {
       kernels::flip_bit(m_.exec(), m_.input(chunk, slot), 0, parallel::fault::kFlipBit);
       armed_ = false;
     }
-    return loss;
   }
+  double take_loss_sum() override { return m_.take_loss_sum(); }
   void backward(int chunk, int slot, const float* dout) override { m_.backward(chunk, slot, dout); }
   void backward_input(int chunk, int slot, const float* dout) override {
     m_.backward_input(chunk, slot, dout);

@@ -17,9 +17,10 @@ namespace {
 
 // The load of `counts` (E per held block, summed over dp × cp already): collective over the
 // world, every rank returns the whole model's values (each pp stage gives its blocks'); the
-// dropped slots are summed here; `state` holds the router biases.
+// dropped slots are summed here; `state` holds the router biases, gathered into `biases` (the
+// Exec's memory) to cross to the host at once: one wait a step, not one a block.
 ExpertLoad measure_load(const parallel::Mesh& mesh, const Model& model, const ShardedState& state,
-                        const std::vector<double>& counts) {
+                        const std::vector<double>& counts, kernels::Buffer& biases) {
   const ModelConfig& m = model.config();
   const size_t E = static_cast<size_t>(m.n_experts);
   ExpertLoad load;
@@ -53,16 +54,27 @@ ExpertLoad measure_load(const parallel::Mesh& mesh, const Model& model, const Sh
   }
   if (m.router_bias_rate > 0) {
     const auto& params = model.params();
-    std::vector<float> v;  // a bias piece, copied to the host (the Exec's memory may be a GPU's)
-    state.for_each_piece(state.owned(), [&](const ShardedState::Piece& p) {
-      if (!params[p.param].router_bias()) return;
-      v.resize(static_cast<size_t>(p.size()));
-      kernels::copy_to_host(model.exec(), v.data(), state.params(p), v.size() * sizeof(float));
-      for (size_t i = 0; i < v.size(); ++i) {
-        bias_range[0] = std::max(bias_range[0], -static_cast<double>(v[i]));
-        bias_range[1] = std::max(bias_range[1], static_cast<double>(v[i]));
-      }
+    const auto each_bias = [&](const auto& use) {
+      state.for_each_piece(state.owned(), [&](const ShardedState::Piece& p) {
+        if (params[p.param].router_bias()) use(p);
+      });
+    };
+    int64_t floats = 0;
+    each_bias([&](const ShardedState::Piece& p) { floats += p.size(); });
+    if (biases.bytes() < static_cast<size_t>(floats) * sizeof(float))
+      biases.reserve(model.exec(), static_cast<size_t>(floats) * sizeof(float), "router biases");
+    int64_t at = 0;
+    each_bias([&](const ShardedState::Piece& p) {
+      kernels::copy(model.exec(), biases.as<float>() + at, state.params(p), p.size());
+      at += p.size();
     });
+    std::vector<float> v(static_cast<size_t>(floats));
+    if (floats > 0)
+      kernels::copy_to_host(model.exec(), v.data(), biases.as<float>(), v.size() * sizeof(float));
+    for (const float b : v) {
+      bias_range[0] = std::max(bias_range[0], -static_cast<double>(b));
+      bias_range[1] = std::max(bias_range[1], static_cast<double>(b));
+    }
   }
   mesh.world().all_reduce(all.data(), all.size(), parallel::ReduceOp::max);
   load.imbalance.assign(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(n));
@@ -85,7 +97,7 @@ ExpertLoad RouterBalance::measure(int64_t step) {
   if (!m.moe()) return {};
   counts_ = model_.expert_counts();
   if (!counts_.empty()) mesh_.dp_cp().all_reduce(counts_.data(), counts_.size());
-  ExpertLoad load = measure_load(mesh_, model_, dense_, counts_);
+  ExpertLoad load = measure_load(mesh_, model_, dense_, counts_, biases_);
   for (const auto& flag : idle_.step(step, load.layers, load.idle))
     if (mesh_.rank() == 0) spdlog::warn("{}", IdleExpertWatch::describe({flag}));
   model_.reset_moe_stats();

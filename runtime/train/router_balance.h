@@ -56,6 +56,7 @@ class RouterBalance {
   std::vector<double> counts_;               // E per held MoE block (Model::moe_layers order)
   std::vector<float> deltas_;                // as counts_, the biases' step
   mutable kernels::Buffer deltas_in_model_;  // deltas_ where the model's memory is (apply)
+  kernels::Buffer biases_;                   // the owned router biases gathered (measure)
   IdleExpertWatch idle_;
 };
 

@@ -230,23 +230,16 @@ std::vector<checkpoint::Slice> ShardedState::boxes(bool only_owned) const {
   return out;
 }
 
-double ShardedState::grad_sum_of_squares() const {
+void ShardedState::add_grad_pieces(std::vector<const float*>& ranges,
+                                   std::vector<int64_t>& sizes) const {
   const auto& tensors = model_.params();
   const bool tp_rank0 = model_.tp_rank() == 0;
-  std::vector<const float*> ranges;
-  std::vector<int64_t> sizes;
   for_each_piece(partition(), [&](const Piece& p) {
     if (tensors[p.param].split_dim < 0 && !tp_rank0)
       return;  // replicated: identical on every tp rank
     ranges.push_back(grads(p));
     sizes.push_back(p.size());
   });
-  std::vector<double> sums(ranges.size());
-  kernels::sum_of_squares_each(model_.exec(), sums.data(), ranges.data(), sizes.data(),
-                               static_cast<int64_t>(ranges.size()));
-  double sum = 0;  // the pieces in order, as before: the same bits
-  for (const double s : sums) sum += s;
-  return sum;
 }
 
 std::vector<parallel::FloatRange> ShardedState::partition_of(int r) const {
@@ -352,8 +345,24 @@ std::vector<checkpoint::Slice> TrainingState::boxes(bool only_owned) const {
 }
 
 double TrainingState::grad_sum_of_squares() const {
+  std::vector<const float*> ranges;
+  std::vector<int64_t> sizes;
+  std::vector<size_t> group_end;  // each group's pieces end here
+  for (const auto& g : groups_) {
+    g->add_grad_pieces(ranges, sizes);
+    group_end.push_back(ranges.size());
+  }
+  std::vector<double> sums(ranges.size());
+  kernels::sum_of_squares_each(exec(), sums.data(), ranges.data(), sizes.data(),
+                               static_cast<int64_t>(ranges.size()));
+  // Each group's pieces in order, then the groups in order: the bits of a sum per group.
   double sum = 0;
-  for (const auto& g : groups_) sum += g->grad_sum_of_squares();
+  size_t i = 0;
+  for (const size_t end : group_end) {
+    double group = 0;
+    for (; i < end; ++i) group += sums[i];
+    sum += group;
+  }
   return sum;
 }
 

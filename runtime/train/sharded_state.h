@@ -129,9 +129,10 @@ class ShardedState {
   // whatever layout wrote the snapshot.
   std::vector<checkpoint::Slice> boxes(bool only_owned) const;
 
-  // Sum of squared gradients over partition(): tp-replicated tensors count on tp rank 0 only, so
-  // the sum over dp, tp and pp is the global sum exactly.
-  double grad_sum_of_squares() const;
+  // The gradient pieces of partition() whose squares the global norm sums, appended in order:
+  // tp-replicated tensors on tp rank 0 only, so the sum over dp, tp and pp is the global sum
+  // exactly.
+  void add_grad_pieces(std::vector<const float*>& ranges, std::vector<int64_t>& sizes) const;
   // AdamW over owned(), each piece with its tensor's weight decay (train.weight_decay for
   // matrices, none for norms: ParamInfo::decay), on the gradients times `grad_scale` (clipping;
   // folded into the update, so the stored gradients stay unscaled); then gathers the updated
@@ -197,7 +198,7 @@ class TrainingState {
   void log_counters() const;
   std::vector<checkpoint::Slice> boxes(bool only_owned) const;  // the groups' together
   // Over every group's partition(): summed over the world, the global sum exactly (each element
-  // once).
+  // once). One wait for all groups (kernels::sum_of_squares_each).
   double grad_sum_of_squares() const;
   void adamw_step(const TrainConfig& t, double lr, int64_t step, float grad_scale);
 

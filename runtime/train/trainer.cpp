@@ -16,6 +16,7 @@
 #include "kernels/blas.h"
 #include "kernels/check.h"
 #include "kernels/gemm.h"
+#include "kernels/ops.h"
 #include "kernels/ops_moe.h"
 #include "parallel/fault.h"
 #include "parallel/trace.h"
@@ -440,6 +441,7 @@ struct Trainer::Impl {
     for (int64_t step = first_step; step < t.steps; ++step) {
       parallel::fault::step_starts(mesh.rank(), static_cast<long>(step + 1));
       const auto t0 = Clock::now();
+      const int64_t waits_before = kernels::host_waits();
       parallel::trace::Span step_span("step", "train");
       step_span.arg("step", step + 1);
       double waited[kGroups];
@@ -488,6 +490,7 @@ struct Trainer::Impl {
       if (val_sampler && t.val_every > 0 && ((step + 1) % t.val_every == 0 || last))
         rec.val_loss = validate();
       rec.step_time_s = seconds_since(t0);
+      rec.host_waits = kernels::host_waits() - waits_before;
       op_times->after_step(rec.step, rec.step_time_s);
       const StopSignals stop = measure_step(rec, groups, waited);
       summary.steps.push_back(rec);
@@ -548,6 +551,7 @@ struct Trainer::Impl {
         {"pp_wait_share", rec.pp_wait_share},
         {"cp_comm_share", rec.cp_comm_share},
         {"ep_comm_share", rec.ep_comm_share},
+        {"host_waits", double(rec.host_waits)},
         {"val_loss", rec.val_loss >= 0 ? rec.val_loss : NAN},
         {"skipped", rec.skipped ? 1.0 : 0.0}};
     if (r.run.replay_every > 0) fields.push_back({"replay_s", rec.replay_s});

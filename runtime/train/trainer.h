@@ -27,6 +27,9 @@ struct StepRecord {
   double peak_mem_gib = 0;  // largest arena peak over all ranks
   bool skipped = false;     // dynamic loss scaling skipped a non-finite step
   double replay_s = 0;  // rank 0's time replaying and comparing (run.replay_every), in step_time_s
+  // The times this rank's host waited for its device's queued ops in the step (kernels::host_waits:
+  // on a GPU each drains the stream), validation included.
+  int64_t host_waits = 0;
   // Mixture of experts: the weighted auxiliary balance loss (not in `loss`), and the load: per
   // MoE layer, the largest imbalance over layers, the routed and dropped slots, the bias range.
   double aux_loss = 0;

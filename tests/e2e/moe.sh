@@ -47,6 +47,11 @@ check "[ \"\$(field $work/reference/metrics.jsonl routed_slots | sort -u)\" = $s
   "every step routes global_batch·seq_len·K = $slots slots per block"
 check "field $work/reference/metrics.jsonl aux_loss | awk '\$1 <= 0 { bad = 1 } END { exit bad }'" \
   "aux_loss is reported and positive"
+# Where a step makes the host wait (on a GPU each drains the stream; counted alike here): per MoE
+# block and micro-batch its routing and its auxiliary loss's value (3 blocks × 2 micro-batches ×
+# 2), then the losses, the gradient norm's sums and the router biases once each: 15.
+check "[ \"\$(field $work/reference/metrics.jsonl host_waits | sort -u)\" = 15 ]" \
+  "each step makes the host wait 15 times: the routing and aux value per block and micro-batch, 3 more"
 
 # --- 2. Layout parity. ---
 run recompute --set train.activation_checkpoint=full
@@ -54,6 +59,8 @@ check "diff <(losses $work/reference/metrics.jsonl) <(losses $work/recompute/met
   "activation checkpointing: the same losses, bit for bit (the recompute routes alike)"
 check "[ \"\$(field $work/recompute/metrics.jsonl routed_slots | sort -u)\" = $slots ]" \
   "activation checkpointing: each slot counted once (recomputes not counted)"
+check "[ \"\$(field $work/recompute/metrics.jsonl host_waits | sort -u)\" = 21 ]" \
+  "activation checkpointing: a recomputed block's routing waits once more (15 + 3 × 2 = 21 a step)"
 for layout in "dp2 --set parallel.dp=2" \
               "dp2_zero3 --set parallel.dp=2 --set parallel.zero=3" \
               "pp2_1f1b --set parallel.pp=2" \

@@ -25,6 +25,14 @@ if cmp -s <(losses "$work/a/metrics.jsonl") <(losses "$work/b/metrics.jsonl"); t
 else
   echo "FAIL: two runs with the same seed differ"; fail=1
 fi
+# What a dense step makes the host wait for (on a GPU each wait drains the stream): the losses of
+# its micro-batches and the gradient norm's sums, once each; a validation adds one per validation
+# batch (train.val_batches = 4). Counted alike on the CPU (kernels::host_waits; docs/metrics.md).
+bad_waits=$(awk '{ w = $0; sub(/.*"host_waits": /, "", w); sub(/[,}].*/, "", w)
+                   want = ($0 ~ /"val_loss": null/) ? 2 : 6
+                   if (w != want) print "step " NR ": " w " waits, expected " want }' "$work/a/metrics.jsonl")
+[ -z "$bad_waits" ] && echo "host waits: 2 a step, 6 with a validation, as docs/metrics.md says" ||
+  { echo "FAIL: $bad_waits" | head -3; fail=1; }
 # A fresh run into the same run directory starts its metrics anew (a resumed one appends).
 "$titan3d" train "$repo/recipes/tiny.toml" --set data.path="$corpus" --set train.steps=5 \
   --set train.val_every=0 --set run.dir="$work/a" > /dev/null 2>&1

@@ -149,6 +149,41 @@ TEST(CudaElementwise, StepScalarsAndCopyAreTheCpus) {
   expect_same_bits(gy.host(), x, "copy");
 }
 
+// Small uploads go through the stream's pinned ring without a wait: more of them than the ring has
+// slots, each from a host buffer rewritten at once after the call, each followed by a kernel
+// reading what it wrote, land in order and intact; a large upload waits as before. A loss sum
+// kept in device memory (sum_in_order_into) has sum_in_order's bits.
+TEST(CudaElementwise, SmallUploadsAreStagedInOrderAndSumsKeptOnTheDevice) {
+  REQUIRE_GPU();
+  const Exec exec(GemmKind::kOpenBlasF32, S());
+  constexpr std::int64_t n = 1000;
+  constexpr int kUploads = 3 * gpu::kUploadSlots + 1;
+  Dev<float> landed(n), copies(kUploads * n);
+  std::vector<float> host(n), want(static_cast<size_t>(kUploads * n));
+  for (int u = 0; u < kUploads; ++u) {
+    for (std::int64_t i = 0; i < n; ++i)
+      host[i] = want[u * n + i] = static_cast<float>(u * 100000 + i);
+    copy_from_host(exec, landed.p(), host.data(), n * sizeof(float));
+    copy(exec, copies.p() + u * n, landed.p(), n);  // ordered after its upload on the stream
+  }
+  expect_same_bits(copies.host(), want, "staged uploads, in order");
+  const std::int64_t big_n = static_cast<std::int64_t>(kUnwaitedUploadBytes / sizeof(float)) + 5;
+  const auto big = random_floats(static_cast<int>(big_n), 54, -1, 1);
+  Dev<float> big_landed(big_n);
+  const std::int64_t waits = host_waits();
+  copy_from_host(exec, big_landed.p(), big.data(), big.size() * sizeof(float));
+  EXPECT_EQ(host_waits(), waits + 1) << "a large upload waits";
+  expect_same_bits(big_landed.host(), big, "a large upload");
+  Dev<double> kept(3);
+  for (int i = 0; i < 3; ++i) sum_in_order_into(exec, kept.p() + i, big_landed.p() + i, big_n - 9);
+  EXPECT_EQ(host_waits(), waits + 1) << "kept sums";
+  const auto sums = kept.host();
+  for (int i = 0; i < 3; ++i) {
+    const double cpu = sum_in_order(kCpu, big.data() + i, big_n - 9);
+    EXPECT_EQ(std::memcmp(&sums[i], &cpu, sizeof cpu), 0) << i << ": " << sums[i] << " " << cpu;
+  }
+}
+
 // The replay's hashes: hash_floats of device memory (each 1 MiB piece hashed by a GPU thread,
 // kernels/xxh3_words.h) is the CPU's libxxhash value, at an offset that is only 4-byte aligned,
 // for a part of a piece and for several pieces with a short last one; a flipped bit changes it.
@@ -533,6 +568,30 @@ TEST(CudaLoss, CrossEntropyMatchesTheCpuWholeAndVocabParallel) {
             << "row " << i << " column " << lo + j;
   }
   expect_close(losses_vp, losses, 1e-6, 1e-6, "vocab-parallel losses");
+}
+
+// A target outside the vocabulary (which the CPU op refuses) touches nothing outside its row on the
+// GPU: its loss is NaN, and the rows around it are as with a valid target there.
+TEST(CudaLoss, ATargetOutsideTheVocabularyGivesNanAndStaysInItsRow) {
+  REQUIRE_GPU();
+  const int N = 3, V = 257;
+  const auto logits = random_floats(static_cast<std::size_t>(N) * V, 25, -6, 6);
+  for (const std::int32_t bad : {-5, V, V + 40}) {
+    std::vector<std::int32_t> good = {7, 8, 9}, targets = {7, bad, 9};
+    Dev<float> gl(logits), glosses(N), wl(logits), wlosses(N);
+    Dev<std::int32_t> gt(targets), wt(good);
+    gpu::cross_entropy_fused(S(), gl.p(), glosses.p(), gt.p(), N, V, 0.5f);
+    gpu::cross_entropy_fused(S(), wl.p(), wlosses.p(), wt.p(), N, V, 0.5f);
+    const auto losses = glosses.host(), want_losses = wlosses.host();
+    EXPECT_TRUE(std::isnan(losses[1])) << bad;
+    EXPECT_EQ(losses[0], want_losses[0]) << bad;
+    EXPECT_EQ(losses[2], want_losses[2]) << bad;
+    const auto g = gl.host(), want = wl.host();
+    for (int r : {0, 2})
+      for (int j = 0; j < V; ++j)
+        ASSERT_EQ(g[static_cast<std::size_t>(r) * V + j], want[static_cast<std::size_t>(r) * V + j])
+            << "target " << bad << ": row " << r << " column " << j;
+  }
 }
 
 // Attention against the CPU's fp32 tiles: grouped heads, several key chunks, a context-parallel

@@ -1,10 +1,12 @@
 // Cross-entropy (fused and vocab-parallel pieces), AdamW, gradient-norm pieces, bf16 conversion.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <thread>
 #include <vector>
 
 #include "kernels/arena.h"
@@ -106,7 +108,8 @@ TEST(StepScalars, CastsCrossingsAndBuffersAreTheirDefinitions) {
 }
 
 // host_waits counts each call that makes the host wait for the Exec (once a call: the ranges of
-// sum_of_squares_each are one wait), and no op that stays in the Exec's memory.
+// sum_of_squares_each are one wait), and no op that stays in the Exec's memory: neither a small
+// upload (staged on a GPU) nor a sum kept there. Per thread.
 TEST(StepScalars, HostWaitsCountTheCallsThatWaitOnce) {
   auto x = ref::random_floats(100, 52, -1, 1);
   std::vector<float> y(100);
@@ -117,7 +120,16 @@ TEST(StepScalars, HostWaitsCountTheCallsThatWaitOnce) {
     waits = now;
   };
   copy_from_host(kCpu, y.data(), x.data(), 10 * sizeof(float));
-  waited("copy_from_host");
+  EXPECT_EQ(host_waits(), waits) << "a small upload";
+  std::vector<unsigned char> big(kUnwaitedUploadBytes + 1, 7), big_copy(big.size());
+  copy_from_host(kCpu, big_copy.data(), big.data(), kUnwaitedUploadBytes);
+  EXPECT_EQ(host_waits(), waits) << "an upload of kUnwaitedUploadBytes";
+  copy_from_host(kCpu, big_copy.data(), big.data(), big.size());
+  waited("copy_from_host of more than kUnwaitedUploadBytes");
+  EXPECT_EQ(big_copy, big);
+  double kept = 0;
+  sum_in_order_into(kCpu, &kept, x.data(), 100);
+  EXPECT_EQ(host_waits(), waits) << "sum_in_order_into";
   copy_to_host(kCpu, y.data(), x.data(), 10 * sizeof(float));
   waited("copy_to_host");
   sum_in_order(kCpu, x.data(), 100);
@@ -142,6 +154,21 @@ TEST(StepScalars, HostWaitsCountTheCallsThatWaitOnce) {
   zero(kCpu, y.data(), 100);
   copy(kCpu, y.data(), x.data(), 100);
   EXPECT_EQ(host_waits(), waits) << "ops within the Exec's memory";
+  std::thread([] { wait_for_copies(kCpu); }).join();
+  EXPECT_EQ(host_waits(), waits) << "another thread's wait";
+}
+
+// sum_in_order_into keeps sum_in_order's value (its bits) in the Exec's memory.
+TEST(StepScalars, SumInOrderIntoIsSumInOrder) {
+  for (const std::int64_t n : {0, 1, 100, 5000}) {
+    const auto x = ref::random_floats(static_cast<size_t>(std::max<std::int64_t>(n, 1)), 53, -1, 1);
+    double kept = -1;
+    sum_in_order_into(kCpu, &kept, x.data(), n);
+    double want = 0;
+    for (std::int64_t i = 0; i < n; ++i) want += x[static_cast<size_t>(i)];
+    EXPECT_EQ(kept, want) << n;
+    EXPECT_EQ(kept, sum_in_order(kCpu, x.data(), n)) << n;
+  }
 }
 
 // hash64_xxh3 is XXH3's 64-bit hash with seed 0: xxHash's published value of the empty input, and

@@ -163,7 +163,8 @@ TrainedRun train(const kernels::Exec& exec, kernels::Memory memory, int steps, b
     {
       std::optional<RoundedWeights> rounded;
       if (rounded_weights) rounded.emplace(m);
-      r.losses.push_back(m.forward(0, 0, tokens.data(), targets.data(), 1.0f / N, true));
+      m.forward(0, 0, tokens.data(), targets.data(), 1.0f / N, true);
+      r.losses.push_back(m.take_loss_sum());
       r.aux_losses.push_back(m.aux_loss());
       m.backward(0, 0, nullptr);
     }

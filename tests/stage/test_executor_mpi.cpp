@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "parallel/comm.h"
@@ -65,16 +66,16 @@ class FakeStage final : public StageModel {
   int64_t io_floats() const override { return kIo; }
   const kernels::Exec& exec() const override { return kernels::kCpu; }
 
-  double forward(int c, int slot, const int32_t* tokens, const int32_t* targets, float grad_scale,
-                 bool training) override {
+  void forward(int c, int slot, const int32_t* tokens, const int32_t* targets, float grad_scale,
+               bool training) override {
     Slot* s = at(c, slot, "forward");
-    if (!s) return 0;
+    if (!s) return;
     const int k = global_[c];
     if (training != training_) error("F on chunk ", k, ": training = ", training);
     if (training && grad_scale != kGradScale) error("F on chunk ", k, ": grad_scale changed");
     int mb = -1;
     if (k == 0) {
-      if (!tokens) return error("F on chunk 0 without tokens"), 0;
+      if (!tokens) return error("F on chunk 0 without tokens");
       mb = tokens[0] / 4;
       for (int i = 0; i < kIo; ++i)
         if (tokens[i] != token_value(mb, i)) error("F on chunk 0: token ", i, " = ", tokens[i]);
@@ -85,19 +86,20 @@ class FakeStage final : public StageModel {
           error("F on chunk ", k, ": input ", i, " = ", s->in[i], ", not what chunk ", k - 1,
                 " sent for any micro-batch");
     }
-    if (mb < 0 || mb >= n_micro_) return error("F on chunk ", k, ": micro-batch ", mb), 0;
+    if (mb < 0 || mb >= n_micro_) return error("F on chunk ", k, ": micro-batch ", mb);
     if (training && s->mb >= 0)
       error("F(", mb, ",", k, ") on slot ", slot, " still held by micro-batch ", s->mb);
     for (int i = 0; i < kIo; ++i)
       s->out[i] = (k == 0 ? token_value(mb, i) : s->in[i]) + 1024.0f * static_cast<float>(k + 1);
     calls_.push_back({Op::kF, mb, k});
     if (training) s->mb = mb, s->input_grad_done = false;
-    if (k != K_ - 1) return 0;
-    if (!targets) return error("F on the last chunk without targets"), 0;
+    if (k != K_ - 1) return;
+    if (!targets) return error("F on the last chunk without targets");
     for (int i = 0; i < kIo; ++i)
       if (targets[i] != target_value(mb, i)) error("F(", mb, ",", k, "): wrong targets");
-    return mb + 1;  // the loss of micro-batch mb
+    kept_loss_ += mb + 1;  // the loss of micro-batch mb
   }
+  double take_loss_sum() override { return std::exchange(kept_loss_, 0.0); }
 
   void backward(int c, int slot, const float* dout) override { input_grad(c, slot, dout, Op::kBW); }
   void backward_input(int c, int slot, const float* dout) override {
@@ -140,6 +142,7 @@ class FakeStage final : public StageModel {
     int mb = -1;  // the micro-batch whose forward ran and whose BW or W has not
     bool input_grad_done = false;
   };
+  double kept_loss_ = 0;  // the last chunk's losses since take_loss_sum
 
   template <typename... A>
   void error(const A&... parts) {
