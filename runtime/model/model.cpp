@@ -81,7 +81,7 @@ const float* Model::input_grad(int chunk, int slot) const {
 }
 
 void Model::forward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, const float* x_in,
-                          float* x_out, bool first_pass) {
+                          float* x_out, BlockPass pass) {
   const k::Exec& exec = options_.exec;
   const ConstBlock pw = block_weights(l);
   const int64_t N = rows_, C = config_.dim, D = config_.head_dim();
@@ -144,7 +144,7 @@ void Model::forward_layer(int64_t l, LayerActs& a, const BlockCopies& copies, co
                      static_cast<float>(config_.norm_eps), sp_ ? nullptr : copies.xn2);
   gather_rows(xn2_rows, a.xn2);
   if (moe_block(l)) {
-    moe_forward(l, a, copies, pw, first_pass);
+    moe_forward(l, a, copies, pw, pass);
   } else {
     const k::LinearInput x(exec, a.xn2, copies.xn2, normed, N, C);
     k::swiglu_mlp_forward(exec, residual_in_gemm ? x_out : s.tmp, k::Out::kWrite, x,
@@ -411,7 +411,8 @@ void Model::forward(int chunk, int slot, const int32_t* tokens, const int32_t* t
   }
   for (int64_t l = range.begin; l < range.end; ++l) {
     const int64_t i = l - range.begin;
-    forward_layer(l, a.layers[i], block_copies(a, i), a.x[i], a.x[i + 1], training);
+    forward_layer(l, a.layers[i], block_copies(a, i), a.x[i], a.x[i + 1],
+                  training ? BlockPass::kTraining : BlockPass::kEvaluation);
     if (stored16(i)) encode16(a.layers[i], a.stored[i]);
   }
   if (range.last) forward_head(a, targets, grad_scale, training);
@@ -449,7 +450,7 @@ void Model::backward_impl(int chunk, int slot, const float* dout, bool defer_wei
     const int64_t i = l - range.begin;
     // Recompute: the same forward on the same input gives the same bits, so rewriting x[i + 1]
     // (already consumed by the blocks above) is harmless and needs no extra buffer.
-    if (recomputed(i)) forward_layer(l, a.layers[i], {}, a.x[i], a.x[i + 1], false);
+    if (recomputed(i)) forward_layer(l, a.layers[i], {}, a.x[i], a.x[i + 1], BlockPass::kRecompute);
     if (stored16(i)) decode16(a.stored[i], a.layers[i]);
     const bool defer = defer_weights && !recomputed(i);
     backward_layer(l, a.layers[i], block_copies(a, i), a.x[i], dx, defer ? &a.wgrads[i] : nullptr);

@@ -252,6 +252,10 @@ class Model final : public StageModel {
     std::vector<int64_t> offsets;  // E + 1: the permutation's expert boundaries
     std::vector<int32_t>
         ep_recv;  // P·El under expert parallelism: the rows each EP rank sends here
+    // A recomputed block's slot maps (N·K each; empty for other blocks): its arena rows are the
+    // work block's, which other blocks overwrite, so the training forward keeps the maps here
+    // and the recompute copies them back in (an upload: no wait) instead of routing again.
+    std::vector<int32_t> row_of_slot, slot_of_row;
   };
   struct LayerGrads;
   struct ChunkActs;
@@ -303,13 +307,16 @@ class Model final : public StageModel {
                     const SpecTensor& t) const;
   const void* bound_scratch(const SpecTensor& t) const;
 
-  // `first_pass`: a training forward, not a recompute or an evaluation (MoE statistics).
+  // What a block's forward is for: a training forward (MoE statistics and auxiliary loss), its
+  // recompute in the backward (activation checkpointing: a MoE block reuses the routing its
+  // training forward kept), or an evaluation.
+  enum class BlockPass { kTraining, kRecompute, kEvaluation };
   void forward_layer(int64_t layer, LayerActs& a, const BlockCopies& copies, const float* x_in,
-                     float* x_out, bool first_pass);
+                     float* x_out, BlockPass pass);
   // A mixture-of-experts block's MLP part: from a.xn2 to its output in scratch tmp (before the
   // tp reduction); and its backward from dy (N, C) to the gradient of xn2 in scratch dxn.
   void moe_forward(int64_t layer, LayerActs& a, const BlockCopies& copies, const ConstBlock& w,
-                   bool first_pass);
+                   BlockPass pass);
   // With `keep` (split backward) its weight gradients are left to moe_backward_weights (W),
   // the output gradients they need kept there.
   void moe_backward(int64_t layer, LayerActs& a, const BlockCopies& copies, const ConstBlock& w,
@@ -317,10 +324,11 @@ class Model final : public StageModel {
   void moe_backward_weights(int64_t layer, const LayerActs& a, const BlockCopies& copies,
                             const BlockParams& g, const LayerGrads& kept);
   // The forward's permutation of a.chosen into a.routing's offsets (host) and the slot maps
-  // a.row_of_slot / a.slot_of_row (the capacity's drops included), through routing_host_;
-  // returns the slots dropped. The named host crossing below: the backward and W read what it
-  // kept and make the host wait for nothing.
-  int64_t routing_to_host(const LayerActs& a);
+  // a.row_of_slot / a.slot_of_row (the capacity's drops included), through routing_host_ (or
+  // a recomputed block's own maps in a.routing); returns the slots dropped. The named host
+  // crossing below: the backward, W and a recompute read what it kept and make the host wait for
+  // nothing.
+  int64_t routing_to_host(const LayerActs& a, BlockPass pass);
   // A training forward's routing statistics of block `layer`: the auxiliary loss (before the
   // routing's crossing, whose wait then finds its value ready), then counts and drops.
   void add_aux_loss(const LayerActs& a, const kernels::RouterShape& r);

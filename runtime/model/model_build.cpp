@@ -201,6 +201,10 @@ void Model::allocate_scratch(const ActivationSpec& spec) {
         auto routing = std::make_unique<BlockRouting>();
         routing->offsets.assign(static_cast<size_t>(config_.n_experts + 1), 0);
         routing->ep_recv.assign(static_cast<size_t>(ep_counts), 0);
+        if (recomputed(i)) {
+          routing->row_of_slot.assign(static_cast<size_t>(dims_.S), 0);
+          routing->slot_of_row.assign(routing->row_of_slot.size(), 0);
+        }
         a.routing = routing.get();
         routings_.push_back(std::move(routing));
       }

@@ -29,28 +29,36 @@ k::SwigluWeights Model::shared_weights(const ConstBlock& w) {
   return {w.shared_gate, w.shared_up, w.shared_down};
 }
 
-int64_t Model::routing_to_host(const LayerActs& a) {
+int64_t Model::routing_to_host(const LayerActs& a, BlockPass pass) {
   const k::Exec& exec = options_.exec;
   const int64_t N = rows_, E = dims_.E, K = dims_.K, S = N * K;
   auto& h = routing_host_;
-  int64_t* offsets = a.routing->offsets.data();
-  // The crossing: `chosen` to the host, the permutation there (offsets for the experts' GEMM
-  // shapes, which the host launches), the slot maps back into the Exec's memory for the gathers
-  // and the combine. On a GPU the first copy waits for the stream; the others find it drained.
-  k::copy_to_host(exec, h.chosen.data(), a.chosen, static_cast<size_t>(S) * sizeof(int32_t));
-  // The capacity drops the same slots in a recompute: they depend on `chosen` alone.
-  const int64_t dropped =
-      k::moe_permute(offsets, h.row_of_slot.data(), h.slot_of_row.data(), h.chosen.data(), N, E, K,
-                     k::moe_capacity(config_.capacity_factor, N, E, K));
-  k::copy_from_host(exec, a.row_of_slot, h.row_of_slot.data(),
-                    static_cast<size_t>(S) * sizeof(int32_t));
-  k::copy_from_host(exec, a.slot_of_row, h.slot_of_row.data(),
+  BlockRouting& kept = *a.routing;
+  int64_t* offsets = kept.offsets.data();
+  // A recomputed block's training forward permutes into the block's own maps, which its
+  // recompute then copies in as they are (the same routing: it depends on the block's input
+  // alone), without the crossing of `chosen`.
+  const bool keeps_maps = !kept.row_of_slot.empty() && pass != BlockPass::kEvaluation;
+  int32_t* row_of_slot = keeps_maps ? kept.row_of_slot.data() : h.row_of_slot.data();
+  int32_t* slot_of_row = keeps_maps ? kept.slot_of_row.data() : h.slot_of_row.data();
+  int64_t dropped = 0;
+  if (pass != BlockPass::kRecompute || !keeps_maps) {
+    // The crossing: `chosen` to the host, the permutation there (offsets for the experts' GEMM
+    // shapes, which the host launches), the slot maps back into the Exec's memory for the
+    // gathers and the combine. On a GPU the copy out waits for the stream; the maps go in
+    // without a wait (small uploads).
+    k::copy_to_host(exec, h.chosen.data(), a.chosen, static_cast<size_t>(S) * sizeof(int32_t));
+    dropped = k::moe_permute(offsets, row_of_slot, slot_of_row, h.chosen.data(), N, E, K,
+                             k::moe_capacity(config_.capacity_factor, N, E, K));
+  }
+  k::copy_from_host(exec, a.row_of_slot, row_of_slot, static_cast<size_t>(S) * sizeof(int32_t));
+  k::copy_from_host(exec, a.slot_of_row, slot_of_row,
                     static_cast<size_t>(offsets[E]) * sizeof(int32_t));
   return dropped;
 }
 
 void Model::moe_forward(int64_t l, LayerActs& a, const BlockCopies& copies, const ConstBlock& w,
-                        bool first_pass) {
+                        BlockPass pass) {
   const k::Exec& exec = options_.exec;
   const k::RouterShape r = router_shape(config_, rows_);
   const int64_t N = rows_, C = dims_.C, E = dims_.E, K = dims_.K;
@@ -60,8 +68,9 @@ void Model::moe_forward(int64_t l, LayerActs& a, const BlockCopies& copies, cons
   if (copies.xn2 && sp_) k::float_to_bf16(options_.exec, copies.xn2, a.xn2, N * C);
   route(exec, a.scores, a.chosen, a.gates, a.xn2, w.router,
         block_has(config_, l, BlockWeight::kRouterBias) ? w.router_bias : nullptr, r, C);
-  if (first_pass) add_aux_loss(a, r);
-  const int64_t dropped = routing_to_host(a);
+  const bool training = pass == BlockPass::kTraining;
+  if (training) add_aux_loss(a, r);
+  const int64_t dropped = routing_to_host(a, pass);
   const int64_t* offsets = a.routing->offsets.data();
   T3D_ASSERT(offsets[E] <= ep_rows_, "the experts take ", offsets[E], " rows, more than the ",
              ep_rows_, " their buffers hold");
@@ -90,7 +99,7 @@ void Model::moe_forward(int64_t l, LayerActs& a, const BlockCopies& copies, cons
   }
   k::moe_combine(exec, s.tmp, s.moe_out, a.gates, a.row_of_slot, N, K, C, k::Out::kWrite);
   if (shared) shared_experts_down(l, a, copies, w);
-  if (first_pass) count_routing(l, dropped);
+  if (training) count_routing(l, dropped);
 }
 
 void Model::add_aux_loss(const LayerActs& a, const k::RouterShape& r) {
