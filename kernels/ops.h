@@ -75,7 +75,7 @@ void compute_after_copies(const Exec& exec);
 // GPU each drains the stream, and the device idles until the host enqueues again):
 // copy_from_host of more than kUnwaitedUploadBytes, copy_to_host, wait_for_copies, and the ops
 // that return a value of the Exec's memory to the host (hash_floats, count_nonfinite,
-// sum_in_order, sum_of_squares and _each, moe_aux_loss). Counted on every backend alike (the
+// sum_of_squares and _each, moe_aux_loss). Counted on every backend alike (the
 // same call sites), so that CPU tests pin where a GPU's step waits; per thread, so that a
 // snapshot's I/O thread waiting for its copies is not counted in the training thread's step.
 std::int64_t host_waits();
@@ -92,10 +92,9 @@ void hash_floats(const Exec& exec, Hash64Stream& h, const float* x, std::int64_t
 void flip_bit(const Exec& exec, float* x, std::int64_t i, int bit);
 // Elements of x (n) that are NaN or infinite.
 std::int64_t count_nonfinite(const Exec& exec, const float* x, std::int64_t n);
-// x[0] + x[1] + ... + x[n-1] in that order, in double (a micro-batch's per-row losses).
-double sum_in_order(const Exec& exec, const float* x, std::int64_t n);
-// The same sum written to *out, a double of the Exec's memory, without a wait (a micro-batch's
-// loss kept there until the step reads its micro-batches' losses at once).
+// *out = x[0] + x[1] + ... + x[n-1] in that order, in double, into a double of the Exec's memory
+// without a wait (a micro-batch's per-row losses, kept there until the step reads its
+// micro-batches' losses at once).
 void sum_in_order_into(const Exec& exec, double* out, const float* x, std::int64_t n);
 // sum of x^2 over a range, accumulated in double. Global-norm clipping: each rank sums its
 // ranges, the caller all-reduces the partial sums, then passes min(1, max/norm) to adamw_step

@@ -133,14 +133,6 @@ std::int64_t count_nonfinite(const Exec& exec, const float* x, std::int64_t n) {
   return bad;
 }
 
-double sum_in_order(const Exec& exec, const float* x, std::int64_t n) {
-  count_host_wait();
-  T3D_ON_GPU(exec, cuda::sum_in_order_to_host(*exec.stream, x, n));
-  double s = 0.0;
-  for (std::int64_t i = 0; i < n; ++i) s += x[i];
-  return s;
-}
-
 void sum_in_order_into(const Exec& exec, double* out, const float* x, std::int64_t n) {
   T3D_ON_GPU(exec, cuda::sum_in_order(*exec.stream, out, x, n));
   double s = 0.0;

@@ -147,12 +147,11 @@ Device::Rates measure_rates(const Stream& s, std::int64_t M, std::int64_t N, std
 
 void zero(const Stream& s, float* x, std::int64_t n);
 void copy(const Stream& s, float* dst, const float* src, std::int64_t n);  // device to device
-// kernels::count_nonfinite and sum_in_order, waited for and read back (step scalars). The sum is
-// one thread's loop (over chunks its block stages in shared memory), so it is the CPU's bits.
+// kernels::count_nonfinite, waited for and read back (a step scalar).
 std::int64_t count_nonfinite_to_host(const Stream& s, const float* x, std::int64_t n);
-double sum_in_order_to_host(const Stream& s, const float* x, std::int64_t n);
-void sum_in_order(const Stream& s, double* out, const float* x,
-                  std::int64_t n);  // *out in device memory
+// kernels::sum_in_order_into (*out in device memory): one thread's loop (over chunks its block
+// stages in shared memory), so it is the CPU's bits.
+void sum_in_order(const Stream& s, double* out, const float* x, std::int64_t n);
 // kernels::hash_floats's piece hashes: host_out[p] = XXH3 of floats [p·piece, (p + 1)·piece) of
 // the n at x (kernels/xxh3_words.h), computed in device memory; waited for.
 void hash_pieces_to_host(const Stream& s, std::uint64_t* host_out, const float* x, std::int64_t n,

@@ -196,11 +196,6 @@ void sum_in_order(const Stream& s, double* out, const float* x, std::int64_t n) 
   T3D_CUDA_LAUNCHED();
 }
 
-double sum_in_order_to_host(const Stream& s, const float* x, std::int64_t n) {
-  sum_in_order(s, s.impl().scalar_sum, x, n);
-  return read_back(s, s.impl().scalar_sum);
-}
-
 void add(const Stream& s, float* out, const float* x, const float* y, std::int64_t n) {
   if (n <= 0) return;
   add_kernel<<<grid_for(n), kBlock, 0, s.impl().stream>>>(out, x, y, n);

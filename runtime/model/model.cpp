@@ -333,18 +333,19 @@ void Model::backward_layer_weights(int64_t l, const LayerActs& a, const BlockCop
 
 void Model::keep_loss_sum(const float* losses, int64_t n) {
   const k::Exec& exec = options_.exec;
-  if (loss_sums_.bytes() == 0)
+  if (loss_sums_.bytes() == 0) {
     loss_sums_.reserve(exec, kKeptLossSums * sizeof(double), "the micro-batches' loss sums");
+    loss_sums_on_host_.resize(kKeptLossSums);
+  }
   if (kept_loss_sums_ == kKeptLossSums) gather_loss_sums();
   k::sum_in_order_into(exec, loss_sums_.as<double>() + kept_loss_sums_++, losses, n);
 }
 
 void Model::gather_loss_sums() {
   if (kept_loss_sums_ == 0) return;
-  std::vector<double> sums(static_cast<size_t>(kept_loss_sums_));
-  k::copy_to_host(options_.exec, sums.data(), loss_sums_.as<double>(),
-                  sums.size() * sizeof(double));
-  for (const double s : sums) loss_sum_ += s;
+  k::copy_to_host(options_.exec, loss_sums_on_host_.data(), loss_sums_.as<double>(),
+                  static_cast<size_t>(kept_loss_sums_) * sizeof(double));
+  for (int i = 0; i < kept_loss_sums_; ++i) loss_sum_ += loss_sums_on_host_[i];
   kept_loss_sums_ = 0;
 }
 

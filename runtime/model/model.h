@@ -497,7 +497,8 @@ class Model final : public StageModel {
   static constexpr int kKeptLossSums = 256;
   kernels::Buffer loss_sums_;  // kKeptLossSums doubles of the Exec's memory, `kept_loss_sums_` used
   int kept_loss_sums_ = 0;
-  double loss_sum_ = 0;  // the sums gathered before those kept
+  std::vector<double> loss_sums_on_host_;  // kKeptLossSums: where gather_loss_sums reads them
+  double loss_sum_ = 0;                    // the sums gathered before those kept
 };
 
 // A step's passes read `model`'s rounded weights (Model::round_weights) while this lives.

@@ -39,10 +39,11 @@ int64_t Model::routing_to_host(const LayerActs& a, BlockPass pass) {
   // recompute then copies in as they are (the same routing: it depends on the block's input
   // alone), without the crossing of `chosen`.
   const bool keeps_maps = !kept.row_of_slot.empty() && pass != BlockPass::kEvaluation;
+  T3D_ASSERT(keeps_maps || pass != BlockPass::kRecompute, "a recompute without kept slot maps");
   int32_t* row_of_slot = keeps_maps ? kept.row_of_slot.data() : h.row_of_slot.data();
   int32_t* slot_of_row = keeps_maps ? kept.slot_of_row.data() : h.slot_of_row.data();
   int64_t dropped = 0;
-  if (pass != BlockPass::kRecompute || !keeps_maps) {
+  if (pass != BlockPass::kRecompute) {
     // The crossing: `chosen` to the host, the permutation there (offsets for the experts' GEMM
     // shapes, which the host launches), the slot maps back into the Exec's memory for the
     // gathers and the combine. On a GPU the copy out waits for the stream; the maps go in

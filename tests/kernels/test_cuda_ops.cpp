@@ -142,8 +142,11 @@ TEST(CudaElementwise, StepScalarsAndCopyAreTheCpus) {
   const Exec exec(GemmKind::kOpenBlasF32, S());
   Dev<float> gx(x), gy(x.size());
   EXPECT_EQ(count_nonfinite(exec, gx.p(), x.size()), 2);
-  const double gpu_sum = sum_in_order(exec, gx.p() + 4, 99990);
-  const double cpu_sum = sum_in_order(kCpu, x.data() + 4, 99990);
+  Dev<double> kept(1);
+  sum_in_order_into(exec, kept.p(), gx.p() + 4, 99990);
+  const double gpu_sum = kept.host()[0];
+  double cpu_sum = 0;
+  sum_in_order_into(kCpu, &cpu_sum, x.data() + 4, 99990);
   EXPECT_EQ(std::memcmp(&gpu_sum, &cpu_sum, sizeof gpu_sum), 0) << gpu_sum << " " << cpu_sum;
   copy(exec, gy.p(), gx.p(), x.size());
   expect_same_bits(gy.host(), x, "copy");
@@ -151,8 +154,8 @@ TEST(CudaElementwise, StepScalarsAndCopyAreTheCpus) {
 
 // Small uploads go through the stream's pinned ring without a wait: more of them than the ring has
 // slots, each from a host buffer rewritten at once after the call, each followed by a kernel
-// reading what it wrote, land in order and intact; a large upload waits as before. A loss sum
-// kept in device memory (sum_in_order_into) has sum_in_order's bits.
+// reading what it wrote, land in order and intact; a large upload waits as before. Loss sums kept
+// in device memory (sum_in_order_into) cost no wait and have the CPU's bits.
 TEST(CudaElementwise, SmallUploadsAreStagedInOrderAndSumsKeptOnTheDevice) {
   REQUIRE_GPU();
   const Exec exec(GemmKind::kOpenBlasF32, S());
@@ -179,7 +182,8 @@ TEST(CudaElementwise, SmallUploadsAreStagedInOrderAndSumsKeptOnTheDevice) {
   EXPECT_EQ(host_waits(), waits + 1) << "kept sums";
   const auto sums = kept.host();
   for (int i = 0; i < 3; ++i) {
-    const double cpu = sum_in_order(kCpu, big.data() + i, big_n - 9);
+    double cpu = 0;
+    sum_in_order_into(kCpu, &cpu, big.data() + i, big_n - 9);
     EXPECT_EQ(std::memcmp(&sums[i], &cpu, sizeof cpu), 0) << i << ": " << sums[i] << " " << cpu;
   }
 }
