@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <utility>
 
 #include "kernels/check.h"
 #include "kernels/cuda/cuda_ops.h"
@@ -71,11 +72,50 @@ Arena::~Arena() {
 
 void Buffer::reserve(const Exec& exec, std::size_t bytes, std::string_view name) {
   if (bytes <= bytes_) return;
+#ifdef T3D_HAVE_CUDA
+  if (exec.on_gpu()) {
+    if (stream_) cuda::stream_free(*stream_, std::exchange(data_, nullptr));
+    bytes_ = 0;
+    data_ = cuda::stream_alloc_zeroed(*exec.stream, bytes, name);
+    stream_ = exec.stream;
+    bytes_ = bytes;
+    return;
+  }
+#endif
   data_ = nullptr;
   memory_.reset();  // the old one first: the new one may need its memory
-  memory_ = std::make_unique<Arena>(bytes, exec.on_gpu() ? Memory::kDevice : Memory::kHost);
+  memory_ = std::make_unique<Arena>(bytes, Memory::kHost);
   data_ = memory_->alloc_bytes(name, bytes);
   bytes_ = bytes;
+}
+
+Buffer::Buffer(Buffer&& other) noexcept
+    : memory_(std::move(other.memory_)),
+      stream_(std::exchange(other.stream_, nullptr)),
+      data_(std::exchange(other.data_, nullptr)),
+      bytes_(std::exchange(other.bytes_, 0)) {}
+
+Buffer& Buffer::operator=(Buffer&& other) noexcept {
+  if (this != &other) {
+    release();
+    memory_ = std::move(other.memory_);
+    stream_ = std::exchange(other.stream_, nullptr);
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+Buffer::~Buffer() { release(); }
+
+void Buffer::release() noexcept {
+#ifdef T3D_HAVE_CUDA
+  if (stream_) cuda::stream_free(*stream_, data_);
+#endif
+  memory_.reset();
+  stream_ = nullptr;
+  data_ = nullptr;
+  bytes_ = 0;
 }
 
 void* Arena::alloc_bytes(std::string_view name, std::size_t bytes) {

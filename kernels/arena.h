@@ -80,9 +80,20 @@ class Arena {
 // A buffer of its own in the memory of an Exec (host for the CPU, the GPU's for a GPU Exec), for
 // the few buffers whose number is known only while running: the pipeline executor's hand-over and
 // send staging, made during the first step and reused afterwards. reserve() grows it (zeroed,
-// like arena memory), dropping what it held.
+// like arena memory), dropping what it held. On a GPU it lives in the order of the Exec's stream
+// (cuda::stream_alloc_zeroed): growing it mid-step synchronises neither the host nor the device,
+// and what it held is freed behind the work enqueued before (work of another stream that reads
+// it must have been ordered before the stream's current work), also by the destructor, which
+// therefore waits for nothing (unwinding from an error with NCCL operations in flight) and needs
+// the Exec's stream (its kernels::Device) to outlive the Buffer, as all that is built on it does.
 class Buffer {
  public:
+  Buffer() = default;
+  Buffer(Buffer&& other) noexcept;
+  Buffer& operator=(Buffer&& other) noexcept;
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer();
   void reserve(const Exec& exec, std::size_t bytes, std::string_view name);
   std::size_t bytes() const { return bytes_; }
   template <typename T>
@@ -91,7 +102,9 @@ class Buffer {
   }
 
  private:
-  std::unique_ptr<Arena> memory_;
+  void release() noexcept;
+  std::unique_ptr<Arena> memory_;         // host memory: an arena of its own
+  const cuda::Stream* stream_ = nullptr;  // device memory: in this stream's order
   void* data_ = nullptr;
   std::size_t bytes_ = 0;
 };

@@ -19,10 +19,11 @@ struct GpuPick {
 GpuPick pick_gpu(int local_rank) {
   GpuPick p;
 #ifdef T3D_HAVE_CUDA
-  const std::vector<cuda::DeviceInfo> gpus = cuda::visible_devices(&p.why);
+  std::vector<cuda::DeviceInfo> gpus = cuda::visible_devices(&p.why);
   if (gpus.empty()) return p;
   p.index = cuda::device_for_local_rank(local_rank, static_cast<int>(gpus.size()));
-  const cuda::DeviceInfo& gpu = gpus[static_cast<size_t>(p.index)];
+  cuda::DeviceInfo& gpu = gpus[static_cast<size_t>(p.index)];
+  gpu.free_bytes = cuda::free_bytes_on(p.index);
   p.description = "cuda:" + std::to_string(p.index) + " " + cuda::describe(gpu);
   p.spec = gpu_spec_of_device(gpu.name, static_cast<double>(gpu.total_bytes) / (1 << 30));
   p.visible = static_cast<int>(gpus.size());

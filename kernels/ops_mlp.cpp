@@ -77,7 +77,12 @@ LinearInput::LinearInput(const Exec& exec, const float* x, bf16* copy, Copy how,
       buffer_ = b.slot;
       how = Copy::kFill;
     }
-    if (how == Copy::kFill) float_to_bf16(exec, copy, x, rows * cols);
+    try {  // a failed launch throws before the destructor could give the buffer back
+      if (how == Copy::kFill) float_to_bf16(exec, copy, x, rows * cols);
+    } catch (...) {
+      if (buffer_ >= 0) cuda::give_rounded_buffer(*exec.stream, buffer_);
+      throw;
+    }
     if (bf16_gemm) rounded_ = copy;
     return;
   }

@@ -60,14 +60,19 @@ ncclRedOp_t nccl_op(ReduceOp op) {
   }
 }
 
-// One operation in flight: its stream records `done` after it. Shared by the request that
-// started it (until wait, test or release) and the watchdog (until `done` fires).
+// One operation in flight: its stream records `began` before it and `done` after it. Shared by
+// the request that started it (until wait, test or release) and the watchdog (until `done`
+// fires). The host enqueues up to a step ahead of the GPU, so the deadline runs from when the
+// watchdog first sees `began` fired (the operation reached on its stream), not from the enqueue:
+// as the MPI path times only real waits.
 struct Op {
-  cudaEvent_t done = nullptr;
+  cudaEvent_t began = nullptr, done = nullptr;
   const char* what = "";
   int peer = -1;
+  bool running = false;  // the watchdog saw `began`; `start` is then when
   Clock::time_point start = Clock::now();
   ~Op() {
+    if (began) cudaEventDestroy(began);
     if (done) cudaEventDestroy(done);
   }
 };
@@ -105,6 +110,8 @@ struct NcclComm::Impl {
   template <class F>
   std::shared_ptr<Op> launch(cudaStream_t stream, const char* what, int peer, F enqueue) const;
   Request started_request(std::shared_ptr<Op> op) const;
+  // NcclComm::prepare_pairs: one float each way, grouped per direction communicator, waited for.
+  void connect(const std::vector<int>& send_to, const std::vector<int>& receive_from) const;
   void compute_waits(const Op& op) const { T3D_CUDA(cudaStreamWaitEvent(compute, op.done, 0)); }
   ncclComm_t send_comm(int peer) const { return peer > mpi.rank() ? up : down; }
   cudaStream_t send_stream(int peer) const { return peer > mpi.rank() ? up_stream : down_stream; }
@@ -141,7 +148,37 @@ NcclComm::Impl::Impl(const Comm& group, const kernels::Exec& exec) : mpi(group) 
   for (cudaStream_t* s : {&main_stream, &up_stream, &down_stream})
     T3D_CUDA(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
   T3D_CUDA(cudaEventCreateWithFlags(&compute_ready, cudaEventDisableTiming));
+  if (comms > 1) {  // the ring neighbours, both ways: a pipeline's traffic
+    const int n = group.size(), r = group.rank();
+    std::vector<int> peers = {(r + 1) % n};
+    if ((r + n - 1) % n != peers[0]) peers.push_back((r + n - 1) % n);
+    connect(peers, peers);
+  }
   watchdog = std::thread([this] { watch(); });
+}
+
+void NcclComm::Impl::connect(const std::vector<int>& send_to,
+                             const std::vector<int>& receive_from) const {
+  const NcclApi& api = nccl_api();
+  float* floats = nullptr;  // [0]: what is sent; [1 + i]: what receive_from[i] sends
+  const size_t bytes = (1 + receive_from.size()) * sizeof(float);
+  T3D_CUDA(cudaMalloc(&floats, bytes));
+  T3D_CUDA(cudaMemset(floats, 0, bytes));
+  // The pairs of each direction's communicator in one group: NCCL connects them together.
+  for (ncclComm_t comm : {up, down}) {
+    cudaStream_t stream = comm == up ? up_stream : down_stream;
+    T3D_NCCL(api.group_start());
+    for (int peer : send_to)
+      if (peer != mpi.rank() && send_comm(peer) == comm)
+        T3D_NCCL(api.send(floats, 1, ncclFloat32, peer, comm, stream));
+    for (size_t i = 0; i < receive_from.size(); ++i)
+      if (receive_from[i] != mpi.rank() && recv_comm(receive_from[i]) == comm)
+        T3D_NCCL(api.recv(floats + 1 + i, 1, ncclFloat32, receive_from[i], comm, stream));
+    T3D_NCCL(api.group_end());
+  }
+  T3D_CUDA(cudaStreamSynchronize(up_stream));
+  T3D_CUDA(cudaStreamSynchronize(down_stream));
+  T3D_CUDA(cudaFree(floats));
 }
 
 NcclComm::Impl::~Impl() {
@@ -174,6 +211,11 @@ void NcclComm::Impl::watch() {
     std::shared_ptr<Op> hung;
     std::erase_if(watched, [&](const std::shared_ptr<Op>& op) {
       if (cudaEventQuery(op->done) == cudaSuccess) return true;
+      if (!op->running) {
+        if (cudaEventQuery(op->began) != cudaSuccess) return false;  // not reached yet
+        op->running = true;
+        op->start = Clock::now();
+      }
       if (!hung && std::chrono::duration<double>(Clock::now() - op->start).count() > timeout_s)
         hung = op;
       return false;
@@ -225,6 +267,8 @@ std::shared_ptr<Op> NcclComm::Impl::launch(cudaStream_t stream, const char* what
   op->peer = peer;
   T3D_CUDA(cudaEventRecord(compute_ready, compute));
   T3D_CUDA(cudaStreamWaitEvent(stream, compute_ready, 0));
+  T3D_CUDA(cudaEventCreateWithFlags(&op->began, cudaEventDisableTiming));
+  T3D_CUDA(cudaEventRecord(op->began, stream));
   enqueue(stream);
   T3D_CUDA(cudaEventCreateWithFlags(&op->done, cudaEventDisableTiming));
   T3D_CUDA(cudaEventRecord(op->done, stream));
@@ -343,6 +387,11 @@ void NcclComm::recv(uint16_t* data, size_t count, int peer, int /*tag*/) const {
 Request NcclComm::isend(const float* data, size_t count, int peer, int /*tag*/) const {
   return send(*impl_, data, count, peer);
 }
+void NcclComm::prepare_pairs(const std::vector<int>& send_to,
+                             const std::vector<int>& receive_from) const {
+  impl_->connect(send_to, receive_from);
+}
+
 Request NcclComm::isend(const uint16_t* data, size_t count, int peer, int /*tag*/) const {
   return send(*impl_, data, count, peer);
 }

@@ -13,19 +13,25 @@
 // collectives share one stream and one NCCL communicator, in the order the host issues them,
 // which every rank issues alike. Point-to-point transfers travel on two more communicators, one
 // per direction (to a higher group rank, to a lower one), each with its own stream, so that two
-// ranks sending to each other before receiving do not wait on each other's sends; NCCL has no
+// ranks sending to each other before receiving do not wait on each other's sends once their pair
+// is connected. NCCL connects a pair at its first exchange on a communicator, on the host inside
+// the call, waiting there for the peer to reach its own: so the pairs are connected beforehand,
+// all ranks together (prepare_pairs: a grouped exchange of one float per pair and direction),
+// the ring neighbours (a pipeline's stages, interleaved ones included) when the communicator is
+// made, other pairs by their user (the replay's update check, per distance). NCCL has no
 // tags, so the messages of one direction between two ranks match in the order they are issued
 // (the tag is not used) and a receive must name the exact count sent.
 //
 // Bits: NCCL's own sums (ring, tree or NVLS, as NCCL's tuning picks for the group's size, the
 // topology and the byte count), deterministic for a fixed configuration (ranks, GPUs, NCCL
 // version, NCCL_* settings) since no floating-point atomics are involved, but not MPI's order: a
-// sum may differ in its last bits from the staged path's. bf16 sums are NCCL's bf16 sums: each
-// pairwise add is computed exactly and rounded to bf16 (round to nearest even), as the
-// interface states, in NCCL's order.
+// sum may differ in its last bits from the staged path's. bf16 sums are NCCL's bf16 sums, in
+// NCCL's order: on a ring or tree each pairwise add rounded to bf16 (round to nearest even), as
+// the interface states; a switch reduction (NVLS) may add in higher precision and round once.
 //
 // Watchdog (parallel.timeout_s): a thread of this communicator polls the events of the
-// operations in flight; one unfinished past the deadline, or an error NCCL reports
+// operations in flight; one unfinished past the deadline (from when its stream reached it, not
+// from its enqueue, which may be a step earlier), or an error NCCL reports
 // (ncclCommGetAsyncError), aborts the NCCL communicators and then the job through the MPI
 // communicator's watchdog (Comm::abort_hung: the operation, the group and its peers, exit 3).
 // Traces: a span per call on the host (the enqueue, not the GPU's time). The test-only faults of
@@ -62,6 +68,8 @@ class NcclComm final : public TensorComm {
   void recv(uint16_t* data, size_t count, int peer, int tag) const override;
   Request isend(const float* data, size_t count, int peer, int tag) const override;
   Request isend(const uint16_t* data, size_t count, int peer, int tag) const override;
+  void prepare_pairs(const std::vector<int>& send_to,
+                     const std::vector<int>& receive_from) const override;
   Request iall_reduce_sum(float* data, size_t count, const char* what,
                           int64_t tag = -1) const override;
   Request ireduce_scatter_sum(float* data, const std::vector<int>& counts, const char* what,

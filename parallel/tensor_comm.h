@@ -57,6 +57,13 @@ class TensorComm {
   virtual void recv(uint16_t* data, size_t count, int peer, int tag) const = 0;
   virtual Request isend(const float* data, size_t count, int peer, int tag) const = 0;
   virtual Request isend(const uint16_t* data, size_t count, int peer, int tag) const = 0;
+  // Collective over the group: readies the pairs this rank will send to (`send_to`) and receive
+  // from (`receive_from`) before their first message, each rank naming the other ends of its
+  // peers' pairs. Where a first exchange connects the pair and waits for the peer inside the call
+  // (NCCL), two ranks whose first messages cross (each sending before receiving) would otherwise
+  // wait on each other; MPI needs nothing.
+  virtual void prepare_pairs(const std::vector<int>& /*send_to*/,
+                             const std::vector<int>& /*receive_from*/) const {}
 
   // Started float collectives, traced as `what` (with `tag` as its "bucket" when >= 0):
   //   iall_reduce_sum:     sum of `count` floats in place.

@@ -174,16 +174,21 @@ class RoundedInputs {
     const std::int64_t rows = B * g.H * g.T;
     const std::int64_t elems = nq + 2 * nkv + (dout ? nq + 2 * rows : 0);
     buffer_ = take_rounded_buffer(s, static_cast<std::size_t>(elems));
-    q16 = buffer_.data, k16 = q16 + nq, v16 = k16 + nkv;
-    round(q16, q, B, g.T, g.H, g.ld_q, g.D);
-    round(k16, k, B, g.keys, g.Hkv, g.ld_kv, g.D);
-    round(v16, v, B, g.keys, g.Hkv, g.ld_kv, g.D);
-    if (!dout) return;
-    dout16 = v16 + nkv;
-    round(dout16, dout, B, g.T, g.H, g.ld_q, g.D);
-    delta = reinterpret_cast<float*>(dout16 + nq);  // nq + 2 nkv + nq elements: 16-byte aligned
-    deltas_kernel<<<grid_for(rows * 32), kBlock, 0, s.impl().stream>>>(delta, dout, out, g, rows);
-    T3D_CUDA_LAUNCHED();
+    try {  // a failed launch throws: the slot goes back to the pool (no destructor runs)
+      q16 = buffer_.data, k16 = q16 + nq, v16 = k16 + nkv;
+      round(q16, q, B, g.T, g.H, g.ld_q, g.D);
+      round(k16, k, B, g.keys, g.Hkv, g.ld_kv, g.D);
+      round(v16, v, B, g.keys, g.Hkv, g.ld_kv, g.D);
+      if (!dout) return;
+      dout16 = v16 + nkv;
+      round(dout16, dout, B, g.T, g.H, g.ld_q, g.D);
+      delta = reinterpret_cast<float*>(dout16 + nq);  // nq + 2 nkv + nq elements: 16-byte aligned
+      deltas_kernel<<<grid_for(rows * 32), kBlock, 0, s.impl().stream>>>(delta, dout, out, g, rows);
+      T3D_CUDA_LAUNCHED();
+    } catch (...) {
+      give_rounded_buffer(s_, buffer_.slot);
+      throw;
+    }
   }
   ~RoundedInputs() { give_rounded_buffer(s_, buffer_.slot); }
   RoundedInputs(const RoundedInputs&) = delete;

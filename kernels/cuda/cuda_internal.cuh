@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "kernels/check.h"
@@ -44,23 +45,28 @@ inline constexpr std::size_t kBlasWorkspaceBytes = 32u << 20;
 
 struct GemmPlan;  // ops_linear.cu: a shape's cuBLASLt descriptors and algorithm
 
+// `bytes` of device memory made in `stream`'s order (cudaMallocAsync), not zeroed: for work
+// enqueued on `stream` after it, or on streams ordered after that. UserError naming `what` when
+// the GPU lacks them.
+void* stream_alloc(cudaStream_t stream, std::size_t bytes, std::string_view what);
+
 // A device buffer a stream keeps for one use (library memory outside the arena, as the CPU's
-// per-thread buffers are): at least `elems` on each request, reallocated only to grow, after the
-// stream has finished with the old one (so a request synchronises the stream only when it grows).
+// per-thread buffers are): at least `elems` on each request, reallocated only to grow, in the
+// stream's order (stream_alloc_zeroed), so that growing synchronises neither the host nor the
+// device. Only work on that stream reads it.
 template <class T>
 class StreamBuffer {
  public:
   StreamBuffer() = default;
   StreamBuffer(const StreamBuffer&) = delete;
   StreamBuffer& operator=(const StreamBuffer&) = delete;
-  ~StreamBuffer() { cudaFree(data_); }
+  ~StreamBuffer() { cudaFree(data_); }  // its Stream has synchronised its streams before
   T* at_least(cudaStream_t stream, std::size_t elems) {
     if (elems > elems_) {
-      T3D_CUDA_CHECK(cudaStreamSynchronize(stream));  // the old buffer may still be read
-      T3D_CUDA_CHECK(cudaFree(data_));
-      data_ = nullptr;
+      T* old = std::exchange(data_, nullptr);  // freed after the stream's work that reads it
       elems_ = 0;
-      T3D_CUDA_CHECK(cudaMalloc(&data_, elems * sizeof(T)));
+      if (old) T3D_CUDA_CHECK(cudaFreeAsync(old, stream));
+      data_ = static_cast<T*>(stream_alloc(stream, elems * sizeof(T), "a stream's work buffer"));
       elems_ = elems;
     }
     return data_;

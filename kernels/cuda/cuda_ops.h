@@ -37,15 +37,22 @@ namespace t3d::kernels::cuda {
 struct DeviceInfo {
   int index = 0;
   std::string name;  // "NVIDIA H100 80GB HBM3"
-  std::size_t total_bytes = 0, free_bytes = 0;
+  std::size_t total_bytes = 0;
+  std::size_t free_bytes = 0;      // 0: not asked (visible_devices leaves it; free_bytes_on asks)
   int cc_major = 0, cc_minor = 0;  // compute capability
   int sm_count = 0;
   int driver_version = 0, runtime_version = 0;  // 13000 = CUDA 13.0
 };
 
 // The GPUs this process sees. Empty when there are none; `why` then says why (no driver, no
-// device, CUDA_VISIBLE_DEVICES empty, a driver older than the runtime).
+// device, CUDA_VISIBLE_DEVICES empty, a driver older than the runtime). Read from the devices'
+// properties without making a context on any of them: with ranks seeing every GPU of a node, a
+// context per rank on each GPU would take HBM from every rank (and fail under the
+// EXCLUSIVE_PROCESS compute mode).
 std::vector<DeviceInfo> visible_devices(std::string* why = nullptr);
+// Free memory of GPU `index`, which becomes this host thread's current device (its context made):
+// asked only of the GPU a rank uses.
+std::size_t free_bytes_on(int index);
 // "NVIDIA H100 80GB HBM3, 79.1 GiB (78.5 free), sm_90, 132 SMs, driver CUDA 13.0, runtime 13.0"
 std::string describe(const DeviceInfo& d);
 // The GPU of a rank: its node-local rank modulo the GPUs it sees, so ranks may share a GPU.
@@ -101,6 +108,15 @@ class DeviceMemory {
 // GPU, zeroed; UserError as DeviceMemory's. device_free gives it back.
 void* device_alloc_zeroed(std::size_t bytes, std::string_view what);
 void device_free(void* p) noexcept;
+// Device memory in the order of stream `s` (kernels::Buffer on a GPU): made and zeroed there
+// (cudaMallocAsync), for the work enqueued on `s` after it and for work of other streams ordered
+// after that (every operation of the device communicator, and snapshot copies, start behind the
+// stream's work so far); stream_free frees it behind the work enqueued on `s` before, where no
+// other stream reads it any more. Neither synchronises the device, as cudaMalloc and cudaFree
+// do: a buffer made mid-step must not wait on NCCL operations in flight, which wait on peers
+// that may be waiting for this rank.
+void* stream_alloc_zeroed(const Stream& s, std::size_t bytes, std::string_view what);
+void stream_free(const Stream& s, void* p) noexcept;
 
 // The named crossings between host and device memory, ordered on the stream. Host memory that is
 // not pinned makes them synchronous (CUDA stages it).

@@ -1,4 +1,5 @@
 // Devices, streams, device memory and the host <-> device copies of the CUDA backend.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <utility>
@@ -48,20 +49,28 @@ std::vector<DeviceInfo> visible_devices(std::string* why) {
     d.sm_count = p.multiProcessorCount;
     d.driver_version = driver;
     d.runtime_version = runtime;
-    int previous = 0;
-    T3D_CUDA_CHECK(cudaGetDevice(&previous));
-    T3D_CUDA_CHECK(cudaSetDevice(i));
-    T3D_CUDA_CHECK(cudaMemGetInfo(&d.free_bytes, &d.total_bytes));
-    T3D_CUDA_CHECK(cudaSetDevice(previous));
+    d.total_bytes = p.totalGlobalMem;  // from the properties: no context is made (free_bytes_on)
     out.push_back(std::move(d));
   }
   return out;
 }
 
+std::size_t free_bytes_on(int index) {
+  // cudaSetDevice makes the device's primary context (CUDA 12 and later), and cudaMemGetInfo
+  // needs one: only on the device this thread goes on to use, never switched back.
+  T3D_CUDA_CHECK(cudaSetDevice(index));
+  std::size_t free = 0, total = 0;
+  T3D_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+  return free;
+}
+
 std::string describe(const DeviceInfo& d) {
   char mem[64];
-  std::snprintf(mem, sizeof mem, "%.1f GiB (%.1f free)", d.total_bytes / double(1u << 30),
-                d.free_bytes / double(1u << 30));
+  if (d.free_bytes > 0)
+    std::snprintf(mem, sizeof mem, "%.1f GiB (%.1f free)", d.total_bytes / double(1u << 30),
+                  d.free_bytes / double(1u << 30));
+  else
+    std::snprintf(mem, sizeof mem, "%.1f GiB", d.total_bytes / double(1u << 30));
   return d.name + ", " + mem + ", sm_" + std::to_string(d.cc_major) + std::to_string(d.cc_minor) +
          ", " + std::to_string(d.sm_count) + " SMs, driver CUDA " + cuda_version(d.driver_version) +
          ", runtime " + cuda_version(d.runtime_version);
@@ -88,6 +97,13 @@ Stream::Stream(int device) : impl_(std::make_unique<Impl>()) {
       "cuBLASLt ", cublasLtGetVersion(), " on ", prop.name, " (sm_", prop.major, prop.minor, ")");
   T3D_CUDA_CHECK(cudaMalloc(&impl_->scalar_sum, sizeof(double)));
   T3D_CUDA_CHECK(cudaMalloc(&impl_->scalar_count, sizeof(unsigned long long)));
+  // The small uploads' staging ring, made here rather than at the first upload: a pinned host
+  // allocation may wait for the device, which mid-step can wait on NCCL operations in flight.
+  Impl::UploadRing& ring = impl_->uploads;
+  T3D_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&ring.pinned),
+                               kUploadSlots * kUnwaitedUploadBytes, cudaHostAllocPortable));
+  for (cudaEvent_t& e : ring.copied)
+    T3D_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
 }
 
 Stream::~Stream() {
@@ -132,9 +148,11 @@ DeviceMemory::DeviceMemory(std::size_t bytes, std::string_view what) : bytes_(by
   data_ = device_alloc_zeroed(bytes, what);
 }
 
-void* device_alloc_zeroed(std::size_t bytes, std::string_view what) {
-  void* data = nullptr;
-  const cudaError_t err = cudaMalloc(&data, bytes);
+namespace {
+
+// A failed allocation of `bytes` for `what`: UserError for a GPU without the memory or without a
+// device, else the CUDA error.
+void check_allocation(cudaError_t err, std::size_t bytes, std::string_view what) {
   if (err == cudaErrorMemoryAllocation) {
     cudaGetLastError();
     std::size_t free_bytes = 0, total = 0;
@@ -152,12 +170,36 @@ void* device_alloc_zeroed(std::size_t bytes, std::string_view what) {
                                           "; run on the CPU or where a GPU is visible"));
   }
   T3D_CUDA_CHECK(err);
+}
+
+}  // namespace
+
+void* device_alloc_zeroed(std::size_t bytes, std::string_view what) {
+  void* data = nullptr;
+  check_allocation(cudaMalloc(&data, bytes), bytes, what);
   T3D_CUDA_CHECK(cudaMemset(data, 0, bytes));
   // cudaMemset runs on the legacy default stream, which the non-blocking streams do not wait for:
   // without this, a stream's first writes (weights copied in, the bf16 weight copy) could be
-  // zeroed after the fact. Allocations are rare: the wait costs nothing.
+  // zeroed after the fact. Made before training (the arena): the wait costs nothing.
   T3D_CUDA_CHECK(cudaDeviceSynchronize());
   return data;
+}
+
+void* stream_alloc(cudaStream_t stream, std::size_t bytes, std::string_view what) {
+  void* data = nullptr;
+  check_allocation(cudaMallocAsync(&data, std::max<std::size_t>(bytes, 1), stream), bytes, what);
+  return data;
+}
+
+void* stream_alloc_zeroed(const Stream& s, std::size_t bytes, std::string_view what) {
+  cudaStream_t stream = s.impl().stream;
+  void* data = stream_alloc(stream, bytes, what);
+  T3D_CUDA_CHECK(cudaMemsetAsync(data, 0, bytes, stream));
+  return data;
+}
+
+void stream_free(const Stream& s, void* p) noexcept {
+  if (p) cudaFreeAsync(p, s.impl().stream);
 }
 
 void device_free(void* p) noexcept {
@@ -182,6 +224,9 @@ DeviceMemory& DeviceMemory::operator=(DeviceMemory&& other) noexcept {
 
 void copy_to_device(const Stream& s, void* device_dst, const void* host_src, std::size_t bytes) {
   if (bytes == 0) return;
+  // From any host thread (a restore's I/O thread): a thread's first CUDA call would otherwise
+  // make a context on GPU 0 (docs/gpu.md: a rank makes one on its own GPU only).
+  T3D_CUDA_CHECK(cudaSetDevice(s.device()));
   T3D_CUDA_CHECK(
       cudaMemcpyAsync(device_dst, host_src, bytes, cudaMemcpyHostToDevice, s.impl().stream));
 }
@@ -190,15 +235,10 @@ void copy_to_device_staged(const Stream& s, void* device_dst, const void* host_s
                            std::size_t bytes) {
   T3D_ASSERT(bytes <= kUnwaitedUploadBytes, "a staged upload of ", bytes, " bytes");
   if (bytes == 0) return;
+  T3D_CUDA_CHECK(cudaSetDevice(s.device()));  // from any host thread, as copy_to_device
   Stream::Impl& st = s.impl();
   Stream::Impl::UploadRing& ring = st.uploads;
   const std::lock_guard<std::mutex> lock(ring.taking);
-  if (!ring.pinned) {
-    T3D_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&ring.pinned),
-                                 kUploadSlots * kUnwaitedUploadBytes, cudaHostAllocPortable));
-    for (cudaEvent_t& e : ring.copied)
-      T3D_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-  }
   const int slot = ring.next;
   ring.next = (slot + 1) % kUploadSlots;
   T3D_CUDA_CHECK(cudaEventSynchronize(ring.copied[slot]));  // the slot's previous copy has run
@@ -216,6 +256,7 @@ void host_unregister(void* p) noexcept { cudaHostUnregister(p); }
 
 void copy_to_host(const Stream& s, void* host_dst, const void* device_src, std::size_t bytes) {
   if (bytes == 0) return;
+  T3D_CUDA_CHECK(cudaSetDevice(s.device()));  // from any host thread, as copy_to_device
   T3D_CUDA_CHECK(
       cudaMemcpyAsync(host_dst, device_src, bytes, cudaMemcpyDeviceToHost, s.impl().stream));
 }

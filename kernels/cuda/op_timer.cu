@@ -48,7 +48,8 @@ void OpTimer::stop() noexcept {
   } else if (cudaEventCreate(&e) != cudaSuccess) {
     return;
   }
-  if (cudaEventRecord(e, st.stream) != cudaSuccess) {
+  // A list taken while this op was open (take_op_seconds) no longer has its slot.
+  if (slot_ >= st.timed_ops.size() || cudaEventRecord(e, st.stream) != cudaSuccess) {
     st.spare_events.push_back(e);
     return;
   }

@@ -16,6 +16,7 @@
 #include "kernels/arena.h"
 #include "kernels/blas.h"
 #include "kernels/check.h"
+#include "kernels/device.h"
 #include "kernels/gemm.h"
 #include "parallel/comm.h"
 #include "runtime/cost/planner.h"
@@ -204,6 +205,16 @@ std::string cluster_toml(const Recipe& r, const Measured& m, const std::string& 
 }  // namespace
 
 Cluster calibrate_local(const Recipe& recipe, const std::vector<std::string>& argv) {
+  // The probe times a block on this machine's CPU and MPI over host memory: what a GPU run would
+  // do is another machine, whose figures come from a cluster file.
+  const std::string device = kernels::Device::describe(recipe.hardware.device, 0);
+  T3D_USER_CHECK(device == "cpu",
+                 "plan --calibrate measures this machine's CPU and MPI, but "
+                 "the recipe trains on ",
+                 device,
+                 " (hardware.device): give the GPUs' cluster with "
+                 "--cluster (their peaks, HBM and links, as recipes/clusters/h100_64.toml), or set "
+                 "hardware.device = \"cpu\" to calibrate the CPU");
   const std::string path = calibration_cache_path(recipe);
   fs::create_directories(fs::path(path).parent_path());
   const std::string tmp = path + ".tmp" + std::to_string(getpid());

@@ -4,7 +4,10 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <fstream>
 #include <map>
+#include <string>
+#include <tuple>
 #include <utility>
 
 #include "kernels/check.h"
@@ -24,9 +27,11 @@ std::string why_not_nccl(const std::vector<RankDevice>& ranks, const parallel::N
   for (size_t r = 0; r < ranks.size(); ++r)
     if (ranks[r].gpu.empty())
       return "rank " + std::to_string(r) + " computes on the CPU (hardware.device)";
-  std::map<std::pair<std::string, std::string>, size_t> first;  // (host, GPU) -> its first rank
+  // (host, machine, GPU) -> its first rank
+  std::map<std::tuple<std::string, std::string, std::string>, size_t> first;
   for (size_t r = 0; r < ranks.size(); ++r) {
-    const auto [it, fresh] = first.emplace(std::make_pair(ranks[r].host, ranks[r].gpu), r);
+    const auto [it, fresh] =
+        first.emplace(std::make_tuple(ranks[r].host, ranks[r].machine, ranks[r].gpu), r);
     if (!fresh)
       return "ranks " + std::to_string(it->second) + " and " + std::to_string(r) + " share GPU " +
              ranks[r].gpu + " on " + ranks[r].host + ", which NCCL refuses";
@@ -83,17 +88,22 @@ DeviceCommPath choose_group_comm(DeviceComm key, const TensorGroup& g,
 }
 
 std::vector<RankDevice> gather_devices(const parallel::Comm& group, const kernels::Device& device) {
-  // Fixed-width records: the host name and the bus id, each NUL-padded, then NCCL's load.
+  // Fixed-width records: the host name, the bus id and the boot id, each NUL-padded, then
+  // NCCL's load.
   constexpr size_t kField = 256;
-  std::vector<char> mine(2 * kField + 1, '\0');
+  std::vector<char> mine(3 * kField + 1, '\0');
   gethostname(mine.data(), kField - 1);
+  std::ifstream boot("/proc/sys/kernel/random/boot_id");
+  std::string boot_id;
+  std::getline(boot, boot_id);  // empty where there is none: the host name alone decides
+  std::strncpy(mine.data() + 2 * kField, boot_id.c_str(), kField - 1);
   std::string gpu;  // empty on the CPU
 #ifdef T3D_HAVE_CUDA
   if (device.on_gpu())
     gpu = kernels::cuda::pci_bus_id(*device.exec(kernels::GemmKind::kOpenBlasF32).stream);
 #endif
   std::strncpy(mine.data() + kField, gpu.c_str(), kField - 1);
-  mine[2 * kField] = parallel::nccl_library().loaded ? 1 : 0;
+  mine[3 * kField] = parallel::nccl_library().loaded ? 1 : 0;
   std::vector<char> all(mine.size() * static_cast<size_t>(group.size()));
   group.all_gather(mine.data(), all.data(), mine.size());
   std::vector<RankDevice> ranks(static_cast<size_t>(group.size()));
@@ -101,7 +111,8 @@ std::vector<RankDevice> gather_devices(const parallel::Comm& group, const kernel
     const char* rec = all.data() + r * mine.size();
     ranks[r].host.assign(rec, strnlen(rec, kField));
     ranks[r].gpu.assign(rec + kField, strnlen(rec + kField, kField));
-    ranks[r].nccl_loaded = rec[2 * kField] != 0;
+    ranks[r].machine.assign(rec + 2 * kField, strnlen(rec + 2 * kField, kField));
+    ranks[r].nccl_loaded = rec[3 * kField] != 0;
   }
   return ranks;
 }

@@ -19,11 +19,13 @@
 namespace t3d::runtime {
 
 // Where one rank of a group computes: its host and its GPU's PCI bus id (empty: the CPU), and
-// whether NCCL loaded there.
+// whether NCCL loaded there. `machine` tells apart hosts of one name (containers of several
+// machines often share one): the kernel's boot id, the same for every container of one machine.
 struct RankDevice {
   std::string host;
   std::string gpu;
   bool nccl_loaded = false;
+  std::string machine;
 };
 
 struct DeviceCommPath {

@@ -92,8 +92,19 @@ StageGroups::StageGroups(const parallel::Mesh& mesh, const kernels::Device& devi
   const std::string agreed = agreed_error(mesh.world(), refused);
   T3D_USER_CHECK(agreed.empty(), agreed);
   std::unique_ptr<parallel::TensorComm>* own[] = {&tp_, &pp_, &cp_, &dp_cp_, &edp_, &ep_};
-  for (size_t i = 0; i < groups.size(); ++i)
-    *own[i] = open_device_comm(paths[i], groups[i].name, *groups[i].comm, device);
+  for (size_t i = 0; i < groups.size(); ++i) {
+    // A bootstrap that fails on a rank (ncclCommInitRank) is agreed over the world after each
+    // group, so that ranks outside that group end with its error instead of waiting in the next
+    // group's bootstrap for a rank that left.
+    std::string failed;
+    try {
+      *own[i] = open_device_comm(paths[i], groups[i].name, *groups[i].comm, device);
+    } catch (const std::exception& e) {
+      failed = std::string("tensor collectives of ") + groups[i].name + ": " + e.what();
+    }
+    const std::string agreed_open = agreed_error(mesh.world(), failed);
+    T3D_USER_CHECK(agreed_open.empty(), agreed_open);
+  }
 }
 
 parallel::Schedule stage_schedule(const Recipe& r, int pp) {

@@ -87,12 +87,15 @@ class StageGroups {
 struct Stage {
   // hardware.device: first, so that it outlives the memory and the Model built on its Exec.
   std::unique_ptr<kernels::Device> device;
+  // Before the groups, so that it is freed after them: on a GPU, freeing it waits for the device,
+  // and when unwinding from an error with NCCL operations in flight only the groups' end (their
+  // communicators aborted) lets those finish.
+  std::unique_ptr<kernels::Arena> arena;
   std::unique_ptr<StageGroups> groups;  // before the executor and Model, which hold its groups
   int threads = 1;
   int64_t micro_rows = 0;  // sequences per micro-batch on this rank
   std::vector<parallel::LayerRange> layers;
   std::unique_ptr<PipelineExecutor> executor;
-  std::unique_ptr<kernels::Arena> arena;
   std::unique_ptr<Model> model;
   bool holds_loss = false;  // last pipeline stage and tp rank 0: contributes the loss once
 };

@@ -29,7 +29,7 @@ std::string gpu_op_kind(const std::string& op) {
     return "GEMM";
   if (starts_with(op, "attention_")) return "attention";
   if (starts_with(op, "cross_entropy") || starts_with(op, "ce_")) return "loss";
-  if (starts_with(op, "adamw") || op == "sum_of_squares" || op == "count_nonfinite" ||
+  if (starts_with(op, "adamw") || starts_with(op, "sum_of_squares") || op == "count_nonfinite" ||
       starts_with(op, "clip") || starts_with(op, "scale"))
     return "optimizer";
   if (starts_with(op, "moe_")) return "MoE routing";

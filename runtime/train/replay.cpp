@@ -199,6 +199,9 @@ struct Replay::Impl {
     const ShardedState::Store s = state.dense().param_store();
     const parallel::FloatRange& r = s.ranges.front();
     float* x = s.sharded ? s.data + s.floats / 2 : s.data + r.begin + r.size() / 2;
+    // After the previous step's snapshot copies (on a GPU they may still run): the flip belongs
+    // to this step, as on the CPU, where they are done.
+    kernels::compute_after_copies(model.exec());
     kernels::flip_bit(model.exec(), x, 0, parallel::fault::kFlipBit);
   }
 

@@ -26,6 +26,7 @@ UpdateCheck::UpdateCheck(const parallel::Mesh& mesh, TrainingState& state, int z
     if (comm.size() < 2) continue;
     Group g;
     g.index = i, g.comm = &comm, g.n = comm.size(), g.me = comm.rank();
+    g.paired.assign(static_cast<size_t>(g.n), false);
     checked_.push_back(g);
   }
   if (checked_.empty()) return;
@@ -88,6 +89,10 @@ void UpdateCheck::stream(Group& g, int shift, size_t slot, const TrainConfig& t,
   const kernels::Exec& exec = state_.exec();
   const parallel::TensorComm& comm = st.group();
   const int owner = (g.me + shift) % g.n, checker = (g.me - shift + g.n) % g.n;
+  if (!g.paired[static_cast<size_t>(shift)]) {  // every rank of the group at once, this shift
+    comm.prepare_pairs({checker}, {owner});     // each sends before it receives: see there
+    g.paired[static_cast<size_t>(shift)] = true;
+  }
   const Plan mine = plan_of(g, g.me), theirs = plan_of(g, owner);
   const auto chunks = std::max(mine.chunk_floats.size(), theirs.chunk_floats.size());
   checkpoint::Hash64Stream h;

@@ -72,6 +72,7 @@ class UpdateCheck {
     int n = 0, me = 0;
     int shifts[2] = {0, 0};       // this check's: rank me checks rank (me + shift) mod n
     uint64_t recomputed[2] = {};  // per shift: the hash of that rank's update, recomputed here
+    std::vector<bool> paired;     // per shift: its pairs readied (TensorComm::prepare_pairs)
   };
   // A rank's chunks: the pieces it updates, cut so that each chunk holds at most kChunkFloats.
   struct Segment {

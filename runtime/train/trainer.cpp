@@ -81,10 +81,10 @@ struct Trainer::Impl {
   TokenStream train_tokens, val_tokens;
   std::optional<Sampler> train_sampler, val_sampler;
   // The stage's parts (runtime/stage/stage.h), in its order: the device and groups outlive what
-  // is built on them.
+  // is built on them, and the arena outlives the groups (freeing it waits for the device).
   std::unique_ptr<kernels::Device> device;
-  std::unique_ptr<StageGroups> groups;
   std::unique_ptr<kernels::Arena> arena;
+  std::unique_ptr<StageGroups> groups;
   std::unique_ptr<PipelineExecutor> executor;
   std::unique_ptr<Model> model;
   std::unique_ptr<TrainingState> state;    // what this rank updates: ZeRO shards, moments, reducers

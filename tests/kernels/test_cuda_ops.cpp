@@ -93,6 +93,12 @@ TEST(CudaDevice, NamesTheGpu) {
   EXPECT_NE(text.find(d.name), std::string::npos);
   EXPECT_GT(d.total_bytes, std::size_t{1} << 30);
   EXPECT_GE(d.cc_major, 7);
+  // The list asks no GPU for its free memory (that would make a context on each); the GPU a
+  // rank uses is asked alone.
+  EXPECT_EQ(d.free_bytes, 0u);
+  const std::size_t free = gpu::free_bytes_on(0);
+  EXPECT_GT(free, 0u);
+  EXPECT_LE(free, d.total_bytes);
 }
 
 TEST(CudaDevice, OutOfMemoryNamesTheTensor) {
@@ -150,6 +156,31 @@ TEST(CudaElementwise, StepScalarsAndCopyAreTheCpus) {
   EXPECT_EQ(std::memcmp(&gpu_sum, &cpu_sum, sizeof gpu_sum), 0) << gpu_sum << " " << cpu_sum;
   copy(exec, gy.p(), gx.p(), x.size());
   expect_same_bits(gy.host(), x, "copy");
+}
+
+// A Buffer of a GPU Exec is made, zeroed and grown in the stream's order (no device-wide wait,
+// docs/gpu.md): a smaller request keeps what it holds, the grown buffer is zero and
+// usable at once by the stream's ops, and a moved Buffer keeps its memory.
+TEST(CudaElementwise, ABufferGrowsInTheStreamsOrderZeroed) {
+  REQUIRE_GPU();
+  const Exec exec(GemmKind::kOpenBlasF32, S());
+  Buffer b;
+  b.reserve(exec, 1000 * sizeof(float), "test buffer");
+  const std::vector<float> ones(1000, 1.0f);
+  copy_from_host(exec, b.as<float>(), ones.data(), ones.size() * sizeof(float));
+  b.reserve(exec, 500 * sizeof(float), "test buffer (smaller: kept)");
+  std::vector<float> back(1000);
+  copy_to_host(exec, back.data(), b.as<float>(), back.size() * sizeof(float));
+  expect_same_bits(back, ones, "kept");
+  b.reserve(exec, 300000 * sizeof(float), "test buffer (grown)");
+  Dev<float> copied(300000);
+  copy(exec, copied.p(), b.as<float>(), 300000);
+  expect_same_bits(copied.host(), std::vector<float>(300000, 0.0f), "grown: zero");
+  Buffer moved = std::move(b);
+  EXPECT_EQ(b.as<float>(), nullptr);
+  EXPECT_EQ(moved.bytes(), 300000 * sizeof(float));
+  copy_to_host(exec, back.data(), moved.as<float>(), back.size() * sizeof(float));
+  expect_same_bits(back, std::vector<float>(1000, 0.0f), "moved");
 }
 
 // Small uploads go through the stream's pinned ring without a wait: more of them than the ring has

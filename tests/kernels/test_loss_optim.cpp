@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "kernels/arena.h"
@@ -108,6 +109,20 @@ TEST(StepScalars, CastsCrossingsAndBuffersAreTheirDefinitions) {
   buffer.reserve(kCpu, 4000, "test");
   EXPECT_EQ(buffer.bytes(), 4000u);
   for (int i = 0; i < 1000; ++i) ASSERT_EQ(buffer.as<float>()[i], 0.0f);
+  // A move takes the memory along (the executor's buffers live in growing vectors).
+  buffer.as<float>()[7] = 7.0f;
+  float* memory = buffer.as<float>();
+  Buffer moved(std::move(buffer));
+  EXPECT_EQ(buffer.bytes(), 0u);
+  EXPECT_EQ(buffer.as<float>(), nullptr);
+  EXPECT_EQ(moved.as<float>(), memory);
+  EXPECT_EQ(moved.as<float>()[7], 7.0f);
+  Buffer assigned;
+  assigned.reserve(kCpu, 16, "test (replaced)");
+  assigned = std::move(moved);
+  EXPECT_EQ(assigned.as<float>(), memory);
+  EXPECT_EQ(assigned.bytes(), 4000u);
+  EXPECT_EQ(moved.as<float>(), nullptr);
 }
 
 // host_waits counts each call that makes the host wait for the Exec (once a call: the ranges of

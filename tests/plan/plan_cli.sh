@@ -67,4 +67,13 @@ rc=$?
 set -e
 [ "$rc" -eq 2 ] || fail "bad cluster: exit $rc, expected 2: $err"
 grep -q "device.hbm_gib" <<<"$err" || fail "bad cluster: no suggestion: $err"
+
+# --calibrate measures the CPU: a recipe training on a GPU is refused before any probe runs (here
+# no GPU is visible, so cuda names none; on a GPU machine it names the GPU), pointing at --cluster.
+set +e
+err=$("${tiny[@]}" --calibrate --set hardware.device=cuda 2>&1)
+rc=$?
+set -e
+[ "$rc" -eq 2 ] || fail "calibrate on a GPU recipe: exit $rc, expected 2: $err"
+grep -q "measures this machine's CPU.*--cluster" <<<"$err" || fail "calibrate on a GPU: $err"
 echo OK

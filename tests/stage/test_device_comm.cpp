@@ -54,6 +54,19 @@ TEST(DeviceComm, AGpuPerRankAndNcclLoadedIsNccl) {
   EXPECT_EQ(asked.detail, "NCCL 2.28.9 (1 rank, its own GPU)");
 }
 
+// Ranks on machines of one host name (containers) with the same bus id: other GPUs when their
+// machines' boot ids differ, one GPU (NCCL refused) when they are the same.
+TEST(DeviceComm, HostsOfOneNameAreToldApartByTheirMachine) {
+  const std::vector<RankDevice> two_machines = {{"node", "0000:1b:00.0", true, "boot-1"},
+                                                {"node", "0000:1b:00.0", true, "boot-2"}};
+  EXPECT_TRUE(choose_device_comm(DeviceComm::kAuto, "dp × cp", two_machines, loaded_nccl()).nccl);
+  const std::vector<RankDevice> one_machine = {{"node", "0000:1b:00.0", true, "boot-1"},
+                                               {"node", "0000:1b:00.0", true, "boot-1"}};
+  EXPECT_FALSE(choose_device_comm(DeviceComm::kAuto, "dp × cp", one_machine, loaded_nccl()).nccl);
+  EXPECT_NE(refusal(DeviceComm::kNccl, one_machine, loaded_nccl()).find("share GPU"),
+            std::string::npos);
+}
+
 TEST(DeviceComm, StagedIsAlwaysStaged) {
   for (const auto& nccl : {loaded_nccl(), missing_nccl()}) {
     const DeviceCommPath p = choose_device_comm(DeviceComm::kStaged, "tp", own_gpus(), nccl);

@@ -18,6 +18,7 @@ TEST(GpuOpTimes, OpsFallIntoTheirKinds) {
   EXPECT_EQ(gpu_op_kind("cross_entropy_fused"), "loss");
   EXPECT_EQ(gpu_op_kind("adamw_step"), "optimizer");
   EXPECT_EQ(gpu_op_kind("sum_of_squares"), "optimizer");
+  EXPECT_EQ(gpu_op_kind("sum_of_squares_each"), "optimizer");  // the step's gradient norm
   EXPECT_EQ(gpu_op_kind("moe_route_forward"), "MoE routing");
   EXPECT_EQ(gpu_op_kind("copy_to_host_started"), "host crossings");
   EXPECT_EQ(gpu_op_kind("rmsnorm_forward"), "element-wise");
