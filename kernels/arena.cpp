@@ -72,19 +72,16 @@ Arena::~Arena() {
 
 void Buffer::reserve(const Exec& exec, std::size_t bytes, std::string_view name) {
   if (bytes <= bytes_) return;
+  release();  // what it held, in the memory it held it (a Buffer may change Exec)
 #ifdef T3D_HAVE_CUDA
   if (exec.on_gpu()) {
-    if (stream_) cuda::stream_free(*stream_, std::exchange(data_, nullptr));
-    bytes_ = 0;
     data_ = cuda::stream_alloc_zeroed(*exec.stream, bytes, name);
     stream_ = exec.stream;
     bytes_ = bytes;
     return;
   }
 #endif
-  data_ = nullptr;
-  memory_.reset();  // the old one first: the new one may need its memory
-  memory_ = std::make_unique<Arena>(bytes, Memory::kHost);
+  memory_ = std::make_unique<Arena>(bytes, Memory::kHost);  // the old one freed first
   data_ = memory_->alloc_bytes(name, bytes);
   bytes_ = bytes;
 }

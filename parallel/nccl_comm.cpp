@@ -148,22 +148,20 @@ NcclComm::Impl::Impl(const Comm& group, const kernels::Exec& exec) : mpi(group) 
   for (cudaStream_t* s : {&main_stream, &up_stream, &down_stream})
     T3D_CUDA(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
   T3D_CUDA(cudaEventCreateWithFlags(&compute_ready, cudaEventDisableTiming));
-  if (comms > 1) {  // the ring neighbours, both ways: a pipeline's traffic
-    const int n = group.size(), r = group.rank();
-    std::vector<int> peers = {(r + 1) % n};
-    if ((r + n - 1) % n != peers[0]) peers.push_back((r + n - 1) % n);
-    connect(peers, peers);
-  }
   watchdog = std::thread([this] { watch(); });
 }
 
 void NcclComm::Impl::connect(const std::vector<int>& send_to,
                              const std::vector<int>& receive_from) const {
   const NcclApi& api = nccl_api();
-  float* floats = nullptr;  // [0]: what is sent; [1 + i]: what receive_from[i] sends
+  // [0]: what is sent; [1 + i]: what receive_from[i] sends. In up_stream's order, ready before
+  // either stream reads it: no device-wide wait (this may run mid-training: the replay's pairs).
+  void* floats_memory = nullptr;
   const size_t bytes = (1 + receive_from.size()) * sizeof(float);
-  T3D_CUDA(cudaMalloc(&floats, bytes));
-  T3D_CUDA(cudaMemset(floats, 0, bytes));
+  T3D_CUDA(cudaMallocAsync(&floats_memory, bytes, up_stream));
+  float* floats = static_cast<float*>(floats_memory);
+  T3D_CUDA(cudaMemsetAsync(floats, 0, bytes, up_stream));
+  T3D_CUDA(cudaStreamSynchronize(up_stream));
   // The pairs of each direction's communicator in one group: NCCL connects them together.
   for (ncclComm_t comm : {up, down}) {
     cudaStream_t stream = comm == up ? up_stream : down_stream;
@@ -178,7 +176,7 @@ void NcclComm::Impl::connect(const std::vector<int>& send_to,
   }
   T3D_CUDA(cudaStreamSynchronize(up_stream));
   T3D_CUDA(cudaStreamSynchronize(down_stream));
-  T3D_CUDA(cudaFree(floats));
+  T3D_CUDA(cudaFreeAsync(floats, up_stream));
 }
 
 NcclComm::Impl::~Impl() {

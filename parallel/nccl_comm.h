@@ -16,9 +16,10 @@
 // ranks sending to each other before receiving do not wait on each other's sends once their pair
 // is connected. NCCL connects a pair at its first exchange on a communicator, on the host inside
 // the call, waiting there for the peer to reach its own: so the pairs are connected beforehand,
-// all ranks together (prepare_pairs: a grouped exchange of one float per pair and direction),
-// the ring neighbours (a pipeline's stages, interleaved ones included) when the communicator is
-// made, other pairs by their user (the replay's update check, per distance). NCCL has no
+// all ranks together (prepare_pairs: a grouped exchange of one float per pair and direction), by
+// their users: the pipeline's ring neighbours when the stage's groups are made, the replay's
+// update check per distance. (Two NCCL kernels on two streams progress side by side in practice,
+// which CUDA does not promise.) NCCL has no
 // tags, so the messages of one direction between two ranks match in the order they are issued
 // (the tag is not used) and a receive must name the exact count sent.
 //

@@ -207,7 +207,10 @@ std::string cluster_toml(const Recipe& r, const Measured& m, const std::string& 
 Cluster calibrate_local(const Recipe& recipe, const std::vector<std::string>& argv) {
   // The probe times a block on this machine's CPU and MPI over host memory: what a GPU run would
   // do is another machine, whose figures come from a cluster file.
-  const std::string device = kernels::Device::describe(recipe.hardware.device, 0);
+  const kernels::DeviceChoice choice = recipe.hardware.device;
+  const std::string device = choice == kernels::DeviceChoice::kCuda
+                                 ? "cuda"
+                                 : kernels::Device::describe(choice, 0);  // "cpu" without a GPU
   T3D_USER_CHECK(device == "cpu",
                  "plan --calibrate measures this machine's CPU and MPI, but "
                  "the recipe trains on ",

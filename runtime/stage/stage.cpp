@@ -102,8 +102,18 @@ StageGroups::StageGroups(const parallel::Mesh& mesh, const kernels::Device& devi
     } catch (const std::exception& e) {
       failed = std::string("tensor collectives of ") + groups[i].name + ": " + e.what();
     }
+    if (!failed.empty()) spdlog::error("{}", failed);  // in this rank's log, whatever follows
     const std::string agreed_open = agreed_error(mesh.world(), failed);
     T3D_USER_CHECK(agreed_open.empty(), agreed_open);
+  }
+  // The pipeline's point-to-point pairs (its ring neighbours, interleaved schedules' wrap-around
+  // included) connected before their first message (TensorComm::prepare_pairs); no other group
+  // sends point to point but the replay's, which readies its own.
+  const int n = pp_->size(), r = pp_->rank();
+  if (n > 1) {
+    std::vector<int> ring = {(r + 1) % n};
+    if ((r + n - 1) % n != ring[0]) ring.push_back((r + n - 1) % n);
+    pp_->prepare_pairs(ring, ring);
   }
 }
 
