@@ -131,9 +131,9 @@ void linear_forward(float* y, const LinearInput& x, const float* w, std::int64_t
 void linear_forward_residual(float* y, const float* residual, const LinearInput& x, const float* w,
                              std::int64_t out) {
   T3D_ASSERT(y != residual, "linear_forward_residual writes y beside the residual, not over it");
-  const std::int64_t N = x.rows(), in = x.cols();
+  const std::int64_t N = x.rows();
   T3D_ON_GPU(x.exec(), cuda::linear_forward(*x.exec().stream, cuda::gemm_precision(x.exec()), y,
-                                            x.data(), w, N, in, out, Out::kWrite, x.rounded(),
+                                            x.data(), w, N, x.cols(), out, Out::kWrite, x.rounded(),
                                             x.exec().rounded_weight(w), residual));
   linear_forward(y, x, w, out);
   add_inplace(x.exec(), y, residual, N * out);  // residual + product: IEEE addition commutes
