@@ -385,13 +385,13 @@ void NcclComm::recv(uint16_t* data, size_t count, int peer, int /*tag*/) const {
 Request NcclComm::isend(const float* data, size_t count, int peer, int /*tag*/) const {
   return send(*impl_, data, count, peer);
 }
+Request NcclComm::isend(const uint16_t* data, size_t count, int peer, int /*tag*/) const {
+  return send(*impl_, data, count, peer);
+}
+
 void NcclComm::prepare_pairs(const std::vector<int>& send_to,
                              const std::vector<int>& receive_from) const {
   impl_->connect(send_to, receive_from);
-}
-
-Request NcclComm::isend(const uint16_t* data, size_t count, int peer, int /*tag*/) const {
-  return send(*impl_, data, count, peer);
 }
 
 Request NcclComm::iall_reduce_sum(float* data, size_t count, const char* what, int64_t tag) const {
