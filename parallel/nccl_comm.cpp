@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -14,6 +15,7 @@
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "kernels/check.h"
@@ -65,12 +67,17 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 // fires). The host enqueues up to a step ahead of the GPU, so the deadline runs from when the
 // watchdog first sees `began` fired (the operation reached on its stream), not from the enqueue:
 // as the MPI path times only real waits.
+// A host wait (`on_host`: NCCL connecting point-to-point pairs inside ncclGroupEnd) has no events:
+// it runs from when it is made until its owner sets `host_done`.
 struct Op {
   cudaEvent_t began = nullptr, done = nullptr;
   const char* what = "";
   int peer = -1;
+  bool on_host = false;
+  std::atomic<bool> host_done{false};
   bool running = false;  // the watchdog saw `began`; `start` is then when
   Clock::time_point start = Clock::now();
+  bool finished() const { return on_host ? host_done.load() : cudaEventQuery(done) == cudaSuccess; }
   ~Op() {
     if (began) cudaEventDestroy(began);
     if (done) cudaEventDestroy(done);
@@ -99,11 +106,13 @@ struct NcclComm::Impl {
 
   Impl(const Comm& group, const kernels::Exec& exec);
   ~Impl();
+  // What the constructor made (communicators, streams, event), freed; the communicators
+  // destroyed, or aborted where operations are unfinished (a destroy would wait on the peers).
+  void release(bool abort);
   void watch();
-  // The watchdog's two ends: `what` (with `peer`, -1: the group) unfinished past
-  // parallel.timeout_s, or an error NCCL reported. Both abort the NCCL communicators, then the
-  // job (exit 3).
-  [[noreturn]] void abort_all(const char* what, int peer);
+  // The watchdog's two ends: an operation unfinished past parallel.timeout_s, or an error NCCL
+  // reported. Both abort the NCCL communicators, then the job (exit 3).
+  [[noreturn]] void abort_hung(const Op& hung);
   [[noreturn]] void abort_on_error(ncclResult_t error);
   // Runs `enqueue` (NCCL calls on `comm`) on `stream` after the compute stream's work so far;
   // returns the operation, its event recorded after it and watched.
@@ -141,19 +150,38 @@ NcclComm::Impl::Impl(const Comm& group, const kernels::Exec& exec) : mpi(group) 
                                               api.error_string(static_cast<ncclResult_t>(made))));
   group.broadcast(reinterpret_cast<char*>(ids.data()), ids.size() * sizeof(ncclUniqueId), 0);
   T3D_CUDA(cudaSetDevice(device));
-  ncclComm_t* comms_made[3] = {&main, &up, &down};
-  for (int c = 0; c < comms; ++c)
-    T3D_NCCL(
-        api.comm_init_rank(comms_made[c], group.size(), ids[static_cast<size_t>(c)], group.rank()));
-  for (cudaStream_t* s : {&main_stream, &up_stream, &down_stream})
-    T3D_CUDA(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
-  T3D_CUDA(cudaEventCreateWithFlags(&compute_ready, cudaEventDisableTiming));
-  watchdog = std::thread([this] { watch(); });
+  try {  // no destructor runs for a constructor that throws: what was made is released here
+    ncclComm_t* comms_made[3] = {&main, &up, &down};
+    for (int c = 0; c < comms; ++c)
+      T3D_NCCL(api.comm_init_rank(comms_made[c], group.size(), ids[static_cast<size_t>(c)],
+                                  group.rank()));
+    for (cudaStream_t* s : {&main_stream, &up_stream, &down_stream})
+      T3D_CUDA(cudaStreamCreateWithFlags(s, cudaStreamNonBlocking));
+    T3D_CUDA(cudaEventCreateWithFlags(&compute_ready, cudaEventDisableTiming));
+    watchdog = std::thread([this] { watch(); });
+  } catch (...) {
+    release(/*abort=*/true);
+    throw;
+  }
 }
 
 void NcclComm::Impl::connect(const std::vector<int>& send_to,
                              const std::vector<int>& receive_from) const {
   const NcclApi& api = nccl_api();
+  // NCCL connects the pairs on the host, in ncclGroupEnd, waiting there for each peer: the whole
+  // exchange is one host wait under the watchdog, so a peer that never comes ends the job (exit 3)
+  // as a hung operation on the GPU does.
+  auto wait = std::make_shared<Op>();
+  wait->what = "prepare_pairs (NCCL connecting point-to-point pairs)";
+  wait->on_host = wait->running = true;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    watched.push_back(wait);
+  }
+  struct Finish {
+    Op& op;
+    ~Finish() { op.host_done = true; }
+  } finish{*wait};
   // [0]: what is sent; [1 + i]: what receive_from[i] sends. In up_stream's order, ready before
   // either stream reads it: no device-wide wait (this may run mid-training: the replay's pairs).
   void* floats_memory = nullptr;
@@ -184,20 +212,24 @@ NcclComm::Impl::~Impl() {
   {
     std::lock_guard<std::mutex> lock(mu);
     stopping = true;
-    for (const auto& op : watched) all_done = all_done && cudaEventQuery(op->done) == cudaSuccess;
+    for (const auto& op : watched) all_done = all_done && op->finished();
   }
   wake.notify_all();
   if (watchdog.joinable()) watchdog.join();
-  cudaSetDevice(device);
-  // Unfinished operations (unwinding after an error) would make a destroy wait on the peers.
-  const NcclApi& api = nccl_api();
-  for (ncclComm_t c : {main, up, down})
-    if (c) (all_done ? api.comm_destroy : api.comm_abort)(c);
   started.clear();
   watched.clear();
-  for (cudaStream_t s : {main_stream, up_stream, down_stream})
-    if (s) cudaStreamDestroy(s);
-  if (compute_ready) cudaEventDestroy(compute_ready);
+  // Unfinished operations (unwinding after an error) would make a destroy wait on the peers.
+  release(/*abort=*/!all_done);
+}
+
+void NcclComm::Impl::release(bool abort) {
+  cudaSetDevice(device);
+  const NcclApi& api = nccl_api();
+  for (ncclComm_t* c : {&main, &up, &down})
+    if (*c) (abort ? api.comm_abort : api.comm_destroy)(std::exchange(*c, nullptr));
+  for (cudaStream_t* s : {&main_stream, &up_stream, &down_stream})
+    if (*s) cudaStreamDestroy(std::exchange(*s, nullptr));
+  if (compute_ready) cudaEventDestroy(std::exchange(compute_ready, nullptr));
 }
 
 void NcclComm::Impl::watch() {
@@ -208,7 +240,7 @@ void NcclComm::Impl::watch() {
     wake.wait_for(lock, std::chrono::milliseconds(100));
     std::shared_ptr<Op> hung;
     std::erase_if(watched, [&](const std::shared_ptr<Op>& op) {
-      if (cudaEventQuery(op->done) == cudaSuccess) return true;
+      if (op->finished()) return true;
       if (!op->running) {
         if (cudaEventQuery(op->began) != cudaSuccess) return false;  // not reached yet
         op->running = true;
@@ -227,16 +259,18 @@ void NcclComm::Impl::watch() {
     }
     if (!hung && error == ncclSuccess) continue;
     lock.unlock();
-    if (hung) abort_all(hung->what, hung->peer);
+    if (hung) abort_hung(*hung);
     abort_on_error(error);
   }
 }
 
-void NcclComm::Impl::abort_all(const char* what, int peer) {
+void NcclComm::Impl::abort_hung(const Op& hung) {
   // Aborting the NCCL communicators ends the GPU's waits, so the process can exit.
   for (ncclComm_t c : {main, up, down})
     if (c) nccl_api().comm_abort(c);
-  mpi.abort_hung(what, peer, " (an NCCL operation on the GPU)");
+  mpi.abort_hung(
+      hung.what, hung.peer,
+      hung.on_host ? " (NCCL waiting on the host for a peer)" : " (an NCCL operation on the GPU)");
 }
 
 void NcclComm::Impl::abort_on_error(ncclResult_t error) {

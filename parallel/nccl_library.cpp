@@ -82,9 +82,10 @@ NcclApi g_api;
 
 }  // namespace
 
-std::string NcclLibrary::version_name() const {
+std::string NcclLibrary::version_name() const { return nccl_version_name(version); }
+
+std::string nccl_version_name(int v) {
   // NCCL_VERSION(X, Y, Z) = X·10000 + Y·100 + Z since 2.9 (before: X·1000 + Y·100 + Z).
-  const int v = version;
   if (v >= 20900)
     return std::to_string(v / 10000) + "." + std::to_string(v / 100 % 100) + "." +
            std::to_string(v % 100);

@@ -18,6 +18,9 @@ struct NcclLibrary {
   std::string version_name() const;
 };
 
+// "2.28.9" from an ncclGetVersion code (22809; before 2.9, 2708 for 2.7.8).
+std::string nccl_version_name(int code);
+
 // The process's NCCL, loaded on the first call (thread-safe) and kept for the process's life.
 const NcclLibrary& nccl_library();
 

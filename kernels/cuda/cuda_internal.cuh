@@ -94,14 +94,16 @@ struct Stream::Impl {
   // unbounded but small: a bucket per quarter power of two of rows, per weight shape.
   std::map<GemmShape, GemmAlgorithm> bucket_algorithms;
   // kernels/cuda/op_timer.h: the events of the ops timed since the last take_op_seconds, in
-  // order (stop null: not recorded), and the events free for reuse.
+  // order (stop null: not recorded), the events free for reuse, and how many lists were taken
+  // (an OpTimer started before a take stops into no later list).
   struct TimedOp {
     const char* op;
     cudaEvent_t start, stop;
   };
   std::vector<TimedOp> timed_ops;
   std::vector<cudaEvent_t> spare_events;
-  // copy_to_device_staged's pinned ring (allocated at its first use): kUploadSlots slots of
+  unsigned long timed_lists_taken = 0;
+  // copy_to_device_staged's pinned ring (made with the Stream): kUploadSlots slots of
   // kUnwaitedUploadBytes, each with the event of its last copy; `next` is the slot to take.
   struct UploadRing {
     unsigned char* pinned = nullptr;

@@ -85,6 +85,16 @@ int device_for_local_rank(int local_rank, int visible_count) {
 Stream::Stream(int device) : impl_(std::make_unique<Impl>()) {
   impl_->device = device;
   T3D_CUDA_CHECK(cudaSetDevice(device));
+  // Buffers made mid-step are allocated and freed in their stream's order (stream_alloc: no
+  // device-wide wait, which could wait on NCCL operations in flight), and that needs the
+  // device's memory pools. Asked first, before anything is made.
+  int pools = 0;
+  T3D_CUDA_CHECK(cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device));
+  T3D_USER_CHECK(pools != 0, "GPU ", device,
+                 " has no stream-ordered memory pools (cudaDevAttrMemoryPoolsSupported = 0, as "
+                 "under some virtual GPUs), which titan3d's device buffers need: run on a GPU and "
+                 "driver that support them (CUDA 11.2 and later, not every vGPU profile), or set "
+                 "hardware.device = \"cpu\"");
   T3D_CUDA_CHECK(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking));
   T3D_CUDA_CHECK(cudaStreamCreateWithFlags(&impl_->copy_stream, cudaStreamNonBlocking));
   T3D_CUDA_CHECK(cudaEventCreateWithFlags(&impl_->compute_mark, cudaEventDisableTiming));

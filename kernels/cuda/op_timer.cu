@@ -34,6 +34,7 @@ void OpTimer::start() {
   const cudaEvent_t e = take_event(st);
   T3D_CUDA_CHECK(cudaEventRecord(e, st.stream));
   slot_ = st.timed_ops.size();
+  list_ = st.timed_lists_taken;
   st.timed_ops.push_back({op_, e, nullptr});
 }
 
@@ -48,8 +49,9 @@ void OpTimer::stop() noexcept {
   } else if (cudaEventCreate(&e) != cudaSuccess) {
     return;
   }
-  // A list taken while this op was open (take_op_seconds) no longer has its slot.
-  if (slot_ >= st.timed_ops.size() || cudaEventRecord(e, st.stream) != cudaSuccess) {
+  // A list taken while this op was open (take_op_seconds) no longer has its slot: the slot of
+  // that number now belongs to an op started after the take.
+  if (list_ != st.timed_lists_taken || cudaEventRecord(e, st.stream) != cudaSuccess) {
     st.spare_events.push_back(e);
     return;
   }
@@ -70,6 +72,7 @@ std::map<std::string, double> take_op_seconds(const Stream& s) {
     st.spare_events.push_back(op.start);
   }
   st.timed_ops.clear();
+  ++st.timed_lists_taken;
   return seconds;
 }
 

@@ -37,6 +37,7 @@ class OpTimer {
   const Stream* stream_;
   const char* op_;
   unsigned long slot_ = 0;  // its place in the stream's timed ops
+  unsigned long list_ = 0;  // the stream's timed_lists_taken at its start
 };
 
 // Waits for `s`, then returns the GPU seconds of the ops timed on it since the last call, summed

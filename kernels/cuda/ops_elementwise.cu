@@ -180,14 +180,15 @@ void hash_pieces_to_host(const Stream& s, std::uint64_t* host_out, const float* 
   const std::int64_t pieces = (n + piece - 1) / piece;
   if (pieces <= 0) return;
   const std::size_t bytes = sizeof(std::uint64_t) * static_cast<std::size_t>(pieces);
-  std::uint64_t* hashes = nullptr;  // stream-ordered: no device-wide synchronisation
-  T3D_CUDA_CHECK(cudaMallocAsync(&hashes, bytes, s.impl().stream));
+  // Stream-ordered: no device-wide synchronisation.
+  auto* hashes = static_cast<std::uint64_t*>(
+      stream_alloc(s.impl().stream, bytes, "the hashes of a tensor's pieces"));
   constexpr int kThreads = 128;
   hash_pieces_kernel<<<static_cast<unsigned>((pieces + kThreads - 1) / kThreads), kThreads, 0,
                        s.impl().stream>>>(hashes, x, n, piece, pieces);
   T3D_CUDA_LAUNCHED();
   copy_to_host(s, host_out, hashes, bytes);
-  T3D_CUDA_CHECK(cudaFreeAsync(hashes, s.impl().stream));
+  stream_free(s, hashes);
   s.synchronize();
 }
 

@@ -43,6 +43,12 @@ std::string why_not_nccl(const std::vector<RankDevice>& ranks, const parallel::N
   for (size_t r = 0; r < ranks.size(); ++r)
     if (!ranks[r].nccl_loaded)
       return "NCCL not loaded on rank " + std::to_string(r) + " (its log says where it looked)";
+  for (size_t r = 1; r < ranks.size(); ++r)
+    if (ranks[r].nccl_version != ranks[0].nccl_version)
+      return "ranks 0 and " + std::to_string(r) + " load NCCL " +
+             parallel::nccl_version_name(ranks[0].nccl_version) + " and " +
+             parallel::nccl_version_name(ranks[r].nccl_version) +
+             ", and one communicator needs one NCCL version";
   return "";
 }
 
@@ -58,7 +64,8 @@ DeviceCommPath choose_device_comm(DeviceComm key, const std::string& group,
                  "parallel.device_comm = \"nccl\", but the tensor collectives of ", group,
                  " cannot use NCCL: ", why,
                  ". Give each rank a GPU of its own (as many ranks per host as GPUs), point "
-                 "T3D_NCCL_LIBRARY at a libnccl.so.2, or set parallel.device_comm = \"auto\"");
+                 "T3D_NCCL_LIBRARY at one libnccl.so.2 of one version on every host, or set "
+                 "parallel.device_comm = \"auto\"");
   if (!why.empty()) return {false, "staged through host memory (" + why + ")"};
   // A group of one rank moves nothing between ranks: auto spares it NCCL's start-up.
   if (key == DeviceComm::kAuto && ranks.size() == 1)
@@ -89,9 +96,9 @@ DeviceCommPath choose_group_comm(DeviceComm key, const TensorGroup& g,
 
 std::vector<RankDevice> gather_devices(const parallel::Comm& group, const kernels::Device& device) {
   // Fixed-width records: the host name, the bus id and the boot id, each NUL-padded, then
-  // NCCL's load.
+  // NCCL's load and its version code (4 bytes).
   constexpr size_t kField = 256;
-  std::vector<char> mine(3 * kField + 1, '\0');
+  std::vector<char> mine(3 * kField + 1 + sizeof(int), '\0');
   gethostname(mine.data(), kField - 1);
   std::ifstream boot("/proc/sys/kernel/random/boot_id");
   std::string boot_id;
@@ -103,7 +110,10 @@ std::vector<RankDevice> gather_devices(const parallel::Comm& group, const kernel
     gpu = kernels::cuda::pci_bus_id(*device.exec(kernels::GemmKind::kOpenBlasF32).stream);
 #endif
   std::strncpy(mine.data() + kField, gpu.c_str(), kField - 1);
-  mine[3 * kField] = parallel::nccl_library().loaded ? 1 : 0;
+  const parallel::NcclLibrary& nccl = parallel::nccl_library();
+  mine[3 * kField] = nccl.loaded ? 1 : 0;
+  const int version = nccl.loaded ? nccl.version : 0;
+  std::memcpy(mine.data() + 3 * kField + 1, &version, sizeof version);
   std::vector<char> all(mine.size() * static_cast<size_t>(group.size()));
   group.all_gather(mine.data(), all.data(), mine.size());
   std::vector<RankDevice> ranks(static_cast<size_t>(group.size()));
@@ -113,6 +123,7 @@ std::vector<RankDevice> gather_devices(const parallel::Comm& group, const kernel
     ranks[r].gpu.assign(rec + kField, strnlen(rec + kField, kField));
     ranks[r].machine.assign(rec + 2 * kField, strnlen(rec + 2 * kField, kField));
     ranks[r].nccl_loaded = rec[3 * kField] != 0;
+    std::memcpy(&ranks[r].nccl_version, rec + 3 * kField + 1, sizeof(int));
   }
   return ranks;
 }

@@ -21,11 +21,14 @@ namespace t3d::runtime {
 // Where one rank of a group computes: its host and its GPU's PCI bus id (empty: the CPU), and
 // whether NCCL loaded there. `machine` tells apart hosts of one name (containers of several
 // machines often share one): the kernel's boot id, the same for every container of one machine.
+// `nccl_version`: the loaded NCCL's version code (0: not known); one communicator needs one NCCL
+// version on every rank (its wire protocol changes between releases).
 struct RankDevice {
   std::string host;
   std::string gpu;
   bool nccl_loaded = false;
   std::string machine;
+  int nccl_version = 0;
 };
 
 struct DeviceCommPath {
@@ -37,10 +40,12 @@ struct DeviceCommPath {
 // found on this rank (`nccl`: its version and, if it failed, where it looked), the key, and
 // whether the group's point-to-point messages are taken in the order they are sent (NCCL has no
 // tags: false for the pp group under ZB-V, parallel::receives_in_send_order). auto: NCCL when
-// every rank has a GPU of its own, the messages keep their order and NCCL loaded, else staged
+// every rank has a GPU of its own, the messages keep their order and NCCL loaded (one version on
+// every rank), else staged
 // with the reason (a group of one rank included: it moves nothing between ranks); staged: staged;
 // nccl: NCCL, or a UserError naming the key, the group and why (a rank on the CPU, two ranks and
-// the GPU they share, messages out of send order, or where NCCL was looked for).
+// the GPU they share, messages out of send order, where NCCL was looked for, or two ranks'
+// versions).
 DeviceCommPath choose_device_comm(DeviceComm key, const std::string& group,
                                   const std::vector<RankDevice>& ranks,
                                   const parallel::NcclLibrary& nccl, bool in_send_order = true);

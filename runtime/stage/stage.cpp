@@ -96,15 +96,24 @@ StageGroups::StageGroups(const parallel::Mesh& mesh, const kernels::Device& devi
     // A bootstrap that fails on a rank (ncclCommInitRank) is agreed over the world after each
     // group, so that ranks outside that group end with its error instead of waiting in the next
     // group's bootstrap for a rank that left.
+    // The error keeps its kind: the user's to fix (exit 2) unless any rank's was NCCL's or
+    // CUDA's own (exit 1).
     std::string failed;
+    int internal = 0;
     try {
       *own[i] = open_device_comm(paths[i], groups[i].name, *groups[i].comm, device);
+    } catch (const UserError& e) {
+      failed = std::string("tensor collectives of ") + groups[i].name + ": " + e.what();
     } catch (const std::exception& e) {
       failed = std::string("tensor collectives of ") + groups[i].name + ": " + e.what();
+      internal = 1;
     }
     if (!failed.empty()) spdlog::error("{}", failed);  // in this rank's log, whatever follows
     const std::string agreed_open = agreed_error(mesh.world(), failed);
-    T3D_USER_CHECK(agreed_open.empty(), agreed_open);
+    if (agreed_open.empty()) continue;
+    mesh.world().all_reduce(&internal, 1, parallel::ReduceOp::max);
+    if (internal) throw InternalError(agreed_open);
+    throw UserError(agreed_open);
   }
   // The pipeline's point-to-point pairs (its ring neighbours, interleaved schedules' wrap-around
   // included) connected before their first message (TensorComm::prepare_pairs); no other group

@@ -116,6 +116,22 @@ TEST(DeviceComm, NcclNotLoadedIsStagedOrRefusedSayingWhereItLooked) {
   EXPECT_NE(q.detail.find("NCCL not loaded on rank 2"), std::string::npos) << q.detail;
 }
 
+// Ranks that load different NCCL releases cannot share a communicator (the wire protocol changes
+// between them): the group is staged, or refused, naming both versions.
+TEST(DeviceComm, TwoNcclVersionsAreStagedOrRefused) {
+  auto ranks = own_gpus();
+  for (auto& r : ranks) r.nccl_version = 22809;
+  EXPECT_TRUE(choose_device_comm(DeviceComm::kAuto, "tp", ranks, loaded_nccl()).nccl);
+  ranks[3].nccl_version = 22105;
+  const DeviceCommPath p = choose_device_comm(DeviceComm::kAuto, "tp", ranks, loaded_nccl());
+  EXPECT_FALSE(p.nccl);
+  EXPECT_NE(p.detail.find("ranks 0 and 3 load NCCL 2.28.9 and 2.21.5"), std::string::npos)
+      << p.detail;
+  const std::string e = refusal(DeviceComm::kNccl, ranks, loaded_nccl());
+  EXPECT_NE(e.find("ranks 0 and 3 load NCCL 2.28.9 and 2.21.5"), std::string::npos) << e;
+  EXPECT_NE(e.find("one version on every host"), std::string::npos) << e;
+}
+
 // NCCL's point to point has no tags: a group whose messages are taken out of send order (the pp
 // group under ZB-V) is staged, or refused.
 TEST(DeviceComm, MessagesOutOfSendOrderAreStagedOrRefused) {
@@ -138,6 +154,7 @@ TEST(NcclLibrary, VersionNames) {
   EXPECT_EQ(lib.version_name(), "2.28.9");
   lib.version = 2708;  // before 2.9 the code was X·1000 + Y·100 + Z
   EXPECT_EQ(lib.version_name(), "2.7.8");
+  EXPECT_EQ(parallel::nccl_version_name(22105), "2.21.5");
 }
 
 TEST(NcclLibrary, ABadPathIsNotLoadedAndSaysWhereItLooked) {
