@@ -51,6 +51,15 @@ void copy(const Exec& exec, float* dst, const float* src, std::int64_t n);  // d
 // (the same bits on every backend): out (n) = bf16(in (n)), out (n) = float(in (n)).
 void float_to_bf16(const Exec& exec, bf16* out, const float* in, std::int64_t n);
 void bf16_to_float(const Exec& exec, float* out, const bf16* in, std::int64_t n);
+// One range of a cast over many (the weights' bf16 copy: a range a tensor).
+struct Bf16Cast {
+  bf16* out;
+  const float* in;
+  std::int64_t n;
+};
+// float_to_bf16 on each of `count` ranges: the bits of one call each (every element is rounded
+// alone), on a GPU in a few launches for all instead of one a range.
+void float_to_bf16_many(const Exec& exec, const Bf16Cast* casts, std::int64_t count);
 // The named crossings between host memory and the Exec's memory, the only ones the runtime
 // makes (data in, initial values, restore, snapshot staging, the step's scalars, MoE routing
 // counts, the replay's hashes): a memcpy on the CPU, a copy ordered on the stream on a GPU. Both

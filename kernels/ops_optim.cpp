@@ -182,6 +182,12 @@ void sum_of_squares_each(const Exec& exec, double* out, const float* const* x,
   for (std::int64_t j = 0; j < count; ++j) out[j] = sum_of_squares_on_cpu(x[j], n[j]);
 }
 
+void float_to_bf16_many(const Exec& exec, const Bf16Cast* casts, std::int64_t count) {
+  T3D_ON_GPU(exec, cuda::float_to_bf16_many(*exec.stream, casts, count));
+  for (std::int64_t j = 0; j < count; ++j)
+    float_to_bf16(exec, casts[j].out, casts[j].in, casts[j].n);
+}
+
 void adamw_step_many(const Exec& exec, const AdamWTensor* tensors, std::int64_t count,
                      std::int64_t step) {
   T3D_ON_GPU(exec, cuda::adamw_step_many(*exec.stream, tensors, count, step));

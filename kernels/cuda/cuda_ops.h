@@ -192,6 +192,9 @@ void adamw_step(const Stream& s, float* params, const float* grads, float* m, fl
                 std::int64_t n, const AdamWConfig& cfg, std::int64_t step);
 void float_to_bf16(const Stream& s, bf16* out, const float* in, std::int64_t n);
 void bf16_to_float(const Stream& s, float* out, const bf16* in, std::int64_t n);
+// kernels::float_to_bf16_many: the ranges in launches of up to 96 (multi_tensor.h), a block per
+// chunk of 4096 elements, each element float_to_bf16's rounding (its bits).
+void float_to_bf16_many(const Stream& s, const Bf16Cast* casts, std::int64_t count);
 
 // ---- embedding, RMSNorm, RoPE, SwiGLU (ops_rows.cu) ---------------------------------------------
 

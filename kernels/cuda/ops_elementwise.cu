@@ -108,14 +108,17 @@ __global__ void adamw_kernel(float* params, const float* grads, float* m, float*
 
 // One launch of multi_tensor.h's plan: block b, its range and chunk found in the launch.
 __global__ void adamw_many_kernel(const multi_tensor::AdamWLaunch launch) {
-  const std::int64_t b = blockIdx.x;
-  int r = 0;
-  while (r + 1 < launch.count && launch.first_block[r + 1] <= b) ++r;
-  const multi_tensor::AdamWRange& t = launch.ranges[r];
-  const std::int64_t lo = (b - launch.first_block[r]) * multi_tensor::kChunk;
-  const std::int64_t hi = t.n - lo < multi_tensor::kChunk ? t.n : lo + multi_tensor::kChunk;
+  std::int64_t lo = 0, hi = 0;
+  const multi_tensor::AdamWRange& t = launch.ranges[launch.range_of(blockIdx.x, lo, hi)];
   for (std::int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x)
     detail::adamw_element(t.params[i], t.grads[i], t.m[i], t.v[i], t.scalars);
+}
+
+__global__ void to_bf16_many_kernel(const multi_tensor::CastLaunch launch) {
+  std::int64_t lo = 0, hi = 0;
+  const Bf16Cast& t = launch.ranges[launch.range_of(blockIdx.x, lo, hi)];
+  for (std::int64_t i = lo + threadIdx.x; i < hi; i += blockDim.x)
+    t.out[i] = detail::bf16_of(t.in[i]);
 }
 
 __global__ void to_bf16_kernel(bf16* out, const float* in, std::int64_t n) {
@@ -246,6 +249,15 @@ void float_to_bf16(const Stream& s, bf16* out, const float* in, std::int64_t n) 
   if (n <= 0) return;
   to_bf16_kernel<<<grid_for(n), kBlock, 0, s.impl().stream>>>(out, in, n);
   T3D_CUDA_LAUNCHED();
+}
+
+void float_to_bf16_many(const Stream& s, const Bf16Cast* casts, std::int64_t count) {
+  for (const multi_tensor::CastLaunch& launch : multi_tensor::plan_casts(casts, count)) {
+    T3D_ASSERT(launch.blocks < (std::int64_t{1} << 31), "cast chunks ", launch.blocks);
+    to_bf16_many_kernel<<<static_cast<unsigned>(launch.blocks), kBlock, 0, s.impl().stream>>>(
+        launch);
+    T3D_CUDA_LAUNCHED();
+  }
 }
 
 void bf16_to_float(const Stream& s, float* out, const bf16* in, std::int64_t n) {

@@ -4,6 +4,7 @@
 // the reason where the process sees none.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -319,6 +320,68 @@ TEST(CudaElementwise, MultiTensorAdamWIsTheCpuBits) {
   expect_same_bits(dp.host(), p, "params");
   expect_same_bits(dm.host(), m, "exp_avg");
   expect_same_bits(dv.host(), v, "exp_avg_sq");
+}
+
+// 130 casts over one buffer, as the weights' bf16 copy has them (Model::round_weights): one empty,
+// one of three chunks, gaps between them that no cast writes, ties to even among the values.
+struct ManyCasts {
+  std::vector<float> x = random_floats(400000, 41);
+  std::vector<std::int64_t> at, n;
+  ManyCasts() {
+    for (std::size_t i = 0; i < x.size(); i += 97) x[i] = 1.0f + 1.0f / 256.0f;  // ties in bf16
+    std::int64_t used = 0;
+    for (int j = 0; j < 130; ++j) {
+      at.push_back(used);
+      n.push_back(j == 4 ? 0 : j == 9 ? 2 * cuda::multi_tensor::kChunk + 5 : 700 + 13 * j);
+      used += n.back() + 3;
+    }
+    EXPECT_LE(used, static_cast<std::int64_t>(x.size()));
+  }
+  std::vector<Bf16Cast> casts(bf16* out, const float* in) const {
+    std::vector<Bf16Cast> c;
+    for (std::size_t j = 0; j < at.size(); ++j) c.push_back({out + at[j], in + at[j], n[j]});
+    return c;
+  }
+};
+
+// The plan (host code): 96 ranges a launch, empty ones skipped, chunks numbered through the
+// launch as AdamW's; and on the CPU many casts are the single casts.
+TEST(CudaElementwise, ManyCastsPlanTheirLaunches) {
+  ManyCasts m;
+  std::vector<bf16> out(m.x.size(), 0);
+  const std::vector<Bf16Cast> casts = m.casts(out.data(), m.x.data());
+  const auto launches = cuda::multi_tensor::plan_casts(casts.data(), 130);
+  ASSERT_EQ(launches.size(), 2u);
+  EXPECT_EQ(launches[0].count, 96);
+  EXPECT_EQ(launches[1].count, 33);           // 129 non-empty ranges
+  EXPECT_EQ(launches[0].first_block[8], 8);   // range 9, the 9th kept: after eight 1-chunk ones
+  EXPECT_EQ(launches[0].first_block[9], 11);  // range 9 took 3 chunks
+  EXPECT_EQ(launches[1].ranges[0].in, casts[97].in);
+  std::int64_t lo = 0, hi = 0;
+  EXPECT_EQ(launches[0].range_of(10, lo, hi), 8);  // range 9's last chunk: its 5 elements
+  EXPECT_EQ(lo, 2 * cuda::multi_tensor::kChunk);
+  EXPECT_EQ(hi, 2 * cuda::multi_tensor::kChunk + 5);
+  float_to_bf16_many(kCpu, casts.data(), 130);
+  for (std::size_t j = 0; j < casts.size(); ++j) {
+    std::vector<bf16> one(static_cast<std::size_t>(casts[j].n));
+    float_to_bf16(one.data(), casts[j].in, casts[j].n);
+    ASSERT_TRUE(std::equal(one.begin(), one.end(), casts[j].out)) << "range " << j;
+  }
+  EXPECT_EQ(out[static_cast<std::size_t>(m.at[1]) - 1], 0);  // a gap: untouched
+}
+
+// On the GPU: every range the CPU's rounding, the gaps untouched, over two launches.
+TEST(CudaElementwise, ManyCastsAreTheCpuBits) {
+  REQUIRE_GPU();
+  ManyCasts m;
+  std::vector<bf16> cpu(m.x.size(), 0);
+  const std::vector<Bf16Cast> cpu_casts = m.casts(cpu.data(), m.x.data());
+  float_to_bf16_many(kCpu, cpu_casts.data(), 130);
+  Dev<float> dx(m.x);
+  Dev<bf16> d16(std::vector<bf16>(m.x.size(), 0));
+  const std::vector<Bf16Cast> gpu_casts = m.casts(d16.p(), dx.p());
+  float_to_bf16_many(Exec(GemmKind::kOpenBlasF32, S()), gpu_casts.data(), 130);
+  expect_same_bits(d16.host(), cpu, "float_to_bf16_many");
 }
 
 TEST(CudaElementwise, AdamWIsTheCpuBits) {
