@@ -91,9 +91,9 @@ std::int64_t host_waits();
 void count_host_wait();  // what those ops call, once a call (kernels/ only)
 // Streams into `h` (kernels/hash.h) the hash64_xxh3 of each 1 MiB piece of n floats of the
 // Exec's memory, in order: the same value on either backend and any thread count. On the CPU the
-// pieces are hashed in place over the rank's threads, on a GPU in device memory (one thread a
-// piece, kernels/xxh3_words.h), only their hashes crossing. The replay's hashes of gradients and
-// parameters.
+// pieces are hashed in place over the rank's threads, on a GPU in device memory (eight threads
+// a piece, one per XXH3 accumulator: kernels/xxh3_words.h), only their hashes crossing. The
+// replay's hashes of gradients and parameters.
 void hash_floats(const Exec& exec, Hash64Stream& h, const float* x, std::int64_t n);
 // Toggles bit `bit` (0-31) of element x[i] (silent data corruption for the tests of replay,
 // parallel/fault.h's flip): through the two crossings above, so one float travels each way and

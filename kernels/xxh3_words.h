@@ -124,37 +124,42 @@ T3D_HD inline std::uint64_t mid_hash(const std::uint32_t* w, std::int64_t len,
   return avalanche(acc);
 }
 
-// One 64-byte stripe into the eight accumulators, with the secret at byte `sat`.
-T3D_HD inline void accumulate_stripe(std::uint64_t* acc, const std::uint32_t* w, std::int64_t at,
-                                     const unsigned char* s, int sat) {
-  for (int i = 0; i < 8; ++i) {
-    const std::uint64_t data = input64(w, at + 8 * i);
-    const std::uint64_t key = data ^ secret64(s, sat + 8 * i);
-    acc[i ^ 1] += data;
-    acc[i] += (key & 0xFFFFFFFFu) * (key >> 32);
-  }
+// The long path's eight accumulators are independent of each other: accumulator `lane` takes,
+// from each 64-byte stripe, its own word's key product and its neighbour's (lane ^ 1) raw word,
+// and is scrambled alone after each block. So eight threads may each run one over the whole input
+// and merge_lanes finishes the hash (the GPU's hash_floats: eight lanes a piece).
+T3D_HD inline void accumulate_stripe_lane(std::uint64_t& acc, int lane, const std::uint32_t* w,
+                                          std::int64_t at, const unsigned char* s, int sat) {
+  const std::uint64_t key = input64(w, at + 8 * lane) ^ secret64(s, sat + 8 * lane);
+  acc += input64(w, at + 8 * (lane ^ 1));
+  acc += (key & 0xFFFFFFFFu) * (key >> 32);
 }
 
-// More than 240 bytes: blocks of 16 stripes (1 KiB), each followed by a scramble, then the last
-// partial block, the last stripe, and the accumulators merged.
-T3D_HD inline std::uint64_t long_hash(const std::uint32_t* w, std::int64_t len,
-                                      const unsigned char* s) {
-  std::uint64_t acc[8] = {kP32_3, kP64_1, kP64_2, kP64_3, kP64_4, kP32_2, kP64_5, kP32_1};
+// More than 240 bytes, accumulator `lane` (0..7): blocks of 16 stripes (1 KiB), each followed by
+// a scramble, then the last partial block and the last stripe.
+T3D_HD inline std::uint64_t long_hash_lane(const std::uint32_t* w, std::int64_t len,
+                                           const unsigned char* s, int lane) {
+  const std::uint64_t init[8] = {kP32_3, kP64_1, kP64_2, kP64_3, kP64_4, kP32_2, kP64_5, kP32_1};
+  std::uint64_t acc = init[lane];
   constexpr int kStripes = (kSecretBytes - 64) / 8;
   constexpr std::int64_t kBlock = 64 * kStripes;
   const std::int64_t blocks = (len - 1) / kBlock;
+  const std::uint64_t scramble_key = secret64(s, kSecretBytes - 64 + 8 * lane);
   for (std::int64_t b = 0; b < blocks; ++b) {
-    for (int i = 0; i < kStripes; ++i) accumulate_stripe(acc, w, b * kBlock + 64 * i, s, 8 * i);
-    for (int i = 0; i < 8; ++i) {
-      std::uint64_t a = acc[i];
-      a ^= a >> 47;
-      a ^= secret64(s, kSecretBytes - 64 + 8 * i);
-      acc[i] = a * kP32_1;
-    }
+    for (int i = 0; i < kStripes; ++i)
+      accumulate_stripe_lane(acc, lane, w, b * kBlock + 64 * i, s, 8 * i);
+    acc = (acc ^ (acc >> 47) ^ scramble_key) * kP32_1;
   }
   const int last = static_cast<int>(((len - 1) - kBlock * blocks) / 64);
-  for (int i = 0; i < last; ++i) accumulate_stripe(acc, w, blocks * kBlock + 64 * i, s, 8 * i);
-  accumulate_stripe(acc, w, len - 64, s, kSecretBytes - 64 - 7);
+  for (int i = 0; i < last; ++i)
+    accumulate_stripe_lane(acc, lane, w, blocks * kBlock + 64 * i, s, 8 * i);
+  accumulate_stripe_lane(acc, lane, w, len - 64, s, kSecretBytes - 64 - 7);
+  return acc;
+}
+
+// The long path's hash from its eight accumulators.
+T3D_HD inline std::uint64_t merge_lanes(const std::uint64_t* acc, std::int64_t len,
+                                        const unsigned char* s) {
   std::uint64_t h = static_cast<std::uint64_t>(len) * kP64_1;
   for (int i = 0; i < 4; ++i)
     h += mul128_fold64(acc[2 * i] ^ secret64(s, 11 + 16 * i),
@@ -162,12 +167,23 @@ T3D_HD inline std::uint64_t long_hash(const std::uint32_t* w, std::int64_t len,
   return avalanche(h);
 }
 
+// More than 240 bytes, the eight lanes in turn.
+T3D_HD inline std::uint64_t long_hash(const std::uint32_t* w, std::int64_t len,
+                                      const unsigned char* s) {
+  std::uint64_t acc[8];
+  for (int lane = 0; lane < 8; ++lane) acc[lane] = long_hash_lane(w, len, s, lane);
+  return merge_lanes(acc, len, s);
+}
+
+// The number of bytes above which XXH3 takes the long path (long_hash).
+inline constexpr std::int64_t kLongBytes = 240;
+
 // XXH3_64bits of the 4·n bytes at `w` (seed 0, secret `s`: T3D_XXH3_SECRET).
 T3D_HD inline std::uint64_t hash_words(const std::uint32_t* w, std::int64_t n,
                                        const unsigned char* s) {
   const std::int64_t len = 4 * n;
   if (len <= 16) return short_hash(w, len, s);
-  if (len <= 240) return mid_hash(w, len, s);
+  if (len <= kLongBytes) return mid_hash(w, len, s);
   return long_hash(w, len, s);
 }
 

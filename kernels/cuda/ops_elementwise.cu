@@ -168,14 +168,24 @@ std::int64_t count_nonfinite_to_host(const Stream& s, const float* x, std::int64
 
 __constant__ unsigned char kXxh3Secret[xxh3::kSecretBytes] = T3D_XXH3_SECRET;
 
-// One thread per piece of `piece` floats (the last may be shorter): its XXH3, as the CPU's
-// libxxhash computes it (kernels/xxh3_words.h).
+// Eight threads per piece of `piece` floats (the last may be shorter), one per XXH3 accumulator
+// (kernels/xxh3_words.h: long_hash_lane), the piece's first thread merging them: its XXH3, as the
+// CPU's libxxhash computes it. A piece's eight lanes read each 64-byte stripe together.
+constexpr int kHashThreads = 256;
 __global__ void hash_pieces_kernel(std::uint64_t* out, const float* x, std::int64_t n,
                                    std::int64_t piece, std::int64_t pieces) {
-  const std::int64_t p = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
-  if (p >= pieces) return;
-  const std::int64_t lo = p * piece, len = n - lo < piece ? n - lo : piece;
-  out[p] = xxh3::hash_words(reinterpret_cast<const std::uint32_t*>(x + lo), len, kXxh3Secret);
+  __shared__ std::uint64_t acc[kHashThreads];
+  const std::int64_t t = blockIdx.x * std::int64_t{blockDim.x} + threadIdx.x;
+  const std::int64_t p = t / 8;
+  const int lane = static_cast<int>(t % 8);
+  const std::int64_t lo = p * piece, len = p < pieces ? (n - lo < piece ? n - lo : piece) : 0;
+  const auto* words = reinterpret_cast<const std::uint32_t*>(p < pieces ? x + lo : x);
+  const bool long_path = 4 * len > xxh3::kLongBytes;
+  if (long_path) acc[threadIdx.x] = xxh3::long_hash_lane(words, 4 * len, kXxh3Secret, lane);
+  __syncthreads();  // every thread of the block reaches it: none returned early
+  if (p >= pieces || lane != 0) return;
+  out[p] = long_path ? xxh3::merge_lanes(acc + threadIdx.x, 4 * len, kXxh3Secret)
+                     : xxh3::hash_words(words, len, kXxh3Secret);
 }
 
 void hash_pieces_to_host(const Stream& s, std::uint64_t* host_out, const float* x, std::int64_t n,
@@ -186,9 +196,9 @@ void hash_pieces_to_host(const Stream& s, std::uint64_t* host_out, const float* 
   // Stream-ordered: no device-wide synchronisation.
   auto* hashes = static_cast<std::uint64_t*>(
       stream_alloc(s.impl().stream, bytes, "the hashes of a tensor's pieces"));
-  constexpr int kThreads = 128;
-  hash_pieces_kernel<<<static_cast<unsigned>((pieces + kThreads - 1) / kThreads), kThreads, 0,
-                       s.impl().stream>>>(hashes, x, n, piece, pieces);
+  constexpr std::int64_t kPiecesPerBlock = kHashThreads / 8;
+  hash_pieces_kernel<<<static_cast<unsigned>((pieces + kPiecesPerBlock - 1) / kPiecesPerBlock),
+                       kHashThreads, 0, s.impl().stream>>>(hashes, x, n, piece, pieces);
   T3D_CUDA_LAUNCHED();
   copy_to_host(s, host_out, hashes, bytes);
   stream_free(s, hashes);

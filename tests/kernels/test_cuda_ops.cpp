@@ -220,17 +220,22 @@ TEST(CudaElementwise, SmallUploadsAreStagedInOrderAndSumsKeptOnTheDevice) {
   }
 }
 
-// The replay's hashes: hash_floats of device memory (each 1 MiB piece hashed by a GPU thread,
-// kernels/xxh3_words.h) is the CPU's libxxhash value, at an offset that is only 4-byte aligned,
-// for a part of a piece and for several pieces with a short last one; a flipped bit changes it.
+// The replay's hashes: hash_floats of device memory (each 1 MiB piece hashed by eight GPU
+// threads, one per XXH3 accumulator: kernels/xxh3_words.h) is the CPU's libxxhash value, at an
+// offset that is only 4-byte aligned, for a part of a piece and for several pieces with a short
+// last one, over more pieces than a block takes; a flipped bit changes it.
 TEST(CudaElementwise, HashFloatsIsTheCpus) {
   REQUIRE_GPU();
-  const std::int64_t n = (std::int64_t{1} << 18) * 2 + 77;
+  // 33 pieces and a part: two blocks of the kernel (32 pieces a block).
+  const std::int64_t piece = std::int64_t{1} << 18, n = piece * 33 + 77;
   auto x = random_floats(static_cast<int>(n + 1), 52, -3, 3);
   const Exec exec(GemmKind::kOpenBlasF32, S());
   Dev<float> gx(x);
-  for (const std::int64_t len : {std::int64_t{0}, std::int64_t{1}, std::int64_t{3},
-                                 std::int64_t{59}, std::int64_t{1000}, n}) {
+  // Whole inputs on XXH3's short (<= 16 bytes), middle (<= 240) and long paths; pieces with a
+  // last one on the long path, and with one on the middle path (20 floats).
+  for (const std::int64_t len :
+       {std::int64_t{0}, std::int64_t{1}, std::int64_t{3}, std::int64_t{59}, std::int64_t{1000},
+        piece + 20, piece * 2 + 77, n}) {
     Hash64Stream gpu_hash, cpu_hash;
     hash_floats(exec, gpu_hash, gx.p() + 1, len);
     hash_floats(kCpu, cpu_hash, x.data() + 1, len);
