@@ -127,33 +127,55 @@ T3D_HD inline std::uint64_t mid_hash(const std::uint32_t* w, std::int64_t len,
 // The long path's eight accumulators are independent of each other: accumulator `lane` takes,
 // from each 64-byte stripe, its own word's key product and its neighbour's (lane ^ 1) raw word,
 // and is scrambled alone after each block. So eight threads may each run one over the whole input
-// and merge_lanes finishes the hash (the GPU's hash_floats: eight lanes a piece).
+// and merge_lanes finishes the hash (the GPU's hash_floats: eight lanes a piece). `key`: the
+// secret's word for this lane and stripe.
 T3D_HD inline void accumulate_stripe_lane(std::uint64_t& acc, int lane, const std::uint32_t* w,
-                                          std::int64_t at, const unsigned char* s, int sat) {
-  const std::uint64_t key = input64(w, at + 8 * lane) ^ secret64(s, sat + 8 * lane);
+                                          std::int64_t at, std::uint64_t key) {
+  const std::uint64_t mixed = input64(w, at + 8 * lane) ^ key;
   acc += input64(w, at + 8 * (lane ^ 1));
-  acc += (key & 0xFFFFFFFFu) * (key >> 32);
+  acc += (mixed & 0xFFFFFFFFu) * (mixed >> 32);
 }
+
+// Loops over a block's 16 stripes unrolled on the GPU, so that the lane's keys stay in registers
+// (read from the secret once, not per stripe).
+#ifdef __CUDA_ARCH__
+#define T3D_XXH3_UNROLL _Pragma("unroll")
+#else
+#define T3D_XXH3_UNROLL
+#endif
 
 // More than 240 bytes, accumulator `lane` (0..7): blocks of 16 stripes (1 KiB), each followed by
 // a scramble, then the last partial block and the last stripe.
 T3D_HD inline std::uint64_t long_hash_lane(const std::uint32_t* w, std::int64_t len,
                                            const unsigned char* s, int lane) {
-  const std::uint64_t init[8] = {kP32_3, kP64_1, kP64_2, kP64_3, kP64_4, kP32_2, kP64_5, kP32_1};
-  std::uint64_t acc = init[lane];
+  // The initial accumulators, selected without indexing an array (which a GPU keeps in memory).
+  std::uint64_t acc = lane == 0   ? kP32_3
+                      : lane == 1 ? kP64_1
+                      : lane == 2 ? kP64_2
+                      : lane == 3 ? kP64_3
+                      : lane == 4 ? kP64_4
+                      : lane == 5 ? kP32_2
+                      : lane == 6 ? kP64_5
+                                  : kP32_1;
   constexpr int kStripes = (kSecretBytes - 64) / 8;
   constexpr std::int64_t kBlock = 64 * kStripes;
-  const std::int64_t blocks = (len - 1) / kBlock;
+  std::uint64_t keys[kStripes];  // stripe i's secret starts at byte 8 i
+  T3D_XXH3_UNROLL
+  for (int i = 0; i < kStripes; ++i) keys[i] = secret64(s, 8 * i + 8 * lane);
   const std::uint64_t scramble_key = secret64(s, kSecretBytes - 64 + 8 * lane);
+  const std::uint64_t last_key = secret64(s, kSecretBytes - 64 - 7 + 8 * lane);
+  const std::int64_t blocks = (len - 1) / kBlock;
   for (std::int64_t b = 0; b < blocks; ++b) {
+    T3D_XXH3_UNROLL
     for (int i = 0; i < kStripes; ++i)
-      accumulate_stripe_lane(acc, lane, w, b * kBlock + 64 * i, s, 8 * i);
+      accumulate_stripe_lane(acc, lane, w, b * kBlock + 64 * i, keys[i]);
     acc = (acc ^ (acc >> 47) ^ scramble_key) * kP32_1;
   }
   const int last = static_cast<int>(((len - 1) - kBlock * blocks) / 64);
-  for (int i = 0; i < last; ++i)
-    accumulate_stripe_lane(acc, lane, w, blocks * kBlock + 64 * i, s, 8 * i);
-  accumulate_stripe_lane(acc, lane, w, len - 64, s, kSecretBytes - 64 - 7);
+  T3D_XXH3_UNROLL
+  for (int i = 0; i < kStripes; ++i)  // the first `last` stripes of the partial block
+    if (i < last) accumulate_stripe_lane(acc, lane, w, blocks * kBlock + 64 * i, keys[i]);
+  accumulate_stripe_lane(acc, lane, w, len - 64, last_key);
   return acc;
 }
 

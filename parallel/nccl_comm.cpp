@@ -101,6 +101,9 @@ struct NcclComm::Impl {
   mutable std::mutex mu;
   std::condition_variable wake;
   mutable std::vector<std::shared_ptr<Op>> watched;
+  // An exchange that threw (prepare_pairs) may leave NCCL operations no Op tracks: the
+  // communicators are then aborted, not destroyed (a destroy waits for them).
+  mutable std::atomic<bool> must_abort{false};
   bool stopping = false;
   std::thread watchdog;
 
@@ -144,10 +147,12 @@ NcclComm::Impl::Impl(const Comm& group, const kernels::Exec& exec) : mpi(group) 
     for (auto& id : ids)
       if (made == ncclSuccess) made = api.get_unique_id(&id);
   group.broadcast(&made, 1, 0);
-  if (made != ncclSuccess)
-    throw InternalError(::t3d::detail::concat("NCCL's bootstrap of group `", group.name(),
-                                              "`: ncclGetUniqueId failed on its rank 0: ",
-                                              api.error_string(static_cast<ncclResult_t>(made))));
+  if (made != ncclSuccess)  // the host's network set-up: the user's to fix
+    throw UserError(::t3d::detail::concat(
+        "NCCL's bootstrap of group `", group.name(), "`: ncclGetUniqueId failed on its rank 0: ",
+        api.error_string(static_cast<ncclResult_t>(made)),
+        ". Set NCCL_SOCKET_IFNAME to a network interface every host has (NCCL_DEBUG=INFO says "
+        "which it tried), or parallel.device_comm = \"staged\""));
   group.broadcast(reinterpret_cast<char*>(ids.data()), ids.size() * sizeof(ncclUniqueId), 0);
   T3D_CUDA(cudaSetDevice(device));
   try {  // no destructor runs for a constructor that throws: what was made is released here
@@ -168,9 +173,19 @@ NcclComm::Impl::Impl(const Comm& group, const kernels::Exec& exec) : mpi(group) 
 void NcclComm::Impl::connect(const std::vector<int>& send_to,
                              const std::vector<int>& receive_from) const {
   const NcclApi& api = nccl_api();
-  // NCCL connects the pairs on the host, in ncclGroupEnd, waiting there for each peer: the whole
-  // exchange is one host wait under the watchdog, so a peer that never comes ends the job (exit 3)
-  // as a hung operation on the GPU does.
+  // [0]: what is sent; [1 + i]: what receive_from[i] sends. In up_stream's order, ready before
+  // either stream reads it: no device-wide wait (this may run mid-training: the replay's pairs).
+  void* floats_memory = nullptr;
+  const size_t bytes = (1 + receive_from.size()) * sizeof(float);
+  T3D_CUDA(cudaMallocAsync(&floats_memory, bytes, up_stream));
+  float* floats = static_cast<float*>(floats_memory);
+  T3D_CUDA(cudaMemsetAsync(floats, 0, bytes, up_stream));
+  T3D_CUDA(cudaStreamSynchronize(up_stream));
+  T3D_CUDA(cudaStreamSynchronize(down_stream));
+  // NCCL connects the pairs on the host, in ncclGroupEnd, waiting there for each peer: from here
+  // (the work queued before on both streams done: watched as its own operations) the exchange is
+  // one host wait under the watchdog, so a peer that never comes ends the job (exit 3) as a hung
+  // operation on the GPU does.
   auto wait = std::make_shared<Op>();
   wait->what = "prepare_pairs (NCCL connecting point-to-point pairs)";
   wait->on_host = wait->running = true;
@@ -182,28 +197,25 @@ void NcclComm::Impl::connect(const std::vector<int>& send_to,
     Op& op;
     ~Finish() { op.host_done = true; }
   } finish{*wait};
-  // [0]: what is sent; [1 + i]: what receive_from[i] sends. In up_stream's order, ready before
-  // either stream reads it: no device-wide wait (this may run mid-training: the replay's pairs).
-  void* floats_memory = nullptr;
-  const size_t bytes = (1 + receive_from.size()) * sizeof(float);
-  T3D_CUDA(cudaMallocAsync(&floats_memory, bytes, up_stream));
-  float* floats = static_cast<float*>(floats_memory);
-  T3D_CUDA(cudaMemsetAsync(floats, 0, bytes, up_stream));
-  T3D_CUDA(cudaStreamSynchronize(up_stream));
-  // The pairs of each direction's communicator in one group: NCCL connects them together.
-  for (ncclComm_t comm : {up, down}) {
-    cudaStream_t stream = comm == up ? up_stream : down_stream;
-    T3D_NCCL(api.group_start());
-    for (int peer : send_to)
-      if (peer != mpi.rank() && send_comm(peer) == comm)
-        T3D_NCCL(api.send(floats, 1, ncclFloat32, peer, comm, stream));
-    for (size_t i = 0; i < receive_from.size(); ++i)
-      if (receive_from[i] != mpi.rank() && recv_comm(receive_from[i]) == comm)
-        T3D_NCCL(api.recv(floats + 1 + i, 1, ncclFloat32, receive_from[i], comm, stream));
-    T3D_NCCL(api.group_end());
+  try {
+    // The pairs of each direction's communicator in one group: NCCL connects them together.
+    for (ncclComm_t comm : {up, down}) {
+      cudaStream_t stream = comm == up ? up_stream : down_stream;
+      T3D_NCCL(api.group_start());
+      for (int peer : send_to)
+        if (peer != mpi.rank() && send_comm(peer) == comm)
+          T3D_NCCL(api.send(floats, 1, ncclFloat32, peer, comm, stream));
+      for (size_t i = 0; i < receive_from.size(); ++i)
+        if (receive_from[i] != mpi.rank() && recv_comm(receive_from[i]) == comm)
+          T3D_NCCL(api.recv(floats + 1 + i, 1, ncclFloat32, receive_from[i], comm, stream));
+      T3D_NCCL(api.group_end());
+    }
+    T3D_CUDA(cudaStreamSynchronize(up_stream));
+    T3D_CUDA(cudaStreamSynchronize(down_stream));
+  } catch (...) {
+    must_abort = true;
+    throw;
   }
-  T3D_CUDA(cudaStreamSynchronize(up_stream));
-  T3D_CUDA(cudaStreamSynchronize(down_stream));
   T3D_CUDA(cudaFreeAsync(floats, up_stream));
 }
 
@@ -219,7 +231,7 @@ NcclComm::Impl::~Impl() {
   started.clear();
   watched.clear();
   // Unfinished operations (unwinding after an error) would make a destroy wait on the peers.
-  release(/*abort=*/!all_done);
+  release(/*abort=*/!all_done || must_abort);
 }
 
 void NcclComm::Impl::release(bool abort) {
@@ -265,9 +277,12 @@ void NcclComm::Impl::watch() {
 }
 
 void NcclComm::Impl::abort_hung(const Op& hung) {
-  // Aborting the NCCL communicators ends the GPU's waits, so the process can exit.
-  for (ncclComm_t c : {main, up, down})
-    if (c) nccl_api().comm_abort(c);
+  // Aborting the NCCL communicators ends the GPU's waits, so the process can exit. Not under a
+  // host wait: its owner is inside ncclGroupEnd on them, and an abort frees a communicator in use
+  // (or waits on it); MPI_Abort ends the process, and the driver its GPU work.
+  if (!hung.on_host)
+    for (ncclComm_t c : {main, up, down})
+      if (c) nccl_api().comm_abort(c);
   mpi.abort_hung(
       hung.what, hung.peer,
       hung.on_host ? " (NCCL waiting on the host for a peer)" : " (an NCCL operation on the GPU)");

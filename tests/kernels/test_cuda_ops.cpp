@@ -232,10 +232,10 @@ TEST(CudaElementwise, HashFloatsIsTheCpus) {
   const Exec exec(GemmKind::kOpenBlasF32, S());
   Dev<float> gx(x);
   // Whole inputs on XXH3's short (<= 16 bytes), middle (<= 240) and long paths; pieces with a
-  // last one on the long path, and with one on the middle path (20 floats).
+  // last one on the long path, on the middle path (20 floats) and on the short one (3).
   for (const std::int64_t len :
        {std::int64_t{0}, std::int64_t{1}, std::int64_t{3}, std::int64_t{59}, std::int64_t{1000},
-        piece + 20, piece * 2 + 77, n}) {
+        piece + 3, piece + 20, piece * 2 + 77, n}) {
     Hash64Stream gpu_hash, cpu_hash;
     hash_floats(exec, gpu_hash, gx.p() + 1, len);
     hash_floats(kCpu, cpu_hash, x.data() + 1, len);
