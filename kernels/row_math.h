@@ -22,6 +22,13 @@
 #else
 #define T3D_HD
 #endif
+// A loop of a constant trip count unrolled on the GPU, so that the small arrays it indexes stay in
+// registers (an array indexed at run time lives in a thread's local memory).
+#ifdef __CUDA_ARCH__
+#define T3D_UNROLL _Pragma("unroll")
+#else
+#define T3D_UNROLL
+#endif
 
 namespace t3d::kernels::detail {
 
@@ -105,10 +112,22 @@ T3D_HD inline void swiglu_grads(float dh, float g, float u, float& dg, float& du
 // backward's dy[t] · shared[t]. One function evaluates a whole row, on the CPU and in one GPU
 // thread, so both backends give the same bits.
 T3D_HD inline double gate_row_dot(const float* a, const float* b, std::int64_t C) {
-  double lane[16] = {};
-  for (std::int64_t c = 0; c < C; ++c) lane[c % 16] += static_cast<double>(a[c]) * b[c];
-  for (int w = 8; w >= 1; w /= 2)
-    for (int j = 0; j < w; ++j) lane[j] += lane[j + w];
+  double lane[16] = {};  // lane j: the products of columns j, j + 16, ... in order
+  std::int64_t c0 = 0;
+  for (; c0 + 16 <= C; c0 += 16) {
+    T3D_UNROLL
+    for (int j = 0; j < 16; ++j) lane[j] += static_cast<double>(a[c0 + j]) * b[c0 + j];
+  }
+  T3D_UNROLL
+  for (int j = 0; j < 16; ++j)
+    if (c0 + j < C) lane[j] += static_cast<double>(a[c0 + j]) * b[c0 + j];
+  T3D_UNROLL
+  for (int fold = 0; fold < 4; ++fold) {  // halves of 8, 4, 2, 1 lanes folded onto the first
+    const int w = 8 >> fold;
+    T3D_UNROLL
+    for (int j = 0; j < 8; ++j)
+      if (j < w) lane[j] += lane[j + w];
+  }
   return lane[0];
 }
 // g = sigmoid(z), z rounded to fp32 first.

@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "kernels/row_math.h"  // T3D_HD
+#include "kernels/row_math.h"  // T3D_HD, T3D_UNROLL
 
 namespace t3d::kernels::xxh3 {
 
@@ -136,14 +136,6 @@ T3D_HD inline void accumulate_stripe_lane(std::uint64_t& acc, int lane, const st
   acc += (mixed & 0xFFFFFFFFu) * (mixed >> 32);
 }
 
-// Loops over a block's 16 stripes unrolled on the GPU, so that the lane's keys stay in registers
-// (read from the secret once, not per stripe).
-#ifdef __CUDA_ARCH__
-#define T3D_XXH3_UNROLL _Pragma("unroll")
-#else
-#define T3D_XXH3_UNROLL
-#endif
-
 // More than 240 bytes, accumulator `lane` (0..7): blocks of 16 stripes (1 KiB), each followed by
 // a scramble, then the last partial block and the last stripe.
 T3D_HD inline std::uint64_t long_hash_lane(const std::uint32_t* w, std::int64_t len,
@@ -159,20 +151,22 @@ T3D_HD inline std::uint64_t long_hash_lane(const std::uint32_t* w, std::int64_t 
                                   : kP32_1;
   constexpr int kStripes = (kSecretBytes - 64) / 8;
   constexpr std::int64_t kBlock = 64 * kStripes;
-  std::uint64_t keys[kStripes];  // stripe i's secret starts at byte 8 i
-  T3D_XXH3_UNROLL
+  // The lane's secret words, read once (loops over a block's stripes unrolled on the GPU keep
+  // them in registers). Stripe i's secret starts at byte 8 i.
+  std::uint64_t keys[kStripes];
+  T3D_UNROLL
   for (int i = 0; i < kStripes; ++i) keys[i] = secret64(s, 8 * i + 8 * lane);
   const std::uint64_t scramble_key = secret64(s, kSecretBytes - 64 + 8 * lane);
   const std::uint64_t last_key = secret64(s, kSecretBytes - 64 - 7 + 8 * lane);
   const std::int64_t blocks = (len - 1) / kBlock;
   for (std::int64_t b = 0; b < blocks; ++b) {
-    T3D_XXH3_UNROLL
+    T3D_UNROLL
     for (int i = 0; i < kStripes; ++i)
       accumulate_stripe_lane(acc, lane, w, b * kBlock + 64 * i, keys[i]);
     acc = (acc ^ (acc >> 47) ^ scramble_key) * kP32_1;
   }
   const int last = static_cast<int>(((len - 1) - kBlock * blocks) / 64);
-  T3D_XXH3_UNROLL
+  T3D_UNROLL
   for (int i = 0; i < kStripes; ++i)  // the first `last` stripes of the partial block
     if (i < last) accumulate_stripe_lane(acc, lane, w, blocks * kBlock + 64 * i, keys[i]);
   accumulate_stripe_lane(acc, lane, w, len - 64, last_key);

@@ -7,14 +7,7 @@
 
 #include <cstdint>
 
-#include "kernels/row_math.h"  // T3D_HD, bf16_of
-
-// Fragment loops unrolled on the GPU (a fragment must stay in registers, not local memory).
-#ifdef __CUDA_ARCH__
-#define T3D_MMA_UNROLL _Pragma("unroll")
-#else
-#define T3D_MMA_UNROLL
-#endif
+#include "kernels/row_math.h"  // T3D_HD, T3D_UNROLL (fragments stay in registers), bf16_of
 
 namespace t3d::kernels::mma {
 
@@ -72,7 +65,7 @@ struct Bf16Tile {
 
 // A fragment (16 x 16) of lane `lane`: rows r0.., columns k0.. of a row-major tile.
 T3D_HD inline void load_a(std::uint32_t (&a)[4], const Bf16Tile& t, int r0, int k0, int lane) {
-  T3D_MMA_UNROLL
+  T3D_UNROLL
   for (int j = 0; j < 4; ++j) {
     const RowCol e = a_elem(lane, 2 * j);  // elements 2j and 2j + 1: one register
     a[j] = t.pair(r0 + e.row, k0 + e.col);
@@ -82,7 +75,7 @@ T3D_HD inline void load_a(std::uint32_t (&a)[4], const Bf16Tile& t, int r0, int 
 // B fragment (16 x 8, k x n) of lane `lane` with B[k][n] = t(n0 + n, k0 + k): the tile holds B's
 // columns as its rows (K for Q Kᵀ; Vᵀ for P V), so a register's two k are adjacent in a row.
 T3D_HD inline void load_b(std::uint32_t (&b)[2], const Bf16Tile& t, int n0, int k0, int lane) {
-  T3D_MMA_UNROLL
+  T3D_UNROLL
   for (int j = 0; j < 2; ++j) {
     const RowCol e = b_elem(lane, 2 * j);  // elements 2j and 2j + 1: k and k + 1
     b[j] = t.pair(n0 + e.col, k0 + e.row);
@@ -100,7 +93,7 @@ T3D_HD constexpr RowCol ldmatrix_b_source(int lane) { return {lane & 15, 8 * (la
 // The A fragment of 16 columns from the fp32 C fragments of its two 8-column blocks, rounded to
 // bf16 (ties to even, as the CPU rounds).
 T3D_HD inline void a_from_c(std::uint32_t (&a)[4], const float (&c0)[4], const float (&c1)[4]) {
-  T3D_MMA_UNROLL
+  T3D_UNROLL
   for (int j = 0; j < 4; ++j) {
     const float* c = a_c_block(2 * j) == 0 ? c0 : c1;
     a[j] = pack_bf16(c[a_c_elem(2 * j)], c[a_c_elem(2 * j + 1)]);

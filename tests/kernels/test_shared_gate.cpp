@@ -4,9 +4,11 @@
 // depend on the thread count.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <vector>
 
 #include "kernels/ops_gate.h"
+#include "kernels/row_math.h"
 #include "tests/kernels/moe_reference.h"
 
 namespace t3d::kernels {
@@ -40,6 +42,21 @@ GateGrads run_backward(const GateCase& k, const std::vector<float>& g,
   shared_gate_backward_input(kCpu, r.dx.data(), r.dz.data(), k.w.data(), k.N, k.C);
   shared_gate_backward_weight(kCpu, r.dw.data(), r.dz.data(), k.x.data(), k.N, k.C);
   return r;
+}
+
+// The row dot's order, which the CPU and the GPU share (row_math.h gate_row_dot): 16 lanes in
+// double, lane j summing columns j, j + 16, ... in order, then halves folded onto the first
+// (8, 4, 2, 1), bit for bit, for row lengths on both sides of a multiple of 16.
+TEST(kernels_shared_gate, RowDotIsSixteenLanesFolded) {
+  const auto a = ref::random_floats(2100, 16), b = ref::random_floats(2100, 17);
+  for (int C : {0, 1, 15, 16, 17, 37, 100, 2048, 2100}) {
+    double lane[16] = {};
+    for (int c = 0; c < C; ++c) lane[c % 16] += static_cast<double>(a[c]) * b[c];
+    for (int w = 8; w >= 1; w /= 2)
+      for (int j = 0; j < w; ++j) lane[j] += lane[j + w];
+    const double got = detail::gate_row_dot(a.data(), b.data(), C);
+    EXPECT_EQ(std::memcmp(&got, &lane[0], sizeof got), 0) << C << " columns";
+  }
 }
 
 TEST(kernels_shared_gate, ForwardMatchesReference) {
