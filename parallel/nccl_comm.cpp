@@ -64,11 +64,9 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 
 // One operation in flight: its stream records `began` before it and `done` after it. Shared by
 // the request that started it (until wait, test or release) and the watchdog (until `done`
-// fires). The host enqueues up to a step ahead of the GPU, so the deadline runs from when the
-// watchdog first sees `began` fired (the operation reached on its stream), not from the enqueue:
-// as the MPI path times only real waits.
-// A host wait (`on_host`: NCCL connecting point-to-point pairs inside ncclGroupEnd) has no events:
-// it runs from when it is made until its owner sets `host_done`.
+// fires). The deadline runs from when the watchdog first sees `began` fired (the host enqueues up
+// to a step ahead), as the MPI path times only real waits. A host wait (`on_host`: NCCL connecting
+// pairs in ncclGroupEnd) has no events: it runs from its making until its owner sets `host_done`.
 struct Op {
   cudaEvent_t began = nullptr, done = nullptr;
   const char* what = "";
