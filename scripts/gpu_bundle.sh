@@ -30,6 +30,23 @@ for dir in "$ompi_pkglib" "$ompi_pkgdata"; do  # the same place under the new pr
   mkdir -p "$stage/ompi/$(dirname "${dir#"$ompi_prefix"/}")"
   cp -rL "$dir" "$stage/ompi/${dir#"$ompi_prefix"/}"
 done
+# Its configuration (the MCA parameters: Debian's turn off the ucx PML, the openib, uct and ofi
+# transports) lives outside the prefix (/etc/openmpi), so OPAL_PREFIX does not move it: without
+# it a GPU machine's mpirun would try UCX and InfiniBand, which no run here has; gpu_env.sh points
+# OPAL_SYSCONFDIR at this copy.
+ompi_sysconf=$(ompi_info --path sysconfdir --parsable | cut -d: -f3)
+mkdir -p "$stage/ompi/etc"
+[ ! -d "$ompi_sysconf" ] || cp -L "$ompi_sysconf"/openmpi-* "$stage/ompi/etc/" 2>/dev/null || true
+# An external PMIx (Debian's, in its own prefix) keeps plugins and help files there too; without
+# them every mpirun prints that help-pcompress.txt is missing. gpu_env.sh points PMIX_PKGLIBDIR
+# and PMIX_PKGDATADIR at this copy.
+pmix_lib=$(find "$stage/ompi" -name 'mca_pmix_ext*.so' -exec ldd {} \; | awk '/libpmix/ {print $3; exit}')
+if [ -n "$pmix_lib" ]; then
+  pmix_prefix=$(dirname "$(dirname "$(readlink -f "$pmix_lib")")")
+  mkdir -p "$stage/pmix/lib" "$stage/pmix/share"
+  [ ! -d "$pmix_prefix/lib/pmix" ] || cp -rL "$pmix_prefix/lib/pmix" "$stage/pmix/lib/"
+  [ ! -d "$pmix_prefix/share/pmix" ] || cp -rL "$pmix_prefix/share/pmix" "$stage/pmix/share/"
+fi
 mkdir -p "$stage/data"
 [ -s data/fortunes.txt ] || bash scripts/get_data.sh > /dev/null
 head -c 1000000 data/fortunes.txt > "$stage/data/corpus.txt"
@@ -37,7 +54,7 @@ cp scripts/gpu_train_check.sh scripts/gpu_layout_check.sh scripts/gpu_losses.py 
   scripts/gpu_nccl_check.sh "$stage/bin/"
 for bin in "$stage"/bin/test_kernels_cuda "$stage"/bin/test_model_gpu "$stage"/bin/test_nccl_comm_mpi \
   "$stage"/bin/bench_cuda \
-  "$stage"/bin/titan3d "$stage"/bin/mpirun $(find "$stage/ompi" -name '*.so'); do
+  "$stage"/bin/titan3d "$stage"/bin/mpirun $(find "$stage/ompi" "$stage/pmix" -name '*.so'); do
   ldd "$bin" | awk '/=> \// {print $3}'
 done | sort -u | while read -r lib; do
   case "$(basename "$lib")" in
@@ -46,6 +63,7 @@ done | sort -u | while read -r lib; do
   esac
 done
 mkdir -p gpu_bundle
-tar -C "$stage" -cJf gpu_bundle/bundle.tar.xz bin lib ompi data
+mkdir -p "$stage/pmix"
+tar -C "$stage" -cJf gpu_bundle/bundle.tar.xz bin lib ompi pmix data
 git rev-parse --short HEAD > gpu_bundle/commit 2>/dev/null || true
 ls -la gpu_bundle/bundle.tar.xz

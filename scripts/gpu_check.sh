@@ -103,7 +103,7 @@ grep -E "device:|GPU|FAIL|within|eval|^device" "$logs/gpu_train.log" | head -n 2
 # tp+SP, cp, ep within the CPU path's tolerance, a kill -9 and restart, memcheck over training.
 step gpu_layouts 150 bash "$root/bin/gpu_layout_check.sh" "$root" "$PWD" "$logs/layouts"
 grep -E "vs|FAIL|sanitizer" "$logs/gpu_layouts.log" | head -n 24
-sanitized='CudaElementwise.*:CudaRows.*:CudaLoss.*:CudaAttention.*:CudaAttentionBf16.*:CudaMoe.*:CudaDispatch.*:CudaDevice.ADeviceArenaNeedsAGpu'
+sanitized='CudaElementwise.*:CudaRows.*:CudaLoss.*:CudaAttention.*:CudaAttentionBf16.*:CudaMoe.*:CudaSharedGate.*:CudaDispatch.*:CudaDevice.ADeviceArenaNeedsAGpu'
 if command -v compute-sanitizer >/dev/null || [ -x /usr/local/cuda/bin/compute-sanitizer ]; then
   cs=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
   step memcheck 120 "$cs" --tool memcheck --error-exitcode 9 "$root/bin/test_kernels_cuda" --gtest_filter="$sanitized"

@@ -8,11 +8,17 @@ device=${DEVICE:-cuda}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 mkdir -p "$logs"
 export PATH="$root/bin:$PATH" OPAL_PREFIX="$root/ompi"
+# Open MPI's configuration and PMIx's plugins and help files, from the bundle too (gpu_bundle.sh:
+# OPAL_PREFIX moves neither): the MCA parameters the runs here are made with.
+export OPAL_SYSCONFDIR="$root/ompi/etc" PMIX_PKGLIBDIR="$root/pmix/lib/pmix" \
+  PMIX_PKGDATADIR="$root/pmix/share/pmix"
 export LD_LIBRARY_PATH="$root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 # NCCL for the device communicator (loaded at run time, never bundled: docs/gpu.md): the one
-# PyTorch's wheel brings (nvidia/nccl/lib under site-packages), unless T3D_NCCL_LIBRARY names one.
+# PyTorch's wheel brings (nvidia/nccl/lib under site-packages, the user's too: a pip install
+# --user), unless T3D_NCCL_LIBRARY names one.
 if [ -z "${T3D_NCCL_LIBRARY:-}" ]; then
-  for site in $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null); do
+  sites=$(python3 -c 'import site; print(*site.getsitepackages(), site.getusersitepackages())' 2>/dev/null)
+  for site in $sites; do
     if [ -f "$site/nvidia/nccl/lib/libnccl.so.2" ]; then
       export T3D_NCCL_LIBRARY="$site/nvidia/nccl/lib/libnccl.so.2"
       break

@@ -65,13 +65,23 @@ wait $job
 grep -q '"action": "restart' "$logs/dp2_killed/incidents.jsonl" 2>/dev/null ||
   { echo "FAIL: dp2_killed did not restart"; tail -n 10 "$logs/dp2_killed.log"; failed=1; }
 # 5. The sanitizer sees the rank's own process: mpirun starts it, titan3d joins (no self-launch).
-sanitizer=()
-[ "$device" = cpu ] || sanitizer=(compute-sanitizer --tool memcheck --error-exitcode 9)
+# The toolkit's bin/ need not be on PATH (gpu_check.sh looks in /usr/local/cuda/bin too): mpirun
+# would not find a bare compute-sanitizer. Without one the run goes unsanitized and says so.
+sanitizer=() unsanitized="not run (cpu)"
+if [ "$device" != cpu ]; then
+  cs=$(command -v compute-sanitizer || { [ -x /usr/local/cuda/bin/compute-sanitizer ] &&
+    echo /usr/local/cuda/bin/compute-sanitizer; })
+  if [ -n "$cs" ]; then
+    sanitizer=("$cs" --tool memcheck --error-exitcode 9)
+  else
+    unsanitized="not run (compute-sanitizer not found)"
+  fi
+fi
 mpirun --allow-run-as-root -np 1 "${sanitizer[@]}" "$(command -v titan3d)" train recipes/tiny.toml \
   "${common[@]}" --set train.steps=3 --set run.dir="$logs/sanitized" > "$logs/sanitized.log" 2>&1
 rc=$?
 if [ $rc -eq 0 ] && ! grep -q "ERROR SUMMARY: [1-9]" "$logs/sanitized.log"; then
-  echo "compute-sanitizer memcheck over a 3-step training run on $device: $(grep -o 'ERROR SUMMARY: [0-9]* errors' "$logs/sanitized.log" || echo 'not run (cpu)')"
+  echo "compute-sanitizer memcheck over a 3-step training run on $device: $(grep -o 'ERROR SUMMARY: [0-9]* errors' "$logs/sanitized.log" || echo "$unsanitized")"
 else
   echo "FAIL: the sanitized run exited $rc"; grep -E "ERROR SUMMARY|Invalid|=========" "$logs/sanitized.log" | head -n 20; failed=1
 fi

@@ -5,14 +5,19 @@ import json
 
 def losses(logs, name):
     """step -> loss from LOGS/NAME/metrics.jsonl, the last logged for a step (a restarted run logs
-    some again); {} when the run left no metrics (it failed, and its script said so)."""
+    some again); {} when the run left no metrics (it failed, and its script said so). A line that
+    is not JSON (a run killed mid-write) is skipped: the comparison then finds the step missing,
+    and the other runs' comparisons still print."""
     out = {}
     try:
         lines = open(f"{logs}/{name}/metrics.jsonl").readlines()
     except OSError:
         return out
     for line in lines:
-        m = json.loads(line)
+        try:
+            m = json.loads(line)
+        except ValueError:
+            continue
         if "loss" in m and "step" in m:
             out[m["step"]] = m["loss"]
     return out

@@ -19,10 +19,9 @@
 # SIZES="125m" for one size, STEPS=10; DEVICE=cpu SIZES=tiny checks the script where no GPU is,
 # PyTorch then eager only, without its fused attention and AdamW).
 set -uo pipefail
-root=$1 repo=$2 logs=$3
-mkdir -p "$logs"
-export PATH="$root/bin:$PATH" OPAL_PREFIX="$root/ompi"
-export LD_LIBRARY_PATH="$root/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+# root, repo, logs; the bundle's binaries, Open MPI and libraries first on the paths: the bundle's
+# own gpu_env.sh, so that the paths are the ones its layout needs.
+source "$1/bin/gpu_env.sh" "$@"
 python=$(command -v python3 || command -v python)
 steps=${STEPS:-10} device=${DEVICE:-cuda}
 corpus=$root/data/corpus.txt
