@@ -37,6 +37,23 @@ step() {  # step NAME SECONDS CMD...: runs CMD with a time limit, logs it, recor
   printf '%-22s %-28s %4d s\n' "$name" "$verdict" $((SECONDS - t0)) | tee -a "$logs/summary.txt"
 }
 
+# skips STEP: on a GPU machine a test skipped for want of a GPU is a failure (it did not run);
+# one skipped for what this host's CPU lacks (a bf16 GEMM to compare with) is said, not failed.
+skips() {
+  local reasons
+  reasons=$(awk '/: Skipped$/ {why = 1; next} /SKIPPED \]/ {if (why) print name ": " text; why = 0;
+    text = ""; next} /^\[ RUN/ {name = $NF} why {text = text $0 " "}' "$logs/$1.log")
+  [ -n "$reasons" ] || return 0
+  if grep -q "GPU" <<<"$reasons"; then
+    printf '%-22s %s\n' "$1" "FAILED: GPU tests skipped on a GPU machine" | tee -a "$logs/summary.txt"
+    status=1
+  else
+    printf '%-22s %s\n' "$1" "(tests skipped for this host's CPU, not the GPU:)" |
+      tee -a "$logs/summary.txt"
+  fi
+  head -n 5 <<<"$reasons" | tee -a "$logs/summary.txt"
+}
+
 # isolate BINARY STEP: after a sticky CUDA error or a crash in STEP's run of BINARY, its failed and
 # unreached tests each run alone (scripts/gpu_isolate.sh), so that one test's illegal address does
 # not hide whether the others pass; its lines join the summary.
@@ -68,11 +85,7 @@ fi
 step gpu_tests 120 "$root/bin/test_kernels_cuda"
 isolate test_kernels_cuda gpu_tests
 grep -E "^GPU 0|PASSED|FAILED|SKIPPED \]" "$logs/gpu_tests.log" | sort -u | head -n 20
-# On a GPU machine a skipped GPU test is a failure: it did not run.
-if grep -q "SKIPPED \]" "$logs/gpu_tests.log"; then
-  echo "gpu_tests              FAILED: tests skipped on a GPU machine" | tee -a "$logs/summary.txt"
-  status=1
-fi
+skips gpu_tests
 # The bf16 attention tiles failing their tests (or crashing the binary) would take every bf16
 # training check and benchmark below with them: run those on the fp32 tiles then, and say so.
 if ! cat "$logs/gpu_tests.log" "$logs/gpu_tests.log.isolated" 2>/dev/null |
@@ -87,10 +100,7 @@ fi
 step gpu_model 120 "$root/bin/test_model_gpu"
 isolate test_model_gpu gpu_model
 grep -E "OK \]|FAILED|SKIPPED \]|Failure|Expected|Which is|error" "$logs/gpu_model.log" | head -n 20
-if grep -q "SKIPPED \]" "$logs/gpu_model.log"; then
-  echo "gpu_model              FAILED: tests skipped on a GPU machine" | tee -a "$logs/summary.txt"
-  status=1
-fi
+skips gpu_model
 # The NCCL device communicator: every call on a one-rank group, a started reduction overlapping
 # compute, two ranks sharing the GPU staged, and selfcheck's device_comm rows
 # (scripts/gpu_nccl_check.sh, ~10 s and three selfcheck --quick runs).
