@@ -30,7 +30,10 @@ step() {  # step NAME SECONDS CMD...: runs CMD with a time limit, logs it, recor
   fi
   [ $limit -le $left ] || limit=$left
   local t0=$SECONDS
-  timeout "$limit" "$@" >"$logs/$name.log" 2>&1
+  # The checks' soft deadline (gpu_env.sh out_of_time): four fifths into the hard limit, so that
+  # a check stops starting runs and still prints what it compared of those that finished.
+  local soft=$((limit * 4 / 5))
+  GPU_STEP_DEADLINE=$(($(date +%s) + soft)) timeout "$limit" "$@" >"$logs/$name.log" 2>&1
   local rc=$?
   local verdict=passed
   [ $rc -eq 0 ] || { verdict="FAILED (exit $rc$([ $rc -eq 124 ] && echo ", over ${limit} s"))"; status=1; }

@@ -25,4 +25,11 @@ if [ -z "${T3D_NCCL_LIBRARY:-}" ]; then
     fi
   done
 fi
+# The step's soft deadline (GPU_STEP_DEADLINE, seconds since the epoch: gpu_check.sh sets it
+# before its hard limit): past it a check starts no more runs, so that what it compares of the
+# runs that did finish still prints, instead of a hard limit ending it with nothing said.
+out_of_time() {  # out_of_time NAME: true (and says so) when NAME is not to be started
+  [ "${GPU_STEP_DEADLINE:-0}" -gt 0 ] && [ "$(date +%s)" -ge "$GPU_STEP_DEADLINE" ] || return 1
+  echo "FAIL: $1 not run (out of time: the step's deadline passed)"
+}
 echo "NCCL: ${T3D_NCCL_LIBRARY:-none found (tensor collectives staged through host memory)}" >&2

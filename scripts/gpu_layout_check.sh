@@ -34,6 +34,7 @@ moe=(--set model.n_experts=4 --set model.experts_per_token=2 --set model.n_share
 failed=0
 run() {  # run NAME [titan3d train args...]: trains recipes/tiny.toml into $logs/NAME
   local name=$1; shift
+  out_of_time "$name" && { failed=1; return; }
   titan3d train recipes/tiny.toml "${common[@]}" --set run.dir="$logs/$name" "$@" \
     > "$logs/$name.log" 2>&1 || { echo "FAIL: $name exited $?"; tail -n 15 "$logs/$name.log"; failed=1; }
 }
@@ -52,18 +53,22 @@ run moe_dp2_ep2 "${moe[@]}" --set parallel.ep=2
 # 0.3 s (T3D_FAULT=slow_step) so that the kill lands mid-run.
 restart=(--set parallel.dp=2 --set snapshot.every=4 --set snapshot.async=false)
 run dp2_straight "${restart[@]}"
-T3D_FAULT=slow_step:1:300 run dp2_killed "${restart[@]}" --set run.max_restarts=1 &
-job=$!
-for _ in $(seq 1 600); do  # 60 s at most
-  step=$(sed -n 's/^{"step": \([0-9]*\),.*/\1/p' "$logs/dp2_killed/metrics.jsonl" 2>/dev/null | tail -n 1)
-  [ -n "$step" ] && [ "$step" -ge 5 ] && break
-  sleep 0.1
-done
-kill -KILL "$(cut -d" " -f1 "$logs/dp2_killed/pids/rank1.pid" 2>/dev/null)" 2>/dev/null ||
-  { echo "FAIL: no rank 1 of dp2_killed to kill (reached step ${step:-none})"; failed=1; }
-wait $job
-grep -q '"action": "restart' "$logs/dp2_killed/incidents.jsonl" 2>/dev/null ||
-  { echo "FAIL: dp2_killed did not restart"; tail -n 10 "$logs/dp2_killed.log"; failed=1; }
+if out_of_time dp2_killed; then
+  failed=1
+else
+  T3D_FAULT=slow_step:1:300 run dp2_killed "${restart[@]}" --set run.max_restarts=1 &
+  job=$!
+  for _ in $(seq 1 600); do  # 60 s at most
+    step=$(sed -n 's/^{"step": \([0-9]*\),.*/\1/p' "$logs/dp2_killed/metrics.jsonl" 2>/dev/null | tail -n 1)
+    [ -n "$step" ] && [ "$step" -ge 5 ] && break
+    sleep 0.1
+  done
+  kill -KILL "$(cut -d" " -f1 "$logs/dp2_killed/pids/rank1.pid" 2>/dev/null)" 2>/dev/null ||
+    { echo "FAIL: no rank 1 of dp2_killed to kill (reached step ${step:-none})"; failed=1; }
+  wait $job
+  grep -q '"action": "restart' "$logs/dp2_killed/incidents.jsonl" 2>/dev/null ||
+    { echo "FAIL: dp2_killed did not restart"; tail -n 10 "$logs/dp2_killed.log"; failed=1; }
+fi
 # 5. The sanitizer sees the rank's own process: mpirun starts it, titan3d joins (no self-launch).
 # The toolkit's bin/ need not be on PATH (gpu_check.sh looks in /usr/local/cuda/bin too): mpirun
 # would not find a bare compute-sanitizer. Without one the run goes unsanitized and says so.
@@ -77,21 +82,28 @@ if [ "$device" != cpu ]; then
     unsanitized="not run (compute-sanitizer not found)"
   fi
 fi
-mpirun --allow-run-as-root -np 1 "${sanitizer[@]}" "$(command -v titan3d)" train recipes/tiny.toml \
-  "${common[@]}" --set train.steps=3 --set run.dir="$logs/sanitized" > "$logs/sanitized.log" 2>&1
-rc=$?
-if [ $rc -eq 0 ] && ! grep -q "ERROR SUMMARY: [1-9]" "$logs/sanitized.log"; then
-  echo "compute-sanitizer memcheck over a 3-step training run on $device: $(grep -o 'ERROR SUMMARY: [0-9]* errors' "$logs/sanitized.log" || echo "$unsanitized")"
+if out_of_time sanitized; then
+  failed=1
 else
-  echo "FAIL: the sanitized run exited $rc"; grep -E "ERROR SUMMARY|Invalid|=========" "$logs/sanitized.log" | head -n 20; failed=1
+  mpirun --allow-run-as-root -np 1 "${sanitizer[@]}" "$(command -v titan3d)" train recipes/tiny.toml \
+    "${common[@]}" --set train.steps=3 --set run.dir="$logs/sanitized" > "$logs/sanitized.log" 2>&1
+  rc=$?
+  if [ $rc -eq 0 ] && ! grep -q "ERROR SUMMARY: [1-9]" "$logs/sanitized.log"; then
+    echo "compute-sanitizer memcheck over a 3-step training run on $device: $(grep -o 'ERROR SUMMARY: [0-9]* errors' "$logs/sanitized.log" || echo "$unsanitized")"
+  else
+    echo "FAIL: the sanitized run exited $rc"; grep -E "ERROR SUMMARY|Invalid|=========" "$logs/sanitized.log" | head -n 20; failed=1
+  fi
 fi
 # 6. Decoding on the device, greedy, against the CPU's.
 for dev in cpu "$device"; do
+  out_of_time "generate_$dev" && { failed=1; continue; }
   titan3d generate "$logs/dp2_straight/snapshots/step_00000008.h5" --prompt "The " \
     --max-tokens 60 --temperature 0 --device "$dev" > "$logs/generate_$dev.txt" 2> "$logs/generate_$dev.log" ||
     { echo "FAIL: generate on $dev exited $?"; tail -n 5 "$logs/generate_$dev.log"; failed=1; }
 done
-if [ -s "$logs/generate_cpu.txt" ] && cmp -s "$logs/generate_cpu.txt" "$logs/generate_$device.txt"; then
+if [ ! -s "$logs/generate_cpu.txt" ] || [ ! -s "$logs/generate_$device.txt" ]; then
+  echo "FAIL: generate not compared (a run left no tokens)"; failed=1
+elif cmp -s "$logs/generate_cpu.txt" "$logs/generate_$device.txt"; then
   echo "generate --device $device: the CPU's 60 greedy tokens ($(tail -n 1 "$logs/generate_$device.log" | cut -c1-90))"
 else
   echo "FAIL: generate on $device differs from the CPU's:"; cat "$logs/generate_cpu.txt" "$logs/generate_$device.txt"; failed=1

@@ -31,6 +31,7 @@ common=(--set data.path="$root/data/corpus.txt" --set train.steps=20 --set train
 failed=0
 run() {  # run NAME DEVICE [titan3d args...]: trains (or resumes) into $logs/NAME
   local name=$1 dev=$2; shift 2
+  out_of_time "$name" && { failed=1; return; }
   if "$@" "${common[@]}" --set hardware.device="$dev" --set run.dir="$logs/$name" \
     > "$logs/$name.log" 2>&1; then
     grep -h "device:" "$logs/$name/logs/rank0.log" | head -n 1 | sed "s/^.*device:/$name: device:/"
@@ -59,6 +60,7 @@ if [ "$device" = cuda ]; then
   fi
 fi
 for dev in cpu "$device"; do
+  out_of_time "eval_$dev" && { failed=1; continue; }
   titan3d eval "$logs/gpu/snapshots/step_00000020.h5" --set hardware.device="$dev" \
     --json "$logs/eval_$dev.json" > "$logs/eval_$dev.log" 2>&1 ||
     { echo "FAIL: eval on $dev exited $?"; tail -n 5 "$logs/eval_$dev.log"; failed=1; }
@@ -75,6 +77,7 @@ done
 one=(--set parallel.pp=1 --set parallel.dp=1 --set parallel.tp=1 --set data.path="$root/data/corpus.txt"
      --set train.val_every=0 --set snapshot.every=0 --set hardware.device="$device")
 for precision in fp32 bf16; do
+  out_of_time "default_$precision" && { failed=1; continue; }
   titan3d train recipes/default.toml "${one[@]}" --set train.precision=$precision \
     --set run.dir="$logs/default_$precision" > "$logs/default_$precision.log" 2>&1 ||
     { echo "FAIL: default_$precision exited $?"; tail -n 20 "$logs/default_$precision.log"; failed=1; }
@@ -128,6 +131,7 @@ ok &= len(fp32) == 200 and len(bf16) == 200 and w16 <= 2e-2
 sys.exit(0 if ok else 1)
 PY
 trained=$?
+out_of_time selfcheck && exit 1
 titan3d selfcheck recipes/tiny.toml --quick --set parallel.dp=2 --set hardware.device="$device" \
   --set data.path="$root/data/corpus.txt" --set run.dir="$logs/selfcheck" > "$logs/selfcheck.log" 2>&1
 checked=$?
