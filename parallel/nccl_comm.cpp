@@ -43,23 +43,13 @@ void check_cuda(cudaError_t r, const char* call, const char* file, int line) {
 #define T3D_NCCL(call) check_nccl((call), #call, __FILE__, __LINE__)
 #define T3D_CUDA(call) check_cuda((call), #call, __FILE__, __LINE__)
 
-template <class T>
+template <class T>  // float, or uint16_t: bf16 bits (kernels/precision.h)
 ncclDataType_t nccl_type() {
-  if constexpr (std::is_same_v<T, float>)
-    return ncclFloat32;
-  else
-    return ncclBfloat16;  // uint16_t: bf16 bits (kernels/precision.h)
+  return std::is_same_v<T, float> ? ncclFloat32 : ncclBfloat16;
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::max:
-      return ncclMax;
-    case ReduceOp::min:
-      return ncclMin;
-    default:
-      return ncclSum;
-  }
+  return op == ReduceOp::max ? ncclMax : op == ReduceOp::min ? ncclMin : ncclSum;
 }
 
 // One operation in flight: its stream records `began` before it and `done` after it. Shared by
@@ -99,9 +89,11 @@ struct NcclComm::Impl {
   mutable std::mutex mu;
   std::condition_variable wake;
   mutable std::vector<std::shared_ptr<Op>> watched;
-  // An exchange that threw (prepare_pairs) may leave NCCL operations no Op tracks: the
-  // communicators are then aborted, not destroyed (a destroy waits for them).
+  // A call that threw may leave NCCL operations untracked: abort, not destroy (a destroy waits).
   mutable std::atomic<bool> must_abort{false};
+  // Held by the owner inside NCCL's calls: the watchdog aborts the communicators only when it can
+  // take it (an abort frees a communicator under a call that uses it, or waits on it).
+  mutable std::timed_mutex calling;
   bool stopping = false;
   std::thread watchdog;
 
@@ -115,6 +107,8 @@ struct NcclComm::Impl {
   // reported. Both abort the NCCL communicators, then the job (exit 3).
   [[noreturn]] void abort_hung(const Op& hung);
   [[noreturn]] void abort_on_error(ncclResult_t error);
+  void abort_comms();  // when no NCCL call of the owner's holds them (`calling`), else nothing
+  std::shared_ptr<Op> watch_host_wait(const char* what, int peer) const;  // until `host_done`
   // Runs `enqueue` (NCCL calls on `comm`) on `stream` after the compute stream's work so far;
   // returns the operation, its event recorded after it and watched.
   template <class F>
@@ -134,10 +128,9 @@ NcclComm::Impl::Impl(const Comm& group, const kernels::Exec& exec) : mpi(group) 
   device = kernels::cuda::stream_device(*exec.stream);
   compute = static_cast<cudaStream_t>(kernels::cuda::native_stream(*exec.stream));
   const NcclApi& api = nccl_api();
-  // Rank 0's ids for the three communicators (one where the group is a single rank: nothing
-  // travels point to point), over the group's MPI communicator.
-  // Rank 0's result travels with them: where it cannot make them (no network interface NCCL
-  // may use, NCCL_SOCKET_IFNAME naming none), every rank throws its error instead of waiting.
+  // Rank 0's ids for the three communicators (one for a single rank: nothing travels point to
+  // point), over the group's MPI communicator, with its result: where it cannot make them (no
+  // network interface NCCL may use), every rank throws its error instead of waiting.
   const int comms = group.size() > 1 ? 3 : 1;
   std::vector<ncclUniqueId> ids(static_cast<size_t>(comms));
   int made = ncclSuccess;
@@ -184,21 +177,12 @@ void NcclComm::Impl::connect(const std::vector<int>& send_to,
   // (the work queued before on both streams done: watched as its own operations) the exchange is
   // one host wait under the watchdog, so a peer that never comes ends the job (exit 3) as a hung
   // operation on the GPU does.
-  auto wait = std::make_shared<Op>();
-  wait->what = "prepare_pairs (NCCL connecting point-to-point pairs)";
-  wait->on_host = wait->running = true;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    watched.push_back(wait);
-  }
-  struct Finish {
-    Op& op;
-    ~Finish() { op.host_done = true; }
-  } finish{*wait};
+  const auto wait = watch_host_wait("prepare_pairs (NCCL connecting point-to-point pairs)", -1);
   try {
     // The pairs of each direction's communicator in one group: NCCL connects them together.
     for (ncclComm_t comm : {up, down}) {
       cudaStream_t stream = comm == up ? up_stream : down_stream;
+      std::lock_guard<std::timed_mutex> inside(calling);
       T3D_NCCL(api.group_start());
       for (int peer : send_to)
         if (peer != mpi.rank() && send_comm(peer) == comm)
@@ -211,9 +195,10 @@ void NcclComm::Impl::connect(const std::vector<int>& send_to,
     T3D_CUDA(cudaStreamSynchronize(up_stream));
     T3D_CUDA(cudaStreamSynchronize(down_stream));
   } catch (...) {
-    must_abort = true;
+    wait->host_done = must_abort = true;
     throw;
   }
+  wait->host_done = true;
   T3D_CUDA(cudaFreeAsync(floats, up_stream));
 }
 
@@ -274,21 +259,23 @@ void NcclComm::Impl::watch() {
   }
 }
 
-void NcclComm::Impl::abort_hung(const Op& hung) {
-  // Aborting the NCCL communicators ends the GPU's waits, so the process can exit. Not under a
-  // host wait: its owner is inside ncclGroupEnd on them, and an abort frees a communicator in use
-  // (or waits on it); MPI_Abort ends the process, and the driver its GPU work.
-  if (!hung.on_host)
+void NcclComm::Impl::abort_comms() {
+  // Aborting the communicators ends the GPU's waits. Not while the owner is inside a call on them
+  // (waiting on the host for a peer): MPI_Abort ends the process then. `calling` stays held.
+  if (calling.try_lock_for(std::chrono::seconds(2)))
     for (ncclComm_t c : {main, up, down})
       if (c) nccl_api().comm_abort(c);
+}
+
+void NcclComm::Impl::abort_hung(const Op& hung) {
+  abort_comms();
   mpi.abort_hung(
       hung.what, hung.peer,
       hung.on_host ? " (NCCL waiting on the host for a peer)" : " (an NCCL operation on the GPU)");
 }
 
 void NcclComm::Impl::abort_on_error(ncclResult_t error) {
-  for (ncclComm_t c : {main, up, down})
-    if (c) nccl_api().comm_abort(c);
+  abort_comms();
   // A peer that died or a broken link shows here (ncclRemoteError, ncclSystemError): the job
   // ends as for a hang (exit 3), naming the group.
   const std::string msg = "watchdog: NCCL reported \"" +
@@ -307,20 +294,32 @@ void NcclComm::Impl::abort_on_error(ncclResult_t error) {
 template <class F>
 std::shared_ptr<Op> NcclComm::Impl::launch(cudaStream_t stream, const char* what, int peer,
                                            F enqueue) const {
-  auto op = std::make_shared<Op>();
-  op->what = what;
-  op->peer = peer;
   T3D_CUDA(cudaEventRecord(compute_ready, compute));
   T3D_CUDA(cudaStreamWaitEvent(stream, compute_ready, 0));
-  T3D_CUDA(cudaEventCreateWithFlags(&op->began, cudaEventDisableTiming));
-  T3D_CUDA(cudaEventRecord(op->began, stream));
-  enqueue(stream);
-  T3D_CUDA(cudaEventCreateWithFlags(&op->done, cudaEventDisableTiming));
-  T3D_CUDA(cudaEventRecord(op->done, stream));
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    watched.push_back(op);
+  // The enqueue is a host wait first: NCCL connects a communicator's peers lazily, on the host in
+  // its first calls, waiting there for them (as prepare_pairs).
+  const auto op = watch_host_wait(what, peer);
+  try {
+    T3D_CUDA(cudaEventCreateWithFlags(&op->began, cudaEventDisableTiming));
+    T3D_CUDA(cudaEventRecord(op->began, stream));
+    std::lock_guard<std::timed_mutex> inside(calling);
+    enqueue(stream);
+    T3D_CUDA(cudaEventCreateWithFlags(&op->done, cudaEventDisableTiming));
+    T3D_CUDA(cudaEventRecord(op->done, stream));
+  } catch (...) {
+    op->host_done = must_abort = true;
+    throw;
   }
+  std::lock_guard<std::mutex> lock(mu);  // then an operation on the GPU, timed from `began`
+  op->on_host = op->running = false;
+  return op;
+}
+
+std::shared_ptr<Op> NcclComm::Impl::watch_host_wait(const char* what, int peer) const {
+  auto op = std::make_shared<Op>();
+  op->what = what, op->peer = peer, op->on_host = op->running = true;
+  std::lock_guard<std::mutex> lock(mu);
+  watched.push_back(op);
   return op;
 }
 
@@ -535,16 +534,17 @@ void exchange_rows(const NcclComm::Impl& c, Exchange& exchange, const T* send,
       c.started_request(c.launch(c.main_stream, "all_to_allv", -1, [&](cudaStream_t s) {
         const NcclApi& api = nccl_api();
         T3D_NCCL(api.group_start());
+        const auto rows = [&](const std::vector<int>& v, int p) {  // elements from rows
+          return static_cast<size_t>(v[static_cast<size_t>(p)]) * row_size;
+        };
         for (int p = 0; p < n; ++p) {
-          const size_t i = static_cast<size_t>(p);
-          if (send_counts[i])
-            T3D_NCCL(api.send(send + static_cast<size_t>(send_displs[i]) * row_size,
-                              static_cast<size_t>(send_counts[i]) * row_size, nccl_type<T>(), p,
-                              c.main, s));
-          if (recv_counts[i])
-            T3D_NCCL(api.recv(recv + static_cast<size_t>(recv_displs[i]) * row_size,
-                              static_cast<size_t>(recv_counts[i]) * row_size, nccl_type<T>(), p,
-                              c.main, s));
+          const ncclDataType_t type = nccl_type<T>();
+          if (rows(send_counts, p))
+            T3D_NCCL(
+                api.send(send + rows(send_displs, p), rows(send_counts, p), type, p, c.main, s));
+          if (rows(recv_counts, p))
+            T3D_NCCL(
+                api.recv(recv + rows(recv_displs, p), rows(recv_counts, p), type, p, c.main, s));
         }
         T3D_NCCL(api.group_end());
       }));
