@@ -55,8 +55,8 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 // One operation in flight: its stream records `began` before it and `done` after it. Shared by
 // the request that started it (until wait, test or release) and the watchdog (until `done`
 // fires). The deadline runs from when the watchdog first sees `began` fired (the host enqueues up
-// to a step ahead), as the MPI path times only real waits. A host wait (`on_host`: NCCL connecting
-// pairs in ncclGroupEnd) has no events: it runs from its making until its owner sets `host_done`.
+// to a step ahead), as the MPI path times only real waits. A host wait (`on_host`: the owner in an
+// NCCL call that may wait for peers) has no events: it runs from its making to `host_done`.
 struct Op {
   cudaEvent_t began = nullptr, done = nullptr;
   const char* what = "";

@@ -493,6 +493,7 @@ class Model final : public StageModel {
   // round_weights' copy (options_.exec points at it: its address never changes) and its memory.
   std::unique_ptr<kernels::WeightCopy> weight_copy_ = std::make_unique<kernels::WeightCopy>();
   kernels::Buffer weight_copy_memory_;
+  std::vector<kernels::Bf16Cast> weight_casts_;  // round_weights' casts (reused: no step allocates)
   // The last chunk's micro-batch losses since take_loss_sum (keep_loss_sum).
   static constexpr int kKeptLossSums = 256;
   kernels::Buffer loss_sums_;  // kKeptLossSums doubles of the Exec's memory, `kept_loss_sums_` used

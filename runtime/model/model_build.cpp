@@ -314,12 +314,12 @@ void Model::round_weights() {
     copy.rounded = weight_copy_memory_.as<k::bf16>();
   }
   copy.data = state_.params.data();
-  std::vector<k::Bf16Cast> casts;
-  casts.reserve(copy.tensors.size());
+  weight_casts_.clear();
   for (const auto& t : copy.tensors)
-    casts.push_back(
+    weight_casts_.push_back(
         {weight_copy_memory_.as<k::bf16>() + t.at, copy.data + t.begin, t.end - t.begin});
-  k::float_to_bf16_many(exec, casts.data(), static_cast<std::int64_t>(casts.size()));
+  k::float_to_bf16_many(exec, weight_casts_.data(),
+                        static_cast<std::int64_t>(weight_casts_.size()));
   copy.current = true;
 }
 
