@@ -10,6 +10,7 @@
 
 #include "kernels/check.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/memory_guard.h"
 
 namespace t3d::kernels {
 namespace {
@@ -57,7 +58,15 @@ Arena::Arena(std::size_t capacity_bytes, Memory memory)
   // touch then faults in 2 MiB, not 4 KiB; on a virtual machine, where every fault is costly,
   // that is seconds per GiB at start-up. Advice only: ignored where THP is off.
   madvise(p, capacity_, MADV_HUGEPAGE);
+  if (memory == Memory::kGuardedHost) guard_memory(base_, capacity_, "the device memory");
 }
+
+Memory device_memory(const Exec& exec) {
+  if (exec.on_gpu()) return Memory::kDevice;
+  return memory_guard_on() ? Memory::kGuardedHost : Memory::kHost;
+}
+
+bool host_shares_device_memory(const Exec& exec) { return device_memory(exec) == Memory::kHost; }
 
 Arena::~Arena() {
   if (!base_) return;
@@ -67,6 +76,7 @@ Arena::~Arena() {
     return;
   }
 #endif
+  if (memory_ == Memory::kGuardedHost) unguard_memory(base_);
   munmap(base_, capacity_);
 }
 
@@ -81,7 +91,7 @@ void Buffer::reserve(const Exec& exec, std::size_t bytes, std::string_view name)
     return;
   }
 #endif
-  memory_ = std::make_unique<Arena>(bytes, Memory::kHost);  // the old one freed first
+  memory_ = std::make_unique<Arena>(bytes, device_memory(exec));  // the old one freed first
   data_ = memory_->alloc_bytes(name, bytes);
   bytes_ = bytes;
 }

@@ -35,8 +35,16 @@ inline constexpr std::size_t aligned_bytes(std::size_t bytes) {
 std::string format_bytes(std::size_t bytes);
 
 // Where an arena's memory is: host memory (the CPU backend, and host staging), or one GPU's memory
-// (the CUDA backend: kernels/exec.h; only ops given a GPU Exec may touch it).
-enum class Memory { kHost, kDevice };
+// (the CUDA backend: kernels/exec.h; only ops given a GPU Exec may touch it), or the CPU backend's
+// device memory guarded as a GPU's is (host memory only ops may touch: kernels/memory_guard.h).
+enum class Memory { kHost, kDevice, kGuardedHost };
+
+// The memory an Exec's device state lives in (its arena, Buffers): the GPU's for a GPU Exec; on
+// the CPU host memory, guarded where memory_guard_on().
+Memory device_memory(const Exec& exec);
+// Whether code outside the ops may read and write an Exec's device memory in place (the CPU,
+// unguarded). Where not, data crosses by copy_to_host and copy_from_host (kernels/ops.h).
+bool host_shares_device_memory(const Exec& exec);
 
 class Arena {
  public:
@@ -44,6 +52,7 @@ class Arena {
   // they are first touched, so an 80 GiB budget on a smaller test machine costs nothing until
   // used. kDevice: cudaMalloc's the whole capacity on the current GPU at once and zeroes it
   // (UserError naming the bytes when the GPU lacks them, or when the build has no CUDA backend).
+  // kGuardedHost: as kHost, guarded (kernels/memory_guard.h) until the Arena ends.
   explicit Arena(std::size_t capacity_bytes, Memory memory = Memory::kHost);
   ~Arena();
   Arena(const Arena&) = delete;

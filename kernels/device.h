@@ -57,7 +57,7 @@ class Device {
   // This device's execution with GEMMs of `kind` (on a GPU: cuBLAS in kind's precision).
   Exec exec(GemmKind kind) const;
   // The memory an arena for this device's ops holds.
-  Memory memory() const { return on_gpu() ? Memory::kDevice : Memory::kHost; }
+  Memory memory() const { return device_memory(exec(GemmKind::kOpenBlasF32)); }
   // "cpu", or the GPU: "cuda:0 NVIDIA H100 80GB HBM3, 79.1 GiB (78.5 free), sm_90, ..."
   const std::string& description() const { return description_; }
   // On a GPU: its datasheet row (null when kernels/gpu_specs.h does not know it) and how many

@@ -13,6 +13,7 @@
 
 #include "kernels/check.h"
 #include "kernels/gemm.h"
+#include "kernels/memory_guard.h"
 
 namespace t3d::kernels {
 
@@ -79,15 +80,18 @@ inline constexpr Exec kCpu{GemmKind::kOpenBlasF32};
 // kernels/cuda/cuda_ops.h) when `exec` is a GPU execution. In a build without the CUDA backend no
 // GPU Exec can exist (no cuda::Stream can be made), and the line only checks that.
 // On a GPU the call is timed while op timing is on (T3D_GPU_OP_TIMES, kernels/cuda/op_timer.h),
-// under the op's name.
+// under the op's name. On the CPU the rest of the op's body may touch guarded device memory
+// (kernels/memory_guard.h): so it must be the op's first statement, in the op's outermost block.
 #ifdef T3D_HAVE_CUDA
 #include "kernels/cuda/op_timer.h"
 #define T3D_ON_GPU(exec, call)                                                   \
   if ((exec).on_gpu()) {                                                         \
     const ::t3d::kernels::cuda::OpTimer t3d_op_timer_(*(exec).stream, __func__); \
     return call;                                                                 \
-  }
+  }                                                                              \
+  const ::t3d::kernels::GuardedMemoryOpen t3d_guarded_memory_open_
 #else
-#define T3D_ON_GPU(exec, call) \
-  T3D_ASSERT(!(exec).on_gpu(), "a GPU execution in a build without the CUDA backend")
+#define T3D_ON_GPU(exec, call)                                                         \
+  T3D_ASSERT(!(exec).on_gpu(), "a GPU execution in a build without the CUDA backend"); \
+  const ::t3d::kernels::GuardedMemoryOpen t3d_guarded_memory_open_
 #endif

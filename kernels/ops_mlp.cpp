@@ -104,7 +104,7 @@ LinearInput::LinearInput(const Exec& exec, const float* x, bf16* copy, Copy how,
     copy = buffer.data();
     how = Copy::kFill;
   }
-  if (how == Copy::kFill) float_to_bf16_threads(copy, x, rows * cols);
+  if (how == Copy::kFill) float_to_bf16(exec, copy, x, rows * cols);
   if (bf16_gemm) rounded_ = copy;
 }
 

@@ -46,24 +46,19 @@ std::int64_t host_waits() { return host_waits_made; }
 void count_host_wait() { ++host_waits_made; }
 
 void copy_from_host(const Exec& exec, void* dst, const void* host_src, std::size_t bytes) {
-  if (bytes <= kUnwaitedUploadBytes) {
-    T3D_ON_GPU(exec, cuda::copy_to_device_staged(*exec.stream, dst, host_src, bytes));
-  } else {
-    count_host_wait();
-    if (exec.on_gpu()) {  // synchronised: the host buffer may be pinned (then the copy is async)
-      T3D_ON_GPU(exec, (cuda::copy_to_device(*exec.stream, dst, host_src, bytes),
-                        exec.stream->synchronize()));
-    }
-  }
+  const bool waited = bytes > kUnwaitedUploadBytes;
+  if (waited) count_host_wait();
+  // Above the unwaited size synchronised: the host buffer may be pinned (then the copy is async).
+  T3D_ON_GPU(exec, waited ? (cuda::copy_to_device(*exec.stream, dst, host_src, bytes),
+                             exec.stream->synchronize())
+                          : cuda::copy_to_device_staged(*exec.stream, dst, host_src, bytes));
   if (bytes) std::memcpy(dst, host_src, bytes);
 }
 
 void copy_to_host(const Exec& exec, void* host_dst, const void* src, std::size_t bytes) {
   count_host_wait();
-  if (exec.on_gpu()) {
-    T3D_ON_GPU(
-        exec, (cuda::copy_to_host(*exec.stream, host_dst, src, bytes), exec.stream->synchronize()));
-  }
+  T3D_ON_GPU(exec,
+             (cuda::copy_to_host(*exec.stream, host_dst, src, bytes), exec.stream->synchronize()));
   if (bytes) std::memcpy(host_dst, src, bytes);
 }
 

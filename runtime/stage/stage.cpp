@@ -4,12 +4,12 @@
 
 #include <algorithm>
 #include <array>
-#include <cstdlib>
 #include <string>
 
 #include "kernels/check.h"
 #include "kernels/device.h"
 #include "kernels/gemm.h"
+#include "kernels/memory_guard.h"
 #include "parallel/zero.h"
 #include "runtime/data/data_sampler.h"
 #include "runtime/data/text_tokenizer.h"
@@ -51,15 +51,16 @@ void use_gemm_table(const kernels::Device& device, const std::string& table) {
 StageGroups::StageGroups(const parallel::Mesh& mesh, const kernels::Device& device, DeviceComm key,
                          bool pp_in_send_order)
     : mesh_(mesh) {
-  const char* forced = std::getenv("T3D_STAGE_COLLECTIVES");
-  const bool staged_on_cpu = forced && std::string(forced) == "1";
+  // Staged on the CPU where its device memory is guarded as a GPU's (T3D_GUARD_DEVICE_MEMORY=1:
+  // MPI may not touch it, kernels/memory_guard.h), which also checks that staging changes no bit.
+  const bool staged_on_cpu = kernels::memory_guard_on();
   // Collective over the world: with a GPU on any rank (hardware.device = "auto" over hosts with
   // and without), every rank decides every group below, a CPU rank's groups being staged.
   int gpus = device.on_gpu() ? 1 : 0;
   mesh.world().all_reduce(&gpus, 1, parallel::ReduceOp::max);
   if (gpus == 0) {
-    // The ranks' tensors are host memory: the MPI communicators carry them (staged copies only
-    // where T3D_STAGE_COLLECTIVES=1 checks that staging changes no bit). "nccl" is refused.
+    // The ranks' tensors are host memory: the MPI communicators carry them (staged copies where
+    // the device memory is guarded). "nccl" is refused.
     if (key == DeviceComm::kNccl)
       choose_device_comm(key, "every group (no rank has a GPU)", {RankDevice{}},
                          parallel::nccl_library());
@@ -73,7 +74,7 @@ StageGroups::StageGroups(const parallel::Mesh& mesh, const kernels::Device& devi
     ep_ = std::make_unique<parallel::StagedComm>(mesh.ep(), exec);
     spdlog::info(
         "tensor collectives of tp, pp, cp, dp × cp, edp and ep staged through host memory "
-        "(T3D_STAGE_COLLECTIVES=1)");
+        "(T3D_GUARD_DEVICE_MEMORY=1)");
     return;
   }
   // Per group, NCCL or staged (runtime/stage/device_comm.h). Every rank decides every

@@ -55,8 +55,8 @@ ModelOptions model_options(const Recipe& r, const JobPrecision& precision, Stage
                            const parallel::TensorComm* cp);
 
 // The tensor groups of a stage's Model, executor and training state: the mesh's own (MPI over host
-// memory) on a CPU, or StagedComms over them where T3D_STAGE_COLLECTIVES=1 asks for them there (a
-// check that staging changes no bit); on a GPU, per group, NCCL or a StagedComm as
+// memory) on a CPU, or StagedComms over them where its device memory is guarded as a GPU's
+// (T3D_GUARD_DEVICE_MEMORY=1, kernels/memory_guard.h); on a GPU, per group, NCCL or a StagedComm as
 // parallel.device_comm (`key`) and the group's devices decide (runtime/stage/device_comm.h),
 // each logged. Collective over every group.
 class StageGroups {

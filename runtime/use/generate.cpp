@@ -20,13 +20,13 @@ namespace k = t3d::kernels;
 Decoder::Decoder(const SnapshotWeights& w, const k::Exec& exec)
     : config_(w.recipe.model), exec_(exec) {
   const std::size_t bytes = place(w, nullptr);
-  arena_ = std::make_unique<k::Arena>(bytes, exec.on_gpu() ? k::Memory::kDevice : k::Memory::kHost);
+  arena_ = std::make_unique<k::Arena>(bytes, k::device_memory(exec));
   place(w, arena_.get());
   const auto& m = config_;
   std::vector<float> rope(static_cast<size_t>(m.seq_len * m.head_dim()));
   k::rope_table(rope.data(), m.seq_len, m.head_dim(), m.rope_theta, m.rope());  // the Model's
   k::copy_from_host(exec_, rope_, rope.data(), sizeof(float) * rope.size());
-  if (exec_.on_gpu()) logits_host_.resize(static_cast<size_t>(m.vocab_size));
+  if (!k::host_shares_device_memory(exec_)) logits_host_.resize(static_cast<size_t>(m.vocab_size));
 }
 
 Decoder::~Decoder() = default;
@@ -42,9 +42,9 @@ std::size_t Decoder::place(const SnapshotWeights& w, k::Arena* arena) {
   };
   const auto floats = [&](int64_t n) { return static_cast<float*>(take(n)); };
   const auto ints = [&](int64_t n) { return static_cast<int32_t*>(take(n, sizeof(int32_t))); };
-  // A weight: in place on the CPU; on a GPU its copy in the arena.
+  // A weight: in place on the CPU; on a GPU (or guarded) its copy in the arena.
   const auto weight = [&](const float* host, int64_t n) -> const float* {
-    if (!exec_.on_gpu()) return host;
+    if (k::host_shares_device_memory(exec_)) return host;
     float* dev = floats(n);
     if (arena) k::copy_from_host(exec_, dev, host, sizeof(float) * static_cast<size_t>(n));
     return dev;
@@ -148,7 +148,7 @@ std::span<const float> Decoder::step(int32_t token) {
   k::rmsnorm_forward(ex, xn_, rstd_, x_, norm_, 1, C, eps);
   k::linear_forward(ex, logits_, xn_, head_, 1, C, m.vocab_size);
   ++pos_;
-  if (!ex.on_gpu()) return {logits_, static_cast<size_t>(m.vocab_size)};
+  if (k::host_shares_device_memory(ex)) return {logits_, static_cast<size_t>(m.vocab_size)};
   k::copy_to_host(ex, logits_host_.data(), logits_, sizeof(float) * logits_host_.size());
   return logits_host_;
 }

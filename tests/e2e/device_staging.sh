@@ -3,11 +3,13 @@
 #   - hardware.device = cuda exits 2 naming the key (no GPU visible, or no CUDA backend built);
 #     auto trains on the CPU and the rank's log, the performance table and summary.json say so;
 #   - the tensor collectives a GPU stage stages through host memory (parallel/staged_comm.h)
-#     change no bit: layouts with pipeline, tensor (with sequence parallelism), context and data
-#     parallelism (ZeRO 1-3, the experts' edp group), expert parallelism's rows and gates (the ep
-#     group's all-to-alls), fp32 and bf16 (bf16 wire and TP traffic), each trained 4 steps with the mesh's
-#     MPI groups and again with T3D_STAGE_COLLECTIVES=1 (the staged path on the CPU): every loss
-#     and gradient norm equal, and the staged runs' logs say they staged;
+#     change no bit, and nothing outside the ops touches device memory: layouts with pipeline,
+#     tensor (with sequence parallelism), context and data parallelism (ZeRO 1-3, the experts' edp
+#     group), expert parallelism's rows and gates (the ep group's all-to-alls), fp32 and bf16 (bf16
+#     wire and TP traffic), each trained 4 steps with the mesh's MPI groups and again with
+#     T3D_GUARD_DEVICE_MEMORY=1 (the device memory guarded as a GPU's, kernels/memory_guard.h,
+#     and so the staged path): every loss and gradient norm equal, and the guarded runs' logs say
+#     they staged;
 #   - parallel.device_comm = nccl exits 2 naming the key where the ranks compute on the CPU (the
 #     recipe check with hardware.device = cpu, the ranks alike with auto).
 # Usage: device_staging.sh TITAN3D
@@ -22,19 +24,20 @@ common=(--set data.path="$corpus" --set model.dim=64 --set model.n_layers=4 --se
         --set hardware.hbm_gib=0.25 --set snapshot.every=0 --set hardware.gemm=openblas
         --set hardware.threads_per_rank=1)
 fail=0
-check() {  # check NAME [--set ...]: direct vs staged
+check() {  # check NAME [--set ...]: direct vs guarded (staged)
   local name=$1; shift
   "$titan3d" train "$repo/recipes/tiny.toml" "${common[@]}" "$@" --set run.dir="$work/$name" \
     > "$work/$name.log" 2>&1 || { echo "FAIL: $name exited $?"; tail "$work/$name.log"; fail=1; return; }
-  T3D_STAGE_COLLECTIVES=1 "$titan3d" train "$repo/recipes/tiny.toml" "${common[@]}" "$@" \
+  T3D_GUARD_DEVICE_MEMORY=1 "$titan3d" train "$repo/recipes/tiny.toml" "${common[@]}" "$@" \
     --set run.dir="$work/$name.staged" > "$work/$name.staged.log" 2>&1 ||
-    { echo "FAIL: $name staged exited $?"; tail "$work/$name.staged.log"; fail=1; return; }
-  grep -q "staged through host memory (T3D_STAGE_COLLECTIVES=1)" "$work/$name.staged/logs/rank0.log" ||
-    { echo "FAIL: $name: the staged run's log does not say it staged"; fail=1; return; }
+    { echo "FAIL: $name guarded exited $?"; tail "$work/$name.staged.log"; guard_trace "$work/$name.staged.log"
+      fail=1; return; }
+  grep -q "staged through host memory (T3D_GUARD_DEVICE_MEMORY=1)" "$work/$name.staged/logs/rank0.log" ||
+    { echo "FAIL: $name: the guarded run's log does not say it staged"; fail=1; return; }
   if diff <(field "$work/$name/metrics.jsonl" loss; field "$work/$name/metrics.jsonl" grad_norm) \
           <(field "$work/$name.staged/metrics.jsonl" loss; field "$work/$name.staged/metrics.jsonl" grad_norm) \
           > "$work/$name.diff"; then
-    echo "ok   $name: $(field "$work/$name/metrics.jsonl" loss | wc -l) steps bit-identical staged"
+    echo "ok   $name: $(field "$work/$name/metrics.jsonl" loss | wc -l) steps bit-identical staged and guarded"
   else
     echo "FAIL: $name: staged differs (< direct, > staged):"; cat "$work/$name.diff"; fail=1
   fi

@@ -13,6 +13,13 @@ require_corpus() {
 losses() { sed -n 's/.*"loss": \([^,]*\),.*/\1/p' "$1"; }
 # field FILE NAME: a metrics.jsonl field's value per step, one per line.
 field() { sed -n "s/.*\"$2\": \\([^,}]*\\).*/\\1/p" "$1"; }
+# guard_trace LOG: the functions of the backtrace a guarded run printed when something outside the
+# ops touched device memory (T3D_GUARD_DEVICE_MEMORY=1, kernels/memory_guard.h), where addr2line is.
+guard_trace() {
+  command -v addr2line > /dev/null || return 0
+  sed -n '/touched outside an op/,$p' "$1" | grep -o 'titan3d(+0x[0-9a-f]*)' | head -16 |
+    sed 's/.*(+\(0x[0-9a-f]*\))/\1/' | xargs -r addr2line -f -C -e "$titan3d" | paste - - | cut -c1-160
+}
 # compare_losses A B RTOL [FIELD]: both files log as many steps, and every step's loss (or FIELD)
 # agrees within RTOL relative; prints the worst.
 compare_losses() {

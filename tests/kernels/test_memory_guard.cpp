@@ -1,0 +1,70 @@
+// Guarded device memory (kernels/memory_guard.h), the CPU's stand-in for a GPU's memory: outside
+// an op no code may touch it (the process ends naming the byte), an op's CPU path opens it, opens
+// nest, and the guard ends with its arena. The death tests re-run their test in a fresh process
+// ("threadsafe"): the rank's OpenMP threads make a bare fork unsafe.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <vector>
+
+#include "kernels/arena.h"
+#include "kernels/memory_guard.h"
+#include "kernels/ops.h"
+
+namespace t3d::kernels {
+namespace {
+
+constexpr const char* kNamed = "device memory touched outside an op";
+
+TEST(kernels_memory_guard, ATouchOutsideAnOpEndsTheProcessNamingTheByte) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  Arena arena(1 << 20, Memory::kGuardedHost);
+  volatile float* x = arena.alloc_floats("x", 1024);
+  EXPECT_DEATH(x[5] = 1.0f, "device memory touched outside an op.*byte 20 of the device memory");
+  EXPECT_DEATH((void)x[1000], kNamed);
+}
+
+TEST(kernels_memory_guard, OpsOpenItNestedOpensCountAndItClosesAfter) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  Arena arena(1 << 20, Memory::kGuardedHost);
+  float* x = arena.alloc_floats("x", 256);
+  float* y = arena.alloc_floats("y", 256);
+  std::vector<float> host(256), back(256);
+  for (int i = 0; i < 256; ++i) host[i] = static_cast<float>(i) - 7.5f;
+  copy_from_host(kCpu, x, host.data(), sizeof(float) * host.size());  // ops: open while they run
+  add(kCpu, y, x, x, 256);
+  copy_to_host(kCpu, back.data(), y, sizeof(float) * back.size());
+  for (int i = 0; i < 256; ++i) EXPECT_EQ(back[i], 2 * host[i]) << i;
+  {
+    const GuardedMemoryOpen outer;
+    {
+      const GuardedMemoryOpen inner;  // an op inside an op
+    }
+    EXPECT_EQ(x[3], host[3]);  // still open: the outer op runs
+  }
+  volatile float* closed = x;
+  EXPECT_DEATH((void)closed[3], kNamed);
+}
+
+TEST(kernels_memory_guard, TheGuardEndsWithItsArena) {
+  const int before = guarded_memories.load();
+  {
+    Arena arena(1 << 16, Memory::kGuardedHost);
+    EXPECT_EQ(guarded_memories.load(), before + 1);
+  }
+  EXPECT_EQ(guarded_memories.load(), before);
+  Arena plain(1 << 16, Memory::kHost);  // host staging and the CPU's arena are never guarded
+  EXPECT_EQ(guarded_memories.load(), before);
+  float* p = plain.alloc_floats("p", 4);
+  p[0] = 1.0f;
+  EXPECT_EQ(p[0], 1.0f);
+}
+
+TEST(kernels_memory_guard, TheCpusDeviceMemoryIsGuardedOnlyWhereAsked) {
+  const bool asked = memory_guard_asked();
+  EXPECT_EQ(device_memory(kCpu), asked ? Memory::kGuardedHost : Memory::kHost);
+  EXPECT_EQ(host_shares_device_memory(kCpu), !asked);
+}
+
+}  // namespace
+}  // namespace t3d::kernels
