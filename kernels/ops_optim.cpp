@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
 #include <vector>
 
 #include "kernels/check.h"
@@ -62,9 +63,42 @@ void copy_to_host(const Exec& exec, void* host_dst, const void* src, std::size_t
   if (bytes) std::memcpy(host_dst, src, bytes);
 }
 
+namespace {
+
+// Guarded device memory (kernels/memory_guard.h) also stands in for a GPU's copy stream: a
+// started copy is made at the latest moment a GPU could make it, the first wait_for_copies or
+// compute_after_copies after it, and its host bytes are all ones (NaN) until then. So a reader of
+// the host bytes that did not wait reads NaN, and an op that overwrites a copied source before
+// compute_after_copies changes what is copied: either changes a snapshot's bits against the same
+// run unguarded (use_device_memory_guard).
+struct DeferredCopy {
+  void* host_dst;
+  const void* src;
+  std::size_t bytes;
+};
+std::mutex deferred_copies_mutex;
+std::vector<DeferredCopy> deferred_copies;
+
+void make_deferred_copies() {
+  const std::lock_guard<std::mutex> lock(deferred_copies_mutex);
+  if (deferred_copies.empty()) return;
+  const GuardedMemoryOpen open;  // from any thread, as a GPU's copy stream runs beside the compute
+  for (const DeferredCopy& c : deferred_copies) std::memcpy(c.host_dst, c.src, c.bytes);
+  deferred_copies.clear();
+}
+
+}  // namespace
+
 void copy_to_host_started(const Exec& exec, void* host_dst, const void* src, std::size_t bytes) {
   T3D_ON_GPU(exec, cuda::copy_to_host_behind(*exec.stream, host_dst, src, bytes));
-  if (bytes) std::memcpy(host_dst, src, bytes);
+  if (bytes == 0) return;
+  if (memory_guard_on()) {
+    std::memset(host_dst, 0xFF, bytes);
+    const std::lock_guard<std::mutex> lock(deferred_copies_mutex);
+    deferred_copies.push_back({host_dst, src, bytes});
+    return;
+  }
+  std::memcpy(host_dst, src, bytes);
 }
 
 void wait_for_copies(const Exec& exec) {
@@ -72,14 +106,19 @@ void wait_for_copies(const Exec& exec) {
   // Not T3D_ON_GPU: called from any thread (a snapshot's I/O thread), where the op timer, which
   // keeps its events per stream for the thread that computes, must not run.
 #ifdef T3D_HAVE_CUDA
-  if (exec.on_gpu()) cuda::wait_for_copies_behind(*exec.stream);
+  if (exec.on_gpu()) {
+    cuda::wait_for_copies_behind(*exec.stream);
+    return;
+  }
 #else
   (void)exec;
 #endif
+  make_deferred_copies();
 }
 
 void compute_after_copies(const Exec& exec) {
   T3D_ON_GPU(exec, cuda::compute_after_copies_behind(*exec.stream));
+  make_deferred_copies();
 }
 
 namespace {

@@ -2,8 +2,11 @@
 # Every verb with the device memory guarded as a GPU's (T3D_GUARD_DEVICE_MEMORY=1,
 # kernels/memory_guard.h: nothing outside the ops may touch it, or the rank ends naming the byte
 # and its backtrace), on the CPU, against the same commands unguarded:
-#   - train (2 ranks: data parallelism with ZeRO 1, snapshots on disk and in memory, replay
-#     checks, validation) and resume of its step-2 snapshot: the same losses and gradient norms;
+#   - train (2 ranks: data parallelism with ZeRO 1, snapshots on disk staged in 7 waves and in
+#     memory, replay checks, validation) and resume of its step-2 snapshot: the same losses and
+#     gradient norms, and the same tensors in the snapshots (h5diff): guarded, a staged copy is
+#     made only when waited for (kernels::copy_to_host_started), its host bytes NaN until then, so
+#     a wave written before its copies were waited for would differ;
 #   - eval and generate of that snapshot: the same loss and the same text;
 #   - export (the same safetensors bytes) and import of the export;
 #   - selfcheck of the recipe.
@@ -19,7 +22,8 @@ shape=(--set data.path="$corpus" --set model.dim=64 --set model.n_layers=4 --set
        --set hardware.gemm=openblas --set hardware.threads_per_rank=1)
 common=("${shape[@]}" --set train.global_batch=8 --set train.micro_batches=2 --set train.steps=4
         --set train.val_every=2 --set parallel.dp=2 --set parallel.zero=1
-        --set snapshot.every=2 --set snapshot.memory_every=1 --set run.replay_every=2)
+        --set snapshot.every=2 --set snapshot.staging_gib=0.0002 --set snapshot.memory_every=1
+        --set run.replay_every=2)
 fail=0
 # both NAME ARG...: titan3d ARG... unguarded, then guarded, each ARG "@" replaced by $work/NAME.u
 # or $work/NAME.g (a run directory or output), their output in $work/NAME.u.out and NAME.g.out.
@@ -45,6 +49,13 @@ if both train train "$repo/recipes/tiny.toml" "${common[@]}" --set run.dir=@; th
     { echo "FAIL: the guarded run's log does not say it staged"; fail=1; }
   same "train: $(field "$work/train.u/metrics.jsonl" loss | wc -l) steps, every loss, gradient norm and validation loss" \
     <(metrics "$work/train.u/metrics.jsonl") <(metrics "$work/train.g/metrics.jsonl")
+  for step in 2 4; do
+    for group in /model /optim /state; do
+      h5diff -q "$work/train.u/snapshots/step_0000000$step.h5" "$work/train.g/snapshots/step_0000000$step.h5" \
+        $group $group > /dev/null 2>&1 || { echo "FAIL: the snapshots of step $step differ in $group"; fail=1; }
+    done
+  done
+  [ $fail -eq 0 ] && echo "ok   the snapshots of steps 2 and 4: the same tensors (model, optimizer, state)"
   snap=$work/train.u/snapshots/step_00000002.h5
   both resume resume "$snap" --set run.dir=@ &&
     same "resume of step 2: steps 3 and 4 as trained" <(field "$work/train.u/metrics.jsonl" loss | tail -2) \
