@@ -26,7 +26,7 @@ struct Guarded {
   std::atomic<std::size_t> bytes{0};
   std::array<char, 64> name{};
 };
-constexpr int kMaxGuarded = 64;
+constexpr int kMaxGuarded = 1024;  // the arenas, and a Buffer each (the executor's hand-overs)
 std::array<Guarded, kMaxGuarded> guarded;
 std::mutex guard_mutex;  // the table's writers, and the open count with the protection it implies
 int open_count = 0;

@@ -185,6 +185,7 @@ TEST_F(SnapshotsTest, WriteCommitRestoreEveryZeroStage) {
       snap.after_step(1, false);     // due: staged, written in the background
       want = a.owned();
       want_params = a.model_params();
+      snap.before_state_changes();  // as the trainer does before each optimizer step
       a.step(2);  // training goes on while the write runs: the snapshot holds step 1's state
       snap.finish();
     }
@@ -219,6 +220,7 @@ TEST_F(SnapshotsTest, FailedWriteIsDroppedAndThePreviousOneRestores) {
     snap.restore();
     snap.after_step(1, false);
     want = a.owned();
+    snap.before_state_changes();
     a.step(2);
     ASSERT_EQ(setenv("T3D_SNAPSHOT_FAULT", "fail:2:1", 1), 0);
     snap.after_step(2, true);  // commits step 1, then starts step 2
@@ -262,6 +264,7 @@ TEST_F(SnapshotsTest, RetentionRemovesOnlyThisRunsOlderSnapshots) {
   EXPECT_TRUE(committed().empty());
   std::vector<float> newest;
   for (int64_t s = 1; s <= 3; ++s) {
+    snap.before_state_changes();
     run.step(static_cast<int>(s));
     snap.after_step(s, s == 3);
     EXPECT_EQ(committed().size(), static_cast<size_t>(std::min<int64_t>(s - 1, 2)))
@@ -317,6 +320,7 @@ TEST_F(SnapshotsTest, MemoryTierBuddyCopiesAndAHostThatLostItsDirectory) {
     EXPECT_EQ(snap.restore(), 0);
     snap.after_step(10, false);  // memory snapshot 10: written in the background
     want = a.owned();
+    snap.before_state_changes();
     a.step(2);
     // Step boundaries until it is committed on both hosts: its shards written, then its copies
     // moved (each found done at a later boundary), then the manifests.
