@@ -58,7 +58,7 @@ Arena::Arena(std::size_t capacity_bytes, Memory memory)
   // touch then faults in 2 MiB, not 4 KiB; on a virtual machine, where every fault is costly,
   // that is seconds per GiB at start-up. Advice only: ignored where THP is off.
   madvise(p, capacity_, MADV_HUGEPAGE);
-  if (memory == Memory::kGuardedHost) guard_memory(base_, capacity_, "the device memory");
+  if (memory == Memory::kGuardedHost) guard_memory(base_, capacity_);
 }
 
 Memory device_memory(const Exec& exec) {

@@ -20,11 +20,10 @@ namespace t3d::kernels {
 namespace {
 
 // A fixed table, read by the signal handler without a lock: a range is published (its bytes set)
-// after its other fields, and a removed one has its bytes cleared first.
+// after its base, and a removed one has its bytes cleared first.
 struct Guarded {
   std::atomic<std::uintptr_t> base{0};
   std::atomic<std::size_t> bytes{0};
-  std::array<char, 64> name{};
 };
 constexpr int kMaxGuarded = 1024;  // the arenas, and a Buffer each (the executor's hand-overs)
 std::array<Guarded, kMaxGuarded> guarded;
@@ -56,10 +55,11 @@ void on_fault(int sig, siginfo_t* info, void*) {
     char line[512];
     std::snprintf(line, sizeof line,
                   "\ntitan3d: device memory touched outside an op (T3D_GUARD_DEVICE_MEMORY=1): "
-                  "address %#lx, byte %lu of %s. On a GPU this would read or write the GPU's "
-                  "memory from the host. Backtrace (addr2line -f -C -e titan3d OFFSET):\n",
+                  "address %#lx, byte %lu of the device memory at %#lx (%lu bytes). On a GPU "
+                  "this would read or write the GPU's memory from the host. Backtrace "
+                  "(addr2line -f -C -e titan3d OFFSET):\n",
                   static_cast<unsigned long>(at), static_cast<unsigned long>(at - base),
-                  g.name.data());
+                  static_cast<unsigned long>(base), static_cast<unsigned long>(bytes));
     write_text(line);
     void* frames[64];
     backtrace_symbols_fd(frames, backtrace(frames, 64), STDERR_FILENO);
@@ -89,16 +89,13 @@ bool memory_guard_asked() {
   return v && std::string(v) == "1";
 }
 
-void guard_memory(void* base, std::size_t bytes, std::string_view name) {
+void guard_memory(void* base, std::size_t bytes) {
   if (bytes == 0) return;
   install_handler();
   const std::lock_guard<std::mutex> lock(guard_mutex);
   for (Guarded& g : guarded) {
     if (g.bytes.load() != 0) continue;
     g.base.store(reinterpret_cast<std::uintptr_t>(base));
-    const std::size_t n = std::min(name.size(), g.name.size() - 1);
-    std::memcpy(g.name.data(), name.data(), n);
-    g.name[n] = '\0';
     g.bytes.store(bytes);
     guarded_memories.fetch_add(1);
     if (open_count == 0)

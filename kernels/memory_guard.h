@@ -17,7 +17,6 @@
 
 #include <atomic>
 #include <cstddef>
-#include <string_view>
 
 namespace t3d::kernels {
 
@@ -29,9 +28,9 @@ inline bool memory_guard_on() {
   return on;
 }
 
-// Guards [base, base + bytes) (page-aligned, e.g. from mmap) under `name` until unguard_memory:
-// closed unless an op is open. Installs the SIGSEGV handler on first use.
-void guard_memory(void* base, std::size_t bytes, std::string_view name);
+// Guards [base, base + bytes) (page-aligned, e.g. from mmap) until unguard_memory: closed unless
+// an op is open. Installs the SIGSEGV handler on first use.
+void guard_memory(void* base, std::size_t bytes);
 void unguard_memory(void* base);
 
 // How many memories are guarded now (0 unless memory_guard_on(), or a test guards its own).
