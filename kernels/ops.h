@@ -76,8 +76,9 @@ void copy_to_host(const Exec& exec, void* host_dst, const void* src, std::size_t
 // from any thread) until every copy started so far is done, before which the host buffers must
 // not be read; compute_after_copies(exec) makes the ops enqueued after it wait for them without
 // waiting on the host: what an op that overwrites a copied source must be preceded by. With the
-// device memory guarded (kernels/memory_guard.h) the CPU makes each copy at the first of those
-// after it, its host bytes NaN until then, as late as a GPU's copy stream may. Into
+// device memory guarded (kernels/memory_guard.h) the CPU makes each copy at the starting
+// thread's first of those after it (another thread's wait_for_copies waits for that), its host
+// bytes NaN until then, as late as a GPU's copy stream may. Into
 // pinned host memory (PinnedHostRegion) the GPU's copies run at the link's rate.
 void copy_to_host_started(const Exec& exec, void* host_dst, const void* src, std::size_t bytes);
 void wait_for_copies(const Exec& exec);

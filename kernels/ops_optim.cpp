@@ -1,10 +1,14 @@
 // Element-wise range operations: residual add, scaling, norms, AdamW. They run over whole flat
 // regions (all parameters at once), which is why the regions are contiguous.
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "kernels/check.h"
@@ -66,25 +70,50 @@ void copy_to_host(const Exec& exec, void* host_dst, const void* src, std::size_t
 namespace {
 
 // Guarded device memory (kernels/memory_guard.h) also stands in for a GPU's copy stream: a
-// started copy is made at the latest moment a GPU could make it, the first wait_for_copies or
-// compute_after_copies after it, and its host bytes are all ones (NaN) until then. So a reader of
+// started copy is made at the latest moment a GPU could make it, and its host bytes are all ones
+// (NaN) until then. That moment is the starting thread's next wait_for_copies or
+// compute_after_copies; another thread's wait_for_copies (a snapshot's I/O thread) waits for it,
+// as a GPU's copy may still be queued behind compute when the other thread asks. So a reader of
 // the host bytes that did not wait reads NaN, and an op that overwrites a copied source before
-// compute_after_copies changes what is copied: either changes a snapshot's bits against the same
-// run unguarded (use_device_memory_guard).
+// compute_after_copies changes what is copied, whichever thread runs first: either changes a
+// snapshot's bits against the same run unguarded (use_device_memory_guard). A waiting thread
+// that the starting thread never releases makes the copies itself after kCopiesLatest.
 struct DeferredCopy {
   void* host_dst;
   const void* src;
   std::size_t bytes;
+  std::thread::id starter;
 };
-std::mutex deferred_copies_mutex;
-std::vector<DeferredCopy> deferred_copies;
+struct DeferredCopies {
+  std::mutex mutex;
+  std::condition_variable made;
+  std::vector<DeferredCopy> pending;
+  std::int64_t started = 0, done = 0;  // copies, in start order
+};
+DeferredCopies deferred_copies;
+constexpr std::chrono::seconds kCopiesLatest{60};
 
-void make_deferred_copies() {
-  const std::lock_guard<std::mutex> lock(deferred_copies_mutex);
-  if (deferred_copies.empty()) return;
+void make_deferred_copies(bool wait_for_starter) {
+  DeferredCopies& d = deferred_copies;
+  std::unique_lock<std::mutex> lock(d.mutex);
+  const std::thread::id me = std::this_thread::get_id();
+  const bool mine = std::any_of(d.pending.begin(), d.pending.end(),
+                                [&](const DeferredCopy& c) { return c.starter == me; });
+  if (wait_for_starter && !mine && !d.pending.empty()) {
+    const std::int64_t until = d.started;
+    if (!d.made.wait_for(lock, kCopiesLatest, [&] { return d.done >= until; }))
+      std::fprintf(stderr,
+                   "guarded device memory: %zu started copies were waited for from another thread "
+                   "for %llds without their thread's wait_for_copies or compute_after_copies; "
+                   "made now\n",
+                   d.pending.size(), static_cast<long long>(kCopiesLatest.count()));
+  }
+  if (d.pending.empty()) return;
   const GuardedMemoryOpen open;  // from any thread, as a GPU's copy stream runs beside the compute
-  for (const DeferredCopy& c : deferred_copies) std::memcpy(c.host_dst, c.src, c.bytes);
-  deferred_copies.clear();
+  for (const DeferredCopy& c : d.pending) std::memcpy(c.host_dst, c.src, c.bytes);
+  d.done += static_cast<std::int64_t>(d.pending.size());
+  d.pending.clear();
+  d.made.notify_all();
 }
 
 }  // namespace
@@ -92,10 +121,11 @@ void make_deferred_copies() {
 void copy_to_host_started(const Exec& exec, void* host_dst, const void* src, std::size_t bytes) {
   T3D_ON_GPU(exec, cuda::copy_to_host_behind(*exec.stream, host_dst, src, bytes));
   if (bytes == 0) return;
-  if (memory_guard_on()) {
+  if (guarded_memories.load(std::memory_order_relaxed) > 0) {
     std::memset(host_dst, 0xFF, bytes);
-    const std::lock_guard<std::mutex> lock(deferred_copies_mutex);
-    deferred_copies.push_back({host_dst, src, bytes});
+    const std::lock_guard<std::mutex> lock(deferred_copies.mutex);
+    deferred_copies.pending.push_back({host_dst, src, bytes, std::this_thread::get_id()});
+    ++deferred_copies.started;
     return;
   }
   std::memcpy(host_dst, src, bytes);
@@ -113,12 +143,12 @@ void wait_for_copies(const Exec& exec) {
 #else
   (void)exec;
 #endif
-  make_deferred_copies();
+  make_deferred_copies(true);
 }
 
 void compute_after_copies(const Exec& exec) {
   T3D_ON_GPU(exec, cuda::compute_after_copies_behind(*exec.stream));
-  make_deferred_copies();
+  make_deferred_copies(false);
 }
 
 namespace {

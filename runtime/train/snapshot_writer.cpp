@@ -284,7 +284,11 @@ void SnapshotWriter::commit() {
     pending_.reset();
     return commit_copies(p);
   }
-  pending_->done.wait();  // the job writes into *pending: finish before moving it
+  // The job writes into *pending: finish before moving it. Its last wave waits for its copies;
+  // waited for here too, on the thread that started them (with the device memory guarded, what
+  // makes them: kernels::wait_for_copies).
+  staging_.wait_staged();
+  pending_->done.wait();
   Pending p = std::move(*pending_);
   pending_.reset();
   std::string error;

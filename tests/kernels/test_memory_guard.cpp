@@ -4,7 +4,11 @@
 // ("threadsafe"): the rank's OpenMP threads make a bare fork unsafe.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <cmath>
 #include <cstdlib>
+#include <thread>
 #include <vector>
 
 #include "kernels/arena.h"
@@ -58,6 +62,36 @@ TEST(kernels_memory_guard, TheGuardEndsWithItsArena) {
   float* p = plain.alloc_floats("p", 4);
   p[0] = 1.0f;
   EXPECT_EQ(p[0], 1.0f);
+}
+
+// With device memory guarded, a started copy is made as late as a GPU's copy stream may: at its
+// thread's next compute_after_copies or wait_for_copies, which another thread's wait_for_copies
+// (a snapshot's I/O thread) waits for. Its host bytes are NaN until then, and an op that
+// overwrites the source before compute_after_copies shows in the copy, as it may on a GPU.
+TEST(kernels_memory_guard, AStartedCopyIsMadeAtItsThreadsNextComputeAfterCopies) {
+  Arena arena(1 << 20, Memory::kGuardedHost);
+  constexpr int kN = 64;
+  float* x = arena.alloc_floats("x", kN);
+  std::vector<float> ones(kN, 1.0f), copied(kN, 0.0f);
+  copy_from_host(kCpu, x, ones.data(), sizeof(float) * kN);
+  copy_to_host_started(kCpu, copied.data(), x, sizeof(float) * kN);
+  EXPECT_TRUE(std::isnan(copied[0])) << "the host bytes before the copy is waited for";
+  std::atomic<bool> waited{false};
+  std::thread io([&] {
+    wait_for_copies(kCpu);
+    waited = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_FALSE(waited.load()) << "the other thread's wait made the copy before its thread asked";
+  add(kCpu, x, x, x, kN);  // overwrites the copied source without compute_after_copies first
+  compute_after_copies(kCpu);
+  io.join();
+  EXPECT_TRUE(waited.load());
+  for (int i = 0; i < kN; ++i) EXPECT_EQ(copied[i], 2.0f) << i;
+  // Started and waited for on one thread: made at the wait.
+  copy_to_host_started(kCpu, copied.data(), x, sizeof(float) * kN);
+  wait_for_copies(kCpu);
+  EXPECT_EQ(copied[kN - 1], 2.0f);
 }
 
 TEST(kernels_memory_guard, TheCpusDeviceMemoryIsGuardedOnlyWhereAsked) {
