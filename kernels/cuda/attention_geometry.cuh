@@ -46,6 +46,8 @@ void allow_smem(Kernel kernel, std::size_t bytes) {
 
 // One block per tile of `rows` rows, per head, per batch.
 inline dim3 grid(std::int64_t rows, int tile, std::int64_t heads, std::int64_t B) {
+  T3D_ASSERT(heads <= 65535 && B <= 65535, "attention over ", heads, " heads and ", B,
+             " sequences: a CUDA grid's y and z stop at 65535");
   return dim3(static_cast<unsigned>((rows + tile - 1) / tile), static_cast<unsigned>(heads),
               static_cast<unsigned>(B));
 }

@@ -52,8 +52,8 @@ void* stream_alloc(cudaStream_t stream, std::size_t bytes, std::string_view what
 
 // A device buffer a stream keeps for one use (library memory outside the arena, as the CPU's
 // per-thread buffers are): at least `elems` on each request, reallocated only to grow, in the
-// stream's order (stream_alloc_zeroed), so that growing synchronises neither the host nor the
-// device. Only work on that stream reads it.
+// stream's order (stream_alloc), so that growing synchronises neither the host nor the device.
+// Not zeroed: each use writes what it reads. Only work on that stream reads it.
 template <class T>
 class StreamBuffer {
  public:

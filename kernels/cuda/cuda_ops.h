@@ -12,9 +12,10 @@
 //     (a NaN result is the GPU's canonical NaN, not an operand's payload);
 //   - within fp32 rounding where the order of a sum differs: the GEMMs (cuBLAS), attention, the
 //     cross-entropy and the router's scores (libm's exp against CUDA's expf), the sum of squares.
-// Deterministic: no floating-point atomics; every reduction has a fixed order that depends on the
-// shapes only (not the GPU's SM count); cuBLAS runs on one stream with a fixed workspace and TF32
-// off, so two runs give the same bits.
+// Deterministic: no floating-point atomics; every reduction of these kernels has a fixed order
+// that depends on the shapes only (not the GPU's SM count); cuBLAS runs on one stream with a fixed
+// workspace, TF32 off and one recorded algorithm a shape, so two runs give the same bits (on one
+// GPU model and library version: cuBLAS's own orders may differ across them, docs/gpu.md).
 #pragma once
 
 #include <array>
