@@ -79,6 +79,7 @@ class StreamBuffer {
 
 struct Stream::Impl {
   int device = 0;
+  std::size_t smem_per_block = 0;  // the shared memory a block may opt in to (sm_90: 227 KiB)
   cudaStream_t stream = nullptr;
   // Copies in the background of the compute (copy_to_host_behind): their own stream, and the
   // events that order it after the compute (compute_mark) and the compute after it (copies_mark).

@@ -308,13 +308,20 @@ void ce_loss_and_grad(const Stream& s, float* logits, float* losses, const std::
 // As kernels/ops.h (fp32, context-parallel positions included), with no T x T matrix in memory
 // and no scratch: the forward streams over keys with an online softmax, the backward recomputes
 // the probabilities from lse, computing dq per query row and dk, dv per key row (no atomics).
-// Needs head_dim <= kMaxHeadDim.
+// Needs head_dim <= kMaxHeadDim. `tile` rows of queries and of keys a block (0: the GPU's, by
+// attention_fp32_tile); the tile sets the online softmax's order, so one GPU model repeats its
+// bits and another may differ in the last ones.
 inline constexpr std::int64_t kMaxHeadDim = 256;
 void attention_forward(const Stream& s, float* out, float* lse, const float* q, const float* k,
-                       const float* v, const AttentionShape& shape);
+                       const float* v, const AttentionShape& shape, int tile = 0);
 void attention_backward(const Stream& s, float* dq, float* dk, float* dv, const float* dout,
                         const float* q, const float* k, const float* v, const float* out,
-                        const float* lse, const AttentionShape& shape);
+                        const float* lse, const AttentionShape& shape, int tile = 0);
+// The fp32 tiles' rows for a head dim on a GPU whose blocks may hold `smem_per_block` bytes of
+// shared memory: 64 up to head dim 128 and 32 up to 256 where the backward's tiles fit (162 KiB
+// and 137 KiB: A100, H100, H200), else 32 and 16 (73 KiB and 67 KiB: the 99 KiB of sm_86 and
+// sm_89 GPUs). Host code; the attention kernels take 64 or 32 up to head dim 128, 32 or 16 above.
+int attention_fp32_tile(std::int64_t head_dim, std::size_t smem_per_block);
 
 // The same with bf16 tensor-core tiles (ops_attention_bf16*.cu), what the linear layers' bf16
 // GEMM kinds take: q, k, v, dout, P and dS rounded to bf16 as they enter a tile product, fp32

@@ -95,6 +95,9 @@ Stream::Stream(int device) : impl_(std::make_unique<Impl>()) {
                  "under some virtual GPUs), which titan3d's device buffers need: run on a GPU and "
                  "driver that support them (CUDA 11.2 and later, not every vGPU profile), or set "
                  "hardware.device = \"cpu\"");
+  int smem = 0;
+  T3D_CUDA_CHECK(cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+  impl_->smem_per_block = static_cast<std::size_t>(smem);
   T3D_CUDA_CHECK(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking));
   T3D_CUDA_CHECK(cudaStreamCreateWithFlags(&impl_->copy_stream, cudaStreamNonBlocking));
   T3D_CUDA_CHECK(cudaEventCreateWithFlags(&impl_->compute_mark, cudaEventDisableTiming));

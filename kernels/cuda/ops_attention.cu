@@ -11,6 +11,7 @@
 // ty·RS + i and columns tx + 16·m. Shared rows are padded by one float (no bank conflicts when
 // the 16 lanes read 16 rows at one column).
 #include <cmath>
+#include <type_traits>
 
 #include "kernels/cuda/attention_geometry.cuh"
 
@@ -384,20 +385,44 @@ void backward(const Stream& s, float* dq, float* dk, float* dv, const float* dou
 
 }  // namespace
 
-// Tiles of 64 rows up to head_dim 128, of 32 up to 256 (the shared memory a block may hold).
+int attention_fp32_tile(std::int64_t head_dim, std::size_t smem_per_block) {
+  if (head_dim <= 128) return backward_smem<64>(128) <= smem_per_block ? 64 : 32;
+  return backward_smem<32>(256) <= smem_per_block ? 32 : 16;
+}
+
+namespace {
+
+// Runs run(TILE, DMAX) (std::integral_constant each) on the kernels' instance for `tile` rows
+// (0: the GPU's) at head dim D.
+template <int N>
+using I = std::integral_constant<int, N>;
+template <class Run>
+void with_tiles(const Stream& s, std::int64_t D, int tile, Run&& run) {
+  if (tile == 0) tile = attention_fp32_tile(D, s.impl().smem_per_block);
+  T3D_ASSERT(D <= 128 ? tile == 64 || tile == 32 : tile == 32 || tile == 16,
+             "fp32 attention tiles of ", tile, " rows at head dim ", D);
+  if (D <= 128) return tile == 64 ? run(I<64>{}, I<128>{}) : run(I<32>{}, I<128>{});
+  return tile == 32 ? run(I<32>{}, I<256>{}) : run(I<16>{}, I<256>{});
+}
+
+}  // namespace
+
 void attention_forward(const Stream& s, float* out, float* lse, const float* q, const float* k,
-                       const float* v, const AttentionShape& shape) {
+                       const float* v, const AttentionShape& shape, int tile) {
   const Geometry g = geometry(shape);
-  if (g.D <= 128) return forward<64, 128>(s, out, lse, q, k, v, g, shape.B);
-  forward<32, 256>(s, out, lse, q, k, v, g, shape.B);
+  with_tiles(s, g.D, tile, [&](auto rows, auto dmax) {
+    forward<decltype(rows)::value, decltype(dmax)::value>(s, out, lse, q, k, v, g, shape.B);
+  });
 }
 
 void attention_backward(const Stream& s, float* dq, float* dk, float* dv, const float* dout,
                         const float* q, const float* k, const float* v, const float* out,
-                        const float* lse, const AttentionShape& shape) {
+                        const float* lse, const AttentionShape& shape, int tile) {
   const Geometry g = geometry(shape);
-  if (g.D <= 128) return backward<64, 128>(s, dq, dk, dv, dout, q, k, v, out, lse, g, shape.B);
-  backward<32, 256>(s, dq, dk, dv, dout, q, k, v, out, lse, g, shape.B);
+  with_tiles(s, g.D, tile, [&](auto rows, auto dmax) {
+    backward<decltype(rows)::value, decltype(dmax)::value>(s, dq, dk, dv, dout, q, k, v, out, lse,
+                                                           g, shape.B);
+  });
 }
 
 void attention_decode(const Stream& s, float* out, const float* q, const float* k_cache,

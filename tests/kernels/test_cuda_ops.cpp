@@ -697,8 +697,24 @@ TEST(CudaLoss, ATargetOutsideTheVocabularyGivesNanAndStaysInItsRow) {
   }
 }
 
+// The fp32 tiles' rows by what a block may hold: the large tiles where their backward fits (H100
+// and H200: 227 KiB; A100: 163 KiB), half as many on sm_86 and sm_89 (99 KiB), whose blocks
+// cannot opt in to the large ones' 162 KiB and 137 KiB.
+TEST(CudaAttention, TilesFitTheGpusSharedMemory) {  // host code: runs everywhere
+  constexpr std::size_t kHopper = 232448, kA100 = 166912, kAda = 101376;
+  EXPECT_EQ(gpu::attention_fp32_tile(128, kHopper), 64);
+  EXPECT_EQ(gpu::attention_fp32_tile(64, kHopper), 64);
+  EXPECT_EQ(gpu::attention_fp32_tile(256, kHopper), 32);
+  EXPECT_EQ(gpu::attention_fp32_tile(128, kA100), 64);
+  EXPECT_EQ(gpu::attention_fp32_tile(160, kA100), 32);
+  EXPECT_EQ(gpu::attention_fp32_tile(128, kAda), 32);
+  EXPECT_EQ(gpu::attention_fp32_tile(40, kAda), 32);
+  EXPECT_EQ(gpu::attention_fp32_tile(256, kAda), 16);
+}
+
 // Attention against the CPU's fp32 tiles: grouped heads, several key chunks, a context-parallel
-// chunk (queries at positions 70.., keys 0..), head dims below, at and above one chunk of threads.
+// chunk (queries at positions 70.., keys 0..), head dims below, at and above one chunk of threads;
+// with this GPU's tiles and with the small ones of GPUs with less shared memory a block.
 TEST(CudaAttention, MatchesTheCpuAndRepeatsItsBits) {
   REQUIRE_GPU();
   struct Case {
@@ -720,23 +736,26 @@ TEST(CudaAttention, MatchesTheCpuAndRepeatsItsBits) {
       attention_backward(ref::kFp32, dq.data(), dk.data(), dv.data(), dout.data(), q.data(),
                          k.data(), v.data(), out.data(), lse.data(), scratch.data(), s);
     });
-    Dev<float> gq(q), gk(k), gv(v), gdo(dout), go(nq), glse(lse.size()), gdq(nq), gdk(nkv),
-        gdv(nkv), gdq2(nq);
-    gpu::attention_forward(S(), go.p(), glse.p(), gq.p(), gk.p(), gv.p(), s);
-    gpu::attention_backward(S(), gdq.p(), gdk.p(), gdv.p(), gdo.p(), gq.p(), gk.p(), gv.p(), go.p(),
-                            glse.p(), s);
-    const std::string at = "B" + std::to_string(c.B) + " T" + std::to_string(c.T) + " D" +
-                           std::to_string(c.D) + " q_pos" + std::to_string(c.q_pos);
-    expect_close(go.host(), out, 1e-4, 1e-5, ("out " + at).c_str());
-    expect_close(glse.host(), lse, 1e-5, 1e-5, ("lse " + at).c_str());
-    expect_close(gdq.host(), dq, 1e-4, 1e-4, ("dq " + at).c_str());
-    expect_close(gdk.host(), dk, 1e-4, 1e-4, ("dk " + at).c_str());
-    expect_close(gdv.host(), dv, 1e-4, 1e-4, ("dv " + at).c_str());
-    Dev<float> gdk2(nkv), gdv2(nkv);
-    gpu::attention_backward(S(), gdq2.p(), gdk2.p(), gdv2.p(), gdo.p(), gq.p(), gk.p(), gv.p(),
-                            go.p(), glse.p(), s);
-    expect_same_bits(gdq2.host(), gdq.host(), "dq twice");
-    expect_same_bits(gdk2.host(), gdk.host(), "dk twice");
+    for (const int tile : {0, c.D <= 128 ? 32 : 16}) {  // 0: this GPU's
+      Dev<float> gq(q), gk(k), gv(v), gdo(dout), go(nq), glse(lse.size()), gdq(nq), gdk(nkv),
+          gdv(nkv), gdq2(nq);
+      gpu::attention_forward(S(), go.p(), glse.p(), gq.p(), gk.p(), gv.p(), s, tile);
+      gpu::attention_backward(S(), gdq.p(), gdk.p(), gdv.p(), gdo.p(), gq.p(), gk.p(), gv.p(),
+                              go.p(), glse.p(), s, tile);
+      const std::string at = "B" + std::to_string(c.B) + " T" + std::to_string(c.T) + " D" +
+                             std::to_string(c.D) + " q_pos" + std::to_string(c.q_pos) + " tile " +
+                             std::to_string(tile);
+      expect_close(go.host(), out, 1e-4, 1e-5, ("out " + at).c_str());
+      expect_close(glse.host(), lse, 1e-5, 1e-5, ("lse " + at).c_str());
+      expect_close(gdq.host(), dq, 1e-4, 1e-4, ("dq " + at).c_str());
+      expect_close(gdk.host(), dk, 1e-4, 1e-4, ("dk " + at).c_str());
+      expect_close(gdv.host(), dv, 1e-4, 1e-4, ("dv " + at).c_str());
+      Dev<float> gdk2(nkv), gdv2(nkv);
+      gpu::attention_backward(S(), gdq2.p(), gdk2.p(), gdv2.p(), gdo.p(), gq.p(), gk.p(), gv.p(),
+                              go.p(), glse.p(), s, tile);
+      expect_same_bits(gdq2.host(), gdq.host(), ("dq twice " + at).c_str());
+      expect_same_bits(gdk2.host(), gdk.host(), ("dk twice " + at).c_str());
+    }
   }
 }
 
