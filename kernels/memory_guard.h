@@ -11,7 +11,8 @@
 // mode, as a GPU's are (runtime/stage/stage.h).
 // Opens count process-wide (a snapshot's copy thread may open it while the main thread
 // computes): a stray touch while another thread is in an op is missed, never a false alarm. Any
-// guarded memory (a test may guard an Arena of its own without the variable) makes the ops open.
+// guarded memory (a test may guard an Arena of its own without the variable) makes the ops open
+// and defers the copies started to the host as a GPU's copy stream may (kernels/ops.h).
 // Slow (two mprotect calls an op): for tests only.
 #pragma once
 
