@@ -82,9 +82,35 @@ int device_for_local_rank(int local_rank, int visible_count) {
   return local_rank % visible_count;
 }
 
+namespace {
+
+__global__ void arch_probe_kernel() {}
+
+// A GPU this build has no code for (an A100 under the default CMAKE_CUDA_ARCHITECTURES=90) is
+// refused here, naming both, rather than failing its first op with "no kernel image".
+void check_built_for(int device) {
+  cudaFuncAttributes attrs{};
+  const cudaError_t probe = cudaFuncGetAttributes(&attrs, arch_probe_kernel);
+  if (probe == cudaSuccess) return;
+  (void)cudaGetLastError();  // not sticky; any other answer is left to the first op to report
+  if (probe != cudaErrorNoKernelImageForDevice && probe != cudaErrorInvalidDeviceFunction) return;
+  cudaDeviceProp prop{};
+  T3D_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  std::string built = T3D_CUDA_ARCHITECTURES;  // "80,90" (CMake's list, commas for semicolons)
+  std::replace(built.begin(), built.end(), ',', ';');
+  throw ::t3d::UserError(::t3d::detail::concat(
+      "GPU ", device, " (", prop.name, ", sm_", prop.major, prop.minor,
+      ") has no code in this titan3d, whose GPU code is built for CUDA architectures ", built,
+      ": rebuild with -DCMAKE_CUDA_ARCHITECTURES=\"", prop.major, prop.minor, ";", built,
+      "\" (docs/gpu.md), or set hardware.device = \"cpu\""));
+}
+
+}  // namespace
+
 Stream::Stream(int device) : impl_(std::make_unique<Impl>()) {
   impl_->device = device;
   T3D_CUDA_CHECK(cudaSetDevice(device));
+  check_built_for(device);
   // Buffers made mid-step are allocated and freed in their stream's order (stream_alloc: no
   // device-wide wait, which could wait on NCCL operations in flight), and that needs the
   // device's memory pools. Asked first, before anything is made.
