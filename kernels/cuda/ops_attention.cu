@@ -392,10 +392,11 @@ int attention_fp32_tile(std::int64_t head_dim, std::size_t smem_per_block) {
 
 namespace {
 
-// Runs run(TILE, DMAX) (std::integral_constant each) on the kernels' instance for `tile` rows
-// (0: the GPU's) at head dim D.
 template <int N>
 using I = std::integral_constant<int, N>;
+
+// Runs run(TILE, DMAX) (std::integral_constant each) on the kernels' instance for `tile` rows
+// (0: the GPU's) at head dim D.
 template <class Run>
 void with_tiles(const Stream& s, std::int64_t D, int tile, Run&& run) {
   if (tile == 0) tile = attention_fp32_tile(D, s.impl().smem_per_block);
