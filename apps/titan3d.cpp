@@ -422,7 +422,8 @@ Verb eval_verb(CLI::App& app, CommandLine& c) {
       "eval", "Mean cross-entropy and perplexity of a snapshot's model over a data file");
   cmd->add_option("snapshot", c.snapshot, "Snapshot file (.h5)")->required();
   cmd->add_option("--data", c.eval.data,
-                  "Text (read through the snapshot's data.tokenizer) or token file; "
+                  "Text (read through the snapshot's data.tokenizer), a token file, or a pattern "
+                  "of token files (as data.path); "
                   "default: the recipe's validation data, as the trainer reads it");
   cmd->add_option("--batches", c.eval.batches,
                   "Batches of train.global_batch windows, 1 or more (default: every window of "

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <linux/openat2.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -180,6 +181,16 @@ std::string ReadOnlyFile::read_all() const {
   std::string bytes(static_cast<size_t>(size_), '\0');
   read_at(0, bytes.data(), bytes.size());
   return bytes;
+}
+
+std::shared_ptr<const std::byte> ReadOnlyFile::map() const {
+  T3D_ASSERT(size_ > 0, "mapping the empty ", what_, " `", path_, "`");
+  void* p = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd_, 0);
+  T3D_USER_CHECK(p != MAP_FAILED, "cannot map ", what_, " `", path_, "` (", size_,
+                 " bytes) into memory: ", std::strerror(errno));
+  const size_t bytes = size_;
+  return {static_cast<const std::byte*>(p),
+          [bytes](const std::byte* q) { ::munmap(const_cast<std::byte*>(q), bytes); }};
 }
 
 std::string ReadOnlyFile::descriptor_path() const { return descriptor_name(fd_); }

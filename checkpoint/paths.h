@@ -12,6 +12,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <string_view>
 
@@ -51,6 +52,11 @@ class ReadOnlyFile {
   // `bytes` from `offset`; UserError naming the file when the file ends first or a read fails.
   void read_at(uint64_t offset, void* out, size_t bytes) const;
   std::string read_all() const;
+  // The whole file mapped read-only (size() bytes, size() > 0): its pages come from the page
+  // cache, shared by every process mapping the file, and stay mapped after this ReadOnlyFile
+  // closes, as long as the pointer lives. A file truncated in place while mapped makes a read
+  // past its new end fault (SIGBUS): replace such files by renaming (AtomicFile), never in place.
+  std::shared_ptr<const std::byte> map() const;
   // A name that opens this very file (/proc/self/fd/N), for libraries that open by name (HDF5):
   // the file behind the descriptor, whatever now lies at path().
   std::string descriptor_path() const;

@@ -103,7 +103,8 @@ bool bf16_tiles(GemmKind kind) {
 // Whether a bf16 kind's attention on a GPU takes the bf16 tensor-core tiles: yes, unless
 // T3D_GPU_ATTENTION=fp32 (a diagnosis switch: scripts/gpu_check.sh sets it when the bf16 tiles
 // fail their GPU tests, so that the training checks and benchmarks after them still run).
-bool gpu_bf16_tiles(GemmKind kind) {
+// Unused where T3D_ON_GPU drops its call (a build without the CUDA backend).
+[[maybe_unused]] bool gpu_bf16_tiles(GemmKind kind) {
   static const bool off = [] {
     const char* env = std::getenv("T3D_GPU_ATTENTION");
     return env != nullptr && std::strcmp(env, "fp32") == 0;

@@ -18,12 +18,12 @@ uint64_t sample_hash(uint64_t seed, uint64_t step, uint64_t row) {
   return splitmix64(splitmix64(splitmix64(seed) ^ step) ^ row);
 }
 
-Sampler::Sampler(std::span<const uint32_t> tokens, std::string source, SamplerConfig config)
-    : tokens_(tokens), source_(std::move(source)), config_(config) {
+Sampler::Sampler(Tokens tokens, std::string source, SamplerConfig config)
+    : tokens_(std::move(tokens)), source_(std::move(source)), config_(config) {
   T3D_USER_CHECK(config_.seq_len > 0, "model.seq_len is ", config_.seq_len, "; it must be > 0");
   T3D_USER_CHECK(config_.global_batch > 0, "train.global_batch is ", config_.global_batch,
                  "; it must be > 0");
-  const int64_t n = static_cast<int64_t>(tokens_.size());
+  const int64_t n = tokens_.size();
   T3D_USER_CHECK(n >= config_.seq_len + 1, "'", source_, "' has ", n,
                  " tokens, fewer than one window of seq_len + 1 = ", config_.seq_len + 1,
                  "; use a longer corpus or a shorter model.seq_len");
@@ -43,7 +43,7 @@ int64_t Sampler::row_offset(int64_t step, int64_t row) const {
   T3D_ASSERT(step >= 0 && row >= 0 && row < config_.global_batch, "step ", step, " row ", row);
   const int64_t t = config_.seq_len;
   if (config_.mode == SampleMode::kRandom) {
-    const uint64_t starts = tokens_.size() - static_cast<uint64_t>(t);  // N - T valid starts
+    const auto starts = static_cast<uint64_t>(tokens_.size() - t);  // N - T valid starts
     return static_cast<int64_t>(
         sample_hash(config_.seed, static_cast<uint64_t>(step), static_cast<uint64_t>(row)) %
         starts);
@@ -66,13 +66,9 @@ Batch Sampler::sample(int64_t step, int dp_rank, int dp_size, int micro, int n_m
              rows * t);
   const int64_t first = int64_t{dp_rank} * (rows * n_micro) + micro * rows;
   for (int64_t i = 0; i < rows; ++i) {
-    const uint32_t* src = tokens_.data() + row_offset(step, first + i);
-    int32_t* inp = tokens_buf.data() + i * t;   // (T)
-    int32_t* tgt = targets_buf.data() + i * t;  // (T)
-    for (int64_t j = 0; j < t; ++j) {
-      inp[j] = src[j];
-      tgt[j] = src[j + 1];
-    }
+    const int64_t start = row_offset(step, first + i);
+    tokens_.copy(start, t, tokens_buf.data() + i * t);       // (T)
+    tokens_.copy(start + 1, t, targets_buf.data() + i * t);  // (T)
   }
   return {tokens_buf.first(static_cast<size_t>(rows * t)),
           targets_buf.first(static_cast<size_t>(rows * t)), rows, t, first};

@@ -22,14 +22,11 @@
 #include <string_view>
 #include <utility>
 
+#include "runtime/data/data.h"
+#include "runtime/data/data_choices.h"
+
 namespace t3d::runtime {
 
-// data.sampler: the order rows are drawn in (above).
-enum class SampleMode { kRandom, kSequential };
-inline constexpr std::array<std::pair<SampleMode, std::string_view>, 2> kSampleModeNames = {{
-    {SampleMode::kRandom, "random"},
-    {SampleMode::kSequential, "sequential"},
-}};
 std::string_view to_string(SampleMode mode);
 
 // Rows in one micro-batch of one dp rank: global_batch / (dp_size · n_micro); UserError unless it
@@ -63,9 +60,9 @@ uint64_t sample_hash(uint64_t seed, uint64_t step, uint64_t row);
 
 class Sampler {
  public:
-  // `tokens` must outlive the sampler (it is the TokenStream loaded at start-up); `source` names
-  // it in messages. Throws UserError when the stream is shorter than one window.
-  Sampler(std::span<const uint32_t> tokens, std::string source, SamplerConfig config);
+  // `source` names `tokens` in messages (the sampler shares their storage). Throws UserError when
+  // the stream is shorter than one window.
+  Sampler(Tokens tokens, std::string source, SamplerConfig config);
 
   const SamplerConfig& config() const { return config_; }
 
@@ -85,7 +82,7 @@ class Sampler {
                std::span<int32_t> tokens_buf, std::span<int32_t> targets_buf) const;
 
  private:
-  std::span<const uint32_t> tokens_;
+  Tokens tokens_;
   std::string source_;
   SamplerConfig config_;
   int64_t num_windows_ = 0;

@@ -17,6 +17,7 @@
 
 #include "kernels/blas.h"
 #include "kernels/check.h"
+#include "runtime/data/data.h"
 #include "runtime/launch/hosts.h"
 #include "runtime/launch/logging.h"
 
@@ -48,10 +49,13 @@ void check_inputs(const Recipe& r) {
   for (const auto& [key, path] : {std::pair<std::string, std::string>{"data.path", r.data.path},
                                   {"data.val_path", r.data.val_path}}) {
     if (path.empty()) continue;
-    T3D_USER_CHECK(fs::is_regular_file(path), "recipe error: ", r.origin(key), ": `", key,
-                   "`: file `", path, "` does not exist (relative paths start at ",
-                   fs::current_path().string(),
-                   "). For the default corpus run `bash scripts/get_data.sh`.");
+    // A pattern of token-file shards (data_files) must match; anything else be a file.
+    for (const std::string& file :
+         data_files(path, "recipe error: " + r.origin(key) + ": `" + key + "`"))
+      T3D_USER_CHECK(fs::is_regular_file(file), "recipe error: ", r.origin(key), ": `", key,
+                     "`: file `", file, "` does not exist (relative paths start at ",
+                     fs::current_path().string(),
+                     "). For the default corpus run `bash scripts/get_data.sh`.");
   }
   // A SentencePiece model file (data.tokenizer = "bytes" names none); its vocabulary is checked
   // against model.vocab_size when the ranks load the data.

@@ -8,6 +8,7 @@
 #include "checkpoint/hash.h"
 #include "checkpoint/snapshot.h"
 #include "kernels/check.h"
+#include "runtime/data/data.h"
 #include "runtime/data/text_tokenizer.h"
 
 namespace t3d::runtime {
@@ -122,8 +123,19 @@ void check_same_tokenizer(const std::map<std::string, int64_t>& counters, const 
 
 int64_t data_hash(const Recipe& recipe) {
   std::error_code ec;
-  if (!fs::is_regular_file(recipe.data.path, ec)) return 0;
-  return static_cast<int64_t>(ck::digest_file(recipe.data.path).hash);
+  if (fs::is_regular_file(recipe.data.path, ec))
+    return static_cast<int64_t>(ck::digest_file(recipe.data.path).hash);
+  // A pattern of shards: the hash of their hashes, in data_files' order.
+  std::vector<uint64_t> hashes;
+  try {
+    for (const std::string& file : data_files(recipe.data.path, "data.path")) {
+      if (!fs::is_regular_file(file, ec)) return 0;
+      hashes.push_back(ck::digest_file(file).hash);
+    }
+  } catch (const UserError&) {
+    return 0;  // nothing matches: nothing to record
+  }
+  return static_cast<int64_t>(ck::hash64(hashes.data(), hashes.size() * sizeof(uint64_t)));
 }
 
 void warn_if_data_changed(const std::map<std::string, int64_t>& counters,

@@ -43,11 +43,12 @@ int64_t tokenizer_hash(const Recipe& recipe);
 void check_same_tokenizer(const std::map<std::string, int64_t>& counters, const Recipe& now,
                           const std::string& path, const std::string& verb);
 
-// The training data's content hash (data.path's file) is recorded as the index counter
+// The training data's content hash (data.path's file; for a pattern of shards, the hash of their
+// hashes in order) is recorded as the index counter
 // kDataHashCounter. A resume of a snapshot whose data.path is the same but whose content changed
 // says so (rank 0, a warning): the continuation is not the run that would have happened.
 inline constexpr const char* kDataHashCounter = "data_hash";
-int64_t data_hash(const Recipe& recipe);  // 0 when data.path is not a readable file
+int64_t data_hash(const Recipe& recipe);  // 0 when data.path names no readable file
 void warn_if_data_changed(const std::map<std::string, int64_t>& counters,
                           const std::string& saved_toml, const Recipe& now,
                           const std::string& path);

@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "kernels/check.h"
+#include "runtime/data/data_sampler.h"
 #include "runtime/recipe/recipe_detail.h"
 
 namespace t3d::runtime {

@@ -17,8 +17,7 @@
 #include "kernels/ops.h"
 #include "kernels/ops_moe.h"
 #include "parallel/schedule_kind.h"
-#include "runtime/data/data.h"
-#include "runtime/data/data_sampler.h"
+#include "runtime/data/data_choices.h"
 
 namespace t3d::runtime {
 

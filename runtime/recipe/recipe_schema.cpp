@@ -437,11 +437,14 @@ std::vector<Field> data_keys() {
   using R = Recipe;
   return {
       field("data", "path", &R::data, &DataConfig::path,
-            "Training data: a text file (read through data.tokenizer) or a token .bin file."),
+            "Training data: a text file (read through data.tokenizer), a token .bin file, or a "
+            "pattern of token files read in name order as one stream, e.g. "
+            "\"data/train_*.bin\" (memory-mapped, docs/data.md)."),
       field("data", "format", &R::data, &DataConfig::format,
             "auto | text | bin (auto: .bin files are tokens, anything else text)."),
       field("data", "val_path", &R::data, &DataConfig::val_path,
-            "Validation data; empty: hold out the last val_fraction of data.path."),
+            "Validation data, as data.path (a file or a pattern of token files); empty: hold "
+            "out the last val_fraction of data.path."),
       field("data", "val_fraction", &R::data, &DataConfig::val_fraction,
             "Fraction of data.path held out for validation when val_path is empty."),
       field("data", "sampler", &R::data, &DataConfig::sampler,

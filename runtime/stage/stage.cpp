@@ -242,9 +242,9 @@ StageData load_stage_data(const Recipe& r) {
   const TextTokenizer tokenizer =
       TextTokenizer::open(r.data.tokenizer, "data.tokenizer", r.data.bos);
   StageData d;
-  d.train = load_stream(r.data.path, r.data.format, vocab, &tokenizer);
+  d.train = load_stream(r.data.path, r.data.format, vocab, &tokenizer, "data.path");
   if (!r.data.val_path.empty()) {
-    d.val = load_stream(r.data.val_path, r.data.format, vocab, &tokenizer);
+    d.val = load_stream(r.data.val_path, r.data.format, vocab, &tokenizer, "data.val_path");
   } else if (r.data.val_fraction > 0) {
     auto split = split_train_val(d.train, r.data.val_fraction, r.model.seq_len + 1);
     d.train = std::move(split.train);

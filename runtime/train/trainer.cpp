@@ -124,7 +124,7 @@ struct Trainer::Impl {
     hosts = std::max(1, mesh.world().size() / std::max(1, job.env.local_size));
     cp = mesh.shape().size(Dim::cp), cp_rank = mesh.coord().cp;
 
-    // Data: every rank reads the corpus (megabytes) and samples only its own rows.
+    // Data: every rank maps the token file (or tokenizes the text) and samples only its own rows.
     StageData data = load_stage_data(r);
     train_tokens = std::move(data.train);
     val_tokens = std::move(data.val);

@@ -67,9 +67,10 @@ void check_eval_inputs(const Recipe& recipe, const EvalOptions& options) {
   T3D_USER_CHECK(options.batches >= 0, "--batches is ", options.batches,
                  "; give a positive count, or leave it out for the whole file");
   if (!options.data.empty()) {
-    T3D_USER_CHECK(fs::is_regular_file(options.data), "--data `", options.data,
-                   "` does not exist or is not a file (relative paths start at ",
-                   fs::current_path().string(), ")");
+    for (const std::string& file : data_files(options.data, "--data"))  // or a pattern of shards
+      T3D_USER_CHECK(fs::is_regular_file(file), "--data `", file,
+                     "` does not exist or is not a file (relative paths start at ",
+                     fs::current_path().string(), ")");
     return;
   }
   check_inputs(recipe);  // the recipe's data.path / data.val_path
@@ -92,9 +93,10 @@ EvalResult run_eval(const Job& job, const std::string& snapshot, const EvalOptio
     kernels::verify_gemm_kind(job.precision().gemm);
     const TextTokenizer tokenizer =
         TextTokenizer::open(r.data.tokenizer, "data.tokenizer", r.data.bos);
-    stream = options.data.empty() ? recipe_validation(r)
-                                  : load_stream(options.data, r.data.format,
-                                                static_cast<int>(r.model.vocab_size), &tokenizer);
+    stream = options.data.empty()
+                 ? recipe_validation(r)
+                 : load_stream(options.data, r.data.format, static_cast<int>(r.model.vocab_size),
+                               &tokenizer, "--data");
     res.data = options.data.empty() ? stream.source : options.data;
     sampler.emplace(
         stream.tokens, res.data,

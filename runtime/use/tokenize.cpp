@@ -53,7 +53,7 @@ TokenizeSummary run_tokenize(const TokenizeOptions& o) {
   s.vocab = tok.vocab_size();
   if (o.decode) {
     const TokenStream ids = read_token_file(o.input, s.vocab);
-    const std::string text = tok.decode(std::span<const uint32_t>(ids.tokens));
+    const std::string text = tok.decode(ids.tokens.to_vector());
     s.tokens = ids.size(), s.bytes = static_cast<int64_t>(text.size());
     write_text(o.out, text);
     return s;

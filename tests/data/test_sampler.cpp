@@ -12,10 +12,10 @@ namespace t3d::runtime {
 namespace {
 
 // Token i has value i % 65536, so a row's first token reveals its offset (for N < 65536).
-std::vector<uint32_t> ramp(size_t n) {
+Tokens ramp(size_t n) {
   std::vector<uint32_t> v(n);
   for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint32_t>(i);
-  return v;
+  return Tokens(std::move(v));
 }
 
 SamplerConfig config(SampleMode mode, int64_t b, int64_t t, uint64_t seed = 1234) {

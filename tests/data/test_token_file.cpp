@@ -65,7 +65,8 @@ TEST_F(data_TokenFile, RoundTripWithHeader) {
   write_token_file(p, tokens);
   EXPECT_EQ(fs::file_size(p), 1024u + 2 * tokens.size());
   const TokenStream s = read_token_file(p, 50257);
-  EXPECT_EQ(s.tokens, std::vector<uint32_t>(tokens.begin(), tokens.end()));
+  EXPECT_EQ(s.tokens.to_vector(), std::vector<uint32_t>(tokens.begin(), tokens.end()));
+  EXPECT_EQ(s.tokens.width(), 2);  // mapped as stored, not widened
   EXPECT_EQ(s.source, p.string());
 }
 
@@ -93,8 +94,11 @@ TEST_F(data_TokenFile, WideTokensUseVersion2) {
   in.read(reinterpret_cast<char*>(header), sizeof(header));
   EXPECT_EQ(header[1], 2);
   EXPECT_EQ(header[2], 5);
-  EXPECT_EQ(read_token_file(p, (1 << 20) + 1).tokens, tokens);
+  EXPECT_EQ(read_token_file(p, (1 << 20) + 1).tokens.to_vector(), tokens);
+  EXPECT_EQ(read_token_file(p, 0).tokens.width(), 4);
   expect_user_error([&] { read_token_file(p, 70000); }, p, "token 1048576 at position 3");
+  expect_user_error([&] { read_token_file(p, 70000); }, p, "at least 1048577");
+  expect_user_error([&] { read_token_file(p, 65536); }, p, "token 65536 at position 2");
   // A version-2 file cut short is truncated by its own width, not uint16's.
   const fs::path cut = dir_ / "wide_cut.bin";
   fs::copy_file(p, cut);
@@ -103,13 +107,39 @@ TEST_F(data_TokenFile, WideTokensUseVersion2) {
   const std::vector<uint32_t> narrow = {1, 65535};
   write_token_file(p, std::span<const uint32_t>(narrow));
   EXPECT_EQ(fs::file_size(p), 1024u + 2 * narrow.size());
-  EXPECT_EQ(read_token_file(p, 0).tokens, narrow);
+  EXPECT_EQ(read_token_file(p, 0).tokens.to_vector(), narrow);
 }
 
 TEST_F(data_TokenFile, HeaderlessNanoGptFile) {
   const auto tokens = iota_tokens(777, 300);
   const fs::path p = write_bytes("raw.bin", tokens.data(), tokens.size() * 2);
-  EXPECT_EQ(read_token_file(p, 300).tokens, std::vector<uint32_t>(tokens.begin(), tokens.end()));
+  EXPECT_EQ(read_token_file(p, 300).tokens.to_vector(),
+            std::vector<uint32_t>(tokens.begin(), tokens.end()));
+}
+
+// A token file is mapped, not copied: slices (the validation split) and samplers share the map,
+// which outlives the stream it came from, and reads see the file's ids as stored.
+TEST_F(data_TokenFile, MappedIdsAreSharedBySlicesAndOutliveTheStream) {
+  const auto ids = iota_tokens(5000, 50000);
+  const fs::path p = dir_ / "mapped.bin";
+  write_token_file(p, ids);
+  Tokens tail;
+  {
+    const TokenStream s = read_token_file(p, 50000);
+    const TrainValSplit split = split_train_val(s, 0.1, 17);
+    ASSERT_EQ(split.val.size(), 500);
+    tail = split.val.tokens;
+    // A slice shares the map: its first id sits where the stream's 4,500th does.
+    EXPECT_EQ(tail[0], ids[4500]);
+    EXPECT_EQ(split.train.tokens[4499], ids[4499]);
+  }
+  // The stream and split are gone; the slice still reads the file's ids.
+  std::vector<int32_t> out(300);
+  tail.copy(200, 300, out.data());
+  for (int64_t j = 0; j < 300; ++j) EXPECT_EQ(out[j], ids[4700 + j]) << j;
+  // Renaming another file over the name (as write_token_file does) leaves the map as it was.
+  write_token_file(p, iota_tokens(5000, 3));
+  EXPECT_EQ(tail[499], ids[4999]);
 }
 
 TEST_F(data_TokenFile, MissingFileNamesIt) {
@@ -167,8 +197,9 @@ TEST_F(data_TokenFile, LoadCorpusReadsTextWithByteTokenizer) {
   const TokenStream s = load_corpus(p, 256);
   ASSERT_EQ(s.size(), static_cast<int64_t>(text.size()));
   EXPECT_EQ(s.tokens[0], 'H');
-  EXPECT_EQ(s.tokens.back(), '.');
-  const std::vector<int32_t> ids(s.tokens.begin(), s.tokens.end());
+  EXPECT_EQ(s.tokens[s.size() - 1], '.');
+  const std::vector<uint32_t> all = s.tokens.to_vector();
+  const std::vector<int32_t> ids(all.begin(), all.end());
   EXPECT_EQ(ByteTokenizer{}.decode(std::span<const int32_t>(ids)), text);
   expect_user_error([&] { load_corpus(p, 100); }, p, "vocab_size");
 }
@@ -194,18 +225,19 @@ TEST(data_Tokenizer, DecodeRejectsForeignIds) {
 }
 
 TEST(data_Split, HoldsOutTheTail) {
-  TokenStream all{"mem", iota32(iota_tokens(1000, 256))};
+  TokenStream all{"mem", Tokens(iota32(iota_tokens(1000, 256)))};
   const TrainValSplit s = split_train_val(all, 0.1, 10);
   ASSERT_EQ(s.train.size(), 900);
   ASSERT_EQ(s.val.size(), 100);
-  EXPECT_TRUE(std::equal(s.train.tokens.begin(), s.train.tokens.end(), all.tokens.begin()));
-  EXPECT_TRUE(std::equal(s.val.tokens.begin(), s.val.tokens.end(), all.tokens.begin() + 900));
+  const std::vector<uint32_t> ids = all.tokens.to_vector();
+  EXPECT_EQ(s.train.tokens.to_vector(), std::vector<uint32_t>(ids.begin(), ids.begin() + 900));
+  EXPECT_EQ(s.val.tokens.to_vector(), std::vector<uint32_t>(ids.begin() + 900, ids.end()));
   // min_tokens wins over a tiny fraction.
   EXPECT_EQ(split_train_val(all, 0.001, 65).val.size(), 65);
 }
 
 TEST(data_Split, RejectsBadFractionAndTinyCorpus) {
-  TokenStream all{"small.txt", iota32(iota_tokens(100, 256))};
+  TokenStream all{"small.txt", Tokens(iota32(iota_tokens(100, 256)))};
   EXPECT_THROW(split_train_val(all, 0.0, 1), UserError);
   EXPECT_THROW(split_train_val(all, 1.0, 1), UserError);
   try {
@@ -217,16 +249,18 @@ TEST(data_Split, RejectsBadFractionAndTinyCorpus) {
 }
 
 TEST(data_Entropy, KnownDistributions) {
-  EXPECT_DOUBLE_EQ(unigram_entropy_bits(std::vector<uint32_t>(100, 7)), 0.0);
+  EXPECT_DOUBLE_EQ(unigram_entropy_bits(Tokens(std::vector<uint32_t>(100, 7))), 0.0);
   // Uniform over 8 symbols: 3 bits = 3 ln 2 nats.
   std::vector<uint32_t> uniform(8 * 50);
   for (size_t i = 0; i < uniform.size(); ++i) uniform[i] = static_cast<uint32_t>(i % 8);
-  EXPECT_NEAR(unigram_entropy_bits(uniform), 3.0, 1e-12);
-  EXPECT_NEAR(unigram_entropy_nats(uniform), 3.0 * std::log(2.0), 1e-12);
+  EXPECT_NEAR(unigram_entropy_bits(Tokens(uniform)), 3.0, 1e-12);
+  EXPECT_NEAR(unigram_entropy_nats(Tokens(uniform)), 3.0 * std::log(2.0), 1e-12);
   // p = (1/2, 1/4, 1/4): 1.5 bits.
-  const std::vector<uint32_t> skew = {0, 0, 1, 2};
-  EXPECT_NEAR(unigram_entropy_bits(skew), 1.5, 1e-12);
-  EXPECT_EQ(unigram_entropy_bits({}), 0.0);
+  EXPECT_NEAR(unigram_entropy_bits(Tokens(std::vector<uint32_t>{0, 0, 1, 2})), 1.5, 1e-12);
+  // Ids past 65,535 are symbols of their own (a 128k vocabulary), not folded onto 16 bits:
+  // 65,536 + 7 and 7 are two symbols, so two equal halves make 1 bit.
+  EXPECT_NEAR(unigram_entropy_bits(Tokens(std::vector<uint32_t>{7, 65543})), 1.0, 1e-12);
+  EXPECT_EQ(unigram_entropy_bits(Tokens()), 0.0);
 }
 
 }  // namespace
@@ -243,8 +277,10 @@ TEST(data_Corpus, FortunesFilesAgreeWithText) {
   const TokenStream train = load_corpus(dir / "fortunes_train.bin", 256);
   const TokenStream val = load_corpus(dir / "fortunes_val.bin", 256);
   ASSERT_EQ(train.size() + val.size(), text.size());
-  EXPECT_TRUE(std::equal(train.tokens.begin(), train.tokens.end(), text.tokens.begin()));
-  EXPECT_TRUE(std::equal(val.tokens.begin(), val.tokens.end(), text.tokens.begin() + train.size()));
+  const std::vector<uint32_t> ids = text.tokens.to_vector();
+  EXPECT_EQ(train.tokens.to_vector(),
+            std::vector<uint32_t>(ids.begin(), ids.begin() + train.size()));
+  EXPECT_EQ(val.tokens.to_vector(), std::vector<uint32_t>(ids.begin() + train.size(), ids.end()));
   EXPECT_GT(text.size(), 1'000'000);
   // English bytes: about 4.5 bits per character under a unigram model.
   const double h = unigram_entropy_bits(text.tokens);
