@@ -111,7 +111,7 @@ step gpu_nccl 60 bash "$root/bin/gpu_nccl_check.sh" "$root" "$PWD" "$logs/nccl"
 grep -E "NCCL|OK \]|FAIL|SKIPPED" "$logs/gpu_nccl.log" | head -n 12
 # titan3d itself on the GPU (one rank, fp32): against the CPU, twice, and resumed from a snapshot.
 step gpu_train 300 bash "$root/bin/gpu_train_check.sh" "$root" "$PWD" "$logs/train"
-grep -E "device:|GPU|FAIL|within|eval|^device" "$logs/gpu_train.log" | head -n 24
+grep -E "device:|GPU|FAIL|within|eval|^device" "$logs/gpu_train.log" | head -n 30
 # Every layout on the GPU (ranks sharing it): the pipeline schedules and ZeRO stages to the bit,
 # tp+SP, cp, ep within the CPU path's tolerance, a kill -9 and restart, memcheck over training.
 step gpu_layouts 150 bash "$root/bin/gpu_layout_check.sh" "$root" "$PWD" "$logs/layouts"

@@ -18,9 +18,15 @@
 #   8. a mixture of experts: recipes/moe.toml (pp2 × dp2, four ranks sharing the GPU; the router
 #      bias's balancing) with the auxiliary loss on, 20 fp32 steps, on the CPU and on the GPU, and
 #      again with expert parallelism (ep2: the rows' all-to-alls staged through host memory): the
-#      GPU's losses within 1e-4 relative of the CPU's (the MoE ops' CUDA twins, docs/moe.md).
+#      GPU's losses within 1e-4 relative of the CPU's (the MoE ops' CUDA twins, docs/moe.md);
+#   9. snapshots beside the step: a full asynchronous snapshot after every step, once as is and
+#      once serialised (CUDA_LAUNCH_BLOCKING=1: each launch and copy done before the host goes on,
+#      so the copy stream never overlaps the compute stream), and as is again: every snapshot's
+#      /model and /optim bit-identical across the three (h5py), and so the losses. A copy that
+#      raced the optimizer (before_state_changes missed on a path) would differ; compute-sanitizer
+#      cannot see such a race between streams. Two runs as is: issue 40's snapshot bytes.
 # Usage: gpu_train_check.sh BUNDLE_ROOT REPO LOG_DIR. DEVICE=cpu runs the "GPU" runs on the CPU
-# instead (to check this script and the bundle where no GPU is). Exit 0 when all eight hold.
+# instead (to check this script and the bundle where no GPU is). Exit 0 when all nine hold.
 set -uo pipefail
 source "$(dirname "$0")/gpu_env.sh" "$@"  # root, repo, logs, device, here; the paths
 common=(--set data.path="$root/data/corpus.txt" --set train.steps=20 --set train.val_every=0
@@ -82,6 +88,35 @@ for precision in fp32 bf16; do
     --set run.dir="$logs/default_$precision" > "$logs/default_$precision.log" 2>&1 ||
     { echo "FAIL: default_$precision exited $?"; tail -n 20 "$logs/default_$precision.log"; failed=1; }
 done
+# 9: after every step (--set after common's: the later value wins).
+for name in snap snap_serial snap_again; do
+  out_of_time "gpu_$name" && { failed=1; continue; }
+  serial=0; [ $name = snap_serial ] && serial=1
+  CUDA_LAUNCH_BLOCKING=$serial titan3d train recipes/tiny.toml "${common[@]}" \
+    --set hardware.device="$device" --set snapshot.every=1 --set snapshot.async=true \
+    --set snapshot.full_every=1 --set snapshot.keep=20 --set run.dir="$logs/gpu_$name" \
+    > "$logs/gpu_$name.log" 2>&1 ||
+    { echo "FAIL: gpu_$name exited $?"; tail -n 20 "$logs/gpu_$name.log"; failed=1; }
+done
+# h5py: the GPU machine's python3 has it; Debian's (python3-h5py) where another python3 lacks it.
+h5python=python3
+python3 -c 'import h5py' 2>/dev/null || h5python=/usr/bin/python3
+"$h5python" - "$logs" "$here" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[2])
+from gpu_losses import snapshot_differences, losses
+logs = sys.argv[1]
+ok = True
+for other in ("snap_serial", "snap_again"):
+    n, diffs = snapshot_differences(f"{logs}/gpu_snap/snapshots", f"{logs}/gpu_{other}/snapshots")
+    same = losses(logs, "gpu_snap") == losses(logs, f"gpu_{other}") != {}
+    print(f"GPU snapshots after every step vs {other}: {n} steps, "
+          + ("every /model and /optim bit-identical" if n == 20 and not diffs else
+             f"DIFFERENT: {diffs[:3]}") + (", losses the same" if same else ", losses DIFFERENT"))
+    ok &= n == 20 and not diffs and same
+sys.exit(0 if ok else 1)
+PY
+[ $? -eq 0 ] || failed=1
 python3 - "$logs" "$device" "$here" <<'PY'
 import json, sys
 sys.path.insert(0, sys.argv[3])
