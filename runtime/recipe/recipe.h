@@ -29,6 +29,9 @@ inline constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;  // bytes (hardware.hbm
 enum class TrainPrecision { kFp32, kBf16, kAuto };
 // hardware.gemm: the linear layers' GEMM library, auto resolved like train.precision.
 enum class GemmLibrary { kAuto, kOpenBlas, kOneDnn };
+// train.lr_decay: the shape of the learning rate's decay after the warm-up (and the stable phase
+// train.decay_steps leaves): runtime/train/training_math.h, docs/training-math.md.
+enum class LrDecay { kCosine, kLinear, kSqrt, kConstant };
 
 // run.on_corruption: what a replay's mismatch does (docs/resilience.md#replay).
 enum class OnCorruption { kStop, kExclude };
@@ -55,6 +58,15 @@ struct Choices<TrainPrecision> {
       {TrainPrecision::kFp32, "fp32"},
       {TrainPrecision::kBf16, "bf16"},
       {TrainPrecision::kAuto, "auto"},
+  }};
+};
+template <>
+struct Choices<LrDecay> {
+  static constexpr std::array<std::pair<LrDecay, std::string_view>, 4> kAll = {{
+      {LrDecay::kCosine, "cosine"},
+      {LrDecay::kLinear, "linear"},
+      {LrDecay::kSqrt, "sqrt"},
+      {LrDecay::kConstant, "constant"},
   }};
 };
 template <>
@@ -250,6 +262,8 @@ struct TrainConfig {
   double lr = 3e-4;
   double min_lr = 3e-5;
   int64_t warmup_steps = 10;
+  LrDecay lr_decay = LrDecay::kCosine;
+  int64_t decay_steps = 0;  // 0: every step after the warm-up decays; K: only the last K
   double weight_decay = 0.1;
   double beta1 = 0.9;
   double beta2 = 0.95;

@@ -325,6 +325,12 @@ void validate_train(const Recipe& r) {
   v.require(t.lr > 0 && std::isfinite(t.lr), "train.lr", "must be a positive number");
   v.require(t.min_lr >= 0 && t.min_lr <= t.lr, "train.min_lr", "must lie in [0, train.lr]");
   v.require(t.warmup_steps >= 0, "train.warmup_steps", "must be ≥ 0");
+  v.require(t.decay_steps >= 0 && t.decay_steps <= std::max<int64_t>(0, t.steps - t.warmup_steps),
+            "train.decay_steps",
+            "must lie in [0, train.steps − train.warmup_steps] (0: every step after the warm-up "
+            "decays)");
+  v.require(t.decay_steps == 0 || t.lr_decay != LrDecay::kConstant, "train.decay_steps",
+            "must be 0 with train.lr_decay = \"constant\", which does not decay");
   v.require(t.weight_decay >= 0, "train.weight_decay", "must be ≥ 0");
   v.require(t.beta1 >= 0 && t.beta1 < 1, "train.beta1", "must lie in [0, 1)");
   v.require(t.beta2 >= 0 && t.beta2 < 1, "train.beta2", "must lie in [0, 1)");

@@ -396,11 +396,18 @@ std::vector<Field> train_keys() {
             "Micro-batches per dp rank and step (gradient accumulation / pipeline depth)."),
       field("train", "lr", &R::train, &TrainConfig::lr, "Peak learning rate."),
       field("train", "min_lr", &R::train, &TrainConfig::min_lr,
-            "Where the cosine decay heads: the lr step train.steps would have, so the last "
-            "step's lr is still above it (docs/training-math.md)."),
+            "Where the decay heads: the lr step train.steps would have, so the last step's lr "
+            "is still above it (docs/training-math.md)."),
       field("train", "warmup_steps", &R::train, &TrainConfig::warmup_steps,
-            "Linear warm-up steps before the cosine decay: 0-based step s < warmup_steps has "
+            "Linear warm-up steps before the decay: 0-based step s < warmup_steps has "
             "lr·(s + 1)/warmup_steps."),
+      field("train", "lr_decay", &R::train, &TrainConfig::lr_decay,
+            "cosine | linear | sqrt | constant: how the lr falls from train.lr to train.min_lr "
+            "over the decay steps (docs/training-math.md); constant: it stays at train.lr after "
+            "the warm-up."),
+      field("train", "decay_steps", &R::train, &TrainConfig::decay_steps,
+            "Steps the decay takes, the last of train.steps: before them the lr stays at train.lr "
+            "after the warm-up (warmup-stable-decay); 0: every step after the warm-up."),
       field("train", "weight_decay", &R::train, &TrainConfig::weight_decay,
             "AdamW decoupled weight decay, scaled by the lr (p·(1 − lr·wd)); every tensor but the "
             "RMSNorm weights (embedding and LM head included)."),

@@ -44,6 +44,38 @@ TEST(TrainingMath, LearningRateWithoutWarmupOrWithoutCosine) {
   for (int64_t s = 0; s < 4; ++s) EXPECT_DOUBLE_EQ(learning_rate(only, s), 1e-3 * (s + 1) / 4);
 }
 
+// train.lr_decay and train.decay_steps: the page's table and its example (recipes/tiny.toml's
+// lr with a 40-step linear decay), the stable phase, and constant.
+TEST(TrainingMath, LearningRateDecayShapesAndTheStablePhase) {
+  TrainConfig t = schedule(3e-3, 3e-4, 10, 200);
+  t.lr_decay = LrDecay::kLinear, t.decay_steps = 40;
+  for (int64_t s : {10, 100, 159, 160}) EXPECT_EQ(learning_rate(t, s), 3e-3) << s;  // stable
+  for (int64_t s = 160; s < 200; ++s)
+    EXPECT_DOUBLE_EQ(learning_rate(t, s), 3e-4 + 2.7e-3 * (1.0 - (s - 160) / 40.0)) << s;
+  EXPECT_NEAR(learning_rate(t, 170), 2.325e-3, 1e-15);  // the page's example
+  EXPECT_NEAR(learning_rate(t, 199), 3.675e-4, 1e-15);
+  EXPECT_DOUBLE_EQ(learning_rate(t, 200), 3e-4);
+  t.lr_decay = LrDecay::kSqrt;
+  for (int64_t s = 160; s < 200; ++s)
+    EXPECT_DOUBLE_EQ(learning_rate(t, s), 3e-4 + 2.7e-3 * (1.0 - std::sqrt((s - 160) / 40.0))) << s;
+  t.lr_decay = LrDecay::kCosine;
+  for (int64_t s = 160; s < 200; ++s)
+    EXPECT_DOUBLE_EQ(learning_rate(t, s),
+                     3e-4 + 0.5 * 2.7e-3 * (1.0 + std::cos(M_PI * (s - 160) / 40.0)))
+        << s;
+  // decay_steps = 0 is the default schedule, bit for bit, whatever the shape's name.
+  TrainConfig whole = schedule(3e-3, 3e-4, 10, 200), spelled = whole;
+  spelled.decay_steps = 190;  // = steps − warmup_steps: the same as 0
+  for (int64_t s = 0; s < 210; ++s) EXPECT_EQ(learning_rate(whole, s), learning_rate(spelled, s));
+  whole.lr_decay = LrDecay::kLinear;
+  for (int64_t s = 10; s < 200; ++s)
+    EXPECT_DOUBLE_EQ(learning_rate(whole, s), 3e-4 + 2.7e-3 * (1.0 - (s - 10) / 190.0)) << s;
+  // constant: the warm-up, then lr.
+  whole.lr_decay = LrDecay::kConstant;
+  EXPECT_DOUBLE_EQ(learning_rate(whole, 4), 3e-3 * 5 / 10);
+  for (int64_t s : {10, 150, 199, 400}) EXPECT_EQ(learning_rate(whole, s), 3e-3);
+}
+
 TEST(TrainingMath, ClipCoefficientIsClipOverNormAboveTheClipWithoutEpsilon) {
   EXPECT_EQ(clip_coefficient(1.0, 2.0), 0.5f);
   EXPECT_EQ(clip_coefficient(0.4, 1.7), static_cast<float>(0.4 / 1.7));

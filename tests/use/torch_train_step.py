@@ -282,9 +282,17 @@ def window_start(mode, seed, s, r, B, T, N):
 def learning_rate(t, s):
     if s < t["warmup_steps"]:
         return t["lr"] * (s + 1) / t["warmup_steps"]
-    span = max(1, t["steps"] - t["warmup_steps"])
-    progress = min(1.0, (s - t["warmup_steps"]) / span)
-    return t["min_lr"] + 0.5 * (t["lr"] - t["min_lr"]) * (1.0 + math.cos(math.pi * progress))
+    shape = t.get("lr_decay", "cosine")
+    if shape == "constant":
+        return t["lr"]
+    decay = t.get("decay_steps", 0) or t["steps"] - t["warmup_steps"]
+    start = t["steps"] - decay
+    if s < start:
+        return t["lr"]  # the stable phase
+    p = min(1.0, (s - start) / max(1, decay))
+    f = {"cosine": 0.5 * (1.0 + math.cos(math.pi * p)), "linear": 1.0 - p,
+         "sqrt": 1.0 - math.sqrt(p)}[shape]
+    return t["min_lr"] + (t["lr"] - t["min_lr"]) * f
 
 
 def adamw(p, g, m, v, lr, wd, b1, b2, eps, t):

@@ -21,7 +21,8 @@
 # and a Qwen2.5-shaped dense run with Llama 3's head and RoPE (docs/training-math.md's biases,
 # head_dim and scaled frequencies):
 #  5. run 2's dp = 2 and tied embeddings, q/k/v biases (zero at init, outside the decay set),
-#     head_dim 24 over dim 64 and 4 heads, llama3 RoPE scaling over a pretraining context of 16.
+#     head_dim 24 over dim 64 and 4 heads, llama3 RoPE scaling over a pretraining context of 16;
+#     the lr stable for 2 steps, then a sqrt decay over the last 3 (train.decay_steps, lr_decay).
 # and a Qwen3-MoE-shaped one (the page's per-head q/k norms, docs/moe.md's router):
 #  6. run 2's dp = 2 (untied) on tp = 2 and ep = 2, q/k norms (ones at init, outside the decay
 #     set) with head_dim 24, block 0 dense, then 4 routed experts (2 per token), no shared
@@ -90,9 +91,9 @@ check "replay moe_sigmoid && grep -q 'dropped_slots [1-9]' $work/moe_sigmoid.txt
 "$titan3d" train "${tiny[@]}" "${pinned[@]}" --set train.steps=5 --set train.warmup_steps=0 \
   --set train.val_every=0 --set model.tie_embeddings=true --set parallel.dp=2 \
   --set model.qkv_bias=true --set model.head_dim=24 --set model.rope_scaling=llama3 \
-  --set model.rope_factor=8.0 --set model.rope_original_seq_len=16 --set run.dir="$work/qwen25" \
-  >"$work/qwen25.log" 2>&1
-check "[ \$? -eq 0 ]" "train 5 steps: q/k/v biases, head_dim 24, llama3 RoPE, tied, dp2" ||
+  --set model.rope_factor=8.0 --set model.rope_original_seq_len=16 --set train.lr_decay=sqrt \
+  --set train.decay_steps=3 --set run.dir="$work/qwen25" >"$work/qwen25.log" 2>&1
+check "[ \$? -eq 0 ]" "train 5 steps: q/k/v biases, head_dim 24, llama3 RoPE, tied, dp2, stable then sqrt decay" ||
   cat "$work/qwen25.log"
 check "replay qwen25" "PyTorch rebuilds run 5 (Qwen2.5-shaped) from docs/training-math.md"
 "$titan3d" train "${tiny[@]}" "${pinned[@]}" --set train.steps=5 --set train.warmup_steps=0 \
