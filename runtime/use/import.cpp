@@ -209,6 +209,12 @@ std::map<std::string, std::shared_ptr<ck::SafetensorsFile>> open_weights(
   const fs::path index = in_model_dir(dir, "model.safetensors.index.json");
   std::vector<std::string> names;
   std::string source = "the model directory";
+  // transformers reads model.safetensors where both are (from_pretrained); which one is current
+  // only the user knows (export refuses to write one beside the other).
+  T3D_USER_CHECK(!fs::exists(index) || !fs::exists(dir / "model.safetensors"), "`", dir.string(),
+                 "` holds both model.safetensors and model.safetensors.index.json (the shards): "
+                 "transformers would read model.safetensors, and one of the two is stale; remove "
+                 "it and import again");
   if (fs::exists(index)) {
     json j;
     try {

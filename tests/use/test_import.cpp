@@ -623,6 +623,21 @@ TEST(use_Import, AnUnusableTokenizerModelGivesWayToTokenizerJson) {
   EXPECT_TRUE(said(b, "tokenizer.model not used, data.tokenizer = \"bytes\""));
 }
 
+// model.safetensors beside an index of shards: one of them is stale, and transformers would read
+// model.safetensors where titan3d read the shards; refused naming both, until one is removed.
+TEST(use_Import, RefusesOneFileBesideShards) {
+  const HfDir hf("one_file_and_shards");
+  hf.weights(hf.dir / "model.safetensors");
+  hf.weights(hf.dir / "shard.safetensors");
+  hf.index("shard.safetensors", "shard.safetensors");
+  const std::string e = hf.import_error();
+  EXPECT_NE(e.find("both model.safetensors and model.safetensors.index.json"), std::string::npos)
+      << e;
+  EXPECT_NE(e.find("remove"), std::string::npos) << e;
+  fs::remove(hf.dir / "model.safetensors");
+  EXPECT_EQ(hf.import_error(), "");
+}
+
 TEST(use_Import, RefusesNonFiniteWeightsNamingTheTensor) {
   for (const float bad :
        {std::numeric_limits<float>::quiet_NaN(), -std::numeric_limits<float>::infinity()}) {
