@@ -111,9 +111,24 @@ struct Reader {
     if (j.contains(key) && !j[key].is_null())
       refuse(where + key, "is " + j[key].dump() + ", which titan3d does not implement");
   }
+  // Absent or null: `otherwise`; a value other than true or false is refused.
+  bool flag(const json& j, const char* key, const std::string& where, bool otherwise) const {
+    if (!j.contains(key) || j[key].is_null()) return otherwise;
+    if (!j[key].is_boolean())
+      refuse(where + key, "is " + j[key].dump() + "; it must be true or false");
+    return j[key].get<bool>();
+  }
   void require_false(const json& j, const char* key, const std::string& where) const {
-    if (j.contains(key) && j[key].is_boolean() && j[key].get<bool>())
+    if (flag(j, key, where, false))
       refuse(where + key, "is true, which titan3d does not implement");
+  }
+  std::string string_at(const json& j, size_t i, const std::string& key) const {
+    if (!j[i].is_string()) refuse(key, "is " + j.dump() + "; it must hold strings");
+    return j[i].get<std::string>();
+  }
+  int64_t id_at(const json& id, const std::string& key) const {
+    if (!id.is_number_integer()) refuse(key, "is " + id.dump() + "; an id is an integer");
+    return id.get<int64_t>();
   }
   std::string type_of(const json& j, const std::string& key) const {
     if (!j.is_object() || !j.contains("type") || !j["type"].is_string())
@@ -161,27 +176,38 @@ ByteLevelBpe ByteLevelBpe::parse(const std::string& json_text, const std::string
   in.require_null(j, "truncation", "");
   in.require_null(j, "padding", "");
   ByteLevelBpe t;
-  t.read_model(j["model"], source);
-  t.read_added(j, source);
+  try {
+    t.read_parts(j, source);
+  } catch (const json::exception& e) {  // a value of a type the readers do not check by key
+    throw UserError("tokenizer `" + source + "` is malformed: " + e.what() +
+                    "; titan3d reads byte-level BPE tokenizers (GPT-2, Llama 3, Qwen2)");
+  }
+  return t;
+}
+
+void ByteLevelBpe::read_parts(const json& j, const std::string& source) {
+  const Reader in{source};
+  read_model(j["model"], source);
+  read_added(j, source);
   // The normalizer: none, or NFC.
   if (j.contains("normalizer") && !j["normalizer"].is_null()) {
     if (in.type_of(j["normalizer"], "normalizer") != "NFC")
       in.refuse("normalizer.type", "is " + j["normalizer"]["type"].dump() + " (none or NFC)");
-    t.nfc_ = true;
+    nfc_ = true;
   }
-  t.read_pre_tokenizer(j, source);
+  read_pre_tokenizer(j, source);
   if (j.contains("decoder") && !j["decoder"].is_null() &&
       in.type_of(j["decoder"], "decoder") != "ByteLevel")
     in.refuse("decoder.type", "is " + j["decoder"]["type"].dump() + " (ByteLevel)");
-  t.bos_id_ = template_bos(j.value("post_processor", json()),
-                           [&](std::string_view token) { return t.id_of(token); });
-  return t;
+  bos_id_ = template_bos(j.value("post_processor", json()),
+                         [&](std::string_view token) { return id_of(token); });
 }
 
 void ByteLevelBpe::add_token(const std::string& token, int64_t id, const std::string& key,
                              const std::string& source) {
-  if (id < 0 || id >= (int64_t{1} << 31))
-    Reader{source}.refuse(key, "has the id " + std::to_string(id));
+  if (id < 0 || id >= kMaxIds)  // beyond it no model could hold the id (model.vocab_size)
+    Reader{source}.refuse(key, "has the id " + std::to_string(id) + "; ids run from 0 to " +
+                                   std::to_string(kMaxIds - 1));
   const auto i = static_cast<size_t>(id);
   if (token_of_id_.size() <= i) token_of_id_.resize(i + 1), is_added_.resize(i + 1);
   token_of_id_[i] = token;
@@ -197,10 +223,11 @@ void ByteLevelBpe::read_model(const json& m, const std::string& source) {
   for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"})
     if (m.contains(key) && !m[key].is_null() && m[key] != "")
       in.refuse(std::string("model.") + key, "is " + m[key].dump() + " (not byte-level BPE)");
-  ignore_merges_ = m.value("ignore_merges", false);
+  ignore_merges_ = in.flag(m, "ignore_merges", "model.", false);
   if (!m.contains("vocab") || !m["vocab"].is_object()) in.refuse("model.vocab", "is missing");
   for (const auto& [token, id] : m["vocab"].items())
-    add_token(token, id.get<int64_t>(), "model.vocab[\"" + token + "\"]", source);
+    add_token(token, in.id_at(id, "model.vocab[\"" + token + "\"]"),
+              "model.vocab[\"" + token + "\"]", source);
   for (int b = 0; b < 256; ++b) {
     const auto it = id_of_token_.find(alphabet().char_of_byte[b]);
     if (it == id_of_token_.end())
@@ -209,6 +236,8 @@ void ByteLevelBpe::read_model(const json& m, const std::string& source) {
     byte_id_[b] = it->second;
   }
   const json merges = m.value("merges", json::array());
+  if (!merges.is_array())
+    in.refuse("model.merges", std::string("is a JSON ") + merges.type_name() + ", not a list");
   for (size_t rank = 0; rank < merges.size(); ++rank) {
     const std::string key = "model.merges[" + std::to_string(rank) + "]";
     std::string left, right;
@@ -219,7 +248,7 @@ void ByteLevelBpe::read_model(const json& m, const std::string& source) {
       if (space == std::string::npos) in.refuse(key, "is " + entry.dump());
       left = text.substr(0, space), right = text.substr(space + 1);
     } else if (entry.is_array() && entry.size() == 2) {
-      left = entry[0].get<std::string>(), right = entry[1].get<std::string>();
+      left = in.string_at(entry, 0, key), right = in.string_at(entry, 1, key);
     } else {
       in.refuse(key, "is " + entry.dump());
     }
@@ -235,17 +264,28 @@ void ByteLevelBpe::read_model(const json& m, const std::string& source) {
 // Added tokens: cut out of the text before anything else, the longest first at one place.
 void ByteLevelBpe::read_added(const json& j, const std::string& source) {
   const Reader in{source};
-  for (const json& a : j.value("added_tokens", json::array())) {
-    const std::string key = "added_tokens[" + a.value("content", std::string("?")) + "]";
+  const json added = j.value("added_tokens", json::array());
+  if (!added.is_array())
+    in.refuse("added_tokens", std::string("is a JSON ") + added.type_name() + ", not a list");
+  for (size_t i = 0; i < added.size(); ++i) {
+    const json& a = added[i];
+    // An empty content would match everywhere without consuming the text.
+    const bool named = a.is_object() && a.contains("content") && a["content"].is_string() &&
+                       !a["content"].get<std::string>().empty();
+    const std::string key =
+        "added_tokens[" + (named ? a["content"].get<std::string>() : std::to_string(i)) + "]";
+    if (!named || !a.contains("id"))
+      in.refuse(key, "is " + a.dump() + "; an added token has a non-empty `content` and an `id`");
     for (const char* flag : {"single_word", "lstrip", "rstrip"})
       in.require_false(a, flag, key + ".");
-    const std::string content = a.at("content").get<std::string>();
-    add_token(content, a.at("id").get<int64_t>(), key, source);
+    const std::string content = a["content"].get<std::string>();
+    add_token(content, in.id_at(a["id"], key + ".id"), key, source);
     const uint32_t id = a["id"].get<uint32_t>();
     is_added_[id] = true;
     added_.push_back({content, id});
-    if (!content.empty()) added_starts_[static_cast<uint8_t>(content[0])] = true;
-    if (a.value("normalized", false) && j.contains("normalizer") && !j["normalizer"].is_null())
+    added_starts_[static_cast<uint8_t>(content[0])] = true;
+    if (in.flag(a, "normalized", key + ".", false) && j.contains("normalizer") &&
+        !j["normalizer"].is_null())
       in.refuse(key + ".normalized", "is true with a normalizer");
   }
   std::sort(added_.begin(), added_.end(),
@@ -268,15 +308,19 @@ void ByteLevelBpe::read_pre_tokenizer(const json& j, const std::string& source) 
     if (in.type_of(split, "pre_tokenizer.pretokenizers[0]") != "Split")
       in.refuse("pre_tokenizer.pretokenizers[0].type", "is " + split["type"].dump());
     if (split.value("behavior", std::string()) != "Isolated")
-      in.refuse("pre_tokenizer.pretokenizers[0].behavior", "is " + split["behavior"].dump());
+      in.refuse("pre_tokenizer.pretokenizers[0].behavior",
+                "is " + split.value("behavior", json()).dump());
     in.require_false(split, "invert", "pre_tokenizer.pretokenizers[0].");
     const json& p = split.at("pattern");
     literal = p.contains("String");
     pattern = literal ? p["String"].get<std::string>() : p.at("Regex").get<std::string>();
-    if (byte_level.value("use_regex", true))
+    if (in.flag(byte_level, "use_regex", "pre_tokenizer.pretokenizers[1].", true))
       in.refuse("pre_tokenizer.pretokenizers[1].use_regex", "is true after a Split");
   } else if (pre["type"] != "ByteLevel") {
     in.refuse("pre_tokenizer", "is " + pre["type"].dump() + " (ByteLevel, or Split + ByteLevel)");
+  } else if (!in.flag(pre, "use_regex", "pre_tokenizer.", true)) {  // the text in one piece
+    in.refuse("pre_tokenizer.use_regex",
+              "is false without a Split (the text one piece), which titan3d does not implement");
   }
   if (in.type_of(byte_level, "pre_tokenizer") != "ByteLevel")
     in.refuse("pre_tokenizer.pretokenizers[1].type", "is " + byte_level["type"].dump());

@@ -34,6 +34,8 @@ namespace t3d::runtime {
 
 class ByteLevelBpe {
  public:
+  // Ids are below model.vocab_size's limit (docs/recipe.md, "Limits"): no model holds more.
+  static constexpr int64_t kMaxIds = int64_t{1} << 24;
   // `json_text`: a tokenizer.json's content; `source` names it in messages.
   static ByteLevelBpe parse(const std::string& json_text, const std::string& source);
   ~ByteLevelBpe();
@@ -57,6 +59,7 @@ class ByteLevelBpe {
   };
   ByteLevelBpe() = default;
   // The parts of parse(), each refusing by key what it does not implement.
+  void read_parts(const nlohmann::json& file, const std::string& source);
   void read_model(const nlohmann::json& model, const std::string& source);
   void read_added(const nlohmann::json& file, const std::string& source);
   void read_pre_tokenizer(const nlohmann::json& file, const std::string& source);

@@ -61,6 +61,9 @@ TextTokenizer TextTokenizer::load(std::string model_bytes, const std::string& sp
                  "` has no byte fallback (no <0x0A> piece), so a newline cannot be encoded; "
                  "train one with titan3d tokenize, which turns byte fallback on");
   t.newline_id_ = nl;
+  std::vector<std::string> probe;  // "a" -> "▁a" or "▁" "a" where the model adds the prefix
+  T3D_ASSERT(proc->Encode("a", &probe).ok(), "SentencePiece cannot encode \"a\"");
+  t.whole_text_ = !probe.empty() && probe[0].rfind("\xE2\x96\x81", 0) == 0;
   T3D_USER_CHECK(!bos || proc->bos_id() >= 0, "a BOS id is asked for (data.bos / --bos), but `",
                  key, "`: SentencePiece model `", spec, "` has no BOS piece; leave BOS off");
   t.bos_ = bos;
@@ -94,8 +97,13 @@ std::vector<uint32_t> TextTokenizer::encode(std::string_view text) const {
     const auto bytes = ByteTokenizer{}.encode(text);
     return {bytes.begin(), bytes.end()};
   }
-  out.reserve(text.size() / 3);
   std::vector<int> ids;
+  if (whole_text_) {
+    const auto status = sp_->Encode(text, &ids);
+    T3D_ASSERT(status.ok(), "SentencePiece cannot encode a text: ", status.ToString());
+    return {ids.begin(), ids.end()};
+  }
+  out.reserve(text.size() / 3);
   size_t pos = 0;
   while (pos <= text.size()) {
     const size_t nl = std::min(text.find('\n', pos), text.size());

@@ -9,6 +9,10 @@
 // SentencePiece model (its byte fallback) or byte 10. So a model sees the same ids for a line
 // wherever the line sits in a file, memory stays bounded by the longest line, and a Python user
 // reproduces the ids with `sp.encode(line)` per line (tests/use/sentencepiece_check.py does).
+// A SentencePiece model that puts its dummy prefix "▁" before a text (add_dummy_prefix: LLaMA's
+// and Mistral's tokenizer.model; titan3d trains none) reads the whole text at once instead, as
+// transformers' LlamaTokenizer does (`sp.encode(text)`): line by line, every line would gain
+// that prefix, ids the model never saw after a '\n'.
 // Byte-level BPE: the whole text goes through the tokenizer at once (its patterns treat newlines
 // as text), the ids Hugging Face's `tokenizer.encode(text, add_special_tokens=False)` gives.
 // encode adds no BOS or EOS id; encode_document, what a text file or a prompt becomes, starts
@@ -78,6 +82,7 @@ class TextTokenizer {
   std::shared_ptr<const sentencepiece::SentencePieceProcessor> sp_;
   std::shared_ptr<const ByteLevelBpe> bpe_;
   int32_t newline_id_ = '\n';
+  bool whole_text_ = false;  // a SentencePiece model with a dummy prefix: one text, not lines
   bool bos_ = false;
 };
 

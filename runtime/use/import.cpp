@@ -209,6 +209,12 @@ std::map<std::string, std::shared_ptr<ck::SafetensorsFile>> open_weights(
   const fs::path index = in_model_dir(dir, "model.safetensors.index.json");
   std::vector<std::string> names;
   std::string source = "the model directory";
+  // transformers reads model.safetensors where both are (from_pretrained); which one is current
+  // only the user knows (export refuses to write one beside the other).
+  T3D_USER_CHECK(!fs::exists(index) || !fs::exists(dir / "model.safetensors"), "`", dir.string(),
+                 "` holds both model.safetensors and model.safetensors.index.json (the shards): "
+                 "transformers would read model.safetensors, and one of the two is stale; remove "
+                 "it and import again");
   if (fs::exists(index)) {
     json j;
     try {
@@ -377,43 +383,49 @@ std::vector<GlobalTensor> read_tensors(
 
 // The directory's tokenizer, when titan3d can read text through it: tokenizer.model
 // (SentencePiece), else tokenizer.json (byte-level BPE), copied beside the snapshot and named by
-// data.tokenizer. "bytes" when it has neither; a file titan3d cannot read is an error naming it.
+// data.tokenizer. A tokenizer.model titan3d cannot use (no byte fallback, or not SentencePiece:
+// Llama 3's tiktoken file) gives way to a tokenizer.json beside it, as transformers'
+// AutoTokenizer reads that one first; "bytes" when neither is there; a tokenizer.json titan3d
+// cannot read is an error naming it.
 std::string import_tokenizer(const fs::path& hf, const fs::path& out, ImportSummary& s) {
-  const char* name = "tokenizer.model";
-  fs::path src = in_model_dir(hf, name);
-  if (!fs::is_regular_file(src)) name = "tokenizer.json", src = in_model_dir(hf, name);
-  if (!fs::is_regular_file(src)) {
-    s.notes.push_back("no tokenizer.model or tokenizer.json: data.tokenizer = \"bytes\"");
-    return kByteTokenizerName;
-  }
-  int64_t ids = 0;
-  std::string model;
-  if (std::string(name) == "tokenizer.json") {  // what it cannot encode exactly is refused
-    const TextTokenizer tok =
-        TextTokenizer::load(open_in_model_dir(hf, name).read_all(), src.string(), name);
-    ids = tok.vocab_size();
-    model = tok.model_bytes();
-  } else {
+  std::string passed_over;  // why tokenizer.model was not used
+  for (const char* name : {"tokenizer.model", "tokenizer.json"}) {
+    const fs::path src = in_model_dir(hf, name);
+    if (!fs::is_regular_file(src)) continue;
+    int64_t ids = 0;
+    std::string model;
     try {
       const TextTokenizer tok =
           TextTokenizer::load(open_in_model_dir(hf, name).read_all(), src.string(), name);
       ids = tok.vocab_size();
       model = tok.model_bytes();
     } catch (const UserError& e) {
-      s.notes.push_back(std::string("tokenizer.model not used, data.tokenizer = \"bytes\": ") +
-                        e.what());
-      return kByteTokenizerName;
+      if (std::string(name) == "tokenizer.model") {
+        passed_over = e.what();
+        continue;
+      }
+      if (passed_over.empty()) throw;  // what it cannot encode exactly is refused
+      throw UserError(std::string(e.what()) + " (tokenizer.model, read first, is not usable " +
+                      "either: " + passed_over +
+                      "; remove both to import with the byte tokenizer)");
     }
+    if (!passed_over.empty())
+      s.notes.push_back("tokenizer.model not used (" + passed_over +
+                        "): tokenizer.json read instead, as transformers' AutoTokenizer does");
+    // A usable tokenizer the model cannot read through is an error, not a silent fallback.
+    T3D_USER_CHECK(ids <= s.recipe.model.vocab_size, "`", src.string(), "` has ", ids,
+                   " ids but config.json's `vocab_size` is ", s.recipe.model.vocab_size,
+                   ": the model has no embedding rows for the others. Give the model's own "
+                   "tokenizer, or remove ",
+                   name, " to import with the byte tokenizer.");
+    const fs::path dst = out / name;
+    ck::write_file_atomically(dst.string(), model, "--out");
+    return dst.string();
   }
-  // A usable tokenizer the model cannot read through is an error, not a silent fallback.
-  T3D_USER_CHECK(ids <= s.recipe.model.vocab_size, "`", src.string(), "` has ", ids,
-                 " ids but config.json's `vocab_size` is ", s.recipe.model.vocab_size,
-                 ": the model has no embedding rows for the others. Give the model's own "
-                 "tokenizer, or remove ",
-                 name, " to import with the byte tokenizer.");
-  const fs::path dst = out / name;
-  ck::write_file_atomically(dst.string(), model, "--out");
-  return dst.string();
+  s.notes.push_back(passed_over.empty()
+                        ? "no tokenizer.model or tokenizer.json: data.tokenizer = \"bytes\""
+                        : "tokenizer.model not used, data.tokenizer = \"bytes\": " + passed_over);
+  return kByteTokenizerName;
 }
 
 // data.bos of the import: tokenizer_config.json's `add_bos_token`, else true (transformers'

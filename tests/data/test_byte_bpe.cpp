@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -70,20 +71,23 @@ TEST(ByteBpe, AddedTokensAreCutOutFirst) {
   EXPECT_EQ(bpe.decode(ids), "<|im_start|><|im_end|>x<|im_end|>");
 }
 
+// `edit` applied to the Llama-3-style fixture gives a tokenizer that parse() refuses with a
+// UserError (exit 2) naming the file and `key`; any other exception fails the test.
+void expect_refused(const std::function<void(json&)>& edit, const std::string& key) {
+  json j = json::parse(fixture("llama3", "tokenizer.json"));
+  edit(j);
+  try {
+    ByteLevelBpe::parse(j.dump(), "edited.json");
+    ADD_FAILURE() << "accepted a tokenizer with " << key;
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("edited.json"), std::string::npos) << e.what();
+  }
+}
+
 // Each option the encoder does not implement: refused, the message naming the key.
 TEST(ByteBpe, RefusesWhatItDoesNotImplementByName) {
-  const json base = json::parse(fixture("llama3", "tokenizer.json"));
-  const auto refused = [&](const std::function<void(json&)>& edit, const std::string& key) {
-    json j = base;
-    edit(j);
-    try {
-      ByteLevelBpe::parse(j.dump(), "edited.json");
-      ADD_FAILURE() << "accepted a tokenizer with " << key;
-    } catch (const UserError& e) {
-      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("edited.json"), std::string::npos) << e.what();
-    }
-  };
+  const auto& refused = expect_refused;
   refused([](json& j) { j["model"]["type"] = "WordPiece"; }, "model.type");
   refused([](json& j) { j["model"]["byte_fallback"] = true; }, "model.byte_fallback");
   refused([](json& j) { j["model"]["dropout"] = 0.1; }, "model.dropout");
@@ -95,11 +99,48 @@ TEST(ByteBpe, RefusesWhatItDoesNotImplementByName) {
           "add_prefix_space");
   refused([](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Removed"; },
           "behavior");
+  refused([](json& j) { j["pre_tokenizer"]["pretokenizers"][0].erase("behavior"); },
+          "behavior is null");
   refused([](json& j) { j["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = "(?<"; },
           "pattern");
   refused([](json& j) { j["added_tokens"][0]["lstrip"] = true; }, "lstrip");
   refused([](json& j) { j["model"]["vocab"].erase("Ġ"); }, "model.vocab");
   refused([](json& j) { j["decoder"] = {{"type", "WordPiece"}}; }, "decoder.type");
+  // ByteLevel alone without its regex: Hugging Face keeps the text in one piece (other ids than
+  // GPT-2's pattern gives), which titan3d does not implement.
+  refused(
+      [](json& j) {
+        j["pre_tokenizer"] = {
+            {"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", false}};
+      },
+      "pre_tokenizer.use_regex");
+}
+
+// Values of the wrong type or out of range are refused naming the key (exit 2), not thrown as
+// JSON errors (titan3d's "internal error", exit 1), nor allocated (an id of 2^31 - 1), nor looped
+// on (an empty added token matched everywhere without consuming the text).
+TEST(ByteBpe, RefusesMalformedValuesByName) {
+  const auto& refused = expect_refused;
+  const auto vocab = [](json v) { return [v](json& j) { j["model"]["vocab"]["zzz"] = v; }; };
+  refused(vocab("5"), "model.vocab[\"zzz\"]");
+  refused(vocab(5.5), "model.vocab[\"zzz\"]");
+  refused(vocab((int64_t{1} << 31) - 1), "model.vocab[\"zzz\"]");
+  refused([](json& j) { j["model"]["merges"][0] = {1, 2}; }, "model.merges[0]");
+  refused([](json& j) { j["model"]["merges"] = {{"a", "b"}}; }, "model.merges");
+  refused([](json& j) { j["model"]["ignore_merges"] = "yes"; }, "model.ignore_merges");
+  refused([](json& j) { j["model"]["byte_fallback"] = "true"; }, "model.byte_fallback");
+  refused([](json& j) { j["added_tokens"] = {{"id", 1}}; }, "added_tokens");
+  refused([](json& j) { j["added_tokens"].push_back(5); }, "added_tokens[3]");
+  refused([](json& j) { j["added_tokens"][1].erase("content"); }, "added_tokens[1]");
+  refused([](json& j) { j["added_tokens"][1]["id"] = "1"; }, "added_tokens[<|end_of_text|>].id");
+  refused([](json& j) { j["added_tokens"][1]["normalized"] = 1; }, "normalized");
+  refused(
+      [](json& j) {
+        j["added_tokens"].push_back({{"id", 700}, {"content", ""}});
+      },
+      "added_tokens[3]");
+  // A value no key-by-key check covers: still exit 2, naming the file.
+  refused([](json& j) { j["pre_tokenizer"]["pretokenizers"][0].erase("pattern"); }, "malformed");
 }
 
 }  // namespace

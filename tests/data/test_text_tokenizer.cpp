@@ -3,9 +3,11 @@
 // lines, and refuse missing or foreign model files and a vocabulary larger than the model's.
 // The real corpus's round trip, and Python SentencePiece's agreement, are tests/use/tokenizer.sh.
 #include <gtest/gtest.h>
+#include <sentencepiece_processor.h>
 #include <sentencepiece_trainer.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -109,6 +111,33 @@ TEST_F(data_TextTokenizer, NewlineIsItsBytePieceBetweenLines) {
   const auto second = tok.encode("over dog");
   joined.insert(joined.end(), second.begin(), second.end());
   EXPECT_EQ(tok.encode("fox jumps\nover dog"), joined);
+}
+
+// A model with a dummy prefix (LLaMA's tokenizer.model: add_dummy_prefix, byte fallback, identity
+// normalisation) reads a text whole, as transformers' LlamaTokenizer does with
+// `sp_model.encode(text)`: "▁" before the text only, not after each '\n' as line by line.
+TEST_F(data_TextTokenizer, ADummyPrefixModelReadsTheWholeTextAsTransformersDoes) {
+  const std::string prefix = (*dir_ / "llama_like").string();
+  ASSERT_TRUE(sentencepiece::SentencePieceTrainer::Train(
+                  "--input=" + (*dir_ / "corpus.txt").string() + " --model_prefix=" + prefix +
+                  " --vocab_size=400 --model_type=bpe --byte_fallback=true "
+                  "--normalization_rule_name=identity --add_dummy_prefix=true "
+                  "--remove_extra_whitespaces=false --minloglevel=1")
+                  .ok());
+  sentencepiece::SentencePieceProcessor sp;
+  ASSERT_TRUE(sp.Load(prefix + ".model").ok());
+  const TextTokenizer tok = TextTokenizer::open(prefix + ".model");
+  for (const std::string& text : hard_texts()) {
+    std::vector<int> whole;
+    ASSERT_TRUE(sp.Encode(text, &whole).ok());
+    EXPECT_EQ(tok.encode(text), std::vector<uint32_t>(whole.begin(), whole.end())) << text;
+    EXPECT_EQ(tok.decode(tok.encode(text)), text);
+  }
+  // Line by line the second line would start with "▁over", not "over".
+  const auto ids = tok.encode("fox jumps\nover dog");
+  const auto nl = std::find(ids.begin(), ids.end(), static_cast<uint32_t>(sp.PieceToId("<0x0A>")));
+  ASSERT_NE(nl, ids.end());
+  EXPECT_EQ(sp.IdToPiece(static_cast<int>(*(nl + 1))).rfind("\xE2\x96\x81", 0), std::string::npos);
 }
 
 TEST_F(data_TextTokenizer, BytesSpecIsTheByteTokenizer) {

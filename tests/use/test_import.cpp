@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -570,6 +571,71 @@ TEST(use_Import, RefusesATokenizerWithMoreIdsThanTheModel) {
   EXPECT_NE(e.find("tokenizer.model"), std::string::npos) << e;
   EXPECT_NE(e.find("has 300 ids"), std::string::npos) << e;
   EXPECT_NE(e.find("`vocab_size` is 256"), std::string::npos) << e;
+}
+
+// A byte-level BPE tokenizer.json of the 256 byte tokens alone (GPT-2's byte alphabet, no merges).
+std::string byte_tokens_only_json() {
+  std::string vocab;
+  int next = 256;  // bytes that are not printable stand for U+0100 on
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || b >= 0xAE;
+    const int cp = printable ? b : next++;
+    const std::string utf8 = cp < 0x80 ? std::string(1, static_cast<char>(cp))
+                                       : std::string{static_cast<char>(0xC0 | (cp >> 6)),
+                                                     static_cast<char>(0x80 | (cp & 0x3F))};
+    if (!vocab.empty()) vocab += ",";
+    vocab += ck::json_quote(utf8) + ":" + std::to_string(b);
+  }
+  return R"({"model": {"type": "BPE", "merges": [], "vocab": {)" + vocab +
+         R"(}}, "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false}})";
+}
+
+// A tokenizer.model titan3d cannot use (here Llama 3's tiktoken file, not SentencePiece) gives
+// way to the directory's tokenizer.json, which transformers' AutoTokenizer reads first; without a
+// tokenizer.json the byte tokenizer stays; a tokenizer.json it cannot read names both files.
+TEST(use_Import, AnUnusableTokenizerModelGivesWayToTokenizerJson) {
+  const HfDir hf("tiktoken_model");  // vocab_size 256
+  hf.weights(hf.dir / "model.safetensors");
+  std::ofstream(hf.dir / "tokenizer.model") << "IQ== 0\nIg== 1\nIw== 2\n";
+  std::ofstream(hf.dir / "tokenizer.json") << byte_tokens_only_json();
+  const auto said = [](const ImportSummary& s, const std::string& what) {
+    return std::any_of(s.notes.begin(), s.notes.end(),
+                       [&](const std::string& n) { return n.find(what) != std::string::npos; });
+  };
+  const ImportSummary s = import_hf(hf.dir.string(), (hf.dir / "out").string());
+  EXPECT_EQ(fs::path(s.tokenizer).filename(), "tokenizer.json") << s.tokenizer;
+  EXPECT_EQ(s.recipe.data.tokenizer, s.tokenizer);
+  EXPECT_EQ(TextTokenizer::open(s.tokenizer).vocab_size(), 256);
+  EXPECT_TRUE(said(s, "tokenizer.json read instead"));
+  EXPECT_TRUE(said(s, "not a SentencePiece model"));
+
+  std::ofstream(hf.dir / "tokenizer.json") << R"({"model": {"type": "WordPiece"}})";
+  fs::remove_all(hf.dir / "out");
+  const std::string e = hf.import_error();
+  EXPECT_NE(e.find("tokenizer.json"), std::string::npos) << e;
+  EXPECT_NE(e.find("model.type"), std::string::npos) << e;
+  EXPECT_NE(e.find("tokenizer.model, read first, is not usable"), std::string::npos) << e;
+
+  fs::remove(hf.dir / "tokenizer.json");
+  fs::remove_all(hf.dir / "out");
+  const ImportSummary b = import_hf(hf.dir.string(), (hf.dir / "out").string());
+  EXPECT_EQ(b.tokenizer, kByteTokenizerName);
+  EXPECT_TRUE(said(b, "tokenizer.model not used, data.tokenizer = \"bytes\""));
+}
+
+// model.safetensors beside an index of shards: one of them is stale, and transformers would read
+// model.safetensors where titan3d read the shards; refused naming both, until one is removed.
+TEST(use_Import, RefusesOneFileBesideShards) {
+  const HfDir hf("one_file_and_shards");
+  hf.weights(hf.dir / "model.safetensors");
+  hf.weights(hf.dir / "shard.safetensors");
+  hf.index("shard.safetensors", "shard.safetensors");
+  const std::string e = hf.import_error();
+  EXPECT_NE(e.find("both model.safetensors and model.safetensors.index.json"), std::string::npos)
+      << e;
+  EXPECT_NE(e.find("remove"), std::string::npos) << e;
+  fs::remove(hf.dir / "model.safetensors");
+  EXPECT_EQ(hf.import_error(), "");
 }
 
 TEST(use_Import, RefusesNonFiniteWeightsNamingTheTensor) {
