@@ -275,6 +275,10 @@ TokenStream load_stream(const std::filesystem::path& path, DataFormat format, in
   const bool text =
       format == DataFormat::kText || (format == DataFormat::kAuto && path.extension() == ".txt");
   if (!text) return read_token_files(path.string(), vocab_size, key);
+  const std::vector<std::string> files = data_files(path.string(), key);
+  T3D_USER_CHECK(files.size() == 1 && files.front() == path.string(), key, ": `", path.string(),
+                 "` is a pattern of text files; a pattern reads token files only: concatenate "
+                 "the texts into one file, or encode them (titan3d tokenize) into token files");
   if (!tokenizer || tokenizer->is_bytes())
     return format == DataFormat::kText ? read_text_file(path) : load_corpus(path, vocab_size);
   T3D_USER_CHECK(vocab_size <= 0 || tokenizer->vocab_size() <= vocab_size, "data.tokenizer `",

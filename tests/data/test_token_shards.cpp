@@ -133,6 +133,16 @@ TEST_F(data_TokenShards, BadShardsAndEmptyPatternsAreNamed) {
     EXPECT_NE(msg.find("train_002.bin"), std::string::npos) << msg;
     EXPECT_NE(msg.find("token 70000 at position 0"), std::string::npos) << msg;
   }
+  // Text is one file: a pattern of text files is named as such, not as a missing file.
+  std::ofstream(dir_ / "a.txt") << "some text";
+  std::ofstream(dir_ / "b.txt") << "more text";
+  try {
+    load_stream((dir_ / "*.txt").string(), DataFormat::kAuto, 256, nullptr, "data.path");
+    FAIL() << "a pattern of text files";
+  } catch (const UserError& e) {
+    EXPECT_NE(std::string(e.what()).find("is a pattern of text files"), std::string::npos)
+        << e.what();
+  }
   // A truncated shard among good ones.
   fs::resize_file(dir_ / "train_002.bin", 1024 + 4 * 3);
   try {
