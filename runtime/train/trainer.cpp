@@ -128,7 +128,8 @@ struct Trainer::Impl {
     StageData data = load_stage_data(r);
     train_tokens = std::move(data.train);
     val_tokens = std::move(data.val);
-    unigram_nats = unigram_entropy_nats(train_tokens.tokens);
+    // Rank 0 alone logs and reports it: one pass over the corpus less on every other rank.
+    if (mesh.rank() == 0) unigram_nats = unigram_entropy_nats(train_tokens.tokens);
     const auto seed = static_cast<uint64_t>(t.seed);
     train_sampler.emplace(train_tokens.tokens, train_tokens.source,
                           SamplerConfig{r.data.sampler, seed, t.global_batch, T});

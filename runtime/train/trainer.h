@@ -38,7 +38,7 @@ struct StepRecord {
 
 struct TrainSummary {
   std::vector<StepRecord> steps;
-  double unigram_entropy_nats = 0;  // of the training split: the loss to beat
+  double unigram_entropy_nats = 0;  // of the training split: the loss to beat (rank 0; else 0)
   size_t peak_arena_bytes = 0;
   double peak_gflops = 0;       // this host's measured hardware peak, MFU's denominator
   double gemm_peak_gflops = 0;  // this host's measured GEMM rate, mfu_gemm's denominator
